@@ -1,0 +1,164 @@
+#include "weightlift/core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <sstream>
+
+namespace wl {
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+std::string shape_to_string(const Shape& shape) {
+  std::ostringstream os;
+  os << '[';
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << ']';
+  return os.str();
+}
+
+namespace {
+Shape row_major_strides(const Shape& shape) {
+  Shape st(shape.size());
+  int64_t s = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    st[i] = s;
+    s *= shape[i];
+  }
+  return st;
+}
+}  // namespace
+
+Tensor Tensor::empty(DType dtype, Shape shape) {
+  for (int64_t s : shape) WL_CHECK_GE(s, 0) << "negative dimension in " << shape_to_string(shape);
+  Tensor t;
+  t.dtype_ = dtype;
+  t.strides_ = row_major_strides(shape);
+  t.shape_ = std::move(shape);
+  size_t bytes = (t.nbytes() + 63) / 64 * 64;
+  if (bytes == 0) bytes = 64;
+  void* p = std::aligned_alloc(64, bytes);
+  if (!p) throw std::bad_alloc();
+  t.storage_ = std::shared_ptr<void>(p, std::free);
+  t.data_ = p;
+  return t;
+}
+
+Tensor Tensor::zeros(DType dtype, Shape shape) {
+  Tensor t = empty(dtype, std::move(shape));
+  std::memset(t.data_, 0, t.nbytes());
+  return t;
+}
+
+Tensor Tensor::borrow(void* data, DType dtype, Shape shape, std::shared_ptr<const void> keep) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.strides_ = row_major_strides(shape);
+  t.shape_ = std::move(shape);
+  t.data_ = data;
+  t.storage_ = std::move(keep);
+  return t;
+}
+
+bool Tensor::is_contiguous() const { return strides_ == row_major_strides(shape_); }
+
+Tensor Tensor::slice(int64_t d, int64_t begin, int64_t end) const {
+  WL_CHECK(d >= 0 && d < dim()) << "slice dim " << d << " of " << shape_to_string(shape_);
+  WL_CHECK(0 <= begin && begin <= end && end <= shape_[size_t(d)])
+      << "slice [" << begin << ", " << end << ") of dim " << d << " of " << shape_to_string(shape_);
+  Tensor t = *this;
+  t.shape_[size_t(d)] = end - begin;
+  t.data_ = static_cast<std::byte*>(data_) + begin * strides_[size_t(d)] * int64_t(dtype_size(dtype_));
+  return t;
+}
+
+Tensor Tensor::reshape(Shape shape) const {
+  WL_CHECK(is_contiguous()) << "reshape of a strided view";
+  WL_CHECK_EQ(shape_numel(shape), numel())
+      << shape_to_string(shape_) << " -> " << shape_to_string(shape);
+  Tensor t = *this;
+  t.strides_ = row_major_strides(shape);
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+Tensor Tensor::operator[](int64_t i) const {
+  WL_CHECK_GE(dim(), 1);
+  Tensor t = slice(0, i, i + 1);
+  t.shape_.erase(t.shape_.begin());
+  t.strides_.erase(t.strides_.begin());
+  return t;
+}
+
+namespace {
+// Calls fn(dst_offset_bytes, src_offset_bytes, run_bytes) for each contiguous innermost run.
+template <typename Fn>
+void for_each_run(const Shape& shape, const Shape& st_a, const Shape& st_b, size_t elem, Fn fn) {
+  if (shape.empty()) { fn(0, 0, elem); return; }
+  const size_t nd = shape.size();
+  const int64_t inner = shape[nd - 1];
+  const bool a_unit = st_a[nd - 1] == 1, b_unit = st_b[nd - 1] == 1;
+  Shape idx(nd, 0);
+  const int64_t outer = shape_numel(shape) / (inner ? inner : 1);
+  if (shape_numel(shape) == 0) return;
+  for (int64_t o = 0; o < outer; ++o) {
+    int64_t oa = 0, ob = 0;
+    for (size_t k = 0; k + 1 < nd; ++k) { oa += idx[k] * st_a[k]; ob += idx[k] * st_b[k]; }
+    if (a_unit && b_unit) {
+      fn(size_t(oa) * elem, size_t(ob) * elem, size_t(inner) * elem);
+    } else {
+      for (int64_t i = 0; i < inner; ++i)
+        fn(size_t(oa + i * st_a[nd - 1]) * elem, size_t(ob + i * st_b[nd - 1]) * elem, elem);
+    }
+    for (size_t k = nd - 1; k-- > 0;) {
+      if (++idx[k] < shape[k]) break;
+      idx[k] = 0;
+    }
+  }
+}
+}  // namespace
+
+void Tensor::copy_from(const Tensor& src) {
+  WL_CHECK(dtype_ == src.dtype_) << dtype_name(dtype_) << " vs " << dtype_name(src.dtype_);
+  WL_CHECK(shape_ == src.shape_) << shape_to_string(shape_) << " vs " << shape_to_string(src.shape_);
+  if (is_contiguous() && src.is_contiguous()) {
+    std::memmove(data_, src.data_, nbytes());
+    return;
+  }
+  auto* d = static_cast<std::byte*>(data_);
+  auto* s = static_cast<const std::byte*>(src.data_);
+  for_each_run(shape_, strides_, src.strides_, dtype_size(dtype_),
+               [&](size_t od, size_t os, size_t n) { std::memcpy(d + od, s + os, n); });
+}
+
+Tensor Tensor::clone() const {
+  Tensor t = empty(dtype_, shape_);
+  t.copy_from(*this);
+  return t;
+}
+
+Tensor Tensor::to(DType t) const {
+  if (t == dtype_) return clone();
+  Tensor src = is_contiguous() ? *this : clone();
+  Tensor out = empty(t, shape_);
+  if (dtype_ == DType::kF32) {
+    convert_from_f32(src.data<float>(), t, out.raw(), size_t(numel()));
+  } else if (t == DType::kF32) {
+    convert_to_f32(dtype_, src.raw(), out.data<float>(), size_t(numel()));
+  } else {
+    Tensor f = src.to(DType::kF32);
+    convert_from_f32(f.data<float>(), t, out.raw(), size_t(numel()));
+  }
+  return out;
+}
+
+void Tensor::fill_zero() {
+  WL_CHECK(is_contiguous());
+  std::memset(data_, 0, nbytes());
+}
+
+}  // namespace wl

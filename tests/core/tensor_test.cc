@@ -1,0 +1,64 @@
+#include "weightlift/core/tensor.h"
+
+#include <gtest/gtest.h>
+
+namespace wl {
+namespace {
+
+Tensor iota(Shape shape) {
+  Tensor t = Tensor::empty(DType::kF32, std::move(shape));
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = float(i);
+  return t;
+}
+
+TEST(Tensor, OwningIsAlignedAndZeroed) {
+  Tensor t = Tensor::zeros(DType::kBF16, {3, 5});
+  EXPECT_EQ(t.numel(), 15);
+  EXPECT_EQ(t.nbytes(), 30u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw()) % 64, 0u);
+  for (int i = 0; i < 15; ++i) EXPECT_EQ(t.data<uint16_t>()[i], 0);
+}
+
+TEST(Tensor, SliceRowsSharesStorage) {
+  Tensor t = iota({4, 3});
+  Tensor rows = t.slice(0, 1, 3);
+  EXPECT_TRUE(rows.is_contiguous());
+  EXPECT_EQ(rows.data<float>()[0], 3.f);
+  rows.data<float>()[0] = -1;
+  EXPECT_EQ(t.data<float>()[3], -1.f);
+}
+
+TEST(Tensor, SliceColumnsIsStridedAndCopiesCorrectly) {
+  Tensor t = iota({4, 6});
+  Tensor cols = t.slice(1, 2, 5);  // [4, 3], stride 6
+  EXPECT_FALSE(cols.is_contiguous());
+  Tensor c = cols.clone();
+  ASSERT_TRUE(c.is_contiguous());
+  for (int r = 0; r < 4; ++r)
+    for (int k = 0; k < 3; ++k) EXPECT_EQ(c.data<float>()[r * 3 + k], float(r * 6 + 2 + k));
+  Tensor back = Tensor::zeros(DType::kF32, {4, 6});
+  back.slice(1, 2, 5).copy_from(c);
+  EXPECT_EQ(back.data<float>()[6 + 3], 9.f);
+  EXPECT_EQ(back.data<float>()[6 + 1], 0.f);
+}
+
+TEST(Tensor, EmptyShapesWork) {
+  Tensor t = Tensor::empty(DType::kF32, {0, 4});
+  EXPECT_EQ(t.numel(), 0);
+  Tensor c = t.clone();
+  EXPECT_EQ(c.shape(), (Shape{0, 4}));
+}
+
+TEST(Tensor, ConvertsBetweenFloatTypes) {
+  Tensor t = iota({2, 3});
+  Tensor b = t.to(DType::kBF16).to(DType::kF32);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(b.data<float>()[i], float(i));
+}
+
+TEST(TensorDeath, ReshapeMismatchIsABug) {
+  Tensor t = iota({2, 3});
+  EXPECT_DEATH(t.reshape({4, 2}), "check failed");
+}
+
+}  // namespace
+}  // namespace wl
