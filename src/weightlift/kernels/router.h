@@ -1,0 +1,50 @@
+// MoE router: softmax over experts in f32, top-k selection, gate weights, and the two
+// auxiliary losses of DESIGN.md (load balancing and router z-loss) for one layer.
+#pragma once
+
+#include <cstdint>
+
+namespace wl::kernels {
+
+struct RouterShape {
+  int64_t tokens = 0;
+  int64_t experts = 0;
+  int64_t top_k = 0;
+  bool norm_topk = true;  // gate weights divided by the sum of the selected probabilities
+};
+
+// logits: [tokens, experts]. Writes probs [tokens, experts] = softmax(logits),
+// topk_idx [tokens, top_k] (experts by descending probability; equal probabilities go to the
+// lower index), topk_w [tokens, top_k] gate weights, and lse [tokens] = logsumexp(logits)
+// (may be null). counts [experts] (may be null) receives how many slots went to each expert.
+void router_forward(const RouterShape& s, const float* logits, float* probs, int32_t* topk_idx,
+                    float* topk_w, float* lse, int64_t* counts);
+
+struct RouterLosses {
+  double aux = 0;  // experts * sum_i f_i * P_i, this layer, before aux_loss_alpha
+  double z = 0;    // mean over tokens of lse^2, this layer, before z_loss_beta
+};
+
+// f_i = counts[i] / (tokens * top_k); P_i = mean over tokens of probs[:, i].
+RouterLosses router_losses(const RouterShape& s, const float* probs, const float* lse,
+                           const int64_t* counts);
+
+struct RouterBackwardArgs {
+  const float* probs = nullptr;      // [tokens, experts] from forward
+  const int32_t* topk_idx = nullptr; // [tokens, top_k]
+  const float* topk_w = nullptr;     // [tokens, top_k]
+  const float* lse = nullptr;        // [tokens]; needed when z_scale != 0
+  const int64_t* counts = nullptr;   // [experts]; needed when aux_scale != 0
+  const float* dtopk_w = nullptr;    // [tokens, top_k]: d loss / d gate weights
+  // d loss / d aux_l and d loss / d z_l: aux_loss_alpha / num_layers and
+  // z_loss_beta / num_layers times the loss's own scale (1 unless loss scaling).
+  float aux_scale = 0;
+  float z_scale = 0;
+  float* dlogits = nullptr;          // [tokens, experts], overwritten
+};
+
+// Backward through gate weights (and their normalisation), the softmax, the aux loss (f_i
+// carries no gradient) and the z-loss.
+void router_backward(const RouterShape& s, const RouterBackwardArgs& a);
+
+}  // namespace wl::kernels

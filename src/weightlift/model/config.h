@@ -1,0 +1,55 @@
+// The model's configuration: the `config.json` keys of DESIGN.md, one typed struct, validated
+// loudly at load. Presets: tiny, small, medium, seed-6.9b.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "weightlift/core/status.h"
+
+namespace wl::model {
+
+struct ModelConfig {
+  int64_t hidden_size = 0;      // d
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;        // query heads
+  int64_t num_kv_heads = 0;     // key/value heads; 1 = MQA; divides num_heads
+  int64_t head_dim = 0;         // even (RoPE pairs i and i + head_dim/2)
+  int64_t num_experts = 0;
+  int64_t top_k = 0;            // experts per token, 1 ..= num_experts
+  int64_t ffn_dim = 0;          // expert hidden size
+  int64_t vocab_size = 0;
+  int64_t max_seq_len = 0;      // positions the RoPE table covers
+  double rope_theta = 10000.0;
+  double rope_ntk_alpha = 1.0;  // NTK-aware scaling; 1 = none
+  double rms_eps = 1e-5;
+  bool norm_topk = true;        // renormalise the top-k gate weights to sum to 1
+  double aux_loss_alpha = 0.01; // load-balancing loss weight
+  double z_loss_beta = 0.0;     // router z-loss weight
+  bool tie_embeddings = false;  // logits = x @ embed^T, no lm_head
+  std::optional<double> capacity_factor;  // null = dropless
+
+  // Every rule a config must satisfy, as one error naming the first key that breaks one
+  // ("config.json: top_k (9) > num_experts (8)"); `where` prefixes the message.
+  Status validate(std::string_view where = "config") const;
+
+  int64_t q_dim() const { return num_heads * head_dim; }
+  int64_t kv_dim() const { return num_kv_heads * head_dim; }
+};
+
+// Reads and validates a config.json: unknown keys, missing required keys, wrong JSON types
+// and values that break validate() are errors naming the file and the key.
+Result<ModelConfig> load_config(const std::string& path);
+Result<ModelConfig> parse_config(std::string_view json_text, std::string_view where);
+std::string config_to_json(const ModelConfig& c);  // pretty, every key, loadable again
+Status save_config(const ModelConfig& c, const std::string& path);
+
+// "tiny", "small", "medium", "seed-6.9b"; an unknown name is an InvalidArgument that lists
+// the known ones.
+Result<ModelConfig> preset(std::string_view name);
+std::vector<std::string> preset_names();
+
+}  // namespace wl::model
