@@ -1,5 +1,6 @@
 #include "weightlift/core/tensor.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -22,6 +23,17 @@ std::string shape_to_string(const Shape& shape) {
 }
 
 namespace {
+
+std::atomic<int64_t> g_live_bytes{0}, g_peak_bytes{0};
+
+void count_alloc(int64_t bytes) {
+  const int64_t live = g_live_bytes.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  int64_t peak = g_peak_bytes.load(std::memory_order_relaxed);
+  while (live > peak &&
+         !g_peak_bytes.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
+  }
+}
+
 Shape row_major_strides(const Shape& shape) {
   Shape st(shape.size());
   int64_t s = 1;
@@ -33,6 +45,14 @@ Shape row_major_strides(const Shape& shape) {
 }
 }  // namespace
 
+TensorMemoryStats tensor_memory_stats() {
+  return {g_live_bytes.load(std::memory_order_relaxed), g_peak_bytes.load(std::memory_order_relaxed)};
+}
+
+void reset_tensor_memory_peak() {
+  g_peak_bytes.store(g_live_bytes.load(std::memory_order_relaxed), std::memory_order_relaxed);
+}
+
 Tensor Tensor::empty(DType dtype, Shape shape) {
   for (int64_t s : shape) WL_CHECK_GE(s, 0) << "negative dimension in " << shape_to_string(shape);
   Tensor t;
@@ -43,7 +63,11 @@ Tensor Tensor::empty(DType dtype, Shape shape) {
   if (bytes == 0) bytes = 64;
   void* p = std::aligned_alloc(64, bytes);
   if (!p) throw std::bad_alloc();
-  t.storage_ = std::shared_ptr<void>(p, std::free);
+  count_alloc(int64_t(bytes));
+  t.storage_ = std::shared_ptr<void>(p, [bytes](void* q) {
+    g_live_bytes.fetch_sub(int64_t(bytes), std::memory_order_relaxed);
+    std::free(q);
+  });
   t.data_ = p;
   return t;
 }

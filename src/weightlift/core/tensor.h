@@ -23,6 +23,15 @@ namespace wl {
 using Shape = std::vector<int64_t>;
 
 int64_t shape_numel(const Shape& shape);
+
+// Bytes held by owning tensors now and at most since the last reset: how activation memory
+// (gradient checkpointing's whole point) is measured.
+struct TensorMemoryStats {
+  int64_t live_bytes = 0;
+  int64_t peak_bytes = 0;
+};
+TensorMemoryStats tensor_memory_stats();
+void reset_tensor_memory_peak();  // peak := live
 std::string shape_to_string(const Shape& shape);  // "[4, 64]"
 
 class Tensor {

@@ -31,6 +31,11 @@ struct GemmArgs {
 
 void gemm(const GemmArgs& args);
 
+// Whether this CPU runs bf16 GEMMs natively (oneDNN can build a bf16 matmul: AVX512-BF16,
+// AMX, or AVX-512 emulation). When false, kBF16 inputs are widened to f32 in a scratch buffer
+// and multiplied in f32: same results up to f32 rounding, slower by the conversion.
+bool gemm_bf16_is_native();
+
 // Plain triple loop in double precision, for tests.
 void gemm_reference(const GemmArgs& args);
 

@@ -1,0 +1,49 @@
+#include <cstdio>
+
+#include "commands.h"
+#include "weightlift/train/bench_train.h"
+
+namespace wl::app {
+
+void register_bench(CLI::App& app, Outcome& out) {
+  auto* bench = app.add_subcommand("bench", "benchmarks (not tests): times and same-run ratios");
+  bench->require_subcommand(1);
+  auto* cmd = bench->add_subcommand("train", "time a training step");
+  auto o = std::make_shared<train::BenchTrainOptions>();
+  auto dtype = std::make_shared<std::string>("f32");
+  auto json = std::make_shared<bool>(false);
+  cmd->add_option("--preset", o->preset)->capture_default_str();
+  cmd->add_option("--batch", o->batch)->capture_default_str();
+  cmd->add_option("--seq", o->seq)->capture_default_str();
+  cmd->add_option("--dtype", *dtype, "f32, bf16 or f16")->capture_default_str();
+  cmd->add_option("--steps", o->steps, "timed steps")->capture_default_str();
+  cmd->add_option("--warmup", o->warmup_steps, "untimed steps first")->capture_default_str();
+  cmd->add_flag("--checkpointing", o->checkpointing);
+  cmd->add_flag("--json", *json, "print one JSON object");
+  cmd->callback([&out, o, dtype, json] {
+    auto p = model::precision_from_name(*dtype);
+    if (!p) {
+      out.exit_code = report("bench train", invalid_argument("--dtype '" + *dtype +
+                                                             "': expected f32, bf16 or f16"));
+      return;
+    }
+    o->precision = *p;
+    Result<train::BenchTrainResult> r = train::bench_train(*o);
+    if (!r.ok()) {
+      out.exit_code = report("bench train", r.status());
+      return;
+    }
+    if (*json) {
+      std::printf("%s\n", r->to_json(*o).c_str());
+    } else {
+      std::printf("bench train %s batch %ld x %ld %s, %d threads: step %.1f ms median "
+                  "(min %.1f, max %.1f), %.0f tokens/s, %.1f GFLOP/s = %.0f%% of the %.1f "
+                  "GFLOP/s f32 GEMM peak measured now\n",
+                  o->preset.c_str(), long(o->batch), long(o->seq), dtype->c_str(), r->threads,
+                  r->step_ms_median, r->step_ms_min, r->step_ms_max, r->tokens_per_s, r->gflops,
+                  100 * r->gflops / r->gemm_peak_gflops, r->gemm_peak_gflops);
+    }
+  });
+}
+
+}  // namespace wl::app

@@ -1,0 +1,80 @@
+#include <cstdio>
+
+#include "commands.h"
+#include "weightlift/model/generate.h"
+#include "weightlift/train/tokenizer.h"
+
+namespace wl::app {
+namespace {
+
+struct GenerateArgs {
+  std::string run_dir = "runs/latest";
+  std::string config, weights;
+  std::vector<std::string> prompts{"The "};
+  model::GenerateOptions gen;
+  bool compare_cache = false;
+};
+
+Status run_generate(const GenerateArgs& a) {
+  const std::string config = a.config.empty() ? a.run_dir + "/config.json" : a.config;
+  const std::string weights = a.weights.empty() ? a.run_dir + "/model.safetensors" : a.weights;
+  WL_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::load_config(config));
+  model::Transformer m(cfg);
+  WL_RETURN_IF_ERROR(m.load(weights));
+  std::vector<std::vector<int64_t>> prompts;
+  for (const std::string& p : a.prompts) prompts.push_back(train::encode(p));
+  model::GenerateOptions opts = a.gen;
+  opts.stop_token = train::kEosToken;
+  WL_ASSIGN_OR_RETURN(model::Generation g, model::generate(m, prompts, opts));
+  for (size_t r = 0; r < prompts.size(); ++r) {
+    std::printf("--- prompt %zu ---\n%s%s\n", r, a.prompts[r].c_str(),
+                train::decode(g.tokens[r]).c_str());
+  }
+  auto rate = [](const model::Generation& x) {
+    return x.decode_seconds > 0 ? double(x.decoded_tokens) / x.decode_seconds : 0.0;
+  };
+  std::printf("--- %zu rows, prefill %.1f ms, decode %.1f tokens/s (%s KV cache)\n",
+              prompts.size(), g.prefill_seconds * 1e3, rate(g),
+              opts.use_kv_cache ? "with" : "without");
+  if (a.compare_cache) {
+    opts.use_kv_cache = !opts.use_kv_cache;
+    WL_ASSIGN_OR_RETURN(model::Generation g2, model::generate(m, prompts, opts));
+    const double with = opts.use_kv_cache ? rate(g2) : rate(g);
+    const double without = opts.use_kv_cache ? rate(g) : rate(g2);
+    const bool same = g.tokens == g2.tokens;
+    std::printf("--- decode tokens/s: %.1f with KV cache, %.1f without, ratio %.2fx; outputs %s\n",
+                with, without, without > 0 ? with / without : 0.0,
+                same ? "identical" : "DIFFER");
+    if (!same && opts.sampling.temperature <= 0)
+      return internal_error("greedy outputs with and without the KV cache differ");
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+void register_generate(CLI::App& app, Outcome& out) {
+  auto* cmd = app.add_subcommand("generate", "generate text from a trained model");
+  auto a = std::make_shared<GenerateArgs>();
+  cmd->add_option("--run", a->run_dir, "a training output directory (config.json, "
+                  "model.safetensors)")->capture_default_str();
+  cmd->add_option("--config", a->config, "config.json (instead of --run)");
+  cmd->add_option("--weights", a->weights, "safetensors weights (instead of --run)");
+  cmd->add_option("--prompt", a->prompts, "prompt text; repeat for a batch")->capture_default_str();
+  cmd->add_option("--max-new-tokens", a->gen.max_new_tokens)->capture_default_str();
+  cmd->add_option("--temperature", a->gen.sampling.temperature, "0 = greedy")
+      ->capture_default_str();
+  cmd->add_option("--top-k", a->gen.sampling.top_k, "0 = off")->capture_default_str();
+  cmd->add_option("--top-p", a->gen.sampling.top_p, "1 = off")->capture_default_str();
+  cmd->add_option("--seed", a->gen.seed)->capture_default_str();
+  auto no_cache = std::make_shared<bool>(false);
+  cmd->add_flag("--no-kv-cache", *no_cache, "recompute the whole prefix every step");
+  cmd->add_flag("--compare-cache", a->compare_cache,
+                "also run the other way (with/without cache) and report both rates");
+  cmd->callback([&out, a, no_cache] {
+    a->gen.use_kv_cache = !*no_cache;
+    out.exit_code = report("generate", run_generate(*a));
+  });
+}
+
+}  // namespace wl::app

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, and runs every test: the release build's unit and
+# multi-process tests plus the PyTorch reference comparison, then the unit tests again under
+# AddressSanitizer + UndefinedBehaviorSanitizer.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+bash scripts/setup.sh
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+
+echo "== release build"
+bash scripts/build.sh release
+ctest --preset release -j 2
+
+echo "== asan-ubsan build (unit tests)"
+bash scripts/build.sh asan-ubsan
+ctest --preset asan-ubsan -j 2 -LE slow

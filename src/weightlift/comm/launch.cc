@@ -1,0 +1,227 @@
+// The launcher: fork/exec per rank, one pipe per rank for its output, one poll loop that
+// prefixes lines, reaps children and stops the job on the first failure.
+#include "weightlift/comm/launch.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+#include <thread>
+
+namespace wl::comm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Result<int> free_port(const std::string& addr) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return errno_status("launch: socket", errno);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  if (inet_pton(AF_INET, addr.c_str(), &a.sin_addr) != 1) {
+    ::close(fd);
+    return invalid_argument("launch: master address '" + addr + "' is not an IPv4 address");
+  }
+  socklen_t len = sizeof a;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    Status s = errno_status("launch: finding a free port on " + addr, errno);
+    ::close(fd);
+    return s;
+  }
+  ::close(fd);
+  return int(ntohs(a.sin_port));
+}
+
+std::string random_token() {
+  std::random_device rd;  // the kernel's entropy
+  static const char kHex[] = "0123456789abcdef";
+  std::string t;
+  for (int i = 0; i < 4; ++i) {
+    uint32_t v = rd();
+    for (int j = 0; j < 4; ++j, v >>= 8) {
+      t += kHex[(v >> 4) & 15];
+      t += kHex[v & 15];
+    }
+  }
+  return t;  // 128 bits
+}
+
+void write_fully(int fd, const std::string& s) {
+  size_t at = 0;
+  while (at < s.size()) {
+    ssize_t w = ::write(fd, s.data() + at, s.size() - at);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;  // nowhere to write: the output is lost, the job goes on
+    at += size_t(w);
+  }
+}
+
+struct Rank {
+  pid_t pid = -1;
+  int out = -1;         // read end of its stdout+stderr pipe
+  std::string partial;  // an unfinished line
+  bool running = false;
+};
+
+int exit_code_of(int wstatus) {
+  if (WIFEXITED(wstatus)) return WEXITSTATUS(wstatus);
+  if (WIFSIGNALED(wstatus)) return 128 + WTERMSIG(wstatus);
+  return 1;
+}
+
+}  // namespace
+
+Result<int> run_launch(const LaunchOptions& o) {
+  if (o.nprocs < 1) return invalid_argument("launch: -n must be at least 1");
+  if (o.command.empty()) return invalid_argument("launch: no command to run");
+  int port = o.master_port;
+  if (port == 0) {
+    WL_ASSIGN_OR_RETURN(port, free_port(o.master_addr));
+  }
+  const std::string token = random_token();
+
+  std::vector<char*> argv;
+  for (const auto& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const std::string exec_failed = "launch: cannot run " + o.command[0] + "\n";
+
+  std::vector<Rank> ranks(size_t(o.nprocs));
+  for (int r = 0; r < o.nprocs; ++r) {
+    // The child's environment is built here, before fork: between fork and exec only
+    // async-signal-safe calls are allowed (another thread may hold the allocator's lock).
+    const std::pair<std::string, std::string> vars[] = {
+        {"RANK", std::to_string(r)},           {"WORLD_SIZE", std::to_string(o.nprocs)},
+        {"LOCAL_RANK", std::to_string(r)},     {"LOCAL_WORLD_SIZE", std::to_string(o.nprocs)},
+        {"MASTER_ADDR", o.master_addr},        {"MASTER_PORT", std::to_string(port)},
+        {"WEIGHTLIFT_JOB_TOKEN", token}};
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string_view entry(*e);
+      bool replaced = false;
+      for (const auto& [name, value] : vars) {
+        replaced |= entry.size() > name.size() && entry.substr(0, name.size()) == name &&
+                    entry[name.size()] == '=';
+      }
+      if (!replaced) env_strings.emplace_back(entry);
+    }
+    for (const auto& [name, value] : vars) env_strings.push_back(name + "=" + value);
+    std::vector<char*> envp;
+    for (auto& e : env_strings) envp.push_back(e.data());
+    envp.push_back(nullptr);
+
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) return errno_status("launch: pipe", errno);
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid < 0) return errno_status("launch: fork", errno);
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);  // the launcher is already gone
+      ::dup2(fds[1], 1);
+      ::dup2(fds[1], 2);
+      ::execvpe(argv[0], argv.data(), envp.data());
+      ssize_t ignored = ::write(2, exec_failed.data(), exec_failed.size());
+      (void)ignored;
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    ranks[size_t(r)] = {.pid = pid, .out = fds[0], .partial = {}, .running = true};
+  }
+
+  auto emit = [&](int r, std::string_view text) {
+    Rank& k = ranks[size_t(r)];
+    k.partial.append(text);
+    size_t start = 0, nl;
+    std::string lines;
+    while ((nl = k.partial.find('\n', start)) != std::string::npos) {
+      lines += "[rank " + std::to_string(r) + "] " + k.partial.substr(start, nl - start + 1);
+      start = nl + 1;
+    }
+    k.partial.erase(0, start);
+    if (!lines.empty()) write_fully(o.output_fd, lines);
+  };
+
+  int result = 0;
+  bool stopping = false;
+  Clock::time_point kill_at{};
+  int open_pipes = o.nprocs, running = o.nprocs;
+  while (open_pipes > 0 || running > 0) {
+    std::vector<pollfd> pfds;
+    std::vector<int> which;
+    for (int r = 0; r < o.nprocs; ++r) {
+      if (ranks[size_t(r)].out >= 0) {
+        pfds.push_back({ranks[size_t(r)].out, POLLIN, 0});
+        which.push_back(r);
+      }
+    }
+    // Short poll: children are reaped between polls (a rank can exit while its pipe is held
+    // open by a grandchild).
+    int n = ::poll(pfds.data(), pfds.size(), 20);
+    if (n < 0 && errno != EINTR) return errno_status("launch: poll", errno);
+    for (size_t i = 0; n > 0 && i < pfds.size(); ++i) {
+      if (pfds[i].revents == 0) continue;
+      Rank& k = ranks[size_t(which[i])];
+      char buf[65536];
+      ssize_t got = ::read(k.out, buf, sizeof buf);
+      if (got > 0) {
+        emit(which[i], std::string_view(buf, size_t(got)));
+      } else if (got == 0 || (errno != EINTR && errno != EAGAIN)) {
+        if (!k.partial.empty()) emit(which[i], "\n");
+        ::close(k.out);
+        k.out = -1;
+        --open_pipes;
+      }
+    }
+    for (int r = 0; r < o.nprocs; ++r) {
+      Rank& k = ranks[size_t(r)];
+      if (!k.running) continue;
+      int wstatus = 0;
+      if (::waitpid(k.pid, &wstatus, WNOHANG) != k.pid) continue;
+      k.running = false;
+      --running;
+      const int code = exit_code_of(wstatus);
+      if (code != 0 && !stopping) {
+        result = code;
+        stopping = true;
+        write_fully(o.output_fd, "[launch] rank " + std::to_string(r) + " exited with code " +
+                                     std::to_string(code) + "; stopping the other ranks\n");
+        for (const Rank& other : ranks) {
+          if (other.running) ::kill(other.pid, SIGTERM);
+        }
+        kill_at = Clock::now() + o.grace;
+      }
+    }
+    if (stopping && running > 0 && Clock::now() >= kill_at) {
+      for (const Rank& other : ranks) {
+        if (other.running) ::kill(other.pid, SIGKILL);
+      }
+      kill_at = Clock::now() + std::chrono::hours(1);
+    }
+    // A rank gone, its pipe kept open by something it started: stop waiting for that output
+    // once every rank has exited.
+    if (running == 0 && open_pipes > 0 && n == 0) {
+      for (Rank& k : ranks) {
+        if (k.out >= 0) {
+          if (!k.partial.empty()) write_fully(o.output_fd, k.partial + "\n");
+          ::close(k.out);
+          k.out = -1;
+        }
+      }
+      open_pipes = 0;
+    }
+  }
+  return result;
+}
+
+}  // namespace wl::comm

@@ -1,0 +1,33 @@
+// launch: `weightlift launch -n N -- CMD ...`, the embedded launcher for one host.
+//
+// Starts N copies of CMD with the variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK,
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT on a free port) and a fresh random
+// WEIGHTLIFT_JOB_TOKEN, so that the job's store refuses any process it did not start. Every
+// line a rank prints (stdout and stderr) comes out prefixed "[rank r] ". When a rank exits
+// with an error the others are stopped (SIGTERM, then SIGKILL after a grace period) and its
+// exit code is returned; a rank killed by signal s counts as 128 + s, as a shell reports it.
+// Ranks die with the launcher (PR_SET_PDEATHSIG), so no orphan outlives a killed launch.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "weightlift/core/status.h"
+
+namespace wl::comm {
+
+struct LaunchOptions {
+  int nprocs = 1;
+  std::vector<std::string> command;  // argv; command[0] is looked up on PATH
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;               // 0: a free port on master_addr
+  // Between SIGTERM and SIGKILL when stopping the others after a failure.
+  std::chrono::milliseconds grace{2000};
+  int output_fd = 1;                 // where the prefixed lines go
+};
+
+// The job's exit code (0 when every rank exited 0), or a Status when it could not be started.
+Result<int> run_launch(const LaunchOptions& options);
+
+}  // namespace wl::comm

@@ -1,0 +1,30 @@
+// MemoryStore: a Store in this process's memory, for ranks that run as threads (tests) and as
+// the state behind the TCP store's server.
+#pragma once
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+
+#include "weightlift/comm/store.h"
+
+namespace wl::comm {
+
+class MemoryStore final : public Store {
+ public:
+  Status set(std::string_view key, std::span<const std::byte> value) override;
+  Result<Bytes> get(std::string_view key, std::chrono::milliseconds timeout) override;
+  Result<int64_t> add(std::string_view key, int64_t delta) override;
+
+  // Wakes every waiting get with kUnavailable and makes later calls fail the same way; for a
+  // server that is going away.
+  void shut_down();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable changed_;
+  std::map<std::string, Bytes, std::less<>> values_;  // guarded by mu_
+  bool shut_down_ = false;                            // guarded by mu_
+};
+
+}  // namespace wl::comm

@@ -1,0 +1,190 @@
+// Transport: one UCX worker and its connections to peers, with every wait bounded.
+//
+// A Worker owns a UCX context and one worker. Peers are connected by exchanging worker
+// addresses out of band (the rendezvous store does that) and are then named by small integers
+// local to this worker. On that, four kinds of operation, all non-blocking and all returning a
+// Request:
+//   send / recv   tagged two-sided messages (UCX tag matching; large ones go by rendezvous,
+//                 which on one host is a single cross-memory copy into the receiver's buffer)
+//   put / get     one-sided writes and reads into memory a peer registered and whose rkey
+//                 it handed over
+//   flush         completes every put and get issued to one peer so far
+//
+// Progress model: nothing moves unless someone calls into the worker. Whoever waits
+// progresses, so transports that need the *target* to progress (TCP: the receiver has to
+// read the socket even for a put) work as long as the target is itself waiting on something,
+// which every collective and every transfer protocol here arranges.
+//
+// Failure model. Endpoints use UCX's peer error handling: when a peer dies (connection reset,
+// keepalive lost) the endpoint is marked failed and every wait that involves that peer
+// returns kUnavailable naming it. Every wait takes a deadline; missing it returns
+// kDeadlineExceeded naming the peer and the operation. Either way the operations still in
+// flight are cancelled and the endpoints they used are force-closed before the wait returns,
+// so UCX never touches the caller's buffers afterwards. A connection that saw a timeout or a
+// failure is therefore gone: later operations on it fail at once with kAborted (as in gloo,
+// the remedy is to build new connections). One case is worse: a receive that had already
+// begun taking a message from a peer that then died cannot be cancelled in UCX 1.13. Rather
+// than let a later progress call write into a buffer the caller has freed, the worker is
+// then never progressed again and every later operation on it fails with kAborted.
+//
+// Threads: a Worker and everything made from it are used from one thread at a time.
+// No UCX type appears here; the implementation is in transport.cc.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "weightlift/core/status.h"
+
+namespace wl::comm {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+
+inline Deadline deadline_after(std::chrono::milliseconds timeout) {
+  return Clock::now() + timeout;
+}
+
+struct WorkerOptions {
+  // UCX transports, spelled as UCX_TLS spells them ("tcp", "posix,cma,self"). Empty: UCX_TLS
+  // from the environment if set, else every transport UCX finds.
+  std::string transports;
+  // How often UCX probes peers it has not heard from. A peer that dies without its kernel
+  // closing a connection (shared memory) is noticed within about this long.
+  std::chrono::milliseconds keepalive_interval{500};
+  // Who we are, for error messages ("rank 3").
+  std::string name = "worker";
+};
+
+class Worker;
+struct WorkerImpl;
+
+// One operation in flight. Move-only. Destroying a pending Request cancels it as a failed
+// wait would (and so breaks its connection); wait for it instead.
+class Request {
+ public:
+  Request() = default;
+  Request(Request&& other) noexcept;
+  Request& operator=(Request&& other) noexcept;
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+  ~Request();
+
+  // True until a wait has collected it.
+  bool pending() const { return !done_; }
+
+ private:
+  friend struct WorkerImpl;
+  friend class Worker;
+  enum class Kind : uint8_t { kSend, kRecv, kPut, kGet, kFlush };
+
+  void reset();
+
+  WorkerImpl* worker_ = nullptr;
+  void* handle_ = nullptr;  // the UCX request; null once complete or when it completed at once
+  bool done_ = true;        // collected by a wait (or never started)
+  Kind kind_ = Kind::kSend;
+  int peer_ = -1;
+  size_t bytes_ = 0;        // bytes, not elements
+  uint64_t tag_ = 0;
+  Status status_;           // an error found when the operation was started
+};
+
+// Memory registered for one-sided access. The packed rkey is what a peer needs to put into or
+// get from it; ship it through the store or a message together with the base address.
+class MemoryRegion {
+ public:
+  MemoryRegion() = default;
+  void* data() const { return data_; }
+  size_t size() const { return bytes_; }  // bytes
+  uint64_t address() const { return reinterpret_cast<uint64_t>(data_); }
+  const std::vector<std::byte>& packed_rkey() const { return packed_rkey_; }
+  bool valid() const { return handle_ != nullptr; }
+
+ private:
+  friend struct WorkerImpl;
+  friend class Worker;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  std::vector<std::byte> packed_rkey_;
+  std::shared_ptr<void> handle_;  // unmaps on release; keeps the UCX context alive
+};
+
+// A peer's rkey, unpacked for one connection: the right to put into / get from its region.
+class RemoteKey {
+ public:
+  RemoteKey() = default;
+  int peer() const { return peer_; }
+  bool valid() const { return handle_ != nullptr; }
+
+ private:
+  friend struct WorkerImpl;
+  friend class Worker;
+  int peer_ = -1;
+  std::shared_ptr<void> handle_;  // the ucp_rkey_h; destroyed with the last copy
+};
+
+class Worker {
+ public:
+  static Result<std::unique_ptr<Worker>> create(const WorkerOptions& options);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  const std::string& name() const;
+  // Opaque bytes a peer passes to connect() to reach this worker.
+  const std::vector<std::byte>& address() const;
+
+  // Connects to the worker at `address`; returns the peer's id in this worker (0, 1, ... in
+  // connection order). `peer_name` ("rank 2") appears in every error about this peer.
+  Result<int> connect(std::span<const std::byte> address, std::string peer_name);
+  int num_peers() const;
+  const std::string& peer_name(int peer) const;
+  // OK while the connection to `peer` is healthy; else why it is not.
+  Status peer_status(int peer) const;
+  // UCX's account of the connection: which transport and device carry each kind of traffic.
+  std::string describe_connection(int peer) const;
+
+  // Tagged messages. A recv matches exactly `tag` and must receive exactly `bytes` bytes; the
+  // peer is for failure detection and error messages (the tag has to identify the sender).
+  Request send(int peer, uint64_t tag, const void* data, size_t bytes);
+  Request recv(int peer, uint64_t tag, void* data, size_t bytes);
+
+  // One-sided. `remote_address` is an address inside the peer's registered region.
+  Request put(int peer, const void* local, size_t bytes, uint64_t remote_address,
+              const RemoteKey& rkey);
+  Request get(int peer, void* local, size_t bytes, uint64_t remote_address,
+              const RemoteKey& rkey);
+  // Completes at the initiator once every earlier put/get to `peer` is complete at the target.
+  Request flush(int peer);
+
+  // Waits for every request or the deadline; on failure cancels the rest (see the top).
+  Status wait(Request& request, Deadline deadline);
+  Status wait_all(std::span<Request> requests, Deadline deadline);
+  // As wait_all, while also watching `others`: those need not complete (those that do are
+  // collected), but one that fails fails the wait (and is cancelled with the rest). A pipelined collective waits for its next
+  // receive this way and still learns at once that an earlier send went nowhere.
+  // `must_live`: peers whose failure fails the wait even with nothing in flight to them (a
+  // collective cannot finish once any member is gone, so it need not wait for its deadline).
+  Status wait_all(std::span<Request> requests, std::span<Request> others, Deadline deadline,
+                  std::span<const int> must_live = {});
+
+  // Makes progress once; true if anything happened. Call it while waiting on something that
+  // is not a Request (a flag a peer puts into our memory).
+  bool progress();
+
+  // `data` must stay valid while the region lives. bytes > 0.
+  Result<MemoryRegion> register_memory(void* data, size_t bytes);
+  Result<RemoteKey> unpack_rkey(int peer, std::span<const std::byte> packed_rkey);
+
+ private:
+  explicit Worker(std::unique_ptr<WorkerImpl> impl);
+  std::unique_ptr<WorkerImpl> impl_;
+};
+
+}  // namespace wl::comm

@@ -1,0 +1,30 @@
+#include "weightlift/comm/world.h"
+
+#include "weightlift/comm/barrier.h"
+
+namespace wl::comm {
+
+Result<World> connect_world(const Place& place, const WorldOptions& o) {
+  World w;
+  w.place = place;
+  const std::string who = "rank " + std::to_string(place.rank);
+  if (place.rank == 0) {
+    WL_ASSIGN_OR_RETURN(w.server, TcpStoreServer::start({.bind_address = o.bind_address,
+                                                         .port = place.master_port,
+                                                         .token = place.job_token}));
+  }
+  WL_ASSIGN_OR_RETURN(auto client, TcpStore::connect({.host = place.master_addr,
+                                                      .port = place.master_port,
+                                                      .token = place.job_token,
+                                                      .connect_timeout = o.timeout,
+                                                      .request_timeout = o.timeout}));
+  w.store = std::shared_ptr<Store>(std::move(client));
+  auto group = Group::connect({.store = w.store, .rank = place.rank, .size = place.world_size,
+                               .worker = o.worker, .timeout = o.timeout});
+  if (!group.ok()) return group.status().with_context(who + ": joining the job");
+  w.group = std::move(*group);
+  WL_RETURN_IF_ERROR(barrier(*w.group).with_context(who + ": first barrier"));
+  return w;
+}
+
+}  // namespace wl::comm

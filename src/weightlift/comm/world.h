@@ -1,0 +1,39 @@
+// World: the job's processes connected, from the launcher's variables.
+//
+//   WL_ASSIGN_OR_RETURN(World world, connect_world(place, {}));
+//   allreduce(*world.group, {...});
+//
+// Rank 0 runs the rendezvous store (tcp_store.h) on MASTER_ADDR:MASTER_PORT; every rank
+// connects to it with the job token, publishes its UCX worker address and connects to every
+// other rank (group.h). A closing barrier makes sure every rank has read every address before
+// any rank may leave and take the store down with it.
+#pragma once
+
+#include <memory>
+
+#include "weightlift/comm/group.h"
+#include "weightlift/comm/place.h"
+#include "weightlift/comm/tcp_store.h"
+
+namespace wl::comm {
+
+struct WorldOptions {
+  // Where rank 0's store listens. Loopback keeps a one-host job private; set the interface
+  // other hosts reach for a job across machines.
+  std::string bind_address = "127.0.0.1";
+  WorkerOptions worker;
+  // Deadline for the whole rendezvous, and the default for every operation afterwards.
+  std::chrono::milliseconds timeout{60000};
+};
+
+struct World {
+  Place place;
+  // Declared so that destruction runs group, then store, then server.
+  std::unique_ptr<TcpStoreServer> server;  // rank 0 only
+  std::shared_ptr<Store> store;
+  std::shared_ptr<Group> group;
+};
+
+Result<World> connect_world(const Place& place, const WorldOptions& options);
+
+}  // namespace wl::comm

@@ -1,0 +1,297 @@
+/* C[m, n] = alpha * op(A) @ op(B) + beta * C, row-major, on oneDNN.
+ *
+ * Two oneDNN entry points can do this, and the choice was measured on this project's machines
+ * (2-core AMD EPYC, AVX2+FMA, oneDNN 2.6.3 from Debian, OpenMP runtime):
+ *
+ *   - dnnl_sgemm, the BLAS-like call: f32 only, alpha/beta/transposes/leading dimensions
+ *     as arguments, nothing to create or cache.
+ *   - the matmul primitive: any dtype oneDNN supports, but a primitive per shape (about
+ *     50-200 us to create) and a few memory objects per call.
+ *
+ * Without AVX-512 both run the same "gemm:jit" kernels, so large shapes are equal to within
+ * noise (about 160 GFLOP/s on 2 threads for [2048x256]x[256x1024]); on small ones sgemm wins
+ * by the per-call overhead (16x16x16: 0.7 us against 3.2 us; 1x1024x256: 12.7 against
+ * 15.4 us). Our MoE experts see a different row count every step, so a per-shape primitive
+ * would also be created over and over. So f32 goes through dnnl_sgemm.
+ *
+ * bf16 needs the primitive. oneDNN 2.6 builds a bf16 matmul only where the CPU has
+ * AVX-512 (core or better); elsewhere creation throws. gemm_bf16_is_native() tries once; when
+ * it fails, bf16 operands are widened to f32 in a thread-local scratch buffer (exact: a bf16 is
+ * the top half of an f32) and multiplied by sgemm. The O(mk + kn) widening is small next to
+ * the O(mnk) product for every shape we run.
+ *
+ * The primitive path keeps its primitives in a cache keyed by everything the primitive bakes
+ * in (shape, transposes, leading dimensions, dtype, alpha, beta). Transposes and leading
+ * dimensions are strided memory descriptors, so no operand is ever copied; alpha is an output
+ * scale and beta a sum post-op (dst = alpha * A@B + beta * dst_before). The scratchpad is
+ * user-managed and thread-local, so one cached primitive may run on several threads at once.
+ *
+ * Errors from oneDNN mean we passed a bad shape or pointer: a check failure naming the shape.
+ */
+#include "weightlift/kernels/gemm.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "weightlift/core/check.h"
+#include "weightlift/core/parallel.h"
+
+namespace wl::kernels {
+namespace detail {
+// Runs the matmul-primitive path for any dtype. gemm() uses it for native bf16 only; the tests
+// call it directly (tests/kernels/gemm_test.cc declares it) so that the path is checked on
+// machines where f32 goes through sgemm and bf16 is not native.
+void gemm_with_matmul_primitive(const GemmArgs& args);
+}  // namespace detail
+
+namespace {
+
+std::string describe(const GemmArgs& g) {
+  std::ostringstream os;
+  os << "gemm m=" << g.m << " n=" << g.n << " k=" << g.k << " trans_a=" << g.trans_a
+     << " lda=" << g.lda << " trans_b=" << g.trans_b << " ldb=" << g.ldb << " ldc=" << g.ldc
+     << " alpha=" << g.alpha << " beta=" << g.beta << " in_type=" << dtype_name(g.in_type);
+  return os.str();
+}
+
+void validate(const GemmArgs& g) {
+  WL_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0) << describe(g);
+  WL_CHECK(g.in_type == DType::kF32 || g.in_type == DType::kBF16) << describe(g);
+  // An empty C (an expert that got no tokens) is nothing to do, whatever the strides say.
+  if (g.m == 0 || g.n == 0) return;
+  // Row-major: a leading dimension is at least the stored row length, and at least 1.
+  WL_CHECK(g.c != nullptr && g.ldc >= std::max<int64_t>(1, g.n)) << describe(g);
+  if (g.k == 0) return;  // A and B are empty: only C is touched
+  const int64_t a_cols = g.trans_a ? g.m : g.k, b_cols = g.trans_b ? g.k : g.n;
+  WL_CHECK(g.a != nullptr && g.lda >= std::max<int64_t>(1, a_cols)) << describe(g);
+  WL_CHECK(g.b != nullptr && g.ldb >= std::max<int64_t>(1, b_cols)) << describe(g);
+}
+
+// k == 0: the product is empty, so C = beta * C (and beta == 0 must not read C).
+void scale_c(const GemmArgs& g) {
+  for (int64_t i = 0; i < g.m; ++i) {
+    float* row = g.c + i * g.ldc;
+    if (g.beta == 0.0f) {
+      std::memset(row, 0, size_t(g.n) * sizeof(float));
+    } else {
+      for (int64_t j = 0; j < g.n; ++j) row[j] *= g.beta;
+    }
+  }
+}
+
+void sgemm(const GemmArgs& g, const float* a, int64_t lda, const float* b, int64_t ldb) {
+  const dnnl_status_t st = dnnl_sgemm(g.trans_a ? 'T' : 'N', g.trans_b ? 'T' : 'N', g.m, g.n, g.k,
+                                      g.alpha, a, lda, b, ldb, g.beta, g.c, g.ldc);
+  WL_CHECK_EQ(int(st), int(dnnl_success)) << "dnnl_sgemm failed: " << describe(g);
+}
+
+// Widens a bf16 matrix of `rows` rows, `cols` used columns and leading dimension `ld` into a
+// dense f32 matrix (leading dimension `cols`).
+void widen_bf16(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, cols));
+  parallel_for(rows, grain, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      convert_bf16_to_f32(src + r * ld, dst + r * cols, size_t(cols));
+    }
+  });
+}
+
+// bf16 without native support: widen both operands, then the f32 path. Thread-local scratch
+// so concurrent callers (e.g. from inside a parallel region) do not share it.
+void gemm_bf16_via_f32(const GemmArgs& g) {
+  thread_local std::vector<float> a32, b32;
+  const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
+  const int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
+  a32.resize(size_t(a_rows * a_cols));
+  b32.resize(size_t(b_rows * b_cols));
+  widen_bf16(static_cast<const uint16_t*>(g.a), a_rows, a_cols, g.lda, a32.data());
+  widen_bf16(static_cast<const uint16_t*>(g.b), b_rows, b_cols, g.ldb, b32.data());
+  sgemm(g, a32.data(), a_cols, b32.data(), b_cols);
+}
+
+// ---- the matmul-primitive path -------------------------------------------------------------
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+dnnl::memory::data_type dnnl_type(DType t) {
+  return t == DType::kBF16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
+}
+
+struct PrimitiveKey {
+  int64_t m, n, k, lda, ldb, ldc;
+  bool trans_a, trans_b;
+  DType in_type;
+  uint32_t alpha_bits, beta_bits;  // bit patterns: exact, and NaN-safe as a key
+
+  bool operator==(const PrimitiveKey&) const = default;
+};
+
+struct PrimitiveKeyHash {
+  size_t operator()(const PrimitiveKey& k) const {
+    uint64_t h = 0xcbf29ce484222325ull;
+    auto mix = [&h](uint64_t v) { h = (h ^ v) * 0x100000001b3ull; };
+    for (int64_t v : {k.m, k.n, k.k, k.lda, k.ldb, k.ldc}) mix(uint64_t(v));
+    mix(uint64_t(k.trans_a) | uint64_t(k.trans_b) << 1 | uint64_t(k.in_type) << 2);
+    mix(uint64_t(k.alpha_bits) << 32 | k.beta_bits);
+    return size_t(h);
+  }
+};
+
+struct CachedMatmul {
+  dnnl::memory::desc a_md, b_md, c_md, scratch_md;
+  dnnl::matmul primitive;
+};
+
+// Builds the primitive; throws dnnl::error when oneDNN cannot.
+std::shared_ptr<const CachedMatmul> build_matmul(const GemmArgs& g) {
+  using dims = dnnl::memory::dims;
+  const auto dt = dnnl_type(g.in_type);
+  auto out = std::make_shared<CachedMatmul>();
+  // Strides, not copies: op(A)[i, p] lives at a[i*lda + p], or a[p*lda + i] when transposed.
+  out->a_md = dnnl::memory::desc({g.m, g.k}, dt, g.trans_a ? dims{1, g.lda} : dims{g.lda, 1});
+  out->b_md = dnnl::memory::desc({g.k, g.n}, dt, g.trans_b ? dims{1, g.ldb} : dims{g.ldb, 1});
+  out->c_md = dnnl::memory::desc({g.m, g.n}, dnnl::memory::data_type::f32, dims{g.ldc, 1});
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (g.alpha != 1.0f) attr.set_output_scales(0, {g.alpha});
+  if (g.beta != 0.0f) {
+    dnnl::post_ops ops;
+    ops.append_sum(g.beta);
+    attr.set_post_ops(ops);
+  }
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(out->a_md, out->b_md, out->c_md), attr,
+                                  cpu_engine());
+  out->scratch_md = pd.scratchpad_desc();
+  out->primitive = dnnl::matmul(pd);
+  return out;
+}
+
+class MatmulCache {
+ public:
+  std::shared_ptr<const CachedMatmul> get(const GemmArgs& g) {
+    uint32_t alpha_bits, beta_bits;
+    std::memcpy(&alpha_bits, &g.alpha, 4);
+    std::memcpy(&beta_bits, &g.beta, 4);
+    const PrimitiveKey key{g.m,       g.n,       g.k,       g.lda,      g.ldb,    g.ldc,
+                           g.trans_a, g.trans_b, g.in_type, alpha_bits, beta_bits};
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(key);
+    if (it != map_.end()) return it->second;
+    // Variable shapes (MoE row counts) would grow the cache without bound; dropping it all
+    // now and then costs a few re-creations and keeps memory flat. Holders keep their entry.
+    if (map_.size() >= kMaxEntries) map_.clear();
+    std::shared_ptr<const CachedMatmul> built;
+    try {
+      built = build_matmul(g);
+    } catch (const dnnl::error& e) {
+      WL_CHECK(false) << "oneDNN cannot create a matmul for " << describe(g) << ": " << e.what();
+    }
+    map_.emplace(key, built);
+    return built;
+  }
+
+ private:
+  static constexpr size_t kMaxEntries = 4096;
+  std::mutex mu_;
+  std::unordered_map<PrimitiveKey, std::shared_ptr<const CachedMatmul>, PrimitiveKeyHash> map_;
+};
+
+MatmulCache& matmul_cache() {
+  static MatmulCache cache;
+  return cache;
+}
+
+}  // namespace
+
+namespace detail {
+
+void gemm_with_matmul_primitive(const GemmArgs& g) {
+  validate(g);
+  if (g.m == 0 || g.n == 0) return;
+  if (g.k == 0) return scale_c(g);
+  const std::shared_ptr<const CachedMatmul> mm = matmul_cache().get(g);
+  thread_local std::vector<uint8_t> scratch;
+  thread_local std::unique_ptr<dnnl::stream> stream;
+  try {
+    if (!stream) stream = std::make_unique<dnnl::stream>(cpu_engine());
+    dnnl::engine& eng = cpu_engine();
+    // oneDNN takes non-const handles but does not write to inputs.
+    dnnl::memory a_mem(mm->a_md, eng, const_cast<void*>(g.a));
+    dnnl::memory b_mem(mm->b_md, eng, const_cast<void*>(g.b));
+    dnnl::memory c_mem(mm->c_md, eng, g.c);
+    std::unordered_map<int, dnnl::memory> args{
+        {DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}};
+    const size_t scratch_bytes = mm->scratch_md.get_size();
+    if (scratch_bytes > 0) {
+      if (scratch.size() < scratch_bytes) scratch.resize(scratch_bytes);
+      args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(mm->scratch_md, eng, scratch.data()));
+    }
+    mm->primitive.execute(*stream, args);
+    stream->wait();
+  } catch (const dnnl::error& e) {
+    WL_CHECK(false) << "oneDNN matmul failed for " << describe(g) << ": " << e.what();
+  }
+}
+
+}  // namespace detail
+
+bool gemm_bf16_is_native() {
+  static const bool native = [] {
+    try {
+      const dnnl::memory::desc ab({16, 16}, dnnl::memory::data_type::bf16,
+                                  dnnl::memory::dims{16, 1});
+      const dnnl::memory::desc c({16, 16}, dnnl::memory::data_type::f32, dnnl::memory::dims{16, 1});
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ab, ab, c), cpu_engine());
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return native;
+}
+
+void gemm(const GemmArgs& g) {
+  validate(g);
+  if (g.m == 0 || g.n == 0) return;
+  if (g.k == 0) return scale_c(g);
+  if (g.in_type == DType::kF32) {
+    sgemm(g, static_cast<const float*>(g.a), g.lda, static_cast<const float*>(g.b), g.ldb);
+  } else if (gemm_bf16_is_native()) {
+    detail::gemm_with_matmul_primitive(g);
+  } else {
+    gemm_bf16_via_f32(g);
+  }
+}
+
+void gemm_reference(const GemmArgs& g) {
+  validate(g);
+  auto load = [&g](const void* p, int64_t i) -> double {
+    return g.in_type == DType::kBF16 ? double(bf16_to_f32(static_cast<const uint16_t*>(p)[i]))
+                                     : double(static_cast<const float*>(p)[i]);
+  };
+  for (int64_t i = 0; i < g.m; ++i) {
+    for (int64_t j = 0; j < g.n; ++j) {
+      double acc = 0;
+      for (int64_t p = 0; p < g.k; ++p) {
+        const double a = load(g.a, g.trans_a ? p * g.lda + i : i * g.lda + p);
+        const double b = load(g.b, g.trans_b ? j * g.ldb + p : p * g.ldb + j);
+        acc += a * b;
+      }
+      float& c = g.c[i * g.ldc + j];
+      // beta == 0 overwrites: C may hold NaN, and 0 * NaN would leak it.
+      c = float(double(g.alpha) * acc + (g.beta == 0.0f ? 0.0 : double(g.beta) * double(c)));
+    }
+  }
+}
+
+}  // namespace wl::kernels

@@ -1,0 +1,326 @@
+// A block is x -> h = x + Attn(RMSNorm(x)) -> x + MoE(RMSNorm(h)) (DESIGN.md), written as
+// the sequence of kernels the forward pass runs, and the backward pass that walks them in
+// reverse. The MoE part dispatches tokens into per-expert row groups so each expert's
+// SwiGLU is two GEMMs over contiguous rows ([n_e, d] x [d, 2F], then [n_e, F] x [F, d]).
+#include "weightlift/model/detail/block.h"
+
+#include <cstring>
+
+#include "weightlift/core/parallel.h"
+#include "weightlift/kernels/attention.h"
+#include "weightlift/kernels/rmsnorm.h"
+#include "weightlift/kernels/swiglu.h"
+#include "weightlift/model/detail/linear.h"
+
+namespace wl::model::detail {
+
+void BlockActs::keep_only_input() {
+  Tensor keep = x;
+  *this = BlockActs();
+  x = keep;
+}
+
+namespace {
+
+Tensor f32(Shape s) { return Tensor::empty(DType::kF32, std::move(s)); }
+
+struct Dims {
+  int64_t d, H, Hkv, Dh, qd, kvd, qkvd, E, K, F;
+  explicit Dims(const ModelConfig& c)
+      : d(c.hidden_size), H(c.num_heads), Hkv(c.num_kv_heads), Dh(c.head_dim),
+        qd(c.q_dim()), kvd(c.kv_dim()), qkvd(c.q_dim() + 2 * c.kv_dim()), E(c.num_experts),
+        K(c.top_k), F(c.ffn_dim) {}
+};
+
+kernels::AttentionShape attention_shape(const Dims& m, const BlockDims& b) {
+  return {.batch = b.batch, .seq_q = b.seq, .seq_kv = b.seq, .heads = m.H, .kv_heads = m.Hkv,
+          .head_dim = m.Dh, .q_offset = 0};
+}
+
+// Copies columns [col, col + width) of src [n, ld] into dst [n, width], or back when
+// `scatter`.
+void copy_columns(float* dst, float* src, int64_t n, int64_t ld, int64_t col, int64_t width,
+                  bool scatter) {
+  parallel_for(n, 256, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      if (scatter) {
+        std::memcpy(src + i * ld + col, dst + i * width, size_t(width) * 4);
+      } else {
+        std::memcpy(dst + i * width, src + i * ld + col, size_t(width) * 4);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void moe_forward(const BlockContext& ctx, const LayerView& w, int64_t N, BlockActs& a,
+                 const float* h, float* out, kernels::RouterLosses* losses) {
+  const Dims m(ctx.config);
+  const Precision p = ctx.precision;
+  // ---- router ----
+  Tensor logits = f32({N, m.E});
+  linear_forward(p, a.xn2.data<float>(), w.router, logits.data<float>(), N, m.d, m.E);
+  a.probs = f32({N, m.E});
+  a.topk_w = f32({N, m.K});
+  a.lse_r = f32({N});
+  a.topk_idx = Tensor::empty(DType::kI32, {N, m.K});
+  a.counts = Tensor::empty(DType::kI64, {m.E});
+  const kernels::RouterShape rs{.tokens = N, .experts = m.E, .top_k = m.K,
+                                .norm_topk = ctx.config.norm_topk};
+  kernels::router_forward(rs, logits.data<float>(), a.probs.data<float>(),
+                          a.topk_idx.data<int32_t>(), a.topk_w.data<float>(),
+                          a.lse_r.data<float>(), a.counts.data<int64_t>());
+  if (losses) {
+    kernels::RouterLosses l = kernels::router_losses(rs, a.probs.data<float>(),
+                                                     a.lse_r.data<float>(),
+                                                     a.counts.data<int64_t>());
+    losses->aux += l.aux;
+    losses->z += l.z;
+  }
+
+  // ---- dispatch: rows grouped by expert, token order within an expert ----
+  const int64_t S = N * m.K;
+  a.expert_begin.assign(size_t(m.E + 1), 0);
+  for (int64_t e = 0; e < m.E; ++e)
+    a.expert_begin[size_t(e + 1)] = a.expert_begin[size_t(e)] + a.counts.data<int64_t>()[e];
+  a.row_of_slot = Tensor::empty(DType::kI32, {N, m.K});
+  a.token_of_row = Tensor::empty(DType::kI32, {S});
+  {
+    std::vector<int64_t> cursor(a.expert_begin.begin(), a.expert_begin.end() - 1);
+    const int32_t* idx = a.topk_idx.data<int32_t>();
+    int32_t* row_of_slot = a.row_of_slot.data<int32_t>();
+    int32_t* token_of_row = a.token_of_row.data<int32_t>();
+    for (int64_t t = 0; t < N; ++t) {
+      for (int64_t k = 0; k < m.K; ++k) {
+        const int64_t row = cursor[size_t(idx[t * m.K + k])]++;
+        row_of_slot[t * m.K + k] = int32_t(row);
+        token_of_row[row] = int32_t(t);
+      }
+    }
+  }
+  a.xe = f32({S, m.d});
+  {
+    const float* xn2 = a.xn2.data<float>();
+    float* xe = a.xe.data<float>();
+    const int32_t* token_of_row = a.token_of_row.data<int32_t>();
+    parallel_for(S, 128, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r)
+        std::memcpy(xe + r * m.d, xn2 + token_of_row[r] * m.d, size_t(m.d) * 4);
+    });
+  }
+
+  // ---- experts ----
+  a.he = f32({S, 2 * m.F});
+  a.ae = f32({S, m.F});
+  a.ye = f32({S, m.d});
+  const int64_t stride = 3 * m.F * m.d;
+  for (int64_t e = 0; e < m.E; ++e) {
+    const int64_t r0 = a.expert_begin[size_t(e)], n = a.expert_begin[size_t(e + 1)] - r0;
+    if (n == 0) continue;
+    const float* gate_up = w.experts + e * stride;  // [2F, d]
+    const float* down = gate_up + 2 * m.F * m.d;    // [d, F]
+    float* he = a.he.data<float>() + r0 * 2 * m.F;
+    float* ae = a.ae.data<float>() + r0 * m.F;
+    linear_forward(p, a.xe.data<float>() + r0 * m.d, gate_up, he, n, m.d, 2 * m.F);
+    kernels::swiglu_forward(he, ae, n, m.F);
+    linear_forward(p, ae, down, a.ye.data<float>() + r0 * m.d, n, m.F, m.d);
+  }
+
+  // ---- combine: out = h + sum_k w[t, k] * ye[row(t, k)] ----
+  {
+    const float* ye = a.ye.data<float>();
+    const float* gw = a.topk_w.data<float>();
+    const int32_t* row_of_slot = a.row_of_slot.data<int32_t>();
+    parallel_for(N, 64, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        float* o = out + t * m.d;
+        std::memcpy(o, h + t * m.d, size_t(m.d) * 4);
+        for (int64_t k = 0; k < m.K; ++k) {
+          const float g = gw[t * m.K + k];
+          const float* y = ye + int64_t(row_of_slot[t * m.K + k]) * m.d;
+          for (int64_t i = 0; i < m.d; ++i) o[i] += g * y[i];
+        }
+      }
+    });
+  }
+}
+
+void block_forward(const BlockContext& ctx, const BlockDims& b, const LayerView& w,
+                   BlockActs& a, float* out, kernels::RouterLosses* losses) {
+  const Dims m(ctx.config);
+  const int64_t N = b.tokens;
+  const Precision p = ctx.precision;
+
+  // ---- attention ----
+  a.xn1 = f32({N, m.d});
+  a.rstd1 = f32({N});
+  kernels::rmsnorm_forward(a.x.data<float>(), w.attn_norm, a.xn1.data<float>(),
+                           a.rstd1.data<float>(), N, m.d, float(ctx.config.rms_eps));
+  Tensor qkv = f32({N, m.qkvd});
+  linear_forward(p, a.xn1.data<float>(), w.wqkv, qkv.data<float>(), N, m.d, m.qkvd);
+  a.q = f32({N, m.qd});
+  a.k = f32({N, m.kvd});
+  a.v = f32({N, m.kvd});
+  copy_columns(a.q.data<float>(), qkv.data<float>(), N, m.qkvd, 0, m.qd, false);
+  copy_columns(a.k.data<float>(), qkv.data<float>(), N, m.qkvd, m.qd, m.kvd, false);
+  copy_columns(a.v.data<float>(), qkv.data<float>(), N, m.qkvd, m.qd + m.kvd, m.kvd, false);
+  qkv = Tensor();
+  kernels::rope_forward(a.q.data<float>(), ctx.rope, b.batch, b.seq, m.H, 0);
+  kernels::rope_forward(a.k.data<float>(), ctx.rope, b.batch, b.seq, m.Hkv, 0);
+  a.att = f32({N, m.qd});
+  a.lse = f32({b.batch, m.H, b.seq});
+  kernels::attention_forward(attention_shape(m, b), a.q.data<float>(), a.k.data<float>(),
+                             a.v.data<float>(), a.att.data<float>(), a.lse.data<float>());
+  a.h = a.x.clone();
+  linear_forward(p, a.att.data<float>(), w.wo, a.h.data<float>(), N, m.qd, m.d, true);
+
+  a.xn2 = f32({N, m.d});
+  a.rstd2 = f32({N});
+  kernels::rmsnorm_forward(a.h.data<float>(), w.moe_norm, a.xn2.data<float>(),
+                           a.rstd2.data<float>(), N, m.d, float(ctx.config.rms_eps));
+  moe_forward(ctx, w, N, a, a.h.data<float>(), out, losses);
+}
+
+void block_backward(const BlockContext& ctx, const BlockDims& b, const LayerView& w,
+                    const LayerView& g, const BlockActs& a, const float* dout, float* dx,
+                    const BlockGradScales& scales) {
+  const Dims m(ctx.config);
+  const int64_t N = b.tokens, S = N * m.K;
+  const Precision p = ctx.precision;
+
+  // ---- combine backward: d gate weights and d expert outputs ----
+  Tensor dtopk_w = f32({N, m.K});
+  Tensor dye = f32({S, m.d});
+  {
+    const float* ye = a.ye.data<float>();
+    const float* gw = a.topk_w.data<float>();
+    const int32_t* row_of_slot = a.row_of_slot.data<int32_t>();
+    float* dw = dtopk_w.data<float>();
+    float* dy = dye.data<float>();
+    parallel_for(N, 64, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const float* go = dout + t * m.d;
+        for (int64_t k = 0; k < m.K; ++k) {
+          const int64_t row = row_of_slot[t * m.K + k];
+          const float* y = ye + row * m.d;
+          float* dyr = dy + row * m.d;
+          const float gk = gw[t * m.K + k];
+          double dot = 0;
+          for (int64_t i = 0; i < m.d; ++i) {
+            dot += double(go[i]) * y[i];
+            dyr[i] = gk * go[i];
+          }
+          dw[t * m.K + k] = float(dot);
+        }
+      }
+    });
+  }
+
+  // ---- experts backward ----
+  Tensor dxe = f32({S, m.d});
+  {
+    Tensor dae = f32({S, m.F});
+    Tensor dhe = f32({S, 2 * m.F});
+    const int64_t stride = 3 * m.F * m.d;
+    for (int64_t e = 0; e < m.E; ++e) {
+      const int64_t r0 = a.expert_begin[size_t(e)], n = a.expert_begin[size_t(e + 1)] - r0;
+      if (n == 0) continue;
+      const float* gate_up = w.experts + e * stride;
+      const float* down = gate_up + 2 * m.F * m.d;
+      float* dgate_up = g.experts + e * stride;
+      float* ddown = dgate_up + 2 * m.F * m.d;
+      const float* dy = dye.data<float>() + r0 * m.d;
+      float* da = dae.data<float>() + r0 * m.F;
+      float* dh = dhe.data<float>() + r0 * 2 * m.F;
+      linear_backward_input(p, dy, down, da, n, m.F, m.d);
+      linear_backward_weight(p, dy, a.ae.data<float>() + r0 * m.F, ddown, n, m.F, m.d);
+      kernels::swiglu_backward(a.he.data<float>() + r0 * 2 * m.F, da, dh, n, m.F);
+      linear_backward_weight(p, dh, a.xe.data<float>() + r0 * m.d, dgate_up, n, m.d, 2 * m.F);
+      linear_backward_input(p, dh, gate_up, dxe.data<float>() + r0 * m.d, n, m.d, 2 * m.F);
+    }
+  }
+
+  // ---- un-dispatch: dxn2[t] = sum over t's slots of dxe[row], in slot order ----
+  Tensor dxn2 = f32({N, m.d});
+  {
+    const int32_t* row_of_slot = a.row_of_slot.data<int32_t>();
+    const float* src = dxe.data<float>();
+    float* dst = dxn2.data<float>();
+    parallel_for(N, 64, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        float* o = dst + t * m.d;
+        std::memcpy(o, src + int64_t(row_of_slot[t * m.K]) * m.d, size_t(m.d) * 4);
+        for (int64_t k = 1; k < m.K; ++k) {
+          const float* r = src + int64_t(row_of_slot[t * m.K + k]) * m.d;
+          for (int64_t i = 0; i < m.d; ++i) o[i] += r[i];
+        }
+      }
+    });
+  }
+
+  // ---- router backward ----
+  {
+    Tensor dlogits = f32({N, m.E});
+    const kernels::RouterShape rs{.tokens = N, .experts = m.E, .top_k = m.K,
+                                  .norm_topk = ctx.config.norm_topk};
+    kernels::router_backward(rs, {.probs = a.probs.data<float>(),
+                                  .topk_idx = a.topk_idx.data<int32_t>(),
+                                  .topk_w = a.topk_w.data<float>(),
+                                  .lse = a.lse_r.data<float>(),
+                                  .counts = a.counts.data<int64_t>(),
+                                  .dtopk_w = dtopk_w.data<float>(),
+                                  .aux_scale = scales.aux,
+                                  .z_scale = scales.z,
+                                  .dlogits = dlogits.data<float>()});
+    linear_backward_input(p, dlogits.data<float>(), w.router, dxn2.data<float>(), N, m.d, m.E,
+                          true);
+    linear_backward_weight(p, dlogits.data<float>(), a.xn2.data<float>(), g.router, N, m.d, m.E);
+  }
+
+  // ---- moe_norm backward, residual: dh = dout + d(norm) ----
+  Tensor dh = f32({N, m.d});
+  kernels::rmsnorm_backward(dxn2.data<float>(), a.h.data<float>(), w.moe_norm,
+                            a.rstd2.data<float>(), dh.data<float>(), g.moe_norm, N, m.d);
+  {
+    float* d = dh.data<float>();
+    parallel_for(N * m.d, 1 << 14, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) d[i] += dout[i];
+    });
+  }
+  dxn2 = Tensor();
+
+  // ---- attention backward ----
+  Tensor datt = f32({N, m.qd});
+  linear_backward_input(p, dh.data<float>(), w.wo, datt.data<float>(), N, m.qd, m.d);
+  linear_backward_weight(p, dh.data<float>(), a.att.data<float>(), g.wo, N, m.qd, m.d);
+  Tensor dq = f32({N, m.qd}), dk = f32({N, m.kvd}), dv = f32({N, m.kvd});
+  kernels::attention_backward(attention_shape(m, b), a.q.data<float>(), a.k.data<float>(),
+                              a.v.data<float>(), a.att.data<float>(), a.lse.data<float>(),
+                              datt.data<float>(), dq.data<float>(), dk.data<float>(),
+                              dv.data<float>());
+  datt = Tensor();
+  kernels::rope_backward(dq.data<float>(), ctx.rope, b.batch, b.seq, m.H, 0);
+  kernels::rope_backward(dk.data<float>(), ctx.rope, b.batch, b.seq, m.Hkv, 0);
+  Tensor dqkv = f32({N, m.qkvd});
+  copy_columns(dq.data<float>(), dqkv.data<float>(), N, m.qkvd, 0, m.qd, true);
+  copy_columns(dk.data<float>(), dqkv.data<float>(), N, m.qkvd, m.qd, m.kvd, true);
+  copy_columns(dv.data<float>(), dqkv.data<float>(), N, m.qkvd, m.qd + m.kvd, m.kvd, true);
+  dq = dk = dv = Tensor();
+  linear_backward_weight(p, dqkv.data<float>(), a.xn1.data<float>(), g.wqkv, N, m.d, m.qkvd);
+  Tensor dxn1 = f32({N, m.d});
+  linear_backward_input(p, dqkv.data<float>(), w.wqkv, dxn1.data<float>(), N, m.d, m.qkvd);
+  dqkv = Tensor();
+
+  // ---- attn_norm backward, residual: dx = dh + d(norm) ----
+  kernels::rmsnorm_backward(dxn1.data<float>(), a.x.data<float>(), w.attn_norm,
+                            a.rstd1.data<float>(), dx, g.attn_norm, N, m.d);
+  {
+    const float* d = dh.data<float>();
+    parallel_for(N * m.d, 1 << 14, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) dx[i] += d[i];
+    });
+  }
+}
+
+}  // namespace wl::model::detail

@@ -1,0 +1,69 @@
+// One transformer block, forward and backward. Internal to the model layer.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "weightlift/core/tensor.h"
+#include "weightlift/kernels/rope.h"
+#include "weightlift/kernels/router.h"
+#include "weightlift/model/config.h"
+#include "weightlift/model/params.h"
+#include "weightlift/model/precision.h"
+
+namespace wl::model::detail {
+
+struct BlockDims {
+  int64_t batch, seq, tokens;  // tokens = batch * seq
+};
+
+// Everything the backward pass of one block needs. Under gradient checkpointing only `x`
+// survives the forward pass; the rest is recomputed from it.
+struct BlockActs {
+  Tensor x;             // [N, d] block input
+  Tensor xn1, rstd1;    // [N, d], [N]: attn_norm
+  Tensor q, k, v;       // [N, H*Dh], [N, Hkv*Dh], [N, Hkv*Dh]; q and k after RoPE
+  Tensor att, lse;      // [N, H*Dh] heads concatenated, [B, H, T]
+  Tensor h;             // [N, d] = x + att @ Wo^T
+  Tensor xn2, rstd2;    // [N, d], [N]: moe_norm
+  Tensor probs, topk_w, lse_r;  // [N, E], [N, K], [N]
+  Tensor topk_idx;      // [N, K] i32
+  Tensor counts;        // [E] i64: slots per expert
+  // Dispatch: rows of the expert buffers grouped by expert, in token order within each.
+  std::vector<int64_t> expert_begin;  // [E + 1] first row of each expert
+  Tensor row_of_slot;   // [N, K] i32: the expert-buffer row of token t's k-th choice
+  Tensor token_of_row;  // [N*K] i32
+  Tensor xe, he, ae, ye;  // [N*K, d], [N*K, 2F], [N*K, F], [N*K, d]
+
+  bool complete() const { return xn1.raw() != nullptr; }  // false after keep_only_input()
+  void keep_only_input();  // drop everything but x
+};
+
+struct BlockContext {
+  const ModelConfig& config;
+  const kernels::RopeTable& rope;
+  Precision precision;
+};
+
+// Fills acts (acts.x must hold the input) and writes the block output to out [N, d].
+// Adds this layer's aux_l and z_l (unweighted) to *losses.
+void block_forward(const BlockContext& ctx, const BlockDims& dims, const LayerView& w,
+                   BlockActs& acts, float* out, kernels::RouterLosses* losses);
+
+// The MoE half on its own: routes a.xn2 [N, d] (already normed), fills the router and
+// expert fields of `a`, and writes out = h + MoE(a.xn2). Generation calls it with N new tokens.
+void moe_forward(const BlockContext& ctx, const LayerView& w, int64_t tokens, BlockActs& acts,
+                 const float* h, float* out, kernels::RouterLosses* losses);
+
+struct BlockGradScales {
+  float aux = 0;  // d loss / d aux_l
+  float z = 0;    // d loss / d z_l
+};
+
+// dout [N, d] is d loss / d block output; writes d loss / d block input into dx [N, d]
+// (dx may alias dout) and adds weight gradients into g.
+void block_backward(const BlockContext& ctx, const BlockDims& dims, const LayerView& w,
+                    const LayerView& g, const BlockActs& acts, const float* dout, float* dx,
+                    const BlockGradScales& scales);
+
+}  // namespace wl::model::detail

@@ -1,0 +1,66 @@
+// GEMM operands at reduced precision are rounded copies held in f32: a product of two bf16
+// (or f16) values is exact in f32, so an f32 GEMM over rounded operands computes what a
+// bf16 GEMM with f32 accumulation computes, on any CPU. (oneDNN's native bf16 matmul needs
+// AVX-512-BF16 or AMX; these machines expose AVX2 only.)
+#include "weightlift/model/detail/linear.h"
+
+#include <vector>
+
+#include "weightlift/core/dtype.h"
+#include "weightlift/core/parallel.h"
+#include "weightlift/kernels/gemm.h"
+
+namespace wl::model::detail {
+namespace {
+
+// Scratch for rounded operands; one set per thread that calls linear_*.
+struct Scratch {
+  std::vector<float> a, b;
+};
+thread_local Scratch tls_scratch;
+
+const float* rounded(Precision p, const float* x, int64_t n, std::vector<float>& buf) {
+  if (p == Precision::kF32) return x;
+  buf.resize(size_t(n));
+  float* out = buf.data();
+  const bool bf16 = p == Precision::kBF16;
+  parallel_for(n, 1 << 14, [&](int64_t b, int64_t e) {
+    if (bf16) {
+      for (int64_t i = b; i < e; ++i) out[i] = bf16_to_f32(f32_to_bf16(x[i]));
+    } else {
+      for (int64_t i = b; i < e; ++i) out[i] = f16_to_f32(f32_to_f16(x[i]));
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+void linear_forward(Precision p, const float* x, const float* w, float* y, int64_t n,
+                    int64_t in, int64_t out, bool accumulate) {
+  if (n == 0) return;
+  const float* xa = rounded(p, x, n * in, tls_scratch.a);
+  const float* wb = rounded(p, w, out * in, tls_scratch.b);
+  kernels::gemm({.m = n, .n = out, .k = in, .a = xa, .lda = in, .b = wb, .ldb = in,
+                 .trans_b = true, .c = y, .ldc = out, .beta = accumulate ? 1.0f : 0.0f});
+}
+
+void linear_backward_input(Precision p, const float* dy, const float* w, float* dx, int64_t n,
+                           int64_t in, int64_t out, bool accumulate) {
+  if (n == 0) return;
+  const float* da = rounded(p, dy, n * out, tls_scratch.a);
+  const float* wb = rounded(p, w, out * in, tls_scratch.b);
+  kernels::gemm({.m = n, .n = in, .k = out, .a = da, .lda = out, .b = wb, .ldb = in,
+                 .c = dx, .ldc = in, .beta = accumulate ? 1.0f : 0.0f});
+}
+
+void linear_backward_weight(Precision p, const float* dy, const float* x, float* dw, int64_t n,
+                            int64_t in, int64_t out) {
+  if (n == 0) return;
+  const float* da = rounded(p, dy, n * out, tls_scratch.a);
+  const float* xb = rounded(p, x, n * in, tls_scratch.b);
+  kernels::gemm({.m = out, .n = in, .k = n, .a = da, .lda = out, .trans_a = true, .b = xb,
+                 .ldb = in, .c = dw, .ldc = in, .beta = 1.0f});
+}
+
+}  // namespace wl::model::detail

@@ -1,0 +1,187 @@
+#include "weightlift/model/generate.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "weightlift/core/parallel.h"
+#include "weightlift/kernels/attention.h"
+#include "weightlift/kernels/embedding.h"
+#include "weightlift/kernels/rmsnorm.h"
+#include "weightlift/kernels/rope.h"
+#include "weightlift/model/detail/block.h"
+#include "weightlift/model/detail/linear.h"
+
+namespace wl::model {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Keys and values of every layer for every row: [layers][rows, capacity, Hkv * Dh].
+struct KvCache {
+  int64_t rows, capacity, width;
+  std::vector<Tensor> k, v;
+  std::vector<int64_t> length;  // tokens cached per row
+  KvCache(const ModelConfig& c, int64_t rows_)
+      : rows(rows_), capacity(c.max_seq_len), width(c.kv_dim()), length(size_t(rows_), 0) {
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      k.push_back(Tensor::empty(DType::kF32, {rows, capacity, width}));
+      v.push_back(Tensor::empty(DType::kF32, {rows, capacity, width}));
+    }
+  }
+  void clear() { std::fill(length.begin(), length.end(), 0); }
+};
+
+// Runs new tokens through the model: row r appends feed[r] (may be empty) to its cache.
+// Returns the logits of each row's last new token, [rows, V] (rows with nothing new: zeros).
+std::vector<float> forward_cached(Transformer& model, KvCache& cache,
+                                  const std::vector<std::vector<int64_t>>& feed, Precision prec) {
+  const ModelConfig& c = model.config();
+  const int64_t d = c.hidden_size, V = c.vocab_size, H = c.num_heads, Hkv = c.num_kv_heads;
+  const int64_t qd = c.q_dim(), kvd = c.kv_dim(), qkvd = qd + 2 * kvd;
+  std::vector<int64_t> tokens, row_begin;  // concatenated new tokens; first index of each row
+  for (const auto& f : feed) {
+    row_begin.push_back(int64_t(tokens.size()));
+    tokens.insert(tokens.end(), f.begin(), f.end());
+  }
+  row_begin.push_back(int64_t(tokens.size()));
+  const int64_t M = int64_t(tokens.size());
+  ModelView w = model.param_view();
+  const detail::BlockContext ctx{c, model.rope(), prec};
+
+  Tensor x = Tensor::empty(DType::kF32, {M, d});
+  kernels::embedding_forward(w.embed, tokens.data(), x.data<float>(), M, V, d);
+  Tensor xn = Tensor::empty(DType::kF32, {M, d}), qkv = Tensor::empty(DType::kF32, {M, qkvd});
+  Tensor att = Tensor::empty(DType::kF32, {M, qd});
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerView& lw = w.layers[size_t(l)];
+    kernels::rmsnorm_forward(x.data<float>(), lw.attn_norm, xn.data<float>(), nullptr, M, d,
+                             float(c.rms_eps));
+    detail::linear_forward(prec, xn.data<float>(), lw.wqkv, qkv.data<float>(), M, d, qkvd);
+    for (size_t r = 0; r < feed.size(); ++r) {
+      const int64_t n = row_begin[r + 1] - row_begin[r], pos = cache.length[r];
+      if (n == 0) continue;
+      Tensor q = Tensor::empty(DType::kF32, {n, qd});
+      float* kc = cache.k[size_t(l)].data<float>() + (int64_t(r) * cache.capacity + pos) * kvd;
+      float* vc = cache.v[size_t(l)].data<float>() + (int64_t(r) * cache.capacity + pos) * kvd;
+      for (int64_t t = 0; t < n; ++t) {
+        const float* src = qkv.data<float>() + (row_begin[r] + t) * qkvd;
+        std::memcpy(q.data<float>() + t * qd, src, size_t(qd) * 4);
+        std::memcpy(kc + t * kvd, src + qd, size_t(kvd) * 4);
+        std::memcpy(vc + t * kvd, src + qd + kvd, size_t(kvd) * 4);
+      }
+      kernels::rope_forward(q.data<float>(), model.rope(), 1, n, H, pos);
+      kernels::rope_forward(kc, model.rope(), 1, n, Hkv, pos);
+      const float* kbase = cache.k[size_t(l)].data<float>() + int64_t(r) * cache.capacity * kvd;
+      const float* vbase = cache.v[size_t(l)].data<float>() + int64_t(r) * cache.capacity * kvd;
+      kernels::attention_forward({.batch = 1, .seq_q = n, .seq_kv = pos + n, .heads = H,
+                                  .kv_heads = Hkv, .head_dim = c.head_dim, .q_offset = pos},
+                                 q.data<float>(), kbase, vbase,
+                                 att.data<float>() + row_begin[r] * qd, nullptr);
+    }
+    detail::linear_forward(prec, att.data<float>(), lw.wo, x.data<float>(), M, qd, d, true);
+    detail::BlockActs a;
+    a.xn2 = Tensor::empty(DType::kF32, {M, d});
+    kernels::rmsnorm_forward(x.data<float>(), lw.moe_norm, a.xn2.data<float>(), nullptr, M, d,
+                             float(c.rms_eps));
+    Tensor out = Tensor::empty(DType::kF32, {M, d});
+    detail::moe_forward(ctx, lw, M, a, x.data<float>(), out.data<float>(), nullptr);
+    x = out;
+  }
+  for (size_t r = 0; r < feed.size(); ++r) cache.length[r] += row_begin[r + 1] - row_begin[r];
+
+  // Only each row's last position needs the final norm and head.
+  const int64_t R = int64_t(feed.size());
+  Tensor last = Tensor::zeros(DType::kF32, {R, d});
+  for (int64_t r = 0; r < R; ++r) {
+    if (row_begin[size_t(r) + 1] > row_begin[size_t(r)])
+      std::memcpy(last.data<float>() + r * d, x.data<float>() + (row_begin[size_t(r) + 1] - 1) * d,
+                  size_t(d) * 4);
+  }
+  Tensor ln = Tensor::empty(DType::kF32, {R, d});
+  kernels::rmsnorm_forward(last.data<float>(), w.norm, ln.data<float>(), nullptr, R, d,
+                           float(c.rms_eps));
+  std::vector<float> logits(size_t(R * V));
+  detail::linear_forward(prec, ln.data<float>(), w.head, logits.data(), R, d, V);
+  return logits;
+}
+
+Status check_prompts(const ModelConfig& c, const std::vector<std::vector<int64_t>>& prompts,
+                     int64_t new_tokens) {
+  if (prompts.empty()) return invalid_argument("generate: no prompts");
+  for (size_t r = 0; r < prompts.size(); ++r) {
+    if (prompts[r].empty()) return invalid_argument("generate: prompt " + std::to_string(r) + " is empty");
+    if (int64_t(prompts[r].size()) + new_tokens > c.max_seq_len)
+      return invalid_argument("generate: prompt " + std::to_string(r) + " has " +
+                              std::to_string(prompts[r].size()) + " tokens; with " +
+                              std::to_string(new_tokens) + " new ones that exceeds max_seq_len " +
+                              std::to_string(c.max_seq_len));
+    for (int64_t t : prompts[r])
+      if (t < 0 || t >= c.vocab_size)
+        return invalid_argument("generate: prompt " + std::to_string(r) + " holds token " +
+                                std::to_string(t) + " outside [0, " + std::to_string(c.vocab_size) + ")");
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Result<Generation> generate(Transformer& model, const std::vector<std::vector<int64_t>>& prompts,
+                            const GenerateOptions& o) {
+  const ModelConfig& c = model.config();
+  WL_RETURN_IF_ERROR(check_prompts(c, prompts, o.max_new_tokens));
+  const size_t R = prompts.size();
+  KvCache cache(c, int64_t(R));
+  std::vector<Rng> rngs;
+  for (size_t r = 0; r < R; ++r) rngs.emplace_back(o.seed + r);
+  Generation g;
+  g.tokens.assign(R, {});
+  std::vector<bool> done(R, false);
+  std::vector<std::vector<int64_t>> feed = prompts;
+  auto t0 = Clock::now();
+  for (int64_t step = 0; step < o.max_new_tokens; ++step) {
+    if (!o.use_kv_cache) {
+      cache.clear();
+      for (size_t r = 0; r < R; ++r) {
+        if (done[r]) { feed[r].clear(); continue; }
+        feed[r] = prompts[r];
+        feed[r].insert(feed[r].end(), g.tokens[r].begin(), g.tokens[r].end());
+      }
+    }
+    std::vector<float> logits = forward_cached(model, cache, feed, o.precision);
+    bool all_done = true;
+    for (size_t r = 0; r < R; ++r) {
+      feed[r].clear();
+      if (done[r]) continue;
+      const float* lr = logits.data() + r * size_t(c.vocab_size);
+      const int64_t next = o.sampling.temperature <= 0
+                               ? kernels::argmax(lr, c.vocab_size)
+                               : kernels::sample(lr, c.vocab_size, o.sampling, rngs[r]);
+      g.tokens[r].push_back(next);
+      if (next == o.stop_token) done[r] = true;
+      else feed[r].push_back(next);
+      all_done = all_done && done[r];
+    }
+    if (step == 0) {
+      g.prefill_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      t0 = Clock::now();
+    }
+    if (all_done) break;
+  }
+  g.decode_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  for (const auto& t : g.tokens) g.decoded_tokens += int64_t(t.size()) - 1;
+  return g;
+}
+
+Result<std::vector<std::vector<float>>> next_token_logits(
+    Transformer& model, const std::vector<std::vector<int64_t>>& prompts, Precision precision) {
+  WL_RETURN_IF_ERROR(check_prompts(model.config(), prompts, 0));
+  KvCache cache(model.config(), int64_t(prompts.size()));
+  std::vector<float> logits = forward_cached(model, cache, prompts, precision);
+  std::vector<std::vector<float>> out;
+  const size_t V = size_t(model.config().vocab_size);
+  for (size_t r = 0; r < prompts.size(); ++r)
+    out.emplace_back(logits.begin() + long(r * V), logits.begin() + long((r + 1) * V));
+  return out;
+}
+
+}  // namespace wl::model

@@ -1,0 +1,42 @@
+// Batched autoregressive generation with a KV cache and the four decoders.
+//
+// Rows may have prompts of different lengths: GEMMs run over all rows' new tokens at once,
+// attention runs per row against that row's cache. Without the cache (use_kv_cache = false)
+// every step recomputes the whole prefix: the baseline the cache is measured against.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "weightlift/kernels/sampling.h"
+#include "weightlift/model/transformer.h"
+
+namespace wl::model {
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 200;
+  kernels::SamplingOptions sampling;  // temperature 0 = greedy
+  uint64_t seed = 0;                  // row r samples with Rng(seed + r)
+  bool use_kv_cache = true;
+  int64_t stop_token = -1;            // a row stops after producing it; -1 = never
+  Precision precision = Precision::kF32;
+};
+
+struct Generation {
+  std::vector<std::vector<int64_t>> tokens;  // new tokens per row
+  double prefill_seconds = 0;
+  double decode_seconds = 0;
+  int64_t decoded_tokens = 0;  // tokens produced after the first (the decode phase)
+};
+
+// prompts: each non-empty; prompt length + max_new_tokens must fit max_seq_len (an
+// InvalidArgument otherwise, naming the row).
+Result<Generation> generate(Transformer& model, const std::vector<std::vector<int64_t>>& prompts,
+                            const GenerateOptions& options);
+
+// Logits [rows, V] of the next token after each prompt, through the cached path (for tests:
+// they must equal the training forward pass's last-position logits).
+Result<std::vector<std::vector<float>>> next_token_logits(
+    Transformer& model, const std::vector<std::vector<int64_t>>& prompts, Precision precision);
+
+}  // namespace wl::model

@@ -1,0 +1,60 @@
+#include "weightlift/model/params.h"
+
+namespace wl::model {
+
+ParamLayout::ParamLayout(const ModelConfig& c) {
+  const int64_t d = c.hidden_size, dh = c.head_dim, f = c.ffn_dim;
+  auto add = [&](std::string name, Shape shape, bool decay) {
+    index_.emplace(name, params_.size());
+    params_.push_back({std::move(name), std::move(shape), total_, decay});
+    total_ += params_.back().numel();
+  };
+  add("embed.weight", {c.vocab_size, d}, true);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    add(p + "attn_norm.weight", {d}, false);
+    add(p + "attn.q_proj.weight", {c.num_heads * dh, d}, true);
+    add(p + "attn.k_proj.weight", {c.num_kv_heads * dh, d}, true);
+    add(p + "attn.v_proj.weight", {c.num_kv_heads * dh, d}, true);
+    add(p + "attn.o_proj.weight", {d, c.num_heads * dh}, true);
+    add(p + "moe_norm.weight", {d}, false);
+    add(p + "moe.router.weight", {c.num_experts, d}, true);
+    for (int64_t e = 0; e < c.num_experts; ++e) {
+      const std::string q = p + "moe.experts." + std::to_string(e) + ".";
+      add(q + "gate_proj.weight", {f, d}, true);
+      add(q + "up_proj.weight", {f, d}, true);
+      add(q + "down_proj.weight", {d, f}, true);
+    }
+  }
+  add("norm.weight", {d}, false);
+  if (!c.tie_embeddings) add("lm_head.weight", {c.vocab_size, d}, true);
+}
+
+const ParamInfo* ParamLayout::find(std::string_view name) const {
+  auto it = index_.find(std::string(name));
+  return it == index_.end() ? nullptr : &params_[it->second];
+}
+
+const ParamInfo& ParamLayout::at(std::string_view name) const {
+  const ParamInfo* p = find(name);
+  WL_CHECK(p != nullptr) << "no parameter named " << name;
+  return *p;
+}
+
+ModelView bind(const ModelConfig& c, const ParamLayout& layout, float* base) {
+  ModelView v;
+  auto at = [&](const std::string& name) { return base + layout.at(name).offset; };
+  v.embed = at("embed.weight");
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    v.layers.push_back({at(p + "attn_norm.weight"), at(p + "attn.q_proj.weight"),
+                        at(p + "attn.o_proj.weight"), at(p + "moe_norm.weight"),
+                        at(p + "moe.router.weight"), at(p + "moe.experts.0.gate_proj.weight")});
+  }
+  v.norm = at("norm.weight");
+  v.head = c.tie_embeddings ? v.embed : at("lm_head.weight");
+  v.expert_stride = 3 * c.ffn_dim * c.hidden_size;
+  return v;
+}
+
+}  // namespace wl::model

@@ -1,0 +1,64 @@
+// Where every parameter lives.
+//
+// All parameters sit in one flat f32 buffer (and the gradients, and AdamW's two moments, in
+// buffers of the same layout), in the order of DESIGN.md's names. Keeping them flat makes the
+// optimizer one loop, clipping one reduction, checkpoints one pass, and lets two tensors that
+// are multiplied by the same input share one GEMM: q, k and v are adjacent ([q; k; v] is one
+// [(H + 2 Hkv) * Dh, d] matrix) and so are each expert's gate and up ([gate; up] is [2F, d]).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "weightlift/core/tensor.h"
+#include "weightlift/model/config.h"
+
+namespace wl::model {
+
+struct ParamInfo {
+  std::string name;   // DESIGN.md's name, e.g. "layers.0.attn.q_proj.weight"
+  Shape shape;        // [out, in] for matrices, as torch.nn.Linear
+  int64_t offset = 0; // elements from the start of the flat buffer
+  bool decay = false; // AdamW weight decay applies (matrices yes; norm gains no)
+  int64_t numel() const { return shape_numel(shape); }
+};
+
+class ParamLayout {
+ public:
+  explicit ParamLayout(const ModelConfig& c);
+  const std::vector<ParamInfo>& params() const { return params_; }
+  int64_t total() const { return total_; }  // elements
+  const ParamInfo* find(std::string_view name) const;
+  const ParamInfo& at(std::string_view name) const;  // checked
+
+ private:
+  std::vector<ParamInfo> params_;
+  std::unordered_map<std::string, size_t> index_;
+  int64_t total_ = 0;
+};
+
+// Pointers into one flat buffer (parameters or gradients), by role.
+struct LayerView {
+  float* attn_norm;  // [d]
+  float* wqkv;       // [(H + 2 Hkv) * Dh, d]: q_proj, k_proj, v_proj stacked
+  float* wo;         // [d, H * Dh]
+  float* moe_norm;   // [d]
+  float* router;     // [E, d]
+  float* experts;    // expert e at experts + e * expert_stride:
+                     //   gate_up [2F, d] (gate_proj then up_proj), then down [d, F]
+};
+
+struct ModelView {
+  float* embed;  // [V, d]
+  std::vector<LayerView> layers;
+  float* norm;   // [d]
+  float* head;   // [V, d]; == embed when tie_embeddings
+  int64_t expert_stride;  // elements per expert: 3 * F * d
+};
+
+ModelView bind(const ModelConfig& c, const ParamLayout& layout, float* base);
+
+}  // namespace wl::model

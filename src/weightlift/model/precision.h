@@ -1,0 +1,33 @@
+// Numeric precision of a training step.
+//
+// Master weights, gradients, optimizer state, norms, softmaxes and losses are always f32.
+// kBF16 and kF16 round the operands of every GEMM (weights, activations, activation
+// gradients) to that type and accumulate in f32, which is what bf16 / f16 tensor-core or
+// AVX-512-BF16 GEMMs compute. kF16 needs dynamic loss scaling (train/loss_scaler.h): its
+// small range flushes small gradients to zero and overflows large ones.
+#pragma once
+
+#include <optional>
+#include <string_view>
+
+namespace wl::model {
+
+enum class Precision { kF32, kBF16, kF16 };
+
+inline std::string_view precision_name(Precision p) {
+  switch (p) {
+    case Precision::kF32: return "f32";
+    case Precision::kBF16: return "bf16";
+    case Precision::kF16: return "f16";
+  }
+  return "?";
+}
+
+inline std::optional<Precision> precision_from_name(std::string_view s) {
+  if (s == "f32") return Precision::kF32;
+  if (s == "bf16") return Precision::kBF16;
+  if (s == "f16") return Precision::kF16;
+  return std::nullopt;
+}
+
+}  // namespace wl::model

@@ -1,0 +1,272 @@
+// The other collectives with ranks as threads, world sizes 1-4: reduce_scatter, allgather and
+// allgatherv (uneven, with empty blocks), broadcast and reduce from every root, gather,
+// scatter, all_to_all and all_to_all_v, barrier, send/recv. Data exact by construction.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <numeric>
+
+#include "exact_data.h"
+#include "rank_threads.h"
+#include "weightlift/comm/collectives.h"
+
+namespace wl::comm {
+namespace {
+
+using testing::GuardedBuffer;
+
+class CollectivesTest : public ::testing::TestWithParam<int> {};
+
+// A distinct value for (rank, element), exact in every dtype under test (< 256).
+int64_t tagged(int r, size_t i) { return int64_t((size_t(r) * 37 + i * 11) % 200) + 1; }
+
+TEST_P(CollectivesTest, ReduceScatter) {
+  const int P = GetParam();
+  testing::run_world(P, [&](Group& g) {
+    const int r = g.rank();
+    for (DType dtype : testing::kReducibleTypes) {
+      for (ReduceOp op : testing::kOps) {
+        for (size_t count : {size_t(0), size_t(1), size_t(5)}) {
+          for (bool in_place : {false, true}) {
+            const size_t total = count * size_t(P);
+            GuardedBuffer send(dtype, total), recv(dtype, count);
+            for (size_t i = 0; i < total; ++i) {
+              testing::put(dtype, send.data(), i, testing::value(op, P, r, i));
+            }
+            void* out = in_place ? static_cast<uint8_t*>(send.data()) + size_t(r) * count * dtype_size(dtype)
+                                 : recv.data();
+            Status s = reduce_scatter(g, {.send = send.data(), .recv = out, .count = count,
+                                          .dtype = dtype, .op = op, .segment_bytes = 4});
+            ASSERT_TRUE(s.ok()) << s.to_string();
+            for (size_t i = 0; i < count; ++i) {
+              ASSERT_EQ(testing::get(dtype, out, i), testing::expected(op, P, size_t(r) * count + i))
+                  << dtype_name(dtype) << " " << reduce_op_name(op) << " count " << count
+                  << " rank " << r << " element " << i;
+            }
+            EXPECT_TRUE(send.guards_intact() && recv.guards_intact());
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST_P(CollectivesTest, AllgatherEvenAndUneven) {
+  const int P = GetParam();
+  testing::run_world(P, [&](Group& g) {
+    const int r = g.rank();
+    for (DType dtype : {DType::kF32, DType::kBF16, DType::kI64, DType::kU8}) {
+      for (size_t count : {size_t(0), size_t(1), size_t(9)}) {
+        GuardedBuffer send(dtype, count), recv(dtype, count * size_t(P));
+        for (size_t i = 0; i < count; ++i) testing::put(dtype, send.data(), i, tagged(r, i));
+        Status s = allgather(g, {.send = send.data(), .recv = recv.data(), .count = count,
+                                 .dtype = dtype, .segment_bytes = 8});
+        ASSERT_TRUE(s.ok()) << s.to_string();
+        for (int q = 0; q < P; ++q) {
+          for (size_t i = 0; i < count; ++i) {
+            ASSERT_EQ(testing::get(dtype, recv.data(), size_t(q) * count + i), tagged(q, i));
+          }
+        }
+        EXPECT_TRUE(recv.guards_intact());
+      }
+    }
+    // Uneven blocks, some empty: rank q contributes (q * 5) % 7 elements.
+    std::vector<size_t> counts(static_cast<size_t>(P));
+    for (int q = 0; q < P; ++q) counts[size_t(q)] = size_t(q * 5 % 7);
+    const size_t total = std::accumulate(counts.begin(), counts.end(), size_t(0));
+    for (bool in_place : {false, true}) {
+      GuardedBuffer send(DType::kI32, counts[size_t(r)]), recv(DType::kI32, total);
+      size_t offset = 0;
+      for (int q = 0; q < r; ++q) offset += counts[size_t(q)];
+      for (size_t i = 0; i < counts[size_t(r)]; ++i) {
+        testing::put(DType::kI32, in_place ? recv.data() : send.data(), in_place ? offset + i : i,
+                     tagged(r, i));
+      }
+      Status s = allgatherv(g, {.send = in_place ? nullptr : send.data(), .recv = recv.data(),
+                                .counts = counts, .dtype = DType::kI32, .segment_bytes = 8});
+      ASSERT_TRUE(s.ok()) << s.to_string();
+      size_t at = 0;
+      for (int q = 0; q < P; ++q) {
+        for (size_t i = 0; i < counts[size_t(q)]; ++i, ++at) {
+          ASSERT_EQ(testing::get(DType::kI32, recv.data(), at), tagged(q, i));
+        }
+      }
+      EXPECT_TRUE(recv.guards_intact());
+    }
+  });
+}
+
+TEST_P(CollectivesTest, BroadcastFromEveryRoot) {
+  const int P = GetParam();
+  testing::run_world(P, [&](Group& g) {
+    for (int root = 0; root < P; ++root) {
+      for (size_t count : {size_t(0), size_t(1), size_t(1003)}) {
+        GuardedBuffer buf(DType::kF16, count);
+        for (size_t i = 0; i < count; ++i) {
+          testing::put(DType::kF16, buf.data(), i, g.rank() == root ? tagged(root, i) : 0);
+        }
+        Status s = broadcast(g, {.buffer = buf.data(), .count = count, .dtype = DType::kF16,
+                                 .root = root, .segment_bytes = 100});
+        ASSERT_TRUE(s.ok()) << s.to_string();
+        for (size_t i = 0; i < count; ++i) {
+          ASSERT_EQ(testing::get(DType::kF16, buf.data(), i), tagged(root, i)) << root << " " << i;
+        }
+        EXPECT_TRUE(buf.guards_intact());
+      }
+    }
+  });
+}
+
+TEST_P(CollectivesTest, ReduceToEveryRoot) {
+  const int P = GetParam();
+  testing::run_world(P, [&](Group& g) {
+    const int r = g.rank();
+    for (int root = 0; root < P; ++root) {
+      for (DType dtype : testing::kReducibleTypes) {
+        for (ReduceOp op : testing::kOps) {
+          const size_t count = 7;
+          GuardedBuffer send(dtype, count), recv(dtype, count);
+          for (size_t i = 0; i < count; ++i) testing::put(dtype, send.data(), i, testing::value(op, P, r, i));
+          Status s = reduce(g, {.send = send.data(), .recv = recv.data(), .count = count,
+                                .dtype = dtype, .op = op, .root = root});
+          ASSERT_TRUE(s.ok()) << s.to_string();
+          if (r == root) {
+            for (size_t i = 0; i < count; ++i) {
+              ASSERT_EQ(testing::get(dtype, recv.data(), i), testing::expected(op, P, i))
+                  << dtype_name(dtype) << " " << reduce_op_name(op) << " root " << root;
+            }
+          }
+          for (size_t i = 0; i < count; ++i) {  // inputs untouched everywhere
+            ASSERT_EQ(testing::get(dtype, send.data(), i), testing::value(op, P, r, i));
+          }
+          EXPECT_TRUE(send.guards_intact() && recv.guards_intact());
+        }
+      }
+    }
+  });
+}
+
+TEST_P(CollectivesTest, GatherAndScatterFromEveryRoot) {
+  const int P = GetParam();
+  testing::run_world(P, [&](Group& g) {
+    const int r = g.rank();
+    for (int root = 0; root < P; ++root) {
+      for (size_t count : {size_t(0), size_t(1), size_t(6)}) {
+        GuardedBuffer mine(DType::kI64, count), all(DType::kI64, count * size_t(P));
+        for (size_t i = 0; i < count; ++i) testing::put(DType::kI64, mine.data(), i, tagged(r, i));
+        Status s = gather(g, {.send = mine.data(), .recv = all.data(), .count = count,
+                              .dtype = DType::kI64, .root = root});
+        ASSERT_TRUE(s.ok()) << s.to_string();
+        if (r == root) {
+          for (int q = 0; q < P; ++q) {
+            for (size_t i = 0; i < count; ++i) {
+              ASSERT_EQ(testing::get(DType::kI64, all.data(), size_t(q) * count + i), tagged(q, i));
+            }
+          }
+        }
+        // Scatter it back out: block q of the root's buffer goes to rank q.
+        GuardedBuffer back(DType::kI64, count);
+        s = scatter(g, {.send = all.data(), .recv = back.data(), .count = count,
+                        .dtype = DType::kI64, .root = root});
+        ASSERT_TRUE(s.ok()) << s.to_string();
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(testing::get(DType::kI64, back.data(), i), tagged(r, i));
+        EXPECT_TRUE(mine.guards_intact() && all.guards_intact() && back.guards_intact());
+      }
+    }
+  });
+}
+
+TEST_P(CollectivesTest, AllToAllAndAllToAllV) {
+  const int P = GetParam();
+  testing::run_world(P, [&](Group& g) {
+    const int r = g.rank();
+    // Element i of the block rank a sends to rank b.
+    auto v = [](int a, int b, size_t i) { return int64_t(a * 50 + b * 10 + int(i)) % 250; };
+    for (size_t count : {size_t(0), size_t(1), size_t(3)}) {
+      GuardedBuffer send(DType::kU8, count * size_t(P)), recv(DType::kU8, count * size_t(P));
+      for (int b = 0; b < P; ++b) {
+        for (size_t i = 0; i < count; ++i) testing::put(DType::kU8, send.data(), size_t(b) * count + i, v(r, b, i));
+      }
+      Status s = all_to_all(g, {.send = send.data(), .recv = recv.data(), .count = count,
+                                .dtype = DType::kU8});
+      ASSERT_TRUE(s.ok()) << s.to_string();
+      for (int a = 0; a < P; ++a) {
+        for (size_t i = 0; i < count; ++i) {
+          ASSERT_EQ(testing::get(DType::kU8, recv.data(), size_t(a) * count + i), v(a, r, i));
+        }
+      }
+      EXPECT_TRUE(recv.guards_intact());
+    }
+    // Uneven: rank a sends (a + 2b) % 4 elements to rank b, blocks packed in reverse order.
+    auto n = [](int a, int b) { return size_t((a + 2 * b) % 4); };
+    const size_t np = static_cast<size_t>(P);
+    std::vector<size_t> sc(np), so(np), rc(np), ro(np);
+    size_t at = 0;
+    for (int b = P - 1; b >= 0; --b) { sc[size_t(b)] = n(r, b); so[size_t(b)] = at; at += sc[size_t(b)]; }
+    const size_t send_total = at;
+    at = 0;
+    for (int a = 0; a < P; ++a) { rc[size_t(a)] = n(a, r); ro[size_t(a)] = at; at += rc[size_t(a)]; }
+    GuardedBuffer send(DType::kF32, send_total), recv(DType::kF32, at);
+    for (int b = 0; b < P; ++b) {
+      for (size_t i = 0; i < sc[size_t(b)]; ++i) testing::put(DType::kF32, send.data(), so[size_t(b)] + i, v(r, b, i));
+    }
+    Status s = all_to_all_v(g, {.send = send.data(), .recv = recv.data(), .send_counts = sc,
+                                .send_offsets = so, .recv_counts = rc, .recv_offsets = ro,
+                                .dtype = DType::kF32});
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    for (int a = 0; a < P; ++a) {
+      for (size_t i = 0; i < rc[size_t(a)]; ++i) {
+        ASSERT_EQ(testing::get(DType::kF32, recv.data(), ro[size_t(a)] + i), v(a, r, i));
+      }
+    }
+    EXPECT_TRUE(recv.guards_intact());
+  });
+}
+
+TEST_P(CollectivesTest, BarrierHoldsEveryoneUntilAllArrive) {
+  const int P = GetParam();
+  std::atomic<int> arrived{0};
+  testing::run_world(P, [&](Group& g) {
+    for (int round = 1; round <= 5; ++round) {
+      // Stagger arrivals so that a barrier that lets ranks through early would be caught.
+      std::this_thread::sleep_for(std::chrono::milliseconds(2 * g.rank()));
+      arrived.fetch_add(1);
+      ASSERT_TRUE(barrier(g).ok());
+      EXPECT_GE(arrived.load(), round * P) << "rank " << g.rank() << " left round " << round
+                                           << " before everyone arrived";
+      ASSERT_TRUE(barrier(g).ok());  // nobody starts the next round before all checked
+    }
+  });
+}
+
+TEST_P(CollectivesTest, SendRecvAroundTheRing) {
+  const int P = GetParam();
+  if (P == 1) GTEST_SKIP() << "send/recv needs a peer";
+  testing::run_world(P, [&](Group& g) {
+    const int r = g.rank();
+    std::vector<int32_t> out(100), in(100, -1);
+    std::iota(out.begin(), out.end(), r * 1000);
+    const int right = (r + 1) % P, left = (r + P - 1) % P;
+    // Even ranks send first, odd ranks receive first, so the ring cannot deadlock even if a
+    // send waited for its receiver.
+    auto send = [&] { return g.send({.data = out.data(), .bytes = 400, .peer = right, .tag = 77}); };
+    auto recv = [&] { return g.recv({.data = in.data(), .bytes = 400, .peer = left, .tag = 77}); };
+    if (r % 2 == 0) {
+      ASSERT_TRUE(send().ok());
+      ASSERT_TRUE(recv().ok());
+    } else {
+      ASSERT_TRUE(recv().ok());
+      ASSERT_TRUE(send().ok());
+    }
+    for (int i = 0; i < 100; ++i) ASSERT_EQ(in[size_t(i)], left * 1000 + i);
+    EXPECT_EQ(g.send({.data = out.data(), .bytes = 4, .peer = r, .tag = 1}).code(),
+              StatusCode::kInvalidArgument);
+    EXPECT_EQ(g.send({.data = out.data(), .bytes = 4, .peer = right, .tag = 1u << 23}).code(),
+              StatusCode::kInvalidArgument);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, CollectivesTest, ::testing::Values(1, 2, 3, 4));
+
+}  // namespace
+}  // namespace wl::comm

@@ -1,0 +1,87 @@
+// A rank for the real-process tests (process_test.cc, launch tests): joins the job from the
+// launcher's variables and runs collectives until told otherwise.
+//
+//   comm_test_rank check     allreduce, allgather and broadcast with exact data; exit 0 if
+//                            every element is right
+//   comm_test_rank loop MS   print "ready", then allreduce 1 MiB forever with a timeout of MS;
+//                            on the first failure print it and exit 10 + its StatusCode
+//
+// A failure to join exits 10 + the StatusCode too, so the tests can tell a refused token
+// (kPermissionDenied) from a timeout.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "weightlift/comm/collectives.h"
+#include "weightlift/comm/world.h"
+
+namespace {
+
+int fail(int rank, const wl::Status& s) {
+  std::printf("rank %d: %s\n", rank, s.to_string().c_str());
+  std::fflush(stdout);
+  return 10 + int(s.code());
+}
+
+int check(wl::comm::Group& g) {
+  using namespace wl::comm;
+  const int P = g.size(), r = g.rank();
+  std::vector<float> x(100003);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(r + 1) * float(i % 10);
+  if (auto s = allreduce(g, {.recv = x.data(), .count = x.size()}); !s.ok()) return fail(r, s);
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (x[i] != float(P * (P + 1) / 2) * float(i % 10)) {
+      std::printf("rank %d: allreduce element %zu is %g\n", r, i, double(x[i]));
+      return 1;
+    }
+  }
+  std::vector<int64_t> mine(3, r), all(3 * size_t(P));
+  if (auto s = allgather(g, {.send = mine.data(), .recv = all.data(), .count = 3,
+                             .dtype = wl::DType::kI64});
+      !s.ok()) {
+    return fail(r, s);
+  }
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (all[i] != int64_t(i / 3)) return std::printf("rank %d: allgather wrong\n", r), 1;
+  }
+  std::vector<int32_t> b(1000, r == P - 1 ? 42 : 0);
+  if (auto s = broadcast(g, {.buffer = b.data(), .count = b.size(), .dtype = wl::DType::kI32,
+                             .root = P - 1});
+      !s.ok()) {
+    return fail(r, s);
+  }
+  for (int32_t v : b) {
+    if (v != 42) return std::printf("rank %d: broadcast wrong\n", r), 1;
+  }
+  if (auto s = barrier(g); !s.ok()) return fail(r, s);
+  std::printf("ok\n");
+  return 0;
+}
+
+int loop(wl::comm::Group& g, int timeout_ms) {
+  std::printf("ready\n");
+  std::fflush(stdout);
+  std::vector<float> x(1 << 18, 1.0f);
+  for (;;) {
+    auto s = wl::comm::allreduce(g, {.recv = x.data(), .count = x.size(),
+                                     .timeout = std::chrono::milliseconds(timeout_ms)});
+    if (!s.ok()) return fail(g.rank(), s);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  const int timeout_ms = argc > 2 ? std::atoi(argv[2]) : 10000;
+  auto place = wl::comm::place_from_env();
+  if (!place.ok()) return fail(-1, place.status());
+  auto world = wl::comm::connect_world(
+      *place, {.timeout = std::chrono::milliseconds(mode == "loop" ? timeout_ms : 20000)});
+  if (!world.ok()) return fail(place->rank, world.status());
+  if (mode == "check") return check(*world->group);
+  if (mode == "loop") return loop(*world->group, timeout_ms);
+  std::printf("usage: comm_test_rank check | loop TIMEOUT_MS\n");
+  return 2;
+}

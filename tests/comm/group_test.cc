@@ -1,0 +1,107 @@
+// Process groups: split by color and key, tags that keep concurrent collectives on different
+// groups apart, and the timeout every operation has.
+#include "weightlift/comm/group.h"
+
+#include <gtest/gtest.h>
+
+#include <barrier>
+
+#include "exact_data.h"
+#include "rank_threads.h"
+#include "weightlift/comm/collectives.h"
+
+namespace wl::comm {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(Group, SplitByColorOrdersByKey) {
+  testing::run_world(4, [](Group& world) {
+    const int r = world.rank();
+    // Colors {0, 1, 0, 1}; keys reverse the order within each color.
+    auto sub = world.split({.color = r % 2, .key = -r});
+    ASSERT_TRUE(sub.ok()) << sub.status().to_string();
+    Group& g = **sub;
+    EXPECT_EQ(g.size(), 2);
+    EXPECT_EQ(g.rank(), r < 2 ? 1 : 0);
+    EXPECT_EQ(g.world_rank(g.rank()), r);
+    EXPECT_NE(g.id(), world.id());
+    // Ranks that opt out get no group; the others still split fine.
+    auto only_low = world.split({.color = r < 3 ? 0 : kNoColor});
+    ASSERT_TRUE(only_low.ok()) << only_low.status().to_string();
+    if (r == 3) {
+      EXPECT_EQ(*only_low, nullptr);
+    } else {
+      ASSERT_NE(*only_low, nullptr);
+      EXPECT_EQ((*only_low)->size(), 3);
+      EXPECT_EQ((*only_low)->rank(), r);
+      EXPECT_NE((*only_low)->id(), g.id());
+    }
+  });
+}
+
+TEST(Group, CollectivesOnDifferentGroupsDoNotCross) {
+  // World of 4 split into {0,2} and {1,3}. The even group runs its allreduce before the world
+  // one, the odd group after, so world messages from ranks 1 and 3 reach ranks 0 and 2 while
+  // these are inside their sub-group's allreduce, and the two sub-groups run at the same time.
+  // Same sizes, same sequence numbers: only the group id in the tag keeps them apart.
+  testing::run_world(4, [](Group& world) {
+    const int r = world.rank();
+    auto sub = world.split({.color = r % 2, .key = r});
+    ASSERT_TRUE(sub.ok()) << sub.status().to_string();
+    Group& g = **sub;
+    constexpr size_t kCount = 1000;
+    for (int round = 0; round < 5; ++round) {
+      std::vector<int32_t> world_buf(kCount, r + 1), sub_buf(kCount, (r + 1) * 100);
+      auto run_world_op = [&] {
+        return allreduce(world, {.recv = world_buf.data(), .count = kCount,
+                                 .dtype = DType::kI32, .segment_bytes = 256});
+      };
+      auto run_sub_op = [&] {
+        return allreduce(g, {.recv = sub_buf.data(), .count = kCount, .dtype = DType::kI32,
+                             .segment_bytes = 256});
+      };
+      if (r % 2 == 0) {
+        ASSERT_TRUE(run_sub_op().ok());
+        ASSERT_TRUE(run_world_op().ok());
+      } else {
+        ASSERT_TRUE(run_world_op().ok());
+        ASSERT_TRUE(run_sub_op().ok());
+      }
+      const int sub_sum = r % 2 == 0 ? (1 + 3) * 100 : (2 + 4) * 100;
+      for (size_t i = 0; i < kCount; ++i) {
+        ASSERT_EQ(world_buf[i], 1 + 2 + 3 + 4);
+        ASSERT_EQ(sub_buf[i], sub_sum);
+      }
+    }
+  });
+}
+
+TEST(Group, ACollectiveWithAMissingRankTimesOut) {
+  // Rank 1 never joins the allreduce; rank 0 must come back with kDeadlineExceeded naming
+  // the peer, within a bounded time, instead of hanging.
+  auto store = std::make_shared<MemoryStore>();
+  std::barrier done(2);
+  testing::run_ranks(2, [&](int rank) {
+    auto g = Group::connect({.store = store, .rank = rank, .size = 2, .timeout = 10s});
+    ASSERT_TRUE(g.ok()) << g.status().to_string();
+    if (rank == 0) {
+      std::vector<float> x(64, 1.0f);
+      const auto start = Clock::now();
+      Status s = allreduce(**g, {.recv = x.data(), .count = x.size(), .timeout = 300ms});
+      EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.to_string();
+      EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.message();
+      EXPECT_LT(Clock::now() - start, 5s);
+    }
+    done.arrive_and_wait();
+  });
+}
+
+TEST(Group, ConnectTimesOutWhenARankNeverComes) {
+  auto store = std::make_shared<MemoryStore>();
+  auto g = Group::connect({.store = store, .rank = 0, .size = 2, .timeout = 200ms});
+  EXPECT_EQ(g.status().code(), StatusCode::kDeadlineExceeded) << g.status().to_string();
+}
+
+}  // namespace
+}  // namespace wl::comm

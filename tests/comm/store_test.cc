@@ -1,0 +1,212 @@
+// Rendezvous: the in-memory and TCP stores (set, waiting get, add, timeouts), the TCP store's
+// job token and wire version checks, and reading a process's place from launcher variables.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <map>
+#include <thread>
+
+#include "weightlift/comm/detail/store_wire.h"
+#include "weightlift/comm/memory_store.h"
+#include "weightlift/comm/place.h"
+#include "weightlift/comm/tcp_store.h"
+
+namespace wl::comm {
+namespace {
+
+using namespace std::chrono_literals;
+
+// The same behaviour from both stores.
+void exercise(Store& a, Store& b) {
+  ASSERT_TRUE(a.set("k", to_bytes("v1")).ok());
+  auto v = b.get("k", 1s);
+  ASSERT_TRUE(v.ok()) << v.status().to_string();
+  EXPECT_EQ(to_string(*v), "v1");
+  // A get waits for a set that comes later.
+  std::thread later([&] {
+    std::this_thread::sleep_for(50ms);
+    EXPECT_TRUE(a.set("late", to_bytes("here")).ok());
+  });
+  v = b.get("late", 5s);
+  later.join();
+  ASSERT_TRUE(v.ok()) << v.status().to_string();
+  EXPECT_EQ(to_string(*v), "here");
+  // And gives up at its deadline, naming the key.
+  const auto start = Clock::now();
+  v = b.get("never", 100ms);
+  EXPECT_EQ(v.status().code(), StatusCode::kDeadlineExceeded) << v.status().to_string();
+  EXPECT_NE(v.status().message().find("never"), std::string::npos);
+  EXPECT_LT(Clock::now() - start, 3s);
+  // Counters.
+  EXPECT_EQ(*a.add("n", 1), 1);
+  EXPECT_EQ(*b.add("n", 5), 6);
+  EXPECT_EQ(*a.add("n", -2), 4);
+  // Binary values survive.
+  Bytes bin = {std::byte(0), std::byte(255), std::byte(10), std::byte(0)};
+  ASSERT_TRUE(b.set("bin", bin).ok());
+  EXPECT_EQ(*a.get("bin", 1s), bin);
+}
+
+TEST(MemoryStore, SetGetWaitAdd) {
+  MemoryStore s;
+  exercise(s, s);
+}
+
+TEST(TcpStore, SetGetWaitAddBetweenTwoClients) {
+  auto server = TcpStoreServer::start({.token = "secret"});
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  auto a = TcpStore::connect({.port = (*server)->port(), .token = "secret"});
+  auto b = TcpStore::connect({.port = (*server)->port(), .token = "secret"});
+  ASSERT_TRUE(a.ok() && b.ok());
+  exercise(**a, **b);
+}
+
+TEST(TcpStore, WrongTokenIsRefused) {
+  auto server = TcpStoreServer::start({.token = "right"});
+  ASSERT_TRUE(server.ok());
+  auto c = TcpStore::connect({.port = (*server)->port(), .token = "wrong"});
+  ASSERT_TRUE(c.ok());
+  Status s = (*c)->set("k", to_bytes("v"));
+  EXPECT_EQ(s.code(), StatusCode::kPermissionDenied) << s.to_string();
+  EXPECT_NE(s.message().find("token"), std::string::npos) << s.message();
+  // Nothing was stored.
+  auto good = TcpStore::connect({.port = (*server)->port(), .token = "right"});
+  EXPECT_EQ((*good)->get("k", 50ms).status().code(), StatusCode::kDeadlineExceeded);
+}
+
+TEST(TcpStore, ServerBindsLoopbackByDefault) {
+  auto server = TcpStoreServer::start({.token = "t"});
+  ASSERT_TRUE(server.ok());
+  // Find an address of this host other than loopback; connecting to it must fail.
+  int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+  sockaddr_in probe{};
+  probe.sin_family = AF_INET;
+  probe.sin_port = htons(9);
+  inet_pton(AF_INET, "10.255.255.255", &probe.sin_addr);
+  sockaddr_in self{};
+  socklen_t len = sizeof self;
+  const bool routed = ::connect(fd, reinterpret_cast<sockaddr*>(&probe), sizeof probe) == 0 &&
+                      ::getsockname(fd, reinterpret_cast<sockaddr*>(&self), &len) == 0;
+  ::close(fd);
+  if (!routed || self.sin_addr.s_addr == htonl(INADDR_LOOPBACK)) {
+    GTEST_SKIP() << "this host has no non-loopback IPv4 address";
+  }
+  char host[INET_ADDRSTRLEN];
+  inet_ntop(AF_INET, &self.sin_addr, host, sizeof host);
+  auto c = TcpStore::connect({.host = host, .port = (*server)->port(), .token = "t",
+                              .connect_timeout = 300ms});
+  EXPECT_FALSE(c.ok()) << "the store answered on " << host;
+}
+
+TEST(TcpStore, WireVersionMismatchSaysExpectedAndFound) {
+  auto server = TcpStoreServer::start({.token = "t"});
+  ASSERT_TRUE(server.ok());
+  // A client of a future version: a well-formed frame with version 2.
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t((*server)->port()));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  detail::StoreRequest req;
+  req.version = 2;
+  req.op = detail::StoreOp::kSet;
+  req.token = "t";
+  req.key = "k";
+  Bytes frame = detail::encode_request(req);
+  ASSERT_TRUE(detail::write_all(fd, frame.data(), frame.size(), deadline_after(2s), "test").ok());
+  auto resp = detail::read_response(fd, deadline_after(2s), "test");
+  ::close(fd);
+  ASSERT_TRUE(resp.ok()) << resp.status().to_string();
+  EXPECT_EQ(resp->code, StatusCode::kFailedPrecondition);
+  const std::string msg = to_string(resp->payload);
+  EXPECT_NE(msg.find("expected 1, found 2"), std::string::npos) << msg;
+
+  // And a client reading a reply of another version says the same the other way round.
+  detail::StoreResponse future;
+  future.version = 3;
+  Bytes reply = detail::encode_response(future);
+  int pair[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, pair), 0);
+  ASSERT_TRUE(detail::write_all(pair[0], reply.data(), reply.size(), deadline_after(1s), "t").ok());
+  auto got = detail::read_response(pair[1], deadline_after(1s), "store");
+  ::close(pair[0]);
+  ::close(pair[1]);
+  EXPECT_EQ(got.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(got.status().message().find("expected 1, found 3"), std::string::npos);
+}
+
+TEST(TcpStore, ClientGivesUpConnectingAtItsDeadline) {
+  // Take a free port and close it, so nothing listens there.
+  auto server = TcpStoreServer::start({.token = "t"});
+  const int port = (*server)->port();
+  server->reset();
+  const auto start = Clock::now();
+  auto c = TcpStore::connect({.port = port, .token = "t", .connect_timeout = 200ms});
+  EXPECT_EQ(c.status().code(), StatusCode::kDeadlineExceeded) << c.status().to_string();
+  EXPECT_LT(Clock::now() - start, 3s);
+}
+
+// ---- Place ----------------------------------------------------------------------------------
+
+Result<Place> place_of(std::map<std::string, std::string> env) {
+  return place_from_env([env = std::move(env)](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+}
+
+TEST(Place, Torchrun) {
+  auto p = place_of({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"},
+                     {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "1234"},
+                     {"WEIGHTLIFT_JOB_TOKEN", "tok"}});
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(p->rank, 3);
+  EXPECT_EQ(p->world_size, 8);
+  EXPECT_EQ(p->local_rank, 1);
+  EXPECT_EQ(p->master_addr, "10.0.0.1");
+  EXPECT_EQ(p->master_port, 1234);
+  EXPECT_EQ(p->job_token, "tok");
+  EXPECT_EQ(p->launcher, "torchrun");
+}
+
+TEST(Place, OpenMpiAndSlurm) {
+  auto p = place_of({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+                     {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"WEIGHTLIFT_JOB_TOKEN", "t"}});
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(p->launcher, "openmpi");
+  EXPECT_EQ(p->rank, 2);
+  EXPECT_EQ(p->world_size, 4);
+  EXPECT_EQ(p->master_addr, "127.0.0.1");
+  EXPECT_EQ(p->master_port, 29500);
+  p = place_of({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"}, {"SLURM_LOCALID", "1"},
+                {"WEIGHTLIFT_JOB_TOKEN", "t"}});
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(p->launcher, "slurm");
+  EXPECT_EQ(p->rank, 5);
+  EXPECT_EQ(p->local_rank, 1);
+}
+
+TEST(Place, AloneWithoutAnyVariables) {
+  auto p = place_of({});
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->world_size, 1);
+  EXPECT_EQ(p->launcher, "none");
+}
+
+TEST(Place, BadValuesNameTheVariable) {
+  auto p = place_of({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"WEIGHTLIFT_JOB_TOKEN", "t"}});
+  EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(p.status().message().find("RANK"), std::string::npos);
+  p = place_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "http"},
+                {"WEIGHTLIFT_JOB_TOKEN", "t"}});
+  EXPECT_NE(p.status().message().find("MASTER_PORT"), std::string::npos);
+  p = place_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}});
+  EXPECT_NE(p.status().message().find("WEIGHTLIFT_JOB_TOKEN"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace wl::comm

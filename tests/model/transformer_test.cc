@@ -1,0 +1,150 @@
+// Model-level properties that need no outside reference (PyTorch comparisons live in
+// tests/reference/): checkpointing changes memory, not numbers; gradients match finite
+// differences; loading refuses weights that do not fit the config.
+#include "weightlift/model/transformer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "weightlift/core/random.h"
+
+namespace wl::model {
+namespace {
+
+ModelConfig tiny() { return *preset("tiny"); }
+
+struct Batch {
+  int64_t b, t;
+  std::vector<int64_t> tokens, targets;
+};
+
+Batch random_batch(const ModelConfig& c, int64_t b, int64_t t, uint64_t seed) {
+  Rng rng(seed);
+  Batch x{b, t, {}, {}};
+  for (int64_t i = 0; i < b * t; ++i) {
+    x.tokens.push_back(int64_t(rng.below(uint64_t(c.vocab_size))));
+    x.targets.push_back(i % 7 == 3 ? -100 : int64_t(rng.below(uint64_t(c.vocab_size))));
+  }
+  return x;
+}
+
+TEST(Transformer, CheckpointingGivesIdenticalGradients) {
+  ModelConfig c = tiny();
+  c.z_loss_beta = 1e-3;
+  Transformer a(c), b(c);
+  a.init(3);
+  b.init(3);
+  Batch x = random_batch(c, 2, 32, 1);
+  LossTerms la = a.forward_backward(x.tokens.data(), x.targets.data(), x.b, x.t, {});
+  LossTerms lb = b.forward_backward(x.tokens.data(), x.targets.data(), x.b, x.t,
+                                    {.checkpointing = true});
+  EXPECT_EQ(la.loss(), lb.loss());
+  // Recomputation runs the same deterministic kernels on the same inputs: bit-identical.
+  const float* ga = a.grads().data<float>();
+  const float* gb = b.grads().data<float>();
+  for (int64_t i = 0; i < a.layout().total(); ++i) ASSERT_EQ(ga[i], gb[i]) << "element " << i;
+}
+
+TEST(Transformer, CheckpointingCutsActivationMemoryOfTwelveLayers) {
+  ModelConfig c = tiny();
+  c.num_layers = 12;
+  Transformer m(c);
+  m.init(1);
+  Batch x = random_batch(c, 4, 128, 2);
+  int64_t peak[2];
+  for (int ckpt = 0; ckpt < 2; ++ckpt) {
+    const int64_t base = tensor_memory_stats().live_bytes;
+    reset_tensor_memory_peak();
+    m.forward_backward(x.tokens.data(), x.targets.data(), x.b, x.t,
+                       {.checkpointing = ckpt == 1});
+    peak[ckpt] = tensor_memory_stats().peak_bytes - base;
+  }
+  std::printf("12-layer tiny, batch 4 x 128: peak activation memory %.1f MB without "
+              "checkpointing, %.1f MB with (%.1fx less)\n",
+              peak[0] / 1e6, peak[1] / 1e6, double(peak[0]) / double(peak[1]));
+  EXPECT_GE(double(peak[0]) / double(peak[1]), 3.0);
+}
+
+// Central differences in f32 on a handful of parameters of every kind. The loss is O(1) and
+// f32 evaluation noise is ~1e-7 relative, so with h = 1e-2 (weights are ~0.02) the truncation
+// error O(h^2) and noise/h both stay well under the 5e-2 relative bound used here; the exact
+// PyTorch comparison (1e-4) is in tests/reference.
+TEST(Transformer, GradientsMatchFiniteDifferences) {
+  ModelConfig c = tiny();
+  c.z_loss_beta = 1e-2;
+  c.aux_loss_alpha = 0.1;
+  Transformer m(c);
+  m.init(5);
+  Batch x = random_batch(c, 1, 16, 3);
+  m.zero_grads();
+  m.forward_backward(x.tokens.data(), x.targets.data(), x.b, x.t, {});
+  const std::vector<float> grad(m.grads().data<float>(),
+                                m.grads().data<float>() + m.layout().total());
+  int checked = 0;
+  for (const char* name : {"layers.0.attn.q_proj.weight", "layers.1.attn.v_proj.weight",
+                           "layers.0.attn.o_proj.weight", "layers.1.moe_norm.weight",
+                           "layers.0.moe.experts.1.down_proj.weight", "lm_head.weight",
+                           "norm.weight", "layers.0.attn_norm.weight"}) {
+    const ParamInfo& p = m.layout().at(name);
+    for (int64_t j = 0; j < 3; ++j) {
+      const int64_t i = p.offset + (j * 7919) % p.numel();
+      float* w = m.params().data<float>() + i;
+      const float orig = *w, h = 1e-2f;
+      *w = orig + h;
+      const double up = m.evaluate(x.tokens.data(), x.targets.data(), x.b, x.t, {}).loss();
+      *w = orig - h;
+      const double down = m.evaluate(x.tokens.data(), x.targets.data(), x.b, x.t, {}).loss();
+      *w = orig;
+      const double fd = (up - down) / (2 * h);
+      if (std::fabs(fd) < 1e-4) continue;  // too small to compare in f32
+      EXPECT_NEAR(grad[size_t(i)], fd, 5e-2 * std::fabs(fd) + 1e-5) << name << " [" << i - p.offset << "]";
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 8);
+}
+
+TEST(Transformer, SaveLoadRoundTripAndRefusesMismatches) {
+  const ModelConfig c = tiny();
+  Transformer a(c);
+  a.init(9);
+  const std::string dir = testing::TempDir();
+  ASSERT_TRUE(a.save(dir + "/w.safetensors").ok());
+  Transformer b(c);
+  ASSERT_TRUE(b.load(dir + "/w.safetensors").ok());
+  EXPECT_EQ(0, std::memcmp(a.params().raw(), b.params().raw(), a.params().nbytes()));
+
+  ModelConfig wider = c;
+  wider.ffn_dim = 64;
+  Transformer w(wider);
+  Status s = w.load(dir + "/w.safetensors");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("gate_proj"), std::string::npos) << s.to_string();
+  EXPECT_NE(s.message().find("w.safetensors"), std::string::npos) << s.to_string();
+
+  ModelConfig tied = c;
+  tied.tie_embeddings = true;
+  Transformer t(tied);
+  s = t.load(dir + "/w.safetensors");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("lm_head.weight"), std::string::npos) << s.to_string();
+}
+
+TEST(Transformer, Bf16LossIsCloseToF32) {
+  const ModelConfig c = tiny();
+  Transformer m(c);
+  m.init(4);
+  Batch x = random_batch(c, 2, 32, 4);
+  const double f32 = m.evaluate(x.tokens.data(), x.targets.data(), x.b, x.t, {}).loss();
+  const double bf16 = m.evaluate(x.tokens.data(), x.targets.data(), x.b, x.t,
+                                 {.precision = Precision::kBF16}).loss();
+  // bf16 operands carry 2^-9 relative error; the loss averages it down (see check_numerics.py).
+  EXPECT_NEAR(bf16, f32, 2e-2 * f32);
+  EXPECT_NE(bf16, f32);  // the rounding really happened
+}
+
+}  // namespace
+}  // namespace wl::model

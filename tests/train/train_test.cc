@@ -1,0 +1,155 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "weightlift/core/safetensors.h"
+#include "weightlift/train/brown.h"
+#include "weightlift/train/schedule.h"
+#include "weightlift/train/tokenizer.h"
+#include "weightlift/train/trainer.h"
+
+namespace wl::train {
+namespace {
+namespace fs = std::filesystem;
+
+std::string fresh_dir(const std::string& name) {
+  const std::string d = testing::TempDir() + "/wl_train_" + name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// Twenty small files in the corpus's own format.
+std::string make_corpus() {
+  const std::string dir = fresh_dir("corpus");
+  const char* lines[] = {
+      "\tThe/at jury/nn said/vbd ``/`` no/at evidence/nn ''/'' was/bedz found/vbn ./.",
+      "\tIt/pps recommended/vbd that/cs the/at city/nn ,/, which/wdt had/hvd charge/nn ,/, act/vb ./.",
+      "\tShe/pps was/bedz n't/* there/rb ;/. he/pps said/vbd so/rb (/( twice/rb )/) ./."};
+  for (int i = 0; i < 20; ++i) {
+    std::ofstream f(dir + "/ca" + (i < 10 ? "0" : "") + std::to_string(i));
+    for (int r = 0; r < 30; ++r) f << lines[(i + r) % 3] << "\n\n";
+  }
+  return dir;
+}
+
+TEST(Brown, StripsTagsAndRestoresPunctuation) {
+  EXPECT_EQ(detokenize_brown("\tThe/at jury/nn said/vbd ``/`` no/at evidence/nn ''/'' ./.\n"),
+            "The jury said \"no evidence\".\n");
+  EXPECT_EQ(detokenize_brown("\tcity/nn ,/, 1/2/cd (/( yes/rb )/) ./.\n"), "city, 1/2 (yes).\n");
+}
+
+TEST(Brown, MissingCorpusSaysWhatToDo) {
+  auto r = load_brown("/nonexistent/brown");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(r.status().message().find("/nonexistent/brown"), std::string::npos);
+  EXPECT_NE(r.status().message().find("setup.sh"), std::string::npos);
+}
+
+TEST(Brown, SplitIsFixed) {
+  auto r = load_brown(make_corpus());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->train_files, 18);
+  EXPECT_EQ(r->validation_files, 2);
+}
+
+TEST(Tokenizer, RoundTripsBytes) {
+  const std::string s = "Caf\xc3\xa9 \"x\"\n";
+  std::vector<int64_t> ids = encode(s);
+  EXPECT_EQ(ids.front(), kBosToken);
+  EXPECT_EQ(decode(ids), s);
+}
+
+TEST(Schedule, WarmupThenCosine) {
+  LrSchedule s{.base_lr = 1.0, .min_lr = 0.1, .warmup_steps = 4, .total_steps = 14};
+  EXPECT_DOUBLE_EQ(s.at(0), 0.25);
+  EXPECT_DOUBLE_EQ(s.at(3), 1.0);
+  EXPECT_DOUBLE_EQ(s.at(4), 1.0);
+  EXPECT_NEAR(s.at(9), 0.55, 1e-12);
+  EXPECT_NEAR(s.at(14), 0.1, 1e-12);
+  EXPECT_NEAR(s.at(100), 0.1, 1e-12);
+}
+
+std::vector<std::string> read_lines(const std::string& path) {
+  std::ifstream f(path);
+  std::vector<std::string> out;
+  for (std::string l; std::getline(f, l);) out.push_back(l);
+  return out;
+}
+
+TEST(Trainer, ResumeContinuesBitExactly) {
+  const std::string corpus = make_corpus();
+  TrainOptions o;
+  o.preset = "tiny";
+  o.corpus_dir = corpus;
+  o.batch = 2;
+  o.seq = 32;
+  o.steps = 6;
+  o.eval_every = 0;
+  o.eval_windows = 4;
+  o.quiet = true;
+  o.schedule = {.base_lr = 1e-2, .min_lr = 1e-3, .warmup_steps = 2};
+
+  TrainOptions straight = o;
+  straight.out_dir = fresh_dir("straight");
+  ASSERT_TRUE(train(straight).ok());
+
+  TrainOptions first = o;
+  first.out_dir = fresh_dir("first");
+  first.stop_after = 3;
+  ASSERT_TRUE(train(first).ok());
+  TrainOptions second = o;
+  second.out_dir = first.out_dir;
+  second.resume = first.out_dir + "/checkpoint-3";
+  auto r = train(second);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->steps, 6);
+
+  auto a = SafetensorsFile::open(straight.out_dir + "/model.safetensors");
+  auto b = SafetensorsFile::open(first.out_dir + "/model.safetensors");
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (const TensorInfo& t : a->tensors()) {
+    Tensor x = *a->get(t.name), y = *b->get(t.name);
+    ASSERT_EQ(0, std::memcmp(x.raw(), y.raw(), x.nbytes())) << t.name;
+  }
+  // The loss curve continues exactly: the same six loss values in both metrics files.
+  std::vector<std::string> la = read_lines(straight.out_dir + "/metrics.jsonl");
+  std::vector<std::string> lb = read_lines(first.out_dir + "/metrics.jsonl");
+  ASSERT_EQ(la.size(), 6u);
+  ASSERT_EQ(lb.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    auto field = [](const std::string& l) { return l.substr(l.find("\"loss\""), 30); };
+    EXPECT_EQ(field(la[i]), field(lb[i])) << "step " << i + 1;
+  }
+  EXPECT_TRUE(fs::exists(straight.out_dir + "/loss.svg"));
+}
+
+TEST(Trainer, BadInputsAreClearErrors) {
+  TrainOptions o;
+  o.quiet = true;
+  o.out_dir = fresh_dir("bad");
+  o.preset = "huge";
+  auto r = train(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("huge"), std::string::npos);
+
+  o.preset = "tiny";
+  o.corpus_dir = "/nonexistent/brown";
+  r = train(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+
+  o.corpus_dir = make_corpus();
+  o.resume = o.out_dir + "/no-such-checkpoint";
+  r = train(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("no-such-checkpoint"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace wl::train
