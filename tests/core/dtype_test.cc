@@ -172,6 +172,24 @@ TEST(DType, BulkMatchesScalar) {
   }
 }
 
+TEST(DType, RoundThroughMatchesScalarConversions) {
+  std::vector<float> x;
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<uint32_t> bits;
+  for (int i = 0; i < 100000; ++i) {
+    float v = f32_from_bits(bits(rng));
+    if (!std::isnan(v)) x.push_back(v);
+  }
+  for (float v : {0.f, -0.f, 65504.f, 65520.f, 1e-8f, INFINITY, -INFINITY}) x.push_back(v);
+  std::vector<float> b(x.size()), h(x.size());
+  round_through(DType::kBF16, x.data(), b.data(), x.size());
+  round_through(DType::kF16, x.data(), h.data(), x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(f32_bits(b[i]), f32_bits(bf16_to_f32(f32_to_bf16(x[i])))) << x[i];
+    ASSERT_EQ(f32_bits(h[i]), f32_bits(f16_to_f32(f32_to_f16(x[i])))) << x[i];
+  }
+}
+
 TEST(DType, Names) {
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16, DType::kF8E4M3, DType::kF8E5M2,
                   DType::kI64, DType::kI32, DType::kU8}) {

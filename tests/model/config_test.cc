@@ -397,6 +397,20 @@ TEST_F(ModelConfigFile, ErrorsNameTheFile) {
   EXPECT_EQ(st.code(), StatusCode::kNotFound) << st.to_string();
 }
 
+TEST_F(ModelConfigFile, FullDiskLeavesTheOldConfig) {
+  // The .tmp is a symlink to /dev/full, so the write meets ENOSPC through the real path.
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "/dev/full not available";
+  ASSERT_TRUE(save_config(tiny(), path("config.json")).ok());
+  fs::create_symlink("/dev/full", path("config.json.tmp"));
+  Status st = save_config(*preset("small"), path("config.json"));
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+  EXPECT_NE(st.message().find(path("config.json.tmp")), std::string::npos) << st.to_string();
+  EXPECT_FALSE(fs::exists(fs::symlink_status(path("config.json.tmp"))));
+  auto back = load_config(path("config.json"));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  expect_same(*back, tiny());
+}
+
 // ---- fuzzer findings and seeds -----------------------------------------------------------
 
 std::string slurp(const fs::path& p) {

@@ -129,6 +129,36 @@ TEST(Trainer, ResumeContinuesBitExactly) {
   EXPECT_TRUE(fs::exists(straight.out_dir + "/loss.svg"));
 }
 
+// f16 needs loss scaling: the scaler starts at 2^16 and halves whenever a scaled gradient
+// overflows f16 (that update is skipped). Training must still proceed and lower the loss.
+TEST(Trainer, F16WithDynamicLossScalingTrains) {
+  TrainOptions o;
+  o.preset = "tiny";
+  o.corpus_dir = make_corpus();
+  o.batch = 2;
+  o.seq = 32;
+  o.steps = 30;
+  o.eval_every = 0;
+  o.eval_windows = 2;
+  o.quiet = true;
+  o.precision = model::Precision::kF16;
+  o.schedule = {.base_lr = 1e-2, .min_lr = 1e-3, .warmup_steps = 2};
+  o.out_dir = fresh_dir("f16");
+  auto r = train(o);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  std::vector<std::string> lines = read_lines(o.out_dir + "/metrics.jsonl");
+  ASSERT_EQ(lines.size(), 30u);
+  auto number = [](const std::string& l, const std::string& key) {
+    const size_t p = l.find("\"" + key + "\":");
+    return std::stod(l.substr(p + key.size() + 3));
+  };
+  int skipped = 0;
+  for (const std::string& l : lines) skipped += l.find("\"skipped\":true") != std::string::npos;
+  EXPECT_LT(skipped, 30);
+  EXPECT_LT(number(lines.back(), "loss_scale"), 65536.0 * 2);
+  EXPECT_LT(number(lines.back(), "loss"), number(lines.front(), "loss"));
+}
+
 TEST(Trainer, BadInputsAreClearErrors) {
   TrainOptions o;
   o.quiet = true;

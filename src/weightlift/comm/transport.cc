@@ -472,15 +472,13 @@ Request Worker::recv(int peer, uint64_t tag, void* data, size_t bytes) {
     r.status_ = impl_->poisoned;
     return r;
   }
-  // A message that is already here completes the receive in place; `info` then says how
-  // long it was.
-  ucp_tag_recv_info_t info{};
+  // Always get a request back, even when the message is already here: only a request tells
+  // how long the message was (ucp_tag_recv_request_test), and a short message must be caught.
   ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO;
-  param.recv_info.tag_info = &info;
+  param.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   ucs_status_ptr_t p = ucp_tag_recv_nbx(impl_->worker, data, bytes, tag, ~uint64_t(0), &param);
+  WL_CHECK(p != nullptr) << "UCX completed a receive in place despite NO_IMM_CMPL";
   impl_->adopt(r, p);
-  if (p == nullptr) impl_->check_length(r, info.length);
   return r;
 }
 

@@ -1,5 +1,7 @@
 #include "weightlift/core/dtype.h"
 
+#include <immintrin.h>
+
 #include <array>
 #include <cmath>
 
@@ -145,6 +147,47 @@ void convert_f32_to_fp8_e4m3(const float* src, uint8_t* dst, size_t n) {
 void convert_fp8_e4m3_to_f32(const uint8_t* src, float* dst, size_t n) {
   const auto& t = fp8_tables().e4m3;
   for (size_t i = 0; i < n; ++i) dst[i] = t[src[i]];
+}
+
+namespace {
+
+// bf16 rounding as integer arithmetic on whole vectors (GCC vectorises the loop); NaNs stay
+// NaN because their exponent bits are untouched and a mantissa bit is forced on.
+__attribute__((target_clones("arch=x86-64-v3", "default")))
+void round_bf16(const float* src, float* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t u = f32_bits(src[i]);
+    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+    const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    dst[i] = f32_from_bits(nan ? (u | 0x00400000u) & 0xffff0000u : r);
+  }
+}
+
+__attribute__((target("avx,f16c")))
+void round_f16_f16c(const float* src, float* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(src + i);
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT)));
+  }
+  for (; i < n; ++i) dst[i] = f16_to_f32(f32_to_f16(src[i]));
+}
+
+}  // namespace
+
+void round_through(DType t, const float* src, float* dst, size_t n) {
+  if (t == DType::kBF16) {
+    round_bf16(src, dst, n);
+  } else if (t == DType::kF16) {
+    static const bool f16c = __builtin_cpu_supports("f16c");
+    if (f16c) {
+      round_f16_f16c(src, dst, n);
+    } else {
+      for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(f32_to_f16(src[i]));
+    }
+  } else {
+    WL_CHECK(false) << "round_through: " << dtype_name(t) << " is not bf16 or f16";
+  }
 }
 
 void convert_to_f32(DType src_type, const void* src, float* dst, size_t n) {

@@ -55,6 +55,10 @@ void convert_f16_to_f32(const uint16_t* src, float* dst, size_t n);
 void convert_f32_to_fp8_e4m3(const float* src, uint8_t* dst, size_t n);
 void convert_fp8_e4m3_to_f32(const uint8_t* src, float* dst, size_t n);
 
+// dst[i] = src[i] rounded to the nearest value of `t` (kBF16 or kF16), kept as f32: what a
+// GEMM over operands of that type sees. Uses F16C when the CPU has it. May run in place.
+void round_through(DType t, const float* src, float* dst, size_t n);
+
 // Any float dtype to/from f32; `src`/`dst` are raw buffers of the given dtype.
 void convert_to_f32(DType src_type, const void* src, float* dst, size_t n);
 void convert_from_f32(const float* src, DType dst_type, void* dst, size_t n);

@@ -42,8 +42,9 @@ constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
 // Names the safetensors format defines that weightlift has no DType for: a file holding them
 // is valid, just not one we can use (InvalidArgument rather than DataLoss).
-constexpr std::array<std::string_view, 9> kUnsupportedDtypes = {
-    "BOOL", "I8", "I16", "U16", "U32", "U64", "F64", "F8_E8M0", "F4"};
+constexpr std::array<std::string_view, 12> kUnsupportedDtypes = {
+    "BOOL", "I8", "I16", "U16", "U32", "U64", "F64", "C64", "F8_E8M0", "F6_E2M3", "F6_E3M2",
+    "F4"};
 
 std::string supported_dtype_list() {
   std::string s;
@@ -323,7 +324,10 @@ Result<SafetensorsFile> SafetensorsFile::parse(std::shared_ptr<const std::string
 
 Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno_status("open " + path, errno);
+  if (fd < 0) {
+    int err = errno;
+    return errno_status("open " + path, err);
+  }
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     int err = errno;
@@ -426,7 +430,10 @@ Status write_safetensors(const std::string& path,
 
   const std::string tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return errno_status("create " + tmp, errno);
+  if (fd < 0) {
+    int err = errno;  // read before building the message, which may allocate
+    return errno_status("create " + tmp, err);
+  }
   auto fail = [&](const std::string& what, int err) {
     if (fd >= 0) ::close(fd);
     ::unlink(tmp.c_str());
@@ -445,18 +452,28 @@ Status write_safetensors(const std::string& path,
     const Tensor c = t.is_contiguous() ? t : t.clone();  // strided views are packed first
     if (int err = write_all(fd, c.bytes().data(), c.nbytes())) return fail("write " + tmp, err);
   }
-  if (::fsync(fd) != 0) return fail("fsync " + tmp, errno);
+  if (::fsync(fd) != 0) {
+    int err = errno;
+    return fail("fsync " + tmp, err);
+  }
   int rc = ::close(fd);
+  int err = errno;
   fd = -1;
-  if (rc != 0) return fail("close " + tmp, errno);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail("rename " + tmp + " to " + path, errno);
+  if (rc != 0) return fail("close " + tmp, err);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    err = errno;
+    return fail("rename " + tmp + " to " + path, err);
+  }
 
   // The rename is durable only once the directory entry is on disk.
   const std::string dir = parent_dir(path);
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return errno_status("open directory " + dir, errno);
+  if (dfd < 0) {
+    err = errno;
+    return errno_status("open directory " + dir, err);
+  }
   rc = ::fsync(dfd);
-  int err = errno;
+  err = errno;
   ::close(dfd);
   // EINVAL: the filesystem cannot sync directories (some FUSE and network ones); nothing more
   // can be done there.

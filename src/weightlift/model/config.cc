@@ -178,7 +178,9 @@ Status ModelConfig::validate(std::string_view where_view) const {
     return bad("rope_ntk_alpha (" + fmt(rope_ntk_alpha) + ") needs head_dim > 2, got " +
                std::to_string(head_dim) + ": the NTK exponent head_dim/(head_dim-2) divides by 0");
   }
-  if (!(aux_loss_alpha >= 0)) return bad("aux_loss_alpha (" + fmt(aux_loss_alpha) + ") must be >= 0");
+  if (!(aux_loss_alpha >= 0)) {
+    return bad("aux_loss_alpha (" + fmt(aux_loss_alpha) + ") must be >= 0");
+  }
   if (!(z_loss_beta >= 0)) return bad("z_loss_beta (" + fmt(z_loss_beta) + ") must be >= 0");
   if (capacity_factor && !(std::isfinite(*capacity_factor) && *capacity_factor > 0)) {
     return bad("capacity_factor (" + fmt(*capacity_factor) + ") must be > 0 and finite, or null");
@@ -235,7 +237,10 @@ Result<ModelConfig> parse_config(std::string_view json_text, std::string_view wh
 
 Result<ModelConfig> load_config(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno_status("open " + path, errno);
+  if (fd < 0) {
+    int err = errno;  // read before building the message, which may allocate
+    return errno_status("open " + path, err);
+  }
   std::string text;
   char buf[65536];
   for (;;) {
@@ -279,7 +284,10 @@ Status save_config(const ModelConfig& c, const std::string& path) {
   const std::string text = config_to_json(c);
   const std::string tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return errno_status("create " + tmp, errno);
+  if (fd < 0) {
+    int err = errno;
+    return errno_status("create " + tmp, err);
+  }
   size_t done = 0;
   while (done < text.size()) {
     ssize_t n = ::write(fd, text.data() + done, text.size() - done);
@@ -292,13 +300,18 @@ Status save_config(const ModelConfig& c, const std::string& path) {
     }
     done += size_t(n);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    int err = errno;
+  int rc = ::fsync(fd);
+  int err = errno;
+  if (::close(fd) != 0 && rc == 0) {
+    rc = -1;
+    err = errno;
+  }
+  if (rc != 0) {
     ::unlink(tmp.c_str());
     return errno_status("sync " + tmp, err);
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
+    err = errno;
     ::unlink(tmp.c_str());
     return errno_status("rename " + tmp + " to " + path, err);
   }

@@ -23,13 +23,9 @@ const float* rounded(Precision p, const float* x, int64_t n, std::vector<float>&
   if (p == Precision::kF32) return x;
   buf.resize(size_t(n));
   float* out = buf.data();
-  const bool bf16 = p == Precision::kBF16;
-  parallel_for(n, 1 << 14, [&](int64_t b, int64_t e) {
-    if (bf16) {
-      for (int64_t i = b; i < e; ++i) out[i] = bf16_to_f32(f32_to_bf16(x[i]));
-    } else {
-      for (int64_t i = b; i < e; ++i) out[i] = f16_to_f32(f32_to_f16(x[i]));
-    }
+  const DType t = p == Precision::kBF16 ? DType::kBF16 : DType::kF16;
+  parallel_for(n, 1 << 15, [&](int64_t b, int64_t e) {
+    round_through(t, x + b, out + b, size_t(e - b));
   });
   return out;
 }

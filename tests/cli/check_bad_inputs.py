@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Bad input through the real command line: each case must exit non-zero (1, not a signal)
+with exactly one line on stderr that names the file and the field at fault.
+
+Run by CTest with the path of the weightlift binary."""
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "reference"))
+import torch  # noqa: E402
+
+import torch_moe as ref  # noqa: E402
+
+TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 1, "head_dim": 16,
+        "num_experts": 4, "top_k": 2, "ffn_dim": 128, "vocab_size": 320, "max_seq_len": 128}
+
+failures = 0
+
+
+def expect_error(label, cmd, *needles):
+    global failures
+    r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=120)
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    problems = []
+    if r.returncode != 1:
+        problems.append(f"exit code {r.returncode}, expected 1")
+    if len(lines) != 1:
+        problems.append(f"{len(lines)} lines on stderr, expected 1")
+    for n in needles:
+        if n not in r.stderr:
+            problems.append(f"stderr does not mention {n!r}")
+    status = "ok  " if not problems else "FAIL"
+    print(f"{status} {label}: {lines[0] if lines else '(no stderr)'}")
+    for p in problems:
+        print(f"       {p}")
+    failures += bool(problems)
+
+
+def main():
+    exe = sys.argv[1]
+    with tempfile.TemporaryDirectory() as d:
+        cfg_path = os.path.join(d, "config.json")
+        with open(cfg_path, "w") as f:
+            json.dump(TINY, f)
+        g = torch.Generator().manual_seed(0)
+        w = {k: 0.02 * torch.randn(s, generator=g) for k, s in ref.param_shapes(TINY).items()}
+        good_w = os.path.join(d, "w.safetensors")
+        ref.write_safetensors(good_w, w)
+        batch = os.path.join(d, "batch.safetensors")
+        ref.write_safetensors(batch, {"tokens": torch.zeros(1, 8, dtype=torch.int64),
+                                      "targets": torch.zeros(1, 8, dtype=torch.int64)})
+        out = os.path.join(d, "g.safetensors")
+        grad = [exe, "grad", "--config", cfg_path, "--tokens", batch, "--out", out, "--weights"]
+
+        raw = open(good_w, "rb").read()
+        truncated = os.path.join(d, "truncated.safetensors")
+        open(truncated, "wb").write(raw[: len(raw) // 2])
+        expect_error("truncated weights", grad + [truncated], "truncated.safetensors")
+
+        (n,) = struct.unpack("<Q", raw[:8])
+        lying = os.path.join(d, "lying.safetensors")
+        open(lying, "wb").write(struct.pack("<Q", n + 1000) + raw[8:])
+        expect_error("header length beyond the file", grad + [lying], "lying.safetensors")
+
+        header = json.loads(raw[8:8 + n])
+        header["embed.weight"]["data_offsets"][1] += 4
+        h = json.dumps(header).encode()
+        h += b" " * ((8 - len(h) % 8) % 8)
+        offsets = os.path.join(d, "offsets.safetensors")
+        open(offsets, "wb").write(struct.pack("<Q", len(h)) + h + raw[8 + n:])
+        expect_error("offsets that lie", grad + [offsets], "offsets.safetensors", "embed.weight")
+
+        corrupt = os.path.join(d, "corrupt.safetensors")
+        open(corrupt, "wb").write(raw[:8] + b"{\"\xff\xfe" + raw[12:])
+        expect_error("corrupted header JSON", grad + [corrupt], "corrupt.safetensors")
+
+        w2 = dict(w)
+        w2["layers.1.attn.q_proj.weight"] = torch.zeros(32, 64)
+        wrong_shape = os.path.join(d, "shape.safetensors")
+        ref.write_safetensors(wrong_shape, w2)
+        expect_error("wrong shape for the config", grad + [wrong_shape], "shape.safetensors",
+                     "layers.1.attn.q_proj.weight")
+
+        w3 = dict(w)
+        w3["norm.weight"] = torch.zeros(64, dtype=torch.int32)
+        wrong_dtype = os.path.join(d, "dtype.safetensors")
+        ref.write_safetensors(wrong_dtype, w3)
+        expect_error("wrong dtype", grad + [wrong_dtype], "dtype.safetensors", "norm.weight")
+
+        for key, value, needle in (("top_k", 9, "top_k"), ("num_kv_heads", 3, "num_kv_heads")):
+            bad = dict(TINY, **{key: value})
+            bad_path = os.path.join(d, f"bad_{key}.json")
+            with open(bad_path, "w") as f:
+                json.dump(bad, f)
+            expect_error(f"inconsistent config ({key}={value})",
+                         [exe, "grad", "--config", bad_path, "--tokens", batch, "--out", out,
+                          "--weights", good_w], f"bad_{key}.json", needle)
+
+        expect_error("unknown preset", [exe, "model-info", "--preset", "gigantic"], "gigantic")
+        expect_error("missing corpus", [exe, "train", "--preset", "tiny", "--steps", "1",
+                                        "--corpus", os.path.join(d, "no-brown"),
+                                        "--out", os.path.join(d, "run")], "no-brown")
+        expect_error("missing weights file", grad + [os.path.join(d, "nope.safetensors")],
+                     "nope.safetensors")
+    print(f"{failures} failed" if failures else "every bad input gave one clear error line")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
