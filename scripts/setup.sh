@@ -14,6 +14,9 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin
   python3 python3-torch python3-numpy python3-matplotlib
+  # PyTorch links the system BLAS; without OpenBLAS it gets the reference BLAS, ~10x slower,
+  # which would make it a straw man as the eager baseline.
+  libopenblas0-pthread
   iproute2
 )
 # npm: the Debian package conflicts with a newer Node.js that ships its own npm, so install it

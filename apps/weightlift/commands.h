@@ -18,6 +18,7 @@ void register_generate(CLI::App& app, Outcome& out);
 void register_grad(CLI::App& app, Outcome& out);
 void register_model_info(CLI::App& app, Outcome& out);
 void register_bench(CLI::App& app, Outcome& out);
+void register_launch(CLI::App& app, Outcome& out);
 
 // Prints "weightlift <command>: <status>" to stderr and returns 1 (or 0 for OK).
 int report(const char* command, const Status& s);

@@ -40,6 +40,24 @@ def expect_error(label, cmd, *needles):
     failures += bool(problems)
 
 
+def check_launch(exe):
+    """`weightlift launch`: output prefixed by rank; a failing rank stops the group and its
+    exit code is the launcher's, well before the other ranks' 60 s sleep would end."""
+    global failures
+    r = subprocess.run([exe, "launch", "-n", "3", "--", "sh", "-c", "echo hi $RANK/$WORLD_SIZE"],
+                       capture_output=True, text=True, timeout=60)
+    ok = r.returncode == 0 and all(f"[rank {i}] hi {i}/3" in r.stdout for i in range(3))
+    print(f"{'ok  ' if ok else 'FAIL'} launch prefixes output by rank")
+    failures += not ok
+    r = subprocess.run([exe, "launch", "-n", "3", "--", "sh", "-c",
+                        "if [ $RANK = 1 ]; then exit 7; fi; sleep 60"],
+                       capture_output=True, text=True, timeout=30)
+    ok = r.returncode == 7 and "rank 1 exited with code 7" in r.stdout + r.stderr
+    print(f"{'ok  ' if ok else 'FAIL'} launch stops the group when rank 1 exits 7: "
+          f"exit {r.returncode}")
+    failures += not ok
+
+
 def main():
     exe = sys.argv[1]
     with tempfile.TemporaryDirectory() as d:
@@ -106,6 +124,7 @@ def main():
                                         "--out", os.path.join(d, "run")], "no-brown")
         expect_error("missing weights file", grad + [os.path.join(d, "nope.safetensors")],
                      "nope.safetensors")
+    check_launch(exe)
     print(f"{failures} failed" if failures else "every bad input gave one clear error line")
     sys.exit(1 if failures else 0)
 
