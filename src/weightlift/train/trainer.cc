@@ -13,7 +13,7 @@
 #include "weightlift/train/checkpoint.h"
 #include "weightlift/train/data.h"
 #include "weightlift/train/progress.h"
-#include "weightlift/train/svg_plot.h"
+#include "weightlift/core/svg_plot.h"
 #include "weightlift/train/tokenizer.h"
 
 namespace wl::train {

@@ -37,18 +37,21 @@ kernels::AttentionShape attention_shape(const Dims& m, const BlockDims& b) {
           .head_dim = m.Dh, .q_offset = 0};
 }
 
-// Copies columns [col, col + width) of src [n, ld] into dst [n, width], or back when
-// `scatter`.
-void copy_columns(float* dst, float* src, int64_t n, int64_t ld, int64_t col, int64_t width,
-                  bool scatter) {
+// dst[n, width] = columns [col, col + width) of src[n, ld].
+void gather_columns(float* dst, const float* src, int64_t n, int64_t ld, int64_t col,
+                    int64_t width) {
   parallel_for(n, 256, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      if (scatter) {
-        std::memcpy(src + i * ld + col, dst + i * width, size_t(width) * 4);
-      } else {
-        std::memcpy(dst + i * width, src + i * ld + col, size_t(width) * 4);
-      }
-    }
+    for (int64_t i = b; i < e; ++i)
+      std::memcpy(dst + i * width, src + i * ld + col, size_t(width) * 4);
+  });
+}
+
+// Columns [col, col + width) of dst[n, ld] = src[n, width].
+void scatter_columns(float* dst, const float* src, int64_t n, int64_t ld, int64_t col,
+                     int64_t width) {
+  parallel_for(n, 256, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      std::memcpy(dst + i * ld + col, src + i * width, size_t(width) * 4);
   });
 }
 
@@ -162,9 +165,9 @@ void block_forward(const BlockContext& ctx, const BlockDims& b, const LayerView&
   a.q = f32({N, m.qd});
   a.k = f32({N, m.kvd});
   a.v = f32({N, m.kvd});
-  copy_columns(a.q.data<float>(), qkv.data<float>(), N, m.qkvd, 0, m.qd, false);
-  copy_columns(a.k.data<float>(), qkv.data<float>(), N, m.qkvd, m.qd, m.kvd, false);
-  copy_columns(a.v.data<float>(), qkv.data<float>(), N, m.qkvd, m.qd + m.kvd, m.kvd, false);
+  gather_columns(a.q.data<float>(), qkv.data<float>(), N, m.qkvd, 0, m.qd);
+  gather_columns(a.k.data<float>(), qkv.data<float>(), N, m.qkvd, m.qd, m.kvd);
+  gather_columns(a.v.data<float>(), qkv.data<float>(), N, m.qkvd, m.qd + m.kvd, m.kvd);
   qkv = Tensor();
   kernels::rope_forward(a.q.data<float>(), ctx.rope, b.batch, b.seq, m.H, 0);
   kernels::rope_forward(a.k.data<float>(), ctx.rope, b.batch, b.seq, m.Hkv, 0);
@@ -303,9 +306,9 @@ void block_backward(const BlockContext& ctx, const BlockDims& b, const LayerView
   kernels::rope_backward(dq.data<float>(), ctx.rope, b.batch, b.seq, m.H, 0);
   kernels::rope_backward(dk.data<float>(), ctx.rope, b.batch, b.seq, m.Hkv, 0);
   Tensor dqkv = f32({N, m.qkvd});
-  copy_columns(dq.data<float>(), dqkv.data<float>(), N, m.qkvd, 0, m.qd, true);
-  copy_columns(dk.data<float>(), dqkv.data<float>(), N, m.qkvd, m.qd, m.kvd, true);
-  copy_columns(dv.data<float>(), dqkv.data<float>(), N, m.qkvd, m.qd + m.kvd, m.kvd, true);
+  scatter_columns(dqkv.data<float>(), dq.data<float>(), N, m.qkvd, 0, m.qd);
+  scatter_columns(dqkv.data<float>(), dk.data<float>(), N, m.qkvd, m.qd, m.kvd);
+  scatter_columns(dqkv.data<float>(), dv.data<float>(), N, m.qkvd, m.qd + m.kvd, m.kvd);
   dq = dk = dv = Tensor();
   linear_backward_weight(p, dqkv.data<float>(), a.xn1.data<float>(), g.wqkv, N, m.d, m.qkvd);
   Tensor dxn1 = f32({N, m.d});

@@ -1,4 +1,4 @@
-#include "weightlift/train/svg_plot.h"
+#include "weightlift/core/svg_plot.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 #include <fstream>
 #include <sstream>
 
-namespace wl::train {
+namespace wl {
 namespace {
 
 std::string escape(const std::string& s) {
@@ -106,4 +106,4 @@ Status write_svg_plot(const std::string& path, const std::vector<Series>& series
   return ok_status();
 }
 
-}  // namespace wl::train
+}  // namespace wl

@@ -6,7 +6,7 @@
 
 #include "weightlift/core/status.h"
 
-namespace wl::train {
+namespace wl {
 
 struct Series {
   std::string label;
@@ -25,4 +25,4 @@ struct PlotOptions {
 Status write_svg_plot(const std::string& path, const std::vector<Series>& series,
                       const PlotOptions& opts);
 
-}  // namespace wl::train
+}  // namespace wl
