@@ -8,6 +8,7 @@
 
 #include <array>
 #include <barrier>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -135,6 +136,55 @@ TEST(Transport, PutThenGetThroughRegisteredMemory) {
       ASSERT_TRUE(s.ok()) << s.to_string();
       for (size_t i = 1; i < kBytes; ++i) ASSERT_EQ(back[i], uint8_t(255 - i % 251)) << i;
       r = w.send(peer, 5, &done, 1);
+      ASSERT_TRUE(w.wait(r, deadline_after(10s)).ok());
+    }
+  });
+}
+
+TEST(Transport, AllocatedMemoryIsLoadAndStoreAccessibleOnOneHost) {
+  // Rank 1 allocates a region through UCX and hands over its rkey; rank 0 asks for a direct
+  // pointer. Over shared memory there must be one, and stores through it must show up in
+  // rank 1's region; over TCP there is none, and asking must say so with null, not crash.
+  const char* tls = std::getenv("UCX_TLS");
+  const bool tcp_only = tls != nullptr && std::string(tls) == "tcp";
+  constexpr size_t kBytes = 3 * 4096 + 17;
+  run_pair([tcp_only](int rank, Worker& w, int peer) {
+    if (rank == 1) {
+      auto region = w.allocate_memory(kBytes);
+      ASSERT_TRUE(region.ok()) << region.status().to_string();
+      auto* bytes = static_cast<uint8_t*>(region->data());
+      for (size_t i = 0; i < kBytes; ++i) ASSERT_EQ(bytes[i], 0) << "not zero-filled at " << i;
+      uint64_t header[2] = {region->address(), region->packed_rkey().size()};
+      std::vector<Request> rs;
+      rs.push_back(w.send(peer, 1, header, sizeof header));
+      rs.push_back(w.send(peer, 2, region->packed_rkey().data(), header[1]));
+      ASSERT_TRUE(w.wait_all(rs, deadline_after(10s)).ok());
+      uint8_t mapped = 0;
+      Request r = w.recv(peer, 3, &mapped, 1);
+      ASSERT_TRUE(w.wait(r, deadline_after(10s)).ok());
+      if (mapped) {
+        for (size_t i = 0; i < kBytes; ++i) ASSERT_EQ(bytes[i], uint8_t(i * 13 + 1)) << i;
+      }
+    } else {
+      uint64_t header[2] = {};
+      Request r = w.recv(peer, 1, header, sizeof header);
+      ASSERT_TRUE(w.wait(r, deadline_after(10s)).ok());
+      std::vector<std::byte> packed(header[1]);
+      r = w.recv(peer, 2, packed.data(), packed.size());
+      ASSERT_TRUE(w.wait(r, deadline_after(10s)).ok());
+      auto rkey = w.unpack_rkey(peer, packed);
+      ASSERT_TRUE(rkey.ok()) << rkey.status().to_string();
+      auto* p = static_cast<uint8_t*>(w.remote_pointer(*rkey, header[0]));
+      if (tcp_only) {
+        EXPECT_EQ(p, nullptr) << "a direct pointer over TCP";
+      } else {
+        ASSERT_NE(p, nullptr) << "no direct pointer over shared memory";
+      }
+      if (p != nullptr) {
+        for (size_t i = 0; i < kBytes; ++i) p[i] = uint8_t(i * 13 + 1);
+      }
+      uint8_t mapped = p != nullptr;
+      r = w.send(peer, 3, &mapped, 1);
       ASSERT_TRUE(w.wait(r, deadline_after(10s)).ok());
     }
   });

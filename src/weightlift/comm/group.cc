@@ -1,10 +1,15 @@
 #include "weightlift/comm/group.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cstring>
 #include <tuple>
 
+#include <sched.h>
+
 #include "weightlift/comm/allgather.h"
+#include "weightlift/comm/detail/shm_arena.h"
 #include "weightlift/core/check.h"
 
 namespace wl::comm {
@@ -119,6 +124,35 @@ Status Group::wait_all(std::span<Request> requests, Deadline deadline) {
 Status Group::wait_all(std::span<Request> requests, std::span<Request> others,
                        Deadline deadline) {
   return link_->worker->wait_all(requests, others, deadline, member_peers_);
+}
+
+Status Group::poll_until(const std::function<int()>& waiting_for, Deadline deadline,
+                         std::string_view what) {
+  // Checking the clock and the peers costs far more than a look at a flag, so they come
+  // every kCheckEvery spins. After kSpinsBeforeYield spins each check also yields: with ranks
+  // as threads there can be more spinners than cores.
+  constexpr int kCheckEvery = 64;
+  constexpr int kSpinsBeforeYield = 1 << 14;
+  Worker& w = *link_->worker;
+  for (int spins = 1;; ++spins) {
+    const int lagging = waiting_for();
+    if (lagging < 0) return ok_status();
+    _mm_pause();
+    if (spins % kCheckEvery != 0) continue;
+    w.progress();
+    for (int peer : member_peers_) {
+      Status s = w.peer_status(peer);
+      if (!s.ok()) return s.with_context(describe() + ": " + std::string(what));
+    }
+    if (Clock::now() >= deadline) {
+      return deadline_exceeded(describe() + ": " + std::string(what) + ": rank " +
+                               std::to_string(lagging) + " (world rank " +
+                               std::to_string(world_rank(lagging)) +
+                               ") did not get there before the deadline; it is stopped, slow, "
+                               "or not taking part");
+    }
+    if (spins >= kSpinsBeforeYield) sched_yield();
+  }
 }
 
 Status Group::send(const SendOptions& o) {

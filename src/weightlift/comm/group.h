@@ -27,8 +27,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "weightlift/comm/store.h"
@@ -73,6 +75,9 @@ struct RecvOptions {
 };
 
 struct GroupLink;  // the worker and connections a world and its sub-groups share
+namespace detail {
+class ShmArena;   // per-group shared-memory scratch (detail/shm_arena.h)
+}
 
 class Group {
  public:
@@ -103,6 +108,17 @@ class Group {
   Status wait_all(std::span<Request> requests, Deadline deadline);
   Status wait_all(std::span<Request> requests, std::span<Request> others, Deadline deadline);
   Worker& worker();
+  // The worker's peer id for `rank` (!= this rank), for one-sided operations.
+  int worker_peer(int rank) const { return peer_id(rank); }
+  // Spins until `waiting_for()` returns -1, progressing the worker now and then. It returns
+  // the group rank still being waited for otherwise, which the errors name. Fails as soon as
+  // any member is known to have failed (kUnavailable) or at the deadline
+  // (kDeadlineExceeded); `what` says what was awaited ("allreduce: chunk 3 reduced").
+  Status poll_until(const std::function<int()>& waiting_for, Deadline deadline,
+                    std::string_view what);
+  // The group's shared-memory scratch: null until a collective first needs it
+  // (detail::shm_arena() creates it, collectively, and keeps it for the group's life).
+  std::unique_ptr<detail::ShmArena>& shm_arena_slot() { return shm_; }
   // "rank 2 of group 5 (world rank 7)" for error messages.
   std::string describe() const;
 
@@ -119,6 +135,8 @@ class Group {
   uint32_t id_ = 0;
   uint32_t sequence_ = 0;
   uint32_t splits_ = 0;  // split() calls so far, to name each split's key in the store
+  // Declared last: its rkeys go before the worker that unpacked them.
+  std::unique_ptr<detail::ShmArena> shm_;
 };
 
 }  // namespace wl::comm

@@ -566,6 +566,54 @@ Result<MemoryRegion> Worker::register_memory(void* data, size_t bytes) {
   return region;
 }
 
+Result<MemoryRegion> Worker::allocate_memory(size_t bytes) {
+  WL_CHECK_GT(bytes, size_t(0)) << "allocating an empty region";
+  ucp_mem_map_params_t params{};
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  params.address = nullptr;
+  params.length = bytes;
+  params.flags = UCP_MEM_MAP_ALLOCATE;
+  ucp_mem_h memh = nullptr;
+  ucp_context_h ctx = impl_->context->handle;
+  ucs_status_t s = ucp_mem_map(ctx, &params, &memh);
+  if (s != UCS_OK) {
+    return resource_exhausted(impl_->name + ": allocating " + std::to_string(bytes) +
+                              " bytes of registered memory: " + ucs_text(s));
+  }
+  std::shared_ptr<UcxContext> keep = impl_->context;
+  std::shared_ptr<void> handle(memh, [keep](void* m) {
+    ucp_mem_unmap(keep->handle, static_cast<ucp_mem_h>(m));
+  });
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+  s = ucp_mem_query(memh, &attr);
+  if (s != UCS_OK) return internal_error(impl_->name + ": ucp_mem_query: " + ucs_text(s));
+  WL_CHECK_GE(attr.length, bytes) << "UCX allocated less than asked";
+  MemoryRegion region;
+  region.data_ = attr.address;
+  region.bytes_ = bytes;
+  region.handle_ = std::move(handle);
+  std::memset(region.data_, 0, bytes);
+  void* packed = nullptr;
+  size_t packed_len = 0;
+  s = ucp_rkey_pack(ctx, memh, &packed, &packed_len);
+  if (s != UCS_OK) return internal_error(impl_->name + ": ucp_rkey_pack: " + ucs_text(s));
+  region.packed_rkey_.resize(packed_len);
+  std::memcpy(region.packed_rkey_.data(), packed, packed_len);
+  ucp_rkey_buffer_release(packed);
+  return region;
+}
+
+void* Worker::remote_pointer(const RemoteKey& rkey, uint64_t remote_address) const {
+  WL_CHECK(rkey.valid()) << "remote_pointer with an empty rkey";
+  void* p = nullptr;
+  if (ucp_rkey_ptr(static_cast<ucp_rkey_h>(rkey.handle_.get()), remote_address, &p) != UCS_OK) {
+    return nullptr;
+  }
+  return p;
+}
+
 Result<RemoteKey> Worker::unpack_rkey(int peer, std::span<const std::byte> packed_rkey) {
   WorkerImpl::Peer* p = impl_->peer_or_null(peer);
   if (!p->status.ok()) return p->status;

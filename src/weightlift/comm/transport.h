@@ -180,7 +180,16 @@ class Worker {
 
   // `data` must stay valid while the region lives. bytes > 0.
   Result<MemoryRegion> register_memory(void* data, size_t bytes);
+  // Memory UCX allocates and registers itself (bytes > 0, zero-filled). On one host UCX takes
+  // it from a shared-memory segment (sysv or posix), which peers can then map: see
+  // remote_pointer(). Freed when the region is released.
+  Result<MemoryRegion> allocate_memory(size_t bytes);
   Result<RemoteKey> unpack_rkey(int peer, std::span<const std::byte> packed_rkey);
+  // A pointer through which this process loads and stores the peer's memory at
+  // `remote_address` directly (UCX's ucp_rkey_ptr), or null when no transport offers one:
+  // the region is not in shared memory, or the peer is reached by TCP or on another host.
+  // The mapping lives as long as `rkey`.
+  void* remote_pointer(const RemoteKey& rkey, uint64_t remote_address) const;
 
  private:
   explicit Worker(std::unique_ptr<WorkerImpl> impl);

@@ -23,38 +23,13 @@
 
 #include "weightlift/core/check.h"
 #include "weightlift/core/parallel.h"
+#include "weightlift/kernels/detail/fast_exp.h"
 
 namespace wl::kernels {
 namespace {
 
-// Branch-free select on bit patterns. A plain `c ? a : b` on floats lets GCC thread the
-// clamped (constant) cases of fast_exp into separate paths, which it then may not
-// if-convert under -ftrapping-math, and the loop stops vectorising. always_inline: each
-// target_clones clone must get its own copy, not call a default-ISA one.
-__attribute__((always_inline)) inline float select(bool c, float a, float b) {
-  const int32_t m = -int32_t(c);
-  return std::bit_cast<float>((std::bit_cast<int32_t>(a) & m) | (std::bit_cast<int32_t>(b) & ~m));
-}
-
-// exp(x) to 1.4 ulp on [-87.3, 88.3]; 0 below, inf above, NaN stays NaN. Cody-Waite
-// reduction, Cephes' polynomial, 2^n in the exponent bits: see swiglu.cc.
-__attribute__((always_inline)) inline float fast_exp(float x) {
-  constexpr float kShift = 12582912.0f;  // 1.5 * 2^23
-  const float xc = select(x < -87.3f, -87.3f, select(x > 88.3f, 88.3f, x));
-  const float t = xc * 1.44269504088896341f + kShift;
-  const float n = t - kShift;
-  const float r = xc - n * 0.693359375f - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t e = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kShift);
-  const float y = p * std::bit_cast<float>((e + 127) << 23);
-  return select(x < -87.3f, 0.0f, select(x > 88.3f, INFINITY, y));
-}
+using detail::fast_exp;
+using detail::select;
 
 // Rows [r0, r1): row_loss[r] = loss of row r (0 when ignored); gradient into dlogits if set.
 __attribute__((target_clones("arch=x86-64-v3", "default"))) void rows(

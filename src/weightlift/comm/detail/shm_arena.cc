@@ -1,0 +1,85 @@
+#include "weightlift/comm/detail/shm_arena.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "weightlift/comm/allgather.h"
+
+namespace wl::comm::detail {
+
+Result<std::unique_ptr<ShmArena>> ShmArena::create(Group& g, Deadline deadline) {
+  const int P = g.size(), r = g.rank();
+  auto arena = std::unique_ptr<ShmArena>(new ShmArena());
+  arena->slot_bytes_ = (size_t(P) + 1) * kShmBlockBytes;
+  const size_t bytes = kHeaderBytes + kShmSlots * arena->slot_bytes_;
+  const auto timeout = [&] {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+  };
+
+  // A rank that cannot allocate still takes part in the exchange, with nothing to offer.
+  auto region = g.worker().allocate_memory(bytes);
+  if (region.ok()) arena->own_ = std::move(*region);
+  const std::vector<std::byte> empty;
+  const std::vector<std::byte>& packed = region.ok() ? arena->own_.packed_rkey() : empty;
+
+  // (address, rkey length) of every rank, then the rkeys themselves.
+  std::vector<int64_t> mine = {int64_t(arena->own_.address()), int64_t(packed.size())};
+  std::vector<int64_t> all(2 * size_t(P));
+  WL_RETURN_IF_ERROR(allgather(g, {.send = mine.data(), .recv = all.data(), .count = 2,
+                                   .dtype = DType::kI64, .timeout = timeout()}));
+  std::vector<size_t> lengths(size_t(P));
+  for (int q = 0; q < P; ++q) lengths[size_t(q)] = size_t(all[2 * size_t(q) + 1]);
+  std::vector<std::byte> keys(std::accumulate(lengths.begin(), lengths.end(), size_t(0)));
+  WL_RETURN_IF_ERROR(allgatherv(g, {.send = packed.data(), .recv = keys.data(),
+                                    .counts = lengths, .dtype = DType::kU8,
+                                    .timeout = timeout()}));
+
+  // Map every peer's region; any failure just means "not usable here".
+  int64_t mapped = region.ok() ? 1 : 0;
+  arena->keys_.resize(size_t(P));
+  arena->base_.assign(size_t(P), nullptr);
+  if (mapped) arena->base_[size_t(r)] = static_cast<std::byte*>(arena->own_.data());
+  size_t at = 0;
+  for (int q = 0; q < P; ++q) {
+    const size_t len = lengths[size_t(q)];
+    if (q != r && mapped) {
+      if (len == 0) {
+        mapped = 0;
+      } else {
+        auto key = g.worker().unpack_rkey(g.worker_peer(q), std::span(keys.data() + at, len));
+        void* p = key.ok() ? g.worker().remote_pointer(*key, uint64_t(all[2 * size_t(q)]))
+                           : nullptr;
+        if (p == nullptr) {
+          mapped = 0;
+        } else {
+          arena->keys_[size_t(q)] = std::move(*key);
+          arena->base_[size_t(q)] = static_cast<std::byte*>(p);
+        }
+      }
+    }
+    at += len;
+  }
+  // Usable only if every rank mapped every region.
+  std::vector<int64_t> verdicts(size_t(P));
+  WL_RETURN_IF_ERROR(allgather(g, {.send = &mapped, .recv = verdicts.data(), .count = 1,
+                                   .dtype = DType::kI64, .timeout = timeout()}));
+  arena->usable_ = std::all_of(verdicts.begin(), verdicts.end(), [](int64_t v) { return v == 1; });
+  if (!arena->usable_) {
+    arena->keys_.clear();
+    arena->base_.clear();
+    arena->own_ = MemoryRegion();
+  }
+  return arena;
+}
+
+Result<ShmArena*> shm_arena(Group& g, Deadline deadline) {
+  std::unique_ptr<ShmArena>& slot = g.shm_arena_slot();
+  if (slot == nullptr) {
+    WL_ASSIGN_OR_RETURN(slot, ShmArena::create(g, deadline));
+  }
+  return slot->usable() ? slot.get() : nullptr;
+}
+
+}  // namespace wl::comm::detail

@@ -1,0 +1,98 @@
+// ShmArena: a group's persistent shared-memory scratch, through which the single-copy
+// collectives (allreduce_shm.cc) move bytes with plain loads and stores.
+//
+// Each rank allocates one region through UCX (allocate_memory: a sysv or posix shared-memory
+// segment), packs its rkey, and the group exchanges (address, rkey) once; every rank then maps
+// every peer's region with remote_pointer() (ucp_rkey_ptr). After that no UCX call moves data:
+// a rank writes into its own region and reads its peers' regions in place. The arena lives as
+// long as the group, so no collective allocates, registers, or takes first-touch page faults.
+//
+// Layout of one rank's region (bytes):
+//   [0, 256)                        three counters, one per 64-byte line (see Phase), written
+//                                   only by the owner, read by every peer
+//   slot s (s < kShmSlots), each (P+1) * block_bytes:
+//     in[d]   d < P                 the owner's input for block d, copied there for rank d
+//     res                           the owner's finished block, for every other rank to copy
+// The counters only grow: counter[phase] = c means the owner has finished that phase for the
+// group's chunks 0..c-1 (counted over the group's life). They are the only synchronisation;
+// a peer that dies stops its counters, and the waits notice through UCX's keepalive
+// (Group::poll_until).
+//
+// The arena exists only when every member could map every other's region (all ranks on one
+// host with a shared-memory transport loaded); the members agree on that collectively, and
+// otherwise usable() is false everywhere and the callers keep to tagged messages (TCP).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "weightlift/comm/group.h"
+#include "weightlift/comm/transport.h"
+
+namespace wl::comm::detail {
+
+// Slots in flight. A rank may run this many chunks ahead of its slowest peer before it has to
+// wait for a slot to be read; the three-phase pipeline needs three.
+inline constexpr size_t kShmSlots = 4;
+// Bytes of one block of one chunk. A chunk (P blocks) and its copies stay in L2/L3 between
+// the rank that writes them and the rank that reads them, so the shared scratch costs cache
+// traffic, not DRAM traffic.
+inline constexpr size_t kShmBlockBytes = 128 << 10;
+
+enum class ShmPhase : int { kCopiedIn = 0, kReduced = 1, kCopiedOut = 2 };
+
+class ShmArena {
+ public:
+  // Collective over `group`: every member calls it in the same collective call. Fails only
+  // when the exchange itself fails (a peer died, the deadline passed); an arena that cannot be
+  // mapped is returned with usable() false.
+  static Result<std::unique_ptr<ShmArena>> create(Group& group, Deadline deadline);
+
+  bool usable() const { return usable_; }
+  int ranks() const { return int(base_.size()); }
+  size_t block_bytes() const { return kShmBlockBytes; }
+
+  // Input block `dest` in slot `slot` of `rank`'s region, and that slot's result block.
+  std::byte* in_block(int rank, size_t slot, int dest) const {
+    return base_[size_t(rank)] + kHeaderBytes + slot * slot_bytes_ + size_t(dest) * kShmBlockBytes;
+  }
+  std::byte* res_block(int rank, size_t slot) const {
+    return in_block(rank, slot, ranks());
+  }
+
+  // Owner side: release-stores the phase counter (the data written before becomes visible
+  // to a peer that sees the new value).
+  void publish(int self, ShmPhase phase, uint64_t chunks) const {
+    std::atomic_ref<uint64_t>(*counter(self, phase)).store(chunks, std::memory_order_release);
+  }
+  uint64_t counter_of(int rank, ShmPhase phase) const {
+    return std::atomic_ref<uint64_t>(*counter(rank, phase)).load(std::memory_order_acquire);
+  }
+
+  // Chunks the group has run through the arena so far; every member advances it alike.
+  uint64_t chunks_done = 0;
+  // Not OK once a collective on the arena failed: the counters may be out of step, so later
+  // collectives fail at once instead of reading a peer's half-written slot.
+  Status broken;
+
+ private:
+  static constexpr size_t kHeaderBytes = 256;
+  uint64_t* counter(int rank, ShmPhase phase) const {
+    return reinterpret_cast<uint64_t*>(base_[size_t(rank)] + 64 * int(phase));
+  }
+
+  bool usable_ = false;
+  size_t slot_bytes_ = 0;
+  MemoryRegion own_;
+  std::vector<RemoteKey> keys_;    // by group rank; empty for ourselves
+  std::vector<std::byte*> base_;   // by group rank: our region or the mapping of a peer's
+};
+
+// The group's arena, created on first use (collectively: every member must reach this call in
+// the same collective). Null when the group cannot use one; a failed exchange is an error.
+Result<ShmArena*> shm_arena(Group& group, Deadline deadline);
+
+}  // namespace wl::comm::detail
