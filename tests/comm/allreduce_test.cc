@@ -48,8 +48,10 @@ TEST_P(AllreduceTest, EveryTypeOpCountAndAlgorithm) {
       for (ReduceOp op : testing::kOps) {
         for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(4 * 5 + 3)}) {
           for (bool in_place : {false, true}) {
-            for (auto algo : {AllreduceAlgorithm::kRing, AllreduceAlgorithm::kRecursiveDoubling}) {
-              // 6-byte segments: blocks of a few elements split into several segments.
+            for (auto algo : {AllreduceAlgorithm::kRing, AllreduceAlgorithm::kRecursiveDoubling,
+                              AllreduceAlgorithm::kSharedMemory}) {
+              // 6-byte segments: blocks of a few elements split into several segments (ring),
+              // chunks of a few elements (shared memory), so slots wrap many times.
               check_allreduce(g, dtype, op, count, in_place, algo, 6);
               if (::testing::Test::HasFatalFailure()) return;
             }

@@ -132,7 +132,7 @@ def moe(x, w, p, c):
         xe = xs[tok]
         ye = (F.silu(xe @ w[q + "gate_proj.weight"].T) * (xe @ w[q + "up_proj.weight"].T)) \
             @ w[q + "down_proj.weight"].T
-        out = out.index_add(0, tok, topv[tok, slot, None] * ye)
+        out = out.index_add(0, tok, (topv[tok, slot, None] * ye).to(out.dtype))
     n = xs.shape[0]
     f = torch.bincount(topi.flatten(), minlength=E).to(x.dtype) / (n * K)  # no gradient
     P = probs.mean(0)

@@ -11,6 +11,7 @@
 
 #include "weightlift/comm/allreduce.h"
 #include "weightlift/comm/detail/allreduce_algorithms.h"
+#include "weightlift/comm/detail/shm_arena.h"
 #include "weightlift/comm/detail/validate.h"
 
 namespace wl::comm {
@@ -58,14 +59,17 @@ Status allreduce(Group& g, const AllreduceOptions& o) {
     if (in != o.recv) std::memmove(o.recv, in, o.count * dtype_size(o.dtype));
     return ok_status();
   }
-  AllreduceAlgorithm algo = o.algorithm;
-  if (algo == AllreduceAlgorithm::kAuto) {
-    algo = choose_allreduce_algorithm(o.count * dtype_size(o.dtype), g.size());
-  }
   const detail::AllreduceArgs args{.in = in, .out = o.recv, .count = o.count, .dtype = o.dtype,
                                    .op = o.op, .segment_bytes = o.segment_bytes,
                                    .sequence = sequence};
   const Deadline deadline = g.deadline(o.timeout);
+  AllreduceAlgorithm algo = o.algorithm;
+  if (algo == AllreduceAlgorithm::kAuto || algo == AllreduceAlgorithm::kSharedMemory) {
+    // The first call on a group sets up its arena (collectively: every rank gets here).
+    WL_ASSIGN_OR_RETURN(detail::ShmArena * arena, detail::shm_arena(g, deadline));
+    if (arena != nullptr) return detail::allreduce_shm(g, *arena, args, deadline);
+    algo = choose_allreduce_algorithm(o.count * dtype_size(o.dtype), g.size());
+  }
   return algo == AllreduceAlgorithm::kRing ? detail::allreduce_ring(g, args, deadline)
                                            : detail::allreduce_recursive_doubling(g, args, deadline);
 }

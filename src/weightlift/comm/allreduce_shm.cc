@@ -55,7 +55,11 @@ Status allreduce_shm(Group& g, ShmArena& A, const AllreduceArgs& a, Deadline dea
   if (!A.broken.ok()) return A.broken;
   const int P = g.size(), r = g.rank();
   const size_t es = dtype_size(a.dtype);
-  const size_t block_elems = std::max<size_t>(1, A.block_bytes() / es);
+  // segment_bytes (tests make it tiny to get many chunks) can only shrink a block: the slots
+  // are cut for kShmBlockBytes.
+  const size_t block_bytes =
+      a.segment_bytes == 0 ? A.block_bytes() : std::min(a.segment_bytes, A.block_bytes());
+  const size_t block_elems = std::max<size_t>(1, block_bytes / es);
   const size_t chunk_elems = block_elems * size_t(P);
   const size_t nchunks = (a.count + chunk_elems - 1) / chunk_elems;
   const uint64_t base = A.chunks_done;

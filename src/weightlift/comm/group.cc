@@ -132,7 +132,7 @@ Status Group::poll_until(const std::function<int()>& waiting_for, Deadline deadl
   // every kCheckEvery spins. After kSpinsBeforeYield spins each check also yields: with ranks
   // as threads there can be more spinners than cores.
   constexpr int kCheckEvery = 64;
-  constexpr int kSpinsBeforeYield = 1 << 14;
+  constexpr int kSpinsBeforeYield = 1 << 11;
   Worker& w = *link_->worker;
   for (int spins = 1;; ++spins) {
     const int lagging = waiting_for();

@@ -39,6 +39,22 @@ struct LossScaler {
   }
 };
 
+// Exponential moving average with bias correction (as Adam corrects its moments), so the
+// first steps are not dragged towards the starting value.
+class Ema {
+ public:
+  explicit Ema(double decay) : decay_(decay) {}
+  double add(double x) {
+    sum_ = decay_ * sum_ + (1 - decay_) * x;
+    weight_ = decay_ * weight_ + (1 - decay_);
+    return value();
+  }
+  double value() const { return weight_ > 0 ? sum_ / weight_ : NAN; }
+
+ private:
+  double decay_, sum_ = 0, weight_ = 0;
+};
+
 double unigram_entropy(const std::vector<int64_t>& stream) {
   std::vector<double> counts(kByteVocab, 0.0);
   for (int64_t t : stream) counts[size_t(t)] += 1;
@@ -159,7 +175,7 @@ Result<TrainSummary> train(const TrainOptions& o) {
   ProgressBar bar("train", o.steps, "steps");
   const auto start = Clock::now();
   int64_t tokens_done = 0;
-  double loss_ema = NAN;
+  Ema loss_ema(0.95);
   const int64_t last = o.stop_after > 0 ? std::min(o.stop_after, o.steps) : o.steps;
   const bool f16 = o.precision == model::Precision::kF16;
   while (step < last) {
@@ -188,7 +204,7 @@ Result<TrainSummary> train(const TrainOptions& o) {
     ++step;
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     const double loss = total.loss();
-    loss_ema = std::isnan(loss_ema) ? loss : 0.95 * loss_ema + 0.05 * loss;
+    loss_ema.add(loss);
     xs.push_back(double(step));
     losses.push_back(loss);
     nlohmann::json m = {{"step", step}, {"loss", loss}, {"ce", total.ce}, {"aux", total.aux},
@@ -210,7 +226,7 @@ Result<TrainSummary> train(const TrainOptions& o) {
       WL_RETURN_IF_ERROR(save(o.out_dir + "/checkpoint-" + std::to_string(step)));
     if (!o.quiet) {
       char status[96];
-      std::snprintf(status, sizeof status, "loss %.3f%s", loss_ema,
+      std::snprintf(status, sizeof status, "loss %.3f%s", loss_ema.value(),
                     val_y.empty() ? "" : ("  val " + std::to_string(val_y.back()).substr(0, 5)).c_str());
       bar.update(step, double(tokens_done) / elapsed, "tok/s", status);
     }
@@ -228,8 +244,8 @@ Result<TrainSummary> train(const TrainOptions& o) {
   if (!o.out_weights.empty()) WL_RETURN_IF_ERROR(model.save(o.out_weights));
   std::vector<Series> series{{"train loss", "#9ecae1", xs, losses}};
   std::vector<double> ema;
-  double e = NAN;
-  for (double l : losses) ema.push_back(e = std::isnan(e) ? l : 0.95 * e + 0.05 * l);
+  Ema smooth(0.95);
+  for (double l : losses) ema.push_back(smooth.add(l));
   series.push_back({"train loss (EMA)", "#08519c", xs, ema});
   if (!val_y.empty()) series.push_back({"validation loss", "#d94801", val_x, val_y});
   if (std::isfinite(summary.unigram_entropy) && !xs.empty()) {

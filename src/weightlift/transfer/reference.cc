@@ -93,9 +93,9 @@ std::map<std::string, ReferenceTensor> reference_receiver_tensors(
   const int64_t tp = o.tp, r = o.tp_rank, d = c.hidden_size, dh = c.head_dim;
   WL_CHECK(c.num_heads % tp == 0 && c.ffn_dim % tp == 0) << "tp " << tp;
   std::map<std::string, ReferenceTensor> out;
+  const model::ParamLayout layout(c);
   auto put_plain = [&](const std::string& name) {
     Matrix m = src.whole(name);
-    const model::ParamLayout layout(c);
     out[name] = to_bf16(m, layout.at(name).shape);
   };
   auto put_matrix = [&](const std::string& name, const Matrix& m) {

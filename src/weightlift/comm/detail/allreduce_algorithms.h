@@ -18,5 +18,7 @@ struct AllreduceArgs {
 
 Status allreduce_ring(Group& group, const AllreduceArgs& args, Deadline deadline);
 Status allreduce_recursive_doubling(Group& group, const AllreduceArgs& args, Deadline deadline);
+class ShmArena;
+Status allreduce_shm(Group& group, ShmArena& arena, const AllreduceArgs& args, Deadline deadline);
 
 }  // namespace wl::comm::detail

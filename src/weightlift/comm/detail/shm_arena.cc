@@ -29,7 +29,7 @@ Result<std::unique_ptr<ShmArena>> ShmArena::create(Group& g, Deadline deadline) 
   std::vector<int64_t> all(2 * size_t(P));
   WL_RETURN_IF_ERROR(allgather(g, {.send = mine.data(), .recv = all.data(), .count = 2,
                                    .dtype = DType::kI64, .timeout = timeout()}));
-  std::vector<size_t> lengths(size_t(P));
+  std::vector<size_t> lengths(static_cast<size_t>(P));
   for (int q = 0; q < P; ++q) lengths[size_t(q)] = size_t(all[2 * size_t(q) + 1]);
   std::vector<std::byte> keys(std::accumulate(lengths.begin(), lengths.end(), size_t(0)));
   WL_RETURN_IF_ERROR(allgatherv(g, {.send = packed.data(), .recv = keys.data(),
@@ -62,7 +62,7 @@ Result<std::unique_ptr<ShmArena>> ShmArena::create(Group& g, Deadline deadline) 
     at += len;
   }
   // Usable only if every rank mapped every region.
-  std::vector<int64_t> verdicts(size_t(P));
+  std::vector<int64_t> verdicts(static_cast<size_t>(P));
   WL_RETURN_IF_ERROR(allgather(g, {.send = &mapped, .recv = verdicts.data(), .count = 1,
                                    .dtype = DType::kI64, .timeout = timeout()}));
   arena->usable_ = std::all_of(verdicts.begin(), verdicts.end(), [](int64_t v) { return v == 1; });

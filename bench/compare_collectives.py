@@ -1,0 +1,166 @@
+#!/usr/bin/python3
+"""Collectives side by side: weightlift vs OpenMPI vs torch.distributed (gloo), in one run.
+
+For each op it runs the same sweep three times, one implementation after the other:
+  weightlift  `weightlift launch -n N -- comm_bench_collectives --json`   (bench_collectives.h)
+  openmpi     `mpirun --allow-run-as-root --oversubscribe -np N mpi_collectives`
+  gloo        `/usr/bin/python3 bench/gloo_collectives.py --nprocs N`
+then prints busbw per size with the ratios (and time ratios, which matter for small sizes),
+writes an SVG plot of busbw against size per op, and optionally all rows as JSON lines.
+
+    /usr/bin/python3 bench/compare_collectives.py --build build/release --out runs/collectives
+
+A peer that is missing (no mpirun, no torch) is left out with a note.
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+COLORS = {"weightlift": "#d62728", "openmpi": "#1f77b4", "gloo": "#2ca02c"}
+
+
+def rows_from(cmd, env=None):
+    """Runs cmd and returns the JSON objects among its output lines (launcher prefixes ok)."""
+    print("# running: " + " ".join(cmd), file=sys.stderr, flush=True)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=env, timeout=3600)
+    rows = []
+    for line in proc.stdout.splitlines():
+        at = line.find("{")
+        if at < 0:
+            continue
+        try:
+            rows.append(json.loads(line[at:]))
+        except json.JSONDecodeError:
+            pass
+    if proc.returncode != 0:
+        print("# %s exited %d:\n%s" % (cmd[0], proc.returncode, proc.stdout[-3000:]),
+              file=sys.stderr)
+    return rows
+
+
+def human(n):
+    for unit, size in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= size and n % size == 0:
+            return "%d%s" % (n // size, unit)
+    return str(n)
+
+
+def svg_plot(path, op, series, ranks):
+    """busbw (GB/s) against size (log2 axis) for each implementation."""
+    w, h, l, r, t, b = 820, 500, 70, 150, 40, 60
+    pts = [(x, y) for rows in series.values() for x, y in rows]
+    if not pts:
+        return
+    xmin, xmax = math.log2(min(p[0] for p in pts)), math.log2(max(p[0] for p in pts))
+    ymax = max(p[1] for p in pts) * 1.1 or 1.0
+    sx = lambda x: l + (math.log2(x) - xmin) / max(1e-9, xmax - xmin) * (w - l - r)
+    sy = lambda y: h - b - y / ymax * (h - t - b)
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" '
+           'font-family="sans-serif" font-size="12">' % (w, h),
+           '<rect width="100%" height="100%" fill="white"/>',
+           '<text x="%d" y="22" font-size="15">%s busbw, %d ranks (higher is better)</text>'
+           % (l, op, ranks)]
+    for i in range(6):
+        y = ymax * i / 5
+        out.append('<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#ddd"/>'
+                   % (l, w - r, sy(y), sy(y)))
+        out.append('<text x="%d" y="%.1f" text-anchor="end">%.2f</text>' % (l - 6, sy(y) + 4, y))
+    e = int(xmin)
+    while e <= xmax:
+        if e % 2 == 0 or xmax - xmin < 12:
+            x = sx(2 ** e)
+            out.append('<line x1="%.1f" x2="%.1f" y1="%d" y2="%d" stroke="#eee"/>' % (x, x, t, h - b))
+            out.append('<text x="%.1f" y="%d" text-anchor="middle">%s</text>'
+                       % (x, h - b + 16, human(2 ** e)))
+        e += 1
+    out.append('<text x="%d" y="%d" text-anchor="middle">size (bytes)</text>' % ((l + w - r) // 2, h - 15))
+    out.append('<text x="16" y="%d" transform="rotate(-90 16 %d)" text-anchor="middle">busbw (GB/s)</text>'
+               % ((t + h - b) // 2, (t + h - b) // 2))
+    for k, (impl, rows) in enumerate(series.items()):
+        if not rows:
+            continue
+        c = COLORS.get(impl, "#555")
+        d = " ".join("%s%.1f,%.1f" % ("M" if i == 0 else "L", sx(x), sy(y))
+                     for i, (x, y) in enumerate(rows))
+        out.append('<path d="%s" fill="none" stroke="%s" stroke-width="2"/>' % (d, c))
+        for x, y in rows:
+            out.append('<circle cx="%.1f" cy="%.1f" r="2.5" fill="%s"/>' % (sx(x), sy(y), c))
+        out.append('<line x1="%d" x2="%d" y1="%d" y2="%d" stroke="%s" stroke-width="2"/>'
+                   % (w - r + 12, w - r + 36, t + 20 * k + 10, t + 20 * k + 10, c))
+        out.append('<text x="%d" y="%d">%s</text>' % (w - r + 42, t + 20 * k + 14, impl))
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--build", default="build/release", help="CMake build directory")
+    ap.add_argument("--nprocs", type=int, default=2)
+    ap.add_argument("--ops", default="allreduce,allgather,reduce_scatter,broadcast")
+    ap.add_argument("--min-bytes", default="8")
+    ap.add_argument("--max-bytes", default="256M")
+    ap.add_argument("--factor", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=0)
+    ap.add_argument("--out", default="runs/collectives", help="prefix of the SVG and JSON files")
+    ap.add_argument("--skip", default="", help="comma-separated peers to leave out: openmpi,gloo")
+    args = ap.parse_args()
+
+    sweep = ["--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes,
+             "--factor", str(args.factor), "--iters", str(args.iters)]
+    wl = os.path.join(args.build, "apps", "weightlift")
+    ours = os.path.join(args.build, "bench", "comm_bench_collectives")
+    mpi = os.path.join(args.build, "bench", "mpi_collectives")
+    skip = set(filter(None, args.skip.split(",")))
+    if not (os.path.exists(mpi) and shutil.which("mpirun")):
+        print("# OpenMPI peer not available (no mpi_collectives or mpirun); left out", file=sys.stderr)
+        skip.add("openmpi")
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    all_rows = []
+    for op in args.ops.split(","):
+        rows = rows_from([wl, "launch", "-n", str(args.nprocs), "--", ours, "--json", "--ops", op] + sweep)
+        if "openmpi" not in skip:
+            rows += rows_from(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np",
+                               str(args.nprocs), mpi, "--ops", op] + sweep)
+        if "gloo" not in skip:
+            rows += rows_from(["/usr/bin/python3", os.path.join(HERE, "gloo_collectives.py"),
+                               "--nprocs", str(args.nprocs), "--ops", op] + sweep)
+        all_rows += rows
+        by = {}
+        for row in rows:
+            by.setdefault(row["impl"], {})[row["bytes"]] = row
+        sizes = sorted(by.get("weightlift", {}))
+        print("\n## %s, %d ranks, f32: busbw GB/s (time us), ratio = weightlift / peer" % (op, args.nprocs))
+        print("%10s %20s %20s %20s %9s %9s %7s %7s %7s" % ("size", "weightlift", "openmpi", "gloo",
+              "x mpi", "x gloo", "t/mpi", "t/gloo", "bound"))
+        for n in sizes:
+            us = by["weightlift"][n]
+            cells, ratios, tratios = [], [], []
+            for impl in ("weightlift", "openmpi", "gloo"):
+                row = by.get(impl, {}).get(n)
+                cells.append("%8.3f (%9.1f)" % (row["busbw_gbps"], row["time_us"]) if row else "-")
+                if impl != "weightlift":
+                    ratios.append("%9.2f" % (us["busbw_gbps"] / row["busbw_gbps"])
+                                  if row and row["busbw_gbps"] > 0 else "%9s" % "-")
+                    tratios.append("%7.2f" % (us["time_us"] / row["time_us"]) if row else "%7s" % "-")
+            bound = "%6.0f%%" % (100 * us.get("bound_fraction", 0))
+            print("%10s %20s %20s %20s %s %s %s" % (human(n), cells[0], cells[1], cells[2],
+                  " ".join(ratios), " ".join(tratios), bound))
+        series = {impl: sorted((n, r["busbw_gbps"]) for n, r in by.get(impl, {}).items())
+                  for impl in ("weightlift", "openmpi", "gloo")}
+        svg_plot("%s_%s.svg" % (args.out, op), op, series, args.nprocs)
+        print("# plot: %s_%s.svg" % (args.out, op))
+    with open(args.out + ".jsonl", "w") as f:
+        for row in all_rows:
+            f.write(json.dumps(row) + "\n")
+    print("# rows: %s.jsonl" % args.out)
+
+
+if __name__ == "__main__":
+    main()

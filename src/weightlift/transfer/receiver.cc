@@ -1,0 +1,137 @@
+// Receiver: slot layout, registration, and the reader/writer handshake of receiver.h.
+#include "weightlift/transfer/receiver.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <random>
+
+namespace wl::transfer {
+namespace {
+constexpr size_t kAlign = 64;
+
+uint64_t new_epoch() {
+  // Unique per creation within a process (the counter) and across restarts (the random bits).
+  static std::atomic<uint64_t> counter{0};
+  std::random_device rd;
+  const uint64_t r = (uint64_t(rd()) << 32) ^ rd();
+  return (r << 16) ^ (counter.fetch_add(1) + 1);
+}
+}  // namespace
+
+std::vector<ReceiverTensorSpec> tensor_specs(const std::vector<ReceiverTensor>& layout) {
+  std::vector<ReceiverTensorSpec> out;
+  for (const ReceiverTensor& t : layout) out.push_back({t.name, t.dtype, t.shape});
+  return out;
+}
+
+std::vector<ReceiverEntry> pack_receiver_tensors(const std::vector<ReceiverTensorSpec>& specs,
+                                                 size_t* slot_bytes) {
+  std::vector<ReceiverEntry> out;
+  size_t at = 0;
+  for (const ReceiverTensorSpec& s : specs) {
+    const size_t bytes = size_t(shape_numel(s.shape)) * dtype_size(s.dtype);
+    out.push_back({s, at, bytes});
+    at += (bytes + kAlign - 1) / kAlign * kAlign;
+  }
+  *slot_bytes = std::max(at, kAlign);
+  return out;
+}
+
+Result<std::unique_ptr<Receiver>> Receiver::create(comm::Worker& worker, ReceiverOptions options) {
+  std::unique_ptr<Receiver> r(new Receiver());
+  r->options_ = std::move(options);
+  r->entries_ = pack_receiver_tensors(r->options_.tensors, &r->slot_bytes_);
+  for (size_t i = 0; i < r->entries_.size(); ++i) {
+    if (!r->index_.emplace(r->entries_[i].spec.name, i).second) {
+      return invalid_argument("receiver: tensor '" + r->entries_[i].spec.name + "' listed twice");
+    }
+  }
+  r->memory_ = static_cast<std::byte*>(std::aligned_alloc(kAlign, 2 * r->slot_bytes_));
+  if (r->memory_ == nullptr) {
+    return resource_exhausted("receiver: allocating " + std::to_string(2 * r->slot_bytes_) +
+                              " bytes of weight slots");
+  }
+  std::memset(r->memory_, 0, 2 * r->slot_bytes_);
+  WL_ASSIGN_OR_RETURN(comm::MemoryRegion region,
+                      worker.register_memory(r->memory_, 2 * r->slot_bytes_));
+  r->region_ = std::make_unique<comm::MemoryRegion>(std::move(region));
+  r->worker_address_ = worker.address();
+  r->epoch_ = new_epoch();
+  return r;
+}
+
+Receiver::~Receiver() {
+  region_.reset();  // unregister before the memory goes
+  std::free(memory_);
+}
+
+const ReceiverEntry* Receiver::find(std::string_view name) const {
+  auto it = index_.find(std::string(name));
+  return it == index_.end() ? nullptr : &entries_[it->second];
+}
+
+uint64_t Receiver::slot_address(int slot) const {
+  WL_CHECK(slot == 0 || slot == 1) << slot;
+  return region_->address() + uint64_t(slot) * slot_bytes_;
+}
+
+const std::vector<std::byte>& Receiver::packed_rkey() const { return region_->packed_rkey(); }
+
+std::span<std::byte> Receiver::slot(int slot) const {
+  WL_CHECK(slot == 0 || slot == 1) << slot;
+  return {memory_ + size_t(slot) * slot_bytes_, slot_bytes_};
+}
+
+Receiver::ReadGuard Receiver::acquire() const {
+  std::lock_guard lock(mu_);
+  ++readers_[active_];
+  return ReadGuard(this, active_, version_);
+}
+
+void Receiver::release(int slot) const {
+  {
+    std::lock_guard lock(mu_);
+    --readers_[slot];
+  }
+  released_.notify_all();
+}
+
+uint64_t Receiver::version() const {
+  std::lock_guard lock(mu_);
+  return version_;
+}
+
+Status Receiver::begin_write(int slot, comm::Deadline deadline) {
+  std::unique_lock lock(mu_);
+  WL_CHECK_NE(slot, active_) << "writing the slot readers use";
+  if (!released_.wait_until(lock, deadline, [&] { return readers_[slot] == 0; })) {
+    return deadline_exceeded("receiver: " + std::to_string(readers_[slot]) +
+                             " reader(s) still hold version " + std::to_string(version_ - 1) +
+                             "'s weights; cannot write the next version into them");
+  }
+  return ok_status();
+}
+
+void Receiver::publish(int slot, uint64_t version) {
+  std::lock_guard lock(mu_);
+  WL_CHECK_EQ(readers_[slot], 0);
+  active_ = slot;
+  version_ = version;
+}
+
+Receiver::ReadGuard::ReadGuard(ReadGuard&& o) noexcept
+    : receiver_(o.receiver_), slot_(o.slot_), version_(o.version_) {
+  o.receiver_ = nullptr;
+}
+
+Receiver::ReadGuard::~ReadGuard() {
+  if (receiver_ != nullptr) receiver_->release(slot_);
+}
+
+Tensor Receiver::ReadGuard::tensor(std::string_view name) const {
+  const ReceiverEntry* e = receiver_->find(name);
+  WL_CHECK(e != nullptr) << "receiver holds no tensor '" << name << "'";
+  return Tensor::borrow(receiver_->slot(slot_).data() + e->offset, e->spec.dtype, e->spec.shape);
+}
+
+}  // namespace wl::transfer

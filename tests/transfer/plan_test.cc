@@ -1,0 +1,211 @@
+// The planner on ranks that exist only on paper: every receiver byte written exactly once,
+// gathers only where a block band crosses shards, senders balanced by bytes, the JSON round
+// trip and its version check, and every bad input refused with the tensor and rank named.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "fixture.h"
+#include "weightlift/transfer/planner.h"
+
+namespace wl::transfer {
+namespace {
+
+using testing::paper_receiver;
+using testing::paper_trainer;
+using testing::preset_or_die;
+
+struct Shape_ {
+  const char* preset;
+  int meshes, mesh_size, tp;
+  WeightFormat format;
+};
+
+std::vector<RankMeta> paper_world(const Shape_& s) {
+  const model::ModelConfig c = preset_or_die(s.preset);
+  std::vector<RankMeta> m;
+  for (int i = 0; i < s.meshes * s.mesh_size; ++i) {
+    m.push_back(paper_trainer(c, i, i / s.mesh_size, i % s.mesh_size, s.mesh_size));
+  }
+  for (int r = 0; r < s.tp; ++r) {
+    m.push_back(paper_receiver(c, int(m.size()), {.tp = s.tp, .tp_rank = r, .format = s.format}));
+  }
+  return m;
+}
+
+// Each receiver's tensor bytes are covered by task ranges exactly once: no gap, no overlap.
+void expect_exact_cover(const Plan& p, std::span<const RankMeta> metas) {
+  for (const RankMeta& m : metas) {
+    if (m.role != Role::kReceiver) continue;
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    for (const PlanTask& t : p.tasks) {
+      if (t.receiver != m.rank) continue;
+      ranges.push_back({t.dst_offset, t.dst_offset + t.bytes});
+      if (t.scale_bytes) ranges.push_back({t.scale_offset, t.scale_offset + t.scale_bytes});
+    }
+    std::vector<std::pair<uint64_t, uint64_t>> want;
+    for (const TensorMeta& t : m.tensors) want.push_back({t.offset, t.offset + t.bytes});
+    std::sort(ranges.begin(), ranges.end());
+    std::sort(want.begin(), want.end());
+    // Merge touching ranges on both sides, then compare.
+    auto merge = [&](const std::vector<std::pair<uint64_t, uint64_t>>& in) {
+      std::vector<std::pair<uint64_t, uint64_t>> out;
+      for (auto r : in) {
+        EXPECT_TRUE(out.empty() || r.first >= out.back().second)
+            << "overlap at byte " << r.first << " of receiver rank " << m.rank;
+        if (!out.empty() && out.back().second == r.first) {
+          out.back().second = r.second;
+        } else {
+          out.push_back(r);
+        }
+      }
+      return out;
+    };
+    const auto merged = merge(ranges);
+    want = merge(want);
+    EXPECT_EQ(merged, want) << "receiver rank " << m.rank;
+  }
+}
+
+TEST(Planner, CoversEveryReceiverByteExactlyOnce) {
+  for (const Shape_& s : {Shape_{"tiny", 1, 1, 1, WeightFormat::kBF16},
+                          Shape_{"tiny", 1, 2, 2, WeightFormat::kBF16},
+                          Shape_{"tiny", 1, 3, 2, WeightFormat::kFP8},
+                          Shape_{"tiny", 2, 2, 4, WeightFormat::kFP8},
+                          Shape_{"small", 1, 2, 2, WeightFormat::kFP8}}) {
+    SCOPED_TRACE(std::string(s.preset) + " meshes " + std::to_string(s.meshes) + "x" +
+                 std::to_string(s.mesh_size) + " tp " + std::to_string(s.tp));
+    const std::vector<RankMeta> metas = paper_world(s);
+    auto plan = make_plan(metas);
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    expect_exact_cover(*plan, metas);
+    // Dense before experts.
+    bool seen_expert = false;
+    for (const PlanTask& t : plan->tasks) {
+      EXPECT_FALSE(seen_expert && !t.expert) << t.tensor;
+      seen_expert = seen_expert || t.expert;
+    }
+  }
+}
+
+TEST(Planner, Bf16SendsEverythingStraightFromShards) {
+  auto plan = make_plan(paper_world({"tiny", 1, 2, 2, WeightFormat::kBF16}));
+  ASSERT_TRUE(plan.ok());
+  EXPECT_TRUE(plan->gathers.empty());
+  for (const PlanTask& t : plan->tasks) EXPECT_EQ(t.gather, -1) << t.tensor;
+}
+
+TEST(Planner, Fp8GathersOnlyBandsThatCrossShards) {
+  // small, one mesh of 2, tp 2: q_proj [256, 256] shards at row 128, and each rank's 128 query
+  // rows are one band inside one shard: direct. The k/v band (64 rows: k rows of one head, v
+  // rows of one head) reads rows of k and v that straddle both shards: gathered, from k and v
+  // only.
+  auto plan = make_plan(paper_world({"small", 1, 2, 2, WeightFormat::kFP8}));
+  ASSERT_TRUE(plan.ok());
+  int direct_q = 0, gathered_kv = 0;
+  for (const PlanTask& t : plan->tasks) {
+    if (t.tensor != "layers.0.attn.qkv_proj.weight") continue;
+    if (t.row_begin == 0) {
+      EXPECT_EQ(t.gather, -1);
+      ++direct_q;
+    } else {
+      ASSERT_GE(t.gather, 0);
+      const PlanGather& g = plan->gathers[size_t(t.gather)];
+      EXPECT_EQ(g.params, (std::vector<std::string>{"layers.0.attn.k_proj.weight",
+                                                    "layers.0.attn.v_proj.weight"}));
+      ++gathered_kv;
+    }
+  }
+  EXPECT_EQ(direct_q, 2);
+  EXPECT_EQ(gathered_kv, 2);
+  // A mesh of one never gathers.
+  auto single = make_plan(paper_world({"small", 1, 1, 2, WeightFormat::kFP8}));
+  ASSERT_TRUE(single.ok());
+  EXPECT_TRUE(single->gathers.empty());
+}
+
+TEST(Planner, ReplicasShareTheBytes) {
+  // Two meshes of one: every byte can come from either; the fewest-bytes rule keeps them
+  // within one task of each other.
+  auto plan = make_plan(paper_world({"small", 2, 1, 2, WeightFormat::kBF16}));
+  ASSERT_TRUE(plan.ok());
+  const std::vector<uint64_t> bytes = plan_bytes_by_rank(*plan);
+  uint64_t largest = 0;
+  for (const PlanTask& t : plan->tasks) largest = std::max(largest, t.total_bytes());
+  EXPECT_GT(bytes[0], 0u);
+  EXPECT_LE(bytes[0] > bytes[1] ? bytes[0] - bytes[1] : bytes[1] - bytes[0], largest);
+  const std::string table = format_plan(*plan);
+  EXPECT_NE(table.find("2 trainers (2 mesh(es) of 1)"), std::string::npos) << table;
+}
+
+TEST(Planner, JsonRoundTripsAndRefusesOtherVersions) {
+  auto plan = make_plan(paper_world({"tiny", 2, 2, 2, WeightFormat::kFP8}));
+  ASSERT_TRUE(plan.ok());
+  const std::string json = plan_to_json(*plan);
+  auto back = plan_from_json(json, "test");
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(plan_to_json(*back), json);
+
+  std::string v2 = json;
+  const size_t at = v2.find("\"version\": 1");
+  ASSERT_NE(at, std::string::npos);
+  v2.replace(at, 12, "\"version\": 2");
+  auto old = plan_from_json(v2, "plan.json");
+  ASSERT_FALSE(old.ok());
+  EXPECT_EQ(old.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(old.status().message().find("plan.json: transfer plan version 2, this build reads version 1"),
+            std::string::npos) << old.status().message();
+  EXPECT_EQ(plan_from_json("{\"format\": \"x\"}", "p").status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(plan_from_json("not json", "p").status().code(), StatusCode::kDataLoss);
+}
+
+void expect_refused(std::span<const RankMeta> metas, StatusCode code,
+                    std::initializer_list<std::string> words) {
+  auto plan = make_plan(metas);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), code) << plan.status().to_string();
+  for (const std::string& w : words) {
+    EXPECT_NE(plan.status().message().find(w), std::string::npos)
+        << "'" << w << "' not in: " << plan.status().message();
+  }
+}
+
+TEST(Planner, RefusesBadInputNamingTensorAndRank) {
+  const model::ModelConfig c = preset_or_die("tiny");
+  std::vector<RankMeta> base = paper_world({"tiny", 1, 2, 2, WeightFormat::kFP8});  // 0,1 | 2,3
+
+  auto unknown = base;
+  unknown[3].tensors[5].name = "layers.0.attn.qkvz_proj.weight";
+  expect_refused(unknown, StatusCode::kNotFound,
+                 {"receiver rank 3", "'layers.0.attn.qkvz_proj.weight'", "no trainer parameter"});
+
+  model::ModelConfig wide = c;
+  wide.ffn_dim = 256;
+  auto shape = base;
+  shape[2] = paper_receiver(wide, 2, {.tp = 2, .tp_rank = 0, .format = WeightFormat::kFP8});
+  expect_refused(shape, StatusCode::kInvalidArgument,
+                 {"receiver rank 2", "'layers.0.moe.experts.0.gate_up_proj.weight'", "[256, 64]",
+                  "[128, 64]"});
+
+  auto tp3 = base;
+  tp3[3].tp = 3;
+  expect_refused(tp3, StatusCode::kInvalidArgument,
+                 {"receiver rank 3", "tp 3 does not divide num_heads 4"});
+
+  auto missing = base;
+  missing[1].params.erase(missing[1].params.begin() + 3);
+  expect_refused(missing, StatusCode::kNotFound,
+                 {"trainer rank 1", "'layers.0.attn.k_proj.weight'"});
+
+  auto wrong_rows = base;
+  wrong_rows[0].params[0].row_end += 1;
+  expect_refused(wrong_rows, StatusCode::kInvalidArgument, {"trainer rank 0", "'embed.weight'"});
+
+  auto dtype = base;
+  dtype[2].tensors[2].dtype = DType::kBF16;  // layers.0.attn.qkv_proj.weight: e4m3 in fp8
+  expect_refused(dtype, StatusCode::kInvalidArgument,
+                 {"receiver rank 2", dtype[2].tensors[2].name, "F8_E4M3"});
+}
+
+}  // namespace
+}  // namespace wl::transfer
