@@ -70,7 +70,9 @@ std::string format_model_info(const std::string& name, const ModelInfo& m) {
                 long(m.embedding_params), human_count(double(m.embedding_params)).c_str());
   os << line;
   const double n = double(m.total_params);
-  os << "  memory                    weights      gradients   AdamW m+v (f32)   total\n";
+  std::snprintf(line, sizeof line, "  memory\n    %-36s %10s %12s %12s %12s\n", "", "weights",
+                "gradients", "AdamW m+v", "total");
+  os << line;
   struct Row { const char* name; double wb, gb; } rows[] = {
       {"f32 (master)", 4, 4}, {"bf16 mixed (f32 master + bf16 copy)", 6, 4}, {"bf16 inference", 2, 0},
       {"fp8 e4m3 inference", 1.0 + 4.0 / (128.0 * 128.0), 0}};
