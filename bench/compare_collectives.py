@@ -2,7 +2,7 @@
 """Collectives side by side: weightlift vs OpenMPI vs torch.distributed (gloo), in one run.
 
 For each op it runs the same sweep three times, one implementation after the other:
-  weightlift  `weightlift launch -n N -- comm_bench_collectives --json`   (bench_collectives.h)
+  weightlift  `weightlift launch -n N -- weightlift bench collectives --json`   (bench_collectives.h)
   openmpi     `mpirun --allow-run-as-root --oversubscribe -np N mpi_collectives`
   gloo        `/usr/bin/python3 bench/gloo_collectives.py --nprocs N`
 then prints busbw per size with the ratios (and time ratios, which matter for small sizes),
@@ -115,7 +115,7 @@ def main():
     sweep = ["--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes,
              "--factor", str(args.factor), "--iters", str(args.iters)]
     wl = os.path.join(args.build, "apps", "weightlift")
-    ours = os.path.join(args.build, "bench", "comm_bench_collectives")
+    ours = [wl, "bench", "collectives"]
     mpi = os.path.join(args.build, "bench", "mpi_collectives")
     skip = set(filter(None, args.skip.split(",")))
     if not (os.path.exists(mpi) and shutil.which("mpirun")):
@@ -124,7 +124,7 @@ def main():
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     all_rows = []
     for op in args.ops.split(","):
-        rows = rows_from([wl, "launch", "-n", str(args.nprocs), "--", ours, "--json", "--ops", op] + sweep)
+        rows = rows_from([wl, "launch", "-n", str(args.nprocs), "--"] + ours + ["--json", "--ops", op] + sweep)
         if "openmpi" not in skip:
             rows += rows_from(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np",
                                str(args.nprocs), mpi, "--ops", op] + sweep)

@@ -3,7 +3,7 @@
 
 Runs the same sweep as wl::comm::bench_collectives through gloo and prints the same JSON rows
 (impl "gloo"): f32 sum, `size` as nccl-tests counts it, warmup untimed, each call timed on its
-own and its time the slowest rank's, 20..1000 iterations (about 1 GiB of data per size) unless
+own and its time the slowest rank's, rank r pinned to core r % cores, 20..1000 iterations (about 1 GiB of data per size) unless
 --iters is given, busbw with nccl-tests' factors. gloo's allreduce and broadcast work in place;
 its all_gather writes a list of tensors (views into one output here). torch 1.13's gloo has no
 reduce_scatter, so that op is skipped with a note on stderr.
@@ -49,6 +49,8 @@ def run(rank, world, args):
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    # Rank r on core r % cores, as mpirun and `weightlift bench collectives` bind their ranks.
+    os.sched_setaffinity(0, {rank % os.cpu_count()})
     dist.init_process_group("gloo", rank=rank, world_size=world)
     p = world
     for op in args.ops.split(","):

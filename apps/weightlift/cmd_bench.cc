@@ -8,6 +8,8 @@ namespace wl::app {
 void register_bench(CLI::App& app, Outcome& out) {
   auto* bench = app.add_subcommand("bench", "benchmarks (not tests): times and same-run ratios");
   bench->require_subcommand(1);
+  register_bench_collectives(*bench, out);
+  register_bench_transfer(*bench, out);
   auto* cmd = bench->add_subcommand("train", "time a training step");
   auto o = std::make_shared<train::BenchTrainOptions>();
   auto dtype = std::make_shared<std::string>("f32");

@@ -24,7 +24,6 @@ Status run_generate(const GenerateArgs& a) {
   std::vector<std::vector<int64_t>> prompts;
   for (const std::string& p : a.prompts) prompts.push_back(train::encode(p));
   model::GenerateOptions opts = a.gen;
-  opts.stop_token = train::kEosToken;
   WL_ASSIGN_OR_RETURN(model::Generation g, model::generate(m, prompts, opts));
   for (size_t r = 0; r < prompts.size(); ++r) {
     std::printf("--- prompt %zu ---\n%s%s\n", r, a.prompts[r].c_str(),

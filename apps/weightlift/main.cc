@@ -28,6 +28,8 @@ int main(int argc, char** argv) {
   wl::app::register_model_info(app, out);
   wl::app::register_bench(app, out);
   wl::app::register_launch(app, out);
+  wl::app::register_topo(app, out);
+  wl::app::register_transfer(app, out);
   CLI11_PARSE(app, argc, argv);
   return out.exit_code;
 }

@@ -72,6 +72,18 @@ TEST_P(AllreduceTest, LargeBuffersWithDefaultSegments) {
   });
 }
 
+TEST_P(AllreduceTest, OutputsPastTheStreamingThreshold) {
+  // 8 MiB and more are written with non-temporal stores on the shared-memory path
+  // (allreduce_shm.cc): the unaligned head and tail and the fence must still leave every
+  // element right, in place and out of place.
+  const int P = GetParam();
+  testing::run_world(P, [&](Group& g) {
+    const size_t count = (size_t(2) << 20) + 3;
+    check_allreduce(g, DType::kF32, ReduceOp::kSum, count, false, AllreduceAlgorithm::kAuto, 0);
+    check_allreduce(g, DType::kI32, ReduceOp::kMax, count, true, AllreduceAlgorithm::kAuto, 0);
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, AllreduceTest, ::testing::Values(1, 2, 3, 4));
 
 TEST(AllreduceChoice, SmallBuffersTakeRecursiveDoublingLargeOnesTheRing) {

@@ -1,10 +1,11 @@
-// Shared by the transfer tests: random trainer weights with varied magnitudes, metadata for
-// ranks that exist only on paper (planner tests), and a world of thread-ranks split into
-// trainer meshes and receivers (update tests).
+// Shared by the transfer tests: random trainer weights with varied magnitudes, paper ranks
+// for layouts known to be valid (planner tests; the builders are paper_metadata.h), and a
+// world of thread-ranks split into trainer meshes and receivers (update tests).
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -16,6 +17,9 @@
 #include "weightlift/core/random.h"
 #include "weightlift/model/params.h"
 #include "weightlift/transfer/metadata.h"
+#include "weightlift/transfer/paper_metadata.h"
+#include "weightlift/transfer/reference.h"
+#include "weightlift/transfer/trainer_weights.h"
 
 namespace wl::transfer::testing {
 
@@ -49,44 +53,12 @@ inline std::vector<float> as_held(std::vector<float> w, DType dtype) {
   return w;
 }
 
-inline RankMeta paper_trainer(const model::ModelConfig& c, int rank, int mesh_id, int mesh_rank,
-                              int mesh_size, DType dtype = DType::kF32) {
-  RankMeta m{.rank = rank, .role = Role::kTrainer};
-  m.config_json = model::config_to_json(c);
-  m.mesh_id = mesh_id;
-  m.mesh_rank = mesh_rank;
-  m.mesh_size = mesh_size;
-  const model::ParamLayout layout(c);
-  for (const model::ParamInfo& p : layout.params()) {
-    const ShardRows r = shard_rows(p.shape[0], mesh_size, mesh_rank);
-    m.params.push_back({p.name, p.shape, dtype, r.begin, r.end, false});
-  }
-  return m;
-}
-
-inline RankMeta paper_receiver(int rank, const std::vector<ReceiverTensorSpec>& specs,
-                               const LayoutOptions& o) {
-  RankMeta m{.rank = rank, .role = Role::kReceiver};
-  m.tp = o.tp;
-  m.tp_rank = o.tp_rank;
-  m.format = o.format;
-  m.epoch = 1000 + uint64_t(rank);
-  m.worker_address = {std::byte{1}, std::byte{2}};
-  m.rkey = {std::byte{3}};
-  size_t slot_bytes = 0;
-  for (const ReceiverEntry& e : pack_receiver_tensors(specs, &slot_bytes)) {
-    m.tensors.push_back({e.spec.name, e.spec.dtype, e.spec.shape, e.offset, e.bytes});
-  }
-  m.slot_bytes = slot_bytes;
-  m.slot_address[0] = 1 << 20;
-  m.slot_address[1] = (1 << 20) + slot_bytes;
-  return m;
-}
-
-inline RankMeta paper_receiver(const model::ModelConfig& c, int rank, const LayoutOptions& o) {
-  auto lay = inference_layout(c, o);
-  WL_CHECK(lay.ok()) << lay.status().to_string();
-  return paper_receiver(rank, tensor_specs(*lay), o);
+// The library's paper_receiver (paper_metadata.h) for a layout the test knows is valid.
+inline RankMeta paper_receiver_or_die(const model::ModelConfig& c, int rank,
+                                      const LayoutOptions& o) {
+  auto m = paper_receiver(c, rank, o);
+  WL_CHECK(m.ok()) << m.status().to_string();
+  return *std::move(m);
 }
 
 // A world of `size` thread-ranks, each with its own UCX worker; fn(rank, world) on each, then
@@ -105,6 +77,89 @@ inline void run_world(int size, const std::function<void(int, std::shared_ptr<co
     });
   }
   for (auto& t : threads) t.join();
+}
+
+// ---- update tests: a world of trainers and receivers ---------------------------------------
+
+struct Case {
+  const char* preset = "tiny";
+  int meshes = 1, mesh_size = 1;  // trainers: meshes * mesh_size, world ranks first
+  int tp = 1, instances = 1;      // receivers: instances * tp, world ranks after the trainers
+  WeightFormat format = WeightFormat::kBF16;
+  DType shard_dtype = DType::kF32;
+  bool offload = false;
+  std::string name() const {
+    return std::string(preset) + " " + std::to_string(meshes) + "x" + std::to_string(mesh_size) +
+           " trainers, " + std::to_string(instances) + "x tp" + std::to_string(tp) + " " +
+           std::string(weight_format_name(format)) + ", shards " +
+           std::string(dtype_name(shard_dtype)) + (offload ? " offloaded" : "");
+  }
+  int trainers() const { return meshes * mesh_size; }
+  int size() const { return trainers() + instances * tp; }
+};
+
+// One rank's role in a Case: its mesh (trainers) or its receiver, ready to plan.
+struct Rank {
+  std::shared_ptr<comm::Group> world;
+  std::unique_ptr<TrainerWeights> weights;
+  std::unique_ptr<Receiver> receiver;
+  LayoutOptions layout;
+  RankMeta meta;
+};
+
+inline Rank join(const Case& k, int rank, std::shared_ptr<comm::Group> world,
+          std::span<const float> weights) {
+  Rank r;
+  r.world = world;
+  const model::ModelConfig c = preset_or_die(k.preset);
+  const bool trainer = rank < k.trainers();
+  auto mesh = world->split({.color = trainer ? rank / k.mesh_size : comm::kNoColor, .key = rank});
+  WL_CHECK(mesh.ok()) << mesh.status().to_string();
+  if (trainer) {
+    r.weights = std::make_unique<TrainerWeights>(TrainerWeights::from_full(
+        c, weights, *mesh,
+        {.dtype = k.shard_dtype, .offload = k.offload, .mesh_id = rank / k.mesh_size}));
+    r.meta = describe_trainer(rank, *r.weights);
+  } else {
+    const int i = rank - k.trainers();
+    r.layout = {.tp = k.tp, .tp_rank = i % k.tp, .format = k.format};
+    auto lay = inference_layout(c, r.layout);
+    WL_CHECK(lay.ok()) << lay.status().to_string();
+    auto rc = Receiver::create(world->worker(), {.tensors = tensor_specs(*lay),
+                                                 .instance = i / k.tp, .tp = k.tp,
+                                                 .tp_rank = i % k.tp, .format = k.format});
+    WL_CHECK(rc.ok()) << rc.status().to_string();
+    r.receiver = std::move(*rc);
+    r.meta = describe_receiver(rank, *r.receiver);
+  }
+  return r;
+}
+
+// Every tensor the receiver holds equals the reference, byte for byte.
+inline void expect_matches_reference(const Receiver& receiver, const model::ModelConfig& c,
+                              const LayoutOptions& layout, std::span<const float> held,
+                              uint64_t version) {
+  const auto ref = reference_receiver_tensors(c, layout, held);
+  Receiver::ReadGuard g = receiver.acquire();
+  EXPECT_EQ(g.version(), version);
+  ASSERT_EQ(receiver.entries().size(), ref.size());
+  for (const ReceiverEntry& e : receiver.entries()) {
+    const ReferenceTensor& want = ref.at(e.spec.name);
+    const Tensor got = g.tensor(e.spec.name);
+    ASSERT_EQ(got.nbytes(), want.bytes.size()) << e.spec.name;
+    const auto* p = static_cast<const std::byte*>(got.raw());
+    const auto diff = std::mismatch(p, p + want.bytes.size(), want.bytes.begin());
+    EXPECT_EQ(diff.first, p + want.bytes.size())
+        << e.spec.name << " (tp rank " << layout.tp_rank << "): first differing byte "
+        << (diff.first - p) << " of " << want.bytes.size();
+  }
+}
+
+inline bool slot_is_zero(const Receiver& r, int slot) {
+  for (std::byte b : r.slot(slot)) {
+    if (b != std::byte{0}) return false;
+  }
+  return true;
 }
 
 }  // namespace wl::transfer::testing

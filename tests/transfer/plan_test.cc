@@ -11,8 +11,7 @@
 namespace wl::transfer {
 namespace {
 
-using testing::paper_receiver;
-using testing::paper_trainer;
+using testing::paper_receiver_or_die;
 using testing::preset_or_die;
 
 struct Shape_ {
@@ -28,7 +27,8 @@ std::vector<RankMeta> paper_world(const Shape_& s) {
     m.push_back(paper_trainer(c, i, i / s.mesh_size, i % s.mesh_size, s.mesh_size));
   }
   for (int r = 0; r < s.tp; ++r) {
-    m.push_back(paper_receiver(c, int(m.size()), {.tp = s.tp, .tp_rank = r, .format = s.format}));
+    m.push_back(
+        paper_receiver_or_die(c, int(m.size()), {.tp = s.tp, .tp_rank = r, .format = s.format}));
   }
   return m;
 }
@@ -182,7 +182,7 @@ TEST(Planner, RefusesBadInputNamingTensorAndRank) {
   model::ModelConfig wide = c;
   wide.ffn_dim = 256;
   auto shape = base;
-  shape[2] = paper_receiver(wide, 2, {.tp = 2, .tp_rank = 0, .format = WeightFormat::kFP8});
+  shape[2] = paper_receiver_or_die(wide, 2, {.tp = 2, .tp_rank = 0, .format = WeightFormat::kFP8});
   expect_refused(shape, StatusCode::kInvalidArgument,
                  {"receiver rank 2", "'layers.0.moe.experts.0.gate_up_proj.weight'", "[256, 64]",
                   "[128, 64]"});

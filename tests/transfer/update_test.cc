@@ -17,90 +17,14 @@ namespace wl::transfer {
 namespace {
 
 using testing::as_held;
+using testing::Case;
+using testing::expect_matches_reference;
+using testing::join;
 using testing::preset_or_die;
 using testing::random_weights;
+using testing::Rank;
 using testing::run_world;
-
-struct Case {
-  const char* preset = "tiny";
-  int meshes = 1, mesh_size = 1;  // trainers: meshes * mesh_size, world ranks first
-  int tp = 1, instances = 1;      // receivers: instances * tp, world ranks after the trainers
-  WeightFormat format = WeightFormat::kBF16;
-  DType shard_dtype = DType::kF32;
-  bool offload = false;
-  std::string name() const {
-    return std::string(preset) + " " + std::to_string(meshes) + "x" + std::to_string(mesh_size) +
-           " trainers, " + std::to_string(instances) + "x tp" + std::to_string(tp) + " " +
-           std::string(weight_format_name(format)) + ", shards " +
-           std::string(dtype_name(shard_dtype)) + (offload ? " offloaded" : "");
-  }
-  int trainers() const { return meshes * mesh_size; }
-  int size() const { return trainers() + instances * tp; }
-};
-
-// One rank's role in a Case: its mesh (trainers) or its receiver, ready to plan.
-struct Rank {
-  std::shared_ptr<comm::Group> world;
-  std::unique_ptr<TrainerWeights> weights;
-  std::unique_ptr<Receiver> receiver;
-  LayoutOptions layout;
-  RankMeta meta;
-};
-
-Rank join(const Case& k, int rank, std::shared_ptr<comm::Group> world,
-          std::span<const float> weights) {
-  Rank r;
-  r.world = world;
-  const model::ModelConfig c = preset_or_die(k.preset);
-  const bool trainer = rank < k.trainers();
-  auto mesh = world->split({.color = trainer ? rank / k.mesh_size : comm::kNoColor, .key = rank});
-  WL_CHECK(mesh.ok()) << mesh.status().to_string();
-  if (trainer) {
-    r.weights = std::make_unique<TrainerWeights>(TrainerWeights::from_full(
-        c, weights, *mesh,
-        {.dtype = k.shard_dtype, .offload = k.offload, .mesh_id = rank / k.mesh_size}));
-    r.meta = describe_trainer(rank, *r.weights);
-  } else {
-    const int i = rank - k.trainers();
-    r.layout = {.tp = k.tp, .tp_rank = i % k.tp, .format = k.format};
-    auto lay = inference_layout(c, r.layout);
-    WL_CHECK(lay.ok()) << lay.status().to_string();
-    auto rc = Receiver::create(world->worker(), {.tensors = tensor_specs(*lay),
-                                                 .instance = i / k.tp, .tp = k.tp,
-                                                 .tp_rank = i % k.tp, .format = k.format});
-    WL_CHECK(rc.ok()) << rc.status().to_string();
-    r.receiver = std::move(*rc);
-    r.meta = describe_receiver(rank, *r.receiver);
-  }
-  return r;
-}
-
-// Every tensor the receiver holds equals the reference, byte for byte.
-void expect_matches_reference(const Receiver& receiver, const model::ModelConfig& c,
-                              const LayoutOptions& layout, std::span<const float> held,
-                              uint64_t version) {
-  const auto ref = reference_receiver_tensors(c, layout, held);
-  Receiver::ReadGuard g = receiver.acquire();
-  EXPECT_EQ(g.version(), version);
-  ASSERT_EQ(receiver.entries().size(), ref.size());
-  for (const ReceiverEntry& e : receiver.entries()) {
-    const ReferenceTensor& want = ref.at(e.spec.name);
-    const Tensor got = g.tensor(e.spec.name);
-    ASSERT_EQ(got.nbytes(), want.bytes.size()) << e.spec.name;
-    const auto* p = static_cast<const std::byte*>(got.raw());
-    const auto diff = std::mismatch(p, p + want.bytes.size(), want.bytes.begin());
-    EXPECT_EQ(diff.first, p + want.bytes.size())
-        << e.spec.name << " (tp rank " << layout.tp_rank << "): first differing byte "
-        << (diff.first - p) << " of " << want.bytes.size();
-  }
-}
-
-bool slot_is_zero(const Receiver& r, int slot) {
-  for (std::byte b : r.slot(slot)) {
-    if (b != std::byte{0}) return false;
-  }
-  return true;
-}
+using testing::slot_is_zero;
 
 // Two updates (weights A, then B): each bit-exact; staging within a watermark set to the
 // tightest this plan allows.

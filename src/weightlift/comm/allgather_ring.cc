@@ -1,5 +1,8 @@
 // Ring allgather.
 //
+// Used between hosts (TCP) and for allgatherv; on one host allgather() takes the
+// shared-memory pipeline of allreduce_shm.cc instead (one copy per byte, no messages).
+//
 // Rank r starts with block r in place in the output. In step s (s = 0 .. P-2) it sends block
 // (r-s) mod P to r+1 and receives block (r-s-1) mod P from r-1, straight into its place in the
 // output: the block received in step s is the one forwarded in step s+1, so after P-1 steps
@@ -15,6 +18,7 @@
 
 #include "weightlift/comm/allgather.h"
 #include "weightlift/comm/detail/ring.h"
+#include "weightlift/comm/detail/shm_arena.h"
 #include "weightlift/comm/detail/validate.h"
 
 namespace wl::comm {
@@ -89,6 +93,24 @@ Status allgatherv(Group& g, const AllgathervOptions& o) {
 }
 
 Status allgather(Group& g, const AllgatherOptions& o) {
+  if (g.size() > 1 && o.count > 0 && o.recv != nullptr) {
+    // One host: the shared-memory pipeline (allreduce_shm.cc), one copy per byte. Every rank
+    // takes this branch or none (the arena is agreed on collectively).
+    const Deadline deadline = g.deadline(o.timeout);
+    WL_ASSIGN_OR_RETURN(detail::ShmArena * arena, detail::shm_arena(g, deadline));
+    if (arena != nullptr) {
+      g.next_sequence();  // as allgatherv would: numbering does not depend on the path
+      const void* in = o.send != nullptr
+                           ? o.send
+                           : static_cast<const std::byte*>(o.recv) +
+                                 size_t(g.rank()) * o.count * dtype_size(o.dtype);
+      return detail::shm_collective(g, *arena,
+                                    {.kind = detail::ShmKind::kAllgather, .in = in,
+                                     .out = o.recv, .count = o.count, .dtype = o.dtype,
+                                     .segment_bytes = o.segment_bytes},
+                                    deadline);
+    }
+  }
   const std::vector<size_t> counts(size_t(g.size()), o.count);
   return allgatherv(g, {.send = o.send, .recv = o.recv, .counts = counts, .dtype = o.dtype,
                         .timeout = o.timeout, .segment_bytes = o.segment_bytes});

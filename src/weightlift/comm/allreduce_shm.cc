@@ -23,13 +23,34 @@
 // Every rank reduces its blocks in the same order (its own input first, then the peers' in
 // rank order), and every other rank copies that one result, so all ranks end bit-identical.
 //
-// Cost, n bytes over P ranks: per chunk 3 flag handoffs (about 0.1-0.3 us each between two
-// cores) instead of 2(P-1) messages; per rank (P-1)/P n copied in, n/P reduced from P inputs
+// Cost, n bytes over P ranks: per chunk 3 counters raised and 2 waited for in a row (a
+// cache-line hand-off between cores, about 0.1-0.3 us) instead of 2(P-1) messages; per rank (P-1)/P n copied in, n/P reduced from P inputs
 // and copied, (P-1)/P n copied out. With M the copy rate one rank gets while all copy:
 //   T ~= [(P-1)/P n + (P+1)/2 n/P + n/P + (P-1)/P n] / M       (a reduce of k inputs ~ (k+1)/2 copies)
 // For P = 2 that is 2.25 n / M. busbw = 2(P-1)/P n / T, so with M = 12 GB/s (2 ranks,
-// DESIGN.md) the bound is 5.3 GB/s; the cache-resident scratch is what lets it beat that.
-// docs/algorithms.md compares it with the ring.
+// DESIGN.md) the model gives 5.3 GB/s; the cache-resident scratch is what lets it beat that,
+// since beyond the caches DRAM sees only the input read and the output written. Outputs of
+// 8 MiB and more are written with non-temporal stores, which skip reading every output line
+// first. docs/algorithms.md compares it with the ring.
+//
+// Allreduces of at most 32 KiB go one-shot instead: every rank copies its whole input into its
+// slot, and after one hand-off reduces all P copies itself, in rank order (same bits on every
+// rank). One hand-off instead of two in a row, which is what small messages pay for.
+//
+// The same pipeline, with phases left empty, serves the other collectives on one host:
+//   reduce_scatter  phases 1-2; a chunk is a block-sized piece of every rank's block, and the
+//                   reduction is written straight into the output
+//   allgather       phase 1 puts a piece of this rank's block in its slot (the whole slot,
+//                   P+1 blocks), phase 3 copies every peer's piece out: one copy per byte
+//   broadcast       the root fills its slot in phase 1, the others copy it out in phase 3
+// Every rank raises all three counters for every chunk, whatever the collective, so that
+// collectives of different kinds follow each other on one arena.
+//
+// Failures: every wait is Group::poll_until (deadline, and a dead member seen through UCX's
+// keepalive); after one the arena is marked broken, so later calls fail at once.
+#include <emmintrin.h>
+
+#include <cstdint>
 #include <cstring>
 
 #include "weightlift/comm/detail/allreduce_algorithms.h"
@@ -49,9 +70,38 @@ Range chunk_block(size_t n, int P, int b) {
   return {ub * base + std::min(ub, extra), base + (ub < extra ? 1 : 0)};
 }
 
+// Buffers at least this large (bytes) are written with non-temporal stores: they are past
+// what the caches can hold anyway, and a normal store would first read every output line
+// from DRAM (write-allocate), a third more memory traffic for nothing.
+constexpr size_t kStreamingBytes = 8 << 20;
+// Allreduces up to this many bytes go one-shot: every rank copies its whole input into its
+// slot and then reduces all P copies itself, in rank order (so every rank computes the same
+// bits). One flag hand-off instead of two in a row; the extra reduction work is nothing at
+// these sizes.
+constexpr size_t kOneShotBytes = 32 << 10;
+
+// memcpy with non-temporal stores (SSE2, so any x86-64). Not ordered with later stores: the
+// caller fences before anything that publishes the data.
+void stream_copy(std::byte* dst, const std::byte* src, size_t n) {
+  const size_t head = std::min(n, (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16);
+  std::memcpy(dst, src, head);
+  dst += head, src += head, n -= head;
+  for (; n >= 64; dst += 64, src += 64, n -= 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 48), d);
+  }
+  std::memcpy(dst, src, n);
+}
+
 }  // namespace
 
-Status allreduce_shm(Group& g, ShmArena& A, const AllreduceArgs& a, Deadline deadline) {
+Status shm_collective(Group& g, ShmArena& A, const ShmCollectiveArgs& a, Deadline deadline) {
   if (!A.broken.ok()) return A.broken;
   const int P = g.size(), r = g.rank();
   const size_t es = dtype_size(a.dtype);
@@ -60,78 +110,142 @@ Status allreduce_shm(Group& g, ShmArena& A, const AllreduceArgs& a, Deadline dea
   const size_t block_bytes =
       a.segment_bytes == 0 ? A.block_bytes() : std::min(a.segment_bytes, A.block_bytes());
   const size_t block_elems = std::max<size_t>(1, block_bytes / es);
-  const size_t chunk_elems = block_elems * size_t(P);
-  const size_t nchunks = (a.count + chunk_elems - 1) / chunk_elems;
+  // A small allreduce moves its data as allgather does (whole inputs through the slots), and
+  // every rank then reduces all of them (kOneShotBytes).
+  const bool one_shot = a.kind == ShmKind::kAllreduce && a.count * es <= kOneShotBytes &&
+                        a.count <= block_elems * (size_t(P) + 1);
+  const ShmKind kind = one_shot ? ShmKind::kAllgather : a.kind;
+  const bool reduces = kind == ShmKind::kAllreduce || kind == ShmKind::kReduceScatter;
+  // Elements per chunk: allreduce cuts a chunk of the buffer into P blocks; reduce_scatter
+  // takes a block-sized piece of every rank's block; allgather and broadcast fill a whole slot
+  // (P+1 blocks) with one rank's piece.
+  const size_t step = kind == ShmKind::kAllreduce       ? block_elems * size_t(P)
+                      : kind == ShmKind::kReduceScatter ? block_elems
+                                                        : block_elems * (size_t(P) + 1);
+  const size_t nchunks = (a.count + step - 1) / step;
   const uint64_t base = A.chunks_done;
   const auto* in = static_cast<const std::byte*>(a.in);
   auto* out = static_cast<std::byte*>(a.out);
-  auto chunk_n = [&](size_t c) { return std::min(chunk_elems, a.count - c * chunk_elems); };
+  auto chunk_n = [&](size_t c) { return std::min(step, a.count - c * step); };
+  const size_t out_bytes = (a.kind == ShmKind::kAllgather ? size_t(P) : 1) * a.count * es;
+  const bool streaming = out_bytes >= kStreamingBytes;
+  auto copy_to_output = [&](std::byte* dst, const std::byte* src, size_t bytes) {
+    if (streaming) {
+      stream_copy(dst, src, bytes);
+    } else {
+      std::memcpy(dst, src, bytes);
+    }
+  };
+  // Element range of block d of chunk c, in the input (allreduce, reduce_scatter).
+  auto block = [&](size_t c, int d) -> Range {
+    if (kind == ShmKind::kAllreduce) {
+      const Range b = chunk_block(chunk_n(c), P, d);
+      return {c * step + b.offset, b.count};
+    }
+    return {size_t(d) * a.count + c * step, chunk_n(c)};
+  };
 
-  // Waits until every peer's `phase` counter reaches `target`.
-  auto wait_for = [&](ShmPhase phase, uint64_t target, size_t c, const char* what) -> Status {
+  // Waits until the `phase` counter of every peer (or only of `only`) reaches `target`.
+  auto wait_for = [&](ShmPhase phase, uint64_t target, size_t c, const char* what,
+                      int only = -1) -> Status {
     auto lagging = [&]() -> int {
       for (int q = 0; q < P; ++q) {
-        if (q != r && A.counter_of(q, phase) < target) return q;
+        if (q != r && (only < 0 || q == only) && A.counter_of(q, phase) < target) return q;
       }
       return -1;
     };
     if (lagging() < 0) return ok_status();
-    return g.poll_until(lagging, deadline,
-                        "allreduce (shared memory): chunk " + std::to_string(c) + " of " +
-                            std::to_string(nchunks) + ": waiting for " + what);
+    return g.poll_until(lagging, deadline, [&] {
+      return std::string(shm_kind_name(a.kind)) + " (shared memory): chunk " +
+             std::to_string(c) + " of " + std::to_string(nchunks) + ": waiting for " + what;
+    });
   };
 
+  // Phase 1: put what peers need from this rank into its slot.
   auto copy_in = [&](size_t c) -> Status {
     const uint64_t gc = base + c;
     const size_t slot = gc % kShmSlots;
-    // Slot reuse: every peer must have reduced the chunk that used this slot before.
-    if (gc >= kShmSlots) {
-      WL_RETURN_IF_ERROR(wait_for(ShmPhase::kReduced, gc - kShmSlots + 1, c, "a free slot"));
-    }
-    const size_t n = chunk_n(c), at = c * chunk_elems;
-    for (int d = 0; d < P; ++d) {
-      if (d == r) continue;
-      const Range b = chunk_block(n, P, d);
-      if (b.count) std::memcpy(A.in_block(r, slot, d), in + (at + b.offset) * es, b.count * es);
+    if (reduces) {
+      // Slot reuse: every peer must have reduced the chunk that used this slot before.
+      if (gc >= kShmSlots) {
+        WL_RETURN_IF_ERROR(wait_for(ShmPhase::kReduced, gc - kShmSlots + 1, c, "a free slot"));
+      }
+      for (int d = 0; d < P; ++d) {
+        const Range b = block(c, d);
+        if (d != r && b.count) std::memcpy(A.in_block(r, slot, d), in + b.offset * es, b.count * es);
+      }
+    } else if (kind == ShmKind::kAllgather || r == a.root) {
+      // The whole slot carries this rank's piece; every peer must have copied it out before.
+      if (gc >= kShmSlots) {
+        WL_RETURN_IF_ERROR(wait_for(ShmPhase::kCopiedOut, gc - kShmSlots + 1, c, "a free slot"));
+      }
+      const size_t n = chunk_n(c);
+      std::memcpy(A.in_block(r, slot, 0), in + c * step * es, n * es);
+      if (!one_shot && kind == ShmKind::kAllgather &&
+          out + (size_t(r) * a.count + c * step) * es != in + c * step * es) {
+        copy_to_output(out + (size_t(r) * a.count + c * step) * es, in + c * step * es, n * es);
+      }
     }
     A.publish(r, ShmPhase::kCopiedIn, gc + 1);
     return ok_status();
   };
 
+  // Phase 2: reduce this rank's block from every rank's copy (allreduce, reduce_scatter).
   auto reduce_own = [&](size_t c) -> Status {
     const uint64_t gc = base + c;
     const size_t slot = gc % kShmSlots;
-    WL_RETURN_IF_ERROR(wait_for(ShmPhase::kCopiedIn, gc + 1, c, "the peers' inputs"));
-    if (gc >= kShmSlots) {
-      WL_RETURN_IF_ERROR(wait_for(ShmPhase::kCopiedOut, gc - kShmSlots + 1, c, "a free slot"));
-    }
-    const size_t n = chunk_n(c), at = c * chunk_elems;
-    const Range b = chunk_block(n, P, r);
-    std::byte* res = A.res_block(r, slot);
-    if (b.count) {
-      const std::byte* own = in + (at + b.offset) * es;
-      bool first = true;
-      for (int q = 0; q < P; ++q) {
-        if (q == r) continue;
-        reduce(a.dtype, a.op, res, first ? own : res, A.in_block(q, slot, r), b.count);
-        first = false;
+    if (reduces) {
+      WL_RETURN_IF_ERROR(wait_for(ShmPhase::kCopiedIn, gc + 1, c, "the peers' inputs"));
+      if (kind == ShmKind::kAllreduce && gc >= kShmSlots) {
+        WL_RETURN_IF_ERROR(wait_for(ShmPhase::kCopiedOut, gc - kShmSlots + 1, c, "a free slot"));
       }
-      if (a.op == ReduceOp::kAvg) divide(a.dtype, res, b.count, P);
-      std::memcpy(out + (at + b.offset) * es, res, b.count * es);
+      const Range b = block(c, r);
+      // allreduce: into the result block, which the peers copy; reduce_scatter: straight out.
+      std::byte* res = kind == ShmKind::kAllreduce ? A.res_block(r, slot) : out + c * step * es;
+      if (b.count) {
+        const std::byte* own = in + b.offset * es;
+        bool first = true;
+        for (int q = 0; q < P; ++q) {
+          if (q == r) continue;
+          reduce(a.dtype, a.op, res, first ? own : res, A.in_block(q, slot, r), b.count);
+          first = false;
+        }
+        if (a.op == ReduceOp::kAvg) divide(a.dtype, res, b.count, P);
+        if (kind == ShmKind::kAllreduce) copy_to_output(out + b.offset * es, res, b.count * es);
+      }
     }
     A.publish(r, ShmPhase::kReduced, gc + 1);
     return ok_status();
   };
 
+  // Phase 3: copy what the peers made available into the output.
   auto copy_out = [&](size_t c) -> Status {
     const uint64_t gc = base + c;
     const size_t slot = gc % kShmSlots;
-    WL_RETURN_IF_ERROR(wait_for(ShmPhase::kReduced, gc + 1, c, "the peers' results"));
-    const size_t n = chunk_n(c), at = c * chunk_elems;
-    for (int d = 0; d < P; ++d) {
-      if (d == r) continue;
-      const Range b = chunk_block(n, P, d);
-      if (b.count) std::memcpy(out + (at + b.offset) * es, A.res_block(d, slot), b.count * es);
+    if (kind == ShmKind::kAllreduce) {
+      WL_RETURN_IF_ERROR(wait_for(ShmPhase::kReduced, gc + 1, c, "the peers' results"));
+      for (int d = 0; d < P; ++d) {
+        const Range b = block(c, d);
+        if (d != r && b.count) copy_to_output(out + b.offset * es, A.res_block(d, slot), b.count * es);
+      }
+    } else if (one_shot) {
+      WL_RETURN_IF_ERROR(wait_for(ShmPhase::kCopiedIn, gc + 1, c, "the peers' inputs"));
+      // Every rank's copy, our own included (the output may be our input), in rank order.
+      const size_t n = chunk_n(c);
+      std::byte* dst = out + c * step * es;
+      reduce(a.dtype, a.op, dst, A.in_block(0, slot, 0), A.in_block(1, slot, 0), n);
+      for (int q = 2; q < P; ++q) reduce(a.dtype, a.op, dst, dst, A.in_block(q, slot, 0), n);
+      if (a.op == ReduceOp::kAvg) divide(a.dtype, dst, n, P);
+    } else if (kind == ShmKind::kAllgather) {
+      WL_RETURN_IF_ERROR(wait_for(ShmPhase::kCopiedIn, gc + 1, c, "the peers' blocks"));
+      for (int d = 0; d < P; ++d) {
+        if (d == r) continue;
+        copy_to_output(out + (size_t(d) * a.count + c * step) * es, A.in_block(d, slot, 0),
+                       chunk_n(c) * es);
+      }
+    } else if (kind == ShmKind::kBroadcast && r != a.root) {
+      WL_RETURN_IF_ERROR(wait_for(ShmPhase::kCopiedIn, gc + 1, c, "the root's data", a.root));
+      copy_to_output(out + c * step * es, A.in_block(a.root, slot, 0), chunk_n(c) * es);
     }
     A.publish(r, ShmPhase::kCopiedOut, gc + 1);
     return ok_status();
@@ -143,6 +257,7 @@ Status allreduce_shm(Group& g, ShmArena& A, const AllreduceArgs& a, Deadline dea
     if (s.ok() && i >= 1 && i - 1 < nchunks) s = reduce_own(i - 1);
     if (s.ok() && i >= 2) s = copy_out(i - 2);
   }
+  if (streaming) _mm_sfence();  // the output is complete before the caller reads it
   if (!s.ok()) {
     A.broken = aborted(g.describe() + ": shared-memory collectives are unusable after an "
                        "earlier failure: " + s.to_string());
@@ -150,6 +265,18 @@ Status allreduce_shm(Group& g, ShmArena& A, const AllreduceArgs& a, Deadline dea
   }
   A.chunks_done = base + nchunks;
   return ok_status();
+}
+
+const char* shm_kind_name(ShmKind kind) {
+  static const char* const kNames[] = {"allreduce", "reduce_scatter", "allgather", "broadcast"};
+  return kNames[int(kind)];
+}
+
+Status allreduce_shm(Group& g, ShmArena& A, const AllreduceArgs& a, Deadline deadline) {
+  return shm_collective(g, A,
+                        {.kind = ShmKind::kAllreduce, .in = a.in, .out = a.out, .count = a.count,
+                         .dtype = a.dtype, .op = a.op, .segment_bytes = a.segment_bytes},
+                        deadline);
 }
 
 }  // namespace wl::comm::detail

@@ -1,5 +1,8 @@
 #include "weightlift/comm/bench_collectives.h"
 
+#include <sched.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -237,6 +240,15 @@ Result<std::vector<BenchRow>> bench_collectives(Group& g, const BenchCollectives
   const int P = g.size();
   const size_t es = dtype_size(o.dtype);
   const bool printer = g.rank() == 0;
+  std::string pinned = "not pinned";
+  if (o.pin) {
+    const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+    const int core = int(g.world_rank(g.rank()) % cores);
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(core, &set);
+    if (sched_setaffinity(0, sizeof set, &set) == 0) pinned = "rank r pinned to core r % " + std::to_string(cores);
+  }
 
   WL_ASSIGN_OR_RETURN(double copy_rate, measure_copy_rate(g, o.timeout));
   const double copy_gbps = copy_rate / 1e9;
@@ -249,10 +261,10 @@ Result<std::vector<BenchRow>> bench_collectives(Group& g, const BenchCollectives
 
   if (printer) {
     std::fprintf(o.out,
-                 "# weightlift collectives: %d ranks, %s, op %s, warmup %d, copy rate %.1f GB/s "
-                 "per rank (memory bound: docs/algorithms.md)\n",
+                 "# weightlift collectives: %d ranks, %s, op %s, warmup %d, %s, copy rate %.1f "
+                 "GB/s per rank (memory bound: docs/algorithms.md)\n",
                  P, std::string(dtype_name(o.dtype)).c_str(),
-                 std::string(reduce_op_name(o.op)).c_str(), o.warmup, copy_gbps);
+                 std::string(reduce_op_name(o.op)).c_str(), o.warmup, pinned.c_str(), copy_gbps);
     if (!o.json) {
       std::fprintf(o.out, "# %12s %12s %6s %15s %11s %9s %9s %7s %10s %10s %8s\n", "size(B)",
                    "count", "type", "op", "time(us)", "algbw", "busbw", "#wrong", "p50(us)",

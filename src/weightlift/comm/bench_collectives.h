@@ -51,6 +51,10 @@ struct BenchCollectivesOptions {
   bool check = true;               // verify each row with exact data (not timed)
   bool json = false;               // one JSON object per row instead of the table
   AllreduceAlgorithm algorithm = AllreduceAlgorithm::kAuto;
+  // Pin rank r to core r % cores for the run, as mpirun binds its ranks by default. Unpinned,
+  // a loaded scheduler may queue two ranks on one core, and every hand-off then waits for a
+  // context switch.
+  bool pin = true;
   std::chrono::milliseconds timeout{60000};  // per call
   std::FILE* out = stdout;         // rank 0 writes here; other ranks print nothing
 };

@@ -1,5 +1,8 @@
 // Pipelined chain broadcast.
 //
+// Used between hosts (TCP); on one host broadcast() hands the root's data through its
+// shared-memory slots instead (allreduce_shm.cc): every other rank copies it out at once.
+//
 // The ranks form a chain in order from the root: root, root+1, ..., root+P-1 (mod P). The
 // buffer is cut into S segments. The root sends segment 0, 1, ... to its successor; every
 // other rank receives each segment in place and forwards it to its successor as soon as it
@@ -13,6 +16,7 @@
 // in a row are what one pays; a binomial tree would pay ceil(log2 P).
 #include "weightlift/comm/broadcast.h"
 #include "weightlift/comm/detail/ring.h"
+#include "weightlift/comm/detail/shm_arena.h"
 #include "weightlift/comm/detail/validate.h"
 
 namespace wl::comm {
@@ -24,6 +28,16 @@ Status broadcast(Group& g, const BroadcastOptions& o) {
   const int P = g.size();
   if (o.count == 0 || P == 1) return ok_status();
   const Deadline deadline = g.deadline(o.timeout);
+  // One host: the root's data goes through its shared-memory slots (allreduce_shm.cc), and
+  // every other rank copies it out at once, no chain.
+  WL_ASSIGN_OR_RETURN(detail::ShmArena * arena, detail::shm_arena(g, deadline));
+  if (arena != nullptr) {
+    return detail::shm_collective(g, *arena,
+                                  {.kind = detail::ShmKind::kBroadcast, .in = o.buffer,
+                                   .out = o.buffer, .count = o.count, .dtype = o.dtype,
+                                   .root = o.root, .segment_bytes = o.segment_bytes},
+                                  deadline);
+  }
   const size_t es = dtype_size(o.dtype);
   const size_t seg = detail::segment_elements(o.segment_bytes, o.dtype);
   const size_t nseg = detail::num_segments(o.count, seg);

@@ -17,6 +17,9 @@
 // collectives on one group, cannot match each other; within one (sender, tag) UCX matches in
 // send order, which is what makes the mod-2^k wrap harmless.
 //
+// On one host the collectives move data through a shared-memory arena the group sets up on
+// first use (detail/shm_arena.h, allreduce_shm.cc); between hosts, through tagged messages.
+//
 // Every operation has a deadline: its options' timeout, or the group's default when that is
 // zero. After a failed operation the connections it used are closed (transport.h), so the
 // group is broken; make a new one.
@@ -113,9 +116,10 @@ class Group {
   // Spins until `waiting_for()` returns -1, progressing the worker now and then. It returns
   // the group rank still being waited for otherwise, which the errors name. Fails as soon as
   // any member is known to have failed (kUnavailable) or at the deadline
-  // (kDeadlineExceeded); `what` says what was awaited ("allreduce: chunk 3 reduced").
+  // (kDeadlineExceeded); `what()` says what was awaited ("allreduce: chunk 3 reduced"),
+  // called only for an error.
   Status poll_until(const std::function<int()>& waiting_for, Deadline deadline,
-                    std::string_view what);
+                    const std::function<std::string()>& what);
   // The group's shared-memory scratch: null until a collective first needs it
   // (detail::shm_arena() creates it, collectively, and keeps it for the group's life).
   std::unique_ptr<detail::ShmArena>& shm_arena_slot() { return shm_; }

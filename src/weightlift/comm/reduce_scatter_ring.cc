@@ -1,5 +1,8 @@
 // Ring reduce-scatter.
 //
+// Used between hosts (TCP); on one host reduce_scatter() takes the shared-memory pipeline of
+// allreduce_shm.cc instead (one copy per byte, no messages).
+//
 // The P ranks stand in a ring; rank r sends only to r+1 and receives only from r-1. The buffer
 // is cut into P blocks, and block b is to end up, fully reduced, on rank b. In step s
 // (s = 0 .. P-2) rank r sends block (r-1-s) mod P and receives block (r-2-s) mod P, which it
@@ -23,6 +26,7 @@
 #include <cstring>
 
 #include "weightlift/comm/detail/ring.h"
+#include "weightlift/comm/detail/shm_arena.h"
 #include "weightlift/comm/detail/validate.h"
 #include "weightlift/comm/reduce_scatter.h"
 
@@ -98,6 +102,18 @@ Status reduce_scatter(Group& g, const ReduceScatterOptions& o) {
   WL_RETURN_IF_ERROR(detail::check_buffer(g, "reduce_scatter", "send", o.send, total));
   WL_RETURN_IF_ERROR(detail::check_buffer(g, "reduce_scatter", "recv", o.recv, o.count));
   if (o.count == 0) return ok_status();
+  if (g.size() > 1) {
+    // One host: the shared-memory pipeline (allreduce_shm.cc), one copy per byte.
+    const Deadline deadline = g.deadline(o.timeout);
+    WL_ASSIGN_OR_RETURN(detail::ShmArena * arena, detail::shm_arena(g, deadline));
+    if (arena != nullptr) {
+      return detail::shm_collective(
+          g, *arena,
+          {.kind = detail::ShmKind::kReduceScatter, .in = o.send, .out = o.recv,
+           .count = o.count, .dtype = o.dtype, .op = o.op, .segment_bytes = o.segment_bytes},
+          deadline);
+    }
+  }
   const size_t es = dtype_size(o.dtype);
   const detail::Blocks blocks = detail::even_blocks(total, g.size());
   // Partial sums of the blocks this rank forwards; the caller's send buffer stays untouched.

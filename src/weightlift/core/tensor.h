@@ -36,7 +36,7 @@ std::string shape_to_string(const Shape& shape);  // "[4, 64]"
 
 class Tensor {
  public:
-  Tensor() = default;  // empty: no dtype storage, numel 0
+  Tensor() = default;  // empty: shape [0], no storage
 
   static Tensor empty(DType dtype, Shape shape);  // uninitialised
   static Tensor zeros(DType dtype, Shape shape);
@@ -44,7 +44,10 @@ class Tensor {
   static Tensor borrow(void* data, DType dtype, Shape shape,
                        std::shared_ptr<const void> keep_alive = nullptr);
 
-  bool defined() const { return data_ != nullptr || numel() == 0; }
+
+  // False only for a default-constructed Tensor (owning tensors always hold storage, even
+  // with zero elements; borrowed ones hold a pointer).
+  bool defined() const { return data_ != nullptr || storage_ != nullptr; }
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }
   const Shape& strides() const { return strides_; }
@@ -77,8 +80,8 @@ class Tensor {
 
  private:
   DType dtype_ = DType::kF32;
-  Shape shape_;
-  Shape strides_;
+  Shape shape_{0};
+  Shape strides_{1};
   void* data_ = nullptr;
   std::shared_ptr<const void> storage_;
 };

@@ -7,6 +7,8 @@
 // and the key. The keys with a DESIGN.md default may be left out. docs/formats.md lists them.
 #include "weightlift/model/config.h"
 
+#include "weightlift/core/file_io.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -185,6 +187,12 @@ Status ModelConfig::validate(std::string_view where_view) const {
   if (capacity_factor && !(std::isfinite(*capacity_factor) && *capacity_factor > 0)) {
     return bad("capacity_factor (" + fmt(*capacity_factor) + ") must be > 0 and finite, or null");
   }
+  if (capacity_factor) {
+    // Refused rather than ignored: a config asking for token dropping must not silently train
+    // a dropless model.
+    return bad("capacity_factor (" + fmt(*capacity_factor) +
+               ") is not supported yet: routing is dropless; set it to null");
+  }
   // Every weight size, the RoPE table and the total parameter count must fit in int64, so no
   // later `rows * cols` can overflow.
   bool overflow = false;
@@ -281,41 +289,7 @@ std::string config_to_json(const ModelConfig& c) {
 
 Status save_config(const ModelConfig& c, const std::string& path) {
   // Through a temporary and a rename, as safetensors files are, so a reader never sees half.
-  const std::string text = config_to_json(c);
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    int err = errno;
-    return errno_status("create " + tmp, err);
-  }
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int err = n < 0 ? errno : EIO;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return errno_status("write " + tmp, err);
-    }
-    done += size_t(n);
-  }
-  int rc = ::fsync(fd);
-  int err = errno;
-  if (::close(fd) != 0 && rc == 0) {
-    rc = -1;
-    err = errno;
-  }
-  if (rc != 0) {
-    ::unlink(tmp.c_str());
-    return errno_status("sync " + tmp, err);
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    err = errno;
-    ::unlink(tmp.c_str());
-    return errno_status("rename " + tmp + " to " + path, err);
-  }
-  return ok_status();
+  return write_file_atomically(path, config_to_json(c));
 }
 
 Result<ModelConfig> preset(std::string_view name) {

@@ -108,6 +108,7 @@ std::vector<float> forward_cached(Transformer& model, KvCache& cache,
 Status check_prompts(const ModelConfig& c, const std::vector<std::vector<int64_t>>& prompts,
                      int64_t new_tokens) {
   if (prompts.empty()) return invalid_argument("generate: no prompts");
+  if (new_tokens < 0) return invalid_argument("generate: max_new_tokens must be >= 1");
   for (size_t r = 0; r < prompts.size(); ++r) {
     if (prompts[r].empty()) return invalid_argument("generate: prompt " + std::to_string(r) + " is empty");
     if (int64_t(prompts[r].size()) + new_tokens > c.max_seq_len)
@@ -128,6 +129,9 @@ Status check_prompts(const ModelConfig& c, const std::vector<std::vector<int64_t
 Result<Generation> generate(Transformer& model, const std::vector<std::vector<int64_t>>& prompts,
                             const GenerateOptions& o) {
   const ModelConfig& c = model.config();
+  if (o.max_new_tokens < 1)
+    return invalid_argument("generate: max_new_tokens is " + std::to_string(o.max_new_tokens) +
+                            ", must be >= 1");
   WL_RETURN_IF_ERROR(check_prompts(c, prompts, o.max_new_tokens));
   const size_t R = prompts.size();
   KvCache cache(c, int64_t(R));

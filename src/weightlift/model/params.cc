@@ -49,11 +49,11 @@ ModelView bind(const ModelConfig& c, const ParamLayout& layout, float* base) {
     const std::string p = "layers." + std::to_string(l) + ".";
     v.layers.push_back({at(p + "attn_norm.weight"), at(p + "attn.q_proj.weight"),
                         at(p + "attn.o_proj.weight"), at(p + "moe_norm.weight"),
-                        at(p + "moe.router.weight"), at(p + "moe.experts.0.gate_proj.weight")});
+                        at(p + "moe.router.weight"), at(p + "moe.experts.0.gate_proj.weight"),
+                        3 * c.ffn_dim * c.hidden_size});
   }
   v.norm = at("norm.weight");
   v.head = c.tie_embeddings ? v.embed : at("lm_head.weight");
-  v.expert_stride = 3 * c.ffn_dim * c.hidden_size;
   return v;
 }
 

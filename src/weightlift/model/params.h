@@ -49,6 +49,7 @@ struct LayerView {
   float* router;     // [E, d]
   float* experts;    // expert e at experts + e * expert_stride:
                      //   gate_up [2F, d] (gate_proj then up_proj), then down [d, F]
+  int64_t expert_stride;  // elements per expert: 3 * F * d
 };
 
 struct ModelView {
@@ -56,7 +57,6 @@ struct ModelView {
   std::vector<LayerView> layers;
   float* norm;   // [d]
   float* head;   // [V, d]; == embed when tie_embeddings
-  int64_t expert_stride;  // elements per expert: 3 * F * d
 };
 
 ModelView bind(const ModelConfig& c, const ParamLayout& layout, float* base);

@@ -82,12 +82,10 @@ class Transformer {
   const kernels::RopeTable& rope() const { return rope_; }
 
  private:
-  struct Impl;
   ModelConfig config_;
   ParamLayout layout_;
   Tensor params_, grads_;
   kernels::RopeTable rope_;
-  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace wl::model

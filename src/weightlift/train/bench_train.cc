@@ -16,6 +16,7 @@ namespace wl::train {
 using Clock = std::chrono::steady_clock;
 
 double measure_gemm_gflops(int64_t n, int repeats) {
+  repeats = std::max(repeats, 1);
   std::vector<float> a(size_t(n * n), 0.5f), b(size_t(n * n), 0.25f), c(size_t(n * n));
   std::vector<double> rates;
   for (int i = 0; i < repeats + 1; ++i) {

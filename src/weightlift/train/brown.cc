@@ -1,6 +1,7 @@
 #include "weightlift/train/brown.h"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <sstream>

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "weightlift/core/file_io.h"
 #include "weightlift/core/safetensors.h"
 
 namespace wl::train {
@@ -39,16 +40,10 @@ Status save_checkpoint(const std::string& dir, const model::Transformer& model,
   j["data_rng"] = json::array();
   for (uint64_t w : state.data_rng) j["data_rng"].push_back(std::to_string(w));
   j["loss_scale"] = state.loss_scale;
+  j["loss_scale_clean_steps"] = state.loss_scale_clean_steps;
   j["config"] = json::parse(model::config_to_json(model.config()));
-  {
-    std::ofstream f(tmp + "/state.json");
-    f << j.dump(2) << "\n";
-    if (!f.flush()) return errno_status("write " + tmp + "/state.json", errno);
-  }
-  fs::remove_all(dir, ec);
-  fs::rename(tmp, dir, ec);
-  if (ec) return errno_status("rename " + tmp + " -> " + dir, ec.value());
-  return ok_status();
+  WL_RETURN_IF_ERROR(write_file_atomically(tmp + "/state.json", j.dump(2) + "\n"));
+  return replace_directory(tmp, dir);
 }
 
 Result<CheckpointState> load_checkpoint(const std::string& dir, model::Transformer& model,
@@ -60,12 +55,16 @@ Result<CheckpointState> load_checkpoint(const std::string& dir, model::Transform
   ss << f.rdbuf();
   json j = json::parse(ss.str(), nullptr, false);
   if (j.is_discarded() || !j.is_object()) return data_loss(state_path + ": not valid JSON");
-  if (j.value("format", "") != kFormat) {
+  if (!j.contains("format") || j["format"] != kFormat) {
     return data_loss(state_path + ": 'format' is not '" + std::string(kFormat) + "'");
   }
-  if (j.value("version", -1) != kVersion) {
-    return failed_precondition(state_path + ": version " + j["version"].dump() +
+  if (!j.contains("version") || j["version"] != kVersion) {
+    return failed_precondition(state_path + ": version " +
+                               (j.contains("version") ? j["version"].dump() : "missing") +
                                ", this build reads version " + std::to_string(kVersion));
+  }
+  if (!j.contains("config") || !j["config"].is_object()) {
+    return data_loss(state_path + ": 'config' is missing or not an object");
   }
   WL_ASSIGN_OR_RETURN(model::ModelConfig cfg,
                       model::parse_config(j["config"].dump(), state_path + " config"));
@@ -79,6 +78,7 @@ Result<CheckpointState> load_checkpoint(const std::string& dir, model::Transform
     for (size_t i = 0; i < 4; ++i)
       s.data_rng[i] = std::stoull(j.at("data_rng").at(i).get<std::string>());
     s.loss_scale = j.at("loss_scale").get<double>();
+    s.loss_scale_clean_steps = j.at("loss_scale_clean_steps").get<int64_t>();
   } catch (const std::exception& e) {
     return data_loss(state_path + ": " + e.what());
   }

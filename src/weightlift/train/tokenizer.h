@@ -9,8 +9,9 @@
 
 namespace wl::train {
 
-inline constexpr int64_t kBosToken = 256;  // begins every document
-inline constexpr int64_t kEosToken = 257;  // ends every document
+inline constexpr int64_t kBosToken = 256;  // begins an encoded text (encode's add_bos)
+inline constexpr int64_t kEosToken = 257;  // reserved for end-of-document; the Brown stream
+                                           // is one text, so training never produces it
 inline constexpr int64_t kByteVocab = 258; // bytes + specials; vocab_size must be >= this
 
 std::vector<int64_t> encode(std::string_view text, bool add_bos = true);

@@ -7,7 +7,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "weightlift/core/safetensors.h"
+#include "weightlift/kernels/cross_entropy.h"
+#include "weightlift/model/token_batch.h"
 #include "weightlift/model/transformer.h"
 #include "weightlift/train/brown.h"
 #include "weightlift/train/checkpoint.h"
@@ -64,32 +65,6 @@ double unigram_entropy(const std::vector<int64_t>& stream) {
   return h;
 }
 
-Result<Batch> load_batch_file(const std::string& path) {
-  WL_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::open(path));
-  const TensorInfo* t = f.find("tokens");
-  if (!t) return not_found(path + ": no tensor 'tokens'");
-  if (t->shape.size() != 2) return invalid_argument(path + ": 'tokens' must be [batch, seq]");
-  WL_ASSIGN_OR_RETURN(Tensor tokens, f.get("tokens", DType::kI64, t->shape));
-  WL_ASSIGN_OR_RETURN(Tensor targets, f.get("targets", DType::kI64, t->shape));
-  Batch b{t->shape[0], t->shape[1], {}, {}};
-  b.tokens.assign(tokens.data<int64_t>(), tokens.data<int64_t>() + tokens.numel());
-  b.targets.assign(targets.data<int64_t>(), targets.data<int64_t>() + targets.numel());
-  return b;
-}
-
-Status check_tokens(const Batch& b, int64_t vocab, const std::string& where) {
-  for (size_t i = 0; i < b.tokens.size(); ++i) {
-    if (b.tokens[i] < 0 || b.tokens[i] >= vocab)
-      return invalid_argument(where + ": token " + std::to_string(b.tokens[i]) + " at index " +
-                              std::to_string(i) + " outside the vocabulary [0, " +
-                              std::to_string(vocab) + ")");
-    if (b.targets[i] != -100 && (b.targets[i] < 0 || b.targets[i] >= vocab))
-      return invalid_argument(where + ": target " + std::to_string(b.targets[i]) +
-                              " at index " + std::to_string(i) + " outside the vocabulary");
-  }
-  return ok_status();
-}
-
 }  // namespace
 
 Result<TrainSummary> train(const TrainOptions& o) {
@@ -114,8 +89,8 @@ Result<TrainSummary> train(const TrainOptions& o) {
   summary.unigram_entropy = NAN;
   summary.final_val_loss = NAN;
   if (!o.batch_file.empty()) {
-    WL_ASSIGN_OR_RETURN(fixed, load_batch_file(o.batch_file));
-    WL_RETURN_IF_ERROR(check_tokens(fixed, cfg.vocab_size, o.batch_file));
+    WL_ASSIGN_OR_RETURN(model::TokenBatch tb, model::load_token_batch(o.batch_file, cfg));
+    fixed = {tb.batch, tb.seq, std::move(tb.tokens), std::move(tb.targets)};
   } else {
     if (cfg.vocab_size < kByteVocab)
       return invalid_argument("the byte tokenizer needs vocab_size >= " +
@@ -124,6 +99,12 @@ Result<TrainSummary> train(const TrainOptions& o) {
     WL_ASSIGN_OR_RETURN(BrownCorpus corpus, load_brown(o.corpus_dir));
     train_stream = encode(corpus.train);
     val_stream = encode(corpus.validation);
+    if (int64_t(train_stream.size()) <= seq + 1) {
+      return invalid_argument("the training text in " + o.corpus_dir + " has " +
+                              std::to_string(train_stream.size()) +
+                              " tokens, fewer than one window of --seq " + std::to_string(seq) +
+                              " + 1");
+    }
     summary.unigram_entropy = unigram_entropy(train_stream);
   }
 
@@ -145,6 +126,7 @@ Result<TrainSummary> train(const TrainOptions& o) {
     step = st.step;
     sampler.rng().set_state(st.data_rng);
     scaler.scale = st.loss_scale;
+    scaler.clean = int(st.loss_scale_clean_steps);
   }
   std::error_code ec;
   fs::create_directories(o.out_dir, ec);
@@ -167,7 +149,8 @@ Result<TrainSummary> train(const TrainOptions& o) {
     return count ? sum / double(count) : NAN;
   };
   auto save = [&](const std::string& dir) {
-    return save_checkpoint(dir, model, opt, {step, sampler.rng().state(), scaler.scale});
+    return save_checkpoint(dir, model, opt,
+                           {step, sampler.rng().state(), scaler.scale, scaler.clean});
   };
 
   // ---- loop ----
@@ -185,7 +168,7 @@ Result<TrainSummary> train(const TrainOptions& o) {
       micro.push_back(o.batch_file.empty() ? sampler.next(o.batch, seq) : fixed);
     int64_t denom = 0;
     for (const Batch& b : micro)
-      for (int64_t t : b.targets) denom += t != -100;
+      for (int64_t t : b.targets) denom += t != kernels::kIgnoreIndex;
     model::LossTerms total;
     for (const Batch& b : micro) {
       model::LossTerms l = model.forward_backward(

@@ -27,8 +27,10 @@ Result<std::unique_ptr<ShmArena>> ShmArena::create(Group& g, Deadline deadline) 
   // (address, rkey length) of every rank, then the rkeys themselves.
   std::vector<int64_t> mine = {int64_t(arena->own_.address()), int64_t(packed.size())};
   std::vector<int64_t> all(2 * size_t(P));
-  WL_RETURN_IF_ERROR(allgather(g, {.send = mine.data(), .recv = all.data(), .count = 2,
-                                   .dtype = DType::kI64, .timeout = timeout()}));
+  // allgatherv, not allgather: allgather itself asks for the arena.
+  const std::vector<size_t> twos(static_cast<size_t>(P), 2), ones(static_cast<size_t>(P), 1);
+  WL_RETURN_IF_ERROR(allgatherv(g, {.send = mine.data(), .recv = all.data(), .counts = twos,
+                                    .dtype = DType::kI64, .timeout = timeout()}));
   std::vector<size_t> lengths(static_cast<size_t>(P));
   for (int q = 0; q < P; ++q) lengths[size_t(q)] = size_t(all[2 * size_t(q) + 1]);
   std::vector<std::byte> keys(std::accumulate(lengths.begin(), lengths.end(), size_t(0)));
@@ -63,8 +65,8 @@ Result<std::unique_ptr<ShmArena>> ShmArena::create(Group& g, Deadline deadline) 
   }
   // Usable only if every rank mapped every region.
   std::vector<int64_t> verdicts(static_cast<size_t>(P));
-  WL_RETURN_IF_ERROR(allgather(g, {.send = &mapped, .recv = verdicts.data(), .count = 1,
-                                   .dtype = DType::kI64, .timeout = timeout()}));
+  WL_RETURN_IF_ERROR(allgatherv(g, {.send = &mapped, .recv = verdicts.data(), .counts = ones,
+                                    .dtype = DType::kI64, .timeout = timeout()}));
   arena->usable_ = std::all_of(verdicts.begin(), verdicts.end(), [](int64_t v) { return v == 1; });
   if (!arena->usable_) {
     arena->keys_.clear();

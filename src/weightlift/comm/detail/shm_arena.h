@@ -30,7 +30,9 @@
 #include <vector>
 
 #include "weightlift/comm/group.h"
+#include "weightlift/comm/reduce_op.h"
 #include "weightlift/comm/transport.h"
+#include "weightlift/core/dtype.h"
 
 namespace wl::comm::detail {
 
@@ -90,6 +92,27 @@ class ShmArena {
   std::vector<RemoteKey> keys_;    // by group rank; empty for ourselves
   std::vector<std::byte*> base_;   // by group rank: our region or the mapping of a peer's
 };
+
+// The collectives the shared-memory pipeline runs (allreduce_shm.cc).
+enum class ShmKind : uint8_t { kAllreduce, kReduceScatter, kAllgather, kBroadcast };
+const char* shm_kind_name(ShmKind kind);
+
+struct ShmCollectiveArgs {
+  ShmKind kind = ShmKind::kAllreduce;
+  // allreduce: count in, count out (may alias); reduce_scatter: P*count in, count out;
+  // allgather: count in, P*count out (in may be the rank's block of out); broadcast: in ==
+  // out, count elements, read on the root.
+  const void* in = nullptr;
+  void* out = nullptr;
+  size_t count = 0;            // elements, > 0
+  DType dtype = DType::kF32;
+  ReduceOp op = ReduceOp::kSum;  // kAvg divides by P at the end
+  int root = 0;                // broadcast only
+  size_t segment_bytes = 0;    // block size override (tests); 0 or above kShmBlockBytes: that
+};
+
+Status shm_collective(Group& group, ShmArena& arena, const ShmCollectiveArgs& args,
+                      Deadline deadline);
 
 // The group's arena, created on first use (collectively: every member must reach this call in
 // the same collective). Null when the group cannot use one; a failed exchange is an error.

@@ -117,7 +117,7 @@ void moe_forward(const BlockContext& ctx, const LayerView& w, int64_t N, BlockAc
   a.he = f32({S, 2 * m.F});
   a.ae = f32({S, m.F});
   a.ye = f32({S, m.d});
-  const int64_t stride = 3 * m.F * m.d;
+  const int64_t stride = w.expert_stride;
   for (int64_t e = 0; e < m.E; ++e) {
     const int64_t r0 = a.expert_begin[size_t(e)], n = a.expert_begin[size_t(e + 1)] - r0;
     if (n == 0) continue;
@@ -225,7 +225,7 @@ void block_backward(const BlockContext& ctx, const BlockDims& b, const LayerView
   {
     Tensor dae = f32({S, m.F});
     Tensor dhe = f32({S, 2 * m.F});
-    const int64_t stride = 3 * m.F * m.d;
+    const int64_t stride = w.expert_stride;
     for (int64_t e = 0; e < m.E; ++e) {
       const int64_t r0 = a.expert_begin[size_t(e)], n = a.expert_begin[size_t(e + 1)] - r0;
       if (n == 0) continue;

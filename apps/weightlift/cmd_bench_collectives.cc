@@ -1,0 +1,80 @@
+// `weightlift bench collectives`: an nccl-tests style sweep over weightlift's collectives.
+// Every rank runs it under a launcher that sets the torchrun variables:
+//   weightlift launch -n 2 -- weightlift bench collectives --ops allreduce --json
+// bench/compare_collectives.py runs it beside OpenMPI and gloo and plots busbw against size.
+#include <algorithm>
+#include <cstdio>
+
+#include "commands.h"
+#include "weightlift/comm/bench_collectives.h"
+#include "weightlift/comm/place.h"
+#include "weightlift/comm/world.h"
+
+namespace wl::app {
+namespace {
+
+struct BenchCollectivesArgs {
+  comm::BenchCollectivesOptions o;
+  std::string ops = "allreduce,allgather,reduce_scatter,broadcast";
+  std::string min_bytes = "8", max_bytes = "256M", dtype = "F32", algorithm = "auto";
+  std::string bind_address = "127.0.0.1";
+  int timeout_s = 60;
+};
+
+Status run_bench_collectives(BenchCollectivesArgs a) {
+  using namespace wl::comm;
+  BenchCollectivesOptions& o = a.o;
+  o.ops.clear();
+  for (size_t at = 0; at <= a.ops.size();) {
+    const size_t comma = std::min(a.ops.find(',', at), a.ops.size());
+    if (comma > at) o.ops.push_back(a.ops.substr(at, comma - at));
+    at = comma + 1;
+  }
+  WL_ASSIGN_OR_RETURN(o.min_bytes, parse_byte_size(a.min_bytes));
+  WL_ASSIGN_OR_RETURN(o.max_bytes, parse_byte_size(a.max_bytes));
+  auto dt = dtype_from_name(a.dtype);
+  if (!dt) return invalid_argument("--dtype '" + a.dtype + "': expected F32, BF16, F16, I32, I64 or U8");
+  o.dtype = *dt;
+  o.timeout = std::chrono::seconds(a.timeout_s);
+  if (a.algorithm == "ring") o.algorithm = AllreduceAlgorithm::kRing;
+  else if (a.algorithm == "recursive_doubling") o.algorithm = AllreduceAlgorithm::kRecursiveDoubling;
+  else if (a.algorithm == "shm") o.algorithm = AllreduceAlgorithm::kSharedMemory;
+  else if (a.algorithm != "auto")
+    return invalid_argument("--algorithm '" + a.algorithm +
+                            "': expected auto, ring, recursive_doubling or shm");
+  WL_ASSIGN_OR_RETURN(Place place, place_from_env());
+  WL_ASSIGN_OR_RETURN(World world, connect_world(place, {.bind_address = a.bind_address}));
+  WL_ASSIGN_OR_RETURN(std::vector<BenchRow> rows, bench_collectives(*world.group, o));
+  for (const BenchRow& row : rows) {
+    if (row.wrong > 0)
+      return data_loss(row.op + " at " + std::to_string(row.bytes) + " bytes: " +
+                       std::to_string(row.wrong) + " wrong elements");
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+void register_bench_collectives(CLI::App& bench, Outcome& out) {
+  auto* cmd = bench.add_subcommand("collectives", "nccl-tests style sweep (run under launch)");
+  auto a = std::make_shared<BenchCollectivesArgs>();
+  cmd->add_option("--ops", a->ops, "comma-separated: allreduce,allgather,reduce_scatter,broadcast")
+      ->capture_default_str();
+  cmd->add_option("--min-bytes", a->min_bytes, "smallest size (K/M/G suffixes)")->capture_default_str();
+  cmd->add_option("--max-bytes", a->max_bytes, "largest size (K/M/G suffixes)")->capture_default_str();
+  cmd->add_option("--factor", a->o.factor, "size multiplier between rows")->capture_default_str();
+  cmd->add_option("--dtype", a->dtype, "F32, BF16, F16, I32, I64, U8")->capture_default_str();
+  cmd->add_option("--iters", a->o.iters, "timed calls per size (0: auto)")->capture_default_str();
+  cmd->add_option("--warmup", a->o.warmup, "untimed calls per size")->capture_default_str();
+  cmd->add_flag("--check,!--no-check", a->o.check, "verify each row with exact data");
+  cmd->add_flag("--json", a->o.json, "one JSON object per row");
+  cmd->add_flag("--pin,!--no-pin", a->o.pin, "pin rank r to core r % cores (as mpirun binds)");
+  cmd->add_option("--algorithm", a->algorithm, "allreduce: auto, ring, recursive_doubling, shm")
+      ->capture_default_str();
+  cmd->add_option("--bind-address", a->bind_address, "where rank 0's store listens")
+      ->capture_default_str();
+  cmd->add_option("--timeout", a->timeout_s, "seconds per call")->capture_default_str();
+  cmd->callback([&out, a] { out.exit_code = report("bench collectives", run_bench_collectives(*a)); });
+}
+
+}  // namespace wl::app

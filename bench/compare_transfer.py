@@ -1,0 +1,144 @@
+#!/usr/bin/python3
+"""Weight transfer side by side, in one run: our three modes and the PyTorch/gloo baseline.
+
+For `--preset` (medium), `--trainers` (2) -> `--receivers` (2) with TP `--tp` (2):
+  weightlift  `weightlift bench transfer --mode p2p|broadcast|naive --dtype bf16|fp8 --json`
+              (src/weightlift/transfer/bench_transfer.h), one run per mode and dtype
+  torch-gloo  `/usr/bin/python3 bench/torch_broadcast_baseline.py` (bf16 only: torch 1.13 has
+              no float8; its bf16 figure is the baseline for both dtypes)
+then prints the median update time per mode with its ratio to p2p of the same dtype,
+effective GB/s and its fraction of single-thread memcpy, and writes an SVG bar chart of the
+update time per mode and dtype.
+
+    /usr/bin/python3 bench/compare_transfer.py --weightlift build/release/apps/weightlift \
+        --out runs/transfer
+
+`--weightlift` may be any command that takes `bench transfer` and its flags.
+"""
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODES = ["p2p", "broadcast", "naive", "torch-gloo"]
+COLORS = {"bf16": "#1f77b4", "fp8": "#d62728"}
+
+
+def json_line(cmd):
+    print("# running: " + " ".join(cmd), file=sys.stderr, flush=True)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=3600)
+    for line in reversed(proc.stdout.splitlines()):
+        at = line.find("{")
+        if at >= 0:
+            try:
+                return json.loads(line[at:])
+            except json.JSONDecodeError:
+                pass
+    print("# %s exited %d:\n%s" % (cmd[0], proc.returncode, proc.stdout[-3000:]),
+          file=sys.stderr)
+    return None
+
+
+def svg_bars(path, title, rows):
+    """rows: {(mode, dtype): update_ms}; grouped bars, one group per mode."""
+    w, h, l, r, t, b = 760, 440, 80, 140, 50, 60
+    top = max(rows.values()) * 1.1
+    modes = [m for m in MODES if any((m, d) in rows for d in COLORS)]
+    gw = (w - l - r) / len(modes)
+    bw = gw * 0.35
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" '
+           'font-family="sans-serif" font-size="12">' % (w, h),
+           '<rect width="100%" height="100%" fill="white"/>',
+           '<text x="%d" y="25" font-size="15">%s</text>' % (l, title)]
+    for i in range(6):
+        v = top * i / 5
+        y = h - b - (h - t - b) * i / 5
+        out.append('<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#ddd"/>' % (l, w - r, y, y))
+        out.append('<text x="%d" y="%.1f" text-anchor="end">%.0f</text>' % (l - 6, y + 4, v))
+    out.append('<text x="20" y="%d" transform="rotate(-90 20 %d)" text-anchor="middle">'
+               'update time (ms, median)</text>' % ((h - b + t) / 2, (h - b + t) / 2))
+    for i, m in enumerate(modes):
+        x0 = l + i * gw + gw * 0.15
+        for j, d in enumerate(COLORS):
+            if (m, d) not in rows:
+                continue
+            v = rows[(m, d)]
+            bh = (h - t - b) * v / top
+            x = x0 + j * bw
+            out.append('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>'
+                       % (x, h - b - bh, bw * 0.9, bh, COLORS[d]))
+            out.append('<text x="%.1f" y="%.1f" text-anchor="middle" font-size="10">%.0f</text>'
+                       % (x + bw * 0.45, h - b - bh - 4, v))
+        out.append('<text x="%.1f" y="%d" text-anchor="middle">%s</text>'
+                   % (l + i * gw + gw / 2, h - b + 20, m))
+    for j, d in enumerate(COLORS):
+        y = t + 20 * j
+        out.append('<rect x="%d" y="%d" width="14" height="10" fill="%s"/>' % (w - r + 15, y, COLORS[d]))
+        out.append('<text x="%d" y="%d">%s receivers</text>' % (w - r + 35, y + 10, d))
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--weightlift", default="weightlift",
+                    help="command that runs `bench transfer` (quoted words allowed)")
+    ap.add_argument("--preset", default="medium")
+    ap.add_argument("--trainers", type=int, default=2)
+    ap.add_argument("--receivers", type=int, default=2)
+    ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--updates", type=int, default=5)
+    ap.add_argument("--dtypes", default="bf16,fp8")
+    ap.add_argument("--out", default="runs/transfer", help="directory for the SVG and JSON")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    shape = ["--preset", a.preset, "--trainers", str(a.trainers), "--receivers",
+             str(a.receivers), "--tp", str(a.tp), "--updates", str(a.updates)]
+    results = []
+    for dtype in a.dtypes.split(","):
+        for mode in MODES[:3]:
+            row = json_line(shlex.split(a.weightlift) + ["bench", "transfer", "--mode", mode,
+                                                         "--dtype", dtype, "--json"] + shape)
+            if row:
+                results.append(row)
+    torch_row = json_line(["/usr/bin/python3", os.path.join(HERE, "torch_broadcast_baseline.py"),
+                           "--preset", a.preset, "--trainers", str(a.trainers), "--receivers",
+                           str(a.receivers), "--tp", str(a.tp), "--updates", str(a.updates)])
+    with open(os.path.join(a.out, "transfer.jsonl"), "w") as f:
+        for row in results + ([torch_row] if torch_row else []):
+            f.write(json.dumps(row) + "\n")
+
+    times = {(r["mode"], r["dtype"]): r["update_ms_median"] for r in results}
+    print("%s, %d trainers -> %d receivers, TP %d, median of %d updates" %
+          (a.preset, a.trainers, a.receivers, a.tp, a.updates))
+    print("%-10s %-5s %10s %9s %9s %9s %11s %8s" % ("mode", "dtype", "update_ms", "vs_p2p",
+                                                  "vs_torch", "eff_GB/s", "memcpy_frac", "wrong"))
+    for r in results:
+        p2p = times.get(("p2p", r["dtype"]))
+        ms = r["update_ms_median"]
+        print("%-10s %-5s %10.1f %8.2fx %8s %9.3f %11.3f %8d" % (
+            r["mode"], r["dtype"], ms, ms / p2p if p2p else float("nan"),
+            "%.2fx" % (torch_row["update_ms_median"] / ms) if torch_row else "-",
+            r["effective_gbps"], r["memcpy_fraction"], r["wrong"]))
+    if torch_row:
+        print("%-10s %-5s %10.1f   (baseline; vs_torch = torch time / this mode's time)"
+              % ("torch-gloo", "bf16", torch_row["update_ms_median"]))
+        for d in a.dtypes.split(","):
+            times[("torch-gloo", d if d == "bf16" else "bf16")] = torch_row["update_ms_median"]
+    memcpy = [r["memcpy_gbps"] for r in results]
+    if memcpy:
+        print("single-thread memcpy: %s GB/s" % ", ".join("%.2f" % m for m in memcpy))
+    if times:
+        path = os.path.join(a.out, "transfer_update_ms.svg")
+        svg_bars(path, "weight update, %s, %d -> %d receivers, TP %d" %
+                 (a.preset, a.trainers, a.receivers, a.tp), times)
+        print("plot: " + path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+// start_round and finish_round of update_round.h.
+#include "weightlift/transfer/update_round.h"
+
+#include <string>
+#include <vector>
+
+#include "weightlift/comm/allgather.h"
+#include "weightlift/comm/allreduce.h"
+
+namespace wl::transfer {
+namespace {
+enum Field { kRole, kVersion, kRefusal, kFields };
+}  // namespace
+
+Result<DType> agree_on_shard_dtype(comm::Group& world, const TrainerWeights* weights,
+                                   int64_t setting, std::string_view what) {
+  // Per rank: the shard dtype + 1 (0 on receivers), then the setting.
+  const int64_t word[2] = {weights ? int64_t(weights->options().dtype) + 1 : 0, setting};
+  std::vector<int64_t> words(size_t(world.size()) * 2);
+  WL_RETURN_IF_ERROR(comm::allgather(
+      world, {.send = word, .recv = words.data(), .count = 2, .dtype = DType::kI64}));
+  int64_t dtype = 0;
+  for (int r = 0; r < world.size(); ++r) {
+    const int64_t d = words[size_t(r) * 2], s = words[size_t(r) * 2 + 1];
+    if (s != words[1]) {
+      return failed_precondition("world ranks 0 and " + std::to_string(r) + " disagree on " +
+                                 std::string(what) + " (" + std::to_string(words[1]) + " and " +
+                                 std::to_string(s) + ")");
+    }
+    if (d == 0) continue;
+    if (dtype != 0 && d != dtype) {
+      return failed_precondition("trainers hold shards of different dtypes (" +
+                                 std::string(dtype_name(DType(dtype - 1))) + " and " +
+                                 std::string(dtype_name(DType(d - 1))) + " at world rank " +
+                                 std::to_string(r) + ")");
+    }
+    dtype = d;
+  }
+  if (dtype == 0) return failed_precondition("no trainer joined the transfer");
+  return DType(dtype - 1);
+}
+
+Result<RoundStart> start_round(comm::Group& world, const Plan& plan, Receiver* receiver,
+                               Status mine, comm::Deadline deadline,
+                               std::chrono::milliseconds timeout) {
+  const int me = world.rank();
+  int64_t word[kFields] = {};
+  word[kRole] = int64_t(receiver ? Role::kReceiver : Role::kTrainer);
+  if (receiver != nullptr) {
+    word[kVersion] = int64_t(receiver->version());
+    if (mine.ok()) {
+      mine = receiver->begin_write(int((receiver->version() + 1) % 2), deadline);
+      if (!mine.ok()) mine = mine.with_context("receiver rank " + std::to_string(me));
+    }
+  }
+  word[kRefusal] = int64_t(mine.code());
+  std::vector<int64_t> words(size_t(world.size() * kFields));
+  WL_RETURN_IF_ERROR(comm::allgather(world, {.send = word,
+                                             .recv = words.data(),
+                                             .count = kFields,
+                                             .dtype = DType::kI64,
+                                             .timeout = timeout}));
+  auto at = [&](int rank, int field) { return words[size_t(rank * kFields + field)]; };
+  for (int r = 0; r < world.size(); ++r) {
+    if (at(r, kRefusal) == 0) continue;
+    if (r == me) return mine;
+    return Status(StatusCode(at(r, kRefusal)),
+                  "update refused by world rank " + std::to_string(r) +
+                      " (its own error says why); nothing was written");
+  }
+  for (const PlanTrainer& t : plan.trainers) {
+    if (t.rank >= world.size() || at(t.rank, kRole) != int64_t(Role::kTrainer)) {
+      return failed_precondition("update: world rank " + std::to_string(t.rank) +
+                                 " is a trainer in the plan but did not join as one");
+    }
+  }
+  RoundStart round;
+  for (size_t i = 0; i < plan.receivers.size(); ++i) {
+    const PlanReceiver& r = plan.receivers[i];
+    const std::string who = "receiver rank " + std::to_string(r.rank);
+    if (r.rank >= world.size() || at(r.rank, kRole) != int64_t(Role::kReceiver)) {
+      return failed_precondition("update: " + who + " is in the plan but did not join as one");
+    }
+    const uint64_t v = uint64_t(at(r.rank, kVersion));
+    if (i == 0) round.version = v;
+    if (v != round.version) {
+      return failed_precondition("update: receivers disagree on the current version (" +
+                                 std::to_string(round.version) + " and " + std::to_string(v) +
+                                 " at " + who + "); nothing was written");
+    }
+  }
+  round.version += 1;
+  round.slot = int(round.version % 2);
+  return round;
+}
+
+Status finish_round(comm::Group& world, Receiver* receiver, const RoundStart& round,
+                    const Status& failed, std::chrono::milliseconds timeout) {
+  int64_t who = failed.ok() ? 0 : world.rank() + 1;
+  WL_RETURN_IF_ERROR(comm::allreduce(world, {.send = &who,
+                                             .recv = &who,
+                                             .count = 1,
+                                             .dtype = DType::kI64,
+                                             .op = comm::ReduceOp::kMax,
+                                             .timeout = timeout}));
+  if (!failed.ok()) return failed;
+  if (who != 0) {
+    return aborted("update to version " + std::to_string(round.version) + ": world rank " +
+                   std::to_string(who - 1) + " failed; every receiver stays on version " +
+                   std::to_string(round.version - 1));
+  }
+  if (receiver != nullptr) receiver->publish(round.slot, round.version);
+  return ok_status();
+}
+
+}  // namespace wl::transfer

@@ -1,0 +1,45 @@
+// The versioned frame every update of the broadcast and naive modes runs in; the same rules
+// as the p2p executor's (executor.h, steps 1 and 4), without rkeys or per-task checksums.
+//
+//   start   each receiver waits until no reader holds the slot version v+1 will use; every
+//           rank allgathers (role, version, refusal); a refusal anywhere, a rank that did not
+//           join in its planned role, or receivers on different versions refuse the update on
+//           every rank before any byte moves.
+//   finish  an allreduce of "who failed" over the world: the global barrier. Only if nobody
+//           failed does each receiver publish v+1; otherwise receivers stay on v.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string_view>
+
+#include "weightlift/comm/group.h"
+#include "weightlift/transfer/planner.h"
+#include "weightlift/transfer/receiver.h"
+#include "weightlift/transfer/trainer_weights.h"
+
+namespace wl::transfer {
+
+// Collective over `world`, once when a mode's executor is made: every rank learns the shard
+// dtype the trainers hold (`weights`: null on receivers) and checks that every rank passed
+// the same `setting` (a mode option such as bucket_bytes, named `what`). FailedPrecondition
+// if trainers hold different dtypes or ranks differ on the setting.
+Result<DType> agree_on_shard_dtype(comm::Group& world, const TrainerWeights* weights,
+                                   int64_t setting, std::string_view what);
+
+struct RoundStart {
+  uint64_t version = 0;  // the version this update makes
+  int slot = 0;          // where receivers write it: version % 2
+};
+
+// Collective over `world`. `receiver`: null on trainers. `mine`: this rank's own refusal.
+Result<RoundStart> start_round(comm::Group& world, const Plan& plan, Receiver* receiver,
+                               Status mine, comm::Deadline deadline,
+                               std::chrono::milliseconds timeout);
+
+// Collective over `world`; `failed` is this rank's failure during the update (OK if none).
+// Publishes on success; returns this rank's failure or names the rank that failed.
+Status finish_round(comm::Group& world, Receiver* receiver, const RoundStart& round,
+                    const Status& failed, std::chrono::milliseconds timeout);
+
+}  // namespace wl::transfer

@@ -1,0 +1,184 @@
+// The broadcast and naive modes end to end, trainers and receivers as threads with their own
+// UCX workers: after each update every receiver tensor equals the scalar reference bit for
+// bit, as in p2p (TP 1 and 2, bf16 and fp8, meshes of 1 and 2, replicas, f32 and bf16
+// shards, one bucket or many); p2p's checksums are refused rather than ignored; the naive
+// sender's watermark is checked before any byte moves; the benchmark verifies and reports.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "fixture.h"
+#include "weightlift/transfer/bench_transfer.h"
+#include "weightlift/transfer/broadcast_mode.h"
+#include "weightlift/transfer/controller.h"
+#include "weightlift/transfer/naive_mode.h"
+
+namespace wl::transfer {
+namespace {
+
+using testing::as_held;
+using testing::Case;
+using testing::expect_matches_reference;
+using testing::join;
+using testing::preset_or_die;
+using testing::random_weights;
+using testing::Rank;
+using testing::run_world;
+using testing::slot_is_zero;
+
+enum class Mode { kBroadcast, kNaive };
+
+// Either executor behind one call.
+struct AnyExecutor {
+  std::unique_ptr<BroadcastExecutor> broadcast;
+  std::unique_ptr<NaiveExecutor> naive;
+  Result<UpdateReport> update(const UpdateOptions& o) {
+    return broadcast ? broadcast->update(o) : naive->update(o);
+  }
+};
+
+AnyExecutor make_executor(Mode mode, Rank& r, const Plan& plan, size_t bucket_bytes) {
+  AnyExecutor ex;
+  if (mode == Mode::kBroadcast) {
+    auto e = r.weights ? BroadcastExecutor::for_trainer(r.world, plan, *r.weights,
+                                                        {.bucket_bytes = bucket_bytes})
+                       : BroadcastExecutor::for_receiver(r.world, plan, *r.receiver,
+                                                         {.bucket_bytes = bucket_bytes});
+    WL_CHECK(e.ok()) << e.status().to_string();
+    ex.broadcast = std::move(*e);
+  } else {
+    auto e = r.weights ? NaiveExecutor::for_trainer(r.world, plan, *r.weights)
+                       : NaiveExecutor::for_receiver(r.world, plan, *r.receiver);
+    WL_CHECK(e.ok()) << e.status().to_string();
+    ex.naive = std::move(*e);
+  }
+  return ex;
+}
+
+// Two updates (weights A, then B), each bit-exact on every receiver.
+void run_case(Mode mode, const Case& k, size_t bucket_bytes = size_t(64) << 20) {
+  SCOPED_TRACE(std::string(mode == Mode::kBroadcast
+                               ? "broadcast, bucket " + std::to_string(bucket_bytes)
+                               : "naive") +
+               ": " + k.name());
+  const model::ModelConfig c = preset_or_die(k.preset);
+  const std::vector<float> a = random_weights(c, 1), b = random_weights(c, 2);
+  const std::vector<float> a_held = as_held(a, k.shard_dtype), b_held = as_held(b, k.shard_dtype);
+  run_world(k.size(), [&](int rank, std::shared_ptr<comm::Group> world) {
+    Rank r = join(k, rank, world, a);
+    auto plan = plan_transfer(*world, r.meta);
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    AnyExecutor ex = make_executor(mode, r, *plan, bucket_bytes);
+    for (int v = 1; v <= 2; ++v) {
+      if (v == 2 && r.weights) r.weights->assign_full(b);
+      auto rep = ex.update({.watermark_bytes = size_t(1) << 30});
+      ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+      EXPECT_EQ(rep->version, uint64_t(v));
+      EXPECT_LE(rep->peak_staging_bytes, rep->watermark_bytes);
+      if (r.receiver) {
+        EXPECT_GT(rep->bytes, 0u);
+        expect_matches_reference(*r.receiver, c, r.layout, v == 1 ? a_held : b_held, uint64_t(v));
+      }
+    }
+  });
+}
+
+TEST(BroadcastMode, BitExactTp1And2Bf16AndFp8MeshOf1And2) {
+  for (int tp : {1, 2}) {
+    for (WeightFormat f : {WeightFormat::kBF16, WeightFormat::kFP8}) {
+      for (int mesh : {1, 2})
+        run_case(Mode::kBroadcast, {.mesh_size = mesh, .tp = tp, .format = f});
+    }
+  }
+}
+
+TEST(BroadcastMode, BitExactWithOneGroupPerBucketBf16ShardsAndReplicas) {
+  // Bucket size 1 is raised to the largest parameter group: one group per bucket, owners
+  // alternating between the two mesh ranks.
+  run_case(Mode::kBroadcast,
+           {.mesh_size = 2, .tp = 2, .format = WeightFormat::kFP8, .shard_dtype = DType::kBF16}, 1);
+  run_case(Mode::kBroadcast,
+           {.meshes = 2, .mesh_size = 1, .tp = 1, .instances = 2, .format = WeightFormat::kFP8},
+           40000);
+}
+
+TEST(NaiveMode, BitExactTp1And2Bf16AndFp8MeshOf1And2) {
+  for (int tp : {1, 2}) {
+    for (WeightFormat f : {WeightFormat::kBF16, WeightFormat::kFP8}) {
+      for (int mesh : {1, 2}) run_case(Mode::kNaive, {.mesh_size = mesh, .tp = tp, .format = f});
+    }
+  }
+  run_case(Mode::kNaive, {.meshes = 2,
+                          .mesh_size = 1,
+                          .tp = 2,
+                          .format = WeightFormat::kFP8,
+                          .shard_dtype = DType::kBF16});
+}
+
+// Checksums belong to p2p's tasks; asking for them elsewhere is an error on every rank, and
+// a naive sender whose watermark cannot hold the state dict twice refuses, before any byte.
+TEST(Modes, RefuseChecksumsAndASmallNaiveWatermarkBeforeAnyByte) {
+  const Case k{.mesh_size = 1, .tp = 2, .format = WeightFormat::kBF16};
+  const model::ModelConfig c = preset_or_die(k.preset);
+  const std::vector<float> a = random_weights(c, 1);
+  for (Mode mode : {Mode::kBroadcast, Mode::kNaive}) {
+    run_world(k.size(), [&](int rank, std::shared_ptr<comm::Group> world) {
+      Rank r = join(k, rank, world, a);
+      auto plan = plan_transfer(*world, r.meta);
+      ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+      AnyExecutor ex = make_executor(mode, r, *plan, size_t(1) << 20);
+      auto rep = ex.update({.watermark_bytes = size_t(1) << 30, .checksums = true});
+      ASSERT_FALSE(rep.ok());
+      EXPECT_EQ(rep.status().code(), StatusCode::kInvalidArgument) << rep.status().to_string();
+      // Every rank refuses; each reports the lowest refusing rank, rank 0 its own reason.
+      const std::string why = rank == 0 ? "no per-task checksums" : "refused by world rank 0";
+      EXPECT_NE(rep.status().message().find(why), std::string::npos) << rep.status().message();
+      if (mode == Mode::kNaive) {
+        rep =
+            ex.update({.watermark_bytes = size_t(1) << 20});  // tiny in f32: 1.04 MB, needed twice
+        ASSERT_FALSE(rep.ok());
+        EXPECT_EQ(rep.status().code(), StatusCode::kResourceExhausted) << rep.status().to_string();
+        const std::string want =
+            rank == 0 ? "trainer rank 0: watermark" : "refused by world rank 0";
+        EXPECT_NE(rep.status().message().find(want), std::string::npos) << rep.status().message();
+      }
+      if (r.receiver) {
+        EXPECT_TRUE(slot_is_zero(*r.receiver, 0) && slot_is_zero(*r.receiver, 1));
+        EXPECT_EQ(r.receiver->version(), 0u);
+      }
+    });
+  }
+}
+
+// The benchmark's JSON has the fields compare_transfer.py reads, and its own verification
+// finds every receiver bit-exact after an odd number of updates (negated weights) and an even.
+TEST(BenchTransfer, TinyJsonInEveryModeVerifiesBitExact) {
+  for (const char* mode : {"p2p", "broadcast", "naive"}) {
+    for (int updates : {1, 2}) {
+      auto out = bench_transfer({.preset = "tiny",
+                                 .dtype = "fp8",
+                                 .mode = mode,
+                                 .updates = updates,
+                                 .json = true,
+                                 .memcpy_bytes = 1 << 20});
+      ASSERT_TRUE(out.ok()) << out.status().to_string();
+      const auto j = nlohmann::json::parse(*out);
+      EXPECT_EQ(j.at("mode"), mode);
+      EXPECT_EQ(j.at("update_ms").size(), size_t(updates));
+      EXPECT_GT(j.at("update_ms_median").get<double>(), 0.0);
+      EXPECT_GT(j.at("memcpy_gbps").get<double>(), 0.0);
+      ASSERT_EQ(j.at("bytes_received").size(), 2u);
+      EXPECT_GT(j.at("bytes_received")[0].get<uint64_t>(), 0u);
+      EXPECT_LE(j.at("peak_staging_bytes").get<uint64_t>(),
+                j.at("watermark_bytes").get<uint64_t>());
+      EXPECT_EQ(j.at("wrong").get<uint64_t>(), 0u) << mode << ", " << updates << " updates";
+    }
+  }
+  auto bad = bench_transfer({.preset = "tiny", .mode = "multicast"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("--mode 'multicast'"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace wl::transfer
