@@ -119,6 +119,9 @@ def main():
                           "--weights", good_w], f"bad_{key}.json", needle)
 
         expect_error("unknown preset", [exe, "model-info", "--preset", "gigantic"], "gigantic")
+        expect_error("simulate: receivers not whole nodes",
+                     [exe, "transfer", "simulate", "--receivers", "100"],
+                     "--receivers 100", "--gpus-per-node 8")
         expect_error("missing corpus", [exe, "train", "--preset", "tiny", "--steps", "1",
                                         "--corpus", os.path.join(d, "no-brown"),
                                         "--out", os.path.join(d, "run")], "no-brown")
