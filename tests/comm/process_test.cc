@@ -2,12 +2,7 @@
 // middle of a collective, a rank frozen with SIGSTOP, a process with the wrong job token,
 // and the launcher (prefixed output, torchrun variables, stopping the job when a rank fails).
 // Each fault must turn into an error on the surviving ranks within a bounded time.
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <gtest/gtest.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -19,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/child_process.h"
 #include "weightlift/comm/launch.h"
 #include "weightlift/comm/transport.h"
 
@@ -29,82 +25,19 @@ using namespace std::chrono_literals;
 
 constexpr const char* kRankBinary = WL_COMM_TEST_RANK;
 
-int free_port() {
-  // Any port that is free now; run_launch uses the same trick.
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
-struct Child {
-  pid_t pid = -1;
-  int out = -1;
-  std::string output;
-};
+using testing::Child;
+using testing::free_port;
+using testing::reap;
+using testing::wait_exit;
+using testing::wait_for_output;
 
 Child spawn(int rank, int size, int port, const std::string& token, int timeout_ms) {
-  int fds[2];
-  EXPECT_EQ(::pipe(fds), 0);
-  Child c;
-  c.pid = ::fork();
-  if (c.pid == 0) {
-    ::dup2(fds[1], 1);
-    ::dup2(fds[1], 2);
-    ::close(fds[0]);
-    ::setenv("RANK", std::to_string(rank).c_str(), 1);
-    ::setenv("WORLD_SIZE", std::to_string(size).c_str(), 1);
-    ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-    ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-    ::setenv("WEIGHTLIFT_JOB_TOKEN", token.c_str(), 1);
-    const std::string t = std::to_string(timeout_ms);
-    ::execl(kRankBinary, kRankBinary, "loop", t.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  ::close(fds[1]);
-  c.out = fds[0];
-  ::fcntl(c.out, F_SETFL, O_NONBLOCK);
-  return c;
-}
-
-void drain(Child& c) {
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::read(c.out, buf, sizeof buf)) > 0) c.output.append(buf, size_t(n));
-}
-
-bool wait_for_output(Child& c, const std::string& what, Deadline deadline) {
-  while (Clock::now() < deadline) {
-    drain(c);
-    if (c.output.find(what) != std::string::npos) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return false;
-}
-
-// The child's exit code, or -1 if it is still running at the deadline.
-int wait_exit(Child& c, Deadline deadline) {
-  while (Clock::now() < deadline) {
-    int st = 0;
-    if (::waitpid(c.pid, &st, WNOHANG) == c.pid) {
-      drain(c);
-      return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    }
-    drain(c);
-    std::this_thread::sleep_for(5ms);
-  }
-  return -1;
-}
-
-void reap(Child& c) {
-  ::kill(c.pid, SIGKILL);
-  ::waitpid(c.pid, nullptr, 0);
-  ::close(c.out);
+  return testing::spawn_child({kRankBinary, "loop", std::to_string(timeout_ms)},
+                              {{"RANK", std::to_string(rank)},
+                               {"WORLD_SIZE", std::to_string(size)},
+                               {"MASTER_ADDR", "127.0.0.1"},
+                               {"MASTER_PORT", std::to_string(port)},
+                               {"WEIGHTLIFT_JOB_TOKEN", token}});
 }
 
 int exit_code(StatusCode code) { return 10 + int(code); }

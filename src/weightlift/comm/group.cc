@@ -22,9 +22,10 @@ constexpr int kMaxRanks = 1 << kRankBits;
 constexpr uint32_t kUserTagLimit = 1u << 23;
 
 struct GroupLink {
-  std::unique_ptr<Worker> worker;
+  std::shared_ptr<Worker> worker;
   std::shared_ptr<Store> store;
   std::string prefix;
+  std::string ids_key;  // the counter group ids come from
   std::chrono::milliseconds timeout{0};
   int world_rank = 0;
   std::vector<int> peer_of_world_rank;  // -1 for ourselves
@@ -38,14 +39,24 @@ Result<std::shared_ptr<Group>> Group::connect(const ConnectOptions& o) {
     return invalid_argument("Group::connect: rank " + std::to_string(o.rank) + " of " +
                             std::to_string(o.size));
   }
+  if (o.shared_worker != nullptr && o.ids_key.empty()) {
+    return invalid_argument("Group::connect: a shared worker needs ids_key, the counter every "
+                            "world on that worker draws its group id from");
+  }
   auto link = std::make_shared<GroupLink>();
   link->store = o.store;
   link->prefix = o.prefix;
+  link->ids_key = o.ids_key.empty() ? o.prefix + "/next_group_id" : o.ids_key;
   link->timeout = o.timeout;
   link->world_rank = o.rank;
   WorkerOptions wo = o.worker;
   if (wo.name.empty() || wo.name == WorkerOptions{}.name) wo.name = "rank " + std::to_string(o.rank);
-  WL_ASSIGN_OR_RETURN(link->worker, Worker::create(wo));
+  if (o.shared_worker != nullptr) {
+    link->worker = o.shared_worker;
+  } else {
+    WL_ASSIGN_OR_RETURN(std::unique_ptr<Worker> own, Worker::create(wo));
+    link->worker = std::move(own);
+  }
 
   const Deadline deadline = deadline_after(o.timeout);
   auto key = [&](int r) { return o.prefix + "/addr/" + std::to_string(r); };
@@ -66,7 +77,33 @@ Result<std::shared_ptr<Group>> Group::connect(const ConnectOptions& o) {
   std::vector<int> all(size_t(o.size));
   for (int r = 0; r < o.size; ++r) all[size_t(r)] = r;
   g->set_members(std::move(all), o.rank);
+  if (o.shared_worker != nullptr) {
+    // Other worlds share the worker: this one needs an id of its own, as a split would.
+    const std::string id_key = o.prefix + "/world_id";
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    WL_ASSIGN_OR_RETURN(g->id_, g->draw_id(id_key, std::max(left, std::chrono::milliseconds(0))));
+  }
   return g;
+}
+
+Result<uint32_t> Group::draw_id(const std::string& id_key, std::chrono::milliseconds timeout) {
+  // Rank 0 draws from the counter and leaves the id under a key the others read.
+  int64_t id = 0;
+  if (rank_ == 0) {
+    WL_ASSIGN_OR_RETURN(id, link_->store->add(link_->ids_key, 1));
+    Bytes v(8);
+    std::memcpy(v.data(), &id, 8);
+    WL_RETURN_IF_ERROR(link_->store->set(id_key, v));
+  } else {
+    WL_ASSIGN_OR_RETURN(Bytes v, link_->store->get(id_key, timeout));
+    if (v.size() != 8) return data_loss("group id under '" + id_key + "' is not 8 bytes");
+    std::memcpy(&id, v.data(), 8);
+  }
+  if (id <= 0 || uint64_t(id) >= kMaxGroups) {
+    return resource_exhausted("group id " + std::to_string(id) + " does not fit the " +
+                              std::to_string(kGroupBits) + " bits tags have for it");
+  }
+  return uint32_t(id);
 }
 
 void Group::set_members(std::vector<int> world_ranks, int rank) {
@@ -206,23 +243,8 @@ Result<std::shared_ptr<Group>> Group::split(const SplitOptions& o) {
   // leaves it under a key that names this split; the other members read it there.
   const std::string id_key = link_->prefix + "/split/" + std::to_string(id_) + "/" +
                              std::to_string(split_index) + "/" + std::to_string(o.color);
-  int64_t id = 0;
-  if (g->rank_ == 0) {
-    WL_ASSIGN_OR_RETURN(id, link_->store->add(link_->prefix + "/next_group_id", 1));
-    Bytes v(8);
-    std::memcpy(v.data(), &id, 8);
-    WL_RETURN_IF_ERROR(link_->store->set(id_key, v));
-  } else {
-    const auto timeout = o.timeout.count() > 0 ? o.timeout : link_->timeout;
-    WL_ASSIGN_OR_RETURN(Bytes v, link_->store->get(id_key, timeout));
-    if (v.size() != 8) return data_loss("split: group id under '" + id_key + "' is not 8 bytes");
-    std::memcpy(&id, v.data(), 8);
-  }
-  if (id <= 0 || uint64_t(id) >= kMaxGroups) {
-    return resource_exhausted("split: group id " + std::to_string(id) + " does not fit the " +
-                              std::to_string(kGroupBits) + " bits tags have for it");
-  }
-  g->id_ = uint32_t(id);
+  WL_ASSIGN_OR_RETURN(g->id_,
+                      g->draw_id(id_key, o.timeout.count() > 0 ? o.timeout : link_->timeout));
   return g;
 }
 

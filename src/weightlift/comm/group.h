@@ -33,6 +33,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -51,6 +52,13 @@ struct ConnectOptions {
   std::chrono::milliseconds timeout{30000};
   // Prefix of this job's keys in the store, so that several worlds can share one store.
   std::string prefix = "wl";
+  // Connect through this worker instead of creating one: several worlds made over time (a
+  // fleet whose membership changes between weight updates) then share one worker, and memory
+  // registered with it stays valid for all of them. Every world on a shared worker, and every
+  // group split from one, draws its id from the counter `ids_key` in the store so that their
+  // tags never meet; pass the same ids_key to every such world. Null: a worker of its own.
+  std::shared_ptr<Worker> shared_worker;
+  std::string ids_key;  // required with shared_worker; else "<prefix>/next_group_id"
 };
 
 inline constexpr int kNoColor = -1;
@@ -129,6 +137,8 @@ class Group {
  private:
   Group() = default;
   void set_members(std::vector<int> world_ranks, int rank);
+  // Collective over this group: a job-wide unique id, drawn by rank 0 and left under id_key.
+  Result<uint32_t> draw_id(const std::string& id_key, std::chrono::milliseconds timeout);
   uint64_t tag(int sender, bool user, uint32_t low23) const;
   int peer_id(int rank) const;
 

@@ -420,6 +420,8 @@ int Worker::num_peers() const { return int(impl_->peers.size()); }
 const std::string& Worker::peer_name(int peer) const { return impl_->peer_or_null(peer)->name; }
 Status Worker::peer_status(int peer) const { return impl_->peer_or_null(peer)->status; }
 
+Status Worker::status() const { return impl_->poisoned; }
+
 std::string Worker::describe_connection(int peer) const {
   const WorkerImpl::Peer* p = impl_->peer_or_null(peer);
   if (p->ep == nullptr) return p->status.to_string();

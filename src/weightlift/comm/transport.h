@@ -147,6 +147,9 @@ class Worker {
   const std::string& peer_name(int peer) const;
   // OK while the connection to `peer` is healthy; else why it is not.
   Status peer_status(int peer) const;
+  // OK unless the worker is unusable (a transfer from a failed peer could not be cancelled,
+  // see the top): then every operation fails and the owner must create a new worker.
+  Status status() const;
   // UCX's account of the connection: which transport and device carry each kind of traffic.
   std::string describe_connection(int peer) const;
 

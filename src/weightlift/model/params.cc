@@ -1,5 +1,7 @@
 #include "weightlift/model/params.h"
 
+#include <set>
+
 namespace wl::model {
 
 ParamLayout::ParamLayout(const ModelConfig& c) {
@@ -55,6 +57,43 @@ ModelView bind(const ModelConfig& c, const ParamLayout& layout, float* base) {
   v.norm = at("norm.weight");
   v.head = c.tie_embeddings ? v.embed : at("lm_head.weight");
   return v;
+}
+
+Status read_params(const ParamLayout& layout, std::span<const SafetensorsFile* const> files,
+                   float* out) {
+  std::set<std::string> seen;
+  for (const ParamInfo& p : layout.params()) {
+    const SafetensorsFile* from = nullptr;
+    for (const SafetensorsFile* f : files) {
+      if (f->find(p.name) == nullptr) continue;
+      if (from != nullptr) {
+        return invalid_argument("tensor '" + p.name + "' is in both " + from->path() + " and " +
+                                f->path());
+      }
+      from = f;
+    }
+    if (from == nullptr) {
+      return not_found((files.size() == 1 ? files[0]->path() : std::to_string(files.size()) +
+                        " files") + ": missing tensor '" + p.name + "'");
+    }
+    const TensorInfo* info = from->find(p.name);
+    if (!dtype_is_float(info->dtype)) {
+      return invalid_argument(from->path() + ": tensor '" + p.name + "' has dtype " +
+                              std::string(dtype_name(info->dtype)) + ", expected a float type");
+    }
+    WL_ASSIGN_OR_RETURN(Tensor t, from->get(p.name, info->dtype, p.shape));
+    convert_to_f32(t.dtype(), t.raw(), out + p.offset, size_t(p.numel()));
+    seen.insert(p.name);
+  }
+  for (const SafetensorsFile* f : files) {
+    for (const TensorInfo& t : f->tensors()) {
+      if (!seen.count(t.name)) {
+        return invalid_argument(f->path() + ": tensor '" + t.name +
+                                "' is not a parameter of this config");
+      }
+    }
+  }
+  return ok_status();
 }
 
 }  // namespace wl::model

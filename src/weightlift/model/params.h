@@ -8,11 +8,14 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
+#include "weightlift/core/safetensors.h"
+#include "weightlift/core/status.h"
 #include "weightlift/core/tensor.h"
 #include "weightlift/model/config.h"
 
@@ -39,6 +42,14 @@ class ParamLayout {
   std::unordered_map<std::string, size_t> index_;
   int64_t total_ = 0;
 };
+
+// Every parameter of `layout` into `out` (layout.total() floats, f32), each from whichever of
+// `files` holds it (any float dtype, shapes as the config says). Errors name the file and the
+// tensor: missing everywhere, held by two files, not a float, a wrong shape, or a tensor that
+// is not a parameter of this config. A checkpoint may be split across files, as large
+// checkpoints are ("model-00001-of-00004.safetensors").
+Status read_params(const ParamLayout& layout, std::span<const SafetensorsFile* const> files,
+                   float* out);
 
 // Pointers into one flat buffer (parameters or gradients), by role.
 struct LayerView {

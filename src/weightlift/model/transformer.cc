@@ -58,25 +58,8 @@ void Transformer::init(uint64_t seed) {
 void Transformer::zero_grads() { grads_.fill_zero(); }
 
 Status Transformer::load(const SafetensorsFile& file) {
-  std::set<std::string> seen;
-  for (const ParamInfo& p : layout_.params()) {
-    const TensorInfo* info = file.find(p.name);
-    if (!info) return not_found(file.path() + ": missing tensor '" + p.name + "'");
-    if (!dtype_is_float(info->dtype)) {
-      return invalid_argument(file.path() + ": tensor '" + p.name + "' has dtype " +
-                              std::string(dtype_name(info->dtype)) + ", expected a float type");
-    }
-    WL_ASSIGN_OR_RETURN(Tensor t, file.get(p.name, info->dtype, p.shape));
-    convert_to_f32(t.dtype(), t.raw(), params_.data<float>() + p.offset, size_t(p.numel()));
-    seen.insert(p.name);
-  }
-  for (const TensorInfo& t : file.tensors()) {
-    if (!seen.count(t.name)) {
-      return invalid_argument(file.path() + ": tensor '" + t.name +
-                              "' is not a parameter of this config");
-    }
-  }
-  return ok_status();
+  const SafetensorsFile* files[] = {&file};
+  return read_params(layout_, files, params_.data<float>());
 }
 
 Status Transformer::load(const std::string& path) {

@@ -8,6 +8,7 @@
 namespace wl::transfer {
 namespace {
 constexpr size_t kAlign = 64;
+constexpr size_t kStatusBytes = 64;
 
 uint64_t new_epoch() {
   // Unique per creation within a process (the counter) and across restarts (the random bits).
@@ -46,14 +47,14 @@ Result<std::unique_ptr<Receiver>> Receiver::create(comm::Worker& worker, Receive
       return invalid_argument("receiver: tensor '" + r->entries_[i].spec.name + "' listed twice");
     }
   }
-  r->memory_ = static_cast<std::byte*>(std::aligned_alloc(kAlign, 2 * r->slot_bytes_));
+  const size_t total = 2 * r->slot_bytes_ + kStatusBytes;
+  r->memory_ = static_cast<std::byte*>(std::aligned_alloc(kAlign, total));
   if (r->memory_ == nullptr) {
     return resource_exhausted("receiver: allocating " + std::to_string(2 * r->slot_bytes_) +
                               " bytes of weight slots");
   }
-  std::memset(r->memory_, 0, 2 * r->slot_bytes_);
-  WL_ASSIGN_OR_RETURN(comm::MemoryRegion region,
-                      worker.register_memory(r->memory_, 2 * r->slot_bytes_));
+  std::memset(r->memory_, 0, total);
+  WL_ASSIGN_OR_RETURN(comm::MemoryRegion region, worker.register_memory(r->memory_, total));
   r->region_ = std::make_unique<comm::MemoryRegion>(std::move(region));
   r->worker_address_ = worker.address();
   r->epoch_ = new_epoch();
@@ -82,8 +83,43 @@ std::span<std::byte> Receiver::slot(int slot) const {
   return {memory_ + size_t(slot) * slot_bytes_, slot_bytes_};
 }
 
+Status Receiver::attach(comm::Worker& worker) {
+  WL_ASSIGN_OR_RETURN(comm::MemoryRegion region,
+                      worker.register_memory(memory_, 2 * slot_bytes_ + kStatusBytes));
+  region_ = std::make_unique<comm::MemoryRegion>(std::move(region));
+  worker_address_ = worker.address();
+  return ok_status();
+}
+
+uint64_t Receiver::status_address() const { return region_->address() + 2 * slot_bytes_; }
+
+void Receiver::set_status(uint64_t published, uint64_t writing) {
+  // Peers read these words with one-sided gets at any time: each is stored whole.
+  auto* words = reinterpret_cast<uint64_t*>(memory_ + 2 * slot_bytes_);
+  std::atomic_ref<uint64_t>(words[1]).store(writing, std::memory_order_release);
+  std::atomic_ref<uint64_t>(words[0]).store(published, std::memory_order_release);
+}
+
+std::span<std::byte> Receiver::slot_for_healing(uint64_t version) {
+  std::lock_guard lock(mu_);
+  WL_CHECK_EQ(version_, 0u) << "healing a receiver that already holds a version";
+  WL_CHECK(!read_) << "healing a receiver that readers already use";
+  WL_CHECK_GT(version, 0u);
+  return slot(int(version % 2));
+}
+
+void Receiver::adopt(uint64_t version) {
+  std::lock_guard lock(mu_);
+  WL_CHECK_EQ(version_, 0u) << "adopting into a receiver that already holds a version";
+  WL_CHECK(!read_) << "adopting into a receiver that readers already use";
+  active_ = int(version % 2);
+  version_ = version;
+  set_status(version_, 0);
+}
+
 Receiver::ReadGuard Receiver::acquire() const {
   std::lock_guard lock(mu_);
+  read_ = true;
   ++readers_[active_];
   return ReadGuard(this, active_, version_);
 }
@@ -109,6 +145,7 @@ Status Receiver::begin_write(int slot, comm::Deadline deadline) {
                              " reader(s) still hold version " + std::to_string(version_ - 1) +
                              "'s weights; cannot write the next version into them");
   }
+  set_status(version_, version_ + 1);
   return ok_status();
 }
 
@@ -117,6 +154,7 @@ void Receiver::publish(int slot, uint64_t version) {
   WL_CHECK_EQ(readers_[slot], 0);
   active_ = slot;
   version_ = version;
+  set_status(version_, 0);
 }
 
 Receiver::ReadGuard::ReadGuard(ReadGuard&& o) noexcept

@@ -7,9 +7,13 @@
 // memory, which an RL rollout engine can usually spare (and a pause-based receiver could be
 // added as a mode later without changing the executor).
 //
-// Memory: both slots live in one allocation, [slot 0 | slot 1], registered once. Each slot
-// holds every tensor at a fixed offset (64-byte aligned, in the order given). Version v lives
-// in slot v % 2; version 0 is the initial all-zero slot 0.
+// Memory: both slots live in one allocation, [slot 0 | slot 1 | status], registered once. Each
+// slot holds every tensor at a fixed offset (64-byte aligned, in the order given). Version v
+// lives in slot v % 2; version 0 is the initial all-zero slot 0. The status block (64 bytes)
+// holds two u64 words a peer may read with a one-sided get, without this process's help:
+//     [0] the published version      [1] the version being written (0: none)
+// which is all a restarted peer needs to copy a consistent version out of this receiver
+// (heal.h): version v's slot is rewritten only once [1] reaches v + 2.
 //
 // Readers (any thread) acquire() a ReadGuard pinning the active slot; the update (the rank's
 // own thread, through the executor) waits for the other slot's readers to leave before it
@@ -103,10 +107,24 @@ class Receiver {
   // Waits until no reader holds `slot` (which must not be the active one); then the slot
   // may be written. DeadlineExceeded if a reader holds on past `deadline`.
   Status begin_write(int slot, comm::Deadline deadline);
+  // Registers the same memory with another worker (the old one became unusable, transport.h):
+  // a new rkey and worker address, the same epoch, slots and readers. REQUIRES: no update
+  // running; `worker` outlives the receiver.
+  Status attach(comm::Worker& worker);
   // Makes `version` (in `slot`) the one new readers get.
   void publish(int slot, uint64_t version);
   // The bytes of a slot (for verification, and for tests that corrupt or inspect it).
   std::span<std::byte> slot(int slot) const;
+
+  // Where the status block of the top comment lives in the registered region.
+  uint64_t status_address() const;
+
+  // ---- healing (heal.h), before the receiver serves any reader ---------------------------
+  // A receiver that has just started fills version `version`'s slot by itself (copying it
+  // from a healthy peer) and then adopts it. REQUIRES: version() == 0, version > 0, no reader
+  // has acquired anything yet, and no update is running.
+  std::span<std::byte> slot_for_healing(uint64_t version);
+  void adopt(uint64_t version);
 
  private:
   Receiver() = default;
@@ -126,6 +144,8 @@ class Receiver {
   int active_ = 0;               // guarded by mu_
   uint64_t version_ = 0;         // guarded by mu_
   mutable int readers_[2] = {0, 0};  // guarded by mu_
+  mutable bool read_ = false;        // guarded by mu_: some reader acquired a slot
+  void set_status(uint64_t published, uint64_t writing);  // REQUIRES: mu_ held
 };
 
 }  // namespace wl::transfer

@@ -86,4 +86,10 @@ Result<Tensor> ShardedTensor::full_tensor(std::chrono::milliseconds timeout) con
   return full;
 }
 
+void ShardedTensor::rebind_mesh(std::shared_ptr<comm::Group> mesh) {
+  WL_CHECK_EQ(mesh ? mesh->size() : 1, mesh_size()) << "rebinding to a mesh of another size";
+  WL_CHECK_EQ(mesh ? mesh->rank() : 0, mesh_rank()) << "rebinding to another mesh rank";
+  mesh_ = std::move(mesh);
+}
+
 }  // namespace wl::transfer

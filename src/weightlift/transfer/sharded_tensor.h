@@ -50,6 +50,8 @@ class ShardedTensor {
   DType dtype() const { return options_.dtype; }
   int64_t rows() const { return options_.shape[0]; }
   int64_t row_elems() const;  // elements per row: product of dims after the first
+  // The same mesh reconnected (after its old connections failed): same size, same rank.
+  void rebind_mesh(std::shared_ptr<comm::Group> mesh);
   int mesh_size() const { return mesh_ ? mesh_->size() : 1; }
   int mesh_rank() const { return mesh_ ? mesh_->rank() : 0; }
   ShardRows local_rows() const { return shard_rows(rows(), mesh_size(), mesh_rank()); }

@@ -35,4 +35,9 @@ const ShardedTensor* TrainerWeights::find(std::string_view name) const {
   return it == index_.end() ? nullptr : &tensors_[it->second];
 }
 
+void TrainerWeights::rebind_mesh(std::shared_ptr<comm::Group> mesh) {
+  for (ShardedTensor& t : tensors_) t.rebind_mesh(mesh);
+  mesh_ = std::move(mesh);
+}
+
 }  // namespace wl::transfer

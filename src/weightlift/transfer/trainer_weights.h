@@ -30,6 +30,9 @@ class TrainerWeights {
                                   std::shared_ptr<comm::Group> mesh,
                                   const TrainerWeightsOptions& options);
 
+  // The same mesh reconnected (after its old connections failed): same size, same rank.
+  void rebind_mesh(std::shared_ptr<comm::Group> mesh);
+
   // New values for every shard (a training step happened), from the full f32 weights.
   void assign_full(std::span<const float> full);
 

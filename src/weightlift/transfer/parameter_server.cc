@@ -1,0 +1,321 @@
+// ParameterServer: checkpoints by name, and the server side of the fleet protocol (fleet.h).
+#include "weightlift/transfer/parameter_server.h"
+
+#include <algorithm>
+#include <set>
+
+#include "weightlift/comm/broadcast.h"
+#include "weightlift/core/safetensors.h"
+#include "weightlift/model/params.h"
+
+namespace wl::transfer {
+
+struct ParameterServer::Impl {
+  ParameterServerOptions options;
+  FleetKeys keys;
+  std::shared_ptr<comm::Worker> worker;       // for the process's whole life
+  std::shared_ptr<comm::Group> servers;       // the server ranks: full_tensor() gathers
+  std::map<std::string, std::unique_ptr<TrainerWeights>> checkpoints;
+
+  // The current generation: its group and, per checkpoint, its executor.
+  uint64_t generation = 0;
+  std::vector<FleetMember> members;
+  std::shared_ptr<comm::Group> group;
+  std::map<std::string, ModeRunner> runners;
+  bool broken = true;  // no generation yet, or its last update failed
+  // After a failed update every server rank replaces its worker and reconnects the servers'
+  // group: a transfer to a receiver that died may have made the worker unusable
+  // (transport.h), and the server ranks must stay in step, so all of them do it.
+  bool rebuild = false;
+  int incarnation = 0;
+
+  // Rank 0 only: the round counter and who has joined.
+  uint64_t round = 0;
+  int64_t joins_seen = 0;
+  std::map<int, uint64_t> joined;  // id -> epoch
+
+  Status read_joins();
+  Result<RoundRecord> decide(const std::string& name, std::span<const int> receivers,
+                             bool checksums, std::vector<int>* dropped);
+  Result<RoundRecord> post(RoundRecord r);
+  Result<RoundRecord> share(Result<RoundRecord> decided);
+  Status enter_generation(const RoundRecord& r);
+  Status connect_servers();
+  Status rebuild_worker();
+};
+
+ParameterServer::ParameterServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ParameterServer::~ParameterServer() = default;
+
+Result<std::unique_ptr<ParameterServer>> ParameterServer::create(
+    const ParameterServerOptions& o) {
+  if (o.store == nullptr) return invalid_argument("parameter server: no store");
+  if (o.shard_dtype != DType::kF32 && o.shard_dtype != DType::kBF16) {
+    return invalid_argument("parameter server: checkpoints are held in f32 or bf16, not " +
+                            std::string(dtype_name(o.shard_dtype)));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = o;
+  impl->keys = {o.prefix};
+  WL_ASSIGN_OR_RETURN(std::unique_ptr<comm::Worker> worker,
+                      comm::Worker::create({.name = "server " + std::to_string(o.rank)}));
+  impl->worker = std::move(worker);
+  WL_RETURN_IF_ERROR(impl->connect_servers());
+  if (o.rank == 0) {
+    // Continue the fleet's numbering: receivers wait for the round after the last one posted.
+    WL_ASSIGN_OR_RETURN(int64_t posted, o.store->add(impl->keys.rounds(), 0));
+    impl->round = uint64_t(posted);
+  }
+  return std::unique_ptr<ParameterServer>(new ParameterServer(std::move(impl)));
+}
+
+Status ParameterServer::Impl::connect_servers() {
+  WL_ASSIGN_OR_RETURN(servers, comm::Group::connect(fleet_connect_options(
+                                   keys, keys.servers() + "/" + std::to_string(incarnation),
+                                   options.store, worker, options.rank, options.size,
+                                   options.timeout)));
+  return ok_status();
+}
+
+Status ParameterServer::Impl::rebuild_worker() {
+  runners.clear();
+  group.reset();
+  servers.reset();
+  ++incarnation;
+  WL_ASSIGN_OR_RETURN(std::unique_ptr<comm::Worker> fresh,
+                      comm::Worker::create({.name = "server " + std::to_string(options.rank)}));
+  worker = std::move(fresh);
+  WL_RETURN_IF_ERROR(connect_servers().with_context(
+      "parameter server rank " + std::to_string(options.rank) +
+      ": reconnecting the server ranks after a failed update"));
+  for (auto& [name, w] : checkpoints) w->rebind_mesh(servers);
+  rebuild = false;
+  return ok_status();
+}
+
+Status ParameterServer::register_checkpoint(const std::string& name,
+                                            const model::ModelConfig& config,
+                                            std::span<const float> full) {
+  if (name.empty()) return invalid_argument("register_checkpoint: empty name");
+  if (impl_->checkpoints.count(name)) {
+    return invalid_argument("register_checkpoint: '" + name +
+                            "' is registered already; unregister it first");
+  }
+  WL_RETURN_IF_ERROR(config.validate("register_checkpoint '" + name + "'"));
+  const model::ParamLayout layout(config);
+  if (full.size() != size_t(layout.total())) {
+    return invalid_argument("register_checkpoint '" + name + "': " + std::to_string(full.size()) +
+                            " floats given, the config has " + std::to_string(layout.total()) +
+                            " parameters");
+  }
+  impl_->checkpoints[name] = std::make_unique<TrainerWeights>(TrainerWeights::from_full(
+      config, full, impl_->servers, {.dtype = impl_->options.shard_dtype}));
+  return ok_status();
+}
+
+Status ParameterServer::register_checkpoint(const std::string& name,
+                                            const model::ModelConfig& config,
+                                            const std::vector<std::string>& files) {
+  if (files.empty()) return invalid_argument("register_checkpoint '" + name + "': no files");
+  std::vector<SafetensorsFile> opened;
+  for (const std::string& f : files) {
+    WL_ASSIGN_OR_RETURN(SafetensorsFile s, SafetensorsFile::open(f));
+    opened.push_back(std::move(s));
+  }
+  std::vector<const SafetensorsFile*> views;
+  for (const SafetensorsFile& s : opened) views.push_back(&s);
+  WL_RETURN_IF_ERROR(config.validate("register_checkpoint '" + name + "'"));
+  const model::ParamLayout layout(config);
+  std::vector<float> full(size_t(layout.total()));
+  WL_RETURN_IF_ERROR(model::read_params(layout, views, full.data())
+                         .with_context("register_checkpoint '" + name + "'"));
+  return register_checkpoint(name, config, full);
+}
+
+Status ParameterServer::unregister_checkpoint(const std::string& name) {
+  if (impl_->checkpoints.erase(name) == 0) {
+    return not_found("unregister_checkpoint: no checkpoint '" + name + "'");
+  }
+  impl_->runners.erase(name);
+  return ok_status();
+}
+
+std::vector<std::string> ParameterServer::checkpoints() const {
+  std::vector<std::string> names;
+  for (const auto& [name, w] : impl_->checkpoints) names.push_back(name);
+  return names;
+}
+
+TrainerWeights* ParameterServer::checkpoint(const std::string& name) {
+  auto it = impl_->checkpoints.find(name);
+  return it == impl_->checkpoints.end() ? nullptr : it->second.get();
+}
+
+uint64_t ParameterServer::generation() const { return impl_->generation; }
+const ParameterServerOptions& ParameterServer::options() const { return impl_->options; }
+
+Status ParameterServer::Impl::read_joins() {
+  WL_ASSIGN_OR_RETURN(int64_t total, options.store->add(keys.joins(), 0));
+  for (int64_t k = joins_seen + 1; k <= total; ++k) {
+    WL_ASSIGN_OR_RETURN(comm::Bytes b, options.store->get(keys.join(k), options.timeout));
+    WL_ASSIGN_OR_RETURN(JoinRecord j, join_from_json(comm::to_string(b), keys.join(k)));
+    if (j.leave) {
+      if (joined.count(j.id) && joined[j.id] == j.epoch) joined.erase(j.id);
+    } else {
+      joined[j.id] = j.epoch;
+    }
+    joins_seen = k;
+  }
+  return ok_status();
+}
+
+Result<RoundRecord> ParameterServer::Impl::post(RoundRecord r) {
+  r.round = ++round;
+  r.servers = options.size;
+  const std::string json = round_to_json(r);
+  WL_RETURN_IF_ERROR(options.store->set(keys.round(r.round), comm::to_bytes(json)));
+  WL_RETURN_IF_ERROR(options.store->add(keys.rounds(), 1).status());
+  return r;
+}
+
+// Rank 0: which receivers this update goes to, forming a generation first when needed.
+Result<RoundRecord> ParameterServer::Impl::decide(const std::string& name,
+                                                  std::span<const int> receivers,
+                                                  bool checksums, std::vector<int>* dropped) {
+  WL_RETURN_IF_ERROR(read_joins());
+  std::vector<FleetMember> wanted;
+  if (receivers.empty()) {
+    for (const auto& [id, epoch] : joined) wanted.push_back({id, epoch});
+  } else {
+    for (int id : receivers) {
+      auto it = joined.find(id);
+      if (it == joined.end()) {
+        return not_found("update '" + name + "': receiver " + std::to_string(id) +
+                         " has not joined the fleet (or has left it)");
+      }
+      wanted.push_back({id, it->second});
+    }
+  }
+  auto same = [](const std::vector<FleetMember>& a, const std::vector<FleetMember>& b) {
+    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](auto& x, auto& y) {
+             return x.id == y.id && x.epoch == y.epoch;
+           });
+  };
+  RoundRecord update{.kind = RoundRecord::Kind::kUpdate,
+                     .generation = generation,
+                     .members = members,
+                     .checkpoint = name,
+                     .mode = options.mode,
+                     .bucket_bytes = options.bucket_bytes,
+                     .checksums = checksums};
+  if (!broken && same(wanted, members)) return post(update);
+
+  // Form: ask the candidates, keep those that answer in time.
+  WL_ASSIGN_OR_RETURN(RoundRecord form, post({.kind = RoundRecord::Kind::kForm,
+                                              .generation = generation + 1,
+                                              .members = wanted}));
+  const comm::Deadline deadline = comm::deadline_after(options.join_timeout);
+  update.members.clear();
+  for (const FleetMember& m : wanted) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - comm::Clock::now());
+    auto ack = options.store->get(keys.ack(form.round, m.id), std::max(left, std::chrono::milliseconds(1)));
+    if (ack.ok() && comm::to_string(*ack) == std::to_string(m.epoch)) {
+      update.members.push_back(m);
+    } else {
+      dropped->push_back(m.id);
+      joined.erase(m.id);  // it announces itself again when it is back (fleet_receiver.h)
+    }
+  }
+  update.generation = generation + 1;
+  return post(update);
+}
+
+// Rank 0's decision (or its refusal) to every server rank.
+Result<RoundRecord> ParameterServer::Impl::share(Result<RoundRecord> decided) {
+  std::string body;
+  int64_t header[2] = {0, 0};  // status code, body length
+  if (servers->rank() == 0) {
+    body = decided.ok() ? round_to_json(*decided) : decided.status().message();
+    header[0] = decided.ok() ? 0 : int64_t(decided.status().code());
+    header[1] = int64_t(body.size());
+  }
+  WL_RETURN_IF_ERROR(comm::broadcast(*servers, {.buffer = header, .count = 2,
+                                                .dtype = DType::kI64}));
+  body.resize(size_t(header[1]));
+  WL_RETURN_IF_ERROR(comm::broadcast(*servers, {.buffer = body.data(), .count = body.size(),
+                                                .dtype = DType::kU8}));
+  if (header[0] != 0) return Status(StatusCode(header[0]), body);
+  return round_from_json(body, "round record from server rank 0");
+}
+
+Status ParameterServer::Impl::enter_generation(const RoundRecord& r) {
+  if (r.generation == generation && group != nullptr && !broken) return ok_status();
+  runners.clear();
+  group.reset();
+  generation = r.generation;
+  members = r.members;
+  broken = true;
+  WL_ASSIGN_OR_RETURN(group, comm::Group::connect(fleet_connect_options(
+                                 keys, keys.generation(r.generation), options.store, worker,
+                                 servers->rank(), r.servers + int(r.members.size()),
+                                 options.timeout)));
+  broken = false;
+  return ok_status();
+}
+
+Result<ServerUpdate> ParameterServer::update(const std::string& name,
+                                             std::span<const int> receivers,
+                                             const UpdateOptions& options) {
+  Impl& m = *impl_;
+  if (m.rebuild) WL_RETURN_IF_ERROR(m.rebuild_worker());
+  std::vector<int> dropped;
+  Result<RoundRecord> decided = not_found("update: no checkpoint '" + name + "'");
+  if (m.servers->rank() == 0 && m.checkpoints.count(name)) {
+    decided = m.decide(name, receivers, options.checksums, &dropped);
+  }
+  WL_ASSIGN_OR_RETURN(RoundRecord r, m.share(std::move(decided)));
+  TrainerWeights* weights = checkpoint(name);
+  if (weights == nullptr) {
+    return failed_precondition("update: server rank " + std::to_string(m.servers->rank()) +
+                               " does not hold checkpoint '" + name + "' that rank 0 holds");
+  }
+  if (r.members.empty()) {
+    m.broken = true;
+    return failed_precondition("update '" + name + "': no receiver answered (round " +
+                               std::to_string(r.round) + ")");
+  }
+  Status entered = m.enter_generation(r);
+  if (!entered.ok()) {
+    m.rebuild = true;
+    return entered.with_context("update '" + name + "': connecting generation " +
+                                std::to_string(r.generation));
+  }
+  auto it = m.runners.find(name);
+  if (it == m.runners.end()) {
+    Result<ModeRunner> made = make_mode_runner({.world = m.group,
+                                                .weights = weights,
+                                                .mode = r.mode,
+                                                .bucket_bytes = r.bucket_bytes,
+                                                .timeout = m.options.timeout});
+    if (!made.ok()) {
+      m.broken = m.rebuild = true;
+      return made.status().with_context("update '" + name + "': planning");
+    }
+    it = m.runners.emplace(name, *std::move(made)).first;
+  }
+  UpdateOptions u = options;
+  if (u.timeout.count() == 0) u.timeout = m.options.timeout;
+  Result<UpdateReport> report = it->second(u);
+  if (!report.ok()) {
+    m.broken = m.rebuild = true;
+    return report.status().with_context("update '" + name + "' (round " +
+                                        std::to_string(r.round) + ")");
+  }
+  return ServerUpdate{.report = *report,
+                      .round = r.round,
+                      .generation = r.generation,
+                      .members = r.members,
+                      .dropped = std::move(dropped)};
+}
+
+}  // namespace wl::transfer

@@ -1,0 +1,177 @@
+// The fleet's faults on real processes (fleet_test_rank.cc): a receiver killed with SIGKILL in
+// the middle of an update, then restarted; a server killed in the middle of an update. The
+// test hosts the rendezvous store, starts the ranks, posts their commands and reads what they
+// report through the store.
+//
+// What must hold (issue 4, "Faults"): the update with the dead receiver fails on every server
+// within the timeout or completes; the servers keep going and the next update reaches the
+// survivors; the restarted receiver heals from a healthy peer and matches bit-exactly; after
+// a server dies mid-update every receiver stays on its last complete version.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "support/child_process.h"
+#include "weightlift/comm/tcp_store.h"
+#include "weightlift/core/check.h"
+
+namespace wl::transfer {
+namespace {
+
+using namespace std::chrono_literals;
+using wl::testing::Child;
+
+constexpr const char* kRank = WL_FLEET_TEST_RANK;
+constexpr auto kFleetTimeout = 5s;  // fleet_test_rank's timeout for every wait
+
+struct Fleet {
+  std::unique_ptr<comm::TcpStoreServer> server;
+  std::shared_ptr<comm::Store> store;
+  int port = 0;
+  std::vector<Child> servers;
+  std::vector<Child> receivers;  // by id
+  int commands = 0;
+
+  Fleet() {
+    auto s = comm::TcpStoreServer::start({.token = "fleet-test"});
+    WL_CHECK(s.ok()) << s.status().to_string();
+    server = std::move(*s);
+    port = server->port();
+    auto c = comm::TcpStore::connect({.port = port, .token = "fleet-test"});
+    WL_CHECK(c.ok()) << c.status().to_string();
+    store = std::move(*c);
+  }
+  ~Fleet() {
+    for (auto& c : servers) wl::testing::reap(c);
+    for (auto& c : receivers) wl::testing::reap(c);
+  }
+
+  void start_servers(int n) {
+    for (int r = 0; r < n; ++r) {
+      servers.push_back(wl::testing::spawn_child(
+          {kRank, "server", std::to_string(r), std::to_string(n), std::to_string(port)}));
+    }
+    for (auto& c : servers) {
+      ASSERT_TRUE(wl::testing::wait_for_output(c, "ready", comm::deadline_after(30s))) << c.output;
+    }
+  }
+  Child start_receiver(int id, int tp, int tp_rank) {
+    Child c = wl::testing::spawn_child({kRank, "receiver", std::to_string(id),
+                                        std::to_string(port), std::to_string(tp),
+                                        std::to_string(tp_rank)});
+    EXPECT_TRUE(wl::testing::wait_for_output(c, "ready", comm::deadline_after(30s))) << c.output;
+    return c;
+  }
+
+  // Posts the next command to every server; returns its number.
+  int command(const std::string& text) {
+    ++commands;
+    EXPECT_TRUE(store->set("test/cmd/" + std::to_string(commands), comm::to_bytes(text)).ok());
+    return commands;
+  }
+  // What server `rank` reported for command `k`, waiting up to `wait`.
+  std::string result(int k, int rank, std::chrono::milliseconds wait) {
+    auto v = store->get("test/result/" + std::to_string(k) + "/" + std::to_string(rank), wait);
+    return v.ok() ? comm::to_string(*v) : "(no result: " + v.status().to_string() + ")";
+  }
+  // Which checkpoint receiver `id` holds at `version` ("a", "b", "none").
+  std::string state(int id, uint64_t version, std::chrono::milliseconds wait = 20s) {
+    auto v = store->get("test/state/" + std::to_string(id) + "/" + std::to_string(version), wait);
+    return v.ok() ? comm::to_string(*v) : "(no state: " + v.status().to_string() + ")";
+  }
+  std::string logs() {
+    std::string all;
+    for (auto& c : servers) wl::testing::drain(c), all += c.output;
+    for (auto& c : receivers) wl::testing::drain(c), all += c.output;
+    return all;
+  }
+};
+
+TEST(FleetProcess, ReceiverKilledMidUpdateThenRestartedHealsFromItsPeer) {
+  Fleet f;
+  f.start_servers(2);
+  // Two engines of TP 1: receivers 0 and 1 hold the same shard.
+  f.receivers.push_back(f.start_receiver(0, 1, 0));
+  f.receivers.push_back(f.start_receiver(1, 1, 0));
+
+  int k = f.command("update a 0");
+  for (int r : {0, 1}) ASSERT_EQ(f.result(k, r, 30s), "ok v=1 members=2") << f.logs();
+  EXPECT_EQ(f.state(0, 1), "a");
+  EXPECT_EQ(f.state(1, 1), "a");
+
+  // Slow senders, and receiver 1 dies while the update is on the wire.
+  k = f.command("update b 30");
+  ASSERT_TRUE(wl::testing::wait_for_output(f.servers[0], "staging " + std::to_string(k),
+                                           comm::deadline_after(20s)))
+      << f.logs();
+  const auto killed = comm::Clock::now();
+  ::kill(f.receivers[1].pid, SIGKILL);
+  ::waitpid(f.receivers[1].pid, nullptr, 0);
+  for (int r : {0, 1}) {
+    const std::string res = f.result(k, r, 3 * kFleetTimeout);
+    EXPECT_TRUE(res.rfind("error: ", 0) == 0 || res == "ok v=2 members=2") << res;
+    std::cerr << "[server " << r << " after SIGKILL of receiver 1, "
+              << std::chrono::duration_cast<std::chrono::milliseconds>(comm::Clock::now() - killed)
+                     .count()
+              << " ms] " << res << "\n";
+  }
+  const bool failed = f.result(k, 0, 1s).rfind("error: ", 0) == 0;
+  // The survivor holds a complete version: still a (v1) if the update failed.
+  const uint64_t v = failed ? 1 : 2;
+  EXPECT_EQ(f.state(0, v), failed ? "a" : "b");
+
+  // The servers keep going: the next update reaches the survivor alone.
+  k = f.command("update b 0");
+  for (int r : {0, 1}) ASSERT_EQ(f.result(k, r, 30s), "ok v=" + std::to_string(v + 1) + " members=1") << f.logs();
+  EXPECT_EQ(f.state(0, v + 1), "b");
+
+  // Restarted (same id, new process): it heals from receiver 0 by one-sided gets.
+  wl::testing::reap(f.receivers[1]);
+  f.receivers[1] = f.start_receiver(1, 1, 0);
+  EXPECT_NE(f.receivers[1].output.find("healed version " + std::to_string(v + 1)),
+            std::string::npos)
+      << f.receivers[1].output;
+  EXPECT_EQ(f.state(1, v + 1), "b") << "the healed copy is bit-exact";
+
+  // And takes part in the next update like any other member.
+  k = f.command("update a 0");
+  for (int r : {0, 1}) {
+    ASSERT_EQ(f.result(k, r, 30s), "ok v=" + std::to_string(v + 2) + " members=2") << f.logs();
+  }
+  EXPECT_EQ(f.state(0, v + 2), "a");
+  EXPECT_EQ(f.state(1, v + 2), "a");
+  f.command("exit");
+}
+
+TEST(FleetProcess, ServerKilledMidUpdateLeavesReceiversOnTheirLastVersion) {
+  Fleet f;
+  f.start_servers(2);
+  // One engine of TP 2.
+  f.receivers.push_back(f.start_receiver(0, 2, 0));
+  f.receivers.push_back(f.start_receiver(1, 2, 1));
+  int k = f.command("update a 0");
+  for (int r : {0, 1}) ASSERT_EQ(f.result(k, r, 30s), "ok v=1 members=2") << f.logs();
+
+  k = f.command("update b 30");
+  ASSERT_TRUE(wl::testing::wait_for_output(f.servers[1], "staging " + std::to_string(k),
+                                           comm::deadline_after(20s)))
+      << f.logs();
+  ::kill(f.servers[1].pid, SIGKILL);
+  ::waitpid(f.servers[1].pid, nullptr, 0);
+  // The surviving server's update fails within the timeout (a server's shards are gone).
+  const std::string res = f.result(k, 0, 3 * kFleetTimeout);
+  EXPECT_EQ(res.rfind("error: ", 0), 0u) << res;
+  // Both receivers report the failed round and stay on version 1, still exactly "a".
+  for (int id : {0, 1}) {
+    auto& c = f.receivers[size_t(id)];
+    EXPECT_TRUE(wl::testing::wait_for_output(c, "receiver " + std::to_string(id) + " failed",
+                                             comm::deadline_after(3 * kFleetTimeout)))
+        << c.output;
+    EXPECT_EQ(f.state(id, 1), "a");
+    EXPECT_EQ(f.state(id, 2, 100ms).rfind("(no state", 0), 0u) << "no version 2 was published";
+  }
+}
+
+}  // namespace
+}  // namespace wl::transfer

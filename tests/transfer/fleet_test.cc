@@ -1,0 +1,267 @@
+// The parameter server and its fleet, with every rank a thread (fleet_process_test.cc kills
+// real processes): named checkpoints switched between, receivers joining, healing from a
+// peer, leaving, in p2p and broadcast mode, every version bit-exact against the reference.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <thread>
+
+#include "fixture.h"
+#include "weightlift/comm/memory_store.h"
+#include "weightlift/core/safetensors.h"
+#include "weightlift/transfer/fleet_receiver.h"
+#include "weightlift/transfer/parameter_server.h"
+
+namespace wl::transfer {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::expect_matches_reference;
+using testing::preset_or_die;
+using testing::random_weights;
+
+constexpr int kServers = 2;
+
+// A receiver thread: serves rounds until stopped; errors are collected, not fatal (a
+// failed update is a legitimate outcome the tests look at).
+struct ReceiverThread {
+  std::unique_ptr<FleetReceiver> fleet;
+  LayoutOptions layout;
+  std::atomic<bool> stop{false};
+  std::thread thread;
+  std::mutex mu;
+  std::vector<std::string> errors;
+
+  void start() {
+    thread = std::thread([this] {
+      while (!stop.load()) {
+        auto r = fleet->serve_one(50ms);
+        if (!r.ok() && r.status().code() != StatusCode::kDeadlineExceeded) {
+          std::lock_guard lock(mu);
+          errors.push_back(r.status().to_string());
+        }
+      }
+    });
+  }
+  void join() {
+    stop = true;
+    thread.join();
+  }
+  // Waits until the receiver holds `version`: servers return from an update when the final
+  // allreduce completes, receivers publish right after theirs.
+  bool wait_version(uint64_t version) {
+    const auto deadline = comm::deadline_after(20s);
+    while (fleet->receiver().version() != version && comm::Clock::now() < deadline) {
+      std::this_thread::sleep_for(1ms);
+    }
+    return fleet->receiver().version() == version;
+  }
+};
+
+std::unique_ptr<ReceiverThread> start_receiver(std::shared_ptr<comm::Store> store,
+                                               const model::ModelConfig& c, int id,
+                                               LayoutOptions layout) {
+  auto t = std::make_unique<ReceiverThread>();
+  t->layout = layout;
+  auto lay = inference_layout(c, layout);
+  WL_CHECK(lay.ok()) << lay.status().to_string();
+  auto f = FleetReceiver::create({.store = store,
+                                  .id = id,
+                                  .receiver = {.tensors = tensor_specs(*lay),
+                                               .tp = layout.tp,
+                                               .tp_rank = layout.tp_rank,
+                                               .format = layout.format},
+                                  .timeout = 20s});
+  WL_CHECK(f.ok()) << f.status().to_string();
+  t->fleet = std::move(*f);
+  t->start();
+  return t;
+}
+
+// Runs fn(server) on kServers threads, each with its ParameterServer.
+void run_servers(std::shared_ptr<comm::Store> store, TransferMode mode,
+                 const std::function<void(ParameterServer&)>& fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kServers; ++r) {
+    threads.emplace_back([&, r] {
+      auto ps = ParameterServer::create({.store = store,
+                                         .rank = r,
+                                         .size = kServers,
+                                         .timeout = 20s,
+                                         .join_timeout = 2s,
+                                         .mode = mode,
+                                         .bucket_bytes = 1 << 16});
+      ASSERT_TRUE(ps.ok()) << ps.status().to_string();
+      fn(**ps);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+void switch_join_heal_leave(TransferMode mode, WeightFormat format) {
+  SCOPED_TRACE(std::string(transfer_mode_name(mode)) + " " +
+               std::string(weight_format_name(format)));
+  const model::ModelConfig c = preset_or_die("tiny");
+  const std::vector<float> a = random_weights(c, 1), b = random_weights(c, 2);
+  auto store = std::make_shared<comm::MemoryStore>();
+  // One engine of TP 2 (receivers 0 and 1); receiver 2 later joins as a replica of TP rank 0.
+  std::vector<std::unique_ptr<ReceiverThread>> rx;
+  for (int i = 0; i < 2; ++i) {
+    rx.push_back(start_receiver(store, c, i, {.tp = 2, .tp_rank = i, .format = format}));
+  }
+  auto expect_all = [&](std::span<const float> held, uint64_t v) {
+    for (auto& t : rx) {
+      if (t == nullptr) continue;
+      ASSERT_TRUE(t->wait_version(v)) << "receiver stuck at " << t->fleet->receiver().version();
+      expect_matches_reference(t->fleet->receiver(), c, t->layout, held, v);
+    }
+  };
+  std::atomic<int> phase{0};
+  run_servers(store, mode, [&](ParameterServer& ps) {
+    ASSERT_TRUE(ps.register_checkpoint("a", c, a).ok());
+    ASSERT_TRUE(ps.register_checkpoint("b", c, b).ok());
+    EXPECT_EQ(ps.checkpoints(), (std::vector<std::string>{"a", "b"}));
+    EXPECT_EQ(ps.register_checkpoint("a", c, a).code(), StatusCode::kInvalidArgument);
+
+    // Switching between named checkpoints: a, b, a.
+    for (const char* name : {"a", "b", "a"}) {
+      auto u = ps.update(name);
+      ASSERT_TRUE(u.ok()) << u.status().to_string();
+      EXPECT_EQ(u->members.size(), 2u);
+    }
+    EXPECT_EQ(ps.generation(), 1u) << "same receivers: one generation throughout";
+    if (ps.options().rank == 0) {
+      expect_all(a, 3);
+      // A late joiner heals from its peer of the same shard before anyone writes to it.
+      rx.push_back(start_receiver(store, c, 2, {.tp = 2, .tp_rank = 0, .format = format}));
+      EXPECT_EQ(rx[2]->fleet->healed_version(), 3u) << rx[2]->fleet->heal_log();
+      expect_matches_reference(rx[2]->fleet->receiver(), c, rx[2]->layout, a, 3);
+      phase = 1;
+    }
+    while (phase.load() < 1) std::this_thread::yield();
+
+    auto u = ps.update("b");  // the plan follows: a new generation with three receivers
+    ASSERT_TRUE(u.ok()) << u.status().to_string();
+    EXPECT_EQ(u->members.size(), 3u);
+    EXPECT_EQ(ps.generation(), 2u);
+    if (ps.options().rank == 0) {
+      expect_all(b, 4);
+      ASSERT_TRUE(rx[1]->fleet->leave().ok());  // leaves between updates
+      phase = 2;
+    }
+    while (phase.load() < 2) std::this_thread::yield();
+    // Only receivers 0 and 2 (both TP rank 0) remain: a, for the two of them.
+    u = ps.update("a");
+    ASSERT_TRUE(u.ok()) << u.status().to_string();
+    EXPECT_EQ(u->members.size(), 2u);
+
+    // Bad requests, refused before any round is posted.
+    EXPECT_EQ(ps.update("nope").status().code(), StatusCode::kNotFound);
+    const int stranger[] = {7};
+    auto s = ps.update("a", stranger);
+    EXPECT_EQ(s.status().code(), StatusCode::kNotFound) << s.status().to_string();
+    if (ps.options().rank == 0) {
+      EXPECT_NE(s.status().message().find("receiver 7"), std::string::npos);
+    }
+    EXPECT_TRUE(ps.unregister_checkpoint("b").ok());
+    EXPECT_EQ(ps.unregister_checkpoint("b").code(), StatusCode::kNotFound);
+    EXPECT_EQ(ps.update("b").status().code(), StatusCode::kNotFound);
+  });
+  ASSERT_TRUE(rx[0]->wait_version(5));
+  expect_matches_reference(rx[0]->fleet->receiver(), c, rx[0]->layout, a, 5);
+  expect_matches_reference(rx[2]->fleet->receiver(), c, rx[2]->layout, a, 5);
+  EXPECT_EQ(rx[1]->fleet->receiver().version(), 4u) << "left before version 5";
+  expect_matches_reference(rx[1]->fleet->receiver(), c, rx[1]->layout, b, 4);
+  for (auto& t : rx) {
+    t->join();
+    EXPECT_TRUE(t->errors.empty()) << t->errors.front();
+  }
+}
+
+TEST(ParameterServer, SwitchJoinHealLeaveP2pBf16) {
+  switch_join_heal_leave(TransferMode::kP2P, WeightFormat::kBF16);
+}
+TEST(ParameterServer, SwitchJoinHealLeaveP2pFp8) {
+  switch_join_heal_leave(TransferMode::kP2P, WeightFormat::kFP8);
+}
+TEST(ParameterServer, SwitchJoinHealLeaveBroadcastFp8) {
+  switch_join_heal_leave(TransferMode::kBroadcast, WeightFormat::kFP8);
+}
+
+// Checkpoints from safetensors files, one checkpoint split across two files; a file that
+// lacks a tensor is refused naming it.
+TEST(ParameterServer, RegistersCheckpointsFromSafetensorsFiles) {
+  const model::ModelConfig c = preset_or_die("tiny");
+  const std::vector<float> a = random_weights(c, 3);
+  const model::ParamLayout layout(c);
+  const std::string dir = ::testing::TempDir() + "/wl_ps_files";
+  std::filesystem::create_directories(dir);
+  std::vector<std::pair<std::string, Tensor>> first, second;
+  for (const model::ParamInfo& p : layout.params()) {
+    auto& half = p.name.find("layers.1.") == 0 ? second : first;
+    half.emplace_back(p.name, Tensor::borrow(const_cast<float*>(a.data()) + p.offset,
+                                             DType::kF32, p.shape));
+  }
+  ASSERT_TRUE(write_safetensors(dir + "/part1.safetensors", first, {}).ok());
+  ASSERT_TRUE(write_safetensors(dir + "/part2.safetensors", second, {}).ok());
+
+  auto store = std::make_shared<comm::MemoryStore>();
+  auto rx = start_receiver(store, c, 0, {.tp = 1, .tp_rank = 0});
+  run_servers(store, TransferMode::kP2P, [&](ParameterServer& ps) {
+    Status s = ps.register_checkpoint("files", c, {dir + "/part1.safetensors"});
+    EXPECT_EQ(s.code(), StatusCode::kNotFound);
+    EXPECT_NE(s.message().find("layers.1."), std::string::npos) << s.to_string();
+    s = ps.register_checkpoint("files", c,
+                               {dir + "/part1.safetensors", dir + "/part2.safetensors"});
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    auto u = ps.update("files", {}, {.checksums = true});
+    ASSERT_TRUE(u.ok()) << u.status().to_string();
+  });
+  ASSERT_TRUE(rx->wait_version(1));
+  expect_matches_reference(rx->fleet->receiver(), c, rx->layout, a, 1);
+  rx->join();
+  EXPECT_TRUE(rx->errors.empty()) << rx->errors.front();
+}
+
+// Healing while the peer keeps taking updates: whatever version the copy lands on, it is
+// exactly that version (a, b, a, ... by parity), never a mixture.
+TEST(Heal, CopiesAConsistentVersionWhileThePeerIsUpdated) {
+  const model::ModelConfig c = preset_or_die("tiny");
+  const std::vector<float> a = random_weights(c, 1), b = random_weights(c, 2);
+  auto store = std::make_shared<comm::MemoryStore>();
+  auto rx0 = start_receiver(store, c, 0, {.tp = 1, .tp_rank = 0});
+  std::atomic<bool> first{false};
+  std::thread healer([&] {
+    while (!first.load()) std::this_thread::yield();
+    for (int i = 0; i < 5; ++i) {
+      auto lay = inference_layout(c, {.tp = 1, .tp_rank = 0});
+      auto w = comm::Worker::create({.name = "healer"});
+      ASSERT_TRUE(w.ok());
+      auto r = Receiver::create(**w, {.tensors = tensor_specs(*lay)});
+      ASSERT_TRUE(r.ok());
+      auto rec = store->get(FleetKeys{"fleet"}.peer(0), 1s);
+      ASSERT_TRUE(rec.ok());
+      auto peer = peer_record_from_json(comm::to_string(*rec), "peer 0");
+      ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+      auto v = heal_from_peer(**w, **r, *peer, {.attempts = 50});
+      ASSERT_TRUE(v.ok()) << v.status().to_string();
+      expect_matches_reference(**r, c, {.tp = 1, .tp_rank = 0}, *v % 2 ? a : b, *v);
+    }
+  });
+  run_servers(store, TransferMode::kP2P, [&](ParameterServer& ps) {
+    ASSERT_TRUE(ps.register_checkpoint("a", c, a).ok());
+    ASSERT_TRUE(ps.register_checkpoint("b", c, b).ok());
+    // A fixed count: every server rank must run the same updates.
+    for (int v = 1; v <= 60; ++v) {
+      auto u = ps.update(v % 2 ? "a" : "b");
+      ASSERT_TRUE(u.ok()) << u.status().to_string();
+      first = true;
+    }
+  });
+  healer.join();
+  rx0->join();
+}
+
+}  // namespace
+}  // namespace wl::transfer
