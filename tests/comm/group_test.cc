@@ -103,5 +103,53 @@ TEST(Group, ConnectTimesOutWhenARankNeverComes) {
   EXPECT_EQ(g.status().code(), StatusCode::kDeadlineExceeded) << g.status().to_string();
 }
 
+// Two worlds over one shared worker (a fleet re-forming its group between updates): the second
+// world of the same ranks gets its own group id, so messages of one never match the other's.
+TEST(Group, WorldsSharingAWorkerDoNotCross) {
+  auto store = std::make_shared<MemoryStore>();
+  testing::run_ranks(3, [&](int r) {
+    auto w = Worker::create({.name = "shared " + std::to_string(r)});
+    ASSERT_TRUE(w.ok()) << w.status().to_string();
+    std::shared_ptr<Worker> worker = std::move(*w);
+    auto connect = [&](const std::string& prefix) {
+      return Group::connect({.store = store, .rank = r, .size = 3, .timeout = 20s,
+                             .prefix = prefix, .shared_worker = worker, .ids_key = "ids"});
+    };
+    auto a = connect("a");
+    ASSERT_TRUE(a.ok()) << a.status().to_string();
+    auto b = connect("b");
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    EXPECT_NE((*a)->id(), (*b)->id());
+    EXPECT_EQ(&(*a)->worker(), &(*b)->worker());
+    constexpr size_t kCount = 777;
+    std::vector<int32_t> xa(kCount, r + 1), xb(kCount, (r + 1) * 1000);
+    auto op_a = [&] {
+      return allreduce(**a, {.recv = xa.data(), .count = kCount, .dtype = DType::kI32,
+                             .segment_bytes = 128});
+    };
+    auto op_b = [&] {
+      return allreduce(**b, {.recv = xb.data(), .count = kCount, .dtype = DType::kI32,
+                             .segment_bytes = 128});
+    };
+    // Every rank runs a then b (two worlds are ordered like any two collectives), but the
+    // ranks other than 0 dawdle after a: rank 0's b messages reach them while they are still
+    // in (or just out of) a, on the same worker, with the same sequence numbers.
+    Status first = op_a();
+    if (r != 0) std::this_thread::sleep_for(5ms);
+    Status second = op_b();
+    ASSERT_TRUE(first.ok()) << first.to_string();
+    ASSERT_TRUE(second.ok()) << second.to_string();
+    EXPECT_EQ(xa, std::vector<int32_t>(kCount, 6));
+    EXPECT_EQ(xb, std::vector<int32_t>(kCount, 6000));
+    EXPECT_TRUE(barrier(**a).ok());
+  });
+  // Sharing needs the common id counter.
+  auto w = Worker::create({});
+  ASSERT_TRUE(w.ok());
+  auto g = Group::connect({.store = store, .rank = 0, .size = 1,
+                           .shared_worker = std::shared_ptr<Worker>(std::move(*w))});
+  EXPECT_EQ(g.status().code(), StatusCode::kInvalidArgument) << g.status().to_string();
+}
+
 }  // namespace
 }  // namespace wl::comm
