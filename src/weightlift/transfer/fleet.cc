@@ -39,6 +39,8 @@ std::string round_to_json(const RoundRecord& r) {
   json members = json::array();
   for (const FleetMember& m : r.members) members.push_back({{"id", m.id}, {"epoch", m.epoch}});
   j["members"] = members;
+  j["lagging"] = r.lagging;
+  j["dropped"] = r.dropped;
   j["checkpoint"] = r.checkpoint;
   j["mode"] = transfer_mode_name(r.mode);
   j["bucket_bytes"] = r.bucket_bytes;
@@ -60,6 +62,8 @@ Result<RoundRecord> round_from_json(std::string_view text, std::string_view wher
     for (const json& m : j.at("members")) {
       r.members.push_back({m.at("id").get<int>(), m.at("epoch").get<uint64_t>()});
     }
+    r.lagging = j.at("lagging").get<std::vector<int>>();
+    r.dropped = j.at("dropped").get<std::vector<int>>();
     r.checkpoint = j.at("checkpoint").get<std::string>();
     const std::string mode = j.at("mode").get<std::string>();
     if (mode != "p2p" && mode != "broadcast") throw std::runtime_error("unknown mode " + mode);

@@ -5,9 +5,11 @@
 // Rounds. The parameter server's rank 0 numbers its rounds 1, 2, ... and posts each as a
 // record under "<prefix>/round/<n>" (then bumps the counter "<prefix>/rounds"). Two kinds:
 //   form    a new generation g of the fleet: the candidate receivers. Each candidate that is
-//           alive answers under "<prefix>/round/<n>/ack/<id>" with its epoch; whoever has not
-//           answered within the join timeout is left out (a dead or frozen receiver costs one
-//           join timeout, once). Then every member connects the group "<prefix>/gen/<g>":
+//           alive answers under "<prefix>/round/<n>/ack/<id>" with "<epoch> <version>"; whoever
+//           has not answered within the join timeout is left out (a dead or frozen receiver
+//           costs one join timeout, once), and so is whoever holds an older version than the
+//           newest among the answers: every member of a generation holds the same version, as
+//           the executors require (a receiver that missed updates restarts and heals). Then every member connects the group "<prefix>/gen/<g>":
 //           parameter-server ranks first, then the members in the listed order, all on the
 //           worker they keep for their whole life (so receiver memory stays registered).
 //   update  generation g moves checkpoint `checkpoint` in `mode` to its members. A checkpoint
@@ -53,6 +55,10 @@ struct RoundRecord {
   uint64_t generation = 0;
   int servers = 0;                   // parameter-server ranks: ranks 0 .. servers-1
   std::vector<FleetMember> members;  // form: the candidates; update: the group, in rank order
+  // update rounds that formed a generation: candidates left out because they hold an older
+  // version than the others (they missed updates); they must restart to heal from a peer.
+  std::vector<int> lagging;
+  std::vector<int> dropped;  // every candidate left out: lagging, or silent past the timeout
   std::string checkpoint;            // update only
   TransferMode mode = TransferMode::kP2P;
   int64_t bucket_bytes = 0;          // broadcast mode's bucket size

@@ -147,8 +147,9 @@ Result<RoundOutcome> FleetReceiver::serve_one(std::chrono::milliseconds wait) {
 
   if (r.kind == RoundRecord::Kind::kForm) {
     if (named && m.member) {
+      const std::string ack = std::to_string(epoch) + " " + std::to_string(m.receiver->version());
       WL_RETURN_IF_ERROR(m.options.store->set(m.keys.ack(r.round, m.options.id),
-                                              comm::to_bytes(std::to_string(epoch))));
+                                              comm::to_bytes(ack)));
       out.took_part = true;
     }
     return out;
@@ -158,6 +159,14 @@ Result<RoundOutcome> FleetReceiver::serve_one(std::chrono::milliseconds wait) {
     m.runners.clear();
     m.group.reset();
     m.generation = 0;
+    if (std::find(r.lagging.begin(), r.lagging.end(), m.options.id) != r.lagging.end()) {
+      m.member = false;
+      return failed_precondition(
+          "receiver " + std::to_string(m.options.id) + " holds version " +
+          std::to_string(m.receiver->version()) + ", older than the rest of the fleet (it " +
+          "missed updates), so generation " + std::to_string(r.generation) +
+          " left it out; restart it to heal from a peer");
+    }
     if (!named) {
       // Left out of a new generation while we think we belong: the servers dropped us (we
       // answered too late, or they thought us dead). Announce again for the next one.

@@ -2,6 +2,7 @@
 #include "weightlift/transfer/parameter_server.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <set>
 
 #include "weightlift/comm/broadcast.h"
@@ -36,7 +37,7 @@ struct ParameterServer::Impl {
 
   Status read_joins();
   Result<RoundRecord> decide(const std::string& name, std::span<const int> receivers,
-                             bool checksums, std::vector<int>* dropped);
+                             bool checksums);
   Result<RoundRecord> post(RoundRecord r);
   Result<RoundRecord> share(Result<RoundRecord> decided);
   Status enter_generation(const RoundRecord& r);
@@ -181,7 +182,7 @@ Result<RoundRecord> ParameterServer::Impl::post(RoundRecord r) {
 // Rank 0: which receivers this update goes to, forming a generation first when needed.
 Result<RoundRecord> ParameterServer::Impl::decide(const std::string& name,
                                                   std::span<const int> receivers,
-                                                  bool checksums, std::vector<int>* dropped) {
+                                                  bool checksums) {
   WL_RETURN_IF_ERROR(read_joins());
   std::vector<FleetMember> wanted;
   if (receivers.empty()) {
@@ -215,15 +216,30 @@ Result<RoundRecord> ParameterServer::Impl::decide(const std::string& name,
                                               .generation = generation + 1,
                                               .members = wanted}));
   const comm::Deadline deadline = comm::deadline_after(options.join_timeout);
-  update.members.clear();
+  std::vector<std::pair<FleetMember, uint64_t>> answered;  // with the version each holds
+  uint64_t newest = 0;
   for (const FleetMember& m : wanted) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - comm::Clock::now());
-    auto ack = options.store->get(keys.ack(form.round, m.id), std::max(left, std::chrono::milliseconds(1)));
-    if (ack.ok() && comm::to_string(*ack) == std::to_string(m.epoch)) {
+    auto ack = options.store->get(keys.ack(form.round, m.id),
+                                  std::max(left, std::chrono::milliseconds(1)));
+    unsigned long long epoch = 0, version = 0;
+    if (ack.ok() && std::sscanf(comm::to_string(*ack).c_str(), "%llu %llu", &epoch, &version) == 2 &&
+        epoch == m.epoch) {
+      answered.emplace_back(m, version);
+      newest = std::max(newest, uint64_t(version));
+    } else {
+      update.dropped.push_back(m.id);
+      joined.erase(m.id);  // it announces itself again when it is back (fleet_receiver.h)
+    }
+  }
+  update.members.clear();
+  for (const auto& [m, version] : answered) {
+    if (version == newest) {
       update.members.push_back(m);
     } else {
-      dropped->push_back(m.id);
-      joined.erase(m.id);  // it announces itself again when it is back (fleet_receiver.h)
+      update.dropped.push_back(m.id);
+      update.lagging.push_back(m.id);
+      joined.erase(m.id);
     }
   }
   update.generation = generation + 1;
@@ -268,10 +284,9 @@ Result<ServerUpdate> ParameterServer::update(const std::string& name,
                                              const UpdateOptions& options) {
   Impl& m = *impl_;
   if (m.rebuild) WL_RETURN_IF_ERROR(m.rebuild_worker());
-  std::vector<int> dropped;
   Result<RoundRecord> decided = not_found("update: no checkpoint '" + name + "'");
   if (m.servers->rank() == 0 && m.checkpoints.count(name)) {
-    decided = m.decide(name, receivers, options.checksums, &dropped);
+    decided = m.decide(name, receivers, options.checksums);
   }
   WL_ASSIGN_OR_RETURN(RoundRecord r, m.share(std::move(decided)));
   TrainerWeights* weights = checkpoint(name);
@@ -315,7 +330,7 @@ Result<ServerUpdate> ParameterServer::update(const std::string& name,
                       .round = r.round,
                       .generation = r.generation,
                       .members = r.members,
-                      .dropped = std::move(dropped)};
+                      .dropped = r.dropped};
 }
 
 }  // namespace wl::transfer

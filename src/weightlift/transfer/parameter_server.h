@@ -62,7 +62,8 @@ struct ServerUpdate {
   uint64_t round = 0;              // the fleet round this update was
   uint64_t generation = 0;
   std::vector<FleetMember> members;  // who received it
-  std::vector<int> dropped;        // candidates that did not answer when the generation formed
+  std::vector<int> dropped;        // candidates left out when the generation formed: silent
+                                   // past the join timeout, or holding an older version
 };
 
 class ParameterServer {
