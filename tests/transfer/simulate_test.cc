@@ -38,6 +38,17 @@ K2Shapes small_k2() {
           .vocab = 1024};
 }
 
+// 16 trainers (HSDP dense meshes of 4, EP meshes of 2) to 8 receivers (2 instances of 4).
+SimulateOptions small_cluster() {
+  return {.k2 = small_k2(),
+          .trainers = 16,
+          .receivers = 8,
+          .gpus_per_node = 4,
+          .instance_gpus = 4,
+          .dense_mesh = 4,
+          .expert_mesh = 2};
+}
+
 TEST(KimiK2, ParameterCountMatchesTheClosedForm) {
   const K2Shapes s;  // the public config
   const int64_t d = s.hidden, H = s.num_heads;
@@ -123,14 +134,8 @@ TEST(ScheduleLoads, AgreesWithThePlanner) {
 TEST(ScheduleLoads, CoversEveryReceiverByteOnceAtReducedK2Scale) {
   for (const char* dtype : {"fp8", "bf16"}) {
     SCOPED_TRACE(dtype);
-    SimulateOptions o{.k2 = small_k2(),
-                      .trainers = 16,
-                      .receivers = 8,
-                      .gpus_per_node = 4,
-                      .instance_gpus = 4,
-                      .dense_mesh = 4,
-                      .expert_mesh = 2,
-                      .dtype = dtype};
+    SimulateOptions o = small_cluster();
+    o.dtype = dtype;
     auto in = simulation_input(o);
     ASSERT_TRUE(in.ok()) << in.status().to_string();
     std::map<std::pair<int, const ReceiverTensor*>, std::vector<std::pair<int64_t, int64_t>>> rows;
@@ -285,13 +290,7 @@ TEST(NetworkModel, TwoSendersIntoOneReceiverAreReceiverBound) {
 }
 
 TEST(NetworkModel, SensitivityMovesTheRightWay) {
-  SimulateOptions o{.k2 = small_k2(),
-                    .trainers = 16,
-                    .receivers = 8,
-                    .gpus_per_node = 4,
-                    .instance_gpus = 4,
-                    .dense_mesh = 4,
-                    .expert_mesh = 2};
+  SimulateOptions o = small_cluster();
   auto in = simulation_input(o);
   ASSERT_TRUE(in.ok());
   auto loads = schedule_loads(*in);
@@ -336,13 +335,7 @@ TEST(SimulateCommand, RefusesBadOptionsNamingThem) {
 }
 
 TEST(SimulateCommand, ReportsAReducedK2Run) {
-  SimulateOptions o{.k2 = small_k2(),
-                    .trainers = 16,
-                    .receivers = 8,
-                    .gpus_per_node = 4,
-                    .instance_gpus = 4,
-                    .dense_mesh = 4,
-                    .expert_mesh = 2};
+  SimulateOptions o = small_cluster();
   auto text = simulate_transfer(o);
   ASSERT_TRUE(text.ok()) << text.status().to_string();
   for (const char* needle : {"critical sender", "sensitivity", "--nic-gbps", "--instance-gpus",

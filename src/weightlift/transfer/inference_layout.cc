@@ -13,6 +13,26 @@ std::optional<WeightFormat> weight_format_from_name(std::string_view name) {
   return std::nullopt;
 }
 
+void add_receiver_matrix(std::vector<ReceiverTensor>& out, WeightFormat format,
+                         const std::string& name, int64_t rows, int64_t cols,
+                         std::vector<SourceSlice> sources, bool expert) {
+  const bool fp8 = format == WeightFormat::kFP8;
+  ReceiverTensor t{.name = name, .dtype = fp8 ? DType::kF8E4M3 : DType::kBF16,
+                   .shape = {rows, cols}, .rows = rows, .cols = cols, .expert = expert,
+                   .sources = std::move(sources)};
+  if (!fp8) {
+    out.push_back(std::move(t));
+    return;
+  }
+  t.scale = name + ".scale";
+  const int64_t br = (rows + kFp8BlockSize - 1) / kFp8BlockSize;
+  const int64_t bc = (cols + kFp8BlockSize - 1) / kFp8BlockSize;
+  ReceiverTensor s{.name = t.scale, .dtype = DType::kF32, .shape = {br, bc}, .rows = br,
+                   .cols = bc, .expert = expert, .scale_of = name};
+  out.push_back(std::move(t));
+  out.push_back(std::move(s));
+}
+
 Result<std::vector<ReceiverTensor>> inference_layout(const model::ModelConfig& c,
                                                      const LayoutOptions& o) {
   const int64_t tp = o.tp;
@@ -38,7 +58,6 @@ Result<std::vector<ReceiverTensor>> inference_layout(const model::ModelConfig& c
   const int64_t kv_rows = (c.num_kv_heads >= tp ? c.num_kv_heads / tp : 1) * dh;
   const int64_t kv0 = c.num_kv_heads >= tp ? r * kv_rows : r / (tp / c.num_kv_heads) * dh;
   const int64_t f_rows = c.ffn_dim / tp, f0 = r * f_rows;
-  const bool fp8 = o.format == WeightFormat::kFP8;
 
   std::vector<ReceiverTensor> out;
   // Replicated, bf16 in both formats.
@@ -51,20 +70,7 @@ Result<std::vector<ReceiverTensor>> inference_layout(const model::ModelConfig& c
   };
   auto matrix = [&](const std::string& name, int64_t rows, int64_t cols,
                     std::vector<SourceSlice> sources, bool expert) {
-    ReceiverTensor t{.name = name, .dtype = fp8 ? DType::kF8E4M3 : DType::kBF16,
-                     .shape = {rows, cols}, .rows = rows, .cols = cols, .expert = expert,
-                     .sources = std::move(sources)};
-    if (!fp8) {
-      out.push_back(std::move(t));
-      return;
-    }
-    t.scale = name + ".scale";
-    const int64_t br = (rows + kFp8BlockSize - 1) / kFp8BlockSize;
-    const int64_t bc = (cols + kFp8BlockSize - 1) / kFp8BlockSize;
-    ReceiverTensor s{.name = t.scale, .dtype = DType::kF32, .shape = {br, bc}, .rows = br,
-                     .cols = bc, .expert = expert, .scale_of = name};
-    out.push_back(std::move(t));
-    out.push_back(std::move(s));
+    add_receiver_matrix(out, o.format, name, rows, cols, std::move(sources), expert);
   };
 
   plain("embed.weight", {c.vocab_size, d});

@@ -76,6 +76,13 @@ struct LayoutOptions {
   WeightFormat format = WeightFormat::kBF16;
 };
 
+// Appends one matrix of a receiver's layout: bf16, or (fp8) e4m3 followed by its f32 scale
+// tensor of one scale per 128x128 block. Shared by every model's layout (inference_layout
+// here, kimi_k2.h for the simulation).
+void add_receiver_matrix(std::vector<ReceiverTensor>& out, WeightFormat format,
+                         const std::string& name, int64_t rows, int64_t cols,
+                         std::vector<SourceSlice> sources, bool expert);
+
 // The tensors TP rank `tp_rank` holds, in the engine's order (per layer: norms, qkv, o,
 // router, experts). InvalidArgument when tp does not divide num_heads or ffn_dim, when
 // num_kv_heads is neither a multiple nor a divisor of tp, or tp_rank is out of range.

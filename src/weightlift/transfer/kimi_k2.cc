@@ -82,7 +82,6 @@ Result<std::vector<ReceiverTensor>> k2_inference_layout(const K2Shapes& s,
                             " routed experts (expert parallel needs at least one each)");
   }
   const int64_t d = s.hidden;
-  const bool fp8 = o.format == WeightFormat::kFP8;
   std::vector<ReceiverTensor> out;
   auto plain = [&](const std::string& name, int64_t rows, int64_t cols, int64_t row0) {
     ReceiverTensor t{.name = name, .dtype = DType::kBF16};
@@ -95,29 +94,7 @@ Result<std::vector<ReceiverTensor>> k2_inference_layout(const K2Shapes& s,
   // The same fp8-or-bf16 rule as inference_layout(): a quantized matrix and its scale tensor.
   auto matrix = [&](const std::string& name, int64_t rows, int64_t cols,
                     std::vector<SourceSlice> sources, bool expert) {
-    ReceiverTensor t{.name = name,
-                     .dtype = fp8 ? DType::kF8E4M3 : DType::kBF16,
-                     .shape = {rows, cols},
-                     .rows = rows,
-                     .cols = cols,
-                     .expert = expert,
-                     .sources = std::move(sources)};
-    if (!fp8) {
-      out.push_back(std::move(t));
-      return;
-    }
-    t.scale = name + ".scale";
-    const int64_t br = (rows + kFp8BlockSize - 1) / kFp8BlockSize;
-    const int64_t bc = (cols + kFp8BlockSize - 1) / kFp8BlockSize;
-    ReceiverTensor sc{.name = t.scale,
-                      .dtype = DType::kF32,
-                      .shape = {br, bc},
-                      .rows = br,
-                      .cols = bc,
-                      .expert = expert,
-                      .scale_of = name};
-    out.push_back(std::move(t));
-    out.push_back(std::move(sc));
+    add_receiver_matrix(out, o.format, name, rows, cols, std::move(sources), expert);
   };
   // cat(gate rows, up rows) of ffn rows [f0, f0 + f) and the matching down columns.
   auto mlp = [&](const std::string& p, int64_t f, int64_t f0, bool expert) {
