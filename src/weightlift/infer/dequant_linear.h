@@ -1,0 +1,37 @@
+// A Linear layer over weights as the inference layout stores them (bf16, or fp8 e4m3 with
+// 128x128 block scales), dequantized on the fly one band of rows at a time.
+//
+//   y[n, rows] = x[n, cols] @ W[rows, cols]^T       (or += when accumulating)
+//
+// Per band of rows (a multiple of 128, so an fp8 band covers whole scale blocks): widen the
+// band to f32 in a scratch buffer (bf16: exact; fp8: q * scale, one rounding, the dequantized
+// value DeepSeek-V3 defines), then one f32 oneDNN GEMM of all n activation rows against it,
+// writing the band's output columns in place (ldc = rows).
+//
+// Why bands and not the whole model dequantized up front: an f32 copy is 4x the fp8 bytes
+// (2x bf16) for every matrix, which defeats fp8's point and would have to be redone after
+// every weight update anyway. Why not per row: the GEMM then degenerates to GEMVs and the
+// n activation rows get re-read per weight row. A band is sized to about 256 KiB of f32
+// (L2-resident), dequantized once per call and reused by every activation row, so the extra
+// work is one pass over the weight bytes, the same traffic a fused dequant-GEMM would have.
+// Activations stay f32 (no rounding of x), so the only error against an f32 model is the
+// weights' own rounding.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "weightlift/infer/weights.h"
+
+namespace wl::infer {
+
+// Rows [r0, r1) of w as f32 into dst [r1 - r0, w.cols]. fp8: q * scale of the row's and
+// column's 128x128 block.
+void dequantize_rows(const WeightMatrix& w, int64_t r0, int64_t r1, float* dst);
+
+// x: [n, w.cols] f32; y: [n, w.rows] f32, overwritten, or added to when `accumulate`.
+// `scratch` grows to one band (about 64 Ki floats, or 128 rows when a row is longer).
+void dequant_linear(const WeightMatrix& w, const float* x, int64_t n, float* y, bool accumulate,
+                    std::vector<float>& scratch);
+
+}  // namespace wl::infer
