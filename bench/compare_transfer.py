@@ -13,6 +13,11 @@ update time per mode and dtype.
     /usr/bin/python3 bench/compare_transfer.py --weightlift build/release/apps/weightlift \
         --out runs/transfer
 
+`--rounds K` repeats every run K times, interleaved (p2p, broadcast, naive, torch, then again),
+and reports medians over rounds; `--modes` picks a subset (naive is slow); the load average
+before each run is kept in the JSON and printed. The last lines check the issue's speed bars
+against this run's own figures.
+
 `--weightlift` may be any command that takes `bench transfer` and its flags.
 """
 import argparse
@@ -84,6 +89,35 @@ def svg_bars(path, title, rows):
         f.write("\n".join(out) + "\n")
 
 
+def median(v):
+    v = sorted(v)
+    return v[len(v) // 2] if v else float("nan")
+
+
+def run_round(a, shape, rnd, dtypes, modes):
+    """One weightlift run per (dtype, mode) and one torch run, each row tagged with the round
+    and the 1-minute load average before it started."""
+    rows = []
+    for dtype in dtypes:
+        for mode in [m for m in MODES[:3] if m in modes]:
+            load = os.getloadavg()[0]
+            row = json_line(shlex.split(a.weightlift) + ["bench", "transfer", "--mode", mode,
+                                                         "--dtype", dtype, "--json"] + shape +
+                            ([] if a.verify else ["--no-verify"]))
+            if row:
+                row.update({"round": rnd, "load1": load})
+                rows.append(row)
+    if "torch-gloo" in modes:
+        load = os.getloadavg()[0]
+        row = json_line(["/usr/bin/python3", os.path.join(HERE, "torch_broadcast_baseline.py"),
+                         "--preset", a.preset, "--trainers", str(a.trainers), "--receivers",
+                         str(a.receivers), "--tp", str(a.tp), "--updates", str(a.updates)])
+        if row:
+            row.update({"round": rnd, "load1": load, "mode": "torch-gloo", "dtype": "bf16"})
+            rows.append(row)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--weightlift", default="weightlift",
@@ -94,45 +128,75 @@ def main():
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--updates", type=int, default=5)
     ap.add_argument("--dtypes", default="bf16,fp8")
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help="subset of " + ",".join(MODES))
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="repeat every run this many times, interleaved (all modes once per "
+                         "round), and report the median over rounds: a shared machine's load "
+                         "then weighs on every mode alike")
+    ap.add_argument("--no-verify", dest="verify", action="store_false",
+                    help="skip the untimed comparison with the reference after each run")
     ap.add_argument("--out", default="runs/transfer", help="directory for the SVG and JSON")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     shape = ["--preset", a.preset, "--trainers", str(a.trainers), "--receivers",
              str(a.receivers), "--tp", str(a.tp), "--updates", str(a.updates)]
-    results = []
-    for dtype in a.dtypes.split(","):
-        for mode in MODES[:3]:
-            row = json_line(shlex.split(a.weightlift) + ["bench", "transfer", "--mode", mode,
-                                                         "--dtype", dtype, "--json"] + shape)
-            if row:
-                results.append(row)
-    torch_row = json_line(["/usr/bin/python3", os.path.join(HERE, "torch_broadcast_baseline.py"),
-                           "--preset", a.preset, "--trainers", str(a.trainers), "--receivers",
-                           str(a.receivers), "--tp", str(a.tp), "--updates", str(a.updates)])
+    dtypes = a.dtypes.split(",")
+    modes = a.modes.split(",")
+    rows = []
+    for rnd in range(a.rounds):
+        rows += run_round(a, shape, rnd, dtypes, modes)
     with open(os.path.join(a.out, "transfer.jsonl"), "w") as f:
-        for row in results + ([torch_row] if torch_row else []):
+        for row in rows:
             f.write(json.dumps(row) + "\n")
 
-    times = {(r["mode"], r["dtype"]): r["update_ms_median"] for r in results}
-    print("%s, %d trainers -> %d receivers, TP %d, median of %d updates" %
-          (a.preset, a.trainers, a.receivers, a.tp, a.updates))
+    # Per (mode, dtype): the median over rounds of each run's median update time.
+    def pick(mode, dtype, key):
+        return [r[key] for r in rows if r["mode"] == mode and r.get("dtype") == dtype and key in r]
+    results = [(m, d) for d in dtypes for m in MODES[:3] if pick(m, d, "update_ms_median")]
+    times = {k: median(pick(k[0], k[1], "update_ms_median")) for k in results}
+    torch_ms = median(pick("torch-gloo", "bf16", "update_ms_median"))
+    have_torch = bool(pick("torch-gloo", "bf16", "update_ms_median"))
+    loads = [r["load1"] for r in rows]
+    print("%s, %d trainers -> %d receivers, TP %d, median of %d updates, %d round(s); "
+          "load average (1 min) %.1f-%.1f" % (a.preset, a.trainers, a.receivers, a.tp,
+                                              a.updates, a.rounds, min(loads or [0]),
+                                              max(loads or [0])))
     print("%-10s %-5s %10s %9s %9s %9s %11s %8s" % ("mode", "dtype", "update_ms", "vs_p2p",
                                                   "vs_torch", "eff_GB/s", "memcpy_frac", "wrong"))
-    for r in results:
-        p2p = times.get(("p2p", r["dtype"]))
-        ms = r["update_ms_median"]
+    for m, d in results:
+        p2p = times.get(("p2p", d))
+        ms = times[(m, d)]
         print("%-10s %-5s %10.1f %8.2fx %8s %9.3f %11.3f %8d" % (
-            r["mode"], r["dtype"], ms, ms / p2p if p2p else float("nan"),
-            "%.2fx" % (torch_row["update_ms_median"] / ms) if torch_row else "-",
-            r["effective_gbps"], r["memcpy_fraction"], r["wrong"]))
-    if torch_row:
+            m, d, ms, ms / p2p if p2p else float("nan"),
+            "%.2fx" % (torch_ms / ms) if have_torch else "-",
+            median(pick(m, d, "effective_gbps")), median(pick(m, d, "memcpy_fraction")),
+            sum(pick(m, d, "wrong"))))
+    if have_torch:
         print("%-10s %-5s %10.1f   (baseline; vs_torch = torch time / this mode's time)"
-              % ("torch-gloo", "bf16", torch_row["update_ms_median"]))
-        for d in a.dtypes.split(","):
-            times[("torch-gloo", d if d == "bf16" else "bf16")] = torch_row["update_ms_median"]
-    memcpy = [r["memcpy_gbps"] for r in results]
+              % ("torch-gloo", "bf16", torch_ms))
+        for d in dtypes:
+            times[("torch-gloo", d if d == "bf16" else "bf16")] = torch_ms
+    memcpy = [r["memcpy_gbps"] for r in rows if "memcpy_gbps" in r]
     if memcpy:
         print("single-thread memcpy: %s GB/s" % ", ".join("%.2f" % m for m in memcpy))
+
+    # The issue's speed bars, from this run's medians.
+    def bar(name, value, at_least):
+        if value == value:  # not NaN
+            print("bar: %-44s %7.2f (target >= %g: %s)" % (name, value, at_least,
+                                                          "met" if value >= at_least else
+                                                          "NOT met"))
+    p2p8, bc8 = times.get(("p2p", "fp8")), times.get(("broadcast", "fp8"))
+    if p2p8 and bc8:
+        bar("fp8: broadcast time / p2p time", bc8 / p2p8, 2)
+    if p2p8 and have_torch:
+        bar("fp8: torch-gloo (bf16) time / p2p time", torch_ms / p2p8, 5)
+    if pick("p2p", "bf16", "memcpy_fraction"):
+        bar("bf16: p2p effective GB/s / memcpy GB/s",
+            median(pick("p2p", "bf16", "memcpy_fraction")), 0.5)
+    over = [r for r in rows if r.get("peak_staging_bytes", 0) > r.get("watermark_bytes", 1 << 62)]
+    print("staging above the watermark in %d of %d runs" % (len(over), len(rows)))
     if times:
         path = os.path.join(a.out, "transfer_update_ms.svg")
         svg_bars(path, "weight update, %s, %d -> %d receivers, TP %d" %

@@ -1,13 +1,18 @@
 // The inference layout against the independent reference transform (same names, dtypes and
 // shapes; slices that tile every receiver row), the reference's fp8 against the format's own
-// error bound, the executor's band quantizer against the reference bit for bit, and shard
-// row ranges.
+// error bound, the executor's band quantizer against the reference bit for bit (and its AVX2
+// kernel against the scalar definition on the edge values: zeros, subnormals, rounding ties,
+// the saturation point, infinities, NaNs, every e4m3 code), and shard row ranges.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <random>
 
 #include "fixture.h"
+#include "weightlift/kernels/fp8_quantize.h"
 #include "weightlift/transfer/fp8_blocks.h"
 #include "weightlift/transfer/inference_layout.h"
 #include "weightlift/transfer/reference.h"
@@ -117,7 +122,7 @@ TEST(Fp8Blocks, BandQuantizerMatchesTheReferenceBitForBit) {
   const ReferenceTensor& q = ref.at("layers.2.attn.o_proj.weight");
   const ReferenceTensor& s = ref.at("layers.2.attn.o_proj.weight.scale");
   for (int64_t band = 0; band < 2; ++band) {
-    std::vector<float> src(128 * 128), tmp(128);
+    std::vector<float> src(128 * 128);
     for (int64_t i = 0; i < 128; ++i) {
       for (int64_t j = 0; j < 128; ++j) {
         src[size_t(i * 128 + j)] = w[size_t(p.offset + (band * 128 + i) * 256 + 128 + j)];
@@ -125,9 +130,166 @@ TEST(Fp8Blocks, BandQuantizerMatchesTheReferenceBitForBit) {
     }
     std::vector<uint8_t> out(128 * 128);
     float scale = 0;
-    quantize_fp8_band(src.data(), 128, 128, out.data(), &scale, tmp.data());
+    quantize_fp8_band(src.data(), 128, 128, out.data(), &scale);
     EXPECT_EQ(std::memcmp(out.data(), q.bytes.data() + band * 128 * 128, out.size()), 0);
     EXPECT_EQ(std::memcmp(&scale, s.bytes.data() + band * 4, 4), 0);
+    // The same band read as bf16 rows straight from where they lie (the rows of `w` here are
+    // not bf16-exact, so compare with the band rounded to bf16 first, in f32).
+    std::vector<uint16_t> half(src.size());
+    std::vector<float> rounded(src.size());
+    convert_f32_to_bf16(src.data(), half.data(), src.size());
+    convert_bf16_to_f32(half.data(), rounded.data(), src.size());
+    std::vector<BandRow> rows;
+    for (int64_t i = 0; i < 128; ++i) rows.push_back({half.data() + i * 128, DType::kBF16});
+    std::vector<uint8_t> from_bf16(out.size()), from_f32(out.size());
+    float s16 = 0, s32 = 0;
+    quantize_fp8_band(rows, 128, from_bf16.data(), &s16);
+    quantize_fp8_band(rounded.data(), 128, 128, from_f32.data(), &s32);
+    EXPECT_EQ(from_bf16, from_f32);
+    EXPECT_EQ(s16, s32);
+  }
+}
+
+// The definition, written out: what the band quantizer must reproduce bit for bit.
+void reference_band(const std::vector<float>& x, int64_t rows, int64_t cols,
+                    std::vector<uint8_t>* q, std::vector<float>* scales) {
+  const int64_t nb = (cols + 127) / 128;
+  scales->assign(size_t(nb), 0.0f);
+  q->assign(size_t(rows * cols), 0);
+  for (int64_t b = 0; b < nb; ++b) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = b * 128; j < std::min(cols, (b + 1) * 128); ++j) {
+        amax = std::max(amax, std::fabs(x[size_t(i * cols + j)]));
+      }
+    }
+    const float s = amax == 0.0f ? 1.0f : amax / 448.0f;
+    (*scales)[size_t(b)] = s;
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = b * 128; j < std::min(cols, (b + 1) * 128); ++j) {
+        (*q)[size_t(i * cols + j)] = f32_to_fp8_e4m3(x[size_t(i * cols + j)] / s);
+      }
+    }
+  }
+}
+
+// Values where an encoder goes wrong: signed zeros, f32 subnormals, e4m3 subnormals and the
+// ties between them, the normal/subnormal boundary 2^-6, ties between normals, the largest
+// finite 448, the tie 464 (rounds to 448: 480 would be the NaN code), values that saturate,
+// infinities and NaNs of both signs.
+std::vector<float> edge_values() {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> v = {0.0f, -0.0f, 1e-45f, -1e-45f, 1e-40f, 1.17549435e-38f,
+                          std::ldexp(1.0f, -9), std::ldexp(1.0f, -10), std::ldexp(3.0f, -10),
+                          std::ldexp(5.0f, -10), std::ldexp(15.0f, -10), std::ldexp(7.0f, -9),
+                          std::ldexp(7.5f, -9), std::nextafter(std::ldexp(1.0f, -6), 0.0f),
+                          std::ldexp(1.0f, -6), std::ldexp(1.0625f, -6), std::ldexp(1.0625f, 0),
+                          std::ldexp(1.1875f, 0), 1.0f, 448.0f, 456.0f, 464.0f,
+                          std::nextafter(464.0f, 0.0f), std::nextafter(464.0f, inf), 480.0f,
+                          1e30f, 3.4028235e38f, inf, nan, -nan};
+  const size_t n = v.size();
+  for (size_t i = 0; i < n; ++i) v.push_back(-v[i]);
+  return v;
+}
+
+TEST(Fp8Blocks, KernelEncodesEdgeValuesAsTheScalarDefinition) {
+  std::vector<float> x = edge_values();
+  std::mt19937 rng(5);
+  // Random bit patterns over every exponent, NaNs and infinities included.
+  for (int i = 0; i < 200000; ++i) {
+    const uint32_t u = rng();
+    x.push_back(f32_from_bits(u));
+  }
+  for (int i = 0; i < 4; ++i) x.push_back(1.0f);  // an odd tail for the scalar remainder
+  const int64_t n = int64_t(x.size());
+  const int64_t blocks = (n + 127) / 128;
+  for (float scale : {1.0f, 0.37f, 3.0e-3f, 1.0f / 448.0f, 7.0f}) {
+    const std::vector<float> scales(size_t(blocks), scale);
+    std::vector<uint8_t> fast(static_cast<size_t>(n)), slow(static_cast<size_t>(n));
+    kernels::fp8_quantize_row(DType::kF32, x.data(), n, 128, scales.data(), fast.data());
+    kernels::fp8_quantize_row_scalar(DType::kF32, x.data(), n, 128, scales.data(), slow.data());
+    for (int64_t j = 0; j < n; ++j) {
+      const uint8_t want = f32_to_fp8_e4m3(x[size_t(j)] / scale);
+      ASSERT_EQ(int(fast[size_t(j)]), int(want))
+          << "x " << x[size_t(j)] << " (bits " << std::hex << f32_bits(x[size_t(j)])
+          << ") scale " << scale;
+      ASSERT_EQ(int(slow[size_t(j)]), int(want)) << x[size_t(j)];
+    }
+  }
+  RecordProperty("vectorised", kernels::fp8_quantize_is_vectorised() ? "avx2" : "scalar");
+}
+
+TEST(Fp8Blocks, EveryCodeRoundTrips) {
+  // Each of the 256 codes decoded, then encoded with scale 1, from f32 and from bf16 (every
+  // e4m3 value is a bf16 value): the same code, NaNs keeping their sign.
+  std::vector<float> x(256);
+  std::vector<uint16_t> h(256);
+  for (int c = 0; c < 256; ++c) {
+    x[size_t(c)] = fp8_e4m3_to_f32(uint8_t(c));
+    h[size_t(c)] = f32_to_bf16(x[size_t(c)]);
+  }
+  const std::vector<float> ones(2, 1.0f);
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    const void* src = t == DType::kF32 ? static_cast<const void*>(x.data()) : h.data();
+    std::vector<uint8_t> fast(256), slow(256);
+    kernels::fp8_quantize_row(t, src, 256, 128, ones.data(), fast.data());
+    kernels::fp8_quantize_row_scalar(t, src, 256, 128, ones.data(), slow.data());
+    for (int c = 0; c < 256; ++c) {
+      EXPECT_EQ(int(fast[size_t(c)]), c) << dtype_name(t);
+      EXPECT_EQ(int(slow[size_t(c)]), c) << dtype_name(t);
+    }
+  }
+}
+
+TEST(Fp8Blocks, BandEdgesMatchTheDefinition) {
+  // Bands of 1, 7 and 128 rows; 13, 128, 200 and 1000 columns (short last blocks, tails of
+  // the 8- and 32-wide loops); blocks that are all zero, all subnormal, hold 448 exactly,
+  // hold an infinity (its scale is inf: every finite value becomes 0 and the inf NaN), or
+  // hold NaNs (skipped by the maximum, encoded as NaN).
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  const std::vector<float> edges = edge_values();
+  for (int64_t rows : {1, 7, 128}) {
+    for (int64_t cols : {13, 128, 200, 1000}) {
+      std::vector<float> x(size_t(rows * cols));
+      for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t j = 0; j < cols; ++j) {
+          float& v = x[size_t(i * cols + j)];
+          switch ((j / 128) % 6) {
+            case 0: v = uni(rng) * 0.05f; break;
+            case 1: v = 0.0f; break;
+            case 2: v = uni(rng) * 1e-39f; break;
+            case 3: v = (i + j) % 17 == 0 ? 448.0f : uni(rng) * 3.0f; break;
+            case 4: v = (i + j) % 11 == 0 ? edges[size_t(i + j) % edges.size()] : uni(rng); break;
+            default: v = (i * 7 + j) % 29 == 0 ? std::numeric_limits<float>::quiet_NaN()
+                                               : uni(rng) * 100.0f;
+          }
+        }
+      }
+      std::vector<uint8_t> want_q;
+      std::vector<float> want_s;
+      reference_band(x, rows, cols, &want_q, &want_s);
+      std::vector<uint8_t> q(x.size());
+      std::vector<float> s(want_s.size());
+      quantize_fp8_band(x.data(), rows, cols, q.data(), s.data());
+      EXPECT_EQ(q, want_q) << rows << "x" << cols;
+      EXPECT_EQ(std::memcmp(s.data(), want_s.data(), s.size() * 4), 0) << rows << "x" << cols;
+      // And each row's block maxima, fast against scalar, from f32 and from bf16.
+      std::vector<uint16_t> h(x.size());
+      convert_f32_to_bf16(x.data(), h.data(), x.size());
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t nb = (cols + 127) / 128;
+        std::vector<float> a(size_t(nb), 0.0f), b(size_t(nb), 0.0f);
+        std::vector<float> c(size_t(nb), 0.0f), d(size_t(nb), 0.0f);
+        kernels::fp8_block_amax(DType::kF32, x.data() + i * cols, cols, 128, a.data());
+        kernels::fp8_block_amax_scalar(DType::kF32, x.data() + i * cols, cols, 128, b.data());
+        kernels::fp8_block_amax(DType::kBF16, h.data() + i * cols, cols, 128, c.data());
+        kernels::fp8_block_amax_scalar(DType::kBF16, h.data() + i * cols, cols, 128, d.data());
+        ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << i;
+        ASSERT_EQ(std::memcmp(c.data(), d.data(), c.size() * 4), 0) << i;
+      }
+    }
   }
 }
 

@@ -47,12 +47,13 @@ double memcpy_gbps(size_t bytes) {
 void negate_shards(TrainerWeights& w) {
   for (ShardedTensor& s : w.tensors()) {
     const Tensor& t = s.shard();
+    const int64_t n = t.numel();  // not in the loop condition: numel() multiplies the shape
     if (s.dtype() == DType::kBF16) {
       auto* p = static_cast<uint16_t*>(t.raw());
-      for (int64_t i = 0; i < t.numel(); ++i) p[i] ^= 0x8000u;
+      for (int64_t i = 0; i < n; ++i) p[i] ^= 0x8000u;
     } else {
       auto* p = static_cast<uint32_t*>(t.raw());
-      for (int64_t i = 0; i < t.numel(); ++i) p[i] ^= 0x80000000u;
+      for (int64_t i = 0; i < n; ++i) p[i] ^= 0x80000000u;
     }
   }
 }
@@ -241,11 +242,12 @@ Result<std::string> bench_transfer(const BenchTransferOptions& o) {
     return Split{median(g), median(p), median(w), median(b)};
   };
   const Split ts = split_median(trainer_split), rs = split_median(receiver_split);
-  std::vector<uint64_t> sent, received;
+  std::vector<uint64_t> sent, received, direct;
   uint64_t delivered_bytes = 0, wrong_tensors = 0;
   for (int r = 0; r < size; ++r) {
     const uint64_t b = reports.back()[size_t(r)].bytes;
     (r < o.trainers ? sent : received).push_back(b);
+    if (r < o.trainers) direct.push_back(reports.back()[size_t(r)].direct_bytes);
     delivered_bytes += delivered[size_t(r)];
     wrong_tensors += wrong[size_t(r)];
   }
@@ -272,6 +274,7 @@ Result<std::string> bench_transfer(const BenchTransferOptions& o) {
                         {"split_ms", {{"trainer", split_json(ts)}, {"receiver", split_json(rs)}}},
                         {"bytes_sent", sent},
                         {"bytes_received", received},
+                        {"bytes_direct", direct},
                         {"bytes_delivered", delivered_bytes},
                         {"effective_gbps", gbps},
                         {"memcpy_gbps", copy_gbps},
@@ -302,6 +305,8 @@ Result<std::string> bench_transfer(const BenchTransferOptions& o) {
   for (uint64_t b : sent) os << " " << b;
   os << "\nbytes received per receiver:";
   for (uint64_t b : received) os << " " << b;
+  os << "\nof those sent, stored through a mapping of the receiver (no put):";
+  for (uint64_t b : direct) os << " " << b;
   std::snprintf(line, sizeof line,
                 "\nbytes delivered: %llu; effective %.2f GB/s = %.2f of single-thread memcpy "
                 "(%.2f GB/s)\npeak staging: %zu bytes (watermark %zu)\nwrong tensors: %s\n",

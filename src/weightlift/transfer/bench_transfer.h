@@ -12,7 +12,9 @@
 //   total, and the split of the slowest trainer and the slowest receiver into gather (full
 //   tensors), prepare (slice, fuse, cast, quantize; on receivers of broadcast and naive, the
 //   conversion), write (puts, broadcasts or sends, and waiting for them) and barrier;
-//   bytes sent per trainer and received per receiver (what crossed the transport),
+//   bytes sent per trainer and received per receiver (what crossed the transport), and of
+//   those sent, the bytes a p2p trainer stored through a mapping of the receiver's slots
+//   (shared memory on one host, executor.h) rather than put,
 //   delivered bytes: what receivers hold afterwards (their slots' tensors, all receivers),
 //   effective GB/s = delivered bytes / update time (decimal), peak staging bytes (largest
 //   rank), and memcpy_fraction = effective GB/s / single-thread memcpy GB/s, the copy rate
@@ -20,8 +22,8 @@
 // JSON (one object): mode, preset, trainers, receivers, tp, dtype, shard_dtype, updates,
 // update_ms (every update), update_ms_median, update_ms_p90, split_ms (medians: trainer and
 // receiver, each {gather, prepare, write, barrier}), bytes_sent (per trainer),
-// bytes_received (per receiver), bytes_delivered, effective_gbps, memcpy_gbps,
-// memcpy_fraction, peak_staging_bytes, watermark_bytes, wrong.
+// bytes_received (per receiver), bytes_direct (per trainer), bytes_delivered,
+// effective_gbps, memcpy_gbps, memcpy_fraction, peak_staging_bytes, watermark_bytes, wrong.
 #pragma once
 
 #include <cstddef>

@@ -1,10 +1,14 @@
 // The p2p executor of executor.h: the start handshake, the sender's staged queue under a
 // watermark, checksum exchange and the closing allreduce.
+#include "weightlift/comm/process_alive.h"
 #include "weightlift/transfer/executor.h"
 
+#include <array>
+#include <atomic>
 #include <cstring>
 #include <deque>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -22,7 +26,7 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 constexpr uint32_t kChecksumTag = 0x7c5;  // user tag of the checksum messages
 
 // One rank's word at the start of an update.
-enum StartField { kRole, kEpoch, kVersion, kRefusal, kChecksums, kStartFields };
+enum StartField { kRole, kEpoch, kVersion, kRefusal, kChecksums, kHost, kPid, kStartFields };
 
 std::string hex64(uint64_t v) {
   char s[24];
@@ -48,6 +52,16 @@ struct Executor::Impl {
   std::vector<int> gather_last_use;  // by gather: this rank's last task reading it, or -1
   std::map<int, int> peer;           // receiver world rank -> worker peer id
   std::map<int, comm::RemoteKey> rkey;
+  // Receiver world rank -> its two slots mapped into this process, or null (not mappable).
+  std::map<int, std::array<std::byte*, 2>> mapped;
+  // Receivers this trainer writes to. Connected (and their rkeys unpacked) only once an
+  // update's start has checked their epochs: unpacking the rkey of a receiver that has since
+  // restarted would attach a shared-memory segment that no longer exists, and UCX 1.13
+  // crashes in that error path instead of returning it.
+  std::set<int> targets;
+  bool connected = false;
+  std::map<int, comm::ProcessId> process;  // the targets' processes, from the start words
+  Status connect_targets();
   // Receiver: task indices written to this rank, by sender world rank, in plan order.
   std::map<int, std::vector<int>> incoming;
 
@@ -151,17 +165,34 @@ Result<std::unique_ptr<Executor>> Executor::for_trainer(std::shared_ptr<comm::Gr
       impl->gather_last_use[size_t(t.gather)] = int(i);
     }
     impl->steps.push_back({false, int(i)});
-    if (!impl->peer.count(t.receiver)) {
-      const PlanReceiver& r = *p.find_receiver(t.receiver);
-      comm::Worker& w = impl->world->worker();
-      WL_ASSIGN_OR_RETURN(int peer, w.connect(r.worker_address,
-                                              "receiver rank " + std::to_string(r.rank)));
-      WL_ASSIGN_OR_RETURN(comm::RemoteKey key, w.unpack_rkey(peer, r.rkey));
-      impl->peer[t.receiver] = peer;
-      impl->rkey[t.receiver] = std::move(key);
-    }
+    impl->targets.insert(t.receiver);
   }
   return std::unique_ptr<Executor>(new Executor(std::move(impl)));
+}
+
+Status Executor::Impl::connect_targets() {
+  comm::Worker& w = world->worker();
+  for (int receiver_rank : targets) {
+    const PlanReceiver& r = *plan.find_receiver(receiver_rank);
+    if (!comm::process_may_be_alive(process[receiver_rank])) {
+      return unavailable("receiver rank " + std::to_string(r.rank) + " (pid " +
+                         std::to_string(process[receiver_rank].pid) +
+                         ") exited after the update started");
+    }
+    WL_ASSIGN_OR_RETURN(int id, w.connect(r.worker_address,
+                                          "receiver rank " + std::to_string(r.rank)));
+    WL_ASSIGN_OR_RETURN(comm::RemoteKey key, w.unpack_rkey(id, r.rkey));
+    std::array<std::byte*, 2> slots{};
+    for (int i = 0; i < 2; ++i) {
+      slots[size_t(i)] = static_cast<std::byte*>(w.remote_pointer(key, r.slot_address[i]));
+    }
+    if (slots[0] == nullptr || slots[1] == nullptr) slots = {};
+    mapped[receiver_rank] = slots;
+    peer[receiver_rank] = id;
+    rkey[receiver_rank] = std::move(key);
+  }
+  connected = true;
+  return ok_status();
 }
 
 Result<std::unique_ptr<Executor>> Executor::for_receiver(std::shared_ptr<comm::Group> world,
@@ -297,7 +328,11 @@ Status Executor::Impl::run_trainer(const UpdateOptions& o, int slot, comm::Deadl
 
     const PlanTask& task = plan.tasks[size_t(step.index)];
     const bool direct_put = zero_copy(task);
-    const size_t need = task_staging(task);
+    // The receiver's slot mapped here, or null: then the bytes go by put.
+    std::byte* const slot_base = o.direct_stores ? mapped.at(task.receiver)[size_t(slot)] : nullptr;
+    // Prepared straight into the mapped slot: nothing staged but the offload loads.
+    const bool in_place = slot_base != nullptr && !direct_put && !o.checksums && !o.staging_hook;
+    const size_t need = in_place ? task_staging(task) - task.total_bytes() : task_staging(task);
     WL_RETURN_IF_ERROR(admit(need));
     grow(need);
     const auto t_prepare = Clock::now();
@@ -333,12 +368,29 @@ Status Executor::Impl::run_trainer(const UpdateOptions& o, int slot, comm::Deadl
         }
         sources.push_back({rows, p.row_begin, s->row_elems(), s->dtype()});
       }
-      // Stage 2, prepare.
-      std::vector<float> scratch(prepare_scratch_floats(task));
-      f.staging.reset(new std::byte[task.total_bytes()]);
-      prepare_task(task, sources, f.staging.get(), scratch.data());
-      staged -= load_bytes + scratch.size() * 4;  // freed as this scope ends
-      out = f.staging.get();
+      // Stage 2, prepare: into the mapped slot, or into staging.
+      if (in_place) {
+        prepare_task_into(task, sources, slot_base + task.dst_offset,
+                          slot_base + task.scale_offset);
+        staged -= load_bytes;  // freed as this scope ends
+      } else {
+        f.staging.reset(new std::byte[task.total_bytes()]);
+        prepare_task(task, sources, f.staging.get(), nullptr);
+        staged -= load_bytes;  // freed as this scope ends
+        out = f.staging.get();
+      }
+    }
+    // The task's bookkeeping once its bytes are stored (direct) or its puts issued.
+    auto count_task = [&](bool direct) {
+      report->bytes += task.total_bytes();
+      if (direct) report->direct_bytes += task.total_bytes();
+      ++report->tasks;
+      if (task.gather >= 0 && gather_last_use[size_t(task.gather)] == step.index) release_gathered();
+    };
+    if (in_place) {
+      report->prepare_seconds += since(t_prepare);
+      count_task(true);
+      continue;
     }
     if (o.checksums) {
       uint64_t h = checksum(out, task.bytes);
@@ -350,8 +402,19 @@ Status Executor::Impl::run_trainer(const UpdateOptions& o, int slot, comm::Deadl
     }
     report->prepare_seconds += since(t_prepare);
 
-    // Stage 3, write: not waited for here.
+    // Stage 3, write: a copy through the mapping (done at once, staging freed), or puts
+    // not waited for here.
     const auto t_write = Clock::now();
+    if (slot_base != nullptr) {
+      std::memcpy(slot_base + task.dst_offset, out, task.bytes);
+      if (task.scale_bytes > 0) {
+        std::memcpy(slot_base + task.scale_offset, out + task.bytes, task.scale_bytes);
+      }
+      if (!direct_put) staged -= task.total_bytes();
+      report->write_seconds += since(t_write);
+      count_task(true);
+      continue;
+    }
     const PlanReceiver& r = *plan.find_receiver(task.receiver);
     const int peer_id = peer.at(task.receiver);
     const comm::RemoteKey& key = rkey.at(task.receiver);
@@ -363,11 +426,11 @@ Status Executor::Impl::run_trainer(const UpdateOptions& o, int slot, comm::Deadl
     f.bytes = direct_put ? 0 : task.total_bytes();
     inflight.push_back(std::move(f));
     report->write_seconds += since(t_write);
-    report->bytes += task.total_bytes();
-    ++report->tasks;
-    if (task.gather >= 0 && gather_last_use[size_t(task.gather)] == step.index) release_gathered();
+    count_task(false);
   }
-  // Stage 4, complete: every put, then a flush per receiver.
+  // Stage 4, complete: every put, then a flush per receiver. Stores through mappings are
+  // made visible before the barrier that tells the receivers to publish.
+  std::atomic_thread_fence(std::memory_order_release);
   while (!inflight.empty()) WL_RETURN_IF_ERROR(retire_oldest());
   const auto t = Clock::now();
   std::vector<comm::Request> flushes;
@@ -413,6 +476,9 @@ Result<UpdateReport> Executor::update(const UpdateOptions& o) {
   Status mine;
   int64_t word[kStartFields] = {};
   word[kChecksums] = o.checksums;
+  const comm::ProcessId self = comm::this_process();
+  word[kHost] = int64_t(self.host);
+  word[kPid] = self.pid;
   if (m.receiver != nullptr) {
     word[kRole] = int64_t(Role::kReceiver);
     word[kEpoch] = int64_t(m.receiver->epoch());
@@ -436,6 +502,13 @@ Result<UpdateReport> Executor::update(const UpdateOptions& o) {
                                                 .timeout = o.timeout}));
   uint64_t current = 0;
   WL_RETURN_IF_ERROR(m.check_start(words, mine, &current));
+  if (m.receiver == nullptr && !m.connected) {
+    for (int r : m.targets) {
+      m.process[r] = {uint64_t(words[size_t(r * kStartFields + kHost)]),
+                      words[size_t(r * kStartFields + kPid)]};
+    }
+    WL_RETURN_IF_ERROR(m.connect_targets());
+  }
   const uint64_t next = current + 1;
   const int slot = int(next % 2);
   report.version = next;

@@ -12,13 +12,19 @@
 //        prepare  full_tensor() where the plan says (all ranks of the mesh, in plan order),
 //                 then slice, fuse, cast or fp8-quantize into a staging buffer (prepare.h)
 //        write    one-sided put(s) into the receiver's slot for version v+1; not waited for,
-//                 so the next task is prepared while this one is on the wire
+//                 so the next task is prepared while this one is on the wire. When the
+//                 receiver's slots are in shared memory this process can map (same host:
+//                 UCX's rkey_ptr, as comm's shared-memory collectives use), the write is a
+//                 store through that mapping instead, and prepare writes its output there
+//                 directly: one copy per byte, no staging, no puts. (UCX 1.13 leaves CMA out
+//                 of endpoints with peer error handling, so a put on one host is emulated
+//                 with 8 KiB active messages: two copies, the second by the receiver.)
 //        complete puts are retired oldest first when staging would pass the watermark, then
 //                 all of them, then a flush per receiver
 //      Staging bytes (loads, f32 scratch, staged outputs and gathered full tensors) never pass
 //      the watermark: a task starts only when it fits beside what is in flight.
 //      bf16 tasks that read one contiguous bf16 shard range need no staging: they are put
-//      straight from the shard (zero copy).
+//      (or copied into the mapping) straight from the shard (zero copy).
 //   3. checksums  (optional) each sender sends each receiver one 64-bit checksum per task;
 //                 the receiver verifies what landed in its slot.
 //   4. barrier    an allreduce of "who failed" over the world: the global barrier. Only if
@@ -51,6 +57,10 @@ struct UpdateOptions {
   // with the staged bytes (data, then the fp8 scale row). Changing them simulates corruption
   // on the wire. Not called for zero-copy tasks.
   std::function<void(const PlanTask&, std::span<std::byte>)> staging_hook;
+  // Store straight into receivers whose slots this process can map (see the top). With
+  // checksums or a staging hook, tasks are still staged first (the checksum is of what was
+  // meant to land) and then copied through the mapping. False: always put.
+  bool direct_stores = true;
 };
 
 struct UpdateReport {
@@ -61,8 +71,11 @@ struct UpdateReport {
   size_t peak_staging_bytes = 0;
   size_t watermark_bytes = 0;
   double gather_seconds = 0;    // full_tensor()
-  double prepare_seconds = 0;   // load, slice, fuse, cast, quantize, checksum
-  double write_seconds = 0;     // issuing puts, waiting for them, flush
+  double prepare_seconds = 0;   // load, slice, fuse, cast, quantize, checksum; with direct
+                                // stores this includes writing the output into the slot
+  double write_seconds = 0;     // issuing puts, waiting for them, flush; copies into mapped
+                                // slots of what was staged or zero copy
+  uint64_t direct_bytes = 0;    // of `bytes`, those stored through a mapping (no put)
   double barrier_seconds = 0;   // start, checksum exchange, final barrier
   double total_seconds = 0;
 };

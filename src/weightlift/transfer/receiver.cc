@@ -48,14 +48,21 @@ Result<std::unique_ptr<Receiver>> Receiver::create(comm::Worker& worker, Receive
     }
   }
   const size_t total = 2 * r->slot_bytes_ + kStatusBytes;
-  r->memory_ = static_cast<std::byte*>(std::aligned_alloc(kAlign, total));
-  if (r->memory_ == nullptr) {
-    return resource_exhausted("receiver: allocating " + std::to_string(2 * r->slot_bytes_) +
-                              " bytes of weight slots");
+  if (auto shared = worker.allocate_memory(total); shared.ok()) {
+    r->allocation_ = std::make_shared<comm::MemoryRegion>(std::move(*shared));
+    r->region_ = r->allocation_;
+    r->memory_ = static_cast<std::byte*>(r->allocation_->data());  // zero-filled
+  } else {
+    r->memory_ = static_cast<std::byte*>(std::aligned_alloc(kAlign, total));
+    if (r->memory_ == nullptr) {
+      return resource_exhausted("receiver: allocating " + std::to_string(total) +
+                                " bytes of weight slots");
+    }
+    r->malloced_ = true;
+    std::memset(r->memory_, 0, total);
+    WL_ASSIGN_OR_RETURN(comm::MemoryRegion region, worker.register_memory(r->memory_, total));
+    r->region_ = std::make_shared<comm::MemoryRegion>(std::move(region));
   }
-  std::memset(r->memory_, 0, total);
-  WL_ASSIGN_OR_RETURN(comm::MemoryRegion region, worker.register_memory(r->memory_, total));
-  r->region_ = std::make_unique<comm::MemoryRegion>(std::move(region));
   r->worker_address_ = worker.address();
   r->epoch_ = new_epoch();
   return r;
@@ -63,7 +70,8 @@ Result<std::unique_ptr<Receiver>> Receiver::create(comm::Worker& worker, Receive
 
 Receiver::~Receiver() {
   region_.reset();  // unregister before the memory goes
-  std::free(memory_);
+  allocation_.reset();
+  if (malloced_) std::free(memory_);
 }
 
 const ReceiverEntry* Receiver::find(std::string_view name) const {
@@ -86,7 +94,7 @@ std::span<std::byte> Receiver::slot(int slot) const {
 Status Receiver::attach(comm::Worker& worker) {
   WL_ASSIGN_OR_RETURN(comm::MemoryRegion region,
                       worker.register_memory(memory_, 2 * slot_bytes_ + kStatusBytes));
-  region_ = std::make_unique<comm::MemoryRegion>(std::move(region));
+  region_ = std::make_shared<comm::MemoryRegion>(std::move(region));  // allocation_ stays
   worker_address_ = worker.address();
   return ok_status();
 }

@@ -67,7 +67,8 @@ struct ReceiverOptions {
 
 class Receiver {
  public:
-  // Allocates and registers both slots with `worker`, which must outlive the receiver.
+  // Allocates and registers both slots with `worker`, which must outlive the receiver (its
+  // UCX context lives on with the memory in any case).
   static Result<std::unique_ptr<Receiver>> create(comm::Worker& worker, ReceiverOptions options);
   ~Receiver();
   Receiver(const Receiver&) = delete;
@@ -134,8 +135,14 @@ class Receiver {
   std::vector<ReceiverEntry> entries_;
   std::unordered_map<std::string, size_t> index_;
   size_t slot_bytes_ = 0;
-  std::byte* memory_ = nullptr;  // 2 * slot_bytes_, owned
-  std::unique_ptr<comm::MemoryRegion> region_;
+  // [slot 0 | slot 1 | status]. UCX allocates it (allocate_memory) so that on one host a
+  // trainer can map the slots and store into them directly, one copy per byte, instead of
+  // puts that UCX 1.13 moves through a bounce buffer when peer error handling is on
+  // (executor.h); where UCX cannot, we allocate and register it ourselves (`malloced_`).
+  std::byte* memory_ = nullptr;
+  bool malloced_ = false;
+  std::shared_ptr<comm::MemoryRegion> allocation_;  // owns memory_ unless malloced_
+  std::shared_ptr<comm::MemoryRegion> region_;      // the current registration
   std::vector<std::byte> worker_address_;
   uint64_t epoch_ = 0;
 
