@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/child_process.h"
@@ -80,6 +81,10 @@ struct Fleet {
     auto v = store->get("test/state/" + std::to_string(id) + "/" + std::to_string(version), wait);
     return v.ok() ? comm::to_string(*v) : "(no state: " + v.status().to_string() + ")";
   }
+  std::string version(int id) {
+    auto v = store->get("test/version/" + std::to_string(id), 20s);
+    return v.ok() ? comm::to_string(*v) : "0";
+  }
   std::string logs() {
     std::string all;
     for (auto& c : servers) wl::testing::drain(c), all += c.output;
@@ -116,14 +121,29 @@ TEST(FleetProcess, ReceiverKilledMidUpdateThenRestartedHealsFromItsPeer) {
                      .count()
               << " ms] " << res << "\n";
   }
-  const bool failed = f.result(k, 0, 1s).rfind("error: ", 0) == 0;
-  // The survivor holds a complete version: still a (v1) if the update failed.
-  const uint64_t v = failed ? 1 : 2;
-  EXPECT_EQ(f.state(0, v), failed ? "a" : "b");
+  // The survivor holds a complete version: a (v1) if the update failed, b (v2) if it went
+  // through. Either way, what it holds is what it reports; the servers' "ok" means every
+  // receiver verified its bytes, yet the survivor may have missed the final word when its
+  // peer died during the closing barrier, and then it stays on v1.
+  std::this_thread::sleep_for(500ms);  // let the survivor report the round's outcome
+  const uint64_t v = std::stoull(f.version(0));
+  ASSERT_TRUE(v == 1 || v == 2) << v;
+  EXPECT_EQ(f.state(0, v), v == 1 ? "a" : "b");
 
-  // The servers keep going: the next update reaches the survivor alone.
+  // The servers keep going: the next update reaches the survivor alone. If the servers'
+  // update went through, they may not have noticed the death yet (nothing moved to receiver
+  // 1 since): then one more update fails on the dead member, with a clear error within the
+  // timeout, and the one after forms a generation without it.
   k = f.command("update b 0");
-  for (int r : {0, 1}) ASSERT_EQ(f.result(k, r, 30s), "ok v=" + std::to_string(v + 1) + " members=1") << f.logs();
+  std::string res = f.result(k, 0, 3 * kFleetTimeout);
+  if (res.rfind("error: ", 0) == 0) {
+    EXPECT_NE(res.find("rank 3"), std::string::npos) << res;
+    EXPECT_EQ(f.result(k, 1, 3 * kFleetTimeout).rfind("error: ", 0), 0u);
+    k = f.command("update b 0");
+    res = f.result(k, 0, 30s);
+  }
+  ASSERT_EQ(res, "ok v=" + std::to_string(v + 1) + " members=1") << f.logs();
+  ASSERT_EQ(f.result(k, 1, 30s), res) << f.logs();
   EXPECT_EQ(f.state(0, v + 1), "b");
 
   // Restarted (same id, new process): it heals from receiver 0 by one-sided gets.

@@ -10,7 +10,7 @@
 //   fleet_test_rank receiver ID PORT TP TP_RANK
 //       a FleetReceiver serving rounds forever; after healing and after every round it leaves
 //       "a", "b" or "none" (which checkpoint its weights equal, byte for byte, per the
-//       reference) under "test/state/ID/VERSION". Prints "receiver ID failed: ..." for a
+//       reference) under "test/state/ID/VERSION" and its version under "test/version/ID". Prints "receiver ID failed: ..." for a
 //       round that failed.
 #include <cstdio>
 #include <cstdlib>
@@ -112,6 +112,7 @@ int receiver(int id, int port, int tp, int tp_rank) {
   const std::string me = std::to_string(id);
   auto report = [&] {
     put(*store, "test/state/" + me + "/" + std::to_string(r.version()), which(r, c, layout));
+    put(*store, "test/version/" + me, std::to_string(r.version()));
   };
   std::printf("receiver %d ready, %s", id, (*f)->heal_log().c_str());
   std::printf("\n");

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "weightlift/comm/process_alive.h"
 #include "weightlift/transfer/metadata.h"
 
 namespace wl::transfer {
@@ -47,6 +48,9 @@ PeerRecord peer_record(const Receiver& r, std::string name) {
   p.slot_address[1] = r.slot_address(1);
   p.slot_bytes = r.slot_bytes();
   p.status_address = r.status_address();
+  const comm::ProcessId self = comm::this_process();
+  p.host = self.host;
+  p.pid = self.pid;
   return p;
 }
 
@@ -61,6 +65,8 @@ std::string peer_record_to_json(const PeerRecord& p) {
   j["slot_address"] = {p.slot_address[0], p.slot_address[1]};
   j["slot_bytes"] = p.slot_bytes;
   j["status_address"] = p.status_address;
+  j["host"] = p.host;
+  j["pid"] = p.pid;
   return j.dump();
 }
 
@@ -86,6 +92,8 @@ Result<PeerRecord> peer_record_from_json(std::string_view text, std::string_view
     p.slot_address[1] = j.at("slot_address").at(1).get<uint64_t>();
     p.slot_bytes = j.at("slot_bytes").get<uint64_t>();
     p.status_address = j.at("status_address").get<uint64_t>();
+    p.host = j.at("host").get<uint64_t>();
+    p.pid = j.at("pid").get<int64_t>();
     return p;
   } catch (const std::exception& e) {
     return data_loss(std::string(where) + ": not a weightlift peer record: " + e.what());
@@ -99,6 +107,10 @@ Result<uint64_t> heal_from_peer(comm::Worker& worker, Receiver& receiver, const 
   if (peer.fingerprint != layout_fingerprint(receiver) || peer.slot_bytes != receiver.slot_bytes()) {
     return failed_precondition(who + ": its weights are laid out differently (another TP rank, "
                                "format or model); heal only from a receiver of the same shard");
+  }
+  if (!comm::process_may_be_alive({peer.host, peer.pid})) {
+    return unavailable(who + ": its process (pid " + std::to_string(peer.pid) +
+                       ") has exited");
   }
   WL_ASSIGN_OR_RETURN(int id, worker.connect(peer.worker_address, peer.name));
   WL_ASSIGN_OR_RETURN(comm::RemoteKey rkey, worker.unpack_rkey(id, peer.rkey));

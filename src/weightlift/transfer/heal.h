@@ -39,6 +39,8 @@ struct PeerRecord {
   uint64_t slot_address[2] = {0, 0};
   uint64_t slot_bytes = 0;
   uint64_t status_address = 0;
+  uint64_t host = 0;  // comm::this_process() of the receiver, to skip one that has exited
+  int64_t pid = 0;
 };
 
 // Names, dtypes, shapes, offsets and TP position: what must agree for a byte copy to be right.

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <set>
 
+#include "weightlift/comm/allreduce.h"
 #include "weightlift/comm/broadcast.h"
 #include "weightlift/core/safetensors.h"
 #include "weightlift/model/params.h"
@@ -209,6 +210,16 @@ Result<RoundRecord> ParameterServer::Impl::decide(const std::string& name,
                      .mode = options.mode,
                      .bucket_bytes = options.bucket_bytes,
                      .checksums = checksums};
+  // A member whose connection has failed since the last update (UCX noticed it die) makes
+  // this generation unusable: form a new one now rather than fail the update first. Nothing
+  // progressed the worker since the last update, so let it take in what happened meanwhile.
+  for (int i = 0; i < 100 && worker->progress(); ++i) {
+  }
+  for (int rank = 0; group != nullptr && rank < group->size(); ++rank) {
+    if (rank != group->rank() && !group->worker().peer_status(group->worker_peer(rank)).ok()) {
+      broken = true;
+    }
+  }
   if (!broken && same(wanted, members)) return post(update);
 
   // Form: ask the candidates, keep those that answer in time.
@@ -321,6 +332,17 @@ Result<ServerUpdate> ParameterServer::update(const std::string& name,
   UpdateOptions u = options;
   if (u.timeout.count() == 0) u.timeout = m.options.timeout;
   Result<UpdateReport> report = it->second(u);
+  // The servers must agree on the outcome: a receiver that dies during the closing barrier
+  // can leave one server finished and another failed, and they must go on in step (the one
+  // that failed replaces its worker and reconnects the servers' group; so must the others).
+  int64_t failed = report.ok() ? 0 : int64_t(m.servers->rank()) + 1;
+  Status agreed = comm::allreduce(*m.servers, {.recv = &failed, .count = 1,
+                                               .dtype = DType::kI64, .op = comm::ReduceOp::kMax});
+  if (report.ok() && (!agreed.ok() || failed != 0)) {
+    report = agreed.ok() ? aborted("the update failed on server rank " +
+                                   std::to_string(failed - 1) + " (its error says why)")
+                         : agreed.with_context("agreeing on the update's outcome");
+  }
   if (!report.ok()) {
     m.broken = m.rebuild = true;
     return report.status().with_context("update '" + name + "' (round " +
