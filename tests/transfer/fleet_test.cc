@@ -201,22 +201,24 @@ TEST(ParameterServer, ALaggingReceiverIsLeftOutUntilItRestartsAndHeals) {
   std::atomic<int> phase{0};
   run_servers(store, TransferMode::kP2P, [&](ParameterServer& ps) {
     ASSERT_TRUE(ps.register_checkpoint("a", c, a).ok());
-    const int only_0[] = {0};
-    auto u = ps.update("a", only_0);
+    auto u = ps.update("a");  // both at version 1
     ASSERT_TRUE(u.ok()) << u.status().to_string();
-    u = ps.update("a");  // both asked for; receiver 1 still holds version 0
+    const int only_0[] = {0};
+    u = ps.update("a", only_0);  // receiver 0 at 2, receiver 1 left at 1
+    ASSERT_TRUE(u.ok()) << u.status().to_string();
+    u = ps.update("a");  // both asked for
     ASSERT_TRUE(u.ok()) << u.status().to_string();
     ASSERT_EQ(u->members.size(), 1u);
     EXPECT_EQ(u->members[0].id, 0);
     EXPECT_EQ(u->dropped, std::vector<int>{1});
     if (ps.options().rank == 0) {
-      ASSERT_TRUE(rx[0]->wait_version(2));
+      ASSERT_TRUE(rx[0]->wait_version(3));
       rx[1]->join();
       ASSERT_EQ(rx[1]->errors.size(), 1u);
       EXPECT_NE(rx[1]->errors[0].find("restart it"), std::string::npos) << rx[1]->errors[0];
-      EXPECT_EQ(rx[1]->fleet->receiver().version(), 0u);
+      EXPECT_EQ(rx[1]->fleet->receiver().version(), 1u);
       rx[1] = start_receiver(store, c, 1, {.tp = 1, .tp_rank = 0});  // restarted: heals
-      EXPECT_EQ(rx[1]->fleet->healed_version(), 2u) << rx[1]->fleet->heal_log();
+      EXPECT_EQ(rx[1]->fleet->healed_version(), 3u) << rx[1]->fleet->heal_log();
       phase = 1;
     }
     while (phase.load() < 1) std::this_thread::yield();
@@ -225,11 +227,54 @@ TEST(ParameterServer, ALaggingReceiverIsLeftOutUntilItRestartsAndHeals) {
     EXPECT_EQ(u->members.size(), 2u);
   });
   for (auto& t : rx) {
-    ASSERT_TRUE(t->wait_version(3));
-    expect_matches_reference(t->fleet->receiver(), c, t->layout, a, 3);
+    ASSERT_TRUE(t->wait_version(4));
+    expect_matches_reference(t->fleet->receiver(), c, t->layout, a, 4);
     t->join();
     EXPECT_TRUE(t->errors.empty()) << t->errors.front();
   }
+}
+
+// A receiver with no peer of its shard (TP rank 1 of the only engine) restarts: it cannot
+// heal, so it joins fresh (version 0) and the next update brings it the whole next version
+// from the servers, in p2p and in broadcast mode, while its TP partner keeps its weights.
+void fresh_receiver_rejoins(TransferMode mode, uint64_t first_version) {
+  const model::ModelConfig c = preset_or_die("tiny");
+  const std::vector<float> a = random_weights(c, 1), b = random_weights(c, 2);
+  auto store = std::make_shared<comm::MemoryStore>();
+  std::vector<std::unique_ptr<ReceiverThread>> rx;
+  for (int i = 0; i < 2; ++i) rx.push_back(start_receiver(store, c, i, {.tp = 2, .tp_rank = i}));
+  std::atomic<int> phase{0};
+  run_servers(store, mode, [&](ParameterServer& ps) {
+    ASSERT_TRUE(ps.register_checkpoint("a", c, a).ok());
+    ASSERT_TRUE(ps.register_checkpoint("b", c, b).ok());
+    for (uint64_t v = 1; v <= first_version; ++v) ASSERT_TRUE(ps.update("a").ok());
+    if (ps.options().rank == 0) {
+      ASSERT_TRUE(rx[1]->wait_version(first_version));
+      rx[1]->join();
+      rx[1] = start_receiver(store, c, 1, {.tp = 2, .tp_rank = 1});
+      EXPECT_EQ(rx[1]->fleet->healed_version(), 0u) << rx[1]->fleet->heal_log();
+      phase = 1;
+    }
+    while (phase.load() < 1) std::this_thread::yield();
+    auto u = ps.update("b");
+    ASSERT_TRUE(u.ok()) << u.status().to_string();
+    EXPECT_EQ(u->members.size(), 2u);
+  });
+  for (auto& t : rx) {
+    ASSERT_TRUE(t->wait_version(first_version + 1));
+    expect_matches_reference(t->fleet->receiver(), c, t->layout, b, first_version + 1);
+    t->join();
+    EXPECT_TRUE(t->errors.empty()) << t->errors.front();
+  }
+}
+
+// Both parities: the fresh receiver's next slot is the one its (empty) readers had.
+TEST(ParameterServer, AReceiverWithNoPeerRejoinsFreshP2p) {
+  fresh_receiver_rejoins(TransferMode::kP2P, 1);
+  fresh_receiver_rejoins(TransferMode::kP2P, 2);
+}
+TEST(ParameterServer, AReceiverWithNoPeerRejoinsFreshBroadcast) {
+  fresh_receiver_rejoins(TransferMode::kBroadcast, 1);
 }
 
 // Checkpoints from safetensors files, one checkpoint split across two files; a file that

@@ -1,8 +1,8 @@
 // The p2p executor of executor.h: the start handshake, the sender's staged queue under a
 // watermark, checksum exchange and the closing allreduce.
-#include "weightlift/comm/process_alive.h"
 #include "weightlift/transfer/executor.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstring>
@@ -14,8 +14,10 @@
 
 #include "weightlift/comm/allgather.h"
 #include "weightlift/comm/allreduce.h"
+#include "weightlift/comm/process_alive.h"
 #include "weightlift/transfer/checksum.h"
 #include "weightlift/transfer/prepare.h"
+#include "weightlift/transfer/update_round.h"
 
 namespace wl::transfer {
 namespace {
@@ -240,7 +242,7 @@ Status Executor::Impl::check_start(std::span<const int64_t> words, const Status&
                                  " is a trainer in the plan but did not join as one");
     }
   }
-  bool first = true;
+  *version = 0;
   for (const PlanReceiver& r : plan.receivers) {
     const std::string who = "receiver rank " + std::to_string(r.rank);
     if (r.rank >= world->size() || at(r.rank, kRole) != int64_t(Role::kReceiver)) {
@@ -253,16 +255,10 @@ Status Executor::Impl::check_start(std::span<const int64_t> words, const Status&
           " but it now runs epoch " + hex64(epoch) +
           " (it restarted); gather metadata and plan again. Nothing was written");
     }
-    const uint64_t v = uint64_t(at(r.rank, kVersion));
-    if (first) *version = v;
-    if (v != *version) {
-      return failed_precondition("update: receivers disagree on the current version (" +
-                                 std::to_string(*version) + " and " + std::to_string(v) + " at " +
-                                 who + "); nothing was written");
-    }
-    first = false;
+    *version = std::max(*version, uint64_t(at(r.rank, kVersion)));
   }
-  return ok_status();
+  return check_receiver_versions(
+      plan, [&](int rank) { return uint64_t(at(rank, kVersion)); }, *version);
 }
 
 Status Executor::Impl::run_trainer(const UpdateOptions& o, int slot, comm::Deadline deadline,
@@ -483,8 +479,11 @@ Result<UpdateReport> Executor::update(const UpdateOptions& o) {
     word[kRole] = int64_t(Role::kReceiver);
     word[kEpoch] = int64_t(m.receiver->epoch());
     word[kVersion] = int64_t(m.receiver->version());
-    mine = m.receiver->begin_write(int((m.receiver->version() + 1) % 2), deadline);
-    if (!mine.ok()) mine = mine.with_context("receiver rank " + std::to_string(me));
+    // A fresh receiver (version 0) learns its slot from the start words; see below.
+    if (m.receiver->version() > 0) {
+      mine = m.receiver->begin_write(int((m.receiver->version() + 1) % 2), deadline);
+      if (!mine.ok()) mine = mine.with_context("receiver rank " + std::to_string(me));
+    }
   } else {
     word[kRole] = int64_t(Role::kTrainer);
     const size_t need = m.required_watermark();
@@ -517,6 +516,9 @@ Result<UpdateReport> Executor::update(const UpdateOptions& o) {
   // 2. the sender's queue; receivers have nothing to do until the checksums.
   std::map<int, std::vector<uint64_t>> sums;  // by receiver (trainer) or by sender (receiver)
   Status failed;
+  if (m.receiver != nullptr && m.receiver->version() == 0) {
+    failed = m.receiver->begin_write(slot, deadline);  // reported at the barrier
+  }
   if (m.weights != nullptr) {
     WL_RETURN_IF_ERROR(m.run_trainer(o, slot, deadline, &report, &sums));
   }
@@ -538,7 +540,7 @@ Result<UpdateReport> Executor::update(const UpdateOptions& o) {
                                           .peer = sender, .tag = kChecksumTag,
                                           .timeout = o.timeout}));
       }
-      failed = m.verify(slot, sums, next);
+      if (failed.ok()) failed = m.verify(slot, sums, next);
     }
   }
   if (m.receiver != nullptr) {

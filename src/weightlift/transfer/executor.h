@@ -6,7 +6,10 @@
 //                 rank allgathers (role, epoch, version, refusal, options). Every rank then
 //                 makes the same decision: a receiver whose epoch differs from the plan's
 //                 (it restarted: its rkey is stale), a watermark below what this plan needs,
-//                 or mismatched options refuse the update on every rank before any put.
+//                 mismatched options, or receivers on different versions refuse the update
+//                 on every rank before any put. A fresh receiver (version 0: it started and
+//                 had no peer to heal from) takes the others' next version; it clears its
+//                 slot for writing once the start tells it which (update_round.h).
 //   2. per sender, its tasks through seed 000's stages, as a queue:
 //        load     offloaded shards: the rows a task reads copied out of the offload buffer
 //        prepare  full_tensor() where the plan says (all ranks of the mesh, in plan order),

@@ -245,7 +245,7 @@ Result<RoundRecord> ParameterServer::Impl::decide(const std::string& name,
   }
   update.members.clear();
   for (const auto& [m, version] : answered) {
-    if (version == newest) {
+    if (version == newest || version == 0) {  // 0: fresh, it takes the next version
       update.members.push_back(m);
     } else {
       update.dropped.push_back(m.id);

@@ -147,7 +147,10 @@ uint64_t Receiver::version() const {
 
 Status Receiver::begin_write(int slot, comm::Deadline deadline) {
   std::unique_lock lock(mu_);
-  WL_CHECK_NE(slot, active_) << "writing the slot readers use";
+  if (slot == active_) {
+    WL_CHECK_EQ(version_, 0u) << "writing the slot readers use";
+    active_ = 1 - slot;  // version 0 is nothing in either slot
+  }
   if (!released_.wait_until(lock, deadline, [&] { return readers_[slot] == 0; })) {
     return deadline_exceeded("receiver: " + std::to_string(readers_[slot]) +
                              " reader(s) still hold version " + std::to_string(version_ - 1) +

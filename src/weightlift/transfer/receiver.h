@@ -105,8 +105,10 @@ class Receiver {
   const std::vector<std::byte>& worker_address() const { return worker_address_; }
 
   // ---- for the executor, from the rank's own thread -------------------------------------
-  // Waits until no reader holds `slot` (which must not be the active one); then the slot
-  // may be written. DeadlineExceeded if a reader holds on past `deadline`.
+  // Waits until no reader holds `slot`; then the slot may be written. `slot` must not be the
+  // active one, except on a fresh receiver (version 0, nothing received), which then hands
+  // its readers the other slot: both hold nothing. DeadlineExceeded if a reader holds on past
+  // `deadline`.
   Status begin_write(int slot, comm::Deadline deadline);
   // Registers the same memory with another worker (the old one became unusable, transport.h):
   // a new rkey and worker address, the same epoch, slots and readers. REQUIRES: no update

@@ -1,6 +1,8 @@
 // start_round and finish_round of update_round.h.
 #include "weightlift/transfer/update_round.h"
 
+#include <algorithm>
+
 #include <string>
 #include <vector>
 
@@ -48,7 +50,7 @@ Result<RoundStart> start_round(comm::Group& world, const Plan& plan, Receiver* r
   word[kRole] = int64_t(receiver ? Role::kReceiver : Role::kTrainer);
   if (receiver != nullptr) {
     word[kVersion] = int64_t(receiver->version());
-    if (mine.ok()) {
+    if (mine.ok() && receiver->version() > 0) {
       mine = receiver->begin_write(int((receiver->version() + 1) % 2), deadline);
       if (!mine.ok()) mine = mine.with_context("receiver rank " + std::to_string(me));
     }
@@ -81,21 +83,35 @@ Result<RoundStart> start_round(comm::Group& world, const Plan& plan, Receiver* r
     if (r.rank >= world.size() || at(r.rank, kRole) != int64_t(Role::kReceiver)) {
       return failed_precondition("update: " + who + " is in the plan but did not join as one");
     }
-    const uint64_t v = uint64_t(at(r.rank, kVersion));
-    if (i == 0) round.version = v;
-    if (v != round.version) {
-      return failed_precondition("update: receivers disagree on the current version (" +
-                                 std::to_string(round.version) + " and " + std::to_string(v) +
-                                 " at " + who + "); nothing was written");
-    }
+    round.version = std::max(round.version, uint64_t(at(r.rank, kVersion)));
   }
+  WL_RETURN_IF_ERROR(check_receiver_versions(
+      plan, [&](int rank) { return uint64_t(at(rank, kVersion)); }, round.version));
   round.version += 1;
   round.slot = int(round.version % 2);
+  if (receiver != nullptr && receiver->version() == 0) {
+    round.fresh_write = receiver->begin_write(round.slot, deadline);
+  }
   return round;
 }
 
+Status check_receiver_versions(const Plan& plan, const std::function<uint64_t(int)>& version_of,
+                               uint64_t current) {
+  for (const PlanReceiver& r : plan.receivers) {
+    const uint64_t v = version_of(r.rank);
+    if (v != current && v != 0) {
+      return failed_precondition("update: receivers disagree on the current version (" +
+                                 std::to_string(current) + " and " + std::to_string(v) +
+                                 " at receiver rank " + std::to_string(r.rank) +
+                                 "); nothing was written");
+    }
+  }
+  return ok_status();
+}
+
 Status finish_round(comm::Group& world, Receiver* receiver, const RoundStart& round,
-                    const Status& failed, std::chrono::milliseconds timeout) {
+                    const Status& failed_here, std::chrono::milliseconds timeout) {
+  const Status failed = failed_here.ok() ? round.fresh_write : failed_here;
   int64_t who = failed.ok() ? 0 : world.rank() + 1;
   WL_RETURN_IF_ERROR(comm::allreduce(world, {.send = &who,
                                              .recv = &who,

@@ -4,13 +4,16 @@
 //   start   each receiver waits until no reader holds the slot version v+1 will use; every
 //           rank allgathers (role, version, refusal); a refusal anywhere, a rank that did not
 //           join in its planned role, or receivers on different versions refuse the update on
-//           every rank before any byte moves.
+//           every rank before any byte moves. A fresh receiver (version 0: it has just
+//           started and had no peer to heal from) joins whatever version the others hold; it
+//           learns which slot to clear for writing from the allgather.
 //   finish  an allreduce of "who failed" over the world: the global barrier. Only if nobody
 //           failed does each receiver publish v+1; otherwise receivers stay on v.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string_view>
 
 #include "weightlift/comm/group.h"
@@ -30,12 +33,18 @@ Result<DType> agree_on_shard_dtype(comm::Group& world, const TrainerWeights* wei
 struct RoundStart {
   uint64_t version = 0;  // the version this update makes
   int slot = 0;          // where receivers write it: version % 2
+  Status fresh_write;    // a fresh receiver's begin_write, made once the version was known
 };
 
 // Collective over `world`. `receiver`: null on trainers. `mine`: this rank's own refusal.
 Result<RoundStart> start_round(comm::Group& world, const Plan& plan, Receiver* receiver,
                                Status mine, comm::Deadline deadline,
                                std::chrono::milliseconds timeout);
+
+// Receivers hold `current` (the newest among them) or 0 (fresh); FailedPrecondition naming
+// the first that holds another. Shared with the p2p executor.
+Status check_receiver_versions(const Plan& plan, const std::function<uint64_t(int)>& version_of,
+                               uint64_t current);
 
 // Collective over `world`; `failed` is this rank's failure during the update (OK if none).
 // Publishes on success; returns this rank's failure or names the rank that failed.
