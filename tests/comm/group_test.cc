@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <barrier>
+#include <thread>
+#include <vector>
 
 #include "exact_data.h"
 #include "rank_threads.h"
@@ -101,6 +103,36 @@ TEST(Group, ConnectTimesOutWhenARankNeverComes) {
   auto store = std::make_shared<MemoryStore>();
   auto g = Group::connect({.store = store, .rank = 0, .size = 2, .timeout = 200ms});
   EXPECT_EQ(g.status().code(), StatusCode::kDeadlineExceeded) << g.status().to_string();
+}
+
+// Jobs end with a barrier, and a rank that has passed it tears down its connections at once.
+// Here rank 1 runs the barrier's rounds by hand and dawdles 300 ms before its last one, so
+// ranks 0 and 2 pass and leave while rank 3 still waits for rank 1: their leaving must not
+// fail rank 3 (over TCP it sees their connections close).
+TEST(Group, ABarrierIgnoresRanksThatPassedItAndLeft) {
+  auto store = std::make_shared<MemoryStore>();
+  testing::run_ranks(4, [&](int r) {
+    auto g = Group::connect({.store = store, .rank = r, .size = 4, .timeout = 10s});
+    ASSERT_TRUE(g.ok()) << g.status().to_string();
+    Group& group = **g;
+    if (r != 1) {
+      Status s = barrier(group);
+      EXPECT_TRUE(s.ok()) << "rank " << r << ": " << s.to_string();
+      return;  // ranks 0 and 2 leave here, closing their connections
+    }
+    // The dissemination barrier's rounds for rank 1 of 4: round 0 from 0 / to 2, round 1
+    // from 3 / to 3.
+    const uint32_t sequence = group.next_sequence();
+    const Deadline deadline = group.deadline(10s);
+    Request round0[2] = {group.irecv(0, sequence, 0, nullptr, 0),
+                         group.isend(2, sequence, 0, nullptr, 0)};
+    ASSERT_TRUE(group.wait_all(round0, deadline).ok());
+    std::this_thread::sleep_for(300ms);
+    Request round1[2] = {group.irecv(3, sequence, 1, nullptr, 0),
+                         group.isend(3, sequence, 1, nullptr, 0)};
+    Status s = group.wait_all_watching(round1, std::vector<int>{3}, deadline);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+  });
 }
 
 // Two worlds over one shared worker (a fleet re-forming its group between updates): the second

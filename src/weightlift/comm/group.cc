@@ -163,6 +163,14 @@ Status Group::wait_all(std::span<Request> requests, std::span<Request> others,
   return link_->worker->wait_all(requests, others, deadline, member_peers_);
 }
 
+Status Group::wait_all_watching(std::span<Request> requests, std::span<const int> must_live,
+                                Deadline deadline) {
+  std::vector<int> peers;
+  peers.reserve(must_live.size());
+  for (int rank : must_live) peers.push_back(peer_id(rank));
+  return link_->worker->wait_all(requests, {}, deadline, peers);
+}
+
 Status Group::poll_until(const std::function<int()>& waiting_for, Deadline deadline,
                          const std::function<std::string()>& what) {
   // Checking the clock and the peers costs far more than a look at a flag, so they come

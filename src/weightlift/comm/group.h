@@ -118,6 +118,11 @@ class Group {
   Status wait(Request& request, Deadline deadline);
   Status wait_all(std::span<Request> requests, Deadline deadline);
   Status wait_all(std::span<Request> requests, std::span<Request> others, Deadline deadline);
+  // As wait_all, but only the failure of a rank in `must_live` (or of a request's own peer)
+  // fails the wait: for steps after which some members may already have finished the
+  // collective and left, as in the last rounds of a barrier.
+  Status wait_all_watching(std::span<Request> requests, std::span<const int> must_live,
+                           Deadline deadline);
   Worker& worker();
   // The worker's peer id for `rank` (!= this rank), for one-sided operations.
   int worker_peer(int rank) const { return peer_id(rank); }
