@@ -1,37 +1,21 @@
 // Fleet records as JSON (fleet.h; docs/formats.md, "Fleet records").
 #include "weightlift/transfer/fleet.h"
 
-#include <nlohmann/json.hpp>
-
 #include "weightlift/transfer/broadcast_mode.h"
 #include "weightlift/transfer/controller.h"
+#include "weightlift/transfer/json_record.h"
 #include "weightlift/transfer/metadata.h"
 
 namespace wl::transfer {
-namespace {
 
 using json = nlohmann::json;
-
-constexpr int kFleetFormatVersion = 1;
-
-void check_version(const json& j, std::string_view where) {
-  const int v = j.at("format_version").get<int>();
-  if (v != kFleetFormatVersion) {
-    throw std::runtime_error(std::string(where) + " is format " + std::to_string(v) +
-                             ", this build speaks " + std::to_string(kFleetFormatVersion) +
-                             "; run one weightlift version across the fleet");
-  }
-}
-
-}  // namespace
 
 std::string_view transfer_mode_name(TransferMode m) {
   return m == TransferMode::kP2P ? "p2p" : "broadcast";
 }
 
 std::string round_to_json(const RoundRecord& r) {
-  json j;
-  j["format_version"] = kFleetFormatVersion;
+  json j = new_fleet_record();
   j["kind"] = r.kind == RoundRecord::Kind::kForm ? "form" : "update";
   j["round"] = r.round;
   j["generation"] = r.generation;
@@ -49,9 +33,7 @@ std::string round_to_json(const RoundRecord& r) {
 }
 
 Result<RoundRecord> round_from_json(std::string_view text, std::string_view where) {
-  try {
-    const json j = json::parse(text);
-    check_version(j, where);
+  return read_fleet_record<RoundRecord>(text, where, "fleet round record", [](const json& j) {
     RoundRecord r;
     const std::string kind = j.at("kind").get<std::string>();
     if (kind != "form" && kind != "update") throw std::runtime_error("unknown kind " + kind);
@@ -71,14 +53,11 @@ Result<RoundRecord> round_from_json(std::string_view text, std::string_view wher
     r.bucket_bytes = j.at("bucket_bytes").get<int64_t>();
     r.checksums = j.at("checksums").get<bool>();
     return r;
-  } catch (const std::exception& e) {
-    return data_loss(std::string(where) + ": not a fleet round record: " + e.what());
-  }
+  });
 }
 
 std::string join_to_json(const JoinRecord& r) {
-  json j;
-  j["format_version"] = kFleetFormatVersion;
+  json j = new_fleet_record();
   j["id"] = r.id;
   j["epoch"] = r.epoch;
   j["leave"] = r.leave;
@@ -86,14 +65,10 @@ std::string join_to_json(const JoinRecord& r) {
 }
 
 Result<JoinRecord> join_from_json(std::string_view text, std::string_view where) {
-  try {
-    const json j = json::parse(text);
-    check_version(j, where);
+  return read_fleet_record<JoinRecord>(text, where, "fleet join record", [](const json& j) {
     return JoinRecord{j.at("id").get<int>(), j.at("epoch").get<uint64_t>(),
                       j.at("leave").get<bool>()};
-  } catch (const std::exception& e) {
-    return data_loss(std::string(where) + ": not a fleet join record: " + e.what());
-  }
+  });
 }
 
 Result<ModeRunner> make_mode_runner(const ModeRunnerOptions& o) {

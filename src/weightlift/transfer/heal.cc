@@ -1,12 +1,11 @@
 // Healing from a peer: the record it advertises, and the seqlock-style copy of heal.h.
 #include "weightlift/transfer/heal.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cstring>
 
 #include "weightlift/comm/process_alive.h"
+#include "weightlift/transfer/json_record.h"
 #include "weightlift/transfer/metadata.h"
 
 namespace wl::transfer {
@@ -14,7 +13,6 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr int kPeerRecordVersion = 1;
 constexpr size_t kGetChunk = size_t(64) << 20;  // bytes per get: bounded requests
 
 struct PeerStatus {
@@ -55,8 +53,7 @@ PeerRecord peer_record(const Receiver& r, std::string name) {
 }
 
 std::string peer_record_to_json(const PeerRecord& p) {
-  json j;
-  j["format_version"] = kPeerRecordVersion;
+  json j = new_fleet_record();
   j["name"] = p.name;
   j["epoch"] = p.epoch;
   j["fingerprint"] = p.fingerprint;
@@ -71,23 +68,13 @@ std::string peer_record_to_json(const PeerRecord& p) {
 }
 
 Result<PeerRecord> peer_record_from_json(std::string_view text, std::string_view where) {
-  try {
-    const json j = json::parse(text);
-    const int v = j.at("format_version").get<int>();
-    if (v != kPeerRecordVersion) {
-      return data_loss(std::string(where) + ": peer record format " + std::to_string(v) +
-                       ", this build reads " + std::to_string(kPeerRecordVersion) +
-                       "; run one weightlift version across the fleet");
-    }
+  return read_fleet_record<PeerRecord>(text, where, "fleet peer record", [](const json& j) {
     PeerRecord p;
     p.name = j.at("name").get<std::string>();
     p.epoch = j.at("epoch").get<uint64_t>();
     p.fingerprint = j.at("fingerprint").get<std::string>();
-    auto address = from_hex(j.at("worker_address").get<std::string>());
-    auto rkey = from_hex(j.at("rkey").get<std::string>());
-    if (!address || !rkey) throw std::runtime_error("bad hex string");
-    p.worker_address = *address;
-    p.rkey = *rkey;
+    p.worker_address = hex_field(j, "worker_address");
+    p.rkey = hex_field(j, "rkey");
     p.slot_address[0] = j.at("slot_address").at(0).get<uint64_t>();
     p.slot_address[1] = j.at("slot_address").at(1).get<uint64_t>();
     p.slot_bytes = j.at("slot_bytes").get<uint64_t>();
@@ -95,9 +82,7 @@ Result<PeerRecord> peer_record_from_json(std::string_view text, std::string_view
     p.host = j.at("host").get<uint64_t>();
     p.pid = j.at("pid").get<int64_t>();
     return p;
-  } catch (const std::exception& e) {
-    return data_loss(std::string(where) + ": not a weightlift peer record: " + e.what());
-  }
+  });
 }
 
 Result<uint64_t> heal_from_peer(comm::Worker& worker, Receiver& receiver, const PeerRecord& peer,
