@@ -5,8 +5,9 @@
 //
 // What must hold (issue 4, "Faults"): the update with the dead receiver fails on every server
 // within the timeout or completes; the servers keep going and the next update reaches the
-// survivors; the restarted receiver heals from a healthy peer and matches bit-exactly; after
-// a server dies mid-update every receiver stays on its last complete version.
+// survivors; the restarted receiver heals from a healthy peer (or, with none, from the
+// servers' copy) and matches bit-exactly; after a server dies mid-update every receiver stays
+// on its last complete version.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -161,6 +162,36 @@ TEST(FleetProcess, ReceiverKilledMidUpdateThenRestartedHealsFromItsPeer) {
   }
   EXPECT_EQ(f.state(0, v + 2), "a");
   EXPECT_EQ(f.state(1, v + 2), "a");
+  f.command("exit");
+}
+
+// A TP rank without a replica has no peer to heal from: restarted after a SIGKILL, it reads
+// the servers' shards of the last version sent by one-sided gets while the server processes
+// sit idle (blocked on the store, progressing nothing), and converts them itself.
+TEST(FleetProcess, ReceiverWithNoPeerRestartedHealsFromTheServersCopy) {
+  Fleet f;
+  f.start_servers(2);
+  f.receivers.push_back(f.start_receiver(0, 2, 0));
+  f.receivers.push_back(f.start_receiver(1, 2, 1));
+  int k = f.command("update a 0");
+  for (int r : {0, 1}) ASSERT_EQ(f.result(k, r, 30s), "ok v=1 members=2") << f.logs();
+  k = f.command("update b 0");
+  for (int r : {0, 1}) ASSERT_EQ(f.result(k, r, 30s), "ok v=2 members=2") << f.logs();
+
+  ::kill(f.receivers[1].pid, SIGKILL);
+  ::waitpid(f.receivers[1].pid, nullptr, 0);
+  wl::testing::reap(f.receivers[1]);
+  f.receivers[1] = f.start_receiver(1, 2, 1);
+  EXPECT_NE(f.receivers[1].output.find("healed version 2 from the servers' copy of 'b'"),
+            std::string::npos)
+      << f.receivers[1].output;
+  EXPECT_EQ(f.state(1, 2), "b") << "the healed copy is bit-exact";
+
+  // The restarted receiver (a new epoch) makes the servers form a new generation with it.
+  k = f.command("update a 0");
+  for (int r : {0, 1}) ASSERT_EQ(f.result(k, r, 30s), "ok v=3 members=2") << f.logs();
+  EXPECT_EQ(f.state(0, 3), "a");
+  EXPECT_EQ(f.state(1, 3), "a");
   f.command("exit");
 }
 

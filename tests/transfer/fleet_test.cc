@@ -12,6 +12,7 @@
 #include "weightlift/core/safetensors.h"
 #include "weightlift/transfer/fleet_receiver.h"
 #include "weightlift/transfer/parameter_server.h"
+#include "weightlift/transfer/server_copy.h"
 
 namespace wl::transfer {
 namespace {
@@ -234,47 +235,75 @@ TEST(ParameterServer, ALaggingReceiverIsLeftOutUntilItRestartsAndHeals) {
   }
 }
 
-// A receiver with no peer of its shard (TP rank 1 of the only engine) restarts: it cannot
-// heal, so it joins fresh (version 0) and the next update brings it the whole next version
-// from the servers, in p2p and in broadcast mode, while its TP partner keeps its weights.
-void fresh_receiver_rejoins(TransferMode mode, uint64_t first_version) {
+// A receiver with no peer of its shard (TP rank 1 of the only engine) restarts. It heals from
+// the servers' copy of the last version sent, by one-sided gets, converting the shards itself;
+// or, when the servers refreshed that checkpoint since (`refreshed`: the copy is no longer that
+// version), it joins fresh (version 0) and the next update brings it the whole next version.
+// Its TP partner keeps its weights throughout; p2p and broadcast mode.
+void restarted_receiver_without_peer(TransferMode mode, uint64_t first_version, bool refreshed,
+                                     WeightFormat format = WeightFormat::kBF16) {
+  SCOPED_TRACE(std::string(transfer_mode_name(mode)) + " from version " +
+               std::to_string(first_version) + (refreshed ? ", refreshed" : ""));
   const model::ModelConfig c = preset_or_die("tiny");
-  const std::vector<float> a = random_weights(c, 1), b = random_weights(c, 2);
+  const std::vector<float> a = random_weights(c, 1), a2 = random_weights(c, 3),
+                           b = random_weights(c, 2);
   auto store = std::make_shared<comm::MemoryStore>();
   std::vector<std::unique_ptr<ReceiverThread>> rx;
-  for (int i = 0; i < 2; ++i) rx.push_back(start_receiver(store, c, i, {.tp = 2, .tp_rank = i}));
+  for (int i = 0; i < 2; ++i) {
+    rx.push_back(start_receiver(store, c, i, {.tp = 2, .tp_rank = i, .format = format}));
+  }
   std::atomic<int> phase{0};
   run_servers(store, mode, [&](ParameterServer& ps) {
     ASSERT_TRUE(ps.register_checkpoint("a", c, a).ok());
     ASSERT_TRUE(ps.register_checkpoint("b", c, b).ok());
     for (uint64_t v = 1; v <= first_version; ++v) ASSERT_TRUE(ps.update("a").ok());
+    if (refreshed) {
+      ASSERT_TRUE(ps.refresh("a", a2).ok());
+    }
     if (ps.options().rank == 0) {
       ASSERT_TRUE(rx[1]->wait_version(first_version));
       rx[1]->join();
-      rx[1] = start_receiver(store, c, 1, {.tp = 2, .tp_rank = 1});
-      EXPECT_EQ(rx[1]->fleet->healed_version(), 0u) << rx[1]->fleet->heal_log();
+      rx[1] = start_receiver(store, c, 1, {.tp = 2, .tp_rank = 1, .format = format});
+      const std::string log = rx[1]->fleet->heal_log();
+      if (refreshed) {
+        EXPECT_EQ(rx[1]->fleet->healed_version(), 0u) << log;
+        EXPECT_NE(log.find("changed its shards since it sent that version"), std::string::npos)
+            << log;
+      } else {
+        EXPECT_EQ(rx[1]->fleet->healed_version(), first_version) << log;
+        expect_matches_reference(rx[1]->fleet->receiver(), c, rx[1]->layout, a, first_version);
+      }
       phase = 1;
     }
     while (phase.load() < 1) std::this_thread::yield();
-    auto u = ps.update("b");
+    auto u = ps.update(refreshed ? "a" : "b");
     ASSERT_TRUE(u.ok()) << u.status().to_string();
     EXPECT_EQ(u->members.size(), 2u);
+    EXPECT_TRUE(u->copy_published.ok()) << u->copy_published.to_string();
   });
   for (auto& t : rx) {
     ASSERT_TRUE(t->wait_version(first_version + 1));
-    expect_matches_reference(t->fleet->receiver(), c, t->layout, b, first_version + 1);
+    expect_matches_reference(t->fleet->receiver(), c, t->layout, refreshed ? a2 : b,
+                             first_version + 1);
     t->join();
     EXPECT_TRUE(t->errors.empty()) << t->errors.front();
   }
 }
 
-// Both parities: the fresh receiver's next slot is the one its (empty) readers had.
-TEST(ParameterServer, AReceiverWithNoPeerRejoinsFreshP2p) {
-  fresh_receiver_rejoins(TransferMode::kP2P, 1);
-  fresh_receiver_rejoins(TransferMode::kP2P, 2);
+// Both parities: the healed or fresh receiver's next slot is the other one.
+TEST(ParameterServer, AReceiverWithNoPeerHealsFromTheServersCopyP2p) {
+  restarted_receiver_without_peer(TransferMode::kP2P, 1, false);
+  restarted_receiver_without_peer(TransferMode::kP2P, 2, false, WeightFormat::kFP8);
 }
-TEST(ParameterServer, AReceiverWithNoPeerRejoinsFreshBroadcast) {
-  fresh_receiver_rejoins(TransferMode::kBroadcast, 1);
+TEST(ParameterServer, AReceiverWithNoPeerHealsFromTheServersCopyBroadcast) {
+  restarted_receiver_without_peer(TransferMode::kBroadcast, 1, false);
+}
+TEST(ParameterServer, AfterARefreshAReceiverWithNoPeerRejoinsFreshP2p) {
+  restarted_receiver_without_peer(TransferMode::kP2P, 1, true);
+  restarted_receiver_without_peer(TransferMode::kP2P, 2, true);
+}
+TEST(ParameterServer, AfterARefreshAReceiverWithNoPeerRejoinsFreshBroadcast) {
+  restarted_receiver_without_peer(TransferMode::kBroadcast, 1, true);
 }
 
 // Checkpoints from safetensors files, one checkpoint split across two files; a file that
@@ -349,6 +378,159 @@ TEST(Heal, CopiesAConsistentVersionWhileThePeerIsUpdated) {
   });
   healer.join();
   rx0->join();
+}
+
+// The servers' copy records, as a healer reads them from the store.
+std::vector<ServerCopyRecord> server_copy_records(comm::Store& store) {
+  auto records = read_server_copies(store, FleetKeys{"fleet"});
+  WL_CHECK(records.ok()) << records.status().to_string();
+  EXPECT_EQ(int(records->size()), kServers);
+  return *std::move(records);
+}
+
+struct Healer {
+  std::unique_ptr<comm::Worker> worker;
+  std::unique_ptr<Receiver> receiver;
+  LayoutOptions layout;
+  explicit Healer(const model::ModelConfig& c, LayoutOptions l = {.tp = 2, .tp_rank = 1})
+      : layout(l) {
+    auto lay = inference_layout(c, layout);
+    WL_CHECK(lay.ok());
+    auto w = comm::Worker::create({.name = "healer"});
+    WL_CHECK(w.ok());
+    worker = std::move(*w);
+    auto r = Receiver::create(*worker, {.tensors = tensor_specs(*lay),
+                                        .tp = layout.tp,
+                                        .tp_rank = layout.tp_rank,
+                                        .format = layout.format});
+    WL_CHECK(r.ok());
+    receiver = std::move(*r);
+  }
+};
+
+// Healing from the servers while they refresh the checkpoint and send it again and again: a
+// heal either lands exactly the version its records name or is refused (the shards changed
+// during the copy, or the records are mid-update); never a mixture. Records that disagree, or
+// come in the wrong number, are refused before any get.
+TEST(HealFromServers, CopiesExactlyTheVersionSentOrRefusesWhileTheServersRefresh) {
+  const model::ModelConfig c = preset_or_die("tiny");
+  const std::vector<float> a = random_weights(c, 1), a2 = random_weights(c, 3);
+  auto store = std::make_shared<comm::MemoryStore>();
+  auto rx = start_receiver(store, c, 0, {.tp = 1, .tp_rank = 0});
+  // phase 2: the healer is ready for the refreshes; 3: the healer is done (the servers keep
+  // their copies until then).
+  std::atomic<int> phase{0}, published{0}, refreshed{0};
+  std::atomic<int> healed{0}, refused{0};
+  std::thread healer([&] {
+    // However this thread ends, the servers must not wait for it forever.
+    struct Release {
+      std::atomic<int>& phase;
+      ~Release() { phase = 3; }
+    } release{phase};
+    const auto deadline = comm::deadline_after(30s);
+    while (published.load() < kServers && comm::Clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+    ASSERT_EQ(published.load(), kServers) << "the servers' update did not complete";
+    const std::vector<ServerCopyRecord> records = server_copy_records(*store);
+    ASSERT_EQ(records[0].version, 1u);
+    ASSERT_EQ(records[0].checkpoint, "a");
+    {  // Before any refresh: exact, and in fp8 too (the healer quantizes itself).
+      for (WeightFormat f : {WeightFormat::kBF16, WeightFormat::kFP8}) {
+        Healer h(c, {.tp = 2, .tp_rank = 1, .format = f});
+        auto v = heal_from_servers(*h.worker, *h.receiver, records);
+        ASSERT_TRUE(v.ok()) << v.status().to_string();
+        EXPECT_EQ(*v, 1u);
+        expect_matches_reference(*h.receiver, c, h.layout, a, 1);
+      }
+    }
+    {  // Bad records: the wrong number, or one from another checkpoint.
+      Healer h(c);
+      auto v = heal_from_servers(*h.worker, *h.receiver, std::span(records).first(1));
+      EXPECT_EQ(v.status().code(), StatusCode::kFailedPrecondition) << v.status().to_string();
+      std::vector<ServerCopyRecord> mixed = records;
+      mixed[1].checkpoint = "b";
+      v = heal_from_servers(*h.worker, *h.receiver, mixed);
+      EXPECT_EQ(v.status().code(), StatusCode::kFailedPrecondition) << v.status().to_string();
+      EXPECT_NE(v.status().message().find("server rank 1 last sent 'b'"), std::string::npos)
+          << v.status().to_string();
+      EXPECT_EQ(h.receiver->version(), 0u) << "nothing adopted";
+    }
+    // While the servers refresh and update in turn, each heal reads the latest records: it
+    // lands exactly the version they name, or is refused (a refresh overlapped the copy, or
+    // the records are mid-update). Once they stop, one more heal must land the last version.
+    phase = 2;
+    auto heal_latest = [&] {
+      Healer h(c);
+      auto v = heal_from_servers(*h.worker, *h.receiver, server_copy_records(*store));
+      if (v.ok()) {
+        ++healed;
+        expect_matches_reference(*h.receiver, c, h.layout, *v % 2 ? a : a2, *v);
+        return true;
+      }
+      ++refused;
+      std::cerr << "[refused: " << v.status().message() << "]\n";
+      EXPECT_EQ(v.status().code(), StatusCode::kFailedPrecondition) << v.status().to_string();
+      EXPECT_EQ(h.receiver->version(), 0u) << "nothing adopted";
+      return false;
+    };
+    while (refreshed.load() < kServers) heal_latest();
+    EXPECT_TRUE(heal_latest()) << "healing once the servers are quiet";
+  });
+  run_servers(store, TransferMode::kP2P, [&](ParameterServer& ps) {
+    ASSERT_TRUE(ps.register_checkpoint("a", c, a).ok());
+    ASSERT_TRUE(ps.update("a").ok());  // publishes its copy record before it returns
+    ++published;
+    while (phase.load() < 2) std::this_thread::yield();
+    // Version v holds a for odd v, a2 for even v.
+    for (uint64_t v = 2; v <= 21; ++v) {
+      ASSERT_TRUE(ps.refresh("a", v % 2 ? a : a2).ok());
+      auto u = ps.update("a");
+      ASSERT_TRUE(u.ok()) << u.status().to_string();
+      ASSERT_EQ(u->report.version, v);
+    }
+    ++refreshed;
+    while (phase.load() < 3) std::this_thread::yield();
+    EXPECT_EQ(ps.refresh("nope", a).code(), StatusCode::kNotFound);
+    EXPECT_EQ(ps.refresh("a", std::span(a).first(10)).code(), StatusCode::kInvalidArgument);
+  });
+  healer.join();
+  std::cerr << "[heals during refreshes: " << healed.load() << " exact, " << refused.load()
+            << " refused]\n";
+  rx->join();
+}
+
+// Records as the store holds them: round trip, then what a damaged or foreign one gives.
+TEST(HealFromServers, RecordsThatAreNotServerCopiesAreDataLoss) {
+  ServerCopyRecord r{.rank = 1, .servers = 2, .checkpoint = "a", .version = 3, .stamp = 7,
+                     .config = preset_or_die("tiny"), .dtype = DType::kBF16,
+                     .shards = {{"embed.weight", 0, 5, 64}},
+                     .worker_address = {std::byte{1}, std::byte{2}},
+                     .rkey = {std::byte{3}}, .region_address = 4096, .region_bytes = 128,
+                     .host = 9, .pid = 42};
+  auto back = server_copy_from_json(server_copy_to_json(r), "copy/1");
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->checkpoint, "a");
+  EXPECT_EQ(back->stamp, 7u);
+  EXPECT_EQ(back->shards[0].end, 5);
+  EXPECT_EQ(back->rkey, r.rkey);
+  EXPECT_EQ(back->dtype, DType::kBF16);
+
+  std::string text = server_copy_to_json(r);
+  for (const std::string& bad :
+       {text.substr(0, text.size() / 2), std::string("{\"format_version\": 2}"),
+        std::string("[]")}) {
+    auto got = server_copy_from_json(bad, "fleet/copy/1");
+    EXPECT_EQ(got.status().code(), StatusCode::kDataLoss) << bad;
+    EXPECT_NE(got.status().message().find("fleet/copy/1"), std::string::npos)
+        << got.status().to_string();
+  }
+  auto v2 = server_copy_from_json("{\"format_version\": 2}", "fleet/copy/1");
+  EXPECT_NE(v2.status().message().find("format 2, this build speaks 1"), std::string::npos)
+      << v2.status().to_string();
+  r.rank = 2;  // not a rank of 2 servers
+  EXPECT_EQ(server_copy_from_json(server_copy_to_json(r), "copy").status().code(),
+            StatusCode::kDataLoss);
 }
 
 }  // namespace

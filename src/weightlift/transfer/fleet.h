@@ -24,7 +24,8 @@
 // Joining and leaving. A receiver announces itself by appending a record {id, epoch, leave}
 // under "<prefix>/join/<k>" (k from the counter "<prefix>/joins"); a restarted receiver
 // announces again with its new epoch. Healthy receivers also leave a PeerRecord under
-// "<prefix>/peer/<id>" so that restarted ones can heal from them (heal.h).
+// "<prefix>/peer/<id>" so that restarted ones can heal from them (heal.h); server ranks leave a
+// ServerCopyRecord under "<prefix>/copy/<rank>" for those with no such peer (server_copy.h).
 //
 // Every record is JSON with a format_version; docs/formats.md, "Fleet records".
 #pragma once
@@ -91,6 +92,9 @@ struct FleetKeys {
   std::string peer(int id) const { return prefix + "/peer/" + std::to_string(id); }
   std::string generation(uint64_t g) const { return prefix + "/gen/" + std::to_string(g); }
   std::string servers() const { return prefix + "/servers"; }  // the servers' own group
+  std::string copy(int server_rank) const {  // server_copy.h
+    return prefix + "/copy/" + std::to_string(server_rank);
+  }
   std::string group_ids() const { return prefix + "/group_ids"; }
 };
 

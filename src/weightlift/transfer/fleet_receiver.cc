@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <map>
 
+#include "weightlift/transfer/server_copy.h"
+
 namespace wl::transfer {
 namespace {
 constexpr std::chrono::milliseconds kPoll{10};  // store polls between worker progress
@@ -29,6 +31,8 @@ struct FleetReceiver::Impl {
   // (transport.h), moves the receiver's memory to a new one.
   Status recover();
   void heal();
+  // With no peer of our shard: from the servers' copy of the last checkpoint sent.
+  void heal_from_server_copy();
   Result<comm::Bytes> wait_for(const std::string& key, comm::Deadline deadline);
 };
 
@@ -80,6 +84,23 @@ void FleetReceiver::Impl::heal() {
     }
     heal_log += v.status().to_string() + "\n";
   }
+  heal_from_server_copy();
+}
+
+void FleetReceiver::Impl::heal_from_server_copy() {
+  Result<std::vector<ServerCopyRecord>> records = read_server_copies(*options.store, keys);
+  if (!records.ok()) {
+    heal_log += records.status().to_string() + "\n";
+    return;
+  }
+  auto v = heal_from_servers(*worker, *receiver, *records, options.heal_options);
+  if (!v.ok()) {
+    heal_log += v.status().to_string() + "\n";
+    return;
+  }
+  healed = *v;
+  heal_log += "healed version " + std::to_string(*v) + " from the servers' copy of '" +
+              records->front().checkpoint + "'\n";
 }
 
 Result<std::unique_ptr<FleetReceiver>> FleetReceiver::create(const FleetReceiverOptions& o) {

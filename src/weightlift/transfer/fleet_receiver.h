@@ -1,6 +1,7 @@
 // FleetReceiver: an inference process's side of the fleet protocol (fleet.h). It owns the
-// process's worker and its Receiver (receiver.h), announces itself, heals from a healthy peer
-// when it starts after the fleet already holds weights (heal.h), and then follows the
+// process's worker and its Receiver (receiver.h), announces itself, heals when it starts after
+// the fleet already holds weights (from a healthy peer of its shard, heal.h, or failing that
+// from the servers' copy of the last version sent, server_copy.h), and then follows the
 // parameter server's rounds: answering when a generation forms, connecting to it, and taking
 // part in the updates that name it.
 //
@@ -35,7 +36,7 @@ struct FleetReceiverOptions {
   int id = 0;                 // unique in the fleet; a restarted receiver keeps its id
   ReceiverOptions receiver;   // what it holds (inference_layout)
   std::chrono::milliseconds timeout{30000};  // connecting, planning, every wait of an update
-  bool heal = true;           // copy the current version from a peer when starting
+  bool heal = true;           // copy the current version from a peer or the servers at start
   HealOptions heal_options;   // per peer tried
 };
 

@@ -2,22 +2,40 @@
 #include "weightlift/transfer/parameter_server.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <set>
 
 #include "weightlift/comm/allreduce.h"
 #include "weightlift/comm/broadcast.h"
+#include "weightlift/comm/process_alive.h"
 #include "weightlift/core/safetensors.h"
 #include "weightlift/model/params.h"
+#include "weightlift/transfer/server_copy.h"
 
 namespace wl::transfer {
+namespace {
+
+// One checkpoint on this server rank: its shards, in `memory` when UCX could allocate it
+// (server_copy.h: [status | shards], readable by restarted receivers), else in the heap.
+struct HeldCheckpoint {
+  model::ModelConfig config;
+  std::shared_ptr<comm::MemoryRegion> memory;        // from the first worker's allocation
+  std::shared_ptr<comm::MemoryRegion> registration;  // with the current worker (may be `memory`)
+  std::unique_ptr<TrainerWeights> weights;           // borrows `memory` (declared after it)
+  uint64_t stamp = 0;                                // status word [1]
+
+  uint64_t* status() const { return static_cast<uint64_t*>(memory->data()); }
+};
+
+}  // namespace
 
 struct ParameterServer::Impl {
   ParameterServerOptions options;
   FleetKeys keys;
   std::shared_ptr<comm::Worker> worker;       // for the process's whole life
   std::shared_ptr<comm::Group> servers;       // the server ranks: full_tensor() gathers
-  std::map<std::string, std::unique_ptr<TrainerWeights>> checkpoints;
+  std::map<std::string, HeldCheckpoint> checkpoints;
 
   // The current generation: its group and, per checkpoint, its executor.
   uint64_t generation = 0;
@@ -44,6 +62,7 @@ struct ParameterServer::Impl {
   Status enter_generation(const RoundRecord& r);
   Status connect_servers();
   Status rebuild_worker();
+  Status publish_copy(const std::string& name, uint64_t version);
 };
 
 ParameterServer::ParameterServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -90,7 +109,13 @@ Status ParameterServer::Impl::rebuild_worker() {
   WL_RETURN_IF_ERROR(connect_servers().with_context(
       "parameter server rank " + std::to_string(options.rank) +
       ": reconnecting the server ranks after a failed update"));
-  for (auto& [name, w] : checkpoints) w->rebind_mesh(servers);
+  for (auto& [name, held] : checkpoints) {
+    held.weights->rebind_mesh(servers);
+    if (held.memory == nullptr) continue;
+    WL_ASSIGN_OR_RETURN(comm::MemoryRegion region,
+                        worker->register_memory(held.memory->data(), held.memory->size()));
+    held.registration = std::make_shared<comm::MemoryRegion>(std::move(region));
+  }
   rebuild = false;
   return ok_status();
 }
@@ -110,9 +135,79 @@ Status ParameterServer::register_checkpoint(const std::string& name,
                             " floats given, the config has " + std::to_string(layout.total()) +
                             " parameters");
   }
-  impl_->checkpoints[name] = std::make_unique<TrainerWeights>(TrainerWeights::from_full(
-      config, full, impl_->servers, {.dtype = impl_->options.shard_dtype}));
+  Impl& m = *impl_;
+  HeldCheckpoint held{.config = config};
+  const size_t shard_bytes = TrainerWeights::storage_bytes(
+      config, m.servers->size(), m.servers->rank(), m.options.shard_dtype);
+  // Without UCX-allocated memory the checkpoint still serves updates; restarted receivers
+  // then cannot heal from it (their gets would need this process to progress).
+  if (auto region = m.worker->allocate_memory(kServerCopyStatusBytes + shard_bytes);
+      region.ok()) {
+    held.memory = std::make_shared<comm::MemoryRegion>(std::move(*region));
+    held.registration = held.memory;
+  }
+  std::byte* storage =
+      held.memory ? static_cast<std::byte*>(held.memory->data()) + kServerCopyStatusBytes
+                  : nullptr;
+  held.weights = std::make_unique<TrainerWeights>(TrainerWeights::from_full(
+      config, full, m.servers, {.dtype = m.options.shard_dtype, .storage = storage}));
+  m.checkpoints.emplace(name, std::move(held));
   return ok_status();
+}
+
+Status ParameterServer::refresh(const std::string& name, std::span<const float> full) {
+  auto it = impl_->checkpoints.find(name);
+  if (it == impl_->checkpoints.end()) return not_found("refresh: no checkpoint '" + name + "'");
+  HeldCheckpoint& held = it->second;
+  const int64_t total = model::ParamLayout(held.config).total();
+  if (int64_t(full.size()) != total) {
+    return invalid_argument("refresh '" + name + "': " + std::to_string(full.size()) +
+                            " floats given, the checkpoint has " + std::to_string(total) +
+                            " parameters");
+  }
+  // The seqlock of server_copy.h: a healer that read the shards meanwhile sees [0] moved.
+  ++held.stamp;
+  if (held.memory) {
+    std::atomic_ref<uint64_t>(held.status()[0]).store(held.stamp, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
+  held.weights->assign_full(full);
+  if (held.memory) {
+    std::atomic_ref<uint64_t>(held.status()[1]).store(held.stamp, std::memory_order_release);
+  }
+  return ok_status();
+}
+
+Status ParameterServer::Impl::publish_copy(const std::string& name, uint64_t version) {
+  const HeldCheckpoint& held = checkpoints.at(name);
+  if (held.memory == nullptr) {
+    return unavailable("server rank " + std::to_string(servers->rank()) + ": UCX could not "
+                       "allocate shared memory for checkpoint '" + name + "', so it has no "
+                       "copy restarted receivers can read");
+  }
+  ServerCopyRecord r{.rank = servers->rank(),
+                     .servers = servers->size(),
+                     .checkpoint = name,
+                     .version = version,
+                     .stamp = held.stamp,
+                     .config = held.config,
+                     .dtype = options.shard_dtype,
+                     .worker_address = worker->address(),
+                     .rkey = held.registration->packed_rkey(),
+                     .region_address = held.registration->address(),
+                     .region_bytes = held.registration->size()};
+  const std::byte* base = static_cast<const std::byte*>(held.memory->data());
+  for (const ShardedTensor& t : held.weights->tensors()) {
+    const ShardRows rows = t.local_rows();
+    r.shards.push_back({t.name(), rows.begin, rows.end,
+                        uint64_t(static_cast<const std::byte*>(t.shard().raw()) - base)});
+  }
+  const comm::ProcessId self = comm::this_process();
+  r.host = self.host;
+  r.pid = self.pid;
+  return options.store->set(keys.copy(r.rank), comm::to_bytes(server_copy_to_json(r)))
+      .with_context("server rank " + std::to_string(r.rank) + ": publishing its copy of '" +
+                    name + "'");
 }
 
 Status ParameterServer::register_checkpoint(const std::string& name,
@@ -135,10 +230,22 @@ Status ParameterServer::register_checkpoint(const std::string& name,
 }
 
 Status ParameterServer::unregister_checkpoint(const std::string& name) {
-  if (impl_->checkpoints.erase(name) == 0) {
+  Impl& m = *impl_;
+  if (!m.checkpoints.count(name)) {
     return not_found("unregister_checkpoint: no checkpoint '" + name + "'");
   }
-  impl_->runners.erase(name);
+  // If the copy record points at this checkpoint, withdraw it before the memory goes.
+  auto b = m.options.store->get(m.keys.copy(m.servers->rank()), std::chrono::milliseconds(1));
+  if (b.ok()) {
+    auto r = server_copy_from_json(comm::to_string(*b), m.keys.copy(m.servers->rank()));
+    if (!r.ok() || r->checkpoint == name) {
+      ServerCopyRecord none{.rank = m.servers->rank(), .servers = m.servers->size()};
+      WL_RETURN_IF_ERROR(m.options.store->set(m.keys.copy(none.rank),
+                                              comm::to_bytes(server_copy_to_json(none))));
+    }
+  }
+  m.checkpoints.erase(name);
+  m.runners.erase(name);
   return ok_status();
 }
 
@@ -148,9 +255,9 @@ std::vector<std::string> ParameterServer::checkpoints() const {
   return names;
 }
 
-TrainerWeights* ParameterServer::checkpoint(const std::string& name) {
+const TrainerWeights* ParameterServer::checkpoint(const std::string& name) const {
   auto it = impl_->checkpoints.find(name);
-  return it == impl_->checkpoints.end() ? nullptr : it->second.get();
+  return it == impl_->checkpoints.end() ? nullptr : it->second.weights.get();
 }
 
 uint64_t ParameterServer::generation() const { return impl_->generation; }
@@ -300,7 +407,8 @@ Result<ServerUpdate> ParameterServer::update(const std::string& name,
     decided = m.decide(name, receivers, options.checksums);
   }
   WL_ASSIGN_OR_RETURN(RoundRecord r, m.share(std::move(decided)));
-  TrainerWeights* weights = checkpoint(name);
+  auto held = m.checkpoints.find(name);
+  TrainerWeights* weights = held == m.checkpoints.end() ? nullptr : held->second.weights.get();
   if (weights == nullptr) {
     return failed_precondition("update: server rank " + std::to_string(m.servers->rank()) +
                                " does not hold checkpoint '" + name + "' that rank 0 holds");
@@ -352,7 +460,8 @@ Result<ServerUpdate> ParameterServer::update(const std::string& name,
                       .round = r.round,
                       .generation = r.generation,
                       .members = r.members,
-                      .dropped = r.dropped};
+                      .dropped = r.dropped,
+                      .copy_published = m.publish_copy(name, report->version)};
 }
 
 }  // namespace wl::transfer

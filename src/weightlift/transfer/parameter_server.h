@@ -11,8 +11,13 @@
 //
 // Several checkpoints are held at once; switching between them is an update like any other.
 // The servers can be the trainer ranks themselves (register the live weights with
-// register_checkpoint(name, config, full) and refresh them with checkpoint(name)->assign_full
-// after each step) or separate processes holding host copies.
+// register_checkpoint(name, config, full) and refresh(name, full) after each step) or separate
+// processes holding host copies.
+//
+// Each server rank keeps a checkpoint's shards in one region of UCX-allocated memory and, after
+// every successful update, publishes where they are under "<prefix>/copy/<rank>"
+// (server_copy.h): a receiver that restarts with no healthy peer of its shard reads them by
+// one-sided gets and rebuilds its weights of the last version sent, without the servers' help.
 //
 // Membership follows the fleet protocol (fleet.h): receivers announce themselves; each update
 // takes those that have joined (or the ones named), forming a new generation when the set
@@ -64,6 +69,9 @@ struct ServerUpdate {
   std::vector<FleetMember> members;  // who received it
   std::vector<int> dropped;        // candidates left out when the generation formed: silent
                                    // past the join timeout, or holding an older version
+  // OK once this rank's copy record for the update is in the store; otherwise why restarted
+  // receivers cannot heal from the servers' copy of it (the update itself went through).
+  Status copy_published;
 };
 
 class ParameterServer {
@@ -82,8 +90,12 @@ class ParameterServer {
                              const std::vector<std::string>& files);
   Status unregister_checkpoint(const std::string& name);  // NotFound if unknown
   std::vector<std::string> checkpoints() const;           // sorted
-  // The held weights, to refresh in place after a training step; null if unknown.
-  TrainerWeights* checkpoint(const std::string& name);
+  // The held weights; null if unknown.
+  const TrainerWeights* checkpoint(const std::string& name) const;
+  // New values for checkpoint `name` on this server rank (a training step happened): `full` as
+  // for register_checkpoint. Local, not collective; NotFound if unknown, InvalidArgument for a
+  // wrong size. The next update sends them.
+  Status refresh(const std::string& name, std::span<const float> full);
 
   // Moves checkpoint `name` to `receivers` (ids; empty: every receiver that has joined).
   // NotFound for an unknown checkpoint or a receiver that has not joined (both before any

@@ -33,7 +33,8 @@ ShardedTensor ShardedTensor::from_full(const ShardedTensorOptions& options, cons
   t.mesh_ = std::move(mesh);
   Shape local = options.shape;
   local[0] = t.local_rows().size();
-  t.working_ = Tensor::empty(options.dtype, local);
+  t.working_ = options.storage != nullptr ? Tensor::borrow(options.storage, options.dtype, local)
+                                           : Tensor::empty(options.dtype, local);
   t.assign_full(full);
   return t;
 }

@@ -35,6 +35,10 @@ struct ShardedTensorOptions {
   std::string name;         // the parameter's name (model/params.h)
   Shape shape;              // the full tensor's shape, at least 1-D
   DType dtype = DType::kF32;  // kF32 or kBF16
+  // Where to keep this rank's rows: borrowed, at least local rows * row elements * dtype size
+  // bytes, outliving the tensor. Null: the tensor allocates its own. (The parameter server
+  // keeps a checkpoint in one region that restarted receivers read: server_copy.h.)
+  std::byte* storage = nullptr;
 };
 
 class ShardedTensor {

@@ -20,6 +20,9 @@ struct TrainerWeightsOptions {
   DType dtype = DType::kF32;  // the shards' dtype: kF32 or kBF16
   bool offload = false;       // keep the shards only in the host offload buffers
   int mesh_id = 0;            // which mesh (replica) this rank belongs to
+  // Borrowed, storage_bytes() of it: every shard in one block, ParamLayout order, each at a
+  // 64-byte boundary. Null: each shard allocates its own. Not with offload.
+  std::byte* storage = nullptr;
 };
 
 class TrainerWeights {
@@ -29,6 +32,10 @@ class TrainerWeights {
   static TrainerWeights from_full(const model::ModelConfig& config, std::span<const float> full,
                                   std::shared_ptr<comm::Group> mesh,
                                   const TrainerWeightsOptions& options);
+
+  // Bytes TrainerWeightsOptions::storage must have for this rank's shards.
+  static size_t storage_bytes(const model::ModelConfig& config, int mesh_size, int mesh_rank,
+                              DType dtype);
 
   // The same mesh reconnected (after its old connections failed): same size, same rank.
   void rebind_mesh(std::shared_ptr<comm::Group> mesh);
