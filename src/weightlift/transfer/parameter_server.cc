@@ -327,6 +327,19 @@ Result<RoundRecord> ParameterServer::Impl::decide(const std::string& name,
       broken = true;
     }
   }
+  // UCX notices a dead peer only when something moves to it or its keepalive fires, which
+  // can be after this update has failed on it. A member on this host whose process is gone
+  // (its peer record names the process) is known dead now.
+  for (const FleetMember& m : members) {
+    if (broken) break;
+    auto b = options.store->get(keys.peer(m.id), std::chrono::milliseconds(1));
+    if (!b.ok()) continue;
+    auto peer = peer_record_from_json(comm::to_string(*b), keys.peer(m.id));
+    if (peer.ok() && peer->epoch == m.epoch &&
+        !comm::process_may_be_alive({peer->host, peer->pid})) {
+      broken = true;
+    }
+  }
   if (!broken && same(wanted, members)) return post(update);
 
   // Form: ask the candidates, keep those that answer in time.
