@@ -1,9 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include <unistd.h>
@@ -105,9 +107,11 @@ TEST(Trainer, ResumeContinuesBitExactly) {
   straight.out_dir = fresh_dir("straight");
   ASSERT_TRUE(train(straight).ok());
 
+  // The first run goes on to step 5 after checkpointing step 3; the resumed run redoes 4 and 5.
   TrainOptions first = o;
   first.out_dir = fresh_dir("first");
-  first.stop_after = 3;
+  first.stop_after = 5;
+  first.checkpoint_every = 3;
   ASSERT_TRUE(train(first).ok());
   TrainOptions second = o;
   second.out_dir = first.out_dir;
@@ -123,7 +127,8 @@ TEST(Trainer, ResumeContinuesBitExactly) {
     Tensor x = *a->get(t.name), y = *b->get(t.name);
     ASSERT_EQ(0, std::memcmp(x.raw(), y.raw(), x.nbytes())) << t.name;
   }
-  // The loss curve continues exactly: the same six loss values in both metrics files.
+  // The loss curve continues exactly: the same six loss values in both metrics files, steps
+  // 4 and 5 of the first run replaced rather than repeated.
   std::vector<std::string> la = read_lines(straight.out_dir + "/metrics.jsonl");
   std::vector<std::string> lb = read_lines(first.out_dir + "/metrics.jsonl");
   ASSERT_EQ(la.size(), 6u);
@@ -131,8 +136,27 @@ TEST(Trainer, ResumeContinuesBitExactly) {
   for (size_t i = 0; i < 6; ++i) {
     auto field = [](const std::string& l) { return l.substr(l.find("\"loss\""), 30); };
     EXPECT_EQ(field(la[i]), field(lb[i])) << "step " << i + 1;
+    EXPECT_NE(lb[i].find("\"step\":" + std::to_string(i + 1) + ","), std::string::npos) << lb[i];
   }
-  EXPECT_TRUE(fs::exists(straight.out_dir + "/loss.svg"));
+  // The plot after the resume shows the whole run: six points on the train loss curve.
+  std::ifstream svg(first.out_dir + "/loss.svg");
+  const std::string plot((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
+  const size_t at = plot.find("points='");
+  ASSERT_NE(at, std::string::npos);
+  const std::string points = plot.substr(at + 8, plot.find('\'', at + 8) - at - 8);
+  EXPECT_EQ(std::count(points.begin(), points.end(), ','), 6) << points;
+
+  // A damaged metrics file is refused, naming the line, and left as it was.
+  const std::string metrics = first.out_dir + "/metrics.jsonl";
+  {
+    std::ofstream f(metrics, std::ios::trunc);
+    f << lb[0] << "\n" << "not json\n" << lb[2] << "\n";
+  }
+  auto damaged = train(second);
+  EXPECT_EQ(damaged.status().code(), StatusCode::kDataLoss) << damaged.status().to_string();
+  EXPECT_NE(damaged.status().message().find("metrics.jsonl:2"), std::string::npos)
+      << damaged.status().to_string();
+  EXPECT_EQ(read_lines(metrics).size(), 3u);
 }
 
 // f16 needs loss scaling: the scaler starts at 2^16 and halves whenever a scaled gradient

@@ -65,6 +65,31 @@ double unigram_entropy(const std::vector<int64_t>& stream) {
   return h;
 }
 
+// The metrics a resumed run continues: the records of `path` up to and including `step`, in
+// order. A run that went on past the checkpoint wrote later steps, which the resumed run is
+// about to redo; those are dropped. A last line cut short (the run was killed mid-write) is
+// dropped too; any other line that is not a metrics record is an error naming it. No file:
+// nothing to continue.
+Result<std::vector<nlohmann::json>> metrics_until(const std::string& path, int64_t step) {
+  std::vector<nlohmann::json> kept;
+  std::ifstream in(path);
+  if (!in) return kept;
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    nlohmann::json m = nlohmann::json::parse(lines[i], nullptr, /*allow_exceptions=*/false);
+    const bool record = m.is_object() && m.contains("step") && m["step"].is_number_integer() &&
+                        m.contains("loss") && m["loss"].is_number();
+    if (!record) {
+      if (i + 1 == lines.size()) break;
+      return data_loss(path + ":" + std::to_string(i + 1) + ": not a metrics record; move the " +
+                       "file aside to resume without the earlier curve");
+    }
+    if (m["step"].get<int64_t>() <= step) kept.push_back(std::move(m));
+  }
+  return kept;
+}
+
 }  // namespace
 
 Result<TrainSummary> train(const TrainOptions& o) {
@@ -131,8 +156,24 @@ Result<TrainSummary> train(const TrainOptions& o) {
   std::error_code ec;
   fs::create_directories(o.out_dir, ec);
   if (ec) return errno_status("mkdir " + o.out_dir, ec.value());
-  std::ofstream metrics(o.out_dir + "/metrics.jsonl", step > 0 ? std::ios::app : std::ios::trunc);
-  if (!metrics) return errno_status("open " + o.out_dir + "/metrics.jsonl", errno);
+  // A resumed run rewrites the metrics it continues (through a temporary file, so that an
+  // error loses nothing) and plots the whole curve.
+  const std::string metrics_path = o.out_dir + "/metrics.jsonl";
+  std::vector<nlohmann::json> earlier;
+  if (step > 0) {
+    WL_ASSIGN_OR_RETURN(earlier, metrics_until(metrics_path, step));
+    const std::string tmp = metrics_path + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::trunc);
+      for (const nlohmann::json& m : earlier) f << m.dump() << "\n";
+      f.flush();
+      if (!f) return errno_status("write " + tmp, errno);
+    }
+    fs::rename(tmp, metrics_path, ec);
+    if (ec) return errno_status("rename " + tmp + " to " + metrics_path, ec.value());
+  }
+  std::ofstream metrics(metrics_path, step > 0 ? std::ios::app : std::ios::trunc);
+  if (!metrics) return errno_status("open " + metrics_path, errno);
   const std::vector<Batch> val_batches =
       val_stream.size() > size_t(seq + 1) ? fixed_windows(val_stream, o.eval_windows, o.batch, seq)
                                           : std::vector<Batch>{};
@@ -155,6 +196,14 @@ Result<TrainSummary> train(const TrainOptions& o) {
 
   // ---- loop ----
   std::vector<double> xs, losses, val_x, val_y;
+  for (const nlohmann::json& m : earlier) {
+    xs.push_back(m["step"].get<double>());
+    losses.push_back(m["loss"].get<double>());
+    if (m.contains("val_loss") && m["val_loss"].is_number()) {
+      val_x.push_back(xs.back());
+      val_y.push_back(m["val_loss"].get<double>());
+    }
+  }
   ProgressBar bar("train", o.steps, "steps");
   const auto start = Clock::now();
   int64_t tokens_done = 0;
