@@ -33,7 +33,7 @@ def main():
         ours, theirs = [], []
         for r in range(a.rounds):
             ours.append(run_json([a.weightlift, "--threads", "2", "bench", "train", "--preset",
-                                  "small", "--batch", "8", "--seq", "256", "--dtype", dtype,
+                                  "small", "--batch", "8", "--seq", "256", "--precision", dtype,
                                   "--steps", "5", "--json"]))
             theirs.append(run_json(["/usr/bin/python3", os.path.join(HERE, "torch_train_small.py"),
                                     "--threads", "2", "--dtype", dtype, "--steps", "2"]))

@@ -12,20 +12,21 @@ void register_bench(CLI::App& app, Outcome& out) {
   register_bench_transfer(*bench, out);
   auto* cmd = bench->add_subcommand("train", "time a training step");
   auto o = std::make_shared<train::BenchTrainOptions>();
-  auto dtype = std::make_shared<std::string>("f32");
+  auto precision = std::make_shared<std::string>("f32");
   auto json = std::make_shared<bool>(false);
   cmd->add_option("--preset", o->preset)->capture_default_str();
   cmd->add_option("--batch", o->batch)->capture_default_str();
   cmd->add_option("--seq", o->seq)->capture_default_str();
-  cmd->add_option("--dtype", *dtype, "f32, bf16 or f16")->capture_default_str();
+  cmd->add_option("--precision,--dtype", *precision, "f32, bf16 or f16 GEMM operands")
+      ->capture_default_str();
   cmd->add_option("--steps", o->steps, "timed steps")->capture_default_str();
   cmd->add_option("--warmup", o->warmup_steps, "untimed steps first")->capture_default_str();
   cmd->add_flag("--checkpointing", o->checkpointing);
   cmd->add_flag("--json", *json, "print one JSON object");
-  cmd->callback([&out, o, dtype, json] {
-    auto p = model::precision_from_name(*dtype);
+  cmd->callback([&out, o, precision, json] {
+    auto p = model::precision_from_name(*precision);
     if (!p) {
-      out.exit_code = report("bench train", invalid_argument("--dtype '" + *dtype +
+      out.exit_code = report("bench train", invalid_argument("--precision '" + *precision +
                                                              "': expected f32, bf16 or f16"));
       return;
     }
@@ -41,7 +42,7 @@ void register_bench(CLI::App& app, Outcome& out) {
       std::printf("bench train %s batch %ld x %ld %s, %d threads: step %.1f ms median "
                   "(min %.1f, max %.1f), %.0f tokens/s, %.1f GFLOP/s = %.0f%% of the %.1f "
                   "GFLOP/s f32 GEMM peak measured now\n",
-                  o->preset.c_str(), long(o->batch), long(o->seq), dtype->c_str(), r->threads,
+                  o->preset.c_str(), long(o->batch), long(o->seq), precision->c_str(), r->threads,
                   r->step_ms_median, r->step_ms_min, r->step_ms_max, r->tokens_per_s, r->gflops,
                   100 * r->gflops / r->gemm_peak_gflops, r->gemm_peak_gflops);
     }
