@@ -92,8 +92,15 @@ struct ForwardPass {
   kernels::RouterLosses router;         // summed over layers, unweighted
 };
 
+// What the forward pass keeps of each block for a backward pass.
+enum class KeepActs {
+  kNone,         // evaluation: no backward follows
+  kAll,          // every activation the block's backward reads
+  kBlockInputs,  // gradient checkpointing: the block's input, its forward is rerun
+};
+
 ForwardPass run_forward(Transformer& m, const int64_t* tokens, int64_t batch, int64_t seq,
-                        Precision precision, bool keep, bool checkpointing) {
+                        Precision precision, KeepActs keep) {
   const ModelConfig& c = m.config();
   WL_CHECK(seq >= 1 && seq <= c.max_seq_len) << "seq " << seq << " max " << c.max_seq_len;
   const int64_t N = batch * seq, d = c.hidden_size, V = c.vocab_size, L = c.num_layers;
@@ -109,8 +116,8 @@ ForwardPass run_forward(Transformer& m, const int64_t* tokens, int64_t batch, in
     a.x = x;
     x = Tensor::empty(DType::kF32, {N, d});
     detail::block_forward(ctx, dims, w.layers[size_t(l)], a, x.data<float>(), &f.router);
-    if (!keep) a = detail::BlockActs();
-    else if (checkpointing) a.keep_only_input();
+    if (keep == KeepActs::kNone) a = detail::BlockActs();
+    if (keep == KeepActs::kBlockInputs) a.keep_only_input();
   }
   f.x = x;
   f.xf = Tensor::empty(DType::kF32, {N, d});
@@ -137,7 +144,8 @@ LossTerms Transformer::forward_backward(const int64_t* tokens, const int64_t* ta
   const int64_t N = batch * seq, d = c.hidden_size, V = c.vocab_size, L = c.num_layers;
   const detail::BlockDims dims{batch, seq, N};
   const detail::BlockContext ctx{c, rope_, opts.precision};
-  ForwardPass f = run_forward(*this, tokens, batch, seq, opts.precision, true, opts.checkpointing);
+  ForwardPass f = run_forward(*this, tokens, batch, seq, opts.precision,
+                              opts.checkpointing ? KeepActs::kBlockInputs : KeepActs::kAll);
   if (opts.logits_out) std::memcpy(opts.logits_out, f.logits.data<float>(), f.logits.nbytes());
   ModelView w = param_view(), g = grad_view();
 
@@ -181,7 +189,7 @@ LossTerms Transformer::forward_backward(const int64_t* tokens, const int64_t* ta
 
 LossTerms Transformer::evaluate(const int64_t* tokens, const int64_t* targets, int64_t batch,
                                 int64_t seq, const StepOptions& opts) {
-  ForwardPass f = run_forward(*this, tokens, batch, seq, opts.precision, false, false);
+  ForwardPass f = run_forward(*this, tokens, batch, seq, opts.precision, KeepActs::kNone);
   if (opts.logits_out) std::memcpy(opts.logits_out, f.logits.data<float>(), f.logits.nbytes());
   kernels::CrossEntropyResult ce = kernels::cross_entropy(
       f.logits.data<float>(), targets, batch * seq, config_.vocab_size, nullptr, 1.0f);
