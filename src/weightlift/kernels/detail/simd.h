@@ -46,11 +46,18 @@
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 #define WL_ALWAYS_INLINE inline __attribute__((always_inline))
-// The two versions of an explicitly vectorised entry point (see the top of this file).
-#define WL_TARGET_V3 __attribute__((target("arch=x86-64-v3")))
+// The two versions of an explicitly vectorised entry point (see the top of this file). Clang
+// (14) multiversions only on CPU names, not on the x86-64-v3 level: Haswell is the first CPU
+// with all of it.
+#if defined(__clang__)
+#define WL_V3_ARCH "arch=haswell"
+#else
+#define WL_V3_ARCH "arch=x86-64-v3"
+#endif
+#define WL_TARGET_V3 __attribute__((target(WL_V3_ARCH)))
 #define WL_TARGET_BASELINE __attribute__((target("default")))
 // An entry point whose loops GCC vectorises by itself: compiled once per target, picked at load.
-#define WL_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define WL_MULTIVERSION __attribute__((target_clones(WL_V3_ARCH, "default")))
 
 namespace wl::kernels::detail {
 
