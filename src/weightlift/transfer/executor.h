@@ -8,8 +8,9 @@
 //                 (it restarted: its rkey is stale), a watermark below what this plan needs,
 //                 mismatched options, or receivers on different versions refuse the update
 //                 on every rank before any put. A fresh receiver (version 0: it started and
-//                 had no peer to heal from) takes the others' next version; it clears its
-//                 slot for writing once the start tells it which (update_round.h).
+//                 could not heal, heal.h and server_copy.h) takes the others' next version;
+//                 it clears its slot for writing once the start tells it which
+//                 (update_round.h).
 //   2. per sender, its tasks through seed 000's stages, as a queue:
 //        load     offloaded shards: the rows a task reads copied out of the offload buffer
 //        prepare  full_tensor() where the plan says (all ranks of the mesh, in plan order),

@@ -10,10 +10,12 @@
 //           costs one join timeout, once), and so is whoever holds an older version than the
 //           newest among the answers: every member of a generation holds the same version, as
 //           the executors require (a receiver that missed updates restarts and heals). A fresh
-//           receiver (version 0: it started with no peer of its shard to heal from) is let
-//           in; the next update brings it the whole of the next version, from the servers. Then every member connects the group "<prefix>/gen/<g>":
-//           parameter-server ranks first, then the members in the listed order, all on the
-//           worker they keep for their whole life (so receiver memory stays registered).
+//           receiver (version 0: it started and could heal neither from a peer of its shard
+//           nor from the servers' copy) is let in; the next update brings it the whole of the
+//           next version, from the servers. Then every member connects the group
+//           "<prefix>/gen/<g>": parameter-server ranks first, then the members in the listed
+//           order, all on the worker they keep for their whole life (so receiver memory stays
+//           registered).
 //   update  generation g moves checkpoint `checkpoint` in `mode` to its members. A checkpoint
 //           the generation has not moved before is planned first (plan_transfer: metadata
 //           gathered once per generation and checkpoint), then the executor runs.
