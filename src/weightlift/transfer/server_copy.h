@@ -14,6 +14,11 @@
 // version the receivers now hold, and the stamp ([1]) its shards had when they were sent. The
 // copy a healer reads is that version exactly if the status reads (stamp, stamp) before and
 // [0] == stamp after: nothing changed the shards in between.
+//
+// Transport: on one host the gets read the servers' shared memory directly, and RDMA needs no
+// help from the target either. Over TCP, UCX needs the server to progress its worker, which a
+// server does only inside its own calls (update, ...): a heal then waits for those, up to its
+// timeout.
 #pragma once
 
 #include <chrono>
