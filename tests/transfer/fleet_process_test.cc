@@ -86,6 +86,18 @@ struct Fleet {
     auto v = store->get("test/version/" + std::to_string(id), 20s);
     return v.ok() ? comm::to_string(*v) : "0";
   }
+  // Posts `text` to every server and checks that each reports `expected`.
+  ::testing::AssertionResult run(const std::string& text, const std::string& expected) {
+    const int k = command(text);
+    for (int r = 0; r < int(servers.size()); ++r) {
+      const std::string got = result(k, r, 30s);
+      if (got != expected) {
+        return ::testing::AssertionFailure()
+               << "'" << text << "' on server " << r << ": " << got << "\n" << logs();
+      }
+    }
+    return ::testing::AssertionSuccess();
+  }
   std::string logs() {
     std::string all;
     for (auto& c : servers) wl::testing::drain(c), all += c.output;
@@ -101,13 +113,12 @@ TEST(FleetProcess, ReceiverKilledMidUpdateThenRestartedHealsFromItsPeer) {
   f.receivers.push_back(f.start_receiver(0, 1, 0));
   f.receivers.push_back(f.start_receiver(1, 1, 0));
 
-  int k = f.command("update a 0");
-  for (int r : {0, 1}) ASSERT_EQ(f.result(k, r, 30s), "ok v=1 members=2") << f.logs();
+  ASSERT_TRUE(f.run("update a 0", "ok v=1 members=2"));
   EXPECT_EQ(f.state(0, 1), "a");
   EXPECT_EQ(f.state(1, 1), "a");
 
   // Slow senders, and receiver 1 dies while the update is on the wire.
-  k = f.command("update b 30");
+  int k = f.command("update b 30");
   ASSERT_TRUE(wl::testing::wait_for_output(f.servers[0], "staging " + std::to_string(k),
                                            comm::deadline_after(20s)))
       << f.logs();
@@ -149,10 +160,7 @@ TEST(FleetProcess, ReceiverKilledMidUpdateThenRestartedHealsFromItsPeer) {
   EXPECT_EQ(f.state(1, v + 1), "b") << "the healed copy is bit-exact";
 
   // And takes part in the next update like any other member.
-  k = f.command("update a 0");
-  for (int r : {0, 1}) {
-    ASSERT_EQ(f.result(k, r, 30s), "ok v=" + std::to_string(v + 2) + " members=2") << f.logs();
-  }
+  ASSERT_TRUE(f.run("update a 0", "ok v=" + std::to_string(v + 2) + " members=2"));
   EXPECT_EQ(f.state(0, v + 2), "a");
   EXPECT_EQ(f.state(1, v + 2), "a");
   f.command("exit");
@@ -166,10 +174,8 @@ TEST(FleetProcess, ReceiverWithNoPeerRestartedHealsFromTheServersCopy) {
   f.start_servers(2);
   f.receivers.push_back(f.start_receiver(0, 2, 0));
   f.receivers.push_back(f.start_receiver(1, 2, 1));
-  int k = f.command("update a 0");
-  for (int r : {0, 1}) ASSERT_EQ(f.result(k, r, 30s), "ok v=1 members=2") << f.logs();
-  k = f.command("update b 0");
-  for (int r : {0, 1}) ASSERT_EQ(f.result(k, r, 30s), "ok v=2 members=2") << f.logs();
+  ASSERT_TRUE(f.run("update a 0", "ok v=1 members=2"));
+  ASSERT_TRUE(f.run("update b 0", "ok v=2 members=2"));
 
   ::kill(f.receivers[1].pid, SIGKILL);
   ::waitpid(f.receivers[1].pid, nullptr, 0);
@@ -181,8 +187,7 @@ TEST(FleetProcess, ReceiverWithNoPeerRestartedHealsFromTheServersCopy) {
   EXPECT_EQ(f.state(1, 2), "b") << "the healed copy is bit-exact";
 
   // The restarted receiver (a new epoch) makes the servers form a new generation with it.
-  k = f.command("update a 0");
-  for (int r : {0, 1}) ASSERT_EQ(f.result(k, r, 30s), "ok v=3 members=2") << f.logs();
+  ASSERT_TRUE(f.run("update a 0", "ok v=3 members=2"));
   EXPECT_EQ(f.state(0, 3), "a");
   EXPECT_EQ(f.state(1, 3), "a");
   f.command("exit");
@@ -194,10 +199,9 @@ TEST(FleetProcess, ServerKilledMidUpdateLeavesReceiversOnTheirLastVersion) {
   // One engine of TP 2.
   f.receivers.push_back(f.start_receiver(0, 2, 0));
   f.receivers.push_back(f.start_receiver(1, 2, 1));
-  int k = f.command("update a 0");
-  for (int r : {0, 1}) ASSERT_EQ(f.result(k, r, 30s), "ok v=1 members=2") << f.logs();
+  ASSERT_TRUE(f.run("update a 0", "ok v=1 members=2"));
 
-  k = f.command("update b 30");
+  int k = f.command("update b 30");
   ASSERT_TRUE(wl::testing::wait_for_output(f.servers[1], "staging " + std::to_string(k),
                                            comm::deadline_after(20s)))
       << f.logs();

@@ -13,8 +13,6 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr size_t kGetChunk = size_t(64) << 20;  // bytes per get: bounded requests
-
 struct PeerStatus {
   uint64_t published = 0;
   uint64_t writing = 0;
@@ -116,8 +114,8 @@ Result<uint64_t> heal_from_peer(comm::Worker& worker, Receiver& receiver, const 
     std::span<std::byte> into = receiver.slot_for_healing(v);
     const uint64_t from = peer.slot_address[v % 2];
     std::vector<comm::Request> gets;
-    for (size_t at = 0; at < into.size(); at += kGetChunk) {
-      const size_t n = std::min(kGetChunk, into.size() - at);
+    for (size_t at = 0; at < into.size(); at += kHealGetChunk) {
+      const size_t n = std::min(kHealGetChunk, into.size() - at);
       gets.push_back(worker.get(id, into.data() + at, n, from + at, rkey));
     }
     gets.push_back(worker.flush(id));

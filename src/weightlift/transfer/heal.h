@@ -18,6 +18,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -50,6 +51,9 @@ PeerRecord peer_record(const Receiver& receiver, std::string name);
 std::string peer_record_to_json(const PeerRecord& record);
 // DataLoss naming `where` for anything that is not a PeerRecord of this format version.
 Result<PeerRecord> peer_record_from_json(std::string_view json, std::string_view where);
+
+// Bytes per one-sided get while healing: requests of bounded size.
+inline constexpr size_t kHealGetChunk = size_t(64) << 20;
 
 struct HealOptions {
   std::chrono::milliseconds timeout{30000};  // for the whole heal, every wait included

@@ -15,8 +15,6 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr size_t kGetChunk = size_t(64) << 20;  // bytes per get: bounded requests
-
 struct CopyStatus {
   uint64_t begun = 0;
   uint64_t finished = 0;
@@ -199,9 +197,9 @@ Result<uint64_t> heal_from_servers(comm::Worker& worker, Receiver& receiver,
                          std::to_string(sh.end) + ") lies outside the tensor or its region");
       }
       covered += sh.end - sh.begin;
-      for (size_t at = 0; at < bytes; at += kGetChunk) {
+      for (size_t at = 0; at < bytes; at += kHealGetChunk) {
         gets.push_back(worker.get(s.peer, full.data() + size_t(sh.begin) * row_bytes + at,
-                                  std::min(kGetChunk, bytes - at),
+                                  std::min(kHealGetChunk, bytes - at),
                                   s.record->region_address + sh.offset + at, s.rkey));
       }
       if (bytes > 0) peers.push_back(s.peer);
