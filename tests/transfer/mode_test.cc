@@ -150,6 +150,41 @@ TEST(Modes, RefuseChecksumsAndASmallNaiveWatermarkBeforeAnyByte) {
   }
 }
 
+// A plan that puts a trainer elsewhere in its mesh, or leaves a receiver out, is refused by
+// every mode's executor when it is made, naming the rank and both positions.
+TEST(Modes, AnExecutorRefusesAPlanThatMisplacesItsRank) {
+  const Case k{.mesh_size = 1, .tp = 2, .format = WeightFormat::kBF16};
+  const model::ModelConfig c = preset_or_die(k.preset);
+  const std::vector<float> a = random_weights(c, 1);
+  run_world(k.size(), [&](int rank, std::shared_ptr<comm::Group> world) {
+    Rank r = join(k, rank, world, a);
+    auto plan = plan_transfer(*world, r.meta);
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    Plan wrong = *plan;
+    wrong.mesh_size = 2;
+    wrong.receivers.clear();
+    std::vector<Status> refusals;
+    if (r.weights) {
+      refusals = {Executor::for_trainer(world, wrong, *r.weights).status(),
+                  BroadcastExecutor::for_trainer(world, wrong, *r.weights).status(),
+                  NaiveExecutor::for_trainer(world, wrong, *r.weights).status()};
+    } else {
+      refusals = {Executor::for_receiver(world, wrong, *r.receiver).status(),
+                  BroadcastExecutor::for_receiver(world, wrong, *r.receiver).status(),
+                  NaiveExecutor::for_receiver(world, wrong, *r.receiver).status()};
+    }
+    const std::string want =
+        r.weights ? "trainer rank " + std::to_string(rank) + ": the plan puts it at mesh " +
+                        std::to_string(rank) + " rank 0 of 2, its weights are at mesh " +
+                        std::to_string(rank) + " rank 0 of 1"
+                  : "receiver rank " + std::to_string(rank) + ": not a receiver of this transfer plan";
+    for (const Status& s : refusals) {
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+      EXPECT_NE(s.message().find(want), std::string::npos) << s.message();
+    }
+  });
+}
+
 // The benchmark's JSON has the fields compare_transfer.py reads, and its own verification
 // finds every receiver bit-exact after an odd number of updates (negated weights) and an even.
 TEST(BenchTransfer, TinyJsonInEveryModeVerifiesBitExact) {

@@ -156,12 +156,7 @@ Result<std::unique_ptr<BroadcastExecutor>> BroadcastExecutor::for_trainer(
   impl->world = std::move(world);
   impl->plan = std::move(plan);
   impl->weights = &weights;
-  const PlanTrainer* pt = impl->plan.find_trainer(impl->world->rank());
-  if (pt == nullptr || pt->mesh_id != weights.mesh_id() || pt->mesh_rank != weights.mesh_rank() ||
-      impl->plan.mesh_size != weights.mesh_size()) {
-    return invalid_argument("trainer rank " + std::to_string(impl->world->rank()) +
-                            ": not a trainer of this transfer plan at its mesh position");
-  }
+  WL_RETURN_IF_ERROR(place_trainer(impl->plan, impl->world->rank(), weights).status());
   WL_RETURN_IF_ERROR(impl->setup(options));
   return std::unique_ptr<BroadcastExecutor>(new BroadcastExecutor(std::move(impl)));
 }
@@ -173,10 +168,7 @@ Result<std::unique_ptr<BroadcastExecutor>> BroadcastExecutor::for_receiver(
   impl->world = std::move(world);
   impl->plan = std::move(plan);
   impl->receiver = &receiver;
-  if (impl->plan.find_receiver(impl->world->rank()) == nullptr) {
-    return invalid_argument("receiver rank " + std::to_string(impl->world->rank()) +
-                            ": not a receiver of this transfer plan");
-  }
+  WL_RETURN_IF_ERROR(place_receiver(impl->plan, impl->world->rank()).status());
   WL_RETURN_IF_ERROR(impl->setup(options));
   return std::unique_ptr<BroadcastExecutor>(new BroadcastExecutor(std::move(impl)));
 }
@@ -274,29 +266,16 @@ Status BroadcastExecutor::Impl::receive(const UpdateOptions& o, int slot, Update
 
 Result<UpdateReport> BroadcastExecutor::update(const UpdateOptions& o) {
   Impl& m = *impl_;
-  const auto t_start = Clock::now();
-  UpdateReport report;
-  report.watermark_bytes = o.watermark_bytes;
-  const int me = m.world->rank();
   Status mine;
-  if (o.checksums || o.staging_hook) {
-    mine = invalid_argument("world rank " + std::to_string(me) +
-                            ": broadcast mode has no per-task checksums or staging hook (p2p's)");
-  } else if (m.weights != nullptr && !m.buffers.empty() && o.watermark_bytes < m.bucket_bytes) {
-    mine = resource_exhausted("trainer rank " + std::to_string(me) + ": watermark " +
+  if (m.weights != nullptr && !m.buffers.empty() && o.watermark_bytes < m.bucket_bytes) {
+    mine = resource_exhausted("trainer rank " + std::to_string(m.world->rank()) + ": watermark " +
                               std::to_string(o.watermark_bytes) + " bytes is below one bucket (" +
                               std::to_string(m.bucket_bytes) + " bytes)");
   }
-  WL_ASSIGN_OR_RETURN(RoundStart round, start_round(*m.world, m.plan, m.receiver, mine,
-                                                    m.world->deadline(o.timeout), o.timeout));
-  report.version = round.version;
-  report.barrier_seconds += since(t_start);
-  const Status failed = m.receiver ? m.receive(o, round.slot, &report) : m.send(o, &report);
-  const auto t_barrier = Clock::now();
-  WL_RETURN_IF_ERROR(finish_round(*m.world, m.receiver, round, failed, o.timeout));
-  report.barrier_seconds += since(t_barrier);
-  report.total_seconds = since(t_start);
-  return report;
+  return run_round(*m.world, m.plan, m.receiver, o, "broadcast", mine,
+                   [&](const RoundStart& round, UpdateReport& report) {
+                     return m.receiver ? m.receive(o, round.slot, &report) : m.send(o, &report);
+                   });
 }
 
 }  // namespace wl::transfer

@@ -135,18 +135,8 @@ Result<std::unique_ptr<Executor>> Executor::for_trainer(std::shared_ptr<comm::Gr
   impl->plan = std::move(plan);
   impl->weights = &weights;
   const int me = impl->world->rank();
-  const PlanTrainer* pt = impl->plan.find_trainer(me);
+  WL_ASSIGN_OR_RETURN(const PlanTrainer* pt, place_trainer(impl->plan, me, weights));
   const std::string who = "trainer rank " + std::to_string(me);
-  if (pt == nullptr) return invalid_argument(who + ": not a trainer of this transfer plan");
-  if (pt->mesh_id != weights.mesh_id() || pt->mesh_rank != weights.mesh_rank() ||
-      impl->plan.mesh_size != weights.mesh_size()) {
-    return invalid_argument(who + ": the plan puts it at mesh " + std::to_string(pt->mesh_id) +
-                            " rank " + std::to_string(pt->mesh_rank) + " of " +
-                            std::to_string(impl->plan.mesh_size) + ", its weights are at mesh " +
-                            std::to_string(weights.mesh_id()) + " rank " +
-                            std::to_string(weights.mesh_rank()) + " of " +
-                            std::to_string(weights.mesh_size()));
-  }
   const Plan& p = impl->plan;
   impl->gather_last_use.assign(p.gathers.size(), -1);
   size_t next_gather = 0;
@@ -204,10 +194,7 @@ Result<std::unique_ptr<Executor>> Executor::for_receiver(std::shared_ptr<comm::G
   impl->plan = std::move(plan);
   impl->receiver = &receiver;
   const int me = impl->world->rank();
-  if (impl->plan.find_receiver(me) == nullptr) {
-    return invalid_argument("receiver rank " + std::to_string(me) +
-                            ": not a receiver of this transfer plan");
-  }
+  WL_RETURN_IF_ERROR(place_receiver(impl->plan, me).status());
   for (size_t i = 0; i < impl->plan.tasks.size(); ++i) {
     const PlanTask& t = impl->plan.tasks[i];
     if (t.receiver == me) impl->incoming[t.sender].push_back(int(i));

@@ -96,12 +96,7 @@ Result<std::unique_ptr<NaiveExecutor>> NaiveExecutor::for_trainer(
   impl->world = std::move(world);
   impl->plan = std::move(plan);
   impl->weights = &weights;
-  const PlanTrainer* pt = impl->plan.find_trainer(impl->world->rank());
-  if (pt == nullptr || pt->mesh_id != weights.mesh_id() || pt->mesh_rank != weights.mesh_rank() ||
-      impl->plan.mesh_size != weights.mesh_size()) {
-    return invalid_argument("trainer rank " + std::to_string(impl->world->rank()) +
-                            ": not a trainer of this transfer plan at its mesh position");
-  }
+  WL_RETURN_IF_ERROR(place_trainer(impl->plan, impl->world->rank(), weights).status());
   WL_RETURN_IF_ERROR(impl->setup());
   return std::unique_ptr<NaiveExecutor>(new NaiveExecutor(std::move(impl)));
 }
@@ -112,10 +107,7 @@ Result<std::unique_ptr<NaiveExecutor>> NaiveExecutor::for_receiver(
   impl->world = std::move(world);
   impl->plan = std::move(plan);
   impl->receiver = &receiver;
-  if (impl->plan.find_receiver(impl->world->rank()) == nullptr) {
-    return invalid_argument("receiver rank " + std::to_string(impl->world->rank()) +
-                            ": not a receiver of this transfer plan");
-  }
+  WL_RETURN_IF_ERROR(place_receiver(impl->plan, impl->world->rank()).status());
   WL_RETURN_IF_ERROR(impl->setup());
   return std::unique_ptr<NaiveExecutor>(new NaiveExecutor(std::move(impl)));
 }
@@ -205,31 +197,19 @@ Status NaiveExecutor::Impl::receive(const UpdateOptions& o, const RoundStart& ro
 
 Result<UpdateReport> NaiveExecutor::update(const UpdateOptions& o) {
   Impl& m = *impl_;
-  const auto t_start = Clock::now();
-  UpdateReport report;
-  report.watermark_bytes = o.watermark_bytes;
   const int me = m.world->rank();
   Status mine;
-  if (o.checksums || o.staging_hook) {
-    mine = invalid_argument("world rank " + std::to_string(me) +
-                            ": naive mode has no per-task checksums or staging hook (p2p's)");
-  } else if (me == m.root && o.watermark_bytes < m.required_watermark()) {
+  if (me == m.root && o.watermark_bytes < m.required_watermark()) {
     mine = resource_exhausted("trainer rank " + std::to_string(me) + ": watermark " +
                               std::to_string(o.watermark_bytes) +
                               " bytes cannot hold the state dict and its serialisation (" +
                               std::to_string(m.required_watermark()) + " bytes)");
   }
-  WL_ASSIGN_OR_RETURN(RoundStart round, start_round(*m.world, m.plan, m.receiver, mine,
-                                                    m.world->deadline(o.timeout), o.timeout));
-  report.version = round.version;
-  report.barrier_seconds += since(t_start);
-  const Status failed =
-      m.receiver ? m.receive(o, round, &report) : m.send(o, round.version, &report);
-  const auto t_barrier = Clock::now();
-  WL_RETURN_IF_ERROR(finish_round(*m.world, m.receiver, round, failed, o.timeout));
-  report.barrier_seconds += since(t_barrier);
-  report.total_seconds = since(t_start);
-  return report;
+  return run_round(*m.world, m.plan, m.receiver, o, "naive", mine,
+                   [&](const RoundStart& round, UpdateReport& report) {
+                     return m.receiver ? m.receive(o, round, &report)
+                                       : m.send(o, round.version, &report);
+                   });
 }
 
 }  // namespace wl::transfer

@@ -1,4 +1,4 @@
-// start_round and finish_round of update_round.h.
+// The update frame of update_round.h: places, start_round, finish_round, run_round.
 #include "weightlift/transfer/update_round.h"
 
 #include <algorithm>
@@ -40,6 +40,32 @@ Result<DType> agree_on_shard_dtype(comm::Group& world, const TrainerWeights* wei
   }
   if (dtype == 0) return failed_precondition("no trainer joined the transfer");
   return DType(dtype - 1);
+}
+
+Result<const PlanTrainer*> place_trainer(const Plan& plan, int rank,
+                                         const TrainerWeights& weights) {
+  const std::string who = "trainer rank " + std::to_string(rank);
+  const PlanTrainer* pt = plan.find_trainer(rank);
+  if (pt == nullptr) return invalid_argument(who + ": not a trainer of this transfer plan");
+  if (pt->mesh_id != weights.mesh_id() || pt->mesh_rank != weights.mesh_rank() ||
+      plan.mesh_size != weights.mesh_size()) {
+    return invalid_argument(who + ": the plan puts it at mesh " + std::to_string(pt->mesh_id) +
+                            " rank " + std::to_string(pt->mesh_rank) + " of " +
+                            std::to_string(plan.mesh_size) + ", its weights are at mesh " +
+                            std::to_string(weights.mesh_id()) + " rank " +
+                            std::to_string(weights.mesh_rank()) + " of " +
+                            std::to_string(weights.mesh_size()));
+  }
+  return pt;
+}
+
+Result<const PlanReceiver*> place_receiver(const Plan& plan, int rank) {
+  const PlanReceiver* pr = plan.find_receiver(rank);
+  if (pr == nullptr) {
+    return invalid_argument("receiver rank " + std::to_string(rank) +
+                            ": not a receiver of this transfer plan");
+  }
+  return pr;
 }
 
 Result<RoundStart> start_round(comm::Group& world, const Plan& plan, Receiver* receiver,
@@ -127,6 +153,33 @@ Status finish_round(comm::Group& world, Receiver* receiver, const RoundStart& ro
   }
   if (receiver != nullptr) receiver->publish(round.slot, round.version);
   return ok_status();
+}
+
+Result<UpdateReport> run_round(comm::Group& world, const Plan& plan, Receiver* receiver,
+                               const UpdateOptions& o, std::string_view mode, Status mine,
+                               const std::function<Status(const RoundStart&, UpdateReport&)>& body) {
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
+  const auto t_start = Clock::now();
+  UpdateReport report;
+  report.watermark_bytes = o.watermark_bytes;
+  if (o.checksums || o.staging_hook) {
+    mine = invalid_argument("world rank " + std::to_string(world.rank()) + ": " +
+                            std::string(mode) +
+                            " mode has no per-task checksums or staging hook (p2p's)");
+  }
+  WL_ASSIGN_OR_RETURN(RoundStart round, start_round(world, plan, receiver, mine,
+                                                    world.deadline(o.timeout), o.timeout));
+  report.version = round.version;
+  report.barrier_seconds += since(t_start);
+  const Status failed = body(round, report);
+  const auto t_barrier = Clock::now();
+  WL_RETURN_IF_ERROR(finish_round(world, receiver, round, failed, o.timeout));
+  report.barrier_seconds += since(t_barrier);
+  report.total_seconds = since(t_start);
+  return report;
 }
 
 }  // namespace wl::transfer

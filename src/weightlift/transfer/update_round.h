@@ -17,6 +17,7 @@
 #include <string_view>
 
 #include "weightlift/comm/group.h"
+#include "weightlift/transfer/executor.h"
 #include "weightlift/transfer/planner.h"
 #include "weightlift/transfer/receiver.h"
 #include "weightlift/transfer/trainer_weights.h"
@@ -29,6 +30,13 @@ namespace wl::transfer {
 // if trainers hold different dtypes or ranks differ on the setting.
 Result<DType> agree_on_shard_dtype(comm::Group& world, const TrainerWeights* weights,
                                    int64_t setting, std::string_view what);
+
+// This rank's entry in the plan, checked against where its weights sit (mesh, mesh rank, mesh
+// size). InvalidArgument naming the rank and both positions otherwise. Shared by every mode.
+Result<const PlanTrainer*> place_trainer(const Plan& plan, int rank,
+                                         const TrainerWeights& weights);
+// InvalidArgument unless the plan has `rank` as a receiver.
+Result<const PlanReceiver*> place_receiver(const Plan& plan, int rank);
 
 struct RoundStart {
   uint64_t version = 0;  // the version this update makes
@@ -50,5 +58,14 @@ Status check_receiver_versions(const Plan& plan, const std::function<uint64_t(in
 // Publishes on success; returns this rank's failure or names the rank that failed.
 Status finish_round(comm::Group& world, Receiver* receiver, const RoundStart& round,
                     const Status& failed, std::chrono::milliseconds timeout);
+
+// One whole update of a mode other than p2p (`mode` names it in errors), collective over
+// `world`: refuses p2p's per-task checksums and staging hook, and `mine` (this rank's own
+// refusal, such as a watermark too small), on every rank before any byte moves; starts the
+// round; runs `body`, this rank's part; finishes the round. Fills the report's version,
+// watermark, barrier and total times; `body` fills the rest.
+Result<UpdateReport> run_round(comm::Group& world, const Plan& plan, Receiver* receiver,
+                               const UpdateOptions& options, std::string_view mode, Status mine,
+                               const std::function<Status(const RoundStart&, UpdateReport&)>& body);
 
 }  // namespace wl::transfer
