@@ -16,6 +16,7 @@
 #include "weightlift/comm/memory_store.h"
 #include "weightlift/core/random.h"
 #include "weightlift/model/params.h"
+#include "weightlift/transfer/controller.h"
 #include "weightlift/transfer/metadata.h"
 #include "weightlift/transfer/paper_metadata.h"
 #include "weightlift/transfer/reference.h"
@@ -133,6 +134,18 @@ inline Rank join(const Case& k, int rank, std::shared_ptr<comm::Group> world,
     r.meta = describe_receiver(rank, *r.receiver);
   }
   return r;
+}
+
+// Every rank of case k as a thread: joined with full weights `w`, the transfer planned from
+// every rank's metadata; then fn on each.
+inline void run_planned(const Case& k, std::span<const float> w,
+                        const std::function<void(int, Rank&, const Plan&)>& fn) {
+  run_world(k.size(), [&](int rank, std::shared_ptr<comm::Group> world) {
+    Rank r = join(k, rank, world, w);
+    auto plan = plan_transfer(*world, r.meta);
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    fn(rank, r, *plan);
+  });
 }
 
 // Every tensor the receiver holds equals the reference, byte for byte.

@@ -64,11 +64,8 @@ void run_case(Mode mode, const Case& k, size_t bucket_bytes = size_t(64) << 20) 
   const model::ModelConfig c = preset_or_die(k.preset);
   const std::vector<float> a = random_weights(c, 1), b = random_weights(c, 2);
   const std::vector<float> a_held = as_held(a, k.shard_dtype), b_held = as_held(b, k.shard_dtype);
-  run_world(k.size(), [&](int rank, std::shared_ptr<comm::Group> world) {
-    Rank r = join(k, rank, world, a);
-    auto plan = plan_transfer(*world, r.meta);
-    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
-    AnyExecutor ex = make_executor(mode, r, *plan, bucket_bytes);
+  run_planned(k, a, [&](int, Rank& r, const Plan& plan) {
+    AnyExecutor ex = make_executor(mode, r, plan, bucket_bytes);
     for (int v = 1; v <= 2; ++v) {
       if (v == 2 && r.weights) r.weights->assign_full(b);
       auto rep = ex.update({.watermark_bytes = size_t(1) << 30});
@@ -122,11 +119,8 @@ TEST(Modes, RefuseChecksumsAndASmallNaiveWatermarkBeforeAnyByte) {
   const model::ModelConfig c = preset_or_die(k.preset);
   const std::vector<float> a = random_weights(c, 1);
   for (Mode mode : {Mode::kBroadcast, Mode::kNaive}) {
-    run_world(k.size(), [&](int rank, std::shared_ptr<comm::Group> world) {
-      Rank r = join(k, rank, world, a);
-      auto plan = plan_transfer(*world, r.meta);
-      ASSERT_TRUE(plan.ok()) << plan.status().to_string();
-      AnyExecutor ex = make_executor(mode, r, *plan, size_t(1) << 20);
+    run_planned(k, a, [&](int rank, Rank& r, const Plan& plan) {
+      AnyExecutor ex = make_executor(mode, r, plan, size_t(1) << 20);
       auto rep = ex.update({.watermark_bytes = size_t(1) << 30, .checksums = true});
       ASSERT_FALSE(rep.ok());
       EXPECT_EQ(rep.status().code(), StatusCode::kInvalidArgument) << rep.status().to_string();
@@ -156,22 +150,19 @@ TEST(Modes, AnExecutorRefusesAPlanThatMisplacesItsRank) {
   const Case k{.mesh_size = 1, .tp = 2, .format = WeightFormat::kBF16};
   const model::ModelConfig c = preset_or_die(k.preset);
   const std::vector<float> a = random_weights(c, 1);
-  run_world(k.size(), [&](int rank, std::shared_ptr<comm::Group> world) {
-    Rank r = join(k, rank, world, a);
-    auto plan = plan_transfer(*world, r.meta);
-    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
-    Plan wrong = *plan;
+  run_planned(k, a, [&](int rank, Rank& r, const Plan& plan) {
+    Plan wrong = plan;
     wrong.mesh_size = 2;
     wrong.receivers.clear();
     std::vector<Status> refusals;
     if (r.weights) {
-      refusals = {Executor::for_trainer(world, wrong, *r.weights).status(),
-                  BroadcastExecutor::for_trainer(world, wrong, *r.weights).status(),
-                  NaiveExecutor::for_trainer(world, wrong, *r.weights).status()};
+      refusals = {Executor::for_trainer(r.world, wrong, *r.weights).status(),
+                  BroadcastExecutor::for_trainer(r.world, wrong, *r.weights).status(),
+                  NaiveExecutor::for_trainer(r.world, wrong, *r.weights).status()};
     } else {
-      refusals = {Executor::for_receiver(world, wrong, *r.receiver).status(),
-                  BroadcastExecutor::for_receiver(world, wrong, *r.receiver).status(),
-                  NaiveExecutor::for_receiver(world, wrong, *r.receiver).status()};
+      refusals = {Executor::for_receiver(r.world, wrong, *r.receiver).status(),
+                  BroadcastExecutor::for_receiver(r.world, wrong, *r.receiver).status(),
+                  NaiveExecutor::for_receiver(r.world, wrong, *r.receiver).status()};
     }
     const std::string want =
         r.weights ? "trainer rank " + std::to_string(rank) + ": the plan puts it at mesh " +

@@ -33,12 +33,9 @@ void run_case(const Case& k) {
   const model::ModelConfig c = preset_or_die(k.preset);
   const std::vector<float> a = random_weights(c, 1), b = random_weights(c, 2);
   const std::vector<float> a_held = as_held(a, k.shard_dtype), b_held = as_held(b, k.shard_dtype);
-  run_world(k.size(), [&](int rank, std::shared_ptr<comm::Group> world) {
-    Rank r = join(k, rank, world, a);
-    auto plan = plan_transfer(*world, r.meta);
-    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  run_planned(k, a, [&](int, Rank& r, const Plan& plan) {
     if (r.weights) {
-      auto ex = Executor::for_trainer(world, *plan, *r.weights);
+      auto ex = Executor::for_trainer(r.world, plan, *r.weights);
       ASSERT_TRUE(ex.ok()) << ex.status().to_string();
       const size_t wm = (*ex)->required_watermark();
       for (int v = 1; v <= 2; ++v) {
@@ -52,7 +49,7 @@ void run_case(const Case& k) {
         }
       }
     } else {
-      auto ex = Executor::for_receiver(world, *plan, *r.receiver);
+      auto ex = Executor::for_receiver(r.world, plan, *r.receiver);
       ASSERT_TRUE(ex.ok()) << ex.status().to_string();
       for (int v = 1; v <= 2; ++v) {
         auto rep = (*ex)->update({.checksums = true});
@@ -90,18 +87,15 @@ TEST(P2pUpdate, WatermarkBelowThePlansNeedIsRefusedBeforeAnyPut) {
   const Case k{.mesh_size = 2, .tp = 2, .format = WeightFormat::kFP8};
   const model::ModelConfig c = preset_or_die(k.preset);
   const std::vector<float> a = random_weights(c, 1);
-  run_world(k.size(), [&](int rank, std::shared_ptr<comm::Group> world) {
-    Rank r = join(k, rank, world, a);
-    auto plan = plan_transfer(*world, r.meta);
-    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  run_planned(k, a, [&](int rank, Rank& r, const Plan& plan) {
     Result<UpdateReport> rep = Status();
     if (r.weights) {
-      auto ex = Executor::for_trainer(world, *plan, *r.weights);
+      auto ex = Executor::for_trainer(r.world, plan, *r.weights);
       ASSERT_TRUE(ex.ok());
       const size_t wm = rank == 1 ? (*ex)->required_watermark() - 1 : size_t(1) << 30;
       rep = (*ex)->update({.watermark_bytes = wm});
     } else {
-      auto ex = Executor::for_receiver(world, *plan, *r.receiver);
+      auto ex = Executor::for_receiver(r.world, plan, *r.receiver);
       ASSERT_TRUE(ex.ok());
       rep = (*ex)->update({});
       EXPECT_TRUE(slot_is_zero(*r.receiver, 0) && slot_is_zero(*r.receiver, 1));
@@ -141,24 +135,21 @@ TEST(P2pUpdate, StaleRkeyOfARestartedReceiverIsRefusedBeforeAnyPut) {
   const Case k{.mesh_size = 1, .tp = 2, .format = WeightFormat::kFP8};
   const model::ModelConfig c = preset_or_die(k.preset);
   const std::vector<float> a = random_weights(c, 1);
-  run_world(k.size(), [&](int rank, std::shared_ptr<comm::Group> world) {
-    Rank r = join(k, rank, world, a);
-    auto plan = plan_transfer(*world, r.meta);
-    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  run_planned(k, a, [&](int rank, Rank& r, const Plan& plan) {
     Result<UpdateReport> rep = Status();
     if (r.weights) {
-      auto ex = Executor::for_trainer(world, *plan, *r.weights);
+      auto ex = Executor::for_trainer(r.world, plan, *r.weights);
       ASSERT_TRUE(ex.ok());
       rep = (*ex)->update({});
     } else {
       if (rank == 2) {  // restarts: new memory, new rkey, new epoch; keeps the old plan
         const ReceiverOptions opts = r.receiver->options();
         r.receiver.reset();
-        auto again = Receiver::create(world->worker(), opts);
+        auto again = Receiver::create(r.world->worker(), opts);
         ASSERT_TRUE(again.ok());
         r.receiver = std::move(*again);
       }
-      auto ex = Executor::for_receiver(world, *plan, *r.receiver);
+      auto ex = Executor::for_receiver(r.world, plan, *r.receiver);
       ASSERT_TRUE(ex.ok());
       rep = (*ex)->update({});
       EXPECT_TRUE(slot_is_zero(*r.receiver, 0) && slot_is_zero(*r.receiver, 1));
@@ -175,12 +166,9 @@ void corrupt_run(bool checksums, std::atomic<int>* corrupted) {
   const Case k{.mesh_size = 2, .tp = 2, .format = WeightFormat::kFP8};
   const model::ModelConfig c = preset_or_die(k.preset);
   const std::vector<float> a = random_weights(c, 1);
-  run_world(k.size(), [&](int rank, std::shared_ptr<comm::Group> world) {
-    Rank r = join(k, rank, world, a);
-    auto plan = plan_transfer(*world, r.meta);
-    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  run_planned(k, a, [&](int rank, Rank& r, const Plan& plan) {
     if (r.weights) {
-      auto ex = Executor::for_trainer(world, *plan, *r.weights);
+      auto ex = Executor::for_trainer(r.world, plan, *r.weights);
       ASSERT_TRUE(ex.ok());
       UpdateOptions o{.checksums = checksums};
       if (rank == 0) {
@@ -191,7 +179,7 @@ void corrupt_run(bool checksums, std::atomic<int>* corrupted) {
       auto rep = (*ex)->update(o);
       EXPECT_EQ(rep.ok(), !checksums) << rep.status().to_string();
     } else {
-      auto ex = Executor::for_receiver(world, *plan, *r.receiver);
+      auto ex = Executor::for_receiver(r.world, plan, *r.receiver);
       ASSERT_TRUE(ex.ok());
       auto rep = (*ex)->update({.checksums = checksums});
       if (checksums) {
@@ -234,12 +222,9 @@ TEST(P2pUpdate, ReadersNeverSeeTwoVersionsMixed) {
   const size_t n = size_t(model::ParamLayout(c).total());
   const std::vector<float> zero(n, 0.0f);
   std::atomic<int> torn{0}, reads{0};
-  run_world(k.size(), [&](int rank, std::shared_ptr<comm::Group> world) {
-    Rank r = join(k, rank, world, zero);
-    auto plan = plan_transfer(*world, r.meta);
-    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  run_planned(k, zero, [&](int, Rank& r, const Plan& plan) {
     if (r.weights) {
-      auto ex = Executor::for_trainer(world, *plan, *r.weights);
+      auto ex = Executor::for_trainer(r.world, plan, *r.weights);
       ASSERT_TRUE(ex.ok());
       for (int v = 1; v <= 6; ++v) {
         r.weights->assign_full(std::vector<float>(n, float(v)));
@@ -248,7 +233,7 @@ TEST(P2pUpdate, ReadersNeverSeeTwoVersionsMixed) {
       }
       return;
     }
-    auto ex = Executor::for_receiver(world, *plan, *r.receiver);
+    auto ex = Executor::for_receiver(r.world, plan, *r.receiver);
     ASSERT_TRUE(ex.ok());
     std::atomic<bool> done{false};
     std::thread reader([&] {
