@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace wl::model {
@@ -42,6 +43,38 @@ TEST(Generate, GreedyIsTheSameWithAndWithoutCacheAndAcrossBatching) {
   auto alone = generate(m, {prompts[1]}, o);
   ASSERT_TRUE(alone.ok());
   EXPECT_EQ(alone->tokens[0], with->tokens[1]);
+}
+
+// A row stops right after its stop token (which it keeps) and the others go on exactly as
+// they would have, with and without the cache; once every row has stopped, generation ends.
+TEST(Generate, ARowStopsAfterItsStopTokenAndTheOthersGoOn) {
+  const ModelConfig c = *preset("tiny");
+  Transformer m(c);
+  m.init(12);
+  const std::vector<std::vector<int64_t>> prompts{{5, 6, 7}, {1, 2, 3, 4, 5, 6, 7, 8}};
+  GenerateOptions o{.max_new_tokens = 12, .sampling = {.temperature = 0}};
+  auto free_run = generate(m, prompts, o);
+  ASSERT_TRUE(free_run.ok());
+  const std::vector<int64_t>& row0 = free_run->tokens[0];
+  o.stop_token = row0[3];
+  // What each row should hold: its free run cut after the first stop token.
+  std::vector<std::vector<int64_t>> want;
+  for (const auto& t : free_run->tokens) {
+    auto at = std::find(t.begin(), t.end(), o.stop_token);
+    want.emplace_back(t.begin(), at == t.end() ? t.end() : at + 1);
+  }
+  ASSERT_LT(want[0].size(), row0.size());
+  for (bool cache : {true, false}) {
+    o.use_kv_cache = cache;
+    auto stopped = generate(m, prompts, o);
+    ASSERT_TRUE(stopped.ok());
+    EXPECT_EQ(stopped->tokens, want) << "use_kv_cache " << cache;
+  }
+  o.use_kv_cache = true;
+  auto alone = generate(m, {prompts[0]}, o);
+  ASSERT_TRUE(alone.ok());
+  EXPECT_EQ(alone->tokens[0], want[0]);
+  EXPECT_EQ(alone->decoded_tokens, int64_t(want[0].size()) - 1);
 }
 
 TEST(Generate, SamplingIsSeededAndRefusesBadPrompts) {

@@ -9,12 +9,12 @@
 
 #include "weightlift/comm/allreduce.h"
 #include "weightlift/core/parallel.h"
-#include "weightlift/core/random.h"
 #include "weightlift/infer/dequant_linear.h"
 #include "weightlift/kernels/attention.h"
 #include "weightlift/kernels/rmsnorm.h"
 #include "weightlift/kernels/router.h"
 #include "weightlift/kernels/swiglu.h"
+#include "weightlift/model/generate.h"
 
 namespace wl::infer {
 
@@ -296,39 +296,26 @@ Result<Generation> InferenceWorker::generate(const BoundWeights& w,
   for (const auto& p : prompts) longest = std::max(longest, int64_t(p.size()));
   KvCache cache(c.num_layers, int64_t(R), longest + o.max_new_tokens,
                 local_kv_heads_ * c.head_dim);
-  std::vector<Rng> rngs;
-  for (size_t r = 0; r < R; ++r) rngs.emplace_back(o.seed + r);
+  model::RowSampler sampler(R, o.sampling, o.seed, o.stop_token);
   Generation g;
-  g.tokens.assign(R, {});
   if (o.keep_logits) g.logits.assign(R, {});
-  std::vector<bool> done(R, false);
   std::vector<std::vector<int64_t>> feed = prompts;
   auto t0 = Clock::now();
   for (int64_t step = 0; step < o.max_new_tokens; ++step) {
     WL_ASSIGN_OR_RETURN(Tensor logits, forward(w, cache, feed, false));
-    bool all_done = true;
-    for (size_t r = 0; r < R; ++r) {
-      feed[r].clear();
-      if (done[r]) continue;
-      const float* lr = logits.data<float>() + r * size_t(c.vocab_size);
-      const int64_t next = o.sampling.temperature <= 0
-                               ? kernels::argmax(lr, c.vocab_size)
-                               : kernels::sample(lr, c.vocab_size, o.sampling, rngs[r]);
-      g.tokens[r].push_back(next);
-      if (o.keep_logits) g.logits[r].emplace_back(lr, lr + c.vocab_size);
-      if (next == o.stop_token) {
-        done[r] = true;
-      } else {
-        feed[r].push_back(next);
-      }
-      all_done = all_done && done[r];
+    const float* all = logits.data<float>();
+    const size_t V = size_t(c.vocab_size);
+    for (size_t r = 0; r < R && o.keep_logits; ++r) {
+      if (!sampler.stopped(r)) g.logits[r].emplace_back(all + r * V, all + (r + 1) * V);
     }
+    const bool all_stopped = sampler.step(all, c.vocab_size, feed);
     if (step == 0) {
       g.prefill_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       t0 = Clock::now();
     }
-    if (all_done) break;
+    if (all_stopped) break;
   }
+  g.tokens = sampler.take_tokens();
   g.decode_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return g;
 }

@@ -126,6 +126,31 @@ Status check_prompts(const ModelConfig& c, const std::vector<std::vector<int64_t
 
 }  // namespace
 
+RowSampler::RowSampler(size_t rows, const kernels::SamplingOptions& sampling, uint64_t seed,
+                       int64_t stop_token)
+    : sampling_(sampling), stop_token_(stop_token), stopped_(rows, false), tokens_(rows) {
+  for (size_t r = 0; r < rows; ++r) rngs_.emplace_back(seed + r);
+}
+
+bool RowSampler::step(const float* logits, int64_t vocab, std::vector<std::vector<int64_t>>& feed) {
+  bool all_stopped = true;
+  for (size_t r = 0; r < tokens_.size(); ++r) {
+    feed[r].clear();
+    if (stopped_[r]) continue;
+    const float* row = logits + r * size_t(vocab);
+    const int64_t next = sampling_.temperature <= 0 ? kernels::argmax(row, vocab)
+                                                    : kernels::sample(row, vocab, sampling_, rngs_[r]);
+    tokens_[r].push_back(next);
+    if (next == stop_token_) {
+      stopped_[r] = true;
+    } else {
+      feed[r].push_back(next);
+      all_stopped = false;
+    }
+  }
+  return all_stopped;
+}
+
 Result<Generation> generate(Transformer& model, const std::vector<std::vector<int64_t>>& prompts,
                             const GenerateOptions& o) {
   const ModelConfig& c = model.config();
@@ -135,43 +160,29 @@ Result<Generation> generate(Transformer& model, const std::vector<std::vector<in
   WL_RETURN_IF_ERROR(check_prompts(c, prompts, o.max_new_tokens));
   const size_t R = prompts.size();
   KvCache cache(c, int64_t(R));
-  std::vector<Rng> rngs;
-  for (size_t r = 0; r < R; ++r) rngs.emplace_back(o.seed + r);
+  RowSampler sampler(R, o.sampling, o.seed, o.stop_token);
   Generation g;
-  g.tokens.assign(R, {});
-  std::vector<bool> done(R, false);
   std::vector<std::vector<int64_t>> feed = prompts;
   auto t0 = Clock::now();
   for (int64_t step = 0; step < o.max_new_tokens; ++step) {
-    if (!o.use_kv_cache) {
+    if (!o.use_kv_cache) {  // recompute every running row's whole prefix
       cache.clear();
       for (size_t r = 0; r < R; ++r) {
-        if (done[r]) { feed[r].clear(); continue; }
+        if (sampler.stopped(r)) continue;
         feed[r] = prompts[r];
-        feed[r].insert(feed[r].end(), g.tokens[r].begin(), g.tokens[r].end());
+        feed[r].insert(feed[r].end(), sampler.tokens()[r].begin(), sampler.tokens()[r].end());
       }
     }
-    std::vector<float> logits = forward_cached(model, cache, feed, o.precision);
-    bool all_done = true;
-    for (size_t r = 0; r < R; ++r) {
-      feed[r].clear();
-      if (done[r]) continue;
-      const float* lr = logits.data() + r * size_t(c.vocab_size);
-      const int64_t next = o.sampling.temperature <= 0
-                               ? kernels::argmax(lr, c.vocab_size)
-                               : kernels::sample(lr, c.vocab_size, o.sampling, rngs[r]);
-      g.tokens[r].push_back(next);
-      if (next == o.stop_token) done[r] = true;
-      else feed[r].push_back(next);
-      all_done = all_done && done[r];
-    }
+    const std::vector<float> logits = forward_cached(model, cache, feed, o.precision);
+    const bool all_stopped = sampler.step(logits.data(), c.vocab_size, feed);
     if (step == 0) {
       g.prefill_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       t0 = Clock::now();
     }
-    if (all_done) break;
+    if (all_stopped) break;
   }
   g.decode_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  g.tokens = sampler.take_tokens();
   for (const auto& t : g.tokens) g.decoded_tokens += int64_t(t.size()) - 1;
   return g;
 }

@@ -34,6 +34,31 @@ struct Generation {
 Result<Generation> generate(Transformer& model, const std::vector<std::vector<int64_t>>& prompts,
                             const GenerateOptions& options);
 
+// The per-row half of a generation loop, shared by generate() and the inference worker so
+// that both pick tokens alike: row r samples with Rng(seed + r) (argmax at temperature 0) and
+// stops after producing `stop_token`.
+class RowSampler {
+ public:
+  RowSampler(size_t rows, const kernels::SamplingOptions& sampling, uint64_t seed,
+             int64_t stop_token);
+
+  // Picks the next token of every running row from `logits` [rows, vocab] and appends it to
+  // tokens(); feed[r] becomes what row r feeds next (that token, or nothing once it stopped).
+  // True when every row has stopped.
+  bool step(const float* logits, int64_t vocab, std::vector<std::vector<int64_t>>& feed);
+
+  bool stopped(size_t row) const { return stopped_[row]; }
+  const std::vector<std::vector<int64_t>>& tokens() const { return tokens_; }
+  std::vector<std::vector<int64_t>> take_tokens() { return std::move(tokens_); }
+
+ private:
+  kernels::SamplingOptions sampling_;
+  int64_t stop_token_;
+  std::vector<Rng> rngs_;
+  std::vector<bool> stopped_;
+  std::vector<std::vector<int64_t>> tokens_;
+};
+
 // Logits [rows, V] of the next token after each prompt, through the cached path (for tests:
 // they must equal the training forward pass's last-position logits).
 Result<std::vector<std::vector<float>>> next_token_logits(
