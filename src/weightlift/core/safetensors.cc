@@ -398,36 +398,64 @@ Result<Tensor> SafetensorsFile::get(std::string_view name, DType dtype, const Sh
 
 // Write --------------------------------------------------------------------------------------
 
-Status write_safetensors(const std::string& path,
-                         const std::vector<std::pair<std::string, Tensor>>& tensors,
-                         const std::map<std::string, std::string>& metadata) {
-  // The header is built as text, tensor by tensor in the caller's order; nlohmann escapes the
-  // strings (and refuses invalid UTF-8, which the format forbids).
+namespace {
+
+// The file up to its data section: the u64 header length, then the JSON header, tensor by
+// tensor in the caller's order. `what` names the file in errors.
+Result<std::string> header_bytes(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                 const std::map<std::string, std::string>& metadata,
+                                 const std::string& what) {
+  // Built as text; nlohmann escapes the strings (and refuses invalid UTF-8, which the format
+  // forbids).
   std::string header = "{";
   std::unordered_set<std::string_view> seen;
   uint64_t offset = 0;
   try {
     if (!metadata.empty()) header += "\"__metadata__\":" + Json(metadata).dump() + ",";
     for (const auto& [name, t] : tensors) {
-      WL_CHECK(name != "__metadata__") << "writing " << path << ": reserved tensor name";
-      WL_CHECK(seen.insert(name).second) << "writing " << path << ": tensor '" << name
-                                         << "' given twice";
-      WL_CHECK(t.defined()) << "writing " << path << ": tensor '" << name << "' is undefined";
+      WL_CHECK(name != "__metadata__") << what << ": reserved tensor name";
+      WL_CHECK(seen.insert(name).second) << what << ": tensor '" << name << "' given twice";
+      WL_CHECK(t.defined()) << what << ": tensor '" << name << "' is undefined";
       header += Json(name).dump() + ":{\"dtype\":\"" + std::string(dtype_name(t.dtype())) +
                 "\",\"shape\":" + Json(t.shape()).dump() + ",\"data_offsets\":[" +
                 std::to_string(offset) + "," + std::to_string(offset + t.nbytes()) + "]},";
       offset += t.nbytes();
     }
   } catch (const Json::type_error& e) {
-    return invalid_argument("writing " + path + ": a tensor name or metadata string is not "
-                            "valid UTF-8: " + e.what());
+    return invalid_argument(what +
+                            ": a tensor name or metadata string is not valid UTF-8: " + e.what());
   }
   if (header.back() == ',') header.pop_back();
   header += "}";
   // Spaces up to a multiple of 8, as the Python library pads, so the data section (and with it
   // every tensor whose offset is a multiple of its element size) is 8-byte aligned in a mapping.
   header.append((8 - header.size() % 8) % 8, ' ');
+  const uint64_t n = header.size();
+  std::string prefix(8, '\0');
+  std::memcpy(prefix.data(), &n, 8);
+  return prefix + header;
+}
 
+}  // namespace
+
+Result<std::string> safetensors_bytes(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                      const std::map<std::string, std::string>& metadata,
+                                      const std::string& what) {
+  WL_ASSIGN_OR_RETURN(std::string bytes, header_bytes(tensors, metadata, what));
+  size_t total = bytes.size();
+  for (const auto& [name, t] : tensors) total += t.nbytes();
+  bytes.reserve(total);
+  for (const auto& [name, t] : tensors) {
+    const Tensor c = t.is_contiguous() ? t : t.clone();  // strided views are packed first
+    bytes.append(reinterpret_cast<const char*>(c.bytes().data()), c.nbytes());
+  }
+  return bytes;
+}
+
+Status write_safetensors(const std::string& path,
+                         const std::vector<std::pair<std::string, Tensor>>& tensors,
+                         const std::map<std::string, std::string>& metadata) {
+  WL_ASSIGN_OR_RETURN(const std::string prefix, header_bytes(tensors, metadata, "writing " + path));
   const std::string tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
@@ -440,10 +468,6 @@ Status write_safetensors(const std::string& path,
     return errno_status(what, err);
   };
 
-  uint64_t n = header.size();
-  std::string prefix(8, '\0');
-  std::memcpy(prefix.data(), &n, 8);
-  prefix += header;
   if (int err = write_all(fd, reinterpret_cast<const std::byte*>(prefix.data()), prefix.size())) {
     return fail("write " + tmp, err);
   }

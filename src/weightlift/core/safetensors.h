@@ -63,4 +63,10 @@ Status write_safetensors(const std::string& path,
                          const std::vector<std::pair<std::string, Tensor>>& tensors,
                          const std::map<std::string, std::string>& metadata = {});
 
+// The same file as bytes in memory (what SafetensorsFile::parse reads back); `what` names it
+// in errors (InvalidArgument for a name or metadata string that is not valid UTF-8).
+Result<std::string> safetensors_bytes(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                      const std::map<std::string, std::string>& metadata,
+                                      const std::string& what);
+
 }  // namespace wl

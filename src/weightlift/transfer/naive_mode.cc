@@ -1,8 +1,6 @@
 // Naive mode (naive_mode.h): gather everything, serialise, send serially, parse, convert.
 #include "weightlift/transfer/naive_mode.h"
 
-#include <cstring>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -23,33 +21,6 @@ double since(Clock::time_point t) {
 
 constexpr uint32_t kLengthTag = 0x7c6, kBlobTag = 0x7c7;
 constexpr const char* kFormat = "weightlift-naive-update";
-
-// safetensors bytes in memory: u64 header length, the header padded with spaces to a multiple
-// of 8 (as write_safetensors pads), then the data in the given order.
-std::string serialise(const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      uint64_t version) {
-  nlohmann::json header = nlohmann::json::object();
-  header["__metadata__"] = {{"format", kFormat}, {"version", std::to_string(version)}};
-  uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    header[name] = {{"dtype", dtype_name(t.dtype())},
-                    {"shape", t.shape()},
-                    {"data_offsets", {offset, offset + t.nbytes()}}};
-    offset += t.nbytes();
-  }
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');
-  std::string blob(8 + text.size() + offset, '\0');
-  const uint64_t n = text.size();
-  std::memcpy(blob.data(), &n, 8);
-  std::memcpy(blob.data() + 8, text.data(), text.size());
-  char* data = blob.data() + 8 + text.size();
-  for (const auto& [name, t] : tensors) {
-    std::memcpy(data, t.raw(), t.nbytes());
-    data += t.nbytes();
-  }
-  return blob;
-}
 
 }  // namespace
 
@@ -130,7 +101,10 @@ Status NaiveExecutor::Impl::send(const UpdateOptions& o, uint64_t version, Updat
   report->gather_seconds += since(t);
   if (world->rank() != root) return ok_status();
   t = Clock::now();
-  const std::string blob = serialise(state, version);
+  WL_ASSIGN_OR_RETURN(
+      const std::string blob,
+      safetensors_bytes(state, {{"format", kFormat}, {"version", std::to_string(version)}},
+                        "naive update version " + std::to_string(version)));
   report->prepare_seconds += since(t);
   report->peak_staging_bytes = model_bytes + blob.size();
   WL_CHECK_LE(report->peak_staging_bytes, o.watermark_bytes) << "the header bound is wrong";
