@@ -41,9 +41,14 @@ size_t parse_bytes(const std::string& s) {
   char* end = nullptr;
   const size_t v = std::strtoull(s.c_str(), &end, 10);
   switch (*end) {
-    case 'K': case 'k': return v << 10;
-    case 'M': case 'm': return v << 20;
-    default: return v;
+    case 'K':
+    case 'k':
+      return v << 10;
+    case 'M':
+    case 'm':
+      return v << 20;
+    default:
+      return v;
   }
 }
 
@@ -126,7 +131,8 @@ int main(int argc, char** argv) {
     constexpr int kTrips = 20000, kCopies = 200;
     auto t = Clock::now();
     for (int i = 0; i < kTrips; ++i) bounce();
-    const double trip_ns = std::chrono::duration<double, std::nano>(Clock::now() - t).count() / kTrips;
+    const double trip_ns =
+        std::chrono::duration<double, std::nano>(Clock::now() - t).count() / kTrips;
     link.copying = true;
     double copy_seconds = 0;
     for (int i = 0; i < kCopies; ++i) {
@@ -153,9 +159,10 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < trips.size(); ++i) {
     (trips[i] > 2 * trip_median ? slow_rates : fast_rates).push_back(rates[i]);
   }
-  std::printf("# %zu samples: round trip median %.0f ns (min %.0f, max %.0f); copy median %.2f GB/s\n",
-              trips.size(), trip_median, *std::min_element(trips.begin(), trips.end()),
-              *std::max_element(trips.begin(), trips.end()), median(rates));
+  std::printf(
+      "# %zu samples: round trip median %.0f ns (min %.0f, max %.0f); copy median %.2f GB/s\n",
+      trips.size(), trip_median, *std::min_element(trips.begin(), trips.end()),
+      *std::max_element(trips.begin(), trips.end()), median(rates));
   std::printf("# slow samples (round trip > 2x median): %zu", slow_rates.size());
   if (!slow_rates.empty()) {
     std::printf(", copy median %.2f GB/s there vs %.2f in the others", median(slow_rates),

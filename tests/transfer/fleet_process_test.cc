@@ -93,7 +93,8 @@ struct Fleet {
       const std::string got = result(k, r, 30s);
       if (got != expected) {
         return ::testing::AssertionFailure()
-               << "'" << text << "' on server " << r << ": " << got << "\n" << logs();
+               << "'" << text << "' on server " << r << ": " << got << "\n"
+               << logs();
       }
     }
     return ::testing::AssertionSuccess();

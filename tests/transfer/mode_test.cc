@@ -165,10 +165,11 @@ TEST(Modes, AnExecutorRefusesAPlanThatMisplacesItsRank) {
                   NaiveExecutor::for_receiver(r.world, wrong, *r.receiver).status()};
     }
     const std::string want =
-        r.weights ? "trainer rank " + std::to_string(rank) + ": the plan puts it at mesh " +
-                        std::to_string(rank) + " rank 0 of 2, its weights are at mesh " +
-                        std::to_string(rank) + " rank 0 of 1"
-                  : "receiver rank " + std::to_string(rank) + ": not a receiver of this transfer plan";
+        r.weights
+            ? "trainer rank " + std::to_string(rank) + ": the plan puts it at mesh " +
+                  std::to_string(rank) + " rank 0 of 2, its weights are at mesh " +
+                  std::to_string(rank) + " rank 0 of 1"
+            : "receiver rank " + std::to_string(rank) + ": not a receiver of this transfer plan";
     for (const Status& s : refusals) {
       EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
       EXPECT_NE(s.message().find(want), std::string::npos) << s.message();

@@ -138,8 +138,9 @@ bool RowSampler::step(const float* logits, int64_t vocab, std::vector<std::vecto
     feed[r].clear();
     if (stopped_[r]) continue;
     const float* row = logits + r * size_t(vocab);
-    const int64_t next = sampling_.temperature <= 0 ? kernels::argmax(row, vocab)
-                                                    : kernels::sample(row, vocab, sampling_, rngs_[r]);
+    const int64_t next = sampling_.temperature <= 0
+                             ? kernels::argmax(row, vocab)
+                             : kernels::sample(row, vocab, sampling_, rngs_[r]);
     tokens_[r].push_back(next);
     if (next == stop_token_) {
       stopped_[r] = true;

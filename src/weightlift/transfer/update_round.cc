@@ -49,12 +49,11 @@ Result<const PlanTrainer*> place_trainer(const Plan& plan, int rank,
   if (pt == nullptr) return invalid_argument(who + ": not a trainer of this transfer plan");
   if (pt->mesh_id != weights.mesh_id() || pt->mesh_rank != weights.mesh_rank() ||
       plan.mesh_size != weights.mesh_size()) {
-    return invalid_argument(who + ": the plan puts it at mesh " + std::to_string(pt->mesh_id) +
-                            " rank " + std::to_string(pt->mesh_rank) + " of " +
-                            std::to_string(plan.mesh_size) + ", its weights are at mesh " +
-                            std::to_string(weights.mesh_id()) + " rank " +
-                            std::to_string(weights.mesh_rank()) + " of " +
-                            std::to_string(weights.mesh_size()));
+    return invalid_argument(
+        who + ": the plan puts it at mesh " + std::to_string(pt->mesh_id) + " rank " +
+        std::to_string(pt->mesh_rank) + " of " + std::to_string(plan.mesh_size) +
+        ", its weights are at mesh " + std::to_string(weights.mesh_id()) + " rank " +
+        std::to_string(weights.mesh_rank()) + " of " + std::to_string(weights.mesh_size()));
   }
   return pt;
 }
@@ -155,9 +154,10 @@ Status finish_round(comm::Group& world, Receiver* receiver, const RoundStart& ro
   return ok_status();
 }
 
-Result<UpdateReport> run_round(comm::Group& world, const Plan& plan, Receiver* receiver,
-                               const UpdateOptions& o, std::string_view mode, Status mine,
-                               const std::function<Status(const RoundStart&, UpdateReport&)>& body) {
+Result<UpdateReport> run_round(
+    comm::Group& world, const Plan& plan, Receiver* receiver, const UpdateOptions& o,
+    std::string_view mode, Status mine,
+    const std::function<Status(const RoundStart&, UpdateReport&)>& body) {
   using Clock = std::chrono::steady_clock;
   auto since = [](Clock::time_point t) {
     return std::chrono::duration<double>(Clock::now() - t).count();
@@ -166,9 +166,9 @@ Result<UpdateReport> run_round(comm::Group& world, const Plan& plan, Receiver* r
   UpdateReport report;
   report.watermark_bytes = o.watermark_bytes;
   if (o.checksums || o.staging_hook) {
-    mine = invalid_argument("world rank " + std::to_string(world.rank()) + ": " +
-                            std::string(mode) +
-                            " mode has no per-task checksums or staging hook (p2p's)");
+    mine =
+        invalid_argument("world rank " + std::to_string(world.rank()) + ": " + std::string(mode) +
+                         " mode has no per-task checksums or staging hook (p2p's)");
   }
   WL_ASSIGN_OR_RETURN(RoundStart round, start_round(world, plan, receiver, mine,
                                                     world.deadline(o.timeout), o.timeout));

@@ -33,8 +33,7 @@ Result<DType> agree_on_shard_dtype(comm::Group& world, const TrainerWeights* wei
 
 // This rank's entry in the plan, checked against where its weights sit (mesh, mesh rank, mesh
 // size). InvalidArgument naming the rank and both positions otherwise. Shared by every mode.
-Result<const PlanTrainer*> place_trainer(const Plan& plan, int rank,
-                                         const TrainerWeights& weights);
+Result<const PlanTrainer*> place_trainer(const Plan& plan, int rank, const TrainerWeights& weights);
 // InvalidArgument unless the plan has `rank` as a receiver.
 Result<const PlanReceiver*> place_receiver(const Plan& plan, int rank);
 
