@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "fixture.h"
@@ -498,6 +500,71 @@ TEST(HealFromServers, CopiesExactlyTheVersionSentOrRefusesWhileTheServersRefresh
   std::cerr << "[heals during refreshes: " << healed.load() << " exact, " << refused.load()
             << " refused]\n";
   rx->join();
+}
+
+// Over TCP a one-sided get moves only while its target progresses its worker. Servers busy in
+// a training step that never serves leave a heal to run into its deadline; servers that call
+// serve_for() between steps let it land exactly the version they sent. The test's workers use
+// UCX_TLS=tcp (set here, so it means the same under ctest and when run by hand).
+TEST(HealFromServers, OverTcpAHealMovesOnlyWhileTheServersServe) {
+  struct TcpOnly {
+    std::optional<std::string> saved;
+    TcpOnly() {
+      if (const char* v = std::getenv("UCX_TLS")) saved = v;
+      ::setenv("UCX_TLS", "tcp", 1);
+    }
+    ~TcpOnly() {
+      saved ? (void)::setenv("UCX_TLS", saved->c_str(), 1) : (void)::unsetenv("UCX_TLS");
+    }
+  } tcp_only;
+  const model::ModelConfig c = preset_or_die("tiny");
+  const std::vector<float> a = random_weights(c, 1);
+  auto store = std::make_shared<comm::MemoryStore>();
+  auto rx = start_receiver(store, c, 0, {.tp = 1, .tp_rank = 0});
+  // phase 1: the servers serve between steps; 2: the healer is done.
+  std::atomic<int> published{0}, phase{0};
+  std::thread healer([&] {
+    struct Release {
+      std::atomic<int>& phase;
+      ~Release() { phase = 2; }
+    } release{phase};
+    const auto deadline = comm::deadline_after(30s);
+    while (published.load() < kServers && comm::Clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+    ASSERT_EQ(published.load(), kServers) << "the servers' update did not complete";
+    const std::vector<ServerCopyRecord> records = server_copy_records(*store);
+    {
+      Healer h(c);
+      auto v = heal_from_servers(*h.worker, *h.receiver, records, {.timeout = 1500ms});
+      EXPECT_EQ(v.status().code(), StatusCode::kDeadlineExceeded) << v.status().to_string();
+      EXPECT_EQ(h.receiver->version(), 0u) << "nothing adopted";
+    }
+    phase = 1;
+    Healer h(c);
+    const auto start = comm::Clock::now();
+    auto v = heal_from_servers(*h.worker, *h.receiver, records, {.timeout = 20s});
+    ASSERT_TRUE(v.ok()) << v.status().to_string();
+    EXPECT_EQ(*v, 1u);
+    expect_matches_reference(*h.receiver, c, h.layout, a, 1);
+    std::cerr
+        << "[healed over TCP in "
+        << std::chrono::duration_cast<std::chrono::milliseconds>(comm::Clock::now() - start).count()
+        << " ms while the servers served]\n";
+  });
+  run_servers(store, TransferMode::kP2P, [&](ParameterServer& ps) {
+    ASSERT_TRUE(ps.register_checkpoint("a", c, a).ok());
+    ASSERT_TRUE(ps.update("a").ok());  // publishes its copy record before it returns
+    ++published;
+    while (phase.load() < 1) std::this_thread::sleep_for(1ms);  // a step that never serves
+    while (phase.load() < 2) {
+      std::this_thread::sleep_for(5ms);  // a step
+      ps.serve_for(5ms);
+    }
+  });
+  healer.join();
+  rx->join();
+  EXPECT_TRUE(rx->errors.empty()) << rx->errors.front();
 }
 
 // Records as the store holds them: round trip, then what a damaged or foreign one gives.

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdio>
 #include <set>
+#include <thread>
 
 #include "weightlift/comm/allreduce.h"
 #include "weightlift/comm/broadcast.h"
@@ -258,6 +259,13 @@ std::vector<std::string> ParameterServer::checkpoints() const {
 const TrainerWeights* ParameterServer::checkpoint(const std::string& name) const {
   auto it = impl_->checkpoints.find(name);
   return it == impl_->checkpoints.end() ? nullptr : it->second.weights.get();
+}
+
+void ParameterServer::serve_for(std::chrono::milliseconds duration) {
+  const comm::Deadline deadline = comm::deadline_after(duration);
+  do {
+    if (!impl_->worker->progress()) std::this_thread::yield();
+  } while (comm::Clock::now() < deadline);
 }
 
 uint64_t ParameterServer::generation() const { return impl_->generation; }

@@ -17,7 +17,8 @@
 // Each server rank keeps a checkpoint's shards in one region of UCX-allocated memory and, after
 // every successful update, publishes where they are under "<prefix>/copy/<rank>"
 // (server_copy.h): a receiver that restarts with no healthy peer of its shard reads them by
-// one-sided gets and rebuilds its weights of the last version sent, without the servers' help.
+// one-sided gets and rebuilds its weights of the last version sent, without the servers' help
+// on one host (over TCP the servers must progress: serve_for()).
 //
 // Membership follows the fleet protocol (fleet.h): receivers announce themselves; each update
 // takes those that have joined (or the ones named), forming a new generation when the set
@@ -105,6 +106,13 @@ class ParameterServer {
   // round is posted).
   Result<ServerUpdate> update(const std::string& name, std::span<const int> receivers = {},
                               const UpdateOptions& options = {});
+
+  // Progresses this rank's worker for `duration` (at least one pass); local, not collective.
+  // Over TCP UCX moves a restarted receiver's gets from the servers' copy (server_copy.h) only
+  // while the server progresses, so a trainer that serves its own weights calls this between
+  // steps, and a heal completes within a few steps instead of waiting for the next update.
+  // On shared memory and RDMA the gets need nothing from the server.
+  void serve_for(std::chrono::milliseconds duration);
 
   uint64_t generation() const;
   const ParameterServerOptions& options() const;

@@ -16,9 +16,9 @@
 // [0] == stamp after: nothing changed the shards in between.
 //
 // Transport: on one host the gets read the servers' shared memory directly, and RDMA needs no
-// help from the target either. Over TCP, UCX needs the server to progress its worker, which a
-// server does only inside its own calls (update, ...): a heal then waits for those, up to its
-// timeout.
+// help from the target either. Over TCP, UCX needs the server to progress its worker, which it
+// does inside its own calls (update, ...) and in ParameterServer::serve_for(), which a trainer
+// calls between steps; a heal waits for those, up to its timeout.
 #pragma once
 
 #include <chrono>
