@@ -410,6 +410,23 @@ struct Healer {
   }
 };
 
+// Sets `flag` to `value` however the thread holding it ends (an ASSERT returns early), so the
+// threads waiting on that flag never wait forever.
+struct SetOnExit {
+  std::atomic<int>& flag;
+  int value;
+  ~SetOnExit() { flag = value; }
+};
+
+// Waits (30 s at most) until every server rank has counted its first update into `published`.
+bool all_servers_published(const std::atomic<int>& published) {
+  const auto deadline = comm::deadline_after(30s);
+  while (published.load() < kServers && comm::Clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  return published.load() == kServers;
+}
+
 // Healing from the servers while they refresh the checkpoint and send it again and again: a
 // heal either lands exactly the version its records name or is refused (the shards changed
 // during the copy, or the records are mid-update); never a mixture. Records that disagree, or
@@ -424,16 +441,8 @@ TEST(HealFromServers, CopiesExactlyTheVersionSentOrRefusesWhileTheServersRefresh
   std::atomic<int> phase{0}, published{0}, refreshed{0};
   std::atomic<int> healed{0}, refused{0};
   std::thread healer([&] {
-    // However this thread ends, the servers must not wait for it forever.
-    struct Release {
-      std::atomic<int>& phase;
-      ~Release() { phase = 3; }
-    } release{phase};
-    const auto deadline = comm::deadline_after(30s);
-    while (published.load() < kServers && comm::Clock::now() < deadline) {
-      std::this_thread::yield();
-    }
-    ASSERT_EQ(published.load(), kServers) << "the servers' update did not complete";
+    SetOnExit release{phase, 3};
+    ASSERT_TRUE(all_servers_published(published)) << "the servers' update did not complete";
     const std::vector<ServerCopyRecord> records = server_copy_records(*store);
     ASSERT_EQ(records[0].version, 1u);
     ASSERT_EQ(records[0].checkpoint, "a");
@@ -524,15 +533,8 @@ TEST(HealFromServers, OverTcpAHealMovesOnlyWhileTheServersServe) {
   // phase 1: the servers serve between steps; 2: the healer is done.
   std::atomic<int> published{0}, phase{0};
   std::thread healer([&] {
-    struct Release {
-      std::atomic<int>& phase;
-      ~Release() { phase = 2; }
-    } release{phase};
-    const auto deadline = comm::deadline_after(30s);
-    while (published.load() < kServers && comm::Clock::now() < deadline) {
-      std::this_thread::yield();
-    }
-    ASSERT_EQ(published.load(), kServers) << "the servers' update did not complete";
+    SetOnExit release{phase, 2};
+    ASSERT_TRUE(all_servers_published(published)) << "the servers' update did not complete";
     const std::vector<ServerCopyRecord> records = server_copy_records(*store);
     {
       Healer h(c);
