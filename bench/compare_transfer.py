@@ -3,7 +3,7 @@
 
 For `--preset` (medium), `--trainers` (2) -> `--receivers` (2) with TP `--tp` (2):
   weightlift  `weightlift bench transfer --mode p2p|broadcast|naive --dtype bf16|fp8 --json`
-              (src/weightlift/transfer/bench_transfer.h), one run per mode and dtype
+              (apps/weightlift/bench/transfer.h), one run per mode and dtype
   torch-gloo  `/usr/bin/python3 bench/torch_broadcast_baseline.py` (bf16 only: torch 1.13 has
               no float8; its bf16 figure is the baseline for both dtypes)
 then prints the median update time per mode with its ratio to p2p of the same dtype,

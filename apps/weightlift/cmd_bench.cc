@@ -1,7 +1,7 @@
 #include <cstdio>
 
 #include "commands.h"
-#include "weightlift/train/bench_train.h"
+#include "bench/train.h"
 
 namespace wl::app {
 
@@ -11,7 +11,7 @@ void register_bench(CLI::App& app, Outcome& out) {
   register_bench_collectives(*bench, out);
   register_bench_transfer(*bench, out);
   auto* cmd = bench->add_subcommand("train", "time a training step");
-  auto o = std::make_shared<train::BenchTrainOptions>();
+  auto o = std::make_shared<BenchTrainOptions>();
   auto precision = std::make_shared<std::string>("f32");
   auto json = std::make_shared<bool>(false);
   cmd->add_option("--preset", o->preset)->capture_default_str();
@@ -31,7 +31,7 @@ void register_bench(CLI::App& app, Outcome& out) {
       return;
     }
     o->precision = *p;
-    Result<train::BenchTrainResult> r = train::bench_train(*o);
+    Result<BenchTrainResult> r = bench_train(*o);
     if (!r.ok()) {
       out.exit_code = report("bench train", r.status());
       return;

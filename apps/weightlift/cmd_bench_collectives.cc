@@ -6,15 +6,15 @@
 #include <cstdio>
 
 #include "commands.h"
-#include "weightlift/comm/bench_collectives.h"
-#include "weightlift/comm/place.h"
+#include "bench/collectives.h"
+#include "weightlift/comm/launch_env.h"
 #include "weightlift/comm/world.h"
 
 namespace wl::app {
 namespace {
 
 struct BenchCollectivesArgs {
-  comm::BenchCollectivesOptions o;
+  BenchCollectivesOptions o;
   std::string ops = "allreduce,allgather,reduce_scatter,broadcast";
   std::string min_bytes = "8", max_bytes = "256M", dtype = "F32", algorithm = "auto";
   std::string bind_address = "127.0.0.1";
@@ -42,8 +42,8 @@ Status run_bench_collectives(BenchCollectivesArgs a) {
   else if (a.algorithm != "auto")
     return invalid_argument("--algorithm '" + a.algorithm +
                             "': expected auto, ring, recursive_doubling or shm");
-  WL_ASSIGN_OR_RETURN(Place place, place_from_env());
-  WL_ASSIGN_OR_RETURN(World world, connect_world(place, {.bind_address = a.bind_address}));
+  WL_ASSIGN_OR_RETURN(LaunchEnv env, read_launch_env());
+  WL_ASSIGN_OR_RETURN(World world, connect_world(env, {.bind_address = a.bind_address}));
   WL_ASSIGN_OR_RETURN(std::vector<BenchRow> rows, bench_collectives(*world.group, o));
   for (const BenchRow& row : rows) {
     if (row.wrong > 0)

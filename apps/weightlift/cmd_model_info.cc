@@ -1,7 +1,7 @@
 #include <cstdio>
 
 #include "commands.h"
-#include "weightlift/model/model_info.h"
+#include "report/model_info.h"
 
 namespace wl::app {
 
@@ -19,7 +19,7 @@ void register_model_info(CLI::App& app, Outcome& out) {
       return;
     }
     const std::string name = config->empty() ? *preset : *config;
-    std::fputs(model::format_model_info(name, model::model_info(*cfg)).c_str(), stdout);
+    std::fputs(model_info_report(name, model::model_info(*cfg)).c_str(), stdout);
     if (name == "seed-6.9b") {
       std::puts("  note: seed 003 calls this model \"6.9B total, 0.7B active\"; its own shapes give "
                 "the active count above (4 of 16 experts of ffn 6144 in each of 30 layers).");

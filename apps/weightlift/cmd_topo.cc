@@ -1,7 +1,7 @@
 #include <cstdio>
 
 #include "commands.h"
-#include "weightlift/comm/topology.h"
+#include "report/topology.h"
 
 namespace wl::app {
 
@@ -17,7 +17,7 @@ void register_topo(CLI::App& app, Outcome& out) {
       out.exit_code = report("topo", r.status());
       return;
     }
-    std::fputs(comm::format_topology(*r).c_str(), stdout);
+    std::fputs(topology_report(*r).c_str(), stdout);
   });
 }
 

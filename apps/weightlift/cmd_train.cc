@@ -2,6 +2,8 @@
 #include <cstdio>
 
 #include "commands.h"
+#include "report/loss_plot.h"
+#include "report/progress.h"
 #include "weightlift/train/trainer.h"
 
 namespace wl::app {
@@ -45,8 +47,9 @@ void register_train(CLI::App& app, Outcome& out) {
                   "spans --steps); for resuming later")->capture_default_str();
   cmd->add_option("--out", o->out_dir, "output directory")->capture_default_str();
   cmd->add_option("--out-weights", o->out_weights, "also write the final weights here");
-  cmd->add_flag("--quiet", o->quiet, "no progress bar or summary");
-  cmd->callback([&out, o, precision] {
+  auto quiet = std::make_shared<bool>(false);
+  cmd->add_flag("--quiet", *quiet, "no progress bar or summary");
+  cmd->callback([&out, o, precision, quiet] {
     auto p = model::precision_from_name(*precision);
     if (!p) {
       out.exit_code = report("train", invalid_argument("--precision '" + *precision +
@@ -54,12 +57,37 @@ void register_train(CLI::App& app, Outcome& out) {
       return;
     }
     o->precision = *p;
+    ProgressBar bar("train", o->steps, "steps");
+    Ema loss(0.95);
+    double val_loss = NAN;
+    if (!*quiet) {
+      o->on_step = [&](const train::StepMetrics& m) {
+        loss.add(m.loss);
+        if (std::isfinite(m.val_loss)) val_loss = m.val_loss;
+        char status[64];
+        int n = std::snprintf(status, sizeof status, "loss %.3f", loss.value());
+        if (std::isfinite(val_loss)) {
+          std::snprintf(status + n, sizeof status - size_t(n), "  val %.3f", val_loss);
+        }
+        bar.update(m.step, m.tokens_per_s, "tok/s", status);
+      };
+    }
     Result<train::TrainSummary> r = train::train(*o);
+    if (!*quiet) bar.finish();
     if (!r.ok()) {
       out.exit_code = report("train", r.status());
       return;
     }
-    if (o->quiet) return;
+    const std::string model = o->config_path.empty() ? o->preset : o->config_path;
+    Status plotted = write_loss_plot({.metrics_path = o->out_dir + "/metrics.jsonl",
+                                      .svg_path = o->out_dir + "/loss.svg",
+                                      .title = "weightlift " + model + ": loss (nats per byte)",
+                                      .unigram_entropy = r->unigram_entropy});
+    if (!plotted.ok()) {
+      out.exit_code = report("train", plotted);
+      return;
+    }
+    if (*quiet) return;
     std::printf("trained %ld steps in %.1f s (%.0f tokens/s)\n", long(r->steps), r->seconds,
                 r->tokens_per_s);
     std::printf("final train loss %.4f", r->final_train_loss);

@@ -3,6 +3,10 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <utility>
 
 #include "weightlift/core/status.h"
 
@@ -27,5 +31,18 @@ void register_bench_transfer(CLI::App& bench, Outcome& out);
 
 // Prints "weightlift <command>: <status>" to stderr and returns 1 (or 0 for OK).
 int report(const char* command, const Status& s);
+
+// Where strings become enums: `text`, given to `flag`, as one of `choices`; InvalidArgument
+// naming the flag, what was given and what is accepted otherwise.
+template <class E>
+Result<E> parse_choice(std::string_view flag, const std::string& text,
+                       std::initializer_list<std::pair<std::string_view, E>> choices) {
+  std::string accepted;
+  for (const auto& [name, value] : choices) {
+    if (name == text) return value;
+    accepted += (accepted.empty() ? "" : ", ") + std::string(name);
+  }
+  return invalid_argument(std::string(flag) + " '" + text + "': expected one of " + accepted);
+}
 
 }  // namespace wl::app

@@ -75,7 +75,7 @@ int loop(wl::comm::Group& g, int timeout_ms) {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   const int timeout_ms = argc > 2 ? std::atoi(argv[2]) : 10000;
-  auto place = wl::comm::place_from_env();
+  auto place = wl::comm::read_launch_env();
   if (!place.ok()) return fail(-1, place.status());
   auto world = wl::comm::connect_world(
       *place, {.timeout = std::chrono::milliseconds(mode == "loop" ? timeout_ms : 20000)});

@@ -11,7 +11,7 @@
 
 #include "weightlift/comm/detail/store_wire.h"
 #include "weightlift/comm/memory_store.h"
-#include "weightlift/comm/place.h"
+#include "weightlift/comm/launch_env.h"
 #include "weightlift/comm/tcp_store.h"
 
 namespace wl::comm {
@@ -150,16 +150,16 @@ TEST(TcpStore, ClientGivesUpConnectingAtItsDeadline) {
   EXPECT_LT(Clock::now() - start, 3s);
 }
 
-// ---- Place ----------------------------------------------------------------------------------
+// ---- LaunchEnv ----------------------------------------------------------------------------------
 
-Result<Place> place_of(std::map<std::string, std::string> env) {
-  return place_from_env([env = std::move(env)](const char* name) -> const char* {
+Result<LaunchEnv> place_of(std::map<std::string, std::string> env) {
+  return read_launch_env([env = std::move(env)](const char* name) -> const char* {
     auto it = env.find(name);
     return it == env.end() ? nullptr : it->second.c_str();
   });
 }
 
-TEST(Place, Torchrun) {
+TEST(LaunchEnv, Torchrun) {
   auto p = place_of({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"},
                      {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "1234"},
                      {"WEIGHTLIFT_JOB_TOKEN", "tok"}});
@@ -173,7 +173,7 @@ TEST(Place, Torchrun) {
   EXPECT_EQ(p->launcher, "torchrun");
 }
 
-TEST(Place, OpenMpiAndSlurm) {
+TEST(LaunchEnv, OpenMpiAndSlurm) {
   auto p = place_of({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"},
                      {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"WEIGHTLIFT_JOB_TOKEN", "t"}});
   ASSERT_TRUE(p.ok()) << p.status().to_string();
@@ -190,14 +190,14 @@ TEST(Place, OpenMpiAndSlurm) {
   EXPECT_EQ(p->local_rank, 1);
 }
 
-TEST(Place, AloneWithoutAnyVariables) {
+TEST(LaunchEnv, AloneWithoutAnyVariables) {
   auto p = place_of({});
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->world_size, 1);
   EXPECT_EQ(p->launcher, "none");
 }
 
-TEST(Place, BadValuesNameTheVariable) {
+TEST(LaunchEnv, BadValuesNameTheVariable) {
   auto p = place_of({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"WEIGHTLIFT_JOB_TOKEN", "t"}});
   EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(p.status().message().find("RANK"), std::string::npos);

@@ -11,7 +11,7 @@
 #include "weightlift/core/random.h"
 #include "weightlift/infer/worker.h"
 #include "weightlift/model/params.h"
-#include "weightlift/transfer/reference.h"
+#include "weightlift/transfer/layout/reference_transform.h"
 
 namespace wl::infer {
 namespace {

@@ -2,7 +2,7 @@
 // prompts: logits at every prompt position, each decode step's logits, and greedy generations,
 // at TP 1 and 2 (thread-ranks on a MemoryStore world), bf16 and fp8, on `tiny` and on a
 // 2-layer `small` (fp8 blocks there are partial in both directions and several per matrix).
-// The weights come from the scalar reference transform (transfer/reference.h), and in the
+// The weights come from the scalar reference transform (transfer/layout/reference_transform.h), and in the
 // last test by a real p2p update into receivers, read through a ReadGuard.
 //
 // Two comparisons each, so that a bug cannot hide inside a loose tolerance:
@@ -24,9 +24,9 @@
 #include "weightlift/infer/worker.h"
 #include "weightlift/model/generate.h"
 #include "weightlift/model/transformer.h"
-#include "weightlift/transfer/controller.h"
-#include "weightlift/transfer/executor.h"
-#include "weightlift/transfer/reference.h"
+#include "weightlift/transfer/plan/plan_transfer.h"
+#include "weightlift/transfer/modes/p2p.h"
+#include "weightlift/transfer/layout/reference_transform.h"
 
 namespace wl::infer {
 namespace {

@@ -1,5 +1,5 @@
 // Shared by the transfer tests: random trainer weights with varied magnitudes, paper ranks
-// for layouts known to be valid (planner tests; the builders are paper_metadata.h), and a
+// for layouts known to be valid (planner tests; the builders are plan/offline_metadata.h), and a
 // world of thread-ranks split into trainer meshes and receivers (update tests).
 #pragma once
 
@@ -16,11 +16,11 @@
 #include "weightlift/comm/memory_store.h"
 #include "weightlift/core/random.h"
 #include "weightlift/model/params.h"
-#include "weightlift/transfer/controller.h"
-#include "weightlift/transfer/metadata.h"
-#include "weightlift/transfer/paper_metadata.h"
-#include "weightlift/transfer/reference.h"
-#include "weightlift/transfer/trainer_weights.h"
+#include "weightlift/transfer/plan/plan_transfer.h"
+#include "weightlift/transfer/plan/metadata.h"
+#include "weightlift/transfer/plan/offline_metadata.h"
+#include "weightlift/transfer/layout/reference_transform.h"
+#include "weightlift/transfer/layout/trainer_weights.h"
 
 namespace wl::transfer::testing {
 
@@ -54,7 +54,7 @@ inline std::vector<float> as_held(std::vector<float> w, DType dtype) {
   return w;
 }
 
-// The library's paper_receiver (paper_metadata.h) for a layout the test knows is valid.
+// The library's paper_receiver (plan/offline_metadata.h) for a layout the test knows is valid.
 inline RankMeta paper_receiver_or_die(const model::ModelConfig& c, int rank,
                                       const LayoutOptions& o) {
   auto m = paper_receiver(c, rank, o);
@@ -85,18 +85,18 @@ inline void run_world(int size, const std::function<void(int, std::shared_ptr<co
 struct Case {
   const char* preset = "tiny";
   int meshes = 1, mesh_size = 1;  // trainers: meshes * mesh_size, world ranks first
-  int tp = 1, instances = 1;      // receivers: instances * tp, world ranks after the trainers
+  int tp = 1, engines = 1;      // receivers: engines * tp, world ranks after the trainers
   WeightFormat format = WeightFormat::kBF16;
   DType shard_dtype = DType::kF32;
   bool offload = false;
   std::string name() const {
     return std::string(preset) + " " + std::to_string(meshes) + "x" + std::to_string(mesh_size) +
-           " trainers, " + std::to_string(instances) + "x tp" + std::to_string(tp) + " " +
+           " trainers, " + std::to_string(engines) + "x tp" + std::to_string(tp) + " " +
            std::string(weight_format_name(format)) + ", shards " +
            std::string(dtype_name(shard_dtype)) + (offload ? " offloaded" : "");
   }
   int trainers() const { return meshes * mesh_size; }
-  int size() const { return trainers() + instances * tp; }
+  int size() const { return trainers() + engines * tp; }
 };
 
 // One rank's role in a Case: its mesh (trainers) or its receiver, ready to plan.
@@ -127,7 +127,7 @@ inline Rank join(const Case& k, int rank, std::shared_ptr<comm::Group> world,
     auto lay = inference_layout(c, r.layout);
     WL_CHECK(lay.ok()) << lay.status().to_string();
     auto rc = Receiver::create(world->worker(), {.tensors = tensor_specs(*lay),
-                                                 .instance = i / k.tp, .tp = k.tp,
+                                                 .engine = i / k.tp, .tp = k.tp,
                                                  .tp_rank = i % k.tp, .format = k.format});
     WL_CHECK(rc.ok()) << rc.status().to_string();
     r.receiver = std::move(*rc);

@@ -12,9 +12,9 @@
 #include "fixture.h"
 #include "weightlift/comm/memory_store.h"
 #include "weightlift/core/safetensors.h"
-#include "weightlift/transfer/fleet_receiver.h"
-#include "weightlift/transfer/parameter_server.h"
-#include "weightlift/transfer/server_copy.h"
+#include "weightlift/transfer/fleet/fleet_receiver.h"
+#include "weightlift/transfer/fleet/parameter_server.h"
+#include "weightlift/transfer/fleet/heal_from_servers.h"
 
 namespace wl::transfer {
 namespace {

@@ -19,8 +19,8 @@
 
 #include "fixture.h"
 #include "weightlift/comm/tcp_store.h"
-#include "weightlift/transfer/fleet_receiver.h"
-#include "weightlift/transfer/parameter_server.h"
+#include "weightlift/transfer/fleet/fleet_receiver.h"
+#include "weightlift/transfer/fleet/parameter_server.h"
 
 namespace {
 

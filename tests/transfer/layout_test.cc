@@ -13,10 +13,10 @@
 
 #include "fixture.h"
 #include "weightlift/kernels/fp8_quantize.h"
-#include "weightlift/transfer/fp8_blocks.h"
-#include "weightlift/transfer/inference_layout.h"
-#include "weightlift/transfer/reference.h"
-#include "weightlift/transfer/sharded_tensor.h"
+#include "weightlift/transfer/layout/fp8_blocks.h"
+#include "weightlift/transfer/layout/inference_layout.h"
+#include "weightlift/transfer/layout/reference_transform.h"
+#include "weightlift/transfer/layout/sharded_tensor.h"
 
 namespace wl::transfer {
 namespace {

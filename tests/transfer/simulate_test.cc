@@ -2,7 +2,7 @@
 // against the real planner where both apply (same tasks, gathers and bytes per rank); every
 // receiver byte covered exactly once at a reduced K2 scale; the network model against closed
 // forms on one or two senders; the sensitivity table's directions; bad options refused.
-#include "weightlift/transfer/simulate.h"
+#include "weightlift/transfer/sim/network_model.h"
 
 #include <gtest/gtest.h>
 
@@ -10,10 +10,10 @@
 #include <map>
 
 #include "fixture.h"
-#include "weightlift/transfer/kimi_k2.h"
-#include "weightlift/transfer/planner.h"
-#include "weightlift/transfer/schedule_loads.h"
-#include "weightlift/transfer/simulate_command.h"
+#include "weightlift/transfer/sim/kimi_k2.h"
+#include "weightlift/transfer/plan/planner.h"
+#include "weightlift/transfer/sim/load_schedule.h"
+#include "weightlift/transfer/sim/cluster.h"
 
 namespace wl::transfer {
 namespace {
@@ -38,13 +38,13 @@ K2Shapes small_k2() {
           .vocab = 1024};
 }
 
-// 16 trainers (HSDP dense meshes of 4, EP meshes of 2) to 8 receivers (2 instances of 4).
-SimulateOptions small_cluster() {
+// 16 trainers (HSDP dense meshes of 4, EP meshes of 2) to 8 receivers (2 engines of 4).
+ClusterOptions small_cluster() {
   return {.k2 = small_k2(),
           .trainers = 16,
           .receivers = 8,
           .gpus_per_node = 4,
-          .instance_gpus = 4,
+          .engine_gpus = 4,
           .dense_mesh = 4,
           .expert_mesh = 2};
 }
@@ -64,18 +64,18 @@ TEST(KimiK2, ParameterCountMatchesTheClosedForm) {
 }
 
 TEST(KimiK2, LayoutRefusesInstancesTheModelCannotBeSplitBy) {
-  auto bad = k2_inference_layout(K2Shapes{}, {.instance_gpus = 3, .rank = 0});
+  auto bad = k2_inference_layout(K2Shapes{}, {.engine_gpus = 3, .rank = 0});
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("num_attention_heads"), std::string::npos);
-  EXPECT_FALSE(k2_inference_layout(K2Shapes{}, {.instance_gpus = 16, .rank = 16}).ok());
+  EXPECT_FALSE(k2_inference_layout(K2Shapes{}, {.engine_gpus = 16, .rank = 16}).ok());
 }
 
-// The schedule with every parameter on one placement of all meshes is planner.cc's input:
+// The schedule with every parameter on one placement of all meshes is plan/planner.cc's input:
 // both must give the same tasks, gathers and bytes per rank.
 TEST(ScheduleLoads, AgreesWithThePlanner) {
   struct Case {
     const char* preset;
-    int meshes, mesh_size, tp, instances;
+    int meshes, mesh_size, tp, engines;
     WeightFormat format;
   };
   for (const Case& c :
@@ -84,9 +84,9 @@ TEST(ScheduleLoads, AgreesWithThePlanner) {
         Case{"small", 1, 4, 1, 3, WeightFormat::kBF16}}) {
     SCOPED_TRACE(std::string(c.preset) + " " + std::to_string(c.meshes) + "x" +
                  std::to_string(c.mesh_size) + " tp " + std::to_string(c.tp) + " x" +
-                 std::to_string(c.instances));
+                 std::to_string(c.engines));
     const model::ModelConfig config = preset_or_die(c.preset);
-    const int trainers = c.meshes * c.mesh_size, receivers = c.tp * c.instances;
+    const int trainers = c.meshes * c.mesh_size, receivers = c.tp * c.engines;
     std::vector<RankMeta> metas;
     for (int i = 0; i < trainers; ++i) {
       metas.push_back(paper_trainer(config, i, i / c.mesh_size, i % c.mesh_size, c.mesh_size));
@@ -100,16 +100,16 @@ TEST(ScheduleLoads, AgreesWithThePlanner) {
     auto plan = make_plan(metas);
     ASSERT_TRUE(plan.ok()) << plan.status().to_string();
 
-    SimulateOptions o{.model = c.preset,
+    ClusterOptions o{.model = c.preset,
                       .trainers = trainers,
                       .receivers = receivers,
                       .gpus_per_node = 1,
-                      .instance_gpus = c.tp,
+                      .engine_gpus = c.tp,
                       .dense_mesh = c.mesh_size,
                       .expert_mesh = 0,
-                      .dtype = std::string(weight_format_name(c.format)),
-                      .shard_dtype = "f32"};
-    auto in = simulation_input(o);
+                      .format = c.format,
+                      .shard_dtype = DType::kF32};
+    auto in = cluster_schedule_input(o);
     ASSERT_TRUE(in.ok()) << in.status().to_string();
     auto loads = schedule_loads(*in);
     ASSERT_TRUE(loads.ok()) << loads.status().to_string();
@@ -132,11 +132,11 @@ TEST(ScheduleLoads, AgreesWithThePlanner) {
 // At a reduced Kimi-K2 scale with its real layouts (HSDP dense, EP experts, TP+EP receivers),
 // the tasks cover every receiver tensor's rows exactly once and every byte of it.
 TEST(ScheduleLoads, CoversEveryReceiverByteOnceAtReducedK2Scale) {
-  for (const char* dtype : {"fp8", "bf16"}) {
-    SCOPED_TRACE(dtype);
-    SimulateOptions o = small_cluster();
-    o.dtype = dtype;
-    auto in = simulation_input(o);
+  for (WeightFormat format : {WeightFormat::kFP8, WeightFormat::kBF16}) {
+    SCOPED_TRACE(weight_format_name(format));
+    ClusterOptions o = small_cluster();
+    o.format = format;
+    auto in = cluster_schedule_input(o);
     ASSERT_TRUE(in.ok()) << in.status().to_string();
     std::map<std::pair<int, const ReceiverTensor*>, std::vector<std::pair<int64_t, int64_t>>> rows;
     std::map<std::pair<int, const ReceiverTensor*>, uint64_t> bytes, scale_bytes;
@@ -176,12 +176,12 @@ TEST(ScheduleLoads, CoversEveryReceiverByteOnceAtReducedK2Scale) {
   }
 }
 
-// Seed 000's scale: Kimi-K2, 256 trainers, 128 receivers in 8 instances of 16, fp8. About 18
+// Seed 000's scale: Kimi-K2, 256 trainers, 128 receivers in 8 engines of 16, fp8. About 18
 // million tasks, scheduled in about a second on one core; every receiver gets exactly the
 // bytes its layout holds, and no expert band needs a gather (EP shards align with the bands).
 TEST(ScheduleLoads, KimiK2AtFullScale) {
-  const SimulateOptions o;
-  auto in = simulation_input(o);
+  const ClusterOptions o;
+  auto in = cluster_schedule_input(o);
   ASSERT_TRUE(in.ok()) << in.status().to_string();
   std::vector<uint64_t> want;
   for (const auto& lay : in->layouts) {
@@ -290,8 +290,8 @@ TEST(NetworkModel, TwoSendersIntoOneReceiverAreReceiverBound) {
 }
 
 TEST(NetworkModel, SensitivityMovesTheRightWay) {
-  SimulateOptions o = small_cluster();
-  auto in = simulation_input(o);
+  ClusterOptions o = small_cluster();
+  auto in = cluster_schedule_input(o);
   ASSERT_TRUE(in.ok());
   auto loads = schedule_loads(*in);
   ASSERT_TRUE(loads.ok());
@@ -314,10 +314,10 @@ TEST(NetworkModel, SensitivityMovesTheRightWay) {
             "--nic-gbps");
 }
 
-TEST(SimulateCommand, RefusesBadOptionsNamingThem) {
-  auto error = [](SimulateOptions o) {
+TEST(Cluster, RefusesBadOptionsNamingThem) {
+  auto error = [](ClusterOptions o) {
     o.sensitivity = false;
-    auto r = simulate_transfer(o);
+    auto r = simulate_cluster(o);
     EXPECT_FALSE(r.ok());
     return r.ok() ? std::string() : r.status().message();
   };
@@ -327,25 +327,26 @@ TEST(SimulateCommand, RefusesBadOptionsNamingThem) {
                 .find("--receivers 100 is not a multiple of "
                       "--gpus-per-node 8"),
             std::string::npos);
-  EXPECT_NE(error({.instance_gpus = 24}).find("--instance-gpus 24"), std::string::npos);
-  EXPECT_NE(error({.dtype = "fp4"}).find("--dtype 'fp4'"), std::string::npos);
-  SimulateOptions slow;
+  EXPECT_NE(error({.engine_gpus = 24}).find("--engine-gpus 24"), std::string::npos);
+  EXPECT_NE(error({.shard_dtype = DType::kF16}).find("--shard-dtype F16"), std::string::npos);
+  ClusterOptions slow;
   slow.network.nic_gbps = 0;
   EXPECT_NE(error(slow).find("--nic-gbps 0"), std::string::npos);
 }
 
-TEST(SimulateCommand, ReportsAReducedK2Run) {
-  SimulateOptions o = small_cluster();
-  auto text = simulate_transfer(o);
-  ASSERT_TRUE(text.ok()) << text.status().to_string();
-  for (const char* needle : {"critical sender", "sensitivity", "--nic-gbps", "--instance-gpus",
-                             "dominant assumption", "expert", "dense"}) {
-    EXPECT_NE(text->find(needle), std::string::npos) << needle << " in\n" << *text;
+TEST(Cluster, ReducedK2RunHasASensitivityTableAndADominantAssumption) {
+  auto s = simulate_cluster(small_cluster());
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ(s->params, k2_param_count(small_k2()));
+  EXPECT_GT(s->prediction.seconds, 0);
+  EXPECT_EQ(s->replica_bytes, s->prediction.total_bytes / 2);  // two engines
+  std::vector<std::string> names;
+  for (const Sensitivity& r : s->sensitivity) names.push_back(r.name);
+  for (const char* needle : {"--nic-gbps", "--engine-gpus", "--trainers"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), needle), names.end()) << needle;
   }
-  o.json = true;
-  auto json = simulate_transfer(o);
-  ASSERT_TRUE(json.ok());
-  EXPECT_NE(json->find("\"predicted_s\""), std::string::npos);
+  ASSERT_GE(s->dominant, 0);
+  EXPECT_LT(s->dominant, int(s->sensitivity.size()));
 }
 
 }  // namespace

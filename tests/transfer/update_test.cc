@@ -9,9 +9,9 @@
 #include <cstring>
 
 #include "fixture.h"
-#include "weightlift/transfer/controller.h"
-#include "weightlift/transfer/executor.h"
-#include "weightlift/transfer/reference.h"
+#include "weightlift/transfer/plan/plan_transfer.h"
+#include "weightlift/transfer/modes/p2p.h"
+#include "weightlift/transfer/layout/reference_transform.h"
 
 namespace wl::transfer {
 namespace {
@@ -76,7 +76,7 @@ TEST(P2pUpdate, BitExactFromBf16AndOffloadedShards) {
 }
 
 TEST(P2pUpdate, BitExactFromReplicasToTwoEngines) {
-  run_case({.meshes = 2, .mesh_size = 1, .tp = 1, .instances = 2, .format = WeightFormat::kFP8});
+  run_case({.meshes = 2, .mesh_size = 1, .tp = 1, .engines = 2, .format = WeightFormat::kFP8});
 }
 
 TEST(P2pUpdate, BitExactSmallPresetWithDirectAndGatheredBands) {

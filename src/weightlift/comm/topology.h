@@ -2,7 +2,7 @@
 //
 //   WL_ASSIGN_OR_RETURN(TopologyReport t, read_topology({}));          // this machine
 //   WL_ASSIGN_OR_RETURN(TopologyReport t, read_topology({.xml_path = "server.xml"}));
-//   std::fputs(format_topology(t).c_str(), stdout);
+// (`weightlift topo` prints the report: apps/weightlift/report/topology.h.)
 //
 // What it reports: packages (sockets), NUMA nodes with their memory and cores, the PCIe tree
 // (host bridges, bridges, devices), GPUs (PCI class 0x0300 VGA or 0x0302 3D controller) and
@@ -75,8 +75,5 @@ struct TopologyReport {
 // Loads the topology (this machine or options.xml_path) and analyses it. A missing or
 // malformed XML file is kInvalidArgument naming it.
 Result<TopologyReport> read_topology(const TopologyOptions& options);
-
-// The report as `weightlift topo` prints it.
-std::string format_topology(const TopologyReport& report);
 
 }  // namespace wl::comm

@@ -4,22 +4,22 @@
 
 namespace wl::comm {
 
-Result<World> connect_world(const Place& place, const WorldOptions& o) {
+Result<World> connect_world(const LaunchEnv& env, const WorldOptions& o) {
   World w;
-  w.place = place;
-  const std::string who = "rank " + std::to_string(place.rank);
-  if (place.rank == 0) {
+  w.env = env;
+  const std::string who = "rank " + std::to_string(env.rank);
+  if (env.rank == 0) {
     WL_ASSIGN_OR_RETURN(w.server, TcpStoreServer::start({.bind_address = o.bind_address,
-                                                         .port = place.master_port,
-                                                         .token = place.job_token}));
+                                                         .port = env.master_port,
+                                                         .token = env.job_token}));
   }
-  WL_ASSIGN_OR_RETURN(auto client, TcpStore::connect({.host = place.master_addr,
-                                                      .port = place.master_port,
-                                                      .token = place.job_token,
+  WL_ASSIGN_OR_RETURN(auto client, TcpStore::connect({.host = env.master_addr,
+                                                      .port = env.master_port,
+                                                      .token = env.job_token,
                                                       .connect_timeout = o.timeout,
                                                       .request_timeout = o.timeout}));
   w.store = std::shared_ptr<Store>(std::move(client));
-  auto group = Group::connect({.store = w.store, .rank = place.rank, .size = place.world_size,
+  auto group = Group::connect({.store = w.store, .rank = env.rank, .size = env.world_size,
                                .worker = o.worker, .timeout = o.timeout});
   if (!group.ok()) return group.status().with_context(who + ": joining the job");
   w.group = std::move(*group);

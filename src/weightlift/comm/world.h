@@ -1,6 +1,6 @@
 // World: the job's processes connected, from the launcher's variables.
 //
-//   WL_ASSIGN_OR_RETURN(World world, connect_world(place, {}));
+//   WL_ASSIGN_OR_RETURN(World world, connect_world(env, {}));
 //   allreduce(*world.group, {...});
 //
 // Rank 0 runs the rendezvous store (tcp_store.h) on MASTER_ADDR:MASTER_PORT; every rank
@@ -12,7 +12,7 @@
 #include <memory>
 
 #include "weightlift/comm/group.h"
-#include "weightlift/comm/place.h"
+#include "weightlift/comm/launch_env.h"
 #include "weightlift/comm/tcp_store.h"
 
 namespace wl::comm {
@@ -27,13 +27,13 @@ struct WorldOptions {
 };
 
 struct World {
-  Place place;
+  LaunchEnv env;
   // Declared so that destruction runs group, then store, then server.
   std::unique_ptr<TcpStoreServer> server;  // rank 0 only
   std::shared_ptr<Store> store;
   std::shared_ptr<Group> group;
 };
 
-Result<World> connect_world(const Place& place, const WorldOptions& options);
+Result<World> connect_world(const LaunchEnv& env, const WorldOptions& options);
 
 }  // namespace wl::comm

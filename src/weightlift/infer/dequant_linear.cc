@@ -7,7 +7,7 @@
 #include "weightlift/core/dtype.h"
 #include "weightlift/core/parallel.h"
 #include "weightlift/kernels/gemm.h"
-#include "weightlift/transfer/inference_layout.h"
+#include "weightlift/transfer/layout/inference_layout.h"
 
 namespace wl::infer {
 namespace {

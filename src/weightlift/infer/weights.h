@@ -1,5 +1,5 @@
 // The inference worker's weights: borrowed views of one version of the inference layout
-// (transfer/inference_layout.h), looked up by name and checked once, then held by role.
+// (transfer/layout/inference_layout.h), looked up by name and checked once, then held by role.
 //
 // A worker never owns or copies its weights; it reads them where they arrived (a receiver's
 // slot) or wherever a test keeps them. bind_weights() takes any name -> tensor lookup, checks
@@ -20,8 +20,8 @@
 #include "weightlift/core/status.h"
 #include "weightlift/core/tensor.h"
 #include "weightlift/model/config.h"
-#include "weightlift/transfer/inference_layout.h"
-#include "weightlift/transfer/receiver.h"
+#include "weightlift/transfer/layout/inference_layout.h"
+#include "weightlift/transfer/layout/receiver.h"
 
 namespace wl::infer {
 

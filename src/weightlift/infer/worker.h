@@ -1,5 +1,5 @@
 // The inference worker: the model's forward pass and autoregressive generation run straight
-// from the inference layout (transfer/inference_layout.h), at TP 1 or more, bf16 or fp8.
+// from the inference layout (transfer/layout/inference_layout.h), at TP 1 or more, bf16 or fp8.
 // It proves that the weights a receiver holds are right by computing with them, and it is
 // where the RL rollout engine grows.
 //
@@ -39,8 +39,8 @@
 #include "weightlift/kernels/rope.h"
 #include "weightlift/kernels/sampling.h"
 #include "weightlift/model/config.h"
-#include "weightlift/transfer/inference_layout.h"
-#include "weightlift/transfer/receiver.h"
+#include "weightlift/transfer/layout/inference_layout.h"
+#include "weightlift/transfer/layout/receiver.h"
 
 namespace wl::infer {
 

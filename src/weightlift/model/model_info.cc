@@ -1,8 +1,5 @@
 #include "weightlift/model/model_info.h"
 
-#include <cstdio>
-#include <sstream>
-
 #include "weightlift/model/params.h"
 
 namespace wl::model {
@@ -30,61 +27,6 @@ double ModelInfo::train_flops_per_token(int64_t seq) const {
   const double attn = 2.0 * 2.0 * double(c.num_heads * c.head_dim) * double(seq) / 2.0 *
                       double(c.num_layers);
   return 3.0 * (2.0 * gemm_params + attn);
-}
-
-namespace {
-std::string human_bytes(double b) {
-  char buf[32];
-  if (b >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
-  else if (b >= 1e6) std::snprintf(buf, sizeof buf, "%.1f MB", b / 1e6);
-  else std::snprintf(buf, sizeof buf, "%.1f kB", b / 1e3);
-  return buf;
-}
-std::string human_count(double n) {
-  char buf[32];
-  if (n >= 1e9) std::snprintf(buf, sizeof buf, "%.2fB", n / 1e9);
-  else if (n >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", n / 1e6);
-  else std::snprintf(buf, sizeof buf, "%.1fk", n / 1e3);
-  return buf;
-}
-}  // namespace
-
-std::string format_model_info(const std::string& name, const ModelInfo& m) {
-  const ModelConfig& c = m.config;
-  std::ostringstream os;
-  char line[256];
-  os << "model " << name << ": d " << c.hidden_size << ", " << c.num_layers << " layers, "
-     << c.num_heads << " heads (" << c.num_kv_heads << " kv) x " << c.head_dim << ", "
-     << c.num_experts << " experts top-" << c.top_k << " of ffn " << c.ffn_dim << ", vocab "
-     << c.vocab_size << "\n";
-  std::snprintf(line, sizeof line, "  total parameters   %15ld  (%s)\n", long(m.total_params),
-                human_count(double(m.total_params)).c_str());
-  os << line;
-  std::snprintf(line, sizeof line, "  active per token   %15ld  (%s)\n", long(m.active_params),
-                human_count(double(m.active_params)).c_str());
-  os << line;
-  std::snprintf(line, sizeof line, "  experts            %15ld  (%s)\n", long(m.expert_params),
-                human_count(double(m.expert_params)).c_str());
-  os << line;
-  std::snprintf(line, sizeof line, "  embeddings         %15ld  (%s)\n",
-                long(m.embedding_params), human_count(double(m.embedding_params)).c_str());
-  os << line;
-  const double n = double(m.total_params);
-  std::snprintf(line, sizeof line, "  memory\n    %-36s %10s %12s %12s %12s\n", "", "weights",
-                "gradients", "AdamW m+v", "total");
-  os << line;
-  struct Row { const char* name; double wb, gb; } rows[] = {
-      {"f32 (master)", 4, 4}, {"bf16 mixed (f32 master + bf16 copy)", 6, 4}, {"bf16 inference", 2, 0},
-      {"fp8 e4m3 inference", 1.0 + 4.0 / (128.0 * 128.0), 0}};
-  for (const Row& r : rows) {
-    const double opt = r.gb > 0 ? 8 * n : 0;
-    std::snprintf(line, sizeof line, "    %-36s %10s %12s %12s %12s\n", r.name,
-                  human_bytes(r.wb * n).c_str(), r.gb > 0 ? human_bytes(r.gb * n).c_str() : "-",
-                  opt > 0 ? human_bytes(opt).c_str() : "-",
-                  human_bytes(r.wb * n + r.gb * n + opt).c_str());
-    os << line;
-  }
-  return os.str();
 }
 
 }  // namespace wl::model

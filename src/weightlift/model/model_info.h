@@ -2,7 +2,6 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 
 #include "weightlift/model/config.h"
 
@@ -20,9 +19,5 @@ struct ModelInfo {
 };
 
 ModelInfo model_info(const ModelConfig& c);
-
-// The report `weightlift model-info` prints: counts, then the memory of weights, gradients
-// and AdamW state for f32, bf16 and fp8 weights.
-std::string format_model_info(const std::string& name, const ModelInfo& info);
 
 }  // namespace wl::model

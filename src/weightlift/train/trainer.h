@@ -1,6 +1,7 @@
 // The single-process training loop: data, forward/backward with gradient accumulation,
-// clipping, AdamW on the schedule, validation, metrics, checkpoints, a progress bar and a
-// loss-curve plot.
+// clipping, AdamW on the schedule, validation, metrics (metrics.h) and checkpoints. It prints
+// nothing: `on_step` hears of every update, and `weightlift train` draws its progress bar
+// from that and its loss plot from metrics.jsonl.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include "weightlift/model/config.h"
 #include "weightlift/model/precision.h"
 #include "weightlift/train/adamw.h"
+#include "weightlift/train/metrics.h"
 #include "weightlift/train/schedule.h"
 
 namespace wl::train {
@@ -39,9 +41,10 @@ struct TrainOptions {
   int64_t eval_windows = 64;        // validation windows of `seq` tokens
   int64_t checkpoint_every = 0;     // updates between checkpoints; 0 = only at the end
   int64_t stop_after = 0;           // stop (after checkpointing) at this update; 0 = run all
-  std::string out_dir = "runs/latest";  // metrics.jsonl, loss.svg, checkpoints, final weights
+  std::string out_dir = "runs/latest";  // metrics.jsonl, checkpoints, final weights
   std::string out_weights;          // also write the final weights here
-  bool quiet = false;               // no progress bar or summary
+  // Called after every update with what metrics.jsonl records for it; may be empty.
+  std::function<void(const StepMetrics&)> on_step;
 };
 
 struct TrainSummary {

@@ -1,0 +1,326 @@
+#include "bench/collectives.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cstring>
+#include <memory>
+
+#include "weightlift/comm/allgather.h"
+#include "weightlift/comm/barrier.h"
+#include "weightlift/comm/broadcast.h"
+#include "weightlift/comm/reduce_scatter.h"
+
+namespace wl::app {
+
+using comm::Group;
+using comm::ReduceOp;
+
+namespace {
+
+using Nanos = std::chrono::nanoseconds;
+
+// Data exact by construction (as tests/comm/exact_data.h): small integers that every dtype
+// holds exactly, so the reduced value has a closed form whatever the order of operations.
+int64_t value(ReduceOp op, int size, int r, size_t i) {
+  switch (op) {
+    case ReduceOp::kProd: return 1 + int64_t((i + size_t(r)) % 2);
+    case ReduceOp::kAvg: return int64_t(i % 7) + 4 + 2 * r - (size - 1);
+    default: return int64_t((i * 7 + size_t(r) * 3) % 11) + 1;
+  }
+}
+
+int64_t reduced(ReduceOp op, int size, size_t i) {
+  int64_t acc = value(op, size, 0, i);
+  for (int r = 1; r < size; ++r) {
+    const int64_t v = value(op, size, r, i);
+    switch (op) {
+      case ReduceOp::kSum: case ReduceOp::kAvg: acc += v; break;
+      case ReduceOp::kProd: acc *= v; break;
+      case ReduceOp::kMax: acc = std::max(acc, v); break;
+      case ReduceOp::kMin: acc = std::min(acc, v); break;
+    }
+  }
+  return op == ReduceOp::kAvg ? acc / size : acc;
+}
+
+void put(DType t, void* base, size_t i, int64_t v) {
+  auto* p = static_cast<std::byte*>(base) + i * dtype_size(t);
+  switch (t) {
+    case DType::kF32: { float f = float(v); std::memcpy(p, &f, 4); return; }
+    case DType::kBF16: { uint16_t h = f32_to_bf16(float(v)); std::memcpy(p, &h, 2); return; }
+    case DType::kF16: { uint16_t h = f32_to_f16(float(v)); std::memcpy(p, &h, 2); return; }
+    case DType::kI32: { int32_t x = int32_t(v); std::memcpy(p, &x, 4); return; }
+    case DType::kI64: std::memcpy(p, &v, 8); return;
+    case DType::kU8: { uint8_t x = uint8_t(v); std::memcpy(p, &x, 1); return; }
+    default: return;
+  }
+}
+
+// Element i read back the way put() would have stored `v`: equal iff the element holds v.
+bool holds(DType t, const void* base, size_t i, int64_t v) {
+  std::byte expect[8];
+  put(t, expect, 0, v);
+  return std::memcmp(static_cast<const std::byte*>(base) + i * dtype_size(t), expect,
+                     dtype_size(t)) == 0;
+}
+
+struct Buffers {
+  std::unique_ptr<std::byte[]> send, recv;
+};
+
+// Elements per rank's input for `op` at `bytes` (nccl-tests' count).
+size_t count_for(std::string_view op, size_t bytes, size_t es, int P) {
+  if (op == "allgather" || op == "reduce_scatter") return bytes / es / size_t(P);
+  return bytes / es;
+}
+
+Status run_once(Group& g, std::string_view op, const BenchCollectivesOptions& o, size_t count,
+                Buffers& b) {
+  if (op == "allreduce") {
+    return allreduce(g, {.send = b.send.get(), .recv = b.recv.get(), .count = count,
+                         .dtype = o.dtype, .op = o.op, .timeout = o.timeout,
+                         .algorithm = o.algorithm});
+  }
+  if (op == "allgather") {
+    return allgather(g, {.send = b.send.get(), .recv = b.recv.get(), .count = count,
+                         .dtype = o.dtype, .timeout = o.timeout});
+  }
+  if (op == "reduce_scatter") {
+    return reduce_scatter(g, {.send = b.send.get(), .recv = b.recv.get(), .count = count,
+                              .dtype = o.dtype, .op = o.op, .timeout = o.timeout});
+  }
+  return broadcast(g, {.buffer = b.recv.get(), .count = count, .dtype = o.dtype, .root = 0,
+                       .timeout = o.timeout});
+}
+
+// Runs `op` once on exact data and counts the wrong elements on this rank.
+Result<int64_t> check_once(Group& g, std::string_view op, const BenchCollectivesOptions& o,
+                           size_t count, Buffers& b) {
+  const int P = g.size(), r = g.rank();
+  if (op == "allreduce") {
+    for (size_t i = 0; i < count; ++i) put(o.dtype, b.send.get(), i, value(o.op, P, r, i));
+  } else if (op == "allgather") {
+    for (size_t i = 0; i < count; ++i) put(o.dtype, b.send.get(), i, int64_t(r * 7 + int(i % 13)));
+  } else if (op == "reduce_scatter") {
+    for (size_t i = 0; i < count * size_t(P); ++i) put(o.dtype, b.send.get(), i, value(o.op, P, r, i));
+  } else {
+    for (size_t i = 0; i < count; ++i) put(o.dtype, b.recv.get(), i, r == 0 ? int64_t(i % 97) : 0);
+  }
+  WL_RETURN_IF_ERROR(run_once(g, op, o, count, b));
+  int64_t wrong = 0;
+  const void* got = b.recv.get();
+  if (op == "allreduce") {
+    for (size_t i = 0; i < count; ++i) wrong += !holds(o.dtype, got, i, reduced(o.op, P, i));
+  } else if (op == "allgather") {
+    for (size_t i = 0; i < count * size_t(P); ++i) {
+      wrong += !holds(o.dtype, got, i, int64_t(int(i / count) * 7 + int(i % count % 13)));
+    }
+  } else if (op == "reduce_scatter") {
+    for (size_t i = 0; i < count; ++i) {
+      wrong += !holds(o.dtype, got, i, reduced(o.op, P, size_t(r) * count + i));
+    }
+  } else {
+    for (size_t i = 0; i < count; ++i) wrong += !holds(o.dtype, got, i, int64_t(i % 97));
+  }
+  return wrong;
+}
+
+// Copy rate of one rank while every rank copies (bytes/s, decimal), averaged over ranks.
+Result<double> measure_copy_rate(Group& g, std::chrono::milliseconds timeout) {
+  constexpr size_t kBytes = 64 << 20;
+  constexpr int kRepeats = 4;
+  auto a = std::make_unique_for_overwrite<std::byte[]>(kBytes);
+  auto b = std::make_unique_for_overwrite<std::byte[]>(kBytes);
+  std::memset(a.get(), 1, kBytes);
+  std::memset(b.get(), 2, kBytes);
+  WL_RETURN_IF_ERROR(barrier(g, {.timeout = timeout}));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kRepeats; ++i) std::memcpy(i % 2 ? a.get() : b.get(), i % 2 ? b.get() : a.get(), kBytes);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int64_t rate = int64_t(double(kBytes) * kRepeats / seconds);
+  WL_RETURN_IF_ERROR(allreduce(g, {.recv = &rate, .count = 1, .dtype = DType::kI64,
+                                   .op = ReduceOp::kAvg, .timeout = timeout}));
+  return double(rate);
+}
+
+// docs/algorithms.md, "What memory bandwidth allows": the least time any single-copy
+// algorithm needs, as a bound on busbw, for a copy rate M per rank. A reduction streams two
+// inputs and one output, about 1.5 copies' worth of memory traffic.
+double bound_for(std::string_view op, double copy_rate_gbps) {
+  if (op == "allreduce") return 2.0 * copy_rate_gbps / (2.0 + 1.5);
+  if (op == "reduce_scatter") return copy_rate_gbps / (1.0 + 1.5);
+  return copy_rate_gbps;  // allgather, broadcast: one copy of each byte a rank lacks
+}
+
+double percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, size_t(p * double(v.size() - 1) + 0.5));
+  return v[i];
+}
+
+void print_row(const BenchCollectivesOptions& o, int P, const BenchRow& row) {
+  const std::string type(dtype_name(o.dtype));
+  const double frac = row.bound_gbps > 0 ? row.busbw_gbps / row.bound_gbps : 0;
+  if (o.json) {
+    std::fprintf(o.out,
+                 "{\"impl\":\"weightlift\",\"op\":\"%s\",\"bytes\":%zu,\"count\":%zu,"
+                 "\"dtype\":\"%s\",\"ranks\":%d,\"time_us\":%.3f,\"p50_us\":%.3f,"
+                 "\"p99_us\":%.3f,\"algbw_gbps\":%.4f,\"busbw_gbps\":%.4f,\"wrong\":%lld,"
+                 "\"bound_gbps\":%.3f,\"bound_fraction\":%.4f}\n",
+                 row.op.c_str(), row.bytes, row.count, type.c_str(), P, row.time_us,
+                 row.p50_us, row.p99_us, row.algbw_gbps, row.busbw_gbps,
+                 static_cast<long long>(row.wrong), row.bound_gbps, frac);
+  } else {
+    const std::string wrong = row.wrong < 0 ? "N/A" : std::to_string(row.wrong);
+    std::fprintf(o.out, "%14zu %12zu %6s %15s %11.2f %9.3f %9.3f %7s %10.2f %10.2f %7.0f%%\n",
+                 row.bytes, row.count, type.c_str(), row.op.c_str(), row.time_us,
+                 row.algbw_gbps, row.busbw_gbps, wrong.c_str(), row.p50_us, row.p99_us,
+                 100.0 * frac);
+  }
+  std::fflush(o.out);
+}
+
+Status validate(const Group& g, const BenchCollectivesOptions& o) {
+  for (const std::string& op : o.ops) {
+    if (op != "allreduce" && op != "allgather" && op != "reduce_scatter" && op != "broadcast") {
+      return invalid_argument("bench collectives: unknown op '" + op +
+                              "' (allreduce, allgather, reduce_scatter, broadcast)");
+    }
+    if ((op == "allreduce" || op == "reduce_scatter")) {
+      WL_RETURN_IF_ERROR(check_reducible(o.dtype, o.op).with_context("bench collectives"));
+    }
+  }
+  if (o.dtype == DType::kF8E4M3 || o.dtype == DType::kF8E5M2) {
+    return invalid_argument("bench collectives: fp8 data cannot be checked; use u8");
+  }
+  if (o.min_bytes == 0 || o.max_bytes < o.min_bytes || o.factor < 2) {
+    return invalid_argument("bench collectives: sizes " + std::to_string(o.min_bytes) + ".." +
+                            std::to_string(o.max_bytes) + " by x" + std::to_string(o.factor) +
+                            " (need 0 < min <= max and factor >= 2)");
+  }
+  if (o.iters < 0 || o.warmup < 0) return invalid_argument("bench collectives: negative iters");
+  (void)g;
+  return ok_status();
+}
+
+}  // namespace
+
+double bus_bandwidth_factor(std::string_view op, int P) {
+  if (op == "allreduce") return 2.0 * (P - 1) / P;
+  if (op == "allgather" || op == "reduce_scatter") return double(P - 1) / P;
+  return 1.0;
+}
+
+Result<size_t> parse_byte_size(std::string_view text) {
+  size_t i = 0, v = 0;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) {
+    if (v > (size_t(1) << 50)) return invalid_argument("byte size '" + std::string(text) + "' is too large");
+    v = v * 10 + size_t(text[i++] - '0');
+  }
+  if (i == 0) return invalid_argument("byte size '" + std::string(text) + "': expected digits");
+  std::string_view rest = text.substr(i);
+  size_t mult = 1;
+  if (!rest.empty()) {
+    switch (std::toupper(static_cast<unsigned char>(rest[0]))) {
+      case 'K': mult = size_t(1) << 10; rest.remove_prefix(1); break;
+      case 'M': mult = size_t(1) << 20; rest.remove_prefix(1); break;
+      case 'G': mult = size_t(1) << 30; rest.remove_prefix(1); break;
+      default: break;
+    }
+  }
+  if (!rest.empty() && rest != "B" && rest != "b" && rest != "iB") {
+    return invalid_argument("byte size '" + std::string(text) + "': unknown suffix (K, M, G)");
+  }
+  return v * mult;
+}
+
+Result<std::vector<BenchRow>> bench_collectives(Group& g, const BenchCollectivesOptions& o) {
+  WL_RETURN_IF_ERROR(validate(g, o));
+  const int P = g.size();
+  const size_t es = dtype_size(o.dtype);
+  const bool printer = g.rank() == 0;
+  std::string pinned = "not pinned";
+  if (o.pin) {
+    const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+    const int core = int(g.world_rank(g.rank()) % cores);
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(core, &set);
+    if (sched_setaffinity(0, sizeof set, &set) == 0) pinned = "rank r pinned to core r % " + std::to_string(cores);
+  }
+
+  WL_ASSIGN_OR_RETURN(double copy_rate, measure_copy_rate(g, o.timeout));
+  const double copy_gbps = copy_rate / 1e9;
+  // Touched once here, so no timed call takes a page fault.
+  const size_t cap = std::max(o.max_bytes, es * size_t(P));
+  Buffers b{std::make_unique_for_overwrite<std::byte[]>(cap),
+            std::make_unique_for_overwrite<std::byte[]>(cap)};
+  std::memset(b.send.get(), 0, cap);
+  std::memset(b.recv.get(), 0, cap);
+
+  if (printer) {
+    std::fprintf(o.out,
+                 "# weightlift collectives: %d ranks, %s, op %s, warmup %d, %s, copy rate %.1f "
+                 "GB/s per rank (memory bound: docs/algorithms.md)\n",
+                 P, std::string(dtype_name(o.dtype)).c_str(),
+                 std::string(reduce_op_name(o.op)).c_str(), o.warmup, pinned.c_str(), copy_gbps);
+    if (!o.json) {
+      std::fprintf(o.out, "# %12s %12s %6s %15s %11s %9s %9s %7s %10s %10s %8s\n", "size(B)",
+                   "count", "type", "op", "time(us)", "algbw", "busbw", "#wrong", "p50(us)",
+                   "p99(us)", "bound");
+      std::fprintf(o.out, "# %12s %12s %6s %15s %11s %9s %9s %7s %10s %10s %8s\n", "", "(elems)",
+                   "", "", "(mean)", "(GB/s)", "(GB/s)", "", "", "", "(%)");
+    }
+    std::fflush(o.out);
+  }
+
+  std::vector<BenchRow> rows;
+  for (const std::string& op : o.ops) {
+    for (size_t want = o.min_bytes; want <= o.max_bytes;) {
+      const size_t count = count_for(op, want, es, P);
+      const size_t bytes = (op == "allgather" || op == "reduce_scatter") ? count * es * size_t(P)
+                                                                         : count * es;
+      if (count > 0) {
+        const int iters =
+            o.iters > 0 ? o.iters : int(std::clamp<size_t>((size_t(1) << 30) / bytes, 20, 1000));
+        for (int i = 0; i < o.warmup; ++i) WL_RETURN_IF_ERROR(run_once(g, op, o, count, b));
+        std::vector<int64_t> ns(static_cast<size_t>(iters));
+        for (int i = 0; i < iters; ++i) {
+          const auto t0 = std::chrono::steady_clock::now();
+          WL_RETURN_IF_ERROR(run_once(g, op, o, count, b));
+          ns[size_t(i)] = std::chrono::duration_cast<Nanos>(std::chrono::steady_clock::now() - t0).count();
+        }
+        // A call takes as long as its slowest rank.
+        WL_RETURN_IF_ERROR(allreduce(g, {.recv = ns.data(), .count = ns.size(),
+                                         .dtype = DType::kI64, .op = ReduceOp::kMax,
+                                         .timeout = o.timeout}));
+        BenchRow row{.op = op, .bytes = bytes, .count = count};
+        std::vector<double> us(ns.size());
+        double sum = 0;
+        for (size_t i = 0; i < ns.size(); ++i) sum += us[i] = double(ns[i]) / 1e3;
+        row.time_us = sum / double(us.size());
+        row.p50_us = percentile(us, 0.50);
+        row.p99_us = percentile(us, 0.99);
+        row.algbw_gbps = double(bytes) / (row.time_us * 1e3);  // bytes per ns = GB/s
+        row.busbw_gbps = row.algbw_gbps * bus_bandwidth_factor(op, P);
+        row.bound_gbps = bound_for(op, copy_gbps);
+        if (o.check) {
+          WL_ASSIGN_OR_RETURN(row.wrong, check_once(g, op, o, count, b));
+          WL_RETURN_IF_ERROR(allreduce(g, {.recv = &row.wrong, .count = 1,
+                                           .dtype = DType::kI64, .timeout = o.timeout}));
+        }
+        if (printer) print_row(o, P, row);
+        rows.push_back(row);
+      }
+      if (want > o.max_bytes / size_t(o.factor)) break;
+      want *= size_t(o.factor);
+    }
+  }
+  return rows;
+}
+
+}  // namespace wl::app

@@ -1,0 +1,86 @@
+// bench_collectives: `weightlift bench collectives`, the nccl-tests sweep over our collectives.
+//
+//   // every rank, under `weightlift launch -n 2` (or mpirun):
+//   WL_ASSIGN_OR_RETURN(World world, connect_world(env, {}));
+//   WL_ASSIGN_OR_RETURN(auto rows, bench_collectives(*world.group, {.ops = {"allreduce"}}));
+//
+// For each op and each size from min_bytes to max_bytes (times `factor`), it runs `warmup`
+// untimed calls, then times `iters` calls one by one; a call's time is the slowest rank's.
+// Rank 0 prints one line per row, as nccl-tests does (decimal GB/s):
+//   size (B), count (elements), type, op, time (us, mean), algbw = size / time,
+//   busbw = algbw * factor(op, P) with nccl-tests' factors (allreduce 2(P-1)/P,
+//   allgather and reduce_scatter (P-1)/P, broadcast 1), #wrong, p50 and p99 (us),
+//   and the fraction of the memory-bandwidth bound of docs/algorithms.md reached.
+// `size` is what nccl-tests calls it: the whole buffer (allgather: all blocks gathered;
+// reduce_scatter: all blocks before scattering). With `check`, one more call per row runs on
+// data exact by construction and #wrong counts the elements (over all ranks) that differ
+// from the closed form; it is not timed. With `json`, one JSON object per row instead:
+//   {"impl":"weightlift","op":"allreduce","bytes":1048576,"count":262144,"dtype":"f32",
+//    "ranks":2,"time_us":..,"p50_us":..,"p99_us":..,"algbw_gbps":..,"busbw_gbps":..,
+//    "wrong":0,"bound_gbps":..,"bound_fraction":..}
+// The memory-bandwidth bound comes from a copy rate measured at the start of the run, every
+// rank copying at once (one host; across hosts it says nothing about the network).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdio>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "weightlift/comm/allreduce.h"
+#include "weightlift/comm/group.h"
+#include "weightlift/comm/reduce_op.h"
+#include "weightlift/core/dtype.h"
+
+namespace wl::app {
+
+struct BenchCollectivesOptions {
+  // Ops to sweep, in order: allreduce, allgather, reduce_scatter, broadcast.
+  std::vector<std::string> ops = {"allreduce", "allgather", "reduce_scatter", "broadcast"};
+  size_t min_bytes = 8;            // bytes; parse_byte_size("8")
+  size_t max_bytes = 256u << 20;   // bytes; parse_byte_size("256M")
+  int factor = 2;                  // each size is the previous times this (>= 2)
+  DType dtype = DType::kF32;       // reducible types only for allreduce / reduce_scatter
+  comm::ReduceOp op = comm::ReduceOp::kSum;
+  // Timed calls per size; 0: as many as fit about 1 GiB of data, clamped to 20..1000, so
+  // small sizes get enough samples for a p99 and large ones do not take minutes.
+  int iters = 0;
+  int warmup = 5;                  // untimed calls per size first
+  bool check = true;               // verify each row with exact data (not timed)
+  bool json = false;               // one JSON object per row instead of the table
+  comm::AllreduceAlgorithm algorithm = comm::AllreduceAlgorithm::kAuto;
+  // Pin rank r to core r % cores for the run, as mpirun binds its ranks by default. Unpinned,
+  // a loaded scheduler may queue two ranks on one core, and every hand-off then waits for a
+  // context switch.
+  bool pin = true;
+  std::chrono::milliseconds timeout{60000};  // per call
+  std::FILE* out = stdout;         // rank 0 writes here; other ranks print nothing
+};
+
+struct BenchRow {
+  std::string op;
+  size_t bytes = 0;
+  size_t count = 0;     // elements per rank's input, as nccl-tests counts them
+  double time_us = 0;   // mean
+  double p50_us = 0, p99_us = 0;
+  double algbw_gbps = 0, busbw_gbps = 0;  // decimal GB/s
+  int64_t wrong = -1;   // -1: not checked
+  double bound_gbps = 0;  // the memory-bandwidth bound on busbw for this op
+};
+
+// Collective over `group`: every rank calls it with the same options. Returns the rows (on
+// every rank); fails if a collective fails or the options are invalid.
+Result<std::vector<BenchRow>> bench_collectives(comm::Group& group,
+                                                const BenchCollectivesOptions& options);
+
+// "8", "4096", "64K", "256M", "1G" (K/M/G are powers of 1024; a trailing "B" or "iB" is
+// accepted) -> bytes.
+Result<size_t> parse_byte_size(std::string_view text);
+
+// nccl-tests' bus-bandwidth factor for `op` on `ranks` ranks (allreduce 2(P-1)/P, allgather and
+// reduce_scatter (P-1)/P, broadcast 1).
+double bus_bandwidth_factor(std::string_view op, int ranks);
+
+}  // namespace wl::app

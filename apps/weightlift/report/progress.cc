@@ -1,0 +1,77 @@
+#include "report/progress.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+
+namespace wl::app {
+
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  char buf[32];
+  const int64_t t = int64_t(s + 0.5);
+  if (t >= 3600) {
+    std::snprintf(buf, sizeof buf, "%ldh%02ldm", long(t / 3600), long(t % 3600 / 60));
+  } else if (t >= 60) {
+    std::snprintf(buf, sizeof buf, "%ldm%02lds", long(t / 60), long(t % 60));
+  } else {
+    std::snprintf(buf, sizeof buf, "%lds", long(t));
+  }
+  return buf;
+}
+
+std::string format_si(double v) {
+  char buf[32];
+  if (v >= 1e9) std::snprintf(buf, sizeof buf, "%.1fG", v / 1e9);
+  else if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.1fM", v / 1e6);
+  else if (v >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", v / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.1f", v);
+  return buf;
+}
+
+ProgressBar::ProgressBar(std::string label, int64_t total, std::string unit, double interval)
+    : label_(std::move(label)), unit_(std::move(unit)), total_(total),
+      tty_(isatty(STDERR_FILENO)), log_interval_s_(interval),
+      start_(std::chrono::steady_clock::now()), last_print_(start_) {}
+
+void ProgressBar::update(int64_t done, double rate, const std::string& rate_unit,
+                         const std::string& status) {
+  const auto now = std::chrono::steady_clock::now();
+  const double elapsed = std::chrono::duration<double>(now - start_).count();
+  const double since = std::chrono::duration<double>(now - last_print_).count();
+  const bool last = done >= total_;
+  if (!tty_ && printed_ && since < log_interval_s_ && !last) return;
+  if (tty_ && since < 0.1 && !last) return;
+  last_print_ = now;
+  printed_ = true;
+  const double frac = total_ > 0 ? double(done) / double(total_) : 1.0;
+  const double eta = done > 0 ? elapsed * (1.0 - frac) / frac : NAN;
+  constexpr int kWidth = 24;
+  std::string bar(size_t(kWidth), ' ');
+  for (int i = 0; i < int(frac * kWidth); ++i) bar[size_t(i)] = '#';
+  std::fprintf(stderr, "%s%s [%s] %ld/%ld %s  %s %s  %s  elapsed %s  ETA %s%s",
+               tty_ ? "\r\033[K" : "", label_.c_str(), bar.c_str(), long(done), long(total_),
+               unit_.c_str(), format_si(rate).c_str(), rate_unit.c_str(), status.c_str(),
+               format_duration(elapsed).c_str(), format_duration(eta).c_str(),
+               tty_ ? "" : "\n");
+  std::fflush(stderr);
+}
+
+void StageProgress::update(const std::string& stage, double fraction) {
+  using namespace std::chrono;
+  if (!isatty(STDERR_FILENO) || steady_clock::now() - start_ < seconds(2)) return;
+  std::fprintf(stderr, "\r%-40s %3d%%", stage.c_str(), int(fraction * 100));
+  shown_ = true;
+}
+
+void StageProgress::clear() {
+  if (shown_) std::fprintf(stderr, "\r%-45s\r", "");
+  shown_ = false;
+}
+
+void ProgressBar::finish() {
+  if (tty_ && printed_) std::fprintf(stderr, "\n");
+}
+
+}  // namespace wl::app

@@ -1,0 +1,106 @@
+#include "report/svg_plot.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "weightlift/core/file_io.h"
+
+namespace wl::app {
+namespace {
+
+std::string escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '<') o += "&lt;";
+    else if (c == '>') o += "&gt;";
+    else if (c == '&') o += "&amp;";
+    else o.push_back(c);
+  }
+  return o;
+}
+
+// Ticks at 1, 2 or 5 times a power of ten, about `n` of them.
+std::vector<double> nice_ticks(double lo, double hi, int n) {
+  std::vector<double> t;
+  if (!(hi > lo)) return {lo};
+  const double raw = (hi - lo) / n, p = std::pow(10.0, std::floor(std::log10(raw)));
+  const double step = raw / p < 2 ? 2 * p : raw / p < 5 ? 5 * p : 10 * p;
+  for (double v = std::ceil(lo / step) * step; v <= hi + 1e-9 * step; v += step) t.push_back(v);
+  return t;
+}
+
+std::string fmt(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+
+}  // namespace
+
+Status write_svg_plot(const std::string& path, const std::vector<Series>& series,
+                      const PlotOptions& o) {
+  double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
+  auto tx = [&](double x) { return o.log_x ? std::log10(x) : x; };
+  for (const Series& s : series) {
+    for (size_t i = 0; i < s.x.size(); ++i) {
+      if (!std::isfinite(s.y[i]) || (o.log_x && s.x[i] <= 0)) continue;
+      x0 = std::min(x0, tx(s.x[i])); x1 = std::max(x1, tx(s.x[i]));
+      y0 = std::min(y0, s.y[i]); y1 = std::max(y1, s.y[i]);
+    }
+  }
+  if (!std::isfinite(x0)) { x0 = 0; x1 = 1; y0 = 0; y1 = 1; }
+  if (x1 == x0) x1 = x0 + 1;
+  if (y1 == y0) y1 = y0 + 1;
+  const double pad = 0.05 * (y1 - y0);
+  y0 -= pad; y1 += pad;
+  const double L = 70, R = 20, T = 40, B = 55;
+  const double W = o.width - L - R, H = o.height - T - B;
+  auto px = [&](double x) { return L + (tx(x) - x0) / (x1 - x0) * W; };
+  auto py = [&](double y) { return T + (1 - (y - y0) / (y1 - y0)) * H; };
+
+  std::ostringstream s;
+  s << "<svg xmlns='http://www.w3.org/2000/svg' width='" << o.width << "' height='" << o.height
+    << "' font-family='sans-serif' font-size='12'>\n"
+    << "<rect width='100%' height='100%' fill='white'/>\n"
+    << "<text x='" << o.width / 2 << "' y='22' text-anchor='middle' font-size='15'>"
+    << escape(o.title) << "</text>\n";
+  for (double v : nice_ticks(y0, y1, 6)) {
+    s << "<line x1='" << L << "' x2='" << L + W << "' y1='" << py(v) << "' y2='" << py(v)
+      << "' stroke='#e5e5e5'/>\n<text x='" << L - 6 << "' y='" << py(v) + 4
+      << "' text-anchor='end'>" << fmt(v) << "</text>\n";
+  }
+  for (double v : nice_ticks(x0, x1, 8)) {
+    const double xv = o.log_x ? std::pow(10.0, v) : v;
+    const double X = L + (v - x0) / (x1 - x0) * W;
+    s << "<line x1='" << X << "' x2='" << X << "' y1='" << T << "' y2='" << T + H
+      << "' stroke='#eeeeee'/>\n<text x='" << X << "' y='" << T + H + 16
+      << "' text-anchor='middle'>" << fmt(xv) << "</text>\n";
+  }
+  s << "<rect x='" << L << "' y='" << T << "' width='" << W << "' height='" << H
+    << "' fill='none' stroke='#333'/>\n"
+    << "<text x='" << L + W / 2 << "' y='" << o.height - 12 << "' text-anchor='middle'>"
+    << escape(o.x_label) << "</text>\n"
+    << "<text transform='translate(16," << T + H / 2 << ") rotate(-90)' text-anchor='middle'>"
+    << escape(o.y_label) << "</text>\n";
+  int legend = 0;
+  for (const Series& se : series) {
+    s << "<polyline fill='none' stroke='" << se.color << "' stroke-width='1.6'"
+      << (se.dashed ? " stroke-dasharray='6,4'" : "") << " points='";
+    for (size_t i = 0; i < se.x.size(); ++i) {
+      if (!std::isfinite(se.y[i]) || (o.log_x && se.x[i] <= 0)) continue;
+      s << px(se.x[i]) << ',' << py(se.y[i]) << ' ';
+    }
+    s << "'/>\n";
+    const double ly = T + 16 + 16 * legend++;
+    s << "<line x1='" << L + W - 170 << "' x2='" << L + W - 150 << "' y1='" << ly - 4
+      << "' y2='" << ly - 4 << "' stroke='" << se.color << "' stroke-width='2'"
+      << (se.dashed ? " stroke-dasharray='6,4'" : "") << "/>\n<text x='" << L + W - 145
+      << "' y='" << ly << "'>" << escape(se.label) << "</text>\n";
+  }
+  s << "</svg>\n";
+  return write_file_atomically(path, s.str());
+}
+
+}  // namespace wl::app

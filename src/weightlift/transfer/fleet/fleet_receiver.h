@@ -1,0 +1,75 @@
+// FleetReceiver: an inference process's side of the fleet protocol (fleet/protocol.h). It owns the
+// process's worker and its Receiver (layout/receiver.h), announces itself, heals when it starts after
+// the fleet already holds weights (from a healthy peer of its shard, fleet/heal_from_peer.h, or failing that
+// from the servers' copy of the last version sent, fleet/heal_from_servers.h), and then follows the
+// parameter server's rounds: answering when a generation forms, connecting to it, and taking
+// part in the updates that name it.
+//
+//   auto r = FleetReceiver::create({.store = store, .id = 3, .receiver = {...}});
+//   while (running) {
+//     auto round = (*r)->serve_one(100ms);   // one round, or DeadlineExceeded if none came
+//     ... generate from (*r)->receiver().acquire() in other threads meanwhile ...
+//   }
+//
+// While it waits for the next round it keeps its worker progressing, so peers can heal from it
+// even over transports whose one-sided operations need the target's help (TCP).
+//
+// Threads: serve_one() and leave() from one thread; readers may acquire() from any.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "weightlift/comm/store.h"
+#include "weightlift/transfer/modes/p2p.h"
+#include "weightlift/transfer/fleet/protocol.h"
+#include "weightlift/transfer/fleet/heal_from_peer.h"
+#include "weightlift/transfer/layout/receiver.h"
+
+namespace wl::transfer {
+
+struct FleetReceiverOptions {
+  std::shared_ptr<comm::Store> store;
+  std::string prefix = "fleet";
+  int id = 0;                 // unique in the fleet; a restarted receiver keeps its id
+  ReceiverOptions receiver;   // what it holds (inference_layout)
+  std::chrono::milliseconds timeout{30000};  // connecting, planning, every wait of an update
+  bool heal = true;           // copy the current version from a peer or the servers at start
+  HealOptions heal_options;   // per peer tried
+};
+
+struct RoundOutcome {
+  uint64_t round = 0;
+  RoundRecord::Kind kind = RoundRecord::Kind::kUpdate;
+  bool took_part = false;  // form: answered; update: was a member
+  uint64_t version = 0;    // the receiver's version afterwards
+  UpdateReport report;     // update rounds it took part in
+};
+
+class FleetReceiver {
+ public:
+  static Result<std::unique_ptr<FleetReceiver>> create(const FleetReceiverOptions& options);
+  ~FleetReceiver();
+
+  Receiver& receiver();
+  uint64_t healed_version() const;  // the version healing adopted; 0 if it did not heal
+  std::string heal_log() const;     // which peers were tried and why they were skipped
+
+  // Handles the next round, waiting up to `wait` for it to be posted (DeadlineExceeded naming
+  // the round otherwise; call again). An update that fails returns its error; the receiver
+  // stays on its last complete version and follows the next generation.
+  Result<RoundOutcome> serve_one(std::chrono::milliseconds wait);
+
+  // Tells the servers this receiver leaves; later rounds do not name it.
+  Status leave();
+
+  struct Impl;
+
+ private:
+  explicit FleetReceiver(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace wl::transfer

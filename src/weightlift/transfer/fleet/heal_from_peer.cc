@@ -1,0 +1,136 @@
+// Healing from a peer: the record it advertises, and the seqlock-style copy of fleet/heal_from_peer.h.
+#include "weightlift/transfer/fleet/heal_from_peer.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "weightlift/comm/process_alive.h"
+#include "weightlift/transfer/fleet/detail/records.h"
+#include "weightlift/transfer/plan/metadata.h"
+
+namespace wl::transfer {
+namespace {
+
+using json = nlohmann::json;
+
+struct PeerStatus {
+  uint64_t published = 0;
+  uint64_t writing = 0;
+};
+
+}  // namespace
+
+std::string layout_fingerprint(const Receiver& r) {
+  const ReceiverOptions& o = r.options();
+  std::string f = "tp " + std::to_string(o.tp) + " rank " + std::to_string(o.tp_rank) + " " +
+                  std::string(weight_format_name(o.format)) + " slot " +
+                  std::to_string(r.slot_bytes());
+  for (const ReceiverEntry& e : r.entries()) {
+    f += ";" + e.spec.name + ":" + std::string(dtype_name(e.spec.dtype)) + "[";
+    for (int64_t d : e.spec.shape) f += std::to_string(d) + ",";
+    f += "]@" + std::to_string(e.offset);
+  }
+  return f;
+}
+
+PeerRecord peer_record(const Receiver& r, std::string name) {
+  PeerRecord p;
+  p.name = std::move(name);
+  p.epoch = r.epoch();
+  p.fingerprint = layout_fingerprint(r);
+  p.worker_address = r.worker_address();
+  p.rkey = r.packed_rkey();
+  p.slot_address[0] = r.slot_address(0);
+  p.slot_address[1] = r.slot_address(1);
+  p.slot_bytes = r.slot_bytes();
+  p.status_address = r.status_address();
+  const comm::ProcessId self = comm::this_process();
+  p.host = self.host;
+  p.pid = self.pid;
+  return p;
+}
+
+std::string peer_record_to_json(const PeerRecord& p) {
+  json j = new_fleet_record();
+  j["name"] = p.name;
+  j["epoch"] = p.epoch;
+  j["fingerprint"] = p.fingerprint;
+  j["worker_address"] = to_hex(p.worker_address);
+  j["rkey"] = to_hex(p.rkey);
+  j["slot_address"] = {p.slot_address[0], p.slot_address[1]};
+  j["slot_bytes"] = p.slot_bytes;
+  j["status_address"] = p.status_address;
+  j["host"] = p.host;
+  j["pid"] = p.pid;
+  return j.dump();
+}
+
+Result<PeerRecord> peer_record_from_json(std::string_view text, std::string_view where) {
+  return read_fleet_record<PeerRecord>(text, where, "fleet peer record", [](const json& j) {
+    PeerRecord p;
+    p.name = j.at("name").get<std::string>();
+    p.epoch = j.at("epoch").get<uint64_t>();
+    p.fingerprint = j.at("fingerprint").get<std::string>();
+    p.worker_address = hex_field(j, "worker_address");
+    p.rkey = hex_field(j, "rkey");
+    p.slot_address[0] = j.at("slot_address").at(0).get<uint64_t>();
+    p.slot_address[1] = j.at("slot_address").at(1).get<uint64_t>();
+    p.slot_bytes = j.at("slot_bytes").get<uint64_t>();
+    p.status_address = j.at("status_address").get<uint64_t>();
+    p.host = j.at("host").get<uint64_t>();
+    p.pid = j.at("pid").get<int64_t>();
+    return p;
+  });
+}
+
+Result<uint64_t> heal_from_peer(comm::Worker& worker, Receiver& receiver, const PeerRecord& peer,
+                                const HealOptions& options) {
+  const comm::Deadline deadline = comm::deadline_after(options.timeout);
+  const std::string who = "healing from " + peer.name;
+  if (peer.fingerprint != layout_fingerprint(receiver) || peer.slot_bytes != receiver.slot_bytes()) {
+    return failed_precondition(who + ": its weights are laid out differently (another TP rank, "
+                               "format or model); heal only from a receiver of the same shard");
+  }
+  if (!comm::process_may_be_alive({peer.host, peer.pid})) {
+    return unavailable(who + ": its process (pid " + std::to_string(peer.pid) +
+                       ") has exited");
+  }
+  WL_ASSIGN_OR_RETURN(int id, worker.connect(peer.worker_address, peer.name));
+  WL_ASSIGN_OR_RETURN(comm::RemoteKey rkey, worker.unpack_rkey(id, peer.rkey));
+
+  auto read_status = [&]() -> Result<PeerStatus> {
+    uint64_t words[2] = {0, 0};
+    comm::Request r = worker.get(id, words, sizeof words, peer.status_address, rkey);
+    WL_RETURN_IF_ERROR(worker.wait(r, deadline).with_context(who + ": reading its status"));
+    return PeerStatus{words[0], words[1]};
+  };
+
+  for (int attempt = 0; attempt < options.attempts; ++attempt) {
+    WL_ASSIGN_OR_RETURN(PeerStatus before, read_status());
+    if (before.published == 0) {
+      return failed_precondition(who + ": it holds no complete version yet");
+    }
+    const uint64_t v = before.published;
+    std::span<std::byte> into = receiver.slot_for_healing(v);
+    const uint64_t from = peer.slot_address[v % 2];
+    std::vector<comm::Request> gets;
+    for (size_t at = 0; at < into.size(); at += kHealGetChunk) {
+      const size_t n = std::min(kHealGetChunk, into.size() - at);
+      gets.push_back(worker.get(id, into.data() + at, n, from + at, rkey));
+    }
+    gets.push_back(worker.flush(id));
+    WL_RETURN_IF_ERROR(worker.wait_all(gets, deadline)
+                           .with_context(who + ": copying version " + std::to_string(v)));
+    WL_ASSIGN_OR_RETURN(PeerStatus after, read_status());
+    // Slot v % 2 is rewritten only by version v + 2; anything below that left it alone.
+    if (std::max(after.published, after.writing) < v + 2) {
+      receiver.adopt(v);
+      return v;
+    }
+  }
+  return aborted(who + ": the peer moved on by two versions during each of " +
+                 std::to_string(options.attempts) + " copies; heal between updates or raise "
+                 "attempts");
+}
+
+}  // namespace wl::transfer

@@ -1,0 +1,488 @@
+// ParameterServer: checkpoints by name, and the server side of the fleet protocol (fleet/protocol.h).
+#include "weightlift/transfer/fleet/parameter_server.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <set>
+#include <thread>
+
+#include "weightlift/comm/allreduce.h"
+#include "weightlift/comm/broadcast.h"
+#include "weightlift/comm/process_alive.h"
+#include "weightlift/core/safetensors.h"
+#include "weightlift/model/params.h"
+#include "weightlift/transfer/fleet/heal_from_servers.h"
+
+namespace wl::transfer {
+namespace {
+
+// One checkpoint on this server rank: its shards, in `memory` when UCX could allocate it
+// (fleet/heal_from_servers.h: [status | shards], readable by restarted receivers), else in the heap.
+struct HeldCheckpoint {
+  model::ModelConfig config;
+  std::shared_ptr<comm::MemoryRegion> memory;        // from the first worker's allocation
+  std::shared_ptr<comm::MemoryRegion> registration;  // with the current worker (may be `memory`)
+  std::unique_ptr<TrainerWeights> weights;           // borrows `memory` (declared after it)
+  uint64_t stamp = 0;                                // status word [1]
+
+  uint64_t* status() const { return static_cast<uint64_t*>(memory->data()); }
+};
+
+}  // namespace
+
+struct ParameterServer::Impl {
+  ParameterServerOptions options;
+  FleetKeys keys;
+  std::shared_ptr<comm::Worker> worker;       // for the process's whole life
+  std::shared_ptr<comm::Group> servers;       // the server ranks: full_tensor() gathers
+  std::map<std::string, HeldCheckpoint> checkpoints;
+
+  // The current generation: its group and, per checkpoint, its executor.
+  uint64_t generation = 0;
+  std::vector<FleetMember> members;
+  std::shared_ptr<comm::Group> group;
+  std::map<std::string, ModeRunner> runners;
+  bool broken = true;  // no generation yet, or its last update failed
+  // After a failed update every server rank replaces its worker and reconnects the servers'
+  // group: a transfer to a receiver that died may have made the worker unusable
+  // (transport.h), and the server ranks must stay in step, so all of them do it.
+  bool rebuild = false;
+  int incarnation = 0;
+
+  // Rank 0 only: the round counter and who has joined.
+  uint64_t round = 0;
+  int64_t joins_seen = 0;
+  std::map<int, uint64_t> joined;  // id -> epoch
+
+  Status read_joins();
+  Result<RoundRecord> decide(const std::string& name, std::span<const int> receivers,
+                             bool checksums);
+  Result<RoundRecord> post(RoundRecord r);
+  Result<RoundRecord> share(Result<RoundRecord> decided);
+  Status enter_generation(const RoundRecord& r);
+  Status connect_servers();
+  Status rebuild_worker();
+  Status publish_copy(const std::string& name, uint64_t version);
+};
+
+ParameterServer::ParameterServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ParameterServer::~ParameterServer() = default;
+
+Result<std::unique_ptr<ParameterServer>> ParameterServer::create(
+    const ParameterServerOptions& o) {
+  if (o.store == nullptr) return invalid_argument("parameter server: no store");
+  if (o.shard_dtype != DType::kF32 && o.shard_dtype != DType::kBF16) {
+    return invalid_argument("parameter server: checkpoints are held in f32 or bf16, not " +
+                            std::string(dtype_name(o.shard_dtype)));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = o;
+  impl->keys = {o.prefix};
+  WL_ASSIGN_OR_RETURN(std::unique_ptr<comm::Worker> worker,
+                      comm::Worker::create({.name = "server " + std::to_string(o.rank)}));
+  impl->worker = std::move(worker);
+  WL_RETURN_IF_ERROR(impl->connect_servers());
+  if (o.rank == 0) {
+    // Continue the fleet's numbering: receivers wait for the round after the last one posted.
+    WL_ASSIGN_OR_RETURN(int64_t posted, o.store->add(impl->keys.rounds(), 0));
+    impl->round = uint64_t(posted);
+  }
+  return std::unique_ptr<ParameterServer>(new ParameterServer(std::move(impl)));
+}
+
+Status ParameterServer::Impl::connect_servers() {
+  WL_ASSIGN_OR_RETURN(servers, comm::Group::connect(fleet_connect_options(
+                                   keys, keys.servers() + "/" + std::to_string(incarnation),
+                                   options.store, worker, options.rank, options.size,
+                                   options.timeout)));
+  return ok_status();
+}
+
+Status ParameterServer::Impl::rebuild_worker() {
+  runners.clear();
+  group.reset();
+  servers.reset();
+  ++incarnation;
+  WL_ASSIGN_OR_RETURN(std::unique_ptr<comm::Worker> fresh,
+                      comm::Worker::create({.name = "server " + std::to_string(options.rank)}));
+  worker = std::move(fresh);
+  WL_RETURN_IF_ERROR(connect_servers().with_context(
+      "parameter server rank " + std::to_string(options.rank) +
+      ": reconnecting the server ranks after a failed update"));
+  for (auto& [name, held] : checkpoints) {
+    held.weights->rebind_mesh(servers);
+    if (held.memory == nullptr) continue;
+    WL_ASSIGN_OR_RETURN(comm::MemoryRegion region,
+                        worker->register_memory(held.memory->data(), held.memory->size()));
+    held.registration = std::make_shared<comm::MemoryRegion>(std::move(region));
+  }
+  rebuild = false;
+  return ok_status();
+}
+
+Status ParameterServer::register_checkpoint(const std::string& name,
+                                            const model::ModelConfig& config,
+                                            std::span<const float> full) {
+  if (name.empty()) return invalid_argument("register_checkpoint: empty name");
+  if (impl_->checkpoints.count(name)) {
+    return invalid_argument("register_checkpoint: '" + name +
+                            "' is registered already; unregister it first");
+  }
+  WL_RETURN_IF_ERROR(config.validate("register_checkpoint '" + name + "'"));
+  const model::ParamLayout layout(config);
+  if (full.size() != size_t(layout.total())) {
+    return invalid_argument("register_checkpoint '" + name + "': " + std::to_string(full.size()) +
+                            " floats given, the config has " + std::to_string(layout.total()) +
+                            " parameters");
+  }
+  Impl& m = *impl_;
+  HeldCheckpoint held{.config = config};
+  const size_t shard_bytes = TrainerWeights::storage_bytes(
+      config, m.servers->size(), m.servers->rank(), m.options.shard_dtype);
+  // Without UCX-allocated memory the checkpoint still serves updates; restarted receivers
+  // then cannot heal from it (their gets would need this process to progress).
+  if (auto region = m.worker->allocate_memory(kServerCopyStatusBytes + shard_bytes);
+      region.ok()) {
+    held.memory = std::make_shared<comm::MemoryRegion>(std::move(*region));
+    held.registration = held.memory;
+  }
+  std::byte* storage =
+      held.memory ? static_cast<std::byte*>(held.memory->data()) + kServerCopyStatusBytes
+                  : nullptr;
+  held.weights = std::make_unique<TrainerWeights>(TrainerWeights::from_full(
+      config, full, m.servers, {.dtype = m.options.shard_dtype, .storage = storage}));
+  m.checkpoints.emplace(name, std::move(held));
+  return ok_status();
+}
+
+Status ParameterServer::refresh(const std::string& name, std::span<const float> full) {
+  auto it = impl_->checkpoints.find(name);
+  if (it == impl_->checkpoints.end()) return not_found("refresh: no checkpoint '" + name + "'");
+  HeldCheckpoint& held = it->second;
+  const int64_t total = model::ParamLayout(held.config).total();
+  if (int64_t(full.size()) != total) {
+    return invalid_argument("refresh '" + name + "': " + std::to_string(full.size()) +
+                            " floats given, the checkpoint has " + std::to_string(total) +
+                            " parameters");
+  }
+  // The seqlock of fleet/heal_from_servers.h: a healer that read the shards meanwhile sees [0] moved.
+  ++held.stamp;
+  if (held.memory) {
+    std::atomic_ref<uint64_t>(held.status()[0]).store(held.stamp, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
+  held.weights->assign_full(full);
+  if (held.memory) {
+    std::atomic_ref<uint64_t>(held.status()[1]).store(held.stamp, std::memory_order_release);
+  }
+  return ok_status();
+}
+
+Status ParameterServer::Impl::publish_copy(const std::string& name, uint64_t version) {
+  const HeldCheckpoint& held = checkpoints.at(name);
+  if (held.memory == nullptr) {
+    return unavailable("server rank " + std::to_string(servers->rank()) + ": UCX could not "
+                       "allocate shared memory for checkpoint '" + name + "', so it has no "
+                       "copy restarted receivers can read");
+  }
+  ServerCopyRecord r{.rank = servers->rank(),
+                     .servers = servers->size(),
+                     .checkpoint = name,
+                     .version = version,
+                     .stamp = held.stamp,
+                     .config = held.config,
+                     .dtype = options.shard_dtype,
+                     .worker_address = worker->address(),
+                     .rkey = held.registration->packed_rkey(),
+                     .region_address = held.registration->address(),
+                     .region_bytes = held.registration->size()};
+  const std::byte* base = static_cast<const std::byte*>(held.memory->data());
+  for (const ShardedTensor& t : held.weights->tensors()) {
+    const ShardRows rows = t.local_rows();
+    r.shards.push_back({t.name(), rows.begin, rows.end,
+                        uint64_t(static_cast<const std::byte*>(t.shard().raw()) - base)});
+  }
+  const comm::ProcessId self = comm::this_process();
+  r.host = self.host;
+  r.pid = self.pid;
+  return options.store->set(keys.copy(r.rank), comm::to_bytes(server_copy_to_json(r)))
+      .with_context("server rank " + std::to_string(r.rank) + ": publishing its copy of '" +
+                    name + "'");
+}
+
+Status ParameterServer::register_checkpoint(const std::string& name,
+                                            const model::ModelConfig& config,
+                                            const std::vector<std::string>& files) {
+  if (files.empty()) return invalid_argument("register_checkpoint '" + name + "': no files");
+  std::vector<SafetensorsFile> opened;
+  for (const std::string& f : files) {
+    WL_ASSIGN_OR_RETURN(SafetensorsFile s, SafetensorsFile::open(f));
+    opened.push_back(std::move(s));
+  }
+  std::vector<const SafetensorsFile*> views;
+  for (const SafetensorsFile& s : opened) views.push_back(&s);
+  WL_RETURN_IF_ERROR(config.validate("register_checkpoint '" + name + "'"));
+  const model::ParamLayout layout(config);
+  std::vector<float> full(size_t(layout.total()));
+  WL_RETURN_IF_ERROR(model::read_params(layout, views, full.data())
+                         .with_context("register_checkpoint '" + name + "'"));
+  return register_checkpoint(name, config, full);
+}
+
+Status ParameterServer::unregister_checkpoint(const std::string& name) {
+  Impl& m = *impl_;
+  if (!m.checkpoints.count(name)) {
+    return not_found("unregister_checkpoint: no checkpoint '" + name + "'");
+  }
+  // If the copy record points at this checkpoint, withdraw it before the memory goes.
+  auto b = m.options.store->get(m.keys.copy(m.servers->rank()), std::chrono::milliseconds(1));
+  if (b.ok()) {
+    auto r = server_copy_from_json(comm::to_string(*b), m.keys.copy(m.servers->rank()));
+    if (!r.ok() || r->checkpoint == name) {
+      ServerCopyRecord none{.rank = m.servers->rank(), .servers = m.servers->size()};
+      WL_RETURN_IF_ERROR(m.options.store->set(m.keys.copy(none.rank),
+                                              comm::to_bytes(server_copy_to_json(none))));
+    }
+  }
+  m.checkpoints.erase(name);
+  m.runners.erase(name);
+  return ok_status();
+}
+
+std::vector<std::string> ParameterServer::checkpoints() const {
+  std::vector<std::string> names;
+  for (const auto& [name, w] : impl_->checkpoints) names.push_back(name);
+  return names;
+}
+
+const TrainerWeights* ParameterServer::checkpoint(const std::string& name) const {
+  auto it = impl_->checkpoints.find(name);
+  return it == impl_->checkpoints.end() ? nullptr : it->second.weights.get();
+}
+
+void ParameterServer::serve_for(std::chrono::milliseconds duration) {
+  const comm::Deadline deadline = comm::deadline_after(duration);
+  do {
+    if (!impl_->worker->progress()) std::this_thread::yield();
+  } while (comm::Clock::now() < deadline);
+}
+
+uint64_t ParameterServer::generation() const { return impl_->generation; }
+const ParameterServerOptions& ParameterServer::options() const { return impl_->options; }
+
+Status ParameterServer::Impl::read_joins() {
+  WL_ASSIGN_OR_RETURN(int64_t total, options.store->add(keys.joins(), 0));
+  for (int64_t k = joins_seen + 1; k <= total; ++k) {
+    WL_ASSIGN_OR_RETURN(comm::Bytes b, options.store->get(keys.join(k), options.timeout));
+    WL_ASSIGN_OR_RETURN(JoinRecord j, join_from_json(comm::to_string(b), keys.join(k)));
+    if (j.leave) {
+      if (joined.count(j.id) && joined[j.id] == j.epoch) joined.erase(j.id);
+    } else {
+      joined[j.id] = j.epoch;
+    }
+    joins_seen = k;
+  }
+  return ok_status();
+}
+
+Result<RoundRecord> ParameterServer::Impl::post(RoundRecord r) {
+  r.round = ++round;
+  r.servers = options.size;
+  const std::string json = round_to_json(r);
+  WL_RETURN_IF_ERROR(options.store->set(keys.round(r.round), comm::to_bytes(json)));
+  WL_RETURN_IF_ERROR(options.store->add(keys.rounds(), 1).status());
+  return r;
+}
+
+// Rank 0: which receivers this update goes to, forming a generation first when needed.
+Result<RoundRecord> ParameterServer::Impl::decide(const std::string& name,
+                                                  std::span<const int> receivers,
+                                                  bool checksums) {
+  WL_RETURN_IF_ERROR(read_joins());
+  std::vector<FleetMember> wanted;
+  if (receivers.empty()) {
+    for (const auto& [id, epoch] : joined) wanted.push_back({id, epoch});
+  } else {
+    for (int id : receivers) {
+      auto it = joined.find(id);
+      if (it == joined.end()) {
+        return not_found("update '" + name + "': receiver " + std::to_string(id) +
+                         " has not joined the fleet (or has left it)");
+      }
+      wanted.push_back({id, it->second});
+    }
+  }
+  auto same = [](const std::vector<FleetMember>& a, const std::vector<FleetMember>& b) {
+    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](auto& x, auto& y) {
+             return x.id == y.id && x.epoch == y.epoch;
+           });
+  };
+  RoundRecord update{.kind = RoundRecord::Kind::kUpdate,
+                     .generation = generation,
+                     .members = members,
+                     .checkpoint = name,
+                     .mode = options.mode,
+                     .bucket_bytes = options.bucket_bytes,
+                     .checksums = checksums};
+  // A member whose connection has failed since the last update (UCX noticed it die) makes
+  // this generation unusable: form a new one now rather than fail the update first. Nothing
+  // progressed the worker since the last update, so let it take in what happened meanwhile.
+  for (int i = 0; i < 100 && worker->progress(); ++i) {
+  }
+  for (int rank = 0; group != nullptr && rank < group->size(); ++rank) {
+    if (rank != group->rank() && !group->worker().peer_status(group->worker_peer(rank)).ok()) {
+      broken = true;
+    }
+  }
+  // UCX notices a dead peer only when something moves to it or its keepalive fires, which
+  // can be after this update has failed on it. A member on this host whose process is gone
+  // (its peer record names the process) is known dead now.
+  for (const FleetMember& m : members) {
+    if (broken) break;
+    auto b = options.store->get(keys.peer(m.id), std::chrono::milliseconds(1));
+    if (!b.ok()) continue;
+    auto peer = peer_record_from_json(comm::to_string(*b), keys.peer(m.id));
+    if (peer.ok() && peer->epoch == m.epoch &&
+        !comm::process_may_be_alive({peer->host, peer->pid})) {
+      broken = true;
+    }
+  }
+  if (!broken && same(wanted, members)) return post(update);
+
+  // Form: ask the candidates, keep those that answer in time.
+  WL_ASSIGN_OR_RETURN(RoundRecord form, post({.kind = RoundRecord::Kind::kForm,
+                                              .generation = generation + 1,
+                                              .members = wanted}));
+  const comm::Deadline deadline = comm::deadline_after(options.join_timeout);
+  std::vector<std::pair<FleetMember, uint64_t>> answered;  // with the version each holds
+  uint64_t newest = 0;
+  for (const FleetMember& m : wanted) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - comm::Clock::now());
+    auto ack = options.store->get(keys.ack(form.round, m.id),
+                                  std::max(left, std::chrono::milliseconds(1)));
+    unsigned long long epoch = 0, version = 0;
+    if (ack.ok() && std::sscanf(comm::to_string(*ack).c_str(), "%llu %llu", &epoch, &version) == 2 &&
+        epoch == m.epoch) {
+      answered.emplace_back(m, version);
+      newest = std::max(newest, uint64_t(version));
+    } else {
+      update.dropped.push_back(m.id);
+      joined.erase(m.id);  // it announces itself again when it is back (fleet/fleet_receiver.h)
+    }
+  }
+  update.members.clear();
+  for (const auto& [m, version] : answered) {
+    if (version == newest || version == 0) {  // 0: fresh, it takes the next version
+      update.members.push_back(m);
+    } else {
+      update.dropped.push_back(m.id);
+      update.lagging.push_back(m.id);
+      joined.erase(m.id);
+    }
+  }
+  update.generation = generation + 1;
+  return post(update);
+}
+
+// Rank 0's decision (or its refusal) to every server rank.
+Result<RoundRecord> ParameterServer::Impl::share(Result<RoundRecord> decided) {
+  std::string body;
+  int64_t header[2] = {0, 0};  // status code, body length
+  if (servers->rank() == 0) {
+    body = decided.ok() ? round_to_json(*decided) : decided.status().message();
+    header[0] = decided.ok() ? 0 : int64_t(decided.status().code());
+    header[1] = int64_t(body.size());
+  }
+  WL_RETURN_IF_ERROR(comm::broadcast(*servers, {.buffer = header, .count = 2,
+                                                .dtype = DType::kI64}));
+  body.resize(size_t(header[1]));
+  WL_RETURN_IF_ERROR(comm::broadcast(*servers, {.buffer = body.data(), .count = body.size(),
+                                                .dtype = DType::kU8}));
+  if (header[0] != 0) return Status(StatusCode(header[0]), body);
+  return round_from_json(body, "round record from server rank 0");
+}
+
+Status ParameterServer::Impl::enter_generation(const RoundRecord& r) {
+  if (r.generation == generation && group != nullptr && !broken) return ok_status();
+  runners.clear();
+  group.reset();
+  generation = r.generation;
+  members = r.members;
+  broken = true;
+  WL_ASSIGN_OR_RETURN(group, comm::Group::connect(fleet_connect_options(
+                                 keys, keys.generation(r.generation), options.store, worker,
+                                 servers->rank(), r.servers + int(r.members.size()),
+                                 options.timeout)));
+  broken = false;
+  return ok_status();
+}
+
+Result<ServerUpdate> ParameterServer::update(const std::string& name,
+                                             std::span<const int> receivers,
+                                             const UpdateOptions& options) {
+  Impl& m = *impl_;
+  if (m.rebuild) WL_RETURN_IF_ERROR(m.rebuild_worker());
+  Result<RoundRecord> decided = not_found("update: no checkpoint '" + name + "'");
+  if (m.servers->rank() == 0 && m.checkpoints.count(name)) {
+    decided = m.decide(name, receivers, options.checksums);
+  }
+  WL_ASSIGN_OR_RETURN(RoundRecord r, m.share(std::move(decided)));
+  auto held = m.checkpoints.find(name);
+  TrainerWeights* weights = held == m.checkpoints.end() ? nullptr : held->second.weights.get();
+  if (weights == nullptr) {
+    return failed_precondition("update: server rank " + std::to_string(m.servers->rank()) +
+                               " does not hold checkpoint '" + name + "' that rank 0 holds");
+  }
+  if (r.members.empty()) {
+    m.broken = true;
+    return failed_precondition("update '" + name + "': no receiver answered (round " +
+                               std::to_string(r.round) + ")");
+  }
+  Status entered = m.enter_generation(r);
+  if (!entered.ok()) {
+    m.rebuild = true;
+    return entered.with_context("update '" + name + "': connecting generation " +
+                                std::to_string(r.generation));
+  }
+  auto it = m.runners.find(name);
+  if (it == m.runners.end()) {
+    Result<ModeRunner> made = make_mode_runner({.world = m.group,
+                                                .weights = weights,
+                                                .mode = r.mode,
+                                                .bucket_bytes = r.bucket_bytes,
+                                                .timeout = m.options.timeout});
+    if (!made.ok()) {
+      m.broken = m.rebuild = true;
+      return made.status().with_context("update '" + name + "': planning");
+    }
+    it = m.runners.emplace(name, *std::move(made)).first;
+  }
+  UpdateOptions u = options;
+  if (u.timeout.count() == 0) u.timeout = m.options.timeout;
+  Result<UpdateReport> report = it->second(u);
+  // The servers must agree on the outcome: a receiver that dies during the closing barrier
+  // can leave one server finished and another failed, and they must go on in step (the one
+  // that failed replaces its worker and reconnects the servers' group; so must the others).
+  int64_t failed = report.ok() ? 0 : int64_t(m.servers->rank()) + 1;
+  Status agreed = comm::allreduce(*m.servers, {.recv = &failed, .count = 1,
+                                               .dtype = DType::kI64, .op = comm::ReduceOp::kMax});
+  if (report.ok() && (!agreed.ok() || failed != 0)) {
+    report = agreed.ok() ? aborted("the update failed on server rank " +
+                                   std::to_string(failed - 1) + " (its error says why)")
+                         : agreed.with_context("agreeing on the update's outcome");
+  }
+  if (!report.ok()) {
+    m.broken = m.rebuild = true;
+    return report.status().with_context("update '" + name + "' (round " +
+                                        std::to_string(r.round) + ")");
+  }
+  return ServerUpdate{.report = *report,
+                      .round = r.round,
+                      .generation = r.generation,
+                      .members = r.members,
+                      .dropped = r.dropped,
+                      .copy_published = m.publish_copy(name, report->version)};
+}
+
+}  // namespace wl::transfer

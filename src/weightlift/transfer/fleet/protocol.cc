@@ -1,0 +1,111 @@
+// Fleet records as JSON (fleet/protocol.h; docs/formats.md, "Fleet records").
+#include "weightlift/transfer/fleet/protocol.h"
+
+#include "weightlift/transfer/modes/broadcast.h"
+#include "weightlift/transfer/plan/plan_transfer.h"
+#include "weightlift/transfer/fleet/detail/records.h"
+#include "weightlift/transfer/plan/metadata.h"
+
+namespace wl::transfer {
+
+using json = nlohmann::json;
+
+std::string_view transfer_mode_name(TransferMode m) {
+  return m == TransferMode::kP2P ? "p2p" : "broadcast";
+}
+
+std::string round_to_json(const RoundRecord& r) {
+  json j = new_fleet_record();
+  j["kind"] = r.kind == RoundRecord::Kind::kForm ? "form" : "update";
+  j["round"] = r.round;
+  j["generation"] = r.generation;
+  j["servers"] = r.servers;
+  json members = json::array();
+  for (const FleetMember& m : r.members) members.push_back({{"id", m.id}, {"epoch", m.epoch}});
+  j["members"] = members;
+  j["lagging"] = r.lagging;
+  j["dropped"] = r.dropped;
+  j["checkpoint"] = r.checkpoint;
+  j["mode"] = transfer_mode_name(r.mode);
+  j["bucket_bytes"] = r.bucket_bytes;
+  j["checksums"] = r.checksums;
+  return j.dump();
+}
+
+Result<RoundRecord> round_from_json(std::string_view text, std::string_view where) {
+  return read_fleet_record<RoundRecord>(text, where, "fleet round record", [](const json& j) {
+    RoundRecord r;
+    const std::string kind = j.at("kind").get<std::string>();
+    if (kind != "form" && kind != "update") throw std::runtime_error("unknown kind " + kind);
+    r.kind = kind == "form" ? RoundRecord::Kind::kForm : RoundRecord::Kind::kUpdate;
+    r.round = j.at("round").get<uint64_t>();
+    r.generation = j.at("generation").get<uint64_t>();
+    r.servers = j.at("servers").get<int>();
+    for (const json& m : j.at("members")) {
+      r.members.push_back({m.at("id").get<int>(), m.at("epoch").get<uint64_t>()});
+    }
+    r.lagging = j.at("lagging").get<std::vector<int>>();
+    r.dropped = j.at("dropped").get<std::vector<int>>();
+    r.checkpoint = j.at("checkpoint").get<std::string>();
+    const std::string mode = j.at("mode").get<std::string>();
+    if (mode != "p2p" && mode != "broadcast") throw std::runtime_error("unknown mode " + mode);
+    r.mode = mode == "p2p" ? TransferMode::kP2P : TransferMode::kBroadcast;
+    r.bucket_bytes = j.at("bucket_bytes").get<int64_t>();
+    r.checksums = j.at("checksums").get<bool>();
+    return r;
+  });
+}
+
+std::string join_to_json(const JoinRecord& r) {
+  json j = new_fleet_record();
+  j["id"] = r.id;
+  j["epoch"] = r.epoch;
+  j["leave"] = r.leave;
+  return j.dump();
+}
+
+Result<JoinRecord> join_from_json(std::string_view text, std::string_view where) {
+  return read_fleet_record<JoinRecord>(text, where, "fleet join record", [](const json& j) {
+    return JoinRecord{j.at("id").get<int>(), j.at("epoch").get<uint64_t>(),
+                      j.at("leave").get<bool>()};
+  });
+}
+
+Result<ModeRunner> make_mode_runner(const ModeRunnerOptions& o) {
+  const int rank = o.world->rank();
+  const RankMeta mine = o.weights != nullptr ? describe_trainer(rank, *o.weights)
+                                             : describe_receiver(rank, *o.receiver);
+  WL_ASSIGN_OR_RETURN(Plan plan, plan_transfer(*o.world, mine, {.timeout = o.timeout}));
+  if (o.mode == TransferMode::kP2P) {
+    std::shared_ptr<Executor> ex;
+    if (o.weights != nullptr) {
+      WL_ASSIGN_OR_RETURN(ex, Executor::for_trainer(o.world, std::move(plan), *o.weights));
+    } else {
+      WL_ASSIGN_OR_RETURN(ex, Executor::for_receiver(o.world, std::move(plan), *o.receiver));
+    }
+    return ModeRunner([ex](const UpdateOptions& u) { return ex->update(u); });
+  }
+  const BroadcastModeOptions b{.bucket_bytes = size_t(o.bucket_bytes)};
+  std::shared_ptr<BroadcastExecutor> ex;
+  if (o.weights != nullptr) {
+    WL_ASSIGN_OR_RETURN(ex, BroadcastExecutor::for_trainer(o.world, std::move(plan), *o.weights, b));
+  } else {
+    WL_ASSIGN_OR_RETURN(ex, BroadcastExecutor::for_receiver(o.world, std::move(plan), *o.receiver, b));
+  }
+  return ModeRunner([ex](const UpdateOptions& u) { return ex->update(u); });
+}
+
+comm::ConnectOptions fleet_connect_options(const FleetKeys& keys, std::string group_prefix,
+                                           std::shared_ptr<comm::Store> store,
+                                           std::shared_ptr<comm::Worker> worker, int rank,
+                                           int size, std::chrono::milliseconds timeout) {
+  return {.store = std::move(store),
+          .rank = rank,
+          .size = size,
+          .timeout = timeout,
+          .prefix = std::move(group_prefix),
+          .shared_worker = std::move(worker),
+          .ids_key = keys.group_ids()};
+}
+
+}  // namespace wl::transfer

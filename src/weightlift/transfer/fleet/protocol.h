@@ -1,0 +1,125 @@
+// The fleet: parameter-server ranks and receivers that come and go, coordinated through the
+// rendezvous store. The parameter server (fleet/parameter_server.h) drives; receivers
+// (fleet/fleet_receiver.h) follow. This file is the protocol both sides speak.
+//
+// Rounds. The parameter server's rank 0 numbers its rounds 1, 2, ... and posts each as a
+// record under "<prefix>/round/<n>" (then bumps the counter "<prefix>/rounds"). Two kinds:
+//   form    a new generation g of the fleet: the candidate receivers. Each candidate that is
+//           alive answers under "<prefix>/round/<n>/ack/<id>" with "<epoch> <version>"; whoever
+//           has not answered within the join timeout is left out (a dead or frozen receiver
+//           costs one join timeout, once), and so is whoever holds an older version than the
+//           newest among the answers: every member of a generation holds the same version, as
+//           the executors require (a receiver that missed updates restarts and heals). A fresh
+//           receiver (version 0: it started and could heal neither from a peer of its shard
+//           nor from the servers' copy) is let in; the next update brings it the whole of the
+//           next version, from the servers. Then every member connects the group
+//           "<prefix>/gen/<g>": parameter-server ranks first, then the members in the listed
+//           order, all on the worker they keep for their whole life (so receiver memory stays
+//           registered).
+//   update  generation g moves checkpoint `checkpoint` in `mode` to its members. A checkpoint
+//           the generation has not moved before is planned first (plan_transfer: metadata
+//           gathered once per generation and checkpoint), then the executor runs.
+// A new generation is formed when receivers joined or left since the last one, when the
+// caller asks for another set of receivers, or after a failed round (a failed round breaks
+// its group: transport.h). Receivers a round does not name skip it.
+//
+// Joining and leaving. A receiver announces itself by appending a record {id, epoch, leave}
+// under "<prefix>/join/<k>" (k from the counter "<prefix>/joins"); a restarted receiver
+// announces again with its new epoch. Healthy receivers also leave a PeerRecord under
+// "<prefix>/peer/<id>" so that restarted ones can heal from them (fleet/heal_from_peer.h); server ranks leave a
+// ServerCopyRecord under "<prefix>/copy/<rank>" for those with no such peer (fleet/heal_from_servers.h).
+//
+// Every record is JSON with a format_version; docs/formats.md, "Fleet records".
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "weightlift/comm/group.h"
+#include "weightlift/core/status.h"
+#include "weightlift/transfer/modes/p2p.h"
+
+namespace wl::transfer {
+
+enum class TransferMode : uint8_t { kP2P, kBroadcast };
+std::string_view transfer_mode_name(TransferMode m);  // "p2p", "broadcast"
+
+struct FleetMember {
+  int id = 0;          // the receiver's id, chosen by whoever starts it; unique in the fleet
+  uint64_t epoch = 0;  // Receiver::epoch(): a new one every start
+};
+
+struct RoundRecord {
+  enum class Kind : uint8_t { kForm, kUpdate };
+  Kind kind = Kind::kUpdate;
+  uint64_t round = 0;
+  uint64_t generation = 0;
+  int servers = 0;                   // parameter-server ranks: ranks 0 .. servers-1
+  std::vector<FleetMember> members;  // form: the candidates; update: the group, in rank order
+  // update rounds that formed a generation: candidates left out because they hold an older
+  // version than the others (they missed updates); they must restart to heal from a peer.
+  std::vector<int> lagging;
+  std::vector<int> dropped;  // every candidate left out: lagging, or silent past the timeout
+  std::string checkpoint;            // update only
+  TransferMode mode = TransferMode::kP2P;
+  int64_t bucket_bytes = 0;          // broadcast mode's bucket size
+  bool checksums = false;            // p2p's per-task checksums (every rank must agree)
+};
+
+struct JoinRecord {
+  int id = 0;
+  uint64_t epoch = 0;
+  bool leave = false;
+};
+
+std::string round_to_json(const RoundRecord& r);
+Result<RoundRecord> round_from_json(std::string_view json, std::string_view where);
+std::string join_to_json(const JoinRecord& j);
+Result<JoinRecord> join_from_json(std::string_view json, std::string_view where);
+
+// The store keys of the top comment.
+struct FleetKeys {
+  std::string prefix;
+  std::string rounds() const { return prefix + "/rounds"; }
+  std::string round(uint64_t n) const { return prefix + "/round/" + std::to_string(n); }
+  std::string ack(uint64_t n, int id) const {
+    return round(n) + "/ack/" + std::to_string(id);
+  }
+  std::string joins() const { return prefix + "/joins"; }
+  std::string join(int64_t k) const { return prefix + "/join/" + std::to_string(k); }
+  std::string peer(int id) const { return prefix + "/peer/" + std::to_string(id); }
+  std::string generation(uint64_t g) const { return prefix + "/gen/" + std::to_string(g); }
+  std::string servers() const { return prefix + "/servers"; }  // the servers' own group
+  std::string copy(int server_rank) const {  // fleet/heal_from_servers.h
+    return prefix + "/copy/" + std::to_string(server_rank);
+  }
+  std::string group_ids() const { return prefix + "/group_ids"; }
+};
+
+
+// One checkpoint's executor in one generation, whichever the mode. Collective over `world`
+// (it plans: metadata gathered once). Exactly one of `weights` (server ranks) and
+// `receiver` is set.
+using ModeRunner = std::function<Result<UpdateReport>(const UpdateOptions&)>;
+struct ModeRunnerOptions {
+  std::shared_ptr<comm::Group> world;
+  TrainerWeights* weights = nullptr;
+  Receiver* receiver = nullptr;
+  TransferMode mode = TransferMode::kP2P;
+  int64_t bucket_bytes = 0;
+  std::chrono::milliseconds timeout{0};
+};
+Result<ModeRunner> make_mode_runner(const ModeRunnerOptions& options);
+
+// The same store connection options for every group of the fleet: one worker for the
+// process's whole life, group ids from one counter.
+comm::ConnectOptions fleet_connect_options(const FleetKeys& keys, std::string group_prefix,
+                                           std::shared_ptr<comm::Store> store,
+                                           std::shared_ptr<comm::Worker> worker, int rank,
+                                           int size, std::chrono::milliseconds timeout);
+
+}  // namespace wl::transfer

@@ -1,0 +1,104 @@
+// Builds the receiver tensor list of layout/inference_layout.h from a model config.
+#include "weightlift/transfer/layout/inference_layout.h"
+
+namespace wl::transfer {
+
+std::string_view weight_format_name(WeightFormat f) {
+  return f == WeightFormat::kFP8 ? "fp8" : "bf16";
+}
+
+std::optional<WeightFormat> weight_format_from_name(std::string_view name) {
+  if (name == "bf16") return WeightFormat::kBF16;
+  if (name == "fp8") return WeightFormat::kFP8;
+  return std::nullopt;
+}
+
+void add_receiver_matrix(std::vector<ReceiverTensor>& out, WeightFormat format,
+                         const std::string& name, int64_t rows, int64_t cols,
+                         std::vector<SourceSlice> sources, bool expert) {
+  const bool fp8 = format == WeightFormat::kFP8;
+  ReceiverTensor t{.name = name, .dtype = fp8 ? DType::kF8E4M3 : DType::kBF16,
+                   .shape = {rows, cols}, .rows = rows, .cols = cols, .expert = expert,
+                   .sources = std::move(sources)};
+  if (!fp8) {
+    out.push_back(std::move(t));
+    return;
+  }
+  t.scale = name + ".scale";
+  const int64_t br = (rows + kFp8BlockSize - 1) / kFp8BlockSize;
+  const int64_t bc = (cols + kFp8BlockSize - 1) / kFp8BlockSize;
+  ReceiverTensor s{.name = t.scale, .dtype = DType::kF32, .shape = {br, bc}, .rows = br,
+                   .cols = bc, .expert = expert, .scale_of = name};
+  out.push_back(std::move(t));
+  out.push_back(std::move(s));
+}
+
+Result<std::vector<ReceiverTensor>> inference_layout(const model::ModelConfig& c,
+                                                     const LayoutOptions& o) {
+  const int64_t tp = o.tp;
+  const std::string where = "inference layout at tp " + std::to_string(tp);
+  if (tp < 1) return invalid_argument(where + ": the TP degree must be at least 1");
+  if (o.tp_rank < 0 || o.tp_rank >= tp) {
+    return invalid_argument(where + ": tp_rank " + std::to_string(o.tp_rank) + " out of range");
+  }
+  if (c.num_heads % tp != 0) {
+    return invalid_argument(where + ": tp " + std::to_string(tp) + " does not divide num_heads " +
+                            std::to_string(c.num_heads));
+  }
+  if (c.num_kv_heads >= tp ? c.num_kv_heads % tp != 0 : tp % c.num_kv_heads != 0) {
+    return invalid_argument(where + ": num_kv_heads " + std::to_string(c.num_kv_heads) +
+                            " is neither a multiple nor a divisor of tp " + std::to_string(tp));
+  }
+  if (c.ffn_dim % tp != 0) {
+    return invalid_argument(where + ": tp " + std::to_string(tp) + " does not divide ffn_dim " +
+                            std::to_string(c.ffn_dim));
+  }
+  const int64_t r = o.tp_rank, d = c.hidden_size, dh = c.head_dim;
+  const int64_t q_rows = c.num_heads / tp * dh, q0 = r * q_rows;
+  const int64_t kv_rows = (c.num_kv_heads >= tp ? c.num_kv_heads / tp : 1) * dh;
+  const int64_t kv0 = c.num_kv_heads >= tp ? r * kv_rows : r / (tp / c.num_kv_heads) * dh;
+  const int64_t f_rows = c.ffn_dim / tp, f0 = r * f_rows;
+
+  std::vector<ReceiverTensor> out;
+  // Replicated, bf16 in both formats.
+  auto plain = [&](const std::string& name, Shape shape) {
+    ReceiverTensor t{.name = name, .dtype = DType::kBF16, .shape = shape};
+    t.rows = shape[0];
+    t.cols = shape.size() == 2 ? shape[1] : 1;
+    t.sources.push_back({name, 0, t.rows, 0, t.cols, 0});
+    out.push_back(std::move(t));
+  };
+  auto matrix = [&](const std::string& name, int64_t rows, int64_t cols,
+                    std::vector<SourceSlice> sources, bool expert) {
+    add_receiver_matrix(out, o.format, name, rows, cols, std::move(sources), expert);
+  };
+
+  plain("embed.weight", {c.vocab_size, d});
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    plain(p + "attn_norm.weight", {d});
+    matrix(p + "attn.qkv_proj.weight", q_rows + 2 * kv_rows, d,
+           {{p + "attn.q_proj.weight", q0, q0 + q_rows, 0, d, 0},
+            {p + "attn.k_proj.weight", kv0, kv0 + kv_rows, 0, d, q_rows},
+            {p + "attn.v_proj.weight", kv0, kv0 + kv_rows, 0, d, q_rows + kv_rows}},
+           false);
+    matrix(p + "attn.o_proj.weight", d, q_rows,
+           {{p + "attn.o_proj.weight", 0, d, q0, q0 + q_rows, 0}}, false);
+    plain(p + "moe_norm.weight", {d});
+    plain(p + "moe.router.weight", {c.num_experts, d});
+    for (int64_t e = 0; e < c.num_experts; ++e) {
+      const std::string q = p + "moe.experts." + std::to_string(e) + ".";
+      matrix(q + "gate_up_proj.weight", 2 * f_rows, d,
+             {{q + "gate_proj.weight", f0, f0 + f_rows, 0, d, 0},
+              {q + "up_proj.weight", f0, f0 + f_rows, 0, d, f_rows}},
+             true);
+      matrix(q + "down_proj.weight", d, f_rows,
+             {{q + "down_proj.weight", 0, d, f0, f0 + f_rows, 0}}, true);
+    }
+  }
+  plain("norm.weight", {d});
+  if (!c.tie_embeddings) plain("lm_head.weight", {c.vocab_size, d});
+  return out;
+}
+
+}  // namespace wl::transfer

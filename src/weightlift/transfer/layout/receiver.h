@@ -1,0 +1,160 @@
+// Receiver: an inference process's weights in the inference layout, exposed for one-sided
+// writes with one registration call, double-buffered so that readers never see a torn model.
+//
+// Why double buffering rather than pause/resume: the engine keeps generating from version v
+// while version v+1 is written into the other buffer, and switching is one pointer flip; a
+// pause/resume would stall generation for the whole write. The price is twice the weight
+// memory, which an RL rollout engine can usually spare (and a pause-based receiver could be
+// added as a mode later without changing the executor).
+//
+// Memory: both slots live in one allocation, [slot 0 | slot 1 | status], registered once. Each
+// slot holds every tensor at a fixed offset (64-byte aligned, in the order given). Version v
+// lives in slot v % 2; version 0 is the initial all-zero slot 0. The status block (64 bytes)
+// holds two u64 words a peer may read with a one-sided get, without this process's help:
+//     [0] the published version      [1] the version being written (0: none)
+// which is all a restarted peer needs to copy a consistent version out of this receiver
+// (fleet/heal_from_peer.h): version v's slot is rewritten only once [1] reaches v + 2.
+//
+// Readers (any thread) acquire() a ReadGuard pinning the active slot; the update (the rank's
+// own thread, through the executor) waits for the other slot's readers to leave before it
+// lets anyone write there, and publishes the new version only after every byte of it has
+// arrived and been verified. So a guard sees exactly one version, for as long as it lives.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "weightlift/comm/transport.h"
+#include "weightlift/transfer/layout/inference_layout.h"
+
+namespace wl::transfer {
+
+struct ReceiverTensorSpec {
+  std::string name;
+  DType dtype = DType::kBF16;
+  Shape shape;
+};
+
+std::vector<ReceiverTensorSpec> tensor_specs(const std::vector<ReceiverTensor>& layout);
+
+// Where a tensor sits in a slot.
+struct ReceiverEntry {
+  ReceiverTensorSpec spec;
+  size_t offset = 0;  // bytes from the slot's start, 64-byte aligned
+  size_t bytes = 0;
+};
+
+// The slot layout for `specs`: entries in order and the slot's size in bytes.
+std::vector<ReceiverEntry> pack_receiver_tensors(const std::vector<ReceiverTensorSpec>& specs,
+                                                 size_t* slot_bytes);
+
+struct ReceiverOptions {
+  std::vector<ReceiverTensorSpec> tensors;  // what this engine holds (inference_layout)
+  int engine = 0;  // which inference engine (a group of tp ranks) this rank belongs to
+  int tp = 1;
+  int tp_rank = 0;
+  WeightFormat format = WeightFormat::kBF16;
+};
+
+class Receiver {
+ public:
+  // Allocates and registers both slots with `worker`, which must outlive the receiver (its
+  // UCX context lives on with the memory in any case).
+  static Result<std::unique_ptr<Receiver>> create(comm::Worker& worker, ReceiverOptions options);
+  ~Receiver();
+  Receiver(const Receiver&) = delete;
+  Receiver& operator=(const Receiver&) = delete;
+
+  class ReadGuard {
+   public:
+    ReadGuard(ReadGuard&& other) noexcept;
+    ReadGuard& operator=(ReadGuard&&) = delete;
+    ~ReadGuard();
+    uint64_t version() const { return version_; }
+    // A borrowed view valid while the guard lives. REQUIRES: a name this receiver holds.
+    Tensor tensor(std::string_view name) const;
+
+   private:
+    friend class Receiver;
+    ReadGuard(const Receiver* r, int slot, uint64_t version)
+        : receiver_(r), slot_(slot), version_(version) {}
+    const Receiver* receiver_;
+    int slot_;
+    uint64_t version_;
+  };
+  ReadGuard acquire() const;
+
+  uint64_t version() const;  // the last complete version (0: nothing received yet)
+  // Changes every time a receiver is created; a plan made for another epoch is stale.
+  uint64_t epoch() const { return epoch_; }
+  const ReceiverOptions& options() const { return options_; }
+  const std::vector<ReceiverEntry>& entries() const { return entries_; }
+  const ReceiverEntry* find(std::string_view name) const;
+  size_t slot_bytes() const { return slot_bytes_; }
+  uint64_t slot_address(int slot) const;
+  const std::vector<std::byte>& packed_rkey() const;
+  const std::vector<std::byte>& worker_address() const { return worker_address_; }
+
+  // ---- for the executor, from the rank's own thread -------------------------------------
+  // Waits until no reader holds `slot`; then the slot may be written. `slot` must not be the
+  // active one, except on a fresh receiver (version 0, nothing received), which then hands
+  // its readers the other slot: both hold nothing. DeadlineExceeded if a reader holds on past
+  // `deadline`.
+  Status begin_write(int slot, comm::Deadline deadline);
+  // Registers the same memory with another worker (the old one became unusable, transport.h):
+  // a new rkey and worker address, the same epoch, slots and readers. REQUIRES: no update
+  // running; `worker` outlives the receiver.
+  Status attach(comm::Worker& worker);
+  // Makes `version` (in `slot`) the one new readers get.
+  void publish(int slot, uint64_t version);
+  // The bytes of a slot (for verification, and for tests that corrupt or inspect it).
+  std::span<std::byte> slot(int slot) const;
+
+  // Where the status block of the top comment lives in the registered region.
+  uint64_t status_address() const;
+
+  // ---- healing (fleet/heal_from_peer.h), before the receiver serves any reader ---------------------------
+  // A receiver that has just started fills version `version`'s slot by itself (copying it
+  // from a healthy peer) and then adopts it. REQUIRES: version() == 0, version > 0, no reader
+  // has acquired anything yet, and no update is running.
+  std::span<std::byte> slot_for_healing(uint64_t version);
+  void adopt(uint64_t version);
+
+ private:
+  Receiver() = default;
+  void release(int slot) const;
+
+  ReceiverOptions options_;
+  std::vector<ReceiverEntry> entries_;
+  std::unordered_map<std::string, size_t> index_;
+  size_t slot_bytes_ = 0;
+  // [slot 0 | slot 1 | status]. UCX allocates it (allocate_memory) so that on one host a
+  // trainer can map the slots and store into them directly, one copy per byte, instead of
+  // puts that UCX 1.13 moves through a bounce buffer when peer error handling is on
+  // (modes/p2p.h); where UCX cannot, we allocate and register it ourselves (`malloced_`).
+  std::byte* memory_ = nullptr;
+  bool malloced_ = false;
+  std::shared_ptr<comm::MemoryRegion> allocation_;  // owns memory_ unless malloced_
+  std::shared_ptr<comm::MemoryRegion> region_;      // the current registration
+  std::vector<std::byte> worker_address_;
+  uint64_t epoch_ = 0;
+
+  mutable std::mutex mu_;
+  mutable std::condition_variable released_;
+  int active_ = 0;               // guarded by mu_
+  uint64_t version_ = 0;         // guarded by mu_
+  mutable int readers_[2] = {0, 0};  // guarded by mu_
+  mutable bool read_ = false;        // guarded by mu_: some reader acquired a slot
+  void set_status(uint64_t published, uint64_t writing);  // REQUIRES: mu_ held
+};
+
+}  // namespace wl::transfer

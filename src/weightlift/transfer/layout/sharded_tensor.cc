@@ -1,0 +1,96 @@
+// ShardedTensor: torch.chunk row ranges, offload copies and full_tensor() by allgatherv.
+#include "weightlift/transfer/layout/sharded_tensor.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "weightlift/comm/allgather.h"
+
+namespace wl::transfer {
+
+ShardRows shard_rows(int64_t rows, int mesh_size, int mesh_rank) {
+  WL_CHECK(mesh_size >= 1 && mesh_rank >= 0 && mesh_rank < mesh_size)
+      << "rank " << mesh_rank << " of " << mesh_size;
+  const int64_t chunk = (rows + mesh_size - 1) / mesh_size;
+  const int64_t b = std::min(rows, chunk * mesh_rank), e = std::min(rows, chunk * (mesh_rank + 1));
+  return {b, e};
+}
+
+int64_t ShardedTensor::row_elems() const {
+  int64_t n = 1;
+  for (size_t i = 1; i < options_.shape.size(); ++i) n *= options_.shape[i];
+  return n;
+}
+
+ShardedTensor ShardedTensor::from_full(const ShardedTensorOptions& options, const float* full,
+                                       std::shared_ptr<comm::Group> mesh) {
+  WL_CHECK(!options.shape.empty()) << options.name << ": a sharded tensor is at least 1-D";
+  WL_CHECK(options.dtype == DType::kF32 || options.dtype == DType::kBF16)
+      << options.name << ": " << dtype_name(options.dtype);
+  ShardedTensor t;
+  t.options_ = options;
+  t.mesh_ = std::move(mesh);
+  Shape local = options.shape;
+  local[0] = t.local_rows().size();
+  t.working_ = options.storage != nullptr ? Tensor::borrow(options.storage, options.dtype, local)
+                                           : Tensor::empty(options.dtype, local);
+  t.assign_full(full);
+  return t;
+}
+
+void ShardedTensor::assign_full(const float* full) {
+  const ShardRows r = local_rows();
+  const Tensor& dst = shard();
+  convert_from_f32(full + r.begin * row_elems(), options_.dtype, dst.raw(),
+                   size_t(r.size() * row_elems()));
+}
+
+void ShardedTensor::offload() {
+  if (offloaded_) return;
+  if (!offload_.defined() || offload_.numel() != working_.numel() || offload_.raw() == nullptr) {
+    offload_ = Tensor::empty(working_.dtype(), working_.shape());
+  }
+  offload_.copy_from(working_);
+  working_ = Tensor();
+  offloaded_ = true;
+}
+
+void ShardedTensor::reload() {
+  if (!offloaded_) return;
+  working_ = offload_.clone();
+  offloaded_ = false;
+}
+
+Status ShardedTensor::full_tensor_into(void* dst, std::chrono::milliseconds timeout) const {
+  const ShardRows mine = local_rows();
+  if (mesh_size() == 1) {
+    if (mine.size() > 0) std::memcpy(dst, shard().raw(), shard().nbytes());
+    return ok_status();
+  }
+  std::vector<size_t> counts;
+  for (int r = 0; r < mesh_size(); ++r) {
+    counts.push_back(size_t(shard_rows(rows(), mesh_size(), r).size() * row_elems()));
+  }
+  Status s = comm::allgatherv(*mesh_, {.send = shard().raw(),
+                                       .recv = dst,
+                                       .counts = counts,
+                                       .dtype = dtype(),
+                                       .timeout = timeout});
+  if (!s.ok()) return s.with_context("full_tensor of " + name());
+  return ok_status();
+}
+
+Result<Tensor> ShardedTensor::full_tensor(std::chrono::milliseconds timeout) const {
+  Tensor full = Tensor::empty(dtype(), shape());
+  WL_RETURN_IF_ERROR(full_tensor_into(full.raw(), timeout));
+  return full;
+}
+
+void ShardedTensor::rebind_mesh(std::shared_ptr<comm::Group> mesh) {
+  WL_CHECK_EQ(mesh ? mesh->size() : 1, mesh_size()) << "rebinding to a mesh of another size";
+  WL_CHECK_EQ(mesh ? mesh->rank() : 0, mesh_rank()) << "rebinding to another mesh rank";
+  mesh_ = std::move(mesh);
+}
+
+}  // namespace wl::transfer

@@ -1,0 +1,85 @@
+// ShardedTensor: one parameter held as dim-0 shards over a mesh of trainer ranks, as FSDP
+// does, with full_tensor() to rebuild the whole of it on every rank of the mesh.
+//
+// Sharding follows torch.chunk (and FSDP2): each rank gets ceil(rows / mesh_size) rows, the
+// last ranks fewer or none. A 1-D tensor [n] is n rows of one element. Each rank holds its
+// rows in bf16 or f32, either in its working buffer or, after offload(), only in a separate
+// host buffer (what FSDP's CPU offload does on a GPU machine; here both are host memory, but
+// the copy between them is the same stage seed 000 pipelines).
+//
+// full_tensor() is an allgatherv over the mesh (comm/allgather.h): every rank moves
+// (mesh_size - 1) / mesh_size of the tensor and ends with all of it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "weightlift/comm/group.h"
+#include "weightlift/core/status.h"
+#include "weightlift/core/tensor.h"
+
+namespace wl::transfer {
+
+struct ShardRows {
+  int64_t begin = 0, end = 0;  // rows [begin, end) of dim 0
+  int64_t size() const { return end - begin; }
+  bool contains(int64_t b, int64_t e) const { return begin <= b && e <= end; }
+};
+
+// Rank `mesh_rank`'s rows of a `rows`-row tensor sharded over `mesh_size` ranks.
+ShardRows shard_rows(int64_t rows, int mesh_size, int mesh_rank);
+
+struct ShardedTensorOptions {
+  std::string name;         // the parameter's name (model/params.h)
+  Shape shape;              // the full tensor's shape, at least 1-D
+  DType dtype = DType::kF32;  // kF32 or kBF16
+  // Where to keep this rank's rows: borrowed, at least local rows * row elements * dtype size
+  // bytes, outliving the tensor. Null: the tensor allocates its own. (The parameter server
+  // keeps a checkpoint in one region that restarted receivers read: fleet/heal_from_servers.h.)
+  std::byte* storage = nullptr;
+};
+
+class ShardedTensor {
+ public:
+  ShardedTensor() = default;
+  // Keeps this rank's rows of `full` ([shape] f32, borrowed for the call), rounded to dtype.
+  // `mesh` null: a mesh of one rank.
+  static ShardedTensor from_full(const ShardedTensorOptions& options, const float* full,
+                                 std::shared_ptr<comm::Group> mesh);
+
+  const std::string& name() const { return options_.name; }
+  const Shape& shape() const { return options_.shape; }
+  DType dtype() const { return options_.dtype; }
+  int64_t rows() const { return options_.shape[0]; }
+  int64_t row_elems() const;  // elements per row: product of dims after the first
+  // The same mesh reconnected (after its old connections failed): same size, same rank.
+  void rebind_mesh(std::shared_ptr<comm::Group> mesh);
+  int mesh_size() const { return mesh_ ? mesh_->size() : 1; }
+  int mesh_rank() const { return mesh_ ? mesh_->rank() : 0; }
+  ShardRows local_rows() const { return shard_rows(rows(), mesh_size(), mesh_rank()); }
+
+  // Where this rank's rows are now: [local_rows().size(), ...] dtype, the working buffer, or
+  // the offload buffer when offloaded. Writable (shares storage).
+  const Tensor& shard() const { return offloaded_ ? offload_ : working_; }
+  bool offloaded() const { return offloaded_; }
+  void offload();  // copies the working buffer to the host buffer and frees the working one
+  void reload();   // the other way
+
+  // Replaces this rank's rows with those of `full` ([shape] f32, borrowed), rounded to dtype.
+  void assign_full(const float* full);
+
+  // Collective over the mesh. `dst`: numel * dtype_size bytes, the whole tensor row-major.
+  Status full_tensor_into(void* dst, std::chrono::milliseconds timeout = {}) const;
+  Result<Tensor> full_tensor(std::chrono::milliseconds timeout = {}) const;
+
+ private:
+  ShardedTensorOptions options_;
+  std::shared_ptr<comm::Group> mesh_;
+  Tensor working_;
+  Tensor offload_;
+  bool offloaded_ = false;
+};
+
+}  // namespace wl::transfer

@@ -1,0 +1,64 @@
+// TrainerWeights: every parameter of one trainer rank, as ShardedTensors over its FSDP mesh.
+//
+// A job may run several meshes (data-parallel replicas, each sharding the whole model over
+// its ranks); every mesh has the same size, so the same rows sit at the same mesh rank of
+// every mesh, and the planner may take a row from whichever replica has sent the least.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "weightlift/model/config.h"
+#include "weightlift/transfer/layout/sharded_tensor.h"
+
+namespace wl::transfer {
+
+struct TrainerWeightsOptions {
+  DType dtype = DType::kF32;  // the shards' dtype: kF32 or kBF16
+  bool offload = false;       // keep the shards only in the host offload buffers
+  int mesh_id = 0;            // which mesh (replica) this rank belongs to
+  // Borrowed, storage_bytes() of it: every shard in one block, ParamLayout order, each at a
+  // 64-byte boundary. Null: each shard allocates its own. Not with offload.
+  std::byte* storage = nullptr;
+};
+
+class TrainerWeights {
+ public:
+  // `full`: every parameter in f32, model::ParamLayout order, borrowed for the call.
+  // `mesh`: this rank's mesh (null: a mesh of one).
+  static TrainerWeights from_full(const model::ModelConfig& config, std::span<const float> full,
+                                  std::shared_ptr<comm::Group> mesh,
+                                  const TrainerWeightsOptions& options);
+
+  // Bytes TrainerWeightsOptions::storage must have for this rank's shards.
+  static size_t storage_bytes(const model::ModelConfig& config, int mesh_size, int mesh_rank,
+                              DType dtype);
+
+  // The same mesh reconnected (after its old connections failed): same size, same rank.
+  void rebind_mesh(std::shared_ptr<comm::Group> mesh);
+
+  // New values for every shard (a training step happened), from the full f32 weights.
+  void assign_full(std::span<const float> full);
+
+  const model::ModelConfig& config() const { return config_; }
+  const TrainerWeightsOptions& options() const { return options_; }
+  int mesh_id() const { return options_.mesh_id; }
+  int mesh_rank() const { return mesh_ ? mesh_->rank() : 0; }
+  int mesh_size() const { return mesh_ ? mesh_->size() : 1; }
+
+  const std::vector<ShardedTensor>& tensors() const { return tensors_; }
+  std::vector<ShardedTensor>& tensors() { return tensors_; }
+  const ShardedTensor* find(std::string_view name) const;
+
+ private:
+  model::ModelConfig config_;
+  TrainerWeightsOptions options_;
+  std::shared_ptr<comm::Group> mesh_;
+  std::vector<ShardedTensor> tensors_;
+  std::unordered_map<std::string, size_t> index_;
+};
+
+}  // namespace wl::transfer

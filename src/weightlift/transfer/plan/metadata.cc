@@ -1,0 +1,191 @@
+// Metadata JSON and its allgather (two rounds: the lengths, then the bytes).
+#include "weightlift/transfer/plan/metadata.h"
+
+#include <nlohmann/json.hpp>
+
+#include "weightlift/comm/allgather.h"
+
+namespace wl::transfer {
+
+using nlohmann::json;
+
+std::string to_hex(const std::vector<std::byte>& bytes) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string s;
+  for (std::byte b : bytes) {
+    s.push_back(kDigits[uint8_t(b) >> 4]);
+    s.push_back(kDigits[uint8_t(b) & 15]);
+  }
+  return s;
+}
+
+std::optional<std::vector<std::byte>> from_hex(std::string_view hex) {
+  if (hex.size() % 2 != 0) return std::nullopt;
+  auto digit = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  std::vector<std::byte> out;
+  for (size_t i = 0; i < hex.size(); i += 2) {
+    const int a = digit(hex[i]), b = digit(hex[i + 1]);
+    if (a < 0 || b < 0) return std::nullopt;
+    out.push_back(std::byte(a * 16 + b));
+  }
+  return out;
+}
+
+RankMeta describe_trainer(int rank, const TrainerWeights& w) {
+  RankMeta m{.rank = rank, .role = Role::kTrainer};
+  m.config_json = model::config_to_json(w.config());
+  m.mesh_id = w.mesh_id();
+  m.mesh_rank = w.mesh_rank();
+  m.mesh_size = w.mesh_size();
+  for (const ShardedTensor& t : w.tensors()) {
+    const ShardRows r = t.local_rows();
+    m.params.push_back({t.name(), t.shape(), t.dtype(), r.begin, r.end, t.offloaded()});
+  }
+  return m;
+}
+
+RankMeta describe_receiver(int rank, const Receiver& r) {
+  RankMeta m{.rank = rank, .role = Role::kReceiver};
+  m.engine = r.options().engine;
+  m.tp = r.options().tp;
+  m.tp_rank = r.options().tp_rank;
+  m.format = r.options().format;
+  m.epoch = r.epoch();
+  m.worker_address = r.worker_address();
+  m.slot_address[0] = r.slot_address(0);
+  m.slot_address[1] = r.slot_address(1);
+  m.slot_bytes = r.slot_bytes();
+  m.rkey = r.packed_rkey();
+  for (const ReceiverEntry& e : r.entries()) {
+    m.tensors.push_back({e.spec.name, e.spec.dtype, e.spec.shape, e.offset, e.bytes});
+  }
+  return m;
+}
+
+std::string metadata_to_json(const RankMeta& m) {
+  json j;
+  j["rank"] = m.rank;
+  if (m.role == Role::kTrainer) {
+    j["role"] = "trainer";
+    j["config"] = json::parse(m.config_json);
+    j["mesh"] = {{"id", m.mesh_id}, {"rank", m.mesh_rank}, {"size", m.mesh_size}};
+    json ps = json::array();
+    for (const ParamMeta& p : m.params) {
+      ps.push_back({{"name", p.name}, {"shape", p.shape}, {"dtype", dtype_name(p.dtype)},
+                    {"rows", {p.row_begin, p.row_end}}, {"offloaded", p.offloaded}});
+    }
+    j["params"] = ps;
+  } else {
+    j["role"] = "receiver";
+    j["engine"] = m.engine;
+    j["tp"] = m.tp;
+    j["tp_rank"] = m.tp_rank;
+    j["format"] = weight_format_name(m.format);
+    j["epoch"] = std::to_string(m.epoch);
+    j["worker_address"] = to_hex(m.worker_address);
+    j["slot_address"] = {std::to_string(m.slot_address[0]), std::to_string(m.slot_address[1])};
+    j["slot_bytes"] = std::to_string(m.slot_bytes);
+    j["rkey"] = to_hex(m.rkey);
+    json ts = json::array();
+    for (const TensorMeta& t : m.tensors) {
+      ts.push_back({{"name", t.name}, {"shape", t.shape}, {"dtype", dtype_name(t.dtype)},
+                    {"offset", std::to_string(t.offset)}, {"bytes", std::to_string(t.bytes)}});
+    }
+    j["tensors"] = ts;
+  }
+  return j.dump();
+}
+
+namespace {
+uint64_t u64(const json& j) { return std::stoull(j.get<std::string>()); }
+DType dtype_of(const json& j) {
+  auto d = dtype_from_name(j.get<std::string>());
+  if (!d) throw std::runtime_error("unknown dtype " + j.get<std::string>());
+  return *d;
+}
+std::vector<std::byte> hex_of(const json& j) {
+  auto b = from_hex(j.get<std::string>());
+  if (!b) throw std::runtime_error("bad hex string");
+  return *b;
+}
+}  // namespace
+
+Result<RankMeta> metadata_from_json(std::string_view text, std::string_view where) {
+  try {
+    const json j = json::parse(text);
+    RankMeta m;
+    m.rank = j.at("rank").get<int>();
+    const std::string role = j.at("role").get<std::string>();
+    if (role == "trainer") {
+      m.role = Role::kTrainer;
+      m.config_json = j.at("config").dump();
+      m.mesh_id = j.at("mesh").at("id").get<int>();
+      m.mesh_rank = j.at("mesh").at("rank").get<int>();
+      m.mesh_size = j.at("mesh").at("size").get<int>();
+      for (const json& p : j.at("params")) {
+        m.params.push_back({p.at("name").get<std::string>(), p.at("shape").get<Shape>(),
+                            dtype_of(p.at("dtype")), p.at("rows").at(0).get<int64_t>(),
+                            p.at("rows").at(1).get<int64_t>(), p.at("offloaded").get<bool>()});
+      }
+    } else if (role == "receiver") {
+      m.role = Role::kReceiver;
+      m.engine = j.at("engine").get<int>();
+      m.tp = j.at("tp").get<int>();
+      m.tp_rank = j.at("tp_rank").get<int>();
+      auto f = weight_format_from_name(j.at("format").get<std::string>());
+      if (!f) throw std::runtime_error("unknown format " + j.at("format").get<std::string>());
+      m.format = *f;
+      m.epoch = u64(j.at("epoch"));
+      m.worker_address = hex_of(j.at("worker_address"));
+      m.slot_address[0] = u64(j.at("slot_address").at(0));
+      m.slot_address[1] = u64(j.at("slot_address").at(1));
+      m.slot_bytes = u64(j.at("slot_bytes"));
+      m.rkey = hex_of(j.at("rkey"));
+      for (const json& t : j.at("tensors")) {
+        m.tensors.push_back({t.at("name").get<std::string>(), dtype_of(t.at("dtype")),
+                             t.at("shape").get<Shape>(), u64(t.at("offset")), u64(t.at("bytes"))});
+      }
+    } else {
+      throw std::runtime_error("unknown role '" + role + "'");
+    }
+    return m;
+  } catch (const std::exception& e) {
+    return data_loss(std::string(where) + ": not a weightlift rank metadata object: " + e.what());
+  }
+}
+
+Result<std::vector<RankMeta>> gather_metadata(comm::Group& world, const RankMeta& mine,
+                                              std::chrono::milliseconds timeout) {
+  const std::string text = metadata_to_json(mine);
+  std::vector<int64_t> lengths(size_t(world.size()));
+  const int64_t my_length = int64_t(text.size());
+  WL_RETURN_IF_ERROR(comm::allgather(world, {.send = &my_length, .recv = lengths.data(),
+                                             .count = 1, .dtype = DType::kI64,
+                                             .timeout = timeout}));
+  std::vector<size_t> counts(lengths.begin(), lengths.end());
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  std::string all(total, '\0');
+  WL_RETURN_IF_ERROR(comm::allgatherv(world, {.send = text.data(), .recv = all.data(),
+                                              .counts = counts, .dtype = DType::kU8,
+                                              .timeout = timeout}));
+  std::vector<RankMeta> out;
+  size_t at = 0;
+  for (int r = 0; r < world.size(); ++r) {
+    const std::string where = "metadata of rank " + std::to_string(r);
+    WL_ASSIGN_OR_RETURN(RankMeta m,
+                        metadata_from_json(std::string_view(all).substr(at, counts[size_t(r)]), where));
+    if (m.rank != r) {
+      return data_loss(where + ": claims to be rank " + std::to_string(m.rank));
+    }
+    out.push_back(std::move(m));
+    at += counts[size_t(r)];
+  }
+  return out;
+}
+
+}  // namespace wl::transfer

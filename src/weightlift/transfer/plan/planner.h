@@ -1,0 +1,109 @@
+// The planner: from every rank's metadata, the static schedule an update replays.
+//
+// The unit of work is a task: one contiguous byte range of one receiver tensor (a band of
+// whole rows), produced by one trainer and written by one put (plus one for its scale row in
+// fp8). How the rows are cut:
+//   - bf16 (and the bf16 tensors of an fp8 receiver): each source slice is cut at the mesh's
+//     shard boundaries. Every piece then lies inside one mesh rank's dim-0 shard, so that rank
+//     (in whichever mesh replica has sent the fewest bytes so far) sends it straight from its
+//     shard: no gather at all, and no byte moves twice.
+//   - fp8 matrices: a block scale needs all 128 rows of its band, so the task is a 128-row
+//     band. If one mesh rank's shards hold every row of the band, that rank quantizes it from
+//     its shards directly; otherwise the band needs full_tensor() of the parameters it reads.
+// Gathers: for each receiver tensor name (a "family": the same fused tensor on every TP rank),
+// the bands that need a gather get it from one mesh, the one with the fewest bytes so far;
+// only the parameters those bands read are gathered, once per family, and each band goes to
+// the least-loaded rank of that mesh (any rank can produce it after full_tensor()). Dense
+// families come before expert families, as in seed 000, so the small dense weights are not
+// queued behind the experts. Distinct meshes gather and send in parallel; within a mesh every
+// rank meets its gathers in plan order.
+//
+// Validation happens here, before any byte moves: every refusal names the tensor and the rank
+// (docs/errors.md codes): a receiver tensor that no parameter produces (NotFound), a shape or
+// dtype mismatch or a TP degree the model cannot be split by (InvalidArgument), a trainer
+// without a parameter the layout needs (NotFound), shards that do not match their mesh
+// position (InvalidArgument). A stale rkey (a receiver restarted after planning) is caught
+// when an update starts (modes/p2p.h), since only then can the receiver's current epoch be
+// compared.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "weightlift/transfer/plan/metadata.h"
+
+namespace wl::transfer {
+
+// Rows [row_begin, row_end) x columns [col_begin, col_end) of `param` land on receiver tensor
+// rows starting at dst_row.
+struct PlanPiece {
+  std::string param;
+  int64_t row_begin = 0, row_end = 0, col_begin = 0, col_end = 0;
+  int64_t dst_row = 0;
+};
+
+struct PlanTask {
+  int sender = 0;      // world rank of the trainer that produces and writes it
+  int receiver = 0;    // world rank of the receiver
+  std::string tensor;  // receiver tensor name
+  bool expert = false;
+  int gather = -1;     // Plan::gathers index the pieces read from; -1: the sender's own shards
+  int64_t row_begin = 0, row_end = 0;  // rows of the receiver tensor (as [rows, cols])
+  int64_t cols = 0;
+  DType dtype = DType::kBF16;          // what lands: kBF16 or kF8E4M3
+  uint64_t dst_offset = 0, bytes = 0;  // in a receiver slot, bytes
+  uint64_t scale_offset = 0, scale_bytes = 0;  // fp8: the band's row of the scale tensor
+  std::vector<PlanPiece> pieces;
+  uint64_t total_bytes() const { return bytes + scale_bytes; }
+  bool quantized() const { return dtype == DType::kF8E4M3; }
+};
+
+// full_tensor() of `params` on every rank of mesh `mesh`, just before task `before_task`.
+struct PlanGather {
+  int mesh = 0;
+  bool expert = false;
+  int before_task = 0;
+  std::vector<std::string> params;
+};
+
+struct PlanTrainer {
+  int rank = 0, mesh_id = 0, mesh_rank = 0;
+};
+
+struct PlanReceiver {
+  int rank = 0, engine = 0, tp = 1, tp_rank = 0;
+  WeightFormat format = WeightFormat::kBF16;
+  uint64_t epoch = 0;
+  std::vector<std::byte> worker_address;
+  uint64_t slot_address[2] = {0, 0};
+  uint64_t slot_bytes = 0;
+  std::vector<std::byte> rkey;
+};
+
+struct Plan {
+  static constexpr int kFormatVersion = 1;
+  std::string config_json;
+  int mesh_size = 1, num_meshes = 1;
+  std::vector<PlanTrainer> trainers;    // by world rank
+  std::vector<PlanReceiver> receivers;  // by world rank
+  std::vector<PlanGather> gathers;      // in before_task order
+  std::vector<PlanTask> tasks;          // the global order; dense before experts
+
+  const PlanTrainer* find_trainer(int rank) const;
+  const PlanReceiver* find_receiver(int rank) const;
+};
+
+Result<Plan> make_plan(std::span<const RankMeta> ranks);
+
+// Versioned JSON (docs/formats.md, "Transfer plan"). plan_from_json refuses another format
+// or version with an error that says which was expected.
+std::string plan_to_json(const Plan& plan);
+Result<Plan> plan_from_json(std::string_view json, std::string_view where);
+
+// Bytes each rank sends (trainers) or receives (receivers), indexed by world rank.
+std::vector<uint64_t> plan_bytes_by_rank(const Plan& plan);
+
+}  // namespace wl::transfer

@@ -1,0 +1,185 @@
+// simulate_cluster (cluster.h): options -> schedule input -> loads -> prediction, and the
+// sensitivity table.
+#include "weightlift/transfer/sim/cluster.h"
+
+#include <chrono>
+#include <cstdio>
+
+#include "weightlift/model/config.h"
+#include "weightlift/model/params.h"
+
+namespace wl::transfer {
+namespace {
+
+std::string opt(const char* name, double v) {
+  char b[96];
+  std::snprintf(b, sizeof b, "%s %g", name, v);
+  return b;
+}
+
+// "layers.3.moe.experts.17.up_proj.weight" -> 17; -1 for a dense parameter.
+int64_t preset_expert_index(const std::string& name) {
+  const std::string key = ".moe.experts.";
+  const size_t at = name.find(key);
+  if (at == std::string::npos) return -1;
+  return std::stoll(name.substr(at + key.size()));
+}
+
+// One schedule and its prediction; `stage` names it to the progress callback.
+Result<Simulation> run(const ClusterOptions& o, const std::string& stage) {
+  WL_ASSIGN_OR_RETURN(ScheduleInput in, cluster_schedule_input(o));
+  if (o.progress) in.progress = [&](double f) { o.progress(stage, f); };
+  const auto t0 = std::chrono::steady_clock::now();
+  WL_ASSIGN_OR_RETURN(ScheduleLoads loads, schedule_loads(in));
+  Simulation r{.loads = std::move(loads)};
+  r.schedule_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.prediction = predict(r.loads, o.network);
+  return r;
+}
+
+// A layout assumption halved and doubled: a new schedule each (invalid layouts are marked).
+Sensitivity layout_row(const ClusterOptions& o, const char* name, int ClusterOptions::*field) {
+  Sensitivity s{.name = name, .base = double(o.*field)};
+  s.half = double(o.*field / 2);
+  s.twice = double(o.*field * 2);
+  for (bool half : {true, false}) {
+    if (half && o.*field % 2 != 0) {
+      s.valid = false;
+      continue;
+    }
+    ClusterOptions v = o;
+    v.*field = half ? o.*field / 2 : o.*field * 2;
+    auto r = run(v, std::string(name) + (half ? " x0.5" : " x2"));
+    if (!r.ok()) {
+      s.valid = false;
+      continue;
+    }
+    (half ? s.half_seconds : s.twice_seconds) = r->prediction.seconds;
+  }
+  return s;
+}
+
+}  // namespace
+
+Result<ScheduleInput> cluster_schedule_input(const ClusterOptions& o) {
+  const std::string w = "transfer simulate: ";
+  const bool k2 = o.model == "kimi-k2";
+  Result<model::ModelConfig> config = model::preset(o.model);
+  if (!k2 && !config.ok()) {
+    std::string names = "kimi-k2";
+    for (const std::string& n : model::preset_names()) names += ", " + n;
+    return invalid_argument(w + "--model '" + o.model + "' is not one of " + names);
+  }
+  for (auto [name, v] : {std::pair<const char*, int>{"--trainers", o.trainers},
+                         {"--receivers", o.receivers},
+                         {"--gpus-per-node", o.gpus_per_node},
+                         {"--engine-gpus", o.engine_gpus},
+                         {"--dense-mesh", o.dense_mesh}}) {
+    if (v < 1) return invalid_argument(w + name + " " + std::to_string(v) + ": needs at least 1");
+  }
+  if (o.expert_mesh < 0) {
+    return invalid_argument(w + "--expert-mesh " + std::to_string(o.expert_mesh) +
+                            ": needs 0 (experts as dense) or more");
+  }
+  auto multiple = [&](const char* a, int av, const char* b, int bv) -> Status {
+    if (av % bv == 0) return ok_status();
+    return invalid_argument(w + a + " " + std::to_string(av) + " is not a multiple of " + b + " " +
+                            std::to_string(bv));
+  };
+  WL_RETURN_IF_ERROR(multiple("--receivers", o.receivers, "--gpus-per-node", o.gpus_per_node));
+  WL_RETURN_IF_ERROR(multiple("--receivers", o.receivers, "--engine-gpus", o.engine_gpus));
+  WL_RETURN_IF_ERROR(multiple("--trainers", o.trainers, "--gpus-per-node", o.gpus_per_node));
+  WL_RETURN_IF_ERROR(multiple("--trainers", o.trainers, "--dense-mesh", o.dense_mesh));
+  if (o.expert_mesh > 0) {
+    WL_RETURN_IF_ERROR(multiple("--trainers", o.trainers, "--expert-mesh", o.expert_mesh));
+  }
+  if (o.shard_dtype != DType::kBF16 && o.shard_dtype != DType::kF32) {
+    return invalid_argument(w + "--shard-dtype " + std::string(dtype_name(o.shard_dtype)) +
+                            " is neither bf16 nor f32");
+  }
+  const NetworkModel& n = o.network;
+  for (auto [name, v] : {std::pair<const char*, double>{"--nic-gbps", n.nic_gbps},
+                         {"--nvlink-gbps", n.nvlink_gbps},
+                         {"--prepare-gbs", n.prepare_gbs}}) {
+    if (!(v > 0)) return invalid_argument(w + opt(name, v) + ": must be positive");
+  }
+  for (auto [name, v] :
+       {std::pair<const char*, double>{"--message-overhead-us", n.message_overhead_us},
+        {"--barrier-ms", n.barrier_ms}}) {
+    if (!(v >= 0)) return invalid_argument(w + opt(name, v) + ": must not be negative");
+  }
+
+  ScheduleInput in{
+      .trainers = o.trainers, .gpus_per_node = o.gpus_per_node, .trainer_dtype = o.shard_dtype};
+  Placement dense;
+  for (int m = 0; m < o.trainers / o.dense_mesh; ++m) {
+    std::vector<int>& mesh = dense.meshes.emplace_back();
+    for (int k = 0; k < o.dense_mesh; ++k) mesh.push_back(m * o.dense_mesh + k);
+  }
+  in.placements.push_back(std::move(dense));
+  const int positions = o.expert_mesh > 0 ? o.trainers / o.expert_mesh : 0;
+  for (int p = 0; p < positions; ++p) {
+    Placement pl;
+    std::vector<int>& mesh = pl.meshes.emplace_back();
+    for (int j = 0; j < o.expert_mesh; ++j) mesh.push_back(p + j * positions);
+    in.placements.push_back(std::move(pl));
+  }
+  auto placement = [&](int64_t expert, int64_t experts) {
+    return expert < 0 || positions == 0 ? 0 : 1 + int(expert * positions / experts);
+  };
+  auto where = [&](int rank) {
+    return "transfer simulate --engine-gpus " + std::to_string(o.engine_gpus) + " (rank " +
+           std::to_string(rank) + ")";
+  };
+  if (k2) {
+    for (K2Param& p : k2_params(o.k2)) {
+      const int64_t cols = p.shape.size() == 2 ? p.shape[1] : 1;
+      in.params.push_back(
+          {std::move(p.name), p.shape[0], cols, placement(p.expert_index, o.k2.num_experts)});
+    }
+    for (int r = 0; r < o.engine_gpus; ++r) {
+      auto lay = k2_inference_layout(
+          o.k2, {.engine_gpus = o.engine_gpus, .rank = r, .format = o.format});
+      if (!lay.ok()) return lay.status().with_context(where(r));
+      in.layouts.push_back(std::move(*lay));
+    }
+  } else {
+    const model::ParamLayout layout(*config);
+    for (const model::ParamInfo& p : layout.params()) {
+      const int64_t cols = p.shape.size() == 2 ? p.shape[1] : 1;
+      in.params.push_back(
+          {p.name, p.shape[0], cols, placement(preset_expert_index(p.name), config->num_experts)});
+    }
+    for (int r = 0; r < o.engine_gpus; ++r) {
+      auto lay =
+          inference_layout(*config, {.tp = o.engine_gpus, .tp_rank = r, .format = o.format});
+      if (!lay.ok()) return lay.status().with_context(where(r));
+      in.layouts.push_back(std::move(*lay));
+    }
+  }
+  for (int r = 0; r < o.receivers; ++r) in.receiver_layout.push_back(r % o.engine_gpus);
+  return in;
+}
+
+Result<int64_t> cluster_param_count(const ClusterOptions& o) {
+  if (o.model == "kimi-k2") return k2_param_count(o.k2);
+  WL_ASSIGN_OR_RETURN(model::ModelConfig c, model::preset(o.model));
+  return model::ParamLayout(c).total();
+}
+
+Result<Simulation> simulate_cluster(const ClusterOptions& o) {
+  WL_ASSIGN_OR_RETURN(Simulation s, run(o, "schedule"));
+  WL_ASSIGN_OR_RETURN(s.params, cluster_param_count(o));
+  if (o.sensitivity) {
+    s.sensitivity = network_sensitivity(s.loads, o.network);
+    s.sensitivity.push_back(layout_row(o, "--engine-gpus", &ClusterOptions::engine_gpus));
+    s.sensitivity.push_back(layout_row(o, "--trainers", &ClusterOptions::trainers));
+  }
+  s.dominant = dominant_assumption(s.sensitivity, s.prediction.seconds);
+  const int engines = o.receivers / o.engine_gpus;
+  s.replica_bytes = s.prediction.total_bytes / uint64_t(engines);
+  s.broadcast_bound_s = broadcast_bound_seconds(s.replica_bytes, o.gpus_per_node, o.network);
+  return s;
+}
+
+}  // namespace wl::transfer

@@ -1,0 +1,96 @@
+// The planner's schedule at cluster scale, kept as loads per rank instead of a list of tasks.
+//
+// plan/planner.h makes the plan an executor replays: one PlanTask (with its name and source pieces)
+// per 128-row band per receiver. For Kimi-K2 in fp8 over 128 receivers that is about 18
+// million tasks, several GB of strings, and the planner's input is one model::ModelConfig with
+// one FSDP mesh shape for every parameter (no MLA, no expert-parallel placement). A simulation
+// needs only what each rank sends, receives, gathers and quantizes, so this file applies the
+// planner's rules unchanged and adds each task to per-rank counters as it is decided:
+//   - a task is a band of whole rows of one receiver tensor: for bf16, a source slice cut at
+//     the shard boundaries of its parameter's mesh; for fp8, a 128-row block band;
+//   - a task that lies inside one mesh rank's dim-0 shards is sent by that mesh rank (of
+//     whichever mesh holding the parameter has the least-loaded such rank): no gather;
+//   - otherwise the receiver tensor's family (the same name on every receiver) gets one
+//     full_tensor() of the parameters those bands read, on the holding mesh with the fewest
+//     bytes so far, and each band goes to that mesh's least-loaded rank;
+//   - families in order of first appearance, dense before expert; ties go to the lower rank.
+// The one generalisation: a parameter is held by a placement, a list of meshes (each sharding
+// it dim-0 as torch.chunk does), so routed experts can live on their expert-parallel meshes
+// while the dense weights are replicated over FSDP meshes (HSDP). With every parameter on one
+// placement of all meshes this is exactly plan/planner.cc's input, and the test checks that both
+// give the same task count, gathers and bytes per rank.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "weightlift/core/status.h"
+#include "weightlift/core/tensor.h"
+#include "weightlift/transfer/layout/inference_layout.h"
+
+namespace wl::transfer {
+
+// Meshes of trainer indices (0 ..< trainers), in mesh-rank order, all of one size; each mesh
+// holds every parameter of the placement, sharded dim-0 over its ranks.
+struct Placement {
+  std::vector<std::vector<int>> meshes;
+};
+
+struct ScheduleParam {
+  std::string name;
+  int64_t rows = 0, cols = 0;  // [rows, cols] view; a 1-D [n] is [n, 1]
+  int placement = 0;           // index into ScheduleInput::placements
+};
+
+// One task as the planner would emit it, for tests that check coverage at small scale.
+struct ScheduleTask {
+  int sender = 0;                          // trainer index
+  int receiver = 0;                        // receiver index
+  const ReceiverTensor* tensor = nullptr;  // in ScheduleInput::layouts
+  int64_t row_begin = 0, row_end = 0;      // rows of that tensor
+  uint64_t bytes = 0, scale_bytes = 0;
+  bool gathered = false;
+};
+
+struct ScheduleInput {
+  int trainers = 1;
+  int gpus_per_node = 8;  // trainer t sits on node t / gpus_per_node (for gather traffic)
+  DType trainer_dtype = DType::kBF16;  // what shards hold: kBF16 or kF32
+  std::vector<Placement> placements;
+  std::vector<ScheduleParam> params;
+  std::vector<std::vector<ReceiverTensor>> layouts;  // distinct receiver layouts
+  std::vector<int> receiver_layout;                  // per receiver, index into layouts
+  std::function<void(double)> progress;              // fraction of families done; may be null
+  std::function<void(const ScheduleTask&)> on_task;  // every task; may be null (slow if set)
+};
+
+// Loads of one mesh group (seed 000: dense first, a barrier, then experts). Bytes, not
+// elements. Per trainer index or receiver index.
+struct PhaseLoads {
+  std::vector<uint64_t> sent;           // bytes written to receivers (data + scales)
+  std::vector<uint64_t> messages;       // puts issued: one per task, two for an fp8 band
+  std::vector<uint64_t> prepare;        // shard-dtype bytes read to cast or quantize
+  std::vector<uint64_t> gather_nvlink;  // all-gather bytes in (and out) from peers on its node
+  std::vector<uint64_t> gather_nic;     // all-gather bytes in (and out) from other nodes
+  std::vector<uint64_t> received;       // per receiver: bytes written into it
+  std::vector<uint64_t> received_messages;
+  uint64_t tasks = 0, gathers = 0;
+  uint64_t direct_bytes = 0, gathered_bytes = 0;  // task bytes straight from shards / after
+  uint64_t largest_task = 0;                      // bytes, data + scales
+  uint64_t largest_task_prepare = 0;              // its prepare bytes
+  uint64_t largest_task_messages = 0;             // its puts
+};
+
+struct ScheduleLoads {
+  PhaseLoads phase[2];  // [0] dense, [1] expert
+  uint64_t families = 0;
+};
+
+// InvalidArgument when a source names an unknown parameter or runs past its rows or columns,
+// a placement is empty or has meshes of different sizes or unknown trainers, or a family's
+// gathered parameters sit on different placements (one full_tensor() cannot cover them).
+Result<ScheduleLoads> schedule_loads(const ScheduleInput& input);
+
+}  // namespace wl::transfer

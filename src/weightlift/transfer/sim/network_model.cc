@@ -1,0 +1,173 @@
+// The network model of sim/network_model.h: resource times per rank, groups, sensitivity.
+#include "weightlift/transfer/sim/network_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace wl::transfer {
+namespace {
+
+double bytes_per_s(double gbps) { return gbps * 1e9 / 8; }  // Gb/s -> bytes/s
+
+// The busiest rank of `n` by `seconds(i)`; ties to the lower index.
+template <typename F>
+Term busiest(std::string name, size_t n, F seconds) {
+  Term t{std::move(name), 0, -1};
+  for (size_t i = 0; i < n; ++i) {
+    const double s = seconds(i);
+    if (t.rank < 0 || s > t.seconds) {
+      t.seconds = s;
+      t.rank = int(i);
+    }
+  }
+  return t;
+}
+
+}  // namespace
+
+Prediction predict(const ScheduleLoads& loads, const NetworkModel& m) {
+  const double nic = bytes_per_s(m.nic_gbps), nvlink = bytes_per_s(m.nvlink_gbps);
+  const double overhead = m.message_overhead_us * 1e-6, prepare = m.prepare_gbs * 1e9;
+  const double barrier = m.barrier_ms * 1e-3;
+  const size_t trainers = loads.phase[0].sent.size();
+  const size_t receivers = loads.phase[0].received.size();
+  std::vector<double> sender_busy(trainers);
+  std::vector<uint64_t> sent(trainers);
+  std::vector<uint64_t> received(receivers);
+  Prediction out;
+  double longest = -1;
+  for (int g = 0; g < 2; ++g) {
+    const PhaseLoads& p = loads.phase[g];
+    if (p.tasks == 0) continue;
+    auto write_s = [&](size_t t) { return double(p.sent[t] + p.gather_nic[t]) / nic; };
+    auto puts_s = [&](size_t t) { return double(p.messages[t]) * overhead; };
+    auto nic_in_s = [&](size_t t) { return double(p.gather_nic[t]) / nic; };
+    auto nvlink_s = [&](size_t t) { return double(p.gather_nvlink[t]) / nvlink; };
+    auto prepare_s = [&](size_t t) { return double(p.prepare[t]) / prepare; };
+    // A sender's own time: its stages overlapped (the busiest) or one after the other.
+    auto sender_s = [&](size_t t) {
+      const double out_s = write_s(t) + puts_s(t), gather_s = std::max(nic_in_s(t), nvlink_s(t));
+      return m.overlap ? std::max({out_s, gather_s, prepare_s(t)})
+                       : gather_s + prepare_s(t) + out_s;
+    };
+    GroupPrediction gp{.name = g == 0 ? "dense" : "expert"};
+    gp.terms.push_back(busiest("receiver NIC in", receivers,
+                               [&](size_t r) { return double(p.received[r]) / nic; }));
+    gp.terms.push_back(
+        busiest("sender NIC out", trainers, [&](size_t t) { return write_s(t) + puts_s(t); }));
+    gp.terms.push_back(busiest("sender NIC in (gathers)", trainers, nic_in_s));
+    gp.terms.push_back(busiest("sender NVLink (gathers)", trainers, nvlink_s));
+    gp.terms.push_back(busiest("sender prepare", trainers, prepare_s));
+    if (!m.overlap) gp.terms.push_back(busiest("sender stages in series", trainers, sender_s));
+    gp.terms.push_back({"barrier", barrier, -1});
+    const Term& out_term = gp.terms[1];
+    gp.write_data_seconds = write_s(size_t(out_term.rank));
+    gp.write_overhead_seconds = puts_s(size_t(out_term.rank));
+
+    const Term* top = &gp.terms[0];
+    double work = 0;
+    for (const Term& t : gp.terms) {
+      if (t.name == "barrier") continue;
+      if (t.seconds > top->seconds) top = &t;
+      work = std::max(work, t.seconds);
+    }
+    if (m.overlap) {
+      // A pipeline of stages takes the bottleneck's total plus one task's time through the
+      // other stages: here its prepare or its write, whichever is shorter.
+      const double task_prepare = double(p.largest_task_prepare) / prepare;
+      const double task_write =
+          double(p.largest_task) / nic + double(p.largest_task_messages) * overhead;
+      gp.fill_seconds = std::min(task_prepare, task_write);
+      gp.seconds = std::max(work + gp.fill_seconds, barrier);
+      gp.bound = work + gp.fill_seconds >= barrier ? top->name : "barrier";
+    } else {
+      gp.seconds = work + barrier;
+      gp.bound = top->name;
+    }
+    for (size_t t = 0; t < trainers; ++t) {
+      sender_busy[t] += sender_s(t);
+      sent[t] += p.sent[t];
+      out.total_messages += p.messages[t];
+    }
+    for (size_t r = 0; r < receivers; ++r) received[r] += p.received[r];
+    out.tasks += p.tasks;
+    out.gathers += p.gathers;
+    out.gathered_bytes += p.gathered_bytes;
+    out.seconds += gp.seconds;
+    if (gp.seconds > longest) {
+      longest = gp.seconds;
+      out.bound = gp.name + " group: " + gp.bound;
+    }
+    out.groups.push_back(std::move(gp));
+  }
+  for (size_t t = 0; t < trainers; ++t) {
+    if (out.critical_sender < 0 || sender_busy[t] > out.critical_sender_seconds) {
+      out.critical_sender = int(t);
+      out.critical_sender_seconds = sender_busy[t];
+    }
+    out.sender_bytes_max = std::max(out.sender_bytes_max, sent[t]);
+    out.total_bytes += sent[t];
+  }
+  for (size_t r = 0; r < receivers; ++r) {
+    if (out.critical_receiver < 0 || received[r] > received[size_t(out.critical_receiver)]) {
+      out.critical_receiver = int(r);
+    }
+    out.receiver_bytes_max = std::max(out.receiver_bytes_max, received[r]);
+  }
+  if (out.critical_receiver >= 0) {
+    out.critical_receiver_seconds = double(received[size_t(out.critical_receiver)]) / nic;
+  }
+  out.sender_bytes_mean = trainers ? double(out.total_bytes) / double(trainers) : 0;
+  out.receiver_bytes_mean = receivers ? double(out.total_bytes) / double(receivers) : 0;
+  return out;
+}
+
+std::vector<Sensitivity> network_sensitivity(const ScheduleLoads& loads,
+                                             const NetworkModel& model) {
+  struct Knob {
+    const char* name;
+    double NetworkModel::*field;
+  };
+  const Knob knobs[] = {{"--nic-gbps", &NetworkModel::nic_gbps},
+                        {"--nvlink-gbps", &NetworkModel::nvlink_gbps},
+                        {"--message-overhead-us", &NetworkModel::message_overhead_us},
+                        {"--prepare-gbs", &NetworkModel::prepare_gbs},
+                        {"--barrier-ms", &NetworkModel::barrier_ms}};
+  std::vector<Sensitivity> rows;
+  for (const Knob& k : knobs) {
+    Sensitivity s{.name = k.name, .base = model.*k.field};
+    s.half = s.base / 2;
+    s.twice = s.base * 2;
+    NetworkModel m = model;
+    m.*k.field = s.half;
+    s.half_seconds = predict(loads, m).seconds;
+    m.*k.field = s.twice;
+    s.twice_seconds = predict(loads, m).seconds;
+    rows.push_back(s);
+  }
+  return rows;
+}
+
+int dominant_assumption(const std::vector<Sensitivity>& rows, double base) {
+  int best = -1;
+  double best_swing = -1;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (!rows[i].valid) continue;
+    const double swing = std::max(std::fabs(std::log(rows[i].half_seconds / base)),
+                                  std::fabs(std::log(rows[i].twice_seconds / base)));
+    if (swing > best_swing) {
+      best_swing = swing;
+      best = int(i);
+    }
+  }
+  return best;
+}
+
+double broadcast_bound_seconds(uint64_t model_bytes, int gpus_per_node, const NetworkModel& m) {
+  const double g = gpus_per_node;
+  const double nic = double(model_bytes) / (g * bytes_per_s(m.nic_gbps));
+  const double nvlink = double(model_bytes) * (g - 1) / g / bytes_per_s(m.nvlink_gbps);
+  return std::max(nic, nvlink);
+}
+
+}  // namespace wl::transfer

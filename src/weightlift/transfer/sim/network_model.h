@@ -1,0 +1,103 @@
+// The network model: how long a planned update takes on a cluster, from the loads the
+// schedule puts on every rank (sim/load_schedule.h).
+//
+// The cluster. Trainers and receivers are on separate machines (disaggregated RL, seed 000),
+// so every write crosses a NIC. Each GPU has its own NIC of `nic_gbps` each way (full duplex:
+// 400 Gb/s = 50 GB/s on H800 and H20 nodes), the fabric between NICs is non-blocking (full
+// bisection), and GPUs of one node share NVLink at `nvlink_gbps` each way per GPU. Bytes are
+// decimal (1 GB = 1e9 bytes).
+//
+// What each rank spends, per mesh group (dense, then expert):
+//   sender NIC out   (writes + all-gather bytes to other nodes) / nic + puts * message_overhead
+//   sender NIC in    all-gather bytes from other nodes / nic
+//   sender NVLink    all-gather bytes from its own node / nvlink
+//   sender prepare   shard bytes read to cast or quantize / prepare_gbs
+//   receiver NIC in  bytes written into it / nic   (a one-sided write costs its CPU nothing)
+// The per-message overhead is paid by the sender that posts the put (posting, doorbell,
+// completion); a receiver only absorbs bytes.
+//
+// Seed 000 pipelines the stages (gather, prepare, write, barrier) with a queue per stage, so
+// with `overlap` a mesh group takes as long as its busiest resource plus the fill and drain of
+// one task (a two-stage pipeline of n tasks takes n times its bottleneck plus the other stage
+// once: the shorter of the group's largest task's prepare and write), and at least as long
+// as the global barrier that closes it (an async GLOO barrier that runs while the writes are
+// in flight). Without overlap each sender runs its stages one after the other (gathers, then
+// prepare, then writes) and the barrier follows the group. The groups run one after the
+// other.
+//
+// Not modelled: congestion or incast beyond the receiver's own NIC bandwidth, NIC message
+// rate limits other than the per-put overhead, host-to-device copies (the trainer's weights
+// are not offloaded), and the gather's collective algorithm (each rank simply fetches every
+// other rank's shard, which is what a ring or a direct allgather moves).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "weightlift/transfer/sim/load_schedule.h"
+
+namespace wl::transfer {
+
+struct NetworkModel {
+  double nic_gbps = 400;           // per-GPU NIC, each direction, Gb/s (H800 and H20: 400)
+  double nvlink_gbps = 1600;       // per-GPU NVLink, each direction, Gb/s (H800: 200 GB/s)
+  double message_overhead_us = 1;  // per put, on the sender (post + completion)
+  double prepare_gbs = 1000;       // GB/s of shard bytes one GPU casts or quantizes
+  double barrier_ms = 2;           // a global barrier over Ethernet (GLOO), per mesh group
+  bool overlap = true;             // seed 000's stage pipeline
+};
+
+// One resource's time in a group: the busiest rank's.
+struct Term {
+  std::string name;  // "receiver NIC in", "sender NIC out", ...
+  double seconds = 0;
+  int rank = -1;  // trainer or receiver index; -1 for the barrier
+};
+
+struct GroupPrediction {
+  std::string name;         // "dense" or "expert"
+  double seconds = 0;       // the group's time
+  std::vector<Term> terms;  // every resource, in a fixed order
+  std::string bound;        // the term that sets the time
+  double fill_seconds = 0;  // pipeline fill and drain (overlap only)
+  // The sender NIC out term of the busiest sender, split: bytes / nic and puts * overhead.
+  double write_data_seconds = 0, write_overhead_seconds = 0;
+};
+
+struct Prediction {
+  double seconds = 0;                   // the whole update
+  std::vector<GroupPrediction> groups;  // the non-empty ones, dense first
+  int critical_sender = -1;             // most busy time summed over the groups
+  int critical_receiver = -1;           // most bytes in
+  double critical_sender_seconds = 0, critical_receiver_seconds = 0;
+  uint64_t sender_bytes_max = 0, receiver_bytes_max = 0;  // written, data + scales
+  double sender_bytes_mean = 0, receiver_bytes_mean = 0;
+  uint64_t total_bytes = 0, total_messages = 0, gathers = 0, tasks = 0;
+  uint64_t gathered_bytes = 0;  // task bytes produced after a full_tensor()
+  std::string bound;            // the bound of the longest group
+};
+
+Prediction predict(const ScheduleLoads& loads, const NetworkModel& model);
+
+// One assumption halved and doubled, everything else as given.
+struct Sensitivity {
+  std::string name;                      // the option, e.g. "--nic-gbps"
+  double base = 0, half = 0, twice = 0;  // the assumption's values
+  double half_seconds = 0, twice_seconds = 0;
+  bool valid = true;  // false when a halved or doubled layout is impossible
+};
+
+// The network model's assumptions (nic, nvlink, message overhead, prepare, barrier).
+std::vector<Sensitivity> network_sensitivity(const ScheduleLoads& loads, const NetworkModel& model);
+
+// The row whose halving or doubling moves the prediction most (largest |log ratio|); -1 if
+// none is valid.
+int dominant_assumption(const std::vector<Sensitivity>& rows, double base_seconds);
+
+// checkpoint-engine's broadcast mode at its best: every GPU of every node receives all
+// `model_bytes`; a node takes them in once over its `gpus_per_node` NICs and fans them out
+// over NVLink. Seconds, the larger of the two (they overlap).
+double broadcast_bound_seconds(uint64_t model_bytes, int gpus_per_node, const NetworkModel& m);
+
+}  // namespace wl::transfer

@@ -1,0 +1,134 @@
+// What `weightlift` prints and draws, from values the layers return: the plan table, the
+// simulation report, the topology report, the loss plot, and the parsing of choices at the
+// command-line edge.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "commands.h"
+#include "report/loss_plot.h"
+#include "report/topology.h"
+#include "report/transfer_plan.h"
+#include "report/transfer_simulate.h"
+#include "weightlift/model/config.h"
+#include "weightlift/train/metrics.h"
+#include "weightlift/transfer/plan/offline_metadata.h"
+
+namespace wl::app {
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+TEST(PlanTable, ShowsEveryRank) {
+  auto plan = transfer::plan_offline({.config = *model::preset("tiny"),
+                                      .trainers = 2,
+                                      .receivers = 4,
+                                      .tp = 2,
+                                      .format = transfer::WeightFormat::kFP8});
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  const std::string text = plan_table(*plan);
+  EXPECT_NE(text.find("2 trainers (1 mesh(es) of 2), 4 receivers"), std::string::npos) << text;
+  EXPECT_NE(text.find("receiver     5       1        1/2      fp8"), std::string::npos) << text;
+}
+
+TEST(ParseChoice, NamesTheFlagWhatWasGivenAndWhatIsAccepted) {
+  auto ok = parse_choice<int>("--mode", "b", {{"a", 1}, {"b", 2}});
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(*ok, 2);
+  auto bad = parse_choice<int>("--mode", "c", {{"a", 1}, {"b", 2}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("--mode 'c': expected one of a, b"), std::string::npos)
+      << bad.status().message();
+}
+
+TEST(SimulationReport, TextAndJsonOfAReducedK2Run) {
+  const transfer::ClusterOptions o{.k2 = {.hidden = 512,
+                                          .num_layers = 3,
+                                          .first_dense = 1,
+                                          .dense_ffn = 768,
+                                          .num_experts = 16,
+                                          .num_shared = 1,
+                                          .moe_ffn = 256,
+                                          .num_heads = 8,
+                                          .q_lora = 192,
+                                          .kv_lora = 64,
+                                          .qk_nope = 32,
+                                          .qk_rope = 16,
+                                          .v_head = 32,
+                                          .vocab = 1024},
+                                   .trainers = 16,
+                                   .receivers = 8,
+                                   .gpus_per_node = 4,
+                                   .engine_gpus = 4,
+                                   .dense_mesh = 4,
+                                   .expert_mesh = 2};
+  auto s = transfer::simulate_cluster(o);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  const std::string text = simulation_report(o, *s);
+  for (const char* needle : {"critical sender", "sensitivity", "--nic-gbps", "--engine-gpus",
+                             "dominant assumption", "expert", "dense", "2 engine(s) of 4"}) {
+    EXPECT_NE(text.find(needle), std::string::npos) << needle << " in\n" << text;
+  }
+  const std::string json = simulation_json(o, *s);
+  EXPECT_NE(json.find("\"predicted_s\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"engine_gpus\": 4"), std::string::npos) << json;
+}
+
+TEST(TopologyReport, NamesTheTreeAndTheWarnings) {
+  comm::TopologyReport r;
+  r.source = "test.xml";
+  r.pcie_tree = "host bridge (root complex)\n  cuda2\n";
+  EXPECT_NE(topology_report(r).find("No warnings."), std::string::npos);
+  r.warnings.push_back("GPU x has no NIC under its PCIe switch");
+  const std::string text = topology_report(r);
+  EXPECT_NE(text.find("  host bridge (root complex)"), std::string::npos) << text;
+  EXPECT_NE(text.find("  - GPU x has no NIC"), std::string::npos) << text;
+}
+
+// The plot of a metrics file holds every record: six points on the raw loss curve, and the
+// validation loss as a series of its own.
+TEST(LossPlot, DrawsEveryRecordOfTheMetricsFile) {
+  const std::string dir = ::testing::TempDir() + "/loss_plot";
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream f(dir + "/metrics.jsonl", std::ios::trunc);
+    for (int step = 1; step <= 6; ++step) {
+      train::StepMetrics m{.step = step, .loss = 5.0 - 0.5 * step};
+      if (step % 3 == 0) m.val_loss = 5.2 - 0.5 * step;
+      f << train::metrics_to_json(m) << "\n";
+    }
+  }
+  ASSERT_TRUE(write_loss_plot({.metrics_path = dir + "/metrics.jsonl",
+                               .svg_path = dir + "/loss.svg",
+                               .title = "test",
+                               .unigram_entropy = 4.5})
+                  .ok());
+  const std::string plot = read_file(dir + "/loss.svg");
+  const size_t at = plot.find("points='");
+  ASSERT_NE(at, std::string::npos) << plot;
+  const std::string points = plot.substr(at + 8, plot.find('\'', at + 8) - at - 8);
+  EXPECT_EQ(std::count(points.begin(), points.end(), ','), 6) << points;
+  EXPECT_NE(plot.find("validation loss"), std::string::npos);
+  EXPECT_NE(plot.find("unigram entropy"), std::string::npos);
+
+  // A damaged file is refused, naming the line.
+  {
+    std::ofstream f(dir + "/metrics.jsonl", std::ios::trunc);
+    f << "not json\n" << train::metrics_to_json({.step = 1, .loss = 1}) << "\n";
+  }
+  Status s = write_loss_plot({.metrics_path = dir + "/metrics.jsonl", .svg_path = dir + "/l.svg"});
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.to_string();
+  EXPECT_NE(s.message().find("metrics.jsonl:1"), std::string::npos) << s.to_string();
+}
+
+}  // namespace
+}  // namespace wl::app
