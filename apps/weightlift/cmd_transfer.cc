@@ -124,29 +124,57 @@ void register_transfer(CLI::App& app, Outcome& out) {
   register_transfer_simulate(*transfer, out);
 }
 
+// The flags of `bench transfer` as strings, until the callback turns them into enums.
+struct BenchTransferArgs {
+  BenchTransferOptions o;
+  std::string dtype = "bf16", mode = "p2p", shard_dtype = "bf16", ranks = "processes";
+  bool as_rank = false;     // this process is one rank of a run (bench_transfer_rank)
+  double memcpy_gbps = 0;   // a rank's: what the starting process measured
+};
+
+Status run_bench_transfer(BenchTransferArgs a) {
+  WL_ASSIGN_OR_RETURN(a.o.format, parse_format(a.dtype));
+  WL_ASSIGN_OR_RETURN(a.o.shard_dtype, parse_shard_dtype(a.shard_dtype));
+  WL_ASSIGN_OR_RETURN(a.o.mode, parse_choice<transfer::TransferMode>(
+                                    "--mode", a.mode,
+                                    {{"p2p", transfer::TransferMode::kP2P},
+                                     {"broadcast", transfer::TransferMode::kBroadcast},
+                                     {"naive", transfer::TransferMode::kNaive}}));
+  WL_ASSIGN_OR_RETURN(a.o.threads, parse_choice<bool>("--ranks", a.ranks,
+                                                      {{"processes", false}, {"threads", true}}));
+  WL_ASSIGN_OR_RETURN(std::string report, a.as_rank ? bench_transfer_rank(a.o, a.memcpy_gbps)
+                                                     : bench_transfer(a.o));
+  std::fputs(report.c_str(), stdout);
+  return ok_status();
+}
+
 void register_bench_transfer(CLI::App& bench, Outcome& out) {
   auto* cmd = bench.add_subcommand("transfer", "time weight updates trainer -> receivers");
-  auto o = std::make_shared<BenchTransferOptions>();
-  cmd->add_option("--preset", o->preset)->capture_default_str();
-  cmd->add_option("--trainers", o->trainers)->capture_default_str();
-  cmd->add_option("--receivers", o->receivers)->capture_default_str();
-  cmd->add_option("--tp", o->tp)->capture_default_str();
-  cmd->add_option("--dtype", o->dtype, "bf16 or fp8")->capture_default_str();
-  cmd->add_option("--mode", o->mode, "p2p, broadcast or naive")->capture_default_str();
-  cmd->add_option("--shard-dtype", o->shard_dtype, "bf16 or f32")->capture_default_str();
-  cmd->add_option("--updates", o->updates, "timed updates")->capture_default_str();
-  cmd->add_option("--watermark-bytes", o->watermark_bytes)->capture_default_str();
-  cmd->add_option("--bucket-bytes", o->bucket_bytes)->capture_default_str();
-  cmd->add_flag("--verify,!--no-verify", o->verify, "check receivers against the reference");
-  cmd->add_flag("--json", o->json, "one JSON object");
-  cmd->callback([&out, o] {
-    Result<std::string> r = bench_transfer(*o);
-    if (!r.ok()) {
-      out.exit_code = report("bench transfer", r.status());
-      return;
-    }
-    std::fputs(r->c_str(), stdout);
-  });
+  auto a = std::make_shared<BenchTransferArgs>();
+  BenchTransferOptions& o = a->o;
+  cmd->add_option("--preset", o.preset)->capture_default_str();
+  cmd->add_option("--trainers", o.trainers)->capture_default_str();
+  cmd->add_option("--receivers", o.receivers)->capture_default_str();
+  cmd->add_option("--tp", o.tp)->capture_default_str();
+  cmd->add_option("--dtype", a->dtype, "what receivers hold: bf16 or fp8")->capture_default_str();
+  cmd->add_option("--mode", a->mode, "p2p, broadcast or naive")->capture_default_str();
+  cmd->add_option("--shard-dtype", a->shard_dtype, "what trainers hold: bf16 or f32")
+      ->capture_default_str();
+  cmd->add_option("--ranks", a->ranks, "processes (one per rank) or threads (of this process)")
+      ->capture_default_str();
+  cmd->add_option("--updates", o.updates, "timed updates")->capture_default_str();
+  cmd->add_option("--watermark-bytes", o.watermark_bytes)->capture_default_str();
+  cmd->add_option("--bucket-bytes", o.bucket_bytes)->capture_default_str();
+  cmd->add_option("--timeout", o.timeout_s, "seconds any rank waits for any step")
+      ->capture_default_str();
+  cmd->add_option("--memcpy-bytes", o.memcpy_bytes, "buffer of the copy-rate measurement")
+      ->capture_default_str();
+  cmd->add_flag("--verify,!--no-verify", o.verify, "check receivers against the reference");
+  cmd->add_flag("--json", o.json, "one JSON object");
+  cmd->add_flag("--as-rank", a->as_rank, "(internal) one rank of a process run")->group("");
+  cmd->add_option("--memcpy-gbps", a->memcpy_gbps, "(internal) the starting process's copy rate")
+      ->group("");
+  cmd->callback([&out, a] { out.exit_code = report("bench transfer", run_bench_transfer(*a)); });
 }
 
 }  // namespace wl::app

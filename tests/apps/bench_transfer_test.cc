@@ -1,42 +1,75 @@
 // `weightlift bench transfer`: its JSON has the fields bench/compare_transfer.py reads, and
-// its own verification finds every receiver bit-exact.
+// its own verification finds every receiver bit-exact after an odd number of updates (negated
+// weights) and an even, with ranks as threads and, through the real command, as processes.
 #include "bench/transfer.h"
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <nlohmann/json.hpp>
 
 namespace wl::app {
 namespace {
 
-// The benchmark's JSON has the fields compare_transfer.py reads, and its own verification
-// finds every receiver bit-exact after an odd number of updates (negated weights) and an even.
-TEST(BenchTransfer, TinyJsonInEveryModeVerifiesBitExact) {
-  for (const char* mode : {"p2p", "broadcast", "naive"}) {
+using transfer::TransferMode;
+
+void expect_verified_json(const std::string& out, const char* ranks, TransferMode mode,
+                          int updates) {
+  const auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j.at("ranks"), ranks);
+  EXPECT_EQ(j.at("mode"), transfer::transfer_mode_name(mode));
+  EXPECT_EQ(j.at("update_ms").size(), size_t(updates));
+  EXPECT_GT(j.at("update_ms_p50").get<double>(), 0.0);
+  EXPECT_GE(j.at("update_ms_p99").get<double>(), j.at("update_ms_p50").get<double>());
+  EXPECT_GT(j.at("memcpy_gbps").get<double>(), 0.0);
+  ASSERT_EQ(j.at("bytes_received").size(), 2u);
+  EXPECT_GT(j.at("bytes_received")[0].get<uint64_t>(), 0u);
+  EXPECT_LE(j.at("peak_staging_bytes").get<uint64_t>(), j.at("watermark_bytes").get<uint64_t>());
+  EXPECT_EQ(j.at("wrong").get<uint64_t>(), 0u);
+}
+
+TEST(BenchTransfer, ThreadsInEveryModeVerifyBitExact) {
+  for (TransferMode mode : {TransferMode::kP2P, TransferMode::kBroadcast, TransferMode::kNaive}) {
     for (int updates : {1, 2}) {
+      SCOPED_TRACE(std::string(transfer::transfer_mode_name(mode)) + ", " +
+                   std::to_string(updates) + " updates");
       auto out = bench_transfer({.preset = "tiny",
-                                 .dtype = "fp8",
+                                 .format = transfer::WeightFormat::kFP8,
                                  .mode = mode,
                                  .updates = updates,
                                  .json = true,
+                                 .threads = true,
                                  .memcpy_bytes = 1 << 20});
       ASSERT_TRUE(out.ok()) << out.status().to_string();
-      const auto j = nlohmann::json::parse(*out);
-      EXPECT_EQ(j.at("mode"), mode);
-      EXPECT_EQ(j.at("update_ms").size(), size_t(updates));
-      EXPECT_GT(j.at("update_ms_median").get<double>(), 0.0);
-      EXPECT_GT(j.at("memcpy_gbps").get<double>(), 0.0);
-      ASSERT_EQ(j.at("bytes_received").size(), 2u);
-      EXPECT_GT(j.at("bytes_received")[0].get<uint64_t>(), 0u);
-      EXPECT_LE(j.at("peak_staging_bytes").get<uint64_t>(),
-                j.at("watermark_bytes").get<uint64_t>());
-      EXPECT_EQ(j.at("wrong").get<uint64_t>(), 0u) << mode << ", " << updates << " updates";
+      expect_verified_json(*out, "threads", mode, updates);
     }
   }
-  auto bad = bench_transfer({.preset = "tiny", .mode = "multicast"});
+}
+
+// The default: every rank its own process, started by the command itself.
+TEST(BenchTransfer, ProcessesThroughTheCommandVerifyBitExact) {
+  for (const char* mode : {"p2p", "broadcast"}) {
+    const std::string cmd = std::string(WL_WEIGHTLIFT) + " bench transfer --preset tiny " +
+                            "--dtype fp8 --updates 2 --json --memcpy-bytes 1048576 --mode " +
+                            mode + " 2>&1";
+    FILE* p = ::popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string out;
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+    ASSERT_EQ(::pclose(p), 0) << out;
+    expect_verified_json(out, "processes",
+                         *transfer::transfer_mode_from_name(mode), 2);
+  }
+}
+
+TEST(BenchTransfer, BadOptionsAreClearErrors) {
+  auto bad = bench_transfer({.preset = "tiny", .receivers = 3, .tp = 2});
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("--mode 'multicast'"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("tp 2 dividing receivers 3"), std::string::npos)
+      << bad.status().message();
+  EXPECT_FALSE(bench_transfer({.preset = "enormous"}).ok());
 }
 
 }  // namespace

@@ -50,5 +50,13 @@ TEST(StatusDeath, CheckPrintsBothValues) {
   EXPECT_DEATH({ WL_CHECK_EQ(a, b) << "extra"; }, "a == b \\(3 vs 4\\) extra");
 }
 
+// Reading the value of an error is a bug of ours: it aborts saying what the error was, rather
+// than throwing bad_variant_access with no word of it.
+TEST(StatusDeath, ValueOfAnErrorPrintsTheError) {
+  Result<int> r = not_found("checkpoint 'step-9'");
+  EXPECT_DEATH({ (void)r.value(); }, "Result::value\\(\\) on an error: NotFound: checkpoint 'step-9'");
+  EXPECT_DEATH({ (void)*std::move(r); }, "NotFound: checkpoint 'step-9'");
+}
+
 }  // namespace
 }  // namespace wl

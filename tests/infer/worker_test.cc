@@ -25,7 +25,7 @@
 #include "weightlift/model/generate.h"
 #include "weightlift/model/transformer.h"
 #include "weightlift/transfer/plan/plan_transfer.h"
-#include "weightlift/transfer/modes/p2p.h"
+#include "weightlift/transfer/modes/update_executor.h"
 #include "weightlift/transfer/layout/reference_transform.h"
 
 namespace wl::infer {
@@ -483,7 +483,7 @@ TEST(InferenceWorker, GeneratesFromWeightsDeliveredByAP2pUpdate) {
     auto plan = transfer::plan_transfer(*world, r.meta);
     ASSERT_TRUE(plan.ok()) << plan.status().to_string();
     if (!receiver) {
-      auto ex = transfer::Executor::for_trainer(world, *plan, *r.weights);
+      auto ex = transfer::testing::make_executor(r, *plan);
       ASSERT_TRUE(ex.ok()) << ex.status().to_string();
       for (int v = 1; v <= 2; ++v) {
         if (v == 2) r.weights->assign_full(b);
@@ -492,7 +492,7 @@ TEST(InferenceWorker, GeneratesFromWeightsDeliveredByAP2pUpdate) {
       }
       return;
     }
-    auto ex = transfer::Executor::for_receiver(world, *plan, *r.receiver);
+    auto ex = transfer::testing::make_executor(r, *plan);
     ASSERT_TRUE(ex.ok()) << ex.status().to_string();
     auto worker = InferenceWorker::create({.config = c, .layout = r.layout, .tp_group = *tp});
     ASSERT_TRUE(worker.ok()) << worker.status().to_string();

@@ -21,6 +21,7 @@
 #include "weightlift/transfer/plan/offline_metadata.h"
 #include "weightlift/transfer/layout/reference_transform.h"
 #include "weightlift/transfer/layout/trainer_weights.h"
+#include "weightlift/transfer/modes/update_executor.h"
 
 namespace wl::transfer::testing {
 
@@ -146,6 +147,18 @@ inline void run_planned(const Case& k, std::span<const float> w,
     ASSERT_TRUE(plan.ok()) << plan.status().to_string();
     fn(rank, r, *plan);
   });
+}
+
+// This rank's executor of `plan` in `mode`; collective over the world, as the library's is.
+inline Result<std::unique_ptr<UpdateExecutor>> make_executor(
+    Rank& r, const Plan& plan, TransferMode mode = TransferMode::kP2P,
+    size_t bucket_bytes = size_t(64) << 20) {
+  return make_update_executor({.world = r.world,
+                               .plan = plan,
+                               .weights = r.weights.get(),
+                               .receiver = r.receiver.get(),
+                               .mode = mode,
+                               .bucket_bytes = bucket_bytes});
 }
 
 // Every tensor the receiver holds equals the reference, byte for byte.

@@ -8,9 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fixture.h"
-#include "weightlift/transfer/modes/broadcast.h"
 #include "weightlift/transfer/plan/plan_transfer.h"
-#include "weightlift/transfer/modes/naive.h"
 
 namespace wl::transfer {
 namespace {
@@ -25,38 +23,16 @@ using testing::Rank;
 using testing::run_world;
 using testing::slot_is_zero;
 
-enum class Mode { kBroadcast, kNaive };
-
-// Either executor behind one call.
-struct AnyExecutor {
-  std::unique_ptr<BroadcastExecutor> broadcast;
-  std::unique_ptr<NaiveExecutor> naive;
-  Result<UpdateReport> update(const UpdateOptions& o) {
-    return broadcast ? broadcast->update(o) : naive->update(o);
-  }
-};
-
-AnyExecutor make_executor(Mode mode, Rank& r, const Plan& plan, size_t bucket_bytes) {
-  AnyExecutor ex;
-  if (mode == Mode::kBroadcast) {
-    auto e = r.weights ? BroadcastExecutor::for_trainer(r.world, plan, *r.weights,
-                                                        {.bucket_bytes = bucket_bytes})
-                       : BroadcastExecutor::for_receiver(r.world, plan, *r.receiver,
-                                                         {.bucket_bytes = bucket_bytes});
-    WL_CHECK(e.ok()) << e.status().to_string();
-    ex.broadcast = std::move(*e);
-  } else {
-    auto e = r.weights ? NaiveExecutor::for_trainer(r.world, plan, *r.weights)
-                       : NaiveExecutor::for_receiver(r.world, plan, *r.receiver);
-    WL_CHECK(e.ok()) << e.status().to_string();
-    ex.naive = std::move(*e);
-  }
-  return ex;
+std::unique_ptr<UpdateExecutor> executor_or_die(TransferMode mode, Rank& r, const Plan& plan,
+                                                size_t bucket_bytes) {
+  auto e = make_executor(r, plan, mode, bucket_bytes);
+  WL_CHECK(e.ok()) << e.status().to_string();
+  return std::move(*e);
 }
 
 // Two updates (weights A, then B), each bit-exact on every receiver.
-void run_case(Mode mode, const Case& k, size_t bucket_bytes = size_t(64) << 20) {
-  SCOPED_TRACE(std::string(mode == Mode::kBroadcast
+void run_case(TransferMode mode, const Case& k, size_t bucket_bytes = size_t(64) << 20) {
+  SCOPED_TRACE(std::string(mode == TransferMode::kBroadcast
                                ? "broadcast, bucket " + std::to_string(bucket_bytes)
                                : "naive") +
                ": " + k.name());
@@ -64,10 +40,10 @@ void run_case(Mode mode, const Case& k, size_t bucket_bytes = size_t(64) << 20) 
   const std::vector<float> a = random_weights(c, 1), b = random_weights(c, 2);
   const std::vector<float> a_held = as_held(a, k.shard_dtype), b_held = as_held(b, k.shard_dtype);
   run_planned(k, a, [&](int, Rank& r, const Plan& plan) {
-    AnyExecutor ex = make_executor(mode, r, plan, bucket_bytes);
+    std::unique_ptr<UpdateExecutor> ex = executor_or_die(mode, r, plan, bucket_bytes);
     for (int v = 1; v <= 2; ++v) {
       if (v == 2 && r.weights) r.weights->assign_full(b);
-      auto rep = ex.update({.watermark_bytes = size_t(1) << 30});
+      auto rep = ex->update({.watermark_bytes = size_t(1) << 30});
       ASSERT_TRUE(rep.ok()) << rep.status().to_string();
       EXPECT_EQ(rep->version, uint64_t(v));
       EXPECT_LE(rep->peak_staging_bytes, rep->watermark_bytes);
@@ -83,7 +59,7 @@ TEST(BroadcastMode, BitExactTp1And2Bf16AndFp8MeshOf1And2) {
   for (int tp : {1, 2}) {
     for (WeightFormat f : {WeightFormat::kBF16, WeightFormat::kFP8}) {
       for (int mesh : {1, 2})
-        run_case(Mode::kBroadcast, {.mesh_size = mesh, .tp = tp, .format = f});
+        run_case(TransferMode::kBroadcast, {.mesh_size = mesh, .tp = tp, .format = f});
     }
   }
 }
@@ -91,9 +67,9 @@ TEST(BroadcastMode, BitExactTp1And2Bf16AndFp8MeshOf1And2) {
 TEST(BroadcastMode, BitExactWithOneGroupPerBucketBf16ShardsAndReplicas) {
   // Bucket size 1 is raised to the largest parameter group: one group per bucket, owners
   // alternating between the two mesh ranks.
-  run_case(Mode::kBroadcast,
+  run_case(TransferMode::kBroadcast,
            {.mesh_size = 2, .tp = 2, .format = WeightFormat::kFP8, .shard_dtype = DType::kBF16}, 1);
-  run_case(Mode::kBroadcast,
+  run_case(TransferMode::kBroadcast,
            {.meshes = 2, .mesh_size = 1, .tp = 1, .engines = 2, .format = WeightFormat::kFP8},
            40000);
 }
@@ -101,10 +77,10 @@ TEST(BroadcastMode, BitExactWithOneGroupPerBucketBf16ShardsAndReplicas) {
 TEST(NaiveMode, BitExactTp1And2Bf16AndFp8MeshOf1And2) {
   for (int tp : {1, 2}) {
     for (WeightFormat f : {WeightFormat::kBF16, WeightFormat::kFP8}) {
-      for (int mesh : {1, 2}) run_case(Mode::kNaive, {.mesh_size = mesh, .tp = tp, .format = f});
+      for (int mesh : {1, 2}) run_case(TransferMode::kNaive, {.mesh_size = mesh, .tp = tp, .format = f});
     }
   }
-  run_case(Mode::kNaive, {.meshes = 2,
+  run_case(TransferMode::kNaive, {.meshes = 2,
                           .mesh_size = 1,
                           .tp = 2,
                           .format = WeightFormat::kFP8,
@@ -117,18 +93,18 @@ TEST(Modes, RefuseChecksumsAndASmallNaiveWatermarkBeforeAnyByte) {
   const Case k{.mesh_size = 1, .tp = 2, .format = WeightFormat::kBF16};
   const model::ModelConfig c = preset_or_die(k.preset);
   const std::vector<float> a = random_weights(c, 1);
-  for (Mode mode : {Mode::kBroadcast, Mode::kNaive}) {
+  for (TransferMode mode : {TransferMode::kBroadcast, TransferMode::kNaive}) {
     run_planned(k, a, [&](int rank, Rank& r, const Plan& plan) {
-      AnyExecutor ex = make_executor(mode, r, plan, size_t(1) << 20);
-      auto rep = ex.update({.watermark_bytes = size_t(1) << 30, .checksums = true});
+      std::unique_ptr<UpdateExecutor> ex = executor_or_die(mode, r, plan, size_t(1) << 20);
+      auto rep = ex->update({.watermark_bytes = size_t(1) << 30, .checksums = true});
       ASSERT_FALSE(rep.ok());
       EXPECT_EQ(rep.status().code(), StatusCode::kInvalidArgument) << rep.status().to_string();
       // Every rank refuses; each reports the lowest refusing rank, rank 0 its own reason.
       const std::string why = rank == 0 ? "no per-task checksums" : "refused by world rank 0";
       EXPECT_NE(rep.status().message().find(why), std::string::npos) << rep.status().message();
-      if (mode == Mode::kNaive) {
+      if (mode == TransferMode::kNaive) {
         rep =
-            ex.update({.watermark_bytes = size_t(1) << 20});  // tiny in f32: 1.04 MB, needed twice
+            ex->update({.watermark_bytes = size_t(1) << 20});  // tiny in f32: 1.04 MB, needed twice
         ASSERT_FALSE(rep.ok());
         EXPECT_EQ(rep.status().code(), StatusCode::kResourceExhausted) << rep.status().to_string();
         const std::string want =
@@ -154,14 +130,8 @@ TEST(Modes, AnExecutorRefusesAPlanThatMisplacesItsRank) {
     wrong.mesh_size = 2;
     wrong.receivers.clear();
     std::vector<Status> refusals;
-    if (r.weights) {
-      refusals = {Executor::for_trainer(r.world, wrong, *r.weights).status(),
-                  BroadcastExecutor::for_trainer(r.world, wrong, *r.weights).status(),
-                  NaiveExecutor::for_trainer(r.world, wrong, *r.weights).status()};
-    } else {
-      refusals = {Executor::for_receiver(r.world, wrong, *r.receiver).status(),
-                  BroadcastExecutor::for_receiver(r.world, wrong, *r.receiver).status(),
-                  NaiveExecutor::for_receiver(r.world, wrong, *r.receiver).status()};
+    for (TransferMode mode : {TransferMode::kP2P, TransferMode::kBroadcast, TransferMode::kNaive}) {
+      refusals.push_back(make_executor(r, wrong, mode).status());
     }
     const std::string want =
         r.weights

@@ -10,7 +10,7 @@
 
 #include "fixture.h"
 #include "weightlift/transfer/plan/plan_transfer.h"
-#include "weightlift/transfer/modes/p2p.h"
+#include "weightlift/transfer/modes/update_executor.h"
 #include "weightlift/transfer/layout/reference_transform.h"
 
 namespace wl::transfer {
@@ -35,7 +35,7 @@ void run_case(const Case& k) {
   const std::vector<float> a_held = as_held(a, k.shard_dtype), b_held = as_held(b, k.shard_dtype);
   run_planned(k, a, [&](int, Rank& r, const Plan& plan) {
     if (r.weights) {
-      auto ex = Executor::for_trainer(r.world, plan, *r.weights);
+      auto ex = make_executor(r, plan);
       ASSERT_TRUE(ex.ok()) << ex.status().to_string();
       const size_t wm = (*ex)->required_watermark();
       for (int v = 1; v <= 2; ++v) {
@@ -49,7 +49,7 @@ void run_case(const Case& k) {
         }
       }
     } else {
-      auto ex = Executor::for_receiver(r.world, plan, *r.receiver);
+      auto ex = make_executor(r, plan);
       ASSERT_TRUE(ex.ok()) << ex.status().to_string();
       for (int v = 1; v <= 2; ++v) {
         auto rep = (*ex)->update({.checksums = true});
@@ -90,12 +90,12 @@ TEST(P2pUpdate, WatermarkBelowThePlansNeedIsRefusedBeforeAnyPut) {
   run_planned(k, a, [&](int rank, Rank& r, const Plan& plan) {
     Result<UpdateReport> rep = Status();
     if (r.weights) {
-      auto ex = Executor::for_trainer(r.world, plan, *r.weights);
+      auto ex = make_executor(r, plan);
       ASSERT_TRUE(ex.ok());
       const size_t wm = rank == 1 ? (*ex)->required_watermark() - 1 : size_t(1) << 30;
       rep = (*ex)->update({.watermark_bytes = wm});
     } else {
-      auto ex = Executor::for_receiver(r.world, plan, *r.receiver);
+      auto ex = make_executor(r, plan);
       ASSERT_TRUE(ex.ok());
       rep = (*ex)->update({});
       EXPECT_TRUE(slot_is_zero(*r.receiver, 0) && slot_is_zero(*r.receiver, 1));
@@ -138,7 +138,7 @@ TEST(P2pUpdate, StaleRkeyOfARestartedReceiverIsRefusedBeforeAnyPut) {
   run_planned(k, a, [&](int rank, Rank& r, const Plan& plan) {
     Result<UpdateReport> rep = Status();
     if (r.weights) {
-      auto ex = Executor::for_trainer(r.world, plan, *r.weights);
+      auto ex = make_executor(r, plan);
       ASSERT_TRUE(ex.ok());
       rep = (*ex)->update({});
     } else {
@@ -149,7 +149,7 @@ TEST(P2pUpdate, StaleRkeyOfARestartedReceiverIsRefusedBeforeAnyPut) {
         ASSERT_TRUE(again.ok());
         r.receiver = std::move(*again);
       }
-      auto ex = Executor::for_receiver(r.world, plan, *r.receiver);
+      auto ex = make_executor(r, plan);
       ASSERT_TRUE(ex.ok());
       rep = (*ex)->update({});
       EXPECT_TRUE(slot_is_zero(*r.receiver, 0) && slot_is_zero(*r.receiver, 1));
@@ -168,7 +168,7 @@ void corrupt_run(bool checksums, std::atomic<int>* corrupted) {
   const std::vector<float> a = random_weights(c, 1);
   run_planned(k, a, [&](int rank, Rank& r, const Plan& plan) {
     if (r.weights) {
-      auto ex = Executor::for_trainer(r.world, plan, *r.weights);
+      auto ex = make_executor(r, plan);
       ASSERT_TRUE(ex.ok());
       UpdateOptions o{.checksums = checksums};
       if (rank == 0) {
@@ -179,13 +179,13 @@ void corrupt_run(bool checksums, std::atomic<int>* corrupted) {
       auto rep = (*ex)->update(o);
       EXPECT_EQ(rep.ok(), !checksums) << rep.status().to_string();
     } else {
-      auto ex = Executor::for_receiver(r.world, plan, *r.receiver);
+      auto ex = make_executor(r, plan);
       ASSERT_TRUE(ex.ok());
       auto rep = (*ex)->update({.checksums = checksums});
       if (checksums) {
         ASSERT_FALSE(rep.ok());
         EXPECT_EQ(rep.status().code(), StatusCode::kDataLoss);
-        const std::string want = rank == 2 ? "receiver rank 2: tensor '" : "receiver rank 2 found";
+        const std::string want = rank == 2 ? "receiver rank 2: tensor '" : "world rank 2 failed";
         EXPECT_NE(rep.status().message().find(want), std::string::npos) << rep.status().message();
         EXPECT_EQ(r.receiver->version(), 0u);  // the corrupted version was never published
       } else {
@@ -224,7 +224,7 @@ TEST(P2pUpdate, ReadersNeverSeeTwoVersionsMixed) {
   std::atomic<int> torn{0}, reads{0};
   run_planned(k, zero, [&](int, Rank& r, const Plan& plan) {
     if (r.weights) {
-      auto ex = Executor::for_trainer(r.world, plan, *r.weights);
+      auto ex = make_executor(r, plan);
       ASSERT_TRUE(ex.ok());
       for (int v = 1; v <= 6; ++v) {
         r.weights->assign_full(std::vector<float>(n, float(v)));
@@ -233,7 +233,7 @@ TEST(P2pUpdate, ReadersNeverSeeTwoVersionsMixed) {
       }
       return;
     }
-    auto ex = Executor::for_receiver(r.world, plan, *r.receiver);
+    auto ex = make_executor(r, plan);
     ASSERT_TRUE(ex.ok());
     std::atomic<bool> done{false};
     std::thread reader([&] {

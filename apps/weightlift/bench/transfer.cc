@@ -1,44 +1,46 @@
-// bench_transfer (apps/weightlift/bench/transfer.h): a world of thread-ranks, K timed updates, the table or
-// JSON, and an untimed comparison with the reference at the end.
+// bench_transfer (transfer.h): the ranks (processes or threads), each rank's timed updates,
+// the results gathered on rank 0, and the report.
 #include "bench/transfer.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
-#include <functional>
-#include <optional>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 #include <vector>
 
+#include "weightlift/comm/allgather.h"
 #include "weightlift/comm/barrier.h"
+#include "weightlift/comm/launch.h"
+#include "weightlift/comm/launch_env.h"
 #include "weightlift/comm/memory_store.h"
+#include "weightlift/comm/world.h"
 #include "weightlift/core/random.h"
+#include "weightlift/core/timing.h"
 #include "weightlift/model/params.h"
-#include "weightlift/transfer/modes/broadcast.h"
-#include "weightlift/transfer/plan/plan_transfer.h"
-#include "weightlift/transfer/modes/p2p.h"
-#include "weightlift/transfer/modes/naive.h"
 #include "weightlift/transfer/layout/reference_transform.h"
+#include "weightlift/transfer/plan/plan_transfer.h"
 
 namespace wl::app {
-
-using namespace wl::transfer;  // this benchmark drives the transfer engine throughout
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
+using transfer::Receiver;
+using transfer::TrainerWeights;
+using transfer::UpdateReport;
 
 // Best of three single-thread copies of `bytes`, in decimal GB/s.
 double memcpy_gbps(size_t bytes) {
   std::vector<std::byte> a(bytes, std::byte{1}), b(bytes, std::byte{2});
   double best = 1e30;
   for (int i = 0; i < 3; ++i) {
-    const auto t = Clock::now();
+    const Stopwatch t;
     std::memcpy(b.data(), a.data(), bytes);
-    best = std::min(best, since(t));
+    best = std::min(best, t.seconds());
   }
   return double(bytes) / best / 1e9;
 }
@@ -47,7 +49,7 @@ double memcpy_gbps(size_t bytes) {
 // in place and cheaply; negation commutes with bf16 rounding and with fp8 block quantization,
 // so the reference of the result is the reference of the negated full weights.
 void negate_shards(TrainerWeights& w) {
-  for (ShardedTensor& s : w.tensors()) {
+  for (transfer::ShardedTensor& s : w.tensors()) {
     const Tensor& t = s.shard();
     const int64_t n = t.numel();  // not in the loop condition: numel() multiplies the shape
     if (s.dtype() == DType::kBF16) {
@@ -60,262 +62,370 @@ void negate_shards(TrainerWeights& w) {
   }
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
+// The trainers' full weights, already rounded to what their shards hold; every rank makes
+// the same from the same seed.
+std::vector<float> full_weights(const model::ModelConfig& c, DType shard_dtype) {
+  std::vector<float> full(size_t(model::ParamLayout(c).total()));
+  Rng rng(1234);
+  for (float& x : full) x = (2.0f * rng.uniform() - 1.0f) * 0.05f;
+  if (shard_dtype == DType::kBF16) round_through(DType::kBF16, full.data(), full.data(), full.size());
+  return full;
 }
-double p90(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[std::min(v.size() - 1, size_t(double(v.size()) * 0.9))];
+
+// What one rank reports, as doubles so that rank 0 can allgather it: per timed update its
+// wall time and its UpdateReport's fields, then what it holds afterwards.
+enum UpdateField { kWall, kGather, kPrepare, kWrite, kBarrier, kBytes, kDirect, kPeak,
+                   kWatermark, kUpdateFields };
+enum TailField { kDelivered, kWrong, kTailFields };
+
+size_t outcome_size(int updates) { return size_t(updates) * kUpdateFields + kTailFields; }
+
+void record_update(std::vector<double>& out, int u, double wall, const UpdateReport& r) {
+  double* f = out.data() + size_t(u) * kUpdateFields;
+  f[kWall] = wall;
+  f[kGather] = r.gather_seconds;
+  f[kPrepare] = r.prepare_seconds;
+  f[kWrite] = r.write_seconds;
+  f[kBarrier] = r.barrier_seconds;
+  f[kBytes] = double(r.bytes);
+  f[kDirect] = double(r.direct_bytes);
+  f[kPeak] = double(r.peak_staging_bytes);
+  f[kWatermark] = double(r.watermark_bytes);
+}
+
+// This rank's trainer weights or receiver, described for planning.
+struct Role {
+  std::unique_ptr<TrainerWeights> weights;
+  std::unique_ptr<Receiver> receiver;
+  transfer::LayoutOptions layout;
+  transfer::RankMeta meta;
+};
+
+Result<Role> join(const BenchTransferOptions& o, const model::ModelConfig& c,
+                  const std::vector<float>& full, const std::shared_ptr<comm::Group>& world) {
+  const int rank = world->rank();
+  const bool trainer = rank < o.trainers;
+  WL_ASSIGN_OR_RETURN(auto mesh, world->split({.color = trainer ? 0 : comm::kNoColor, .key = rank}));
+  Role r;
+  if (trainer) {
+    r.weights = std::make_unique<TrainerWeights>(
+        TrainerWeights::from_full(c, full, mesh, {.dtype = o.shard_dtype}));
+    r.meta = transfer::describe_trainer(rank, *r.weights);
+    return r;
+  }
+  const int i = rank - o.trainers;
+  r.layout = {.tp = o.tp, .tp_rank = i % o.tp, .format = o.format};
+  WL_ASSIGN_OR_RETURN(auto lay, transfer::inference_layout(c, r.layout));
+  WL_ASSIGN_OR_RETURN(r.receiver,
+                      Receiver::create(world->worker(), {.tensors = transfer::tensor_specs(lay),
+                                                         .engine = i / o.tp,
+                                                         .tp = o.tp,
+                                                         .tp_rank = i % o.tp,
+                                                         .format = o.format}));
+  r.meta = transfer::describe_receiver(rank, *r.receiver);
+  return r;
+}
+
+// Tensors of `receiver` that differ from the reference of `held` (what the trainers hold).
+uint64_t count_wrong(const model::ModelConfig& c, const Role& r, const std::vector<float>& held) {
+  const auto ref = transfer::reference_receiver_tensors(c, r.layout, held);
+  Receiver::ReadGuard g = r.receiver->acquire();
+  uint64_t wrong = 0;
+  for (const transfer::ReceiverEntry& e : r.receiver->entries()) {
+    const transfer::ReferenceTensor& want = ref.at(e.spec.name);
+    wrong += want.bytes.size() != e.bytes ||
+             std::memcmp(g.tensor(e.spec.name).raw(), want.bytes.data(), e.bytes) != 0;
+  }
+  return wrong;
+}
+
+// One rank's whole run: join, plan, the warm-up and timed updates, the verification.
+Result<std::vector<double>> run_updates(const BenchTransferOptions& o, const model::ModelConfig& c,
+                                        const std::shared_ptr<comm::Group>& world) {
+  std::vector<float> full = full_weights(c, o.shard_dtype);
+  WL_ASSIGN_OR_RETURN(Role r, join(o, c, full, world));
+  WL_ASSIGN_OR_RETURN(transfer::Plan plan, transfer::plan_transfer(*world, r.meta));
+  WL_ASSIGN_OR_RETURN(auto ex, transfer::make_update_executor({.world = world,
+                                                               .plan = std::move(plan),
+                                                               .weights = r.weights.get(),
+                                                               .receiver = r.receiver.get(),
+                                                               .mode = o.mode,
+                                                               .bucket_bytes = o.bucket_bytes}));
+  const transfer::UpdateOptions u{.watermark_bytes = std::max(o.watermark_bytes,
+                                                             ex->required_watermark()),
+                                  .timeout = std::chrono::seconds(o.timeout_s)};
+  std::vector<double> out(outcome_size(o.updates), 0.0);
+  for (int round = 0; round <= o.updates; ++round) {  // round 0: the untimed warm-up
+    if (round > 0 && r.weights) negate_shards(*r.weights);  // new weights, untimed
+    WL_RETURN_IF_ERROR(comm::barrier(*world));
+    const Stopwatch t;
+    WL_ASSIGN_OR_RETURN(UpdateReport rep, ex->update(u));
+    if (round > 0) record_update(out, round - 1, t.seconds(), rep);
+  }
+  double* tail = out.data() + size_t(o.updates) * kUpdateFields;
+  if (r.receiver) {
+    for (const transfer::ReceiverEntry& e : r.receiver->entries()) tail[kDelivered] += double(e.bytes);
+    if (o.verify) {
+      if (o.updates % 2 == 1) {
+        for (float& x : full) x = -x;
+      }
+      tail[kWrong] = double(count_wrong(c, r, full));
+    }
+  }
+  return out;
 }
 
 struct Split {
-  double gather = 0, prepare = 0, write = 0, barrier = 0;
+  double gather = 0, prepare = 0, write = 0, barrier = 0;  // ms
 };
 
-}  // namespace
-
-Result<std::string> bench_transfer(const BenchTransferOptions& o) {
-  const std::string where = "bench transfer: ";
-  auto config = model::preset(o.preset);
-  if (!config.ok()) return config.status().with_context("bench transfer --preset");
-  const model::ModelConfig c = *config;
-  const std::optional<WeightFormat> format = weight_format_from_name(o.dtype);
-  if (!format) return invalid_argument(where + "--dtype '" + o.dtype + "' is neither bf16 nor fp8");
-  if (o.mode != "p2p" && o.mode != "broadcast" && o.mode != "naive") {
-    return invalid_argument(where + "--mode '" + o.mode + "' is not p2p, broadcast or naive");
-  }
-  if (o.shard_dtype != "bf16" && o.shard_dtype != "f32") {
-    return invalid_argument(where + "--shard-dtype '" + o.shard_dtype +
-                            "' is neither bf16 nor f32");
-  }
-  const DType shard_dtype = o.shard_dtype == "bf16" ? DType::kBF16 : DType::kF32;
-  if (o.trainers < 1 || o.receivers < 1 || o.tp < 1 || o.updates < 1 || o.receivers % o.tp != 0) {
-    return invalid_argument(where + "need trainers, receivers, tp and updates >= 1 and tp " +
-                            std::to_string(o.tp) + " dividing receivers " +
-                            std::to_string(o.receivers));
-  }
-  if (auto lay = inference_layout(c, {.tp = o.tp, .format = *format}); !lay.ok()) {
-    return lay.status().with_context(where.substr(0, where.size() - 2));
-  }
-
-  const double copy_gbps = memcpy_gbps(o.memcpy_bytes);
-
-  // The trainers' full weights, already rounded to what their shards hold.
-  const model::ParamLayout layout(c);
-  std::vector<float> full(size_t(layout.total()));
-  {
-    Rng rng(1234);
-    for (float& x : full) x = (2.0f * rng.uniform() - 1.0f) * 0.05f;
-    if (shard_dtype == DType::kBF16) {
-      round_through(DType::kBF16, full.data(), full.data(), full.size());
-    }
-  }
-
-  const int size = o.trainers + o.receivers;
-  const int rounds = o.updates + 1;  // the first is the untimed warm-up
-  const size_t n = static_cast<size_t>(size);
-  std::vector<std::vector<UpdateReport>> reports(static_cast<size_t>(rounds),
-                                                 std::vector<UpdateReport>(n));
-  std::vector<std::vector<double>> wall(static_cast<size_t>(rounds), std::vector<double>(n));
-  std::vector<Status> errors(n);
-  std::vector<uint64_t> delivered(n), wrong(n);
-  std::vector<float> negated;  // the reference input when an odd number of negations ran
-  const bool negated_last = o.updates % 2 == 1;
-  if (o.verify && negated_last) {
-    negated = full;
-    for (float& x : negated) x = -x;
-  }
-
-  auto store = std::make_shared<comm::MemoryStore>();
-  auto rank_main = [&](int rank) -> Status {
-    WL_ASSIGN_OR_RETURN(
-        auto world,
-        comm::Group::connect(
-            {.store = store, .rank = rank, .size = size, .timeout = std::chrono::seconds(300)}));
-    const bool trainer = rank < o.trainers;
-    WL_ASSIGN_OR_RETURN(auto mesh,
-                        world->split({.color = trainer ? 0 : comm::kNoColor, .key = rank}));
-    std::unique_ptr<TrainerWeights> weights;
-    std::unique_ptr<Receiver> receiver;
-    LayoutOptions lo;
-    RankMeta meta;
-    if (trainer) {
-      weights = std::make_unique<TrainerWeights>(
-          TrainerWeights::from_full(c, full, mesh, {.dtype = shard_dtype}));
-      meta = describe_trainer(rank, *weights);
-    } else {
-      const int i = rank - o.trainers;
-      lo = {.tp = o.tp, .tp_rank = i % o.tp, .format = *format};
-      WL_ASSIGN_OR_RETURN(auto lay, inference_layout(c, lo));
-      WL_ASSIGN_OR_RETURN(receiver, Receiver::create(world->worker(), {.tensors = tensor_specs(lay),
-                                                                       .engine = i / o.tp,
-                                                                       .tp = o.tp,
-                                                                       .tp_rank = i % o.tp,
-                                                                       .format = *format}));
-      meta = describe_receiver(rank, *receiver);
-    }
-    WL_ASSIGN_OR_RETURN(Plan plan, plan_transfer(*world, meta));
-
-    std::function<Result<UpdateReport>(const UpdateOptions&)> update;
-    std::unique_ptr<Executor> p2p;
-    std::unique_ptr<BroadcastExecutor> broadcast;
-    std::unique_ptr<NaiveExecutor> naive;
-    size_t watermark = o.watermark_bytes;
-    if (o.mode == "p2p") {
-      WL_ASSIGN_OR_RETURN(p2p, trainer ? Executor::for_trainer(world, plan, *weights)
-                                       : Executor::for_receiver(world, plan, *receiver));
-      update = [&](const UpdateOptions& u) { return p2p->update(u); };
-    } else if (o.mode == "broadcast") {
-      const BroadcastModeOptions bo{.bucket_bytes = o.bucket_bytes};
-      WL_ASSIGN_OR_RETURN(broadcast,
-                          trainer ? BroadcastExecutor::for_trainer(world, plan, *weights, bo)
-                                  : BroadcastExecutor::for_receiver(world, plan, *receiver, bo));
-      update = [&](const UpdateOptions& u) { return broadcast->update(u); };
-    } else {
-      WL_ASSIGN_OR_RETURN(naive, trainer ? NaiveExecutor::for_trainer(world, plan, *weights)
-                                         : NaiveExecutor::for_receiver(world, plan, *receiver));
-      watermark = std::max(watermark, naive->required_watermark());
-      update = [&](const UpdateOptions& u) { return naive->update(u); };
-    }
-    for (int u = 0; u < rounds; ++u) {
-      if (u > 0 && weights) negate_shards(*weights);  // new weights, untimed
-      WL_RETURN_IF_ERROR(comm::barrier(*world));
-      const auto t = Clock::now();
-      WL_ASSIGN_OR_RETURN(UpdateReport rep, update({.watermark_bytes = watermark,
-                                                    .timeout = std::chrono::seconds(300)}));
-      wall[size_t(u)][size_t(rank)] = since(t);
-      reports[size_t(u)][size_t(rank)] = rep;
-    }
-    if (receiver) {
-      for (const ReceiverEntry& e : receiver->entries()) delivered[size_t(rank)] += e.bytes;
-      if (o.verify) {
-        const auto ref = reference_receiver_tensors(c, lo, negated_last ? negated : full);
-        Receiver::ReadGuard g = receiver->acquire();
-        for (const ReceiverEntry& e : receiver->entries()) {
-          const ReferenceTensor& want = ref.at(e.spec.name);
-          wrong[size_t(rank)] +=
-              want.bytes.size() != e.bytes ||
-              std::memcmp(g.tensor(e.spec.name).raw(), want.bytes.data(), e.bytes) != 0;
-        }
-      }
-    }
-    return comm::barrier(*world);
-  };
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] { errors[size_t(r)] = rank_main(r); });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < size; ++r) {
-    if (!errors[size_t(r)].ok()) {
-      return errors[size_t(r)].with_context("bench transfer, world rank " + std::to_string(r));
-    }
-  }
-
-  // Timed updates only.
+// Every rank's outcome, summarised as the report gives it.
+struct Summary {
   std::vector<double> update_ms;
-  std::vector<Split> trainer_split, receiver_split;
+  Split trainer, receiver;  // p50 over updates of the slowest rank's time per stage
+  std::vector<uint64_t> sent, received, direct;
+  uint64_t delivered = 0, wrong = 0;
   size_t peak = 0, watermark = 0;
-  for (int u = 1; u < rounds; ++u) {
-    update_ms.push_back(1e3 * *std::max_element(wall[size_t(u)].begin(), wall[size_t(u)].end()));
+  double p50 = 0, p99 = 0, gbps = 0, memcpy_gbps = 0;
+};
+
+Split p50_split(const std::vector<Split>& v) {
+  std::vector<double> g, p, w, b;
+  for (const Split& s : v) {
+    g.push_back(s.gather);
+    p.push_back(s.prepare);
+    w.push_back(s.write);
+    b.push_back(s.barrier);
+  }
+  return {percentile(g, 0.5), percentile(p, 0.5), percentile(w, 0.5), percentile(b, 0.5)};
+}
+
+Summary summarize(const BenchTransferOptions& o, const std::vector<double>& all, double copy) {
+  const int size = o.trainers + o.receivers;
+  auto field = [&](int rank, int u, UpdateField f) {
+    return all[size_t(rank) * outcome_size(o.updates) + size_t(u) * kUpdateFields + f];
+  };
+  Summary s{.memcpy_gbps = copy};
+  std::vector<Split> trainer, receiver;
+  for (int u = 0; u < o.updates; ++u) {
+    double wall = 0;
     Split ts, rs;
     for (int r = 0; r < size; ++r) {
-      const UpdateReport& rep = reports[size_t(u)][size_t(r)];
-      Split& s = r < o.trainers ? ts : rs;
-      s.gather = std::max(s.gather, 1e3 * rep.gather_seconds);
-      s.prepare = std::max(s.prepare, 1e3 * rep.prepare_seconds);
-      s.write = std::max(s.write, 1e3 * rep.write_seconds);
-      s.barrier = std::max(s.barrier, 1e3 * rep.barrier_seconds);
-      peak = std::max(peak, rep.peak_staging_bytes);
-      watermark = std::max(watermark, rep.watermark_bytes);
+      wall = std::max(wall, field(r, u, kWall));
+      Split& x = r < o.trainers ? ts : rs;
+      x.gather = std::max(x.gather, 1e3 * field(r, u, kGather));
+      x.prepare = std::max(x.prepare, 1e3 * field(r, u, kPrepare));
+      x.write = std::max(x.write, 1e3 * field(r, u, kWrite));
+      x.barrier = std::max(x.barrier, 1e3 * field(r, u, kBarrier));
+      s.peak = std::max(s.peak, size_t(field(r, u, kPeak)));
+      s.watermark = std::max(s.watermark, size_t(field(r, u, kWatermark)));
     }
-    trainer_split.push_back(ts);
-    receiver_split.push_back(rs);
+    s.update_ms.push_back(1e3 * wall);
+    trainer.push_back(ts);
+    receiver.push_back(rs);
   }
-  auto split_median = [](const std::vector<Split>& v) {
-    std::vector<double> g, p, w, b;
-    for (const Split& s : v) {
-      g.push_back(s.gather);
-      p.push_back(s.prepare);
-      w.push_back(s.write);
-      b.push_back(s.barrier);
-    }
-    return Split{median(g), median(p), median(w), median(b)};
-  };
-  const Split ts = split_median(trainer_split), rs = split_median(receiver_split);
-  std::vector<uint64_t> sent, received, direct;
-  uint64_t delivered_bytes = 0, wrong_tensors = 0;
+  s.trainer = p50_split(trainer);
+  s.receiver = p50_split(receiver);
   for (int r = 0; r < size; ++r) {
-    const uint64_t b = reports.back()[size_t(r)].bytes;
-    (r < o.trainers ? sent : received).push_back(b);
-    if (r < o.trainers) direct.push_back(reports.back()[size_t(r)].direct_bytes);
-    delivered_bytes += delivered[size_t(r)];
-    wrong_tensors += wrong[size_t(r)];
+    const uint64_t bytes = uint64_t(field(r, o.updates - 1, kBytes));
+    (r < o.trainers ? s.sent : s.received).push_back(bytes);
+    if (r < o.trainers) s.direct.push_back(uint64_t(field(r, o.updates - 1, kDirect)));
+    const double* tail = all.data() + size_t(r + 1) * outcome_size(o.updates) - kTailFields;
+    s.delivered += uint64_t(tail[kDelivered]);
+    s.wrong += uint64_t(tail[kWrong]);
   }
-  const double med = median(update_ms);
-  const double gbps = double(delivered_bytes) / (med / 1e3) / 1e9;
+  s.p50 = percentile(s.update_ms, 0.5);
+  s.p99 = percentile(s.update_ms, 0.99);
+  s.gbps = double(s.delivered) / (s.p50 / 1e3) / 1e9;
+  return s;
+}
 
-  if (o.json) {
-    auto split_json = [](const Split& s) {
-      return nlohmann::json{
-          {"gather", s.gather}, {"prepare", s.prepare}, {"write", s.write}, {"barrier", s.barrier}};
-    };
-    nlohmann::json j = {{"impl", "weightlift"},
-                        {"mode", o.mode},
-                        {"preset", o.preset},
-                        {"trainers", o.trainers},
-                        {"receivers", o.receivers},
-                        {"tp", o.tp},
-                        {"dtype", o.dtype},
-                        {"shard_dtype", o.shard_dtype},
-                        {"updates", o.updates},
-                        {"update_ms", update_ms},
-                        {"update_ms_median", med},
-                        {"update_ms_p90", p90(update_ms)},
-                        {"split_ms", {{"trainer", split_json(ts)}, {"receiver", split_json(rs)}}},
-                        {"bytes_sent", sent},
-                        {"bytes_received", received},
-                        {"bytes_direct", direct},
-                        {"bytes_delivered", delivered_bytes},
-                        {"effective_gbps", gbps},
-                        {"memcpy_gbps", copy_gbps},
-                        {"memcpy_fraction", gbps / copy_gbps},
-                        {"peak_staging_bytes", peak},
-                        {"watermark_bytes", watermark},
-                        {"verified", o.verify},
-                        {"wrong", wrong_tensors}};
-    return j.dump() + "\n";
-  }
+std::string shard_dtype_name(DType d) { return d == DType::kF32 ? "f32" : "bf16"; }
+
+std::string report_json(const BenchTransferOptions& o, const Summary& s) {
+  auto split_json = [](const Split& x) {
+    return nlohmann::json{
+        {"gather", x.gather}, {"prepare", x.prepare}, {"write", x.write}, {"barrier", x.barrier}};
+  };
+  const nlohmann::json j = {
+      {"impl", "weightlift"},
+      {"ranks", o.threads ? "threads" : "processes"},
+      {"mode", transfer::transfer_mode_name(o.mode)},
+      {"preset", o.preset},
+      {"trainers", o.trainers},
+      {"receivers", o.receivers},
+      {"tp", o.tp},
+      {"dtype", transfer::weight_format_name(o.format)},
+      {"shard_dtype", shard_dtype_name(o.shard_dtype)},
+      {"updates", o.updates},
+      {"update_ms", s.update_ms},
+      {"update_ms_p50", s.p50},
+      {"update_ms_p99", s.p99},
+      {"split_ms", {{"trainer", split_json(s.trainer)}, {"receiver", split_json(s.receiver)}}},
+      {"bytes_sent", s.sent},
+      {"bytes_received", s.received},
+      {"bytes_direct", s.direct},
+      {"bytes_delivered", s.delivered},
+      {"effective_gbps", s.gbps},
+      {"memcpy_gbps", s.memcpy_gbps},
+      {"memcpy_fraction", s.gbps / s.memcpy_gbps},
+      {"peak_staging_bytes", s.peak},
+      {"watermark_bytes", s.watermark},
+      {"verified", o.verify},
+      {"wrong", s.wrong}};
+  return j.dump() + "\n";
+}
+
+std::string report_table(const BenchTransferOptions& o, const Summary& s) {
   std::ostringstream os;
   char line[256];
   std::snprintf(line, sizeof line,
                 "bench transfer: %s, %d trainers (%s shards) -> %d receivers (tp %d, %s), mode %s,"
-                " %d updates\n",
-                o.preset.c_str(), o.trainers, o.shard_dtype.c_str(), o.receivers, o.tp,
-                o.dtype.c_str(), o.mode.c_str(), o.updates);
+                " %d updates, ranks as %s\n",
+                o.preset.c_str(), o.trainers, shard_dtype_name(o.shard_dtype).c_str(),
+                o.receivers, o.tp, std::string(transfer::weight_format_name(o.format)).c_str(),
+                std::string(transfer::transfer_mode_name(o.mode)).c_str(), o.updates,
+                o.threads ? "threads of one process" : "separate processes");
   os << line;
-  std::snprintf(line, sizeof line, "update ms: median %.1f  p90 %.1f\n", med, p90(update_ms));
-  os << line;
-  os << "split (median ms)   gather   prepare     write   barrier\n";
-  for (const auto& [name, s] : {std::pair{"trainer ", ts}, std::pair{"receiver", rs}}) {
-    std::snprintf(line, sizeof line, "  %s        %8.1f  %8.1f  %8.1f  %8.1f\n", name, s.gather,
-                  s.prepare, s.write, s.barrier);
+  std::snprintf(line, sizeof line, "update ms: p50 %.1f  p99 %.1f\n", s.p50, s.p99);
+  os << line << "split (p50 ms)      gather   prepare     write   barrier\n";
+  for (const auto& [name, x] : {std::pair{"trainer ", s.trainer}, std::pair{"receiver", s.receiver}}) {
+    std::snprintf(line, sizeof line, "  %s        %8.1f  %8.1f  %8.1f  %8.1f\n", name, x.gather,
+                  x.prepare, x.write, x.barrier);
     os << line;
   }
-  os << "bytes sent per trainer:";
-  for (uint64_t b : sent) os << " " << b;
-  os << "\nbytes received per receiver:";
-  for (uint64_t b : received) os << " " << b;
-  os << "\nof those sent, stored through a mapping of the receiver (no put):";
-  for (uint64_t b : direct) os << " " << b;
+  auto list = [&](const char* what, const std::vector<uint64_t>& v) {
+    os << what;
+    for (uint64_t b : v) os << " " << b;
+    os << "\n";
+  };
+  list("bytes sent per trainer:", s.sent);
+  list("bytes received per receiver:", s.received);
+  list("of those sent, stored through a mapping of the receiver (no put):", s.direct);
   std::snprintf(line, sizeof line,
-                "\nbytes delivered: %llu; effective %.2f GB/s = %.2f of single-thread memcpy "
+                "bytes delivered: %llu; effective %.2f GB/s = %.2f of single-thread memcpy "
                 "(%.2f GB/s)\npeak staging: %zu bytes (watermark %zu)\nwrong tensors: %s\n",
-                (unsigned long long)delivered_bytes, gbps, gbps / copy_gbps, copy_gbps, peak,
-                watermark, o.verify ? std::to_string(wrong_tensors).c_str() : "not verified");
+                (unsigned long long)s.delivered, s.gbps, s.gbps / s.memcpy_gbps, s.memcpy_gbps,
+                s.peak, s.watermark, o.verify ? std::to_string(s.wrong).c_str() : "not verified");
   os << line;
   return os.str();
+}
+
+Status check_options(const BenchTransferOptions& o, const model::ModelConfig& c) {
+  if (o.trainers < 1 || o.receivers < 1 || o.tp < 1 || o.updates < 1 || o.receivers % o.tp != 0) {
+    return invalid_argument("bench transfer: need trainers, receivers, tp and updates >= 1 and "
+                            "tp " + std::to_string(o.tp) + " dividing receivers " +
+                            std::to_string(o.receivers));
+  }
+  if (o.shard_dtype != DType::kBF16 && o.shard_dtype != DType::kF32) {
+    return invalid_argument("bench transfer: trainers hold bf16 or f32 shards");
+  }
+  return transfer::inference_layout(c, {.tp = o.tp, .format = o.format})
+      .status()
+      .with_context("bench transfer");
+}
+
+// Every rank: its run, allgathered so that rank 0 has every outcome; rank 0 returns the
+// report, the others an empty string.
+Result<std::string> run_rank(const BenchTransferOptions& o, const std::shared_ptr<comm::Group>& world,
+                             double copy_gbps) {
+  WL_ASSIGN_OR_RETURN(const model::ModelConfig c, model::preset(o.preset));
+  WL_RETURN_IF_ERROR(check_options(o, c));
+  WL_ASSIGN_OR_RETURN(std::vector<double> mine, run_updates(o, c, world));
+  std::vector<double> all(mine.size() * size_t(world->size()));
+  WL_RETURN_IF_ERROR(comm::allgather(*world, {.send = mine.data(),
+                                              .recv = all.data(),
+                                              .count = mine.size() * sizeof(double),
+                                              .dtype = DType::kU8,
+                                              .timeout = std::chrono::seconds(o.timeout_s)}));
+  if (world->rank() != 0) return std::string();
+  const Summary s = summarize(o, all, copy_gbps);
+  return o.json ? report_json(o, s) : report_table(o, s);
+}
+
+Result<std::string> run_threads(const BenchTransferOptions& o, double copy_gbps) {
+  const int size = o.trainers + o.receivers;
+  auto store = std::make_shared<comm::MemoryStore>();
+  std::vector<Result<std::string>> results(size_t(size), Result<std::string>(""));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      auto world = comm::Group::connect({.store = store, .rank = r, .size = size,
+                                         .timeout = std::chrono::seconds(o.timeout_s)});
+      results[size_t(r)] = world.ok() ? run_rank(o, *world, copy_gbps) : world.status();
+      if (world.ok()) (void)comm::barrier(**world);  // no worker goes while another writes
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < size; ++r) {
+    if (!results[size_t(r)].ok()) {
+      return results[size_t(r)].status().with_context("bench transfer, world rank " +
+                                                      std::to_string(r));
+    }
+  }
+  return std::move(results[0]);
+}
+
+// The command line of a rank process: this executable, `bench transfer --as-rank` and the
+// options as flags (cmd_transfer.cc registers them).
+std::vector<std::string> rank_command(const BenchTransferOptions& o, double copy_gbps) {
+  std::vector<std::string> argv = {
+      std::filesystem::read_symlink("/proc/self/exe").string(), "bench", "transfer", "--as-rank",
+      "--memcpy-gbps", std::to_string(copy_gbps), "--preset", o.preset,
+      "--trainers", std::to_string(o.trainers), "--receivers", std::to_string(o.receivers),
+      "--tp", std::to_string(o.tp), "--dtype", std::string(transfer::weight_format_name(o.format)),
+      "--mode", std::string(transfer::transfer_mode_name(o.mode)),
+      "--shard-dtype", shard_dtype_name(o.shard_dtype), "--updates", std::to_string(o.updates),
+      "--watermark-bytes", std::to_string(o.watermark_bytes),
+      "--bucket-bytes", std::to_string(o.bucket_bytes), "--timeout", std::to_string(o.timeout_s),
+      o.verify ? "--verify" : "--no-verify"};
+  if (o.json) argv.push_back("--json");
+  return argv;
+}
+
+// Launches the rank processes with their output in a file; rank 0's lines are the report.
+Result<std::string> run_processes(const BenchTransferOptions& o, double copy_gbps) {
+  char path[] = "/tmp/weightlift-bench-transfer-XXXXXX";
+  const int fd = ::mkstemp(path);
+  if (fd < 0) return errno_status("bench transfer: mkstemp", errno);
+  ::unlink(path);
+  Result<int> code = comm::run_launch({.nprocs = o.trainers + o.receivers,
+                                       .command = rank_command(o, copy_gbps),
+                                       .output_fd = fd});
+  std::string output(size_t(::lseek(fd, 0, SEEK_END)), '\0');
+  const ssize_t got = ::pread(fd, output.data(), output.size(), 0);
+  ::close(fd);
+  if (!code.ok()) return code.status().with_context("bench transfer");
+  output.resize(size_t(std::max<ssize_t>(got, 0)));
+  std::string report;
+  std::istringstream lines(output);
+  const std::string prefix = "[rank 0] ";
+  for (std::string l; std::getline(lines, l);) {
+    if (l.rfind(prefix, 0) == 0) report += l.substr(prefix.size()) + "\n";
+  }
+  if (*code != 0) {
+    return internal_error("bench transfer: a rank process failed (exit code " +
+                          std::to_string(*code) + "); its output:\n" + output);
+  }
+  return report;
+}
+
+}  // namespace
+
+Result<std::string> bench_transfer(const BenchTransferOptions& o) {
+  WL_ASSIGN_OR_RETURN(const model::ModelConfig c, model::preset(o.preset));
+  WL_RETURN_IF_ERROR(check_options(o, c));
+  const double copy_gbps = memcpy_gbps(o.memcpy_bytes);
+  return o.threads ? run_threads(o, copy_gbps) : run_processes(o, copy_gbps);
+}
+
+Result<std::string> bench_transfer_rank(const BenchTransferOptions& o, double copy_gbps) {
+  WL_ASSIGN_OR_RETURN(comm::LaunchEnv env, comm::read_launch_env());
+  WL_ASSIGN_OR_RETURN(comm::World world,
+                      comm::connect_world(env, {.timeout = std::chrono::seconds(o.timeout_s)}));
+  WL_ASSIGN_OR_RETURN(std::string report, run_rank(o, world.group, copy_gbps));
+  WL_RETURN_IF_ERROR(comm::barrier(*world.group));  // no worker goes while another writes
+  return report;
 }
 
 }  // namespace wl::app

@@ -1,9 +1,19 @@
 #include "weightlift/core/status.h"
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace wl {
+
+namespace detail {
+void value_of_error(const Status& status) {
+  std::fprintf(stderr, "Result::value() on an error: %s\n", status.to_string().c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+}  // namespace detail
 
 std::string_view status_code_name(StatusCode code) {
   switch (code) {

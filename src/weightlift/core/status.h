@@ -72,7 +72,12 @@ Status internal_error(std::string message);
 // directory", with the code chosen from errno (ENOENT -> kNotFound, ENOSPC -> kResourceExhausted).
 Status errno_status(std::string_view what, int err);
 
-// Either a T or a non-OK Status.
+namespace detail {
+// Reading the value of a Result that holds an error is our own bug: print the error, abort.
+[[noreturn]] void value_of_error(const Status& status);
+}  // namespace detail
+
+// Either a T or a non-OK Status. value() (and * and ->) on an error aborts with its message.
 template <typename T>
 class [[nodiscard]] Result {
  public:
@@ -86,11 +91,21 @@ class [[nodiscard]] Result {
     static const Status kOk;
     return ok() ? kOk : std::get<Status>(v_);
   }
-  T& value() & { return std::get<T>(v_); }
-  const T& value() const& { return std::get<T>(v_); }
-  T&& value() && { return std::get<T>(std::move(v_)); }
+  T& value() & {
+    if (!ok()) detail::value_of_error(std::get<Status>(v_));
+    return std::get<T>(v_);
+  }
+  const T& value() const& {
+    if (!ok()) detail::value_of_error(std::get<Status>(v_));
+    return std::get<T>(v_);
+  }
+  T&& value() && {
+    if (!ok()) detail::value_of_error(std::get<Status>(v_));
+    return std::get<T>(std::move(v_));
+  }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
+  T&& operator*() && { return std::move(*this).value(); }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
 

@@ -22,7 +22,7 @@ struct FleetReceiver::Impl {
   uint64_t next_round = 1;
   uint64_t generation = 0;  // the one this receiver is connected to (0: none)
   std::shared_ptr<comm::Group> group;
-  std::map<std::string, ModeRunner> runners;
+  std::map<std::string, std::unique_ptr<UpdateExecutor>> executors;  // by checkpoint
   bool member = false;      // joined and not left
 
   Status announce(bool leave);
@@ -128,7 +128,7 @@ Status FleetReceiver::Impl::publish_peer_record() {
 }
 
 Status FleetReceiver::Impl::recover() {
-  runners.clear();
+  executors.clear();
   group.reset();
   generation = 0;
   if (worker->status().ok()) return ok_status();
@@ -177,7 +177,7 @@ Result<RoundOutcome> FleetReceiver::serve_one(std::chrono::milliseconds wait) {
   }
 
   if (r.generation != m.generation) {
-    m.runners.clear();
+    m.executors.clear();
     m.group.reset();
     m.generation = 0;
     if (std::find(r.lagging.begin(), r.lagging.end(), m.options.id) != r.lagging.end()) {
@@ -210,9 +210,9 @@ Result<RoundOutcome> FleetReceiver::serve_one(std::chrono::milliseconds wait) {
     return out;
   }
   out.took_part = true;
-  auto it = m.runners.find(r.checkpoint);
-  if (it == m.runners.end()) {
-    Result<ModeRunner> made = make_mode_runner({.world = m.group,
+  auto it = m.executors.find(r.checkpoint);
+  if (it == m.executors.end()) {
+    auto made = make_generation_executor({.world = m.group,
                                                 .receiver = m.receiver.get(),
                                                 .mode = r.mode,
                                                 .bucket_bytes = r.bucket_bytes,
@@ -222,10 +222,10 @@ Result<RoundOutcome> FleetReceiver::serve_one(std::chrono::milliseconds wait) {
       return made.status().with_context("receiver " + std::to_string(m.options.id) +
                                         ": planning round " + std::to_string(r.round));
     }
-    it = m.runners.emplace(r.checkpoint, *std::move(made)).first;
+    it = m.executors.emplace(r.checkpoint, *std::move(made)).first;
   }
   Result<UpdateReport> report =
-      it->second({.checksums = r.checksums, .timeout = m.options.timeout});
+      it->second->update({.checksums = r.checksums, .timeout = m.options.timeout});
   if (!report.ok()) {
     WL_RETURN_IF_ERROR(m.recover());
     return report.status().with_context("receiver " + std::to_string(m.options.id) +

@@ -23,7 +23,7 @@
 #include <string>
 
 #include "weightlift/comm/store.h"
-#include "weightlift/transfer/modes/p2p.h"
+#include "weightlift/transfer/modes/update_executor.h"
 #include "weightlift/transfer/fleet/protocol.h"
 #include "weightlift/transfer/fleet/heal_from_peer.h"
 #include "weightlift/transfer/layout/receiver.h"

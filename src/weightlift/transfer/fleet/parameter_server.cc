@@ -42,7 +42,7 @@ struct ParameterServer::Impl {
   uint64_t generation = 0;
   std::vector<FleetMember> members;
   std::shared_ptr<comm::Group> group;
-  std::map<std::string, ModeRunner> runners;
+  std::map<std::string, std::unique_ptr<UpdateExecutor>> executors;  // by checkpoint
   bool broken = true;  // no generation yet, or its last update failed
   // After a failed update every server rank replaces its worker and reconnects the servers'
   // group: a transfer to a receiver that died may have made the worker unusable
@@ -100,7 +100,7 @@ Status ParameterServer::Impl::connect_servers() {
 }
 
 Status ParameterServer::Impl::rebuild_worker() {
-  runners.clear();
+  executors.clear();
   group.reset();
   servers.reset();
   ++incarnation;
@@ -246,7 +246,7 @@ Status ParameterServer::unregister_checkpoint(const std::string& name) {
     }
   }
   m.checkpoints.erase(name);
-  m.runners.erase(name);
+  m.executors.erase(name);
   return ok_status();
 }
 
@@ -405,7 +405,7 @@ Result<RoundRecord> ParameterServer::Impl::share(Result<RoundRecord> decided) {
 
 Status ParameterServer::Impl::enter_generation(const RoundRecord& r) {
   if (r.generation == generation && group != nullptr && !broken) return ok_status();
-  runners.clear();
+  executors.clear();
   group.reset();
   generation = r.generation;
   members = r.members;
@@ -445,9 +445,9 @@ Result<ServerUpdate> ParameterServer::update(const std::string& name,
     return entered.with_context("update '" + name + "': connecting generation " +
                                 std::to_string(r.generation));
   }
-  auto it = m.runners.find(name);
-  if (it == m.runners.end()) {
-    Result<ModeRunner> made = make_mode_runner({.world = m.group,
+  auto it = m.executors.find(name);
+  if (it == m.executors.end()) {
+    auto made = make_generation_executor({.world = m.group,
                                                 .weights = weights,
                                                 .mode = r.mode,
                                                 .bucket_bytes = r.bucket_bytes,
@@ -456,11 +456,11 @@ Result<ServerUpdate> ParameterServer::update(const std::string& name,
       m.broken = m.rebuild = true;
       return made.status().with_context("update '" + name + "': planning");
     }
-    it = m.runners.emplace(name, *std::move(made)).first;
+    it = m.executors.emplace(name, *std::move(made)).first;
   }
   UpdateOptions u = options;
   if (u.timeout.count() == 0) u.timeout = m.options.timeout;
-  Result<UpdateReport> report = it->second(u);
+  Result<UpdateReport> report = it->second->update(u);
   // The servers must agree on the outcome: a receiver that dies during the closing barrier
   // can leave one server finished and another failed, and they must go on in step (the one
   // that failed replaces its worker and reconnects the servers' group; so must the others).

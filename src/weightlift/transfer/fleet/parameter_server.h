@@ -46,7 +46,7 @@
 #include "weightlift/comm/group.h"
 #include "weightlift/comm/store.h"
 #include "weightlift/model/config.h"
-#include "weightlift/transfer/modes/p2p.h"
+#include "weightlift/transfer/modes/update_executor.h"
 #include "weightlift/transfer/fleet/protocol.h"
 #include "weightlift/transfer/layout/trainer_weights.h"
 

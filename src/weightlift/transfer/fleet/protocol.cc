@@ -1,7 +1,6 @@
 // Fleet records as JSON (fleet/protocol.h; docs/formats.md, "Fleet records").
 #include "weightlift/transfer/fleet/protocol.h"
 
-#include "weightlift/transfer/modes/broadcast.h"
 #include "weightlift/transfer/plan/plan_transfer.h"
 #include "weightlift/transfer/fleet/detail/records.h"
 #include "weightlift/transfer/plan/metadata.h"
@@ -9,10 +8,6 @@
 namespace wl::transfer {
 
 using json = nlohmann::json;
-
-std::string_view transfer_mode_name(TransferMode m) {
-  return m == TransferMode::kP2P ? "p2p" : "broadcast";
-}
 
 std::string round_to_json(const RoundRecord& r) {
   json j = new_fleet_record();
@@ -48,8 +43,9 @@ Result<RoundRecord> round_from_json(std::string_view text, std::string_view wher
     r.dropped = j.at("dropped").get<std::vector<int>>();
     r.checkpoint = j.at("checkpoint").get<std::string>();
     const std::string mode = j.at("mode").get<std::string>();
-    if (mode != "p2p" && mode != "broadcast") throw std::runtime_error("unknown mode " + mode);
-    r.mode = mode == "p2p" ? TransferMode::kP2P : TransferMode::kBroadcast;
+    const std::optional<TransferMode> m = transfer_mode_from_name(mode);
+    if (!m) throw std::runtime_error("unknown mode " + mode);
+    r.mode = *m;
     r.bucket_bytes = j.at("bucket_bytes").get<int64_t>();
     r.checksums = j.at("checksums").get<bool>();
     return r;
@@ -71,28 +67,18 @@ Result<JoinRecord> join_from_json(std::string_view text, std::string_view where)
   });
 }
 
-Result<ModeRunner> make_mode_runner(const ModeRunnerOptions& o) {
+Result<std::unique_ptr<UpdateExecutor>> make_generation_executor(
+    const GenerationExecutorOptions& o) {
   const int rank = o.world->rank();
   const RankMeta mine = o.weights != nullptr ? describe_trainer(rank, *o.weights)
                                              : describe_receiver(rank, *o.receiver);
   WL_ASSIGN_OR_RETURN(Plan plan, plan_transfer(*o.world, mine, {.timeout = o.timeout}));
-  if (o.mode == TransferMode::kP2P) {
-    std::shared_ptr<Executor> ex;
-    if (o.weights != nullptr) {
-      WL_ASSIGN_OR_RETURN(ex, Executor::for_trainer(o.world, std::move(plan), *o.weights));
-    } else {
-      WL_ASSIGN_OR_RETURN(ex, Executor::for_receiver(o.world, std::move(plan), *o.receiver));
-    }
-    return ModeRunner([ex](const UpdateOptions& u) { return ex->update(u); });
-  }
-  const BroadcastModeOptions b{.bucket_bytes = size_t(o.bucket_bytes)};
-  std::shared_ptr<BroadcastExecutor> ex;
-  if (o.weights != nullptr) {
-    WL_ASSIGN_OR_RETURN(ex, BroadcastExecutor::for_trainer(o.world, std::move(plan), *o.weights, b));
-  } else {
-    WL_ASSIGN_OR_RETURN(ex, BroadcastExecutor::for_receiver(o.world, std::move(plan), *o.receiver, b));
-  }
-  return ModeRunner([ex](const UpdateOptions& u) { return ex->update(u); });
+  return make_update_executor({.world = o.world,
+                               .plan = std::move(plan),
+                               .weights = o.weights,
+                               .receiver = o.receiver,
+                               .mode = o.mode,
+                               .bucket_bytes = size_t(o.bucket_bytes)});
 }
 
 comm::ConnectOptions fleet_connect_options(const FleetKeys& keys, std::string group_prefix,

@@ -41,12 +41,9 @@
 
 #include "weightlift/comm/group.h"
 #include "weightlift/core/status.h"
-#include "weightlift/transfer/modes/p2p.h"
+#include "weightlift/transfer/modes/update_executor.h"
 
 namespace wl::transfer {
-
-enum class TransferMode : uint8_t { kP2P, kBroadcast };
-std::string_view transfer_mode_name(TransferMode m);  // "p2p", "broadcast"
 
 struct FleetMember {
   int id = 0;          // the receiver's id, chosen by whoever starts it; unique in the fleet
@@ -101,11 +98,10 @@ struct FleetKeys {
 };
 
 
-// One checkpoint's executor in one generation, whichever the mode. Collective over `world`
-// (it plans: metadata gathered once). Exactly one of `weights` (server ranks) and
-// `receiver` is set.
-using ModeRunner = std::function<Result<UpdateReport>(const UpdateOptions&)>;
-struct ModeRunnerOptions {
+// One checkpoint's executor in one generation, whichever the mode: plans (metadata gathered
+// once) and makes the executor. Collective over `world`. Exactly one of `weights` (server
+// ranks) and `receiver` is set.
+struct GenerationExecutorOptions {
   std::shared_ptr<comm::Group> world;
   TrainerWeights* weights = nullptr;
   Receiver* receiver = nullptr;
@@ -113,7 +109,8 @@ struct ModeRunnerOptions {
   int64_t bucket_bytes = 0;
   std::chrono::milliseconds timeout{0};
 };
-Result<ModeRunner> make_mode_runner(const ModeRunnerOptions& options);
+Result<std::unique_ptr<UpdateExecutor>> make_generation_executor(
+    const GenerationExecutorOptions& options);
 
 // The same store connection options for every group of the fleet: one worker for the
 // process's whole life, group ids from one counter.

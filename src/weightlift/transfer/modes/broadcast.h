@@ -9,6 +9,9 @@
 // its parameters' full tensors back to back, in the trainers' shard dtype (f32 or bf16:
 // casting to bf16 on the sender would change what fp8 receivers quantize from).
 //
+// A sender's bucket must fit under UpdateOptions::watermark_bytes (ResourceExhausted on every
+// rank before any byte moves otherwise).
+//
 // Senders. Only the first mesh sends; its mesh rank b % mesh_size owns bucket b. For each
 // bucket every rank of that mesh runs full_tensor() of its parameters straight into its bucket
 // buffer (collective over the mesh), then the owner broadcasts it (comm/broadcast.h, a
@@ -17,8 +20,7 @@
 // Receivers, double-buffered: two bucket buffers; bucket b arrives in buffer b % 2 while a
 // converter thread turns bucket b - 1 into slot bytes (LocalConverter), so the receiving and
 // the converting overlap, as checkpoint-engine overlaps its broadcast with the copy into the
-// engine. The update's versioning is modes/detail/update_round.h's (double-buffered slots, publish after the
-// global barrier).
+// engine. The update runs in the round every mode shares (detail/update_round.h).
 //
 // Cost: every receiver receives the whole model in the shard dtype (2 or 4 bytes per
 // parameter), whatever its own share is; p2p moves only each receiver's share.
@@ -26,41 +28,14 @@
 
 #include <memory>
 
-#include "weightlift/comm/group.h"
-#include "weightlift/transfer/modes/p2p.h"
+#include "weightlift/transfer/modes/update_executor.h"
 
 namespace wl::transfer {
 
-struct BroadcastModeOptions {
-  size_t bucket_bytes = size_t(64) << 20;  // per bucket; checkpoint-engine's default is larger
-};
-
-class BroadcastExecutor {
- public:
-  // Collective over the world: every rank of the plan calls exactly one of these (splitting
-  // the broadcast groups). FailedPrecondition if the ranks disagree on bucket_bytes or the
-  // trainers on their shard dtype.
-  static Result<std::unique_ptr<BroadcastExecutor>> for_trainer(
-      std::shared_ptr<comm::Group> world, Plan plan, TrainerWeights& weights,
-      const BroadcastModeOptions& options = {});
-  static Result<std::unique_ptr<BroadcastExecutor>> for_receiver(
-      std::shared_ptr<comm::Group> world, Plan plan, Receiver& receiver,
-      const BroadcastModeOptions& options = {});
-  ~BroadcastExecutor();
-
-  // Collective over the world. Uses UpdateOptions' watermark (a sender's bucket must fit
-  // under it, else ResourceExhausted on every rank before any byte moves) and timeout;
-  // checksums and the staging hook are p2p's and refused here (InvalidArgument).
-  Result<UpdateReport> update(const UpdateOptions& options);
-
-  size_t bucket_bytes() const;  // the largest bucket: what each bucket buffer holds
-  size_t num_buckets() const;
-
-  struct Impl;
-
- private:
-  explicit BroadcastExecutor(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
-};
+// Collective over the world (it splits one broadcast group per owner). `shard_dtype`: what
+// every trainer holds, as make_update_executor agreed.
+// REQUIRES: options.mode == kBroadcast and the checks of make_update_executor passed.
+Result<std::unique_ptr<UpdateExecutor>> make_broadcast_executor(ExecutorOptions options,
+                                                                DType shard_dtype);
 
 }  // namespace wl::transfer

@@ -1,10 +1,11 @@
-// The p2p executor of modes/p2p.h: the start handshake, the sender's staged queue under a
-// watermark, checksum exchange and the closing allreduce.
+// The p2p mode of p2p.h: a sender's plan (its steps and targets), the staged queue of one
+// update under the watermark, and the checksum exchange.
 #include "weightlift/transfer/modes/p2p.h"
 
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -12,9 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "weightlift/comm/allgather.h"
-#include "weightlift/comm/allreduce.h"
 #include "weightlift/comm/process_alive.h"
+#include "weightlift/core/timing.h"
 #include "weightlift/transfer/modes/detail/checksum.h"
 #include "weightlift/transfer/modes/detail/prepare.h"
 #include "weightlift/transfer/modes/detail/update_round.h"
@@ -22,13 +22,7 @@
 namespace wl::transfer {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
 constexpr uint32_t kChecksumTag = 0x7c5;  // user tag of the checksum messages
-
-// One rank's word at the start of an update.
-enum StartField { kRole, kEpoch, kVersion, kRefusal, kChecksums, kHost, kPid, kStartFields };
 
 std::string hex64(uint64_t v) {
   char s[24];
@@ -36,49 +30,32 @@ std::string hex64(uint64_t v) {
   return s;
 }
 
+// A sender's work, in the order it meets it: a gather of its mesh, or one of its tasks.
 struct Step {
   bool gather = false;
   int index = 0;  // into plan.gathers or plan.tasks
 };
 
-}  // namespace
-
-struct Executor::Impl {
-  std::shared_ptr<comm::Group> world;
-  Plan plan;
-  TrainerWeights* weights = nullptr;  // trainer
-  Receiver* receiver = nullptr;       // receiver
-
-  // Trainer.
+// What a sender knows of its part of the plan, fixed when the executor is made; the
+// connections to its receivers are added at the first update.
+struct SenderPlan {
+  const Plan* plan = nullptr;
+  TrainerWeights* weights = nullptr;
   std::vector<Step> steps;
   std::vector<int> gather_last_use;  // by gather: this rank's last task reading it, or -1
-  std::map<int, int> peer;           // receiver world rank -> worker peer id
+  std::set<int> targets;             // receiver world ranks this sender writes to
+  // Per target, once connected:
+  std::map<int, int> peer;           // worker peer id
   std::map<int, comm::RemoteKey> rkey;
-  // Receiver world rank -> its two slots mapped into this process, or null (not mappable).
-  std::map<int, std::array<std::byte*, 2>> mapped;
-  // Receivers this trainer writes to. Connected (and their rkeys unpacked) only once an
-  // update's start has checked their epochs: unpacking the rkey of a receiver that has since
-  // restarted would attach a shared-memory segment that no longer exists, and UCX 1.13
-  // crashes in that error path instead of returning it.
-  std::set<int> targets;
-  bool connected = false;
-  std::map<int, comm::ProcessId> process;  // the targets' processes, from the start words
-  Status connect_targets();
-  // Receiver: task indices written to this rank, by sender world rank, in plan order.
-  std::map<int, std::vector<int>> incoming;
+  std::map<int, std::array<std::byte*, 2>> mapped;  // its slots mapped here, or null
 
   bool zero_copy(const PlanTask& t) const;
   size_t task_staging(const PlanTask& t) const;  // load + scratch + output
   size_t gather_bytes(const PlanGather& g) const;
   size_t required_watermark() const;
-  Status check_start(std::span<const int64_t> words, const Status& mine, uint64_t* version) const;
-  Status run_trainer(const UpdateOptions& o, int slot, comm::Deadline deadline,
-                     UpdateReport* report, std::map<int, std::vector<uint64_t>>* sums);
-  Status verify(int slot, const std::map<int, std::vector<uint64_t>>& sums,
-                uint64_t version) const;
 };
 
-bool Executor::Impl::zero_copy(const PlanTask& t) const {
+bool SenderPlan::zero_copy(const PlanTask& t) const {
   if (t.quantized() || t.gather >= 0 || t.pieces.size() != 1) return false;
   const PlanPiece& p = t.pieces[0];
   const ShardedTensor* s = weights->find(p.param);
@@ -86,7 +63,7 @@ bool Executor::Impl::zero_copy(const PlanTask& t) const {
          p.col_end == s->row_elems();
 }
 
-size_t Executor::Impl::task_staging(const PlanTask& t) const {
+size_t SenderPlan::task_staging(const PlanTask& t) const {
   if (zero_copy(t)) return 0;
   size_t load = 0;
   if (t.gather < 0) {
@@ -100,7 +77,7 @@ size_t Executor::Impl::task_staging(const PlanTask& t) const {
   return load + prepare_scratch_floats(t) * 4 + t.total_bytes();
 }
 
-size_t Executor::Impl::gather_bytes(const PlanGather& g) const {
+size_t SenderPlan::gather_bytes(const PlanGather& g) const {
   size_t n = 0;
   for (const std::string& p : g.params) {
     const ShardedTensor* s = weights->find(p);
@@ -109,449 +86,417 @@ size_t Executor::Impl::gather_bytes(const PlanGather& g) const {
   return n;
 }
 
-size_t Executor::Impl::required_watermark() const {
-  if (weights == nullptr) return 0;
+size_t SenderPlan::required_watermark() const {
   size_t held = 0, need = 0;
   for (const Step& s : steps) {
     if (s.gather) {
-      const size_t g = gather_bytes(plan.gathers[size_t(s.index)]);
+      const size_t g = gather_bytes(plan->gathers[size_t(s.index)]);
       need = std::max(need, held + g);
       if (gather_last_use[size_t(s.index)] >= 0) held += g;
     } else {
-      const PlanTask& t = plan.tasks[size_t(s.index)];
+      const PlanTask& t = plan->tasks[size_t(s.index)];
       need = std::max(need, held + task_staging(t));
       if (t.gather >= 0 && gather_last_use[size_t(t.gather)] == s.index) {
-        held -= gather_bytes(plan.gathers[size_t(t.gather)]);
+        held -= gather_bytes(plan->gathers[size_t(t.gather)]);
       }
     }
   }
   return need;
 }
 
-Result<std::unique_ptr<Executor>> Executor::for_trainer(std::shared_ptr<comm::Group> world,
-                                                        Plan plan, TrainerWeights& weights) {
-  auto impl = std::make_unique<Impl>();
-  impl->world = std::move(world);
-  impl->plan = std::move(plan);
-  impl->weights = &weights;
-  const int me = impl->world->rank();
-  WL_ASSIGN_OR_RETURN(const PlanTrainer* pt, place_trainer(impl->plan, me, weights));
-  const std::string who = "trainer rank " + std::to_string(me);
-  const Plan& p = impl->plan;
-  impl->gather_last_use.assign(p.gathers.size(), -1);
+// One update's sender side: the steps through load, prepare, write and complete, holding at
+// most the watermark in staging. Checksums of what was meant to land go to `sums`.
+class SendQueue {
+ public:
+  SendQueue(const SenderPlan& s, const UpdateOptions& o, int slot, comm::Worker& w,
+            comm::Deadline deadline, UpdateReport* report,
+            std::map<int, std::vector<uint64_t>>* sums)
+      : s_(s), o_(o), slot_(slot), w_(w), deadline_(deadline), report_(report), sums_(sums) {}
+
+  Status run() {
+    for (const Step& step : s_.steps) {
+      WL_RETURN_IF_ERROR(step.gather ? gather(step.index) : send(step.index));
+    }
+    return complete();
+  }
+
+ private:
+  struct InFlight {
+    std::vector<comm::Request> requests;
+    std::unique_ptr<std::byte[]> staging;  // null for zero-copy tasks
+    size_t bytes = 0;                      // staging bytes freed when it completes
+  };
+
+  void grow(size_t n) {
+    staged_ += n;
+    report_->peak_staging_bytes = std::max(report_->peak_staging_bytes, staged_);
+    WL_CHECK_LE(staged_, o_.watermark_bytes) << "staging above the watermark";
+  }
+  Status retire_oldest();
+  Status admit(size_t need);  // retires puts until `need` more bytes fit
+  void release_gathered();
+  Status gather(int index);
+  Status send(int index);
+  // The rows task `t` reads, where they lie; offloaded rows are copied into `loads` first.
+  std::vector<PieceSource> load(const PlanTask& t,
+                                std::vector<std::unique_ptr<std::byte[]>>* loads,
+                                size_t* load_bytes);
+  void count_task(const PlanTask& t, int index, bool direct);
+  Status complete();
+
+  const SenderPlan& s_;
+  const UpdateOptions& o_;
+  const int slot_;
+  comm::Worker& w_;
+  const comm::Deadline deadline_;
+  UpdateReport* report_;
+  std::map<int, std::vector<uint64_t>>* sums_;
+  std::deque<InFlight> inflight_;
+  size_t staged_ = 0;
+  std::map<std::string, Tensor> gathered_;
+  size_t gathered_bytes_ = 0;
+};
+
+Status SendQueue::retire_oldest() {
+  const Stopwatch t;
+  Status s = w_.wait_all(inflight_.front().requests, deadline_);
+  report_->write_seconds += t.seconds();
+  if (!s.ok()) return s.with_context("completing puts");
+  staged_ -= inflight_.front().bytes;
+  inflight_.pop_front();
+  return ok_status();
+}
+
+Status SendQueue::admit(size_t need) {
+  while (staged_ + need > o_.watermark_bytes && !inflight_.empty()) {
+    WL_RETURN_IF_ERROR(retire_oldest());
+  }
+  return ok_status();
+}
+
+void SendQueue::release_gathered() {
+  gathered_.clear();
+  staged_ -= gathered_bytes_;
+  gathered_bytes_ = 0;
+}
+
+Status SendQueue::gather(int index) {
+  const PlanGather& g = s_.plan->gathers[size_t(index)];
+  WL_CHECK(gathered_.empty());
+  const size_t bytes = s_.gather_bytes(g);
+  WL_RETURN_IF_ERROR(admit(bytes));
+  grow(bytes);
+  gathered_bytes_ = bytes;
+  const Stopwatch t;
+  for (const std::string& name : g.params) {
+    const ShardedTensor* s = s_.weights->find(name);
+    Tensor full = Tensor::empty(s->dtype(), s->shape());
+    WL_RETURN_IF_ERROR(s->full_tensor_into(full.raw(), o_.timeout));
+    gathered_.emplace(name, std::move(full));
+  }
+  report_->gather_seconds += t.seconds();
+  ++report_->gathers;
+  if (s_.gather_last_use[size_t(index)] < 0) release_gathered();
+  return ok_status();
+}
+
+std::vector<PieceSource> SendQueue::load(const PlanTask& task,
+                                         std::vector<std::unique_ptr<std::byte[]>>* loads,
+                                         size_t* load_bytes) {
+  std::vector<PieceSource> sources;
+  for (const PlanPiece& p : task.pieces) {
+    const ShardedTensor* s = s_.weights->find(p.param);
+    if (task.gather >= 0) {
+      sources.push_back({gathered_.at(p.param).raw(), 0, s->row_elems(), s->dtype()});
+      continue;
+    }
+    const ShardRows mine = s->local_rows();
+    WL_CHECK(mine.contains(p.row_begin, p.row_end)) << task.tensor << " from " << p.param;
+    const size_t row_bytes = size_t(s->row_elems()) * dtype_size(s->dtype());
+    const auto* rows = static_cast<const std::byte*>(s->shard().raw()) +
+                       size_t(p.row_begin - mine.begin) * row_bytes;
+    if (s->offloaded()) {
+      const size_t n = size_t(p.row_end - p.row_begin) * row_bytes;
+      loads->emplace_back(new std::byte[n]);
+      std::memcpy(loads->back().get(), rows, n);
+      rows = loads->back().get();
+      *load_bytes += n;
+    }
+    sources.push_back({rows, p.row_begin, s->row_elems(), s->dtype()});
+  }
+  return sources;
+}
+
+// The task's bookkeeping once its bytes are stored (direct) or its puts issued.
+void SendQueue::count_task(const PlanTask& task, int index, bool direct) {
+  report_->bytes += task.total_bytes();
+  if (direct) report_->direct_bytes += task.total_bytes();
+  ++report_->tasks;
+  if (task.gather >= 0 && s_.gather_last_use[size_t(task.gather)] == index) release_gathered();
+}
+
+Status SendQueue::send(int index) {
+  const PlanTask& task = s_.plan->tasks[size_t(index)];
+  const bool direct_put = s_.zero_copy(task);
+  // The receiver's slot mapped here, or null: then the bytes go by put.
+  std::byte* const slot_base = o_.direct_stores ? s_.mapped.at(task.receiver)[size_t(slot_)] : nullptr;
+  // Prepared straight into the mapped slot: nothing staged but the offload loads.
+  const bool in_place = slot_base != nullptr && !direct_put && !o_.checksums && !o_.staging_hook;
+  const size_t need = s_.task_staging(task) - (in_place ? task.total_bytes() : 0);
+  WL_RETURN_IF_ERROR(admit(need));
+  grow(need);
+  const Stopwatch prepare;
+  InFlight f;
+  const std::byte* out = nullptr;
+  if (direct_put) {
+    const PlanPiece& p = task.pieces[0];
+    const ShardedTensor* s = s_.weights->find(p.param);
+    out = static_cast<const std::byte*>(s->shard().raw()) +
+          size_t((p.row_begin - s->local_rows().begin) * s->row_elems()) * 2;
+  } else {
+    std::vector<std::unique_ptr<std::byte[]>> loads;  // freed as this scope ends
+    size_t load_bytes = 0;
+    const std::vector<PieceSource> sources = load(task, &loads, &load_bytes);
+    if (in_place) {
+      prepare_task_into(task, sources, slot_base + task.dst_offset, slot_base + task.scale_offset);
+    } else {
+      f.staging.reset(new std::byte[task.total_bytes()]);
+      prepare_task(task, sources, f.staging.get(), nullptr);
+      out = f.staging.get();
+    }
+    staged_ -= load_bytes;
+  }
+  if (in_place) {
+    report_->prepare_seconds += prepare.seconds();
+    count_task(task, index, true);
+    return ok_status();
+  }
+  if (o_.checksums) {
+    uint64_t h = checksum(out, task.bytes);
+    if (task.scale_bytes > 0) h = checksum(out + task.bytes, task.scale_bytes, h);
+    (*sums_)[task.receiver].push_back(h);
+  }
+  if (o_.staging_hook && f.staging) o_.staging_hook(task, {f.staging.get(), task.total_bytes()});
+  report_->prepare_seconds += prepare.seconds();
+
+  // Write: a copy through the mapping (done at once, staging freed), or puts not waited for.
+  const Stopwatch write;
+  if (slot_base != nullptr) {
+    std::memcpy(slot_base + task.dst_offset, out, task.bytes);
+    if (task.scale_bytes > 0) {
+      std::memcpy(slot_base + task.scale_offset, out + task.bytes, task.scale_bytes);
+    }
+    if (!direct_put) staged_ -= task.total_bytes();
+    report_->write_seconds += write.seconds();
+    count_task(task, index, true);
+    return ok_status();
+  }
+  const PlanReceiver& r = *s_.plan->find_receiver(task.receiver);
+  const int peer = s_.peer.at(task.receiver);
+  const comm::RemoteKey& key = s_.rkey.at(task.receiver);
+  const uint64_t slot_address = r.slot_address[slot_];
+  f.requests.push_back(w_.put(peer, out, task.bytes, slot_address + task.dst_offset, key));
+  if (task.scale_bytes > 0) {
+    f.requests.push_back(w_.put(peer, out + task.bytes, task.scale_bytes,
+                                slot_address + task.scale_offset, key));
+  }
+  f.bytes = direct_put ? 0 : task.total_bytes();
+  inflight_.push_back(std::move(f));
+  report_->write_seconds += write.seconds();
+  count_task(task, index, false);
+  return ok_status();
+}
+
+// Every put, then a flush per receiver. Stores through mappings are made visible before the
+// barrier that tells the receivers to publish.
+Status SendQueue::complete() {
+  std::atomic_thread_fence(std::memory_order_release);
+  while (!inflight_.empty()) WL_RETURN_IF_ERROR(retire_oldest());
+  const Stopwatch t;
+  std::vector<comm::Request> flushes;
+  for (const auto& [rank, peer] : s_.peer) flushes.push_back(w_.flush(peer));
+  Status s = w_.wait_all(flushes, deadline_);
+  report_->write_seconds += t.seconds();
+  if (!s.ok()) return s.with_context("flushing puts");
+  WL_CHECK_EQ(staged_, size_t(0));
+  return ok_status();
+}
+
+class P2PExecutor final : public UpdateExecutor {
+ public:
+  explicit P2PExecutor(ExecutorOptions o) : o_(std::move(o)) { sender_.plan = &o_.plan; }
+
+  Status plan_sender();    // trainer: its steps and targets
+  void plan_receiver();    // receiver: what arrives from whom
+  Result<UpdateReport> update(const UpdateOptions& options) override;
+  size_t required_watermark() const override {
+    return o_.weights ? sender_.required_watermark() : 0;
+  }
+  const Plan& plan() const override { return o_.plan; }
+
+ private:
+  Status connect_targets(const std::vector<comm::ProcessId>& processes);
+  Status send(const UpdateOptions& o, const RoundStart& round, UpdateReport& report);
+  Status receive(const UpdateOptions& o, const RoundStart& round, UpdateReport& report);
+  Status verify(int slot, const std::map<int, std::vector<uint64_t>>& sums,
+                uint64_t version) const;
+
+  ExecutorOptions o_;
+  SenderPlan sender_;
+  bool connected_ = false;
+  std::map<int, std::vector<int>> incoming_;  // receiver: task indices by sender, in plan order
+};
+
+Status P2PExecutor::plan_sender() {
+  const int me = o_.world->rank();
+  WL_ASSIGN_OR_RETURN(const PlanTrainer* pt, place_trainer(o_.plan, me, *o_.weights));
+  const Plan& p = o_.plan;
+  sender_.weights = o_.weights;
+  sender_.gather_last_use.assign(p.gathers.size(), -1);
   size_t next_gather = 0;
   for (size_t i = 0; i < p.tasks.size(); ++i) {
     for (; next_gather < p.gathers.size() && p.gathers[next_gather].before_task <= int(i);
          ++next_gather) {
-      if (p.gathers[next_gather].mesh == pt->mesh_id) impl->steps.push_back({true, int(next_gather)});
+      if (p.gathers[next_gather].mesh == pt->mesh_id) {
+        sender_.steps.push_back({true, int(next_gather)});
+      }
     }
     const PlanTask& t = p.tasks[i];
     if (t.sender != me) continue;
     for (const PlanPiece& q : t.pieces) {
-      if (weights.find(q.param) == nullptr) {
-        return not_found(who + ": the plan reads parameter '" + q.param + "', which it lacks");
+      if (o_.weights->find(q.param) == nullptr) {
+        return not_found("trainer rank " + std::to_string(me) + ": the plan reads parameter '" +
+                         q.param + "', which it lacks");
       }
     }
     if (t.gather >= 0) {
       WL_CHECK_EQ(p.gathers[size_t(t.gather)].mesh, pt->mesh_id) << t.tensor;
-      impl->gather_last_use[size_t(t.gather)] = int(i);
+      sender_.gather_last_use[size_t(t.gather)] = int(i);
     }
-    impl->steps.push_back({false, int(i)});
-    impl->targets.insert(t.receiver);
+    sender_.steps.push_back({false, int(i)});
+    sender_.targets.insert(t.receiver);
   }
-  return std::unique_ptr<Executor>(new Executor(std::move(impl)));
+  return ok_status();
 }
 
-Status Executor::Impl::connect_targets() {
-  comm::Worker& w = world->worker();
-  for (int receiver_rank : targets) {
-    const PlanReceiver& r = *plan.find_receiver(receiver_rank);
-    if (!comm::process_may_be_alive(process[receiver_rank])) {
-      return unavailable("receiver rank " + std::to_string(r.rank) + " (pid " +
-                         std::to_string(process[receiver_rank].pid) +
+void P2PExecutor::plan_receiver() {
+  for (size_t i = 0; i < o_.plan.tasks.size(); ++i) {
+    const PlanTask& t = o_.plan.tasks[i];
+    if (t.receiver == o_.world->rank()) incoming_[t.sender].push_back(int(i));
+  }
+}
+
+// Connected (and their rkeys unpacked) only once an update's start has checked the targets'
+// epochs: unpacking the rkey of a receiver that has since restarted would attach a
+// shared-memory segment that no longer exists, and UCX 1.13 crashes in that error path
+// instead of returning it (comm/process_alive.h).
+Status P2PExecutor::connect_targets(const std::vector<comm::ProcessId>& processes) {
+  comm::Worker& w = o_.world->worker();
+  for (int receiver_rank : sender_.targets) {
+    const PlanReceiver& r = *o_.plan.find_receiver(receiver_rank);
+    const std::string who = "receiver rank " + std::to_string(r.rank);
+    if (!comm::process_may_be_alive(processes[size_t(receiver_rank)])) {
+      return unavailable(who + " (pid " + std::to_string(processes[size_t(receiver_rank)].pid) +
                          ") exited after the update started");
     }
-    WL_ASSIGN_OR_RETURN(int id, w.connect(r.worker_address,
-                                          "receiver rank " + std::to_string(r.rank)));
+    WL_ASSIGN_OR_RETURN(int id, w.connect(r.worker_address, who));
     WL_ASSIGN_OR_RETURN(comm::RemoteKey key, w.unpack_rkey(id, r.rkey));
     std::array<std::byte*, 2> slots{};
     for (int i = 0; i < 2; ++i) {
       slots[size_t(i)] = static_cast<std::byte*>(w.remote_pointer(key, r.slot_address[i]));
     }
     if (slots[0] == nullptr || slots[1] == nullptr) slots = {};
-    mapped[receiver_rank] = slots;
-    peer[receiver_rank] = id;
-    rkey[receiver_rank] = std::move(key);
+    sender_.mapped[receiver_rank] = slots;
+    sender_.peer[receiver_rank] = id;
+    sender_.rkey[receiver_rank] = std::move(key);
   }
-  connected = true;
+  connected_ = true;
   return ok_status();
 }
 
-Result<std::unique_ptr<Executor>> Executor::for_receiver(std::shared_ptr<comm::Group> world,
-                                                         Plan plan, Receiver& receiver) {
-  auto impl = std::make_unique<Impl>();
-  impl->world = std::move(world);
-  impl->plan = std::move(plan);
-  impl->receiver = &receiver;
-  const int me = impl->world->rank();
-  WL_RETURN_IF_ERROR(place_receiver(impl->plan, me).status());
-  for (size_t i = 0; i < impl->plan.tasks.size(); ++i) {
-    const PlanTask& t = impl->plan.tasks[i];
-    if (t.receiver == me) impl->incoming[t.sender].push_back(int(i));
+Status P2PExecutor::send(const UpdateOptions& o, const RoundStart& round, UpdateReport& report) {
+  if (!connected_) WL_RETURN_IF_ERROR(connect_targets(round.processes));
+  std::map<int, std::vector<uint64_t>> sums;  // by receiver
+  SendQueue queue(sender_, o, round.slot, o_.world->worker(), o_.world->deadline(o.timeout),
+                  &report, &sums);
+  WL_RETURN_IF_ERROR(queue.run());
+  if (!o.checksums) return ok_status();
+  for (auto& [rank, list] : sums) {
+    WL_RETURN_IF_ERROR(o_.world->send({.data = list.data(),
+                                       .bytes = list.size() * 8,
+                                       .peer = rank,
+                                       .tag = kChecksumTag,
+                                       .timeout = o.timeout}));
   }
-  return std::unique_ptr<Executor>(new Executor(std::move(impl)));
-}
-
-Executor::Executor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Executor::~Executor() = default;
-size_t Executor::required_watermark() const { return impl_->required_watermark(); }
-const Plan& Executor::plan() const { return impl_->plan; }
-
-Status Executor::Impl::check_start(std::span<const int64_t> words, const Status& mine,
-                                   uint64_t* version) const {
-  const int me = world->rank();
-  auto at = [&](int rank, int field) { return words[size_t(rank * kStartFields + field)]; };
-  for (int r = 0; r < world->size(); ++r) {
-    if (at(r, kRefusal) != 0) {
-      if (r == me) return mine;
-      return Status(StatusCode(at(r, kRefusal)),
-                    "update refused by world rank " + std::to_string(r) +
-                        " (its own error says why); nothing was written");
-    }
-    if (at(r, kChecksums) != at(0, kChecksums)) {
-      return failed_precondition("update: world ranks 0 and " + std::to_string(r) +
-                                 " disagree on UpdateOptions::checksums; nothing was written");
-    }
-  }
-  for (const PlanTrainer& t : plan.trainers) {
-    if (t.rank >= world->size() || at(t.rank, kRole) != int64_t(Role::kTrainer)) {
-      return failed_precondition("update: world rank " + std::to_string(t.rank) +
-                                 " is a trainer in the plan but did not join as one");
-    }
-  }
-  *version = 0;
-  for (const PlanReceiver& r : plan.receivers) {
-    const std::string who = "receiver rank " + std::to_string(r.rank);
-    if (r.rank >= world->size() || at(r.rank, kRole) != int64_t(Role::kReceiver)) {
-      return failed_precondition("update: " + who + " is in the plan but did not join as one");
-    }
-    const uint64_t epoch = uint64_t(at(r.rank, kEpoch));
-    if (epoch != r.epoch) {
-      return failed_precondition(
-          "update: " + who + ": stale rkey: the plan was made for its epoch " + hex64(r.epoch) +
-          " but it now runs epoch " + hex64(epoch) +
-          " (it restarted); gather metadata and plan again. Nothing was written");
-    }
-    *version = std::max(*version, uint64_t(at(r.rank, kVersion)));
-  }
-  return check_receiver_versions(
-      plan, [&](int rank) { return uint64_t(at(rank, kVersion)); }, *version);
-}
-
-Status Executor::Impl::run_trainer(const UpdateOptions& o, int slot, comm::Deadline deadline,
-                                   UpdateReport* report,
-                                   std::map<int, std::vector<uint64_t>>* sums) {
-  comm::Worker& w = world->worker();
-  struct InFlight {
-    std::vector<comm::Request> requests;
-    std::unique_ptr<std::byte[]> staging;  // null for zero-copy tasks
-    size_t bytes = 0;
-  };
-  std::deque<InFlight> inflight;
-  size_t staged = 0;
-  auto grow = [&](size_t n) {
-    staged += n;
-    report->peak_staging_bytes = std::max(report->peak_staging_bytes, staged);
-    WL_CHECK_LE(staged, o.watermark_bytes) << "staging above the watermark";
-  };
-  auto retire_oldest = [&]() -> Status {
-    const auto t = Clock::now();
-    Status s = w.wait_all(inflight.front().requests, deadline);
-    report->write_seconds += since(t);
-    if (!s.ok()) return s.with_context("completing puts");
-    staged -= inflight.front().bytes;
-    inflight.pop_front();
-    return ok_status();
-  };
-  auto admit = [&](size_t need) -> Status {
-    while (staged + need > o.watermark_bytes && !inflight.empty()) {
-      WL_RETURN_IF_ERROR(retire_oldest());
-    }
-    return ok_status();
-  };
-
-  std::map<std::string, Tensor> gathered;
-  size_t gathered_bytes = 0;
-  auto release_gathered = [&] {
-    gathered.clear();
-    staged -= gathered_bytes;
-    gathered_bytes = 0;
-  };
-
-  for (const Step& step : steps) {
-    if (step.gather) {
-      const PlanGather& g = plan.gathers[size_t(step.index)];
-      WL_CHECK(gathered.empty());
-      const size_t bytes = gather_bytes(g);
-      WL_RETURN_IF_ERROR(admit(bytes));
-      grow(bytes);
-      gathered_bytes = bytes;
-      const auto t = Clock::now();
-      for (const std::string& name : g.params) {
-        const ShardedTensor* s = weights->find(name);
-        Tensor full = Tensor::empty(s->dtype(), s->shape());
-        WL_RETURN_IF_ERROR(s->full_tensor_into(full.raw(), o.timeout));
-        gathered.emplace(name, std::move(full));
-      }
-      report->gather_seconds += since(t);
-      ++report->gathers;
-      if (gather_last_use[size_t(step.index)] < 0) release_gathered();
-      continue;
-    }
-
-    const PlanTask& task = plan.tasks[size_t(step.index)];
-    const bool direct_put = zero_copy(task);
-    // The receiver's slot mapped here, or null: then the bytes go by put.
-    std::byte* const slot_base = o.direct_stores ? mapped.at(task.receiver)[size_t(slot)] : nullptr;
-    // Prepared straight into the mapped slot: nothing staged but the offload loads.
-    const bool in_place = slot_base != nullptr && !direct_put && !o.checksums && !o.staging_hook;
-    const size_t need = in_place ? task_staging(task) - task.total_bytes() : task_staging(task);
-    WL_RETURN_IF_ERROR(admit(need));
-    grow(need);
-    const auto t_prepare = Clock::now();
-    InFlight f;
-    const std::byte* out = nullptr;
-    if (direct_put) {
-      const PlanPiece& p = task.pieces[0];
-      const ShardedTensor* s = weights->find(p.param);
-      out = static_cast<const std::byte*>(s->shard().raw()) +
-            size_t((p.row_begin - s->local_rows().begin) * s->row_elems()) * 2;
-    } else {
-      // Stage 1, load: rows of offloaded shards copied out of the offload buffer.
-      std::vector<std::unique_ptr<std::byte[]>> loads;
-      std::vector<PieceSource> sources;
-      size_t load_bytes = 0;
-      for (const PlanPiece& p : task.pieces) {
-        const ShardedTensor* s = weights->find(p.param);
-        if (task.gather >= 0) {
-          sources.push_back({gathered.at(p.param).raw(), 0, s->row_elems(), s->dtype()});
-          continue;
-        }
-        const ShardRows mine = s->local_rows();
-        WL_CHECK(mine.contains(p.row_begin, p.row_end)) << task.tensor << " from " << p.param;
-        const size_t row_bytes = size_t(s->row_elems()) * dtype_size(s->dtype());
-        const auto* rows = static_cast<const std::byte*>(s->shard().raw()) +
-                           size_t(p.row_begin - mine.begin) * row_bytes;
-        if (s->offloaded()) {
-          const size_t n = size_t(p.row_end - p.row_begin) * row_bytes;
-          loads.emplace_back(new std::byte[n]);
-          std::memcpy(loads.back().get(), rows, n);
-          rows = loads.back().get();
-          load_bytes += n;
-        }
-        sources.push_back({rows, p.row_begin, s->row_elems(), s->dtype()});
-      }
-      // Stage 2, prepare: into the mapped slot, or into staging.
-      if (in_place) {
-        prepare_task_into(task, sources, slot_base + task.dst_offset,
-                          slot_base + task.scale_offset);
-        staged -= load_bytes;  // freed as this scope ends
-      } else {
-        f.staging.reset(new std::byte[task.total_bytes()]);
-        prepare_task(task, sources, f.staging.get(), nullptr);
-        staged -= load_bytes;  // freed as this scope ends
-        out = f.staging.get();
-      }
-    }
-    // The task's bookkeeping once its bytes are stored (direct) or its puts issued.
-    auto count_task = [&](bool direct) {
-      report->bytes += task.total_bytes();
-      if (direct) report->direct_bytes += task.total_bytes();
-      ++report->tasks;
-      if (task.gather >= 0 && gather_last_use[size_t(task.gather)] == step.index) release_gathered();
-    };
-    if (in_place) {
-      report->prepare_seconds += since(t_prepare);
-      count_task(true);
-      continue;
-    }
-    if (o.checksums) {
-      uint64_t h = checksum(out, task.bytes);
-      if (task.scale_bytes > 0) h = checksum(out + task.bytes, task.scale_bytes, h);
-      (*sums)[task.receiver].push_back(h);
-    }
-    if (o.staging_hook && f.staging) {
-      o.staging_hook(task, {f.staging.get(), task.total_bytes()});
-    }
-    report->prepare_seconds += since(t_prepare);
-
-    // Stage 3, write: a copy through the mapping (done at once, staging freed), or puts
-    // not waited for here.
-    const auto t_write = Clock::now();
-    if (slot_base != nullptr) {
-      std::memcpy(slot_base + task.dst_offset, out, task.bytes);
-      if (task.scale_bytes > 0) {
-        std::memcpy(slot_base + task.scale_offset, out + task.bytes, task.scale_bytes);
-      }
-      if (!direct_put) staged -= task.total_bytes();
-      report->write_seconds += since(t_write);
-      count_task(true);
-      continue;
-    }
-    const PlanReceiver& r = *plan.find_receiver(task.receiver);
-    const int peer_id = peer.at(task.receiver);
-    const comm::RemoteKey& key = rkey.at(task.receiver);
-    f.requests.push_back(w.put(peer_id, out, task.bytes, r.slot_address[slot] + task.dst_offset, key));
-    if (task.scale_bytes > 0) {
-      f.requests.push_back(w.put(peer_id, out + task.bytes, task.scale_bytes,
-                                 r.slot_address[slot] + task.scale_offset, key));
-    }
-    f.bytes = direct_put ? 0 : task.total_bytes();
-    inflight.push_back(std::move(f));
-    report->write_seconds += since(t_write);
-    count_task(false);
-  }
-  // Stage 4, complete: every put, then a flush per receiver. Stores through mappings are
-  // made visible before the barrier that tells the receivers to publish.
-  std::atomic_thread_fence(std::memory_order_release);
-  while (!inflight.empty()) WL_RETURN_IF_ERROR(retire_oldest());
-  const auto t = Clock::now();
-  std::vector<comm::Request> flushes;
-  for (const auto& [rank, peer_id] : peer) flushes.push_back(w.flush(peer_id));
-  Status s = w.wait_all(flushes, deadline);
-  report->write_seconds += since(t);
-  if (!s.ok()) return s.with_context("flushing puts");
-  WL_CHECK_EQ(staged, size_t(0));
   return ok_status();
 }
 
-Status Executor::Impl::verify(int slot, const std::map<int, std::vector<uint64_t>>& sums,
-                              uint64_t version) const {
-  const std::span<std::byte> mem = receiver->slot(slot);
-  for (const auto& [sender, tasks] : incoming) {
+Status P2PExecutor::receive(const UpdateOptions& o, const RoundStart& round,
+                            UpdateReport& report) {
+  for (const auto& [sender, tasks] : incoming_) {
+    report.tasks += tasks.size();
+    for (int i : tasks) report.bytes += o_.plan.tasks[size_t(i)].total_bytes();
+  }
+  if (!o.checksums) return ok_status();
+  std::map<int, std::vector<uint64_t>> sums;  // by sender
+  for (const auto& [sender, tasks] : incoming_) {
+    std::vector<uint64_t>& list = sums[sender];
+    list.resize(tasks.size());
+    WL_RETURN_IF_ERROR(o_.world->recv({.data = list.data(),
+                                       .bytes = list.size() * 8,
+                                       .peer = sender,
+                                       .tag = kChecksumTag,
+                                       .timeout = o.timeout}));
+  }
+  return verify(round.slot, sums, round.version);
+}
+
+Status P2PExecutor::verify(int slot, const std::map<int, std::vector<uint64_t>>& sums,
+                           uint64_t version) const {
+  const std::span<std::byte> mem = o_.receiver->slot(slot);
+  for (const auto& [sender, tasks] : incoming_) {
     const std::vector<uint64_t>& expect = sums.at(sender);
     for (size_t i = 0; i < tasks.size(); ++i) {
-      const PlanTask& t = plan.tasks[size_t(tasks[i])];
+      const PlanTask& t = o_.plan.tasks[size_t(tasks[i])];
       uint64_t h = checksum(mem.data() + t.dst_offset, t.bytes);
       if (t.scale_bytes > 0) h = checksum(mem.data() + t.scale_offset, t.scale_bytes, h);
-      if (h != expect[i]) {
-        return data_loss("receiver rank " + std::to_string(world->rank()) + ": tensor '" +
-                         t.tensor + "' rows [" + std::to_string(t.row_begin) + ", " +
-                         std::to_string(t.row_end) + ") from trainer rank " +
-                         std::to_string(sender) + " failed its checksum (sent " + hex64(expect[i]) +
-                         ", landed " + hex64(h) + "); version " + std::to_string(version) +
-                         " discarded");
-      }
+      if (h == expect[i]) continue;
+      return data_loss("receiver rank " + std::to_string(o_.world->rank()) + ": tensor '" +
+                       t.tensor + "' rows [" + std::to_string(t.row_begin) + ", " +
+                       std::to_string(t.row_end) + ") from trainer rank " +
+                       std::to_string(sender) + " failed its checksum (sent " + hex64(expect[i]) +
+                       ", landed " + hex64(h) + "); version " + std::to_string(version) +
+                       " discarded");
     }
   }
   return ok_status();
 }
 
-Result<UpdateReport> Executor::update(const UpdateOptions& o) {
-  Impl& m = *impl_;
-  const auto t_start = Clock::now();
-  const comm::Deadline deadline = m.world->deadline(o.timeout);
-  UpdateReport report;
-  report.watermark_bytes = o.watermark_bytes;
-  const int me = m.world->rank();
-
-  // 1. start.
+Result<UpdateReport> P2PExecutor::update(const UpdateOptions& o) {
   Status mine;
-  int64_t word[kStartFields] = {};
-  word[kChecksums] = o.checksums;
-  const comm::ProcessId self = comm::this_process();
-  word[kHost] = int64_t(self.host);
-  word[kPid] = self.pid;
-  if (m.receiver != nullptr) {
-    word[kRole] = int64_t(Role::kReceiver);
-    word[kEpoch] = int64_t(m.receiver->epoch());
-    word[kVersion] = int64_t(m.receiver->version());
-    // A fresh receiver (version 0) learns its slot from the start words; see below.
-    if (m.receiver->version() > 0) {
-      mine = m.receiver->begin_write(int((m.receiver->version() + 1) % 2), deadline);
-      if (!mine.ok()) mine = mine.with_context("receiver rank " + std::to_string(me));
-    }
+  if (o_.weights != nullptr && o.watermark_bytes < required_watermark()) {
+    mine = resource_exhausted("trainer rank " + std::to_string(o_.world->rank()) +
+                              ": watermark " + std::to_string(o.watermark_bytes) +
+                              " bytes is below the " + std::to_string(required_watermark()) +
+                              " this plan needs (its largest task beside its gathered tensors)");
+  }
+  return run_round(*o_.world, o_.plan, o_.receiver, TransferMode::kP2P, o, mine,
+                   [&](const RoundStart& round, UpdateReport& report) {
+                     return o_.weights ? send(o, round, report) : receive(o, round, report);
+                   });
+}
+
+}  // namespace
+
+Result<std::unique_ptr<UpdateExecutor>> make_p2p_executor(ExecutorOptions options) {
+  const bool trainer = options.weights != nullptr;
+  auto ex = std::make_unique<P2PExecutor>(std::move(options));
+  if (trainer) {
+    WL_RETURN_IF_ERROR(ex->plan_sender());
   } else {
-    word[kRole] = int64_t(Role::kTrainer);
-    const size_t need = m.required_watermark();
-    if (o.watermark_bytes < need) {
-      mine = resource_exhausted("trainer rank " + std::to_string(me) + ": watermark " +
-                                std::to_string(o.watermark_bytes) + " bytes is below the " +
-                                std::to_string(need) +
-                                " this plan needs (its largest task beside its gathered tensors)");
-    }
+    ex->plan_receiver();
   }
-  word[kRefusal] = int64_t(mine.code());
-  std::vector<int64_t> words(size_t(m.world->size() * kStartFields));
-  WL_RETURN_IF_ERROR(comm::allgather(*m.world, {.send = word, .recv = words.data(),
-                                                .count = kStartFields, .dtype = DType::kI64,
-                                                .timeout = o.timeout}));
-  uint64_t current = 0;
-  WL_RETURN_IF_ERROR(m.check_start(words, mine, &current));
-  if (m.receiver == nullptr && !m.connected) {
-    for (int r : m.targets) {
-      m.process[r] = {uint64_t(words[size_t(r * kStartFields + kHost)]),
-                      words[size_t(r * kStartFields + kPid)]};
-    }
-    WL_RETURN_IF_ERROR(m.connect_targets());
-  }
-  const uint64_t next = current + 1;
-  const int slot = int(next % 2);
-  report.version = next;
-  report.barrier_seconds += since(t_start);
-
-  // 2. the sender's queue; receivers have nothing to do until the checksums.
-  std::map<int, std::vector<uint64_t>> sums;  // by receiver (trainer) or by sender (receiver)
-  Status failed;
-  if (m.receiver != nullptr && m.receiver->version() == 0) {
-    failed = m.receiver->begin_write(slot, deadline);  // reported at the barrier
-  }
-  if (m.weights != nullptr) {
-    WL_RETURN_IF_ERROR(m.run_trainer(o, slot, deadline, &report, &sums));
-  }
-
-  // 3. checksums.
-  const auto t_barrier = Clock::now();
-  if (o.checksums) {
-    if (m.weights != nullptr) {
-      for (auto& [rank, list] : sums) {
-        WL_RETURN_IF_ERROR(m.world->send({.data = list.data(), .bytes = list.size() * 8,
-                                          .peer = rank, .tag = kChecksumTag,
-                                          .timeout = o.timeout}));
-      }
-    } else {
-      for (const auto& [sender, tasks] : m.incoming) {
-        std::vector<uint64_t>& list = sums[sender];
-        list.resize(tasks.size());
-        WL_RETURN_IF_ERROR(m.world->recv({.data = list.data(), .bytes = list.size() * 8,
-                                          .peer = sender, .tag = kChecksumTag,
-                                          .timeout = o.timeout}));
-      }
-      if (failed.ok()) failed = m.verify(slot, sums, next);
-    }
-  }
-  if (m.receiver != nullptr) {
-    for (const auto& [sender, tasks] : m.incoming) {
-      report.tasks += tasks.size();
-      for (int i : tasks) report.bytes += m.plan.tasks[size_t(i)].total_bytes();
-    }
-  }
-
-  // 4. the global barrier, which also tells everyone whether a receiver found corruption.
-  int64_t who = failed.ok() ? 0 : me + 1;
-  WL_RETURN_IF_ERROR(comm::allreduce(*m.world, {.send = &who, .recv = &who, .count = 1,
-                                                .dtype = DType::kI64, .op = comm::ReduceOp::kMax,
-                                                .timeout = o.timeout}));
-  report.barrier_seconds += since(t_barrier);
-  if (who != 0) {
-    if (!failed.ok()) return failed;
-    return data_loss("update to version " + std::to_string(next) + ": receiver rank " +
-                     std::to_string(who - 1) + " found corrupted bytes; every receiver stays on "
-                     "version " + std::to_string(current));
-  }
-  if (m.receiver != nullptr) m.receiver->publish(slot, next);
-  report.total_seconds = since(t_start);
-  return report;
+  return std::unique_ptr<UpdateExecutor>(std::move(ex));
 }
 
 }  // namespace wl::transfer

@@ -1,46 +1,161 @@
-// The update frame of modes/detail/update_round.h: places, start_round, finish_round, run_round.
+// The update round of update_round.h: places, the start handshake, the closing barrier.
 #include "weightlift/transfer/modes/detail/update_round.h"
 
 #include <algorithm>
-
+#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "weightlift/comm/allgather.h"
 #include "weightlift/comm/allreduce.h"
+#include "weightlift/core/timing.h"
 
 namespace wl::transfer {
 namespace {
-enum Field { kRole, kVersion, kRefusal, kFields };
-}  // namespace
 
-Result<DType> agree_on_shard_dtype(comm::Group& world, const TrainerWeights* weights,
-                                   int64_t setting, std::string_view what) {
-  // Per rank: the shard dtype + 1 (0 on receivers), then the setting.
-  const int64_t word[2] = {weights ? int64_t(weights->options().dtype) + 1 : 0, setting};
-  std::vector<int64_t> words(size_t(world.size()) * 2);
-  WL_RETURN_IF_ERROR(comm::allgather(
-      world, {.send = word, .recv = words.data(), .count = 2, .dtype = DType::kI64}));
-  int64_t dtype = 0;
-  for (int r = 0; r < world.size(); ++r) {
-    const int64_t d = words[size_t(r) * 2], s = words[size_t(r) * 2 + 1];
-    if (s != words[1]) {
-      return failed_precondition("world ranks 0 and " + std::to_string(r) + " disagree on " +
-                                 std::string(what) + " (" + std::to_string(words[1]) + " and " +
-                                 std::to_string(s) + ")");
-    }
-    if (d == 0) continue;
-    if (dtype != 0 && d != dtype) {
-      return failed_precondition("trainers hold shards of different dtypes (" +
-                                 std::string(dtype_name(DType(dtype - 1))) + " and " +
-                                 std::string(dtype_name(DType(d - 1))) + " at world rank " +
-                                 std::to_string(r) + ")");
-    }
-    dtype = d;
-  }
-  if (dtype == 0) return failed_precondition("no trainer joined the transfer");
-  return DType(dtype - 1);
+// One rank's word at the start of an update.
+enum Field { kRole, kEpoch, kVersion, kRefusal, kChecksums, kHost, kPid, kFields };
+
+std::string hex64(uint64_t v) {
+  char s[24];
+  std::snprintf(s, sizeof s, "0x%016llx", (unsigned long long)v);
+  return s;
 }
+
+std::string receiver_name(int rank) { return "receiver rank " + std::to_string(rank); }
+
+// The start words of every rank, as read by the checks below.
+class StartWords {
+ public:
+  StartWords(std::vector<int64_t> words, int size) : words_(std::move(words)), size_(size) {}
+  int64_t at(int rank, Field f) const { return words_[size_t(rank * kFields + f)]; }
+  int size() const { return size_; }
+
+ private:
+  std::vector<int64_t> words_;
+  int size_;
+};
+
+// This rank's start word; a receiver that holds a version opens the next slot first (a fresh
+// one does so once the round's version is known).
+std::vector<int64_t> my_start_word(int me, Receiver* receiver, Status* mine,
+                                   const UpdateOptions& o, comm::Deadline deadline) {
+  std::vector<int64_t> word(kFields, 0);
+  word[kRole] = int64_t(receiver ? Role::kReceiver : Role::kTrainer);
+  word[kChecksums] = o.checksums;
+  const comm::ProcessId self = comm::this_process();
+  word[kHost] = int64_t(self.host);
+  word[kPid] = self.pid;
+  if (receiver != nullptr) {
+    word[kEpoch] = int64_t(receiver->epoch());
+    word[kVersion] = int64_t(receiver->version());
+    if (mine->ok() && receiver->version() > 0) {
+      *mine = receiver->begin_write(int((receiver->version() + 1) % 2), deadline);
+      if (!mine->ok()) *mine = mine->with_context(receiver_name(me));
+    }
+  }
+  word[kRefusal] = int64_t(mine->code());
+  return word;
+}
+
+// The same decision on every rank: who refused, who joined as what, stale epochs, versions.
+Status check_start(const StartWords& w, const Plan& plan, int me, const Status& mine,
+                   uint64_t* current) {
+  for (int r = 0; r < w.size(); ++r) {
+    if (w.at(r, kRefusal) != 0) {
+      if (r == me) return mine;
+      return Status(StatusCode(w.at(r, kRefusal)),
+                    "update refused by world rank " + std::to_string(r) +
+                        " (its own error says why); nothing was written");
+    }
+    if (w.at(r, kChecksums) != w.at(0, kChecksums)) {
+      return failed_precondition("update: world ranks 0 and " + std::to_string(r) +
+                                 " disagree on UpdateOptions::checksums; nothing was written");
+    }
+  }
+  for (const PlanTrainer& t : plan.trainers) {
+    if (t.rank >= w.size() || w.at(t.rank, kRole) != int64_t(Role::kTrainer)) {
+      return failed_precondition("update: world rank " + std::to_string(t.rank) +
+                                 " is a trainer in the plan but did not join as one");
+    }
+  }
+  *current = 0;
+  for (const PlanReceiver& r : plan.receivers) {
+    const std::string who = receiver_name(r.rank);
+    if (r.rank >= w.size() || w.at(r.rank, kRole) != int64_t(Role::kReceiver)) {
+      return failed_precondition("update: " + who + " is in the plan but did not join as one");
+    }
+    const uint64_t epoch = uint64_t(w.at(r.rank, kEpoch));
+    if (epoch != r.epoch) {
+      return failed_precondition(
+          "update: " + who + ": stale rkey: the plan was made for its epoch " + hex64(r.epoch) +
+          " but it now runs epoch " + hex64(epoch) +
+          " (it restarted); gather metadata and plan again. Nothing was written");
+    }
+    *current = std::max(*current, uint64_t(w.at(r.rank, kVersion)));
+  }
+  // Receivers hold the newest version among them or 0 (fresh).
+  for (const PlanReceiver& r : plan.receivers) {
+    const uint64_t v = uint64_t(w.at(r.rank, kVersion));
+    if (v != *current && v != 0) {
+      return failed_precondition("update: receivers disagree on the current version (" +
+                                 std::to_string(*current) + " and " + std::to_string(v) + " at " +
+                                 receiver_name(r.rank) + "); nothing was written");
+    }
+  }
+  return ok_status();
+}
+
+Result<RoundStart> start_round(comm::Group& world, const Plan& plan, Receiver* receiver,
+                               Status mine, const UpdateOptions& o, comm::Deadline deadline) {
+  const int me = world.rank();
+  const std::vector<int64_t> word = my_start_word(me, receiver, &mine, o, deadline);
+  std::vector<int64_t> words(size_t(world.size() * kFields));
+  WL_RETURN_IF_ERROR(comm::allgather(world, {.send = word.data(),
+                                             .recv = words.data(),
+                                             .count = kFields,
+                                             .dtype = DType::kI64,
+                                             .timeout = o.timeout}));
+  const StartWords w(std::move(words), world.size());
+  uint64_t current = 0;
+  WL_RETURN_IF_ERROR(check_start(w, plan, me, mine, &current));
+  RoundStart round;
+  round.version = current + 1;
+  round.slot = int(round.version % 2);
+  for (int r = 0; r < world.size(); ++r) {
+    round.processes.push_back({uint64_t(w.at(r, kHost)), w.at(r, kPid)});
+  }
+  if (receiver != nullptr && receiver->version() == 0) {
+    round.fresh_write = receiver->begin_write(round.slot, deadline);
+  }
+  return round;
+}
+
+// The closing barrier. Each rank contributes its failure as (code << 32) | (rank + 1), so the
+// maximum names one failing rank and its error's code on every rank.
+Status finish_round(comm::Group& world, Receiver* receiver, const RoundStart& round,
+                    const Status& failed_here, std::chrono::milliseconds timeout) {
+  const Status failed = failed_here.ok() ? round.fresh_write : failed_here;
+  int64_t who = failed.ok() ? 0 : (int64_t(failed.code()) << 32) | (world.rank() + 1);
+  WL_RETURN_IF_ERROR(comm::allreduce(world, {.send = &who,
+                                             .recv = &who,
+                                             .count = 1,
+                                             .dtype = DType::kI64,
+                                             .op = comm::ReduceOp::kMax,
+                                             .timeout = timeout}));
+  if (!failed.ok()) return failed;
+  if (who != 0) {
+    return Status(StatusCode(who >> 32),
+                  "update to version " + std::to_string(round.version) + ": world rank " +
+                      std::to_string((who & 0xffffffff) - 1) +
+                      " failed (its own error says why); every receiver stays on version " +
+                      std::to_string(round.version - 1));
+  }
+  if (receiver != nullptr) receiver->publish(round.slot, round.version);
+  return ok_status();
+}
+
+}  // namespace
 
 Result<const PlanTrainer*> place_trainer(const Plan& plan, int rank,
                                          const TrainerWeights& weights) {
@@ -61,124 +176,32 @@ Result<const PlanTrainer*> place_trainer(const Plan& plan, int rank,
 Result<const PlanReceiver*> place_receiver(const Plan& plan, int rank) {
   const PlanReceiver* pr = plan.find_receiver(rank);
   if (pr == nullptr) {
-    return invalid_argument("receiver rank " + std::to_string(rank) +
-                            ": not a receiver of this transfer plan");
+    return invalid_argument(receiver_name(rank) + ": not a receiver of this transfer plan");
   }
   return pr;
 }
 
-Result<RoundStart> start_round(comm::Group& world, const Plan& plan, Receiver* receiver,
-                               Status mine, comm::Deadline deadline,
-                               std::chrono::milliseconds timeout) {
-  const int me = world.rank();
-  int64_t word[kFields] = {};
-  word[kRole] = int64_t(receiver ? Role::kReceiver : Role::kTrainer);
-  if (receiver != nullptr) {
-    word[kVersion] = int64_t(receiver->version());
-    if (mine.ok() && receiver->version() > 0) {
-      mine = receiver->begin_write(int((receiver->version() + 1) % 2), deadline);
-      if (!mine.ok()) mine = mine.with_context("receiver rank " + std::to_string(me));
-    }
-  }
-  word[kRefusal] = int64_t(mine.code());
-  std::vector<int64_t> words(size_t(world.size() * kFields));
-  WL_RETURN_IF_ERROR(comm::allgather(world, {.send = word,
-                                             .recv = words.data(),
-                                             .count = kFields,
-                                             .dtype = DType::kI64,
-                                             .timeout = timeout}));
-  auto at = [&](int rank, int field) { return words[size_t(rank * kFields + field)]; };
-  for (int r = 0; r < world.size(); ++r) {
-    if (at(r, kRefusal) == 0) continue;
-    if (r == me) return mine;
-    return Status(StatusCode(at(r, kRefusal)),
-                  "update refused by world rank " + std::to_string(r) +
-                      " (its own error says why); nothing was written");
-  }
-  for (const PlanTrainer& t : plan.trainers) {
-    if (t.rank >= world.size() || at(t.rank, kRole) != int64_t(Role::kTrainer)) {
-      return failed_precondition("update: world rank " + std::to_string(t.rank) +
-                                 " is a trainer in the plan but did not join as one");
-    }
-  }
-  RoundStart round;
-  for (size_t i = 0; i < plan.receivers.size(); ++i) {
-    const PlanReceiver& r = plan.receivers[i];
-    const std::string who = "receiver rank " + std::to_string(r.rank);
-    if (r.rank >= world.size() || at(r.rank, kRole) != int64_t(Role::kReceiver)) {
-      return failed_precondition("update: " + who + " is in the plan but did not join as one");
-    }
-    round.version = std::max(round.version, uint64_t(at(r.rank, kVersion)));
-  }
-  WL_RETURN_IF_ERROR(check_receiver_versions(
-      plan, [&](int rank) { return uint64_t(at(rank, kVersion)); }, round.version));
-  round.version += 1;
-  round.slot = int(round.version % 2);
-  if (receiver != nullptr && receiver->version() == 0) {
-    round.fresh_write = receiver->begin_write(round.slot, deadline);
-  }
-  return round;
-}
-
-Status check_receiver_versions(const Plan& plan, const std::function<uint64_t(int)>& version_of,
-                               uint64_t current) {
-  for (const PlanReceiver& r : plan.receivers) {
-    const uint64_t v = version_of(r.rank);
-    if (v != current && v != 0) {
-      return failed_precondition("update: receivers disagree on the current version (" +
-                                 std::to_string(current) + " and " + std::to_string(v) +
-                                 " at receiver rank " + std::to_string(r.rank) +
-                                 "); nothing was written");
-    }
-  }
-  return ok_status();
-}
-
-Status finish_round(comm::Group& world, Receiver* receiver, const RoundStart& round,
-                    const Status& failed_here, std::chrono::milliseconds timeout) {
-  const Status failed = failed_here.ok() ? round.fresh_write : failed_here;
-  int64_t who = failed.ok() ? 0 : world.rank() + 1;
-  WL_RETURN_IF_ERROR(comm::allreduce(world, {.send = &who,
-                                             .recv = &who,
-                                             .count = 1,
-                                             .dtype = DType::kI64,
-                                             .op = comm::ReduceOp::kMax,
-                                             .timeout = timeout}));
-  if (!failed.ok()) return failed;
-  if (who != 0) {
-    return aborted("update to version " + std::to_string(round.version) + ": world rank " +
-                   std::to_string(who - 1) + " failed; every receiver stays on version " +
-                   std::to_string(round.version - 1));
-  }
-  if (receiver != nullptr) receiver->publish(round.slot, round.version);
-  return ok_status();
-}
-
 Result<UpdateReport> run_round(
-    comm::Group& world, const Plan& plan, Receiver* receiver, const UpdateOptions& o,
-    std::string_view mode, Status mine,
+    comm::Group& world, const Plan& plan, Receiver* receiver, TransferMode mode,
+    const UpdateOptions& o, Status mine,
     const std::function<Status(const RoundStart&, UpdateReport&)>& body) {
-  using Clock = std::chrono::steady_clock;
-  auto since = [](Clock::time_point t) {
-    return std::chrono::duration<double>(Clock::now() - t).count();
-  };
-  const auto t_start = Clock::now();
+  const Stopwatch total;
   UpdateReport report;
   report.watermark_bytes = o.watermark_bytes;
-  if (o.checksums || o.staging_hook) {
-    mine =
-        invalid_argument("world rank " + std::to_string(world.rank()) + ": " + std::string(mode) +
-                         " mode has no per-task checksums or staging hook (p2p's)");
+  if (mode != TransferMode::kP2P && (o.checksums || o.staging_hook)) {
+    mine = invalid_argument("world rank " + std::to_string(world.rank()) + ": " +
+                            std::string(transfer_mode_name(mode)) +
+                            " mode has no per-task checksums or staging hook (p2p's)");
   }
-  WL_ASSIGN_OR_RETURN(RoundStart round, start_round(world, plan, receiver, mine,
-                                                    world.deadline(o.timeout), o.timeout));
+  WL_ASSIGN_OR_RETURN(RoundStart round,
+                      start_round(world, plan, receiver, mine, o, world.deadline(o.timeout)));
   report.version = round.version;
-  report.barrier_seconds += since(t_start);
+  report.barrier_seconds += total.seconds();
   const Status failed = body(round, report);
-  const auto t_barrier = Clock::now();
+  const Stopwatch barrier;
   WL_RETURN_IF_ERROR(finish_round(world, receiver, round, failed, o.timeout));
-  report.barrier_seconds += since(t_barrier);
-  report.total_seconds = since(t_start);
+  report.barrier_seconds += barrier.seconds();
+  report.total_seconds = total.seconds();
   return report;
 }
 

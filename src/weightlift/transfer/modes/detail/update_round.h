@@ -1,38 +1,34 @@
-// The versioned frame every update of the broadcast and naive modes runs in; the same rules
-// as the p2p executor's (modes/p2p.h, steps 1 and 4), without rkeys or per-task checksums.
+// The versioned round every update runs in, whatever the mode (update_executor.h):
 //
-//   start   each receiver waits until no reader holds the slot version v+1 will use; every
-//           rank allgathers (role, version, refusal); a refusal anywhere, a rank that did not
-//           join in its planned role, or receivers on different versions refuse the update on
-//           every rank before any byte moves. A fresh receiver (version 0: it has just
-//           started and had no peer to heal from) joins whatever version the others hold; it
-//           learns which slot to clear for writing from the allgather.
-//   finish  an allreduce of "who failed" over the world: the global barrier. Only if nobody
-//           failed does each receiver publish v+1; otherwise receivers stay on v.
+//   start   each receiver that holds version v waits until no reader holds the slot v + 1 will
+//           use and opens it for writing; every rank allgathers (role, epoch, version, refusal,
+//           checksums, host, pid). Every rank then makes the same decision: a refusal anywhere
+//           (a watermark too small, p2p's options given to another mode, a slot still read), a
+//           rank that did not join in its planned role, a receiver whose epoch differs from
+//           the plan's (it restarted since planning: p2p's rkey for it is stale), ranks that
+//           disagree on checksums, or receivers on different versions refuse the update on
+//           every rank before any byte moves. A fresh receiver (version 0: it started and could
+//           heal neither from a peer nor from the servers, fleet/) takes the others' next
+//           version; it opens that slot once the allgather has told it which.
+//   body    the mode's own part (p2p.h, broadcast.h, naive.h).
+//   finish  an allreduce of "who failed, and how" over the world: the global barrier. Only if
+//           nobody failed does each receiver publish v + 1; otherwise every receiver stays on v,
+//           the failing rank returns its own error and the others an error of the same code
+//           that names it.
 #pragma once
 
 #include <chrono>
-#include <cstdint>
 #include <functional>
-#include <string_view>
+#include <vector>
 
 #include "weightlift/comm/group.h"
-#include "weightlift/transfer/modes/p2p.h"
-#include "weightlift/transfer/plan/planner.h"
-#include "weightlift/transfer/layout/receiver.h"
-#include "weightlift/transfer/layout/trainer_weights.h"
+#include "weightlift/comm/process_alive.h"
+#include "weightlift/transfer/modes/update_executor.h"
 
 namespace wl::transfer {
 
-// Collective over `world`, once when a mode's executor is made: every rank learns the shard
-// dtype the trainers hold (`weights`: null on receivers) and checks that every rank passed
-// the same `setting` (a mode option such as bucket_bytes, named `what`). FailedPrecondition
-// if trainers hold different dtypes or ranks differ on the setting.
-Result<DType> agree_on_shard_dtype(comm::Group& world, const TrainerWeights* weights,
-                                   int64_t setting, std::string_view what);
-
 // This rank's entry in the plan, checked against where its weights sit (mesh, mesh rank, mesh
-// size). InvalidArgument naming the rank and both positions otherwise. Shared by every mode.
+// size). InvalidArgument naming the rank and both positions otherwise.
 Result<const PlanTrainer*> place_trainer(const Plan& plan, int rank, const TrainerWeights& weights);
 // InvalidArgument unless the plan has `rank` as a receiver.
 Result<const PlanReceiver*> place_receiver(const Plan& plan, int rank);
@@ -40,31 +36,16 @@ Result<const PlanReceiver*> place_receiver(const Plan& plan, int rank);
 struct RoundStart {
   uint64_t version = 0;  // the version this update makes
   int slot = 0;          // where receivers write it: version % 2
-  Status fresh_write;    // a fresh receiver's begin_write, made once the version was known
+  Status fresh_write;    // a fresh receiver's opening of that slot, made once it was known
+  std::vector<comm::ProcessId> processes;  // every world rank's process, by rank
 };
 
-// Collective over `world`. `receiver`: null on trainers. `mine`: this rank's own refusal.
-Result<RoundStart> start_round(comm::Group& world, const Plan& plan, Receiver* receiver,
-                               Status mine, comm::Deadline deadline,
-                               std::chrono::milliseconds timeout);
-
-// Receivers hold `current` (the newest among them) or 0 (fresh); FailedPrecondition naming
-// the first that holds another. Shared with the p2p executor.
-Status check_receiver_versions(const Plan& plan, const std::function<uint64_t(int)>& version_of,
-                               uint64_t current);
-
-// Collective over `world`; `failed` is this rank's failure during the update (OK if none).
-// Publishes on success; returns this rank's failure or names the rank that failed.
-Status finish_round(comm::Group& world, Receiver* receiver, const RoundStart& round,
-                    const Status& failed, std::chrono::milliseconds timeout);
-
-// One whole update of a mode other than p2p (`mode` names it in errors), collective over
-// `world`: refuses p2p's per-task checksums and staging hook, and `mine` (this rank's own
-// refusal, such as a watermark too small), on every rank before any byte moves; starts the
-// round; runs `body`, this rank's part; finishes the round. Fills the report's version,
-// watermark, barrier and total times; `body` fills the rest.
+// One whole update, collective over `world`: starts the round (refusing `mine`, this rank's
+// own objection, and for modes other than p2p its checksums and staging hook, on every rank),
+// runs `body` (this rank's part, which fills the report's work fields), finishes the round.
+// Fills the report's version, watermark, barrier and total times.
 Result<UpdateReport> run_round(comm::Group& world, const Plan& plan, Receiver* receiver,
-                               const UpdateOptions& options, std::string_view mode, Status mine,
+                               TransferMode mode, const UpdateOptions& options, Status mine,
                                const std::function<Status(const RoundStart&, UpdateReport&)>& body);
 
 }  // namespace wl::transfer
