@@ -4,13 +4,14 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <unordered_map>
 
 #include "weightlift/model/params.h"
-#include "weightlift/transfer/layout/sharded_tensor.h"
+#include "weightlift/transfer/plan/cutting.h"
 
 namespace wl::transfer {
 namespace {
@@ -31,6 +32,307 @@ struct Unit {
   int direct_mesh_rank = -1;  // -1: needs a gather
 };
 
+// What direct_mesh_rank (cutting.h) asks of a piece.
+struct PieceRows {
+  int64_t param_rows = 0, b = 0, e = 0;
+};
+
+// One receiver's metadata beside the layout it must hold.
+struct ReceiverSide {
+  const RankMeta* meta = nullptr;
+  std::vector<ReceiverTensor> expected;  // the inference layout at its TP rank and format
+  std::unordered_map<std::string_view, const TensorMeta*> declared;  // what it says it holds
+};
+
+// make_plan's state: the checked ranks, then the tasks family by family.
+class Planner {
+ public:
+  explicit Planner(std::span<const RankMeta> ranks);
+  Result<Plan> run();
+
+ private:
+  Status check_config();
+  Status check_trainer(const RankMeta& t, std::set<std::pair<int, int>>& seats);
+  Status check_params(const RankMeta& t);
+  Status check_receiver(ReceiverSide& side);
+  Status check_declared(const ReceiverSide& side);
+  std::vector<std::pair<bool, std::string>> families() const;
+  std::vector<Unit> cut(const std::string& family);
+  void cut_bf16(const ReceiverSide& side, const ReceiverTensor& t, std::vector<Unit>& units);
+  void cut_fp8(const ReceiverSide& side, const ReceiverTensor& t, std::vector<Unit>& units);
+  PlanTask task_rows(const ReceiverSide& side, const ReceiverTensor& t, int64_t r0,
+                     int64_t r1) const;
+  void assign(std::vector<Unit>& units, bool expert);
+  int64_t param_rows(const std::string& name) const { return layout_->at(name).shape[0]; }
+
+  std::vector<const RankMeta*> trainers_;
+  std::vector<ReceiverSide> receivers_;
+  model::ModelConfig config_;
+  std::optional<model::ParamLayout> layout_;
+  std::map<int, uint64_t> load_;  // bytes assigned so far, by trainer world rank
+  Plan plan_;
+};
+
+Planner::Planner(std::span<const RankMeta> ranks) {
+  for (const RankMeta& m : ranks) {
+    if (m.role == Role::kTrainer) {
+      trainers_.push_back(&m);
+    } else {
+      receivers_.push_back({.meta = &m});
+    }
+  }
+}
+
+// Trainers: one config, whole meshes.
+Status Planner::check_config() {
+  if (trainers_.empty()) return invalid_argument("transfer plan: no trainer rank");
+  if (receivers_.empty()) return invalid_argument("transfer plan: no receiver rank");
+  const RankMeta& t0 = *trainers_.front();
+  WL_ASSIGN_OR_RETURN(config_, model::parse_config(t0.config_json, rank_name("trainer", t0.rank)));
+  layout_.emplace(config_);
+  plan_.config_json = model::config_to_json(config_);
+  plan_.mesh_size = t0.mesh_size;
+  if (plan_.mesh_size < 1 || trainers_.size() % size_t(plan_.mesh_size) != 0) {
+    return invalid_argument("transfer plan: " + std::to_string(trainers_.size()) +
+                            " trainers do not make whole meshes of " +
+                            std::to_string(plan_.mesh_size));
+  }
+  plan_.num_meshes = int(trainers_.size()) / plan_.mesh_size;
+  return ok_status();
+}
+
+// A trainer: the same config, a free seat in the meshes, every parameter where its seat says.
+Status Planner::check_trainer(const RankMeta& t, std::set<std::pair<int, int>>& seats) {
+  const std::string who = rank_name("trainer", t.rank);
+  WL_ASSIGN_OR_RETURN(model::ModelConfig c, model::parse_config(t.config_json, who));
+  if (model::config_to_json(c) != plan_.config_json) {
+    return invalid_argument(who + ": its model config differs from trainer rank " +
+                            std::to_string(trainers_.front()->rank) + "'s");
+  }
+  if (t.mesh_size != plan_.mesh_size || t.mesh_id < 0 || t.mesh_id >= plan_.num_meshes ||
+      t.mesh_rank < 0 || t.mesh_rank >= plan_.mesh_size ||
+      !seats.insert({t.mesh_id, t.mesh_rank}).second) {
+    return invalid_argument(who + ": mesh " + std::to_string(t.mesh_id) + " rank " +
+                            std::to_string(t.mesh_rank) + " of size " +
+                            std::to_string(t.mesh_size) + " does not fit " +
+                            std::to_string(plan_.num_meshes) + " meshes of " +
+                            std::to_string(plan_.mesh_size));
+  }
+  WL_RETURN_IF_ERROR(check_params(t));
+  plan_.trainers.push_back({t.rank, t.mesh_id, t.mesh_rank});
+  return ok_status();
+}
+
+Status Planner::check_params(const RankMeta& t) {
+  const std::string who = rank_name("trainer", t.rank);
+  std::unordered_map<std::string_view, const ParamMeta*> by_name;
+  for (const ParamMeta& p : t.params) by_name.emplace(p.name, &p);
+  for (const model::ParamInfo& info : layout_->params()) {
+    auto it = by_name.find(info.name);
+    if (it == by_name.end()) {
+      return not_found(who + ": holds no parameter '" + info.name + "' (the model has it)");
+    }
+    const ParamMeta& p = *it->second;
+    if (p.shape != info.shape) {
+      return invalid_argument(who + ": parameter '" + info.name + "' has shape " +
+                              shape_to_string(p.shape) + ", the model config says " +
+                              shape_to_string(info.shape));
+    }
+    if (p.dtype != DType::kF32 && p.dtype != DType::kBF16) {
+      return invalid_argument(who + ": parameter '" + info.name + "' is " +
+                              std::string(dtype_name(p.dtype)) + "; shards are F32 or BF16");
+    }
+    const ShardRows want = shard_rows(info.shape[0], plan_.mesh_size, t.mesh_rank);
+    if (p.row_begin != want.begin || p.row_end != want.end) {
+      return invalid_argument(who + ": parameter '" + info.name + "' holds rows [" +
+                              std::to_string(p.row_begin) + ", " + std::to_string(p.row_end) +
+                              "), mesh rank " + std::to_string(t.mesh_rank) + " of " +
+                              std::to_string(plan_.mesh_size) + " should hold [" +
+                              std::to_string(want.begin) + ", " + std::to_string(want.end) + ")");
+    }
+  }
+  return ok_status();
+}
+
+// A receiver: exactly the inference layout of the trainers' model, at its TP rank and format.
+Status Planner::check_receiver(ReceiverSide& side) {
+  const RankMeta& r = *side.meta;
+  const std::string who = rank_name("receiver", r.rank);
+  auto lay = inference_layout(config_, {.tp = r.tp, .tp_rank = r.tp_rank, .format = r.format});
+  if (!lay.ok()) return invalid_argument(who + ": " + lay.status().message());
+  side.expected = std::move(*lay);
+  if (r.rkey.empty() || r.worker_address.empty()) {
+    return invalid_argument(who + ": no rkey or worker address in its metadata");
+  }
+  std::unordered_map<std::string_view, const ReceiverTensor*> want;
+  for (const ReceiverTensor& t : side.expected) want.emplace(t.name, &t);
+  for (const TensorMeta& t : r.tensors) {
+    if (!want.count(t.name)) {
+      return not_found(who + ": tensor '" + t.name + "' is not in the inference layout at tp " +
+                       std::to_string(r.tp) + " (" + std::string(weight_format_name(r.format)) +
+                       "); no trainer parameter produces it");
+    }
+    if (!side.declared.emplace(t.name, &t).second) {
+      return invalid_argument(who + ": tensor '" + t.name + "' declared twice");
+    }
+  }
+  WL_RETURN_IF_ERROR(check_declared(side));
+  plan_.receivers.push_back({r.rank, r.engine, r.tp, r.tp_rank, r.format, r.epoch,
+                             r.worker_address, {r.slot_address[0], r.slot_address[1]},
+                             r.slot_bytes, r.rkey});
+  return ok_status();
+}
+
+// Every tensor of the layout declared, of its dtype and shape, inside the slot.
+Status Planner::check_declared(const ReceiverSide& side) {
+  const RankMeta& r = *side.meta;
+  const std::string who = rank_name("receiver", r.rank);
+  for (const ReceiverTensor& t : side.expected) {
+    auto it = side.declared.find(t.name);
+    if (it == side.declared.end()) {
+      return not_found(who + ": holds no tensor '" + t.name + "' (the inference layout has it)");
+    }
+    const TensorMeta& m = *it->second;
+    if (m.dtype != t.dtype || m.shape != t.shape) {
+      return invalid_argument(who + ": tensor '" + t.name + "' is " + describe(m.dtype, m.shape) +
+                              ", the inference layout at tp " + std::to_string(r.tp) + " needs " +
+                              describe(t.dtype, t.shape));
+    }
+    if (m.bytes != t.nbytes() || m.offset + m.bytes > r.slot_bytes) {
+      return invalid_argument(who + ": tensor '" + t.name + "' at bytes [" +
+                              std::to_string(m.offset) + ", +" + std::to_string(m.bytes) +
+                              ") does not fit its " + std::to_string(r.slot_bytes) + "-byte slot");
+    }
+  }
+  return ok_status();
+}
+
+// Receiver tensor names in order of first appearance, dense before expert (cutting.h); scale
+// tensors ride along with their tensor.
+std::vector<std::pair<bool, std::string>> Planner::families() const {
+  std::vector<std::pair<bool, std::string>> out;
+  std::set<std::string> seen;
+  for (const ReceiverSide& side : receivers_) {
+    for (const ReceiverTensor& t : side.expected) {
+      if (t.sources.empty() || !seen.insert(t.name).second) continue;
+      out.push_back({t.expert, t.name});
+    }
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
+}
+
+// A task for receiver rows [r0, r1) of `t`, before its pieces and sender.
+PlanTask Planner::task_rows(const ReceiverSide& side, const ReceiverTensor& t, int64_t r0,
+                            int64_t r1) const {
+  const TensorMeta& m = *side.declared.at(t.name);
+  const size_t es = dtype_size(t.dtype);
+  PlanTask k{.receiver = side.meta->rank, .tensor = t.name, .expert = t.expert,
+             .row_begin = r0, .row_end = r1, .cols = t.cols, .dtype = t.dtype};
+  k.dst_offset = m.offset + uint64_t(r0 * t.cols) * es;
+  k.bytes = uint64_t((r1 - r0) * t.cols) * es;
+  return k;
+}
+
+void Planner::cut_bf16(const ReceiverSide& side, const ReceiverTensor& t,
+                       std::vector<Unit>& units) {
+  for (const SourceSlice& s : t.sources) {
+    cut_at_shards(param_rows(s.param), plan_.mesh_size, s.row_begin, s.row_end, s.dst_row,
+                  [&](int k, int64_t b, int64_t e, int64_t d0) {
+                    Unit u{task_rows(side, t, d0, d0 + e - b), k};
+                    u.task.pieces.push_back({s.param, b, e, s.col_begin, s.col_end, d0});
+                    units.push_back(std::move(u));
+                  });
+  }
+}
+
+void Planner::cut_fp8(const ReceiverSide& side, const ReceiverTensor& t,
+                      std::vector<Unit>& units) {
+  const TensorMeta& sm = *side.declared.at(t.scale);
+  const int64_t scale_cols = (t.cols + kFp8BlockSize - 1) / kFp8BlockSize;
+  for_each_band(t.rows, [&](int64_t r0, int64_t r1) {
+    Unit u{task_rows(side, t, r0, r1)};
+    u.task.scale_offset = sm.offset + uint64_t(r0 / kFp8BlockSize * scale_cols) * 4;
+    u.task.scale_bytes = uint64_t(scale_cols) * 4;
+    std::vector<PieceRows> rows;
+    for (const SourceSlice& s : t.sources) {
+      int64_t b = 0, e = 0, dst = 0;
+      if (!band_piece(s.row_begin, s.rows(), s.dst_row, r0, r1, &b, &e, &dst)) continue;
+      u.task.pieces.push_back({s.param, b, e, s.col_begin, s.col_end, dst});
+      rows.push_back({param_rows(s.param), b, e});
+    }
+    u.direct_mesh_rank = direct_mesh_rank(plan_.mesh_size, rows);
+    units.push_back(std::move(u));
+  });
+}
+
+std::vector<Unit> Planner::cut(const std::string& family) {
+  std::vector<Unit> units;
+  for (const ReceiverSide& side : receivers_) {
+    for (const ReceiverTensor& t : side.expected) {
+      if (t.name != family) continue;
+      if (t.quantized()) {
+        cut_fp8(side, t, units);
+      } else {
+        cut_bf16(side, t, units);
+      }
+    }
+  }
+  return units;
+}
+
+// The family's gather, if any band needs one, on the mesh with the fewest bytes; then every
+// task's sender by the fewest bytes so far.
+void Planner::assign(std::vector<Unit>& units, bool expert) {
+  int gather = -1, gather_mesh = -1;
+  PlanGather g{.expert = expert, .before_task = int(plan_.tasks.size())};
+  for (const Unit& u : units) {
+    if (u.direct_mesh_rank >= 0) continue;
+    for (const PlanPiece& p : u.task.pieces) {
+      if (std::find(g.params.begin(), g.params.end(), p.param) == g.params.end()) {
+        g.params.push_back(p.param);
+      }
+    }
+  }
+  if (!g.params.empty()) {
+    std::vector<uint64_t> mesh_load(size_t(plan_.num_meshes), 0);
+    for (const PlanTrainer& t : plan_.trainers) mesh_load[size_t(t.mesh_id)] += load_[t.rank];
+    gather_mesh = int(std::min_element(mesh_load.begin(), mesh_load.end()) - mesh_load.begin());
+    g.mesh = gather_mesh;
+    gather = int(plan_.gathers.size());
+    plan_.gathers.push_back(std::move(g));
+  }
+  for (Unit& u : units) {
+    int best = -1;
+    for (const PlanTrainer& t : plan_.trainers) {
+      const bool eligible = u.direct_mesh_rank >= 0 ? t.mesh_rank == u.direct_mesh_rank
+                                                    : t.mesh_id == gather_mesh;
+      if (eligible && fewer_bytes(t.rank, load_[t.rank], best, best < 0 ? 0 : load_[best])) {
+        best = t.rank;
+      }
+    }
+    WL_CHECK_GE(best, 0);
+    if (u.direct_mesh_rank < 0) u.task.gather = gather;
+    u.task.sender = best;
+    load_[best] += u.task.total_bytes();
+    plan_.tasks.push_back(std::move(u.task));
+  }
+}
+
+Result<Plan> Planner::run() {
+  WL_RETURN_IF_ERROR(check_config());
+  std::set<std::pair<int, int>> seats;
+  for (const RankMeta* t : trainers_) WL_RETURN_IF_ERROR(check_trainer(*t, seats));
+  for (ReceiverSide& side : receivers_) WL_RETURN_IF_ERROR(check_receiver(side));
+  for (const PlanTrainer& t : plan_.trainers) load_[t.rank] = 0;
+  for (const auto& [expert, name] : families()) {
+    std::vector<Unit> units = cut(name);
+    assign(units, expert);
+  }
+  return std::move(plan_);
+}
+
 }  // namespace
 
 const PlanTrainer* Plan::find_trainer(int rank) const {
@@ -47,230 +349,7 @@ const PlanReceiver* Plan::find_receiver(int rank) const {
   return nullptr;
 }
 
-Result<Plan> make_plan(std::span<const RankMeta> ranks) {
-  Plan plan;
-  std::vector<const RankMeta*> trainers, receivers;
-  for (const RankMeta& m : ranks) (m.role == Role::kTrainer ? trainers : receivers).push_back(&m);
-  if (trainers.empty()) return invalid_argument("transfer plan: no trainer rank");
-  if (receivers.empty()) return invalid_argument("transfer plan: no receiver rank");
-
-  // ---- trainers: one config, full meshes, shards where their mesh rank says ---------------
-  const RankMeta& t0 = *trainers.front();
-  WL_ASSIGN_OR_RETURN(model::ModelConfig config,
-                      model::parse_config(t0.config_json, rank_name("trainer", t0.rank)));
-  plan.config_json = model::config_to_json(config);
-  plan.mesh_size = t0.mesh_size;
-  if (plan.mesh_size < 1 || trainers.size() % size_t(plan.mesh_size) != 0) {
-    return invalid_argument("transfer plan: " + std::to_string(trainers.size()) +
-                            " trainers do not make whole meshes of " +
-                            std::to_string(plan.mesh_size));
-  }
-  plan.num_meshes = int(trainers.size()) / plan.mesh_size;
-  const model::ParamLayout layout(config);
-  std::set<std::pair<int, int>> seats;
-  for (const RankMeta* t : trainers) {
-    const std::string who = rank_name("trainer", t->rank);
-    WL_ASSIGN_OR_RETURN(model::ModelConfig c, model::parse_config(t->config_json, who));
-    if (model::config_to_json(c) != plan.config_json) {
-      return invalid_argument(who + ": its model config differs from trainer rank " +
-                              std::to_string(t0.rank) + "'s");
-    }
-    if (t->mesh_size != plan.mesh_size || t->mesh_id < 0 || t->mesh_id >= plan.num_meshes ||
-        t->mesh_rank < 0 || t->mesh_rank >= plan.mesh_size ||
-        !seats.insert({t->mesh_id, t->mesh_rank}).second) {
-      return invalid_argument(who + ": mesh " + std::to_string(t->mesh_id) + " rank " +
-                              std::to_string(t->mesh_rank) + " of size " +
-                              std::to_string(t->mesh_size) + " does not fit " +
-                              std::to_string(plan.num_meshes) + " meshes of " +
-                              std::to_string(plan.mesh_size));
-    }
-    std::unordered_map<std::string_view, const ParamMeta*> by_name;
-    for (const ParamMeta& p : t->params) by_name.emplace(p.name, &p);
-    for (const model::ParamInfo& info : layout.params()) {
-      auto it = by_name.find(info.name);
-      if (it == by_name.end()) {
-        return not_found(who + ": holds no parameter '" + info.name + "' (the model has it)");
-      }
-      const ParamMeta& p = *it->second;
-      if (p.shape != info.shape) {
-        return invalid_argument(who + ": parameter '" + info.name + "' has shape " +
-                                shape_to_string(p.shape) + ", the model config says " +
-                                shape_to_string(info.shape));
-      }
-      if (p.dtype != DType::kF32 && p.dtype != DType::kBF16) {
-        return invalid_argument(who + ": parameter '" + info.name + "' is " +
-                                std::string(dtype_name(p.dtype)) + "; shards are F32 or BF16");
-      }
-      const ShardRows want = shard_rows(info.shape[0], plan.mesh_size, t->mesh_rank);
-      if (p.row_begin != want.begin || p.row_end != want.end) {
-        return invalid_argument(who + ": parameter '" + info.name + "' holds rows [" +
-                                std::to_string(p.row_begin) + ", " + std::to_string(p.row_end) +
-                                "), mesh rank " + std::to_string(t->mesh_rank) + " of " +
-                                std::to_string(plan.mesh_size) + " should hold [" +
-                                std::to_string(want.begin) + ", " + std::to_string(want.end) + ")");
-      }
-    }
-    plan.trainers.push_back({t->rank, t->mesh_id, t->mesh_rank});
-  }
-
-  // ---- receivers: exactly the inference layout of the trainers' model --------------------
-  std::vector<std::vector<ReceiverTensor>> expected(receivers.size());
-  std::vector<std::unordered_map<std::string_view, const TensorMeta*>> declared(receivers.size());
-  for (size_t i = 0; i < receivers.size(); ++i) {
-    const RankMeta& r = *receivers[i];
-    const std::string who = rank_name("receiver", r.rank);
-    auto lay = inference_layout(config, {.tp = r.tp, .tp_rank = r.tp_rank, .format = r.format});
-    if (!lay.ok()) return invalid_argument(who + ": " + lay.status().message());
-    expected[i] = std::move(*lay);
-    if (r.rkey.empty() || r.worker_address.empty()) {
-      return invalid_argument(who + ": no rkey or worker address in its metadata");
-    }
-    std::unordered_map<std::string_view, const ReceiverTensor*> want;
-    for (const ReceiverTensor& t : expected[i]) want.emplace(t.name, &t);
-    for (const TensorMeta& t : r.tensors) {
-      if (!want.count(t.name)) {
-        return not_found(who + ": tensor '" + t.name + "' is not in the inference layout at tp " +
-                         std::to_string(r.tp) + " (" + std::string(weight_format_name(r.format)) +
-                         "); no trainer parameter produces it");
-      }
-      if (!declared[i].emplace(t.name, &t).second) {
-        return invalid_argument(who + ": tensor '" + t.name + "' declared twice");
-      }
-    }
-    for (const ReceiverTensor& t : expected[i]) {
-      auto it = declared[i].find(t.name);
-      if (it == declared[i].end()) {
-        return not_found(who + ": holds no tensor '" + t.name + "' (the inference layout has it)");
-      }
-      const TensorMeta& m = *it->second;
-      if (m.dtype != t.dtype || m.shape != t.shape) {
-        return invalid_argument(who + ": tensor '" + t.name + "' is " + describe(m.dtype, m.shape) +
-                                ", the inference layout at tp " + std::to_string(r.tp) + " needs " +
-                                describe(t.dtype, t.shape));
-      }
-      if (m.bytes != t.nbytes() || m.offset + m.bytes > r.slot_bytes) {
-        return invalid_argument(who + ": tensor '" + t.name + "' at bytes [" +
-                                std::to_string(m.offset) + ", +" + std::to_string(m.bytes) +
-                                ") does not fit its " + std::to_string(r.slot_bytes) + "-byte slot");
-      }
-    }
-    plan.receivers.push_back({r.rank, r.engine, r.tp, r.tp_rank, r.format, r.epoch,
-                              r.worker_address, {r.slot_address[0], r.slot_address[1]},
-                              r.slot_bytes, r.rkey});
-  }
-
-  // ---- cut tasks, family by family, dense first ------------------------------------------
-  std::vector<std::pair<bool, std::string>> families;
-  std::set<std::string> seen;
-  for (const auto& lay : expected) {
-    for (const ReceiverTensor& t : lay) {
-      if (t.sources.empty() || !seen.insert(t.name).second) continue;  // scales ride along
-      families.push_back({t.expert, t.name});
-    }
-  }
-  std::stable_sort(families.begin(), families.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
-
-  std::map<int, uint64_t> load;  // bytes assigned so far, by trainer world rank
-  for (const PlanTrainer& t : plan.trainers) load[t.rank] = 0;
-  auto pick = [&](auto&& eligible) {
-    int best = -1;
-    for (const PlanTrainer& t : plan.trainers) {
-      if (eligible(t) && (best < 0 || load[t.rank] < load[best])) best = t.rank;
-    }
-    WL_CHECK_GE(best, 0);
-    return best;
-  };
-  auto param_rows = [&](const std::string& name) { return layout.at(name).shape[0]; };
-
-  for (const auto& [expert, name] : families) {
-    std::vector<Unit> units;
-    for (size_t i = 0; i < receivers.size(); ++i) {
-      const ReceiverTensor* t = nullptr;
-      for (const ReceiverTensor& x : expected[i]) {
-        if (x.name == name) t = &x;
-      }
-      if (t == nullptr) continue;
-      const TensorMeta& m = *declared[i].at(t->name);
-      const size_t es = dtype_size(t->dtype);
-      auto base = [&](int64_t r0, int64_t r1) {
-        PlanTask k{.receiver = receivers[i]->rank, .tensor = t->name, .expert = t->expert,
-                   .row_begin = r0, .row_end = r1, .cols = t->cols, .dtype = t->dtype};
-        k.dst_offset = m.offset + uint64_t(r0 * t->cols) * es;
-        k.bytes = uint64_t((r1 - r0) * t->cols) * es;
-        return k;
-      };
-      if (!t->quantized()) {
-        for (const SourceSlice& s : t->sources) {
-          for (int k = 0; k < plan.mesh_size; ++k) {
-            const ShardRows sh = shard_rows(param_rows(s.param), plan.mesh_size, k);
-            const int64_t b = std::max(s.row_begin, sh.begin), e = std::min(s.row_end, sh.end);
-            if (b >= e) continue;
-            const int64_t d0 = s.dst_row + b - s.row_begin;
-            Unit u{base(d0, d0 + e - b), k};
-            u.task.pieces.push_back({s.param, b, e, s.col_begin, s.col_end, d0});
-            units.push_back(std::move(u));
-          }
-        }
-        continue;
-      }
-      const TensorMeta& sm = *declared[i].at(t->scale);
-      const int64_t scale_cols = (t->cols + kFp8BlockSize - 1) / kFp8BlockSize;
-      for (int64_t r0 = 0; r0 < t->rows; r0 += kFp8BlockSize) {
-        const int64_t r1 = std::min(t->rows, r0 + kFp8BlockSize);
-        Unit u{base(r0, r1), -1};
-        u.task.scale_offset = sm.offset + uint64_t(r0 / kFp8BlockSize * scale_cols) * 4;
-        u.task.scale_bytes = uint64_t(scale_cols) * 4;
-        for (const SourceSlice& s : t->sources) {
-          const int64_t b = std::max(s.dst_row, r0), e = std::min(s.dst_row + s.rows(), r1);
-          if (b >= e) continue;
-          u.task.pieces.push_back({s.param, s.row_begin + b - s.dst_row,
-                                   s.row_begin + e - s.dst_row, s.col_begin, s.col_end, b});
-        }
-        for (int k = 0; k < plan.mesh_size && u.direct_mesh_rank < 0; ++k) {
-          bool all = true;
-          for (const PlanPiece& p : u.task.pieces) {
-            all = all && shard_rows(param_rows(p.param), plan.mesh_size, k)
-                             .contains(p.row_begin, p.row_end);
-          }
-          if (all) u.direct_mesh_rank = k;
-        }
-        units.push_back(std::move(u));
-      }
-    }
-
-    // The family's gather, if any band needs one: on the least-loaded mesh.
-    int gather = -1, gather_mesh = -1;
-    PlanGather g{.expert = expert, .before_task = int(plan.tasks.size())};
-    for (const Unit& u : units) {
-      if (u.direct_mesh_rank >= 0) continue;
-      for (const PlanPiece& p : u.task.pieces) {
-        if (std::find(g.params.begin(), g.params.end(), p.param) == g.params.end()) {
-          g.params.push_back(p.param);
-        }
-      }
-    }
-    if (!g.params.empty()) {
-      std::vector<uint64_t> mesh_load(size_t(plan.num_meshes), 0);
-      for (const PlanTrainer& t : plan.trainers) mesh_load[size_t(t.mesh_id)] += load[t.rank];
-      gather_mesh = int(std::min_element(mesh_load.begin(), mesh_load.end()) - mesh_load.begin());
-      g.mesh = gather_mesh;
-      gather = int(plan.gathers.size());
-      plan.gathers.push_back(std::move(g));
-    }
-    for (Unit& u : units) {
-      if (u.direct_mesh_rank >= 0) {
-        u.task.sender = pick([&](const PlanTrainer& t) { return t.mesh_rank == u.direct_mesh_rank; });
-      } else {
-        u.task.gather = gather;
-        u.task.sender = pick([&](const PlanTrainer& t) { return t.mesh_id == gather_mesh; });
-      }
-      load[u.task.sender] += u.task.total_bytes();
-      plan.tasks.push_back(std::move(u.task));
-    }
-  }
-  return plan;
-}
+Result<Plan> make_plan(std::span<const RankMeta> ranks) { return Planner(ranks).run(); }
 
 // ---- JSON ---------------------------------------------------------------------------------
 

@@ -5,20 +5,15 @@
 // million tasks, several GB of strings, and the planner's input is one model::ModelConfig with
 // one FSDP mesh shape for every parameter (no MLA, no expert-parallel placement). A simulation
 // needs only what each rank sends, receives, gathers and quantizes, so this file applies the
-// planner's rules unchanged and adds each task to per-rank counters as it is decided:
-//   - a task is a band of whole rows of one receiver tensor: for bf16, a source slice cut at
-//     the shard boundaries of its parameter's mesh; for fp8, a 128-row block band;
-//   - a task that lies inside one mesh rank's dim-0 shards is sent by that mesh rank (of
-//     whichever mesh holding the parameter has the least-loaded such rank): no gather;
-//   - otherwise the receiver tensor's family (the same name on every receiver) gets one
-//     full_tensor() of the parameters those bands read, on the holding mesh with the fewest
-//     bytes so far, and each band goes to that mesh's least-loaded rank;
-//   - families in order of first appearance, dense before expert; ties go to the lower rank.
+// planner's rules (plan/cutting.h: cut at shard boundaries or 128-row bands, direct senders
+// where one mesh rank holds every row, one gather per family on the mesh with the fewest
+// bytes, senders by the fewest bytes so far) and adds each task to per-rank counters as it
+// is decided.
 // The one generalisation: a parameter is held by a placement, a list of meshes (each sharding
 // it dim-0 as torch.chunk does), so routed experts can live on their expert-parallel meshes
 // while the dense weights are replicated over FSDP meshes (HSDP). With every parameter on one
-// placement of all meshes this is exactly plan/planner.cc's input, and the test checks that both
-// give the same task count, gathers and bytes per rank.
+// placement of all meshes this is exactly plan/planner.cc's input, and the test checks that
+// both give the same task count, gathers and bytes per rank.
 #pragma once
 
 #include <cstdint>

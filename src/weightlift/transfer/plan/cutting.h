@@ -1,0 +1,80 @@
+// How an update is cut into tasks and who sends each: the rules the planner (planner.h) applies
+// to emit every task, and the cluster schedule (sim/load_schedule.h) applies to count them at a
+// scale where the tasks themselves would not fit in memory. One copy of the rules, so the two
+// cannot drift apart (tests/transfer/simulate_test.cc checks they agree task for task).
+//
+//   bf16 (and the bf16 tensors of an fp8 receiver): each source slice is cut at the shard
+//        boundaries of its parameter's mesh (torch.chunk's, layout/sharded_tensor.h); every
+//        piece lies inside one mesh rank's shard, so that rank sends it with no gather.
+//   fp8: a block scale needs all 128 rows of its band, so a task is a 128-row band; it is
+//        sent directly by the lowest mesh rank whose shards hold every row it reads, or else
+//        needs a full_tensor() of the parameters it reads.
+//   families: a receiver tensor name is a family (the same fused tensor on every TP rank),
+//        taken in order of first appearance, dense before expert, so the small dense weights
+//        are not queued behind the experts.
+//   senders: each task goes to the eligible trainer with the fewest bytes so far (ties to the
+//        lower rank); a family's gather goes to the mesh with the fewest bytes so far (ties to
+//        the first mesh).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "weightlift/transfer/layout/inference_layout.h"
+#include "weightlift/transfer/layout/sharded_tensor.h"
+
+namespace wl::transfer {
+
+// Source rows [row_begin, row_end) of a parameter of `param_rows` rows, sharded over
+// `mesh_size` ranks, landing at receiver row `dst_row`: fn(mesh_rank, begin, end, dst) for
+// every non-empty piece, in mesh-rank order.
+template <typename Fn>
+void cut_at_shards(int64_t param_rows, int mesh_size, int64_t row_begin, int64_t row_end,
+                   int64_t dst_row, Fn&& fn) {
+  for (int k = 0; k < mesh_size; ++k) {
+    const ShardRows sh = shard_rows(param_rows, mesh_size, k);
+    const int64_t b = std::max(row_begin, sh.begin), e = std::min(row_end, sh.end);
+    if (b < e) fn(k, b, e, dst_row + b - row_begin);
+  }
+}
+
+// The fp8 bands of a tensor of `rows` rows: fn(r0, r1) for [0, 128), [128, 256), ...
+template <typename Fn>
+void for_each_band(int64_t rows, Fn&& fn) {
+  for (int64_t r0 = 0; r0 < rows; r0 += kFp8BlockSize) fn(r0, std::min(rows, r0 + kFp8BlockSize));
+}
+
+// The parameter rows [*b, *e) that band [r0, r1) reads from a source whose rows
+// [row_begin, row_begin + rows) land at receiver rows from dst_row; *dst is where the first of
+// them lands. False if the band does not overlap the source.
+inline bool band_piece(int64_t row_begin, int64_t rows, int64_t dst_row, int64_t r0, int64_t r1,
+                       int64_t* b, int64_t* e, int64_t* dst) {
+  const int64_t lo = std::max(dst_row, r0), hi = std::min(dst_row + rows, r1);
+  if (lo >= hi) return false;
+  *b = row_begin + lo - dst_row;
+  *e = row_begin + hi - dst_row;
+  *dst = lo;
+  return true;
+}
+
+// The lowest mesh rank whose shards hold every piece a band reads, or -1: it needs a gather.
+// `pieces`: a range of elements with param_rows, b and e (parameter rows [b, e)), all of
+// parameters sharded over the same `mesh_size` ranks.
+template <typename Pieces>
+int direct_mesh_rank(int mesh_size, const Pieces& pieces) {
+  for (int k = 0; k < mesh_size; ++k) {
+    bool all = true;
+    for (const auto& p : pieces) {
+      all = all && shard_rows(p.param_rows, mesh_size, k).contains(p.b, p.e);
+    }
+    if (all) return k;
+  }
+  return -1;
+}
+
+// The sender rule: `rank` with `load` bytes so far beats `best` (with `best_load`; -1: none).
+inline bool fewer_bytes(int rank, uint64_t load, int best, uint64_t best_load) {
+  return best < 0 || load < best_load || (load == best_load && rank < best);
+}
+
+}  // namespace wl::transfer
