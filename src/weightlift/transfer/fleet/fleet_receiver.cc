@@ -30,10 +30,17 @@ struct FleetReceiver::Impl {
   // After a failed round: drops the generation and, if the worker became unusable
   // (transport.h), moves the receiver's memory to a new one.
   Status recover();
-  void heal();
-  // With no peer of our shard: from the servers' copy of the last checkpoint sent.
-  void heal_from_server_copy();
+  // Copies the fleet's current version from a peer of our shard or the servers' copy, if
+  // either can give it; an error only when the store fails or holds a damaged record.
+  Status heal();
+  Result<std::vector<int>> live_peer_ids();
+  Result<bool> heal_from_a_peer(const std::vector<int>& ids);
+  Status heal_from_server_copy();
   Result<comm::Bytes> wait_for(const std::string& key, comm::Deadline deadline);
+  Status answer(const RoundRecord& r, bool named, RoundOutcome& out);
+  // `index`: ours among the round's members, or -1.
+  Result<bool> enter_generation(const RoundRecord& r, int index);
+  Status take_part(const RoundRecord& r, RoundOutcome& out);
 };
 
 FleetReceiver::FleetReceiver(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -51,56 +58,69 @@ Status FleetReceiver::Impl::announce(bool leave) {
   return ok_status();
 }
 
-void FleetReceiver::Impl::heal() {
-  // Every receiver that ever joined may have left a peer record; try those with our layout.
-  auto total = options.store->add(keys.joins(), 0);
-  if (!total.ok()) return;
+// The ids of receivers that joined and did not leave since, by their latest join record.
+Result<std::vector<int>> FleetReceiver::Impl::live_peer_ids() {
+  WL_ASSIGN_OR_RETURN(int64_t total, options.store->add(keys.joins(), 0));
   std::map<int, bool> left;  // id -> whether its latest record says it left
-  for (int64_t k = 1; k <= *total; ++k) {
-    auto b = options.store->get(keys.join(k), options.timeout);
-    if (!b.ok()) continue;
-    auto j = join_from_json(comm::to_string(*b), keys.join(k));
-    if (j.ok() && j->id != options.id) left[j->id] = j->leave;
+  for (int64_t k = 1; k <= total; ++k) {
+    WL_ASSIGN_OR_RETURN(comm::Bytes b, options.store->get(keys.join(k), options.timeout));
+    WL_ASSIGN_OR_RETURN(JoinRecord j, join_from_json(comm::to_string(b), keys.join(k)));
+    if (j.id != options.id) left[j.id] = j.leave;
   }
   std::vector<int> ids;
   for (const auto& [id, gone] : left) {
     if (!gone) ids.push_back(id);
   }
-  const std::string mine = layout_fingerprint(*receiver);
-  for (int id : ids) {
-    auto b = options.store->get(keys.peer(id), std::chrono::milliseconds(1));
-    if (!b.ok()) continue;
-    auto peer = peer_record_from_json(comm::to_string(*b), keys.peer(id));
-    if (!peer.ok()) {
-      heal_log += peer.status().to_string() + "\n";
-      continue;
-    }
-    if (peer->fingerprint != mine) continue;  // another shard: nothing to copy from it
-    auto v = heal_from_peer(*worker, *receiver, *peer, options.heal_options);
-    if (v.ok()) {
-      healed = *v;
-      heal_log += "healed version " + std::to_string(*v) + " from " + peer->name + "\n";
-      return;
-    }
-    heal_log += v.status().to_string() + "\n";
-  }
-  heal_from_server_copy();
+  return ids;
 }
 
-void FleetReceiver::Impl::heal_from_server_copy() {
+// The first peer of our shard that lets us copy its version. A peer that cannot be healed
+// from (gone, mid-update, another layout) is noted in the log and passed over; a record the
+// store cannot give or that is damaged is an error.
+Result<bool> FleetReceiver::Impl::heal_from_a_peer(const std::vector<int>& ids) {
+  const std::string mine = layout_fingerprint(*receiver);
+  for (int id : ids) {
+    Result<comm::Bytes> b = options.store->get(keys.peer(id), std::chrono::milliseconds(1));
+    if (!b.ok() && b.status().code() == StatusCode::kDeadlineExceeded) continue;  // none yet
+    if (!b.ok()) return b.status().with_context("reading " + keys.peer(id));
+    WL_ASSIGN_OR_RETURN(PeerRecord peer, peer_record_from_json(comm::to_string(*b), keys.peer(id)));
+    if (peer.fingerprint != mine) continue;  // another shard: nothing to copy from it
+    Result<uint64_t> v = heal_from_peer(*worker, *receiver, peer, options.heal_options);
+    if (v.ok()) {
+      healed = *v;
+      heal_log += "healed version " + std::to_string(*v) + " from " + peer.name + "\n";
+      return true;
+    }
+    heal_log += v.status().to_string() + "\n";
+  }
+  return false;
+}
+
+// With no peer of our shard: from the servers' copy of the last checkpoint sent. No copy yet
+// (no update has happened) or one the servers changed since is no error: we start fresh.
+Status FleetReceiver::Impl::heal_from_server_copy() {
   Result<std::vector<ServerCopyRecord>> records = read_server_copies(*options.store, keys);
   if (!records.ok()) {
+    if (records.status().code() != StatusCode::kNotFound) return records.status();
     heal_log += records.status().to_string() + "\n";
-    return;
+    return ok_status();
   }
-  auto v = heal_from_servers(*worker, *receiver, *records, options.heal_options);
+  Result<uint64_t> v = heal_from_servers(*worker, *receiver, *records, options.heal_options);
   if (!v.ok()) {
     heal_log += v.status().to_string() + "\n";
-    return;
+    return ok_status();
   }
   healed = *v;
   heal_log += "healed version " + std::to_string(*v) + " from the servers' copy of '" +
               records->front().checkpoint + "'\n";
+  return ok_status();
+}
+
+Status FleetReceiver::Impl::heal() {
+  WL_ASSIGN_OR_RETURN(std::vector<int> ids, live_peer_ids());
+  WL_ASSIGN_OR_RETURN(bool healed_from_peer, heal_from_a_peer(ids));
+  if (healed_from_peer) return ok_status();
+  return heal_from_server_copy();
 }
 
 Result<std::unique_ptr<FleetReceiver>> FleetReceiver::create(const FleetReceiverOptions& o) {
@@ -115,7 +135,7 @@ Result<std::unique_ptr<FleetReceiver>> FleetReceiver::create(const FleetReceiver
   // Rounds posted before we announce cannot name us: start after the last one.
   WL_ASSIGN_OR_RETURN(int64_t posted, o.store->add(impl->keys.rounds(), 0));
   impl->next_round = uint64_t(posted) + 1;
-  if (o.heal) impl->heal();
+  if (o.heal) WL_RETURN_IF_ERROR(impl->heal().with_context(name + ": healing at start"));
   WL_RETURN_IF_ERROR(impl->publish_peer_record());
   WL_RETURN_IF_ERROR(impl->announce(false));
   return std::unique_ptr<FleetReceiver>(new FleetReceiver(std::move(impl)));
@@ -153,6 +173,77 @@ Result<comm::Bytes> FleetReceiver::Impl::wait_for(const std::string& key,
   }
 }
 
+// A form round: answer with our epoch and version if we are a candidate.
+Status FleetReceiver::Impl::answer(const RoundRecord& r, bool named, RoundOutcome& out) {
+  if (!named || !member) return ok_status();
+  const std::string ack =
+      std::to_string(receiver->epoch()) + " " + std::to_string(receiver->version());
+  WL_RETURN_IF_ERROR(options.store->set(keys.ack(r.round, options.id), comm::to_bytes(ack)));
+  out.took_part = true;
+  return ok_status();
+}
+
+// An update round of a generation we are not connected to: connect if it names us. Returns
+// whether we are now a member of it.
+Result<bool> FleetReceiver::Impl::enter_generation(const RoundRecord& r, int index) {
+  executors.clear();
+  group.reset();
+  generation = 0;
+  if (std::find(r.lagging.begin(), r.lagging.end(), options.id) != r.lagging.end()) {
+    member = false;
+    return failed_precondition(
+        "receiver " + std::to_string(options.id) + " holds version " +
+        std::to_string(receiver->version()) + ", older than the rest of the fleet (it " +
+        "missed updates), so generation " + std::to_string(r.generation) +
+        " left it out; restart it to heal from a peer");
+  }
+  if (index < 0) {
+    // Left out of a new generation while we think we belong: the servers dropped us (we
+    // answered too late, or they thought us dead). Announce again for the next one.
+    if (member) WL_RETURN_IF_ERROR(announce(false));
+    return false;
+  }
+  auto joined = comm::Group::connect(fleet_connect_options(
+      keys, keys.generation(r.generation), options.store, worker, r.servers + index,
+      r.servers + int(r.members.size()), options.timeout));
+  if (!joined.ok()) {
+    WL_RETURN_IF_ERROR(recover());
+    return joined.status().with_context("receiver " + std::to_string(options.id) +
+                                        ": joining generation " + std::to_string(r.generation));
+  }
+  group = *std::move(joined);
+  generation = r.generation;
+  return true;
+}
+
+// Our part of an update round: the checkpoint's executor (planned on first use in this
+// generation), then the update itself.
+Status FleetReceiver::Impl::take_part(const RoundRecord& r, RoundOutcome& out) {
+  const std::string who = "receiver " + std::to_string(options.id);
+  auto it = executors.find(r.checkpoint);
+  if (it == executors.end()) {
+    auto made = make_generation_executor({.world = group,
+                                          .receiver = receiver.get(),
+                                          .mode = r.mode,
+                                          .bucket_bytes = r.bucket_bytes,
+                                          .timeout = options.timeout});
+    if (!made.ok()) {
+      WL_RETURN_IF_ERROR(recover());
+      return made.status().with_context(who + ": planning round " + std::to_string(r.round));
+    }
+    it = executors.emplace(r.checkpoint, *std::move(made)).first;
+  }
+  Result<UpdateReport> report =
+      it->second->update({.checksums = r.checksums, .timeout = options.timeout});
+  if (!report.ok()) {
+    WL_RETURN_IF_ERROR(recover());
+    return report.status().with_context(who + ": round " + std::to_string(r.round));
+  }
+  out.report = *report;
+  out.version = receiver->version();
+  return ok_status();
+}
+
 Result<RoundOutcome> FleetReceiver::serve_one(std::chrono::milliseconds wait) {
   Impl& m = *impl_;
   const std::string key = m.keys.round(m.next_round);
@@ -160,79 +251,22 @@ Result<RoundOutcome> FleetReceiver::serve_one(std::chrono::milliseconds wait) {
   WL_ASSIGN_OR_RETURN(RoundRecord r, round_from_json(comm::to_string(b), key));
   ++m.next_round;
   RoundOutcome out{.round = r.round, .kind = r.kind, .version = m.receiver->version()};
-  const uint64_t epoch = m.receiver->epoch();
   auto me = std::find_if(r.members.begin(), r.members.end(), [&](const FleetMember& f) {
-    return f.id == m.options.id && f.epoch == epoch;
+    return f.id == m.options.id && f.epoch == m.receiver->epoch();
   });
-  const bool named = me != r.members.end();
-
+  const int index = me == r.members.end() ? -1 : int(me - r.members.begin());
   if (r.kind == RoundRecord::Kind::kForm) {
-    if (named && m.member) {
-      const std::string ack = std::to_string(epoch) + " " + std::to_string(m.receiver->version());
-      WL_RETURN_IF_ERROR(m.options.store->set(m.keys.ack(r.round, m.options.id),
-                                              comm::to_bytes(ack)));
-      out.took_part = true;
-    }
+    WL_RETURN_IF_ERROR(m.answer(r, index >= 0, out));
     return out;
   }
-
   if (r.generation != m.generation) {
-    m.executors.clear();
-    m.group.reset();
-    m.generation = 0;
-    if (std::find(r.lagging.begin(), r.lagging.end(), m.options.id) != r.lagging.end()) {
-      m.member = false;
-      return failed_precondition(
-          "receiver " + std::to_string(m.options.id) + " holds version " +
-          std::to_string(m.receiver->version()) + ", older than the rest of the fleet (it " +
-          "missed updates), so generation " + std::to_string(r.generation) +
-          " left it out; restart it to heal from a peer");
-    }
-    if (!named) {
-      // Left out of a new generation while we think we belong: the servers dropped us (we
-      // answered too late, or they thought us dead). Announce again for the next one.
-      if (m.member) WL_RETURN_IF_ERROR(m.announce(false));
-      return out;
-    }
-    const int rank = r.servers + int(me - r.members.begin());
-    auto group = comm::Group::connect(fleet_connect_options(
-        m.keys, m.keys.generation(r.generation), m.options.store, m.worker, rank,
-        r.servers + int(r.members.size()), m.options.timeout));
-    if (!group.ok()) {
-      WL_RETURN_IF_ERROR(m.recover());
-      return group.status().with_context("receiver " + std::to_string(m.options.id) +
-                                         ": joining generation " +
-                                         std::to_string(r.generation));
-    }
-    m.group = *std::move(group);
-    m.generation = r.generation;
-  } else if (!named) {
+    WL_ASSIGN_OR_RETURN(bool in, m.enter_generation(r, index));
+    if (!in) return out;
+  } else if (index < 0) {
     return out;
   }
   out.took_part = true;
-  auto it = m.executors.find(r.checkpoint);
-  if (it == m.executors.end()) {
-    auto made = make_generation_executor({.world = m.group,
-                                                .receiver = m.receiver.get(),
-                                                .mode = r.mode,
-                                                .bucket_bytes = r.bucket_bytes,
-                                                .timeout = m.options.timeout});
-    if (!made.ok()) {
-      WL_RETURN_IF_ERROR(m.recover());
-      return made.status().with_context("receiver " + std::to_string(m.options.id) +
-                                        ": planning round " + std::to_string(r.round));
-    }
-    it = m.executors.emplace(r.checkpoint, *std::move(made)).first;
-  }
-  Result<UpdateReport> report =
-      it->second->update({.checksums = r.checksums, .timeout = m.options.timeout});
-  if (!report.ok()) {
-    WL_RETURN_IF_ERROR(m.recover());
-    return report.status().with_context("receiver " + std::to_string(m.options.id) +
-                                        ": round " + std::to_string(r.round));
-  }
-  out.report = *report;
-  out.version = m.receiver->version();
+  WL_RETURN_IF_ERROR(m.take_part(r, out));
   return out;
 }
 

@@ -28,6 +28,145 @@ struct Source {
   std::map<std::string, const ServerCopyShard*> shards;
 };
 
+// One heal: the servers connected, their shards read parameter by parameter, their status
+// words checked before and after (the seqlock of heal_from_servers.h).
+class ServerCopyReader {
+ public:
+  ServerCopyReader(comm::Worker& worker, std::span<const ServerCopyRecord> records,
+                   comm::Deadline deadline)
+      : worker_(worker), records_(records), deadline_(deadline) {
+    const ServerCopyRecord& first = records[0];
+    what_ = "healing from the servers' copy of '" + first.checkpoint + "' (version " +
+            std::to_string(first.version) + ")";
+  }
+  const std::string& what() const { return what_; }
+
+  Status check_records() const;
+  Status connect();
+  // Every server's shards still as they were sent; `after`: only that no change began.
+  Status check_unchanged(bool after);
+  // Parameter `name` whole, rows gathered from every server, into `full`.
+  Status fetch(const model::ParamInfo& info, size_t elem, std::vector<std::byte>& full);
+
+ private:
+  Result<CopyStatus> read_status(const Source& s);
+  Status get_shard(const Source& s, const model::ParamInfo& info, size_t row_bytes,
+                   std::vector<std::byte>& full, std::vector<comm::Request>& gets);
+
+  comm::Worker& worker_;
+  std::span<const ServerCopyRecord> records_;
+  comm::Deadline deadline_;
+  std::string what_;
+  std::vector<Source> sources_;
+};
+
+Status ServerCopyReader::check_records() const {
+  const ServerCopyRecord& first = records_[0];
+  if (int(records_.size()) != first.servers) {
+    return failed_precondition(what_ + ": " + std::to_string(records_.size()) + " of " +
+                               std::to_string(first.servers) + " server records");
+  }
+  for (size_t i = 0; i < records_.size(); ++i) {
+    const ServerCopyRecord& r = records_[i];
+    if (r.rank != int(i) || r.servers != first.servers || r.checkpoint != first.checkpoint ||
+        r.version != first.version || r.dtype != first.dtype) {
+      return failed_precondition(what_ + ": server rank " + std::to_string(r.rank) +
+                                 " last sent '" + r.checkpoint + "' version " +
+                                 std::to_string(r.version) + "; an update is under way");
+    }
+  }
+  if (first.version == 0) {
+    return failed_precondition(what_ + ": the servers hold nothing to heal from (no update "
+                               "yet, or its checkpoint was unregistered)");
+  }
+  return ok_status();
+}
+
+Status ServerCopyReader::connect() {
+  sources_.resize(records_.size());
+  for (size_t i = 0; i < records_.size(); ++i) {
+    const ServerCopyRecord& r = records_[i];
+    const std::string server = "server " + std::to_string(r.rank);
+    if (!comm::process_may_be_alive({r.host, r.pid})) {
+      return unavailable(what_ + ": the process of " + server + " (pid " +
+                         std::to_string(r.pid) + ") has exited");
+    }
+    Source& s = sources_[i];
+    s.record = &r;
+    WL_ASSIGN_OR_RETURN(s.peer, worker_.connect(r.worker_address, server));
+    WL_ASSIGN_OR_RETURN(s.rkey, worker_.unpack_rkey(s.peer, r.rkey));
+    for (const ServerCopyShard& shard : r.shards) s.shards[shard.name] = &shard;
+  }
+  return ok_status();
+}
+
+Result<CopyStatus> ServerCopyReader::read_status(const Source& s) {
+  uint64_t words[2] = {0, 0};
+  comm::Request r = worker_.get(s.peer, words, sizeof words, s.record->region_address, s.rkey);
+  WL_RETURN_IF_ERROR(worker_.wait(r, deadline_).with_context(
+      what_ + ": reading the status of server " + std::to_string(s.record->rank)));
+  return CopyStatus{words[0], words[1]};
+}
+
+// A server whose shards changed is not sending what was sent any more: it was refreshed since
+// (its next update sends the new version), so retrying cannot help.
+Status ServerCopyReader::check_unchanged(bool after) {
+  for (const Source& s : sources_) {
+    WL_ASSIGN_OR_RETURN(CopyStatus st, read_status(s));
+    if (st.begun == s.record->stamp && (after || st.finished == s.record->stamp)) continue;
+    return failed_precondition(what_ + ": server " + std::to_string(s.record->rank) +
+                               " changed its shards since it sent that version (stamp " +
+                               std::to_string(s.record->stamp) + ", now " +
+                               std::to_string(st.begun) + "); the next update brings the new one");
+  }
+  return ok_status();
+}
+
+// Gets for server `s`'s rows of `info` into their place in `full`, in chunks.
+Status ServerCopyReader::get_shard(const Source& s, const model::ParamInfo& info,
+                                   size_t row_bytes, std::vector<std::byte>& full,
+                                   std::vector<comm::Request>& gets) {
+  auto it = s.shards.find(info.name);
+  if (it == s.shards.end()) {
+    return failed_precondition(what_ + ": server " + std::to_string(s.record->rank) +
+                               " holds no shard of '" + info.name + "'");
+  }
+  const ServerCopyShard& sh = *it->second;
+  const size_t bytes = size_t(sh.end - sh.begin) * row_bytes;
+  if (sh.begin < 0 || sh.end > info.shape[0] || sh.begin > sh.end ||
+      sh.offset + bytes > s.record->region_bytes) {
+    return data_loss(what_ + ": server " + std::to_string(s.record->rank) + "'s shard of '" +
+                     info.name + "' (rows " + std::to_string(sh.begin) + ".." +
+                     std::to_string(sh.end) + ") lies outside the tensor or its region");
+  }
+  for (size_t at = 0; at < bytes; at += kHealGetChunk) {
+    gets.push_back(worker_.get(s.peer, full.data() + size_t(sh.begin) * row_bytes + at,
+                               std::min(kHealGetChunk, bytes - at),
+                               s.record->region_address + sh.offset + at, s.rkey));
+  }
+  if (bytes > 0) gets.push_back(worker_.flush(s.peer));
+  return ok_status();
+}
+
+Status ServerCopyReader::fetch(const model::ParamInfo& info, size_t elem,
+                               std::vector<std::byte>& full) {
+  const int64_t rows = info.shape[0];
+  const size_t row_bytes = size_t(info.numel() / rows) * elem;
+  full.assign(size_t(info.numel()) * elem, std::byte{0});
+  std::vector<comm::Request> gets;
+  int64_t covered = 0;
+  for (const Source& s : sources_) {
+    WL_RETURN_IF_ERROR(get_shard(s, info, row_bytes, full, gets));
+    const ServerCopyShard& sh = *s.shards.at(info.name);
+    covered += sh.end - sh.begin;
+  }
+  if (covered != rows) {
+    return data_loss(what_ + ": the servers' shards of '" + info.name + "' cover " +
+                     std::to_string(covered) + " of its " + std::to_string(rows) + " rows");
+  }
+  return worker_.wait_all(gets, deadline_).with_context(what_ + ": reading '" + info.name + "'");
+}
+
 }  // namespace
 
 std::string server_copy_to_json(const ServerCopyRecord& r) {
@@ -95,10 +234,10 @@ Result<std::vector<ServerCopyRecord>> read_server_copies(comm::Store& store,
   int servers = 1;  // until rank 0's record says how many
   for (int rank = 0; rank < servers; ++rank) {
     Result<comm::Bytes> b = store.get(keys.copy(rank), std::chrono::milliseconds(1));
-    if (!b.ok()) {
-      return not_found("no server copy record under " + keys.copy(rank) + " (" +
-                       b.status().to_string() + ")");
+    if (!b.ok() && b.status().code() == StatusCode::kDeadlineExceeded) {
+      return not_found("no server copy record under " + keys.copy(rank) + " yet");
     }
+    if (!b.ok()) return b.status().with_context("reading " + keys.copy(rank));
     WL_ASSIGN_OR_RETURN(ServerCopyRecord r,
                         server_copy_from_json(comm::to_string(*b), keys.copy(rank)));
     servers = records.empty() ? r.servers : servers;
@@ -110,111 +249,22 @@ Result<std::vector<ServerCopyRecord>> read_server_copies(comm::Store& store,
 Result<uint64_t> heal_from_servers(comm::Worker& worker, Receiver& receiver,
                                    std::span<const ServerCopyRecord> records,
                                    const HealOptions& options) {
-  const comm::Deadline deadline = comm::deadline_after(options.timeout);
   if (records.empty()) return failed_precondition("healing from the servers: no server records");
+  ServerCopyReader reader(worker, records, comm::deadline_after(options.timeout));
+  WL_RETURN_IF_ERROR(reader.check_records());
   const ServerCopyRecord& first = records[0];
-  const std::string what = "healing from the servers' copy of '" + first.checkpoint +
-                           "' (version " + std::to_string(first.version) + ")";
-  if (int(records.size()) != first.servers) {
-    return failed_precondition(what + ": " + std::to_string(records.size()) + " of " +
-                               std::to_string(first.servers) + " server records");
-  }
-  for (size_t i = 0; i < records.size(); ++i) {
-    const ServerCopyRecord& r = records[i];
-    if (r.rank != int(i) || r.servers != first.servers || r.checkpoint != first.checkpoint ||
-        r.version != first.version || r.dtype != first.dtype) {
-      return failed_precondition(what + ": server rank " + std::to_string(r.rank) +
-                                 " last sent '" + r.checkpoint + "' version " +
-                                 std::to_string(r.version) + "; an update is under way");
-    }
-  }
-  if (first.version == 0) {
-    return failed_precondition(what + ": the servers hold nothing to heal from (no update "
-                               "yet, or its checkpoint was unregistered)");
-  }
   WL_ASSIGN_OR_RETURN(LocalConverter converter,
                       LocalConverter::create(first.config, receiver, 0, first.dtype));
+  WL_RETURN_IF_ERROR(reader.connect());
+  WL_RETURN_IF_ERROR(reader.check_unchanged(/*after=*/false));
 
-  std::vector<Source> sources(records.size());
-  for (size_t i = 0; i < records.size(); ++i) {
-    const ServerCopyRecord& r = records[i];
-    const std::string server = "server " + std::to_string(r.rank);
-    if (!comm::process_may_be_alive({r.host, r.pid})) {
-      return unavailable(what + ": the process of " + server + " (pid " +
-                         std::to_string(r.pid) + ") has exited");
-    }
-    Source& s = sources[i];
-    s.record = &r;
-    WL_ASSIGN_OR_RETURN(s.peer, worker.connect(r.worker_address, server));
-    WL_ASSIGN_OR_RETURN(s.rkey, worker.unpack_rkey(s.peer, r.rkey));
-    for (const ServerCopyShard& shard : r.shards) s.shards[shard.name] = &shard;
-  }
-
-  auto read_status = [&](const Source& s) -> Result<CopyStatus> {
-    uint64_t words[2] = {0, 0};
-    comm::Request r = worker.get(s.peer, words, sizeof words, s.record->region_address, s.rkey);
-    WL_RETURN_IF_ERROR(worker.wait(r, deadline).with_context(
-        what + ": reading the status of server " + std::to_string(s.record->rank)));
-    return CopyStatus{words[0], words[1]};
-  };
-  // Not what was sent any more: the servers were refreshed since (their next update sends it).
-  auto changed = [&](const Source& s, const CopyStatus& st) {
-    return failed_precondition(what + ": server " + std::to_string(s.record->rank) +
-                               " changed its shards since it sent that version (stamp " +
-                               std::to_string(s.record->stamp) + ", now " +
-                               std::to_string(st.begun) + "); the next update brings the new one");
-  };
-
-  // Every parameter whole (rows gathered from the servers), fetched when a task first needs
-  // it and dropped after its last task, so at most a few parameters are held at once.
+  // Every parameter whole, fetched when a task first needs it and dropped after its last
+  // task, so at most a few parameters are held at once.
   const model::ParamLayout layout(first.config);
-  const size_t elem = dtype_size(first.dtype);
   const std::vector<PlanTask>& tasks = converter.plan().tasks;
   std::map<std::string, size_t> last_use;
   for (size_t t = 0; t < tasks.size(); ++t) {
     for (const std::string& p : converter.params_of(int(t))) last_use[p] = t;
-  }
-  auto fetch = [&](const std::string& name, std::vector<std::byte>& full) -> Status {
-    const model::ParamInfo& info = layout.at(name);
-    const int64_t rows = info.shape[0];
-    const size_t row_bytes = size_t(info.numel() / rows) * elem;
-    full.assign(size_t(info.numel()) * elem, std::byte{0});
-    std::vector<comm::Request> gets;
-    std::vector<int> peers;
-    int64_t covered = 0;
-    for (const Source& s : sources) {
-      auto it = s.shards.find(name);
-      if (it == s.shards.end()) {
-        return failed_precondition(what + ": server " + std::to_string(s.record->rank) +
-                                   " holds no shard of '" + name + "'");
-      }
-      const ServerCopyShard& sh = *it->second;
-      const size_t bytes = size_t(sh.end - sh.begin) * row_bytes;
-      if (sh.begin < 0 || sh.end > rows || sh.begin > sh.end ||
-          sh.offset + bytes > s.record->region_bytes) {
-        return data_loss(what + ": server " + std::to_string(s.record->rank) + "'s shard of '" +
-                         name + "' (rows " + std::to_string(sh.begin) + ".." +
-                         std::to_string(sh.end) + ") lies outside the tensor or its region");
-      }
-      covered += sh.end - sh.begin;
-      for (size_t at = 0; at < bytes; at += kHealGetChunk) {
-        gets.push_back(worker.get(s.peer, full.data() + size_t(sh.begin) * row_bytes + at,
-                                  std::min(kHealGetChunk, bytes - at),
-                                  s.record->region_address + sh.offset + at, s.rkey));
-      }
-      if (bytes > 0) peers.push_back(s.peer);
-    }
-    if (covered != rows) {
-      return data_loss(what + ": the servers' shards of '" + name + "' cover " +
-                       std::to_string(covered) + " of its " + std::to_string(rows) + " rows");
-    }
-    for (int p : peers) gets.push_back(worker.flush(p));
-    return worker.wait_all(gets, deadline).with_context(what + ": reading '" + name + "'");
-  };
-
-  for (const Source& s : sources) {
-    WL_ASSIGN_OR_RETURN(CopyStatus st, read_status(s));
-    if (st.begun != s.record->stamp || st.finished != s.record->stamp) return changed(s, st);
   }
   const uint64_t v = first.version;
   std::span<std::byte> slot = receiver.slot_for_healing(v);
@@ -226,7 +276,9 @@ Result<uint64_t> heal_from_servers(comm::Worker& worker, Receiver& receiver,
   for (size_t t = 0; t < tasks.size(); ++t) {
     const std::vector<std::string> params = converter.params_of(int(t));
     for (const std::string& p : params) {
-      if (!held.count(p)) WL_RETURN_IF_ERROR(fetch(p, held[p]));
+      if (!held.count(p)) {
+        WL_RETURN_IF_ERROR(reader.fetch(layout.at(p), dtype_size(first.dtype), held[p]));
+      }
     }
     const int task = int(t);
     converter.run(std::span<const int>(&task, 1), lookup, slot);
@@ -235,10 +287,7 @@ Result<uint64_t> heal_from_servers(comm::Worker& worker, Receiver& receiver,
     }
   }
   // A refresh that began during the copy may have torn it: then it is not version v.
-  for (const Source& s : sources) {
-    WL_ASSIGN_OR_RETURN(CopyStatus st, read_status(s));
-    if (st.begun != s.record->stamp) return changed(s, st);
-  }
+  WL_RETURN_IF_ERROR(reader.check_unchanged(/*after=*/true));
   receiver.adopt(v);
   return v;
 }

@@ -70,7 +70,8 @@ std::string server_copy_to_json(const ServerCopyRecord& record);
 Result<ServerCopyRecord> server_copy_from_json(std::string_view json, std::string_view where);
 
 // Every server rank's record from the store ("<prefix>/copy/<rank>"), in rank order; NotFound
-// if some rank has published none yet, DataLoss for a damaged one.
+// if some rank has published none yet, DataLoss for a damaged one, the store's own error if
+// it cannot be read.
 Result<std::vector<ServerCopyRecord>> read_server_copies(comm::Store& store,
                                                          const FleetKeys& keys);
 

@@ -56,6 +56,10 @@ struct ParameterServer::Impl {
   std::map<int, uint64_t> joined;  // id -> epoch
 
   Status read_joins();
+  Result<std::vector<FleetMember>> wanted(const std::string& name,
+                                          std::span<const int> receivers);
+  bool generation_broken();
+  Status form(const std::vector<FleetMember>& wanted, RoundRecord& update);
   Result<RoundRecord> decide(const std::string& name, std::span<const int> receivers,
                              bool checksums);
   Result<RoundRecord> post(RoundRecord r);
@@ -295,62 +299,56 @@ Result<RoundRecord> ParameterServer::Impl::post(RoundRecord r) {
   return r;
 }
 
-// Rank 0: which receivers this update goes to, forming a generation first when needed.
-Result<RoundRecord> ParameterServer::Impl::decide(const std::string& name,
-                                                  std::span<const int> receivers,
-                                                  bool checksums) {
+// Rank 0: the members an update of `name` asks for: everyone who joined, or the ones named.
+Result<std::vector<FleetMember>> ParameterServer::Impl::wanted(const std::string& name,
+                                                               std::span<const int> receivers) {
   WL_RETURN_IF_ERROR(read_joins());
-  std::vector<FleetMember> wanted;
+  std::vector<FleetMember> out;
   if (receivers.empty()) {
-    for (const auto& [id, epoch] : joined) wanted.push_back({id, epoch});
-  } else {
-    for (int id : receivers) {
-      auto it = joined.find(id);
-      if (it == joined.end()) {
-        return not_found("update '" + name + "': receiver " + std::to_string(id) +
-                         " has not joined the fleet (or has left it)");
-      }
-      wanted.push_back({id, it->second});
-    }
+    for (const auto& [id, epoch] : joined) out.push_back({id, epoch});
+    return out;
   }
-  auto same = [](const std::vector<FleetMember>& a, const std::vector<FleetMember>& b) {
-    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](auto& x, auto& y) {
-             return x.id == y.id && x.epoch == y.epoch;
-           });
-  };
-  RoundRecord update{.kind = RoundRecord::Kind::kUpdate,
-                     .generation = generation,
-                     .members = members,
-                     .checkpoint = name,
-                     .mode = options.mode,
-                     .bucket_bytes = options.bucket_bytes,
-                     .checksums = checksums};
-  // A member whose connection has failed since the last update (UCX noticed it die) makes
-  // this generation unusable: form a new one now rather than fail the update first. Nothing
-  // progressed the worker since the last update, so let it take in what happened meanwhile.
+  for (int id : receivers) {
+    auto it = joined.find(id);
+    if (it == joined.end()) {
+      return not_found("update '" + name + "': receiver " + std::to_string(id) +
+                       " has not joined the fleet (or has left it)");
+    }
+    out.push_back({id, it->second});
+  }
+  return out;
+}
+
+// Rank 0: whether the current generation can no longer carry an update. A member whose
+// connection has failed since the last update (UCX noticed it die) makes it unusable; nothing
+// progressed the worker since the last update, so it first takes in what happened meanwhile.
+// UCX notices a dead peer only when something moves to it or its keepalive fires, which can
+// be after this update has failed on it; a member on this host whose process is gone (its
+// peer record names the process) is known dead now.
+bool ParameterServer::Impl::generation_broken() {
+  if (broken) return true;
   for (int i = 0; i < 100 && worker->progress(); ++i) {
   }
   for (int rank = 0; group != nullptr && rank < group->size(); ++rank) {
     if (rank != group->rank() && !group->worker().peer_status(group->worker_peer(rank)).ok()) {
-      broken = true;
+      return true;
     }
   }
-  // UCX notices a dead peer only when something moves to it or its keepalive fires, which
-  // can be after this update has failed on it. A member on this host whose process is gone
-  // (its peer record names the process) is known dead now.
   for (const FleetMember& m : members) {
-    if (broken) break;
     auto b = options.store->get(keys.peer(m.id), std::chrono::milliseconds(1));
     if (!b.ok()) continue;
     auto peer = peer_record_from_json(comm::to_string(*b), keys.peer(m.id));
     if (peer.ok() && peer->epoch == m.epoch &&
         !comm::process_may_be_alive({peer->host, peer->pid})) {
-      broken = true;
+      return true;
     }
   }
-  if (!broken && same(wanted, members)) return post(update);
+  return false;
+}
 
-  // Form: ask the candidates, keep those that answer in time.
+// Rank 0: posts a form round for `wanted` and fills `update` with those that answer within the
+// join timeout holding the newest version (or none: fresh); the others are dropped.
+Status ParameterServer::Impl::form(const std::vector<FleetMember>& wanted, RoundRecord& update) {
   WL_ASSIGN_OR_RETURN(RoundRecord form, post({.kind = RoundRecord::Kind::kForm,
                                               .generation = generation + 1,
                                               .members = wanted}));
@@ -368,7 +366,7 @@ Result<RoundRecord> ParameterServer::Impl::decide(const std::string& name,
       newest = std::max(newest, uint64_t(version));
     } else {
       update.dropped.push_back(m.id);
-      joined.erase(m.id);  // it announces itself again when it is back (fleet/fleet_receiver.h)
+      joined.erase(m.id);  // it announces itself again when it is back (fleet_receiver.h)
     }
   }
   update.members.clear();
@@ -382,6 +380,30 @@ Result<RoundRecord> ParameterServer::Impl::decide(const std::string& name,
     }
   }
   update.generation = generation + 1;
+  return ok_status();
+}
+
+// Rank 0: which receivers this update goes to, forming a generation first when needed (the
+// set changed, or the current one broke).
+Result<RoundRecord> ParameterServer::Impl::decide(const std::string& name,
+                                                  std::span<const int> receivers,
+                                                  bool checksums) {
+  WL_ASSIGN_OR_RETURN(std::vector<FleetMember> want, wanted(name, receivers));
+  auto same = [](const std::vector<FleetMember>& a, const std::vector<FleetMember>& b) {
+    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](auto& x, auto& y) {
+             return x.id == y.id && x.epoch == y.epoch;
+           });
+  };
+  RoundRecord update{.kind = RoundRecord::Kind::kUpdate,
+                     .generation = generation,
+                     .members = members,
+                     .checkpoint = name,
+                     .mode = options.mode,
+                     .bucket_bytes = options.bucket_bytes,
+                     .checksums = checksums};
+  broken = generation_broken();
+  if (!broken && same(want, members)) return post(update);
+  WL_RETURN_IF_ERROR(form(want, update));
   return post(update);
 }
 
