@@ -59,17 +59,9 @@ Sensitivity layout_row(const ClusterOptions& o, const char* name, int ClusterOpt
   return s;
 }
 
-}  // namespace
-
-Result<ScheduleInput> cluster_schedule_input(const ClusterOptions& o) {
+// Counts, divisibility, dtype and network figures, each refusal naming its option.
+Status check_cluster(const ClusterOptions& o) {
   const std::string w = "transfer simulate: ";
-  const bool k2 = o.model == "kimi-k2";
-  Result<model::ModelConfig> config = model::preset(o.model);
-  if (!k2 && !config.ok()) {
-    std::string names = "kimi-k2";
-    for (const std::string& n : model::preset_names()) names += ", " + n;
-    return invalid_argument(w + "--model '" + o.model + "' is not one of " + names);
-  }
   for (auto [name, v] : {std::pair<const char*, int>{"--trainers", o.trainers},
                          {"--receivers", o.receivers},
                          {"--gpus-per-node", o.gpus_per_node},
@@ -108,9 +100,11 @@ Result<ScheduleInput> cluster_schedule_input(const ClusterOptions& o) {
         {"--barrier-ms", n.barrier_ms}}) {
     if (!(v >= 0)) return invalid_argument(w + opt(name, v) + ": must not be negative");
   }
+  return ok_status();
+}
 
-  ScheduleInput in{
-      .trainers = o.trainers, .gpus_per_node = o.gpus_per_node, .trainer_dtype = o.shard_dtype};
+// Placement 0: the dense FSDP meshes; then one placement per expert-parallel position.
+void add_placements(const ClusterOptions& o, ScheduleInput& in) {
   Placement dense;
   for (int m = 0; m < o.trainers / o.dense_mesh; ++m) {
     std::vector<int>& mesh = dense.meshes.emplace_back();
@@ -124,40 +118,59 @@ Result<ScheduleInput> cluster_schedule_input(const ClusterOptions& o) {
     for (int j = 0; j < o.expert_mesh; ++j) mesh.push_back(p + j * positions);
     in.placements.push_back(std::move(pl));
   }
+}
+
+// The model's parameters on their placements and one receiver layout per engine rank.
+Status add_model(const ClusterOptions& o, const model::ModelConfig* preset, ScheduleInput& in) {
+  const int positions = int(in.placements.size()) - 1;
   auto placement = [&](int64_t expert, int64_t experts) {
     return expert < 0 || positions == 0 ? 0 : 1 + int(expert * positions / experts);
   };
-  auto where = [&](int rank) {
-    return "transfer simulate --engine-gpus " + std::to_string(o.engine_gpus) + " (rank " +
-           std::to_string(rank) + ")";
+  auto add_param = [&](std::string name, const Shape& shape, int64_t expert, int64_t experts) {
+    const int64_t cols = shape.size() == 2 ? shape[1] : 1;
+    in.params.push_back({std::move(name), shape[0], cols, placement(expert, experts)});
   };
-  if (k2) {
-    for (K2Param& p : k2_params(o.k2)) {
-      const int64_t cols = p.shape.size() == 2 ? p.shape[1] : 1;
-      in.params.push_back(
-          {std::move(p.name), p.shape[0], cols, placement(p.expert_index, o.k2.num_experts)});
-    }
-    for (int r = 0; r < o.engine_gpus; ++r) {
-      auto lay = k2_inference_layout(
-          o.k2, {.engine_gpus = o.engine_gpus, .rank = r, .format = o.format});
-      if (!lay.ok()) return lay.status().with_context(where(r));
-      in.layouts.push_back(std::move(*lay));
-    }
+  if (preset == nullptr) {
+    for (K2Param& p : k2_params(o.k2)) add_param(std::move(p.name), p.shape, p.expert_index,
+                                                 o.k2.num_experts);
   } else {
-    const model::ParamLayout layout(*config);
+    const model::ParamLayout layout(*preset);
     for (const model::ParamInfo& p : layout.params()) {
-      const int64_t cols = p.shape.size() == 2 ? p.shape[1] : 1;
-      in.params.push_back(
-          {p.name, p.shape[0], cols, placement(preset_expert_index(p.name), config->num_experts)});
-    }
-    for (int r = 0; r < o.engine_gpus; ++r) {
-      auto lay =
-          inference_layout(*config, {.tp = o.engine_gpus, .tp_rank = r, .format = o.format});
-      if (!lay.ok()) return lay.status().with_context(where(r));
-      in.layouts.push_back(std::move(*lay));
+      add_param(p.name, p.shape, preset_expert_index(p.name), preset->num_experts);
     }
   }
+  for (int r = 0; r < o.engine_gpus; ++r) {
+    auto lay = preset == nullptr
+                   ? k2_inference_layout(o.k2, {.engine_gpus = o.engine_gpus, .rank = r,
+                                                .format = o.format})
+                   : inference_layout(*preset, {.tp = o.engine_gpus, .tp_rank = r,
+                                                .format = o.format});
+    if (!lay.ok()) {
+      return lay.status().with_context("transfer simulate --engine-gpus " +
+                                       std::to_string(o.engine_gpus) + " (rank " +
+                                       std::to_string(r) + ")");
+    }
+    in.layouts.push_back(std::move(*lay));
+  }
   for (int r = 0; r < o.receivers; ++r) in.receiver_layout.push_back(r % o.engine_gpus);
+  return ok_status();
+}
+
+}  // namespace
+
+Result<ScheduleInput> cluster_schedule_input(const ClusterOptions& o) {
+  const bool k2 = o.model == "kimi-k2";
+  Result<model::ModelConfig> config = model::preset(o.model);
+  if (!k2 && !config.ok()) {
+    std::string names = "kimi-k2";
+    for (const std::string& n : model::preset_names()) names += ", " + n;
+    return invalid_argument("transfer simulate: --model '" + o.model + "' is not one of " + names);
+  }
+  WL_RETURN_IF_ERROR(check_cluster(o));
+  ScheduleInput in{
+      .trainers = o.trainers, .gpus_per_node = o.gpus_per_node, .trainer_dtype = o.shard_dtype};
+  add_placements(o, in);
+  WL_RETURN_IF_ERROR(add_model(o, k2 ? nullptr : &*config, in));
   return in;
 }
 

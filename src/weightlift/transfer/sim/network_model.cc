@@ -23,73 +23,120 @@ Term busiest(std::string name, size_t n, F seconds) {
   return t;
 }
 
+// The model's figures in bytes and seconds.
+struct Rates {
+  explicit Rates(const NetworkModel& m)
+      : nic(bytes_per_s(m.nic_gbps)), nvlink(bytes_per_s(m.nvlink_gbps)),
+        overhead(m.message_overhead_us * 1e-6), prepare(m.prepare_gbs * 1e9),
+        barrier(m.barrier_ms * 1e-3), overlap(m.overlap) {}
+  double nic, nvlink, overhead, prepare, barrier;
+  bool overlap;
+};
+
+// One mesh group's per-rank times.
+struct GroupTimes {
+  const PhaseLoads& p;
+  const Rates& r;
+  double write_s(size_t t) const { return double(p.sent[t] + p.gather_nic[t]) / r.nic; }
+  double puts_s(size_t t) const { return double(p.messages[t]) * r.overhead; }
+  double nic_in_s(size_t t) const { return double(p.gather_nic[t]) / r.nic; }
+  double nvlink_s(size_t t) const { return double(p.gather_nvlink[t]) / r.nvlink; }
+  double prepare_s(size_t t) const { return double(p.prepare[t]) / r.prepare; }
+  // A sender's own time: its stages overlapped (the busiest) or one after the other.
+  double sender_s(size_t t) const {
+    const double out_s = write_s(t) + puts_s(t), gather_s = std::max(nic_in_s(t), nvlink_s(t));
+    return r.overlap ? std::max({out_s, gather_s, prepare_s(t)}) : gather_s + prepare_s(t) + out_s;
+  }
+};
+
+GroupPrediction predict_group(const PhaseLoads& p, const Rates& r, const char* name) {
+  const GroupTimes g{p, r};
+  const size_t trainers = p.sent.size(), receivers = p.received.size();
+  GroupPrediction gp{.name = name};
+  gp.terms.push_back(busiest("receiver NIC in", receivers,
+                             [&](size_t i) { return double(p.received[i]) / r.nic; }));
+  gp.terms.push_back(busiest("sender NIC out", trainers,
+                             [&](size_t t) { return g.write_s(t) + g.puts_s(t); }));
+  gp.terms.push_back(busiest("sender NIC in (gathers)", trainers, [&](size_t t) { return g.nic_in_s(t); }));
+  gp.terms.push_back(busiest("sender NVLink (gathers)", trainers, [&](size_t t) { return g.nvlink_s(t); }));
+  gp.terms.push_back(busiest("sender prepare", trainers, [&](size_t t) { return g.prepare_s(t); }));
+  if (!r.overlap) {
+    gp.terms.push_back(busiest("sender stages in series", trainers, [&](size_t t) { return g.sender_s(t); }));
+  }
+  gp.terms.push_back({"barrier", r.barrier, -1});
+  const Term& out_term = gp.terms[1];
+  gp.write_data_seconds = g.write_s(size_t(out_term.rank));
+  gp.write_overhead_seconds = g.puts_s(size_t(out_term.rank));
+
+  const Term* top = &gp.terms[0];
+  double work = 0;
+  for (const Term& t : gp.terms) {
+    if (t.name == "barrier") continue;
+    if (t.seconds > top->seconds) top = &t;
+    work = std::max(work, t.seconds);
+  }
+  if (!r.overlap) {
+    gp.seconds = work + r.barrier;
+    gp.bound = top->name;
+    return gp;
+  }
+  // A pipeline of stages takes the bottleneck's total plus one task's time through the other
+  // stages: here its prepare or its write, whichever is shorter.
+  const double task_prepare = double(p.largest_task_prepare) / r.prepare;
+  const double task_write =
+      double(p.largest_task) / r.nic + double(p.largest_task_messages) * r.overhead;
+  gp.fill_seconds = std::min(task_prepare, task_write);
+  gp.seconds = std::max(work + gp.fill_seconds, r.barrier);
+  gp.bound = work + gp.fill_seconds >= r.barrier ? top->name : "barrier";
+  return gp;
+}
+
+// The critical sender and receiver and the byte counts, over both groups.
+void summarize_ranks(const std::vector<double>& sender_busy, const std::vector<uint64_t>& sent,
+                     const std::vector<uint64_t>& received, const Rates& r, Prediction& out) {
+  for (size_t t = 0; t < sent.size(); ++t) {
+    if (out.critical_sender < 0 || sender_busy[t] > out.critical_sender_seconds) {
+      out.critical_sender = int(t);
+      out.critical_sender_seconds = sender_busy[t];
+    }
+    out.sender_bytes_max = std::max(out.sender_bytes_max, sent[t]);
+    out.total_bytes += sent[t];
+  }
+  for (size_t i = 0; i < received.size(); ++i) {
+    if (out.critical_receiver < 0 || received[i] > received[size_t(out.critical_receiver)]) {
+      out.critical_receiver = int(i);
+    }
+    out.receiver_bytes_max = std::max(out.receiver_bytes_max, received[i]);
+  }
+  if (out.critical_receiver >= 0) {
+    out.critical_receiver_seconds = double(received[size_t(out.critical_receiver)]) / r.nic;
+  }
+  out.sender_bytes_mean = sent.empty() ? 0 : double(out.total_bytes) / double(sent.size());
+  out.receiver_bytes_mean =
+      received.empty() ? 0 : double(out.total_bytes) / double(received.size());
+}
+
 }  // namespace
 
 Prediction predict(const ScheduleLoads& loads, const NetworkModel& m) {
-  const double nic = bytes_per_s(m.nic_gbps), nvlink = bytes_per_s(m.nvlink_gbps);
-  const double overhead = m.message_overhead_us * 1e-6, prepare = m.prepare_gbs * 1e9;
-  const double barrier = m.barrier_ms * 1e-3;
+  const Rates r(m);
   const size_t trainers = loads.phase[0].sent.size();
   const size_t receivers = loads.phase[0].received.size();
   std::vector<double> sender_busy(trainers);
-  std::vector<uint64_t> sent(trainers);
-  std::vector<uint64_t> received(receivers);
+  std::vector<uint64_t> sent(trainers), received(receivers);
   Prediction out;
   double longest = -1;
   for (int g = 0; g < 2; ++g) {
     const PhaseLoads& p = loads.phase[g];
     if (p.tasks == 0) continue;
-    auto write_s = [&](size_t t) { return double(p.sent[t] + p.gather_nic[t]) / nic; };
-    auto puts_s = [&](size_t t) { return double(p.messages[t]) * overhead; };
-    auto nic_in_s = [&](size_t t) { return double(p.gather_nic[t]) / nic; };
-    auto nvlink_s = [&](size_t t) { return double(p.gather_nvlink[t]) / nvlink; };
-    auto prepare_s = [&](size_t t) { return double(p.prepare[t]) / prepare; };
-    // A sender's own time: its stages overlapped (the busiest) or one after the other.
-    auto sender_s = [&](size_t t) {
-      const double out_s = write_s(t) + puts_s(t), gather_s = std::max(nic_in_s(t), nvlink_s(t));
-      return m.overlap ? std::max({out_s, gather_s, prepare_s(t)})
-                       : gather_s + prepare_s(t) + out_s;
-    };
-    GroupPrediction gp{.name = g == 0 ? "dense" : "expert"};
-    gp.terms.push_back(busiest("receiver NIC in", receivers,
-                               [&](size_t r) { return double(p.received[r]) / nic; }));
-    gp.terms.push_back(
-        busiest("sender NIC out", trainers, [&](size_t t) { return write_s(t) + puts_s(t); }));
-    gp.terms.push_back(busiest("sender NIC in (gathers)", trainers, nic_in_s));
-    gp.terms.push_back(busiest("sender NVLink (gathers)", trainers, nvlink_s));
-    gp.terms.push_back(busiest("sender prepare", trainers, prepare_s));
-    if (!m.overlap) gp.terms.push_back(busiest("sender stages in series", trainers, sender_s));
-    gp.terms.push_back({"barrier", barrier, -1});
-    const Term& out_term = gp.terms[1];
-    gp.write_data_seconds = write_s(size_t(out_term.rank));
-    gp.write_overhead_seconds = puts_s(size_t(out_term.rank));
-
-    const Term* top = &gp.terms[0];
-    double work = 0;
-    for (const Term& t : gp.terms) {
-      if (t.name == "barrier") continue;
-      if (t.seconds > top->seconds) top = &t;
-      work = std::max(work, t.seconds);
-    }
-    if (m.overlap) {
-      // A pipeline of stages takes the bottleneck's total plus one task's time through the
-      // other stages: here its prepare or its write, whichever is shorter.
-      const double task_prepare = double(p.largest_task_prepare) / prepare;
-      const double task_write =
-          double(p.largest_task) / nic + double(p.largest_task_messages) * overhead;
-      gp.fill_seconds = std::min(task_prepare, task_write);
-      gp.seconds = std::max(work + gp.fill_seconds, barrier);
-      gp.bound = work + gp.fill_seconds >= barrier ? top->name : "barrier";
-    } else {
-      gp.seconds = work + barrier;
-      gp.bound = top->name;
-    }
+    GroupPrediction gp = predict_group(p, r, g == 0 ? "dense" : "expert");
+    const GroupTimes times{p, r};
     for (size_t t = 0; t < trainers; ++t) {
-      sender_busy[t] += sender_s(t);
+      sender_busy[t] += times.sender_s(t);
       sent[t] += p.sent[t];
       out.total_messages += p.messages[t];
     }
-    for (size_t r = 0; r < receivers; ++r) received[r] += p.received[r];
+    for (size_t i = 0; i < receivers; ++i) received[i] += p.received[i];
     out.tasks += p.tasks;
     out.gathers += p.gathers;
     out.gathered_bytes += p.gathered_bytes;
@@ -100,25 +147,7 @@ Prediction predict(const ScheduleLoads& loads, const NetworkModel& m) {
     }
     out.groups.push_back(std::move(gp));
   }
-  for (size_t t = 0; t < trainers; ++t) {
-    if (out.critical_sender < 0 || sender_busy[t] > out.critical_sender_seconds) {
-      out.critical_sender = int(t);
-      out.critical_sender_seconds = sender_busy[t];
-    }
-    out.sender_bytes_max = std::max(out.sender_bytes_max, sent[t]);
-    out.total_bytes += sent[t];
-  }
-  for (size_t r = 0; r < receivers; ++r) {
-    if (out.critical_receiver < 0 || received[r] > received[size_t(out.critical_receiver)]) {
-      out.critical_receiver = int(r);
-    }
-    out.receiver_bytes_max = std::max(out.receiver_bytes_max, received[r]);
-  }
-  if (out.critical_receiver >= 0) {
-    out.critical_receiver_seconds = double(received[size_t(out.critical_receiver)]) / nic;
-  }
-  out.sender_bytes_mean = trainers ? double(out.total_bytes) / double(trainers) : 0;
-  out.receiver_bytes_mean = receivers ? double(out.total_bytes) / double(receivers) : 0;
+  summarize_ranks(sender_busy, sent, received, r, out);
   return out;
 }
 
