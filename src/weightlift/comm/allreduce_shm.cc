@@ -99,172 +99,215 @@ void stream_copy(std::byte* dst, const std::byte* src, size_t n) {
   std::memcpy(dst, src, n);
 }
 
-}  // namespace
+// One collective call on the arena: what it moves, chunk by chunk, through the three phases.
+class ShmPipeline {
+ public:
+  ShmPipeline(Group& g, ShmArena& A, const ShmCollectiveArgs& a, Deadline deadline);
+  Status run();
 
-Status shm_collective(Group& g, ShmArena& A, const ShmCollectiveArgs& a, Deadline deadline) {
-  if (!A.broken.ok()) return A.broken;
-  const int P = g.size(), r = g.rank();
-  const size_t es = dtype_size(a.dtype);
-  // segment_bytes (tests make it tiny to get many chunks) can only shrink a block: the slots
-  // are cut for kShmBlockBytes.
-  const size_t block_bytes =
-      a.segment_bytes == 0 ? A.block_bytes() : std::min(a.segment_bytes, A.block_bytes());
-  const size_t block_elems = std::max<size_t>(1, block_bytes / es);
-  // A small allreduce moves its data as allgather does (whole inputs through the slots), and
-  // every rank then reduces all of them (kOneShotBytes).
-  const bool one_shot = a.kind == ShmKind::kAllreduce && a.count * es <= kOneShotBytes &&
-                        a.count <= block_elems * (size_t(P) + 1);
-  const ShmKind kind = one_shot ? ShmKind::kAllgather : a.kind;
-  const bool reduces = kind == ShmKind::kAllreduce || kind == ShmKind::kReduceScatter;
-  // Elements per chunk: allreduce cuts a chunk of the buffer into P blocks; reduce_scatter
-  // takes a block-sized piece of every rank's block; allgather and broadcast fill a whole slot
-  // (P+1 blocks) with one rank's piece.
-  const size_t step = kind == ShmKind::kAllreduce       ? block_elems * size_t(P)
-                      : kind == ShmKind::kReduceScatter ? block_elems
-                                                        : block_elems * (size_t(P) + 1);
-  const size_t nchunks = (a.count + step - 1) / step;
-  const uint64_t base = A.chunks_done;
-  const auto* in = static_cast<const std::byte*>(a.in);
-  auto* out = static_cast<std::byte*>(a.out);
-  auto chunk_n = [&](size_t c) { return std::min(step, a.count - c * step); };
-  const size_t out_bytes = (a.kind == ShmKind::kAllgather ? size_t(P) : 1) * a.count * es;
-  const bool streaming = out_bytes >= kStreamingBytes;
-  auto copy_to_output = [&](std::byte* dst, const std::byte* src, size_t bytes) {
-    if (streaming) {
+ private:
+  size_t chunk_n(size_t c) const { return std::min(step_, a_.count - c * step_); }
+  Range block(size_t c, int d) const;
+  void copy_to_output(std::byte* dst, const std::byte* src, size_t bytes) const {
+    if (streaming_) {
       stream_copy(dst, src, bytes);
     } else {
       std::memcpy(dst, src, bytes);
     }
-  };
-  // Element range of block d of chunk c, in the input (allreduce, reduce_scatter).
-  auto block = [&](size_t c, int d) -> Range {
-    if (kind == ShmKind::kAllreduce) {
-      const Range b = chunk_block(chunk_n(c), P, d);
-      return {c * step + b.offset, b.count};
+  }
+  Status wait_for(ShmPhase phase, uint64_t target, size_t c, const char* what, int only = -1);
+  Status copy_in(size_t c);
+  Status reduce_own(size_t c);
+  Status copy_out(size_t c);
+  void reduce_one_shot(size_t c, size_t slot);
+
+  Group& g_;
+  ShmArena& A_;
+  const ShmCollectiveArgs& a_;
+  const Deadline deadline_;
+  const int P_, r_;
+  const size_t es_;
+  bool one_shot_ = false;  // a small allreduce moved as an allgather, reduced by every rank
+  ShmKind kind_;           // what moves: a.kind, or kAllgather for one_shot
+  bool reduces_ = false;
+  size_t step_ = 0;        // elements per chunk
+  size_t nchunks_ = 0;
+  uint64_t base_ = 0;      // the arena's chunk count before this call
+  const std::byte* in_;
+  std::byte* out_;
+  bool streaming_ = false;
+};
+
+ShmPipeline::ShmPipeline(Group& g, ShmArena& A, const ShmCollectiveArgs& a, Deadline deadline)
+    : g_(g), A_(A), a_(a), deadline_(deadline), P_(g.size()), r_(g.rank()),
+      es_(dtype_size(a.dtype)), kind_(a.kind), in_(static_cast<const std::byte*>(a.in)),
+      out_(static_cast<std::byte*>(a.out)) {
+  // segment_bytes (tests make it tiny to get many chunks) can only shrink a block: the slots
+  // are cut for kShmBlockBytes.
+  const size_t block_bytes =
+      a.segment_bytes == 0 ? A.block_bytes() : std::min(a.segment_bytes, A.block_bytes());
+  const size_t block_elems = std::max<size_t>(1, block_bytes / es_);
+  one_shot_ = a.kind == ShmKind::kAllreduce && a.count * es_ <= kOneShotBytes &&
+              a.count <= block_elems * (size_t(P_) + 1);
+  if (one_shot_) kind_ = ShmKind::kAllgather;
+  reduces_ = kind_ == ShmKind::kAllreduce || kind_ == ShmKind::kReduceScatter;
+  // Elements per chunk: allreduce cuts a chunk of the buffer into P blocks; reduce_scatter
+  // takes a block-sized piece of every rank's block; allgather and broadcast fill a whole slot
+  // (P+1 blocks) with one rank's piece.
+  step_ = kind_ == ShmKind::kAllreduce       ? block_elems * size_t(P_)
+          : kind_ == ShmKind::kReduceScatter ? block_elems
+                                             : block_elems * (size_t(P_) + 1);
+  nchunks_ = (a.count + step_ - 1) / step_;
+  base_ = A.chunks_done;
+  const size_t out_bytes = (a.kind == ShmKind::kAllgather ? size_t(P_) : 1) * a.count * es_;
+  streaming_ = out_bytes >= kStreamingBytes;
+}
+
+// Element range of block d of chunk c, in the input (allreduce, reduce_scatter).
+Range ShmPipeline::block(size_t c, int d) const {
+  if (kind_ == ShmKind::kAllreduce) {
+    const Range b = chunk_block(chunk_n(c), P_, d);
+    return {c * step_ + b.offset, b.count};
+  }
+  return {size_t(d) * a_.count + c * step_, chunk_n(c)};
+}
+
+// Waits until the `phase` counter of every peer (or only of `only`) reaches `target`.
+Status ShmPipeline::wait_for(ShmPhase phase, uint64_t target, size_t c, const char* what,
+                             int only) {
+  auto lagging = [&]() -> int {
+    for (int q = 0; q < P_; ++q) {
+      if (q != r_ && (only < 0 || q == only) && A_.counter_of(q, phase) < target) return q;
     }
-    return {size_t(d) * a.count + c * step, chunk_n(c)};
+    return -1;
   };
+  if (lagging() < 0) return ok_status();
+  return g_.poll_until(lagging, deadline_, [&] {
+    return std::string(shm_kind_name(a_.kind)) + " (shared memory): chunk " + std::to_string(c) +
+           " of " + std::to_string(nchunks_) + ": waiting for " + what;
+  });
+}
 
-  // Waits until the `phase` counter of every peer (or only of `only`) reaches `target`.
-  auto wait_for = [&](ShmPhase phase, uint64_t target, size_t c, const char* what,
-                      int only = -1) -> Status {
-    auto lagging = [&]() -> int {
-      for (int q = 0; q < P; ++q) {
-        if (q != r && (only < 0 || q == only) && A.counter_of(q, phase) < target) return q;
-      }
-      return -1;
-    };
-    if (lagging() < 0) return ok_status();
-    return g.poll_until(lagging, deadline, [&] {
-      return std::string(shm_kind_name(a.kind)) + " (shared memory): chunk " +
-             std::to_string(c) + " of " + std::to_string(nchunks) + ": waiting for " + what;
-    });
-  };
-
-  // Phase 1: put what peers need from this rank into its slot.
-  auto copy_in = [&](size_t c) -> Status {
-    const uint64_t gc = base + c;
-    const size_t slot = gc % kShmSlots;
-    if (reduces) {
-      // Slot reuse: every peer must have reduced the chunk that used this slot before.
-      if (gc >= kShmSlots) {
-        WL_RETURN_IF_ERROR(wait_for(ShmPhase::kReduced, gc - kShmSlots + 1, c, "a free slot"));
-      }
-      for (int d = 0; d < P; ++d) {
-        const Range b = block(c, d);
-        if (d != r && b.count) std::memcpy(A.in_block(r, slot, d), in + b.offset * es, b.count * es);
-      }
-    } else if (kind == ShmKind::kAllgather || r == a.root) {
-      // The whole slot carries this rank's piece; every peer must have copied it out before.
-      if (gc >= kShmSlots) {
-        WL_RETURN_IF_ERROR(wait_for(ShmPhase::kCopiedOut, gc - kShmSlots + 1, c, "a free slot"));
-      }
-      const size_t n = chunk_n(c);
-      std::memcpy(A.in_block(r, slot, 0), in + c * step * es, n * es);
-      if (!one_shot && kind == ShmKind::kAllgather &&
-          out + (size_t(r) * a.count + c * step) * es != in + c * step * es) {
-        copy_to_output(out + (size_t(r) * a.count + c * step) * es, in + c * step * es, n * es);
+// Phase 1: put what peers need from this rank into its slot.
+Status ShmPipeline::copy_in(size_t c) {
+  const uint64_t gc = base_ + c;
+  const size_t slot = gc % kShmSlots;
+  if (reduces_) {
+    // Slot reuse: every peer must have reduced the chunk that used this slot before.
+    if (gc >= kShmSlots) {
+      WL_RETURN_IF_ERROR(wait_for(ShmPhase::kReduced, gc - kShmSlots + 1, c, "a free slot"));
+    }
+    for (int d = 0; d < P_; ++d) {
+      const Range b = block(c, d);
+      if (d != r_ && b.count) {
+        std::memcpy(A_.in_block(r_, slot, d), in_ + b.offset * es_, b.count * es_);
       }
     }
-    A.publish(r, ShmPhase::kCopiedIn, gc + 1);
-    return ok_status();
-  };
-
-  // Phase 2: reduce this rank's block from every rank's copy (allreduce, reduce_scatter).
-  auto reduce_own = [&](size_t c) -> Status {
-    const uint64_t gc = base + c;
-    const size_t slot = gc % kShmSlots;
-    if (reduces) {
-      WL_RETURN_IF_ERROR(wait_for(ShmPhase::kCopiedIn, gc + 1, c, "the peers' inputs"));
-      if (kind == ShmKind::kAllreduce && gc >= kShmSlots) {
-        WL_RETURN_IF_ERROR(wait_for(ShmPhase::kCopiedOut, gc - kShmSlots + 1, c, "a free slot"));
-      }
-      const Range b = block(c, r);
-      // allreduce: into the result block, which the peers copy; reduce_scatter: straight out.
-      std::byte* res = kind == ShmKind::kAllreduce ? A.res_block(r, slot) : out + c * step * es;
-      if (b.count) {
-        const std::byte* own = in + b.offset * es;
-        bool first = true;
-        for (int q = 0; q < P; ++q) {
-          if (q == r) continue;
-          reduce(a.dtype, a.op, res, first ? own : res, A.in_block(q, slot, r), b.count);
-          first = false;
-        }
-        if (a.op == ReduceOp::kAvg) divide(a.dtype, res, b.count, P);
-        if (kind == ShmKind::kAllreduce) copy_to_output(out + b.offset * es, res, b.count * es);
-      }
+  } else if (kind_ == ShmKind::kAllgather || r_ == a_.root) {
+    // The whole slot carries this rank's piece; every peer must have copied it out before.
+    if (gc >= kShmSlots) {
+      WL_RETURN_IF_ERROR(wait_for(ShmPhase::kCopiedOut, gc - kShmSlots + 1, c, "a free slot"));
     }
-    A.publish(r, ShmPhase::kReduced, gc + 1);
-    return ok_status();
-  };
-
-  // Phase 3: copy what the peers made available into the output.
-  auto copy_out = [&](size_t c) -> Status {
-    const uint64_t gc = base + c;
-    const size_t slot = gc % kShmSlots;
-    if (kind == ShmKind::kAllreduce) {
-      WL_RETURN_IF_ERROR(wait_for(ShmPhase::kReduced, gc + 1, c, "the peers' results"));
-      for (int d = 0; d < P; ++d) {
-        const Range b = block(c, d);
-        if (d != r && b.count) copy_to_output(out + b.offset * es, A.res_block(d, slot), b.count * es);
-      }
-    } else if (one_shot) {
-      WL_RETURN_IF_ERROR(wait_for(ShmPhase::kCopiedIn, gc + 1, c, "the peers' inputs"));
-      // Every rank's copy, our own included (the output may be our input), in rank order.
-      const size_t n = chunk_n(c);
-      std::byte* dst = out + c * step * es;
-      reduce(a.dtype, a.op, dst, A.in_block(0, slot, 0), A.in_block(1, slot, 0), n);
-      for (int q = 2; q < P; ++q) reduce(a.dtype, a.op, dst, dst, A.in_block(q, slot, 0), n);
-      if (a.op == ReduceOp::kAvg) divide(a.dtype, dst, n, P);
-    } else if (kind == ShmKind::kAllgather) {
-      WL_RETURN_IF_ERROR(wait_for(ShmPhase::kCopiedIn, gc + 1, c, "the peers' blocks"));
-      for (int d = 0; d < P; ++d) {
-        if (d == r) continue;
-        copy_to_output(out + (size_t(d) * a.count + c * step) * es, A.in_block(d, slot, 0),
-                       chunk_n(c) * es);
-      }
-    } else if (kind == ShmKind::kBroadcast && r != a.root) {
-      WL_RETURN_IF_ERROR(wait_for(ShmPhase::kCopiedIn, gc + 1, c, "the root's data", a.root));
-      copy_to_output(out + c * step * es, A.in_block(a.root, slot, 0), chunk_n(c) * es);
+    const size_t n = chunk_n(c);
+    std::memcpy(A_.in_block(r_, slot, 0), in_ + c * step_ * es_, n * es_);
+    std::byte* mine = out_ + (size_t(r_) * a_.count + c * step_) * es_;
+    if (!one_shot_ && kind_ == ShmKind::kAllgather && mine != in_ + c * step_ * es_) {
+      copy_to_output(mine, in_ + c * step_ * es_, n * es_);
     }
-    A.publish(r, ShmPhase::kCopiedOut, gc + 1);
-    return ok_status();
-  };
+  }
+  A_.publish(r_, ShmPhase::kCopiedIn, gc + 1);
+  return ok_status();
+}
 
+// Phase 2: reduce this rank's block from every rank's copy (allreduce, reduce_scatter).
+Status ShmPipeline::reduce_own(size_t c) {
+  const uint64_t gc = base_ + c;
+  const size_t slot = gc % kShmSlots;
+  if (reduces_) {
+    WL_RETURN_IF_ERROR(wait_for(ShmPhase::kCopiedIn, gc + 1, c, "the peers' inputs"));
+    if (kind_ == ShmKind::kAllreduce && gc >= kShmSlots) {
+      WL_RETURN_IF_ERROR(wait_for(ShmPhase::kCopiedOut, gc - kShmSlots + 1, c, "a free slot"));
+    }
+    const Range b = block(c, r_);
+    // allreduce: into the result block, which the peers copy; reduce_scatter: straight out.
+    std::byte* res = kind_ == ShmKind::kAllreduce ? A_.res_block(r_, slot) : out_ + c * step_ * es_;
+    if (b.count) {
+      const std::byte* own = in_ + b.offset * es_;
+      bool first = true;
+      for (int q = 0; q < P_; ++q) {
+        if (q == r_) continue;
+        reduce(a_.dtype, a_.op, res, first ? own : res, A_.in_block(q, slot, r_), b.count);
+        first = false;
+      }
+      if (a_.op == ReduceOp::kAvg) divide(a_.dtype, res, b.count, P_);
+      if (kind_ == ShmKind::kAllreduce) copy_to_output(out_ + b.offset * es_, res, b.count * es_);
+    }
+  }
+  A_.publish(r_, ShmPhase::kReduced, gc + 1);
+  return ok_status();
+}
+
+// One-shot allreduce: every rank's copy, our own included (the output may be our input),
+// reduced in rank order, so every rank computes the same bits.
+void ShmPipeline::reduce_one_shot(size_t c, size_t slot) {
+  const size_t n = chunk_n(c);
+  std::byte* dst = out_ + c * step_ * es_;
+  reduce(a_.dtype, a_.op, dst, A_.in_block(0, slot, 0), A_.in_block(1, slot, 0), n);
+  for (int q = 2; q < P_; ++q) reduce(a_.dtype, a_.op, dst, dst, A_.in_block(q, slot, 0), n);
+  if (a_.op == ReduceOp::kAvg) divide(a_.dtype, dst, n, P_);
+}
+
+// Phase 3: copy what the peers made available into the output.
+Status ShmPipeline::copy_out(size_t c) {
+  const uint64_t gc = base_ + c;
+  const size_t slot = gc % kShmSlots;
+  if (kind_ == ShmKind::kAllreduce) {
+    WL_RETURN_IF_ERROR(wait_for(ShmPhase::kReduced, gc + 1, c, "the peers' results"));
+    for (int d = 0; d < P_; ++d) {
+      const Range b = block(c, d);
+      if (d != r_ && b.count) copy_to_output(out_ + b.offset * es_, A_.res_block(d, slot), b.count * es_);
+    }
+  } else if (one_shot_) {
+    WL_RETURN_IF_ERROR(wait_for(ShmPhase::kCopiedIn, gc + 1, c, "the peers' inputs"));
+    reduce_one_shot(c, slot);
+  } else if (kind_ == ShmKind::kAllgather) {
+    WL_RETURN_IF_ERROR(wait_for(ShmPhase::kCopiedIn, gc + 1, c, "the peers' blocks"));
+    for (int d = 0; d < P_; ++d) {
+      if (d == r_) continue;
+      copy_to_output(out_ + (size_t(d) * a_.count + c * step_) * es_, A_.in_block(d, slot, 0),
+                     chunk_n(c) * es_);
+    }
+  } else if (kind_ == ShmKind::kBroadcast && r_ != a_.root) {
+    WL_RETURN_IF_ERROR(wait_for(ShmPhase::kCopiedIn, gc + 1, c, "the root's data", a_.root));
+    copy_to_output(out_ + c * step_ * es_, A_.in_block(a_.root, slot, 0), chunk_n(c) * es_);
+  }
+  A_.publish(r_, ShmPhase::kCopiedOut, gc + 1);
+  return ok_status();
+}
+
+// The software pipeline: copy in chunk i, reduce chunk i-1, copy out chunk i-2.
+Status ShmPipeline::run() {
   Status s;
-  for (size_t i = 0; i < nchunks + 2 && s.ok(); ++i) {
-    if (i < nchunks) s = copy_in(i);
-    if (s.ok() && i >= 1 && i - 1 < nchunks) s = reduce_own(i - 1);
+  for (size_t i = 0; i < nchunks_ + 2 && s.ok(); ++i) {
+    if (i < nchunks_) s = copy_in(i);
+    if (s.ok() && i >= 1 && i - 1 < nchunks_) s = reduce_own(i - 1);
     if (s.ok() && i >= 2) s = copy_out(i - 2);
   }
-  if (streaming) _mm_sfence();  // the output is complete before the caller reads it
+  if (streaming_) _mm_sfence();  // the output is complete before the caller reads it
   if (!s.ok()) {
-    A.broken = aborted(g.describe() + ": shared-memory collectives are unusable after an "
-                       "earlier failure: " + s.to_string());
+    A_.broken = aborted(g_.describe() + ": shared-memory collectives are unusable after an "
+                        "earlier failure: " + s.to_string());
     return s;
   }
-  A.chunks_done = base + nchunks;
+  A_.chunks_done = base_ + nchunks_;
   return ok_status();
+}
+
+}  // namespace
+
+Status shm_collective(Group& g, ShmArena& A, const ShmCollectiveArgs& a, Deadline deadline) {
+  if (!A.broken.ok()) return A.broken;
+  return ShmPipeline(g, A, a, deadline).run();
 }
 
 const char* shm_kind_name(ShmKind kind) {
