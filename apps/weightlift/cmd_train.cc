@@ -8,6 +8,63 @@
 
 namespace wl::app {
 
+namespace {
+
+// The progress bar's status: the loss's moving average and the last validation loss.
+class TrainProgress {
+ public:
+  explicit TrainProgress(int64_t steps) : bar_("train", steps, "steps") {}
+  void operator()(const train::StepMetrics& m) {
+    loss_.add(m.loss);
+    if (std::isfinite(m.val_loss)) val_loss_ = m.val_loss;
+    char status[64];
+    int n = std::snprintf(status, sizeof status, "loss %.3f", loss_.value());
+    if (std::isfinite(val_loss_)) {
+      std::snprintf(status + n, sizeof status - size_t(n), "  val %.3f", val_loss_);
+    }
+    bar_.update(m.step, m.tokens_per_s, "tok/s", status);
+  }
+  void finish() { bar_.finish(); }
+
+ private:
+  ProgressBar bar_;
+  Ema loss_{0.95};
+  double val_loss_ = NAN;
+};
+
+void print_summary(const train::TrainOptions& o, const train::TrainSummary& r) {
+  std::printf("trained %ld steps in %.1f s (%.0f tokens/s)\n", long(r.steps), r.seconds,
+              r.tokens_per_s);
+  std::printf("final train loss %.4f", r.final_train_loss);
+  if (std::isfinite(r.final_val_loss))
+    std::printf(", validation loss %.4f (perplexity %.2f)", r.final_val_loss,
+                std::exp(r.final_val_loss));
+  if (std::isfinite(r.unigram_entropy))
+    std::printf(", unigram entropy of the corpus %.4f nats/byte", r.unigram_entropy);
+  std::printf("\nwrote %s/{metrics.jsonl,loss.svg,model.safetensors,config.json}\n",
+              o.out_dir.c_str());
+}
+
+Status run_train(train::TrainOptions o, const std::string& precision, bool quiet) {
+  auto p = model::precision_from_name(precision);
+  if (!p) return invalid_argument("--precision '" + precision + "': expected f32, bf16 or f16");
+  o.precision = *p;
+  TrainProgress progress(o.steps);
+  if (!quiet) o.on_step = [&](const train::StepMetrics& m) { progress(m); };
+  Result<train::TrainSummary> r = train::train(o);
+  if (!quiet) progress.finish();
+  WL_RETURN_IF_ERROR(r.status());
+  const std::string model = o.config_path.empty() ? o.preset : o.config_path;
+  WL_RETURN_IF_ERROR(write_loss_plot({.metrics_path = o.out_dir + "/metrics.jsonl",
+                                      .svg_path = o.out_dir + "/loss.svg",
+                                      .title = "weightlift " + model + ": loss (nats per byte)",
+                                      .unigram_entropy = r->unigram_entropy}));
+  if (!quiet) print_summary(o, *r);
+  return ok_status();
+}
+
+}  // namespace
+
 void register_train(CLI::App& app, Outcome& out) {
   auto* cmd = app.add_subcommand("train", "train a model on the Brown corpus (or a fixed batch)");
   auto o = std::make_shared<train::TrainOptions>();
@@ -50,54 +107,7 @@ void register_train(CLI::App& app, Outcome& out) {
   auto quiet = std::make_shared<bool>(false);
   cmd->add_flag("--quiet", *quiet, "no progress bar or summary");
   cmd->callback([&out, o, precision, quiet] {
-    auto p = model::precision_from_name(*precision);
-    if (!p) {
-      out.exit_code = report("train", invalid_argument("--precision '" + *precision +
-                                                       "': expected f32, bf16 or f16"));
-      return;
-    }
-    o->precision = *p;
-    ProgressBar bar("train", o->steps, "steps");
-    Ema loss(0.95);
-    double val_loss = NAN;
-    if (!*quiet) {
-      o->on_step = [&](const train::StepMetrics& m) {
-        loss.add(m.loss);
-        if (std::isfinite(m.val_loss)) val_loss = m.val_loss;
-        char status[64];
-        int n = std::snprintf(status, sizeof status, "loss %.3f", loss.value());
-        if (std::isfinite(val_loss)) {
-          std::snprintf(status + n, sizeof status - size_t(n), "  val %.3f", val_loss);
-        }
-        bar.update(m.step, m.tokens_per_s, "tok/s", status);
-      };
-    }
-    Result<train::TrainSummary> r = train::train(*o);
-    if (!*quiet) bar.finish();
-    if (!r.ok()) {
-      out.exit_code = report("train", r.status());
-      return;
-    }
-    const std::string model = o->config_path.empty() ? o->preset : o->config_path;
-    Status plotted = write_loss_plot({.metrics_path = o->out_dir + "/metrics.jsonl",
-                                      .svg_path = o->out_dir + "/loss.svg",
-                                      .title = "weightlift " + model + ": loss (nats per byte)",
-                                      .unigram_entropy = r->unigram_entropy});
-    if (!plotted.ok()) {
-      out.exit_code = report("train", plotted);
-      return;
-    }
-    if (*quiet) return;
-    std::printf("trained %ld steps in %.1f s (%.0f tokens/s)\n", long(r->steps), r->seconds,
-                r->tokens_per_s);
-    std::printf("final train loss %.4f", r->final_train_loss);
-    if (std::isfinite(r->final_val_loss))
-      std::printf(", validation loss %.4f (perplexity %.2f)", r->final_val_loss,
-                  std::exp(r->final_val_loss));
-    if (std::isfinite(r->unigram_entropy))
-      std::printf(", unigram entropy of the corpus %.4f nats/byte", r->unigram_entropy);
-    std::printf("\nwrote %s/{metrics.jsonl,loss.svg,model.safetensors,config.json}\n",
-                o->out_dir.c_str());
+    out.exit_code = report("train", run_train(*o, *precision, *quiet));
   });
 }
 

@@ -13,6 +13,7 @@
 #include "weightlift/comm/barrier.h"
 #include "weightlift/comm/broadcast.h"
 #include "weightlift/comm/reduce_scatter.h"
+#include "weightlift/core/timing.h"
 
 namespace wl::app {
 
@@ -156,12 +157,6 @@ double bound_for(std::string_view op, double copy_rate_gbps) {
   return copy_rate_gbps;  // allgather, broadcast: one copy of each byte a rank lacks
 }
 
-double percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  const size_t i = std::min(v.size() - 1, size_t(p * double(v.size() - 1) + 0.5));
-  return v[i];
-}
-
 void print_row(const BenchCollectivesOptions& o, int P, const BenchRow& row) {
   const std::string type(dtype_name(o.dtype));
   const double frac = row.bound_gbps > 0 ? row.busbw_gbps / row.bound_gbps : 0;
@@ -238,21 +233,75 @@ Result<size_t> parse_byte_size(std::string_view text) {
   return v * mult;
 }
 
+namespace {
+
+// Pins rank r to core r % cores, as mpirun binds; says what it did.
+std::string pin_rank(Group& g) {
+  const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+  const int core = int(g.world_rank(g.rank()) % cores);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(core, &set);
+  if (sched_setaffinity(0, sizeof set, &set) != 0) return "not pinned";
+  return "rank r pinned to core r % " + std::to_string(cores);
+}
+
+void print_header(const BenchCollectivesOptions& o, int P, const std::string& pinned,
+                  double copy_gbps) {
+  std::fprintf(o.out,
+               "# weightlift collectives: %d ranks, %s, op %s, warmup %d, %s, copy rate %.1f "
+               "GB/s per rank (memory bound: docs/algorithms.md)\n",
+               P, std::string(dtype_name(o.dtype)).c_str(),
+               std::string(reduce_op_name(o.op)).c_str(), o.warmup, pinned.c_str(), copy_gbps);
+  if (!o.json) {
+    std::fprintf(o.out, "# %12s %12s %6s %15s %11s %9s %9s %7s %10s %10s %8s\n", "size(B)",
+                 "count", "type", "op", "time(us)", "algbw", "busbw", "#wrong", "p50(us)",
+                 "p99(us)", "bound");
+    std::fprintf(o.out, "# %12s %12s %6s %15s %11s %9s %9s %7s %10s %10s %8s\n", "", "(elems)",
+                 "", "", "(mean)", "(GB/s)", "(GB/s)", "", "", "", "(%)");
+  }
+  std::fflush(o.out);
+}
+
+// One row: warm-up, `iters` timed calls (each as long as its slowest rank), the check.
+Result<BenchRow> bench_row(Group& g, const BenchCollectivesOptions& o, const std::string& op,
+                           size_t count, size_t bytes, Buffers& b, double copy_gbps) {
+  const int iters =
+      o.iters > 0 ? o.iters : int(std::clamp<size_t>((size_t(1) << 30) / bytes, 20, 1000));
+  for (int i = 0; i < o.warmup; ++i) WL_RETURN_IF_ERROR(run_once(g, op, o, count, b));
+  std::vector<int64_t> ns(static_cast<size_t>(iters));
+  for (int i = 0; i < iters; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    WL_RETURN_IF_ERROR(run_once(g, op, o, count, b));
+    ns[size_t(i)] = std::chrono::duration_cast<Nanos>(std::chrono::steady_clock::now() - t0).count();
+  }
+  WL_RETURN_IF_ERROR(allreduce(g, {.recv = ns.data(), .count = ns.size(), .dtype = DType::kI64,
+                                   .op = ReduceOp::kMax, .timeout = o.timeout}));
+  BenchRow row{.op = op, .bytes = bytes, .count = count};
+  std::vector<double> us(ns.size());
+  double sum = 0;
+  for (size_t i = 0; i < ns.size(); ++i) sum += us[i] = double(ns[i]) / 1e3;
+  row.time_us = sum / double(us.size());
+  row.p50_us = percentile(us, 0.50);
+  row.p99_us = percentile(us, 0.99);
+  row.algbw_gbps = double(bytes) / (row.time_us * 1e3);  // bytes per ns = GB/s
+  row.busbw_gbps = row.algbw_gbps * bus_bandwidth_factor(op, g.size());
+  row.bound_gbps = bound_for(op, copy_gbps);
+  if (o.check) {
+    WL_ASSIGN_OR_RETURN(row.wrong, check_once(g, op, o, count, b));
+    WL_RETURN_IF_ERROR(allreduce(
+        g, {.recv = &row.wrong, .count = 1, .dtype = DType::kI64, .timeout = o.timeout}));
+  }
+  return row;
+}
+
+}  // namespace
+
 Result<std::vector<BenchRow>> bench_collectives(Group& g, const BenchCollectivesOptions& o) {
   WL_RETURN_IF_ERROR(validate(g, o));
   const int P = g.size();
   const size_t es = dtype_size(o.dtype);
-  const bool printer = g.rank() == 0;
-  std::string pinned = "not pinned";
-  if (o.pin) {
-    const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
-    const int core = int(g.world_rank(g.rank()) % cores);
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(core, &set);
-    if (sched_setaffinity(0, sizeof set, &set) == 0) pinned = "rank r pinned to core r % " + std::to_string(cores);
-  }
-
+  const std::string pinned = o.pin ? pin_rank(g) : "not pinned";
   WL_ASSIGN_OR_RETURN(double copy_rate, measure_copy_rate(g, o.timeout));
   const double copy_gbps = copy_rate / 1e9;
   // Touched once here, so no timed call takes a page fault.
@@ -261,23 +310,7 @@ Result<std::vector<BenchRow>> bench_collectives(Group& g, const BenchCollectives
             std::make_unique_for_overwrite<std::byte[]>(cap)};
   std::memset(b.send.get(), 0, cap);
   std::memset(b.recv.get(), 0, cap);
-
-  if (printer) {
-    std::fprintf(o.out,
-                 "# weightlift collectives: %d ranks, %s, op %s, warmup %d, %s, copy rate %.1f "
-                 "GB/s per rank (memory bound: docs/algorithms.md)\n",
-                 P, std::string(dtype_name(o.dtype)).c_str(),
-                 std::string(reduce_op_name(o.op)).c_str(), o.warmup, pinned.c_str(), copy_gbps);
-    if (!o.json) {
-      std::fprintf(o.out, "# %12s %12s %6s %15s %11s %9s %9s %7s %10s %10s %8s\n", "size(B)",
-                   "count", "type", "op", "time(us)", "algbw", "busbw", "#wrong", "p50(us)",
-                   "p99(us)", "bound");
-      std::fprintf(o.out, "# %12s %12s %6s %15s %11s %9s %9s %7s %10s %10s %8s\n", "", "(elems)",
-                   "", "", "(mean)", "(GB/s)", "(GB/s)", "", "", "", "(%)");
-    }
-    std::fflush(o.out);
-  }
-
+  if (g.rank() == 0) print_header(o, P, pinned, copy_gbps);
   std::vector<BenchRow> rows;
   for (const std::string& op : o.ops) {
     for (size_t want = o.min_bytes; want <= o.max_bytes;) {
@@ -285,35 +318,8 @@ Result<std::vector<BenchRow>> bench_collectives(Group& g, const BenchCollectives
       const size_t bytes = (op == "allgather" || op == "reduce_scatter") ? count * es * size_t(P)
                                                                          : count * es;
       if (count > 0) {
-        const int iters =
-            o.iters > 0 ? o.iters : int(std::clamp<size_t>((size_t(1) << 30) / bytes, 20, 1000));
-        for (int i = 0; i < o.warmup; ++i) WL_RETURN_IF_ERROR(run_once(g, op, o, count, b));
-        std::vector<int64_t> ns(static_cast<size_t>(iters));
-        for (int i = 0; i < iters; ++i) {
-          const auto t0 = std::chrono::steady_clock::now();
-          WL_RETURN_IF_ERROR(run_once(g, op, o, count, b));
-          ns[size_t(i)] = std::chrono::duration_cast<Nanos>(std::chrono::steady_clock::now() - t0).count();
-        }
-        // A call takes as long as its slowest rank.
-        WL_RETURN_IF_ERROR(allreduce(g, {.recv = ns.data(), .count = ns.size(),
-                                         .dtype = DType::kI64, .op = ReduceOp::kMax,
-                                         .timeout = o.timeout}));
-        BenchRow row{.op = op, .bytes = bytes, .count = count};
-        std::vector<double> us(ns.size());
-        double sum = 0;
-        for (size_t i = 0; i < ns.size(); ++i) sum += us[i] = double(ns[i]) / 1e3;
-        row.time_us = sum / double(us.size());
-        row.p50_us = percentile(us, 0.50);
-        row.p99_us = percentile(us, 0.99);
-        row.algbw_gbps = double(bytes) / (row.time_us * 1e3);  // bytes per ns = GB/s
-        row.busbw_gbps = row.algbw_gbps * bus_bandwidth_factor(op, P);
-        row.bound_gbps = bound_for(op, copy_gbps);
-        if (o.check) {
-          WL_ASSIGN_OR_RETURN(row.wrong, check_once(g, op, o, count, b));
-          WL_RETURN_IF_ERROR(allreduce(g, {.recv = &row.wrong, .count = 1,
-                                           .dtype = DType::kI64, .timeout = o.timeout}));
-        }
-        if (printer) print_row(o, P, row);
+        WL_ASSIGN_OR_RETURN(BenchRow row, bench_row(g, o, op, count, bytes, b, copy_gbps));
+        if (g.rank() == 0) print_row(o, P, row);
         rows.push_back(row);
       }
       if (want > o.max_bytes / size_t(o.factor)) break;

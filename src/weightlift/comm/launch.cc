@@ -80,6 +80,186 @@ int exit_code_of(int wstatus) {
   return 1;
 }
 
+// A rank's environment: the caller's, with the launch variables set for rank `r`.
+std::vector<std::string> rank_environment(const LaunchOptions& o, int r, int port,
+                                          const std::string& token) {
+  const std::pair<std::string, std::string> vars[] = {
+      {"RANK", std::to_string(r)},           {"WORLD_SIZE", std::to_string(o.nprocs)},
+      {"LOCAL_RANK", std::to_string(r)},     {"LOCAL_WORLD_SIZE", std::to_string(o.nprocs)},
+      {"MASTER_ADDR", o.master_addr},        {"MASTER_PORT", std::to_string(port)},
+      {"WEIGHTLIFT_JOB_TOKEN", token}};
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    bool replaced = false;
+    for (const auto& [name, value] : vars) {
+      replaced |= entry.size() > name.size() && entry.substr(0, name.size()) == name &&
+                  entry[name.size()] == '=';
+    }
+    if (!replaced) env.emplace_back(entry);
+  }
+  for (const auto& [name, value] : vars) env.push_back(name + "=" + value);
+  return env;
+}
+
+// One launched job: its ranks, their output, and the stopping of the others on a failure.
+class Job {
+ public:
+  explicit Job(const LaunchOptions& o) : o_(o), ranks_(size_t(o.nprocs)) {}
+  Status start(int port, const std::string& token);
+  Result<int> wait();
+
+ private:
+  Status spawn(int r, const std::vector<std::string>& env);
+  void emit(int r, std::string_view text);
+  Status read_output();
+  void reap();
+  void drop_orphaned_pipes();
+
+  const LaunchOptions& o_;
+  std::vector<Rank> ranks_;
+  int open_pipes_ = 0, running_ = 0;
+  int result_ = 0;
+  bool stopping_ = false;
+  Clock::time_point kill_at_{};
+  int polled_ = 0;  // what the last poll returned
+};
+
+// The child's environment is built before fork: between fork and exec only async-signal-safe
+// calls are allowed (another thread may hold the allocator's lock).
+Status Job::spawn(int r, const std::vector<std::string>& env) {
+  std::vector<char*> argv;
+  for (const auto& a : o_.command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<std::string> env_strings = env;
+  std::vector<char*> envp;
+  for (auto& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const std::string exec_failed = "launch: cannot run " + o_.command[0] + "\n";
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return errno_status("launch: pipe", errno);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) return errno_status("launch: fork", errno);
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);  // the launcher is already gone
+    ::dup2(fds[1], 1);
+    ::dup2(fds[1], 2);
+    ::execvpe(argv[0], argv.data(), envp.data());
+    ssize_t ignored = ::write(2, exec_failed.data(), exec_failed.size());
+    (void)ignored;
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  ranks_[size_t(r)] = {.pid = pid, .out = fds[0], .partial = {}, .running = true};
+  ++open_pipes_;
+  ++running_;
+  return ok_status();
+}
+
+Status Job::start(int port, const std::string& token) {
+  for (int r = 0; r < o_.nprocs; ++r) {
+    WL_RETURN_IF_ERROR(spawn(r, rank_environment(o_, r, port, token)));
+  }
+  return ok_status();
+}
+
+// Whole lines of rank r's output, prefixed "[rank r] "; a partial line waits for its end.
+void Job::emit(int r, std::string_view text) {
+  Rank& k = ranks_[size_t(r)];
+  k.partial.append(text);
+  size_t start = 0, nl;
+  std::string lines;
+  while ((nl = k.partial.find('\n', start)) != std::string::npos) {
+    lines += "[rank " + std::to_string(r) + "] " + k.partial.substr(start, nl - start + 1);
+    start = nl + 1;
+  }
+  k.partial.erase(0, start);
+  if (!lines.empty()) write_fully(o_.output_fd, lines);
+}
+
+// One short poll over the open pipes: children are reaped between polls (a rank can exit while
+// its pipe is held open by a grandchild).
+Status Job::read_output() {
+  std::vector<pollfd> pfds;
+  std::vector<int> which;
+  for (int r = 0; r < o_.nprocs; ++r) {
+    if (ranks_[size_t(r)].out >= 0) {
+      pfds.push_back({ranks_[size_t(r)].out, POLLIN, 0});
+      which.push_back(r);
+    }
+  }
+  polled_ = ::poll(pfds.data(), pfds.size(), 20);
+  if (polled_ < 0 && errno != EINTR) return errno_status("launch: poll", errno);
+  for (size_t i = 0; polled_ > 0 && i < pfds.size(); ++i) {
+    if (pfds[i].revents == 0) continue;
+    Rank& k = ranks_[size_t(which[i])];
+    char buf[65536];
+    ssize_t got = ::read(k.out, buf, sizeof buf);
+    if (got > 0) {
+      emit(which[i], std::string_view(buf, size_t(got)));
+    } else if (got == 0 || (errno != EINTR && errno != EAGAIN)) {
+      if (!k.partial.empty()) emit(which[i], "\n");
+      ::close(k.out);
+      k.out = -1;
+      --open_pipes_;
+    }
+  }
+  return ok_status();
+}
+
+// Reaps exited ranks; the first that failed stops the others (SIGTERM, then SIGKILL after the
+// grace period).
+void Job::reap() {
+  for (int r = 0; r < o_.nprocs; ++r) {
+    Rank& k = ranks_[size_t(r)];
+    if (!k.running) continue;
+    int wstatus = 0;
+    if (::waitpid(k.pid, &wstatus, WNOHANG) != k.pid) continue;
+    k.running = false;
+    --running_;
+    const int code = exit_code_of(wstatus);
+    if (code == 0 || stopping_) continue;
+    result_ = code;
+    stopping_ = true;
+    write_fully(o_.output_fd, "[launch] rank " + std::to_string(r) + " exited with code " +
+                                  std::to_string(code) + "; stopping the other ranks\n");
+    for (const Rank& other : ranks_) {
+      if (other.running) ::kill(other.pid, SIGTERM);
+    }
+    kill_at_ = Clock::now() + o_.grace;
+  }
+  if (stopping_ && running_ > 0 && Clock::now() >= kill_at_) {
+    for (const Rank& other : ranks_) {
+      if (other.running) ::kill(other.pid, SIGKILL);
+    }
+    kill_at_ = Clock::now() + std::chrono::hours(1);
+  }
+}
+
+// A rank gone, its pipe kept open by something it started: stop waiting for that output once
+// every rank has exited.
+void Job::drop_orphaned_pipes() {
+  if (running_ > 0 || open_pipes_ == 0 || polled_ != 0) return;
+  for (Rank& k : ranks_) {
+    if (k.out < 0) continue;
+    if (!k.partial.empty()) write_fully(o_.output_fd, k.partial + "\n");
+    ::close(k.out);
+    k.out = -1;
+  }
+  open_pipes_ = 0;
+}
+
+Result<int> Job::wait() {
+  while (open_pipes_ > 0 || running_ > 0) {
+    WL_RETURN_IF_ERROR(read_output());
+    reap();
+    drop_orphaned_pipes();
+  }
+  return result_;
+}
+
 }  // namespace
 
 Result<int> run_launch(const LaunchOptions& o) {
@@ -89,139 +269,9 @@ Result<int> run_launch(const LaunchOptions& o) {
   if (port == 0) {
     WL_ASSIGN_OR_RETURN(port, free_port(o.master_addr));
   }
-  const std::string token = random_token();
-
-  std::vector<char*> argv;
-  for (const auto& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  const std::string exec_failed = "launch: cannot run " + o.command[0] + "\n";
-
-  std::vector<Rank> ranks(size_t(o.nprocs));
-  for (int r = 0; r < o.nprocs; ++r) {
-    // The child's environment is built here, before fork: between fork and exec only
-    // async-signal-safe calls are allowed (another thread may hold the allocator's lock).
-    const std::pair<std::string, std::string> vars[] = {
-        {"RANK", std::to_string(r)},           {"WORLD_SIZE", std::to_string(o.nprocs)},
-        {"LOCAL_RANK", std::to_string(r)},     {"LOCAL_WORLD_SIZE", std::to_string(o.nprocs)},
-        {"MASTER_ADDR", o.master_addr},        {"MASTER_PORT", std::to_string(port)},
-        {"WEIGHTLIFT_JOB_TOKEN", token}};
-    std::vector<std::string> env_strings;
-    for (char** e = environ; *e != nullptr; ++e) {
-      const std::string_view entry(*e);
-      bool replaced = false;
-      for (const auto& [name, value] : vars) {
-        replaced |= entry.size() > name.size() && entry.substr(0, name.size()) == name &&
-                    entry[name.size()] == '=';
-      }
-      if (!replaced) env_strings.emplace_back(entry);
-    }
-    for (const auto& [name, value] : vars) env_strings.push_back(name + "=" + value);
-    std::vector<char*> envp;
-    for (auto& e : env_strings) envp.push_back(e.data());
-    envp.push_back(nullptr);
-
-    int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) != 0) return errno_status("launch: pipe", errno);
-    const pid_t parent = ::getpid();
-    const pid_t pid = ::fork();
-    if (pid < 0) return errno_status("launch: fork", errno);
-    if (pid == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(127);  // the launcher is already gone
-      ::dup2(fds[1], 1);
-      ::dup2(fds[1], 2);
-      ::execvpe(argv[0], argv.data(), envp.data());
-      ssize_t ignored = ::write(2, exec_failed.data(), exec_failed.size());
-      (void)ignored;
-      ::_exit(127);
-    }
-    ::close(fds[1]);
-    ranks[size_t(r)] = {.pid = pid, .out = fds[0], .partial = {}, .running = true};
-  }
-
-  auto emit = [&](int r, std::string_view text) {
-    Rank& k = ranks[size_t(r)];
-    k.partial.append(text);
-    size_t start = 0, nl;
-    std::string lines;
-    while ((nl = k.partial.find('\n', start)) != std::string::npos) {
-      lines += "[rank " + std::to_string(r) + "] " + k.partial.substr(start, nl - start + 1);
-      start = nl + 1;
-    }
-    k.partial.erase(0, start);
-    if (!lines.empty()) write_fully(o.output_fd, lines);
-  };
-
-  int result = 0;
-  bool stopping = false;
-  Clock::time_point kill_at{};
-  int open_pipes = o.nprocs, running = o.nprocs;
-  while (open_pipes > 0 || running > 0) {
-    std::vector<pollfd> pfds;
-    std::vector<int> which;
-    for (int r = 0; r < o.nprocs; ++r) {
-      if (ranks[size_t(r)].out >= 0) {
-        pfds.push_back({ranks[size_t(r)].out, POLLIN, 0});
-        which.push_back(r);
-      }
-    }
-    // Short poll: children are reaped between polls (a rank can exit while its pipe is held
-    // open by a grandchild).
-    int n = ::poll(pfds.data(), pfds.size(), 20);
-    if (n < 0 && errno != EINTR) return errno_status("launch: poll", errno);
-    for (size_t i = 0; n > 0 && i < pfds.size(); ++i) {
-      if (pfds[i].revents == 0) continue;
-      Rank& k = ranks[size_t(which[i])];
-      char buf[65536];
-      ssize_t got = ::read(k.out, buf, sizeof buf);
-      if (got > 0) {
-        emit(which[i], std::string_view(buf, size_t(got)));
-      } else if (got == 0 || (errno != EINTR && errno != EAGAIN)) {
-        if (!k.partial.empty()) emit(which[i], "\n");
-        ::close(k.out);
-        k.out = -1;
-        --open_pipes;
-      }
-    }
-    for (int r = 0; r < o.nprocs; ++r) {
-      Rank& k = ranks[size_t(r)];
-      if (!k.running) continue;
-      int wstatus = 0;
-      if (::waitpid(k.pid, &wstatus, WNOHANG) != k.pid) continue;
-      k.running = false;
-      --running;
-      const int code = exit_code_of(wstatus);
-      if (code != 0 && !stopping) {
-        result = code;
-        stopping = true;
-        write_fully(o.output_fd, "[launch] rank " + std::to_string(r) + " exited with code " +
-                                     std::to_string(code) + "; stopping the other ranks\n");
-        for (const Rank& other : ranks) {
-          if (other.running) ::kill(other.pid, SIGTERM);
-        }
-        kill_at = Clock::now() + o.grace;
-      }
-    }
-    if (stopping && running > 0 && Clock::now() >= kill_at) {
-      for (const Rank& other : ranks) {
-        if (other.running) ::kill(other.pid, SIGKILL);
-      }
-      kill_at = Clock::now() + std::chrono::hours(1);
-    }
-    // A rank gone, its pipe kept open by something it started: stop waiting for that output
-    // once every rank has exited.
-    if (running == 0 && open_pipes > 0 && n == 0) {
-      for (Rank& k : ranks) {
-        if (k.out >= 0) {
-          if (!k.partial.empty()) write_fully(o.output_fd, k.partial + "\n");
-          ::close(k.out);
-          k.out = -1;
-        }
-      }
-      open_pipes = 0;
-    }
-  }
-  return result;
+  Job job(o);
+  WL_RETURN_IF_ERROR(job.start(port, random_token()));
+  return job.wait();
 }
 
 }  // namespace wl::comm

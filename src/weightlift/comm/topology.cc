@@ -122,21 +122,9 @@ std::string PciDevice::label() const {
   return os_name.empty() ? bus_id : bus_id + " (" + os_name + ")";
 }
 
-Result<TopologyReport> read_topology(const TopologyOptions& o) {
-  hwloc_topology_t raw = nullptr;
-  if (hwloc_topology_init(&raw) != 0) return internal_error("hwloc_topology_init failed");
-  TopologyPtr topo(raw);
-  hwloc_topology_set_io_types_filter(raw, HWLOC_TYPE_FILTER_KEEP_ALL);
-  TopologyReport r;
-  r.source = o.xml_path.empty() ? "this machine" : o.xml_path;
-  if (!o.xml_path.empty() && hwloc_topology_set_xml(raw, o.xml_path.c_str()) != 0) {
-    return invalid_argument("topology: cannot read hwloc XML '" + o.xml_path +
-                            "' (missing or malformed; make one with lstopo --of xml)");
-  }
-  if (hwloc_topology_load(raw) != 0) {
-    return invalid_argument("topology: hwloc could not load " + r.source);
-  }
+namespace {
 
+void read_numa(hwloc_topology_t raw, TopologyReport& r) {
   r.packages = hwloc_get_nbobjs_by_type(raw, HWLOC_OBJ_PACKAGE);
   r.numa_nodes = hwloc_get_nbobjs_by_type(raw, HWLOC_OBJ_NUMANODE);
   r.cores = hwloc_get_nbobjs_by_type(raw, HWLOC_OBJ_CORE);
@@ -153,7 +141,11 @@ Result<TopologyReport> read_topology(const TopologyOptions& o) {
     }
     r.numa.push_back(std::move(info));
   }
+}
 
+// The GPUs and NICs on the PCIe tree, and each GPU's nearest NIC: the shortest path kind, then
+// the fewest hops, then the NIC with the fewest GPUs so far.
+void read_gpus_and_nics(hwloc_topology_t raw, TopologyReport& r) {
   std::vector<hwloc_obj_t> gpu_objs, nic_objs;
   for (hwloc_obj_t d = hwloc_get_next_pcidev(raw, nullptr); d != nullptr;
        d = hwloc_get_next_pcidev(raw, d)) {
@@ -162,15 +154,9 @@ Result<TopologyReport> read_topology(const TopologyOptions& o) {
     PciDevice dev{.bus_id = bus_id(p), .class_id = p.class_id, .vendor_id = p.vendor_id,
                   .device_id = p.device_id, .os_name = os_name(d),
                   .package = package_of(raw, d)};
-    if (is_gpu(p.class_id)) {
-      r.gpus.push_back(std::move(dev));
-      gpu_objs.push_back(d);
-    } else {
-      r.nics.push_back(std::move(dev));
-      nic_objs.push_back(d);
-    }
+    (is_gpu(p.class_id) ? r.gpus : r.nics).push_back(std::move(dev));
+    (is_gpu(p.class_id) ? gpu_objs : nic_objs).push_back(d);
   }
-
   r.gpus_per_nic.assign(r.nics.size(), 0);
   for (size_t g = 0; g < gpu_objs.size(); ++g) {
     GpuNicPair pair{.gpu = int(g)};
@@ -195,8 +181,10 @@ Result<TopologyReport> read_topology(const TopologyOptions& o) {
     }
     r.nearest.push_back(pair);
   }
+}
 
-  // Seed 001's pitfalls.
+// Seed 001's pitfalls: no NIC, GPUs whose NIC is across the CPU, NICs shared unevenly.
+void add_warnings(TopologyReport& r) {
   if (!r.gpus.empty() && r.nics.empty()) {
     r.warnings.push_back("no NIC found: the " + std::to_string(r.gpus.size()) +
                          " GPUs can only talk to other hosts through the CPU's networking");
@@ -223,6 +211,27 @@ Result<TopologyReport> read_topology(const TopologyOptions& o) {
                            "): the busiest NIC bounds every collective");
     }
   }
+}
+
+}  // namespace
+
+Result<TopologyReport> read_topology(const TopologyOptions& o) {
+  hwloc_topology_t raw = nullptr;
+  if (hwloc_topology_init(&raw) != 0) return internal_error("hwloc_topology_init failed");
+  TopologyPtr topo(raw);
+  hwloc_topology_set_io_types_filter(raw, HWLOC_TYPE_FILTER_KEEP_ALL);
+  TopologyReport r;
+  r.source = o.xml_path.empty() ? "this machine" : o.xml_path;
+  if (!o.xml_path.empty() && hwloc_topology_set_xml(raw, o.xml_path.c_str()) != 0) {
+    return invalid_argument("topology: cannot read hwloc XML '" + o.xml_path +
+                            "' (missing or malformed; make one with lstopo --of xml)");
+  }
+  if (hwloc_topology_load(raw) != 0) {
+    return invalid_argument("topology: hwloc could not load " + r.source);
+  }
+  read_numa(raw, r);
+  read_gpus_and_nics(raw, r);
+  add_warnings(r);
   print_tree(hwloc_get_root_obj(raw), 0, r.pcie_tree);
   return r;
 }
