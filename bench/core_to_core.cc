@@ -26,9 +26,10 @@
 #include <thread>
 #include <vector>
 
+#include "weightlift/core/timing.h"
+
 namespace {
 
-using Clock = std::chrono::steady_clock;
 
 bool pin(int cpu) {
   cpu_set_t set;
@@ -52,10 +53,7 @@ size_t parse_bytes(const std::string& s) {
   }
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+double median(const std::vector<double>& v) { return wl::percentile(v, 0.5); }
 
 // The first CPU raises `ask` to n; the second answers by raising `done` to n, after copying
 // the buffer when `copying` is set. On separate cache lines, so each hand-off moves one line.
@@ -66,21 +64,23 @@ struct Link {
   std::atomic<bool> stop{false};
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
+struct Args {
   double seconds = 20;
   int cpu[2] = {0, 1};
   size_t bytes = 256 << 10;
+};
+
+// False (after saying why on stderr) for a flag it does not know or a value that is wrong.
+bool parse_args(int argc, char** argv, Args& a) {
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i], value = i + 1 < argc ? argv[i + 1] : "";
     bool ok = !value.empty();
     if (flag == "--seconds") {
-      seconds = std::atof(value.c_str());
+      a.seconds = std::atof(value.c_str());
     } else if (flag == "--cpus") {
-      ok = ok && std::sscanf(value.c_str(), "%d,%d", &cpu[0], &cpu[1]) == 2;
+      ok = ok && std::sscanf(value.c_str(), "%d,%d", &a.cpu[0], &a.cpu[1]) == 2;
     } else if (flag == "--bytes") {
-      bytes = parse_bytes(value);
+      a.bytes = parse_bytes(value);
     } else {
       ok = false;
     }
@@ -89,71 +89,44 @@ int main(int argc, char** argv) {
                    "core_to_core: bad argument '%s %s'; usage: core_to_core [--seconds S] "
                    "[--cpus A,B] [--bytes N[K|M]]\n",
                    flag.c_str(), value.c_str());
-      return 2;
+      return false;
     }
   }
-  if (bytes == 0 || seconds <= 0) {
+  if (a.bytes == 0 || a.seconds <= 0) {
     std::fprintf(stderr, "core_to_core: --bytes and --seconds must be positive\n");
-    return 2;
+    return false;
   }
-  std::vector<char> src(bytes), dst(bytes);
-  Link link;
-  bool pinned_second = true;
-  std::thread second([&] {
-    pinned_second = pin(cpu[1]);
-    for (long n = 1;; ++n) {
-      while (link.ask.load(std::memory_order_acquire) != n) {
-        if (link.stop.load(std::memory_order_relaxed)) return;
-        _mm_pause();
-      }
-      if (link.copying.load(std::memory_order_relaxed)) std::memcpy(dst.data(), src.data(), bytes);
-      link.done.store(n, std::memory_order_release);
-    }
-  });
-  if (!pin(cpu[0])) {
-    std::fprintf(stderr, "core_to_core: cannot pin to CPU %d\n", cpu[0]);
-    link.stop = true;
-    second.join();
-    return 1;
-  }
-  long n = 0;
+  return true;
+}
+
+// The first CPU's side: one sample of round trips and of copies answered by the second CPU.
+struct Sample {
+  double trip_ns = 0, copy_gbps = 0;
+};
+
+Sample take_sample(Link& link, long& n, std::vector<char>& src, size_t bytes) {
   auto bounce = [&] {
     link.ask.store(++n, std::memory_order_release);
     while (link.done.load(std::memory_order_acquire) != n) _mm_pause();
   };
-  std::printf("# CPUs %d and %d, %zu bytes per copy\n#   time(s)  round_trip(ns)  copy(GB/s)\n",
-              cpu[0], cpu[1], bytes);
-  std::vector<double> trips, rates;
-  const auto start = Clock::now();
-  while (std::chrono::duration<double>(Clock::now() - start).count() < seconds) {
-    const double at = std::chrono::duration<double>(Clock::now() - start).count();
-    link.copying = false;
-    constexpr int kTrips = 20000, kCopies = 200;
-    auto t = Clock::now();
-    for (int i = 0; i < kTrips; ++i) bounce();
-    const double trip_ns =
-        std::chrono::duration<double, std::nano>(Clock::now() - t).count() / kTrips;
-    link.copying = true;
-    double copy_seconds = 0;
-    for (int i = 0; i < kCopies; ++i) {
-      std::memset(src.data(), i, bytes);  // now in this CPU's cache
-      t = Clock::now();
-      bounce();
-      copy_seconds += std::chrono::duration<double>(Clock::now() - t).count();
-    }
-    const double gbps = double(bytes) * kCopies / copy_seconds / 1e9;
-    std::printf("%10.1f %15.0f %11.2f\n", at, trip_ns, gbps);
-    std::fflush(stdout);
-    trips.push_back(trip_ns);
-    rates.push_back(gbps);
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  constexpr int kTrips = 20000, kCopies = 200;
+  link.copying = false;
+  wl::Stopwatch t;
+  for (int i = 0; i < kTrips; ++i) bounce();
+  Sample s{.trip_ns = t.seconds() * 1e9 / kTrips};
+  link.copying = true;
+  double copy_seconds = 0;
+  for (int i = 0; i < kCopies; ++i) {
+    std::memset(src.data(), i, bytes);  // now in this CPU's cache
+    t.restart();
+    bounce();
+    copy_seconds += t.seconds();
   }
-  link.stop = true;
-  second.join();
-  if (!pinned_second) {
-    std::fprintf(stderr, "core_to_core: cannot pin to CPU %d\n", cpu[1]);
-    return 1;
-  }
+  s.copy_gbps = double(bytes) * kCopies / copy_seconds / 1e9;
+  return s;
+}
+
+void print_summary(const std::vector<double>& trips, const std::vector<double>& rates) {
   const double trip_median = median(trips);
   std::vector<double> slow_rates, fast_rates;
   for (size_t i = 0; i < trips.size(); ++i) {
@@ -169,5 +142,53 @@ int main(int argc, char** argv) {
                 median(fast_rates));
   }
   std::printf("\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  if (!parse_args(argc, argv, a)) return 2;
+  std::vector<char> src(a.bytes), dst(a.bytes);
+  Link link;
+  bool pinned_second = true;
+  std::thread second([&] {
+    pinned_second = pin(a.cpu[1]);
+    for (long n = 1;; ++n) {
+      while (link.ask.load(std::memory_order_acquire) != n) {
+        if (link.stop.load(std::memory_order_relaxed)) return;
+        _mm_pause();
+      }
+      if (link.copying.load(std::memory_order_relaxed)) std::memcpy(dst.data(), src.data(), a.bytes);
+      link.done.store(n, std::memory_order_release);
+    }
+  });
+  if (!pin(a.cpu[0])) {
+    std::fprintf(stderr, "core_to_core: cannot pin to CPU %d\n", a.cpu[0]);
+    link.stop = true;
+    second.join();
+    return 1;
+  }
+  std::printf("# CPUs %d and %d, %zu bytes per copy\n#   time(s)  round_trip(ns)  copy(GB/s)\n",
+              a.cpu[0], a.cpu[1], a.bytes);
+  std::vector<double> trips, rates;
+  long n = 0;
+  const wl::Stopwatch run;
+  while (run.seconds() < a.seconds) {
+    const double at = run.seconds();
+    const Sample s = take_sample(link, n, src, a.bytes);
+    std::printf("%10.1f %15.0f %11.2f\n", at, s.trip_ns, s.copy_gbps);
+    std::fflush(stdout);
+    trips.push_back(s.trip_ns);
+    rates.push_back(s.copy_gbps);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // samples spread over time
+  }
+  link.stop = true;
+  second.join();
+  if (!pinned_second) {
+    std::fprintf(stderr, "core_to_core: cannot pin to CPU %d\n", a.cpu[1]);
+    return 1;
+  }
+  print_summary(trips, rates);
   return 0;
 }
