@@ -147,15 +147,19 @@ TEST(Planner, JsonRoundTripsAndRefusesOtherVersions) {
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   EXPECT_EQ(plan_to_json(*back), json);
 
-  std::string v2 = json;
-  const size_t at = v2.find("\"version\": 1");
-  ASSERT_NE(at, std::string::npos);
-  v2.replace(at, 12, "\"version\": 2");
-  auto old = plan_from_json(v2, "plan.json");
-  ASSERT_FALSE(old.ok());
-  EXPECT_EQ(old.status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(old.status().message().find("plan.json: transfer plan version 2, this build reads version 1"),
-            std::string::npos) << old.status().message();
+  std::string v3 = json;
+  const std::string field = "\"format_version\": 2";
+  const size_t at = v3.find(field);
+  ASSERT_NE(at, std::string::npos) << json.substr(0, 200);
+  v3.replace(at, field.size(), "\"format_version\": 3");
+  auto other = plan_from_json(v3, "plan.json");
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(other.status().message().find(
+                "plan.json: transfer plan format version 3, this build reads version 2; plan "
+                "again with this build"),
+            std::string::npos)
+      << other.status().message();
   EXPECT_EQ(plan_from_json("{\"format\": \"x\"}", "p").status().code(), StatusCode::kDataLoss);
   EXPECT_EQ(plan_from_json("not json", "p").status().code(), StatusCode::kDataLoss);
 }

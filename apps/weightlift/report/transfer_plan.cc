@@ -10,7 +10,7 @@ std::string plan_table(const transfer::Plan& p) {
   std::ostringstream os;
   uint64_t direct = 0, gathered = 0;
   for (const transfer::PlanTask& k : p.tasks) (k.gather < 0 ? direct : gathered) += k.total_bytes();
-  os << "transfer plan v" << transfer::Plan::kFormatVersion << ": " << p.trainers.size() << " trainers ("
+  os << "transfer plan v" << transfer::Plan::kFormat.version << ": " << p.trainers.size() << " trainers ("
      << p.num_meshes << " mesh(es) of " << p.mesh_size << "), " << p.receivers.size()
      << " receivers, " << p.tasks.size() << " tasks, " << p.gathers.size() << " gathers\n";
   os << "bytes: " << direct + gathered << " (" << direct << " straight from shards, " << gathered

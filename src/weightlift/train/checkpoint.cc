@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "weightlift/core/file_io.h"
+#include "weightlift/core/json_record.h"
 #include "weightlift/core/safetensors.h"
 
 namespace wl::train {
@@ -13,8 +14,12 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-constexpr int kVersion = 1;
-constexpr const char* kFormat = "weightlift-train-checkpoint";
+// Version 1 files (before format_version had one name everywhere) said "version": 1 for the
+// same layout; they are read as version 1.
+constexpr RecordFormat kStateFormat{.name = "weightlift-train-checkpoint",
+                                   .version = 1,
+                                   .what = "training checkpoint state",
+                                   .remedy = "resume it with the weightlift that wrote it"};
 }  // namespace
 
 Status save_checkpoint(const std::string& dir, const model::Transformer& model,
@@ -32,9 +37,7 @@ Status save_checkpoint(const std::string& dir, const model::Transformer& model,
                                                        DType::kF32, p.shape));
   }
   WL_RETURN_IF_ERROR(write_safetensors(tmp + "/optimizer.safetensors", moments));
-  json j;
-  j["format"] = kFormat;
-  j["version"] = kVersion;
+  json j = new_record(kStateFormat);
   j["step"] = state.step;
   j["adamw_steps"] = optimizer.steps();
   j["data_rng"] = json::array();
@@ -55,14 +58,11 @@ Result<CheckpointState> load_checkpoint(const std::string& dir, model::Transform
   ss << f.rdbuf();
   json j = json::parse(ss.str(), nullptr, false);
   if (j.is_discarded() || !j.is_object()) return data_loss(state_path + ": not valid JSON");
-  if (!j.contains("format") || j["format"] != kFormat) {
-    return data_loss(state_path + ": 'format' is not '" + std::string(kFormat) + "'");
+  if (!j.contains("format_version") && j.contains("version")) j["format_version"] = j["version"];
+  if (!j["format_version"].is_number_integer()) {
+    return data_loss(state_path + ": 'format_version' is missing or not an integer");
   }
-  if (!j.contains("version") || j["version"] != kVersion) {
-    return failed_precondition(state_path + ": version " +
-                               (j.contains("version") ? j["version"].dump() : "missing") +
-                               ", this build reads version " + std::to_string(kVersion));
-  }
+  WL_RETURN_IF_ERROR(check_record_header(j, state_path, kStateFormat));
   if (!j.contains("config") || !j["config"].is_object()) {
     return data_loss(state_path + ": 'config' is missing or not an object");
   }

@@ -5,11 +5,16 @@
 #include <cstring>
 
 #include "weightlift/comm/process_alive.h"
-#include "weightlift/transfer/fleet/detail/records.h"
+#include "weightlift/transfer/fleet/protocol.h"
 #include "weightlift/transfer/plan/metadata.h"
 
 namespace wl::transfer {
 namespace {
+
+constexpr RecordFormat kPeerFormat{.name = "weightlift-fleet-peer",
+                                   .version = kFleetFormatVersion,
+                                   .what = "fleet peer record",
+                                   .remedy = "run one weightlift version across the fleet"};
 
 using json = nlohmann::json;
 
@@ -51,7 +56,7 @@ PeerRecord peer_record(const Receiver& r, std::string name) {
 }
 
 std::string peer_record_to_json(const PeerRecord& p) {
-  json j = new_fleet_record();
+  json j = new_record(kPeerFormat);
   j["name"] = p.name;
   j["epoch"] = p.epoch;
   j["fingerprint"] = p.fingerprint;
@@ -66,13 +71,13 @@ std::string peer_record_to_json(const PeerRecord& p) {
 }
 
 Result<PeerRecord> peer_record_from_json(std::string_view text, std::string_view where) {
-  return read_fleet_record<PeerRecord>(text, where, "fleet peer record", [](const json& j) {
+  return read_record<PeerRecord>(text, where, kPeerFormat, [](const json& j) {
     PeerRecord p;
     p.name = j.at("name").get<std::string>();
     p.epoch = j.at("epoch").get<uint64_t>();
     p.fingerprint = j.at("fingerprint").get<std::string>();
-    p.worker_address = hex_field(j, "worker_address");
-    p.rkey = hex_field(j, "rkey");
+    p.worker_address = hex_field(j.at("worker_address"));
+    p.rkey = hex_field(j.at("rkey"));
     p.slot_address[0] = j.at("slot_address").at(0).get<uint64_t>();
     p.slot_address[1] = j.at("slot_address").at(1).get<uint64_t>();
     p.slot_bytes = j.at("slot_bytes").get<uint64_t>();

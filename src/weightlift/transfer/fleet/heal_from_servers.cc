@@ -6,12 +6,16 @@
 
 #include "weightlift/comm/process_alive.h"
 #include "weightlift/model/params.h"
-#include "weightlift/transfer/fleet/detail/records.h"
 #include "weightlift/transfer/modes/local_convert.h"
 #include "weightlift/transfer/plan/metadata.h"
 
 namespace wl::transfer {
 namespace {
+
+constexpr RecordFormat kServerCopyFormat{.name = "weightlift-fleet-server-copy",
+                                   .version = kFleetFormatVersion,
+                                   .what = "fleet server copy record",
+                                   .remedy = "run one weightlift version across the fleet"};
 
 using json = nlohmann::json;
 
@@ -170,7 +174,7 @@ Status ServerCopyReader::fetch(const model::ParamInfo& info, size_t elem,
 }  // namespace
 
 std::string server_copy_to_json(const ServerCopyRecord& r) {
-  json j = new_fleet_record();
+  json j = new_record(kServerCopyFormat);
   j["rank"] = r.rank;
   j["servers"] = r.servers;
   j["checkpoint"] = r.checkpoint;
@@ -194,9 +198,8 @@ std::string server_copy_to_json(const ServerCopyRecord& r) {
 }
 
 Result<ServerCopyRecord> server_copy_from_json(std::string_view text, std::string_view where) {
-  const std::string what = "fleet server copy record";
-  return read_fleet_record<ServerCopyRecord>(
-      text, where, what, [&](const json& j) -> Result<ServerCopyRecord> {
+  return read_record<ServerCopyRecord>(
+      text, where, kServerCopyFormat, [&](const json& j) -> Result<ServerCopyRecord> {
         ServerCopyRecord r;
         r.rank = j.at("rank").get<int>();
         r.servers = j.at("servers").get<int>();
@@ -218,8 +221,8 @@ Result<ServerCopyRecord> server_copy_from_json(std::string_view text, std::strin
           r.shards.push_back({s.at("name").get<std::string>(), s.at("begin").get<int64_t>(),
                               s.at("end").get<int64_t>(), s.at("offset").get<uint64_t>()});
         }
-        r.worker_address = hex_field(j, "worker_address");
-        r.rkey = hex_field(j, "rkey");
+        r.worker_address = hex_field(j.at("worker_address"));
+        r.rkey = hex_field(j.at("rkey"));
         r.region_address = j.at("region_address").get<uint64_t>();
         r.region_bytes = j.at("region_bytes").get<uint64_t>();
         r.host = j.at("host").get<uint64_t>();

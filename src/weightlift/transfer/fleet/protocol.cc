@@ -2,15 +2,26 @@
 #include "weightlift/transfer/fleet/protocol.h"
 
 #include "weightlift/transfer/plan/plan_transfer.h"
-#include "weightlift/transfer/fleet/detail/records.h"
 #include "weightlift/transfer/plan/metadata.h"
 
 namespace wl::transfer {
+namespace {
+
+constexpr RecordFormat kRoundFormat{.name = "weightlift-fleet-round",
+                                   .version = kFleetFormatVersion,
+                                   .what = "fleet round record",
+                                   .remedy = "run one weightlift version across the fleet"};
+constexpr RecordFormat kJoinFormat{.name = "weightlift-fleet-join",
+                                   .version = kFleetFormatVersion,
+                                   .what = "fleet join record",
+                                   .remedy = "run one weightlift version across the fleet"};
+
+}  // namespace
 
 using json = nlohmann::json;
 
 std::string round_to_json(const RoundRecord& r) {
-  json j = new_fleet_record();
+  json j = new_record(kRoundFormat);
   j["kind"] = r.kind == RoundRecord::Kind::kForm ? "form" : "update";
   j["round"] = r.round;
   j["generation"] = r.generation;
@@ -28,7 +39,7 @@ std::string round_to_json(const RoundRecord& r) {
 }
 
 Result<RoundRecord> round_from_json(std::string_view text, std::string_view where) {
-  return read_fleet_record<RoundRecord>(text, where, "fleet round record", [](const json& j) {
+  return read_record<RoundRecord>(text, where, kRoundFormat, [](const json& j) {
     RoundRecord r;
     const std::string kind = j.at("kind").get<std::string>();
     if (kind != "form" && kind != "update") throw std::runtime_error("unknown kind " + kind);
@@ -53,7 +64,7 @@ Result<RoundRecord> round_from_json(std::string_view text, std::string_view wher
 }
 
 std::string join_to_json(const JoinRecord& r) {
-  json j = new_fleet_record();
+  json j = new_record(kJoinFormat);
   j["id"] = r.id;
   j["epoch"] = r.epoch;
   j["leave"] = r.leave;
@@ -61,7 +72,7 @@ std::string join_to_json(const JoinRecord& r) {
 }
 
 Result<JoinRecord> join_from_json(std::string_view text, std::string_view where) {
-  return read_fleet_record<JoinRecord>(text, where, "fleet join record", [](const json& j) {
+  return read_record<JoinRecord>(text, where, kJoinFormat, [](const json& j) {
     return JoinRecord{j.at("id").get<int>(), j.at("epoch").get<uint64_t>(),
                       j.at("leave").get<bool>()};
   });

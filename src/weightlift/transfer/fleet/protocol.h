@@ -40,10 +40,14 @@
 #include <vector>
 
 #include "weightlift/comm/group.h"
+#include "weightlift/core/json_record.h"
 #include "weightlift/core/status.h"
 #include "weightlift/transfer/modes/update_executor.h"
 
 namespace wl::transfer {
+
+// Of every fleet record (core/json_record.h); 2: records name their format ("format").
+inline constexpr int kFleetFormatVersion = 2;
 
 struct FleetMember {
   int id = 0;          // the receiver's id, chosen by whoever starts it; unique in the fleet

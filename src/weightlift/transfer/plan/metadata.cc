@@ -9,32 +9,6 @@ namespace wl::transfer {
 
 using nlohmann::json;
 
-std::string to_hex(const std::vector<std::byte>& bytes) {
-  static const char* kDigits = "0123456789abcdef";
-  std::string s;
-  for (std::byte b : bytes) {
-    s.push_back(kDigits[uint8_t(b) >> 4]);
-    s.push_back(kDigits[uint8_t(b) & 15]);
-  }
-  return s;
-}
-
-std::optional<std::vector<std::byte>> from_hex(std::string_view hex) {
-  if (hex.size() % 2 != 0) return std::nullopt;
-  auto digit = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-  };
-  std::vector<std::byte> out;
-  for (size_t i = 0; i < hex.size(); i += 2) {
-    const int a = digit(hex[i]), b = digit(hex[i + 1]);
-    if (a < 0 || b < 0) return std::nullopt;
-    out.push_back(std::byte(a * 16 + b));
-  }
-  return out;
-}
-
 RankMeta describe_trainer(int rank, const TrainerWeights& w) {
   RankMeta m{.rank = rank, .role = Role::kTrainer};
   m.config_json = model::config_to_json(w.config());
@@ -67,7 +41,7 @@ RankMeta describe_receiver(int rank, const Receiver& r) {
 }
 
 std::string metadata_to_json(const RankMeta& m) {
-  json j;
+  json j = new_record(kRankMetaFormat);
   j["rank"] = m.rank;
   if (m.role == Role::kTrainer) {
     j["role"] = "trainer";
@@ -84,16 +58,16 @@ std::string metadata_to_json(const RankMeta& m) {
     j["engine"] = m.engine;
     j["tp"] = m.tp;
     j["tp_rank"] = m.tp_rank;
-    j["format"] = weight_format_name(m.format);
-    j["epoch"] = std::to_string(m.epoch);
+    j["weight_format"] = weight_format_name(m.format);
+    j["epoch"] = u64_to_json(m.epoch);
     j["worker_address"] = to_hex(m.worker_address);
-    j["slot_address"] = {std::to_string(m.slot_address[0]), std::to_string(m.slot_address[1])};
-    j["slot_bytes"] = std::to_string(m.slot_bytes);
+    j["slot_address"] = {u64_to_json(m.slot_address[0]), u64_to_json(m.slot_address[1])};
+    j["slot_bytes"] = u64_to_json(m.slot_bytes);
     j["rkey"] = to_hex(m.rkey);
     json ts = json::array();
     for (const TensorMeta& t : m.tensors) {
       ts.push_back({{"name", t.name}, {"shape", t.shape}, {"dtype", dtype_name(t.dtype)},
-                    {"offset", std::to_string(t.offset)}, {"bytes", std::to_string(t.bytes)}});
+                    {"offset", u64_to_json(t.offset)}, {"bytes", u64_to_json(t.bytes)}});
     }
     j["tensors"] = ts;
   }
@@ -101,61 +75,57 @@ std::string metadata_to_json(const RankMeta& m) {
 }
 
 namespace {
-uint64_t u64(const json& j) { return std::stoull(j.get<std::string>()); }
-DType dtype_of(const json& j) {
-  auto d = dtype_from_name(j.get<std::string>());
-  if (!d) throw std::runtime_error("unknown dtype " + j.get<std::string>());
-  return *d;
+
+void read_trainer(const json& j, RankMeta& m) {
+  m.role = Role::kTrainer;
+  m.config_json = j.at("config").dump();
+  m.mesh_id = j.at("mesh").at("id").get<int>();
+  m.mesh_rank = j.at("mesh").at("rank").get<int>();
+  m.mesh_size = j.at("mesh").at("size").get<int>();
+  for (const json& p : j.at("params")) {
+    m.params.push_back({p.at("name").get<std::string>(), p.at("shape").get<Shape>(),
+                        dtype_field(p.at("dtype")), p.at("rows").at(0).get<int64_t>(),
+                        p.at("rows").at(1).get<int64_t>(), p.at("offloaded").get<bool>()});
+  }
 }
-std::vector<std::byte> hex_of(const json& j) {
-  auto b = from_hex(j.get<std::string>());
-  if (!b) throw std::runtime_error("bad hex string");
-  return *b;
+
+void read_receiver(const json& j, RankMeta& m) {
+  m.role = Role::kReceiver;
+  m.engine = j.at("engine").get<int>();
+  m.tp = j.at("tp").get<int>();
+  m.tp_rank = j.at("tp_rank").get<int>();
+  auto f = weight_format_from_name(j.at("weight_format").get<std::string>());
+  if (!f) throw std::runtime_error("unknown weight format " + j.at("weight_format").get<std::string>());
+  m.format = *f;
+  m.epoch = u64_field(j.at("epoch"));
+  m.worker_address = hex_field(j.at("worker_address"));
+  m.slot_address[0] = u64_field(j.at("slot_address").at(0));
+  m.slot_address[1] = u64_field(j.at("slot_address").at(1));
+  m.slot_bytes = u64_field(j.at("slot_bytes"));
+  m.rkey = hex_field(j.at("rkey"));
+  for (const json& t : j.at("tensors")) {
+    m.tensors.push_back({t.at("name").get<std::string>(), dtype_field(t.at("dtype")),
+                         t.at("shape").get<Shape>(), u64_field(t.at("offset")),
+                         u64_field(t.at("bytes"))});
+  }
 }
+
 }  // namespace
 
 Result<RankMeta> metadata_from_json(std::string_view text, std::string_view where) {
-  try {
-    const json j = json::parse(text);
+  return read_record<RankMeta>(text, where, kRankMetaFormat, [](const json& j) -> Result<RankMeta> {
     RankMeta m;
     m.rank = j.at("rank").get<int>();
     const std::string role = j.at("role").get<std::string>();
     if (role == "trainer") {
-      m.role = Role::kTrainer;
-      m.config_json = j.at("config").dump();
-      m.mesh_id = j.at("mesh").at("id").get<int>();
-      m.mesh_rank = j.at("mesh").at("rank").get<int>();
-      m.mesh_size = j.at("mesh").at("size").get<int>();
-      for (const json& p : j.at("params")) {
-        m.params.push_back({p.at("name").get<std::string>(), p.at("shape").get<Shape>(),
-                            dtype_of(p.at("dtype")), p.at("rows").at(0).get<int64_t>(),
-                            p.at("rows").at(1).get<int64_t>(), p.at("offloaded").get<bool>()});
-      }
+      read_trainer(j, m);
     } else if (role == "receiver") {
-      m.role = Role::kReceiver;
-      m.engine = j.at("engine").get<int>();
-      m.tp = j.at("tp").get<int>();
-      m.tp_rank = j.at("tp_rank").get<int>();
-      auto f = weight_format_from_name(j.at("format").get<std::string>());
-      if (!f) throw std::runtime_error("unknown format " + j.at("format").get<std::string>());
-      m.format = *f;
-      m.epoch = u64(j.at("epoch"));
-      m.worker_address = hex_of(j.at("worker_address"));
-      m.slot_address[0] = u64(j.at("slot_address").at(0));
-      m.slot_address[1] = u64(j.at("slot_address").at(1));
-      m.slot_bytes = u64(j.at("slot_bytes"));
-      m.rkey = hex_of(j.at("rkey"));
-      for (const json& t : j.at("tensors")) {
-        m.tensors.push_back({t.at("name").get<std::string>(), dtype_of(t.at("dtype")),
-                             t.at("shape").get<Shape>(), u64(t.at("offset")), u64(t.at("bytes"))});
-      }
+      read_receiver(j, m);
     } else {
       throw std::runtime_error("unknown role '" + role + "'");
     }
     return m;
-  } catch (const std::exception& e) {
-    return data_loss(std::string(where) + ": not a weightlift rank metadata object: " + e.what());
-  }
+  });
 }
 
 Result<std::vector<RankMeta>> gather_metadata(comm::Group& world, const RankMeta& mine,

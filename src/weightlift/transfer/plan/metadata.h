@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "weightlift/comm/group.h"
+#include "weightlift/core/json_record.h"
 #include "weightlift/transfer/layout/receiver.h"
 #include "weightlift/transfer/layout/trainer_weights.h"
 
@@ -61,16 +62,19 @@ struct RankMeta {
 RankMeta describe_trainer(int rank, const TrainerWeights& weights);
 RankMeta describe_receiver(int rank, const Receiver& receiver);
 
+// Versioned JSON (docs/formats.md, "Rank metadata"): every rank of one job must run one
+// weightlift version, so another version is refused before anything is planned.
+inline constexpr RecordFormat kRankMetaFormat{.name = "weightlift-rank-metadata",
+                                              .version = 1,
+                                              .what = "rank metadata object",
+                                              .remedy = "run one weightlift version on every rank"};
 std::string metadata_to_json(const RankMeta& meta);
-// DataLoss for JSON that is not a rank's metadata, naming `where`.
+// DataLoss for JSON that is not a rank's metadata, naming `where`; FailedPrecondition for
+// another format version.
 Result<RankMeta> metadata_from_json(std::string_view json, std::string_view where);
 
 // Collective over `world`: every rank's metadata on every rank, in rank order.
 Result<std::vector<RankMeta>> gather_metadata(comm::Group& world, const RankMeta& mine,
                                               std::chrono::milliseconds timeout = {});
-
-// Bytes as lowercase hex, and back (nullopt for anything else).
-std::string to_hex(const std::vector<std::byte>& bytes);
-std::optional<std::vector<std::byte>> from_hex(std::string_view hex);
 
 }  // namespace wl::transfer

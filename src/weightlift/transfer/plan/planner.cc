@@ -354,9 +354,7 @@ Result<Plan> make_plan(std::span<const RankMeta> ranks) { return Planner(ranks).
 // ---- JSON ---------------------------------------------------------------------------------
 
 std::string plan_to_json(const Plan& p) {
-  json j;
-  j["format"] = "weightlift-transfer-plan";
-  j["version"] = Plan::kFormatVersion;
+  json j = new_record(Plan::kFormat);
   j["config"] = json::parse(p.config_json);
   j["mesh_size"] = p.mesh_size;
   j["num_meshes"] = p.num_meshes;
@@ -368,11 +366,11 @@ std::string plan_to_json(const Plan& p) {
   json rs = json::array();
   for (const PlanReceiver& r : p.receivers) {
     rs.push_back({{"rank", r.rank}, {"engine", r.engine}, {"tp", r.tp}, {"tp_rank", r.tp_rank},
-                  {"format", weight_format_name(r.format)}, {"epoch", std::to_string(r.epoch)},
+                  {"weight_format", weight_format_name(r.format)}, {"epoch", u64_to_json(r.epoch)},
                   {"worker_address", to_hex(r.worker_address)},
-                  {"slot_address", {std::to_string(r.slot_address[0]),
-                                    std::to_string(r.slot_address[1])}},
-                  {"slot_bytes", std::to_string(r.slot_bytes)}, {"rkey", to_hex(r.rkey)}});
+                  {"slot_address", {u64_to_json(r.slot_address[0]),
+                                    u64_to_json(r.slot_address[1])}},
+                  {"slot_bytes", u64_to_json(r.slot_bytes)}, {"rkey", to_hex(r.rkey)}});
   }
   j["receivers"] = rs;
   json gs = json::array();
@@ -399,21 +397,46 @@ std::string plan_to_json(const Plan& p) {
   return j.dump(1);
 }
 
+namespace {
+
+PlanReceiver receiver_from_json(const json& r) {
+  auto f = weight_format_from_name(r.at("weight_format").get<std::string>());
+  if (!f) throw std::runtime_error("unknown weight format " + r.at("weight_format").dump());
+  return {r.at("rank").get<int>(), r.at("engine").get<int>(), r.at("tp").get<int>(),
+          r.at("tp_rank").get<int>(), *f, u64_field(r.at("epoch")),
+          hex_field(r.at("worker_address")),
+          {u64_field(r.at("slot_address").at(0)), u64_field(r.at("slot_address").at(1))},
+          u64_field(r.at("slot_bytes")), hex_field(r.at("rkey"))};
+}
+
+PlanTask task_from_json(const json& k) {
+  PlanTask t;
+  t.sender = k.at("sender").get<int>();
+  t.receiver = k.at("receiver").get<int>();
+  t.tensor = k.at("tensor").get<std::string>();
+  t.expert = k.at("expert").get<bool>();
+  t.gather = k.at("gather").get<int>();
+  t.row_begin = k.at("rows").at(0).get<int64_t>();
+  t.row_end = k.at("rows").at(1).get<int64_t>();
+  t.cols = k.at("cols").get<int64_t>();
+  t.dtype = dtype_field(k.at("dtype"));
+  t.dst_offset = k.at("dst_offset").get<uint64_t>();
+  t.bytes = k.at("bytes").get<uint64_t>();
+  t.scale_offset = k.at("scale_offset").get<uint64_t>();
+  t.scale_bytes = k.at("scale_bytes").get<uint64_t>();
+  for (const json& q : k.at("pieces")) {
+    t.pieces.push_back({q.at("param").get<std::string>(), q.at("rows").at(0).get<int64_t>(),
+                        q.at("rows").at(1).get<int64_t>(), q.at("cols").at(0).get<int64_t>(),
+                        q.at("cols").at(1).get<int64_t>(), q.at("dst_row").get<int64_t>()});
+  }
+  return t;
+}
+
+}  // namespace
+
 Result<Plan> plan_from_json(std::string_view text, std::string_view where) {
   const std::string w(where);
-  try {
-    const json j = json::parse(text);
-    if (j.at("format") != "weightlift-transfer-plan") {
-      return data_loss(w + ": not a weightlift transfer plan (format '" +
-                       j.at("format").dump() + "')");
-    }
-    const int version = j.at("version").get<int>();
-    if (version != Plan::kFormatVersion) {
-      return failed_precondition(w + ": transfer plan version " + std::to_string(version) +
-                                 ", this build reads version " +
-                                 std::to_string(Plan::kFormatVersion) +
-                                 "; plan again with this build");
-    }
+  return read_record<Plan>(text, where, Plan::kFormat, [&](const json& j) -> Result<Plan> {
     Plan p;
     p.config_json = j.at("config").dump();
     WL_ASSIGN_OR_RETURN(model::ModelConfig c, model::parse_config(p.config_json, w));
@@ -424,48 +447,14 @@ Result<Plan> plan_from_json(std::string_view text, std::string_view where) {
       p.trainers.push_back({t.at("rank").get<int>(), t.at("mesh").get<int>(),
                             t.at("mesh_rank").get<int>()});
     }
-    auto u64 = [](const json& x) { return uint64_t(std::stoull(x.get<std::string>())); };
-    auto hex = [&](const json& x) {
-      auto b = from_hex(x.get<std::string>());
-      if (!b) throw std::runtime_error("bad hex string");
-      return *b;
-    };
-    for (const json& r : j.at("receivers")) {
-      auto f = weight_format_from_name(r.at("format").get<std::string>());
-      if (!f) throw std::runtime_error("unknown format");
-      p.receivers.push_back({r.at("rank").get<int>(), r.at("engine").get<int>(),
-                             r.at("tp").get<int>(), r.at("tp_rank").get<int>(), *f,
-                             u64(r.at("epoch")), hex(r.at("worker_address")),
-                             {u64(r.at("slot_address").at(0)), u64(r.at("slot_address").at(1))},
-                             u64(r.at("slot_bytes")), hex(r.at("rkey"))});
-    }
+    for (const json& r : j.at("receivers")) p.receivers.push_back(receiver_from_json(r));
     for (const json& g : j.at("gathers")) {
       p.gathers.push_back({g.at("mesh").get<int>(), g.at("expert").get<bool>(),
                            g.at("before_task").get<int>(),
                            g.at("params").get<std::vector<std::string>>()});
     }
     for (const json& k : j.at("tasks")) {
-      PlanTask t;
-      t.sender = k.at("sender").get<int>();
-      t.receiver = k.at("receiver").get<int>();
-      t.tensor = k.at("tensor").get<std::string>();
-      t.expert = k.at("expert").get<bool>();
-      t.gather = k.at("gather").get<int>();
-      t.row_begin = k.at("rows").at(0).get<int64_t>();
-      t.row_end = k.at("rows").at(1).get<int64_t>();
-      t.cols = k.at("cols").get<int64_t>();
-      auto d = dtype_from_name(k.at("dtype").get<std::string>());
-      if (!d) throw std::runtime_error("unknown dtype");
-      t.dtype = *d;
-      t.dst_offset = k.at("dst_offset").get<uint64_t>();
-      t.bytes = k.at("bytes").get<uint64_t>();
-      t.scale_offset = k.at("scale_offset").get<uint64_t>();
-      t.scale_bytes = k.at("scale_bytes").get<uint64_t>();
-      for (const json& q : k.at("pieces")) {
-        t.pieces.push_back({q.at("param").get<std::string>(), q.at("rows").at(0).get<int64_t>(),
-                            q.at("rows").at(1).get<int64_t>(), q.at("cols").at(0).get<int64_t>(),
-                            q.at("cols").at(1).get<int64_t>(), q.at("dst_row").get<int64_t>()});
-      }
+      PlanTask t = task_from_json(k);
       if (t.gather < -1 || t.gather >= int(p.gathers.size()) ||
           p.find_trainer(t.sender) == nullptr || p.find_receiver(t.receiver) == nullptr) {
         throw std::runtime_error("task " + std::to_string(p.tasks.size()) +
@@ -474,9 +463,7 @@ Result<Plan> plan_from_json(std::string_view text, std::string_view where) {
       p.tasks.push_back(std::move(t));
     }
     return p;
-  } catch (const std::exception& e) {
-    return data_loss(w + ": malformed transfer plan: " + e.what());
-  }
+  });
 }
 
 std::vector<uint64_t> plan_bytes_by_rank(const Plan& p) {

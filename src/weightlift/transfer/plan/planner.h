@@ -84,7 +84,11 @@ struct PlanReceiver {
 };
 
 struct Plan {
-  static constexpr int kFormatVersion = 1;
+  // Version 2: "format_version" (was "version") and each receiver's "engine" (was "instance").
+  static constexpr RecordFormat kFormat{.name = "weightlift-transfer-plan",
+                                        .version = 2,
+                                        .what = "transfer plan",
+                                        .remedy = "plan again with this build"};
   std::string config_json;
   int mesh_size = 1, num_meshes = 1;
   std::vector<PlanTrainer> trainers;    // by world rank
@@ -99,7 +103,7 @@ struct Plan {
 Result<Plan> make_plan(std::span<const RankMeta> ranks);
 
 // Versioned JSON (docs/formats.md, "Transfer plan"). plan_from_json refuses another format
-// or version with an error that says which was expected.
+// (DataLoss) or version (FailedPrecondition) with an error that says which was expected.
 std::string plan_to_json(const Plan& plan);
 Result<Plan> plan_from_json(std::string_view json, std::string_view where);
 
