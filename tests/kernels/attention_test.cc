@@ -396,40 +396,5 @@ TEST(FastExp, EdgesAreExact) {
   }
 }
 
-// Timing of the small training preset's attention (batch 8, seq 256, 8 heads, 1 kv head,
-// head_dim 32). Run with --gtest_also_run_disabled_tests; it asserts nothing.
-TEST(Attention, DISABLED_SmallPresetTiming) {
-  const AttentionShape s = shape(8, 256, 256, 8, 1, 32);
-  const Inputs in = make_inputs(s, 6, 1.0f);
-  std::vector<float> out(size_t(q_size(s))), lse(size_t(s.batch * s.heads * s.seq_q));
-  std::vector<float> dq(size_t(q_size(s))), dk(size_t(kv_dense_size(s))), dv(dk);
-  // Median and minimum of 25 runs: the minimum is the better figure on a shared machine.
-  auto time_ms = [](auto&& fn) {
-    std::vector<double> ms;
-    for (int i = 0; i < 25; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
-      fn();
-      ms.push_back(
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
-    std::sort(ms.begin(), ms.end());
-    return std::pair(ms[ms.size() / 2], ms[0]);
-  };
-  const auto [fwd, fwd_min] = time_ms(
-      [&] { attention_forward(s, in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data()); });
-  const auto [bwd, bwd_min] = time_ms([&] {
-    attention_backward(s, in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data(),
-                       in.dout.data(), dq.data(), dk.data(), dv.data());
-  });
-  // Causal pairs per (batch, head): T (T + 1) / 2. Forward 4 FLOPs per pair and head_dim,
-  // backward 10 (see attention.cc); GFLOP/s from the minimum.
-  const double pairs = double(s.batch * s.heads) * s.seq_q * (s.seq_q + 1) / 2;
-  std::printf(
-      "attention B8 T256 H8 Hkv1 Dh32, %d threads: forward %.3f ms median, %.3f min "
-      "(%.1f GFLOP/s); backward %.3f ms median, %.3f min (%.1f GFLOP/s)\n",
-      num_threads(), fwd, fwd_min, 4 * pairs * s.head_dim / fwd_min / 1e6, bwd, bwd_min,
-      10 * pairs * s.head_dim / bwd_min / 1e6);
-}
-
 }  // namespace
 }  // namespace wl::kernels

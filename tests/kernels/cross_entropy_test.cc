@@ -192,19 +192,5 @@ TEST(CrossEntropyDeathTest, TargetOutOfRange) {
   EXPECT_DEATH(cross_entropy(logits.data(), targets.data(), 2, 4, nullptr, 1.0f), "target 4");
 }
 
-// Timing, not a test: --gtest_also_run_disabled_tests --gtest_filter='*Timing*'.
-TEST(CrossEntropy, DISABLED_Timing) {
-  const Case c = make(2048, 320, 1, 0.0);
-  std::vector<float> grad(c.logits.size());
-  double best = 1e30;
-  for (int r = 0; r < 50; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    cross_entropy(c.logits.data(), c.targets.data(), c.n, c.vocab, grad.data(), 1.0f / 2048);
-    best = std::min(best,
-                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::printf("cross_entropy [2048 x 320] with gradient: %.3f ms\n", best * 1e3);
-}
-
 }  // namespace
 }  // namespace wl::kernels

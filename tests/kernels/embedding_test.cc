@@ -152,28 +152,5 @@ TEST(EmbeddingDeathTest, TokenOutOfRange) {
   EXPECT_DEATH(embedding_backward(dout.data(), negative.data(), out.data(), 2, 4, 2), "token -1");
 }
 
-// Timing, not a test: --gtest_also_run_disabled_tests --gtest_filter='*Timing*'.
-TEST(Embedding, DISABLED_Timing) {
-  const auto tokens = random_tokens(2048, 320, 1, true);
-  const auto table = random_values(320 * 256, 2, false);
-  const auto dout = random_values(2048 * 256, 3, false);
-  std::vector<float> out(2048 * 256), dtable(320 * 256);
-  auto best = [](auto&& fn) {
-    double t = 1e30;
-    for (int r = 0; r < 50; ++r) {
-      const auto t0 = std::chrono::steady_clock::now();
-      fn();
-      t = std::min(t, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-    return t;
-  };
-  const double tf =
-      best([&] { embedding_forward(table.data(), tokens.data(), out.data(), 2048, 320, 256); });
-  const double tb =
-      best([&] { embedding_backward(dout.data(), tokens.data(), dtable.data(), 2048, 320, 256); });
-  std::printf("embedding [2048 tokens, 320 x 256]: forward %.3f ms, backward %.3f ms\n", tf * 1e3,
-              tb * 1e3);
-}
-
 }  // namespace
 }  // namespace wl::kernels

@@ -179,28 +179,5 @@ TEST(ClipCoefficient, TorchRule) {
   EXPECT_LT(clip_coefficient(1.0, 1.0f), 1.0f);
 }
 
-// Timing, not a test: --gtest_also_run_disabled_tests --gtest_filter='*Timing*'.
-TEST(AdamW, DISABLED_Timing) {
-  // About the small preset's parameter count, in one array.
-  const int64_t n = 20'000'000;
-  State s{normal(n, 1, 1.0f), std::vector<float>(size_t(n), 0.0f),
-          std::vector<float>(size_t(n), 0.0f)};
-  const auto grad = normal(n, 2, 0.1f);
-  double best = 1e30, best_sq = 1e30;
-  for (int r = 0; r < 5; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
-    adamw_step(s.p.data(), grad.data(), s.m.data(), s.v.data(), n, {.step = r + 1});
-    best = std::min(best,
-                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    t0 = std::chrono::steady_clock::now();
-    volatile double sq = sum_squares(grad.data(), n);
-    (void)sq;
-    best_sq = std::min(
-        best_sq, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::printf("adamw_step 20M params: %.2f ms; sum_squares 20M: %.2f ms\n", best * 1e3,
-              best_sq * 1e3);
-}
-
 }  // namespace
 }  // namespace wl::kernels

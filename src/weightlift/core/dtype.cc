@@ -1,12 +1,12 @@
 #include "weightlift/core/dtype.h"
 
-#include <cpuid.h>
 #include <immintrin.h>
 
 #include <array>
 #include <cmath>
 
 #include "weightlift/core/check.h"
+#include "weightlift/core/cpu.h"
 
 namespace wl {
 
@@ -174,19 +174,13 @@ void round_f16_f16c(const float* src, float* dst, size_t n) {
   for (; i < n; ++i) dst[i] = f16_to_f32(f32_to_f16(src[i]));
 }
 
-// CPUID leaf 1, ECX bit 29 (clang 14's __builtin_cpu_supports does not know "f16c").
-bool cpu_has_f16c() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
-}
-
 }  // namespace
 
 void round_through(DType t, const float* src, float* dst, size_t n) {
   if (t == DType::kBF16) {
     round_bf16(src, dst, n);
   } else if (t == DType::kF16) {
-    static const bool f16c = cpu_has_f16c();
+    static const bool f16c = cpu_info().f16c;
     if (f16c) {
       round_f16_f16c(src, dst, n);
     } else {

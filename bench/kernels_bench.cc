@@ -1,0 +1,183 @@
+// The compute kernels timed one by one at the `small` preset's shapes (batch 8 x 256 tokens,
+// d 256, ffn 512, 8 heads of 32, vocab 320): Google Benchmark runs each until its time is
+// stable and reports the mean, with GFLOP/s or GB/s where they mean something. The context
+// line names the CPU and the ISA the kernels dispatched to, and the compute threads.
+//
+//   build/release/bench/kernels_bench --benchmark_filter=Gemm
+//   OMP_NUM_THREADS=1 build/release/bench/kernels_bench --benchmark_repetitions=5
+//
+// Correctness is the tests' job (tests/kernels/); nothing here checks results.
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "weightlift/core/cpu.h"
+#include "weightlift/core/dtype.h"
+#include "weightlift/core/parallel.h"
+#include "weightlift/kernels/attention.h"
+#include "weightlift/kernels/cross_entropy.h"
+#include "weightlift/kernels/embedding.h"
+#include "weightlift/kernels/gemm.h"
+#include "weightlift/kernels/optimizer.h"
+#include "weightlift/kernels/swiglu.h"
+
+namespace wl::kernels {
+namespace {
+
+std::vector<float> random_values(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+std::vector<int64_t> random_tokens(size_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int64_t> dist(0, vocab - 1);
+  std::vector<int64_t> v(n);
+  for (int64_t& t : v) t = dist(gen);
+  return v;
+}
+
+// GEMM shapes of the small preset's step: (m, n, k, trans_a, trans_b).
+void Gemm(benchmark::State& state, DType in_type) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const bool ta = state.range(3) != 0, tb = state.range(4) != 0;
+  std::vector<float> a(size_t(m * k), 0.5f), b(size_t(k * n), 0.25f), c(size_t(m * n));
+  std::vector<uint16_t> a16(a.size(), f32_to_bf16(0.5f)), b16(b.size(), f32_to_bf16(0.25f));
+  const bool bf16 = in_type == DType::kBF16;
+  const GemmArgs g{.m = m,
+                   .n = n,
+                   .k = k,
+                   .a = bf16 ? static_cast<const void*>(a16.data()) : a.data(),
+                   .lda = ta ? m : k,
+                   .trans_a = ta,
+                   .b = bf16 ? static_cast<const void*>(b16.data()) : b.data(),
+                   .ldb = tb ? k : n,
+                   .trans_b = tb,
+                   .c = c.data(),
+                   .ldc = n,
+                   .in_type = in_type};
+  for (auto _ : state) gemm(g);
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * double(m) * double(n) * double(k),
+                                                 benchmark::Counter::kIsIterationInvariantRate,
+                                                 benchmark::Counter::kIs1000);
+}
+void GemmShapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"m", "n", "k", "ta", "tb"});
+  b->Args({2048, 256, 256, 0, 1});    // attention projections
+  b->Args({2048, 1024, 256, 0, 1});   // gate/up of two experts' rows
+  b->Args({512, 1024, 256, 0, 1});    // one expert's gate/up
+  b->Args({320, 256, 2048, 1, 0});    // the head's weight gradient
+  b->Args({2048, 256, 1024, 0, 0});   // down projection
+  b->Args({2048, 2048, 2048, 0, 0});  // the peak measured in `bench train`
+  b->Unit(benchmark::kMillisecond);
+}
+BENCHMARK_CAPTURE(Gemm, f32, DType::kF32)->Apply(GemmShapes);
+BENCHMARK_CAPTURE(Gemm, bf16, DType::kBF16)->Apply(GemmShapes);
+
+// Causal attention of one training step: B 8, T 256, 8 heads sharing 1 kv head, head_dim 32.
+// Forward 4 FLOPs per causal pair and head_dim, backward 10 (attention.cc).
+void Attention(benchmark::State& state, bool backward) {
+  const AttentionShape s{.batch = 8, .seq_q = 256, .seq_kv = 256, .heads = 8, .kv_heads = 1,
+                         .head_dim = 32};
+  const size_t q = size_t(s.batch * s.seq_q * s.heads * s.head_dim);
+  const size_t kv = size_t(s.batch * s.seq_kv * s.kv_heads * s.head_dim);
+  const std::vector<float> qs = random_values(q, 1), ks = random_values(kv, 2),
+                           vs = random_values(kv, 3), dout = random_values(q, 4);
+  std::vector<float> out(q), lse(size_t(s.batch * s.heads * s.seq_q)), dq(q), dk(kv), dv(kv);
+  attention_forward(s, qs.data(), ks.data(), vs.data(), out.data(), lse.data());
+  for (auto _ : state) {
+    if (backward) {
+      attention_backward(s, qs.data(), ks.data(), vs.data(), out.data(), lse.data(), dout.data(),
+                         dq.data(), dk.data(), dv.data());
+    } else {
+      attention_forward(s, qs.data(), ks.data(), vs.data(), out.data(), lse.data());
+    }
+  }
+  const double pairs = double(s.batch * s.heads) * double(s.seq_q) * double(s.seq_q + 1) / 2;
+  state.counters["GFLOP/s"] =
+      benchmark::Counter((backward ? 10 : 4) * pairs * double(s.head_dim),
+                         benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK_CAPTURE(Attention, forward, false)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(Attention, backward, true)->Unit(benchmark::kMillisecond);
+
+// Cross-entropy with its gradient over 2048 tokens of vocab 320.
+void CrossEntropy(benchmark::State& state) {
+  const std::vector<float> logits = random_values(2048 * 320, 1);
+  const std::vector<int64_t> targets = random_tokens(2048, 320, 2);
+  std::vector<float> grad(logits.size());
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(
+        cross_entropy(logits.data(), targets.data(), 2048, 320, grad.data(), 1.0f / 2048));
+  }
+}
+BENCHMARK(CrossEntropy)->Unit(benchmark::kMicrosecond);
+
+// The embedding lookup and its scatter-add gradient: 2048 tokens into a 320 x 256 table.
+void Embedding(benchmark::State& state, bool backward) {
+  const std::vector<int64_t> tokens = random_tokens(2048, 320, 1);
+  const std::vector<float> table = random_values(320 * 256, 2), dout = random_values(2048 * 256, 3);
+  std::vector<float> out(2048 * 256), dtable(320 * 256);
+  for (auto _ : state) {
+    if (backward) {
+      embedding_backward(dout.data(), tokens.data(), dtable.data(), 2048, 320, 256);
+    } else {
+      embedding_forward(table.data(), tokens.data(), out.data(), 2048, 320, 256);
+    }
+  }
+}
+BENCHMARK_CAPTURE(Embedding, forward, false)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(Embedding, backward, true)->Unit(benchmark::kMicrosecond);
+
+// SwiGLU over the 4096 expert rows of one step (2048 tokens, top-2), ffn 512.
+void Swiglu(benchmark::State& state, bool backward) {
+  const std::vector<float> h = random_values(4096 * 1024, 1), dout = random_values(4096 * 512, 2);
+  std::vector<float> out(4096 * 512), dh(h.size());
+  for (auto _ : state) {
+    if (backward) {
+      swiglu_backward(h.data(), dout.data(), dh.data(), 4096, 512);
+    } else {
+      swiglu_forward(h.data(), out.data(), 4096, 512);
+    }
+  }
+}
+BENCHMARK_CAPTURE(Swiglu, forward, false)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(Swiglu, backward, true)->Unit(benchmark::kMicrosecond);
+
+// One AdamW step and the gradient norm's sum of squares over 20M parameters (about the small
+// preset's count), with the bytes each moves: AdamW reads p, g, m, v and writes p, m, v.
+void AdamW(benchmark::State& state) {
+  const int64_t n = 20'000'000;
+  std::vector<float> p = random_values(size_t(n), 1), m(size_t(n), 0.0f), v(size_t(n), 0.0f);
+  const std::vector<float> g = random_values(size_t(n), 2, 0.1f);
+  int step = 0;
+  for (auto _ : state) adamw_step(p.data(), g.data(), m.data(), v.data(), n, {.step = ++step});
+  state.SetBytesProcessed(int64_t(state.iterations()) * n * 4 * 7);
+}
+BENCHMARK(AdamW)->Unit(benchmark::kMillisecond);
+
+void SumSquares(benchmark::State& state) {
+  const int64_t n = 20'000'000;
+  const std::vector<float> g = random_values(size_t(n), 2, 0.1f);
+  for (auto _ : state) benchmark::DoNotOptimize(sum_squares(g.data(), n));
+  state.SetBytesProcessed(int64_t(state.iterations()) * n * 4);
+}
+BENCHMARK(SumSquares)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace wl::kernels
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::AddCustomContext("cpu", wl::cpu_info().describe());
+  benchmark::AddCustomContext("compute_threads", std::to_string(wl::num_threads()));
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
