@@ -13,6 +13,7 @@
 #include "weightlift/comm/barrier.h"
 #include "weightlift/comm/broadcast.h"
 #include "weightlift/comm/reduce_scatter.h"
+#include "weightlift/core/cpu.h"
 #include "weightlift/core/timing.h"
 
 namespace wl::app {
@@ -249,9 +250,9 @@ std::string pin_rank(Group& g) {
 void print_header(const BenchCollectivesOptions& o, int P, const std::string& pinned,
                   double copy_gbps) {
   std::fprintf(o.out,
-               "# weightlift collectives: %d ranks, %s, op %s, warmup %d, %s, copy rate %.1f "
-               "GB/s per rank (memory bound: docs/algorithms.md)\n",
-               P, std::string(dtype_name(o.dtype)).c_str(),
+               "# weightlift collectives on %s: %d ranks, %s, op %s, warmup %d, %s, copy rate "
+               "%.1f GB/s per rank (memory bound: docs/algorithms.md)\n",
+               cpu_info().describe().c_str(), P, std::string(dtype_name(o.dtype)).c_str(),
                std::string(reduce_op_name(o.op)).c_str(), o.warmup, pinned.c_str(), copy_gbps);
   if (!o.json) {
     std::fprintf(o.out, "# %12s %12s %6s %15s %11s %9s %9s %7s %10s %10s %8s\n", "size(B)",

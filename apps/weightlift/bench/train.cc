@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
+
+#include "weightlift/core/cpu.h"
 #include <vector>
 
 #include "weightlift/core/parallel.h"
@@ -79,7 +81,8 @@ std::string BenchTrainResult::to_json(const BenchTrainOptions& o) const {
                       {"step_ms_min", step_ms_min}, {"step_ms_max", step_ms_max},
                       {"tokens_per_s", tokens_per_s}, {"gflops", gflops},
                       {"gemm_peak_gflops", gemm_peak_gflops},
-                      {"fraction_of_gemm_peak", gflops / gemm_peak_gflops}};
+                      {"fraction_of_gemm_peak", gflops / gemm_peak_gflops},
+                      {"cpu", cpu_info().describe()}};
   return j.dump();
 }
 

@@ -20,6 +20,7 @@
 #include "weightlift/comm/launch_env.h"
 #include "weightlift/comm/memory_store.h"
 #include "weightlift/comm/world.h"
+#include "weightlift/core/cpu.h"
 #include "weightlift/core/random.h"
 #include "weightlift/core/timing.h"
 #include "weightlift/model/params.h"
@@ -249,6 +250,7 @@ std::string report_json(const BenchTransferOptions& o, const Summary& s) {
   };
   const nlohmann::json j = {
       {"impl", "weightlift"},
+      {"cpu", cpu_info().describe()},
       {"ranks", o.threads ? "threads" : "processes"},
       {"mode", transfer::transfer_mode_name(o.mode)},
       {"preset", o.preset},
@@ -278,14 +280,15 @@ std::string report_json(const BenchTransferOptions& o, const Summary& s) {
 
 std::string report_table(const BenchTransferOptions& o, const Summary& s) {
   std::ostringstream os;
-  char line[256];
+  char line[512];
   std::snprintf(line, sizeof line,
                 "bench transfer: %s, %d trainers (%s shards) -> %d receivers (tp %d, %s), mode %s,"
-                " %d updates, ranks as %s\n",
+                " %d updates, ranks as %s, on %s\n",
                 o.preset.c_str(), o.trainers, shard_dtype_name(o.shard_dtype).c_str(),
                 o.receivers, o.tp, std::string(transfer::weight_format_name(o.format)).c_str(),
                 std::string(transfer::transfer_mode_name(o.mode)).c_str(), o.updates,
-                o.threads ? "threads of one process" : "separate processes");
+                o.threads ? "threads of one process" : "separate processes",
+                cpu_info().describe().c_str());
   os << line;
   std::snprintf(line, sizeof line, "update ms: p50 %.1f  p99 %.1f\n", s.p50, s.p99);
   os << line << "split (p50 ms)      gather   prepare     write   barrier\n";
