@@ -1,5 +1,6 @@
 // weightlift: train MoE transformers, move their weights, post-train them with RL.
 #include <cstdio>
+#include <new>
 
 #include "commands.h"
 #include "weightlift/core/parallel.h"
@@ -30,6 +31,13 @@ int main(int argc, char** argv) {
   wl::app::register_launch(app, out);
   wl::app::register_topo(app, out);
   wl::app::register_transfer(app, out);
-  CLI11_PARSE(app, argc, argv);
+  try {
+    CLI11_PARSE(app, argc, argv);
+  } catch (const std::bad_alloc&) {
+    // Out of memory where nothing could return a Status (a tensor, a oneDNN primitive): one
+    // line and exit code 1, as every other error (docs/errors.md, "Out of memory").
+    std::fprintf(stderr, "weightlift: ResourceExhausted: out of memory\n");
+    return 1;
+  }
   return out.exit_code;
 }

@@ -5,6 +5,7 @@ with exactly one line on stderr that names the file and the field at fault.
 Run by CTest with the path of the weightlift binary."""
 import json
 import os
+import resource
 import struct
 import subprocess
 import sys
@@ -21,9 +22,15 @@ TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 1, "
 failures = 0
 
 
-def expect_error(label, cmd, *needles):
+def expect_error(label, cmd, *needles, memory_limit=None):
     global failures
-    r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=120)
+
+    def limit():
+        if memory_limit:
+            resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
+
+    r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=120,
+                       preexec_fn=limit)
     lines = [l for l in r.stderr.splitlines() if l.strip()]
     problems = []
     if r.returncode != 1:
@@ -127,6 +134,10 @@ def main():
                                         "--out", os.path.join(d, "run")], "no-brown")
         expect_error("missing weights file", grad + [os.path.join(d, "nope.safetensors")],
                      "nope.safetensors")
+        expect_error("out of memory: medium under a 1.5 GB address-space limit",
+                     [exe, "train", "--preset", "medium", "--steps", "1", "--batch-file", batch,
+                      "--out", os.path.join(d, "oom")],
+                     "ResourceExhausted: out of memory", memory_limit=1500 << 20)
     check_launch(exe)
     print(f"{failures} failed" if failures else "every bad input gave one clear error line")
     sys.exit(1 if failures else 0)

@@ -422,8 +422,8 @@ std::string slurp(const fs::path& p) {
 }
 
 TEST(ModelConfigRegressions, ReplayWithoutCrashing) {
-  const fs::path here = fs::path(__FILE__).parent_path();
-  const fs::path seeds = here.parent_path().parent_path() / "fuzz" / "corpus" / "config";
+  const fs::path here = fs::path(WL_SOURCE_DIR) / "tests" / "model";
+  const fs::path seeds = fs::path(WL_SOURCE_DIR) / "fuzz" / "corpus" / "config";
   int n_seeds = 0;
   for (const auto& e : fs::directory_iterator(seeds)) {
     SCOPED_TRACE(e.path().string());

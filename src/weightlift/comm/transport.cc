@@ -22,6 +22,21 @@ namespace {
 
 std::string ucs_text(ucs_status_t s) { return ucs_status_string(s); }
 
+// A failed UCX call as docs/errors.md classifies it: memory and resource limits are
+// ResourceExhausted (free something and retry), the rest Internal (UCX cannot say more).
+Status ucs_failure(ucs_status_t s, const std::string& what) {
+  const std::string message = what + ": " + ucs_text(s);
+  switch (s) {
+    case UCS_ERR_NO_MEMORY:
+    case UCS_ERR_NO_RESOURCE:
+    case UCS_ERR_EXCEEDS_LIMIT:
+    case UCS_ERR_OUT_OF_RANGE:
+      return resource_exhausted(message);
+    default:
+      return internal_error(message);
+  }
+}
+
 // How long the cleanup after a failed wait may take before we give up on a request. Cancel
 // and force-close complete most requests at once; a receive that had already matched a
 // message from a peer that then died may never complete (UCX 1.13 does not purge such
@@ -548,8 +563,7 @@ Result<MemoryRegion> Worker::register_memory(void* data, size_t bytes) {
   ucp_context_h ctx = impl_->context->handle;
   ucs_status_t s = ucp_mem_map(ctx, &params, &memh);
   if (s != UCS_OK) {
-    return resource_exhausted(impl_->name + ": registering " + std::to_string(bytes) +
-                              " bytes: " + ucs_text(s));
+    return ucs_failure(s, impl_->name + ": registering " + std::to_string(bytes) + " bytes");
   }
   MemoryRegion region;
   region.data_ = data;
@@ -580,8 +594,8 @@ Result<MemoryRegion> Worker::allocate_memory(size_t bytes) {
   ucp_context_h ctx = impl_->context->handle;
   ucs_status_t s = ucp_mem_map(ctx, &params, &memh);
   if (s != UCS_OK) {
-    return resource_exhausted(impl_->name + ": allocating " + std::to_string(bytes) +
-                              " bytes of registered memory: " + ucs_text(s));
+    return ucs_failure(s, impl_->name + ": allocating " + std::to_string(bytes) +
+                              " bytes of registered memory");
   }
   std::shared_ptr<UcxContext> keep = impl_->context;
   std::shared_ptr<void> handle(memh, [keep](void* m) {

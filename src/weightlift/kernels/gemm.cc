@@ -37,6 +37,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <sstream>
 #include <string>
+#include <new>
 #include <unordered_map>
 #include <vector>
 
@@ -194,6 +195,7 @@ class MatmulCache {
     try {
       built = build_matmul(g);
     } catch (const dnnl::error& e) {
+      if (e.status == dnnl_out_of_memory) throw std::bad_alloc();  // docs/errors.md
       WL_CHECK(false) << "oneDNN cannot create a matmul for " << describe(g) << ": " << e.what();
     }
     map_.emplace(key, built);
@@ -239,6 +241,7 @@ void gemm_with_matmul_primitive(const GemmArgs& g) {
     mm->primitive.execute(*stream, args);
     stream->wait();
   } catch (const dnnl::error& e) {
+    if (e.status == dnnl_out_of_memory) throw std::bad_alloc();  // docs/errors.md
     WL_CHECK(false) << "oneDNN matmul failed for " << describe(g) << ": " << e.what();
   }
 }
