@@ -2,7 +2,7 @@
 """Collectives side by side: weightlift vs OpenMPI vs torch.distributed (gloo), in one run.
 
 For each op it runs the same sweep three times, one implementation after the other:
-  weightlift  `weightlift launch -n N -- weightlift bench collectives --json`   (bench_collectives.h)
+  weightlift  `weightlift launch -n N -- weightlift bench collectives --json`   (apps/weightlift/bench/collectives.h)
   openmpi     `mpirun --allow-run-as-root --oversubscribe -np N mpi_collectives`
   gloo        `/usr/bin/python3 bench/gloo_collectives.py --nprocs N`
 then prints busbw per size with the ratios (and time ratios, which matter for small sizes),

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The torch.distributed (gloo) peer of `weightlift bench collectives`.
 
-Runs the same sweep as wl::comm::bench_collectives through gloo and prints the same JSON rows
+Runs the same sweep as `weightlift bench collectives` (apps/weightlift/bench/collectives.h) through gloo and prints the same JSON rows
 (impl "gloo"): f32 sum, `size` as nccl-tests counts it, warmup untimed, each call timed on its
 own and its time the slowest rank's, rank r pinned to core r % cores, 20..1000 iterations (about 1 GiB of data per size) unless
 --iters is given, busbw with nccl-tests' factors. gloo's allreduce and broadcast work in place;
