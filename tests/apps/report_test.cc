@@ -13,6 +13,7 @@
 #include "report/topology.h"
 #include "report/transfer_plan.h"
 #include "report/transfer_simulate.h"
+#include "transfer/small_cluster.h"
 #include "weightlift/model/config.h"
 #include "weightlift/train/metrics.h"
 #include "weightlift/transfer/plan/offline_metadata.h"
@@ -51,26 +52,7 @@ TEST(ParseChoice, NamesTheFlagWhatWasGivenAndWhatIsAccepted) {
 }
 
 TEST(SimulationReport, TextAndJsonOfAReducedK2Run) {
-  const transfer::ClusterOptions o{.k2 = {.hidden = 512,
-                                          .num_layers = 3,
-                                          .first_dense = 1,
-                                          .dense_ffn = 768,
-                                          .num_experts = 16,
-                                          .num_shared = 1,
-                                          .moe_ffn = 256,
-                                          .num_heads = 8,
-                                          .q_lora = 192,
-                                          .kv_lora = 64,
-                                          .qk_nope = 32,
-                                          .qk_rope = 16,
-                                          .v_head = 32,
-                                          .vocab = 1024},
-                                   .trainers = 16,
-                                   .receivers = 8,
-                                   .gpus_per_node = 4,
-                                   .engine_gpus = 4,
-                                   .dense_mesh = 4,
-                                   .expert_mesh = 2};
+  const transfer::ClusterOptions o = transfer::testing::small_cluster();
   auto s = transfer::simulate_cluster(o);
   ASSERT_TRUE(s.ok()) << s.status().to_string();
   const std::string text = simulation_report(o, *s);

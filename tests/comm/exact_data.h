@@ -1,14 +1,11 @@
-// Data exact by construction (gloo, nccl-tests): every element is a small integer, so every
-// dtype under test holds it exactly and every reduction has a closed form that does not depend
-// on the order of operations. Checks then compare with ==.
+// Data exact by construction for the collective tests (weightlift/comm/exact_data.h), the
+// dtypes and ops to sweep, and a guarded unaligned buffer.
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
-#include "weightlift/comm/reduce_op.h"
-#include "weightlift/core/dtype.h"
+#include "weightlift/comm/exact_data.h"
 
 namespace wl::comm::testing {
 
@@ -17,58 +14,10 @@ inline constexpr DType kReducibleTypes[] = {DType::kF32, DType::kBF16, DType::kF
 inline constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMax,
                                      ReduceOp::kMin, ReduceOp::kAvg};
 
-// Rank r's element i under `op`, for a group of `size`:
-//   sum, max, min: 1..11, so a sum over 4 ranks is at most 44 (exact in bf16's 8 bits);
-//   prod: 1 or 2, so a product is a power of two up to 16;
-//   avg: c_i + (2r - (size-1)), whose sum over ranks is size * c_i exactly.
-inline int64_t value(ReduceOp op, int size, int r, size_t i) {
-  switch (op) {
-    case ReduceOp::kProd: return 1 + int64_t((i + size_t(r)) % 2);
-    case ReduceOp::kAvg: return int64_t(i % 7) + 4 + 2 * r - (size - 1);
-    default: return int64_t((i * 7 + size_t(r) * 3) % 11) + 1;
-  }
-}
-
-inline int64_t expected(ReduceOp op, int size, size_t i) {
-  int64_t acc = value(op, size, 0, i);
-  for (int r = 1; r < size; ++r) {
-    const int64_t v = value(op, size, r, i);
-    switch (op) {
-      case ReduceOp::kSum: case ReduceOp::kAvg: acc += v; break;
-      case ReduceOp::kProd: acc *= v; break;
-      case ReduceOp::kMax: acc = std::max(acc, v); break;
-      case ReduceOp::kMin: acc = std::min(acc, v); break;
-    }
-  }
-  return op == ReduceOp::kAvg ? acc / size : acc;
-}
-
-// Element i of a raw buffer of `dtype`, as written and read by a test; unaligned is fine.
-inline void put(DType t, void* base, size_t i, int64_t v) {
-  auto* p = static_cast<uint8_t*>(base) + i * dtype_size(t);
-  switch (t) {
-    case DType::kF32: { float f = float(v); std::memcpy(p, &f, 4); return; }
-    case DType::kBF16: { uint16_t h = f32_to_bf16(float(v)); std::memcpy(p, &h, 2); return; }
-    case DType::kF16: { uint16_t h = f32_to_f16(float(v)); std::memcpy(p, &h, 2); return; }
-    case DType::kI32: { int32_t x = int32_t(v); std::memcpy(p, &x, 4); return; }
-    case DType::kI64: std::memcpy(p, &v, 8); return;
-    case DType::kU8: *p = uint8_t(v); return;
-    default: return;
-  }
-}
-
-inline int64_t get(DType t, const void* base, size_t i) {
-  const auto* p = static_cast<const uint8_t*>(base) + i * dtype_size(t);
-  switch (t) {
-    case DType::kF32: { float f; std::memcpy(&f, p, 4); return int64_t(f); }
-    case DType::kBF16: { uint16_t h; std::memcpy(&h, p, 2); return int64_t(bf16_to_f32(h)); }
-    case DType::kF16: { uint16_t h; std::memcpy(&h, p, 2); return int64_t(f16_to_f32(h)); }
-    case DType::kI32: { int32_t x; std::memcpy(&x, p, 4); return x; }
-    case DType::kI64: { int64_t x; std::memcpy(&x, p, 8); return x; }
-    case DType::kU8: return *p;
-    default: return -1;
-  }
-}
+using exact::expected;
+using exact::get;
+using exact::put;
+using exact::value;
 
 // A buffer whose data starts at an odd address (one byte into an allocation, so unaligned for
 // every element type wider than a byte) and is followed by guard bytes that must survive.

@@ -10,6 +10,7 @@
 #include <map>
 
 #include "fixture.h"
+#include "small_cluster.h"
 #include "weightlift/transfer/sim/kimi_k2.h"
 #include "weightlift/transfer/plan/planner.h"
 #include "weightlift/transfer/sim/load_schedule.h"
@@ -20,34 +21,8 @@ namespace {
 
 using testing::preset_or_die;
 
-// A small model of Kimi-K2's kind: MLA, a dense first layer, a shared expert, routed experts.
-K2Shapes small_k2() {
-  return {.hidden = 512,
-          .num_layers = 3,
-          .first_dense = 1,
-          .dense_ffn = 768,
-          .num_experts = 16,
-          .num_shared = 1,
-          .moe_ffn = 256,
-          .num_heads = 8,
-          .q_lora = 192,
-          .kv_lora = 64,
-          .qk_nope = 32,
-          .qk_rope = 16,
-          .v_head = 32,
-          .vocab = 1024};
-}
-
-// 16 trainers (HSDP dense meshes of 4, EP meshes of 2) to 8 receivers (2 engines of 4).
-ClusterOptions small_cluster() {
-  return {.k2 = small_k2(),
-          .trainers = 16,
-          .receivers = 8,
-          .gpus_per_node = 4,
-          .engine_gpus = 4,
-          .dense_mesh = 4,
-          .expert_mesh = 2};
-}
+using testing::small_cluster;
+using testing::small_k2;
 
 TEST(KimiK2, ParameterCountMatchesTheClosedForm) {
   const K2Shapes s;  // the public config

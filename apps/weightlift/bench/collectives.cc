@@ -12,6 +12,7 @@
 #include "weightlift/comm/allgather.h"
 #include "weightlift/comm/barrier.h"
 #include "weightlift/comm/broadcast.h"
+#include "weightlift/comm/exact_data.h"
 #include "weightlift/comm/reduce_scatter.h"
 #include "weightlift/core/cpu.h"
 #include "weightlift/core/timing.h"
@@ -25,50 +26,9 @@ namespace {
 
 using Nanos = std::chrono::nanoseconds;
 
-// Data exact by construction (as tests/comm/exact_data.h): small integers that every dtype
-// holds exactly, so the reduced value has a closed form whatever the order of operations.
-int64_t value(ReduceOp op, int size, int r, size_t i) {
-  switch (op) {
-    case ReduceOp::kProd: return 1 + int64_t((i + size_t(r)) % 2);
-    case ReduceOp::kAvg: return int64_t(i % 7) + 4 + 2 * r - (size - 1);
-    default: return int64_t((i * 7 + size_t(r) * 3) % 11) + 1;
-  }
-}
-
-int64_t reduced(ReduceOp op, int size, size_t i) {
-  int64_t acc = value(op, size, 0, i);
-  for (int r = 1; r < size; ++r) {
-    const int64_t v = value(op, size, r, i);
-    switch (op) {
-      case ReduceOp::kSum: case ReduceOp::kAvg: acc += v; break;
-      case ReduceOp::kProd: acc *= v; break;
-      case ReduceOp::kMax: acc = std::max(acc, v); break;
-      case ReduceOp::kMin: acc = std::min(acc, v); break;
-    }
-  }
-  return op == ReduceOp::kAvg ? acc / size : acc;
-}
-
-void put(DType t, void* base, size_t i, int64_t v) {
-  auto* p = static_cast<std::byte*>(base) + i * dtype_size(t);
-  switch (t) {
-    case DType::kF32: { float f = float(v); std::memcpy(p, &f, 4); return; }
-    case DType::kBF16: { uint16_t h = f32_to_bf16(float(v)); std::memcpy(p, &h, 2); return; }
-    case DType::kF16: { uint16_t h = f32_to_f16(float(v)); std::memcpy(p, &h, 2); return; }
-    case DType::kI32: { int32_t x = int32_t(v); std::memcpy(p, &x, 4); return; }
-    case DType::kI64: std::memcpy(p, &v, 8); return;
-    case DType::kU8: { uint8_t x = uint8_t(v); std::memcpy(p, &x, 1); return; }
-    default: return;
-  }
-}
-
-// Element i read back the way put() would have stored `v`: equal iff the element holds v.
-bool holds(DType t, const void* base, size_t i, int64_t v) {
-  std::byte expect[8];
-  put(t, expect, 0, v);
-  return std::memcmp(static_cast<const std::byte*>(base) + i * dtype_size(t), expect,
-                     dtype_size(t)) == 0;
-}
+using comm::exact::holds;
+using comm::exact::put;
+using comm::exact::value;
 
 struct Buffers {
   std::unique_ptr<std::byte[]> send, recv;
@@ -116,14 +76,14 @@ Result<int64_t> check_once(Group& g, std::string_view op, const BenchCollectives
   int64_t wrong = 0;
   const void* got = b.recv.get();
   if (op == "allreduce") {
-    for (size_t i = 0; i < count; ++i) wrong += !holds(o.dtype, got, i, reduced(o.op, P, i));
+    for (size_t i = 0; i < count; ++i) wrong += !holds(o.dtype, got, i, comm::exact::expected(o.op, P, i));
   } else if (op == "allgather") {
     for (size_t i = 0; i < count * size_t(P); ++i) {
       wrong += !holds(o.dtype, got, i, int64_t(int(i / count) * 7 + int(i % count % 13)));
     }
   } else if (op == "reduce_scatter") {
     for (size_t i = 0; i < count; ++i) {
-      wrong += !holds(o.dtype, got, i, reduced(o.op, P, size_t(r) * count + i));
+      wrong += !holds(o.dtype, got, i, comm::exact::expected(o.op, P, size_t(r) * count + i));
     }
   } else {
     for (size_t i = 0; i < count; ++i) wrong += !holds(o.dtype, got, i, int64_t(i % 97));

@@ -11,10 +11,7 @@
 namespace wl::transfer {
 namespace {
 
-constexpr RecordFormat kPeerFormat{.name = "weightlift-fleet-peer",
-                                   .version = kFleetFormatVersion,
-                                   .what = "fleet peer record",
-                                   .remedy = "run one weightlift version across the fleet"};
+constexpr RecordFormat kPeerFormat = fleet_record("weightlift-fleet-peer", "fleet peer record");
 
 using json = nlohmann::json;
 

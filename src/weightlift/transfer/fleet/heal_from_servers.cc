@@ -12,10 +12,7 @@
 namespace wl::transfer {
 namespace {
 
-constexpr RecordFormat kServerCopyFormat{.name = "weightlift-fleet-server-copy",
-                                   .version = kFleetFormatVersion,
-                                   .what = "fleet server copy record",
-                                   .remedy = "run one weightlift version across the fleet"};
+constexpr RecordFormat kServerCopyFormat = fleet_record("weightlift-fleet-server-copy", "fleet server copy record");
 
 using json = nlohmann::json;
 

@@ -7,14 +7,8 @@
 namespace wl::transfer {
 namespace {
 
-constexpr RecordFormat kRoundFormat{.name = "weightlift-fleet-round",
-                                   .version = kFleetFormatVersion,
-                                   .what = "fleet round record",
-                                   .remedy = "run one weightlift version across the fleet"};
-constexpr RecordFormat kJoinFormat{.name = "weightlift-fleet-join",
-                                   .version = kFleetFormatVersion,
-                                   .what = "fleet join record",
-                                   .remedy = "run one weightlift version across the fleet"};
+constexpr RecordFormat kRoundFormat = fleet_record("weightlift-fleet-round", "fleet round record");
+constexpr RecordFormat kJoinFormat = fleet_record("weightlift-fleet-join", "fleet join record");
 
 }  // namespace
 

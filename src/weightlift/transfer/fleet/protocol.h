@@ -46,8 +46,12 @@
 
 namespace wl::transfer {
 
-// Of every fleet record (core/json_record.h); 2: records name their format ("format").
-inline constexpr int kFleetFormatVersion = 2;
+// Every fleet record is versioned JSON (core/json_record.h); version 2: records name their
+// format ("format"). `name` is "weightlift-fleet-<kind>".
+constexpr RecordFormat fleet_record(std::string_view name, std::string_view what) {
+  return {.name = name, .version = 2, .what = what,
+          .remedy = "run one weightlift version across the fleet"};
+}
 
 struct FleetMember {
   int id = 0;          // the receiver's id, chosen by whoever starts it; unique in the fleet
