@@ -112,7 +112,7 @@ TEST(TcpStore, WireVersionMismatchSaysExpectedAndFound) {
   inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
   ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
   detail::StoreRequest req;
-  req.version = 2;
+  req.format_version = 2;
   req.op = detail::StoreOp::kSet;
   req.token = "t";
   req.key = "k";
@@ -127,7 +127,7 @@ TEST(TcpStore, WireVersionMismatchSaysExpectedAndFound) {
 
   // And a client reading a reply of another version says the same the other way round.
   detail::StoreResponse future;
-  future.version = 3;
+  future.format_version = 3;
   Bytes reply = detail::encode_response(future);
   int pair[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, pair), 0);

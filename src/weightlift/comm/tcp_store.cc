@@ -126,9 +126,9 @@ void TcpStoreServer::serve(int fd) {
     if (n == 0) continue;
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) break;
-    uint8_t version = detail::kStoreWireVersion;
+    uint8_t format_version = detail::kStoreWireFormatVersion;
     auto request = detail::read_request(fd, deadline_after(std::chrono::seconds(30)), what,
-                                        &version);
+                                        &format_version);
     StoreResponse response;
     bool close_after = false;
     if (!request.ok()) {

@@ -31,9 +31,9 @@ Status check_magic(const std::byte* p, const std::string& what) {
   return ok_status();
 }
 
-Status version_mismatch(uint8_t found, const std::string& what) {
+Status format_version_mismatch(uint8_t found, const std::string& what) {
   return failed_precondition(what + ": rendezvous store wire format version mismatch: expected " +
-                             std::to_string(kStoreWireVersion) + ", found " +
+                             std::to_string(kStoreWireFormatVersion) + ", found " +
                              std::to_string(found) + "; run the same weightlift build on every "
                              "rank");
 }
@@ -44,7 +44,7 @@ Bytes encode_request(const StoreRequest& r) {
   Bytes out(kStoreRequestHeaderBytes + r.token.size() + r.key.size() + r.value.size());
   std::byte* p = out.data();
   std::memcpy(p, kStoreMagic, 4);
-  p[4] = std::byte(r.version);
+  p[4] = std::byte(r.format_version);
   p[5] = std::byte(r.op);
   put_u32(p + 8, uint32_t(r.token.size()));
   put_u32(p + 12, uint32_t(r.key.size()));
@@ -63,7 +63,7 @@ Bytes encode_response(const StoreResponse& r) {
   Bytes out(kStoreResponseHeaderBytes + r.payload.size());
   std::byte* p = out.data();
   std::memcpy(p, kStoreMagic, 4);
-  p[4] = std::byte(r.version);
+  p[4] = std::byte(r.format_version);
   p[5] = std::byte(r.code);
   put_u64(p + 8, r.payload.size());
   if (!r.payload.empty()) std::memcpy(p + 16, r.payload.data(), r.payload.size());
@@ -107,14 +107,14 @@ Status read_exact(int fd, void* data, size_t bytes, Deadline deadline, const std
 }
 
 Result<StoreRequest> read_request(int fd, Deadline deadline, const std::string& what,
-                                  uint8_t* version_out) {
+                                  uint8_t* format_version_out) {
   std::byte h[kStoreRequestHeaderBytes];
   WL_RETURN_IF_ERROR(read_exact(fd, h, sizeof h, deadline, what));
   WL_RETURN_IF_ERROR(check_magic(h, what));
   StoreRequest r;
-  r.version = uint8_t(h[4]);
-  *version_out = r.version;
-  if (r.version != kStoreWireVersion) return version_mismatch(r.version, what);
+  r.format_version = uint8_t(h[4]);
+  *format_version_out = r.format_version;
+  if (r.format_version != kStoreWireFormatVersion) return format_version_mismatch(r.format_version, what);
   r.op = StoreOp(uint8_t(h[5]));
   if (r.op != StoreOp::kSet && r.op != StoreOp::kGet && r.op != StoreOp::kAdd) {
     return invalid_argument(what + ": unknown store operation " + std::to_string(int(h[5])));
@@ -142,7 +142,7 @@ Result<StoreResponse> read_response(int fd, Deadline deadline, const std::string
   WL_RETURN_IF_ERROR(read_exact(fd, h, sizeof h, deadline, what));
   WL_RETURN_IF_ERROR(check_magic(h, what));
   StoreResponse r;
-  r.version = uint8_t(h[4]);
+  r.format_version = uint8_t(h[4]);
   r.code = StatusCode(uint8_t(h[5]));
   const uint64_t len = get_u64(h + 8);
   if (len > kStoreMaxValueBytes) {
@@ -150,7 +150,7 @@ Result<StoreResponse> read_response(int fd, Deadline deadline, const std::string
   }
   r.payload.resize(len);
   WL_RETURN_IF_ERROR(read_exact(fd, r.payload.data(), len, deadline, what));
-  if (r.version != kStoreWireVersion) return version_mismatch(r.version, what);
+  if (r.format_version != kStoreWireFormatVersion) return format_version_mismatch(r.format_version, what);
   return r;
 }
 
