@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs every test: the release build's unit and
 # multi-process tests plus the PyTorch reference comparison, then the unit tests again under
-# AddressSanitizer + UndefinedBehaviorSanitizer.
+# AddressSanitizer + UndefinedBehaviorSanitizer, then the tests of threads and processes that
+# exchange bytes (comm, transfer, infer, the benchmarks' runs; label "threads") under
+# ThreadSanitizer.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
@@ -14,3 +16,7 @@ ctest --preset release -j 2
 echo "== asan-ubsan build (unit tests)"
 bash scripts/build.sh asan-ubsan
 ctest --preset asan-ubsan -j 2 -LE slow
+
+echo "== tsan build (threads and processes)"
+bash scripts/build.sh tsan
+ctest --preset tsan -j 2 -L threads
