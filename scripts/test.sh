@@ -3,7 +3,7 @@
 # multi-process tests plus the PyTorch reference comparison, then the unit tests again under
 # AddressSanitizer + UndefinedBehaviorSanitizer, then the tests of threads and processes that
 # exchange bytes (comm, transfer, infer, the benchmarks' runs; label "threads") under
-# ThreadSanitizer.
+# ThreadSanitizer. A clang build of the libraries checks the thread-safety annotations.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
@@ -20,3 +20,7 @@ ctest --preset asan-ubsan -j 2 -LE slow
 echo "== tsan build (threads and processes)"
 bash scripts/build.sh tsan
 ctest --preset tsan -j 2 -L threads
+
+echo "== clang thread-safety analysis (WL_GUARDED_BY annotations, libraries only)"
+cmake --preset clang-tsa >/dev/null
+cmake --build build/clang-tsa -j "$(nproc)" --target wl_app wl_infer

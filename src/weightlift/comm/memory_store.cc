@@ -10,7 +10,7 @@ Status store_gone() { return unavailable("rendezvous store is shutting down"); }
 
 Status MemoryStore::set(std::string_view key, std::span<const std::byte> value) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (shut_down_) return store_gone();
     values_[std::string(key)] = Bytes(value.begin(), value.end());
   }
@@ -19,23 +19,23 @@ Status MemoryStore::set(std::string_view key, std::span<const std::byte> value) 
 }
 
 Result<Bytes> MemoryStore::get(std::string_view key, std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    if (shut_down_) return store_gone();
-    if (auto it = values_.find(key); it != values_.end()) return it->second;
-    if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
-      if (auto it = values_.find(key); it != values_.end()) return it->second;
-      return deadline_exceeded("rendezvous key '" + std::string(key) + "' was not set within " +
-                               std::to_string(timeout.count()) + " ms");
-    }
-  }
+  // The analysis cannot see that the predicate runs with mu_ held (CondVar::wait_until does).
+  auto ready = [&]() WL_NO_THREAD_SAFETY_ANALYSIS {
+    return shut_down_ || values_.find(key) != values_.end();
+  };
+  changed_.wait_until(lock, deadline, ready);
+  if (shut_down_) return store_gone();
+  if (auto it = values_.find(key); it != values_.end()) return it->second;
+  return deadline_exceeded("rendezvous key '" + std::string(key) + "' was not set within " +
+                           std::to_string(timeout.count()) + " ms");
 }
 
 Result<int64_t> MemoryStore::add(std::string_view key, int64_t delta) {
   int64_t now = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (shut_down_) return store_gone();
     Bytes& v = values_[std::string(key)];
     if (!v.empty() && v.size() != 8) {
@@ -53,7 +53,7 @@ Result<int64_t> MemoryStore::add(std::string_view key, int64_t delta) {
 
 void MemoryStore::shut_down() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     shut_down_ = true;
   }
   changed_.notify_all();

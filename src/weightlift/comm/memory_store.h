@@ -2,11 +2,10 @@
 // the state behind the TCP store's server.
 #pragma once
 
-#include <condition_variable>
 #include <map>
-#include <mutex>
 
 #include "weightlift/comm/store.h"
+#include "weightlift/core/mutex.h"
 
 namespace wl::comm {
 
@@ -21,10 +20,10 @@ class MemoryStore final : public Store {
   void shut_down();
 
  private:
-  std::mutex mu_;
-  std::condition_variable changed_;
-  std::map<std::string, Bytes, std::less<>> values_;  // guarded by mu_
-  bool shut_down_ = false;                            // guarded by mu_
+  Mutex mu_;
+  CondVar changed_;
+  std::map<std::string, Bytes, std::less<>> values_ WL_GUARDED_BY(mu_);
+  bool shut_down_ WL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace wl::comm

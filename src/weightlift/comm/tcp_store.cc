@@ -94,11 +94,13 @@ TcpStoreServer::~TcpStoreServer() {
   stopping_ = true;
   state_.shut_down();  // wakes connection threads parked in a waiting get
   if (acceptor_.joinable()) acceptor_.join();
+  std::vector<std::thread> threads;  // no new ones: the acceptor has stopped
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (int fd : connection_fds_) ::shutdown(fd, SHUT_RDWR);
+    threads.swap(connections_);
   }
-  for (auto& t : connections_) t.join();
+  for (auto& t : threads) t.join();
   if (listen_fd_ >= 0) ::close(listen_fd_);
 }
 
@@ -111,7 +113,7 @@ void TcpStoreServer::accept_loop() {
     int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
     set_nodelay(fd);
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     connection_fds_.push_back(fd);
     connections_.emplace_back([this, fd] { serve(fd); });
   }
@@ -180,7 +182,7 @@ void TcpStoreServer::serve(int fd) {
     if (!w.ok() || close_after) break;
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     std::erase(connection_fds_, fd);
   }
   ::close(fd);
@@ -188,28 +190,19 @@ void TcpStoreServer::serve(int fd) {
 
 // ---- client -------------------------------------------------------------------------------
 
-Result<std::unique_ptr<TcpStore>> TcpStore::connect(const TcpStoreOptions& o) {
-  std::unique_ptr<TcpStore> c(new TcpStore());
-  c->options_ = o;
-  c->where_ = "rendezvous store at " + o.host + ":" + std::to_string(o.port);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  const std::string port = std::to_string(o.port);
-  if (int rc = ::getaddrinfo(o.host.c_str(), port.c_str(), &hints, &res); rc != 0) {
-    return invalid_argument(c->where_ + ": " + gai_strerror(rc));
-  }
-  const Deadline deadline = deadline_after(o.connect_timeout);
-  Status last = unavailable(c->where_ + ": no address");
+// One TCP connection to any of `addresses`, tried again with backoff (the server may start
+// after its clients) until `timeout`.
+Result<int> connect_with_retries(addrinfo* addresses, const std::string& where,
+                                 std::chrono::milliseconds timeout) {
+  const Deadline deadline = deadline_after(timeout);
+  Status last = unavailable(where + ": no address");
   int delay_ms = 5;
-  while (c->fd_ < 0) {
-    for (addrinfo* ai = res; ai != nullptr && c->fd_ < 0; ai = ai->ai_next) {
+  for (;;) {
+    for (addrinfo* ai = addresses; ai != nullptr; ai = ai->ai_next) {
       int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
                         ai->ai_protocol);
       if (fd < 0) {
-        last = errno_status(c->where_ + ": socket", errno);
+        last = errno_status(where + ": socket", errno);
         continue;
       }
       int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
@@ -226,23 +219,39 @@ Result<std::unique_ptr<TcpStore>> TcpStore::connect(const TcpStoreOptions& o) {
       }
       if (rc == 0) {
         set_nodelay(fd);
-        c->fd_ = fd;
-      } else {
-        last = errno_status(c->where_ + ": connect", errno);
-        ::close(fd);
+        return fd;
       }
+      last = errno_status(where + ": connect", errno);
+      ::close(fd);
     }
-    if (c->fd_ >= 0) break;
     if (Clock::now() + std::chrono::milliseconds(delay_ms) >= deadline) {
-      ::freeaddrinfo(res);
-      return deadline_exceeded(c->where_ + ": could not connect within " +
-                               std::to_string(o.connect_timeout.count()) + " ms (last error: " +
+      return deadline_exceeded(where + ": could not connect within " +
+                               std::to_string(timeout.count()) + " ms (last error: " +
                                last.to_string() + ")");
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));  // backoff, not ordering
     delay_ms = std::min(delay_ms * 2, 200);
   }
+}
+
+Result<std::unique_ptr<TcpStore>> TcpStore::connect(const TcpStoreOptions& o) {
+  std::unique_ptr<TcpStore> c(new TcpStore());
+  c->options_ = o;
+  c->where_ = "rendezvous store at " + o.host + ":" + std::to_string(o.port);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  const std::string port = std::to_string(o.port);
+  if (int rc = ::getaddrinfo(o.host.c_str(), port.c_str(), &hints, &res); rc != 0) {
+    return invalid_argument(c->where_ + ": " + gai_strerror(rc));
+  }
+  const Result<int> fd = connect_with_retries(res, c->where_, o.connect_timeout);
   ::freeaddrinfo(res);
+  if (!fd.ok()) return fd.status();
+  MutexLock lock(c->mu_);
+  c->fd_ = *fd;
   return c;
 }
 
@@ -265,7 +274,7 @@ Result<Bytes> TcpStore::call(uint8_t op, std::string_view key, Bytes value,
   r.value = std::move(value);
   r.timeout_ms = uint32_t(std::clamp<int64_t>(wait.count(), 0, kMaxWaitMs));
   Bytes frame = detail::encode_request(r);
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (fd_ < 0) return unavailable(where_ + ": connection closed after an earlier error");
   const Deadline deadline = deadline_after(options_.request_timeout) + wait + kReplySlack;
   Status s = detail::write_all(fd_, frame.data(), frame.size(), deadline, where_);

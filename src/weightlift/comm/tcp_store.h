@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "weightlift/comm/memory_store.h"
+#include "weightlift/core/mutex.h"
 #include "weightlift/comm/store.h"
 
 namespace wl::comm {
@@ -46,9 +47,9 @@ class TcpStoreServer {
   std::atomic<bool> stopping_{false};
   MemoryStore state_;
   std::thread acceptor_;
-  std::mutex mu_;
-  std::vector<std::thread> connections_;  // guarded by mu_
-  std::vector<int> connection_fds_;       // guarded by mu_
+  Mutex mu_;
+  std::vector<std::thread> connections_ WL_GUARDED_BY(mu_);
+  std::vector<int> connection_fds_ WL_GUARDED_BY(mu_);
 };
 
 struct TcpStoreOptions {
@@ -77,8 +78,8 @@ class TcpStore final : public Store {
 
   TcpStoreOptions options_;
   std::string where_;  // "rendezvous store at 127.0.0.1:29500"
-  std::mutex mu_;      // one request at a time on the connection
-  int fd_ = -1;        // guarded by mu_
+  Mutex mu_;  // one request at a time on the connection
+  int fd_ WL_GUARDED_BY(mu_) = -1;
 };
 
 }  // namespace wl::comm

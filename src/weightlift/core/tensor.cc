@@ -1,12 +1,13 @@
 #include "weightlift/core/tensor.h"
 
 #include <atomic>
-#include <mutex>
-#include <unordered_map>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 #include <sstream>
+#include <unordered_map>
+
+#include "weightlift/core/mutex.h"
 
 namespace wl {
 
@@ -39,7 +40,7 @@ class StoragePool {
 
   void* get(size_t bytes) {
     if (bytes >= kMinPooled) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       auto it = free_.find(bytes);
       if (it != free_.end() && !it->second.empty()) {
         void* p = it->second.back();
@@ -55,7 +56,7 @@ class StoragePool {
 
   void put(void* p, size_t bytes) {
     if (bytes >= kMinPooled) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (cached_ + bytes <= kMaxPooled) {
         free_[bytes].push_back(p);
         cached_ += bytes;
@@ -66,9 +67,9 @@ class StoragePool {
   }
 
  private:
-  std::mutex mu_;
-  std::unordered_map<size_t, std::vector<void*>> free_;
-  size_t cached_ = 0;
+  Mutex mu_;
+  std::unordered_map<size_t, std::vector<void*>> free_ WL_GUARDED_BY(mu_);
+  size_t cached_ WL_GUARDED_BY(mu_) = 0;
 };
 
 // Never destroyed: tensors may be freed during static destruction.

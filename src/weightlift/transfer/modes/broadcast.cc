@@ -3,10 +3,8 @@
 #include "weightlift/transfer/modes/broadcast.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -17,6 +15,7 @@
 #include "weightlift/comm/broadcast.h"
 #include "weightlift/model/params.h"
 #include "weightlift/transfer/modes/local_convert.h"
+#include "weightlift/core/mutex.h"
 #include "weightlift/core/timing.h"
 #include "weightlift/transfer/modes/detail/update_round.h"
 
@@ -60,6 +59,52 @@ std::vector<std::vector<std::string>> param_groups(const model::ModelConfig& c) 
   }
   return groups;
 }
+
+// A receiver's two bucket buffers, passed between the thread that receives broadcasts into
+// them and the thread that converts them into the slot: bucket b lives in buffer b % 2.
+class BucketHandoff {
+ public:
+  // Receiving thread: waits until bucket b's buffer has been converted, then takes it.
+  void claim_buffer(size_t b) WL_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    cv_.wait(lock, [&]() WL_NO_THREAD_SAFETY_ANALYSIS { return !busy_[b % 2]; });
+    busy_[b % 2] = true;
+  }
+  // Receiving thread: bucket b has arrived.
+  void filled(size_t b) WL_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    ready_.push_back(b);
+    cv_.notify_all();
+  }
+  // Receiving thread: no more buckets.
+  void finish() WL_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    done_ = true;
+    cv_.notify_all();
+  }
+  // Converter thread: the next bucket that arrived, or none once finished.
+  std::optional<size_t> next() WL_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    cv_.wait(lock, [&]() WL_NO_THREAD_SAFETY_ANALYSIS { return !ready_.empty() || done_; });
+    if (ready_.empty()) return std::nullopt;
+    const size_t b = ready_.front();
+    ready_.pop_front();
+    return b;
+  }
+  // Converter thread: bucket b is in the slot; its buffer is free.
+  void converted(size_t b) WL_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    busy_[b % 2] = false;
+    cv_.notify_all();
+  }
+
+ private:
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<size_t> ready_ WL_GUARDED_BY(mu_);  // arrived, not yet converted
+  bool busy_[2] WL_GUARDED_BY(mu_) = {false, false};  // holds a bucket not yet converted
+  bool done_ WL_GUARDED_BY(mu_) = false;
+};
 
 class BroadcastExecutor final : public UpdateExecutor {
  public:
@@ -187,61 +232,38 @@ Status BroadcastExecutor::send(const UpdateOptions& o, UpdateReport* report) {
 
 Status BroadcastExecutor::receive(const UpdateOptions& o, int slot, UpdateReport* report) {
   const std::span<std::byte> out = o_.receiver->slot(slot);
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<size_t> ready;       // buckets_ received, not yet converted; guarded by mu
-  bool busy[2] = {false, false};  // buffer holds a bucket not yet converted; guarded by mu
-  bool done = false;              // guarded by mu
-  double convert_seconds = 0;     // written by the converter_, read after join
+  BucketHandoff handoff;
+  double convert_seconds = 0;  // written by the converter thread, read after the join
   std::thread convert([&] {
-    for (;;) {
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return !ready.empty() || done; });
-      if (ready.empty()) return;
-      const size_t b = ready.front();
-      ready.pop_front();
-      lock.unlock();
+    while (const std::optional<size_t> b = handoff.next()) {
       const Stopwatch t;
-      const Bucket& bucket = buckets_[b];
-      const std::byte* buf = buffers_[b % 2].get();
+      const Bucket& bucket = buckets_[*b];
+      const std::byte* buf = buffers_[*b % 2].get();
       std::unordered_map<std::string, const void*> where;
       for (size_t i = 0; i < bucket.params.size(); ++i) {
         where[bucket.params[i]] = buf + bucket.offsets[i];
       }
-      converter_->run(
-          bucket.tasks, [&](const std::string& p) { return where.at(p); }, out);
+      converter_->run(bucket.tasks, [&](const std::string& p) { return where.at(p); }, out);
       convert_seconds += t.seconds();
-      lock.lock();
-      busy[b % 2] = false;
-      cv.notify_all();
+      handoff.converted(*b);
     }
   });
   Status status;
   for (size_t b = 0; b < buckets_.size() && status.ok(); ++b) {
-    {
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return !busy[b % 2]; });
-      busy[b % 2] = true;
-    }
+    handoff.claim_buffer(b);
     const Stopwatch t;
     status = comm::broadcast(*groups_.at(buckets_[b].owner), {.buffer = buffers_[b % 2].get(),
-                                                            .count = buckets_[b].bytes,
-                                                            .dtype = DType::kU8,
-                                                            .root = 0,
-                                                            .timeout = o.timeout});
+                                                              .count = buckets_[b].bytes,
+                                                              .dtype = DType::kU8,
+                                                              .root = 0,
+                                                              .timeout = o.timeout});
     report->write_seconds += t.seconds();
     if (!status.ok()) break;
     report->bytes += buckets_[b].bytes;
     report->tasks += buckets_[b].tasks.size();
-    std::lock_guard<std::mutex> lock(mu);
-    ready.push_back(b);
-    cv.notify_all();
+    handoff.filled(b);
   }
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    done = true;
-    cv.notify_all();
-  }
+  handoff.finish();
   convert.join();
   report->prepare_seconds += convert_seconds;
   report->peak_staging_bytes = 2 * bucket_bytes_;
