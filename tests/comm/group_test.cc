@@ -56,12 +56,15 @@ TEST(Group, CollectivesOnDifferentGroupsDoNotCross) {
     for (int round = 0; round < 5; ++round) {
       std::vector<int32_t> world_buf(kCount, r + 1), sub_buf(kCount, (r + 1) * 100);
       auto run_world_op = [&] {
-        return allreduce(world, {.recv = world_buf.data(), .count = kCount,
-                                 .dtype = DType::kI32, .segment_bytes = 256});
+        return allreduce(world, {.recv = world_buf.data(),
+                                 .count = kCount,
+                                 .dtype = DType::kI32,
+                                 .segment_bytes = 256});
       };
       auto run_sub_op = [&] {
-        return allreduce(g, {.recv = sub_buf.data(), .count = kCount, .dtype = DType::kI32,
-                             .segment_bytes = 256});
+        return allreduce(
+            g,
+            {.recv = sub_buf.data(), .count = kCount, .dtype = DType::kI32, .segment_bytes = 256});
       };
       if (r % 2 == 0) {
         ASSERT_TRUE(run_sub_op().ok());
@@ -144,8 +147,13 @@ TEST(Group, WorldsSharingAWorkerDoNotCross) {
     ASSERT_TRUE(w.ok()) << w.status().to_string();
     std::shared_ptr<Worker> worker = std::move(*w);
     auto connect = [&](const std::string& prefix) {
-      return Group::connect({.store = store, .rank = r, .size = 3, .timeout = 20s,
-                             .prefix = prefix, .shared_worker = worker, .ids_key = "ids"});
+      return Group::connect({.store = store,
+                             .rank = r,
+                             .size = 3,
+                             .timeout = 20s,
+                             .prefix = prefix,
+                             .transport = worker,
+                             .ids_key = "ids"});
     };
     auto a = connect("a");
     ASSERT_TRUE(a.ok()) << a.status().to_string();
@@ -156,12 +164,12 @@ TEST(Group, WorldsSharingAWorkerDoNotCross) {
     constexpr size_t kCount = 777;
     std::vector<int32_t> xa(kCount, r + 1), xb(kCount, (r + 1) * 1000);
     auto op_a = [&] {
-      return allreduce(**a, {.recv = xa.data(), .count = kCount, .dtype = DType::kI32,
-                             .segment_bytes = 128});
+      return allreduce(
+          **a, {.recv = xa.data(), .count = kCount, .dtype = DType::kI32, .segment_bytes = 128});
     };
     auto op_b = [&] {
-      return allreduce(**b, {.recv = xb.data(), .count = kCount, .dtype = DType::kI32,
-                             .segment_bytes = 128});
+      return allreduce(
+          **b, {.recv = xb.data(), .count = kCount, .dtype = DType::kI32, .segment_bytes = 128});
     };
     // Every rank runs a then b (two worlds are ordered like any two collectives), but the
     // ranks other than 0 dawdle after a: rank 0's b messages reach them while they are still
@@ -178,8 +186,8 @@ TEST(Group, WorldsSharingAWorkerDoNotCross) {
   // Sharing needs the common id counter.
   auto w = Worker::create({});
   ASSERT_TRUE(w.ok());
-  auto g = Group::connect({.store = store, .rank = 0, .size = 1,
-                           .shared_worker = std::shared_ptr<Worker>(std::move(*w))});
+  auto g = Group::connect(
+      {.store = store, .rank = 0, .size = 1, .transport = std::shared_ptr<Worker>(std::move(*w))});
   EXPECT_EQ(g.status().code(), StatusCode::kInvalidArgument) << g.status().to_string();
 }
 

@@ -107,7 +107,7 @@ Result<std::vector<ServerCopyRecord>> read_server_copies(comm::Store& store,
   return records;
 }
 
-Result<uint64_t> heal_from_servers(comm::Worker& worker, Receiver& receiver,
+Result<uint64_t> heal_from_servers(comm::Transport& worker, Receiver& receiver,
                                    std::span<const ServerCopyRecord> records,
                                    const HealOptions& options) {
   const comm::Deadline deadline = comm::deadline_after(options.timeout);
@@ -123,13 +123,14 @@ Result<uint64_t> heal_from_servers(comm::Worker& worker, Receiver& receiver,
     const ServerCopyRecord& r = records[i];
     if (r.rank != int(i) || r.servers != first.servers || r.checkpoint != first.checkpoint ||
         r.version != first.version || r.dtype != first.dtype) {
-      return failed_precondition(what + ": server rank " + std::to_string(r.rank) +
-                                 " last sent '" + r.checkpoint + "' version " +
-                                 std::to_string(r.version) + "; an update is under way");
+      return failed_precondition(what + ": server rank " + std::to_string(r.rank) + " last sent '" +
+                                 r.checkpoint + "' version " + std::to_string(r.version) +
+                                 "; an update is under way");
     }
   }
   if (first.version == 0) {
-    return failed_precondition(what + ": the servers hold nothing to heal from (no update "
+    return failed_precondition(what +
+                               ": the servers hold nothing to heal from (no update "
                                "yet, or its checkpoint was unregistered)");
   }
   WL_ASSIGN_OR_RETURN(LocalConverter converter,
@@ -140,8 +141,8 @@ Result<uint64_t> heal_from_servers(comm::Worker& worker, Receiver& receiver,
     const ServerCopyRecord& r = records[i];
     const std::string server = "server " + std::to_string(r.rank);
     if (!comm::process_may_be_alive({r.host, r.pid})) {
-      return unavailable(what + ": the process of " + server + " (pid " +
-                         std::to_string(r.pid) + ") has exited");
+      return unavailable(what + ": the process of " + server + " (pid " + std::to_string(r.pid) +
+                         ") has exited");
     }
     Source& s = sources[i];
     s.record = &r;
@@ -153,8 +154,9 @@ Result<uint64_t> heal_from_servers(comm::Worker& worker, Receiver& receiver,
   auto read_status = [&](const Source& s) -> Result<CopyStatus> {
     uint64_t words[2] = {0, 0};
     comm::Request r = worker.get(s.peer, words, sizeof words, s.record->region_address, s.rkey);
-    WL_RETURN_IF_ERROR(worker.wait(r, deadline).with_context(
-        what + ": reading the status of server " + std::to_string(s.record->rank)));
+    WL_RETURN_IF_ERROR(worker.wait(r, deadline)
+                           .with_context(what + ": reading the status of server " +
+                                         std::to_string(s.record->rank)));
     return CopyStatus{words[0], words[1]};
   };
   // Not what was sent any more: the servers were refreshed since (their next update sends it).

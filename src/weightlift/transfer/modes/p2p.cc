@@ -45,7 +45,7 @@ struct SenderPlan {
   std::vector<int> gather_last_use;  // by gather: this rank's last task reading it, or -1
   std::set<int> targets;             // receiver world ranks this sender writes to
   // Per target, once connected:
-  std::map<int, int> peer;           // worker peer id
+  std::map<int, int> peer;  // worker peer id
   std::map<int, comm::RemoteKey> rkey;
   std::map<int, std::array<std::byte*, 2>> mapped;  // its slots mapped here, or null
 
@@ -108,7 +108,7 @@ size_t SenderPlan::required_watermark() const {
 // most the watermark in staging. Checksums of what was meant to land go to `sums`.
 class SendQueue {
  public:
-  SendQueue(const SenderPlan& s, const UpdateOptions& o, int slot, comm::Worker& w,
+  SendQueue(const SenderPlan& s, const UpdateOptions& o, int slot, comm::Transport& w,
             comm::Deadline deadline, UpdateReport* report,
             std::map<int, std::vector<uint64_t>>* sums)
       : s_(s), o_(o), slot_(slot), w_(w), deadline_(deadline), report_(report), sums_(sums) {}
@@ -138,8 +138,7 @@ class SendQueue {
   Status gather(int index);
   Status send(int index);
   // The rows task `t` reads, where they lie; offloaded rows are copied into `loads` first.
-  std::vector<PieceSource> load(const PlanTask& t,
-                                std::vector<std::unique_ptr<std::byte[]>>* loads,
+  std::vector<PieceSource> load(const PlanTask& t, std::vector<std::unique_ptr<std::byte[]>>* loads,
                                 size_t* load_bytes);
   void count_task(const PlanTask& t, int index, bool direct);
   Status complete();
@@ -147,7 +146,7 @@ class SendQueue {
   const SenderPlan& s_;
   const UpdateOptions& o_;
   const int slot_;
-  comm::Worker& w_;
+  comm::Transport& w_;
   const comm::Deadline deadline_;
   UpdateReport* report_;
   std::map<int, std::vector<uint64_t>>* sums_;
@@ -239,7 +238,8 @@ Status SendQueue::send(int index) {
   const PlanTask& task = s_.plan->tasks[size_t(index)];
   const bool direct_put = s_.zero_copy(task);
   // The receiver's slot mapped here, or null: then the bytes go by put.
-  std::byte* const slot_base = o_.direct_stores ? s_.mapped.at(task.receiver)[size_t(slot_)] : nullptr;
+  std::byte* const slot_base =
+      o_.direct_stores ? s_.mapped.at(task.receiver)[size_t(slot_)] : nullptr;
   // Prepared straight into the mapped slot: nothing staged but the offload loads.
   const bool in_place = slot_base != nullptr && !direct_put && !o_.checksums && !o_.staging_hook;
   const size_t need = s_.task_staging(task) - (in_place ? task.total_bytes() : 0);
@@ -297,8 +297,8 @@ Status SendQueue::send(int index) {
   const uint64_t slot_address = r.slot_address[slot_];
   f.requests.push_back(w_.put(peer, out, task.bytes, slot_address + task.dst_offset, key));
   if (task.scale_bytes > 0) {
-    f.requests.push_back(w_.put(peer, out + task.bytes, task.scale_bytes,
-                                slot_address + task.scale_offset, key));
+    f.requests.push_back(
+        w_.put(peer, out + task.bytes, task.scale_bytes, slot_address + task.scale_offset, key));
   }
   f.bytes = direct_put ? 0 : task.total_bytes();
   inflight_.push_back(std::move(f));
@@ -326,8 +326,8 @@ class P2PExecutor final : public UpdateExecutor {
  public:
   explicit P2PExecutor(ExecutorOptions o) : o_(std::move(o)) { sender_.plan = &o_.plan; }
 
-  Status plan_sender();    // trainer: its steps and targets
-  void plan_receiver();    // receiver: what arrives from whom
+  Status plan_sender();  // trainer: its steps and targets
+  void plan_receiver();  // receiver: what arrives from whom
   Result<UpdateReport> update(const UpdateOptions& options) override;
   size_t required_watermark() const override {
     return o_.weights ? sender_.required_watermark() : 0;
@@ -338,8 +338,7 @@ class P2PExecutor final : public UpdateExecutor {
   Status connect_targets(const std::vector<comm::ProcessId>& processes);
   Status send(const UpdateOptions& o, const RoundStart& round, UpdateReport& report);
   Status receive(const UpdateOptions& o, const RoundStart& round, UpdateReport& report);
-  Status verify(int slot, const std::map<int, std::vector<uint64_t>>& sums,
-                uint64_t version) const;
+  Status verify(int slot, const std::map<int, std::vector<uint64_t>>& sums, uint64_t version) const;
 
   ExecutorOptions o_;
   SenderPlan sender_;
@@ -391,7 +390,7 @@ void P2PExecutor::plan_receiver() {
 // shared-memory segment that no longer exists, and UCX 1.13 crashes in that error path
 // instead of returning it (comm/process_alive.h).
 Status P2PExecutor::connect_targets(const std::vector<comm::ProcessId>& processes) {
-  comm::Worker& w = o_.world->worker();
+  comm::Transport& w = o_.world->worker();
   for (int receiver_rank : sender_.targets) {
     const PlanReceiver& r = *o_.plan.find_receiver(receiver_rank);
     const std::string who = "receiver rank " + std::to_string(r.rank);
@@ -431,8 +430,7 @@ Status P2PExecutor::send(const UpdateOptions& o, const RoundStart& round, Update
   return ok_status();
 }
 
-Status P2PExecutor::receive(const UpdateOptions& o, const RoundStart& round,
-                            UpdateReport& report) {
+Status P2PExecutor::receive(const UpdateOptions& o, const RoundStart& round, UpdateReport& report) {
   for (const auto& [sender, tasks] : incoming_) {
     report.tasks += tasks.size();
     for (int i : tasks) report.bytes += o_.plan.tasks[size_t(i)].total_bytes();
@@ -463,10 +461,9 @@ Status P2PExecutor::verify(int slot, const std::map<int, std::vector<uint64_t>>&
       if (h == expect[i]) continue;
       return data_loss("receiver rank " + std::to_string(o_.world->rank()) + ": tensor '" +
                        t.tensor + "' rows [" + std::to_string(t.row_begin) + ", " +
-                       std::to_string(t.row_end) + ") from trainer rank " +
-                       std::to_string(sender) + " failed its checksum (sent " + hex64(expect[i]) +
-                       ", landed " + hex64(h) + "); version " + std::to_string(version) +
-                       " discarded");
+                       std::to_string(t.row_end) + ") from trainer rank " + std::to_string(sender) +
+                       " failed its checksum (sent " + hex64(expect[i]) + ", landed " + hex64(h) +
+                       "); version " + std::to_string(version) + " discarded");
     }
   }
   return ok_status();
@@ -475,9 +472,9 @@ Status P2PExecutor::verify(int slot, const std::map<int, std::vector<uint64_t>>&
 Result<UpdateReport> P2PExecutor::update(const UpdateOptions& o) {
   Status mine;
   if (o_.weights != nullptr && o.watermark_bytes < required_watermark()) {
-    mine = resource_exhausted("trainer rank " + std::to_string(o_.world->rank()) +
-                              ": watermark " + std::to_string(o.watermark_bytes) +
-                              " bytes is below the " + std::to_string(required_watermark()) +
+    mine = resource_exhausted("trainer rank " + std::to_string(o_.world->rank()) + ": watermark " +
+                              std::to_string(o.watermark_bytes) + " bytes is below the " +
+                              std::to_string(required_watermark()) +
                               " this plan needs (its largest task beside its gathered tensors)");
   }
   return run_round(*o_.world, o_.plan, o_.receiver, TransferMode::kP2P, o, mine,
