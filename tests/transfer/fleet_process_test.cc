@@ -49,7 +49,10 @@ struct Fleet {
   }
   ~Fleet() {
     for (auto& c : servers) wl::testing::reap(c);
-    for (auto& c : receivers) wl::testing::reap(c);
+    for (auto& c : receivers) {
+      wl::testing::reap(c);
+      EXPECT_EQ(c.output.find("canary"), std::string::npos) << "a write strayed: " << c.output;
+    }
   }
 
   void start_servers(int n) {

@@ -16,7 +16,9 @@
 //       "a", "b" or "none" (which checkpoint its weights equal, byte for byte, per the
 //       reference) under "test/state/ID/VERSION" and its version under "test/version/ID",
 //       and only then prints "receiver ID failed: ..." for a round that failed or "receiver
-//       ID: round R, version V" for one it took part in.
+//       ID: round R, version V" for one it took part in. Around every round, canaries
+//       (fixture.h) watch the bytes no write may touch; it prints "receiver ID canary: ..."
+//       for any that changed.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -126,10 +128,14 @@ int receiver(int id, int port, int tp, int tp_rank) {
   std::fflush(stdout);
   report();
   for (;;) {
+    const wl::transfer::testing::SlotCanary canary(r);
     auto round = (*f)->serve_one(100ms);
     if (!round.ok() && round.status().code() == StatusCode::kDeadlineExceeded &&
         round.status().message().find("no round posted") != std::string::npos) {
       continue;
+    }
+    if (const std::string strays = canary.violations(); !strays.empty()) {
+      std::printf("receiver %d canary: %s", id, strays.c_str());
     }
     // What it holds is in the store before it says anything: a test that read the line
     // reads the state of after the round.

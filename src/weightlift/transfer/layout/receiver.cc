@@ -102,6 +102,10 @@ Status Receiver::attach(comm::Transport& worker) {
 
 uint64_t Receiver::status_address() const { return region_->address() + 2 * slot_bytes_; }
 
+std::span<std::byte> Receiver::status_block() const {
+  return {memory_ + 2 * slot_bytes_, kStatusBytes};
+}
+
 void Receiver::set_status(uint64_t published, uint64_t writing) {
   // Peers read these words with one-sided gets at any time: each is stored whole.
   auto* words = reinterpret_cast<uint64_t*>(memory_ + 2 * slot_bytes_);

@@ -121,6 +121,8 @@ class Receiver {
 
   // Where the status block of the top comment lives in the registered region.
   uint64_t status_address() const;
+  // Its bytes here (for tests that check no one-sided write strays into it).
+  std::span<std::byte> status_block() const;
 
   // ---- healing (fleet/heal_from_peer.h), before the receiver serves any reader
   // --------------------------- A receiver that has just started fills version `version`'s slot by
