@@ -44,6 +44,7 @@ struct SenderPlan {
   std::vector<Step> steps;
   std::vector<int> gather_last_use;  // by gather: this rank's last task reading it, or -1
   std::set<int> targets;             // receiver world ranks this sender writes to
+  std::map<int, size_t> tasks_to;    // by target: how many of this sender's tasks it holds
   // Per target, once connected:
   std::map<int, int> peer;  // worker peer id
   std::map<int, comm::RemoteKey> rkey;
@@ -337,6 +338,8 @@ class P2PExecutor final : public UpdateExecutor {
  private:
   Status connect_targets(const std::vector<comm::ProcessId>& processes);
   Status send(const UpdateOptions& o, const RoundStart& round, UpdateReport& report);
+  Status send_checksums(const UpdateOptions& o, const Status& failed,
+                        std::map<int, std::vector<uint64_t>>& sums);
   Status receive(const UpdateOptions& o, const RoundStart& round, UpdateReport& report);
   Status verify(int slot, const std::map<int, std::vector<uint64_t>>& sums, uint64_t version) const;
 
@@ -374,6 +377,7 @@ Status P2PExecutor::plan_sender() {
     }
     sender_.steps.push_back({false, int(i)});
     sender_.targets.insert(t.receiver);
+    ++sender_.tasks_to[t.receiver];
   }
   return ok_status();
 }
@@ -414,20 +418,40 @@ Status P2PExecutor::connect_targets(const std::vector<comm::ProcessId>& processe
 }
 
 Status P2PExecutor::send(const UpdateOptions& o, const RoundStart& round, UpdateReport& report) {
-  if (!connected_) WL_RETURN_IF_ERROR(connect_targets(round.processes));
   std::map<int, std::vector<uint64_t>> sums;  // by receiver
-  SendQueue queue(sender_, o, round.slot, o_.world->worker(), o_.world->deadline(o.timeout),
-                  &report, &sums);
-  WL_RETURN_IF_ERROR(queue.run());
-  if (!o.checksums) return ok_status();
-  for (auto& [rank, list] : sums) {
-    WL_RETURN_IF_ERROR(o_.world->send({.data = list.data(),
-                                       .bytes = list.size() * 8,
-                                       .peer = rank,
-                                       .tag = kChecksumTag,
-                                       .timeout = o.timeout}));
+  Status sent = connected_ ? ok_status() : connect_targets(round.processes);
+  if (sent.ok()) {
+    SendQueue queue(sender_, o, round.slot, o_.world->worker(), o_.world->deadline(o.timeout),
+                    &report, &sums);
+    sent = queue.run();
   }
-  return ok_status();
+  if (!o.checksums) return sent;
+  Status told = send_checksums(o, sent, sums);
+  return sent.ok() ? told : sent;
+}
+
+// Each receiver waits for a checksum message from each of its senders, so it gets one even
+// from a sender that failed, instead of waiting out its deadline: [status, checksum per task]
+// as u64, the status 0 or the code of the sender's failure (then no checksums, only zeros).
+Status P2PExecutor::send_checksums(const UpdateOptions& o, const Status& failed,
+                                   std::map<int, std::vector<uint64_t>>& sums) {
+  Status first;
+  for (const auto& [rank, count] : sender_.tasks_to) {
+    std::vector<uint64_t> message(1 + count, 0);
+    message[0] = uint64_t(failed.code());
+    if (failed.ok()) {
+      const std::vector<uint64_t>& list = sums[rank];
+      WL_CHECK_EQ(list.size(), count) << "checksums for receiver rank " << rank;
+      std::copy(list.begin(), list.end(), message.begin() + 1);
+    }
+    Status s = o_.world->send({.data = message.data(),
+                               .bytes = message.size() * 8,
+                               .peer = rank,
+                               .tag = kChecksumTag,
+                               .timeout = o.timeout});
+    if (first.ok()) first = s;
+  }
+  return first;
 }
 
 Status P2PExecutor::receive(const UpdateOptions& o, const RoundStart& round, UpdateReport& report) {
@@ -436,16 +460,21 @@ Status P2PExecutor::receive(const UpdateOptions& o, const RoundStart& round, Upd
     for (int i : tasks) report.bytes += o_.plan.tasks[size_t(i)].total_bytes();
   }
   if (!o.checksums) return ok_status();
-  std::map<int, std::vector<uint64_t>> sums;  // by sender
+  std::map<int, std::vector<uint64_t>> sums;  // by sender: [status, checksums...]
+  bool a_sender_failed = false;
   for (const auto& [sender, tasks] : incoming_) {
     std::vector<uint64_t>& list = sums[sender];
-    list.resize(tasks.size());
+    list.resize(1 + tasks.size());
     WL_RETURN_IF_ERROR(o_.world->recv({.data = list.data(),
                                        .bytes = list.size() * 8,
                                        .peer = sender,
                                        .tag = kChecksumTag,
                                        .timeout = o.timeout}));
+    a_sender_failed = a_sender_failed || list[0] != 0;
   }
+  // A sender that failed says so in the closing barrier, which then fails the round naming
+  // it: nothing here to verify or to add.
+  if (a_sender_failed) return ok_status();
   return verify(round.slot, sums, round.version);
 }
 
@@ -453,7 +482,7 @@ Status P2PExecutor::verify(int slot, const std::map<int, std::vector<uint64_t>>&
                            uint64_t version) const {
   const std::span<std::byte> mem = o_.receiver->slot(slot);
   for (const auto& [sender, tasks] : incoming_) {
-    const std::vector<uint64_t>& expect = sums.at(sender);
+    const uint64_t* expect = sums.at(sender).data() + 1;  // past the status word
     for (size_t i = 0; i < tasks.size(); ++i) {
       const PlanTask& t = o_.plan.tasks[size_t(tasks[i])];
       uint64_t h = checksum(mem.data() + t.dst_offset, t.bytes);
