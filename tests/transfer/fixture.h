@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "weightlift/comm/barrier.h"
+#include "weightlift/comm/fault_transport.h"
 #include "weightlift/comm/memory_store.h"
 #include "weightlift/core/random.h"
 #include "weightlift/model/params.h"
@@ -66,21 +67,52 @@ inline RankMeta paper_receiver_or_die(const model::ModelConfig& c, int rank,
 }
 
 // A world of `size` thread-ranks, each with its own UCX worker; fn(rank, world) on each, then
-// a barrier so no rank tears down its worker while another still writes to it.
-inline void run_world(int size, const std::function<void(int, std::shared_ptr<comm::Group>)>& fn) {
+// a barrier so no rank tears down its worker while another still writes to it. With `faults`
+// each rank's worker is wrapped in a FaultTransport (comm/fault_transport.h), which a test
+// reaches as dynamic_cast<comm::FaultTransport&>(world->worker()) to arm its faults. What fn
+// returns is let go only after the rank has let go of its group: memory that writes may still
+// reach must outlive the worker (see Rank).
+inline void run_world_keeping(
+    int size, const std::function<std::shared_ptr<void>(int, std::shared_ptr<comm::Group>)>& fn,
+    bool faults = false) {
   auto store = std::make_shared<comm::MemoryStore>();
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
-      auto g = comm::Group::connect(
-          {.store = store, .rank = r, .size = size, .timeout = std::chrono::seconds(20)});
-      ASSERT_TRUE(g.ok()) << g.status().to_string();
-      fn(r, *g);
-      Status s = comm::barrier(**g);
-      EXPECT_TRUE(s.ok()) << s.to_string();
+      std::shared_ptr<void> keep;  // declared first: goes after the group
+      std::shared_ptr<comm::Transport> transport;
+      if (faults) {
+        auto t = comm::FaultTransport::create({.name = "rank " + std::to_string(r)});
+        ASSERT_TRUE(t.ok()) << t.status().to_string();
+        transport = std::move(*t);
+      }
+      {
+        auto g = comm::Group::connect({.store = store,
+                                       .rank = r,
+                                       .size = size,
+                                       .timeout = std::chrono::seconds(20),
+                                       .transport = std::move(transport),
+                                       .ids_key = faults ? "ids" : ""});
+        ASSERT_TRUE(g.ok()) << g.status().to_string();
+        keep = fn(r, *g);
+        Status s = comm::barrier(**g);
+        EXPECT_TRUE(s.ok()) << s.to_string();
+      }
+      keep.reset();  // the group's last holder, if it holds one; then what it kept alive
     });
   }
   for (auto& t : threads) t.join();
+}
+
+inline void run_world(int size, const std::function<void(int, std::shared_ptr<comm::Group>)>& fn,
+                      bool faults = false) {
+  run_world_keeping(
+      size,
+      [&](int r, std::shared_ptr<comm::Group> g) {
+        fn(r, std::move(g));
+        return std::shared_ptr<void>();
+      },
+      faults);
 }
 
 // ---- update tests: a world of trainers and receivers ---------------------------------------
@@ -92,6 +124,7 @@ struct Case {
   WeightFormat format = WeightFormat::kBF16;
   DType shard_dtype = DType::kF32;
   bool offload = false;
+  bool faults = false;  // every rank's group over a FaultTransport (run_world)
   std::string name() const {
     return std::string(preset) + " " + std::to_string(meshes) + "x" + std::to_string(mesh_size) +
            " trainers, " + std::to_string(engines) + "x tp" + std::to_string(tp) + " " +
@@ -103,10 +136,13 @@ struct Case {
 };
 
 // One rank's role in a Case: its mesh (trainers) or its receiver, ready to plan.
+// Declared so that the receiver goes last, after the world (and with it, once nothing else
+// holds it, the worker): over TCP a put its sender gave up on may still sit in the worker's
+// socket and is applied whenever the worker next progresses, even while it closes.
 struct Rank {
+  std::unique_ptr<Receiver> receiver;
   std::shared_ptr<comm::Group> world;
   std::unique_ptr<TrainerWeights> weights;
-  std::unique_ptr<Receiver> receiver;
   LayoutOptions layout;
   RankMeta meta;
 };
@@ -145,12 +181,16 @@ inline Rank join(const Case& k, int rank, std::shared_ptr<comm::Group> world,
 // every rank's metadata; then fn on each.
 inline void run_planned(const Case& k, std::span<const float> w,
                         const std::function<void(int, Rank&, const Plan&)>& fn) {
-  run_world(k.size(), [&](int rank, std::shared_ptr<comm::Group> world) {
-    Rank r = join(k, rank, world, w);
-    auto plan = plan_transfer(*world, r.meta);
-    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
-    fn(rank, r, *plan);
-  });
+  run_world_keeping(
+      k.size(),
+      [&](int rank, std::shared_ptr<comm::Group> world) {
+        auto r = std::make_shared<Rank>(join(k, rank, world, w));
+        auto plan = plan_transfer(*world, r->meta);
+        EXPECT_TRUE(plan.ok()) << plan.status().to_string();
+        if (plan.ok()) fn(rank, *r, *plan);
+        return std::shared_ptr<void>(std::move(r));
+      },
+      k.faults);
 }
 
 // This rank's executor of `plan` in `mode`; collective over the world, as the library's is.

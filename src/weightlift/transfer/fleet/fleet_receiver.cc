@@ -14,8 +14,10 @@ constexpr std::chrono::milliseconds kPoll{10};  // store polls between worker pr
 struct FleetReceiver::Impl {
   FleetReceiverOptions options;
   FleetKeys keys;
-  std::shared_ptr<comm::Worker> worker;
+  // Declared before the worker so that it goes after it (layout/receiver.h: a put abandoned
+  // by its sender may still reach the slots while the worker closes).
   std::unique_ptr<Receiver> receiver;
+  std::shared_ptr<comm::Worker> worker;
   uint64_t healed = 0;
   std::string heal_log;
 

@@ -67,8 +67,11 @@ struct ReceiverOptions {
 
 class Receiver {
  public:
-  // Allocates and registers both slots with `worker`, which must outlive the receiver (its
-  // UCX context lives on with the memory in any case).
+  // Allocates and registers both slots with `worker`. Let the worker go first, or at least
+  // never progress it once the receiver is gone: over TCP the bytes of a put whose sender gave
+  // up on it (a failed update) may still wait in the worker's socket, and the worker copies
+  // them into the slot whenever it next progresses, even while it closes. (The registration
+  // keeps UCX's context alive by itself.)
   static Result<std::unique_ptr<Receiver>> create(comm::Transport& worker, ReceiverOptions options);
   ~Receiver();
   Receiver(const Receiver&) = delete;
@@ -112,7 +115,7 @@ class Receiver {
   Status begin_write(int slot, comm::Deadline deadline);
   // Registers the same memory with another worker (the old one became unusable, transport.h):
   // a new rkey and worker address, the same epoch, slots and readers. REQUIRES: no update
-  // running; `worker` outlives the receiver.
+  // running; `worker` as for create().
   Status attach(comm::Transport& worker);
   // Makes `version` (in `slot`) the one new readers get.
   void publish(int slot, uint64_t version);
