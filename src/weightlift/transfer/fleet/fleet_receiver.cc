@@ -25,7 +25,7 @@ struct FleetReceiver::Impl {
   uint64_t generation = 0;  // the one this receiver is connected to (0: none)
   std::shared_ptr<comm::Group> group;
   std::map<std::string, std::unique_ptr<UpdateExecutor>> executors;  // by checkpoint
-  bool member = false;      // joined and not left
+  bool member = false;                                               // joined and not left
 
   Status announce(bool leave);
   Status publish_peer_record();
@@ -141,16 +141,17 @@ Status FleetReceiver::Impl::recover() {
   return publish_peer_record();
 }
 
-Result<comm::Bytes> FleetReceiver::Impl::wait_for(const std::string& key,
-                                                  comm::Deadline deadline) {
+Result<comm::Bytes> FleetReceiver::Impl::wait_for(const std::string& key, comm::Deadline deadline) {
   for (;;) {
     auto b = options.store->get(key, kPoll);
     if (b.ok() || b.status().code() != StatusCode::kDeadlineExceeded) return b;
     while (worker->progress()) {
     }
     if (comm::Clock::now() >= deadline) {
-      return deadline_exceeded("receiver " + std::to_string(options.id) + ": no round posted "
-                               "under '" + key + "' yet");
+      return deadline_exceeded("receiver " + std::to_string(options.id) +
+                               ": no round posted "
+                               "under '" +
+                               key + "' yet");
     }
   }
 }
@@ -171,8 +172,8 @@ Result<RoundOutcome> FleetReceiver::serve_one(std::chrono::milliseconds wait) {
   if (r.kind == RoundRecord::Kind::kForm) {
     if (named && m.member) {
       const std::string ack = std::to_string(epoch) + " " + std::to_string(m.receiver->version());
-      WL_RETURN_IF_ERROR(m.options.store->set(m.keys.ack(r.round, m.options.id),
-                                              comm::to_bytes(ack)));
+      WL_RETURN_IF_ERROR(
+          m.options.store->set(m.keys.ack(r.round, m.options.id), comm::to_bytes(ack)));
       out.took_part = true;
     }
     return out;
@@ -184,11 +185,11 @@ Result<RoundOutcome> FleetReceiver::serve_one(std::chrono::milliseconds wait) {
     m.generation = 0;
     if (std::find(r.lagging.begin(), r.lagging.end(), m.options.id) != r.lagging.end()) {
       m.member = false;
-      return failed_precondition(
-          "receiver " + std::to_string(m.options.id) + " holds version " +
-          std::to_string(m.receiver->version()) + ", older than the rest of the fleet (it " +
-          "missed updates), so generation " + std::to_string(r.generation) +
-          " left it out; restart it to heal from a peer");
+      return failed_precondition("receiver " + std::to_string(m.options.id) + " holds version " +
+                                 std::to_string(m.receiver->version()) +
+                                 ", older than the rest of the fleet (it " +
+                                 "missed updates), so generation " + std::to_string(r.generation) +
+                                 " left it out; restart it to heal from a peer");
     }
     if (!named) {
       // Left out of a new generation while we think we belong: the servers dropped us (we
@@ -197,14 +198,13 @@ Result<RoundOutcome> FleetReceiver::serve_one(std::chrono::milliseconds wait) {
       return out;
     }
     const int rank = r.servers + int(me - r.members.begin());
-    auto group = comm::Group::connect(fleet_connect_options(
-        m.keys, m.keys.generation(r.generation), m.options.store, m.worker, rank,
-        r.servers + int(r.members.size()), m.options.timeout));
+    auto group = comm::Group::connect(
+        fleet_connect_options(m.keys, m.keys.generation(r.generation), m.options.store, m.worker,
+                              rank, r.servers + int(r.members.size()), m.options.timeout));
     if (!group.ok()) {
       WL_RETURN_IF_ERROR(m.recover());
       return group.status().with_context("receiver " + std::to_string(m.options.id) +
-                                         ": joining generation " +
-                                         std::to_string(r.generation));
+                                         ": joining generation " + std::to_string(r.generation));
     }
     m.group = *std::move(group);
     m.generation = r.generation;
@@ -215,10 +215,10 @@ Result<RoundOutcome> FleetReceiver::serve_one(std::chrono::milliseconds wait) {
   auto it = m.executors.find(r.checkpoint);
   if (it == m.executors.end()) {
     auto made = make_generation_executor({.world = m.group,
-                                                .receiver = m.receiver.get(),
-                                                .mode = r.mode,
-                                                .bucket_bytes = r.bucket_bytes,
-                                                .timeout = m.options.timeout});
+                                          .receiver = m.receiver.get(),
+                                          .mode = r.mode,
+                                          .bucket_bytes = r.bucket_bytes,
+                                          .timeout = m.options.timeout});
     if (!made.ok()) {
       WL_RETURN_IF_ERROR(m.recover());
       return made.status().with_context("receiver " + std::to_string(m.options.id) +
@@ -230,8 +230,8 @@ Result<RoundOutcome> FleetReceiver::serve_one(std::chrono::milliseconds wait) {
       it->second->update({.checksums = r.checksums, .timeout = m.options.timeout});
   if (!report.ok()) {
     WL_RETURN_IF_ERROR(m.recover());
-    return report.status().with_context("receiver " + std::to_string(m.options.id) +
-                                        ": round " + std::to_string(r.round));
+    return report.status().with_context("receiver " + std::to_string(m.options.id) + ": round " +
+                                        std::to_string(r.round));
   }
   out.report = *report;
   out.version = m.receiver->version();
