@@ -3,11 +3,19 @@
 //
 //   comm_test_rank check     allreduce, allgather and broadcast with exact data; exit 0 if
 //                            every element is right
-//   comm_test_rank loop MS   print "ready", then allreduce 1 MiB forever with a timeout of MS;
-//                            on the first failure print it and exit 10 + its StatusCode
+//   comm_test_rank loop MS [MARK [pause]]
+//                            print "ready", then allreduce 1 MiB forever with a timeout of MS.
+//                            After the MARKth allreduce print "passed MARK"; with "pause",
+//                            then stop right there (no further operation, nothing progressed)
+//                            until stdin closes, and exit 0: the test kills or freezes it at
+//                            that point. On the first failure print "failed: STATUS", wait
+//                            until stdin closes (so every survivor is still alive while the
+//                            test reads what each one saw) and exit 10 + its StatusCode.
 //
-// A failure to join exits 10 + the StatusCode too, so the tests can tell a refused token
+// A failure to join exits 10 + the StatusCode at once, so the tests can tell a refused token
 // (kPermissionDenied) from a timeout.
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -37,8 +45,8 @@ int check(wl::comm::Group& g) {
     }
   }
   std::vector<int64_t> mine(3, r), all(3 * size_t(P));
-  if (auto s = allgather(g, {.send = mine.data(), .recv = all.data(), .count = 3,
-                             .dtype = wl::DType::kI64});
+  if (auto s = allgather(
+          g, {.send = mine.data(), .recv = all.data(), .count = 3, .dtype = wl::DType::kI64});
       !s.ok()) {
     return fail(r, s);
   }
@@ -46,8 +54,8 @@ int check(wl::comm::Group& g) {
     if (all[i] != int64_t(i / 3)) return std::printf("rank %d: allgather wrong\n", r), 1;
   }
   std::vector<int32_t> b(1000, r == P - 1 ? 42 : 0);
-  if (auto s = broadcast(g, {.buffer = b.data(), .count = b.size(), .dtype = wl::DType::kI32,
-                             .root = P - 1});
+  if (auto s = broadcast(
+          g, {.buffer = b.data(), .count = b.size(), .dtype = wl::DType::kI32, .root = P - 1});
       !s.ok()) {
     return fail(r, s);
   }
@@ -59,14 +67,32 @@ int check(wl::comm::Group& g) {
   return 0;
 }
 
-int loop(wl::comm::Group& g, int timeout_ms) {
+// Returns once stdin is closed (or is not a pipe at all).
+void wait_for_stdin_to_close() {
+  char c;
+  while (::read(0, &c, 1) > 0) {
+  }
+}
+
+int loop(wl::comm::Group& g, int timeout_ms, long mark, bool pause) {
   std::printf("ready\n");
   std::fflush(stdout);
   std::vector<float> x(1 << 18, 1.0f);
-  for (;;) {
-    auto s = wl::comm::allreduce(g, {.recv = x.data(), .count = x.size(),
-                                     .timeout = std::chrono::milliseconds(timeout_ms)});
-    if (!s.ok()) return fail(g.rank(), s);
+  for (long n = 1;; ++n) {
+    auto s = wl::comm::allreduce(
+        g, {.recv = x.data(), .count = x.size(), .timeout = std::chrono::milliseconds(timeout_ms)});
+    if (!s.ok()) {
+      std::printf("failed: %s\n", s.to_string().c_str());
+      std::fflush(stdout);
+      wait_for_stdin_to_close();
+      return 10 + int(s.code());
+    }
+    if (n != mark) continue;
+    std::printf("passed %ld\n", n);
+    std::fflush(stdout);
+    if (!pause) continue;
+    wait_for_stdin_to_close();
+    return 0;
   }
 }
 
@@ -81,7 +107,11 @@ int main(int argc, char** argv) {
       *place, {.timeout = std::chrono::milliseconds(mode == "loop" ? timeout_ms : 20000)});
   if (!world.ok()) return fail(place->rank, world.status());
   if (mode == "check") return check(*world->group);
-  if (mode == "loop") return loop(*world->group, timeout_ms);
-  std::printf("usage: comm_test_rank check | loop TIMEOUT_MS\n");
+  if (mode == "loop") {
+    const long mark = argc > 3 ? std::atol(argv[3]) : 0;
+    const bool pause = argc > 4 && std::string(argv[4]) == "pause";
+    return loop(*world->group, timeout_ms, mark, pause);
+  }
+  std::printf("usage: comm_test_rank check | loop TIMEOUT_MS [MARK [pause]]\n");
   return 2;
 }

@@ -5,12 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <barrier>
-#include <thread>
 #include <vector>
 
 #include "exact_data.h"
 #include "rank_threads.h"
 #include "weightlift/comm/collectives.h"
+#include "weightlift/comm/fault_transport.h"
 
 namespace wl::comm {
 namespace {
@@ -56,12 +56,15 @@ TEST(Group, CollectivesOnDifferentGroupsDoNotCross) {
     for (int round = 0; round < 5; ++round) {
       std::vector<int32_t> world_buf(kCount, r + 1), sub_buf(kCount, (r + 1) * 100);
       auto run_world_op = [&] {
-        return allreduce(world, {.recv = world_buf.data(), .count = kCount,
-                                 .dtype = DType::kI32, .segment_bytes = 256});
+        return allreduce(world, {.recv = world_buf.data(),
+                                 .count = kCount,
+                                 .dtype = DType::kI32,
+                                 .segment_bytes = 256});
       };
       auto run_sub_op = [&] {
-        return allreduce(g, {.recv = sub_buf.data(), .count = kCount, .dtype = DType::kI32,
-                             .segment_bytes = 256});
+        return allreduce(
+            g,
+            {.recv = sub_buf.data(), .count = kCount, .dtype = DType::kI32, .segment_bytes = 256});
       };
       if (r % 2 == 0) {
         ASSERT_TRUE(run_sub_op().ok());
@@ -106,20 +109,24 @@ TEST(Group, ConnectTimesOutWhenARankNeverComes) {
 }
 
 // Jobs end with a barrier, and a rank that has passed it tears down its connections at once.
-// Here rank 1 runs the barrier's rounds by hand and dawdles 300 ms before its last one, so
-// ranks 0 and 2 pass and leave while rank 3 still waits for rank 1: their leaving must not
-// fail rank 3 (over TCP it sees their connections close).
+// Here rank 1 runs the barrier's rounds by hand and starts its last one only once ranks 0 and
+// 2 have passed the barrier and closed their connections (they say so in the store), while
+// rank 3 still waits for rank 1: their leaving must not fail rank 3 (over TCP it sees their
+// connections close).
 TEST(Group, ABarrierIgnoresRanksThatPassedItAndLeft) {
   auto store = std::make_shared<MemoryStore>();
   testing::run_ranks(4, [&](int r) {
     auto g = Group::connect({.store = store, .rank = r, .size = 4, .timeout = 10s});
     ASSERT_TRUE(g.ok()) << g.status().to_string();
-    Group& group = **g;
     if (r != 1) {
-      Status s = barrier(group);
+      Status s = barrier(**g);
       EXPECT_TRUE(s.ok()) << "rank " << r << ": " << s.to_string();
-      return;  // ranks 0 and 2 leave here, closing their connections
+      if (r == 3) return;
+      g->reset();  // ranks 0 and 2 leave: the group and its worker go, closing connections
+      EXPECT_TRUE(store->set("left/" + std::to_string(r), to_bytes("gone")).ok());
+      return;
     }
+    Group& group = **g;
     // The dissemination barrier's rounds for rank 1 of 4: round 0 from 0 / to 2, round 1
     // from 3 / to 3.
     const uint32_t sequence = group.next_sequence();
@@ -127,7 +134,16 @@ TEST(Group, ABarrierIgnoresRanksThatPassedItAndLeft) {
     Request round0[2] = {group.irecv(0, sequence, 0, nullptr, 0),
                          group.isend(2, sequence, 0, nullptr, 0)};
     ASSERT_TRUE(group.wait_all(round0, deadline).ok());
-    std::this_thread::sleep_for(300ms);
+    // Waiting, rank 1 keeps progressing its worker, as a rank between operations does: over
+    // TCP the leavers' graceful close needs an answer from it.
+    for (const char* left : {"left/0", "left/2"}) {
+      Result<Bytes> v = store->get(left, 0ms);
+      while (!v.ok() && Clock::now() < deadline) {
+        group.worker().progress();
+        v = store->get(left, 1ms);
+      }
+      ASSERT_TRUE(v.ok()) << v.status().to_string();
+    }
     Request round1[2] = {group.irecv(3, sequence, 1, nullptr, 0),
                          group.isend(3, sequence, 1, nullptr, 0)};
     Status s = group.wait_all_watching(round1, std::vector<int>{3}, deadline);
@@ -135,17 +151,29 @@ TEST(Group, ABarrierIgnoresRanksThatPassedItAndLeft) {
   });
 }
 
-// Two worlds over one shared worker (a fleet re-forming its group between updates): the second
-// world of the same ranks gets its own group id, so messages of one never match the other's.
-TEST(Group, WorldsSharingAWorkerDoNotCross) {
+// Two worlds over one shared transport (a fleet re-forming its group between updates): the
+// second world of the same ranks gets its own group id, so messages of one never match the
+// other's. Every rank runs an allreduce on a, then on b: the same sequence number and steps.
+// Recursive doubling on 3 ranks: rank 0 hands its buffer to rank 1, ranks 1 and 2 swap at
+// step 1, rank 1 hands the result back. Rank 1's step-1 message of a is held (fault
+// transport) until it has sent its step-1 message of b, so while rank 2 is still inside a,
+// waiting for exactly that (sender, sequence, step), b's message is sent to it first (and on
+// one host, through the one shared-memory queue rank 2 reads, arrives first): only the group
+// id in the tag keeps it from completing a with b's numbers.
+TEST(Group, WorldsSharingATransportDoNotCross) {
   auto store = std::make_shared<MemoryStore>();
   testing::run_ranks(3, [&](int r) {
-    auto w = Worker::create({.name = "shared " + std::to_string(r)});
-    ASSERT_TRUE(w.ok()) << w.status().to_string();
-    std::shared_ptr<Worker> worker = std::move(*w);
+    auto t = FaultTransport::create({.name = "shared " + std::to_string(r)});
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    std::shared_ptr<FaultTransport> faults = *t;
     auto connect = [&](const std::string& prefix) {
-      return Group::connect({.store = store, .rank = r, .size = 3, .timeout = 20s,
-                             .prefix = prefix, .shared_worker = worker, .ids_key = "ids"});
+      return Group::connect({.store = store,
+                             .rank = r,
+                             .size = 3,
+                             .timeout = 20s,
+                             .prefix = prefix,
+                             .transport = faults,
+                             .ids_key = "ids"});
     };
     auto a = connect("a");
     ASSERT_TRUE(a.ok()) << a.status().to_string();
@@ -153,22 +181,22 @@ TEST(Group, WorldsSharingAWorkerDoNotCross) {
     ASSERT_TRUE(b.ok()) << b.status().to_string();
     EXPECT_NE((*a)->id(), (*b)->id());
     EXPECT_EQ(&(*a)->worker(), &(*b)->worker());
+    if (r == 1) {
+      // Each world connected its own endpoints: the held send goes on a's, its release is the
+      // first send on b's.
+      faults->hold({.op = TransportOp::kSend, .peer = (*a)->worker_peer(2)},
+                   {.op = TransportOp::kSend, .peer = (*b)->worker_peer(2)});
+    }
     constexpr size_t kCount = 777;
     std::vector<int32_t> xa(kCount, r + 1), xb(kCount, (r + 1) * 1000);
-    auto op_a = [&] {
-      return allreduce(**a, {.recv = xa.data(), .count = kCount, .dtype = DType::kI32,
-                             .segment_bytes = 128});
+    auto op = [&](Group& g, std::vector<int32_t>& x) {
+      return allreduce(g, {.recv = x.data(),
+                           .count = kCount,
+                           .dtype = DType::kI32,
+                           .algorithm = AllreduceAlgorithm::kRecursiveDoubling});
     };
-    auto op_b = [&] {
-      return allreduce(**b, {.recv = xb.data(), .count = kCount, .dtype = DType::kI32,
-                             .segment_bytes = 128});
-    };
-    // Every rank runs a then b (two worlds are ordered like any two collectives), but the
-    // ranks other than 0 dawdle after a: rank 0's b messages reach them while they are still
-    // in (or just out of) a, on the same worker, with the same sequence numbers.
-    Status first = op_a();
-    if (r != 0) std::this_thread::sleep_for(5ms);
-    Status second = op_b();
+    Status first = op(**a, xa);
+    Status second = op(**b, xb);
     ASSERT_TRUE(first.ok()) << first.to_string();
     ASSERT_TRUE(second.ok()) << second.to_string();
     EXPECT_EQ(xa, std::vector<int32_t>(kCount, 6));
@@ -178,8 +206,8 @@ TEST(Group, WorldsSharingAWorkerDoNotCross) {
   // Sharing needs the common id counter.
   auto w = Worker::create({});
   ASSERT_TRUE(w.ok());
-  auto g = Group::connect({.store = store, .rank = 0, .size = 1,
-                           .shared_worker = std::shared_ptr<Worker>(std::move(*w))});
+  auto g = Group::connect(
+      {.store = store, .rank = 0, .size = 1, .transport = std::shared_ptr<Worker>(std::move(*w))});
   EXPECT_EQ(g.status().code(), StatusCode::kInvalidArgument) << g.status().to_string();
 }
 

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -13,15 +15,16 @@
 #include <vector>
 
 #include "weightlift/comm/barrier.h"
+#include "weightlift/comm/fault_transport.h"
 #include "weightlift/comm/memory_store.h"
 #include "weightlift/core/random.h"
 #include "weightlift/model/params.h"
-#include "weightlift/transfer/plan/plan_transfer.h"
-#include "weightlift/transfer/plan/metadata.h"
-#include "weightlift/transfer/plan/offline_metadata.h"
 #include "weightlift/transfer/layout/reference_transform.h"
 #include "weightlift/transfer/layout/trainer_weights.h"
 #include "weightlift/transfer/modes/update_executor.h"
+#include "weightlift/transfer/plan/metadata.h"
+#include "weightlift/transfer/plan/offline_metadata.h"
+#include "weightlift/transfer/plan/plan_transfer.h"
 
 namespace wl::transfer::testing {
 
@@ -64,21 +67,52 @@ inline RankMeta paper_receiver_or_die(const model::ModelConfig& c, int rank,
 }
 
 // A world of `size` thread-ranks, each with its own UCX worker; fn(rank, world) on each, then
-// a barrier so no rank tears down its worker while another still writes to it.
-inline void run_world(int size, const std::function<void(int, std::shared_ptr<comm::Group>)>& fn) {
+// a barrier so no rank tears down its worker while another still writes to it. With `faults`
+// each rank's worker is wrapped in a FaultTransport (comm/fault_transport.h), which a test
+// reaches as dynamic_cast<comm::FaultTransport&>(world->worker()) to arm its faults. What fn
+// returns is let go only after the rank has let go of its group: memory that writes may still
+// reach must outlive the worker (see Rank).
+inline void run_world_keeping(
+    int size, const std::function<std::shared_ptr<void>(int, std::shared_ptr<comm::Group>)>& fn,
+    bool faults = false) {
   auto store = std::make_shared<comm::MemoryStore>();
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
-      auto g = comm::Group::connect({.store = store, .rank = r, .size = size,
-                                     .timeout = std::chrono::seconds(20)});
-      ASSERT_TRUE(g.ok()) << g.status().to_string();
-      fn(r, *g);
-      Status s = comm::barrier(**g);
-      EXPECT_TRUE(s.ok()) << s.to_string();
+      std::shared_ptr<void> keep;  // declared first: goes after the group
+      std::shared_ptr<comm::Transport> transport;
+      if (faults) {
+        auto t = comm::FaultTransport::create({.name = "rank " + std::to_string(r)});
+        ASSERT_TRUE(t.ok()) << t.status().to_string();
+        transport = std::move(*t);
+      }
+      {
+        auto g = comm::Group::connect({.store = store,
+                                       .rank = r,
+                                       .size = size,
+                                       .timeout = std::chrono::seconds(20),
+                                       .transport = std::move(transport),
+                                       .ids_key = faults ? "ids" : ""});
+        ASSERT_TRUE(g.ok()) << g.status().to_string();
+        keep = fn(r, *g);
+        Status s = comm::barrier(**g);
+        EXPECT_TRUE(s.ok()) << s.to_string();
+      }
+      keep.reset();  // the group's last holder, if it holds one; then what it kept alive
     });
   }
   for (auto& t : threads) t.join();
+}
+
+inline void run_world(int size, const std::function<void(int, std::shared_ptr<comm::Group>)>& fn,
+                      bool faults = false) {
+  run_world_keeping(
+      size,
+      [&](int r, std::shared_ptr<comm::Group> g) {
+        fn(r, std::move(g));
+        return std::shared_ptr<void>();
+      },
+      faults);
 }
 
 // ---- update tests: a world of trainers and receivers ---------------------------------------
@@ -86,10 +120,11 @@ inline void run_world(int size, const std::function<void(int, std::shared_ptr<co
 struct Case {
   const char* preset = "tiny";
   int meshes = 1, mesh_size = 1;  // trainers: meshes * mesh_size, world ranks first
-  int tp = 1, engines = 1;      // receivers: engines * tp, world ranks after the trainers
+  int tp = 1, engines = 1;        // receivers: engines * tp, world ranks after the trainers
   WeightFormat format = WeightFormat::kBF16;
   DType shard_dtype = DType::kF32;
   bool offload = false;
+  bool faults = false;  // every rank's group over a FaultTransport (run_world)
   std::string name() const {
     return std::string(preset) + " " + std::to_string(meshes) + "x" + std::to_string(mesh_size) +
            " trainers, " + std::to_string(engines) + "x tp" + std::to_string(tp) + " " +
@@ -101,16 +136,19 @@ struct Case {
 };
 
 // One rank's role in a Case: its mesh (trainers) or its receiver, ready to plan.
+// Declared so that the receiver goes last, after the world (and with it, once nothing else
+// holds it, the worker): over TCP a put its sender gave up on may still sit in the worker's
+// socket and is applied whenever the worker next progresses, even while it closes.
 struct Rank {
+  std::unique_ptr<Receiver> receiver;
   std::shared_ptr<comm::Group> world;
   std::unique_ptr<TrainerWeights> weights;
-  std::unique_ptr<Receiver> receiver;
   LayoutOptions layout;
   RankMeta meta;
 };
 
 inline Rank join(const Case& k, int rank, std::shared_ptr<comm::Group> world,
-          std::span<const float> weights) {
+                 std::span<const float> weights) {
   Rank r;
   r.world = world;
   const model::ModelConfig c = preset_or_die(k.preset);
@@ -128,8 +166,10 @@ inline Rank join(const Case& k, int rank, std::shared_ptr<comm::Group> world,
     auto lay = inference_layout(c, r.layout);
     WL_CHECK(lay.ok()) << lay.status().to_string();
     auto rc = Receiver::create(world->worker(), {.tensors = tensor_specs(*lay),
-                                                 .engine = i / k.tp, .tp = k.tp,
-                                                 .tp_rank = i % k.tp, .format = k.format});
+                                                 .engine = i / k.tp,
+                                                 .tp = k.tp,
+                                                 .tp_rank = i % k.tp,
+                                                 .format = k.format});
     WL_CHECK(rc.ok()) << rc.status().to_string();
     r.receiver = std::move(*rc);
     r.meta = describe_receiver(rank, *r.receiver);
@@ -141,18 +181,23 @@ inline Rank join(const Case& k, int rank, std::shared_ptr<comm::Group> world,
 // every rank's metadata; then fn on each.
 inline void run_planned(const Case& k, std::span<const float> w,
                         const std::function<void(int, Rank&, const Plan&)>& fn) {
-  run_world(k.size(), [&](int rank, std::shared_ptr<comm::Group> world) {
-    Rank r = join(k, rank, world, w);
-    auto plan = plan_transfer(*world, r.meta);
-    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
-    fn(rank, r, *plan);
-  });
+  run_world_keeping(
+      k.size(),
+      [&](int rank, std::shared_ptr<comm::Group> world) {
+        auto r = std::make_shared<Rank>(join(k, rank, world, w));
+        auto plan = plan_transfer(*world, r->meta);
+        EXPECT_TRUE(plan.ok()) << plan.status().to_string();
+        if (plan.ok()) fn(rank, *r, *plan);
+        return std::shared_ptr<void>(std::move(r));
+      },
+      k.faults);
 }
 
 // This rank's executor of `plan` in `mode`; collective over the world, as the library's is.
-inline Result<std::unique_ptr<UpdateExecutor>> make_executor(
-    Rank& r, const Plan& plan, TransferMode mode = TransferMode::kP2P,
-    size_t bucket_bytes = size_t(64) << 20) {
+inline Result<std::unique_ptr<UpdateExecutor>> make_executor(Rank& r, const Plan& plan,
+                                                             TransferMode mode = TransferMode::kP2P,
+                                                             size_t bucket_bytes = size_t(64)
+                                                                                   << 20) {
   return make_update_executor({.world = r.world,
                                .plan = plan,
                                .weights = r.weights.get(),
@@ -163,8 +208,8 @@ inline Result<std::unique_ptr<UpdateExecutor>> make_executor(
 
 // Every tensor the receiver holds equals the reference, byte for byte.
 inline void expect_matches_reference(const Receiver& receiver, const model::ModelConfig& c,
-                              const LayoutOptions& layout, std::span<const float> held,
-                              uint64_t version) {
+                                     const LayoutOptions& layout, std::span<const float> held,
+                                     uint64_t version) {
   const auto ref = reference_receiver_tensors(c, layout, held);
   Receiver::ReadGuard g = receiver.acquire();
   EXPECT_EQ(g.version(), version);
@@ -181,11 +226,138 @@ inline void expect_matches_reference(const Receiver& receiver, const model::Mode
   }
 }
 
+// No tensor byte of `slot` was ever written (the padding between tensors is the canaries'
+// business, below).
 inline bool slot_is_zero(const Receiver& r, int slot) {
-  for (std::byte b : r.slot(slot)) {
-    if (b != std::byte{0}) return false;
+  const std::span<std::byte> mem = r.slot(slot);
+  for (const ReceiverEntry& e : r.entries()) {
+    for (size_t i = e.offset; i < e.offset + e.bytes; ++i) {
+      if (mem[i] != std::byte{0}) return false;
+    }
   }
   return true;
+}
+
+// ---- canaries: one-sided writes that stray ---------------------------------------------------
+//
+// A receiver's memory is [slot 0 | slot 1 | status] (layout/receiver.h). An update from version
+// v writes version v + 1 into slot (v + 1) % 2, and only the tensors' bytes there. Armed before
+// an update (on the receiver's thread, before it joins: no writer can run yet), SlotCanary
+// fills every byte no write may touch with a pattern, or copies it where it holds data, and
+// expect_untouched() checks them after the update, whether it succeeded or failed:
+//   - the padding between tensors and after the last one, in the slot written (a fresh
+//     receiver, version 0, may be given any version: then in both slots);
+//   - all of the other slot: version v, which readers are using;
+//   - the status block past its two words, and those words: the published version and 0,
+//     or after a failed update possibly the version that was being written.
+// A failure names the slot, the offset and the tensor the stray byte follows.
+class SlotCanary {
+ public:
+  explicit SlotCanary(const Receiver& r) : r_(r), version_(r.version()) {
+    for (int slot : {0, 1}) {
+      if (!published(slot)) {
+        for_each_gap(slot, [&](size_t i) { r.slot(slot)[i] = pattern(slot, i); });
+      }
+      // The published version (readers use it); a fresh receiver's slots, one of which the
+      // update will leave alone.
+      if (published(slot) || version_ == 0) {
+        const std::span<std::byte> mem = r.slot(slot);
+        copies_[size_t(slot)].assign(mem.begin(), mem.end());
+      }
+    }
+    const std::span<std::byte> status = r.status_block();
+    for (size_t i = kStatusWords; i < status.size(); ++i) status[i] = pattern(2, i);
+  }
+
+  // What strayed, one line per finding; empty if nothing did.
+  std::string violations() const {
+    std::string out;
+    const uint64_t now = r_.version();
+    for (int slot : {0, 1}) {
+      if (published(slot) || (version_ == 0 && now > 0 && slot != int(now % 2))) {
+        out += copy_changed(slot);
+        continue;
+      }
+      size_t strays = 0, first = 0;
+      for_each_gap(slot, [&](size_t i) {
+        if (r_.slot(slot)[i] != pattern(slot, i) && strays++ == 0) first = i;
+      });
+      if (strays > 0) {
+        out += std::to_string(strays) + " padding byte(s) of slot " + std::to_string(slot) +
+               " written, the first at " + std::to_string(first) + ", after " + owner(first) + "\n";
+      }
+    }
+    const std::span<std::byte> status = r_.status_block();
+    for (size_t i = kStatusWords; i < status.size(); ++i) {
+      if (status[i] != pattern(2, i))
+        out += "status block byte " + std::to_string(i) + " written\n";
+    }
+    uint64_t words[2];
+    std::memcpy(words, status.data(), sizeof words);
+    if (words[0] != now || (words[1] != 0 && words[1] != now + 1)) {
+      out += "status words (" + std::to_string(words[0]) + ", " + std::to_string(words[1]) +
+             ") at version " + std::to_string(now) + "\n";
+    }
+    return out;
+  }
+
+  void expect_untouched() const {
+    EXPECT_EQ(violations(), "") << "after an update from version " << version_;
+  }
+
+ private:
+  static constexpr size_t kStatusWords = 16;  // bytes: [0] published, [1] being written
+
+  bool published(int slot) const { return version_ > 0 && slot == int(version_ % 2); }
+
+  // A pattern unlikely in weights and different at every offset, so a shifted write shows.
+  static std::byte pattern(int where, size_t i) {
+    return std::byte(uint8_t(0xA5 ^ (i * 0x3B) ^ (size_t(where) << 6)));
+  }
+
+  // fn(i) for every byte of `slot` outside every tensor.
+  template <typename Fn>
+  void for_each_gap(int slot, Fn fn) const {
+    size_t at = 0;
+    for (const ReceiverEntry& e : r_.entries()) {
+      for (; at < e.offset; ++at) fn(at);
+      at = e.offset + e.bytes;
+    }
+    for (; at < r_.slot(slot).size(); ++at) fn(at);
+  }
+
+  std::string owner(size_t offset) const {
+    std::string name = "the slot's start";
+    for (const ReceiverEntry& e : r_.entries()) {
+      if (e.offset <= offset) name = "tensor '" + e.spec.name + "'";
+    }
+    return name;
+  }
+
+  std::string copy_changed(int slot) const {
+    const std::span<std::byte> mem = r_.slot(slot);
+    const auto diff = std::mismatch(mem.begin(), mem.end(), copies_[size_t(slot)].begin());
+    if (diff.first == mem.end()) return "";
+    const size_t at = size_t(diff.first - mem.begin());
+    return "slot " + std::to_string(slot) + ", which the update had no business writing " +
+           "(receiver at version " + std::to_string(version_) + " before it), changed at byte " +
+           std::to_string(at) + ", in or after " + owner(at) + "\n";
+  }
+
+  const Receiver& r_;
+  const uint64_t version_;
+  std::array<std::vector<std::byte>, 2> copies_;  // slots that must not change, as they were
+};
+
+// This rank's part of an update; on a receiver with a SlotCanary armed before it and checked
+// after it, whatever the outcome.
+inline Result<UpdateReport> guarded_update(UpdateExecutor& ex, const Rank& r,
+                                           const UpdateOptions& o) {
+  if (r.receiver == nullptr) return ex.update(o);
+  SlotCanary canary(*r.receiver);
+  Result<UpdateReport> rep = ex.update(o);
+  canary.expect_untouched();
+  return rep;
 }
 
 }  // namespace wl::transfer::testing

@@ -13,8 +13,8 @@
 #include "weightlift/comm/memory_store.h"
 #include "weightlift/core/safetensors.h"
 #include "weightlift/transfer/fleet/fleet_receiver.h"
-#include "weightlift/transfer/fleet/parameter_server.h"
 #include "weightlift/transfer/fleet/heal_from_servers.h"
+#include "weightlift/transfer/fleet/parameter_server.h"
 
 namespace wl::transfer {
 namespace {
@@ -27,7 +27,8 @@ using testing::random_weights;
 constexpr int kServers = 2;
 
 // A receiver thread: serves rounds until stopped; errors are collected, not fatal (a
-// failed update is a legitimate outcome the tests look at).
+// failed update is a legitimate outcome the tests look at). Around every round, canaries
+// check that no write strayed outside the slot's tensors (fixture.h).
 struct ReceiverThread {
   std::unique_ptr<FleetReceiver> fleet;
   LayoutOptions layout;
@@ -39,7 +40,11 @@ struct ReceiverThread {
   void start() {
     thread = std::thread([this] {
       while (!stop.load()) {
+        const testing::SlotCanary canary(fleet->receiver());
         auto r = fleet->serve_one(50ms);
+        const bool no_round = !r.ok() && r.status().code() == StatusCode::kDeadlineExceeded &&
+                              r.status().message().find("no round posted") != std::string::npos;
+        if (!no_round) canary.expect_untouched();
         if (!r.ok() && r.status().code() != StatusCode::kDeadlineExceeded) {
           std::lock_guard lock(mu);
           errors.push_back(r.status().to_string());
@@ -319,8 +324,8 @@ TEST(ParameterServer, RegistersCheckpointsFromSafetensorsFiles) {
   std::vector<std::pair<std::string, Tensor>> first, second;
   for (const model::ParamInfo& p : layout.params()) {
     auto& half = p.name.find("layers.1.") == 0 ? second : first;
-    half.emplace_back(p.name, Tensor::borrow(const_cast<float*>(a.data()) + p.offset,
-                                             DType::kF32, p.shape));
+    half.emplace_back(
+        p.name, Tensor::borrow(const_cast<float*>(a.data()) + p.offset, DType::kF32, p.shape));
   }
   ASSERT_TRUE(write_safetensors(dir + "/part1.safetensors", first, {}).ok());
   ASSERT_TRUE(write_safetensors(dir + "/part2.safetensors", second, {}).ok());
@@ -571,12 +576,20 @@ TEST(HealFromServers, OverTcpAHealMovesOnlyWhileTheServersServe) {
 
 // Records as the store holds them: round trip, then what a damaged or foreign one gives.
 TEST(HealFromServers, RecordsThatAreNotServerCopiesAreDataLoss) {
-  ServerCopyRecord r{.rank = 1, .servers = 2, .checkpoint = "a", .version = 3, .stamp = 7,
-                     .config = preset_or_die("tiny"), .dtype = DType::kBF16,
+  ServerCopyRecord r{.rank = 1,
+                     .servers = 2,
+                     .checkpoint = "a",
+                     .version = 3,
+                     .stamp = 7,
+                     .config = preset_or_die("tiny"),
+                     .dtype = DType::kBF16,
                      .shards = {{"embed.weight", 0, 5, 64}},
                      .worker_address = {std::byte{1}, std::byte{2}},
-                     .rkey = {std::byte{3}}, .region_address = 4096, .region_bytes = 128,
-                     .host = 9, .pid = 42};
+                     .rkey = {std::byte{3}},
+                     .region_address = 4096,
+                     .region_bytes = 128,
+                     .host = 9,
+                     .pid = 42};
   auto back = server_copy_from_json(server_copy_to_json(r), "copy/1");
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   EXPECT_EQ(back->checkpoint, "a");
@@ -586,9 +599,8 @@ TEST(HealFromServers, RecordsThatAreNotServerCopiesAreDataLoss) {
   EXPECT_EQ(back->dtype, DType::kBF16);
 
   std::string text = server_copy_to_json(r);
-  for (const std::string& bad :
-       {text.substr(0, text.size() / 2), std::string("{\"format_version\": 2}"),
-        std::string("[]")}) {
+  for (const std::string& bad : {text.substr(0, text.size() / 2),
+                                 std::string("{\"format_version\": 2}"), std::string("[]")}) {
     auto got = server_copy_from_json(bad, "fleet/copy/1");
     EXPECT_EQ(got.status().code(), StatusCode::kDataLoss) << bad;
     EXPECT_NE(got.status().message().find("fleet/copy/1"), std::string::npos)

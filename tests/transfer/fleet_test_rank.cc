@@ -4,18 +4,24 @@
 //
 //   fleet_test_rank server RANK SIZE PORT
 //       registers "a" and "b", then runs the test's commands in order: it waits for
-//       "test/cmd/K" ("update NAME SLOW_MS" or "exit"), runs it (SLOW_MS: a sleep per staged
-//       task, so the test can strike mid-update) and leaves "ok v=V members=N" or
-//       "error: ..." under "test/result/K/RANK". Prints "staging K" at its first staged task.
+//       "test/cmd/K" ("update NAME", "update NAME hold" or "exit"), runs it and leaves
+//       "ok v=V members=N" or "error: ..." under "test/result/K/RANK". With "hold" the update
+//       has checksums on and the server stops at its first staged task, after the round has
+//       started on every rank and before any byte of it is written, prints "staging K" and
+//       goes on only once the test has set "test/go/K": the test strikes in between. The
+//       checksums keep the receivers inside the round's body, waiting for them, rather than
+//       in its closing barrier: a receiver killed there has said nothing about the round.
 //   fleet_test_rank receiver ID PORT TP TP_RANK
 //       a FleetReceiver serving rounds forever; after healing and after every round it leaves
 //       "a", "b" or "none" (which checkpoint its weights equal, byte for byte, per the
-//       reference) under "test/state/ID/VERSION" and its version under "test/version/ID". Prints "receiver ID failed: ..." for a
-//       round that failed.
+//       reference) under "test/state/ID/VERSION" and its version under "test/version/ID",
+//       and only then prints "receiver ID failed: ..." for a round that failed or "receiver
+//       ID: round R, version V" for one it took part in. Around every round, canaries
+//       (fixture.h) watch the bytes no write may touch; it prints "receiver ID canary: ..."
+//       for any that changed.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
-#include <thread>
 
 #include "fixture.h"
 #include "weightlift/comm/tcp_store.h"
@@ -44,8 +50,8 @@ void put(comm::Store& store, const std::string& key, const std::string& value) {
 int server(int rank, int size, int port) {
   auto store = connect_store(port);
   const model::ModelConfig c = wl::transfer::testing::preset_or_die("tiny");
-  auto ps = ParameterServer::create({.store = store, .rank = rank, .size = size,
-                                     .timeout = kTimeout, .join_timeout = 2s});
+  auto ps = ParameterServer::create(
+      {.store = store, .rank = rank, .size = size, .timeout = kTimeout, .join_timeout = 2s});
   WL_CHECK(ps.ok()) << ps.status().to_string();
   WL_CHECK((*ps)->register_checkpoint("a", c, wl::transfer::testing::random_weights(c, 1)).ok());
   WL_CHECK((*ps)->register_checkpoint("b", c, wl::transfer::testing::random_weights(c, 2)).ok());
@@ -54,24 +60,27 @@ int server(int rank, int size, int port) {
   for (int k = 1;; ++k) {
     auto cmd = store->get("test/cmd/" + std::to_string(k), 600s);
     WL_CHECK(cmd.ok()) << cmd.status().to_string();
-    char name[64] = {};
-    int slow_ms = 0;
     const std::string text = comm::to_string(*cmd);
     if (text == "exit") return 0;
-    WL_CHECK(std::sscanf(text.c_str(), "update %63s %d", name, &slow_ms) == 2) << text;
-    bool said = false;
+    char name[64] = {}, hold[16] = {};
+    WL_CHECK(std::sscanf(text.c_str(), "update %63s %15s", name, hold) >= 1) << text;
     UpdateOptions u;
-    if (slow_ms > 0) {
+    bool held = false;
+    if (std::string(hold) == "hold") {
+      u.checksums = true;
       u.staging_hook = [&](const PlanTask&, std::span<std::byte>) {
-        if (!said) std::printf("staging %d\n", k), std::fflush(stdout), said = true;
-        std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms));
+        if (held) return;
+        held = true;
+        std::printf("staging %d\n", k);
+        std::fflush(stdout);
+        auto go = store->get("test/go/" + std::to_string(k), 60s);
+        WL_CHECK(go.ok()) << go.status().to_string();
       };
     }
     auto r = (*ps)->update(name, {}, u);
-    const std::string result =
-        r.ok() ? "ok v=" + std::to_string(r->report.version) +
-                     " members=" + std::to_string(r->members.size())
-               : "error: " + r.status().to_string();
+    const std::string result = r.ok() ? "ok v=" + std::to_string(r->report.version) +
+                                            " members=" + std::to_string(r->members.size())
+                                      : "error: " + r.status().to_string();
     std::printf("update %d: %s\n", k, result.c_str());
     std::fflush(stdout);
     put(*store, "test/result/" + std::to_string(k) + "/" + std::to_string(rank), result);
@@ -82,7 +91,8 @@ int server(int rank, int size, int port) {
 std::string which(const Receiver& r, const model::ModelConfig& c, const LayoutOptions& layout) {
   Receiver::ReadGuard g = r.acquire();
   for (int seed : {1, 2}) {
-    const auto ref = reference_receiver_tensors(c, layout, wl::transfer::testing::random_weights(c, seed));
+    const auto ref =
+        reference_receiver_tensors(c, layout, wl::transfer::testing::random_weights(c, seed));
     bool same = true;
     for (const ReceiverEntry& e : r.entries()) {
       const ReferenceTensor& want = ref.at(e.spec.name);
@@ -101,12 +111,11 @@ int receiver(int id, int port, int tp, int tp_rank) {
   const LayoutOptions layout{.tp = tp, .tp_rank = tp_rank};
   auto lay = inference_layout(c, layout);
   WL_CHECK(lay.ok()) << lay.status().to_string();
-  auto f = FleetReceiver::create({.store = store,
-                                  .id = id,
-                                  .receiver = {.tensors = tensor_specs(*lay),
-                                               .tp = tp,
-                                               .tp_rank = tp_rank},
-                                  .timeout = kTimeout});
+  auto f = FleetReceiver::create(
+      {.store = store,
+       .id = id,
+       .receiver = {.tensors = tensor_specs(*lay), .tp = tp, .tp_rank = tp_rank},
+       .timeout = kTimeout});
   WL_CHECK(f.ok()) << f.status().to_string();
   Receiver& r = (*f)->receiver();
   const std::string me = std::to_string(id);
@@ -119,19 +128,25 @@ int receiver(int id, int port, int tp, int tp_rank) {
   std::fflush(stdout);
   report();
   for (;;) {
+    const wl::transfer::testing::SlotCanary canary(r);
     auto round = (*f)->serve_one(100ms);
     if (!round.ok() && round.status().code() == StatusCode::kDeadlineExceeded &&
         round.status().message().find("no round posted") != std::string::npos) {
       continue;
     }
+    if (const std::string strays = canary.violations(); !strays.empty()) {
+      std::printf("receiver %d canary: %s", id, strays.c_str());
+    }
+    // What it holds is in the store before it says anything: a test that read the line
+    // reads the state of after the round.
+    report();
     if (!round.ok()) {
       std::printf("receiver %d failed: %s\n", id, round.status().to_string().c_str());
     } else if (round->took_part) {
-      std::printf("receiver %d: round %llu, version %llu\n", id,
-                  (unsigned long long)round->round, (unsigned long long)round->version);
+      std::printf("receiver %d: round %llu, version %llu\n", id, (unsigned long long)round->round,
+                  (unsigned long long)round->version);
     }
     std::fflush(stdout);
-    report();
   }
 }
 
@@ -143,10 +158,10 @@ int main(int argc, char** argv) {
     return server(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]));
   }
   if (role == "receiver" && argc == 6) {
-    return receiver(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]),
-                    std::atoi(argv[5]));
+    return receiver(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]));
   }
-  std::fprintf(stderr, "usage: fleet_test_rank server RANK SIZE PORT | "
-                       "receiver ID PORT TP TP_RANK\n");
+  std::fprintf(stderr,
+               "usage: fleet_test_rank server RANK SIZE PORT | "
+               "receiver ID PORT TP TP_RANK\n");
   return 2;
 }

@@ -16,6 +16,7 @@ namespace {
 using testing::as_held;
 using testing::Case;
 using testing::expect_matches_reference;
+using testing::guarded_update;
 using testing::join;
 using testing::preset_or_die;
 using testing::random_weights;
@@ -43,7 +44,7 @@ void run_case(TransferMode mode, const Case& k, size_t bucket_bytes = size_t(64)
     std::unique_ptr<UpdateExecutor> ex = executor_or_die(mode, r, plan, bucket_bytes);
     for (int v = 1; v <= 2; ++v) {
       if (v == 2 && r.weights) r.weights->assign_full(b);
-      auto rep = ex->update({.watermark_bytes = size_t(1) << 30});
+      auto rep = guarded_update(*ex, r, {.watermark_bytes = size_t(1) << 30});
       ASSERT_TRUE(rep.ok()) << rep.status().to_string();
       EXPECT_EQ(rep->version, uint64_t(v));
       EXPECT_LE(rep->peak_staging_bytes, rep->watermark_bytes);
@@ -77,14 +78,15 @@ TEST(BroadcastMode, BitExactWithOneGroupPerBucketBf16ShardsAndReplicas) {
 TEST(NaiveMode, BitExactTp1And2Bf16AndFp8MeshOf1And2) {
   for (int tp : {1, 2}) {
     for (WeightFormat f : {WeightFormat::kBF16, WeightFormat::kFP8}) {
-      for (int mesh : {1, 2}) run_case(TransferMode::kNaive, {.mesh_size = mesh, .tp = tp, .format = f});
+      for (int mesh : {1, 2})
+        run_case(TransferMode::kNaive, {.mesh_size = mesh, .tp = tp, .format = f});
     }
   }
   run_case(TransferMode::kNaive, {.meshes = 2,
-                          .mesh_size = 1,
-                          .tp = 2,
-                          .format = WeightFormat::kFP8,
-                          .shard_dtype = DType::kBF16});
+                                  .mesh_size = 1,
+                                  .tp = 2,
+                                  .format = WeightFormat::kFP8,
+                                  .shard_dtype = DType::kBF16});
 }
 
 // Checksums belong to p2p's tasks; asking for them elsewhere is an error on every rank, and
@@ -96,15 +98,15 @@ TEST(Modes, RefuseChecksumsAndASmallNaiveWatermarkBeforeAnyByte) {
   for (TransferMode mode : {TransferMode::kBroadcast, TransferMode::kNaive}) {
     run_planned(k, a, [&](int rank, Rank& r, const Plan& plan) {
       std::unique_ptr<UpdateExecutor> ex = executor_or_die(mode, r, plan, size_t(1) << 20);
-      auto rep = ex->update({.watermark_bytes = size_t(1) << 30, .checksums = true});
+      auto rep = guarded_update(*ex, r, {.watermark_bytes = size_t(1) << 30, .checksums = true});
       ASSERT_FALSE(rep.ok());
       EXPECT_EQ(rep.status().code(), StatusCode::kInvalidArgument) << rep.status().to_string();
       // Every rank refuses; each reports the lowest refusing rank, rank 0 its own reason.
       const std::string why = rank == 0 ? "no per-task checksums" : "refused by world rank 0";
       EXPECT_NE(rep.status().message().find(why), std::string::npos) << rep.status().message();
       if (mode == TransferMode::kNaive) {
-        rep =
-            ex->update({.watermark_bytes = size_t(1) << 20});  // tiny in f32: 1.04 MB, needed twice
+        rep = guarded_update(
+            *ex, r, {.watermark_bytes = size_t(1) << 20});  // tiny in f32: 1.04 MB, needed twice
         ASSERT_FALSE(rep.ok());
         EXPECT_EQ(rep.status().code(), StatusCode::kResourceExhausted) << rep.status().to_string();
         const std::string want =

@@ -9,9 +9,9 @@
 #include <cstring>
 
 #include "fixture.h"
-#include "weightlift/transfer/plan/plan_transfer.h"
-#include "weightlift/transfer/modes/update_executor.h"
 #include "weightlift/transfer/layout/reference_transform.h"
+#include "weightlift/transfer/modes/update_executor.h"
+#include "weightlift/transfer/plan/plan_transfer.h"
 
 namespace wl::transfer {
 namespace {
@@ -19,6 +19,7 @@ namespace {
 using testing::as_held;
 using testing::Case;
 using testing::expect_matches_reference;
+using testing::guarded_update;
 using testing::join;
 using testing::preset_or_die;
 using testing::random_weights;
@@ -40,7 +41,7 @@ void run_case(const Case& k) {
       const size_t wm = (*ex)->required_watermark();
       for (int v = 1; v <= 2; ++v) {
         if (v == 2) r.weights->assign_full(b);
-        auto rep = (*ex)->update({.watermark_bytes = wm, .checksums = true});
+        auto rep = guarded_update(**ex, r, {.watermark_bytes = wm, .checksums = true});
         ASSERT_TRUE(rep.ok()) << rep.status().to_string();
         EXPECT_EQ(rep->version, uint64_t(v));
         EXPECT_LE(rep->peak_staging_bytes, wm);
@@ -52,7 +53,7 @@ void run_case(const Case& k) {
       auto ex = make_executor(r, plan);
       ASSERT_TRUE(ex.ok()) << ex.status().to_string();
       for (int v = 1; v <= 2; ++v) {
-        auto rep = (*ex)->update({.checksums = true});
+        auto rep = guarded_update(**ex, r, {.checksums = true});
         ASSERT_TRUE(rep.ok()) << rep.status().to_string();
         expect_matches_reference(*r.receiver, c, r.layout, v == 1 ? a_held : b_held, uint64_t(v));
       }
@@ -69,7 +70,10 @@ TEST(P2pUpdate, BitExactTp1And2Bf16AndFp8MeshOf1And2) {
 }
 
 TEST(P2pUpdate, BitExactFromBf16AndOffloadedShards) {
-  run_case({.mesh_size = 2, .tp = 2, .format = WeightFormat::kFP8, .shard_dtype = DType::kBF16,
+  run_case({.mesh_size = 2,
+            .tp = 2,
+            .format = WeightFormat::kFP8,
+            .shard_dtype = DType::kBF16,
             .offload = true});
   run_case({.mesh_size = 2, .tp = 2, .format = WeightFormat::kBF16, .shard_dtype = DType::kBF16});
   run_case({.mesh_size = 1, .tp = 1, .format = WeightFormat::kBF16, .offload = true});
@@ -93,11 +97,11 @@ TEST(P2pUpdate, WatermarkBelowThePlansNeedIsRefusedBeforeAnyPut) {
       auto ex = make_executor(r, plan);
       ASSERT_TRUE(ex.ok());
       const size_t wm = rank == 1 ? (*ex)->required_watermark() - 1 : size_t(1) << 30;
-      rep = (*ex)->update({.watermark_bytes = wm});
+      rep = guarded_update(**ex, r, {.watermark_bytes = wm});
     } else {
       auto ex = make_executor(r, plan);
       ASSERT_TRUE(ex.ok());
-      rep = (*ex)->update({});
+      rep = guarded_update(**ex, r, {});
       EXPECT_TRUE(slot_is_zero(*r.receiver, 0) && slot_is_zero(*r.receiver, 1));
       EXPECT_EQ(r.receiver->version(), 0u);
     }
@@ -124,7 +128,8 @@ TEST(P2pUpdate, BadLayoutIsRefusedOnEveryRankNamingTensorAndRank) {
     ASSERT_FALSE(plan.ok());
     EXPECT_EQ(plan.status().code(), StatusCode::kNotFound);
     EXPECT_NE(plan.status().message().find("receiver rank 2: tensor 'layers.0.attn_nrom.weight'"),
-              std::string::npos) << plan.status().message();
+              std::string::npos)
+        << plan.status().message();
     if (r.receiver) {
       EXPECT_TRUE(slot_is_zero(*r.receiver, 0) && slot_is_zero(*r.receiver, 1));
     }
@@ -140,7 +145,7 @@ TEST(P2pUpdate, StaleRkeyOfARestartedReceiverIsRefusedBeforeAnyPut) {
     if (r.weights) {
       auto ex = make_executor(r, plan);
       ASSERT_TRUE(ex.ok());
-      rep = (*ex)->update({});
+      rep = guarded_update(**ex, r, {});
     } else {
       if (rank == 2) {  // restarts: new memory, new rkey, new epoch; keeps the old plan
         const ReceiverOptions opts = r.receiver->options();
@@ -151,7 +156,7 @@ TEST(P2pUpdate, StaleRkeyOfARestartedReceiverIsRefusedBeforeAnyPut) {
       }
       auto ex = make_executor(r, plan);
       ASSERT_TRUE(ex.ok());
-      rep = (*ex)->update({});
+      rep = guarded_update(**ex, r, {});
       EXPECT_TRUE(slot_is_zero(*r.receiver, 0) && slot_is_zero(*r.receiver, 1));
     }
     ASSERT_FALSE(rep.ok());
@@ -173,15 +178,16 @@ void corrupt_run(bool checksums, std::atomic<int>* corrupted) {
       UpdateOptions o{.checksums = checksums};
       if (rank == 0) {
         o.staging_hook = [&](const PlanTask& t, std::span<std::byte> bytes) {
-          if (t.receiver == 2 && corrupted->fetch_add(1) == 0) bytes[bytes.size() / 2] ^= std::byte{0x10};
+          if (t.receiver == 2 && corrupted->fetch_add(1) == 0)
+            bytes[bytes.size() / 2] ^= std::byte{0x10};
         };
       }
-      auto rep = (*ex)->update(o);
+      auto rep = guarded_update(**ex, r, o);
       EXPECT_EQ(rep.ok(), !checksums) << rep.status().to_string();
     } else {
       auto ex = make_executor(r, plan);
       ASSERT_TRUE(ex.ok());
-      auto rep = (*ex)->update({.checksums = checksums});
+      auto rep = guarded_update(**ex, r, {.checksums = checksums});
       if (checksums) {
         ASSERT_FALSE(rep.ok());
         EXPECT_EQ(rep.status().code(), StatusCode::kDataLoss);
@@ -228,7 +234,7 @@ TEST(P2pUpdate, ReadersNeverSeeTwoVersionsMixed) {
       ASSERT_TRUE(ex.ok());
       for (int v = 1; v <= 6; ++v) {
         r.weights->assign_full(std::vector<float>(n, float(v)));
-        auto rep = (*ex)->update({});
+        auto rep = guarded_update(**ex, r, {});
         ASSERT_TRUE(rep.ok()) << rep.status().to_string();
       }
       return;
@@ -248,7 +254,7 @@ TEST(P2pUpdate, ReadersNeverSeeTwoVersionsMixed) {
       }
     });
     for (int v = 1; v <= 6; ++v) {
-      auto rep = (*ex)->update({});
+      auto rep = guarded_update(**ex, r, {});
       ASSERT_TRUE(rep.ok()) << rep.status().to_string();
     }
     done = true;

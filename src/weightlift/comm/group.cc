@@ -1,12 +1,11 @@
 #include "weightlift/comm/group.h"
 
 #include <immintrin.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cstring>
 #include <tuple>
-
-#include <sched.h>
 
 #include "weightlift/comm/allgather.h"
 #include "weightlift/comm/detail/shm_arena.h"
@@ -22,7 +21,7 @@ constexpr int kMaxRanks = 1 << kRankBits;
 constexpr uint32_t kUserTagLimit = 1u << 23;
 
 struct GroupLink {
-  std::shared_ptr<Worker> worker;
+  std::shared_ptr<Transport> worker;
   std::shared_ptr<Store> store;
   std::string prefix;
   std::string ids_key;  // the counter group ids come from
@@ -39,9 +38,10 @@ Result<std::shared_ptr<Group>> Group::connect(const ConnectOptions& o) {
     return invalid_argument("Group::connect: rank " + std::to_string(o.rank) + " of " +
                             std::to_string(o.size));
   }
-  if (o.shared_worker != nullptr && o.ids_key.empty()) {
-    return invalid_argument("Group::connect: a shared worker needs ids_key, the counter every "
-                            "world on that worker draws its group id from");
+  if (o.transport != nullptr && o.ids_key.empty()) {
+    return invalid_argument(
+        "Group::connect: a given transport needs ids_key, the counter every "
+        "world on that transport draws its group id from");
   }
   auto link = std::make_shared<GroupLink>();
   link->store = o.store;
@@ -50,9 +50,10 @@ Result<std::shared_ptr<Group>> Group::connect(const ConnectOptions& o) {
   link->timeout = o.timeout;
   link->world_rank = o.rank;
   WorkerOptions wo = o.worker;
-  if (wo.name.empty() || wo.name == WorkerOptions{}.name) wo.name = "rank " + std::to_string(o.rank);
-  if (o.shared_worker != nullptr) {
-    link->worker = o.shared_worker;
+  if (wo.name.empty() || wo.name == WorkerOptions{}.name)
+    wo.name = "rank " + std::to_string(o.rank);
+  if (o.transport != nullptr) {
+    link->worker = o.transport;
   } else {
     WL_ASSIGN_OR_RETURN(std::unique_ptr<Worker> own, Worker::create(wo));
     link->worker = std::move(own);
@@ -77,7 +78,7 @@ Result<std::shared_ptr<Group>> Group::connect(const ConnectOptions& o) {
   std::vector<int> all(size_t(o.size));
   for (int r = 0; r < o.size; ++r) all[size_t(r)] = r;
   g->set_members(std::move(all), o.rank);
-  if (o.shared_worker != nullptr) {
+  if (o.transport != nullptr) {
     // Other worlds share the worker: this one needs an id of its own, as a split would.
     const std::string id_key = o.prefix + "/world_id";
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -121,7 +122,7 @@ Deadline Group::deadline(std::chrono::milliseconds timeout) const {
   return deadline_after(timeout.count() > 0 ? timeout : link_->timeout);
 }
 
-Worker& Group::worker() { return *link_->worker; }
+Transport& Group::worker() { return *link_->worker; }
 
 std::string Group::describe() const {
   return "rank " + std::to_string(rank_) + " of group " + std::to_string(id_) + " (world rank " +
@@ -139,8 +140,7 @@ int Group::peer_id(int rank) const {
   return link_->peer_of_world_rank[size_t(members_[size_t(rank)])];
 }
 
-Request Group::isend(int peer, uint32_t sequence, uint32_t step, const void* data,
-                     size_t bytes) {
+Request Group::isend(int peer, uint32_t sequence, uint32_t step, const void* data, size_t bytes) {
   const uint32_t low = ((sequence & 0x7f) << 16) | (step & 0xffff);
   return link_->worker->send(peer_id(peer), tag(rank_, false, low), data, bytes);
 }
@@ -158,8 +158,7 @@ Status Group::wait_all(std::span<Request> requests, Deadline deadline) {
   return link_->worker->wait_all(requests, {}, deadline, member_peers_);
 }
 
-Status Group::wait_all(std::span<Request> requests, std::span<Request> others,
-                       Deadline deadline) {
+Status Group::wait_all(std::span<Request> requests, std::span<Request> others, Deadline deadline) {
   return link_->worker->wait_all(requests, others, deadline, member_peers_);
 }
 
@@ -180,7 +179,7 @@ Status Group::poll_until(const std::function<int()>& waiting_for, Deadline deadl
   // measured to turn every hand-off into a scheduler time slice (144 us p50 for an 8-byte
   // allreduce at load 6 on 2 cores). With nothing else runnable the yield returns at once.
   constexpr int kCheckEvery = 64;
-  Worker& w = *link_->worker;
+  Transport& w = *link_->worker;
   for (int spins = 1;; ++spins) {
     const int lagging = waiting_for();
     if (lagging < 0) return ok_status();
@@ -192,9 +191,8 @@ Status Group::poll_until(const std::function<int()>& waiting_for, Deadline deadl
       if (!s.ok()) return s.with_context(describe() + ": " + what());
     }
     if (Clock::now() >= deadline) {
-      return deadline_exceeded(describe() + ": " + what() + ": rank " +
-                               std::to_string(lagging) + " (world rank " +
-                               std::to_string(world_rank(lagging)) +
+      return deadline_exceeded(describe() + ": " + what() + ": rank " + std::to_string(lagging) +
+                               " (world rank " + std::to_string(world_rank(lagging)) +
                                ") did not get there before the deadline; it is stopped, slow, "
                                "or not taking part");
     }
@@ -225,8 +223,11 @@ Result<std::shared_ptr<Group>> Group::split(const SplitOptions& o) {
   // Everyone learns everyone's (color, key).
   std::vector<int64_t> mine = {o.color, o.key};
   std::vector<int64_t> all(size_t(size()) * 2);
-  WL_RETURN_IF_ERROR(allgather(*this, {.send = mine.data(), .recv = all.data(), .count = 2,
-                                       .dtype = DType::kI64, .timeout = o.timeout})
+  WL_RETURN_IF_ERROR(allgather(*this, {.send = mine.data(),
+                                       .recv = all.data(),
+                                       .count = 2,
+                                       .dtype = DType::kI64,
+                                       .timeout = o.timeout})
                          .with_context(describe() + ": split"));
   if (o.color == kNoColor) return std::shared_ptr<Group>();
   if (o.color < 0) return invalid_argument("split: color must be >= 0 or kNoColor");

@@ -46,19 +46,20 @@ struct ConnectOptions {
   std::shared_ptr<Store> store;  // shared with sub-groups, which need it to split
   int rank = 0;
   int size = 1;
-  WorkerOptions worker;          // an empty worker.name becomes "rank <rank>"
+  WorkerOptions worker;  // an empty worker.name becomes "rank <rank>"
   // Deadline for connecting, and the default for every operation on the group and its
   // sub-groups.
   std::chrono::milliseconds timeout{30000};
   // Prefix of this job's keys in the store, so that several worlds can share one store.
   std::string prefix = "wl";
-  // Connect through this worker instead of creating one: several worlds made over time (a
-  // fleet whose membership changes between weight updates) then share one worker, and memory
-  // registered with it stays valid for all of them. Every world on a shared worker, and every
-  // group split from one, draws its id from the counter `ids_key` in the store so that their
-  // tags never meet; pass the same ids_key to every such world. Null: a worker of its own.
-  std::shared_ptr<Worker> shared_worker;
-  std::string ids_key;  // required with shared_worker; else "<prefix>/next_group_id"
+  // Connect through this transport instead of creating a UCX worker: several worlds made over
+  // time (a fleet whose membership changes between weight updates) then share one worker, and
+  // memory registered with it stays valid for all of them; a test passes a FaultTransport
+  // (fault_transport.h). Every world on a shared transport, and every group split from one,
+  // draws its id from the counter `ids_key` in the store so that their tags never meet; pass
+  // the same ids_key to every such world. Null: a worker of its own.
+  std::shared_ptr<Transport> transport;
+  std::string ids_key;  // required with transport; else "<prefix>/next_group_id"
 };
 
 inline constexpr int kNoColor = -1;
@@ -87,7 +88,7 @@ struct RecvOptions {
 
 struct GroupLink;  // the worker and connections a world and its sub-groups share
 namespace detail {
-class ShmArena;   // per-group shared-memory scratch (detail/shm_arena.h)
+class ShmArena;  // per-group shared-memory scratch (detail/shm_arena.h)
 }
 
 class Group {
@@ -123,7 +124,7 @@ class Group {
   // collective and left, as in the last rounds of a barrier.
   Status wait_all_watching(std::span<Request> requests, std::span<const int> must_live,
                            Deadline deadline);
-  Worker& worker();
+  Transport& worker();
   // The worker's peer id for `rank` (!= this rank), for one-sided operations.
   int worker_peer(int rank) const { return peer_id(rank); }
   // Spins until `waiting_for()` returns -1, progressing the worker now and then. It returns
@@ -148,7 +149,7 @@ class Group {
   int peer_id(int rank) const;
 
   std::shared_ptr<GroupLink> link_;
-  std::vector<int> members_;  // world ranks, in group rank order
+  std::vector<int> members_;       // world ranks, in group rank order
   std::vector<int> member_peers_;  // worker peer ids of the other members
   int rank_ = 0;
   uint32_t id_ = 0;

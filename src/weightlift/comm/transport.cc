@@ -7,10 +7,10 @@
 #include <ucp/api/ucp.h>
 
 #include <algorithm>
-#include <mutex>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -69,7 +69,7 @@ struct WorkerImpl {
     int id = -1;
     std::string name;
     ucp_ep_h ep = nullptr;
-    Status status;         // not OK once failed or closed
+    Status status;             // not OK once failed or closed
     bool needs_force = false;  // UCX reported an error: only a forced close is allowed
   };
 
@@ -87,8 +87,9 @@ struct WorkerImpl {
     auto* peer = static_cast<Peer*>(arg);
     peer->needs_force = true;
     if (peer->status.ok()) {
-      peer->status = unavailable(peer->owner->name + ": connection to " + peer->name +
-                                 " failed (" + ucs_text(status) + "); the peer died or is "
+      peer->status = unavailable(peer->owner->name + ": connection to " + peer->name + " failed (" +
+                                 ucs_text(status) +
+                                 "); the peer died or is "
                                  "unreachable");
     }
   }
@@ -100,9 +101,9 @@ struct WorkerImpl {
 
   std::string describe(const Request& r) const {
     std::string s = std::string(kind_name(int(r.kind_))) + " " + std::to_string(r.bytes_) +
-                    " bytes " + (r.kind_ == Request::Kind::kRecv ? "from " : "to ") +
+                    " bytes " + (r.kind_ == TransportOp::kRecv ? "from " : "to ") +
                     peers[size_t(r.peer_)]->name;
-    if (r.kind_ == Request::Kind::kSend || r.kind_ == Request::Kind::kRecv) {
+    if (r.kind_ == TransportOp::kSend || r.kind_ == TransportOp::kRecv) {
       char buf[32];
       std::snprintf(buf, sizeof buf, " (tag %016llx)", static_cast<unsigned long long>(r.tag_));
       s += buf;
@@ -110,7 +111,7 @@ struct WorkerImpl {
     return s;
   }
 
-  Request start(Request::Kind kind, int peer, size_t bytes, uint64_t tag) {
+  Request start(TransportOp kind, int peer, size_t bytes, uint64_t tag) {
     Request r;
     r.worker_ = this;
     r.kind_ = kind;
@@ -125,10 +126,10 @@ struct WorkerImpl {
   void adopt(Request& r, ucs_status_ptr_t p) {
     if (p == nullptr) return;  // completed in place
     if (UCS_PTR_IS_ERR(p)) {
-      r.status_ = UCS_PTR_STATUS(p) == UCS_ERR_MESSAGE_TRUNCATED
-                      ? truncated(r)
-                      : internal_error(name + ": " + describe(r) + ": " +
-                                       ucs_text(UCS_PTR_STATUS(p)));
+      r.status_ =
+          UCS_PTR_STATUS(p) == UCS_ERR_MESSAGE_TRUNCATED
+              ? truncated(r)
+              : internal_error(name + ": " + describe(r) + ": " + ucs_text(UCS_PTR_STATUS(p)));
       return;
     }
     r.handle_ = p;
@@ -153,7 +154,7 @@ struct WorkerImpl {
     if (r.handle_ == nullptr) return true;
     ucs_status_t s;
     size_t received = r.bytes_;
-    if (r.kind_ == Request::Kind::kRecv) {
+    if (r.kind_ == TransportOp::kRecv) {
       ucp_tag_recv_info_t info{};
       s = ucp_tag_recv_request_test(r.handle_, &info);
       if (s == UCS_OK) received = info.length;
@@ -175,14 +176,15 @@ struct WorkerImpl {
   }
 
   Status truncated(const Request& r) const {
-    return data_loss(name + ": " + describe(r) + ": the message is longer than the buffer; "
+    return data_loss(name + ": " + describe(r) +
+                     ": the message is longer than the buffer; "
                      "the peers disagree about sizes");
   }
 
   void check_length(Request& r, size_t received) const {
     if (received != r.bytes_) {
-      r.status_ = data_loss(name + ": " + describe(r) + ": received " +
-                            std::to_string(received) + " bytes; the peers disagree about sizes");
+      r.status_ = data_loss(name + ": " + describe(r) + ": received " + std::to_string(received) +
+                            " bytes; the peers disagree about sizes");
     }
   }
 
@@ -234,11 +236,11 @@ struct WorkerImpl {
     std::set<int> peers_to_close;
     for (Request& r : requests) {
       if (r.done_ || r.handle_ == nullptr) continue;
-      if (r.kind_ == Request::Kind::kRecv) ucp_request_cancel(worker, r.handle_);
+      if (r.kind_ == TransportOp::kRecv) ucp_request_cancel(worker, r.handle_);
       peers_to_close.insert(r.peer_);
     }
-    const Status closed = aborted(name + ": connection closed after an earlier failure: " +
-                                  why.to_string());
+    const Status closed =
+        aborted(name + ": connection closed after an earlier failure: " + why.to_string());
     for (int id : peers_to_close) close_peer(*peers[size_t(id)], false, closed);
     const auto limit = Clock::now() + kCleanupLimit;
     for (Request& r : requests) {
@@ -251,7 +253,8 @@ struct WorkerImpl {
         ucp_request_free(r.handle_);
         r.handle_ = nullptr;
         if (poisoned.ok()) {
-          poisoned = aborted(name + ": a transfer from a failed peer could not be cancelled; "
+          poisoned = aborted(name +
+                             ": a transfer from a failed peer could not be cancelled; "
                              "this worker is unusable, create a new one (first failure: " +
                              why.to_string() + ")");
         }
@@ -380,8 +383,8 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerOptions& options) {
     // Only when shared memory may be used: UCX warns about variables no transport reads.
     const char* env_tls = std::getenv("UCX_TLS");
     const std::string tls = !options.transports.empty() ? options.transports
-                            : env_tls != nullptr       ? env_tls
-                                                       : "all";
+                            : env_tls != nullptr        ? env_tls
+                                                        : "all";
     if (tls.find("all") != std::string::npos || tls.find("sm") != std::string::npos ||
         tls.find("posix") != std::string::npos || tls.find("sysv") != std::string::npos) {
       setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
@@ -472,7 +475,7 @@ Result<int> Worker::connect(std::span<const std::byte> address, std::string peer
 }
 
 Request Worker::send(int peer, uint64_t tag, const void* data, size_t bytes) {
-  Request r = impl_->start(Request::Kind::kSend, peer, bytes, tag);
+  Request r = impl_->start(TransportOp::kSend, peer, bytes, tag);
   if (ucp_ep_h ep = impl_->usable_ep(r)) {
     ucp_request_param_t param{};
     impl_->adopt(r, ucp_tag_send_nbx(ep, data, bytes, tag, &param));
@@ -481,7 +484,7 @@ Request Worker::send(int peer, uint64_t tag, const void* data, size_t bytes) {
 }
 
 Request Worker::recv(int peer, uint64_t tag, void* data, size_t bytes) {
-  Request r = impl_->start(Request::Kind::kRecv, peer, bytes, tag);
+  Request r = impl_->start(TransportOp::kRecv, peer, bytes, tag);
   // A message from a peer that has since died may already be here, so post the receive even
   // when the peer is known to have failed; the wait reports the failure if nothing matches.
   impl_->peer_or_null(peer);
@@ -502,7 +505,7 @@ Request Worker::recv(int peer, uint64_t tag, void* data, size_t bytes) {
 Request Worker::put(int peer, const void* local, size_t bytes, uint64_t remote_address,
                     const RemoteKey& rkey) {
   WL_CHECK_EQ(rkey.peer(), peer) << "an rkey unpacked for one peer used with another";
-  Request r = impl_->start(Request::Kind::kPut, peer, bytes, 0);
+  Request r = impl_->start(TransportOp::kPut, peer, bytes, 0);
   if (ucp_ep_h ep = impl_->usable_ep(r)) {
     ucp_request_param_t param{};
     impl_->adopt(r, ucp_put_nbx(ep, local, bytes, remote_address,
@@ -514,7 +517,7 @@ Request Worker::put(int peer, const void* local, size_t bytes, uint64_t remote_a
 Request Worker::get(int peer, void* local, size_t bytes, uint64_t remote_address,
                     const RemoteKey& rkey) {
   WL_CHECK_EQ(rkey.peer(), peer) << "an rkey unpacked for one peer used with another";
-  Request r = impl_->start(Request::Kind::kGet, peer, bytes, 0);
+  Request r = impl_->start(TransportOp::kGet, peer, bytes, 0);
   if (ucp_ep_h ep = impl_->usable_ep(r)) {
     ucp_request_param_t param{};
     impl_->adopt(r, ucp_get_nbx(ep, local, bytes, remote_address,
@@ -524,7 +527,7 @@ Request Worker::get(int peer, void* local, size_t bytes, uint64_t remote_address
 }
 
 Request Worker::flush(int peer) {
-  Request r = impl_->start(Request::Kind::kFlush, peer, 0, 0);
+  Request r = impl_->start(TransportOp::kFlush, peer, 0, 0);
   if (ucp_ep_h ep = impl_->usable_ep(r)) {
     ucp_request_param_t param{};
     impl_->adopt(r, ucp_ep_flush_nbx(ep, &param));
@@ -532,26 +535,17 @@ Request Worker::flush(int peer) {
   return r;
 }
 
-Status Worker::wait(Request& request, Deadline deadline) {
-  return wait_all(std::span<Request>(&request, 1), {}, deadline, {});
-}
-
-Status Worker::wait_all(std::span<Request> requests, Deadline deadline) {
-  return wait_all(requests, {}, deadline, {});
-}
-
-Status Worker::wait_all(std::span<Request> requests, std::span<Request> others,
-                        Deadline deadline, std::span<const int> must_live) {
+Status Worker::wait_all(std::span<Request> requests, std::span<Request> others, Deadline deadline,
+                        std::span<const int> must_live) {
   for (const Request& r : requests) {
-    WL_CHECK(r.done_ || r.worker_ == impl_.get()) << "a request waited on by another worker";
+    WL_CHECK(r.done_ || r.handle_ == nullptr || r.worker_ == impl_.get())
+        << "a request waited on by another worker";
   }
   for (int id : must_live) impl_->peer_or_null(id);
   return impl_->wait_all(requests, others, deadline, must_live);
 }
 
-bool Worker::progress() {
-  return impl_->poisoned.ok() && ucp_worker_progress(impl_->worker) != 0;
-}
+bool Worker::progress() { return impl_->poisoned.ok() && ucp_worker_progress(impl_->worker) != 0; }
 
 Result<MemoryRegion> Worker::register_memory(void* data, size_t bytes) {
   WL_CHECK_GT(bytes, size_t(0)) << "registering an empty region";
@@ -569,9 +563,8 @@ Result<MemoryRegion> Worker::register_memory(void* data, size_t bytes) {
   region.data_ = data;
   region.bytes_ = bytes;
   std::shared_ptr<UcxContext> keep = impl_->context;
-  region.handle_ = std::shared_ptr<void>(memh, [keep](void* m) {
-    ucp_mem_unmap(keep->handle, static_cast<ucp_mem_h>(m));
-  });
+  region.handle_ = std::shared_ptr<void>(
+      memh, [keep](void* m) { ucp_mem_unmap(keep->handle, static_cast<ucp_mem_h>(m)); });
   void* packed = nullptr;
   size_t packed_len = 0;
   s = ucp_rkey_pack(ctx, memh, &packed, &packed_len);
@@ -598,9 +591,8 @@ Result<MemoryRegion> Worker::allocate_memory(size_t bytes) {
                               " bytes of registered memory");
   }
   std::shared_ptr<UcxContext> keep = impl_->context;
-  std::shared_ptr<void> handle(memh, [keep](void* m) {
-    ucp_mem_unmap(keep->handle, static_cast<ucp_mem_h>(m));
-  });
+  std::shared_ptr<void> handle(
+      memh, [keep](void* m) { ucp_mem_unmap(keep->handle, static_cast<ucp_mem_h>(m)); });
   ucp_mem_attr_t attr{};
   attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
   s = ucp_mem_query(memh, &attr);
@@ -641,9 +633,8 @@ Result<RemoteKey> Worker::unpack_rkey(int peer, std::span<const std::byte> packe
   RemoteKey key;
   key.peer_ = peer;
   std::shared_ptr<UcxContext> keep = impl_->context;
-  key.handle_ = std::shared_ptr<void>(rkey, [keep](void* k) {
-    ucp_rkey_destroy(static_cast<ucp_rkey_h>(k));
-  });
+  key.handle_ = std::shared_ptr<void>(
+      rkey, [keep](void* k) { ucp_rkey_destroy(static_cast<ucp_rkey_h>(k)); });
   return key;
 }
 

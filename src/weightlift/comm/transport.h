@@ -1,4 +1,10 @@
-// Transport: one UCX worker and its connections to peers, with every wait bounded.
+// Transport: the operations everything above it moves bytes with, and Worker, their UCX
+// implementation: one UCX worker and its connections to peers, with every wait bounded.
+//
+// Transport is the narrow waist under comm::Group: exactly what Group, the collectives and the
+// transfer engine call, and nothing of UCX. Worker (below) implements it over UCX;
+// FaultTransport (fault_transport.h) wraps any Transport to fail, drop or delay chosen
+// operations deterministically, so that tests make faults enter through this same interface.
 //
 // A Worker owns a UCX context and one worker. Peers are connected by exchanging worker
 // addresses out of band (the rendezvous store does that) and are then named by small integers
@@ -27,7 +33,7 @@
 // than let a later progress call write into a buffer the caller has freed, the worker is
 // then never progressed again and every later operation on it fails with kAborted.
 //
-// Threads: a Worker and everything made from it are used from one thread at a time.
+// Threads: a Transport and everything made from it are used from one thread at a time.
 // No UCX type appears here; the implementation is in transport.cc.
 #pragma once
 
@@ -46,9 +52,7 @@ namespace wl::comm {
 using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
 
-inline Deadline deadline_after(std::chrono::milliseconds timeout) {
-  return Clock::now() + timeout;
-}
+inline Deadline deadline_after(std::chrono::milliseconds timeout) { return Clock::now() + timeout; }
 
 struct WorkerOptions {
   // UCX transports, spelled as UCX_TLS spells them ("tcp", "posix,cma,self"). Empty: UCX_TLS
@@ -63,6 +67,10 @@ struct WorkerOptions {
 
 class Worker;
 struct WorkerImpl;
+class FaultTransport;
+
+// The kinds of operation a Request stands for.
+enum class TransportOp : uint8_t { kSend, kRecv, kPut, kGet, kFlush };
 
 // One operation in flight. Move-only. Destroying a pending Request cancels it as a failed
 // wait would (and so breaks its connection); wait for it instead.
@@ -81,18 +89,20 @@ class Request {
  private:
   friend struct WorkerImpl;
   friend class Worker;
-  enum class Kind : uint8_t { kSend, kRecv, kPut, kGet, kFlush };
+  friend class FaultTransport;  // makes requests that fail or complete without UCX
 
   void reset();
 
+  // The worker that started it; null for one a FaultTransport made. A request with no UCX
+  // request behind it (handle_ null) may be collected by any transport's wait.
   WorkerImpl* worker_ = nullptr;
   void* handle_ = nullptr;  // the UCX request; null once complete or when it completed at once
   bool done_ = true;        // collected by a wait (or never started)
-  Kind kind_ = Kind::kSend;
+  TransportOp kind_ = TransportOp::kSend;
   int peer_ = -1;
-  size_t bytes_ = 0;        // bytes, not elements
+  size_t bytes_ = 0;  // bytes, not elements
   uint64_t tag_ = 0;
-  Status status_;           // an error found when the operation was started
+  Status status_;  // an error found when the operation was started
 };
 
 // Memory registered for one-sided access. The packed rkey is what a peer needs to put into or
@@ -129,24 +139,63 @@ class RemoteKey {
   std::shared_ptr<void> handle_;  // the ucp_rkey_h; destroyed with the last copy
 };
 
-class Worker {
+// The operations Group, the collectives and the transfer engine use. Every method means what
+// Worker's comments below say; another implementation must keep those promises (every wait
+// bounded by its deadline, nothing touching a caller's buffer after a failed wait) or say
+// where it departs from them.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual const std::string& name() const = 0;
+  virtual const std::vector<std::byte>& address() const = 0;
+  virtual Result<int> connect(std::span<const std::byte> address, std::string peer_name) = 0;
+  virtual const std::string& peer_name(int peer) const = 0;
+  virtual Status peer_status(int peer) const = 0;
+
+  virtual Request send(int peer, uint64_t tag, const void* data, size_t bytes) = 0;
+  virtual Request recv(int peer, uint64_t tag, void* data, size_t bytes) = 0;
+  virtual Request put(int peer, const void* local, size_t bytes, uint64_t remote_address,
+                      const RemoteKey& rkey) = 0;
+  virtual Request get(int peer, void* local, size_t bytes, uint64_t remote_address,
+                      const RemoteKey& rkey) = 0;
+  virtual Request flush(int peer) = 0;
+
+  virtual Status wait_all(std::span<Request> requests, std::span<Request> others, Deadline deadline,
+                          std::span<const int> must_live) = 0;
+  Status wait(Request& request, Deadline deadline) {
+    return wait_all(std::span<Request>(&request, 1), {}, deadline, {});
+  }
+  Status wait_all(std::span<Request> requests, Deadline deadline) {
+    return wait_all(requests, {}, deadline, {});
+  }
+  virtual bool progress() = 0;
+
+  virtual Result<MemoryRegion> register_memory(void* data, size_t bytes) = 0;
+  virtual Result<MemoryRegion> allocate_memory(size_t bytes) = 0;
+  virtual Result<RemoteKey> unpack_rkey(int peer, std::span<const std::byte> packed_rkey) = 0;
+  virtual void* remote_pointer(const RemoteKey& rkey, uint64_t remote_address) const = 0;
+};
+
+// The UCX transport.
+class Worker final : public Transport {
  public:
   static Result<std::unique_ptr<Worker>> create(const WorkerOptions& options);
-  ~Worker();
+  ~Worker() override;
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
 
-  const std::string& name() const;
+  const std::string& name() const override;
   // Opaque bytes a peer passes to connect() to reach this worker.
-  const std::vector<std::byte>& address() const;
+  const std::vector<std::byte>& address() const override;
 
   // Connects to the worker at `address`; returns the peer's id in this worker (0, 1, ... in
   // connection order). `peer_name` ("rank 2") appears in every error about this peer.
-  Result<int> connect(std::span<const std::byte> address, std::string peer_name);
+  Result<int> connect(std::span<const std::byte> address, std::string peer_name) override;
   int num_peers() const;
-  const std::string& peer_name(int peer) const;
+  const std::string& peer_name(int peer) const override;
   // OK while the connection to `peer` is healthy; else why it is not.
-  Status peer_status(int peer) const;
+  Status peer_status(int peer) const override;
   // OK unless the worker is unusable (a transfer from a failed peer could not be cancelled,
   // see the top): then every operation fails and the owner must create a new worker.
   Status status() const;
@@ -155,44 +204,45 @@ class Worker {
 
   // Tagged messages. A recv matches exactly `tag` and must receive exactly `bytes` bytes; the
   // peer is for failure detection and error messages (the tag has to identify the sender).
-  Request send(int peer, uint64_t tag, const void* data, size_t bytes);
-  Request recv(int peer, uint64_t tag, void* data, size_t bytes);
+  Request send(int peer, uint64_t tag, const void* data, size_t bytes) override;
+  Request recv(int peer, uint64_t tag, void* data, size_t bytes) override;
 
   // One-sided. `remote_address` is an address inside the peer's registered region.
   Request put(int peer, const void* local, size_t bytes, uint64_t remote_address,
-              const RemoteKey& rkey);
+              const RemoteKey& rkey) override;
   Request get(int peer, void* local, size_t bytes, uint64_t remote_address,
-              const RemoteKey& rkey);
+              const RemoteKey& rkey) override;
   // Completes at the initiator once every earlier put/get to `peer` is complete at the target.
-  Request flush(int peer);
+  Request flush(int peer) override;
 
-  // Waits for every request or the deadline; on failure cancels the rest (see the top).
-  Status wait(Request& request, Deadline deadline);
-  Status wait_all(std::span<Request> requests, Deadline deadline);
+  // wait(request, deadline) and wait_all(requests, deadline) (Transport's) wait for every
+  // request or the deadline; on failure they cancel the rest (see the top).
+  using Transport::wait_all;
   // As wait_all, while also watching `others`: those need not complete (those that do are
-  // collected), but one that fails fails the wait (and is cancelled with the rest). A pipelined collective waits for its next
-  // receive this way and still learns at once that an earlier send went nowhere.
-  // `must_live`: peers whose failure fails the wait even with nothing in flight to them (a
-  // collective cannot finish once any member is gone, so it need not wait for its deadline).
+  // collected), but one that fails fails the wait (and is cancelled with the rest). A
+  // pipelined collective waits for its next receive this way and still learns at once that an
+  // earlier send went nowhere. `must_live`: peers whose failure fails the wait even with
+  // nothing in flight to them (a collective cannot finish once any member is gone, so it need
+  // not wait for its deadline).
   Status wait_all(std::span<Request> requests, std::span<Request> others, Deadline deadline,
-                  std::span<const int> must_live = {});
+                  std::span<const int> must_live) override;
 
   // Makes progress once; true if anything happened. Call it while waiting on something that
   // is not a Request (a flag a peer puts into our memory).
-  bool progress();
+  bool progress() override;
 
   // `data` must stay valid while the region lives. bytes > 0.
-  Result<MemoryRegion> register_memory(void* data, size_t bytes);
+  Result<MemoryRegion> register_memory(void* data, size_t bytes) override;
   // Memory UCX allocates and registers itself (bytes > 0, zero-filled). On one host UCX takes
   // it from a shared-memory segment (sysv or posix), which peers can then map: see
   // remote_pointer(). Freed when the region is released.
-  Result<MemoryRegion> allocate_memory(size_t bytes);
-  Result<RemoteKey> unpack_rkey(int peer, std::span<const std::byte> packed_rkey);
+  Result<MemoryRegion> allocate_memory(size_t bytes) override;
+  Result<RemoteKey> unpack_rkey(int peer, std::span<const std::byte> packed_rkey) override;
   // A pointer through which this process loads and stores the peer's memory at
   // `remote_address` directly (UCX's ucp_rkey_ptr), or null when no transport offers one:
   // the region is not in shared memory, or the peer is reached by TCP or on another host.
   // The mapping lives as long as `rkey`.
-  void* remote_pointer(const RemoteKey& rkey, uint64_t remote_address) const;
+  void* remote_pointer(const RemoteKey& rkey, uint64_t remote_address) const override;
 
  private:
   explicit Worker(std::unique_ptr<WorkerImpl> impl);

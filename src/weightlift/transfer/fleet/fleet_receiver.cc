@@ -14,8 +14,10 @@ constexpr std::chrono::milliseconds kPoll{10};  // store polls between worker pr
 struct FleetReceiver::Impl {
   FleetReceiverOptions options;
   FleetKeys keys;
-  std::shared_ptr<comm::Worker> worker;
+  // Declared before the worker so that it goes after it (layout/receiver.h: a put abandoned
+  // by its sender may still reach the slots while the worker closes).
   std::unique_ptr<Receiver> receiver;
+  std::shared_ptr<comm::Worker> worker;
   uint64_t healed = 0;
   std::string heal_log;
 
@@ -23,7 +25,7 @@ struct FleetReceiver::Impl {
   uint64_t generation = 0;  // the one this receiver is connected to (0: none)
   std::shared_ptr<comm::Group> group;
   std::map<std::string, std::unique_ptr<UpdateExecutor>> executors;  // by checkpoint
-  bool member = false;      // joined and not left
+  bool member = false;                                               // joined and not left
 
   Status announce(bool leave);
   Status publish_peer_record();
@@ -159,16 +161,17 @@ Status FleetReceiver::Impl::recover() {
   return publish_peer_record();
 }
 
-Result<comm::Bytes> FleetReceiver::Impl::wait_for(const std::string& key,
-                                                  comm::Deadline deadline) {
+Result<comm::Bytes> FleetReceiver::Impl::wait_for(const std::string& key, comm::Deadline deadline) {
   for (;;) {
     auto b = options.store->get(key, kPoll);
     if (b.ok() || b.status().code() != StatusCode::kDeadlineExceeded) return b;
     while (worker->progress()) {
     }
     if (comm::Clock::now() >= deadline) {
-      return deadline_exceeded("receiver " + std::to_string(options.id) + ": no round posted "
-                               "under '" + key + "' yet");
+      return deadline_exceeded("receiver " + std::to_string(options.id) +
+                               ": no round posted "
+                               "under '" +
+                               key + "' yet");
     }
   }
 }

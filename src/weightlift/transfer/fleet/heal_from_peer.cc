@@ -1,4 +1,5 @@
-// Healing from a peer: the record it advertises, and the seqlock-style copy of fleet/heal_from_peer.h.
+// Healing from a peer: the record it advertises, and the seqlock-style copy of
+// fleet/heal_from_peer.h.
 #include "weightlift/transfer/fleet/heal_from_peer.h"
 
 #include <algorithm>
@@ -85,17 +86,18 @@ Result<PeerRecord> peer_record_from_json(std::string_view text, std::string_view
   });
 }
 
-Result<uint64_t> heal_from_peer(comm::Worker& worker, Receiver& receiver, const PeerRecord& peer,
+Result<uint64_t> heal_from_peer(comm::Transport& worker, Receiver& receiver, const PeerRecord& peer,
                                 const HealOptions& options) {
   const comm::Deadline deadline = comm::deadline_after(options.timeout);
   const std::string who = "healing from " + peer.name;
-  if (peer.fingerprint != layout_fingerprint(receiver) || peer.slot_bytes != receiver.slot_bytes()) {
-    return failed_precondition(who + ": its weights are laid out differently (another TP rank, "
+  if (peer.fingerprint != layout_fingerprint(receiver) ||
+      peer.slot_bytes != receiver.slot_bytes()) {
+    return failed_precondition(who +
+                               ": its weights are laid out differently (another TP rank, "
                                "format or model); heal only from a receiver of the same shard");
   }
   if (!comm::process_may_be_alive({peer.host, peer.pid})) {
-    return unavailable(who + ": its process (pid " + std::to_string(peer.pid) +
-                       ") has exited");
+    return unavailable(who + ": its process (pid " + std::to_string(peer.pid) + ") has exited");
   }
   WL_ASSIGN_OR_RETURN(int id, worker.connect(peer.worker_address, peer.name));
   WL_ASSIGN_OR_RETURN(comm::RemoteKey rkey, worker.unpack_rkey(id, peer.rkey));
@@ -131,7 +133,8 @@ Result<uint64_t> heal_from_peer(comm::Worker& worker, Receiver& receiver, const 
     }
   }
   return aborted(who + ": the peer moved on by two versions during each of " +
-                 std::to_string(options.attempts) + " copies; heal between updates or raise "
+                 std::to_string(options.attempts) +
+                 " copies; heal between updates or raise "
                  "attempts");
 }
 

@@ -5,8 +5,8 @@
 //
 // A healthy receiver advertises a PeerRecord (its worker address, rkey, slot and status
 // addresses, and a fingerprint of its layout) once in the store. The newcomer, whose layout
-// has the same fingerprint, reads the peer's status block (layout/receiver.h: published version v and
-// the version being written), gets slot v % 2 whole, then reads the status again: the copy is
+// has the same fingerprint, reads the peer's status block (layout/receiver.h: published version v
+// and the version being written), gets slot v % 2 whole, then reads the status again: the copy is
 // consistent unless a write of version v + 2 (the next one to reuse that slot) began meanwhile,
 // in which case it tries again. Version v+1 may be written during the copy; it goes into the
 // other slot. The newcomer then adopts v: it is on the same version as its peers and can take
@@ -32,7 +32,7 @@ namespace wl::transfer {
 
 // What a healthy receiver tells newcomers (JSON, in the store).
 struct PeerRecord {
-  std::string name;         // "receiver 3", for errors
+  std::string name;  // "receiver 3", for errors
   uint64_t epoch = 0;
   std::string fingerprint;  // layout_fingerprint(): equal fingerprints, byte-identical slots
   std::vector<std::byte> worker_address;
@@ -65,7 +65,7 @@ struct HealOptions {
 // FailedPrecondition if the layouts differ or the peer holds nothing yet (version 0);
 // Unavailable / DeadlineExceeded if the peer cannot be reached or dies; Aborted if every
 // attempt raced with the peer's updates. Nothing is adopted on error.
-Result<uint64_t> heal_from_peer(comm::Worker& worker, Receiver& receiver, const PeerRecord& peer,
+Result<uint64_t> heal_from_peer(comm::Transport& worker, Receiver& receiver, const PeerRecord& peer,
                                 const HealOptions& options = {});
 
 }  // namespace wl::transfer

@@ -33,7 +33,7 @@ struct Source {
 // words checked before and after (the seqlock of heal_from_servers.h).
 class ServerCopyReader {
  public:
-  ServerCopyReader(comm::Worker& worker, std::span<const ServerCopyRecord> records,
+  ServerCopyReader(comm::Transport& worker, std::span<const ServerCopyRecord> records,
                    comm::Deadline deadline)
       : worker_(worker), records_(records), deadline_(deadline) {
     const ServerCopyRecord& first = records[0];
@@ -54,7 +54,7 @@ class ServerCopyReader {
   Status get_shard(const Source& s, const model::ParamInfo& info, size_t row_bytes,
                    std::vector<std::byte>& full, std::vector<comm::Request>& gets);
 
-  comm::Worker& worker_;
+  comm::Transport& worker_;
   std::span<const ServerCopyRecord> records_;
   comm::Deadline deadline_;
   std::string what_;
@@ -246,7 +246,7 @@ Result<std::vector<ServerCopyRecord>> read_server_copies(comm::Store& store,
   return records;
 }
 
-Result<uint64_t> heal_from_servers(comm::Worker& worker, Receiver& receiver,
+Result<uint64_t> heal_from_servers(comm::Transport& worker, Receiver& receiver,
                                    std::span<const ServerCopyRecord> records,
                                    const HealOptions& options) {
   if (records.empty()) return failed_precondition("healing from the servers: no server records");

@@ -32,8 +32,8 @@
 #include "weightlift/comm/transport.h"
 #include "weightlift/core/status.h"
 #include "weightlift/model/config.h"
-#include "weightlift/transfer/fleet/protocol.h"
 #include "weightlift/transfer/fleet/heal_from_peer.h"
+#include "weightlift/transfer/fleet/protocol.h"
 #include "weightlift/transfer/layout/receiver.h"
 
 namespace wl::transfer {
@@ -41,21 +41,21 @@ namespace wl::transfer {
 inline constexpr size_t kServerCopyStatusBytes = 64;
 
 struct ServerCopyShard {
-  std::string name;      // the parameter (model/params.h)
-  int64_t begin = 0;     // rows [begin, end) of dim 0 that this server rank holds
+  std::string name;   // the parameter (model/params.h)
+  int64_t begin = 0;  // rows [begin, end) of dim 0 that this server rank holds
   int64_t end = 0;
-  uint64_t offset = 0;   // bytes from the region's start
+  uint64_t offset = 0;  // bytes from the region's start
 };
 
 // What one server rank tells restarted receivers (JSON, in the store).
 struct ServerCopyRecord {
-  int rank = 0;           // server rank
-  int servers = 0;        // server ranks in all: every one's record is needed
+  int rank = 0;     // server rank
+  int servers = 0;  // server ranks in all: every one's record is needed
   std::string checkpoint;
-  uint64_t version = 0;   // what the receivers hold after the update that sent it
-  uint64_t stamp = 0;     // status word [1] when it was sent
+  uint64_t version = 0;  // what the receivers hold after the update that sent it
+  uint64_t stamp = 0;    // status word [1] when it was sent
   model::ModelConfig config;
-  DType dtype = DType::kF32;  // of the shards
+  DType dtype = DType::kF32;            // of the shards
   std::vector<ServerCopyShard> shards;  // every parameter, model::ParamLayout order
   std::vector<std::byte> worker_address;
   std::vector<std::byte> rkey;  // packed, for the whole region
@@ -83,7 +83,7 @@ Result<std::vector<ServerCopyRecord>> read_server_copies(comm::Store& store,
 // that version (refresh(): retrying cannot help, the next update brings the new version);
 // Unavailable / DeadlineExceeded if a server cannot be reached (options.timeout bounds the
 // whole heal). Nothing is adopted on error.
-Result<uint64_t> heal_from_servers(comm::Worker& worker, Receiver& receiver,
+Result<uint64_t> heal_from_servers(comm::Transport& worker, Receiver& receiver,
                                    std::span<const ServerCopyRecord> records,
                                    const HealOptions& options = {});
 

@@ -1,8 +1,8 @@
 // Fleet records as JSON (fleet/protocol.h; docs/formats.md, "Fleet records").
 #include "weightlift/transfer/fleet/protocol.h"
 
-#include "weightlift/transfer/plan/plan_transfer.h"
 #include "weightlift/transfer/plan/metadata.h"
+#include "weightlift/transfer/plan/plan_transfer.h"
 
 namespace wl::transfer {
 namespace {
@@ -88,14 +88,14 @@ Result<std::unique_ptr<UpdateExecutor>> make_generation_executor(
 
 comm::ConnectOptions fleet_connect_options(const FleetKeys& keys, std::string group_prefix,
                                            std::shared_ptr<comm::Store> store,
-                                           std::shared_ptr<comm::Worker> worker, int rank,
+                                           std::shared_ptr<comm::Transport> worker, int rank,
                                            int size, std::chrono::milliseconds timeout) {
   return {.store = std::move(store),
           .rank = rank,
           .size = size,
           .timeout = timeout,
           .prefix = std::move(group_prefix),
-          .shared_worker = std::move(worker),
+          .transport = std::move(worker),
           .ids_key = keys.group_ids()};
 }
 

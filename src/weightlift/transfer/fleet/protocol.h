@@ -26,8 +26,9 @@
 // Joining and leaving. A receiver announces itself by appending a record {id, epoch, leave}
 // under "<prefix>/join/<k>" (k from the counter "<prefix>/joins"); a restarted receiver
 // announces again with its new epoch. Healthy receivers also leave a PeerRecord under
-// "<prefix>/peer/<id>" so that restarted ones can heal from them (fleet/heal_from_peer.h); server ranks leave a
-// ServerCopyRecord under "<prefix>/copy/<rank>" for those with no such peer (fleet/heal_from_servers.h).
+// "<prefix>/peer/<id>" so that restarted ones can heal from them (fleet/heal_from_peer.h); server
+// ranks leave a ServerCopyRecord under "<prefix>/copy/<rank>" for those with no such peer
+// (fleet/heal_from_servers.h).
 //
 // Every record is JSON with a format_version; docs/formats.md, "Fleet records".
 #pragma once
@@ -69,10 +70,10 @@ struct RoundRecord {
   // version than the others (they missed updates); they must restart to heal from a peer.
   std::vector<int> lagging;
   std::vector<int> dropped;  // every candidate left out: lagging, or silent past the timeout
-  std::string checkpoint;            // update only
+  std::string checkpoint;    // update only
   TransferMode mode = TransferMode::kP2P;
-  int64_t bucket_bytes = 0;          // broadcast mode's bucket size
-  bool checksums = false;            // p2p's per-task checksums (every rank must agree)
+  int64_t bucket_bytes = 0;  // broadcast mode's bucket size
+  bool checksums = false;    // p2p's per-task checksums (every rank must agree)
 };
 
 struct JoinRecord {
@@ -91,20 +92,17 @@ struct FleetKeys {
   std::string prefix;
   std::string rounds() const { return prefix + "/rounds"; }
   std::string round(uint64_t n) const { return prefix + "/round/" + std::to_string(n); }
-  std::string ack(uint64_t n, int id) const {
-    return round(n) + "/ack/" + std::to_string(id);
-  }
+  std::string ack(uint64_t n, int id) const { return round(n) + "/ack/" + std::to_string(id); }
   std::string joins() const { return prefix + "/joins"; }
   std::string join(int64_t k) const { return prefix + "/join/" + std::to_string(k); }
   std::string peer(int id) const { return prefix + "/peer/" + std::to_string(id); }
   std::string generation(uint64_t g) const { return prefix + "/gen/" + std::to_string(g); }
   std::string servers() const { return prefix + "/servers"; }  // the servers' own group
-  std::string copy(int server_rank) const {  // fleet/heal_from_servers.h
+  std::string copy(int server_rank) const {                    // fleet/heal_from_servers.h
     return prefix + "/copy/" + std::to_string(server_rank);
   }
   std::string group_ids() const { return prefix + "/group_ids"; }
 };
-
 
 // One checkpoint's executor in one generation, whichever the mode: plans (metadata gathered
 // once) and makes the executor. Collective over `world`. Exactly one of `weights` (server
@@ -124,7 +122,7 @@ Result<std::unique_ptr<UpdateExecutor>> make_generation_executor(
 // process's whole life, group ids from one counter.
 comm::ConnectOptions fleet_connect_options(const FleetKeys& keys, std::string group_prefix,
                                            std::shared_ptr<comm::Store> store,
-                                           std::shared_ptr<comm::Worker> worker, int rank,
+                                           std::shared_ptr<comm::Transport> worker, int rank,
                                            int size, std::chrono::milliseconds timeout);
 
 }  // namespace wl::transfer

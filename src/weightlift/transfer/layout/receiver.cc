@@ -38,7 +38,8 @@ std::vector<ReceiverEntry> pack_receiver_tensors(const std::vector<ReceiverTenso
   return out;
 }
 
-Result<std::unique_ptr<Receiver>> Receiver::create(comm::Worker& worker, ReceiverOptions options) {
+Result<std::unique_ptr<Receiver>> Receiver::create(comm::Transport& worker,
+                                                   ReceiverOptions options) {
   std::unique_ptr<Receiver> r(new Receiver());
   r->options_ = std::move(options);
   r->entries_ = pack_receiver_tensors(r->options_.tensors, &r->slot_bytes_);
@@ -91,7 +92,7 @@ std::span<std::byte> Receiver::slot(int slot) const {
   return {memory_ + size_t(slot) * slot_bytes_, slot_bytes_};
 }
 
-Status Receiver::attach(comm::Worker& worker) {
+Status Receiver::attach(comm::Transport& worker) {
   WL_ASSIGN_OR_RETURN(comm::MemoryRegion region,
                       worker.register_memory(memory_, 2 * slot_bytes_ + kStatusBytes));
   region_ = std::make_shared<comm::MemoryRegion>(std::move(region));  // allocation_ stays
@@ -100,6 +101,10 @@ Status Receiver::attach(comm::Worker& worker) {
 }
 
 uint64_t Receiver::status_address() const { return region_->address() + 2 * slot_bytes_; }
+
+std::span<std::byte> Receiver::status_block() const {
+  return {memory_ + 2 * slot_bytes_, kStatusBytes};
+}
 
 void Receiver::set_status(uint64_t published, uint64_t writing) {
   // Peers read these words with one-sided gets at any time: each is stored whole.

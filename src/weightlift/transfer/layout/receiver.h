@@ -67,9 +67,12 @@ struct ReceiverOptions {
 
 class Receiver {
  public:
-  // Allocates and registers both slots with `worker`, which must outlive the receiver (its
-  // UCX context lives on with the memory in any case).
-  static Result<std::unique_ptr<Receiver>> create(comm::Worker& worker, ReceiverOptions options);
+  // Allocates and registers both slots with `worker`. Let the worker go first, or at least
+  // never progress it once the receiver is gone: over TCP the bytes of a put whose sender gave
+  // up on it (a failed update) may still wait in the worker's socket, and the worker copies
+  // them into the slot whenever it next progresses, even while it closes. (The registration
+  // keeps UCX's context alive by itself.)
+  static Result<std::unique_ptr<Receiver>> create(comm::Transport& worker, ReceiverOptions options);
   ~Receiver();
   Receiver(const Receiver&) = delete;
   Receiver& operator=(const Receiver&) = delete;
@@ -112,8 +115,8 @@ class Receiver {
   Status begin_write(int slot, comm::Deadline deadline);
   // Registers the same memory with another worker (the old one became unusable, transport.h):
   // a new rkey and worker address, the same epoch, slots and readers. REQUIRES: no update
-  // running; `worker` outlives the receiver.
-  Status attach(comm::Worker& worker);
+  // running; `worker` as for create().
+  Status attach(comm::Transport& worker);
   // Makes `version` (in `slot`) the one new readers get.
   void publish(int slot, uint64_t version);
   // The bytes of a slot (for verification, and for tests that corrupt or inspect it).
@@ -121,11 +124,13 @@ class Receiver {
 
   // Where the status block of the top comment lives in the registered region.
   uint64_t status_address() const;
+  // Its bytes here (for tests that check no one-sided write strays into it).
+  std::span<std::byte> status_block() const;
 
-  // ---- healing (fleet/heal_from_peer.h), before the receiver serves any reader ---------------------------
-  // A receiver that has just started fills version `version`'s slot by itself (copying it
-  // from a healthy peer) and then adopts it. REQUIRES: version() == 0, version > 0, no reader
-  // has acquired anything yet, and no update is running.
+  // ---- healing (fleet/heal_from_peer.h), before the receiver serves any reader
+  // --------------------------- A receiver that has just started fills version `version`'s slot by
+  // itself (copying it from a healthy peer) and then adopts it. REQUIRES: version() == 0, version >
+  // 0, no reader has acquired anything yet, and no update is running.
   std::span<std::byte> slot_for_healing(uint64_t version);
   void adopt(uint64_t version);
 
@@ -150,8 +155,8 @@ class Receiver {
 
   mutable std::mutex mu_;
   mutable std::condition_variable released_;
-  int active_ = 0;               // guarded by mu_
-  uint64_t version_ = 0;         // guarded by mu_
+  int active_ = 0;                   // guarded by mu_
+  uint64_t version_ = 0;             // guarded by mu_
   mutable int readers_[2] = {0, 0};  // guarded by mu_
   mutable bool read_ = false;        // guarded by mu_: some reader acquired a slot
   void set_status(uint64_t published, uint64_t writing);  // REQUIRES: mu_ held

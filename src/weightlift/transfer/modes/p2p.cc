@@ -44,8 +44,9 @@ struct SenderPlan {
   std::vector<Step> steps;
   std::vector<int> gather_last_use;  // by gather: this rank's last task reading it, or -1
   std::set<int> targets;             // receiver world ranks this sender writes to
+  std::map<int, size_t> tasks_to;    // by target: how many of this sender's tasks it holds
   // Per target, once connected:
-  std::map<int, int> peer;           // worker peer id
+  std::map<int, int> peer;  // worker peer id
   std::map<int, comm::RemoteKey> rkey;
   std::map<int, std::array<std::byte*, 2>> mapped;  // its slots mapped here, or null
 
@@ -108,7 +109,7 @@ size_t SenderPlan::required_watermark() const {
 // most the watermark in staging. Checksums of what was meant to land go to `sums`.
 class SendQueue {
  public:
-  SendQueue(const SenderPlan& s, const UpdateOptions& o, int slot, comm::Worker& w,
+  SendQueue(const SenderPlan& s, const UpdateOptions& o, int slot, comm::Transport& w,
             comm::Deadline deadline, UpdateReport* report,
             std::map<int, std::vector<uint64_t>>* sums)
       : s_(s), o_(o), slot_(slot), w_(w), deadline_(deadline), report_(report), sums_(sums) {}
@@ -138,8 +139,7 @@ class SendQueue {
   Status gather(int index);
   Status send(int index);
   // The rows task `t` reads, where they lie; offloaded rows are copied into `loads` first.
-  std::vector<PieceSource> load(const PlanTask& t,
-                                std::vector<std::unique_ptr<std::byte[]>>* loads,
+  std::vector<PieceSource> load(const PlanTask& t, std::vector<std::unique_ptr<std::byte[]>>* loads,
                                 size_t* load_bytes);
   void count_task(const PlanTask& t, int index, bool direct);
   Status complete();
@@ -147,7 +147,7 @@ class SendQueue {
   const SenderPlan& s_;
   const UpdateOptions& o_;
   const int slot_;
-  comm::Worker& w_;
+  comm::Transport& w_;
   const comm::Deadline deadline_;
   UpdateReport* report_;
   std::map<int, std::vector<uint64_t>>* sums_;
@@ -239,7 +239,8 @@ Status SendQueue::send(int index) {
   const PlanTask& task = s_.plan->tasks[size_t(index)];
   const bool direct_put = s_.zero_copy(task);
   // The receiver's slot mapped here, or null: then the bytes go by put.
-  std::byte* const slot_base = o_.direct_stores ? s_.mapped.at(task.receiver)[size_t(slot_)] : nullptr;
+  std::byte* const slot_base =
+      o_.direct_stores ? s_.mapped.at(task.receiver)[size_t(slot_)] : nullptr;
   // Prepared straight into the mapped slot: nothing staged but the offload loads.
   const bool in_place = slot_base != nullptr && !direct_put && !o_.checksums && !o_.staging_hook;
   const size_t need = s_.task_staging(task) - (in_place ? task.total_bytes() : 0);
@@ -297,8 +298,8 @@ Status SendQueue::send(int index) {
   const uint64_t slot_address = r.slot_address[slot_];
   f.requests.push_back(w_.put(peer, out, task.bytes, slot_address + task.dst_offset, key));
   if (task.scale_bytes > 0) {
-    f.requests.push_back(w_.put(peer, out + task.bytes, task.scale_bytes,
-                                slot_address + task.scale_offset, key));
+    f.requests.push_back(
+        w_.put(peer, out + task.bytes, task.scale_bytes, slot_address + task.scale_offset, key));
   }
   f.bytes = direct_put ? 0 : task.total_bytes();
   inflight_.push_back(std::move(f));
@@ -326,8 +327,8 @@ class P2PExecutor final : public UpdateExecutor {
  public:
   explicit P2PExecutor(ExecutorOptions o) : o_(std::move(o)) { sender_.plan = &o_.plan; }
 
-  Status plan_sender();    // trainer: its steps and targets
-  void plan_receiver();    // receiver: what arrives from whom
+  Status plan_sender();  // trainer: its steps and targets
+  void plan_receiver();  // receiver: what arrives from whom
   Result<UpdateReport> update(const UpdateOptions& options) override;
   size_t required_watermark() const override {
     return o_.weights ? sender_.required_watermark() : 0;
@@ -337,9 +338,10 @@ class P2PExecutor final : public UpdateExecutor {
  private:
   Status connect_targets(const std::vector<comm::ProcessId>& processes);
   Status send(const UpdateOptions& o, const RoundStart& round, UpdateReport& report);
+  Status send_checksums(const UpdateOptions& o, const Status& failed,
+                        std::map<int, std::vector<uint64_t>>& sums);
   Status receive(const UpdateOptions& o, const RoundStart& round, UpdateReport& report);
-  Status verify(int slot, const std::map<int, std::vector<uint64_t>>& sums,
-                uint64_t version) const;
+  Status verify(int slot, const std::map<int, std::vector<uint64_t>>& sums, uint64_t version) const;
 
   ExecutorOptions o_;
   SenderPlan sender_;
@@ -375,6 +377,7 @@ Status P2PExecutor::plan_sender() {
     }
     sender_.steps.push_back({false, int(i)});
     sender_.targets.insert(t.receiver);
+    ++sender_.tasks_to[t.receiver];
   }
   return ok_status();
 }
@@ -391,7 +394,7 @@ void P2PExecutor::plan_receiver() {
 // shared-memory segment that no longer exists, and UCX 1.13 crashes in that error path
 // instead of returning it (comm/process_alive.h).
 Status P2PExecutor::connect_targets(const std::vector<comm::ProcessId>& processes) {
-  comm::Worker& w = o_.world->worker();
+  comm::Transport& w = o_.world->worker();
   for (int receiver_rank : sender_.targets) {
     const PlanReceiver& r = *o_.plan.find_receiver(receiver_rank);
     const std::string who = "receiver rank " + std::to_string(r.rank);
@@ -415,39 +418,63 @@ Status P2PExecutor::connect_targets(const std::vector<comm::ProcessId>& processe
 }
 
 Status P2PExecutor::send(const UpdateOptions& o, const RoundStart& round, UpdateReport& report) {
-  if (!connected_) WL_RETURN_IF_ERROR(connect_targets(round.processes));
   std::map<int, std::vector<uint64_t>> sums;  // by receiver
-  SendQueue queue(sender_, o, round.slot, o_.world->worker(), o_.world->deadline(o.timeout),
-                  &report, &sums);
-  WL_RETURN_IF_ERROR(queue.run());
-  if (!o.checksums) return ok_status();
-  for (auto& [rank, list] : sums) {
-    WL_RETURN_IF_ERROR(o_.world->send({.data = list.data(),
-                                       .bytes = list.size() * 8,
-                                       .peer = rank,
-                                       .tag = kChecksumTag,
-                                       .timeout = o.timeout}));
+  Status sent = connected_ ? ok_status() : connect_targets(round.processes);
+  if (sent.ok()) {
+    SendQueue queue(sender_, o, round.slot, o_.world->worker(), o_.world->deadline(o.timeout),
+                    &report, &sums);
+    sent = queue.run();
   }
-  return ok_status();
+  if (!o.checksums) return sent;
+  Status told = send_checksums(o, sent, sums);
+  return sent.ok() ? told : sent;
 }
 
-Status P2PExecutor::receive(const UpdateOptions& o, const RoundStart& round,
-                            UpdateReport& report) {
+// Each receiver waits for a checksum message from each of its senders, so it gets one even
+// from a sender that failed, instead of waiting out its deadline: [status, checksum per task]
+// as u64, the status 0 or the code of the sender's failure (then no checksums, only zeros).
+Status P2PExecutor::send_checksums(const UpdateOptions& o, const Status& failed,
+                                   std::map<int, std::vector<uint64_t>>& sums) {
+  Status first;
+  for (const auto& [rank, count] : sender_.tasks_to) {
+    std::vector<uint64_t> message(1 + count, 0);
+    message[0] = uint64_t(failed.code());
+    if (failed.ok()) {
+      const std::vector<uint64_t>& list = sums[rank];
+      WL_CHECK_EQ(list.size(), count) << "checksums for receiver rank " << rank;
+      std::copy(list.begin(), list.end(), message.begin() + 1);
+    }
+    Status s = o_.world->send({.data = message.data(),
+                               .bytes = message.size() * 8,
+                               .peer = rank,
+                               .tag = kChecksumTag,
+                               .timeout = o.timeout});
+    if (first.ok()) first = s;
+  }
+  return first;
+}
+
+Status P2PExecutor::receive(const UpdateOptions& o, const RoundStart& round, UpdateReport& report) {
   for (const auto& [sender, tasks] : incoming_) {
     report.tasks += tasks.size();
     for (int i : tasks) report.bytes += o_.plan.tasks[size_t(i)].total_bytes();
   }
   if (!o.checksums) return ok_status();
-  std::map<int, std::vector<uint64_t>> sums;  // by sender
+  std::map<int, std::vector<uint64_t>> sums;  // by sender: [status, checksums...]
+  bool a_sender_failed = false;
   for (const auto& [sender, tasks] : incoming_) {
     std::vector<uint64_t>& list = sums[sender];
-    list.resize(tasks.size());
+    list.resize(1 + tasks.size());
     WL_RETURN_IF_ERROR(o_.world->recv({.data = list.data(),
                                        .bytes = list.size() * 8,
                                        .peer = sender,
                                        .tag = kChecksumTag,
                                        .timeout = o.timeout}));
+    a_sender_failed = a_sender_failed || list[0] != 0;
   }
+  // A sender that failed says so in the closing barrier, which then fails the round naming
+  // it: nothing here to verify or to add.
+  if (a_sender_failed) return ok_status();
   return verify(round.slot, sums, round.version);
 }
 
@@ -455,7 +482,7 @@ Status P2PExecutor::verify(int slot, const std::map<int, std::vector<uint64_t>>&
                            uint64_t version) const {
   const std::span<std::byte> mem = o_.receiver->slot(slot);
   for (const auto& [sender, tasks] : incoming_) {
-    const std::vector<uint64_t>& expect = sums.at(sender);
+    const uint64_t* expect = sums.at(sender).data() + 1;  // past the status word
     for (size_t i = 0; i < tasks.size(); ++i) {
       const PlanTask& t = o_.plan.tasks[size_t(tasks[i])];
       uint64_t h = checksum(mem.data() + t.dst_offset, t.bytes);
@@ -463,10 +490,9 @@ Status P2PExecutor::verify(int slot, const std::map<int, std::vector<uint64_t>>&
       if (h == expect[i]) continue;
       return data_loss("receiver rank " + std::to_string(o_.world->rank()) + ": tensor '" +
                        t.tensor + "' rows [" + std::to_string(t.row_begin) + ", " +
-                       std::to_string(t.row_end) + ") from trainer rank " +
-                       std::to_string(sender) + " failed its checksum (sent " + hex64(expect[i]) +
-                       ", landed " + hex64(h) + "); version " + std::to_string(version) +
-                       " discarded");
+                       std::to_string(t.row_end) + ") from trainer rank " + std::to_string(sender) +
+                       " failed its checksum (sent " + hex64(expect[i]) + ", landed " + hex64(h) +
+                       "); version " + std::to_string(version) + " discarded");
     }
   }
   return ok_status();
@@ -475,9 +501,9 @@ Status P2PExecutor::verify(int slot, const std::map<int, std::vector<uint64_t>>&
 Result<UpdateReport> P2PExecutor::update(const UpdateOptions& o) {
   Status mine;
   if (o_.weights != nullptr && o.watermark_bytes < required_watermark()) {
-    mine = resource_exhausted("trainer rank " + std::to_string(o_.world->rank()) +
-                              ": watermark " + std::to_string(o.watermark_bytes) +
-                              " bytes is below the " + std::to_string(required_watermark()) +
+    mine = resource_exhausted("trainer rank " + std::to_string(o_.world->rank()) + ": watermark " +
+                              std::to_string(o.watermark_bytes) + " bytes is below the " +
+                              std::to_string(required_watermark()) +
                               " this plan needs (its largest task beside its gathered tensors)");
   }
   return run_round(*o_.world, o_.plan, o_.receiver, TransferMode::kP2P, o, mine,

@@ -24,7 +24,10 @@
 //      (or copied into the mapping) straight from the shard (zero copy).
 //   2. checksums  (optional) each sender sends each receiver one 64-bit checksum per task;
 //                 the receiver verifies what landed in its slot, and a mismatch fails the
-//                 round (DataLoss naming the tensor, rows and sender).
+//                 round (DataLoss naming the tensor, rows and sender). A sender that failed
+//                 sends the message all the same, saying so in its first word, so that no
+//                 receiver waits out its deadline for checksums that will never come; the
+//                 closing barrier then fails the round naming that sender.
 // A sender connects to its receivers and unpacks their rkeys at its first update, once the
 // start has shown their epochs current and their processes alive.
 #pragma once
