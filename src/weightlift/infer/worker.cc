@@ -121,148 +121,217 @@ Status InferenceWorker::check_prompts(const std::vector<std::vector<int64_t>>& p
   return ok_status();
 }
 
-Result<Tensor> InferenceWorker::forward(const BoundWeights& w, KvCache& cache,
-                                        const std::vector<std::vector<int64_t>>& feed,
-                                        bool all_positions) {
-  const model::ModelConfig& c = options_.config;
-  const int64_t d = c.hidden_size, V = c.vocab_size, Dh = c.head_dim, E = c.num_experts,
-                K = c.top_k;
-  const int64_t H = local_heads_, Hkv = local_kv_heads_, F = local_ffn_;
-  const int64_t qd = H * Dh, kvd = Hkv * Dh, qkvd = qd + 2 * kvd;
-  const float eps = float(c.rms_eps);
-  const bool tp = options_.layout.tp > 1;
-  std::vector<int64_t> tokens, row_begin;  // concatenated new tokens; first index of each row
+// One forward over the new tokens of every row: the phases of a layer on shared buffers.
+class InferenceWorker::ForwardPass {
+ public:
+  ForwardPass(InferenceWorker& worker, const BoundWeights& w, KvCache& cache,
+              const std::vector<std::vector<int64_t>>& feed);
+  Status run_layers();
+  Result<Tensor> head(bool all_positions);
+
+ private:
+  void attention(const BoundLayer& lw, size_t l);
+  Status o_proj(const BoundLayer& lw);
+  Status moe(const BoundLayer& lw);
+  // Rows grouped by expert, token order within one, as the trainer dispatches them.
+  void dispatch(std::vector<int64_t>& begin, std::vector<int32_t>& row_of_slot,
+                std::vector<int32_t>& token_of_row);
+  Status add_partial();  // tp > 1: allreduce the partial sums, add them into x
+
+  InferenceWorker& wk_;
+  const model::ModelConfig& c_;
+  const BoundWeights& w_;
+  KvCache& cache_;
+  const int64_t d_, E_, K_, H_, Hkv_, F_, qd_, kvd_, qkvd_;
+  const float eps_;
+  const bool tp_;
+  std::vector<int64_t> tokens_, row_begin_;  // concatenated new tokens; first index of each row
+  int64_t M_ = 0, R_ = 0;
+  Tensor x_, xn_, qkv_, att_, partial_, logits_r_, probs_, topk_w_, topk_idx_, counts_;
+  std::vector<float> gain_;
+};
+
+InferenceWorker::ForwardPass::ForwardPass(InferenceWorker& worker, const BoundWeights& w,
+                                          KvCache& cache,
+                                          const std::vector<std::vector<int64_t>>& feed)
+    : wk_(worker), c_(worker.options_.config), w_(w), cache_(cache), d_(c_.hidden_size),
+      E_(c_.num_experts), K_(c_.top_k), H_(worker.local_heads_), Hkv_(worker.local_kv_heads_),
+      F_(worker.local_ffn_), qd_(H_ * c_.head_dim), kvd_(Hkv_ * c_.head_dim),
+      qkvd_(qd_ + 2 * kvd_), eps_(float(c_.rms_eps)), tp_(worker.options_.layout.tp > 1) {
   for (const auto& f : feed) {
-    row_begin.push_back(int64_t(tokens.size()));
-    tokens.insert(tokens.end(), f.begin(), f.end());
+    row_begin_.push_back(int64_t(tokens_.size()));
+    tokens_.insert(tokens_.end(), f.begin(), f.end());
   }
-  row_begin.push_back(int64_t(tokens.size()));
-  const int64_t M = int64_t(tokens.size()), R = int64_t(feed.size());
+  row_begin_.push_back(int64_t(tokens_.size()));
+  M_ = int64_t(tokens_.size());
+  R_ = int64_t(feed.size());
+  x_ = f32({M_, d_});
+  for (int64_t i = 0; i < M_; ++i) {
+    dequantize_rows(w.embed, tokens_[size_t(i)], tokens_[size_t(i)] + 1,
+                    x_.data<float>() + i * d_);
+  }
+  xn_ = f32({M_, d_});
+  qkv_ = f32({M_, qkvd_});
+  att_ = f32({M_, qd_});
+  if (tp_) partial_ = f32({M_, d_});
+  logits_r_ = f32({M_, E_});
+  probs_ = f32({M_, E_});
+  topk_w_ = f32({M_, K_});
+  topk_idx_ = Tensor::empty(DType::kI32, {M_, K_});
+  counts_ = Tensor::empty(DType::kI64, {E_});
+}
 
-  Tensor x = f32({M, d});
-  for (int64_t i = 0; i < M; ++i) {
-    dequantize_rows(w.embed, tokens[size_t(i)], tokens[size_t(i)] + 1, x.data<float>() + i * d);
+// Local heads against this rank's cache: q, k and v of the new tokens, k and v appended.
+void InferenceWorker::ForwardPass::attention(const BoundLayer& lw, size_t l) {
+  widen(lw.attn_norm, d_, gain_);
+  kernels::rmsnorm_forward(x_.data<float>(), gain_.data(), xn_.data<float>(), nullptr, M_, d_,
+                           eps_);
+  dequant_linear(lw.qkv, xn_.data<float>(), M_, qkv_.data<float>(), false, wk_.band_);
+  const int64_t Dh = c_.head_dim;
+  for (int64_t r = 0; r < R_; ++r) {
+    const int64_t n = row_begin_[size_t(r) + 1] - row_begin_[size_t(r)];
+    const int64_t pos = cache_.length[size_t(r)];
+    if (n == 0) continue;
+    Tensor q = f32({n, qd_});
+    float* kbase = cache_.k[l].data<float>() + r * cache_.capacity * kvd_;
+    float* vbase = cache_.v[l].data<float>() + r * cache_.capacity * kvd_;
+    for (int64_t t = 0; t < n; ++t) {
+      const float* src = qkv_.data<float>() + (row_begin_[size_t(r)] + t) * qkvd_;
+      std::memcpy(q.data<float>() + t * qd_, src, size_t(qd_) * 4);
+      std::memcpy(kbase + (pos + t) * kvd_, src + qd_, size_t(kvd_) * 4);
+      std::memcpy(vbase + (pos + t) * kvd_, src + qd_ + kvd_, size_t(kvd_) * 4);
+    }
+    kernels::rope_forward(q.data<float>(), wk_.rope_, 1, n, H_, pos);
+    kernels::rope_forward(kbase + pos * kvd_, wk_.rope_, 1, n, Hkv_, pos);
+    kernels::attention_forward({.batch = 1, .seq_q = n, .seq_kv = pos + n, .heads = H_,
+                                .kv_heads = Hkv_, .head_dim = Dh, .q_offset = pos},
+                               q.data<float>(), kbase, vbase,
+                               att_.data<float>() + row_begin_[size_t(r)] * qd_, nullptr);
   }
-  Tensor xn = f32({M, d}), qkv = f32({M, qkvd}), att = f32({M, qd});
-  Tensor partial = tp ? f32({M, d}) : Tensor();
-  Tensor logits_r = f32({M, E}), probs = f32({M, E}), topk_w = f32({M, K});
-  Tensor topk_idx = Tensor::empty(DType::kI32, {M, K}), counts = Tensor::empty(DType::kI64, {E});
-  std::vector<float> gain;
-  for (size_t l = 0; l < w.layers.size(); ++l) {
-    const BoundLayer& lw = w.layers[l];
-    // ---- attention: local heads against this rank's cache ----
-    widen(lw.attn_norm, d, gain);
-    kernels::rmsnorm_forward(x.data<float>(), gain.data(), xn.data<float>(), nullptr, M, d, eps);
-    dequant_linear(lw.qkv, xn.data<float>(), M, qkv.data<float>(), false, band_);
-    for (int64_t r = 0; r < R; ++r) {
-      const int64_t n = row_begin[size_t(r) + 1] - row_begin[size_t(r)];
-      const int64_t pos = cache.length[size_t(r)];
-      if (n == 0) continue;
-      Tensor q = f32({n, qd});
-      float* kbase = cache.k[l].data<float>() + r * cache.capacity * kvd;
-      float* vbase = cache.v[l].data<float>() + r * cache.capacity * kvd;
-      for (int64_t t = 0; t < n; ++t) {
-        const float* src = qkv.data<float>() + (row_begin[size_t(r)] + t) * qkvd;
-        std::memcpy(q.data<float>() + t * qd, src, size_t(qd) * 4);
-        std::memcpy(kbase + (pos + t) * kvd, src + qd, size_t(kvd) * 4);
-        std::memcpy(vbase + (pos + t) * kvd, src + qd + kvd, size_t(kvd) * 4);
-      }
-      kernels::rope_forward(q.data<float>(), rope_, 1, n, H, pos);
-      kernels::rope_forward(kbase + pos * kvd, rope_, 1, n, Hkv, pos);
-      kernels::attention_forward({.batch = 1, .seq_q = n, .seq_kv = pos + n, .heads = H,
-                                  .kv_heads = Hkv, .head_dim = Dh, .q_offset = pos},
-                                 q.data<float>(), kbase, vbase,
-                                 att.data<float>() + row_begin[size_t(r)] * qd, nullptr);
-    }
-    // ---- o_proj, row parallel: partial sums, then the allreduce ----
-    if (!tp) {
-      dequant_linear(lw.o, att.data<float>(), M, x.data<float>(), true, band_);
-    } else {
-      dequant_linear(lw.o, att.data<float>(), M, partial.data<float>(), false, band_);
-      WL_RETURN_IF_ERROR(allreduce_sum(partial.data<float>(), size_t(M * d)));
-      add_into(x.data<float>(), partial.data<float>(), M * d);
-    }
+}
 
-    // ---- MoE: replicated router, this rank's ffn rows of every expert ----
-    widen(lw.moe_norm, d, gain);
-    kernels::rmsnorm_forward(x.data<float>(), gain.data(), xn.data<float>(), nullptr, M, d, eps);
-    dequant_linear(lw.router, xn.data<float>(), M, logits_r.data<float>(), false, band_);
-    kernels::router_forward({.tokens = M, .experts = E, .top_k = K, .norm_topk = c.norm_topk},
-                            logits_r.data<float>(), probs.data<float>(),
-                            topk_idx.data<int32_t>(), topk_w.data<float>(), nullptr,
-                            counts.data<int64_t>());
-    // Dispatch as the trainer does: rows grouped by expert, token order within one.
-    const int64_t S = M * K;
-    std::vector<int64_t> begin(size_t(E + 1), 0);
-    for (int64_t e = 0; e < E; ++e) begin[size_t(e + 1)] = begin[size_t(e)] + counts.data<int64_t>()[e];
-    std::vector<int32_t> row_of_slot(static_cast<size_t>(S)), token_of_row(static_cast<size_t>(S));
-    {
-      std::vector<int64_t> cursor(begin.begin(), begin.end() - 1);
-      const int32_t* idx = topk_idx.data<int32_t>();
-      for (int64_t t = 0; t < M; ++t) {
-        for (int64_t k = 0; k < K; ++k) {
-          const int64_t row = cursor[size_t(idx[t * K + k])]++;
-          row_of_slot[size_t(t * K + k)] = int32_t(row);
-          token_of_row[size_t(row)] = int32_t(t);
-        }
-      }
-    }
-    Tensor xe = f32({S, d}), he = f32({S, 2 * F}), ae = f32({S, F}), ye = f32({S, d});
-    for (int64_t s = 0; s < S; ++s) {
-      std::memcpy(xe.data<float>() + s * d, xn.data<float>() + token_of_row[size_t(s)] * d,
-                  size_t(d) * 4);
-    }
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t r0 = begin[size_t(e)], n = begin[size_t(e + 1)] - r0;
-      if (n == 0) continue;
-      const BoundExpert& ex = lw.experts[size_t(e)];
-      dequant_linear(ex.gate_up, xe.data<float>() + r0 * d, n, he.data<float>() + r0 * 2 * F,
-                     false, band_);
-      kernels::swiglu_forward(he.data<float>() + r0 * 2 * F, ae.data<float>() + r0 * F, n, F);
-      dequant_linear(ex.down, ae.data<float>() + r0 * F, n, ye.data<float>() + r0 * d, false,
-                     band_);
-    }
-    // Combine: at tp 1 straight into x (the trainer's order); else partial sums first.
-    float* combine = tp ? partial.data<float>() : x.data<float>();
-    if (tp) partial.fill_zero();
-    parallel_for(M, 64, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) {
-        float* o = combine + t * d;
-        for (int64_t k = 0; k < K; ++k) {
-          const float g = topk_w.data<float>()[t * K + k];
-          const float* y = ye.data<float>() + int64_t(row_of_slot[size_t(t * K + k)]) * d;
-          for (int64_t i = 0; i < d; ++i) o[i] += g * y[i];
-        }
-      }
-    });
-    if (tp) {
-      WL_RETURN_IF_ERROR(allreduce_sum(partial.data<float>(), size_t(M * d)));
-      add_into(x.data<float>(), partial.data<float>(), M * d);
-    }
-  }
-  for (int64_t r = 0; r < R; ++r) {
-    cache.length[size_t(r)] += row_begin[size_t(r) + 1] - row_begin[size_t(r)];
-  }
+Status InferenceWorker::ForwardPass::add_partial() {
+  WL_RETURN_IF_ERROR(wk_.allreduce_sum(partial_.data<float>(), size_t(M_ * d_)));
+  add_into(x_.data<float>(), partial_.data<float>(), M_ * d_);
+  return ok_status();
+}
 
-  // ---- final norm and head: every position, or each row's last ----
+// Row parallel: at tp > 1 each rank's partial sums, then the allreduce.
+Status InferenceWorker::ForwardPass::o_proj(const BoundLayer& lw) {
+  if (!tp_) {
+    dequant_linear(lw.o, att_.data<float>(), M_, x_.data<float>(), true, wk_.band_);
+    return ok_status();
+  }
+  dequant_linear(lw.o, att_.data<float>(), M_, partial_.data<float>(), false, wk_.band_);
+  return add_partial();
+}
+
+void InferenceWorker::ForwardPass::dispatch(std::vector<int64_t>& begin,
+                                            std::vector<int32_t>& row_of_slot,
+                                            std::vector<int32_t>& token_of_row) {
+  const int64_t S = M_ * K_;
+  begin.assign(size_t(E_ + 1), 0);
+  for (int64_t e = 0; e < E_; ++e) begin[size_t(e + 1)] = begin[size_t(e)] + counts_.data<int64_t>()[e];
+  row_of_slot.resize(size_t(S));
+  token_of_row.resize(size_t(S));
+  std::vector<int64_t> cursor(begin.begin(), begin.end() - 1);
+  const int32_t* idx = topk_idx_.data<int32_t>();
+  for (int64_t t = 0; t < M_; ++t) {
+    for (int64_t k = 0; k < K_; ++k) {
+      const int64_t row = cursor[size_t(idx[t * K_ + k])]++;
+      row_of_slot[size_t(t * K_ + k)] = int32_t(row);
+      token_of_row[size_t(row)] = int32_t(t);
+    }
+  }
+}
+
+// The replicated router, then this rank's ffn rows of every expert, combined by gate weight.
+Status InferenceWorker::ForwardPass::moe(const BoundLayer& lw) {
+  widen(lw.moe_norm, d_, gain_);
+  kernels::rmsnorm_forward(x_.data<float>(), gain_.data(), xn_.data<float>(), nullptr, M_, d_,
+                           eps_);
+  dequant_linear(lw.router, xn_.data<float>(), M_, logits_r_.data<float>(), false, wk_.band_);
+  kernels::router_forward({.tokens = M_, .experts = E_, .top_k = K_, .norm_topk = c_.norm_topk},
+                          logits_r_.data<float>(), probs_.data<float>(),
+                          topk_idx_.data<int32_t>(), topk_w_.data<float>(), nullptr,
+                          counts_.data<int64_t>());
+  std::vector<int64_t> begin;
+  std::vector<int32_t> row_of_slot, token_of_row;
+  dispatch(begin, row_of_slot, token_of_row);
+  const int64_t S = M_ * K_;
+  Tensor xe = f32({S, d_}), he = f32({S, 2 * F_}), ae = f32({S, F_}), ye = f32({S, d_});
+  for (int64_t s = 0; s < S; ++s) {
+    std::memcpy(xe.data<float>() + s * d_, xn_.data<float>() + token_of_row[size_t(s)] * d_,
+                size_t(d_) * 4);
+  }
+  for (int64_t e = 0; e < E_; ++e) {
+    const int64_t r0 = begin[size_t(e)], n = begin[size_t(e + 1)] - r0;
+    if (n == 0) continue;
+    const BoundExpert& ex = lw.experts[size_t(e)];
+    dequant_linear(ex.gate_up, xe.data<float>() + r0 * d_, n, he.data<float>() + r0 * 2 * F_,
+                   false, wk_.band_);
+    kernels::swiglu_forward(he.data<float>() + r0 * 2 * F_, ae.data<float>() + r0 * F_, n, F_);
+    dequant_linear(ex.down, ae.data<float>() + r0 * F_, n, ye.data<float>() + r0 * d_, false,
+                   wk_.band_);
+  }
+  // Combine: at tp 1 straight into x (the trainer's order); else partial sums first.
+  float* combine = tp_ ? partial_.data<float>() : x_.data<float>();
+  if (tp_) partial_.fill_zero();
+  parallel_for(M_, 64, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      float* o = combine + t * d_;
+      for (int64_t k = 0; k < K_; ++k) {
+        const float g = topk_w_.data<float>()[t * K_ + k];
+        const float* y = ye.data<float>() + int64_t(row_of_slot[size_t(t * K_ + k)]) * d_;
+        for (int64_t i = 0; i < d_; ++i) o[i] += g * y[i];
+      }
+    }
+  });
+  return tp_ ? add_partial() : ok_status();
+}
+
+Status InferenceWorker::ForwardPass::run_layers() {
+  for (size_t l = 0; l < w_.layers.size(); ++l) {
+    attention(w_.layers[l], l);
+    WL_RETURN_IF_ERROR(o_proj(w_.layers[l]));
+    WL_RETURN_IF_ERROR(moe(w_.layers[l]));
+  }
+  for (int64_t r = 0; r < R_; ++r) {
+    cache_.length[size_t(r)] += row_begin_[size_t(r) + 1] - row_begin_[size_t(r)];
+  }
+  return ok_status();
+}
+
+// The final norm and the head: every position, or each row's last.
+Result<Tensor> InferenceWorker::ForwardPass::head(bool all_positions) {
   Tensor last;
   if (all_positions) {
-    last = x;
+    last = x_;
   } else {
-    last = Tensor::zeros(DType::kF32, {R, d});
-    for (int64_t r = 0; r < R; ++r) {
-      const int64_t end = row_begin[size_t(r) + 1];
-      if (end > row_begin[size_t(r)]) {
-        std::memcpy(last.data<float>() + r * d, x.data<float>() + (end - 1) * d, size_t(d) * 4);
+    last = Tensor::zeros(DType::kF32, {R_, d_});
+    for (int64_t r = 0; r < R_; ++r) {
+      const int64_t end = row_begin_[size_t(r) + 1];
+      if (end > row_begin_[size_t(r)]) {
+        std::memcpy(last.data<float>() + r * d_, x_.data<float>() + (end - 1) * d_,
+                    size_t(d_) * 4);
       }
     }
   }
   const int64_t n = last.size(0);
-  Tensor ln = f32({n, d}), logits = f32({n, V});
-  widen(w.norm, d, gain);
-  kernels::rmsnorm_forward(last.data<float>(), gain.data(), ln.data<float>(), nullptr, n, d, eps);
-  dequant_linear(w.head, ln.data<float>(), n, logits.data<float>(), false, band_);
+  Tensor ln = f32({n, d_}), logits = f32({n, c_.vocab_size});
+  widen(w_.norm, d_, gain_);
+  kernels::rmsnorm_forward(last.data<float>(), gain_.data(), ln.data<float>(), nullptr, n, d_,
+                           eps_);
+  dequant_linear(w_.head, ln.data<float>(), n, logits.data<float>(), false, wk_.band_);
   return logits;
+}
+
+Result<Tensor> InferenceWorker::forward(const BoundWeights& w, KvCache& cache,
+                                        const std::vector<std::vector<int64_t>>& feed,
+                                        bool all_positions) {
+  ForwardPass pass(*this, w, cache, feed);
+  WL_RETURN_IF_ERROR(pass.run_layers());
+  return pass.head(all_positions);
 }
 
 Result<std::vector<Tensor>> InferenceWorker::prompt_logits(

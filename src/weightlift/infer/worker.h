@@ -103,6 +103,7 @@ class InferenceWorker {
 
  private:
   struct KvCache;
+  class ForwardPass;  // one forward(): its phases (worker.cc)
   explicit InferenceWorker(WorkerOptions options);
   Status check_prompts(const std::vector<std::vector<int64_t>>& prompts, int64_t new_tokens) const;
   // Appends feed[r] to row r's cache; logits of each row's last new token [rows, V], or of
