@@ -229,20 +229,12 @@ Status InferenceWorker::ForwardPass::o_proj(const BoundLayer& lw) {
 void InferenceWorker::ForwardPass::dispatch(std::vector<int64_t>& begin,
                                             std::vector<int32_t>& row_of_slot,
                                             std::vector<int32_t>& token_of_row) {
-  const int64_t S = M_ * K_;
   begin.assign(size_t(E_ + 1), 0);
-  for (int64_t e = 0; e < E_; ++e) begin[size_t(e + 1)] = begin[size_t(e)] + counts_.data<int64_t>()[e];
-  row_of_slot.resize(size_t(S));
-  token_of_row.resize(size_t(S));
-  std::vector<int64_t> cursor(begin.begin(), begin.end() - 1);
-  const int32_t* idx = topk_idx_.data<int32_t>();
-  for (int64_t t = 0; t < M_; ++t) {
-    for (int64_t k = 0; k < K_; ++k) {
-      const int64_t row = cursor[size_t(idx[t * K_ + k])]++;
-      row_of_slot[size_t(t * K_ + k)] = int32_t(row);
-      token_of_row[size_t(row)] = int32_t(t);
-    }
-  }
+  row_of_slot.resize(size_t(M_ * K_));
+  token_of_row.resize(size_t(M_ * K_));
+  kernels::group_by_expert({.tokens = M_, .experts = E_, .top_k = K_},
+                           topk_idx_.data<int32_t>(), counts_.data<int64_t>(), begin.data(),
+                           row_of_slot.data(), token_of_row.data());
 }
 
 // The replicated router, then this rank's ffn rows of every expert, combined by gate weight.

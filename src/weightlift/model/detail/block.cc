@@ -57,13 +57,15 @@ void scatter_columns(float* dst, const float* src, int64_t n, int64_t ld, int64_
 
 }  // namespace
 
-void moe_forward(const BlockContext& ctx, const LayerView& w, int64_t N, BlockActs& a,
-                 const float* h, float* out, kernels::RouterLosses* losses) {
-  const Dims m(ctx.config);
-  const Precision p = ctx.precision;
-  // ---- router ----
+namespace {
+
+// The router over the normed input: probabilities, top-k, gate weights, counts; the layer's
+// aux and z losses added into `losses` when given.
+void route(const BlockContext& ctx, const Dims& m, const LayerView& w, int64_t N, BlockActs& a,
+           kernels::RouterLosses* losses) {
   Tensor logits = f32({N, m.E});
-  linear_forward(p, a.xn2.data<float>(), w.router, logits.data<float>(), N, m.d, m.E);
+  linear_forward(ctx.precision, a.xn2.data<float>(), w.router, logits.data<float>(), N, m.d,
+                 m.E);
   a.probs = f32({N, m.E});
   a.topk_w = f32({N, m.K});
   a.lse_r = f32({N});
@@ -74,46 +76,37 @@ void moe_forward(const BlockContext& ctx, const LayerView& w, int64_t N, BlockAc
   kernels::router_forward(rs, logits.data<float>(), a.probs.data<float>(),
                           a.topk_idx.data<int32_t>(), a.topk_w.data<float>(),
                           a.lse_r.data<float>(), a.counts.data<int64_t>());
-  if (losses) {
-    kernels::RouterLosses l = kernels::router_losses(rs, a.probs.data<float>(),
-                                                     a.lse_r.data<float>(),
-                                                     a.counts.data<int64_t>());
-    losses->aux += l.aux;
-    losses->z += l.z;
-  }
+  if (!losses) return;
+  const kernels::RouterLosses l = kernels::router_losses(rs, a.probs.data<float>(),
+                                                         a.lse_r.data<float>(),
+                                                         a.counts.data<int64_t>());
+  losses->aux += l.aux;
+  losses->z += l.z;
+}
 
-  // ---- dispatch: rows grouped by expert, token order within an expert ----
+// Rows grouped by expert (kernels::group_by_expert), and their inputs gathered into xe.
+void dispatch(const Dims& m, int64_t N, BlockActs& a) {
   const int64_t S = N * m.K;
   a.expert_begin.assign(size_t(m.E + 1), 0);
-  for (int64_t e = 0; e < m.E; ++e)
-    a.expert_begin[size_t(e + 1)] = a.expert_begin[size_t(e)] + a.counts.data<int64_t>()[e];
   a.row_of_slot = Tensor::empty(DType::kI32, {N, m.K});
   a.token_of_row = Tensor::empty(DType::kI32, {S});
-  {
-    std::vector<int64_t> cursor(a.expert_begin.begin(), a.expert_begin.end() - 1);
-    const int32_t* idx = a.topk_idx.data<int32_t>();
-    int32_t* row_of_slot = a.row_of_slot.data<int32_t>();
-    int32_t* token_of_row = a.token_of_row.data<int32_t>();
-    for (int64_t t = 0; t < N; ++t) {
-      for (int64_t k = 0; k < m.K; ++k) {
-        const int64_t row = cursor[size_t(idx[t * m.K + k])]++;
-        row_of_slot[t * m.K + k] = int32_t(row);
-        token_of_row[row] = int32_t(t);
-      }
-    }
-  }
+  kernels::group_by_expert({.tokens = N, .experts = m.E, .top_k = m.K},
+                           a.topk_idx.data<int32_t>(), a.counts.data<int64_t>(),
+                           a.expert_begin.data(), a.row_of_slot.data<int32_t>(),
+                           a.token_of_row.data<int32_t>());
   a.xe = f32({S, m.d});
-  {
-    const float* xn2 = a.xn2.data<float>();
-    float* xe = a.xe.data<float>();
-    const int32_t* token_of_row = a.token_of_row.data<int32_t>();
-    parallel_for(S, 128, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r)
-        std::memcpy(xe + r * m.d, xn2 + token_of_row[r] * m.d, size_t(m.d) * 4);
-    });
-  }
+  const float* xn2 = a.xn2.data<float>();
+  float* xe = a.xe.data<float>();
+  const int32_t* token_of_row = a.token_of_row.data<int32_t>();
+  parallel_for(S, 128, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      std::memcpy(xe + r * m.d, xn2 + token_of_row[r] * m.d, size_t(m.d) * 4);
+  });
+}
 
-  // ---- experts ----
+// Each expert's SwiGLU MLP over its rows.
+void run_experts(Precision p, const Dims& m, const LayerView& w, BlockActs& a) {
+  const int64_t S = a.xe.size(0);
   a.he = f32({S, 2 * m.F});
   a.ae = f32({S, m.F});
   a.ye = f32({S, m.d});
@@ -129,24 +122,35 @@ void moe_forward(const BlockContext& ctx, const LayerView& w, int64_t N, BlockAc
     kernels::swiglu_forward(he, ae, n, m.F);
     linear_forward(p, ae, down, a.ye.data<float>() + r0 * m.d, n, m.F, m.d);
   }
+}
 
-  // ---- combine: out = h + sum_k w[t, k] * ye[row(t, k)] ----
-  {
-    const float* ye = a.ye.data<float>();
-    const float* gw = a.topk_w.data<float>();
-    const int32_t* row_of_slot = a.row_of_slot.data<int32_t>();
-    parallel_for(N, 64, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) {
-        float* o = out + t * m.d;
-        std::memcpy(o, h + t * m.d, size_t(m.d) * 4);
-        for (int64_t k = 0; k < m.K; ++k) {
-          const float g = gw[t * m.K + k];
-          const float* y = ye + int64_t(row_of_slot[t * m.K + k]) * m.d;
-          for (int64_t i = 0; i < m.d; ++i) o[i] += g * y[i];
-        }
+// out = h + sum_k w[t, k] * ye[row(t, k)], slots in order.
+void combine(const Dims& m, const BlockActs& a, int64_t N, const float* h, float* out) {
+  const float* ye = a.ye.data<float>();
+  const float* gw = a.topk_w.data<float>();
+  const int32_t* row_of_slot = a.row_of_slot.data<int32_t>();
+  parallel_for(N, 64, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      float* o = out + t * m.d;
+      std::memcpy(o, h + t * m.d, size_t(m.d) * 4);
+      for (int64_t k = 0; k < m.K; ++k) {
+        const float g = gw[t * m.K + k];
+        const float* y = ye + int64_t(row_of_slot[t * m.K + k]) * m.d;
+        for (int64_t i = 0; i < m.d; ++i) o[i] += g * y[i];
       }
-    });
-  }
+    }
+  });
+}
+
+}  // namespace
+
+void moe_forward(const BlockContext& ctx, const LayerView& w, int64_t N, BlockActs& a,
+                 const float* h, float* out, kernels::RouterLosses* losses) {
+  const Dims m(ctx.config);
+  route(ctx, m, w, N, a, losses);
+  dispatch(m, N, a);
+  run_experts(ctx.precision, m, w, a);
+  combine(m, a, N, h, out);
 }
 
 void block_forward(const BlockContext& ctx, const BlockDims& b, const LayerView& w,
@@ -185,115 +189,116 @@ void block_forward(const BlockContext& ctx, const BlockDims& b, const LayerView&
   moe_forward(ctx, w, N, a, a.h.data<float>(), out, losses);
 }
 
-void block_backward(const BlockContext& ctx, const BlockDims& b, const LayerView& w,
-                    const LayerView& g, const BlockActs& a, const float* dout, float* dx,
-                    const BlockGradScales& scales) {
-  const Dims m(ctx.config);
-  const int64_t N = b.tokens, S = N * m.K;
-  const Precision p = ctx.precision;
+namespace {
 
-  // ---- combine backward: d gate weights and d expert outputs ----
-  Tensor dtopk_w = f32({N, m.K});
-  Tensor dye = f32({S, m.d});
-  {
-    const float* ye = a.ye.data<float>();
-    const float* gw = a.topk_w.data<float>();
-    const int32_t* row_of_slot = a.row_of_slot.data<int32_t>();
-    float* dw = dtopk_w.data<float>();
-    float* dy = dye.data<float>();
-    parallel_for(N, 64, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) {
-        const float* go = dout + t * m.d;
-        for (int64_t k = 0; k < m.K; ++k) {
-          const int64_t row = row_of_slot[t * m.K + k];
-          const float* y = ye + row * m.d;
-          float* dyr = dy + row * m.d;
-          const float gk = gw[t * m.K + k];
-          double dot = 0;
-          for (int64_t i = 0; i < m.d; ++i) {
-            dot += double(go[i]) * y[i];
-            dyr[i] = gk * go[i];
-          }
-          dw[t * m.K + k] = float(dot);
+// d += src, elementwise over n floats.
+void add_into(float* d, const float* src, int64_t n) {
+  parallel_for(n, 1 << 14, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) d[i] += src[i];
+  });
+}
+
+// Combine backward: the gate weights' gradient (dot of dout with each chosen expert's output,
+// in double) and each expert row's output gradient (gate weight times dout).
+void combine_backward(const Dims& m, const BlockActs& a, const float* dout, int64_t N,
+                      Tensor& dtopk_w, Tensor& dye) {
+  const float* ye = a.ye.data<float>();
+  const float* gw = a.topk_w.data<float>();
+  const int32_t* row_of_slot = a.row_of_slot.data<int32_t>();
+  float* dw = dtopk_w.data<float>();
+  float* dy = dye.data<float>();
+  parallel_for(N, 64, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* go = dout + t * m.d;
+      for (int64_t k = 0; k < m.K; ++k) {
+        const int64_t row = row_of_slot[t * m.K + k];
+        const float* y = ye + row * m.d;
+        float* dyr = dy + row * m.d;
+        const float gk = gw[t * m.K + k];
+        double dot = 0;
+        for (int64_t i = 0; i < m.d; ++i) {
+          dot += double(go[i]) * y[i];
+          dyr[i] = gk * go[i];
         }
+        dw[t * m.K + k] = float(dot);
       }
-    });
-  }
-
-  // ---- experts backward ----
-  Tensor dxe = f32({S, m.d});
-  {
-    Tensor dae = f32({S, m.F});
-    Tensor dhe = f32({S, 2 * m.F});
-    const int64_t stride = w.expert_stride;
-    for (int64_t e = 0; e < m.E; ++e) {
-      const int64_t r0 = a.expert_begin[size_t(e)], n = a.expert_begin[size_t(e + 1)] - r0;
-      if (n == 0) continue;
-      const float* gate_up = w.experts + e * stride;
-      const float* down = gate_up + 2 * m.F * m.d;
-      float* dgate_up = g.experts + e * stride;
-      float* ddown = dgate_up + 2 * m.F * m.d;
-      const float* dy = dye.data<float>() + r0 * m.d;
-      float* da = dae.data<float>() + r0 * m.F;
-      float* dh = dhe.data<float>() + r0 * 2 * m.F;
-      linear_backward_input(p, dy, down, da, n, m.F, m.d);
-      linear_backward_weight(p, dy, a.ae.data<float>() + r0 * m.F, ddown, n, m.F, m.d);
-      kernels::swiglu_backward(a.he.data<float>() + r0 * 2 * m.F, da, dh, n, m.F);
-      linear_backward_weight(p, dh, a.xe.data<float>() + r0 * m.d, dgate_up, n, m.d, 2 * m.F);
-      linear_backward_input(p, dh, gate_up, dxe.data<float>() + r0 * m.d, n, m.d, 2 * m.F);
     }
-  }
+  });
+}
 
-  // ---- un-dispatch: dxn2[t] = sum over t's slots of dxe[row], in slot order ----
-  Tensor dxn2 = f32({N, m.d});
-  {
-    const int32_t* row_of_slot = a.row_of_slot.data<int32_t>();
-    const float* src = dxe.data<float>();
-    float* dst = dxn2.data<float>();
-    parallel_for(N, 64, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) {
-        float* o = dst + t * m.d;
-        std::memcpy(o, src + int64_t(row_of_slot[t * m.K]) * m.d, size_t(m.d) * 4);
-        for (int64_t k = 1; k < m.K; ++k) {
-          const float* r = src + int64_t(row_of_slot[t * m.K + k]) * m.d;
-          for (int64_t i = 0; i < m.d; ++i) o[i] += r[i];
-        }
+// Every expert's SwiGLU MLP backward over its rows: weight gradients into g, input gradients
+// into dxe.
+void experts_backward(Precision p, const Dims& m, const LayerView& w, const LayerView& g,
+                      const BlockActs& a, const Tensor& dye, Tensor& dxe) {
+  const int64_t S = dye.size(0);
+  Tensor dae = f32({S, m.F});
+  Tensor dhe = f32({S, 2 * m.F});
+  const int64_t stride = w.expert_stride;
+  for (int64_t e = 0; e < m.E; ++e) {
+    const int64_t r0 = a.expert_begin[size_t(e)], n = a.expert_begin[size_t(e + 1)] - r0;
+    if (n == 0) continue;
+    const float* gate_up = w.experts + e * stride;
+    const float* down = gate_up + 2 * m.F * m.d;
+    float* dgate_up = g.experts + e * stride;
+    float* ddown = dgate_up + 2 * m.F * m.d;
+    const float* dy = dye.data<float>() + r0 * m.d;
+    float* da = dae.data<float>() + r0 * m.F;
+    float* dh = dhe.data<float>() + r0 * 2 * m.F;
+    linear_backward_input(p, dy, down, da, n, m.F, m.d);
+    linear_backward_weight(p, dy, a.ae.data<float>() + r0 * m.F, ddown, n, m.F, m.d);
+    kernels::swiglu_backward(a.he.data<float>() + r0 * 2 * m.F, da, dh, n, m.F);
+    linear_backward_weight(p, dh, a.xe.data<float>() + r0 * m.d, dgate_up, n, m.d, 2 * m.F);
+    linear_backward_input(p, dh, gate_up, dxe.data<float>() + r0 * m.d, n, m.d, 2 * m.F);
+  }
+}
+
+// Un-dispatch: dxn2[t] = the sum over t's slots of dxe[row], in slot order.
+void undispatch(const Dims& m, const BlockActs& a, const Tensor& dxe, int64_t N, Tensor& dxn2) {
+  const int32_t* row_of_slot = a.row_of_slot.data<int32_t>();
+  const float* src = dxe.data<float>();
+  float* dst = dxn2.data<float>();
+  parallel_for(N, 64, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      float* o = dst + t * m.d;
+      std::memcpy(o, src + int64_t(row_of_slot[t * m.K]) * m.d, size_t(m.d) * 4);
+      for (int64_t k = 1; k < m.K; ++k) {
+        const float* r = src + int64_t(row_of_slot[t * m.K + k]) * m.d;
+        for (int64_t i = 0; i < m.d; ++i) o[i] += r[i];
       }
-    });
-  }
+    }
+  });
+}
 
-  // ---- router backward ----
-  {
-    Tensor dlogits = f32({N, m.E});
-    const kernels::RouterShape rs{.tokens = N, .experts = m.E, .top_k = m.K,
-                                  .norm_topk = ctx.config.norm_topk};
-    kernels::router_backward(rs, {.probs = a.probs.data<float>(),
-                                  .topk_idx = a.topk_idx.data<int32_t>(),
-                                  .topk_w = a.topk_w.data<float>(),
-                                  .lse = a.lse_r.data<float>(),
-                                  .counts = a.counts.data<int64_t>(),
-                                  .dtopk_w = dtopk_w.data<float>(),
-                                  .aux_scale = scales.aux,
-                                  .z_scale = scales.z,
-                                  .dlogits = dlogits.data<float>()});
-    linear_backward_input(p, dlogits.data<float>(), w.router, dxn2.data<float>(), N, m.d, m.E,
-                          true);
-    linear_backward_weight(p, dlogits.data<float>(), a.xn2.data<float>(), g.router, N, m.d, m.E);
-  }
+// The router's logits gradient (gates, aux and z losses), then its input gradient added into
+// dxn2 and its weight gradient.
+void router_backward(const BlockContext& ctx, const Dims& m, const LayerView& w,
+                     const LayerView& g, const BlockActs& a, const Tensor& dtopk_w,
+                     const BlockGradScales& scales, int64_t N, Tensor& dxn2) {
+  Tensor dlogits = f32({N, m.E});
+  const kernels::RouterShape rs{.tokens = N, .experts = m.E, .top_k = m.K,
+                                .norm_topk = ctx.config.norm_topk};
+  kernels::router_backward(rs, {.probs = a.probs.data<float>(),
+                                .topk_idx = a.topk_idx.data<int32_t>(),
+                                .topk_w = a.topk_w.data<float>(),
+                                .lse = a.lse_r.data<float>(),
+                                .counts = a.counts.data<int64_t>(),
+                                .dtopk_w = dtopk_w.data<float>(),
+                                .aux_scale = scales.aux,
+                                .z_scale = scales.z,
+                                .dlogits = dlogits.data<float>()});
+  linear_backward_input(ctx.precision, dlogits.data<float>(), w.router, dxn2.data<float>(), N,
+                        m.d, m.E, true);
+  linear_backward_weight(ctx.precision, dlogits.data<float>(), a.xn2.data<float>(), g.router, N,
+                         m.d, m.E);
+}
 
-  // ---- moe_norm backward, residual: dh = dout + d(norm) ----
-  Tensor dh = f32({N, m.d});
-  kernels::rmsnorm_backward(dxn2.data<float>(), a.h.data<float>(), w.moe_norm,
-                            a.rstd2.data<float>(), dh.data<float>(), g.moe_norm, N, m.d);
-  {
-    float* d = dh.data<float>();
-    parallel_for(N * m.d, 1 << 14, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) d[i] += dout[i];
-    });
-  }
-  dxn2 = Tensor();
-
-  // ---- attention backward ----
+// Attention backward from dh (the gradient after the attention residual) to dxn1, the
+// gradient of the normed input: o_proj, attention, RoPE, then the fused qkv projection.
+void attention_backward(const BlockContext& ctx, const BlockDims& b, const Dims& m,
+                        const LayerView& w, const LayerView& g, const BlockActs& a,
+                        const Tensor& dh, Tensor& dxn1) {
+  const Precision p = ctx.precision;
+  const int64_t N = b.tokens;
   Tensor datt = f32({N, m.qd});
   linear_backward_input(p, dh.data<float>(), w.wo, datt.data<float>(), N, m.qd, m.d);
   linear_backward_weight(p, dh.data<float>(), a.att.data<float>(), g.wo, N, m.qd, m.d);
@@ -311,19 +316,39 @@ void block_backward(const BlockContext& ctx, const BlockDims& b, const LayerView
   scatter_columns(dqkv.data<float>(), dv.data<float>(), N, m.qkvd, m.qd + m.kvd, m.kvd);
   dq = dk = dv = Tensor();
   linear_backward_weight(p, dqkv.data<float>(), a.xn1.data<float>(), g.wqkv, N, m.d, m.qkvd);
-  Tensor dxn1 = f32({N, m.d});
   linear_backward_input(p, dqkv.data<float>(), w.wqkv, dxn1.data<float>(), N, m.d, m.qkvd);
-  dqkv = Tensor();
+}
 
-  // ---- attn_norm backward, residual: dx = dh + d(norm) ----
+}  // namespace
+
+void block_backward(const BlockContext& ctx, const BlockDims& b, const LayerView& w,
+                    const LayerView& g, const BlockActs& a, const float* dout, float* dx,
+                    const BlockGradScales& scales) {
+  const Dims m(ctx.config);
+  const int64_t N = b.tokens, S = N * m.K;
+  // MoE half, from dout back to dxn2, the gradient of the MoE's normed input.
+  Tensor dtopk_w = f32({N, m.K}), dye = f32({S, m.d});
+  combine_backward(m, a, dout, N, dtopk_w, dye);
+  Tensor dxn2 = f32({N, m.d});
+  {
+    Tensor dxe = f32({S, m.d});
+    experts_backward(ctx.precision, m, w, g, a, dye, dxe);
+    dye = Tensor();
+    undispatch(m, a, dxe, N, dxn2);
+  }
+  router_backward(ctx, m, w, g, a, dtopk_w, scales, N, dxn2);
+  // moe_norm backward, residual: dh = dout + d(norm).
+  Tensor dh = f32({N, m.d});
+  kernels::rmsnorm_backward(dxn2.data<float>(), a.h.data<float>(), w.moe_norm,
+                            a.rstd2.data<float>(), dh.data<float>(), g.moe_norm, N, m.d);
+  add_into(dh.data<float>(), dout, N * m.d);
+  dxn2 = Tensor();
+  // Attention half; attn_norm backward, residual: dx = dh + d(norm).
+  Tensor dxn1 = f32({N, m.d});
+  attention_backward(ctx, b, m, w, g, a, dh, dxn1);
   kernels::rmsnorm_backward(dxn1.data<float>(), a.x.data<float>(), w.attn_norm,
                             a.rstd1.data<float>(), dx, g.attn_norm, N, m.d);
-  {
-    const float* d = dh.data<float>();
-    parallel_for(N * m.d, 1 << 14, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) dx[i] += d[i];
-    });
-  }
+  add_into(dx, dh.data<float>(), N * m.d);
 }
 
 }  // namespace wl::model::detail
