@@ -114,7 +114,7 @@ void Receiver::set_status(uint64_t published, uint64_t writing) {
 }
 
 std::span<std::byte> Receiver::slot_for_healing(uint64_t version) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   WL_CHECK_EQ(version_, 0u) << "healing a receiver that already holds a version";
   WL_CHECK(!read_) << "healing a receiver that readers already use";
   WL_CHECK_GT(version, 0u);
@@ -122,7 +122,7 @@ std::span<std::byte> Receiver::slot_for_healing(uint64_t version) {
 }
 
 void Receiver::adopt(uint64_t version) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   WL_CHECK_EQ(version_, 0u) << "adopting into a receiver that already holds a version";
   WL_CHECK(!read_) << "adopting into a receiver that readers already use";
   active_ = int(version % 2);
@@ -131,7 +131,7 @@ void Receiver::adopt(uint64_t version) {
 }
 
 Receiver::ReadGuard Receiver::acquire() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   read_ = true;
   ++readers_[active_];
   return ReadGuard(this, active_, version_);
@@ -139,24 +139,25 @@ Receiver::ReadGuard Receiver::acquire() const {
 
 void Receiver::release(int slot) const {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     --readers_[slot];
   }
   released_.notify_all();
 }
 
 uint64_t Receiver::version() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return version_;
 }
 
 Status Receiver::begin_write(int slot, comm::Deadline deadline) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   if (slot == active_) {
     WL_CHECK_EQ(version_, 0u) << "writing the slot readers use";
     active_ = 1 - slot;  // version 0 is nothing in either slot
   }
-  if (!released_.wait_until(lock, deadline, [&] { return readers_[slot] == 0; })) {
+  if (!released_.wait_until(lock, deadline,
+                            [&]() WL_NO_THREAD_SAFETY_ANALYSIS { return readers_[slot] == 0; })) {
     return deadline_exceeded("receiver: " + std::to_string(readers_[slot]) +
                              " reader(s) still hold version " + std::to_string(version_ - 1) +
                              "'s weights; cannot write the next version into them");
@@ -166,7 +167,7 @@ Status Receiver::begin_write(int slot, comm::Deadline deadline) {
 }
 
 void Receiver::publish(int slot, uint64_t version) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   WL_CHECK_EQ(readers_[slot], 0);
   active_ = slot;
   version_ = version;

@@ -22,11 +22,9 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -34,6 +32,7 @@
 #include <vector>
 
 #include "weightlift/comm/transport.h"
+#include "weightlift/core/mutex.h"
 #include "weightlift/transfer/layout/inference_layout.h"
 
 namespace wl::transfer {
@@ -136,7 +135,7 @@ class Receiver {
 
  private:
   Receiver() = default;
-  void release(int slot) const;
+  void release(int slot) const WL_EXCLUDES(mu_);
 
   ReceiverOptions options_;
   std::vector<ReceiverEntry> entries_;
@@ -153,13 +152,13 @@ class Receiver {
   std::vector<std::byte> worker_address_;
   uint64_t epoch_ = 0;
 
-  mutable std::mutex mu_;
-  mutable std::condition_variable released_;
-  int active_ = 0;                   // guarded by mu_
-  uint64_t version_ = 0;             // guarded by mu_
-  mutable int readers_[2] = {0, 0};  // guarded by mu_
-  mutable bool read_ = false;        // guarded by mu_: some reader acquired a slot
-  void set_status(uint64_t published, uint64_t writing);  // REQUIRES: mu_ held
+  mutable Mutex mu_;
+  mutable CondVar released_;
+  int active_ WL_GUARDED_BY(mu_) = 0;
+  uint64_t version_ WL_GUARDED_BY(mu_) = 0;
+  mutable int readers_[2] WL_GUARDED_BY(mu_) = {0, 0};
+  mutable bool read_ WL_GUARDED_BY(mu_) = false;  // some reader acquired a slot
+  void set_status(uint64_t published, uint64_t writing) WL_REQUIRES(mu_);
 };
 
 }  // namespace wl::transfer
