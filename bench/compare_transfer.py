@@ -3,7 +3,9 @@
 
 For `--preset` (medium), `--trainers` (2) -> `--receivers` (2) with TP `--tp` (2):
   weightlift  `weightlift bench transfer --mode p2p|broadcast|naive --dtype bf16|fp8 --json`
-              (apps/weightlift/bench/transfer.h), one run per mode and dtype
+              (apps/weightlift/bench/transfer.h), one run per mode, dtype and `--ranks` kind:
+              separate processes (what users run, and what the torch peer does) and, for the
+              record, threads of one process
   torch-gloo  `/usr/bin/python3 bench/torch_broadcast_baseline.py` (bf16 only: torch 1.13 has
               no float8; its bf16 figure is the baseline for both dtypes)
 then prints the median update time per mode with its ratio to p2p of the same dtype,
@@ -94,26 +96,29 @@ def median(v):
     return v[len(v) // 2] if v else float("nan")
 
 
-def run_round(a, shape, rnd, dtypes, modes):
-    """One weightlift run per (dtype, mode) and one torch run, each row tagged with the round
-    and the 1-minute load average before it started."""
+def run_round(a, shape, rnd, dtypes, modes, ranks):
+    """One weightlift run per (dtype, mode, ranks kind) and one torch run, each row tagged with
+    the round and the 1-minute load average before it started."""
     rows = []
     for dtype in dtypes:
         for mode in [m for m in MODES[:3] if m in modes]:
-            load = os.getloadavg()[0]
-            row = json_line(shlex.split(a.weightlift) + ["bench", "transfer", "--mode", mode,
-                                                         "--dtype", dtype, "--json"] + shape +
-                            ([] if a.verify else ["--no-verify"]))
-            if row:
-                row.update({"round": rnd, "load1": load})
-                rows.append(row)
+            for kind in ranks:
+                load = os.getloadavg()[0]
+                row = json_line(shlex.split(a.weightlift) +
+                                ["bench", "transfer", "--mode", mode, "--dtype", dtype,
+                                 "--ranks", kind, "--json"] + shape +
+                                ([] if a.verify else ["--no-verify"]))
+                if row:
+                    row.update({"round": rnd, "load1": load})
+                    rows.append(row)
     if "torch-gloo" in modes:
         load = os.getloadavg()[0]
         row = json_line(["/usr/bin/python3", os.path.join(HERE, "torch_broadcast_baseline.py"),
                          "--preset", a.preset, "--trainers", str(a.trainers), "--receivers",
                          str(a.receivers), "--tp", str(a.tp), "--updates", str(a.updates)])
         if row:
-            row.update({"round": rnd, "load1": load, "mode": "torch-gloo", "dtype": "bf16"})
+            row.update({"round": rnd, "load1": load, "mode": "torch-gloo", "dtype": "bf16",
+                        "ranks": "processes"})
             rows.append(row)
     return rows
 
@@ -134,6 +139,9 @@ def main():
                     help="repeat every run this many times, interleaved (all modes once per "
                          "round), and report the median over rounds: a shared machine's load "
                          "then weighs on every mode alike")
+    ap.add_argument("--ranks", default="processes,threads",
+                    help="weightlift's ranks as separate processes and/or threads of one "
+                         "process; the bars use processes")
     ap.add_argument("--no-verify", dest="verify", action="store_false",
                     help="skip the untimed comparison with the reference after each run")
     ap.add_argument("--out", default="runs/transfer", help="directory for the SVG and JSON")
@@ -143,40 +151,47 @@ def main():
              str(a.receivers), "--tp", str(a.tp), "--updates", str(a.updates)]
     dtypes = a.dtypes.split(",")
     modes = a.modes.split(",")
+    ranks = a.ranks.split(",")
     rows = []
     for rnd in range(a.rounds):
-        rows += run_round(a, shape, rnd, dtypes, modes)
+        rows += run_round(a, shape, rnd, dtypes, modes, ranks)
     with open(os.path.join(a.out, "transfer.jsonl"), "w") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
 
-    # Per (mode, dtype): the median over rounds of each run's median update time.
-    def pick(mode, dtype, key):
-        return [r[key] for r in rows if r["mode"] == mode and r.get("dtype") == dtype and key in r]
-    results = [(m, d) for d in dtypes for m in MODES[:3] if pick(m, d, "update_ms_median")]
-    times = {k: median(pick(k[0], k[1], "update_ms_median")) for k in results}
-    torch_ms = median(pick("torch-gloo", "bf16", "update_ms_median"))
-    have_torch = bool(pick("torch-gloo", "bf16", "update_ms_median"))
+    # Per (mode, dtype, ranks): the median over rounds of each run's p50 update time.
+    def pick(mode, dtype, key, kind="processes"):
+        return [r[key] for r in rows if r["mode"] == mode and r.get("dtype") == dtype and
+                r.get("ranks") == kind and key in r]
+    torch = pick("torch-gloo", "bf16", "update_ms_p50")
+    torch_ms, have_torch = median(torch), bool(torch)
     loads = [r["load1"] for r in rows]
-    print("%s, %d trainers -> %d receivers, TP %d, median of %d updates, %d round(s); "
+    print("%s, %d trainers -> %d receivers, TP %d, p50 of %d updates, median of %d round(s); "
           "load average (1 min) %.1f-%.1f" % (a.preset, a.trainers, a.receivers, a.tp,
                                               a.updates, a.rounds, min(loads or [0]),
                                               max(loads or [0])))
-    print("%-10s %-5s %10s %9s %9s %9s %11s %8s" % ("mode", "dtype", "update_ms", "vs_p2p",
-                                                  "vs_torch", "eff_GB/s", "memcpy_frac", "wrong"))
-    for m, d in results:
-        p2p = times.get(("p2p", d))
-        ms = times[(m, d)]
-        print("%-10s %-5s %10.1f %8.2fx %8s %9.3f %11.3f %8d" % (
-            m, d, ms, ms / p2p if p2p else float("nan"),
-            "%.2fx" % (torch_ms / ms) if have_torch else "-",
-            median(pick(m, d, "effective_gbps")), median(pick(m, d, "memcpy_fraction")),
-            sum(pick(m, d, "wrong"))))
+    print("%-10s %-5s %-9s %10s %8s %9s %9s %9s %11s %6s" % (
+        "mode", "dtype", "ranks", "update_ms", "spread", "vs_p2p", "vs_torch", "eff_GB/s",
+        "memcpy_frac", "wrong"))
+    times = {}
+    for d in dtypes:
+        for m in MODES[:3]:
+            for kind in ranks:
+                ms_all = pick(m, d, "update_ms_p50", kind)
+                if not ms_all:
+                    continue
+                ms = times[(m, d, kind)] = median(ms_all)
+                p2p = median(pick("p2p", d, "update_ms_p50", kind))
+                print("%-10s %-5s %-9s %10.1f %8s %8.2fx %9s %9.3f %11.3f %6d" % (
+                    m, d, kind, ms, "%.0f-%.0f" % (min(ms_all), max(ms_all)), ms / p2p,
+                    "%.2fx" % (torch_ms / ms) if have_torch else "-",
+                    median(pick(m, d, "effective_gbps", kind)),
+                    median(pick(m, d, "memcpy_fraction", kind)),
+                    sum(pick(m, d, "wrong", kind))))
     if have_torch:
-        print("%-10s %-5s %10.1f   (baseline; vs_torch = torch time / this mode's time)"
-              % ("torch-gloo", "bf16", torch_ms))
-        for d in dtypes:
-            times[("torch-gloo", d if d == "bf16" else "bf16")] = torch_ms
+        print("%-10s %-5s %-9s %10.1f %8s   (baseline; vs_torch = torch time / this time)"
+              % ("torch-gloo", "bf16", "processes", torch_ms,
+                 "%.0f-%.0f" % (min(torch), max(torch))))
     memcpy = [r["memcpy_gbps"] for r in rows if "memcpy_gbps" in r]
     if memcpy:
         print("single-thread memcpy: %s GB/s" % ", ".join("%.2f" % m for m in memcpy))
@@ -187,20 +202,24 @@ def main():
             print("bar: %-44s %7.2f (target >= %g: %s)" % (name, value, at_least,
                                                           "met" if value >= at_least else
                                                           "NOT met"))
-    p2p8, bc8 = times.get(("p2p", "fp8")), times.get(("broadcast", "fp8"))
+    p2p8, bc8 = times.get(("p2p", "fp8", "processes")), times.get(("broadcast", "fp8", "processes"))
     if p2p8 and bc8:
         bar("fp8: broadcast time / p2p time", bc8 / p2p8, 2)
     if p2p8 and have_torch:
         bar("fp8: torch-gloo (bf16) time / p2p time", torch_ms / p2p8, 5)
-    if pick("p2p", "bf16", "memcpy_fraction"):
+    if pick("p2p", "bf16", "memcpy_fraction"):  # processes
         bar("bf16: p2p effective GB/s / memcpy GB/s",
             median(pick("p2p", "bf16", "memcpy_fraction")), 0.5)
     over = [r for r in rows if r.get("peak_staging_bytes", 0) > r.get("watermark_bytes", 1 << 62)]
     print("staging above the watermark in %d of %d runs" % (len(over), len(rows)))
-    if times:
+    bars = {(m, d): ms for (m, d, kind), ms in times.items() if kind == "processes"}
+    if have_torch:
+        for d in dtypes:
+            bars[("torch-gloo", d)] = torch_ms
+    if bars:
         path = os.path.join(a.out, "transfer_update_ms.svg")
-        svg_bars(path, "weight update, %s, %d -> %d receivers, TP %d" %
-                 (a.preset, a.trainers, a.receivers, a.tp), times)
+        svg_bars(path, "weight update, %s, %d -> %d receivers, TP %d (separate processes)" %
+                 (a.preset, a.trainers, a.receivers, a.tp), bars)
         print("plot: " + path)
 
 

@@ -18,18 +18,25 @@ An update's time runs from a world barrier to the next one, after the last recei
 bf16 only: torch 1.13 has no float8 dtype. gloo moves the bf16 bytes as float16 views (it
 has no bf16 or int16 collectives; copies keep the bytes). Prints one JSON line (rank 0):
   {"impl": "torch-gloo", "mode": "broadcast", "preset": .., "update_ms": [..],
-   "update_ms_median": .., "bytes_broadcast": ..}
+   "update_ms_p50": .., "update_ms_p99": .., "bytes_broadcast": ..}
 
     /usr/bin/python3 bench/torch_broadcast_baseline.py --preset medium --trainers 2 \
         --receivers 2 --tp 2 --updates 3
 """
 import argparse
 import json
+import math
 import os
 import socket
 import statistics
 import threading
 import time
+
+
+def percentile(samples, q):
+    """Nearest-rank q-quantile, as weightlift's reports compute it (core/timing.h)."""
+    s = sorted(samples)
+    return s[max(1, math.ceil(q * len(s))) - 1]
 
 import torch
 import torch.distributed as dist
@@ -203,7 +210,8 @@ def run(rank, a, port):
             "impl": "torch-gloo", "mode": "broadcast", "preset": a.preset,
             "trainers": a.trainers, "receivers": a.receivers, "tp": a.tp, "dtype": "bf16",
             "bucket_mb": a.bucket_mb, "updates": a.updates, "update_ms": per_update,
-            "update_ms_median": statistics.median(per_update),
+            "update_ms_p50": percentile(per_update, 0.50),
+            "update_ms_p99": percentile(per_update, 0.99),
             "bytes_broadcast": 2 * sum(numel(s) for s in shapes.values()),
             "torch": torch.__version__}), flush=True)
     dist.destroy_process_group()
