@@ -60,8 +60,10 @@ int64_t k2_param_count(const K2Shapes& s) {
   return n;
 }
 
-Result<std::vector<ReceiverTensor>> k2_inference_layout(const K2Shapes& s,
-                                                        const K2LayoutOptions& o) {
+namespace {
+
+// The engine must split every sharded dimension evenly and hold at least one expert per GPU.
+Status check_engine(const K2Shapes& s, const K2LayoutOptions& o) {
   const int64_t G = o.engine_gpus, r = o.rank;
   const std::string where = "Kimi-K2 inference layout over " + std::to_string(G) + " GPUs";
   if (G < 1) return invalid_argument(where + ": an engine needs at least one GPU");
@@ -81,6 +83,15 @@ Result<std::vector<ReceiverTensor>> k2_inference_layout(const K2Shapes& s,
     return invalid_argument(where + ": more GPUs than the " + std::to_string(s.num_experts) +
                             " routed experts (expert parallel needs at least one each)");
   }
+  return ok_status();
+}
+
+}  // namespace
+
+Result<std::vector<ReceiverTensor>> k2_inference_layout(const K2Shapes& s,
+                                                        const K2LayoutOptions& o) {
+  WL_RETURN_IF_ERROR(check_engine(s, o));
+  const int64_t G = o.engine_gpus, r = o.rank;
   const int64_t d = s.hidden;
   std::vector<ReceiverTensor> out;
   auto plain = [&](const std::string& name, int64_t rows, int64_t cols, int64_t row0) {
