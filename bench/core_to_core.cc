@@ -30,7 +30,6 @@
 
 namespace {
 
-
 bool pin(int cpu) {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -159,7 +158,8 @@ int main(int argc, char** argv) {
         if (link.stop.load(std::memory_order_relaxed)) return;
         _mm_pause();
       }
-      if (link.copying.load(std::memory_order_relaxed)) std::memcpy(dst.data(), src.data(), a.bytes);
+      if (link.copying.load(std::memory_order_relaxed))
+        std::memcpy(dst.data(), src.data(), a.bytes);
       link.done.store(n, std::memory_order_release);
     }
   });

@@ -82,8 +82,8 @@ BENCHMARK_CAPTURE(Gemm, bf16, DType::kBF16)->Apply(GemmShapes);
 // Causal attention of one training step: B 8, T 256, 8 heads sharing 1 kv head, head_dim 32.
 // Forward 4 FLOPs per causal pair and head_dim, backward 10 (attention.cc).
 void Attention(benchmark::State& state, bool backward) {
-  const AttentionShape s{.batch = 8, .seq_q = 256, .seq_kv = 256, .heads = 8, .kv_heads = 1,
-                         .head_dim = 32};
+  const AttentionShape s{
+      .batch = 8, .seq_q = 256, .seq_kv = 256, .heads = 8, .kv_heads = 1, .head_dim = 32};
   const size_t q = size_t(s.batch * s.seq_q * s.heads * s.head_dim);
   const size_t kv = size_t(s.batch * s.seq_kv * s.kv_heads * s.head_dim);
   const std::vector<float> qs = random_values(q, 1), ks = random_values(kv, 2),
@@ -99,9 +99,9 @@ void Attention(benchmark::State& state, bool backward) {
     }
   }
   const double pairs = double(s.batch * s.heads) * double(s.seq_q) * double(s.seq_q + 1) / 2;
-  state.counters["GFLOP/s"] =
-      benchmark::Counter((backward ? 10 : 4) * pairs * double(s.head_dim),
-                         benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+  state.counters["GFLOP/s"] = benchmark::Counter((backward ? 10 : 4) * pairs * double(s.head_dim),
+                                                 benchmark::Counter::kIsIterationInvariantRate,
+                                                 benchmark::Counter::kIs1000);
 }
 BENCHMARK_CAPTURE(Attention, forward, false)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(Attention, backward, true)->Unit(benchmark::kMillisecond);

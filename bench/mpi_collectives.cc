@@ -25,10 +25,14 @@ size_t parse_bytes(const std::string& s) {
   char* end = nullptr;
   size_t v = std::strtoull(s.c_str(), &end, 10);
   switch (std::toupper(static_cast<unsigned char>(*end))) {
-    case 'K': return v << 10;
-    case 'M': return v << 20;
-    case 'G': return v << 30;
-    default: return v;
+    case 'K':
+      return v << 10;
+    case 'M':
+      return v << 20;
+    case 'G':
+      return v << 30;
+    default:
+      return v;
   }
 }
 
@@ -50,12 +54,18 @@ int main(int argc, char** argv) {
   int factor = 2, iters_arg = 0, warmup = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--ops") ops_arg = v;
-    else if (k == "--min-bytes") min_bytes = parse_bytes(v);
-    else if (k == "--max-bytes") max_bytes = parse_bytes(v);
-    else if (k == "--factor") factor = std::atoi(v.c_str());
-    else if (k == "--iters") iters_arg = std::atoi(v.c_str());
-    else if (k == "--warmup") warmup = std::atoi(v.c_str());
+    if (k == "--ops")
+      ops_arg = v;
+    else if (k == "--min-bytes")
+      min_bytes = parse_bytes(v);
+    else if (k == "--max-bytes")
+      max_bytes = parse_bytes(v);
+    else if (k == "--factor")
+      factor = std::atoi(v.c_str());
+    else if (k == "--iters")
+      iters_arg = std::atoi(v.c_str());
+    else if (k == "--warmup")
+      warmup = std::atoi(v.c_str());
   }
   std::vector<std::string> ops;
   for (size_t at = 0; at <= ops_arg.size();) {
@@ -86,9 +96,9 @@ int main(int argc, char** argv) {
             MPI_Bcast(recv.data(), n, MPI_FLOAT, 0, MPI_COMM_WORLD);
           }
         };
-        const int iters =
-            iters_arg > 0 ? iters_arg
-                          : int(std::clamp<size_t>((size_t(1) << 30) / bytes, 20, 1000));
+        const int iters = iters_arg > 0
+                              ? iters_arg
+                              : int(std::clamp<size_t>((size_t(1) << 30) / bytes, 20, 1000));
         for (int i = 0; i < warmup; ++i) run();
         std::vector<double> t(static_cast<size_t>(iters)), tmax(static_cast<size_t>(iters));
         for (int i = 0; i < iters; ++i) {
@@ -106,11 +116,12 @@ int main(int argc, char** argv) {
           };
           const double time_us = sum / iters * 1e6;
           const double algbw = double(bytes) / (time_us * 1e3);
-          std::printf("{\"impl\":\"openmpi\",\"op\":\"%s\",\"bytes\":%zu,\"count\":%zu,"
-                      "\"dtype\":\"F32\",\"ranks\":%d,\"time_us\":%.3f,\"p50_us\":%.3f,"
-                      "\"p99_us\":%.3f,\"algbw_gbps\":%.4f,\"busbw_gbps\":%.4f}\n",
-                      op.c_str(), bytes, count, P, time_us, pct(0.5), pct(0.99), algbw,
-                      algbw * bus_factor(op, P));
+          std::printf(
+              "{\"impl\":\"openmpi\",\"op\":\"%s\",\"bytes\":%zu,\"count\":%zu,"
+              "\"dtype\":\"F32\",\"ranks\":%d,\"time_us\":%.3f,\"p50_us\":%.3f,"
+              "\"p99_us\":%.3f,\"algbw_gbps\":%.4f,\"busbw_gbps\":%.4f}\n",
+              op.c_str(), bytes, count, P, time_us, pct(0.5), pct(0.99), algbw,
+              algbw * bus_factor(op, P));
           std::fflush(stdout);
         }
       }

@@ -1,7 +1,7 @@
 #include <cstdio>
 
-#include "commands.h"
 #include "bench/train.h"
+#include "commands.h"
 #include "weightlift/core/cpu.h"
 
 namespace wl::app {
@@ -40,13 +40,13 @@ void register_bench(CLI::App& app, Outcome& out) {
     if (*json) {
       std::printf("%s\n", r->to_json(*o).c_str());
     } else {
-      std::printf("bench train %s batch %ld x %ld %s, %d threads on %s: step %.1f ms median "
-                  "(min %.1f, max %.1f), %.0f tokens/s, %.1f GFLOP/s = %.0f%% of the %.1f "
-                  "GFLOP/s f32 GEMM peak measured now\n",
-                  o->preset.c_str(), long(o->batch), long(o->seq), precision->c_str(), r->threads,
-                  cpu_info().describe().c_str(),
-                  r->step_ms_median, r->step_ms_min, r->step_ms_max, r->tokens_per_s, r->gflops,
-                  100 * r->gflops / r->gemm_peak_gflops, r->gemm_peak_gflops);
+      std::printf(
+          "bench train %s batch %ld x %ld %s, %d threads on %s: step %.1f ms median "
+          "(min %.1f, max %.1f), %.0f tokens/s, %.1f GFLOP/s = %.0f%% of the %.1f "
+          "GFLOP/s f32 GEMM peak measured now\n",
+          o->preset.c_str(), long(o->batch), long(o->seq), precision->c_str(), r->threads,
+          cpu_info().describe().c_str(), r->step_ms_median, r->step_ms_min, r->step_ms_max,
+          r->tokens_per_s, r->gflops, 100 * r->gflops / r->gemm_peak_gflops, r->gemm_peak_gflops);
     }
   });
 }

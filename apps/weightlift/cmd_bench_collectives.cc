@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "commands.h"
 #include "bench/collectives.h"
+#include "commands.h"
 #include "weightlift/comm/launch_env.h"
 #include "weightlift/comm/world.h"
 
@@ -33,12 +33,16 @@ Status run_bench_collectives(BenchCollectivesArgs a) {
   WL_ASSIGN_OR_RETURN(o.min_bytes, parse_byte_size(a.min_bytes));
   WL_ASSIGN_OR_RETURN(o.max_bytes, parse_byte_size(a.max_bytes));
   auto dt = dtype_from_name(a.dtype);
-  if (!dt) return invalid_argument("--dtype '" + a.dtype + "': expected F32, BF16, F16, I32, I64 or U8");
+  if (!dt)
+    return invalid_argument("--dtype '" + a.dtype + "': expected F32, BF16, F16, I32, I64 or U8");
   o.dtype = *dt;
   o.timeout = std::chrono::seconds(a.timeout_s);
-  if (a.algorithm == "ring") o.algorithm = AllreduceAlgorithm::kRing;
-  else if (a.algorithm == "recursive_doubling") o.algorithm = AllreduceAlgorithm::kRecursiveDoubling;
-  else if (a.algorithm == "shm") o.algorithm = AllreduceAlgorithm::kSharedMemory;
+  if (a.algorithm == "ring")
+    o.algorithm = AllreduceAlgorithm::kRing;
+  else if (a.algorithm == "recursive_doubling")
+    o.algorithm = AllreduceAlgorithm::kRecursiveDoubling;
+  else if (a.algorithm == "shm")
+    o.algorithm = AllreduceAlgorithm::kSharedMemory;
   else if (a.algorithm != "auto")
     return invalid_argument("--algorithm '" + a.algorithm +
                             "': expected auto, ring, recursive_doubling or shm");
@@ -47,8 +51,8 @@ Status run_bench_collectives(BenchCollectivesArgs a) {
   WL_ASSIGN_OR_RETURN(std::vector<BenchRow> rows, bench_collectives(*world.group, o));
   for (const BenchRow& row : rows) {
     if (row.wrong > 0)
-      return data_loss(row.op + " at " + std::to_string(row.bytes) + " bytes: " +
-                       std::to_string(row.wrong) + " wrong elements");
+      return data_loss(row.op + " at " + std::to_string(row.bytes) +
+                       " bytes: " + std::to_string(row.wrong) + " wrong elements");
   }
   return ok_status();
 }
@@ -60,8 +64,10 @@ void register_bench_collectives(CLI::App& bench, Outcome& out) {
   auto a = std::make_shared<BenchCollectivesArgs>();
   cmd->add_option("--ops", a->ops, "comma-separated: allreduce,allgather,reduce_scatter,broadcast")
       ->capture_default_str();
-  cmd->add_option("--min-bytes", a->min_bytes, "smallest size (K/M/G suffixes)")->capture_default_str();
-  cmd->add_option("--max-bytes", a->max_bytes, "largest size (K/M/G suffixes)")->capture_default_str();
+  cmd->add_option("--min-bytes", a->min_bytes, "smallest size (K/M/G suffixes)")
+      ->capture_default_str();
+  cmd->add_option("--max-bytes", a->max_bytes, "largest size (K/M/G suffixes)")
+      ->capture_default_str();
   cmd->add_option("--factor", a->o.factor, "size multiplier between rows")->capture_default_str();
   cmd->add_option("--dtype", a->dtype, "F32, BF16, F16, I32, I64, U8")->capture_default_str();
   cmd->add_option("--iters", a->o.iters, "timed calls per size (0: auto)")->capture_default_str();
@@ -74,7 +80,8 @@ void register_bench_collectives(CLI::App& bench, Outcome& out) {
   cmd->add_option("--bind-address", a->bind_address, "where rank 0's store listens")
       ->capture_default_str();
   cmd->add_option("--timeout", a->timeout_s, "seconds per call")->capture_default_str();
-  cmd->callback([&out, a] { out.exit_code = report("bench collectives", run_bench_collectives(*a)); });
+  cmd->callback(
+      [&out, a] { out.exit_code = report("bench collectives", run_bench_collectives(*a)); });
 }
 
 }  // namespace wl::app

@@ -32,9 +32,8 @@ Status run_generate(const GenerateArgs& a) {
   auto rate = [](const model::Generation& x) {
     return x.decode_seconds > 0 ? double(x.decoded_tokens) / x.decode_seconds : 0.0;
   };
-  std::printf("--- %zu rows, prefill %.1f ms, decode %.1f tokens/s (%s KV cache)\n",
-              prompts.size(), g.prefill_seconds * 1e3, rate(g),
-              opts.use_kv_cache ? "with" : "without");
+  std::printf("--- %zu rows, prefill %.1f ms, decode %.1f tokens/s (%s KV cache)\n", prompts.size(),
+              g.prefill_seconds * 1e3, rate(g), opts.use_kv_cache ? "with" : "without");
   if (a.compare_cache) {
     opts.use_kv_cache = !opts.use_kv_cache;
     WL_ASSIGN_OR_RETURN(model::Generation g2, model::generate(m, prompts, opts));
@@ -42,8 +41,7 @@ Status run_generate(const GenerateArgs& a) {
     const double without = opts.use_kv_cache ? rate(g) : rate(g2);
     const bool same = g.tokens == g2.tokens;
     std::printf("--- decode tokens/s: %.1f with KV cache, %.1f without, ratio %.2fx; outputs %s\n",
-                with, without, without > 0 ? with / without : 0.0,
-                same ? "identical" : "DIFFER");
+                with, without, without > 0 ? with / without : 0.0, same ? "identical" : "DIFFER");
     if (!same && opts.sampling.temperature <= 0)
       return internal_error("greedy outputs with and without the KV cache differ");
   }
@@ -55,8 +53,10 @@ Status run_generate(const GenerateArgs& a) {
 void register_generate(CLI::App& app, Outcome& out) {
   auto* cmd = app.add_subcommand("generate", "generate text from a trained model");
   auto a = std::make_shared<GenerateArgs>();
-  cmd->add_option("--run", a->run_dir, "a training output directory (config.json, "
-                  "model.safetensors)")->capture_default_str();
+  cmd->add_option("--run", a->run_dir,
+                  "a training output directory (config.json, "
+                  "model.safetensors)")
+      ->capture_default_str();
   cmd->add_option("--config", a->config, "config.json (instead of --run)");
   cmd->add_option("--weights", a->weights, "safetensors weights (instead of --run)");
   cmd->add_option("--prompt", a->prompts, "prompt text; repeat for a batch")->capture_default_str();

@@ -19,8 +19,8 @@ void register_grad(CLI::App& app, Outcome& out) {
   cmd->callback([&out, o, precision] {
     auto p = model::precision_from_name(*precision);
     if (!p) {
-      out.exit_code = report("grad", invalid_argument("--precision '" + *precision +
-                                                      "': expected f32, bf16 or f16"));
+      out.exit_code = report(
+          "grad", invalid_argument("--precision '" + *precision + "': expected f32, bf16 or f16"));
       return;
     }
     o->precision = *p;

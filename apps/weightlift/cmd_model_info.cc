@@ -21,8 +21,9 @@ void register_model_info(CLI::App& app, Outcome& out) {
     const std::string name = config->empty() ? *preset : *config;
     std::fputs(model_info_report(name, model::model_info(*cfg)).c_str(), stdout);
     if (name == "seed-6.9b") {
-      std::puts("  note: seed 003 calls this model \"6.9B total, 0.7B active\"; its own shapes give "
-                "the active count above (4 of 16 experts of ffn 6144 in each of 30 layers).");
+      std::puts(
+          "  note: seed 003 calls this model \"6.9B total, 0.7B active\"; its own shapes give "
+          "the active count above (4 of 16 experts of ffn 6144 in each of 30 layers).");
     }
   });
 }

@@ -9,7 +9,8 @@ void register_topo(CLI::App& app, Outcome& out) {
   auto* cmd = app.add_subcommand(
       "topo", "NUMA, cores, PCIe tree, GPU-NIC affinity and its pitfalls (hwloc)");
   auto o = std::make_shared<comm::TopologyOptions>();
-  cmd->add_option("--xml", o->xml_path, "an hwloc XML topology (lstopo --of xml) instead of "
+  cmd->add_option("--xml", o->xml_path,
+                  "an hwloc XML topology (lstopo --of xml) instead of "
                   "this machine");
   cmd->callback([&out, o] {
     Result<comm::TopologyReport> r = comm::read_topology(*o);

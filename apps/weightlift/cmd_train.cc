@@ -80,7 +80,8 @@ void register_train(CLI::App& app, Outcome& out) {
   cmd->add_option("--batch", o->batch, "rows per micro-batch")->capture_default_str();
   cmd->add_option("--seq", o->seq, "tokens per row (0 = max_seq_len)")->capture_default_str();
   cmd->add_option("--grad-accum", o->grad_accum, "micro-batches per update")->capture_default_str();
-  cmd->add_option("--steps", o->steps, "updates (also the schedule's length)")->capture_default_str();
+  cmd->add_option("--steps", o->steps, "updates (also the schedule's length)")
+      ->capture_default_str();
   cmd->add_option("--lr", o->schedule.base_lr, "peak learning rate")->capture_default_str();
   cmd->add_option("--min-lr", o->schedule.min_lr, "learning rate at the end of the cosine")
       ->capture_default_str();
@@ -100,8 +101,10 @@ void register_train(CLI::App& app, Outcome& out) {
   cmd->add_option("--eval-windows", o->eval_windows, "validation windows")->capture_default_str();
   cmd->add_option("--checkpoint-every", o->checkpoint_every, "updates between checkpoints")
       ->capture_default_str();
-  cmd->add_option("--stop-after", o->stop_after, "stop at this update (the schedule still "
-                  "spans --steps); for resuming later")->capture_default_str();
+  cmd->add_option("--stop-after", o->stop_after,
+                  "stop at this update (the schedule still "
+                  "spans --steps); for resuming later")
+      ->capture_default_str();
   cmd->add_option("--out", o->out_dir, "output directory")->capture_default_str();
   cmd->add_option("--out-weights", o->out_weights, "also write the final weights here");
   auto quiet = std::make_shared<bool>(false);

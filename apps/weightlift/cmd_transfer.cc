@@ -14,7 +14,8 @@ namespace {
 
 Result<transfer::WeightFormat> parse_format(const std::string& text) {
   return parse_choice<transfer::WeightFormat>(
-      "--dtype", text, {{"bf16", transfer::WeightFormat::kBF16}, {"fp8", transfer::WeightFormat::kFP8}});
+      "--dtype", text,
+      {{"bf16", transfer::WeightFormat::kBF16}, {"fp8", transfer::WeightFormat::kFP8}});
 }
 
 Result<DType> parse_shard_dtype(const std::string& text) {
@@ -35,8 +36,7 @@ Status run_simulate(SimulateArgs a) {
   a.cluster.progress = [&](const std::string& stage, double f) { progress.update(stage, f); };
   WL_ASSIGN_OR_RETURN(transfer::Simulation s, transfer::simulate_cluster(a.cluster));
   progress.clear();
-  const std::string text =
-      a.json ? simulation_json(a.cluster, s) : simulation_report(a.cluster, s);
+  const std::string text = a.json ? simulation_json(a.cluster, s) : simulation_report(a.cluster, s);
   std::fputs(text.c_str(), stdout);
   return ok_status();
 }
@@ -128,8 +128,8 @@ void register_transfer(CLI::App& app, Outcome& out) {
 struct BenchTransferArgs {
   BenchTransferOptions o;
   std::string dtype = "bf16", mode = "p2p", shard_dtype = "bf16", ranks = "processes";
-  bool as_rank = false;     // this process is one rank of a run (bench_transfer_rank)
-  double memcpy_gbps = 0;   // a rank's: what the starting process measured
+  bool as_rank = false;    // this process is one rank of a run (bench_transfer_rank)
+  double memcpy_gbps = 0;  // a rank's: what the starting process measured
 };
 
 Status run_bench_transfer(BenchTransferArgs a) {
@@ -142,8 +142,8 @@ Status run_bench_transfer(BenchTransferArgs a) {
                                      {"naive", transfer::TransferMode::kNaive}}));
   WL_ASSIGN_OR_RETURN(a.o.threads, parse_choice<bool>("--ranks", a.ranks,
                                                       {{"processes", false}, {"threads", true}}));
-  WL_ASSIGN_OR_RETURN(std::string report, a.as_rank ? bench_transfer_rank(a.o, a.memcpy_gbps)
-                                                     : bench_transfer(a.o));
+  WL_ASSIGN_OR_RETURN(std::string report,
+                      a.as_rank ? bench_transfer_rank(a.o, a.memcpy_gbps) : bench_transfer(a.o));
   std::fputs(report.c_str(), stdout);
   return ok_status();
 }

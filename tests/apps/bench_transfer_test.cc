@@ -1,12 +1,12 @@
 // `weightlift bench transfer`: its JSON has the fields bench/compare_transfer.py reads, and
 // its own verification finds every receiver bit-exact after an odd number of updates (negated
 // weights) and an even, with ranks as threads and, through the real command, as processes.
-#include "bench/transfer.h"
-
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <nlohmann/json.hpp>
+
+#include "bench/transfer.h"
 
 namespace wl::app {
 namespace {
@@ -50,16 +50,15 @@ TEST(BenchTransfer, ThreadsInEveryModeVerifyBitExact) {
 TEST(BenchTransfer, ProcessesThroughTheCommandVerifyBitExact) {
   for (const char* mode : {"p2p", "broadcast"}) {
     const std::string cmd = std::string(WL_WEIGHTLIFT) + " bench transfer --preset tiny " +
-                            "--dtype fp8 --updates 2 --json --memcpy-bytes 1048576 --mode " +
-                            mode + " 2>&1";
+                            "--dtype fp8 --updates 2 --json --memcpy-bytes 1048576 --mode " + mode +
+                            " 2>&1";
     FILE* p = ::popen(cmd.c_str(), "r");
     ASSERT_NE(p, nullptr);
     std::string out;
     char buf[4096];
     for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
     ASSERT_EQ(::pclose(p), 0) << out;
-    expect_verified_json(out, "processes",
-                         *transfer::transfer_mode_from_name(mode), 2);
+    expect_verified_json(out, "processes", *transfer::transfer_mode_from_name(mode), 2);
   }
 }
 

@@ -22,16 +22,21 @@ void check_allreduce(Group& g, DType dtype, ReduceOp op, size_t count, bool in_p
   const int P = g.size(), r = g.rank();
   GuardedBuffer send(dtype, count), recv(dtype, count);
   GuardedBuffer& input = in_place ? recv : send;
-  for (size_t i = 0; i < count; ++i) testing::put(dtype, input.data(), i, testing::value(op, P, r, i));
-  Status s = allreduce(g, {.send = in_place ? nullptr : send.data(), .recv = recv.data(),
-                           .count = count, .dtype = dtype, .op = op, .algorithm = algo,
+  for (size_t i = 0; i < count; ++i)
+    testing::put(dtype, input.data(), i, testing::value(op, P, r, i));
+  Status s = allreduce(g, {.send = in_place ? nullptr : send.data(),
+                           .recv = recv.data(),
+                           .count = count,
+                           .dtype = dtype,
+                           .op = op,
+                           .algorithm = algo,
                            .segment_bytes = segment_bytes});
   ASSERT_TRUE(s.ok()) << s.to_string();
   for (size_t i = 0; i < count; ++i) {
     ASSERT_EQ(testing::get(dtype, recv.data(), i), testing::expected(op, P, i))
-        << "rank " << r << " of " << P << ", " << dtype_name(dtype) << " "
-        << reduce_op_name(op) << ", count " << count << (in_place ? " in place" : "")
-        << ", algorithm " << int(algo) << ", element " << i;
+        << "rank " << r << " of " << P << ", " << dtype_name(dtype) << " " << reduce_op_name(op)
+        << ", count " << count << (in_place ? " in place" : "") << ", algorithm " << int(algo)
+        << ", element " << i;
   }
   EXPECT_TRUE(send.guards_intact() && recv.guards_intact());
   if (!in_place) {  // the input is left as it was

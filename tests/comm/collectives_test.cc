@@ -1,6 +1,8 @@
 // The other collectives with ranks as threads, world sizes 1-4: reduce_scatter, allgather and
 // allgatherv (uneven, with empty blocks), broadcast and reduce from every root, gather,
 // scatter, all_to_all and all_to_all_v, barrier, send/recv. Data exact by construction.
+#include "weightlift/comm/collectives.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -8,7 +10,6 @@
 
 #include "exact_data.h"
 #include "rank_threads.h"
-#include "weightlift/comm/collectives.h"
 
 namespace wl::comm {
 namespace {
@@ -33,13 +34,19 @@ TEST_P(CollectivesTest, ReduceScatter) {
             for (size_t i = 0; i < total; ++i) {
               testing::put(dtype, send.data(), i, testing::value(op, P, r, i));
             }
-            void* out = in_place ? static_cast<uint8_t*>(send.data()) + size_t(r) * count * dtype_size(dtype)
+            void* out = in_place ? static_cast<uint8_t*>(send.data()) +
+                                       size_t(r) * count * dtype_size(dtype)
                                  : recv.data();
-            Status s = reduce_scatter(g, {.send = send.data(), .recv = out, .count = count,
-                                          .dtype = dtype, .op = op, .segment_bytes = 4});
+            Status s = reduce_scatter(g, {.send = send.data(),
+                                          .recv = out,
+                                          .count = count,
+                                          .dtype = dtype,
+                                          .op = op,
+                                          .segment_bytes = 4});
             ASSERT_TRUE(s.ok()) << s.to_string();
             for (size_t i = 0; i < count; ++i) {
-              ASSERT_EQ(testing::get(dtype, out, i), testing::expected(op, P, size_t(r) * count + i))
+              ASSERT_EQ(testing::get(dtype, out, i),
+                        testing::expected(op, P, size_t(r) * count + i))
                   << dtype_name(dtype) << " " << reduce_op_name(op) << " count " << count
                   << " rank " << r << " element " << i;
             }
@@ -59,8 +66,11 @@ TEST_P(CollectivesTest, AllgatherEvenAndUneven) {
       for (size_t count : {size_t(0), size_t(1), size_t(9)}) {
         GuardedBuffer send(dtype, count), recv(dtype, count * size_t(P));
         for (size_t i = 0; i < count; ++i) testing::put(dtype, send.data(), i, tagged(r, i));
-        Status s = allgather(g, {.send = send.data(), .recv = recv.data(), .count = count,
-                                 .dtype = dtype, .segment_bytes = 8});
+        Status s = allgather(g, {.send = send.data(),
+                                 .recv = recv.data(),
+                                 .count = count,
+                                 .dtype = dtype,
+                                 .segment_bytes = 8});
         ASSERT_TRUE(s.ok()) << s.to_string();
         for (int q = 0; q < P; ++q) {
           for (size_t i = 0; i < count; ++i) {
@@ -82,8 +92,11 @@ TEST_P(CollectivesTest, AllgatherEvenAndUneven) {
         testing::put(DType::kI32, in_place ? recv.data() : send.data(), in_place ? offset + i : i,
                      tagged(r, i));
       }
-      Status s = allgatherv(g, {.send = in_place ? nullptr : send.data(), .recv = recv.data(),
-                                .counts = counts, .dtype = DType::kI32, .segment_bytes = 8});
+      Status s = allgatherv(g, {.send = in_place ? nullptr : send.data(),
+                                .recv = recv.data(),
+                                .counts = counts,
+                                .dtype = DType::kI32,
+                                .segment_bytes = 8});
       ASSERT_TRUE(s.ok()) << s.to_string();
       size_t at = 0;
       for (int q = 0; q < P; ++q) {
@@ -105,8 +118,11 @@ TEST_P(CollectivesTest, BroadcastFromEveryRoot) {
         for (size_t i = 0; i < count; ++i) {
           testing::put(DType::kF16, buf.data(), i, g.rank() == root ? tagged(root, i) : 0);
         }
-        Status s = broadcast(g, {.buffer = buf.data(), .count = count, .dtype = DType::kF16,
-                                 .root = root, .segment_bytes = 100});
+        Status s = broadcast(g, {.buffer = buf.data(),
+                                 .count = count,
+                                 .dtype = DType::kF16,
+                                 .root = root,
+                                 .segment_bytes = 100});
         ASSERT_TRUE(s.ok()) << s.to_string();
         for (size_t i = 0; i < count; ++i) {
           ASSERT_EQ(testing::get(DType::kF16, buf.data(), i), tagged(root, i)) << root << " " << i;
@@ -126,9 +142,14 @@ TEST_P(CollectivesTest, ReduceToEveryRoot) {
         for (ReduceOp op : testing::kOps) {
           const size_t count = 7;
           GuardedBuffer send(dtype, count), recv(dtype, count);
-          for (size_t i = 0; i < count; ++i) testing::put(dtype, send.data(), i, testing::value(op, P, r, i));
-          Status s = reduce(g, {.send = send.data(), .recv = recv.data(), .count = count,
-                                .dtype = dtype, .op = op, .root = root});
+          for (size_t i = 0; i < count; ++i)
+            testing::put(dtype, send.data(), i, testing::value(op, P, r, i));
+          Status s = reduce(g, {.send = send.data(),
+                                .recv = recv.data(),
+                                .count = count,
+                                .dtype = dtype,
+                                .op = op,
+                                .root = root});
           ASSERT_TRUE(s.ok()) << s.to_string();
           if (r == root) {
             for (size_t i = 0; i < count; ++i) {
@@ -154,8 +175,11 @@ TEST_P(CollectivesTest, GatherAndScatterFromEveryRoot) {
       for (size_t count : {size_t(0), size_t(1), size_t(6)}) {
         GuardedBuffer mine(DType::kI64, count), all(DType::kI64, count * size_t(P));
         for (size_t i = 0; i < count; ++i) testing::put(DType::kI64, mine.data(), i, tagged(r, i));
-        Status s = gather(g, {.send = mine.data(), .recv = all.data(), .count = count,
-                              .dtype = DType::kI64, .root = root});
+        Status s = gather(g, {.send = mine.data(),
+                              .recv = all.data(),
+                              .count = count,
+                              .dtype = DType::kI64,
+                              .root = root});
         ASSERT_TRUE(s.ok()) << s.to_string();
         if (r == root) {
           for (int q = 0; q < P; ++q) {
@@ -166,10 +190,14 @@ TEST_P(CollectivesTest, GatherAndScatterFromEveryRoot) {
         }
         // Scatter it back out: block q of the root's buffer goes to rank q.
         GuardedBuffer back(DType::kI64, count);
-        s = scatter(g, {.send = all.data(), .recv = back.data(), .count = count,
-                        .dtype = DType::kI64, .root = root});
+        s = scatter(g, {.send = all.data(),
+                        .recv = back.data(),
+                        .count = count,
+                        .dtype = DType::kI64,
+                        .root = root});
         ASSERT_TRUE(s.ok()) << s.to_string();
-        for (size_t i = 0; i < count; ++i) ASSERT_EQ(testing::get(DType::kI64, back.data(), i), tagged(r, i));
+        for (size_t i = 0; i < count; ++i)
+          ASSERT_EQ(testing::get(DType::kI64, back.data(), i), tagged(r, i));
         EXPECT_TRUE(mine.guards_intact() && all.guards_intact() && back.guards_intact());
       }
     }
@@ -185,10 +213,11 @@ TEST_P(CollectivesTest, AllToAllAndAllToAllV) {
     for (size_t count : {size_t(0), size_t(1), size_t(3)}) {
       GuardedBuffer send(DType::kU8, count * size_t(P)), recv(DType::kU8, count * size_t(P));
       for (int b = 0; b < P; ++b) {
-        for (size_t i = 0; i < count; ++i) testing::put(DType::kU8, send.data(), size_t(b) * count + i, v(r, b, i));
+        for (size_t i = 0; i < count; ++i)
+          testing::put(DType::kU8, send.data(), size_t(b) * count + i, v(r, b, i));
       }
-      Status s = all_to_all(g, {.send = send.data(), .recv = recv.data(), .count = count,
-                                .dtype = DType::kU8});
+      Status s = all_to_all(
+          g, {.send = send.data(), .recv = recv.data(), .count = count, .dtype = DType::kU8});
       ASSERT_TRUE(s.ok()) << s.to_string();
       for (int a = 0; a < P; ++a) {
         for (size_t i = 0; i < count; ++i) {
@@ -202,16 +231,29 @@ TEST_P(CollectivesTest, AllToAllAndAllToAllV) {
     const size_t np = static_cast<size_t>(P);
     std::vector<size_t> sc(np), so(np), rc(np), ro(np);
     size_t at = 0;
-    for (int b = P - 1; b >= 0; --b) { sc[size_t(b)] = n(r, b); so[size_t(b)] = at; at += sc[size_t(b)]; }
+    for (int b = P - 1; b >= 0; --b) {
+      sc[size_t(b)] = n(r, b);
+      so[size_t(b)] = at;
+      at += sc[size_t(b)];
+    }
     const size_t send_total = at;
     at = 0;
-    for (int a = 0; a < P; ++a) { rc[size_t(a)] = n(a, r); ro[size_t(a)] = at; at += rc[size_t(a)]; }
+    for (int a = 0; a < P; ++a) {
+      rc[size_t(a)] = n(a, r);
+      ro[size_t(a)] = at;
+      at += rc[size_t(a)];
+    }
     GuardedBuffer send(DType::kF32, send_total), recv(DType::kF32, at);
     for (int b = 0; b < P; ++b) {
-      for (size_t i = 0; i < sc[size_t(b)]; ++i) testing::put(DType::kF32, send.data(), so[size_t(b)] + i, v(r, b, i));
+      for (size_t i = 0; i < sc[size_t(b)]; ++i)
+        testing::put(DType::kF32, send.data(), so[size_t(b)] + i, v(r, b, i));
     }
-    Status s = all_to_all_v(g, {.send = send.data(), .recv = recv.data(), .send_counts = sc,
-                                .send_offsets = so, .recv_counts = rc, .recv_offsets = ro,
+    Status s = all_to_all_v(g, {.send = send.data(),
+                                .recv = recv.data(),
+                                .send_counts = sc,
+                                .send_offsets = so,
+                                .recv_counts = rc,
+                                .recv_offsets = ro,
                                 .dtype = DType::kF32});
     ASSERT_TRUE(s.ok()) << s.to_string();
     for (int a = 0; a < P; ++a) {
@@ -232,8 +274,8 @@ TEST_P(CollectivesTest, BarrierHoldsEveryoneUntilAllArrive) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2 * g.rank()));
       arrived.fetch_add(1);
       ASSERT_TRUE(barrier(g).ok());
-      EXPECT_GE(arrived.load(), round * P) << "rank " << g.rank() << " left round " << round
-                                           << " before everyone arrived";
+      EXPECT_GE(arrived.load(), round * P)
+          << "rank " << g.rank() << " left round " << round << " before everyone arrived";
       ASSERT_TRUE(barrier(g).ok());  // nobody starts the next round before all checked
     }
   });
@@ -249,7 +291,9 @@ TEST_P(CollectivesTest, SendRecvAroundTheRing) {
     const int right = (r + 1) % P, left = (r + P - 1) % P;
     // Even ranks send first, odd ranks receive first, so the ring cannot deadlock even if a
     // send waited for its receiver.
-    auto send = [&] { return g.send({.data = out.data(), .bytes = 400, .peer = right, .tag = 77}); };
+    auto send = [&] {
+      return g.send({.data = out.data(), .bytes = 400, .peer = right, .tag = 77});
+    };
     auto recv = [&] { return g.recv({.data = in.data(), .bytes = 400, .peer = left, .tag = 77}); };
     if (r % 2 == 0) {
       ASSERT_TRUE(send().ok());

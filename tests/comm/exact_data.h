@@ -10,9 +10,9 @@
 namespace wl::comm::testing {
 
 inline constexpr DType kReducibleTypes[] = {DType::kF32, DType::kBF16, DType::kF16,
-                                             DType::kI32, DType::kI64, DType::kU8};
-inline constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMax,
-                                     ReduceOp::kMin, ReduceOp::kAvg};
+                                            DType::kI32, DType::kI64,  DType::kU8};
+inline constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMax, ReduceOp::kMin,
+                                    ReduceOp::kAvg};
 
 using exact::expected;
 using exact::get;

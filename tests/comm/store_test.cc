@@ -10,8 +10,8 @@
 #include <thread>
 
 #include "weightlift/comm/detail/store_wire.h"
-#include "weightlift/comm/memory_store.h"
 #include "weightlift/comm/launch_env.h"
+#include "weightlift/comm/memory_store.h"
 #include "weightlift/comm/tcp_store.h"
 
 namespace wl::comm {
@@ -96,8 +96,8 @@ TEST(TcpStore, ServerBindsLoopbackByDefault) {
   }
   char host[INET_ADDRSTRLEN];
   inet_ntop(AF_INET, &self.sin_addr, host, sizeof host);
-  auto c = TcpStore::connect({.host = host, .port = (*server)->port(), .token = "t",
-                              .connect_timeout = 300ms});
+  auto c = TcpStore::connect(
+      {.host = host, .port = (*server)->port(), .token = "t", .connect_timeout = 300ms});
   EXPECT_FALSE(c.ok()) << "the store answered on " << host;
 }
 
@@ -160,8 +160,11 @@ Result<LaunchEnv> place_of(std::map<std::string, std::string> env) {
 }
 
 TEST(LaunchEnv, Torchrun) {
-  auto p = place_of({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"},
-                     {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "1234"},
+  auto p = place_of({{"RANK", "3"},
+                     {"WORLD_SIZE", "8"},
+                     {"LOCAL_RANK", "1"},
+                     {"MASTER_ADDR", "10.0.0.1"},
+                     {"MASTER_PORT", "1234"},
                      {"WEIGHTLIFT_JOB_TOKEN", "tok"}});
   ASSERT_TRUE(p.ok()) << p.status().to_string();
   EXPECT_EQ(p->rank, 3);
@@ -174,15 +177,19 @@ TEST(LaunchEnv, Torchrun) {
 }
 
 TEST(LaunchEnv, OpenMpiAndSlurm) {
-  auto p = place_of({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-                     {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"WEIGHTLIFT_JOB_TOKEN", "t"}});
+  auto p = place_of({{"OMPI_COMM_WORLD_RANK", "2"},
+                     {"OMPI_COMM_WORLD_SIZE", "4"},
+                     {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                     {"WEIGHTLIFT_JOB_TOKEN", "t"}});
   ASSERT_TRUE(p.ok()) << p.status().to_string();
   EXPECT_EQ(p->launcher, "openmpi");
   EXPECT_EQ(p->rank, 2);
   EXPECT_EQ(p->world_size, 4);
   EXPECT_EQ(p->master_addr, "127.0.0.1");
   EXPECT_EQ(p->master_port, 29500);
-  p = place_of({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"}, {"SLURM_LOCALID", "1"},
+  p = place_of({{"SLURM_PROCID", "5"},
+                {"SLURM_NTASKS", "6"},
+                {"SLURM_LOCALID", "1"},
                 {"WEIGHTLIFT_JOB_TOKEN", "t"}});
   ASSERT_TRUE(p.ok()) << p.status().to_string();
   EXPECT_EQ(p->launcher, "slurm");
@@ -201,8 +208,8 @@ TEST(LaunchEnv, BadValuesNameTheVariable) {
   auto p = place_of({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"WEIGHTLIFT_JOB_TOKEN", "t"}});
   EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(p.status().message().find("RANK"), std::string::npos);
-  p = place_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "http"},
-                {"WEIGHTLIFT_JOB_TOKEN", "t"}});
+  p = place_of(
+      {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "http"}, {"WEIGHTLIFT_JOB_TOKEN", "t"}});
   EXPECT_NE(p.status().message().find("MASTER_PORT"), std::string::npos);
   p = place_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}});
   EXPECT_NE(p.status().message().find("WEIGHTLIFT_JOB_TOKEN"), std::string::npos);

@@ -22,8 +22,9 @@ TopologyReport load(const std::string& name) {
 }
 
 int count_warnings(const TopologyReport& r, const std::string& needle) {
-  return int(std::count_if(r.warnings.begin(), r.warnings.end(),
-                           [&](const std::string& w) { return w.find(needle) != std::string::npos; }));
+  return int(std::count_if(r.warnings.begin(), r.warnings.end(), [&](const std::string& w) {
+    return w.find(needle) != std::string::npos;
+  }));
 }
 
 TEST(Topology, SplitSwitchesSendHalfTheGpusThroughTheRootComplex) {
@@ -46,7 +47,8 @@ TEST(Topology, SplitSwitchesSendHalfTheGpusThroughTheRootComplex) {
     EXPECT_EQ(r.nics[size_t(p.nic)].package, r.gpus[size_t(p.gpu)].package) << gpu;
   }
   EXPECT_EQ(std::count_if(r.nearest.begin(), r.nearest.end(),
-                          [](const GpuNicPair& p) { return p.crosses_root_complex; }), 4);
+                          [](const GpuNicPair& p) { return p.crosses_root_complex; }),
+            4);
   EXPECT_EQ(count_warnings(r, "has no NIC under its PCIe switch"), 4);
   EXPECT_EQ(count_warnings(r, "(PHB)"), 4);
   // Two GPUs per NIC: even, so no sharing warning.

@@ -21,8 +21,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr DType kAllDtypes[] = {DType::kF32,    DType::kBF16,   DType::kF16, DType::kF8E4M3,
-                                DType::kF8E5M2, DType::kI64,    DType::kI32, DType::kU8};
+constexpr DType kAllDtypes[] = {DType::kF32,    DType::kBF16, DType::kF16, DType::kF8E4M3,
+                                DType::kF8E5M2, DType::kI64,  DType::kI32, DType::kU8};
 
 // A tensor whose bytes are a pattern that differs per tensor, so a swapped or shifted tensor
 // cannot compare equal.
@@ -167,7 +167,7 @@ TEST_F(SafetensorsTest, WriterProducesExactlyTheSpecifiedBytes) {
 
   std::string header =
       R"({"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
-  header.append((8 - header.size() % 8) % 8, ' ');  // spaces to a multiple of 8
+  header.append((8 - header.size() % 8) % 8, ' ');                // spaces to a multiple of 8
   const std::string data("\x00\x00\x80\x3f\x00\x00\x00\xc0", 8);  // 1.0f, -2.0f little-endian
   const std::string got = read_file(p);
   EXPECT_EQ(got, raw_file(header, data));
@@ -331,23 +331,26 @@ TEST_F(SafetensorsTest, HeadersThatLie) {
        "tensor 'a': data_offsets [0, 8] end beyond the data section of 4 bytes"},
       {"wrong size", R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8,
        StatusCode::kDataLoss, "data_offsets [0, 8] hold 8 bytes but F32 [3] needs 12"},
-      {"begin after end", R"({"a":{)" + e + "[8,0]}}", 8, StatusCode::kDataLoss,
-       "begin after end"},
+      {"begin after end", R"({"a":{)" + e + "[8,0]}}", 8, StatusCode::kDataLoss, "begin after end"},
       {"huge end", R"({"a":{)" + e + "[8," + u64max + "]}}", 8, StatusCode::kDataLoss, "needs 8"},
-      {"huge both", R"({"a":{)" + e + "[" + u64max + "," + u64max + "]}}", 8,
-       StatusCode::kDataLoss, "needs 8"},
-      {"numel overflows", R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,2],)"
-                          R"("data_offsets":[0,0]}})", 0, StatusCode::kDataLoss,
-       "more elements or bytes than 64 bits"},
-      {"bytes overflow", R"({"a":{"dtype":"F32","shape":[4611686018427387904],)"
-                         R"("data_offsets":[0,0]}})", 0, StatusCode::kDataLoss,
-       "more elements or bytes than 64 bits"},
-      {"empty but strides overflow", R"({"a":{"dtype":"F32","shape":[0,4294967296,)"
-                                     R"(4294967296],"data_offsets":[0,0]}})", 0,
-       StatusCode::kDataLoss, "more elements or bytes than 64 bits"},
-      {"dim beyond int64", R"({"a":{"dtype":"U8","shape":[9223372036854775808],)"
-                           R"("data_offsets":[0,0]}})", 0, StatusCode::kDataLoss,
-       "shape[0] is 9223372036854775808"},
+      {"huge both", R"({"a":{)" + e + "[" + u64max + "," + u64max + "]}}", 8, StatusCode::kDataLoss,
+       "needs 8"},
+      {"numel overflows",
+       R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,2],)"
+       R"("data_offsets":[0,0]}})",
+       0, StatusCode::kDataLoss, "more elements or bytes than 64 bits"},
+      {"bytes overflow",
+       R"({"a":{"dtype":"F32","shape":[4611686018427387904],)"
+       R"("data_offsets":[0,0]}})",
+       0, StatusCode::kDataLoss, "more elements or bytes than 64 bits"},
+      {"empty but strides overflow",
+       R"({"a":{"dtype":"F32","shape":[0,4294967296,)"
+       R"(4294967296],"data_offsets":[0,0]}})",
+       0, StatusCode::kDataLoss, "more elements or bytes than 64 bits"},
+      {"dim beyond int64",
+       R"({"a":{"dtype":"U8","shape":[9223372036854775808],)"
+       R"("data_offsets":[0,0]}})",
+       0, StatusCode::kDataLoss, "shape[0] is 9223372036854775808"},
       {"negative dim", R"({"a":{"dtype":"F32","shape":[2,-1],"data_offsets":[0,0]}})", 0,
        StatusCode::kDataLoss, "shape[1] is -1"},
       {"float dim", R"({"a":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}})", 8,
@@ -362,8 +365,7 @@ TEST_F(SafetensorsTest, HeadersThatLie) {
        "data_offsets is an array of 1, not a list of two"},
       {"three offsets", R"({"a":{)" + e + "[0,8,8]}}", 8, StatusCode::kDataLoss,
        "data_offsets is an array of 3"},
-      {"negative offset", R"({"a":{)" + e + "[-8,0]}}", 8, StatusCode::kDataLoss,
-       "data_offsets"},
+      {"negative offset", R"({"a":{)" + e + "[-8,0]}}", 8, StatusCode::kDataLoss, "data_offsets"},
       {"float offset", R"({"a":{)" + e + "[0,8.0]}}", 8, StatusCode::kDataLoss, "data_offsets"},
       {"offsets not a list", R"({"a":{)" + e + "8}}", 8, StatusCode::kDataLoss,
        "data_offsets is 8"},
@@ -394,8 +396,8 @@ TEST_F(SafetensorsTest, HeadersThatLie) {
       {"metadata nested", R"({"__metadata__":{"k":{}}})", 0, StatusCode::kDataLoss,
        "__metadata__['k'] is an object"},
       {"not JSON", R"({"a":)", 0, StatusCode::kDataLoss, "not valid JSON"},
-      {"number beyond double", R"({"a":{"dtype":"F32","shape":[1e400],"data_offsets":[0,4]}})",
-       4, StatusCode::kDataLoss, "not valid JSON"},
+      {"number beyond double", R"({"a":{"dtype":"F32","shape":[1e400],"data_offsets":[0,4]}})", 4,
+       StatusCode::kDataLoss, "not valid JSON"},
       {"trailing garbage", R"({} x)", 0, StatusCode::kDataLoss, "not valid JSON"},
       {"array header", R"([1])", 0, StatusCode::kDataLoss, "begin with '{'"},
       {"leading space", R"( {})", 0, StatusCode::kDataLoss, "begin with '{'"},
@@ -409,17 +411,26 @@ TEST_F(SafetensorsTest, HeadersThatLie) {
 
 TEST_F(SafetensorsTest, EdgeHeadersThatAreValid) {
   const std::string e = R"("dtype":"F32","shape":[2],"data_offsets":)";
-  struct Ok { const char* what; std::string header; size_t data_bytes; };
+  struct Ok {
+    const char* what;
+    std::string header;
+    size_t data_bytes;
+  };
   const Ok cases[] = {
       {"empty object", "{}", 0},
       {"padded with spaces", "{}      ", 0},
       {"null metadata", R"({"__metadata__":null})", 0},
-      {"empty tensors share offsets", R"({"z":{"dtype":"U8","shape":[0],"data_offsets":[8,8]},)"
-                                      R"("a":{)" + e + R"([0,8]},)"
-                                      R"("y":{"dtype":"U8","shape":[0],"data_offsets":[0,0]}})",
+      {"empty tensors share offsets",
+       R"({"z":{"dtype":"U8","shape":[0],"data_offsets":[8,8]},)"
+       R"("a":{)" +
+           e +
+           R"([0,8]},)"
+           R"("y":{"dtype":"U8","shape":[0],"data_offsets":[0,0]}})",
        8},
-      {"zero dim beside large dims", R"({"a":{"dtype":"F32","shape":[0,2147483648,)"
-                                     R"(2147483648],"data_offsets":[0,0]}})", 0},
+      {"zero dim beside large dims",
+       R"({"a":{"dtype":"F32","shape":[0,2147483648,)"
+       R"(2147483648],"data_offsets":[0,0]}})",
+       0},
       {"empty name", R"({"":{)" + e + "[0,8]}}", 8},
   };
   for (const Ok& c : cases) {
@@ -431,8 +442,8 @@ TEST_F(SafetensorsTest, EdgeHeadersThatAreValid) {
 }
 
 TEST_F(SafetensorsTest, GetChecksNameDtypeAndShape) {
-  auto f = parse(raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
-                          std::string(8, 'x')));
+  auto f = parse(
+      raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", std::string(8, 'x')));
   ASSERT_TRUE(f.ok());
   EXPECT_TRUE(f->get("a", DType::kF32, {2}).ok());
   auto wrong_dtype = f->get("a", DType::kBF16, {2});
@@ -525,8 +536,7 @@ TEST_F(SafetensorsTest, WriteRefusesInvalidUtf8) {
 TEST_F(SafetensorsTest, DuplicateNamesAreABug) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   Tensor t = patterned(DType::kU8, {1}, 1);
-  EXPECT_DEATH((void)write_safetensors(path("d.safetensors"), {{"a", t}, {"a", t}}),
-               "given twice");
+  EXPECT_DEATH((void)write_safetensors(path("d.safetensors"), {{"a", t}, {"a", t}}), "given twice");
 }
 
 // ---- fuzzer findings and seeds -------------------------------------------------------------

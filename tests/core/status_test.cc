@@ -1,10 +1,10 @@
 #include "weightlift/core/status.h"
 
-#include "weightlift/core/check.h"
-
 #include <gtest/gtest.h>
 
 #include <cerrno>
+
+#include "weightlift/core/check.h"
 
 namespace wl {
 namespace {
@@ -54,7 +54,8 @@ TEST(StatusDeath, CheckPrintsBothValues) {
 // than throwing bad_variant_access with no word of it.
 TEST(StatusDeath, ValueOfAnErrorPrintsTheError) {
   Result<int> r = not_found("checkpoint 'step-9'");
-  EXPECT_DEATH({ (void)r.value(); }, "Result::value\\(\\) on an error: NotFound: checkpoint 'step-9'");
+  EXPECT_DEATH({ (void)r.value(); },
+               "Result::value\\(\\) on an error: NotFound: checkpoint 'step-9'");
   EXPECT_DEATH({ (void)*std::move(r); }, "NotFound: checkpoint 'step-9'");
 }
 

@@ -21,7 +21,10 @@ struct Fp8Matrix {
   std::vector<uint8_t> q;
   std::vector<float> scale;
   WeightMatrix view(int64_t rows, int64_t cols) const {
-    return {.dtype = DType::kF8E4M3, .data = q.data(), .scale = scale.data(), .rows = rows,
+    return {.dtype = DType::kF8E4M3,
+            .data = q.data(),
+            .scale = scale.data(),
+            .rows = rows,
             .cols = cols};
   }
 };
@@ -42,8 +45,8 @@ TEST(DequantLinear, Fp8MatchesNaiveOverPartialBlocksAndSeveralBands) {
   Rng rng(7);
   // cols 200: two column blocks, the second partial; a band is 256 rows at this width, so
   // 300 rows are two bands, the second partial, and three row blocks, the third partial.
-  for (auto [rows, cols, n] : {std::tuple<int64_t, int64_t, int64_t>{300, 200, 5}, {96, 64, 1},
-                               {129, 129, 3}}) {
+  for (auto [rows, cols, n] :
+       {std::tuple<int64_t, int64_t, int64_t>{300, 200, 5}, {96, 64, 1}, {129, 129, 3}}) {
     const Fp8Matrix m = random_fp8(rows, cols, rng);
     const WeightMatrix w = m.view(rows, cols);
     std::vector<float> x(size_t(n * cols)), y(size_t(n * rows), 1.0f), want(y.size()),
@@ -76,7 +79,7 @@ TEST(DequantLinear, Fp8MatchesNaiveOverPartialBlocksAndSeveralBands) {
 
 TEST(DequantLinear, Bf16IsExactWidening) {
   const uint16_t w[6] = {f32_to_bf16(1.5f), f32_to_bf16(-2.0f), f32_to_bf16(0.25f),
-                         f32_to_bf16(3.0f), f32_to_bf16(0.0f), f32_to_bf16(-1.0f)};
+                         f32_to_bf16(3.0f), f32_to_bf16(0.0f),  f32_to_bf16(-1.0f)};
   const WeightMatrix m{.dtype = DType::kBF16, .data = w, .rows = 3, .cols = 2};
   const float x[2] = {2.0f, 4.0f};
   float y[3];
@@ -89,7 +92,8 @@ TEST(DequantLinear, Bf16IsExactWidening) {
 
 // ---- bad sources: each a clear error naming the tensor ----------------------------------------
 
-std::map<std::string, Tensor> tensors_of(const std::map<std::string, transfer::ReferenceTensor>& ref) {
+std::map<std::string, Tensor> tensors_of(
+    const std::map<std::string, transfer::ReferenceTensor>& ref) {
   std::map<std::string, Tensor> out;
   for (const auto& [name, r] : ref) {
     Tensor t = Tensor::empty(r.dtype, r.shape);
@@ -111,9 +115,11 @@ TEST(BindWeights, MissingWrongShapeAndWrongDtypeNameTheTensor) {
   Result<BoundWeights> r = bind_weights(c, fp8, lookup_in(missing));
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
-  EXPECT_NE(r.status().message().find(
-                "tp rank 1 of 2, fp8): missing tensor 'layers.1.moe.experts.3.down_proj.weight.scale'"),
-            std::string::npos) << r.status().message();
+  EXPECT_NE(
+      r.status().message().find(
+          "tp rank 1 of 2, fp8): missing tensor 'layers.1.moe.experts.3.down_proj.weight.scale'"),
+      std::string::npos)
+      << r.status().message();
 
   auto shape = good;
   shape["layers.0.attn.qkv_proj.weight"] = Tensor::zeros(DType::kF8E4M3, {96, 64});
@@ -122,15 +128,18 @@ TEST(BindWeights, MissingWrongShapeAndWrongDtypeNameTheTensor) {
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find(
                 "tensor 'layers.0.attn.qkv_proj.weight' has shape [96, 64], expected [64, 64]"),
-            std::string::npos) << r.status().message();
+            std::string::npos)
+      << r.status().message();
 
   // A bf16 engine's tensors handed to an fp8 worker.
   const transfer::LayoutOptions bf16{.tp = 2, .tp_rank = 1};
   auto other = tensors_of(transfer::reference_receiver_tensors(c, bf16, w));
   r = bind_weights(c, fp8, lookup_in(other));
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("tensor 'layers.0.attn.qkv_proj.weight' is bf16, expected fp8 e4m3"),
-            std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find(
+                "tensor 'layers.0.attn.qkv_proj.weight' is bf16, expected fp8 e4m3"),
+            std::string::npos)
+      << r.status().message();
 }
 
 TEST(BindWeights, WorkerRefusesAMissingOrMismatchedTpGroup) {

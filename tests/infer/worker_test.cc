@@ -2,13 +2,15 @@
 // prompts: logits at every prompt position, each decode step's logits, and greedy generations,
 // at TP 1 and 2 (thread-ranks on a MemoryStore world), bf16 and fp8, on `tiny` and on a
 // 2-layer `small` (fp8 blocks there are partial in both directions and several per matrix).
-// The weights come from the scalar reference transform (transfer/layout/reference_transform.h), and in the
-// last test by a real p2p update into receivers, read through a ReadGuard.
+// The weights come from the scalar reference transform (transfer/layout/reference_transform.h), and
+// in the last test by a real p2p update into receivers, read through a ReadGuard.
 //
 // Two comparisons each, so that a bug cannot hide inside a loose tolerance:
 //   tight  against the trainer run on the weights the worker effectively uses (bf16-rounded;
 //          fp8 dequantized and un-fused), where only f32 reassociation separates the two;
 //   loose  against the trainer on the original f32 weights, within the format's bound.
+#include "weightlift/infer/worker.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,12 +23,11 @@
 #include "weightlift/comm/group.h"
 #include "weightlift/core/parallel.h"
 #include "weightlift/infer/dequant_linear.h"
-#include "weightlift/infer/worker.h"
 #include "weightlift/model/generate.h"
 #include "weightlift/model/transformer.h"
-#include "weightlift/transfer/plan/plan_transfer.h"
-#include "weightlift/transfer/modes/update_executor.h"
 #include "weightlift/transfer/layout/reference_transform.h"
+#include "weightlift/transfer/modes/update_executor.h"
+#include "weightlift/transfer/plan/plan_transfer.h"
 
 namespace wl::infer {
 namespace {
@@ -132,9 +133,9 @@ std::vector<int64_t> bytes_of(const std::string& s) {
 }
 
 const std::vector<std::vector<int64_t>>& prompts() {
-  static const std::vector<std::vector<int64_t>> p{
-      bytes_of("The quick brown fox"), bytes_of("weights"), bytes_of("x"),
-      bytes_of("Seed 000 moves a 1T model in 1.3 s")};
+  static const std::vector<std::vector<int64_t>> p{bytes_of("The quick brown fox"),
+                                                   bytes_of("weights"), bytes_of("x"),
+                                                   bytes_of("Seed 000 moves a 1T model in 1.3 s")};
   return p;
 }
 
@@ -219,8 +220,8 @@ std::vector<RankOutput> run_worker(const model::ModelConfig& c, const std::vecto
     ASSERT_TRUE(bound.ok()) << bound.status().to_string();
     auto logits = (*worker)->prompt_logits(*bound, prompts());
     ASSERT_TRUE(logits.ok()) << logits.status().to_string();
-    auto gen = (*worker)->generate(*bound, prompts(),
-                                   {.max_new_tokens = kNewTokens, .keep_logits = true});
+    auto gen =
+        (*worker)->generate(*bound, prompts(), {.max_new_tokens = kNewTokens, .keep_logits = true});
     ASSERT_TRUE(gen.ok()) << gen.status().to_string();
     out[size_t(rank)] = {*std::move(logits), *std::move(gen)};
   };
@@ -292,14 +293,14 @@ struct GreedyCheck {
   // Disagreements at a step neither a near tie nor in the tail: impossible unless a token is
   // not the argmax of the logits recorded with it (a consistency check of the generation).
   int64_t unexplained = 0;
-  int64_t same_prefix = 0;    // summed over rows: tokens equal to model::generate's, leading
+  int64_t same_prefix = 0;     // summed over rows: tokens equal to model::generate's, leading
   std::vector<double> errors;  // per step
 };
 
 GreedyCheck check_greedy(model::Transformer& m, const Generation& g, double tol) {
   const int64_t V = m.config().vocab_size;
-  auto reference = model::generate(m, prompts(), {.max_new_tokens = kNewTokens,
-                                                  .sampling = {.temperature = 0}});
+  auto reference =
+      model::generate(m, prompts(), {.max_new_tokens = kNewTokens, .sampling = {.temperature = 0}});
   EXPECT_TRUE(reference.ok()) << reference.status().to_string();
   GreedyCheck c;
   for (size_t r = 0; r < prompts().size(); ++r) {
@@ -356,8 +357,8 @@ LooseResult check_against_f32(model::Transformer& trainer, const RankOutput& o,
 
 void check_case(const std::string& preset, WeightFormat format, int tp) {
   OneComputeThread one;
-  const std::string name = preset + " " + std::string(transfer::weight_format_name(format)) +
-                           " tp" + std::to_string(tp);
+  const std::string name =
+      preset + " " + std::string(transfer::weight_format_name(format)) + " tp" + std::to_string(tp);
   SCOPED_TRACE(name);
   const model::ModelConfig c = config_named(preset);
   const std::vector<float> w = test_weights(c, 42);
@@ -370,7 +371,9 @@ void check_case(const std::string& preset, WeightFormat format, int tp) {
     EXPECT_EQ(out[size_t(r)].gen.tokens, out[0].gen.tokens);
     for (size_t p = 0; p < prompts().size(); ++p) {
       EXPECT_EQ(std::memcmp(out[size_t(r)].prompt_logits[p].raw(), out[0].prompt_logits[p].raw(),
-                            out[0].prompt_logits[p].nbytes()), 0) << "rank " << r;
+                            out[0].prompt_logits[p].nbytes()),
+                0)
+          << "rank " << r;
     }
   }
 
@@ -389,8 +392,9 @@ void check_case(const std::string& preset, WeightFormat format, int tp) {
     if (format == WeightFormat::kBF16) {
       round_through(DType::kBF16, eff.data(), eff.data(), eff.size());
     } else {
-      eff = effective_weights(c, format, tensors_of(transfer::reference_receiver_tensors(
-                                             c, {.tp = 1, .format = format}, w)));
+      eff = effective_weights(
+          c, format,
+          tensors_of(transfer::reference_receiver_tensors(c, {.tp = 1, .format = format}, w)));
     }
     auto eff_trainer = trainer_with(c, eff);
     const TrainerRun eff_run = run_trainer(*eff_trainer);
@@ -407,12 +411,13 @@ void check_case(const std::string& preset, WeightFormat format, int tp) {
   const GreedyCheck& gr = loose.greedy;
   char tight_text[40] = "not run (fp8 at TP 2)";
   if (!std::isnan(tight)) std::snprintf(tight_text, sizeof tight_text, "max %.2g S", tight);
-  std::printf("[measured] %-16s vs f32 weights: median %.2f p90 %.2f max %.1f u S; greedy "
-              "agrees %lld of %lld steps (near ties %lld, tail %lld), leading tokens equal to "
-              "the trainer's generation %lld; vs effective weights: %s\n",
-              name.c_str(), loose.q.median, loose.q.p90, loose.q.max, (long long)gr.agree,
-              (long long)gr.steps, (long long)gr.near_ties, (long long)gr.tail,
-              (long long)gr.same_prefix, tight_text);
+  std::printf(
+      "[measured] %-16s vs f32 weights: median %.2f p90 %.2f max %.1f u S; greedy "
+      "agrees %lld of %lld steps (near ties %lld, tail %lld), leading tokens equal to "
+      "the trainer's generation %lld; vs effective weights: %s\n",
+      name.c_str(), loose.q.median, loose.q.p90, loose.q.max, (long long)gr.agree,
+      (long long)gr.steps, (long long)gr.near_ties, (long long)gr.tail, (long long)gr.same_prefix,
+      tight_text);
 }
 
 TEST(InferenceWorker, TinyBf16Tp1And2MatchTheTrainer) {
@@ -437,7 +442,8 @@ TEST(InferenceWorker, AWrongScaleBreaksTheBounds) {
   OneComputeThread one;
   const model::ModelConfig c = config_named("tiny");
   const std::vector<float> w = test_weights(c, 42);
-  auto held = tensors_of(transfer::reference_receiver_tensors(c, {.format = WeightFormat::kFP8}, w));
+  auto held =
+      tensors_of(transfer::reference_receiver_tensors(c, {.format = WeightFormat::kFP8}, w));
   const TrainerRun f32_run = run_trainer(*trainer_with(c, w));
   const double uS = kFp8U * f32_run.scale;
   auto worker = InferenceWorker::create({.config = c, .layout = {.format = WeightFormat::kFP8}});
@@ -504,8 +510,8 @@ TEST(InferenceWorker, GeneratesFromWeightsDeliveredByAP2pUpdate) {
       ASSERT_TRUE(got.ok()) << got.status().to_string();
       EXPECT_EQ(got->version, uint64_t(v));
       // The same computation over the reference transform's bytes.
-      const auto held = tensors_of(
-          transfer::reference_receiver_tensors(c, r.layout, v == 1 ? a : b));
+      const auto held =
+          tensors_of(transfer::reference_receiver_tensors(c, r.layout, v == 1 ? a : b));
       auto bound = (*worker)->bind(lookup_in(held));
       ASSERT_TRUE(bound.ok()) << bound.status().to_string();
       auto want = (*worker)->generate(*bound, prompts(), opts);
@@ -529,9 +535,10 @@ TEST(InferenceWorker, GeneratesFromWeightsDeliveredByAP2pUpdate) {
     EXPECT_LE(q.p90, kFp8Bounds.p90 * uS);
     EXPECT_EQ(greedy.unexplained, 0);
     EXPECT_GE(double(greedy.agree), kFp8Bounds.min_agree * double(greedy.steps));
-    std::printf("[measured] p2p tiny fp8 tp2, version %d: decode median %.2f p90 %.2f max %.1f "
-                "u S; greedy agrees %lld of %lld\n", v, q.median / uS, q.p90 / uS,
-                q.max / uS, (long long)greedy.agree, (long long)greedy.steps);
+    std::printf(
+        "[measured] p2p tiny fp8 tp2, version %d: decode median %.2f p90 %.2f max %.1f "
+        "u S; greedy agrees %lld of %lld\n",
+        v, q.median / uS, q.p90 / uS, q.max / uS, (long long)greedy.agree, (long long)greedy.steps);
   }
   // The two versions' weights differ, and so do the generations: the worker read version 2.
   EXPECT_NE(gens[0][0].tokens, gens[1][0].tokens);
@@ -548,8 +555,8 @@ TEST(InferenceWorker, AReceiverMissingATensorIsAClearError) {
     std::vector<transfer::ReceiverTensorSpec> specs = transfer::tensor_specs(*lay);
     std::erase_if(specs, [](const auto& s) { return s.name == "layers.1.moe_norm.weight"; });
     specs[1].shape = {32};  // layers.0.attn_norm.weight, d is 64
-    auto receiver = transfer::Receiver::create(world->worker(), {.tensors = specs,
-                                                                 .format = layout.format});
+    auto receiver =
+        transfer::Receiver::create(world->worker(), {.tensors = specs, .format = layout.format});
     ASSERT_TRUE(receiver.ok()) << receiver.status().to_string();
     auto worker = InferenceWorker::create({.config = c, .layout = layout});
     ASSERT_TRUE(worker.ok());
@@ -557,16 +564,18 @@ TEST(InferenceWorker, AReceiverMissingATensorIsAClearError) {
     ASSERT_FALSE(g.ok());
     EXPECT_NE(g.status().message().find("tensor 'layers.0.attn_norm.weight' has shape [32], "
                                         "expected [64]"),
-              std::string::npos) << g.status().message();
+              std::string::npos)
+        << g.status().message();
     specs[1].shape = {64};
-    receiver = transfer::Receiver::create(world->worker(), {.tensors = specs,
-                                                            .format = layout.format});
+    receiver =
+        transfer::Receiver::create(world->worker(), {.tensors = specs, .format = layout.format});
     ASSERT_TRUE(receiver.ok());
     g = (*worker)->generate(**receiver, prompts(), {.max_new_tokens = 2});
     ASSERT_FALSE(g.ok());
     EXPECT_EQ(g.status().code(), StatusCode::kNotFound);
     EXPECT_NE(g.status().message().find("missing tensor 'layers.1.moe_norm.weight'"),
-              std::string::npos) << g.status().message();
+              std::string::npos)
+        << g.status().message();
   });
 }
 

@@ -20,8 +20,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const char* const kRequired[] = {"hidden_size", "num_layers", "num_heads",   "num_kv_heads",
-                                 "head_dim",    "num_experts", "top_k",      "ffn_dim",
+const char* const kRequired[] = {"hidden_size", "num_layers",  "num_heads", "num_kv_heads",
+                                 "head_dim",    "num_experts", "top_k",     "ffn_dim",
                                  "vocab_size",  "max_seq_len"};
 const char* const kOptional[] = {"rope_theta",     "rope_ntk_alpha", "rms_eps",
                                  "norm_topk",      "aux_loss_alpha", "z_loss_beta",
@@ -115,8 +115,7 @@ TEST(ModelConfig, UnknownPresetListsTheKnownOnes) {
   auto r = preset("huge");
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(r.status().message(),
-            "unknown preset 'huge' (known: tiny, small, medium, seed-6.9b)");
+  EXPECT_EQ(r.status().message(), "unknown preset 'huge' (known: tiny, small, medium, seed-6.9b)");
 }
 
 struct Rule {
@@ -144,8 +143,7 @@ TEST(ModelConfig, EveryValidationRuleOnBothSidesOfItsBoundary) {
       {"head_dim 2", [](ModelConfig& c) { c.head_dim = 2; }, nullptr},
       {"kv heads do not divide", [](ModelConfig& c) { c.num_kv_heads = 3; },
        "num_heads (4) is not a multiple of num_kv_heads (3)"},
-      {"kv heads more than heads", [](ModelConfig& c) { c.num_kv_heads = 8; },
-       "not a multiple"},
+      {"kv heads more than heads", [](ModelConfig& c) { c.num_kv_heads = 8; }, "not a multiple"},
       {"kv heads = heads (MHA)", [](ModelConfig& c) { c.num_kv_heads = 4; }, nullptr},
       {"kv heads 2 (GQA)", [](ModelConfig& c) { c.num_kv_heads = 2; }, nullptr},
       {"top_k > experts", [](ModelConfig& c) { c.top_k = 5; }, "top_k (5) > num_experts (4)"},
@@ -161,7 +159,11 @@ TEST(ModelConfig, EveryValidationRuleOnBothSidesOfItsBoundary) {
        "rope_ntk_alpha (0.5) must be >= 1"},
       {"alpha 1", [](ModelConfig& c) { c.rope_ntk_alpha = 1.0; }, nullptr},
       {"alpha 8", [](ModelConfig& c) { c.rope_ntk_alpha = 8.0; }, nullptr},
-      {"alpha with head_dim 2", [](ModelConfig& c) { c.head_dim = 2; c.rope_ntk_alpha = 2; },
+      {"alpha with head_dim 2",
+       [](ModelConfig& c) {
+         c.head_dim = 2;
+         c.rope_ntk_alpha = 2;
+       },
        "needs head_dim > 2"},
       {"aux negative", [](ModelConfig& c) { c.aux_loss_alpha = -0.01; },
        "aux_loss_alpha (-0.01) must be >= 0"},
@@ -174,12 +176,20 @@ TEST(ModelConfig, EveryValidationRuleOnBothSidesOfItsBoundary) {
       {"capacity inf", [=](ModelConfig& c) { c.capacity_factor = inf; }, "capacity_factor (inf)"},
       {"capacity 1.25", [](ModelConfig& c) { c.capacity_factor = 1.25; },
        "capacity_factor (1.25) is not supported yet"},
-      {"params overflow", [=](ModelConfig& c) { c.hidden_size = big; c.vocab_size = big; },
+      {"params overflow",
+       [=](ModelConfig& c) {
+         c.hidden_size = big;
+         c.vocab_size = big;
+       },
        "more than 2^63"},
       {"rope table overflow",
        [](ModelConfig& c) { c.max_seq_len = std::numeric_limits<int64_t>::max(); },
        "more than 2^63"},
-      {"expert overflow", [=](ModelConfig& c) { c.ffn_dim = big; c.num_experts = big; },
+      {"expert overflow",
+       [=](ModelConfig& c) {
+         c.ffn_dim = big;
+         c.num_experts = big;
+       },
        "more than 2^63"},
   };
   for (const Rule& r : rules) {
@@ -261,8 +271,8 @@ TEST(ModelConfigJson, OptionalKeysAreRead) {
   j["capacity_factor"] = 1.25;  // read, then refused by validate(): routing is dropless
   auto r = parse_config(j.dump(), "c.json");
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("capacity_factor (1.25) is not supported"),
-            std::string::npos) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("capacity_factor (1.25) is not supported"), std::string::npos)
+      << r.status().to_string();
   j["capacity_factor"] = nullptr;
   r = parse_config(j.dump(), "c.json");
   ASSERT_TRUE(r.ok()) << r.status().to_string();
@@ -282,7 +292,11 @@ TEST(ModelConfigJson, UnknownKeysAreNamed) {
 }
 
 TEST(ModelConfigJson, WrongJsonTypesAreNamed) {
-  struct Case { const char* key; const char* value; const char* fragment; };
+  struct Case {
+    const char* key;
+    const char* value;
+    const char* fragment;
+  };
   const Case cases[] = {
       {"hidden_size", "\"64\"", "hidden_size is \"64\" (a string), expected an integer"},
       {"hidden_size", "64.0", "hidden_size is 64.0 (a float), expected an integer"},
@@ -295,8 +309,9 @@ TEST(ModelConfigJson, WrongJsonTypesAreNamed) {
       {"rms_eps", "null", "rms_eps is null, expected a number"},
       {"norm_topk", "1", "norm_topk is 1 (an integer), expected true or false"},
       {"tie_embeddings", "\"false\"", "tie_embeddings is \"false\" (a string), expected true"},
-      {"capacity_factor", "\"1.0\"", "capacity_factor is \"1.0\" (a string), expected a number "
-                                     "or null"},
+      {"capacity_factor", "\"1.0\"",
+       "capacity_factor is \"1.0\" (a string), expected a number "
+       "or null"},
       {"capacity_factor", "[]", "capacity_factor is an array"},
   };
   for (const Case& c : cases) {

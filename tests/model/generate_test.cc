@@ -25,7 +25,8 @@ TEST(Generate, CachedLogitsMatchTrainingForward) {
   for (int r = 0; r < 2; ++r)
     for (int64_t v = 0; v < c.vocab_size; ++v)
       ASSERT_NEAR((*cached)[size_t(r)][size_t(v)], logits[size_t((r * 7 + 6) * c.vocab_size + v)],
-                  1e-4) << "row " << r << " token " << v;
+                  1e-4)
+          << "row " << r << " token " << v;
 }
 
 TEST(Generate, GreedyIsTheSameWithAndWithoutCacheAndAcrossBatching) {
@@ -81,8 +82,9 @@ TEST(Generate, SamplingIsSeededAndRefusesBadPrompts) {
   const ModelConfig c = *preset("tiny");
   Transformer m(c);
   m.init(13);
-  GenerateOptions o{.max_new_tokens = 10, .sampling = {.temperature = 1.0f, .top_k = 20,
-                                                       .top_p = 0.9f}, .seed = 4};
+  GenerateOptions o{.max_new_tokens = 10,
+                    .sampling = {.temperature = 1.0f, .top_k = 20, .top_p = 0.9f},
+                    .seed = 4};
   auto a = generate(m, {{1, 2}}, o);
   auto b = generate(m, {{1, 2}}, o);
   ASSERT_TRUE(a.ok() && b.ok());

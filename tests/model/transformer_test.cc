@@ -4,12 +4,11 @@
 #include "weightlift/model/transformer.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-
-#include <unistd.h>
 
 #include "weightlift/core/random.h"
 
@@ -41,8 +40,8 @@ TEST(Transformer, CheckpointingGivesIdenticalGradients) {
   b.init(3);
   Batch x = random_batch(c, 2, 32, 1);
   LossTerms la = a.forward_backward(x.tokens.data(), x.targets.data(), x.b, x.t, {});
-  LossTerms lb = b.forward_backward(x.tokens.data(), x.targets.data(), x.b, x.t,
-                                    {.checkpointing = true});
+  LossTerms lb =
+      b.forward_backward(x.tokens.data(), x.targets.data(), x.b, x.t, {.checkpointing = true});
   EXPECT_EQ(la.loss(), lb.loss());
   // Recomputation runs the same deterministic kernels on the same inputs: bit-identical.
   const float* ga = a.grads().data<float>();
@@ -60,13 +59,13 @@ TEST(Transformer, CheckpointingCutsActivationMemoryOfTwelveLayers) {
   for (int ckpt = 0; ckpt < 2; ++ckpt) {
     const int64_t base = tensor_memory_stats().live_bytes;
     reset_tensor_memory_peak();
-    m.forward_backward(x.tokens.data(), x.targets.data(), x.b, x.t,
-                       {.checkpointing = ckpt == 1});
+    m.forward_backward(x.tokens.data(), x.targets.data(), x.b, x.t, {.checkpointing = ckpt == 1});
     peak[ckpt] = tensor_memory_stats().peak_bytes - base;
   }
-  std::printf("12-layer tiny, batch 4 x 128: peak activation memory %.1f MB without "
-              "checkpointing, %.1f MB with (%.1fx less)\n",
-              peak[0] / 1e6, peak[1] / 1e6, double(peak[0]) / double(peak[1]));
+  std::printf(
+      "12-layer tiny, batch 4 x 128: peak activation memory %.1f MB without "
+      "checkpointing, %.1f MB with (%.1fx less)\n",
+      peak[0] / 1e6, peak[1] / 1e6, double(peak[0]) / double(peak[1]));
   EXPECT_GE(double(peak[0]) / double(peak[1]), 3.0);
 }
 
@@ -87,10 +86,10 @@ TEST(Transformer, GradientsMatchFiniteDifferences) {
   const std::vector<float> grad(m.grads().data<float>(),
                                 m.grads().data<float>() + m.layout().total());
   int checked = 0;
-  for (const char* name : {"layers.0.attn.q_proj.weight", "layers.1.attn.v_proj.weight",
-                           "layers.0.attn.o_proj.weight", "layers.1.moe_norm.weight",
-                           "layers.0.moe.experts.1.down_proj.weight", "lm_head.weight",
-                           "norm.weight", "layers.0.attn_norm.weight"}) {
+  for (const char* name :
+       {"layers.0.attn.q_proj.weight", "layers.1.attn.v_proj.weight", "layers.0.attn.o_proj.weight",
+        "layers.1.moe_norm.weight", "layers.0.moe.experts.1.down_proj.weight", "lm_head.weight",
+        "norm.weight", "layers.0.attn_norm.weight"}) {
     const ParamInfo& p = m.layout().at(name);
     for (int64_t j = 0; j < 3; ++j) {
       const int64_t i = p.offset + (j * 7919) % p.numel();
@@ -103,7 +102,8 @@ TEST(Transformer, GradientsMatchFiniteDifferences) {
       *w = orig;
       const double fd = (up - down) / (2 * h);
       if (std::fabs(fd) < 1e-4) continue;  // too small to compare in f32
-      EXPECT_NEAR(grad[size_t(i)], fd, 5e-2 * std::fabs(fd) + 1e-5) << name << " [" << i - p.offset << "]";
+      EXPECT_NEAR(grad[size_t(i)], fd, 5e-2 * std::fabs(fd) + 1e-5)
+          << name << " [" << i - p.offset << "]";
       ++checked;
     }
   }
@@ -171,8 +171,9 @@ TEST(Transformer, Bf16LossIsCloseToF32) {
   m.init(4);
   Batch x = random_batch(c, 2, 32, 4);
   const double f32 = m.evaluate(x.tokens.data(), x.targets.data(), x.b, x.t, {}).loss();
-  const double bf16 = m.evaluate(x.tokens.data(), x.targets.data(), x.b, x.t,
-                                 {.precision = Precision::kBF16}).loss();
+  const double bf16 =
+      m.evaluate(x.tokens.data(), x.targets.data(), x.b, x.t, {.precision = Precision::kBF16})
+          .loss();
   // bf16 operands carry 2^-9 relative error; the loss averages it down (see check_numerics.py).
   EXPECT_NEAR(bf16, f32, 2e-2 * f32);
   EXPECT_NE(bf16, f32);  // the rounding really happened

@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -7,8 +8,6 @@
 #include <fstream>
 #include <iterator>
 #include <sstream>
-
-#include <unistd.h>
 
 #include "weightlift/core/safetensors.h"
 #include "weightlift/train/brown.h"
@@ -36,7 +35,8 @@ std::string make_corpus() {
   const std::string dir = fresh_dir("corpus");
   const char* lines[] = {
       "\tThe/at jury/nn said/vbd ``/`` no/at evidence/nn ''/'' was/bedz found/vbn ./.",
-      "\tIt/pps recommended/vbd that/cs the/at city/nn ,/, which/wdt had/hvd charge/nn ,/, act/vb ./.",
+      "\tIt/pps recommended/vbd that/cs the/at city/nn ,/, which/wdt had/hvd charge/nn ,/, act/vb "
+      "./.",
       "\tShe/pps was/bedz n't/* there/rb ;/. he/pps said/vbd so/rb (/( twice/rb )/) ./."};
   for (int i = 0; i < 20; ++i) {
     std::ofstream f(dir + "/ca" + (i < 10 ? "0" : "") + std::to_string(i));
@@ -141,7 +141,9 @@ TEST(Trainer, ResumeContinuesBitExactly) {
   const std::string metrics = first.out_dir + "/metrics.jsonl";
   {
     std::ofstream f(metrics, std::ios::trunc);
-    f << lb[0] << "\n" << "not json\n" << lb[2] << "\n";
+    f << lb[0] << "\n"
+      << "not json\n"
+      << lb[2] << "\n";
   }
   auto damaged = train(second);
   EXPECT_EQ(damaged.status().code(), StatusCode::kDataLoss) << damaged.status().to_string();

@@ -116,7 +116,8 @@ TEST(Fp8Blocks, BandQuantizerMatchesTheReferenceBitForBit) {
   const model::ModelConfig c = preset_or_die("small");
   const std::vector<float> w = random_weights(c, 11);
   const model::ParamLayout layout(c);
-  auto ref = reference_receiver_tensors(c, {.tp = 2, .tp_rank = 1, .format = WeightFormat::kFP8}, w);
+  auto ref =
+      reference_receiver_tensors(c, {.tp = 2, .tp_rank = 1, .format = WeightFormat::kFP8}, w);
   // o_proj at tp 2, rank 1: [256, 128], the input columns [128, 256).
   const model::ParamInfo& p = layout.at("layers.2.attn.o_proj.weight");
   const ReferenceTensor& q = ref.at("layers.2.attn.o_proj.weight");
@@ -180,14 +181,36 @@ void reference_band(const std::vector<float>& x, int64_t rows, int64_t cols,
 std::vector<float> edge_values() {
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  std::vector<float> v = {0.0f, -0.0f, 1e-45f, -1e-45f, 1e-40f, 1.17549435e-38f,
-                          std::ldexp(1.0f, -9), std::ldexp(1.0f, -10), std::ldexp(3.0f, -10),
-                          std::ldexp(5.0f, -10), std::ldexp(15.0f, -10), std::ldexp(7.0f, -9),
-                          std::ldexp(7.5f, -9), std::nextafter(std::ldexp(1.0f, -6), 0.0f),
-                          std::ldexp(1.0f, -6), std::ldexp(1.0625f, -6), std::ldexp(1.0625f, 0),
-                          std::ldexp(1.1875f, 0), 1.0f, 448.0f, 456.0f, 464.0f,
-                          std::nextafter(464.0f, 0.0f), std::nextafter(464.0f, inf), 480.0f,
-                          1e30f, 3.4028235e38f, inf, nan, -nan};
+  std::vector<float> v = {0.0f,
+                          -0.0f,
+                          1e-45f,
+                          -1e-45f,
+                          1e-40f,
+                          1.17549435e-38f,
+                          std::ldexp(1.0f, -9),
+                          std::ldexp(1.0f, -10),
+                          std::ldexp(3.0f, -10),
+                          std::ldexp(5.0f, -10),
+                          std::ldexp(15.0f, -10),
+                          std::ldexp(7.0f, -9),
+                          std::ldexp(7.5f, -9),
+                          std::nextafter(std::ldexp(1.0f, -6), 0.0f),
+                          std::ldexp(1.0f, -6),
+                          std::ldexp(1.0625f, -6),
+                          std::ldexp(1.0625f, 0),
+                          std::ldexp(1.1875f, 0),
+                          1.0f,
+                          448.0f,
+                          456.0f,
+                          464.0f,
+                          std::nextafter(464.0f, 0.0f),
+                          std::nextafter(464.0f, inf),
+                          480.0f,
+                          1e30f,
+                          3.4028235e38f,
+                          inf,
+                          nan,
+                          -nan};
   const size_t n = v.size();
   for (size_t i = 0; i < n; ++i) v.push_back(-v[i]);
   return v;
@@ -211,9 +234,8 @@ TEST(Fp8Blocks, KernelEncodesEdgeValuesAsTheScalarDefinition) {
     kernels::fp8_quantize_row_scalar(DType::kF32, x.data(), n, 128, scales.data(), slow.data());
     for (int64_t j = 0; j < n; ++j) {
       const uint8_t want = f32_to_fp8_e4m3(x[size_t(j)] / scale);
-      ASSERT_EQ(int(fast[size_t(j)]), int(want))
-          << "x " << x[size_t(j)] << " (bits " << std::hex << f32_bits(x[size_t(j)])
-          << ") scale " << scale;
+      ASSERT_EQ(int(fast[size_t(j)]), int(want)) << "x " << x[size_t(j)] << " (bits " << std::hex
+                                                 << f32_bits(x[size_t(j)]) << ") scale " << scale;
       ASSERT_EQ(int(slow[size_t(j)]), int(want)) << x[size_t(j)];
     }
   }
@@ -257,13 +279,24 @@ TEST(Fp8Blocks, BandEdgesMatchTheDefinition) {
         for (int64_t j = 0; j < cols; ++j) {
           float& v = x[size_t(i * cols + j)];
           switch ((j / 128) % 6) {
-            case 0: v = uni(rng) * 0.05f; break;
-            case 1: v = 0.0f; break;
-            case 2: v = uni(rng) * 1e-39f; break;
-            case 3: v = (i + j) % 17 == 0 ? 448.0f : uni(rng) * 3.0f; break;
-            case 4: v = (i + j) % 11 == 0 ? edges[size_t(i + j) % edges.size()] : uni(rng); break;
-            default: v = (i * 7 + j) % 29 == 0 ? std::numeric_limits<float>::quiet_NaN()
-                                               : uni(rng) * 100.0f;
+            case 0:
+              v = uni(rng) * 0.05f;
+              break;
+            case 1:
+              v = 0.0f;
+              break;
+            case 2:
+              v = uni(rng) * 1e-39f;
+              break;
+            case 3:
+              v = (i + j) % 17 == 0 ? 448.0f : uni(rng) * 3.0f;
+              break;
+            case 4:
+              v = (i + j) % 11 == 0 ? edges[size_t(i + j) % edges.size()] : uni(rng);
+              break;
+            default:
+              v = (i * 7 + j) % 29 == 0 ? std::numeric_limits<float>::quiet_NaN()
+                                        : uni(rng) * 100.0f;
           }
         }
       }

@@ -69,11 +69,10 @@ void expect_exact_cover(const Plan& p, std::span<const RankMeta> metas) {
 }
 
 TEST(Planner, CoversEveryReceiverByteExactlyOnce) {
-  for (const Shape_& s : {Shape_{"tiny", 1, 1, 1, WeightFormat::kBF16},
-                          Shape_{"tiny", 1, 2, 2, WeightFormat::kBF16},
-                          Shape_{"tiny", 1, 3, 2, WeightFormat::kFP8},
-                          Shape_{"tiny", 2, 2, 4, WeightFormat::kFP8},
-                          Shape_{"small", 1, 2, 2, WeightFormat::kFP8}}) {
+  for (const Shape_& s :
+       {Shape_{"tiny", 1, 1, 1, WeightFormat::kBF16}, Shape_{"tiny", 1, 2, 2, WeightFormat::kBF16},
+        Shape_{"tiny", 1, 3, 2, WeightFormat::kFP8}, Shape_{"tiny", 2, 2, 4, WeightFormat::kFP8},
+        Shape_{"small", 1, 2, 2, WeightFormat::kFP8}}) {
     SCOPED_TRACE(std::string(s.preset) + " meshes " + std::to_string(s.meshes) + "x" +
                  std::to_string(s.mesh_size) + " tp " + std::to_string(s.tp));
     const std::vector<RankMeta> metas = paper_world(s);

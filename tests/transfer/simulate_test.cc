@@ -2,8 +2,6 @@
 // against the real planner where both apply (same tasks, gathers and bytes per rank); every
 // receiver byte covered exactly once at a reduced K2 scale; the network model against closed
 // forms on one or two senders; the sensitivity table's directions; bad options refused.
-#include "weightlift/transfer/sim/network_model.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,10 +9,11 @@
 
 #include "fixture.h"
 #include "small_cluster.h"
-#include "weightlift/transfer/sim/kimi_k2.h"
 #include "weightlift/transfer/plan/planner.h"
-#include "weightlift/transfer/sim/load_schedule.h"
 #include "weightlift/transfer/sim/cluster.h"
+#include "weightlift/transfer/sim/kimi_k2.h"
+#include "weightlift/transfer/sim/load_schedule.h"
+#include "weightlift/transfer/sim/network_model.h"
 
 namespace wl::transfer {
 namespace {
@@ -76,14 +75,14 @@ TEST(ScheduleLoads, AgreesWithThePlanner) {
     ASSERT_TRUE(plan.ok()) << plan.status().to_string();
 
     ClusterOptions o{.model = c.preset,
-                      .trainers = trainers,
-                      .receivers = receivers,
-                      .gpus_per_node = 1,
-                      .engine_gpus = c.tp,
-                      .dense_mesh = c.mesh_size,
-                      .expert_mesh = 0,
-                      .format = c.format,
-                      .shard_dtype = DType::kF32};
+                     .trainers = trainers,
+                     .receivers = receivers,
+                     .gpus_per_node = 1,
+                     .engine_gpus = c.tp,
+                     .dense_mesh = c.mesh_size,
+                     .expert_mesh = 0,
+                     .format = c.format,
+                     .shard_dtype = DType::kF32};
     auto in = cluster_schedule_input(o);
     ASSERT_TRUE(in.ok()) << in.status().to_string();
     auto loads = schedule_loads(*in);

@@ -43,20 +43,32 @@ size_t count_for(std::string_view op, size_t bytes, size_t es, int P) {
 Status run_once(Group& g, std::string_view op, const BenchCollectivesOptions& o, size_t count,
                 Buffers& b) {
   if (op == "allreduce") {
-    return allreduce(g, {.send = b.send.get(), .recv = b.recv.get(), .count = count,
-                         .dtype = o.dtype, .op = o.op, .timeout = o.timeout,
+    return allreduce(g, {.send = b.send.get(),
+                         .recv = b.recv.get(),
+                         .count = count,
+                         .dtype = o.dtype,
+                         .op = o.op,
+                         .timeout = o.timeout,
                          .algorithm = o.algorithm});
   }
   if (op == "allgather") {
-    return allgather(g, {.send = b.send.get(), .recv = b.recv.get(), .count = count,
-                         .dtype = o.dtype, .timeout = o.timeout});
+    return allgather(g, {.send = b.send.get(),
+                         .recv = b.recv.get(),
+                         .count = count,
+                         .dtype = o.dtype,
+                         .timeout = o.timeout});
   }
   if (op == "reduce_scatter") {
-    return reduce_scatter(g, {.send = b.send.get(), .recv = b.recv.get(), .count = count,
-                              .dtype = o.dtype, .op = o.op, .timeout = o.timeout});
+    return reduce_scatter(g, {.send = b.send.get(),
+                              .recv = b.recv.get(),
+                              .count = count,
+                              .dtype = o.dtype,
+                              .op = o.op,
+                              .timeout = o.timeout});
   }
-  return broadcast(g, {.buffer = b.recv.get(), .count = count, .dtype = o.dtype, .root = 0,
-                       .timeout = o.timeout});
+  return broadcast(
+      g,
+      {.buffer = b.recv.get(), .count = count, .dtype = o.dtype, .root = 0, .timeout = o.timeout});
 }
 
 // Runs `op` once on exact data and counts the wrong elements on this rank.
@@ -68,7 +80,8 @@ Result<int64_t> check_once(Group& g, std::string_view op, const BenchCollectives
   } else if (op == "allgather") {
     for (size_t i = 0; i < count; ++i) put(o.dtype, b.send.get(), i, int64_t(r * 7 + int(i % 13)));
   } else if (op == "reduce_scatter") {
-    for (size_t i = 0; i < count * size_t(P); ++i) put(o.dtype, b.send.get(), i, value(o.op, P, r, i));
+    for (size_t i = 0; i < count * size_t(P); ++i)
+      put(o.dtype, b.send.get(), i, value(o.op, P, r, i));
   } else {
     for (size_t i = 0; i < count; ++i) put(o.dtype, b.recv.get(), i, r == 0 ? int64_t(i % 97) : 0);
   }
@@ -76,7 +89,8 @@ Result<int64_t> check_once(Group& g, std::string_view op, const BenchCollectives
   int64_t wrong = 0;
   const void* got = b.recv.get();
   if (op == "allreduce") {
-    for (size_t i = 0; i < count; ++i) wrong += !holds(o.dtype, got, i, comm::exact::expected(o.op, P, i));
+    for (size_t i = 0; i < count; ++i)
+      wrong += !holds(o.dtype, got, i, comm::exact::expected(o.op, P, i));
   } else if (op == "allgather") {
     for (size_t i = 0; i < count * size_t(P); ++i) {
       wrong += !holds(o.dtype, got, i, int64_t(int(i / count) * 7 + int(i % count % 13)));
@@ -101,11 +115,14 @@ Result<double> measure_copy_rate(Group& g, std::chrono::milliseconds timeout) {
   std::memset(b.get(), 2, kBytes);
   WL_RETURN_IF_ERROR(barrier(g, {.timeout = timeout}));
   const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < kRepeats; ++i) std::memcpy(i % 2 ? a.get() : b.get(), i % 2 ? b.get() : a.get(), kBytes);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (int i = 0; i < kRepeats; ++i)
+    std::memcpy(i % 2 ? a.get() : b.get(), i % 2 ? b.get() : a.get(), kBytes);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int64_t rate = int64_t(double(kBytes) * kRepeats / seconds);
-  WL_RETURN_IF_ERROR(allreduce(g, {.recv = &rate, .count = 1, .dtype = DType::kI64,
-                                   .op = ReduceOp::kAvg, .timeout = timeout}));
+  WL_RETURN_IF_ERROR(allreduce(
+      g,
+      {.recv = &rate, .count = 1, .dtype = DType::kI64, .op = ReduceOp::kAvg, .timeout = timeout}));
   return double(rate);
 }
 
@@ -127,15 +144,14 @@ void print_row(const BenchCollectivesOptions& o, int P, const BenchRow& row) {
                  "\"dtype\":\"%s\",\"ranks\":%d,\"time_us\":%.3f,\"p50_us\":%.3f,"
                  "\"p99_us\":%.3f,\"algbw_gbps\":%.4f,\"busbw_gbps\":%.4f,\"wrong\":%lld,"
                  "\"bound_gbps\":%.3f,\"bound_fraction\":%.4f}\n",
-                 row.op.c_str(), row.bytes, row.count, type.c_str(), P, row.time_us,
-                 row.p50_us, row.p99_us, row.algbw_gbps, row.busbw_gbps,
-                 static_cast<long long>(row.wrong), row.bound_gbps, frac);
+                 row.op.c_str(), row.bytes, row.count, type.c_str(), P, row.time_us, row.p50_us,
+                 row.p99_us, row.algbw_gbps, row.busbw_gbps, static_cast<long long>(row.wrong),
+                 row.bound_gbps, frac);
   } else {
     const std::string wrong = row.wrong < 0 ? "N/A" : std::to_string(row.wrong);
     std::fprintf(o.out, "%14zu %12zu %6s %15s %11.2f %9.3f %9.3f %7s %10.2f %10.2f %7.0f%%\n",
-                 row.bytes, row.count, type.c_str(), row.op.c_str(), row.time_us,
-                 row.algbw_gbps, row.busbw_gbps, wrong.c_str(), row.p50_us, row.p99_us,
-                 100.0 * frac);
+                 row.bytes, row.count, type.c_str(), row.op.c_str(), row.time_us, row.algbw_gbps,
+                 row.busbw_gbps, wrong.c_str(), row.p50_us, row.p99_us, 100.0 * frac);
   }
   std::fflush(o.out);
 }
@@ -174,7 +190,8 @@ double bus_bandwidth_factor(std::string_view op, int P) {
 Result<size_t> parse_byte_size(std::string_view text) {
   size_t i = 0, v = 0;
   while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) {
-    if (v > (size_t(1) << 50)) return invalid_argument("byte size '" + std::string(text) + "' is too large");
+    if (v > (size_t(1) << 50))
+      return invalid_argument("byte size '" + std::string(text) + "' is too large");
     v = v * 10 + size_t(text[i++] - '0');
   }
   if (i == 0) return invalid_argument("byte size '" + std::string(text) + "': expected digits");
@@ -182,10 +199,20 @@ Result<size_t> parse_byte_size(std::string_view text) {
   size_t mult = 1;
   if (!rest.empty()) {
     switch (std::toupper(static_cast<unsigned char>(rest[0]))) {
-      case 'K': mult = size_t(1) << 10; rest.remove_prefix(1); break;
-      case 'M': mult = size_t(1) << 20; rest.remove_prefix(1); break;
-      case 'G': mult = size_t(1) << 30; rest.remove_prefix(1); break;
-      default: break;
+      case 'K':
+        mult = size_t(1) << 10;
+        rest.remove_prefix(1);
+        break;
+      case 'M':
+        mult = size_t(1) << 20;
+        rest.remove_prefix(1);
+        break;
+      case 'G':
+        mult = size_t(1) << 30;
+        rest.remove_prefix(1);
+        break;
+      default:
+        break;
     }
   }
   if (!rest.empty() && rest != "B" && rest != "b" && rest != "iB") {
@@ -215,11 +242,11 @@ void print_header(const BenchCollectivesOptions& o, int P, const std::string& pi
                cpu_info().describe().c_str(), P, std::string(dtype_name(o.dtype)).c_str(),
                std::string(reduce_op_name(o.op)).c_str(), o.warmup, pinned.c_str(), copy_gbps);
   if (!o.json) {
-    std::fprintf(o.out, "# %12s %12s %6s %15s %11s %9s %9s %7s %10s %10s %8s\n", "size(B)",
-                 "count", "type", "op", "time(us)", "algbw", "busbw", "#wrong", "p50(us)",
-                 "p99(us)", "bound");
-    std::fprintf(o.out, "# %12s %12s %6s %15s %11s %9s %9s %7s %10s %10s %8s\n", "", "(elems)",
-                 "", "", "(mean)", "(GB/s)", "(GB/s)", "", "", "", "(%)");
+    std::fprintf(o.out, "# %12s %12s %6s %15s %11s %9s %9s %7s %10s %10s %8s\n", "size(B)", "count",
+                 "type", "op", "time(us)", "algbw", "busbw", "#wrong", "p50(us)", "p99(us)",
+                 "bound");
+    std::fprintf(o.out, "# %12s %12s %6s %15s %11s %9s %9s %7s %10s %10s %8s\n", "", "(elems)", "",
+                 "", "(mean)", "(GB/s)", "(GB/s)", "", "", "", "(%)");
   }
   std::fflush(o.out);
 }
@@ -234,10 +261,14 @@ Result<BenchRow> bench_row(Group& g, const BenchCollectivesOptions& o, const std
   for (int i = 0; i < iters; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     WL_RETURN_IF_ERROR(run_once(g, op, o, count, b));
-    ns[size_t(i)] = std::chrono::duration_cast<Nanos>(std::chrono::steady_clock::now() - t0).count();
+    ns[size_t(i)] =
+        std::chrono::duration_cast<Nanos>(std::chrono::steady_clock::now() - t0).count();
   }
-  WL_RETURN_IF_ERROR(allreduce(g, {.recv = ns.data(), .count = ns.size(), .dtype = DType::kI64,
-                                   .op = ReduceOp::kMax, .timeout = o.timeout}));
+  WL_RETURN_IF_ERROR(allreduce(g, {.recv = ns.data(),
+                                   .count = ns.size(),
+                                   .dtype = DType::kI64,
+                                   .op = ReduceOp::kMax,
+                                   .timeout = o.timeout}));
   BenchRow row{.op = op, .bytes = bytes, .count = count};
   std::vector<double> us(ns.size());
   double sum = 0;
@@ -250,8 +281,8 @@ Result<BenchRow> bench_row(Group& g, const BenchCollectivesOptions& o, const std
   row.bound_gbps = bound_for(op, copy_gbps);
   if (o.check) {
     WL_ASSIGN_OR_RETURN(row.wrong, check_once(g, op, o, count, b));
-    WL_RETURN_IF_ERROR(allreduce(
-        g, {.recv = &row.wrong, .count = 1, .dtype = DType::kI64, .timeout = o.timeout}));
+    WL_RETURN_IF_ERROR(
+        allreduce(g, {.recv = &row.wrong, .count = 1, .dtype = DType::kI64, .timeout = o.timeout}));
   }
   return row;
 }
@@ -276,8 +307,8 @@ Result<std::vector<BenchRow>> bench_collectives(Group& g, const BenchCollectives
   for (const std::string& op : o.ops) {
     for (size_t want = o.min_bytes; want <= o.max_bytes;) {
       const size_t count = count_for(op, want, es, P);
-      const size_t bytes = (op == "allgather" || op == "reduce_scatter") ? count * es * size_t(P)
-                                                                         : count * es;
+      const size_t bytes =
+          (op == "allgather" || op == "reduce_scatter") ? count * es * size_t(P) : count * es;
       if (count > 0) {
         WL_ASSIGN_OR_RETURN(BenchRow row, bench_row(g, o, op, count, bytes, b, copy_gbps));
         if (g.rank() == 0) print_row(o, P, row);

@@ -39,35 +39,35 @@ namespace wl::app {
 struct BenchCollectivesOptions {
   // Ops to sweep, in order: allreduce, allgather, reduce_scatter, broadcast.
   std::vector<std::string> ops = {"allreduce", "allgather", "reduce_scatter", "broadcast"};
-  size_t min_bytes = 8;            // bytes; parse_byte_size("8")
-  size_t max_bytes = 256u << 20;   // bytes; parse_byte_size("256M")
-  int factor = 2;                  // each size is the previous times this (>= 2)
-  DType dtype = DType::kF32;       // reducible types only for allreduce / reduce_scatter
+  size_t min_bytes = 8;           // bytes; parse_byte_size("8")
+  size_t max_bytes = 256u << 20;  // bytes; parse_byte_size("256M")
+  int factor = 2;                 // each size is the previous times this (>= 2)
+  DType dtype = DType::kF32;      // reducible types only for allreduce / reduce_scatter
   comm::ReduceOp op = comm::ReduceOp::kSum;
   // Timed calls per size; 0: as many as fit about 1 GiB of data, clamped to 20..1000, so
   // small sizes get enough samples for a p99 and large ones do not take minutes.
   int iters = 0;
-  int warmup = 5;                  // untimed calls per size first
-  bool check = true;               // verify each row with exact data (not timed)
-  bool json = false;               // one JSON object per row instead of the table
+  int warmup = 5;     // untimed calls per size first
+  bool check = true;  // verify each row with exact data (not timed)
+  bool json = false;  // one JSON object per row instead of the table
   comm::AllreduceAlgorithm algorithm = comm::AllreduceAlgorithm::kAuto;
   // Pin rank r to core r % cores for the run, as mpirun binds its ranks by default. Unpinned,
   // a loaded scheduler may queue two ranks on one core, and every hand-off then waits for a
   // context switch.
   bool pin = true;
   std::chrono::milliseconds timeout{60000};  // per call
-  std::FILE* out = stdout;         // rank 0 writes here; other ranks print nothing
+  std::FILE* out = stdout;                   // rank 0 writes here; other ranks print nothing
 };
 
 struct BenchRow {
   std::string op;
   size_t bytes = 0;
-  size_t count = 0;     // elements per rank's input, as nccl-tests counts them
-  double time_us = 0;   // mean
+  size_t count = 0;    // elements per rank's input, as nccl-tests counts them
+  double time_us = 0;  // mean
   double p50_us = 0, p99_us = 0;
   double algbw_gbps = 0, busbw_gbps = 0;  // decimal GB/s
-  int64_t wrong = -1;   // -1: not checked
-  double bound_gbps = 0;  // the memory-bandwidth bound on busbw for this op
+  int64_t wrong = -1;                     // -1: not checked
+  double bound_gbps = 0;                  // the memory-bandwidth bound on busbw for this op
 };
 
 // Collective over `group`: every rank calls it with the same options. Returns the rows (on

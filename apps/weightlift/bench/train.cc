@@ -3,10 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
-
-#include "weightlift/core/cpu.h"
 #include <vector>
 
+#include "weightlift/core/cpu.h"
 #include "weightlift/core/parallel.h"
 #include "weightlift/core/random.h"
 #include "weightlift/kernels/gemm.h"
@@ -25,8 +24,15 @@ double measure_gemm_gflops(int64_t n, int repeats) {
   std::vector<double> rates;
   for (int i = 0; i < repeats + 1; ++i) {
     const auto t0 = Clock::now();
-    kernels::gemm({.m = n, .n = n, .k = n, .a = a.data(), .lda = n, .b = b.data(), .ldb = n,
-                   .c = c.data(), .ldc = n});
+    kernels::gemm({.m = n,
+                   .n = n,
+                   .k = n,
+                   .a = a.data(),
+                   .lda = n,
+                   .b = b.data(),
+                   .ldb = n,
+                   .c = c.data(),
+                   .ldc = n});
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     if (i > 0) rates.push_back(2.0 * double(n) * double(n) * double(n) / s / 1e9);
   }
@@ -74,12 +80,18 @@ Result<BenchTrainResult> bench_train(const BenchTrainOptions& o) {
 }
 
 std::string BenchTrainResult::to_json(const BenchTrainOptions& o) const {
-  nlohmann::json j = {{"preset", o.preset}, {"batch", o.batch}, {"seq", o.seq},
+  nlohmann::json j = {{"preset", o.preset},
+                      {"batch", o.batch},
+                      {"seq", o.seq},
                       {"dtype", std::string(model::precision_name(o.precision))},
-                      {"checkpointing", o.checkpointing}, {"threads", threads},
-                      {"steps", o.steps}, {"step_ms_median", step_ms_median},
-                      {"step_ms_min", step_ms_min}, {"step_ms_max", step_ms_max},
-                      {"tokens_per_s", tokens_per_s}, {"gflops", gflops},
+                      {"checkpointing", o.checkpointing},
+                      {"threads", threads},
+                      {"steps", o.steps},
+                      {"step_ms_median", step_ms_median},
+                      {"step_ms_min", step_ms_min},
+                      {"step_ms_max", step_ms_max},
+                      {"tokens_per_s", tokens_per_s},
+                      {"gflops", gflops},
                       {"gemm_peak_gflops", gemm_peak_gflops},
                       {"fraction_of_gemm_peak", gflops / gemm_peak_gflops},
                       {"cpu", cpu_info().describe()}};

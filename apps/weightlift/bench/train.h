@@ -24,8 +24,8 @@ struct BenchTrainOptions {
 struct BenchTrainResult {
   double step_ms_median = 0, step_ms_min = 0, step_ms_max = 0;
   double tokens_per_s = 0;
-  double gflops = 0;             // model FLOPs (model_info.h) / median step time
-  double gemm_peak_gflops = 0;   // oneDNN f32 GEMM 2048^3, same run
+  double gflops = 0;            // model FLOPs (model_info.h) / median step time
+  double gemm_peak_gflops = 0;  // oneDNN f32 GEMM 2048^3, same run
   int threads = 0;
   std::string to_json(const BenchTrainOptions& o) const;
 };

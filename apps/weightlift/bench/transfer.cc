@@ -69,14 +69,25 @@ std::vector<float> full_weights(const model::ModelConfig& c, DType shard_dtype) 
   std::vector<float> full(size_t(model::ParamLayout(c).total()));
   Rng rng(1234);
   for (float& x : full) x = (2.0f * rng.uniform() - 1.0f) * 0.05f;
-  if (shard_dtype == DType::kBF16) round_through(DType::kBF16, full.data(), full.data(), full.size());
+  if (shard_dtype == DType::kBF16)
+    round_through(DType::kBF16, full.data(), full.data(), full.size());
   return full;
 }
 
 // What one rank reports, as doubles so that rank 0 can allgather it: per timed update its
 // wall time and its UpdateReport's fields, then what it holds afterwards.
-enum UpdateField { kWall, kGather, kPrepare, kWrite, kBarrier, kBytes, kDirect, kPeak,
-                   kWatermark, kUpdateFields };
+enum UpdateField {
+  kWall,
+  kGather,
+  kPrepare,
+  kWrite,
+  kBarrier,
+  kBytes,
+  kDirect,
+  kPeak,
+  kWatermark,
+  kUpdateFields
+};
 enum TailField { kDelivered, kWrong, kTailFields };
 
 size_t outcome_size(int updates) { return size_t(updates) * kUpdateFields + kTailFields; }
@@ -106,7 +117,8 @@ Result<Role> join(const BenchTransferOptions& o, const model::ModelConfig& c,
                   const std::vector<float>& full, const std::shared_ptr<comm::Group>& world) {
   const int rank = world->rank();
   const bool trainer = rank < o.trainers;
-  WL_ASSIGN_OR_RETURN(auto mesh, world->split({.color = trainer ? 0 : comm::kNoColor, .key = rank}));
+  WL_ASSIGN_OR_RETURN(auto mesh,
+                      world->split({.color = trainer ? 0 : comm::kNoColor, .key = rank}));
   Role r;
   if (trainer) {
     r.weights = std::make_unique<TrainerWeights>(
@@ -152,11 +164,11 @@ Result<std::vector<double>> run_updates(const BenchTransferOptions& o, const mod
                                                                .receiver = r.receiver.get(),
                                                                .mode = o.mode,
                                                                .bucket_bytes = o.bucket_bytes}));
-  const transfer::UpdateOptions u{.watermark_bytes = std::max(o.watermark_bytes,
-                                                             ex->required_watermark()),
-                                  .timeout = std::chrono::seconds(o.timeout_s)};
+  const transfer::UpdateOptions u{
+      .watermark_bytes = std::max(o.watermark_bytes, ex->required_watermark()),
+      .timeout = std::chrono::seconds(o.timeout_s)};
   std::vector<double> out(outcome_size(o.updates), 0.0);
-  for (int round = 0; round <= o.updates; ++round) {  // round 0: the untimed warm-up
+  for (int round = 0; round <= o.updates; ++round) {        // round 0: the untimed warm-up
     if (round > 0 && r.weights) negate_shards(*r.weights);  // new weights, untimed
     WL_RETURN_IF_ERROR(comm::barrier(*world));
     const Stopwatch t;
@@ -165,7 +177,8 @@ Result<std::vector<double>> run_updates(const BenchTransferOptions& o, const mod
   }
   double* tail = out.data() + size_t(o.updates) * kUpdateFields;
   if (r.receiver) {
-    for (const transfer::ReceiverEntry& e : r.receiver->entries()) tail[kDelivered] += double(e.bytes);
+    for (const transfer::ReceiverEntry& e : r.receiver->entries())
+      tail[kDelivered] += double(e.bytes);
     if (o.verify) {
       if (o.updates % 2 == 1) {
         for (float& x : full) x = -x;
@@ -284,15 +297,16 @@ std::string report_table(const BenchTransferOptions& o, const Summary& s) {
   std::snprintf(line, sizeof line,
                 "bench transfer: %s, %d trainers (%s shards) -> %d receivers (tp %d, %s), mode %s,"
                 " %d updates, ranks as %s, on %s\n",
-                o.preset.c_str(), o.trainers, shard_dtype_name(o.shard_dtype).c_str(),
-                o.receivers, o.tp, std::string(transfer::weight_format_name(o.format)).c_str(),
+                o.preset.c_str(), o.trainers, shard_dtype_name(o.shard_dtype).c_str(), o.receivers,
+                o.tp, std::string(transfer::weight_format_name(o.format)).c_str(),
                 std::string(transfer::transfer_mode_name(o.mode)).c_str(), o.updates,
                 o.threads ? "threads of one process" : "separate processes",
                 cpu_info().describe().c_str());
   os << line;
   std::snprintf(line, sizeof line, "update ms: p50 %.1f  p99 %.1f\n", s.p50, s.p99);
   os << line << "split (p50 ms)      gather   prepare     write   barrier\n";
-  for (const auto& [name, x] : {std::pair{"trainer ", s.trainer}, std::pair{"receiver", s.receiver}}) {
+  for (const auto& [name, x] :
+       {std::pair{"trainer ", s.trainer}, std::pair{"receiver", s.receiver}}) {
     std::snprintf(line, sizeof line, "  %s        %8.1f  %8.1f  %8.1f  %8.1f\n", name, x.gather,
                   x.prepare, x.write, x.barrier);
     os << line;
@@ -316,9 +330,10 @@ std::string report_table(const BenchTransferOptions& o, const Summary& s) {
 
 Status check_options(const BenchTransferOptions& o, const model::ModelConfig& c) {
   if (o.trainers < 1 || o.receivers < 1 || o.tp < 1 || o.updates < 1 || o.receivers % o.tp != 0) {
-    return invalid_argument("bench transfer: need trainers, receivers, tp and updates >= 1 and "
-                            "tp " + std::to_string(o.tp) + " dividing receivers " +
-                            std::to_string(o.receivers));
+    return invalid_argument(
+        "bench transfer: need trainers, receivers, tp and updates >= 1 and "
+        "tp " +
+        std::to_string(o.tp) + " dividing receivers " + std::to_string(o.receivers));
   }
   if (o.shard_dtype != DType::kBF16 && o.shard_dtype != DType::kF32) {
     return invalid_argument("bench transfer: trainers hold bf16 or f32 shards");
@@ -330,8 +345,8 @@ Status check_options(const BenchTransferOptions& o, const model::ModelConfig& c)
 
 // Every rank: its run, allgathered so that rank 0 has every outcome; rank 0 returns the
 // report, the others an empty string.
-Result<std::string> run_rank(const BenchTransferOptions& o, const std::shared_ptr<comm::Group>& world,
-                             double copy_gbps) {
+Result<std::string> run_rank(const BenchTransferOptions& o,
+                             const std::shared_ptr<comm::Group>& world, double copy_gbps) {
   WL_ASSIGN_OR_RETURN(const model::ModelConfig c, model::preset(o.preset));
   WL_RETURN_IF_ERROR(check_options(o, c));
   WL_ASSIGN_OR_RETURN(std::vector<double> mine, run_updates(o, c, world));
@@ -353,8 +368,8 @@ Result<std::string> run_threads(const BenchTransferOptions& o, double copy_gbps)
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
-      auto world = comm::Group::connect({.store = store, .rank = r, .size = size,
-                                         .timeout = std::chrono::seconds(o.timeout_s)});
+      auto world = comm::Group::connect(
+          {.store = store, .rank = r, .size = size, .timeout = std::chrono::seconds(o.timeout_s)});
       results[size_t(r)] = world.ok() ? run_rank(o, *world, copy_gbps) : world.status();
       if (world.ok()) (void)comm::barrier(**world);  // no worker goes while another writes
     });
@@ -372,16 +387,35 @@ Result<std::string> run_threads(const BenchTransferOptions& o, double copy_gbps)
 // The command line of a rank process: this executable, `bench transfer --as-rank` and the
 // options as flags (cmd_transfer.cc registers them).
 std::vector<std::string> rank_command(const BenchTransferOptions& o, double copy_gbps) {
-  std::vector<std::string> argv = {
-      std::filesystem::read_symlink("/proc/self/exe").string(), "bench", "transfer", "--as-rank",
-      "--memcpy-gbps", std::to_string(copy_gbps), "--preset", o.preset,
-      "--trainers", std::to_string(o.trainers), "--receivers", std::to_string(o.receivers),
-      "--tp", std::to_string(o.tp), "--dtype", std::string(transfer::weight_format_name(o.format)),
-      "--mode", std::string(transfer::transfer_mode_name(o.mode)),
-      "--shard-dtype", shard_dtype_name(o.shard_dtype), "--updates", std::to_string(o.updates),
-      "--watermark-bytes", std::to_string(o.watermark_bytes),
-      "--bucket-bytes", std::to_string(o.bucket_bytes), "--timeout", std::to_string(o.timeout_s),
-      o.verify ? "--verify" : "--no-verify"};
+  std::vector<std::string> argv = {std::filesystem::read_symlink("/proc/self/exe").string(),
+                                   "bench",
+                                   "transfer",
+                                   "--as-rank",
+                                   "--memcpy-gbps",
+                                   std::to_string(copy_gbps),
+                                   "--preset",
+                                   o.preset,
+                                   "--trainers",
+                                   std::to_string(o.trainers),
+                                   "--receivers",
+                                   std::to_string(o.receivers),
+                                   "--tp",
+                                   std::to_string(o.tp),
+                                   "--dtype",
+                                   std::string(transfer::weight_format_name(o.format)),
+                                   "--mode",
+                                   std::string(transfer::transfer_mode_name(o.mode)),
+                                   "--shard-dtype",
+                                   shard_dtype_name(o.shard_dtype),
+                                   "--updates",
+                                   std::to_string(o.updates),
+                                   "--watermark-bytes",
+                                   std::to_string(o.watermark_bytes),
+                                   "--bucket-bytes",
+                                   std::to_string(o.bucket_bytes),
+                                   "--timeout",
+                                   std::to_string(o.timeout_s),
+                                   o.verify ? "--verify" : "--no-verify"};
   if (o.json) argv.push_back("--json");
   return argv;
 }
@@ -392,9 +426,8 @@ Result<std::string> run_processes(const BenchTransferOptions& o, double copy_gbp
   const int fd = ::mkstemp(path);
   if (fd < 0) return errno_status("bench transfer: mkstemp", errno);
   ::unlink(path);
-  Result<int> code = comm::run_launch({.nprocs = o.trainers + o.receivers,
-                                       .command = rank_command(o, copy_gbps),
-                                       .output_fd = fd});
+  Result<int> code = comm::run_launch(
+      {.nprocs = o.trainers + o.receivers, .command = rank_command(o, copy_gbps), .output_fd = fd});
   std::string output(size_t(::lseek(fd, 0, SEEK_END)), '\0');
   const ssize_t got = ::pread(fd, output.data(), output.size(), 0);
   ::close(fd);

@@ -56,7 +56,7 @@ struct BenchTransferOptions {
   bool json = false;     // one JSON object instead of the table
   bool threads = false;  // ranks as threads of this process instead of processes
   size_t memcpy_bytes = size_t(1) << 30;  // buffer of the memcpy measurement
-  int timeout_s = 300;   // every wait of every rank
+  int timeout_s = 300;                    // every wait of every rank
 };
 
 // The whole benchmark: checks the options, measures the copy rate, runs the ranks (processes

@@ -25,8 +25,11 @@ Status write_loss_plot(const LossPlotOptions& o) {
   std::vector<Series> series{raw, smooth};
   if (!val.x.empty()) series.push_back(val);
   if (std::isfinite(o.unigram_entropy) && !raw.x.empty()) {
-    series.push_back({"unigram entropy", "#555555", {raw.x.front(), raw.x.back()},
-                      {o.unigram_entropy, o.unigram_entropy}, true});
+    series.push_back({"unigram entropy",
+                      "#555555",
+                      {raw.x.front(), raw.x.back()},
+                      {o.unigram_entropy, o.unigram_entropy},
+                      true});
   }
   return write_svg_plot(o.svg_path, series,
                         {.title = o.title, .x_label = "step", .y_label = "loss"});

@@ -27,10 +27,10 @@ class Ema {
 };
 
 struct LossPlotOptions {
-  std::string metrics_path;        // metrics.jsonl
-  std::string svg_path;            // written atomically
+  std::string metrics_path;  // metrics.jsonl
+  std::string svg_path;      // written atomically
   std::string title;
-  double unigram_entropy = NAN;    // nats per byte; NaN: no such line
+  double unigram_entropy = NAN;  // nats per byte; NaN: no such line
 };
 
 // DataLoss for a damaged metrics file (read_metrics); the write's error otherwise.

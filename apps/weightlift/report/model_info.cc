@@ -9,16 +9,22 @@ namespace {
 
 std::string human_bytes(double b) {
   char buf[32];
-  if (b >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
-  else if (b >= 1e6) std::snprintf(buf, sizeof buf, "%.1f MB", b / 1e6);
-  else std::snprintf(buf, sizeof buf, "%.1f kB", b / 1e3);
+  if (b >= 1e9)
+    std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
+  else if (b >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.1f MB", b / 1e6);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f kB", b / 1e3);
   return buf;
 }
 std::string human_count(double n) {
   char buf[32];
-  if (n >= 1e9) std::snprintf(buf, sizeof buf, "%.2fB", n / 1e9);
-  else if (n >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", n / 1e6);
-  else std::snprintf(buf, sizeof buf, "%.1fk", n / 1e3);
+  if (n >= 1e9)
+    std::snprintf(buf, sizeof buf, "%.2fB", n / 1e9);
+  else if (n >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.2fM", n / 1e6);
+  else
+    std::snprintf(buf, sizeof buf, "%.1fk", n / 1e3);
   return buf;
 }
 }  // namespace
@@ -40,16 +46,20 @@ std::string model_info_report(const std::string& name, const model::ModelInfo& m
   std::snprintf(line, sizeof line, "  experts            %15ld  (%s)\n", long(m.expert_params),
                 human_count(double(m.expert_params)).c_str());
   os << line;
-  std::snprintf(line, sizeof line, "  embeddings         %15ld  (%s)\n",
-                long(m.embedding_params), human_count(double(m.embedding_params)).c_str());
+  std::snprintf(line, sizeof line, "  embeddings         %15ld  (%s)\n", long(m.embedding_params),
+                human_count(double(m.embedding_params)).c_str());
   os << line;
   const double n = double(m.total_params);
   std::snprintf(line, sizeof line, "  memory\n    %-36s %10s %12s %12s %12s\n", "", "weights",
                 "gradients", "AdamW m+v", "total");
   os << line;
-  struct Row { const char* name; double wb, gb; } rows[] = {
-      {"f32 (master)", 4, 4}, {"bf16 mixed (f32 master + bf16 copy)", 6, 4}, {"bf16 inference", 2, 0},
-      {"fp8 e4m3 inference", 1.0 + 4.0 / (128.0 * 128.0), 0}};
+  struct Row {
+    const char* name;
+    double wb, gb;
+  } rows[] = {{"f32 (master)", 4, 4},
+              {"bf16 mixed (f32 master + bf16 copy)", 6, 4},
+              {"bf16 inference", 2, 0},
+              {"fp8 e4m3 inference", 1.0 + 4.0 / (128.0 * 128.0), 0}};
   for (const Row& r : rows) {
     const double opt = r.gb > 0 ? 8 * n : 0;
     std::snprintf(line, sizeof line, "    %-36s %10s %12s %12s %12s\n", r.name,

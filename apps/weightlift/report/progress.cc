@@ -23,17 +23,25 @@ std::string format_duration(double s) {
 
 std::string format_si(double v) {
   char buf[32];
-  if (v >= 1e9) std::snprintf(buf, sizeof buf, "%.1fG", v / 1e9);
-  else if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.1fM", v / 1e6);
-  else if (v >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", v / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.1f", v);
+  if (v >= 1e9)
+    std::snprintf(buf, sizeof buf, "%.1fG", v / 1e9);
+  else if (v >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.1fM", v / 1e6);
+  else if (v >= 1e3)
+    std::snprintf(buf, sizeof buf, "%.1fk", v / 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f", v);
   return buf;
 }
 
 ProgressBar::ProgressBar(std::string label, int64_t total, std::string unit, double interval)
-    : label_(std::move(label)), unit_(std::move(unit)), total_(total),
-      tty_(isatty(STDERR_FILENO)), log_interval_s_(interval),
-      start_(std::chrono::steady_clock::now()), last_print_(start_) {}
+    : label_(std::move(label)),
+      unit_(std::move(unit)),
+      total_(total),
+      tty_(isatty(STDERR_FILENO)),
+      log_interval_s_(interval),
+      start_(std::chrono::steady_clock::now()),
+      last_print_(start_) {}
 
 void ProgressBar::update(int64_t done, double rate, const std::string& rate_unit,
                          const std::string& status) {
@@ -53,8 +61,7 @@ void ProgressBar::update(int64_t done, double rate, const std::string& rate_unit
   std::fprintf(stderr, "%s%s [%s] %ld/%ld %s  %s %s  %s  elapsed %s  ETA %s%s",
                tty_ ? "\r\033[K" : "", label_.c_str(), bar.c_str(), long(done), long(total_),
                unit_.c_str(), format_si(rate).c_str(), rate_unit.c_str(), status.c_str(),
-               format_duration(elapsed).c_str(), format_duration(eta).c_str(),
-               tty_ ? "" : "\n");
+               format_duration(elapsed).c_str(), format_duration(eta).c_str(), tty_ ? "" : "\n");
   std::fflush(stderr);
 }
 

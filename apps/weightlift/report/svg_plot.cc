@@ -13,10 +13,14 @@ namespace {
 std::string escape(const std::string& s) {
   std::string o;
   for (char c : s) {
-    if (c == '<') o += "&lt;";
-    else if (c == '>') o += "&gt;";
-    else if (c == '&') o += "&amp;";
-    else o.push_back(c);
+    if (c == '<')
+      o += "&lt;";
+    else if (c == '>')
+      o += "&gt;";
+    else if (c == '&')
+      o += "&amp;";
+    else
+      o.push_back(c);
   }
   return o;
 }
@@ -46,15 +50,23 @@ Status write_svg_plot(const std::string& path, const std::vector<Series>& series
   for (const Series& s : series) {
     for (size_t i = 0; i < s.x.size(); ++i) {
       if (!std::isfinite(s.y[i]) || (o.log_x && s.x[i] <= 0)) continue;
-      x0 = std::min(x0, tx(s.x[i])); x1 = std::max(x1, tx(s.x[i]));
-      y0 = std::min(y0, s.y[i]); y1 = std::max(y1, s.y[i]);
+      x0 = std::min(x0, tx(s.x[i]));
+      x1 = std::max(x1, tx(s.x[i]));
+      y0 = std::min(y0, s.y[i]);
+      y1 = std::max(y1, s.y[i]);
     }
   }
-  if (!std::isfinite(x0)) { x0 = 0; x1 = 1; y0 = 0; y1 = 1; }
+  if (!std::isfinite(x0)) {
+    x0 = 0;
+    x1 = 1;
+    y0 = 0;
+    y1 = 1;
+  }
   if (x1 == x0) x1 = x0 + 1;
   if (y1 == y0) y1 = y0 + 1;
   const double pad = 0.05 * (y1 - y0);
-  y0 -= pad; y1 += pad;
+  y0 -= pad;
+  y1 += pad;
   const double L = 70, R = 20, T = 40, B = 55;
   const double W = o.width - L - R, H = o.height - T - B;
   auto px = [&](double x) { return L + (tx(x) - x0) / (x1 - x0) * W; };
@@ -94,10 +106,10 @@ Status write_svg_plot(const std::string& path, const std::vector<Series>& series
     }
     s << "'/>\n";
     const double ly = T + 16 + 16 * legend++;
-    s << "<line x1='" << L + W - 170 << "' x2='" << L + W - 150 << "' y1='" << ly - 4
-      << "' y2='" << ly - 4 << "' stroke='" << se.color << "' stroke-width='2'"
-      << (se.dashed ? " stroke-dasharray='6,4'" : "") << "/>\n<text x='" << L + W - 145
-      << "' y='" << ly << "'>" << escape(se.label) << "</text>\n";
+    s << "<line x1='" << L + W - 170 << "' x2='" << L + W - 150 << "' y1='" << ly - 4 << "' y2='"
+      << ly - 4 << "' stroke='" << se.color << "' stroke-width='2'"
+      << (se.dashed ? " stroke-dasharray='6,4'" : "") << "/>\n<text x='" << L + W - 145 << "' y='"
+      << ly << "'>" << escape(se.label) << "</text>\n";
   }
   s << "</svg>\n";
   return write_file_atomically(path, s.str());

@@ -14,9 +14,8 @@ std::string topology_report(const comm::TopologyReport& r) {
   for (const comm::NumaNodeInfo& n : r.numa) {
     std::string cores;
     for (int c : n.cores) cores += (cores.empty() ? "" : ",") + std::to_string(c);
-    std::snprintf(line, sizeof line, "  NUMA node %d: %.1f GiB, package %d, cores %s\n",
-                  n.os_index, double(n.memory_bytes) / double(1ull << 30), n.package,
-                  cores.c_str());
+    std::snprintf(line, sizeof line, "  NUMA node %d: %.1f GiB, package %d, cores %s\n", n.os_index,
+                  double(n.memory_bytes) / double(1ull << 30), n.package, cores.c_str());
     out += line;
   }
   out += "PCIe tree:\n";

@@ -10,9 +10,10 @@ std::string plan_table(const transfer::Plan& p) {
   std::ostringstream os;
   uint64_t direct = 0, gathered = 0;
   for (const transfer::PlanTask& k : p.tasks) (k.gather < 0 ? direct : gathered) += k.total_bytes();
-  os << "transfer plan v" << transfer::Plan::kFormat.version << ": " << p.trainers.size() << " trainers ("
-     << p.num_meshes << " mesh(es) of " << p.mesh_size << "), " << p.receivers.size()
-     << " receivers, " << p.tasks.size() << " tasks, " << p.gathers.size() << " gathers\n";
+  os << "transfer plan v" << transfer::Plan::kFormat.version << ": " << p.trainers.size()
+     << " trainers (" << p.num_meshes << " mesh(es) of " << p.mesh_size << "), "
+     << p.receivers.size() << " receivers, " << p.tasks.size() << " tasks, " << p.gathers.size()
+     << " gathers\n";
   os << "bytes: " << direct + gathered << " (" << direct << " straight from shards, " << gathered
      << " after a gather)\n";
   const std::vector<uint64_t> bytes = transfer::plan_bytes_by_rank(p);
@@ -28,8 +29,8 @@ std::string plan_table(const transfer::Plan& p) {
   os << "receiver  rank  engine  tp_rank/tp  format  bytes\n";
   for (const transfer::PlanReceiver& r : p.receivers) {
     char line[128];
-    std::snprintf(line, sizeof line, "receiver %5d  %6d  %7d/%-2d  %6s  %llu\n", r.rank,
-                  r.engine, r.tp_rank, r.tp, std::string(transfer::weight_format_name(r.format)).c_str(),
+    std::snprintf(line, sizeof line, "receiver %5d  %6d  %7d/%-2d  %6s  %llu\n", r.rank, r.engine,
+                  r.tp_rank, r.tp, std::string(transfer::weight_format_name(r.format)).c_str(),
                   (unsigned long long)bytes[size_t(r.rank)]);
     os << line;
   }

@@ -109,8 +109,9 @@ std::string simulation_report(const transfer::ClusterOptions& o, const transfer:
   std::ostringstream os;
   char line[256];
   os << "transfer simulate: " << o.model << " (" << with_commas(s.params) << " parameters), "
-     << o.trainers << " trainer GPUs (" << (o.shard_dtype == DType::kF32 ? "f32" : "bf16") << ") -> " << o.receivers
-     << " inference GPUs (" << transfer::weight_format_name(o.format) << ")\n";
+     << o.trainers << " trainer GPUs (" << (o.shard_dtype == DType::kF32 ? "f32" : "bf16")
+     << ") -> " << o.receivers << " inference GPUs (" << transfer::weight_format_name(o.format)
+     << ")\n";
   os << "trainers: dense weights FSDP over meshes of " << o.dense_mesh << " ("
      << o.trainers / o.dense_mesh << " replicas); routed experts ";
   if (o.expert_mesh > 0) {
@@ -119,9 +120,9 @@ std::string simulation_report(const transfer::ClusterOptions& o, const transfer:
   } else {
     os << "sharded like the dense weights\n";
   }
-  os << "receivers: " << o.receivers / o.engine_gpus << " engine(s) of " << o.engine_gpus << " GPUs ("
-     << (o.model == "kimi-k2" ? "dense TP, experts EP" : "TP") << "), " << o.gpus_per_node
-     << " GPUs per node; one replica is " << gb(double(s.replica_bytes)) << "\n";
+  os << "receivers: " << o.receivers / o.engine_gpus << " engine(s) of " << o.engine_gpus
+     << " GPUs (" << (o.model == "kimi-k2" ? "dense TP, experts EP" : "TP") << "), "
+     << o.gpus_per_node << " GPUs per node; one replica is " << gb(double(s.replica_bytes)) << "\n";
   std::snprintf(line, sizeof line,
                 "network: NIC %g Gb/s, NVLink %g Gb/s, %g us per put, prepare %g GB/s, "
                 "barrier %g ms, overlap %s\n",

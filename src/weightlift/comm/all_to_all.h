@@ -24,11 +24,11 @@ Status all_to_all(Group& group, const AllToAllOptions& options);
 
 struct AllToAllVOptions {
   const void* send = nullptr;
-  void* recv = nullptr;                   // must not overlap send
-  std::span<const size_t> send_counts;    // elements for each peer
-  std::span<const size_t> send_offsets;   // elements from `send`
-  std::span<const size_t> recv_counts;    // elements from each peer; must match its send_counts
-  std::span<const size_t> recv_offsets;   // elements from `recv`
+  void* recv = nullptr;                  // must not overlap send
+  std::span<const size_t> send_counts;   // elements for each peer
+  std::span<const size_t> send_offsets;  // elements from `send`
+  std::span<const size_t> recv_counts;   // elements from each peer; must match its send_counts
+  std::span<const size_t> recv_offsets;  // elements from `recv`
   DType dtype = DType::kF32;
   std::chrono::milliseconds timeout{0};
 };

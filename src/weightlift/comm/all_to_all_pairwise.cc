@@ -57,7 +57,8 @@ Status all_to_all_v(Group& g, const AllToAllVOptions& o) {
                             std::to_string(o.recv_counts[me]));
   }
   if (o.send_counts[me] > 0) {
-    std::memcpy(out + o.recv_offsets[me] * es, in + o.send_offsets[me] * es, o.send_counts[me] * es);
+    std::memcpy(out + o.recv_offsets[me] * es, in + o.send_offsets[me] * es,
+                o.send_counts[me] * es);
   }
   return g.wait_all(requests, g.deadline(o.timeout));
 }
@@ -66,9 +67,14 @@ Status all_to_all(Group& g, const AllToAllOptions& o) {
   const size_t P = size_t(g.size());
   std::vector<size_t> counts(P, o.count), offsets(P);
   for (size_t i = 0; i < P; ++i) offsets[i] = i * o.count;
-  return all_to_all_v(g, {.send = o.send, .recv = o.recv, .send_counts = counts,
-                          .send_offsets = offsets, .recv_counts = counts,
-                          .recv_offsets = offsets, .dtype = o.dtype, .timeout = o.timeout});
+  return all_to_all_v(g, {.send = o.send,
+                          .recv = o.recv,
+                          .send_counts = counts,
+                          .send_offsets = offsets,
+                          .recv_counts = counts,
+                          .recv_offsets = offsets,
+                          .dtype = o.dtype,
+                          .timeout = o.timeout});
 }
 
 }  // namespace wl::comm

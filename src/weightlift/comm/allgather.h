@@ -24,9 +24,9 @@ struct AllgatherOptions {
 Status allgather(Group& group, const AllgatherOptions& options);
 
 struct AllgathervOptions {
-  const void* send = nullptr;       // counts[rank] elements; null: already in place in recv
-  void* recv = nullptr;             // sum(counts) elements, rank r's block at sum(counts[<r])
-  std::span<const size_t> counts;   // one per rank, the same on every rank
+  const void* send = nullptr;      // counts[rank] elements; null: already in place in recv
+  void* recv = nullptr;            // sum(counts) elements, rank r's block at sum(counts[<r])
+  std::span<const size_t> counts;  // one per rank, the same on every rank
   DType dtype = DType::kF32;
   std::chrono::milliseconds timeout{0};
   size_t segment_bytes = 0;

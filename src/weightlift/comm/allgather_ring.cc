@@ -47,8 +47,8 @@ Status ring_allgather(Group& g, const RingAllgather& a, Deadline deadline) {
   }
   const size_t own = size_t(r);
   for (size_t k = 0; k < num_segments(B.counts[own], seg); ++k) {
-    sends.push_back(g.isend(right, a.sequence, step_tag(a.first_step, per_step, k),
-                            seg_ptr(own, k), seg_bytes(own, k)));
+    sends.push_back(g.isend(right, a.sequence, step_tag(a.first_step, per_step, k), seg_ptr(own, k),
+                            seg_bytes(own, k)));
   }
   for (int s = 0; s <= P - 2; ++s) {
     const size_t b = recv_block(s);
@@ -86,9 +86,12 @@ Status allgatherv(Group& g, const AllgathervOptions& o) {
   if (o.send != nullptr && o.send != own && mine > 0) std::memmove(own, o.send, mine * es);
   return detail::ring_allgather(
       g,
-      {.buffer = o.recv, .blocks = &blocks, .elem_size = es,
+      {.buffer = o.recv,
+       .blocks = &blocks,
+       .elem_size = es,
        .segment_elems = detail::segment_elements(o.segment_bytes, o.dtype),
-       .sequence = sequence, .first_step = 0},
+       .sequence = sequence,
+       .first_step = 0},
       g.deadline(o.timeout));
 }
 
@@ -100,20 +103,26 @@ Status allgather(Group& g, const AllgatherOptions& o) {
     WL_ASSIGN_OR_RETURN(detail::ShmArena * arena, detail::shm_arena(g, deadline));
     if (arena != nullptr) {
       g.next_sequence();  // as allgatherv would: numbering does not depend on the path
-      const void* in = o.send != nullptr
-                           ? o.send
-                           : static_cast<const std::byte*>(o.recv) +
-                                 size_t(g.rank()) * o.count * dtype_size(o.dtype);
+      const void* in = o.send != nullptr ? o.send
+                                         : static_cast<const std::byte*>(o.recv) +
+                                               size_t(g.rank()) * o.count * dtype_size(o.dtype);
       return detail::shm_collective(g, *arena,
-                                    {.kind = detail::ShmKind::kAllgather, .in = in,
-                                     .out = o.recv, .count = o.count, .dtype = o.dtype,
+                                    {.kind = detail::ShmKind::kAllgather,
+                                     .in = in,
+                                     .out = o.recv,
+                                     .count = o.count,
+                                     .dtype = o.dtype,
                                      .segment_bytes = o.segment_bytes},
                                     deadline);
     }
   }
   const std::vector<size_t> counts(size_t(g.size()), o.count);
-  return allgatherv(g, {.send = o.send, .recv = o.recv, .counts = counts, .dtype = o.dtype,
-                        .timeout = o.timeout, .segment_bytes = o.segment_bytes});
+  return allgatherv(g, {.send = o.send,
+                        .recv = o.recv,
+                        .counts = counts,
+                        .dtype = o.dtype,
+                        .timeout = o.timeout,
+                        .segment_bytes = o.segment_bytes});
 }
 
 }  // namespace wl::comm

@@ -6,10 +6,11 @@
 //   ring:               2(P-1) alpha + 2(P-1)/P n beta + (P-1)/P n gamma
 //   recursive doubling: L alpha + L n beta + L n gamma        (+ 2 alpha + 2 n beta + n gamma)
 // Recursive doubling wins while the buffer is small enough that latency dominates.
+#include "weightlift/comm/allreduce.h"
+
 #include <cmath>
 #include <cstring>
 
-#include "weightlift/comm/allreduce.h"
 #include "weightlift/comm/detail/allreduce_algorithms.h"
 #include "weightlift/comm/detail/shm_arena.h"
 #include "weightlift/comm/detail/validate.h"
@@ -59,8 +60,12 @@ Status allreduce(Group& g, const AllreduceOptions& o) {
     if (in != o.recv) std::memmove(o.recv, in, o.count * dtype_size(o.dtype));
     return ok_status();
   }
-  const detail::AllreduceArgs args{.in = in, .out = o.recv, .count = o.count, .dtype = o.dtype,
-                                   .op = o.op, .segment_bytes = o.segment_bytes,
+  const detail::AllreduceArgs args{.in = in,
+                                   .out = o.recv,
+                                   .count = o.count,
+                                   .dtype = o.dtype,
+                                   .op = o.op,
+                                   .segment_bytes = o.segment_bytes,
                                    .sequence = sequence};
   const Deadline deadline = g.deadline(o.timeout);
   AllreduceAlgorithm algo = o.algorithm;
@@ -70,8 +75,9 @@ Status allreduce(Group& g, const AllreduceOptions& o) {
     if (arena != nullptr) return detail::allreduce_shm(g, *arena, args, deadline);
     algo = choose_allreduce_algorithm(o.count * dtype_size(o.dtype), g.size());
   }
-  return algo == AllreduceAlgorithm::kRing ? detail::allreduce_ring(g, args, deadline)
-                                           : detail::allreduce_recursive_doubling(g, args, deadline);
+  return algo == AllreduceAlgorithm::kRing
+             ? detail::allreduce_ring(g, args, deadline)
+             : detail::allreduce_recursive_doubling(g, args, deadline);
 }
 
 }  // namespace wl::comm

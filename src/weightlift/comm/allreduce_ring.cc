@@ -22,15 +22,24 @@ Status allreduce_ring(Group& g, const AllreduceArgs& a, Deadline deadline) {
   const size_t es = dtype_size(a.dtype);
   const size_t seg = segment_elements(a.segment_bytes, a.dtype);
   auto* own = static_cast<std::byte*>(a.out) + blocks.offsets[size_t(r)] * es;
-  WL_RETURN_IF_ERROR(ring_reduce_scatter(
-      g,
-      {.in = a.in, .work = a.out, .out = own, .blocks = &blocks, .dtype = a.dtype, .op = a.op,
-       .segment_elems = seg, .sequence = a.sequence, .first_step = 0},
-      deadline));
+  WL_RETURN_IF_ERROR(ring_reduce_scatter(g,
+                                         {.in = a.in,
+                                          .work = a.out,
+                                          .out = own,
+                                          .blocks = &blocks,
+                                          .dtype = a.dtype,
+                                          .op = a.op,
+                                          .segment_elems = seg,
+                                          .sequence = a.sequence,
+                                          .first_step = 0},
+                                         deadline));
   if (a.op == ReduceOp::kAvg) divide(a.dtype, own, blocks.counts[size_t(r)], P);
   return ring_allgather(g,
-                        {.buffer = a.out, .blocks = &blocks, .elem_size = es,
-                         .segment_elems = seg, .sequence = a.sequence,
+                        {.buffer = a.out,
+                         .blocks = &blocks,
+                         .elem_size = es,
+                         .segment_elems = seg,
+                         .sequence = a.sequence,
                          .first_step = uint32_t(P - 1)},
                         deadline);
 }

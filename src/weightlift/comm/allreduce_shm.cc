@@ -24,9 +24,11 @@
 // rank order), and every other rank copies that one result, so all ranks end bit-identical.
 //
 // Cost, n bytes over P ranks: per chunk 3 counters raised and 2 waited for in a row (a
-// cache-line hand-off between cores, about 0.1-0.3 us) instead of 2(P-1) messages; per rank (P-1)/P n copied in, n/P reduced from P inputs
-// and copied, (P-1)/P n copied out. With M the copy rate one rank gets while all copy:
-//   T ~= [(P-1)/P n + (P+1)/2 n/P + n/P + (P-1)/P n] / M       (a reduce of k inputs ~ (k+1)/2 copies)
+// cache-line hand-off between cores, about 0.1-0.3 us) instead of 2(P-1) messages; per rank (P-1)/P
+// n copied in, n/P reduced from P inputs and copied, (P-1)/P n copied out. With M the copy rate one
+// rank gets while all copy:
+//   T ~= [(P-1)/P n + (P+1)/2 n/P + n/P + (P-1)/P n] / M       (a reduce of k inputs ~ (k+1)/2
+//   copies)
 // For P = 2 that is 2.25 n / M. busbw = 2(P-1)/P n / T, so with M = 12 GB/s (2 ranks,
 // DESIGN.md) the model gives 5.3 GB/s; the cache-resident scratch is what lets it beat that,
 // since beyond the caches DRAM sees only the input read and the output written. Outputs of
@@ -130,17 +132,24 @@ class ShmPipeline {
   bool one_shot_ = false;  // a small allreduce moved as an allgather, reduced by every rank
   ShmKind kind_;           // what moves: a.kind, or kAllgather for one_shot
   bool reduces_ = false;
-  size_t step_ = 0;        // elements per chunk
+  size_t step_ = 0;  // elements per chunk
   size_t nchunks_ = 0;
-  uint64_t base_ = 0;      // the arena's chunk count before this call
+  uint64_t base_ = 0;  // the arena's chunk count before this call
   const std::byte* in_;
   std::byte* out_;
   bool streaming_ = false;
 };
 
 ShmPipeline::ShmPipeline(Group& g, ShmArena& A, const ShmCollectiveArgs& a, Deadline deadline)
-    : g_(g), A_(A), a_(a), deadline_(deadline), P_(g.size()), r_(g.rank()),
-      es_(dtype_size(a.dtype)), kind_(a.kind), in_(static_cast<const std::byte*>(a.in)),
+    : g_(g),
+      A_(A),
+      a_(a),
+      deadline_(deadline),
+      P_(g.size()),
+      r_(g.rank()),
+      es_(dtype_size(a.dtype)),
+      kind_(a.kind),
+      in_(static_cast<const std::byte*>(a.in)),
       out_(static_cast<std::byte*>(a.out)) {
   // segment_bytes (tests make it tiny to get many chunks) can only shrink a block: the slots
   // are cut for kShmBlockBytes.
@@ -265,7 +274,8 @@ Status ShmPipeline::copy_out(size_t c) {
     WL_RETURN_IF_ERROR(wait_for(ShmPhase::kReduced, gc + 1, c, "the peers' results"));
     for (int d = 0; d < P_; ++d) {
       const Range b = block(c, d);
-      if (d != r_ && b.count) copy_to_output(out_ + b.offset * es_, A_.res_block(d, slot), b.count * es_);
+      if (d != r_ && b.count)
+        copy_to_output(out_ + b.offset * es_, A_.res_block(d, slot), b.count * es_);
     }
   } else if (one_shot_) {
     WL_RETURN_IF_ERROR(wait_for(ShmPhase::kCopiedIn, gc + 1, c, "the peers' inputs"));
@@ -295,8 +305,10 @@ Status ShmPipeline::run() {
   }
   if (streaming_) _mm_sfence();  // the output is complete before the caller reads it
   if (!s.ok()) {
-    A_.broken = aborted(g_.describe() + ": shared-memory collectives are unusable after an "
-                        "earlier failure: " + s.to_string());
+    A_.broken = aborted(g_.describe() +
+                        ": shared-memory collectives are unusable after an "
+                        "earlier failure: " +
+                        s.to_string());
     return s;
   }
   A_.chunks_done = base_ + nchunks_;
@@ -317,8 +329,13 @@ const char* shm_kind_name(ShmKind kind) {
 
 Status allreduce_shm(Group& g, ShmArena& A, const AllreduceArgs& a, Deadline deadline) {
   return shm_collective(g, A,
-                        {.kind = ShmKind::kAllreduce, .in = a.in, .out = a.out, .count = a.count,
-                         .dtype = a.dtype, .op = a.op, .segment_bytes = a.segment_bytes},
+                        {.kind = ShmKind::kAllreduce,
+                         .in = a.in,
+                         .out = a.out,
+                         .count = a.count,
+                         .dtype = a.dtype,
+                         .op = a.op,
+                         .segment_bytes = a.segment_bytes},
                         deadline);
 }
 

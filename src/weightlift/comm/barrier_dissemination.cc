@@ -13,9 +13,9 @@
 // j >= k: any of those cannot have passed the barrier without it. Any other member that
 // fails has either passed the barrier, or left one of those partners waiting, which fails
 // that partner and, through it, this rank.
-#include "weightlift/comm/barrier.h"
-
 #include <vector>
+
+#include "weightlift/comm/barrier.h"
 
 namespace wl::comm {
 
@@ -32,8 +32,7 @@ Status barrier(Group& g, const BarrierOptions& o) {
   for (int dist = 1; dist < P; dist <<= 1, ++round) {
     Request rs[2] = {g.irecv((r - dist + P) % P, sequence, round, nullptr, 0),
                      g.isend((r + dist) % P, sequence, round, nullptr, 0)};
-    const std::span<const int> must_live(partners.data() + 2 * round,
-                                         partners.size() - 2 * round);
+    const std::span<const int> must_live(partners.data() + 2 * round, partners.size() - 2 * round);
     WL_RETURN_IF_ERROR(g.wait_all_watching(rs, must_live, deadline));
   }
   return ok_status();

@@ -33,9 +33,13 @@ Status broadcast(Group& g, const BroadcastOptions& o) {
   WL_ASSIGN_OR_RETURN(detail::ShmArena * arena, detail::shm_arena(g, deadline));
   if (arena != nullptr) {
     return detail::shm_collective(g, *arena,
-                                  {.kind = detail::ShmKind::kBroadcast, .in = o.buffer,
-                                   .out = o.buffer, .count = o.count, .dtype = o.dtype,
-                                   .root = o.root, .segment_bytes = o.segment_bytes},
+                                  {.kind = detail::ShmKind::kBroadcast,
+                                   .in = o.buffer,
+                                   .out = o.buffer,
+                                   .count = o.count,
+                                   .dtype = o.dtype,
+                                   .root = o.root,
+                                   .segment_bytes = o.segment_bytes},
                                   deadline);
   }
   const size_t es = dtype_size(o.dtype);

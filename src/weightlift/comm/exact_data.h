@@ -19,9 +19,12 @@ namespace wl::comm::exact {
 //   avg: c_i + (2r - (size-1)), whose sum over ranks is size * c_i exactly.
 inline int64_t value(ReduceOp op, int size, int r, size_t i) {
   switch (op) {
-    case ReduceOp::kProd: return 1 + int64_t((i + size_t(r)) % 2);
-    case ReduceOp::kAvg: return int64_t(i % 7) + 4 + 2 * r - (size - 1);
-    default: return int64_t((i * 7 + size_t(r) * 3) % 11) + 1;
+    case ReduceOp::kProd:
+      return 1 + int64_t((i + size_t(r)) % 2);
+    case ReduceOp::kAvg:
+      return int64_t(i % 7) + 4 + 2 * r - (size - 1);
+    default:
+      return int64_t((i * 7 + size_t(r) * 3) % 11) + 1;
   }
 }
 
@@ -30,10 +33,19 @@ inline int64_t expected(ReduceOp op, int size, size_t i) {
   for (int r = 1; r < size; ++r) {
     const int64_t v = value(op, size, r, i);
     switch (op) {
-      case ReduceOp::kSum: case ReduceOp::kAvg: acc += v; break;
-      case ReduceOp::kProd: acc *= v; break;
-      case ReduceOp::kMax: acc = std::max(acc, v); break;
-      case ReduceOp::kMin: acc = std::min(acc, v); break;
+      case ReduceOp::kSum:
+      case ReduceOp::kAvg:
+        acc += v;
+        break;
+      case ReduceOp::kProd:
+        acc *= v;
+        break;
+      case ReduceOp::kMax:
+        acc = std::max(acc, v);
+        break;
+      case ReduceOp::kMin:
+        acc = std::min(acc, v);
+        break;
     }
   }
   return op == ReduceOp::kAvg ? acc / size : acc;
@@ -43,26 +55,69 @@ inline int64_t expected(ReduceOp op, int size, size_t i) {
 inline void put(DType t, void* base, size_t i, int64_t v) {
   auto* p = static_cast<uint8_t*>(base) + i * dtype_size(t);
   switch (t) {
-    case DType::kF32: { float f = float(v); std::memcpy(p, &f, 4); return; }
-    case DType::kBF16: { uint16_t h = f32_to_bf16(float(v)); std::memcpy(p, &h, 2); return; }
-    case DType::kF16: { uint16_t h = f32_to_f16(float(v)); std::memcpy(p, &h, 2); return; }
-    case DType::kI32: { int32_t x = int32_t(v); std::memcpy(p, &x, 4); return; }
-    case DType::kI64: std::memcpy(p, &v, 8); return;
-    case DType::kU8: *p = uint8_t(v); return;
-    default: return;
+    case DType::kF32: {
+      float f = float(v);
+      std::memcpy(p, &f, 4);
+      return;
+    }
+    case DType::kBF16: {
+      uint16_t h = f32_to_bf16(float(v));
+      std::memcpy(p, &h, 2);
+      return;
+    }
+    case DType::kF16: {
+      uint16_t h = f32_to_f16(float(v));
+      std::memcpy(p, &h, 2);
+      return;
+    }
+    case DType::kI32: {
+      int32_t x = int32_t(v);
+      std::memcpy(p, &x, 4);
+      return;
+    }
+    case DType::kI64:
+      std::memcpy(p, &v, 8);
+      return;
+    case DType::kU8:
+      *p = uint8_t(v);
+      return;
+    default:
+      return;
   }
 }
 
 inline int64_t get(DType t, const void* base, size_t i) {
   const auto* p = static_cast<const uint8_t*>(base) + i * dtype_size(t);
   switch (t) {
-    case DType::kF32: { float f; std::memcpy(&f, p, 4); return int64_t(f); }
-    case DType::kBF16: { uint16_t h; std::memcpy(&h, p, 2); return int64_t(bf16_to_f32(h)); }
-    case DType::kF16: { uint16_t h; std::memcpy(&h, p, 2); return int64_t(f16_to_f32(h)); }
-    case DType::kI32: { int32_t x; std::memcpy(&x, p, 4); return x; }
-    case DType::kI64: { int64_t x; std::memcpy(&x, p, 8); return x; }
-    case DType::kU8: return *p;
-    default: return -1;
+    case DType::kF32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return int64_t(f);
+    }
+    case DType::kBF16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return int64_t(bf16_to_f32(h));
+    }
+    case DType::kF16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return int64_t(f16_to_f32(h));
+    }
+    case DType::kI32: {
+      int32_t x;
+      std::memcpy(&x, p, 4);
+      return x;
+    }
+    case DType::kI64: {
+      int64_t x;
+      std::memcpy(&x, p, 8);
+      return x;
+    }
+    case DType::kU8:
+      return *p;
+    default:
+      return -1;
   }
 }
 

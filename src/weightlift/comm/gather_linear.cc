@@ -20,7 +20,8 @@ Status gather(Group& g, const GatherOptions& o) {
   const bool is_root = g.rank() == o.root;
   const int P = g.size();
   const size_t bytes = o.count * dtype_size(o.dtype);
-  if (is_root) WL_RETURN_IF_ERROR(detail::check_buffer(g, "gather", "recv", o.recv, o.count * size_t(P)));
+  if (is_root)
+    WL_RETURN_IF_ERROR(detail::check_buffer(g, "gather", "recv", o.recv, o.count * size_t(P)));
   if (!is_root || o.send != nullptr) {
     WL_RETURN_IF_ERROR(detail::check_buffer(g, "gather", "send", o.send, o.count));
   }
@@ -46,7 +47,8 @@ Status scatter(Group& g, const ScatterOptions& o) {
   const bool is_root = g.rank() == o.root;
   const int P = g.size();
   const size_t bytes = o.count * dtype_size(o.dtype);
-  if (is_root) WL_RETURN_IF_ERROR(detail::check_buffer(g, "scatter", "send", o.send, o.count * size_t(P)));
+  if (is_root)
+    WL_RETURN_IF_ERROR(detail::check_buffer(g, "scatter", "send", o.send, o.count * size_t(P)));
   if (!is_root || o.recv != nullptr) {
     WL_RETURN_IF_ERROR(detail::check_buffer(g, "scatter", "recv", o.recv, o.count));
   }

@@ -84,9 +84,9 @@ int exit_code_of(int wstatus) {
 std::vector<std::string> rank_environment(const LaunchOptions& o, int r, int port,
                                           const std::string& token) {
   const std::pair<std::string, std::string> vars[] = {
-      {"RANK", std::to_string(r)},           {"WORLD_SIZE", std::to_string(o.nprocs)},
-      {"LOCAL_RANK", std::to_string(r)},     {"LOCAL_WORLD_SIZE", std::to_string(o.nprocs)},
-      {"MASTER_ADDR", o.master_addr},        {"MASTER_PORT", std::to_string(port)},
+      {"RANK", std::to_string(r)},       {"WORLD_SIZE", std::to_string(o.nprocs)},
+      {"LOCAL_RANK", std::to_string(r)}, {"LOCAL_WORLD_SIZE", std::to_string(o.nprocs)},
+      {"MASTER_ADDR", o.master_addr},    {"MASTER_PORT", std::to_string(port)},
       {"WEIGHTLIFT_JOB_TOKEN", token}};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {

@@ -21,10 +21,10 @@ struct LaunchOptions {
   int nprocs = 1;
   std::vector<std::string> command;  // argv; command[0] is looked up on PATH
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;               // 0: a free port on master_addr
+  int master_port = 0;  // 0: a free port on master_addr
   // Between SIGTERM and SIGKILL when stopping the others after a failure.
   std::chrono::milliseconds grace{2000};
-  int output_fd = 1;                 // where the prefixed lines go
+  int output_fd = 1;  // where the prefixed lines go
 };
 
 // The job's exit code (0 when every rank exited 0), or a Status when it could not be started.

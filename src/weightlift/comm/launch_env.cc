@@ -25,8 +25,9 @@ Result<int> parse_int(const char* name, const char* text, int lo, int hi) {
   int v = 0;
   auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   if (ec != std::errc() || end != s.data() + s.size() || v < lo || v > hi) {
-    return invalid_argument(std::string(name) + "='" + std::string(s) + "': expected an integer in [" +
-                            std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return invalid_argument(std::string(name) + "='" + std::string(s) +
+                            "': expected an integer in [" + std::to_string(lo) + ", " +
+                            std::to_string(hi) + "]");
   }
   return v;
 }
@@ -60,7 +61,8 @@ Result<LaunchEnv> read_launch_env(const std::function<const char*(const char*)>&
   if (const char* t = env("WEIGHTLIFT_JOB_TOKEN")) p.job_token = t;
   if (p.job_token.empty() && p.world_size > 1) {
     return invalid_argument("WEIGHTLIFT_JOB_TOKEN is not set: a job of " +
-                            std::to_string(p.world_size) + " processes needs a shared token so "
+                            std::to_string(p.world_size) +
+                            " processes needs a shared token so "
                             "that its store refuses strangers (weightlift launch sets one)");
   }
   return p;

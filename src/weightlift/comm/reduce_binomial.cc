@@ -21,8 +21,8 @@ Status reduce(Group& g, const ReduceOptions& o) {
   WL_RETURN_IF_ERROR(detail::check_root(g, "reduce", o.root));
   WL_RETURN_IF_ERROR(detail::check_reduction(g, "reduce", o.dtype, o.op));
   const bool is_root = g.rank() == o.root;
-  WL_RETURN_IF_ERROR(detail::check_buffer(g, "reduce", "send", is_root && o.send == nullptr
-                                                                   ? o.recv : o.send, o.count));
+  WL_RETURN_IF_ERROR(detail::check_buffer(g, "reduce", "send",
+                                          is_root && o.send == nullptr ? o.recv : o.send, o.count));
   if (is_root) WL_RETURN_IF_ERROR(detail::check_buffer(g, "reduce", "recv", o.recv, o.count));
   if (o.count == 0) return ok_status();
   const int P = g.size();

@@ -75,21 +75,28 @@ void apply_half(void* dst, const void* a, const void* b, size_t n) {
   const auto* x = static_cast<const std::byte*>(a);
   const auto* y = static_cast<const std::byte*>(b);
   for (size_t i = 0; i < n; ++i) {
-    store<uint16_t>(d, i, Narrow(Op<float>::apply(Widen(load<uint16_t>(x, i)),
-                                                  Widen(load<uint16_t>(y, i)))));
+    store<uint16_t>(
+        d, i, Narrow(Op<float>::apply(Widen(load<uint16_t>(x, i)), Widen(load<uint16_t>(y, i)))));
   }
 }
 
 template <template <typename> class Op>
 void apply(DType dtype, void* dst, const void* a, const void* b, size_t n) {
   switch (dtype) {
-    case DType::kF32: return apply_native<Op, float>(dst, a, b, n);
-    case DType::kI32: return apply_native<Op, int32_t>(dst, a, b, n);
-    case DType::kI64: return apply_native<Op, int64_t>(dst, a, b, n);
-    case DType::kU8: return apply_native<Op, uint8_t>(dst, a, b, n);
-    case DType::kBF16: return apply_half<Op, bf16_to_f32, f32_to_bf16>(dst, a, b, n);
-    case DType::kF16: return apply_half<Op, f16_to_f32, f32_to_f16>(dst, a, b, n);
-    default: break;
+    case DType::kF32:
+      return apply_native<Op, float>(dst, a, b, n);
+    case DType::kI32:
+      return apply_native<Op, int32_t>(dst, a, b, n);
+    case DType::kI64:
+      return apply_native<Op, int64_t>(dst, a, b, n);
+    case DType::kU8:
+      return apply_native<Op, uint8_t>(dst, a, b, n);
+    case DType::kBF16:
+      return apply_half<Op, bf16_to_f32, f32_to_bf16>(dst, a, b, n);
+    case DType::kF16:
+      return apply_half<Op, f16_to_f32, f32_to_f16>(dst, a, b, n);
+    default:
+      break;
   }
   WL_CHECK(false) << "reduce on " << dtype_name(dtype) << " (check_reducible first)";
 }
@@ -116,19 +123,28 @@ void divide_half(void* data, size_t n, int64_t divisor) {
 
 std::string_view reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kProd: return "prod";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kProd:
+      return "prod";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kAvg:
+      return "avg";
   }
   return "?";
 }
 
 Status check_reducible(DType dtype, ReduceOp op) {
   switch (dtype) {
-    case DType::kF32: case DType::kBF16: case DType::kF16:
-    case DType::kI32: case DType::kI64: case DType::kU8:
+    case DType::kF32:
+    case DType::kBF16:
+    case DType::kF16:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
       return ok_status();
     default:
       return invalid_argument("cannot reduce " + std::string(dtype_name(dtype)) + " with " +
@@ -139,23 +155,35 @@ Status check_reducible(DType dtype, ReduceOp op) {
 
 void reduce(DType dtype, ReduceOp op, void* dst, const void* a, const void* b, size_t n) {
   switch (op) {
-    case ReduceOp::kSum: case ReduceOp::kAvg: return apply<Sum>(dtype, dst, a, b, n);
-    case ReduceOp::kProd: return apply<Prod>(dtype, dst, a, b, n);
-    case ReduceOp::kMax: return apply<Max>(dtype, dst, a, b, n);
-    case ReduceOp::kMin: return apply<Min>(dtype, dst, a, b, n);
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return apply<Sum>(dtype, dst, a, b, n);
+    case ReduceOp::kProd:
+      return apply<Prod>(dtype, dst, a, b, n);
+    case ReduceOp::kMax:
+      return apply<Max>(dtype, dst, a, b, n);
+    case ReduceOp::kMin:
+      return apply<Min>(dtype, dst, a, b, n);
   }
 }
 
 void divide(DType dtype, void* data, size_t n, int64_t divisor) {
   WL_CHECK_GT(divisor, 0);
   switch (dtype) {
-    case DType::kF32: return divide_native<float>(data, n, divisor);
-    case DType::kI32: return divide_native<int32_t>(data, n, divisor);
-    case DType::kI64: return divide_native<int64_t>(data, n, divisor);
-    case DType::kU8: return divide_native<uint8_t>(data, n, divisor);
-    case DType::kBF16: return divide_half<bf16_to_f32, f32_to_bf16>(data, n, divisor);
-    case DType::kF16: return divide_half<f16_to_f32, f32_to_f16>(data, n, divisor);
-    default: break;
+    case DType::kF32:
+      return divide_native<float>(data, n, divisor);
+    case DType::kI32:
+      return divide_native<int32_t>(data, n, divisor);
+    case DType::kI64:
+      return divide_native<int64_t>(data, n, divisor);
+    case DType::kU8:
+      return divide_native<uint8_t>(data, n, divisor);
+    case DType::kBF16:
+      return divide_half<bf16_to_f32, f32_to_bf16>(data, n, divisor);
+    case DType::kF16:
+      return divide_half<f16_to_f32, f32_to_f16>(data, n, divisor);
+    default:
+      break;
   }
   WL_CHECK(false) << "divide on " << dtype_name(dtype);
 }

@@ -19,7 +19,7 @@ struct ReduceScatterOptions {
   DType dtype = DType::kF32;
   ReduceOp op = ReduceOp::kSum;
   std::chrono::milliseconds timeout{0};
-  size_t segment_bytes = 0;    // 0: the default
+  size_t segment_bytes = 0;  // 0: the default
 };
 
 Status reduce_scatter(Group& group, const ReduceScatterOptions& options);

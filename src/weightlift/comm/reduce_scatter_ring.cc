@@ -42,7 +42,8 @@ Status ring_reduce_scatter(Group& g, const RingReduceScatter& a, Deadline deadli
   auto* out = static_cast<std::byte*>(a.out);
   const size_t mine = B.counts[size_t(r)];
   if (P == 1) {
-    if (out != in + B.offsets[0] * es && mine > 0) std::memmove(out, in + B.offsets[0] * es, mine * es);
+    if (out != in + B.offsets[0] * es && mine > 0)
+      std::memmove(out, in + B.offsets[0] * es, mine * es);
     return ok_status();
   }
   const int right = (r + 1) % P, left = (r + P - 1) % P;
@@ -77,7 +78,8 @@ Status ring_reduce_scatter(Group& g, const RingReduceScatter& a, Deadline deadli
       const size_t n = seg_count(rb, k);
       std::byte* dst = last ? out + k * seg * es : work + (B.offsets[rb] + k * seg) * es;
       reduce(a.dtype, a.op, dst, in + (B.offsets[rb] + k * seg) * es, tmp + k * seg * es, n);
-      if (!last) sends.push_back(g.isend(right, a.sequence, step_tag(next_step, per_step, k), dst, n * es));
+      if (!last)
+        sends.push_back(g.isend(right, a.sequence, step_tag(next_step, per_step, k), dst, n * es));
       if (k < next_nseg) {
         recvs[k] = g.irecv(left, a.sequence, step_tag(next_step, per_step, k), tmp + k * seg * es,
                            seg_count(nb, k) * es);
@@ -107,11 +109,15 @@ Status reduce_scatter(Group& g, const ReduceScatterOptions& o) {
     const Deadline deadline = g.deadline(o.timeout);
     WL_ASSIGN_OR_RETURN(detail::ShmArena * arena, detail::shm_arena(g, deadline));
     if (arena != nullptr) {
-      return detail::shm_collective(
-          g, *arena,
-          {.kind = detail::ShmKind::kReduceScatter, .in = o.send, .out = o.recv,
-           .count = o.count, .dtype = o.dtype, .op = o.op, .segment_bytes = o.segment_bytes},
-          deadline);
+      return detail::shm_collective(g, *arena,
+                                    {.kind = detail::ShmKind::kReduceScatter,
+                                     .in = o.send,
+                                     .out = o.recv,
+                                     .count = o.count,
+                                     .dtype = o.dtype,
+                                     .op = o.op,
+                                     .segment_bytes = o.segment_bytes},
+                                    deadline);
     }
   }
   const size_t es = dtype_size(o.dtype);
@@ -120,9 +126,15 @@ Status reduce_scatter(Group& g, const ReduceScatterOptions& o) {
   auto work = detail::scratch(total * es);
   WL_RETURN_IF_ERROR(detail::ring_reduce_scatter(
       g,
-      {.in = o.send, .work = work.get(), .out = o.recv, .blocks = &blocks, .dtype = o.dtype,
-       .op = o.op, .segment_elems = detail::segment_elements(o.segment_bytes, o.dtype),
-       .sequence = sequence, .first_step = 0},
+      {.in = o.send,
+       .work = work.get(),
+       .out = o.recv,
+       .blocks = &blocks,
+       .dtype = o.dtype,
+       .op = o.op,
+       .segment_elems = detail::segment_elements(o.segment_bytes, o.dtype),
+       .sequence = sequence,
+       .first_step = 0},
       g.deadline(o.timeout)));
   if (o.op == ReduceOp::kAvg) divide(o.dtype, o.recv, o.count, g.size());
   return ok_status();

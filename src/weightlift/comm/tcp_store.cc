@@ -50,8 +50,8 @@ void set_nodelay(int fd) {
 Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(const TcpStoreServerOptions& o) {
   std::unique_ptr<TcpStoreServer> s(new TcpStoreServer());
   s->token_ = o.token;
-  const std::string where = "rendezvous store server on " + o.bind_address + ":" +
-                            std::to_string(o.port);
+  const std::string where =
+      "rendezvous store server on " + o.bind_address + ":" + std::to_string(o.port);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -83,9 +83,8 @@ Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(const TcpStoreServ
   sockaddr_storage bound{};
   socklen_t len = sizeof bound;
   ::getsockname(s->listen_fd_, reinterpret_cast<sockaddr*>(&bound), &len);
-  s->port_ = bound.ss_family == AF_INET6
-                 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
-                 : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  s->port_ = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                                         : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   s->acceptor_ = std::thread([srv = s.get()] { srv->accept_loop(); });
   return s;
 }
@@ -129,8 +128,8 @@ void TcpStoreServer::serve(int fd) {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) break;
     uint8_t format_version = detail::kStoreWireFormatVersion;
-    auto request = detail::read_request(fd, deadline_after(std::chrono::seconds(30)), what,
-                                        &format_version);
+    auto request =
+        detail::read_request(fd, deadline_after(std::chrono::seconds(30)), what, &format_version);
     StoreResponse response;
     bool close_after = false;
     if (!request.ok()) {
@@ -140,8 +139,9 @@ void TcpStoreServer::serve(int fd) {
       close_after = true;  // the stream is out of step after a malformed request
     } else if (!same_token(request->token, token_)) {
       response.code = StatusCode::kPermissionDenied;
-      response.payload = to_bytes("wrong job token: this process does not belong to the job "
-                                  "(check WEIGHTLIFT_JOB_TOKEN)");
+      response.payload = to_bytes(
+          "wrong job token: this process does not belong to the job "
+          "(check WEIGHTLIFT_JOB_TOKEN)");
       close_after = true;
     } else {
       Status s;
@@ -199,8 +199,8 @@ Result<int> connect_with_retries(addrinfo* addresses, const std::string& where,
   int delay_ms = 5;
   for (;;) {
     for (addrinfo* ai = addresses; ai != nullptr; ai = ai->ai_next) {
-      int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                        ai->ai_protocol);
+      int fd =
+          ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
       if (fd < 0) {
         last = errno_status(where + ": socket", errno);
         continue;
@@ -226,8 +226,8 @@ Result<int> connect_with_retries(addrinfo* addresses, const std::string& where,
     }
     if (Clock::now() + std::chrono::milliseconds(delay_ms) >= deadline) {
       return deadline_exceeded(where + ": could not connect within " +
-                               std::to_string(timeout.count()) + " ms (last error: " +
-                               last.to_string() + ")");
+                               std::to_string(timeout.count()) +
+                               " ms (last error: " + last.to_string() + ")");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));  // backoff, not ordering
     delay_ms = std::min(delay_ms * 2, 200);
@@ -290,8 +290,8 @@ Result<Bytes> TcpStore::call(uint8_t op, std::string_view key, Bytes value,
       ::close(fd_);
       fd_ = -1;
     }
-    return Status(response->code, where_ + " refused '" + std::string(key) + "': " +
-                                      to_string(response->payload));
+    return Status(response->code,
+                  where_ + " refused '" + std::string(key) + "': " + to_string(response->payload));
   }
   return std::move(response->payload);
 }
@@ -309,10 +309,10 @@ Result<Bytes> TcpStore::get(std::string_view key, std::chrono::milliseconds time
 Result<int64_t> TcpStore::add(std::string_view key, int64_t delta) {
   Bytes d(8);
   std::memcpy(d.data(), &delta, 8);
-  WL_ASSIGN_OR_RETURN(Bytes v, call(uint8_t(StoreOp::kAdd), key, std::move(d),
-                                    std::chrono::milliseconds(0)));
-  if (v.size() != 8) return data_loss(where_ + ": add replied with " +
-                                      std::to_string(v.size()) + " bytes");
+  WL_ASSIGN_OR_RETURN(
+      Bytes v, call(uint8_t(StoreOp::kAdd), key, std::move(d), std::chrono::milliseconds(0)));
+  if (v.size() != 8)
+    return data_loss(where_ + ": add replied with " + std::to_string(v.size()) + " bytes");
   int64_t now = 0;
   std::memcpy(&now, v.data(), 8);
   return now;

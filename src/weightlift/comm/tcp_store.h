@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "weightlift/comm/memory_store.h"
-#include "weightlift/core/mutex.h"
 #include "weightlift/comm/store.h"
+#include "weightlift/core/mutex.h"
 
 namespace wl::comm {
 
@@ -73,12 +73,11 @@ class TcpStore final : public Store {
 
  private:
   TcpStore() = default;
-  Result<Bytes> call(uint8_t op, std::string_view key, Bytes value,
-                     std::chrono::milliseconds wait);
+  Result<Bytes> call(uint8_t op, std::string_view key, Bytes value, std::chrono::milliseconds wait);
 
   TcpStoreOptions options_;
   std::string where_;  // "rendezvous store at 127.0.0.1:29500"
-  Mutex mu_;  // one request at a time on the connection
+  Mutex mu_;           // one request at a time on the connection
   int fd_ WL_GUARDED_BY(mu_) = -1;
 };
 

@@ -61,8 +61,8 @@ Path classify(hwloc_topology_t topo, hwloc_obj_t a, hwloc_obj_t b) {
   Path p;
   p.hops = depth_of(a) + depth_of(b) - 2 * depth_of(common);
   if (common->type == HWLOC_OBJ_BRIDGE) {
-    p.kind = common->attr->bridge.upstream_type == HWLOC_OBJ_BRIDGE_PCI ? PciPath::kPix
-                                                                        : PciPath::kPhb;
+    p.kind =
+        common->attr->bridge.upstream_type == HWLOC_OBJ_BRIDGE_PCI ? PciPath::kPix : PciPath::kPhb;
   } else if (common->type == HWLOC_OBJ_PCI_DEVICE) {
     p.kind = PciPath::kPix;  // functions of one device
   } else {
@@ -97,8 +97,8 @@ void print_tree(hwloc_obj_t o, int indent, std::string& out) {
       const auto& p = o->attr->pcidev;
       const char* kind = is_gpu(p.class_id) ? "GPU " : is_nic(p.class_id) ? "NIC " : "";
       const std::string name = os_name(o);
-      std::snprintf(line, sizeof line, "%s%sPCI %s class %04x [%04x:%04x]%s%s\n", pad.c_str(),
-                    kind, bus_id(p).c_str(), unsigned(p.class_id), unsigned(p.vendor_id),
+      std::snprintf(line, sizeof line, "%s%sPCI %s class %04x [%04x:%04x]%s%s\n", pad.c_str(), kind,
+                    bus_id(p).c_str(), unsigned(p.class_id), unsigned(p.vendor_id),
                     unsigned(p.device_id), name.empty() ? "" : " ", name.c_str());
       break;
     }
@@ -108,7 +108,8 @@ void print_tree(hwloc_obj_t o, int indent, std::string& out) {
   if (printed) out += line;
   const int next = printed ? indent + 1 : indent;
   for (hwloc_obj_t c = o->first_child; c != nullptr; c = c->next_sibling) print_tree(c, next, out);
-  for (hwloc_obj_t c = o->io_first_child; c != nullptr; c = c->next_sibling) print_tree(c, next, out);
+  for (hwloc_obj_t c = o->io_first_child; c != nullptr; c = c->next_sibling)
+    print_tree(c, next, out);
 }
 
 }  // namespace
@@ -131,7 +132,8 @@ void read_numa(hwloc_topology_t raw, TopologyReport& r) {
   r.pus = hwloc_get_nbobjs_by_type(raw, HWLOC_OBJ_PU);
   for (int i = 0; i < r.numa_nodes; ++i) {
     hwloc_obj_t n = hwloc_get_obj_by_type(raw, HWLOC_OBJ_NUMANODE, unsigned(i));
-    NumaNodeInfo info{.os_index = int(n->os_index), .package = package_of(raw, n),
+    NumaNodeInfo info{.os_index = int(n->os_index),
+                      .package = package_of(raw, n),
                       .memory_bytes = n->attr->numanode.local_memory};
     for (int c = 0; c < r.cores; ++c) {
       hwloc_obj_t core = hwloc_get_obj_by_type(raw, HWLOC_OBJ_CORE, unsigned(c));
@@ -151,8 +153,11 @@ void read_gpus_and_nics(hwloc_topology_t raw, TopologyReport& r) {
        d = hwloc_get_next_pcidev(raw, d)) {
     const auto& p = d->attr->pcidev;
     if (!is_gpu(p.class_id) && !is_nic(p.class_id)) continue;
-    PciDevice dev{.bus_id = bus_id(p), .class_id = p.class_id, .vendor_id = p.vendor_id,
-                  .device_id = p.device_id, .os_name = os_name(d),
+    PciDevice dev{.bus_id = bus_id(p),
+                  .class_id = p.class_id,
+                  .vendor_id = p.vendor_id,
+                  .device_id = p.device_id,
+                  .os_name = os_name(d),
                   .package = package_of(raw, d)};
     (is_gpu(p.class_id) ? r.gpus : r.nics).push_back(std::move(dev));
     (is_gpu(p.class_id) ? gpu_objs : nic_objs).push_back(d);
@@ -163,10 +168,10 @@ void read_gpus_and_nics(hwloc_topology_t raw, TopologyReport& r) {
     Path best;
     for (size_t n = 0; n < nic_objs.size(); ++n) {
       const Path p = classify(raw, gpu_objs[g], nic_objs[n]);
-      const bool better =
-          pair.nic < 0 || p.kind < best.kind || (p.kind == best.kind && p.hops < best.hops) ||
-          (p.kind == best.kind && p.hops == best.hops &&
-           r.gpus_per_nic[n] < r.gpus_per_nic[size_t(pair.nic)]);
+      const bool better = pair.nic < 0 || p.kind < best.kind ||
+                          (p.kind == best.kind && p.hops < best.hops) ||
+                          (p.kind == best.kind && p.hops == best.hops &&
+                           r.gpus_per_nic[n] < r.gpus_per_nic[size_t(pair.nic)]);
       if (better) {
         pair.nic = int(n);
         best = p;
@@ -191,13 +196,13 @@ void add_warnings(TopologyReport& r) {
   }
   for (const GpuNicPair& p : r.nearest) {
     if (p.nic < 0 || !p.crosses_root_complex) continue;
-    r.warnings.push_back(
-        "GPU " + r.gpus[size_t(p.gpu)].label() + " has no NIC under its PCIe switch: its nearest NIC " +
-        r.nics[size_t(p.nic)].label() + " is reached through " +
-        (p.crosses_socket ? "the other socket (SYS)"
-         : p.path == PciPath::kNode ? "the CPU between root complexes (NODE)"
-                                    : "the CPU's root complex (PHB)") +
-        ", so GPUDirect RDMA traffic crosses the CPU");
+    r.warnings.push_back("GPU " + r.gpus[size_t(p.gpu)].label() +
+                         " has no NIC under its PCIe switch: its nearest NIC " +
+                         r.nics[size_t(p.nic)].label() + " is reached through " +
+                         (p.crosses_socket           ? "the other socket (SYS)"
+                          : p.path == PciPath::kNode ? "the CPU between root complexes (NODE)"
+                                                     : "the CPU's root complex (PHB)") +
+                         ", so GPUDirect RDMA traffic crosses the CPU");
   }
   if (r.nics.size() > 1 && !r.gpus.empty()) {
     const auto [lo, hi] = std::minmax_element(r.gpus_per_nic.begin(), r.gpus_per_nic.end());

@@ -38,31 +38,31 @@ const char* pci_path_name(PciPath p);  // "PIX", "PHB", "NODE", "SYS"
 
 struct NumaNodeInfo {
   int os_index = 0;
-  int package = -1;         // os_index of its package; -1 if none
+  int package = -1;  // os_index of its package; -1 if none
   uint64_t memory_bytes = 0;
-  std::vector<int> cores;   // core os indexes
+  std::vector<int> cores;  // core os indexes
 };
 
 struct PciDevice {
-  std::string bus_id;       // "0000:17:00.0"
-  uint16_t class_id = 0;    // PCI class and subclass: 0x0302
+  std::string bus_id;     // "0000:17:00.0"
+  uint16_t class_id = 0;  // PCI class and subclass: 0x0302
   uint16_t vendor_id = 0, device_id = 0;
-  std::string os_name;      // the OS device under it ("mlx5_0", "eth0", "cuda0"), or empty
-  int package = -1;         // package (socket) it hangs off; -1 if not under one
+  std::string os_name;        // the OS device under it ("mlx5_0", "eth0", "cuda0"), or empty
+  int package = -1;           // package (socket) it hangs off; -1 if not under one
   std::string label() const;  // bus id and OS name
 };
 
 struct GpuNicPair {
-  int gpu = 0;              // index into TopologyReport::gpus
-  int nic = -1;             // index into TopologyReport::nics; -1: there is no NIC
+  int gpu = 0;   // index into TopologyReport::gpus
+  int nic = -1;  // index into TopologyReport::nics; -1: there is no NIC
   PciPath path = PciPath::kSys;
-  int hops = 0;             // edges in the hwloc tree between the two devices
+  int hops = 0;                       // edges in the hwloc tree between the two devices
   bool crosses_root_complex = false;  // path is PHB or worse
   bool crosses_socket = false;        // path is SYS
 };
 
 struct TopologyReport {
-  std::string source;       // "this machine" or the XML path
+  std::string source;  // "this machine" or the XML path
   int packages = 0, numa_nodes = 0, cores = 0, pus = 0;
   std::vector<NumaNodeInfo> numa;
   std::vector<PciDevice> gpus, nics;

@@ -587,8 +587,8 @@ Result<MemoryRegion> Worker::allocate_memory(size_t bytes) {
   ucp_context_h ctx = impl_->context->handle;
   ucs_status_t s = ucp_mem_map(ctx, &params, &memh);
   if (s != UCS_OK) {
-    return ucs_failure(s, impl_->name + ": allocating " + std::to_string(bytes) +
-                              " bytes of registered memory");
+    return ucs_failure(
+        s, impl_->name + ": allocating " + std::to_string(bytes) + " bytes of registered memory");
   }
   std::shared_ptr<UcxContext> keep = impl_->context;
   std::shared_ptr<void> handle(

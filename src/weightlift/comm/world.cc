@@ -19,8 +19,11 @@ Result<World> connect_world(const LaunchEnv& env, const WorldOptions& o) {
                                                       .connect_timeout = o.timeout,
                                                       .request_timeout = o.timeout}));
   w.store = std::shared_ptr<Store>(std::move(client));
-  auto group = Group::connect({.store = w.store, .rank = env.rank, .size = env.world_size,
-                               .worker = o.worker, .timeout = o.timeout});
+  auto group = Group::connect({.store = w.store,
+                               .rank = env.rank,
+                               .size = env.world_size,
+                               .worker = o.worker,
+                               .timeout = o.timeout});
   if (!group.ok()) return group.status().with_context(who + ": joining the job");
   w.group = std::move(*group);
   WL_RETURN_IF_ERROR(barrier(*w.group).with_context(who + ": first barrier"));

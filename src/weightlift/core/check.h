@@ -14,11 +14,15 @@ namespace wl::detail {
 // Collects `<<` context after a failed check, then aborts in its destructor.
 class CheckMessage {
  public:
-  CheckMessage(const char* file, int line, std::string what)
-      : file_(file), line_(line) { os_ << what; }
+  CheckMessage(const char* file, int line, std::string what) : file_(file), line_(line) {
+    os_ << what;
+  }
   [[noreturn]] ~CheckMessage() { check_failed(file_, line_, os_.str()); }
   template <typename T>
-  CheckMessage& operator<<(const T& v) { os_ << v; return *this; }
+  CheckMessage& operator<<(const T& v) {
+    os_ << v;
+    return *this;
+  }
 
  private:
   const char* file_;
@@ -35,18 +39,17 @@ std::string check_op_message(const char* expr, const A& a, const B& b) {
 
 }  // namespace wl::detail
 
-#define WL_CHECK(cond)                                                        \
-  if (cond) {                                                                 \
-  } else                                                                      \
+#define WL_CHECK(cond) \
+  if (cond) {          \
+  } else               \
     ::wl::detail::CheckMessage(__FILE__, __LINE__, "check failed: " #cond " ")
 
-#define WL_CHECK_OP(op, a, b)                                                             \
-  if (auto wl_ab_ = ::std::make_tuple((a), (b));                                          \
-      ::std::get<0>(wl_ab_) op ::std::get<1>(wl_ab_)) {                                   \
-  } else                                                                                  \
-    ::wl::detail::CheckMessage(                                                           \
-        __FILE__, __LINE__,                                                               \
-        ::wl::detail::check_op_message(#a " " #op " " #b, ::std::get<0>(wl_ab_),          \
+#define WL_CHECK_OP(op, a, b)                                                                      \
+  if (auto wl_ab_ = ::std::make_tuple((a), (b)); ::std::get<0>(wl_ab_) op ::std::get<1>(wl_ab_)) { \
+  } else                                                                                           \
+    ::wl::detail::CheckMessage(                                                                    \
+        __FILE__, __LINE__,                                                                        \
+        ::wl::detail::check_op_message(#a " " #op " " #b, ::std::get<0>(wl_ab_),                   \
                                        ::std::get<1>(wl_ab_)))
 
 #define WL_CHECK_EQ(a, b) WL_CHECK_OP(==, a, b)

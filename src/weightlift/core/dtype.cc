@@ -12,24 +12,40 @@ namespace wl {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::kF32: case DType::kI32: return 4;
-    case DType::kBF16: case DType::kF16: return 2;
-    case DType::kF8E4M3: case DType::kF8E5M2: case DType::kU8: return 1;
-    case DType::kI64: return 8;
+    case DType::kF32:
+    case DType::kI32:
+      return 4;
+    case DType::kBF16:
+    case DType::kF16:
+      return 2;
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+    case DType::kU8:
+      return 1;
+    case DType::kI64:
+      return 8;
   }
   return 0;
 }
 
 std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kBF16: return "BF16";
-    case DType::kF16: return "F16";
-    case DType::kF8E4M3: return "F8_E4M3";
-    case DType::kF8E5M2: return "F8_E5M2";
-    case DType::kI64: return "I64";
-    case DType::kI32: return "I32";
-    case DType::kU8: return "U8";
+    case DType::kF32:
+      return "F32";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
+    case DType::kF8E5M2:
+      return "F8_E5M2";
+    case DType::kI64:
+      return "I64";
+    case DType::kI32:
+      return "I32";
+    case DType::kU8:
+      return "U8";
   }
   return "?";
 }
@@ -154,8 +170,8 @@ namespace {
 
 // bf16 rounding as integer arithmetic on whole vectors (GCC vectorises the loop); NaNs stay
 // NaN because their exponent bits are untouched and a mantissa bit is forced on.
-__attribute__((target_clones("arch=x86-64-v3", "default")))
-void round_bf16(const float* src, float* dst, size_t n) {
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void round_bf16(const float* src,
+                                                                            float* dst, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     uint32_t u = f32_bits(src[i]);
     const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
@@ -164,8 +180,7 @@ void round_bf16(const float* src, float* dst, size_t n) {
   }
 }
 
-__attribute__((target("avx,f16c")))
-void round_f16_f16c(const float* src, float* dst, size_t n) {
+__attribute__((target("avx,f16c"))) void round_f16_f16c(const float* src, float* dst, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 x = _mm256_loadu_ps(src + i);
@@ -193,32 +208,50 @@ void round_through(DType t, const float* src, float* dst, size_t n) {
 
 void convert_to_f32(DType src_type, const void* src, float* dst, size_t n) {
   switch (src_type) {
-    case DType::kF32: std::memcpy(dst, src, n * 4); return;
-    case DType::kBF16: convert_bf16_to_f32(static_cast<const uint16_t*>(src), dst, n); return;
-    case DType::kF16: convert_f16_to_f32(static_cast<const uint16_t*>(src), dst, n); return;
-    case DType::kF8E4M3: convert_fp8_e4m3_to_f32(static_cast<const uint8_t*>(src), dst, n); return;
+    case DType::kF32:
+      std::memcpy(dst, src, n * 4);
+      return;
+    case DType::kBF16:
+      convert_bf16_to_f32(static_cast<const uint16_t*>(src), dst, n);
+      return;
+    case DType::kF16:
+      convert_f16_to_f32(static_cast<const uint16_t*>(src), dst, n);
+      return;
+    case DType::kF8E4M3:
+      convert_fp8_e4m3_to_f32(static_cast<const uint8_t*>(src), dst, n);
+      return;
     case DType::kF8E5M2: {
       const auto* s = static_cast<const uint8_t*>(src);
       for (size_t i = 0; i < n; ++i) dst[i] = fp8_e5m2_to_f32(s[i]);
       return;
     }
-    default: break;
+    default:
+      break;
   }
   WL_CHECK(false) << "convert_to_f32: " << dtype_name(src_type) << " is not a float type";
 }
 
 void convert_from_f32(const float* src, DType dst_type, void* dst, size_t n) {
   switch (dst_type) {
-    case DType::kF32: std::memcpy(dst, src, n * 4); return;
-    case DType::kBF16: convert_f32_to_bf16(src, static_cast<uint16_t*>(dst), n); return;
-    case DType::kF16: convert_f32_to_f16(src, static_cast<uint16_t*>(dst), n); return;
-    case DType::kF8E4M3: convert_f32_to_fp8_e4m3(src, static_cast<uint8_t*>(dst), n); return;
+    case DType::kF32:
+      std::memcpy(dst, src, n * 4);
+      return;
+    case DType::kBF16:
+      convert_f32_to_bf16(src, static_cast<uint16_t*>(dst), n);
+      return;
+    case DType::kF16:
+      convert_f32_to_f16(src, static_cast<uint16_t*>(dst), n);
+      return;
+    case DType::kF8E4M3:
+      convert_f32_to_fp8_e4m3(src, static_cast<uint8_t*>(dst), n);
+      return;
     case DType::kF8E5M2: {
       auto* d = static_cast<uint8_t*>(dst);
       for (size_t i = 0; i < n; ++i) d[i] = f32_to_fp8_e5m2(src[i]);
       return;
     }
-    default: break;
+    default:
+      break;
   }
   WL_CHECK(false) << "convert_from_f32: " << dtype_name(dst_type) << " is not a float type";
 }

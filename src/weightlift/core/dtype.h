@@ -19,13 +19,21 @@ namespace wl {
 
 enum class DType : uint8_t { kF32, kBF16, kF16, kF8E4M3, kF8E5M2, kI64, kI32, kU8 };
 
-size_t dtype_size(DType t);  // bytes per element
+size_t dtype_size(DType t);            // bytes per element
 std::string_view dtype_name(DType t);  // safetensors spelling: "F32", "BF16", "F8_E4M3", ...
 std::optional<DType> dtype_from_name(std::string_view name);  // inverse of dtype_name
 bool dtype_is_float(DType t);
 
-inline uint32_t f32_bits(float x) { uint32_t u; std::memcpy(&u, &x, 4); return u; }
-inline float f32_from_bits(uint32_t u) { float x; std::memcpy(&x, &u, 4); return x; }
+inline uint32_t f32_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+inline float f32_from_bits(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
 
 // ---- bf16: the top 16 bits of an f32 -------------------------------------------------------
 inline float bf16_to_f32(uint16_t b) { return f32_from_bits(uint32_t(b) << 16); }

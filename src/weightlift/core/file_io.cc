@@ -55,9 +55,8 @@ Status replace_directory(const std::string& staged, const std::string& dir) {
   }
   fs::rename(staged, dir, ec);
   if (ec) return errno_status("rename " + staged + " to " + dir, ec.value());
-  const std::string parent = fs::path(dir).parent_path().empty()
-                                 ? std::string(".")
-                                 : fs::path(dir).parent_path().string();
+  const std::string parent =
+      fs::path(dir).parent_path().empty() ? std::string(".") : fs::path(dir).parent_path().string();
   if (const int pfd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); pfd >= 0) {
     const int rc = ::fsync(pfd);
     const int err = errno;

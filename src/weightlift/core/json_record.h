@@ -21,10 +21,10 @@
 namespace wl {
 
 struct RecordFormat {
-  std::string_view name;     // "weightlift-transfer-plan"
-  int version = 1;           // bump on any change a reader of the old one would misread
-  std::string_view what;     // "transfer plan", for errors
-  std::string_view remedy;   // what to do about a version mismatch: "plan again with this build"
+  std::string_view name;    // "weightlift-transfer-plan"
+  int version = 1;          // bump on any change a reader of the old one would misread
+  std::string_view what;    // "transfer plan", for errors
+  std::string_view remedy;  // what to do about a version mismatch: "plan again with this build"
 };
 
 // A record with its format and version set, for the writer to fill.
@@ -60,8 +60,7 @@ Result<T> read_record(std::string_view text, std::string_view where, const Recor
     WL_RETURN_IF_ERROR(check_record_header(j, where, format));
     return read(j);
   } catch (const std::exception& e) {
-    return data_loss(std::string(where) + ": not a " + std::string(format.what) + ": " +
-                     e.what());
+    return data_loss(std::string(where) + ": not a " + std::string(format.what) + ": " + e.what());
   }
 }
 

@@ -43,8 +43,7 @@ constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 // Names the safetensors format defines that weightlift has no DType for: a file holding them
 // is valid, just not one we can use (InvalidArgument rather than DataLoss).
 constexpr std::array<std::string_view, 12> kUnsupportedDtypes = {
-    "BOOL", "I8", "I16", "U16", "U32", "U64", "F64", "C64", "F8_E8M0", "F6_E2M3", "F6_E3M2",
-    "F4"};
+    "BOOL", "I8", "I16", "U16", "U32", "U64", "F64", "C64", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4"};
 
 std::string supported_dtype_list() {
   std::string s;
@@ -143,8 +142,10 @@ Result<TensorInfo> parse_entry(const std::string& name, const Json& entry, uint6
   if (!t) {
     if (std::find(kUnsupportedDtypes.begin(), kUnsupportedDtypes.end(), dtype_str) !=
         kUnsupportedDtypes.end()) {
-      return invalid_argument(at + "dtype " + dtype_str + " is valid safetensors but weightlift "
-                              "reads only " + supported_dtype_list());
+      return invalid_argument(at + "dtype " + dtype_str +
+                              " is valid safetensors but weightlift "
+                              "reads only " +
+                              supported_dtype_list());
     }
     return data_loss(at + "unknown dtype " + describe(dtype));
   }
@@ -241,7 +242,7 @@ std::string parent_dir(const std::string& path) {
 struct Layout {
   std::vector<TensorInfo> tensors;  // in offset order
   std::map<std::string, std::string> metadata;
-  uint64_t data_start = 0;          // 8 + header length
+  uint64_t data_start = 0;  // 8 + header length
 };
 
 Result<Layout> parse_layout(const std::byte* bytes, uint64_t size, const std::string& where) {
@@ -350,9 +351,8 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   int err = errno;
   ::close(fd);  // the mapping holds its own reference to the file
   if (addr == MAP_FAILED) return errno_status("mmap " + path, err);
-  std::shared_ptr<const void> mapping(addr, [size](const void* p) {
-    ::munmap(const_cast<void*>(p), size);
-  });
+  std::shared_ptr<const void> mapping(
+      addr, [size](const void* p) { ::munmap(const_cast<void*>(p), size); });
   const auto* p = static_cast<const std::byte*>(addr);
   SafetensorsFile f;
   f.path_ = path;

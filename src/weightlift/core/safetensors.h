@@ -54,7 +54,7 @@ class SafetensorsFile {
   std::string path_;
   std::vector<TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;
-  const std::byte* data_ = nullptr;  // start of the data section
+  const std::byte* data_ = nullptr;         // start of the data section
   std::shared_ptr<const void> keep_alive_;  // the mapping or the in-memory bytes
 };
 

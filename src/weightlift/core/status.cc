@@ -17,18 +17,30 @@ void value_of_error(const Status& status) {
 
 std::string_view status_code_name(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "OK";
-    case StatusCode::kInvalidArgument: return "InvalidArgument";
-    case StatusCode::kNotFound: return "NotFound";
-    case StatusCode::kDataLoss: return "DataLoss";
-    case StatusCode::kFailedPrecondition: return "FailedPrecondition";
-    case StatusCode::kOutOfRange: return "OutOfRange";
-    case StatusCode::kResourceExhausted: return "ResourceExhausted";
-    case StatusCode::kDeadlineExceeded: return "DeadlineExceeded";
-    case StatusCode::kUnavailable: return "Unavailable";
-    case StatusCode::kAborted: return "Aborted";
-    case StatusCode::kPermissionDenied: return "PermissionDenied";
-    case StatusCode::kInternal: return "Internal";
+    case StatusCode::kOk:
+      return "OK";
+    case StatusCode::kInvalidArgument:
+      return "InvalidArgument";
+    case StatusCode::kNotFound:
+      return "NotFound";
+    case StatusCode::kDataLoss:
+      return "DataLoss";
+    case StatusCode::kFailedPrecondition:
+      return "FailedPrecondition";
+    case StatusCode::kOutOfRange:
+      return "OutOfRange";
+    case StatusCode::kResourceExhausted:
+      return "ResourceExhausted";
+    case StatusCode::kDeadlineExceeded:
+      return "DeadlineExceeded";
+    case StatusCode::kUnavailable:
+      return "Unavailable";
+    case StatusCode::kAborted:
+      return "Aborted";
+    case StatusCode::kPermissionDenied:
+      return "PermissionDenied";
+    case StatusCode::kInternal:
+      return "Internal";
   }
   return "Unknown";
 }
@@ -60,15 +72,41 @@ Status internal_error(std::string m) { return {StatusCode::kInternal, std::move(
 Status errno_status(std::string_view what, int err) {
   StatusCode code = StatusCode::kInternal;
   switch (err) {
-    case ENOENT: case ENOTDIR: code = StatusCode::kNotFound; break;
-    case ENOSPC: case EDQUOT: case ENOMEM: case EMFILE: code = StatusCode::kResourceExhausted; break;
-    case EACCES: case EPERM: case EROFS: code = StatusCode::kPermissionDenied; break;
-    case EINVAL: case EISDIR: case ENAMETOOLONG: code = StatusCode::kInvalidArgument; break;
-    case ETIMEDOUT: code = StatusCode::kDeadlineExceeded; break;
-    case ECONNREFUSED: case ECONNRESET: case EPIPE: case EHOSTUNREACH: case ENETUNREACH:
-      code = StatusCode::kUnavailable; break;
-    case EIO: code = StatusCode::kDataLoss; break;
-    default: break;
+    case ENOENT:
+    case ENOTDIR:
+      code = StatusCode::kNotFound;
+      break;
+    case ENOSPC:
+    case EDQUOT:
+    case ENOMEM:
+    case EMFILE:
+      code = StatusCode::kResourceExhausted;
+      break;
+    case EACCES:
+    case EPERM:
+    case EROFS:
+      code = StatusCode::kPermissionDenied;
+      break;
+    case EINVAL:
+    case EISDIR:
+    case ENAMETOOLONG:
+      code = StatusCode::kInvalidArgument;
+      break;
+    case ETIMEDOUT:
+      code = StatusCode::kDeadlineExceeded;
+      break;
+    case ECONNREFUSED:
+    case ECONNRESET:
+    case EPIPE:
+    case EHOSTUNREACH:
+    case ENETUNREACH:
+      code = StatusCode::kUnavailable;
+      break;
+    case EIO:
+      code = StatusCode::kDataLoss;
+      break;
+    default:
+      break;
   }
   return Status(code, std::string(what) + ": " + std::strerror(err));
 }

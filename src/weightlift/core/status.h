@@ -81,8 +81,8 @@ namespace detail {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}            // NOLINT: implicit by design
-  Result(Status status) : v_(std::move(status)) {      // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}        // NOLINT: implicit by design
+  Result(Status status) : v_(std::move(status)) {  // NOLINT: implicit by design
     if (std::get<Status>(v_).ok()) v_ = Status(StatusCode::kInternal, "Result built from OK");
   }
 
@@ -119,10 +119,10 @@ class [[nodiscard]] Result {
 #define WL_STATUS_CONCAT(a, b) WL_STATUS_CONCAT_INNER(a, b)
 
 // Returns the Status from the enclosing function if `expr` is not OK.
-#define WL_RETURN_IF_ERROR(expr)                \
-  do {                                          \
-    ::wl::Status wl_status_ = (expr);           \
-    if (!wl_status_.ok()) return wl_status_;    \
+#define WL_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::wl::Status wl_status_ = (expr);        \
+    if (!wl_status_.ok()) return wl_status_; \
   } while (0)
 
 // `WL_ASSIGN_OR_RETURN(auto x, f());` declares x from a Result or returns its Status.

@@ -98,7 +98,8 @@ Shape row_major_strides(const Shape& shape) {
 }  // namespace
 
 TensorMemoryStats tensor_memory_stats() {
-  return {g_live_bytes.load(std::memory_order_relaxed), g_peak_bytes.load(std::memory_order_relaxed)};
+  return {g_live_bytes.load(std::memory_order_relaxed),
+          g_peak_bytes.load(std::memory_order_relaxed)};
 }
 
 void reset_tensor_memory_peak() {
@@ -147,7 +148,8 @@ Tensor Tensor::slice(int64_t d, int64_t begin, int64_t end) const {
       << "slice [" << begin << ", " << end << ") of dim " << d << " of " << shape_to_string(shape_);
   Tensor t = *this;
   t.shape_[size_t(d)] = end - begin;
-  t.data_ = static_cast<std::byte*>(data_) + begin * strides_[size_t(d)] * int64_t(dtype_size(dtype_));
+  t.data_ =
+      static_cast<std::byte*>(data_) + begin * strides_[size_t(d)] * int64_t(dtype_size(dtype_));
   return t;
 }
 
@@ -173,7 +175,10 @@ namespace {
 // Calls fn(dst_offset_bytes, src_offset_bytes, run_bytes) for each contiguous innermost run.
 template <typename Fn>
 void for_each_run(const Shape& shape, const Shape& st_a, const Shape& st_b, size_t elem, Fn fn) {
-  if (shape.empty()) { fn(0, 0, elem); return; }
+  if (shape.empty()) {
+    fn(0, 0, elem);
+    return;
+  }
   const size_t nd = shape.size();
   const int64_t inner = shape[nd - 1];
   const bool a_unit = st_a[nd - 1] == 1, b_unit = st_b[nd - 1] == 1;
@@ -182,7 +187,10 @@ void for_each_run(const Shape& shape, const Shape& st_a, const Shape& st_b, size
   if (shape_numel(shape) == 0) return;
   for (int64_t o = 0; o < outer; ++o) {
     int64_t oa = 0, ob = 0;
-    for (size_t k = 0; k + 1 < nd; ++k) { oa += idx[k] * st_a[k]; ob += idx[k] * st_b[k]; }
+    for (size_t k = 0; k + 1 < nd; ++k) {
+      oa += idx[k] * st_a[k];
+      ob += idx[k] * st_b[k];
+    }
     if (a_unit && b_unit) {
       fn(size_t(oa) * elem, size_t(ob) * elem, size_t(inner) * elem);
     } else {
@@ -199,7 +207,8 @@ void for_each_run(const Shape& shape, const Shape& st_a, const Shape& st_b, size
 
 void Tensor::copy_from(const Tensor& src) {
   WL_CHECK(dtype_ == src.dtype_) << dtype_name(dtype_) << " vs " << dtype_name(src.dtype_);
-  WL_CHECK(shape_ == src.shape_) << shape_to_string(shape_) << " vs " << shape_to_string(src.shape_);
+  WL_CHECK(shape_ == src.shape_) << shape_to_string(shape_) << " vs "
+                                 << shape_to_string(src.shape_);
   if (is_contiguous() && src.is_contiguous()) {
     std::memmove(data_, src.data_, nbytes());
     return;

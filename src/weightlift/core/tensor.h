@@ -31,7 +31,7 @@ struct TensorMemoryStats {
   int64_t peak_bytes = 0;
 };
 TensorMemoryStats tensor_memory_stats();
-void reset_tensor_memory_peak();  // peak := live
+void reset_tensor_memory_peak();                  // peak := live
 std::string shape_to_string(const Shape& shape);  // "[4, 64]"
 
 class Tensor {
@@ -43,7 +43,6 @@ class Tensor {
   // Views `data` without owning it; `keep_alive` (may be null) is held as long as the view.
   static Tensor borrow(void* data, DType dtype, Shape shape,
                        std::shared_ptr<const void> keep_alive = nullptr);
-
 
   // False only for a default-constructed Tensor (owning tensors always hold storage, even
   // with zero elements; borrowed ones hold a pointer).
@@ -73,8 +72,8 @@ class Tensor {
   Tensor reshape(Shape shape) const;                            // contiguous only
   Tensor operator[](int64_t i) const;                           // drops dim 0
 
-  Tensor clone() const;       // contiguous copy
-  Tensor to(DType t) const;   // converting copy between float types
+  Tensor clone() const;               // contiguous copy
+  Tensor to(DType t) const;           // converting copy between float types
   void copy_from(const Tensor& src);  // same dtype and shape; strided either side
   void fill_zero();
 

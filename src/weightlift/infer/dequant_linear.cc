@@ -26,8 +26,8 @@ int64_t band_rows(int64_t cols) {
 }  // namespace
 
 void dequantize_rows(const WeightMatrix& w, int64_t r0, int64_t r1, float* dst) {
-  WL_CHECK(0 <= r0 && r0 <= r1 && r1 <= w.rows) << "rows [" << r0 << ", " << r1 << ") of "
-                                                << w.rows;
+  WL_CHECK(0 <= r0 && r0 <= r1 && r1 <= w.rows)
+      << "rows [" << r0 << ", " << r1 << ") of " << w.rows;
   const int64_t cols = w.cols;
   if (w.dtype == DType::kBF16) {
     const auto* src = static_cast<const uint16_t*>(w.data) + r0 * cols;
@@ -41,17 +41,17 @@ void dequantize_rows(const WeightMatrix& w, int64_t r0, int64_t r1, float* dst) 
   const auto* src = static_cast<const uint8_t*>(w.data);
   parallel_for(r1 - r0, std::max<int64_t>(1, kParallelFloats / std::max<int64_t>(cols, 1)),
                [&](int64_t b, int64_t e) {
-    for (int64_t i = r0 + b; i < r0 + e; ++i) {
-      float* out = dst + (i - r0) * cols;
-      convert_fp8_e4m3_to_f32(src + i * cols, out, size_t(cols));
-      const float* scales = w.scale + (i / kBlock) * scale_cols;
-      for (int64_t j0 = 0; j0 < cols; j0 += kBlock) {
-        const float s = scales[j0 / kBlock];
-        const int64_t j1 = std::min(cols, j0 + kBlock);
-        for (int64_t j = j0; j < j1; ++j) out[j] *= s;
-      }
-    }
-  });
+                 for (int64_t i = r0 + b; i < r0 + e; ++i) {
+                   float* out = dst + (i - r0) * cols;
+                   convert_fp8_e4m3_to_f32(src + i * cols, out, size_t(cols));
+                   const float* scales = w.scale + (i / kBlock) * scale_cols;
+                   for (int64_t j0 = 0; j0 < cols; j0 += kBlock) {
+                     const float s = scales[j0 / kBlock];
+                     const int64_t j1 = std::min(cols, j0 + kBlock);
+                     for (int64_t j = j0; j < j1; ++j) out[j] *= s;
+                   }
+                 }
+               });
 }
 
 void dequant_linear(const WeightMatrix& w, const float* x, int64_t n, float* y, bool accumulate,
@@ -62,9 +62,17 @@ void dequant_linear(const WeightMatrix& w, const float* x, int64_t n, float* y, 
   for (int64_t r0 = 0; r0 < w.rows; r0 += band) {
     const int64_t r1 = std::min(w.rows, r0 + band);
     dequantize_rows(w, r0, r1, scratch.data());
-    kernels::gemm({.m = n, .n = r1 - r0, .k = w.cols, .a = x, .lda = w.cols,
-                   .b = scratch.data(), .ldb = w.cols, .trans_b = true, .c = y + r0,
-                   .ldc = w.rows, .beta = accumulate ? 1.0f : 0.0f});
+    kernels::gemm({.m = n,
+                   .n = r1 - r0,
+                   .k = w.cols,
+                   .a = x,
+                   .lda = w.cols,
+                   .b = scratch.data(),
+                   .ldb = w.cols,
+                   .trans_b = true,
+                   .c = y + r0,
+                   .ldc = w.rows,
+                   .beta = accumulate ? 1.0f : 0.0f});
   }
 }
 

@@ -26,17 +26,21 @@ namespace {
 
 std::string dtype_label(DType t) {
   switch (t) {
-    case DType::kBF16: return "bf16";
-    case DType::kF8E4M3: return "fp8 e4m3";
-    case DType::kF32: return "f32";
-    default: return std::string(dtype_name(t));
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF8E4M3:
+      return "fp8 e4m3";
+    case DType::kF32:
+      return "f32";
+    default:
+      return std::string(dtype_name(t));
   }
 }
 
 }  // namespace
 
-Result<BoundWeights> bind_weights(const model::ModelConfig& c,
-                                  const transfer::LayoutOptions& o, const TensorLookup& lookup) {
+Result<BoundWeights> bind_weights(const model::ModelConfig& c, const transfer::LayoutOptions& o,
+                                  const TensorLookup& lookup) {
   WL_ASSIGN_OR_RETURN(std::vector<transfer::ReceiverTensor> layout,
                       transfer::inference_layout(c, o));
   const std::string where = "inference worker (tp rank " + std::to_string(o.tp_rank) + " of " +
@@ -46,12 +50,12 @@ Result<BoundWeights> bind_weights(const model::ModelConfig& c,
   for (const transfer::ReceiverTensor& want : layout) {
     std::optional<Tensor> t = lookup(want.name);
     if (!t || !t->defined()) {
-      return not_found(where + ": missing tensor '" + want.name + "' (" +
-                       dtype_label(want.dtype) + " " + shape_to_string(want.shape) + ")");
+      return not_found(where + ": missing tensor '" + want.name + "' (" + dtype_label(want.dtype) +
+                       " " + shape_to_string(want.shape) + ")");
     }
     if (t->dtype() != want.dtype) {
-      return invalid_argument(where + ": tensor '" + want.name + "' is " +
-                              dtype_label(t->dtype()) + ", expected " + dtype_label(want.dtype));
+      return invalid_argument(where + ": tensor '" + want.name + "' is " + dtype_label(t->dtype()) +
+                              ", expected " + dtype_label(want.dtype));
     }
     if (t->shape() != want.shape) {
       return invalid_argument(where + ": tensor '" + want.name + "' has shape " +

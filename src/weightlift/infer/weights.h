@@ -39,9 +39,9 @@ TensorLookup lookup_in(const std::map<std::string, Tensor>& tensors);
 // One [rows, cols] weight matrix as the layout stores it: bf16, or fp8 e4m3 with one f32
 // scale per 128x128 block ([ceil(rows/128), ceil(cols/128)], row-major).
 struct WeightMatrix {
-  DType dtype = DType::kBF16;         // kBF16 or kF8E4M3
-  const void* data = nullptr;         // [rows, cols], borrowed
-  const float* scale = nullptr;       // fp8 only, borrowed
+  DType dtype = DType::kBF16;    // kBF16 or kF8E4M3
+  const void* data = nullptr;    // [rows, cols], borrowed
+  const float* scale = nullptr;  // fp8 only, borrowed
   int64_t rows = 0, cols = 0;
 };
 
@@ -60,10 +60,10 @@ struct BoundLayer {
 };
 
 struct BoundWeights {
-  WeightMatrix embed;                   // [V, d] bf16, replicated
+  WeightMatrix embed;  // [V, d] bf16, replicated
   std::vector<BoundLayer> layers;
-  const uint16_t* norm = nullptr;       // [d] bf16
-  WeightMatrix head;                    // [V, d] bf16: lm_head, or embed when tied
+  const uint16_t* norm = nullptr;  // [d] bf16
+  WeightMatrix head;               // [V, d] bf16: lm_head, or embed when tied
 };
 
 // Looks up every tensor `inference_layout(config, layout)` names. NotFound for a missing

@@ -88,7 +88,8 @@ Result<BoundWeights> InferenceWorker::bind(const TensorLookup& lookup) const {
 
 Status InferenceWorker::allreduce_sum(float* data, size_t count) {
   if (options_.layout.tp == 1) return ok_status();
-  Status s = comm::allreduce(*options_.tp_group, {.recv = data, .count = count,
+  Status s = comm::allreduce(*options_.tp_group, {.recv = data,
+                                                  .count = count,
                                                   .dtype = DType::kF32,
                                                   .op = comm::ReduceOp::kSum,
                                                   .timeout = options_.timeout});
@@ -106,9 +107,8 @@ Status InferenceWorker::check_prompts(const std::vector<std::vector<int64_t>>& p
     const std::string row = "inference worker: prompt " + std::to_string(r);
     if (prompts[r].empty()) return invalid_argument(row + " is empty");
     if (int64_t(prompts[r].size()) + new_tokens > c.max_seq_len) {
-      return invalid_argument(row + " has " + std::to_string(prompts[r].size()) +
-                              " tokens; with " + std::to_string(new_tokens) +
-                              " new ones that exceeds max_seq_len " +
+      return invalid_argument(row + " has " + std::to_string(prompts[r].size()) + " tokens; with " +
+                              std::to_string(new_tokens) + " new ones that exceeds max_seq_len " +
                               std::to_string(c.max_seq_len));
     }
     for (int64_t t : prompts[r]) {
@@ -154,10 +154,21 @@ class InferenceWorker::ForwardPass {
 InferenceWorker::ForwardPass::ForwardPass(InferenceWorker& worker, const BoundWeights& w,
                                           KvCache& cache,
                                           const std::vector<std::vector<int64_t>>& feed)
-    : wk_(worker), c_(worker.options_.config), w_(w), cache_(cache), d_(c_.hidden_size),
-      E_(c_.num_experts), K_(c_.top_k), H_(worker.local_heads_), Hkv_(worker.local_kv_heads_),
-      F_(worker.local_ffn_), qd_(H_ * c_.head_dim), kvd_(Hkv_ * c_.head_dim),
-      qkvd_(qd_ + 2 * kvd_), eps_(float(c_.rms_eps)), tp_(worker.options_.layout.tp > 1) {
+    : wk_(worker),
+      c_(worker.options_.config),
+      w_(w),
+      cache_(cache),
+      d_(c_.hidden_size),
+      E_(c_.num_experts),
+      K_(c_.top_k),
+      H_(worker.local_heads_),
+      Hkv_(worker.local_kv_heads_),
+      F_(worker.local_ffn_),
+      qd_(H_ * c_.head_dim),
+      kvd_(Hkv_ * c_.head_dim),
+      qkvd_(qd_ + 2 * kvd_),
+      eps_(float(c_.rms_eps)),
+      tp_(worker.options_.layout.tp > 1) {
   for (const auto& f : feed) {
     row_begin_.push_back(int64_t(tokens_.size()));
     tokens_.insert(tokens_.end(), f.begin(), f.end());
@@ -167,8 +178,7 @@ InferenceWorker::ForwardPass::ForwardPass(InferenceWorker& worker, const BoundWe
   R_ = int64_t(feed.size());
   x_ = f32({M_, d_});
   for (int64_t i = 0; i < M_; ++i) {
-    dequantize_rows(w.embed, tokens_[size_t(i)], tokens_[size_t(i)] + 1,
-                    x_.data<float>() + i * d_);
+    dequantize_rows(w.embed, tokens_[size_t(i)], tokens_[size_t(i)] + 1, x_.data<float>() + i * d_);
   }
   xn_ = f32({M_, d_});
   qkv_ = f32({M_, qkvd_});
@@ -203,8 +213,13 @@ void InferenceWorker::ForwardPass::attention(const BoundLayer& lw, size_t l) {
     }
     kernels::rope_forward(q.data<float>(), wk_.rope_, 1, n, H_, pos);
     kernels::rope_forward(kbase + pos * kvd_, wk_.rope_, 1, n, Hkv_, pos);
-    kernels::attention_forward({.batch = 1, .seq_q = n, .seq_kv = pos + n, .heads = H_,
-                                .kv_heads = Hkv_, .head_dim = Dh, .q_offset = pos},
+    kernels::attention_forward({.batch = 1,
+                                .seq_q = n,
+                                .seq_kv = pos + n,
+                                .heads = H_,
+                                .kv_heads = Hkv_,
+                                .head_dim = Dh,
+                                .q_offset = pos},
                                q.data<float>(), kbase, vbase,
                                att_.data<float>() + row_begin_[size_t(r)] * qd_, nullptr);
   }
@@ -232,9 +247,9 @@ void InferenceWorker::ForwardPass::dispatch(std::vector<int64_t>& begin,
   begin.assign(size_t(E_ + 1), 0);
   row_of_slot.resize(size_t(M_ * K_));
   token_of_row.resize(size_t(M_ * K_));
-  kernels::group_by_expert({.tokens = M_, .experts = E_, .top_k = K_},
-                           topk_idx_.data<int32_t>(), counts_.data<int64_t>(), begin.data(),
-                           row_of_slot.data(), token_of_row.data());
+  kernels::group_by_expert({.tokens = M_, .experts = E_, .top_k = K_}, topk_idx_.data<int32_t>(),
+                           counts_.data<int64_t>(), begin.data(), row_of_slot.data(),
+                           token_of_row.data());
 }
 
 // The replicated router, then this rank's ffn rows of every expert, combined by gate weight.
@@ -244,9 +259,8 @@ Status InferenceWorker::ForwardPass::moe(const BoundLayer& lw) {
                            eps_);
   dequant_linear(lw.router, xn_.data<float>(), M_, logits_r_.data<float>(), false, wk_.band_);
   kernels::router_forward({.tokens = M_, .experts = E_, .top_k = K_, .norm_topk = c_.norm_topk},
-                          logits_r_.data<float>(), probs_.data<float>(),
-                          topk_idx_.data<int32_t>(), topk_w_.data<float>(), nullptr,
-                          counts_.data<int64_t>());
+                          logits_r_.data<float>(), probs_.data<float>(), topk_idx_.data<int32_t>(),
+                          topk_w_.data<float>(), nullptr, counts_.data<int64_t>());
   std::vector<int64_t> begin;
   std::vector<int32_t> row_of_slot, token_of_row;
   dispatch(begin, row_of_slot, token_of_row);
@@ -260,8 +274,8 @@ Status InferenceWorker::ForwardPass::moe(const BoundLayer& lw) {
     const int64_t r0 = begin[size_t(e)], n = begin[size_t(e + 1)] - r0;
     if (n == 0) continue;
     const BoundExpert& ex = lw.experts[size_t(e)];
-    dequant_linear(ex.gate_up, xe.data<float>() + r0 * d_, n, he.data<float>() + r0 * 2 * F_,
-                   false, wk_.band_);
+    dequant_linear(ex.gate_up, xe.data<float>() + r0 * d_, n, he.data<float>() + r0 * 2 * F_, false,
+                   wk_.band_);
     kernels::swiglu_forward(he.data<float>() + r0 * 2 * F_, ae.data<float>() + r0 * F_, n, F_);
     dequant_linear(ex.down, ae.data<float>() + r0 * F_, n, ye.data<float>() + r0 * d_, false,
                    wk_.band_);
@@ -304,8 +318,7 @@ Result<Tensor> InferenceWorker::ForwardPass::head(bool all_positions) {
     for (int64_t r = 0; r < R_; ++r) {
       const int64_t end = row_begin_[size_t(r) + 1];
       if (end > row_begin_[size_t(r)]) {
-        std::memcpy(last.data<float>() + r * d_, x_.data<float>() + (end - 1) * d_,
-                    size_t(d_) * 4);
+        std::memcpy(last.data<float>() + r * d_, x_.data<float>() + (end - 1) * d_, size_t(d_) * 4);
       }
     }
   }
@@ -355,8 +368,7 @@ Result<Generation> InferenceWorker::generate(const BoundWeights& w,
   const size_t R = prompts.size();
   int64_t longest = 0;
   for (const auto& p : prompts) longest = std::max(longest, int64_t(p.size()));
-  KvCache cache(c.num_layers, int64_t(R), longest + o.max_new_tokens,
-                local_kv_heads_ * c.head_dim);
+  KvCache cache(c.num_layers, int64_t(R), longest + o.max_new_tokens, local_kv_heads_ * c.head_dim);
   model::RowSampler sampler(R, o.sampling, o.seed, o.stop_token);
   Generation g;
   if (o.keep_logits) g.logits.assign(R, {});
@@ -385,10 +397,9 @@ Result<Generation> InferenceWorker::generate(const transfer::Receiver& receiver,
                                              const std::vector<std::vector<int64_t>>& prompts,
                                              const GenerateOptions& o) {
   const int tp = options_.layout.tp;
-  const std::chrono::milliseconds timeout =
-      options_.timeout.count() > 0 ? options_.timeout
-      : tp > 1                     ? options_.tp_group->default_timeout()
-                                   : std::chrono::milliseconds(0);
+  const std::chrono::milliseconds timeout = options_.timeout.count() > 0 ? options_.timeout
+                                            : tp > 1 ? options_.tp_group->default_timeout()
+                                                     : std::chrono::milliseconds(0);
   const auto deadline = Clock::now() + timeout;
   for (int attempt = 0;; ++attempt) {
     if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -399,9 +410,11 @@ Result<Generation> InferenceWorker::generate(const transfer::Receiver& receiver,
       // held, whether some rank could not bind its weights, whether some rank is out of time.
       const int64_t v = int64_t(guard.version());
       int64_t agree[4] = {v, -v, w.ok() ? 0 : 1, Clock::now() > deadline ? 1 : 0};
-      Status s = comm::allreduce(*options_.tp_group,
-                                 {.recv = agree, .count = 4, .dtype = DType::kI64,
-                                  .op = comm::ReduceOp::kMax, .timeout = options_.timeout});
+      Status s = comm::allreduce(*options_.tp_group, {.recv = agree,
+                                                      .count = 4,
+                                                      .dtype = DType::kI64,
+                                                      .op = comm::ReduceOp::kMax,
+                                                      .timeout = options_.timeout});
       if (!s.ok()) {
         return s.with_context("inference worker (tp rank " +
                               std::to_string(options_.layout.tp_rank) + "): agreeing on a version");
@@ -414,12 +427,10 @@ Result<Generation> InferenceWorker::generate(const transfer::Receiver& receiver,
       }
       if (agree[0] != -agree[1]) {
         if (agree[3] != 0) {
-          return deadline_exceeded("inference worker (tp rank " +
-                                   std::to_string(options_.layout.tp_rank) +
-                                   "): TP ranks still hold weight versions " +
-                                   std::to_string(-agree[1]) + " to " +
-                                   std::to_string(agree[0]) + " after " +
-                                   std::to_string(timeout.count()) + " ms");
+          return deadline_exceeded(
+              "inference worker (tp rank " + std::to_string(options_.layout.tp_rank) +
+              "): TP ranks still hold weight versions " + std::to_string(-agree[1]) + " to " +
+              std::to_string(agree[0]) + " after " + std::to_string(timeout.count()) + " ms");
         }
         continue;  // releases the guard; a lagging receiver publishes soon after the barrier
       }

@@ -46,7 +46,7 @@ namespace wl::infer {
 
 struct WorkerOptions {
   model::ModelConfig config;
-  transfer::LayoutOptions layout;        // tp, tp_rank, format: what the weights look like
+  transfer::LayoutOptions layout;  // tp, tp_rank, format: what the weights look like
   // The engine's TP ranks, group rank == layout.tp_rank; required when layout.tp > 1.
   std::shared_ptr<comm::Group> tp_group;
   std::chrono::milliseconds timeout{0};  // every collective; 0: the group's default
@@ -55,9 +55,9 @@ struct WorkerOptions {
 struct GenerateOptions {
   int64_t max_new_tokens = 64;
   kernels::SamplingOptions sampling{.temperature = 0.0f};  // temperature 0: greedy (argmax)
-  uint64_t seed = 0;             // row r samples with Rng(seed + r), as model::generate
-  int64_t stop_token = -1;       // a row stops after producing it; -1: never
-  bool keep_logits = false;      // record each step's logits (tests compare them)
+  uint64_t seed = 0;         // row r samples with Rng(seed + r), as model::generate
+  int64_t stop_token = -1;   // a row stops after producing it; -1: never
+  bool keep_logits = false;  // record each step's logits (tests compare them)
 };
 
 struct Generation {

@@ -34,8 +34,8 @@ void attention_forward(const AttentionShape& s, const float* q, const float* k, 
 // Gradients; dq overwritten [batch, seq_q, heads, head_dim]; dk, dv overwritten
 // [batch, seq_kv, kv_heads, head_dim] (dense, kv_batch_stride ignored: training only).
 void attention_backward(const AttentionShape& s, const float* q, const float* k, const float* v,
-                        const float* out, const float* lse, const float* dout, float* dq,
-                        float* dk, float* dv);
+                        const float* out, const float* lse, const float* dout, float* dq, float* dk,
+                        float* dv);
 
 // Materialises the full score matrix, in double; for tests.
 void attention_forward_reference(const AttentionShape& s, const float* q, const float* k,

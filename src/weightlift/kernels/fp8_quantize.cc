@@ -30,8 +30,8 @@ void check_source(DType t) {
 // 8 elements of the row at column j as f32 (bf16 widens exactly: its bits are the top half).
 WL_AVX2 inline __m256 load8(DType t, const void* row, int64_t j) {
   if (t == DType::kBF16) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(
-        static_cast<const uint16_t*>(row) + j));
+    const __m128i h =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + j));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
   return _mm256_loadu_ps(static_cast<const float*>(row) + j);

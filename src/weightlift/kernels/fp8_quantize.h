@@ -28,8 +28,7 @@ namespace wl::kernels {
 // amax[b] = max(amax[b], max |row[j]|) over the columns j of block b (block_cols columns each,
 // the last block possibly shorter); NaNs are skipped. row: [cols] of src_type (kF32 or kBF16),
 // borrowed. amax: [ceil(cols / block_cols)].
-void fp8_block_amax(DType src_type, const void* row, int64_t cols, int64_t block_cols,
-                    float* amax);
+void fp8_block_amax(DType src_type, const void* row, int64_t cols, int64_t block_cols, float* amax);
 
 // dst[j] = f32_to_fp8_e4m3(x[j] / scales[j / block_cols]), x the row read as src_type.
 // REQUIRES: block_cols a multiple of 8.

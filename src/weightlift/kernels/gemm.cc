@@ -34,10 +34,10 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <sstream>
 #include <string>
-#include <new>
 #include <unordered_map>
 #include <vector>
 

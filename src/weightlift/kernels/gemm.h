@@ -22,10 +22,10 @@ struct GemmArgs {
   const void* b = nullptr;  // [k, n], or [n, k] when trans_b (a torch Linear weight [out, in])
   int64_t ldb = 0;
   bool trans_b = false;
-  float* c = nullptr;       // [m, n] f32
+  float* c = nullptr;  // [m, n] f32
   int64_t ldc = 0;
   float alpha = 1.0f;
-  float beta = 0.0f;        // 0: C is overwritten (may hold garbage); 1: accumulate
+  float beta = 0.0f;            // 0: C is overwritten (may hold garbage); 1: accumulate
   DType in_type = DType::kF32;  // kF32 or kBF16, for both A and B
 };
 

@@ -19,8 +19,7 @@ struct AdamWArgs {
 // torch.optim.AdamW (amsgrad off, maximize off), per element:
 //   g = grad * grad_scale; p *= 1 - lr*wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
 //   p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
-void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n,
-                const AdamWArgs& a);
+void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWArgs& a);
 
 // Sum of squares of x[0..n), accumulated in double; combine over tensors, then
 // clip_coefficient(sqrt(total), max_norm).

@@ -11,7 +11,7 @@ void rmsnorm_forward(const float* x, const float* g, float* y, float* rstd, int6
 
 // dx = d(loss)/dx, overwritten [n, d]; dg += d(loss)/dg [d] (accumulated, not overwritten).
 // Deterministic: the dg reduction order does not depend on the thread count.
-void rmsnorm_backward(const float* dy, const float* x, const float* g, const float* rstd,
-                      float* dx, float* dg, int64_t n, int64_t d);
+void rmsnorm_backward(const float* dy, const float* x, const float* g, const float* rstd, float* dx,
+                      float* dg, int64_t n, int64_t d);
 
 }  // namespace wl::kernels

@@ -30,17 +30,17 @@ RouterLosses router_losses(const RouterShape& s, const float* probs, const float
                            const int64_t* counts);
 
 struct RouterBackwardArgs {
-  const float* probs = nullptr;      // [tokens, experts] from forward
-  const int32_t* topk_idx = nullptr; // [tokens, top_k]
-  const float* topk_w = nullptr;     // [tokens, top_k]
-  const float* lse = nullptr;        // [tokens]; needed when z_scale != 0
-  const int64_t* counts = nullptr;   // [experts]; needed when aux_scale != 0
-  const float* dtopk_w = nullptr;    // [tokens, top_k]: d loss / d gate weights
+  const float* probs = nullptr;       // [tokens, experts] from forward
+  const int32_t* topk_idx = nullptr;  // [tokens, top_k]
+  const float* topk_w = nullptr;      // [tokens, top_k]
+  const float* lse = nullptr;         // [tokens]; needed when z_scale != 0
+  const int64_t* counts = nullptr;    // [experts]; needed when aux_scale != 0
+  const float* dtopk_w = nullptr;     // [tokens, top_k]: d loss / d gate weights
   // d loss / d aux_l and d loss / d z_l: aux_loss_alpha / num_layers and
   // z_loss_beta / num_layers times the loss's own scale (1 unless loss scaling).
   float aux_scale = 0;
   float z_scale = 0;
-  float* dlogits = nullptr;          // [tokens, experts], overwritten
+  float* dlogits = nullptr;  // [tokens, experts], overwritten
 };
 
 // Backward through gate weights (and their normalisation), the softmax, the aux loss (f_i

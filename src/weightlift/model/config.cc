@@ -7,8 +7,6 @@
 // and the key. The keys with a DESIGN.md default may be left out. docs/formats.md lists them.
 #include "weightlift/model/config.h"
 
-#include "weightlift/core/file_io.h"
-
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -20,6 +18,7 @@
 #include <variant>
 
 #include "weightlift/core/check.h"
+#include "weightlift/core/file_io.h"
 
 namespace wl::model {
 namespace {
@@ -72,9 +71,13 @@ std::string fmt(double x) {
 }
 
 std::string describe(const Json& v) {
-  std::string kind = v.is_boolean() ? "a boolean" : v.is_string() ? "a string"
-                   : v.is_number_float() ? "a float" : v.is_number() ? "an integer"
-                   : v.is_null() ? "null" : v.is_array() ? "an array" : "an object";
+  std::string kind = v.is_boolean()        ? "a boolean"
+                     : v.is_string()       ? "a string"
+                     : v.is_number_float() ? "a float"
+                     : v.is_number()       ? "an integer"
+                     : v.is_null()         ? "null"
+                     : v.is_array()        ? "an array"
+                                           : "an object";
   if (v.is_structured() || v.is_null()) return kind;
   std::string s = v.dump(-1, ' ', false, Json::error_handler_t::replace);
   if (s.size() > 40) s = s.substr(0, 37) + "...";
@@ -221,8 +224,9 @@ Status ModelConfig::validate(std::string_view where_view) const {
 Result<ModelConfig> parse_config(std::string_view json_text, std::string_view where_view) {
   const std::string where(where_view);
   WL_ASSIGN_OR_RETURN(Json j, parse_json(json_text, where));
-  if (!j.is_object()) return invalid_argument(where + ": top level is " + describe(j) +
-                                              ", expected an object of config keys");
+  if (!j.is_object())
+    return invalid_argument(where + ": top level is " + describe(j) +
+                            ", expected an object of config keys");
   for (const auto& [key, value] : j.items()) {
     bool known = false;
     for (const Field& f : fields()) known = known || key == f.name;
@@ -296,21 +300,51 @@ Result<ModelConfig> preset(std::string_view name) {
   // tiny, small and medium use the byte-level tokenizer: 256 bytes plus special tokens.
   ModelConfig c;
   if (name == "tiny") {  // for tests
-    c = {.hidden_size = 64, .num_layers = 2, .num_heads = 4, .num_kv_heads = 1, .head_dim = 16,
-         .num_experts = 4, .top_k = 2, .ffn_dim = 128, .vocab_size = 320, .max_seq_len = 128};
+    c = {.hidden_size = 64,
+         .num_layers = 2,
+         .num_heads = 4,
+         .num_kv_heads = 1,
+         .head_dim = 16,
+         .num_experts = 4,
+         .top_k = 2,
+         .ffn_dim = 128,
+         .vocab_size = 320,
+         .max_seq_len = 128};
   } else if (name == "small") {  // about 20M parameters; training benchmarks
-    c = {.hidden_size = 256, .num_layers = 6, .num_heads = 8, .num_kv_heads = 1, .head_dim = 32,
-         .num_experts = 8, .top_k = 2, .ffn_dim = 512, .vocab_size = 320, .max_seq_len = 256};
+    c = {.hidden_size = 256,
+         .num_layers = 6,
+         .num_heads = 8,
+         .num_kv_heads = 1,
+         .head_dim = 32,
+         .num_experts = 8,
+         .top_k = 2,
+         .ffn_dim = 512,
+         .vocab_size = 320,
+         .max_seq_len = 256};
   } else if (name == "medium") {  // about 420M parameters, 0.84 GB in bf16; weight transfer
-    c = {.hidden_size = 1024, .num_layers = 8, .num_heads = 16, .num_kv_heads = 1,
-         .head_dim = 64, .num_experts = 8, .top_k = 2, .ffn_dim = 2048, .vocab_size = 320,
+    c = {.hidden_size = 1024,
+         .num_layers = 8,
+         .num_heads = 16,
+         .num_kv_heads = 1,
+         .head_dim = 64,
+         .num_experts = 8,
+         .top_k = 2,
+         .ffn_dim = 2048,
+         .vocab_size = 320,
          .max_seq_len = 512};
   } else if (name == "seed-6.9b") {
     // Seed 003's drawing: 6.88B parameters in all, 1.79B active per token (not the seed's
     // "0.7B active"). The seed gives no context length; 4096 is the usual one for models of
     // this size (LLaMA-2, Mistral), and only the RoPE table depends on it.
-    c = {.hidden_size = 768, .num_layers = 30, .num_heads = 12, .num_kv_heads = 1,
-         .head_dim = 64, .num_experts = 16, .top_k = 4, .ffn_dim = 6144, .vocab_size = 32000,
+    c = {.hidden_size = 768,
+         .num_layers = 30,
+         .num_heads = 12,
+         .num_kv_heads = 1,
+         .head_dim = 64,
+         .num_experts = 16,
+         .top_k = 4,
+         .ffn_dim = 6144,
+         .vocab_size = 32000,
          .max_seq_len = 4096};
   } else {
     std::string known;

@@ -13,23 +13,23 @@
 namespace wl::model {
 
 struct ModelConfig {
-  int64_t hidden_size = 0;      // d
+  int64_t hidden_size = 0;  // d
   int64_t num_layers = 0;
-  int64_t num_heads = 0;        // query heads
-  int64_t num_kv_heads = 0;     // key/value heads; 1 = MQA; divides num_heads
-  int64_t head_dim = 0;         // even (RoPE pairs i and i + head_dim/2)
+  int64_t num_heads = 0;     // query heads
+  int64_t num_kv_heads = 0;  // key/value heads; 1 = MQA; divides num_heads
+  int64_t head_dim = 0;      // even (RoPE pairs i and i + head_dim/2)
   int64_t num_experts = 0;
-  int64_t top_k = 0;            // experts per token, 1 ..= num_experts
-  int64_t ffn_dim = 0;          // expert hidden size
+  int64_t top_k = 0;    // experts per token, 1 ..= num_experts
+  int64_t ffn_dim = 0;  // expert hidden size
   int64_t vocab_size = 0;
-  int64_t max_seq_len = 0;      // positions the RoPE table covers
+  int64_t max_seq_len = 0;  // positions the RoPE table covers
   double rope_theta = 10000.0;
   double rope_ntk_alpha = 1.0;  // NTK-aware scaling; 1 = none
   double rms_eps = 1e-5;
-  bool norm_topk = true;        // renormalise the top-k gate weights to sum to 1
-  double aux_loss_alpha = 0.01; // load-balancing loss weight
-  double z_loss_beta = 0.0;     // router z-loss weight
-  bool tie_embeddings = false;  // logits = x @ embed^T, no lm_head
+  bool norm_topk = true;                  // renormalise the top-k gate weights to sum to 1
+  double aux_loss_alpha = 0.01;           // load-balancing loss weight
+  double z_loss_beta = 0.0;               // router z-loss weight
+  bool tie_embeddings = false;            // logits = x @ embed^T, no lm_head
   std::optional<double> capacity_factor;  // null = dropless
 
   // Every rule a config must satisfy, as one error naming the first key that breaks one

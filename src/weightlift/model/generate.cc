@@ -73,8 +73,13 @@ std::vector<float> forward_cached(Transformer& model, KvCache& cache,
       kernels::rope_forward(kc, model.rope(), 1, n, Hkv, pos);
       const float* kbase = cache.k[size_t(l)].data<float>() + int64_t(r) * cache.capacity * kvd;
       const float* vbase = cache.v[size_t(l)].data<float>() + int64_t(r) * cache.capacity * kvd;
-      kernels::attention_forward({.batch = 1, .seq_q = n, .seq_kv = pos + n, .heads = H,
-                                  .kv_heads = Hkv, .head_dim = c.head_dim, .q_offset = pos},
+      kernels::attention_forward({.batch = 1,
+                                  .seq_q = n,
+                                  .seq_kv = pos + n,
+                                  .heads = H,
+                                  .kv_heads = Hkv,
+                                  .head_dim = c.head_dim,
+                                  .q_offset = pos},
                                  q.data<float>(), kbase, vbase,
                                  att.data<float>() + row_begin[r] * qd, nullptr);
     }
@@ -110,7 +115,8 @@ Status check_prompts(const ModelConfig& c, const std::vector<std::vector<int64_t
   if (prompts.empty()) return invalid_argument("generate: no prompts");
   if (new_tokens < 0) return invalid_argument("generate: max_new_tokens must be >= 1");
   for (size_t r = 0; r < prompts.size(); ++r) {
-    if (prompts[r].empty()) return invalid_argument("generate: prompt " + std::to_string(r) + " is empty");
+    if (prompts[r].empty())
+      return invalid_argument("generate: prompt " + std::to_string(r) + " is empty");
     if (int64_t(prompts[r].size()) + new_tokens > c.max_seq_len)
       return invalid_argument("generate: prompt " + std::to_string(r) + " has " +
                               std::to_string(prompts[r].size()) + " tokens; with " +
@@ -119,7 +125,8 @@ Status check_prompts(const ModelConfig& c, const std::vector<std::vector<int64_t
     for (int64_t t : prompts[r])
       if (t < 0 || t >= c.vocab_size)
         return invalid_argument("generate: prompt " + std::to_string(r) + " holds token " +
-                                std::to_string(t) + " outside [0, " + std::to_string(c.vocab_size) + ")");
+                                std::to_string(t) + " outside [0, " + std::to_string(c.vocab_size) +
+                                ")");
   }
   return ok_status();
 }

@@ -18,7 +18,7 @@ struct GenerateOptions {
   kernels::SamplingOptions sampling;  // temperature 0 = greedy
   uint64_t seed = 0;                  // row r samples with Rng(seed + r)
   bool use_kv_cache = true;
-  int64_t stop_token = -1;            // a row stops after producing it; -1 = never
+  int64_t stop_token = -1;  // a row stops after producing it; -1 = never
   Precision precision = Precision::kF32;
 };
 

@@ -15,22 +15,24 @@ Status write_gradient_file(const GradFileOptions& o) {
   WL_RETURN_IF_ERROR(model.load(o.weights_path));
   model.zero_grads();
   Tensor logits = Tensor::empty(DType::kF32, {B, T, cfg.vocab_size});
-  LossTerms l = model.forward_backward(
-      batch.tokens.data(), batch.targets.data(), B, T,
-      {.precision = o.precision, .checkpointing = o.checkpointing,
-       .logits_out = logits.data<float>()});
+  LossTerms l = model.forward_backward(batch.tokens.data(), batch.targets.data(), B, T,
+                                       {.precision = o.precision,
+                                        .checkpointing = o.checkpointing,
+                                        .logits_out = logits.data<float>()});
 
   auto scalar = [](double v) {
     Tensor t = Tensor::empty(DType::kF32, {1});
     t.data<float>()[0] = float(v);
     return t;
   };
-  std::vector<std::pair<std::string, Tensor>> out{
-      {"loss", scalar(l.loss())}, {"ce", scalar(l.ce)}, {"aux", scalar(l.aux)},
-      {"z", scalar(l.z)}, {"logits", logits}};
+  std::vector<std::pair<std::string, Tensor>> out{{"loss", scalar(l.loss())},
+                                                  {"ce", scalar(l.ce)},
+                                                  {"aux", scalar(l.aux)},
+                                                  {"z", scalar(l.z)},
+                                                  {"logits", logits}};
   for (const ParamInfo& p : model.layout().params()) {
-    out.emplace_back("grad." + p.name, Tensor::borrow(model.grads().data<float>() + p.offset,
-                                                      DType::kF32, p.shape));
+    out.emplace_back("grad." + p.name,
+                     Tensor::borrow(model.grads().data<float>() + p.offset, DType::kF32, p.shape));
   }
   return write_safetensors(o.out_path, out, {{"producer", "weightlift grad"}});
 }

@@ -21,11 +21,11 @@ double ModelInfo::train_flops_per_token(int64_t seq) const {
   // GEMM weights a token multiplies: active parameters minus the embedding lookup and norms
   // (the head is a GEMM, the input embedding is not).
   const double norms = double(c.hidden_size) * double(2 * c.num_layers + 1);
-  const double gemm_params = double(active_params) - double(c.vocab_size * c.hidden_size) -
-                             norms + (c.tie_embeddings ? double(c.vocab_size * c.hidden_size) : 0);
+  const double gemm_params = double(active_params) - double(c.vocab_size * c.hidden_size) - norms +
+                             (c.tie_embeddings ? double(c.vocab_size * c.hidden_size) : 0);
   // Causal attention: q.k and p.v over seq/2 keys on average, per head.
-  const double attn = 2.0 * 2.0 * double(c.num_heads * c.head_dim) * double(seq) / 2.0 *
-                      double(c.num_layers);
+  const double attn =
+      2.0 * 2.0 * double(c.num_heads * c.head_dim) * double(seq) / 2.0 * double(c.num_layers);
   return 3.0 * (2.0 * gemm_params + attn);
 }
 

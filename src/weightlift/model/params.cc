@@ -73,8 +73,9 @@ Status read_params(const ParamLayout& layout, std::span<const SafetensorsFile* c
       from = f;
     }
     if (from == nullptr) {
-      return not_found((files.size() == 1 ? files[0]->path() : std::to_string(files.size()) +
-                        " files") + ": missing tensor '" + p.name + "'");
+      return not_found(
+          (files.size() == 1 ? files[0]->path() : std::to_string(files.size()) + " files") +
+          ": missing tensor '" + p.name + "'");
     }
     const TensorInfo* info = from->find(p.name);
     if (!dtype_is_float(info->dtype)) {

@@ -22,10 +22,10 @@
 namespace wl::model {
 
 struct ParamInfo {
-  std::string name;   // DESIGN.md's name, e.g. "layers.0.attn.q_proj.weight"
-  Shape shape;        // [out, in] for matrices, as torch.nn.Linear
-  int64_t offset = 0; // elements from the start of the flat buffer
-  bool decay = false; // AdamW weight decay applies (matrices yes; norm gains no)
+  std::string name;    // DESIGN.md's name, e.g. "layers.0.attn.q_proj.weight"
+  Shape shape;         // [out, in] for matrices, as torch.nn.Linear
+  int64_t offset = 0;  // elements from the start of the flat buffer
+  bool decay = false;  // AdamW weight decay applies (matrices yes; norm gains no)
   int64_t numel() const { return shape_numel(shape); }
 };
 
@@ -53,21 +53,21 @@ Status read_params(const ParamLayout& layout, std::span<const SafetensorsFile* c
 
 // Pointers into one flat buffer (parameters or gradients), by role.
 struct LayerView {
-  float* attn_norm;  // [d]
-  float* wqkv;       // [(H + 2 Hkv) * Dh, d]: q_proj, k_proj, v_proj stacked
-  float* wo;         // [d, H * Dh]
-  float* moe_norm;   // [d]
-  float* router;     // [E, d]
-  float* experts;    // expert e at experts + e * expert_stride:
-                     //   gate_up [2F, d] (gate_proj then up_proj), then down [d, F]
+  float* attn_norm;       // [d]
+  float* wqkv;            // [(H + 2 Hkv) * Dh, d]: q_proj, k_proj, v_proj stacked
+  float* wo;              // [d, H * Dh]
+  float* moe_norm;        // [d]
+  float* router;          // [E, d]
+  float* experts;         // expert e at experts + e * expert_stride:
+                          //   gate_up [2F, d] (gate_proj then up_proj), then down [d, F]
   int64_t expert_stride;  // elements per expert: 3 * F * d
 };
 
 struct ModelView {
   float* embed;  // [V, d]
   std::vector<LayerView> layers;
-  float* norm;   // [d]
-  float* head;   // [V, d]; == embed when tie_embeddings
+  float* norm;  // [d]
+  float* head;  // [V, d]; == embed when tie_embeddings
 };
 
 ModelView bind(const ModelConfig& c, const ParamLayout& layout, float* base);

@@ -16,9 +16,12 @@ enum class Precision { kF32, kBF16, kF16 };
 
 inline std::string_view precision_name(Precision p) {
   switch (p) {
-    case Precision::kF32: return "f32";
-    case Precision::kBF16: return "bf16";
-    case Precision::kF16: return "f16";
+    case Precision::kF32:
+      return "f32";
+    case Precision::kBF16:
+      return "bf16";
+    case Precision::kF16:
+      return "f16";
   }
   return "?";
 }

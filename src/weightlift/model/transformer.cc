@@ -70,8 +70,8 @@ Status Transformer::load(const std::string& path) {
 Status Transformer::save(const std::string& path) const {
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const ParamInfo& p : layout_.params()) {
-    tensors.emplace_back(p.name, Tensor::borrow(params_.data<float>() + p.offset, DType::kF32,
-                                                p.shape));
+    tensors.emplace_back(p.name,
+                         Tensor::borrow(params_.data<float>() + p.offset, DType::kF32, p.shape));
   }
   return write_safetensors(path, tensors, {{"format", "pt"}});
 }
@@ -122,8 +122,8 @@ ForwardPass run_forward(Transformer& m, const int64_t* tokens, int64_t batch, in
   f.x = x;
   f.xf = Tensor::empty(DType::kF32, {N, d});
   f.rstd = Tensor::empty(DType::kF32, {N});
-  kernels::rmsnorm_forward(x.data<float>(), w.norm, f.xf.data<float>(), f.rstd.data<float>(),
-                           N, d, float(c.rms_eps));
+  kernels::rmsnorm_forward(x.data<float>(), w.norm, f.xf.data<float>(), f.rstd.data<float>(), N, d,
+                           float(c.rms_eps));
   f.logits = Tensor::empty(DType::kF32, {N, V});
   detail::linear_forward(precision, f.xf.data<float>(), w.head, f.logits.data<float>(), N, d, V);
   return f;
@@ -179,8 +179,8 @@ LossTerms Transformer::forward_backward(const int64_t* tokens, const int64_t* ta
       Tensor scratch = Tensor::empty(DType::kF32, {N, d});
       detail::block_forward(ctx, dims, w.layers[size_t(l)], a, scratch.data<float>(), nullptr);
     }
-    detail::block_backward(ctx, dims, w.layers[size_t(l)], g.layers[size_t(l)], a,
-                           dx.data<float>(), dx.data<float>(), scales);
+    detail::block_backward(ctx, dims, w.layers[size_t(l)], g.layers[size_t(l)], a, dx.data<float>(),
+                           dx.data<float>(), scales);
     a = detail::BlockActs();
   }
   kernels::embedding_backward(dx.data<float>(), tokens, g.embed, N, V, d);

@@ -24,9 +24,9 @@
 namespace wl::model {
 
 struct LossTerms {
-  double ce = 0;    // mean over counted targets
-  double aux = 0;   // aux_loss_alpha * mean over layers of aux_l
-  double z = 0;     // z_loss_beta * mean over layers of z_l
+  double ce = 0;   // mean over counted targets
+  double aux = 0;  // aux_loss_alpha * mean over layers of aux_l
+  double z = 0;    // z_loss_beta * mean over layers of z_l
   double loss() const { return ce + aux + z; }
   int64_t count = 0;  // targets that were not -100
 };

@@ -22,9 +22,8 @@ StepReport AdamW::step(model::Transformer& model, double lr, double grad_unscale
     r.skipped = true;
     return r;
   }
-  const float clip = options_.grad_clip > 0
-                         ? kernels::clip_coefficient(norm, float(options_.grad_clip))
-                         : 1.0f;
+  const float clip =
+      options_.grad_clip > 0 ? kernels::clip_coefficient(norm, float(options_.grad_clip)) : 1.0f;
   ++steps_;
   for (const model::ParamInfo& info : layout_.params()) {
     kernels::adamw_step(p + info.offset, g + info.offset, m_.data<float>() + info.offset,

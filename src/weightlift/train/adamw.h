@@ -39,7 +39,7 @@ class AdamW {
  private:
   const model::ParamLayout& layout_;
   AdamWOptions options_;
-  Tensor m_, v_;  // f32, layout().total() elements each
+  Tensor m_, v_;       // f32, layout().total() elements each
   int64_t steps_ = 0;  // updates applied so far
 };
 

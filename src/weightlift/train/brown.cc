@@ -78,8 +78,7 @@ Result<BrownCorpus> load_brown(const std::string& dir) {
   }
   if (ec) return errno_status("listing " + dir, ec.value());
   if (names.size() < 10) {
-    return not_found("Brown corpus directory '" + dir + "' holds " +
-                     std::to_string(names.size()) +
+    return not_found("Brown corpus directory '" + dir + "' holds " + std::to_string(names.size()) +
                      " corpus files (c[a-r]NN), expected 500; run scripts/setup.sh");
   }
   std::sort(names.begin(), names.end());

@@ -13,7 +13,7 @@
 namespace wl::train {
 
 struct BrownCorpus {
-  std::string train;       // detokenised text, paragraphs separated by '\n'
+  std::string train;  // detokenised text, paragraphs separated by '\n'
   std::string validation;
   int train_files = 0, validation_files = 0;
 };

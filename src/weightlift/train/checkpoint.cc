@@ -17,13 +17,13 @@ namespace {
 // Version 1 files (before format_version had one name everywhere) said "version": 1 for the
 // same layout; they are read as version 1.
 constexpr RecordFormat kStateFormat{.name = "weightlift-train-checkpoint",
-                                   .version = 1,
-                                   .what = "training checkpoint state",
-                                   .remedy = "resume it with the weightlift that wrote it"};
+                                    .version = 1,
+                                    .what = "training checkpoint state",
+                                    .remedy = "resume it with the weightlift that wrote it"};
 }  // namespace
 
-Status save_checkpoint(const std::string& dir, const model::Transformer& model,
-                       AdamW& optimizer, const CheckpointState& state) {
+Status save_checkpoint(const std::string& dir, const model::Transformer& model, AdamW& optimizer,
+                       const CheckpointState& state) {
   const std::string tmp = dir + ".tmp";
   std::error_code ec;
   fs::remove_all(tmp, ec);

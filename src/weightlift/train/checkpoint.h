@@ -21,14 +21,14 @@
 namespace wl::train {
 
 struct CheckpointState {
-  int64_t step = 0;                   // updates done
-  std::array<uint64_t, 4> data_rng{}; // the window sampler's Rng state
+  int64_t step = 0;                    // updates done
+  std::array<uint64_t, 4> data_rng{};  // the window sampler's Rng state
   double loss_scale = 1.0;             // f16's dynamic loss scale (unused otherwise)
   int64_t loss_scale_clean_steps = 0;  // clean steps since the scale last changed
 };
 
-Status save_checkpoint(const std::string& dir, const model::Transformer& model,
-                       AdamW& optimizer, const CheckpointState& state);
+Status save_checkpoint(const std::string& dir, const model::Transformer& model, AdamW& optimizer,
+                       const CheckpointState& state);
 
 // Loads into an already-constructed model and optimizer of the same config (a different
 // config is an error naming the first differing key).

@@ -19,8 +19,8 @@ Batch WindowSampler::next(int64_t batch, int64_t seq) {
   return b;
 }
 
-std::vector<Batch> fixed_windows(const std::vector<int64_t>& stream, int64_t count,
-                                 int64_t batch, int64_t seq) {
+std::vector<Batch> fixed_windows(const std::vector<int64_t>& stream, int64_t count, int64_t batch,
+                                 int64_t seq) {
   const int64_t n = int64_t(stream.size());
   WL_CHECK_GT(n, seq + 1) << "token stream shorter than one window";
   std::vector<Batch> out;

@@ -30,7 +30,7 @@ class WindowSampler {
 };
 
 // `count` windows spaced evenly over the stream, in batches of `batch` rows.
-std::vector<Batch> fixed_windows(const std::vector<int64_t>& stream, int64_t count,
-                                 int64_t batch, int64_t seq);
+std::vector<Batch> fixed_windows(const std::vector<int64_t>& stream, int64_t count, int64_t batch,
+                                 int64_t seq);
 
 }  // namespace wl::train

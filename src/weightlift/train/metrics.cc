@@ -17,11 +17,16 @@ double number_or_nan(const json& j, const char* key) {
 }  // namespace
 
 std::string metrics_to_json(const StepMetrics& m) {
-  json j = {{"step", m.step},        {"loss", m.loss},
-            {"ce", m.ce},            {"aux", m.aux},
-            {"z", m.z},              {"lr", m.lr},
-            {"grad_norm", m.grad_norm}, {"skipped", m.skipped},
-            {"tokens_per_s", m.tokens_per_s}, {"elapsed_s", m.elapsed_s}};
+  json j = {{"step", m.step},
+            {"loss", m.loss},
+            {"ce", m.ce},
+            {"aux", m.aux},
+            {"z", m.z},
+            {"lr", m.lr},
+            {"grad_norm", m.grad_norm},
+            {"skipped", m.skipped},
+            {"tokens_per_s", m.tokens_per_s},
+            {"elapsed_s", m.elapsed_s}};
   if (std::isfinite(m.loss_scale)) j["loss_scale"] = m.loss_scale;
   if (std::isfinite(m.val_loss)) {
     j["val_loss"] = m.val_loss;

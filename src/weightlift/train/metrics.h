@@ -14,8 +14,8 @@
 namespace wl::train {
 
 struct StepMetrics {
-  int64_t step = 0;         // updates done, this one included
-  double loss = 0;          // ce + aux + z of the update's micro-batches
+  int64_t step = 0;  // updates done, this one included
+  double loss = 0;   // ce + aux + z of the update's micro-batches
   double ce = 0, aux = 0, z = 0;
   double lr = 0;            // the rate this update used
   double grad_norm = 0;     // global norm before clipping

@@ -9,10 +9,10 @@
 
 namespace wl::train {
 
-inline constexpr int64_t kBosToken = 256;  // begins an encoded text (encode's add_bos)
-inline constexpr int64_t kEosToken = 257;  // reserved for end-of-document; the Brown stream
-                                           // is one text, so training never produces it
-inline constexpr int64_t kByteVocab = 258; // bytes + specials; vocab_size must be >= this
+inline constexpr int64_t kBosToken = 256;   // begins an encoded text (encode's add_bos)
+inline constexpr int64_t kEosToken = 257;   // reserved for end-of-document; the Brown stream
+                                            // is one text, so training never produces it
+inline constexpr int64_t kByteVocab = 258;  // bytes + specials; vocab_size must be >= this
 
 std::vector<int64_t> encode(std::string_view text, bool add_bos = true);
 // Bytes back to text; specials are dropped; ids >= kByteVocab become U+FFFD.

@@ -109,17 +109,15 @@ Status Run::load_data() {
     return ok_status();
   }
   if (cfg_.vocab_size < kByteVocab)
-    return invalid_argument("the byte tokenizer needs vocab_size >= " +
-                            std::to_string(kByteVocab) + ", config has " +
-                            std::to_string(cfg_.vocab_size));
+    return invalid_argument("the byte tokenizer needs vocab_size >= " + std::to_string(kByteVocab) +
+                            ", config has " + std::to_string(cfg_.vocab_size));
   WL_ASSIGN_OR_RETURN(BrownCorpus corpus, load_brown(o_.corpus_dir));
   train_stream_ = encode(corpus.train);
   val_stream_ = encode(corpus.validation);
   if (int64_t(train_stream_.size()) <= seq_ + 1) {
-    return invalid_argument("the training text in " + o_.corpus_dir + " has " +
-                            std::to_string(train_stream_.size()) +
-                            " tokens, fewer than one window of --seq " + std::to_string(seq_) +
-                            " + 1");
+    return invalid_argument(
+        "the training text in " + o_.corpus_dir + " has " + std::to_string(train_stream_.size()) +
+        " tokens, fewer than one window of --seq " + std::to_string(seq_) + " + 1");
   }
   summary_.unigram_entropy = unigram_entropy(train_stream_);
   if (val_stream_.size() > size_t(seq_ + 1))
@@ -198,11 +196,13 @@ StepMetrics Run::update_once() {
     for (int64_t t : b.targets) denom += t != kernels::kIgnoreIndex;
   StepMetrics m;
   for (const Batch& b : micro) {
-    model::LossTerms l = model_->forward_backward(
-        b.tokens.data(), b.targets.data(), b.batch, b.seq,
-        {.precision = o_.precision, .checkpointing = o_.checkpointing, .ce_denominator = denom,
-         .aux_weight = 1.0f / float(o_.grad_accum),
-         .grad_scale = f16 ? float(scaler_.scale) : 1.0f});
+    model::LossTerms l =
+        model_->forward_backward(b.tokens.data(), b.targets.data(), b.batch, b.seq,
+                                 {.precision = o_.precision,
+                                  .checkpointing = o_.checkpointing,
+                                  .ce_denominator = denom,
+                                  .aux_weight = 1.0f / float(o_.grad_accum),
+                                  .grad_scale = f16 ? float(scaler_.scale) : 1.0f});
     m.ce += l.ce * double(l.count) / double(std::max<int64_t>(denom, 1));
     m.aux += l.aux / double(o_.grad_accum);
     m.z += l.z / double(o_.grad_accum);

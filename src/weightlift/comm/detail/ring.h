@@ -45,14 +45,14 @@ struct RingReduceScatter {
   ReduceOp op = ReduceOp::kSum;  // kAvg reduces as kSum; the caller divides
   size_t segment_elems = 1;
   uint32_t sequence = 0;
-  uint32_t first_step = 0;       // step numbers used: first_step .. first_step + P - 2
+  uint32_t first_step = 0;  // step numbers used: first_step .. first_step + P - 2
 };
 
 // Rank r ends with block r reduced over all ranks, in `out`.
 Status ring_reduce_scatter(Group& group, const RingReduceScatter& args, Deadline deadline);
 
 struct RingAllgather {
-  void* buffer = nullptr;   // all blocks; this rank's block is already in place
+  void* buffer = nullptr;  // all blocks; this rank's block is already in place
   const Blocks* blocks = nullptr;
   size_t elem_size = 1;
   size_t segment_elems = 1;

@@ -29,13 +29,18 @@ Result<std::unique_ptr<ShmArena>> ShmArena::create(Group& g, Deadline deadline) 
   std::vector<int64_t> all(2 * size_t(P));
   // allgatherv, not allgather: allgather itself asks for the arena.
   const std::vector<size_t> twos(static_cast<size_t>(P), 2), ones(static_cast<size_t>(P), 1);
-  WL_RETURN_IF_ERROR(allgatherv(g, {.send = mine.data(), .recv = all.data(), .counts = twos,
-                                    .dtype = DType::kI64, .timeout = timeout()}));
+  WL_RETURN_IF_ERROR(allgatherv(g, {.send = mine.data(),
+                                    .recv = all.data(),
+                                    .counts = twos,
+                                    .dtype = DType::kI64,
+                                    .timeout = timeout()}));
   std::vector<size_t> lengths(static_cast<size_t>(P));
   for (int q = 0; q < P; ++q) lengths[size_t(q)] = size_t(all[2 * size_t(q) + 1]);
   std::vector<std::byte> keys(std::accumulate(lengths.begin(), lengths.end(), size_t(0)));
-  WL_RETURN_IF_ERROR(allgatherv(g, {.send = packed.data(), .recv = keys.data(),
-                                    .counts = lengths, .dtype = DType::kU8,
+  WL_RETURN_IF_ERROR(allgatherv(g, {.send = packed.data(),
+                                    .recv = keys.data(),
+                                    .counts = lengths,
+                                    .dtype = DType::kU8,
                                     .timeout = timeout()}));
 
   // Map every peer's region; any failure just means "not usable here".
@@ -51,8 +56,8 @@ Result<std::unique_ptr<ShmArena>> ShmArena::create(Group& g, Deadline deadline) 
         mapped = 0;
       } else {
         auto key = g.worker().unpack_rkey(g.worker_peer(q), std::span(keys.data() + at, len));
-        void* p = key.ok() ? g.worker().remote_pointer(*key, uint64_t(all[2 * size_t(q)]))
-                           : nullptr;
+        void* p =
+            key.ok() ? g.worker().remote_pointer(*key, uint64_t(all[2 * size_t(q)])) : nullptr;
         if (p == nullptr) {
           mapped = 0;
         } else {
@@ -65,8 +70,11 @@ Result<std::unique_ptr<ShmArena>> ShmArena::create(Group& g, Deadline deadline) 
   }
   // Usable only if every rank mapped every region.
   std::vector<int64_t> verdicts(static_cast<size_t>(P));
-  WL_RETURN_IF_ERROR(allgatherv(g, {.send = &mapped, .recv = verdicts.data(), .counts = ones,
-                                    .dtype = DType::kI64, .timeout = timeout()}));
+  WL_RETURN_IF_ERROR(allgatherv(g, {.send = &mapped,
+                                    .recv = verdicts.data(),
+                                    .counts = ones,
+                                    .dtype = DType::kI64,
+                                    .timeout = timeout()}));
   arena->usable_ = std::all_of(verdicts.begin(), verdicts.end(), [](int64_t v) { return v == 1; });
   if (!arena->usable_) {
     arena->keys_.clear();

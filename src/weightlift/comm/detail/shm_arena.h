@@ -61,9 +61,7 @@ class ShmArena {
   std::byte* in_block(int rank, size_t slot, int dest) const {
     return base_[size_t(rank)] + kHeaderBytes + slot * slot_bytes_ + size_t(dest) * kShmBlockBytes;
   }
-  std::byte* res_block(int rank, size_t slot) const {
-    return in_block(rank, slot, ranks());
-  }
+  std::byte* res_block(int rank, size_t slot) const { return in_block(rank, slot, ranks()); }
 
   // Owner side: release-stores the phase counter (the data written before becomes visible
   // to a peer that sees the new value).
@@ -89,8 +87,8 @@ class ShmArena {
   bool usable_ = false;
   size_t slot_bytes_ = 0;
   MemoryRegion own_;
-  std::vector<RemoteKey> keys_;    // by group rank; empty for ourselves
-  std::vector<std::byte*> base_;   // by group rank: our region or the mapping of a peer's
+  std::vector<RemoteKey> keys_;   // by group rank; empty for ourselves
+  std::vector<std::byte*> base_;  // by group rank: our region or the mapping of a peer's
 };
 
 // The collectives the shared-memory pipeline runs (allreduce_shm.cc).
@@ -104,11 +102,11 @@ struct ShmCollectiveArgs {
   // out, count elements, read on the root.
   const void* in = nullptr;
   void* out = nullptr;
-  size_t count = 0;            // elements, > 0
+  size_t count = 0;  // elements, > 0
   DType dtype = DType::kF32;
   ReduceOp op = ReduceOp::kSum;  // kAvg divides by P at the end
-  int root = 0;                // broadcast only
-  size_t segment_bytes = 0;    // block size override (tests); 0 or above kShmBlockBytes: that
+  int root = 0;                  // broadcast only
+  size_t segment_bytes = 0;      // block size override (tests); 0 or above kShmBlockBytes: that
 };
 
 Status shm_collective(Group& group, ShmArena& arena, const ShmCollectiveArgs& args,

@@ -15,8 +15,16 @@ namespace {
 // Little-endian fields; these machines are little-endian, and the format says so for others.
 void put_u32(std::byte* p, uint32_t v) { std::memcpy(p, &v, 4); }
 void put_u64(std::byte* p, uint64_t v) { std::memcpy(p, &v, 8); }
-uint32_t get_u32(const std::byte* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
-uint64_t get_u64(const std::byte* p) { uint64_t v; std::memcpy(&v, p, 8); return v; }
+uint32_t get_u32(const std::byte* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+uint64_t get_u64(const std::byte* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
 
 int remaining_ms(Deadline deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -25,8 +33,9 @@ int remaining_ms(Deadline deadline) {
 
 Status check_magic(const std::byte* p, const std::string& what) {
   if (std::memcmp(p, kStoreMagic, 4) != 0) {
-    return data_loss(what + ": not a weightlift rendezvous store message (bad magic); is "
-                            "something else listening on MASTER_PORT?");
+    return data_loss(what +
+                     ": not a weightlift rendezvous store message (bad magic); is "
+                     "something else listening on MASTER_PORT?");
   }
   return ok_status();
 }
@@ -34,7 +43,8 @@ Status check_magic(const std::byte* p, const std::string& what) {
 Status format_version_mismatch(uint8_t found, const std::string& what) {
   return failed_precondition(what + ": rendezvous store wire format version mismatch: expected " +
                              std::to_string(kStoreWireFormatVersion) + ", found " +
-                             std::to_string(found) + "; run the same weightlift build on every "
+                             std::to_string(found) +
+                             "; run the same weightlift build on every "
                              "rank");
 }
 
@@ -114,7 +124,8 @@ Result<StoreRequest> read_request(int fd, Deadline deadline, const std::string& 
   StoreRequest r;
   r.format_version = uint8_t(h[4]);
   *format_version_out = r.format_version;
-  if (r.format_version != kStoreWireFormatVersion) return format_version_mismatch(r.format_version, what);
+  if (r.format_version != kStoreWireFormatVersion)
+    return format_version_mismatch(r.format_version, what);
   r.op = StoreOp(uint8_t(h[5]));
   if (r.op != StoreOp::kSet && r.op != StoreOp::kGet && r.op != StoreOp::kAdd) {
     return invalid_argument(what + ": unknown store operation " + std::to_string(int(h[5])));
@@ -150,7 +161,8 @@ Result<StoreResponse> read_response(int fd, Deadline deadline, const std::string
   }
   r.payload.resize(len);
   WL_RETURN_IF_ERROR(read_exact(fd, r.payload.data(), len, deadline, what));
-  if (r.format_version != kStoreWireFormatVersion) return format_version_mismatch(r.format_version, what);
+  if (r.format_version != kStoreWireFormatVersion)
+    return format_version_mismatch(r.format_version, what);
   return r;
 }
 

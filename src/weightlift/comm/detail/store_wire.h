@@ -27,7 +27,7 @@ struct StoreRequest {
   uint32_t timeout_ms = 0;  // kGet: how long the server waits for the key
   std::string token;
   std::string key;
-  Bytes value;              // kSet: the value; kAdd: the i64 delta, 8 bytes little-endian
+  Bytes value;  // kSet: the value; kAdd: the i64 delta, 8 bytes little-endian
 };
 
 struct StoreResponse {
@@ -40,7 +40,8 @@ Bytes encode_request(const StoreRequest& r);
 Bytes encode_response(const StoreResponse& r);
 
 // Socket I/O bounded by `deadline`. `what` names the peer for error messages.
-Status write_all(int fd, const void* data, size_t bytes, Deadline deadline, const std::string& what);
+Status write_all(int fd, const void* data, size_t bytes, Deadline deadline,
+                 const std::string& what);
 Status read_exact(int fd, void* data, size_t bytes, Deadline deadline, const std::string& what);
 
 // Reads one request. A header that is not ours or of another version is an error saying what

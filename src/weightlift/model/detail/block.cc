@@ -27,14 +27,26 @@ Tensor f32(Shape s) { return Tensor::empty(DType::kF32, std::move(s)); }
 struct Dims {
   int64_t d, H, Hkv, Dh, qd, kvd, qkvd, E, K, F;
   explicit Dims(const ModelConfig& c)
-      : d(c.hidden_size), H(c.num_heads), Hkv(c.num_kv_heads), Dh(c.head_dim),
-        qd(c.q_dim()), kvd(c.kv_dim()), qkvd(c.q_dim() + 2 * c.kv_dim()), E(c.num_experts),
-        K(c.top_k), F(c.ffn_dim) {}
+      : d(c.hidden_size),
+        H(c.num_heads),
+        Hkv(c.num_kv_heads),
+        Dh(c.head_dim),
+        qd(c.q_dim()),
+        kvd(c.kv_dim()),
+        qkvd(c.q_dim() + 2 * c.kv_dim()),
+        E(c.num_experts),
+        K(c.top_k),
+        F(c.ffn_dim) {}
 };
 
 kernels::AttentionShape attention_shape(const Dims& m, const BlockDims& b) {
-  return {.batch = b.batch, .seq_q = b.seq, .seq_kv = b.seq, .heads = m.H, .kv_heads = m.Hkv,
-          .head_dim = m.Dh, .q_offset = 0};
+  return {.batch = b.batch,
+          .seq_q = b.seq,
+          .seq_kv = b.seq,
+          .heads = m.H,
+          .kv_heads = m.Hkv,
+          .head_dim = m.Dh,
+          .q_offset = 0};
 }
 
 // dst[n, width] = columns [col, col + width) of src[n, ld].
@@ -64,22 +76,20 @@ namespace {
 void route(const BlockContext& ctx, const Dims& m, const LayerView& w, int64_t N, BlockActs& a,
            kernels::RouterLosses* losses) {
   Tensor logits = f32({N, m.E});
-  linear_forward(ctx.precision, a.xn2.data<float>(), w.router, logits.data<float>(), N, m.d,
-                 m.E);
+  linear_forward(ctx.precision, a.xn2.data<float>(), w.router, logits.data<float>(), N, m.d, m.E);
   a.probs = f32({N, m.E});
   a.topk_w = f32({N, m.K});
   a.lse_r = f32({N});
   a.topk_idx = Tensor::empty(DType::kI32, {N, m.K});
   a.counts = Tensor::empty(DType::kI64, {m.E});
-  const kernels::RouterShape rs{.tokens = N, .experts = m.E, .top_k = m.K,
-                                .norm_topk = ctx.config.norm_topk};
+  const kernels::RouterShape rs{
+      .tokens = N, .experts = m.E, .top_k = m.K, .norm_topk = ctx.config.norm_topk};
   kernels::router_forward(rs, logits.data<float>(), a.probs.data<float>(),
-                          a.topk_idx.data<int32_t>(), a.topk_w.data<float>(),
-                          a.lse_r.data<float>(), a.counts.data<int64_t>());
+                          a.topk_idx.data<int32_t>(), a.topk_w.data<float>(), a.lse_r.data<float>(),
+                          a.counts.data<int64_t>());
   if (!losses) return;
-  const kernels::RouterLosses l = kernels::router_losses(rs, a.probs.data<float>(),
-                                                         a.lse_r.data<float>(),
-                                                         a.counts.data<int64_t>());
+  const kernels::RouterLosses l = kernels::router_losses(
+      rs, a.probs.data<float>(), a.lse_r.data<float>(), a.counts.data<int64_t>());
   losses->aux += l.aux;
   losses->z += l.z;
 }
@@ -90,10 +100,9 @@ void dispatch(const Dims& m, int64_t N, BlockActs& a) {
   a.expert_begin.assign(size_t(m.E + 1), 0);
   a.row_of_slot = Tensor::empty(DType::kI32, {N, m.K});
   a.token_of_row = Tensor::empty(DType::kI32, {S});
-  kernels::group_by_expert({.tokens = N, .experts = m.E, .top_k = m.K},
-                           a.topk_idx.data<int32_t>(), a.counts.data<int64_t>(),
-                           a.expert_begin.data(), a.row_of_slot.data<int32_t>(),
-                           a.token_of_row.data<int32_t>());
+  kernels::group_by_expert({.tokens = N, .experts = m.E, .top_k = m.K}, a.topk_idx.data<int32_t>(),
+                           a.counts.data<int64_t>(), a.expert_begin.data(),
+                           a.row_of_slot.data<int32_t>(), a.token_of_row.data<int32_t>());
   a.xe = f32({S, m.d});
   const float* xn2 = a.xn2.data<float>();
   float* xe = a.xe.data<float>();
@@ -153,8 +162,8 @@ void moe_forward(const BlockContext& ctx, const LayerView& w, int64_t N, BlockAc
   combine(m, a, N, h, out);
 }
 
-void block_forward(const BlockContext& ctx, const BlockDims& b, const LayerView& w,
-                   BlockActs& a, float* out, kernels::RouterLosses* losses) {
+void block_forward(const BlockContext& ctx, const BlockDims& b, const LayerView& w, BlockActs& a,
+                   float* out, kernels::RouterLosses* losses) {
   const Dims m(ctx.config);
   const int64_t N = b.tokens;
   const Precision p = ctx.precision;
@@ -271,12 +280,12 @@ void undispatch(const Dims& m, const BlockActs& a, const Tensor& dxe, int64_t N,
 
 // The router's logits gradient (gates, aux and z losses), then its input gradient added into
 // dxn2 and its weight gradient.
-void router_backward(const BlockContext& ctx, const Dims& m, const LayerView& w,
-                     const LayerView& g, const BlockActs& a, const Tensor& dtopk_w,
-                     const BlockGradScales& scales, int64_t N, Tensor& dxn2) {
+void router_backward(const BlockContext& ctx, const Dims& m, const LayerView& w, const LayerView& g,
+                     const BlockActs& a, const Tensor& dtopk_w, const BlockGradScales& scales,
+                     int64_t N, Tensor& dxn2) {
   Tensor dlogits = f32({N, m.E});
-  const kernels::RouterShape rs{.tokens = N, .experts = m.E, .top_k = m.K,
-                                .norm_topk = ctx.config.norm_topk};
+  const kernels::RouterShape rs{
+      .tokens = N, .experts = m.E, .top_k = m.K, .norm_topk = ctx.config.norm_topk};
   kernels::router_backward(rs, {.probs = a.probs.data<float>(),
                                 .topk_idx = a.topk_idx.data<int32_t>(),
                                 .topk_w = a.topk_w.data<float>(),
@@ -286,8 +295,8 @@ void router_backward(const BlockContext& ctx, const Dims& m, const LayerView& w,
                                 .aux_scale = scales.aux,
                                 .z_scale = scales.z,
                                 .dlogits = dlogits.data<float>()});
-  linear_backward_input(ctx.precision, dlogits.data<float>(), w.router, dxn2.data<float>(), N,
-                        m.d, m.E, true);
+  linear_backward_input(ctx.precision, dlogits.data<float>(), w.router, dxn2.data<float>(), N, m.d,
+                        m.E, true);
   linear_backward_weight(ctx.precision, dlogits.data<float>(), a.xn2.data<float>(), g.router, N,
                          m.d, m.E);
 }

@@ -20,23 +20,23 @@ struct BlockDims {
 // Everything the backward pass of one block needs. Under gradient checkpointing only `x`
 // survives the forward pass; the rest is recomputed from it.
 struct BlockActs {
-  Tensor x;             // [N, d] block input
-  Tensor xn1, rstd1;    // [N, d], [N]: attn_norm
-  Tensor q, k, v;       // [N, H*Dh], [N, Hkv*Dh], [N, Hkv*Dh]; q and k after RoPE
-  Tensor att, lse;      // [N, H*Dh] heads concatenated, [B, H, T]
-  Tensor h;             // [N, d] = x + att @ Wo^T
-  Tensor xn2, rstd2;    // [N, d], [N]: moe_norm
+  Tensor x;                     // [N, d] block input
+  Tensor xn1, rstd1;            // [N, d], [N]: attn_norm
+  Tensor q, k, v;               // [N, H*Dh], [N, Hkv*Dh], [N, Hkv*Dh]; q and k after RoPE
+  Tensor att, lse;              // [N, H*Dh] heads concatenated, [B, H, T]
+  Tensor h;                     // [N, d] = x + att @ Wo^T
+  Tensor xn2, rstd2;            // [N, d], [N]: moe_norm
   Tensor probs, topk_w, lse_r;  // [N, E], [N, K], [N]
-  Tensor topk_idx;      // [N, K] i32
-  Tensor counts;        // [E] i64: slots per expert
+  Tensor topk_idx;              // [N, K] i32
+  Tensor counts;                // [E] i64: slots per expert
   // Dispatch: rows of the expert buffers grouped by expert, in token order within each.
   std::vector<int64_t> expert_begin;  // [E + 1] first row of each expert
-  Tensor row_of_slot;   // [N, K] i32: the expert-buffer row of token t's k-th choice
-  Tensor token_of_row;  // [N*K] i32
-  Tensor xe, he, ae, ye;  // [N*K, d], [N*K, 2F], [N*K, F], [N*K, d]
+  Tensor row_of_slot;                 // [N, K] i32: the expert-buffer row of token t's k-th choice
+  Tensor token_of_row;                // [N*K] i32
+  Tensor xe, he, ae, ye;              // [N*K, d], [N*K, 2F], [N*K, F], [N*K, d]
 
   bool complete() const { return xn1.raw() != nullptr; }  // false after keep_only_input()
-  void keep_only_input();  // drop everything but x
+  void keep_only_input();                                 // drop everything but x
 };
 
 struct BlockContext {

@@ -24,21 +24,29 @@ const float* rounded(Precision p, const float* x, int64_t n, std::vector<float>&
   buf.resize(size_t(n));
   float* out = buf.data();
   const DType t = p == Precision::kBF16 ? DType::kBF16 : DType::kF16;
-  parallel_for(n, 1 << 15, [&](int64_t b, int64_t e) {
-    round_through(t, x + b, out + b, size_t(e - b));
-  });
+  parallel_for(n, 1 << 15,
+               [&](int64_t b, int64_t e) { round_through(t, x + b, out + b, size_t(e - b)); });
   return out;
 }
 
 }  // namespace
 
-void linear_forward(Precision p, const float* x, const float* w, float* y, int64_t n,
-                    int64_t in, int64_t out, bool accumulate) {
+void linear_forward(Precision p, const float* x, const float* w, float* y, int64_t n, int64_t in,
+                    int64_t out, bool accumulate) {
   if (n == 0) return;
   const float* xa = rounded(p, x, n * in, tls_scratch.a);
   const float* wb = rounded(p, w, out * in, tls_scratch.b);
-  kernels::gemm({.m = n, .n = out, .k = in, .a = xa, .lda = in, .b = wb, .ldb = in,
-                 .trans_b = true, .c = y, .ldc = out, .beta = accumulate ? 1.0f : 0.0f});
+  kernels::gemm({.m = n,
+                 .n = out,
+                 .k = in,
+                 .a = xa,
+                 .lda = in,
+                 .b = wb,
+                 .ldb = in,
+                 .trans_b = true,
+                 .c = y,
+                 .ldc = out,
+                 .beta = accumulate ? 1.0f : 0.0f});
 }
 
 void linear_backward_input(Precision p, const float* dy, const float* w, float* dx, int64_t n,
@@ -46,8 +54,16 @@ void linear_backward_input(Precision p, const float* dy, const float* w, float* 
   if (n == 0) return;
   const float* da = rounded(p, dy, n * out, tls_scratch.a);
   const float* wb = rounded(p, w, out * in, tls_scratch.b);
-  kernels::gemm({.m = n, .n = in, .k = out, .a = da, .lda = out, .b = wb, .ldb = in,
-                 .c = dx, .ldc = in, .beta = accumulate ? 1.0f : 0.0f});
+  kernels::gemm({.m = n,
+                 .n = in,
+                 .k = out,
+                 .a = da,
+                 .lda = out,
+                 .b = wb,
+                 .ldb = in,
+                 .c = dx,
+                 .ldc = in,
+                 .beta = accumulate ? 1.0f : 0.0f});
 }
 
 void linear_backward_weight(Precision p, const float* dy, const float* x, float* dw, int64_t n,
@@ -55,8 +71,17 @@ void linear_backward_weight(Precision p, const float* dy, const float* x, float*
   if (n == 0) return;
   const float* da = rounded(p, dy, n * out, tls_scratch.a);
   const float* xb = rounded(p, x, n * in, tls_scratch.b);
-  kernels::gemm({.m = out, .n = in, .k = n, .a = da, .lda = out, .trans_a = true, .b = xb,
-                 .ldb = in, .c = dw, .ldc = in, .beta = 1.0f});
+  kernels::gemm({.m = out,
+                 .n = in,
+                 .k = n,
+                 .a = da,
+                 .lda = out,
+                 .trans_a = true,
+                 .b = xb,
+                 .ldb = in,
+                 .c = dw,
+                 .ldc = in,
+                 .beta = 1.0f});
 }
 
 }  // namespace wl::model::detail

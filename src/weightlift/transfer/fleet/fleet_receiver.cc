@@ -194,11 +194,11 @@ Result<bool> FleetReceiver::Impl::enter_generation(const RoundRecord& r, int ind
   generation = 0;
   if (std::find(r.lagging.begin(), r.lagging.end(), options.id) != r.lagging.end()) {
     member = false;
-    return failed_precondition(
-        "receiver " + std::to_string(options.id) + " holds version " +
-        std::to_string(receiver->version()) + ", older than the rest of the fleet (it " +
-        "missed updates), so generation " + std::to_string(r.generation) +
-        " left it out; restart it to heal from a peer");
+    return failed_precondition("receiver " + std::to_string(options.id) + " holds version " +
+                               std::to_string(receiver->version()) +
+                               ", older than the rest of the fleet (it " +
+                               "missed updates), so generation " + std::to_string(r.generation) +
+                               " left it out; restart it to heal from a peer");
   }
   if (index < 0) {
     // Left out of a new generation while we think we belong: the servers dropped us (we
@@ -206,9 +206,9 @@ Result<bool> FleetReceiver::Impl::enter_generation(const RoundRecord& r, int ind
     if (member) WL_RETURN_IF_ERROR(announce(false));
     return false;
   }
-  auto joined = comm::Group::connect(fleet_connect_options(
-      keys, keys.generation(r.generation), options.store, worker, r.servers + index,
-      r.servers + int(r.members.size()), options.timeout));
+  auto joined = comm::Group::connect(
+      fleet_connect_options(keys, keys.generation(r.generation), options.store, worker,
+                            r.servers + index, r.servers + int(r.members.size()), options.timeout));
   if (!joined.ok()) {
     WL_RETURN_IF_ERROR(recover());
     return joined.status().with_context("receiver " + std::to_string(options.id) +

@@ -1,9 +1,9 @@
 // FleetReceiver: an inference process's side of the fleet protocol (fleet/protocol.h). It owns the
-// process's worker and its Receiver (layout/receiver.h), announces itself, heals when it starts after
-// the fleet already holds weights (from a healthy peer of its shard, fleet/heal_from_peer.h, or failing that
-// from the servers' copy of the last version sent, fleet/heal_from_servers.h), and then follows the
-// parameter server's rounds: answering when a generation forms, connecting to it, and taking
-// part in the updates that name it.
+// process's worker and its Receiver (layout/receiver.h), announces itself, heals when it starts
+// after the fleet already holds weights (from a healthy peer of its shard, fleet/heal_from_peer.h,
+// or failing that from the servers' copy of the last version sent, fleet/heal_from_servers.h), and
+// then follows the parameter server's rounds: answering when a generation forms, connecting to it,
+// and taking part in the updates that name it.
 //
 //   auto r = FleetReceiver::create({.store = store, .id = 3, .receiver = {...}});
 //   while (running) {
@@ -23,21 +23,21 @@
 #include <string>
 
 #include "weightlift/comm/store.h"
-#include "weightlift/transfer/modes/update_executor.h"
-#include "weightlift/transfer/fleet/protocol.h"
 #include "weightlift/transfer/fleet/heal_from_peer.h"
+#include "weightlift/transfer/fleet/protocol.h"
 #include "weightlift/transfer/layout/receiver.h"
+#include "weightlift/transfer/modes/update_executor.h"
 
 namespace wl::transfer {
 
 struct FleetReceiverOptions {
   std::shared_ptr<comm::Store> store;
   std::string prefix = "fleet";
-  int id = 0;                 // unique in the fleet; a restarted receiver keeps its id
-  ReceiverOptions receiver;   // what it holds (inference_layout)
+  int id = 0;                // unique in the fleet; a restarted receiver keeps its id
+  ReceiverOptions receiver;  // what it holds (inference_layout)
   std::chrono::milliseconds timeout{30000};  // connecting, planning, every wait of an update
-  bool heal = true;           // copy the current version from a peer or the servers at start
-  HealOptions heal_options;   // per peer tried
+  bool heal = true;          // copy the current version from a peer or the servers at start
+  HealOptions heal_options;  // per peer tried
 };
 
 struct RoundOutcome {

@@ -12,7 +12,8 @@
 namespace wl::transfer {
 namespace {
 
-constexpr RecordFormat kServerCopyFormat = fleet_record("weightlift-fleet-server-copy", "fleet server copy record");
+constexpr RecordFormat kServerCopyFormat =
+    fleet_record("weightlift-fleet-server-copy", "fleet server copy record");
 
 using json = nlohmann::json;
 
@@ -77,7 +78,8 @@ Status ServerCopyReader::check_records() const {
     }
   }
   if (first.version == 0) {
-    return failed_precondition(what_ + ": the servers hold nothing to heal from (no update "
+    return failed_precondition(what_ +
+                               ": the servers hold nothing to heal from (no update "
                                "yet, or its checkpoint was unregistered)");
   }
   return ok_status();
@@ -89,8 +91,8 @@ Status ServerCopyReader::connect() {
     const ServerCopyRecord& r = records_[i];
     const std::string server = "server " + std::to_string(r.rank);
     if (!comm::process_may_be_alive({r.host, r.pid})) {
-      return unavailable(what_ + ": the process of " + server + " (pid " +
-                         std::to_string(r.pid) + ") has exited");
+      return unavailable(what_ + ": the process of " + server + " (pid " + std::to_string(r.pid) +
+                         ") has exited");
     }
     Source& s = sources_[i];
     s.record = &r;
@@ -104,8 +106,9 @@ Status ServerCopyReader::connect() {
 Result<CopyStatus> ServerCopyReader::read_status(const Source& s) {
   uint64_t words[2] = {0, 0};
   comm::Request r = worker_.get(s.peer, words, sizeof words, s.record->region_address, s.rkey);
-  WL_RETURN_IF_ERROR(worker_.wait(r, deadline_).with_context(
-      what_ + ": reading the status of server " + std::to_string(s.record->rank)));
+  WL_RETURN_IF_ERROR(worker_.wait(r, deadline_)
+                         .with_context(what_ + ": reading the status of server " +
+                                       std::to_string(s.record->rank)));
   return CopyStatus{words[0], words[1]};
 }
 
@@ -124,9 +127,8 @@ Status ServerCopyReader::check_unchanged(bool after) {
 }
 
 // Gets for server `s`'s rows of `info` into their place in `full`, in chunks.
-Status ServerCopyReader::get_shard(const Source& s, const model::ParamInfo& info,
-                                   size_t row_bytes, std::vector<std::byte>& full,
-                                   std::vector<comm::Request>& gets) {
+Status ServerCopyReader::get_shard(const Source& s, const model::ParamInfo& info, size_t row_bytes,
+                                   std::vector<std::byte>& full, std::vector<comm::Request>& gets) {
   auto it = s.shards.find(info.name);
   if (it == s.shards.end()) {
     return failed_precondition(what_ + ": server " + std::to_string(s.record->rank) +

@@ -72,8 +72,7 @@ Result<ServerCopyRecord> server_copy_from_json(std::string_view json, std::strin
 // Every server rank's record from the store ("<prefix>/copy/<rank>"), in rank order; NotFound
 // if some rank has published none yet, DataLoss for a damaged one, the store's own error if
 // it cannot be read.
-Result<std::vector<ServerCopyRecord>> read_server_copies(comm::Store& store,
-                                                         const FleetKeys& keys);
+Result<std::vector<ServerCopyRecord>> read_server_copies(comm::Store& store, const FleetKeys& keys);
 
 // Fills `receiver`'s slot for `records[0].version` from the servers' shards and adopts that
 // version; returns it. `records`: one per server rank, in rank order, all naming the same

@@ -1,4 +1,5 @@
-// ParameterServer: checkpoints by name, and the server side of the fleet protocol (fleet/protocol.h).
+// ParameterServer: checkpoints by name, and the server side of the fleet protocol
+// (fleet/protocol.h).
 #include "weightlift/transfer/fleet/parameter_server.h"
 
 #include <algorithm>
@@ -18,7 +19,8 @@ namespace wl::transfer {
 namespace {
 
 // One checkpoint on this server rank: its shards, in `memory` when UCX could allocate it
-// (fleet/heal_from_servers.h: [status | shards], readable by restarted receivers), else in the heap.
+// (fleet/heal_from_servers.h: [status | shards], readable by restarted receivers), else in the
+// heap.
 struct HeldCheckpoint {
   model::ModelConfig config;
   std::shared_ptr<comm::MemoryRegion> memory;        // from the first worker's allocation
@@ -34,8 +36,8 @@ struct HeldCheckpoint {
 struct ParameterServer::Impl {
   ParameterServerOptions options;
   FleetKeys keys;
-  std::shared_ptr<comm::Worker> worker;       // for the process's whole life
-  std::shared_ptr<comm::Group> servers;       // the server ranks: full_tensor() gathers
+  std::shared_ptr<comm::Worker> worker;  // for the process's whole life
+  std::shared_ptr<comm::Group> servers;  // the server ranks: full_tensor() gathers
   std::map<std::string, HeldCheckpoint> checkpoints;
 
   // The current generation: its group and, per checkpoint, its executor.
@@ -56,8 +58,7 @@ struct ParameterServer::Impl {
   std::map<int, uint64_t> joined;  // id -> epoch
 
   Status read_joins();
-  Result<std::vector<FleetMember>> wanted(const std::string& name,
-                                          std::span<const int> receivers);
+  Result<std::vector<FleetMember>> wanted(const std::string& name, std::span<const int> receivers);
   bool generation_broken();
   Status form(const std::vector<FleetMember>& wanted, RoundRecord& update);
   Result<RoundRecord> decide(const std::string& name, std::span<const int> receivers,
@@ -73,8 +74,7 @@ struct ParameterServer::Impl {
 ParameterServer::ParameterServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ParameterServer::~ParameterServer() = default;
 
-Result<std::unique_ptr<ParameterServer>> ParameterServer::create(
-    const ParameterServerOptions& o) {
+Result<std::unique_ptr<ParameterServer>> ParameterServer::create(const ParameterServerOptions& o) {
   if (o.store == nullptr) return invalid_argument("parameter server: no store");
   if (o.shard_dtype != DType::kF32 && o.shard_dtype != DType::kBF16) {
     return invalid_argument("parameter server: checkpoints are held in f32 or bf16, not " +
@@ -96,10 +96,10 @@ Result<std::unique_ptr<ParameterServer>> ParameterServer::create(
 }
 
 Status ParameterServer::Impl::connect_servers() {
-  WL_ASSIGN_OR_RETURN(servers, comm::Group::connect(fleet_connect_options(
-                                   keys, keys.servers() + "/" + std::to_string(incarnation),
-                                   options.store, worker, options.rank, options.size,
-                                   options.timeout)));
+  WL_ASSIGN_OR_RETURN(
+      servers, comm::Group::connect(fleet_connect_options(
+                   keys, keys.servers() + "/" + std::to_string(incarnation), options.store, worker,
+                   options.rank, options.size, options.timeout)));
   return ok_status();
 }
 
@@ -111,9 +111,9 @@ Status ParameterServer::Impl::rebuild_worker() {
   WL_ASSIGN_OR_RETURN(std::unique_ptr<comm::Worker> fresh,
                       comm::Worker::create({.name = "server " + std::to_string(options.rank)}));
   worker = std::move(fresh);
-  WL_RETURN_IF_ERROR(connect_servers().with_context(
-      "parameter server rank " + std::to_string(options.rank) +
-      ": reconnecting the server ranks after a failed update"));
+  WL_RETURN_IF_ERROR(
+      connect_servers().with_context("parameter server rank " + std::to_string(options.rank) +
+                                     ": reconnecting the server ranks after a failed update"));
   for (auto& [name, held] : checkpoints) {
     held.weights->rebind_mesh(servers);
     if (held.memory == nullptr) continue;
@@ -146,14 +146,12 @@ Status ParameterServer::register_checkpoint(const std::string& name,
       config, m.servers->size(), m.servers->rank(), m.options.shard_dtype);
   // Without UCX-allocated memory the checkpoint still serves updates; restarted receivers
   // then cannot heal from it (their gets would need this process to progress).
-  if (auto region = m.worker->allocate_memory(kServerCopyStatusBytes + shard_bytes);
-      region.ok()) {
+  if (auto region = m.worker->allocate_memory(kServerCopyStatusBytes + shard_bytes); region.ok()) {
     held.memory = std::make_shared<comm::MemoryRegion>(std::move(*region));
     held.registration = held.memory;
   }
   std::byte* storage =
-      held.memory ? static_cast<std::byte*>(held.memory->data()) + kServerCopyStatusBytes
-                  : nullptr;
+      held.memory ? static_cast<std::byte*>(held.memory->data()) + kServerCopyStatusBytes : nullptr;
   held.weights = std::make_unique<TrainerWeights>(TrainerWeights::from_full(
       config, full, m.servers, {.dtype = m.options.shard_dtype, .storage = storage}));
   m.checkpoints.emplace(name, std::move(held));
@@ -170,7 +168,8 @@ Status ParameterServer::refresh(const std::string& name, std::span<const float> 
                             " floats given, the checkpoint has " + std::to_string(total) +
                             " parameters");
   }
-  // The seqlock of fleet/heal_from_servers.h: a healer that read the shards meanwhile sees [0] moved.
+  // The seqlock of fleet/heal_from_servers.h: a healer that read the shards meanwhile sees [0]
+  // moved.
   ++held.stamp;
   if (held.memory) {
     std::atomic_ref<uint64_t>(held.status()[0]).store(held.stamp, std::memory_order_relaxed);
@@ -186,8 +185,11 @@ Status ParameterServer::refresh(const std::string& name, std::span<const float> 
 Status ParameterServer::Impl::publish_copy(const std::string& name, uint64_t version) {
   const HeldCheckpoint& held = checkpoints.at(name);
   if (held.memory == nullptr) {
-    return unavailable("server rank " + std::to_string(servers->rank()) + ": UCX could not "
-                       "allocate shared memory for checkpoint '" + name + "', so it has no "
+    return unavailable("server rank " + std::to_string(servers->rank()) +
+                       ": UCX could not "
+                       "allocate shared memory for checkpoint '" +
+                       name +
+                       "', so it has no "
                        "copy restarted receivers can read");
   }
   ServerCopyRecord r{.rank = servers->rank(),
@@ -211,8 +213,8 @@ Status ParameterServer::Impl::publish_copy(const std::string& name, uint64_t ver
   r.host = self.host;
   r.pid = self.pid;
   return options.store->set(keys.copy(r.rank), comm::to_bytes(server_copy_to_json(r)))
-      .with_context("server rank " + std::to_string(r.rank) + ": publishing its copy of '" +
-                    name + "'");
+      .with_context("server rank " + std::to_string(r.rank) + ": publishing its copy of '" + name +
+                    "'");
 }
 
 Status ParameterServer::register_checkpoint(const std::string& name,
@@ -245,8 +247,8 @@ Status ParameterServer::unregister_checkpoint(const std::string& name) {
     auto r = server_copy_from_json(comm::to_string(*b), m.keys.copy(m.servers->rank()));
     if (!r.ok() || r->checkpoint == name) {
       ServerCopyRecord none{.rank = m.servers->rank(), .servers = m.servers->size()};
-      WL_RETURN_IF_ERROR(m.options.store->set(m.keys.copy(none.rank),
-                                              comm::to_bytes(server_copy_to_json(none))));
+      WL_RETURN_IF_ERROR(
+          m.options.store->set(m.keys.copy(none.rank), comm::to_bytes(server_copy_to_json(none))));
     }
   }
   m.checkpoints.erase(name);
@@ -349,18 +351,20 @@ bool ParameterServer::Impl::generation_broken() {
 // Rank 0: posts a form round for `wanted` and fills `update` with those that answer within the
 // join timeout holding the newest version (or none: fresh); the others are dropped.
 Status ParameterServer::Impl::form(const std::vector<FleetMember>& wanted, RoundRecord& update) {
-  WL_ASSIGN_OR_RETURN(RoundRecord form, post({.kind = RoundRecord::Kind::kForm,
-                                              .generation = generation + 1,
-                                              .members = wanted}));
+  WL_ASSIGN_OR_RETURN(
+      RoundRecord form,
+      post({.kind = RoundRecord::Kind::kForm, .generation = generation + 1, .members = wanted}));
   const comm::Deadline deadline = comm::deadline_after(options.join_timeout);
   std::vector<std::pair<FleetMember, uint64_t>> answered;  // with the version each holds
   uint64_t newest = 0;
   for (const FleetMember& m : wanted) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - comm::Clock::now());
+    auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - comm::Clock::now());
     auto ack = options.store->get(keys.ack(form.round, m.id),
                                   std::max(left, std::chrono::milliseconds(1)));
     unsigned long long epoch = 0, version = 0;
-    if (ack.ok() && std::sscanf(comm::to_string(*ack).c_str(), "%llu %llu", &epoch, &version) == 2 &&
+    if (ack.ok() &&
+        std::sscanf(comm::to_string(*ack).c_str(), "%llu %llu", &epoch, &version) == 2 &&
         epoch == m.epoch) {
       answered.emplace_back(m, version);
       newest = std::max(newest, uint64_t(version));
@@ -386,8 +390,7 @@ Status ParameterServer::Impl::form(const std::vector<FleetMember>& wanted, Round
 // Rank 0: which receivers this update goes to, forming a generation first when needed (the
 // set changed, or the current one broke).
 Result<RoundRecord> ParameterServer::Impl::decide(const std::string& name,
-                                                  std::span<const int> receivers,
-                                                  bool checksums) {
+                                                  std::span<const int> receivers, bool checksums) {
   WL_ASSIGN_OR_RETURN(std::vector<FleetMember> want, wanted(name, receivers));
   auto same = [](const std::vector<FleetMember>& a, const std::vector<FleetMember>& b) {
     return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](auto& x, auto& y) {
@@ -416,11 +419,11 @@ Result<RoundRecord> ParameterServer::Impl::share(Result<RoundRecord> decided) {
     header[0] = decided.ok() ? 0 : int64_t(decided.status().code());
     header[1] = int64_t(body.size());
   }
-  WL_RETURN_IF_ERROR(comm::broadcast(*servers, {.buffer = header, .count = 2,
-                                                .dtype = DType::kI64}));
+  WL_RETURN_IF_ERROR(
+      comm::broadcast(*servers, {.buffer = header, .count = 2, .dtype = DType::kI64}));
   body.resize(size_t(header[1]));
-  WL_RETURN_IF_ERROR(comm::broadcast(*servers, {.buffer = body.data(), .count = body.size(),
-                                                .dtype = DType::kU8}));
+  WL_RETURN_IF_ERROR(comm::broadcast(
+      *servers, {.buffer = body.data(), .count = body.size(), .dtype = DType::kU8}));
   if (header[0] != 0) return Status(StatusCode(header[0]), body);
   return round_from_json(body, "round record from server rank 0");
 }
@@ -432,10 +435,10 @@ Status ParameterServer::Impl::enter_generation(const RoundRecord& r) {
   generation = r.generation;
   members = r.members;
   broken = true;
-  WL_ASSIGN_OR_RETURN(group, comm::Group::connect(fleet_connect_options(
-                                 keys, keys.generation(r.generation), options.store, worker,
-                                 servers->rank(), r.servers + int(r.members.size()),
-                                 options.timeout)));
+  WL_ASSIGN_OR_RETURN(
+      group, comm::Group::connect(fleet_connect_options(
+                 keys, keys.generation(r.generation), options.store, worker, servers->rank(),
+                 r.servers + int(r.members.size()), options.timeout)));
   broken = false;
   return ok_status();
 }
@@ -470,10 +473,10 @@ Result<ServerUpdate> ParameterServer::update(const std::string& name,
   auto it = m.executors.find(name);
   if (it == m.executors.end()) {
     auto made = make_generation_executor({.world = m.group,
-                                                .weights = weights,
-                                                .mode = r.mode,
-                                                .bucket_bytes = r.bucket_bytes,
-                                                .timeout = m.options.timeout});
+                                          .weights = weights,
+                                          .mode = r.mode,
+                                          .bucket_bytes = r.bucket_bytes,
+                                          .timeout = m.options.timeout});
     if (!made.ok()) {
       m.broken = m.rebuild = true;
       return made.status().with_context("update '" + name + "': planning");
@@ -487,8 +490,8 @@ Result<ServerUpdate> ParameterServer::update(const std::string& name,
   // can leave one server finished and another failed, and they must go on in step (the one
   // that failed replaces its worker and reconnects the servers' group; so must the others).
   int64_t failed = report.ok() ? 0 : int64_t(m.servers->rank()) + 1;
-  Status agreed = comm::allreduce(*m.servers, {.recv = &failed, .count = 1,
-                                               .dtype = DType::kI64, .op = comm::ReduceOp::kMax});
+  Status agreed = comm::allreduce(
+      *m.servers, {.recv = &failed, .count = 1, .dtype = DType::kI64, .op = comm::ReduceOp::kMax});
   if (report.ok() && (!agreed.ok() || failed != 0)) {
     report = agreed.ok() ? aborted("the update failed on server rank " +
                                    std::to_string(failed - 1) + " (its error says why)")
@@ -496,8 +499,8 @@ Result<ServerUpdate> ParameterServer::update(const std::string& name,
   }
   if (!report.ok()) {
     m.broken = m.rebuild = true;
-    return report.status().with_context("update '" + name + "' (round " +
-                                        std::to_string(r.round) + ")");
+    return report.status().with_context("update '" + name + "' (round " + std::to_string(r.round) +
+                                        ")");
   }
   return ServerUpdate{.report = *report,
                       .round = r.round,

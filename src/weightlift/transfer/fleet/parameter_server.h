@@ -16,12 +16,12 @@
 //
 // Each server rank keeps a checkpoint's shards in one region of UCX-allocated memory and, after
 // every successful update, publishes where they are under "<prefix>/copy/<rank>"
-// (fleet/heal_from_servers.h): a receiver that restarts with no healthy peer of its shard reads them by
-// one-sided gets and rebuilds its weights of the last version sent, without the servers' help
-// on one host (over TCP the servers must progress: serve_for()).
+// (fleet/heal_from_servers.h): a receiver that restarts with no healthy peer of its shard reads
+// them by one-sided gets and rebuilds its weights of the last version sent, without the servers'
+// help on one host (over TCP the servers must progress: serve_for()).
 //
-// Membership follows the fleet protocol (fleet/protocol.h): receivers announce themselves; each update
-// takes those that have joined (or the ones named), forming a new generation when the set
+// Membership follows the fleet protocol (fleet/protocol.h): receivers announce themselves; each
+// update takes those that have joined (or the ones named), forming a new generation when the set
 // changed or the last update failed. An update that fails (a receiver died mid-update) returns
 // the error on every server rank within the timeout, leaves every receiver on its last complete
 // version, and breaks the generation; the next update forms a new one without the receivers
@@ -46,17 +46,17 @@
 #include "weightlift/comm/group.h"
 #include "weightlift/comm/store.h"
 #include "weightlift/model/config.h"
-#include "weightlift/transfer/modes/update_executor.h"
 #include "weightlift/transfer/fleet/protocol.h"
 #include "weightlift/transfer/layout/trainer_weights.h"
+#include "weightlift/transfer/modes/update_executor.h"
 
 namespace wl::transfer {
 
 struct ParameterServerOptions {
-  std::shared_ptr<comm::Store> store;  // the fleet's rendezvous store
-  int rank = 0;                        // among the server ranks
-  int size = 1;                        // server ranks
-  std::string prefix = "fleet";        // of every store key (fleet/protocol.h)
+  std::shared_ptr<comm::Store> store;        // the fleet's rendezvous store
+  int rank = 0;                              // among the server ranks
+  int size = 1;                              // server ranks
+  std::string prefix = "fleet";              // of every store key (fleet/protocol.h)
   std::chrono::milliseconds timeout{30000};  // connecting, planning, every wait of an update
   // How long forming a generation waits for the candidates' answers; a receiver that died
   // costs this much once, in the update after its death.
@@ -67,12 +67,12 @@ struct ParameterServerOptions {
 };
 
 struct ServerUpdate {
-  UpdateReport report;             // this server rank's part
-  uint64_t round = 0;              // the fleet round this update was
+  UpdateReport report;  // this server rank's part
+  uint64_t round = 0;   // the fleet round this update was
   uint64_t generation = 0;
   std::vector<FleetMember> members;  // who received it
-  std::vector<int> dropped;        // candidates left out when the generation formed: silent
-                                   // past the join timeout, or holding an older version
+  std::vector<int> dropped;          // candidates left out when the generation formed: silent
+                                     // past the join timeout, or holding an older version
   // OK once this rank's copy record for the update is in the store; otherwise why restarted
   // receivers cannot heal from the servers' copy of it (the update itself went through).
   Status copy_published;
@@ -108,10 +108,10 @@ class ParameterServer {
                               const UpdateOptions& options = {});
 
   // Progresses this rank's worker for `duration` (at least one pass); local, not collective.
-  // Over TCP UCX moves a restarted receiver's gets from the servers' copy (fleet/heal_from_servers.h) only
-  // while the server progresses, so a trainer that serves its own weights calls this between
-  // steps, and a heal completes within a few steps instead of waiting for the next update.
-  // On shared memory and RDMA the gets need nothing from the server.
+  // Over TCP UCX moves a restarted receiver's gets from the servers' copy
+  // (fleet/heal_from_servers.h) only while the server progresses, so a trainer that serves its own
+  // weights calls this between steps, and a heal completes within a few steps instead of waiting
+  // for the next update. On shared memory and RDMA the gets need nothing from the server.
   void serve_for(std::chrono::milliseconds duration);
 
   uint64_t generation() const;

@@ -50,7 +50,9 @@ namespace wl::transfer {
 // Every fleet record is versioned JSON (core/json_record.h); version 2: records name their
 // format ("format"). `name` is "weightlift-fleet-<kind>".
 constexpr RecordFormat fleet_record(std::string_view name, std::string_view what) {
-  return {.name = name, .version = 2, .what = what,
+  return {.name = name,
+          .version = 2,
+          .what = what,
           .remedy = "run one weightlift version across the fleet"};
 }
 

@@ -10,12 +10,12 @@
 
 namespace wl::transfer {
 
-void quantize_fp8_band(std::span<const BandRow> rows, int64_t cols, uint8_t* dst,
-                       float* scales) {
+void quantize_fp8_band(std::span<const BandRow> rows, int64_t cols, uint8_t* dst, float* scales) {
   WL_CHECK_LE(int64_t(rows.size()), kFp8BlockSize);
   const int64_t nb = (cols + kFp8BlockSize - 1) / kFp8BlockSize;
   for (int64_t b = 0; b < nb; ++b) scales[b] = 0.0f;
-  for (const BandRow& r : rows) kernels::fp8_block_amax(r.dtype, r.data, cols, kFp8BlockSize, scales);
+  for (const BandRow& r : rows)
+    kernels::fp8_block_amax(r.dtype, r.data, cols, kFp8BlockSize, scales);
   for (int64_t b = 0; b < nb; ++b) scales[b] = scales[b] == 0.0f ? 1.0f : scales[b] / kFp8E4M3Max;
   for (size_t i = 0; i < rows.size(); ++i) {
     kernels::fp8_quantize_row(rows[i].dtype, rows[i].data, cols, kFp8BlockSize, scales,
@@ -23,8 +23,7 @@ void quantize_fp8_band(std::span<const BandRow> rows, int64_t cols, uint8_t* dst
   }
 }
 
-void quantize_fp8_band(const float* src, int64_t rows, int64_t cols, uint8_t* dst,
-                       float* scales) {
+void quantize_fp8_band(const float* src, int64_t rows, int64_t cols, uint8_t* dst, float* scales) {
   std::vector<BandRow> r(static_cast<size_t>(rows));
   for (int64_t i = 0; i < rows; ++i) r[size_t(i)] = {src + i * cols, DType::kF32};
   quantize_fp8_band(r, cols, dst, scales);

@@ -17,8 +17,12 @@ void add_receiver_matrix(std::vector<ReceiverTensor>& out, WeightFormat format,
                          const std::string& name, int64_t rows, int64_t cols,
                          std::vector<SourceSlice> sources, bool expert) {
   const bool fp8 = format == WeightFormat::kFP8;
-  ReceiverTensor t{.name = name, .dtype = fp8 ? DType::kF8E4M3 : DType::kBF16,
-                   .shape = {rows, cols}, .rows = rows, .cols = cols, .expert = expert,
+  ReceiverTensor t{.name = name,
+                   .dtype = fp8 ? DType::kF8E4M3 : DType::kBF16,
+                   .shape = {rows, cols},
+                   .rows = rows,
+                   .cols = cols,
+                   .expert = expert,
                    .sources = std::move(sources)};
   if (!fp8) {
     out.push_back(std::move(t));
@@ -27,8 +31,13 @@ void add_receiver_matrix(std::vector<ReceiverTensor>& out, WeightFormat format,
   t.scale = name + ".scale";
   const int64_t br = (rows + kFp8BlockSize - 1) / kFp8BlockSize;
   const int64_t bc = (cols + kFp8BlockSize - 1) / kFp8BlockSize;
-  ReceiverTensor s{.name = t.scale, .dtype = DType::kF32, .shape = {br, bc}, .rows = br,
-                   .cols = bc, .expert = expert, .scale_of = name};
+  ReceiverTensor s{.name = t.scale,
+                   .dtype = DType::kF32,
+                   .shape = {br, bc},
+                   .rows = br,
+                   .cols = bc,
+                   .expert = expert,
+                   .scale_of = name};
   out.push_back(std::move(t));
   out.push_back(std::move(s));
 }

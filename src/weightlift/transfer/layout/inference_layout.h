@@ -59,13 +59,13 @@ struct SourceSlice {
 
 struct ReceiverTensor {
   std::string name;
-  DType dtype = DType::kBF16;  // kBF16, kF8E4M3, or kF32 for scales
-  Shape shape;                 // as the engine holds it: [rows, cols], or [n] for norms
-  int64_t rows = 0, cols = 0;  // 2-D view; [n] is [n, 1]
-  bool expert = false;         // expert weights travel after the dense ones
+  DType dtype = DType::kBF16;        // kBF16, kF8E4M3, or kF32 for scales
+  Shape shape;                       // as the engine holds it: [rows, cols], or [n] for norms
+  int64_t rows = 0, cols = 0;        // 2-D view; [n] is [n, 1]
+  bool expert = false;               // expert weights travel after the dense ones
   std::vector<SourceSlice> sources;  // cover rows [0, rows) in order; empty for a scale tensor
-  std::string scale;           // quantized tensor: the name of its scale tensor; else empty
-  std::string scale_of;        // scale tensor: the name of the tensor it scales; else empty
+  std::string scale;                 // quantized tensor: the name of its scale tensor; else empty
+  std::string scale_of;              // scale tensor: the name of the tensor it scales; else empty
   bool quantized() const { return !scale.empty(); }
   size_t nbytes() const { return size_t(rows * cols) * dtype_size(dtype); }
 };

@@ -1,5 +1,5 @@
-// The reference transform of layout/reference_transform.h: gather rows or columns into an f32 matrix, then
-// cast or block-quantize it with scalar loops.
+// The reference transform of layout/reference_transform.h: gather rows or columns into an f32
+// matrix, then cast or block-quantize it with scalar loops.
 #include "weightlift/transfer/layout/reference_transform.h"
 
 #include <algorithm>
@@ -71,7 +71,8 @@ void quantize(const Matrix& m, ReferenceTensor* q, ReferenceTensor* s) {
       const int64_t i1 = std::min(m.rows, (bi + 1) * B), j1 = std::min(m.cols, (bj + 1) * B);
       float amax = 0.0f;
       for (int64_t i = bi * B; i < i1; ++i) {
-        for (int64_t j = bj * B; j < j1; ++j) amax = std::max(amax, std::fabs(m.v[size_t(i * m.cols + j)]));
+        for (int64_t j = bj * B; j < j1; ++j)
+          amax = std::max(amax, std::fabs(m.v[size_t(i * m.cols + j)]));
       }
       const float scale = amax == 0.0f ? 1.0f : amax / 448.0f;
       std::memcpy(s->bytes.data() + 4 * (bi * bc + bj), &scale, 4);
@@ -87,8 +88,9 @@ void quantize(const Matrix& m, ReferenceTensor* q, ReferenceTensor* s) {
 
 }  // namespace
 
-std::map<std::string, ReferenceTensor> reference_receiver_tensors(
-    const model::ModelConfig& c, const LayoutOptions& o, std::span<const float> full) {
+std::map<std::string, ReferenceTensor> reference_receiver_tensors(const model::ModelConfig& c,
+                                                                  const LayoutOptions& o,
+                                                                  std::span<const float> full) {
   const Source src(c, full);
   const int64_t tp = o.tp, r = o.tp_rank, d = c.hidden_size, dh = c.head_dim;
   WL_CHECK(c.num_heads % tp == 0 && c.ffn_dim % tp == 0) << "tp " << tp;
@@ -141,7 +143,8 @@ std::map<std::string, ReferenceTensor> reference_receiver_tensors(
       put_matrix(q + "gate_up_proj.weight",
                  stack({src.block(q + "gate_proj.weight", r * f, (r + 1) * f, 0, d),
                         src.block(q + "up_proj.weight", r * f, (r + 1) * f, 0, d)}));
-      put_matrix(q + "down_proj.weight", src.block(q + "down_proj.weight", 0, d, r * f, (r + 1) * f));
+      put_matrix(q + "down_proj.weight",
+                 src.block(q + "down_proj.weight", 0, d, r * f, (r + 1) * f));
     }
   }
   put_plain("norm.weight");

@@ -32,7 +32,8 @@ struct ReferenceTensor {
 
 // `full`: every trainer parameter in f32, in model::ParamLayout order (the values the
 // trainer's shards hold, widened to f32). REQUIRES: the TP degree divides the model.
-std::map<std::string, ReferenceTensor> reference_receiver_tensors(
-    const model::ModelConfig& config, const LayoutOptions& options, std::span<const float> full);
+std::map<std::string, ReferenceTensor> reference_receiver_tensors(const model::ModelConfig& config,
+                                                                  const LayoutOptions& options,
+                                                                  std::span<const float> full);
 
 }  // namespace wl::transfer

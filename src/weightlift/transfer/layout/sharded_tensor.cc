@@ -34,7 +34,7 @@ ShardedTensor ShardedTensor::from_full(const ShardedTensorOptions& options, cons
   Shape local = options.shape;
   local[0] = t.local_rows().size();
   t.working_ = options.storage != nullptr ? Tensor::borrow(options.storage, options.dtype, local)
-                                           : Tensor::empty(options.dtype, local);
+                                          : Tensor::empty(options.dtype, local);
   t.assign_full(full);
   return t;
 }
@@ -72,11 +72,9 @@ Status ShardedTensor::full_tensor_into(void* dst, std::chrono::milliseconds time
   for (int r = 0; r < mesh_size(); ++r) {
     counts.push_back(size_t(shard_rows(rows(), mesh_size(), r).size() * row_elems()));
   }
-  Status s = comm::allgatherv(*mesh_, {.send = shard().raw(),
-                                       .recv = dst,
-                                       .counts = counts,
-                                       .dtype = dtype(),
-                                       .timeout = timeout});
+  Status s = comm::allgatherv(
+      *mesh_,
+      {.send = shard().raw(), .recv = dst, .counts = counts, .dtype = dtype(), .timeout = timeout});
   if (!s.ok()) return s.with_context("full_tensor of " + name());
   return ok_status();
 }

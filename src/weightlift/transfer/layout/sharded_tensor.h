@@ -32,8 +32,8 @@ struct ShardRows {
 ShardRows shard_rows(int64_t rows, int mesh_size, int mesh_rank);
 
 struct ShardedTensorOptions {
-  std::string name;         // the parameter's name (model/params.h)
-  Shape shape;              // the full tensor's shape, at least 1-D
+  std::string name;           // the parameter's name (model/params.h)
+  Shape shape;                // the full tensor's shape, at least 1-D
   DType dtype = DType::kF32;  // kF32 or kBF16
   // Where to keep this rank's rows: borrowed, at least local rows * row elements * dtype size
   // bytes, outliving the tensor. Null: the tensor allocates its own. (The parameter server

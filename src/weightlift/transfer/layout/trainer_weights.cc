@@ -17,8 +17,8 @@ size_t aligned(size_t n) { return (n + kShardAlign - 1) / kShardAlign * kShardAl
 
 }  // namespace
 
-size_t TrainerWeights::storage_bytes(const model::ModelConfig& config, int mesh_size,
-                                     int mesh_rank, DType dtype) {
+size_t TrainerWeights::storage_bytes(const model::ModelConfig& config, int mesh_size, int mesh_rank,
+                                     DType dtype) {
   const model::ParamLayout layout(config);
   size_t total = 0;
   for (const model::ParamInfo& p : layout.params()) {

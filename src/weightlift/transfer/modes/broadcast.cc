@@ -13,11 +13,11 @@
 #include <vector>
 
 #include "weightlift/comm/broadcast.h"
-#include "weightlift/model/params.h"
-#include "weightlift/transfer/modes/local_convert.h"
 #include "weightlift/core/mutex.h"
 #include "weightlift/core/timing.h"
+#include "weightlift/model/params.h"
 #include "weightlift/transfer/modes/detail/update_round.h"
+#include "weightlift/transfer/modes/local_convert.h"
 
 namespace wl::transfer {
 namespace {
@@ -101,7 +101,7 @@ class BucketHandoff {
  private:
   Mutex mu_;
   CondVar cv_;
-  std::deque<size_t> ready_ WL_GUARDED_BY(mu_);  // arrived, not yet converted
+  std::deque<size_t> ready_ WL_GUARDED_BY(mu_);       // arrived, not yet converted
   bool busy_[2] WL_GUARDED_BY(mu_) = {false, false};  // holds a bucket not yet converted
   bool done_ WL_GUARDED_BY(mu_) = false;
 };
@@ -243,7 +243,8 @@ Status BroadcastExecutor::receive(const UpdateOptions& o, int slot, UpdateReport
       for (size_t i = 0; i < bucket.params.size(); ++i) {
         where[bucket.params[i]] = buf + bucket.offsets[i];
       }
-      converter_->run(bucket.tasks, [&](const std::string& p) { return where.at(p); }, out);
+      converter_->run(
+          bucket.tasks, [&](const std::string& p) { return where.at(p); }, out);
       convert_seconds += t.seconds();
       handoff.converted(*b);
     }
@@ -273,10 +274,9 @@ Status BroadcastExecutor::receive(const UpdateOptions& o, int slot, UpdateReport
 Result<UpdateReport> BroadcastExecutor::update(const UpdateOptions& o) {
   Status mine;
   if (o.watermark_bytes < required_watermark()) {
-    mine = resource_exhausted("trainer rank " + std::to_string(o_.world->rank()) +
-                              ": watermark " + std::to_string(o.watermark_bytes) +
-                              " bytes is below one bucket (" + std::to_string(bucket_bytes_) +
-                              " bytes)");
+    mine = resource_exhausted("trainer rank " + std::to_string(o_.world->rank()) + ": watermark " +
+                              std::to_string(o.watermark_bytes) + " bytes is below one bucket (" +
+                              std::to_string(bucket_bytes_) + " bytes)");
   }
   return run_round(*o_.world, o_.plan, o_.receiver, TransferMode::kBroadcast, o, mine,
                    [&](const RoundStart& round, UpdateReport& report) {

@@ -4,9 +4,9 @@
 #include <cstring>
 
 #include "weightlift/model/params.h"
+#include "weightlift/transfer/modes/detail/prepare.h"
 #include "weightlift/transfer/plan/metadata.h"
 #include "weightlift/transfer/plan/offline_metadata.h"
-#include "weightlift/transfer/modes/detail/prepare.h"
 
 namespace wl::transfer {
 

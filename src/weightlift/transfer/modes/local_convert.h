@@ -14,8 +14,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "weightlift/transfer/plan/planner.h"
 #include "weightlift/transfer/layout/receiver.h"
+#include "weightlift/transfer/plan/planner.h"
 
 namespace wl::transfer {
 

@@ -9,8 +9,8 @@
 #include "weightlift/core/safetensors.h"
 #include "weightlift/core/timing.h"
 #include "weightlift/model/params.h"
-#include "weightlift/transfer/modes/local_convert.h"
 #include "weightlift/transfer/modes/detail/update_round.h"
+#include "weightlift/transfer/modes/local_convert.h"
 
 namespace wl::transfer {
 namespace {
@@ -86,10 +86,10 @@ Status NaiveExecutor::send(const UpdateOptions& o, uint64_t version, UpdateRepor
     WL_RETURN_IF_ERROR(o_.world->send(
         {.data = &n, .bytes = 8, .peer = r.rank, .tag = kLengthTag, .timeout = o.timeout}));
     WL_RETURN_IF_ERROR(o_.world->send({.data = blob.data(),
-                                    .bytes = blob.size(),
-                                    .peer = r.rank,
-                                    .tag = kBlobTag,
-                                    .timeout = o.timeout}));
+                                       .bytes = blob.size(),
+                                       .peer = r.rank,
+                                       .tag = kBlobTag,
+                                       .timeout = o.timeout}));
     report->bytes += n;
     ++report->tasks;
   }
@@ -98,12 +98,12 @@ Status NaiveExecutor::send(const UpdateOptions& o, uint64_t version, UpdateRepor
 }
 
 Status NaiveExecutor::receive(const UpdateOptions& o, const RoundStart& round,
-                                    UpdateReport* report) {
+                              UpdateReport* report) {
   const std::string who = "receiver rank " + std::to_string(o_.world->rank());
   Stopwatch t;
   uint64_t n = 0;
-  WL_RETURN_IF_ERROR(
-      o_.world->recv({.data = &n, .bytes = 8, .peer = root_, .tag = kLengthTag, .timeout = o.timeout}));
+  WL_RETURN_IF_ERROR(o_.world->recv(
+      {.data = &n, .bytes = 8, .peer = root_, .tag = kLengthTag, .timeout = o.timeout}));
   if (n > 2 * model_bytes_ + (size_t(64) << 20)) {
     return data_loss(who + ": naive update of " + std::to_string(n) + " bytes from rank " +
                      std::to_string(root_) + " is far larger than the model");
@@ -143,8 +143,8 @@ Status NaiveExecutor::receive(const UpdateOptions& o, const RoundStart& round,
 Result<UpdateReport> NaiveExecutor::update(const UpdateOptions& o) {
   Status mine;
   if (o.watermark_bytes < required_watermark()) {
-    mine = resource_exhausted("trainer rank " + std::to_string(o_.world->rank()) +
-                              ": watermark " + std::to_string(o.watermark_bytes) +
+    mine = resource_exhausted("trainer rank " + std::to_string(o_.world->rank()) + ": watermark " +
+                              std::to_string(o.watermark_bytes) +
                               " bytes cannot hold the state dict and its serialisation (" +
                               std::to_string(required_watermark()) + " bytes)");
   }

@@ -51,7 +51,8 @@ Result<DType> agree(const ExecutorOptions& o, const Status& mine) {
           "world ranks 0 and " + std::to_string(r) + " disagree on the transfer mode (" +
           std::string(transfer_mode_name(TransferMode(at(0, kMode)))) + " and " +
           std::string(transfer_mode_name(TransferMode(at(r, kMode)))) + ") or its bucket bytes (" +
-          std::to_string(at(0, kBucketBytes)) + " and " + std::to_string(at(r, kBucketBytes)) + ")");
+          std::to_string(at(0, kBucketBytes)) + " and " + std::to_string(at(r, kBucketBytes)) +
+          ")");
     }
     const int64_t d = at(r, kShardDtype);
     if (d == 0) continue;
@@ -70,9 +71,12 @@ Result<DType> agree(const ExecutorOptions& o, const Status& mine) {
 
 std::string_view transfer_mode_name(TransferMode mode) {
   switch (mode) {
-    case TransferMode::kP2P: return "p2p";
-    case TransferMode::kBroadcast: return "broadcast";
-    case TransferMode::kNaive: return "naive";
+    case TransferMode::kP2P:
+      return "p2p";
+    case TransferMode::kBroadcast:
+      return "broadcast";
+    case TransferMode::kNaive:
+      return "naive";
   }
   return "unknown";
 }
@@ -88,12 +92,14 @@ Result<std::unique_ptr<UpdateExecutor>> make_update_executor(ExecutorOptions opt
   if (options.world == nullptr) return invalid_argument("transfer executor: no world group");
   WL_ASSIGN_OR_RETURN(const DType shard_dtype, agree(options, check_locally(options)));
   switch (options.mode) {
-    case TransferMode::kP2P: return make_p2p_executor(std::move(options));
-    case TransferMode::kBroadcast: return make_broadcast_executor(std::move(options), shard_dtype);
-    case TransferMode::kNaive: return make_naive_executor(std::move(options), shard_dtype);
+    case TransferMode::kP2P:
+      return make_p2p_executor(std::move(options));
+    case TransferMode::kBroadcast:
+      return make_broadcast_executor(std::move(options), shard_dtype);
+    case TransferMode::kNaive:
+      return make_naive_executor(std::move(options), shard_dtype);
   }
-  return invalid_argument("transfer executor: unknown mode " +
-                          std::to_string(int(options.mode)));
+  return invalid_argument("transfer executor: unknown mode " + std::to_string(int(options.mode)));
 }
 
 }  // namespace wl::transfer

@@ -59,20 +59,20 @@ struct UpdateOptions {
 
 // One rank's part of an update. Times are seconds of wall time on this rank.
 struct UpdateReport {
-  uint64_t version = 0;         // the weight version receivers hold after this update
-  uint64_t tasks = 0;           // this rank's tasks (sent or received)
-  uint64_t gathers = 0;         // full_tensor() calls this rank took part in
-  uint64_t bytes = 0;           // bytes sent (trainer) or received (receiver)
+  uint64_t version = 0;  // the weight version receivers hold after this update
+  uint64_t tasks = 0;    // this rank's tasks (sent or received)
+  uint64_t gathers = 0;  // full_tensor() calls this rank took part in
+  uint64_t bytes = 0;    // bytes sent (trainer) or received (receiver)
   size_t peak_staging_bytes = 0;
   size_t watermark_bytes = 0;
-  double gather_seconds = 0;    // full_tensor()
-  double prepare_seconds = 0;   // load, slice, fuse, cast, quantize, checksum; receivers of
-                                // broadcast and naive: converting into the slot. p2p with
-                                // direct stores: this includes writing into the slot
-  double write_seconds = 0;     // puts, broadcasts or sends and waiting for them; copies into
-                                // mapped slots of what was staged
-  uint64_t direct_bytes = 0;    // p2p: of `bytes`, those stored through a mapping (no put)
-  double barrier_seconds = 0;   // the round's start and its closing barrier
+  double gather_seconds = 0;   // full_tensor()
+  double prepare_seconds = 0;  // load, slice, fuse, cast, quantize, checksum; receivers of
+                               // broadcast and naive: converting into the slot. p2p with
+                               // direct stores: this includes writing into the slot
+  double write_seconds = 0;    // puts, broadcasts or sends and waiting for them; copies into
+                               // mapped slots of what was staged
+  uint64_t direct_bytes = 0;   // p2p: of `bytes`, those stored through a mapping (no put)
+  double barrier_seconds = 0;  // the round's start and its closing barrier
   double total_seconds = 0;
 };
 

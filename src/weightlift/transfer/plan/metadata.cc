@@ -49,8 +49,11 @@ std::string metadata_to_json(const RankMeta& m) {
     j["mesh"] = {{"id", m.mesh_id}, {"rank", m.mesh_rank}, {"size", m.mesh_size}};
     json ps = json::array();
     for (const ParamMeta& p : m.params) {
-      ps.push_back({{"name", p.name}, {"shape", p.shape}, {"dtype", dtype_name(p.dtype)},
-                    {"rows", {p.row_begin, p.row_end}}, {"offloaded", p.offloaded}});
+      ps.push_back({{"name", p.name},
+                    {"shape", p.shape},
+                    {"dtype", dtype_name(p.dtype)},
+                    {"rows", {p.row_begin, p.row_end}},
+                    {"offloaded", p.offloaded}});
     }
     j["params"] = ps;
   } else {
@@ -66,8 +69,11 @@ std::string metadata_to_json(const RankMeta& m) {
     j["rkey"] = to_hex(m.rkey);
     json ts = json::array();
     for (const TensorMeta& t : m.tensors) {
-      ts.push_back({{"name", t.name}, {"shape", t.shape}, {"dtype", dtype_name(t.dtype)},
-                    {"offset", u64_to_json(t.offset)}, {"bytes", u64_to_json(t.bytes)}});
+      ts.push_back({{"name", t.name},
+                    {"shape", t.shape},
+                    {"dtype", dtype_name(t.dtype)},
+                    {"offset", u64_to_json(t.offset)},
+                    {"bytes", u64_to_json(t.bytes)}});
     }
     j["tensors"] = ts;
   }
@@ -95,7 +101,8 @@ void read_receiver(const json& j, RankMeta& m) {
   m.tp = j.at("tp").get<int>();
   m.tp_rank = j.at("tp_rank").get<int>();
   auto f = weight_format_from_name(j.at("weight_format").get<std::string>());
-  if (!f) throw std::runtime_error("unknown weight format " + j.at("weight_format").get<std::string>());
+  if (!f)
+    throw std::runtime_error("unknown weight format " + j.at("weight_format").get<std::string>());
   m.format = *f;
   m.epoch = u64_field(j.at("epoch"));
   m.worker_address = hex_field(j.at("worker_address"));
@@ -133,22 +140,26 @@ Result<std::vector<RankMeta>> gather_metadata(comm::Group& world, const RankMeta
   const std::string text = metadata_to_json(mine);
   std::vector<int64_t> lengths(size_t(world.size()));
   const int64_t my_length = int64_t(text.size());
-  WL_RETURN_IF_ERROR(comm::allgather(world, {.send = &my_length, .recv = lengths.data(),
-                                             .count = 1, .dtype = DType::kI64,
+  WL_RETURN_IF_ERROR(comm::allgather(world, {.send = &my_length,
+                                             .recv = lengths.data(),
+                                             .count = 1,
+                                             .dtype = DType::kI64,
                                              .timeout = timeout}));
   std::vector<size_t> counts(lengths.begin(), lengths.end());
   size_t total = 0;
   for (size_t c : counts) total += c;
   std::string all(total, '\0');
-  WL_RETURN_IF_ERROR(comm::allgatherv(world, {.send = text.data(), .recv = all.data(),
-                                              .counts = counts, .dtype = DType::kU8,
+  WL_RETURN_IF_ERROR(comm::allgatherv(world, {.send = text.data(),
+                                              .recv = all.data(),
+                                              .counts = counts,
+                                              .dtype = DType::kU8,
                                               .timeout = timeout}));
   std::vector<RankMeta> out;
   size_t at = 0;
   for (int r = 0; r < world.size(); ++r) {
     const std::string where = "metadata of rank " + std::to_string(r);
-    WL_ASSIGN_OR_RETURN(RankMeta m,
-                        metadata_from_json(std::string_view(all).substr(at, counts[size_t(r)]), where));
+    WL_ASSIGN_OR_RETURN(
+        RankMeta m, metadata_from_json(std::string_view(all).substr(at, counts[size_t(r)]), where));
     if (m.rank != r) {
       return data_loss(where + ": claims to be rank " + std::to_string(m.rank));
     }

@@ -31,10 +31,10 @@ Result<RankMeta> paper_receiver(const model::ModelConfig& config, int rank,
 // next tp ranks).
 struct OfflineJob {
   model::ModelConfig config;
-  int trainers = 2;                         // trainer ranks in all
-  int mesh_size = 0;                        // FSDP mesh size; 0: one mesh of every trainer
-  int receivers = 2;                        // receiver ranks: receivers / tp inference engines
-  int tp = 2;                               // TP degree of each engine
+  int trainers = 2;                           // trainer ranks in all
+  int mesh_size = 0;                          // FSDP mesh size; 0: one mesh of every trainer
+  int receivers = 2;                          // receiver ranks: receivers / tp inference engines
+  int tp = 2;                                 // TP degree of each engine
   WeightFormat format = WeightFormat::kBF16;  // what receivers hold
   DType shard_dtype = DType::kF32;            // what trainers hold: kF32 or kBF16
 };

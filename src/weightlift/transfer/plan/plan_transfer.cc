@@ -23,16 +23,20 @@ Result<Plan> plan_transfer(comm::Group& world, const RankMeta& mine,
     }
     header[1] = int64_t(body.size());
   }
-  WL_RETURN_IF_ERROR(comm::broadcast(world, {.buffer = header, .count = 2, .dtype = DType::kI64,
+  WL_RETURN_IF_ERROR(comm::broadcast(world, {.buffer = header,
+                                             .count = 2,
+                                             .dtype = DType::kI64,
                                              .root = options.controller,
                                              .timeout = options.timeout}));
   body.resize(size_t(header[1]));
-  WL_RETURN_IF_ERROR(comm::broadcast(world, {.buffer = body.data(), .count = body.size(),
-                                             .dtype = DType::kU8, .root = options.controller,
+  WL_RETURN_IF_ERROR(comm::broadcast(world, {.buffer = body.data(),
+                                             .count = body.size(),
+                                             .dtype = DType::kU8,
+                                             .root = options.controller,
                                              .timeout = options.timeout}));
   if (header[0] != 0) return Status(StatusCode(header[0]), body);
-  return plan_from_json(body, "transfer plan from controller rank " +
-                                  std::to_string(options.controller));
+  return plan_from_json(body,
+                        "transfer plan from controller rank " + std::to_string(options.controller));
 }
 
 }  // namespace wl::transfer

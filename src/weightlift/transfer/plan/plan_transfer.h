@@ -14,8 +14,8 @@
 namespace wl::transfer {
 
 struct ControllerOptions {
-  int controller = 0;                     // world rank that plans
-  std::chrono::milliseconds timeout{0};   // 0: the group's default
+  int controller = 0;                    // world rank that plans
+  std::chrono::milliseconds timeout{0};  // 0: the group's default
 };
 
 Result<Plan> plan_transfer(comm::Group& world, const RankMeta& mine,

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <map>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -112,11 +112,10 @@ Status Planner::check_trainer(const RankMeta& t, std::set<std::pair<int, int>>& 
   if (t.mesh_size != plan_.mesh_size || t.mesh_id < 0 || t.mesh_id >= plan_.num_meshes ||
       t.mesh_rank < 0 || t.mesh_rank >= plan_.mesh_size ||
       !seats.insert({t.mesh_id, t.mesh_rank}).second) {
-    return invalid_argument(who + ": mesh " + std::to_string(t.mesh_id) + " rank " +
-                            std::to_string(t.mesh_rank) + " of size " +
-                            std::to_string(t.mesh_size) + " does not fit " +
-                            std::to_string(plan_.num_meshes) + " meshes of " +
-                            std::to_string(plan_.mesh_size));
+    return invalid_argument(
+        who + ": mesh " + std::to_string(t.mesh_id) + " rank " + std::to_string(t.mesh_rank) +
+        " of size " + std::to_string(t.mesh_size) + " does not fit " +
+        std::to_string(plan_.num_meshes) + " meshes of " + std::to_string(plan_.mesh_size));
   }
   WL_RETURN_IF_ERROR(check_params(t));
   plan_.trainers.push_back({t.rank, t.mesh_id, t.mesh_rank});
@@ -177,9 +176,16 @@ Status Planner::check_receiver(ReceiverSide& side) {
     }
   }
   WL_RETURN_IF_ERROR(check_declared(side));
-  plan_.receivers.push_back({r.rank, r.engine, r.tp, r.tp_rank, r.format, r.epoch,
-                             r.worker_address, {r.slot_address[0], r.slot_address[1]},
-                             r.slot_bytes, r.rkey});
+  plan_.receivers.push_back({r.rank,
+                             r.engine,
+                             r.tp,
+                             r.tp_rank,
+                             r.format,
+                             r.epoch,
+                             r.worker_address,
+                             {r.slot_address[0], r.slot_address[1]},
+                             r.slot_bytes,
+                             r.rkey});
   return ok_status();
 }
 
@@ -228,8 +234,13 @@ PlanTask Planner::task_rows(const ReceiverSide& side, const ReceiverTensor& t, i
                             int64_t r1) const {
   const TensorMeta& m = *side.declared.at(t.name);
   const size_t es = dtype_size(t.dtype);
-  PlanTask k{.receiver = side.meta->rank, .tensor = t.name, .expert = t.expert,
-             .row_begin = r0, .row_end = r1, .cols = t.cols, .dtype = t.dtype};
+  PlanTask k{.receiver = side.meta->rank,
+             .tensor = t.name,
+             .expert = t.expert,
+             .row_begin = r0,
+             .row_end = r1,
+             .cols = t.cols,
+             .dtype = t.dtype};
   k.dst_offset = m.offset + uint64_t(r0 * t.cols) * es;
   k.bytes = uint64_t((r1 - r0) * t.cols) * es;
   return k;
@@ -247,8 +258,7 @@ void Planner::cut_bf16(const ReceiverSide& side, const ReceiverTensor& t,
   }
 }
 
-void Planner::cut_fp8(const ReceiverSide& side, const ReceiverTensor& t,
-                      std::vector<Unit>& units) {
+void Planner::cut_fp8(const ReceiverSide& side, const ReceiverTensor& t, std::vector<Unit>& units) {
   const TensorMeta& sm = *side.declared.at(t.scale);
   const int64_t scale_cols = (t.cols + kFp8BlockSize - 1) / kFp8BlockSize;
   for_each_band(t.rows, [&](int64_t r0, int64_t r1) {
@@ -306,8 +316,8 @@ void Planner::assign(std::vector<Unit>& units, bool expert) {
   for (Unit& u : units) {
     int best = -1;
     for (const PlanTrainer& t : plan_.trainers) {
-      const bool eligible = u.direct_mesh_rank >= 0 ? t.mesh_rank == u.direct_mesh_rank
-                                                    : t.mesh_id == gather_mesh;
+      const bool eligible =
+          u.direct_mesh_rank >= 0 ? t.mesh_rank == u.direct_mesh_rank : t.mesh_id == gather_mesh;
       if (eligible && fewer_bytes(t.rank, load_[t.rank], best, best < 0 ? 0 : load_[best])) {
         best = t.rank;
       }
@@ -365,17 +375,24 @@ std::string plan_to_json(const Plan& p) {
   j["trainers"] = ts;
   json rs = json::array();
   for (const PlanReceiver& r : p.receivers) {
-    rs.push_back({{"rank", r.rank}, {"engine", r.engine}, {"tp", r.tp}, {"tp_rank", r.tp_rank},
-                  {"weight_format", weight_format_name(r.format)}, {"epoch", u64_to_json(r.epoch)},
-                  {"worker_address", to_hex(r.worker_address)},
-                  {"slot_address", {u64_to_json(r.slot_address[0]),
-                                    u64_to_json(r.slot_address[1])}},
-                  {"slot_bytes", u64_to_json(r.slot_bytes)}, {"rkey", to_hex(r.rkey)}});
+    rs.push_back(
+        {{"rank", r.rank},
+         {"engine", r.engine},
+         {"tp", r.tp},
+         {"tp_rank", r.tp_rank},
+         {"weight_format", weight_format_name(r.format)},
+         {"epoch", u64_to_json(r.epoch)},
+         {"worker_address", to_hex(r.worker_address)},
+         {"slot_address", {u64_to_json(r.slot_address[0]), u64_to_json(r.slot_address[1])}},
+         {"slot_bytes", u64_to_json(r.slot_bytes)},
+         {"rkey", to_hex(r.rkey)}});
   }
   j["receivers"] = rs;
   json gs = json::array();
   for (const PlanGather& g : p.gathers) {
-    gs.push_back({{"mesh", g.mesh}, {"expert", g.expert}, {"before_task", g.before_task},
+    gs.push_back({{"mesh", g.mesh},
+                  {"expert", g.expert},
+                  {"before_task", g.before_task},
                   {"params", g.params}});
   }
   j["gathers"] = gs;
@@ -383,14 +400,23 @@ std::string plan_to_json(const Plan& p) {
   for (const PlanTask& k : p.tasks) {
     json pieces = json::array();
     for (const PlanPiece& q : k.pieces) {
-      pieces.push_back({{"param", q.param}, {"rows", {q.row_begin, q.row_end}},
-                        {"cols", {q.col_begin, q.col_end}}, {"dst_row", q.dst_row}});
+      pieces.push_back({{"param", q.param},
+                        {"rows", {q.row_begin, q.row_end}},
+                        {"cols", {q.col_begin, q.col_end}},
+                        {"dst_row", q.dst_row}});
     }
-    ks.push_back({{"sender", k.sender}, {"receiver", k.receiver}, {"tensor", k.tensor},
-                  {"expert", k.expert}, {"gather", k.gather}, {"rows", {k.row_begin, k.row_end}},
-                  {"cols", k.cols}, {"dtype", dtype_name(k.dtype)},
-                  {"dst_offset", k.dst_offset}, {"bytes", k.bytes},
-                  {"scale_offset", k.scale_offset}, {"scale_bytes", k.scale_bytes},
+    ks.push_back({{"sender", k.sender},
+                  {"receiver", k.receiver},
+                  {"tensor", k.tensor},
+                  {"expert", k.expert},
+                  {"gather", k.gather},
+                  {"rows", {k.row_begin, k.row_end}},
+                  {"cols", k.cols},
+                  {"dtype", dtype_name(k.dtype)},
+                  {"dst_offset", k.dst_offset},
+                  {"bytes", k.bytes},
+                  {"scale_offset", k.scale_offset},
+                  {"scale_bytes", k.scale_bytes},
                   {"pieces", pieces}});
   }
   j["tasks"] = ks;
@@ -402,11 +428,16 @@ namespace {
 PlanReceiver receiver_from_json(const json& r) {
   auto f = weight_format_from_name(r.at("weight_format").get<std::string>());
   if (!f) throw std::runtime_error("unknown weight format " + r.at("weight_format").dump());
-  return {r.at("rank").get<int>(), r.at("engine").get<int>(), r.at("tp").get<int>(),
-          r.at("tp_rank").get<int>(), *f, u64_field(r.at("epoch")),
+  return {r.at("rank").get<int>(),
+          r.at("engine").get<int>(),
+          r.at("tp").get<int>(),
+          r.at("tp_rank").get<int>(),
+          *f,
+          u64_field(r.at("epoch")),
           hex_field(r.at("worker_address")),
           {u64_field(r.at("slot_address").at(0)), u64_field(r.at("slot_address").at(1))},
-          u64_field(r.at("slot_bytes")), hex_field(r.at("rkey"))};
+          u64_field(r.at("slot_bytes")),
+          hex_field(r.at("rkey"))};
 }
 
 PlanTask task_from_json(const json& k) {
@@ -444,8 +475,8 @@ Result<Plan> plan_from_json(std::string_view text, std::string_view where) {
     p.mesh_size = j.at("mesh_size").get<int>();
     p.num_meshes = j.at("num_meshes").get<int>();
     for (const json& t : j.at("trainers")) {
-      p.trainers.push_back({t.at("rank").get<int>(), t.at("mesh").get<int>(),
-                            t.at("mesh_rank").get<int>()});
+      p.trainers.push_back(
+          {t.at("rank").get<int>(), t.at("mesh").get<int>(), t.at("mesh_rank").get<int>()});
     }
     for (const json& r : j.at("receivers")) p.receivers.push_back(receiver_from_json(r));
     for (const json& g : j.at("gathers")) {

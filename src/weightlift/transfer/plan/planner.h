@@ -50,11 +50,11 @@ struct PlanTask {
   int receiver = 0;    // world rank of the receiver
   std::string tensor;  // receiver tensor name
   bool expert = false;
-  int gather = -1;     // Plan::gathers index the pieces read from; -1: the sender's own shards
+  int gather = -1;  // Plan::gathers index the pieces read from; -1: the sender's own shards
   int64_t row_begin = 0, row_end = 0;  // rows of the receiver tensor (as [rows, cols])
   int64_t cols = 0;
-  DType dtype = DType::kBF16;          // what lands: kBF16 or kF8E4M3
-  uint64_t dst_offset = 0, bytes = 0;  // in a receiver slot, bytes
+  DType dtype = DType::kBF16;                  // what lands: kBF16 or kF8E4M3
+  uint64_t dst_offset = 0, bytes = 0;          // in a receiver slot, bytes
   uint64_t scale_offset = 0, scale_bytes = 0;  // fp8: the band's row of the scale tensor
   std::vector<PlanPiece> pieces;
   uint64_t total_bytes() const { return bytes + scale_bytes; }

@@ -131,8 +131,8 @@ Status add_model(const ClusterOptions& o, const model::ModelConfig* preset, Sche
     in.params.push_back({std::move(name), shape[0], cols, placement(expert, experts)});
   };
   if (preset == nullptr) {
-    for (K2Param& p : k2_params(o.k2)) add_param(std::move(p.name), p.shape, p.expert_index,
-                                                 o.k2.num_experts);
+    for (K2Param& p : k2_params(o.k2))
+      add_param(std::move(p.name), p.shape, p.expert_index, o.k2.num_experts);
   } else {
     const model::ParamLayout layout(*preset);
     for (const model::ParamInfo& p : layout.params()) {
@@ -140,11 +140,11 @@ Status add_model(const ClusterOptions& o, const model::ModelConfig* preset, Sche
     }
   }
   for (int r = 0; r < o.engine_gpus; ++r) {
-    auto lay = preset == nullptr
-                   ? k2_inference_layout(o.k2, {.engine_gpus = o.engine_gpus, .rank = r,
-                                                .format = o.format})
-                   : inference_layout(*preset, {.tp = o.engine_gpus, .tp_rank = r,
-                                                .format = o.format});
+    auto lay =
+        preset == nullptr
+            ? k2_inference_layout(o.k2,
+                                  {.engine_gpus = o.engine_gpus, .rank = r, .format = o.format})
+            : inference_layout(*preset, {.tp = o.engine_gpus, .tp_rank = r, .format = o.format});
     if (!lay.ok()) {
       return lay.status().with_context("transfer simulate --engine-gpus " +
                                        std::to_string(o.engine_gpus) + " (rank " +

@@ -29,14 +29,14 @@
 namespace wl::transfer {
 
 struct ClusterOptions {
-  std::string model = "kimi-k2";     // "kimi-k2" or a model/config.h preset
-  K2Shapes k2;                       // the shapes "kimi-k2" means (tests shrink them)
-  int trainers = 256;                // trainer GPUs (seed 000: 256)
-  int receivers = 128;               // inference GPUs (seed 000: 128)
-  int gpus_per_node = 8;             // for both sides
-  int engine_gpus = 16;              // GPUs per inference engine: its TP (and EP) degree
-  int dense_mesh = 8;                // trainer FSDP mesh of the dense weights
-  int expert_mesh = 2;               // trainer mesh of one expert-parallel position; 0: as dense
+  std::string model = "kimi-k2";  // "kimi-k2" or a model/config.h preset
+  K2Shapes k2;                    // the shapes "kimi-k2" means (tests shrink them)
+  int trainers = 256;             // trainer GPUs (seed 000: 256)
+  int receivers = 128;            // inference GPUs (seed 000: 128)
+  int gpus_per_node = 8;          // for both sides
+  int engine_gpus = 16;           // GPUs per inference engine: its TP (and EP) degree
+  int dense_mesh = 8;             // trainer FSDP mesh of the dense weights
+  int expert_mesh = 2;            // trainer mesh of one expert-parallel position; 0: as dense
   WeightFormat format = WeightFormat::kFP8;  // what receivers hold
   DType shard_dtype = DType::kBF16;          // what trainers hold: kBF16 or kF32
   NetworkModel network;
@@ -46,14 +46,14 @@ struct ClusterOptions {
 };
 
 struct Simulation {
-  int64_t params = 0;              // parameters of the model
+  int64_t params = 0;  // parameters of the model
   ScheduleLoads loads;
   Prediction prediction;
-  double schedule_seconds = 0;     // how long scheduling took here (wall time)
-  uint64_t replica_bytes = 0;      // what one engine holds in all
-  double broadcast_bound_s = 0;    // checkpoint-engine's broadcast at best (network_model.h)
+  double schedule_seconds = 0;           // how long scheduling took here (wall time)
+  uint64_t replica_bytes = 0;            // what one engine holds in all
+  double broadcast_bound_s = 0;          // checkpoint-engine's broadcast at best (network_model.h)
   std::vector<Sensitivity> sensitivity;  // empty unless asked for
-  int dominant = -1;               // index into sensitivity, or -1
+  int dominant = -1;                     // index into sensitivity, or -1
 };
 
 // The schedule's input for `options`; InvalidArgument naming the option at fault: an unknown

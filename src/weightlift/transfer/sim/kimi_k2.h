@@ -84,7 +84,7 @@ int64_t k2_param_count(const K2Shapes& shapes);
 
 struct K2LayoutOptions {
   int engine_gpus = 16;  // TP degree of the dense weights and EP degree of the experts
-  int rank = 0;            // 0 ..< engine_gpus
+  int rank = 0;          // 0 ..< engine_gpus
   WeightFormat format = WeightFormat::kFP8;
 };
 

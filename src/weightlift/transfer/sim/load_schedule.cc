@@ -68,8 +68,8 @@ class Scheduler {
   std::unordered_map<std::string_view, int> param_index_;
   std::vector<std::vector<std::vector<Source>>> sources_;  // by layout, by tensor
   std::vector<Family> families_;
-  std::vector<int> order_;          // families, dense before expert
-  std::vector<uint64_t> load_;      // bytes assigned so far, by trainer
+  std::vector<int> order_;      // families, dense before expert
+  std::vector<uint64_t> load_;  // bytes assigned so far, by trainer
   size_t shard_es_ = 0;
   // Per family, reused:
   std::vector<Unit> units_;
@@ -118,8 +118,8 @@ Status Scheduler::resolve_sources() {
       for (const SourceSlice& s : t.sources) {
         auto it = param_index_.find(s.param);
         if (it == param_index_.end()) {
-          return not_found(kWhere + "receiver tensor '" + t.name + "' reads parameter '" +
-                           s.param + "', which no trainer holds");
+          return not_found(kWhere + "receiver tensor '" + t.name + "' reads parameter '" + s.param +
+                           "', which no trainer holds");
         }
         const ScheduleParam& p = in_.params[size_t(it->second)];
         if (s.row_begin < 0 || s.row_end > p.rows || s.col_begin < 0 || s.col_end > p.cols ||
@@ -238,11 +238,10 @@ Result<const std::vector<int>*> Scheduler::gather(const Family& fam, PhaseLoads&
     const ScheduleParam& sp = in_.params[size_t(p)];
     if (sp.placement != pl) {
       const auto [r, ti] = fam.members[0];
-      return invalid_argument(
-          kWhere + "receiver tensor '" +
-          in_.layouts[size_t(in_.receiver_layout[size_t(r)])][size_t(ti)].name +
-          "' needs a gather of parameters on different placements ('" +
-          in_.params[size_t(gather_params_[0])].name + "', '" + sp.name + "')");
+      return invalid_argument(kWhere + "receiver tensor '" +
+                              in_.layouts[size_t(in_.receiver_layout[size_t(r)])][size_t(ti)].name +
+                              "' needs a gather of parameters on different placements ('" +
+                              in_.params[size_t(gather_params_[0])].name + "', '" + sp.name + "')");
     }
     bytes += uint64_t(sp.rows * sp.cols) * shard_es_;
   }

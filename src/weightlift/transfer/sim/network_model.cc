@@ -26,9 +26,12 @@ Term busiest(std::string name, size_t n, F seconds) {
 // The model's figures in bytes and seconds.
 struct Rates {
   explicit Rates(const NetworkModel& m)
-      : nic(bytes_per_s(m.nic_gbps)), nvlink(bytes_per_s(m.nvlink_gbps)),
-        overhead(m.message_overhead_us * 1e-6), prepare(m.prepare_gbs * 1e9),
-        barrier(m.barrier_ms * 1e-3), overlap(m.overlap) {}
+      : nic(bytes_per_s(m.nic_gbps)),
+        nvlink(bytes_per_s(m.nvlink_gbps)),
+        overhead(m.message_overhead_us * 1e-6),
+        prepare(m.prepare_gbs * 1e9),
+        barrier(m.barrier_ms * 1e-3),
+        overlap(m.overlap) {}
   double nic, nvlink, overhead, prepare, barrier;
   bool overlap;
 };
@@ -55,13 +58,16 @@ GroupPrediction predict_group(const PhaseLoads& p, const Rates& r, const char* n
   GroupPrediction gp{.name = name};
   gp.terms.push_back(busiest("receiver NIC in", receivers,
                              [&](size_t i) { return double(p.received[i]) / r.nic; }));
-  gp.terms.push_back(busiest("sender NIC out", trainers,
-                             [&](size_t t) { return g.write_s(t) + g.puts_s(t); }));
-  gp.terms.push_back(busiest("sender NIC in (gathers)", trainers, [&](size_t t) { return g.nic_in_s(t); }));
-  gp.terms.push_back(busiest("sender NVLink (gathers)", trainers, [&](size_t t) { return g.nvlink_s(t); }));
+  gp.terms.push_back(
+      busiest("sender NIC out", trainers, [&](size_t t) { return g.write_s(t) + g.puts_s(t); }));
+  gp.terms.push_back(
+      busiest("sender NIC in (gathers)", trainers, [&](size_t t) { return g.nic_in_s(t); }));
+  gp.terms.push_back(
+      busiest("sender NVLink (gathers)", trainers, [&](size_t t) { return g.nvlink_s(t); }));
   gp.terms.push_back(busiest("sender prepare", trainers, [&](size_t t) { return g.prepare_s(t); }));
   if (!r.overlap) {
-    gp.terms.push_back(busiest("sender stages in series", trainers, [&](size_t t) { return g.sender_s(t); }));
+    gp.terms.push_back(
+        busiest("sender stages in series", trainers, [&](size_t t) { return g.sender_s(t); }));
   }
   gp.terms.push_back({"barrier", r.barrier, -1});
   const Term& out_term = gp.terms[1];

@@ -1,5 +1,5 @@
-// The word-at-a-time checksum of modes/detail/checksum.h; the tail is zero-padded into one last word and
-// the length is mixed in, so that trailing zeros count.
+// The word-at-a-time checksum of modes/detail/checksum.h; the tail is zero-padded into one last
+// word and the length is mixed in, so that trailing zeros count.
 #include "weightlift/transfer/modes/detail/checksum.h"
 
 #include <cstring>

@@ -46,7 +46,8 @@ void prepare_task_into(const PlanTask& t, std::span<const PieceSource> sources, 
     }
   }
   if (t.quantized()) {
-    for (const BandRow& r : band) WL_CHECK(r.data != nullptr) << t.tensor << ": a row no piece covers";
+    for (const BandRow& r : band)
+      WL_CHECK(r.data != nullptr) << t.tensor << ": a row no piece covers";
     WL_CHECK_EQ(t.scale_bytes, uint64_t((t.cols + kFp8BlockSize - 1) / kFp8BlockSize) * 4)
         << t.tensor;
     std::vector<float> scales(t.scale_bytes / 4);

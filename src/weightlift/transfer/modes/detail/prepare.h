@@ -18,7 +18,7 @@ struct PieceSource {
   const void* base = nullptr;  // borrowed
   int64_t first_row = 0;
   int64_t row_elems = 0;
-  DType dtype = DType::kF32;   // kF32 or kBF16
+  DType dtype = DType::kF32;  // kF32 or kBF16
 };
 
 // f32 scratch `prepare_task` needs for `task`: 0 (the fp8 band quantizer reads the rows where
@@ -28,8 +28,8 @@ size_t prepare_scratch_floats(const PlanTask& task);
 // Writes task.bytes of data rows at `data` and (fp8) task.scale_bytes of the scale row at
 // `scales`; either may be the receiver's slot itself (a shared-memory mapping of it).
 // `sources[i]` serves task.pieces[i].
-void prepare_task_into(const PlanTask& task, std::span<const PieceSource> sources,
-                       std::byte* data, std::byte* scales);
+void prepare_task_into(const PlanTask& task, std::span<const PieceSource> sources, std::byte* data,
+                       std::byte* scales);
 
 // The same into one staging buffer of task.total_bytes(): the data rows, then the scale row.
 void prepare_task(const PlanTask& task, std::span<const PieceSource> sources, std::byte* out,

@@ -38,8 +38,8 @@ class StartWords {
 
 // This rank's start word; a receiver that holds a version opens the next slot first (a fresh
 // one does so once the round's version is known).
-std::vector<int64_t> my_start_word(int me, Receiver* receiver, Status* mine,
-                                   const UpdateOptions& o, comm::Deadline deadline) {
+std::vector<int64_t> my_start_word(int me, Receiver* receiver, Status* mine, const UpdateOptions& o,
+                                   comm::Deadline deadline) {
   std::vector<int64_t> word(kFields, 0);
   word[kRole] = int64_t(receiver ? Role::kReceiver : Role::kTrainer);
   word[kChecksums] = o.checksums;
