@@ -3,11 +3,14 @@
 # multi-process tests plus the PyTorch reference comparison, then the unit tests again under
 # AddressSanitizer + UndefinedBehaviorSanitizer, then the tests of threads and processes that
 # exchange bytes (comm, transfer, infer, the benchmarks' runs; label "threads") under
-# ThreadSanitizer. A clang build of the libraries checks the thread-safety annotations.
+# ThreadSanitizer. Formatting is checked first (scripts/check_format.sh). A clang build of the libraries checks the thread-safety annotations.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+
+echo "== format"
+bash scripts/check_format.sh
 
 echo "== release build"
 bash scripts/build.sh release
