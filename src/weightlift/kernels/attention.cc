@@ -340,113 +340,148 @@ struct BackwardArgs {
   int64_t chunks;
 };
 
+// One backward unit's scratch: a query tile's packed operands and one key block's scores.
+struct BackwardScratch {
+  explicit BackwardScratch(const Geometry& g)
+      : buf(5 * g.dp * g.rows + 2 * kKeyBlock * g.rows + 3 * g.rows + 2 * kKeyBlock * g.dp, 12) {
+    const int64_t rows = g.rows, dp = g.dp;
+    qt = buf.take(dp * rows);
+    qn = buf.take(rows * dp);
+    dot = buf.take(dp * rows);
+    don = buf.take(rows * dp);
+    dqt = buf.take(rows * dp);
+    st = buf.take(kKeyBlock * rows);
+    dst = buf.take(kKeyBlock * rows);
+    lse2 = buf.take(rows);
+    dvec = buf.take(rows);
+    klim = buf.take(rows);
+    k_pad = buf.take(kKeyBlock * dp);
+    v_pad = buf.take(kKeyBlock * dp);
+  }
+  Scratch buf;
+  float* qt;    // Q^T [dp, rows], pre-scaled to base-2 units
+  float* qn;    // Q [rows, dp], unscaled
+  float* dot;   // dO^T [dp, rows]
+  float* don;   // dO [rows, dp]
+  float* dqt;   // dQ of the tile [rows, dp], unscaled
+  float* st;    // S^T then P^T [nk, rows]
+  float* dst;   // dP^T then dS^T [nk, rows]
+  float* lse2;  // lse in base-2 units [rows]
+  float* dvec;  // D = rowsum(dO * O) [rows]
+  float* klim;  // per row, the first key it may not see
+  float* k_pad;
+  float* v_pad;
+};
+
+// Packs a tile's Q and dO, and computes D and lse in base 2; zeroes the tile's dQ.
+template <int W>
+WL_ALWAYS_INLINE void begin_backward_tile(const Geometry& g, const BackwardArgs& args,
+                                          const Tile& t, BackwardScratch& b) {
+  const int64_t rows = g.rows, dp = g.dp, hd = g.s.head_dim;
+  const int64_t valid = t.positions * g.group;
+  pack_rows(g, t, args.q, g.score_scale, b.qt, b.qn);
+  pack_rows(g, t, args.dout, 1.0f, b.dot, b.don);
+  fill_key_limits(g, t, b.klim);
+  for (int64_t r = 0; r < rows; ++r) {
+    float dsum = 0.0f;
+    if (r < valid) {
+      const float* o = args.out + row_offset(g, t, r);
+      for (int64_t d = 0; d < hd; ++d) dsum += o[d] * b.don[r * dp + d];
+    }
+    b.dvec[r] = dsum;
+    b.lse2[r] = r < valid ? args.lse[lse_offset(g, t, r)] * kLog2e : 0.0f;
+  }
+  std::fill(b.dqt, b.dqt + rows * dp, 0.0f);
+}
+
+// The five tile GEMMs of one key block [j0, j0 + nk): P and dS recomputed, then dV, dK (into
+// the unit's partials pdk / pdv, [seq_kv, dp]) and the tile's dQ accumulated.
+template <int W>
+WL_ALWAYS_INLINE void backward_key_block(const Geometry& g, const BackwardArgs& args, const Tile& t,
+                                         BackwardScratch& b, int64_t j0, float* pdk, float* pdv) {
+  const int64_t rows = g.rows, dp = g.dp, hd = g.s.head_dim;
+  const int64_t valid = t.positions * g.group;
+  const int64_t nk = std::min(kKeyBlock, t.kv_end - j0);
+  const KvBlock kb = kv_block(g, t, args.k, args.v, j0, nk, b.k_pad, b.v_pad);
+  block_scores<W>(g, t, kb, b.qt, b.klim, j0, nk, b.st);
+  // dP^T[nk, rows] = V_blk[nk, head_dim] . dO^T[head_dim, rows]
+  detail::tile_gemm<W>({.m = nk,
+                        .n = rows,
+                        .k = hd,
+                        .a = kb.v,
+                        .a_row_stride = kb.ld,
+                        .a_k_stride = 1,
+                        .b = b.dot,
+                        .ldb = rows,
+                        .c = b.dst,
+                        .ldc = rows});
+  for (int64_t j = 0; j < nk; ++j) {
+    for (int64_t c = 0; c < rows; c += W) {
+      float* ps = b.st + j * rows + c;
+      float* pd = b.dst + j * rows + c;
+      const F32v<W> p = detail::exp2_v(load_v<W>(ps) - load_v<W>(b.lse2 + c));
+      store_v<W>(ps, p);
+      store_v<W>(pd, p * (load_v<W>(pd) - load_v<W>(b.dvec + c)));
+    }
+  }
+  // dV_blk += P^T . dO and dK_blk += dS^T . Q over the tile's real rows; padding rows have
+  // dO = 0 and hence dS = 0, so they would add nothing.
+  detail::tile_gemm<W>({.m = nk,
+                        .n = dp,
+                        .k = valid,
+                        .a = b.st,
+                        .a_row_stride = rows,
+                        .a_k_stride = 1,
+                        .b = b.don,
+                        .ldb = dp,
+                        .c = pdv + j0 * dp,
+                        .ldc = dp,
+                        .accumulate = true});
+  detail::tile_gemm<W>({.m = nk,
+                        .n = dp,
+                        .k = valid,
+                        .a = b.dst,
+                        .a_row_stride = rows,
+                        .a_k_stride = 1,
+                        .b = b.qn,
+                        .ldb = dp,
+                        .c = pdk + j0 * dp,
+                        .ldc = dp,
+                        .accumulate = true});
+  // dQ[rows, dp] += dS[rows, nk] . K_blk[nk, dp], for the real rows only
+  detail::tile_gemm<W>({.m = valid,
+                        .n = dp,
+                        .k = nk,
+                        .a = b.dst,
+                        .a_row_stride = 1,
+                        .a_k_stride = rows,
+                        .b = kb.k,
+                        .ldb = kb.ld,
+                        .c = b.dqt,
+                        .ldc = dp,
+                        .accumulate = true});
+}
+
 template <int W>
 WL_ALWAYS_INLINE void backward_unit_impl(const Geometry& g, const BackwardArgs& args,
                                          int64_t unit) {
-  const int64_t rows = g.rows, dp = g.dp, hd = g.s.head_dim, seq_kv = g.s.seq_kv;
+  const int64_t dp = g.dp, hd = g.s.head_dim, seq_kv = g.s.seq_kv;
   const int64_t chunk = unit % args.chunks, bk = unit / args.chunks;
   float* pdk = args.partials + unit * 2 * seq_kv * dp;  // [seq_kv, dp]
   float* pdv = pdk + seq_kv * dp;
   std::fill(pdk, pdk + 2 * seq_kv * dp, 0.0f);
-
-  Scratch scratch(5 * dp * rows + 2 * kKeyBlock * rows + 3 * rows + 2 * kKeyBlock * dp, 12);
-  float* qt = scratch.take(dp * rows);          // Q^T [dp, rows], pre-scaled to base-2 units
-  float* qn = scratch.take(rows * dp);          // Q [rows, dp], unscaled
-  float* dot = scratch.take(dp * rows);         // dO^T [dp, rows]
-  float* don = scratch.take(rows * dp);         // dO [rows, dp]
-  float* dqt = scratch.take(rows * dp);         // dQ of the tile, unscaled
-  float* st = scratch.take(kKeyBlock * rows);   // S^T then P^T [nk, rows]
-  float* dst = scratch.take(kKeyBlock * rows);  // dP^T then dS^T [nk, rows]
-  float* lse2 = scratch.take(rows);             // lse in base-2 units
-  float* dvec = scratch.take(rows);             // D = rowsum(dO * O)
-  float* klim = scratch.take(rows);
-  float* k_pad = scratch.take(kKeyBlock * dp);
-  float* v_pad = scratch.take(kKeyBlock * dp);
-
+  BackwardScratch b(g);
+  const float scale = 1.0f / std::sqrt(float(hd));
   for (int64_t index = 0; index < g.n_tiles; ++index) {
     if (chunk_of_tile(index, args.chunks) != chunk) continue;
     const Tile t = make_tile(g, bk / g.s.kv_heads, bk % g.s.kv_heads, index);
-    const int64_t valid = t.positions * g.group;
-    pack_rows(g, t, args.q, g.score_scale, qt, qn);
-    pack_rows(g, t, args.dout, 1.0f, dot, don);
-    fill_key_limits(g, t, klim);
-    for (int64_t r = 0; r < rows; ++r) {
-      float dsum = 0.0f;
-      if (r < valid) {
-        const float* o = args.out + row_offset(g, t, r);
-        for (int64_t d = 0; d < hd; ++d) dsum += o[d] * don[r * dp + d];
-      }
-      dvec[r] = dsum;
-      lse2[r] = r < valid ? args.lse[lse_offset(g, t, r)] * kLog2e : 0.0f;
-    }
-    std::fill(dqt, dqt + rows * dp, 0.0f);
-
+    begin_backward_tile<W>(g, args, t, b);
     for (int64_t j0 = 0; j0 < t.kv_end; j0 += kKeyBlock) {
-      const int64_t nk = std::min(kKeyBlock, t.kv_end - j0);
-      const KvBlock kb = kv_block(g, t, args.k, args.v, j0, nk, k_pad, v_pad);
-      block_scores<W>(g, t, kb, qt, klim, j0, nk, st);
-      // dP^T[nk, rows] = V_blk[nk, head_dim] . dO^T[head_dim, rows]
-      detail::tile_gemm<W>({.m = nk,
-                            .n = rows,
-                            .k = hd,
-                            .a = kb.v,
-                            .a_row_stride = kb.ld,
-                            .a_k_stride = 1,
-                            .b = dot,
-                            .ldb = rows,
-                            .c = dst,
-                            .ldc = rows});
-      for (int64_t j = 0; j < nk; ++j) {
-        for (int64_t c = 0; c < rows; c += W) {
-          float* ps = st + j * rows + c;
-          float* pd = dst + j * rows + c;
-          const F32v<W> p = detail::exp2_v(load_v<W>(ps) - load_v<W>(lse2 + c));
-          store_v<W>(ps, p);
-          store_v<W>(pd, p * (load_v<W>(pd) - load_v<W>(dvec + c)));
-        }
-      }
-      // dV_blk += P^T . dO and dK_blk += dS^T . Q over the tile's real rows; padding rows have
-      // dO = 0 and hence dS = 0, so they would add nothing.
-      detail::tile_gemm<W>({.m = nk,
-                            .n = dp,
-                            .k = valid,
-                            .a = st,
-                            .a_row_stride = rows,
-                            .a_k_stride = 1,
-                            .b = don,
-                            .ldb = dp,
-                            .c = pdv + j0 * dp,
-                            .ldc = dp,
-                            .accumulate = true});
-      detail::tile_gemm<W>({.m = nk,
-                            .n = dp,
-                            .k = valid,
-                            .a = dst,
-                            .a_row_stride = rows,
-                            .a_k_stride = 1,
-                            .b = qn,
-                            .ldb = dp,
-                            .c = pdk + j0 * dp,
-                            .ldc = dp,
-                            .accumulate = true});
-      // dQ[rows, dp] += dS[rows, nk] . K_blk[nk, dp], for the real rows only
-      detail::tile_gemm<W>({.m = valid,
-                            .n = dp,
-                            .k = nk,
-                            .a = dst,
-                            .a_row_stride = 1,
-                            .a_k_stride = rows,
-                            .b = kb.k,
-                            .ldb = kb.ld,
-                            .c = dqt,
-                            .ldc = dp,
-                            .accumulate = true});
+      backward_key_block<W>(g, args, t, b, j0, pdk, pdv);
     }
-
-    const float scale = 1.0f / std::sqrt(float(hd));
-    for (int64_t r = 0; r < valid; ++r) {
+    for (int64_t r = 0; r < t.positions * g.group; ++r) {
       float* dq = args.dq + row_offset(g, t, r);
-      for (int64_t d = 0; d < hd; ++d) dq[d] = dqt[r * dp + d] * scale;
+      for (int64_t d = 0; d < hd; ++d) dq[d] = b.dqt[r * dp + d] * scale;
     }
   }
 }
