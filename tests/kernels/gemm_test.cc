@@ -316,6 +316,41 @@ TEST(Gemm, CalledFromInsideParallelRegion) {
   });
 }
 
+// A product's bits do not depend on --threads (a run resumed with another thread count, or
+// ranks as threads, compute the same numbers): tiles cut C, never k, so every element is one
+// single-threaded sum in oneDNN's order. Splitting k across threads, as oneDNN's own
+// threading may for a long k, would break this.
+TEST(Gemm, BitwiseTheSameForAnyThreadCount) {
+  const int saved = num_threads();
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (auto [m, n, k, ta, tb] :
+         {std::tuple{1000, 700, 300, false, true}, std::tuple{3, 2000, 256, false, false},
+          std::tuple{320, 256, 2048, true, false}}) {
+      std::vector<std::vector<float>> outs;
+      const Problem p{.m = m,
+                      .n = n,
+                      .k = k,
+                      .ta = ta,
+                      .tb = tb,
+                      .pad_a = 1,
+                      .pad_b = 0,
+                      .pad_c = 2,
+                      .alpha = 1.0f,
+                      .beta = 0.5f,
+                      .type = t};
+      for (int threads : {1, 2, 3}) {
+        set_num_threads(threads);
+        Operands o = make_operands(p, 7, false);
+        gemm(args_for(p, o));
+        outs.push_back(o.c);
+      }
+      EXPECT_EQ(outs[0], outs[1]) << m << "x" << n << "x" << k;
+      EXPECT_EQ(outs[0], outs[2]) << m << "x" << n << "x" << k;
+    }
+  }
+  set_num_threads(saved);
+}
+
 TEST(GemmDeathTest, BadLeadingDimensionNamesTheShape) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   std::vector<float> a(64), b(64), c(64);

@@ -31,10 +31,11 @@
 // k and v are read with kv_batch_stride in both passes (the same pointers that went through the
 // forward pass); dk and dv are written dense.
 //
-// Units of work (forward: one tile; backward: one chunk) are handed to the pool's threads one at
-// a time from a shared counter, most expensive first. The tile GEMMs are detail/tile_gemm.h; the
-// exponential is detail/simd.h's exp2_v; both are compiled in an AVX2 + FMA version and an SSE2
-// version, picked at load time.
+// Units of work (forward: one tile; backward: one chunk) are claimed by the pool's threads one
+// at a time (parallel_for_each), most expensive first, so which thread runs one changes no
+// result and both cores stay busy when causal tiles differ in cost. The tile GEMMs are
+// detail/tile_gemm.h; the exponential is detail/simd.h's exp2_v; both are compiled in an AVX2 + FMA
+// version and an SSE2 version, picked at load time.
 //
 // Cost, with pairs = sum over query rows of visible keys (~ seq_q seq_kv - seq_q^2 / 2 when
 // training) per (batch, head):
@@ -48,7 +49,6 @@
 #include "weightlift/kernels/attention.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -314,19 +314,6 @@ WL_ALWAYS_INLINE void forward_tile_impl(const Geometry& g, const float* q, const
   }
 }
 
-// Runs fn(u) for every unit u in [0, n) on the pool, each thread taking the next unit from a
-// shared counter. Units write disjoint outputs, so which thread runs one changes no result; the
-// dynamic hand-out keeps both cores busy when causal tiles differ in cost or when another
-// process takes a core for a while, where fixed ranges would wait for the slowest.
-void for_each_unit(int64_t n, const std::function<void(int64_t)>& fn) {
-  std::atomic<int64_t> next{0};
-  parallel_for(std::min<int64_t>(num_threads(), n), 1, [&](int64_t, int64_t) {
-    for (int64_t u = next.fetch_add(1, std::memory_order_relaxed); u < n;
-         u = next.fetch_add(1, std::memory_order_relaxed))
-      fn(u);
-  });
-}
-
 // The chunk a query tile belongs to, dealing tiles out in snake order (0 1 2 2 1 0 0 1 ...).
 int64_t chunk_of_tile(int64_t tile, int64_t chunks) {
   const int64_t p = tile % (2 * chunks);
@@ -508,8 +495,8 @@ void attention_forward(const AttentionShape& s, const float* q, const float* k, 
                        float* out, float* lse) {
   const Geometry g = make_geometry(s);
   if (s.batch == 0 || s.seq_q == 0) return;
-  for_each_unit(s.batch * s.kv_heads * g.n_tiles,
-                [&](int64_t unit) { forward_tile(g, q, k, v, out, lse, unit); });
+  parallel_for_each(s.batch * s.kv_heads * g.n_tiles,
+                    [&](int64_t unit) { forward_tile(g, q, k, v, out, lse, unit); });
 }
 
 void attention_backward(const AttentionShape& s, const float* q, const float* k, const float* v,
@@ -530,7 +517,7 @@ void attention_backward(const AttentionShape& s, const float* q, const float* k,
   const int64_t part_size = bk * chunks * 2 * s.seq_kv * g.dp;
   if (int64_t(partials.size()) < part_size) partials.resize(size_t(part_size));
   const BackwardArgs args{q, k, v, out, lse, dout, dq, partials.data(), chunks};
-  for_each_unit(bk * chunks, [&](int64_t unit) { backward_unit(g, args, unit); });
+  parallel_for_each(bk * chunks, [&](int64_t unit) { backward_unit(g, args, unit); });
 
   // dk, dv = sum over chunks in chunk order; dk also takes the 1/sqrt(head_dim) of the scores.
   const float scale = 1.0f / std::sqrt(float(hd));

@@ -26,11 +26,23 @@
  * scale and beta a sum post-op (dst = alpha * A@B + beta * dst_before). The scratchpad is
  * user-managed and thread-local, so one cached primitive may run on several threads at once.
  *
+ * Threads. oneDNN is an OpenMP build, and its GEMMs split C in fixed shares between the
+ * threads of an OpenMP team and meet at a barrier: when another process takes one of our cores,
+ * every GEMM waits for the thread that lost it (a busy neighbour made our training step 3x
+ * slower). So we cut C into tiles ourselves and run them on core/parallel.h's pool, each tile
+ * one single-threaded oneDNN call (every thread that calls oneDNN sets OpenMP to one thread,
+ * so no team is ever formed), and a slowed thread just runs fewer tiles. Tiles cut C, never k,
+ * so each element is one sum in oneDNN's order and a product is bitwise the same for any
+ * --threads.
+ *
  * Errors from oneDNN mean we passed a bad shape or pointer: a check failure naming the shape.
  */
 #include "weightlift/kernels/gemm.h"
 
+#include <omp.h>
+
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -87,9 +99,11 @@ void scale_c(const GemmArgs& g) {
   }
 }
 
-void sgemm(const GemmArgs& g, const float* a, int64_t lda, const float* b, int64_t ldb) {
+// One tile in f32, on this thread.
+void sgemm_tile(const GemmArgs& g) {
   const dnnl_status_t st = dnnl_sgemm(g.trans_a ? 'T' : 'N', g.trans_b ? 'T' : 'N', g.m, g.n, g.k,
-                                      g.alpha, a, lda, b, ldb, g.beta, g.c, g.ldc);
+                                      g.alpha, static_cast<const float*>(g.a), g.lda,
+                                      static_cast<const float*>(g.b), g.ldb, g.beta, g.c, g.ldc);
   WL_CHECK_EQ(int(st), int(dnnl_success)) << "dnnl_sgemm failed: " << describe(g);
 }
 
@@ -105,7 +119,87 @@ void widen_bf16(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, flo
 }
 
 // bf16 without native support: widen both operands, then the f32 path. Thread-local scratch
-// so concurrent callers (e.g. from inside a parallel region) do not share it.
+// so concurrent callers (e.g. ranks running as threads) do not share it.
+void gemm_bf16_via_f32(const GemmArgs& g);
+
+// ---- tiles -----------------------------------------------------------------------------------
+
+// What a product costs, in FLOP-equivalents: its FLOPs plus the bytes it streams, a byte
+// counted as kFlopsPerByte FLOPs (one core multiplies about that much faster than it reads
+// memory here). A decode step's products (a few rows against a weight matrix) are all bytes.
+// Below kTileWork a product is one tile: about 100 us of one core, next to a few us of
+// oneDNN's set-up per call. kMaxTiles bounds the operand re-reads of the cut.
+constexpr double kFlopsPerByte = 8;
+constexpr double kTileWork = double(int64_t(1) << 21);
+constexpr int64_t kMaxTiles = 8;
+// Tile sides stay multiples of these (vector width and oneDNN's register blocking) where the
+// matrix is larger.
+constexpr int64_t kRowAlign = 8, kColAlign = 64;
+
+// Start of piece i of t along a side of `len`, aligned down to `align` (the last piece ends at
+// len).
+int64_t cut(int64_t i, int64_t t, int64_t len, int64_t align) {
+  if (i >= t) return len;
+  return std::min(len, (len * i / t) / align * align);
+}
+
+struct TileGrid {
+  int64_t tm = 1, tn = 1;  // pieces along m and along n
+};
+
+// A tm x tn grid re-reads A tn times and B tm times: k (tn m + tm n) elements, least when
+// tm / tn = m / n. So the grid follows C's aspect, within the tile budget and the alignments.
+TileGrid tile_grid(const GemmArgs& g) {
+  const double elem = g.in_type == DType::kBF16 ? 2 : 4;
+  const double m = double(g.m), n = double(g.n), k = double(g.k);
+  const double work = 2 * m * n * k + kFlopsPerByte * (elem * (m * k + k * n) + 4 * m * n);
+  const int64_t tiles = std::clamp<int64_t>(int64_t(work / kTileWork), 1, kMaxTiles);
+  const int64_t m_max = std::max<int64_t>(1, g.m / kRowAlign);
+  const int64_t n_max = std::max<int64_t>(1, g.n / kColAlign);
+  TileGrid t;
+  const double tm = std::sqrt(double(tiles) * double(g.m) / double(g.n));
+  t.tm = std::clamp<int64_t>(int64_t(std::lround(tm)), 1, std::min(tiles, m_max));
+  t.tn = std::clamp<int64_t>(tiles / t.tm, 1, n_max);
+  return t;
+}
+
+// The product restricted to C's rows [m0, m1) and columns [n0, n1): the same operands, offset.
+GemmArgs sub_gemm(const GemmArgs& g, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  const size_t elem = g.in_type == DType::kBF16 ? 2 : 4;
+  auto at = [elem](const void* p, int64_t elements) {
+    return static_cast<const char*>(p) + size_t(elements) * elem;
+  };
+  GemmArgs s = g;
+  s.m = m1 - m0;
+  s.n = n1 - n0;
+  s.a = at(g.a, g.trans_a ? m0 : m0 * g.lda);
+  s.b = at(g.b, g.trans_b ? n0 * g.ldb : n0);
+  s.c = g.c + m0 * g.ldc + n0;
+  return s;
+}
+
+// oneDNN runs a call on the calling thread alone when OpenMP allows that thread one thread;
+// the setting is per thread, so every thread that calls oneDNN makes it once.
+void one_onednn_thread() {
+  thread_local const bool set = [] {
+    omp_set_num_threads(1);
+    return true;
+  }();
+  (void)set;
+}
+
+// Runs tile(args) for each tile of g's C, on the pool.
+template <class Fn>
+void for_each_tile(const GemmArgs& g, const Fn& tile) {
+  const TileGrid t = tile_grid(g);
+  parallel_for_each(t.tm * t.tn, [&](int64_t i) {
+    const int64_t im = i / t.tn, in = i % t.tn;
+    one_onednn_thread();
+    tile(sub_gemm(g, cut(im, t.tm, g.m, kRowAlign), cut(im + 1, t.tm, g.m, kRowAlign),
+                  cut(in, t.tn, g.n, kColAlign), cut(in + 1, t.tn, g.n, kColAlign)));
+  });
+}
+
 void gemm_bf16_via_f32(const GemmArgs& g) {
   thread_local std::vector<float> a32, b32;
   const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
@@ -114,7 +208,13 @@ void gemm_bf16_via_f32(const GemmArgs& g) {
   b32.resize(size_t(b_rows * b_cols));
   widen_bf16(static_cast<const uint16_t*>(g.a), a_rows, a_cols, g.lda, a32.data());
   widen_bf16(static_cast<const uint16_t*>(g.b), b_rows, b_cols, g.ldb, b32.data());
-  sgemm(g, a32.data(), a_cols, b32.data(), b_cols);
+  GemmArgs wide = g;
+  wide.in_type = DType::kF32;
+  wide.a = a32.data();
+  wide.lda = a_cols;
+  wide.b = b32.data();
+  wide.ldb = b_cols;
+  for_each_tile(wide, sgemm_tile);
 }
 
 // ---- the matmul-primitive path -------------------------------------------------------------
@@ -213,14 +313,8 @@ MatmulCache& matmul_cache() {
   return cache;
 }
 
-}  // namespace
-
-namespace detail {
-
-void gemm_with_matmul_primitive(const GemmArgs& g) {
-  validate(g);
-  if (g.m == 0 || g.n == 0) return;
-  if (g.k == 0) return scale_c(g);
+// One tile through the cached primitive, on this thread.
+void matmul_tile(const GemmArgs& g) {
   const std::shared_ptr<const CachedMatmul> mm = matmul_cache().get(g);
   thread_local std::vector<uint8_t> scratch;
   thread_local std::unique_ptr<dnnl::stream> stream;
@@ -246,6 +340,17 @@ void gemm_with_matmul_primitive(const GemmArgs& g) {
   }
 }
 
+}  // namespace
+
+namespace detail {
+
+void gemm_with_matmul_primitive(const GemmArgs& g) {
+  validate(g);
+  if (g.m == 0 || g.n == 0) return;
+  if (g.k == 0) return scale_c(g);
+  for_each_tile(g, matmul_tile);
+}
+
 }  // namespace detail
 
 bool gemm_bf16_is_native() {
@@ -268,9 +373,9 @@ void gemm(const GemmArgs& g) {
   if (g.m == 0 || g.n == 0) return;
   if (g.k == 0) return scale_c(g);
   if (g.in_type == DType::kF32) {
-    sgemm(g, static_cast<const float*>(g.a), g.lda, static_cast<const float*>(g.b), g.ldb);
+    for_each_tile(g, sgemm_tile);
   } else if (gemm_bf16_is_native()) {
-    detail::gemm_with_matmul_primitive(g);
+    for_each_tile(g, matmul_tile);
   } else {
     gemm_bf16_via_f32(g);
   }

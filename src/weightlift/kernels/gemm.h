@@ -5,7 +5,8 @@
 // Row-major with leading dimensions in elements; op(X) = X or X^T. A and B are f32 or bf16
 // (both the same); C and the accumulation are always f32. Primitives are created once per
 // shape and cached, so calling this in a loop with repeating shapes costs no re-creation.
-// Runs on the compute pool (core/parallel.h).
+// Cut into tiles by shape and run on the compute pool (core/parallel.h); the result does not
+// depend on the thread count.
 #pragma once
 
 #include <cstdint>
