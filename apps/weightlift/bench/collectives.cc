@@ -114,11 +114,10 @@ Result<double> measure_copy_rate(Group& g, std::chrono::milliseconds timeout) {
   std::memset(a.get(), 1, kBytes);
   std::memset(b.get(), 2, kBytes);
   WL_RETURN_IF_ERROR(barrier(g, {.timeout = timeout}));
-  const auto t0 = std::chrono::steady_clock::now();
+  const Stopwatch clock;
   for (int i = 0; i < kRepeats; ++i)
     std::memcpy(i % 2 ? a.get() : b.get(), i % 2 ? b.get() : a.get(), kBytes);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double seconds = clock.seconds();
   int64_t rate = int64_t(double(kBytes) * kRepeats / seconds);
   WL_RETURN_IF_ERROR(allreduce(
       g,

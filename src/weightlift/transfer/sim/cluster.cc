@@ -2,9 +2,9 @@
 // sensitivity table.
 #include "weightlift/transfer/sim/cluster.h"
 
-#include <chrono>
 #include <cstdio>
 
+#include "weightlift/core/timing.h"
 #include "weightlift/model/config.h"
 #include "weightlift/model/params.h"
 
@@ -29,10 +29,10 @@ int64_t preset_expert_index(const std::string& name) {
 Result<Simulation> run(const ClusterOptions& o, const std::string& stage) {
   WL_ASSIGN_OR_RETURN(ScheduleInput in, cluster_schedule_input(o));
   if (o.progress) in.progress = [&](double f) { o.progress(stage, f); };
-  const auto t0 = std::chrono::steady_clock::now();
+  const Stopwatch clock;
   WL_ASSIGN_OR_RETURN(ScheduleLoads loads, schedule_loads(in));
   Simulation r{.loads = std::move(loads)};
-  r.schedule_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.schedule_seconds = clock.seconds();
   r.prediction = predict(r.loads, o.network);
   return r;
 }
