@@ -4,30 +4,9 @@
 #include <cstdio>
 #include <sstream>
 
-namespace wl::app {
-namespace {
+#include "report/units.h"
 
-std::string human_bytes(double b) {
-  char buf[32];
-  if (b >= 1e9)
-    std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
-  else if (b >= 1e6)
-    std::snprintf(buf, sizeof buf, "%.1f MB", b / 1e6);
-  else
-    std::snprintf(buf, sizeof buf, "%.1f kB", b / 1e3);
-  return buf;
-}
-std::string human_count(double n) {
-  char buf[32];
-  if (n >= 1e9)
-    std::snprintf(buf, sizeof buf, "%.2fB", n / 1e9);
-  else if (n >= 1e6)
-    std::snprintf(buf, sizeof buf, "%.2fM", n / 1e6);
-  else
-    std::snprintf(buf, sizeof buf, "%.1fk", n / 1e3);
-  return buf;
-}
-}  // namespace
+namespace wl::app {
 
 std::string model_info_report(const std::string& name, const model::ModelInfo& m) {
   const model::ModelConfig& c = m.config;
@@ -38,16 +17,16 @@ std::string model_info_report(const std::string& name, const model::ModelInfo& m
      << c.num_experts << " experts top-" << c.top_k << " of ffn " << c.ffn_dim << ", vocab "
      << c.vocab_size << "\n";
   std::snprintf(line, sizeof line, "  total parameters   %15ld  (%s)\n", long(m.total_params),
-                human_count(double(m.total_params)).c_str());
+                format_params(double(m.total_params)).c_str());
   os << line;
   std::snprintf(line, sizeof line, "  active per token   %15ld  (%s)\n", long(m.active_params),
-                human_count(double(m.active_params)).c_str());
+                format_params(double(m.active_params)).c_str());
   os << line;
   std::snprintf(line, sizeof line, "  experts            %15ld  (%s)\n", long(m.expert_params),
-                human_count(double(m.expert_params)).c_str());
+                format_params(double(m.expert_params)).c_str());
   os << line;
   std::snprintf(line, sizeof line, "  embeddings         %15ld  (%s)\n", long(m.embedding_params),
-                human_count(double(m.embedding_params)).c_str());
+                format_params(double(m.embedding_params)).c_str());
   os << line;
   const double n = double(m.total_params);
   std::snprintf(line, sizeof line, "  memory\n    %-36s %10s %12s %12s %12s\n", "", "weights",
@@ -63,9 +42,9 @@ std::string model_info_report(const std::string& name, const model::ModelInfo& m
   for (const Row& r : rows) {
     const double opt = r.gb > 0 ? 8 * n : 0;
     std::snprintf(line, sizeof line, "    %-36s %10s %12s %12s %12s\n", r.name,
-                  human_bytes(r.wb * n).c_str(), r.gb > 0 ? human_bytes(r.gb * n).c_str() : "-",
-                  opt > 0 ? human_bytes(opt).c_str() : "-",
-                  human_bytes(r.wb * n + r.gb * n + opt).c_str());
+                  format_bytes(r.wb * n).c_str(), r.gb > 0 ? format_bytes(r.gb * n).c_str() : "-",
+                  opt > 0 ? format_bytes(opt).c_str() : "-",
+                  format_bytes(r.wb * n + r.gb * n + opt).c_str());
     os << line;
   }
   return os.str();

@@ -5,34 +5,9 @@
 #include <cmath>
 #include <cstdio>
 
+#include "report/units.h"
+
 namespace wl::app {
-
-std::string format_duration(double s) {
-  if (!std::isfinite(s) || s < 0) return "?";
-  char buf[32];
-  const int64_t t = int64_t(s + 0.5);
-  if (t >= 3600) {
-    std::snprintf(buf, sizeof buf, "%ldh%02ldm", long(t / 3600), long(t % 3600 / 60));
-  } else if (t >= 60) {
-    std::snprintf(buf, sizeof buf, "%ldm%02lds", long(t / 60), long(t % 60));
-  } else {
-    std::snprintf(buf, sizeof buf, "%lds", long(t));
-  }
-  return buf;
-}
-
-std::string format_si(double v) {
-  char buf[32];
-  if (v >= 1e9)
-    std::snprintf(buf, sizeof buf, "%.1fG", v / 1e9);
-  else if (v >= 1e6)
-    std::snprintf(buf, sizeof buf, "%.1fM", v / 1e6);
-  else if (v >= 1e3)
-    std::snprintf(buf, sizeof buf, "%.1fk", v / 1e3);
-  else
-    std::snprintf(buf, sizeof buf, "%.1f", v);
-  return buf;
-}
 
 ProgressBar::ProgressBar(std::string label, int64_t total, std::string unit, double interval)
     : label_(std::move(label)),

@@ -39,7 +39,4 @@ class StageProgress {
   bool shown_ = false;
 };
 
-std::string format_duration(double seconds);  // "1h02m", "3m05s", "12s"
-std::string format_si(double value);          // "3.2k", "1.5M"
-
 }  // namespace wl::app

@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "report/units.h"
+
 namespace wl::app {
 namespace {
 
@@ -29,15 +31,6 @@ std::string secs(double s) {
     std::snprintf(b, sizeof b, "%.3f s", s);
   }
   return b;
-}
-
-std::string with_commas(int64_t n) {
-  std::string s = std::to_string(n), out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (i > 0 && (s.size() - i) % 3 == 0) out.push_back(',');
-    out.push_back(s[i]);
-  }
-  return out;
 }
 
 }  // namespace
