@@ -136,13 +136,16 @@ class Pool {
   void run_claimed_chunks() {
     for (uint32_t c; claim(&c);) {
       const Job* job = job_.load(std::memory_order_relaxed);
+      // Read before this chunk counts as done: the caller may return (and the job, on its
+      // stack, die) the moment it does.
+      const uint32_t count = job->count;
       try {
         job->invoke(job->ctx, c);
       } catch (...) {
         std::lock_guard<std::mutex> lock(error_mu_);
         if (!error_) error_ = std::current_exception();
       }
-      if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == job->count) done_.notify_all();
+      if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == count) done_.notify_all();
     }
   }
 
