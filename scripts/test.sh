@@ -2,9 +2,10 @@
 # Installs what is missing, builds, and runs every test: the release build's unit and
 # multi-process tests plus the PyTorch reference comparison, then the unit tests again under
 # AddressSanitizer + UndefinedBehaviorSanitizer, then the tests of threads and processes that
-# exchange bytes (comm, transfer, infer, the benchmarks' runs; label "threads") under
-# ThreadSanitizer. Formatting is checked first (scripts/check_format.sh); a clang build of
-# the libraries checks the thread-safety annotations last.
+# exchange bytes (comm, transfer, infer, the pool, the benchmarks' runs; label "threads")
+# under ThreadSanitizer, over UCX's TCP transport (tests/tsan.supp says why). Formatting is
+# checked first (scripts/check_format.sh); a clang build of the libraries checks the
+# thread-safety annotations last.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
