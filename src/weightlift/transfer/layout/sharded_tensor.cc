@@ -9,14 +9,6 @@
 
 namespace wl::transfer {
 
-ShardRows shard_rows(int64_t rows, int mesh_size, int mesh_rank) {
-  WL_CHECK(mesh_size >= 1 && mesh_rank >= 0 && mesh_rank < mesh_size)
-      << "rank " << mesh_rank << " of " << mesh_size;
-  const int64_t chunk = (rows + mesh_size - 1) / mesh_size;
-  const int64_t b = std::min(rows, chunk * mesh_rank), e = std::min(rows, chunk * (mesh_rank + 1));
-  return {b, e};
-}
-
 int64_t ShardedTensor::row_elems() const {
   int64_t n = 1;
   for (size_t i = 1; i < options_.shape.size(); ++i) n *= options_.shape[i];

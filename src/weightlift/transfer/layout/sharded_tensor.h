@@ -1,9 +1,8 @@
 // ShardedTensor: one parameter held as dim-0 shards over a mesh of trainer ranks, as FSDP
 // does, with full_tensor() to rebuild the whole of it on every rank of the mesh.
 //
-// Sharding follows torch.chunk (and FSDP2): each rank gets ceil(rows / mesh_size) rows, the
-// last ranks fewer or none. A 1-D tensor [n] is n rows of one element. Each rank holds its
-// rows in bf16 or f32, either in its working buffer or, after offload(), only in a separate
+// Sharding is core/shard.h's (torch.chunk on dim 0, as FSDP2 and our own FSDP do). Each rank holds
+// its rows in bf16 or f32, either in its working buffer or, after offload(), only in a separate
 // host buffer (what FSDP's CPU offload does on a GPU machine; here both are host memory, but
 // the copy between them is the same stage seed 000 pipelines).
 //
@@ -17,19 +16,11 @@
 #include <string>
 
 #include "weightlift/comm/group.h"
+#include "weightlift/core/shard.h"
 #include "weightlift/core/status.h"
 #include "weightlift/core/tensor.h"
 
 namespace wl::transfer {
-
-struct ShardRows {
-  int64_t begin = 0, end = 0;  // rows [begin, end) of dim 0
-  int64_t size() const { return end - begin; }
-  bool contains(int64_t b, int64_t e) const { return begin <= b && e <= end; }
-};
-
-// Rank `mesh_rank`'s rows of a `rows`-row tensor sharded over `mesh_size` ranks.
-ShardRows shard_rows(int64_t rows, int mesh_size, int mesh_rank);
 
 struct ShardedTensorOptions {
   std::string name;           // the parameter's name (model/params.h)
