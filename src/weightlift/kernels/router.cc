@@ -8,7 +8,9 @@
  * With a handful of experts per token, k passes of "largest not yet taken" beat any sort.
  *
  * Losses of one layer (DESIGN.md): aux = E * sum_i f_i P_i with f_i = counts_i / (T k) and
- * P_i = mean_t p[t, i]; z = mean_t lse_t^2. Accumulated in double.
+ * P_i = mean_t p[t, i]; z = mean_t lse_t^2. Accumulated in double. T is the micro-batch's
+ * token count over every data-parallel rank (RouterShape::loss_tokens), the counts its counts,
+ * so P and z, sums over tokens, split into per-rank shares while f stays whole.
  *
  * Backward. With g = dL/dw (the gate weights' gradient), the gradient reaching p[t, :] is
  *   through the gates:   dp[idx_j] += g_j                       (no normalisation)
@@ -97,21 +99,20 @@ RouterLosses router_losses(const RouterShape& s, const float* probs, const float
   const int64_t E = s.experts;
   // Null counts (no aux) or null lse (z-loss off, lse not kept) leave that loss at 0.
   if (counts) {
-    std::vector<double> mean_p(size_t(E), 0.0);
+    std::vector<double> sum_p(size_t(E), 0.0);
     for (int64_t t = 0; t < s.tokens; ++t) {
-      for (int64_t i = 0; i < E; ++i) mean_p[size_t(i)] += probs[t * E + i];
+      for (int64_t i = 0; i < E; ++i) sum_p[size_t(i)] += probs[t * E + i];
     }
-    const double slots = double(s.tokens) * double(s.top_k);
+    const double T = double(s.loss_tokens());
+    const double slots = T * double(s.top_k);
     double acc = 0;
-    for (int64_t i = 0; i < E; ++i) {
-      acc += double(counts[i]) / slots * (mean_p[size_t(i)] / double(s.tokens));
-    }
+    for (int64_t i = 0; i < E; ++i) acc += double(counts[i]) / slots * (sum_p[size_t(i)] / T);
     out.aux = double(E) * acc;
   }
   if (lse) {
     double acc = 0;
     for (int64_t t = 0; t < s.tokens; ++t) acc += double(lse[t]) * double(lse[t]);
-    out.z = acc / double(s.tokens);
+    out.z = acc / double(s.loss_tokens());
   }
   return out;
 }
@@ -125,15 +126,15 @@ void router_backward(const RouterShape& s, const RouterBackwardArgs& a) {
   WL_CHECK(a.z_scale == 0 || a.lse) << "z_scale " << a.z_scale << " needs lse";
 
   // The aux term of dp is the same for every token: aux_scale * E * f_i / T.
+  const double Tg = double(s.loss_tokens());
   std::vector<double> aux_dp(size_t(E), 0.0);
   if (a.aux_scale != 0) {
-    const double slots = double(T) * double(K);
+    const double slots = Tg * double(K);
     for (int64_t i = 0; i < E; ++i) {
-      aux_dp[size_t(i)] =
-          double(a.aux_scale) * double(E) * (double(a.counts[i]) / slots) / double(T);
+      aux_dp[size_t(i)] = double(a.aux_scale) * double(E) * (double(a.counts[i]) / slots) / Tg;
     }
   }
-  const double z_coef = 2.0 * double(a.z_scale) / double(T);
+  const double z_coef = 2.0 * double(a.z_scale) / Tg;
 
   parallel_for(T, row_grain(E), [&](int64_t t0, int64_t t1) {
     std::vector<double> dp(static_cast<size_t>(E));

@@ -11,6 +11,11 @@ struct RouterShape {
   int64_t experts = 0;
   int64_t top_k = 0;
   bool norm_topk = true;  // gate weights divided by the sum of the selected probabilities
+  // The tokens the aux and z losses average over: this micro-batch's on every data-parallel
+  // rank, when the micro-batch is spread over several (the counts passed to router_losses and
+  // router_backward are then summed over them too). 0: `tokens`, one rank.
+  int64_t group_tokens = 0;
+  int64_t loss_tokens() const { return group_tokens > 0 ? group_tokens : tokens; }
 };
 
 // logits: [tokens, experts]. Writes probs [tokens, experts] = softmax(logits),
@@ -25,7 +30,9 @@ struct RouterLosses {
   double z = 0;    // mean over tokens of lse^2, this layer, before z_loss_beta
 };
 
-// f_i = counts[i] / (tokens * top_k); P_i = mean over tokens of probs[:, i].
+// f_i = counts[i] / (T * top_k); P_i = (sum over tokens of probs[:, i]) / T, T = loss_tokens().
+// With the micro-batch spread over ranks, each rank's result is its share: the ranks' results
+// add up to the losses of the whole micro-batch (f is theirs, P and z are sums over tokens).
 RouterLosses router_losses(const RouterShape& s, const float* probs, const float* lse,
                            const int64_t* counts);
 
@@ -34,7 +41,7 @@ struct RouterBackwardArgs {
   const int32_t* topk_idx = nullptr;  // [tokens, top_k]
   const float* topk_w = nullptr;      // [tokens, top_k]
   const float* lse = nullptr;         // [tokens]; needed when z_scale != 0
-  const int64_t* counts = nullptr;    // [experts]; needed when aux_scale != 0
+  const int64_t* counts = nullptr;    // [experts], over loss_tokens(); needed when aux_scale != 0
   const float* dtopk_w = nullptr;     // [tokens, top_k]: d loss / d gate weights
   // d loss / d aux_l and d loss / d z_l: aux_loss_alpha / num_layers and
   // z_loss_beta / num_layers times the loss's own scale (1 unless loss scaling).

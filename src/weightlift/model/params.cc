@@ -2,6 +2,8 @@
 
 #include <set>
 
+#include "weightlift/model/units.h"
+
 namespace wl::model {
 
 ParamLayout::ParamLayout(const ModelConfig& c) {
@@ -44,18 +46,9 @@ const ParamInfo& ParamLayout::at(std::string_view name) const {
 }
 
 ModelView bind(const ModelConfig& c, const ParamLayout& layout, float* base) {
+  const Units units(c, layout);
   ModelView v;
-  auto at = [&](const std::string& name) { return base + layout.at(name).offset; };
-  v.embed = at("embed.weight");
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    v.layers.push_back({at(p + "attn_norm.weight"), at(p + "attn.q_proj.weight"),
-                        at(p + "attn.o_proj.weight"), at(p + "moe_norm.weight"),
-                        at(p + "moe.router.weight"), at(p + "moe.experts.0.gate_proj.weight"),
-                        3 * c.ffn_dim * c.hidden_size});
-  }
-  v.norm = at("norm.weight");
-  v.head = c.tie_embeddings ? v.embed : at("lm_head.weight");
+  for (int u = 0; u < units.count(); ++u) units.bind(u, base + units.range(u).begin, v);
   return v;
 }
 

@@ -3,10 +3,11 @@
 // Shapes in this layer: B batch, T sequence, N = B*T tokens, d hidden, H / Hkv query and
 // key-value heads of Dh each, E experts, K top-k, F expert hidden, V vocabulary.
 //
-// One call of forward_backward() runs the forward pass, the losses, and the backward pass,
-// accumulating into the gradient buffer (so micro-batches add up). With gradient
-// checkpointing only each block's input is kept from the forward pass; the backward pass
-// recomputes the block's insides from it just before differentiating it.
+// One call of forward_backward() runs the forward pass, the losses, and the backward pass
+// (pass.h: a StagePass over every unit), accumulating into the gradient buffer (so
+// micro-batches add up). With gradient checkpointing only each block's input is kept from the
+// forward pass; the backward pass recomputes the block's insides from it just before
+// differentiating it.
 #pragma once
 
 #include <cstdint>
@@ -19,31 +20,11 @@
 #include "weightlift/kernels/rope.h"
 #include "weightlift/model/config.h"
 #include "weightlift/model/params.h"
+#include "weightlift/model/pass.h"
 #include "weightlift/model/precision.h"
+#include "weightlift/model/units.h"
 
 namespace wl::model {
-
-struct LossTerms {
-  double ce = 0;   // mean over counted targets
-  double aux = 0;  // aux_loss_alpha * mean over layers of aux_l
-  double z = 0;    // z_loss_beta * mean over layers of z_l
-  double loss() const { return ce + aux + z; }
-  int64_t count = 0;  // targets that were not -100
-};
-
-struct StepOptions {
-  Precision precision = Precision::kF32;
-  bool checkpointing = false;
-  // The CE gradient is divided by this many targets; 0 = this batch's own count. Gradient
-  // accumulation passes the count over all micro-batches so the sum is the full mean.
-  int64_t ce_denominator = 0;
-  // aux and z gradients are multiplied by this (1 / micro-batches when accumulating).
-  float aux_weight = 1.0f;
-  // Every gradient is multiplied by this (the f16 loss scale); 1 otherwise.
-  float grad_scale = 1.0f;
-  // When not null, receives the logits [B, T, V] (f32).
-  float* logits_out = nullptr;
-};
 
 class Transformer {
  public:
@@ -54,6 +35,7 @@ class Transformer {
 
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
+  const Units& units() const { return units_; }
   Tensor& params() { return params_; }  // flat f32 [layout().total()]
   Tensor& grads() { return grads_; }    // same layout; zero_grads() clears
   const Tensor& params() const { return params_; }
@@ -80,10 +62,13 @@ class Transformer {
                      const StepOptions& opts);
 
   const kernels::RopeTable& rope() const { return rope_; }
+  // What a StagePass over this model's own buffers computes with.
+  PassModel pass_model() { return {config_, layout_, units_, rope_, param_view(), grad_view()}; }
 
  private:
   ModelConfig config_;
   ParamLayout layout_;
+  Units units_;
   Tensor params_, grads_;
   kernels::RopeTable rope_;
 };

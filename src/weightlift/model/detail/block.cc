@@ -15,9 +15,11 @@
 namespace wl::model::detail {
 
 void BlockActs::keep_only_input() {
-  Tensor keep = x;
-  *this = BlockActs();
-  x = keep;
+  BlockActs kept;
+  kept.x = x;
+  kept.group_counts = group_counts;
+  kept.group_tokens = group_tokens;
+  *this = std::move(kept);
 }
 
 namespace {
@@ -71,8 +73,9 @@ void scatter_columns(float* dst, const float* src, int64_t n, int64_t ld, int64_
 
 namespace {
 
-// The router over the normed input: probabilities, top-k, gate weights, counts; the layer's
-// aux and z losses added into `losses` when given.
+// The router over the normed input: probabilities, top-k, gate weights, counts, and the
+// group statistics of the aux and z losses; the layer's share of those losses added into
+// `losses` when given.
 void route(const BlockContext& ctx, const Dims& m, const LayerView& w, int64_t N, BlockActs& a,
            kernels::RouterLosses* losses) {
   Tensor logits = f32({N, m.E});
@@ -82,14 +85,20 @@ void route(const BlockContext& ctx, const Dims& m, const LayerView& w, int64_t N
   a.lse_r = f32({N});
   a.topk_idx = Tensor::empty(DType::kI32, {N, m.K});
   a.counts = Tensor::empty(DType::kI64, {m.E});
-  const kernels::RouterShape rs{
+  kernels::RouterShape rs{
       .tokens = N, .experts = m.E, .top_k = m.K, .norm_topk = ctx.config.norm_topk};
   kernels::router_forward(rs, logits.data<float>(), a.probs.data<float>(),
                           a.topk_idx.data<int32_t>(), a.topk_w.data<float>(), a.lse_r.data<float>(),
                           a.counts.data<int64_t>());
+  if (!ctx.recompute) {
+    a.group_counts = a.counts.clone();
+    a.group_tokens =
+        ctx.sum_router_counts ? ctx.sum_router_counts(a.group_counts.data<int64_t>(), N) : N;
+  }
   if (!losses) return;
+  rs.group_tokens = a.group_tokens;
   const kernels::RouterLosses l = kernels::router_losses(
-      rs, a.probs.data<float>(), a.lse_r.data<float>(), a.counts.data<int64_t>());
+      rs, a.probs.data<float>(), a.lse_r.data<float>(), a.group_counts.data<int64_t>());
   losses->aux += l.aux;
   losses->z += l.z;
 }
@@ -284,13 +293,16 @@ void router_backward(const BlockContext& ctx, const Dims& m, const LayerView& w,
                      const BlockActs& a, const Tensor& dtopk_w, const BlockGradScales& scales,
                      int64_t N, Tensor& dxn2) {
   Tensor dlogits = f32({N, m.E});
-  const kernels::RouterShape rs{
-      .tokens = N, .experts = m.E, .top_k = m.K, .norm_topk = ctx.config.norm_topk};
+  const kernels::RouterShape rs{.tokens = N,
+                                .experts = m.E,
+                                .top_k = m.K,
+                                .norm_topk = ctx.config.norm_topk,
+                                .group_tokens = a.group_tokens};
   kernels::router_backward(rs, {.probs = a.probs.data<float>(),
                                 .topk_idx = a.topk_idx.data<int32_t>(),
                                 .topk_w = a.topk_w.data<float>(),
                                 .lse = a.lse_r.data<float>(),
-                                .counts = a.counts.data<int64_t>(),
+                                .counts = a.group_counts.data<int64_t>(),
                                 .dtopk_w = dtopk_w.data<float>(),
                                 .aux_scale = scales.aux,
                                 .z_scale = scales.z,

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "weightlift/core/tensor.h"
@@ -28,7 +29,12 @@ struct BlockActs {
   Tensor xn2, rstd2;            // [N, d], [N]: moe_norm
   Tensor probs, topk_w, lse_r;  // [N, E], [N, K], [N]
   Tensor topk_idx;              // [N, K] i32
-  Tensor counts;                // [E] i64: slots per expert
+  Tensor counts;                // [E] i64: slots per expert, of these tokens
+  // The router's statistics for the aux and z losses: slots per expert and tokens over every
+  // rank sharing this micro-batch (data parallel); `counts` and N on one rank. Kept under
+  // gradient checkpointing so the recomputed forward needs no second sum.
+  Tensor group_counts;  // [E] i64
+  int64_t group_tokens = 0;
   // Dispatch: rows of the expert buffers grouped by expert, in token order within each.
   std::vector<int64_t> expert_begin;  // [E + 1] first row of each expert
   Tensor row_of_slot;                 // [N, K] i32: the expert-buffer row of token t's k-th choice
@@ -36,13 +42,18 @@ struct BlockActs {
   Tensor xe, he, ae, ye;              // [N*K, d], [N*K, 2F], [N*K, F], [N*K, d]
 
   bool complete() const { return xn1.raw() != nullptr; }  // false after keep_only_input()
-  void keep_only_input();                                 // drop everything but x
+  void keep_only_input();  // drop everything but x and the group statistics
 };
 
 struct BlockContext {
   const ModelConfig& config;
   const kernels::RopeTable& rope;
   Precision precision;
+  // Sums the router's slot counts [E] over the ranks sharing this micro-batch, in place, and
+  // returns the tokens they route; empty on one rank.
+  std::function<int64_t(int64_t* counts, int64_t tokens)> sum_router_counts;
+  // A gradient-checkpointing rerun of a forward pass whose group statistics are in the acts.
+  bool recompute = false;
 };
 
 // Fills acts (acts.x must hold the input) and writes the block output to out [N, d].

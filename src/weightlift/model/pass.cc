@@ -1,0 +1,178 @@
+// StagePass (pass.h): the units' forward and backward, one at a time, with the hooks around
+// each. The kernels and their order are those of DESIGN.md's model; detail/block.cc holds a
+// block's insides.
+#include "weightlift/model/pass.h"
+
+#include <cstring>
+
+#include "weightlift/core/check.h"
+#include "weightlift/kernels/cross_entropy.h"
+#include "weightlift/kernels/embedding.h"
+#include "weightlift/kernels/rmsnorm.h"
+#include "weightlift/model/detail/block.h"
+#include "weightlift/model/detail/linear.h"
+
+namespace wl::model {
+namespace {
+
+Tensor f32(Shape s) { return Tensor::empty(DType::kF32, std::move(s)); }
+
+int64_t count_targets(const int64_t* targets, int64_t n) {
+  int64_t c = 0;
+  for (int64_t i = 0; i < n; ++i) c += targets[i] != kernels::kIgnoreIndex;
+  return c;
+}
+
+}  // namespace
+
+StagePass::StagePass(const PassModel& model, Stage stage, const int64_t* tokens, int64_t batch,
+                     int64_t seq, const StepOptions& options, PassHooks* hooks)
+    : model_(model),
+      stage_(stage),
+      tokens_(tokens),
+      batch_(batch),
+      seq_(seq),
+      tokens_n_(batch * seq),
+      options_(options),
+      hooks_(hooks ? hooks : &default_hooks_) {
+  const ModelConfig& c = model.config;
+  WL_CHECK(seq >= 1 && seq <= c.max_seq_len) << "seq " << seq << " max " << c.max_seq_len;
+  WL_CHECK(0 <= stage.first && stage.first <= stage.last && stage.last < model.units.count())
+      << "stage [" << stage.first << ", " << stage.last << "] of " << model.units.count()
+      << " units";
+  WL_CHECK(stage.first > 0 || tokens != nullptr) << "the embedding's stage needs the tokens";
+  acts_.resize(size_t(c.num_layers));
+}
+
+StagePass::~StagePass() = default;
+
+void StagePass::forward(const float* x_in, bool for_backward) {
+  const int64_t d = model_.config.hidden_size;
+  if (stage_.first > 0) {
+    WL_CHECK(x_in != nullptr) << "stage from unit " << stage_.first << " needs its input";
+    x_ = f32({tokens_n_, d});
+    std::memcpy(x_.raw(), x_in, x_.nbytes());
+  }
+  for (int u = stage_.first; u <= stage_.last; ++u) {
+    hooks_->before_unit(u, Direction::kForward, model_.weights, model_.grads);
+    forward_unit(u, for_backward);
+    hooks_->after_unit(u, Direction::kForward, model_.weights, model_.grads);
+  }
+}
+
+void StagePass::forward_unit(int unit, bool for_backward) {
+  const ModelConfig& c = model_.config;
+  const int64_t N = tokens_n_, d = c.hidden_size, V = c.vocab_size;
+  const ModelView& w = model_.weights;
+  if (unit == 0) {
+    x_ = f32({N, d});
+    kernels::embedding_forward(w.embed, tokens_, x_.data<float>(), N, V, d);
+    return;
+  }
+  if (unit == model_.units.head()) {
+    xf_ = f32({N, d});
+    rstd_ = f32({N});
+    kernels::rmsnorm_forward(x_.data<float>(), w.norm, xf_.data<float>(), rstd_.data<float>(), N, d,
+                             float(c.rms_eps));
+    logits_ = f32({N, V});
+    detail::linear_forward(options_.precision, xf_.data<float>(), w.head, logits_.data<float>(), N,
+                           d, V);
+    if (options_.logits_out) std::memcpy(options_.logits_out, logits_.raw(), logits_.nbytes());
+    if (!for_backward) x_ = xf_ = rstd_ = Tensor();
+    return;
+  }
+  const int layer = unit - 1;
+  detail::BlockActs& a = acts_[size_t(layer)];
+  a.x = x_;
+  x_ = f32({N, d});
+  detail::BlockContext ctx{c, model_.rope, options_.precision};
+  ctx.sum_router_counts = [&](int64_t* counts, int64_t tokens) {
+    return hooks_->sum_router_counts(layer, counts, c.num_experts, tokens);
+  };
+  detail::block_forward(ctx, {batch_, seq_, N}, w.layers[size_t(layer)], a, x_.data<float>(),
+                        &router_);
+  if (!for_backward) {
+    a = detail::BlockActs();
+  } else if (options_.checkpointing) {
+    a.keep_only_input();
+  }
+}
+
+LossTerms StagePass::loss(const int64_t* targets) {
+  WL_CHECK(has_head()) << "loss() on a stage without the head";
+  WL_CHECK(!loss_done_) << "loss() twice";
+  loss_done_ = true;
+  const ModelConfig& c = model_.config;
+  const int64_t N = tokens_n_;
+  LossTerms out;
+  out.aux = c.aux_loss_alpha * router_.aux / double(c.num_layers);
+  out.z = c.z_loss_beta * router_.z / double(c.num_layers);
+  out.count = count_targets(targets, N);
+  const bool gradient = xf_.raw() != nullptr;  // forward kept what backward needs
+  const int64_t denom = options_.ce_denominator > 0 ? options_.ce_denominator : out.count;
+  const float ce_scale = denom > 0 ? options_.grad_scale / float(denom) : 0.0f;
+  float* logits = logits_.data<float>();
+  // d loss / d logits overwrites the logits.
+  const kernels::CrossEntropyResult ce = kernels::cross_entropy(
+      logits, targets, N, c.vocab_size, gradient ? logits : nullptr, gradient ? ce_scale : 1.0f);
+  out.ce = ce.count > 0 ? ce.loss_sum / double(ce.count) : 0.0;
+  return out;
+}
+
+void StagePass::backward(const float* dout) {
+  const int64_t d = model_.config.hidden_size;
+  if (has_head()) {
+    WL_CHECK(loss_done_) << "backward() of the head's stage before loss()";
+  } else {
+    WL_CHECK(dout != nullptr) << "stage ending at unit " << stage_.last << " needs its gradient";
+    dx_ = f32({tokens_n_, d});
+    std::memcpy(dx_.raw(), dout, dx_.nbytes());
+  }
+  for (int u = stage_.last; u >= stage_.first; --u) {
+    hooks_->before_unit(u, Direction::kBackward, model_.weights, model_.grads);
+    backward_unit(u);
+    hooks_->after_unit(u, Direction::kBackward, model_.weights, model_.grads);
+  }
+  if (stage_.first == 0) dx_ = Tensor();
+}
+
+void StagePass::backward_unit(int unit) {
+  const ModelConfig& c = model_.config;
+  const int64_t N = tokens_n_, d = c.hidden_size, V = c.vocab_size, L = c.num_layers;
+  const ModelView& w = model_.weights;
+  const ModelView& g = model_.grads;
+  const Precision p = options_.precision;
+  if (unit == model_.units.head()) {
+    const float* dlogits = logits_.data<float>();
+    detail::linear_backward_weight(p, dlogits, xf_.data<float>(), g.head, N, d, V);
+    Tensor dxf = f32({N, d});
+    detail::linear_backward_input(p, dlogits, w.head, dxf.data<float>(), N, d, V);
+    logits_ = Tensor();
+    dx_ = f32({N, d});
+    kernels::rmsnorm_backward(dxf.data<float>(), x_.data<float>(), w.norm, rstd_.data<float>(),
+                              dx_.data<float>(), g.norm, N, d);
+    x_ = xf_ = rstd_ = Tensor();
+    return;
+  }
+  if (unit == 0) {
+    kernels::embedding_backward(dx_.data<float>(), tokens_, g.embed, N, V, d);
+    return;
+  }
+  const int layer = unit - 1;
+  detail::BlockActs& a = acts_[size_t(layer)];
+  detail::BlockContext ctx{c, model_.rope, p};
+  const detail::BlockDims dims{batch_, seq_, N};
+  if (!a.complete()) {  // gradient checkpointing: rerun the block's forward from its input
+    ctx.recompute = true;
+    Tensor scratch = f32({N, d});
+    detail::block_forward(ctx, dims, w.layers[size_t(layer)], a, scratch.data<float>(), nullptr);
+  }
+  const detail::BlockGradScales scales{
+      .aux = float(c.aux_loss_alpha / double(L)) * options_.aux_weight * options_.grad_scale,
+      .z = float(c.z_loss_beta / double(L)) * options_.aux_weight * options_.grad_scale};
+  detail::block_backward(ctx, dims, w.layers[size_t(layer)], g.layers[size_t(layer)], a,
+                         dx_.data<float>(), dx_.data<float>(), scales);
+  a = detail::BlockActs();
+}
+
+}  // namespace wl::model

@@ -1,0 +1,139 @@
+// One micro-batch through a run of the model's units (units.h): the forward pass, the losses,
+// the backward pass.
+//
+// A single process runs one pass over every unit (Transformer::forward_backward). A pipeline
+// stage runs passes over its own units, several micro-batches in flight, taking its input
+// from the stage before and its output gradient from the stage after. Data-parallel trainers
+// watch a pass through PassHooks: FSDP gathers a unit's parameters before it runs and frees
+// them after, DDP starts reducing a unit's gradients once its backward is done, and every
+// data-parallel layout sums the router's counts over the ranks that share the micro-batch so
+// the aux and z losses are those of the whole micro-batch (kernels/router.h).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "weightlift/core/tensor.h"
+#include "weightlift/kernels/rope.h"
+#include "weightlift/kernels/router.h"
+#include "weightlift/model/config.h"
+#include "weightlift/model/params.h"
+#include "weightlift/model/precision.h"
+#include "weightlift/model/units.h"
+
+namespace wl::model {
+
+namespace detail {
+struct BlockActs;
+}
+
+struct LossTerms {
+  double ce = 0;   // mean over counted targets
+  double aux = 0;  // aux_loss_alpha * mean over layers of aux_l
+  double z = 0;    // z_loss_beta * mean over layers of z_l
+  double loss() const { return ce + aux + z; }
+  int64_t count = 0;  // targets that were not -100
+};
+
+struct StepOptions {
+  Precision precision = Precision::kF32;
+  bool checkpointing = false;
+  // The CE gradient is divided by this many targets; 0 = this batch's own count. Gradient
+  // accumulation and data parallelism pass the count over the whole step, so that the
+  // gradients of every micro-batch on every rank add up to the gradient of the mean.
+  int64_t ce_denominator = 0;
+  // aux and z gradients are multiplied by this (1 / micro-batches when accumulating).
+  float aux_weight = 1.0f;
+  // Every gradient is multiplied by this (the f16 loss scale); 1 otherwise.
+  float grad_scale = 1.0f;
+  // When not null, receives the logits [B, T, V] (f32).
+  float* logits_out = nullptr;
+};
+
+enum class Direction { kForward, kBackward };
+
+// What a parallel trainer does around a pass; every default does nothing, as one process.
+class PassHooks {
+ public:
+  virtual ~PassHooks() = default;
+  // Before unit u runs in `dir`. May point u's entries of w and g elsewhere (FSDP gathers the
+  // unit into a buffer of its own and binds it there: Units::bind).
+  virtual void before_unit(int unit, Direction dir, ModelView& w, ModelView& g) {
+    (void)unit, (void)dir, (void)w, (void)g;
+  }
+  // After unit u ran in `dir`. After a backward, u's gradients in g hold this micro-batch's
+  // added to what they held before.
+  virtual void after_unit(int unit, Direction dir, ModelView& w, ModelView& g) {
+    (void)unit, (void)dir, (void)w, (void)g;
+  }
+  // Sums layer `layer`'s router slot counts [experts] over the ranks that share this
+  // micro-batch, in place, and returns the tokens they route (this rank's: `tokens`).
+  virtual int64_t sum_router_counts(int layer, int64_t* counts, int64_t experts, int64_t tokens) {
+    (void)layer, (void)counts, (void)experts;
+    return tokens;
+  }
+};
+
+// What a pass computes with: the model's maths, and where its weights and gradients are.
+struct PassModel {
+  const ModelConfig& config;
+  const ParamLayout& layout;
+  const Units& units;
+  const kernels::RopeTable& rope;
+  ModelView weights;
+  ModelView grads;  // added into by backward
+};
+
+struct Stage {
+  int first = 0, last = 0;  // units [first, last]
+};
+
+class StagePass {
+ public:
+  // tokens [batch, seq] is borrowed for the pass's life: the embedding's forward and backward
+  // read it (stages without the embedding may pass null).
+  StagePass(const PassModel& model, Stage stage, const int64_t* tokens, int64_t batch, int64_t seq,
+            const StepOptions& options, PassHooks* hooks);
+  ~StagePass();
+  StagePass(const StagePass&) = delete;
+  StagePass& operator=(const StagePass&) = delete;
+
+  // x_in [N, d]: the previous stage's output (ignored when the stage starts at the
+  // embedding). `for_backward` keeps what backward() needs (only block inputs under
+  // gradient checkpointing); false keeps nothing, for evaluation.
+  void forward(const float* x_in, bool for_backward);
+  // [N, d]: the output of a stage that ends before the head.
+  const Tensor& output() const { return x_; }
+  // The losses (stages with the head, after forward): cross-entropy over `targets` [B, T] and
+  // the aux and z shares of this stage's layers. Keeps d loss / d logits for backward().
+  LossTerms loss(const int64_t* targets);
+  // The backward pass, from the loss gradient (stages with the head: dout null) or from dout
+  // [N, d], d loss / d output (others).
+  void backward(const float* dout);
+  // [N, d]: d loss / d the stage's input (stages after the embedding), after backward().
+  const Tensor& input_grad() const { return dx_; }
+  // This stage's layers' aux and z, summed over layers, unweighted.
+  const kernels::RouterLosses& router_losses() const { return router_; }
+
+ private:
+  bool has_head() const { return stage_.last == model_.units.head(); }
+  void forward_unit(int unit, bool for_backward);
+  void backward_unit(int unit);
+
+  PassModel model_;
+  Stage stage_;
+  const int64_t* tokens_;
+  int64_t batch_, seq_, tokens_n_;
+  StepOptions options_;
+  PassHooks default_hooks_;
+  PassHooks* hooks_;
+  std::vector<detail::BlockActs> acts_;  // per layer of the stage
+  Tensor x_;                             // running activation [N, d]; the output after forward
+  Tensor xf_, rstd_;                     // head: final norm output and its 1/rms
+  Tensor logits_;                        // head: [N, V], d loss / d logits after loss()
+  Tensor dx_;                            // running gradient; the input gradient after backward
+  kernels::RouterLosses router_;
+  bool loss_done_ = false;
+};
+
+}  // namespace wl::model

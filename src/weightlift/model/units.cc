@@ -1,0 +1,52 @@
+// units.h.
+#include "weightlift/model/units.h"
+
+#include <string>
+
+namespace wl::model {
+
+Units::Units(const ModelConfig& config, const ParamLayout& layout)
+    : config_(config), layout_(layout), tied_(config.tie_embeddings) {
+  const int64_t L = config.num_layers;
+  // Unit u starts where its first parameter does; it ends where the next unit starts.
+  std::vector<int64_t> starts;
+  starts.push_back(layout.at("embed.weight").offset);
+  for (int64_t l = 0; l < L; ++l) {
+    starts.push_back(layout.at("layers." + std::to_string(l) + ".attn_norm.weight").offset);
+  }
+  starts.push_back(layout.at("norm.weight").offset);
+  starts.push_back(layout.total());
+  for (size_t u = 0; u + 1 < starts.size(); ++u) ranges_.push_back({starts[u], starts[u + 1]});
+  params_.resize(ranges_.size());
+  size_t u = 0;
+  for (size_t i = 0; i < layout.params().size(); ++i) {
+    while (layout.params()[i].offset >= ranges_[u].end) ++u;
+    params_[u].push_back(i);
+  }
+}
+
+void Units::bind(int unit, float* data, ModelView& v) const {
+  const int64_t base = ranges_[size_t(unit)].begin;
+  auto at = [&](const std::string& name) { return data + (layout_.at(name).offset - base); };
+  if (v.layers.size() != size_t(config_.num_layers)) v.layers.resize(size_t(config_.num_layers));
+  if (unit == 0) {
+    v.embed = data;
+    if (tied_) v.head = data;
+    return;
+  }
+  if (unit == head()) {
+    v.norm = at("norm.weight");
+    if (!tied_) v.head = at("lm_head.weight");
+    return;
+  }
+  const std::string p = "layers." + std::to_string(unit - 1) + ".";
+  v.layers[size_t(unit - 1)] = {.attn_norm = at(p + "attn_norm.weight"),
+                                .wqkv = at(p + "attn.q_proj.weight"),
+                                .wo = at(p + "attn.o_proj.weight"),
+                                .moe_norm = at(p + "moe_norm.weight"),
+                                .router = at(p + "moe.router.weight"),
+                                .experts = at(p + "moe.experts.0.gate_proj.weight"),
+                                .expert_stride = 3 * config_.ffn_dim * config_.hidden_size};
+}
+
+}  // namespace wl::model
