@@ -9,6 +9,7 @@ set(WL_LAYERS
   wl_comm                 src/weightlift/comm
   wl_model                src/weightlift/model
   wl_train                src/weightlift/train
+  wl_parallel             src/weightlift/parallel
   wl_transfer_layout      src/weightlift/transfer/layout
   wl_transfer_plan        src/weightlift/transfer/plan
   wl_transfer_sim         src/weightlift/transfer/sim

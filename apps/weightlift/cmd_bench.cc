@@ -23,8 +23,23 @@ void register_bench(CLI::App& app, Outcome& out) {
   cmd->add_option("--steps", o->steps, "timed steps")->capture_default_str();
   cmd->add_option("--warmup", o->warmup_steps, "untimed steps first")->capture_default_str();
   cmd->add_flag("--checkpointing", o->checkpointing);
+  auto dp_mode = std::make_shared<std::string>("ddp");
+  cmd->add_option("--dp-mode", *dp_mode, "under a launcher: ddp, zero1, zero2 or fsdp")
+      ->capture_default_str();
+  cmd->add_option("--micro-batches", o->layout.micro_batches)->capture_default_str();
+  cmd->add_option("--bucket-bytes", o->layout.bucket_bytes)->capture_default_str();
+  cmd->add_option("--timeout", o->timeout_s, "seconds any collective may wait")
+      ->capture_default_str();
   cmd->add_flag("--json", *json, "print one JSON object");
-  cmd->callback([&out, o, precision, json] {
+  cmd->callback([&out, o, precision, json, dp_mode] {
+    auto mode = parallel::dp_mode_from_name(*dp_mode);
+    if (!mode) {
+      out.exit_code = report(
+          "bench train",
+          invalid_argument("--dp-mode '" + *dp_mode + "': expected ddp, zero1, zero2 or fsdp"));
+      return;
+    }
+    o->layout.dp_mode = *mode;
     auto p = model::precision_from_name(*precision);
     if (!p) {
       out.exit_code = report("bench train", invalid_argument("--precision '" + *precision +
@@ -37,16 +52,20 @@ void register_bench(CLI::App& app, Outcome& out) {
       out.exit_code = report("bench train", r.status());
       return;
     }
+    if (!r->report) return;  // rank 0 speaks for the job
     if (*json) {
       std::printf("%s\n", r->to_json(*o).c_str());
     } else {
       std::printf(
-          "bench train %s batch %ld x %ld %s, %d threads on %s: step %.1f ms median "
-          "(min %.1f, max %.1f), %.0f tokens/s, %.1f GFLOP/s = %.0f%% of the %.1f "
-          "GFLOP/s f32 GEMM peak measured now\n",
-          o->preset.c_str(), long(o->batch), long(o->seq), precision->c_str(), r->threads,
+          "bench train %s batch %ld x %ld %s, %d ranks (%s) x %d threads on %s: step %.1f ms "
+          "median (min %.1f, max %.1f), %.0f tokens/s, %.1f GFLOP/s = %.0f%% of the %.1f "
+          "GFLOP/s f32 GEMM peak measured now; exposed communication %.1f ms, peak %.1f MB "
+          "of model state per rank\n",
+          o->preset.c_str(), long(o->batch), long(o->seq), precision->c_str(), r->ranks,
+          std::string(parallel::dp_mode_name(o->layout.dp_mode)).c_str(), r->threads,
           cpu_info().describe().c_str(), r->step_ms_median, r->step_ms_min, r->step_ms_max,
-          r->tokens_per_s, r->gflops, 100 * r->gflops / r->gemm_peak_gflops, r->gemm_peak_gflops);
+          r->tokens_per_s, r->gflops, 100 * r->gflops / r->gemm_peak_gflops, r->gemm_peak_gflops,
+          r->exposed_comm_ms, double(r->peak_bytes_per_rank) / 1e6);
     }
   });
 }

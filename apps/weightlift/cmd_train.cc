@@ -4,7 +4,9 @@
 #include "commands.h"
 #include "report/loss_plot.h"
 #include "report/progress.h"
-#include "weightlift/train/trainer.h"
+#include "weightlift/comm/launch_env.h"
+#include "weightlift/parallel/job.h"
+#include "weightlift/parallel/trainer.h"
 
 namespace wl::app {
 
@@ -32,7 +34,7 @@ class TrainProgress {
   double val_loss_ = NAN;
 };
 
-void print_summary(const train::TrainOptions& o, const train::TrainSummary& r) {
+void print_summary(const parallel::TrainOptions& o, const parallel::TrainSummary& r) {
   std::printf("trained %ld steps in %.1f s (%.0f tokens/s)\n", long(r.steps), r.seconds,
               r.tokens_per_s);
   std::printf("final train loss %.4f", r.final_train_loss);
@@ -45,15 +47,37 @@ void print_summary(const train::TrainOptions& o, const train::TrainSummary& r) {
               o.out_dir.c_str());
 }
 
-Status run_train(train::TrainOptions o, const std::string& precision, bool quiet) {
-  auto p = model::precision_from_name(precision);
-  if (!p) return invalid_argument("--precision '" + precision + "': expected f32, bf16 or f16");
+struct TrainFlags {
+  std::string precision = "f32";
+  std::string dp_mode = "ddp";
+  double timeout_s = 60;
+  bool quiet = false;
+};
+
+Status run_train(parallel::TrainOptions o, const TrainFlags& f) {
+  auto p = model::precision_from_name(f.precision);
+  if (!p) return invalid_argument("--precision '" + f.precision + "': expected f32, bf16 or f16");
   o.precision = *p;
+  auto mode = parallel::dp_mode_from_name(f.dp_mode);
+  if (!mode) {
+    return invalid_argument("--dp-mode '" + f.dp_mode + "': expected ddp, zero1, zero2 or fsdp");
+  }
+  o.layout.dp_mode = *mode;
+  if (!(f.timeout_s > 0)) return invalid_argument("--timeout must be positive (seconds)");
+  o.timeout = std::chrono::milliseconds(int64_t(f.timeout_s * 1000));
+  WL_ASSIGN_OR_RETURN(comm::LaunchEnv env, comm::read_launch_env());
+  WL_ASSIGN_OR_RETURN(parallel::Job job, parallel::connect_job(env, o.timeout));
+  o.layout.dp = job.size();
+  WL_RETURN_IF_ERROR(parallel::write_processes(job, o.out_dir,
+                                               "dp-rank-" + std::to_string(job.rank()), o.timeout));
+  // Rank 0 speaks for the job.
+  const bool quiet = f.quiet || job.rank() != 0;
   TrainProgress progress(o.steps);
   if (!quiet) o.on_step = [&](const train::StepMetrics& m) { progress(m); };
-  Result<train::TrainSummary> r = train::train(o);
+  Result<parallel::TrainSummary> r = parallel::train(o, job.ranks);
   if (!quiet) progress.finish();
   WL_RETURN_IF_ERROR(r.status());
+  if (job.rank() != 0) return ok_status();
   const std::string model = o.config_path.empty() ? o.preset : o.config_path;
   WL_RETURN_IF_ERROR(write_loss_plot({.metrics_path = o.out_dir + "/metrics.jsonl",
                                       .svg_path = o.out_dir + "/loss.svg",
@@ -67,8 +91,8 @@ Status run_train(train::TrainOptions o, const std::string& precision, bool quiet
 
 void register_train(CLI::App& app, Outcome& out) {
   auto* cmd = app.add_subcommand("train", "train a model on the Brown corpus (or a fixed batch)");
-  auto o = std::make_shared<train::TrainOptions>();
-  auto precision = std::make_shared<std::string>("f32");
+  auto o = std::make_shared<parallel::TrainOptions>();
+  auto f = std::make_shared<TrainFlags>();
   cmd->add_option("--preset", o->preset, "tiny, small, medium or seed-6.9b")->capture_default_str();
   cmd->add_option("--config", o->config_path, "a config.json instead of a preset");
   cmd->add_option("--init-weights", o->init_weights, "start from these weights (safetensors)");
@@ -77,9 +101,19 @@ void register_train(CLI::App& app, Outcome& out) {
   cmd->add_option("--corpus", o->corpus_dir, "Brown corpus directory")->capture_default_str();
   cmd->add_option("--batch-file", o->batch_file,
                   "train on this fixed batch (safetensors: int64 tokens, targets)");
-  cmd->add_option("--batch", o->batch, "rows per micro-batch")->capture_default_str();
+  cmd->add_option("--batch", o->batch, "rows of the global batch of one update, all ranks")
+      ->capture_default_str();
   cmd->add_option("--seq", o->seq, "tokens per row (0 = max_seq_len)")->capture_default_str();
-  cmd->add_option("--grad-accum", o->grad_accum, "micro-batches per update")->capture_default_str();
+  cmd->add_option("--micro-batches", o->layout.micro_batches,
+                  "the global batch in this many micro-batches (gradient accumulation)")
+      ->capture_default_str();
+  cmd->add_option("--dp-mode", f->dp_mode,
+                  "data parallel under a launcher: ddp, zero1, zero2 or fsdp")
+      ->capture_default_str();
+  cmd->add_option("--bucket-bytes", o->layout.bucket_bytes, "ddp/zero1 gradient bucket size")
+      ->capture_default_str();
+  cmd->add_option("--timeout", f->timeout_s, "seconds any collective may wait")
+      ->capture_default_str();
   cmd->add_option("--steps", o->steps, "updates (also the schedule's length)")
       ->capture_default_str();
   cmd->add_option("--lr", o->schedule.base_lr, "peak learning rate")->capture_default_str();
@@ -93,7 +127,7 @@ void register_train(CLI::App& app, Outcome& out) {
   cmd->add_option("--weight-decay", o->adamw.weight_decay, "decoupled, matrices only")
       ->capture_default_str();
   cmd->add_option("--grad-clip", o->adamw.grad_clip, "global norm; 0 = off")->capture_default_str();
-  cmd->add_option("--precision", *precision, "f32, bf16 or f16 (dynamic loss scaling)")
+  cmd->add_option("--precision", f->precision, "f32, bf16 or f16 (dynamic loss scaling)")
       ->capture_default_str();
   cmd->add_flag("--checkpointing", o->checkpointing, "gradient checkpointing");
   cmd->add_option("--eval-every", o->eval_every, "updates between validation passes")
@@ -107,11 +141,8 @@ void register_train(CLI::App& app, Outcome& out) {
       ->capture_default_str();
   cmd->add_option("--out", o->out_dir, "output directory")->capture_default_str();
   cmd->add_option("--out-weights", o->out_weights, "also write the final weights here");
-  auto quiet = std::make_shared<bool>(false);
-  cmd->add_flag("--quiet", *quiet, "no progress bar or summary");
-  cmd->callback([&out, o, precision, quiet] {
-    out.exit_code = report("train", run_train(*o, *precision, *quiet));
-  });
+  cmd->add_flag("--quiet", f->quiet, "no progress bar or summary");
+  cmd->callback([&out, o, f] { out.exit_code = report("train", run_train(*o, *f)); });
 }
 
 }  // namespace wl::app

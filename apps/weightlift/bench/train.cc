@@ -8,14 +8,15 @@
 #include "weightlift/core/cpu.h"
 #include "weightlift/core/parallel.h"
 #include "weightlift/core/random.h"
+#include "weightlift/core/timing.h"
 #include "weightlift/kernels/gemm.h"
 #include "weightlift/model/model_info.h"
 #include "weightlift/model/transformer.h"
-#include "weightlift/train/adamw.h"
+#include "weightlift/parallel/job.h"
+#include "weightlift/parallel/step.h"
 
 namespace wl::app {
 
-using train::AdamW;
 using Clock = std::chrono::steady_clock;
 
 double measure_gemm_gflops(int64_t n, int repeats) {
@@ -40,42 +41,70 @@ double measure_gemm_gflops(int64_t n, int repeats) {
   return rates[rates.size() / 2];
 }
 
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
 Result<BenchTrainResult> bench_train(const BenchTrainOptions& o) {
   WL_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::preset(o.preset));
   if (o.seq < 1 || o.seq > cfg.max_seq_len)
     return invalid_argument("--seq " + std::to_string(o.seq) + " outside [1, " +
                             std::to_string(cfg.max_seq_len) + "] for preset " + o.preset);
   if (o.batch < 1 || o.steps < 1) return invalid_argument("--batch and --steps must be >= 1");
-  model::Transformer m(cfg);
-  m.init(1);
-  AdamW opt(m.layout(), {});
+  if (!(o.timeout_s > 0)) return invalid_argument("--timeout must be positive (seconds)");
+  const auto timeout = std::chrono::milliseconds(int64_t(o.timeout_s * 1000));
+  WL_ASSIGN_OR_RETURN(comm::LaunchEnv env, comm::read_launch_env());
+  WL_ASSIGN_OR_RETURN(parallel::Job job, parallel::connect_job(env, timeout));
+  parallel::ParallelLayout layout = o.layout;
+  layout.dp = job.size();
+  WL_RETURN_IF_ERROR(parallel::validate(layout, job.size(), o.batch));
+  std::unique_ptr<parallel::CommQueue> queue;
+  if (job.size() > 1) queue = std::make_unique<parallel::CommQueue>(job.ranks.comm);
+  parallel::DataParallel dp(cfg, {.layout = layout, .timeout = timeout},
+                            job.size() > 1 ? job.ranks.group : nullptr, std::move(queue));
+  {
+    std::vector<float> full(size_t(dp.layout().total()));
+    model::init_params(cfg, dp.layout(), 1, full.data());
+    dp.set_params(full.data());
+  }
+  // The same random global batch on every rank.
   Rng rng(7);
-  const int64_t n = o.batch * o.seq;
-  std::vector<int64_t> tokens(static_cast<size_t>(n)), targets(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    tokens[size_t(i)] = int64_t(rng.below(uint64_t(cfg.vocab_size)));
-    targets[size_t(i)] = int64_t(rng.below(uint64_t(cfg.vocab_size)));
+  train::Batch global{o.batch, o.seq, std::vector<int64_t>(size_t(o.batch * o.seq)),
+                      std::vector<int64_t>(size_t(o.batch * o.seq))};
+  for (size_t i = 0; i < global.tokens.size(); ++i) {
+    global.tokens[i] = int64_t(rng.below(uint64_t(cfg.vocab_size)));
+    global.targets[i] = int64_t(rng.below(uint64_t(cfg.vocab_size)));
   }
-  std::vector<double> ms;
-  for (int64_t s = 0; s < o.warmup_steps + o.steps; ++s) {
-    const auto t0 = Clock::now();
-    m.zero_grads();
-    m.forward_backward(tokens.data(), targets.data(), o.batch, o.seq,
-                       {.precision = o.precision, .checkpointing = o.checkpointing});
-    opt.step(m, 1e-4);
-    if (s >= o.warmup_steps)
-      ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-  }
-  std::sort(ms.begin(), ms.end());
+  std::vector<double> ms, exposed;
   BenchTrainResult r;
-  r.step_ms_median = ms[ms.size() / 2];
-  r.step_ms_min = ms.front();
-  r.step_ms_max = ms.back();
+  for (int64_t s = 0; s < o.warmup_steps + o.steps; ++s) {
+    const Stopwatch clock;
+    WL_RETURN_IF_ERROR(
+        parallel::run_step(dp, global,
+                           {.precision = o.precision, .checkpointing = o.checkpointing, .lr = 1e-4})
+            .status());
+    if (s < o.warmup_steps) continue;
+    ms.push_back(clock.seconds() * 1e3);
+    exposed.push_back(dp.step_comm().exposed_s * 1e3);
+    r.peak_bytes_per_rank = std::max(r.peak_bytes_per_rank, dp.step_comm().peak_state_bytes);
+  }
+  r.step_ms_median = median(ms);
+  r.step_ms_min = *std::min_element(ms.begin(), ms.end());
+  r.step_ms_max = *std::max_element(ms.begin(), ms.end());
+  r.exposed_comm_ms = median(exposed);
+  const int64_t n = o.batch * o.seq;
   r.tokens_per_s = double(n) / (r.step_ms_median / 1e3);
   r.gflops = model::model_info(cfg).train_flops_per_token(o.seq) * double(n) /
              (r.step_ms_median / 1e3) / 1e9;
   r.gemm_peak_gflops = measure_gemm_gflops(2048, 3);
   r.threads = num_threads();
+  r.ranks = job.size();
+  r.report = job.rank() == 0;
   return r;
 }
 
@@ -86,6 +115,11 @@ std::string BenchTrainResult::to_json(const BenchTrainOptions& o) const {
                       {"dtype", std::string(model::precision_name(o.precision))},
                       {"checkpointing", o.checkpointing},
                       {"threads", threads},
+                      {"ranks", ranks},
+                      {"dp_mode", std::string(parallel::dp_mode_name(o.layout.dp_mode))},
+                      {"micro_batches", o.layout.micro_batches},
+                      {"exposed_comm_ms", exposed_comm_ms},
+                      {"peak_bytes_per_rank", peak_bytes_per_rank},
                       {"steps", o.steps},
                       {"step_ms_median", step_ms_median},
                       {"step_ms_min", step_ms_min},

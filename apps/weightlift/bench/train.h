@@ -1,6 +1,9 @@
 // `weightlift bench train`: the time of one training step (forward, backward, AdamW) on
 // random tokens, its throughput, and the achieved GFLOP/s against oneDNN's GEMM peak measured
-// in the same run.
+// in the same run. Under `weightlift launch` (or any launcher) the step runs on every rank in
+// the layout given (data parallel: --dp-mode), the batch being the global one, and the
+// communication the compute thread waited for (exposed) and the peak bytes of model state per
+// rank are reported too.
 #pragma once
 
 #include <cstdint>
@@ -8,17 +11,20 @@
 
 #include "weightlift/core/status.h"
 #include "weightlift/model/precision.h"
+#include "weightlift/parallel/layout.h"
 
 namespace wl::app {
 
 struct BenchTrainOptions {
   std::string preset = "small";
-  int64_t batch = 8;
+  int64_t batch = 8;  // global: every rank's rows together
   int64_t seq = 256;
   model::Precision precision = model::Precision::kF32;
   bool checkpointing = false;
-  int64_t warmup_steps = 2;  // not timed: first-touch allocation, primitive creation
-  int64_t steps = 5;         // timed
+  int64_t warmup_steps = 2;         // not timed: first-touch allocation, primitive creation
+  int64_t steps = 5;                // timed
+  parallel::ParallelLayout layout;  // dp is the launcher's world size
+  double timeout_s = 60;
 };
 
 struct BenchTrainResult {
@@ -27,6 +33,10 @@ struct BenchTrainResult {
   double gflops = 0;            // model FLOPs (model_info.h) / median step time
   double gemm_peak_gflops = 0;  // oneDNN f32 GEMM 2048^3, same run
   int threads = 0;
+  int ranks = 1;
+  double exposed_comm_ms = 0;       // median over the timed steps
+  int64_t peak_bytes_per_rank = 0;  // parameters, gradients, AdamW state, gathered units
+  bool report = true;               // this rank speaks for the job (rank 0)
   std::string to_json(const BenchTrainOptions& o) const;
 };
 

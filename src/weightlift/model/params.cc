@@ -1,7 +1,9 @@
 #include "weightlift/model/params.h"
 
+#include <cmath>
 #include <set>
 
+#include "weightlift/core/random.h"
 #include "weightlift/model/units.h"
 
 namespace wl::model {
@@ -43,6 +45,32 @@ const ParamInfo& ParamLayout::at(std::string_view name) const {
   const ParamInfo* p = find(name);
   WL_CHECK(p != nullptr) << "no parameter named " << name;
   return *p;
+}
+
+namespace {
+// FNV-1a: a name hash that, unlike std::hash, is the same on every standard library, so a
+// seed gives the same weights everywhere.
+uint64_t fnv1a(std::string_view s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+}  // namespace
+
+void init_params(const ModelConfig& c, const ParamLayout& layout, uint64_t seed, float* out) {
+  const float residual_scale = 1.0f / std::sqrt(2.0f * float(c.num_layers));
+  for (const ParamInfo& p : layout.params()) {
+    float* w = out + p.offset;
+    if (p.shape.size() == 1) {
+      for (int64_t i = 0; i < p.numel(); ++i) w[i] = 1.0f;
+      continue;
+    }
+    // One stream per parameter, so a parameter's values do not depend on the others' sizes.
+    Rng rng(seed ^ fnv1a(p.name));
+    const bool residual = p.name.ends_with("o_proj.weight") || p.name.ends_with("down_proj.weight");
+    const float std_dev = 0.02f * (residual ? residual_scale : 1.0f);
+    for (int64_t i = 0; i < p.numel(); ++i) w[i] = std_dev * rng.normal();
+  }
 }
 
 ModelView bind(const ModelConfig& c, const ParamLayout& layout, float* base) {

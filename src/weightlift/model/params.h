@@ -51,23 +51,28 @@ class ParamLayout {
 Status read_params(const ParamLayout& layout, std::span<const SafetensorsFile* const> files,
                    float* out);
 
+// A fresh model in `out` (layout.total() floats): N(0, 0.02) for matrices (o_proj and
+// down_proj scaled by 1/sqrt(2 * num_layers), as GPT-2 does for residual projections), ones
+// for norm gains. The same seed gives the same weights on every machine.
+void init_params(const ModelConfig& config, const ParamLayout& layout, uint64_t seed, float* out);
+
 // Pointers into one flat buffer (parameters or gradients), by role.
 struct LayerView {
-  float* attn_norm;       // [d]
-  float* wqkv;            // [(H + 2 Hkv) * Dh, d]: q_proj, k_proj, v_proj stacked
-  float* wo;              // [d, H * Dh]
-  float* moe_norm;        // [d]
-  float* router;          // [E, d]
-  float* experts;         // expert e at experts + e * expert_stride:
-                          //   gate_up [2F, d] (gate_proj then up_proj), then down [d, F]
-  int64_t expert_stride;  // elements per expert: 3 * F * d
+  float* attn_norm = nullptr;  // [d]
+  float* wqkv = nullptr;       // [(H + 2 Hkv) * Dh, d]: q_proj, k_proj, v_proj stacked
+  float* wo = nullptr;         // [d, H * Dh]
+  float* moe_norm = nullptr;   // [d]
+  float* router = nullptr;     // [E, d]
+  float* experts = nullptr;    // expert e at experts + e * expert_stride:
+                               //   gate_up [2F, d] (gate_proj then up_proj), then down [d, F]
+  int64_t expert_stride = 0;   // elements per expert: 3 * F * d
 };
 
 struct ModelView {
-  float* embed;  // [V, d]
+  float* embed = nullptr;  // [V, d]
   std::vector<LayerView> layers;
-  float* norm;  // [d]
-  float* head;  // [V, d]; == embed when tie_embeddings
+  float* norm = nullptr;  // [d]
+  float* head = nullptr;  // [V, d]; == embed when tie_embeddings
 };
 
 ModelView bind(const ModelConfig& c, const ParamLayout& layout, float* base);

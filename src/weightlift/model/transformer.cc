@@ -6,8 +6,6 @@
 #include <cstring>
 #include <set>
 
-#include "weightlift/core/random.h"
-
 namespace wl::model {
 
 Transformer::Transformer(const ModelConfig& config)
@@ -23,31 +21,8 @@ Transformer::Transformer(const ModelConfig& config)
 
 Transformer::~Transformer() = default;
 
-namespace {
-// FNV-1a: a name hash that, unlike std::hash, is the same on every standard library, so a
-// seed gives the same weights everywhere.
-uint64_t fnv1a(std::string_view s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
-}  // namespace
-
 void Transformer::init(uint64_t seed) {
-  const float residual_scale = 1.0f / std::sqrt(2.0f * float(config_.num_layers));
-  float* base = params_.data<float>();
-  for (const ParamInfo& p : layout_.params()) {
-    float* w = base + p.offset;
-    if (p.shape.size() == 1) {
-      for (int64_t i = 0; i < p.numel(); ++i) w[i] = 1.0f;
-      continue;
-    }
-    // One stream per parameter, so a parameter's values do not depend on the others' sizes.
-    Rng rng(seed ^ fnv1a(p.name));
-    const bool residual = p.name.ends_with("o_proj.weight") || p.name.ends_with("down_proj.weight");
-    const float std_dev = 0.02f * (residual ? residual_scale : 1.0f);
-    for (int64_t i = 0; i < p.numel(); ++i) w[i] = std_dev * rng.normal();
-  }
+  init_params(config_, layout_, seed, params_.data<float>());
 }
 
 void Transformer::zero_grads() { grads_.fill_zero(); }

@@ -43,9 +43,7 @@ class Transformer {
   ModelView param_view() { return bind(config_, layout_, params_.data<float>()); }
   ModelView grad_view() { return bind(config_, layout_, grads_.data<float>()); }
 
-  // N(0, 0.02) for matrices (o_proj and down_proj scaled by 1/sqrt(2 * num_layers), as GPT-2
-  // does for residual projections), ones for norm gains.
-  void init(uint64_t seed);
+  void init(uint64_t seed);  // params.h's init_params
   void zero_grads();
 
   // Copies every parameter from a safetensors file (any float dtype; shapes must match the

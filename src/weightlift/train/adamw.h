@@ -1,11 +1,12 @@
-// AdamW over a model's flat parameter buffer: the moments live in buffers of the same layout,
-// weight decay applies to matrices only (ParamInfo::decay), as the usual param groups do.
+// AdamW over slices of the model's parameters, each with its gradient and its two moments:
+// every parameter whole on one rank, or the shards a rank owns when the optimizer state is
+// sharded (ZeRO, FSDP: parallel/). Weight decay applies to matrices only (ParamInfo::decay),
+// as the usual parameter groups do. Gradients are clipped by their global L2 norm, which the
+// caller computes over every rank's gradients.
 #pragma once
 
 #include <cstdint>
-
-#include "weightlift/core/tensor.h"
-#include "weightlift/model/transformer.h"
+#include <span>
 
 namespace wl::train {
 
@@ -17,6 +18,15 @@ struct AdamWOptions {
   double grad_clip = 1.0;  // global L2 norm; 0 = no clipping
 };
 
+struct AdamWSlice {
+  float* param;  // n elements, updated in place
+  const float* grad;
+  float* m;  // first moment
+  float* v;  // second moment
+  int64_t n = 0;
+  bool decay = false;
+};
+
 struct StepReport {
   double grad_norm = 0;  // before clipping, after unscaling
   bool skipped = false;  // non-finite gradients (f16 overflow): parameters left unchanged
@@ -24,22 +34,20 @@ struct StepReport {
 
 class AdamW {
  public:
-  AdamW(const model::ParamLayout& layout, AdamWOptions options);
+  explicit AdamW(AdamWOptions options) : options_(options) {}
 
-  // One update with learning rate lr. Gradients are first multiplied by `grad_unscale`
-  // (1 / loss scale under f16). A non-finite gradient norm skips the update.
-  StepReport step(model::Transformer& model, double lr, double grad_unscale = 1.0);
+  // One update of every slice with learning rate lr. grad_sum_squares: the sum of the squared
+  // gradients of the whole model, before unscaling; gradients are multiplied by
+  // `grad_unscale` (1 / loss scale under f16). A non-finite norm skips the update.
+  StepReport step(std::span<const AdamWSlice> slices, double lr, double grad_unscale,
+                  double grad_sum_squares);
 
   int64_t steps() const { return steps_; }
   void set_steps(int64_t s) { steps_ = s; }
-  Tensor& m() { return m_; }
-  Tensor& v() { return v_; }
   const AdamWOptions& options() const { return options_; }
 
  private:
-  const model::ParamLayout& layout_;
   AdamWOptions options_;
-  Tensor m_, v_;       // f32, layout().total() elements each
   int64_t steps_ = 0;  // updates applied so far
 };
 

@@ -1,0 +1,164 @@
+// One data-parallel rank's share of the model: its parameters, gradients and AdamW state as
+// the layout's --dp-mode keeps them (layout.h), and the pass hooks (model/pass.h) that keep
+// the ranks one model:
+//
+//                   parameters          gradients                        optimizer state
+//   ddp             whole               whole, buckets allreduced        whole
+//   zero1           whole               whole, buckets allreduced        own shard
+//   zero2           whole               per unit, reduce-scattered       own shard
+//   fsdp            own shard, units    per unit, reduce-scattered       own shard
+//                   gathered on use
+//
+// (gradient_buckets.h, sharded_params.h, sharded_grads.h). Shards are core/shard.h's rows of
+// each parameter (unit_shards.h). ZeRO-1 and -2 allgather the updated shards after each step so
+// every rank has the whole parameters again. The router's counts are summed over the ranks in
+// every forward pass, so the aux and z losses are those of the whole micro-batch.
+//
+// Collectives: the router sums and the clipping norm run on `group` from the compute thread;
+// everything that can overlap the passes (buckets, gathers, reduce-scatters) runs on the
+// CommQueue's own group. Both span the same ranks. With one rank neither exists and nothing
+// is communicated.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "weightlift/comm/group.h"
+#include "weightlift/core/tensor.h"
+#include "weightlift/kernels/rope.h"
+#include "weightlift/model/config.h"
+#include "weightlift/model/params.h"
+#include "weightlift/model/pass.h"
+#include "weightlift/model/units.h"
+#include "weightlift/parallel/comm_queue.h"
+#include "weightlift/parallel/gradient_buckets.h"
+#include "weightlift/parallel/layout.h"
+#include "weightlift/parallel/sharded_grads.h"
+#include "weightlift/parallel/sharded_params.h"
+#include "weightlift/parallel/unit_shards.h"
+#include "weightlift/train/adamw.h"
+
+namespace wl::parallel {
+
+struct DataParallelOptions {
+  ParallelLayout layout;
+  train::AdamWOptions adamw;
+  std::chrono::milliseconds timeout{60000};  // every collective's deadline
+};
+
+// What a step cost in communication, as the compute thread saw it.
+struct StepComm {
+  double exposed_s = 0;          // waiting for collectives: gathers, sums, the end-of-step drain
+  int64_t state_bytes = 0;       // parameters, gradients and AdamW state held at the step's end
+  int64_t peak_state_bytes = 0;  // the most held at once, gathered units included
+};
+
+// Rows of one parameter's weights or AdamW moments on this rank, and where they are.
+enum class StateKind : uint8_t { kWeights, kM, kV };
+struct StateRows {
+  size_t param = 0;  // index into ParamLayout::params()
+  StateKind kind = StateKind::kWeights;
+  ShardRows rows;
+  float* data = nullptr;  // rows.size() rows of the parameter, row-major
+};
+
+class DataParallel final : public model::PassHooks {
+ public:
+  // group: the data-parallel ranks, for the compute thread; queue: collectives on a second
+  // group over the same ranks, on its own thread. Both null with one rank.
+  DataParallel(const model::ModelConfig& config, const DataParallelOptions& options,
+               std::shared_ptr<comm::Group> group, std::unique_ptr<CommQueue> queue);
+  ~DataParallel() override;
+
+  const model::ModelConfig& config() const { return config_; }
+  const model::ParamLayout& layout() const { return layout_; }
+  const model::Units& units() const { return units_; }
+  const DataParallelOptions& options() const { return options_; }
+  int rank() const { return rank_; }
+  int ranks() const { return ranks_; }
+  train::AdamW& optimizer() { return adamw_; }
+
+  // Keeps this rank's part of `full` (layout().total() floats: a fresh init, loaded weights).
+  void set_params(const float* full);
+  // The whole parameters into `full` on every rank (collective: FSDP gathers them).
+  Status gather_params(float* full);
+  // What this rank writes to a checkpoint: its own rows (core/shard.h's, over the
+  // data-parallel ranks) of every parameter's weights and moments. Empty row ranges left out.
+  std::vector<StateRows> own_rows();
+  // What it must read from one: every row where a state is whole on this rank, its own rows
+  // where it is sharded.
+  std::vector<StateRows> rows_to_load();
+
+  // One step: begin_step(); for each micro-batch m, begin_micro_batch(m) and a StagePass over
+  // pass_model() with this as its hooks; then finish_step(), which is reduce_gradients() and
+  // apply_optimizer().
+  void begin_step();
+  void begin_micro_batch(int micro_batch);
+  model::PassModel pass_model();
+  Result<train::StepReport> finish_step(double lr, double grad_unscale);
+  // Waits until every rank's gradients are summed where this layout keeps them.
+  Status reduce_gradients();
+  // Clips by the global norm and runs AdamW on what this rank owns (then ZeRO-1/2 gather the
+  // updated parameters).
+  Result<train::StepReport> apply_optimizer(double lr, double grad_unscale);
+  // The whole reduced gradients into `full` on every rank, after reduce_gradients()
+  // (collective where gradients are sharded). For tests and diagnostics.
+  Status gather_grads(float* full);
+  const StepComm& step_comm() const { return comm_; }
+
+  // Evaluation passes: units are still gathered, but the router's counts are not summed (the
+  // ranks evaluate different rows, and only the cross-entropy is reported).
+  void set_evaluating(bool evaluating) { evaluating_ = evaluating; }
+
+  // ---- model::PassHooks ----------------------------------------------------------------------
+  void before_unit(int unit, model::Direction dir, model::ModelView& w,
+                   model::ModelView& g) override;
+  void after_unit(int unit, model::Direction dir, model::ModelView& w,
+                  model::ModelView& g) override;
+  int64_t sum_router_counts(int layer, int64_t* counts, int64_t experts, int64_t tokens) override;
+
+  // values[n] summed over the data-parallel ranks, the same bits on every rank (collective).
+  Status sum_over_ranks(double* values, size_t n);
+
+  // The first collective failure of a hook (they cannot return one): the step fails with it.
+  const Status& hook_failure() const { return hook_failure_; }
+
+ private:
+  void build_slices();
+  std::vector<int> units_read(int unit) const;
+  Status allgather_params();
+  Status gather_units(const float* local, float* full);
+  void note_bytes();
+
+  model::ModelConfig config_;
+  model::ParamLayout layout_;
+  model::Units units_;
+  kernels::RopeTable rope_;
+  DataParallelOptions options_;
+  std::shared_ptr<comm::Group> group_;
+  std::unique_ptr<CommQueue> queue_;
+  int rank_ = 0, ranks_ = 1;
+
+  std::vector<UnitShards> shards_;  // per unit
+  std::vector<int64_t> offsets_;    // unit u's packed shards start here in the local buffers
+  int64_t local_elems_ = 0;
+
+  Tensor params_;  // whole [total], or this rank's packed shards (fsdp)
+  Tensor grads_;   // whole [total] (ddp, zero1), or packed shards (zero2, fsdp)
+  Tensor m_, v_;   // whole [total] (ddp), or packed shards
+  train::AdamW adamw_;
+  std::vector<train::AdamWSlice> slices_;
+
+  std::optional<GradientBuckets> buckets_;
+  std::optional<ShardedParams> sharded_params_;
+  std::optional<ShardedGrads> sharded_grads_;
+
+  int micro_batch_ = 0;
+  bool evaluating_ = false;
+  StepComm comm_;
+  Status hook_failure_;
+};
+
+}  // namespace wl::parallel

@@ -1,0 +1,52 @@
+// DDP's gradient buckets (data parallel with whole gradients on every rank: --dp-mode ddp and
+// zero1). The units are cut, in the order the backward pass finishes them (head first, the
+// embedding last), into runs of about `bucket_bytes`; since units are contiguous in the flat
+// buffer, a bucket is one range of it. On the step's last micro-batch, a bucket's allreduce is
+// submitted to the communication thread the moment the backward pass has finished every unit
+// in it, so the sums run while the backward pass goes on through the units below, as PyTorch
+// DDP and Megatron overlap them. The sum is all that is needed: every rank's gradients are
+// already divided by the whole step's target count (model::StepOptions::ce_denominator).
+//
+// Cost per step: one ring (or shared-memory) allreduce of every gradient, 2 (P-1)/P of its
+// bytes through each rank; only what is still running when the backward pass ends is exposed.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "weightlift/model/units.h"
+#include "weightlift/parallel/comm_queue.h"
+
+namespace wl::parallel {
+
+class GradientBuckets {
+ public:
+  // grads: the full flat gradient buffer, borrowed. queue: null with one rank (nothing to sum).
+  GradientBuckets(const model::Units& units, int64_t bucket_bytes, float* grads, CommQueue* queue,
+                  std::chrono::milliseconds timeout);
+
+  // Before the step's last micro-batch's backward: every bucket waits for its units again.
+  void arm();
+  // After unit `unit`'s backward on the armed micro-batch; starts its bucket's sum when full.
+  void unit_done(int unit);
+  // Waits until every submitted sum is done.
+  Status wait();
+  int buckets() const { return int(buckets_.size()); }
+
+ private:
+  struct Bucket {
+    model::FlatRange range;
+    int units = 0;    // units in it
+    int pending = 0;  // of those, not yet through the armed backward
+  };
+  float* grads_;
+  CommQueue* queue_;
+  std::chrono::milliseconds timeout_;
+  std::vector<Bucket> buckets_;
+  std::vector<int> bucket_of_unit_;
+  uint64_t last_ticket_ = 0;
+  bool armed_ = false;
+};
+
+}  // namespace wl::parallel

@@ -1,0 +1,32 @@
+// A training job's processes: connecting them from the launcher's variables, and the roster
+// an operator reads to find one (processes.json).
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include "weightlift/comm/launch_env.h"
+#include "weightlift/comm/world.h"
+#include "weightlift/core/status.h"
+#include "weightlift/parallel/trainer.h"
+
+namespace wl::parallel {
+
+// The world from the launcher's variables (comm/world.h), and a second group over the same
+// ranks with a UCX worker of its own, for the communication thread (comm_queue.h). One
+// process: no connections at all.
+struct Job {
+  comm::World world;
+  TrainRanks ranks;
+  int rank() const { return world.env.rank; }
+  int size() const { return world.env.world_size; }
+};
+Result<Job> connect_job(const comm::LaunchEnv& env, std::chrono::milliseconds timeout);
+
+// processes.json in `dir`: every rank's {"rank", "pid", "host", "role"}, so an operator can
+// find and signal one ("role": "dp-rank-3"). Collective over the job's store: every rank
+// publishes itself, rank 0 writes the file (atomically). One process: rank 0 alone.
+Status write_processes(const Job& job, const std::string& dir, const std::string& role,
+                       std::chrono::milliseconds timeout);
+
+}  // namespace wl::parallel

@@ -1,0 +1,62 @@
+// layout.h.
+#include "weightlift/parallel/layout.h"
+
+#include <string>
+
+#include "weightlift/core/check.h"
+
+namespace wl::parallel {
+
+std::string_view dp_mode_name(DpMode m) {
+  switch (m) {
+    case DpMode::kDdp:
+      return "ddp";
+    case DpMode::kZero1:
+      return "zero1";
+    case DpMode::kZero2:
+      return "zero2";
+    case DpMode::kFsdp:
+      return "fsdp";
+  }
+  return "?";
+}
+
+std::optional<DpMode> dp_mode_from_name(std::string_view name) {
+  for (DpMode m : {DpMode::kDdp, DpMode::kZero1, DpMode::kZero2, DpMode::kFsdp}) {
+    if (dp_mode_name(m) == name) return m;
+  }
+  return std::nullopt;
+}
+
+Status validate(const ParallelLayout& l, int world, int64_t batch) {
+  if (l.dp < 1 || l.dp != world) {
+    return invalid_argument("data-parallel size " + std::to_string(l.dp) + " does not fit " +
+                            std::to_string(world) + " ranks");
+  }
+  if (l.micro_batches < 1) {
+    return invalid_argument("--micro-batches " + std::to_string(l.micro_batches) +
+                            ": expected at least 1");
+  }
+  if (l.bucket_bytes < 1) {
+    return invalid_argument("--bucket-bytes " + std::to_string(l.bucket_bytes) +
+                            ": expected at least 1");
+  }
+  const int64_t parts = int64_t(l.micro_batches) * l.dp;
+  if (batch < 1 || batch % parts != 0) {
+    return invalid_argument("--batch " + std::to_string(batch) + " must be a multiple of " +
+                            std::to_string(l.micro_batches) + " micro-batches x " +
+                            std::to_string(l.dp) +
+                            " data-parallel ranks = " + std::to_string(parts));
+  }
+  return ok_status();
+}
+
+RowRange micro_batch_rows(const ParallelLayout& l, int64_t batch, int micro_batch, int rank) {
+  WL_CHECK(micro_batch >= 0 && micro_batch < l.micro_batches && rank >= 0 && rank < l.dp)
+      << "micro-batch " << micro_batch << " rank " << rank;
+  const int64_t per_micro = batch / l.micro_batches, per_rank = per_micro / l.dp;
+  const int64_t begin = micro_batch * per_micro + rank * per_rank;
+  return {begin, begin + per_rank};
+}
+
+}  // namespace wl::parallel

@@ -1,0 +1,53 @@
+// Where a training job runs: how many ranks hold a copy of the model (data parallel), how
+// each copy keeps its parameters, gradients and optimizer state (--dp-mode), and how the
+// global batch is cut into micro-batches. A layout never changes the maths: `--batch` is the
+// global batch, each micro-batch is the same rows in every layout, and the router's aux and
+// z losses are those of a whole micro-batch, whichever ranks hold its rows.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "weightlift/core/status.h"
+#include "weightlift/model/config.h"
+
+namespace wl::parallel {
+
+// The data-parallel modes, by what each rank keeps whole:
+//   kDdp    parameters, gradients, optimizer state: gradients allreduced in buckets
+//   kZero1  parameters and gradients; the optimizer state of its own shard only
+//   kZero2  parameters; gradients reduce-scattered into its shard after each unit's backward
+//   kFsdp   nothing: parameters gathered per unit before its forward and backward, and freed
+enum class DpMode : uint8_t { kDdp, kZero1, kZero2, kFsdp };
+
+std::string_view dp_mode_name(DpMode m);  // "ddp", "zero1", "zero2", "fsdp"
+std::optional<DpMode> dp_mode_from_name(std::string_view name);
+
+struct ParallelLayout {
+  DpMode dp_mode = DpMode::kDdp;
+  int dp = 1;  // data-parallel ranks: the world
+  // The global batch is cut into this many micro-batches per step, each run forward and
+  // backward before the next (gradient accumulation); each data-parallel rank takes an equal
+  // share of every micro-batch's rows.
+  int micro_batches = 1;
+  // DDP and ZeRO-1 reduce gradients in buckets of about this many bytes, each as soon as the
+  // backward pass has finished the units in it. PyTorch DDP's default.
+  int64_t bucket_bytes = int64_t(25) << 20;
+
+  bool shards_parameters() const { return dp_mode == DpMode::kFsdp; }
+  bool shards_gradients() const { return dp_mode == DpMode::kZero2 || shards_parameters(); }
+  bool shards_optimizer() const { return dp_mode != DpMode::kDdp; }
+};
+
+// A layout that fits `world` ranks and a global batch of `batch` rows: errors name the flag.
+Status validate(const ParallelLayout& layout, int world, int64_t batch);
+
+// Rows [begin, end) of the global batch that data-parallel rank `rank` takes of micro-batch m.
+struct RowRange {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+};
+RowRange micro_batch_rows(const ParallelLayout& layout, int64_t batch, int micro_batch, int rank);
+
+}  // namespace wl::parallel

@@ -1,0 +1,83 @@
+// step.h.
+#include "weightlift/parallel/step.h"
+
+#include "weightlift/kernels/cross_entropy.h"
+#include "weightlift/model/pass.h"
+
+namespace wl::parallel {
+namespace {
+
+int64_t count_targets(const std::vector<int64_t>& targets) {
+  int64_t n = 0;
+  for (int64_t t : targets) n += t != kernels::kIgnoreIndex;
+  return n;
+}
+
+}  // namespace
+
+Result<model::LossTerms> compute_gradients(DataParallel& dp, const train::Batch& global,
+                                           const StepSettings& s) {
+  const ParallelLayout& l = dp.options().layout;
+  const int M = l.micro_batches;
+  const int64_t seq = global.seq;
+  const int64_t denom = count_targets(global.targets);
+  const bool f16 = s.precision == model::Precision::kF16;
+  const model::StepOptions opts{.precision = s.precision,
+                                .checkpointing = s.checkpointing,
+                                .ce_denominator = denom,
+                                .aux_weight = 1.0f / float(M),
+                                .grad_scale = f16 ? float(s.loss_scale) : 1.0f};
+  dp.begin_step();
+  double sums[3] = {0, 0, 0};  // cross-entropy summed over targets, aux, z
+  for (int m = 0; m < M; ++m) {
+    const RowRange rows = micro_batch_rows(l, global.batch, m, dp.rank());
+    dp.begin_micro_batch(m);
+    model::StagePass pass(dp.pass_model(), {0, dp.units().head()},
+                          global.tokens.data() + rows.begin * seq, rows.size(), seq, opts, &dp);
+    pass.forward(nullptr, true);
+    const model::LossTerms lt = pass.loss(global.targets.data() + rows.begin * seq);
+    pass.backward(nullptr);
+    WL_RETURN_IF_ERROR(dp.hook_failure());
+    sums[0] += lt.ce * double(lt.count);
+    sums[1] += lt.aux / double(M);
+    sums[2] += lt.z / double(M);
+  }
+  WL_RETURN_IF_ERROR(dp.reduce_gradients());
+  WL_RETURN_IF_ERROR(dp.sum_over_ranks(sums, 3));
+  model::LossTerms loss;
+  loss.ce = denom > 0 ? sums[0] / double(denom) : 0.0;
+  loss.aux = sums[1];
+  loss.z = sums[2];
+  loss.count = denom;
+  return loss;
+}
+
+Result<StepResult> run_step(DataParallel& dp, const train::Batch& global,
+                            const StepSettings& s) {
+  StepResult r;
+  WL_ASSIGN_OR_RETURN(r.loss, compute_gradients(dp, global, s));
+  const bool f16 = s.precision == model::Precision::kF16;
+  WL_ASSIGN_OR_RETURN(r.report, dp.apply_optimizer(s.lr, f16 ? 1.0 / s.loss_scale : 1.0));
+  return r;
+}
+
+Result<double> evaluate(DataParallel& dp, const std::vector<train::Batch>& batches,
+                        model::Precision precision) {
+  dp.set_evaluating(true);
+  double sums[2] = {0, 0};  // cross-entropy summed over targets, targets
+  for (const train::Batch& b : batches) {
+    const int64_t per = b.batch / dp.ranks(), first = per * dp.rank();
+    model::StagePass pass(dp.pass_model(), {0, dp.units().head()}, b.tokens.data() + first * b.seq,
+                          per, b.seq, {.precision = precision}, &dp);
+    pass.forward(nullptr, false);
+    const model::LossTerms lt = pass.loss(b.targets.data() + first * b.seq);
+    sums[0] += lt.ce * double(lt.count);
+    sums[1] += double(lt.count);
+  }
+  dp.set_evaluating(false);
+  WL_RETURN_IF_ERROR(dp.hook_failure());
+  WL_RETURN_IF_ERROR(dp.sum_over_ranks(sums, 2));
+  return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+}
+
+}  // namespace wl::parallel

@@ -1,0 +1,283 @@
+// The training loop of trainer.h, as a run that goes through its phases: configuration, data,
+// the model's state on this rank (fresh or resumed), the metrics it continues, the updates,
+// the outputs.
+#include "weightlift/parallel/trainer.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+
+#include "weightlift/core/file_io.h"
+#include "weightlift/core/timing.h"
+#include "weightlift/model/token_batch.h"
+#include "weightlift/parallel/checkpoint.h"
+#include "weightlift/parallel/data_parallel.h"
+#include "weightlift/parallel/step.h"
+#include "weightlift/train/brown.h"
+#include "weightlift/train/data.h"
+#include "weightlift/train/tokenizer.h"
+
+namespace wl::parallel {
+namespace fs = std::filesystem;
+
+namespace {
+
+// Dynamic loss scaling for f16: halve on overflow (the step is skipped), double after
+// `kGrowthInterval` clean steps. Starts at 2^16 as torch.cuda.amp.GradScaler does.
+struct LossScaler {
+  static constexpr int kGrowthInterval = 200;
+  double scale = 65536.0;
+  int clean = 0;
+  void update(bool overflow) {
+    if (overflow) {
+      scale = std::max(1.0, scale / 2);
+      clean = 0;
+    } else if (++clean >= kGrowthInterval) {
+      scale *= 2;
+      clean = 0;
+    }
+  }
+};
+
+double unigram_entropy(const std::vector<int64_t>& stream) {
+  std::vector<double> counts(train::kByteVocab, 0.0);
+  for (int64_t t : stream) counts[size_t(t)] += 1;
+  double h = 0, n = double(stream.size());
+  for (double c : counts)
+    if (c > 0) h -= c / n * std::log(c / n);
+  return h;
+}
+
+// One run of train(): the state its phases share.
+class Run {
+ public:
+  Run(const TrainOptions& o, const TrainRanks& ranks) : o_(o), ranks_(ranks) {}
+
+  Status configure();
+  Status load_data();
+  Status make_state();
+  Status continue_metrics();
+  Status run_updates();
+  Status write_outputs();
+  const TrainSummary& summary() const { return summary_; }
+
+ private:
+  bool writer() const { return dp_->rank() == 0; }
+  Status check_layout() const {
+    return validate(o_.layout, ranks_.group ? ranks_.group->size() : 1, batch_);
+  }
+  Result<train::StepMetrics> update_once();
+  Status save(const std::string& dir);
+
+  const TrainOptions& o_;
+  const TrainRanks& ranks_;
+  model::ModelConfig cfg_;
+  int64_t batch_ = 0;  // rows of the global batch: --batch, or the batch file's
+  int64_t seq_ = 0;
+  std::vector<int64_t> train_stream_, val_stream_;
+  train::Batch fixed_;  // the batch file's one batch, when training on it
+  std::vector<train::Batch> val_batches_;
+  std::unique_ptr<DataParallel> dp_;
+  std::optional<train::WindowSampler> sampler_;
+  train::LrSchedule sched_;
+  LossScaler scaler_;
+  int64_t step_ = 0;
+  std::ofstream metrics_;
+  Stopwatch clock_;
+  int64_t tokens_done_ = 0;
+  TrainSummary summary_;
+};
+
+Status Run::configure() {
+  if (!o_.config_path.empty()) {
+    WL_ASSIGN_OR_RETURN(cfg_, model::load_config(o_.config_path));
+  } else {
+    WL_ASSIGN_OR_RETURN(cfg_, model::preset(o_.preset));
+  }
+  seq_ = o_.seq > 0 ? o_.seq : cfg_.max_seq_len;
+  if (seq_ > cfg_.max_seq_len)
+    return invalid_argument("--seq " + std::to_string(seq_) + " exceeds max_seq_len " +
+                            std::to_string(cfg_.max_seq_len));
+  if (o_.batch < 1 || o_.steps < 1)
+    return invalid_argument("--batch and --steps must be at least 1");
+  batch_ = o_.batch;
+  summary_.unigram_entropy = NAN;
+  summary_.final_val_loss = NAN;
+  return ok_status();
+}
+
+Status Run::load_data() {
+  if (!o_.batch_file.empty()) {
+    WL_ASSIGN_OR_RETURN(model::TokenBatch tb, model::load_token_batch(o_.batch_file, cfg_));
+    fixed_ = {tb.batch, tb.seq, std::move(tb.tokens), std::move(tb.targets)};
+    batch_ = tb.batch;
+    return check_layout();
+  }
+  if (cfg_.vocab_size < train::kByteVocab)
+    return invalid_argument(
+        "the byte tokenizer needs vocab_size >= " + std::to_string(train::kByteVocab) +
+        ", config has " + std::to_string(cfg_.vocab_size));
+  WL_ASSIGN_OR_RETURN(train::BrownCorpus corpus, train::load_brown(o_.corpus_dir));
+  train_stream_ = train::encode(corpus.train);
+  val_stream_ = train::encode(corpus.validation);
+  if (int64_t(train_stream_.size()) <= seq_ + 1) {
+    return invalid_argument(
+        "the training text in " + o_.corpus_dir + " has " + std::to_string(train_stream_.size()) +
+        " tokens, fewer than one window of --seq " + std::to_string(seq_) + " + 1");
+  }
+  summary_.unigram_entropy = unigram_entropy(train_stream_);
+  // Whole batches of the global batch's rows, which every layout splits over its ranks.
+  const int64_t windows = o_.eval_windows / batch_ * batch_;
+  if (val_stream_.size() > size_t(seq_ + 1) && windows > 0)
+    val_batches_ = train::fixed_windows(val_stream_, windows, batch_, seq_);
+  return check_layout();
+}
+
+Status Run::make_state() {
+  std::unique_ptr<CommQueue> queue;
+  if (ranks_.group && ranks_.group->size() > 1) {
+    if (!ranks_.comm || ranks_.comm->size() != ranks_.group->size()) {
+      return invalid_argument("training on several ranks needs a second group over them");
+    }
+    queue = std::make_unique<CommQueue>(ranks_.comm);
+  }
+  dp_ = std::make_unique<DataParallel>(
+      cfg_, DataParallelOptions{.layout = o_.layout, .adamw = o_.adamw, .timeout = o_.timeout},
+      ranks_.group && ranks_.group->size() > 1 ? ranks_.group : nullptr, std::move(queue));
+  sched_ = o_.schedule;
+  sched_.total_steps = o_.steps;
+  sampler_.emplace(&train_stream_, o_.seed + 1);
+  if (!o_.resume.empty()) {
+    WL_ASSIGN_OR_RETURN(TrainState st, load_checkpoint(o_.resume, *dp_));
+    step_ = st.step;
+    sampler_->rng().set_state(st.data_rng);
+    scaler_.scale = st.loss_scale;
+    scaler_.clean = int(st.loss_scale_clean_steps);
+    return ok_status();
+  }
+  // Every rank builds the same whole model and keeps its part of it.
+  std::vector<float> full(size_t(dp_->layout().total()));
+  if (!o_.init_weights.empty()) {
+    WL_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::open(o_.init_weights));
+    const SafetensorsFile* files[] = {&f};
+    WL_RETURN_IF_ERROR(model::read_params(dp_->layout(), files, full.data()));
+  } else {
+    model::init_params(cfg_, dp_->layout(), o_.seed, full.data());
+  }
+  dp_->set_params(full.data());
+  return ok_status();
+}
+
+// A resumed run keeps the records up to its checkpoint's step (a run that went on past the
+// checkpoint wrote later steps, which this one is about to redo) and appends to them; the
+// file is rewritten through a temporary, so an error loses nothing. A fresh run starts it.
+Status Run::continue_metrics() {
+  if (!writer()) return ok_status();
+  std::error_code ec;
+  fs::create_directories(o_.out_dir, ec);
+  if (ec) return errno_status("mkdir " + o_.out_dir, ec.value());
+  const std::string path = o_.out_dir + "/metrics.jsonl";
+  if (step_ > 0) {
+    WL_ASSIGN_OR_RETURN(std::vector<train::StepMetrics> earlier, train::read_metrics(path));
+    std::string kept;
+    for (const train::StepMetrics& m : earlier) {
+      if (m.step <= step_) kept += train::metrics_to_json(m) + "\n";
+    }
+    WL_RETURN_IF_ERROR(write_file_atomically(path, kept));
+  }
+  metrics_.open(path, step_ > 0 ? std::ios::app : std::ios::trunc);
+  if (!metrics_) return errno_status("open " + path, errno);
+  return ok_status();
+}
+
+Status Run::save(const std::string& dir) {
+  return save_checkpoint(dir, *dp_, {step_, sampler_->rng().state(), scaler_.scale, scaler_.clean});
+}
+
+Result<train::StepMetrics> Run::update_once() {
+  const bool f16 = o_.precision == model::Precision::kF16;
+  const train::Batch global = o_.batch_file.empty() ? sampler_->next(batch_, seq_) : fixed_;
+  train::StepMetrics m;
+  m.lr = sched_.at(step_);
+  WL_ASSIGN_OR_RETURN(StepResult r, run_step(*dp_, global,
+                                             {.precision = o_.precision,
+                                              .checkpointing = o_.checkpointing,
+                                              .lr = m.lr,
+                                              .loss_scale = f16 ? scaler_.scale : 1.0}));
+  if (f16) scaler_.update(r.report.skipped);
+  tokens_done_ += global.batch * global.seq;
+  ++step_;
+  m.step = step_;
+  m.ce = r.loss.ce;
+  m.aux = r.loss.aux;
+  m.z = r.loss.z;
+  m.loss = m.ce + m.aux + m.z;
+  m.grad_norm = r.report.grad_norm;
+  m.skipped = r.report.skipped;
+  if (f16) m.loss_scale = scaler_.scale;
+  m.elapsed_s = clock_.seconds();
+  m.tokens_per_s = double(tokens_done_) / m.elapsed_s;
+  summary_.exposed_comm_s += dp_->step_comm().exposed_s;
+  summary_.peak_state_bytes =
+      std::max(summary_.peak_state_bytes, dp_->step_comm().peak_state_bytes);
+  return m;
+}
+
+Status Run::run_updates() {
+  clock_.restart();
+  const int64_t last = o_.stop_after > 0 ? std::min(o_.stop_after, o_.steps) : o_.steps;
+  while (step_ < last) {
+    WL_ASSIGN_OR_RETURN(train::StepMetrics m, update_once());
+    const bool eval_now = (o_.eval_every > 0 && step_ % o_.eval_every == 0) || step_ == o_.steps;
+    if (!val_batches_.empty() && eval_now) {
+      WL_ASSIGN_OR_RETURN(m.val_loss, evaluate(*dp_, val_batches_, o_.precision));
+      summary_.final_val_loss = m.val_loss;
+    }
+    if (writer()) {
+      metrics_ << train::metrics_to_json(m) << "\n";
+      metrics_.flush();
+    }
+    if (o_.checkpoint_every > 0 && step_ % o_.checkpoint_every == 0)
+      WL_RETURN_IF_ERROR(save(o_.out_dir + "/checkpoint-" + std::to_string(step_)));
+    if (o_.on_step) o_.on_step(m);
+    summary_.final_train_loss = m.loss;
+  }
+  summary_.steps = step_;
+  summary_.seconds = clock_.seconds();
+  summary_.tokens_per_s = double(tokens_done_) / summary_.seconds;
+  return ok_status();
+}
+
+Status Run::write_outputs() {
+  WL_RETURN_IF_ERROR(save(o_.out_dir + "/checkpoint-" + std::to_string(step_)));
+  std::vector<float> full(size_t(dp_->layout().total()));
+  WL_RETURN_IF_ERROR(dp_->gather_params(full.data()));
+  if (!writer()) return ok_status();
+  WL_RETURN_IF_ERROR(model::save_config(cfg_, o_.out_dir + "/config.json"));
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const model::ParamInfo& p : dp_->layout().params()) {
+    tensors.emplace_back(p.name, Tensor::borrow(full.data() + p.offset, DType::kF32, p.shape));
+  }
+  WL_RETURN_IF_ERROR(
+      write_safetensors(o_.out_dir + "/model.safetensors", tensors, {{"format", "pt"}}));
+  if (!o_.out_weights.empty()) {
+    WL_RETURN_IF_ERROR(write_safetensors(o_.out_weights, tensors, {{"format", "pt"}}));
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Result<TrainSummary> train(const TrainOptions& options, const TrainRanks& ranks) {
+  Run run(options, ranks);
+  WL_RETURN_IF_ERROR(run.configure());
+  WL_RETURN_IF_ERROR(run.load_data());
+  WL_RETURN_IF_ERROR(run.make_state());
+  WL_RETURN_IF_ERROR(run.continue_metrics());
+  WL_RETURN_IF_ERROR(run.run_updates());
+  WL_RETURN_IF_ERROR(run.write_outputs());
+  return run.summary();
+}
+
+}  // namespace wl::parallel

@@ -1,0 +1,78 @@
+// The training loop, for one process or many: data, micro-batches forward and backward on the
+// layout's ranks (step.h), clipping, AdamW on the schedule, validation, metrics and
+// checkpoints (checkpoint.h). It prints nothing: `on_step` hears of every update, and
+// `weightlift train` draws its progress bar from that and its loss plot from metrics.jsonl.
+//
+// Every rank runs train() with the same options. Rank 0 alone writes metrics.jsonl,
+// config.json and model.safetensors; every rank writes its part of each checkpoint.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "weightlift/comm/group.h"
+#include "weightlift/core/status.h"
+#include "weightlift/model/precision.h"
+#include "weightlift/parallel/layout.h"
+#include "weightlift/train/adamw.h"
+#include "weightlift/train/metrics.h"
+#include "weightlift/train/schedule.h"
+
+namespace wl::parallel {
+
+struct TrainOptions {
+  // What to train.
+  std::string preset = "small";  // used unless config_path is set
+  std::string config_path;       // a config.json
+  std::string init_weights;      // start from these weights (safetensors) instead of init
+  std::string resume;            // a checkpoint directory to continue from, bit-exactly
+  uint64_t seed = 1234;          // weights init and data order
+  // Data.
+  std::string corpus_dir = "data/brown";
+  std::string batch_file;  // safetensors with int64 tokens/targets: train on it only
+  int64_t batch = 8;       // rows of the global batch of one update, over every rank
+  int64_t seq = 0;         // tokens per row; 0 = the config's max_seq_len
+  // Where it runs: data-parallel mode, micro-batches per update (gradient accumulation).
+  ParallelLayout layout;
+  // Optimisation.
+  int64_t steps = 600;         // updates in the whole run (also the schedule's length)
+  train::LrSchedule schedule;  // total_steps is set from `steps`
+  train::AdamWOptions adamw;
+  model::Precision precision = model::Precision::kF32;
+  bool checkpointing = false;  // gradient checkpointing (recompute blocks in backward)
+  // Evaluation and output.
+  int64_t eval_every = 100;      // updates between validation passes; 0 = only at the end
+  int64_t eval_windows = 64;     // validation windows of `seq` tokens (whole batches of them)
+  int64_t checkpoint_every = 0;  // updates between checkpoints; 0 = only at the end
+  int64_t stop_after = 0;        // stop (after checkpointing) at this update; 0 = run all
+  std::string out_dir = "runs/latest";       // metrics.jsonl, checkpoints, final weights
+  std::string out_weights;                   // also write the final weights here
+  std::chrono::milliseconds timeout{60000};  // every collective's deadline
+  // Called on every rank after every update with what metrics.jsonl records for it.
+  std::function<void(const train::StepMetrics&)> on_step;
+};
+
+// The ranks a job trains on: `group` for the compute thread and `comm` (a second group over
+// the same ranks) for the communication thread. Both null for one process.
+struct TrainRanks {
+  std::shared_ptr<comm::Group> group;
+  std::shared_ptr<comm::Group> comm;
+};
+
+struct TrainSummary {
+  int64_t steps = 0;
+  double final_train_loss = 0;
+  double final_val_loss = 0;   // NaN without a validation set
+  double unigram_entropy = 0;  // nats per byte of the training text; NaN on batch_file
+  double tokens_per_s = 0;
+  double seconds = 0;
+  double exposed_comm_s = 0;     // summed over the run's steps
+  int64_t peak_state_bytes = 0;  // most parameter, gradient and AdamW bytes held at once
+};
+
+Result<TrainSummary> train(const TrainOptions& options, const TrainRanks& ranks = {});
+
+}  // namespace wl::parallel

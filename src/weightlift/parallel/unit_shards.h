@@ -1,0 +1,64 @@
+// How one unit's parameters (model/units.h) are cut over the data-parallel ranks, and packed
+// so that one collective moves the whole unit.
+//
+// Every parameter is cut by core/shard.h's rule, rows on dim 0 as FSDP2 and torch.chunk do,
+// so a rank's piece of a parameter is one flat range of it and a weight-transfer source or a
+// distributed checkpoint can name it by rows. A rank keeps its pieces of the unit's parameters
+// one after another in a packed buffer, each padded to the most rows any rank holds of that
+// parameter, so that every rank's packed buffer has the same size:
+//
+//   unit buffer (flat layout):  [ p0 rows 0..5 | p1 rows 0..2 ]     2 ranks, 6 and 3 rows
+//   packed, rank 0:             [ p0 rows 0..2 | p1 rows 0..1 ]
+//   packed, rank 1:             [ p0 rows 3..5 | p1 row 2, pad ]
+//
+// An allgather of the packed buffers then leaves every rank's pieces side by side (rank-major),
+// and unpack() puts them back in the flat layout; pack_all() is the reverse, the send buffer of
+// a reduce-scatter whose result is this rank's packed gradients. Padding is zero and stays
+// zero: its gradient is zero and AdamW leaves a zero weight with a zero gradient at zero.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "weightlift/core/shard.h"
+#include "weightlift/model/params.h"
+#include "weightlift/model/units.h"
+
+namespace wl::parallel {
+
+struct ShardPiece {
+  size_t param = 0;           // index into ParamLayout::params()
+  ShardRows rows;             // this rank's rows of the parameter
+  int64_t row_elems = 0;      // elements per row
+  int64_t unit_offset = 0;    // where its first element is in the unit's flat range
+  int64_t packed_offset = 0;  // and in the rank's packed buffer
+  int64_t elems() const { return rows.size() * row_elems; }
+};
+
+class UnitShards {
+ public:
+  UnitShards(const model::ParamLayout& layout, const model::Units& units, int unit, int ranks);
+
+  int unit() const { return unit_; }
+  int ranks() const { return ranks_; }
+  int64_t unit_elems() const { return unit_elems_; }      // the unit's flat range
+  int64_t packed_elems() const { return packed_elems_; }  // one rank's packed buffer
+  // Rank r's pieces, in the unit's parameter order (a rank may hold no rows of a parameter).
+  const std::vector<ShardPiece>& pieces(int rank) const { return pieces_[size_t(rank)]; }
+
+  // dst[packed_elems] = rank's pieces of src[unit_elems]; padding zeroed.
+  void pack(const float* src, int rank, float* dst) const;
+  // dst[ranks * packed_elems] = every rank's packed buffer of src, rank-major.
+  void pack_all(const float* src, float* dst) const;
+  // dst[unit_elems] from every rank's packed buffer in src[ranks * packed_elems], rank-major.
+  void unpack_all(const float* src, float* dst) const;
+  // dst[unit_elems] gets rank's pieces from src[packed_elems]; the rest of dst is untouched.
+  void unpack(const float* src, int rank, float* dst) const;
+
+ private:
+  int unit_, ranks_;
+  int64_t unit_elems_ = 0, packed_elems_ = 0;
+  std::vector<std::vector<ShardPiece>> pieces_;  // per rank
+};
+
+}  // namespace wl::parallel

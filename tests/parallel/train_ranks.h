@@ -1,0 +1,127 @@
+// Training jobs whose ranks are threads of this process, for the parallel trainer's tests:
+// each rank connects its two groups (the compute thread's and the communication thread's,
+// each with its own UCX worker) through one MemoryStore and runs parallel::train.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "weightlift/comm/group.h"
+#include "weightlift/comm/memory_store.h"
+#include "weightlift/core/safetensors.h"
+#include "weightlift/parallel/data_parallel.h"
+#include "weightlift/parallel/trainer.h"
+
+namespace wl::parallel::testing {
+
+namespace fs = std::filesystem;
+
+// A directory of its own for each test and process: ctest runs tests in parallel, and other
+// runs may share /tmp.
+inline std::string fresh_dir(const std::string& name) {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  const std::string d = ::testing::TempDir() + "/wl_parallel_" + std::to_string(::getpid()) + "_" +
+                        info->name() + "_" + name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// Twenty small files in the Brown corpus's own format.
+inline std::string make_corpus() {
+  const std::string dir = fresh_dir("corpus");
+  const char* lines[] = {
+      "\tThe/at jury/nn said/vbd ``/`` no/at evidence/nn ''/'' was/bedz found/vbn ./.",
+      "\tIt/pps recommended/vbd that/cs the/at city/nn ,/, which/wdt had/hvd charge/nn ,/, act/vb "
+      "./.",
+      "\tShe/pps was/bedz n't/* there/rb ;/. he/pps said/vbd so/rb (/( twice/rb )/) ./."};
+  for (int i = 0; i < 20; ++i) {
+    std::ofstream f(dir + "/ca" + (i < 10 ? "0" : "") + std::to_string(i));
+    for (int r = 0; r < 30; ++r) f << lines[(i + r) % 3] << "\n\n";
+  }
+  return dir;
+}
+
+// Runs `o` on `ranks` thread-ranks (one: no groups at all); every rank's result.
+inline std::vector<Result<TrainSummary>> train_on(int ranks, TrainOptions o) {
+  o.layout.dp = ranks;
+  if (ranks == 1) return {train(o)};
+  auto store = std::make_shared<comm::MemoryStore>();
+  std::vector<Result<TrainSummary>> out(size_t(ranks), internal_error("did not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      auto connect = [&](const std::string& prefix) {
+        return comm::Group::connect({.store = store,
+                                     .rank = r,
+                                     .size = ranks,
+                                     .timeout = std::chrono::seconds(30),
+                                     .prefix = prefix});
+      };
+      auto group = connect("wl");
+      auto comm = connect("wl-comm");
+      if (!group.ok() || !comm.ok()) {
+        out[size_t(r)] = group.ok() ? comm.status() : group.status();
+        return;
+      }
+      out[size_t(r)] = train(o, {*group, *comm});
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return out;
+}
+
+// Runs fn(dp) on `ranks` thread-ranks, each with a DataParallel of `config` in `layout`.
+inline void run_data_parallel(int ranks, const model::ModelConfig& config, ParallelLayout layout,
+                              const std::function<void(DataParallel&)>& fn) {
+  layout.dp = ranks;
+  if (ranks == 1) {
+    DataParallel dp(config, {.layout = layout}, nullptr, nullptr);
+    fn(dp);
+    return;
+  }
+  auto store = std::make_shared<comm::MemoryStore>();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      auto connect = [&](const std::string& prefix) {
+        return comm::Group::connect({.store = store,
+                                     .rank = r,
+                                     .size = ranks,
+                                     .timeout = std::chrono::seconds(30),
+                                     .prefix = prefix});
+      };
+      auto group = connect("wl");
+      auto comm = connect("wl-comm");
+      ASSERT_TRUE(group.ok() && comm.ok());
+      DataParallel dp(config, {.layout = layout}, *group, std::make_unique<CommQueue>(*comm));
+      fn(dp);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+// Every tensor of a safetensors file, as f32 vectors by name.
+inline std::map<std::string, std::vector<float>> read_weights(const std::string& path) {
+  std::map<std::string, std::vector<float>> out;
+  auto f = SafetensorsFile::open(path);
+  EXPECT_TRUE(f.ok()) << f.status().to_string();
+  if (!f.ok()) return out;
+  for (const TensorInfo& t : f->tensors()) {
+    Tensor x = *f->get(t.name);
+    const float* p = x.data<float>();
+    out[t.name].assign(p, p + x.numel());
+  }
+  return out;
+}
+
+}  // namespace wl::parallel::testing
