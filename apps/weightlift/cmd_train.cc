@@ -114,6 +114,9 @@ void register_train(CLI::App& app, Outcome& out) {
       ->capture_default_str();
   cmd->add_option("--timeout", f->timeout_s, "seconds any collective may wait")
       ->capture_default_str();
+  cmd->add_option("--die-at-step", o->die_at_step,
+                  "failure drill: rank --die-rank kills itself (SIGKILL) as this update starts");
+  cmd->add_option("--die-rank", o->die_rank, "the rank --die-at-step kills")->capture_default_str();
   cmd->add_option("--steps", o->steps, "updates (also the schedule's length)")
       ->capture_default_str();
   cmd->add_option("--lr", o->schedule.base_lr, "peak learning rate")->capture_default_str();

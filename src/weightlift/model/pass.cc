@@ -46,7 +46,7 @@ StagePass::StagePass(const PassModel& model, Stage stage, const int64_t* tokens,
 
 StagePass::~StagePass() = default;
 
-void StagePass::forward(const float* x_in, bool for_backward) {
+Status StagePass::forward(const float* x_in, bool for_backward) {
   const int64_t d = model_.config.hidden_size;
   if (stage_.first > 0) {
     WL_CHECK(x_in != nullptr) << "stage from unit " << stage_.first << " needs its input";
@@ -54,10 +54,12 @@ void StagePass::forward(const float* x_in, bool for_backward) {
     std::memcpy(x_.raw(), x_in, x_.nbytes());
   }
   for (int u = stage_.first; u <= stage_.last; ++u) {
-    hooks_->before_unit(u, Direction::kForward, model_.weights, model_.grads);
+    WL_RETURN_IF_ERROR(hooks_->before_unit(u, Direction::kForward, model_.weights, model_.grads));
     forward_unit(u, for_backward);
-    hooks_->after_unit(u, Direction::kForward, model_.weights, model_.grads);
+    WL_RETURN_IF_ERROR(hooks_->after_unit(u, Direction::kForward, model_.weights, model_.grads));
   }
+  forward_done_ = true;
+  return ok_status();
 }
 
 void StagePass::forward_unit(int unit, bool for_backward) {
@@ -101,6 +103,7 @@ void StagePass::forward_unit(int unit, bool for_backward) {
 LossTerms StagePass::loss(const int64_t* targets) {
   WL_CHECK(has_head()) << "loss() on a stage without the head";
   WL_CHECK(!loss_done_) << "loss() twice";
+  WL_CHECK(forward_done_) << "loss() before a forward pass that finished";
   loss_done_ = true;
   const ModelConfig& c = model_.config;
   const int64_t N = tokens_n_;
@@ -119,7 +122,7 @@ LossTerms StagePass::loss(const int64_t* targets) {
   return out;
 }
 
-void StagePass::backward(const float* dout) {
+Status StagePass::backward(const float* dout) {
   const int64_t d = model_.config.hidden_size;
   if (has_head()) {
     WL_CHECK(loss_done_) << "backward() of the head's stage before loss()";
@@ -129,11 +132,12 @@ void StagePass::backward(const float* dout) {
     std::memcpy(dx_.raw(), dout, dx_.nbytes());
   }
   for (int u = stage_.last; u >= stage_.first; --u) {
-    hooks_->before_unit(u, Direction::kBackward, model_.weights, model_.grads);
+    WL_RETURN_IF_ERROR(hooks_->before_unit(u, Direction::kBackward, model_.weights, model_.grads));
     backward_unit(u);
-    hooks_->after_unit(u, Direction::kBackward, model_.weights, model_.grads);
+    WL_RETURN_IF_ERROR(hooks_->after_unit(u, Direction::kBackward, model_.weights, model_.grads));
   }
   if (stage_.first == 0) dx_ = Tensor();
+  return ok_status();
 }
 
 void StagePass::backward_unit(int unit) {

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "weightlift/core/status.h"
 #include "weightlift/core/tensor.h"
 #include "weightlift/kernels/rope.h"
 #include "weightlift/kernels/router.h"
@@ -53,21 +54,27 @@ struct StepOptions {
 enum class Direction { kForward, kBackward };
 
 // What a parallel trainer does around a pass; every default does nothing, as one process.
+// A hook that fails (a dead peer in a collective) returns its status, and the pass stops
+// there without running another unit.
 class PassHooks {
  public:
   virtual ~PassHooks() = default;
   // Before unit u runs in `dir`. May point u's entries of w and g elsewhere (FSDP gathers the
   // unit into a buffer of its own and binds it there: Units::bind).
-  virtual void before_unit(int unit, Direction dir, ModelView& w, ModelView& g) {
+  virtual Status before_unit(int unit, Direction dir, ModelView& w, ModelView& g) {
     (void)unit, (void)dir, (void)w, (void)g;
+    return ok_status();
   }
   // After unit u ran in `dir`. After a backward, u's gradients in g hold this micro-batch's
   // added to what they held before.
-  virtual void after_unit(int unit, Direction dir, ModelView& w, ModelView& g) {
+  virtual Status after_unit(int unit, Direction dir, ModelView& w, ModelView& g) {
     (void)unit, (void)dir, (void)w, (void)g;
+    return ok_status();
   }
   // Sums layer `layer`'s router slot counts [experts] over the ranks that share this
-  // micro-batch, in place, and returns the tokens they route (this rank's: `tokens`).
+  // micro-batch, in place, and returns the tokens they route (this rank's: `tokens`). It runs
+  // deep inside a block and cannot stop it: a failure leaves the counts as they were and is
+  // returned by the unit's after_unit().
   virtual int64_t sum_router_counts(int layer, int64_t* counts, int64_t experts, int64_t tokens) {
     (void)layer, (void)counts, (void)experts;
     return tokens;
@@ -101,7 +108,7 @@ class StagePass {
   // x_in [N, d]: the previous stage's output (ignored when the stage starts at the
   // embedding). `for_backward` keeps what backward() needs (only block inputs under
   // gradient checkpointing); false keeps nothing, for evaluation.
-  void forward(const float* x_in, bool for_backward);
+  [[nodiscard]] Status forward(const float* x_in, bool for_backward);
   // [N, d]: the output of a stage that ends before the head.
   const Tensor& output() const { return x_; }
   // The losses (stages with the head, after forward): cross-entropy over `targets` [B, T] and
@@ -109,7 +116,7 @@ class StagePass {
   LossTerms loss(const int64_t* targets);
   // The backward pass, from the loss gradient (stages with the head: dout null) or from dout
   // [N, d], d loss / d output (others).
-  void backward(const float* dout);
+  [[nodiscard]] Status backward(const float* dout);
   // [N, d]: d loss / d the stage's input (stages after the embedding), after backward().
   const Tensor& input_grad() const { return dx_; }
   // This stage's layers' aux and z, summed over layers, unweighted.
@@ -133,6 +140,7 @@ class StagePass {
   Tensor logits_;                        // head: [N, V], d loss / d logits after loss()
   Tensor dx_;                            // running gradient; the input gradient after backward
   kernels::RouterLosses router_;
+  bool forward_done_ = false;
   bool loss_done_ = false;
 };
 

@@ -49,16 +49,17 @@ Status Transformer::save(const std::string& path) const {
 LossTerms Transformer::forward_backward(const int64_t* tokens, const int64_t* targets,
                                         int64_t batch, int64_t seq, const StepOptions& opts) {
   StagePass pass(pass_model(), {0, units_.head()}, tokens, batch, seq, opts, nullptr);
-  pass.forward(nullptr, true);
+  // No hooks: nothing that could fail.
+  WL_CHECK(pass.forward(nullptr, true).ok());
   const LossTerms out = pass.loss(targets);
-  pass.backward(nullptr);
+  WL_CHECK(pass.backward(nullptr).ok());
   return out;
 }
 
 LossTerms Transformer::evaluate(const int64_t* tokens, const int64_t* targets, int64_t batch,
                                 int64_t seq, const StepOptions& opts) {
   StagePass pass(pass_model(), {0, units_.head()}, tokens, batch, seq, opts, nullptr);
-  pass.forward(nullptr, false);
+  WL_CHECK(pass.forward(nullptr, false).ok());
   return pass.loss(targets);
 }
 

@@ -212,8 +212,8 @@ class PieceReader {
       if (b > covered) break;  // a gap
       Result<const SafetensorsFile*> f = open(p.file);
       if (!f.ok() && f.status().code() == StatusCode::kNotFound) {
-        return data_loss(where + ": tensor '" + name + "': its piece's file is missing: " +
-                         f.status().message());
+        return data_loss(where + ": tensor '" + name +
+                         "': its piece's file is missing: " + f.status().message());
       }
       WL_RETURN_IF_ERROR(f.status());
       Shape piece_shape = shape;

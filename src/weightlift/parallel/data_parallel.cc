@@ -214,18 +214,14 @@ std::vector<int> DataParallel::units_read(int unit) const {
   return out;
 }
 
-void DataParallel::before_unit(int unit, model::Direction dir, model::ModelView& w,
-                               model::ModelView& g) {
-  if (!hook_failure_.ok()) return;
+Status DataParallel::before_unit(int unit, model::Direction dir, model::ModelView& w,
+                                 model::ModelView& g) {
+  WL_RETURN_IF_ERROR(hook_failure_);
   if (sharded_params_) {
     const Stopwatch waited;
     for (int u : units_read(unit)) {
-      Result<float*> p = sharded_params_->acquire(u);
-      if (!p.ok()) {
-        hook_failure_ = p.status();
-        return;
-      }
-      units_.bind(u, *p, w);
+      WL_ASSIGN_OR_RETURN(float* p, sharded_params_->acquire(u));
+      units_.bind(u, p, w);
     }
     comm_.exposed_s += waited.seconds();
     // The next unit in this direction gathers while this one computes.
@@ -235,23 +231,26 @@ void DataParallel::before_unit(int unit, model::Direction dir, model::ModelView&
     for (int u : units_read(unit)) units_.bind(u, sharded_grads_->acquire(u), g);
   }
   note_bytes();
+  return ok_status();
 }
 
-void DataParallel::after_unit(int unit, model::Direction dir, model::ModelView& w,
-                              model::ModelView& g) {
+Status DataParallel::after_unit(int unit, model::Direction dir, model::ModelView& w,
+                                model::ModelView& g) {
   (void)w, (void)g;
-  if (!hook_failure_.ok()) return;
   note_bytes();
   if (sharded_params_) {
     for (int u : units_read(unit)) sharded_params_->release(u);
   }
-  if (dir != model::Direction::kBackward) return;
-  if (sharded_grads_) {
-    for (int u : units_read(unit)) sharded_grads_->release(u);
-    sharded_grads_->backward_done(unit);
-  } else if (micro_batch_ == options_.layout.micro_batches - 1) {
-    buckets_->unit_done(unit);
+  if (dir == model::Direction::kBackward) {
+    if (sharded_grads_) {
+      for (int u : units_read(unit)) sharded_grads_->release(u);
+      sharded_grads_->backward_done(unit);
+    } else if (micro_batch_ == options_.layout.micro_batches - 1) {
+      buckets_->unit_done(unit);
+    }
   }
+  // A router sum that failed inside this unit's forward stops the pass here.
+  return hook_failure_;
 }
 
 int64_t DataParallel::sum_router_counts(int layer, int64_t* counts, int64_t experts,

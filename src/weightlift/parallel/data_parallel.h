@@ -113,16 +113,17 @@ class DataParallel final : public model::PassHooks {
   void set_evaluating(bool evaluating) { evaluating_ = evaluating; }
 
   // ---- model::PassHooks ----------------------------------------------------------------------
-  void before_unit(int unit, model::Direction dir, model::ModelView& w,
-                   model::ModelView& g) override;
-  void after_unit(int unit, model::Direction dir, model::ModelView& w,
-                  model::ModelView& g) override;
+  Status before_unit(int unit, model::Direction dir, model::ModelView& w,
+                     model::ModelView& g) override;
+  Status after_unit(int unit, model::Direction dir, model::ModelView& w,
+                    model::ModelView& g) override;
   int64_t sum_router_counts(int layer, int64_t* counts, int64_t experts, int64_t tokens) override;
 
   // values[n] summed over the data-parallel ranks, the same bits on every rank (collective).
   Status sum_over_ranks(double* values, size_t n);
 
-  // The first collective failure of a hook (they cannot return one): the step fails with it.
+  // The first failure of a router sum (sum_router_counts cannot return one); the unit's
+  // after_unit returns it.
   const Status& hook_failure() const { return hook_failure_; }
 
  private:

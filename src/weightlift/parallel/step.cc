@@ -34,10 +34,9 @@ Result<model::LossTerms> compute_gradients(DataParallel& dp, const train::Batch&
     dp.begin_micro_batch(m);
     model::StagePass pass(dp.pass_model(), {0, dp.units().head()},
                           global.tokens.data() + rows.begin * seq, rows.size(), seq, opts, &dp);
-    pass.forward(nullptr, true);
+    WL_RETURN_IF_ERROR(pass.forward(nullptr, true));
     const model::LossTerms lt = pass.loss(global.targets.data() + rows.begin * seq);
-    pass.backward(nullptr);
-    WL_RETURN_IF_ERROR(dp.hook_failure());
+    WL_RETURN_IF_ERROR(pass.backward(nullptr));
     sums[0] += lt.ce * double(lt.count);
     sums[1] += lt.aux / double(M);
     sums[2] += lt.z / double(M);
@@ -52,8 +51,7 @@ Result<model::LossTerms> compute_gradients(DataParallel& dp, const train::Batch&
   return loss;
 }
 
-Result<StepResult> run_step(DataParallel& dp, const train::Batch& global,
-                            const StepSettings& s) {
+Result<StepResult> run_step(DataParallel& dp, const train::Batch& global, const StepSettings& s) {
   StepResult r;
   WL_ASSIGN_OR_RETURN(r.loss, compute_gradients(dp, global, s));
   const bool f16 = s.precision == model::Precision::kF16;
@@ -69,13 +67,16 @@ Result<double> evaluate(DataParallel& dp, const std::vector<train::Batch>& batch
     const int64_t per = b.batch / dp.ranks(), first = per * dp.rank();
     model::StagePass pass(dp.pass_model(), {0, dp.units().head()}, b.tokens.data() + first * b.seq,
                           per, b.seq, {.precision = precision}, &dp);
-    pass.forward(nullptr, false);
+    const Status forward = pass.forward(nullptr, false);
+    if (!forward.ok()) {
+      dp.set_evaluating(false);
+      return forward;
+    }
     const model::LossTerms lt = pass.loss(b.targets.data() + first * b.seq);
     sums[0] += lt.ce * double(lt.count);
     sums[1] += double(lt.count);
   }
   dp.set_evaluating(false);
-  WL_RETURN_IF_ERROR(dp.hook_failure());
   WL_RETURN_IF_ERROR(dp.sum_over_ranks(sums, 2));
   return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
 }

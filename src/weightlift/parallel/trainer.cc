@@ -4,6 +4,7 @@
 #include "weightlift/parallel/trainer.h"
 
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -228,6 +229,7 @@ Status Run::run_updates() {
   clock_.restart();
   const int64_t last = o_.stop_after > 0 ? std::min(o_.stop_after, o_.steps) : o_.steps;
   while (step_ < last) {
+    if (o_.die_at_step == step_ + 1 && dp_->rank() == o_.die_rank) ::raise(SIGKILL);
     WL_ASSIGN_OR_RETURN(train::StepMetrics m, update_once());
     const bool eval_now = (o_.eval_every > 0 && step_ % o_.eval_every == 0) || step_ == o_.steps;
     if (!val_batches_.empty() && eval_now) {

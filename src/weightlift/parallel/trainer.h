@@ -51,6 +51,10 @@ struct TrainOptions {
   std::string out_dir = "runs/latest";       // metrics.jsonl, checkpoints, final weights
   std::string out_weights;                   // also write the final weights here
   std::chrono::milliseconds timeout{60000};  // every collective's deadline
+  // Failure injection: rank `die_rank` kills itself with SIGKILL as update `die_at_step`
+  // starts, as a machine lost mid-run would vanish (0: never). For fault tests and drills.
+  int64_t die_at_step = 0;
+  int die_rank = 0;
   // Called on every rank after every update with what metrics.jsonl records for it.
   std::function<void(const train::StepMetrics&)> on_step;
 };
