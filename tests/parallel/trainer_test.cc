@@ -267,27 +267,31 @@ constexpr double kGradientTolerance = 1e-5;
 // scaling (tens of percent) still fails.
 constexpr double kBf16GradientTolerance = 1e-2;
 
-class Layouts : public ::testing::TestWithParam<LayoutCase> {};
+const LayoutCase kLayouts[] = {{"ddp2", 2, DpMode::kDdp},      {"ddp4", 4, DpMode::kDdp},
+                               {"zero1_2", 2, DpMode::kZero1}, {"zero2_2", 2, DpMode::kZero2},
+                               {"fsdp2", 2, DpMode::kFsdp},    {"fsdp4", 4, DpMode::kFsdp}};
 
-TEST_P(Layouts, OneStepGradientsAreTheSingleProcesses) {
-  const LayoutCase& lc = GetParam();
+// Every layout against one process's reference, computed once per model and precision.
+TEST(Layouts, OneStepGradientsAreTheSingleProcesses) {
   for (const char* name : {"tiny", "small4"}) {
     const model::ModelConfig c = model_config(name);
+    const model::ParamLayout layout(c);
     for (model::Precision p : {model::Precision::kF32, model::Precision::kBF16}) {
       const std::vector<float> ref = one_step_gradients(1, c, DpMode::kDdp, p);
-      const std::vector<float> got = one_step_gradients(lc.ranks, c, lc.mode, p);
-      ASSERT_EQ(got.size(), ref.size());
-      const model::ParamLayout layout(c);
-      if (p == model::Precision::kF32) {
-        const double diff = max_relative_difference(layout, got, ref);
-        std::printf("%s %s f32: gradients within %.2g of one process's (largest element)\n",
-                    lc.name, name, diff);
-        EXPECT_LE(diff, kGradientTolerance) << lc.name << " " << name;
-      } else {
-        const double diff = max_relative_l2(layout, got, ref);
-        std::printf("%s %s bf16: gradients within %.2g of one process's (L2, worst tensor)\n",
-                    lc.name, name, diff);
-        EXPECT_LE(diff, kBf16GradientTolerance) << lc.name << " " << name;
+      for (const LayoutCase& lc : kLayouts) {
+        const std::vector<float> got = one_step_gradients(lc.ranks, c, lc.mode, p);
+        ASSERT_EQ(got.size(), ref.size());
+        if (p == model::Precision::kF32) {
+          const double diff = max_relative_difference(layout, got, ref);
+          std::printf("%s %s f32: gradients within %.2g of one process's (largest element)\n",
+                      lc.name, name, diff);
+          EXPECT_LE(diff, kGradientTolerance) << lc.name << " " << name;
+        } else {
+          const double diff = max_relative_l2(layout, got, ref);
+          std::printf("%s %s bf16: gradients within %.2g of one process's (L2, worst tensor)\n",
+                      lc.name, name, diff);
+          EXPECT_LE(diff, kBf16GradientTolerance) << lc.name << " " << name;
+        }
       }
     }
   }
@@ -327,49 +331,37 @@ std::string small4_config(const std::string& dir) {
   return path;
 }
 
-TEST_P(Layouts, TenStepLossCurvesFollowTheSingleProcess) {
-  const LayoutCase& lc = GetParam();
+TEST(Layouts, TenStepLossCurvesFollowTheSingleProcess) {
   const std::string corpus = make_corpus(), dir = fresh_dir("configs");
   for (const char* name : {"tiny", "small4"}) {
     const std::string config = std::string(name) == "tiny" ? "" : small4_config(dir);
     TrainOptions one = layout_options(corpus, config);
     one.out_dir = fresh_dir(std::string(name) + "_one");
     ASSERT_TRUE(train_on(1, one)[0].ok());
-    TrainOptions o = layout_options(corpus, config);
-    o.layout.dp_mode = lc.mode;
-    o.out_dir = fresh_dir(std::string(name) + "_" + lc.name);
-    for (auto& r : train_on(lc.ranks, o)) ASSERT_TRUE(r.ok()) << r.status().to_string();
-    std::vector<std::string> mine = read_lines(o.out_dir + "/metrics.jsonl");
-    std::vector<std::string> theirs = read_lines(one.out_dir + "/metrics.jsonl");
-    ASSERT_EQ(mine.size(), theirs.size());
-    for (size_t i = 0; i < mine.size(); ++i) {
-      const auto a = nlohmann::json::parse(mine[i]), b = nlohmann::json::parse(theirs[i]);
-      const double tol = i == 0 ? kFirstStepTolerance : kCurveTolerance;
-      for (const char* key : {"ce", "loss"}) {
-        EXPECT_NEAR(a[key].get<double>(), b[key].get<double>(), tol * b[key].get<double>())
-            << key << " at step " << i + 1 << " of " << lc.name << " on " << name;
-      }
-      if (i == 0) {
-        for (const char* key : {"aux", "grad_norm"}) {
+    const std::vector<std::string> theirs = read_lines(one.out_dir + "/metrics.jsonl");
+    for (const LayoutCase& lc : kLayouts) {
+      TrainOptions o = layout_options(corpus, config);
+      o.layout.dp_mode = lc.mode;
+      o.out_dir = fresh_dir(std::string(name) + "_" + lc.name);
+      for (auto& r : train_on(lc.ranks, o)) ASSERT_TRUE(r.ok()) << r.status().to_string();
+      const std::vector<std::string> mine = read_lines(o.out_dir + "/metrics.jsonl");
+      ASSERT_EQ(mine.size(), theirs.size());
+      for (size_t i = 0; i < mine.size(); ++i) {
+        const auto a = nlohmann::json::parse(mine[i]), b = nlohmann::json::parse(theirs[i]);
+        const double tol = i == 0 ? kFirstStepTolerance : kCurveTolerance;
+        std::vector<const char*> keys = {"ce", "loss"};
+        if (i == 0) keys.insert(keys.end(), {"aux", "grad_norm"});
+        for (const char* key : keys) {
           EXPECT_NEAR(a[key].get<double>(), b[key].get<double>(), tol * b[key].get<double>())
-              << key << " at step 1 of " << lc.name << " on " << name;
+              << key << " at step " << i + 1 << " of " << lc.name << " on " << name;
         }
       }
+      std::printf("%s %s bf16, 10 steps: weights within %.2g of one process's\n", lc.name, name,
+                  max_relative_difference(o.out_dir + "/model.safetensors",
+                                          one.out_dir + "/model.safetensors"));
     }
-    std::printf("%s %s bf16, 10 steps: weights within %.2g of one process's\n", lc.name, name,
-                max_relative_difference(o.out_dir + "/model.safetensors",
-                                        one.out_dir + "/model.safetensors"));
   }
 }
-
-INSTANTIATE_TEST_SUITE_P(DataParallel, Layouts,
-                         ::testing::Values(LayoutCase{"ddp2", 2, DpMode::kDdp},
-                                           LayoutCase{"ddp4", 4, DpMode::kDdp},
-                                           LayoutCase{"zero1_2", 2, DpMode::kZero1},
-                                           LayoutCase{"zero2_2", 2, DpMode::kZero2},
-                                           LayoutCase{"fsdp2", 2, DpMode::kFsdp},
-                                           LayoutCase{"fsdp4", 4, DpMode::kFsdp}),
-                         [](const auto& info) { return std::string(info.param.name); });
 
 // ---- checkpoints between layouts -------------------------------------------------------------
 
