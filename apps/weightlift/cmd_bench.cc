@@ -27,11 +27,21 @@ void register_bench(CLI::App& app, Outcome& out) {
   cmd->add_option("--dp-mode", *dp_mode, "under a launcher: ddp, zero1, zero2 or fsdp")
       ->capture_default_str();
   cmd->add_option("--micro-batches", o->layout.micro_batches)->capture_default_str();
+  cmd->add_option("--pp", o->layout.pp, "pipeline stages")->capture_default_str();
+  auto schedule = std::make_shared<std::string>("1f1b");
+  cmd->add_option("--pp-schedule", *schedule, "1f1b or gpipe")->capture_default_str();
   cmd->add_option("--bucket-bytes", o->layout.bucket_bytes)->capture_default_str();
   cmd->add_option("--timeout", o->timeout_s, "seconds any collective may wait")
       ->capture_default_str();
   cmd->add_flag("--json", *json, "print one JSON object");
-  cmd->callback([&out, o, precision, json, dp_mode] {
+  cmd->callback([&out, o, precision, json, dp_mode, schedule] {
+    auto sched = parallel::pipeline_schedule_from_name(*schedule);
+    if (!sched) {
+      out.exit_code = report("bench train", invalid_argument("--pp-schedule '" + *schedule +
+                                                             "': expected 1f1b or gpipe"));
+      return;
+    }
+    o->layout.schedule = *sched;
     auto mode = parallel::dp_mode_from_name(*dp_mode);
     if (!mode) {
       out.exit_code = report(

@@ -6,6 +6,7 @@
 #include "report/progress.h"
 #include "weightlift/comm/launch_env.h"
 #include "weightlift/parallel/job.h"
+#include "weightlift/parallel/pipeline_schedule.h"
 #include "weightlift/parallel/trainer.h"
 
 namespace wl::app {
@@ -50,6 +51,8 @@ void print_summary(const parallel::TrainOptions& o, const parallel::TrainSummary
 struct TrainFlags {
   std::string precision = "f32";
   std::string dp_mode = "ddp";
+  std::string schedule = "1f1b";
+  bool print_schedule = false;
   double timeout_s = 60;
   bool quiet = false;
 };
@@ -63,13 +66,27 @@ Status run_train(parallel::TrainOptions o, const TrainFlags& f) {
     return invalid_argument("--dp-mode '" + f.dp_mode + "': expected ddp, zero1, zero2 or fsdp");
   }
   o.layout.dp_mode = *mode;
+  auto schedule = parallel::pipeline_schedule_from_name(f.schedule);
+  if (!schedule)
+    return invalid_argument("--pp-schedule '" + f.schedule + "': expected 1f1b or gpipe");
+  o.layout.schedule = *schedule;
+  if (o.layout.pp < 1) return invalid_argument("--pp must be at least 1");
+  if (f.print_schedule) {
+    std::printf(
+        "%s",
+        parallel::print_schedule(o.layout.schedule, o.layout.pp, o.layout.micro_batches).c_str());
+    return ok_status();
+  }
   if (!(f.timeout_s > 0)) return invalid_argument("--timeout must be positive (seconds)");
   o.timeout = std::chrono::milliseconds(int64_t(f.timeout_s * 1000));
   WL_ASSIGN_OR_RETURN(comm::LaunchEnv env, comm::read_launch_env());
   WL_ASSIGN_OR_RETURN(parallel::Job job, parallel::connect_job(env, o.timeout));
-  o.layout.dp = job.size();
-  WL_RETURN_IF_ERROR(parallel::write_processes(job, o.out_dir,
-                                               "dp-rank-" + std::to_string(job.rank()), o.timeout));
+  // The ranks are stages x data parallel; a --pp that does not divide them fails validate().
+  o.layout.dp = std::max(1, job.size() / o.layout.pp);
+  const parallel::LayoutPlace at = {job.rank() / o.layout.dp, job.rank() % o.layout.dp};
+  const std::string role = (o.layout.pp > 1 ? "pp-stage-" + std::to_string(at.stage) + "-" : "") +
+                           "dp-rank-" + std::to_string(at.dp_rank);
+  WL_RETURN_IF_ERROR(parallel::write_processes(job, o.out_dir, role, o.timeout));
   // Rank 0 speaks for the job.
   const bool quiet = f.quiet || job.rank() != 0;
   TrainProgress progress(o.steps);
@@ -110,6 +127,11 @@ void register_train(CLI::App& app, Outcome& out) {
   cmd->add_option("--dp-mode", f->dp_mode,
                   "data parallel under a launcher: ddp, zero1, zero2 or fsdp")
       ->capture_default_str();
+  cmd->add_option("--pp", o->layout.pp, "pipeline stages (the ranks are stages x data parallel)")
+      ->capture_default_str();
+  cmd->add_option("--pp-schedule", f->schedule, "1f1b or gpipe")->capture_default_str();
+  cmd->add_flag("--pp-schedule-print", f->print_schedule,
+                "print each stage's timeline of --pp stages and --micro-batches, and stop");
   cmd->add_option("--bucket-bytes", o->layout.bucket_bytes, "ddp/zero1 gradient bucket size")
       ->capture_default_str();
   cmd->add_option("--timeout", f->timeout_s, "seconds any collective may wait")

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "train_ranks.h"
@@ -13,6 +14,7 @@
 #include "weightlift/kernels/cross_entropy.h"
 #include "weightlift/model/config.h"
 #include "weightlift/model/params.h"
+#include "weightlift/parallel/pipeline.h"
 #include "weightlift/parallel/step.h"
 
 namespace wl::parallel {
@@ -66,7 +68,8 @@ double max_relative_difference(const std::string& a, const std::string& b) {
 struct LayoutCase {
   const char* name;
   int ranks;
-  DpMode mode;
+  ParallelLayout layout;  // dp is ranks / pp
+  int min_layers = 1;     // a model with fewer layers is not cut this way
 };
 
 // A global batch of random tokens, the same on every rank.
@@ -81,21 +84,23 @@ train::Batch random_batch(const model::ModelConfig& c, int64_t rows, int64_t seq
   return b;
 }
 
-// One step's gradients (summed over the ranks, the whole model on rank 0) from init seed 5:
-// 2 micro-batches, gradient checkpointing on.
-std::vector<float> one_step_gradients(int ranks, const model::ModelConfig& c, DpMode mode,
-                                      model::Precision precision) {
+// One step's gradients in `layout` (summed over the ranks, the whole model on job rank 0) from
+// init seed 5, gradient checkpointing on.
+std::vector<float> one_step_gradients(int ranks, const model::ModelConfig& c,
+                                      const ParallelLayout& layout, model::Precision precision) {
   const train::Batch batch = random_batch(c, 8, 32);
+  const StepSettings settings{.precision = precision, .checkpointing = true};
   std::vector<float> out;
-  run_data_parallel(ranks, c, {.dp_mode = mode, .micro_batches = 2}, [&](DataParallel& dp) {
+  run_data_parallel(ranks, c, layout, [&](DataParallel& dp) {
     std::vector<float> full(size_t(dp.layout().total()));
     model::init_params(c, dp.layout(), 5, full.data());
     dp.set_params(full.data());
-    auto loss = compute_gradients(dp, batch, {.precision = precision, .checkpointing = true});
+    auto loss = layout.pp > 1 ? compute_pipeline_gradients(dp, batch, settings, layout.schedule)
+                              : compute_gradients(dp, batch, settings);
     ASSERT_TRUE(loss.ok()) << loss.status().to_string();
     std::vector<float> g(full.size());
-    ASSERT_TRUE(dp.gather_grads(g.data()).ok());
-    if (dp.rank() == 0) out = std::move(g);
+    ASSERT_TRUE(dp.gather_model_grads(g.data()).ok());
+    if (dp.job_rank() == 0) out = std::move(g);
   });
   return out;
 }
@@ -134,19 +139,36 @@ constexpr double kGradientTolerance = 1e-5;
 // scaling (tens of percent) still fails.
 constexpr double kBf16GradientTolerance = 1e-2;
 
-const LayoutCase kLayouts[] = {{"ddp2", 2, DpMode::kDdp},      {"ddp4", 4, DpMode::kDdp},
-                               {"zero1_2", 2, DpMode::kZero1}, {"zero2_2", 2, DpMode::kZero2},
-                               {"fsdp2", 2, DpMode::kFsdp},    {"fsdp4", 4, DpMode::kFsdp}};
+using S = PipelineSchedule;
+const LayoutCase kLayouts[] = {
+    {"ddp2", 2, {.dp_mode = DpMode::kDdp, .micro_batches = 2}},
+    {"ddp4", 4, {.dp_mode = DpMode::kDdp, .micro_batches = 2}},
+    {"zero1_2", 2, {.dp_mode = DpMode::kZero1, .micro_batches = 2}},
+    {"zero2_2", 2, {.dp_mode = DpMode::kZero2, .micro_batches = 2}},
+    {"fsdp2", 2, {.dp_mode = DpMode::kFsdp, .micro_batches = 2}},
+    {"fsdp4", 4, {.dp_mode = DpMode::kFsdp, .micro_batches = 2}},
+    {"pp2_1f1b", 2, {.pp = 2, .schedule = S::k1F1B, .micro_batches = 4}},
+    {"pp2_gpipe", 2, {.pp = 2, .schedule = S::kGPipe, .micro_batches = 4}},
+    {"pp4_1f1b", 4, {.pp = 4, .schedule = S::k1F1B, .micro_batches = 4}, 4},
+    {"pp4_gpipe", 4, {.pp = 4, .schedule = S::kGPipe, .micro_batches = 4}, 4},
+    {"ddp2_x_pp2", 4, {.dp_mode = DpMode::kDdp, .pp = 2, .micro_batches = 4}},
+    {"fsdp2_x_pp2", 4, {.dp_mode = DpMode::kFsdp, .pp = 2, .micro_batches = 4}},
+};
 
-// Every layout against one process's reference, computed once per model and precision.
+// Every layout against one process's reference, computed once per model, precision and
+// micro-batch count (the aux loss is a micro-batch's).
 TEST(Layouts, OneStepGradientsAreTheSingleProcesses) {
-  for (const char* name : {"tiny", "small4"}) {
+  for (const char* name : {"tiny", "tiny_tied", "small4"}) {
     const model::ModelConfig c = model_config(name);
     const model::ParamLayout layout(c);
     for (model::Precision p : {model::Precision::kF32, model::Precision::kBF16}) {
-      const std::vector<float> ref = one_step_gradients(1, c, DpMode::kDdp, p);
+      std::map<int, std::vector<float>> refs;
       for (const LayoutCase& lc : kLayouts) {
-        const std::vector<float> got = one_step_gradients(lc.ranks, c, lc.mode, p);
+        if (c.num_layers < lc.min_layers) continue;
+        const int M = lc.layout.micro_batches;
+        if (!refs.count(M)) refs[M] = one_step_gradients(1, c, {.micro_batches = M}, p);
+        const std::vector<float>& ref = refs[M];
+        const std::vector<float> got = one_step_gradients(lc.ranks, c, lc.layout, p);
         ASSERT_EQ(got.size(), ref.size());
         if (p == model::Precision::kF32) {
           const double diff = max_relative_difference(layout, got, ref);
@@ -168,13 +190,22 @@ TEST(Layouts, TenStepLossCurvesFollowTheSingleProcess) {
   const std::string corpus = make_corpus(), dir = fresh_dir("configs");
   for (const char* name : {"tiny", "small4"}) {
     const std::string config = std::string(name) == "tiny" ? "" : small4_config(dir);
-    TrainOptions one = layout_options(corpus, config);
-    one.out_dir = fresh_dir(std::string(name) + "_one");
-    ASSERT_TRUE(train_on(1, one)[0].ok());
-    const std::vector<std::string> theirs = read_lines(one.out_dir + "/metrics.jsonl");
+    std::map<int, std::vector<std::string>> refs;  // by micro-batches
+    std::map<int, std::string> ref_dirs;
     for (const LayoutCase& lc : kLayouts) {
+      if (model_config(name).num_layers < lc.min_layers) continue;
+      const int M = lc.layout.micro_batches;
+      if (!refs.count(M)) {
+        TrainOptions one = layout_options(corpus, config);
+        one.layout.micro_batches = M;
+        one.out_dir = fresh_dir(std::string(name) + "_one_" + std::to_string(M));
+        ASSERT_TRUE(train_on(1, one)[0].ok());
+        refs[M] = read_lines(one.out_dir + "/metrics.jsonl");
+        ref_dirs[M] = one.out_dir;
+      }
+      const std::vector<std::string>& theirs = refs[M];
       TrainOptions o = layout_options(corpus, config);
-      o.layout.dp_mode = lc.mode;
+      o.layout = lc.layout;
       o.out_dir = fresh_dir(std::string(name) + "_" + lc.name);
       for (auto& r : train_on(lc.ranks, o)) ASSERT_TRUE(r.ok()) << r.status().to_string();
       const std::vector<std::string> mine = read_lines(o.out_dir + "/metrics.jsonl");
@@ -189,9 +220,15 @@ TEST(Layouts, TenStepLossCurvesFollowTheSingleProcess) {
               << key << " at step " << i + 1 << " of " << lc.name << " on " << name;
         }
       }
+      const double weights = max_relative_difference(o.out_dir + "/model.safetensors",
+                                                     ref_dirs[M] + "/model.safetensors");
       std::printf("%s %s bf16, 10 steps: weights within %.2g of one process's\n", lc.name, name,
-                  max_relative_difference(o.out_dir + "/model.safetensors",
-                                          one.out_dir + "/model.safetensors"));
+                  weights);
+      // A pipeline alone runs every micro-batch's rows through the same kernels one process
+      // does, in the same order: the same bits, ten steps on.
+      if (lc.ranks == lc.layout.pp) {
+        EXPECT_EQ(weights, 0.0) << lc.name << " on " << name;
+      }
     }
   }
 }

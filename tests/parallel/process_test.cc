@@ -15,6 +15,7 @@
 
 #include "support/child_process.h"
 #include "train_ranks.h"
+#include "weightlift/model/config.h"
 
 namespace wl::parallel {
 namespace {
@@ -48,27 +49,33 @@ class KilledRank : public ::testing::TestWithParam<const char*> {};
 TEST_P(KilledRank, TheOthersNameItAndTheJobResumes) {
   const std::string corpus = testing::make_corpus();
   const std::string out = testing::fresh_dir("run");
-  const std::vector<std::string> common = {"--preset",
-                                           "tiny",
-                                           "--corpus",
-                                           corpus,
-                                           "--batch",
-                                           "6",
-                                           "--seq",
-                                           "32",
-                                           "--steps",
-                                           "8",
-                                           "--dp-mode",
-                                           GetParam(),
-                                           "--out",
-                                           out,
-                                           "--eval-every",
-                                           "0",
-                                           "--checkpoint-every",
-                                           "2",
-                                           "--timeout",
-                                           "30",
-                                           "--quiet"};
+  std::vector<std::string> common = {"--corpus",
+                                     corpus,
+                                     "--batch",
+                                     "6",
+                                     "--seq",
+                                     "32",
+                                     "--steps",
+                                     "8",
+                                     "--out",
+                                     out,
+                                     "--eval-every",
+                                     "0",
+                                     "--checkpoint-every",
+                                     "2",
+                                     "--timeout",
+                                     "30",
+                                     "--quiet"};
+  if (std::string(GetParam()) == "pp") {
+    // Three stages of a three-layer model, one rank each: the middle one dies.
+    model::ModelConfig c = *model::preset("tiny");
+    c.num_layers = 3;
+    const std::string config = testing::fresh_dir("config") + "/config.json";
+    ASSERT_TRUE(model::save_config(c, config).ok());
+    common.insert(common.end(), {"--config", config, "--pp", "3", "--micro-batches", "3"});
+  } else {
+    common.insert(common.end(), {"--preset", "tiny", "--dp-mode", GetParam()});
+  }
   std::vector<std::string> doomed = common;
   doomed.insert(doomed.end(), {"--die-at-step", "3", "--die-rank", "1"});
   std::vector<Child> job = start_job(doomed);
@@ -102,7 +109,7 @@ TEST_P(KilledRank, TheOthersNameItAndTheJobResumes) {
   EXPECT_TRUE(std::filesystem::exists(out + "/model.safetensors"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, KilledRank, ::testing::Values("ddp", "zero2", "fsdp"),
+INSTANTIATE_TEST_SUITE_P(Layouts, KilledRank, ::testing::Values("ddp", "zero2", "fsdp", "pp"),
                          [](const auto& info) { return std::string(info.param); });
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "weightlift/core/safetensors.h"
 #include "weightlift/model/config.h"
 #include "weightlift/parallel/data_parallel.h"
+#include "weightlift/parallel/job.h"
 #include "weightlift/parallel/trainer.h"
 
 namespace wl::parallel::testing {
@@ -54,7 +55,7 @@ inline std::string make_corpus() {
 
 // Runs `o` on `ranks` thread-ranks (one: no groups at all); every rank's result.
 inline std::vector<Result<TrainSummary>> train_on(int ranks, TrainOptions o) {
-  o.layout.dp = ranks;
+  o.layout.dp = ranks / o.layout.pp;
   if (ranks == 1) return {train(o)};
   auto store = std::make_shared<comm::MemoryStore>();
   std::vector<Result<TrainSummary>> out(size_t(ranks), internal_error("did not run"));
@@ -81,13 +82,15 @@ inline std::vector<Result<TrainSummary>> train_on(int ranks, TrainOptions o) {
   return out;
 }
 
-// Runs fn(dp) on `ranks` thread-ranks, each with a DataParallel of `config` in `layout`.
+// Runs fn(dp) on `ranks` thread-ranks, each with its share of `config` in `layout` (its stage,
+// its groups: make_data_parallel), layout.dp set from ranks / layout.pp.
 inline void run_data_parallel(int ranks, const model::ModelConfig& config, ParallelLayout layout,
                               const std::function<void(DataParallel&)>& fn) {
-  layout.dp = ranks;
+  layout.dp = ranks / layout.pp;
   if (ranks == 1) {
-    DataParallel dp(config, {.layout = layout}, nullptr, nullptr);
-    fn(dp);
+    auto dp = make_data_parallel(config, layout, {}, std::chrono::seconds(30), {});
+    ASSERT_TRUE(dp.ok()) << dp.status().to_string();
+    fn(**dp);
     return;
   }
   auto store = std::make_shared<comm::MemoryStore>();
@@ -104,8 +107,9 @@ inline void run_data_parallel(int ranks, const model::ModelConfig& config, Paral
       auto group = connect("wl");
       auto comm = connect("wl-comm");
       ASSERT_TRUE(group.ok() && comm.ok());
-      DataParallel dp(config, {.layout = layout}, *group, std::make_unique<CommQueue>(*comm));
-      fn(dp);
+      auto dp = make_data_parallel(config, layout, {}, std::chrono::seconds(30), {*group, *comm});
+      ASSERT_TRUE(dp.ok()) << dp.status().to_string();
+      fn(**dp);
     });
   }
   for (std::thread& t : threads) t.join();
@@ -144,9 +148,11 @@ inline std::vector<std::string> read_lines(const std::string& path) {
 // by up to 1e-2 by step ten on small4 in bf16; docs/BENCHMARKS.md has the weights' figures).
 inline constexpr double kFirstStepTolerance = 1e-4, kCurveTolerance = 3e-2;
 
+// "tiny", "tiny_tied" (its embedding and head one matrix) or "small4" (small, 4 layers).
 inline model::ModelConfig model_config(const std::string& name) {
-  model::ModelConfig c = *model::preset(name == "tiny" ? "tiny" : "small");
+  model::ModelConfig c = *model::preset(name == "small4" ? "small" : "tiny");
   if (name == "small4") c.num_layers = 4;
+  if (name == "tiny_tied") c.tie_embeddings = true;
   return c;
 }
 

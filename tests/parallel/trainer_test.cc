@@ -5,8 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "train_ranks.h"
 #include "weightlift/core/random.h"
@@ -15,6 +18,7 @@
 #include "weightlift/model/config.h"
 #include "weightlift/model/params.h"
 #include "weightlift/model/units.h"
+#include "weightlift/parallel/pipeline.h"
 #include "weightlift/parallel/step.h"
 
 namespace wl::parallel {
@@ -286,6 +290,47 @@ TEST(Fsdp, HoldsAFractionOfTheState) {
                 static_cast<long long>(whole), n, static_cast<long long>(fsdp[0]->peak_state_bytes),
                 double(fsdp[0]->peak_state_bytes) / double(whole));
   }
+}
+
+// 1F1B keeps at most p - s micro-batches in flight on stage s, GPipe all m: with m >= 2p its
+// activations must take less memory. Both stages are threads of this process, so what is
+// measured is the job's: the peak of every live tensor during a step, less the model's state.
+TEST(Pipeline, OneFOneBHoldsFewerActivationsThanGPipe) {
+  const model::ModelConfig c = *model::preset("tiny");
+  std::map<PipelineSchedule, int64_t> peak;
+  for (PipelineSchedule schedule : {PipelineSchedule::k1F1B, PipelineSchedule::kGPipe}) {
+    const ParallelLayout layout{.pp = 2, .schedule = schedule, .micro_batches = 8};
+    Rng rng(3);
+    train::Batch batch{16, 64, std::vector<int64_t>(16 * 64), std::vector<int64_t>(16 * 64)};
+    for (size_t i = 0; i < batch.tokens.size(); ++i) {
+      batch.tokens[i] = int64_t(rng.below(320));
+      batch.targets[i] = int64_t(rng.below(320));
+    }
+    std::atomic<int64_t> state{0};
+    std::atomic<int> ready{0};
+    std::atomic<bool> reset{false};
+    testing::run_data_parallel(2, c, layout, [&](DataParallel& dp) {
+      std::vector<float> full(size_t(dp.layout().total()));
+      model::init_params(c, dp.layout(), 1, full.data());
+      dp.set_params(full.data());
+      // Once both stages are built, stage 0 resets the peak; then both run one step.
+      ready++;
+      while (ready.load() < 2) std::this_thread::yield();
+      if (dp.job_rank() == 0) {
+        reset_tensor_memory_peak();
+        reset = true;
+      }
+      while (!reset.load()) std::this_thread::yield();
+      auto r = run_pipeline_step(dp, batch, {.lr = 1e-3}, schedule);
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+      state += dp.step_comm().state_bytes;
+    });
+    peak[schedule] = tensor_memory_stats().peak_bytes - state.load();
+    std::printf("%s: peak activations of the step %.2f MB\n",
+                std::string(pipeline_schedule_name(schedule)).c_str(),
+                double(peak[schedule]) / 1e6);
+  }
+  EXPECT_LT(peak[PipelineSchedule::k1F1B], peak[PipelineSchedule::kGPipe]);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "weightlift/comm/allgather.h"
 #include "weightlift/core/cpu.h"
 #include "weightlift/core/parallel.h"
 #include "weightlift/core/random.h"
@@ -13,6 +14,7 @@
 #include "weightlift/model/model_info.h"
 #include "weightlift/model/transformer.h"
 #include "weightlift/parallel/job.h"
+#include "weightlift/parallel/pipeline.h"
 #include "weightlift/parallel/step.h"
 
 namespace wl::app {
@@ -61,12 +63,11 @@ Result<BenchTrainResult> bench_train(const BenchTrainOptions& o) {
   WL_ASSIGN_OR_RETURN(comm::LaunchEnv env, comm::read_launch_env());
   WL_ASSIGN_OR_RETURN(parallel::Job job, parallel::connect_job(env, timeout));
   parallel::ParallelLayout layout = o.layout;
-  layout.dp = job.size();
-  WL_RETURN_IF_ERROR(parallel::validate(layout, job.size(), o.batch));
-  std::unique_ptr<parallel::CommQueue> queue;
-  if (job.size() > 1) queue = std::make_unique<parallel::CommQueue>(job.ranks.comm);
-  parallel::DataParallel dp(cfg, {.layout = layout, .timeout = timeout},
-                            job.size() > 1 ? job.ranks.group : nullptr, std::move(queue));
+  layout.dp = job.size() / std::max(layout.pp, 1);
+  WL_RETURN_IF_ERROR(parallel::validate(layout, job.size(), cfg, o.batch));
+  WL_ASSIGN_OR_RETURN(std::unique_ptr<parallel::DataParallel> dpp,
+                      parallel::make_data_parallel(cfg, layout, {}, timeout, job.ranks));
+  parallel::DataParallel& dp = *dpp;
   {
     std::vector<float> full(size_t(dp.layout().total()));
     model::init_params(cfg, dp.layout(), 1, full.data());
@@ -80,18 +81,30 @@ Result<BenchTrainResult> bench_train(const BenchTrainOptions& o) {
     global.tokens[i] = int64_t(rng.below(uint64_t(cfg.vocab_size)));
     global.targets[i] = int64_t(rng.below(uint64_t(cfg.vocab_size)));
   }
-  std::vector<double> ms, exposed;
+  std::vector<double> ms, exposed, bubble;
   BenchTrainResult r;
+  const parallel::StepSettings settings{
+      .precision = o.precision, .checkpointing = o.checkpointing, .lr = 1e-4};
   for (int64_t s = 0; s < o.warmup_steps + o.steps; ++s) {
+    if (s == o.warmup_steps) reset_tensor_memory_peak();
     const Stopwatch clock;
+    parallel::PipelineTimes times;
     WL_RETURN_IF_ERROR(
-        parallel::run_step(dp, global,
-                           {.precision = o.precision, .checkpointing = o.checkpointing, .lr = 1e-4})
+        (layout.pp > 1 ? parallel::run_pipeline_step(dp, global, settings, layout.schedule, &times)
+                       : parallel::run_step(dp, global, settings))
             .status());
     if (s < o.warmup_steps) continue;
     ms.push_back(clock.seconds() * 1e3);
     exposed.push_back(dp.step_comm().exposed_s * 1e3);
+    if (layout.pp > 1) bubble.push_back(times.waited_s / times.step_s);
     r.peak_bytes_per_rank = std::max(r.peak_bytes_per_rank, dp.step_comm().peak_state_bytes);
+  }
+  // What the step allocated beyond the model's state: activations, and the buffers of
+  // gathered units (in this process; with ranks as processes, this rank's).
+  r.peak_activation_bytes = tensor_memory_stats().peak_bytes - dp.step_comm().state_bytes;
+  if (!bubble.empty()) {
+    r.bubble = median(bubble);
+    r.bubble_theory = parallel::theoretical_bubble(layout.pp, layout.micro_batches);
   }
   r.step_ms_median = median(ms);
   r.step_ms_min = *std::min_element(ms.begin(), ms.end());
@@ -105,30 +118,50 @@ Result<BenchTrainResult> bench_train(const BenchTrainOptions& o) {
   r.threads = num_threads();
   r.ranks = job.size();
   r.report = job.rank() == 0;
+  // Rank 0 speaks for the job: the largest peak over the ranks.
+  double peaks[2] = {double(r.peak_bytes_per_rank), double(r.peak_activation_bytes)};
+  std::vector<double> all(2 * size_t(job.size()));
+  if (job.size() > 1) {
+    WL_RETURN_IF_ERROR(comm::allgather(*job.ranks.group, {.send = peaks,
+                                                          .recv = all.data(),
+                                                          .count = sizeof peaks,
+                                                          .dtype = DType::kU8,
+                                                          .timeout = timeout}));
+    for (int q = 0; q < job.size(); ++q) {
+      r.peak_bytes_per_rank = std::max(r.peak_bytes_per_rank, int64_t(all[2 * size_t(q)]));
+      r.peak_activation_bytes = std::max(r.peak_activation_bytes, int64_t(all[2 * size_t(q) + 1]));
+    }
+  }
   return r;
 }
 
 std::string BenchTrainResult::to_json(const BenchTrainOptions& o) const {
-  nlohmann::json j = {{"preset", o.preset},
-                      {"batch", o.batch},
-                      {"seq", o.seq},
-                      {"dtype", std::string(model::precision_name(o.precision))},
-                      {"checkpointing", o.checkpointing},
-                      {"threads", threads},
-                      {"ranks", ranks},
-                      {"dp_mode", std::string(parallel::dp_mode_name(o.layout.dp_mode))},
-                      {"micro_batches", o.layout.micro_batches},
-                      {"exposed_comm_ms", exposed_comm_ms},
-                      {"peak_bytes_per_rank", peak_bytes_per_rank},
-                      {"steps", o.steps},
-                      {"step_ms_median", step_ms_median},
-                      {"step_ms_min", step_ms_min},
-                      {"step_ms_max", step_ms_max},
-                      {"tokens_per_s", tokens_per_s},
-                      {"gflops", gflops},
-                      {"gemm_peak_gflops", gemm_peak_gflops},
-                      {"fraction_of_gemm_peak", gflops / gemm_peak_gflops},
-                      {"cpu", cpu_info().describe()}};
+  nlohmann::json j = {
+      {"preset", o.preset},
+      {"batch", o.batch},
+      {"seq", o.seq},
+      {"dtype", std::string(model::precision_name(o.precision))},
+      {"checkpointing", o.checkpointing},
+      {"threads", threads},
+      {"ranks", ranks},
+      {"dp_mode", std::string(parallel::dp_mode_name(o.layout.dp_mode))},
+      {"micro_batches", o.layout.micro_batches},
+      {"exposed_comm_ms", exposed_comm_ms},
+      {"peak_bytes_per_rank", peak_bytes_per_rank},
+      {"peak_activation_bytes_per_rank", peak_activation_bytes},
+      {"pp", o.layout.pp},
+      {"pp_schedule", std::string(parallel::pipeline_schedule_name(o.layout.schedule))},
+      {"bubble", bubble},
+      {"bubble_theory", bubble_theory},
+      {"steps", o.steps},
+      {"step_ms_median", step_ms_median},
+      {"step_ms_min", step_ms_min},
+      {"step_ms_max", step_ms_max},
+      {"tokens_per_s", tokens_per_s},
+      {"gflops", gflops},
+      {"gemm_peak_gflops", gemm_peak_gflops},
+      {"fraction_of_gemm_peak", gflops / gemm_peak_gflops},
+      {"cpu", cpu_info().describe()}};
   return j.dump();
 }
 

@@ -200,21 +200,29 @@ Status Group::poll_until(const std::function<int()>& waiting_for, Deadline deadl
   }
 }
 
-Status Group::send(const SendOptions& o) {
+Result<Request> Group::start_send(const SendOptions& o) {
   if (o.tag >= kUserTagLimit) return invalid_argument("send: tag must be below 2^23");
   if (o.peer < 0 || o.peer >= size() || o.peer == rank_) {
     return invalid_argument("send: peer " + std::to_string(o.peer) + " from " + describe());
   }
-  Request r = link_->worker->send(peer_id(o.peer), tag(rank_, true, o.tag), o.data, o.bytes);
-  return link_->worker->wait(r, deadline(o.timeout));
+  return link_->worker->send(peer_id(o.peer), tag(rank_, true, o.tag), o.data, o.bytes);
 }
 
-Status Group::recv(const RecvOptions& o) {
+Result<Request> Group::start_recv(const RecvOptions& o) {
   if (o.tag >= kUserTagLimit) return invalid_argument("recv: tag must be below 2^23");
   if (o.peer < 0 || o.peer >= size() || o.peer == rank_) {
     return invalid_argument("recv: peer " + std::to_string(o.peer) + " from " + describe());
   }
-  Request r = link_->worker->recv(peer_id(o.peer), tag(o.peer, true, o.tag), o.data, o.bytes);
+  return link_->worker->recv(peer_id(o.peer), tag(o.peer, true, o.tag), o.data, o.bytes);
+}
+
+Status Group::send(const SendOptions& o) {
+  WL_ASSIGN_OR_RETURN(Request r, start_send(o));
+  return link_->worker->wait(r, deadline(o.timeout));
+}
+
+Status Group::recv(const RecvOptions& o) {
+  WL_ASSIGN_OR_RETURN(Request r, start_recv(o));
   return link_->worker->wait(r, deadline(o.timeout));
 }
 

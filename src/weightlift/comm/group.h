@@ -107,6 +107,12 @@ class Group {
 
   Status send(const SendOptions& options);
   Status recv(const RecvOptions& options);
+  // As send() and recv(), without waiting: the request completes once the message has gone
+  // (arrived); wait() on it (with the deadline the options' timeout implies). The buffer is
+  // borrowed until then. A pipeline posts its sends this way so that two neighbours sending to
+  // each other at once cannot both block.
+  Result<Request> start_send(const SendOptions& options);
+  Result<Request> start_recv(const RecvOptions& options);
 
   // ---- building blocks for the collectives in this folder -------------------------------
   // Every collective takes the next sequence number first, on every rank, even when it has

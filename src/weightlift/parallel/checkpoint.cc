@@ -16,6 +16,7 @@
 #include "weightlift/core/file_io.h"
 #include "weightlift/core/json_record.h"
 #include "weightlift/core/safetensors.h"
+#include "weightlift/parallel/pipeline.h"
 
 namespace wl::parallel {
 namespace fs = std::filesystem;
@@ -54,10 +55,10 @@ Shape rows_shape(const model::ParamInfo& p, ShardRows rows) {
   return s;
 }
 
-// Every rank learns whether all of them succeeded; a failed rank keeps its own error.
+// Every rank of the job learns whether all of them succeeded; a failed rank keeps its own error.
 Status agree(DataParallel& dp, const Status& mine, const std::string& what) {
   double failed = mine.ok() ? 0 : 1;
-  WL_RETURN_IF_ERROR(dp.sum_over_ranks(&failed, 1));
+  WL_RETURN_IF_ERROR(dp.sum_over_job(&failed, 1));
   if (!mine.ok()) return mine;
   if (failed > 0) {
     return aborted(what + ": " + std::to_string(int(failed)) + " rank(s) failed");
@@ -65,18 +66,28 @@ Status agree(DataParallel& dp, const Status& mine, const std::string& what) {
   return ok_status();
 }
 
-// The index of what every rank writes: rank r holds core/shard.h's rows r of every tensor.
-json tensor_index(const model::ParamLayout& layout, int ranks) {
+// The index of what every rank writes: job rank stage * dp + r holds core/shard.h's rows r
+// (over the dp ranks) of every tensor of its stage's units.
+json tensor_index(DataParallel& dp) {
+  const model::ParamLayout& layout = dp.layout();
+  const int dp_ranks = dp.ranks(), pp = dp.options().layout.pp;
+  std::vector<model::Stage> stages = pipeline_stages(dp.units(), pp);
   json tensors = json::object();
-  for (const model::ParamInfo& p : layout.params()) {
-    for (StateKind kind : {StateKind::kWeights, StateKind::kM, StateKind::kV}) {
-      json pieces = json::array();
-      for (int r = 0; r < ranks; ++r) {
-        const ShardRows rows = shard_rows(p.shape[0], ranks, r);
-        if (rows.size() == 0) continue;
-        pieces.push_back({{"file", rank_file(r, ranks)}, {"rows", {rows.begin, rows.end}}});
+  for (int stage = 0; stage < pp; ++stage) {
+    for (int u = stages[size_t(stage)].first; u <= stages[size_t(stage)].last; ++u) {
+      for (size_t index : dp.units().params(u)) {
+        const model::ParamInfo& p = layout.params()[index];
+        for (StateKind kind : {StateKind::kWeights, StateKind::kM, StateKind::kV}) {
+          json pieces = json::array();
+          for (int r = 0; r < dp_ranks; ++r) {
+            const ShardRows rows = shard_rows(p.shape[0], dp_ranks, r);
+            if (rows.size() == 0) continue;
+            pieces.push_back({{"file", rank_file(stage * dp_ranks + r, pp * dp_ranks)},
+                              {"rows", {rows.begin, rows.end}}});
+          }
+          tensors[state_name(p, kind)] = {{"shape", p.shape}, {"pieces", pieces}};
+        }
       }
-      tensors[state_name(p, kind)] = {{"shape", p.shape}, {"pieces", pieces}};
     }
   }
   return tensors;
@@ -93,9 +104,10 @@ Status write_state(const std::string& path, DataParallel& dp, const TrainState& 
   j["config"] = json::parse(model::config_to_json(dp.config()));
   const ParallelLayout& l = dp.options().layout;
   j["layout"] = {{"dp", dp.ranks()},
+                 {"pp", l.pp},
                  {"dp_mode", std::string(dp_mode_name(l.dp_mode))},
                  {"micro_batches", l.micro_batches}};
-  j["tensors"] = tensor_index(dp.layout(), dp.ranks());
+  j["tensors"] = tensor_index(dp);
   return write_file_atomically(path, j.dump(1) + "\n");
 }
 
@@ -104,7 +116,7 @@ Status write_state(const std::string& path, DataParallel& dp, const TrainState& 
 Status save_checkpoint(const std::string& dir, DataParallel& dp, const TrainState& state) {
   const std::string tmp = dir + ".tmp";
   Status made = ok_status();
-  if (dp.rank() == 0) {
+  if (dp.job_rank() == 0) {
     std::error_code ec;
     fs::remove_all(tmp, ec);
     if (!fs::create_directories(tmp, ec) && ec) made = errno_status("mkdir " + tmp, ec.value());
@@ -117,12 +129,12 @@ Status save_checkpoint(const std::string& dir, DataParallel& dp, const TrainStat
     tensors.emplace_back(state_name(p, r.kind),
                          Tensor::borrow(r.data, DType::kF32, rows_shape(p, r.rows)));
   }
-  const Status wrote =
-      write_safetensors(tmp + "/" + rank_file(dp.rank(), dp.ranks()), tensors, {{"format", "pt"}});
+  const Status wrote = write_safetensors(tmp + "/" + rank_file(dp.job_rank(), dp.job_size()),
+                                         tensors, {{"format", "pt"}});
   WL_RETURN_IF_ERROR(agree(dp, wrote, "writing checkpoint " + dir));
 
   Status swapped = ok_status();
-  if (dp.rank() == 0) {
+  if (dp.job_rank() == 0) {
     swapped = write_state(tmp + "/state.json", dp, state);
     if (swapped.ok()) swapped = replace_directory(tmp, dir);
   }

@@ -14,20 +14,24 @@ namespace {
 
 Tensor zeros(int64_t n) { return Tensor::zeros(DType::kF32, {n}); }
 
-int64_t row_elems(const model::ParamInfo& p) { return p.numel() / p.shape[0]; }
-
 }  // namespace
 
 DataParallel::DataParallel(const model::ModelConfig& config, const DataParallelOptions& options,
                            std::shared_ptr<comm::Group> group, std::unique_ptr<CommQueue> queue)
+    : DataParallel(config, options, DataParallelRanks{std::move(group), std::move(queue)}) {}
+
+DataParallel::DataParallel(const model::ModelConfig& config, const DataParallelOptions& options,
+                           DataParallelRanks ranks)
     : config_(config),
       layout_(config_),
       units_(config_, layout_),
       rope_(kernels::make_rope_table(config.max_seq_len, config.head_dim, config.rope_theta,
                                      config.rope_ntk_alpha)),
       options_(options),
-      group_(std::move(group)),
-      queue_(std::move(queue)),
+      group_(std::move(ranks.group)),
+      queue_(std::move(ranks.queue)),
+      stages_(std::move(ranks.stages)),
+      tied_(std::move(ranks.tied)),
       adamw_(options.adamw) {
   WL_CHECK(config_.validate().ok()) << config_.validate().to_string();
   if (group_) {
@@ -35,51 +39,79 @@ DataParallel::DataParallel(const model::ModelConfig& config, const DataParallelO
     ranks_ = group_->size();
   }
   WL_CHECK((ranks_ > 1) == (queue_ != nullptr)) << "a queue exactly when there are other ranks";
+  held_ = options_.units;
+  if (held_.empty()) {
+    for (int u = 0; u < units_.count(); ++u) held_.push_back(u);
+  }
+  if (options_.tied_replica && held_.front() != 0) {
+    WL_CHECK(config_.tie_embeddings && held_.back() == units_.head())
+        << "a tied replica is for the stage with the head";
+    replica_ = 0;
+    held_.insert(held_.begin(), 0);
+  }
+  packed_offsets_.assign(size_t(units_.count()), -1);
+  for (int u = 0; u < units_.count(); ++u) shards_.emplace_back(layout_, units_, u, ranks_);
+  for (int u : held_) {
+    at_[u] = {whole_elems_, packed_elems_};
+    packed_offsets_[size_t(u)] = packed_elems_;
+    whole_elems_ += units_.range(u).size();
+    packed_elems_ += shards_[size_t(u)].packed_elems();
+  }
   const ParallelLayout& l = options_.layout;
-  const int64_t total = layout_.total();
-  for (int u = 0; u < units_.count(); ++u) {
-    shards_.emplace_back(layout_, units_, u, ranks_);
-    offsets_.push_back(local_elems_);
-    local_elems_ += shards_.back().packed_elems();
-  }
-  params_ = zeros(l.shards_parameters() ? local_elems_ : total);
-  grads_ = zeros(l.shards_gradients() ? local_elems_ : total);
-  m_ = zeros(l.shards_optimizer() ? local_elems_ : total);
-  v_ = zeros(l.shards_optimizer() ? local_elems_ : total);
-  CommQueue* q = queue_.get();
-  if (l.shards_parameters()) {
-    sharded_params_.emplace(shards_, params_.data<float>(), offsets_, rank_, q, options_.timeout);
-  }
-  if (l.shards_gradients()) {
-    sharded_grads_.emplace(shards_, grads_.data<float>(), offsets_, rank_, q, options_.timeout);
-  } else {
-    buckets_.emplace(units_, l.bucket_bytes, grads_.data<float>(), q, options_.timeout);
-  }
+  params_ = zeros(l.shards_parameters() ? packed_elems_ : whole_elems_);
+  grads_ = zeros(l.shards_gradients() ? packed_elems_ : whole_elems_);
+  m_ = zeros(l.shards_optimizer() ? packed_elems_ : whole_elems_);
+  v_ = zeros(l.shards_optimizer() ? packed_elems_ : whole_elems_);
+  build_reducers();
   build_slices();
 }
 
 DataParallel::~DataParallel() = default;
 
-// What AdamW updates on this rank: every parameter whole (ddp), or this rank's pieces of each,
-// wherever the layout keeps their weights and gradients (whole buffers or packed shards).
+void DataParallel::build_reducers() {
+  const ParallelLayout& l = options_.layout;
+  CommQueue* q = queue_.get();
+  if (l.shards_parameters()) {
+    sharded_params_.emplace(shards_, params_.data<float>(), packed_offsets_, rank_, q,
+                            options_.timeout);
+  }
+  if (l.shards_gradients()) {
+    sharded_grads_.emplace(shards_, grads_.data<float>(), packed_offsets_, rank_, q,
+                           options_.timeout);
+    return;
+  }
+  // Buckets over the units this stage's backward finishes, last first; a replica's gradient
+  // comes from the head and is summed on its own (reduce_replica).
+  std::vector<GradientBuckets::UnitAt> order;
+  for (auto it = held_.rbegin(); it != held_.rend(); ++it) {
+    if (*it == replica_) continue;
+    const int64_t at = whole_at(*it);
+    order.push_back({*it, {at, at + units_.range(*it).size()}});
+  }
+  buckets_.emplace(order, l.bucket_bytes, grads_.data<float>(), q, options_.timeout);
+}
+
+// What AdamW updates on this rank: every held parameter whole (ddp), or this rank's pieces of
+// each, wherever the layout keeps their weights and gradients (whole buffers or packed shards).
 void DataParallel::build_slices() {
   const ParallelLayout& l = options_.layout;
   float* p = params_.data<float>();
   float* g = grads_.data<float>();
   float* m = m_.data<float>();
   float* v = v_.data<float>();
-  if (!l.shards_optimizer()) {
-    for (const model::ParamInfo& info : layout_.params()) {
-      slices_.push_back({p + info.offset, g + info.offset, m + info.offset, v + info.offset,
-                         info.numel(), info.decay});
+  for (int u : held_) {
+    if (!l.shards_optimizer()) {
+      for (size_t index : units_.params(u)) {
+        const model::ParamInfo& info = layout_.params()[index];
+        const int64_t at = whole_at(u) + info.offset - units_.range(u).begin;
+        slices_.push_back({p + at, g + at, m + at, v + at, info.numel(), info.decay});
+      }
+      continue;
     }
-    return;
-  }
-  for (int u = 0; u < units_.count(); ++u) {
-    const int64_t whole = units_.range(u).begin, packed = offsets_[size_t(u)];
     for (const ShardPiece& piece : shards_[size_t(u)].pieces(rank_)) {
       if (piece.elems() == 0) continue;
-      const int64_t at_whole = whole + piece.unit_offset, at_packed = packed + piece.packed_offset;
+      const int64_t at_whole = whole_at(u) + piece.unit_offset;
+      const int64_t at_packed = packed_at(u) + piece.packed_offset;
       slices_.push_back({.param = p + (l.shards_parameters() ? at_packed : at_whole),
                          .grad = g + (l.shards_gradients() ? at_packed : at_whole),
                          .m = m + at_packed,
@@ -91,31 +123,62 @@ void DataParallel::build_slices() {
 }
 
 void DataParallel::set_params(const float* full) {
-  if (!options_.layout.shards_parameters()) {
-    std::memcpy(params_.raw(), full, params_.nbytes());
-    return;
-  }
-  for (int u = 0; u < units_.count(); ++u) {
-    shards_[size_t(u)].pack(full + units_.range(u).begin, rank_,
-                            params_.data<float>() + offsets_[size_t(u)]);
+  for (int u : held_) {
+    const float* src = full + units_.range(u).begin;
+    if (options_.layout.shards_parameters()) {
+      shards_[size_t(u)].pack(src, rank_, params_.data<float>() + packed_at(u));
+    } else {
+      std::memcpy(whole_unit(params_, u), src, size_t(units_.range(u).size()) * sizeof(float));
+    }
   }
 }
 
 Status DataParallel::gather_params(float* full) {
   if (!options_.layout.shards_parameters()) {
-    std::memcpy(full, params_.raw(), params_.nbytes());
+    for (int u : held_) {
+      std::memcpy(full + units_.range(u).begin, whole_unit(params_, u),
+                  size_t(units_.range(u).size()) * sizeof(float));
+    }
     return ok_status();
   }
   return gather_units(params_.data<float>(), full);
 }
 
-// Every unit's packed shards (local: this rank's, unit u at offsets_[u]) gathered from every
-// rank and unpacked into the whole flat buffer `full`.
+Status DataParallel::gather_model(float* full) {
+  std::memset(full, 0, size_t(layout_.total()) * sizeof(float));
+  WL_RETURN_IF_ERROR(gather_params(full));
+  return sum_over_stages(full);
+}
+
+Status DataParallel::gather_model_grads(float* full) {
+  std::memset(full, 0, size_t(layout_.total()) * sizeof(float));
+  WL_RETURN_IF_ERROR(gather_grads(full));
+  return sum_over_stages(full);
+}
+
+// A whole-model buffer each of whose elements only one stage filled (the rest zero) made whole
+// on every stage: the sum over them is each element, exactly (x + 0 = x). A replica is the
+// first stage's to give.
+Status DataParallel::sum_over_stages(float* full) {
+  if (!stages_ || stages_->size() == 1) return ok_status();
+  if (replica_ >= 0) {
+    std::memset(full + units_.range(replica_).begin, 0,
+                size_t(units_.range(replica_).size()) * sizeof(float));
+  }
+  return comm::allreduce(*stages_, {.recv = full,
+                                    .count = size_t(layout_.total()),
+                                    .dtype = DType::kF32,
+                                    .op = comm::ReduceOp::kSum,
+                                    .timeout = options_.timeout});
+}
+
+// Every held unit's packed shards (local: this rank's) gathered from every rank and unpacked
+// into the whole flat buffer `full`, at the units' places in the model.
 Status DataParallel::gather_units(const float* local, float* full) {
-  for (int u = 0; u < units_.count(); ++u) {
+  for (int u : held_) {
     const UnitShards& s = shards_[size_t(u)];
     float* dst = full + units_.range(u).begin;
-    const float* mine = local + offsets_[size_t(u)];
+    const float* mine = local + packed_at(u);
     if (ranks_ == 1) {
       s.unpack(mine, rank_, dst);
       continue;
@@ -131,26 +194,17 @@ Status DataParallel::gather_units(const float* local, float* full) {
   return ok_status();
 }
 
-namespace {
-
-// Rows [rows.begin, rows.end) of parameter `info` in a whole flat buffer.
-float* rows_in_whole(float* base, const model::ParamInfo& info, ShardRows rows) {
-  return base + info.offset + rows.begin * row_elems(info);
-}
-
-}  // namespace
-
 std::vector<StateRows> DataParallel::own_rows() {
   const ParallelLayout& l = options_.layout;
   std::vector<StateRows> out;
-  for (int u = 0; u < units_.count(); ++u) {
+  for (int u : held_) {
+    if (u == replica_) continue;  // the first stage writes the embedding
     for (const ShardPiece& piece : shards_[size_t(u)].pieces(rank_)) {
       if (piece.elems() == 0) continue;
-      const model::ParamInfo& info = layout_.params()[piece.param];
-      const int64_t packed = offsets_[size_t(u)] + piece.packed_offset;
+      const int64_t packed = packed_at(u) + piece.packed_offset;
+      const int64_t whole = whole_at(u) + piece.unit_offset;
       auto at = [&](Tensor& t, bool sharded) {
-        return sharded ? t.data<float>() + packed
-                       : rows_in_whole(t.data<float>(), info, piece.rows);
+        return t.data<float>() + (sharded ? packed : whole);
       };
       out.push_back(
           {piece.param, StateKind::kWeights, piece.rows, at(params_, l.shards_parameters())});
@@ -164,23 +218,32 @@ std::vector<StateRows> DataParallel::own_rows() {
 std::vector<StateRows> DataParallel::rows_to_load() {
   const ParallelLayout& l = options_.layout;
   std::vector<StateRows> out;
-  // Whole states: every row of every parameter.
-  auto whole = [&](Tensor& t, StateKind kind) {
-    for (size_t i = 0; i < layout_.params().size(); ++i) {
+  for (int u : held_) {
+    // Whole states: every row of the unit's parameters. Sharded ones: this rank's own rows.
+    for (size_t i : units_.params(u)) {
       const model::ParamInfo& info = layout_.params()[i];
-      out.push_back({i, kind, {0, info.shape[0]}, t.data<float>() + info.offset});
+      const int64_t at = whole_at(u) + info.offset - units_.range(u).begin;
+      if (!l.shards_parameters()) {
+        out.push_back({i, StateKind::kWeights, {0, info.shape[0]}, params_.data<float>() + at});
+      }
+      if (!l.shards_optimizer()) {
+        out.push_back({i, StateKind::kM, {0, info.shape[0]}, m_.data<float>() + at});
+        out.push_back({i, StateKind::kV, {0, info.shape[0]}, v_.data<float>() + at});
+      }
     }
-  };
-  if (!l.shards_parameters()) whole(params_, StateKind::kWeights);
-  if (!l.shards_optimizer()) {
-    whole(m_, StateKind::kM);
-    whole(v_, StateKind::kV);
-  }
-  // Sharded states: this rank's own rows, as it writes them.
-  for (const StateRows& r : own_rows()) {
-    const bool sharded =
-        r.kind == StateKind::kWeights ? l.shards_parameters() : l.shards_optimizer();
-    if (sharded) out.push_back(r);
+    for (const ShardPiece& piece : shards_[size_t(u)].pieces(rank_)) {
+      if (piece.elems() == 0) continue;
+      float* packed = nullptr;
+      const int64_t at = packed_at(u) + piece.packed_offset;
+      if (l.shards_parameters()) {
+        packed = params_.data<float>() + at;
+        out.push_back({piece.param, StateKind::kWeights, piece.rows, packed});
+      }
+      if (l.shards_optimizer()) {
+        out.push_back({piece.param, StateKind::kM, piece.rows, m_.data<float>() + at});
+        out.push_back({piece.param, StateKind::kV, piece.rows, v_.data<float>() + at});
+      }
+    }
   }
   return out;
 }
@@ -198,12 +261,13 @@ void DataParallel::begin_micro_batch(int micro_batch) {
 
 model::PassModel DataParallel::pass_model() {
   const ParallelLayout& l = options_.layout;
-  model::ModelView empty;
-  empty.layers.resize(size_t(config_.num_layers));
-  model::ModelView w =
-      l.shards_parameters() ? empty : model::bind(config_, layout_, params_.data<float>());
-  model::ModelView g =
-      l.shards_gradients() ? empty : model::bind(config_, layout_, grads_.data<float>());
+  model::ModelView w, g;
+  w.layers.resize(size_t(config_.num_layers));
+  g.layers.resize(size_t(config_.num_layers));
+  for (int u : held_) {
+    if (!l.shards_parameters()) units_.bind(u, whole_unit(params_, u), w);
+    if (!l.shards_gradients()) units_.bind(u, whole_unit(grads_, u), g);
+  }
   return {config_, layout_, units_, rope_, std::move(w), std::move(g)};
 }
 
@@ -224,8 +288,9 @@ Status DataParallel::before_unit(int unit, model::Direction dir, model::ModelVie
       units_.bind(u, p, w);
     }
     comm_.exposed_s += waited.seconds();
-    // The next unit in this direction gathers while this one computes.
-    sharded_params_->prefetch(dir == model::Direction::kForward ? unit + 1 : unit - 1);
+    // The next held unit in this direction gathers while this one computes.
+    const int next = dir == model::Direction::kForward ? unit + 1 : unit - 1;
+    if (holds(next) && next != replica_) sharded_params_->prefetch(next);
   }
   if (sharded_grads_ && dir == model::Direction::kBackward) {
     for (int u : units_read(unit)) units_.bind(u, sharded_grads_->acquire(u), g);
@@ -245,6 +310,8 @@ Status DataParallel::after_unit(int unit, model::Direction dir, model::ModelView
     if (sharded_grads_) {
       for (int u : units_read(unit)) sharded_grads_->release(u);
       sharded_grads_->backward_done(unit);
+      // A replica's only gradient is the head's: it is complete with the head's backward.
+      if (unit == units_.head() && replica_ >= 0) sharded_grads_->backward_done(replica_);
     } else if (micro_batch_ == options_.layout.micro_batches - 1) {
       buckets_->unit_done(unit);
     }
@@ -255,7 +322,6 @@ Status DataParallel::after_unit(int unit, model::Direction dir, model::ModelView
 
 int64_t DataParallel::sum_router_counts(int layer, int64_t* counts, int64_t experts,
                                         int64_t tokens) {
-  (void)layer;
   if (ranks_ == 1 || evaluating_ || !hook_failure_.ok()) return tokens;
   // The counts and the token count in one sum; int64 sums are exact in any order.
   std::vector<int64_t> sum(counts, counts + experts);
@@ -275,22 +341,37 @@ int64_t DataParallel::sum_router_counts(int layer, int64_t* counts, int64_t expe
   return sum.back();
 }
 
-// Doubles summed over the ranks: gathered as bytes, then added in rank order on every rank,
-// so every rank gets the same bits (no f64 reduction needed in comm/).
-Status DataParallel::sum_over_ranks(double* values, size_t n) {
-  if (ranks_ == 1) return ok_status();
-  std::vector<double> all(n * size_t(ranks_));
-  WL_RETURN_IF_ERROR(comm::allgather(*group_, {.send = values,
-                                               .recv = all.data(),
-                                               .count = n * sizeof(double),
-                                               .dtype = DType::kU8,
-                                               .timeout = options_.timeout}));
+namespace {
+
+// values[n] gathered as bytes over `g` and added in rank order on every rank: the same bits
+// everywhere (no f64 reduction needed in comm/).
+Status sum_in_rank_order(comm::Group& g, double* values, size_t n,
+                         std::chrono::milliseconds timeout) {
+  std::vector<double> all(n * size_t(g.size()));
+  WL_RETURN_IF_ERROR(comm::allgather(g, {.send = values,
+                                         .recv = all.data(),
+                                         .count = n * sizeof(double),
+                                         .dtype = DType::kU8,
+                                         .timeout = timeout}));
   for (size_t i = 0; i < n; ++i) {
     double sum = 0;
-    for (int r = 0; r < ranks_; ++r) sum += all[size_t(r) * n + i];
+    for (int r = 0; r < g.size(); ++r) sum += all[size_t(r) * n + i];
     values[i] = sum;
   }
   return ok_status();
+}
+
+}  // namespace
+
+Status DataParallel::sum_over_ranks(double* values, size_t n) {
+  if (ranks_ == 1) return ok_status();
+  return sum_in_rank_order(*group_, values, n, options_.timeout);
+}
+
+Status DataParallel::sum_over_job(double* values, size_t n) {
+  WL_RETURN_IF_ERROR(sum_over_ranks(values, n));
+  if (!stages_ || stages_->size() == 1) return ok_status();
+  return sum_in_rank_order(*stages_, values, n, options_.timeout);
 }
 
 Result<train::StepReport> DataParallel::finish_step(double lr, double grad_unscale) {
@@ -302,16 +383,54 @@ Status DataParallel::reduce_gradients() {
   WL_RETURN_IF_ERROR(hook_failure_);
   const Stopwatch waited;
   WL_RETURN_IF_ERROR(buckets_ ? buckets_->wait() : sharded_grads_->wait());
+  WL_RETURN_IF_ERROR(reduce_replica());
   comm_.exposed_s += waited.seconds();
   return ok_status();
 }
 
+// Tied embeddings across stages: the last stage's replica gradient (from its head) summed
+// over its data-parallel ranks, then added to the first stage's over `tied`, so both stages
+// hold the whole gradient of embed.weight and take the same update.
+Status DataParallel::reduce_replica() {
+  if (!tied_) return ok_status();
+  const bool sharded = options_.layout.shards_gradients();
+  float* g = sharded ? grads_.data<float>() + packed_at(0) : whole_unit(grads_, 0);
+  const size_t n = size_t(sharded ? shards_[0].packed_elems() : units_.range(0).size());
+  if (replica_ >= 0 && !sharded && ranks_ > 1) {
+    WL_RETURN_IF_ERROR(comm::allreduce(*group_, {.recv = g,
+                                                 .count = n,
+                                                 .dtype = DType::kF32,
+                                                 .op = comm::ReduceOp::kSum,
+                                                 .timeout = options_.timeout}));
+  }
+  return comm::allreduce(*tied_, {.recv = g,
+                                  .count = n,
+                                  .dtype = DType::kF32,
+                                  .op = comm::ReduceOp::kSum,
+                                  .timeout = options_.timeout});
+}
+
+// The sum of squared gradients of what this rank owns alone: a replica is counted where it is
+// not one. Whole gradients are the same on every data-parallel rank after the sums, sharded ones
+// add up over them; either way the stages' add up too.
+double DataParallel::norm_sum_squares() const {
+  const bool sharded = options_.layout.shards_gradients();
+  if (replica_ < 0) return kernels::sum_squares(grads_.data<float>(), grads_.numel());
+  const int64_t skip_begin = sharded ? packed_at(0) : whole_at(0);
+  const int64_t skip_end =
+      skip_begin + (sharded ? shards_[0].packed_elems() : units_.range(0).size());
+  const float* g = grads_.data<float>();
+  return kernels::sum_squares(g, skip_begin) +
+         kernels::sum_squares(g + skip_end, grads_.numel() - skip_end);
+}
+
 Result<train::StepReport> DataParallel::apply_optimizer(double lr, double grad_unscale) {
   const ParallelLayout& l = options_.layout;
-  // Whole gradients are the same on every rank after the sums: the norm needs nothing more.
-  // Sharded ones add up over the ranks.
-  double sum_squares = kernels::sum_squares(grads_.data<float>(), grads_.numel());
+  double sum_squares = norm_sum_squares();
   if (l.shards_gradients()) WL_RETURN_IF_ERROR(sum_over_ranks(&sum_squares, 1));
+  if (stages_ && stages_->size() > 1) {
+    WL_RETURN_IF_ERROR(sum_in_rank_order(*stages_, &sum_squares, 1, options_.timeout));
+  }
   const train::StepReport report = adamw_.step(slices_, lr, grad_unscale, sum_squares);
   if (!report.skipped && l.shards_optimizer() && !l.shards_parameters()) {
     const Stopwatch waited;
@@ -325,19 +444,22 @@ Result<train::StepReport> DataParallel::apply_optimizer(double lr, double grad_u
 
 Status DataParallel::gather_grads(float* full) {
   if (!options_.layout.shards_gradients()) {
-    std::memcpy(full, grads_.raw(), grads_.nbytes());
+    for (int u : held_) {
+      std::memcpy(full + units_.range(u).begin, whole_unit(grads_, u),
+                  size_t(units_.range(u).size()) * sizeof(float));
+    }
     return ok_status();
   }
   return gather_units(grads_.data<float>(), full);
 }
 
-// ZeRO-1 and -2: every rank updated its own rows; each unit's are gathered into everyone's
-// whole parameters.
+// ZeRO-1 and -2: every rank updated its own rows; each held unit's are gathered into every
+// data-parallel rank's whole parameters.
 Status DataParallel::allgather_params() {
   if (ranks_ == 1) return ok_status();
-  for (int u = 0; u < units_.count(); ++u) {
+  for (int u : held_) {
     const UnitShards& s = shards_[size_t(u)];
-    float* whole = params_.data<float>() + units_.range(u).begin;
+    float* whole = whole_unit(params_, u);
     Tensor mine = zeros(s.packed_elems());
     s.pack(whole, rank_, mine.data<float>());
     Tensor all = zeros(s.ranks() * s.packed_elems());

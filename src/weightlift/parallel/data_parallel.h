@@ -18,9 +18,17 @@
 // everything that can overlap the passes (buckets, gathers, reduce-scatters) runs on the
 // CommQueue's own group. Both span the same ranks. With one rank neither exists and nothing
 // is communicated.
+//
+// Under pipeline parallelism a rank holds only its stage's units (DataParallelRanks::units),
+// its buffers laid out unit after unit; the gradient norm then adds up over the stages
+// (`stages`). With tied embeddings the last stage also holds the embedding, a replica for its
+// head: after the data-parallel sums its gradient is added to the first stage's (`tied`, the
+// two stages' ranks of one data-parallel index), both apply the same update, and the replica
+// is left out of the norm and of checkpoints (as Megatron's embedding group does).
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -46,6 +54,19 @@ struct DataParallelOptions {
   ParallelLayout layout;
   train::AdamWOptions adamw;
   std::chrono::milliseconds timeout{60000};  // every collective's deadline
+  // The units this rank holds, ascending (a pipeline stage's); empty: every unit.
+  std::vector<int> units;
+  // With tied embeddings on a stage that ends at the head but does not start at the
+  // embedding: hold the embedding too, as a replica (see the top).
+  bool tied_replica = false;
+};
+
+// The groups a rank works with; null where there is nothing to talk to.
+struct DataParallelRanks {
+  std::shared_ptr<comm::Group> group;   // this stage's data-parallel ranks (compute thread)
+  std::unique_ptr<CommQueue> queue;     // a second group over the same ranks (its own thread)
+  std::shared_ptr<comm::Group> stages;  // the stages of this data-parallel index, in order
+  std::shared_ptr<comm::Group> tied;    // the first and last stages (tied embeddings)
 };
 
 // What a step cost in communication, as the compute thread saw it.
@@ -66,8 +87,9 @@ struct StateRows {
 
 class DataParallel final : public model::PassHooks {
  public:
-  // group: the data-parallel ranks, for the compute thread; queue: collectives on a second
-  // group over the same ranks, on its own thread. Both null with one rank.
+  DataParallel(const model::ModelConfig& config, const DataParallelOptions& options,
+               DataParallelRanks ranks);
+  // Data parallel alone: group and queue as in DataParallelRanks (both null with one rank).
   DataParallel(const model::ModelConfig& config, const DataParallelOptions& options,
                std::shared_ptr<comm::Group> group, std::unique_ptr<CommQueue> queue);
   ~DataParallel() override;
@@ -76,14 +98,29 @@ class DataParallel final : public model::PassHooks {
   const model::ParamLayout& layout() const { return layout_; }
   const model::Units& units() const { return units_; }
   const DataParallelOptions& options() const { return options_; }
-  int rank() const { return rank_; }
-  int ranks() const { return ranks_; }
+  const std::vector<int>& held_units() const { return held_; }  // ascending, replica included
+  bool holds(int unit) const { return at_.count(unit) > 0; }
+  bool holds_replica() const { return replica_ >= 0; }
+  // The pipeline's stages of this data-parallel index (null without pipeline parallelism),
+  // for the compute thread.
+  comm::Group* stages() const { return stages_.get(); }
+  int rank() const { return rank_; }    // in this stage's data-parallel group
+  int ranks() const { return ranks_; }  // data-parallel ranks
+  // In the whole job: stage * ranks() + rank(), and stages * ranks().
+  int job_rank() const { return (stages_ ? stages_->rank() : 0) * ranks_ + rank_; }
+  int job_size() const { return (stages_ ? stages_->size() : 1) * ranks_; }
   train::AdamW& optimizer() { return adamw_; }
 
   // Keeps this rank's part of `full` (layout().total() floats: a fresh init, loaded weights).
   void set_params(const float* full);
-  // The whole parameters into `full` on every rank (collective: FSDP gathers them).
+  // The held units' whole parameters into `full` (at their places in the model; the rest of
+  // `full` untouched) on every data-parallel rank (collective: FSDP gathers them).
   Status gather_params(float* full);
+  // The whole model's parameters into `full` on every rank of the job: every stage's own
+  // units (collective over the job).
+  Status gather_model(float* full);
+  // The same for the reduced gradients, after reduce_gradients() (collective over the job).
+  Status gather_model_grads(float* full);
   // What this rank writes to a checkpoint: its own rows (core/shard.h's, over the
   // data-parallel ranks) of every parameter's weights and moments. Empty row ranges left out.
   std::vector<StateRows> own_rows();
@@ -121,6 +158,8 @@ class DataParallel final : public model::PassHooks {
 
   // values[n] summed over the data-parallel ranks, the same bits on every rank (collective).
   Status sum_over_ranks(double* values, size_t n);
+  // ... and over the pipeline's stages too (every rank of the job).
+  Status sum_over_job(double* values, size_t n);
 
   // The first failure of a router sum (sum_router_counts cannot return one); the unit's
   // after_unit returns it.
@@ -128,10 +167,18 @@ class DataParallel final : public model::PassHooks {
 
  private:
   void build_slices();
+  void build_reducers();
   std::vector<int> units_read(int unit) const;
   Status allgather_params();
   Status gather_units(const float* local, float* full);
+  Status sum_over_stages(float* full);
+  Status reduce_replica();
+  double norm_sum_squares() const;
   void note_bytes();
+  // Where unit u (held) starts in the whole buffers, and in the packed shard buffers.
+  int64_t whole_at(int unit) const { return at_.at(unit).whole; }
+  int64_t packed_at(int unit) const { return at_.at(unit).packed; }
+  float* whole_unit(Tensor& t, int unit) { return t.data<float>() + whole_at(unit); }
 
   model::ModelConfig config_;
   model::ParamLayout layout_;
@@ -140,15 +187,22 @@ class DataParallel final : public model::PassHooks {
   DataParallelOptions options_;
   std::shared_ptr<comm::Group> group_;
   std::unique_ptr<CommQueue> queue_;
+  std::shared_ptr<comm::Group> stages_, tied_;
   int rank_ = 0, ranks_ = 1;
 
-  std::vector<UnitShards> shards_;  // per unit
-  std::vector<int64_t> offsets_;    // unit u's packed shards start here in the local buffers
-  int64_t local_elems_ = 0;
+  std::vector<UnitShards> shards_;  // per unit of the model (those held are used)
+  struct At {
+    int64_t whole = 0, packed = 0;
+  };
+  std::map<int, At> at_;                 // held units
+  std::vector<int64_t> packed_offsets_;  // by unit, for ShardedParams and ShardedGrads
+  std::vector<int> held_;
+  int replica_ = -1;  // the tied embedding's replica, when held
+  int64_t whole_elems_ = 0, packed_elems_ = 0;
 
-  Tensor params_;  // whole [total], or this rank's packed shards (fsdp)
-  Tensor grads_;   // whole [total] (ddp, zero1), or packed shards (zero2, fsdp)
-  Tensor m_, v_;   // whole [total] (ddp), or packed shards
+  Tensor params_;  // whole held units, or their packed shards (fsdp)
+  Tensor grads_;   // whole (ddp, zero1), or packed shards (zero2, fsdp)
+  Tensor m_, v_;   // whole (ddp), or packed shards
   train::AdamW adamw_;
   std::vector<train::AdamWSlice> slices_;
 

@@ -6,18 +6,20 @@
 
 namespace wl::parallel {
 
-GradientBuckets::GradientBuckets(const model::Units& units, int64_t bucket_bytes, float* grads,
-                                 CommQueue* queue, std::chrono::milliseconds timeout)
-    : grads_(grads), queue_(queue), timeout_(timeout), bucket_of_unit_(size_t(units.count())) {
+GradientBuckets::GradientBuckets(const std::vector<UnitAt>& units, int64_t bucket_bytes,
+                                 float* grads, CommQueue* queue, std::chrono::milliseconds timeout)
+    : grads_(grads), queue_(queue), timeout_(timeout) {
   const int64_t target = std::max<int64_t>(1, bucket_bytes / int64_t(sizeof(float)));
   Bucket open;
-  for (int u = units.count() - 1; u >= 0; --u) {
-    const model::FlatRange r = units.range(u);
+  for (size_t i = 0; i < units.size(); ++i) {
+    const model::FlatRange r = units[i].at;
     if (open.units == 0) open.range.end = r.end;
+    WL_CHECK_EQ(r.end, open.units == 0 ? r.end : open.range.begin)
+        << "unit " << units[i].unit << " is not right below the one before";
     open.range.begin = r.begin;
     ++open.units;
-    bucket_of_unit_[size_t(u)] = int(buckets_.size());
-    if (open.range.size() >= target || u == 0) {
+    bucket_of_unit_[units[i].unit] = int(buckets_.size());
+    if (open.range.size() >= target || i + 1 == units.size()) {
       buckets_.push_back(open);
       open = Bucket();
     }
@@ -31,7 +33,9 @@ void GradientBuckets::arm() {
 
 void GradientBuckets::unit_done(int unit) {
   WL_CHECK(armed_) << "unit " << unit << " done before the buckets were armed";
-  Bucket& b = buckets_[size_t(bucket_of_unit_[size_t(unit)])];
+  auto it = bucket_of_unit_.find(unit);
+  WL_CHECK(it != bucket_of_unit_.end()) << "unit " << unit << " is in no bucket";
+  Bucket& b = buckets_[size_t(it->second)];
   WL_CHECK_GT(b.pending, 0) << "unit " << unit << " finished twice";
   if (--b.pending > 0 || queue_ == nullptr) return;
   float* data = grads_ + b.range.begin;

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "weightlift/model/units.h"
@@ -22,9 +23,16 @@ namespace wl::parallel {
 
 class GradientBuckets {
  public:
-  // grads: the full flat gradient buffer, borrowed. queue: null with one rank (nothing to sum).
-  GradientBuckets(const model::Units& units, int64_t bucket_bytes, float* grads, CommQueue* queue,
-                  std::chrono::milliseconds timeout);
+  // A unit and where its gradients are in `grads`.
+  struct UnitAt {
+    int unit;
+    model::FlatRange at;
+  };
+  // units: the units to sum, in the order their backward passes finish (head first); each one's
+  // range in `grads` ends where the one before it starts (units in the flat layout's order).
+  // grads: borrowed. queue: null with one rank (nothing to sum).
+  GradientBuckets(const std::vector<UnitAt>& units, int64_t bucket_bytes, float* grads,
+                  CommQueue* queue, std::chrono::milliseconds timeout);
 
   // Before the step's last micro-batch's backward: every bucket waits for its units again.
   void arm();
@@ -44,7 +52,7 @@ class GradientBuckets {
   CommQueue* queue_;
   std::chrono::milliseconds timeout_;
   std::vector<Bucket> buckets_;
-  std::vector<int> bucket_of_unit_;
+  std::map<int, int> bucket_of_unit_;
   uint64_t last_ticket_ = 0;
   bool armed_ = false;
 };

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "weightlift/core/file_io.h"
+#include "weightlift/parallel/pipeline.h"
 
 namespace wl::parallel {
 
@@ -23,6 +24,50 @@ Result<Job> connect_job(const comm::LaunchEnv& env, std::chrono::milliseconds ti
                                                             .timeout = timeout,
                                                             .prefix = "wl-comm"}));
   return job;
+}
+
+Result<std::unique_ptr<DataParallel>> make_data_parallel(const model::ModelConfig& config,
+                                                         const ParallelLayout& layout,
+                                                         const train::AdamWOptions& adamw,
+                                                         std::chrono::milliseconds timeout,
+                                                         const TrainRanks& ranks) {
+  const int world = ranks.group ? ranks.group->size() : 1;
+  const int rank = ranks.group ? ranks.group->rank() : 0;
+  const LayoutPlace at = place_in(layout, rank);
+  DataParallelOptions o{.layout = layout, .adamw = adamw, .timeout = timeout};
+  DataParallelRanks groups;
+  if (layout.pp > 1) {
+    const model::ParamLayout params(config);
+    const model::Units units(config, params);
+    const model::Stage stage = pipeline_stages(units, layout.pp)[size_t(at.stage)];
+    for (int u = stage.first; u <= stage.last; ++u) o.units.push_back(u);
+    o.tied_replica = config.tie_embeddings && at.stage == layout.pp - 1;
+  }
+  if (world == 1) {
+    return std::make_unique<DataParallel>(config, o, std::move(groups));
+  }
+  // Splits are collective over the job: every rank makes them, in this order.
+  const bool tied =
+      config.tie_embeddings && layout.pp > 1 && (at.stage == 0 || at.stage == layout.pp - 1);
+  if (layout.pp == 1) {
+    groups.group = ranks.group;
+  } else {
+    WL_ASSIGN_OR_RETURN(groups.group, ranks.group->split({.color = at.stage, .key = at.dp_rank}));
+    WL_ASSIGN_OR_RETURN(groups.stages, ranks.group->split({.color = at.dp_rank, .key = at.stage}));
+    WL_ASSIGN_OR_RETURN(
+        groups.tied,
+        ranks.group->split({.color = tied ? at.dp_rank : comm::kNoColor, .key = at.stage}));
+  }
+  if (layout.dp > 1) {
+    std::shared_ptr<comm::Group> comm = ranks.comm;
+    if (layout.pp > 1) {
+      WL_ASSIGN_OR_RETURN(comm, ranks.comm->split({.color = at.stage, .key = at.dp_rank}));
+    }
+    groups.queue = std::make_unique<CommQueue>(comm);
+  } else {
+    groups.group = nullptr;  // one rank per stage: nothing to sum within it
+  }
+  return std::make_unique<DataParallel>(config, o, std::move(groups));
 }
 
 namespace {

@@ -8,6 +8,7 @@
 #include "weightlift/comm/launch_env.h"
 #include "weightlift/comm/world.h"
 #include "weightlift/core/status.h"
+#include "weightlift/parallel/data_parallel.h"
 #include "weightlift/parallel/trainer.h"
 
 namespace wl::parallel {
@@ -22,6 +23,16 @@ struct Job {
   int size() const { return world.env.world_size; }
 };
 Result<Job> connect_job(const comm::LaunchEnv& env, std::chrono::milliseconds timeout);
+
+// This rank's share of the model under `layout` (which must fit the job: validate()): its
+// stage's units, and the groups it works with, split from `ranks` (collective over the job):
+// data parallel within its stage, the stages of its data-parallel index, and with tied
+// embeddings the first and last stage. One process: no groups.
+Result<std::unique_ptr<DataParallel>> make_data_parallel(const model::ModelConfig& config,
+                                                         const ParallelLayout& layout,
+                                                         const train::AdamWOptions& adamw,
+                                                         std::chrono::milliseconds timeout,
+                                                         const TrainRanks& ranks);
 
 // processes.json in `dir`: every rank's {"rank", "pid", "host", "role"}, so an operator can
 // find and signal one ("role": "dp-rank-3"). Collective over the job's store: every rank

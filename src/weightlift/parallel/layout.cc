@@ -28,10 +28,20 @@ std::optional<DpMode> dp_mode_from_name(std::string_view name) {
   return std::nullopt;
 }
 
-Status validate(const ParallelLayout& l, int world, int64_t batch) {
-  if (l.dp < 1 || l.dp != world) {
-    return invalid_argument("data-parallel size " + std::to_string(l.dp) + " does not fit " +
+Status validate(const ParallelLayout& l, int world, const model::ModelConfig& c, int64_t batch) {
+  if (l.pp < 1 || world % l.pp != 0) {
+    return invalid_argument("--pp " + std::to_string(l.pp) + " does not divide the " +
                             std::to_string(world) + " ranks");
+  }
+  if (l.pp > c.num_layers) {
+    return invalid_argument("--pp " + std::to_string(l.pp) + " stages for " +
+                            std::to_string(c.num_layers) +
+                            " layers: every stage needs at least one");
+  }
+  if (l.dp < 1 || l.dp * l.pp != world) {
+    return invalid_argument("data-parallel size " + std::to_string(l.dp) + " x " +
+                            std::to_string(l.pp) + " stages does not fit " + std::to_string(world) +
+                            " ranks");
   }
   if (l.micro_batches < 1) {
     return invalid_argument("--micro-batches " + std::to_string(l.micro_batches) +
@@ -49,6 +59,11 @@ Status validate(const ParallelLayout& l, int world, int64_t batch) {
                             " data-parallel ranks = " + std::to_string(parts));
   }
   return ok_status();
+}
+
+LayoutPlace place_in(const ParallelLayout& l, int rank) {
+  WL_CHECK(rank >= 0 && rank < l.dp * l.pp) << "rank " << rank;
+  return {rank / l.dp, rank % l.dp};
 }
 
 RowRange micro_batch_rows(const ParallelLayout& l, int64_t batch, int micro_batch, int rank) {

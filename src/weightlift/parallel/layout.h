@@ -1,6 +1,7 @@
-// Where a training job runs: how many ranks hold a copy of the model (data parallel), how
-// each copy keeps its parameters, gradients and optimizer state (--dp-mode), and how the
-// global batch is cut into micro-batches. A layout never changes the maths: `--batch` is the
+// Where a training job runs: how many pipeline stages the model is cut into (--pp), how many
+// ranks hold a copy of each stage (data parallel), how each copy keeps its parameters,
+// gradients and optimizer state (--dp-mode), and how the global batch is cut into
+// micro-batches. A layout never changes the maths: `--batch` is the
 // global batch, each micro-batch is the same rows in every layout, and the router's aux and
 // z losses are those of a whole micro-batch, whichever ranks hold its rows.
 #pragma once
@@ -11,6 +12,7 @@
 
 #include "weightlift/core/status.h"
 #include "weightlift/model/config.h"
+#include "weightlift/parallel/pipeline_schedule.h"
 
 namespace wl::parallel {
 
@@ -26,7 +28,9 @@ std::optional<DpMode> dp_mode_from_name(std::string_view name);
 
 struct ParallelLayout {
   DpMode dp_mode = DpMode::kDdp;
-  int dp = 1;  // data-parallel ranks: the world
+  int dp = 1;  // data-parallel ranks: world / pp
+  int pp = 1;  // pipeline stages (pipeline.h)
+  PipelineSchedule schedule = PipelineSchedule::k1F1B;
   // The global batch is cut into this many micro-batches per step, each run forward and
   // backward before the next (gradient accumulation); each data-parallel rank takes an equal
   // share of every micro-batch's rows.
@@ -40,8 +44,16 @@ struct ParallelLayout {
   bool shards_optimizer() const { return dp_mode != DpMode::kDdp; }
 };
 
-// A layout that fits `world` ranks and a global batch of `batch` rows: errors name the flag.
-Status validate(const ParallelLayout& layout, int world, int64_t batch);
+// A layout that fits `world` ranks, the model and a global batch of `batch` rows: errors name
+// the flag.
+Status validate(const ParallelLayout& layout, int world, const model::ModelConfig& config,
+                int64_t batch);
+
+// Where job rank `rank` sits: stage-major (rank = stage * dp + data-parallel rank).
+struct LayoutPlace {
+  int stage = 0, dp_rank = 0;
+};
+LayoutPlace place_in(const ParallelLayout& layout, int rank);
 
 // Rows [begin, end) of the global batch that data-parallel rank `rank` takes of micro-batch m.
 struct RowRange {

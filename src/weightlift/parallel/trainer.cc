@@ -14,6 +14,8 @@
 #include "weightlift/model/token_batch.h"
 #include "weightlift/parallel/checkpoint.h"
 #include "weightlift/parallel/data_parallel.h"
+#include "weightlift/parallel/job.h"
+#include "weightlift/parallel/pipeline.h"
 #include "weightlift/parallel/step.h"
 #include "weightlift/train/brown.h"
 #include "weightlift/train/data.h"
@@ -64,10 +66,11 @@ class Run {
   const TrainSummary& summary() const { return summary_; }
 
  private:
-  bool writer() const { return dp_->rank() == 0; }
+  bool writer() const { return dp_->job_rank() == 0; }
   Status check_layout() const {
-    return validate(o_.layout, ranks_.group ? ranks_.group->size() : 1, batch_);
+    return validate(o_.layout, ranks_.group ? ranks_.group->size() : 1, cfg_, batch_);
   }
+  bool pipelined() const { return o_.layout.pp > 1; }
   Result<train::StepMetrics> update_once();
   Status save(const std::string& dir);
 
@@ -136,16 +139,7 @@ Status Run::load_data() {
 }
 
 Status Run::make_state() {
-  std::unique_ptr<CommQueue> queue;
-  if (ranks_.group && ranks_.group->size() > 1) {
-    if (!ranks_.comm || ranks_.comm->size() != ranks_.group->size()) {
-      return invalid_argument("training on several ranks needs a second group over them");
-    }
-    queue = std::make_unique<CommQueue>(ranks_.comm);
-  }
-  dp_ = std::make_unique<DataParallel>(
-      cfg_, DataParallelOptions{.layout = o_.layout, .adamw = o_.adamw, .timeout = o_.timeout},
-      ranks_.group && ranks_.group->size() > 1 ? ranks_.group : nullptr, std::move(queue));
+  WL_ASSIGN_OR_RETURN(dp_, make_data_parallel(cfg_, o_.layout, o_.adamw, o_.timeout, ranks_));
   sched_ = o_.schedule;
   sched_.total_steps = o_.steps;
   sampler_.emplace(&train_stream_, o_.seed + 1);
@@ -201,11 +195,13 @@ Result<train::StepMetrics> Run::update_once() {
   const train::Batch global = o_.batch_file.empty() ? sampler_->next(batch_, seq_) : fixed_;
   train::StepMetrics m;
   m.lr = sched_.at(step_);
-  WL_ASSIGN_OR_RETURN(StepResult r, run_step(*dp_, global,
-                                             {.precision = o_.precision,
-                                              .checkpointing = o_.checkpointing,
-                                              .lr = m.lr,
-                                              .loss_scale = f16 ? scaler_.scale : 1.0}));
+  const StepSettings settings{.precision = o_.precision,
+                              .checkpointing = o_.checkpointing,
+                              .lr = m.lr,
+                              .loss_scale = f16 ? scaler_.scale : 1.0};
+  WL_ASSIGN_OR_RETURN(StepResult r,
+                      pipelined() ? run_pipeline_step(*dp_, global, settings, o_.layout.schedule)
+                                  : run_step(*dp_, global, settings));
   if (f16) scaler_.update(r.report.skipped);
   tokens_done_ += global.batch * global.seq;
   ++step_;
@@ -229,11 +225,13 @@ Status Run::run_updates() {
   clock_.restart();
   const int64_t last = o_.stop_after > 0 ? std::min(o_.stop_after, o_.steps) : o_.steps;
   while (step_ < last) {
-    if (o_.die_at_step == step_ + 1 && dp_->rank() == o_.die_rank) ::raise(SIGKILL);
+    if (o_.die_at_step == step_ + 1 && dp_->job_rank() == o_.die_rank) ::raise(SIGKILL);
     WL_ASSIGN_OR_RETURN(train::StepMetrics m, update_once());
     const bool eval_now = (o_.eval_every > 0 && step_ % o_.eval_every == 0) || step_ == o_.steps;
     if (!val_batches_.empty() && eval_now) {
-      WL_ASSIGN_OR_RETURN(m.val_loss, evaluate(*dp_, val_batches_, o_.precision));
+      WL_ASSIGN_OR_RETURN(m.val_loss, pipelined()
+                                          ? evaluate_pipeline(*dp_, val_batches_, o_.precision)
+                                          : evaluate(*dp_, val_batches_, o_.precision));
       summary_.final_val_loss = m.val_loss;
     }
     if (writer()) {
@@ -254,7 +252,7 @@ Status Run::run_updates() {
 Status Run::write_outputs() {
   WL_RETURN_IF_ERROR(save(o_.out_dir + "/checkpoint-" + std::to_string(step_)));
   std::vector<float> full(size_t(dp_->layout().total()));
-  WL_RETURN_IF_ERROR(dp_->gather_params(full.data()));
+  WL_RETURN_IF_ERROR(dp_->gather_model(full.data()));
   if (!writer()) return ok_status();
   WL_RETURN_IF_ERROR(model::save_config(cfg_, o_.out_dir + "/config.json"));
   std::vector<std::pair<std::string, Tensor>> tensors;
