@@ -2,6 +2,7 @@
 
 #include "bench/train.h"
 #include "commands.h"
+#include "validate.h"
 #include "weightlift/core/cpu.h"
 
 namespace wl::app {
@@ -16,12 +17,16 @@ void register_bench(CLI::App& app, Outcome& out) {
   auto precision = std::make_shared<std::string>("f32");
   auto json = std::make_shared<bool>(false);
   cmd->add_option("--preset", o->preset)->capture_default_str();
-  cmd->add_option("--batch", o->batch)->capture_default_str();
-  cmd->add_option("--seq", o->seq)->capture_default_str();
+  cmd->add_option("--batch", o->batch)->capture_default_str()->transform(count(1, kMaxRows));
+  cmd->add_option("--seq", o->seq)->capture_default_str()->transform(count(1, kMaxRows));
   cmd->add_option("--precision,--dtype", *precision, "f32, bf16 or f16 GEMM operands")
       ->capture_default_str();
-  cmd->add_option("--steps", o->steps, "timed steps")->capture_default_str();
-  cmd->add_option("--warmup", o->warmup_steps, "untimed steps first")->capture_default_str();
+  cmd->add_option("--steps", o->steps, "timed steps")
+      ->capture_default_str()
+      ->transform(count(1, 1000000));
+  cmd->add_option("--warmup", o->warmup_steps, "untimed steps first")
+      ->capture_default_str()
+      ->transform(count(0, 1000000));
   cmd->add_flag("--checkpointing", o->checkpointing);
   auto dp_mode = std::make_shared<std::string>("ddp");
   cmd->add_option("--dp-mode", *dp_mode, "under a launcher: ddp, zero1, zero2 or fsdp")

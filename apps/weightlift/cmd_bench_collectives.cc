@@ -7,6 +7,7 @@
 
 #include "bench/collectives.h"
 #include "commands.h"
+#include "validate.h"
 #include "weightlift/comm/launch_env.h"
 #include "weightlift/comm/world.h"
 
@@ -18,7 +19,7 @@ struct BenchCollectivesArgs {
   std::string ops = "allreduce,allgather,reduce_scatter,broadcast";
   std::string min_bytes = "8", max_bytes = "256M", dtype = "F32", algorithm = "auto";
   std::string bind_address = "127.0.0.1";
-  int timeout_s = 60;
+  int timeout_s = 60;  // validate.h seconds(): at least 1
 };
 
 Status run_bench_collectives(BenchCollectivesArgs a) {
@@ -64,14 +65,22 @@ void register_bench_collectives(CLI::App& bench, Outcome& out) {
   auto a = std::make_shared<BenchCollectivesArgs>();
   cmd->add_option("--ops", a->ops, "comma-separated: allreduce,allgather,reduce_scatter,broadcast")
       ->capture_default_str();
-  cmd->add_option("--min-bytes", a->min_bytes, "smallest size (K/M/G suffixes)")
-      ->capture_default_str();
-  cmd->add_option("--max-bytes", a->max_bytes, "largest size (K/M/G suffixes)")
-      ->capture_default_str();
-  cmd->add_option("--factor", a->o.factor, "size multiplier between rows")->capture_default_str();
+  cmd->add_option("--min-bytes", a->min_bytes, "smallest size (K/M/G/T suffixes)")
+      ->capture_default_str()
+      ->transform(bytes(1, kTiB));
+  cmd->add_option("--max-bytes", a->max_bytes, "largest size (K/M/G/T suffixes)")
+      ->capture_default_str()
+      ->transform(bytes(1, kTiB));
+  cmd->add_option("--factor", a->o.factor, "size multiplier between rows")
+      ->capture_default_str()
+      ->transform(count(2, 1024));
   cmd->add_option("--dtype", a->dtype, "F32, BF16, F16, I32, I64, U8")->capture_default_str();
-  cmd->add_option("--iters", a->o.iters, "timed calls per size (0: auto)")->capture_default_str();
-  cmd->add_option("--warmup", a->o.warmup, "untimed calls per size")->capture_default_str();
+  cmd->add_option("--iters", a->o.iters, "timed calls per size (0: auto)")
+      ->capture_default_str()
+      ->transform(count(0, 1000000));
+  cmd->add_option("--warmup", a->o.warmup, "untimed calls per size")
+      ->capture_default_str()
+      ->transform(count(0, 1000000));
   cmd->add_flag("--check,!--no-check", a->o.check, "verify each row with exact data");
   cmd->add_flag("--json", a->o.json, "one JSON object per row");
   cmd->add_flag("--pin,!--no-pin", a->o.pin, "pin rank r to core r % cores (as mpirun binds)");
@@ -79,7 +88,9 @@ void register_bench_collectives(CLI::App& bench, Outcome& out) {
       ->capture_default_str();
   cmd->add_option("--bind-address", a->bind_address, "where rank 0's store listens")
       ->capture_default_str();
-  cmd->add_option("--timeout", a->timeout_s, "seconds per call")->capture_default_str();
+  cmd->add_option("--timeout", a->timeout_s, "seconds per call")
+      ->capture_default_str()
+      ->transform(seconds());
   cmd->callback(
       [&out, a] { out.exit_code = report("bench collectives", run_bench_collectives(*a)); });
 }

@@ -1,6 +1,7 @@
 #include <cstdio>
 
 #include "commands.h"
+#include "validate.h"
 #include "weightlift/model/generate.h"
 #include "weightlift/train/tokenizer.h"
 
@@ -22,7 +23,10 @@ Status run_generate(const GenerateArgs& a) {
   model::Transformer m(cfg);
   WL_RETURN_IF_ERROR(m.load(weights));
   std::vector<std::vector<int64_t>> prompts;
-  for (const std::string& p : a.prompts) prompts.push_back(train::encode(p));
+  for (const std::string& p : a.prompts) {
+    if (p.empty()) return invalid_argument("--prompt '': expected at least one character");
+    prompts.push_back(train::encode(p));
+  }
   model::GenerateOptions opts = a.gen;
   WL_ASSIGN_OR_RETURN(model::Generation g, model::generate(m, prompts, opts));
   for (size_t r = 0; r < prompts.size(); ++r) {
@@ -60,12 +64,19 @@ void register_generate(CLI::App& app, Outcome& out) {
   cmd->add_option("--config", a->config, "config.json (instead of --run)");
   cmd->add_option("--weights", a->weights, "safetensors weights (instead of --run)");
   cmd->add_option("--prompt", a->prompts, "prompt text; repeat for a batch")->capture_default_str();
-  cmd->add_option("--max-new-tokens", a->gen.max_new_tokens)->capture_default_str();
+  cmd->add_option("--max-new-tokens", a->gen.max_new_tokens)
+      ->capture_default_str()
+      ->transform(count(0, kMaxRows));
   cmd->add_option("--temperature", a->gen.sampling.temperature, "0 = greedy")
-      ->capture_default_str();
-  cmd->add_option("--top-k", a->gen.sampling.top_k, "0 = off")->capture_default_str();
-  cmd->add_option("--top-p", a->gen.sampling.top_p, "1 = off")->capture_default_str();
-  cmd->add_option("--seed", a->gen.seed)->capture_default_str();
+      ->capture_default_str()
+      ->transform(real({.lo = 0, .hi = 1e6}));
+  cmd->add_option("--top-k", a->gen.sampling.top_k, "0 = off")
+      ->capture_default_str()
+      ->transform(count(0, kMaxRows));
+  cmd->add_option("--top-p", a->gen.sampling.top_p, "1 = off")
+      ->capture_default_str()
+      ->transform(real(kProbability));
+  cmd->add_option("--seed", a->gen.seed)->capture_default_str()->transform(u64());
   auto no_cache = std::make_shared<bool>(false);
   cmd->add_flag("--no-kv-cache", *no_cache, "recompute the whole prefix every step");
   cmd->add_flag("--compare-cache", a->compare_cache,

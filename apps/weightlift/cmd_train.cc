@@ -4,6 +4,7 @@
 #include "commands.h"
 #include "report/loss_plot.h"
 #include "report/progress.h"
+#include "train_flags.h"
 #include "weightlift/comm/launch_env.h"
 #include "weightlift/parallel/job.h"
 #include "weightlift/parallel/pipeline_schedule.h"
@@ -167,6 +168,7 @@ void register_train(CLI::App& app, Outcome& out) {
   cmd->add_option("--out", o->out_dir, "output directory")->capture_default_str();
   cmd->add_option("--out-weights", o->out_weights, "also write the final weights here");
   cmd->add_flag("--quiet", f->quiet, "no progress bar or summary");
+  add_train_flag_ranges(*cmd);
   cmd->callback([&out, o, f] { out.exit_code = report("train", run_train(*o, *f)); });
 }
 

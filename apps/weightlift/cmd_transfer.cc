@@ -6,6 +6,7 @@
 #include "report/progress.h"
 #include "report/transfer_plan.h"
 #include "report/transfer_simulate.h"
+#include "validate.h"
 #include "weightlift/model/config.h"
 #include "weightlift/transfer/plan/offline_metadata.h"
 
@@ -47,32 +48,46 @@ void register_transfer_simulate(CLI::App& transfer, Outcome& out) {
   auto a = std::make_shared<SimulateArgs>();
   transfer::ClusterOptions& o = a->cluster;
   sim->add_option("--model", o.model, "kimi-k2 or a preset")->capture_default_str();
-  sim->add_option("--trainers", o.trainers, "trainer GPUs")->capture_default_str();
-  sim->add_option("--receivers", o.receivers, "inference GPUs")->capture_default_str();
-  sim->add_option("--gpus-per-node", o.gpus_per_node)->capture_default_str();
+  sim->add_option("--trainers", o.trainers, "trainer GPUs")
+      ->capture_default_str()
+      ->transform(count(1, kMaxSimulatedGpus));
+  sim->add_option("--receivers", o.receivers, "inference GPUs")
+      ->capture_default_str()
+      ->transform(count(1, kMaxSimulatedGpus));
+  sim->add_option("--gpus-per-node", o.gpus_per_node)
+      ->capture_default_str()
+      ->transform(count(1, 1024));
   sim->add_option("--engine-gpus", o.engine_gpus,
                   "GPUs per inference engine (its TP and EP degree)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(count(1, kMaxSimulatedGpus));
   sim->add_option("--dense-mesh", o.dense_mesh, "trainer FSDP mesh of the dense weights")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(count(1, kMaxSimulatedGpus));
   sim->add_option("--expert-mesh", o.expert_mesh,
                   "trainer mesh of one expert-parallel position (0: experts as dense)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(count(0, kMaxSimulatedGpus));
   sim->add_option("--dtype", a->dtype, "what receivers hold: fp8 or bf16")->capture_default_str();
   sim->add_option("--shard-dtype", a->shard_dtype, "what trainers hold: bf16 or f32")
       ->capture_default_str();
   sim->add_option("--nic-gbps", o.network.nic_gbps, "per-GPU NIC, Gb/s each way")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(real(kPositive));
   sim->add_option("--nvlink-gbps", o.network.nvlink_gbps, "per-GPU NVLink, Gb/s each way")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(real(kPositive));
   sim->add_option("--message-overhead-us", o.network.message_overhead_us,
                   "sender time per put, microseconds")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(real(kNonNegative));
   sim->add_option("--prepare-gbs", o.network.prepare_gbs,
                   "GB/s (bytes) of shards one GPU casts or quantizes")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(real(kPositive));
   sim->add_option("--barrier-ms", o.network.barrier_ms, "global barrier per mesh group")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(real(kNonNegative));
   sim->add_flag("--overlap,!--no-overlap", o.network.overlap, "pipeline the stages (seed 000)")
       ->capture_default_str();
   sim->add_flag("--sensitivity,!--no-sensitivity", o.sensitivity,
@@ -103,11 +118,18 @@ void register_transfer_plan(CLI::App& transfer, Outcome& out) {
       "plan", "the static transfer plan for a trainer/receiver layout, with bytes per rank");
   auto a = std::make_shared<PlanArgs>();
   plan->add_option("--preset", a->preset)->capture_default_str();
-  plan->add_option("--trainers", a->job.trainers, "trainer ranks")->capture_default_str();
+  plan->add_option("--trainers", a->job.trainers, "trainer ranks")
+      ->capture_default_str()
+      ->transform(count(1, kMaxSimulatedGpus));
   plan->add_option("--mesh-size", a->job.mesh_size, "FSDP mesh size (0 = all trainers)")
-      ->capture_default_str();
-  plan->add_option("--receivers", a->job.receivers, "receiver ranks")->capture_default_str();
-  plan->add_option("--tp", a->job.tp, "TP degree of each inference engine")->capture_default_str();
+      ->capture_default_str()
+      ->transform(count(0, kMaxSimulatedGpus));
+  plan->add_option("--receivers", a->job.receivers, "receiver ranks")
+      ->capture_default_str()
+      ->transform(count(1, kMaxSimulatedGpus));
+  plan->add_option("--tp", a->job.tp, "TP degree of each inference engine")
+      ->capture_default_str()
+      ->transform(count(1, 1024));
   plan->add_option("--dtype", a->dtype, "what receivers hold: bf16 or fp8")->capture_default_str();
   plan->add_option("--shard-dtype", a->shard_dtype, "what trainers hold: f32 or bf16")
       ->capture_default_str();
@@ -153,22 +175,32 @@ void register_bench_transfer(CLI::App& bench, Outcome& out) {
   auto a = std::make_shared<BenchTransferArgs>();
   BenchTransferOptions& o = a->o;
   cmd->add_option("--preset", o.preset)->capture_default_str();
-  cmd->add_option("--trainers", o.trainers)->capture_default_str();
-  cmd->add_option("--receivers", o.receivers)->capture_default_str();
-  cmd->add_option("--tp", o.tp)->capture_default_str();
+  cmd->add_option("--trainers", o.trainers)->capture_default_str()->transform(count(1, kMaxRanks));
+  cmd->add_option("--receivers", o.receivers)
+      ->capture_default_str()
+      ->transform(count(1, kMaxRanks));
+  cmd->add_option("--tp", o.tp)->capture_default_str()->transform(count(1, kMaxRanks));
   cmd->add_option("--dtype", a->dtype, "what receivers hold: bf16 or fp8")->capture_default_str();
   cmd->add_option("--mode", a->mode, "p2p, broadcast or naive")->capture_default_str();
   cmd->add_option("--shard-dtype", a->shard_dtype, "what trainers hold: bf16 or f32")
       ->capture_default_str();
   cmd->add_option("--ranks", a->ranks, "processes (one per rank) or threads (of this process)")
       ->capture_default_str();
-  cmd->add_option("--updates", o.updates, "timed updates")->capture_default_str();
-  cmd->add_option("--watermark-bytes", o.watermark_bytes)->capture_default_str();
-  cmd->add_option("--bucket-bytes", o.bucket_bytes)->capture_default_str();
+  cmd->add_option("--updates", o.updates, "timed updates")
+      ->capture_default_str()
+      ->transform(count(1, 1000000));
+  cmd->add_option("--watermark-bytes", o.watermark_bytes)
+      ->capture_default_str()
+      ->transform(bytes(1, kTiB));
+  cmd->add_option("--bucket-bytes", o.bucket_bytes)
+      ->capture_default_str()
+      ->transform(bytes(1, kTiB));
   cmd->add_option("--timeout", o.timeout_s, "seconds any rank waits for any step")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(seconds());
   cmd->add_option("--memcpy-bytes", o.memcpy_bytes, "buffer of the copy-rate measurement")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(bytes(1, kTiB));
   cmd->add_flag("--verify,!--no-verify", o.verify, "check receivers against the reference");
   cmd->add_flag("--json", o.json, "one JSON object");
   cmd->add_flag("--as-rank", a->as_rank, "(internal) one rank of a process run")->group("");

@@ -1,8 +1,10 @@
 // weightlift: train MoE transformers, move their weights, post-train them with RL.
 #include <cstdio>
+#include <exception>
 #include <new>
 
 #include "commands.h"
+#include "validate.h"
 #include "weightlift/core/parallel.h"
 
 namespace wl::app {
@@ -13,6 +15,47 @@ int report(const char* command, const Status& s) {
   return 1;
 }
 
+namespace {
+
+// The subcommands the parser had entered ("bench transfer"), and the innermost one.
+std::string command_path(const CLI::App& app, const CLI::App** innermost) {
+  std::string path;
+  const CLI::App* a = &app;
+  for (auto subs = a->get_subcommands(); !subs.empty(); subs = a->get_subcommands()) {
+    a = subs.front();
+    path += (path.empty() ? "" : " ") + a->get_name();
+  }
+  *innermost = a;
+  return path;
+}
+
+// A command that needs a subcommand and got none, or a word that is none of them: CLI11 says
+// "A subcommand is required"; say which word was not one and what would have been.
+std::string explain_subcommand(const CLI::App& a) {
+  if (a.get_require_subcommand_min() == 0 || !a.get_subcommands().empty()) return {};
+  std::string names;
+  for (const CLI::App* sub : a.get_subcommands([](const CLI::App*) { return true; }))
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+  for (const std::string& word : a.remaining()) {
+    if (!word.empty() && word[0] != '-')
+      return "unknown subcommand '" + word + "'; expected one of " + names;
+  }
+  return "a subcommand is required: one of " + names;
+}
+
+// One line for any error of the command line itself (an unknown flag, a value out of range),
+// exit code 1, as for every other error (docs/errors.md).
+int report_parse_error(const CLI::App& app, const CLI::ParseError& e) {
+  const CLI::App* innermost = nullptr;
+  const std::string path = command_path(app, &innermost);
+  std::string message = explain_subcommand(*innermost);
+  if (message.empty()) message = e.what();
+  std::fprintf(stderr, "weightlift%s%s: InvalidArgument: %s\n", path.empty() ? "" : " ",
+               path.c_str(), printable(message).c_str());
+  return 1;
+}
+
+}  // namespace
 }  // namespace wl::app
 
 int main(int argc, char** argv) {
@@ -20,7 +63,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   int threads = 0;
   app.add_option("--threads", threads, "compute threads (0 = one per core)")
-      ->check(CLI::NonNegativeNumber);
+      ->transform(wl::app::count(0, wl::app::kMaxThreads));
   app.parse_complete_callback([&] { wl::set_num_threads(threads); });
   wl::app::Outcome out;
   wl::app::register_train(app, out);
@@ -32,11 +75,20 @@ int main(int argc, char** argv) {
   wl::app::register_topo(app, out);
   wl::app::register_transfer(app, out);
   try {
-    CLI11_PARSE(app, argc, argv);
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help: the usage, on stdout
+    return wl::app::report_parse_error(app, e);
   } catch (const std::bad_alloc&) {
     // Out of memory where nothing could return a Status (a tensor, a oneDNN primitive): one
     // line and exit code 1, as every other error (docs/errors.md, "Out of memory").
     std::fprintf(stderr, "weightlift: ResourceExhausted: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    // An exception no layer turned into a Status is our bug, but the user still gets one line
+    // and exit code 1 rather than an abort.
+    std::fprintf(stderr, "weightlift: Internal: uncaught exception: %s\n",
+                 wl::printable(e.what()).c_str());
     return 1;
   }
   return out.exit_code;

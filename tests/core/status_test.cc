@@ -33,6 +33,21 @@ TEST(Status, ResultCarriesValueOrError) {
   EXPECT_EQ(r.status().to_string(), "InvalidArgument: x must be positive, got -1");
 }
 
+TEST(Status, PrintableEscapesControlsAndBrokenUtf8) {
+  EXPECT_EQ(printable("plain text, caf\xc3\xa9, \xe2\x82\xac"),
+            "plain text, caf\xc3\xa9, \xe2\x82\xac");
+  EXPECT_EQ(printable("a\nb\r\x1b[31m\x7f"), "a\\x0ab\\x0d\\x1b[31m\\x7f");
+  EXPECT_EQ(printable(std::string_view("nul\0", 4)), "nul\\x00");
+  // C1 controls (U+009B is CSI), a stray continuation byte, an overlong '/', a surrogate, a
+  // sequence cut short at the end.
+  EXPECT_EQ(printable("\xc2\x9b"), "\\xc2\\x9b");
+  EXPECT_EQ(printable("\x80"), "\\x80");
+  EXPECT_EQ(printable("\xc0\xaf"), "\\xc0\\xaf");
+  EXPECT_EQ(printable("\xed\xa0\x80"), "\\xed\\xa0\\x80");
+  EXPECT_EQ(printable("\xe2\x82"), "\\xe2\\x82");
+  EXPECT_EQ(invalid_argument("key 'a\nb'").to_string(), "InvalidArgument: key 'a\\x0ab'");
+}
+
 TEST(Status, ContextIsPrefixed) {
   Status s = check_both(1, 0);
   EXPECT_EQ(s.message(), "second: x must be positive, got 0");

@@ -41,7 +41,8 @@ class [[nodiscard]] Status {
   StatusCode code() const { return code_; }
   const std::string& message() const { return message_; }
 
-  // "NotFound: config.json: no such file". OK prints as "OK".
+  // "NotFound: config.json: no such file". OK prints as "OK". The message goes through
+  // printable(): it often quotes what the world gave us (a file name, a key, a preset).
   std::string to_string() const;
 
   // Returns a copy whose message is "context: message"; for adding where a failure happened
@@ -54,6 +55,11 @@ class [[nodiscard]] Status {
 };
 
 inline Status ok_status() { return Status(); }
+
+// `text` safe to print on one line of a terminal: control characters (C0, DEL, C1) and bytes
+// that are not UTF-8 become \xNN, so a name that holds a newline or an escape sequence can
+// neither split an error into two lines nor repaint the user's terminal.
+std::string printable(std::string_view text);
 
 // Factories, one per code, so call sites read as what happened.
 Status invalid_argument(std::string message);

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Flags a careless user types, through the real command: each is refused at the edge with one
+line that names the flag and the allowed range, before any work starts (no internal check, no
+crash, no run that goes ahead with a value that makes no sense), and the messages are ones a
+person can act on: the CLI parser's errors on one line without 308-digit ranges, an unknown
+subcommand named, control characters in names escaped.
+
+Run by CTest with the path of the weightlift binary (tests/cli/harness.py has the rules)."""
+import os
+import sys
+import tempfile
+
+from harness import Suite, write_tiny_model
+
+
+def with_flag(prefix, base, flag, value):
+    """prefix + base's flags (a dict) with `flag` set to `value`: CLI11 refuses a flag given
+    twice, so the flag under test replaces its base value."""
+    flags = dict(base, **{flag: value})
+    return prefix + [x for kv in flags.items() for x in kv]
+
+
+def sampling(s, d):
+    cfg, w, _ = write_tiny_model(d)
+    gen = ["generate", "--config", cfg, "--weights", w]
+    base = {"--max-new-tokens": "4"}
+    for flag, value, allowed in (("--top-p", "0", "(0, 1]"), ("--top-p", "1.5", "(0, 1]"),
+                                 ("--top-p", "nan", "(0, 1]"), ("--top-k", "-5", "[0,"),
+                                 ("--temperature", "nan", "[0, 1000000]"),
+                                 ("--temperature", "-1", "[0, 1000000]"),
+                                 ("--temperature", "inf", "[0, 1000000]"),
+                                 ("--max-new-tokens", "-1", "[0,")):
+        s.expect_error(f"generate {flag} {value}", with_flag(gen, base, flag, value), flag, allowed)
+    s.expect_error("generate: an empty prompt", with_flag(gen, base, "--prompt", ""), "--prompt")
+
+
+def threads(s, d):
+    for value in ("100000", "-1", "1e3"):
+        s.expect_error(f"--threads {value}", ["--threads", value, "model-info"], "--threads",
+                       "[0, 1024]")
+
+
+def optimizer(s, d):
+    _, _, batch = write_tiny_model(d)
+    train = ["train", "--preset", "tiny", "--batch-file", batch, "--quiet", "--out",
+             os.path.join(d, "run")]
+    base = {"--steps": "2", "--batch": "1", "--seq": "8"}
+    for flag, value, allowed in (("--lr", "nan", "(0, inf)"), ("--lr", "-1", "(0, inf)"),
+                                 ("--lr", "0", "(0, inf)"), ("--lr", "inf", "(0, inf)"),
+                                 ("--min-lr", "-1", "[0, inf)"),
+                                 ("--adam-eps", "0", "(0, inf)"),
+                                 ("--beta1", "1", "[0, 1)"), ("--beta2", "-3", "[0, 1)"),
+                                 ("--beta2", "nan", "[0, 1)"),
+                                 ("--weight-decay", "-0.1", "[0, inf)"),
+                                 ("--grad-clip", "-1", "[0, inf)"),
+                                 ("--warmup-steps", "-1", "[0,"),
+                                 ("--steps", "0", "[1,"),
+                                 ("--steps", "99999999999999999999999", "[1,"),
+                                 ("--steps", "abc", "[1,"),
+                                 ("--batch", "0", "[1,"), ("--micro-batches", "-2", "[1,"),
+                                 ("--timeout", "0", "(0, 86400]"), ("--pp", "0", "[1,"),
+                                 ("--seq", "-1", "[0,"), ("--eval-every", "-1", "[0,"),
+                                 ("--checkpoint-every", "-5", "[0,"),
+                                 ("--seed", "-1", "[0,")):
+        s.expect_error(f"train {flag} {value}", with_flag(train, base, flag, value), flag,
+                       allowed)
+
+
+def counts_and_sizes(s, d):
+    for flag, value, allowed in (("--timeout", "0", "[1, 86400]"),
+                                 ("--timeout", "-5", "[1, 86400]"),
+                                 ("--max-bytes", "99999999999G", "--max-bytes"),
+                                 ("--max-bytes", "64Q", "K, M, G, T"),
+                                 ("--min-bytes", "-1", "--min-bytes"),
+                                 ("--factor", "1", "[2,"), ("--iters", "-1", "[0,")):
+        # Small sizes and one call each: on a tree that accepted the flag this runs, briefly.
+        base = {"--max-bytes": "1K", "--iters": "1", "--warmup": "0"}
+        s.expect_error(f"bench collectives {flag} {value}",
+                       with_flag(["bench", "collectives", "--ops", "allreduce"], base, flag,
+                                 value), flag, allowed)
+    for flag, value, allowed in (("--timeout", "0", "[1, 86400]"), ("--trainers", "0", "[1,"),
+                                 ("--updates", "0", "[1,"),
+                                 ("--watermark-bytes", "-1", "bytes"),
+                                 ("--bucket-bytes", "12X", "K, M, G, T")):
+        s.expect_error(f"bench transfer {flag} {value}",
+                       ["bench", "transfer", "--preset", "tiny", "--ranks", "threads",
+                        "--memcpy-bytes", "1M", flag, value], flag, allowed)
+    for flag, value, allowed in (("--trainers", "0", "[1,"), ("--receivers", "-2", "[1,"),
+                                 ("--tp", "0", "[1,"), ("--mesh-size", "-1", "[0,")):
+        s.expect_error(f"transfer plan {flag} {value}", ["transfer", "plan", flag, value], flag,
+                       allowed)
+    for flag, value, allowed in (("--nic-gbps", "0", "(0, inf)"),
+                                 ("--nic-gbps", "nan", "(0, inf)"),
+                                 ("--barrier-ms", "-1", "[0, inf)"),
+                                 ("--trainers", "-256", "[1,")):
+        s.expect_error(f"transfer simulate {flag} {value}", ["transfer", "simulate", flag, value],
+                       flag, allowed)
+    for value in ("0", "100000"):
+        s.expect_error(f"launch -n {value}", ["launch", "-n", value, "--", "true"], "--nprocs",
+                       "[1, 1024]")
+    s.expect_error("launch --master-port 70000",
+                   ["launch", "-n", "1", "--master-port", "70000", "--", "true"],
+                   "--master-port", "[0, 65535]")
+    s.expect_error("bench train --batch 0", ["bench", "train", "--preset", "tiny", "--seq", "16", "--batch", "0"],
+                   "--batch", "[1,")
+
+
+def messages(s, d):
+    s.expect_error("unknown subcommand", ["trian"], "trian", "train")
+    s.expect_error("unknown subcommand of transfer", ["transfer", "plna"], "plna", "simulate")
+    s.expect_error("no subcommand", [], "subcommand", "train")
+    s.expect_error("unknown flag", ["model-info", "--presett", "tiny"], "--presett")
+    s.expect_error("a flag without its value", ["model-info", "--preset"], "--preset")
+    s.expect_error("control characters in a preset name",
+                   ["model-info", "--preset", "evil\x1b[31m\nred\x07"], "\\x1b", "\\x0a",
+                   forbidden=("\x1b",))
+    s.expect_error("control characters in a file name",
+                   ["model-info", "--config", os.path.join(d, "no\rsuch\x1b[2J.json")], "\\x0d")
+
+
+def main():
+    s = Suite(sys.argv[1], tempfile.mkdtemp(prefix="wl-bad-flags-"))
+    for group in (sampling, threads, optimizer, counts_and_sizes, messages):
+        with tempfile.TemporaryDirectory(dir=s.scratch) as d:
+            s.scratch_case = d
+            group(s, d)
+    os.rmdir(s.scratch)
+    s.finish()
+
+
+if __name__ == "__main__":
+    main()
