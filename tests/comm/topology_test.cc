@@ -3,6 +3,8 @@
 #include "weightlift/comm/topology.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/lsan_interface.h>
@@ -96,7 +98,13 @@ TEST(Topology, GpusWithTheNicOnTheOtherSocketCrossIt) {
 
 TEST(Topology, MissingOrMalformedXmlIsAnError) {
   EXPECT_EQ(read_topology({.xml_path = fixture("no_such_file.xml")}).status().code(),
-            StatusCode::kInvalidArgument);
+            StatusCode::kNotFound);
+  // A FIFO is refused before anything (hwloc included) blocks on it.
+  const std::string fifo = ::testing::TempDir() + "/topology_fifo.xml";
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_EQ(read_topology({.xml_path = fifo}).status().code(), StatusCode::kInvalidArgument);
+  ::unlink(fifo.c_str());
   const std::string bad = ::testing::TempDir() + "/bad_topology.xml";
   FILE* f = std::fopen(bad.c_str(), "w");
   ASSERT_NE(f, nullptr);

@@ -146,7 +146,8 @@ def check_adamw_case(ck, exe, cfg, seed):
              "--batch-file", p["batch.safetensors"], "--steps", str(steps), "--lr", str(base_lr),
              "--min-lr", str(min_lr), "--warmup-steps", str(warmup), "--grad-clip", str(clip),
              "--weight-decay", str(wd), "--beta1", str(betas[0]), "--beta2", str(betas[1]),
-             "--adam-eps", str(eps), "--out-weights", p["out.safetensors"], "--quiet"])
+             "--adam-eps", str(eps), "--out-weights", p["out.safetensors"], "--quiet",
+             "--out", os.path.join(d, "run")])
         ours = ref.read_safetensors(p["out.safetensors"])
     params = {k: v.clone().requires_grad_(True) for k, v in w.items()}
     decay = [v for k, v in params.items() if v.dim() > 1]

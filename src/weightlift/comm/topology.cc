@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <memory>
 
+#include "weightlift/core/file_io.h"
+
 namespace wl::comm {
 
 namespace {
@@ -227,9 +229,15 @@ Result<TopologyReport> read_topology(const TopologyOptions& o) {
   hwloc_topology_set_io_types_filter(raw, HWLOC_TYPE_FILTER_KEEP_ALL);
   TopologyReport r;
   r.source = o.xml_path.empty() ? "this machine" : o.xml_path;
-  if (!o.xml_path.empty() && hwloc_topology_set_xml(raw, o.xml_path.c_str()) != 0) {
-    return invalid_argument("topology: cannot read hwloc XML '" + o.xml_path +
-                            "' (missing or malformed; make one with lstopo --of xml)");
+  std::string xml;  // read here, so that a FIFO or a huge file never reaches hwloc
+  if (!o.xml_path.empty()) {
+    // A large machine's lstopo XML is a few MB.
+    WL_ASSIGN_OR_RETURN(xml, read_file(o.xml_path, uint64_t(64) << 20, "an hwloc XML topology"));
+    // The size hwloc wants counts the terminating NUL.
+    if (hwloc_topology_set_xmlbuffer(raw, xml.c_str(), int(xml.size() + 1)) != 0) {
+      return invalid_argument("topology: cannot read hwloc XML '" + o.xml_path +
+                              "' (malformed; make one with lstopo --of xml)");
+    }
   }
   if (hwloc_topology_load(raw) != 0) {
     return invalid_argument("topology: hwloc could not load " + r.source);

@@ -1,72 +1,275 @@
 #include "weightlift/core/file_io.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <utility>
 
 namespace wl {
 namespace fs = std::filesystem;
 
-Status write_file_atomically(const std::string& path, std::string_view bytes) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return errno_status("create " + tmp, errno);
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+namespace {
+
+std::string parent_of(const std::string& path) {
+  const fs::path parent = fs::path(path).parent_path();
+  return parent.empty() ? std::string(".") : parent.string();
+}
+
+// "runs/x/" and "runs/x" name one directory; its siblings are made beside "runs/x".
+std::string without_trailing_slashes(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
+}
+
+// fsync of a directory, so that a rename in it survives a crash. EINVAL: the filesystem cannot
+// sync directories (some FUSE and network ones); nothing more can be done there.
+Status sync_directory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return errno_status("open directory " + dir, errno);
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0 && err != EINVAL) return errno_status("fsync directory " + dir, err);
+  return ok_status();
+}
+
+Status not_regular(const std::string& path, uint32_t mode) {
+  return invalid_argument(path + " is " + describe_file_type(mode) + ", not a regular file");
+}
+
+}  // namespace
+
+// ---- reading -------------------------------------------------------------------------------
+
+std::string describe_file_type(uint32_t mode) {
+  if (S_ISREG(mode)) return "a regular file";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "not a file";
+}
+
+Result<int> open_regular_file(const std::string& path) {
+  // stat before open: opening some devices does something (a tape rewinds, a watchdog arms),
+  // and opening a FIFO waits for a writer.
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return errno_status("open " + path, errno);
+  if (!S_ISREG(st.st_mode)) return not_regular(path, st.st_mode);
+  // O_NONBLOCK: if the path became a FIFO since the stat, opening it still returns at once.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) return errno_status("open " + path, errno);
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const int err = errno;
+    ::close(fd);
+    return S_ISREG(st.st_mode) ? errno_status("stat " + path, err) : not_regular(path, st.st_mode);
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
+Result<std::string> read_file(const std::string& path, uint64_t max_bytes, std::string_view what) {
+  WL_ASSIGN_OR_RETURN(const int fd, open_regular_file(path));
+  auto too_large = [&](uint64_t bytes) {
+    ::close(fd);
+    return invalid_argument(path + ": " + std::to_string(bytes) + " bytes, more than the " +
+                            std::to_string(max_bytes) + " " + std::string(what) + " can be");
+  };
+  struct stat st;
+  if (::fstat(fd, &st) == 0 && uint64_t(st.st_size) > max_bytes) return too_large(st.st_size);
+  std::string text;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : EIO;
+    if (n < 0) {
+      const int err = errno;
       ::close(fd);
-      ::unlink(tmp.c_str());
-      return errno_status("write " + tmp, err);
+      return errno_status("read " + path, err);
     }
-    done += size_t(n);
+    if (n == 0) break;
+    text.append(buf, size_t(n));
+    // The file may grow while it is read: the bound holds for what is read, not only the stat.
+    if (text.size() > max_bytes) return too_large(text.size());
   }
-  int rc = ::fsync(fd);
-  int err = errno;
-  if (::close(fd) != 0 && rc == 0) {
-    rc = -1;
-    err = errno;
+  ::close(fd);
+  return text;
+}
+
+// ---- writing -------------------------------------------------------------------------------
+
+Status check_output_path(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return ok_status();
+    return errno_status("stat " + path, errno);
   }
-  if (rc != 0) {
-    ::unlink(tmp.c_str());
-    return errno_status("sync " + tmp, err);
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    err = errno;
-    ::unlink(tmp.c_str());
-    return errno_status("rename " + tmp + " to " + path, err);
+  if (S_ISREG(st.st_mode)) return ok_status();
+  return invalid_argument(path + " exists and is " + describe_file_type(st.st_mode) +
+                          ", not a regular file; refusing to replace it");
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  struct stat sa, sb;
+  if (a.empty() || b.empty() || ::stat(a.c_str(), &sa) != 0 || ::stat(b.c_str(), &sb) != 0)
+    return false;
+  return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+Status check_output_is_not_input(const NamedPath& output, const std::vector<NamedPath>& inputs) {
+  for (const NamedPath& in : inputs) {
+    if (same_file(output.path, in.path)) {
+      return invalid_argument(std::string(output.flag) + " " + output.path + " is the " +
+                              std::string(in.flag) + " input " + in.path +
+                              "; refusing to overwrite an input");
+    }
   }
   return ok_status();
 }
 
-Status replace_directory(const std::string& staged, const std::string& dir) {
+Result<AtomicFile> AtomicFile::create(const std::string& path) {
+  WL_RETURN_IF_ERROR(check_output_path(path));
+  AtomicFile f;
+  f.path_ = path;
+  f.tmp_ = path + ".tmp.XXXXXX";
+  f.fd_ = ::mkostemp(f.tmp_.data(), O_CLOEXEC);  // O_CREAT | O_EXCL under a fresh name
+  if (f.fd_ < 0) {
+    const int err = errno;  // read before building the message, which may allocate
+    f.tmp_.clear();
+    return errno_status("create a temporary beside " + path, err);
+  }
+  ::fchmod(f.fd_, 0644);  // mkostemp's 0600 would hide outputs from the user's other tools
+  return f;
+}
+
+AtomicFile::AtomicFile(AtomicFile&& o) noexcept
+    : path_(std::move(o.path_)), tmp_(std::move(o.tmp_)), fd_(std::exchange(o.fd_, -1)) {
+  o.tmp_.clear();
+}
+
+AtomicFile& AtomicFile::operator=(AtomicFile&& o) noexcept {
+  if (this != &o) {
+    abandon();
+    path_ = std::move(o.path_);
+    tmp_ = std::move(o.tmp_);
+    fd_ = std::exchange(o.fd_, -1);
+    o.tmp_.clear();
+  }
+  return *this;
+}
+
+AtomicFile::~AtomicFile() { abandon(); }
+
+void AtomicFile::abandon() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  if (!tmp_.empty()) ::unlink(tmp_.c_str());
+  tmp_.clear();
+}
+
+Status AtomicFile::write(std::span<const std::byte> bytes) {
+  if (fd_ < 0) return failed_precondition("write " + path_ + ": already committed or failed");
+  const auto* p = bytes.data();
+  size_t left = bytes.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd_, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      const std::string tmp = tmp_;
+      abandon();
+      return errno_status("write " + tmp, err);
+    }
+    p += n;
+    left -= size_t(n);
+  }
+  return ok_status();
+}
+
+Status AtomicFile::write(std::string_view bytes) {
+  return write(std::as_bytes(std::span(bytes.data(), bytes.size())));
+}
+
+Status AtomicFile::commit() {
+  if (fd_ < 0) return failed_precondition("commit " + path_ + ": already committed or failed");
+  const std::string tmp = tmp_;
+  int rc = ::fsync(fd_);
+  int err = errno;
+  if (::close(std::exchange(fd_, -1)) != 0 && rc == 0) {
+    rc = -1;
+    err = errno;
+  }
+  if (rc != 0) {
+    abandon();
+    return errno_status("sync " + tmp, err);
+  }
+  // Again: the target may have become something else while the bytes were written.
+  if (Status s = check_output_path(path_); !s.ok()) {
+    abandon();
+    return s;
+  }
+  if (::rename(tmp.c_str(), path_.c_str()) != 0) {
+    err = errno;
+    abandon();
+    return errno_status("rename " + tmp + " to " + path_, err);
+  }
+  tmp_.clear();  // it is the target now
+  return sync_directory(parent_of(path_));
+}
+
+Status write_file_atomically(const std::string& path, std::string_view bytes) {
+  WL_ASSIGN_OR_RETURN(AtomicFile f, AtomicFile::create(path));
+  WL_RETURN_IF_ERROR(f.write(bytes));
+  return f.commit();
+}
+
+Result<std::string> make_staging_directory(const std::string& dir) {
+  std::string tmp = without_trailing_slashes(dir) + ".tmp.XXXXXX";
+  if (::mkdtemp(tmp.data()) == nullptr)
+    return errno_status("create a directory beside " + dir, errno);
+  return tmp;
+}
+
+Status replace_directory(const std::string& staged, const std::string& dir_in) {
+  const std::string dir = without_trailing_slashes(dir_in);
+  struct stat st;
+  const bool exists = ::lstat(dir.c_str(), &st) == 0;
+  if (exists && !S_ISDIR(st.st_mode)) {
+    return invalid_argument(dir + " exists and is " + describe_file_type(st.st_mode) +
+                            ", not a directory; refusing to replace it");
+  }
+  // One atomic step: into a free name, or exchanged with what is there (also when another
+  // writer put it there since the lstat).
+  int rc = ::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, dir.c_str(), RENAME_NOREPLACE);
+  if (rc != 0 && (errno == EEXIST || errno == ENOTEMPTY))
+    rc = ::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE);
+  if (rc != 0 && (errno == EINVAL || errno == ENOSYS)) {
+    // A filesystem without renameat2's flags: move the old one aside under a fresh name (a
+    // rename may replace an empty directory), then the new one in. A crash between the two
+    // leaves the old directory whole beside `dir`.
+    Result<std::string> aside = make_staging_directory(dir);
+    if (!aside.ok()) return aside.status();
+    if (::rename(dir.c_str(), aside->c_str()) != 0 && errno != ENOENT)
+      return errno_status("rename " + dir + " to " + *aside, errno);
+    if (::rename(staged.c_str(), dir.c_str()) != 0)
+      return errno_status("rename " + staged + " to " + dir, errno);
+    WL_RETURN_IF_ERROR(sync_directory(parent_of(dir)));
+    std::error_code ec;
+    fs::remove_all(*aside, ec);
+    return ec ? errno_status("remove " + *aside, ec.value()) : ok_status();
+  }
+  if (rc != 0) return errno_status("rename " + staged + " to " + dir, errno);
+  WL_RETURN_IF_ERROR(sync_directory(parent_of(dir)));
   std::error_code ec;
-  const std::string old = dir + ".old";
-  fs::remove_all(old, ec);
-  if (ec) return errno_status("remove " + old, ec.value());
-  const bool had = fs::exists(dir, ec);
-  if (had) {
-    fs::rename(dir, old, ec);
-    if (ec) return errno_status("rename " + dir + " to " + old, ec.value());
-  }
-  fs::rename(staged, dir, ec);
-  if (ec) return errno_status("rename " + staged + " to " + dir, ec.value());
-  const std::string parent =
-      fs::path(dir).parent_path().empty() ? std::string(".") : fs::path(dir).parent_path().string();
-  if (const int pfd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); pfd >= 0) {
-    const int rc = ::fsync(pfd);
-    const int err = errno;
-    ::close(pfd);
-    if (rc != 0) return errno_status("sync " + parent, err);
-  }
-  if (had) {
-    fs::remove_all(old, ec);
-    if (ec) return errno_status("remove " + old, ec.value());
-  }
+  fs::remove_all(staged, ec);  // the old directory, if there was one
+  if (ec) return errno_status("remove " + staged, ec.value());
   return ok_status();
 }
 

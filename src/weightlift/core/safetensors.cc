@@ -26,6 +26,8 @@
 #include <nlohmann/json.hpp>
 #include <unordered_set>
 
+#include "weightlift/core/file_io.h"
+
 namespace wl {
 
 // The data section is raw little-endian bytes that we map and hand out without conversion.
@@ -215,27 +217,6 @@ Result<std::map<std::string, std::string>> parse_metadata(const Json& m, const s
   return out;
 }
 
-// Writes all of [p, p + n) or returns the errno that stopped it.
-int write_all(int fd, const std::byte* p, size_t n) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (w == 0) return EIO;  // a regular file never accepts 0 of n > 0 bytes without an error
-    p += w;
-    n -= size_t(w);
-  }
-  return 0;
-}
-
-std::string parent_dir(const std::string& path) {
-  size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
 // Read ---------------------------------------------------------------------------------------
 
 // What validating a whole file yields; SafetensorsFile keeps it beside the bytes.
@@ -324,20 +305,13 @@ Result<SafetensorsFile> SafetensorsFile::parse(std::shared_ptr<const std::string
 }
 
 Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int err = errno;
-    return errno_status("open " + path, err);
-  }
+  // A FIFO or a device is refused before anything blocks on it.
+  WL_ASSIGN_OR_RETURN(const int fd, open_regular_file(path));
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     int err = errno;
     ::close(fd);
     return errno_status("stat " + path, err);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return invalid_argument(path + ": not a regular file");
   }
   const uint64_t size = uint64_t(st.st_size);
   if (size < 8) {
@@ -456,53 +430,15 @@ Status write_safetensors(const std::string& path,
                          const std::vector<std::pair<std::string, Tensor>>& tensors,
                          const std::map<std::string, std::string>& metadata) {
   WL_ASSIGN_OR_RETURN(const std::string prefix, header_bytes(tensors, metadata, "writing " + path));
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    int err = errno;  // read before building the message, which may allocate
-    return errno_status("create " + tmp, err);
-  }
-  auto fail = [&](const std::string& what, int err) {
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    return errno_status(what, err);
-  };
-
-  if (int err = write_all(fd, reinterpret_cast<const std::byte*>(prefix.data()), prefix.size())) {
-    return fail("write " + tmp, err);
-  }
+  // A target that is not a regular file is refused here, before the data is written.
+  WL_ASSIGN_OR_RETURN(AtomicFile out, AtomicFile::create(path));
+  WL_RETURN_IF_ERROR(out.write(prefix));
   for (const auto& [name, t] : tensors) {
     if (t.nbytes() == 0) continue;
     const Tensor c = t.is_contiguous() ? t : t.clone();  // strided views are packed first
-    if (int err = write_all(fd, c.bytes().data(), c.nbytes())) return fail("write " + tmp, err);
+    WL_RETURN_IF_ERROR(out.write(c.bytes()));
   }
-  if (::fsync(fd) != 0) {
-    int err = errno;
-    return fail("fsync " + tmp, err);
-  }
-  int rc = ::close(fd);
-  int err = errno;
-  fd = -1;
-  if (rc != 0) return fail("close " + tmp, err);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    err = errno;
-    return fail("rename " + tmp + " to " + path, err);
-  }
-
-  // The rename is durable only once the directory entry is on disk.
-  const std::string dir = parent_dir(path);
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) {
-    err = errno;
-    return errno_status("open directory " + dir, err);
-  }
-  rc = ::fsync(dfd);
-  err = errno;
-  ::close(dfd);
-  // EINVAL: the filesystem cannot sync directories (some FUSE and network ones); nothing more
-  // can be done there.
-  if (rc != 0 && err != EINVAL) return errno_status("fsync directory " + dir, err);
-  return ok_status();
+  return out.commit();
 }
 
 }  // namespace wl

@@ -248,30 +248,7 @@ Result<ModelConfig> parse_config(std::string_view json_text, std::string_view wh
 }
 
 Result<ModelConfig> load_config(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int err = errno;  // read before building the message, which may allocate
-    return errno_status("open " + path, err);
-  }
-  std::string text;
-  char buf[65536];
-  for (;;) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int err = errno;
-      ::close(fd);
-      return errno_status("read " + path, err);
-    }
-    if (n == 0) break;
-    text.append(buf, size_t(n));
-    if (text.size() > kMaxConfigBytes) {
-      ::close(fd);
-      return invalid_argument(path + ": larger than " + std::to_string(kMaxConfigBytes) +
-                              " bytes; not a config.json");
-    }
-  }
-  ::close(fd);
+  WL_ASSIGN_OR_RETURN(const std::string text, read_file(path, kMaxConfigBytes, "a config.json"));
   return parse_config(text, path);
 }
 

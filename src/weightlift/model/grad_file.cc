@@ -1,5 +1,6 @@
 #include "weightlift/model/grad_file.h"
 
+#include "weightlift/core/file_io.h"
 #include "weightlift/core/safetensors.h"
 #include "weightlift/model/token_batch.h"
 #include "weightlift/model/transformer.h"
@@ -7,6 +8,11 @@
 namespace wl::model {
 
 Status write_gradient_file(const GradFileOptions& o) {
+  // Before any work: the output may replace neither an input nor anything but a regular file.
+  WL_RETURN_IF_ERROR(check_output_path(o.out_path).with_context("--out"));
+  WL_RETURN_IF_ERROR(check_output_is_not_input(
+      {"--out", o.out_path},
+      {{"--config", o.config_path}, {"--weights", o.weights_path}, {"--tokens", o.tokens_path}}));
   WL_ASSIGN_OR_RETURN(ModelConfig cfg, load_config(o.config_path));
   WL_ASSIGN_OR_RETURN(TokenBatch batch, load_token_batch(o.tokens_path, cfg));
   const int64_t B = batch.batch, T = batch.seq;

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <sstream>
 
 #include "weightlift/core/file_io.h"
@@ -114,13 +115,15 @@ Status write_state(const std::string& path, DataParallel& dp, const TrainState& 
 }  // namespace
 
 Status save_checkpoint(const std::string& dir, DataParallel& dp, const TrainState& state) {
-  const std::string tmp = dir + ".tmp";
+  // A staging directory of this save's own, named by a nonce rank 0 draws and every rank
+  // learns, so two jobs writing one checkpoint never write into the same directory.
+  double nonce = dp.job_rank() == 0 ? double(std::random_device()() & 0x7fffffff) : 0;
+  WL_RETURN_IF_ERROR(dp.sum_over_job(&nonce, 1));
+  std::string base = dir;
+  while (base.size() > 1 && base.back() == '/') base.pop_back();
+  const std::string tmp = base + ".tmp." + std::to_string(uint64_t(nonce));
   Status made = ok_status();
-  if (dp.job_rank() == 0) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    if (!fs::create_directories(tmp, ec) && ec) made = errno_status("mkdir " + tmp, ec.value());
-  }
+  if (dp.job_rank() == 0 && ::mkdir(tmp.c_str(), 0755) != 0) made = errno_status("mkdir " + tmp, errno);
   WL_RETURN_IF_ERROR(agree(dp, made, "creating " + tmp));
 
   std::vector<std::pair<std::string, Tensor>> tensors;
@@ -131,12 +134,20 @@ Status save_checkpoint(const std::string& dir, DataParallel& dp, const TrainStat
   }
   const Status wrote = write_safetensors(tmp + "/" + rank_file(dp.job_rank(), dp.job_size()),
                                          tensors, {{"format", "pt"}});
-  WL_RETURN_IF_ERROR(agree(dp, wrote, "writing checkpoint " + dir));
+  if (Status all = agree(dp, wrote, "writing checkpoint " + dir); !all.ok()) {
+    std::error_code ec;
+    if (dp.job_rank() == 0) fs::remove_all(tmp, ec);  // nothing of a failed save is left
+    return all;
+  }
 
   Status swapped = ok_status();
   if (dp.job_rank() == 0) {
     swapped = write_state(tmp + "/state.json", dp, state);
     if (swapped.ok()) swapped = replace_directory(tmp, dir);
+    if (!swapped.ok()) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
   }
   return agree(dp, swapped, "writing checkpoint " + dir);
 }
@@ -153,19 +164,9 @@ struct IndexEntry {
   std::vector<Piece> pieces;  // by begin
 };
 
+// A FIFO or a device in its place is refused before anything blocks on it (core/file_io.h).
 Result<std::string> read_state_text(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return not_found(path + ": no such file");
-  if (!S_ISREG(st.st_mode)) return invalid_argument(path + ": not a regular file");
-  if (st.st_size > kMaxStateBytes) {
-    return data_loss(path + ": " + std::to_string(st.st_size) + " bytes, more than the " +
-                     std::to_string(kMaxStateBytes) + " a checkpoint state may have");
-  }
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return errno_status("open " + path, errno);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  return read_file(path, kMaxStateBytes, "a checkpoint state");
 }
 
 // The index of a version 2 checkpoint, or the single pieces of a version 1 one.
@@ -295,6 +296,26 @@ Result<TrainState> load_checkpoint(const std::string& dir, DataParallel& dp) {
     auto it = index.find(name);
     if (it == index.end()) return data_loss(path + ": no tensor '" + name + "' in the index");
     WL_RETURN_IF_ERROR(reader.read(name, it->second, p.shape, r.rows, r.data, path));
+  }
+  return st;
+}
+
+Result<TrainState> read_checkpoint_state(const std::string& dir) {
+  const std::string path = dir + "/state.json";
+  WL_ASSIGN_OR_RETURN(std::string text, read_state_text(path));
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return data_loss(path + ": not valid JSON");
+  if (!j.contains("format_version") && j.contains("version")) j["format_version"] = j["version"];
+  if (j.value("format_version", 0) == 1) j["format_version"] = kStateFormat.version;
+  WL_RETURN_IF_ERROR(check_record_header(j, path, kStateFormat));
+  TrainState st;
+  try {
+    st.step = j.at("step").get<int64_t>();
+    for (size_t i = 0; i < 4; ++i) st.data_rng[i] = u64_field(j.at("data_rng").at(i));
+    st.loss_scale = j.at("loss_scale").get<double>();
+    st.loss_scale_clean_steps = j.at("loss_scale_clean_steps").get<int64_t>();
+  } catch (const std::exception& e) {
+    return data_loss(path + ": " + e.what());
   }
   return st;
 }

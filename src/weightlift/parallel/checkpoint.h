@@ -43,4 +43,8 @@ Status save_checkpoint(const std::string& dir, DataParallel& dp, const TrainStat
 // Collective as well (every rank reads what it needs). A different model config is an error.
 Result<TrainState> load_checkpoint(const std::string& dir, DataParallel& dp);
 
+// The counters of checkpoint `dir`'s state.json (a regular file of at most 64 MiB), read
+// without its tensors: what a run checks before it allocates anything (run_guard.h).
+Result<TrainState> read_checkpoint_state(const std::string& dir);
+
 }  // namespace wl::parallel

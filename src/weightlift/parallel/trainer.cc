@@ -16,6 +16,7 @@
 #include "weightlift/parallel/data_parallel.h"
 #include "weightlift/parallel/job.h"
 #include "weightlift/parallel/pipeline.h"
+#include "weightlift/parallel/run_guard.h"
 #include "weightlift/parallel/step.h"
 #include "weightlift/train/brown.h"
 #include "weightlift/train/data.h"
@@ -106,6 +107,7 @@ Status Run::configure() {
   if (o_.batch < 1 || o_.steps < 1)
     return invalid_argument("--batch and --steps must be at least 1");
   batch_ = o_.batch;
+  WL_RETURN_IF_ERROR(check_run_plan(o_));  // before anything is allocated or written
   summary_.unigram_entropy = NAN;
   summary_.final_val_loss = NAN;
   return ok_status();

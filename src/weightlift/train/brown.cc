@@ -3,9 +3,10 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <vector>
+
+#include "weightlift/core/file_io.h"
 
 namespace wl::train {
 namespace fs = std::filesystem;
@@ -17,6 +18,9 @@ bool is_corpus_file(const std::string& name) {
          std::isdigit(static_cast<unsigned char>(name[2])) &&
          std::isdigit(static_cast<unsigned char>(name[3]));
 }
+
+// The largest file of the corpus is about 30 KB; anything near this is not one of its files.
+constexpr uint64_t kMaxCorpusFileBytes = uint64_t(16) << 20;
 
 bool attaches_left(const std::string& w) {  // no space before it
   static const char* kLeft[] = {",", ".", ";", ":", "?", "!", ")", "'s", "n't", "'"};
@@ -85,11 +89,9 @@ Result<BrownCorpus> load_brown(const std::string& dir) {
   BrownCorpus c;
   for (size_t i = 0; i < names.size(); ++i) {
     const std::string path = dir + "/" + names[i];
-    std::ifstream f(path, std::ios::binary);
-    if (!f) return errno_status("open " + path, errno);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    std::string text = detokenize_brown(ss.str());
+    WL_ASSIGN_OR_RETURN(const std::string raw,
+                        read_file(path, kMaxCorpusFileBytes, "a Brown corpus file"));
+    std::string text = detokenize_brown(raw);
     if (i % 10 == 9) {
       c.validation += text;
       ++c.validation_files;

@@ -1,13 +1,18 @@
 // metrics.jsonl records (metrics.h).
 #include "weightlift/train/metrics.h"
 
-#include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "weightlift/core/file_io.h"
 
 namespace wl::train {
 namespace {
 
 using json = nlohmann::json;
+
+// About 250 bytes a record: four million updates. A larger file is not one we wrote.
+constexpr uint64_t kMaxMetricsBytes = uint64_t(1) << 30;
 
 double number_or_nan(const json& j, const char* key) {
   auto it = j.find(key);
@@ -37,8 +42,10 @@ std::string metrics_to_json(const StepMetrics& m) {
 
 Result<std::vector<StepMetrics>> read_metrics(const std::string& path) {
   std::vector<StepMetrics> records;
-  std::ifstream in(path);
-  if (!in) return records;
+  Result<std::string> text = read_file(path, kMaxMetricsBytes, "a metrics file");
+  if (text.status().code() == StatusCode::kNotFound) return records;
+  if (!text.ok()) return text.status();
+  std::istringstream in(*text);
   std::vector<std::string> lines;
   for (std::string l; std::getline(in, l);) lines.push_back(l);
   for (size_t i = 0; i < lines.size(); ++i) {

@@ -1,0 +1,160 @@
+#include "weightlift/parallel/run_guard.h"
+
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <set>
+#include <vector>
+
+#include "weightlift/core/file_io.h"
+#include "weightlift/parallel/checkpoint.h"
+
+namespace wl::parallel {
+namespace fs = std::filesystem;
+
+namespace {
+
+// The files a run writes into its output directory (trainer.cc, apps' loss plot).
+constexpr const char* kRunFiles[] = {"metrics.jsonl", "config.json", "model.safetensors",
+                                     "loss.svg"};
+
+std::string checkpoint_dir(const TrainOptions& o, int64_t step) {
+  return o.out_dir + "/checkpoint-" + std::to_string(step);
+}
+
+// The steps whose checkpoints this run writes: every checkpoint_every after `start`, and the
+// last step it reaches.
+std::set<int64_t> checkpoint_steps(const TrainOptions& o, int64_t start) {
+  const int64_t last = o.stop_after > 0 ? std::min(o.stop_after, o.steps) : o.steps;
+  std::set<int64_t> steps{last};
+  if (o.checkpoint_every > 0) {
+    for (int64_t k = (start / o.checkpoint_every + 1) * o.checkpoint_every; k < last;
+         k += o.checkpoint_every)
+      steps.insert(k);
+  }
+  return steps;
+}
+
+bool is_inside(const std::string& path, const std::string& dir) {
+  std::error_code ec;
+  const fs::path p = fs::weakly_canonical(path, ec), d = fs::weakly_canonical(dir, ec);
+  if (ec) return false;
+  const std::string ps = p.string(), ds = d.string();
+  return ps.size() > ds.size() && ps.compare(0, ds.size(), ds) == 0 && ps[ds.size()] == '/';
+}
+
+// What in `dir` shows that a run wrote there: its checkpoints, metrics or final weights.
+std::vector<std::string> earlier_run_files(const std::string& dir) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("checkpoint-", 0) == 0 || name == "metrics.jsonl" || name == "model.safetensors")
+      found.push_back(name);
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+Status check_resume_inputs(const TrainOptions& o, int64_t* start) {
+  if (!o.init_weights.empty()) {
+    return invalid_argument(
+        "--resume and --init-weights are both given: a resumed run takes its "
+        "weights from the checkpoint; drop --init-weights");
+  }
+  WL_ASSIGN_OR_RETURN(const TrainState st, read_checkpoint_state(o.resume));
+  if (st.step >= o.steps) {
+    return invalid_argument("--resume " + o.resume + " is at step " + std::to_string(st.step) +
+                            ", not inside the " + std::to_string(o.steps) +
+                            "-step schedule of --steps " + std::to_string(o.steps) +
+                            ": nothing is left to train");
+  }
+  if (o.stop_after > 0 && o.stop_after <= st.step) {
+    return invalid_argument("--stop-after " + std::to_string(o.stop_after) +
+                            " is not after the step of --resume " + o.resume + " (" +
+                            std::to_string(st.step) + ")");
+  }
+  *start = st.step;
+  return ok_status();
+}
+
+// --out, its checkpoints and --out-weights against the checkpoint being resumed from.
+Status check_not_into_resumed(const TrainOptions& o, const std::set<int64_t>& written) {
+  if (same_file(o.out_dir, o.resume) || is_inside(o.out_dir, o.resume)) {
+    return invalid_argument("--out " + o.out_dir + " would write into the checkpoint --resume " +
+                            o.resume + " reads; give the run's directory instead (--out " +
+                            fs::path(o.resume).parent_path().string() + ")");
+  }
+  for (int64_t k : written) {
+    if (same_file(checkpoint_dir(o, k), o.resume)) {
+      return invalid_argument("--resume " + o.resume +
+                              " would be replaced by this run's "
+                              "checkpoint at step " +
+                              std::to_string(k));
+    }
+  }
+  if (!o.out_weights.empty() && is_inside(o.out_weights, o.resume)) {
+    return invalid_argument("--out-weights " + o.out_weights +
+                            " would write into the checkpoint --resume " + o.resume + " reads");
+  }
+  return ok_status();
+}
+
+Status check_outputs(const TrainOptions& o, const std::vector<NamedPath>& inputs) {
+  std::vector<NamedPath> outputs;
+  for (const char* name : kRunFiles) outputs.push_back({"--out", o.out_dir + "/" + name});
+  if (!o.out_weights.empty()) outputs.push_back({"--out-weights", o.out_weights});
+  for (const NamedPath& out : outputs) {
+    WL_RETURN_IF_ERROR(check_output_path(out.path).with_context(out.flag));
+    WL_RETURN_IF_ERROR(check_output_is_not_input(out, inputs));
+  }
+  return ok_status();
+}
+
+// Another run's results in --out: refused unless the user says --overwrite or resumes it.
+Status check_other_run(const TrainOptions& o) {
+  if (o.overwrite) return ok_status();
+  if (!o.resume.empty() && same_file(fs::path(o.resume).parent_path().string(), o.out_dir))
+    return ok_status();  // continuing the run that is there
+  const std::vector<std::string> found = earlier_run_files(o.out_dir);
+  if (found.empty()) return ok_status();
+  std::string list;
+  for (size_t i = 0; i < found.size() && i < 4; ++i) list += (i ? ", " : "") + found[i];
+  if (found.size() > 4) list += ", ...";
+  return invalid_argument("--out " + o.out_dir + " already holds another run (" + list +
+                          "); pass --overwrite to replace it, or --resume one of its "
+                          "checkpoints to continue it");
+}
+
+}  // namespace
+
+Status check_run_plan(const TrainOptions& o) {
+  int64_t start = 0;
+  if (!o.resume.empty()) WL_RETURN_IF_ERROR(check_resume_inputs(o, &start));
+  struct stat st;
+  if (::stat(o.out_dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+    return invalid_argument("--out " + o.out_dir + " is " + describe_file_type(st.st_mode) +
+                            ", not a directory");
+  }
+  const std::set<int64_t> written = checkpoint_steps(o, start);
+  if (!o.resume.empty()) WL_RETURN_IF_ERROR(check_not_into_resumed(o, written));
+  for (int64_t k : written) {
+    const std::string dir = checkpoint_dir(o, k);
+    if (::lstat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+      return invalid_argument("--out: " + dir + " is " + describe_file_type(st.st_mode) +
+                              ", not a checkpoint directory; refusing to replace it");
+    }
+  }
+  std::vector<NamedPath> inputs = {{"--config", o.config_path},
+                                   {"--init-weights", o.init_weights},
+                                   {"--batch-file", o.batch_file}};
+  if (!o.resume.empty()) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(o.resume, ec))
+      inputs.push_back({"--resume", e.path().string()});
+  }
+  WL_RETURN_IF_ERROR(check_outputs(o, inputs));
+  return check_other_run(o);
+}
+
+}  // namespace wl::parallel
