@@ -4,12 +4,14 @@
 // bench/compare_collectives.py runs it beside OpenMPI and gloo and plots busbw against size.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 
 #include "bench/collectives.h"
 #include "commands.h"
 #include "validate.h"
 #include "weightlift/comm/launch_env.h"
 #include "weightlift/comm/world.h"
+#include "weightlift/core/memory_budget.h"
 
 namespace wl::app {
 namespace {
@@ -21,6 +23,17 @@ struct BenchCollectivesArgs {
   std::string bind_address = "127.0.0.1";
   int timeout_s = 60;  // validate.h seconds(): at least 1
 };
+
+// Every rank holds a send and a receive buffer of the largest size; the ranks of this host
+// (LOCAL_WORLD_SIZE, as the launcher sets it) share its memory.
+Status check_sweep_memory(const BenchCollectivesOptions& o) {
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  const uint64_t ranks = local ? std::max<uint64_t>(1, std::strtoull(local, nullptr, 10)) : 1;
+  return check_memory(mul_sat(mul_sat(2, o.max_bytes), ranks),
+                      "a sweep up to --max-bytes " + std::to_string(o.max_bytes) + " on " +
+                          std::to_string(ranks) + " rank(s) of this host",
+                      "a send and a receive buffer of the largest size per rank");
+}
 
 Status run_bench_collectives(BenchCollectivesArgs a) {
   using namespace wl::comm;
@@ -47,6 +60,7 @@ Status run_bench_collectives(BenchCollectivesArgs a) {
   else if (a.algorithm != "auto")
     return invalid_argument("--algorithm '" + a.algorithm +
                             "': expected auto, ring, recursive_doubling or shm");
+  WL_RETURN_IF_ERROR(check_sweep_memory(o));
   WL_ASSIGN_OR_RETURN(LaunchEnv env, read_launch_env());
   WL_ASSIGN_OR_RETURN(World world, connect_world(env, {.bind_address = a.bind_address}));
   WL_ASSIGN_OR_RETURN(std::vector<BenchRow> rows, bench_collectives(*world.group, o));

@@ -3,6 +3,7 @@
 #include "commands.h"
 #include "validate.h"
 #include "weightlift/model/generate.h"
+#include "weightlift/model/memory_estimate.h"
 #include "weightlift/train/tokenizer.h"
 
 namespace wl::app {
@@ -20,6 +21,7 @@ Status run_generate(const GenerateArgs& a) {
   const std::string config = a.config.empty() ? a.run_dir + "/config.json" : a.config;
   const std::string weights = a.weights.empty() ? a.run_dir + "/model.safetensors" : a.weights;
   WL_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::load_config(config));
+  WL_RETURN_IF_ERROR(model::check_generation_memory(cfg, config, int64_t(a.prompts.size())));
   model::Transformer m(cfg);
   WL_RETURN_IF_ERROR(m.load(weights));
   std::vector<std::vector<int64_t>> prompts;

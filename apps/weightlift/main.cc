@@ -5,6 +5,7 @@
 
 #include "commands.h"
 #include "validate.h"
+#include "weightlift/core/memory_budget.h"
 #include "weightlift/core/parallel.h"
 
 namespace wl::app {
@@ -31,12 +32,17 @@ std::string command_path(const CLI::App& app, const CLI::App** innermost) {
 
 // A command that needs a subcommand and got none, or a word that is none of them: CLI11 says
 // "A subcommand is required"; say which word was not one and what would have been.
-std::string explain_subcommand(const CLI::App& a) {
+std::string explain_subcommand(const CLI::App& root, const CLI::App& a) {
   if (a.get_require_subcommand_min() == 0 || !a.get_subcommands().empty()) return {};
   std::string names;
   for (const CLI::App* sub : a.get_subcommands([](const CLI::App*) { return true; }))
     names += (names.empty() ? "" : ", ") + sub->get_name();
-  for (const std::string& word : a.remaining()) {
+  // A word a subcommand did not take falls through to the top (app.fallthrough()).
+  std::vector<std::string> words = a.remaining();
+  if (&a != &root) {
+    for (const std::string& w : root.remaining()) words.push_back(w);
+  }
+  for (const std::string& word : words) {
     if (!word.empty() && word[0] != '-')
       return "unknown subcommand '" + word + "'; expected one of " + names;
   }
@@ -48,7 +54,7 @@ std::string explain_subcommand(const CLI::App& a) {
 int report_parse_error(const CLI::App& app, const CLI::ParseError& e) {
   const CLI::App* innermost = nullptr;
   const std::string path = command_path(app, &innermost);
-  std::string message = explain_subcommand(*innermost);
+  std::string message = explain_subcommand(app, *innermost);
   if (message.empty()) message = e.what();
   std::fprintf(stderr, "weightlift%s%s: InvalidArgument: %s\n", path.empty() ? "" : " ",
                path.c_str(), printable(message).c_str());
@@ -61,10 +67,20 @@ int report_parse_error(const CLI::App& app, const CLI::ParseError& e) {
 int main(int argc, char** argv) {
   CLI::App app{"weightlift: MoE transformer training, weight transfer and RL post-training"};
   app.require_subcommand(1);
+  // Global options may also follow the subcommand: `weightlift train --threads 2`.
+  app.fallthrough();
   int threads = 0;
   app.add_option("--threads", threads, "compute threads (0 = one per core)")
       ->transform(wl::app::count(0, wl::app::kMaxThreads));
-  app.parse_complete_callback([&] { wl::set_num_threads(threads); });
+  uint64_t max_memory = 0;
+  app.add_option("--max-memory", max_memory,
+                 "memory budget instead of the machine's (K/M/G/T suffixes); work whose "
+                 "estimate exceeds it is refused before it starts")
+      ->transform(wl::app::bytes(1, uint64_t(1) << 60));
+  app.parse_complete_callback([&] {
+    wl::set_num_threads(threads);
+    wl::set_memory_budget(max_memory);
+  });
   wl::app::Outcome out;
   wl::app::register_train(app, out);
   wl::app::register_generate(app, out);

@@ -17,6 +17,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "weightlift/model/memory_estimate.h"
+#include "weightlift/model/params.h"
+
 namespace wl::model {
 namespace {
 
@@ -111,6 +114,29 @@ TEST(ModelConfig, PresetsAreDesignMd) {
   const Counts seed = count_params(*preset("seed-6.9b"));
   EXPECT_NEAR(double(seed.total), 6.88e9, 0.005e9);
   EXPECT_NEAR(double(seed.active), 1.79e9, 0.005e9);
+}
+
+TEST(ModelConfig, ClosedFormParamCountIsTheLayoutsTotal) {
+  // memory_estimate.h counts without building the table; the table is the truth.
+  for (const char* name : {"tiny", "small", "medium", "seed-6.9b"}) {
+    for (bool tie : {false, true}) {
+      ModelConfig c = *preset(name);
+      c.tie_embeddings = tie;
+      EXPECT_EQ(param_count(c), ParamLayout(c).total()) << name << " tie " << tie;
+    }
+  }
+}
+
+TEST(ModelConfig, MemoryEstimatesRefuseBeforeBuilding) {
+  ModelConfig c = *preset("tiny");
+  c.hidden_size = 1000000000;
+  ASSERT_TRUE(c.validate().ok());
+  Status s = check_model_memory(c, "'huge'");
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("model 'huge' needs at least 32.4 TB"), std::string::npos)
+      << s.message();
+  EXPECT_TRUE(check_training_memory(*preset("tiny"), "'tiny'", 8, 128).ok());
+  EXPECT_TRUE(check_generation_memory(*preset("small"), "'small'", 4).ok());
 }
 
 TEST(ModelConfig, UnknownPresetListsTheKnownOnes) {

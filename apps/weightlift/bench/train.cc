@@ -11,6 +11,7 @@
 #include "weightlift/core/random.h"
 #include "weightlift/core/timing.h"
 #include "weightlift/kernels/gemm.h"
+#include "weightlift/model/memory_estimate.h"
 #include "weightlift/model/model_info.h"
 #include "weightlift/model/transformer.h"
 #include "weightlift/parallel/job.h"
@@ -65,6 +66,9 @@ Result<BenchTrainResult> bench_train(const BenchTrainOptions& o) {
   parallel::ParallelLayout layout = o.layout;
   layout.dp = job.size() / std::max(layout.pp, 1);
   WL_RETURN_IF_ERROR(parallel::validate(layout, job.size(), cfg, o.batch));
+  WL_RETURN_IF_ERROR(model::check_training_memory(
+      cfg, "'" + o.preset + "'", std::max<int64_t>(1, o.batch / (layout.dp * layout.micro_batches)),
+      o.seq, layout.dp));
   WL_ASSIGN_OR_RETURN(std::unique_ptr<parallel::DataParallel> dpp,
                       parallel::make_data_parallel(cfg, layout, {}, timeout, job.ranks));
   parallel::DataParallel& dp = *dpp;

@@ -2,6 +2,7 @@
 
 #include "weightlift/core/file_io.h"
 #include "weightlift/core/safetensors.h"
+#include "weightlift/model/memory_estimate.h"
 #include "weightlift/model/token_batch.h"
 #include "weightlift/model/transformer.h"
 
@@ -16,6 +17,7 @@ Status write_gradient_file(const GradFileOptions& o) {
   WL_ASSIGN_OR_RETURN(ModelConfig cfg, load_config(o.config_path));
   WL_ASSIGN_OR_RETURN(TokenBatch batch, load_token_batch(o.tokens_path, cfg));
   const int64_t B = batch.batch, T = batch.seq;
+  WL_RETURN_IF_ERROR(check_grad_memory(cfg, o.config_path, B, T));
 
   Transformer model(cfg);
   WL_RETURN_IF_ERROR(model.load(o.weights_path));

@@ -1,14 +1,14 @@
 #include "weightlift/model/model_info.h"
 
-#include "weightlift/model/params.h"
+#include "weightlift/model/memory_estimate.h"
 
 namespace wl::model {
 
 ModelInfo model_info(const ModelConfig& c) {
   ModelInfo m;
   m.config = c;
-  const ParamLayout layout(c);
-  m.total_params = layout.total();
+  // Closed form: a config asking for a billion experts is reported, not built.
+  m.total_params = param_count(c);
   const int64_t per_expert = 3 * c.ffn_dim * c.hidden_size;
   m.expert_params = c.num_layers * c.num_experts * per_expert;
   m.active_params = m.total_params - c.num_layers * (c.num_experts - c.top_k) * per_expert;

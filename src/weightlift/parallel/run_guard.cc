@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "weightlift/core/file_io.h"
+#include "weightlift/model/memory_estimate.h"
 #include "weightlift/parallel/checkpoint.h"
 
 namespace wl::parallel {
@@ -128,7 +129,7 @@ Status check_other_run(const TrainOptions& o) {
 
 }  // namespace
 
-Status check_run_plan(const TrainOptions& o) {
+Status check_run_plan(const TrainOptions& o, const model::ModelConfig& config) {
   int64_t start = 0;
   if (!o.resume.empty()) WL_RETURN_IF_ERROR(check_resume_inputs(o, &start));
   struct stat st;
@@ -154,7 +155,16 @@ Status check_run_plan(const TrainOptions& o) {
       inputs.push_back({"--resume", e.path().string()});
   }
   WL_RETURN_IF_ERROR(check_outputs(o, inputs));
-  return check_other_run(o);
+  WL_RETURN_IF_ERROR(check_other_run(o));
+  // A batch file's rows are its own; the estimate then counts the model alone. A rank runs
+  // its share of the global batch, a micro-batch at a time.
+  const bool fixed = !o.batch_file.empty();
+  const int64_t seq = o.seq > 0 ? o.seq : config.max_seq_len;
+  const int64_t rows =
+      std::max<int64_t>(1, o.batch / std::max(1, o.layout.dp * o.layout.micro_batches));
+  return model::check_training_memory(
+      config, o.config_path.empty() ? "'" + o.preset + "'" : o.config_path, fixed ? 0 : rows,
+      fixed ? 0 : seq, o.layout.dp);
 }
 
 }  // namespace wl::parallel

@@ -13,11 +13,14 @@
 #include <string>
 
 #include "weightlift/core/status.h"
+#include "weightlift/model/config.h"
 #include "weightlift/parallel/trainer.h"
 
 namespace wl::parallel {
 
-// The checks above, in that order; InvalidArgument naming the flags at fault.
-Status check_run_plan(const TrainOptions& options);
+// The checks above, in that order, then the memory the run needs for `config`
+// (model/memory_estimate.h); InvalidArgument naming the flags at fault, ResourceExhausted
+// with the estimate.
+Status check_run_plan(const TrainOptions& options, const model::ModelConfig& config);
 
 }  // namespace wl::parallel

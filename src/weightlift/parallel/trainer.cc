@@ -107,7 +107,7 @@ Status Run::configure() {
   if (o_.batch < 1 || o_.steps < 1)
     return invalid_argument("--batch and --steps must be at least 1");
   batch_ = o_.batch;
-  WL_RETURN_IF_ERROR(check_run_plan(o_));  // before anything is allocated or written
+  WL_RETURN_IF_ERROR(check_run_plan(o_, cfg_));  // before anything is allocated or written
   summary_.unigram_entropy = NAN;
   summary_.final_val_loss = NAN;
   return ok_status();

@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "weightlift/core/memory_budget.h"
 #include "weightlift/model/params.h"
 
 namespace wl::transfer {
@@ -49,6 +50,30 @@ Result<RankMeta> paper_receiver(const model::ModelConfig& c, int rank, const Lay
   return paper_receiver(rank, tensor_specs(*lay), o, engine);
 }
 
+namespace {
+
+// What the planning holds at least, before it allocates any of it: each trainer's metadata
+// (an entry per parameter), each receiver's (an entry per tensor), and at least one task per
+// receiver tensor. Per entry, the struct and its name's heap buffer.
+Status check_plan_memory(const OfflineJob& o) {
+  constexpr uint64_t kEntryBytes = sizeof(ParamMeta) + 48,
+                     kTaskBytes = sizeof(PlanTask) + sizeof(PlanPiece) + 96;
+  const model::ModelConfig& c = o.config;
+  const uint64_t params = mul_sat(uint64_t(c.num_layers), 7 + 3 * uint64_t(c.num_experts)) + 3;
+  const auto layout = inference_layout(c, {.tp = o.tp, .format = o.format});
+  if (!layout.ok()) return ok_status();  // refused below, naming the receiver rank
+  const uint64_t trainers = mul_sat(mul_sat(uint64_t(o.trainers), params), kEntryBytes);
+  const uint64_t receivers =
+      mul_sat(mul_sat(uint64_t(o.receivers), layout->size()), kEntryBytes + kTaskBytes);
+  return check_memory(add_sat(trainers, receivers),
+                      "a plan for " + std::to_string(o.trainers) + " trainers and " +
+                          std::to_string(o.receivers) + " receivers",
+                      format_bytes(trainers) + " of trainer metadata, " + format_bytes(receivers) +
+                          " of receiver metadata and tasks");
+}
+
+}  // namespace
+
 Result<Plan> plan_offline(const OfflineJob& o) {
   if (o.trainers < 1 || o.receivers < 1 || o.tp < 1 || o.mesh_size < 0) {
     return invalid_argument(
@@ -66,6 +91,7 @@ Result<Plan> plan_offline(const OfflineJob& o) {
     return invalid_argument("offline plan: tp " + std::to_string(o.tp) + " does not divide the " +
                             std::to_string(o.receivers) + " receivers (each engine is tp of them)");
   }
+  WL_RETURN_IF_ERROR(check_plan_memory(o));
   std::vector<RankMeta> ranks;
   for (int i = 0; i < o.trainers; ++i) {
     ranks.push_back(

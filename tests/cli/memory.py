@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Memory before allocation, through the real command: a config, a plan or a sweep whose
+size would exceed the machine's memory (or --max-memory) is refused with the estimate in the
+message before anything is allocated, never an uncaught bad_alloc, an OOM kill or minutes of
+growing.
+
+Every case runs under an 8 GiB address-space limit, so that a tree which allocates first
+fails fast instead of taking the shared machine's memory; the refusal must name the estimate
+("needs at least") either way.
+
+Run by CTest with the path of the weightlift binary (tests/cli/harness.py has the rules)."""
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+from harness import TINY, Suite, write_tiny_model
+from outputs import TRAIN
+
+LIMIT = 8 << 30
+
+
+def huge_configs(s, d, cfg, w, batch):
+    for key, value in (("hidden_size", 1000000000), ("num_experts", 100000000),
+                       ("vocab_size", 2000000000)):
+        path = os.path.join(d, f"huge_{key}.json")
+        json.dump(dict(TINY, **{key: value}), open(path, "w"))
+        s.expect_error(f"generate with {key} {value}",
+                       ["generate", "--config", path, "--weights", w], "needs at least",
+                       path, memory_limit=LIMIT)
+        s.expect_error(f"grad with {key} {value}",
+                       ["grad", "--config", path, "--weights", w, "--tokens", batch, "--out",
+                        os.path.join(d, "g.safetensors")], "needs at least", memory_limit=LIMIT)
+        s.expect_error(f"train with {key} {value}",
+                       ["train"] + TRAIN + ["--config", path, "--steps", "1", "--batch-file",
+                                            batch, "--out", os.path.join(d, "run")],
+                       "needs at least", memory_limit=LIMIT)
+    # model-info only counts: it must answer, not build a billion-expert parameter table.
+    path = os.path.join(d, "huge_num_experts.json")
+    code, out, err = s.run([s.exe, "model-info", "--config", path], memory_limit=LIMIT)
+    s.report("model-info of a 100M-expert config answers", out.splitlines()[0] if out else err,
+             [] if code == 0 and "total parameters" in out else [f"exit {code}: {err.strip()}"])
+
+
+def budgets(s, d, cfg, w, batch):
+    s.expect_error("train tiny under --max-memory 1M",
+                   ["--max-memory", "1M", "train"] + TRAIN +
+                   ["--steps", "1", "--batch-file", batch, "--out", os.path.join(d, "run")],
+                   "needs at least", "--max-memory", memory_limit=LIMIT)
+    s.expect_error("train --max-memory after the subcommand",
+                   ["train", "--max-memory", "1M"] + TRAIN +
+                   ["--steps", "1", "--batch-file", batch, "--out", os.path.join(d, "run")],
+                   "needs at least", "--max-memory", memory_limit=LIMIT)
+    s.expect_error("generate under --max-memory 1M",
+                   ["--max-memory", "1M", "generate", "--config", cfg, "--weights", w],
+                   "needs at least", memory_limit=LIMIT)
+    s.expect_error("bench train medium with a million rows",
+                   ["bench", "train", "--preset", "medium", "--batch", "1000000", "--seq", "512"],
+                   "needs at least", memory_limit=LIMIT)
+    s.expect_error("--max-memory 0", ["--max-memory", "0", "model-info"], "--max-memory")
+
+
+def plans_and_sweeps(s, d, cfg, w, batch):
+    s.expect_error("transfer plan for a million receivers",
+                   ["transfer", "plan", "--preset", "medium", "--trainers", "2", "--receivers",
+                    "1048576", "--tp", "2"], "needs at least", "receivers",
+                   memory_limit=LIMIT)
+    s.expect_error("transfer plan for a million trainers",
+                   ["transfer", "plan", "--preset", "medium", "--trainers", "1048576",
+                    "--receivers", "2"], "needs at least", memory_limit=LIMIT)
+    s.expect_error("bench collectives up to 1 TiB",
+                   ["bench", "collectives", "--ops", "allreduce", "--max-bytes", "1T"],
+                   "needs at least", "--max-bytes", memory_limit=LIMIT)
+
+
+def main():
+    s = Suite(sys.argv[1], tempfile.mkdtemp(prefix="wl-memory-"))
+    try:
+        for group in (huge_configs, budgets, plans_and_sweeps):
+            d = tempfile.mkdtemp(dir=s.scratch)
+            cfg, w, batch = write_tiny_model(d)
+            group(s, d, cfg, w, batch)
+    finally:
+        shutil.rmtree(s.scratch, ignore_errors=True)
+    s.finish()
+
+
+if __name__ == "__main__":
+    main()
