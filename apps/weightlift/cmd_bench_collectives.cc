@@ -62,7 +62,9 @@ Status run_bench_collectives(BenchCollectivesArgs a) {
                             "': expected auto, ring, recursive_doubling or shm");
   WL_RETURN_IF_ERROR(check_sweep_memory(o));
   WL_ASSIGN_OR_RETURN(LaunchEnv env, read_launch_env());
-  WL_ASSIGN_OR_RETURN(World world, connect_world(env, {.bind_address = a.bind_address}));
+  // --timeout bounds the rendezvous too: a peer that never joins is a timeout at --timeout.
+  WL_ASSIGN_OR_RETURN(World world,
+                      connect_world(env, {.bind_address = a.bind_address, .timeout = o.timeout}));
   WL_ASSIGN_OR_RETURN(std::vector<BenchRow> rows, bench_collectives(*world.group, o));
   for (const BenchRow& row : rows) {
     if (row.wrong > 0)

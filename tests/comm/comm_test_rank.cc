@@ -11,6 +11,10 @@
 //                            that point. On the first failure print "failed: STATUS", wait
 //                            until stdin closes (so every survivor is still alive while the
 //                            test reads what each one saw) and exit 10 + its StatusCode.
+//   comm_test_rank hold MS   print "ready PID", wait until stdin closes, then set "hold/RANK" in
+//                            the store, read every other rank's, run `check` and exit as it
+//                            does: tests/cli/hostile_store.py attacks the store while the job
+//                            holds, then lets it finish.
 //
 // A failure to join exits 10 + the StatusCode at once, so the tests can tell a refused token
 // (kPermissionDenied) from a timeout.
@@ -96,6 +100,24 @@ int loop(wl::comm::Group& g, int timeout_ms, long mark, bool pause) {
   }
 }
 
+// The job held while a test strikes, then the store and the transport used again.
+int hold(wl::comm::World& w, int timeout_ms) {
+  wl::comm::Group& g = *w.group;
+  std::printf("ready %d\n", int(::getpid()));
+  std::fflush(stdout);
+  wait_for_stdin_to_close();
+  const std::string mine = "hold/" + std::to_string(g.rank());
+  if (auto s = w.store->set(mine, wl::comm::to_bytes(mine)); !s.ok()) return fail(g.rank(), s);
+  for (int r = 0; r < g.size(); ++r) {
+    const std::string key = "hold/" + std::to_string(r);
+    auto v = w.store->get(key, std::chrono::milliseconds(timeout_ms));
+    if (!v.ok()) return fail(g.rank(), v.status());
+    if (wl::comm::to_string(*v) != key)
+      return std::printf("rank %d: %s is wrong\n", g.rank(), key.c_str()), 1;
+  }
+  return check(g);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -103,15 +125,17 @@ int main(int argc, char** argv) {
   const int timeout_ms = argc > 2 ? std::atoi(argv[2]) : 10000;
   auto place = wl::comm::read_launch_env();
   if (!place.ok()) return fail(-1, place.status());
-  auto world = wl::comm::connect_world(
-      *place, {.timeout = std::chrono::milliseconds(mode == "loop" ? timeout_ms : 20000)});
+  auto world =
+      wl::comm::connect_world(*place, {.timeout = std::chrono::milliseconds(
+                                           mode == "loop" || mode == "hold" ? timeout_ms : 20000)});
   if (!world.ok()) return fail(place->rank, world.status());
   if (mode == "check") return check(*world->group);
+  if (mode == "hold") return hold(*world, timeout_ms);
   if (mode == "loop") {
     const long mark = argc > 3 ? std::atol(argv[3]) : 0;
     const bool pause = argc > 4 && std::string(argv[4]) == "pause";
     return loop(*world->group, timeout_ms, mark, pause);
   }
-  std::printf("usage: comm_test_rank check | loop TIMEOUT_MS [MARK [pause]]\n");
+  std::printf("usage: comm_test_rank check | loop TIMEOUT_MS [MARK [pause]] | hold TIMEOUT_MS\n");
   return 2;
 }

@@ -1,5 +1,5 @@
-// TCP store client and server. The server keeps its state in a MemoryStore, so a get that
-// waits for a key parks the connection's thread on that store's condition variable.
+// The TCP store's client: one connection, one request at a time, every call under a deadline.
+// The server is tcp_store_server.cc.
 #include "weightlift/comm/tcp_store.h"
 
 #include <arpa/inet.h>
@@ -25,18 +25,8 @@ using detail::StoreOp;
 using detail::StoreRequest;
 using detail::StoreResponse;
 
-// A get may ask the server to wait at most this long; longer waits are the client's to split.
-constexpr uint32_t kMaxWaitMs = 24u * 3600u * 1000u;
 // Slack on top of a get's wait for the reply to travel back.
 constexpr auto kReplySlack = std::chrono::seconds(5);
-
-// Constant-time comparison, so the time a refusal takes says nothing about the token.
-bool same_token(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
 
 void set_nodelay(int fd) {
   int one = 1;
@@ -44,149 +34,6 @@ void set_nodelay(int fd) {
 }
 
 }  // namespace
-
-// ---- server -------------------------------------------------------------------------------
-
-Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(const TcpStoreServerOptions& o) {
-  std::unique_ptr<TcpStoreServer> s(new TcpStoreServer());
-  s->token_ = o.token;
-  const std::string where =
-      "rendezvous store server on " + o.bind_address + ":" + std::to_string(o.port);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  const std::string port = std::to_string(o.port);
-  if (int rc = ::getaddrinfo(o.bind_address.c_str(), port.c_str(), &hints, &res); rc != 0) {
-    return invalid_argument(where + ": " + gai_strerror(rc));
-  }
-  Status last = unavailable(where + ": no usable address");
-  for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
-    int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0) {
-      last = errno_status(where + ": socket", errno);
-      continue;
-    }
-    int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd, 128) != 0) {
-      last = errno_status(where + ": bind/listen", errno);
-      ::close(fd);
-      continue;
-    }
-    s->listen_fd_ = fd;
-    break;
-  }
-  ::freeaddrinfo(res);
-  if (s->listen_fd_ < 0) return last;
-  sockaddr_storage bound{};
-  socklen_t len = sizeof bound;
-  ::getsockname(s->listen_fd_, reinterpret_cast<sockaddr*>(&bound), &len);
-  s->port_ = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
-                                         : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  s->acceptor_ = std::thread([srv = s.get()] { srv->accept_loop(); });
-  return s;
-}
-
-TcpStoreServer::~TcpStoreServer() {
-  stopping_ = true;
-  state_.shut_down();  // wakes connection threads parked in a waiting get
-  if (acceptor_.joinable()) acceptor_.join();
-  std::vector<std::thread> threads;  // no new ones: the acceptor has stopped
-  {
-    MutexLock lock(mu_);
-    for (int fd : connection_fds_) ::shutdown(fd, SHUT_RDWR);
-    threads.swap(connections_);
-  }
-  for (auto& t : threads) t.join();
-  if (listen_fd_ >= 0) ::close(listen_fd_);
-}
-
-void TcpStoreServer::accept_loop() {
-  while (!stopping_) {
-    // Poll with a short timeout so that stopping is noticed without closing the socket
-    // under a blocked accept.
-    pollfd pfd{listen_fd_, POLLIN, 0};
-    if (::poll(&pfd, 1, 50) <= 0) continue;
-    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    set_nodelay(fd);
-    MutexLock lock(mu_);
-    connection_fds_.push_back(fd);
-    connections_.emplace_back([this, fd] { serve(fd); });
-  }
-}
-
-void TcpStoreServer::serve(int fd) {
-  const std::string what = "rendezvous store client";
-  while (!stopping_) {
-    // Wait for the next request in slices, so a stopping server is noticed between requests.
-    pollfd pfd{fd, POLLIN, 0};
-    int n = ::poll(&pfd, 1, 100);
-    if (n == 0) continue;
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) break;
-    uint8_t format_version = detail::kStoreWireFormatVersion;
-    auto request =
-        detail::read_request(fd, deadline_after(std::chrono::seconds(30)), what, &format_version);
-    StoreResponse response;
-    bool close_after = false;
-    if (!request.ok()) {
-      if (request.status().code() == StatusCode::kUnavailable) break;  // client hung up
-      response.code = request.status().code();
-      response.payload = to_bytes(request.status().message());
-      close_after = true;  // the stream is out of step after a malformed request
-    } else if (!same_token(request->token, token_)) {
-      response.code = StatusCode::kPermissionDenied;
-      response.payload = to_bytes(
-          "wrong job token: this process does not belong to the job "
-          "(check WEIGHTLIFT_JOB_TOKEN)");
-      close_after = true;
-    } else {
-      Status s;
-      switch (request->op) {
-        case StoreOp::kSet:
-          s = state_.set(request->key, request->value);
-          break;
-        case StoreOp::kGet: {
-          auto v = state_.get(request->key, std::chrono::milliseconds(request->timeout_ms));
-          if (v.ok()) response.payload = std::move(*v);
-          s = v.status();
-          break;
-        }
-        case StoreOp::kAdd: {
-          int64_t delta = 0;
-          if (request->value.size() != 8) {
-            s = invalid_argument("add needs an 8-byte delta");
-            break;
-          }
-          std::memcpy(&delta, request->value.data(), 8);
-          auto v = state_.add(request->key, delta);
-          if (v.ok()) {
-            response.payload.resize(8);
-            std::memcpy(response.payload.data(), &*v, 8);
-          }
-          s = v.status();
-          break;
-        }
-      }
-      if (!s.ok()) {
-        response.code = s.code();
-        response.payload = to_bytes(s.message());
-      }
-    }
-    Bytes frame = detail::encode_response(response);
-    Status w = detail::write_all(fd, frame.data(), frame.size(),
-                                 deadline_after(std::chrono::seconds(30)), what);
-    if (!w.ok() || close_after) break;
-  }
-  {
-    MutexLock lock(mu_);
-    std::erase(connection_fds_, fd);
-  }
-  ::close(fd);
-}
 
 // ---- client -------------------------------------------------------------------------------
 
@@ -272,7 +119,7 @@ Result<Bytes> TcpStore::call(uint8_t op, std::string_view key, Bytes value,
   r.token = options_.token;
   r.key = std::string(key);
   r.value = std::move(value);
-  r.timeout_ms = uint32_t(std::clamp<int64_t>(wait.count(), 0, kMaxWaitMs));
+  r.timeout_ms = uint32_t(std::clamp<int64_t>(wait.count(), 0, detail::kStoreMaxWaitMs));
   Bytes frame = detail::encode_request(r);
   MutexLock lock(mu_);
   if (fd_ < 0) return unavailable(where_ + ": connection closed after an earlier error");
@@ -284,6 +131,11 @@ Result<Bytes> TcpStore::call(uint8_t op, std::string_view key, Bytes value,
     ::close(fd_);
     fd_ = -1;
     return response.status();
+  }
+  if (response->code == StatusCode::kDeadlineExceeded) {
+    // Nobody set the key in time (a peer that never joined, or died first): a timeout, not
+    // a refusal; the server's message names the key and the wait.
+    return deadline_exceeded(where_ + ": " + to_string(response->payload));
   }
   if (response->code != StatusCode::kOk) {
     if (response->code == StatusCode::kPermissionDenied) {

@@ -1,19 +1,24 @@
 // The rendezvous store over TCP: a server that one process (rank 0) runs on
 // MASTER_ADDR:MASTER_PORT, and a client every process uses.
 //
-// Plain sockets, one thread per client connection on the server, the wire format of
-// detail/store_wire.h (versioned; docs/formats.md). The server binds 127.0.0.1 unless told
-// otherwise, so a single-host job is invisible from the network, and it refuses every request
-// that does not carry the job's token (kPermissionDenied). Every client call has a deadline.
+// Plain sockets and the wire format of detail/store_wire.h (versioned; docs/formats.md). The
+// server binds 127.0.0.1 unless told otherwise, so a single-host job is invisible from the
+// network, and it refuses every request that does not carry the job's token
+// (kPermissionDenied). Every client call has a deadline.
+//
+// The server is built to survive a hostile peer on its port (tcp_store_server.cc): one thread
+// runs an event loop over every connection, whatever their number; nothing a peer declares is
+// allocated before it has presented the job's token; a connection must present it within the
+// handshake timeout and finish each request, and take each reply, within the request timeout;
+// connections are bounded, and when full the oldest one that never presented the token is
+// closed for the newcomer.
 #pragma once
 
-#include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <thread>
-#include <vector>
 
-#include "weightlift/comm/memory_store.h"
 #include "weightlift/comm/store.h"
 #include "weightlift/core/mutex.h"
 
@@ -25,31 +30,32 @@ struct TcpStoreServerOptions {
   std::string bind_address = "127.0.0.1";
   int port = 0;       // 0: any free port (see port())
   std::string token;  // the job token requests must carry
+  // Connections open at once; 0: 4096, or fewer if RLIMIT_NOFILE leaves fewer descriptors.
+  int max_connections = 0;
+  // A new connection must deliver its first request's header and token within this.
+  std::chrono::milliseconds handshake_timeout{10000};
+  // A request, once begun, must arrive whole within this; a reply must be taken within this.
+  std::chrono::milliseconds request_timeout{30000};
+  // Bytes of keys and values the store keeps in all; a set beyond it is kResourceExhausted.
+  uint64_t max_stored_bytes = uint64_t(1) << 30;
 };
 
 class TcpStoreServer {
  public:
   static Result<std::unique_ptr<TcpStoreServer>> start(const TcpStoreServerOptions& options);
-  ~TcpStoreServer();  // stops serving; waiting clients get an error
+  ~TcpStoreServer();  // stops serving; waiting clients see their connection close
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
 
-  int port() const { return port_; }
+  int port() const;
+  size_t connections() const;  // open now
+
+  struct Loop;  // tcp_store_server.cc
 
  private:
   TcpStoreServer() = default;
-  void accept_loop();
-  void serve(int fd);
-
-  std::string token_;
-  int listen_fd_ = -1;
-  int port_ = 0;
-  std::atomic<bool> stopping_{false};
-  MemoryStore state_;
-  std::thread acceptor_;
-  Mutex mu_;
-  std::vector<std::thread> connections_ WL_GUARDED_BY(mu_);
-  std::vector<int> connection_fds_ WL_GUARDED_BY(mu_);
+  std::unique_ptr<Loop> loop_;
+  std::thread thread_;
 };
 
 struct TcpStoreOptions {

@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "weightlift/core/check.h"
+
 namespace wl::comm::detail {
 
 namespace {
@@ -116,36 +118,135 @@ Status read_exact(int fd, void* data, size_t bytes, Deadline deadline, const std
   return ok_status();
 }
 
-Result<StoreRequest> read_request(int fd, Deadline deadline, const std::string& what,
-                                  uint8_t* format_version_out) {
-  std::byte h[kStoreRequestHeaderBytes];
-  WL_RETURN_IF_ERROR(read_exact(fd, h, sizeof h, deadline, what));
-  WL_RETURN_IF_ERROR(check_magic(h, what));
-  StoreRequest r;
-  r.format_version = uint8_t(h[4]);
-  *format_version_out = r.format_version;
-  if (r.format_version != kStoreWireFormatVersion)
-    return format_version_mismatch(r.format_version, what);
-  r.op = StoreOp(uint8_t(h[5]));
-  if (r.op != StoreOp::kSet && r.op != StoreOp::kGet && r.op != StoreOp::kAdd) {
-    return invalid_argument(what + ": unknown store operation " + std::to_string(int(h[5])));
+// ---- RequestReader -------------------------------------------------------------------------
+
+namespace {
+
+// Constant-time comparison, so the time a refusal takes says nothing about the token.
+bool same_token(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+const std::string kPeer = "rendezvous store client";
+
+}  // namespace
+
+size_t RequestReader::wanted() const {
+  if (spent_) return 0;
+  switch (part_) {
+    case Part::kHeader:
+      return kStoreRequestHeaderBytes - got_;
+    case Part::kToken:
+      return token_len_ - got_;
+    case Part::kKey:
+      return key_len_ - got_;
+    case Part::kValue:
+      return size_t(value_len_ - got_);
   }
-  const uint32_t token_len = get_u32(h + 8), key_len = get_u32(h + 12);
-  const uint64_t value_len = get_u64(h + 16);
-  r.timeout_ms = get_u32(h + 24);
-  if (token_len > kStoreMaxTokenBytes || key_len > kStoreMaxKeyBytes ||
-      value_len > kStoreMaxValueBytes) {
-    return invalid_argument(what + ": request too large (token " + std::to_string(token_len) +
-                            ", key " + std::to_string(key_len) + ", value " +
-                            std::to_string(value_len) + " bytes)");
+  return 0;
+}
+
+size_t RequestReader::buffered_bytes() const {
+  return sizeof header_ + presented_.capacity() + request_.key.capacity() +
+         request_.value.capacity();
+}
+
+// The header is whole: everything it declares is checked before anything is read for it.
+Status RequestReader::start_request() {
+  const std::byte* h = header_;
+  WL_RETURN_IF_ERROR(check_magic(h, kPeer));
+  version_seen_ = uint8_t(h[4]);
+  if (version_seen_ != kStoreWireFormatVersion)
+    return format_version_mismatch(version_seen_, kPeer);
+  request_ = StoreRequest{};
+  request_.op = StoreOp(uint8_t(h[5]));
+  token_len_ = get_u32(h + 8);
+  key_len_ = get_u32(h + 12);
+  value_len_ = get_u64(h + 16);
+  request_.timeout_ms = get_u32(h + 24);
+  const bool reserved_zero = h[6] == std::byte(0) && h[7] == std::byte(0) && get_u32(h + 28) == 0;
+  const std::string sizes = "(token " + std::to_string(token_len_) + ", key " +
+                            std::to_string(key_len_) + ", value " + std::to_string(value_len_) +
+                            " bytes, wait " + std::to_string(request_.timeout_ms) + " ms)";
+  bool fits = token_len_ <= kStoreMaxTokenBytes && key_len_ <= kStoreMaxKeyBytes;
+  switch (request_.op) {
+    case StoreOp::kSet:
+      fits = fits && value_len_ <= kStoreMaxValueBytes && request_.timeout_ms == 0;
+      break;
+    case StoreOp::kGet:
+      fits = fits && value_len_ == 0 && request_.timeout_ms <= kStoreMaxWaitMs;
+      break;
+    case StoreOp::kAdd:
+      fits = fits && value_len_ == 8 && request_.timeout_ms == 0;
+      break;
+    default:
+      return invalid_argument(kPeer + ": unknown store operation " + std::to_string(int(h[5])));
   }
-  r.token.resize(token_len);
-  r.key.resize(key_len);
-  r.value.resize(value_len);
-  WL_RETURN_IF_ERROR(read_exact(fd, r.token.data(), token_len, deadline, what));
-  WL_RETURN_IF_ERROR(read_exact(fd, r.key.data(), key_len, deadline, what));
-  WL_RETURN_IF_ERROR(read_exact(fd, r.value.data(), value_len, deadline, what));
-  return r;
+  if (!reserved_zero) return invalid_argument(kPeer + ": reserved header fields are not zero");
+  if (!fits)
+    return invalid_argument(kPeer + ": request beyond the limits of its operation " + sizes);
+  presented_.clear();
+  presented_.reserve(token_len_);
+  return ok_status();
+}
+
+Status RequestReader::check_token() {
+  if (!same_token(presented_, token_)) {
+    return permission_denied(
+        "wrong job token: this process does not belong to the job (check WEIGHTLIFT_JOB_TOKEN)");
+  }
+  authenticated_ = true;
+  request_.token = presented_;
+  return ok_status();
+}
+
+Result<std::optional<StoreRequest>> RequestReader::consume(std::span<const std::byte> bytes) {
+  if (spent_) return failed_precondition(kPeer + ": the stream already failed");
+  WL_CHECK_LE(bytes.size(), wanted()) << "a caller read past the current part";
+  auto fail = [&](Status s) -> Result<std::optional<StoreRequest>> {
+    spent_ = true;
+    return s;
+  };
+  const auto* chars = reinterpret_cast<const char*>(bytes.data());
+  switch (part_) {
+    case Part::kHeader:
+      std::memcpy(header_ + got_, bytes.data(), bytes.size());
+      break;
+    case Part::kToken:
+      presented_.append(chars, bytes.size());
+      break;
+    case Part::kKey:
+      request_.key.append(chars, bytes.size());
+      break;
+    case Part::kValue:
+      request_.value.insert(request_.value.end(), bytes.begin(), bytes.end());
+      break;
+  }
+  got_ += bytes.size();
+  // Move on through every part that is complete (an empty token, key or value completes at once).
+  while (wanted() == 0) {
+    got_ = 0;
+    switch (part_) {
+      case Part::kHeader:
+        if (Status s = start_request(); !s.ok()) return fail(s);
+        part_ = Part::kToken;
+        break;
+      case Part::kToken:
+        if (Status s = check_token(); !s.ok()) return fail(s);
+        part_ = Part::kKey;
+        break;
+      case Part::kKey:
+        part_ = Part::kValue;
+        break;
+      case Part::kValue:
+        part_ = Part::kHeader;
+        return std::optional<StoreRequest>(std::move(request_));
+    }
+  }
+  return std::optional<StoreRequest>();
 }
 
 Result<StoreResponse> read_response(int fd, Deadline deadline, const std::string& what) {
@@ -159,8 +260,13 @@ Result<StoreResponse> read_response(int fd, Deadline deadline, const std::string
   if (len > kStoreMaxValueBytes) {
     return data_loss(what + ": reply of " + std::to_string(len) + " bytes is too large");
   }
-  r.payload.resize(len);
-  WL_RETURN_IF_ERROR(read_exact(fd, r.payload.data(), len, deadline, what));
+  // In pieces: what a reply declares is only reserved as it arrives.
+  while (r.payload.size() < len) {
+    const size_t at = r.payload.size();
+    r.payload.resize(at + std::min<uint64_t>(len - at, uint64_t(1) << 20));
+    WL_RETURN_IF_ERROR(
+        read_exact(fd, r.payload.data() + at, r.payload.size() - at, deadline, what));
+  }
   if (r.format_version != kStoreWireFormatVersion)
     return format_version_mismatch(r.format_version, what);
   return r;
