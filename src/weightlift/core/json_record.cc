@@ -1,14 +1,14 @@
 #include "weightlift/core/json_record.h"
 
+#include <algorithm>
+#include <charconv>
+
 namespace wl {
 
 using json = nlohmann::json;
 
 json new_record(const RecordFormat& f) {
-  json j;
-  j["format"] = std::string(f.name);
-  j["format_version"] = f.version;
-  return j;
+  return json::object({{"format", std::string(f.name)}, {"format_version", f.version}});
 }
 
 Status check_record_header(const json& j, std::string_view where, const RecordFormat& f) {
@@ -27,20 +27,52 @@ Status check_record_header(const json& j, std::string_view where, const RecordFo
   return ok_status();
 }
 
+std::string json_error_message(const std::exception& e) {
+  std::string_view m = e.what();
+  if (m.rfind("[json.exception.", 0) != 0) return std::string(m);
+  m.remove_prefix(std::min(m.find("] ") + 2, m.size()));
+  if (m.empty() || m[0] != '(') return std::string(m);
+  const size_t close = m.find(") ");
+  if (close == std::string_view::npos) return std::string(m);
+  // "/receivers/2/rank" -> "receivers[2].rank"
+  std::string path;
+  std::string_view pointer = m.substr(1, close - 1);
+  while (!pointer.empty()) {
+    pointer.remove_prefix(1);  // the '/'
+    const size_t end = std::min(pointer.find('/'), pointer.size());
+    const std::string_view token = pointer.substr(0, end);
+    const bool index = !token.empty() && token.find_first_not_of("0123456789") == token.npos;
+    path += index ? "[" + std::string(token) + "]" : (path.empty() ? "" : ".") + std::string(token);
+    pointer.remove_prefix(end);
+  }
+  const std::string what(m.substr(close + 2));
+  return path.empty() ? what : path + ": " + what;
+}
+
+void throw_field_error(const json& j, const std::string& what) {
+  throw json::other_error::create(599, what, &j);
+}
+
+void throw_field_error(const nlohmann::ordered_json& j, const std::string& what) {
+  throw nlohmann::ordered_json::other_error::create(599, what, &j);
+}
+
 std::string u64_to_json(uint64_t v) { return std::to_string(v); }
 
 uint64_t u64_field(const json& j) {
   const std::string s = j.get<std::string>();
-  if (s.empty() || s.size() > 20 || s.find_first_not_of("0123456789") != std::string::npos) {
-    throw std::runtime_error("'" + s + "' is not an unsigned 64-bit decimal");
+  uint64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v, 10);
+  if (s.empty() || ec != std::errc() || p != s.data() + s.size()) {
+    throw_field_error(j, "'" + s + "' is not an unsigned 64-bit decimal");
   }
-  return std::stoull(s);
+  return v;
 }
 
 DType dtype_field(const json& j) {
   const std::string s = j.get<std::string>();
   auto d = dtype_from_name(s);
-  if (!d) throw std::runtime_error("unknown dtype '" + s + "'");
+  if (!d) throw_field_error(j, "unknown dtype '" + s + "'");
   return *d;
 }
 
@@ -73,7 +105,7 @@ std::optional<std::vector<std::byte>> from_hex(std::string_view hex) {
 
 std::vector<std::byte> hex_field(const json& j) {
   auto bytes = from_hex(j.get<std::string>());
-  if (!bytes) throw std::runtime_error("'" + j.get<std::string>() + "' is not a hex byte string");
+  if (!bytes) throw_field_error(j, "'" + j.get<std::string>() + "' is not a hex byte string");
   return *std::move(bytes);
 }
 

@@ -3,7 +3,8 @@
 //   {"format": "<name>", "format_version": <n>, ...}
 // and a reader refuses another name or version with an error that says which was expected
 // and what to do. Fields are read with nlohmann's at()/get<>(), which throw for a missing or
-// mistyped field; read_record turns any throw into DataLoss naming where the record came from.
+// mistyped field; read_record turns any throw into DataLoss "where: field: what" (the build
+// sets JSON_DIAGNOSTICS, so nlohmann's exceptions carry the path of the value at fault).
 #pragma once
 
 #include <cstddef>
@@ -37,7 +38,17 @@ template <class T, class Read>
 Result<T> read_record(std::string_view text, std::string_view where, const RecordFormat& format,
                       Read&& read);
 
-// Field readers for read_record's `read`: each throws std::runtime_error naming what was wrong.
+// What a JSON exception says, as "field.path[2]: what": nlohmann's "[json.exception.
+// type_error.302] (/receivers/2/rank) type must be number, but is string" becomes
+// "receivers[2].rank: type must be number, but is string". Any other exception: its what().
+std::string json_error_message(const std::exception& e);
+
+// Throws what json_error_message reads as "<path of j>: what": for a field that parsed but
+// is not acceptable.
+[[noreturn]] void throw_field_error(const nlohmann::json& j, const std::string& what);
+[[noreturn]] void throw_field_error(const nlohmann::ordered_json& j, const std::string& what);
+
+// Field readers for read_record's `read`: each throws (throw_field_error) naming what was wrong.
 // A u64 is written as a decimal string: JSON numbers lose bits past 2^53 in many readers.
 std::string u64_to_json(uint64_t v);
 uint64_t u64_field(const nlohmann::json& j);
@@ -59,8 +70,11 @@ Result<T> read_record(std::string_view text, std::string_view where, const Recor
     const nlohmann::json j = nlohmann::json::parse(text);
     WL_RETURN_IF_ERROR(check_record_header(j, where, format));
     return read(j);
+  } catch (const nlohmann::json::parse_error& e) {
+    return data_loss(std::string(where) + ": not a " + std::string(format.what) + ": " +
+                     json_error_message(e));
   } catch (const std::exception& e) {
-    return data_loss(std::string(where) + ": not a " + std::string(format.what) + ": " + e.what());
+    return data_loss(std::string(where) + ": " + json_error_message(e));
   }
 }
 

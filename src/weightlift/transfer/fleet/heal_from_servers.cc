@@ -205,15 +205,15 @@ Result<ServerCopyRecord> server_copy_from_json(std::string_view text, std::strin
         r.checkpoint = j.at("checkpoint").get<std::string>();
         r.version = j.at("version").get<uint64_t>();
         if (r.servers < 1 || r.rank < 0 || r.rank >= r.servers) {
-          throw std::runtime_error("rank " + std::to_string(r.rank) + " of " +
-                                   std::to_string(r.servers) + " servers");
+          throw_field_error(j.at("rank"), "rank " + std::to_string(r.rank) + " of " +
+                                              std::to_string(r.servers) + " servers");
         }
         if (r.version == 0) return r;
         r.stamp = j.at("stamp").get<uint64_t>();
         WL_ASSIGN_OR_RETURN(r.config, model::parse_config(j.at("config").dump(), where));
         const auto dtype = dtype_from_name(j.at("dtype").get<std::string>());
         if (!dtype || (*dtype != DType::kF32 && *dtype != DType::kBF16)) {
-          throw std::runtime_error("shards are F32 or BF16, not " + j.at("dtype").dump());
+          throw_field_error(j.at("dtype"), "shards are F32 or BF16, not " + j.at("dtype").dump());
         }
         r.dtype = *dtype;
         for (const json& s : j.at("shards")) {

@@ -36,7 +36,7 @@ Result<RoundRecord> round_from_json(std::string_view text, std::string_view wher
   return read_record<RoundRecord>(text, where, kRoundFormat, [](const json& j) {
     RoundRecord r;
     const std::string kind = j.at("kind").get<std::string>();
-    if (kind != "form" && kind != "update") throw std::runtime_error("unknown kind " + kind);
+    if (kind != "form" && kind != "update") throw_field_error(j.at("kind"), "unknown kind " + kind);
     r.kind = kind == "form" ? RoundRecord::Kind::kForm : RoundRecord::Kind::kUpdate;
     r.round = j.at("round").get<uint64_t>();
     r.generation = j.at("generation").get<uint64_t>();
@@ -49,7 +49,7 @@ Result<RoundRecord> round_from_json(std::string_view text, std::string_view wher
     r.checkpoint = j.at("checkpoint").get<std::string>();
     const std::string mode = j.at("mode").get<std::string>();
     const std::optional<TransferMode> m = transfer_mode_from_name(mode);
-    if (!m) throw std::runtime_error("unknown mode " + mode);
+    if (!m) throw_field_error(j.at("mode"), "unknown mode " + mode);
     r.mode = *m;
     r.bucket_bytes = j.at("bucket_bytes").get<int64_t>();
     r.checksums = j.at("checksums").get<bool>();

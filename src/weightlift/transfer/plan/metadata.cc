@@ -101,8 +101,7 @@ void read_receiver(const json& j, RankMeta& m) {
   m.tp = j.at("tp").get<int>();
   m.tp_rank = j.at("tp_rank").get<int>();
   auto f = weight_format_from_name(j.at("weight_format").get<std::string>());
-  if (!f)
-    throw std::runtime_error("unknown weight format " + j.at("weight_format").get<std::string>());
+  if (!f) throw_field_error(j.at("weight_format"), "unknown weight format");
   m.format = *f;
   m.epoch = u64_field(j.at("epoch"));
   m.worker_address = hex_field(j.at("worker_address"));
@@ -129,7 +128,7 @@ Result<RankMeta> metadata_from_json(std::string_view text, std::string_view wher
     } else if (role == "receiver") {
       read_receiver(j, m);
     } else {
-      throw std::runtime_error("unknown role '" + role + "'");
+      throw_field_error(j.at("role"), "unknown role '" + role + "'");
     }
     return m;
   });

@@ -427,7 +427,7 @@ namespace {
 
 PlanReceiver receiver_from_json(const json& r) {
   auto f = weight_format_from_name(r.at("weight_format").get<std::string>());
-  if (!f) throw std::runtime_error("unknown weight format " + r.at("weight_format").dump());
+  if (!f) throw_field_error(r.at("weight_format"), "unknown weight format");
   return {r.at("rank").get<int>(),
           r.at("engine").get<int>(),
           r.at("tp").get<int>(),
@@ -488,8 +488,7 @@ Result<Plan> plan_from_json(std::string_view text, std::string_view where) {
       PlanTask t = task_from_json(k);
       if (t.gather < -1 || t.gather >= int(p.gathers.size()) ||
           p.find_trainer(t.sender) == nullptr || p.find_receiver(t.receiver) == nullptr) {
-        throw std::runtime_error("task " + std::to_string(p.tasks.size()) +
-                                 " names an unknown gather, sender or receiver");
+        throw_field_error(k, "names an unknown gather, sender or receiver");
       }
       p.tasks.push_back(std::move(t));
     }

@@ -1,0 +1,60 @@
+// Versioned JSON records (core/json_record.h): a malformed record is "where: field: what",
+// with the path of the value at fault, whether nlohmann or our own field readers refuse it.
+#include "weightlift/core/json_record.h"
+
+#include <gtest/gtest.h>
+
+namespace wl {
+namespace {
+
+using nlohmann::json;
+
+constexpr RecordFormat kFormat{
+    .name = "test-record", .version = 3, .what = "test record", .remedy = "write it again"};
+
+Result<int> read(std::string_view text) {
+  return read_record<int>(text, "r.json", kFormat, [](const json& j) -> Result<int> {
+    int sum = 0;
+    for (const json& item : j.at("items")) sum += item.at("n").get<int>();
+    (void)u64_field(j.at("big"));
+    return sum;
+  });
+}
+
+TEST(JsonRecord, ErrorsNameTheFileAndTheField) {
+  const std::string head = R"({"format": "test-record", "format_version": 3, )";
+  EXPECT_EQ(*read(head + R"("items": [{"n": 1}, {"n": 2}], "big": "7"})"), 3);
+  const std::pair<std::string, std::string> cases[] = {
+      {R"("items": [{"n": 1}, {"n": "2"}], "big": "7"})",
+       "r.json: items[1].n: type must be number, but is string"},
+      {R"("items": [{"n": 1}, {"m": 2}], "big": "7"})", "r.json: items[1]: key 'n' not found"},
+      {R"("items": [], "big": "-7"})", "r.json: big: '-7' is not an unsigned 64-bit decimal"},
+      {R"("items": []})", "r.json: key 'big' not found"},
+  };
+  for (const auto& [body, message] : cases) {
+    Result<int> r = read(head + body);
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+    EXPECT_EQ(r.status().message(), message);
+  }
+  Result<int> not_json = read("{\"format\": ");
+  EXPECT_EQ(not_json.status().message().rfind("r.json: not a test record: parse error", 0), 0u)
+      << not_json.status().message();
+  Result<int> other = read(R"({"format": "test-record", "format_version": 2})");
+  EXPECT_EQ(other.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(other.status().message().find("version 2, this build reads version 3; write it again"),
+            std::string::npos);
+}
+
+TEST(JsonRecord, AnyExceptionBecomesAMessage) {
+  EXPECT_EQ(json_error_message(std::runtime_error("plain")), "plain");
+  try {
+    (void)json::parse(R"({"a": {"b": [0, "x"]}})")["a"]["b"][1].get<int>();
+    FAIL();
+  } catch (const std::exception& e) {
+    EXPECT_EQ(json_error_message(e), "a.b[1]: type must be number, but is string");
+  }
+}
+
+}  // namespace
+}  // namespace wl
