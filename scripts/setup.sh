@@ -10,7 +10,7 @@ packages=(
   build-essential g++ cmake ninja-build pkg-config git
   clang clang-format libclang-rt-14-dev libomp-dev
   libdnnl-dev libucx-dev ucx-utils libhwloc-dev
-  nlohmann-json3-dev libcli11-dev
+  nlohmann-json3-dev libcli11-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin
   python3 python3-torch python3-numpy python3-matplotlib

@@ -168,6 +168,8 @@ void register_train(CLI::App& app, Outcome& out) {
   cmd->add_option("--out", o->out_dir, "output directory")->capture_default_str();
   cmd->add_option("--out-weights", o->out_weights, "also write the final weights here");
   cmd->add_flag("--overwrite", o->overwrite, "replace another run's results in --out");
+  cmd->add_flag("--allow-changes", o->allow_changes,
+                "resume with hyperparameters other than the checkpoint's");
   cmd->add_flag("--quiet", f->quiet, "no progress bar or summary");
   add_train_flag_ranges(*cmd);
   cmd->callback([&out, o, f] { out.exit_code = report("train", run_train(*o, *f)); });

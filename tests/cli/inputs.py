@@ -65,17 +65,18 @@ def checkpoint_inputs(s, d, cfg, w, batch):
 
     r = copy_of_run("huge_state")
     with open(os.path.join(r, "checkpoint-4", "state.json"), "r+b") as f:
-        f.truncate(64 << 20)  # sparse: 64 MiB that cost no disk
-    s.expect_error("train --resume whose state.json is 64 MiB",
+        f.truncate(80 << 20)  # sparse: 80 MiB that cost no disk
+    s.expect_error("train --resume whose state.json is 80 MiB",
                    train + ["--resume", os.path.join(r, "checkpoint-4"), "--out", r],
                    "state.json", "more than", timeout=HANG, memory_limit=4 << 30)
 
     r = copy_of_run("fifo_model")
-    os.unlink(os.path.join(r, "checkpoint-4", "model.safetensors"))
-    os.mkfifo(os.path.join(r, "checkpoint-4", "model.safetensors"))
-    s.expect_error("train --resume whose model.safetensors is a FIFO",
+    tensors = os.path.join(r, "checkpoint-4", "rank-00000-of-00001.safetensors")
+    os.unlink(tensors)
+    os.mkfifo(tensors)
+    s.expect_error("train --resume whose tensor file is a FIFO",
                    train + ["--resume", os.path.join(r, "checkpoint-4"), "--out", r],
-                   "model.safetensors", "FIFO", timeout=HANG)
+                   "rank-00000-of-00001.safetensors", "FIFO", timeout=HANG)
 
     r = copy_of_run("fifo_metrics")
     os.unlink(os.path.join(r, "metrics.jsonl"))

@@ -20,6 +20,7 @@
 #include "weightlift/model/units.h"
 #include "weightlift/parallel/pipeline.h"
 #include "weightlift/parallel/step.h"
+#include "weightlift/train/checkpoint_state.h"
 
 namespace wl::parallel {
 namespace {
@@ -218,7 +219,8 @@ void expect_lie_refused(const std::function<void(nlohmann::json& tensors)>& lie,
   const std::string state = o.out_dir + "/checkpoint-2/state.json";
   nlohmann::json j = nlohmann::json::parse(std::ifstream(state));
   lie(j["tensors"]);
-  std::ofstream(state, std::ios::trunc) << j.dump();
+  // Resealed (its state_checksum recomputed), so that the index is what the reader refuses.
+  std::ofstream(state, std::ios::trunc) << train::seal_state_text(j.dump(1) + "\n");
   TrainOptions resume = o;
   resume.steps = 3;
   resume.resume = o.out_dir + "/checkpoint-2";

@@ -5,15 +5,15 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <sstream>
 
+#include "weightlift/core/checksum.h"
 #include "weightlift/core/file_io.h"
 #include "weightlift/core/json_record.h"
 #include "weightlift/core/safetensors.h"
@@ -25,10 +25,6 @@ using nlohmann::json;
 
 namespace {
 
-constexpr RecordFormat kStateFormat{.name = "weightlift-train-checkpoint",
-                                    .version = 2,
-                                    .what = "training checkpoint state",
-                                    .remedy = "resume it with the weightlift that wrote it"};
 // state.json is a few hundred bytes per tensor: this bounds what a reader will take in.
 constexpr int64_t kMaxStateBytes = int64_t(64) << 20;
 
@@ -94,60 +90,119 @@ json tensor_index(DataParallel& dp) {
   return tensors;
 }
 
-Status write_state(const std::string& path, DataParallel& dp, const TrainState& st) {
-  json j = new_record(kStateFormat);
-  j["step"] = st.step;
-  j["adamw_steps"] = dp.optimizer().steps();
-  j["data_rng"] = json::array();
-  for (uint64_t w : st.data_rng) j["data_rng"].push_back(u64_to_json(w));
-  j["loss_scale"] = st.loss_scale;
-  j["loss_scale_clean_steps"] = st.loss_scale_clean_steps;
-  j["config"] = json::parse(model::config_to_json(dp.config()));
-  const ParallelLayout& l = dp.options().layout;
-  j["layout"] = {{"dp", dp.ranks()},
-                 {"pp", l.pp},
-                 {"dp_mode", std::string(dp_mode_name(l.dp_mode))},
-                 {"micro_batches", l.micro_batches}};
-  j["tensors"] = tensor_index(dp);
-  return write_file_atomically(path, j.dump(1) + "\n");
+// Rows of a state that a run cannot continue from: not finite, or a negative second moment.
+// "v.layers.0.attn.q_proj.weight[12] = -1", or empty.
+std::string first_untrusted(DataParallel& dp, const std::vector<StateRows>& rows) {
+  for (const StateRows& r : rows) {
+    const model::ParamInfo& p = dp.layout().params()[r.param];
+    const int64_t per_row = p.numel() / std::max<int64_t>(p.shape[0], 1);
+    const int64_t n = r.rows.size() * per_row;
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = r.data[i];
+      if (std::isfinite(x) && !(r.kind == StateKind::kV && x < 0)) continue;
+      return state_name(p, r.kind) + "[" + std::to_string(r.rows.begin * per_row + i) +
+             "] = " + std::to_string(x);
+    }
+  }
+  return {};
 }
 
-}  // namespace
+// This rank's file: its tensors, each with its checksum in the metadata; returns the file's
+// digest (train/checkpoint_state.h).
+Result<uint64_t> write_rank_file(const std::string& path, DataParallel& dp) {
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  std::map<std::string, uint64_t> sums;
+  std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  for (const StateRows& r : dp.own_rows()) {
+    const model::ParamInfo& p = dp.layout().params()[r.param];
+    Tensor t = Tensor::borrow(r.data, DType::kF32, rows_shape(p, r.rows));
+    const std::string name = state_name(p, r.kind);
+    sums[name] = xxh3_64(t.bytes());
+    metadata[train::tensor_checksum_key(name)] = checksum_hex(sums[name]);
+    tensors.emplace_back(name, std::move(t));
+  }
+  WL_RETURN_IF_ERROR(write_safetensors(path, tensors, metadata));
+  return train::tensor_file_digest(sums);
+}
 
-Status save_checkpoint(const std::string& dir, DataParallel& dp, const TrainState& state) {
-  // A staging directory of this save's own, named by a nonce rank 0 draws and every rank
-  // learns, so two jobs writing one checkpoint never write into the same directory.
+// Every rank's file digest, on every rank: each rank puts its 64 bits, as two exact 32-bit
+// halves, in its slots of a vector the job sums.
+Result<std::vector<uint64_t>> gather_digests(DataParallel& dp, uint64_t mine) {
+  std::vector<double> halves(2 * size_t(dp.job_size()), 0.0);
+  halves[2 * size_t(dp.job_rank())] = double(mine >> 32);
+  halves[2 * size_t(dp.job_rank()) + 1] = double(mine & 0xffffffffu);
+  WL_RETURN_IF_ERROR(dp.sum_over_job(halves.data(), halves.size()));
+  std::vector<uint64_t> all(size_t(dp.job_size()));
+  for (size_t r = 0; r < all.size(); ++r)
+    all[r] = uint64_t(halves[2 * r]) << 32 | uint64_t(halves[2 * r + 1]);
+  return all;
+}
+
+Status write_state(const std::string& path, DataParallel& dp, const TrainState& st,
+                   const std::vector<uint64_t>& digests) {
+  train::StateFile f{.state = st,
+                     .adamw_steps = dp.optimizer().steps(),
+                     .config_json = model::config_to_json(dp.config())};
+  const ParallelLayout& l = dp.options().layout;
+  f.layout = {{"dp", dp.ranks()},
+              {"pp", l.pp},
+              {"dp_mode", std::string(dp_mode_name(l.dp_mode))},
+              {"micro_batches", l.micro_batches}};
+  f.tensors = tensor_index(dp);
+  for (size_t r = 0; r < digests.size(); ++r)
+    f.files[rank_file(int(r), dp.job_size())] = digests[r];
+  return write_file_atomically(path, train::state_to_json(f));
+}
+
+// A staging directory of this save's own, named by a nonce rank 0 draws and every rank
+// learns, so two jobs writing one checkpoint never write into the same directory.
+Result<std::string> make_staging(const std::string& dir, DataParallel& dp) {
   double nonce = dp.job_rank() == 0 ? double(std::random_device()() & 0x7fffffff) : 0;
   WL_RETURN_IF_ERROR(dp.sum_over_job(&nonce, 1));
   std::string base = dir;
   while (base.size() > 1 && base.back() == '/') base.pop_back();
   const std::string tmp = base + ".tmp." + std::to_string(uint64_t(nonce));
   Status made = ok_status();
-  if (dp.job_rank() == 0 && ::mkdir(tmp.c_str(), 0755) != 0) made = errno_status("mkdir " + tmp, errno);
-  WL_RETURN_IF_ERROR(agree(dp, made, "creating " + tmp));
-
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const StateRows& r : dp.own_rows()) {
-    const model::ParamInfo& p = dp.layout().params()[r.param];
-    tensors.emplace_back(state_name(p, r.kind),
-                         Tensor::borrow(r.data, DType::kF32, rows_shape(p, r.rows)));
+  if (dp.job_rank() == 0 && ::mkdir(tmp.c_str(), 0755) != 0) {
+    made = errno_status("mkdir " + tmp, errno);
   }
-  const Status wrote = write_safetensors(tmp + "/" + rank_file(dp.job_rank(), dp.job_size()),
-                                         tensors, {{"format", "pt"}});
-  if (Status all = agree(dp, wrote, "writing checkpoint " + dir); !all.ok()) {
+  WL_RETURN_IF_ERROR(agree(dp, made, "creating " + tmp));
+  return tmp;
+}
+
+}  // namespace
+
+Status save_checkpoint(const std::string& dir, DataParallel& dp, const TrainState& state) {
+  // Never from a state a run could not continue from: the last good checkpoint stays.
+  const std::string bad = first_untrusted(dp, dp.own_rows());
+  WL_RETURN_IF_ERROR(agree(dp,
+                           bad.empty() ? ok_status()
+                                       : failed_precondition(
+                                             "step " + std::to_string(state.step) + ": " + bad +
+                                             ": not writing " + dir +
+                                             "; the last checkpoint written stays"),
+                           "writing checkpoint " + dir));
+  WL_ASSIGN_OR_RETURN(const std::string tmp, make_staging(dir, dp));
+  auto discard = [&] {
     std::error_code ec;
     if (dp.job_rank() == 0) fs::remove_all(tmp, ec);  // nothing of a failed save is left
+  };
+  Result<uint64_t> digest =
+      write_rank_file(tmp + "/" + rank_file(dp.job_rank(), dp.job_size()), dp);
+  if (Status all = agree(dp, digest.status(), "writing checkpoint " + dir); !all.ok()) {
+    discard();
     return all;
   }
-
+  Result<std::vector<uint64_t>> digests = gather_digests(dp, *digest);
+  if (!digests.ok()) {
+    discard();
+    return digests.status();
+  }
   Status swapped = ok_status();
   if (dp.job_rank() == 0) {
-    swapped = write_state(tmp + "/state.json", dp, state);
+    swapped = write_state(tmp + "/state.json", dp, state, *digests);
     if (swapped.ok()) swapped = replace_directory(tmp, dir);
-    if (!swapped.ok()) {
-      std::error_code ec;
-      fs::remove_all(tmp, ec);
-    }
+    if (!swapped.ok()) discard();
   }
   return agree(dp, swapped, "writing checkpoint " + dir);
 }
@@ -164,33 +219,23 @@ struct IndexEntry {
   std::vector<Piece> pieces;  // by begin
 };
 
-// A FIFO or a device in its place is refused before anything blocks on it (core/file_io.h).
-Result<std::string> read_state_text(const std::string& path) {
-  return read_file(path, kMaxStateBytes, "a checkpoint state");
+Result<train::StateFile> read_state_file(const std::string& dir) {
+  const std::string path = dir + "/state.json";
+  WL_ASSIGN_OR_RETURN(const std::string text, read_file(path, kMaxStateBytes, "a checkpoint state"));
+  return train::state_from_json(text, path);
 }
 
-// The index of a version 2 checkpoint, or the single pieces of a version 1 one.
-Result<std::map<std::string, IndexEntry>> read_index(const json& j, int version,
-                                                     const std::string& dir,
-                                                     const model::ParamLayout& layout) {
+// The index: every tensor's pieces, each a file of the checkpoint directory and its rows.
+std::map<std::string, IndexEntry> read_index(const json& tensors, const std::string& dir) {
   std::map<std::string, IndexEntry> out;
-  if (version == 1) {
-    for (const model::ParamInfo& p : layout.params()) {
-      const int64_t rows = p.shape[0];
-      out[p.name] = {p.shape, {{dir + "/model.safetensors", 0, rows}}};
-      out["m." + p.name] = {p.shape, {{dir + "/optimizer.safetensors", 0, rows}}};
-      out["v." + p.name] = {p.shape, {{dir + "/optimizer.safetensors", 0, rows}}};
-    }
-    return out;
-  }
-  for (const auto& [name, t] : j.at("tensors").items()) {
+  for (const auto& [name, t] : tensors.items()) {
     IndexEntry e;
     e.shape = t.at("shape").get<Shape>();
     for (const json& piece : t.at("pieces")) {
       const std::string file = piece.at("file").get<std::string>();
       if (file.find('/') != std::string::npos || file.starts_with(".")) {
-        throw std::runtime_error("tensor '" + name + "': piece file '" + file +
-                                 "' is not a file name in the checkpoint directory");
+        throw_field_error(piece.at("file"), "piece file '" + file +
+                                                "' is not a file name in the checkpoint directory");
       }
       const auto rows = piece.at("rows").get<std::array<int64_t, 2>>();
       e.pieces.push_back({dir + "/" + file, rows[0], rows[1]});
@@ -202,8 +247,23 @@ Result<std::map<std::string, IndexEntry>> read_index(const json& j, int version,
   return out;
 }
 
+// "hidden_size 64 in the checkpoint, 256 here": the first key whose value differs.
+std::string config_difference(const std::string& theirs, const std::string& ours) {
+  const json a = json::parse(theirs), b = json::parse(ours);
+  for (const auto& [key, value] : a.items()) {
+    if (!b.contains(key) || b[key] != value)
+      return key + " " + value.dump() + " in the checkpoint, " + b.value(key, json()).dump() +
+             " here";
+  }
+  return "they differ";
+}
+
+// Reads pieces from the checkpoint's files, each file checked against state.json (its
+// checksums' digest) when first opened and each tensor against its checksum when first read.
 class PieceReader {
  public:
+  explicit PieceReader(const std::map<std::string, uint64_t>& digests) : digests_(digests) {}
+
   // Copies rows `want` of tensor `name` (shape `shape`) into dst from the pieces that hold
   // them; every row must be covered.
   Status read(const std::string& name, const IndexEntry& e, const Shape& shape, ShardRows want,
@@ -223,7 +283,7 @@ class PieceReader {
       const int64_t b = std::max(p.begin, covered), end = std::min(p.end, want.end);
       if (b >= end) continue;
       if (b > covered) break;  // a gap
-      Result<const SafetensorsFile*> f = open(p.file);
+      Result<File*> f = open(p.file);
       if (!f.ok() && f.status().code() == StatusCode::kNotFound) {
         return data_loss(where + ": tensor '" + name +
                          "': its piece's file is missing: " + f.status().message());
@@ -231,7 +291,8 @@ class PieceReader {
       WL_RETURN_IF_ERROR(f.status());
       Shape piece_shape = shape;
       piece_shape[0] = p.end - p.begin;
-      WL_ASSIGN_OR_RETURN(Tensor t, (*f)->get(name, DType::kF32, piece_shape));
+      WL_ASSIGN_OR_RETURN(Tensor t, (*f)->file.get(name, DType::kF32, piece_shape));
+      WL_RETURN_IF_ERROR(verify(**f, name, t));
       std::memcpy(dst + (b - want.begin) * row, t.data<float>() + (b - p.begin) * row,
                   size_t((end - b) * row) * sizeof(float));
       covered = end;
@@ -244,80 +305,100 @@ class PieceReader {
   }
 
  private:
-  Result<const SafetensorsFile*> open(const std::string& path) {
+  struct File {
+    SafetensorsFile file;
+    std::map<std::string, uint64_t> sums;  // from its metadata
+    std::map<std::string, bool> verified;
+  };
+
+  Result<File*> open(const std::string& path) {
     auto it = files_.find(path);
-    if (it == files_.end()) {
-      WL_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::open(path));
-      it = files_.emplace(path, std::make_unique<SafetensorsFile>(std::move(f))).first;
+    if (it != files_.end()) return it->second.get();
+    WL_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::open(path));
+    auto file = std::make_unique<File>(File{.file = std::move(f)});
+    for (const TensorInfo& t : file->file.tensors()) {
+      auto m = file->file.metadata().find(train::tensor_checksum_key(t.name));
+      const auto sum = m == file->file.metadata().end() ? std::nullopt : checksum_from_hex(m->second);
+      if (!sum) return data_loss(path + ": tensor '" + t.name + "' carries no checksum");
+      file->sums[t.name] = *sum;
     }
-    return it->second.get();
+    const std::string base = fs::path(path).filename().string();
+    auto d = digests_.find(base);
+    if (d == digests_.end()) return data_loss(path + ": not one of the files state.json lists");
+    if (train::tensor_file_digest(file->sums) != d->second) {
+      return data_loss(path + ": its tensors' checksums are not those state.json recorded for "
+                              "it: the file changed after the checkpoint was written");
+    }
+    return files_.emplace(path, std::move(file)).first->second.get();
   }
+
+  static Status verify(File& f, const std::string& name, const Tensor& t) {
+    bool& done = f.verified[name];
+    if (done) return ok_status();
+    if (const uint64_t got = xxh3_64(t.bytes()); got != f.sums.at(name)) {
+      return data_loss(f.file.path() + ": tensor '" + name + "' has checksum " +
+                       checksum_hex(got) + ", the file says " + checksum_hex(f.sums.at(name)) +
+                       ": the file changed after the checkpoint was written; restore it");
+    }
+    done = true;
+    return ok_status();
+  }
+
   static std::string shape_str(const Shape& s) {
     std::string out = "[";
     for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
     return out + "]";
   }
-  std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
+
+  const std::map<std::string, uint64_t>& digests_;
+  std::map<std::string, std::unique_ptr<File>> files_;
 };
 
-}  // namespace
-
-Result<TrainState> load_checkpoint(const std::string& dir, DataParallel& dp) {
+// One rank's part of load_checkpoint; the caller agrees on the outcome over the job.
+Status load_rows(const std::string& dir, DataParallel& dp, TrainState* st) {
   const std::string path = dir + "/state.json";
-  WL_ASSIGN_OR_RETURN(std::string text, read_state_text(path));
-  json j = json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return data_loss(path + ": not valid JSON");
-  // Version 1 files written before format_version had one name said "version".
-  if (!j.contains("format_version") && j.contains("version")) j["format_version"] = j["version"];
-  const int version = j.value("format_version", 0);
-  if (version == 1) j["format_version"] = kStateFormat.version;  // read below as version 1
-  WL_RETURN_IF_ERROR(check_record_header(j, path, kStateFormat));
-  TrainState st;
+  WL_ASSIGN_OR_RETURN(train::StateFile f, read_state_file(dir));
+  const std::string ours = model::config_to_json(dp.config());
+  if (f.config_json != ours) {
+    return invalid_argument(path + ": the checkpoint's config differs from the model's: " +
+                            config_difference(f.config_json, ours));
+  }
   std::map<std::string, IndexEntry> index;
   try {
-    WL_ASSIGN_OR_RETURN(model::ModelConfig cfg,
-                        model::parse_config(j.at("config").dump(), path + " config"));
-    if (model::config_to_json(cfg) != model::config_to_json(dp.config())) {
-      return invalid_argument(path + ": the checkpoint's config differs from the model's");
-    }
-    st.step = j.at("step").get<int64_t>();
-    dp.optimizer().set_steps(j.at("adamw_steps").get<int64_t>());
-    for (size_t i = 0; i < 4; ++i) st.data_rng[i] = u64_field(j.at("data_rng").at(i));
-    st.loss_scale = j.at("loss_scale").get<double>();
-    st.loss_scale_clean_steps = j.at("loss_scale_clean_steps").get<int64_t>();
-    WL_ASSIGN_OR_RETURN(index, read_index(j, version, dir, dp.layout()));
+    index = read_index(f.tensors, dir);
   } catch (const std::exception& e) {
-    return data_loss(path + ": " + e.what());
+    return data_loss(path + ": tensors." + json_error_message(e));
   }
-  PieceReader reader;
-  for (const StateRows& r : dp.rows_to_load()) {
+  PieceReader reader(f.files);
+  const std::vector<StateRows> rows = dp.rows_to_load();
+  for (const StateRows& r : rows) {
     const model::ParamInfo& p = dp.layout().params()[r.param];
     const std::string name = state_name(p, r.kind);
     auto it = index.find(name);
     if (it == index.end()) return data_loss(path + ": no tensor '" + name + "' in the index");
     WL_RETURN_IF_ERROR(reader.read(name, it->second, p.shape, r.rows, r.data, path));
   }
+  if (const std::string bad = first_untrusted(dp, rows); !bad.empty()) {
+    return data_loss(dir + ": " + bad + ": not a state a run can continue from");
+  }
+  dp.optimizer().set_steps(f.adamw_steps);
+  *st = f.state;
+  return ok_status();
+}
+
+}  // namespace
+
+Result<TrainState> load_checkpoint(const std::string& dir, DataParallel& dp) {
+  TrainState st;
+  // Every rank learns whether all loaded: one rank's missing file fails them all now, rather
+  // than leaving the others to wait for it at their first collective.
+  WL_RETURN_IF_ERROR(agree(dp, load_rows(dir, dp, &st), "loading checkpoint " + dir));
   return st;
 }
 
 Result<TrainState> read_checkpoint_state(const std::string& dir) {
-  const std::string path = dir + "/state.json";
-  WL_ASSIGN_OR_RETURN(std::string text, read_state_text(path));
-  json j = json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return data_loss(path + ": not valid JSON");
-  if (!j.contains("format_version") && j.contains("version")) j["format_version"] = j["version"];
-  if (j.value("format_version", 0) == 1) j["format_version"] = kStateFormat.version;
-  WL_RETURN_IF_ERROR(check_record_header(j, path, kStateFormat));
-  TrainState st;
-  try {
-    st.step = j.at("step").get<int64_t>();
-    for (size_t i = 0; i < 4; ++i) st.data_rng[i] = u64_field(j.at("data_rng").at(i));
-    st.loss_scale = j.at("loss_scale").get<double>();
-    st.loss_scale_clean_steps = j.at("loss_scale_clean_steps").get<int64_t>();
-  } catch (const std::exception& e) {
-    return data_loss(path + ": " + e.what());
-  }
-  return st;
+  WL_ASSIGN_OR_RETURN(train::StateFile f, read_state_file(dir));
+  return f.state;
 }
 
 }  // namespace wl::parallel

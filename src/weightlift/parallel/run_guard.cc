@@ -2,11 +2,14 @@
 
 #include <sys/stat.h>
 
+#include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <set>
 #include <vector>
 
 #include "weightlift/core/file_io.h"
+#include "weightlift/kernels/optimizer.h"
 #include "weightlift/model/memory_estimate.h"
 #include "weightlift/parallel/checkpoint.h"
 
@@ -57,6 +60,19 @@ std::vector<std::string> earlier_run_files(const std::string& dir) {
   return found;
 }
 
+// "--steps 6 -> 8, --lr 0.003 -> 0.001": what a resume changed, empty when nothing did.
+std::string changed_hyperparameters(const std::map<std::string, std::string>& then,
+                                    const std::map<std::string, std::string>& now) {
+  std::string changes;
+  for (const auto& [name, value] : now) {
+    auto it = then.find(name);
+    const std::string before = it == then.end() ? "(not recorded)" : it->second;
+    if (before != value)
+      changes += (changes.empty() ? "--" : ", --") + name + " " + before + " -> " + value;
+  }
+  return changes;
+}
+
 Status check_resume_inputs(const TrainOptions& o, int64_t* start) {
   if (!o.init_weights.empty()) {
     return invalid_argument(
@@ -76,6 +92,13 @@ Status check_resume_inputs(const TrainOptions& o, int64_t* start) {
                             std::to_string(st.step) + ")");
   }
   *start = st.step;
+  const std::string changes = changed_hyperparameters(st.run, run_hyperparameters(o));
+  if (!changes.empty() && !o.allow_changes) {
+    return invalid_argument("--resume " + o.resume +
+                            " was written with other hyperparameters: " + changes +
+                            "; resume with the same flags, or pass --allow-changes to continue "
+                            "with the new ones");
+  }
   return ok_status();
 }
 
@@ -127,7 +150,68 @@ Status check_other_run(const TrainOptions& o) {
                           "checkpoints to continue it");
 }
 
+// The shortest decimal that reads back as `v`: "0.003", not "0.0030000000000000001".
+std::string number(double v) {
+  char buf[32];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, end);
+}
+
 }  // namespace
+
+std::map<std::string, std::string> run_hyperparameters(const TrainOptions& o) {
+  return {{"steps", std::to_string(o.steps)},
+          {"batch", std::to_string(o.batch)},
+          {"seq", std::to_string(o.seq)},
+          {"seed", std::to_string(o.seed)},
+          {"precision", std::string(model::precision_name(o.precision))},
+          {"lr", number(o.schedule.base_lr)},
+          {"min-lr", number(o.schedule.min_lr)},
+          {"warmup-steps", std::to_string(o.schedule.warmup_steps)},
+          {"beta1", number(o.adamw.beta1)},
+          {"beta2", number(o.adamw.beta2)},
+          {"adam-eps", number(o.adamw.eps)},
+          {"weight-decay", number(o.adamw.weight_decay)},
+          {"grad-clip", number(o.adamw.grad_clip)}};
+}
+
+Status RunGuard::stop(int64_t step, const std::string& what) const {
+  return aborted("step " + std::to_string(step) + ": " + what + "; the run stops here. " +
+                 (last_good_.empty() ? std::string("No checkpoint was written before it")
+                                     : "The last good checkpoint is " + last_good_ +
+                                           " (resume it, with a lower --lr or another "
+                                           "precision, and --allow-changes)"));
+}
+
+Result<double> weights_sum_squares(DataParallel& dp) {
+  double sum = 0;
+  for (const StateRows& r : dp.own_rows()) {
+    if (r.kind != StateKind::kWeights) continue;
+    const model::ParamInfo& p = dp.layout().params()[r.param];
+    const int64_t per_row = p.numel() / std::max<int64_t>(p.shape[0], 1);
+    sum += kernels::sum_squares(r.data, r.rows.size() * per_row);
+  }
+  WL_RETURN_IF_ERROR(dp.sum_over_job(&sum, 1));
+  return sum;
+}
+
+Status RunGuard::after_update(const train::StepMetrics& m, model::Precision precision,
+                              double weights_sum_squares) {
+  const bool f16 = precision == model::Precision::kF16;
+  if (m.skipped) {
+    if (!f16) return stop(m.step, "the gradient is not finite (norm " + number(m.grad_norm) + ")");
+    if (++skipped_in_a_row_ >= o_.max_skips_in_a_row) {
+      return stop(m.step, "f16 loss scaling skipped " + std::to_string(skipped_in_a_row_) +
+                              " updates in a row: the gradients overflow even at loss scale " +
+                              number(m.loss_scale));
+    }
+    return ok_status();  // a skipped update changed nothing; its loss may be inf
+  }
+  skipped_in_a_row_ = 0;
+  if (!std::isfinite(m.loss)) return stop(m.step, "the loss is " + number(m.loss));
+  if (!std::isfinite(weights_sum_squares)) return stop(m.step, "the weights are no longer finite");
+  return ok_status();
+}
 
 Status check_run_plan(const TrainOptions& o, const model::ModelConfig& config) {
   int64_t start = 0;

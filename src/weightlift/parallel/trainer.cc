@@ -87,6 +87,7 @@ class Run {
   std::optional<train::WindowSampler> sampler_;
   train::LrSchedule sched_;
   LossScaler scaler_;
+  RunGuard guard_;  // stops a run that goes non-finite (run_guard.h)
   int64_t step_ = 0;
   std::ofstream metrics_;
   Stopwatch clock_;
@@ -147,6 +148,7 @@ Status Run::make_state() {
   sampler_.emplace(&train_stream_, o_.seed + 1);
   if (!o_.resume.empty()) {
     WL_ASSIGN_OR_RETURN(TrainState st, load_checkpoint(o_.resume, *dp_));
+    guard_.saved(o_.resume);
     step_ = st.step;
     sampler_->rng().set_state(st.data_rng);
     scaler_.scale = st.loss_scale;
@@ -189,7 +191,11 @@ Status Run::continue_metrics() {
 }
 
 Status Run::save(const std::string& dir) {
-  return save_checkpoint(dir, *dp_, {step_, sampler_->rng().state(), scaler_.scale, scaler_.clean});
+  WL_RETURN_IF_ERROR(save_checkpoint(dir, *dp_,
+                                     {step_, sampler_->rng().state(), scaler_.scale,
+                                      scaler_.clean, run_hyperparameters(o_)}));
+  guard_.saved(dir);
+  return ok_status();
 }
 
 Result<train::StepMetrics> Run::update_once() {
@@ -240,6 +246,8 @@ Status Run::run_updates() {
       metrics_ << train::metrics_to_json(m) << "\n";
       metrics_.flush();
     }
+    WL_ASSIGN_OR_RETURN(const double weights, weights_sum_squares(*dp_));
+    WL_RETURN_IF_ERROR(guard_.after_update(m, o_.precision, weights));
     if (o_.checkpoint_every > 0 && step_ % o_.checkpoint_every == 0)
       WL_RETURN_IF_ERROR(save(o_.out_dir + "/checkpoint-" + std::to_string(step_)));
     if (o_.on_step) o_.on_step(m);

@@ -52,6 +52,7 @@ struct TrainOptions {
   std::string out_weights;                   // also write the final weights here
   std::chrono::milliseconds timeout{60000};  // every collective's deadline
   bool overwrite = false;                    // replace another run's results in out_dir
+  bool allow_changes = false;  // resume with other hyperparameters than the checkpoint's
   // Failure injection: rank `die_rank` kills itself with SIGKILL as update `die_at_step`
   // starts, as a machine lost mid-run would vanish (0: never). For fault tests and drills.
   int64_t die_at_step = 0;

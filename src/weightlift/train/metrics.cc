@@ -50,8 +50,9 @@ Result<std::vector<StepMetrics>> read_metrics(const std::string& path) {
   for (std::string l; std::getline(in, l);) lines.push_back(l);
   for (size_t i = 0; i < lines.size(); ++i) {
     const json j = json::parse(lines[i], nullptr, /*allow_exceptions=*/false);
+    // A loss that was not finite (an f16 update skipped for overflow) is written as null.
     const bool record = j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
-                        j.contains("loss") && j["loss"].is_number();
+                        j.contains("loss") && (j["loss"].is_number() || j["loss"].is_null());
     if (!record) {
       if (i + 1 == lines.size()) break;
       return data_loss(path + ":" + std::to_string(i + 1) + ": not a metrics record; move the " +
@@ -59,7 +60,7 @@ Result<std::vector<StepMetrics>> read_metrics(const std::string& path) {
     }
     StepMetrics m;
     m.step = j["step"].get<int64_t>();
-    m.loss = j["loss"].get<double>();
+    m.loss = number_or_nan(j, "loss");
     m.ce = number_or_nan(j, "ce");
     m.aux = number_or_nan(j, "aux");
     m.z = number_or_nan(j, "z");
