@@ -69,6 +69,10 @@ def plans_and_sweeps(s, d, cfg, w, batch):
     s.expect_error("transfer plan for a million trainers",
                    ["transfer", "plan", "--preset", "medium", "--trainers", "1048576",
                     "--receivers", "2"], "needs at least", memory_limit=LIMIT)
+    s.expect_error("transfer simulate of a million GPUs under --max-memory 64M",
+                   ["--max-memory", "64M", "transfer", "simulate", "--trainers", "1048576",
+                    "--receivers", "1048576", "--no-sensitivity"], "needs at least",
+                   "per-rank loads", memory_limit=LIMIT)
     s.expect_error("bench collectives up to 1 TiB",
                    ["bench", "collectives", "--ops", "allreduce", "--max-bytes", "1T"],
                    "needs at least", "--max-bytes", memory_limit=LIMIT)

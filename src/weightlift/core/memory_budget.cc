@@ -35,14 +35,16 @@ void lower(MemoryLimit& m, uint64_t bytes, std::string_view source) {
 
 }  // namespace
 
-MemoryLimit memory_limit() {
+MemoryLimit memory_limit(MemoryScope scope) {
   if (const uint64_t b = g_budget.load(); b > 0) return {b, "--max-memory"};
   MemoryLimit m{UINT64_MAX, "nothing"};
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
   if (pages > 0 && page > 0) lower(m, mul_sat(uint64_t(pages), uint64_t(page)), "physical memory");
   for (auto [resource, name] : {std::pair{RLIMIT_AS, "RLIMIT_AS"}, {RLIMIT_DATA, "RLIMIT_DATA"}}) {
     struct rlimit r;
-    if (::getrlimit(resource, &r) == 0 && r.rlim_cur != RLIM_INFINITY) lower(m, r.rlim_cur, name);
+    if (scope == MemoryScope::kProcess && ::getrlimit(resource, &r) == 0 &&
+        r.rlim_cur != RLIM_INFINITY)
+      lower(m, r.rlim_cur, name);
   }
   lower(m, cgroup_limit(), "cgroup memory.max");
   return m;
@@ -50,8 +52,9 @@ MemoryLimit memory_limit() {
 
 void set_memory_budget(uint64_t bytes) { g_budget.store(bytes); }
 
-Status check_memory(uint64_t bytes, std::string_view what, std::string_view detail) {
-  const MemoryLimit limit = memory_limit();
+Status check_memory(uint64_t bytes, std::string_view what, std::string_view detail,
+                    MemoryScope scope) {
+  const MemoryLimit limit = memory_limit(scope);
   if (bytes <= limit.bytes) return ok_status();
   std::string m = "out of memory: " + std::string(what) + " needs at least " + format_bytes(bytes);
   if (!detail.empty()) m += " (" + std::string(detail) + ")";

@@ -26,8 +26,12 @@ struct MemoryLimit {
   std::string source;  // "physical memory", "RLIMIT_AS", "cgroup memory.max", "--max-memory"
 };
 
+// Whose memory an estimate is: this process's, or that of several processes of one host
+// together (RLIMIT_AS and RLIMIT_DATA bound each process, not their sum).
+enum class MemoryScope { kProcess, kHost };
+
 // The limit in force now (read each call: limits can change).
-MemoryLimit memory_limit();
+MemoryLimit memory_limit(MemoryScope scope = MemoryScope::kProcess);
 
 // A budget of the user's instead of the machine's (0: the machine's again). Process-wide, as
 // the compute pool's thread count is: `weightlift --max-memory` sets it before a command runs.
@@ -38,7 +42,8 @@ void set_memory_budget(uint64_t bytes);
 //    moments 6.7 GB), more than the 1.5 GB RLIMIT_AS allows; lower the sizes or raise the
 //    limit (--max-memory)"
 // `what` says what needs them, `detail` (may be empty) how the estimate is made up.
-Status check_memory(uint64_t bytes, std::string_view what, std::string_view detail = {});
+Status check_memory(uint64_t bytes, std::string_view what, std::string_view detail = {},
+                    MemoryScope scope = MemoryScope::kProcess);
 
 // a * b, saturating at UINT64_MAX: estimates multiply user-chosen sizes that may overflow.
 uint64_t mul_sat(uint64_t a, uint64_t b);

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 
+#include "weightlift/core/memory_budget.h"
 #include "weightlift/core/timing.h"
 #include "weightlift/model/config.h"
 #include "weightlift/model/params.h"
@@ -120,6 +121,24 @@ void add_placements(const ClusterOptions& o, ScheduleInput& in) {
   }
 }
 
+// What a simulation holds at least, checked before it is built: one receiver layout per
+// engine rank (each of `tensors` tensors with its sources), the per-rank loads of both phases,
+// and the sensitivity table's reschedules with the engine and the trainers doubled.
+Status check_simulation_memory(const ClusterOptions& o, size_t tensors) {
+  constexpr uint64_t kTensorBytes = sizeof(ReceiverTensor) + sizeof(SourceSlice) + 96;
+  constexpr uint64_t kLoadBytes = 2 * 7 * sizeof(uint64_t);  // both phases' counters per rank
+  const uint64_t layouts = mul_sat(mul_sat(uint64_t(o.engine_gpus), tensors), kTensorBytes);
+  const uint64_t loads = mul_sat(add_sat(uint64_t(o.trainers), uint64_t(o.receivers)), kLoadBytes);
+  const uint64_t once = add_sat(layouts, loads);
+  return check_memory(
+      o.sensitivity ? mul_sat(once, 2) : once,
+      "simulating " + std::to_string(o.trainers) + " trainers and " + std::to_string(o.receivers) +
+          " receivers",
+      format_bytes(layouts) + " of receiver layouts for --engine-gpus " +
+          std::to_string(o.engine_gpus) + ", " + format_bytes(loads) + " of per-rank loads" +
+          (o.sensitivity ? ", twice for the sensitivity table's doubled layouts" : ""));
+}
+
 // The model's parameters on their placements and one receiver layout per engine rank.
 Status add_model(const ClusterOptions& o, const model::ModelConfig* preset, ScheduleInput& in) {
   const int positions = int(in.placements.size()) - 1;
@@ -140,6 +159,7 @@ Status add_model(const ClusterOptions& o, const model::ModelConfig* preset, Sche
     }
   }
   for (int r = 0; r < o.engine_gpus; ++r) {
+    if (r == 1) WL_RETURN_IF_ERROR(check_simulation_memory(o, in.layouts[0].size()));
     auto lay =
         preset == nullptr
             ? k2_inference_layout(o.k2,
@@ -152,6 +172,7 @@ Status add_model(const ClusterOptions& o, const model::ModelConfig* preset, Sche
     }
     in.layouts.push_back(std::move(*lay));
   }
+  if (o.engine_gpus == 1) WL_RETURN_IF_ERROR(check_simulation_memory(o, in.layouts[0].size()));
   for (int r = 0; r < o.receivers; ++r) in.receiver_layout.push_back(r % o.engine_gpus);
   return ok_status();
 }
