@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/transfer.h"
+#include "bench/transfer_resources.h"
 
 namespace wl::app {
 namespace {
@@ -69,6 +70,36 @@ TEST(BenchTransfer, BadOptionsAreClearErrors) {
   EXPECT_NE(bad.status().message().find("tp 2 dividing receivers 3"), std::string::npos)
       << bad.status().message();
   EXPECT_FALSE(bench_transfer({.preset = "enormous"}).ok());
+}
+
+TEST(BenchTransfer, HundredsOfRanksAreRefusedWithTheEstimate) {
+  auto r = bench_transfer({.preset = "tiny", .trainers = 300, .receivers = 300, .tp = 1});
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("600 ranks of 'tiny' on this host needs at least"),
+            std::string::npos)
+      << r.status().message();
+  EXPECT_TRUE(check_transfer_memory({.preset = "tiny"}, *model::preset("tiny")).ok());
+}
+
+TEST(BenchTransfer, ARankFailureIsOneLineNamingTheRank) {
+  const std::string crashed =
+      "[rank 1] starting\n"
+      "[rank 0] [17955.3] [vm:1:0]    mm_sysv.c:57   UCX  ERROR   shmat(shmid=4) failed: "
+      "Cannot allocate memory\n"
+      "[rank 0] [17955.4] [vm:1:0]    ucp_rkey.c:448  UCX  ERROR   failed to unpack\n"
+      "[launch] rank 0 exited with code 139; stopping the other ranks\n";
+  Status s = explain_rank_failure(crashed, 139);
+  EXPECT_EQ(s.code(), StatusCode::kInternal);
+  EXPECT_EQ(s.message(),
+            "bench transfer: rank 0 was killed by signal 11 (SIGSEGV); its first error: UCX "
+            "ERROR shmat(shmid=4) failed: Cannot allocate memory");
+  const std::string timed_out =
+      "[rank 2] weightlift bench transfer: DeadlineExceeded: rank 2: waited 3000 ms\n"
+      "[launch] rank 2 exited with code 1; stopping the other ranks\n";
+  s = explain_rank_failure(timed_out, 1);
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(s.message(), "bench transfer: rank 2 failed: rank 2: waited 3000 ms");
+  EXPECT_EQ(transfer_job_deadline({.updates = 5, .timeout_s = 10}), std::chrono::seconds(90));
 }
 
 }  // namespace

@@ -210,6 +210,24 @@ TEST(Launch, RealRanksRunCollectives) {
   }
 }
 
+TEST(Launch, AJobPastItsDeadlineIsKilledAndNamed) {
+  char path[] = "/tmp/wl_launch_deadline_XXXXXX";
+  const int fd = ::mkstemp(path);
+  ::unlink(path);
+  const auto start = Clock::now();
+  auto r = run_launch({.nprocs = 3,
+                       .command = {"sh", "-c", "if [ \"$RANK\" = 1 ]; then exit 0; fi; sleep 60"},
+                       .output_fd = fd,
+                       .deadline = 1500ms});
+  ::close(fd);
+  EXPECT_EQ(r.status().code(), StatusCode::kDeadlineExceeded) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("ranks 0, 2 had not finished within 1500 ms"),
+            std::string::npos)
+      << r.status().message();
+  EXPECT_GE(Clock::now() - start, 1500ms);
+  EXPECT_LT(Clock::now() - start, 10s);
+}
+
 TEST(Launch, MissingCommandIsExit127) {
   auto l = launch(1, {"/nonexistent/weightlift-test-command"});
   EXPECT_EQ(l.code, 127) << l.output;

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/transfer_resources.h"
 #include "weightlift/comm/allgather.h"
 #include "weightlift/comm/barrier.h"
 #include "weightlift/comm/launch.h"
@@ -426,8 +427,10 @@ Result<std::string> run_processes(const BenchTransferOptions& o, double copy_gbp
   const int fd = ::mkstemp(path);
   if (fd < 0) return errno_status("bench transfer: mkstemp", errno);
   ::unlink(path);
-  Result<int> code = comm::run_launch(
-      {.nprocs = o.trainers + o.receivers, .command = rank_command(o, copy_gbps), .output_fd = fd});
+  Result<int> code = comm::run_launch({.nprocs = o.trainers + o.receivers,
+                                       .command = rank_command(o, copy_gbps),
+                                       .output_fd = fd,
+                                       .deadline = transfer_job_deadline(o)});
   std::string output(size_t(::lseek(fd, 0, SEEK_END)), '\0');
   const ssize_t got = ::pread(fd, output.data(), output.size(), 0);
   ::close(fd);
@@ -439,10 +442,7 @@ Result<std::string> run_processes(const BenchTransferOptions& o, double copy_gbp
   for (std::string l; std::getline(lines, l);) {
     if (l.rfind(prefix, 0) == 0) report += l.substr(prefix.size()) + "\n";
   }
-  if (*code != 0) {
-    return internal_error("bench transfer: a rank process failed (exit code " +
-                          std::to_string(*code) + "); its output:\n" + output);
-  }
+  if (*code != 0) return explain_rank_failure(output, *code);
   return report;
 }
 
@@ -451,6 +451,7 @@ Result<std::string> run_processes(const BenchTransferOptions& o, double copy_gbp
 Result<std::string> bench_transfer(const BenchTransferOptions& o) {
   WL_ASSIGN_OR_RETURN(const model::ModelConfig c, model::preset(o.preset));
   WL_RETURN_IF_ERROR(check_options(o, c));
+  WL_RETURN_IF_ERROR(check_transfer_memory(o, c));  // before any rank or buffer exists
   const double copy_gbps = memcpy_gbps(o.memcpy_bytes);
   return o.threads ? run_threads(o, copy_gbps) : run_processes(o, copy_gbps);
 }

@@ -108,6 +108,7 @@ class Job {
   explicit Job(const LaunchOptions& o) : o_(o), ranks_(size_t(o.nprocs)) {}
   Status start(int port, const std::string& token);
   Result<int> wait();
+  Status kill_at_deadline();
 
  private:
   Status spawn(int r, const std::vector<std::string>& env);
@@ -252,12 +253,37 @@ void Job::drop_orphaned_pipes() {
 }
 
 Result<int> Job::wait() {
+  const Clock::time_point deadline =
+      o_.deadline.count() > 0 ? Clock::now() + o_.deadline : Clock::time_point::max();
   while (open_pipes_ > 0 || running_ > 0) {
     WL_RETURN_IF_ERROR(read_output());
     reap();
     drop_orphaned_pipes();
+    if (running_ > 0 && Clock::now() >= deadline) return kill_at_deadline();
   }
   return result_;
+}
+
+// Kills every rank still running, reaps them, and says which they were.
+Status Job::kill_at_deadline() {
+  std::string names;
+  int n = 0;
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    if (!ranks_[r].running) continue;
+    ::kill(ranks_[r].pid, SIGKILL);
+    if (n++ < 8) names += (names.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (n > 8) names += ", ... (" + std::to_string(n) + " in all)";
+  for (Rank& k : ranks_) {
+    if (k.running) ::waitpid(k.pid, nullptr, 0);
+    k.running = false;
+    if (k.out >= 0) ::close(k.out);
+    k.out = -1;
+  }
+  running_ = open_pipes_ = 0;
+  write_fully(o_.output_fd, "[launch] ranks " + names + " still running at the deadline; killed\n");
+  return deadline_exceeded("launch: ranks " + names + " had not finished within " +
+                           std::to_string(o_.deadline.count()) + " ms; killed");
 }
 
 }  // namespace

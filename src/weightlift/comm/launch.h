@@ -25,9 +25,14 @@ struct LaunchOptions {
   // Between SIGTERM and SIGKILL when stopping the others after a failure.
   std::chrono::milliseconds grace{2000};
   int output_fd = 1;  // where the prefixed lines go
+  // The whole job's deadline; 0: none. Past it, every rank still running is killed and the
+  // result is DeadlineExceeded naming them: a backstop for a rank stuck where no wait of its
+  // own has a deadline (inside a library, or out of resources).
+  std::chrono::milliseconds deadline{0};
 };
 
-// The job's exit code (0 when every rank exited 0), or a Status when it could not be started.
+// The job's exit code (0 when every rank exited 0), or a Status when it could not be started
+// or did not finish by its deadline.
 Result<int> run_launch(const LaunchOptions& options);
 
 }  // namespace wl::comm
