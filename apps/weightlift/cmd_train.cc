@@ -87,7 +87,7 @@ Status run_train(parallel::TrainOptions o, const TrainFlags& f) {
   const parallel::LayoutPlace at = {job.rank() / o.layout.dp, job.rank() % o.layout.dp};
   const std::string role = (o.layout.pp > 1 ? "pp-stage-" + std::to_string(at.stage) + "-" : "") +
                            "dp-rank-" + std::to_string(at.dp_rank);
-  WL_RETURN_IF_ERROR(parallel::write_processes(job, o.out_dir, role, o.timeout));
+  o.on_ready = [&] { return parallel::write_processes(job, o.out_dir, role, o.timeout); };
   // Rank 0 speaks for the job.
   const bool quiet = f.quiet || job.rank() != 0;
   TrainProgress progress(o.steps);

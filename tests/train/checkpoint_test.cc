@@ -22,8 +22,9 @@ StateFile sample_state() {
   f.layout = {{"dp", 2}, {"pp", 1}, {"dp_mode", "fsdp"}, {"micro_batches", 1}};
   f.tensors = {{"norm.weight",
                 {{"shape", {64}},
-                 {"pieces", {{{"file", "rank-00000-of-00002.safetensors"}, {"rows", {0, 32}}},
-                             {{"file", "rank-00001-of-00002.safetensors"}, {"rows", {32, 64}}}}}}}};
+                 {"pieces",
+                  {{{"file", "rank-00000-of-00002.safetensors"}, {"rows", {0, 32}}},
+                   {{"file", "rank-00001-of-00002.safetensors"}, {"rows", {32, 64}}}}}}}};
   f.files["rank-00000-of-00002.safetensors"] = 0x0123456789abcdefull;
   f.files["rank-00001-of-00002.safetensors"] = 42;
   return f;
@@ -98,7 +99,7 @@ TEST(CheckpointState, FieldsOutOfRangeAreNamed) {
 TEST(CheckpointState, OtherVersionsAreNamed) {
   std::string text = state_to_json(sample_state());
   Result<StateFile> r =
-      state_from_json(replaced(text, "\"format_version\": 2", "\"version\": 1"), "s");
+      state_from_json(replaced(text, "\"format_version\": 3", "\"version\": 1"), "s");
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(r.status().message().find("format version 1, this build reads version 3"),
             std::string::npos)

@@ -125,6 +125,11 @@ Status check_not_into_resumed(const TrainOptions& o, const std::set<int64_t>& wr
 }
 
 Status check_outputs(const TrainOptions& o, const std::vector<NamedPath>& inputs) {
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(o.out_dir, ec)) && !fs::is_directory(o.out_dir, ec)) {
+    return invalid_argument("--out " + o.out_dir +
+                            " exists and is not a directory; a run writes a directory there");
+  }
   std::vector<NamedPath> outputs;
   for (const char* name : kRunFiles) outputs.push_back({"--out", o.out_dir + "/" + name});
   if (!o.out_weights.empty()) outputs.push_back({"--out-weights", o.out_weights});
@@ -246,9 +251,9 @@ Status check_run_plan(const TrainOptions& o, const model::ModelConfig& config) {
   const int64_t seq = o.seq > 0 ? o.seq : config.max_seq_len;
   const int64_t rows =
       std::max<int64_t>(1, o.batch / std::max(1, o.layout.dp * o.layout.micro_batches));
-  return model::check_training_memory(
-      config, o.config_path.empty() ? "'" + o.preset + "'" : o.config_path, fixed ? 0 : rows,
-      fixed ? 0 : seq, o.layout.dp);
+  return model::check_training_memory(config,
+                                      o.config_path.empty() ? "'" + o.preset + "'" : o.config_path,
+                                      fixed ? 0 : rows, fixed ? 0 : seq, o.layout.dp);
 }
 
 }  // namespace wl::parallel

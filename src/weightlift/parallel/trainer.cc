@@ -191,9 +191,9 @@ Status Run::continue_metrics() {
 }
 
 Status Run::save(const std::string& dir) {
-  WL_RETURN_IF_ERROR(save_checkpoint(dir, *dp_,
-                                     {step_, sampler_->rng().state(), scaler_.scale,
-                                      scaler_.clean, run_hyperparameters(o_)}));
+  WL_RETURN_IF_ERROR(save_checkpoint(
+      dir, *dp_,
+      {step_, sampler_->rng().state(), scaler_.scale, scaler_.clean, run_hyperparameters(o_)}));
   guard_.saved(dir);
   return ok_status();
 }
@@ -285,6 +285,7 @@ Result<TrainSummary> train(const TrainOptions& options, const TrainRanks& ranks)
   WL_RETURN_IF_ERROR(run.load_data());
   WL_RETURN_IF_ERROR(run.make_state());
   WL_RETURN_IF_ERROR(run.continue_metrics());
+  if (options.on_ready) WL_RETURN_IF_ERROR(options.on_ready());
   WL_RETURN_IF_ERROR(run.run_updates());
   WL_RETURN_IF_ERROR(run.write_outputs());
   return run.summary();

@@ -57,6 +57,10 @@ struct TrainOptions {
   // starts, as a machine lost mid-run would vanish (0: never). For fault tests and drills.
   int64_t die_at_step = 0;
   int die_rank = 0;
+  // Called on every rank once the run's inputs and outputs have been checked, before the first
+  // update: what a front end writes into the run directory belongs here, never before, so a
+  // refused run leaves the directory as it was. An error stops the run.
+  std::function<Status()> on_ready;
   // Called on every rank after every update with what metrics.jsonl records for it.
   std::function<void(const train::StepMetrics&)> on_step;
 };
