@@ -39,9 +39,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!r->has_value()) continue;
     const auto& q = **r;
     if (q.token != "job-token" || q.key.size() > wl::comm::detail::kStoreMaxKeyBytes) std::abort();
-    const bool bounded = (q.op == StoreOp::kSet && q.value.size() <= wl::comm::detail::kStoreMaxValueBytes) ||
-                         (q.op == StoreOp::kGet && q.value.empty()) ||
-                         (q.op == StoreOp::kAdd && q.value.size() == 8);
+    const bool bounded =
+        (q.op == StoreOp::kSet && q.value.size() <= wl::comm::detail::kStoreMaxValueBytes) ||
+        (q.op == StoreOp::kGet && q.value.empty()) ||
+        (q.op == StoreOp::kAdd && q.value.size() == 8);
     if (!bounded) std::abort();
   }
   return 0;

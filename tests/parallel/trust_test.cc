@@ -102,7 +102,8 @@ TEST(Trust, NonFiniteStateIsNeverWrittenOnAnyRank) {
     }
   });
   EXPECT_FALSE(std::filesystem::exists(dir));
-  for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(dir).parent_path()))
+  for (const auto& e :
+       std::filesystem::directory_iterator(std::filesystem::path(dir).parent_path()))
     ADD_FAILURE() << "left behind: " << e.path();
 }
 

@@ -42,8 +42,8 @@ Status check_model_memory(const ModelConfig& c, std::string_view name) {
   return check_memory(model_bytes(c), "model " + std::string(name), model_detail(c));
 }
 
-Status check_training_memory(const ModelConfig& c, std::string_view name, int64_t rows,
-                             int64_t seq, int ranks) {
+Status check_training_memory(const ModelConfig& c, std::string_view name, int64_t rows, int64_t seq,
+                             int ranks) {
   const uint64_t params = uint64_t(param_count(c));
   // The whole model once (model_bytes counts it and its gradients), and this rank's share of
   // the gradients and both moments beyond that.
@@ -53,8 +53,8 @@ Status check_training_memory(const ModelConfig& c, std::string_view name, int64_
   const uint64_t logits =
       mul_sat(2 * kF32, mul_sat(uint64_t(rows), mul_sat(uint64_t(seq), uint64_t(c.vocab_size))));
   const uint64_t total = add_sat(state, logits);
-  std::string detail = format_bytes(whole) + " for " + std::to_string(params) +
-                       " parameters, " + format_bytes(state - whole) +
+  std::string detail = format_bytes(whole) + " for " + std::to_string(params) + " parameters, " +
+                       format_bytes(state - whole) +
                        (ranks > 1 ? " for this rank's share of" : " for") +
                        " the gradients and AdamW's moments";
   if (logits > 0) {

@@ -27,8 +27,8 @@ int64_t param_count(const ModelConfig& c);
 // check_memory (core/memory_budget.h) for each use; `name` names the model in the message
 // ("'medium'", "config.json").
 Status check_model_memory(const ModelConfig& c, std::string_view name);
-Status check_training_memory(const ModelConfig& c, std::string_view name, int64_t rows,
-                             int64_t seq, int ranks = 1);
+Status check_training_memory(const ModelConfig& c, std::string_view name, int64_t rows, int64_t seq,
+                             int ranks = 1);
 Status check_generation_memory(const ModelConfig& c, std::string_view name, int64_t rows);
 Status check_grad_memory(const ModelConfig& c, std::string_view name, int64_t rows, int64_t seq);
 

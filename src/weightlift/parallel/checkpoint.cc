@@ -177,10 +177,9 @@ Status save_checkpoint(const std::string& dir, DataParallel& dp, const TrainStat
   const std::string bad = first_untrusted(dp, dp.own_rows());
   WL_RETURN_IF_ERROR(agree(dp,
                            bad.empty() ? ok_status()
-                                       : failed_precondition(
-                                             "step " + std::to_string(state.step) + ": " + bad +
-                                             ": not writing " + dir +
-                                             "; the last checkpoint written stays"),
+                                       : failed_precondition("step " + std::to_string(state.step) +
+                                                             ": " + bad + ": not writing " + dir +
+                                                             "; the last checkpoint written stays"),
                            "writing checkpoint " + dir));
   WL_ASSIGN_OR_RETURN(const std::string tmp, make_staging(dir, dp));
   auto discard = [&] {
@@ -221,7 +220,8 @@ struct IndexEntry {
 
 Result<train::StateFile> read_state_file(const std::string& dir) {
   const std::string path = dir + "/state.json";
-  WL_ASSIGN_OR_RETURN(const std::string text, read_file(path, kMaxStateBytes, "a checkpoint state"));
+  WL_ASSIGN_OR_RETURN(const std::string text,
+                      read_file(path, kMaxStateBytes, "a checkpoint state"));
   return train::state_from_json(text, path);
 }
 
@@ -318,7 +318,8 @@ class PieceReader {
     auto file = std::make_unique<File>(File{.file = std::move(f)});
     for (const TensorInfo& t : file->file.tensors()) {
       auto m = file->file.metadata().find(train::tensor_checksum_key(t.name));
-      const auto sum = m == file->file.metadata().end() ? std::nullopt : checksum_from_hex(m->second);
+      const auto sum =
+          m == file->file.metadata().end() ? std::nullopt : checksum_from_hex(m->second);
       if (!sum) return data_loss(path + ": tensor '" + t.name + "' carries no checksum");
       file->sums[t.name] = *sum;
     }
@@ -326,8 +327,9 @@ class PieceReader {
     auto d = digests_.find(base);
     if (d == digests_.end()) return data_loss(path + ": not one of the files state.json lists");
     if (train::tensor_file_digest(file->sums) != d->second) {
-      return data_loss(path + ": its tensors' checksums are not those state.json recorded for "
-                              "it: the file changed after the checkpoint was written");
+      return data_loss(path +
+                       ": its tensors' checksums are not those state.json recorded for "
+                       "it: the file changed after the checkpoint was written");
     }
     return files_.emplace(path, std::move(file)).first->second.get();
   }
@@ -336,8 +338,8 @@ class PieceReader {
     bool& done = f.verified[name];
     if (done) return ok_status();
     if (const uint64_t got = xxh3_64(t.bytes()); got != f.sums.at(name)) {
-      return data_loss(f.file.path() + ": tensor '" + name + "' has checksum " +
-                       checksum_hex(got) + ", the file says " + checksum_hex(f.sums.at(name)) +
+      return data_loss(f.file.path() + ": tensor '" + name + "' has checksum " + checksum_hex(got) +
+                       ", the file says " + checksum_hex(f.sums.at(name)) +
                        ": the file changed after the checkpoint was written; restore it");
     }
     done = true;
