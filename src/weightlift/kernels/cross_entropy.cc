@@ -31,12 +31,14 @@ namespace {
 using detail::fast_exp;
 using detail::select;
 
-// Rows [r0, r1): row_loss[r] = loss of row r (0 when ignored); gradient into dlogits if set.
+// Rows [r0, r1): row_loss[r] = loss of row r (0 when ignored); gradient into dlogits if set,
+// scaled by row_scale[r] when row_scale is set, else by grad_scale.
 __attribute__((target_clones("arch=x86-64-v3", "default"))) void rows(
     const float* logits, const int64_t* targets, int64_t r0, int64_t r1, int64_t vocab,
-    float* dlogits, float grad_scale, double* row_loss) {
+    float* dlogits, float grad_scale, const float* row_scale, double* row_loss) {
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t target = targets[r];
+    if (row_scale) grad_scale = row_scale[r];
     const float* x = logits + r * vocab;
     float* d = dlogits ? dlogits + r * vocab : nullptr;
     if (target == kIgnoreIndex) {
@@ -78,7 +80,7 @@ CrossEntropyResult cross_entropy(const float* logits, const int64_t* targets, in
   std::vector<double> row_loss(static_cast<size_t>(n));
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 14) / vocab);
   parallel_for(n, grain, [&](int64_t r0, int64_t r1) {
-    rows(logits, targets, r0, r1, vocab, dlogits, grad_scale, row_loss.data());
+    rows(logits, targets, r0, r1, vocab, dlogits, grad_scale, nullptr, row_loss.data());
   });
   CrossEntropyResult out;
   for (int64_t r = 0; r < n; ++r) {
@@ -86,6 +88,16 @@ CrossEntropyResult cross_entropy(const float* logits, const int64_t* targets, in
     out.count += targets[r] != kIgnoreIndex;
   }
   return out;
+}
+
+void cross_entropy_rows(const float* logits, const int64_t* targets, int64_t n, int64_t vocab,
+                        const float* row_scale, float* dlogits, double* row_loss) {
+  WL_CHECK(n >= 0 && vocab > 0) << "n " << n << " vocab " << vocab;
+  WL_CHECK(dlogits == nullptr || row_scale != nullptr) << "a gradient needs the rows' scales";
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 14) / vocab);
+  parallel_for(n, grain, [&](int64_t r0, int64_t r1) {
+    rows(logits, targets, r0, r1, vocab, dlogits, 0.0f, row_scale, row_loss);
+  });
 }
 
 }  // namespace wl::kernels

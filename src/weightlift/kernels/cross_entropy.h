@@ -18,4 +18,11 @@ struct CrossEntropyResult {
 CrossEntropyResult cross_entropy(const float* logits, const int64_t* targets, int64_t n,
                                  int64_t vocab, float* dlogits, float grad_scale);
 
+// Row by row, for losses whose weight differs per row (policy gradients): row_loss[r] =
+// -log softmax(logits_r)[target_r] (0 for ignored rows), and, when dlogits is set,
+// dlogits_r = row_scale[r] * (softmax - onehot) (zeros for ignored rows). A caller that needs
+// the log-probabilities to choose the scales calls it twice: first without dlogits.
+void cross_entropy_rows(const float* logits, const int64_t* targets, int64_t n, int64_t vocab,
+                        const float* row_scale, float* dlogits, double* row_loss);
+
 }  // namespace wl::kernels

@@ -38,11 +38,13 @@ int64_t argmax(const float* logits, int64_t vocab) {
   return best;
 }
 
-int64_t sample(const float* logits, int64_t vocab, const SamplingOptions& opts, Rng& rng) {
+int64_t sample(const float* logits, int64_t vocab, const SamplingOptions& opts, Rng& rng,
+               double* logprob) {
   WL_CHECK_GT(vocab, 0);
   WL_CHECK(opts.temperature >= 0) << "temperature " << opts.temperature;
   WL_CHECK(opts.top_k >= 0) << "top_k " << opts.top_k;
   WL_CHECK(opts.top_p > 0 && opts.top_p <= 1) << "top_p " << opts.top_p;
+  if (logprob) *logprob = 0.0;
   if (opts.temperature == 0) return argmax(logits, vocab);
 
   const bool use_top_k = opts.top_k > 0 && opts.top_k < vocab;
@@ -88,17 +90,21 @@ int64_t sample(const float* logits, int64_t vocab, const SamplingOptions& opts, 
   }
 
   const double u = double(rng.uniform()) * total;
+  auto chosen = [&](size_t i) {
+    if (logprob) *logprob = std::log(q[i] / total);
+    return cand[i];
+  };
   double cum = 0;
   for (size_t i = 0; i < keep; ++i) {
     cum += q[i];
-    if (u < cum) return cand[i];
+    if (u < cum) return chosen(i);
   }
   // u < total in exact arithmetic; rounding can leave it at the end: the last survivor
   // with non-zero probability.
   for (size_t i = keep; i-- > 0;) {
-    if (q[i] > 0) return cand[i];
+    if (q[i] > 0) return chosen(i);
   }
-  return cand[0];
+  return chosen(0);
 }
 
 }  // namespace wl::kernels

@@ -20,6 +20,10 @@ int64_t argmax(const float* logits, int64_t vocab);
 // the smallest prefix of the remaining tokens, by descending probability, whose probability
 // mass reaches top_p (always at least one token); softmax(logits / temperature) over what is
 // left; draw one token with rng.uniform(). Same rng state and inputs give the same token.
-int64_t sample(const float* logits, int64_t vocab, const SamplingOptions& opts, Rng& rng);
+// `logprob` (may be null) receives the token's log-probability under the distribution it was
+// drawn from (filtered, renormalised, temperature-scaled): what an RL trainer's importance
+// weights need. Greedy (temperature 0) draws from a point mass: log-probability 0.
+int64_t sample(const float* logits, int64_t vocab, const SamplingOptions& opts, Rng& rng,
+               double* logprob = nullptr);
 
 }  // namespace wl::kernels

@@ -135,7 +135,11 @@ Status check_prompts(const ModelConfig& c, const std::vector<std::vector<int64_t
 
 RowSampler::RowSampler(size_t rows, const kernels::SamplingOptions& sampling, uint64_t seed,
                        int64_t stop_token)
-    : sampling_(sampling), stop_token_(stop_token), stopped_(rows, false), tokens_(rows) {
+    : sampling_(sampling),
+      stop_token_(stop_token),
+      stopped_(rows, false),
+      tokens_(rows),
+      logprobs_(rows) {
   for (size_t r = 0; r < rows; ++r) rngs_.emplace_back(seed + r);
 }
 
@@ -145,10 +149,12 @@ bool RowSampler::step(const float* logits, int64_t vocab, std::vector<std::vecto
     feed[r].clear();
     if (stopped_[r]) continue;
     const float* row = logits + r * size_t(vocab);
+    double logprob = 0;
     const int64_t next = sampling_.temperature <= 0
                              ? kernels::argmax(row, vocab)
-                             : kernels::sample(row, vocab, sampling_, rngs_[r]);
+                             : kernels::sample(row, vocab, sampling_, rngs_[r], &logprob);
     tokens_[r].push_back(next);
+    logprobs_[r].push_back(logprob);
     if (next == stop_token_) {
       stopped_[r] = true;
     } else {

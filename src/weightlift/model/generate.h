@@ -50,6 +50,9 @@ class RowSampler {
   bool stopped(size_t row) const { return stopped_[row]; }
   const std::vector<std::vector<int64_t>>& tokens() const { return tokens_; }
   std::vector<std::vector<int64_t>> take_tokens() { return std::move(tokens_); }
+  // Each token's log-probability under the distribution it was drawn from (kernels::sample);
+  // 0 for greedy picks.
+  std::vector<std::vector<double>> take_logprobs() { return std::move(logprobs_); }
 
  private:
   kernels::SamplingOptions sampling_;
@@ -57,6 +60,7 @@ class RowSampler {
   std::vector<Rng> rngs_;
   std::vector<bool> stopped_;
   std::vector<std::vector<int64_t>> tokens_;
+  std::vector<std::vector<double>> logprobs_;
 };
 
 // Logits [rows, V] of the next token after each prompt, through the cached path (for tests:

@@ -122,6 +122,33 @@ LossTerms StagePass::loss(const int64_t* targets) {
   return out;
 }
 
+LossTerms StagePass::token_loss(const int64_t* targets, const TokenLossFn& fn) {
+  WL_CHECK(has_head()) << "token_loss() on a stage without the head";
+  WL_CHECK(!loss_done_) << "a loss twice";
+  WL_CHECK(forward_done_) << "token_loss() before a forward pass that finished";
+  loss_done_ = true;
+  const bool gradient = xf_.raw() != nullptr;  // forward kept what backward needs
+  const ModelConfig& c = model_.config;
+  const int64_t N = tokens_n_, V = c.vocab_size;
+  LossTerms out;
+  out.aux = c.aux_loss_alpha * router_.aux / double(c.num_layers);
+  out.z = c.z_loss_beta * router_.z / double(c.num_layers);
+  out.count = count_targets(targets, N);
+  float* logits = logits_.data<float>();
+  std::vector<double> nll(static_cast<size_t>(N));
+  kernels::cross_entropy_rows(logits, targets, N, V, nullptr, nullptr, nll.data());
+  std::vector<double> logp(static_cast<size_t>(N));
+  for (int64_t r = 0; r < N; ++r) logp[size_t(r)] = -nll[size_t(r)];
+  std::vector<float> coef(static_cast<size_t>(N), 0.0f);
+  out.ce = fn(logp, coef);
+  if (!gradient) return out;
+  // f16's loss scale multiplies every gradient.
+  for (float& x : coef) x *= options_.grad_scale;
+  // d loss / d logits overwrites the logits.
+  kernels::cross_entropy_rows(logits, targets, N, V, coef.data(), logits, nll.data());
+  return out;
+}
+
 Status StagePass::backward(const float* dout) {
   const int64_t d = model_.config.hidden_size;
   if (has_head()) {

@@ -11,6 +11,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <vector>
 
 #include "weightlift/core/status.h"
@@ -114,6 +116,14 @@ class StagePass {
   // The losses (stages with the head, after forward): cross-entropy over `targets` [B, T] and
   // the aux and z shares of this stage's layers. Keeps d loss / d logits for backward().
   LossTerms loss(const int64_t* targets);
+  // The loss a caller chooses per target token (policy gradients), instead of loss()'s mean
+  // cross-entropy: `fn` gets logp[r] = log softmax(logits_r)[target_r] for every row (0 where
+  // the target is ignored) and fills coef[r], with d loss / d logits_r = coef[r] (softmax_r -
+  // onehot(target_r)) (ignored rows: unused), returning the loss's value on this pass, which
+  // goes to LossTerms::ce. Stages with the head, after forward (one that kept nothing for
+  // backward gives the log-probabilities and no gradient).
+  using TokenLossFn = std::function<double(std::span<const double> logp, std::span<float> coef)>;
+  LossTerms token_loss(const int64_t* targets, const TokenLossFn& fn);
   // The backward pass, from the loss gradient (stages with the head: dout null) or from dout
   // [N, d], d loss / d output (others).
   [[nodiscard]] Status backward(const float* dout);

@@ -17,6 +17,23 @@ int64_t count_targets(const std::vector<int64_t>& targets) {
 
 Result<model::LossTerms> compute_gradients(DataParallel& dp, const train::Batch& global,
                                            const StepSettings& s) {
+  const int64_t denom = count_targets(global.targets);
+  const int64_t* targets = global.targets.data();
+  const int64_t seq = global.seq;
+  MicroBatchLoss ce{.part =
+                        [&](model::StagePass& pass, RowRange rows) {
+                          model::LossTerms lt = pass.loss(targets + rows.begin * seq);
+                          lt.ce *= double(lt.count);
+                          return lt;
+                        },
+                    .divisor = double(denom)};
+  WL_ASSIGN_OR_RETURN(model::LossTerms loss, compute_gradients(dp, global, s, ce));
+  loss.count = denom;
+  return loss;
+}
+
+Result<model::LossTerms> compute_gradients(DataParallel& dp, const train::Batch& global,
+                                           const StepSettings& s, const MicroBatchLoss& part) {
   const ParallelLayout& l = dp.options().layout;
   const int M = l.micro_batches;
   const int64_t seq = global.seq;
@@ -35,16 +52,16 @@ Result<model::LossTerms> compute_gradients(DataParallel& dp, const train::Batch&
     model::StagePass pass(dp.pass_model(), {0, dp.units().head()},
                           global.tokens.data() + rows.begin * seq, rows.size(), seq, opts, &dp);
     WL_RETURN_IF_ERROR(pass.forward(nullptr, true));
-    const model::LossTerms lt = pass.loss(global.targets.data() + rows.begin * seq);
+    const model::LossTerms lt = part.part(pass, rows);
     WL_RETURN_IF_ERROR(pass.backward(nullptr));
-    sums[0] += lt.ce * double(lt.count);
+    sums[0] += lt.ce;
     sums[1] += lt.aux / double(M);
     sums[2] += lt.z / double(M);
   }
   WL_RETURN_IF_ERROR(dp.reduce_gradients());
   WL_RETURN_IF_ERROR(dp.sum_over_ranks(sums, 3));
   model::LossTerms loss;
-  loss.ce = denom > 0 ? sums[0] / double(denom) : 0.0;
+  loss.ce = part.divisor > 0 ? sums[0] / part.divisor : 0.0;
   loss.aux = sums[1];
   loss.z = sums[2];
   loss.count = denom;

@@ -9,8 +9,10 @@
 // micro-batches.
 #pragma once
 
+#include <functional>
 #include <vector>
 
+#include "weightlift/model/pass.h"
 #include "weightlift/model/precision.h"
 #include "weightlift/parallel/data_parallel.h"
 #include "weightlift/train/adamw.h"
@@ -38,6 +40,19 @@ Result<StepResult> run_step(DataParallel& dp, const train::Batch& global,
 // summed over the ranks (dp.reduce_gradients), without the update. Its loss, like run_step's.
 Result<model::LossTerms> compute_gradients(DataParallel& dp, const train::Batch& global,
                                            const StepSettings& settings);
+
+// A loss of the caller's choosing (policy gradients, SFT on completions only) in place of the
+// mean cross-entropy: `part` runs it on `pass` after forward (pass.loss() or
+// pass.token_loss(); the pass holds rows [rows.begin, rows.end) of the global batch) and returns
+// its terms with `ce` this micro-batch's part of a sum; the step's loss is that sum over
+// micro-batches and ranks divided by `divisor`. aux and z are added as for the cross-entropy.
+struct MicroBatchLoss {
+  std::function<model::LossTerms(model::StagePass& pass, RowRange rows)> part;
+  double divisor = 1;
+};
+Result<model::LossTerms> compute_gradients(DataParallel& dp, const train::Batch& global,
+                                           const StepSettings& settings,
+                                           const MicroBatchLoss& loss);
 
 // The cross-entropy over `batches` (each split over the ranks like a micro-batch; every batch
 // has a multiple of ranks() rows), the same on every rank. Collective.

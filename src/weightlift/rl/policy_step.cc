@@ -1,0 +1,134 @@
+// policy_step.h.
+#include "weightlift/rl/policy_step.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "weightlift/kernels/cross_entropy.h"
+#include "weightlift/train/tokenizer.h"
+
+namespace wl::rl {
+namespace {
+
+// Lays sample i out as row i; `at(i, t, j)` hears of every target position t (completion token
+// j is its target).
+template <typename At>
+Result<train::Batch> lay_out(std::span<const Sample> samples, int64_t seq, At at) {
+  train::Batch b;
+  b.batch = int64_t(samples.size());
+  b.seq = seq;
+  b.tokens.assign(size_t(b.batch * seq), train::kEosToken);
+  b.targets.assign(size_t(b.batch * seq), kernels::kIgnoreIndex);
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const Sample& s = samples[i];
+    const int64_t p = int64_t(s.prompt.size()), c = int64_t(s.completion.size());
+    if (p == 0 || c == 0) {
+      return invalid_argument("sample " + std::to_string(i) + ": " +
+                              (p == 0 ? "empty prompt" : "empty completion"));
+    }
+    // The last completion token is a target, never an input.
+    if (p + c - 1 > seq) {
+      return invalid_argument("sample " + std::to_string(i) + ": " + std::to_string(p) + " + " +
+                              std::to_string(c) + " tokens do not fit in " + std::to_string(seq) +
+                              " positions and a target");
+    }
+    int64_t* row = b.tokens.data() + i * seq;
+    int64_t* target = b.targets.data() + i * seq;
+    std::copy(s.prompt.begin(), s.prompt.end(), row);
+    std::copy(s.completion.begin(), s.completion.end() - 1, row + p);
+    for (int64_t j = 0; j < c; ++j) {
+      target[p - 1 + j] = s.completion[size_t(j)];
+      at(i, (p - 1 + j), j);
+    }
+  }
+  return b;
+}
+
+}  // namespace
+
+Result<PolicyBatch> make_policy_batch(std::span<const Sample> samples, int64_t seq) {
+  PolicyBatch out;
+  out.logp_mu.assign(samples.size() * size_t(seq), 0.0);
+  out.advantage.assign(samples.size() * size_t(seq), 0.0);
+  for (size_t i = 0; i < samples.size(); ++i) {
+    if (samples[i].logprobs.size() != samples[i].completion.size()) {
+      return invalid_argument("sample " + std::to_string(i) + ": " +
+                              std::to_string(samples[i].logprobs.size()) + " logprobs for " +
+                              std::to_string(samples[i].completion.size()) + " tokens");
+    }
+  }
+  WL_ASSIGN_OR_RETURN(out.batch, lay_out(samples, seq, [&](size_t i, int64_t t, int64_t j) {
+                        const size_t at = i * size_t(seq) + size_t(t);
+                        out.logp_mu[at] = samples[i].logprobs[size_t(j)];
+                        out.advantage[at] = samples[i].advantage;
+                        ++out.completion_tokens;
+                      }));
+  return out;
+}
+
+Result<train::Batch> make_sft_batch(std::span<const Sample> demonstrations, int64_t seq) {
+  return lay_out(demonstrations, seq, [](size_t, int64_t, int64_t) {});
+}
+
+Result<PolicyStats> policy_step(parallel::DataParallel& dp, const PolicyBatch& b,
+                                const parallel::StepSettings& settings,
+                                const PolicyLossOptions& options) {
+  if (dp.options().layout.pp != 1) {
+    return invalid_argument("the policy step runs on data-parallel layouts only (pp 1)");
+  }
+  const int64_t seq = b.batch.seq;
+  const double tokens = double(std::max<int64_t>(b.completion_tokens, 1));
+  // Summed over this rank's micro-batches, then over the ranks: clipped, weight, capped,
+  // gap, and (separately) the largest gap.
+  double sums[4] = {0, 0, 0, 0};
+  double gap_max = 0;
+  parallel::MicroBatchLoss loss{
+      .part =
+          [&](model::StagePass& pass, parallel::RowRange rows) {
+            const size_t first = size_t(rows.begin * seq);
+            return pass.token_loss(b.batch.targets.data() + first, [&](std::span<const double> logp,
+                                                                       std::span<float> coef) {
+              double part = 0;
+              for (size_t r = 0; r < logp.size(); ++r) {
+                if (b.batch.targets[first + r] == kernels::kIgnoreIndex) continue;
+                const double mu = b.logp_mu[first + r];
+                const TokenTerm t =
+                    policy_token(logp[r], logp[r], mu, b.advantage[first + r], tokens, options);
+                coef[r] = float(t.coef);
+                part += t.loss;
+                sums[0] += t.clipped;
+                sums[1] += t.is_weight;
+                sums[2] += options.tis_cap > 0 && t.is_weight >= options.tis_cap;
+                const double gap = std::fabs(logp[r] - mu);
+                sums[3] += gap;
+                gap_max = std::max(gap_max, gap);
+              }
+              return part;
+            });
+          },
+      .divisor = 1};
+  PolicyStats st;
+  WL_ASSIGN_OR_RETURN(model::LossTerms lt,
+                      parallel::compute_gradients(dp, b.batch, settings, loss));
+  WL_RETURN_IF_ERROR(dp.sum_over_ranks(sums, 4));
+  // The largest gap over the ranks: a sum of one-hot vectors would do, a max of the negated
+  // sums would not; ranks are few, so each contributes its max in its own slot.
+  std::vector<double> maxes(size_t(dp.ranks()), 0.0);
+  maxes[size_t(dp.rank())] = gap_max;
+  WL_RETURN_IF_ERROR(dp.sum_over_ranks(maxes.data(), maxes.size()));
+  const bool f16 = settings.precision == model::Precision::kF16;
+  WL_ASSIGN_OR_RETURN(st.report,
+                      dp.apply_optimizer(settings.lr, f16 ? 1.0 / settings.loss_scale : 1.0));
+  st.loss = lt.ce;
+  st.aux = lt.aux;
+  st.z = lt.z;
+  st.tokens = b.completion_tokens;
+  st.clip_fraction = sums[0] / tokens;
+  st.is_weight_mean = sums[1] / tokens;
+  st.is_weight_capped = sums[2] / tokens;
+  st.logprob_gap_mean = sums[3] / tokens;
+  st.logprob_gap_max = *std::max_element(maxes.begin(), maxes.end());
+  return st;
+}
+
+}  // namespace wl::rl

@@ -1,0 +1,71 @@
+// The trainer's side of a policy-gradient step: sampled completions become rows of a token
+// batch, and one optimizer step minimises the policy loss (policy_loss.h) over them, on any
+// data-parallel layout (parallel/step.h's compute_gradients with a loss of our own).
+//
+// Row i of the batch is prompt_i + completion_i, padded with the end token to `seq`; its
+// targets are the next token at every position whose next token is a completion token, and
+// ignored elsewhere (the prompt and the padding carry no gradient). Position t's target is
+// completion token j, sampled with log-probability logp_mu_j by the rollout worker.
+//
+// One optimizer step per batch (on-policy, as GRPO with one PPO epoch): pi_old is the policy the
+// step starts from, so the trainer's own log-probability of each token is both logp and logp_old
+// (the ratio is 1 and the clip cannot bite on this first pass), and the importance weight
+// corrects for whatever separates the sampler from the trainer: rounding of the weights the
+// workers hold, a staler version in asynchronous mode. The statistics say how large that was.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "weightlift/core/status.h"
+#include "weightlift/parallel/step.h"
+#include "weightlift/rl/policy_loss.h"
+#include "weightlift/train/data.h"
+
+namespace wl::rl {
+
+// One sampled completion and what the trainer needs of it.
+struct Sample {
+  std::vector<int64_t> prompt;      // token ids
+  std::vector<int64_t> completion;  // sampled tokens, the end token last if it was produced
+  std::vector<double> logprobs;     // per completion token, under the distribution sampled from
+  uint64_t version = 0;             // the weights' version that produced it
+  double reward = 0;
+  double advantage = 0;
+};
+
+struct PolicyBatch {
+  train::Batch batch;             // [rows, seq]
+  std::vector<double> logp_mu;    // [rows * seq]: at a target position, the sampler's logprob
+  std::vector<double> advantage;  // [rows * seq]
+  int64_t completion_tokens = 0;  // targets that count
+};
+
+// InvalidArgument when a sample does not fit in `seq` tokens, has no completion, or its
+// logprobs do not match its completion.
+Result<PolicyBatch> make_policy_batch(std::span<const Sample> samples, int64_t seq);
+
+// Supervised fine-tuning rows (demonstrations): the same rows with the cross-entropy on the
+// completion tokens only; train with parallel::run_step.
+Result<train::Batch> make_sft_batch(std::span<const Sample> demonstrations, int64_t seq);
+
+struct PolicyStats {
+  double loss = 0;              // the policy loss (token mean)
+  double aux = 0, z = 0;        // the router's losses, as in pretraining
+  int64_t tokens = 0;           // completion tokens trained on
+  double clip_fraction = 0;     // of tokens whose clipped term won (0 on a first pass)
+  double is_weight_mean = 0;    // mean truncated importance weight
+  double is_weight_capped = 0;  // fraction of tokens whose weight hit the cap
+  double logprob_gap_mean = 0;  // mean |logp_trainer - logp_sampler| over tokens
+  double logprob_gap_max = 0;   // the largest
+  train::StepReport report;     // the optimizer's
+};
+
+// Collective over the data-parallel ranks (every rank passes the same batch). The layout must
+// be data parallel only (pp 1).
+Result<PolicyStats> policy_step(parallel::DataParallel& dp, const PolicyBatch& batch,
+                                const parallel::StepSettings& settings,
+                                const PolicyLossOptions& options);
+
+}  // namespace wl::rl

@@ -1,0 +1,155 @@
+// tasks.h.
+#include "weightlift/rl/tasks.h"
+
+#include <algorithm>
+
+namespace wl::rl {
+
+std::string_view task_name(TaskKind k) {
+  switch (k) {
+    case TaskKind::kAdd:
+      return "add";
+    case TaskKind::kSort:
+      return "sort";
+    case TaskKind::kReverse:
+      return "reverse";
+  }
+  return "?";
+}
+
+std::optional<TaskKind> task_from_name(std::string_view name) {
+  for (TaskKind k : {TaskKind::kAdd, TaskKind::kSort, TaskKind::kReverse}) {
+    if (task_name(k) == name) return k;
+  }
+  return std::nullopt;
+}
+
+Result<Task> Task::create(const TaskOptions& o) {
+  if (o.difficulty < 1 || o.difficulty > 9) {
+    return invalid_argument("--difficulty " + std::to_string(o.difficulty) + ": expected 1 to 9");
+  }
+  if (!(o.format_reward >= 0 && o.format_reward < 1)) {
+    return invalid_argument("--format-reward " + std::to_string(o.format_reward) +
+                            ": expected [0, 1)");
+  }
+  return Task(o);
+}
+
+namespace {
+
+// FNV-1a over the prompt: the same split on every machine.
+uint64_t hash_of(std::string_view s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+// A number of 1 to `digits` digits (the count uniform, then the value), no leading zero.
+std::string number(Rng& rng, int digits) {
+  const int n = 1 + int(rng.below(uint64_t(digits)));
+  std::string s;
+  for (int i = 0; i < n; ++i)
+    s.push_back(char('0' + (i == 0 && n > 1 ? 1 + rng.below(9) : rng.below(10))));
+  return s;
+}
+
+std::string add_decimal(const std::string& a, const std::string& b) {
+  std::string out;
+  int carry = 0;
+  for (size_t i = 0; i < std::max(a.size(), b.size()) || carry; ++i) {
+    int d = carry;
+    if (i < a.size()) d += a[a.size() - 1 - i] - '0';
+    if (i < b.size()) d += b[b.size() - 1 - i] - '0';
+    out.push_back(char('0' + d % 10));
+    carry = d / 10;
+  }
+  std::reverse(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+bool Task::in_held_out_split(std::string_view prompt) { return hash_of(prompt) % 8 == 0; }
+
+Problem Task::draw(Rng& rng) const {
+  const int d = options_.difficulty;
+  switch (options_.kind) {
+    case TaskKind::kAdd: {
+      const std::string a = number(rng, d), b = number(rng, d);
+      return {a + "+" + b + "=", add_decimal(a, b)};
+    }
+    case TaskKind::kSort: {
+      const int n = 1 + int(rng.below(uint64_t(d)));
+      std::string digits;
+      for (int i = 0; i < n; ++i) digits.push_back(char('0' + rng.below(10)));
+      std::string sorted = digits;
+      std::sort(sorted.begin(), sorted.end());
+      return {"sort " + digits + "=", sorted};
+    }
+    case TaskKind::kReverse: {
+      const int n = 1 + int(rng.below(uint64_t(d)));
+      std::string word;
+      for (int i = 0; i < n; ++i) word.push_back(char('a' + rng.below(26)));
+      return {"rev " + word + "=", std::string(word.rbegin(), word.rend())};
+    }
+  }
+  return {};
+}
+
+Problem Task::sample(Rng& rng) const {
+  // The held-out split is 1/8 of the problems: a few draws find a training one.
+  for (;;) {
+    Problem p = draw(rng);
+    if (!in_held_out_split(p.prompt)) return p;
+  }
+}
+
+std::vector<Problem> Task::held_out(int count, uint64_t seed) const {
+  Rng rng(seed ^ 0x5eed5eedull);
+  std::vector<Problem> out;
+  // Small difficulties have few distinct problems: stop once no new one turns up.
+  std::vector<std::string> seen;
+  for (int tries = 0; int(out.size()) < count && tries < count * 200; ++tries) {
+    Problem p = draw(rng);
+    if (!in_held_out_split(p.prompt)) continue;
+    if (std::find(seen.begin(), seen.end(), p.prompt) != seen.end()) continue;
+    seen.push_back(p.prompt);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+bool Task::answer_alphabet(char c) const {
+  return options_.kind == TaskKind::kReverse ? (c >= 'a' && c <= 'z') : (c >= '0' && c <= '9');
+}
+
+bool Task::correct(const Problem& p, std::string_view completion, bool ended) const {
+  return ended && completion == p.answer;
+}
+
+double Task::reward(const Problem& p, std::string_view completion, bool ended) const {
+  if (correct(p, completion, ended)) return 1.0;
+  const bool well_formed =
+      ended && !completion.empty() &&
+      std::all_of(completion.begin(), completion.end(), [&](char c) { return answer_alphabet(c); });
+  return well_formed ? options_.format_reward : 0.0;
+}
+
+int Task::max_prompt_bytes() const {
+  const int d = options_.difficulty;
+  switch (options_.kind) {
+    case TaskKind::kAdd:
+      return 2 * d + 2;
+    case TaskKind::kSort:
+      return d + 6;
+    case TaskKind::kReverse:
+      return d + 5;
+  }
+  return 0;
+}
+
+int Task::max_answer_bytes() const {
+  return options_.kind == TaskKind::kAdd ? options_.difficulty + 1 : options_.difficulty;
+}
+
+}  // namespace wl::rl

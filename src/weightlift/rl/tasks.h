@@ -1,0 +1,75 @@
+// Verifiable tasks, generated here: every problem is drawn from a seeded generator, its answer
+// is computed, and a completion is scored by rules (no model judges it).
+//
+//   add      "347+58=" -> "405"       multi-digit addition: digits carry from column to column,
+//                                     so the answer needs several steps of work
+//   sort     "sort 5192=" -> "1259"   the digits in ascending order
+//   reverse  "rev cable=" -> "elbac"  a word's letters backwards
+//
+// Difficulty is a number: the most digits of an operand (add), the most digits (sort), the
+// longest word (reverse); problems of every size from 1 up to it are drawn. Prompts and
+// completions are bytes (train/tokenizer.h); a completion ends with the end-of-sequence token.
+//
+// Train and held-out problems never meet: a problem belongs to the held-out split when a hash of
+// its text falls in the lowest 1/8 of the range, and the training stream skips those. The
+// held-out set is a fixed list drawn from its own seed.
+//
+// Reward: 1 for the exact answer followed by the end token; otherwise `format_reward` (default
+// 0.1) when the completion is well formed (only the answer's alphabet, then the end token),
+// else 0.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "weightlift/core/random.h"
+#include "weightlift/core/status.h"
+
+namespace wl::rl {
+
+enum class TaskKind : uint8_t { kAdd, kSort, kReverse };
+std::string_view task_name(TaskKind k);  // "add", "sort", "reverse"
+std::optional<TaskKind> task_from_name(std::string_view name);
+
+struct TaskOptions {
+  TaskKind kind = TaskKind::kAdd;
+  int difficulty = 3;
+  double format_reward = 0.1;
+};
+
+struct Problem {
+  std::string prompt;  // "347+58="
+  std::string answer;  // "405"
+};
+
+class Task {
+ public:
+  // InvalidArgument for a difficulty out of [1, 9] (names the flag).
+  static Result<Task> create(const TaskOptions& options);
+
+  const TaskOptions& options() const { return options_; }
+  // The next training problem from `rng` (never one of the held-out split).
+  Problem sample(Rng& rng) const;
+  // The fixed held-out problems: `count` of them, the same for a given seed and difficulty.
+  std::vector<Problem> held_out(int count, uint64_t seed) const;
+  // The score of `completion` (the generated text, end token stripped by the caller:
+  // `ended` says whether it was produced) for `problem`.
+  double reward(const Problem& problem, std::string_view completion, bool ended) const;
+  bool correct(const Problem& problem, std::string_view completion, bool ended) const;
+  // Longest prompt and answer any problem of this difficulty has, in bytes.
+  int max_prompt_bytes() const;
+  int max_answer_bytes() const;
+
+  static bool in_held_out_split(std::string_view prompt);
+
+ private:
+  explicit Task(TaskOptions o) : options_(o) {}
+  Problem draw(Rng& rng) const;
+  bool answer_alphabet(char c) const;
+  TaskOptions options_;
+};
+
+}  // namespace wl::rl

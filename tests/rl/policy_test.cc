@@ -1,0 +1,215 @@
+// GRPO's advantages, the clipped and importance-weighted token loss, the sampler's
+// log-probabilities, and the policy step's gradients against the cross-entropy's.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "weightlift/kernels/cross_entropy.h"
+#include "weightlift/kernels/sampling.h"
+#include "weightlift/model/params.h"
+#include "weightlift/rl/policy_step.h"
+#include "weightlift/train/tokenizer.h"
+
+namespace wl::rl {
+namespace {
+
+TEST(GroupAdvantages, NormaliseByTheGroupsStandardDeviation) {
+  const std::vector<double> r = {1, 0, 0, 1};
+  // mean 0.5, unbiased std sqrt(1/3)
+  const std::vector<double> a = group_advantages(r, {});
+  EXPECT_NEAR(a[0], 0.5 / std::sqrt(1.0 / 3.0), 1e-5);
+  EXPECT_NEAR(a[1], -0.5 / std::sqrt(1.0 / 3.0), 1e-5);
+  const std::vector<double> dr = group_advantages(r, {.normalize_std = false});
+  EXPECT_EQ(dr[0], 0.5);
+  EXPECT_EQ(dr[1], -0.5);
+  for (double x : group_advantages(std::vector<double>{0.1, 0.1, 0.1}, {})) EXPECT_EQ(x, 0.0);
+  EXPECT_EQ(group_advantages(std::vector<double>{1.0}, {})[0], 0.0);
+}
+
+TEST(PolicyToken, ClipsOnlyWhereTheAdvantageWouldPushFurther) {
+  const PolicyLossOptions o;  // clip 0.2 / 0.28, TIS cap 2
+  // Ratio 1, no importance correction: gradient coefficient A / tokens.
+  TokenTerm t = policy_token(-1.0, -1.0, -1.0, 2.0, 4.0, o);
+  EXPECT_DOUBLE_EQ(t.ratio, 1.0);
+  EXPECT_DOUBLE_EQ(t.coef, 0.5);
+  EXPECT_DOUBLE_EQ(t.loss, -0.5);
+  EXPECT_FALSE(t.clipped);
+  // Ratio 1.5 with A > 0: past 1 + 0.28, clipped, no gradient.
+  t = policy_token(std::log(1.5), 0.0, 0.0, 1.0, 1.0, o);
+  EXPECT_TRUE(t.clipped);
+  EXPECT_EQ(t.coef, 0.0);
+  EXPECT_NEAR(t.loss, -1.28, 1e-12);
+  // Ratio 1.5 with A < 0: the unclipped term is the smaller, gradient flows.
+  t = policy_token(std::log(1.5), 0.0, 0.0, -1.0, 1.0, o);
+  EXPECT_FALSE(t.clipped);
+  EXPECT_NEAR(t.coef, -1.5, 1e-12);
+  // Ratio 0.5 with A < 0: below 1 - 0.2, clipped.
+  t = policy_token(std::log(0.5), 0.0, 0.0, -1.0, 1.0, o);
+  EXPECT_TRUE(t.clipped);
+  // The sampler gave the token half the trainer's probability: weight 2 (the cap); a quarter:
+  // still 2.
+  t = policy_token(0.0, 0.0, std::log(0.5), 1.0, 1.0, o);
+  EXPECT_NEAR(t.is_weight, 2.0, 1e-12);
+  t = policy_token(0.0, 0.0, std::log(0.25), 1.0, 1.0, o);
+  EXPECT_EQ(t.is_weight, 2.0);
+  EXPECT_EQ(policy_token(0.0, 0.0, std::log(0.25), 1.0, 1.0, {.tis_cap = 0}).is_weight, 1.0);
+}
+
+TEST(Sampling, LogprobIsUnderTheDistributionSampledFrom) {
+  std::vector<float> logits = {0.5f, -1.0f, 2.0f, 0.0f, 1.0f};
+  Rng rng(3);
+  // Temperature 1, no filter: log softmax of the logits.
+  double z = 0;
+  for (float l : logits) z += std::exp(double(l));
+  for (int i = 0; i < 50; ++i) {
+    double lp = 1;
+    const int64_t tok = kernels::sample(logits.data(), 5, {.temperature = 1.0f}, rng, &lp);
+    EXPECT_NEAR(lp, double(logits[size_t(tok)]) - std::log(z), 1e-6);
+  }
+  // Top-k 2 at temperature 0.5: the two largest, renormalised.
+  const double a = std::exp(2.0 / 0.5), b = std::exp(1.0 / 0.5);
+  for (int i = 0; i < 50; ++i) {
+    double lp = 1;
+    const int64_t tok =
+        kernels::sample(logits.data(), 5, {.temperature = 0.5f, .top_k = 2}, rng, &lp);
+    ASSERT_TRUE(tok == 2 || tok == 4);
+    EXPECT_NEAR(lp, std::log((tok == 2 ? a : b) / (a + b)), 1e-6);
+  }
+}
+
+model::ModelConfig tiny() { return *model::preset("tiny"); }
+
+std::vector<Sample> samples_of(const model::ModelConfig& c, int n) {
+  std::vector<Sample> out;
+  Rng rng(11);
+  for (int i = 0; i < n; ++i) {
+    Sample s;
+    s.prompt = train::encode("12+" + std::to_string(i) + "=");
+    for (int j = 0; j < 3 + i % 3; ++j) s.completion.push_back(int64_t(rng.below(uint64_t(256))));
+    s.completion.push_back(train::kEosToken);
+    s.logprobs.assign(s.completion.size(), -3.0);
+    s.advantage = i % 2 ? 1.0 : -0.5;
+    out.push_back(s);
+  }
+  (void)c;
+  return out;
+}
+
+std::vector<float> gradients(parallel::DataParallel& dp) {
+  std::vector<float> g(size_t(dp.layout().total()));
+  EXPECT_TRUE(dp.gather_grads(g.data()).ok());
+  return g;
+}
+
+// token_loss with coefficient 1/count on every target is the mean cross-entropy: the same
+// gradients as loss(), through the same step.
+TEST(PolicyStep, TokenLossWithEqualCoefficientsIsTheCrossEntropy) {
+  const model::ModelConfig c = tiny();
+  parallel::DataParallel dp(c, {}, nullptr, nullptr);
+  std::vector<float> w(size_t(dp.layout().total()));
+  model::init_params(c, dp.layout(), 5, w.data());
+  dp.set_params(w.data());
+  const std::vector<Sample> s = samples_of(c, 6);
+  Result<train::Batch> b = make_sft_batch(s, 16);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  const parallel::StepSettings settings{.lr = 1e-3};
+  Result<model::LossTerms> ce = parallel::compute_gradients(dp, *b, settings);
+  ASSERT_TRUE(ce.ok());
+  const std::vector<float> expected = gradients(dp);
+  const double count = double(ce->count);
+  parallel::MicroBatchLoss mine{
+      .part =
+          [&](model::StagePass& pass, parallel::RowRange rows) {
+            return pass.token_loss(
+                b->targets.data() + rows.begin * b->seq,
+                [&](std::span<const double> logp, std::span<float> coef) {
+                  double sum = 0;
+                  for (size_t r = 0; r < logp.size(); ++r) {
+                    if (b->targets[size_t(rows.begin * b->seq) + r] == kernels::kIgnoreIndex)
+                      continue;
+                    coef[r] = float(1.0 / count);
+                    sum -= logp[r];
+                  }
+                  return sum;
+                });
+          },
+      .divisor = count};
+  Result<model::LossTerms> tl = parallel::compute_gradients(dp, *b, settings, mine);
+  ASSERT_TRUE(tl.ok());
+  EXPECT_NEAR(tl->ce, ce->ce, 1e-6 * ce->ce);
+  const std::vector<float> got = gradients(dp);
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    worst = std::max(worst, double(std::fabs(got[i] - expected[i])));
+    scale = std::max(scale, double(std::fabs(expected[i])));
+  }
+  EXPECT_LE(worst, 1e-6 * scale) << "largest gradient " << scale;
+}
+
+// Mean log-probability of each sample's completion under the model's current weights.
+std::vector<double> completion_logprobs(parallel::DataParallel& dp, const std::vector<Sample>& s) {
+  Result<PolicyBatch> b = make_policy_batch(s, 16);
+  EXPECT_TRUE(b.ok());
+  std::vector<double> out(s.size(), 0.0);
+  dp.set_evaluating(true);
+  model::StagePass pass(dp.pass_model(), {0, dp.units().head()}, b->batch.tokens.data(),
+                        b->batch.batch, b->batch.seq, {}, &dp);
+  EXPECT_TRUE(pass.forward(nullptr, false).ok());
+  pass.token_loss(b->batch.targets.data(), [&](std::span<const double> logp, std::span<float>) {
+    for (size_t r = 0; r < logp.size(); ++r) {
+      if (b->batch.targets[r] != kernels::kIgnoreIndex) out[r / 16] += logp[r];
+    }
+    return 0.0;
+  });
+  dp.set_evaluating(false);
+  return out;
+}
+
+// A step makes completions with a positive advantage more likely and those with a negative
+// one less likely; its statistics describe the batch.
+TEST(PolicyStep, MovesProbabilityTowardsTheAdvantage) {
+  const model::ModelConfig c = tiny();
+  parallel::DataParallel dp(c, {}, nullptr, nullptr);
+  std::vector<float> w(size_t(dp.layout().total()));
+  model::init_params(c, dp.layout(), 5, w.data());
+  dp.set_params(w.data());
+  std::vector<Sample> s = samples_of(c, 4);
+  const std::vector<double> before = completion_logprobs(dp, s);
+  // The sampler's log-probabilities: the trainer's own, so the importance weights are 1.
+  Result<PolicyBatch> b = make_policy_batch(s, 16);
+  ASSERT_TRUE(b.ok());
+  Result<PolicyStats> st = policy_step(dp, *b, {.lr = 3e-3}, {});
+  ASSERT_TRUE(st.ok()) << st.status().to_string();
+  EXPECT_EQ(st->tokens, b->completion_tokens);
+  EXPECT_EQ(st->clip_fraction, 0.0);    // ratio 1 on the first pass
+  EXPECT_GT(st->logprob_gap_max, 0.0);  // the samples' -3 are not the model's
+  const std::vector<double> after = completion_logprobs(dp, s);
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i].advantage > 0) {
+      EXPECT_GT(after[i], before[i]) << "sample " << i;
+    } else {
+      EXPECT_LT(after[i], before[i]) << "sample " << i;
+    }
+  }
+}
+
+TEST(PolicyStep, BadSamplesAreNamed) {
+  std::vector<Sample> s(2);
+  s[0].prompt = {1, 2};
+  s[0].completion = {3};
+  s[0].logprobs = {-1};
+  s[1].prompt = {1};
+  s[1].completion = {3, 4};
+  s[1].logprobs = {-1};
+  Result<PolicyBatch> b = make_policy_batch(s, 8);
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("sample 1: 1 logprobs for 2 tokens"), std::string::npos);
+  s[1].logprobs = {-1, -1};
+  // Sample 0 needs 2 positions: its prompt's two tokens, the second with the target 3.
+  EXPECT_FALSE(make_policy_batch(s, 1).ok());
+  EXPECT_TRUE(make_policy_batch(s, 2).ok());
+}
+
+}  // namespace
+}  // namespace wl::rl
