@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
-# The main job: install what is missing, build, train the `small` MoE model on the Brown
-# corpus for a few minutes, then generate from it.
-# Output: runs/small/{metrics.jsonl,loss.svg,model.safetensors,config.json,checkpoint-*}.
+# The main job: install what is missing, build, then
+#   1. RL post-training across processes: a trainer and two rollout workers (weightlift launch),
+#      an SFT warm start on generated demonstrations, then GRPO on the `sort` task with the
+#      weights pushed to the workers through the p2p engine before every step;
+#      output runs/rl/{rl_metrics.jsonl,summary.json,reward.svg,processes.json};
+#   2. pretraining the `small` MoE model on the Brown corpus for a few minutes, then generating
+#      from it; output runs/small/{metrics.jsonl,loss.svg,model.safetensors,config.json,...}.
+# WL_STEPS sets the pretraining steps, WL_RL_STEPS the RL steps.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 bash scripts/build.sh release weightlift
-wl=build/release/apps/weightlift
+wl=$PWD/build/release/apps/weightlift
+"$wl" launch -n 3 -- "$wl" --threads 1 rl --preset tiny --task sort --difficulty 3 \
+  --sft-steps 400 --sft-target 0.4 --steps "${WL_RL_STEPS:-300}" --lr 5e-4 --eval-every 50 \
+  --eval-problems 128 --out runs/rl --overwrite
+echo "reward and held-out accuracy: runs/rl/reward.svg"
 "$wl" model-info --preset small
 "$wl" train --preset small --batch 8 --seq 256 --steps "${WL_STEPS:-300}" --warmup-steps 30 \
   --lr 3e-3 --min-lr 3e-4 --eval-every 50 --out runs/small --overwrite

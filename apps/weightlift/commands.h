@@ -18,6 +18,7 @@ struct Outcome {
 };
 
 void register_train(CLI::App& app, Outcome& out);
+void register_rl(CLI::App& app, Outcome& out);
 void register_generate(CLI::App& app, Outcome& out);
 void register_grad(CLI::App& app, Outcome& out);
 void register_model_info(CLI::App& app, Outcome& out);

@@ -83,6 +83,7 @@ int main(int argc, char** argv) {
   });
   wl::app::Outcome out;
   wl::app::register_train(app, out);
+  wl::app::register_rl(app, out);
   wl::app::register_generate(app, out);
   wl::app::register_grad(app, out);
   wl::app::register_model_info(app, out);

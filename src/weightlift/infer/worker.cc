@@ -389,6 +389,7 @@ Result<Generation> InferenceWorker::generate(const BoundWeights& w,
     if (all_stopped) break;
   }
   g.tokens = sampler.take_tokens();
+  g.logprobs = sampler.take_logprobs();
   g.decode_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return g;
 }

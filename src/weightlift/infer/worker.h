@@ -62,6 +62,9 @@ struct GenerateOptions {
 
 struct Generation {
   std::vector<std::vector<int64_t>> tokens;  // new tokens per row
+  // Each new token's log-probability under the distribution it was sampled from (after
+  // temperature, top-k and top-p; kernels::sample); 0 for greedy picks.
+  std::vector<std::vector<double>> logprobs;
   // With keep_logits: logits[r][s] is the [V] distribution row r's s-th new token came from.
   std::vector<std::vector<std::vector<float>>> logits;
   uint64_t version = 0;  // the weights' version (receiver sources); 0 otherwise

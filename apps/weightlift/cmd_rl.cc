@@ -1,0 +1,244 @@
+// `weightlift rl`: RL post-training across processes (rl/loop.h), run under `weightlift launch`.
+// Rank 0 trains and orchestrates; every other rank is a rollout worker. Rank 0 writes
+// rl_metrics.jsonl (one line per step), summary.json, reward.svg and processes.json into --out.
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "report/progress.h"
+#include "report/svg_plot.h"
+#include "validate.h"
+#include "weightlift/comm/launch_env.h"
+#include "weightlift/core/file_io.h"
+#include "weightlift/parallel/job.h"
+#include "weightlift/rl/loop.h"
+
+namespace wl::app {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+struct RlArgs {
+  rl::RlOptions o;
+  std::string preset = "small";
+  std::string task = "add";
+  std::string out_dir = "runs/rl";
+  bool overwrite = false;
+  bool dr_grpo = false;
+  bool no_dynamic_sampling = false;
+  double timeout_s = 120;
+};
+
+nlohmann::json to_json(const rl::StepRecord& r) {
+  nlohmann::json j = {{"phase", r.phase},
+                      {"step", r.step},
+                      {"version", r.version},
+                      {"loss", r.loss},
+                      {"train_s", r.train_s}};
+  if (r.held_out_accuracy >= 0) j["held_out_accuracy"] = r.held_out_accuracy;
+  if (r.phase == "rl") {
+    j.update({{"reward_mean", r.reward_mean},
+              {"train_accuracy", r.train_accuracy},
+              {"groups_filtered", r.groups_filtered},
+              {"generations", r.generations},
+              {"tokens", r.stats.tokens},
+              {"clip_fraction", r.stats.clip_fraction},
+              {"is_weight_mean", r.stats.is_weight_mean},
+              {"is_weight_capped", r.stats.is_weight_capped},
+              {"logprob_gap_mean", r.stats.logprob_gap_mean},
+              {"logprob_gap_max", r.stats.logprob_gap_max},
+              {"grad_norm", r.stats.report.grad_norm},
+              {"generate_s", r.generate_s},
+              {"sync_s", r.sync_s}});
+  }
+  return j;
+}
+
+// --out must be a directory of ours to write: another run's results are kept unless
+// --overwrite.
+Status check_out_dir(const RlArgs& a) {
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(a.out_dir, ec)) && !fs::is_directory(a.out_dir, ec))
+    return invalid_argument("--out " + a.out_dir + " exists and is not a directory");
+  for (const char* f : {"rl_metrics.jsonl", "summary.json", "reward.svg"}) {
+    const std::string p = a.out_dir + "/" + f;
+    if (!fs::exists(fs::symlink_status(p, ec))) continue;
+    if (!a.overwrite) {
+      return invalid_argument("--out " + a.out_dir + " already holds a run (" + f +
+                              "); pass --overwrite to replace it");
+    }
+    WL_RETURN_IF_ERROR(check_output_path(p).with_context("--out"));
+  }
+  return ok_status();
+}
+
+Status write_plot(const std::string& dir, const std::vector<rl::StepRecord>& records) {
+  Series reward{.label = "reward (mean over trained samples)", .color = "#1f77b4"};
+  Series held{.label = "held-out accuracy (greedy)", .color = "#d62728"};
+  int64_t sft = 0;
+  for (const rl::StepRecord& r : records) sft += r.phase == "sft";
+  for (const rl::StepRecord& r : records) {
+    const double x = r.phase == "sft" ? double(r.step - sft) : double(r.step);
+    if (r.phase == "rl") {
+      reward.x.push_back(x);
+      reward.y.push_back(r.reward_mean);
+    }
+    if (r.held_out_accuracy >= 0) {
+      held.x.push_back(x);
+      held.y.push_back(r.held_out_accuracy);
+    }
+  }
+  return write_svg_plot(dir + "/reward.svg", {reward, held},
+                        {.title = "weightlift rl: SFT warm start (x < 0), then GRPO",
+                         .x_label = "step",
+                         .y_label = "reward / accuracy"});
+}
+
+Status run_rl(RlArgs a) {
+  WL_ASSIGN_OR_RETURN(a.o.config, model::preset(a.preset));
+  auto kind = rl::task_from_name(a.task);
+  if (!kind) return invalid_argument("--task '" + a.task + "': expected add, sort or reverse");
+  a.o.task.kind = *kind;
+  a.o.advantages.normalize_std = !a.dr_grpo;
+  a.o.dynamic_sampling = !a.no_dynamic_sampling;
+  a.o.timeout = std::chrono::milliseconds(int64_t(a.timeout_s * 1000));
+  WL_RETURN_IF_ERROR(check_out_dir(a));
+  WL_ASSIGN_OR_RETURN(comm::LaunchEnv env, comm::read_launch_env());
+  WL_ASSIGN_OR_RETURN(parallel::Job job, parallel::connect_job(env, a.o.timeout));
+  std::error_code ec;
+  fs::create_directories(a.out_dir, ec);
+  if (ec) return errno_status("mkdir " + a.out_dir, ec.value());
+  const std::string role = job.rank() == 0 ? "trainer" : "rollout-worker";
+  WL_RETURN_IF_ERROR(parallel::write_processes(job, a.out_dir, role, a.o.timeout));
+  if (job.rank() != 0) return rl::run_rollout_worker(a.o, job.world);
+
+  std::printf(
+      "rl: %s, task %s difficulty %d, %d rollout worker(s), %lld prompts x %lld "
+      "samples per step\n",
+      a.preset.c_str(), a.task.c_str(), a.o.task.difficulty, job.size() - 1, (long long)a.o.prompts,
+      (long long)a.o.group);
+  std::fflush(stdout);
+  std::string metrics;
+  ProgressBar sft_bar("sft", a.o.sft_steps, "steps"), rl_bar("rl", a.o.steps, "steps");
+  double last_held = -1;
+  Clock::time_point started = Clock::now(), last_sft = started;
+  auto on_step = [&](const rl::StepRecord& r) {
+    metrics += to_json(r).dump() + "\n";
+    if (r.held_out_accuracy >= 0) last_held = r.held_out_accuracy;
+    char status[160];
+    char held[16] = "-";
+    if (last_held >= 0) std::snprintf(held, sizeof held, "%.0f%%", 100 * last_held);
+    const double rate =
+        double(r.step) /
+        std::max(1e-9, std::chrono::duration<double>(Clock::now() - started).count());
+    if (r.phase == "sft") {
+      std::snprintf(status, sizeof status, "loss %.3f  held-out %s", r.loss, held);
+      last_sft = Clock::now();
+      sft_bar.update(r.step, rate, "steps/s", status);
+    } else {
+      std::snprintf(status, sizeof status, "reward %.2f  held-out %s  filtered %lld", r.reward_mean,
+                    held, (long long)r.groups_filtered);
+      rl_bar.update(r.step, rate, "steps/s", status);
+    }
+  };
+  Result<rl::RlSummary> s = rl::run_trainer(a.o, job.world, [&](const rl::StepRecord& r) {
+    if (r.phase == "rl" && r.step == 1) {
+      sft_bar.finish();
+      started = last_sft;
+    }
+    on_step(r);
+  });
+  rl_bar.finish();
+  WL_RETURN_IF_ERROR(write_file_atomically(a.out_dir + "/rl_metrics.jsonl", metrics));
+  WL_RETURN_IF_ERROR(s.status());
+  WL_RETURN_IF_ERROR(write_plot(a.out_dir, s->records));
+  const nlohmann::json summary = {{"task", a.task},
+                                  {"difficulty", a.o.task.difficulty},
+                                  {"preset", a.preset},
+                                  {"rollout_workers", job.size() - 1},
+                                  {"sft_steps", s->sft_steps},
+                                  {"rl_steps", a.o.steps},
+                                  {"held_out_problems", a.o.eval_problems},
+                                  {"held_out_accuracy_after_sft", s->held_out_before_rl},
+                                  {"held_out_accuracy_after_rl", s->held_out_after_rl}};
+  WL_RETURN_IF_ERROR(write_file_atomically(a.out_dir + "/summary.json", summary.dump(1) + "\n"));
+  std::printf(
+      "rl: held-out accuracy %.1f%% after SFT (%lld steps), %.1f%% after %lld RL steps; "
+      "%s/{rl_metrics.jsonl,summary.json,reward.svg}\n",
+      100 * s->held_out_before_rl, (long long)s->sft_steps, 100 * s->held_out_after_rl,
+      (long long)a.o.steps, a.out_dir.c_str());
+  return ok_status();
+}
+
+}  // namespace
+
+void register_rl(CLI::App& app, Outcome& out) {
+  auto* cmd = app.add_subcommand(
+      "rl", "RL post-training: a trainer and rollout workers (run under weightlift launch)");
+  auto a = std::make_shared<RlArgs>();
+  rl::RlOptions& o = a->o;
+  cmd->add_option("--preset", a->preset, "model preset")->capture_default_str();
+  cmd->add_option("--task", a->task, "add, sort or reverse")->capture_default_str();
+  cmd->add_option("--difficulty", o.task.difficulty, "largest operand size, 1-9")
+      ->capture_default_str()
+      ->transform(count(1, 9));
+  cmd->add_option("--format-reward", o.task.format_reward, "reward of a well-formed wrong answer")
+      ->capture_default_str()
+      ->transform(real({.lo = 0, .hi = 1, .hi_open = true}));
+  cmd->add_option("--seed", o.seed)->capture_default_str()->transform(u64());
+  cmd->add_option("--sft-steps", o.sft_steps, "warm-start steps at most")
+      ->capture_default_str()
+      ->transform(count(0, kMaxSteps));
+  cmd->add_option("--sft-batch", o.sft_batch)->capture_default_str()->transform(count(1, kMaxRows));
+  cmd->add_option("--sft-lr", o.sft_lr)->capture_default_str()->transform(real(kPositive));
+  cmd->add_option("--sft-target", o.sft_target, "held-out accuracy that ends the warm start")
+      ->capture_default_str()
+      ->transform(real(kProbability));
+  cmd->add_option("--steps", o.steps, "RL steps")
+      ->capture_default_str()
+      ->transform(count(0, kMaxSteps));
+  cmd->add_option("--prompts", o.prompts, "groups per step")
+      ->capture_default_str()
+      ->transform(count(1, kMaxRows));
+  cmd->add_option("--group", o.group, "samples per prompt (G)")
+      ->capture_default_str()
+      ->transform(count(1, kMaxRows));
+  cmd->add_option("--lr", o.lr)->capture_default_str()->transform(real(kPositive));
+  cmd->add_option("--temperature", o.sampling.temperature)
+      ->capture_default_str()
+      ->transform(real({.lo = 0, .hi = 1e6, .lo_open = true}));
+  cmd->add_option("--top-k", o.sampling.top_k, "0 = off")
+      ->capture_default_str()
+      ->transform(count(0, kMaxRows));
+  cmd->add_option("--top-p", o.sampling.top_p, "1 = off")
+      ->capture_default_str()
+      ->transform(real(kProbability));
+  cmd->add_option("--clip-low", o.loss.clip_low)
+      ->capture_default_str()
+      ->transform(real({.lo = 0, .hi = 1}));
+  cmd->add_option("--clip-high", o.loss.clip_high)
+      ->capture_default_str()
+      ->transform(real(kNonNegative));
+  cmd->add_option("--tis-cap", o.loss.tis_cap, "truncated importance weight cap; 0 = off")
+      ->capture_default_str()
+      ->transform(real(kNonNegative));
+  cmd->add_flag("--dr-grpo", a->dr_grpo, "advantages without the division by the group's std");
+  cmd->add_flag("--no-dynamic-sampling", a->no_dynamic_sampling,
+                "train on groups whose rewards are all equal instead of replacing them");
+  cmd->add_option("--eval-every", o.eval_every)
+      ->capture_default_str()
+      ->transform(count(1, kMaxSteps));
+  cmd->add_option("--eval-problems", o.eval_problems, "held-out problems")
+      ->capture_default_str()
+      ->transform(count(1, 100000));
+  cmd->add_option("--out", a->out_dir)->capture_default_str();
+  cmd->add_flag("--overwrite", a->overwrite, "replace the results of an earlier run in --out");
+  cmd->add_option("--timeout", a->timeout_s, "seconds, every wait between processes")
+      ->capture_default_str()
+      ->transform(real({.lo = 0, .hi = double(kMaxSeconds), .lo_open = true}));
+  cmd->callback([&out, a] { out.exit_code = report("rl", run_rl(*a)); });
+}
+
+}  // namespace wl::app

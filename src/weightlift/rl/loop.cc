@@ -1,0 +1,458 @@
+// loop.h.
+#include "weightlift/rl/loop.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "weightlift/core/timing.h"
+#include "weightlift/infer/worker.h"
+#include "weightlift/model/params.h"
+#include "weightlift/parallel/data_parallel.h"
+#include "weightlift/train/tokenizer.h"
+#include "weightlift/transfer/fleet/fleet_receiver.h"
+#include "weightlift/transfer/fleet/parameter_server.h"
+#include "weightlift/transfer/layout/inference_layout.h"
+
+namespace wl::rl {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr char kFleet[] = "rl-fleet";
+constexpr char kCheckpoint[] = "policy";
+enum Command : int64_t { kSync = 1, kGenerate = 2, kStop = 3 };
+constexpr uint32_t kTagCommand = 1, kTagLength = 2, kTagInts = 3, kTagReals = 4;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// A message is a length, then the values (recv needs the exact size).
+template <typename T>
+Status send_values(comm::Group& g, int peer, uint32_t tag, const std::vector<T>& v,
+                   std::chrono::milliseconds timeout) {
+  const int64_t n = int64_t(v.size());
+  WL_RETURN_IF_ERROR(
+      g.send({.data = &n, .bytes = sizeof n, .peer = peer, .tag = kTagLength, .timeout = timeout}));
+  if (n == 0) return ok_status();
+  return g.send({.data = v.data(),
+                 .bytes = v.size() * sizeof(T),
+                 .peer = peer,
+                 .tag = tag,
+                 .timeout = timeout});
+}
+
+template <typename T>
+Result<std::vector<T>> recv_values(comm::Group& g, int peer, uint32_t tag, size_t most,
+                                   std::chrono::milliseconds timeout) {
+  int64_t n = 0;
+  WL_RETURN_IF_ERROR(
+      g.recv({.data = &n, .bytes = sizeof n, .peer = peer, .tag = kTagLength, .timeout = timeout}));
+  if (n < 0 || size_t(n) > most) {
+    return data_loss("rank " + std::to_string(peer) + " announced " + std::to_string(n) +
+                     " values, more than the " + std::to_string(most) + " a message may hold");
+  }
+  std::vector<T> v(static_cast<size_t>(n));
+  if (n == 0) return v;
+  WL_RETURN_IF_ERROR(g.recv({.data = v.data(),
+                             .bytes = v.size() * sizeof(T),
+                             .peer = peer,
+                             .tag = tag,
+                             .timeout = timeout}));
+  return v;
+}
+
+constexpr size_t kMostValues = size_t(1) << 26;
+
+Status send_command(comm::Group& g, int peer, Command c, std::chrono::milliseconds timeout) {
+  const int64_t v = c;
+  return g.send(
+      {.data = &v, .bytes = sizeof v, .peer = peer, .tag = kTagCommand, .timeout = timeout});
+}
+
+// What a generation request carries: [greedy, seed, max_new, rows, then per row its length and
+// tokens].
+std::vector<int64_t> encode_request(const std::vector<std::vector<int64_t>>& prompts, bool greedy,
+                                    uint64_t seed, int64_t max_new) {
+  std::vector<int64_t> m = {greedy, int64_t(seed), max_new, int64_t(prompts.size())};
+  for (const auto& p : prompts) {
+    m.push_back(int64_t(p.size()));
+    m.insert(m.end(), p.begin(), p.end());
+  }
+  return m;
+}
+
+// A well-formed request, or DataLoss naming what is wrong.
+struct Request {
+  bool greedy = false;
+  uint64_t seed = 0;
+  int64_t max_new = 0;
+  std::vector<std::vector<int64_t>> prompts;
+};
+Result<Request> decode_request(const std::vector<int64_t>& m, const model::ModelConfig& c) {
+  if (m.size() < 4)
+    return data_loss("generation request of " + std::to_string(m.size()) + " values");
+  Request r{m[0] != 0, uint64_t(m[1]), m[2], {}};
+  const int64_t rows = m[3];
+  if (r.max_new < 1 || r.max_new > c.max_seq_len || rows < 0 || rows > int64_t(m.size()))
+    return data_loss("generation request: max_new " + std::to_string(r.max_new) + ", rows " +
+                     std::to_string(rows));
+  size_t at = 4;
+  for (int64_t i = 0; i < rows; ++i) {
+    if (at >= m.size() || m[at] < 1 || m[at] > int64_t(m.size() - at - 1))
+      return data_loss("generation request: row " + std::to_string(i) + " is cut short");
+    r.prompts.emplace_back(m.begin() + int64_t(at) + 1, m.begin() + int64_t(at) + 1 + m[at]);
+    at += size_t(m[at]) + 1;
+  }
+  return r;
+}
+
+// ---- the rollout worker -------------------------------------------------------------------
+
+Status sync_weights(transfer::FleetReceiver& fleet, std::chrono::milliseconds timeout) {
+  const Clock::time_point deadline = Clock::now() + timeout;
+  for (;;) {
+    auto round = fleet.serve_one(std::chrono::milliseconds(200));
+    if (round.ok()) {
+      if (round->kind == transfer::RoundRecord::Kind::kUpdate && round->took_part)
+        return ok_status();
+    } else if (round.status().code() != StatusCode::kDeadlineExceeded) {
+      return round.status();
+    }
+    if (Clock::now() > deadline) {
+      return deadline_exceeded("rollout worker: no weight update reached it within " +
+                               std::to_string(timeout.count()) + " ms");
+    }
+  }
+}
+
+}  // namespace
+
+Status run_rollout_worker(const RlOptions& o, comm::World& world) {
+  comm::Group& g = *world.group;
+  const transfer::LayoutOptions layout{};  // tp 1, bf16
+  WL_ASSIGN_OR_RETURN(auto lay, transfer::inference_layout(o.config, layout));
+  WL_ASSIGN_OR_RETURN(
+      std::unique_ptr<transfer::FleetReceiver> fleet,
+      transfer::FleetReceiver::create({.store = world.store,
+                                       .prefix = kFleet,
+                                       .id = g.rank() - 1,
+                                       .receiver = {.tensors = transfer::tensor_specs(lay)},
+                                       .timeout = o.timeout}));
+  WL_ASSIGN_OR_RETURN(std::unique_ptr<infer::InferenceWorker> worker,
+                      infer::InferenceWorker::create({.config = o.config, .layout = layout}));
+  for (;;) {
+    int64_t command = 0;
+    WL_RETURN_IF_ERROR(g.recv({.data = &command,
+                               .bytes = sizeof command,
+                               .peer = 0,
+                               .tag = kTagCommand,
+                               .timeout = o.timeout}));
+    if (command == kStop) return fleet->leave();
+    if (command == kSync) {
+      WL_RETURN_IF_ERROR(sync_weights(*fleet, o.timeout));
+      continue;
+    }
+    if (command != kGenerate)
+      return data_loss("rollout worker: unknown command " + std::to_string(command));
+    WL_ASSIGN_OR_RETURN(std::vector<int64_t> m,
+                        recv_values<int64_t>(g, 0, kTagInts, kMostValues, o.timeout));
+    WL_ASSIGN_OR_RETURN(Request req, decode_request(m, o.config));
+    infer::GenerateOptions gen{
+        .max_new_tokens = req.max_new,
+        .sampling = req.greedy ? kernels::SamplingOptions{.temperature = 0} : o.sampling,
+        .seed = req.seed,
+        .stop_token = train::kEosToken};
+    WL_ASSIGN_OR_RETURN(infer::Generation out,
+                        worker->generate(fleet->receiver(), req.prompts, gen));
+    // Reply: [version, then per row its length and tokens] and the logprobs, row after row.
+    std::vector<int64_t> ints = {int64_t(out.version)};
+    std::vector<double> reals;
+    for (size_t r = 0; r < out.tokens.size(); ++r) {
+      ints.push_back(int64_t(out.tokens[r].size()));
+      ints.insert(ints.end(), out.tokens[r].begin(), out.tokens[r].end());
+      reals.insert(reals.end(), out.logprobs[r].begin(), out.logprobs[r].end());
+    }
+    WL_RETURN_IF_ERROR(send_values(g, 0, kTagInts, ints, o.timeout));
+    WL_RETURN_IF_ERROR(send_values(g, 0, kTagReals, reals, o.timeout));
+  }
+}
+
+// ---- the trainer and orchestrator --------------------------------------------------------
+
+namespace {
+
+class Trainer {
+ public:
+  Trainer(const RlOptions& o, comm::World& world, Task task)
+      : o_(o),
+        world_(world),
+        task_(std::move(task)),
+        dp_(o.config, {}, nullptr, nullptr),
+        full_(size_t(dp_.layout().total())),
+        rng_(o.seed) {
+    model::init_params(o.config, dp_.layout(), o.seed, full_.data());
+    dp_.set_params(full_.data());
+    seq_ = 1 + task_.max_prompt_bytes() + max_new();
+    held_out_ = task_.held_out(int(o.eval_problems), o.seed);
+  }
+
+  int workers() const { return world_.group->size() - 1; }
+  int64_t max_new() const { return task_.max_answer_bytes() + 1; }
+
+  Status start() {
+    WL_ASSIGN_OR_RETURN(server_,
+                        transfer::ParameterServer::create(
+                            {.store = world_.store, .prefix = kFleet, .timeout = o_.timeout}));
+    return server_->register_checkpoint(kCheckpoint, o_.config, full_);
+  }
+
+  // Every worker takes the trainer's current weights; returns their version.
+  Result<uint64_t> push_weights() {
+    WL_RETURN_IF_ERROR(dp_.gather_model(full_.data()));
+    WL_RETURN_IF_ERROR(server_->refresh(kCheckpoint, full_));
+    for (int w = 1; w <= workers(); ++w)
+      WL_RETURN_IF_ERROR(send_command(*world_.group, w, kSync, o_.timeout));
+    WL_ASSIGN_OR_RETURN(transfer::ServerUpdate u, server_->update(kCheckpoint));
+    if (int(u.members.size()) != workers()) {
+      return unavailable("weight update reached " + std::to_string(u.members.size()) + " of " +
+                         std::to_string(workers()) + " rollout workers");
+    }
+    return u.report.version;
+  }
+
+  // Generates for `prompts` across the workers (contiguous shares).
+  Result<std::vector<Sample>> generate(const std::vector<std::vector<int64_t>>& prompts,
+                                       bool greedy) {
+    comm::Group& g = *world_.group;
+    const int W = workers();
+    const size_t per = (prompts.size() + size_t(W) - 1) / size_t(W);
+    for (int w = 0; w < W; ++w) {
+      const size_t a = std::min(prompts.size(), per * size_t(w)),
+                   b = std::min(prompts.size(), a + per);
+      const std::vector<std::vector<int64_t>> share(prompts.begin() + int64_t(a),
+                                                    prompts.begin() + int64_t(b));
+      WL_RETURN_IF_ERROR(send_command(g, w + 1, kGenerate, o_.timeout));
+      WL_RETURN_IF_ERROR(send_values(
+          g, w + 1, kTagInts, encode_request(share, greedy, rng_.next(), max_new()), o_.timeout));
+    }
+    std::vector<Sample> out;
+    for (int w = 0; w < W; ++w) {
+      const size_t a = std::min(prompts.size(), per * size_t(w)),
+                   b = std::min(prompts.size(), a + per);
+      WL_ASSIGN_OR_RETURN(std::vector<int64_t> ints,
+                          recv_values<int64_t>(g, w + 1, kTagInts, kMostValues, o_.timeout));
+      WL_ASSIGN_OR_RETURN(std::vector<double> reals,
+                          recv_values<double>(g, w + 1, kTagReals, kMostValues, o_.timeout));
+      size_t at = 1, lp = 0;
+      for (size_t r = a; r < b; ++r) {
+        if (ints.empty() || at >= ints.size() || ints[at] < 0 ||
+            size_t(ints[at]) > ints.size() - at - 1 || lp + size_t(ints[at]) > reals.size() ||
+            ints[at] > max_new()) {
+          return data_loss("rollout worker " + std::to_string(w + 1) + ": reply cut short at row " +
+                           std::to_string(r - a));
+        }
+        Sample s;
+        s.prompt = prompts[r];
+        s.version = uint64_t(ints[0]);
+        const int64_t n = ints[at];
+        s.completion.assign(ints.begin() + int64_t(at) + 1, ints.begin() + int64_t(at) + 1 + n);
+        s.logprobs.assign(reals.begin() + int64_t(lp), reals.begin() + int64_t(lp) + n);
+        at += size_t(n) + 1;
+        lp += size_t(n);
+        out.push_back(std::move(s));
+      }
+    }
+    return out;
+  }
+
+  // The completion's text and whether it ended with the end token.
+  static std::pair<std::string, bool> text_of(const Sample& s) {
+    std::vector<int64_t> body = s.completion;
+    const bool ended = !body.empty() && body.back() == train::kEosToken;
+    if (ended) body.pop_back();
+    for (int64_t t : body) {
+      if (t < 0 || t > 255) return {std::string(), false};  // a special token inside
+    }
+    return {train::decode(body), ended};
+  }
+
+  Result<double> held_out_accuracy() {
+    std::vector<std::vector<int64_t>> prompts;
+    for (const Problem& p : held_out_) prompts.push_back(train::encode(p.prompt));
+    WL_ASSIGN_OR_RETURN(std::vector<Sample> s, generate(prompts, true));
+    int64_t right = 0;
+    for (size_t i = 0; i < s.size(); ++i) {
+      const auto [text, ended] = text_of(s[i]);
+      right += task_.correct(held_out_[i], text, ended);
+    }
+    return held_out_.empty() ? 0.0 : double(right) / double(held_out_.size());
+  }
+
+  Result<StepRecord> sft_step(int64_t step) {
+    std::vector<Sample> demos;
+    for (int64_t i = 0; i < o_.sft_batch; ++i) {
+      const Problem p = task_.sample(rng_);
+      Sample s;
+      s.prompt = train::encode(p.prompt);
+      for (unsigned char ch : p.answer) s.completion.push_back(ch);
+      s.completion.push_back(train::kEosToken);
+      demos.push_back(std::move(s));
+    }
+    WL_ASSIGN_OR_RETURN(train::Batch b, make_sft_batch(demos, seq_));
+    const Clock::time_point t0 = Clock::now();
+    WL_ASSIGN_OR_RETURN(parallel::StepResult r, parallel::run_step(dp_, b, {.lr = o_.sft_lr}));
+    StepRecord rec;
+    rec.phase = "sft";
+    rec.step = step;
+    rec.loss = r.loss.ce;
+    rec.train_s = seconds_since(t0);
+    return rec;
+  }
+
+  Result<StepRecord> rl_step(int64_t step) {
+    StepRecord rec;
+    rec.phase = "rl";
+    rec.step = step;
+    Clock::time_point t0 = Clock::now();
+    WL_ASSIGN_OR_RETURN(rec.version, push_weights());
+    rec.sync_s = seconds_since(t0);
+    t0 = Clock::now();
+    std::vector<Sample> batch;
+    int64_t right = 0;
+    double reward_sum = 0;
+    std::vector<Sample> filtered_fallback;
+    while (int64_t(batch.size()) < o_.prompts * o_.group &&
+           rec.generations < o_.max_resample_rounds) {
+      ++rec.generations;
+      const int64_t need = o_.prompts - int64_t(batch.size()) / o_.group;
+      std::vector<Problem> problems;
+      std::vector<std::vector<int64_t>> prompts;
+      for (int64_t i = 0; i < need; ++i) {
+        problems.push_back(task_.sample(rng_));
+        for (int64_t k = 0; k < o_.group; ++k)
+          prompts.push_back(train::encode(problems.back().prompt));
+      }
+      WL_ASSIGN_OR_RETURN(std::vector<Sample> got, generate(prompts, false));
+      for (int64_t i = 0; i < need; ++i) {
+        std::vector<double> rewards;
+        std::vector<bool> correct;
+        for (int64_t k = 0; k < o_.group; ++k) {
+          const auto [text, ended] = text_of(got[size_t(i * o_.group + k)]);
+          rewards.push_back(task_.reward(problems[size_t(i)], text, ended));
+          correct.push_back(task_.correct(problems[size_t(i)], text, ended));
+        }
+        const std::vector<double> adv = group_advantages(rewards, o_.advantages);
+        const bool flat = std::all_of(adv.begin(), adv.end(), [](double a) { return a == 0; });
+        for (int64_t k = 0; k < o_.group; ++k) {
+          Sample& s = got[size_t(i * o_.group + k)];
+          s.reward = rewards[size_t(k)];
+          s.advantage = adv[size_t(k)];
+        }
+        if (flat && o_.dynamic_sampling) {
+          ++rec.groups_filtered;
+          continue;
+        }
+        for (int64_t k = 0; k < o_.group; ++k) {
+          right += correct[size_t(k)];
+          reward_sum += rewards[size_t(k)];
+          batch.push_back(got[size_t(i * o_.group + k)]);
+        }
+      }
+    }
+    rec.generate_s = seconds_since(t0);
+    if (batch.empty()) {
+      // Every group was flat within the rounds allowed: nothing to learn from this step.
+      return rec;
+    }
+    rec.reward_mean = reward_sum / double(batch.size());
+    rec.train_accuracy = double(right) / double(batch.size());
+    t0 = Clock::now();
+    WL_ASSIGN_OR_RETURN(PolicyBatch pb, make_policy_batch(batch, seq_));
+    WL_ASSIGN_OR_RETURN(rec.stats, policy_step(dp_, pb, {.lr = o_.lr}, o_.loss));
+    rec.loss = rec.stats.loss;
+    rec.train_s = seconds_since(t0);
+    return rec;
+  }
+
+  Status stop() {
+    for (int w = 1; w <= workers(); ++w)
+      WL_RETURN_IF_ERROR(send_command(*world_.group, w, kStop, o_.timeout));
+    return ok_status();
+  }
+
+ private:
+  const RlOptions& o_;
+  comm::World& world_;
+  Task task_;
+  parallel::DataParallel dp_;
+  std::vector<float> full_;
+  Rng rng_;
+  int64_t seq_ = 0;
+  std::vector<Problem> held_out_;
+  std::unique_ptr<transfer::ParameterServer> server_;
+};
+
+}  // namespace
+
+Result<RlSummary> run_trainer(const RlOptions& o, comm::World& world,
+                              const std::function<void(const StepRecord&)>& on_step) {
+  if (world.group->size() < 2) {
+    return invalid_argument(
+        "rl needs at least 2 processes: the trainer and a rollout worker "
+        "(weightlift launch -n 2 weightlift rl ...)");
+  }
+  WL_ASSIGN_OR_RETURN(Task task, Task::create(o.task));
+  const int64_t seq = 1 + task.max_prompt_bytes() + task.max_answer_bytes() + 1;
+  if (seq > o.config.max_seq_len) {
+    return invalid_argument("--difficulty " + std::to_string(o.task.difficulty) + " needs " +
+                            std::to_string(seq) + " positions, more than the model's " +
+                            std::to_string(o.config.max_seq_len));
+  }
+  Trainer t(o, world, std::move(task));
+  WL_RETURN_IF_ERROR(t.start());
+  RlSummary summary;
+  auto stop_on_error = [&](Status s) {
+    if (!s.ok()) (void)t.stop();
+    return s;
+  };
+  for (int64_t step = 1; step <= o.sft_steps; ++step) {
+    WL_ASSIGN_OR_RETURN(StepRecord rec, t.sft_step(step));
+    summary.sft_steps = step;
+    const bool last = step == o.sft_steps;
+    if (step % o.eval_every == 0 || last) {
+      WL_RETURN_IF_ERROR(stop_on_error(t.push_weights().status()));
+      Result<double> acc = t.held_out_accuracy();
+      WL_RETURN_IF_ERROR(stop_on_error(acc.status()));
+      rec.held_out_accuracy = *acc;
+    }
+    if (on_step) on_step(rec);
+    summary.records.push_back(rec);
+    if (rec.held_out_accuracy >= o.sft_target) break;
+  }
+  summary.held_out_before_rl =
+      summary.records.empty() ? 0 : summary.records.back().held_out_accuracy;
+  if (summary.held_out_before_rl < 0) {
+    WL_RETURN_IF_ERROR(stop_on_error(t.push_weights().status()));
+    Result<double> acc = t.held_out_accuracy();
+    WL_RETURN_IF_ERROR(stop_on_error(acc.status()));
+    summary.held_out_before_rl = *acc;
+  }
+  summary.held_out_after_rl = summary.held_out_before_rl;
+  for (int64_t step = 1; step <= o.steps; ++step) {
+    Result<StepRecord> rec = t.rl_step(step);
+    WL_RETURN_IF_ERROR(stop_on_error(rec.status()));
+    if (step % o.eval_every == 0 || step == o.steps) {
+      WL_RETURN_IF_ERROR(stop_on_error(t.push_weights().status()));
+      Result<double> acc = t.held_out_accuracy();
+      WL_RETURN_IF_ERROR(stop_on_error(acc.status()));
+      rec->held_out_accuracy = *acc;
+      summary.held_out_after_rl = *acc;
+    }
+    if (on_step) on_step(*rec);
+    summary.records.push_back(*rec);
+  }
+  WL_RETURN_IF_ERROR(t.stop());
+  return summary;
+}
+
+}  // namespace wl::rl

@@ -1,0 +1,90 @@
+// The RL post-training loop across processes (synchronous mode: every sample comes from the
+// weights of the step before, staleness 0).
+//
+//   rank 0        trainer, orchestrator and parameter server: SFT warm start on generated
+//                 demonstrations, then per step: push the weights to every rollout worker
+//                 through the p2p engine (transfer/fleet/parameter_server.h), send each worker
+//                 its share of the step's prompts (each repeated G times), score what comes
+//                 back by the task's rules, GRPO advantages per group, groups whose rewards are
+//                 all equal filtered out and replaced from fresh prompts (DAPO's dynamic
+//                 sampling), one policy step (policy_step.h)
+//   ranks 1..W    rollout workers: a fleet receiver holding the pushed weights (bf16) and an
+//                 inference worker generating from them with the KV cache and the sampling
+//                 options, returning every token with its log-probability under the
+//                 distribution sampled from and the weights' version
+//
+// Control messages (which prompts, what came back) travel over the job's UCX group, as every
+// byte between processes does; the weights over the fleet's p2p puts. Every wait has the
+// run's timeout, and a worker that dies ends the run with an error naming it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "weightlift/comm/world.h"
+#include "weightlift/kernels/sampling.h"
+#include "weightlift/model/config.h"
+#include "weightlift/rl/policy_loss.h"
+#include "weightlift/rl/policy_step.h"
+#include "weightlift/rl/tasks.h"
+
+namespace wl::rl {
+
+struct RlOptions {
+  model::ModelConfig config;
+  TaskOptions task;
+  uint64_t seed = 1;
+  // SFT warm start: up to sft_steps steps of sft_batch demonstrations, stopped early once the
+  // held-out accuracy (greedy) reaches sft_target, so RL starts from a model that is partly
+  // right, as public recipes do before sparse rewards.
+  int64_t sft_steps = 300;
+  int64_t sft_batch = 32;
+  double sft_lr = 3e-3;
+  double sft_target = 0.3;
+  // RL.
+  int64_t steps = 40;
+  int64_t prompts = 8;  // groups per step
+  int64_t group = 8;    // samples per prompt (G)
+  double lr = 5e-4;
+  kernels::SamplingOptions sampling{.temperature = 1.0f};
+  AdvantageOptions advantages;
+  PolicyLossOptions loss;
+  bool dynamic_sampling = true;
+  int64_t max_resample_rounds = 4;  // generations per step at most when groups are filtered
+  int64_t eval_every = 10;          // steps between held-out evaluations (and at the ends)
+  int64_t eval_problems = 64;
+  std::chrono::milliseconds timeout{120000};
+};
+
+// What one step did (an SFT step leaves the RL fields at zero).
+struct StepRecord {
+  std::string phase;     // "sft" or "rl"
+  int64_t step = 0;      // within its phase, from 1
+  uint64_t version = 0;  // the weights' version the step's samples came from
+  double loss = 0;
+  double reward_mean = 0;         // over the samples trained on
+  double train_accuracy = 0;      // exact answers among them
+  double held_out_accuracy = -1;  // greedy on the held-out set; -1 when not evaluated
+  int64_t groups_filtered = 0;    // all-equal groups replaced by dynamic sampling
+  int64_t generations = 0;        // rounds of generation the step took
+  PolicyStats stats;
+  double generate_s = 0, sync_s = 0, train_s = 0;
+};
+
+struct RlSummary {
+  double held_out_before_rl = 0;  // after SFT
+  double held_out_after_rl = 0;
+  int64_t sft_steps = 0;
+  std::vector<StepRecord> records;
+};
+
+// Rank 0 of the job. `on_step` hears of every step.
+Result<RlSummary> run_trainer(const RlOptions& options, comm::World& world,
+                              const std::function<void(const StepRecord&)>& on_step);
+// Every other rank: serves until rank 0 says stop.
+Status run_rollout_worker(const RlOptions& options, comm::World& world);
+
+}  // namespace wl::rl

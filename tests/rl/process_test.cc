@@ -1,0 +1,102 @@
+// The RL loop as real processes of the real command (`weightlift rl`, started as a launcher
+// starts it): a trainer and two rollout workers, weights through the p2p engine before every
+// step; and a worker killed mid-run ends the job with one clear error, not a hang.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/child_process.h"
+
+namespace wl::rl {
+namespace {
+
+using namespace std::chrono_literals;
+using wl::testing::Child;
+
+constexpr const char* kWeightlift = WL_WEIGHTLIFT_BINARY;
+
+std::string fresh_dir(const std::string& name) {
+  const std::string d = std::filesystem::temp_directory_path().string() + "/wl_rl_" +
+                        std::to_string(getpid()) + "_" + name;
+  std::filesystem::remove_all(d);
+  return d;
+}
+
+std::vector<Child> start_job(int ranks, const std::vector<std::string>& args) {
+  const int port = wl::testing::free_port();
+  std::vector<Child> job;
+  for (int r = 0; r < ranks; ++r) {
+    std::vector<std::string> argv = {kWeightlift, "--threads", "1", "rl"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    job.push_back(wl::testing::spawn_child(argv, {{"RANK", std::to_string(r)},
+                                                  {"WORLD_SIZE", std::to_string(ranks)},
+                                                  {"MASTER_ADDR", "127.0.0.1"},
+                                                  {"MASTER_PORT", std::to_string(port)},
+                                                  {"WEIGHTLIFT_JOB_TOKEN", "tok"}}));
+  }
+  return job;
+}
+
+TEST(RlProcesses, TrainerAndTwoWorkersRunTheLoop) {
+  const std::string out = fresh_dir("run");
+  std::vector<Child> job =
+      start_job(3, {"--preset",        "tiny", "--task",       "add", "--difficulty", "2",
+                    "--sft-steps",     "20",   "--sft-target", "1",   "--steps",      "4",
+                    "--eval-every",    "10",   "--prompts",    "4",   "--group",      "4",
+                    "--eval-problems", "16",   "--timeout",    "30",  "--out",        out});
+  for (Child& c : job) {
+    EXPECT_EQ(wl::testing::wait_exit(c, comm::deadline_after(120s)), 0) << c.output;
+    wl::testing::reap(c);
+  }
+  std::ifstream metrics(out + "/rl_metrics.jsonl");
+  ASSERT_TRUE(metrics.good());
+  int sft = 0, rl = 0;
+  uint64_t last_version = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j["phase"] == "sft") {
+      ++sft;
+      continue;
+    }
+    ++rl;
+    // Every step trains on weights pushed after the step before: a newer version each time.
+    EXPECT_GT(j["version"].get<uint64_t>(), last_version) << line;
+    last_version = j["version"].get<uint64_t>();
+    if (j["tokens"].get<int64_t>() == 0) continue;  // every group was flat
+    // The workers' bf16 weights give each token nearly the trainer's own log-probability.
+    EXPECT_LT(j["logprob_gap_max"].get<double>(), 0.05) << line;
+    EXPECT_NEAR(j["is_weight_mean"].get<double>(), 1.0, 0.01) << line;
+    EXPECT_EQ(j["clip_fraction"].get<double>(), 0.0) << line;  // one pass per batch
+  }
+  EXPECT_EQ(sft, 20);
+  EXPECT_EQ(rl, 4);
+  const nlohmann::json summary = nlohmann::json::parse(std::ifstream(out + "/summary.json"));
+  EXPECT_EQ(summary["rollout_workers"], 2);
+  EXPECT_TRUE(summary.contains("held_out_accuracy_after_rl"));
+  EXPECT_TRUE(std::filesystem::exists(out + "/reward.svg"));
+  EXPECT_TRUE(std::filesystem::exists(out + "/processes.json"));
+}
+
+TEST(RlProcesses, AKilledWorkerEndsTheRunWithAnError) {
+  const std::string out = fresh_dir("killed");
+  std::vector<Child> job =
+      start_job(3, {"--preset", "tiny", "--task", "reverse", "--difficulty", "3", "--sft-steps",
+                    "0", "--steps", "100000", "--timeout", "5", "--out", out});
+  std::this_thread::sleep_for(1500ms);  // the loop is running (or still starting): either way
+  wl::testing::kill_and_reap(job[2]);
+  const auto started = std::chrono::steady_clock::now();
+  EXPECT_EQ(wl::testing::wait_exit(job[0], comm::deadline_after(60s)), 1) << job[0].output;
+  EXPECT_NE(job[0].output.find("weightlift rl: "), std::string::npos) << job[0].output;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
+            40.0);
+  for (Child& c : job) wl::testing::reap(c);
+}
+
+}  // namespace
+}  // namespace wl::rl
