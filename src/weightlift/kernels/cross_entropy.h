@@ -18,6 +18,13 @@ struct CrossEntropyResult {
 CrossEntropyResult cross_entropy(const float* logits, const int64_t* targets, int64_t n,
                                  int64_t vocab, float* dlogits, float grad_scale);
 
+// Targets among targets[0, n) that are not kIgnoreIndex: what a mean cross-entropy divides by.
+inline int64_t count_targets(const int64_t* targets, int64_t n) {
+  int64_t c = 0;
+  for (int64_t i = 0; i < n; ++i) c += targets[i] != kIgnoreIndex;
+  return c;
+}
+
 // Row by row, for losses whose weight differs per row (policy gradients): row_loss[r] =
 // -log softmax(logits_r)[target_r] (0 for ignored rows), and, when dlogits is set,
 // dlogits_r = row_scale[r] * (softmax - onehot) (zeros for ignored rows). A caller that needs

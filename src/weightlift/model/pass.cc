@@ -17,12 +17,6 @@ namespace {
 
 Tensor f32(Shape s) { return Tensor::empty(DType::kF32, std::move(s)); }
 
-int64_t count_targets(const int64_t* targets, int64_t n) {
-  int64_t c = 0;
-  for (int64_t i = 0; i < n; ++i) c += targets[i] != kernels::kIgnoreIndex;
-  return c;
-}
-
 }  // namespace
 
 StagePass::StagePass(const PassModel& model, Stage stage, const int64_t* tokens, int64_t batch,
@@ -110,7 +104,7 @@ LossTerms StagePass::loss(const int64_t* targets) {
   LossTerms out;
   out.aux = c.aux_loss_alpha * router_.aux / double(c.num_layers);
   out.z = c.z_loss_beta * router_.z / double(c.num_layers);
-  out.count = count_targets(targets, N);
+  out.count = kernels::count_targets(targets, N);
   const bool gradient = xf_.raw() != nullptr;  // forward kept what backward needs
   const int64_t denom = options_.ce_denominator > 0 ? options_.ce_denominator : out.count;
   const float ce_scale = denom > 0 ? options_.grad_scale / float(denom) : 0.0f;
@@ -133,7 +127,7 @@ LossTerms StagePass::token_loss(const int64_t* targets, const TokenLossFn& fn) {
   LossTerms out;
   out.aux = c.aux_loss_alpha * router_.aux / double(c.num_layers);
   out.z = c.z_loss_beta * router_.z / double(c.num_layers);
-  out.count = count_targets(targets, N);
+  out.count = kernels::count_targets(targets, N);
   float* logits = logits_.data<float>();
   std::vector<double> nll(static_cast<size_t>(N));
   kernels::cross_entropy_rows(logits, targets, N, V, nullptr, nullptr, nll.data());

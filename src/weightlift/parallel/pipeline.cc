@@ -102,12 +102,6 @@ class Neighbours {
   std::vector<Pending> sends_;
 };
 
-int64_t count_targets(const std::vector<int64_t>& targets) {
-  int64_t n = 0;
-  for (int64_t t : targets) n += t != kernels::kIgnoreIndex;
-  return n;
-}
-
 }  // namespace
 
 Result<model::LossTerms> compute_pipeline_gradients(DataParallel& dp, const train::Batch& global,
@@ -120,7 +114,8 @@ Result<model::LossTerms> compute_pipeline_gradients(DataParallel& dp, const trai
   const model::ModelConfig& c = dp.config();
   const int M = l.micro_batches;
   const int64_t seq = global.seq, d = c.hidden_size;
-  const int64_t denom = count_targets(global.targets);
+  const int64_t denom =
+      kernels::count_targets(global.targets.data(), int64_t(global.targets.size()));
   const bool f16 = s.precision == model::Precision::kF16;
   const model::StepOptions opts{.precision = s.precision,
                                 .checkpointing = s.checkpointing,

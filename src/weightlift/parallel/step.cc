@@ -7,17 +7,15 @@
 namespace wl::parallel {
 namespace {
 
-int64_t count_targets(const std::vector<int64_t>& targets) {
-  int64_t n = 0;
-  for (int64_t t : targets) n += t != kernels::kIgnoreIndex;
-  return n;
+int64_t count_targets(const train::Batch& b) {
+  return kernels::count_targets(b.targets.data(), int64_t(b.targets.size()));
 }
 
 }  // namespace
 
 Result<model::LossTerms> compute_gradients(DataParallel& dp, const train::Batch& global,
                                            const StepSettings& s) {
-  const int64_t denom = count_targets(global.targets);
+  const int64_t denom = count_targets(global);
   const int64_t* targets = global.targets.data();
   const int64_t seq = global.seq;
   MicroBatchLoss ce{.part =
@@ -37,7 +35,7 @@ Result<model::LossTerms> compute_gradients(DataParallel& dp, const train::Batch&
   const ParallelLayout& l = dp.options().layout;
   const int M = l.micro_batches;
   const int64_t seq = global.seq;
-  const int64_t denom = count_targets(global.targets);
+  const int64_t denom = count_targets(global);
   const bool f16 = s.precision == model::Precision::kF16;
   const model::StepOptions opts{.precision = s.precision,
                                 .checkpointing = s.checkpointing,

@@ -192,8 +192,13 @@ class Trainer {
         rng_(o.seed) {
     model::init_params(o.config, dp_.layout(), o.seed, full_.data());
     dp_.set_params(full_.data());
-    seq_ = 1 + task_.max_prompt_bytes() + max_new();
+    seq_ = positions(task_);
     held_out_ = task_.held_out(int(o.eval_problems), o.seed);
+  }
+
+  // Positions a sample needs: the begin token, the prompt and the answer with its end token.
+  static int64_t positions(const Task& task) {
+    return 1 + task.max_prompt_bytes() + task.max_answer_bytes() + 1;
   }
 
   int workers() const { return world_.group->size() - 1; }
@@ -226,9 +231,10 @@ class Trainer {
     comm::Group& g = *world_.group;
     const int W = workers();
     const size_t per = (prompts.size() + size_t(W) - 1) / size_t(W);
+    // Worker w's share: prompts [w * per, (w + 1) * per), clipped to the end.
+    auto share_begin = [&](int w) { return std::min(prompts.size(), per * size_t(w)); };
     for (int w = 0; w < W; ++w) {
-      const size_t a = std::min(prompts.size(), per * size_t(w)),
-                   b = std::min(prompts.size(), a + per);
+      const size_t a = share_begin(w), b = share_begin(w + 1);
       const std::vector<std::vector<int64_t>> share(prompts.begin() + int64_t(a),
                                                     prompts.begin() + int64_t(b));
       WL_RETURN_IF_ERROR(send_command(g, w + 1, kGenerate, o_.timeout));
@@ -237,8 +243,7 @@ class Trainer {
     }
     std::vector<Sample> out;
     for (int w = 0; w < W; ++w) {
-      const size_t a = std::min(prompts.size(), per * size_t(w)),
-                   b = std::min(prompts.size(), a + per);
+      const size_t a = share_begin(w), b = share_begin(w + 1);
       WL_ASSIGN_OR_RETURN(std::vector<int64_t> ints,
                           recv_values<int64_t>(g, w + 1, kTagInts, kMostValues, o_.timeout));
       WL_ASSIGN_OR_RETURN(std::vector<double> reals,
@@ -274,6 +279,12 @@ class Trainer {
       if (t < 0 || t > 255) return {std::string(), false};  // a special token inside
     }
     return {train::decode(body), ended};
+  }
+
+  // Held-out accuracy of the trainer's current weights, greedy, on the workers.
+  Result<double> evaluate() {
+    WL_RETURN_IF_ERROR(push_weights().status());
+    return held_out_accuracy();
   }
 
   Result<double> held_out_accuracy() {
@@ -394,6 +405,43 @@ class Trainer {
 
 }  // namespace
 
+namespace {
+
+// The SFT warm start, then the RL steps, with held-out evaluations between them.
+Result<RlSummary> run_phases(const RlOptions& o, Trainer& t,
+                             const std::function<void(const StepRecord&)>& on_step) {
+  RlSummary summary;
+  double held_out = -1;  // the last evaluation's; -1 before the first
+  for (int64_t step = 1; step <= o.sft_steps; ++step) {
+    WL_ASSIGN_OR_RETURN(StepRecord rec, t.sft_step(step));
+    summary.sft_steps = step;
+    if (step % o.eval_every == 0 || step == o.sft_steps) {
+      WL_ASSIGN_OR_RETURN(held_out, t.evaluate());
+      rec.held_out_accuracy = held_out;
+    }
+    if (on_step) on_step(rec);
+    summary.records.push_back(rec);
+    if (rec.held_out_accuracy >= o.sft_target) break;
+  }
+  // The last SFT step was evaluated; without SFT, the initial weights are.
+  if (held_out < 0) {
+    WL_ASSIGN_OR_RETURN(held_out, t.evaluate());
+  }
+  summary.held_out_before_rl = summary.held_out_after_rl = held_out;
+  for (int64_t step = 1; step <= o.steps; ++step) {
+    WL_ASSIGN_OR_RETURN(StepRecord rec, t.rl_step(step));
+    if (step % o.eval_every == 0 || step == o.steps) {
+      WL_ASSIGN_OR_RETURN(rec.held_out_accuracy, t.evaluate());
+      summary.held_out_after_rl = rec.held_out_accuracy;
+    }
+    if (on_step) on_step(rec);
+    summary.records.push_back(rec);
+  }
+  return summary;
+}
+
+}  // namespace
+
 Result<RlSummary> run_trainer(const RlOptions& o, comm::World& world,
                               const std::function<void(const StepRecord&)>& on_step) {
   if (world.group->size() < 2) {
@@ -402,7 +450,7 @@ Result<RlSummary> run_trainer(const RlOptions& o, comm::World& world,
         "(weightlift launch -n 2 weightlift rl ...)");
   }
   WL_ASSIGN_OR_RETURN(Task task, Task::create(o.task));
-  const int64_t seq = 1 + task.max_prompt_bytes() + task.max_answer_bytes() + 1;
+  const int64_t seq = Trainer::positions(task);
   if (seq > o.config.max_seq_len) {
     return invalid_argument("--difficulty " + std::to_string(o.task.difficulty) + " needs " +
                             std::to_string(seq) + " positions, more than the model's " +
@@ -410,48 +458,11 @@ Result<RlSummary> run_trainer(const RlOptions& o, comm::World& world,
   }
   Trainer t(o, world, std::move(task));
   WL_RETURN_IF_ERROR(t.start());
-  RlSummary summary;
-  auto stop_on_error = [&](Status s) {
-    if (!s.ok()) (void)t.stop();
-    return s;
-  };
-  for (int64_t step = 1; step <= o.sft_steps; ++step) {
-    WL_ASSIGN_OR_RETURN(StepRecord rec, t.sft_step(step));
-    summary.sft_steps = step;
-    const bool last = step == o.sft_steps;
-    if (step % o.eval_every == 0 || last) {
-      WL_RETURN_IF_ERROR(stop_on_error(t.push_weights().status()));
-      Result<double> acc = t.held_out_accuracy();
-      WL_RETURN_IF_ERROR(stop_on_error(acc.status()));
-      rec.held_out_accuracy = *acc;
-    }
-    if (on_step) on_step(rec);
-    summary.records.push_back(rec);
-    if (rec.held_out_accuracy >= o.sft_target) break;
-  }
-  summary.held_out_before_rl =
-      summary.records.empty() ? 0 : summary.records.back().held_out_accuracy;
-  if (summary.held_out_before_rl < 0) {
-    WL_RETURN_IF_ERROR(stop_on_error(t.push_weights().status()));
-    Result<double> acc = t.held_out_accuracy();
-    WL_RETURN_IF_ERROR(stop_on_error(acc.status()));
-    summary.held_out_before_rl = *acc;
-  }
-  summary.held_out_after_rl = summary.held_out_before_rl;
-  for (int64_t step = 1; step <= o.steps; ++step) {
-    Result<StepRecord> rec = t.rl_step(step);
-    WL_RETURN_IF_ERROR(stop_on_error(rec.status()));
-    if (step % o.eval_every == 0 || step == o.steps) {
-      WL_RETURN_IF_ERROR(stop_on_error(t.push_weights().status()));
-      Result<double> acc = t.held_out_accuracy();
-      WL_RETURN_IF_ERROR(stop_on_error(acc.status()));
-      rec->held_out_accuracy = *acc;
-      summary.held_out_after_rl = *acc;
-    }
-    if (on_step) on_step(*rec);
-    summary.records.push_back(*rec);
-  }
-  WL_RETURN_IF_ERROR(t.stop());
+  Result<RlSummary> summary = run_phases(o, t, on_step);
+  // The workers wait for a command whatever happened here: on an error too, tell them to stop.
+  const Status stopped = t.stop();
+  WL_RETURN_IF_ERROR(summary.status());
+  WL_RETURN_IF_ERROR(stopped);
   return summary;
 }
 
