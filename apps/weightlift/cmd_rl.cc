@@ -1,16 +1,20 @@
 // `weightlift rl`: RL post-training across processes (rl/loop.h), run under `weightlift launch`.
-// Rank 0 trains and orchestrates; every other rank is a rollout worker. Rank 0 writes
-// rl_metrics.jsonl (one line per step), summary.json, reward.svg and processes.json into --out.
+// Rank 0 trains and orchestrates; every other rank is a rollout worker. Rank 0 writes into
+// --out: rl_metrics.jsonl (one line per step), summary.json, report.html, reward.svg, the
+// trained policy (model.safetensors, config.json: `weightlift generate --run` reads them) and,
+// with the workers, processes.json.
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "report/progress.h"
-#include "report/svg_plot.h"
+#include "report/rl_report.h"
 #include "validate.h"
 #include "weightlift/comm/launch_env.h"
 #include "weightlift/core/file_io.h"
+#include "weightlift/core/safetensors.h"
+#include "weightlift/model/params.h"
 #include "weightlift/parallel/job.h"
 #include "weightlift/rl/loop.h"
 
@@ -39,7 +43,8 @@ nlohmann::json to_json(const rl::StepRecord& r) {
                       {"train_s", r.train_s}};
   if (r.held_out_accuracy >= 0) j["held_out_accuracy"] = r.held_out_accuracy;
   if (r.phase == "rl") {
-    j.update({{"reward_mean", r.reward_mean},
+    j.update({{"trained", r.trained},
+              {"reward_mean", r.reward_mean},
               {"train_accuracy", r.train_accuracy},
               {"groups_filtered", r.groups_filtered},
               {"generations", r.generations},
@@ -51,7 +56,11 @@ nlohmann::json to_json(const rl::StepRecord& r) {
               {"logprob_gap_max", r.stats.logprob_gap_max},
               {"grad_norm", r.stats.report.grad_norm},
               {"generate_s", r.generate_s},
-              {"sync_s", r.sync_s}});
+              {"sync_s", r.sync_s},
+              {"step_s", r.step_s},
+              {"response_tokens", r.response_tokens},
+              {"staleness", r.staleness},
+              {"stale_dropped", r.stale_dropped}});
   }
   return j;
 }
@@ -62,7 +71,8 @@ Status check_out_dir(const RlArgs& a) {
   std::error_code ec;
   if (fs::exists(fs::symlink_status(a.out_dir, ec)) && !fs::is_directory(a.out_dir, ec))
     return invalid_argument("--out " + a.out_dir + " exists and is not a directory");
-  for (const char* f : {"rl_metrics.jsonl", "summary.json", "reward.svg"}) {
+  for (const char* f : {"rl_metrics.jsonl", "summary.json", "report.html", "reward.svg",
+                        "model.safetensors", "config.json"}) {
     const std::string p = a.out_dir + "/" + f;
     if (!fs::exists(fs::symlink_status(p, ec))) continue;
     if (!a.overwrite) {
@@ -74,26 +84,15 @@ Status check_out_dir(const RlArgs& a) {
   return ok_status();
 }
 
-Status write_plot(const std::string& dir, const std::vector<rl::StepRecord>& records) {
-  Series reward{.label = "reward (mean over trained samples)", .color = "#1f77b4"};
-  Series held{.label = "held-out accuracy (greedy)", .color = "#d62728"};
-  int64_t sft = 0;
-  for (const rl::StepRecord& r : records) sft += r.phase == "sft";
-  for (const rl::StepRecord& r : records) {
-    const double x = r.phase == "sft" ? double(r.step - sft) : double(r.step);
-    if (r.phase == "rl") {
-      reward.x.push_back(x);
-      reward.y.push_back(r.reward_mean);
-    }
-    if (r.held_out_accuracy >= 0) {
-      held.x.push_back(x);
-      held.y.push_back(r.held_out_accuracy);
-    }
-  }
-  return write_svg_plot(dir + "/reward.svg", {reward, held},
-                        {.title = "weightlift rl: SFT warm start (x < 0), then GRPO",
-                         .x_label = "step",
-                         .y_label = "reward / accuracy"});
+// The trained policy as `weightlift generate --run` reads it.
+Status write_policy(const std::string& dir, const model::ModelConfig& config,
+                    std::vector<float>& policy) {
+  WL_RETURN_IF_ERROR(model::save_config(config, dir + "/config.json"));
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  const model::ParamLayout layout(config);
+  for (const model::ParamInfo& p : layout.params())
+    tensors.emplace_back(p.name, Tensor::borrow(policy.data() + p.offset, DType::kF32, p.shape));
+  return write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
 }
 
 Status run_rl(RlArgs a) {
@@ -153,22 +152,34 @@ Status run_rl(RlArgs a) {
   rl_bar.finish();
   WL_RETURN_IF_ERROR(write_file_atomically(a.out_dir + "/rl_metrics.jsonl", metrics));
   WL_RETURN_IF_ERROR(s.status());
-  WL_RETURN_IF_ERROR(write_plot(a.out_dir, s->records));
-  const nlohmann::json summary = {{"task", a.task},
-                                  {"difficulty", a.o.task.difficulty},
-                                  {"preset", a.preset},
-                                  {"rollout_workers", job.size() - 1},
-                                  {"sft_steps", s->sft_steps},
-                                  {"rl_steps", a.o.steps},
-                                  {"held_out_problems", a.o.eval_problems},
-                                  {"held_out_accuracy_after_sft", s->held_out_before_rl},
-                                  {"held_out_accuracy_after_rl", s->held_out_after_rl}};
+  WL_RETURN_IF_ERROR(write_policy(a.out_dir, a.o.config, s->policy));
+  nlohmann::json summary = {{"task", a.task},
+                            {"difficulty", a.o.task.difficulty},
+                            {"preset", a.preset},
+                            {"mode", "synchronous"},
+                            {"rollout_workers", job.size() - 1},
+                            {"group", a.o.group},
+                            {"prompts_per_step", a.o.prompts},
+                            {"seed", a.o.seed},
+                            {"sft_steps", s->sft_steps},
+                            {"steps", a.o.steps},
+                            {"held_out_problems", a.o.eval_problems},
+                            {"accuracy_before", s->held_out_before_rl},
+                            {"accuracy_after", s->held_out_after_rl}};
+  summary.update(rl_figures(*s));
   WL_RETURN_IF_ERROR(write_file_atomically(a.out_dir + "/summary.json", summary.dump(1) + "\n"));
+  WL_RETURN_IF_ERROR(write_rl_reward_plot(a.out_dir + "/reward.svg", *s));
+  char title[160];
+  std::snprintf(title, sizeof title, "weightlift rl: %s difficulty %d, %s, %d rollout worker(s)",
+                a.task.c_str(), a.o.task.difficulty, a.preset.c_str(), job.size() - 1);
+  WL_RETURN_IF_ERROR(write_rl_report(a.out_dir + "/report.html", title, summary, *s));
   std::printf(
       "rl: held-out accuracy %.1f%% after SFT (%lld steps), %.1f%% after %lld RL steps; "
-      "%s/{rl_metrics.jsonl,summary.json,reward.svg}\n",
+      "weight sync %.1f%% of the step time\nrl: report %s/report.html\n",
       100 * s->held_out_before_rl, (long long)s->sft_steps, 100 * s->held_out_after_rl,
-      (long long)a.o.steps, a.out_dir.c_str());
+      (long long)a.o.steps,
+      100 * (summary["sync_share"].is_number() ? summary["sync_share"].get<double>() : 0.0),
+      a.out_dir.c_str());
   return ok_status();
 }
 
@@ -196,6 +207,10 @@ void register_rl(CLI::App& app, Outcome& out) {
   cmd->add_option("--sft-target", o.sft_target, "held-out accuracy that ends the warm start")
       ->capture_default_str()
       ->transform(real(kProbability));
+  cmd->add_option("--sft-eval-every", o.sft_eval_every,
+                  "SFT steps between held-out evaluations (each may end the warm start)")
+      ->capture_default_str()
+      ->transform(count(1, kMaxSteps));
   cmd->add_option("--steps", o.steps, "RL steps")
       ->capture_default_str()
       ->transform(count(0, kMaxSteps));

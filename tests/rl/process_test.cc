@@ -78,9 +78,32 @@ TEST(RlProcesses, TrainerAndTwoWorkersRunTheLoop) {
   EXPECT_EQ(rl, 4);
   const nlohmann::json summary = nlohmann::json::parse(std::ifstream(out + "/summary.json"));
   EXPECT_EQ(summary["rollout_workers"], 2);
-  EXPECT_TRUE(summary.contains("held_out_accuracy_after_rl"));
-  EXPECT_TRUE(std::filesystem::exists(out + "/reward.svg"));
-  EXPECT_TRUE(std::filesystem::exists(out + "/processes.json"));
+  EXPECT_EQ(summary["steps"], 4);
+  for (const char* field :
+       {"accuracy_before", "accuracy_after", "sync_ms_median", "step_ms_median", "sync_share"}) {
+    EXPECT_TRUE(summary[field].is_number()) << field << " in " << summary.dump();
+  }
+  // Synchronous: every trained sample came from the weights it was trained against.
+  if (!summary["max_staleness_trained"].is_null()) {  // null: nothing was trained on
+    EXPECT_EQ(summary["max_staleness_trained"], 0);
+  }
+  EXPECT_EQ(summary["stale_samples_dropped"], 0);
+  EXPECT_GT(summary["sync_share"].get<double>(), 0.0);
+  EXPECT_LT(summary["sync_share"].get<double>(), 1.0);
+  EXPECT_TRUE(summary["events"].is_array());
+  for (const char* f : {"reward.svg", "processes.json", "config.json", "model.safetensors"})
+    EXPECT_TRUE(std::filesystem::exists(out + "/" + f)) << f;
+  // The report stands alone: its plots are inline, nothing is fetched.
+  std::ifstream report_file(out + "/report.html");
+  const std::string report((std::istreambuf_iterator<char>(report_file)), {});
+  EXPECT_NE(report.find("<svg"), std::string::npos);
+  EXPECT_EQ(report.find("src="), std::string::npos);
+  // The trained policy is the model `weightlift generate --run` reads.
+  Child gen = wl::testing::spawn_child({kWeightlift, "generate", "--run", out, "--prompt",
+                                        "12+3=", "--max-new-tokens", "4", "--temperature", "0"},
+                                       {});
+  EXPECT_EQ(wl::testing::wait_exit(gen, comm::deadline_after(60s)), 0) << gen.output;
+  wl::testing::reap(gen);
 }
 
 TEST(RlProcesses, AKilledWorkerEndsTheRunWithAnError) {

@@ -11,8 +11,9 @@
 namespace wl::rl {
 namespace {
 
-Task make(TaskKind kind, int difficulty) {
-  Result<Task> t = Task::create({.kind = kind, .difficulty = difficulty});
+Task make(TaskKind kind, int difficulty, double format_reward = 0.1) {
+  Result<Task> t =
+      Task::create({.kind = kind, .difficulty = difficulty, .format_reward = format_reward});
   EXPECT_TRUE(t.ok()) << t.status().to_string();
   return *t;
 }
@@ -73,6 +74,9 @@ TEST(Tasks, RewardsFollowTheRules) {
   const Task rev = make(TaskKind::kReverse, 3);
   EXPECT_EQ(rev.reward({"rev ab=", "ba"}, "ab", true), 0.1);
   EXPECT_EQ(rev.reward({"rev ab=", "ba"}, "12", true), 0.0);
+  // By default a wrong answer earns nothing for its form.
+  EXPECT_EQ(make(TaskKind::kAdd, 3, 0.0).reward(p, "43", true), 0.0);
+  EXPECT_EQ(Task::create({}).value().reward(p, "43", true), 0.0);
 }
 
 TEST(Tasks, BadOptionsAreNamed) {

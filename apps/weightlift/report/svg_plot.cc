@@ -26,12 +26,16 @@ std::string escape(const std::string& s) {
 }
 
 // Ticks at 1, 2 or 5 times a power of ten, about `n` of them.
-std::vector<double> nice_ticks(double lo, double hi, int n) {
+// `whole`: no step below 1 (an axis of counts).
+std::vector<double> nice_ticks(double lo, double hi, int n, bool whole = false) {
   std::vector<double> t;
   if (!(hi > lo)) return {lo};
   const double raw = (hi - lo) / n, p = std::pow(10.0, std::floor(std::log10(raw)));
-  const double step = raw / p < 2 ? 2 * p : raw / p < 5 ? 5 * p : 10 * p;
-  for (double v = std::ceil(lo / step) * step; v <= hi + 1e-9 * step; v += step) t.push_back(v);
+  double step = raw / p < 2 ? 2 * p : raw / p < 5 ? 5 * p : 10 * p;
+  if (whole) step = std::max(step, 1.0);
+  for (double v = std::ceil(lo / step) * step; v <= hi + 1e-9 * step; v += step) {
+    t.push_back(std::fabs(v) < 1e-9 * step ? 0.0 : v);  // 0, not -0 or 1e-17
+  }
   return t;
 }
 
@@ -43,8 +47,7 @@ std::string fmt(double v) {
 
 }  // namespace
 
-Status write_svg_plot(const std::string& path, const std::vector<Series>& series,
-                      const PlotOptions& o) {
+std::string svg_plot(const std::vector<Series>& series, const PlotOptions& o) {
   double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
   auto tx = [&](double x) { return o.log_x ? std::log10(x) : x; };
   for (const Series& s : series) {
@@ -61,6 +64,16 @@ Status write_svg_plot(const std::string& path, const std::vector<Series>& series
     x1 = 1;
     y0 = 0;
     y1 = 1;
+  }
+  // Bars stand on zero and need half a bar's room at each end.
+  double bar_width = 1;
+  for (const Series& s : series) {
+    if (!s.bars) continue;
+    y0 = std::min(y0, 0.0);
+    for (size_t i = 1; i < s.x.size(); ++i)
+      bar_width = std::min(bar_width, std::fabs(tx(s.x[i]) - tx(s.x[i - 1])));
+    x0 -= bar_width / 2;
+    x1 += bar_width / 2;
   }
   if (x1 == x0) x1 = x0 + 1;
   if (y1 == y0) y1 = y0 + 1;
@@ -83,7 +96,7 @@ Status write_svg_plot(const std::string& path, const std::vector<Series>& series
       << "' stroke='#e5e5e5'/>\n<text x='" << L - 6 << "' y='" << py(v) + 4
       << "' text-anchor='end'>" << fmt(v) << "</text>\n";
   }
-  for (double v : nice_ticks(x0, x1, 8)) {
+  for (double v : nice_ticks(x0, x1, 8, o.whole_x)) {
     const double xv = o.log_x ? std::pow(10.0, v) : v;
     const double X = L + (v - x0) / (x1 - x0) * W;
     s << "<line x1='" << X << "' x2='" << X << "' y1='" << T << "' y2='" << T + H
@@ -98,13 +111,23 @@ Status write_svg_plot(const std::string& path, const std::vector<Series>& series
     << escape(o.y_label) << "</text>\n";
   int legend = 0;
   for (const Series& se : series) {
-    s << "<polyline fill='none' stroke='" << se.color << "' stroke-width='1.6'"
-      << (se.dashed ? " stroke-dasharray='6,4'" : "") << " points='";
-    for (size_t i = 0; i < se.x.size(); ++i) {
-      if (!std::isfinite(se.y[i]) || (o.log_x && se.x[i] <= 0)) continue;
-      s << px(se.x[i]) << ',' << py(se.y[i]) << ' ';
+    if (se.bars) {
+      const double w = 0.8 * bar_width / (x1 - x0) * W;
+      for (size_t i = 0; i < se.x.size(); ++i) {
+        if (!std::isfinite(se.y[i])) continue;
+        const double top = py(std::max(se.y[i], 0.0)), bottom = py(std::min(se.y[i], 0.0));
+        s << "<rect x='" << px(se.x[i]) - w / 2 << "' y='" << top << "' width='" << w
+          << "' height='" << bottom - top << "' fill='" << se.color << "'/>\n";
+      }
+    } else {
+      s << "<polyline fill='none' stroke='" << se.color << "' stroke-width='1.6'"
+        << (se.dashed ? " stroke-dasharray='6,4'" : "") << " points='";
+      for (size_t i = 0; i < se.x.size(); ++i) {
+        if (!std::isfinite(se.y[i]) || (o.log_x && se.x[i] <= 0)) continue;
+        s << px(se.x[i]) << ',' << py(se.y[i]) << ' ';
+      }
+      s << "'/>\n";
     }
-    s << "'/>\n";
     const double ly = T + 16 + 16 * legend++;
     s << "<line x1='" << L + W - 170 << "' x2='" << L + W - 150 << "' y1='" << ly - 4 << "' y2='"
       << ly - 4 << "' stroke='" << se.color << "' stroke-width='2'"
@@ -112,7 +135,12 @@ Status write_svg_plot(const std::string& path, const std::vector<Series>& series
       << ly << "'>" << escape(se.label) << "</text>\n";
   }
   s << "</svg>\n";
-  return write_file_atomically(path, s.str());
+  return s.str();
+}
+
+Status write_svg_plot(const std::string& path, const std::vector<Series>& series,
+                      const PlotOptions& o) {
+  return write_file_atomically(path, svg_plot(series, o));
 }
 
 }  // namespace wl::app

@@ -1,4 +1,5 @@
-// Line plots as standalone SVG files: no plotting library needed to see a loss curve.
+// Line and bar plots as SVG, standalone files or text to inline in an HTML report: no plotting
+// library needed to see a loss curve.
 #pragma once
 
 #include <string>
@@ -13,15 +14,18 @@ struct Series {
   std::string color;  // CSS colour
   std::vector<double> x, y;
   bool dashed = false;
+  bool bars = false;  // one bar per point, from the axis's bottom (histograms)
 };
 
 struct PlotOptions {
   std::string title;
   std::string x_label, y_label;
   bool log_x = false;
+  bool whole_x = false;  // x ticks at whole numbers only (counts, versions)
   int width = 800, height = 480;
 };
 
+std::string svg_plot(const std::vector<Series>& series, const PlotOptions& opts);
 Status write_svg_plot(const std::string& path, const std::vector<Series>& series,
                       const PlotOptions& opts);
 

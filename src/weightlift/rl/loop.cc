@@ -2,6 +2,7 @@
 #include "weightlift/rl/loop.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "weightlift/core/timing.h"
@@ -222,7 +223,8 @@ class Trainer {
       return unavailable("weight update reached " + std::to_string(u.members.size()) + " of " +
                          std::to_string(workers()) + " rollout workers");
     }
-    return u.report.version;
+    version_ = u.report.version;
+    return version_;
   }
 
   // Generates for `prompts` across the workers (contiguous shares).
@@ -259,6 +261,12 @@ class Trainer {
         Sample s;
         s.prompt = prompts[r];
         s.version = uint64_t(ints[0]);
+        if (s.version > version_) {
+          return data_loss("rollout worker " + std::to_string(w + 1) +
+                           ": a sample from weights version " + std::to_string(s.version) +
+                           ", newer than any the trainer has published (" +
+                           std::to_string(version_) + ")");
+        }
         const int64_t n = ints[at];
         s.completion.assign(ints.begin() + int64_t(at) + 1, ints.begin() + int64_t(at) + 1 + n);
         s.logprobs.assign(reals.begin() + int64_t(lp), reals.begin() + int64_t(lp) + n);
@@ -279,6 +287,11 @@ class Trainer {
       if (t < 0 || t > 255) return {std::string(), false};  // a special token inside
     }
     return {train::decode(body), ended};
+  }
+
+  Result<std::vector<float>> policy() {
+    WL_RETURN_IF_ERROR(dp_.gather_model(full_.data()));
+    return full_;
   }
 
   // Held-out accuracy of the trainer's current weights, greedy, on the workers.
@@ -324,14 +337,15 @@ class Trainer {
     StepRecord rec;
     rec.phase = "rl";
     rec.step = step;
-    Clock::time_point t0 = Clock::now();
+    const Clock::time_point start = Clock::now();
+    Clock::time_point t0 = start;
     WL_ASSIGN_OR_RETURN(rec.version, push_weights());
     rec.sync_s = seconds_since(t0);
     t0 = Clock::now();
     std::vector<Sample> batch;
     int64_t right = 0;
     double reward_sum = 0;
-    std::vector<Sample> filtered_fallback;
+    int64_t generated = 0;
     while (int64_t(batch.size()) < o_.prompts * o_.group &&
            rec.generations < o_.max_resample_rounds) {
       ++rec.generations;
@@ -344,6 +358,10 @@ class Trainer {
           prompts.push_back(train::encode(problems.back().prompt));
       }
       WL_ASSIGN_OR_RETURN(std::vector<Sample> got, generate(prompts, false));
+      for (const Sample& s : got) {
+        rec.response_tokens += double(s.completion.size());
+        ++generated;
+      }
       for (int64_t i = 0; i < need; ++i) {
         std::vector<double> rewards;
         std::vector<bool> correct;
@@ -364,17 +382,28 @@ class Trainer {
           continue;
         }
         for (int64_t k = 0; k < o_.group; ++k) {
+          Sample& s = got[size_t(i * o_.group + k)];
+          const uint64_t behind = rec.version - s.version;
+          if (behind > uint64_t(o_.max_staleness)) {
+            ++rec.stale_dropped;
+            continue;
+          }
+          if (rec.staleness.size() <= behind) rec.staleness.resize(behind + 1, 0);
+          ++rec.staleness[behind];
           right += correct[size_t(k)];
           reward_sum += rewards[size_t(k)];
-          batch.push_back(got[size_t(i * o_.group + k)]);
+          batch.push_back(std::move(s));
         }
       }
     }
+    if (generated > 0) rec.response_tokens /= double(generated);
     rec.generate_s = seconds_since(t0);
     if (batch.empty()) {
       // Every group was flat within the rounds allowed: nothing to learn from this step.
+      rec.step_s = seconds_since(start);
       return rec;
     }
+    rec.trained = int64_t(batch.size());
     rec.reward_mean = reward_sum / double(batch.size());
     rec.train_accuracy = double(right) / double(batch.size());
     t0 = Clock::now();
@@ -382,6 +411,7 @@ class Trainer {
     WL_ASSIGN_OR_RETURN(rec.stats, policy_step(dp_, pb, {.lr = o_.lr}, o_.loss));
     rec.loss = rec.stats.loss;
     rec.train_s = seconds_since(t0);
+    rec.step_s = seconds_since(start);
     return rec;
   }
 
@@ -401,6 +431,7 @@ class Trainer {
   int64_t seq_ = 0;
   std::vector<Problem> held_out_;
   std::unique_ptr<transfer::ParameterServer> server_;
+  uint64_t version_ = 0;  // the newest weights published to the workers
 };
 
 }  // namespace
@@ -415,13 +446,19 @@ Result<RlSummary> run_phases(const RlOptions& o, Trainer& t,
   for (int64_t step = 1; step <= o.sft_steps; ++step) {
     WL_ASSIGN_OR_RETURN(StepRecord rec, t.sft_step(step));
     summary.sft_steps = step;
-    if (step % o.eval_every == 0 || step == o.sft_steps) {
+    if (step % o.sft_eval_every == 0 || step == o.sft_steps) {
       WL_ASSIGN_OR_RETURN(held_out, t.evaluate());
       rec.held_out_accuracy = held_out;
     }
     if (on_step) on_step(rec);
     summary.records.push_back(rec);
-    if (rec.held_out_accuracy >= o.sft_target) break;
+    if (rec.held_out_accuracy >= o.sft_target) {
+      char what[128];
+      std::snprintf(what, sizeof what, "warm start stopped: held-out %.1f%% >= target %.1f%%",
+                    100 * rec.held_out_accuracy, 100 * o.sft_target);
+      summary.events.push_back({"sft", step, what});
+      break;
+    }
   }
   // The last SFT step was evaluated; without SFT, the initial weights are.
   if (held_out < 0) {
@@ -437,6 +474,7 @@ Result<RlSummary> run_phases(const RlOptions& o, Trainer& t,
     if (on_step) on_step(rec);
     summary.records.push_back(rec);
   }
+  WL_ASSIGN_OR_RETURN(summary.policy, t.policy());
   return summary;
 }
 

@@ -44,6 +44,7 @@ struct RlOptions {
   int64_t sft_batch = 32;
   double sft_lr = 3e-3;
   double sft_target = 0.3;
+  int64_t sft_eval_every = 10;  // SFT steps between held-out evaluations (and stop checks)
   // RL.
   int64_t steps = 40;
   int64_t prompts = 8;  // groups per step
@@ -56,6 +57,10 @@ struct RlOptions {
   int64_t max_resample_rounds = 4;  // generations per step at most when groups are filtered
   int64_t eval_every = 10;          // steps between held-out evaluations (and at the ends)
   int64_t eval_problems = 64;
+  // Staleness bound (eta): a sample made by weights more than this many versions older than
+  // the ones being trained is never trained on. Synchronous mode generates every step's
+  // samples from the weights just pushed, so 0 holds by construction and is checked.
+  int64_t max_staleness = 0;
   std::chrono::milliseconds timeout{120000};
 };
 
@@ -65,13 +70,27 @@ struct StepRecord {
   int64_t step = 0;      // within its phase, from 1
   uint64_t version = 0;  // the weights' version the step's samples came from
   double loss = 0;
+  int64_t trained = 0;            // samples trained on (0: every group filtered)
   double reward_mean = 0;         // over the samples trained on
   double train_accuracy = 0;      // exact answers among them
   double held_out_accuracy = -1;  // greedy on the held-out set; -1 when not evaluated
   int64_t groups_filtered = 0;    // all-equal groups replaced by dynamic sampling
   int64_t generations = 0;        // rounds of generation the step took
+  double response_tokens = 0;     // mean completion length over every sample generated
+  // Trained samples by staleness (index: versions behind the weights trained); samples older
+  // than max_staleness are dropped before training and counted in stale_dropped.
+  std::vector<int64_t> staleness;
+  int64_t stale_dropped = 0;
   PolicyStats stats;
-  double generate_s = 0, sync_s = 0, train_s = 0;
+  double generate_s = 0, sync_s = 0, train_s = 0, step_s = 0;
+};
+
+// Something that happened to the run as a whole (the warm start ending, a worker lost, a
+// resume), in the order it happened.
+struct RlEvent {
+  std::string phase;
+  int64_t step = 0;
+  std::string what;
 };
 
 struct RlSummary {
@@ -79,6 +98,8 @@ struct RlSummary {
   double held_out_after_rl = 0;
   int64_t sft_steps = 0;
   std::vector<StepRecord> records;
+  std::vector<RlEvent> events;
+  std::vector<float> policy;  // the final weights, flat in model::ParamLayout's order
 };
 
 // Rank 0 of the job. `on_step` hears of every step.

@@ -14,9 +14,12 @@
 // its text falls in the lowest 1/8 of the range, and the training stream skips those. The
 // held-out set is a fixed list drawn from its own seed.
 //
-// Reward: 1 for the exact answer followed by the end token; otherwise `format_reward` (default
-// 0.1) when the completion is well formed (only the answer's alphabet, then the end token),
-// else 0.
+// Reward: 1 for the exact answer followed by the end token; otherwise `format_reward` when the
+// completion is well formed (only the answer's alphabet, then the end token), else 0. The
+// default is 0: a format reward pays a wrong answer for ending, and completions cut at the
+// length limit are the long ones, so the policy learns to end early and drops the digits it
+// needs (sort-3 from 42% held-out to 2% in 100 steps with 0.1; to 73% in 400 without; see
+// docs/BENCHMARKS.md).
 #pragma once
 
 #include <cstdint>
@@ -37,7 +40,7 @@ std::optional<TaskKind> task_from_name(std::string_view name);
 struct TaskOptions {
   TaskKind kind = TaskKind::kAdd;
   int difficulty = 3;
-  double format_reward = 0.1;
+  double format_reward = 0.0;
 };
 
 struct Problem {

@@ -1,0 +1,27 @@
+// What `weightlift rl` leaves for people: summary.json's figures, reward.svg and report.html
+// (one self-contained page: the run's figures, its events and SVG plots of reward and held-out
+// accuracy, response length, trainer/rollout mismatch, staleness and the time split per step).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "weightlift/core/status.h"
+#include "weightlift/rl/loop.h"
+
+namespace wl::app {
+
+// The run's figures over its RL steps, as summary.json names them: reward_first / reward_last
+// (mean reward of the first and last ten steps), sync_ms_median, step_ms_median, sync_share
+// (sync time over step time, summed over the steps), max_staleness_trained, the events.
+nlohmann::json rl_figures(const rl::RlSummary& run);
+
+// reward.svg: reward and held-out accuracy over the steps, SFT at x <= 0.
+Status write_rl_reward_plot(const std::string& path, const rl::RlSummary& run);
+
+// report.html. `summary` is summary.json's object (shown as the page's table), `title` its
+// heading.
+Status write_rl_report(const std::string& path, const std::string& title,
+                       const nlohmann::json& summary, const rl::RlSummary& run);
+
+}  // namespace wl::app
