@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "parallel/train_ranks.h"
 #include "weightlift/kernels/cross_entropy.h"
 #include "weightlift/kernels/sampling.h"
 #include "weightlift/model/params.h"
@@ -191,6 +192,68 @@ TEST(PolicyStep, MovesProbabilityTowardsTheAdvantage) {
     } else {
       EXPECT_LT(after[i], before[i]) << "sample " << i;
     }
+  }
+}
+
+// The invariant DAPO's token-mean normalisation exists for: the loss and its gradients are the
+// same whatever the micro-batching and however many trainer ranks (DDP or FSDP) share the
+// batch. The completions have different lengths, so normalising by each micro-batch's or each
+// rank's own tokens would fail this. Tolerance: float summation in a different order, 1e-5 of
+// the largest gradient (1e-6 relative for the loss). The router's load-balancing loss is left
+// out: it is a function of the tokens one forward pass routes, so it is computed per
+// micro-batch, as Megatron does (with it the gradients differ by 0.5% of the largest here).
+TEST(PolicyStep, LossAndGradientsDoNotDependOnMicroBatchesOrRanks) {
+  model::ModelConfig c = tiny();
+  c.aux_loss_alpha = 0;
+  const std::vector<Sample> s = samples_of(c, 8);
+  Result<PolicyBatch> b = make_policy_batch(s, 16);
+  ASSERT_TRUE(b.ok());
+  const model::ParamLayout layout(c);
+  std::vector<float> w(size_t(layout.total()));
+  model::init_params(c, layout, 5, w.data());
+  struct Got {
+    double loss = 0;
+    int64_t tokens = 0;
+    std::vector<float> grads;
+  };
+  auto run = [&](int ranks, parallel::DpMode mode, int micro_batches) {
+    Got got;
+    parallel::testing::run_data_parallel(
+        ranks, c, {.dp_mode = mode, .micro_batches = micro_batches},
+        [&](parallel::DataParallel& dp) {
+          dp.set_params(w.data());
+          Result<PolicyStats> st = policy_gradients(dp, *b, {}, {});
+          ASSERT_TRUE(st.ok()) << st.status().to_string();
+          std::vector<float> g(size_t(layout.total()));
+          ASSERT_TRUE(dp.gather_grads(g.data()).ok());
+          if (dp.rank() == 0) got = {st->loss, st->tokens, std::move(g)};
+        });
+    return got;
+  };
+  const Got one = run(1, parallel::DpMode::kDdp, 1);
+  ASSERT_EQ(one.tokens, b->completion_tokens);
+  double scale = 0;
+  for (float g : one.grads) scale = std::max(scale, double(std::fabs(g)));
+  ASSERT_GT(scale, 0.0);
+  struct Case {
+    int ranks;
+    parallel::DpMode mode;
+    int micro_batches;
+  };
+  for (const Case k : {Case{1, parallel::DpMode::kDdp, 2}, Case{1, parallel::DpMode::kDdp, 8},
+                       Case{2, parallel::DpMode::kDdp, 1}, Case{2, parallel::DpMode::kDdp, 4},
+                       Case{2, parallel::DpMode::kFsdp, 2}}) {
+    const Got got = run(k.ranks, k.mode, k.micro_batches);
+    const std::string where = std::to_string(k.ranks) + " ranks, " +
+                              std::to_string(k.micro_batches) + " micro-batches" +
+                              (k.mode == parallel::DpMode::kFsdp ? ", fsdp" : "");
+    EXPECT_NEAR(got.loss, one.loss, 1e-6 * std::fabs(one.loss)) << where;
+    EXPECT_EQ(got.tokens, one.tokens) << where;
+    ASSERT_EQ(got.grads.size(), one.grads.size()) << where;
+    double worst = 0;
+    for (size_t i = 0; i < got.grads.size(); ++i)
+      worst = std::max(worst, double(std::fabs(got.grads[i] - one.grads[i])));
+    EXPECT_LE(worst, 1e-5 * scale) << where << ": largest gradient " << scale;
   }
 }
 

@@ -70,9 +70,9 @@ Result<train::Batch> make_sft_batch(std::span<const Sample> demonstrations, int6
   return lay_out(demonstrations, seq, [](size_t, int64_t, int64_t) {});
 }
 
-Result<PolicyStats> policy_step(parallel::DataParallel& dp, const PolicyBatch& b,
-                                const parallel::StepSettings& settings,
-                                const PolicyLossOptions& options) {
+Result<PolicyStats> policy_gradients(parallel::DataParallel& dp, const PolicyBatch& b,
+                                     const parallel::StepSettings& settings,
+                                     const PolicyLossOptions& options) {
   if (dp.options().layout.pp != 1) {
     return invalid_argument("the policy step runs on data-parallel layouts only (pp 1)");
   }
@@ -116,9 +116,6 @@ Result<PolicyStats> policy_step(parallel::DataParallel& dp, const PolicyBatch& b
   std::vector<double> maxes(size_t(dp.ranks()), 0.0);
   maxes[size_t(dp.rank())] = gap_max;
   WL_RETURN_IF_ERROR(dp.sum_over_ranks(maxes.data(), maxes.size()));
-  const bool f16 = settings.precision == model::Precision::kF16;
-  WL_ASSIGN_OR_RETURN(st.report,
-                      dp.apply_optimizer(settings.lr, f16 ? 1.0 / settings.loss_scale : 1.0));
   st.loss = lt.ce;
   st.aux = lt.aux;
   st.z = lt.z;
@@ -128,6 +125,16 @@ Result<PolicyStats> policy_step(parallel::DataParallel& dp, const PolicyBatch& b
   st.is_weight_capped = sums[2] / tokens;
   st.logprob_gap_mean = sums[3] / tokens;
   st.logprob_gap_max = *std::max_element(maxes.begin(), maxes.end());
+  return st;
+}
+
+Result<PolicyStats> policy_step(parallel::DataParallel& dp, const PolicyBatch& b,
+                                const parallel::StepSettings& settings,
+                                const PolicyLossOptions& options) {
+  WL_ASSIGN_OR_RETURN(PolicyStats st, policy_gradients(dp, b, settings, options));
+  const bool f16 = settings.precision == model::Precision::kF16;
+  WL_ASSIGN_OR_RETURN(st.report,
+                      dp.apply_optimizer(settings.lr, f16 ? 1.0 / settings.loss_scale : 1.0));
   return st;
 }
 

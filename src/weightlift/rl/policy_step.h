@@ -63,7 +63,14 @@ struct PolicyStats {
 };
 
 // Collective over the data-parallel ranks (every rank passes the same batch). The layout must
-// be data parallel only (pp 1).
+// be data parallel only (pp 1). The loss is normalised by the batch's completion tokens, so it
+// and its gradients do not depend on the micro-batching or the number of ranks.
+//
+// policy_gradients leaves the gradients summed over the ranks (DataParallel::gather_grads
+// reads them) and `report` empty; policy_step also applies the optimizer.
+Result<PolicyStats> policy_gradients(parallel::DataParallel& dp, const PolicyBatch& batch,
+                                     const parallel::StepSettings& settings,
+                                     const PolicyLossOptions& options);
 Result<PolicyStats> policy_step(parallel::DataParallel& dp, const PolicyBatch& batch,
                                 const parallel::StepSettings& settings,
                                 const PolicyLossOptions& options);
