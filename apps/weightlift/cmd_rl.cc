@@ -54,6 +54,7 @@ nlohmann::json to_json(const rl::StepRecord& r) {
               {"is_weight_capped", r.stats.is_weight_capped},
               {"logprob_gap_mean", r.stats.logprob_gap_mean},
               {"logprob_gap_max", r.stats.logprob_gap_max},
+              {"kl", r.stats.kl_mean},
               {"grad_norm", r.stats.report.grad_norm},
               {"generate_s", r.generate_s},
               {"sync_s", r.sync_s},
@@ -237,6 +238,10 @@ void register_rl(CLI::App& app, Outcome& out) {
       ->capture_default_str()
       ->transform(real(kNonNegative));
   cmd->add_option("--tis-cap", o.loss.tis_cap, "truncated importance weight cap; 0 = off")
+      ->capture_default_str()
+      ->transform(real(kNonNegative));
+  cmd->add_option("--kl-coef", o.loss.kl_coef,
+                  "weight of the KL penalty to the policy RL starts from (k3 estimator); 0 = off")
       ->capture_default_str()
       ->transform(real(kNonNegative));
   cmd->add_flag("--dr-grpo", a->dr_grpo, "advantages without the division by the group's std");

@@ -257,6 +257,53 @@ TEST(PolicyStep, LossAndGradientsDoNotDependOnMicroBatchesOrRanks) {
   }
 }
 
+TEST(KlToken, IsSchulmansK3AndItsDerivative) {
+  EXPECT_EQ(kl_token(-1.3, -1.3, 4, 0.1).kl, 0.0);  // the reference itself: no penalty, no pull
+  EXPECT_EQ(kl_token(-1.3, -1.3, 4, 0.1).coef, 0.0);
+  for (const double logp : {-3.0, -1.0, -0.2}) {
+    for (const double ref : {-2.5, -0.5}) {
+      const KlTerm t = kl_token(logp, ref, 4, 0.1);
+      EXPECT_NEAR(t.kl, std::exp(ref - logp) - (ref - logp) - 1, 1e-12);
+      EXPECT_GE(t.kl, 0.0);
+      EXPECT_NEAR(t.loss, 0.1 * t.kl / 4, 1e-12);
+      // coef is -d loss / d logp: central difference.
+      const double h = 1e-6;
+      const double d =
+          (kl_token(logp + h, ref, 4, 0.1).loss - kl_token(logp - h, ref, 4, 0.1).loss) / (2 * h);
+      EXPECT_NEAR(t.coef, -d, 1e-7);
+    }
+  }
+}
+
+// With no advantage at all, a KL term alone pulls the policy towards the reference: tokens the
+// reference finds likelier become likelier.
+TEST(PolicyStep, TheKlTermPullsTowardsTheReference) {
+  const model::ModelConfig c = tiny();
+  parallel::DataParallel dp(c, {}, nullptr, nullptr);
+  std::vector<float> w(size_t(dp.layout().total()));
+  model::init_params(c, dp.layout(), 5, w.data());
+  dp.set_params(w.data());
+  std::vector<Sample> s = samples_of(c, 4);
+  for (Sample& x : s) x.advantage = 0;
+  const std::vector<double> before = completion_logprobs(dp, s);
+  Result<PolicyBatch> b = make_policy_batch(s, 16);
+  ASSERT_TRUE(b.ok());
+  // Without reference log-probabilities a KL loss is refused, naming what is missing.
+  Result<PolicyStats> refused = policy_step(dp, *b, {.lr = 3e-3}, {.kl_coef = 0.5});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("reference log-probabilities"), std::string::npos);
+  Result<std::vector<double>> own = target_logprobs(dp, b->batch);
+  ASSERT_TRUE(own.ok());
+  b->logp_ref = *own;
+  for (size_t i = 0; i < b->logp_ref.size(); ++i)
+    if (b->batch.targets[i] != kernels::kIgnoreIndex) b->logp_ref[i] += 0.5;
+  Result<PolicyStats> st = policy_step(dp, *b, {.lr = 3e-3}, {.kl_coef = 0.5});
+  ASSERT_TRUE(st.ok()) << st.status().to_string();
+  EXPECT_NEAR(st->kl_mean, std::exp(0.5) - 0.5 - 1, 1e-4);
+  const std::vector<double> after = completion_logprobs(dp, s);
+  for (size_t i = 0; i < s.size(); ++i) EXPECT_GT(after[i], before[i]) << "sample " << i;
+}
+
 TEST(PolicyStep, BadSamplesAreNamed) {
   std::vector<Sample> s(2);
   s[0].prompt = {1, 2};

@@ -73,8 +73,9 @@ std::vector<Series> reward_series(const rl::RlSummary& run) {
   return {reward, smooth, held};
 }
 
-const PlotOptions kRewardPlot{.title = "reward and held-out accuracy: SFT warm start (x <= 0), "
-                                       "then RL",
+const PlotOptions kRewardPlot{.title =
+                                  "reward and held-out accuracy: SFT warm start (x <= 0), "
+                                  "then RL",
                               .x_label = "step",
                               .y_label = "reward / accuracy"};
 
@@ -105,8 +106,8 @@ nlohmann::json rl_figures(const rl::RlSummary& run) {
           {"step_ms_median", number(percentile(step_ms, 0.5))},
           {"sync_share", number(step_total > 0 ? sync_total / step_total : NAN)},
           // null when nothing was trained on
-          {"max_staleness_trained", max_staleness >= 0 ? nlohmann::json(max_staleness)
-                                                       : nlohmann::json()},
+          {"max_staleness_trained",
+           max_staleness >= 0 ? nlohmann::json(max_staleness) : nlohmann::json()},
           {"stale_samples_dropped", dropped},
           {"events", events}};
 }
@@ -120,9 +121,9 @@ Status write_rl_report(const std::string& path, const std::string& title,
   const std::vector<const rl::StepRecord*> steps = rl_steps(run);
   Series length{.label = "mean completion tokens", .color = "#2ca02c"};
   Series gap_mean{.label = "mean |logp trainer - logp rollout|", .color = "#9467bd"};
-  Series gap_max{.label = "largest |logp trainer - logp rollout|",
-                 .color = "#9467bd",
-                 .dashed = true};
+  Series gap_max{
+      .label = "largest |logp trainer - logp rollout|", .color = "#9467bd", .dashed = true};
+  Series kl{.label = "KL to the reference (k3, mean per token)", .color = "#17becf"};
   Series gen{.label = "generation", .color = "#1f77b4"};
   Series train{.label = "training", .color = "#ff7f0e"};
   Series sync{.label = "weight sync", .color = "#d62728"};
@@ -135,6 +136,8 @@ Status write_rl_report(const std::string& path, const std::string& title,
     gap_mean.y.push_back(r->stats.logprob_gap_mean);
     gap_max.x.push_back(x);
     gap_max.y.push_back(r->stats.logprob_gap_max);
+    kl.x.push_back(x);
+    kl.y.push_back(r->stats.kl_mean);
     for (Series* s : {&gen, &train, &sync}) s->x.push_back(x);
     gen.y.push_back(1e3 * r->generate_s);
     train.y.push_back(1e3 * r->train_s);
@@ -148,17 +151,16 @@ Status write_rl_report(const std::string& path, const std::string& title,
     stale.y.push_back(staleness[k]);
   }
 
-  std::string h =
-      "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>" + html_escape(title) +
-      "</title>\n<style>body{font-family:sans-serif;margin:2em;max-width:860px}"
-      "table{border-collapse:collapse}td{padding:2px 12px;border-bottom:1px solid #ddd}"
-      "td:first-child{color:#555}</style></head><body>\n<h1>" +
-      html_escape(title) + "</h1>\n<h2>Figures</h2>\n<table>\n";
+  std::string h = "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>" +
+                  html_escape(title) +
+                  "</title>\n<style>body{font-family:sans-serif;margin:2em;max-width:860px}"
+                  "table{border-collapse:collapse}td{padding:2px 12px;border-bottom:1px solid #ddd}"
+                  "td:first-child{color:#555}</style></head><body>\n<h1>" +
+                  html_escape(title) + "</h1>\n<h2>Figures</h2>\n<table>\n";
   for (const auto& [key, value] : summary.items()) {
     if (key == "events") continue;
     h += "<tr><td>" + html_escape(key) + "</td><td>" +
-         html_escape(value.is_string() ? value.get<std::string>() : value.dump()) +
-         "</td></tr>\n";
+         html_escape(value.is_string() ? value.get<std::string>() : value.dump()) + "</td></tr>\n";
   }
   h += "</table>\n<h2>Events</h2>\n<ul>\n";
   for (const rl::RlEvent& e : run.events) {
@@ -169,10 +171,10 @@ Status write_rl_report(const std::string& path, const std::string& title,
   h += "</ul>\n<h2>Plots</h2>\n";
   h += svg_plot(reward_series(run), kRewardPlot);
   h += svg_plot({length}, {.title = "response length", .x_label = "RL step", .y_label = "tokens"});
-  h += svg_plot({gap_mean, gap_max}, {.title = "trainer/rollout mismatch (same tokens, "
-                                               "f32 trainer vs bf16 rollout)",
-                                      .x_label = "RL step",
-                                      .y_label = "nats"});
+  h += svg_plot({gap_mean, gap_max, kl}, {.title = "trainer/rollout mismatch (same tokens, "
+                                                   "f32 trainer vs bf16 rollout) and KL",
+                                          .x_label = "RL step",
+                                          .y_label = "nats"});
   h += svg_plot({stale}, {.title = "staleness of the trained samples",
                           .x_label = "versions behind the weights trained",
                           .y_label = "samples",

@@ -289,6 +289,18 @@ class Trainer {
     return {train::decode(body), ended};
   }
 
+  // The reference policy of the KL term: the weights RL starts from (after the warm start),
+  // frozen at the first call.
+  Result<std::vector<double>> reference_logprobs(const train::Batch& b) {
+    if (!reference_) {
+      reference_ = std::make_unique<parallel::DataParallel>(
+          o_.config, parallel::DataParallelOptions{}, nullptr, nullptr);
+      WL_RETURN_IF_ERROR(dp_.gather_model(full_.data()));
+      reference_->set_params(full_.data());
+    }
+    return target_logprobs(*reference_, b);
+  }
+
   Result<std::vector<float>> policy() {
     WL_RETURN_IF_ERROR(dp_.gather_model(full_.data()));
     return full_;
@@ -408,6 +420,9 @@ class Trainer {
     rec.train_accuracy = double(right) / double(batch.size());
     t0 = Clock::now();
     WL_ASSIGN_OR_RETURN(PolicyBatch pb, make_policy_batch(batch, seq_));
+    if (o_.loss.kl_coef > 0) {
+      WL_ASSIGN_OR_RETURN(pb.logp_ref, reference_logprobs(pb.batch));
+    }
     WL_ASSIGN_OR_RETURN(rec.stats, policy_step(dp_, pb, {.lr = o_.lr}, o_.loss));
     rec.loss = rec.stats.loss;
     rec.train_s = seconds_since(t0);
@@ -432,6 +447,7 @@ class Trainer {
   std::vector<Problem> held_out_;
   std::unique_ptr<transfer::ParameterServer> server_;
   uint64_t version_ = 0;  // the newest weights published to the workers
+  std::unique_ptr<parallel::DataParallel> reference_;  // with a KL term only
 };
 
 }  // namespace

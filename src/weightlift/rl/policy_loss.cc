@@ -42,4 +42,13 @@ TokenTerm policy_token(double logp, double logp_old, double logp_mu, double adva
   return t;
 }
 
+KlTerm kl_token(double logp, double logp_ref, double tokens, double beta) {
+  const double r = logp_ref - logp, e = std::exp(r);
+  KlTerm t;
+  t.kl = e - r - 1;
+  t.loss = beta * t.kl / tokens;
+  t.coef = beta * (e - 1) / tokens;
+  return t;
+}
+
 }  // namespace wl::rl

@@ -19,6 +19,11 @@
 // micro-batch and rank, so the loss does not depend on how the batch is cut). Its gradient in
 // logp is -w A u where the unclipped term is the minimum, else 0; the model takes it as the
 // coefficient of (softmax - onehot) in d loss / d logits, which is -d l / d logp.
+//
+// Optional KL penalty to a frozen reference policy (the SFT checkpoint), as GRPO's paper adds
+// to the loss rather than the reward: per token, with r = logp_ref - logp, Schulman's k3
+// estimator of KL(pi_theta || pi_ref), unbiased and never negative,
+//     k = exp(r) - r - 1,     added as beta * k / tokens,   d k / d logp = 1 - exp(r).
 #pragma once
 
 #include <span>
@@ -38,6 +43,7 @@ struct PolicyLossOptions {
   double clip_low = 0.2;    // eps_low
   double clip_high = 0.28;  // eps_high (DAPO's clip-higher)
   double tis_cap = 2.0;     // C; 0: no importance weight (w = 1)
+  double kl_coef = 0.0;     // beta; 0: no KL term (and no reference forward pass)
 };
 
 struct TokenTerm {
@@ -51,5 +57,12 @@ struct TokenTerm {
 // The term of one completion token, over `tokens` completion tokens in the global batch.
 TokenTerm policy_token(double logp, double logp_old, double logp_mu, double advantage,
                        double tokens, const PolicyLossOptions& o);
+
+struct KlTerm {
+  double kl = 0;    // k3 of the token
+  double loss = 0;  // beta * k / tokens
+  double coef = 0;  // -d loss / d logp
+};
+KlTerm kl_token(double logp, double logp_ref, double tokens, double beta);
 
 }  // namespace wl::rl

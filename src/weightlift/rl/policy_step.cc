@@ -78,9 +78,16 @@ Result<PolicyStats> policy_gradients(parallel::DataParallel& dp, const PolicyBat
   }
   const int64_t seq = b.batch.seq;
   const double tokens = double(std::max<int64_t>(b.completion_tokens, 1));
+  const bool kl = options.kl_coef > 0;
+  if (kl && b.logp_ref.size() != b.logp_mu.size()) {
+    return invalid_argument("the loss has a KL term (beta " + std::to_string(options.kl_coef) +
+                            ") but the batch has " + std::to_string(b.logp_ref.size()) +
+                            " reference log-probabilities for " + std::to_string(b.logp_mu.size()) +
+                            " positions");
+  }
   // Summed over this rank's micro-batches, then over the ranks: clipped, weight, capped,
-  // gap, and (separately) the largest gap.
-  double sums[4] = {0, 0, 0, 0};
+  // gap, KL, and (separately) the largest gap.
+  double sums[5] = {0, 0, 0, 0, 0};
   double gap_max = 0;
   parallel::MicroBatchLoss loss{
       .part =
@@ -94,8 +101,16 @@ Result<PolicyStats> policy_gradients(parallel::DataParallel& dp, const PolicyBat
                 const double mu = b.logp_mu[first + r];
                 const TokenTerm t =
                     policy_token(logp[r], logp[r], mu, b.advantage[first + r], tokens, options);
-                coef[r] = float(t.coef);
+                double c = t.coef;
                 part += t.loss;
+                if (kl) {
+                  const KlTerm k =
+                      kl_token(logp[r], b.logp_ref[first + r], tokens, options.kl_coef);
+                  c += k.coef;
+                  part += k.loss;
+                  sums[4] += k.kl;
+                }
+                coef[r] = float(c);
                 sums[0] += t.clipped;
                 sums[1] += t.is_weight;
                 sums[2] += options.tis_cap > 0 && t.is_weight >= options.tis_cap;
@@ -110,7 +125,7 @@ Result<PolicyStats> policy_gradients(parallel::DataParallel& dp, const PolicyBat
   PolicyStats st;
   WL_ASSIGN_OR_RETURN(model::LossTerms lt,
                       parallel::compute_gradients(dp, b.batch, settings, loss));
-  WL_RETURN_IF_ERROR(dp.sum_over_ranks(sums, 4));
+  WL_RETURN_IF_ERROR(dp.sum_over_ranks(sums, 5));
   // The largest gap over the ranks: a sum of one-hot vectors would do, a max of the negated
   // sums would not; ranks are few, so each contributes its max in its own slot.
   std::vector<double> maxes(size_t(dp.ranks()), 0.0);
@@ -125,7 +140,29 @@ Result<PolicyStats> policy_gradients(parallel::DataParallel& dp, const PolicyBat
   st.is_weight_capped = sums[2] / tokens;
   st.logprob_gap_mean = sums[3] / tokens;
   st.logprob_gap_max = *std::max_element(maxes.begin(), maxes.end());
+  st.kl_mean = sums[4] / tokens;
   return st;
+}
+
+Result<std::vector<double>> target_logprobs(parallel::DataParallel& dp, const train::Batch& b) {
+  if (dp.options().layout.pp != 1) {
+    return invalid_argument("target_logprobs runs on data-parallel layouts only (pp 1)");
+  }
+  std::vector<double> out(b.targets.size(), 0.0);
+  dp.set_evaluating(true);
+  model::StagePass pass(dp.pass_model(), {0, dp.units().head()}, b.tokens.data(), b.batch, b.seq,
+                        {}, &dp);
+  const Status forward = pass.forward(nullptr, false);
+  if (forward.ok()) {
+    pass.token_loss(b.targets.data(), [&](std::span<const double> logp, std::span<float>) {
+      for (size_t r = 0; r < logp.size(); ++r)
+        if (b.targets[r] != kernels::kIgnoreIndex) out[r] = logp[r];
+      return 0.0;
+    });
+  }
+  dp.set_evaluating(false);
+  WL_RETURN_IF_ERROR(forward);
+  return out;
 }
 
 Result<PolicyStats> policy_step(parallel::DataParallel& dp, const PolicyBatch& b,

@@ -39,6 +39,9 @@ struct PolicyBatch {
   train::Batch batch;             // [rows, seq]
   std::vector<double> logp_mu;    // [rows * seq]: at a target position, the sampler's logprob
   std::vector<double> advantage;  // [rows * seq]
+  // [rows * seq]: the reference policy's logprob of each target, when the loss has a KL term
+  // (target_logprobs of the reference model); empty otherwise.
+  std::vector<double> logp_ref;
   int64_t completion_tokens = 0;  // targets that count
 };
 
@@ -59,6 +62,7 @@ struct PolicyStats {
   double is_weight_capped = 0;  // fraction of tokens whose weight hit the cap
   double logprob_gap_mean = 0;  // mean |logp_trainer - logp_sampler| over tokens
   double logprob_gap_max = 0;   // the largest
+  double kl_mean = 0;           // mean k3 estimate of KL(policy || reference) over tokens
   train::StepReport report;     // the optimizer's
 };
 
@@ -68,6 +72,10 @@ struct PolicyStats {
 //
 // policy_gradients leaves the gradients summed over the ranks (DataParallel::gather_grads
 // reads them) and `report` empty; policy_step also applies the optimizer.
+// Every target's log-probability under dp's current weights (forward only, the whole batch on
+// every rank: collective where parameters are sharded), 0 where the target is ignored.
+Result<std::vector<double>> target_logprobs(parallel::DataParallel& dp, const train::Batch& batch);
+
 Result<PolicyStats> policy_gradients(parallel::DataParallel& dp, const PolicyBatch& batch,
                                      const parallel::StepSettings& settings,
                                      const PolicyLossOptions& options);
