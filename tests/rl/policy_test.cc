@@ -18,14 +18,20 @@ namespace {
 TEST(GroupAdvantages, NormaliseByTheGroupsStandardDeviation) {
   const std::vector<double> r = {1, 0, 0, 1};
   // mean 0.5, unbiased std sqrt(1/3)
-  const std::vector<double> a = group_advantages(r, {});
+  const std::vector<double> a = *group_advantages(r, {});
   EXPECT_NEAR(a[0], 0.5 / std::sqrt(1.0 / 3.0), 1e-5);
   EXPECT_NEAR(a[1], -0.5 / std::sqrt(1.0 / 3.0), 1e-5);
-  const std::vector<double> dr = group_advantages(r, {.normalize_std = false});
+  const std::vector<double> dr = *group_advantages(r, {.normalize_std = false});
   EXPECT_EQ(dr[0], 0.5);
   EXPECT_EQ(dr[1], -0.5);
-  for (double x : group_advantages(std::vector<double>{0.1, 0.1, 0.1}, {})) EXPECT_EQ(x, 0.0);
-  EXPECT_EQ(group_advantages(std::vector<double>{1.0}, {})[0], 0.0);
+  const std::vector<double> flat = *group_advantages(std::vector<double>{0.1, 0.1, 0.1}, {});
+  for (double x : flat) EXPECT_EQ(x, 0.0);
+  EXPECT_EQ((*group_advantages(std::vector<double>{1.0}, {}))[0], 0.0);
+  // A reward that is not a number is refused, naming the sample.
+  Result<std::vector<double>> bad = group_advantages(std::vector<double>{1.0, NAN, 0.0}, {});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("sample 1"), std::string::npos) << bad.status().message();
+  EXPECT_FALSE(group_advantages(std::vector<double>{INFINITY, 0.0}, {}).ok());
 }
 
 TEST(PolicyToken, ClipsOnlyWhereTheAdvantageWouldPushFurther) {

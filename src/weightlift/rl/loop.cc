@@ -382,7 +382,12 @@ class Trainer {
           rewards.push_back(task_.reward(problems[size_t(i)], text, ended));
           correct.push_back(task_.correct(problems[size_t(i)], text, ended));
         }
-        const std::vector<double> adv = group_advantages(rewards, o_.advantages);
+        Result<std::vector<double>> advantages = group_advantages(rewards, o_.advantages);
+        if (!advantages.ok()) {
+          return advantages.status().with_context("step " + std::to_string(step) + ", prompt '" +
+                                                  problems[size_t(i)].prompt + "'");
+        }
+        const std::vector<double>& adv = *advantages;
         const bool flat = std::all_of(adv.begin(), adv.end(), [](double a) { return a == 0; });
         for (int64_t k = 0; k < o_.group; ++k) {
           Sample& s = got[size_t(i * o_.group + k)];

@@ -3,11 +3,19 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 namespace wl::rl {
 
-std::vector<double> group_advantages(std::span<const double> rewards, const AdvantageOptions& o) {
+Result<std::vector<double>> group_advantages(std::span<const double> rewards,
+                                             const AdvantageOptions& o) {
   const size_t g = rewards.size();
+  for (size_t i = 0; i < g; ++i) {
+    if (!std::isfinite(rewards[i])) {
+      return invalid_argument("reward of sample " + std::to_string(i) + " of the group is " +
+                              std::to_string(rewards[i]) + ", not a finite number");
+    }
+  }
   std::vector<double> out(g, 0.0);
   // One sample, or nothing to tell the samples apart: no signal (exactly 0, not the rounding
   // of a mean).

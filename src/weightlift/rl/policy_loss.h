@@ -29,6 +29,8 @@
 #include <span>
 #include <vector>
 
+#include "weightlift/core/status.h"
+
 namespace wl::rl {
 
 struct AdvantageOptions {
@@ -36,8 +38,10 @@ struct AdvantageOptions {
   double eps = 1e-6;
 };
 
-// One group's rewards -> each sample's advantage.
-std::vector<double> group_advantages(std::span<const double> rewards, const AdvantageOptions& o);
+// One group's rewards -> each sample's advantage. InvalidArgument naming the sample when a
+// reward is not finite (a reward function's NaN would otherwise reach every gradient).
+Result<std::vector<double>> group_advantages(std::span<const double> rewards,
+                                             const AdvantageOptions& o);
 
 struct PolicyLossOptions {
   double clip_low = 0.2;    // eps_low
