@@ -157,7 +157,8 @@ Status run_rl(RlArgs a) {
   nlohmann::json summary = {{"task", a.task},
                             {"difficulty", a.o.task.difficulty},
                             {"preset", a.preset},
-                            {"mode", "synchronous"},
+                            {"mode", a.o.max_staleness == 0 ? "synchronous" : "asynchronous"},
+                            {"max_staleness", a.o.max_staleness},
                             {"rollout_workers", job.size() - 1},
                             {"group", a.o.group},
                             {"prompts_per_step", a.o.prompts},
@@ -240,6 +241,11 @@ void register_rl(CLI::App& app, Outcome& out) {
   cmd->add_option("--tis-cap", o.loss.tis_cap, "truncated importance weight cap; 0 = off")
       ->capture_default_str()
       ->transform(real(kNonNegative));
+  cmd->add_option("--max-staleness", o.max_staleness,
+                  "eta: 0 = synchronous; from 1, generation overlaps training and no sample "
+                  "more than eta policy versions old is trained on")
+      ->capture_default_str()
+      ->transform(count(0, 1000));
   cmd->add_option("--kl-coef", o.loss.kl_coef,
                   "weight of the KL penalty to the policy RL starts from (k3 estimator); 0 = off")
       ->capture_default_str()

@@ -58,6 +58,7 @@ TEST(RlProcesses, TrainerAndTwoWorkersRunTheLoop) {
   ASSERT_TRUE(metrics.good());
   int sft = 0, rl = 0;
   uint64_t last_version = 0;
+  bool last_trained = false;
   for (std::string line; std::getline(metrics, line);) {
     const nlohmann::json j = nlohmann::json::parse(line);
     if (j["phase"] == "sft") {
@@ -65,10 +66,16 @@ TEST(RlProcesses, TrainerAndTwoWorkersRunTheLoop) {
       continue;
     }
     ++rl;
-    // Every step trains on weights pushed after the step before: a newer version each time.
-    EXPECT_GT(j["version"].get<uint64_t>(), last_version) << line;
-    last_version = j["version"].get<uint64_t>();
-    if (j["tokens"].get<int64_t>() == 0) continue;  // every group was flat
+    // Every step that trains makes a new version; the next step trains that one, on samples
+    // from it (synchronous).
+    const uint64_t version = j["version"].get<uint64_t>();
+    if (rl > 1) {
+      EXPECT_EQ(version, last_version + (last_trained ? 1 : 0)) << line;
+    }
+    last_version = version;
+    last_trained = j["trained"].get<int64_t>() > 0;
+    if (!last_trained) continue;  // every group was flat
+    EXPECT_EQ(j["staleness"], nlohmann::json::array({j["trained"]})) << line;
     // The workers' bf16 weights give each token nearly the trainer's own log-probability.
     EXPECT_LT(j["logprob_gap_max"].get<double>(), 0.05) << line;
     EXPECT_NEAR(j["is_weight_mean"].get<double>(), 1.0, 0.01) << line;
@@ -104,6 +111,69 @@ TEST(RlProcesses, TrainerAndTwoWorkersRunTheLoop) {
                                        {});
   EXPECT_EQ(wl::testing::wait_exit(gen, comm::deadline_after(60s)), 0) << gen.output;
   wl::testing::reap(gen);
+}
+
+// Asynchronous mode: generation of the next batch overlaps training, the weights go out every
+// other step at eta 2, and the records show every trained sample within eta versions of the
+// weights it was trained against, with staleness 1 and 2 both seen (so the run really was
+// asynchronous).
+TEST(RlProcesses, AsynchronousRunsNeverTrainOnSamplesOlderThanEta) {
+  const std::string out = fresh_dir("async");
+  std::vector<Child> job = start_job(2, {"--preset",
+                                         "tiny",
+                                         "--task",
+                                         "sort",
+                                         "--difficulty",
+                                         "2",
+                                         "--sft-steps",
+                                         "10",
+                                         "--sft-target",
+                                         "1",
+                                         "--steps",
+                                         "9",
+                                         "--eval-every",
+                                         "4",
+                                         "--prompts",
+                                         "4",
+                                         "--group",
+                                         "4",
+                                         "--eval-problems",
+                                         "8",
+                                         "--max-staleness",
+                                         "2",
+                                         "--no-dynamic-sampling",
+                                         "--timeout",
+                                         "30",
+                                         "--out",
+                                         out});
+  for (Child& c : job) {
+    EXPECT_EQ(wl::testing::wait_exit(c, comm::deadline_after(120s)), 0) << c.output;
+    wl::testing::reap(c);
+  }
+  std::ifstream metrics(out + "/rl_metrics.jsonl");
+  ASSERT_TRUE(metrics.good());
+  std::vector<int64_t> seen(3, 0);
+  int rl = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j["phase"] != "rl") continue;
+    ++rl;
+    EXPECT_EQ(j["stale_dropped"], 0) << line;
+    const auto staleness = j["staleness"].get<std::vector<int64_t>>();
+    ASSERT_LE(staleness.size(), 3u) << line;
+    int64_t trained = 0;
+    for (size_t k = 0; k < staleness.size(); ++k) {
+      seen[k] += staleness[k];
+      trained += staleness[k];
+    }
+    EXPECT_EQ(trained, j["trained"].get<int64_t>()) << line;
+  }
+  EXPECT_EQ(rl, 9);
+  EXPECT_GT(seen[1], 0);
+  EXPECT_GT(seen[2], 0);
+  const nlohmann::json summary = nlohmann::json::parse(std::ifstream(out + "/summary.json"));
+  EXPECT_EQ(summary["mode"], "asynchronous");
+  EXPECT_EQ(summary["max_staleness_trained"], 2);
 }
 
 TEST(RlProcesses, AKilledWorkerEndsTheRunWithAnError) {

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <optional>
 
 #include "weightlift/core/timing.h"
 #include "weightlift/infer/worker.h"
@@ -182,6 +184,13 @@ Status run_rollout_worker(const RlOptions& o, comm::World& world) {
 
 namespace {
 
+// Problems sent to the workers, each G times, and what came back.
+struct Round {
+  std::vector<Problem> problems;
+  std::vector<std::vector<int64_t>> prompts;
+  std::vector<Sample> samples;
+};
+
 class Trainer {
  public:
   Trainer(const RlOptions& o, comm::World& world, Task task)
@@ -212,7 +221,7 @@ class Trainer {
     return server_->register_checkpoint(kCheckpoint, o_.config, full_);
   }
 
-  // Every worker takes the trainer's current weights; returns their version.
+  // Every worker takes the trainer's current weights; returns their policy version.
   Result<uint64_t> push_weights() {
     WL_RETURN_IF_ERROR(dp_.gather_model(full_.data()));
     WL_RETURN_IF_ERROR(server_->refresh(kCheckpoint, full_));
@@ -223,50 +232,54 @@ class Trainer {
       return unavailable("weight update reached " + std::to_string(u.members.size()) + " of " +
                          std::to_string(workers()) + " rollout workers");
     }
-    version_ = u.report.version;
-    return version_;
+    server_version_ = u.report.version;
+    published_[server_version_] = updates_;
+    worker_version_ = updates_;
+    return updates_;
   }
 
-  // Generates for `prompts` across the workers (contiguous shares).
-  Result<std::vector<Sample>> generate(const std::vector<std::vector<int64_t>>& prompts,
-                                       bool greedy) {
+  // Generation requests for `prompts` to the workers (contiguous shares), without waiting.
+  Status request(const std::vector<std::vector<int64_t>>& prompts, bool greedy) {
     comm::Group& g = *world_.group;
-    const int W = workers();
-    const size_t per = (prompts.size() + size_t(W) - 1) / size_t(W);
-    // Worker w's share: prompts [w * per, (w + 1) * per), clipped to the end.
-    auto share_begin = [&](int w) { return std::min(prompts.size(), per * size_t(w)); };
-    for (int w = 0; w < W; ++w) {
-      const size_t a = share_begin(w), b = share_begin(w + 1);
-      const std::vector<std::vector<int64_t>> share(prompts.begin() + int64_t(a),
-                                                    prompts.begin() + int64_t(b));
+    for (int w = 0; w < workers(); ++w) {
+      const auto [a, b] = share(prompts.size(), w);
+      const std::vector<std::vector<int64_t>> part(prompts.begin() + int64_t(a),
+                                                   prompts.begin() + int64_t(b));
       WL_RETURN_IF_ERROR(send_command(g, w + 1, kGenerate, o_.timeout));
       WL_RETURN_IF_ERROR(send_values(
-          g, w + 1, kTagInts, encode_request(share, greedy, rng_.next(), max_new()), o_.timeout));
+          g, w + 1, kTagInts, encode_request(part, greedy, rng_.next(), max_new()), o_.timeout));
     }
+    return ok_status();
+  }
+
+  // What the workers made of request(prompts): every sample with its tokens, logprobs and the
+  // policy version of the weights that made it.
+  Result<std::vector<Sample>> receive(const std::vector<std::vector<int64_t>>& prompts) {
+    comm::Group& g = *world_.group;
     std::vector<Sample> out;
-    for (int w = 0; w < W; ++w) {
-      const size_t a = share_begin(w), b = share_begin(w + 1);
+    for (int w = 0; w < workers(); ++w) {
+      const auto [a, b] = share(prompts.size(), w);
       WL_ASSIGN_OR_RETURN(std::vector<int64_t> ints,
                           recv_values<int64_t>(g, w + 1, kTagInts, kMostValues, o_.timeout));
       WL_ASSIGN_OR_RETURN(std::vector<double> reals,
                           recv_values<double>(g, w + 1, kTagReals, kMostValues, o_.timeout));
+      const std::string who = "rollout worker " + std::to_string(w + 1);
+      if (ints.empty()) return data_loss(who + ": empty reply");
+      auto version = policy_version_of(uint64_t(ints[0]));
+      if (!version) {
+        return data_loss(who + ": samples from weights version " + std::to_string(ints[0]) +
+                         ", which the trainer never published (newest " +
+                         std::to_string(server_version_) + ")");
+      }
       size_t at = 1, lp = 0;
       for (size_t r = a; r < b; ++r) {
-        if (ints.empty() || at >= ints.size() || ints[at] < 0 ||
-            size_t(ints[at]) > ints.size() - at - 1 || lp + size_t(ints[at]) > reals.size() ||
-            ints[at] > max_new()) {
-          return data_loss("rollout worker " + std::to_string(w + 1) + ": reply cut short at row " +
-                           std::to_string(r - a));
+        if (at >= ints.size() || ints[at] < 0 || size_t(ints[at]) > ints.size() - at - 1 ||
+            lp + size_t(ints[at]) > reals.size() || ints[at] > max_new()) {
+          return data_loss(who + ": reply cut short at row " + std::to_string(r - a));
         }
         Sample s;
         s.prompt = prompts[r];
-        s.version = uint64_t(ints[0]);
-        if (s.version > version_) {
-          return data_loss("rollout worker " + std::to_string(w + 1) +
-                           ": a sample from weights version " + std::to_string(s.version) +
-                           ", newer than any the trainer has published (" +
-                           std::to_string(version_) + ")");
-        }
+        s.version = *version;
         const int64_t n = ints[at];
         s.completion.assign(ints.begin() + int64_t(at) + 1, ints.begin() + int64_t(at) + 1 + n);
         s.logprobs.assign(reals.begin() + int64_t(lp), reals.begin() + int64_t(lp) + n);
@@ -276,6 +289,26 @@ class Trainer {
       }
     }
     return out;
+  }
+
+  Result<std::vector<Sample>> generate(const std::vector<std::vector<int64_t>>& prompts,
+                                       bool greedy) {
+    WL_RETURN_IF_ERROR(request(prompts, greedy));
+    return receive(prompts);
+  }
+
+  // Worker w's share of n prompts: [w * per, (w + 1) * per), clipped to the end.
+  std::pair<size_t, size_t> share(size_t n, int w) const {
+    const size_t per = (n + size_t(workers()) - 1) / size_t(workers());
+    return {std::min(n, per * size_t(w)), std::min(n, per * size_t(w + 1))};
+  }
+
+  // The policy version (optimizer updates so far) that the parameter server published as
+  // `server_version`; nothing for a version it never published.
+  std::optional<uint64_t> policy_version_of(uint64_t server_version) const {
+    auto it = published_.find(server_version);
+    if (it == published_.end()) return std::nullopt;
+    return it->second;
   }
 
   // The completion's text and whether it ended with the end token.
@@ -308,6 +341,7 @@ class Trainer {
 
   // Held-out accuracy of the trainer's current weights, greedy, on the workers.
   Result<double> evaluate() {
+    WL_RETURN_IF_ERROR(drain());
     WL_RETURN_IF_ERROR(push_weights().status());
     return held_out_accuracy();
   }
@@ -337,6 +371,7 @@ class Trainer {
     WL_ASSIGN_OR_RETURN(train::Batch b, make_sft_batch(demos, seq_));
     const Clock::time_point t0 = Clock::now();
     WL_ASSIGN_OR_RETURN(parallel::StepResult r, parallel::run_step(dp_, b, {.lr = o_.sft_lr}));
+    ++updates_;
     StepRecord rec;
     rec.phase = "sft";
     rec.step = step;
@@ -345,62 +380,63 @@ class Trainer {
     return rec;
   }
 
+  // One RL step. Synchronous (max_staleness 0): push the weights, generate, train. Otherwise
+  // the next step's generation overlaps this step's training: the samples trained now were
+  // requested during the step before, and the weights are pushed only when the next batch
+  // would otherwise be trained more than max_staleness versions after the weights that make it.
   Result<StepRecord> rl_step(int64_t step) {
     StepRecord rec;
     rec.phase = "rl";
     rec.step = step;
+    rec.version = updates_;
     const Clock::time_point start = Clock::now();
-    Clock::time_point t0 = start;
-    WL_ASSIGN_OR_RETURN(rec.version, push_weights());
-    rec.sync_s = seconds_since(t0);
-    t0 = Clock::now();
+    const bool overlap = o_.max_staleness > 0;
+    if (!overlap || worker_version_ + uint64_t(o_.max_staleness) < updates_) {
+      WL_RETURN_IF_ERROR(drain());
+      const Clock::time_point t0 = Clock::now();
+      WL_RETURN_IF_ERROR(push_weights().status());
+      rec.sync_s = seconds_since(t0);
+    }
+    Clock::time_point t0 = Clock::now();
     std::vector<Sample> batch;
-    int64_t right = 0;
+    int64_t right = 0, generated = 0;
     double reward_sum = 0;
-    int64_t generated = 0;
     while (int64_t(batch.size()) < o_.prompts * o_.group &&
            rec.generations < o_.max_resample_rounds) {
       ++rec.generations;
       const int64_t need = o_.prompts - int64_t(batch.size()) / o_.group;
-      std::vector<Problem> problems;
-      std::vector<std::vector<int64_t>> prompts;
-      for (int64_t i = 0; i < need; ++i) {
-        problems.push_back(task_.sample(rng_));
-        for (int64_t k = 0; k < o_.group; ++k)
-          prompts.push_back(train::encode(problems.back().prompt));
-      }
-      WL_ASSIGN_OR_RETURN(std::vector<Sample> got, generate(prompts, false));
-      for (const Sample& s : got) {
+      if (!in_flight_ && !received_) WL_RETURN_IF_ERROR(request_round(need));
+      WL_ASSIGN_OR_RETURN(Round round, receive_round());
+      for (const Sample& s : round.samples) {
         rec.response_tokens += double(s.completion.size());
         ++generated;
       }
-      for (int64_t i = 0; i < need; ++i) {
+      const int64_t groups = int64_t(round.problems.size());
+      for (int64_t i = 0; i < groups; ++i) {
         std::vector<double> rewards;
         std::vector<bool> correct;
         for (int64_t k = 0; k < o_.group; ++k) {
-          const auto [text, ended] = text_of(got[size_t(i * o_.group + k)]);
-          rewards.push_back(task_.reward(problems[size_t(i)], text, ended));
-          correct.push_back(task_.correct(problems[size_t(i)], text, ended));
+          const auto [text, ended] = text_of(round.samples[size_t(i * o_.group + k)]);
+          rewards.push_back(task_.reward(round.problems[size_t(i)], text, ended));
+          correct.push_back(task_.correct(round.problems[size_t(i)], text, ended));
         }
         Result<std::vector<double>> advantages = group_advantages(rewards, o_.advantages);
         if (!advantages.ok()) {
           return advantages.status().with_context("step " + std::to_string(step) + ", prompt '" +
-                                                  problems[size_t(i)].prompt + "'");
+                                                  round.problems[size_t(i)].prompt + "'");
         }
         const std::vector<double>& adv = *advantages;
-        const bool flat = std::all_of(adv.begin(), adv.end(), [](double a) { return a == 0; });
-        for (int64_t k = 0; k < o_.group; ++k) {
-          Sample& s = got[size_t(i * o_.group + k)];
-          s.reward = rewards[size_t(k)];
-          s.advantage = adv[size_t(k)];
-        }
-        if (flat && o_.dynamic_sampling) {
+        if (o_.dynamic_sampling &&
+            std::all_of(adv.begin(), adv.end(), [](double x) { return x == 0; })) {
           ++rec.groups_filtered;
           continue;
         }
         for (int64_t k = 0; k < o_.group; ++k) {
-          Sample& s = got[size_t(i * o_.group + k)];
-          const uint64_t behind = rec.version - s.version;
+          Sample& s = round.samples[size_t(i * o_.group + k)];
+          s.reward = rewards[size_t(k)];
+          s.advantage = adv[size_t(k)];
+          // Trained against the weights of version updates_: this many versions behind.
+          const uint64_t behind = updates_ - s.version;
           if (behind > uint64_t(o_.max_staleness)) {
             ++rec.stale_dropped;
             continue;
@@ -414,7 +450,16 @@ class Trainer {
       }
     }
     if (generated > 0) rec.response_tokens /= double(generated);
-    rec.generate_s = seconds_since(t0);
+    if (overlap) {
+      // The next step's samples, generated while this step trains.
+      if (worker_version_ + uint64_t(o_.max_staleness) < updates_ + 1) {
+        const Clock::time_point t1 = Clock::now();
+        WL_RETURN_IF_ERROR(push_weights().status());
+        rec.sync_s += seconds_since(t1);
+      }
+      WL_RETURN_IF_ERROR(request_round(o_.prompts));
+    }
+    rec.generate_s = seconds_since(t0) - rec.sync_s;
     if (batch.empty()) {
       // Every group was flat within the rounds allowed: nothing to learn from this step.
       rec.step_s = seconds_since(start);
@@ -429,13 +474,54 @@ class Trainer {
       WL_ASSIGN_OR_RETURN(pb.logp_ref, reference_logprobs(pb.batch));
     }
     WL_ASSIGN_OR_RETURN(rec.stats, policy_step(dp_, pb, {.lr = o_.lr}, o_.loss));
+    ++updates_;
     rec.loss = rec.stats.loss;
     rec.train_s = seconds_since(t0);
     rec.step_s = seconds_since(start);
     return rec;
   }
 
+  // A round of generation requested and not yet received: `count` fresh training problems,
+  // each G times.
+  Status request_round(int64_t count) {
+    Round r;
+    for (int64_t i = 0; i < count; ++i) {
+      r.problems.push_back(task_.sample(rng_));
+      for (int64_t k = 0; k < o_.group; ++k)
+        r.prompts.push_back(train::encode(r.problems.back().prompt));
+    }
+    WL_RETURN_IF_ERROR(request(r.prompts, false));
+    in_flight_ = std::move(r);
+    return ok_status();
+  }
+
+  Result<Round> receive_round() {
+    if (received_) {
+      Round r = std::move(*received_);
+      received_.reset();
+      return r;
+    }
+    if (!in_flight_) return failed_precondition("no generation in flight");
+    Round r = std::move(*in_flight_);
+    in_flight_.reset();
+    WL_ASSIGN_OR_RETURN(r.samples, receive(r.prompts));
+    return r;
+  }
+
+  // The workers take new weights only between requests (their safe point): a round in flight
+  // is received first and kept, with its version, for the next step.
+  Status drain() {
+    if (!in_flight_) return ok_status();
+    Round kept = std::move(*in_flight_);
+    in_flight_.reset();
+    WL_ASSIGN_OR_RETURN(kept.samples, receive(kept.prompts));
+    received_ = std::move(kept);
+    return ok_status();
+  }
+
   Status stop() {
+    // A worker answering a request takes no command until its answer is received.
+    if (in_flight_) (void)drain();
     for (int w = 1; w <= workers(); ++w)
       WL_RETURN_IF_ERROR(send_command(*world_.group, w, kStop, o_.timeout));
     return ok_status();
@@ -451,7 +537,14 @@ class Trainer {
   int64_t seq_ = 0;
   std::vector<Problem> held_out_;
   std::unique_ptr<transfer::ParameterServer> server_;
-  uint64_t version_ = 0;  // the newest weights published to the workers
+  // Versions: the policy's is the number of optimizer updates so far (SFT and RL); the
+  // parameter server numbers its own updates, published_ maps those to the policy's.
+  uint64_t updates_ = 0;
+  uint64_t worker_version_ = 0;  // the policy version the workers hold
+  uint64_t server_version_ = 0;
+  std::map<uint64_t, uint64_t> published_;
+  std::optional<Round> in_flight_;                     // requested, not received
+  std::optional<Round> received_;                      // received before a push, trained next
   std::unique_ptr<parallel::DataParallel> reference_;  // with a KL term only
 };
 

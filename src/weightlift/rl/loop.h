@@ -57,9 +57,13 @@ struct RlOptions {
   int64_t max_resample_rounds = 4;  // generations per step at most when groups are filtered
   int64_t eval_every = 10;          // steps between held-out evaluations (and at the ends)
   int64_t eval_problems = 64;
-  // Staleness bound (eta): a sample made by weights more than this many versions older than
-  // the ones being trained is never trained on. Synchronous mode generates every step's
-  // samples from the weights just pushed, so 0 holds by construction and is checked.
+  // Staleness bound (eta), in policy versions (optimizer updates): no sample made by weights
+  // more than this many versions older than the ones being trained is trained on (each is
+  // checked; one that would be is dropped and counted). 0 is synchronous mode: push, generate,
+  // train. From 1 the next step's generation overlaps this step's training, and the weights
+  // are pushed only as often as the bound needs (every step at 1, every other step at 2, ...).
+  // The workers take new weights between requests only, so every token of a sample comes
+  // from the sample's version.
   int64_t max_staleness = 0;
   std::chrono::milliseconds timeout{120000};
 };
@@ -68,7 +72,7 @@ struct RlOptions {
 struct StepRecord {
   std::string phase;     // "sft" or "rl"
   int64_t step = 0;      // within its phase, from 1
-  uint64_t version = 0;  // the weights' version the step's samples came from
+  uint64_t version = 0;  // the policy version trained (optimizer updates before this step)
   double loss = 0;
   int64_t trained = 0;            // samples trained on (0: every group filtered)
   double reward_mean = 0;         // over the samples trained on
