@@ -3,6 +3,7 @@
 // --out: rl_metrics.jsonl (one line per step), summary.json, report.html, reward.svg, the
 // trained policy (model.safetensors, config.json: `weightlift generate --run` reads them) and,
 // with the workers, processes.json.
+#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -16,6 +17,7 @@
 #include "weightlift/core/safetensors.h"
 #include "weightlift/model/params.h"
 #include "weightlift/parallel/job.h"
+#include "weightlift/rl/checkpoint.h"
 #include "weightlift/rl/loop.h"
 
 namespace wl::app {
@@ -35,47 +37,64 @@ struct RlArgs {
   double timeout_s = 120;
 };
 
-nlohmann::json to_json(const rl::StepRecord& r) {
-  nlohmann::json j = {{"phase", r.phase},
-                      {"step", r.step},
-                      {"version", r.version},
-                      {"loss", r.loss},
-                      {"train_s", r.train_s}};
-  if (r.held_out_accuracy >= 0) j["held_out_accuracy"] = r.held_out_accuracy;
-  if (r.phase == "rl") {
-    j.update({{"trained", r.trained},
-              {"reward_mean", r.reward_mean},
-              {"train_accuracy", r.train_accuracy},
-              {"groups_filtered", r.groups_filtered},
-              {"generations", r.generations},
-              {"tokens", r.stats.tokens},
-              {"clip_fraction", r.stats.clip_fraction},
-              {"is_weight_mean", r.stats.is_weight_mean},
-              {"is_weight_capped", r.stats.is_weight_capped},
-              {"logprob_gap_mean", r.stats.logprob_gap_mean},
-              {"logprob_gap_max", r.stats.logprob_gap_max},
-              {"kl", r.stats.kl_mean},
-              {"grad_norm", r.stats.report.grad_norm},
-              {"generate_s", r.generate_s},
-              {"sync_s", r.sync_s},
-              {"step_s", r.step_s},
-              {"response_tokens", r.response_tokens},
-              {"staleness", r.staleness},
-              {"stale_dropped", r.stale_dropped}});
-  }
-  return j;
-}
-
 // --out must be a directory of ours to write: another run's results are kept unless
 // --overwrite.
+// What a resume must not change, by flag name: everything that decides what the next step
+// samples and how it trains (--steps may grow).
+std::map<std::string, std::string> run_options(const RlArgs& a, int workers) {
+  auto exact = [](double v) {  // the shortest text that reads back as v
+    char b[32];
+    const auto r = std::to_chars(b, b + sizeof b, v);
+    return std::string(b, r.ptr);
+  };
+  const rl::RlOptions& o = a.o;
+  return {{"preset", a.preset},
+          {"task", a.task},
+          {"difficulty", std::to_string(o.task.difficulty)},
+          {"format-reward", exact(o.task.format_reward)},
+          {"seed", std::to_string(o.seed)},
+          {"prompts", std::to_string(o.prompts)},
+          {"group", std::to_string(o.group)},
+          {"lr", exact(o.lr)},
+          {"temperature", exact(o.sampling.temperature)},
+          {"top-k", std::to_string(o.sampling.top_k)},
+          {"top-p", exact(o.sampling.top_p)},
+          {"clip-low", exact(o.loss.clip_low)},
+          {"clip-high", exact(o.loss.clip_high)},
+          {"tis-cap", exact(o.loss.tis_cap)},
+          {"kl-coef", exact(o.loss.kl_coef)},
+          {"dr-grpo", a.dr_grpo ? "true" : "false"},
+          {"no-dynamic-sampling", a.no_dynamic_sampling ? "true" : "false"},
+          {"eval-every", std::to_string(o.eval_every)},
+          {"eval-problems", std::to_string(o.eval_problems)},
+          {"max-staleness", std::to_string(o.max_staleness)},
+          {"rollout-workers (launch -n, less the trainer)", std::to_string(workers)}};
+}
+
+// A resume of a run in --out continues it there (its files are replaced at the end).
 Status check_out_dir(const RlArgs& a) {
   std::error_code ec;
   if (fs::exists(fs::symlink_status(a.out_dir, ec)) && !fs::is_directory(a.out_dir, ec))
     return invalid_argument("--out " + a.out_dir + " exists and is not a directory");
-  for (const char* f : {"rl_metrics.jsonl", "summary.json", "report.html", "reward.svg",
-                        "model.safetensors", "config.json"}) {
+  const bool continuing =
+      !a.o.resume.empty() && fs::weakly_canonical(fs::path(a.o.resume).parent_path(), ec) ==
+                                 fs::weakly_canonical(a.out_dir, ec);
+  std::vector<std::string> ours = {"rl_metrics.jsonl", "summary.json",      "report.html",
+                                   "reward.svg",       "model.safetensors", "config.json"};
+  if (fs::is_directory(a.out_dir, ec)) {
+    for (const auto& e : fs::directory_iterator(a.out_dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("checkpoint-", 0) == 0) ours.push_back(name);
+    }
+  }
+  for (const std::string& f : ours) {
     const std::string p = a.out_dir + "/" + f;
-    if (!fs::exists(fs::symlink_status(p, ec))) continue;
+    if (!fs::exists(fs::symlink_status(p, ec)) || continuing) continue;
+    if (f.rfind("checkpoint-", 0) == 0) {
+      if (a.overwrite) continue;
+      return invalid_argument("--out " + a.out_dir + " holds another run's checkpoints (" + f +
+                              "); resume it (--resume) or pass --overwrite");
+    }
     if (!a.overwrite) {
       return invalid_argument("--out " + a.out_dir + " already holds a run (" + f +
                               "); pass --overwrite to replace it");
@@ -104,9 +123,16 @@ Status run_rl(RlArgs a) {
   a.o.advantages.normalize_std = !a.dr_grpo;
   a.o.dynamic_sampling = !a.no_dynamic_sampling;
   a.o.timeout = std::chrono::milliseconds(int64_t(a.timeout_s * 1000));
+  if (a.o.max_staleness > 0 && (a.o.checkpoint_every > 0 || !a.o.resume.empty())) {
+    return invalid_argument(
+        "--checkpoint-every and --resume need a synchronous run (--max-staleness 0): an "
+        "asynchronous run's samples in flight are not part of a checkpoint");
+  }
+  a.o.checkpoint_dir = a.out_dir;
   WL_RETURN_IF_ERROR(check_out_dir(a));
   WL_ASSIGN_OR_RETURN(comm::LaunchEnv env, comm::read_launch_env());
   WL_ASSIGN_OR_RETURN(parallel::Job job, parallel::connect_job(env, a.o.timeout));
+  a.o.run = run_options(a, job.size() - 1);
   std::error_code ec;
   fs::create_directories(a.out_dir, ec);
   if (ec) return errno_status("mkdir " + a.out_dir, ec.value());
@@ -124,14 +150,15 @@ Status run_rl(RlArgs a) {
   ProgressBar sft_bar("sft", a.o.sft_steps, "steps"), rl_bar("rl", a.o.steps, "steps");
   double last_held = -1;
   Clock::time_point started = Clock::now(), last_sft = started;
+  int64_t phase_first_step = 1;  // a resumed run's RL starts later
   auto on_step = [&](const rl::StepRecord& r) {
-    metrics += to_json(r).dump() + "\n";
+    metrics += rl::record_to_json(r).dump() + "\n";
     if (r.held_out_accuracy >= 0) last_held = r.held_out_accuracy;
     char status[160];
     char held[16] = "-";
     if (last_held >= 0) std::snprintf(held, sizeof held, "%.0f%%", 100 * last_held);
     const double rate =
-        double(r.step) /
+        double(r.step - phase_first_step + 1) /
         std::max(1e-9, std::chrono::duration<double>(Clock::now() - started).count());
     if (r.phase == "sft") {
       std::snprintf(status, sizeof status, "loss %.3f  held-out %s", r.loss, held);
@@ -143,15 +170,25 @@ Status run_rl(RlArgs a) {
       rl_bar.update(r.step, rate, "steps/s", status);
     }
   };
+  bool rl_started = false;
   Result<rl::RlSummary> s = rl::run_trainer(a.o, job.world, [&](const rl::StepRecord& r) {
-    if (r.phase == "rl" && r.step == 1) {
+    if (r.phase == "rl" && !rl_started) {
+      rl_started = true;
       sft_bar.finish();
       started = last_sft;
+      phase_first_step = r.step;
     }
     on_step(r);
   });
   rl_bar.finish();
-  WL_RETURN_IF_ERROR(write_file_atomically(a.out_dir + "/rl_metrics.jsonl", metrics));
+  // The whole run's records (a resumed run's too); what was done when it failed.
+  if (s.ok()) {
+    metrics.clear();
+    for (const rl::StepRecord& r : s->records) metrics += rl::record_to_json(r).dump() + "\n";
+  }
+  if (!metrics.empty()) {
+    WL_RETURN_IF_ERROR(write_file_atomically(a.out_dir + "/rl_metrics.jsonl", metrics));
+  }
   WL_RETURN_IF_ERROR(s.status());
   WL_RETURN_IF_ERROR(write_policy(a.out_dir, a.o.config, s->policy));
   nlohmann::json summary = {{"task", a.task},
@@ -246,6 +283,12 @@ void register_rl(CLI::App& app, Outcome& out) {
                   "more than eta policy versions old is trained on")
       ->capture_default_str()
       ->transform(count(0, 1000));
+  cmd->add_option("--checkpoint-every", o.checkpoint_every,
+                  "RL steps between checkpoints into --out/checkpoint-<step> (0 = none)")
+      ->capture_default_str()
+      ->transform(count(0, kMaxSteps));
+  cmd->add_option("--resume", o.resume,
+                  "continue the run of this checkpoint (--out/checkpoint-<step>) to --steps");
   cmd->add_option("--kl-coef", o.loss.kl_coef,
                   "weight of the KL penalty to the policy RL starts from (k3 estimator); 0 = off")
       ->capture_default_str()

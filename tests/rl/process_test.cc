@@ -176,6 +176,102 @@ TEST(RlProcesses, AsynchronousRunsNeverTrainOnSamplesOlderThanEta) {
   EXPECT_EQ(summary["max_staleness_trained"], 2);
 }
 
+std::vector<nlohmann::json> read_records(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+// The newest checkpoint-<step> in `dir`, or "".
+std::string last_checkpoint(const std::string& dir) {
+  std::string best;
+  int64_t best_step = -1;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("checkpoint-", 0) != 0 || name.find(".tmp") != std::string::npos) continue;
+    const int64_t step = std::stoll(name.substr(11));
+    if (step > best_step) {
+      best_step = step;
+      best = e.path().string();
+    }
+  }
+  return best;
+}
+
+// The trainer is killed (SIGKILL) once it has written a checkpoint; a new job resumed from its
+// last checkpoint writes, step for step, the records of a run that was never interrupted.
+TEST(RlProcesses, AResumedTrainerContinuesTheUninterruptedCurve) {
+  const std::vector<std::string> args = {"--preset",
+                                         "tiny",
+                                         "--task",
+                                         "sort",
+                                         "--difficulty",
+                                         "2",
+                                         "--sft-steps",
+                                         "30",
+                                         "--sft-target",
+                                         "0.3",
+                                         "--steps",
+                                         "40",
+                                         "--eval-every",
+                                         "10",
+                                         "--prompts",
+                                         "4",
+                                         "--group",
+                                         "4",
+                                         "--eval-problems",
+                                         "16",
+                                         "--checkpoint-every",
+                                         "5",
+                                         "--timeout",
+                                         "20"};
+  auto with_out = [&](const std::string& out, std::vector<std::string> extra = {}) {
+    std::vector<std::string> a = args;
+    a.insert(a.end(), {"--out", out});
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  const std::string whole = fresh_dir("whole"), killed = fresh_dir("killed_trainer"),
+                    resumed = fresh_dir("resumed");
+  std::vector<Child> job = start_job(3, with_out(whole));
+  for (Child& c : job) {
+    ASSERT_EQ(wl::testing::wait_exit(c, comm::deadline_after(120s)), 0) << c.output;
+    wl::testing::reap(c);
+  }
+  job = start_job(3, with_out(killed));
+  const comm::Deadline deadline = comm::deadline_after(60s);
+  while (last_checkpoint(killed).empty() && comm::Clock::now() < deadline)
+    std::this_thread::sleep_for(2ms);
+  wl::testing::kill_and_reap(job[0]);
+  for (size_t r = 1; r < job.size(); ++r) wl::testing::kill_and_reap(job[r]);
+  const std::string from = last_checkpoint(killed);
+  ASSERT_FALSE(from.empty());
+  job = start_job(3, with_out(resumed, {"--resume", from}));
+  for (Child& c : job) {
+    ASSERT_EQ(wl::testing::wait_exit(c, comm::deadline_after(120s)), 0) << c.output;
+    wl::testing::reap(c);
+  }
+  const std::vector<nlohmann::json> a = read_records(whole + "/rl_metrics.jsonl"),
+                                    b = read_records(resumed + "/rl_metrics.jsonl");
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    for (const char* k : {"phase", "step", "version", "loss", "reward_mean", "tokens",
+                          "held_out_accuracy", "staleness"}) {
+      EXPECT_EQ(a[i].value(k, nlohmann::json()), b[i].value(k, nlohmann::json()))
+          << k << " of record " << i << " (resumed from " << from << ")";
+    }
+  }
+  const nlohmann::json summary = nlohmann::json::parse(std::ifstream(resumed + "/summary.json"));
+  EXPECT_NE(summary["events"].dump().find("resumed from"), std::string::npos) << summary.dump();
+  // A resume that changes how the run samples is refused, naming the option.
+  job = start_job(3, with_out(fresh_dir("changed"), {"--resume", from, "--temperature", "0.5"}));
+  EXPECT_EQ(wl::testing::wait_exit(job[0], comm::deadline_after(60s)), 1) << job[0].output;
+  EXPECT_NE(job[0].output.find("--temperature"), std::string::npos) << job[0].output;
+  for (Child& c : job) wl::testing::kill_and_reap(c);
+}
+
 TEST(RlProcesses, AKilledWorkerEndsTheRunWithAnError) {
   const std::string out = fresh_dir("killed");
   std::vector<Child> job =

@@ -172,7 +172,8 @@ Result<std::string> make_staging(const std::string& dir, DataParallel& dp) {
 
 }  // namespace
 
-Status save_checkpoint(const std::string& dir, DataParallel& dp, const TrainState& state) {
+Status save_checkpoint(const std::string& dir, DataParallel& dp, const TrainState& state,
+                       const std::map<std::string, std::string>& extra_files) {
   // Never from a state a run could not continue from: the last good checkpoint stays.
   const std::string bad = first_untrusted(dp, dp.own_rows());
   WL_RETURN_IF_ERROR(agree(dp,
@@ -200,6 +201,10 @@ Status save_checkpoint(const std::string& dir, DataParallel& dp, const TrainStat
   Status swapped = ok_status();
   if (dp.job_rank() == 0) {
     swapped = write_state(tmp + "/state.json", dp, state, *digests);
+    for (const auto& [name, bytes] : extra_files) {
+      if (!swapped.ok()) break;
+      swapped = write_file_atomically(tmp + "/" + name, bytes);
+    }
     if (swapped.ok()) swapped = replace_directory(tmp, dir);
     if (!swapped.ok()) discard();
   }

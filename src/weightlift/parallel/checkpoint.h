@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "weightlift/core/status.h"
@@ -39,8 +40,11 @@ namespace wl::parallel {
 // The counters, the data position and the run's hyperparameters (train/checkpoint_state.h).
 using TrainState = train::CheckpointState;
 
-// Collective over the data-parallel ranks.
-Status save_checkpoint(const std::string& dir, DataParallel& dp, const TrainState& state);
+// Collective over the data-parallel ranks. `extra_files` (name -> bytes, written by rank 0)
+// go into the checkpoint with everything else, before it is moved into place: a layer above
+// keeps its own state in the same all-or-nothing directory.
+Status save_checkpoint(const std::string& dir, DataParallel& dp, const TrainState& state,
+                       const std::map<std::string, std::string>& extra_files = {});
 
 // Collective as well (every rank reads what it needs). A different model config is an error.
 Result<TrainState> load_checkpoint(const std::string& dir, DataParallel& dp);

@@ -11,6 +11,7 @@
 #include "weightlift/infer/worker.h"
 #include "weightlift/model/params.h"
 #include "weightlift/parallel/data_parallel.h"
+#include "weightlift/rl/checkpoint.h"
 #include "weightlift/train/tokenizer.h"
 #include "weightlift/transfer/fleet/fleet_receiver.h"
 #include "weightlift/transfer/fleet/parameter_server.h"
@@ -334,6 +335,26 @@ class Trainer {
     return target_logprobs(*reference_, b);
   }
 
+  Status save(const std::string& dir, const RlSummary& s, int64_t rl_steps) {
+    WL_RETURN_IF_ERROR(drain());  // nothing in flight in synchronous mode; kept otherwise
+    return save_rl_checkpoint(dir, dp_,
+                              {.sft_steps = s.sft_steps,
+                               .rl_steps = rl_steps,
+                               .updates = updates_,
+                               .rng = rng_.state(),
+                               .held_out_before_rl = s.held_out_before_rl,
+                               .records = s.records,
+                               .events = s.events,
+                               .run = o_.run});
+  }
+
+  Result<RlCheckpoint> resume(const std::string& dir) {
+    WL_ASSIGN_OR_RETURN(RlCheckpoint c, load_rl_checkpoint(dir, dp_, o_.run));
+    rng_.set_state(c.rng);
+    updates_ = c.updates;
+    return c;
+  }
+
   Result<std::vector<float>> policy() {
     WL_RETURN_IF_ERROR(dp_.gather_model(full_.data()));
     return full_;
@@ -557,7 +578,21 @@ Result<RlSummary> run_phases(const RlOptions& o, Trainer& t,
                              const std::function<void(const StepRecord&)>& on_step) {
   RlSummary summary;
   double held_out = -1;  // the last evaluation's; -1 before the first
-  for (int64_t step = 1; step <= o.sft_steps; ++step) {
+  int64_t first_rl_step = 1;
+  if (!o.resume.empty()) {
+    WL_ASSIGN_OR_RETURN(RlCheckpoint c, t.resume(o.resume));
+    summary.sft_steps = c.sft_steps;
+    summary.records = std::move(c.records);
+    summary.events = std::move(c.events);
+    summary.events.push_back({"rl", c.rl_steps, "resumed from " + o.resume});
+    summary.held_out_before_rl = summary.held_out_after_rl = c.held_out_before_rl;
+    for (const StepRecord& r : summary.records)
+      if (r.phase == "rl" && r.held_out_accuracy >= 0)
+        summary.held_out_after_rl = r.held_out_accuracy;
+    first_rl_step = c.rl_steps + 1;
+    held_out = summary.held_out_after_rl;
+  }
+  for (int64_t step = 1; step <= o.sft_steps && o.resume.empty(); ++step) {
     WL_ASSIGN_OR_RETURN(StepRecord rec, t.sft_step(step));
     summary.sft_steps = step;
     if (step % o.sft_eval_every == 0 || step == o.sft_steps) {
@@ -578,8 +613,8 @@ Result<RlSummary> run_phases(const RlOptions& o, Trainer& t,
   if (held_out < 0) {
     WL_ASSIGN_OR_RETURN(held_out, t.evaluate());
   }
-  summary.held_out_before_rl = summary.held_out_after_rl = held_out;
-  for (int64_t step = 1; step <= o.steps; ++step) {
+  if (o.resume.empty()) summary.held_out_before_rl = summary.held_out_after_rl = held_out;
+  for (int64_t step = first_rl_step; step <= o.steps; ++step) {
     WL_ASSIGN_OR_RETURN(StepRecord rec, t.rl_step(step));
     if (step % o.eval_every == 0 || step == o.steps) {
       WL_ASSIGN_OR_RETURN(rec.held_out_accuracy, t.evaluate());
@@ -587,6 +622,10 @@ Result<RlSummary> run_phases(const RlOptions& o, Trainer& t,
     }
     if (on_step) on_step(rec);
     summary.records.push_back(rec);
+    if (o.checkpoint_every > 0 && step % o.checkpoint_every == 0) {
+      WL_RETURN_IF_ERROR(
+          t.save(o.checkpoint_dir + "/checkpoint-" + std::to_string(step), summary, step));
+    }
   }
   WL_ASSIGN_OR_RETURN(summary.policy, t.policy());
   return summary;

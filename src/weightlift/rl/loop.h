@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,13 @@ struct RlOptions {
   // from the sample's version.
   int64_t max_staleness = 0;
   std::chrono::milliseconds timeout{120000};
+  // Checkpoints (rl/checkpoint.h) into `checkpoint_dir`/checkpoint-<RL step> every this many
+  // RL steps (0: none), synchronous mode only; `resume` continues from one. `run`: the
+  // options a resume must not change, by flag name.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  std::string resume;
+  std::map<std::string, std::string> run;
 };
 
 // What one step did (an SFT step leaves the RL fields at zero).

@@ -1,0 +1,149 @@
+// checkpoint.h.
+#include "weightlift/rl/checkpoint.h"
+
+#include "weightlift/core/file_io.h"
+#include "weightlift/core/json_record.h"
+#include "weightlift/parallel/checkpoint.h"
+
+namespace wl::rl {
+namespace {
+
+constexpr RecordFormat kRlStateFormat{.name = "weightlift-rl-state",
+                                      .version = 1,
+                                      .what = "RL run state",
+                                      .remedy = "resume it with the weightlift that wrote it"};
+constexpr uint64_t kMostStateBytes = uint64_t(1) << 30;
+
+}  // namespace
+
+nlohmann::json record_to_json(const StepRecord& r) {
+  nlohmann::json j = {{"phase", r.phase},
+                      {"step", r.step},
+                      {"version", r.version},
+                      {"loss", r.loss},
+                      {"train_s", r.train_s}};
+  if (r.held_out_accuracy >= 0) j["held_out_accuracy"] = r.held_out_accuracy;
+  if (r.phase == "rl") {
+    j.update({{"trained", r.trained},
+              {"reward_mean", r.reward_mean},
+              {"train_accuracy", r.train_accuracy},
+              {"groups_filtered", r.groups_filtered},
+              {"generations", r.generations},
+              {"tokens", r.stats.tokens},
+              {"clip_fraction", r.stats.clip_fraction},
+              {"is_weight_mean", r.stats.is_weight_mean},
+              {"is_weight_capped", r.stats.is_weight_capped},
+              {"logprob_gap_mean", r.stats.logprob_gap_mean},
+              {"logprob_gap_max", r.stats.logprob_gap_max},
+              {"kl", r.stats.kl_mean},
+              {"grad_norm", r.stats.report.grad_norm},
+              {"generate_s", r.generate_s},
+              {"sync_s", r.sync_s},
+              {"step_s", r.step_s},
+              {"response_tokens", r.response_tokens},
+              {"staleness", r.staleness},
+              {"stale_dropped", r.stale_dropped}});
+  }
+  return j;
+}
+
+Result<StepRecord> record_from_json(const nlohmann::json& j, const std::string& where) {
+  try {
+    StepRecord r;
+    r.phase = j.at("phase").get<std::string>();
+    if (r.phase != "sft" && r.phase != "rl") throw_field_error(j.at("phase"), "not sft or rl");
+    r.step = j.at("step").get<int64_t>();
+    r.version = j.at("version").get<uint64_t>();
+    r.loss = j.at("loss").get<double>();
+    r.train_s = j.at("train_s").get<double>();
+    if (j.contains("held_out_accuracy")) r.held_out_accuracy = j["held_out_accuracy"].get<double>();
+    if (r.phase == "rl") {
+      r.trained = j.at("trained").get<int64_t>();
+      r.reward_mean = j.at("reward_mean").get<double>();
+      r.train_accuracy = j.at("train_accuracy").get<double>();
+      r.groups_filtered = j.at("groups_filtered").get<int64_t>();
+      r.generations = j.at("generations").get<int64_t>();
+      r.stats.tokens = j.at("tokens").get<int64_t>();
+      r.stats.loss = r.loss;
+      r.stats.clip_fraction = j.at("clip_fraction").get<double>();
+      r.stats.is_weight_mean = j.at("is_weight_mean").get<double>();
+      r.stats.is_weight_capped = j.at("is_weight_capped").get<double>();
+      r.stats.logprob_gap_mean = j.at("logprob_gap_mean").get<double>();
+      r.stats.logprob_gap_max = j.at("logprob_gap_max").get<double>();
+      r.stats.kl_mean = j.at("kl").get<double>();
+      r.stats.report.grad_norm = j.at("grad_norm").get<double>();
+      r.generate_s = j.at("generate_s").get<double>();
+      r.sync_s = j.at("sync_s").get<double>();
+      r.step_s = j.at("step_s").get<double>();
+      r.response_tokens = j.at("response_tokens").get<double>();
+      r.staleness = j.at("staleness").get<std::vector<int64_t>>();
+      r.stale_dropped = j.at("stale_dropped").get<int64_t>();
+    }
+    return r;
+  } catch (const std::exception& e) {
+    return data_loss(where + ": " + json_error_message(e));
+  }
+}
+
+Status save_rl_checkpoint(const std::string& dir, parallel::DataParallel& dp,
+                          const RlCheckpoint& c) {
+  nlohmann::json j = new_record(kRlStateFormat);
+  j["sft_steps"] = c.sft_steps;
+  j["rl_steps"] = c.rl_steps;
+  j["updates"] = c.updates;
+  j["held_out_before_rl"] = c.held_out_before_rl;
+  nlohmann::json records = nlohmann::json::array(), events = nlohmann::json::array();
+  for (const StepRecord& r : c.records) records.push_back(record_to_json(r));
+  for (const RlEvent& e : c.events)
+    events.push_back({{"phase", e.phase}, {"step", e.step}, {"what", e.what}});
+  j["records"] = std::move(records);
+  j["events"] = std::move(events);
+  return save_checkpoint(dir, dp, {.step = int64_t(c.updates), .data_rng = c.rng, .run = c.run},
+                         {{"rl_state.json", j.dump() + "\n"}});
+}
+
+Result<RlCheckpoint> load_rl_checkpoint(const std::string& dir, parallel::DataParallel& dp,
+                                        const std::map<std::string, std::string>& run) {
+  // The options first, before any tensor is read.
+  WL_ASSIGN_OR_RETURN(parallel::TrainState peek, parallel::read_checkpoint_state(dir));
+  for (const auto& [name, value] : run) {
+    auto it = peek.run.find(name);
+    const std::string was = it == peek.run.end() ? "(not set)" : it->second;
+    if (was != value) {
+      return failed_precondition("--resume " + dir + ": the run was started with --" + name +
+                                 " " + was + ", not " + value +
+                                 "; resume with the same options, or start a new run");
+    }
+  }
+  const std::string where = dir + "/rl_state.json";
+  WL_ASSIGN_OR_RETURN(std::string text, read_file(where, kMostStateBytes, "RL run state"));
+  WL_ASSIGN_OR_RETURN(
+      RlCheckpoint c,
+      (read_record<RlCheckpoint>(
+          text, where, kRlStateFormat, [&](const nlohmann::json& j) -> Result<RlCheckpoint> {
+            RlCheckpoint c;
+            c.sft_steps = j.at("sft_steps").get<int64_t>();
+            c.rl_steps = j.at("rl_steps").get<int64_t>();
+            c.updates = j.at("updates").get<uint64_t>();
+            c.held_out_before_rl = j.at("held_out_before_rl").get<double>();
+            for (const nlohmann::json& r : j.at("records")) {
+              WL_ASSIGN_OR_RETURN(StepRecord rec, record_from_json(r, where + ": records"));
+              c.records.push_back(std::move(rec));
+            }
+            for (const nlohmann::json& e : j.at("events")) {
+              c.events.push_back({e.at("phase").get<std::string>(), e.at("step").get<int64_t>(),
+                                  e.at("what").get<std::string>()});
+            }
+            return c;
+          })));
+  WL_ASSIGN_OR_RETURN(parallel::TrainState st, parallel::load_checkpoint(dir, dp));
+  if (uint64_t(st.step) != c.updates) {
+    return data_loss(dir + ": state.json is at version " + std::to_string(st.step) +
+                     " but rl_state.json at " + std::to_string(c.updates));
+  }
+  c.rng = st.data_rng;
+  c.run = st.run;
+  return c;
+}
+
+}  // namespace wl::rl
