@@ -15,6 +15,7 @@ bash scripts/build.sh release weightlift
 wl=$PWD/build/release/apps/weightlift
 "$wl" launch -n 3 -- "$wl" --threads 1 rl --preset tiny --task sort --difficulty 3 \
   --sft-steps 1000 --sft-lr 1e-3 --sft-target 0.3 --steps "${WL_RL_STEPS:-600}" --lr 5e-4 \
+  --checkpoint-every 100 \
   --eval-every 50 --eval-problems 128 --out runs/rl --overwrite
 echo "the RL run, with its plots: runs/rl/report.html"
 "$wl" model-info --preset small
