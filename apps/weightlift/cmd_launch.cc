@@ -16,6 +16,10 @@ void register_launch(CLI::App& app, Outcome& out) {
   cmd->add_option("--master-port", o->master_port, "0 = any free port")
       ->capture_default_str()
       ->transform(count(0, 65535));
+  cmd->add_option("--restart-failed", o->restart_failed,
+                  "start a failed rank other than 0 again, up to this many times each")
+      ->capture_default_str()
+      ->transform(count(0, 1000));
   cmd->add_option("command", o->command, "the command each rank runs (after --)")->required();
   cmd->callback([&out, o] {
     Result<int> r = comm::run_launch(*o);

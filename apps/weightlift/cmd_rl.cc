@@ -13,6 +13,7 @@
 #include "report/rl_report.h"
 #include "validate.h"
 #include "weightlift/comm/launch_env.h"
+#include "weightlift/comm/tcp_store.h"
 #include "weightlift/core/file_io.h"
 #include "weightlift/core/safetensors.h"
 #include "weightlift/model/params.h"
@@ -115,6 +116,26 @@ Status write_policy(const std::string& dir, const model::ModelConfig& config,
   return write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
 }
 
+// The job's store and nothing more, rank 0 hosting it: the RL processes make their channels
+// through it (rl/loop.h), so a replaced worker joins a running job without a world to rejoin.
+Result<parallel::Job> connect_store(const comm::LaunchEnv& env, std::chrono::milliseconds timeout) {
+  parallel::Job job;
+  job.world.env = env;
+  if (env.rank == 0) {
+    WL_ASSIGN_OR_RETURN(
+        job.world.server,
+        comm::TcpStoreServer::start(
+            {.bind_address = env.master_addr, .port = env.master_port, .token = env.job_token}));
+  }
+  WL_ASSIGN_OR_RETURN(auto client, comm::TcpStore::connect({.host = env.master_addr,
+                                                            .port = env.master_port,
+                                                            .token = env.job_token,
+                                                            .connect_timeout = timeout,
+                                                            .request_timeout = timeout}));
+  job.world.store = std::shared_ptr<comm::Store>(std::move(client));
+  return job;
+}
+
 Status run_rl(RlArgs a) {
   WL_ASSIGN_OR_RETURN(a.o.config, model::preset(a.preset));
   auto kind = rl::task_from_name(a.task);
@@ -129,16 +150,32 @@ Status run_rl(RlArgs a) {
         "asynchronous run's samples in flight are not part of a checkpoint");
   }
   a.o.checkpoint_dir = a.out_dir;
-  WL_RETURN_IF_ERROR(check_out_dir(a));
   WL_ASSIGN_OR_RETURN(comm::LaunchEnv env, comm::read_launch_env());
-  WL_ASSIGN_OR_RETURN(parallel::Job job, parallel::connect_job(env, a.o.timeout));
+  if (env.world_size < 2) {
+    return invalid_argument(
+        "rl needs at least 2 processes: the trainer and a rollout worker "
+        "(weightlift launch -n 2 weightlift rl ...)");
+  }
+  // Only the trainer writes into --out (a replaced worker starts while the run is there).
+  if (env.rank == 0) WL_RETURN_IF_ERROR(check_out_dir(a));
+  WL_ASSIGN_OR_RETURN(parallel::Job job, connect_store(env, a.o.timeout));
   a.o.run = run_options(a, job.size() - 1);
   std::error_code ec;
-  fs::create_directories(a.out_dir, ec);
-  if (ec) return errno_status("mkdir " + a.out_dir, ec.value());
-  const std::string role = job.rank() == 0 ? "trainer" : "rollout-worker";
+  if (env.rank == 0) {
+    fs::create_directories(a.out_dir, ec);
+    if (ec) return errno_status("mkdir " + a.out_dir, ec.value());
+  }
+  const std::string role =
+      job.rank() == 0 ? "trainer" : "rollout-worker-" + std::to_string(job.rank());
   WL_RETURN_IF_ERROR(parallel::write_processes(job, a.out_dir, role, a.o.timeout));
-  if (job.rank() != 0) return rl::run_rollout_worker(a.o, job.world);
+  if (job.rank() != 0) return rl::run_rollout_worker(a.o, job.world.store, job.rank());
+  a.o.on_rejoin = [&](int k) {
+    const Status s = parallel::write_processes(job, a.out_dir, role, a.o.timeout);
+    if (!s.ok()) {
+      std::fprintf(stderr, "rl: rollout worker %d rejoined; processes.json not rewritten: %s\n", k,
+                   s.to_string().c_str());
+    }
+  };
 
   std::printf(
       "rl: %s, task %s difficulty %d, %d rollout worker(s), %lld prompts x %lld "
@@ -171,15 +208,16 @@ Status run_rl(RlArgs a) {
     }
   };
   bool rl_started = false;
-  Result<rl::RlSummary> s = rl::run_trainer(a.o, job.world, [&](const rl::StepRecord& r) {
-    if (r.phase == "rl" && !rl_started) {
-      rl_started = true;
-      sft_bar.finish();
-      started = last_sft;
-      phase_first_step = r.step;
-    }
-    on_step(r);
-  });
+  Result<rl::RlSummary> s =
+      rl::run_trainer(a.o, job.world.store, job.size() - 1, [&](const rl::StepRecord& r) {
+        if (r.phase == "rl" && !rl_started) {
+          rl_started = true;
+          sft_bar.finish();
+          started = last_sft;
+          phase_first_step = r.step;
+        }
+        on_step(r);
+      });
   rl_bar.finish();
   // The whole run's records (a resumed run's too); what was done when it failed.
   if (s.ok()) {

@@ -155,10 +155,13 @@ struct Launched {
   std::string output;
 };
 
-Launched launch(int n, std::vector<std::string> command) {
+Launched launch(int n, std::vector<std::string> command, int restart_failed = 0) {
   const int fd = ::memfd_create("launch-output", 0);
-  auto r =
-      run_launch({.nprocs = n, .command = std::move(command), .grace = 500ms, .output_fd = fd});
+  auto r = run_launch({.nprocs = n,
+                       .command = std::move(command),
+                       .grace = 500ms,
+                       .output_fd = fd,
+                       .restart_failed = restart_failed});
   EXPECT_TRUE(r.ok()) << r.status().to_string();
   Launched l;
   l.code = r.ok() ? *r : -1;
@@ -194,6 +197,27 @@ TEST(Launch, AFailingRankStopsTheJobWithItsExitCode) {
   EXPECT_EQ(l.code, 7) << l.output;
   EXPECT_LT(Clock::now() - start, 10s);
   EXPECT_NE(l.output.find("rank 1 exited with code 7"), std::string::npos) << l.output;
+}
+
+// --restart-failed: a failed rank other than 0 starts again with WEIGHTLIFT_RESTART set, up
+// to the number of restarts allowed; rank 0, which holds the store, never does.
+TEST(Launch, AFailedRankIsStartedAgainWhileRestartsRemain) {
+  // Rank 1 fails until its second restart.
+  const std::vector<std::string> flaky = {
+      "sh", "-c",
+      "if [ \"$RANK\" = 1 ] && [ \"${WEIGHTLIFT_RESTART:-0}\" -lt 2 ]; then exit 5; fi; "
+      "echo \"done restart=${WEIGHTLIFT_RESTART:-0}\""};
+  Launched l = launch(2, flaky, 2);
+  EXPECT_EQ(l.code, 0) << l.output;
+  EXPECT_NE(l.output.find("rank 1 exited with code 5; starting it again (restart 1 of 2)"),
+            std::string::npos)
+      << l.output;
+  EXPECT_NE(l.output.find("[rank 1] done restart=2"), std::string::npos) << l.output;
+  l = launch(2, flaky, 1);  // one restart is not enough
+  EXPECT_EQ(l.code, 5) << l.output;
+  l = launch(2, {"sh", "-c", "if [ \"$RANK\" = 0 ]; then exit 4; fi; sleep 30"}, 3);
+  EXPECT_EQ(l.code, 4) << l.output;
+  EXPECT_EQ(l.output.find("starting it again"), std::string::npos) << l.output;
 }
 
 TEST(Launch, ARankKilledBySignalCountsAs128PlusSignal) {

@@ -28,18 +28,22 @@ std::string fresh_dir(const std::string& name) {
   return d;
 }
 
+// Rank r of a job of `ranks` whose store is on `port`, as a launcher starts it (a replacement
+// is started the same way).
+Child spawn_rank(int r, int ranks, int port, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {kWeightlift, "--threads", "1", "rl"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return wl::testing::spawn_child(argv, {{"RANK", std::to_string(r)},
+                                         {"WORLD_SIZE", std::to_string(ranks)},
+                                         {"MASTER_ADDR", "127.0.0.1"},
+                                         {"MASTER_PORT", std::to_string(port)},
+                                         {"WEIGHTLIFT_JOB_TOKEN", "tok"}});
+}
+
 std::vector<Child> start_job(int ranks, const std::vector<std::string>& args) {
   const int port = wl::testing::free_port();
   std::vector<Child> job;
-  for (int r = 0; r < ranks; ++r) {
-    std::vector<std::string> argv = {kWeightlift, "--threads", "1", "rl"};
-    argv.insert(argv.end(), args.begin(), args.end());
-    job.push_back(wl::testing::spawn_child(argv, {{"RANK", std::to_string(r)},
-                                                  {"WORLD_SIZE", std::to_string(ranks)},
-                                                  {"MASTER_ADDR", "127.0.0.1"},
-                                                  {"MASTER_PORT", std::to_string(port)},
-                                                  {"WEIGHTLIFT_JOB_TOKEN", "tok"}}));
-  }
+  for (int r = 0; r < ranks; ++r) job.push_back(spawn_rank(r, ranks, port, args));
   return job;
 }
 
@@ -272,16 +276,85 @@ TEST(RlProcesses, AResumedTrainerContinuesTheUninterruptedCurve) {
   for (Child& c : job) wl::testing::kill_and_reap(c);
 }
 
-TEST(RlProcesses, AKilledWorkerEndsTheRunWithAnError) {
+// kill -9 of a rollout worker mid-run: its share of the generation goes to the other worker,
+// a replacement of the same rank started by hand heals its weights and rejoins, the run
+// finishes, every trained sample came from the weights it was trained against, and
+// processes.json names the replacement.
+TEST(RlProcesses, AKilledWorkerIsReplacedAndTheRunFinishes) {
+  const std::string out = fresh_dir("replaced");
+  const int port = wl::testing::free_port();
+  const std::vector<std::string> args = {"--preset",
+                                         "tiny",
+                                         "--task",
+                                         "sort",
+                                         "--difficulty",
+                                         "2",
+                                         "--sft-steps",
+                                         "0",
+                                         "--steps",
+                                         "300",
+                                         "--eval-every",
+                                         "100",
+                                         "--prompts",
+                                         "4",
+                                         "--group",
+                                         "4",
+                                         "--eval-problems",
+                                         "8",
+                                         "--no-dynamic-sampling",
+                                         "--timeout",
+                                         "20",
+                                         "--out",
+                                         out};
+  std::vector<Child> job;
+  for (int r = 0; r < 3; ++r) job.push_back(spawn_rank(r, 3, port, args));
+  ASSERT_TRUE(wl::testing::wait_for_output(job[0], "rl [", comm::deadline_after(60s)))
+      << job[0].output;
+  // Some way into a step: the death may be found by a weight update or mid-generation.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50 + getpid() % 200));
+  wl::testing::kill_and_reap(job[2]);
+  Child replacement = spawn_rank(2, 3, port, args);
+  const pid_t replacement_pid = replacement.pid;
+  EXPECT_EQ(wl::testing::wait_exit(job[0], comm::deadline_after(120s)), 0) << job[0].output;
+  for (Child* c : {&job[1], &replacement}) {
+    EXPECT_EQ(wl::testing::wait_exit(*c, comm::deadline_after(30s)), 0) << c->output;
+  }
+  const nlohmann::json summary = nlohmann::json::parse(std::ifstream(out + "/summary.json"));
+  const std::string events = summary["events"].dump();
+  EXPECT_NE(events.find("rollout worker 2 lost"), std::string::npos) << events;
+  EXPECT_NE(events.find("rollout worker 2 rejoined (incarnation 2)"), std::string::npos) << events;
+  EXPECT_EQ(summary["max_staleness_trained"], 0);
+  EXPECT_EQ(summary["stale_samples_dropped"], 0);
+  int rl = 0;
+  for (const nlohmann::json& j : read_records(out + "/rl_metrics.jsonl")) {
+    if (j["phase"] != "rl") continue;
+    ++rl;
+    // No step lost samples to the death: every prompt was answered by someone.
+    EXPECT_EQ(j["trained"], 16) << j.dump();
+    EXPECT_EQ(j["staleness"], nlohmann::json::array({16})) << j.dump();
+  }
+  EXPECT_EQ(rl, 300);
+  const nlohmann::json processes = nlohmann::json::parse(std::ifstream(out + "/processes.json"));
+  bool named = false;
+  for (const nlohmann::json& p : processes) named |= p["rank"] == 2 && p["pid"] == replacement_pid;
+  EXPECT_TRUE(named) << processes.dump();
+  for (Child& c : job) wl::testing::reap(c);
+  wl::testing::reap(replacement);
+}
+
+// With its only worker killed and no replacement, the run ends within its timeout with one
+// clear error, not a hang.
+TEST(RlProcesses, LosingEveryWorkerEndsTheRunWithAnError) {
   const std::string out = fresh_dir("killed");
   std::vector<Child> job =
-      start_job(3, {"--preset", "tiny", "--task", "reverse", "--difficulty", "3", "--sft-steps",
+      start_job(2, {"--preset", "tiny", "--task", "reverse", "--difficulty", "3", "--sft-steps",
                     "0", "--steps", "100000", "--timeout", "5", "--out", out});
-  std::this_thread::sleep_for(1500ms);  // the loop is running (or still starting): either way
-  wl::testing::kill_and_reap(job[2]);
+  ASSERT_TRUE(wl::testing::wait_for_output(job[0], "rl [", comm::deadline_after(60s)))
+      << job[0].output;
+  wl::testing::kill_and_reap(job[1]);
   const auto started = std::chrono::steady_clock::now();
   EXPECT_EQ(wl::testing::wait_exit(job[0], comm::deadline_after(60s)), 1) << job[0].output;
-  EXPECT_NE(job[0].output.find("weightlift rl: "), std::string::npos) << job[0].output;
+  EXPECT_NE(job[0].output.find("every rollout worker is lost"), std::string::npos) << job[0].output;
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
             40.0);
   for (Child& c : job) wl::testing::reap(c);

@@ -72,6 +72,7 @@ struct Rank {
   int out = -1;         // read end of its stdout+stderr pipe
   std::string partial;  // an unfinished line
   bool running = false;
+  int restarts = 0;  // times started again after failing
 };
 
 int exit_code_of(int wstatus) {
@@ -112,12 +113,15 @@ class Job {
 
  private:
   Status spawn(int r, const std::vector<std::string>& env);
+  bool restart(int r, int code);
   void emit(int r, std::string_view text);
   Status read_output();
   void reap();
   void drop_orphaned_pipes();
 
   const LaunchOptions& o_;
+  int port_ = 0;
+  std::string token_;
   std::vector<Rank> ranks_;
   int open_pipes_ = 0, running_ = 0;
   int result_ = 0;
@@ -153,13 +157,19 @@ Status Job::spawn(int r, const std::vector<std::string>& env) {
     ::_exit(127);
   }
   ::close(fds[1]);
-  ranks_[size_t(r)] = {.pid = pid, .out = fds[0], .partial = {}, .running = true};
+  ranks_[size_t(r)] = {.pid = pid,
+                       .out = fds[0],
+                       .partial = {},
+                       .running = true,
+                       .restarts = ranks_[size_t(r)].restarts};
   ++open_pipes_;
   ++running_;
   return ok_status();
 }
 
 Status Job::start(int port, const std::string& token) {
+  port_ = port;
+  token_ = token;
   for (int r = 0; r < o_.nprocs; ++r) {
     WL_RETURN_IF_ERROR(spawn(r, rank_environment(o_, r, port, token)));
   }
@@ -221,7 +231,7 @@ void Job::reap() {
     k.running = false;
     --running_;
     const int code = exit_code_of(wstatus);
-    if (code == 0 || stopping_) continue;
+    if (code == 0 || stopping_ || restart(r, code)) continue;
     result_ = code;
     stopping_ = true;
     write_fully(o_.output_fd, "[launch] rank " + std::to_string(r) + " exited with code " +
@@ -237,6 +247,33 @@ void Job::reap() {
     }
     kill_at_ = Clock::now() + std::chrono::hours(1);
   }
+}
+
+// Starts failed rank r again (not rank 0, which holds the job's store) while it has restarts
+// left, with the same variables and WEIGHTLIFT_RESTART=<how many times>; its old pipe's
+// output so far has been passed on. False when it is not restarted.
+bool Job::restart(int r, int code) {
+  Rank& k = ranks_[size_t(r)];
+  if (r == 0 || k.restarts >= o_.restart_failed) return false;
+  ++k.restarts;
+  if (k.out >= 0) {
+    if (!k.partial.empty()) emit(r, "\n");
+    ::close(k.out);
+    k.out = -1;
+    --open_pipes_;
+  }
+  write_fully(o_.output_fd, "[launch] rank " + std::to_string(r) + " exited with code " +
+                                std::to_string(code) + "; starting it again (restart " +
+                                std::to_string(k.restarts) + " of " +
+                                std::to_string(o_.restart_failed) + ")\n");
+  std::vector<std::string> env = rank_environment(o_, r, port_, token_);
+  env.push_back("WEIGHTLIFT_RESTART=" + std::to_string(k.restarts));
+  const Status started = spawn(r, env);
+  if (!started.ok()) {
+    write_fully(o_.output_fd, "[launch] " + started.to_string() + "\n");
+    return false;
+  }
+  return true;
 }
 
 // A rank gone, its pipe kept open by something it started: stop waiting for that output once

@@ -5,7 +5,8 @@
 // WEIGHTLIFT_JOB_TOKEN, so that the job's store refuses any process it did not start. Every
 // line a rank prints (stdout and stderr) comes out prefixed "[rank r] ". When a rank exits
 // with an error the others are stopped (SIGTERM, then SIGKILL after a grace period) and its
-// exit code is returned; a rank killed by signal s counts as 128 + s, as a shell reports it.
+// exit code is returned (unless restart_failed starts it again); a rank killed by signal s
+// counts as 128 + s, as a shell reports it.
 // Ranks die with the launcher (PR_SET_PDEATHSIG), so no orphan outlives a killed launch.
 #pragma once
 
@@ -25,6 +26,11 @@ struct LaunchOptions {
   // Between SIGTERM and SIGKILL when stopping the others after a failure.
   std::chrono::milliseconds grace{2000};
   int output_fd = 1;  // where the prefixed lines go
+  // A rank other than 0 (which holds the job's store) that fails while the job runs is started
+  // again, with the same variables and WEIGHTLIFT_RESTART=<n>, up to this many times each:
+  // jobs whose processes rejoin (RL rollout workers) survive a lost process. 0: a failure
+  // stops the job.
+  int restart_failed = 0;
   // The whole job's deadline; 0: none. Past it, every rank still running is killed and the
   // result is DeadlineExceeded naming them: a backstop for a rank stuck where no wait of its
   // own has a deadline (inside a library, or out of resources).

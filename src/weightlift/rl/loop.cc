@@ -6,7 +6,9 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <thread>
 
+#include "weightlift/comm/group.h"
 #include "weightlift/core/timing.h"
 #include "weightlift/infer/worker.h"
 #include "weightlift/model/params.h"
@@ -114,36 +116,62 @@ Result<Request> decode_request(const std::vector<int64_t>& m, const model::Model
 
 Status sync_weights(transfer::FleetReceiver& fleet, std::chrono::milliseconds timeout) {
   const Clock::time_point deadline = Clock::now() + timeout;
+  Status last = ok_status();
   for (;;) {
     auto round = fleet.serve_one(std::chrono::milliseconds(200));
     if (round.ok()) {
       if (round->kind == transfer::RoundRecord::Kind::kUpdate && round->took_part)
         return ok_status();
     } else if (round.status().code() != StatusCode::kDeadlineExceeded) {
-      return round.status();
+      // An update that failed (another receiver died in it) leaves this one on its last
+      // version; the trainer updates again without the lost one.
+      last = round.status();
     }
     if (Clock::now() > deadline) {
       return deadline_exceeded("rollout worker: no weight update reached it within " +
-                               std::to_string(timeout.count()) + " ms");
+                               std::to_string(timeout.count()) + " ms" +
+                               (last.ok() ? "" : "; the last one failed: " + last.to_string()));
     }
   }
 }
 
+std::string worker_key(int rank) { return "rl/worker-" + std::to_string(rank); }
+std::string control_prefix(int rank, int64_t incarnation) {
+  return "rl-control-" + std::to_string(rank) + "-" + std::to_string(incarnation);
+}
+
 }  // namespace
 
-Status run_rollout_worker(const RlOptions& o, comm::World& world) {
-  comm::Group& g = *world.group;
+Status run_rollout_worker(const RlOptions& o, const std::shared_ptr<comm::Store>& store, int rank) {
+  // This process's incarnation of worker `rank`: 1 at the job's start, 2 for its first
+  // replacement, ... The control channel is the trainer's and this incarnation's alone.
+  WL_ASSIGN_OR_RETURN(const int64_t incarnation, store->add(worker_key(rank) + "/incarnation", 1));
+  WL_ASSIGN_OR_RETURN(
+      std::shared_ptr<comm::Group> control,
+      comm::Group::connect({.store = store,
+                            .rank = 1,
+                            .size = 2,
+                            .worker = {.name = "rollout worker " + std::to_string(rank)},
+                            .timeout = o.timeout,
+                            .prefix = control_prefix(rank, incarnation)}));
+  comm::Group& g = *control;
   const transfer::LayoutOptions layout{};  // tp 1, bf16
   WL_ASSIGN_OR_RETURN(auto lay, transfer::inference_layout(o.config, layout));
+  // A replacement heals: the current weights from a healthy peer, or the servers' copy.
   WL_ASSIGN_OR_RETURN(
       std::unique_ptr<transfer::FleetReceiver> fleet,
-      transfer::FleetReceiver::create({.store = world.store,
+      transfer::FleetReceiver::create({.store = store,
                                        .prefix = kFleet,
-                                       .id = g.rank() - 1,
+                                       .id = rank - 1,
                                        .receiver = {.tensors = transfer::tensor_specs(lay)},
                                        .timeout = o.timeout}));
   WL_ASSIGN_OR_RETURN(std::unique_ptr<infer::InferenceWorker> worker,
                       infer::InferenceWorker::create({.config = o.config, .layout = layout}));
+  // Ready: the trainer reads the version healed (+ 1, so 0 means not yet).
+  WL_RETURN_IF_ERROR(store
+                         ->add(worker_key(rank) + "/ready-" + std::to_string(incarnation),
+                               int64_t(fleet->healed_version()) + 1)
+                         .status());
   for (;;) {
     int64_t command = 0;
     WL_RETURN_IF_ERROR(g.recv({.data = &command,
@@ -186,7 +214,14 @@ Status run_rollout_worker(const RlOptions& o, comm::World& world) {
 namespace {
 
 // Problems sent to the workers, each G times, and what came back.
+// Which worker was asked for prompts [begin, end) of a request.
+struct Share {
+  int worker = 0;
+  size_t begin = 0, end = 0;
+};
+
 struct Round {
+  std::vector<Share> shares;
   std::vector<Problem> problems;
   std::vector<std::vector<int64_t>> prompts;
   std::vector<Sample> samples;
@@ -194,9 +229,10 @@ struct Round {
 
 class Trainer {
  public:
-  Trainer(const RlOptions& o, comm::World& world, Task task)
+  Trainer(const RlOptions& o, std::shared_ptr<comm::Store> store, int workers, Task task)
       : o_(o),
-        world_(world),
+        store_(std::move(store)),
+        links_(size_t(workers) + 1),
         task_(std::move(task)),
         dp_(o.config, {}, nullptr, nullptr),
         full_(size_t(dp_.layout().total())),
@@ -212,96 +248,186 @@ class Trainer {
     return 1 + task.max_prompt_bytes() + task.max_answer_bytes() + 1;
   }
 
-  int workers() const { return world_.group->size() - 1; }
   int64_t max_new() const { return task_.max_answer_bytes() + 1; }
 
   Status start() {
-    WL_ASSIGN_OR_RETURN(server_,
-                        transfer::ParameterServer::create(
-                            {.store = world_.store, .prefix = kFleet, .timeout = o_.timeout}));
-    return server_->register_checkpoint(kCheckpoint, o_.config, full_);
-  }
-
-  // Every worker takes the trainer's current weights; returns their policy version.
-  Result<uint64_t> push_weights() {
-    WL_RETURN_IF_ERROR(dp_.gather_model(full_.data()));
-    WL_RETURN_IF_ERROR(server_->refresh(kCheckpoint, full_));
-    for (int w = 1; w <= workers(); ++w)
-      WL_RETURN_IF_ERROR(send_command(*world_.group, w, kSync, o_.timeout));
-    WL_ASSIGN_OR_RETURN(transfer::ServerUpdate u, server_->update(kCheckpoint));
-    if (int(u.members.size()) != workers()) {
-      return unavailable("weight update reached " + std::to_string(u.members.size()) + " of " +
-                         std::to_string(workers()) + " rollout workers");
-    }
-    server_version_ = u.report.version;
-    published_[server_version_] = updates_;
-    worker_version_ = updates_;
-    return updates_;
-  }
-
-  // Generation requests for `prompts` to the workers (contiguous shares), without waiting.
-  Status request(const std::vector<std::vector<int64_t>>& prompts, bool greedy) {
-    comm::Group& g = *world_.group;
-    for (int w = 0; w < workers(); ++w) {
-      const auto [a, b] = share(prompts.size(), w);
-      const std::vector<std::vector<int64_t>> part(prompts.begin() + int64_t(a),
-                                                   prompts.begin() + int64_t(b));
-      WL_RETURN_IF_ERROR(send_command(g, w + 1, kGenerate, o_.timeout));
-      WL_RETURN_IF_ERROR(send_values(
-          g, w + 1, kTagInts, encode_request(part, greedy, rng_.next(), max_new()), o_.timeout));
+    WL_ASSIGN_OR_RETURN(server_, transfer::ParameterServer::create(
+                                     {.store = store_, .prefix = kFleet, .timeout = o_.timeout}));
+    WL_RETURN_IF_ERROR(server_->register_checkpoint(kCheckpoint, o_.config, full_));
+    for (int k = 1; k < int(links_.size()); ++k) {
+      WL_ASSIGN_OR_RETURN(const int64_t incarnation, wait_for_incarnation(k, 0));
+      WL_RETURN_IF_ERROR(connect_worker(k, incarnation).status());
     }
     return ok_status();
   }
 
-  // What the workers made of request(prompts): every sample with its tokens, logprobs and the
-  // policy version of the weights that made it.
-  Result<std::vector<Sample>> receive(const std::vector<std::vector<int64_t>>& prompts) {
-    comm::Group& g = *world_.group;
-    std::vector<Sample> out;
-    for (int w = 0; w < workers(); ++w) {
-      const auto [a, b] = share(prompts.size(), w);
-      WL_ASSIGN_OR_RETURN(std::vector<int64_t> ints,
-                          recv_values<int64_t>(g, w + 1, kTagInts, kMostValues, o_.timeout));
-      WL_ASSIGN_OR_RETURN(std::vector<double> reals,
-                          recv_values<double>(g, w + 1, kTagReals, kMostValues, o_.timeout));
-      const std::string who = "rollout worker " + std::to_string(w + 1);
-      if (ints.empty()) return data_loss(who + ": empty reply");
-      auto version = policy_version_of(uint64_t(ints[0]));
-      if (!version) {
-        return data_loss(who + ": samples from weights version " + std::to_string(ints[0]) +
-                         ", which the trainer never published (newest " +
-                         std::to_string(server_version_) + ")");
-      }
-      size_t at = 1, lp = 0;
-      for (size_t r = a; r < b; ++r) {
-        if (at >= ints.size() || ints[at] < 0 || size_t(ints[at]) > ints.size() - at - 1 ||
-            lp + size_t(ints[at]) > reals.size() || ints[at] > max_new()) {
-          return data_loss(who + ": reply cut short at row " + std::to_string(r - a));
+  // Where events happen (for their records).
+  void at(const std::string& phase, int64_t step) {
+    phase_ = phase;
+    step_ = step;
+  }
+
+  std::vector<RlEvent> events;
+
+  // Every worker takes the trainer's current weights; returns their policy version. A worker
+  // lost in the update is dropped and the update made again without it (the fleet forms a
+  // new generation without receivers that no longer answer).
+  Result<uint64_t> push_weights() {
+    WL_RETURN_IF_ERROR(dp_.gather_model(full_.data()));
+    WL_RETURN_IF_ERROR(server_->refresh(kCheckpoint, full_));
+    Status failed = ok_status();
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      WL_RETURN_IF_ERROR(adopt_replacements());  // waits for one if every worker is lost
+      // A worker told to sync serves update rounds until one it takes part in succeeds, so
+      // it is told once, not again for a retry.
+      for (int k : alive()) {
+        WorkerLink& l = links_[size_t(k)];
+        if (l.syncing) continue;
+        if (Status s = send_command(*l.control, 1, kSync, o_.timeout); !s.ok()) {
+          lose(k, s);
+        } else {
+          l.syncing = true;
         }
-        Sample s;
-        s.prompt = prompts[r];
-        s.version = *version;
-        const int64_t n = ints[at];
-        s.completion.assign(ints.begin() + int64_t(at) + 1, ints.begin() + int64_t(at) + 1 + n);
-        s.logprobs.assign(reals.begin() + int64_t(lp), reals.begin() + int64_t(lp) + n);
-        at += size_t(n) + 1;
-        lp += size_t(n);
-        out.push_back(std::move(s));
+      }
+      std::vector<int> ids;
+      for (int k : alive()) ids.push_back(k - 1);  // fleet ids
+      if (ids.empty()) continue;
+      Result<transfer::ServerUpdate> u = server_->update(kCheckpoint, ids);
+      if (!u.ok()) {
+        event("weight update failed (" + u.status().to_string() + ")");
+        // Twice in a row: no one left answers.
+        if (!failed.ok()) {
+          for (int k : alive()) lose(k, u.status());
+        }
+        failed = u.status();
+        continue;
+      }
+      for (int k : alive()) {
+        const bool member =
+            std::any_of(u->members.begin(), u->members.end(),
+                        [&](const transfer::FleetMember& m) { return m.id == k - 1; });
+        if (member) {
+          links_[size_t(k)].syncing = false;
+        } else {
+          lose(k, unavailable("left out of the weight update"));
+        }
+      }
+      if (alive().empty()) continue;
+      server_version_ = u->report.version;
+      published_[server_version_] = updates_;
+      worker_version_ = updates_;
+      return updates_;
+    }
+    if (alive().empty()) return no_workers();
+    return failed;
+  }
+
+  // Generation requests for `prompts` to the living workers (contiguous shares), without
+  // waiting. A worker that cannot be reached is lost and its share goes to the others.
+  Result<std::vector<Share>> request(const std::vector<std::vector<int64_t>>& prompts, size_t begin,
+                                     size_t end, bool greedy) {
+    std::vector<Share> shares;
+    while (begin < end) {
+      WL_RETURN_IF_ERROR(adopt_replacements());
+      const std::vector<int> workers = alive();
+      if (workers.empty()) return no_workers();
+      const size_t per = (end - begin + workers.size() - 1) / workers.size();
+      size_t next = begin;
+      std::vector<Share> orphans;
+      for (int k : workers) {
+        const Share s{k, next, std::min(end, next + per)};
+        next = s.end;
+        if (s.begin == s.end) continue;
+        const std::vector<std::vector<int64_t>> part(prompts.begin() + int64_t(s.begin),
+                                                     prompts.begin() + int64_t(s.end));
+        comm::Group& g = *links_[size_t(k)].control;
+        Status sent = send_command(g, 1, kGenerate, o_.timeout);
+        if (sent.ok()) {
+          sent = send_values(g, 1, kTagInts, encode_request(part, greedy, rng_.next(), max_new()),
+                             o_.timeout);
+        }
+        if (sent.ok()) {
+          shares.push_back(s);
+        } else {
+          lose(k, sent);
+          orphans.push_back(s);
+        }
+      }
+      if (orphans.empty()) break;
+      // Re-issue what no one took, to whoever is left.
+      std::vector<Share> more;
+      for (const Share& o : orphans) {
+        WL_ASSIGN_OR_RETURN(std::vector<Share> got, request(prompts, o.begin, o.end, greedy));
+        more.insert(more.end(), got.begin(), got.end());
+      }
+      shares.insert(shares.end(), more.begin(), more.end());
+      break;
+    }
+    return shares;
+  }
+
+  // What the workers made of the requests `shares` of `prompts`: every sample with its
+  // tokens, logprobs and the policy version of the weights that made it. The share of a worker
+  // that dies before answering is generated again by the others.
+  Result<std::vector<Sample>> receive(const std::vector<std::vector<int64_t>>& prompts,
+                                      std::vector<Share> shares, bool greedy) {
+    std::vector<Sample> out(prompts.size());
+    while (!shares.empty()) {
+      std::vector<Share> orphans;
+      for (const Share& s : shares) {
+        Status got = receive_share(prompts, s, out);
+        if (!got.ok()) {
+          if (got.code() == StatusCode::kDataLoss) return got;  // a worker that lies: stop
+          lose(s.worker, got);
+          orphans.push_back(s);
+        }
+      }
+      shares.clear();
+      for (const Share& o : orphans) {
+        WL_ASSIGN_OR_RETURN(std::vector<Share> again, request(prompts, o.begin, o.end, greedy));
+        shares.insert(shares.end(), again.begin(), again.end());
       }
     }
     return out;
   }
 
-  Result<std::vector<Sample>> generate(const std::vector<std::vector<int64_t>>& prompts,
-                                       bool greedy) {
-    WL_RETURN_IF_ERROR(request(prompts, greedy));
-    return receive(prompts);
+  Status receive_share(const std::vector<std::vector<int64_t>>& prompts, const Share& s,
+                       std::vector<Sample>& out) {
+    comm::Group& g = *links_[size_t(s.worker)].control;
+    WL_ASSIGN_OR_RETURN(std::vector<int64_t> ints,
+                        recv_values<int64_t>(g, 1, kTagInts, kMostValues, o_.timeout));
+    WL_ASSIGN_OR_RETURN(std::vector<double> reals,
+                        recv_values<double>(g, 1, kTagReals, kMostValues, o_.timeout));
+    const std::string who = "rollout worker " + std::to_string(s.worker);
+    if (ints.empty()) return data_loss(who + ": empty reply");
+    auto version = policy_version_of(uint64_t(ints[0]));
+    if (!version) {
+      return data_loss(who + ": samples from weights version " + std::to_string(ints[0]) +
+                       ", which the trainer never published (newest " +
+                       std::to_string(server_version_) + ")");
+    }
+    size_t at = 1, lp = 0;
+    for (size_t r = s.begin; r < s.end; ++r) {
+      if (at >= ints.size() || ints[at] < 0 || size_t(ints[at]) > ints.size() - at - 1 ||
+          lp + size_t(ints[at]) > reals.size() || ints[at] > max_new()) {
+        return data_loss(who + ": reply cut short at row " + std::to_string(r - s.begin));
+      }
+      Sample& x = out[r];
+      x.prompt = prompts[r];
+      x.version = *version;
+      const int64_t n = ints[at];
+      x.completion.assign(ints.begin() + int64_t(at) + 1, ints.begin() + int64_t(at) + 1 + n);
+      x.logprobs.assign(reals.begin() + int64_t(lp), reals.begin() + int64_t(lp) + n);
+      at += size_t(n) + 1;
+      lp += size_t(n);
+    }
+    return ok_status();
   }
 
-  // Worker w's share of n prompts: [w * per, (w + 1) * per), clipped to the end.
-  std::pair<size_t, size_t> share(size_t n, int w) const {
-    const size_t per = (n + size_t(workers()) - 1) / size_t(workers());
-    return {std::min(n, per * size_t(w)), std::min(n, per * size_t(w + 1))};
+  Result<std::vector<Sample>> generate(const std::vector<std::vector<int64_t>>& prompts,
+                                       bool greedy) {
+    WL_ASSIGN_OR_RETURN(std::vector<Share> shares, request(prompts, 0, prompts.size(), greedy));
+    return receive(prompts, std::move(shares), greedy);
   }
 
   // The policy version (optimizer updates so far) that the parameter server published as
@@ -511,7 +637,7 @@ class Trainer {
       for (int64_t k = 0; k < o_.group; ++k)
         r.prompts.push_back(train::encode(r.problems.back().prompt));
     }
-    WL_RETURN_IF_ERROR(request(r.prompts, false));
+    WL_ASSIGN_OR_RETURN(r.shares, request(r.prompts, 0, r.prompts.size(), false));
     in_flight_ = std::move(r);
     return ok_status();
   }
@@ -525,7 +651,7 @@ class Trainer {
     if (!in_flight_) return failed_precondition("no generation in flight");
     Round r = std::move(*in_flight_);
     in_flight_.reset();
-    WL_ASSIGN_OR_RETURN(r.samples, receive(r.prompts));
+    WL_ASSIGN_OR_RETURN(r.samples, receive(r.prompts, r.shares, false));
     return r;
   }
 
@@ -535,7 +661,7 @@ class Trainer {
     if (!in_flight_) return ok_status();
     Round kept = std::move(*in_flight_);
     in_flight_.reset();
-    WL_ASSIGN_OR_RETURN(kept.samples, receive(kept.prompts));
+    WL_ASSIGN_OR_RETURN(kept.samples, receive(kept.prompts, kept.shares, false));
     received_ = std::move(kept);
     return ok_status();
   }
@@ -543,14 +669,111 @@ class Trainer {
   Status stop() {
     // A worker answering a request takes no command until its answer is received.
     if (in_flight_) (void)drain();
-    for (int w = 1; w <= workers(); ++w)
-      WL_RETURN_IF_ERROR(send_command(*world_.group, w, kStop, o_.timeout));
+    for (int k : alive())
+      WL_RETURN_IF_ERROR(send_command(*links_[size_t(k)].control, 1, kStop, o_.timeout));
     return ok_status();
   }
 
  private:
+  struct WorkerLink {
+    std::shared_ptr<comm::Group> control;  // null while the worker is lost
+    int64_t incarnation = 0;
+    bool syncing = false;  // told to sync, no update taken yet
+  };
+
+  std::vector<int> alive() const {
+    std::vector<int> out;
+    for (int k = 1; k < int(links_.size()); ++k)
+      if (links_[size_t(k)].control) out.push_back(k);
+    return out;
+  }
+
+  void event(const std::string& what) { events.push_back({phase_, step_, what}); }
+
+  void lose(int k, const Status& why) {
+    if (!links_[size_t(k)].control) return;
+    links_[size_t(k)].control.reset();
+    links_[size_t(k)].syncing = false;
+    event("rollout worker " + std::to_string(k) + " lost: " + why.to_string());
+  }
+
+  Status no_workers() const {
+    return unavailable("every rollout worker is lost and none replaced it within " +
+                       std::to_string(o_.timeout.count()) + " ms");
+  }
+
+  // The incarnation of worker k once it is newer than `than` (the job's start: 1).
+  Result<int64_t> wait_for_incarnation(int k, int64_t than) {
+    const Clock::time_point deadline = Clock::now() + o_.timeout;
+    for (;;) {
+      WL_ASSIGN_OR_RETURN(const int64_t inc, store_->add(worker_key(k) + "/incarnation", 0));
+      if (inc > than) return inc;
+      if (Clock::now() > deadline) {
+        return deadline_exceeded("rollout worker " + std::to_string(k) + " did not start within " +
+                                 std::to_string(o_.timeout.count()) + " ms");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+
+  // Connects the control channel of worker k's `incarnation` and waits until it has healed
+  // (the servers progressing meanwhile, so it can read their copy); returns the server
+  // version it healed to (0: none).
+  Result<uint64_t> connect_worker(int k, int64_t incarnation) {
+    WL_ASSIGN_OR_RETURN(std::shared_ptr<comm::Group> control,
+                        comm::Group::connect({.store = store_,
+                                              .rank = 0,
+                                              .size = 2,
+                                              .worker = {.name = "trainer"},
+                                              .timeout = o_.timeout,
+                                              .prefix = control_prefix(k, incarnation)}));
+    const std::string ready = worker_key(k) + "/ready-" + std::to_string(incarnation);
+    const Clock::time_point deadline = Clock::now() + o_.timeout;
+    for (;;) {
+      WL_ASSIGN_OR_RETURN(const int64_t healed, store_->add(ready, 0));
+      if (healed > 0) {
+        links_[size_t(k)] = {std::move(control), incarnation, false};
+        return uint64_t(healed - 1);
+      }
+      if (Clock::now() > deadline) {
+        return deadline_exceeded("rollout worker " + std::to_string(k) + " (incarnation " +
+                                 std::to_string(incarnation) + ") did not get ready within " +
+                                 std::to_string(o_.timeout.count()) + " ms");
+      }
+      server_->serve_for(std::chrono::milliseconds(10));
+    }
+  }
+
+  // Lost workers whose replacement has started (by `weightlift launch --restart-failed` or
+  // by hand) rejoin here. With none alive, waits for one up to the timeout.
+  Status adopt_replacements() {
+    const Clock::time_point deadline = Clock::now() + o_.timeout;
+    for (;;) {
+      for (int k = 1; k < int(links_.size()); ++k) {
+        WorkerLink& l = links_[size_t(k)];
+        if (l.control) continue;
+        WL_ASSIGN_OR_RETURN(const int64_t inc, store_->add(worker_key(k) + "/incarnation", 0));
+        if (inc <= l.incarnation) continue;
+        WL_ASSIGN_OR_RETURN(const uint64_t healed, connect_worker(k, inc));
+        const auto version = policy_version_of(healed);
+        event("rollout worker " + std::to_string(k) + " rejoined (incarnation " +
+              std::to_string(inc) + "), healed to " +
+              (healed == 0 ? std::string("nothing")
+                           : "policy version " +
+                                 (version ? std::to_string(*version) : std::string("unknown"))));
+        if (o_.on_rejoin) o_.on_rejoin(k);
+      }
+      if (!alive().empty()) return ok_status();
+      if (Clock::now() > deadline) return no_workers();
+      server_->serve_for(std::chrono::milliseconds(20));
+    }
+  }
+
   const RlOptions& o_;
-  comm::World& world_;
+  std::shared_ptr<comm::Store> store_;
+  std::vector<WorkerLink> links_;  // by worker rank; [0] unused
+  std::string phase_ = "sft";
+  int64_t step_ = 0;
   Task task_;
   parallel::DataParallel dp_;
   std::vector<float> full_;
@@ -583,8 +806,9 @@ Result<RlSummary> run_phases(const RlOptions& o, Trainer& t,
     WL_ASSIGN_OR_RETURN(RlCheckpoint c, t.resume(o.resume));
     summary.sft_steps = c.sft_steps;
     summary.records = std::move(c.records);
-    summary.events = std::move(c.events);
-    summary.events.push_back({"rl", c.rl_steps, "resumed from " + o.resume});
+    t.events = std::move(c.events);
+    t.at("rl", c.rl_steps);
+    t.events.push_back({"rl", c.rl_steps, "resumed from " + o.resume});
     summary.held_out_before_rl = summary.held_out_after_rl = c.held_out_before_rl;
     for (const StepRecord& r : summary.records)
       if (r.phase == "rl" && r.held_out_accuracy >= 0)
@@ -593,6 +817,7 @@ Result<RlSummary> run_phases(const RlOptions& o, Trainer& t,
     held_out = summary.held_out_after_rl;
   }
   for (int64_t step = 1; step <= o.sft_steps && o.resume.empty(); ++step) {
+    t.at("sft", step);
     WL_ASSIGN_OR_RETURN(StepRecord rec, t.sft_step(step));
     summary.sft_steps = step;
     if (step % o.sft_eval_every == 0 || step == o.sft_steps) {
@@ -605,7 +830,7 @@ Result<RlSummary> run_phases(const RlOptions& o, Trainer& t,
       char what[128];
       std::snprintf(what, sizeof what, "warm start stopped: held-out %.1f%% >= target %.1f%%",
                     100 * rec.held_out_accuracy, 100 * o.sft_target);
-      summary.events.push_back({"sft", step, what});
+      t.events.push_back({"sft", step, what});
       break;
     }
   }
@@ -615,6 +840,7 @@ Result<RlSummary> run_phases(const RlOptions& o, Trainer& t,
   }
   if (o.resume.empty()) summary.held_out_before_rl = summary.held_out_after_rl = held_out;
   for (int64_t step = first_rl_step; step <= o.steps; ++step) {
+    t.at("rl", step);
     WL_ASSIGN_OR_RETURN(StepRecord rec, t.rl_step(step));
     if (step % o.eval_every == 0 || step == o.steps) {
       WL_ASSIGN_OR_RETURN(rec.held_out_accuracy, t.evaluate());
@@ -622,20 +848,22 @@ Result<RlSummary> run_phases(const RlOptions& o, Trainer& t,
     }
     if (on_step) on_step(rec);
     summary.records.push_back(rec);
+    summary.events = t.events;
     if (o.checkpoint_every > 0 && step % o.checkpoint_every == 0) {
       WL_RETURN_IF_ERROR(
           t.save(o.checkpoint_dir + "/checkpoint-" + std::to_string(step), summary, step));
     }
   }
   WL_ASSIGN_OR_RETURN(summary.policy, t.policy());
+  summary.events = t.events;
   return summary;
 }
 
 }  // namespace
 
-Result<RlSummary> run_trainer(const RlOptions& o, comm::World& world,
+Result<RlSummary> run_trainer(const RlOptions& o, std::shared_ptr<comm::Store> store, int workers,
                               const std::function<void(const StepRecord&)>& on_step) {
-  if (world.group->size() < 2) {
+  if (workers < 1) {
     return invalid_argument(
         "rl needs at least 2 processes: the trainer and a rollout worker "
         "(weightlift launch -n 2 weightlift rl ...)");
@@ -647,7 +875,7 @@ Result<RlSummary> run_trainer(const RlOptions& o, comm::World& world,
                             std::to_string(seq) + " positions, more than the model's " +
                             std::to_string(o.config.max_seq_len));
   }
-  Trainer t(o, world, std::move(task));
+  Trainer t(o, std::move(store), workers, std::move(task));
   WL_RETURN_IF_ERROR(t.start());
   Result<RlSummary> summary = run_phases(o, t, on_step);
   // The workers wait for a command whatever happened here: on an error too, tell them to stop.

@@ -13,9 +13,14 @@
 //                 options, returning every token with its log-probability under the
 //                 distribution sampled from and the weights' version
 //
-// Control messages (which prompts, what came back) travel over the job's UCX group, as every
-// byte between processes does; the weights over the fleet's p2p puts. Every wait has the
-// run's timeout, and a worker that dies ends the run with an error naming it.
+// Control messages (which prompts, what came back) travel over UCX, as every byte between
+// processes does: one two-rank group per worker incarnation, made through the job's store; the
+// weights over the fleet's p2p puts. Every wait has the run's timeout. A worker that dies is
+// dropped (an event in the run's records): its share of a generation goes to the others, the
+// next weight update forms a fleet generation without it, and a replacement of the same rank
+// (`weightlift launch --restart-failed`, or started by hand with the same variables) heals its
+// weights from a peer or the servers' copy and rejoins at the next step. With every worker
+// lost and none replaced within the timeout, the run ends with an error.
 #pragma once
 
 #include <chrono>
@@ -25,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "weightlift/comm/world.h"
+#include "weightlift/comm/store.h"
 #include "weightlift/kernels/sampling.h"
 #include "weightlift/model/config.h"
 #include "weightlift/rl/policy_loss.h"
@@ -74,6 +79,8 @@ struct RlOptions {
   int64_t checkpoint_every = 0;
   std::string resume;
   std::map<std::string, std::string> run;
+  // Hears of a lost worker k's replacement joining (processes.json is rewritten then).
+  std::function<void(int k)> on_rejoin;
 };
 
 // What one step did (an SFT step leaves the RL fields at zero).
@@ -114,10 +121,15 @@ struct RlSummary {
   std::vector<float> policy;  // the final weights, flat in model::ParamLayout's order
 };
 
-// Rank 0 of the job. `on_step` hears of every step.
-Result<RlSummary> run_trainer(const RlOptions& options, comm::World& world,
-                              const std::function<void(const StepRecord&)>& on_step);
-// Every other rank: serves until rank 0 says stop.
-Status run_rollout_worker(const RlOptions& options, comm::World& world);
+// Rank 0 of the job, with `workers` rollout workers (ranks 1..workers). `on_step` hears of
+// every step. `store` is the job's: the trainer and each worker talk over a control channel of
+// their own made through it, so a worker that dies is replaced by a new process of the same
+// rank without the others reconnecting.
+Result<RlSummary> run_trainer(const RlOptions& options, std::shared_ptr<comm::Store> store,
+                              int workers, const std::function<void(const StepRecord&)>& on_step);
+// Rank `rank` >= 1, at the job's start or replacing a lost one (it heals its weights from a
+// peer or the servers' copy and rejoins): serves until the trainer says stop.
+Status run_rollout_worker(const RlOptions& options, const std::shared_ptr<comm::Store>& store,
+                          int rank);
 
 }  // namespace wl::rl
