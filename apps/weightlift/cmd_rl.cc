@@ -202,8 +202,14 @@ Status run_rl(RlArgs a) {
       last_sft = Clock::now();
       sft_bar.update(r.step, rate, "steps/s", status);
     } else {
-      std::snprintf(status, sizeof status, "reward %.2f  held-out %s  filtered %lld", r.reward_mean,
-                    held, (long long)r.groups_filtered);
+      // The step's staleness: the oldest sample it trained on, in versions.
+      const int64_t stale = r.staleness.empty() ? 0 : int64_t(r.staleness.size()) - 1;
+      std::snprintf(
+          status, sizeof status,
+          "reward %.2f  held-out %s  staleness %lld  %.0f tok/s  filtered %lld", r.reward_mean,
+          held, (long long)stale,
+          r.step_s > 0 ? r.response_tokens * double(a.o.prompts * a.o.group) / r.step_s : 0.0,
+          (long long)r.groups_filtered);
       rl_bar.update(r.step, rate, "steps/s", status);
     }
   };
