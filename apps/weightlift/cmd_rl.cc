@@ -35,6 +35,7 @@ struct RlArgs {
   bool overwrite = false;
   bool dr_grpo = false;
   bool no_dynamic_sampling = false;
+  std::string sync_dtype = "bf16";
   double timeout_s = 120;
 };
 
@@ -69,6 +70,7 @@ std::map<std::string, std::string> run_options(const RlArgs& a, int workers) {
           {"eval-every", std::to_string(o.eval_every)},
           {"eval-problems", std::to_string(o.eval_problems)},
           {"max-staleness", std::to_string(o.max_staleness)},
+          {"sync-dtype", a.sync_dtype},
           {"rollout-workers (launch -n, less the trainer)", std::to_string(workers)}};
 }
 
@@ -143,6 +145,9 @@ Status run_rl(RlArgs a) {
   a.o.task.kind = *kind;
   a.o.advantages.normalize_std = !a.dr_grpo;
   a.o.dynamic_sampling = !a.no_dynamic_sampling;
+  auto format = transfer::weight_format_from_name(a.sync_dtype);
+  if (!format) return invalid_argument("--sync-dtype '" + a.sync_dtype + "': expected bf16 or fp8");
+  a.o.sync_format = *format;
   a.o.timeout = std::chrono::milliseconds(int64_t(a.timeout_s * 1000));
   if (a.o.max_staleness > 0 && (a.o.checkpoint_every > 0 || !a.o.resume.empty())) {
     return invalid_argument(
@@ -169,6 +174,10 @@ Status run_rl(RlArgs a) {
       job.rank() == 0 ? "trainer" : "rollout-worker-" + std::to_string(job.rank());
   WL_RETURN_IF_ERROR(parallel::write_processes(job, a.out_dir, role, a.o.timeout));
   if (job.rank() != 0) return rl::run_rollout_worker(a.o, job.world.store, job.rank());
+  a.o.on_event = [](const rl::RlEvent& e) {
+    std::fprintf(stderr, "rl: %s step %lld: %s\n", e.phase.c_str(), (long long)e.step,
+                 e.what.c_str());
+  };
   a.o.on_rejoin = [&](int k) {
     const Status s = parallel::write_processes(job, a.out_dir, role, a.o.timeout);
     if (!s.ok()) {
@@ -322,6 +331,9 @@ void register_rl(CLI::App& app, Outcome& out) {
   cmd->add_option("--tis-cap", o.loss.tis_cap, "truncated importance weight cap; 0 = off")
       ->capture_default_str()
       ->transform(real(kNonNegative));
+  cmd->add_option("--sync-dtype", a->sync_dtype,
+                  "how rollout workers hold the weights the trainer pushes: bf16 or fp8")
+      ->capture_default_str();
   cmd->add_option("--max-staleness", o.max_staleness,
                   "eta: 0 = synchronous; from 1, generation overlaps training and no sample "
                   "more than eta policy versions old is trained on")

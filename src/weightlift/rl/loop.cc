@@ -155,16 +155,17 @@ Status run_rollout_worker(const RlOptions& o, const std::shared_ptr<comm::Store>
                             .timeout = o.timeout,
                             .prefix = control_prefix(rank, incarnation)}));
   comm::Group& g = *control;
-  const transfer::LayoutOptions layout{};  // tp 1, bf16
+  const transfer::LayoutOptions layout{.format = o.sync_format};  // tp 1
   WL_ASSIGN_OR_RETURN(auto lay, transfer::inference_layout(o.config, layout));
   // A replacement heals: the current weights from a healthy peer, or the servers' copy.
   WL_ASSIGN_OR_RETURN(
       std::unique_ptr<transfer::FleetReceiver> fleet,
-      transfer::FleetReceiver::create({.store = store,
-                                       .prefix = kFleet,
-                                       .id = rank - 1,
-                                       .receiver = {.tensors = transfer::tensor_specs(lay)},
-                                       .timeout = o.timeout}));
+      transfer::FleetReceiver::create(
+          {.store = store,
+           .prefix = kFleet,
+           .id = rank - 1,
+           .receiver = {.tensors = transfer::tensor_specs(lay), .format = o.sync_format},
+           .timeout = o.timeout}));
   WL_ASSIGN_OR_RETURN(std::unique_ptr<infer::InferenceWorker> worker,
                       infer::InferenceWorker::create({.config = o.config, .layout = layout}));
   // Ready: the trainer reads the version healed (+ 1, so 0 means not yet).
@@ -688,7 +689,10 @@ class Trainer {
     return out;
   }
 
-  void event(const std::string& what) { events.push_back({phase_, step_, what}); }
+  void event(const std::string& what) {
+    events.push_back({phase_, step_, what});
+    if (o_.on_event) o_.on_event(events.back());
+  }
 
   void lose(int k, const Status& why) {
     if (!links_[size_t(k)].control) return;

@@ -36,8 +36,17 @@
 #include "weightlift/rl/policy_loss.h"
 #include "weightlift/rl/policy_step.h"
 #include "weightlift/rl/tasks.h"
+#include "weightlift/transfer/layout/inference_layout.h"
 
 namespace wl::rl {
+
+// Something that happened to the run as a whole (the warm start ending, a worker lost, a
+// resume), in the order it happened.
+struct RlEvent {
+  std::string phase;
+  int64_t step = 0;
+  std::string what;
+};
 
 struct RlOptions {
   model::ModelConfig config;
@@ -57,6 +66,9 @@ struct RlOptions {
   int64_t group = 8;    // samples per prompt (G)
   double lr = 5e-4;
   kernels::SamplingOptions sampling{.temperature = 1.0f};
+  // How the workers hold the weights, and so what the sync moves: bf16, or fp8 e4m3 with a
+  // scale per 128x128 block (the trainer quantizes; half the bytes, a larger mismatch).
+  transfer::WeightFormat sync_format = transfer::WeightFormat::kBF16;
   AdvantageOptions advantages;
   PolicyLossOptions loss;
   bool dynamic_sampling = true;
@@ -79,8 +91,10 @@ struct RlOptions {
   int64_t checkpoint_every = 0;
   std::string resume;
   std::map<std::string, std::string> run;
-  // Hears of a lost worker k's replacement joining (processes.json is rewritten then).
+  // Hears of a lost worker k's replacement joining (processes.json is rewritten then), and of
+  // every event as it happens.
   std::function<void(int k)> on_rejoin;
+  std::function<void(const RlEvent&)> on_event;
 };
 
 // What one step did (an SFT step leaves the RL fields at zero).
@@ -102,14 +116,6 @@ struct StepRecord {
   int64_t stale_dropped = 0;
   PolicyStats stats;
   double generate_s = 0, sync_s = 0, train_s = 0, step_s = 0;
-};
-
-// Something that happened to the run as a whole (the warm start ending, a worker lost, a
-// resume), in the order it happened.
-struct RlEvent {
-  std::string phase;
-  int64_t step = 0;
-  std::string what;
 };
 
 struct RlSummary {
