@@ -13,7 +13,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 bash scripts/build.sh release weightlift
 wl=$PWD/build/release/apps/weightlift
-"$wl" launch -n 3 --restart-failed 2 -- "$wl" --threads 1 rl --preset tiny --task sort --difficulty 3 \
+"$wl" launch -n 3 --restart-failed 2 -- "$wl" --threads 1 rl --trainer-threads "$(nproc)" \
+  --preset tiny --task sort --difficulty 3 \
   --sft-steps 1000 --sft-lr 1e-3 --sft-target 0.3 --steps "${WL_RL_STEPS:-600}" --lr 5e-4 \
   --checkpoint-every 100 \
   --eval-every 50 --eval-problems 128 --out runs/rl --overwrite

@@ -15,6 +15,7 @@
 #include "weightlift/comm/launch_env.h"
 #include "weightlift/comm/tcp_store.h"
 #include "weightlift/core/file_io.h"
+#include "weightlift/core/parallel.h"
 #include "weightlift/core/safetensors.h"
 #include "weightlift/model/params.h"
 #include "weightlift/parallel/job.h"
@@ -36,6 +37,7 @@ struct RlArgs {
   bool dr_grpo = false;
   bool no_dynamic_sampling = false;
   std::string sync_dtype = "bf16";
+  int trainer_threads = 0;
   double timeout_s = 120;
 };
 
@@ -174,6 +176,8 @@ Status run_rl(RlArgs a) {
       job.rank() == 0 ? "trainer" : "rollout-worker-" + std::to_string(job.rank());
   WL_RETURN_IF_ERROR(parallel::write_processes(job, a.out_dir, role, a.o.timeout));
   if (job.rank() != 0) return rl::run_rollout_worker(a.o, job.world.store, job.rank());
+  // In synchronous mode the workers wait while the trainer computes: it may take every core.
+  if (a.trainer_threads > 0) set_num_threads(a.trainer_threads);
   a.o.on_event = [](const rl::RlEvent& e) {
     std::fprintf(stderr, "rl: %s step %lld: %s\n", e.phase.c_str(), (long long)e.step,
                  e.what.c_str());
@@ -334,6 +338,11 @@ void register_rl(CLI::App& app, Outcome& out) {
   cmd->add_option("--sync-dtype", a->sync_dtype,
                   "how rollout workers hold the weights the trainer pushes: bf16 or fp8")
       ->capture_default_str();
+  cmd->add_option("--trainer-threads", a->trainer_threads,
+                  "compute threads of the trainer (rank 0) instead of --threads: it computes "
+                  "while the workers wait (0 = --threads)")
+      ->capture_default_str()
+      ->transform(count(0, kMaxThreads));
   cmd->add_option("--max-staleness", o.max_staleness,
                   "eta: 0 = synchronous; from 1, generation overlaps training and no sample "
                   "more than eta policy versions old is trained on")
