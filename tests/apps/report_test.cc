@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "report/loss_plot.h"
+#include "report/rl_report.h"
 #include "report/topology.h"
 #include "report/transfer_plan.h"
 #include "report/transfer_simulate.h"
@@ -110,6 +111,46 @@ TEST(LossPlot, DrawsEveryRecordOfTheMetricsFile) {
   Status s = write_loss_plot({.metrics_path = dir + "/metrics.jsonl", .svg_path = dir + "/l.svg"});
   EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.to_string();
   EXPECT_NE(s.message().find("metrics.jsonl:1"), std::string::npos) << s.to_string();
+}
+
+// The RL run's figures: rewards of the first and last ten steps that trained on something,
+// sync time over step time summed, the oldest sample trained on, the events; and a report that
+// stands alone.
+TEST(RlReport, FiguresComeFromTheStepsThatTrained) {
+  rl::RlSummary run;
+  run.records.push_back({.phase = "sft", .step = 1, .held_out_accuracy = 0.25});
+  for (int i = 1; i <= 25; ++i) {
+    rl::StepRecord r{.phase = "rl", .step = i};
+    r.trained = i == 3 ? 0 : 64;  // step 3 trained on nothing: its reward does not count
+    r.reward_mean = i == 3 ? 0.0 : 0.01 * i;
+    r.staleness = i == 3 ? std::vector<int64_t>{} : std::vector<int64_t>{60, 4};
+    r.sync_s = 0.001;
+    r.step_s = 0.010;
+    run.records.push_back(r);
+  }
+  run.events.push_back({"rl", 7, "rollout worker 1 lost: Unavailable: gone"});
+  const nlohmann::json f = rl_figures(run);
+  // The first ten steps, of which nine trained: 1, 2, 4..10.
+  EXPECT_NEAR(f["reward_first"].get<double>(), 0.01 * (1 + 2 + 4 + 5 + 6 + 7 + 8 + 9 + 10) / 9,
+              1e-12);
+  // The last ten steps are 16..25, all trained.
+  EXPECT_NEAR(f["reward_last"].get<double>(), 0.01 * 20.5, 1e-12);
+  EXPECT_NEAR(f["sync_share"].get<double>(), 0.1, 1e-12);
+  EXPECT_NEAR(f["sync_ms_median"].get<double>(), 1.0, 1e-9);
+  EXPECT_EQ(f["max_staleness_trained"], 1);
+  EXPECT_EQ(f["events"].size(), 1u);
+  const std::string dir =
+      std::filesystem::temp_directory_path().string() + "/wl_rl_report_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  ASSERT_TRUE(write_rl_report(dir + "/report.html", "a <run>", f, run).ok());
+  const std::string html = read_file(dir + "/report.html");
+  EXPECT_NE(html.find("a &lt;run&gt;"), std::string::npos);  // escaped
+  EXPECT_NE(html.find("rollout worker 1 lost"), std::string::npos);
+  size_t svgs = 0;
+  for (size_t at = html.find("<svg"); at != std::string::npos; at = html.find("<svg", at + 1))
+    ++svgs;
+  EXPECT_EQ(svgs, 5u);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
