@@ -118,6 +118,31 @@ AllreduceAlgorithm choose_allreduce_algorithm(size_t bytes, int ranks,
   return best;
 }
 
+namespace {
+
+// What allreduce() runs; `arena` is set when that is the shared-memory algorithm.
+Result<AllreduceAlgorithm> resolve(Group& g, const AllreduceOptions& o, Deadline deadline,
+                                   detail::ShmArena** arena) {
+  AllreduceAlgorithm algo = o.algorithm;
+  if (algo != AllreduceAlgorithm::kAuto && algo != AllreduceAlgorithm::kSharedMemory) return algo;
+  if (g.size() > 1) {
+    // The first call on a group sets up its arena (collectively: every rank gets here).
+    WL_ASSIGN_OR_RETURN(detail::ShmArena * a, detail::shm_arena(g, deadline));
+    if (a != nullptr) {
+      *arena = a;
+      return AllreduceAlgorithm::kSharedMemory;
+    }
+  }
+  return choose_allreduce_algorithm(o.count * dtype_size(o.dtype), g.size(), o.cost_model);
+}
+
+}  // namespace
+
+Result<AllreduceAlgorithm> resolve_allreduce_algorithm(Group& g, const AllreduceOptions& o) {
+  detail::ShmArena* arena = nullptr;
+  return resolve(g, o, g.deadline(o.timeout), &arena);
+}
+
 Status allreduce(Group& g, const AllreduceOptions& o) {
   const uint32_t sequence = g.next_sequence();
   WL_RETURN_IF_ERROR(detail::check_reduction(g, "allreduce", o.dtype, o.op));
@@ -136,14 +161,11 @@ Status allreduce(Group& g, const AllreduceOptions& o) {
                                    .segment_bytes = o.segment_bytes,
                                    .sequence = sequence};
   const Deadline deadline = g.deadline(o.timeout);
-  AllreduceAlgorithm algo = o.algorithm;
-  if (algo == AllreduceAlgorithm::kAuto || algo == AllreduceAlgorithm::kSharedMemory) {
-    // The first call on a group sets up its arena (collectively: every rank gets here).
-    WL_ASSIGN_OR_RETURN(detail::ShmArena * arena, detail::shm_arena(g, deadline));
-    if (arena != nullptr) return detail::allreduce_shm(g, *arena, args, deadline);
-    algo = choose_allreduce_algorithm(o.count * dtype_size(o.dtype), g.size(), o.cost_model);
-  }
+  detail::ShmArena* arena = nullptr;
+  WL_ASSIGN_OR_RETURN(AllreduceAlgorithm algo, resolve(g, o, deadline, &arena));
   switch (algo) {
+    case AllreduceAlgorithm::kSharedMemory:
+      return detail::allreduce_shm(g, *arena, args, deadline);
     case AllreduceAlgorithm::kRing:
       return detail::allreduce_ring(g, args, deadline);
     case AllreduceAlgorithm::kTree:
@@ -153,7 +175,6 @@ Status allreduce(Group& g, const AllreduceOptions& o) {
     case AllreduceAlgorithm::kRecursiveDoubling:
       return detail::allreduce_recursive_doubling(g, args, deadline);
     case AllreduceAlgorithm::kAuto:
-    case AllreduceAlgorithm::kSharedMemory:
       break;
   }
   return invalid_argument("allreduce on " + g.describe() + ": unknown algorithm " +

@@ -76,6 +76,13 @@ struct AllreduceOptions {
 
 Status allreduce(Group& group, const AllreduceOptions& options);
 
+// The algorithm allreduce() runs for `options` on `group` (count and dtype give the size):
+// kSharedMemory where the group maps its members' memory and kAuto or kSharedMemory was asked
+// for, else the one asked for or the model's pick. Collective on a group's first call (it
+// sets up the shared-memory arena, as allreduce() would), cheap after.
+Result<AllreduceAlgorithm> resolve_allreduce_algorithm(Group& group,
+                                                       const AllreduceOptions& options);
+
 // Which message-passing algorithm kAuto picks for `bytes` on `ranks` ranks when shared memory
 // is not available: the cheapest under `model` (exposed so the benchmark can print it and the
 // tests can pin it). Ties go to the simpler algorithm: recursive doubling, ring, tree,

@@ -34,12 +34,12 @@ namespace {
 
 // One direction of the ring over one half of the buffer.
 struct Lane {
-  int index = 0;               // 0: r -> r+1; 1: r -> r-1
-  int v = 0;                   // this rank's number on the lane's ring
-  int right = 0, left = 0;     // group ranks it sends to and receives from
-  size_t offset = 0;           // elements: where the lane's half starts
-  Blocks blocks;               // of the half, one per lane ring number
-  size_t per_step = 1;         // segments of the largest block
+  int index = 0;                     // 0: r -> r+1; 1: r -> r-1
+  int v = 0;                         // this rank's number on the lane's ring
+  int right = 0, left = 0;           // group ranks it sends to and receives from
+  size_t offset = 0;                 // elements: where the lane's half starts
+  Blocks blocks;                     // of the half, one per lane ring number
+  size_t per_step = 1;               // segments of the largest block
   std::unique_ptr<std::byte[]> tmp;  // reduce-scatter: segments received, one block's worth
   std::vector<Request> recvs;        // reduce-scatter: [per_step]; allgather: [(P-1) per_step]
 };
@@ -129,8 +129,7 @@ Status allreduce_ring_bidirectional(Group& g, const AllreduceArgs& a, Deadline d
   sends.clear();
   for (Lane& l : lanes) {
     const size_t own = size_t(l.v);
-    if (a.op == ReduceOp::kAvg)
-      divide(a.dtype, out + at(l, own, 0), l.blocks.counts[own], P);
+    if (a.op == ReduceOp::kAvg) divide(a.dtype, out + at(l, own, 0), l.blocks.counts[own], P);
   }
 
   // Allgather, as allgather_ring.cc: in step s ring number v sends block v-s and receives

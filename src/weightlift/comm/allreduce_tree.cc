@@ -91,7 +91,7 @@ struct Half {
   size_t segments = 0;
   TreeLinks links;
   int children = 0;
-  std::unique_ptr<std::byte[]> tmp;  // [children][window][segment] elements from the children
+  std::unique_ptr<std::byte[]> tmp;    // [children][window][segment] elements from the children
   std::vector<Request> from_children;  // [children][window]
   std::vector<Request> up;             // [segments]: the partial sum sent to the parent
 };
@@ -172,8 +172,8 @@ Status allreduce_tree(Group& g, const AllreduceArgs& a, Deadline deadline) {
     const std::byte* src = in + seg_at(h, k);
     std::byte* dst = out + seg_at(h, k);
     for (int c = 0; c < h.children; ++c) {
-      Status s =
-          g.wait_all(std::span<Request>(&h.from_children[size_t(c) * W + k % W], 1), down, deadline);
+      Status s = g.wait_all(std::span<Request>(&h.from_children[size_t(c) * W + k % W], 1), down,
+                            deadline);
       if (!s.ok()) {
         return s.with_context("allreduce tree " + std::to_string(h.tree) + ": segment " +
                               std::to_string(k) + " from child rank " +
