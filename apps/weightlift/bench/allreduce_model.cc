@@ -10,9 +10,9 @@ using comm::AllreduceAlgorithm;
 
 namespace {
 
-constexpr AllreduceAlgorithm kModelled[] = {
-    AllreduceAlgorithm::kRing, AllreduceAlgorithm::kTree, AllreduceAlgorithm::kBidirectionalRing,
-    AllreduceAlgorithm::kRecursiveDoubling};
+constexpr AllreduceAlgorithm kModelled[] = {AllreduceAlgorithm::kRing, AllreduceAlgorithm::kTree,
+                                            AllreduceAlgorithm::kBidirectionalRing,
+                                            AllreduceAlgorithm::kRecursiveDoubling};
 
 // Sizes 8 B .. 1 TiB, 16 per doubling: fine enough that a crossover is placed within 5%.
 std::vector<size_t> fine_grid() {

@@ -22,9 +22,9 @@ namespace wl::app {
 struct AllreduceModelOptions {
   comm::AllreduceCostModel model;
   std::vector<int> ranks = {8, 16, 32, 64, 128, 256, 512, 1024};
-  size_t min_bytes = 8;             // first row of each table
+  size_t min_bytes = 8;                // first row of each table
   size_t max_bytes = size_t(1) << 30;  // last row of each table
-  int factor = 8;                   // size multiplier between rows
+  int factor = 8;                      // size multiplier between rows
   std::FILE* out = stdout;
 };
 
