@@ -2,10 +2,13 @@
 // Every rank runs it under a launcher that sets the torchrun variables:
 //   weightlift launch -n 2 -- weightlift bench collectives --ops allreduce --json
 // bench/compare_collectives.py runs it beside OpenMPI and gloo and plots busbw against size.
+// With --model it launches nothing: it prints the allreduce cost model for 8..1024 ranks
+// across hosts (bench/allreduce_model.h) with the --model-* network numbers.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
+#include "bench/allreduce_model.h"
 #include "bench/collectives.h"
 #include "commands.h"
 #include "validate.h"
@@ -22,7 +25,48 @@ struct BenchCollectivesArgs {
   std::string min_bytes = "8", max_bytes = "256M", dtype = "F32", algorithm = "auto";
   std::string bind_address = "127.0.0.1";
   int timeout_s = 60;  // validate.h seconds(): at least 1
+  // --model: print the cost model instead of running. The network is the one seed 001
+  // describes (hosts on 100 Gb/s Ethernet or InfiniBand): 5 us per message step, 12.5 GB/s.
+  bool model = false;
+  double model_alpha_us = 5.0;
+  double model_link_gbps = 12.5;
+  double model_stream_gbps = 0;  // 0: one stream fills the link
+  double model_reduce_gbps = 10.0;
+  std::string model_segment = "256K";
 };
+
+// "tree", "bidirectional_ring" or "bidirectional-ring", ... -> the algorithm.
+Result<comm::AllreduceAlgorithm> parse_algorithm(std::string name) {
+  using comm::AllreduceAlgorithm;
+  std::replace(name.begin(), name.end(), '-', '_');
+  for (AllreduceAlgorithm a :
+       {AllreduceAlgorithm::kAuto, AllreduceAlgorithm::kRing,
+        AllreduceAlgorithm::kRecursiveDoubling, AllreduceAlgorithm::kSharedMemory,
+        AllreduceAlgorithm::kTree, AllreduceAlgorithm::kBidirectionalRing}) {
+    if (name == comm::allreduce_algorithm_name(a)) return a;
+  }
+  return invalid_argument("--algorithm '" + name +
+                          "': expected auto, ring, recursive_doubling, shm, tree or "
+                          "bidirectional_ring");
+}
+
+Status run_allreduce_model(const BenchCollectivesArgs& a) {
+  if (a.model_alpha_us < 0 || a.model_link_gbps <= 0 || a.model_stream_gbps < 0 ||
+      a.model_reduce_gbps <= 0) {
+    return invalid_argument(
+        "--model: need --model-alpha-us >= 0, --model-link-gbps > 0, "
+        "--model-stream-gbps >= 0 and --model-reduce-gbps > 0");
+  }
+  WL_ASSIGN_OR_RETURN(size_t segment, parse_byte_size(a.model_segment));
+  if (segment == 0) return invalid_argument("--model-segment must be at least 1 byte");
+  print_allreduce_model(
+      {.model = {.alpha = a.model_alpha_us * 1e-6,
+                 .beta = 1e-9 / a.model_link_gbps,
+                 .stream_beta = a.model_stream_gbps > 0 ? 1e-9 / a.model_stream_gbps : 0.0,
+                 .gamma = 1e-9 / a.model_reduce_gbps,
+                 .segment_bytes = segment}});
+  return ok_status();
+}
 
 // Every rank holds a send and a receive buffer of the largest size; the ranks of this host
 // (LOCAL_WORLD_SIZE, as the launcher sets it) share its memory.
@@ -37,6 +81,7 @@ Status check_sweep_memory(const BenchCollectivesOptions& o) {
 
 Status run_bench_collectives(BenchCollectivesArgs a) {
   using namespace wl::comm;
+  if (a.model) return run_allreduce_model(a);
   BenchCollectivesOptions& o = a.o;
   o.ops.clear();
   for (size_t at = 0; at <= a.ops.size();) {
@@ -51,15 +96,7 @@ Status run_bench_collectives(BenchCollectivesArgs a) {
     return invalid_argument("--dtype '" + a.dtype + "': expected F32, BF16, F16, I32, I64 or U8");
   o.dtype = *dt;
   o.timeout = std::chrono::seconds(a.timeout_s);
-  if (a.algorithm == "ring")
-    o.algorithm = AllreduceAlgorithm::kRing;
-  else if (a.algorithm == "recursive_doubling")
-    o.algorithm = AllreduceAlgorithm::kRecursiveDoubling;
-  else if (a.algorithm == "shm")
-    o.algorithm = AllreduceAlgorithm::kSharedMemory;
-  else if (a.algorithm != "auto")
-    return invalid_argument("--algorithm '" + a.algorithm +
-                            "': expected auto, ring, recursive_doubling or shm");
+  WL_ASSIGN_OR_RETURN(o.algorithm, parse_algorithm(a.algorithm));
   WL_RETURN_IF_ERROR(check_sweep_memory(o));
   WL_ASSIGN_OR_RETURN(LaunchEnv env, read_launch_env());
   // --timeout bounds the rendezvous too: a peer that never joins is a timeout at --timeout.
@@ -100,7 +137,22 @@ void register_bench_collectives(CLI::App& bench, Outcome& out) {
   cmd->add_flag("--check,!--no-check", a->o.check, "verify each row with exact data");
   cmd->add_flag("--json", a->o.json, "one JSON object per row");
   cmd->add_flag("--pin,!--no-pin", a->o.pin, "pin rank r to core r % cores (as mpirun binds)");
-  cmd->add_option("--algorithm", a->algorithm, "allreduce: auto, ring, recursive_doubling, shm")
+  cmd->add_option("--algorithm", a->algorithm,
+                  "allreduce: auto, ring, recursive_doubling, shm, tree, bidirectional_ring")
+      ->capture_default_str();
+  cmd->add_flag("--model", a->model,
+                "print the allreduce cost model for 8..1024 ranks across hosts; runs nothing");
+  cmd->add_option("--model-alpha-us", a->model_alpha_us, "--model: microseconds per message step")
+      ->capture_default_str();
+  cmd->add_option("--model-link-gbps", a->model_link_gbps,
+                  "--model: GB/s a rank sends (and receives) through its link")
+      ->capture_default_str();
+  cmd->add_option("--model-stream-gbps", a->model_stream_gbps,
+                  "--model: GB/s of one connection alone (0: the link's)")
+      ->capture_default_str();
+  cmd->add_option("--model-reduce-gbps", a->model_reduce_gbps, "--model: GB/s reduced")
+      ->capture_default_str();
+  cmd->add_option("--model-segment", a->model_segment, "--model: tree pipeline segment (K/M/G)")
       ->capture_default_str();
   cmd->add_option("--bind-address", a->bind_address, "where rank 0's store listens")
       ->capture_default_str();

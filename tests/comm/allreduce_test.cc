@@ -1,12 +1,18 @@
 // allreduce with ranks as threads: every dtype and op, counts 0, 1, odd and not divisible by
-// the world size, in place and out of place, unaligned buffers with guard bytes, both
-// algorithms (the ring with tiny segments so that every block has many), world sizes 1-4.
+// the world size, in place and out of place, unaligned buffers with guard bytes, every
+// algorithm (the rings and the tree with tiny segments so that every block has many and the
+// tree's window of receives wraps), world sizes 1-8. Then the trees' shape and the selector.
 #include "weightlift/comm/allreduce.h"
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <tuple>
+#include <vector>
+
 #include "exact_data.h"
 #include "rank_threads.h"
+#include "weightlift/comm/detail/allreduce_algorithms.h"
 
 namespace wl::comm {
 namespace {
@@ -14,7 +20,15 @@ namespace {
 using namespace std::chrono_literals;
 using testing::GuardedBuffer;
 
-class AllreduceTest : public ::testing::TestWithParam<int> {};
+constexpr AllreduceAlgorithm kAlgorithms[] = {
+    AllreduceAlgorithm::kRing, AllreduceAlgorithm::kRecursiveDoubling,
+    AllreduceAlgorithm::kSharedMemory, AllreduceAlgorithm::kTree,
+    AllreduceAlgorithm::kBidirectionalRing};
+
+// (world size, algorithm)
+class AllreduceTest : public ::testing::TestWithParam<std::tuple<int, AllreduceAlgorithm>> {};
+// World size; kAuto and the shared-memory path's own edges.
+class AllreduceAutoTest : public ::testing::TestWithParam<int> {};
 
 // One allreduce on this rank, checked against the closed form.
 void check_allreduce(Group& g, DType dtype, ReduceOp op, size_t count, bool in_place,
@@ -31,12 +45,14 @@ void check_allreduce(Group& g, DType dtype, ReduceOp op, size_t count, bool in_p
                            .op = op,
                            .algorithm = algo,
                            .segment_bytes = segment_bytes});
-  ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_TRUE(s.ok()) << s.to_string() << "\n(" << dtype_name(dtype) << " " << reduce_op_name(op)
+                      << ", count " << count << (in_place ? " in place" : "") << ", algorithm "
+                      << allreduce_algorithm_name(algo) << ")";
   for (size_t i = 0; i < count; ++i) {
     ASSERT_EQ(testing::get(dtype, recv.data(), i), testing::expected(op, P, i))
         << "rank " << r << " of " << P << ", " << dtype_name(dtype) << " " << reduce_op_name(op)
-        << ", count " << count << (in_place ? " in place" : "") << ", algorithm " << int(algo)
-        << ", element " << i;
+        << ", count " << count << (in_place ? " in place" : "") << ", algorithm "
+        << allreduce_algorithm_name(algo) << ", element " << i;
   }
   EXPECT_TRUE(send.guards_intact() && recv.guards_intact());
   if (!in_place) {  // the input is left as it was
@@ -46,20 +62,18 @@ void check_allreduce(Group& g, DType dtype, ReduceOp op, size_t count, bool in_p
   }
 }
 
-TEST_P(AllreduceTest, EveryTypeOpCountAndAlgorithm) {
-  const int P = GetParam();
+TEST_P(AllreduceTest, EveryTypeOpAndCount) {
+  const auto [P, algo] = GetParam();
   testing::run_world(P, [&](Group& g) {
     for (DType dtype : testing::kReducibleTypes) {
       for (ReduceOp op : testing::kOps) {
-        for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(4 * 5 + 3)}) {
+        for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(4 * 5 + 3), size_t(97)}) {
           for (bool in_place : {false, true}) {
-            for (auto algo : {AllreduceAlgorithm::kRing, AllreduceAlgorithm::kRecursiveDoubling,
-                              AllreduceAlgorithm::kSharedMemory}) {
-              // 6-byte segments: blocks of a few elements split into several segments (ring),
-              // chunks of a few elements (shared memory), so slots wrap many times.
-              check_allreduce(g, dtype, op, count, in_place, algo, 6);
-              if (::testing::Test::HasFatalFailure()) return;
-            }
+            // 6-byte segments: blocks of a few elements split into several segments (rings),
+            // halves of up to 49 one-element segments (tree: more than its window of 16),
+            // chunks of a few elements (shared memory), so slots wrap many times.
+            check_allreduce(g, dtype, op, count, in_place, algo, 6);
+            if (::testing::Test::HasFatalFailure()) return;
           }
         }
       }
@@ -68,16 +82,35 @@ TEST_P(AllreduceTest, EveryTypeOpCountAndAlgorithm) {
 }
 
 TEST_P(AllreduceTest, LargeBuffersWithDefaultSegments) {
-  const int P = GetParam();
+  const auto [P, algo] = GetParam();
   testing::run_world(P, [&](Group& g) {
     for (size_t count : {size_t(1) << 10, (size_t(1) << 20) + 3}) {
-      check_allreduce(g, DType::kF32, ReduceOp::kSum, count, false, AllreduceAlgorithm::kAuto, 0);
-      check_allreduce(g, DType::kBF16, ReduceOp::kMax, count, true, AllreduceAlgorithm::kRing, 0);
+      check_allreduce(g, DType::kF32, ReduceOp::kSum, count, false, algo, 0);
+      if (::testing::Test::HasFatalFailure()) return;
+      check_allreduce(g, DType::kBF16, ReduceOp::kMax, count, true, algo, 0);
+      if (::testing::Test::HasFatalFailure()) return;
     }
   });
 }
 
-TEST_P(AllreduceTest, OutputsPastTheStreamingThreshold) {
+INSTANTIATE_TEST_SUITE_P(WorldSizes, AllreduceTest,
+                         ::testing::Combine(::testing::Range(1, 9),
+                                            ::testing::ValuesIn(kAlgorithms)),
+                         [](const ::testing::TestParamInfo<AllreduceTest::ParamType>& info) {
+                           return std::to_string(std::get<0>(info.param)) + "_ranks_" +
+                                  std::string(allreduce_algorithm_name(std::get<1>(info.param)));
+                         });
+
+TEST_P(AllreduceAutoTest, LargeBuffersWithDefaultSegments) {
+  const int P = GetParam();
+  testing::run_world(P, [&](Group& g) {
+    for (size_t count : {size_t(1) << 10, (size_t(1) << 20) + 3}) {
+      check_allreduce(g, DType::kF32, ReduceOp::kSum, count, false, AllreduceAlgorithm::kAuto, 0);
+    }
+  });
+}
+
+TEST_P(AllreduceAutoTest, OutputsPastTheStreamingThreshold) {
   // 8 MiB and more are written with non-temporal stores on the shared-memory path
   // (allreduce_shm.cc): the unaligned head and tail and the fence must still leave every
   // element right, in place and out of place.
@@ -89,12 +122,97 @@ TEST_P(AllreduceTest, OutputsPastTheStreamingThreshold) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, AllreduceTest, ::testing::Values(1, 2, 3, 4));
+INSTANTIATE_TEST_SUITE_P(WorldSizes, AllreduceAutoTest, ::testing::Values(1, 2, 3, 4));
 
-TEST(AllreduceChoice, SmallBuffersTakeRecursiveDoublingLargeOnesTheRing) {
-  for (int p : {2, 3, 4, 8}) {
+// Both trees span every rank once, parent and child links agree, the depth is what the cost
+// model assumes, and no rank is an inner node of both trees.
+TEST(DoubleTree, TwoSpanningTreesOfLogDepthWithDisjointInnerNodes) {
+  for (int P = 1; P <= 1024; ++P) {
+    std::vector<int> inner(size_t(P), 0), leaf(size_t(P), 0);
+    for (int tree = 0; tree < 2; ++tree) {
+      int roots = 0, deepest = 0;
+      for (int r = 0; r < P; ++r) {
+        const detail::TreeLinks t = detail::double_tree_links(P, r, tree);
+        if (t.parent < 0) {
+          ++roots;
+        } else {
+          ASSERT_LT(t.parent, P) << "P " << P << " tree " << tree << " rank " << r;
+          const detail::TreeLinks up = detail::double_tree_links(P, t.parent, tree);
+          ASSERT_TRUE(up.children[0] == r || up.children[1] == r)
+              << "P " << P << " tree " << tree << ": rank " << r << "'s parent " << t.parent
+              << " does not list it as a child";
+        }
+        int children = 0;
+        for (int c : t.children) {
+          if (c < 0) continue;
+          ++children;
+          ASSERT_EQ(detail::double_tree_links(P, c, tree).parent, r)
+              << "P " << P << " tree " << tree << " rank " << r << " child " << c;
+        }
+        (children > 0 ? inner : leaf)[size_t(r)]++;
+        // The walk to the root ends (no cycle) within the depth the model uses.
+        int depth = 0;
+        for (int at = r; detail::double_tree_links(P, at, tree).parent >= 0; ++depth) {
+          at = detail::double_tree_links(P, at, tree).parent;
+          ASSERT_LE(depth, P) << "P " << P << " tree " << tree << ": cycle above rank " << r;
+        }
+        deepest = std::max(deepest, depth);
+      }
+      ASSERT_EQ(roots, 1) << "P " << P << " tree " << tree;
+      ASSERT_EQ(deepest, detail::double_tree_depth(P)) << "P " << P << " tree " << tree;
+    }
+    for (int r = 0; r < P; ++r) {
+      ASSERT_LE(inner[size_t(r)], 1) << "P " << P << ": rank " << r << " inner in both trees";
+      // Odd P: rank 0 is the one rank left a leaf in both.
+      if (P > 1 && (P % 2 == 0 || r != 0)) {
+        ASSERT_EQ(inner[size_t(r)], 1) << "P " << P << ": rank " << r << " a leaf in both";
+      }
+    }
+  }
+}
+
+TEST(AllreduceChoice, SmallBuffersTakeALatencyAlgorithmLargeOnesTheRing) {
+  for (int p : {2, 4, 8}) {
     EXPECT_EQ(choose_allreduce_algorithm(8, p), AllreduceAlgorithm::kRecursiveDoubling) << p;
+  }
+  // Three ranks: the tree's two steps beat recursive doubling's three (fold, swap, unfold).
+  EXPECT_EQ(choose_allreduce_algorithm(8, 3), AllreduceAlgorithm::kTree);
+  for (int p : {2, 3, 4, 8}) {
     EXPECT_EQ(choose_allreduce_algorithm(64 << 20, p), AllreduceAlgorithm::kRing) << p;
+  }
+}
+
+TEST(AllreduceChoice, ManyRanksAcrossHostsTakeTheTreeForMidSizes) {
+  // The inter-host numbers `bench collectives --model` defaults to: 5 us, 12.5 GB/s.
+  const AllreduceCostModel hosts{.alpha = 5e-6, .beta = 1 / 12.5e9};
+  EXPECT_EQ(choose_allreduce_algorithm(8, 1024, hosts), AllreduceAlgorithm::kRecursiveDoubling);
+  EXPECT_EQ(choose_allreduce_algorithm(16 << 20, 1024, hosts), AllreduceAlgorithm::kTree);
+  EXPECT_EQ(choose_allreduce_algorithm(size_t(1) << 30, 8, hosts), AllreduceAlgorithm::kRing);
+  // A stream that carries half the link: the second direction of the ring pays.
+  AllreduceCostModel slow_stream = hosts;
+  slow_stream.stream_beta = 2 * hosts.beta;
+  EXPECT_EQ(choose_allreduce_algorithm(size_t(1) << 30, 8, slow_stream),
+            AllreduceAlgorithm::kBidirectionalRing);
+}
+
+TEST(AllreduceChoice, PicksTheCheapestUnderTheModel) {
+  const AllreduceCostModel models[] = {{},
+                                       {.alpha = 5e-6, .beta = 1 / 12.5e9},
+                                       {.alpha = 1e-6, .beta = 1e-10, .stream_beta = 3e-10}};
+  for (const AllreduceCostModel& m : models) {
+    for (int p : {2, 3, 5, 8, 13, 64, 1000}) {
+      for (size_t n = 8; n <= (size_t(1) << 30); n *= 4) {
+        const AllreduceAlgorithm pick = choose_allreduce_algorithm(n, p, m);
+        const double cost = allreduce_cost_seconds(pick, n, p, m);
+        for (AllreduceAlgorithm a :
+             {AllreduceAlgorithm::kRing, AllreduceAlgorithm::kRecursiveDoubling,
+              AllreduceAlgorithm::kTree, AllreduceAlgorithm::kBidirectionalRing}) {
+          EXPECT_LE(cost, allreduce_cost_seconds(a, n, p, m))
+              << "P " << p << ", " << n << " bytes: picked " << allreduce_algorithm_name(pick)
+              << ", " << allreduce_algorithm_name(a) << " is cheaper";
+        }
+      }
+    }
   }
 }
 

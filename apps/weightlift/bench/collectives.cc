@@ -49,7 +49,8 @@ Status run_once(Group& g, std::string_view op, const BenchCollectivesOptions& o,
                          .dtype = o.dtype,
                          .op = o.op,
                          .timeout = o.timeout,
-                         .algorithm = o.algorithm});
+                         .algorithm = o.algorithm,
+                         .cost_model = o.cost_model});
   }
   if (op == "allgather") {
     return allgather(g, {.send = b.send.get(),
@@ -142,15 +143,18 @@ void print_row(const BenchCollectivesOptions& o, int P, const BenchRow& row) {
                  "{\"impl\":\"weightlift\",\"op\":\"%s\",\"bytes\":%zu,\"count\":%zu,"
                  "\"dtype\":\"%s\",\"ranks\":%d,\"time_us\":%.3f,\"p50_us\":%.3f,"
                  "\"p99_us\":%.3f,\"algbw_gbps\":%.4f,\"busbw_gbps\":%.4f,\"wrong\":%lld,"
-                 "\"bound_gbps\":%.3f,\"bound_fraction\":%.4f}\n",
+                 "\"bound_gbps\":%.3f,\"bound_fraction\":%.4f,\"algorithm\":\"%s\","
+                 "\"model_choice\":\"%s\"}\n",
                  row.op.c_str(), row.bytes, row.count, type.c_str(), P, row.time_us, row.p50_us,
                  row.p99_us, row.algbw_gbps, row.busbw_gbps, static_cast<long long>(row.wrong),
-                 row.bound_gbps, frac);
+                 row.bound_gbps, frac, row.algorithm.c_str(), row.model_choice.c_str());
   } else {
     const std::string wrong = row.wrong < 0 ? "N/A" : std::to_string(row.wrong);
-    std::fprintf(o.out, "%14zu %12zu %6s %15s %11.2f %9.3f %9.3f %7s %10.2f %10.2f %7.0f%%\n",
+    std::fprintf(o.out,
+                 "%14zu %12zu %6s %15s %11.2f %9.3f %9.3f %7s %10.2f %10.2f %7.0f%% %18s %18s\n",
                  row.bytes, row.count, type.c_str(), row.op.c_str(), row.time_us, row.algbw_gbps,
-                 row.busbw_gbps, wrong.c_str(), row.p50_us, row.p99_us, 100.0 * frac);
+                 row.busbw_gbps, wrong.c_str(), row.p50_us, row.p99_us, 100.0 * frac,
+                 row.algorithm.c_str(), row.model_choice.c_str());
   }
   std::fflush(o.out);
 }
@@ -241,11 +245,12 @@ void print_header(const BenchCollectivesOptions& o, int P, const std::string& pi
                cpu_info().describe().c_str(), P, std::string(dtype_name(o.dtype)).c_str(),
                std::string(reduce_op_name(o.op)).c_str(), o.warmup, pinned.c_str(), copy_gbps);
   if (!o.json) {
-    std::fprintf(o.out, "# %12s %12s %6s %15s %11s %9s %9s %7s %10s %10s %8s\n", "size(B)", "count",
-                 "type", "op", "time(us)", "algbw", "busbw", "#wrong", "p50(us)", "p99(us)",
-                 "bound");
-    std::fprintf(o.out, "# %12s %12s %6s %15s %11s %9s %9s %7s %10s %10s %8s\n", "", "(elems)", "",
-                 "", "(mean)", "(GB/s)", "(GB/s)", "", "", "", "(%)");
+    std::fprintf(o.out, "# %12s %12s %6s %15s %11s %9s %9s %7s %10s %10s %8s %18s %18s\n",
+                 "size(B)", "count", "type", "op", "time(us)", "algbw", "busbw", "#wrong",
+                 "p50(us)", "p99(us)", "bound", "algorithm", "model");
+    std::fprintf(o.out, "# %12s %12s %6s %15s %11s %9s %9s %7s %10s %10s %8s %18s %18s\n", "",
+                 "(elems)", "", "", "(mean)", "(GB/s)", "(GB/s)", "", "", "", "(%)", "(ran)",
+                 "(between hosts)");
   }
   std::fflush(o.out);
 }
@@ -278,6 +283,17 @@ Result<BenchRow> bench_row(Group& g, const BenchCollectivesOptions& o, const std
   row.algbw_gbps = double(bytes) / (row.time_us * 1e3);  // bytes per ns = GB/s
   row.busbw_gbps = row.algbw_gbps * bus_bandwidth_factor(op, g.size());
   row.bound_gbps = bound_for(op, copy_gbps);
+  if (op == "allreduce") {
+    WL_ASSIGN_OR_RETURN(comm::AllreduceAlgorithm ran,
+                        comm::resolve_allreduce_algorithm(g, {.count = count,
+                                                              .dtype = o.dtype,
+                                                              .timeout = o.timeout,
+                                                              .algorithm = o.algorithm,
+                                                              .cost_model = o.cost_model}));
+    row.algorithm = comm::allreduce_algorithm_name(ran);
+    row.model_choice = comm::allreduce_algorithm_name(
+        comm::choose_allreduce_algorithm(bytes, g.size(), o.cost_model));
+  }
   if (o.check) {
     WL_ASSIGN_OR_RETURN(row.wrong, check_once(g, op, o, count, b));
     WL_RETURN_IF_ERROR(

@@ -10,14 +10,16 @@
 //   size (B), count (elements), type, op, time (us, mean), algbw = size / time,
 //   busbw = algbw * factor(op, P) with nccl-tests' factors (allreduce 2(P-1)/P,
 //   allgather and reduce_scatter (P-1)/P, broadcast 1), #wrong, p50 and p99 (us),
-//   and the fraction of the memory-bandwidth bound of docs/algorithms.md reached.
+//   the fraction of the memory-bandwidth bound of docs/algorithms.md reached, and for
+//   allreduce the algorithm that ran (resolve_allreduce_algorithm: on one host kAuto takes
+//   shared memory) and the one the cost model would pick between hosts ("-" for other ops).
 // `size` is what nccl-tests calls it: the whole buffer (allgather: all blocks gathered;
 // reduce_scatter: all blocks before scattering). With `check`, one more call per row runs on
 // data exact by construction and #wrong counts the elements (over all ranks) that differ
 // from the closed form; it is not timed. With `json`, one JSON object per row instead:
 //   {"impl":"weightlift","op":"allreduce","bytes":1048576,"count":262144,"dtype":"f32",
 //    "ranks":2,"time_us":..,"p50_us":..,"p99_us":..,"algbw_gbps":..,"busbw_gbps":..,
-//    "wrong":0,"bound_gbps":..,"bound_fraction":..}
+//    "wrong":0,"bound_gbps":..,"bound_fraction":..,"algorithm":"shm","model_choice":"ring"}
 // The memory-bandwidth bound comes from a copy rate measured at the start of the run, every
 // rank copying at once (one host; across hosts it says nothing about the network).
 #pragma once
@@ -51,6 +53,9 @@ struct BenchCollectivesOptions {
   bool check = true;  // verify each row with exact data (not timed)
   bool json = false;  // one JSON object per row instead of the table
   comm::AllreduceAlgorithm algorithm = comm::AllreduceAlgorithm::kAuto;
+  // What kAuto assumes about the network when shared memory is not available; also what the
+  // `model` column evaluates.
+  comm::AllreduceCostModel cost_model{};
   // Pin rank r to core r % cores for the run, as mpirun binds its ranks by default. Unpinned,
   // a loaded scheduler may queue two ranks on one core, and every hand-off then waits for a
   // context switch.
@@ -68,6 +73,8 @@ struct BenchRow {
   double algbw_gbps = 0, busbw_gbps = 0;  // decimal GB/s
   int64_t wrong = -1;                     // -1: not checked
   double bound_gbps = 0;                  // the memory-bandwidth bound on busbw for this op
+  std::string algorithm = "-";            // allreduce: the algorithm that ran
+  std::string model_choice = "-";         // allreduce: the cost model's message-passing pick
 };
 
 // Collective over `group`: every rank calls it with the same options. Returns the rows (on

@@ -14,15 +14,16 @@
 namespace wl::comm::exact {
 
 // Rank r's element i under `op`, for a group of `size`:
-//   sum, max, min: 1..11, so a sum over 4 ranks is at most 44 (exact in bf16's 8 bits);
-//   prod: 1 or 2, so a product is a power of two up to 16;
-//   avg: c_i + (2r - (size-1)), whose sum over ranks is size * c_i exactly.
+//   sum, max, min: 1..11, so a sum over 8 ranks is at most 88 (exact in bf16's 8 bits);
+//   prod: 1 or 2, and 2 on at most half the ranks, so a product up to 8 ranks is at most 16;
+//   avg: c_i + (2r - (size-1)), whose sum over ranks is size * c_i exactly; c_i is at least
+//   size - 1, so no rank's value (nor any partial sum) is negative, which u8 could not hold.
 inline int64_t value(ReduceOp op, int size, int r, size_t i) {
   switch (op) {
     case ReduceOp::kProd:
       return 1 + int64_t((i + size_t(r)) % 2);
     case ReduceOp::kAvg:
-      return int64_t(i % 7) + 4 + 2 * r - (size - 1);
+      return int64_t(i % 7) + std::max(4, size - 1) + 2 * r - (size - 1);
     default:
       return int64_t((i * 7 + size_t(r) * 3) % 11) + 1;
   }

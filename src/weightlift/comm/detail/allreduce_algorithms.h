@@ -18,6 +18,20 @@ struct AllreduceArgs {
 
 Status allreduce_ring(Group& group, const AllreduceArgs& args, Deadline deadline);
 Status allreduce_recursive_doubling(Group& group, const AllreduceArgs& args, Deadline deadline);
+Status allreduce_tree(Group& group, const AllreduceArgs& args, Deadline deadline);
+Status allreduce_ring_bidirectional(Group& group, const AllreduceArgs& args, Deadline deadline);
+// A rank's place in one of the two trees of the double binary tree (allreduce_tree.cc).
+// Group ranks; -1: none (the root has no parent, a leaf no children).
+struct TreeLinks {
+  int parent = -1;
+  int children[2] = {-1, -1};
+};
+// Tree 0 or 1 over `ranks` ranks. Every rank that is an inner node of one tree is a leaf of
+// the other (for odd `ranks`, all but one).
+TreeLinks double_tree_links(int ranks, int rank, int tree);
+// Edges from the root to the deepest leaf, the same for both trees: floor(log2 ranks).
+int double_tree_depth(int ranks);
+
 class ShmArena;
 Status allreduce_shm(Group& group, ShmArena& arena, const AllreduceArgs& args, Deadline deadline);
 
