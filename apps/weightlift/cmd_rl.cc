@@ -171,6 +171,12 @@ Status run_rl(RlArgs a) {
   if (env.rank == 0) {
     fs::create_directories(a.out_dir, ec);
     if (ec) return errno_status("mkdir " + a.out_dir, ec.value());
+    // --overwrite replaces the earlier run whole: none of its checkpoints may pass for ours.
+    if (a.overwrite && a.o.resume.empty()) {
+      for (const auto& e : fs::directory_iterator(a.out_dir, ec)) {
+        if (e.path().filename().string().rfind("checkpoint-", 0) == 0) fs::remove_all(e.path(), ec);
+      }
+    }
   }
   const std::string role =
       job.rank() == 0 ? "trainer" : "rollout-worker-" + std::to_string(job.rank());
