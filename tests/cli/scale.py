@@ -3,9 +3,13 @@
 ends in one clear line within the deadline, never a hang or a crash of the command itself.
   - hundreds of ranks on one host: refused before any rank starts, with the estimate (UCX's
     shared memory grows with the square of the ranks);
-  - ranks whose address space runs out inside UCX's shared memory (RLIMIT_AS, which they
-    inherit): UCX itself segfaults on its error path; the command names the rank, the signal
-    and UCX's first error;
+  - ranks whose address space runs out (RLIMIT_AS, which they inherit): most often inside
+    UCX's shared memory, where UCX itself segfaults on its error path, but where exactly
+    depends on the run (a rank may also end cleanly with ResourceExhausted, or abort on a
+    std::bad_alloc inside nlohmann::json's destructor); the command names the rank, how it
+    ended (the signal, or its exit code) and the rank's first error line. 150 MB leaves the
+    launcher room and runs the ranks out in UCX on the machines we have seen (300 MB did not
+    on one of them);
   - a rank frozen mid-run (SIGSTOP): the others give up at --timeout and the command says so.
 
 Run by CTest with the path of the weightlift binary (tests/cli/harness.py has the rules)."""
@@ -68,10 +72,10 @@ def main():
         s.expect_error("bench transfer with 600 ranks on one host",
                        SMALL + ["--trainers", "300", "--receivers", "300"], "600 ranks",
                        "square of the ranks", timeout=60)
-    s.expect_error("bench transfer whose ranks run out of address space in UCX",
+    s.expect_error("bench transfer whose ranks run out of address space",
                    SMALL + ["--trainers", "8", "--receivers", "8", "--updates", "1",
-                            "--timeout", "10"], "rank", "killed by signal", "UCX",
-                   memory_limit=250 * 1000 * 1000, timeout=60)
+                            "--timeout", "10"], "rank", "its first error",
+                   memory_limit=150 * 1000 * 1000, timeout=60)
     frozen_rank(s)
     os.rmdir(s.scratch)
     s.finish()
