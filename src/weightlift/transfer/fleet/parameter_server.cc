@@ -52,7 +52,8 @@ struct ParameterServer::Impl {
   bool rebuild = false;
   int incarnation = 0;
 
-  // Rank 0 only: the round counter and who has joined.
+  // Rank 0 only: the round counter. Who has joined: rank 0's drives updates; another rank's
+  // is read only for joined_receivers().
   uint64_t round = 0;
   int64_t joins_seen = 0;
   std::map<int, uint64_t> joined;  // id -> epoch
@@ -276,6 +277,13 @@ void ParameterServer::serve_for(std::chrono::milliseconds duration) {
 
 uint64_t ParameterServer::generation() const { return impl_->generation; }
 const ParameterServerOptions& ParameterServer::options() const { return impl_->options; }
+
+Result<std::vector<int>> ParameterServer::joined_receivers() {
+  WL_RETURN_IF_ERROR(impl_->read_joins());
+  std::vector<int> ids;
+  for (const auto& [id, epoch] : impl_->joined) ids.push_back(id);
+  return ids;
+}
 
 Status ParameterServer::Impl::read_joins() {
   WL_ASSIGN_OR_RETURN(int64_t total, options.store->add(keys.joins(), 0));

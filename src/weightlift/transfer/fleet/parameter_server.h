@@ -101,6 +101,11 @@ class ParameterServer {
   // wrong size. The next update sends them.
   Status refresh(const std::string& name, std::span<const float> full);
 
+  // The ids of the receivers that have announced themselves and neither left nor been found
+  // gone by an update: those an update without a list takes. Local (reads the store); a
+  // caller that must not update before its receivers are up polls this.
+  Result<std::vector<int>> joined_receivers();
+
   // Moves checkpoint `name` to `receivers` (ids; empty: every receiver that has joined).
   // NotFound for an unknown checkpoint or a receiver that has not joined (both before any
   // round is posted).

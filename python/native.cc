@@ -1,0 +1,541 @@
+// weightlift._native: the C++ side of the Python package (python/weightlift/__init__.py is the
+// side users call). It takes tensors as (address, element count, dtype) triples that the Python
+// side reads off torch tensors and numpy arrays, so nothing is copied on the way in, and hands
+// receiver weights out as buffer objects that pin their version (torch.frombuffer on them gives
+// a zero-copy tensor that keeps the pin alive).
+//
+// Every call that can block (connecting, collectives, updates, serving a round) releases the
+// GIL. A non-OK Status becomes weightlift.Error carrying "Code: message".
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "weightlift/comm/allgather.h"
+#include "weightlift/comm/allreduce.h"
+#include "weightlift/comm/barrier.h"
+#include "weightlift/comm/broadcast.h"
+#include "weightlift/comm/group.h"
+#include "weightlift/comm/launch_env.h"
+#include "weightlift/comm/tcp_store.h"
+#include "weightlift/core/dtype.h"
+#include "weightlift/core/status.h"
+#include "weightlift/model/config.h"
+#include "weightlift/model/params.h"
+#include "weightlift/transfer/fleet/fleet_receiver.h"
+#include "weightlift/transfer/fleet/parameter_server.h"
+#include "weightlift/transfer/layout/inference_layout.h"
+#include "weightlift/transfer/modes/update_executor.h"
+
+namespace py = pybind11;
+
+namespace wl::python {
+namespace {
+
+// What weightlift.Error carries: the Status, spelled as everywhere else ("Code: message").
+class StatusError : public std::runtime_error {
+ public:
+  explicit StatusError(const Status& s) : std::runtime_error(s.to_string()) {}
+};
+
+void check(const Status& s) {
+  if (!s.ok()) throw StatusError(s);
+}
+template <class T>
+T take(Result<T> r) {
+  if (!r.ok()) throw StatusError(r.status());
+  return std::move(r).value();
+}
+
+std::chrono::milliseconds millis(double seconds) {
+  if (!(seconds > 0) || seconds > 1e7) {
+    throw StatusError(invalid_argument("timeout " + std::to_string(seconds) +
+                                       " s: expected a positive number of seconds"));
+  }
+  return std::chrono::milliseconds(int64_t(seconds * 1000));
+}
+
+DType dtype_named(const std::string& name) {
+  auto d = dtype_from_name(name);
+  if (!d) throw StatusError(invalid_argument("unknown dtype '" + name + "'"));
+  return *d;
+}
+
+// A tensor as the Python side describes it: where it is, how many elements, of what.
+struct Buffer {
+  uintptr_t address = 0;
+  size_t count = 0;
+  std::string dtype;  // safetensors spelling, "F32", "BF16", ...
+  std::vector<int64_t> shape;
+};
+
+model::ModelConfig model_config(const std::string& model) {
+  // A preset name, or the path of a config.json.
+  if (model.find('/') == std::string::npos && model.find(".json") == std::string::npos) {
+    return take(model::preset(model));
+  }
+  return take(model::load_config(model));
+}
+
+// ---- the job: its store, rank 0 hosting it --------------------------------------------------
+
+class Job {
+ public:
+  Job(comm::LaunchEnv env, std::chrono::milliseconds timeout) : env_(std::move(env)) {
+    if (env_.rank == 0) {
+      server_ = take(comm::TcpStoreServer::start(
+          {.bind_address = env_.master_addr, .port = env_.master_port, .token = env_.job_token}));
+    }
+    store_ = std::shared_ptr<comm::Store>(take(comm::TcpStore::connect({.host = env_.master_addr,
+                                                                        .port = env_.master_port,
+                                                                        .token = env_.job_token,
+                                                                        .connect_timeout = timeout,
+                                                                        .request_timeout = timeout})));
+    timeout_ = timeout;
+  }
+
+  int rank() const { return env_.rank; }
+  int size() const { return env_.world_size; }
+  int local_rank() const { return env_.local_rank; }
+  const std::string& launcher() const { return env_.launcher; }
+  const std::shared_ptr<comm::Store>& store() const { return store_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  // Through the store, so that it needs no process group: rank 0 calls it last thing, since
+  // its store leaves with it.
+  // `count` ranks (0: every rank of the job) have arrived at `name`, or DeadlineExceeded.
+  void wait_all(const std::string& name, std::chrono::milliseconds timeout, int count) {
+    const std::string key = "py/wait/" + name;
+    const int64_t arrived = take(store_->add(key, 1));
+    if (arrived == (count > 0 ? count : env_.world_size)) {
+      check(store_->set(key + "/done", comm::to_bytes("1")));
+    }
+    take(store_->get(key + "/done", timeout));
+  }
+
+ private:
+  comm::LaunchEnv env_;
+  std::unique_ptr<comm::TcpStoreServer> server_;  // rank 0; declared first, destroyed last
+  std::shared_ptr<comm::Store> store_;
+  std::chrono::milliseconds timeout_{0};
+};
+
+// ---- a process group and its collectives ----------------------------------------------------
+
+class ProcessGroup {
+ public:
+  ProcessGroup(const Job& job, std::chrono::milliseconds timeout, const std::string& name) {
+    group_ = take(comm::Group::connect({.store = job.store(),
+                                        .rank = job.rank(),
+                                        .size = job.size(),
+                                        .timeout = timeout,
+                                        .prefix = "py/group/" + name}));
+  }
+  int rank() const { return group_->rank(); }
+  int size() const { return group_->size(); }
+
+  void allreduce(const Buffer& b, const std::string& op, double timeout_s) {
+    const auto o = reduce_op(op);
+    check(comm::allreduce(*group_, {.recv = reinterpret_cast<void*>(b.address),
+                                    .count = b.count,
+                                    .dtype = dtype_named(b.dtype),
+                                    .op = o,
+                                    .timeout = optional_timeout(timeout_s)}));
+  }
+  void broadcast(const Buffer& b, int root, double timeout_s) {
+    check_root(root);
+    check(comm::broadcast(*group_, {.buffer = reinterpret_cast<void*>(b.address),
+                                    .count = b.count,
+                                    .dtype = dtype_named(b.dtype),
+                                    .root = root,
+                                    .timeout = optional_timeout(timeout_s)}));
+  }
+  void allgather(const Buffer& in, const Buffer& out, double timeout_s) {
+    if (in.dtype != out.dtype) {
+      throw StatusError(invalid_argument("allgather: input is " + in.dtype + ", output " +
+                                         out.dtype + "; they must match"));
+    }
+    if (out.count != in.count * size_t(size())) {
+      throw StatusError(invalid_argument(
+          "allgather: output holds " + std::to_string(out.count) + " elements; " +
+          std::to_string(size()) + " ranks of " + std::to_string(in.count) + " need " +
+          std::to_string(in.count * size_t(size()))));
+    }
+    check(comm::allgather(*group_, {.send = reinterpret_cast<const void*>(in.address),
+                                    .recv = reinterpret_cast<void*>(out.address),
+                                    .count = in.count,
+                                    .dtype = dtype_named(in.dtype),
+                                    .timeout = optional_timeout(timeout_s)}));
+  }
+  void barrier(double timeout_s) {
+    check(comm::barrier(*group_, {.timeout = optional_timeout(timeout_s)}));
+  }
+
+ private:
+  static comm::ReduceOp reduce_op(const std::string& op) {
+    if (op == "sum") return comm::ReduceOp::kSum;
+    if (op == "prod") return comm::ReduceOp::kProd;
+    if (op == "max") return comm::ReduceOp::kMax;
+    if (op == "min") return comm::ReduceOp::kMin;
+    if (op == "avg") return comm::ReduceOp::kAvg;
+    throw StatusError(
+        invalid_argument("reduce op '" + op + "': expected sum, prod, max, min or avg"));
+  }
+  static std::chrono::milliseconds optional_timeout(double seconds) {
+    return seconds == 0 ? std::chrono::milliseconds(0) : millis(seconds);
+  }
+  void check_root(int root) const {
+    if (root < 0 || root >= size()) {
+      throw StatusError(invalid_argument("root " + std::to_string(root) + " of a group of " +
+                                         std::to_string(size()) + " ranks"));
+    }
+  }
+  std::shared_ptr<comm::Group> group_;
+};
+
+// ---- the parameter server ---------------------------------------------------------------------
+
+// Named tensors of `config`'s model as the flat f32 vector the server takes: every parameter
+// present exactly once with its shape, f32 or bf16; errors name the tensor.
+std::vector<float> flatten(const model::ModelConfig& config,
+                           const std::map<std::string, Buffer>& tensors) {
+  const model::ParamLayout layout(config);
+  std::vector<float> full(size_t(layout.total()));
+  for (const auto& [name, b] : tensors) {
+    if (!layout.find(name)) {
+      throw StatusError(invalid_argument("tensor '" + name + "' is not a parameter of the model"));
+    }
+  }
+  for (const model::ParamInfo& p : layout.params()) {
+    auto it = tensors.find(p.name);
+    if (it == tensors.end()) {
+      throw StatusError(invalid_argument("tensor '" + p.name + "' is missing"));
+    }
+    const Buffer& b = it->second;
+    if (b.shape != p.shape) {
+      throw StatusError(invalid_argument("tensor '" + p.name + "' has shape " +
+                                         shape_to_string(b.shape) + "; the model's is " +
+                                         shape_to_string(p.shape)));
+    }
+    float* dst = full.data() + p.offset;
+    const size_t n = size_t(p.numel());
+    if (b.dtype == "F32") {
+      std::memcpy(dst, reinterpret_cast<const float*>(b.address), n * sizeof(float));
+    } else if (b.dtype == "BF16") {
+      convert_bf16_to_f32(reinterpret_cast<const uint16_t*>(b.address), dst, n);
+    } else {
+      throw StatusError(invalid_argument("tensor '" + p.name + "' is " + b.dtype +
+                                         "; parameters are F32 or BF16"));
+    }
+  }
+  return full;
+}
+
+py::dict update_dict(const transfer::ServerUpdate& u) {
+  py::dict d;
+  d["version"] = u.report.version;
+  d["round"] = u.round;
+  d["generation"] = u.generation;
+  std::vector<int> members;
+  for (const auto& m : u.members) members.push_back(m.id);
+  d["receivers"] = members;
+  d["dropped"] = u.dropped;
+  d["bytes"] = u.report.bytes;
+  d["seconds"] = u.report.total_seconds;
+  return d;
+}
+
+class Server {
+ public:
+  Server(const Job& job, int rank, int size, const std::string& mode, const std::string& prefix,
+         double timeout_s, const std::string& shard_dtype) {
+    auto m = transfer::transfer_mode_from_name(mode);
+    if (!m || *m == transfer::TransferMode::kNaive) {
+      throw StatusError(invalid_argument("mode '" + mode + "': expected p2p or broadcast"));
+    }
+    if (shard_dtype != "F32" && shard_dtype != "BF16") {
+      throw StatusError(
+          invalid_argument("shard dtype '" + shard_dtype + "': expected F32 or BF16"));
+    }
+    transfer::ParameterServerOptions o{.store = job.store(),
+                                       .rank = rank,
+                                       .size = size,
+                                       .prefix = prefix,
+                                       .timeout = millis(timeout_s),
+                                       .mode = *m,
+                                       .shard_dtype = dtype_named(shard_dtype)};
+    py::gil_scoped_release unlocked;
+    server_ = take(transfer::ParameterServer::create(o));
+  }
+
+  void register_files(const std::string& name, const std::string& model,
+                      const std::vector<std::string>& files) {
+    const model::ModelConfig config = model_config(model);
+    py::gil_scoped_release unlocked;
+    check(server_->register_checkpoint(name, config, files));
+    configs_[name] = config;
+  }
+  void register_tensors(const std::string& name, const std::string& model,
+                        const std::map<std::string, Buffer>& tensors) {
+    const model::ModelConfig config = model_config(model);
+    std::vector<float> full = flatten(config, tensors);
+    py::gil_scoped_release unlocked;
+    check(server_->register_checkpoint(name, config, full));
+    configs_[name] = config;
+  }
+  void refresh(const std::string& name, const std::map<std::string, Buffer>& tensors) {
+    auto it = configs_.find(name);
+    if (it == configs_.end()) {
+      throw StatusError(not_found("checkpoint '" + name + "' is not registered"));
+    }
+    std::vector<float> full = flatten(it->second, tensors);
+    check(server_->refresh(name, full));
+  }
+  void unregister(const std::string& name) {
+    check(server_->unregister_checkpoint(name));
+    configs_.erase(name);
+  }
+  std::vector<std::string> checkpoints() const { return server_->checkpoints(); }
+
+  py::dict update(const std::string& name, const std::vector<int>& receivers) {
+    transfer::ServerUpdate u;
+    {
+      py::gil_scoped_release unlocked;
+      u = take(server_->update(name, receivers));
+    }
+    return update_dict(u);
+  }
+  // Polls the fleet until `count` receivers have joined; their ids.
+  std::vector<int> wait_for_receivers(int count, double timeout_s) {
+    py::gil_scoped_release unlocked;
+    const auto end = std::chrono::steady_clock::now() + millis(timeout_s);
+    for (;;) {
+      std::vector<int> ids = take(server_->joined_receivers());
+      if (int(ids.size()) >= count) return ids;
+      if (std::chrono::steady_clock::now() >= end) {
+        throw StatusError(deadline_exceeded(
+            std::to_string(ids.size()) + " of " + std::to_string(count) +
+            " receivers joined within " + std::to_string(timeout_s) + " s"));
+      }
+      // Joining is a store record; a receiver starting up takes a fraction of a second.
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  void serve_for(double seconds) {
+    py::gil_scoped_release unlocked;
+    server_->serve_for(std::chrono::milliseconds(int64_t(seconds * 1000)));
+  }
+
+ private:
+  std::unique_ptr<transfer::ParameterServer> server_;
+  std::map<std::string, model::ModelConfig> configs_;
+};
+
+// ---- receivers --------------------------------------------------------------------------------
+
+// One version of a receiver's weights, pinned: the update never writes the slot under it.
+struct Pin {
+  std::shared_ptr<transfer::FleetReceiver> owner;  // outlives the guard
+  transfer::Receiver::ReadGuard guard;
+};
+
+// The bytes of one tensor of a pinned version, as a buffer object.
+struct View {
+  std::shared_ptr<Pin> pin;
+  std::byte* data = nullptr;
+  size_t bytes = 0;
+};
+
+class Weights {
+ public:
+  explicit Weights(std::shared_ptr<Pin> pin) : pin_(std::move(pin)) {}
+  uint64_t version() const { return pin_->guard.version(); }
+  View view(const std::string& name) const {
+    const transfer::ReceiverEntry* e = pin_->owner->receiver().find(name);
+    if (!e) throw StatusError(not_found("the receiver holds no tensor '" + name + "'"));
+    Tensor t = pin_->guard.tensor(name);
+    return View{pin_, static_cast<std::byte*>(t.raw()), e->bytes};
+  }
+  void release() { pin_.reset(); }
+
+ private:
+  std::shared_ptr<Pin> pin_;
+};
+
+class FleetReceiver {
+ public:
+  FleetReceiver(const Job& job, int id, const std::string& model, const std::string& format,
+                const std::string& prefix, double timeout_s, bool heal) {
+    const model::ModelConfig config = model_config(model);
+    auto f = transfer::weight_format_from_name(format);
+    if (!f) throw StatusError(invalid_argument("format '" + format + "': expected bf16 or fp8"));
+    const auto layout = take(transfer::inference_layout(config, {.format = *f}));
+    transfer::FleetReceiverOptions o{.store = job.store(),
+                                     .prefix = prefix,
+                                     .id = id,
+                                     .receiver = {.tensors = transfer::tensor_specs(layout),
+                                                  .format = *f},
+                                     .timeout = millis(timeout_s),
+                                     .heal = heal};
+    py::gil_scoped_release unlocked;
+    fleet_ = std::shared_ptr<transfer::FleetReceiver>(take(transfer::FleetReceiver::create(o)));
+  }
+
+  // {"round", "kind", "took_part", "version"}, or raises (DeadlineExceeded if none came).
+  py::dict serve_one(double timeout_s) {
+    transfer::RoundOutcome r;
+    {
+      py::gil_scoped_release unlocked;
+      r = take(fleet_->serve_one(millis(timeout_s)));
+    }
+    py::dict d;
+    d["round"] = r.round;
+    d["kind"] = r.kind == transfer::RoundRecord::Kind::kForm ? "form" : "update";
+    d["took_part"] = r.took_part;
+    d["version"] = r.version;
+    return d;
+  }
+  uint64_t version() const { return fleet_->receiver().version(); }
+  uint64_t healed_version() const { return fleet_->healed_version(); }
+  void leave() {
+    py::gil_scoped_release unlocked;
+    check(fleet_->leave());
+  }
+  // (name, dtype, shape) of every tensor held, in slot order.
+  std::vector<std::tuple<std::string, std::string, std::vector<int64_t>>> tensors() const {
+    std::vector<std::tuple<std::string, std::string, std::vector<int64_t>>> out;
+    for (const auto& e : fleet_->receiver().entries()) {
+      out.emplace_back(e.spec.name, std::string(dtype_name(e.spec.dtype)), e.spec.shape);
+    }
+    return out;
+  }
+  // Where both slots live: [begin, end) of the addresses a received tensor can have.
+  std::pair<uintptr_t, uintptr_t> memory_range() const {
+    const transfer::Receiver& r = fleet_->receiver();
+    const auto s0 = r.slot(0), s1 = r.slot(1);
+    const auto begin = reinterpret_cast<uintptr_t>(std::min(s0.data(), s1.data()));
+    const auto end = reinterpret_cast<uintptr_t>(std::max(s0.data() + s0.size(),
+                                                          s1.data() + s1.size()));
+    return {begin, end};
+  }
+  Weights acquire() {
+    auto pin = std::make_shared<Pin>(Pin{fleet_, fleet_->receiver().acquire()});
+    return Weights(std::move(pin));
+  }
+
+ private:
+  std::shared_ptr<transfer::FleetReceiver> fleet_;
+};
+
+}  // namespace
+}  // namespace wl::python
+
+PYBIND11_MODULE(_native, m) {
+  using namespace wl::python;
+  m.doc() = "weightlift's C++ side; use the weightlift package, not this module";
+  py::register_exception<StatusError>(m, "Error", PyExc_RuntimeError);
+
+  m.def(
+      "parameters",
+      [](const std::string& model) {
+        std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+        const wl::model::ParamLayout layout(model_config(model));
+        for (const wl::model::ParamInfo& p : layout.params()) out.emplace_back(p.name, p.shape);
+        return out;
+      },
+      py::arg("model"));
+
+  py::class_<Buffer>(m, "Buffer")
+      .def(py::init<uintptr_t, size_t, std::string, std::vector<int64_t>>(), py::arg("address"),
+           py::arg("count"), py::arg("dtype"), py::arg("shape"));
+
+  py::class_<Job>(m, "Job")
+      .def(py::init([](double timeout_s) {
+             auto env = take(wl::comm::read_launch_env());
+             const auto timeout = millis(timeout_s);
+             py::gil_scoped_release unlocked;
+             return std::make_unique<Job>(std::move(env), timeout);
+           }),
+           py::arg("timeout"))
+      .def_property_readonly("rank", &Job::rank)
+      .def_property_readonly("size", &Job::size)
+      .def_property_readonly("local_rank", &Job::local_rank)
+      .def_property_readonly("launcher", &Job::launcher)
+      .def(
+          "wait_all",
+          [](Job& j, const std::string& name, double timeout_s, int count) {
+            const auto timeout = millis(timeout_s);
+            py::gil_scoped_release unlocked;
+            j.wait_all(name, timeout, count);
+          },
+          py::arg("name"), py::arg("timeout"), py::arg("count") = 0);
+
+  py::class_<ProcessGroup>(m, "ProcessGroup")
+      .def(py::init([](const Job& job, double timeout_s, const std::string& name) {
+             const auto timeout = millis(timeout_s);
+             py::gil_scoped_release unlocked;
+             return std::make_unique<ProcessGroup>(job, timeout, name);
+           }),
+           py::arg("job"), py::arg("timeout"), py::arg("name"))
+      .def_property_readonly("rank", &ProcessGroup::rank)
+      .def_property_readonly("size", &ProcessGroup::size)
+      .def("allreduce", &ProcessGroup::allreduce, py::arg("buffer"), py::arg("op"),
+           py::arg("timeout"), py::call_guard<py::gil_scoped_release>())
+      .def("broadcast", &ProcessGroup::broadcast, py::arg("buffer"), py::arg("root"),
+           py::arg("timeout"), py::call_guard<py::gil_scoped_release>())
+      .def("allgather", &ProcessGroup::allgather, py::arg("input"), py::arg("output"),
+           py::arg("timeout"), py::call_guard<py::gil_scoped_release>())
+      .def("barrier", &ProcessGroup::barrier, py::arg("timeout"),
+           py::call_guard<py::gil_scoped_release>());
+
+  py::class_<Server>(m, "ParameterServer")
+      .def(py::init<const Job&, int, int, const std::string&, const std::string&, double,
+                    const std::string&>(),
+           py::arg("job"), py::arg("rank"), py::arg("size"), py::arg("mode"), py::arg("prefix"),
+           py::arg("timeout"), py::arg("shard_dtype"))
+      .def("register_files", &Server::register_files, py::arg("name"), py::arg("model"),
+           py::arg("files"))
+      .def("register_tensors", &Server::register_tensors, py::arg("name"), py::arg("model"),
+           py::arg("tensors"))
+      .def("refresh", &Server::refresh, py::arg("name"), py::arg("tensors"))
+      .def("unregister", &Server::unregister, py::arg("name"))
+      .def("checkpoints", &Server::checkpoints)
+      .def("update", &Server::update, py::arg("name"), py::arg("receivers"))
+      .def("wait_for_receivers", &Server::wait_for_receivers, py::arg("count"),
+           py::arg("timeout"))
+      .def("serve_for", &Server::serve_for, py::arg("seconds"));
+
+  py::class_<View>(m, "View", py::buffer_protocol()).def_buffer([](View& v) {
+    return py::buffer_info(v.data, 1, py::format_descriptor<uint8_t>::format(), 1,
+                           {py::ssize_t(v.bytes)}, {py::ssize_t(1)});
+  });
+
+  py::class_<Weights>(m, "Weights")
+      .def_property_readonly("version", &Weights::version)
+      .def("view", &Weights::view, py::arg("name"))
+      .def("release", &Weights::release);
+
+  py::class_<FleetReceiver>(m, "Receiver")
+      .def(py::init<const Job&, int, const std::string&, const std::string&, const std::string&,
+                    double, bool>(),
+           py::arg("job"), py::arg("id"), py::arg("model"), py::arg("format"), py::arg("prefix"),
+           py::arg("timeout"), py::arg("heal"))
+      .def("serve_one", &FleetReceiver::serve_one, py::arg("timeout"))
+      .def_property_readonly("version", &FleetReceiver::version)
+      .def_property_readonly("healed_version", &FleetReceiver::healed_version)
+      .def("leave", &FleetReceiver::leave)
+      .def("tensors", &FleetReceiver::tensors)
+      .def("memory_range", &FleetReceiver::memory_range)
+      .def("acquire", &FleetReceiver::acquire);
+}

@@ -1,0 +1,133 @@
+"""The rank side of tests/python/test_package.py: `python3 ranks.py CASE`, started once per rank
+by `weightlift launch`. Every check is an assert; a rank that fails exits non-zero and the
+launcher's exit code fails the test."""
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+import weightlift as wl
+
+MODEL = "tiny"
+
+
+def state_dict(seed):
+    g = torch.Generator().manual_seed(seed)
+    return {n: torch.randn(s, generator=g) for n, s in wl.parameters(MODEL)}
+
+
+def expected(sd, name):
+    """What a receiver holds under `name` (tp 1): fused tensors are the concatenation of their
+    sources (transfer/layout/inference_layout.cc), rounded to bf16."""
+    fused = {"attn.qkv_proj.weight": ["attn.q_proj.weight", "attn.k_proj.weight",
+                                      "attn.v_proj.weight"],
+             "gate_up_proj.weight": ["gate_proj.weight", "up_proj.weight"]}
+    for suffix, parts in fused.items():
+        if name.endswith(suffix):
+            prefix = name[:-len(suffix)]
+            return torch.cat([sd[prefix + p] for p in parts]).to(torch.bfloat16)
+    return sd[name].to(torch.bfloat16)
+
+
+def collectives(job):
+    pg = job.process_group()
+    n, r = pg.size, pg.rank
+    t = torch.full((1 << 16,), float(r + 1))
+    address = t.data_ptr()
+    pg.allreduce(t)
+    assert t.data_ptr() == address and torch.all(t == n * (n + 1) / 2), t[:4]
+    b = torch.arange(1000, dtype=torch.bfloat16) * (r + 1)
+    pg.allreduce(b, op="max")
+    assert torch.equal(b, torch.arange(1000, dtype=torch.bfloat16) * n)
+    i = np.full(77, r, dtype=np.int64)
+    pg.allreduce(i, op="min")
+    assert (i == 0).all()
+    a = torch.full((10,), float(r)) * 2
+    pg.allreduce(a, op="avg")
+    assert torch.allclose(a, torch.full((10,), float(n - 1))), a
+    c = torch.arange(5000, dtype=torch.float32) if r == 1 else torch.zeros(5000)
+    pg.broadcast(c, root=1)
+    assert torch.equal(c, torch.arange(5000, dtype=torch.float32))
+    out = np.zeros(3 * n, dtype=np.int32)
+    pg.allgather(out, np.array([r, r * 10, r * 100], dtype=np.int32))
+    assert out.tolist() == [v for k in range(n) for v in (k, k * 10, k * 100)], out
+    pg.barrier()
+
+
+def fleet(job):
+    """Rank 0 serves two versions; ranks 1.. receive both, exactly, as zero-copy views, and a
+    version held across the next update stays as it was."""
+    sd1, sd2 = state_dict(1), state_dict(2)
+    if job.rank == 0:
+        server = wl.ParameterServer(job)
+        server.register_checkpoint("policy", MODEL, named_tensors=sd1)
+        assert server.checkpoints == ["policy"]
+        assert server.wait_for_receivers(job.size - 1) == list(range(job.size - 1))
+        u = server.update("policy")
+        assert u["version"] == 1 and u["receivers"] == list(range(job.size - 1)), u
+        pg = job.process_group("sync")
+        pg.barrier()  # receivers hold version 1 pinned now
+        server.refresh("policy", {n: t.to(torch.bfloat16) for n, t in sd2.items()})
+        u = server.update("policy")
+        assert u["version"] == 2, u
+        pg.barrier()
+    else:
+        receiver = wl.Receiver(job, id=job.rank - 1, model=MODEL)
+        assert receiver.version == 0
+        receiver.wait_for_version(1, timeout=60)
+        lo, hi = receiver.memory_range()
+        pinned = receiver.acquire()
+        assert pinned.version == 1
+        for name in pinned.keys():
+            t = pinned[name]
+            assert lo <= t.data_ptr() < hi, f"{name} is not a view of the receiver's memory"
+            assert torch.equal(t, expected(sd1, name)), name
+        q = pinned["layers.0.attn.qkv_proj.weight"]
+        before = q.clone()
+        pg = job.process_group("sync")
+        pg.barrier()
+        receiver.wait_for_version(2, timeout=60)
+        assert torch.equal(q, before), "an update wrote under a pinned version"
+        del q
+        pinned.release()
+        with receiver.acquire() as w:
+            assert w.version == 2
+            for name in w.keys():
+                assert torch.equal(w[name], expected(sd2, name)), name
+        pg.barrier()
+    job.close()
+
+
+def dead_receiver(job):
+    """Receiver 1 dies between updates; the next update goes to the others and says who was
+    left out, and the one after that too (no hang, no lasting damage)."""
+    sd = state_dict(3)
+    if job.rank == 0:
+        server = wl.ParameterServer(job, timeout=20)
+        server.register_checkpoint("policy", MODEL, named_tensors=sd)
+        server.wait_for_receivers(2)
+        assert server.update("policy")["version"] == 1
+        job.barrier("one-gone", timeout=60)
+        time.sleep(0.5)  # receiver 1's process has exited
+        u = server.update("policy")
+        assert u["receivers"] == [0] and u["dropped"] == [1], u
+        assert server.update("policy")["receivers"] == [0]
+    elif job.rank == 1:
+        receiver = wl.Receiver(job, id=0, model=MODEL)
+        receiver.wait_for_version(1, timeout=60)
+        job.barrier("one-gone", timeout=60)
+        receiver.wait_for_version(3, timeout=60)
+    else:
+        receiver = wl.Receiver(job, id=1, model=MODEL)
+        receiver.wait_for_version(1, timeout=60)
+        job.barrier("one-gone", timeout=60)
+        os._exit(0)  # gone without leave(): a crash as far as the fleet can tell
+    if job.rank != 2:
+        job.close(timeout=60, ranks=2)
+
+
+if __name__ == "__main__":
+    job = wl.init(timeout=60)
+    globals()[sys.argv[1]](job)

@@ -1,0 +1,192 @@
+"""The Python package, through real processes where processes are the point: collectives
+between ranks, the parameter server and receivers, a receiver that dies; and in this process
+the errors every public call gives on bad input.
+
+Run by CTest (tests/CMakeLists.txt) with PYTHONPATH=<build>/python and WEIGHTLIFT_EXE, the
+weightlift binary whose `launch` starts the ranks (tests/python/ranks.py)."""
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import weightlift as wl
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXE = os.environ.get("WEIGHTLIFT_EXE", "weightlift")
+
+
+def launch(case, ranks=3, timeout=120):
+    r = subprocess.run([EXE, "launch", "-n", str(ranks), "--", sys.executable,
+                        os.path.join(HERE, "ranks.py"), case],
+                       capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, f"{case}: exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+
+
+def test_collectives_across_processes():
+    launch("collectives")
+
+
+def test_server_to_receivers_exact_zero_copy_and_pinned():
+    launch("fleet")
+
+
+def test_receiver_that_dies_is_left_out_without_a_hang():
+    launch("dead_receiver")
+
+
+@pytest.fixture
+def job(monkeypatch):
+    """A job of this one process, its store on a free port."""
+    for v in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(v, raising=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    j = wl.init(timeout=10)
+    yield j
+    j.close()
+
+
+def test_a_job_of_one(job):
+    assert (job.rank, job.size) == (0, 1)
+    pg = job.process_group()
+    t = torch.arange(10, dtype=torch.float32)
+    pg.allreduce(t)
+    assert torch.equal(t, torch.arange(10, dtype=torch.float32))
+    job.barrier("alone")
+
+
+@pytest.mark.parametrize("bad, needle", [
+    (lambda: torch.zeros(4, 4).t(), "not contiguous"),
+    (lambda: torch.zeros(4, dtype=torch.float64), "torch.float64"),
+    (lambda: np.zeros(4, dtype=np.float64), "float64"),
+    (lambda: [1.0, 2.0], "a list"),
+    (lambda: np.zeros(4, dtype=np.float32)[::2], "not C-contiguous"),
+])
+def test_collectives_refuse_what_they_cannot_take(job, bad, needle):
+    pg = job.process_group()
+    with pytest.raises(wl.Error, match=needle):
+        pg.allreduce(bad())
+
+
+def test_collective_arguments_are_checked(job):
+    pg = job.process_group()
+    with pytest.raises(wl.Error, match="reduce op 'mean'"):
+        pg.allreduce(torch.zeros(4), op="mean")
+    with pytest.raises(wl.Error, match="root 1 of a group of 1"):
+        pg.broadcast(torch.zeros(4), root=1)
+    with pytest.raises(wl.Error, match="output holds 3 elements"):
+        pg.allgather(torch.zeros(3), torch.zeros(4))
+    with pytest.raises(wl.Error, match="input is F32, output BF16"):
+        pg.allgather(torch.zeros(4, dtype=torch.bfloat16), torch.zeros(4))
+    with pytest.raises(wl.Error, match="timeout"):
+        pg.barrier(timeout=-1)
+
+
+def state_dict():
+    return {n: torch.randn(s) for n, s in wl.parameters("tiny")}
+
+
+def test_register_checkpoint_names_the_tensor_at_fault(job):
+    server = wl.ParameterServer(job)
+    sd = state_dict()
+    missing = dict(sd)
+    del missing["layers.0.attn.q_proj.weight"]
+    with pytest.raises(wl.Error, match="'layers.0.attn.q_proj.weight' is missing"):
+        server.register_checkpoint("a", "tiny", named_tensors=missing)
+    wrong = dict(sd, **{"norm.weight": torch.zeros(3)})
+    with pytest.raises(wl.Error, match=r"'norm.weight' has shape \[3\]"):
+        server.register_checkpoint("a", "tiny", named_tensors=wrong)
+    extra = dict(sd, **{"layers.9.mlp.weight": torch.zeros(3)})
+    with pytest.raises(wl.Error, match="'layers.9.mlp.weight' is not a parameter"):
+        server.register_checkpoint("a", "tiny", named_tensors=extra)
+    f64 = dict(sd, **{"embed.weight": sd["embed.weight"].double()})
+    with pytest.raises(wl.Error, match="tensor 'embed.weight' is torch.float64"):
+        server.register_checkpoint("a", "tiny", named_tensors=f64)
+    with pytest.raises(wl.Error, match="exactly one"):
+        server.register_checkpoint("a", "tiny", named_tensors=sd, files=["x"])
+    with pytest.raises(wl.Error, match="no-such-preset"):
+        server.register_checkpoint("a", "no-such-preset", named_tensors=sd)
+    assert server.checkpoints == []
+    server.register_checkpoint("a", "tiny", named_tensors=sd)
+    with pytest.raises(wl.Error, match="InvalidArgument"):
+        server.register_checkpoint("a", "tiny", named_tensors=sd)  # taken
+    with pytest.raises(wl.Error, match="NotFound"):
+        server.refresh("b", sd)
+    with pytest.raises(wl.Error, match="NotFound"):
+        server.unregister("b")
+    with pytest.raises(wl.Error, match="NotFound"):
+        server.update("b")
+    with pytest.raises(wl.Error, match="DeadlineExceeded: 0 of 1 receivers"):
+        server.wait_for_receivers(1, timeout=0.2)
+    server.unregister("a")
+    assert server.checkpoints == []
+
+
+def write_safetensors(path, tensors):
+    header, offset, blobs = {}, 0, []
+    for name, t in tensors.items():
+        b = t.numpy().astype(np.float32).tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(b)]}
+        offset += len(b)
+        blobs.append(b)
+    h = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def test_register_checkpoint_from_files(job, tmp_path):
+    server = wl.ParameterServer(job)
+    path = tmp_path / "model.safetensors"
+    write_safetensors(path, state_dict())
+    server.register_checkpoint("from-file", "tiny", files=[path])
+    assert server.checkpoints == ["from-file"]
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(wl.Error, match="model.safetensors"):
+        server.register_checkpoint("truncated", "tiny", files=[path])
+
+
+def test_receiver_tensors_and_the_gil_released_while_it_waits(job):
+    receiver = wl.Receiver(job, id=0, model="tiny", heal=False)
+    assert receiver.version == 0
+    specs = receiver.tensors
+    assert specs["layers.0.attn.qkv_proj.weight"][0] == "BF16"
+    with receiver.acquire() as w:
+        assert w.version == 0
+        t = w["embed.weight"]
+        assert list(t.shape) == specs["embed.weight"][1] and t.dtype == torch.bfloat16
+        lo, hi = receiver.memory_range()
+        assert lo <= t.data_ptr() < hi
+        with pytest.raises(KeyError):
+            w["no.such.tensor"]
+    ticks = []
+    done = threading.Event()
+
+    def tick():
+        while not done.is_set():
+            ticks.append(1)
+            time.sleep(0.01)
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    try:
+        with pytest.raises(wl.Error, match="DeadlineExceeded"):
+            receiver.serve_one(timeout=0.5)
+    finally:
+        done.set()
+        ticker.join()
+    assert len(ticks) > 10, "another thread could not run while serve_one waited"
+    with pytest.raises(wl.Error, match="format 'fp16'"):
+        wl.Receiver(job, id=1, model="tiny", format="fp16")
+    receiver.leave()
