@@ -97,11 +97,12 @@ class Job {
       server_ = take(comm::TcpStoreServer::start(
           {.bind_address = env_.master_addr, .port = env_.master_port, .token = env_.job_token}));
     }
-    store_ = std::shared_ptr<comm::Store>(take(comm::TcpStore::connect({.host = env_.master_addr,
-                                                                        .port = env_.master_port,
-                                                                        .token = env_.job_token,
-                                                                        .connect_timeout = timeout,
-                                                                        .request_timeout = timeout})));
+    store_ =
+        std::shared_ptr<comm::Store>(take(comm::TcpStore::connect({.host = env_.master_addr,
+                                                                   .port = env_.master_port,
+                                                                   .token = env_.job_token,
+                                                                   .connect_timeout = timeout,
+                                                                   .request_timeout = timeout})));
     timeout_ = timeout;
   }
 
@@ -167,10 +168,10 @@ class ProcessGroup {
                                          out.dtype + "; they must match"));
     }
     if (out.count != in.count * size_t(size())) {
-      throw StatusError(invalid_argument(
-          "allgather: output holds " + std::to_string(out.count) + " elements; " +
-          std::to_string(size()) + " ranks of " + std::to_string(in.count) + " need " +
-          std::to_string(in.count * size_t(size()))));
+      throw StatusError(invalid_argument("allgather: output holds " + std::to_string(out.count) +
+                                         " elements; " + std::to_string(size()) + " ranks of " +
+                                         std::to_string(in.count) + " need " +
+                                         std::to_string(in.count * size_t(size()))));
     }
     check(comm::allgather(*group_, {.send = reinterpret_cast<const void*>(in.address),
                                     .recv = reinterpret_cast<void*>(out.address),
@@ -324,9 +325,9 @@ class Server {
       std::vector<int> ids = take(server_->joined_receivers());
       if (int(ids.size()) >= count) return ids;
       if (std::chrono::steady_clock::now() >= end) {
-        throw StatusError(deadline_exceeded(
-            std::to_string(ids.size()) + " of " + std::to_string(count) +
-            " receivers joined within " + std::to_string(timeout_s) + " s"));
+        throw StatusError(deadline_exceeded(std::to_string(ids.size()) + " of " +
+                                            std::to_string(count) + " receivers joined within " +
+                                            std::to_string(timeout_s) + " s"));
       }
       // Joining is a store record; a receiver starting up takes a fraction of a second.
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -381,13 +382,13 @@ class FleetReceiver {
     auto f = transfer::weight_format_from_name(format);
     if (!f) throw StatusError(invalid_argument("format '" + format + "': expected bf16 or fp8"));
     const auto layout = take(transfer::inference_layout(config, {.format = *f}));
-    transfer::FleetReceiverOptions o{.store = job.store(),
-                                     .prefix = prefix,
-                                     .id = id,
-                                     .receiver = {.tensors = transfer::tensor_specs(layout),
-                                                  .format = *f},
-                                     .timeout = millis(timeout_s),
-                                     .heal = heal};
+    transfer::FleetReceiverOptions o{
+        .store = job.store(),
+        .prefix = prefix,
+        .id = id,
+        .receiver = {.tensors = transfer::tensor_specs(layout), .format = *f},
+        .timeout = millis(timeout_s),
+        .heal = heal};
     py::gil_scoped_release unlocked;
     fleet_ = std::shared_ptr<transfer::FleetReceiver>(take(transfer::FleetReceiver::create(o)));
   }
@@ -425,8 +426,8 @@ class FleetReceiver {
     const transfer::Receiver& r = fleet_->receiver();
     const auto s0 = r.slot(0), s1 = r.slot(1);
     const auto begin = reinterpret_cast<uintptr_t>(std::min(s0.data(), s1.data()));
-    const auto end = reinterpret_cast<uintptr_t>(std::max(s0.data() + s0.size(),
-                                                          s1.data() + s1.size()));
+    const auto end =
+        reinterpret_cast<uintptr_t>(std::max(s0.data() + s0.size(), s1.data() + s1.size()));
     return {begin, end};
   }
   Weights acquire() {
@@ -512,8 +513,7 @@ PYBIND11_MODULE(_native, m) {
       .def("unregister", &Server::unregister, py::arg("name"))
       .def("checkpoints", &Server::checkpoints)
       .def("update", &Server::update, py::arg("name"), py::arg("receivers"))
-      .def("wait_for_receivers", &Server::wait_for_receivers, py::arg("count"),
-           py::arg("timeout"))
+      .def("wait_for_receivers", &Server::wait_for_receivers, py::arg("count"), py::arg("timeout"))
       .def("serve_for", &Server::serve_for, py::arg("seconds"));
 
   py::class_<View>(m, "View", py::buffer_protocol()).def_buffer([](View& v) {

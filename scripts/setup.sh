@@ -14,6 +14,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin
   python3 python3-torch python3-numpy python3-matplotlib
+  python3-dev pybind11-dev python3-pytest
   # PyTorch links the system BLAS; without OpenBLAS it gets the reference BLAS, ~10x slower,
   # which would make it a straw man as the eager baseline.
   libopenblas0-pthread
