@@ -32,6 +32,8 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 from . import _native
 from ._native import Error
 
+Error.__module__ = __name__  # tracebacks say weightlift.Error, the name users catch
+
 __all__ = ["Error", "Job", "ProcessGroup", "ParameterServer", "Receiver", "Weights", "init",
            "parameters"]
 
