@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "support/scratch_dir.h"
 #include "weightlift/core/random.h"
 
 namespace wl::model {
@@ -142,8 +143,9 @@ TEST(Transformer, SaveLoadRoundTripAndRefusesMismatches) {
   const ModelConfig c = tiny();
   Transformer a(c);
   a.init(9);
-  const std::string dir = testing::TempDir() + "/wl_transformer_" + std::to_string(::getpid());
+  const std::string dir = ::testing::TempDir() + "/wl_transformer_" + std::to_string(::getpid());
   std::filesystem::create_directories(dir);
+  wl::testing::remove_at_exit(dir);
   ASSERT_TRUE(a.save(dir + "/w.safetensors").ok());
   Transformer b(c);
   ASSERT_TRUE(b.load(dir + "/w.safetensors").ok());

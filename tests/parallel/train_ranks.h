@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/scratch_dir.h"
 #include "weightlift/comm/group.h"
 #include "weightlift/comm/memory_store.h"
 #include "weightlift/core/safetensors.h"
@@ -31,10 +33,13 @@ namespace fs = std::filesystem;
 // runs may share /tmp.
 inline std::string fresh_dir(const std::string& name) {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  const std::string d = ::testing::TempDir() + "/wl_parallel_" + std::to_string(::getpid()) + "_" +
-                        info->name() + "_" + name;
+  std::string test = info->name();  // "TheOthersNameIt/pp" for a parameterised test: one level
+  std::replace(test.begin(), test.end(), '/', '_');
+  const std::string d =
+      ::testing::TempDir() + "/wl_parallel_" + std::to_string(::getpid()) + "_" + test + "_" + name;
   fs::remove_all(d);
   fs::create_directories(d);
+  wl::testing::remove_at_exit(d);
   return d;
 }
 

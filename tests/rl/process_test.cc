@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "support/child_process.h"
+#include "support/scratch_dir.h"
 
 namespace wl::rl {
 namespace {
@@ -25,6 +26,7 @@ std::string fresh_dir(const std::string& name) {
   const std::string d = std::filesystem::temp_directory_path().string() + "/wl_rl_" +
                         std::to_string(getpid()) + "_" + name;
   std::filesystem::remove_all(d);
+  wl::testing::remove_at_exit(d);
   return d;
 }
 

@@ -9,6 +9,7 @@
 #include <iterator>
 #include <sstream>
 
+#include "support/scratch_dir.h"
 #include "weightlift/core/safetensors.h"
 #include "weightlift/train/brown.h"
 #include "weightlift/train/schedule.h"
@@ -21,11 +22,12 @@ namespace fs = std::filesystem;
 // A directory of its own for each test and process: ctest runs tests in parallel, and other
 // runs may share /tmp.
 std::string fresh_dir(const std::string& name) {
-  const auto* info = testing::UnitTest::GetInstance()->current_test_info();
-  const std::string d = testing::TempDir() + "/wl_train_" + std::to_string(::getpid()) + "_" +
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  const std::string d = ::testing::TempDir() + "/wl_train_" + std::to_string(::getpid()) + "_" +
                         info->name() + "_" + name;
   fs::remove_all(d);
   fs::create_directories(d);
+  wl::testing::remove_at_exit(d);
   return d;
 }
 
