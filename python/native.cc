@@ -104,6 +104,10 @@ class Job {
                                                                    .connect_timeout = timeout,
                                                                    .request_timeout = timeout})));
     timeout_ = timeout;
+    // A first request now: the store drops a connection that has sent nothing within its
+    // handshake timeout (10 s), and a Python program may well build its model before it
+    // touches the job again.
+    take(store_->add("py/connected", 1));
   }
 
   int rank() const { return env_.rank; }
