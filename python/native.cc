@@ -28,7 +28,7 @@
 #include "weightlift/comm/broadcast.h"
 #include "weightlift/comm/group.h"
 #include "weightlift/comm/launch_env.h"
-#include "weightlift/comm/tcp_store.h"
+#include "weightlift/comm/world.h"
 #include "weightlift/core/dtype.h"
 #include "weightlift/core/status.h"
 #include "weightlift/model/config.h"
@@ -92,29 +92,19 @@ model::ModelConfig model_config(const std::string& model) {
 
 class Job {
  public:
-  Job(comm::LaunchEnv env, std::chrono::milliseconds timeout) : env_(std::move(env)) {
-    if (env_.rank == 0) {
-      server_ = take(comm::TcpStoreServer::start(
-          {.bind_address = env_.master_addr, .port = env_.master_port, .token = env_.job_token}));
-    }
-    store_ =
-        std::shared_ptr<comm::Store>(take(comm::TcpStore::connect({.host = env_.master_addr,
-                                                                   .port = env_.master_port,
-                                                                   .token = env_.job_token,
-                                                                   .connect_timeout = timeout,
-                                                                   .request_timeout = timeout})));
-    timeout_ = timeout;
+  Job(const comm::LaunchEnv& env, std::chrono::milliseconds timeout)
+      : world_(take(comm::connect_store(env, timeout))), timeout_(timeout) {
     // A first request now: the store drops a connection that has sent nothing within its
     // handshake timeout (10 s), and a Python program may well build its model before it
     // touches the job again.
-    take(store_->add("py/connected", 1));
+    take(world_.store->add("py/connected", 1));
   }
 
-  int rank() const { return env_.rank; }
-  int size() const { return env_.world_size; }
-  int local_rank() const { return env_.local_rank; }
-  const std::string& launcher() const { return env_.launcher; }
-  const std::shared_ptr<comm::Store>& store() const { return store_; }
+  int rank() const { return world_.env.rank; }
+  int size() const { return world_.env.world_size; }
+  int local_rank() const { return world_.env.local_rank; }
+  const std::string& launcher() const { return world_.env.launcher; }
+  const std::shared_ptr<comm::Store>& store() const { return world_.store; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
   // Through the store, so that it needs no process group: rank 0 calls it last thing, since
@@ -122,17 +112,15 @@ class Job {
   // `count` ranks (0: every rank of the job) have arrived at `name`, or DeadlineExceeded.
   void wait_all(const std::string& name, std::chrono::milliseconds timeout, int count) {
     const std::string key = "py/wait/" + name;
-    const int64_t arrived = take(store_->add(key, 1));
-    if (arrived == (count > 0 ? count : env_.world_size)) {
-      check(store_->set(key + "/done", comm::to_bytes("1")));
+    const int64_t arrived = take(world_.store->add(key, 1));
+    if (arrived == (count > 0 ? count : world_.env.world_size)) {
+      check(world_.store->set(key + "/done", comm::to_bytes("1")));
     }
-    take(store_->get(key + "/done", timeout));
+    take(world_.store->get(key + "/done", timeout));
   }
 
  private:
-  comm::LaunchEnv env_;
-  std::unique_ptr<comm::TcpStoreServer> server_;  // rank 0; declared first, destroyed last
-  std::shared_ptr<comm::Store> store_;
+  comm::World world_;  // its store (rank 0 also its server); no group
   std::chrono::milliseconds timeout_{0};
 };
 
@@ -470,7 +458,7 @@ PYBIND11_MODULE(_native, m) {
              auto env = take(wl::comm::read_launch_env());
              const auto timeout = millis(timeout_s);
              py::gil_scoped_release unlocked;
-             return std::make_unique<Job>(std::move(env), timeout);
+             return std::make_unique<Job>(env, timeout);
            }),
            py::arg("timeout"))
       .def_property_readonly("rank", &Job::rank)

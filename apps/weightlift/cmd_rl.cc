@@ -120,26 +120,6 @@ Status write_policy(const std::string& dir, const model::ModelConfig& config,
   return write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
 }
 
-// The job's store and nothing more, rank 0 hosting it: the RL processes make their channels
-// through it (rl/loop.h), so a replaced worker joins a running job without a world to rejoin.
-Result<parallel::Job> connect_store(const comm::LaunchEnv& env, std::chrono::milliseconds timeout) {
-  parallel::Job job;
-  job.world.env = env;
-  if (env.rank == 0) {
-    WL_ASSIGN_OR_RETURN(
-        job.world.server,
-        comm::TcpStoreServer::start(
-            {.bind_address = env.master_addr, .port = env.master_port, .token = env.job_token}));
-  }
-  WL_ASSIGN_OR_RETURN(auto client, comm::TcpStore::connect({.host = env.master_addr,
-                                                            .port = env.master_port,
-                                                            .token = env.job_token,
-                                                            .connect_timeout = timeout,
-                                                            .request_timeout = timeout}));
-  job.world.store = std::shared_ptr<comm::Store>(std::move(client));
-  return job;
-}
-
 Status run_rl(RlArgs a) {
   WL_ASSIGN_OR_RETURN(a.o.config, model::preset(a.preset));
   auto kind = rl::task_from_name(a.task);
@@ -165,7 +145,10 @@ Status run_rl(RlArgs a) {
   }
   // Only the trainer writes into --out (a replaced worker starts while the run is there).
   if (env.rank == 0) WL_RETURN_IF_ERROR(check_out_dir(a));
-  WL_ASSIGN_OR_RETURN(parallel::Job job, connect_store(env, a.o.timeout));
+  // The job's store and nothing more: the RL processes make their channels through it
+  // (rl/loop.h), so a replaced worker joins a running job without a world to rejoin.
+  parallel::Job job;
+  WL_ASSIGN_OR_RETURN(job.world, comm::connect_store(env, a.o.timeout));
   a.o.run = run_options(a, job.size() - 1);
   std::error_code ec;
   if (env.rank == 0) {

@@ -4,6 +4,23 @@
 
 namespace wl::comm {
 
+Result<World> connect_store(const LaunchEnv& env, std::chrono::milliseconds timeout) {
+  World world;
+  world.env = env;
+  if (env.rank == 0) {
+    WL_ASSIGN_OR_RETURN(world.server, TcpStoreServer::start({.bind_address = env.master_addr,
+                                                             .port = env.master_port,
+                                                             .token = env.job_token}));
+  }
+  WL_ASSIGN_OR_RETURN(auto client, TcpStore::connect({.host = env.master_addr,
+                                                      .port = env.master_port,
+                                                      .token = env.job_token,
+                                                      .connect_timeout = timeout,
+                                                      .request_timeout = timeout}));
+  world.store = std::shared_ptr<Store>(std::move(client));
+  return world;
+}
+
 Result<World> connect_world(const LaunchEnv& env, const WorldOptions& o) {
   World w;
   w.env = env;

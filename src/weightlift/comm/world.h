@@ -36,4 +36,9 @@ struct World {
 
 Result<World> connect_world(const LaunchEnv& env, const WorldOptions& options);
 
+// The job's store and nothing more (no group): rank 0 hosts it on MASTER_ADDR:MASTER_PORT,
+// every rank connects. For processes that make their own groups through the store (the RL
+// loop's channels, the Python package) or come and go while the job runs.
+Result<World> connect_store(const LaunchEnv& env, std::chrono::milliseconds timeout);
+
 }  // namespace wl::comm
