@@ -17,6 +17,7 @@ set(WL_LAYERS
   wl_transfer_fleet       src/weightlift/transfer/fleet
   wl_transfer             src/weightlift/transfer
   wl_infer                src/weightlift/infer
+  wl_fault                src/weightlift/fault
   wl_rl                   src/weightlift/rl
 )
 

@@ -91,6 +91,7 @@ int main(int argc, char** argv) {
   wl::app::register_launch(app, out);
   wl::app::register_topo(app, out);
   wl::app::register_transfer(app, out);
+  wl::app::register_fault(app, out);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
