@@ -89,6 +89,7 @@ Status run_simulate(FaultArgs a) {
     return invalid_argument("the byte tokenizer needs vocab_size >= " +
                             std::to_string(train::kByteVocab));
   }
+  WL_RETURN_IF_ERROR(fault::check_simulation(o));
   // Refuse before any work: a directory that holds another run's results stays as it was.
   const std::string summary_path = a.out_dir + "/summary.json";
   if (!a.overwrite && std::filesystem::exists(summary_path)) {

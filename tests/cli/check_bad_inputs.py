@@ -134,6 +134,19 @@ def main():
                                         "--out", os.path.join(d, "run")], "no-brown")
         expect_error("missing weights file", grad + [os.path.join(d, "nope.safetensors")],
                      "nope.safetensors")
+        fault = [exe, "fault", "simulate", "--preset", "tiny", "--iterations", "2",
+                 "--out", os.path.join(d, "fault")]
+        expect_error("fault: checkfree on 2 stages", fault + ["--stages", "2"],
+                     "checkfree", "at least 3 stages")
+        expect_error("fault: checkfree+ on 2 stages",
+                     fault + ["--stages", "2", "--recovery", "checkfree+"], "at least 4 stages")
+        expect_error("fault: stages that do not divide the layers",
+                     fault + ["--stages", "3", "--recovery", "none"], "divide the layers")
+        expect_error("fault: unknown recovery", fault + ["--recovery", "pray"], "pray",
+                     "checkfree+")
+        expect_error("fault: a kill outside the pipeline",
+                     fault + ["--stages", "1", "--recovery", "none", "--kill", "1:4"],
+                     "stage 4")
         expect_error("out of memory: medium under a 1.5 GB address-space limit",
                      [exe, "train", "--preset", "medium", "--steps", "1", "--batch-file", batch,
                       "--out", os.path.join(d, "oom")],

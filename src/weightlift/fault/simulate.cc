@@ -13,11 +13,23 @@
 namespace wl::fault {
 namespace {
 
-Status check_options(const SimulationOptions& o) {
-  if (o.train_tokens == nullptr || o.val_tokens == nullptr)
-    return invalid_argument("the simulation needs training and validation tokens");
-  if (int64_t(o.train_tokens->size()) <= o.seq + 1)
-    return invalid_argument("the training tokens are fewer than one window of --seq + 1");
+// What a checkpoint holds: the model and its optimizers, the data position, the progress.
+struct Checkpoint {
+  StagedModel::State model;
+  std::array<uint64_t, 4> data_rng{};
+  int64_t progress = 0;
+};
+
+}  // namespace
+
+Status check_simulation(const SimulationOptions& o) {
+  WL_RETURN_IF_ERROR(o.config.validate());
+  if (o.stages < 1 || o.config.num_layers % o.stages != 0) {
+    return invalid_argument(
+        std::to_string(o.stages) + " stages of a " + std::to_string(o.config.num_layers) +
+        "-layer model: every stage must hold the same number of layers (a rebuilt stage takes "
+        "its neighbours' layers one for one), so the stages must divide the layers");
+  }
   if (o.iterations < 1 || o.batch < 1 || o.seq < 1 || o.micro_batches < 1)
     return invalid_argument("iterations, batch, seq and micro-batches must be at least 1");
   if (o.seq > o.config.max_seq_len) {
@@ -44,17 +56,12 @@ Status check_options(const SimulationOptions& o) {
   return check_recovery_layout(o.recovery, o.stages);
 }
 
-// What a checkpoint holds: the model and its optimizers, the data position, the progress.
-struct Checkpoint {
-  StagedModel::State model;
-  std::array<uint64_t, 4> data_rng{};
-  int64_t progress = 0;
-};
-
-}  // namespace
-
 Result<SimulationResult> simulate(const SimulationOptions& o) {
-  WL_RETURN_IF_ERROR(check_options(o));
+  WL_RETURN_IF_ERROR(check_simulation(o));
+  if (o.train_tokens == nullptr || o.val_tokens == nullptr)
+    return invalid_argument("the simulation needs training and validation tokens");
+  if (int64_t(o.train_tokens->size()) <= o.seq + 1)
+    return invalid_argument("the training tokens are fewer than one window of --seq + 1");
   WL_ASSIGN_OR_RETURN(std::unique_ptr<StagedModel> model,
                       StagedModel::create(o.config, o.stages, o.adamw, o.seed));
   train::WindowSampler sampler(o.train_tokens, o.seed + 1);

@@ -82,6 +82,10 @@ struct SimulationResult {
   double checkpoint_write_ms = 0;  // mean, checkpoint strategy
 };
 
+// InvalidArgument naming what cannot run (the token streams aside): stages that do not divide
+// the layers, a strategy the layout cannot support, a batch the micro-batches do not divide.
+Status check_simulation(const SimulationOptions& options);
+
 Result<SimulationResult> simulate(const SimulationOptions& options);
 
 }  // namespace wl::fault
