@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""CheckFree's Table 2 at small scale (issue 14; ../../docs/BENCHMARKS.md "CheckFree").
+
+Runs `weightlift fault simulate` (every pipeline stage in one process, the same recovery code
+as the multi-process trainer) over a grid: failure-free training (with and without the swapped
+schedule) and checkpoint / checkfree / checkfree+ at three failure rates, several seeds each.
+The failure schedule depends only on --fail-seed, so every strategy meets the same failures.
+
+Time to target: the first validation point at or below the target loss (the failure-free runs'
+mean validation loss at --target-at), in iterations, in seconds measured here, and scaled with
+the paper's 91.32 s per iteration (checkpoint 91.35 s; redundant computation = failure-free
+iterations at 151.04 s). Writes results.json, table.md and val_loss.svg into --out.
+
+Usage: run_grid.py --weightlift build/release/apps/weightlift [--out runs/checkfree]
+"""
+import argparse
+import concurrent.futures as futures
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PAPER_S = {"checkpoint": 91.35, "checkfree": 91.32, "checkfree+": 91.32, "rc": 151.04}
+
+
+def run(args, name, extra):
+    out = os.path.join(args.out, "runs", name)
+    summary = os.path.join(out, "summary.json")
+    if os.path.exists(summary) and not args.fresh:
+        return json.load(open(summary))
+    cmd = [args.weightlift, "fault", "simulate", "--config", args.config, "--stages",
+           str(args.stages), "--iterations", str(args.iterations), "--batch", "8", "--seq",
+           "64", "--micro-batches", "4", "--eval-every", str(args.eval_every), "--lr",
+           str(args.lr), "--checkpoint-every", str(args.checkpoint_every), "--threads", "1",
+           "--corpus", args.corpus, "--out", out, "--overwrite", "--quiet"] + extra
+    subprocess.run(cmd, check=True)
+    return json.load(open(summary))
+
+
+def first_at_or_below(evals, target):
+    for e in evals:
+        if e["val_loss"] <= target:
+            return e
+    return None
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--weightlift", required=True)
+    p.add_argument("--config", default=os.path.join(HERE, "model.json"))
+    p.add_argument("--corpus", default="data/brown")
+    p.add_argument("--out", default="runs/checkfree")
+    p.add_argument("--stages", type=int, default=6)
+    p.add_argument("--iterations", type=int, default=2000)
+    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--checkpoint-every", type=int, default=100)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--rates", default="0.0009,0.002,0.004")
+    p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--target-at", type=int, default=1000,
+                   help="the target is the failure-free mean validation loss at this iteration")
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--fresh", action="store_true", help="rerun runs that already have results")
+    args = p.parse_args()
+    rates = [float(r) for r in args.rates.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",")]
+
+    grid = []  # (key, name, extra flags)
+    for seed in seeds:
+        common = ["--seed", str(seed), "--fail-seed", str(seed)]
+        grid.append((("free", 0, seed), f"free-s{seed}", common + ["--recovery", "none"]))
+        grid.append((("free+swap", 0, seed), f"freeswap-s{seed}",
+                     common + ["--recovery", "none", "--swap"]))
+        for rate in rates:
+            for strategy in ("checkpoint", "checkfree", "checkfree+"):
+                grid.append(((strategy, rate, seed), f"{strategy}-p{rate}-s{seed}",
+                             common + ["--recovery", strategy, "--fail-prob", str(rate)]))
+    results = {}
+    start = time.time()
+    with futures.ThreadPoolExecutor(args.jobs) as pool:
+        todo = {pool.submit(run, args, name, extra): key for key, name, extra in grid}
+        for n, f in enumerate(futures.as_completed(todo), 1):
+            results[todo[f]] = f.result()
+            done = time.time() - start
+            eta = done / n * (len(grid) - n)
+            print(f"\r[{n}/{len(grid)}] {done:.0f} s elapsed, ETA {eta:.0f} s", end="",
+                  file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+
+    def curve(key):
+        return results[key]["evaluations"]
+
+    free_at = [e["val_loss"] for s in seeds for e in curve(("free", 0, s))
+               if e["iteration"] == args.target_at]
+    target = statistics.mean(free_at)
+    rows = []
+    table = {}
+    for strategy in ("free", "free+swap", "checkpoint", "checkfree", "checkfree+"):
+        for rate in ([0] if strategy.startswith("free") else rates):
+            its, secs, fails, finals = [], [], [], []
+            for s in seeds:
+                r = results[(strategy, rate, s)]
+                hit = first_at_or_below(r["evaluations"], target)
+                its.append(hit["iteration"] if hit else None)
+                secs.append(hit["seconds"] if hit else None)
+                fails.append(len(r["losses"]))
+                finals.append(r["final_val_loss"])
+            table[(strategy, rate)] = its
+            reached = [i for i in its if i is not None]
+            rows.append({"strategy": strategy, "rate": rate, "iterations": its,
+                         "seconds": secs, "stage_losses": fails, "final_val_loss": finals,
+                         "mean_iterations": statistics.mean(reached) if len(reached) == len(its)
+                         else None})
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"target": target, "target_at": args.target_at, "rows": rows,
+                   "iterations": args.iterations, "stages": args.stages,
+                   "checkpoint_every": args.checkpoint_every, "seeds": seeds}, f, indent=1)
+
+    def fmt_its(its):
+        return " / ".join(str(i) if i is not None else f">{args.iterations}" for i in its)
+
+    lines = [f"target validation loss {target:.4f} (failure-free mean at iteration "
+             f"{args.target_at}); iterations per seed ({', '.join(map(str, seeds))}), "
+             f"mean, and paper-scaled hours",
+             "", "| strategy | failure prob / stage / it | stage losses | iterations to target "
+             "| mean | paper-scaled h | vs checkpoint |", "|---|---|---|---|---|---|---|"]
+    free_mean = next(r["mean_iterations"] for r in rows if r["strategy"] == "free")
+    for r in rows:
+        m = r["mean_iterations"]
+        per = PAPER_S["checkfree"] if r["strategy"].startswith("free") else PAPER_S[r["strategy"]]
+        hours = f"{m * per / 3600:.1f}" if m else "not reached"
+        ck = next((x["mean_iterations"] for x in rows
+                   if x["strategy"] == "checkpoint" and x["rate"] == r["rate"]), None)
+        ratio = ""
+        if m and r["rate"] and r["strategy"] != "checkpoint":
+            # A checkpoint run that never got there took longer than the whole run.
+            ck_its = ck or args.iterations
+            ratio = f"{'' if ck else '> '}{ck_its * PAPER_S['checkpoint'] / (m * per):.2f}x"
+        lines.append(f"| {r['strategy']} | {r['rate']} | {fmt_its(r['stage_losses'])} | "
+                     f"{fmt_its(r['iterations'])} | {f'{m:.0f}' if m else '-'} | {hours} | {ratio} |")
+    if free_mean:
+        lines.append(f"| redundant computation (failure-free at 1.654x) | any | 0 | "
+                     f"{fmt_its(table[('free', 0)])} | {free_mean:.0f} | "
+                     f"{free_mean * PAPER_S['rc'] / 3600:.1f} | |")
+    open(os.path.join(args.out, "table.md"), "w").write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(rates), figsize=(5 * len(rates), 4), sharey=True,
+                             squeeze=False)
+    axes = axes[0]
+    colors = {"free": "black", "free+swap": "gray", "checkpoint": "tab:red",
+              "checkfree": "tab:blue", "checkfree+": "tab:green"}
+    for ax, rate in zip(axes, rates):
+        for strategy in ("free", "checkpoint", "checkfree", "checkfree+"):
+            key_rate = 0 if strategy == "free" else rate
+            xs = [e["iteration"] * (PAPER_S["checkpoint"] if strategy == "checkpoint"
+                                    else PAPER_S["checkfree"]) / 3600
+                  for e in curve((strategy, key_rate, seeds[0]))]
+            ys = [statistics.mean(curve((strategy, key_rate, s))[i]["val_loss"] for s in seeds)
+                  for i in range(len(xs))]
+            ax.plot(xs, ys, label=strategy, color=colors[strategy])
+        rc = [e["iteration"] * PAPER_S["rc"] / 3600 for e in curve(("free", 0, seeds[0]))]
+        ax.plot(rc, [statistics.mean(curve(("free", 0, s))[i]["val_loss"] for s in seeds)
+                     for i in range(len(rc))], label="redundant computation", color="purple",
+                linestyle="--")
+        ax.axhline(target, color="gray", linewidth=0.5)
+        ax.set_title(f"p = {rate} per stage per iteration")
+        ax.set_xlabel("wall-clock, paper-scaled (hours)")
+        ax.set_ylim(top=target + 0.6)
+    axes[0].set_ylabel(f"validation loss (mean of {len(seeds)} seeds)")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "val_loss.svg"))
+
+
+if __name__ == "__main__":
+    main()
