@@ -117,6 +117,16 @@ TEST_F(SimulateTest, RefusesWhatCannotRun) {
   o = options(Recovery::kCheckFree);
   o.micro_batches = 3;
   EXPECT_EQ(simulate(o).status().code(), StatusCode::kInvalidArgument);
+  o = options(Recovery::kCheckFreePlus);  // the swapped schedule needs pairs of micro-batches
+  o.batch = 3;
+  o.micro_batches = 1;
+  EXPECT_EQ(simulate(o).status().code(), StatusCode::kInvalidArgument);
+  o = options(Recovery::kCheckFree);
+  o.scheduled = {{13, 1}};  // after the last iteration
+  EXPECT_EQ(simulate(o).status().code(), StatusCode::kInvalidArgument);
+  o = options(Recovery::kCheckFree);
+  o.eval_windows = 2;  // less than one batch: no validation to report
+  EXPECT_EQ(simulate(o).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

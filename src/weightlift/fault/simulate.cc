@@ -40,6 +40,12 @@ Status check_simulation(const SimulationOptions& o) {
     return invalid_argument(std::to_string(o.micro_batches) +
                             " micro-batches do not divide a batch of " + std::to_string(o.batch));
   }
+  if ((o.swap || o.recovery == Recovery::kCheckFreePlus) && o.micro_batches % 2 != 0) {
+    return invalid_argument(
+        "the swapped schedule runs every other micro-batch swapped and needs "
+        "an even number of them, not " +
+        std::to_string(o.micro_batches));
+  }
   if (!(o.fail_prob >= 0 && o.fail_prob <= 1))
     return invalid_argument("the failure probability must be in [0, 1]");
   if (!(o.lr_scale > 0 && std::isfinite(o.lr_scale)))
@@ -47,7 +53,7 @@ Status check_simulation(const SimulationOptions& o) {
   if (o.recovery == Recovery::kCheckpoint && o.checkpoint_every < 1)
     return invalid_argument("checkpoint recovery needs a checkpoint interval of at least 1");
   for (const ScheduledLoss& l : o.scheduled) {
-    if (l.stage < 0 || l.stage >= o.stages || l.iteration < 1) {
+    if (l.stage < 0 || l.stage >= o.stages || l.iteration < 1 || l.iteration > o.iterations) {
       return invalid_argument("a scheduled loss of stage " + std::to_string(l.stage) +
                               " at iteration " + std::to_string(l.iteration) +
                               " is outside the run");
@@ -67,8 +73,13 @@ Result<SimulationResult> simulate(const SimulationOptions& o) {
   train::WindowSampler sampler(o.train_tokens, o.seed + 1);
   std::vector<train::Batch> val;
   const int64_t windows = o.eval_windows / o.batch * o.batch;
-  if (int64_t(o.val_tokens->size()) > o.seq + 1 && windows > 0)
-    val = train::fixed_windows(*o.val_tokens, windows, o.batch, o.seq);
+  if (int64_t(o.val_tokens->size()) <= o.seq + 1 || windows < 1) {
+    return invalid_argument(
+        "no validation: the validation tokens hold no window of --seq + 1, "
+        "or --eval-windows " +
+        std::to_string(o.eval_windows) + " is less than one batch of " + std::to_string(o.batch));
+  }
+  val = train::fixed_windows(*o.val_tokens, windows, o.batch, o.seq);
   const bool swap = o.swap || o.recovery == Recovery::kCheckFreePlus;
   std::vector<std::vector<int>> orders{model->normal_order()};
   if (swap) orders.push_back(model->swapped_order());
@@ -143,7 +154,7 @@ Result<SimulationResult> simulate(const SimulationOptions& o) {
                       .losses = lost_count,
                       .seconds = run_clock.seconds()};
     const bool eval_now = (o.eval_every > 0 && it % o.eval_every == 0) || it == o.iterations;
-    if (eval_now && !val.empty()) {
+    if (eval_now) {
       r.val_loss = model->evaluate(val);
       result.evaluations.push_back(r);
       result.final_val_loss = r.val_loss;

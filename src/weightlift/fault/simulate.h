@@ -57,9 +57,12 @@ struct SimulationOptions {
   std::vector<ScheduledLoss> scheduled;
   int64_t checkpoint_every = 100;  // checkpoint: iterations between checkpoints
   double lr_scale = 1.1;           // a rebuilt stage's learning-rate factor
-  int64_t iterations = 1000;
-  int64_t batch = 8, seq = 64;
+  int64_t iterations = 1000;       // wall-clock: a rollback's repeated steps count again
+  int64_t batch = 8, seq = 64;     // rows and tokens per row of every iteration's batch
+  // Micro-batches per iteration; the swapped schedule runs the odd ones swapped, so it needs an
+  // even count.
   int micro_batches = 4;
+  // Constant, as the paper's LLaMa runs; a rebuilt stage's rate is this times lr_scale.
   train::LrSchedule schedule{.base_lr = 1e-3, .min_lr = 1e-3, .warmup_steps = 0};
   // Adam as the paper trains: betas (0.9, 0.999), no weight decay, each stage clipped to 1.
   train::AdamWOptions adamw{
@@ -76,14 +79,15 @@ struct SimulationResult {
   std::vector<LossRecord> losses;
   int64_t iterations = 0, progress = 0;
   double final_val_loss = 0;
-  double seconds = 0;
+  double seconds = 0;       // the whole run, validation included
   double step_seconds = 0;  // mean time of one iteration's update
   int64_t checkpoints = 0;
   double checkpoint_write_ms = 0;  // mean, checkpoint strategy
 };
 
 // InvalidArgument naming what cannot run (the token streams aside): stages that do not divide
-// the layers, a strategy the layout cannot support, a batch the micro-batches do not divide.
+// the layers, a strategy the layout cannot support, a batch the micro-batches do not divide,
+// a swapped schedule without an even number of micro-batches, a loss outside the run.
 Status check_simulation(const SimulationOptions& options);
 
 Result<SimulationResult> simulate(const SimulationOptions& options);
