@@ -76,7 +76,8 @@ Result<std::vector<fault::ScheduledLoss>> parse_kills(const std::vector<std::str
   return out;
 }
 
-Status run_simulate(FaultArgs a) {
+// The flags into the simulation's options, refused before any work.
+Status make_options(FaultArgs& a) {
   fault::SimulationOptions& o = a.o;
   WL_ASSIGN_OR_RETURN(o.recovery, fault::parse_recovery(a.recovery));
   WL_ASSIGN_OR_RETURN(o.scheduled, parse_kills(a.kills));
@@ -89,7 +90,66 @@ Status run_simulate(FaultArgs a) {
     return invalid_argument("the byte tokenizer needs vocab_size >= " +
                             std::to_string(train::kByteVocab));
   }
-  WL_RETURN_IF_ERROR(fault::check_simulation(o));
+  return fault::check_simulation(o);
+}
+
+// summary.json: the run's settings, every stage loss and the validation curve.
+nlohmann::json summary_json(const FaultArgs& a, const fault::SimulationResult& r) {
+  const fault::SimulationOptions& o = a.o;
+  nlohmann::json curve = nlohmann::json::array();
+  for (const fault::IterationRecord& e : r.evaluations) {
+    curve.push_back({{"iteration", e.iteration},
+                     {"progress", e.progress},
+                     {"val_loss", e.val_loss},
+                     {"losses", e.losses},
+                     {"seconds", e.seconds}});
+  }
+  nlohmann::json losses = nlohmann::json::array();
+  for (const fault::LossRecord& l : r.losses) losses.push_back(loss_to_json(l));
+  return {{"model", a.config_path.empty() ? a.preset : a.config_path},
+          {"stages", o.stages},
+          {"recovery", a.recovery},
+          {"swap", o.swap || o.recovery == fault::Recovery::kCheckFreePlus},
+          {"fail_prob", o.fail_prob},
+          {"fail_seed", o.fail_seed},
+          {"checkpoint_every", o.checkpoint_every},
+          {"lr", o.schedule.base_lr},
+          {"lr_scale", o.lr_scale},
+          {"batch", o.batch},
+          {"seq", o.seq},
+          {"micro_batches", o.micro_batches},
+          {"seed", o.seed},
+          {"iterations", r.iterations},
+          {"progress", r.progress},
+          {"final_val_loss", r.final_val_loss},
+          {"seconds", r.seconds},
+          {"step_seconds", r.step_seconds},
+          {"checkpoints", r.checkpoints},
+          {"checkpoint_write_ms", r.checkpoint_write_ms},
+          {"losses", losses},
+          {"evaluations", curve}};
+}
+
+Status write_outputs(const FaultArgs& a, const fault::SimulationResult& r) {
+  std::error_code ec;
+  std::filesystem::create_directories(a.out_dir, ec);
+  if (ec) return errno_status("mkdir " + a.out_dir, ec.value());
+  WL_RETURN_IF_ERROR(
+      write_file_atomically(a.out_dir + "/summary.json", summary_json(a, r).dump(1) + "\n"));
+  Series series{.label = a.recovery, .color = "#1f77b4", .x = {}, .y = {}};
+  for (const fault::IterationRecord& e : r.evaluations) {
+    series.x.push_back(double(e.iteration));
+    series.y.push_back(e.val_loss);
+  }
+  return write_svg_plot(a.out_dir + "/val_loss.svg", {series},
+                        {.title = "weightlift fault simulate: validation loss, " + a.recovery,
+                         .x_label = "iteration (wall-clock)",
+                         .y_label = "validation loss (nats per byte)"});
+}
+
+Status run_simulate(FaultArgs a) {
+  fault::SimulationOptions& o = a.o;
+  WL_RETURN_IF_ERROR(make_options(a));
   // Refuse before any work: a directory that holds another run's results stays as it was.
   const std::string summary_path = a.out_dir + "/summary.json";
   if (!a.overwrite && std::filesystem::exists(summary_path)) {
@@ -117,51 +177,7 @@ Status run_simulate(FaultArgs a) {
   }
   WL_ASSIGN_OR_RETURN(const fault::SimulationResult r, fault::simulate(o));
   if (!a.quiet) bar.finish();
-
-  nlohmann::json curve = nlohmann::json::array();
-  Series series{.label = a.recovery, .color = "#1f77b4", .x = {}, .y = {}};
-  for (const fault::IterationRecord& e : r.evaluations) {
-    curve.push_back({{"iteration", e.iteration},
-                     {"progress", e.progress},
-                     {"val_loss", e.val_loss},
-                     {"losses", e.losses},
-                     {"seconds", e.seconds}});
-    series.x.push_back(double(e.iteration));
-    series.y.push_back(e.val_loss);
-  }
-  nlohmann::json losses = nlohmann::json::array();
-  for (const fault::LossRecord& l : r.losses) losses.push_back(loss_to_json(l));
-  const nlohmann::json summary = {{"model", a.config_path.empty() ? a.preset : a.config_path},
-                                  {"stages", o.stages},
-                                  {"recovery", a.recovery},
-                                  {"swap", o.swap || o.recovery == fault::Recovery::kCheckFreePlus},
-                                  {"fail_prob", o.fail_prob},
-                                  {"fail_seed", o.fail_seed},
-                                  {"checkpoint_every", o.checkpoint_every},
-                                  {"lr", o.schedule.base_lr},
-                                  {"lr_scale", o.lr_scale},
-                                  {"batch", o.batch},
-                                  {"seq", o.seq},
-                                  {"micro_batches", o.micro_batches},
-                                  {"seed", o.seed},
-                                  {"iterations", r.iterations},
-                                  {"progress", r.progress},
-                                  {"final_val_loss", r.final_val_loss},
-                                  {"seconds", r.seconds},
-                                  {"step_seconds", r.step_seconds},
-                                  {"checkpoints", r.checkpoints},
-                                  {"checkpoint_write_ms", r.checkpoint_write_ms},
-                                  {"losses", losses},
-                                  {"evaluations", curve}};
-  std::error_code ec;
-  std::filesystem::create_directories(a.out_dir, ec);
-  if (ec) return errno_status("mkdir " + a.out_dir, ec.value());
-  WL_RETURN_IF_ERROR(write_file_atomically(summary_path, summary.dump(1) + "\n"));
-  WL_RETURN_IF_ERROR(
-      write_svg_plot(a.out_dir + "/val_loss.svg", {series},
-                     {.title = "weightlift fault simulate: validation loss, " + a.recovery,
-                      .x_label = "iteration (wall-clock)",
-                      .y_label = "validation loss (nats per byte)"}));
+  WL_RETURN_IF_ERROR(write_outputs(a, r));
   if (!a.quiet) {
     std::printf(
         "fault: %s, %lld iterations, %zu stage losses, model at step %lld, "

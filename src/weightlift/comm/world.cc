@@ -4,11 +4,15 @@
 
 namespace wl::comm {
 
-Result<World> connect_store(const LaunchEnv& env, std::chrono::milliseconds timeout) {
+namespace {
+
+// The store of the job: rank 0 hosts it on `bind_address`, every rank is its client.
+Result<World> store_world(const LaunchEnv& env, const std::string& bind_address,
+                          std::chrono::milliseconds timeout) {
   World world;
   world.env = env;
   if (env.rank == 0) {
-    WL_ASSIGN_OR_RETURN(world.server, TcpStoreServer::start({.bind_address = env.master_addr,
+    WL_ASSIGN_OR_RETURN(world.server, TcpStoreServer::start({.bind_address = bind_address,
                                                              .port = env.master_port,
                                                              .token = env.job_token}));
   }
@@ -21,21 +25,15 @@ Result<World> connect_store(const LaunchEnv& env, std::chrono::milliseconds time
   return world;
 }
 
+}  // namespace
+
+Result<World> connect_store(const LaunchEnv& env, std::chrono::milliseconds timeout) {
+  return store_world(env, env.master_addr, timeout);
+}
+
 Result<World> connect_world(const LaunchEnv& env, const WorldOptions& o) {
-  World w;
-  w.env = env;
+  WL_ASSIGN_OR_RETURN(World w, store_world(env, o.bind_address, o.timeout));
   const std::string who = "rank " + std::to_string(env.rank);
-  if (env.rank == 0) {
-    WL_ASSIGN_OR_RETURN(w.server, TcpStoreServer::start({.bind_address = o.bind_address,
-                                                         .port = env.master_port,
-                                                         .token = env.job_token}));
-  }
-  WL_ASSIGN_OR_RETURN(auto client, TcpStore::connect({.host = env.master_addr,
-                                                      .port = env.master_port,
-                                                      .token = env.job_token,
-                                                      .connect_timeout = o.timeout,
-                                                      .request_timeout = o.timeout}));
-  w.store = std::shared_ptr<Store>(std::move(client));
   auto group = Group::connect({.store = w.store,
                                .rank = env.rank,
                                .size = env.world_size,

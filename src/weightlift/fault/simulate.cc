@@ -20,16 +20,59 @@ struct Checkpoint {
   int64_t progress = 0;
 };
 
+Status check_tokens(const SimulationOptions& o) {
+  if (o.train_tokens == nullptr || o.val_tokens == nullptr)
+    return invalid_argument("the simulation needs training and validation tokens");
+  if (int64_t(o.train_tokens->size()) <= o.seq + 1)
+    return invalid_argument("the training tokens are fewer than one window of --seq + 1");
+  return ok_status();
+}
+
+// The fixed validation windows; InvalidArgument when there are none to report.
+Result<std::vector<train::Batch>> validation_batches(const SimulationOptions& o) {
+  const int64_t windows = o.eval_windows / o.batch * o.batch;
+  if (int64_t(o.val_tokens->size()) <= o.seq + 1 || windows < 1) {
+    return invalid_argument(
+        "no validation: the validation tokens hold no window of --seq + 1, "
+        "or --eval-windows " +
+        std::to_string(o.eval_windows) + " is less than one batch of " + std::to_string(o.batch));
+  }
+  return train::fixed_windows(*o.val_tokens, windows, o.batch, o.seq);
+}
+
+// The stages lost at the start of iteration `it`. The schedule draws every stage every
+// iteration, whatever happens, so it is the same for every strategy.
+std::vector<int> draw_losses(const SimulationOptions& o, int64_t it, Rng& failures) {
+  std::vector<int> lost;
+  for (int s = 0; s < o.stages; ++s) {
+    if (failures.uniform_double() < o.fail_prob) lost.push_back(s);
+  }
+  for (const ScheduledLoss& l : o.scheduled) {
+    if (l.iteration == it && std::find(lost.begin(), lost.end(), l.stage) == lost.end())
+      lost.push_back(l.stage);
+  }
+  return lost;
+}
+
+// Restores the whole run to `saved`; returns the progress it held.
+int64_t roll_back(const Checkpoint& saved, StagedModel& model, train::WindowSampler& sampler) {
+  model.set_state(saved.model);
+  sampler.rng().set_state(saved.data_rng);
+  return saved.progress;
+}
+
+void rebuild_stages(const SimulationOptions& o, int64_t it, const std::vector<Rebuild>& plan,
+                    StagedModel& model) {
+  // Every source is a stage that survived (plan_recovery), so the order does not matter.
+  for (const Rebuild& b : plan) {
+    model.rebuild(b, o.lr_scale, o.seed ^ (uint64_t(it) << 20) ^ uint64_t(b.stage));
+  }
+}
+
 }  // namespace
 
 Status check_simulation(const SimulationOptions& o) {
-  WL_RETURN_IF_ERROR(o.config.validate());
-  if (o.stages < 1 || o.config.num_layers % o.stages != 0) {
-    return invalid_argument(
-        std::to_string(o.stages) + " stages of a " + std::to_string(o.config.num_layers) +
-        "-layer model: every stage must hold the same number of layers (a rebuilt stage takes "
-        "its neighbours' layers one for one), so the stages must divide the layers");
-  }
+  WL_RETURN_IF_ERROR(StagedModel::check_stages(o.config, o.stages));
   if (o.iterations < 1 || o.batch < 1 || o.seq < 1 || o.micro_batches < 1)
     return invalid_argument("iterations, batch, seq and micro-batches must be at least 1");
   if (o.seq > o.config.max_seq_len) {
@@ -64,25 +107,13 @@ Status check_simulation(const SimulationOptions& o) {
 
 Result<SimulationResult> simulate(const SimulationOptions& o) {
   WL_RETURN_IF_ERROR(check_simulation(o));
-  if (o.train_tokens == nullptr || o.val_tokens == nullptr)
-    return invalid_argument("the simulation needs training and validation tokens");
-  if (int64_t(o.train_tokens->size()) <= o.seq + 1)
-    return invalid_argument("the training tokens are fewer than one window of --seq + 1");
+  WL_RETURN_IF_ERROR(check_tokens(o));
   WL_ASSIGN_OR_RETURN(std::unique_ptr<StagedModel> model,
                       StagedModel::create(o.config, o.stages, o.adamw, o.seed));
   train::WindowSampler sampler(o.train_tokens, o.seed + 1);
-  std::vector<train::Batch> val;
-  const int64_t windows = o.eval_windows / o.batch * o.batch;
-  if (int64_t(o.val_tokens->size()) <= o.seq + 1 || windows < 1) {
-    return invalid_argument(
-        "no validation: the validation tokens hold no window of --seq + 1, "
-        "or --eval-windows " +
-        std::to_string(o.eval_windows) + " is less than one batch of " + std::to_string(o.batch));
-  }
-  val = train::fixed_windows(*o.val_tokens, windows, o.batch, o.seq);
-  const bool swap = o.swap || o.recovery == Recovery::kCheckFreePlus;
+  WL_ASSIGN_OR_RETURN(const std::vector<train::Batch> val, validation_batches(o));
   std::vector<std::vector<int>> orders{model->normal_order()};
-  if (swap) orders.push_back(model->swapped_order());
+  if (o.swap || o.recovery == Recovery::kCheckFreePlus) orders.push_back(model->swapped_order());
   train::LrSchedule schedule = o.schedule;
   schedule.total_steps = o.iterations;
   Rng failures(o.fail_seed);
@@ -102,16 +133,7 @@ Result<SimulationResult> simulate(const SimulationOptions& o) {
   double last_loss = NAN;
   int64_t progress = 0, lost_count = 0;
   for (int64_t it = 1; it <= o.iterations; ++it) {
-    // The schedule draws every stage every iteration, whatever happens, so it is the same
-    // for every strategy.
-    std::vector<int> lost;
-    for (int s = 0; s < o.stages; ++s) {
-      if (failures.uniform_double() < o.fail_prob) lost.push_back(s);
-    }
-    for (const ScheduledLoss& l : o.scheduled) {
-      if (l.iteration == it && std::find(lost.begin(), lost.end(), l.stage) == lost.end())
-        lost.push_back(l.stage);
-    }
+    const std::vector<int> lost = draw_losses(o, it, failures);
     std::optional<LossRecord> record;
     if (!lost.empty()) {
       const Stopwatch clock;
@@ -120,15 +142,10 @@ Result<SimulationResult> simulate(const SimulationOptions& o) {
       record->loss_before = last_loss;
       WL_ASSIGN_OR_RETURN(record->plan, plan_recovery(o.recovery, o.stages, lost));
       if (o.recovery == Recovery::kCheckpoint) {
-        model->set_state(saved->model);
-        sampler.rng().set_state(saved->data_rng);
-        progress = saved->progress;
+        progress = roll_back(*saved, *model, sampler);
         record->rolled_back_to = progress;
       } else {
-        // Every source is a stage that survived (plan_recovery), so the order does not matter.
-        for (const Rebuild& b : record->plan) {
-          model->rebuild(b, o.lr_scale, o.seed ^ (uint64_t(it) << 20) ^ uint64_t(b.stage));
-        }
+        rebuild_stages(o, it, record->plan, *model);
       }
       record->recovery_ms = clock.seconds() * 1e3;
       lost_count += int64_t(lost.size());

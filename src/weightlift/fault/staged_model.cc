@@ -10,9 +10,7 @@
 
 namespace wl::fault {
 
-Result<std::unique_ptr<StagedModel>> StagedModel::create(const model::ModelConfig& config,
-                                                         int stages, train::AdamWOptions adamw,
-                                                         uint64_t seed) {
+Status StagedModel::check_stages(const model::ModelConfig& config, int stages) {
   WL_RETURN_IF_ERROR(config.validate());
   if (stages < 1 || config.num_layers % stages != 0) {
     return invalid_argument(
@@ -20,6 +18,13 @@ Result<std::unique_ptr<StagedModel>> StagedModel::create(const model::ModelConfi
         "-layer model: every stage must hold the same number of layers (a rebuilt stage takes "
         "its neighbours' layers one for one), so the stages must divide the layers");
   }
+  return ok_status();
+}
+
+Result<std::unique_ptr<StagedModel>> StagedModel::create(const model::ModelConfig& config,
+                                                         int stages, train::AdamWOptions adamw,
+                                                         uint64_t seed) {
+  WL_RETURN_IF_ERROR(check_stages(config, stages));
   std::unique_ptr<StagedModel> m(new StagedModel(config, stages, adamw));
   model::init_params(m->config_, m->layout_, seed, m->weights_.data());
   return m;
@@ -65,6 +70,15 @@ std::vector<int> StagedModel::swapped_order() const {
   if (n >= 2) std::swap(order[0], order[1]);
   if (n >= 4) std::swap(order[size_t(n - 2)], order[size_t(n - 1)]);
   return order;
+}
+
+model::PassModel StagedModel::pass_model() {
+  return {config_,
+          layout_,
+          units_,
+          rope_,
+          model::bind(config_, layout_, weights_.data()),
+          model::bind(config_, layout_, grads_.data())};
 }
 
 model::Stage StagedModel::stage_units(int s) const {
@@ -130,12 +144,7 @@ Result<StepLoss> StagedModel::step(const train::Batch& batch, int micro_batches,
   const int64_t rows = batch.batch / micro_batches, seq = batch.seq;
   const int64_t denom = kernels::count_targets(batch.targets.data(), int64_t(batch.targets.size()));
   const model::StepOptions opts{.ce_denominator = denom, .aux_weight = 1.0f / float(micro_batches)};
-  const model::PassModel pm{config_,
-                            layout_,
-                            units_,
-                            rope_,
-                            model::bind(config_, layout_, weights_.data()),
-                            model::bind(config_, layout_, grads_.data())};
+  const model::PassModel pm = pass_model();
   std::fill(grads_.begin(), grads_.end(), 0.0f);
   double ce_sum = 0, router = 0;
   for (int mb = 0; mb < micro_batches; ++mb) {
@@ -194,12 +203,7 @@ Result<StepLoss> StagedModel::step(const train::Batch& batch, int micro_batches,
 
 double StagedModel::evaluate(const std::vector<train::Batch>& batches) {
   // Forward only: no pass keeps anything for a backward, and no gradient is written.
-  const model::PassModel pm{config_,
-                            layout_,
-                            units_,
-                            rope_,
-                            model::bind(config_, layout_, weights_.data()),
-                            model::bind(config_, layout_, grads_.data())};
+  const model::PassModel pm = pass_model();
   double sum = 0, count = 0;
   for (const train::Batch& b : batches) {
     model::StagePass pass(pm, {0, units_.head()}, b.tokens.data(), b.batch, b.seq, {}, nullptr);

@@ -35,8 +35,11 @@ struct StepLoss {
 
 class StagedModel {
  public:
-  // InvalidArgument unless 1 <= stages and stages divides the config's layers (a rebuilt
-  // stage takes its neighbours' tensors layer by layer, so every stage has the same depth).
+  // InvalidArgument unless the config is valid, 1 <= stages and stages divides the config's
+  // layers (a rebuilt stage takes its neighbours' tensors layer by layer, so every stage has
+  // the same depth).
+  static Status check_stages(const model::ModelConfig& config, int stages);
+  // check_stages, then a model initialised from `seed`.
   static Result<std::unique_ptr<StagedModel>> create(const model::ModelConfig& config, int stages,
                                                      train::AdamWOptions adamw, uint64_t seed);
 
@@ -97,6 +100,7 @@ class StagedModel {
   std::vector<train::AdamWSlice> slices(const Group& g);
   double sum_squares(const Group& g) const;
   void reset_moments(Group& g);
+  model::PassModel pass_model();  // weights and gradients in the flat buffers
   model::Stage stage_units(int s) const;
 
   model::ModelConfig config_;
