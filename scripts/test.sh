@@ -3,7 +3,7 @@
 # multi-process tests plus the PyTorch reference comparison, then the unit tests again under
 # AddressSanitizer + UndefinedBehaviorSanitizer, then the tests of threads and processes that
 # exchange bytes (comm, transfer, infer, the pool, the benchmarks' runs; label "threads")
-# under ThreadSanitizer (the fault tests there over TCP only: tests/tsan.supp says why).
+# under ThreadSanitizer.
 # Formatting is checked first (scripts/check_format.sh); a clang build of the libraries checks
 # the thread-safety annotations last.
 set -euo pipefail
@@ -24,7 +24,7 @@ ctest --preset asan-ubsan -j 2 -LE slow
 
 echo "== tsan build (threads and processes)"
 bash scripts/build.sh tsan
-ctest --preset tsan -j 2 -L threads -E '^Fault(Transport|Update)\.'
+ctest --preset tsan -j 2 -L threads
 
 echo "== clang thread-safety analysis (WL_GUARDED_BY annotations, libraries only)"
 cmake --preset clang-tsa >/dev/null
