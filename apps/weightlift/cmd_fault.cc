@@ -131,9 +131,6 @@ nlohmann::json summary_json(const FaultArgs& a, const fault::SimulationResult& r
 }
 
 Status write_outputs(const FaultArgs& a, const fault::SimulationResult& r) {
-  std::error_code ec;
-  std::filesystem::create_directories(a.out_dir, ec);
-  if (ec) return errno_status("mkdir " + a.out_dir, ec.value());
   WL_RETURN_IF_ERROR(
       write_file_atomically(a.out_dir + "/summary.json", summary_json(a, r).dump(1) + "\n"));
   Series series{.label = a.recovery, .color = "#1f77b4", .x = {}, .y = {}};
@@ -161,6 +158,12 @@ Status run_simulate(FaultArgs a) {
   const std::vector<int64_t> val_tokens = train::encode(corpus.validation);
   o.train_tokens = &train_tokens;
   o.val_tokens = &val_tokens;
+  // One run at a time in --out: a second one started beside this one is refused now, not
+  // left to replace this one's results when both finish.
+  std::error_code ec;
+  std::filesystem::create_directories(a.out_dir, ec);
+  if (ec) return errno_status("mkdir " + a.out_dir, ec.value());
+  WL_ASSIGN_OR_RETURN(const DirectoryLock lock, DirectoryLock::acquire(a.out_dir, "--out"));
 
   ProgressBar bar("fault " + a.recovery, o.iterations, "it");
   int64_t recoveries = 0;

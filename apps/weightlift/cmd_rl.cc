@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "commands.h"
 #include "report/progress.h"
@@ -17,6 +18,7 @@
 #include "weightlift/core/file_io.h"
 #include "weightlift/core/parallel.h"
 #include "weightlift/core/safetensors.h"
+#include "weightlift/model/memory_estimate.h"
 #include "weightlift/model/params.h"
 #include "weightlift/parallel/job.h"
 #include "weightlift/rl/checkpoint.h"
@@ -122,6 +124,12 @@ Status write_policy(const std::string& dir, const model::ModelConfig& config,
 
 Status run_rl(RlArgs a) {
   WL_ASSIGN_OR_RETURN(a.o.config, model::preset(a.preset));
+  // Before anything is allocated, on every process: a step's rows (prompts x group) through
+  // the trainer's model and through a worker's KV cache.
+  const int64_t rows = a.o.prompts * a.o.group;
+  const std::string name = "'" + a.preset + "'";
+  WL_RETURN_IF_ERROR(model::check_training_memory(a.o.config, name, rows, a.o.config.max_seq_len));
+  WL_RETURN_IF_ERROR(model::check_generation_memory(a.o.config, name, rows));
   auto kind = rl::task_from_name(a.task);
   if (!kind) return invalid_argument("--task '" + a.task + "': expected add, sort or reverse");
   a.o.task.kind = *kind;
@@ -151,9 +159,11 @@ Status run_rl(RlArgs a) {
   WL_ASSIGN_OR_RETURN(job.world, comm::connect_store(env, a.o.timeout));
   a.o.run = run_options(a, job.size() - 1);
   std::error_code ec;
+  std::optional<DirectoryLock> lock;  // the trainer's hold on --out, for the whole run
   if (env.rank == 0) {
     fs::create_directories(a.out_dir, ec);
     if (ec) return errno_status("mkdir " + a.out_dir, ec.value());
+    WL_ASSIGN_OR_RETURN(lock, DirectoryLock::acquire(a.out_dir, "--out"));
     // --overwrite replaces the earlier run whole: none of its checkpoints may pass for ours.
     if (a.overwrite && a.o.resume.empty()) {
       for (const auto& e : fs::directory_iterator(a.out_dir, ec)) {

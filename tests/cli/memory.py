@@ -72,7 +72,14 @@ def plans_and_sweeps(s, d, cfg, w, batch):
     s.expect_error("transfer simulate of a million GPUs under --max-memory 64M",
                    ["--max-memory", "64M", "transfer", "simulate", "--trainers", "1048576",
                     "--receivers", "1048576", "--no-sensitivity"], "needs at least",
-                   "per-rank loads", memory_limit=LIMIT)
+                   "per-rank schedule state", memory_limit=LIMIT)
+    s.expect_error("transfer simulate of a million GPUs without --max-memory",
+                   ["transfer", "simulate", "--trainers", "1048576", "--receivers", "1048576",
+                    "--no-sensitivity"], "needs at least", "per-rank schedule state",
+                   memory_limit=LIMIT)
+    s.expect_error("fault simulate of a model too large for the machine",
+                   ["fault", "simulate", "--preset", "seed-6.9b", "--out",
+                    os.path.join(d, "fault_run")], "needs at least", memory_limit=LIMIT)
     s.expect_error("bench collectives up to 1 TiB",
                    ["bench", "collectives", "--ops", "allreduce", "--max-bytes", "1T"],
                    "needs at least", "--max-bytes", memory_limit=LIMIT)

@@ -7,6 +7,7 @@ or the run resumes that directory). Two processes writing one output leave one o
 whole.
 
 Run by CTest with the path of the weightlift binary (tests/cli/harness.py has the rules)."""
+import fcntl
 import os
 import shutil
 import subprocess
@@ -81,6 +82,18 @@ def train_outputs(s, d, w, batch):
                    "--init-weights", "--resume")
     s.expect_error("train into a directory holding another run",
                    train + ["--out", run], "--overwrite", "checkpoint-2")
+    s.expect_error("train --out one of another run's checkpoints",
+                   train + ["--out", os.path.join(run, "checkpoint-2")], "--overwrite",
+                   "state.json")
+    busy = os.path.join(d, "busy_run")
+    os.mkdir(busy)
+    with open(os.path.join(busy, ".weightlift.lock"), "w") as held:
+        # What a run writing there holds for its whole length (core/file_io.h, DirectoryLock).
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write("4242")
+        held.flush()
+        s.expect_error("train --out a directory another run is writing",
+                       train + ["--out", busy], "--out", "another weightlift run", "pid 4242")
     s.expect_error("train --out-weights the --init-weights file",
                    train + ["--init-weights", w, "--out-weights", w, "--out",
                             os.path.join(d, "fresh")], "--out-weights", "--init-weights")

@@ -1,6 +1,7 @@
 #include "weightlift/core/file_io.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -271,6 +272,44 @@ Status replace_directory(const std::string& staged, const std::string& dir_in) {
   fs::remove_all(staged, ec);  // the old directory, if there was one
   if (ec) return errno_status("remove " + staged, ec.value());
   return ok_status();
+}
+
+// ---- one writer per directory --------------------------------------------------------------
+
+Result<DirectoryLock> DirectoryLock::acquire(const std::string& dir, std::string_view flag) {
+  const std::string path = dir + "/.weightlift.lock";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) return errno_status("open " + path, errno);
+  DirectoryLock lock(fd);
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    if (err != EWOULDBLOCK) return errno_status("lock " + path, err);
+    char pid[32] = {};
+    const ssize_t n = ::pread(fd, pid, sizeof pid - 1, 0);
+    std::string holder;  // the digits the holder wrote, if it got that far
+    for (ssize_t i = 0; i < n && pid[i] >= '0' && pid[i] <= '9'; ++i) holder += pid[i];
+    return failed_precondition(std::string(flag) + " " + dir +
+                               " is being written by another weightlift run" +
+                               (holder.empty() ? "" : " (pid " + holder + ")") +
+                               "; wait for it to finish or choose another directory");
+  }
+  const std::string me = std::to_string(::getpid());
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, me.data(), me.size(), 0) != ssize_t(me.size())) {
+    return errno_status("write " + path, errno);
+  }
+  return lock;
+}
+
+DirectoryLock& DirectoryLock::operator=(DirectoryLock&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+  }
+  return *this;
+}
+
+DirectoryLock::~DirectoryLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the only descriptor releases the flock
 }
 
 }  // namespace wl

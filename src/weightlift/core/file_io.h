@@ -17,6 +17,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "weightlift/core/status.h"
@@ -90,6 +91,25 @@ Status write_file_atomically(const std::string& path, std::string_view bytes);
 
 // A fresh, empty directory beside `dir` (`<dir>.tmp.XXXXXX`) to build a replacement in.
 Result<std::string> make_staging_directory(const std::string& dir);
+
+// One writer per output directory: an exclusive lock on `<dir>/.weightlift.lock` (flock),
+// held until the object goes away; the kernel lets go when the process dies, so a killed run
+// never leaves it stuck. A second run writing into `dir` while the first still does is
+// refused (FailedPrecondition naming `flag`, the directory and the holder's pid) instead of
+// interleaving its records and checkpoints with the first one's. `dir` must exist.
+class DirectoryLock {
+ public:
+  static Result<DirectoryLock> acquire(const std::string& dir, std::string_view flag);
+  DirectoryLock(DirectoryLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  DirectoryLock& operator=(DirectoryLock&& other) noexcept;
+  DirectoryLock(const DirectoryLock&) = delete;
+  DirectoryLock& operator=(const DirectoryLock&) = delete;
+  ~DirectoryLock();
+
+ private:
+  explicit DirectoryLock(int fd) : fd_(fd) {}
+  int fd_ = -1;
+};
 
 // Replaces directory `dir` by the fully written directory `staged` in one step: exchanged
 // atomically (renameat2 RENAME_EXCHANGE) when `dir` exists, so a crash at any moment leaves

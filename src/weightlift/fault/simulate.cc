@@ -8,6 +8,7 @@
 #include "weightlift/core/random.h"
 #include "weightlift/core/timing.h"
 #include "weightlift/fault/staged_model.h"
+#include "weightlift/model/memory_estimate.h"
 #include "weightlift/train/data.h"
 
 namespace wl::fault {
@@ -102,7 +103,11 @@ Status check_simulation(const SimulationOptions& o) {
                               " is outside the run");
     }
   }
-  return check_recovery_layout(o.recovery, o.stages);
+  WL_RETURN_IF_ERROR(check_recovery_layout(o.recovery, o.stages));
+  // Before anything is allocated: the stages' weights, gradients and moments and one
+  // micro-batch's logits (a lower bound, as for `train`).
+  return model::check_training_memory(o.config, "the pipeline's model", o.batch / o.micro_batches,
+                                      o.seq);
 }
 
 Result<SimulationResult> simulate(const SimulationOptions& o) {

@@ -47,13 +47,16 @@ bool is_inside(const std::string& path, const std::string& dir) {
   return ps.size() > ds.size() && ps.compare(0, ds.size(), ds) == 0 && ps[ds.size()] == '/';
 }
 
-// What in `dir` shows that a run wrote there: its checkpoints, metrics or final weights.
+// What in `dir` shows that a run wrote there: its checkpoints, metrics or final weights, or
+// a checkpoint's own files (`dir` is one of another run's checkpoints).
 std::vector<std::string> earlier_run_files(const std::string& dir) {
   std::vector<std::string> found;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.rfind("checkpoint-", 0) == 0 || name == "metrics.jsonl" || name == "model.safetensors")
+    const bool rank_file = name.rfind("rank-", 0) == 0 && name.find("-of-") != std::string::npos;
+    if (name.rfind("checkpoint-", 0) == 0 || name == "metrics.jsonl" ||
+        name == "model.safetensors" || name == "state.json" || rank_file)
       found.push_back(name);
   }
   std::sort(found.begin(), found.end());

@@ -87,7 +87,8 @@ class Run {
   std::optional<train::WindowSampler> sampler_;
   train::LrSchedule sched_;
   LossScaler scaler_;
-  RunGuard guard_;  // stops a run that goes non-finite (run_guard.h)
+  RunGuard guard_;                     // stops a run that goes non-finite (run_guard.h)
+  std::optional<DirectoryLock> lock_;  // the writer's hold on out_dir, for the whole run
   int64_t step_ = 0;
   std::ofstream metrics_;
   Stopwatch clock_;
@@ -176,6 +177,7 @@ Status Run::continue_metrics() {
   std::error_code ec;
   fs::create_directories(o_.out_dir, ec);
   if (ec) return errno_status("mkdir " + o_.out_dir, ec.value());
+  WL_ASSIGN_OR_RETURN(lock_, DirectoryLock::acquire(o_.out_dir, "--out"));
   const std::string path = o_.out_dir + "/metrics.jsonl";
   if (step_ > 0) {
     WL_ASSIGN_OR_RETURN(std::vector<train::StepMetrics> earlier, train::read_metrics(path));

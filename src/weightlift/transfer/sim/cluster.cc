@@ -122,11 +122,16 @@ void add_placements(const ClusterOptions& o, ScheduleInput& in) {
 }
 
 // What a simulation holds at least, checked before it is built: one receiver layout per
-// engine rank (each of `tensors` tensors with its sources), the per-rank loads of both phases,
-// and the sensitivity table's reschedules with the engine and the trainers doubled.
+// engine rank (each of `tensors` tensors with its sources), the per-rank state of the
+// schedule, and the sensitivity table's reschedules with the engine and the trainers doubled.
 Status check_simulation_memory(const ClusterOptions& o, size_t tensors) {
   constexpr uint64_t kTensorBytes = sizeof(ReceiverTensor) + sizeof(SourceSlice) + 96;
-  constexpr uint64_t kLoadBytes = 2 * 7 * sizeof(uint64_t);  // both phases' counters per rank
+  // Per rank (trainer or receiver): both phases' counters and the schedule's own tables.
+  // Measured, not derived: peak RSS grew 37 MB from 1,024 + 1,024 to 2,048 + 2,048 ranks
+  // (118 -> 156 MB, Kimi-K2 defaults, 2026-11-25), 18 KB per added rank; 16 KiB keeps the
+  // estimate below what a run takes. Without it, 2^20 + 2^20 ranks were estimated at 545 MB
+  // and grew past 10 GB before they were killed.
+  constexpr uint64_t kLoadBytes = 16 << 10;
   const uint64_t layouts = mul_sat(mul_sat(uint64_t(o.engine_gpus), tensors), kTensorBytes);
   const uint64_t loads = mul_sat(add_sat(uint64_t(o.trainers), uint64_t(o.receivers)), kLoadBytes);
   const uint64_t once = add_sat(layouts, loads);
@@ -135,7 +140,8 @@ Status check_simulation_memory(const ClusterOptions& o, size_t tensors) {
       "simulating " + std::to_string(o.trainers) + " trainers and " + std::to_string(o.receivers) +
           " receivers",
       format_bytes(layouts) + " of receiver layouts for --engine-gpus " +
-          std::to_string(o.engine_gpus) + ", " + format_bytes(loads) + " of per-rank loads" +
+          std::to_string(o.engine_gpus) + ", " + format_bytes(loads) +
+          " of per-rank schedule state" +
           (o.sensitivity ? ", twice for the sensitivity table's doubled layouts" : ""));
 }
 
