@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -58,12 +59,28 @@ T take(Result<T> r) {
   return std::move(r).value();
 }
 
-std::chrono::milliseconds millis(double seconds) {
+// A user's number as they would write it: "1e+308", "-1", "nan", never 309 digits.
+std::string shown(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+std::chrono::milliseconds millis(double seconds, const char* what = "timeout") {
   if (!(seconds > 0) || seconds > 1e7) {
-    throw StatusError(invalid_argument("timeout " + std::to_string(seconds) +
-                                       " s: expected a positive number of seconds"));
+    throw StatusError(invalid_argument(std::string(what) + ": " + shown(seconds) +
+                                       " s: expected seconds in (0, 1e7]"));
   }
   return std::chrono::milliseconds(int64_t(seconds * 1000));
+}
+
+// A count or index from Python, in [lo, hi], named in the error.
+void check_in_range(const char* what, int64_t v, int64_t lo, int64_t hi) {
+  if (v < lo || v > hi) {
+    throw StatusError(invalid_argument(std::string(what) + ": " + std::to_string(v) +
+                                       ": expected an integer in [" + std::to_string(lo) + ", " +
+                                       std::to_string(hi) + "]"));
+  }
 }
 
 DType dtype_named(const std::string& name) {
@@ -253,6 +270,8 @@ class Server {
  public:
   Server(const Job& job, int rank, int size, const std::string& mode, const std::string& prefix,
          double timeout_s, const std::string& shard_dtype) {
+    check_in_range("size", size, 1, 1 << 20);
+    check_in_range("rank", rank, 0, size - 1);
     auto m = transfer::transfer_mode_from_name(mode);
     if (!m || *m == transfer::TransferMode::kNaive) {
       throw StatusError(invalid_argument("mode '" + mode + "': expected p2p or broadcast"));
@@ -326,8 +345,9 @@ class Server {
     }
   }
   void serve_for(double seconds) {
+    const auto span = millis(seconds, "serve_for");
     py::gil_scoped_release unlocked;
-    server_->serve_for(std::chrono::milliseconds(int64_t(seconds * 1000)));
+    server_->serve_for(span);
   }
 
  private:
@@ -370,6 +390,7 @@ class FleetReceiver {
  public:
   FleetReceiver(const Job& job, int id, const std::string& model, const std::string& format,
                 const std::string& prefix, double timeout_s, bool heal) {
+    check_in_range("id", id, 0, (1 << 20) - 1);
     const model::ModelConfig config = model_config(model);
     auto f = transfer::weight_format_from_name(format);
     if (!f) throw StatusError(invalid_argument("format '" + format + "': expected bf16 or fp8"));
@@ -468,6 +489,7 @@ PYBIND11_MODULE(_native, m) {
       .def(
           "wait_all",
           [](Job& j, const std::string& name, double timeout_s, int count) {
+            check_in_range("ranks", count, 0, j.size());
             const auto timeout = millis(timeout_s);
             py::gil_scoped_release unlocked;
             j.wait_all(name, timeout, count);

@@ -90,6 +90,21 @@ def test_collective_arguments_are_checked(job):
         pg.allgather(torch.zeros(4, dtype=torch.bfloat16), torch.zeros(4))
     with pytest.raises(wl.Error, match="timeout"):
         pg.barrier(timeout=-1)
+    with pytest.raises(wl.Error, match=r"timeout: 1e\+308 s: expected seconds in \(0, 1e7\]"):
+        pg.barrier(timeout=1e308)
+
+
+def test_counts_and_spans_are_checked(job):
+    with pytest.raises(wl.Error, match=r"ranks: -1: expected an integer in \[0, 1\]"):
+        job.barrier("negative", ranks=-1)
+    with pytest.raises(wl.Error, match=r"rank: 3: expected an integer in \[0, 1\]"):
+        wl.ParameterServer(job, rank=3, size=2)
+    with pytest.raises(wl.Error, match=r"id: -2"):
+        wl.Receiver(job, id=-2, model="tiny")
+    server = wl.ParameterServer(job)
+    for bad in (float("nan"), -1.0, 1e308):
+        with pytest.raises(wl.Error, match="serve_for"):
+            server.serve_for(bad)
 
 
 def state_dict():
