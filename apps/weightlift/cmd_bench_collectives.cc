@@ -143,17 +143,22 @@ void register_bench_collectives(CLI::App& bench, Outcome& out) {
   cmd->add_flag("--model", a->model,
                 "print the allreduce cost model for 8..1024 ranks across hosts; runs nothing");
   cmd->add_option("--model-alpha-us", a->model_alpha_us, "--model: microseconds per message step")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(real({.lo = 0, .hi = 1e6}));
   cmd->add_option("--model-link-gbps", a->model_link_gbps,
                   "--model: GB/s a rank sends (and receives) through its link")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(real({.lo = 0, .hi = 1e6, .lo_open = true}));
   cmd->add_option("--model-stream-gbps", a->model_stream_gbps,
                   "--model: GB/s of one connection alone (0: the link's)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(real({.lo = 0, .hi = 1e6}));
   cmd->add_option("--model-reduce-gbps", a->model_reduce_gbps, "--model: GB/s reduced")
-      ->capture_default_str();
-  cmd->add_option("--model-segment", a->model_segment, "--model: tree pipeline segment (K/M/G)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(real({.lo = 0, .hi = 1e6, .lo_open = true}));
+  cmd->add_option("--model-segment", a->model_segment, "--model: tree pipeline segment (K/M/G/T)")
+      ->capture_default_str()
+      ->transform(bytes(1, kGiB));
   cmd->add_option("--bind-address", a->bind_address, "where rank 0's store listens")
       ->capture_default_str();
   cmd->add_option("--timeout", a->timeout_s, "seconds per call")

@@ -78,6 +78,12 @@ def counts_and_sizes(s, d):
         s.expect_error(f"bench collectives {flag} {value}",
                        with_flag(["bench", "collectives", "--ops", "allreduce"], base, flag,
                                  value), flag, allowed)
+    for flag, value, allowed in (("--model-link-gbps", "nan", "(0, 1000000]"),
+                                 ("--model-reduce-gbps", "inf", "(0, 1000000]"),
+                                 ("--model-alpha-us", "1e308", "[0, 1000000]"),
+                                 ("--model-segment", "2T", "[1, 1G]")):
+        s.expect_error(f"bench collectives --model {flag} {value}",
+                       ["bench", "collectives", "--model", flag, value], flag, allowed)
     for flag, value, allowed in (("--timeout", "0", "[1, 86400]"), ("--trainers", "0", "[1,"),
                                  ("--updates", "0", "[1,"),
                                  ("--watermark-bytes", "-1", "bytes"),
