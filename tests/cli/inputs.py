@@ -44,6 +44,12 @@ def fifo_inputs(s, d, cfg, w, batch):
     s.expect_error("generate --config /dev/zero", ["generate", "--config", "/dev/zero",
                                                    "--weights", w], "/dev/zero",
                    "character device", timeout=HANG)
+    broken = os.path.join(d, "broken.json")
+    with open(broken, "w") as f:
+        f.write('{"hidden_size": 64,,}')
+    s.expect_error("model-info --config with a JSON syntax error", ["model-info", "--config",
+                   broken], broken, "not valid JSON", "line 1, column",
+                   forbidden=("json.exception",))
 
 
 def checkpoint_inputs(s, d, cfg, w, batch):

@@ -61,6 +61,10 @@ def grad_inputs(s, d, cfg, w, batch):
     hard = os.path.join(d, "hardlink.safetensors")
     os.link(w, hard)
     s.expect_error("grad --out a hard link of --weights", grad(hard), "--weights")
+    s.expect_error("grad --out ''", grad(""), "--out", "empty path")
+    s.expect_error("grad --out in a directory that does not exist",
+                   grad(os.path.join(d, "no_such_dir", "g.safetensors")), "--out",
+                   "does not exist")
     s.expect_error("grad --out --weights spelt another way",
                    grad(os.path.join(d, ".", "w.safetensors")), "--weights")
 
@@ -105,6 +109,13 @@ def train_outputs(s, d, w, batch):
                    train + ["--out", empty], "metrics.jsonl", "symbolic link")
     not_dir = os.path.join(d, "plain_file")
     open(not_dir, "w").write("x")
+    s.expect_error("train --stop-after past --steps", train + ["--stop-after", "9", "--out",
+                   os.path.join(d, "past")], "--stop-after 9", "--steps 6")
+    s.expect_error("train --out-weights in a directory that does not exist",
+                   train + ["--out", os.path.join(d, "fresh2"), "--out-weights",
+                            os.path.join(d, "no_such_dir", "w.safetensors")], "--out-weights",
+                   "does not exist")
+    s.expect_error("train --out ''", train + ["--out", ""], "--out", "empty path")
     s.expect_error("train --out a regular file", train + ["--out", not_dir], "--out",
                    "not a directory")
 

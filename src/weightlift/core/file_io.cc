@@ -117,6 +117,18 @@ Status check_output_path(const std::string& path) {
                           ", not a regular file; refusing to replace it");
 }
 
+Status check_output_file(const std::string& path) {
+  if (path.empty()) return invalid_argument("an empty path; name the file to write");
+  WL_RETURN_IF_ERROR(check_output_path(path));
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  const std::string dir = parent.empty() ? "." : parent.string();
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return invalid_argument(path + ": its directory " + dir + " does not exist");
+  }
+  return ok_status();
+}
+
 bool same_file(const std::string& a, const std::string& b) {
   struct stat sa, sb;
   if (a.empty() || b.empty() || ::stat(a.c_str(), &sa) != 0 || ::stat(b.c_str(), &sb) != 0)

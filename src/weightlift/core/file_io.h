@@ -45,6 +45,10 @@ std::string describe_file_type(uint32_t st_mode);
 // what an output may replace. InvalidArgument naming what it is otherwise.
 Status check_output_path(const std::string& path);
 
+// check_output_path for a single file a command writes at the end of its work, plus what
+// would only fail then: an empty path, and a parent directory that does not exist.
+Status check_output_file(const std::string& path);
+
 // InvalidArgument when `output` is the same file as one of `inputs` (the same inode, however
 // either path is spelt: a hard link, "./w" and "w"), naming both flags. Paths that do not
 // exist are skipped.

@@ -27,6 +27,7 @@
 #include <unordered_set>
 
 #include "weightlift/core/file_io.h"
+#include "weightlift/core/json_record.h"
 
 namespace wl {
 
@@ -108,7 +109,7 @@ Result<Json> parse_header_json(std::string_view text, const std::string& where) 
   try {
     return Json::parse(text.begin(), text.end(), on_event);
   } catch (const Json::exception& e) {  // parse_error, or out_of_range for 1e400
-    return data_loss(where + ": header is not valid JSON: " + e.what());
+    return data_loss(where + ": header is not valid JSON: " + json_error_message(e));
   } catch (const HeaderRejected& r) {
     return data_loss(where + ": header " + r.reason);
   }

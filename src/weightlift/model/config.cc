@@ -19,6 +19,7 @@
 
 #include "weightlift/core/check.h"
 #include "weightlift/core/file_io.h"
+#include "weightlift/core/json_record.h"
 
 namespace wl::model {
 namespace {
@@ -105,7 +106,7 @@ Result<Json> parse_json(std::string_view text, const std::string& where) {
   try {
     return Json::parse(text.begin(), text.end(), on_event);
   } catch (const Json::exception& e) {  // parse_error, or out_of_range for 1e400
-    return invalid_argument(where + ": not valid JSON: " + e.what());
+    return invalid_argument(where + ": not valid JSON: " + json_error_message(e));
   } catch (const DuplicateKey& d) {
     return invalid_argument(where + ": key '" + d.key + "' appears twice");
   }

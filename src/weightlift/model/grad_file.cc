@@ -10,7 +10,7 @@ namespace wl::model {
 
 Status write_gradient_file(const GradFileOptions& o) {
   // Before any work: the output may replace neither an input nor anything but a regular file.
-  WL_RETURN_IF_ERROR(check_output_path(o.out_path).with_context("--out"));
+  WL_RETURN_IF_ERROR(check_output_file(o.out_path).with_context("--out"));
   WL_RETURN_IF_ERROR(check_output_is_not_input(
       {"--out", o.out_path},
       {{"--config", o.config_path}, {"--weights", o.weights_path}, {"--tokens", o.tokens_path}}));

@@ -128,6 +128,10 @@ Status check_not_into_resumed(const TrainOptions& o, const std::set<int64_t>& wr
 }
 
 Status check_outputs(const TrainOptions& o, const std::vector<NamedPath>& inputs) {
+  if (o.out_dir.empty()) return invalid_argument("--out: an empty path; name the run's directory");
+  if (!o.out_weights.empty()) {
+    WL_RETURN_IF_ERROR(check_output_file(o.out_weights).with_context("--out-weights"));
+  }
   std::error_code ec;
   if (fs::exists(fs::symlink_status(o.out_dir, ec)) && !fs::is_directory(o.out_dir, ec)) {
     return invalid_argument("--out " + o.out_dir +
@@ -222,6 +226,11 @@ Status RunGuard::after_update(const train::StepMetrics& m, model::Precision prec
 }
 
 Status check_run_plan(const TrainOptions& o, const model::ModelConfig& config) {
+  if (o.stop_after > o.steps) {
+    return invalid_argument("--stop-after " + std::to_string(o.stop_after) +
+                            " is past the run's last step (--steps " + std::to_string(o.steps) +
+                            ")");
+  }
   int64_t start = 0;
   if (!o.resume.empty()) WL_RETURN_IF_ERROR(check_resume_inputs(o, &start));
   struct stat st;
