@@ -26,7 +26,8 @@ int main(int argc, char** argv) {
     std::sort(files.begin(), files.end());
     for (const fs::path& f : files) {
       std::ifstream in(f, std::ios::binary);
-      const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const std::string bytes((std::istreambuf_iterator<char>(in)),
+                              std::istreambuf_iterator<char>());
       if (!in.eof() && in.fail()) {
         std::fprintf(stderr, "replay: cannot read %s\n", f.c_str());
         return 1;
