@@ -2,8 +2,10 @@
 #include <cstdio>
 #include <exception>
 #include <new>
+#include <string_view>
 
 #include "commands.h"
+#include "run_config.h"
 #include "validate.h"
 #include "weightlift/core/memory_budget.h"
 #include "weightlift/core/parallel.h"
@@ -56,6 +58,11 @@ int report_parse_error(const CLI::App& app, const CLI::ParseError& e) {
   const std::string path = command_path(app, &innermost);
   std::string message = explain_subcommand(app, *innermost);
   if (message.empty()) message = e.what();
+  // CLI11's words for a key of --run-config that names no flag.
+  constexpr std::string_view kExtra = "INI was not able to parse ";
+  if (message.rfind(kExtra, 0) == 0) {
+    message = "--run-config: key '" + message.substr(kExtra.size()) + "' names no flag";
+  }
   std::fprintf(stderr, "weightlift%s%s: InvalidArgument: %s\n", path.empty() ? "" : " ",
                path.c_str(), printable(message).c_str());
   return 1;
@@ -92,6 +99,13 @@ int main(int argc, char** argv) {
   wl::app::register_topo(app, out);
   wl::app::register_transfer(app, out);
   wl::app::register_fault(app, out);
+  wl::app::add_run_config(app, argc, argv);  // after the subcommands: its keys go to them
+  // CLI11 opens --run-config's file itself: it is checked first, so that a FIFO is refused,
+  // not waited on.
+  if (const wl::Status s = wl::app::check_run_config_files(argc, argv); !s.ok()) {
+    std::fprintf(stderr, "weightlift: %s\n", wl::printable(s.to_string()).c_str());
+    return 1;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -78,6 +78,21 @@ def counts_and_sizes(s, d):
         s.expect_error(f"bench collectives {flag} {value}",
                        with_flag(["bench", "collectives", "--ops", "allreduce"], base, flag,
                                  value), flag, allowed)
+    # A run's flags from a file (--run-config) are held to the same rules as the command line.
+    for name, text, needles in (
+            ("misspelt.json", '{"gruop": 8}', ("--run-config", "rl.gruop", "names no flag")),
+            ("misspelt.toml", 'gruop = 8\n', ("--run-config", "rl.gruop", "names no flag")),
+            ("range.toml", 'group = 0\n', ("--group", "[1,")),
+            ("nested.json", '{"group": {"a": 1}}', ("group", "not object")),
+            ("broken.json", '{"group": 8', ("--run-config", "JSON"))):
+        path = os.path.join(d, name)
+        with open(path, "w") as f:
+            f.write(text)
+        s.expect_error(f"rl --run-config {name}", ["rl", "--run-config", path], *needles)
+    fifo = os.path.join(d, "run_config_fifo")
+    os.mkfifo(fifo)
+    s.expect_error("rl --run-config a FIFO", ["rl", "--run-config", fifo], "--run-config",
+                   "FIFO", timeout=10)
     for flag, value, allowed in (("--model-link-gbps", "nan", "(0, 1000000]"),
                                  ("--model-reduce-gbps", "inf", "(0, 1000000]"),
                                  ("--model-alpha-us", "1e308", "[0, 1000000]"),

@@ -128,33 +128,18 @@ TEST(RlProcesses, TrainerAndTwoWorkersRunTheLoop) {
 
 // fp8 sync: the workers hold e4m3 weights with a scale per 128x128 block; the loop runs and
 // the trainer/rollout mismatch stays small on average (the importance weights correct it).
+// The run's settings from a TOML file (--run-config), one of them overridden on the command
+// line: the file's values reach the run (fp8 sync, the task, the step count) and the command
+// line wins (group 4, not the file's 2).
 TEST(RlProcesses, Fp8WeightsReachTheWorkers) {
   const std::string out = fresh_dir("fp8");
-  std::vector<Child> job = start_job(2, {"--preset",
-                                         "tiny",
-                                         "--task",
-                                         "sort",
-                                         "--difficulty",
-                                         "2",
-                                         "--sft-steps",
-                                         "20",
-                                         "--sft-target",
-                                         "1",
-                                         "--steps",
-                                         "4",
-                                         "--prompts",
-                                         "4",
-                                         "--group",
-                                         "4",
-                                         "--eval-problems",
-                                         "8",
-                                         "--no-dynamic-sampling",
-                                         "--sync-dtype",
-                                         "fp8",
-                                         "--timeout",
-                                         "30",
-                                         "--out",
-                                         out});
+  const std::string config = out + ".toml";
+  wl::testing::remove_at_exit(config);
+  std::ofstream(config) << "preset = \"tiny\"\ntask = \"sort\"\ndifficulty = 2\n"
+                           "sft-steps = 20\nsft-target = 1\nsteps = 4\nprompts = 4\n"
+                           "group = 2\neval-problems = 8\nno-dynamic-sampling = true\n"
+                           "sync-dtype = \"fp8\"\ntimeout = 30\n";
+  std::vector<Child> job = start_job(2, {"--run-config", config, "--group", "4", "--out", out});
   for (Child& c : job) {
     EXPECT_EQ(wl::testing::wait_exit(c, comm::deadline_after(120s)), 0) << c.output;
     wl::testing::reap(c);
@@ -167,6 +152,11 @@ TEST(RlProcesses, Fp8WeightsReachTheWorkers) {
     EXPECT_LT(j["logprob_gap_mean"].get<double>(), 0.1) << j.dump();
   }
   EXPECT_EQ(rl, 4);
+  std::ifstream summary_file(out + "/summary.json");
+  const nlohmann::json summary = nlohmann::json::parse(summary_file);
+  EXPECT_EQ(summary["task"], "sort");
+  EXPECT_EQ(summary["group"], 4);
+  EXPECT_EQ(summary["prompts_per_step"], 4);
 }
 
 // Asynchronous mode: generation of the next batch overlaps training, the weights go out every
