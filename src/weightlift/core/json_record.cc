@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <limits>
 
 namespace wl {
 
@@ -18,7 +19,7 @@ Status check_record_header(const json& j, std::string_view where, const RecordFo
     return data_loss(w + ": not a " + std::string(f.what) + " (its \"format\" should be \"" +
                      std::string(f.name) + "\")");
   }
-  const int v = j.at("format_version").get<int>();
+  const int v = int32_field(j.at("format_version"));
   if (v != f.version) {
     return failed_precondition(w + ": " + std::string(f.what) + " format version " +
                                std::to_string(v) + ", this build reads version " +
@@ -67,6 +68,33 @@ uint64_t u64_field(const json& j) {
     throw_field_error(j, "'" + s + "' is not an unsigned 64-bit decimal");
   }
   return v;
+}
+
+int64_t int_field(const json& j) {
+  if (j.is_number_unsigned()) {
+    const uint64_t v = j.get<uint64_t>();
+    if (v > uint64_t(std::numeric_limits<int64_t>::max())) {
+      throw_field_error(j, std::to_string(v) + " does not fit a signed 64-bit integer");
+    }
+    return int64_t(v);
+  }
+  if (!j.is_number_integer()) throw_field_error(j, "expected an integer, not " + j.dump());
+  return j.get<int64_t>();
+}
+
+int int32_field(const json& j) {
+  const int64_t v = int_field(j);
+  if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max()) {
+    throw_field_error(j, std::to_string(v) + " does not fit a 32-bit integer");
+  }
+  return int(v);
+}
+
+uint64_t uint_field(const json& j) {
+  if (!j.is_number_unsigned()) {
+    throw_field_error(j, "expected a non-negative integer, not " + j.dump());
+  }
+  return j.get<uint64_t>();
 }
 
 DType dtype_field(const json& j) {

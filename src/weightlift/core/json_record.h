@@ -52,6 +52,11 @@ std::string json_error_message(const std::exception& e);
 // A u64 is written as a decimal string: JSON numbers lose bits past 2^53 in many readers.
 std::string u64_to_json(uint64_t v);
 uint64_t u64_field(const nlohmann::json& j);
+// A JSON integer that fits the type: not 1.5, not 1e300, not "3", not 2^40 for an int (a
+// plain get<int64_t>() converts a float out of range with undefined behaviour, and narrows).
+int64_t int_field(const nlohmann::json& j);
+int int32_field(const nlohmann::json& j);
+uint64_t uint_field(const nlohmann::json& j);
 DType dtype_field(const nlohmann::json& j);  // "F32", "BF16", ... (dtype_name's spelling)
 // Byte strings (UCX worker addresses, packed rkeys) as lowercase hex.
 std::string to_hex(const std::vector<std::byte>& bytes);

@@ -52,18 +52,18 @@ Result<StepRecord> record_from_json(const nlohmann::json& j, const std::string& 
     StepRecord r;
     r.phase = j.at("phase").get<std::string>();
     if (r.phase != "sft" && r.phase != "rl") throw_field_error(j.at("phase"), "not sft or rl");
-    r.step = j.at("step").get<int64_t>();
-    r.version = j.at("version").get<uint64_t>();
+    r.step = int_field(j.at("step"));
+    r.version = uint_field(j.at("version"));
     r.loss = j.at("loss").get<double>();
     r.train_s = j.at("train_s").get<double>();
     if (j.contains("held_out_accuracy")) r.held_out_accuracy = j["held_out_accuracy"].get<double>();
     if (r.phase == "rl") {
-      r.trained = j.at("trained").get<int64_t>();
+      r.trained = int_field(j.at("trained"));
       r.reward_mean = j.at("reward_mean").get<double>();
       r.train_accuracy = j.at("train_accuracy").get<double>();
-      r.groups_filtered = j.at("groups_filtered").get<int64_t>();
-      r.generations = j.at("generations").get<int64_t>();
-      r.stats.tokens = j.at("tokens").get<int64_t>();
+      r.groups_filtered = int_field(j.at("groups_filtered"));
+      r.generations = int_field(j.at("generations"));
+      r.stats.tokens = int_field(j.at("tokens"));
       r.stats.loss = r.loss;
       r.stats.clip_fraction = j.at("clip_fraction").get<double>();
       r.stats.is_weight_mean = j.at("is_weight_mean").get<double>();
@@ -77,7 +77,7 @@ Result<StepRecord> record_from_json(const nlohmann::json& j, const std::string& 
       r.step_s = j.at("step_s").get<double>();
       r.response_tokens = j.at("response_tokens").get<double>();
       r.staleness = j.at("staleness").get<std::vector<int64_t>>();
-      r.stale_dropped = j.at("stale_dropped").get<int64_t>();
+      r.stale_dropped = int_field(j.at("stale_dropped"));
     }
     return r;
   } catch (const std::exception& e) {
@@ -122,16 +122,16 @@ Result<RlCheckpoint> load_rl_checkpoint(const std::string& dir, parallel::DataPa
       (read_record<RlCheckpoint>(
           text, where, kRlStateFormat, [&](const nlohmann::json& j) -> Result<RlCheckpoint> {
             RlCheckpoint c;
-            c.sft_steps = j.at("sft_steps").get<int64_t>();
-            c.rl_steps = j.at("rl_steps").get<int64_t>();
-            c.updates = j.at("updates").get<uint64_t>();
+            c.sft_steps = int_field(j.at("sft_steps"));
+            c.rl_steps = int_field(j.at("rl_steps"));
+            c.updates = uint_field(j.at("updates"));
             c.held_out_before_rl = j.at("held_out_before_rl").get<double>();
             for (const nlohmann::json& r : j.at("records")) {
               WL_ASSIGN_OR_RETURN(StepRecord rec, record_from_json(r, where + ": records"));
               c.records.push_back(std::move(rec));
             }
             for (const nlohmann::json& e : j.at("events")) {
-              c.events.push_back({e.at("phase").get<std::string>(), e.at("step").get<int64_t>(),
+              c.events.push_back({e.at("phase").get<std::string>(), int_field(e.at("step")),
                                   e.at("what").get<std::string>()});
             }
             return c;

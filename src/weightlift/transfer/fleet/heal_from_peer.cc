@@ -72,16 +72,16 @@ Result<PeerRecord> peer_record_from_json(std::string_view text, std::string_view
   return read_record<PeerRecord>(text, where, kPeerFormat, [](const json& j) {
     PeerRecord p;
     p.name = j.at("name").get<std::string>();
-    p.epoch = j.at("epoch").get<uint64_t>();
+    p.epoch = uint_field(j.at("epoch"));
     p.fingerprint = j.at("fingerprint").get<std::string>();
     p.worker_address = hex_field(j.at("worker_address"));
     p.rkey = hex_field(j.at("rkey"));
-    p.slot_address[0] = j.at("slot_address").at(0).get<uint64_t>();
-    p.slot_address[1] = j.at("slot_address").at(1).get<uint64_t>();
-    p.slot_bytes = j.at("slot_bytes").get<uint64_t>();
-    p.status_address = j.at("status_address").get<uint64_t>();
-    p.host = j.at("host").get<uint64_t>();
-    p.pid = j.at("pid").get<int64_t>();
+    p.slot_address[0] = uint_field(j.at("slot_address").at(0));
+    p.slot_address[1] = uint_field(j.at("slot_address").at(1));
+    p.slot_bytes = uint_field(j.at("slot_bytes"));
+    p.status_address = uint_field(j.at("status_address"));
+    p.host = uint_field(j.at("host"));
+    p.pid = int_field(j.at("pid"));
     return p;
   });
 }

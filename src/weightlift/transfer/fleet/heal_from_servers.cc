@@ -200,16 +200,16 @@ Result<ServerCopyRecord> server_copy_from_json(std::string_view text, std::strin
   return read_record<ServerCopyRecord>(
       text, where, kServerCopyFormat, [&](const json& j) -> Result<ServerCopyRecord> {
         ServerCopyRecord r;
-        r.rank = j.at("rank").get<int>();
-        r.servers = j.at("servers").get<int>();
+        r.rank = int32_field(j.at("rank"));
+        r.servers = int32_field(j.at("servers"));
         r.checkpoint = j.at("checkpoint").get<std::string>();
-        r.version = j.at("version").get<uint64_t>();
+        r.version = uint_field(j.at("version"));
         if (r.servers < 1 || r.rank < 0 || r.rank >= r.servers) {
           throw_field_error(j.at("rank"), "rank " + std::to_string(r.rank) + " of " +
                                               std::to_string(r.servers) + " servers");
         }
         if (r.version == 0) return r;
-        r.stamp = j.at("stamp").get<uint64_t>();
+        r.stamp = uint_field(j.at("stamp"));
         WL_ASSIGN_OR_RETURN(r.config, model::parse_config(j.at("config").dump(), where));
         const auto dtype = dtype_from_name(j.at("dtype").get<std::string>());
         if (!dtype || (*dtype != DType::kF32 && *dtype != DType::kBF16)) {
@@ -217,15 +217,15 @@ Result<ServerCopyRecord> server_copy_from_json(std::string_view text, std::strin
         }
         r.dtype = *dtype;
         for (const json& s : j.at("shards")) {
-          r.shards.push_back({s.at("name").get<std::string>(), s.at("begin").get<int64_t>(),
-                              s.at("end").get<int64_t>(), s.at("offset").get<uint64_t>()});
+          r.shards.push_back({s.at("name").get<std::string>(), int_field(s.at("begin")),
+                              int_field(s.at("end")), uint_field(s.at("offset"))});
         }
         r.worker_address = hex_field(j.at("worker_address"));
         r.rkey = hex_field(j.at("rkey"));
-        r.region_address = j.at("region_address").get<uint64_t>();
-        r.region_bytes = j.at("region_bytes").get<uint64_t>();
-        r.host = j.at("host").get<uint64_t>();
-        r.pid = j.at("pid").get<int64_t>();
+        r.region_address = uint_field(j.at("region_address"));
+        r.region_bytes = uint_field(j.at("region_bytes"));
+        r.host = uint_field(j.at("host"));
+        r.pid = int_field(j.at("pid"));
         return r;
       });
 }

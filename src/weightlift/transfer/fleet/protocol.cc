@@ -38,11 +38,11 @@ Result<RoundRecord> round_from_json(std::string_view text, std::string_view wher
     const std::string kind = j.at("kind").get<std::string>();
     if (kind != "form" && kind != "update") throw_field_error(j.at("kind"), "unknown kind " + kind);
     r.kind = kind == "form" ? RoundRecord::Kind::kForm : RoundRecord::Kind::kUpdate;
-    r.round = j.at("round").get<uint64_t>();
-    r.generation = j.at("generation").get<uint64_t>();
-    r.servers = j.at("servers").get<int>();
+    r.round = uint_field(j.at("round"));
+    r.generation = uint_field(j.at("generation"));
+    r.servers = int32_field(j.at("servers"));
     for (const json& m : j.at("members")) {
-      r.members.push_back({m.at("id").get<int>(), m.at("epoch").get<uint64_t>()});
+      r.members.push_back({int32_field(m.at("id")), uint_field(m.at("epoch"))});
     }
     r.lagging = j.at("lagging").get<std::vector<int>>();
     r.dropped = j.at("dropped").get<std::vector<int>>();
@@ -51,7 +51,7 @@ Result<RoundRecord> round_from_json(std::string_view text, std::string_view wher
     const std::optional<TransferMode> m = transfer_mode_from_name(mode);
     if (!m) throw_field_error(j.at("mode"), "unknown mode " + mode);
     r.mode = *m;
-    r.bucket_bytes = j.at("bucket_bytes").get<int64_t>();
+    r.bucket_bytes = int_field(j.at("bucket_bytes"));
     r.checksums = j.at("checksums").get<bool>();
     return r;
   });
@@ -67,7 +67,7 @@ std::string join_to_json(const JoinRecord& r) {
 
 Result<JoinRecord> join_from_json(std::string_view text, std::string_view where) {
   return read_record<JoinRecord>(text, where, kJoinFormat, [](const json& j) {
-    return JoinRecord{j.at("id").get<int>(), j.at("epoch").get<uint64_t>(),
+    return JoinRecord{int32_field(j.at("id")), uint_field(j.at("epoch")),
                       j.at("leave").get<bool>()};
   });
 }

@@ -85,21 +85,21 @@ namespace {
 void read_trainer(const json& j, RankMeta& m) {
   m.role = Role::kTrainer;
   m.config_json = j.at("config").dump();
-  m.mesh_id = j.at("mesh").at("id").get<int>();
-  m.mesh_rank = j.at("mesh").at("rank").get<int>();
-  m.mesh_size = j.at("mesh").at("size").get<int>();
+  m.mesh_id = int32_field(j.at("mesh").at("id"));
+  m.mesh_rank = int32_field(j.at("mesh").at("rank"));
+  m.mesh_size = int32_field(j.at("mesh").at("size"));
   for (const json& p : j.at("params")) {
     m.params.push_back({p.at("name").get<std::string>(), p.at("shape").get<Shape>(),
-                        dtype_field(p.at("dtype")), p.at("rows").at(0).get<int64_t>(),
-                        p.at("rows").at(1).get<int64_t>(), p.at("offloaded").get<bool>()});
+                        dtype_field(p.at("dtype")), int_field(p.at("rows").at(0)),
+                        int_field(p.at("rows").at(1)), p.at("offloaded").get<bool>()});
   }
 }
 
 void read_receiver(const json& j, RankMeta& m) {
   m.role = Role::kReceiver;
-  m.engine = j.at("engine").get<int>();
-  m.tp = j.at("tp").get<int>();
-  m.tp_rank = j.at("tp_rank").get<int>();
+  m.engine = int32_field(j.at("engine"));
+  m.tp = int32_field(j.at("tp"));
+  m.tp_rank = int32_field(j.at("tp_rank"));
   auto f = weight_format_from_name(j.at("weight_format").get<std::string>());
   if (!f) throw_field_error(j.at("weight_format"), "unknown weight format");
   m.format = *f;
@@ -121,7 +121,7 @@ void read_receiver(const json& j, RankMeta& m) {
 Result<RankMeta> metadata_from_json(std::string_view text, std::string_view where) {
   return read_record<RankMeta>(text, where, kRankMetaFormat, [](const json& j) -> Result<RankMeta> {
     RankMeta m;
-    m.rank = j.at("rank").get<int>();
+    m.rank = int32_field(j.at("rank"));
     const std::string role = j.at("role").get<std::string>();
     if (role == "trainer") {
       read_trainer(j, m);

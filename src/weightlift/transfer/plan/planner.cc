@@ -428,10 +428,10 @@ namespace {
 PlanReceiver receiver_from_json(const json& r) {
   auto f = weight_format_from_name(r.at("weight_format").get<std::string>());
   if (!f) throw_field_error(r.at("weight_format"), "unknown weight format");
-  return {r.at("rank").get<int>(),
-          r.at("engine").get<int>(),
-          r.at("tp").get<int>(),
-          r.at("tp_rank").get<int>(),
+  return {int32_field(r.at("rank")),
+          int32_field(r.at("engine")),
+          int32_field(r.at("tp")),
+          int32_field(r.at("tp_rank")),
           *f,
           u64_field(r.at("epoch")),
           hex_field(r.at("worker_address")),
@@ -442,23 +442,23 @@ PlanReceiver receiver_from_json(const json& r) {
 
 PlanTask task_from_json(const json& k) {
   PlanTask t;
-  t.sender = k.at("sender").get<int>();
-  t.receiver = k.at("receiver").get<int>();
+  t.sender = int32_field(k.at("sender"));
+  t.receiver = int32_field(k.at("receiver"));
   t.tensor = k.at("tensor").get<std::string>();
   t.expert = k.at("expert").get<bool>();
-  t.gather = k.at("gather").get<int>();
-  t.row_begin = k.at("rows").at(0).get<int64_t>();
-  t.row_end = k.at("rows").at(1).get<int64_t>();
-  t.cols = k.at("cols").get<int64_t>();
+  t.gather = int32_field(k.at("gather"));
+  t.row_begin = int_field(k.at("rows").at(0));
+  t.row_end = int_field(k.at("rows").at(1));
+  t.cols = int_field(k.at("cols"));
   t.dtype = dtype_field(k.at("dtype"));
-  t.dst_offset = k.at("dst_offset").get<uint64_t>();
-  t.bytes = k.at("bytes").get<uint64_t>();
-  t.scale_offset = k.at("scale_offset").get<uint64_t>();
-  t.scale_bytes = k.at("scale_bytes").get<uint64_t>();
+  t.dst_offset = uint_field(k.at("dst_offset"));
+  t.bytes = uint_field(k.at("bytes"));
+  t.scale_offset = uint_field(k.at("scale_offset"));
+  t.scale_bytes = uint_field(k.at("scale_bytes"));
   for (const json& q : k.at("pieces")) {
-    t.pieces.push_back({q.at("param").get<std::string>(), q.at("rows").at(0).get<int64_t>(),
-                        q.at("rows").at(1).get<int64_t>(), q.at("cols").at(0).get<int64_t>(),
-                        q.at("cols").at(1).get<int64_t>(), q.at("dst_row").get<int64_t>()});
+    t.pieces.push_back({q.at("param").get<std::string>(), int_field(q.at("rows").at(0)),
+                        int_field(q.at("rows").at(1)), int_field(q.at("cols").at(0)),
+                        int_field(q.at("cols").at(1)), int_field(q.at("dst_row"))});
   }
   return t;
 }
@@ -472,16 +472,16 @@ Result<Plan> plan_from_json(std::string_view text, std::string_view where) {
     p.config_json = j.at("config").dump();
     WL_ASSIGN_OR_RETURN(model::ModelConfig c, model::parse_config(p.config_json, w));
     p.config_json = model::config_to_json(c);
-    p.mesh_size = j.at("mesh_size").get<int>();
-    p.num_meshes = j.at("num_meshes").get<int>();
+    p.mesh_size = int32_field(j.at("mesh_size"));
+    p.num_meshes = int32_field(j.at("num_meshes"));
     for (const json& t : j.at("trainers")) {
       p.trainers.push_back(
-          {t.at("rank").get<int>(), t.at("mesh").get<int>(), t.at("mesh_rank").get<int>()});
+          {int32_field(t.at("rank")), int32_field(t.at("mesh")), int32_field(t.at("mesh_rank"))});
     }
     for (const json& r : j.at("receivers")) p.receivers.push_back(receiver_from_json(r));
     for (const json& g : j.at("gathers")) {
-      p.gathers.push_back({g.at("mesh").get<int>(), g.at("expert").get<bool>(),
-                           g.at("before_task").get<int>(),
+      p.gathers.push_back({int32_field(g.at("mesh")), g.at("expert").get<bool>(),
+                           int32_field(g.at("before_task")),
                            g.at("params").get<std::vector<std::string>>()});
     }
     for (const json& k : j.at("tasks")) {
