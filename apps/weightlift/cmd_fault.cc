@@ -149,10 +149,13 @@ Status run_simulate(FaultArgs a) {
   WL_RETURN_IF_ERROR(make_options(a));
   // Refuse before any work: a directory that holds another run's results stays as it was.
   const std::string summary_path = a.out_dir + "/summary.json";
-  if (!a.overwrite && std::filesystem::exists(summary_path)) {
-    return failed_precondition(summary_path + " holds another run's results; pass --overwrite");
-  }
-  WL_RETURN_IF_ERROR(check_output_path(summary_path));
+  const auto check_no_results = [&]() -> Status {
+    if (!a.overwrite && std::filesystem::exists(summary_path)) {
+      return failed_precondition(summary_path + " holds another run's results; pass --overwrite");
+    }
+    return check_output_path(summary_path);
+  };
+  WL_RETURN_IF_ERROR(check_no_results());
   WL_ASSIGN_OR_RETURN(train::BrownCorpus corpus, train::load_brown(a.corpus_dir));
   const std::vector<int64_t> train_tokens = train::encode(corpus.train);
   const std::vector<int64_t> val_tokens = train::encode(corpus.validation);
@@ -164,6 +167,7 @@ Status run_simulate(FaultArgs a) {
   std::filesystem::create_directories(a.out_dir, ec);
   if (ec) return errno_status("mkdir " + a.out_dir, ec.value());
   WL_ASSIGN_OR_RETURN(const DirectoryLock lock, DirectoryLock::acquire(a.out_dir, "--out"));
+  WL_RETURN_IF_ERROR(check_no_results());  // again, now that no other run can write there
 
   ProgressBar bar("fault " + a.recovery, o.iterations, "it");
   int64_t recoveries = 0;

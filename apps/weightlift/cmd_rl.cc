@@ -125,11 +125,10 @@ Status write_policy(const std::string& dir, const model::ModelConfig& config,
 Status run_rl(RlArgs a) {
   WL_ASSIGN_OR_RETURN(a.o.config, model::preset(a.preset));
   // Before anything is allocated, on every process: a step's rows (prompts x group) through
-  // the trainer's model and through a worker's KV cache.
-  const int64_t rows = a.o.prompts * a.o.group;
-  const std::string name = "'" + a.preset + "'";
-  WL_RETURN_IF_ERROR(model::check_training_memory(a.o.config, name, rows, a.o.config.max_seq_len));
-  WL_RETURN_IF_ERROR(model::check_generation_memory(a.o.config, name, rows));
+  // a worker's KV cache (the trainer checks its own batch once the task says how long a
+  // sample is: rl/loop.cc).
+  WL_RETURN_IF_ERROR(
+      model::check_generation_memory(a.o.config, "'" + a.preset + "'", a.o.prompts * a.o.group));
   auto kind = rl::task_from_name(a.task);
   if (!kind) return invalid_argument("--task '" + a.task + "': expected add, sort or reverse");
   a.o.task.kind = *kind;
@@ -164,6 +163,7 @@ Status run_rl(RlArgs a) {
     fs::create_directories(a.out_dir, ec);
     if (ec) return errno_status("mkdir " + a.out_dir, ec.value());
     WL_ASSIGN_OR_RETURN(lock, DirectoryLock::acquire(a.out_dir, "--out"));
+    WL_RETURN_IF_ERROR(check_out_dir(a));  // again, now that no other run can write there
     // --overwrite replaces the earlier run whole: none of its checkpoints may pass for ours.
     if (a.overwrite && a.o.resume.empty()) {
       for (const auto& e : fs::directory_iterator(a.out_dir, ec)) {

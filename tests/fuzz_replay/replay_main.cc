@@ -1,7 +1,8 @@
 // Replays a libFuzzer harness (fuzz/fuzz_*.cc) over files, without libFuzzer: every file of
-// every directory named on the command line goes through LLVMFuzzerTestOneInput once. The
-// harnesses abort on a broken invariant, so a corpus entry or a kept crash that fails again
-// fails the test, in the release build and under the sanitizers alike.
+// the directories named on the command line (the corpus first, required; then the kept
+// crashes) goes through LLVMFuzzerTestOneInput once. The harnesses abort on a broken
+// invariant, so a corpus entry or a kept crash that fails again fails the test, in the release
+// build and under the sanitizers alike.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -18,7 +19,13 @@ int main(int argc, char** argv) {
   size_t replayed = 0;
   for (int i = 1; i < argc; ++i) {
     std::error_code ec;
-    if (!fs::is_directory(argv[i], ec)) continue;  // a harness with no kept crash yet
+    if (!fs::is_directory(argv[i], ec)) {
+      if (i == 1) {  // the corpus is required; the kept crashes after it are not
+        std::fprintf(stderr, "replay: corpus %s is not a directory\n", argv[i]);
+        return 1;
+      }
+      continue;  // a harness with no kept crash yet
+    }
     std::vector<fs::path> files;
     for (const auto& e : fs::directory_iterator(argv[i])) {
       if (e.is_regular_file()) files.push_back(e.path());
@@ -37,7 +44,7 @@ int main(int argc, char** argv) {
     }
   }
   if (replayed == 0) {
-    std::fprintf(stderr, "replay: no input found; a corpus directory is missing\n");
+    std::fprintf(stderr, "replay: no input found; the corpus is empty\n");
     return 1;
   }
   std::printf("replayed %zu inputs\n", replayed);

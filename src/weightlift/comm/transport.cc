@@ -377,7 +377,12 @@ namespace {
 // history reports a false race per word, which took over 20 s for a 2 MiB arena and made the
 // fault tests' "fails at once" checks miss (tests/tsan.supp has the longer story). The
 // region is shared with no one until its rkey is packed, after this.
-#if defined(__SANITIZE_THREAD__)
+#if defined(__has_feature)  // clang says so here, gcc with __SANITIZE_THREAD__
+#if __has_feature(thread_sanitizer)
+#define WL_THREAD_SANITIZER 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__) || defined(WL_THREAD_SANITIZER)
 __attribute__((no_sanitize("thread"))) void zero_fresh_region(void* data, size_t bytes) {
   // volatile, so that the loop is not turned back into an (intercepted) memset call
   auto* p = static_cast<volatile uint64_t*>(data);

@@ -123,8 +123,14 @@ Status check_output_file(const std::string& path) {
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   const std::string dir = parent.empty() ? "." : parent.string();
   struct stat st;
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return invalid_argument(path + ": its directory " + dir + " does not exist");
+  if (::stat(dir.c_str(), &st) != 0) {
+    if (errno == ENOENT)
+      return invalid_argument(path + ": its directory " + dir + " does not exist");
+    return errno_status("stat " + dir, errno);
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return invalid_argument(path + ": " + dir + " is " + describe_file_type(st.st_mode) +
+                            ", not a directory");
   }
   return ok_status();
 }

@@ -19,10 +19,15 @@ Status check_record_header(const json& j, std::string_view where, const RecordFo
     return data_loss(w + ": not a " + std::string(f.what) + " (its \"format\" should be \"" +
                      std::string(f.name) + "\")");
   }
-  const int v = int32_field(j.at("format_version"));
-  if (v != f.version) {
+  // Checked without throwing: callers outside read_record rely on a Status here.
+  const auto version = j.find("format_version");
+  if (version == j.end() || !version->is_number_integer()) {
+    return data_loss(w + ": " + std::string(f.what) + " without an integer \"format_version\"");
+  }
+  if (version->is_number_unsigned() ? version->get<uint64_t>() != uint64_t(f.version)
+                                    : version->get<int64_t>() != f.version) {
     return failed_precondition(w + ": " + std::string(f.what) + " format version " +
-                               std::to_string(v) + ", this build reads version " +
+                               version->dump() + ", this build reads version " +
                                std::to_string(f.version) + "; " + std::string(f.remedy));
   }
   return ok_status();
@@ -95,6 +100,22 @@ uint64_t uint_field(const json& j) {
     throw_field_error(j, "expected a non-negative integer, not " + j.dump());
   }
   return j.get<uint64_t>();
+}
+
+std::vector<int64_t> int_array_field(const json& j) {
+  if (!j.is_array()) throw_field_error(j, "expected an array of integers, not " + j.dump());
+  std::vector<int64_t> out;
+  out.reserve(j.size());
+  for (const json& v : j) out.push_back(int_field(v));
+  return out;
+}
+
+std::vector<int> int32_array_field(const json& j) {
+  if (!j.is_array()) throw_field_error(j, "expected an array of integers, not " + j.dump());
+  std::vector<int> out;
+  out.reserve(j.size());
+  for (const json& v : j) out.push_back(int32_field(v));
+  return out;
 }
 
 DType dtype_field(const json& j) {

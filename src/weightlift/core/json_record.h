@@ -57,6 +57,9 @@ uint64_t u64_field(const nlohmann::json& j);
 int64_t int_field(const nlohmann::json& j);
 int int32_field(const nlohmann::json& j);
 uint64_t uint_field(const nlohmann::json& j);
+// An array of them (shapes, rank lists).
+std::vector<int64_t> int_array_field(const nlohmann::json& j);
+std::vector<int> int32_array_field(const nlohmann::json& j);
 DType dtype_field(const nlohmann::json& j);  // "F32", "BF16", ... (dtype_name's spelling)
 // Byte strings (UCX worker addresses, packed rkeys) as lowercase hex.
 std::string to_hex(const std::vector<std::byte>& bytes);

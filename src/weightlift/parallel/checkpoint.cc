@@ -235,14 +235,15 @@ std::map<std::string, IndexEntry> read_index(const json& tensors, const std::str
   std::map<std::string, IndexEntry> out;
   for (const auto& [name, t] : tensors.items()) {
     IndexEntry e;
-    e.shape = t.at("shape").get<Shape>();
+    e.shape = int_array_field(t.at("shape"));
     for (const json& piece : t.at("pieces")) {
       const std::string file = piece.at("file").get<std::string>();
       if (file.find('/') != std::string::npos || file.starts_with(".")) {
         throw_field_error(piece.at("file"), "piece file '" + file +
                                                 "' is not a file name in the checkpoint directory");
       }
-      const auto rows = piece.at("rows").get<std::array<int64_t, 2>>();
+      const std::vector<int64_t> rows = int_array_field(piece.at("rows"));
+      if (rows.size() != 2) throw_field_error(piece.at("rows"), "expected [begin, end]");
       e.pieces.push_back({dir + "/" + file, rows[0], rows[1]});
     }
     std::sort(e.pieces.begin(), e.pieces.end(),

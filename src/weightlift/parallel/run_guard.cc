@@ -148,7 +148,7 @@ Status check_outputs(const TrainOptions& o, const std::vector<NamedPath>& inputs
 }
 
 // Another run's results in --out: refused unless the user says --overwrite or resumes it.
-Status check_other_run(const TrainOptions& o) {
+Status other_run_results(const TrainOptions& o) {
   if (o.overwrite) return ok_status();
   if (!o.resume.empty() && same_file(fs::path(o.resume).parent_path().string(), o.out_dir))
     return ok_status();  // continuing the run that is there
@@ -225,6 +225,8 @@ Status RunGuard::after_update(const train::StepMetrics& m, model::Precision prec
   return ok_status();
 }
 
+Status check_other_run(const TrainOptions& o) { return other_run_results(o); }
+
 Status check_run_plan(const TrainOptions& o, const model::ModelConfig& config) {
   if (o.stop_after > o.steps) {
     return invalid_argument("--stop-after " + std::to_string(o.stop_after) +
@@ -256,7 +258,7 @@ Status check_run_plan(const TrainOptions& o, const model::ModelConfig& config) {
       inputs.push_back({"--resume", e.path().string()});
   }
   WL_RETURN_IF_ERROR(check_outputs(o, inputs));
-  WL_RETURN_IF_ERROR(check_other_run(o));
+  WL_RETURN_IF_ERROR(other_run_results(o));
   // A batch file's rows are its own; the estimate then counts the model alone. A rank runs
   // its share of the global batch, a micro-batch at a time.
   const bool fixed = !o.batch_file.empty();

@@ -33,6 +33,11 @@ namespace wl::parallel {
 // with the estimate.
 Status check_run_plan(const TrainOptions& options, const model::ModelConfig& config);
 
+// Of those, whether `--out` holds another run's results (refused unless --overwrite or a
+// resume of that run): checked again once the run holds the directory's lock, since another
+// run may have finished there in between.
+Status check_other_run(const TrainOptions& options);
+
 // The hyperparameters a resume must keep, by flag name ("steps" -> "600", "lr" -> "0.003"),
 // as the run's checkpoints record them.
 std::map<std::string, std::string> run_hyperparameters(const TrainOptions& options);

@@ -178,6 +178,7 @@ Status Run::continue_metrics() {
   fs::create_directories(o_.out_dir, ec);
   if (ec) return errno_status("mkdir " + o_.out_dir, ec.value());
   WL_ASSIGN_OR_RETURN(lock_, DirectoryLock::acquire(o_.out_dir, "--out"));
+  WL_RETURN_IF_ERROR(check_other_run(o_));  // again, now that no other run can write there
   const std::string path = o_.out_dir + "/metrics.jsonl";
   if (step_ > 0) {
     WL_ASSIGN_OR_RETURN(std::vector<train::StepMetrics> earlier, train::read_metrics(path));

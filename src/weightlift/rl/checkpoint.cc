@@ -76,7 +76,7 @@ Result<StepRecord> record_from_json(const nlohmann::json& j, const std::string& 
       r.sync_s = j.at("sync_s").get<double>();
       r.step_s = j.at("step_s").get<double>();
       r.response_tokens = j.at("response_tokens").get<double>();
-      r.staleness = j.at("staleness").get<std::vector<int64_t>>();
+      r.staleness = int_array_field(j.at("staleness"));
       r.stale_dropped = int_field(j.at("stale_dropped"));
     }
     return r;

@@ -11,6 +11,7 @@
 #include "weightlift/comm/group.h"
 #include "weightlift/core/timing.h"
 #include "weightlift/infer/worker.h"
+#include "weightlift/model/memory_estimate.h"
 #include "weightlift/model/params.h"
 #include "weightlift/parallel/data_parallel.h"
 #include "weightlift/rl/checkpoint.h"
@@ -887,6 +888,9 @@ Result<RlSummary> run_trainer(const RlOptions& o, std::shared_ptr<comm::Store> s
                             std::to_string(seq) + " positions, more than the model's " +
                             std::to_string(o.config.max_seq_len));
   }
+  // Before anything is allocated: the policy, its optimizer and a step's logits.
+  WL_RETURN_IF_ERROR(
+      model::check_training_memory(o.config, "the policy", o.prompts * o.group, seq));
   Trainer t(o, std::move(store), workers, std::move(task));
   WL_RETURN_IF_ERROR(t.start());
   Result<RlSummary> summary = run_phases(o, t, on_step);

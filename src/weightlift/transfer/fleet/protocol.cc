@@ -44,8 +44,8 @@ Result<RoundRecord> round_from_json(std::string_view text, std::string_view wher
     for (const json& m : j.at("members")) {
       r.members.push_back({int32_field(m.at("id")), uint_field(m.at("epoch"))});
     }
-    r.lagging = j.at("lagging").get<std::vector<int>>();
-    r.dropped = j.at("dropped").get<std::vector<int>>();
+    r.lagging = int32_array_field(j.at("lagging"));
+    r.dropped = int32_array_field(j.at("dropped"));
     r.checkpoint = j.at("checkpoint").get<std::string>();
     const std::string mode = j.at("mode").get<std::string>();
     const std::optional<TransferMode> m = transfer_mode_from_name(mode);

@@ -89,7 +89,7 @@ void read_trainer(const json& j, RankMeta& m) {
   m.mesh_rank = int32_field(j.at("mesh").at("rank"));
   m.mesh_size = int32_field(j.at("mesh").at("size"));
   for (const json& p : j.at("params")) {
-    m.params.push_back({p.at("name").get<std::string>(), p.at("shape").get<Shape>(),
+    m.params.push_back({p.at("name").get<std::string>(), int_array_field(p.at("shape")),
                         dtype_field(p.at("dtype")), int_field(p.at("rows").at(0)),
                         int_field(p.at("rows").at(1)), p.at("offloaded").get<bool>()});
   }
@@ -111,7 +111,7 @@ void read_receiver(const json& j, RankMeta& m) {
   m.rkey = hex_field(j.at("rkey"));
   for (const json& t : j.at("tensors")) {
     m.tensors.push_back({t.at("name").get<std::string>(), dtype_field(t.at("dtype")),
-                         t.at("shape").get<Shape>(), u64_field(t.at("offset")),
+                         int_array_field(t.at("shape")), u64_field(t.at("offset")),
                          u64_field(t.at("bytes"))});
   }
 }
