@@ -126,22 +126,24 @@ void add_placements(const ClusterOptions& o, ScheduleInput& in) {
 // schedule, and the sensitivity table's reschedules with the engine and the trainers doubled.
 Status check_simulation_memory(const ClusterOptions& o, size_t tensors) {
   constexpr uint64_t kTensorBytes = sizeof(ReceiverTensor) + sizeof(SourceSlice) + 96;
-  // Per rank (trainer or receiver): both phases' counters and the schedule's own tables.
-  // Measured, not derived: peak RSS grew 37 MB from 1,024 + 1,024 to 2,048 + 2,048 ranks
-  // (118 -> 156 MB, Kimi-K2 defaults, 2026-11-25), 18 KB per added rank; 16 KiB keeps the
-  // estimate below what a run takes. Without it, 2^20 + 2^20 ranks were estimated at 545 MB
-  // and grew past 10 GB before they were killed.
-  constexpr uint64_t kLoadBytes = 16 << 10;
+  // Per rank (trainer or receiver): both phases' counters and the schedule's tables, which
+  // hold a few bytes per tensor for every rank (family membership). Measured, not derived
+  // (peak RSS between two sizes, 2026-11-25): 18 KB per added rank for Kimi-K2's 6,799
+  // tensors (1,024 + 1,024 -> 2,048 + 2,048 ranks: 118 -> 156 MB), 0.5 KB for tiny's 49
+  // (4,096 + 4,096 -> 16,384 + 16,384: 13.7 -> 25.8 MB). 256 B + 2 B per tensor stays below
+  // both. Without this term, 2^20 + 2^20 Kimi-K2 ranks were estimated at 545 MB and grew past
+  // 10 GB before they were killed.
+  const uint64_t rank_bytes = add_sat(256, mul_sat(2, tensors));
   const uint64_t layouts = mul_sat(mul_sat(uint64_t(o.engine_gpus), tensors), kTensorBytes);
-  const uint64_t loads = mul_sat(add_sat(uint64_t(o.trainers), uint64_t(o.receivers)), kLoadBytes);
+  const uint64_t loads = mul_sat(add_sat(uint64_t(o.trainers), uint64_t(o.receivers)), rank_bytes);
   const uint64_t once = add_sat(layouts, loads);
   return check_memory(
       o.sensitivity ? mul_sat(once, 2) : once,
       "simulating " + std::to_string(o.trainers) + " trainers and " + std::to_string(o.receivers) +
           " receivers",
-      format_bytes(layouts) + " of receiver layouts for --engine-gpus " +
-          std::to_string(o.engine_gpus) + ", " + format_bytes(loads) +
-          " of per-rank schedule state" +
+      format_bytes(layouts) + " of receiver layouts of " + std::to_string(tensors) +
+          " tensors for --engine-gpus " + std::to_string(o.engine_gpus) + ", " +
+          format_bytes(loads) + " of per-rank schedule state" +
           (o.sensitivity ? ", twice for the sensitivity table's doubled layouts" : ""));
 }
 
