@@ -122,7 +122,8 @@ Status write_policy(const std::string& dir, const model::ModelConfig& config,
   return write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
 }
 
-Status run_rl(RlArgs a) {
+// The command's flags as the loop's options; nothing is allocated or connected yet.
+Status make_rl_options(RlArgs& a) {
   WL_ASSIGN_OR_RETURN(a.o.config, model::preset(a.preset));
   // Before anything is allocated, on every process: a step's rows (prompts x group) through
   // a worker's KV cache (the trainer checks its own batch once the task says how long a
@@ -144,58 +145,30 @@ Status run_rl(RlArgs a) {
         "asynchronous run's samples in flight are not part of a checkpoint");
   }
   a.o.checkpoint_dir = a.out_dir;
-  WL_ASSIGN_OR_RETURN(comm::LaunchEnv env, comm::read_launch_env());
-  if (env.world_size < 2) {
-    return invalid_argument(
-        "rl needs at least 2 processes: the trainer and a rollout worker "
-        "(weightlift launch -n 2 weightlift rl ...)");
-  }
-  // Only the trainer writes into --out (a replaced worker starts while the run is there).
-  if (env.rank == 0) WL_RETURN_IF_ERROR(check_out_dir(a));
-  // The job's store and nothing more: the RL processes make their channels through it
-  // (rl/loop.h), so a replaced worker joins a running job without a world to rejoin.
-  parallel::Job job;
-  WL_ASSIGN_OR_RETURN(job.world, comm::connect_store(env, a.o.timeout));
-  a.o.run = run_options(a, job.size() - 1);
-  std::error_code ec;
-  std::optional<DirectoryLock> lock;  // the trainer's hold on --out, for the whole run
-  if (env.rank == 0) {
-    fs::create_directories(a.out_dir, ec);
-    if (ec) return errno_status("mkdir " + a.out_dir, ec.value());
-    WL_ASSIGN_OR_RETURN(lock, DirectoryLock::acquire(a.out_dir, "--out"));
-    WL_RETURN_IF_ERROR(check_out_dir(a));  // again, now that no other run can write there
-    // --overwrite replaces the earlier run whole: none of its checkpoints may pass for ours.
-    if (a.overwrite && a.o.resume.empty()) {
-      for (const auto& e : fs::directory_iterator(a.out_dir, ec)) {
-        if (e.path().filename().string().rfind("checkpoint-", 0) == 0) fs::remove_all(e.path(), ec);
-      }
-    }
-  }
-  const std::string role =
-      job.rank() == 0 ? "trainer" : "rollout-worker-" + std::to_string(job.rank());
-  WL_RETURN_IF_ERROR(parallel::write_processes(job, a.out_dir, role, a.o.timeout));
-  if (job.rank() != 0) return rl::run_rollout_worker(a.o, job.world.store, job.rank());
-  // In synchronous mode the workers wait while the trainer computes: it may take every core.
-  if (a.trainer_threads > 0) set_num_threads(a.trainer_threads);
-  a.o.on_event = [](const rl::RlEvent& e) {
-    std::fprintf(stderr, "rl: %s step %lld: %s\n", e.phase.c_str(), (long long)e.step,
-                 e.what.c_str());
-  };
-  a.o.on_rejoin = [&](int k) {
-    const Status s = parallel::write_processes(job, a.out_dir, role, a.o.timeout);
-    if (!s.ok()) {
-      std::fprintf(stderr, "rl: rollout worker %d rejoined; processes.json not rewritten: %s\n", k,
-                   s.to_string().c_str());
-    }
-  };
+  return ok_status();
+}
 
-  std::printf(
-      "rl: %s, task %s difficulty %d, %d rollout worker(s), %lld prompts x %lld "
-      "samples per step\n",
-      a.preset.c_str(), a.task.c_str(), a.o.task.difficulty, job.size() - 1, (long long)a.o.prompts,
-      (long long)a.o.group);
-  std::fflush(stdout);
-  std::string metrics;
+// The trainer's hold on --out for the whole run: created, locked, checked again now that no
+// other run can write there, and emptied of an earlier run's checkpoints under --overwrite
+// (none of them may pass for ours).
+Result<DirectoryLock> take_out_dir(const RlArgs& a) {
+  std::error_code ec;
+  fs::create_directories(a.out_dir, ec);
+  if (ec) return errno_status("mkdir " + a.out_dir, ec.value());
+  WL_ASSIGN_OR_RETURN(DirectoryLock lock, DirectoryLock::acquire(a.out_dir, "--out"));
+  WL_RETURN_IF_ERROR(check_out_dir(a));
+  if (a.overwrite && a.o.resume.empty()) {
+    for (const auto& e : fs::directory_iterator(a.out_dir, ec)) {
+      if (e.path().filename().string().rfind("checkpoint-", 0) == 0) fs::remove_all(e.path(), ec);
+    }
+  }
+  return lock;
+}
+
+// The trainer's run with its two progress bars (SFT, then RL); `metrics` gets each step's
+// record as it comes, so that a failed run still leaves what it did.
+Result<rl::RlSummary> train_with_progress(const RlArgs& a, parallel::Job& job,
+                                          std::string& metrics) {
   ProgressBar sft_bar("sft", a.o.sft_steps, "steps"), rl_bar("rl", a.o.steps, "steps");
   double last_held = -1;
   Clock::time_point started = Clock::now(), last_sft = started;
@@ -237,16 +210,12 @@ Status run_rl(RlArgs a) {
         on_step(r);
       });
   rl_bar.finish();
-  // The whole run's records (a resumed run's too); what was done when it failed.
-  if (s.ok()) {
-    metrics.clear();
-    for (const rl::StepRecord& r : s->records) metrics += rl::record_to_json(r).dump() + "\n";
-  }
-  if (!metrics.empty()) {
-    WL_RETURN_IF_ERROR(write_file_atomically(a.out_dir + "/rl_metrics.jsonl", metrics));
-  }
-  WL_RETURN_IF_ERROR(s.status());
-  WL_RETURN_IF_ERROR(write_policy(a.out_dir, a.o.config, s->policy));
+  return s;
+}
+
+// The finished run's files: the policy, summary.json, the reward plot and the report.
+Status write_rl_outputs(const RlArgs& a, const parallel::Job& job, rl::RlSummary& s) {
+  WL_RETURN_IF_ERROR(write_policy(a.out_dir, a.o.config, s.policy));
   nlohmann::json summary = {{"task", a.task},
                             {"difficulty", a.o.task.difficulty},
                             {"preset", a.preset},
@@ -256,26 +225,83 @@ Status run_rl(RlArgs a) {
                             {"group", a.o.group},
                             {"prompts_per_step", a.o.prompts},
                             {"seed", a.o.seed},
-                            {"sft_steps", s->sft_steps},
+                            {"sft_steps", s.sft_steps},
                             {"steps", a.o.steps},
                             {"held_out_problems", a.o.eval_problems},
-                            {"accuracy_before", s->held_out_before_rl},
-                            {"accuracy_after", s->held_out_after_rl}};
-  summary.update(rl_figures(*s));
+                            {"accuracy_before", s.held_out_before_rl},
+                            {"accuracy_after", s.held_out_after_rl}};
+  summary.update(rl_figures(s));
   WL_RETURN_IF_ERROR(write_file_atomically(a.out_dir + "/summary.json", summary.dump(1) + "\n"));
-  WL_RETURN_IF_ERROR(write_rl_reward_plot(a.out_dir + "/reward.svg", *s));
+  WL_RETURN_IF_ERROR(write_rl_reward_plot(a.out_dir + "/reward.svg", s));
   char title[160];
   std::snprintf(title, sizeof title, "weightlift rl: %s difficulty %d, %s, %d rollout worker(s)",
                 a.task.c_str(), a.o.task.difficulty, a.preset.c_str(), job.size() - 1);
-  WL_RETURN_IF_ERROR(write_rl_report(a.out_dir + "/report.html", title, summary, *s));
+  WL_RETURN_IF_ERROR(write_rl_report(a.out_dir + "/report.html", title, summary, s));
   std::printf(
       "rl: held-out accuracy %.1f%% after SFT (%lld steps), %.1f%% after %lld RL steps; "
       "weight sync %.1f%% of the step time\nrl: report %s/report.html\n",
-      100 * s->held_out_before_rl, (long long)s->sft_steps, 100 * s->held_out_after_rl,
+      100 * s.held_out_before_rl, (long long)s.sft_steps, 100 * s.held_out_after_rl,
       (long long)a.o.steps,
       100 * (summary["sync_share"].is_number() ? summary["sync_share"].get<double>() : 0.0),
       a.out_dir.c_str());
   return ok_status();
+}
+
+Status run_rl(RlArgs a) {
+  WL_RETURN_IF_ERROR(make_rl_options(a));
+  WL_ASSIGN_OR_RETURN(comm::LaunchEnv env, comm::read_launch_env());
+  if (env.world_size < 2) {
+    return invalid_argument(
+        "rl needs at least 2 processes: the trainer and a rollout worker "
+        "(weightlift launch -n 2 weightlift rl ...)");
+  }
+  // Only the trainer writes into --out (a replaced worker starts while the run is there).
+  if (env.rank == 0) WL_RETURN_IF_ERROR(check_out_dir(a));
+  // The job's store and nothing more: the RL processes make their channels through it
+  // (rl/loop.h), so a replaced worker joins a running job without a world to rejoin.
+  parallel::Job job;
+  WL_ASSIGN_OR_RETURN(job.world, comm::connect_store(env, a.o.timeout));
+  a.o.run = run_options(a, job.size() - 1);
+  std::optional<DirectoryLock> lock;
+  if (env.rank == 0) {
+    WL_ASSIGN_OR_RETURN(lock, take_out_dir(a));
+  }
+  const std::string role =
+      job.rank() == 0 ? "trainer" : "rollout-worker-" + std::to_string(job.rank());
+  WL_RETURN_IF_ERROR(parallel::write_processes(job, a.out_dir, role, a.o.timeout));
+  if (job.rank() != 0) return rl::run_rollout_worker(a.o, job.world.store, job.rank());
+  // In synchronous mode the workers wait while the trainer computes: it may take every core.
+  if (a.trainer_threads > 0) set_num_threads(a.trainer_threads);
+  a.o.on_event = [](const rl::RlEvent& e) {
+    std::fprintf(stderr, "rl: %s step %lld: %s\n", e.phase.c_str(), (long long)e.step,
+                 e.what.c_str());
+  };
+  a.o.on_rejoin = [&](int k) {
+    const Status s = parallel::write_processes(job, a.out_dir, role, a.o.timeout);
+    if (!s.ok()) {
+      std::fprintf(stderr, "rl: rollout worker %d rejoined; processes.json not rewritten: %s\n", k,
+                   s.to_string().c_str());
+    }
+  };
+  std::printf(
+      "rl: %s, task %s difficulty %d, %d rollout worker(s), %lld prompts x %lld "
+      "samples per step\n",
+      a.preset.c_str(), a.task.c_str(), a.o.task.difficulty, job.size() - 1, (long long)a.o.prompts,
+      (long long)a.o.group);
+  std::fflush(stdout);
+
+  std::string metrics;
+  Result<rl::RlSummary> s = train_with_progress(a, job, metrics);
+  // The whole run's records (a resumed run's too); what was done when it failed.
+  if (s.ok()) {
+    metrics.clear();
+    for (const rl::StepRecord& r : s->records) metrics += rl::record_to_json(r).dump() + "\n";
+  }
+  if (!metrics.empty()) {
+    WL_RETURN_IF_ERROR(write_file_atomically(a.out_dir + "/rl_metrics.jsonl", metrics));
+  }
+  WL_RETURN_IF_ERROR(s.status());
+  return write_rl_outputs(a, job, *s);
 }
 
 }  // namespace

@@ -102,21 +102,23 @@ uint64_t uint_field(const json& j) {
   return j.get<uint64_t>();
 }
 
-std::vector<int64_t> int_array_field(const json& j) {
+namespace {
+
+// An array of integers, each read by `read` (which names the element at fault).
+template <class T>
+std::vector<T> integers(const json& j, T (*read)(const json&)) {
   if (!j.is_array()) throw_field_error(j, "expected an array of integers, not " + j.dump());
-  std::vector<int64_t> out;
+  std::vector<T> out;
   out.reserve(j.size());
-  for (const json& v : j) out.push_back(int_field(v));
+  for (const json& v : j) out.push_back(read(v));
   return out;
 }
 
-std::vector<int> int32_array_field(const json& j) {
-  if (!j.is_array()) throw_field_error(j, "expected an array of integers, not " + j.dump());
-  std::vector<int> out;
-  out.reserve(j.size());
-  for (const json& v : j) out.push_back(int32_field(v));
-  return out;
-}
+}  // namespace
+
+std::vector<int64_t> int_array_field(const json& j) { return integers(j, &int_field); }
+
+std::vector<int> int32_array_field(const json& j) { return integers(j, &int32_field); }
 
 DType dtype_field(const json& j) {
   const std::string s = j.get<std::string>();
