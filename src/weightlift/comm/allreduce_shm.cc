@@ -16,8 +16,9 @@
 // A phase ends by raising r's counter for it; the next phase waits for every peer's counter.
 // The three phases run as a software pipeline over chunks (copy in chunk i, reduce chunk
 // i-1, copy out chunk i-2), and a rank reuses a slot only once every peer's counters show that
-// it has read it, so ranks drift apart by up to kShmSlots chunks without waiting. A chunk is
-// small enough (P x 128 KiB) to stay in cache between the writer and the readers: the scratch
+// it has read it (in the phase that reads it: a reduction's inputs in phase 2, a gather's in
+// phase 3, which is later), so ranks drift apart by up to kShmSlots chunks without waiting. A chunk
+// is small enough (P x 128 KiB) to stay in cache between the writer and the readers: the scratch
 // costs cache traffic; DRAM sees the input read and the output written.
 //
 // Every rank reduces its blocks in the same order (its own input first, then the peers' in
@@ -168,6 +169,7 @@ ShmPipeline::ShmPipeline(Group& g, ShmArena& A, const ShmCollectiveArgs& a, Dead
                                              : block_elems * (size_t(P_) + 1);
   nchunks_ = (a.count + step_ - 1) / step_;
   base_ = A.chunks_done;
+  if (!reduces_) A.read_in_copy_out_until = base_ + nchunks_;
   const size_t out_bytes = (a.kind == ShmKind::kAllgather ? size_t(P_) : 1) * a.count * es_;
   streaming_ = out_bytes >= kStreamingBytes;
 }
@@ -202,9 +204,13 @@ Status ShmPipeline::copy_in(size_t c) {
   const uint64_t gc = base_ + c;
   const size_t slot = gc % kShmSlots;
   if (reduces_) {
-    // Slot reuse: every peer must have reduced the chunk that used this slot before.
+    // Slot reuse: every peer must be done reading the chunk that used this slot before, which
+    // a reducing collective reads while reducing and a gathering one while copying out.
     if (gc >= kShmSlots) {
-      WL_RETURN_IF_ERROR(wait_for(ShmPhase::kReduced, gc - kShmSlots + 1, c, "a free slot"));
+      const uint64_t before = gc - kShmSlots;
+      const ShmPhase read =
+          before < A_.read_in_copy_out_until ? ShmPhase::kCopiedOut : ShmPhase::kReduced;
+      WL_RETURN_IF_ERROR(wait_for(read, before + 1, c, "a free slot"));
     }
     for (int d = 0; d < P_; ++d) {
       const Range b = block(c, d);

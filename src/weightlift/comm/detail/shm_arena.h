@@ -74,6 +74,11 @@ class ShmArena {
 
   // Chunks the group has run through the arena so far; every member advances it alike.
   uint64_t chunks_done = 0;
+  // The end of the last collective whose slots the peers read while copying out (allgather,
+  // broadcast, a one-shot allreduce) rather than while reducing. A reducing collective that
+  // reuses a slot of a chunk before this one waits for the peers' copy-out of it, not only
+  // their reduction: they reduce such a chunk (a no-op) before they copy it out.
+  uint64_t read_in_copy_out_until = 0;
   // Not OK once a collective on the arena failed: the counters may be out of step, so later
   // collectives fail at once instead of reading a peer's half-written slot.
   Status broken;
