@@ -71,6 +71,7 @@ std::map<std::string, std::string> run_options(const RlArgs& a, int workers) {
           {"kl-coef", exact(o.loss.kl_coef)},
           {"dr-grpo", a.dr_grpo ? "true" : "false"},
           {"no-dynamic-sampling", a.no_dynamic_sampling ? "true" : "false"},
+          {"routing-replay", o.routing_replay ? "true" : "false"},
           {"eval-every", std::to_string(o.eval_every)},
           {"eval-problems", std::to_string(o.eval_problems)},
           {"max-staleness", std::to_string(o.max_staleness)},
@@ -221,6 +222,7 @@ Status write_rl_outputs(const RlArgs& a, const parallel::Job& job, rl::RlSummary
                             {"preset", a.preset},
                             {"mode", a.o.max_staleness == 0 ? "synchronous" : "asynchronous"},
                             {"max_staleness", a.o.max_staleness},
+                            {"routing_replay", a.o.routing_replay},
                             {"rollout_workers", job.size() - 1},
                             {"group", a.o.group},
                             {"prompts_per_step", a.o.prompts},
@@ -386,6 +388,9 @@ void register_rl(CLI::App& app, Outcome& out) {
   cmd->add_flag("--dr-grpo", a->dr_grpo, "advantages without the division by the group's std");
   cmd->add_flag("--no-dynamic-sampling", a->no_dynamic_sampling,
                 "train on groups whose rewards are all equal instead of replacing them");
+  cmd->add_flag("--routing-replay", o.routing_replay,
+                "R3: the trainer routes every token to the experts the rollout's router chose "
+                "(the router still learns through the gate weights)");
   cmd->add_option("--eval-every", o.eval_every)
       ->capture_default_str()
       ->transform(count(1, kMaxSteps));

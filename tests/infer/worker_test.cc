@@ -436,6 +436,66 @@ TEST(InferenceWorker, SmallTwoLayersBf16AndFp8Tp1And2MatchTheTrainer) {
   }
 }
 
+// Routing replay's first half: the experts a worker records for every token it feeds (the
+// prompt, then each new token but the last) are the ones its router chose, which the trainer's
+// router on the same (bf16-rounded) weights chooses too, except where two experts are so
+// nearly tied that f32 reassociation flips them; and a trainer that replays them routes every
+// token exactly so, and computes logits within reassociation of the worker's at every step.
+TEST(InferenceWorker, RecordsTheExpertsOfEveryTokenItFeeds) {
+  OneComputeThread one;
+  const model::ModelConfig c = config_named("small-2");
+  const std::vector<float> w = test_weights(c, 21);
+  const auto held = tensors_of(transfer::reference_receiver_tensors(c, {.tp = 1}, w));
+  auto worker = InferenceWorker::create({.config = c, .layout = {.tp = 1}});
+  ASSERT_TRUE(worker.ok()) << worker.status().to_string();
+  auto bound = (*worker)->bind(lookup_in(held));
+  ASSERT_TRUE(bound.ok());
+  auto gen = (*worker)->generate(*bound, prompts(),
+                                 {.max_new_tokens = 12, .keep_logits = true, .keep_routes = true});
+  ASSERT_TRUE(gen.ok()) << gen.status().to_string();
+  auto trainer = trainer_with(c, effective_weights(c, WeightFormat::kBF16, held));
+  const int64_t width = c.num_layers * c.top_k, V = c.vocab_size;
+  int64_t token_layers = 0, same = 0;
+  for (size_t r = 0; r < prompts().size(); ++r) {
+    std::vector<int64_t> fed = prompts()[r];
+    fed.insert(fed.end(), gen->tokens[r].begin(), gen->tokens[r].end() - 1);
+    const int64_t T = int64_t(fed.size());
+    const std::vector<int32_t>& routes = gen->routes[r];
+    ASSERT_EQ(int64_t(routes.size()), T * width) << "row " << r;
+    std::vector<int64_t> targets(fed.size(), -100);
+    std::vector<int32_t> own(routes.size()), replayed(routes.size());
+    std::vector<float> logits(size_t(T * V));
+    trainer->evaluate(fed.data(), targets.data(), 1, T, {.routes_out = own.data()});
+    for (int64_t e = 0; e < T * width; e += c.top_k) {
+      std::vector<int32_t> a(own.begin() + e, own.begin() + e + c.top_k);
+      std::vector<int32_t> b(routes.begin() + e, routes.begin() + e + c.top_k);
+      std::sort(a.begin(), a.end());
+      std::sort(b.begin(), b.end());
+      ++token_layers;
+      same += a == b;
+    }
+    trainer->evaluate(fed.data(), targets.data(), 1, T,
+                      {.logits_out = logits.data(),
+                       .replay_routes = routes.data(),
+                       .routes_out = replayed.data()});
+    EXPECT_EQ(replayed, routes) << "row " << r;
+    // Step s's logits came from the position before new token s.
+    const int64_t P = int64_t(prompts()[r].size());
+    double scale = 0, worst = 0;
+    for (size_t s = 0; s < gen->logits[r].size(); ++s) {
+      const float* t = logits.data() + (P - 1 + int64_t(s)) * V;
+      for (int64_t i = 0; i < V; ++i) {
+        scale = std::max(scale, double(std::fabs(t[i])));
+        worst = std::max(worst, double(std::fabs(gen->logits[r][s][size_t(i)] - t[i])));
+      }
+    }
+    EXPECT_LE(worst, kReassociation * scale) << "row " << r;
+  }
+  std::printf("routes: %lld of %lld token-layers the trainer's own router's too\n", (long long)same,
+              (long long)token_layers);
+  EXPECT_GE(double(same), 0.97 * double(token_layers));
+}
+
 // A wrong weight must show: the fp8 bounds fail when every expert's down_proj in layer 0 has
 // its block scale doubled, which is what a misplaced scale would do.
 TEST(InferenceWorker, AWrongScaleBreaksTheBounds) {

@@ -138,7 +138,7 @@ TEST(RlProcesses, Fp8WeightsReachTheWorkers) {
   std::ofstream(config) << "preset = \"tiny\"\ntask = \"sort\"\ndifficulty = 2\n"
                            "sft-steps = 20\nsft-target = 1\nsteps = 4\nprompts = 4\n"
                            "group = 2\neval-problems = 8\nno-dynamic-sampling = true\n"
-                           "sync-dtype = \"fp8\"\ntimeout = 30\n";
+                           "sync-dtype = \"fp8\"\nrouting-replay = true\ntimeout = 30\n";
   std::vector<Child> job = start_job(2, {"--run-config", config, "--group", "4", "--out", out});
   for (Child& c : job) {
     EXPECT_EQ(wl::testing::wait_exit(c, comm::deadline_after(120s)), 0) << c.output;
@@ -150,6 +150,10 @@ TEST(RlProcesses, Fp8WeightsReachTheWorkers) {
     ++rl;
     EXPECT_GT(j["logprob_gap_mean"].get<double>(), 0.0) << j.dump();  // fp8 is not f32
     EXPECT_LT(j["logprob_gap_mean"].get<double>(), 0.1) << j.dump();
+    // Routing replay: the share of token-layers whose rollout experts (on fp8 weights) were
+    // not the trainer's own choice; a few percent at most, most often none.
+    EXPECT_GE(j["replay_differ"].get<double>(), 0.0) << j.dump();
+    EXPECT_LT(j["replay_differ"].get<double>(), 0.2) << j.dump();
   }
   EXPECT_EQ(rl, 4);
   std::ifstream summary_file(out + "/summary.json");
@@ -157,6 +161,7 @@ TEST(RlProcesses, Fp8WeightsReachTheWorkers) {
   EXPECT_EQ(summary["task"], "sort");
   EXPECT_EQ(summary["group"], 4);
   EXPECT_EQ(summary["prompts_per_step"], 4);
+  EXPECT_EQ(summary["routing_replay"], true);
 }
 
 // Asynchronous mode: generation of the next batch overlaps training, the weights go out every

@@ -124,15 +124,17 @@ Status InferenceWorker::check_prompts(const std::vector<std::vector<int64_t>>& p
 // One forward over the new tokens of every row: the phases of a layer on shared buffers.
 class InferenceWorker::ForwardPass {
  public:
+  // routes, when not null, receives every new token's experts in every layer:
+  // [tokens][num_layers][top_k], the tokens of every row in turn.
   ForwardPass(InferenceWorker& worker, const BoundWeights& w, KvCache& cache,
-              const std::vector<std::vector<int64_t>>& feed);
+              const std::vector<std::vector<int64_t>>& feed, std::vector<int32_t>* routes);
   Status run_layers();
   Result<Tensor> head(bool all_positions);
 
  private:
   void attention(const BoundLayer& lw, size_t l);
   Status o_proj(const BoundLayer& lw);
-  Status moe(const BoundLayer& lw);
+  Status moe(const BoundLayer& lw, size_t l);
   // Rows grouped by expert, token order within one, as the trainer dispatches them.
   void dispatch(std::vector<int64_t>& begin, std::vector<int32_t>& row_of_slot,
                 std::vector<int32_t>& token_of_row);
@@ -147,13 +149,15 @@ class InferenceWorker::ForwardPass {
   const bool tp_;
   std::vector<int64_t> tokens_, row_begin_;  // concatenated new tokens; first index of each row
   int64_t M_ = 0, R_ = 0;
+  std::vector<int32_t>* routes_;
   Tensor x_, xn_, qkv_, att_, partial_, logits_r_, probs_, topk_w_, topk_idx_, counts_;
   std::vector<float> gain_;
 };
 
 InferenceWorker::ForwardPass::ForwardPass(InferenceWorker& worker, const BoundWeights& w,
                                           KvCache& cache,
-                                          const std::vector<std::vector<int64_t>>& feed)
+                                          const std::vector<std::vector<int64_t>>& feed,
+                                          std::vector<int32_t>* routes)
     : wk_(worker),
       c_(worker.options_.config),
       w_(w),
@@ -168,7 +172,8 @@ InferenceWorker::ForwardPass::ForwardPass(InferenceWorker& worker, const BoundWe
       kvd_(Hkv_ * c_.head_dim),
       qkvd_(qd_ + 2 * kvd_),
       eps_(float(c_.rms_eps)),
-      tp_(worker.options_.layout.tp > 1) {
+      tp_(worker.options_.layout.tp > 1),
+      routes_(routes) {
   for (const auto& f : feed) {
     row_begin_.push_back(int64_t(tokens_.size()));
     tokens_.insert(tokens_.end(), f.begin(), f.end());
@@ -189,6 +194,7 @@ InferenceWorker::ForwardPass::ForwardPass(InferenceWorker& worker, const BoundWe
   topk_w_ = f32({M_, K_});
   topk_idx_ = Tensor::empty(DType::kI32, {M_, K_});
   counts_ = Tensor::empty(DType::kI64, {E_});
+  if (routes_) routes_->assign(size_t(M_ * c_.num_layers * K_), -1);
 }
 
 // Local heads against this rank's cache: q, k and v of the new tokens, k and v appended.
@@ -253,7 +259,7 @@ void InferenceWorker::ForwardPass::dispatch(std::vector<int64_t>& begin,
 }
 
 // The replicated router, then this rank's ffn rows of every expert, combined by gate weight.
-Status InferenceWorker::ForwardPass::moe(const BoundLayer& lw) {
+Status InferenceWorker::ForwardPass::moe(const BoundLayer& lw, size_t l) {
   widen(lw.moe_norm, d_, gain_);
   kernels::rmsnorm_forward(x_.data<float>(), gain_.data(), xn_.data<float>(), nullptr, M_, d_,
                            eps_);
@@ -261,6 +267,13 @@ Status InferenceWorker::ForwardPass::moe(const BoundLayer& lw) {
   kernels::router_forward({.tokens = M_, .experts = E_, .top_k = K_, .norm_topk = c_.norm_topk},
                           logits_r_.data<float>(), probs_.data<float>(), topk_idx_.data<int32_t>(),
                           topk_w_.data<float>(), nullptr, counts_.data<int64_t>());
+  if (routes_) {
+    const int32_t* idx = topk_idx_.data<int32_t>();
+    const int64_t stride = c_.num_layers * K_;
+    for (int64_t t = 0; t < M_; ++t) {
+      std::copy(idx + t * K_, idx + (t + 1) * K_, routes_->data() + t * stride + int64_t(l) * K_);
+    }
+  }
   std::vector<int64_t> begin;
   std::vector<int32_t> row_of_slot, token_of_row;
   dispatch(begin, row_of_slot, token_of_row);
@@ -300,7 +313,7 @@ Status InferenceWorker::ForwardPass::run_layers() {
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     attention(w_.layers[l], l);
     WL_RETURN_IF_ERROR(o_proj(w_.layers[l]));
-    WL_RETURN_IF_ERROR(moe(w_.layers[l]));
+    WL_RETURN_IF_ERROR(moe(w_.layers[l], l));
   }
   for (int64_t r = 0; r < R_; ++r) {
     cache_.length[size_t(r)] += row_begin_[size_t(r) + 1] - row_begin_[size_t(r)];
@@ -333,8 +346,8 @@ Result<Tensor> InferenceWorker::ForwardPass::head(bool all_positions) {
 
 Result<Tensor> InferenceWorker::forward(const BoundWeights& w, KvCache& cache,
                                         const std::vector<std::vector<int64_t>>& feed,
-                                        bool all_positions) {
-  ForwardPass pass(*this, w, cache, feed);
+                                        bool all_positions, std::vector<int32_t>* routes) {
+  ForwardPass pass(*this, w, cache, feed, routes);
   WL_RETURN_IF_ERROR(pass.run_layers());
   return pass.head(all_positions);
 }
@@ -372,10 +385,18 @@ Result<Generation> InferenceWorker::generate(const BoundWeights& w,
   model::RowSampler sampler(R, o.sampling, o.seed, o.stop_token);
   Generation g;
   if (o.keep_logits) g.logits.assign(R, {});
+  if (o.keep_routes) g.routes.assign(R, {});
+  const size_t per_token = size_t(c.num_layers * c.top_k);
+  std::vector<int32_t> routes;
   std::vector<std::vector<int64_t>> feed = prompts;
   auto t0 = Clock::now();
   for (int64_t step = 0; step < o.max_new_tokens; ++step) {
-    WL_ASSIGN_OR_RETURN(Tensor logits, forward(w, cache, feed, false));
+    WL_ASSIGN_OR_RETURN(Tensor logits,
+                        forward(w, cache, feed, false, o.keep_routes ? &routes : nullptr));
+    for (size_t r = 0, at = 0; r < R && o.keep_routes; at += feed[r].size(), ++r) {
+      g.routes[r].insert(g.routes[r].end(), routes.begin() + int64_t(at * per_token),
+                         routes.begin() + int64_t((at + feed[r].size()) * per_token));
+    }
     const float* all = logits.data<float>();
     const size_t V = size_t(c.vocab_size);
     for (size_t r = 0; r < R && o.keep_logits; ++r) {

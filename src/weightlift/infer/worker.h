@@ -58,6 +58,7 @@ struct GenerateOptions {
   uint64_t seed = 0;         // row r samples with Rng(seed + r), as model::generate
   int64_t stop_token = -1;   // a row stops after producing it; -1: never
   bool keep_logits = false;  // record each step's logits (tests compare them)
+  bool keep_routes = false;  // record the experts of every token (routing replay)
 };
 
 struct Generation {
@@ -67,6 +68,10 @@ struct Generation {
   std::vector<std::vector<double>> logprobs;
   // With keep_logits: logits[r][s] is the [V] distribution row r's s-th new token came from.
   std::vector<std::vector<std::vector<float>>> logits;
+  // With keep_routes: routes[r] holds, for every token row r fed through the model (its
+  // prompt, then each new token but the last, which is never fed), the experts the router
+  // chose in every layer: [fed tokens][num_layers][top_k]. A trainer replays them (R3).
+  std::vector<std::vector<int32_t>> routes;
   uint64_t version = 0;  // the weights' version (receiver sources); 0 otherwise
   double prefill_seconds = 0;
   double decode_seconds = 0;
@@ -111,8 +116,10 @@ class InferenceWorker {
   Status check_prompts(const std::vector<std::vector<int64_t>>& prompts, int64_t new_tokens) const;
   // Appends feed[r] to row r's cache; logits of each row's last new token [rows, V], or of
   // every new token [M, V] when all_positions.
+  // routes: as ForwardPass's.
   Result<Tensor> forward(const BoundWeights& w, KvCache& cache,
-                         const std::vector<std::vector<int64_t>>& feed, bool all_positions);
+                         const std::vector<std::vector<int64_t>>& feed, bool all_positions,
+                         std::vector<int32_t>* routes = nullptr);
   Status allreduce_sum(float* data, size_t count);
 
   WorkerOptions options_;

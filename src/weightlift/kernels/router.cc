@@ -91,6 +91,39 @@ void router_forward(const RouterShape& s, const float* logits, float* probs, int
   }
 }
 
+int64_t router_replay(const RouterShape& s, const float* probs, const int32_t* routes,
+                      int64_t route_stride, int32_t* topk_idx, float* topk_w, int64_t* counts) {
+  check_shape(s);
+  const int64_t E = s.experts, K = s.top_k;
+  int64_t differ = 0;
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    const int32_t* given = routes + t * route_stride;
+    if (given[0] < 0) continue;
+    int32_t* idx = topk_idx + t * K;
+    float* w = topk_w + t * K;
+    bool same = true;
+    for (int64_t j = 0; j < K; ++j) {
+      WL_CHECK(given[j] >= 0 && given[j] < E) << "token " << t << ": expert " << given[j];
+      same = same && std::find(idx, idx + K, given[j]) != idx + K;
+    }
+    differ += same ? 0 : 1;
+    float selected = 0;
+    for (int64_t j = 0; j < K; ++j) {
+      idx[j] = given[j];
+      w[j] = probs[t * E + given[j]];
+      selected += w[j];
+    }
+    if (s.norm_topk) {
+      for (int64_t j = 0; j < K; ++j) w[j] /= selected;
+    }
+  }
+  if (counts) {
+    std::memset(counts, 0, size_t(E) * sizeof(int64_t));
+    for (int64_t i = 0; i < s.tokens * K; ++i) ++counts[topk_idx[i]];
+  }
+  return differ;
+}
+
 RouterLosses router_losses(const RouterShape& s, const float* probs, const float* lse,
                            const int64_t* counts) {
   check_shape(s);

@@ -25,6 +25,16 @@ struct RouterShape {
 void router_forward(const RouterShape& s, const float* logits, float* probs, int32_t* topk_idx,
                     float* topk_w, float* lse, int64_t* counts);
 
+// Routing replay (R3): the experts of `routes` instead of the top-k, for every token whose
+// first entry is >= 0 (routes [tokens] rows of top_k experts, `route_stride` apart; a token
+// with -1 first keeps router_forward's choice). Rewrites topk_idx, topk_w (the router's
+// probabilities at the given experts, normalised as router_forward does, so the router keeps
+// its gradient through them) and counts. The experts must be distinct and in [0, experts)
+// (checked by whoever received them). Returns how many tokens' replayed experts differ, as a
+// set, from the router's own top-k.
+int64_t router_replay(const RouterShape& s, const float* probs, const int32_t* routes,
+                      int64_t route_stride, int32_t* topk_idx, float* topk_w, int64_t* counts);
+
 struct RouterLosses {
   double aux = 0;  // experts * sum_i f_i * P_i, this layer, before aux_loss_alpha
   double z = 0;    // mean over tokens of lse^2, this layer, before z_loss_beta

@@ -56,6 +56,17 @@ Status StagePass::forward(const float* x_in, bool for_backward) {
   return ok_status();
 }
 
+detail::BlockContext StagePass::block_context(int layer) const {
+  const ModelConfig& c = model_.config;
+  detail::BlockContext ctx{c, model_.rope, options_.precision};
+  const int64_t at = int64_t(layer) * c.top_k;  // layer's first entry of token 0
+  ctx.route_stride = c.num_layers * c.top_k;
+  if (options_.replay_routes) ctx.replay = options_.replay_routes + at;
+  if (options_.routes_out) ctx.routes_out = options_.routes_out + at;
+  ctx.replay_differ = options_.replay_differ;
+  return ctx;
+}
+
 void StagePass::forward_unit(int unit, bool for_backward) {
   const ModelConfig& c = model_.config;
   const int64_t N = tokens_n_, d = c.hidden_size, V = c.vocab_size;
@@ -81,7 +92,7 @@ void StagePass::forward_unit(int unit, bool for_backward) {
   detail::BlockActs& a = acts_[size_t(layer)];
   a.x = x_;
   x_ = f32({N, d});
-  detail::BlockContext ctx{c, model_.rope, options_.precision};
+  detail::BlockContext ctx = block_context(layer);
   ctx.sum_router_counts = [&](int64_t* counts, int64_t tokens) {
     return hooks_->sum_router_counts(layer, counts, c.num_experts, tokens);
   };
@@ -185,7 +196,7 @@ void StagePass::backward_unit(int unit) {
   }
   const int layer = unit - 1;
   detail::BlockActs& a = acts_[size_t(layer)];
-  detail::BlockContext ctx{c, model_.rope, p};
+  detail::BlockContext ctx = block_context(layer);
   const detail::BlockDims dims{batch_, seq_, N};
   if (!a.complete()) {  // gradient checkpointing: rerun the block's forward from its input
     ctx.recompute = true;

@@ -28,7 +28,8 @@ namespace wl::model {
 
 namespace detail {
 struct BlockActs;
-}
+struct BlockContext;
+}  // namespace detail
 
 struct LossTerms {
   double ce = 0;   // mean over counted targets
@@ -51,6 +52,16 @@ struct StepOptions {
   float grad_scale = 1.0f;
   // When not null, receives the logits [B, T, V] (f32).
   float* logits_out = nullptr;
+  // Routing replay (R3): token i of the pass goes, in layer l, to the top_k experts at
+  // replay_routes[(i * num_layers + l) * top_k] instead of the router's choice (a token whose
+  // first entry is -1 keeps the router's). The gate weights are the router's probabilities at
+  // those experts, so the router keeps its gradient. Null: no replay.
+  const int32_t* replay_routes = nullptr;
+  // When not null, receives the experts every token went to, laid out as replay_routes (this
+  // stage's layers), and replay_differ the token-layers whose replayed experts differ from
+  // the router's own top-k.
+  int32_t* routes_out = nullptr;
+  int64_t* replay_differ = nullptr;
 };
 
 enum class Direction { kForward, kBackward };
@@ -136,6 +147,7 @@ class StagePass {
   bool has_head() const { return stage_.last == model_.units.head(); }
   void forward_unit(int unit, bool for_backward);
   void backward_unit(int unit);
+  detail::BlockContext block_context(int layer) const;  // the maths and routing of a layer
 
   PassModel model_;
   Stage stage_;

@@ -37,15 +37,20 @@ Result<model::LossTerms> compute_gradients(DataParallel& dp, const train::Batch&
   const int64_t seq = global.seq;
   const int64_t denom = count_targets(global);
   const bool f16 = s.precision == model::Precision::kF16;
-  const model::StepOptions opts{.precision = s.precision,
-                                .checkpointing = s.checkpointing,
-                                .ce_denominator = denom,
-                                .aux_weight = 1.0f / float(M),
-                                .grad_scale = f16 ? float(s.loss_scale) : 1.0f};
+  model::StepOptions opts{.precision = s.precision,
+                          .checkpointing = s.checkpointing,
+                          .ce_denominator = denom,
+                          .aux_weight = 1.0f / float(M),
+                          .grad_scale = f16 ? float(s.loss_scale) : 1.0f,
+                          .replay_differ = s.replay_differ};
+  const model::ModelConfig& c = dp.config();
+  const int64_t route_row = seq * c.num_layers * c.top_k;  // route entries per batch row
   dp.begin_step();
   double sums[3] = {0, 0, 0};  // cross-entropy summed over targets, aux, z
   for (int m = 0; m < M; ++m) {
     const RowRange rows = micro_batch_rows(l, global.batch, m, dp.rank());
+    if (s.replay_routes) opts.replay_routes = s.replay_routes + rows.begin * route_row;
+    if (s.routes_out) opts.routes_out = s.routes_out + rows.begin * route_row;
     dp.begin_micro_batch(m);
     model::StagePass pass(dp.pass_model(), {0, dp.units().head()},
                           global.tokens.data() + rows.begin * seq, rows.size(), seq, opts, &dp);

@@ -25,6 +25,13 @@ struct StepSettings {
   bool checkpointing = false;  // gradient checkpointing
   double lr = 0;
   double loss_scale = 1;  // f16's dynamic loss scale; 1 otherwise
+  // Routing replay over the global batch: [rows * seq, num_layers, top_k] experts
+  // (model::StepOptions::replay_routes); null: none. routes_out, when not null, receives the
+  // experts every token of this rank's rows went to (other rows untouched), replay_differ
+  // this rank's token-layers whose replayed experts were not the router's own choice.
+  const int32_t* replay_routes = nullptr;
+  int32_t* routes_out = nullptr;
+  int64_t* replay_differ = nullptr;
 };
 
 struct StepResult {

@@ -35,6 +35,7 @@ nlohmann::json record_to_json(const StepRecord& r) {
               {"is_weight_capped", r.stats.is_weight_capped},
               {"logprob_gap_mean", r.stats.logprob_gap_mean},
               {"logprob_gap_max", r.stats.logprob_gap_max},
+              {"replay_differ", r.stats.replay_differ},
               {"kl", r.stats.kl_mean},
               {"grad_norm", r.stats.report.grad_norm},
               {"generate_s", r.generate_s},
@@ -70,6 +71,7 @@ Result<StepRecord> record_from_json(const nlohmann::json& j, const std::string& 
       r.stats.is_weight_capped = j.at("is_weight_capped").get<double>();
       r.stats.logprob_gap_mean = j.at("logprob_gap_mean").get<double>();
       r.stats.logprob_gap_max = j.at("logprob_gap_max").get<double>();
+      r.stats.replay_differ = j.value("replay_differ", 0.0);  // absent before routing replay
       r.stats.kl_mean = j.at("kl").get<double>();
       r.stats.report.grad_norm = j.at("grad_norm").get<double>();
       r.generate_s = j.at("generate_s").get<double>();

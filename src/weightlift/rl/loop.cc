@@ -27,7 +27,7 @@ using Clock = std::chrono::steady_clock;
 constexpr char kFleet[] = "rl-fleet";
 constexpr char kCheckpoint[] = "policy";
 enum Command : int64_t { kSync = 1, kGenerate = 2, kStop = 3 };
-constexpr uint32_t kTagCommand = 1, kTagLength = 2, kTagInts = 3, kTagReals = 4;
+constexpr uint32_t kTagCommand = 1, kTagLength = 2, kTagInts = 3, kTagReals = 4, kTagRoutes = 5;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -195,7 +195,8 @@ Status run_rollout_worker(const RlOptions& o, const std::shared_ptr<comm::Store>
         .max_new_tokens = req.max_new,
         .sampling = req.greedy ? kernels::SamplingOptions{.temperature = 0} : o.sampling,
         .seed = req.seed,
-        .stop_token = train::kEosToken};
+        .stop_token = train::kEosToken,
+        .keep_routes = o.routing_replay};
     WL_ASSIGN_OR_RETURN(infer::Generation out,
                         worker->generate(fleet->receiver(), req.prompts, gen));
     // Reply: [version, then per row its length and tokens] and the logprobs, row after row.
@@ -208,6 +209,12 @@ Status run_rollout_worker(const RlOptions& o, const std::shared_ptr<comm::Store>
     }
     WL_RETURN_IF_ERROR(send_values(g, 0, kTagInts, ints, o.timeout));
     WL_RETURN_IF_ERROR(send_values(g, 0, kTagReals, reals, o.timeout));
+    if (o.routing_replay) {  // every row's routes, one after the other
+      std::vector<int32_t> routes;
+      for (const std::vector<int32_t>& r : out.routes)
+        routes.insert(routes.end(), r.begin(), r.end());
+      WL_RETURN_IF_ERROR(send_values(g, 0, kTagRoutes, routes, o.timeout));
+    }
   }
 }
 
@@ -408,6 +415,10 @@ class Trainer {
                         recv_values<int64_t>(g, 1, kTagInts, kMostValues, o_.timeout));
     WL_ASSIGN_OR_RETURN(std::vector<double> reals,
                         recv_values<double>(g, 1, kTagReals, kMostValues, o_.timeout));
+    std::vector<int32_t> routes;
+    if (o_.routing_replay) {
+      WL_ASSIGN_OR_RETURN(routes, recv_values<int32_t>(g, 1, kTagRoutes, kMostValues, o_.timeout));
+    }
     const std::string who = "rollout worker " + std::to_string(s.worker);
     if (ints.empty()) return data_loss(who + ": empty reply");
     auto version = policy_version_of(uint64_t(ints[0]));
@@ -416,7 +427,8 @@ class Trainer {
                        ", which the trainer never published (newest " +
                        std::to_string(server_version_) + ")");
     }
-    size_t at = 1, lp = 0;
+    size_t at = 1, lp = 0, rt = 0;
+    const size_t width = size_t(o_.config.num_layers * o_.config.top_k);
     for (size_t r = s.begin; r < s.end; ++r) {
       if (at >= ints.size() || ints[at] < 0 || size_t(ints[at]) > ints.size() - at - 1 ||
           lp + size_t(ints[at]) > reals.size() || ints[at] > max_new()) {
@@ -430,6 +442,18 @@ class Trainer {
       x.logprobs.assign(reals.begin() + int64_t(lp), reals.begin() + int64_t(lp) + n);
       at += size_t(n) + 1;
       lp += size_t(n);
+      if (o_.routing_replay && n > 0) {  // the tokens it fed: the prompt, the completion but one
+        const size_t entries = (x.prompt.size() + size_t(n) - 1) * width;
+        if (entries > routes.size() - rt) {
+          return data_loss(who + ": routes cut short at row " + std::to_string(r - s.begin));
+        }
+        x.routes.assign(routes.begin() + int64_t(rt), routes.begin() + int64_t(rt + entries));
+        rt += entries;
+      }
+    }
+    if (rt != routes.size()) {
+      return data_loss(who + ": " + std::to_string(routes.size()) + " route entries for " +
+                       std::to_string(rt) + " the rows' tokens need");
     }
     return ok_status();
   }
@@ -626,7 +650,12 @@ class Trainer {
     rec.reward_mean = reward_sum / double(batch.size());
     rec.train_accuracy = double(right) / double(batch.size());
     t0 = Clock::now();
-    WL_ASSIGN_OR_RETURN(PolicyBatch pb, make_policy_batch(batch, seq_));
+    const model::ModelConfig& c = o_.config;
+    Result<PolicyBatch> made = make_policy_batch(
+        batch, seq_, {.width = c.num_layers * c.top_k, .top_k = c.top_k, .experts = c.num_experts});
+    // A worker's routes that name no expert of this model are a worker that lies.
+    if (!made.ok()) return data_loss("rollout samples: " + made.status().message());
+    PolicyBatch pb = *std::move(made);
     if (o_.loss.kl_coef > 0) {
       WL_ASSIGN_OR_RETURN(pb.logp_ref, reference_logprobs(pb.batch));
     }

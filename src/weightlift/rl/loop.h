@@ -83,6 +83,11 @@ struct RlOptions {
   // The workers take new weights between requests only, so every token of a sample comes
   // from the sample's version.
   int64_t max_staleness = 0;
+  // Routing replay (R3): the workers record the experts their router chose for every token,
+  // and the trainer's forward and backward use those instead of its own router's top-k (the
+  // router still learns through the gate weights), so a token's experts are the same in
+  // rollout and training even where the two routers would pick differently.
+  bool routing_replay = false;
   std::chrono::milliseconds timeout{120000};
   // Checkpoints (rl/checkpoint.h) into `checkpoint_dir`/checkpoint-<RL step> every this many
   // RL steps (0: none), synchronous mode only; `resume` continues from one. `run`: the

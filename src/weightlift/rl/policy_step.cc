@@ -46,7 +46,47 @@ Result<train::Batch> lay_out(std::span<const Sample> samples, int64_t seq, At at
 
 }  // namespace
 
-Result<PolicyBatch> make_policy_batch(std::span<const Sample> samples, int64_t seq) {
+namespace {
+
+// Sample i's routes, checked against `shape`, laid out at row i of `out` [rows * seq, width].
+Status lay_out_routes(const Sample& s, size_t i, int64_t seq, const RouteShape& shape,
+                      std::vector<int32_t>& out) {
+  const std::string where = "sample " + std::to_string(i) + ": routes: ";
+  const size_t fed = s.prompt.size() + s.completion.size() - 1;
+  if (shape.width <= 0 || shape.top_k <= 0 || shape.width % shape.top_k != 0) {
+    return invalid_argument(where + "no route shape for the batch (width " +
+                            std::to_string(shape.width) + ", top_k " + std::to_string(shape.top_k) +
+                            ")");
+  }
+  if (s.routes.size() != fed * size_t(shape.width)) {
+    return invalid_argument(where + std::to_string(s.routes.size()) + " entries for " +
+                            std::to_string(fed) + " tokens fed of " + std::to_string(shape.width) +
+                            " each");
+  }
+  const size_t K = size_t(shape.top_k);
+  for (size_t e = 0; e < s.routes.size(); e += K) {
+    for (size_t j = 0; j < K; ++j) {
+      const int32_t x = s.routes[e + j];
+      const bool twice = std::find(s.routes.begin() + int64_t(e), s.routes.begin() + int64_t(e + j),
+                                   x) != s.routes.begin() + int64_t(e + j);
+      if (x < 0 || x >= shape.experts || twice) {
+        const size_t token = e / size_t(shape.width), layer = e % size_t(shape.width) / K;
+        return invalid_argument(
+            where + "token " + std::to_string(token) + ", layer " + std::to_string(layer) +
+            ": expert " + std::to_string(x) +
+            (twice ? " twice" : " outside [0, " + std::to_string(shape.experts) + ")"));
+      }
+    }
+  }
+  std::copy(s.routes.begin(), s.routes.end(),
+            out.begin() + int64_t(i * size_t(seq) * size_t(shape.width)));
+  return ok_status();
+}
+
+}  // namespace
+
+Result<PolicyBatch> make_policy_batch(std::span<const Sample> samples, int64_t seq,
+                                      const RouteShape& routes) {
   PolicyBatch out;
   out.logp_mu.assign(samples.size() * size_t(seq), 0.0);
   out.advantage.assign(samples.size() * size_t(seq), 0.0);
@@ -63,6 +103,14 @@ Result<PolicyBatch> make_policy_batch(std::span<const Sample> samples, int64_t s
                         out.advantage[at] = samples[i].advantage;
                         ++out.completion_tokens;
                       }));
+  const bool any = std::any_of(samples.begin(), samples.end(),
+                               [](const Sample& s) { return !s.routes.empty(); });
+  if (any) {
+    out.routes.assign(samples.size() * size_t(seq) * size_t(routes.width), -1);
+    for (size_t i = 0; i < samples.size(); ++i) {
+      WL_RETURN_IF_ERROR(lay_out_routes(samples[i], i, seq, routes, out.routes));
+    }
+  }
   return out;
 }
 
@@ -123,8 +171,26 @@ Result<PolicyStats> policy_gradients(parallel::DataParallel& dp, const PolicyBat
           },
       .divisor = 1};
   PolicyStats st;
-  WL_ASSIGN_OR_RETURN(model::LossTerms lt,
-                      parallel::compute_gradients(dp, b.batch, settings, loss));
+  parallel::StepSettings s = settings;
+  int64_t differ = 0, routed = 0;  // token-layers replayed differently, and all replayed
+  if (!b.routes.empty()) {
+    const model::ModelConfig& c = dp.config();
+    const size_t width = size_t(c.num_layers * c.top_k);
+    if (b.routes.size() != b.batch.tokens.size() * width) {
+      return invalid_argument(
+          "routing replay: " + std::to_string(b.routes.size()) + " route entries for " +
+          std::to_string(b.batch.tokens.size()) + " positions of " + std::to_string(width) + " (" +
+          std::to_string(c.num_layers) + " layers x top_k " + std::to_string(c.top_k) + ")");
+    }
+    for (size_t at = 0; at < b.routes.size(); at += width) routed += b.routes[at] >= 0;
+    routed *= c.num_layers;
+    s.replay_routes = b.routes.data();
+    s.replay_differ = &differ;
+  }
+  WL_ASSIGN_OR_RETURN(model::LossTerms lt, parallel::compute_gradients(dp, b.batch, s, loss));
+  double replayed = double(differ);
+  WL_RETURN_IF_ERROR(dp.sum_over_ranks(&replayed, 1));
+  st.replay_differ = routed > 0 ? replayed / double(routed) : 0.0;
   WL_RETURN_IF_ERROR(dp.sum_over_ranks(sums, 5));
   // The largest gap over the ranks: a sum of one-hot vectors would do, a max of the negated
   // sums would not; ranks are few, so each contributes its max in its own slot.

@@ -31,6 +31,10 @@ struct Sample {
   std::vector<int64_t> completion;  // sampled tokens, the end token last if it was produced
   std::vector<double> logprobs;     // per completion token, under the distribution sampled from
   uint64_t version = 0;             // the weights' version that produced it
+  // The experts the rollout's router chose for every token it fed through the model (the
+  // prompt, then the completion but its last token), [tokens][num_layers][top_k]; empty when
+  // the rollout did not record them. The trainer replays them (routing replay, R3).
+  std::vector<int32_t> routes;
   double reward = 0;
   double advantage = 0;
 };
@@ -43,11 +47,22 @@ struct PolicyBatch {
   // (target_logprobs of the reference model); empty otherwise.
   std::vector<double> logp_ref;
   int64_t completion_tokens = 0;  // targets that count
+  // [rows * seq, route_width]: the samples' routes at their positions, -1 at padding; empty
+  // when the samples carry none.
+  std::vector<int32_t> routes;
 };
 
 // InvalidArgument when a sample does not fit in `seq` tokens, has no completion, or its
-// logprobs do not match its completion.
-Result<PolicyBatch> make_policy_batch(std::span<const Sample> samples, int64_t seq);
+// logprobs do not match its completion; or, when some sample has routes, when a sample's are
+// not `route_width` (num_layers * top_k) per token fed, or name an expert twice for a token
+// or outside [0, experts).
+struct RouteShape {
+  int64_t width = 0;    // num_layers * top_k
+  int64_t top_k = 1;    // entries per token and layer
+  int64_t experts = 0;  // valid experts are [0, experts)
+};
+Result<PolicyBatch> make_policy_batch(std::span<const Sample> samples, int64_t seq,
+                                      const RouteShape& routes = {});
 
 // Supervised fine-tuning rows (demonstrations): the same rows with the cross-entropy on the
 // completion tokens only; train with parallel::run_step.
@@ -63,7 +78,10 @@ struct PolicyStats {
   double logprob_gap_mean = 0;  // mean |logp_trainer - logp_sampler| over tokens
   double logprob_gap_max = 0;   // the largest
   double kl_mean = 0;           // mean k3 estimate of KL(policy || reference) over tokens
-  train::StepReport report;     // the optimizer's
+  // Routing replay: the share of token-layers (over the whole batch's fed tokens) whose
+  // replayed experts were not the ones the trainer's router would have chosen.
+  double replay_differ = 0;
+  train::StepReport report;  // the optimizer's
 };
 
 // Collective over the data-parallel ranks (every rank passes the same batch). The layout must

@@ -4,6 +4,7 @@
 // SwiGLU is two GEMMs over contiguous rows ([n_e, d] x [d, 2F], then [n_e, F] x [F, d]).
 #include "weightlift/model/detail/block.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "weightlift/core/parallel.h"
@@ -90,6 +91,18 @@ void route(const BlockContext& ctx, const Dims& m, const LayerView& w, int64_t N
   kernels::router_forward(rs, logits.data<float>(), a.probs.data<float>(),
                           a.topk_idx.data<int32_t>(), a.topk_w.data<float>(), a.lse_r.data<float>(),
                           a.counts.data<int64_t>());
+  if (ctx.replay) {
+    const int64_t differ = kernels::router_replay(rs, a.probs.data<float>(), ctx.replay,
+                                                  ctx.route_stride, a.topk_idx.data<int32_t>(),
+                                                  a.topk_w.data<float>(), a.counts.data<int64_t>());
+    if (ctx.replay_differ && !ctx.recompute) *ctx.replay_differ += differ;
+  }
+  if (ctx.routes_out && !ctx.recompute) {
+    const int32_t* idx = a.topk_idx.data<int32_t>();
+    for (int64_t t = 0; t < N; ++t) {
+      std::copy(idx + t * m.K, idx + (t + 1) * m.K, ctx.routes_out + t * ctx.route_stride);
+    }
+  }
   if (!ctx.recompute) {
     a.group_counts = a.counts.clone();
     a.group_tokens =

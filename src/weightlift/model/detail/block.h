@@ -54,6 +54,14 @@ struct BlockContext {
   std::function<int64_t(int64_t* counts, int64_t tokens)> sum_router_counts;
   // A gradient-checkpointing rerun of a forward pass whose group statistics are in the acts.
   bool recompute = false;
+  // Routing replay: token t goes to the experts at replay[t * route_stride] instead of the
+  // router's top-k (kernels::router_replay); null: the top-k.
+  const int32_t* replay = nullptr;
+  // When not null, receives the experts token t went to at routes_out[t * route_stride], and
+  // replay_differ the tokens whose replayed experts were not the router's own choice.
+  int32_t* routes_out = nullptr;
+  int64_t* replay_differ = nullptr;
+  int64_t route_stride = 0;
 };
 
 // Fills acts (acts.x must hold the input) and writes the block output to out [N, d].
