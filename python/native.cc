@@ -216,40 +216,23 @@ class ProcessGroup {
 
 // ---- the parameter server ---------------------------------------------------------------------
 
-// Named tensors of `config`'s model as the flat f32 vector the server takes: every parameter
-// present exactly once with its shape, f32 or bf16; errors name the tensor.
-std::vector<float> flatten(const model::ModelConfig& config,
-                           const std::map<std::string, Buffer>& tensors) {
-  const model::ParamLayout layout(config);
-  std::vector<float> full(size_t(layout.total()));
+// Named tensors as the server takes them, borrowed: the shards are copied from them directly
+// (no f32 copy of the model on the way). The server checks that they are every parameter of
+// the model with its shape; a dtype other than f32 or bf16 is refused here, by name.
+std::vector<transfer::NamedTensor> named_views(const std::map<std::string, Buffer>& tensors) {
+  std::vector<transfer::NamedTensor> out;
+  out.reserve(tensors.size());
   for (const auto& [name, b] : tensors) {
-    if (!layout.find(name)) {
-      throw StatusError(invalid_argument("tensor '" + name + "' is not a parameter of the model"));
+    if (b.dtype != "F32" && b.dtype != "BF16") {
+      throw StatusError(
+          invalid_argument("tensor '" + name + "' is " + b.dtype + "; parameters are F32 or BF16"));
     }
+    out.push_back({.name = name,
+                   .dtype = b.dtype == "F32" ? DType::kF32 : DType::kBF16,
+                   .shape = b.shape,
+                   .data = reinterpret_cast<const void*>(b.address)});
   }
-  for (const model::ParamInfo& p : layout.params()) {
-    auto it = tensors.find(p.name);
-    if (it == tensors.end()) {
-      throw StatusError(invalid_argument("tensor '" + p.name + "' is missing"));
-    }
-    const Buffer& b = it->second;
-    if (b.shape != p.shape) {
-      throw StatusError(invalid_argument("tensor '" + p.name + "' has shape " +
-                                         shape_to_string(b.shape) + "; the model's is " +
-                                         shape_to_string(p.shape)));
-    }
-    float* dst = full.data() + p.offset;
-    const size_t n = size_t(p.numel());
-    if (b.dtype == "F32") {
-      std::memcpy(dst, reinterpret_cast<const float*>(b.address), n * sizeof(float));
-    } else if (b.dtype == "BF16") {
-      convert_bf16_to_f32(reinterpret_cast<const uint16_t*>(b.address), dst, n);
-    } else {
-      throw StatusError(invalid_argument("tensor '" + p.name + "' is " + b.dtype +
-                                         "; parameters are F32 or BF16"));
-    }
-  }
-  return full;
+  return out;
 }
 
 py::dict update_dict(const transfer::ServerUpdate& u) {
@@ -301,9 +284,9 @@ class Server {
   void register_tensors(const std::string& name, const std::string& model,
                         const std::map<std::string, Buffer>& tensors) {
     const model::ModelConfig config = model_config(model);
-    std::vector<float> full = flatten(config, tensors);
-    py::gil_scoped_release unlocked;
-    check(server_->register_checkpoint(name, config, full));
+    // The GIL stays held: the server reads the caller's tensors, which another thread could
+    // free (the call blocks on nothing but the copy).
+    check(server_->register_checkpoint(name, config, named_views(tensors)));
     configs_[name] = config;
   }
   void refresh(const std::string& name, const std::map<std::string, Buffer>& tensors) {
@@ -311,8 +294,7 @@ class Server {
     if (it == configs_.end()) {
       throw StatusError(not_found("checkpoint '" + name + "' is not registered"));
     }
-    std::vector<float> full = flatten(it->second, tensors);
-    check(server_->refresh(name, full));
+    check(server_->refresh(name, named_views(tensors)));  // the GIL held, as registering
   }
   void unregister(const std::string& name) {
     check(server_->unregister_checkpoint(name));

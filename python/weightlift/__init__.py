@@ -197,7 +197,10 @@ class ParameterServer:
 
     def refresh(self, name: str, named_tensors: Mapping[str, Any]) -> None:
         """New values for checkpoint `name` (a training step happened); the next update sends
-        them. Local to this server rank."""
+        them. Local to this server rank. Each tensor's rows of this rank's shards are copied
+        straight from it (bf16 into bf16 shards is a memcpy; only a dtype that differs from
+        `shard_dtype` is converted). A refused state dict (a tensor missing, unknown, of the
+        wrong shape or dtype) leaves the held values as they were."""
         self._native.refresh(name, _named_buffers(named_tensors))
 
     def unregister(self, name: str) -> None:

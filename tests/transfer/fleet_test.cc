@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <thread>
@@ -195,6 +196,124 @@ TEST(ParameterServer, SwitchJoinHealLeaveP2pFp8) {
 }
 TEST(ParameterServer, SwitchJoinHealLeaveBroadcastFp8) {
   switch_join_heal_leave(TransferMode::kBroadcast, WeightFormat::kFP8);
+}
+
+// A state dict as PyTorch holds it: whole parameters by name, in bf16 or f32, copied straight
+// into the shards (no f32 copy of the model on the way). The receivers get what the full f32
+// vector of the same values gives; a refused set (a tensor missing, unknown, given twice, of
+// the wrong shape or dtype) is named and changes nothing.
+struct StateDict {
+  std::vector<std::vector<uint16_t>> bf16;  // per parameter, when held in bf16
+  std::vector<NamedTensor> tensors;
+};
+
+StateDict state_dict(const model::ModelConfig& c, const std::vector<float>& w, bool in_bf16) {
+  StateDict d;
+  const model::ParamLayout layout(c);
+  d.bf16.resize(layout.params().size());
+  for (size_t i = 0; i < layout.params().size(); ++i) {
+    const model::ParamInfo& p = layout.params()[i];
+    const void* data = w.data() + p.offset;
+    if (in_bf16) {
+      d.bf16[i].resize(size_t(p.numel()));
+      convert_f32_to_bf16(w.data() + p.offset, d.bf16[i].data(), size_t(p.numel()));
+      data = d.bf16[i].data();
+    }
+    d.tensors.push_back({p.name, in_bf16 ? DType::kBF16 : DType::kF32, p.shape, data});
+  }
+  return d;
+}
+
+std::vector<float> widened_from_bf16(const std::vector<float>& w) {
+  std::vector<uint16_t> h(w.size());
+  std::vector<float> out(w.size());
+  convert_f32_to_bf16(w.data(), h.data(), w.size());
+  convert_bf16_to_f32(h.data(), out.data(), w.size());
+  return out;
+}
+
+TEST(ParameterServer, TakesAStateDictInBf16OrF32) {
+  const model::ModelConfig c = preset_or_die("tiny");
+  const std::vector<float> a = random_weights(c, 1), b = random_weights(c, 2);
+  const StateDict a_bf16 = state_dict(c, a, true), b_f32 = state_dict(c, b, false);
+  auto store = std::make_shared<comm::MemoryStore>();
+  std::vector<std::unique_ptr<ReceiverThread>> rx;
+  for (int i = 0; i < 2; ++i) rx.push_back(start_receiver(store, c, i, {.tp = 1, .tp_rank = 0}));
+  auto expect_all = [&](std::span<const float> held, uint64_t v) {
+    for (auto& t : rx) {
+      ASSERT_TRUE(t->wait_version(v));
+      expect_matches_reference(t->fleet->receiver(), c, t->layout, held, v);
+    }
+  };
+  std::atomic<int> phase{0};
+  run_servers(store, TransferMode::kP2P, [&](ParameterServer& ps) {
+    ASSERT_TRUE(ps.register_checkpoint("a", c, a_bf16.tensors).ok());
+    ASSERT_TRUE(ps.update("a").ok());
+    if (ps.options().rank == 0) {
+      expect_all(widened_from_bf16(a), 1);
+      phase = 1;
+    }
+    while (phase.load() < 1) std::this_thread::yield();
+    ASSERT_TRUE(ps.refresh("a", b_f32.tensors).ok());
+    ASSERT_TRUE(ps.update("a").ok());
+    if (ps.options().rank == 0) {
+      expect_all(b, 2);
+      phase = 2;
+    }
+    while (phase.load() < 2) std::this_thread::yield();
+
+    const std::string first = b_f32.tensors[0].name, last = b_f32.tensors.back().name;
+    auto refused = [&](std::vector<NamedTensor> t, const std::string& what) {
+      const Status s = ps.refresh("a", t);
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << what;
+      EXPECT_NE(s.message().find(what), std::string::npos) << s.to_string();
+      EXPECT_EQ(ps.register_checkpoint("c", c, t).code(), StatusCode::kInvalidArgument) << what;
+    };
+    std::vector<NamedTensor> bad = a_bf16.tensors;
+    bad.pop_back();
+    refused(bad, "refresh 'a': tensor '" + last + "' is missing");
+    bad = a_bf16.tensors;
+    bad.push_back(bad[0]);
+    refused(bad, "tensor '" + first + "' is given twice");
+    bad = a_bf16.tensors;
+    bad[0].shape.back() += 1;
+    refused(bad, "tensor '" + first + "' has shape");
+    bad = a_bf16.tensors;
+    bad[0].dtype = DType::kI32;
+    refused(bad, "tensor '" + first + "' is I32; parameters are F32 or BF16");
+    bad = a_bf16.tensors;
+    bad[0].name = "layers.9.nothing";
+    refused(bad, "tensor 'layers.9.nothing' is not a parameter of the model");
+    EXPECT_EQ(ps.checkpoints(), std::vector<std::string>{"a"});
+    ASSERT_TRUE(ps.update("a").ok());  // still b
+    if (ps.options().rank == 0) {
+      expect_all(b, 3);
+      phase = 3;
+    }
+    while (phase.load() < 3) std::this_thread::yield();
+  });
+  for (auto& t : rx) {
+    t->join();
+    EXPECT_TRUE(t->errors.empty()) << t->errors.front();
+  }
+}
+
+// A bf16 state dict into bf16 shards is a copy: the shards are the bytes the caller held, the
+// same as rounding the f32 values would give.
+TEST(TrainerWeights, Bf16TensorsIntoBf16ShardsAreCopied) {
+  const model::ModelConfig c = preset_or_die("tiny");
+  const std::vector<float> a = random_weights(c, 4);
+  const StateDict d = state_dict(c, a, true);
+  const TrainerWeights named =
+      TrainerWeights::from_named(c, d.tensors, nullptr, {.dtype = DType::kBF16});
+  const TrainerWeights full = TrainerWeights::from_full(c, a, nullptr, {.dtype = DType::kBF16});
+  ASSERT_EQ(named.tensors().size(), d.tensors.size());
+  for (size_t i = 0; i < d.tensors.size(); ++i) {
+    const Tensor& x = named.tensors()[i].shard();
+    ASSERT_EQ(x.nbytes(), d.bf16[i].size() * 2);
+    EXPECT_EQ(std::memcmp(x.raw(), d.bf16[i].data(), x.nbytes()), 0) << d.tensors[i].name;
+    EXPECT_EQ(std::memcmp(x.raw(), full.tensors()[i].shard().raw(), x.nbytes()), 0);
+  }
 }
 
 // A receiver left behind by updates to a subset is not silently mixed into a generation whose

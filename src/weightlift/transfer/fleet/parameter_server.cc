@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <functional>
 #include <set>
 #include <thread>
 
@@ -70,6 +71,11 @@ struct ParameterServer::Impl {
   Status connect_servers();
   Status rebuild_worker();
   Status publish_copy(const std::string& name, uint64_t version);
+  // Holds a new checkpoint whose shards make(storage) builds (storage may be null).
+  void hold(const std::string& name, const model::ModelConfig& config,
+            const std::function<TrainerWeights(std::byte* storage)>& make);
+  // New values for a held checkpoint, written by assign() under the servers' copy's seqlock.
+  static void assign(HeldCheckpoint& held, const std::function<void(TrainerWeights&)>& write);
 };
 
 ParameterServer::ParameterServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -141,22 +147,46 @@ Status ParameterServer::register_checkpoint(const std::string& name,
                             " floats given, the config has " + std::to_string(layout.total()) +
                             " parameters");
   }
-  Impl& m = *impl_;
+  impl_->hold(name, config, [&](std::byte* storage) {
+    return TrainerWeights::from_full(config, full, impl_->servers,
+                                     {.dtype = impl_->options.shard_dtype, .storage = storage});
+  });
+  return ok_status();
+}
+
+Status ParameterServer::register_checkpoint(const std::string& name,
+                                            const model::ModelConfig& config,
+                                            std::span<const NamedTensor> tensors) {
+  if (name.empty()) return invalid_argument("register_checkpoint: empty name");
+  if (impl_->checkpoints.count(name)) {
+    return invalid_argument("register_checkpoint: '" + name +
+                            "' is registered already; unregister it first");
+  }
+  WL_RETURN_IF_ERROR(config.validate("register_checkpoint '" + name + "'"));
+  WL_RETURN_IF_ERROR(
+      check_named_tensors(config, tensors).with_context("register_checkpoint '" + name + "'"));
+  impl_->hold(name, config, [&](std::byte* storage) {
+    return TrainerWeights::from_named(config, tensors, impl_->servers,
+                                      {.dtype = impl_->options.shard_dtype, .storage = storage});
+  });
+  return ok_status();
+}
+
+void ParameterServer::Impl::hold(const std::string& name, const model::ModelConfig& config,
+                                 const std::function<TrainerWeights(std::byte* storage)>& make) {
   HeldCheckpoint held{.config = config};
-  const size_t shard_bytes = TrainerWeights::storage_bytes(
-      config, m.servers->size(), m.servers->rank(), m.options.shard_dtype);
+  const size_t shard_bytes =
+      TrainerWeights::storage_bytes(config, servers->size(), servers->rank(), options.shard_dtype);
   // Without UCX-allocated memory the checkpoint still serves updates; restarted receivers
   // then cannot heal from it (their gets would need this process to progress).
-  if (auto region = m.worker->allocate_memory(kServerCopyStatusBytes + shard_bytes); region.ok()) {
+  if (auto region = worker->allocate_memory(kServerCopyStatusBytes + shard_bytes); region.ok()) {
     held.memory = std::make_shared<comm::MemoryRegion>(std::move(*region));
     held.registration = held.memory;
   }
   std::byte* storage =
       held.memory ? static_cast<std::byte*>(held.memory->data()) + kServerCopyStatusBytes : nullptr;
-  held.weights = std::make_unique<TrainerWeights>(TrainerWeights::from_full(
-      config, full, m.servers, {.dtype = m.options.shard_dtype, .storage = storage}));
-  m.checkpoints.emplace(name, std::move(held));
-  return ok_status();
+  held.weights = std::make_unique<TrainerWeights>(make(storage));
+  checkpoints.emplace(name, std::move(held));
 }
 
 Status ParameterServer::refresh(const std::string& name, std::span<const float> full) {
@@ -169,6 +199,22 @@ Status ParameterServer::refresh(const std::string& name, std::span<const float> 
                             " floats given, the checkpoint has " + std::to_string(total) +
                             " parameters");
   }
+  Impl::assign(held, [&](TrainerWeights& w) { w.assign_full(full); });
+  return ok_status();
+}
+
+Status ParameterServer::refresh(const std::string& name, std::span<const NamedTensor> tensors) {
+  auto it = impl_->checkpoints.find(name);
+  if (it == impl_->checkpoints.end()) return not_found("refresh: no checkpoint '" + name + "'");
+  HeldCheckpoint& held = it->second;
+  WL_RETURN_IF_ERROR(
+      check_named_tensors(held.config, tensors).with_context("refresh '" + name + "'"));
+  Impl::assign(held, [&](TrainerWeights& w) { w.assign_named(tensors); });
+  return ok_status();
+}
+
+void ParameterServer::Impl::assign(HeldCheckpoint& held,
+                                   const std::function<void(TrainerWeights&)>& write) {
   // The seqlock of fleet/heal_from_servers.h: a healer that read the shards meanwhile sees [0]
   // moved.
   ++held.stamp;
@@ -176,11 +222,10 @@ Status ParameterServer::refresh(const std::string& name, std::span<const float> 
     std::atomic_ref<uint64_t>(held.status()[0]).store(held.stamp, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_seq_cst);
   }
-  held.weights->assign_full(full);
+  write(*held.weights);
   if (held.memory) {
     std::atomic_ref<uint64_t>(held.status()[1]).store(held.stamp, std::memory_order_release);
   }
-  return ok_status();
 }
 
 Status ParameterServer::Impl::publish_copy(const std::string& name, uint64_t version) {

@@ -88,6 +88,12 @@ class ParameterServer {
   // call). InvalidArgument if `name` is taken or empty.
   Status register_checkpoint(const std::string& name, const model::ModelConfig& config,
                              std::span<const float> full);
+  // From whole parameters in f32 or bf16 as a caller holds them (a state dict): each shard
+  // copied from its tensor, converted only where the dtype differs from the shards'.
+  // InvalidArgument naming a tensor that is missing, unknown, given twice or of the wrong shape
+  // or dtype (nothing is registered then).
+  Status register_checkpoint(const std::string& name, const model::ModelConfig& config,
+                             std::span<const NamedTensor> tensors);
   // From safetensors files (a checkpoint may be split across several); errors name the file
   // and the tensor (model::read_params).
   Status register_checkpoint(const std::string& name, const model::ModelConfig& config,
@@ -100,6 +106,9 @@ class ParameterServer {
   // for register_checkpoint. Local, not collective; NotFound if unknown, InvalidArgument for a
   // wrong size. The next update sends them.
   Status refresh(const std::string& name, std::span<const float> full);
+  // The same from whole parameters, as register_checkpoint takes them; a refused set leaves
+  // the held weights as they were.
+  Status refresh(const std::string& name, std::span<const NamedTensor> tensors);
 
   // The ids of the receivers that have announced themselves and neither left nor been found
   // gone by an update: those an update without a list takes. Local (reads the store); a

@@ -17,6 +17,13 @@ int64_t ShardedTensor::row_elems() const {
 
 ShardedTensor ShardedTensor::from_full(const ShardedTensorOptions& options, const float* full,
                                        std::shared_ptr<comm::Group> mesh) {
+  ShardedTensor t = empty(options, std::move(mesh));
+  t.assign_full(full);
+  return t;
+}
+
+ShardedTensor ShardedTensor::empty(const ShardedTensorOptions& options,
+                                   std::shared_ptr<comm::Group> mesh) {
   WL_CHECK(!options.shape.empty()) << options.name << ": a sharded tensor is at least 1-D";
   WL_CHECK(options.dtype == DType::kF32 || options.dtype == DType::kBF16)
       << options.name << ": " << dtype_name(options.dtype);
@@ -27,15 +34,25 @@ ShardedTensor ShardedTensor::from_full(const ShardedTensorOptions& options, cons
   local[0] = t.local_rows().size();
   t.working_ = options.storage != nullptr ? Tensor::borrow(options.storage, options.dtype, local)
                                           : Tensor::empty(options.dtype, local);
-  t.assign_full(full);
   return t;
 }
 
-void ShardedTensor::assign_full(const float* full) {
+void ShardedTensor::assign_full(const float* full) { assign_full(DType::kF32, full); }
+
+void ShardedTensor::assign_full(DType src, const void* full) {
+  WL_CHECK(src == DType::kF32 || src == DType::kBF16) << options_.name << ": " << dtype_name(src);
   const ShardRows r = local_rows();
   const Tensor& dst = shard();
-  convert_from_f32(full + r.begin * row_elems(), options_.dtype, dst.raw(),
-                   size_t(r.size() * row_elems()));
+  const size_t n = size_t(r.size() * row_elems());
+  const std::byte* from =
+      static_cast<const std::byte*>(full) + size_t(r.begin * row_elems()) * dtype_size(src);
+  if (src == options_.dtype) {
+    std::memcpy(dst.raw(), from, n * dtype_size(src));
+  } else if (src == DType::kF32) {
+    convert_from_f32(reinterpret_cast<const float*>(from), options_.dtype, dst.raw(), n);
+  } else {  // bf16 into an f32 shard: exact
+    convert_bf16_to_f32(reinterpret_cast<const uint16_t*>(from), dst.data<float>(), n);
+  }
 }
 
 void ShardedTensor::offload() {

@@ -39,6 +39,9 @@ class ShardedTensor {
   // `mesh` null: a mesh of one rank.
   static ShardedTensor from_full(const ShardedTensorOptions& options, const float* full,
                                  std::shared_ptr<comm::Group> mesh);
+  // This rank's rows, not yet written (fill them with assign_full).
+  static ShardedTensor empty(const ShardedTensorOptions& options,
+                             std::shared_ptr<comm::Group> mesh);
 
   const std::string& name() const { return options_.name; }
   const Shape& shape() const { return options_.shape; }
@@ -60,6 +63,9 @@ class ShardedTensor {
 
   // Replaces this rank's rows with those of `full` ([shape] f32, borrowed), rounded to dtype.
   void assign_full(const float* full);
+  // The same from a full tensor of `src` dtype (kF32 or kBF16): a copy when it is the
+  // shard's dtype, a conversion otherwise.
+  void assign_full(DType src, const void* full);
 
   // Collective over the mesh. `dst`: numel * dtype_size bytes, the whole tensor row-major.
   Status full_tensor_into(void* dst, std::chrono::milliseconds timeout = {}) const;

@@ -7,10 +7,12 @@
 
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
+#include "weightlift/core/status.h"
 #include "weightlift/model/config.h"
 #include "weightlift/transfer/layout/sharded_tensor.h"
 
@@ -25,6 +27,18 @@ struct TrainerWeightsOptions {
   std::byte* storage = nullptr;
 };
 
+// One whole parameter as a caller holds it (a PyTorch state dict's tensor): borrowed, row-major.
+struct NamedTensor {
+  std::string name;
+  DType dtype = DType::kF32;  // kF32 or kBF16
+  Shape shape;
+  const void* data = nullptr;
+};
+
+// OK when `tensors` are every parameter of `config` exactly once, each with its shape and
+// dtype kF32 or kBF16; otherwise InvalidArgument naming the tensor.
+Status check_named_tensors(const model::ModelConfig& config, std::span<const NamedTensor> tensors);
+
 class TrainerWeights {
  public:
   // `full`: every parameter in f32, model::ParamLayout order, borrowed for the call.
@@ -32,6 +46,13 @@ class TrainerWeights {
   static TrainerWeights from_full(const model::ModelConfig& config, std::span<const float> full,
                                   std::shared_ptr<comm::Group> mesh,
                                   const TrainerWeightsOptions& options);
+
+  // From whole parameters in f32 or bf16 (check_named_tensors first): each shard copied
+  // from its tensor, converted only where the dtypes differ.
+  static TrainerWeights from_named(const model::ModelConfig& config,
+                                   std::span<const NamedTensor> tensors,
+                                   std::shared_ptr<comm::Group> mesh,
+                                   const TrainerWeightsOptions& options);
 
   // Bytes TrainerWeightsOptions::storage must have for this rank's shards.
   static size_t storage_bytes(const model::ModelConfig& config, int mesh_size, int mesh_rank,
@@ -42,6 +63,8 @@ class TrainerWeights {
 
   // New values for every shard (a training step happened), from the full f32 weights.
   void assign_full(std::span<const float> full);
+  // The same from whole parameters (REQUIRES: check_named_tensors passed).
+  void assign_named(std::span<const NamedTensor> tensors);
 
   const model::ModelConfig& config() const { return config_; }
   const TrainerWeightsOptions& options() const { return options_; }
@@ -59,6 +82,11 @@ class TrainerWeights {
   std::shared_ptr<comm::Group> mesh_;
   std::vector<ShardedTensor> tensors_;
   std::unordered_map<std::string, size_t> index_;
+
+  // Shards for every parameter, each filled by fill(tensor, param).
+  template <typename Fill>
+  static TrainerWeights build(const model::ModelConfig& config, std::shared_ptr<comm::Group> mesh,
+                              const TrainerWeightsOptions& options, Fill fill);
 };
 
 }  // namespace wl::transfer
