@@ -2,6 +2,9 @@
 // update under the watermark, and the checksum exchange.
 #include "weightlift/transfer/modes/p2p.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -21,6 +24,22 @@
 
 namespace wl::transfer {
 namespace {
+
+// The first write into each page of a receiver's slot faults that page into this process's
+// mapping of it: for a `medium` slot (842 MB) 205k faults, which made every run's first timed
+// update take 5x its steady time (docs/BENCHMARKS.md). Populating the mapping once when it is
+// made moves that cost to the first update, which also connects. MADV_POPULATE_WRITE (Linux
+// 5.14) writes nothing; on a kernel without it the pages fault in on first use, as before.
+void populate_for_writing(std::byte* at, uint64_t bytes) {
+#ifdef MADV_POPULATE_WRITE
+  const auto page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(at) / page * page;
+  const uintptr_t end = reinterpret_cast<uintptr_t>(at) + bytes;
+  (void)madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE);
+#else
+  (void)at, (void)bytes;
+#endif
+}
 
 constexpr uint32_t kChecksumTag = 0x7c5;  // user tag of the checksum messages
 
@@ -409,6 +428,9 @@ Status P2PExecutor::connect_targets(const std::vector<comm::ProcessId>& processe
       slots[size_t(i)] = static_cast<std::byte*>(w.remote_pointer(key, r.slot_address[i]));
     }
     if (slots[0] == nullptr || slots[1] == nullptr) slots = {};
+    for (std::byte* slot : slots) {
+      if (slot != nullptr) populate_for_writing(slot, r.slot_bytes);
+    }
     sender_.mapped[receiver_rank] = slots;
     sender_.peer[receiver_rank] = id;
     sender_.rkey[receiver_rank] = std::move(key);
