@@ -128,6 +128,74 @@ def dead_receiver(job):
         job.close(timeout=60, ranks=2)
 
 
+def e4m3_to_float(q):
+    """fp8 e4m3 codes (torch.uint8) as float32: sign, 4 exponent bits (bias 7), 3 mantissa
+    bits, subnormals at exponent 0 (OCP FP8; 0x7f / 0xff are NaN)."""
+    q = q.to(torch.int32)
+    sign = torch.where(q >= 128, -1.0, 1.0)
+    e, m = (q >> 3) & 15, (q & 7).to(torch.float32)
+    normal = (1 + m / 8) * torch.pow(2.0, (e - 7).to(torch.float32))
+    value = torch.where(e == 0, m / 8 * 2.0 ** -6, normal)
+    return sign * torch.where((q & 127) == 127, torch.tensor(float("nan")), value)
+
+
+def fp8(job):
+    """An fp8 receiver: every matrix arrives as e4m3 codes (torch.uint8 views) with an f32
+    scale per 128x128 block, and dequantized (q * scale) is within e4m3's rounding of what the
+    trainer sent: half a step, 2^-4 relative, or for the block's smallest values half a
+    subnormal step, 2^-10 of the scale. The other tensors arrive in bf16, exactly."""
+    sd = state_dict(4)
+    if job.rank == 0:
+        server = wl.ParameterServer(job)
+        server.register_checkpoint("policy", MODEL, named_tensors=sd)
+        server.wait_for_receivers(1)
+        assert server.update("policy")["version"] == 1
+    else:
+        receiver = wl.Receiver(job, id=0, model=MODEL, format="fp8")
+        receiver.wait_for_version(1, timeout=60)
+        lo, hi = receiver.memory_range()
+        quantized = 0
+        with receiver.acquire() as w:
+            for name in w.keys():
+                if name.endswith(".scale"):
+                    continue
+                t = w[name]
+                assert lo <= t.data_ptr() < hi, name
+                want = expected(sd, name)
+                if name + ".scale" not in w.keys():
+                    assert torch.equal(t, want), name
+                    continue
+                quantized += 1
+                assert t.dtype == torch.uint8 and t.shape == want.shape, (name, t.dtype, t.shape)
+                scale = w[name + ".scale"]
+                rows, cols = t.shape
+                assert scale.shape == ((rows + 127) // 128, (cols + 127) // 128), scale.shape
+                per = scale.repeat_interleave(128, 0)[:rows].repeat_interleave(128, 1)[:, :cols]
+                got = e4m3_to_float(t) * per
+                sent = torch.cat([sd[n] for n in sources(name)]) if fused(name) else sd[name]
+                bound = sent.abs() * 2.0 ** -4 + per * 2.0 ** -10
+                worst = ((got - sent).abs() - bound).max().item()
+                assert worst <= 1e-6, f"{name}: off by {worst} beyond e4m3's rounding"
+        assert quantized > 0, "no tensor arrived in fp8"
+    job.close(timeout=60, ranks=2)
+
+
+FUSED = {"attn.qkv_proj.weight": ["attn.q_proj.weight", "attn.k_proj.weight",
+                                  "attn.v_proj.weight"],
+         "gate_up_proj.weight": ["gate_proj.weight", "up_proj.weight"]}
+
+
+def fused(name):
+    return any(name.endswith(s) for s in FUSED)
+
+
+def sources(name):
+    for suffix, parts in FUSED.items():
+        if name.endswith(suffix):
+            return [name[:-len(suffix)] + p for p in parts]
+    return [name]
+
+
 if __name__ == "__main__":
     job = wl.init(timeout=60)
     globals()[sys.argv[1]](job)

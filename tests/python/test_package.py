@@ -42,6 +42,10 @@ def test_receiver_that_dies_is_left_out_without_a_hang():
     launch("dead_receiver")
 
 
+def test_fp8_receiver_within_e4m3_rounding():
+    launch("fp8", ranks=2)
+
+
 @pytest.fixture
 def job(monkeypatch):
     """A job of this one process, its store on a free port."""
