@@ -2,7 +2,10 @@
 by `weightlift launch`. Every check is an assert; a rank that fails exits non-zero and the
 launcher's exit code fails the test."""
 import os
+import random
+import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -13,9 +16,9 @@ import weightlift as wl
 MODEL = "tiny"
 
 
-def state_dict(seed):
+def state_dict(seed, model=MODEL):
     g = torch.Generator().manual_seed(seed)
-    return {n: torch.randn(s, generator=g) for n, s in wl.parameters(MODEL)}
+    return {n: torch.randn(s, generator=g) for n, s in wl.parameters(model)}
 
 
 def expected(sd, name):
@@ -124,6 +127,76 @@ def dead_receiver(job):
         receiver.wait_for_version(1, timeout=60)
         job.barrier("one-gone", timeout=60)
         os._exit(0)  # gone without leave(): a crash as far as the fleet can tell
+    if job.rank != 2:
+        job.close(timeout=60, ranks=2)
+
+
+def killed_mid_update(job):
+    """Receiver 1 is SIGKILLed by a timer of its own while the server sends update after update
+    of the `small` model (most of the server's time is inside an update): the update it dies
+    in raises in the server, or the next one leaves it out, within the server's timeout (no
+    hang), and the update after that brings receiver 0 the weights exactly. Receiver 0 serves
+    rounds on a thread while its main thread waits in a barrier: both use the job's one store
+    connection (a barrier that held it for its whole wait once stalled the receiver)."""
+    sd = {n: t.to(torch.bfloat16) for n, t in state_dict(5, "small").items()}
+    if job.rank == 0:
+        server = wl.ParameterServer(job, timeout=5)
+        server.register_checkpoint("policy", "small", named_tensors=sd)
+        server.wait_for_receivers(2)
+        assert server.update("policy")["version"] == 1
+        job.barrier("armed", timeout=60)
+        start, seen = time.monotonic(), None
+        while seen is None and time.monotonic() - start < 60:
+            try:
+                u = server.update("policy")
+                if u["dropped"]:
+                    assert u["dropped"] == [1] and u["receivers"] == [0], u
+                    seen = "dropped"
+            except wl.Error as e:
+                seen = "raised: " + str(e)
+        assert seen is not None, "no update noticed the dead receiver in 60 s"
+        print("server: the dead receiver was", seen, flush=True)
+        # The survivor may still be waiting out the failed round (its own timeout, 5 s): an
+        # update it does not answer within the join timeout drops it until it announces itself
+        # again, and the trainer tries again (as weightlift rl's trainer does).
+        last, tries = None, 0
+        while last is None:
+            tries += 1
+            try:
+                last = server.update("policy", [0])
+            except wl.Error as e:
+                assert tries < 40, e
+                time.sleep(0.5)
+        assert last["receivers"] == [0] and not last["dropped"], last
+        job.barrier("last", timeout=60, ranks=2)
+    elif job.rank == 1:
+        receiver = wl.Receiver(job, id=0, model="small", timeout=5)
+        receiver.wait_for_version(1, timeout=60)
+        job.barrier("armed", timeout=60)
+        done = threading.Event()
+
+        def serve():  # every round until the server is through (the GIL is released meanwhile)
+            while not done.is_set():
+                try:
+                    receiver.serve_one(timeout=0.2)
+                except wl.Error:
+                    pass
+
+        server_thread = threading.Thread(target=serve)
+        server_thread.start()
+        job.barrier("last", timeout=90, ranks=2)
+        done.set()
+        server_thread.join()
+        with receiver.acquire() as w:
+            assert w.version >= 2, w.version
+            for name in w.keys():
+                assert torch.equal(w[name], expected(sd, name)), name
+    else:
+        receiver = wl.Receiver(job, id=1, model="small")
+        receiver.wait_for_version(1, timeout=60)
+        job.barrier("armed", timeout=60)
+        threading.Timer(random.uniform(0.05, 0.4), os.kill, (os.getpid(), signal.SIGKILL)).start()
+        receiver.wait_for_version(1 << 40, timeout=60)  # serves rounds until the timer strikes
     if job.rank != 2:
         job.close(timeout=60, ranks=2)
 

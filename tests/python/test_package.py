@@ -46,6 +46,29 @@ def test_fp8_receiver_within_e4m3_rounding():
     launch("fp8", ranks=2)
 
 
+def test_receiver_killed_mid_update_raises_or_is_left_out_without_a_hang():
+    # Started here rather than by `weightlift launch`, which stops a job whose rank was killed.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for r in range(3):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE="3", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), WEIGHTLIFT_JOB_TOKEN="killed-mid-update")
+        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "ranks.py"),
+                                       "killed_mid_update"], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    try:
+        outputs = [p.communicate(timeout=150)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert procs[2].returncode == -9, outputs[2]
+    assert procs[0].returncode == 0, outputs[0]
+    assert procs[1].returncode == 0, outputs[1]
+    assert "server: the dead receiver was" in outputs[0], outputs[0]
+
+
 @pytest.fixture
 def job(monkeypatch):
     """A job of this one process, its store on a free port."""
