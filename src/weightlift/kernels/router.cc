@@ -39,6 +39,25 @@ void check_shape(const RouterShape& s) {
   WL_CHECK(s.top_k > 0 && s.top_k <= s.experts) << "top_k " << s.top_k << " of " << s.experts;
 }
 
+// counts[e] = the slots of topk_idx [slots] that went to expert e.
+void count_slots(const int32_t* topk_idx, int64_t slots, int64_t experts, int64_t* counts) {
+  std::memset(counts, 0, size_t(experts) * sizeof(int64_t));
+  for (int64_t i = 0; i < slots; ++i) ++counts[topk_idx[i]];
+}
+
+// Gate weights of one token: the probabilities at its experts idx [K], over their sum when
+// norm_topk.
+void gate_weights(const RouterShape& s, const float* p, const int32_t* idx, float* w) {
+  float selected = 0;
+  for (int64_t j = 0; j < s.top_k; ++j) {
+    w[j] = p[idx[j]];
+    selected += w[j];
+  }
+  if (s.norm_topk) {
+    for (int64_t j = 0; j < s.top_k; ++j) w[j] /= selected;
+  }
+}
+
 // Rows per parallel chunk: enough work per chunk to pay for waking a thread.
 int64_t row_grain(int64_t experts) { return std::max<int64_t>(16, 4096 / experts); }
 
@@ -68,8 +87,6 @@ void router_forward(const RouterShape& s, const float* logits, float* probs, int
       // at a higher index never replaces the lower one (strict >).
       std::fill(taken.begin(), taken.end(), 0);
       int32_t* idx = topk_idx + t * K;
-      float* w = topk_w + t * K;
-      float selected = 0;
       for (int64_t j = 0; j < K; ++j) {
         int64_t best = -1;
         for (int64_t i = 0; i < E; ++i) {
@@ -77,18 +94,11 @@ void router_forward(const RouterShape& s, const float* logits, float* probs, int
         }
         taken[size_t(best)] = 1;
         idx[j] = int32_t(best);
-        w[j] = p[best];
-        selected += p[best];
       }
-      if (s.norm_topk) {
-        for (int64_t j = 0; j < K; ++j) w[j] /= selected;
-      }
+      gate_weights(s, p, idx, topk_w + t * K);
     }
   });
-  if (counts) {
-    std::memset(counts, 0, size_t(E) * sizeof(int64_t));
-    for (int64_t i = 0; i < s.tokens * K; ++i) ++counts[topk_idx[i]];
-  }
+  if (counts) count_slots(topk_idx, s.tokens * K, E, counts);
 }
 
 int64_t router_replay(const RouterShape& s, const float* probs, const int32_t* routes,
@@ -100,27 +110,16 @@ int64_t router_replay(const RouterShape& s, const float* probs, const int32_t* r
     const int32_t* given = routes + t * route_stride;
     if (given[0] < 0) continue;
     int32_t* idx = topk_idx + t * K;
-    float* w = topk_w + t * K;
     bool same = true;
     for (int64_t j = 0; j < K; ++j) {
       WL_CHECK(given[j] >= 0 && given[j] < E) << "token " << t << ": expert " << given[j];
       same = same && std::find(idx, idx + K, given[j]) != idx + K;
     }
     differ += same ? 0 : 1;
-    float selected = 0;
-    for (int64_t j = 0; j < K; ++j) {
-      idx[j] = given[j];
-      w[j] = probs[t * E + given[j]];
-      selected += w[j];
-    }
-    if (s.norm_topk) {
-      for (int64_t j = 0; j < K; ++j) w[j] /= selected;
-    }
+    std::copy(given, given + K, idx);
+    gate_weights(s, probs + t * E, idx, topk_w + t * K);
   }
-  if (counts) {
-    std::memset(counts, 0, size_t(E) * sizeof(int64_t));
-    for (int64_t i = 0; i < s.tokens * K; ++i) ++counts[topk_idx[i]];
-  }
+  if (counts) count_slots(topk_idx, s.tokens * K, E, counts);
   return differ;
 }
 

@@ -71,6 +71,8 @@ struct ParameterServer::Impl {
   Status connect_servers();
   Status rebuild_worker();
   Status publish_copy(const std::string& name, uint64_t version);
+  // OK for a name not yet held and a valid config.
+  Status check_new(const std::string& name, const model::ModelConfig& config) const;
   // Holds a new checkpoint whose shards make(storage) builds (storage may be null).
   void hold(const std::string& name, const model::ModelConfig& config,
             const std::function<TrainerWeights(std::byte* storage)>& make);
@@ -135,12 +137,7 @@ Status ParameterServer::Impl::rebuild_worker() {
 Status ParameterServer::register_checkpoint(const std::string& name,
                                             const model::ModelConfig& config,
                                             std::span<const float> full) {
-  if (name.empty()) return invalid_argument("register_checkpoint: empty name");
-  if (impl_->checkpoints.count(name)) {
-    return invalid_argument("register_checkpoint: '" + name +
-                            "' is registered already; unregister it first");
-  }
-  WL_RETURN_IF_ERROR(config.validate("register_checkpoint '" + name + "'"));
+  WL_RETURN_IF_ERROR(impl_->check_new(name, config));
   const model::ParamLayout layout(config);
   if (full.size() != size_t(layout.total())) {
     return invalid_argument("register_checkpoint '" + name + "': " + std::to_string(full.size()) +
@@ -157,12 +154,7 @@ Status ParameterServer::register_checkpoint(const std::string& name,
 Status ParameterServer::register_checkpoint(const std::string& name,
                                             const model::ModelConfig& config,
                                             std::span<const NamedTensor> tensors) {
-  if (name.empty()) return invalid_argument("register_checkpoint: empty name");
-  if (impl_->checkpoints.count(name)) {
-    return invalid_argument("register_checkpoint: '" + name +
-                            "' is registered already; unregister it first");
-  }
-  WL_RETURN_IF_ERROR(config.validate("register_checkpoint '" + name + "'"));
+  WL_RETURN_IF_ERROR(impl_->check_new(name, config));
   WL_RETURN_IF_ERROR(
       check_named_tensors(config, tensors).with_context("register_checkpoint '" + name + "'"));
   impl_->hold(name, config, [&](std::byte* storage) {
@@ -170,6 +162,16 @@ Status ParameterServer::register_checkpoint(const std::string& name,
                                       {.dtype = impl_->options.shard_dtype, .storage = storage});
   });
   return ok_status();
+}
+
+Status ParameterServer::Impl::check_new(const std::string& name,
+                                        const model::ModelConfig& config) const {
+  if (name.empty()) return invalid_argument("register_checkpoint: empty name");
+  if (checkpoints.count(name)) {
+    return invalid_argument("register_checkpoint: '" + name +
+                            "' is registered already; unregister it first");
+  }
+  return config.validate("register_checkpoint '" + name + "'");
 }
 
 void ParameterServer::Impl::hold(const std::string& name, const model::ModelConfig& config,
