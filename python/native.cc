@@ -445,24 +445,8 @@ class FleetReceiver {
   std::shared_ptr<transfer::FleetReceiver> fleet_;
 };
 
-}  // namespace
-}  // namespace wl::python
-
-PYBIND11_MODULE(_native, m) {
-  using namespace wl::python;
-  m.doc() = "weightlift's C++ side; use the weightlift package, not this module";
-  py::register_exception<StatusError>(m, "Error", PyExc_RuntimeError);
-
-  m.def(
-      "parameters",
-      [](const std::string& model) {
-        std::vector<std::pair<std::string, std::vector<int64_t>>> out;
-        const wl::model::ParamLayout layout(model_config(model));
-        for (const wl::model::ParamInfo& p : layout.params()) out.emplace_back(p.name, p.shape);
-        return out;
-      },
-      py::arg("model"));
-
+// Jobs, buffers and the process group's collectives.
+void bind_jobs(py::module_& m) {
   py::class_<Buffer>(m, "Buffer")
       .def(py::init<uintptr_t, size_t, std::string, std::vector<int64_t>>(), py::arg("address"),
            py::arg("count"), py::arg("dtype"), py::arg("shape"));
@@ -506,7 +490,10 @@ PYBIND11_MODULE(_native, m) {
            py::arg("timeout"), py::call_guard<py::gil_scoped_release>())
       .def("barrier", &ProcessGroup::barrier, py::arg("timeout"),
            py::call_guard<py::gil_scoped_release>());
+}
 
+// The parameter server, and receivers with the weights they hold.
+void bind_transfer(py::module_& m) {
   py::class_<Server>(m, "ParameterServer")
       .def(py::init<const Job&, int, int, const std::string&, const std::string&, double,
                     const std::string&>(),
@@ -545,4 +532,26 @@ PYBIND11_MODULE(_native, m) {
       .def("tensors", &FleetReceiver::tensors)
       .def("memory_range", &FleetReceiver::memory_range)
       .def("acquire", &FleetReceiver::acquire);
+}
+
+}  // namespace
+}  // namespace wl::python
+
+PYBIND11_MODULE(_native, m) {
+  using namespace wl::python;
+  m.doc() = "weightlift's C++ side; use the weightlift package, not this module";
+  py::register_exception<StatusError>(m, "Error", PyExc_RuntimeError);
+
+  m.def(
+      "parameters",
+      [](const std::string& model) {
+        std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+        const wl::model::ParamLayout layout(model_config(model));
+        for (const wl::model::ParamInfo& p : layout.params()) out.emplace_back(p.name, p.shape);
+        return out;
+      },
+      py::arg("model"));
+
+  bind_jobs(m);
+  bind_transfer(m);
 }

@@ -306,15 +306,11 @@ Status run_rl(RlArgs a) {
   return write_rl_outputs(a, job, *s);
 }
 
-}  // namespace
-
-void register_rl(CLI::App& app, Outcome& out) {
-  auto* cmd = app.add_subcommand(
-      "rl", "RL post-training: a trainer and rollout workers (run under weightlift launch)");
-  auto a = std::make_shared<RlArgs>();
-  rl::RlOptions& o = a->o;
-  cmd->add_option("--preset", a->preset, "model preset")->capture_default_str();
-  cmd->add_option("--task", a->task, "add, sort or reverse")->capture_default_str();
+// The model, the task and the supervised warm start.
+void add_task_flags(CLI::App* cmd, RlArgs& a) {
+  rl::RlOptions& o = a.o;
+  cmd->add_option("--preset", a.preset, "model preset")->capture_default_str();
+  cmd->add_option("--task", a.task, "add, sort or reverse")->capture_default_str();
   cmd->add_option("--difficulty", o.task.difficulty, "largest operand size, 1-9")
       ->capture_default_str()
       ->transform(count(1, 9));
@@ -334,6 +330,11 @@ void register_rl(CLI::App& app, Outcome& out) {
                   "SFT steps between held-out evaluations (each may end the warm start)")
       ->capture_default_str()
       ->transform(count(1, kMaxSteps));
+}
+
+// The RL steps: batch, sampling and the policy loss.
+void add_policy_flags(CLI::App* cmd, RlArgs& a) {
+  rl::RlOptions& o = a.o;
   cmd->add_option("--steps", o.steps, "RL steps")
       ->capture_default_str()
       ->transform(count(0, kMaxSteps));
@@ -362,10 +363,25 @@ void register_rl(CLI::App& app, Outcome& out) {
   cmd->add_option("--tis-cap", o.loss.tis_cap, "truncated importance weight cap; 0 = off")
       ->capture_default_str()
       ->transform(real(kNonNegative));
-  cmd->add_option("--sync-dtype", a->sync_dtype,
+  cmd->add_option("--kl-coef", o.loss.kl_coef,
+                  "weight of the KL penalty to the policy RL starts from (k3 estimator); 0 = off")
+      ->capture_default_str()
+      ->transform(real(kNonNegative));
+  cmd->add_flag("--dr-grpo", a.dr_grpo, "advantages without the division by the group's std");
+  cmd->add_flag("--no-dynamic-sampling", a.no_dynamic_sampling,
+                "train on groups whose rewards are all equal instead of replacing them");
+  cmd->add_flag("--routing-replay", o.routing_replay,
+                "R3: the trainer routes every token to the experts the rollout's router chose "
+                "(the router still learns through the gate weights)");
+}
+
+// How the run syncs, overlaps, checkpoints, evaluates, and where it writes.
+void add_run_flags(CLI::App* cmd, RlArgs& a) {
+  rl::RlOptions& o = a.o;
+  cmd->add_option("--sync-dtype", a.sync_dtype,
                   "how rollout workers hold the weights the trainer pushes: bf16 or fp8")
       ->capture_default_str();
-  cmd->add_option("--trainer-threads", a->trainer_threads,
+  cmd->add_option("--trainer-threads", a.trainer_threads,
                   "compute threads of the trainer (rank 0) instead of --threads: it computes "
                   "while the workers wait (0 = --threads)")
       ->capture_default_str()
@@ -381,27 +397,28 @@ void register_rl(CLI::App& app, Outcome& out) {
       ->transform(count(0, kMaxSteps));
   cmd->add_option("--resume", o.resume,
                   "continue the run of this checkpoint (--out/checkpoint-<step>) to --steps");
-  cmd->add_option("--kl-coef", o.loss.kl_coef,
-                  "weight of the KL penalty to the policy RL starts from (k3 estimator); 0 = off")
-      ->capture_default_str()
-      ->transform(real(kNonNegative));
-  cmd->add_flag("--dr-grpo", a->dr_grpo, "advantages without the division by the group's std");
-  cmd->add_flag("--no-dynamic-sampling", a->no_dynamic_sampling,
-                "train on groups whose rewards are all equal instead of replacing them");
-  cmd->add_flag("--routing-replay", o.routing_replay,
-                "R3: the trainer routes every token to the experts the rollout's router chose "
-                "(the router still learns through the gate weights)");
   cmd->add_option("--eval-every", o.eval_every)
       ->capture_default_str()
       ->transform(count(1, kMaxSteps));
   cmd->add_option("--eval-problems", o.eval_problems, "held-out problems")
       ->capture_default_str()
       ->transform(count(1, 100000));
-  cmd->add_option("--out", a->out_dir)->capture_default_str();
-  cmd->add_flag("--overwrite", a->overwrite, "replace the results of an earlier run in --out");
-  cmd->add_option("--timeout", a->timeout_s, "seconds, every wait between processes")
+  cmd->add_option("--out", a.out_dir)->capture_default_str();
+  cmd->add_flag("--overwrite", a.overwrite, "replace the results of an earlier run in --out");
+  cmd->add_option("--timeout", a.timeout_s, "seconds, every wait between processes")
       ->capture_default_str()
       ->transform(real({.lo = 0, .hi = double(kMaxSeconds), .lo_open = true}));
+}
+
+}  // namespace
+
+void register_rl(CLI::App& app, Outcome& out) {
+  auto* cmd = app.add_subcommand(
+      "rl", "RL post-training: a trainer and rollout workers (run under weightlift launch)");
+  auto a = std::make_shared<RlArgs>();
+  add_task_flags(cmd, *a);
+  add_policy_flags(cmd, *a);
+  add_run_flags(cmd, *a);
   cmd->callback([&out, a] { out.exit_code = report("rl", run_rl(*a)); });
 }
 

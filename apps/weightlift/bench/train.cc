@@ -51,6 +51,36 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// The same random global batch on every rank.
+train::Batch random_batch(const model::ModelConfig& cfg, int64_t batch, int64_t seq) {
+  Rng rng(7);
+  train::Batch global{batch, seq, std::vector<int64_t>(size_t(batch * seq)),
+                      std::vector<int64_t>(size_t(batch * seq))};
+  for (size_t i = 0; i < global.tokens.size(); ++i) {
+    global.tokens[i] = int64_t(rng.below(uint64_t(cfg.vocab_size)));
+    global.targets[i] = int64_t(rng.below(uint64_t(cfg.vocab_size)));
+  }
+  return global;
+}
+
+// Rank 0 speaks for the job: the largest peaks over the ranks go into r.
+Status take_largest_peaks(parallel::Job& job, std::chrono::milliseconds timeout,
+                          BenchTrainResult& r) {
+  if (job.size() == 1) return ok_status();
+  double peaks[2] = {double(r.peak_bytes_per_rank), double(r.peak_activation_bytes)};
+  std::vector<double> all(2 * size_t(job.size()));
+  WL_RETURN_IF_ERROR(comm::allgather(*job.ranks.group, {.send = peaks,
+                                                        .recv = all.data(),
+                                                        .count = sizeof peaks,
+                                                        .dtype = DType::kU8,
+                                                        .timeout = timeout}));
+  for (int q = 0; q < job.size(); ++q) {
+    r.peak_bytes_per_rank = std::max(r.peak_bytes_per_rank, int64_t(all[2 * size_t(q)]));
+    r.peak_activation_bytes = std::max(r.peak_activation_bytes, int64_t(all[2 * size_t(q) + 1]));
+  }
+  return ok_status();
+}
+
 }  // namespace
 
 Result<BenchTrainResult> bench_train(const BenchTrainOptions& o) {
@@ -77,14 +107,7 @@ Result<BenchTrainResult> bench_train(const BenchTrainOptions& o) {
     model::init_params(cfg, dp.layout(), 1, full.data());
     dp.set_params(full.data());
   }
-  // The same random global batch on every rank.
-  Rng rng(7);
-  train::Batch global{o.batch, o.seq, std::vector<int64_t>(size_t(o.batch * o.seq)),
-                      std::vector<int64_t>(size_t(o.batch * o.seq))};
-  for (size_t i = 0; i < global.tokens.size(); ++i) {
-    global.tokens[i] = int64_t(rng.below(uint64_t(cfg.vocab_size)));
-    global.targets[i] = int64_t(rng.below(uint64_t(cfg.vocab_size)));
-  }
+  const train::Batch global = random_batch(cfg, o.batch, o.seq);
   std::vector<double> ms, exposed, bubble;
   BenchTrainResult r;
   const parallel::StepSettings settings{
@@ -122,20 +145,7 @@ Result<BenchTrainResult> bench_train(const BenchTrainOptions& o) {
   r.threads = num_threads();
   r.ranks = job.size();
   r.report = job.rank() == 0;
-  // Rank 0 speaks for the job: the largest peak over the ranks.
-  double peaks[2] = {double(r.peak_bytes_per_rank), double(r.peak_activation_bytes)};
-  std::vector<double> all(2 * size_t(job.size()));
-  if (job.size() > 1) {
-    WL_RETURN_IF_ERROR(comm::allgather(*job.ranks.group, {.send = peaks,
-                                                          .recv = all.data(),
-                                                          .count = sizeof peaks,
-                                                          .dtype = DType::kU8,
-                                                          .timeout = timeout}));
-    for (int q = 0; q < job.size(); ++q) {
-      r.peak_bytes_per_rank = std::max(r.peak_bytes_per_rank, int64_t(all[2 * size_t(q)]));
-      r.peak_activation_bytes = std::max(r.peak_activation_bytes, int64_t(all[2 * size_t(q) + 1]));
-    }
-  }
+  WL_RETURN_IF_ERROR(take_largest_peaks(job, timeout, r));
   return r;
 }
 

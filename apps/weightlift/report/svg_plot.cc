@@ -45,60 +45,71 @@ std::string fmt(double v) {
   return b;
 }
 
-}  // namespace
-
-std::string svg_plot(const std::vector<Series>& series, const PlotOptions& o) {
+// The plotted ranges (x on the log scale when asked) and the plot area inside the margins.
+struct Frame {
+  bool log_x = false;
   double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
-  auto tx = [&](double x) { return o.log_x ? std::log10(x) : x; };
+  double bar_width = 1;  // the narrowest gap between two bars, in plotted x units
+  double L = 70, R = 20, T = 40, B = 55, W = 0, H = 0;
+
+  double tx(double x) const { return log_x ? std::log10(x) : x; }
+  double px(double x) const { return L + (tx(x) - x0) / (x1 - x0) * W; }
+  double py(double y) const { return T + (1 - (y - y0) / (y1 - y0)) * H; }
+};
+
+Frame frame_of(const std::vector<Series>& series, const PlotOptions& o) {
+  Frame f;
+  f.log_x = o.log_x;
   for (const Series& s : series) {
     for (size_t i = 0; i < s.x.size(); ++i) {
       if (!std::isfinite(s.y[i]) || (o.log_x && s.x[i] <= 0)) continue;
-      x0 = std::min(x0, tx(s.x[i]));
-      x1 = std::max(x1, tx(s.x[i]));
-      y0 = std::min(y0, s.y[i]);
-      y1 = std::max(y1, s.y[i]);
+      f.x0 = std::min(f.x0, f.tx(s.x[i]));
+      f.x1 = std::max(f.x1, f.tx(s.x[i]));
+      f.y0 = std::min(f.y0, s.y[i]);
+      f.y1 = std::max(f.y1, s.y[i]);
     }
   }
-  if (!std::isfinite(x0)) {
-    x0 = 0;
-    x1 = 1;
-    y0 = 0;
-    y1 = 1;
+  if (!std::isfinite(f.x0)) {
+    f.x0 = 0;
+    f.x1 = 1;
+    f.y0 = 0;
+    f.y1 = 1;
   }
   // Bars stand on zero and need half a bar's room at each end.
-  double bar_width = 1;
   for (const Series& s : series) {
     if (!s.bars) continue;
-    y0 = std::min(y0, 0.0);
+    f.y0 = std::min(f.y0, 0.0);
     for (size_t i = 1; i < s.x.size(); ++i)
-      bar_width = std::min(bar_width, std::fabs(tx(s.x[i]) - tx(s.x[i - 1])));
-    x0 -= bar_width / 2;
-    x1 += bar_width / 2;
+      f.bar_width = std::min(f.bar_width, std::fabs(f.tx(s.x[i]) - f.tx(s.x[i - 1])));
+    f.x0 -= f.bar_width / 2;
+    f.x1 += f.bar_width / 2;
   }
-  if (x1 == x0) x1 = x0 + 1;
-  if (y1 == y0) y1 = y0 + 1;
-  const double pad = 0.05 * (y1 - y0);
-  y0 -= pad;
-  y1 += pad;
-  const double L = 70, R = 20, T = 40, B = 55;
-  const double W = o.width - L - R, H = o.height - T - B;
-  auto px = [&](double x) { return L + (tx(x) - x0) / (x1 - x0) * W; };
-  auto py = [&](double y) { return T + (1 - (y - y0) / (y1 - y0)) * H; };
+  if (f.x1 == f.x0) f.x1 = f.x0 + 1;
+  if (f.y1 == f.y0) f.y1 = f.y0 + 1;
+  const double pad = 0.05 * (f.y1 - f.y0);
+  f.y0 -= pad;
+  f.y1 += pad;
+  f.W = o.width - f.L - f.R;
+  f.H = o.height - f.T - f.B;
+  return f;
+}
 
-  std::ostringstream s;
+// Title, grid lines with their tick labels, the frame and the axis labels.
+void draw_axes(std::ostringstream& s, const Frame& f, const PlotOptions& o) {
+  const double L = f.L, T = f.T, W = f.W, H = f.H;
   s << "<svg xmlns='http://www.w3.org/2000/svg' width='" << o.width << "' height='" << o.height
     << "' font-family='sans-serif' font-size='12'>\n"
     << "<rect width='100%' height='100%' fill='white'/>\n"
     << "<text x='" << o.width / 2 << "' y='22' text-anchor='middle' font-size='15'>"
     << escape(o.title) << "</text>\n";
-  for (double v : nice_ticks(y0, y1, 6)) {
-    s << "<line x1='" << L << "' x2='" << L + W << "' y1='" << py(v) << "' y2='" << py(v)
-      << "' stroke='#e5e5e5'/>\n<text x='" << L - 6 << "' y='" << py(v) + 4
+  for (double v : nice_ticks(f.y0, f.y1, 6)) {
+    s << "<line x1='" << L << "' x2='" << L + W << "' y1='" << f.py(v) << "' y2='" << f.py(v)
+      << "' stroke='#e5e5e5'/>\n<text x='" << L - 6 << "' y='" << f.py(v) + 4
       << "' text-anchor='end'>" << fmt(v) << "</text>\n";
   }
-  for (double v : nice_ticks(x0, x1, 8, o.whole_x)) {
+  for (double v : nice_ticks(f.x0, f.x1, 8, o.whole_x)) {
     const double xv = o.log_x ? std::pow(10.0, v) : v;
-    const double X = L + (v - x0) / (x1 - x0) * W;
+    const double X = L + (v - f.x0) / (f.x1 - f.x0) * W;
     s << "<line x1='" << X << "' x2='" << X << "' y1='" << T << "' y2='" << T + H
       << "' stroke='#eeeeee'/>\n<text x='" << X << "' y='" << T + H + 16
       << "' text-anchor='middle'>" << fmt(xv) << "</text>\n";
@@ -109,31 +120,43 @@ std::string svg_plot(const std::vector<Series>& series, const PlotOptions& o) {
     << escape(o.x_label) << "</text>\n"
     << "<text transform='translate(16," << T + H / 2 << ") rotate(-90)' text-anchor='middle'>"
     << escape(o.y_label) << "</text>\n";
-  int legend = 0;
-  for (const Series& se : series) {
-    if (se.bars) {
-      const double w = 0.8 * bar_width / (x1 - x0) * W;
-      for (size_t i = 0; i < se.x.size(); ++i) {
-        if (!std::isfinite(se.y[i])) continue;
-        const double top = py(std::max(se.y[i], 0.0)), bottom = py(std::min(se.y[i], 0.0));
-        s << "<rect x='" << px(se.x[i]) - w / 2 << "' y='" << top << "' width='" << w
-          << "' height='" << bottom - top << "' fill='" << se.color << "'/>\n";
-      }
-    } else {
-      s << "<polyline fill='none' stroke='" << se.color << "' stroke-width='1.6'"
-        << (se.dashed ? " stroke-dasharray='6,4'" : "") << " points='";
-      for (size_t i = 0; i < se.x.size(); ++i) {
-        if (!std::isfinite(se.y[i]) || (o.log_x && se.x[i] <= 0)) continue;
-        s << px(se.x[i]) << ',' << py(se.y[i]) << ' ';
-      }
-      s << "'/>\n";
+}
+
+// One series (bars or a line) and its entry in the legend, the `legend`th.
+void draw_series(std::ostringstream& s, const Frame& f, const Series& se, const PlotOptions& o,
+                 int legend) {
+  if (se.bars) {
+    const double w = 0.8 * f.bar_width / (f.x1 - f.x0) * f.W;
+    for (size_t i = 0; i < se.x.size(); ++i) {
+      if (!std::isfinite(se.y[i])) continue;
+      const double top = f.py(std::max(se.y[i], 0.0)), bottom = f.py(std::min(se.y[i], 0.0));
+      s << "<rect x='" << f.px(se.x[i]) - w / 2 << "' y='" << top << "' width='" << w
+        << "' height='" << bottom - top << "' fill='" << se.color << "'/>\n";
     }
-    const double ly = T + 16 + 16 * legend++;
-    s << "<line x1='" << L + W - 170 << "' x2='" << L + W - 150 << "' y1='" << ly - 4 << "' y2='"
-      << ly - 4 << "' stroke='" << se.color << "' stroke-width='2'"
-      << (se.dashed ? " stroke-dasharray='6,4'" : "") << "/>\n<text x='" << L + W - 145 << "' y='"
-      << ly << "'>" << escape(se.label) << "</text>\n";
+  } else {
+    s << "<polyline fill='none' stroke='" << se.color << "' stroke-width='1.6'"
+      << (se.dashed ? " stroke-dasharray='6,4'" : "") << " points='";
+    for (size_t i = 0; i < se.x.size(); ++i) {
+      if (!std::isfinite(se.y[i]) || (o.log_x && se.x[i] <= 0)) continue;
+      s << f.px(se.x[i]) << ',' << f.py(se.y[i]) << ' ';
+    }
+    s << "'/>\n";
   }
+  const double right = f.L + f.W, ly = f.T + 16 + 16 * legend;
+  s << "<line x1='" << right - 170 << "' x2='" << right - 150 << "' y1='" << ly - 4 << "' y2='"
+    << ly - 4 << "' stroke='" << se.color << "' stroke-width='2'"
+    << (se.dashed ? " stroke-dasharray='6,4'" : "") << "/>\n<text x='" << right - 145 << "' y='"
+    << ly << "'>" << escape(se.label) << "</text>\n";
+}
+
+}  // namespace
+
+std::string svg_plot(const std::vector<Series>& series, const PlotOptions& o) {
+  const Frame f = frame_of(series, o);
+  std::ostringstream s;
+  draw_axes(s, f, o);
+  int legend = 0;
+  for (const Series& se : series) draw_series(s, f, se, o, legend++);
   s << "</svg>\n";
   return s.str();
 }

@@ -578,59 +578,9 @@ class Trainer {
       WL_RETURN_IF_ERROR(push_weights().status());
       rec.sync_s = seconds_since(t0);
     }
-    Clock::time_point t0 = Clock::now();
-    std::vector<Sample> batch;
-    int64_t right = 0, generated = 0;
-    double reward_sum = 0;
-    while (int64_t(batch.size()) < o_.prompts * o_.group &&
-           rec.generations < o_.max_resample_rounds) {
-      ++rec.generations;
-      const int64_t need = o_.prompts - int64_t(batch.size()) / o_.group;
-      if (!in_flight_ && !received_) WL_RETURN_IF_ERROR(request_round(need));
-      WL_ASSIGN_OR_RETURN(Round round, receive_round());
-      for (const Sample& s : round.samples) {
-        rec.response_tokens += double(s.completion.size());
-        ++generated;
-      }
-      const int64_t groups = int64_t(round.problems.size());
-      for (int64_t i = 0; i < groups; ++i) {
-        std::vector<double> rewards;
-        std::vector<bool> correct;
-        for (int64_t k = 0; k < o_.group; ++k) {
-          const auto [text, ended] = text_of(round.samples[size_t(i * o_.group + k)]);
-          rewards.push_back(task_.reward(round.problems[size_t(i)], text, ended));
-          correct.push_back(task_.correct(round.problems[size_t(i)], text, ended));
-        }
-        Result<std::vector<double>> advantages = group_advantages(rewards, o_.advantages);
-        if (!advantages.ok()) {
-          return advantages.status().with_context("step " + std::to_string(step) + ", prompt '" +
-                                                  round.problems[size_t(i)].prompt + "'");
-        }
-        const std::vector<double>& adv = *advantages;
-        if (o_.dynamic_sampling &&
-            std::all_of(adv.begin(), adv.end(), [](double x) { return x == 0; })) {
-          ++rec.groups_filtered;
-          continue;
-        }
-        for (int64_t k = 0; k < o_.group; ++k) {
-          Sample& s = round.samples[size_t(i * o_.group + k)];
-          s.reward = rewards[size_t(k)];
-          s.advantage = adv[size_t(k)];
-          // Trained against the weights of version updates_: this many versions behind.
-          const uint64_t behind = updates_ - s.version;
-          if (behind > uint64_t(o_.max_staleness)) {
-            ++rec.stale_dropped;
-            continue;
-          }
-          if (rec.staleness.size() <= behind) rec.staleness.resize(behind + 1, 0);
-          ++rec.staleness[behind];
-          right += correct[size_t(k)];
-          reward_sum += rewards[size_t(k)];
-          batch.push_back(std::move(s));
-        }
-      }
-    }
-    if (generated > 0) rec.response_tokens /= double(generated);
+    const Clock::time_point t0 = Clock::now();
+    Kept kept;
+    WL_RETURN_IF_ERROR(collect(step, rec, kept));
     if (overlap) {
       // The next step's samples, generated while this step trains.
       if (worker_version_ + uint64_t(o_.max_staleness) < updates_ + 1) {
@@ -641,18 +591,93 @@ class Trainer {
       WL_RETURN_IF_ERROR(request_round(o_.prompts));
     }
     rec.generate_s = seconds_since(t0) - rec.sync_s;
-    if (batch.empty()) {
-      // Every group was flat within the rounds allowed: nothing to learn from this step.
-      rec.step_s = seconds_since(start);
-      return rec;
+    if (!kept.samples.empty()) {
+      rec.trained = int64_t(kept.samples.size());
+      rec.reward_mean = kept.reward_sum / double(kept.samples.size());
+      rec.train_accuracy = double(kept.right) / double(kept.samples.size());
+      WL_RETURN_IF_ERROR(train_on(kept.samples, rec));
     }
-    rec.trained = int64_t(batch.size());
-    rec.reward_mean = reward_sum / double(batch.size());
-    rec.train_accuracy = double(right) / double(batch.size());
-    t0 = Clock::now();
+    // else every group was flat within the rounds allowed: nothing to learn from this step.
+    rec.step_s = seconds_since(start);
+    return rec;
+  }
+
+  // The samples a step trains on, with the rewards and right answers among them.
+  struct Kept {
+    std::vector<Sample> samples;
+    int64_t right = 0;
+    double reward_sum = 0;
+  };
+
+  // Rounds received until prompts x group samples are kept or the rounds allowed run out.
+  Status collect(int64_t step, StepRecord& rec, Kept& kept) {
+    int64_t generated = 0;
+    while (int64_t(kept.samples.size()) < o_.prompts * o_.group &&
+           rec.generations < o_.max_resample_rounds) {
+      ++rec.generations;
+      const int64_t need = o_.prompts - int64_t(kept.samples.size()) / o_.group;
+      if (!in_flight_ && !received_) WL_RETURN_IF_ERROR(request_round(need));
+      WL_ASSIGN_OR_RETURN(Round round, receive_round());
+      for (const Sample& s : round.samples) {
+        rec.response_tokens += double(s.completion.size());
+        ++generated;
+      }
+      for (int64_t i = 0; i < int64_t(round.problems.size()); ++i) {
+        WL_RETURN_IF_ERROR(keep_group(step, round, i, rec, kept));
+      }
+    }
+    if (generated > 0) rec.response_tokens /= double(generated);
+    return ok_status();
+  }
+
+  // Group i of a round scored; its samples kept unless the group is flat (under dynamic
+  // sampling) or a sample is more than max_staleness versions behind.
+  Status keep_group(int64_t step, Round& round, int64_t i, StepRecord& rec, Kept& kept) {
+    const Problem& problem = round.problems[size_t(i)];
+    std::vector<double> rewards;
+    std::vector<bool> correct;
+    for (int64_t k = 0; k < o_.group; ++k) {
+      const auto [text, ended] = text_of(round.samples[size_t(i * o_.group + k)]);
+      rewards.push_back(task_.reward(problem, text, ended));
+      correct.push_back(task_.correct(problem, text, ended));
+    }
+    Result<std::vector<double>> advantages = group_advantages(rewards, o_.advantages);
+    if (!advantages.ok()) {
+      return advantages.status().with_context("step " + std::to_string(step) + ", prompt '" +
+                                              problem.prompt + "'");
+    }
+    const std::vector<double>& adv = *advantages;
+    if (o_.dynamic_sampling &&
+        std::all_of(adv.begin(), adv.end(), [](double x) { return x == 0; })) {
+      ++rec.groups_filtered;
+      return ok_status();
+    }
+    for (int64_t k = 0; k < o_.group; ++k) {
+      Sample& s = round.samples[size_t(i * o_.group + k)];
+      s.reward = rewards[size_t(k)];
+      s.advantage = adv[size_t(k)];
+      // Trained against the weights of version updates_: this many versions behind.
+      const uint64_t behind = updates_ - s.version;
+      if (behind > uint64_t(o_.max_staleness)) {
+        ++rec.stale_dropped;
+        continue;
+      }
+      if (rec.staleness.size() <= behind) rec.staleness.resize(behind + 1, 0);
+      ++rec.staleness[behind];
+      kept.right += correct[size_t(k)];
+      kept.reward_sum += rewards[size_t(k)];
+      kept.samples.push_back(std::move(s));
+    }
+    return ok_status();
+  }
+
+  // One policy-gradient update on the kept samples.
+  Status train_on(const std::vector<Sample>& samples, StepRecord& rec) {
+    const Clock::time_point t0 = Clock::now();
     const model::ModelConfig& c = o_.config;
     Result<PolicyBatch> made = make_policy_batch(
-        batch, seq_, {.width = c.num_layers * c.top_k, .top_k = c.top_k, .experts = c.num_experts});
+        samples, seq_,
+        {.width = c.num_layers * c.top_k, .top_k = c.top_k, .experts = c.num_experts});
     // A worker's routes that name no expert of this model are a worker that lies.
     if (!made.ok()) return data_loss("rollout samples: " + made.status().message());
     PolicyBatch pb = *std::move(made);
@@ -663,8 +688,7 @@ class Trainer {
     ++updates_;
     rec.loss = rec.stats.loss;
     rec.train_s = seconds_since(t0);
-    rec.step_s = seconds_since(start);
-    return rec;
+    return ok_status();
   }
 
   // A round of generation requested and not yet received: `count` fresh training problems,

@@ -118,6 +118,30 @@ Result<train::Batch> make_sft_batch(std::span<const Sample> demonstrations, int6
   return lay_out(demonstrations, seq, [](size_t, int64_t, int64_t) {});
 }
 
+namespace {
+
+// Routing replay: the settings route every token to the batch's recorded experts and count
+// in *differ the token-layers the model's own router would have routed differently. Returns
+// how many token-layers are replayed: zero for a batch without routes.
+Result<int64_t> replay_routes(const model::ModelConfig& c, const PolicyBatch& b,
+                              parallel::StepSettings& s, int64_t* differ) {
+  if (b.routes.empty()) return int64_t{0};
+  const size_t width = size_t(c.num_layers * c.top_k);
+  if (b.routes.size() != b.batch.tokens.size() * width) {
+    return invalid_argument(
+        "routing replay: " + std::to_string(b.routes.size()) + " route entries for " +
+        std::to_string(b.batch.tokens.size()) + " positions of " + std::to_string(width) + " (" +
+        std::to_string(c.num_layers) + " layers x top_k " + std::to_string(c.top_k) + ")");
+  }
+  int64_t routed = 0;
+  for (size_t at = 0; at < b.routes.size(); at += width) routed += b.routes[at] >= 0;
+  s.replay_routes = b.routes.data();
+  s.replay_differ = differ;
+  return routed * c.num_layers;
+}
+
+}  // namespace
+
 Result<PolicyStats> policy_gradients(parallel::DataParallel& dp, const PolicyBatch& b,
                                      const parallel::StepSettings& settings,
                                      const PolicyLossOptions& options) {
@@ -172,21 +196,8 @@ Result<PolicyStats> policy_gradients(parallel::DataParallel& dp, const PolicyBat
       .divisor = 1};
   PolicyStats st;
   parallel::StepSettings s = settings;
-  int64_t differ = 0, routed = 0;  // token-layers replayed differently, and all replayed
-  if (!b.routes.empty()) {
-    const model::ModelConfig& c = dp.config();
-    const size_t width = size_t(c.num_layers * c.top_k);
-    if (b.routes.size() != b.batch.tokens.size() * width) {
-      return invalid_argument(
-          "routing replay: " + std::to_string(b.routes.size()) + " route entries for " +
-          std::to_string(b.batch.tokens.size()) + " positions of " + std::to_string(width) + " (" +
-          std::to_string(c.num_layers) + " layers x top_k " + std::to_string(c.top_k) + ")");
-    }
-    for (size_t at = 0; at < b.routes.size(); at += width) routed += b.routes[at] >= 0;
-    routed *= c.num_layers;
-    s.replay_routes = b.routes.data();
-    s.replay_differ = &differ;
-  }
+  int64_t differ = 0;  // token-layers the step's own router would have routed differently
+  WL_ASSIGN_OR_RETURN(const int64_t routed, replay_routes(dp.config(), b, s, &differ));
   WL_ASSIGN_OR_RETURN(model::LossTerms lt, parallel::compute_gradients(dp, b.batch, s, loss));
   double replayed = double(differ);
   WL_RETURN_IF_ERROR(dp.sum_over_ranks(&replayed, 1));
