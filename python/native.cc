@@ -133,18 +133,10 @@ class Job {
     if (arrived == (count > 0 ? count : world_.env.world_size)) {
       check(world_.store->set(key + "/done", comm::to_bytes("1")));
     }
-    // Short gets rather than one long one: the store's connection carries one request at a
-    // time, and a receiver serving rounds on another thread of this process needs it too.
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      auto done = world_.store->get(key + "/done", std::chrono::milliseconds(20));
-      if (done.ok()) return;
-      if (done.status().code() != StatusCode::kDeadlineExceeded ||
-          std::chrono::steady_clock::now() >= deadline) {
-        check(done.status().with_context("waiting for every rank at '" + name + "' for " +
-                                         shown(double(timeout.count()) / 1000) + " s"));
-      }
-    }
+    check(world_.store->get(key + "/done", timeout)
+              .status()
+              .with_context("waiting for every rank at '" + name + "' for " +
+                            shown(double(timeout.count()) / 1000) + " s"));
   }
 
  private:

@@ -64,6 +64,34 @@ TEST(TcpStore, SetGetWaitAddBetweenTwoClients) {
   exercise(**a, **b);
 }
 
+// Threads of one process share its client, whose connection carries one request at a time:
+// a get waiting for its key must not hold the others' requests back until its wait ends.
+TEST(TcpStore, AWaitingGetLeavesTheConnectionToOtherThreads) {
+  auto server = TcpStoreServer::start({.token = "secret"});
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  auto client = TcpStore::connect({.port = (*server)->port(), .token = "secret"});
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  Result<Bytes> got = unavailable("not yet");
+  std::thread waiter([&] { got = (*client)->get("late", 20s); });
+  // The waiter is parked at the server (most of the time: it waits in short slices).
+  const auto give_up = Clock::now() + 10s;
+  while ((*server)->waiting() == 0 && Clock::now() < give_up) std::this_thread::yield();
+  ASSERT_EQ((*server)->waiting(), 1u);
+  // Through the same connection: with the waiter holding it, this set would go only after
+  // the waiter's 20 s had run out, and the waiter would fail.
+  const auto start = Clock::now();
+  EXPECT_EQ(*(*client)->add("other", 1), 1);
+  ASSERT_TRUE((*client)->set("late", to_bytes("here")).ok());
+  waiter.join();
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_EQ(to_string(*got), "here");
+  EXPECT_LT(Clock::now() - start, 5s);
+  // A get that runs out names its whole wait, not its last slice.
+  auto never = (*client)->get("never", 300ms);
+  EXPECT_NE(never.status().message().find("'never' was not set within 300 ms"), std::string::npos)
+      << never.status().to_string();
+}
+
 TEST(TcpStore, WrongTokenIsRefused) {
   auto server = TcpStoreServer::start({.token = "right"});
   ASSERT_TRUE(server.ok());

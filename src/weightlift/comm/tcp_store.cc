@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 #include "weightlift/comm/detail/store_wire.h"
 
@@ -27,6 +28,8 @@ using detail::StoreResponse;
 
 // Slack on top of a get's wait for the reply to travel back.
 constexpr auto kReplySlack = std::chrono::seconds(5);
+// A get's longest single wait at the server (TcpStore::get).
+constexpr auto kGetSlice = std::chrono::milliseconds(50);
 
 void set_nodelay(int fd) {
   int one = 1;
@@ -121,7 +124,9 @@ Result<Bytes> TcpStore::call(uint8_t op, std::string_view key, Bytes value,
   r.value = std::move(value);
   r.timeout_ms = uint32_t(std::clamp<int64_t>(wait.count(), 0, detail::kStoreMaxWaitMs));
   Bytes frame = detail::encode_request(r);
+  queued_.fetch_add(1);
   MutexLock lock(mu_);
+  queued_.fetch_sub(1);
   if (fd_ < 0) return unavailable(where_ + ": connection closed after an earlier error");
   const Deadline deadline = deadline_after(options_.request_timeout) + wait + kReplySlack;
   Status s = detail::write_all(fd_, frame.data(), frame.size(), deadline, where_);
@@ -155,7 +160,23 @@ Status TcpStore::set(std::string_view key, std::span<const std::byte> value) {
 }
 
 Result<Bytes> TcpStore::get(std::string_view key, std::chrono::milliseconds timeout) {
-  return call(uint8_t(StoreOp::kGet), key, {}, timeout);
+  // The connection carries one request at a time, so a long wait goes to the server in
+  // slices: between two, a request of another thread of this process (queued on mu_) goes
+  // first. Each slice still waits at the server, so a set is seen the moment it lands.
+  using std::chrono::milliseconds;
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    const auto left = std::max(
+        milliseconds(0), std::chrono::ceil<milliseconds>(end - std::chrono::steady_clock::now()));
+    const milliseconds slice = std::min(left, kGetSlice);
+    Result<Bytes> value = call(uint8_t(StoreOp::kGet), key, {}, slice);
+    if (value.ok() || value.status().code() != StatusCode::kDeadlineExceeded) return value;
+    if (slice >= left) {
+      return deadline_exceeded(where_ + ": rendezvous key '" + std::string(key) +
+                               "' was not set within " + std::to_string(timeout.count()) + " ms");
+    }
+    while (queued_.load() > 0) std::this_thread::yield();
+  }
 }
 
 Result<int64_t> TcpStore::add(std::string_view key, int64_t delta) {

@@ -14,6 +14,7 @@
 // closed for the newcomer.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -49,6 +50,7 @@ class TcpStoreServer {
 
   int port() const;
   size_t connections() const;  // open now
+  size_t waiting() const;      // gets waiting for their key now
 
   struct Loop;  // tcp_store_server.cc
 
@@ -64,7 +66,8 @@ struct TcpStoreOptions {
   std::string token;
   // How long to keep trying to connect; the server may start after its clients.
   std::chrono::milliseconds connect_timeout{30000};
-  // Deadline for a set or add; a get waits its own timeout plus this.
+  // Deadline for a set or add; a get waits its own timeout plus this. A long get leaves the
+  // connection to the process's other threads every 50 ms.
   std::chrono::milliseconds request_timeout{30000};
 };
 
@@ -85,6 +88,7 @@ class TcpStore final : public Store {
   std::string where_;  // "rendezvous store at 127.0.0.1:29500"
   Mutex mu_;           // one request at a time on the connection
   int fd_ WL_GUARDED_BY(mu_) = -1;
+  std::atomic<int> queued_{0};  // requests waiting for mu_
 };
 
 }  // namespace wl::comm

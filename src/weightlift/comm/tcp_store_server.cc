@@ -77,6 +77,7 @@ struct TcpStoreServer::Loop {
   int port = 0;
   std::atomic<bool> stopping{false};
   std::atomic<size_t> open{0};
+  std::atomic<size_t> waiting{0};  // waiters.size(), for other threads
   // Everything below belongs to the loop's thread.
   std::map<int, std::unique_ptr<Connection>> conns;
   std::map<std::string, Bytes, std::less<>> values;
@@ -150,6 +151,7 @@ void TcpStoreServer::Loop::close(int fd) {
         break;
       }
     }
+    waiting = waiters.size();
   }
   ::epoll_ctl(epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
   ::close(fd);
@@ -310,6 +312,7 @@ void TcpStoreServer::Loop::handle(Connection& c, StoreRequest& r) {
         c.waiting_ms = r.timeout_ms;
         c.deadline = Clock::now() + std::chrono::milliseconds(r.timeout_ms);
         waiters.emplace(r.key, c.fd);
+        waiting = waiters.size();
         watch(c, EPOLLIN | EPOLLRDHUP);
         return;
       }
@@ -331,6 +334,7 @@ void TcpStoreServer::Loop::wake(std::string_view key) {
   std::vector<int> fds;
   for (auto w = b; w != e; ++w) fds.push_back(w->second);
   waiters.erase(b, e);
+  waiting = waiters.size();
   for (int fd : fds) {
     auto c = conns.find(fd);
     if (c == conns.end()) continue;
@@ -396,6 +400,7 @@ void TcpStoreServer::Loop::expire() {
         break;
       }
     }
+    waiting = waiters.size();
     c.state = Connection::State::kReading;
     respond(c, StatusCode::kDeadlineExceeded,
             to_bytes("rendezvous key '" + c.waiting_key + "' was not set within " +
@@ -471,5 +476,6 @@ TcpStoreServer::~TcpStoreServer() {
 int TcpStoreServer::port() const { return loop_->port; }
 
 size_t TcpStoreServer::connections() const { return loop_->open.load(); }
+size_t TcpStoreServer::waiting() const { return loop_->waiting.load(); }
 
 }  // namespace wl::comm
