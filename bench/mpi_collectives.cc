@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -42,6 +43,104 @@ double bus_factor(const std::string& op, int P) {
   return 1.0;
 }
 
+struct Options {
+  std::string ops = "allreduce,allgather,reduce_scatter,broadcast";  // comma-separated
+  size_t min_bytes = 8, max_bytes = size_t(256) << 20;
+  int factor = 2;  // each size is the previous one times this
+  int iters = 0;   // 0: 20..1000, about 1 GiB of data per size
+  int warmup = 5;
+};
+
+Options parse_options(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--ops")
+      o.ops = v;
+    else if (k == "--min-bytes")
+      o.min_bytes = parse_bytes(v);
+    else if (k == "--max-bytes")
+      o.max_bytes = parse_bytes(v);
+    else if (k == "--factor")
+      o.factor = std::atoi(v.c_str());
+    else if (k == "--iters")
+      o.iters = std::atoi(v.c_str());
+    else if (k == "--warmup")
+      o.warmup = std::atoi(v.c_str());
+  }
+  return o;
+}
+
+std::vector<std::string> split_ops(const std::string& list) {
+  std::vector<std::string> ops;
+  for (size_t at = 0; at <= list.size();) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    if (comma > at) ops.push_back(list.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return ops;
+}
+
+// The buffers every call uses: `send` is all ones, `recv` what MPI writes.
+struct Buffers {
+  std::vector<float> send, recv;
+};
+
+void run_once(const std::string& op, int n, Buffers& b) {
+  if (op == "allreduce") {
+    MPI_Allreduce(b.send.data(), b.recv.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  } else if (op == "allgather") {
+    MPI_Allgather(b.send.data(), n, MPI_FLOAT, b.recv.data(), n, MPI_FLOAT, MPI_COMM_WORLD);
+  } else if (op == "reduce_scatter") {
+    MPI_Reduce_scatter_block(b.send.data(), b.recv.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  } else {
+    MPI_Bcast(b.recv.data(), n, MPI_FLOAT, 0, MPI_COMM_WORLD);
+  }
+}
+
+// Seconds per timed call, each the slowest rank's.
+std::vector<double> time_calls(const std::string& op, int n, int iters, int warmup, Buffers& b) {
+  for (int i = 0; i < warmup; ++i) run_once(op, n, b);
+  std::vector<double> t(static_cast<size_t>(iters)), tmax(static_cast<size_t>(iters));
+  for (int i = 0; i < iters; ++i) {
+    const double t0 = MPI_Wtime();
+    run_once(op, n, b);
+    t[size_t(i)] = MPI_Wtime() - t0;
+  }
+  MPI_Allreduce(t.data(), tmax.data(), iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return tmax;
+}
+
+void print_row(const std::string& op, size_t bytes, size_t count, int P, std::vector<double> tmax) {
+  double sum = 0;
+  for (double x : tmax) sum += x;
+  std::sort(tmax.begin(), tmax.end());
+  auto pct = [&](double p) {
+    return tmax[std::min(tmax.size() - 1, size_t(p * double(tmax.size() - 1) + 0.5))] * 1e6;
+  };
+  const double time_us = sum / double(tmax.size()) * 1e6;
+  const double algbw = double(bytes) / (time_us * 1e3);
+  std::printf(
+      "{\"impl\":\"openmpi\",\"op\":\"%s\",\"bytes\":%zu,\"count\":%zu,"
+      "\"dtype\":\"F32\",\"ranks\":%d,\"time_us\":%.3f,\"p50_us\":%.3f,"
+      "\"p99_us\":%.3f,\"algbw_gbps\":%.4f,\"busbw_gbps\":%.4f}\n",
+      op.c_str(), bytes, count, P, time_us, pct(0.5), pct(0.99), algbw, algbw * bus_factor(op, P));
+  std::fflush(stdout);
+}
+
+// One row of the sweep: `op` on about `want` bytes (rounded down to whole elements per rank).
+void bench_size(const Options& o, const std::string& op, size_t want, int P, int rank, Buffers& b) {
+  const size_t es = sizeof(float);
+  const bool per_rank = op == "allgather" || op == "reduce_scatter";
+  const size_t count = per_rank ? want / es / size_t(P) : want / es;
+  const size_t bytes = per_rank ? count * es * size_t(P) : count * es;
+  if (count == 0) return;
+  const int iters =
+      o.iters > 0 ? o.iters : int(std::clamp<size_t>((size_t(1) << 30) / bytes, 20, 1000));
+  std::vector<double> tmax = time_calls(op, int(count), iters, o.warmup, b);
+  if (rank == 0) print_row(op, bytes, count, P, std::move(tmax));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -49,84 +148,17 @@ int main(int argc, char** argv) {
   int P = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &P);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  std::string ops_arg = "allreduce,allgather,reduce_scatter,broadcast";
-  size_t min_bytes = 8, max_bytes = size_t(256) << 20;
-  int factor = 2, iters_arg = 0, warmup = 5;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--ops")
-      ops_arg = v;
-    else if (k == "--min-bytes")
-      min_bytes = parse_bytes(v);
-    else if (k == "--max-bytes")
-      max_bytes = parse_bytes(v);
-    else if (k == "--factor")
-      factor = std::atoi(v.c_str());
-    else if (k == "--iters")
-      iters_arg = std::atoi(v.c_str());
-    else if (k == "--warmup")
-      warmup = std::atoi(v.c_str());
-  }
-  std::vector<std::string> ops;
-  for (size_t at = 0; at <= ops_arg.size();) {
-    const size_t comma = std::min(ops_arg.find(',', at), ops_arg.size());
-    if (comma > at) ops.push_back(ops_arg.substr(at, comma - at));
-    at = comma + 1;
-  }
+  const Options o = parse_options(argc, argv);
   const size_t es = sizeof(float);
-  std::vector<float> send(std::max(max_bytes, es * size_t(P)) / es, 1.0f);
-  std::vector<float> recv(send.size(), 0.0f);
+  Buffers b;
+  b.send.assign(std::max(o.max_bytes, es * size_t(P)) / es, 1.0f);
+  b.recv.assign(b.send.size(), 0.0f);
 
-  for (const std::string& op : ops) {
-    for (size_t want = min_bytes; want <= max_bytes;) {
-      const bool per_rank = op == "allgather" || op == "reduce_scatter";
-      const size_t count = per_rank ? want / es / size_t(P) : want / es;
-      const size_t bytes = per_rank ? count * es * size_t(P) : count * es;
-      if (count > 0) {
-        const int n = int(count);
-        auto run = [&] {
-          if (op == "allreduce") {
-            MPI_Allreduce(send.data(), recv.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-          } else if (op == "allgather") {
-            MPI_Allgather(send.data(), n, MPI_FLOAT, recv.data(), n, MPI_FLOAT, MPI_COMM_WORLD);
-          } else if (op == "reduce_scatter") {
-            MPI_Reduce_scatter_block(send.data(), recv.data(), n, MPI_FLOAT, MPI_SUM,
-                                     MPI_COMM_WORLD);
-          } else {
-            MPI_Bcast(recv.data(), n, MPI_FLOAT, 0, MPI_COMM_WORLD);
-          }
-        };
-        const int iters = iters_arg > 0
-                              ? iters_arg
-                              : int(std::clamp<size_t>((size_t(1) << 30) / bytes, 20, 1000));
-        for (int i = 0; i < warmup; ++i) run();
-        std::vector<double> t(static_cast<size_t>(iters)), tmax(static_cast<size_t>(iters));
-        for (int i = 0; i < iters; ++i) {
-          const double t0 = MPI_Wtime();
-          run();
-          t[size_t(i)] = MPI_Wtime() - t0;
-        }
-        MPI_Allreduce(t.data(), tmax.data(), iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-        if (rank == 0) {
-          double sum = 0;
-          for (double x : tmax) sum += x;
-          std::sort(tmax.begin(), tmax.end());
-          auto pct = [&](double p) {
-            return tmax[std::min(tmax.size() - 1, size_t(p * double(tmax.size() - 1) + 0.5))] * 1e6;
-          };
-          const double time_us = sum / iters * 1e6;
-          const double algbw = double(bytes) / (time_us * 1e3);
-          std::printf(
-              "{\"impl\":\"openmpi\",\"op\":\"%s\",\"bytes\":%zu,\"count\":%zu,"
-              "\"dtype\":\"F32\",\"ranks\":%d,\"time_us\":%.3f,\"p50_us\":%.3f,"
-              "\"p99_us\":%.3f,\"algbw_gbps\":%.4f,\"busbw_gbps\":%.4f}\n",
-              op.c_str(), bytes, count, P, time_us, pct(0.5), pct(0.99), algbw,
-              algbw * bus_factor(op, P));
-          std::fflush(stdout);
-        }
-      }
-      if (want > max_bytes / size_t(factor)) break;
-      want *= size_t(factor);
+  for (const std::string& op : split_ops(o.ops)) {
+    for (size_t want = o.min_bytes; want <= o.max_bytes;) {
+      bench_size(o, op, want, P, rank, b);
+      if (want > o.max_bytes / size_t(o.factor)) break;
+      want *= size_t(o.factor);
     }
   }
   MPI_Finalize();

@@ -44,131 +44,191 @@ struct Lane {
   std::vector<Request> recvs;        // reduce-scatter: [per_step]; allgather: [(P-1) per_step]
 };
 
-}  // namespace
+uint32_t lane_tag(const Lane& l, uint32_t step, size_t k) {
+  return step_tag(step, l.per_step, k) * 2 + uint32_t(l.index);
+}
 
-Status allreduce_ring_bidirectional(Group& g, const AllreduceArgs& a, Deadline deadline) {
-  const int P = g.size(), r = g.rank();
-  const size_t es = dtype_size(a.dtype);
-  const size_t seg = segment_elements(a.segment_bytes, a.dtype);
-  const auto* in = static_cast<const std::byte*>(a.in);
-  auto* out = static_cast<std::byte*>(a.out);
-  const size_t first = (a.count + 1) / 2;  // lane 0 takes the odd element
+// One call: both lanes, the sends in flight, and where a lane's segments sit in the buffers.
+class BidirectionalRing {
+ public:
+  BidirectionalRing(Group& g, const AllreduceArgs& a, Deadline deadline);
+  Status run();
 
-  Lane lanes[2];
-  for (int d = 0; d < 2; ++d) {
-    Lane& l = lanes[d];
-    l.index = d;
-    l.v = d == 0 ? r : (P - r) % P;
-    l.right = d == 0 ? (r + 1) % P : (r + P - 1) % P;
-    l.left = d == 0 ? (r + P - 1) % P : (r + 1) % P;
-    l.offset = d == 0 ? 0 : first;
-    l.blocks = even_blocks(d == 0 ? first : a.count - first, P);
-    l.per_step = std::max<size_t>(1, num_segments(l.blocks.max_count(), seg));
-    l.tmp = scratch(std::min(l.blocks.max_count(), l.per_step * seg) * es);
-    l.recvs.resize(l.per_step);
+ private:
+  size_t nseg(const Lane& l, size_t b) const { return num_segments(l.blocks.counts[b], seg_); }
+  size_t seg_count(const Lane& l, size_t b, size_t k) const {
+    return std::min(seg_, l.blocks.counts[b] - k * seg_);
   }
-  auto tag = [](const Lane& l, uint32_t step, size_t k) {
-    return step_tag(step, l.per_step, k) * 2 + uint32_t(l.index);
-  };
-  auto nseg = [&](const Lane& l, size_t b) { return num_segments(l.blocks.counts[b], seg); };
-  auto seg_count = [&](const Lane& l, size_t b, size_t k) {
-    return std::min(seg, l.blocks.counts[b] - k * seg);
-  };
-  auto at = [&](const Lane& l, size_t b, size_t k) {
-    return (l.offset + l.blocks.offsets[b] + k * seg) * es;
-  };
+  // Bytes from the start of the buffer to segment k of block b of the lane's half.
+  size_t at(const Lane& l, size_t b, size_t k) const {
+    return (l.offset + l.blocks.offsets[b] + k * seg_) * es_;
+  }
   // Reduce-scatter, as reduce_scatter_ring.cc: in step s lane ring number v sends block
   // v-1-s and receives block v-2-s, so after P-1 steps it holds block v reduced.
-  auto send_block = [&](const Lane& l, int s) { return size_t(((l.v - 1 - s) % P + P) % P); };
-  auto recv_block = [&](const Lane& l, int s) { return size_t(((l.v - 2 - s) % P + P) % P); };
-  auto post_rs_recv = [&](Lane& l, int s, size_t k) {
-    const size_t b = recv_block(l, s);
-    l.recvs[k] = g.irecv(l.left, a.sequence, tag(l, uint32_t(s), k), l.tmp.get() + k * seg * es,
-                         seg_count(l, b, k) * es);
-  };
+  size_t send_block(const Lane& l, int s) const { return size_t(((l.v - 1 - s) % P_ + P_) % P_); }
+  size_t recv_block(const Lane& l, int s) const { return size_t(((l.v - 2 - s) % P_ + P_) % P_); }
+  // Allgather, as allgather_ring.cc: in step s ring number v sends block v-s and receives
+  // block v-s-1 into its place in the output, then forwards it.
+  size_t ag_block(const Lane& l, int s) const { return size_t(((l.v - s - 1) % P_ + P_) % P_); }
 
-  std::vector<Request> sends;
-  for (Lane& l : lanes) {
+  void post_rs_recv(Lane& l, int s, size_t k);
+  void start_reduce_scatter();
+  Status reduce_scatter_step(int s);
+  Status finish_reduce_scatter();
+  void start_allgather();
+  Status allgather_step(int s);
+
+  Group& g_;
+  const AllreduceArgs& a_;
+  const Deadline deadline_;
+  const int P_;
+  const size_t es_;
+  const size_t seg_;  // elements per segment
+  const std::byte* in_;
+  std::byte* out_;
+  Lane lanes_[2];
+  size_t per_step_ = 1;  // segments of the largest block of either lane
+  std::vector<Request> sends_;
+  uint32_t ag0_ = 0;  // the allgather pass's first step
+};
+
+BidirectionalRing::BidirectionalRing(Group& g, const AllreduceArgs& a, Deadline deadline)
+    : g_(g),
+      a_(a),
+      deadline_(deadline),
+      P_(g.size()),
+      es_(dtype_size(a.dtype)),
+      seg_(segment_elements(a.segment_bytes, a.dtype)),
+      in_(static_cast<const std::byte*>(a.in)),
+      out_(static_cast<std::byte*>(a.out)),
+      ag0_(uint32_t(P_ - 1)) {
+  const int r = g.rank();
+  const size_t first = (a.count + 1) / 2;  // lane 0 takes the odd element
+  for (int d = 0; d < 2; ++d) {
+    Lane& l = lanes_[d];
+    l.index = d;
+    l.v = d == 0 ? r : (P_ - r) % P_;
+    l.right = d == 0 ? (r + 1) % P_ : (r + P_ - 1) % P_;
+    l.left = d == 0 ? (r + P_ - 1) % P_ : (r + 1) % P_;
+    l.offset = d == 0 ? 0 : first;
+    l.blocks = even_blocks(d == 0 ? first : a.count - first, P_);
+    l.per_step = std::max<size_t>(1, num_segments(l.blocks.max_count(), seg_));
+    l.tmp = scratch(std::min(l.blocks.max_count(), l.per_step * seg_) * es_);
+    l.recvs.resize(l.per_step);
+  }
+  per_step_ = std::max(lanes_[0].per_step, lanes_[1].per_step);
+}
+
+void BidirectionalRing::post_rs_recv(Lane& l, int s, size_t k) {
+  const size_t b = recv_block(l, s);
+  l.recvs[k] = g_.irecv(l.left, a_.sequence, lane_tag(l, uint32_t(s), k),
+                        l.tmp.get() + k * seg_ * es_, seg_count(l, b, k) * es_);
+}
+
+// Step 0's sends and receives, both lanes.
+void BidirectionalRing::start_reduce_scatter() {
+  for (Lane& l : lanes_) {
     const size_t sb = send_block(l, 0);
     for (size_t k = 0; k < nseg(l, sb); ++k) {
-      sends.push_back(
-          g.isend(l.right, a.sequence, tag(l, 0, k), in + at(l, sb, k), seg_count(l, sb, k) * es));
+      sends_.push_back(g_.isend(l.right, a_.sequence, lane_tag(l, 0, k), in_ + at(l, sb, k),
+                                seg_count(l, sb, k) * es_));
     }
     for (size_t k = 0; k < nseg(l, recv_block(l, 0)); ++k) post_rs_recv(l, 0, k);
   }
-  const size_t per_step = std::max(lanes[0].per_step, lanes[1].per_step);
-  for (int s = 0; s <= P - 2; ++s) {
-    const bool last = s == P - 2;
-    for (size_t k = 0; k < per_step; ++k) {
-      for (Lane& l : lanes) {
-        const size_t b = recv_block(l, s);
-        if (k >= nseg(l, b)) continue;
-        WL_RETURN_IF_ERROR(g.wait_all(std::span<Request>(&l.recvs[k], 1), sends, deadline));
-        const size_t n = seg_count(l, b, k);
-        // Partial sums go straight into the output: block b's place there is not needed for
-        // anything else until the allgather pass overwrites it with the total.
-        reduce(a.dtype, a.op, out + at(l, b, k), in + at(l, b, k), l.tmp.get() + k * seg * es, n);
-        if (!last) {
-          sends.push_back(
-              g.isend(l.right, a.sequence, tag(l, uint32_t(s + 1), k), out + at(l, b, k), n * es));
-          if (k < nseg(l, recv_block(l, s + 1))) post_rs_recv(l, s + 1, k);
-        }
-      }
-    }
-    if (!last) {
-      // Blocks differ by at most one element, so the next step may have one segment more.
-      for (Lane& l : lanes) {
-        for (size_t k = nseg(l, recv_block(l, s)); k < nseg(l, recv_block(l, s + 1)); ++k)
-          post_rs_recv(l, s + 1, k);
-      }
-    }
-    std::erase_if(sends, [](const Request& q) { return !q.pending(); });
-  }
-  // The allgather receives land where the partial sums were sent from.
-  WL_RETURN_IF_ERROR(g.wait_all(sends, deadline));
-  sends.clear();
-  for (Lane& l : lanes) {
-    const size_t own = size_t(l.v);
-    if (a.op == ReduceOp::kAvg) divide(a.dtype, out + at(l, own, 0), l.blocks.counts[own], P);
-  }
+}
 
-  // Allgather, as allgather_ring.cc: in step s ring number v sends block v-s and receives
-  // block v-s-1 into its place in the output, then forwards it.
-  auto ag_block = [&](const Lane& l, int s) { return size_t(((l.v - s - 1) % P + P) % P); };
-  const uint32_t ag0 = uint32_t(P - 1);
-  for (Lane& l : lanes) {
+Status BidirectionalRing::reduce_scatter_step(int s) {
+  const bool last = s == P_ - 2;
+  for (size_t k = 0; k < per_step_; ++k) {
+    for (Lane& l : lanes_) {
+      const size_t b = recv_block(l, s);
+      if (k >= nseg(l, b)) continue;
+      WL_RETURN_IF_ERROR(g_.wait_all(std::span<Request>(&l.recvs[k], 1), sends_, deadline_));
+      const size_t n = seg_count(l, b, k);
+      // Partial sums go straight into the output: block b's place there is not needed for
+      // anything else until the allgather pass overwrites it with the total.
+      reduce(a_.dtype, a_.op, out_ + at(l, b, k), in_ + at(l, b, k), l.tmp.get() + k * seg_ * es_,
+             n);
+      if (!last) {
+        sends_.push_back(g_.isend(l.right, a_.sequence, lane_tag(l, uint32_t(s + 1), k),
+                                  out_ + at(l, b, k), n * es_));
+        if (k < nseg(l, recv_block(l, s + 1))) post_rs_recv(l, s + 1, k);
+      }
+    }
+  }
+  if (!last) {
+    // Blocks differ by at most one element, so the next step may have one segment more.
+    for (Lane& l : lanes_) {
+      for (size_t k = nseg(l, recv_block(l, s)); k < nseg(l, recv_block(l, s + 1)); ++k)
+        post_rs_recv(l, s + 1, k);
+    }
+  }
+  std::erase_if(sends_, [](const Request& q) { return !q.pending(); });
+  return ok_status();
+}
+
+// The allgather receives land where the partial sums were sent from.
+Status BidirectionalRing::finish_reduce_scatter() {
+  WL_RETURN_IF_ERROR(g_.wait_all(sends_, deadline_));
+  sends_.clear();
+  for (Lane& l : lanes_) {
+    const size_t own = size_t(l.v);
+    if (a_.op == ReduceOp::kAvg) divide(a_.dtype, out_ + at(l, own, 0), l.blocks.counts[own], P_);
+  }
+  return ok_status();
+}
+
+// Every allgather receive of both lanes, and the sends of this rank's own blocks.
+void BidirectionalRing::start_allgather() {
+  for (Lane& l : lanes_) {
     l.recvs.clear();
-    l.recvs.resize(size_t(P - 1) * l.per_step);
-    for (int s = 0; s <= P - 2; ++s) {
+    l.recvs.resize(size_t(P_ - 1) * l.per_step);
+    for (int s = 0; s <= P_ - 2; ++s) {
       const size_t b = ag_block(l, s);
       for (size_t k = 0; k < nseg(l, b); ++k) {
         l.recvs[size_t(s) * l.per_step + k] =
-            g.irecv(l.left, a.sequence, tag(l, ag0 + uint32_t(s), k), out + at(l, b, k),
-                    seg_count(l, b, k) * es);
+            g_.irecv(l.left, a_.sequence, lane_tag(l, ag0_ + uint32_t(s), k), out_ + at(l, b, k),
+                     seg_count(l, b, k) * es_);
       }
     }
     const size_t own = size_t(l.v);
     for (size_t k = 0; k < nseg(l, own); ++k) {
-      sends.push_back(g.isend(l.right, a.sequence, tag(l, ag0, k), out + at(l, own, k),
-                              seg_count(l, own, k) * es));
+      sends_.push_back(g_.isend(l.right, a_.sequence, lane_tag(l, ag0_, k), out_ + at(l, own, k),
+                                seg_count(l, own, k) * es_));
     }
   }
-  for (int s = 0; s <= P - 2; ++s) {
-    for (size_t k = 0; k < per_step; ++k) {
-      for (Lane& l : lanes) {
-        const size_t b = ag_block(l, s);
-        if (k >= nseg(l, b)) continue;
-        WL_RETURN_IF_ERROR(g.wait_all(std::span<Request>(&l.recvs[size_t(s) * l.per_step + k], 1),
-                                      sends, deadline));
-        if (s < P - 2) {
-          sends.push_back(g.isend(l.right, a.sequence, tag(l, ag0 + uint32_t(s) + 1, k),
-                                  out + at(l, b, k), seg_count(l, b, k) * es));
-        }
+}
+
+Status BidirectionalRing::allgather_step(int s) {
+  for (size_t k = 0; k < per_step_; ++k) {
+    for (Lane& l : lanes_) {
+      const size_t b = ag_block(l, s);
+      if (k >= nseg(l, b)) continue;
+      WL_RETURN_IF_ERROR(g_.wait_all(std::span<Request>(&l.recvs[size_t(s) * l.per_step + k], 1),
+                                     sends_, deadline_));
+      if (s < P_ - 2) {
+        sends_.push_back(g_.isend(l.right, a_.sequence, lane_tag(l, ag0_ + uint32_t(s) + 1, k),
+                                  out_ + at(l, b, k), seg_count(l, b, k) * es_));
       }
     }
-    std::erase_if(sends, [](const Request& q) { return !q.pending(); });
   }
-  return g.wait_all(sends, deadline);
+  std::erase_if(sends_, [](const Request& q) { return !q.pending(); });
+  return ok_status();
+}
+
+Status BidirectionalRing::run() {
+  start_reduce_scatter();
+  for (int s = 0; s <= P_ - 2; ++s) WL_RETURN_IF_ERROR(reduce_scatter_step(s));
+  WL_RETURN_IF_ERROR(finish_reduce_scatter());
+  start_allgather();
+  for (int s = 0; s <= P_ - 2; ++s) WL_RETURN_IF_ERROR(allgather_step(s));
+  return g_.wait_all(sends_, deadline_);
+}
+
+}  // namespace
+
+Status allreduce_ring_bidirectional(Group& g, const AllreduceArgs& a, Deadline deadline) {
+  return BidirectionalRing(g, a, deadline).run();
 }
 
 }  // namespace wl::comm::detail

@@ -120,113 +120,150 @@ TreeLinks double_tree_links(int P, int rank, int tree) {
 // height h is at most (root height - h) edges down, and skipping places only shortens paths.
 int double_tree_depth(int P) { return P <= 1 ? 0 : std::bit_width(unsigned(P)) - 1; }
 
-Status allreduce_tree(Group& g, const AllreduceArgs& a, Deadline deadline) {
-  const int P = g.size(), r = g.rank();
-  const size_t es = dtype_size(a.dtype);
-  const size_t seg = segment_elements(a.segment_bytes, a.dtype);
-  const auto* in = static_cast<const std::byte*>(a.in);
-  auto* out = static_cast<std::byte*>(a.out);
-  const size_t W = window(P);
+namespace {
 
-  Half halves[2];
+// One call: both trees' halves, the sends down in flight, and the per-segment steps.
+class DoubleTree {
+ public:
+  DoubleTree(Group& g, const AllreduceArgs& a, Deadline deadline);
+  Status run();
+
+ private:
+  size_t seg_count(const Half& h, size_t k) const { return std::min(seg_, h.count - k * seg_); }
+  size_t seg_at(const Half& h, size_t k) const { return (h.offset + k * seg_) * es_; }
+  // Slot of segment k from child c: the window wraps, and a slot is reposted only once the
+  // segment in it has been reduced.
+  std::byte* slot(const Half& h, int c, size_t k) const {
+    return h.tmp.get() + (size_t(c) * std::min(W_ * seg_, h.count) + (k % W_) * seg_) * es_;
+  }
+  void post_from_children(Half& h, size_t k);
+  void send_down(Half& h, size_t k);
+  Status climb(Half& h, size_t k);
+  Status descend(Half& h, size_t k);
+
+  Group& g_;
+  const AllreduceArgs& a_;
+  const Deadline deadline_;
+  const int P_;
+  const size_t es_;
+  const size_t seg_;  // elements per segment
+  const std::byte* in_;
+  std::byte* out_;
+  const size_t W_;  // window(P)
+  Half halves_[2];
+  std::vector<Request> down_;  // sends to the children, collected as they complete
+};
+
+DoubleTree::DoubleTree(Group& g, const AllreduceArgs& a, Deadline deadline)
+    : g_(g),
+      a_(a),
+      deadline_(deadline),
+      P_(g.size()),
+      es_(dtype_size(a.dtype)),
+      seg_(segment_elements(a.segment_bytes, a.dtype)),
+      in_(static_cast<const std::byte*>(a.in)),
+      out_(static_cast<std::byte*>(a.out)),
+      W_(window(P_)) {
+  const int r = g.rank();
   const size_t first = (a.count + 1) / 2;  // tree 0 takes the odd element
   for (int t = 0; t < 2; ++t) {
-    Half& h = halves[t];
+    Half& h = halves_[t];
     h.tree = t;
     h.offset = t == 0 ? 0 : first;
     h.count = t == 0 ? first : a.count - first;
-    h.segments = num_segments(h.count, seg);
-    h.links = double_tree_links(P, r, t);
+    h.segments = num_segments(h.count, seg_);
+    h.links = double_tree_links(P_, r, t);
     h.children = int(h.links.children[0] >= 0) + int(h.links.children[1] >= 0);
-    h.tmp = scratch(size_t(h.children) * std::min(W * seg, h.count) * es);
-    h.from_children.resize(size_t(h.children) * W);
+    h.tmp = scratch(size_t(h.children) * std::min(W_ * seg_, h.count) * es_);
+    h.from_children.resize(size_t(h.children) * W_);
     h.up.resize(h.segments);
   }
-  auto seg_count = [&](const Half& h, size_t k) { return std::min(seg, h.count - k * seg); };
-  auto seg_at = [&](const Half& h, size_t k) { return (h.offset + k * seg) * es; };
-  // Slot of segment k from child c: the window wraps, and a slot is reposted only once the
-  // segment in it has been reduced.
-  auto slot = [&](const Half& h, int c, size_t k) {
-    return h.tmp.get() + (size_t(c) * std::min(W * seg, h.count) + (k % W) * seg) * es;
-  };
-  auto post_from_children = [&](Half& h, size_t k) {
-    for (int c = 0; c < h.children; ++c) {
-      h.from_children[size_t(c) * W + k % W] =
-          g.irecv(h.links.children[c], a.sequence, tree_tag(h.tree, false, k), slot(h, c, k),
-                  seg_count(h, k) * es);
-    }
-  };
-  std::vector<Request> down;  // sends to the children, collected as they complete
+}
 
-  auto send_down = [&](Half& h, size_t k) {
-    for (int c = 0; c < h.children; ++c) {
-      down.push_back(g.isend(h.links.children[c], a.sequence, tree_tag(h.tree, true, k),
-                             out + seg_at(h, k), seg_count(h, k) * es));
-    }
-  };
+void DoubleTree::post_from_children(Half& h, size_t k) {
+  for (int c = 0; c < h.children; ++c) {
+    h.from_children[size_t(c) * W_ + k % W_] =
+        g_.irecv(h.links.children[c], a_.sequence, tree_tag(h.tree, false, k), slot(h, c, k),
+                 seg_count(h, k) * es_);
+  }
+}
 
-  // Segment k climbs one level: the children's partial sums are added to this rank's input,
-  // and the sum goes to the parent (the root instead starts it down).
-  auto climb = [&](Half& h, size_t k) -> Status {
-    const size_t n = seg_count(h, k);
-    const std::byte* src = in + seg_at(h, k);
-    std::byte* dst = out + seg_at(h, k);
-    for (int c = 0; c < h.children; ++c) {
-      Status s = g.wait_all(std::span<Request>(&h.from_children[size_t(c) * W + k % W], 1), down,
-                            deadline);
-      if (!s.ok()) {
-        return s.with_context("allreduce tree " + std::to_string(h.tree) + ": segment " +
-                              std::to_string(k) + " from child rank " +
-                              std::to_string(h.links.children[c]));
-      }
-      reduce(a.dtype, a.op, dst, c == 0 ? src : dst, slot(h, c, k), n);
-    }
-    if (h.children > 0) src = dst;
-    if (k + W < h.segments) post_from_children(h, k + W);
-    if (h.links.parent < 0) {
-      if (a.op == ReduceOp::kAvg) divide(a.dtype, dst, n, P);
-      send_down(h, k);
-    } else {
-      // A leaf sends straight from its input; the result lands in `out` on the way down.
-      h.up[k] = g.isend(h.links.parent, a.sequence, tree_tag(h.tree, false, k), src, n * es);
-    }
-    return ok_status();
-  };
+void DoubleTree::send_down(Half& h, size_t k) {
+  for (int c = 0; c < h.children; ++c) {
+    down_.push_back(g_.isend(h.links.children[c], a_.sequence, tree_tag(h.tree, true, k),
+                             out_ + seg_at(h, k), seg_count(h, k) * es_));
+  }
+}
 
-  // Segment k comes down one level: the total from the parent, passed on to the children.
-  auto descend = [&](Half& h, size_t k) -> Status {
-    if (h.links.parent < 0) return ok_status();  // the root sent it when it finished climbing
-    // The partial sum went up from this very memory; it must be gone before the total lands.
-    WL_RETURN_IF_ERROR(g.wait(h.up[k], deadline));
-    Request q = g.irecv(h.links.parent, a.sequence, tree_tag(h.tree, true, k), out + seg_at(h, k),
-                        seg_count(h, k) * es);
-    Status s = g.wait_all(std::span<Request>(&q, 1), down, deadline);
+// Segment k climbs one level: the children's partial sums are added to this rank's input,
+// and the sum goes to the parent (the root instead starts it down).
+Status DoubleTree::climb(Half& h, size_t k) {
+  const size_t n = seg_count(h, k);
+  const std::byte* src = in_ + seg_at(h, k);
+  std::byte* dst = out_ + seg_at(h, k);
+  for (int c = 0; c < h.children; ++c) {
+    Status s = g_.wait_all(std::span<Request>(&h.from_children[size_t(c) * W_ + k % W_], 1), down_,
+                           deadline_);
     if (!s.ok()) {
       return s.with_context("allreduce tree " + std::to_string(h.tree) + ": segment " +
-                            std::to_string(k) + " from parent rank " +
-                            std::to_string(h.links.parent));
+                            std::to_string(k) + " from child rank " +
+                            std::to_string(h.links.children[c]));
     }
+    reduce(a_.dtype, a_.op, dst, c == 0 ? src : dst, slot(h, c, k), n);
+  }
+  if (h.children > 0) src = dst;
+  if (k + W_ < h.segments) post_from_children(h, k + W_);
+  if (h.links.parent < 0) {
+    if (a_.op == ReduceOp::kAvg) divide(a_.dtype, dst, n, P_);
     send_down(h, k);
-    return ok_status();
-  };
+  } else {
+    // A leaf sends straight from its input; the result lands in `out` on the way down.
+    h.up[k] = g_.isend(h.links.parent, a_.sequence, tree_tag(h.tree, false, k), src, n * es_);
+  }
+  return ok_status();
+}
 
-  for (Half& h : halves) {
-    for (size_t k = 0; k < std::min(W, h.segments); ++k) post_from_children(h, k);
+// Segment k comes down one level: the total from the parent, passed on to the children.
+Status DoubleTree::descend(Half& h, size_t k) {
+  if (h.links.parent < 0) return ok_status();  // the root sent it when it finished climbing
+  // The partial sum went up from this very memory; it must be gone before the total lands.
+  WL_RETURN_IF_ERROR(g_.wait(h.up[k], deadline_));
+  Request q = g_.irecv(h.links.parent, a_.sequence, tree_tag(h.tree, true, k), out_ + seg_at(h, k),
+                       seg_count(h, k) * es_);
+  Status s = g_.wait_all(std::span<Request>(&q, 1), down_, deadline_);
+  if (!s.ok()) {
+    return s.with_context("allreduce tree " + std::to_string(h.tree) + ": segment " +
+                          std::to_string(k) + " from parent rank " +
+                          std::to_string(h.links.parent));
+  }
+  send_down(h, k);
+  return ok_status();
+}
+
+Status DoubleTree::run() {
+  for (Half& h : halves_) {
+    for (size_t k = 0; k < std::min(W_, h.segments); ++k) post_from_children(h, k);
   }
   // Every rank climbs segment i of both trees, then brings down segment i - W of both. A wait
   // for segment k only depends on other ranks' work on segment k, which comes no later in
   // their loop than in this one, so the loop cannot deadlock.
-  const size_t rounds = std::max(halves[0].segments, halves[1].segments) + W;
+  const size_t rounds = std::max(halves_[0].segments, halves_[1].segments) + W_;
   for (size_t i = 0; i < rounds; ++i) {
-    for (Half& h : halves) {
+    for (Half& h : halves_) {
       if (i < h.segments) WL_RETURN_IF_ERROR(climb(h, i));
     }
-    for (Half& h : halves) {
-      if (i >= W && i - W < h.segments) WL_RETURN_IF_ERROR(descend(h, i - W));
+    for (Half& h : halves_) {
+      if (i >= W_ && i - W_ < h.segments) WL_RETURN_IF_ERROR(descend(h, i - W_));
     }
-    std::erase_if(down, [](const Request& q) { return !q.pending(); });
+    std::erase_if(down_, [](const Request& q) { return !q.pending(); });
   }
-  return g.wait_all(down, deadline);
+  return g_.wait_all(down_, deadline_);
+}
+
+}  // namespace
+
+Status allreduce_tree(Group& g, const AllreduceArgs& a, Deadline deadline) {
+  return DoubleTree(g, a, deadline).run();
 }
 
 }  // namespace wl::comm::detail
