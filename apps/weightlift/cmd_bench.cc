@@ -31,13 +31,20 @@ void register_bench(CLI::App& app, Outcome& out) {
   auto dp_mode = std::make_shared<std::string>("ddp");
   cmd->add_option("--dp-mode", *dp_mode, "under a launcher: ddp, zero1, zero2 or fsdp")
       ->capture_default_str();
-  cmd->add_option("--micro-batches", o->layout.micro_batches)->capture_default_str();
-  cmd->add_option("--pp", o->layout.pp, "pipeline stages")->capture_default_str();
+  cmd->add_option("--micro-batches", o->layout.micro_batches)
+      ->capture_default_str()
+      ->transform(count(1, kMaxRows));
+  cmd->add_option("--pp", o->layout.pp, "pipeline stages")
+      ->capture_default_str()
+      ->transform(count(1, kMaxRanks));
   auto schedule = std::make_shared<std::string>("1f1b");
   cmd->add_option("--pp-schedule", *schedule, "1f1b or gpipe")->capture_default_str();
-  cmd->add_option("--bucket-bytes", o->layout.bucket_bytes)->capture_default_str();
+  cmd->add_option("--bucket-bytes", o->layout.bucket_bytes)
+      ->capture_default_str()
+      ->transform(bytes(1, kTiB));
   cmd->add_option("--timeout", o->timeout_s, "seconds any collective may wait")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(real({.lo = 0, .hi = double(kMaxSeconds), .lo_open = true}));
   cmd->add_flag("--json", *json, "print one JSON object");
   cmd->callback([&out, o, precision, json, dp_mode, schedule] {
     auto sched = parallel::pipeline_schedule_from_name(*schedule);

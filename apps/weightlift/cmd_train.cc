@@ -5,6 +5,7 @@
 #include "report/loss_plot.h"
 #include "report/progress.h"
 #include "train_flags.h"
+#include "validate.h"
 #include "weightlift/comm/launch_env.h"
 #include "weightlift/parallel/job.h"
 #include "weightlift/parallel/pipeline_schedule.h"
@@ -72,6 +73,11 @@ Status run_train(parallel::TrainOptions o, const TrainFlags& f) {
     return invalid_argument("--pp-schedule '" + f.schedule + "': expected 1f1b or gpipe");
   o.layout.schedule = *schedule;
   if (o.layout.pp < 1) return invalid_argument("--pp must be at least 1");
+  if (o.schedule.min_lr > o.schedule.base_lr) {
+    return invalid_argument("--min-lr " + show_number(o.schedule.min_lr) + " is above --lr " +
+                            show_number(o.schedule.base_lr) +
+                            ": the cosine would raise the rate as training goes on");
+  }
   if (f.print_schedule) {
     std::printf(
         "%s",
@@ -143,8 +149,8 @@ void register_train(CLI::App& app, Outcome& out) {
   cmd->add_option("--steps", o->steps, "updates (also the schedule's length)")
       ->capture_default_str();
   cmd->add_option("--lr", o->schedule.base_lr, "peak learning rate")->capture_default_str();
-  cmd->add_option("--min-lr", o->schedule.min_lr, "learning rate at the end of the cosine")
-      ->capture_default_str();
+  cmd->add_option("--min-lr", o->schedule.min_lr,
+                  "learning rate at the end of the cosine, at most --lr [default: --lr / 10]");
   cmd->add_option("--warmup-steps", o->schedule.warmup_steps, "linear warmup updates")
       ->capture_default_str();
   cmd->add_option("--beta1", o->adamw.beta1)->capture_default_str();
@@ -172,7 +178,11 @@ void register_train(CLI::App& app, Outcome& out) {
                 "resume with hyperparameters other than the checkpoint's");
   cmd->add_flag("--quiet", f->quiet, "no progress bar or summary");
   add_train_flag_ranges(*cmd);
-  cmd->callback([&out, o, f] { out.exit_code = report("train", run_train(*o, *f)); });
+  const CLI::Option* min_lr = cmd->get_option("--min-lr");
+  cmd->callback([&out, o, f, min_lr] {
+    if (min_lr->count() == 0) o->schedule.min_lr = o->schedule.base_lr / 10;
+    out.exit_code = report("train", run_train(*o, *f));
+  });
 }
 
 }  // namespace wl::app

@@ -8,20 +8,6 @@
 namespace wl::app {
 namespace {
 
-std::string show(double v) {
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  if (v == std::trunc(v) && std::fabs(v) < 1e15) return std::to_string(int64_t(v));
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  // The shortest of %g's forms that reads back the same, so bounds print as 0.9, not 0.9000...
-  for (int digits = 1; digits <= 17; ++digits) {
-    char shorter[32];
-    std::snprintf(shorter, sizeof shorter, "%.*g", digits, v);
-    if (std::strtod(shorter, nullptr) == v) return shorter;
-  }
-  return buf;
-}
-
 // What a user typed, quoted, shortened: a flag's value can be anything, including a
 // 5,000-digit number, and the message must stay one readable line.
 std::string quoted(std::string_view text) {
@@ -71,6 +57,20 @@ CLI::Validator transform(std::string description, Parse parse, Canonical canonic
 
 }  // namespace
 
+std::string show_number(double v) {
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  if (v == std::trunc(v) && std::fabs(v) < 1e15) return std::to_string(int64_t(v));
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  // The shortest of %g's forms that reads back the same, so bounds print as 0.9, not 0.9000...
+  for (int digits = 1; digits <= 17; ++digits) {
+    char shorter[32];
+    std::snprintf(shorter, sizeof shorter, "%.*g", digits, v);
+    if (std::strtod(shorter, nullptr) == v) return shorter;
+  }
+  return buf;
+}
+
 bool Interval::contains(double v) const {
   if (!std::isfinite(v)) return false;
   const bool above = lo_open ? v > lo : v >= lo;
@@ -79,7 +79,8 @@ bool Interval::contains(double v) const {
 }
 
 std::string Interval::to_string() const {
-  return std::string(lo_open ? "(" : "[") + show(lo) + ", " + show(hi) + (hi_open ? ")" : "]");
+  return std::string(lo_open ? "(" : "[") + show_number(lo) + ", " + show_number(hi) +
+         (hi_open ? ")" : "]");
 }
 
 std::string bytes_to_string(uint64_t bytes) {
@@ -94,7 +95,7 @@ std::string bytes_to_string(uint64_t bytes) {
 
 Status check_real(std::string_view flag, double value, Interval allowed) {
   if (allowed.contains(value)) return ok_status();
-  return bad(flag, show(value), expected_real(allowed));
+  return bad(flag, show_number(value), expected_real(allowed));
 }
 
 Status check_count(std::string_view flag, int64_t value, int64_t lo, int64_t hi) {
@@ -108,6 +109,13 @@ Result<double> parse_real(std::string_view flag, std::string_view text, Interval
   auto [p, ec] = std::from_chars(text.data(), end, v, std::chars_format::general);
   if (ec != std::errc() || p != end || !allowed.contains(v))
     return bad(flag, text, expected_real(allowed));
+  // Most of what these flags set is held as a float: 1e-300 is in (0, 1] but its float is 0,
+  // and 0.9999999999 is in [0, 1) but its float is 1.
+  if (!allowed.contains(double(float(v)))) {
+    return bad(flag, text,
+               expected_real(allowed) + " in single precision (it rounds to " +
+                   show_number(double(float(v))) + ")");
+  }
   return v;
 }
 

@@ -73,6 +73,9 @@ CLI::Validator u64();
 CLI::Validator bytes(uint64_t lo, uint64_t hi);
 CLI::Validator seconds();  // a timeout: a whole number of seconds in [1, kMaxSeconds]
 
+// The shortest decimal that reads back as v ("0.9", "1e-05", "inf"): how reals are printed.
+std::string show_number(double v);
+
 // "1K" for 1024, "3G" for 3 << 30, digits otherwise: how byte bounds are printed.
 std::string bytes_to_string(uint64_t bytes);
 

@@ -26,6 +26,8 @@ def sampling(s, d):
     base = {"--max-new-tokens": "4"}
     for flag, value, allowed in (("--top-p", "0", "(0, 1]"), ("--top-p", "1.5", "(0, 1]"),
                                  ("--top-p", "nan", "(0, 1]"), ("--top-k", "-5", "[0,"),
+                                 # In (0, 1] as a double, 0 as the float sampling holds.
+                                 ("--top-p", "1e-300", "single precision"),
                                  ("--temperature", "nan", "[0, 1000000]"),
                                  ("--temperature", "-1", "[0, 1000000]"),
                                  ("--temperature", "inf", "[0, 1000000]"),
@@ -49,6 +51,8 @@ def optimizer(s, d):
                                  ("--lr", "0", "(0, inf)"), ("--lr", "inf", "(0, inf)"),
                                  ("--min-lr", "-1", "[0, inf)"),
                                  ("--adam-eps", "0", "(0, inf)"),
+                                 ("--adam-eps", "1e-50", "single precision"),
+                                 ("--beta2", "0.9999999999", "single precision"),
                                  ("--beta1", "1", "[0, 1)"), ("--beta2", "-3", "[0, 1)"),
                                  ("--beta2", "nan", "[0, 1)"),
                                  ("--weight-decay", "-0.1", "[0, inf)"),
@@ -64,6 +68,13 @@ def optimizer(s, d):
                                  ("--seed", "-1", "[0,")):
         s.expect_error(f"train {flag} {value}", with_flag(train, base, flag, value), flag,
                        allowed)
+    # Each in range alone, but the cosine would climb from --lr to --min-lr.
+    s.expect_error("train --min-lr above --lr", with_flag(train, base, "--lr", "1e-5") +
+                   ["--min-lr", "3e-4"], "--min-lr 0.0003", "--lr 1e-05")
+    for value in ("inf", "1e20", "0"):
+        s.expect_error(f"bench train --timeout {value}",
+                       ["bench", "train", "--preset", "tiny", "--steps", "1", "--timeout", value],
+                       "--timeout", "(0, 86400]")
 
 
 def counts_and_sizes(s, d):

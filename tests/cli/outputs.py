@@ -81,6 +81,10 @@ def train_outputs(s, d, w, batch):
     s.expect_error("train --out-weights inside the resumed checkpoint",
                    train + ["--resume", ck4, "--out", run, "--out-weights",
                             os.path.join(ck4, "extra.safetensors")], "--out-weights")
+    s.expect_error("train --out-weights into another checkpoint of the resumed run",
+                   train + ["--resume", ck4, "--out", run, "--out-weights",
+                            os.path.join(run, "checkpoint-2", "rank-00000-of-00001.safetensors")],
+                   "--out-weights", "checkpoint-2", "state.json")
     s.expect_error("train --resume with --init-weights",
                    train + ["--resume", ck4, "--init-weights", w, "--out", run],
                    "--init-weights", "--resume")
@@ -89,6 +93,12 @@ def train_outputs(s, d, w, batch):
     s.expect_error("train --out one of another run's checkpoints",
                    train + ["--out", os.path.join(run, "checkpoint-2")], "--overwrite",
                    "state.json")
+    mine = os.path.join(d, "my_configs")
+    os.mkdir(mine)
+    with open(os.path.join(mine, "config.json"), "w") as f:
+        f.write('{"the user\'s": "own file"}')
+    s.expect_error("train --out a directory holding a config.json of the user's",
+                   train + ["--out", mine], "--overwrite", "config.json")
     busy = os.path.join(d, "busy_run")
     os.mkdir(busy)
     with open(os.path.join(busy, ".weightlift.lock"), "w") as held:

@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
@@ -47,16 +48,18 @@ bool is_inside(const std::string& path, const std::string& dir) {
   return ps.size() > ds.size() && ps.compare(0, ds.size(), ds) == 0 && ps[ds.size()] == '/';
 }
 
-// What in `dir` shows that a run wrote there: its checkpoints, metrics or final weights, or
-// a checkpoint's own files (`dir` is one of another run's checkpoints).
+// What in `dir` a run would replace or shows that a run wrote there: the files of
+// kRunFiles, checkpoints, or a checkpoint's own files (`dir` is one of another run's
+// checkpoints).
 std::vector<std::string> earlier_run_files(const std::string& dir) {
   std::vector<std::string> found;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
     const bool rank_file = name.rfind("rank-", 0) == 0 && name.find("-of-") != std::string::npos;
-    if (name.rfind("checkpoint-", 0) == 0 || name == "metrics.jsonl" ||
-        name == "model.safetensors" || name == "state.json" || rank_file)
+    const bool run_file =
+        std::find(std::begin(kRunFiles), std::end(kRunFiles), name) != std::end(kRunFiles);
+    if (name.rfind("checkpoint-", 0) == 0 || run_file || name == "state.json" || rank_file)
       found.push_back(name);
   }
   std::sort(found.begin(), found.end());
@@ -131,6 +134,16 @@ Status check_outputs(const TrainOptions& o, const std::vector<NamedPath>& inputs
   if (o.out_dir.empty()) return invalid_argument("--out: an empty path; name the run's directory");
   if (!o.out_weights.empty()) {
     WL_RETURN_IF_ERROR(check_output_file(o.out_weights).with_context("--out-weights"));
+    // A checkpoint is whole or it is nothing: weights written into one would no longer match
+    // its state.json and checksums.
+    const fs::path holder = fs::path(o.out_weights).parent_path();
+    std::error_code ec;
+    if (fs::exists((holder.empty() ? fs::path(".") : holder) / "state.json", ec)) {
+      return invalid_argument("--out-weights " + o.out_weights +
+                              " would write into the checkpoint " +
+                              (holder.empty() ? std::string(".") : holder.string()) +
+                              " (it holds a state.json); write the weights elsewhere");
+    }
   }
   std::error_code ec;
   if (fs::exists(fs::symlink_status(o.out_dir, ec)) && !fs::is_directory(o.out_dir, ec)) {
