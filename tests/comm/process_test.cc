@@ -161,6 +161,7 @@ Launched launch(int n, std::vector<std::string> command, int restart_failed = 0)
                        .command = std::move(command),
                        .grace = 500ms,
                        .output_fd = fd,
+                       .notice_fd = fd,
                        .restart_failed = restart_failed});
   EXPECT_TRUE(r.ok()) << r.status().to_string();
   Launched l;
@@ -250,6 +251,33 @@ TEST(Launch, AJobPastItsDeadlineIsKilledAndNamed) {
       << r.status().message();
   EXPECT_GE(Clock::now() - start, 1500ms);
   EXPECT_LT(Clock::now() - start, 10s);
+}
+
+std::string read_all(int fd) {
+  std::string out;
+  ::lseek(fd, 0, SEEK_SET);
+  char buf[4096];
+  ssize_t got;
+  while ((got = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, size_t(got));
+  ::close(fd);
+  return out;
+}
+
+// The ranks' output can be piped on whole: the launcher's own lines go elsewhere (stderr).
+TEST(Launch, ItsOwnLinesGoApartFromTheRanks) {
+  const int ranks = ::memfd_create("ranks", 0), notices = ::memfd_create("notices", 0);
+  auto r = run_launch({.nprocs = 2,
+                       .command = {"sh", "-c", "echo hello; [ \"$RANK\" = 1 ] && exit 3; exit 0"},
+                       .grace = 500ms,
+                       .output_fd = ranks,
+                       .notice_fd = notices});
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(*r, 3);
+  const std::string out = read_all(ranks), said = read_all(notices);
+  EXPECT_NE(out.find("[rank 1] hello"), std::string::npos) << out;
+  EXPECT_EQ(out.find("[launch]"), std::string::npos) << out;
+  EXPECT_NE(said.find("[launch] rank 1 exited with code 3"), std::string::npos) << said;
+  EXPECT_EQ(said.find("hello"), std::string::npos) << said;
 }
 
 TEST(Launch, MissingCommandIsExit127) {

@@ -430,6 +430,7 @@ Result<std::string> run_processes(const BenchTransferOptions& o, double copy_gbp
   Result<int> code = comm::run_launch({.nprocs = o.trainers + o.receivers,
                                        .command = rank_command(o, copy_gbps),
                                        .output_fd = fd,
+                                       .notice_fd = fd,
                                        .deadline = transfer_job_deadline(o)});
   std::string output(size_t(::lseek(fd, 0, SEEK_END)), '\0');
   const ssize_t got = ::pread(fd, output.data(), output.size(), 0);

@@ -140,7 +140,8 @@ Status Job::spawn(int r, const std::vector<std::string>& env) {
   std::vector<char*> envp;
   for (auto& e : env_strings) envp.push_back(e.data());
   envp.push_back(nullptr);
-  const std::string exec_failed = "launch: cannot run " + o_.command[0] + "\n";
+  const std::string exec_failed =
+      "[launch] rank " + std::to_string(r) + ": cannot run " + o_.command[0] + "\n";
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return errno_status("launch: pipe", errno);
   const pid_t parent = ::getpid();
@@ -148,11 +149,12 @@ Status Job::spawn(int r, const std::vector<std::string>& env) {
   if (pid < 0) return errno_status("launch: fork", errno);
   if (pid == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(127);  // the launcher is already gone
+    if (::getppid() != parent) ::_exit(127);                       // the launcher is already gone
+    const int notice = ::fcntl(o_.notice_fd, F_DUPFD_CLOEXEC, 3);  // before 1 and 2 change
     ::dup2(fds[1], 1);
     ::dup2(fds[1], 2);
     ::execvpe(argv[0], argv.data(), envp.data());
-    ssize_t ignored = ::write(2, exec_failed.data(), exec_failed.size());
+    ssize_t ignored = ::write(notice >= 0 ? notice : 2, exec_failed.data(), exec_failed.size());
     (void)ignored;
     ::_exit(127);
   }
@@ -234,7 +236,7 @@ void Job::reap() {
     if (code == 0 || stopping_ || restart(r, code)) continue;
     result_ = code;
     stopping_ = true;
-    write_fully(o_.output_fd, "[launch] rank " + std::to_string(r) + " exited with code " +
+    write_fully(o_.notice_fd, "[launch] rank " + std::to_string(r) + " exited with code " +
                                   std::to_string(code) + "; stopping the other ranks\n");
     for (const Rank& other : ranks_) {
       if (other.running) ::kill(other.pid, SIGTERM);
@@ -262,7 +264,7 @@ bool Job::restart(int r, int code) {
     k.out = -1;
     --open_pipes_;
   }
-  write_fully(o_.output_fd, "[launch] rank " + std::to_string(r) + " exited with code " +
+  write_fully(o_.notice_fd, "[launch] rank " + std::to_string(r) + " exited with code " +
                                 std::to_string(code) + "; starting it again (restart " +
                                 std::to_string(k.restarts) + " of " +
                                 std::to_string(o_.restart_failed) + ")\n");
@@ -270,7 +272,7 @@ bool Job::restart(int r, int code) {
   env.push_back("WEIGHTLIFT_RESTART=" + std::to_string(k.restarts));
   const Status started = spawn(r, env);
   if (!started.ok()) {
-    write_fully(o_.output_fd, "[launch] " + started.to_string() + "\n");
+    write_fully(o_.notice_fd, "[launch] " + started.to_string() + "\n");
     return false;
   }
   return true;
@@ -318,7 +320,7 @@ Status Job::kill_at_deadline() {
     k.out = -1;
   }
   running_ = open_pipes_ = 0;
-  write_fully(o_.output_fd, "[launch] ranks " + names + " still running at the deadline; killed\n");
+  write_fully(o_.notice_fd, "[launch] ranks " + names + " still running at the deadline; killed\n");
   return deadline_exceeded("launch: ranks " + names + " had not finished within " +
                            std::to_string(o_.deadline.count()) + " ms; killed");
 }

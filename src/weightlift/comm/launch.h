@@ -25,7 +25,10 @@ struct LaunchOptions {
   int master_port = 0;  // 0: a free port on master_addr
   // Between SIGTERM and SIGKILL when stopping the others after a failure.
   std::chrono::milliseconds grace{2000};
-  int output_fd = 1;  // where the prefixed lines go
+  int output_fd = 1;  // where the ranks' lines go, each prefixed "[rank r] "
+  // Where the launcher's own lines go ("[launch] rank 1 exited with code 1; ...", a command
+  // that cannot be run): apart from the ranks' output, so that it can be piped on whole.
+  int notice_fd = 2;
   // A rank other than 0 (which holds the job's store) that fails while the job runs is started
   // again, with the same variables and WEIGHTLIFT_RESTART=<n>, up to this many times each:
   // jobs whose processes rejoin (RL rollout workers) survive a lost process. 0: a failure
