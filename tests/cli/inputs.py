@@ -39,6 +39,15 @@ def fifo_inputs(s, d, cfg, w, batch):
                                         fifo, "--out", os.path.join(d, "run")], fifo, "FIFO",
                    timeout=HANG)
     s.expect_error("topo --xml a FIFO", ["topo", "--xml", fifo], fifo, "FIFO", timeout=HANG)
+    # Skipped, a FIFO named as a corpus file would move every later file across the train /
+    # validation split.
+    corpus = os.path.join(d, "corpus_with_fifo")
+    os.mkdir(corpus)
+    os.mkfifo(os.path.join(corpus, "ca01"))
+    s.expect_error("train --corpus holding a FIFO",
+                   ["train"] + TRAIN + ["--steps", "1", "--corpus", corpus, "--out",
+                                        os.path.join(d, "run")], "ca01", "not a regular file",
+                   timeout=HANG)
     s.expect_error("model-info --config a directory", ["model-info", "--config", d], d,
                    "directory", timeout=HANG)
     s.expect_error("generate --config /dev/zero", ["generate", "--config", "/dev/zero",

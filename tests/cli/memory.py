@@ -36,6 +36,13 @@ def huge_configs(s, d, cfg, w, batch):
                        ["train"] + TRAIN + ["--config", path, "--steps", "1", "--batch-file",
                                             batch, "--out", os.path.join(d, "run")],
                        "needs at least", memory_limit=LIMIT)
+    # The estimate says what the memory is for: here the rotary tables and the KV cache, not
+    # the 259k parameters.
+    path = os.path.join(d, "huge_max_seq_len.json")
+    json.dump(dict(TINY, max_seq_len=10**12), open(path, "w"))
+    s.expect_error("generate with max_seq_len 1e12", ["generate", "--config", path, "--weights",
+                   w], "for the rotary tables of 1000000000000 positions", "KV cache",
+                   memory_limit=LIMIT)
     # model-info only counts: it must answer, not build a billion-expert parameter table.
     path = os.path.join(d, "huge_num_experts.json")
     code, out, err = s.run([s.exe, "model-info", "--config", path], memory_limit=LIMIT)

@@ -13,17 +13,24 @@ constexpr uint64_t kF32 = 4;
 // buffer: about what a 40-character name and a 2-D shape take.
 constexpr uint64_t kParamEntryBytes = 128;
 
-uint64_t model_bytes(const ModelConfig& c) {
-  const uint64_t params = uint64_t(param_count(c));
-  const uint64_t tensors = mul_sat(uint64_t(c.num_layers), 7 + 3 * uint64_t(c.num_experts)) + 3;
-  uint64_t b = mul_sat(2 * kF32, params);  // parameters and gradients
-  b = add_sat(b, mul_sat(kF32, mul_sat(uint64_t(c.max_seq_len), uint64_t(c.head_dim))));
-  return add_sat(b, mul_sat(kParamEntryBytes, tensors));
+// The rotary embedding's sine and cosine tables, a row per position up to max_seq_len.
+uint64_t rope_bytes(const ModelConfig& c) {
+  return mul_sat(kF32, mul_sat(uint64_t(c.max_seq_len), uint64_t(c.head_dim)));
 }
 
+// Parameters, their gradients and the table naming them.
+uint64_t param_bytes(const ModelConfig& c) {
+  const uint64_t params = uint64_t(param_count(c));
+  const uint64_t tensors = mul_sat(uint64_t(c.num_layers), 7 + 3 * uint64_t(c.num_experts)) + 3;
+  return add_sat(mul_sat(2 * kF32, params), mul_sat(kParamEntryBytes, tensors));
+}
+
+uint64_t model_bytes(const ModelConfig& c) { return add_sat(param_bytes(c), rope_bytes(c)); }
+
 std::string model_detail(const ModelConfig& c) {
-  return format_bytes(model_bytes(c)) + " for " + std::to_string(param_count(c)) +
-         " parameters and their gradients";
+  return format_bytes(param_bytes(c)) + " for " + std::to_string(param_count(c)) +
+         " parameters and their gradients, " + format_bytes(rope_bytes(c)) +
+         " for the rotary tables of " + std::to_string(c.max_seq_len) + " positions";
 }
 
 }  // namespace

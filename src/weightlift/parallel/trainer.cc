@@ -120,7 +120,8 @@ Status Run::load_data() {
     WL_ASSIGN_OR_RETURN(model::TokenBatch tb, model::load_token_batch(o_.batch_file, cfg_));
     fixed_ = {tb.batch, tb.seq, std::move(tb.tokens), std::move(tb.targets)};
     batch_ = tb.batch;
-    return check_layout();
+    return check_layout().with_context("--batch-file " + o_.batch_file + " holds " +
+                                       std::to_string(tb.batch) + " rows, the batch it trains on");
   }
   if (cfg_.vocab_size < train::kByteVocab)
     return invalid_argument(

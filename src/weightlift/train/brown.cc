@@ -78,7 +78,13 @@ Result<BrownCorpus> load_brown(const std::string& dir) {
   std::vector<std::string> names;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (entry.is_regular_file() && is_corpus_file(name)) names.push_back(name);
+    if (!is_corpus_file(name)) continue;
+    // Left out, it would move every later file across the train / validation split.
+    if (!entry.is_regular_file(ec)) {
+      return invalid_argument("Brown corpus directory '" + dir + "': " + name +
+                              " is not a regular file");
+    }
+    names.push_back(name);
   }
   if (ec) return errno_status("listing " + dir, ec.value());
   if (names.size() < 10) {
