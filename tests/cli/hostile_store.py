@@ -8,8 +8,9 @@ only the port, attacks it:
                           declare a 1 KiB token and never send it.
 The job must complete (both ranks set and read store keys and run collectives, exit 0), a
 legitimate client (this test, with the token) must be served in the middle of the flood, and
-rank 0, which runs the store, must stay bounded: at most MAX_THREADS threads, and at most
-MAX_GROWTH_MB more resident memory under the second attack than before it. Before the store
+rank 0, which runs the store, must stay bounded: at most MAX_THREADS threads, at most
+MAX_RSS_MB resident, and at most MAX_GROWTH_MB more resident memory under the second attack
+than before it. Before the store
 became an event loop that authenticates before allocating, the same attack made one thread per
 connection (2,004 threads for 2,000 connections) and took 64 MiB per forged header (84 MB to
 2.7 GB).
@@ -30,6 +31,7 @@ IDLE = int(os.environ.get("WL_HOSTILE_IDLE", 2000))
 FORGED = int(os.environ.get("WL_HOSTILE_FORGED", 40))
 MAX_THREADS = 64      # rank 0's threads at any point: UCX's, the compute pool's, the store's
 MAX_GROWTH_MB = 64    # rank 0's resident memory under the second attack, over the first
+MAX_RSS_MB = 256      # rank 0's resident memory at any point (about 12 MB when it holds)
 JOB_TIMEOUT_MS = 60000
 
 
@@ -166,6 +168,9 @@ def main():
         if max(threads_a, threads_b) > MAX_THREADS:
             problems.append(f"rank 0 ran {max(threads_a, threads_b)} threads (at most "
                             f"{MAX_THREADS} allowed)")
+        if max(rss_a, rss_b) > MAX_RSS_MB:
+            problems.append(f"rank 0 held {max(rss_a, rss_b)} MB resident (at most "
+                            f"{MAX_RSS_MB} MB allowed)")
         if rss_b - rss_a > MAX_GROWTH_MB:
             problems.append(f"rank 0 grew by {rss_b - rss_a} MB under the second attack (at most "
                             f"{MAX_GROWTH_MB} MB allowed)")
