@@ -282,7 +282,6 @@ class Server {
     const model::ModelConfig config = model_config(model);
     py::gil_scoped_release unlocked;
     check(server_->register_checkpoint(name, config, files));
-    configs_[name] = config;
   }
   void register_tensors(const std::string& name, const std::string& model,
                         const std::map<std::string, Buffer>& tensors) {
@@ -290,19 +289,11 @@ class Server {
     // The GIL stays held: the server reads the caller's tensors, which another thread could
     // free (the call blocks on nothing but the copy).
     check(server_->register_checkpoint(name, config, named_views(tensors)));
-    configs_[name] = config;
   }
   void refresh(const std::string& name, const std::map<std::string, Buffer>& tensors) {
-    auto it = configs_.find(name);
-    if (it == configs_.end()) {
-      throw StatusError(not_found("checkpoint '" + name + "' is not registered"));
-    }
     check(server_->refresh(name, named_views(tensors)));  // the GIL held, as registering
   }
-  void unregister(const std::string& name) {
-    check(server_->unregister_checkpoint(name));
-    configs_.erase(name);
-  }
+  void unregister(const std::string& name) { check(server_->unregister_checkpoint(name)); }
   std::vector<std::string> checkpoints() const { return server_->checkpoints(); }
 
   py::dict update(const std::string& name, const std::vector<int>& receivers) {
@@ -337,7 +328,6 @@ class Server {
 
  private:
   std::unique_ptr<transfer::ParameterServer> server_;
-  std::map<std::string, model::ModelConfig> configs_;
 };
 
 // ---- receivers --------------------------------------------------------------------------------

@@ -91,13 +91,14 @@ TrainerWeights TrainerWeights::from_named(const model::ModelConfig& config,
                                           std::span<const NamedTensor> tensors,
                                           std::shared_ptr<comm::Group> mesh,
                                           const TrainerWeightsOptions& options) {
-  WL_CHECK(check_named_tensors(config, tensors).ok())
-      << check_named_tensors(config, tensors).to_string();
+  // The caller checked the set (check_named_tensors): every parameter is there once, with
+  // its shape and a dtype the shards take.
   std::unordered_map<std::string, const NamedTensor*> by_name;
   for (const NamedTensor& t : tensors) by_name.emplace(t.name, &t);
   return build(config, std::move(mesh), options, [&](ShardedTensor& t, const model::ParamInfo& p) {
-    const NamedTensor& n = *by_name.at(p.name);
-    t.assign_full(n.dtype, n.data);
+    auto it = by_name.find(p.name);
+    WL_CHECK(it != by_name.end()) << "from_named: no tensor '" << p.name << "'";
+    t.assign_full(it->second->dtype, it->second->data);
   });
 }
 

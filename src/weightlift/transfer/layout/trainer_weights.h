@@ -47,8 +47,8 @@ class TrainerWeights {
                                   std::shared_ptr<comm::Group> mesh,
                                   const TrainerWeightsOptions& options);
 
-  // From whole parameters in f32 or bf16 (check_named_tensors first): each shard copied
-  // from its tensor, converted only where the dtypes differ.
+  // From whole parameters in f32 or bf16 (REQUIRES: check_named_tensors passed): each shard
+  // copied from its tensor, converted only where the dtypes differ.
   static TrainerWeights from_named(const model::ModelConfig& config,
                                    std::span<const NamedTensor> tensors,
                                    std::shared_ptr<comm::Group> mesh,
