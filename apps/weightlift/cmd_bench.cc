@@ -7,89 +7,100 @@
 
 namespace wl::app {
 
+namespace {
+
+// What bench train's command line names in words, and whether it prints JSON.
+struct BenchTrainFlags {
+  std::string precision = "f32";
+  std::string dp_mode = "ddp";
+  std::string schedule = "1f1b";
+  bool json = false;
+};
+
+void add_bench_train_flags(CLI::App* cmd, BenchTrainOptions& o, BenchTrainFlags& f) {
+  cmd->add_option("--preset", o.preset)->capture_default_str();
+  cmd->add_option("--batch", o.batch)->capture_default_str()->transform(count(1, kMaxRows));
+  cmd->add_option("--seq", o.seq)->capture_default_str()->transform(count(1, kMaxRows));
+  cmd->add_option("--precision,--dtype", f.precision, "f32, bf16 or f16 GEMM operands")
+      ->capture_default_str();
+  cmd->add_option("--steps", o.steps, "timed steps")
+      ->capture_default_str()
+      ->transform(count(1, 1000000));
+  cmd->add_option("--warmup", o.warmup_steps, "untimed steps first")
+      ->capture_default_str()
+      ->transform(count(0, 1000000));
+  cmd->add_flag("--checkpointing", o.checkpointing);
+  cmd->add_option("--dp-mode", f.dp_mode, "under a launcher: ddp, zero1, zero2 or fsdp")
+      ->capture_default_str();
+  cmd->add_option("--micro-batches", o.layout.micro_batches)
+      ->capture_default_str()
+      ->transform(count(1, kMaxRows));
+  cmd->add_option("--pp", o.layout.pp, "pipeline stages")
+      ->capture_default_str()
+      ->transform(count(1, kMaxRanks));
+  cmd->add_option("--pp-schedule", f.schedule, "1f1b or gpipe")->capture_default_str();
+  cmd->add_option("--bucket-bytes", o.layout.bucket_bytes)
+      ->capture_default_str()
+      ->transform(bytes(1, kTiB));
+  cmd->add_option("--timeout", o.timeout_s, "seconds any collective may wait")
+      ->capture_default_str()
+      ->transform(real({.lo = 0, .hi = double(kMaxSeconds), .lo_open = true}));
+  cmd->add_flag("--json", f.json, "print one JSON object");
+}
+
+// The words of the command line as the enums the benchmark takes.
+Status resolve_names(const BenchTrainFlags& f, BenchTrainOptions& o) {
+  auto sched = parallel::pipeline_schedule_from_name(f.schedule);
+  if (!sched) return invalid_argument("--pp-schedule '" + f.schedule + "': expected 1f1b or gpipe");
+  o.layout.schedule = *sched;
+  auto mode = parallel::dp_mode_from_name(f.dp_mode);
+  if (!mode) {
+    return invalid_argument("--dp-mode '" + f.dp_mode + "': expected ddp, zero1, zero2 or fsdp");
+  }
+  o.layout.dp_mode = *mode;
+  auto p = model::precision_from_name(f.precision);
+  if (!p) return invalid_argument("--precision '" + f.precision + "': expected f32, bf16 or f16");
+  o.precision = *p;
+  return ok_status();
+}
+
+Status run_bench_train(BenchTrainOptions o, const BenchTrainFlags& f) {
+  WL_RETURN_IF_ERROR(resolve_names(f, o));
+  WL_ASSIGN_OR_RETURN(const BenchTrainResult r, bench_train(o));
+  if (!r.report) return ok_status();  // rank 0 speaks for the job
+  if (f.json) {
+    std::printf("%s\n", r.to_json(o).c_str());
+  } else {
+    std::printf(
+        "bench train %s batch %ld x %ld %s, %d ranks (%s) x %d threads on %s: step %.1f ms "
+        "median (min %.1f, max %.1f), %.0f tokens/s, %.1f GFLOP/s = %.0f%% of the %.1f "
+        "GFLOP/s f32 GEMM peak measured now; exposed communication %.1f ms, peak %.1f MB "
+        "of model state per rank\n",
+        o.preset.c_str(), long(o.batch), long(o.seq), f.precision.c_str(), r.ranks,
+        std::string(parallel::dp_mode_name(o.layout.dp_mode)).c_str(), r.threads,
+        cpu_info().describe().c_str(), r.step_ms_median, r.step_ms_min, r.step_ms_max,
+        r.tokens_per_s, r.gflops, 100 * r.gflops / r.gemm_peak_gflops, r.gemm_peak_gflops,
+        r.exposed_comm_ms, double(r.peak_bytes_per_rank) / 1e6);
+  }
+  return ok_status();
+}
+
+void register_bench_train(CLI::App& bench, Outcome& out) {
+  auto* cmd = bench.add_subcommand("train", "time a training step");
+  auto o = std::make_shared<BenchTrainOptions>();
+  auto f = std::make_shared<BenchTrainFlags>();
+  add_bench_train_flags(cmd, *o, *f);
+  cmd->callback([&out, o, f] { out.exit_code = report("bench train", run_bench_train(*o, *f)); });
+}
+
+}  // namespace
+
 void register_bench(CLI::App& app, Outcome& out) {
   auto* bench = app.add_subcommand("bench", "benchmarks (not tests): times and same-run ratios");
   bench->require_subcommand(1);
   register_bench_collectives(*bench, out);
   register_bench_transfer(*bench, out);
-  auto* cmd = bench->add_subcommand("train", "time a training step");
-  auto o = std::make_shared<BenchTrainOptions>();
-  auto precision = std::make_shared<std::string>("f32");
-  auto json = std::make_shared<bool>(false);
-  cmd->add_option("--preset", o->preset)->capture_default_str();
-  cmd->add_option("--batch", o->batch)->capture_default_str()->transform(count(1, kMaxRows));
-  cmd->add_option("--seq", o->seq)->capture_default_str()->transform(count(1, kMaxRows));
-  cmd->add_option("--precision,--dtype", *precision, "f32, bf16 or f16 GEMM operands")
-      ->capture_default_str();
-  cmd->add_option("--steps", o->steps, "timed steps")
-      ->capture_default_str()
-      ->transform(count(1, 1000000));
-  cmd->add_option("--warmup", o->warmup_steps, "untimed steps first")
-      ->capture_default_str()
-      ->transform(count(0, 1000000));
-  cmd->add_flag("--checkpointing", o->checkpointing);
-  auto dp_mode = std::make_shared<std::string>("ddp");
-  cmd->add_option("--dp-mode", *dp_mode, "under a launcher: ddp, zero1, zero2 or fsdp")
-      ->capture_default_str();
-  cmd->add_option("--micro-batches", o->layout.micro_batches)
-      ->capture_default_str()
-      ->transform(count(1, kMaxRows));
-  cmd->add_option("--pp", o->layout.pp, "pipeline stages")
-      ->capture_default_str()
-      ->transform(count(1, kMaxRanks));
-  auto schedule = std::make_shared<std::string>("1f1b");
-  cmd->add_option("--pp-schedule", *schedule, "1f1b or gpipe")->capture_default_str();
-  cmd->add_option("--bucket-bytes", o->layout.bucket_bytes)
-      ->capture_default_str()
-      ->transform(bytes(1, kTiB));
-  cmd->add_option("--timeout", o->timeout_s, "seconds any collective may wait")
-      ->capture_default_str()
-      ->transform(real({.lo = 0, .hi = double(kMaxSeconds), .lo_open = true}));
-  cmd->add_flag("--json", *json, "print one JSON object");
-  cmd->callback([&out, o, precision, json, dp_mode, schedule] {
-    auto sched = parallel::pipeline_schedule_from_name(*schedule);
-    if (!sched) {
-      out.exit_code = report("bench train", invalid_argument("--pp-schedule '" + *schedule +
-                                                             "': expected 1f1b or gpipe"));
-      return;
-    }
-    o->layout.schedule = *sched;
-    auto mode = parallel::dp_mode_from_name(*dp_mode);
-    if (!mode) {
-      out.exit_code = report(
-          "bench train",
-          invalid_argument("--dp-mode '" + *dp_mode + "': expected ddp, zero1, zero2 or fsdp"));
-      return;
-    }
-    o->layout.dp_mode = *mode;
-    auto p = model::precision_from_name(*precision);
-    if (!p) {
-      out.exit_code = report("bench train", invalid_argument("--precision '" + *precision +
-                                                             "': expected f32, bf16 or f16"));
-      return;
-    }
-    o->precision = *p;
-    Result<BenchTrainResult> r = bench_train(*o);
-    if (!r.ok()) {
-      out.exit_code = report("bench train", r.status());
-      return;
-    }
-    if (!r->report) return;  // rank 0 speaks for the job
-    if (*json) {
-      std::printf("%s\n", r->to_json(*o).c_str());
-    } else {
-      std::printf(
-          "bench train %s batch %ld x %ld %s, %d ranks (%s) x %d threads on %s: step %.1f ms "
-          "median (min %.1f, max %.1f), %.0f tokens/s, %.1f GFLOP/s = %.0f%% of the %.1f "
-          "GFLOP/s f32 GEMM peak measured now; exposed communication %.1f ms, peak %.1f MB "
-          "of model state per rank\n",
-          o->preset.c_str(), long(o->batch), long(o->seq), precision->c_str(), r->ranks,
-          std::string(parallel::dp_mode_name(o->layout.dp_mode)).c_str(), r->threads,
-          cpu_info().describe().c_str(), r->step_ms_median, r->step_ms_min, r->step_ms_max,
-          r->tokens_per_s, r->gflops, 100 * r->gflops / r->gemm_peak_gflops, r->gemm_peak_gflops,
-          r->exposed_comm_ms, double(r->peak_bytes_per_rank) / 1e6);
-    }
-  });
+  register_bench_train(*bench, out);
 }
 
 }  // namespace wl::app

@@ -98,6 +98,7 @@ struct TcpStoreServer::Loop {
   int next_timeout_ms() const;
   void watch(Connection& c, uint32_t events);
   void close(int fd);
+  void stop_waiting(Connection& c);
   Status set(const std::string& key, Bytes value);
   Result<int64_t> add(const std::string& key, const Bytes& delta);
 };
@@ -139,20 +140,24 @@ void TcpStoreServer::Loop::watch(Connection& c, uint32_t events) {
   ::epoll_ctl(epoll_fd, EPOLL_CTL_MOD, c.fd, &ev);
 }
 
+// A waiting connection leaves the waiters of its key (it hung up, or its wait ran out).
+void TcpStoreServer::Loop::stop_waiting(Connection& c) {
+  auto [b, e] = waiters.equal_range(c.waiting_key);
+  for (auto w = b; w != e; ++w) {
+    if (w->second == c.fd) {
+      waiters.erase(w);
+      break;
+    }
+  }
+  waiting = waiters.size();
+  c.state = Connection::State::kReading;
+}
+
 void TcpStoreServer::Loop::close(int fd) {
   auto it = conns.find(fd);
   if (it == conns.end()) return;
   Connection& c = *it->second;
-  if (c.state == Connection::State::kWaiting) {
-    auto [b, e] = waiters.equal_range(c.waiting_key);
-    for (auto w = b; w != e; ++w) {
-      if (w->second == fd) {
-        waiters.erase(w);
-        break;
-      }
-    }
-    waiting = waiters.size();
-  }
+  if (c.state == Connection::State::kWaiting) stop_waiting(c);
   ::epoll_ctl(epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
   ::close(fd);
   conns.erase(it);
@@ -393,15 +398,7 @@ void TcpStoreServer::Loop::expire() {
       close(fd);  // silent past its handshake, too slow with a request, or not reading a reply
       continue;
     }
-    auto [b, e] = waiters.equal_range(c.waiting_key);
-    for (auto w = b; w != e; ++w) {
-      if (w->second == fd) {
-        waiters.erase(w);
-        break;
-      }
-    }
-    waiting = waiters.size();
-    c.state = Connection::State::kReading;
+    stop_waiting(c);
     respond(c, StatusCode::kDeadlineExceeded,
             to_bytes("rendezvous key '" + c.waiting_key + "' was not set within " +
                      std::to_string(c.waiting_ms) + " ms"));
