@@ -1,5 +1,7 @@
 // `weightlift transfer plan|simulate` and `weightlift bench transfer`.
 #include <cstdio>
+#include <optional>
+#include <string>
 
 #include "bench/transfer.h"
 #include "commands.h"
@@ -8,6 +10,7 @@
 #include "report/transfer_simulate.h"
 #include "validate.h"
 #include "weightlift/model/config.h"
+#include "weightlift/transfer/modes/update_executor.h"
 #include "weightlift/transfer/plan/offline_metadata.h"
 
 namespace wl::app {
@@ -21,6 +24,17 @@ Result<transfer::WeightFormat> parse_format(const std::string& text) {
 
 Result<DType> parse_shard_dtype(const std::string& text) {
   return parse_choice<DType>("--shard-dtype", text, {{"bf16", DType::kBF16}, {"f32", DType::kF32}});
+}
+
+// The library's names (modes/update_executor.h), so the flag accepts what fleet records carry.
+Result<transfer::TransferMode> parse_mode(const std::string& text) {
+  if (std::optional<transfer::TransferMode> m = transfer::transfer_mode_from_name(text)) return *m;
+  std::string accepted;
+  for (transfer::TransferMode m : {transfer::TransferMode::kP2P, transfer::TransferMode::kBroadcast,
+                                   transfer::TransferMode::kNaive}) {
+    accepted += (accepted.empty() ? "" : ", ") + std::string(transfer::transfer_mode_name(m));
+  }
+  return invalid_argument("--mode '" + text + "': expected one of " + accepted);
 }
 
 // The flags of `transfer simulate` as strings, until the callback turns them into enums.
@@ -157,11 +171,7 @@ struct BenchTransferArgs {
 Status run_bench_transfer(BenchTransferArgs a) {
   WL_ASSIGN_OR_RETURN(a.o.format, parse_format(a.dtype));
   WL_ASSIGN_OR_RETURN(a.o.shard_dtype, parse_shard_dtype(a.shard_dtype));
-  WL_ASSIGN_OR_RETURN(a.o.mode, parse_choice<transfer::TransferMode>(
-                                    "--mode", a.mode,
-                                    {{"p2p", transfer::TransferMode::kP2P},
-                                     {"broadcast", transfer::TransferMode::kBroadcast},
-                                     {"naive", transfer::TransferMode::kNaive}}));
+  WL_ASSIGN_OR_RETURN(a.o.mode, parse_mode(a.mode));
   WL_ASSIGN_OR_RETURN(a.o.threads, parse_choice<bool>("--ranks", a.ranks,
                                                       {{"processes", false}, {"threads", true}}));
   WL_ASSIGN_OR_RETURN(std::string report,

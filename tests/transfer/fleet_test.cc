@@ -12,6 +12,7 @@
 
 #include "fixture.h"
 #include "weightlift/comm/memory_store.h"
+#include "weightlift/comm/process_alive.h"
 #include "weightlift/core/safetensors.h"
 #include "weightlift/transfer/fleet/fleet_receiver.h"
 #include "weightlift/transfer/fleet/heal_from_servers.h"
@@ -735,6 +736,53 @@ TEST(HealFromServers, RecordsThatAreNotServerCopiesAreDataLoss) {
   r.rank = 2;  // not a rank of 2 servers
   EXPECT_EQ(server_copy_from_json(server_copy_to_json(r), "copy").status().code(),
             StatusCode::kDataLoss);
+}
+
+// A restarted receiver with no peer of its shard, as FleetReceiver::create meets the servers'
+// copy records in the store: withdrawn ones (no version to heal) are a fresh start; a damaged
+// one, or one whose checkpoint cannot produce this receiver's layout, fails the start naming
+// what was wrong instead of starting it fresh.
+TEST(HealFromServers, AReceiverStartsFreshOnlyWhenTheServersCopyIsNotThatVersion) {
+  const model::ModelConfig c = preset_or_die("tiny");
+  auto lay = inference_layout(c, {.tp = 1, .tp_rank = 0});
+  ASSERT_TRUE(lay.ok()) << lay.status().to_string();
+  auto start = [&](const std::string& record) {
+    auto store = std::make_shared<comm::MemoryStore>();
+    EXPECT_TRUE(store->set("fleet/copy/0", comm::to_bytes(record)).ok());
+    return FleetReceiver::create(
+        {.store = store, .id = 0, .receiver = {.tensors = tensor_specs(*lay)}, .timeout = 5s});
+  };
+  const comm::ProcessId self = comm::this_process();
+  ServerCopyRecord r{.rank = 0,
+                     .servers = 1,
+                     .checkpoint = "a",
+                     .version = 0,
+                     .config = c,
+                     .dtype = DType::kBF16,
+                     .host = self.host,
+                     .pid = self.pid};
+
+  auto withdrawn = start(server_copy_to_json(r));
+  ASSERT_TRUE(withdrawn.ok()) << withdrawn.status().to_string();
+  EXPECT_EQ((*withdrawn)->healed_version(), 0u);
+  EXPECT_NE((*withdrawn)->heal_log().find("nothing to heal from"), std::string::npos)
+      << (*withdrawn)->heal_log();
+
+  r.version = 3;
+  const std::string text = server_copy_to_json(r);
+  auto damaged = start(text.substr(0, text.size() / 2));
+  EXPECT_EQ(damaged.status().code(), StatusCode::kDataLoss) << damaged.status().to_string();
+  EXPECT_NE(damaged.status().message().find("fleet/copy/0"), std::string::npos)
+      << damaged.status().to_string();
+
+  r.config = preset_or_die("small");  // not the model this receiver serves
+  auto other_model = start(server_copy_to_json(r));
+  EXPECT_EQ(other_model.status().code(), StatusCode::kInvalidArgument)
+      << other_model.status().to_string();
+  EXPECT_NE(other_model.status().message().find("healing at start: receiver rank 0: tensor "
+                                                "'embed.weight' is BF16 [320, 64]"),
+            std::string::npos)
+      << other_model.status().to_string();
 }
 
 }  // namespace

@@ -33,11 +33,12 @@ struct FleetReceiver::Impl {
   // (transport.h), moves the receiver's memory to a new one.
   Status recover();
   // Copies the fleet's current version from a peer of our shard or the servers' copy, if
-  // either can give it; an error only when the store fails or holds a damaged record.
+  // either can give it; an error when the store fails or holds a damaged record, or when
+  // the servers' copy cannot be read (heal_from_the_servers()).
   Status heal();
   Result<std::vector<int>> live_peer_ids();
   Result<bool> heal_from_a_peer(const std::vector<int>& ids);
-  Status heal_from_server_copy();
+  Status heal_from_the_servers();
   Result<comm::Bytes> wait_for(const std::string& key, comm::Deadline deadline);
   Status answer(const RoundRecord& r, bool named, RoundOutcome& out);
   // `index`: ours among the round's members, or -1.
@@ -99,8 +100,12 @@ Result<bool> FleetReceiver::Impl::heal_from_a_peer(const std::vector<int>& ids) 
 }
 
 // With no peer of our shard: from the servers' copy of the last checkpoint sent. No copy yet
-// (no update has happened) or one the servers changed since is no error: we start fresh.
-Status FleetReceiver::Impl::heal_from_server_copy() {
+// (NotFound: no update has happened) is no error, and neither is a copy that is not the
+// version its records name (FailedPrecondition: the servers changed it since, or an update is
+// under way, or withdrew it; the next update brings the new version): we start fresh. Any
+// other failure (the servers unreachable, a damaged shard, a layout the checkpoint cannot
+// produce) is returned.
+Status FleetReceiver::Impl::heal_from_the_servers() {
   Result<std::vector<ServerCopyRecord>> records = read_server_copies(*options.store, keys);
   if (!records.ok()) {
     if (records.status().code() != StatusCode::kNotFound) return records.status();
@@ -109,6 +114,7 @@ Status FleetReceiver::Impl::heal_from_server_copy() {
   }
   Result<uint64_t> v = heal_from_servers(*worker, *receiver, *records, options.heal_options);
   if (!v.ok()) {
+    if (v.status().code() != StatusCode::kFailedPrecondition) return v.status();
     heal_log += v.status().to_string() + "\n";
     return ok_status();
   }
@@ -122,7 +128,7 @@ Status FleetReceiver::Impl::heal() {
   WL_ASSIGN_OR_RETURN(std::vector<int> ids, live_peer_ids());
   WL_ASSIGN_OR_RETURN(bool healed_from_peer, heal_from_a_peer(ids));
   if (healed_from_peer) return ok_status();
-  return heal_from_server_copy();
+  return heal_from_the_servers();
 }
 
 Result<std::unique_ptr<FleetReceiver>> FleetReceiver::create(const FleetReceiverOptions& o) {

@@ -58,13 +58,11 @@ std::string peer_record_to_json(const PeerRecord& p) {
   j["name"] = p.name;
   j["epoch"] = p.epoch;
   j["fingerprint"] = p.fingerprint;
-  j["worker_address"] = to_hex(p.worker_address);
-  j["rkey"] = to_hex(p.rkey);
+  endpoint_to_json(p.worker_address, p.rkey, j);
   j["slot_address"] = {p.slot_address[0], p.slot_address[1]};
   j["slot_bytes"] = p.slot_bytes;
   j["status_address"] = p.status_address;
-  j["host"] = p.host;
-  j["pid"] = p.pid;
+  process_to_json(p.host, p.pid, j);
   return j.dump();
 }
 
@@ -74,14 +72,12 @@ Result<PeerRecord> peer_record_from_json(std::string_view text, std::string_view
     p.name = j.at("name").get<std::string>();
     p.epoch = uint_field(j.at("epoch"));
     p.fingerprint = j.at("fingerprint").get<std::string>();
-    p.worker_address = hex_field(j.at("worker_address"));
-    p.rkey = hex_field(j.at("rkey"));
+    endpoint_from_json(j, p.worker_address, p.rkey);
     p.slot_address[0] = uint_field(j.at("slot_address").at(0));
     p.slot_address[1] = uint_field(j.at("slot_address").at(1));
     p.slot_bytes = uint_field(j.at("slot_bytes"));
     p.status_address = uint_field(j.at("status_address"));
-    p.host = uint_field(j.at("host"));
-    p.pid = int_field(j.at("pid"));
+    process_from_json(j, p.host, p.pid);
     return p;
   });
 }

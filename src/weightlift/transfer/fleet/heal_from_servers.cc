@@ -187,12 +187,10 @@ std::string server_copy_to_json(const ServerCopyRecord& r) {
     shards.push_back({{"name", s.name}, {"begin", s.begin}, {"end", s.end}, {"offset", s.offset}});
   }
   j["shards"] = std::move(shards);
-  j["worker_address"] = to_hex(r.worker_address);
-  j["rkey"] = to_hex(r.rkey);
+  endpoint_to_json(r.worker_address, r.rkey, j);
   j["region_address"] = r.region_address;
   j["region_bytes"] = r.region_bytes;
-  j["host"] = r.host;
-  j["pid"] = r.pid;
+  process_to_json(r.host, r.pid, j);
   return j.dump();
 }
 
@@ -220,12 +218,10 @@ Result<ServerCopyRecord> server_copy_from_json(std::string_view text, std::strin
           r.shards.push_back({s.at("name").get<std::string>(), int_field(s.at("begin")),
                               int_field(s.at("end")), uint_field(s.at("offset"))});
         }
-        r.worker_address = hex_field(j.at("worker_address"));
-        r.rkey = hex_field(j.at("rkey"));
+        endpoint_from_json(j, r.worker_address, r.rkey);
         r.region_address = uint_field(j.at("region_address"));
         r.region_bytes = uint_field(j.at("region_bytes"));
-        r.host = uint_field(j.at("host"));
-        r.pid = int_field(j.at("pid"));
+        process_from_json(j, r.host, r.pid);
         return r;
       });
 }

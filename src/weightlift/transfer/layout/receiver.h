@@ -126,10 +126,10 @@ class Receiver {
   // Its bytes here (for tests that check no one-sided write strays into it).
   std::span<std::byte> status_block() const;
 
-  // ---- healing (fleet/heal_from_peer.h), before the receiver serves any reader
-  // --------------------------- A receiver that has just started fills version `version`'s slot by
-  // itself (copying it from a healthy peer) and then adopts it. REQUIRES: version() == 0, version >
-  // 0, no reader has acquired anything yet, and no update is running.
+  // ---- healing (fleet/heal_from_peer.h), before the receiver serves any reader ----------
+  // A receiver that has just started fills the slot for `version` by itself (copying it from a
+  // healthy peer or the servers' copy) and then adopts it. REQUIRES: version() == 0,
+  // version > 0, no reader has acquired anything yet, and no update is running.
   std::span<std::byte> slot_for_healing(uint64_t version);
   void adopt(uint64_t version);
 

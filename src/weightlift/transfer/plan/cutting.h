@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "weightlift/transfer/layout/inference_layout.h"
 #include "weightlift/transfer/layout/sharded_tensor.h"
@@ -70,6 +71,16 @@ int direct_mesh_rank(int mesh_size, const Pieces& pieces) {
     if (all) return k;
   }
   return -1;
+}
+
+// The families rule's order: `families`, gathered in order of first appearance over the
+// receivers, reordered dense before expert, each group keeping that order. is_expert(f): whether
+// family f is an expert tensor. (Both callers gather families their own way: the planner by
+// name from each receiver, the schedule once per layout.)
+template <typename T, typename IsExpert>
+void dense_before_expert(std::vector<T>& families, IsExpert&& is_expert) {
+  std::stable_partition(families.begin(), families.end(),
+                        [&](const T& f) { return !is_expert(f); });
 }
 
 // The sender rule: `rank` with `load` bytes so far beats `best` (with `best_load`; -1: none).

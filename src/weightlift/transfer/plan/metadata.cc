@@ -9,6 +9,28 @@ namespace wl::transfer {
 
 using nlohmann::json;
 
+void endpoint_to_json(const std::vector<std::byte>& worker_address,
+                      const std::vector<std::byte>& rkey, json& j) {
+  j["worker_address"] = to_hex(worker_address);
+  j["rkey"] = to_hex(rkey);
+}
+
+void endpoint_from_json(const json& j, std::vector<std::byte>& worker_address,
+                        std::vector<std::byte>& rkey) {
+  worker_address = hex_field(j.at("worker_address"));
+  rkey = hex_field(j.at("rkey"));
+}
+
+void process_to_json(uint64_t host, int64_t pid, json& j) {
+  j["host"] = host;
+  j["pid"] = pid;
+}
+
+void process_from_json(const json& j, uint64_t& host, int64_t& pid) {
+  host = uint_field(j.at("host"));
+  pid = int_field(j.at("pid"));
+}
+
 RankMeta describe_trainer(int rank, const TrainerWeights& w) {
   RankMeta m{.rank = rank, .role = Role::kTrainer};
   m.config_json = model::config_to_json(w.config());
@@ -63,10 +85,9 @@ std::string metadata_to_json(const RankMeta& m) {
     j["tp_rank"] = m.tp_rank;
     j["weight_format"] = weight_format_name(m.format);
     j["epoch"] = u64_to_json(m.epoch);
-    j["worker_address"] = to_hex(m.worker_address);
+    endpoint_to_json(m.worker_address, m.rkey, j);
     j["slot_address"] = {u64_to_json(m.slot_address[0]), u64_to_json(m.slot_address[1])};
     j["slot_bytes"] = u64_to_json(m.slot_bytes);
-    j["rkey"] = to_hex(m.rkey);
     json ts = json::array();
     for (const TensorMeta& t : m.tensors) {
       ts.push_back({{"name", t.name},
@@ -104,11 +125,10 @@ void read_receiver(const json& j, RankMeta& m) {
   if (!f) throw_field_error(j.at("weight_format"), "unknown weight format");
   m.format = *f;
   m.epoch = u64_field(j.at("epoch"));
-  m.worker_address = hex_field(j.at("worker_address"));
+  endpoint_from_json(j, m.worker_address, m.rkey);
   m.slot_address[0] = u64_field(j.at("slot_address").at(0));
   m.slot_address[1] = u64_field(j.at("slot_address").at(1));
   m.slot_bytes = u64_field(j.at("slot_bytes"));
-  m.rkey = hex_field(j.at("rkey"));
   for (const json& t : j.at("tensors")) {
     m.tensors.push_back({t.at("name").get<std::string>(), dtype_field(t.at("dtype")),
                          int_array_field(t.at("shape")), u64_field(t.at("offset")),

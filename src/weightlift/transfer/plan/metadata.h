@@ -59,6 +59,19 @@ struct RankMeta {
   std::vector<TensorMeta> tensors;
 };
 
+// A remote memory region's endpoint, as every record that lets others reach one carries it
+// (rank metadata here, the fleet's peer and server copy records): the owner's UCX worker
+// address and the region's packed rkey, as lowercase hex under "worker_address" and "rkey"
+// (docs/formats.md). Reading throws for read_record, naming the field.
+void endpoint_to_json(const std::vector<std::byte>& worker_address,
+                      const std::vector<std::byte>& rkey, nlohmann::json& j);
+void endpoint_from_json(const nlohmann::json& j, std::vector<std::byte>& worker_address,
+                        std::vector<std::byte>& rkey);
+// The endpoint owner's process (comm/process_alive.h), in the records that let a reader skip
+// an endpoint whose process has exited (the fleet's): "host" and "pid" as JSON integers.
+void process_to_json(uint64_t host, int64_t pid, nlohmann::json& j);
+void process_from_json(const nlohmann::json& j, uint64_t& host, int64_t& pid);
+
 RankMeta describe_trainer(int rank, const TrainerWeights& weights);
 RankMeta describe_receiver(int rank, const Receiver& receiver);
 

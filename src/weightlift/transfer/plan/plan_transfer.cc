@@ -9,7 +9,7 @@
 namespace wl::transfer {
 
 Result<Plan> plan_transfer(comm::Group& world, const RankMeta& mine,
-                           const ControllerOptions& options) {
+                           const PlanTransferOptions& options) {
   WL_ASSIGN_OR_RETURN(std::vector<RankMeta> metas, gather_metadata(world, mine, options.timeout));
   std::string body;
   int64_t header[2] = {0, 0};  // status code, body length

@@ -13,12 +13,12 @@
 
 namespace wl::transfer {
 
-struct ControllerOptions {
+struct PlanTransferOptions {
   int controller = 0;                    // world rank that plans
   std::chrono::milliseconds timeout{0};  // 0: the group's default
 };
 
 Result<Plan> plan_transfer(comm::Group& world, const RankMeta& mine,
-                           const ControllerOptions& options = {});
+                           const PlanTransferOptions& options = {});
 
 }  // namespace wl::transfer

@@ -224,8 +224,7 @@ std::vector<std::pair<bool, std::string>> Planner::families() const {
       out.push_back({t.expert, t.name});
     }
   }
-  std::stable_sort(out.begin(), out.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  dense_before_expert(out, [](const auto& f) { return f.first; });
   return out;
 }
 

@@ -3,6 +3,7 @@
 #include "weightlift/transfer/sim/load_schedule.h"
 
 #include <algorithm>
+#include <numeric>
 #include <unordered_map>
 
 #include "weightlift/transfer/plan/cutting.h"
@@ -160,10 +161,8 @@ Status Scheduler::make_families() {
     }
   }
   order_.resize(families_.size());
-  for (size_t i = 0; i < order_.size(); ++i) order_[i] = int(i);
-  std::stable_sort(order_.begin(), order_.end(), [&](int a, int b) {
-    return families_[size_t(a)].expert < families_[size_t(b)].expert;
-  });
+  std::iota(order_.begin(), order_.end(), 0);
+  dense_before_expert(order_, [&](int f) { return families_[size_t(f)].expert; });
   return ok_status();
 }
 
