@@ -73,14 +73,14 @@ Status run_bench_train(BenchTrainOptions o, const BenchTrainFlags& f) {
   } else {
     std::printf(
         "bench train %s batch %ld x %ld %s, %d ranks (%s) x %d threads on %s: step %.1f ms "
-        "median (min %.1f, max %.1f), %.0f tokens/s, %.1f GFLOP/s = %.0f%% of the %.1f "
+        "p50 (min %.1f, p99 %.1f, max %.1f), %.0f tokens/s, %.1f GFLOP/s = %.0f%% of the %.1f "
         "GFLOP/s f32 GEMM peak measured now; exposed communication %.1f ms, peak %.1f MB "
         "of model state per rank\n",
         o.preset.c_str(), long(o.batch), long(o.seq), f.precision.c_str(), r.ranks,
         std::string(parallel::dp_mode_name(o.layout.dp_mode)).c_str(), r.threads,
-        cpu_info().describe().c_str(), r.step_ms_median, r.step_ms_min, r.step_ms_max,
-        r.tokens_per_s, r.gflops, 100 * r.gflops / r.gemm_peak_gflops, r.gemm_peak_gflops,
-        r.exposed_comm_ms, double(r.peak_bytes_per_rank) / 1e6);
+        cpu_info().describe().c_str(), r.step_ms_median, r.step_ms_min, r.step_ms_p99,
+        r.step_ms_max, r.tokens_per_s, r.gflops, 100 * r.gflops / r.gemm_peak_gflops,
+        r.gemm_peak_gflops, r.exposed_comm_ms, double(r.peak_bytes_per_rank) / 1e6);
   }
   return ok_status();
 }

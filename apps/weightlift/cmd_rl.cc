@@ -18,6 +18,7 @@
 #include "weightlift/core/file_io.h"
 #include "weightlift/core/parallel.h"
 #include "weightlift/core/safetensors.h"
+#include "weightlift/core/timing.h"
 #include "weightlift/model/memory_estimate.h"
 #include "weightlift/model/params.h"
 #include "weightlift/parallel/job.h"
@@ -28,7 +29,6 @@ namespace wl::app {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 
 struct RlArgs {
   rl::RlOptions o;
@@ -172,8 +172,8 @@ Result<rl::RlSummary> train_with_progress(const RlArgs& a, parallel::Job& job,
                                           std::string& metrics) {
   ProgressBar sft_bar("sft", a.o.sft_steps, "steps"), rl_bar("rl", a.o.steps, "steps");
   double last_held = -1;
-  Clock::time_point started = Clock::now(), last_sft = started;
-  int64_t phase_first_step = 1;  // a resumed run's RL starts later
+  Stopwatch phase_time, since_sft;  // since the phase began; since the last SFT step ended
+  int64_t phase_first_step = 1;     // a resumed run's RL starts later
   auto on_step = [&](const rl::StepRecord& r) {
     metrics += rl::record_to_json(r).dump() + "\n";
     if (r.held_out_accuracy >= 0) last_held = r.held_out_accuracy;
@@ -181,11 +181,10 @@ Result<rl::RlSummary> train_with_progress(const RlArgs& a, parallel::Job& job,
     char held[16] = "-";
     if (last_held >= 0) std::snprintf(held, sizeof held, "%.0f%%", 100 * last_held);
     const double rate =
-        double(r.step - phase_first_step + 1) /
-        std::max(1e-9, std::chrono::duration<double>(Clock::now() - started).count());
+        double(r.step - phase_first_step + 1) / std::max(1e-9, phase_time.seconds());
     if (r.phase == "sft") {
       std::snprintf(status, sizeof status, "loss %.3f  held-out %s", r.loss, held);
-      last_sft = Clock::now();
+      since_sft.restart();
       sft_bar.update(r.step, rate, "steps/s", status);
     } else {
       // The step's staleness: the oldest sample it trained on, in versions.
@@ -205,7 +204,7 @@ Result<rl::RlSummary> train_with_progress(const RlArgs& a, parallel::Job& job,
         if (r.phase == "rl" && !rl_started) {
           rl_started = true;
           sft_bar.finish();
-          started = last_sft;
+          phase_time = since_sft;  // RL began when the last SFT step ended
           phase_first_step = r.step;
         }
         on_step(r);

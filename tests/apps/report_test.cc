@@ -137,6 +137,8 @@ TEST(RlReport, FiguresComeFromTheStepsThatTrained) {
   EXPECT_NEAR(f["reward_last"].get<double>(), 0.01 * 20.5, 1e-12);
   EXPECT_NEAR(f["sync_share"].get<double>(), 0.1, 1e-12);
   EXPECT_NEAR(f["sync_ms_median"].get<double>(), 1.0, 1e-9);
+  EXPECT_NEAR(f["sync_ms_p99"].get<double>(), 1.0, 1e-9);
+  EXPECT_NEAR(f["step_ms_p99"].get<double>(), 10.0, 1e-9);
   EXPECT_EQ(f["max_staleness_trained"], 1);
   EXPECT_EQ(f["events"].size(), 1u);
   const std::string dir =

@@ -56,5 +56,40 @@ TEST(JsonRecord, AnyExceptionBecomesAMessage) {
   }
 }
 
+// The one checked-integer reader behind int_field, int_field_in and model/config.cc: exactly
+// the JSON integers of int64_t pass; a float, a string, 2^63 do not; bounds are inclusive.
+TEST(JsonRecord, IntegersAreCheckedOnce) {
+  EXPECT_EQ(*int_value(json::parse("-9223372036854775808")), INT64_MIN);
+  EXPECT_EQ(*int_value(json::parse("9223372036854775807")), INT64_MAX);
+  const std::pair<const char*, const char*> bad[] = {
+      {"1.5", "expected an integer"},
+      {"1e300", "expected an integer"},
+      {"\"3\"", "expected an integer"},
+      {"true", "expected an integer"},
+      {"9223372036854775808", "beyond the 64-bit signed range"}};
+  for (const auto& [text, what] : bad) {
+    Result<int64_t> v = int_value(json::parse(text));
+    ASSERT_FALSE(v.ok()) << text;
+    EXPECT_EQ(v.status().message(), what) << text;
+  }
+  const json doc = json::parse(R"({"a": 1.5, "b": 4})");
+  try {
+    (void)int_field(doc.at("a"));
+    FAIL();
+  } catch (const std::exception& e) {
+    EXPECT_EQ(json_error_message(e), "a: 1.5: expected an integer");
+  }
+  EXPECT_EQ(int_field_in(doc.at("b"), 4, 4), 4);
+  for (const auto& [lo, hi] : {std::pair<int64_t, int64_t>{0, 3}, {5, 9}}) {
+    try {
+      (void)int_field_in(doc.at("b"), lo, hi);
+      FAIL() << lo << ", " << hi;
+    } catch (const std::exception& e) {
+      EXPECT_EQ(json_error_message(e), "b: 4 is not an integer in [" + std::to_string(lo) + ", " +
+                                           std::to_string(hi) + "]");
+    }
+  }
+}
+
 }  // namespace
 }  // namespace wl

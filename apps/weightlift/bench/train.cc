@@ -1,8 +1,8 @@
 #include "bench/train.h"
 
 #include <algorithm>
-#include <chrono>
 #include <nlohmann/json.hpp>
+#include <utility>
 #include <vector>
 
 #include "weightlift/comm/allgather.h"
@@ -20,14 +20,12 @@
 
 namespace wl::app {
 
-using Clock = std::chrono::steady_clock;
-
 double measure_gemm_gflops(int64_t n, int repeats) {
   repeats = std::max(repeats, 1);
   std::vector<float> a(size_t(n * n), 0.5f), b(size_t(n * n), 0.25f), c(size_t(n * n));
   std::vector<double> rates;
   for (int i = 0; i < repeats + 1; ++i) {
-    const auto t0 = Clock::now();
+    const Stopwatch clock;
     kernels::gemm({.m = n,
                    .n = n,
                    .k = n,
@@ -37,19 +35,13 @@ double measure_gemm_gflops(int64_t n, int repeats) {
                    .ldb = n,
                    .c = c.data(),
                    .ldc = n});
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double s = clock.seconds();
     if (i > 0) rates.push_back(2.0 * double(n) * double(n) * double(n) / s / 1e9);
   }
-  std::sort(rates.begin(), rates.end());
-  return rates[rates.size() / 2];
+  return percentile(std::move(rates), 0.5);
 }
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // The same random global batch on every rank.
 train::Batch random_batch(const model::ModelConfig& cfg, int64_t batch, int64_t seq) {
@@ -130,13 +122,14 @@ Result<BenchTrainResult> bench_train(const BenchTrainOptions& o) {
   // gathered units (in this process; with ranks as processes, this rank's).
   r.peak_activation_bytes = tensor_memory_stats().peak_bytes - dp.step_comm().state_bytes;
   if (!bubble.empty()) {
-    r.bubble = median(bubble);
+    r.bubble = percentile(bubble, 0.5);
     r.bubble_theory = parallel::theoretical_bubble(layout.pp, layout.micro_batches);
   }
-  r.step_ms_median = median(ms);
+  r.step_ms_median = percentile(ms, 0.5);
+  r.step_ms_p99 = percentile(ms, 0.99);
   r.step_ms_min = *std::min_element(ms.begin(), ms.end());
   r.step_ms_max = *std::max_element(ms.begin(), ms.end());
-  r.exposed_comm_ms = median(exposed);
+  r.exposed_comm_ms = percentile(exposed, 0.5);
   const int64_t n = o.batch * o.seq;
   r.tokens_per_s = double(n) / (r.step_ms_median / 1e3);
   r.gflops = model::model_info(cfg).train_flops_per_token(o.seq) * double(n) /
@@ -171,6 +164,7 @@ std::string BenchTrainResult::to_json(const BenchTrainOptions& o) const {
       {"step_ms_median", step_ms_median},
       {"step_ms_min", step_ms_min},
       {"step_ms_max", step_ms_max},
+      {"step_ms_p99", step_ms_p99},
       {"tokens_per_s", tokens_per_s},
       {"gflops", gflops},
       {"gemm_peak_gflops", gemm_peak_gflops},

@@ -29,6 +29,7 @@ struct BenchTrainOptions {
 
 struct BenchTrainResult {
   double step_ms_median = 0, step_ms_min = 0, step_ms_max = 0;
+  double step_ms_p99 = 0;  // nearest rank over the timed steps: the slowest of fewer than 100
   double tokens_per_s = 0;
   double gflops = 0;            // model FLOPs (model_info.h) / median step time
   double gemm_peak_gflops = 0;  // oneDNN f32 GEMM 2048^3, same run

@@ -103,7 +103,9 @@ nlohmann::json rl_figures(const rl::RlSummary& run) {
   return {{"reward_first", number(mean_reward({steps.data(), ends}))},
           {"reward_last", number(mean_reward({steps.data() + steps.size() - ends, ends}))},
           {"sync_ms_median", number(percentile(sync_ms, 0.5))},
+          {"sync_ms_p99", number(percentile(sync_ms, 0.99))},
           {"step_ms_median", number(percentile(step_ms, 0.5))},
+          {"step_ms_p99", number(percentile(step_ms, 0.99))},
           {"sync_share", number(step_total > 0 ? sync_total / step_total : NAN)},
           // null when nothing was trained on
           {"max_staleness_trained",

@@ -12,8 +12,9 @@
 namespace wl::app {
 
 // The run's figures over its RL steps, as summary.json names them: reward_first / reward_last
-// (mean reward of the first and last ten steps), sync_ms_median, step_ms_median, sync_share
-// (sync time over step time, summed over the steps), max_staleness_trained, the events.
+// (mean reward of the first and last ten steps), sync_ms_median and _p99, step_ms_median and
+// _p99, sync_share (sync time over step time, summed over the steps), max_staleness_trained,
+// the events.
 nlohmann::json rl_figures(const rl::RlSummary& run);
 
 // reward.svg: reward and held-out accuracy over the steps, SFT at x <= 0.

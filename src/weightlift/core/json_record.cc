@@ -75,16 +75,27 @@ uint64_t u64_field(const json& j) {
   return v;
 }
 
-int64_t int_field(const json& j) {
-  if (j.is_number_unsigned()) {
-    const uint64_t v = j.get<uint64_t>();
-    if (v > uint64_t(std::numeric_limits<int64_t>::max())) {
-      throw_field_error(j, std::to_string(v) + " does not fit a signed 64-bit integer");
-    }
-    return int64_t(v);
+Result<int64_t> int_value(const json& j) {
+  if (!j.is_number_integer()) return invalid_argument("expected an integer");
+  if (j.is_number_unsigned() && j.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())) {
+    return invalid_argument("beyond the 64-bit signed range");
   }
-  if (!j.is_number_integer()) throw_field_error(j, "expected an integer, not " + j.dump());
   return j.get<int64_t>();
+}
+
+int64_t int_field(const json& j) {
+  Result<int64_t> v = int_value(j);
+  if (!v.ok()) throw_field_error(j, j.dump() + ": " + v.status().message());
+  return *v;
+}
+
+int64_t int_field_in(const json& j, int64_t lo, int64_t hi) {
+  Result<int64_t> v = int_value(j);
+  if (!v.ok() || *v < lo || *v > hi) {
+    throw_field_error(j, j.dump() + " is not an integer in [" + std::to_string(lo) + ", " +
+                             std::to_string(hi) + "]");
+  }
+  return *v;
 }
 
 int int32_field(const json& j) {

@@ -54,7 +54,14 @@ std::string u64_to_json(uint64_t v);
 uint64_t u64_field(const nlohmann::json& j);
 // A JSON integer that fits the type: not 1.5, not 1e300, not "3", not 2^40 for an int (a
 // plain get<int64_t>() converts a float out of range with undefined behaviour, and narrows).
+// int_field throws "<value>: what"; int_field_in, for a field with bounds, "<value> is not an
+// integer in [lo, hi]".
 int64_t int_field(const nlohmann::json& j);
+int64_t int_field_in(const nlohmann::json& j, int64_t lo, int64_t hi);
+// The check behind them, for readers that report through a Status (model/config.cc): the
+// integer, or InvalidArgument saying what is wrong without naming the value ("expected an
+// integer", "beyond the 64-bit signed range").
+Result<int64_t> int_value(const nlohmann::json& j);
 int int32_field(const nlohmann::json& j);
 uint64_t uint_field(const nlohmann::json& j);
 // An array of them (shapes, rank lists).

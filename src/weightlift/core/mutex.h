@@ -29,6 +29,7 @@
 #define WL_ACQUIRE(...) WL_THREAD_ANNOTATION(acquire_capability(__VA_ARGS__))
 #define WL_RELEASE(...) WL_THREAD_ANNOTATION(release_capability(__VA_ARGS__))
 #define WL_EXCLUDES(...) WL_THREAD_ANNOTATION(locks_excluded(__VA_ARGS__))
+#define WL_TRY_ACQUIRE(...) WL_THREAD_ANNOTATION(try_acquire_capability(__VA_ARGS__))
 #define WL_NO_THREAD_SAFETY_ANALYSIS WL_THREAD_ANNOTATION(no_thread_safety_analysis)
 
 namespace wl {
@@ -37,6 +38,8 @@ class WL_CAPABILITY("mutex") Mutex {
  public:
   void lock() WL_ACQUIRE() { mu_.lock(); }
   void unlock() WL_RELEASE() { mu_.unlock(); }
+  // Takes the mutex if no one holds it; true if it did.
+  bool try_lock() WL_TRY_ACQUIRE(true) { return mu_.try_lock(); }
 
  private:
   friend class CondVar;
@@ -47,6 +50,8 @@ class WL_CAPABILITY("mutex") Mutex {
 class WL_SCOPED_CAPABILITY MutexLock {
  public:
   explicit MutexLock(Mutex& mu) WL_ACQUIRE(mu) : mu_(mu) { mu_.lock(); }
+  // Takes over `mu`, already held (after a successful try_lock).
+  MutexLock(Mutex& mu, std::adopt_lock_t) WL_REQUIRES(mu) : mu_(mu) {}
   ~MutexLock() WL_RELEASE() { mu_.unlock(); }
   MutexLock(const MutexLock&) = delete;
   MutexLock& operator=(const MutexLock&) = delete;

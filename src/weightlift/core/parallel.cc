@@ -13,11 +13,12 @@
 #include <chrono>
 #include <cstdlib>
 #include <exception>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include "weightlift/core/mutex.h"
 
 namespace wl {
 namespace {
@@ -70,30 +71,35 @@ class Pool {
     // a loop (joining them at exit would wait forever).
     pthread_atfork(nullptr, nullptr, [] { pool_after_fork(); });
   }
-  ~Pool() { stop_workers(); }
+  ~Pool() { stop_workers(); }  // no one else uses the pool now (destructors go unchecked)
 
-  // In a forked child: the parent's workers do not exist here.
-  void forget_workers() {
+  // In a forked child: the parent's workers do not exist here. Without run_mu_: a thread of the
+  // parent may have held it at the fork, and then no one ever releases it in the child.
+  void forget_workers() WL_NO_THREAD_SAFETY_ANALYSIS {
     for (std::thread& t : workers_) t.detach();
     workers_.clear();
   }
 
   int threads() const { return threads_.load(std::memory_order_relaxed); }
 
-  void resize(int threads) {
-    std::lock_guard<std::mutex> lock(run_mu_);
+  void resize(int threads) WL_EXCLUDES(run_mu_) {
+    MutexLock lock(run_mu_);
     stop_workers();
     threads_.store(threads, std::memory_order_relaxed);
   }
 
   // Runs invoke(ctx, c) for c in [0, count) with the workers' help. False, having run nothing,
   // when another thread is using the pool.
-  bool try_run(uint32_t count, void (*invoke)(const void*, int64_t), const void* ctx) {
-    std::unique_lock<std::mutex> lock(run_mu_, std::try_to_lock);
-    if (!lock.owns_lock()) return false;
+  bool try_run(uint32_t count, void (*invoke)(const void*, int64_t), const void* ctx)
+      WL_EXCLUDES(run_mu_) {
+    if (!run_mu_.try_lock()) return false;
+    MutexLock lock(run_mu_, std::adopt_lock);
     if (workers_.empty()) start_workers();
     Job job{invoke, ctx, count};
-    error_ = nullptr;
+    {
+      MutexLock error_lock(error_mu_);
+      error_ = nullptr;
+    }
     done_.store(0, std::memory_order_relaxed);
     job_.store(&job, std::memory_order_relaxed);
     work_.store(uint64_t(count), std::memory_order_release);  // next chunk 0 of `count`
@@ -107,7 +113,12 @@ class Pool {
         done_.wait(d, std::memory_order_acquire);
       }
     }
-    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+    std::exception_ptr error;
+    {
+      MutexLock error_lock(error_mu_);
+      error = std::exchange(error_, nullptr);
+    }
+    if (error) std::rethrow_exception(error);
     return true;
   }
 
@@ -142,7 +153,7 @@ class Pool {
       try {
         job->invoke(job->ctx, c);
       } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mu_);
+        MutexLock lock(error_mu_);
         if (!error_) error_ = std::current_exception();
       }
       if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == count) done_.notify_all();
@@ -161,14 +172,12 @@ class Pool {
     }
   }
 
-  // REQUIRES: run_mu_ held.
-  void start_workers() {
+  void start_workers() WL_REQUIRES(run_mu_) {
     stopping_.store(false, std::memory_order_release);
     for (int i = 1; i < threads(); ++i) workers_.emplace_back([this] { worker_main(); });
   }
 
-  // REQUIRES: run_mu_ held, or the pool being destroyed.
-  void stop_workers() {
+  void stop_workers() WL_REQUIRES(run_mu_) {
     stopping_.store(true, std::memory_order_release);
     epoch_.fetch_add(1, std::memory_order_release);
     epoch_.notify_all();
@@ -176,16 +185,18 @@ class Pool {
     workers_.clear();
   }
 
-  std::mutex run_mu_;                            // held by the one caller using the pool
-  std::atomic<int> threads_{default_threads()};  // written under run_mu_
-  std::vector<std::thread> workers_;
+  Mutex run_mu_;  // held by the one caller using the pool
+  // Written under run_mu_, read without it (an atomic: the analysis has no write-only guard).
+  std::atomic<int> threads_{default_threads()};
+  std::vector<std::thread> workers_ WL_GUARDED_BY(run_mu_);
   std::atomic<uint64_t> work_{0};  // (next chunk << 32) | chunk count
   std::atomic<const Job*> job_{nullptr};
   std::atomic<uint32_t> done_{0};   // chunks of the live job finished
   std::atomic<uint32_t> epoch_{0};  // bumped per job (and to stop): what idle workers wait on
   std::atomic<bool> stopping_{false};
-  std::mutex error_mu_;
-  std::exception_ptr error_;  // the first exception of the live job's chunks
+  Mutex error_mu_;
+  std::exception_ptr error_
+      WL_GUARDED_BY(error_mu_);  // the first exception of the live job's chunks
 
   // OMP_NUM_THREADS as OpenMP programs read it, else one thread per core.
   static int default_threads() {

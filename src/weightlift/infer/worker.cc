@@ -9,6 +9,7 @@
 
 #include "weightlift/comm/allreduce.h"
 #include "weightlift/core/parallel.h"
+#include "weightlift/core/timing.h"
 #include "weightlift/infer/dequant_linear.h"
 #include "weightlift/kernels/attention.h"
 #include "weightlift/kernels/rmsnorm.h"
@@ -389,7 +390,7 @@ Result<Generation> InferenceWorker::generate(const BoundWeights& w,
   const size_t per_token = size_t(c.num_layers * c.top_k);
   std::vector<int32_t> routes;
   std::vector<std::vector<int64_t>> feed = prompts;
-  auto t0 = Clock::now();
+  Stopwatch clock;  // the prefill (step 0), then the decode steps
   for (int64_t step = 0; step < o.max_new_tokens; ++step) {
     WL_ASSIGN_OR_RETURN(Tensor logits,
                         forward(w, cache, feed, false, o.keep_routes ? &routes : nullptr));
@@ -404,14 +405,14 @@ Result<Generation> InferenceWorker::generate(const BoundWeights& w,
     }
     const bool all_stopped = sampler.step(all, c.vocab_size, feed);
     if (step == 0) {
-      g.prefill_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-      t0 = Clock::now();
+      g.prefill_seconds = clock.seconds();
+      clock.restart();
     }
     if (all_stopped) break;
   }
   g.tokens = sampler.take_tokens();
   g.logprobs = sampler.take_logprobs();
-  g.decode_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  g.decode_seconds = clock.seconds();
   return g;
 }
 

@@ -45,7 +45,6 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <new>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <sstream>
@@ -54,6 +53,7 @@
 #include <vector>
 
 #include "weightlift/core/check.h"
+#include "weightlift/core/mutex.h"
 #include "weightlift/core/parallel.h"
 
 namespace wl::kernels {
@@ -279,13 +279,13 @@ std::shared_ptr<const CachedMatmul> build_matmul(const GemmArgs& g) {
 
 class MatmulCache {
  public:
-  std::shared_ptr<const CachedMatmul> get(const GemmArgs& g) {
+  std::shared_ptr<const CachedMatmul> get(const GemmArgs& g) WL_EXCLUDES(mu_) {
     uint32_t alpha_bits, beta_bits;
     std::memcpy(&alpha_bits, &g.alpha, 4);
     std::memcpy(&beta_bits, &g.beta, 4);
     const PrimitiveKey key{g.m,       g.n,       g.k,       g.lda,      g.ldb,    g.ldc,
                            g.trans_a, g.trans_b, g.in_type, alpha_bits, beta_bits};
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = map_.find(key);
     if (it != map_.end()) return it->second;
     // Variable shapes (MoE row counts) would grow the cache without bound; dropping it all
@@ -304,8 +304,9 @@ class MatmulCache {
 
  private:
   static constexpr size_t kMaxEntries = 4096;
-  std::mutex mu_;
-  std::unordered_map<PrimitiveKey, std::shared_ptr<const CachedMatmul>, PrimitiveKeyHash> map_;
+  Mutex mu_;
+  std::unordered_map<PrimitiveKey, std::shared_ptr<const CachedMatmul>, PrimitiveKeyHash> map_
+      WL_GUARDED_BY(mu_);
 };
 
 MatmulCache& matmul_cache() {

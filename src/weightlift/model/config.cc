@@ -12,7 +12,6 @@
 
 #include <cerrno>
 #include <cmath>
-#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <variant>
@@ -116,12 +115,9 @@ Result<Json> parse_json(std::string_view text, const std::string& where) {
 Status assign(const Field& f, const Json& v, ModelConfig& c, const std::string& where) {
   const std::string at = where + ": " + f.name + " is " + describe(v);
   if (auto m = std::get_if<int64_t ModelConfig::*>(&f.member)) {
-    if (!v.is_number_integer()) return invalid_argument(at + ", expected an integer");
-    if (v.is_number_unsigned() &&
-        v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())) {
-      return invalid_argument(at + ", beyond the 64-bit signed range");
-    }
-    c.*(*m) = v.get<int64_t>();
+    Result<int64_t> x = int_value(v);
+    if (!x.ok()) return invalid_argument(at + ", " + x.status().message());
+    c.*(*m) = *x;
   } else if (auto m = std::get_if<double ModelConfig::*>(&f.member)) {
     if (!v.is_number()) return invalid_argument(at + ", expected a number");
     c.*(*m) = v.get<double>();

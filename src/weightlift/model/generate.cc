@@ -1,9 +1,9 @@
 #include "weightlift/model/generate.h"
 
-#include <chrono>
 #include <cstring>
 
 #include "weightlift/core/parallel.h"
+#include "weightlift/core/timing.h"
 #include "weightlift/kernels/attention.h"
 #include "weightlift/kernels/embedding.h"
 #include "weightlift/kernels/rmsnorm.h"
@@ -13,8 +13,6 @@
 
 namespace wl::model {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // Keys and values of every layer for every row: [layers][rows, capacity, Hkv * Dh].
 struct KvCache {
@@ -177,7 +175,7 @@ Result<Generation> generate(Transformer& model, const std::vector<std::vector<in
   RowSampler sampler(R, o.sampling, o.seed, o.stop_token);
   Generation g;
   std::vector<std::vector<int64_t>> feed = prompts;
-  auto t0 = Clock::now();
+  Stopwatch clock;  // the prefill (step 0), then the decode steps
   for (int64_t step = 0; step < o.max_new_tokens; ++step) {
     if (!o.use_kv_cache) {  // recompute every running row's whole prefix
       cache.clear();
@@ -190,12 +188,12 @@ Result<Generation> generate(Transformer& model, const std::vector<std::vector<in
     const std::vector<float> logits = forward_cached(model, cache, feed, o.precision);
     const bool all_stopped = sampler.step(logits.data(), c.vocab_size, feed);
     if (step == 0) {
-      g.prefill_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-      t0 = Clock::now();
+      g.prefill_seconds = clock.seconds();
+      clock.restart();
     }
     if (all_stopped) break;
   }
-  g.decode_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  g.decode_seconds = clock.seconds();
   g.tokens = sampler.take_tokens();
   for (const auto& t : g.tokens) g.decoded_tokens += int64_t(t.size()) - 1;
   return g;

@@ -29,10 +29,6 @@ constexpr char kCheckpoint[] = "policy";
 enum Command : int64_t { kSync = 1, kGenerate = 2, kStop = 3 };
 constexpr uint32_t kTagCommand = 1, kTagLength = 2, kTagInts = 3, kTagReals = 4, kTagRoutes = 5;
 
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
 // A message is a length, then the values (recv needs the exact size).
 template <typename T>
 Status send_values(comm::Group& g, int peer, uint32_t tag, const std::vector<T>& v,
@@ -550,14 +546,14 @@ class Trainer {
       demos.push_back(std::move(s));
     }
     WL_ASSIGN_OR_RETURN(train::Batch b, make_sft_batch(demos, seq_));
-    const Clock::time_point t0 = Clock::now();
+    const Stopwatch train_time;
     WL_ASSIGN_OR_RETURN(parallel::StepResult r, parallel::run_step(dp_, b, {.lr = o_.sft_lr}));
     ++updates_;
     StepRecord rec;
     rec.phase = "sft";
     rec.step = step;
     rec.loss = r.loss.ce;
-    rec.train_s = seconds_since(t0);
+    rec.train_s = train_time.seconds();
     return rec;
   }
 
@@ -570,27 +566,27 @@ class Trainer {
     rec.phase = "rl";
     rec.step = step;
     rec.version = updates_;
-    const Clock::time_point start = Clock::now();
+    const Stopwatch step_time;
     const bool overlap = o_.max_staleness > 0;
     if (!overlap || worker_version_ + uint64_t(o_.max_staleness) < updates_) {
       WL_RETURN_IF_ERROR(drain());
-      const Clock::time_point t0 = Clock::now();
+      const Stopwatch sync_time;
       WL_RETURN_IF_ERROR(push_weights().status());
-      rec.sync_s = seconds_since(t0);
+      rec.sync_s = sync_time.seconds();
     }
-    const Clock::time_point t0 = Clock::now();
+    const Stopwatch generate_time;
     Kept kept;
     WL_RETURN_IF_ERROR(collect(step, rec, kept));
     if (overlap) {
       // The next step's samples, generated while this step trains.
       if (worker_version_ + uint64_t(o_.max_staleness) < updates_ + 1) {
-        const Clock::time_point t1 = Clock::now();
+        const Stopwatch sync_time;
         WL_RETURN_IF_ERROR(push_weights().status());
-        rec.sync_s += seconds_since(t1);
+        rec.sync_s += sync_time.seconds();
       }
       WL_RETURN_IF_ERROR(request_round(o_.prompts));
     }
-    rec.generate_s = seconds_since(t0) - rec.sync_s;
+    rec.generate_s = generate_time.seconds() - rec.sync_s;
     if (!kept.samples.empty()) {
       rec.trained = int64_t(kept.samples.size());
       rec.reward_mean = kept.reward_sum / double(kept.samples.size());
@@ -598,7 +594,7 @@ class Trainer {
       WL_RETURN_IF_ERROR(train_on(kept.samples, rec));
     }
     // else every group was flat within the rounds allowed: nothing to learn from this step.
-    rec.step_s = seconds_since(start);
+    rec.step_s = step_time.seconds();
     return rec;
   }
 
@@ -673,7 +669,7 @@ class Trainer {
 
   // One policy-gradient update on the kept samples.
   Status train_on(const std::vector<Sample>& samples, StepRecord& rec) {
-    const Clock::time_point t0 = Clock::now();
+    const Stopwatch train_time;
     const model::ModelConfig& c = o_.config;
     Result<PolicyBatch> made = make_policy_batch(
         samples, seq_,
@@ -687,7 +683,7 @@ class Trainer {
     WL_ASSIGN_OR_RETURN(rec.stats, policy_step(dp_, pb, {.lr = o_.lr}, o_.loss));
     ++updates_;
     rec.loss = rec.stats.loss;
-    rec.train_s = seconds_since(t0);
+    rec.train_s = train_time.seconds();
     return ok_status();
   }
 

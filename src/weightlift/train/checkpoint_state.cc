@@ -46,22 +46,10 @@ Status verify_state_checksum(std::string_view text, const json& j, const std::st
   return ok_status();
 }
 
-int64_t integer_in(const json& j, const char* key, int64_t lo, int64_t hi) {
-  const json& v = j.at(key);
-  const bool integer =
-      v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX));
-  const int64_t x = integer ? v.get<int64_t>() : 0;
-  if (!integer || x < lo || x > hi) {
-    throw_field_error(v, v.dump() + " is not an integer in [" + std::to_string(lo) + ", " +
-                             std::to_string(hi) + "]");
-  }
-  return x;
-}
-
 void read_counters(const json& j, StateFile& f) {
   CheckpointState& s = f.state;
-  s.step = integer_in(j, "step", 0, kMaxStep);
-  f.adamw_steps = integer_in(j, "adamw_steps", 0, s.step);  // a skipped update counts no step
+  s.step = int_field_in(j.at("step"), 0, kMaxStep);
+  f.adamw_steps = int_field_in(j.at("adamw_steps"), 0, s.step);  // a skipped update counts no step
   const json& rng = j.at("data_rng");
   if (!rng.is_array() || rng.size() != 4) throw_field_error(rng, "not an array of 4 strings");
   for (size_t i = 0; i < 4; ++i) s.data_rng[i] = u64_field(rng.at(i));
@@ -71,7 +59,7 @@ void read_counters(const json& j, StateFile& f) {
   s.loss_scale = scale.get<double>();
   if (!std::isfinite(s.loss_scale) || s.loss_scale < 1 || s.loss_scale > kMaxLossScale)
     throw_field_error(scale, scale.dump() + " is not a loss scale in [1, 2^100]");
-  s.loss_scale_clean_steps = integer_in(j, "loss_scale_clean_steps", 0, kMaxStep);
+  s.loss_scale_clean_steps = int_field_in(j.at("loss_scale_clean_steps"), 0, kMaxStep);
 }
 
 void read_files(const json& j, StateFile& f) {
