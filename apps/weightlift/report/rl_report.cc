@@ -34,21 +34,6 @@ double mean_reward(std::span<const rl::StepRecord* const> steps) {
   return n > 0 ? sum / double(n) : NAN;
 }
 
-std::string html_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '<')
-      o += "&lt;";
-    else if (c == '>')
-      o += "&gt;";
-    else if (c == '&')
-      o += "&amp;";
-    else
-      o.push_back(c);
-  }
-  return o;
-}
-
 // x of a record: RL steps from 1, SFT steps at x <= 0 ending at 0.
 std::vector<Series> reward_series(const rl::RlSummary& run) {
   Series reward{.label = "reward (trained samples)", .color = "#9ecae1"};
@@ -154,20 +139,21 @@ Status write_rl_report(const std::string& path, const std::string& title,
   }
 
   std::string h = "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>" +
-                  html_escape(title) +
+                  escape_markup(title) +
                   "</title>\n<style>body{font-family:sans-serif;margin:2em;max-width:860px}"
                   "table{border-collapse:collapse}td{padding:2px 12px;border-bottom:1px solid #ddd}"
                   "td:first-child{color:#555}</style></head><body>\n<h1>" +
-                  html_escape(title) + "</h1>\n<h2>Figures</h2>\n<table>\n";
+                  escape_markup(title) + "</h1>\n<h2>Figures</h2>\n<table>\n";
   for (const auto& [key, value] : summary.items()) {
     if (key == "events") continue;
-    h += "<tr><td>" + html_escape(key) + "</td><td>" +
-         html_escape(value.is_string() ? value.get<std::string>() : value.dump()) + "</td></tr>\n";
+    h += "<tr><td>" + escape_markup(key) + "</td><td>" +
+         escape_markup(value.is_string() ? value.get<std::string>() : value.dump()) +
+         "</td></tr>\n";
   }
   h += "</table>\n<h2>Events</h2>\n<ul>\n";
   for (const rl::RlEvent& e : run.events) {
-    h += "<li>" + html_escape(e.phase) + " step " + std::to_string(e.step) + ": " +
-         html_escape(e.what) + "</li>\n";
+    h += "<li>" + escape_markup(e.phase) + " step " + std::to_string(e.step) + ": " +
+         escape_markup(e.what) + "</li>\n";
   }
   if (run.events.empty()) h += "<li>none</li>\n";
   h += "</ul>\n<h2>Plots</h2>\n";

@@ -10,21 +10,6 @@
 namespace wl::app {
 namespace {
 
-std::string escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '<')
-      o += "&lt;";
-    else if (c == '>')
-      o += "&gt;";
-    else if (c == '&')
-      o += "&amp;";
-    else
-      o.push_back(c);
-  }
-  return o;
-}
-
 // Ticks at 1, 2 or 5 times a power of ten, about `n` of them.
 // `whole`: no step below 1 (an axis of counts).
 std::vector<double> nice_ticks(double lo, double hi, int n, bool whole = false) {
@@ -101,7 +86,7 @@ void draw_axes(std::ostringstream& s, const Frame& f, const PlotOptions& o) {
     << "' font-family='sans-serif' font-size='12'>\n"
     << "<rect width='100%' height='100%' fill='white'/>\n"
     << "<text x='" << o.width / 2 << "' y='22' text-anchor='middle' font-size='15'>"
-    << escape(o.title) << "</text>\n";
+    << escape_markup(o.title) << "</text>\n";
   for (double v : nice_ticks(f.y0, f.y1, 6)) {
     s << "<line x1='" << L << "' x2='" << L + W << "' y1='" << f.py(v) << "' y2='" << f.py(v)
       << "' stroke='#e5e5e5'/>\n<text x='" << L - 6 << "' y='" << f.py(v) + 4
@@ -117,9 +102,9 @@ void draw_axes(std::ostringstream& s, const Frame& f, const PlotOptions& o) {
   s << "<rect x='" << L << "' y='" << T << "' width='" << W << "' height='" << H
     << "' fill='none' stroke='#333'/>\n"
     << "<text x='" << L + W / 2 << "' y='" << o.height - 12 << "' text-anchor='middle'>"
-    << escape(o.x_label) << "</text>\n"
+    << escape_markup(o.x_label) << "</text>\n"
     << "<text transform='translate(16," << T + H / 2 << ") rotate(-90)' text-anchor='middle'>"
-    << escape(o.y_label) << "</text>\n";
+    << escape_markup(o.y_label) << "</text>\n";
 }
 
 // One series (bars or a line) and its entry in the legend, the `legend`th.
@@ -146,7 +131,7 @@ void draw_series(std::ostringstream& s, const Frame& f, const Series& se, const 
   s << "<line x1='" << right - 170 << "' x2='" << right - 150 << "' y1='" << ly - 4 << "' y2='"
     << ly - 4 << "' stroke='" << se.color << "' stroke-width='2'"
     << (se.dashed ? " stroke-dasharray='6,4'" : "") << "/>\n<text x='" << right - 145 << "' y='"
-    << ly << "'>" << escape(se.label) << "</text>\n";
+    << ly << "'>" << escape_markup(se.label) << "</text>\n";
 }
 
 }  // namespace
@@ -159,6 +144,21 @@ std::string svg_plot(const std::vector<Series>& series, const PlotOptions& o) {
   for (const Series& se : series) draw_series(s, f, se, o, legend++);
   s << "</svg>\n";
   return s.str();
+}
+
+std::string escape_markup(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '<')
+      o += "&lt;";
+    else if (c == '>')
+      o += "&gt;";
+    else if (c == '&')
+      o += "&amp;";
+    else
+      o.push_back(c);
+  }
+  return o;
 }
 
 Status write_svg_plot(const std::string& path, const std::vector<Series>& series,

@@ -26,6 +26,8 @@ struct PlotOptions {
 };
 
 std::string svg_plot(const std::vector<Series>& series, const PlotOptions& opts);
+// Text as it may stand in SVG or HTML: <, > and & as entities.
+std::string escape_markup(const std::string& s);
 Status write_svg_plot(const std::string& path, const std::vector<Series>& series,
                       const PlotOptions& opts);
 
