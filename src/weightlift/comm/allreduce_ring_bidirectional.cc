@@ -49,7 +49,7 @@ uint32_t lane_tag(const Lane& l, uint32_t step, size_t k) {
 }
 
 // One call: both lanes, the sends in flight, and where a lane's segments sit in the buffers.
-class BidirectionalRing {
+class BidirectionalRing : private SegmentedCall {
  public:
   BidirectionalRing(Group& g, const AllreduceArgs& a, Deadline deadline);
   Status run();
@@ -78,14 +78,6 @@ class BidirectionalRing {
   void start_allgather();
   Status allgather_step(int s);
 
-  Group& g_;
-  const AllreduceArgs& a_;
-  const Deadline deadline_;
-  const int P_;
-  const size_t es_;
-  const size_t seg_;  // elements per segment
-  const std::byte* in_;
-  std::byte* out_;
   Lane lanes_[2];
   size_t per_step_ = 1;  // segments of the largest block of either lane
   std::vector<Request> sends_;
@@ -93,15 +85,7 @@ class BidirectionalRing {
 };
 
 BidirectionalRing::BidirectionalRing(Group& g, const AllreduceArgs& a, Deadline deadline)
-    : g_(g),
-      a_(a),
-      deadline_(deadline),
-      P_(g.size()),
-      es_(dtype_size(a.dtype)),
-      seg_(segment_elements(a.segment_bytes, a.dtype)),
-      in_(static_cast<const std::byte*>(a.in)),
-      out_(static_cast<std::byte*>(a.out)),
-      ag0_(uint32_t(P_ - 1)) {
+    : SegmentedCall(g, a, deadline), ag0_(uint32_t(P_ - 1)) {
   const int r = g.rank();
   const size_t first = (a.count + 1) / 2;  // lane 0 takes the odd element
   for (int d = 0; d < 2; ++d) {

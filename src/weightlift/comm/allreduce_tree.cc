@@ -123,7 +123,7 @@ int double_tree_depth(int P) { return P <= 1 ? 0 : std::bit_width(unsigned(P)) -
 namespace {
 
 // One call: both trees' halves, the sends down in flight, and the per-segment steps.
-class DoubleTree {
+class DoubleTree : private SegmentedCall {
  public:
   DoubleTree(Group& g, const AllreduceArgs& a, Deadline deadline);
   Status run();
@@ -141,29 +141,13 @@ class DoubleTree {
   Status climb(Half& h, size_t k);
   Status descend(Half& h, size_t k);
 
-  Group& g_;
-  const AllreduceArgs& a_;
-  const Deadline deadline_;
-  const int P_;
-  const size_t es_;
-  const size_t seg_;  // elements per segment
-  const std::byte* in_;
-  std::byte* out_;
   const size_t W_;  // window(P)
   Half halves_[2];
   std::vector<Request> down_;  // sends to the children, collected as they complete
 };
 
 DoubleTree::DoubleTree(Group& g, const AllreduceArgs& a, Deadline deadline)
-    : g_(g),
-      a_(a),
-      deadline_(deadline),
-      P_(g.size()),
-      es_(dtype_size(a.dtype)),
-      seg_(segment_elements(a.segment_bytes, a.dtype)),
-      in_(static_cast<const std::byte*>(a.in)),
-      out_(static_cast<std::byte*>(a.out)),
-      W_(window(P_)) {
+    : SegmentedCall(g, a, deadline), W_(window(P_)) {
   const int r = g.rank();
   const size_t first = (a.count + 1) / 2;  // tree 0 takes the odd element
   for (int t = 0; t < 2; ++t) {

@@ -2,6 +2,8 @@
 // already validated; `in` may equal `out` (in place), `count` > 0.
 #pragma once
 
+#include <cstddef>
+
 #include "weightlift/comm/allreduce.h"
 
 namespace wl::comm::detail {
@@ -14,6 +16,20 @@ struct AllreduceArgs {
   ReduceOp op = ReduceOp::kSum;
   size_t segment_bytes = 0;
   uint32_t sequence = 0;
+};
+
+// One call of a segmented algorithm (the tree, the bidirectional ring): what every step reads,
+// the buffers as bytes with their element and segment sizes.
+struct SegmentedCall {
+  SegmentedCall(Group& g, const AllreduceArgs& a, Deadline deadline);
+  Group& g_;
+  const AllreduceArgs& a_;
+  const Deadline deadline_;
+  const int P_;       // ranks
+  const size_t es_;   // bytes per element
+  const size_t seg_;  // elements per segment
+  const std::byte* in_;
+  std::byte* out_;
 };
 
 Status allreduce_ring(Group& group, const AllreduceArgs& args, Deadline deadline);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "weightlift/comm/detail/allreduce_algorithms.h"
+
 namespace wl::comm::detail {
 
 size_t Blocks::max_count() const {
@@ -30,6 +32,16 @@ Blocks blocks_from_counts(const std::vector<size_t>& counts) {
   }
   return b;
 }
+
+SegmentedCall::SegmentedCall(Group& g, const AllreduceArgs& a, Deadline deadline)
+    : g_(g),
+      a_(a),
+      deadline_(deadline),
+      P_(g.size()),
+      es_(dtype_size(a.dtype)),
+      seg_(segment_elements(a.segment_bytes, a.dtype)),
+      in_(static_cast<const std::byte*>(a.in)),
+      out_(static_cast<std::byte*>(a.out)) {}
 
 size_t segment_elements(size_t segment_bytes, DType dtype) {
   if (segment_bytes == 0) segment_bytes = kDefaultSegmentBytes;
