@@ -480,8 +480,12 @@ TEST(ModelConfigRegressions, ReplayWithoutCrashing) {
   for (const auto& e : fs::directory_iterator(seeds)) {
     SCOPED_TRACE(e.path().string());
     auto r = load_config(e.path().string());
-    ASSERT_TRUE(r.ok()) << r.status().to_string();  // the seeds are valid configs
-    ++n_seeds;
+    // The seeds written by hand (named *.json) are valid configs; what fuzzing runs kept
+    // (named by their hash) need only give a Status.
+    if (e.path().extension() == ".json") {
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+      ++n_seeds;
+    }
   }
   EXPECT_GT(n_seeds, 0) << "no seed corpus at " << seeds;
   const fs::path regressions = here / "regressions";
