@@ -1,5 +1,6 @@
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include "commands.h"
 #include "report/loss_plot.h"
@@ -180,7 +181,13 @@ void register_train(CLI::App& app, Outcome& out) {
   add_train_flag_ranges(*cmd);
   const CLI::Option* min_lr = cmd->get_option("--min-lr");
   cmd->callback([&out, o, f, min_lr] {
-    if (min_lr->count() == 0) o->schedule.min_lr = o->schedule.base_lr / 10;
+    // A tenth of --lr as a person writes it: 3e-3 / 10 is 0.00030000000000000003 in binary,
+    // which would print, and be recorded in checkpoints, as such.
+    if (min_lr->count() == 0) {
+      char tenth[32];
+      std::snprintf(tenth, sizeof tenth, "%.15g", o->schedule.base_lr / 10);
+      o->schedule.min_lr = std::strtod(tenth, nullptr);
+    }
     out.exit_code = report("train", run_train(*o, *f));
   });
 }

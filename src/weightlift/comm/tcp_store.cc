@@ -30,6 +30,8 @@ using detail::StoreResponse;
 constexpr auto kReplySlack = std::chrono::seconds(5);
 // A get's longest single wait at the server (TcpStore::get).
 constexpr auto kGetSlice = std::chrono::milliseconds(50);
+// The longest get: a year, so that adding it to the clock cannot overflow.
+constexpr int64_t kMaxGetMs = int64_t(365) * 24 * 3600 * 1000;
 
 void set_nodelay(int fd) {
   int one = 1;
@@ -110,7 +112,8 @@ TcpStore::~TcpStore() {
 }
 
 Result<Bytes> TcpStore::call(uint8_t op, std::string_view key, Bytes value,
-                             std::chrono::milliseconds wait) {
+                             std::chrono::milliseconds wait, bool* not_set) {
+  if (not_set) *not_set = false;
   if (key.size() > detail::kStoreMaxKeyBytes) {
     return invalid_argument(where_ + ": key of " + std::to_string(key.size()) + " bytes");
   }
@@ -140,6 +143,7 @@ Result<Bytes> TcpStore::call(uint8_t op, std::string_view key, Bytes value,
   if (response->code == StatusCode::kDeadlineExceeded) {
     // Nobody set the key in time (a peer that never joined, or died first): a timeout, not
     // a refusal; the server's message names the key and the wait.
+    if (not_set) *not_set = true;
     return deadline_exceeded(where_ + ": " + to_string(response->payload));
   }
   if (response->code != StatusCode::kOk) {
@@ -164,18 +168,21 @@ Result<Bytes> TcpStore::get(std::string_view key, std::chrono::milliseconds time
   // slices: between two, a request of another thread of this process (queued on mu_) goes
   // first. Each slice still waits at the server, so a set is seen the moment it lands.
   using std::chrono::milliseconds;
-  const auto end = std::chrono::steady_clock::now() + timeout;
+  using Clock = std::chrono::steady_clock;
+  const auto end = Clock::now() + std::min(timeout, milliseconds(kMaxGetMs));
   for (;;) {
-    const auto left = std::max(
-        milliseconds(0), std::chrono::ceil<milliseconds>(end - std::chrono::steady_clock::now()));
+    const auto left =
+        std::max(milliseconds(0), std::chrono::ceil<milliseconds>(end - Clock::now()));
     const milliseconds slice = std::min(left, kGetSlice);
-    Result<Bytes> value = call(uint8_t(StoreOp::kGet), key, {}, slice);
-    if (value.ok() || value.status().code() != StatusCode::kDeadlineExceeded) return value;
+    bool not_set = false;
+    Result<Bytes> value = call(uint8_t(StoreOp::kGet), key, {}, slice, &not_set);
+    if (!not_set) return value;  // the value, or the connection's own failure
     if (slice >= left) {
       return deadline_exceeded(where_ + ": rendezvous key '" + std::string(key) +
                                "' was not set within " + std::to_string(timeout.count()) + " ms");
     }
-    while (queued_.load() > 0) std::this_thread::yield();
+    // The others' turn; bounded, so a stream of them cannot hold this get past its end.
+    while (queued_.load() > 0 && Clock::now() < end) std::this_thread::yield();
   }
 }
 

@@ -82,7 +82,10 @@ class TcpStore final : public Store {
 
  private:
   TcpStore() = default;
-  Result<Bytes> call(uint8_t op, std::string_view key, Bytes value, std::chrono::milliseconds wait);
+  // `not_set`: told whether the server answered that the key was not set within `wait`
+  // (rather than the connection failing or timing out).
+  Result<Bytes> call(uint8_t op, std::string_view key, Bytes value, std::chrono::milliseconds wait,
+                     bool* not_set = nullptr);
 
   TcpStoreOptions options_;
   std::string where_;  // "rendezvous store at 127.0.0.1:29500"

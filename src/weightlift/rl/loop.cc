@@ -575,6 +575,7 @@ class Trainer {
       rec.sync_s = sync_time.seconds();
     }
     const Stopwatch generate_time;
+    double synced_meanwhile = 0;  // the part of the generation span spent pushing weights
     Kept kept;
     WL_RETURN_IF_ERROR(collect(step, rec, kept));
     if (overlap) {
@@ -582,11 +583,12 @@ class Trainer {
       if (worker_version_ + uint64_t(o_.max_staleness) < updates_ + 1) {
         const Stopwatch sync_time;
         WL_RETURN_IF_ERROR(push_weights().status());
-        rec.sync_s += sync_time.seconds();
+        synced_meanwhile = sync_time.seconds();
+        rec.sync_s += synced_meanwhile;
       }
       WL_RETURN_IF_ERROR(request_round(o_.prompts));
     }
-    rec.generate_s = generate_time.seconds() - rec.sync_s;
+    rec.generate_s = generate_time.seconds() - synced_meanwhile;
     if (!kept.samples.empty()) {
       rec.trained = int64_t(kept.samples.size());
       rec.reward_mean = kept.reward_sum / double(kept.samples.size());

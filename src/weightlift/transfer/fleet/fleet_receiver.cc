@@ -99,11 +99,13 @@ Result<bool> FleetReceiver::Impl::heal_from_a_peer(const std::vector<int>& ids) 
   return false;
 }
 
-// With no peer of our shard: from the servers' copy of the last checkpoint sent. No copy yet
-// (NotFound: no update has happened) is no error, and neither is a copy that is not the
-// version its records name (FailedPrecondition: the servers changed it since, or an update is
-// under way, or withdrew it; the next update brings the new version): we start fresh. Any
-// other failure (the servers unreachable, a damaged shard, a layout the checkpoint cannot
+// With no peer of our shard: from the servers' copy of the last checkpoint sent. We start
+// fresh, and the next update brings the version, when there is no copy yet (NotFound: no
+// update has happened), when the copy is not the version its records name
+// (FailedPrecondition: the servers changed it since, an update is under way, or they withdrew
+// it), and when the servers cannot be read now (Unavailable, DeadlineExceeded: a server gone
+// whose record remains, a trainer too busy to serve), as healing from a peer does. What is
+// wrong rather than passing (a damaged shard or record, a layout the checkpoint cannot
 // produce) is returned.
 Status FleetReceiver::Impl::heal_from_the_servers() {
   Result<std::vector<ServerCopyRecord>> records = read_server_copies(*options.store, keys);
@@ -114,7 +116,11 @@ Status FleetReceiver::Impl::heal_from_the_servers() {
   }
   Result<uint64_t> v = heal_from_servers(*worker, *receiver, *records, options.heal_options);
   if (!v.ok()) {
-    if (v.status().code() != StatusCode::kFailedPrecondition) return v.status();
+    const StatusCode code = v.status().code();
+    if (code != StatusCode::kFailedPrecondition && code != StatusCode::kUnavailable &&
+        code != StatusCode::kDeadlineExceeded) {
+      return v.status();
+    }
     heal_log += v.status().to_string() + "\n";
     return ok_status();
   }

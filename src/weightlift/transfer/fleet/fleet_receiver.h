@@ -51,9 +51,10 @@ struct RoundOutcome {
 class FleetReceiver {
  public:
   // Creates the worker and the receiver, heals (unless options.heal is false), publishes its
-  // peer record and announces itself. Healing that finds nothing to copy, or a servers' copy
-  // that changed since it was sent, is no error (the receiver starts fresh, version 0); a store
-  // that fails or holds a damaged record, or servers' shards that cannot be read, is.
+  // peer record and announces itself. Healing that finds nothing to copy, a servers' copy that
+  // changed since it was sent, or servers that cannot be reached now is no error (the receiver
+  // starts fresh, version 0); a store that fails or holds a damaged record, a damaged shard or
+  // a layout the checkpoint cannot produce is.
   static Result<std::unique_ptr<FleetReceiver>> create(const FleetReceiverOptions& options);
   ~FleetReceiver();
 
