@@ -83,12 +83,9 @@ Status run_bench_collectives(BenchCollectivesArgs a) {
   using namespace wl::comm;
   if (a.model) return run_allreduce_model(a);
   BenchCollectivesOptions& o = a.o;
-  o.ops.clear();
-  for (size_t at = 0; at <= a.ops.size();) {
-    const size_t comma = std::min(a.ops.find(',', at), a.ops.size());
-    if (comma > at) o.ops.push_back(a.ops.substr(at, comma - at));
-    at = comma + 1;
-  }
+  Result<std::vector<Collective>> ops = parse_collective_list(a.ops);
+  if (!ops.ok()) return ops.status().with_context("--ops");
+  o.ops = *std::move(ops);
   WL_ASSIGN_OR_RETURN(o.min_bytes, parse_byte_size(a.min_bytes));
   WL_ASSIGN_OR_RETURN(o.max_bytes, parse_byte_size(a.max_bytes));
   auto dt = dtype_from_name(a.dtype);
@@ -105,7 +102,7 @@ Status run_bench_collectives(BenchCollectivesArgs a) {
   WL_ASSIGN_OR_RETURN(std::vector<BenchRow> rows, bench_collectives(*world.group, o));
   for (const BenchRow& row : rows) {
     if (row.wrong > 0)
-      return data_loss(row.op + " at " + std::to_string(row.bytes) +
+      return data_loss(std::string(collective_name(row.op)) + " at " + std::to_string(row.bytes) +
                        " bytes: " + std::to_string(row.wrong) + " wrong elements");
   }
   return ok_status();

@@ -83,11 +83,13 @@ def counts_and_sizes(s, d):
                                  ("--max-bytes", "99999999999G", "--max-bytes"),
                                  ("--max-bytes", "64Q", "K, M, G, T"),
                                  ("--min-bytes", "-1", "--min-bytes"),
-                                 ("--factor", "1", "[2,"), ("--iters", "-1", "[0,")):
+                                 ("--factor", "1", "[2,"), ("--iters", "-1", "[0,"),
+                                 ("--ops", "allreduce,allgatter", "'allgatter'"),
+                                 ("--ops", ",", "no collective")):
         # Small sizes and one call each: on a tree that accepted the flag this runs, briefly.
-        base = {"--max-bytes": "1K", "--iters": "1", "--warmup": "0"}
+        base = {"--ops": "allreduce", "--max-bytes": "1K", "--iters": "1", "--warmup": "0"}
         s.expect_error(f"bench collectives {flag} {value}",
-                       with_flag(["bench", "collectives", "--ops", "allreduce"], base, flag,
+                       with_flag(["bench", "collectives"], base, flag,
                                  value), flag, allowed)
     # A run's flags from a file (--run-config) are held to the same rules as the command line.
     for name, text, needles in (

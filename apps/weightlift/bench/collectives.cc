@@ -34,15 +34,23 @@ struct Buffers {
   std::unique_ptr<std::byte[]> send, recv;
 };
 
-// Elements per rank's input for `op` at `bytes` (nccl-tests' count).
-size_t count_for(std::string_view op, size_t bytes, size_t es, int P) {
-  if (op == "allgather" || op == "reduce_scatter") return bytes / es / size_t(P);
-  return bytes / es;
+// Whether `op`'s buffer holds one block per rank (nccl-tests' size is the whole buffer).
+bool per_rank_blocks(Collective op) {
+  return op == Collective::kAllgather || op == Collective::kReduceScatter;
 }
 
-Status run_once(Group& g, std::string_view op, const BenchCollectivesOptions& o, size_t count,
+bool reduces(Collective op) {
+  return op == Collective::kAllreduce || op == Collective::kReduceScatter;
+}
+
+// Elements per rank's input for `op` at `bytes` (nccl-tests' count).
+size_t count_for(Collective op, size_t bytes, size_t es, int P) {
+  return per_rank_blocks(op) ? bytes / es / size_t(P) : bytes / es;
+}
+
+Status run_once(Group& g, Collective op, const BenchCollectivesOptions& o, size_t count,
                 Buffers& b) {
-  if (op == "allreduce") {
+  if (op == Collective::kAllreduce) {
     return allreduce(g, {.send = b.send.get(),
                          .recv = b.recv.get(),
                          .count = count,
@@ -52,14 +60,14 @@ Status run_once(Group& g, std::string_view op, const BenchCollectivesOptions& o,
                          .algorithm = o.algorithm,
                          .cost_model = o.cost_model});
   }
-  if (op == "allgather") {
+  if (op == Collective::kAllgather) {
     return allgather(g, {.send = b.send.get(),
                          .recv = b.recv.get(),
                          .count = count,
                          .dtype = o.dtype,
                          .timeout = o.timeout});
   }
-  if (op == "reduce_scatter") {
+  if (op == Collective::kReduceScatter) {
     return reduce_scatter(g, {.send = b.send.get(),
                               .recv = b.recv.get(),
                               .count = count,
@@ -73,14 +81,14 @@ Status run_once(Group& g, std::string_view op, const BenchCollectivesOptions& o,
 }
 
 // Runs `op` once on exact data and counts the wrong elements on this rank.
-Result<int64_t> check_once(Group& g, std::string_view op, const BenchCollectivesOptions& o,
-                           size_t count, Buffers& b) {
+Result<int64_t> check_once(Group& g, Collective op, const BenchCollectivesOptions& o, size_t count,
+                           Buffers& b) {
   const int P = g.size(), r = g.rank();
-  if (op == "allreduce") {
+  if (op == Collective::kAllreduce) {
     for (size_t i = 0; i < count; ++i) put(o.dtype, b.send.get(), i, value(o.op, P, r, i));
-  } else if (op == "allgather") {
+  } else if (op == Collective::kAllgather) {
     for (size_t i = 0; i < count; ++i) put(o.dtype, b.send.get(), i, int64_t(r * 7 + int(i % 13)));
-  } else if (op == "reduce_scatter") {
+  } else if (op == Collective::kReduceScatter) {
     for (size_t i = 0; i < count * size_t(P); ++i)
       put(o.dtype, b.send.get(), i, value(o.op, P, r, i));
   } else {
@@ -89,14 +97,14 @@ Result<int64_t> check_once(Group& g, std::string_view op, const BenchCollectives
   WL_RETURN_IF_ERROR(run_once(g, op, o, count, b));
   int64_t wrong = 0;
   const void* got = b.recv.get();
-  if (op == "allreduce") {
+  if (op == Collective::kAllreduce) {
     for (size_t i = 0; i < count; ++i)
       wrong += !holds(o.dtype, got, i, comm::exact::expected(o.op, P, i));
-  } else if (op == "allgather") {
+  } else if (op == Collective::kAllgather) {
     for (size_t i = 0; i < count * size_t(P); ++i) {
       wrong += !holds(o.dtype, got, i, int64_t(int(i / count) * 7 + int(i % count % 13)));
     }
-  } else if (op == "reduce_scatter") {
+  } else if (op == Collective::kReduceScatter) {
     for (size_t i = 0; i < count; ++i) {
       wrong += !holds(o.dtype, got, i, comm::exact::expected(o.op, P, size_t(r) * count + i));
     }
@@ -129,9 +137,9 @@ Result<double> measure_copy_rate(Group& g, std::chrono::milliseconds timeout) {
 // docs/algorithms.md, "What memory bandwidth allows": the least time any single-copy
 // algorithm needs, as a bound on busbw, for a copy rate M per rank. A reduction streams two
 // inputs and one output, about 1.5 copies' worth of memory traffic.
-double bound_for(std::string_view op, double copy_rate_gbps) {
-  if (op == "allreduce") return 2.0 * copy_rate_gbps / (2.0 + 1.5);
-  if (op == "reduce_scatter") return copy_rate_gbps / (1.0 + 1.5);
+double bound_for(Collective op, double copy_rate_gbps) {
+  if (op == Collective::kAllreduce) return 2.0 * copy_rate_gbps / (2.0 + 1.5);
+  if (op == Collective::kReduceScatter) return copy_rate_gbps / (1.0 + 1.5);
   return copy_rate_gbps;  // allgather, broadcast: one copy of each byte a rank lacks
 }
 
@@ -145,27 +153,24 @@ void print_row(const BenchCollectivesOptions& o, int P, const BenchRow& row) {
                  "\"p99_us\":%.3f,\"algbw_gbps\":%.4f,\"busbw_gbps\":%.4f,\"wrong\":%lld,"
                  "\"bound_gbps\":%.3f,\"bound_fraction\":%.4f,\"algorithm\":\"%s\","
                  "\"model_choice\":\"%s\"}\n",
-                 row.op.c_str(), row.bytes, row.count, type.c_str(), P, row.time_us, row.p50_us,
-                 row.p99_us, row.algbw_gbps, row.busbw_gbps, static_cast<long long>(row.wrong),
-                 row.bound_gbps, frac, row.algorithm.c_str(), row.model_choice.c_str());
+                 std::string(collective_name(row.op)).c_str(), row.bytes, row.count, type.c_str(),
+                 P, row.time_us, row.p50_us, row.p99_us, row.algbw_gbps, row.busbw_gbps,
+                 static_cast<long long>(row.wrong), row.bound_gbps, frac, row.algorithm.c_str(),
+                 row.model_choice.c_str());
   } else {
     const std::string wrong = row.wrong < 0 ? "N/A" : std::to_string(row.wrong);
     std::fprintf(o.out,
                  "%14zu %12zu %6s %15s %11.2f %9.3f %9.3f %7s %10.2f %10.2f %7.0f%% %18s %18s\n",
-                 row.bytes, row.count, type.c_str(), row.op.c_str(), row.time_us, row.algbw_gbps,
-                 row.busbw_gbps, wrong.c_str(), row.p50_us, row.p99_us, 100.0 * frac,
-                 row.algorithm.c_str(), row.model_choice.c_str());
+                 row.bytes, row.count, type.c_str(), std::string(collective_name(row.op)).c_str(),
+                 row.time_us, row.algbw_gbps, row.busbw_gbps, wrong.c_str(), row.p50_us, row.p99_us,
+                 100.0 * frac, row.algorithm.c_str(), row.model_choice.c_str());
   }
   std::fflush(o.out);
 }
 
 Status validate(const Group& g, const BenchCollectivesOptions& o) {
-  for (const std::string& op : o.ops) {
-    if (op != "allreduce" && op != "allgather" && op != "reduce_scatter" && op != "broadcast") {
-      return invalid_argument("bench collectives: unknown op '" + op +
-                              "' (allreduce, allgather, reduce_scatter, broadcast)");
-    }
-    if ((op == "allreduce" || op == "reduce_scatter")) {
+  for (Collective op : o.ops) {
+    if (reduces(op)) {
       WL_RETURN_IF_ERROR(check_reducible(o.dtype, o.op).with_context("bench collectives"));
     }
   }
@@ -184,9 +189,45 @@ Status validate(const Group& g, const BenchCollectivesOptions& o) {
 
 }  // namespace
 
-double bus_bandwidth_factor(std::string_view op, int P) {
-  if (op == "allreduce") return 2.0 * (P - 1) / P;
-  if (op == "allgather" || op == "reduce_scatter") return double(P - 1) / P;
+std::string_view collective_name(Collective op) {
+  switch (op) {
+    case Collective::kAllreduce:
+      return "allreduce";
+    case Collective::kAllgather:
+      return "allgather";
+    case Collective::kReduceScatter:
+      return "reduce_scatter";
+    case Collective::kBroadcast:
+      return "broadcast";
+  }
+  return "?";
+}
+
+Result<Collective> parse_collective(std::string_view name) {
+  for (Collective op : kAllCollectives) {
+    if (collective_name(op) == name) return op;
+  }
+  return invalid_argument("unknown collective '" + std::string(name) +
+                          "' (allreduce, allgather, reduce_scatter, broadcast)");
+}
+
+Result<std::vector<Collective>> parse_collective_list(std::string_view text) {
+  std::vector<Collective> ops;
+  for (size_t at = 0; at <= text.size();) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    if (comma > at) {
+      WL_ASSIGN_OR_RETURN(Collective op, parse_collective(text.substr(at, comma - at)));
+      ops.push_back(op);
+    }
+    at = comma + 1;
+  }
+  if (ops.empty()) return invalid_argument("no collective named in '" + std::string(text) + "'");
+  return ops;
+}
+
+double bus_bandwidth_factor(Collective op, int P) {
+  if (op == Collective::kAllreduce) return 2.0 * (P - 1) / P;
+  if (per_rank_blocks(op)) return double(P - 1) / P;
   return 1.0;
 }
 
@@ -256,8 +297,8 @@ void print_header(const BenchCollectivesOptions& o, int P, const std::string& pi
 }
 
 // One row: warm-up, `iters` timed calls (each as long as its slowest rank), the check.
-Result<BenchRow> bench_row(Group& g, const BenchCollectivesOptions& o, const std::string& op,
-                           size_t count, size_t bytes, Buffers& b, double copy_gbps) {
+Result<BenchRow> bench_row(Group& g, const BenchCollectivesOptions& o, Collective op, size_t count,
+                           size_t bytes, Buffers& b, double copy_gbps) {
   const int iters =
       o.iters > 0 ? o.iters : int(std::clamp<size_t>((size_t(1) << 30) / bytes, 20, 1000));
   for (int i = 0; i < o.warmup; ++i) WL_RETURN_IF_ERROR(run_once(g, op, o, count, b));
@@ -283,7 +324,7 @@ Result<BenchRow> bench_row(Group& g, const BenchCollectivesOptions& o, const std
   row.algbw_gbps = double(bytes) / (row.time_us * 1e3);  // bytes per ns = GB/s
   row.busbw_gbps = row.algbw_gbps * bus_bandwidth_factor(op, g.size());
   row.bound_gbps = bound_for(op, copy_gbps);
-  if (op == "allreduce") {
+  if (op == Collective::kAllreduce) {
     WL_ASSIGN_OR_RETURN(comm::AllreduceAlgorithm ran,
                         comm::resolve_allreduce_algorithm(g, {.count = count,
                                                               .dtype = o.dtype,
@@ -319,11 +360,10 @@ Result<std::vector<BenchRow>> bench_collectives(Group& g, const BenchCollectives
   std::memset(b.recv.get(), 0, cap);
   if (g.rank() == 0) print_header(o, P, pinned, copy_gbps);
   std::vector<BenchRow> rows;
-  for (const std::string& op : o.ops) {
+  for (Collective op : o.ops) {
     for (size_t want = o.min_bytes; want <= o.max_bytes;) {
       const size_t count = count_for(op, want, es, P);
-      const size_t bytes =
-          (op == "allgather" || op == "reduce_scatter") ? count * es * size_t(P) : count * es;
+      const size_t bytes = per_rank_blocks(op) ? count * es * size_t(P) : count * es;
       if (count > 0) {
         WL_ASSIGN_OR_RETURN(BenchRow row, bench_row(g, o, op, count, bytes, b, copy_gbps));
         if (g.rank() == 0) print_row(o, P, row);

@@ -2,7 +2,8 @@
 //
 //   // every rank, under `weightlift launch -n 2` (or mpirun):
 //   WL_ASSIGN_OR_RETURN(World world, connect_world(env, {}));
-//   WL_ASSIGN_OR_RETURN(auto rows, bench_collectives(*world.group, {.ops = {"allreduce"}}));
+//   WL_ASSIGN_OR_RETURN(auto rows,
+//                       bench_collectives(*world.group, {.ops = {Collective::kAllreduce}}));
 //
 // For each op and each size from min_bytes to max_bytes (times `factor`), it runs `warmup`
 // untimed calls, then times `iters` calls one by one; a call's time is the slowest rank's.
@@ -27,6 +28,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
+#include <iterator>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -38,9 +40,23 @@
 
 namespace wl::app {
 
+// The collectives the sweep times; their names are nccl-tests' op column.
+enum class Collective { kAllreduce, kAllgather, kReduceScatter, kBroadcast };
+inline constexpr Collective kAllCollectives[] = {Collective::kAllreduce, Collective::kAllgather,
+                                                 Collective::kReduceScatter,
+                                                 Collective::kBroadcast};
+
+// "allreduce", "allgather", "reduce_scatter", "broadcast".
+std::string_view collective_name(Collective op);
+// The inverse of collective_name; an unknown name is an error that lists the known ones.
+Result<Collective> parse_collective(std::string_view name);
+// "allreduce,broadcast" -> {kAllreduce, kBroadcast}; empty items are skipped, none left is an
+// error.
+Result<std::vector<Collective>> parse_collective_list(std::string_view comma_separated);
+
 struct BenchCollectivesOptions {
-  // Ops to sweep, in order: allreduce, allgather, reduce_scatter, broadcast.
-  std::vector<std::string> ops = {"allreduce", "allgather", "reduce_scatter", "broadcast"};
+  // Ops to sweep, in this order.
+  std::vector<Collective> ops{std::begin(kAllCollectives), std::end(kAllCollectives)};
   size_t min_bytes = 8;           // bytes; parse_byte_size("8")
   size_t max_bytes = 256u << 20;  // bytes; parse_byte_size("256M")
   int factor = 2;                 // each size is the previous times this (>= 2)
@@ -65,7 +81,7 @@ struct BenchCollectivesOptions {
 };
 
 struct BenchRow {
-  std::string op;
+  Collective op = Collective::kAllreduce;
   size_t bytes = 0;
   size_t count = 0;    // elements per rank's input, as nccl-tests counts them
   double time_us = 0;  // mean
@@ -88,6 +104,6 @@ Result<size_t> parse_byte_size(std::string_view text);
 
 // nccl-tests' bus-bandwidth factor for `op` on `ranks` ranks (allreduce 2(P-1)/P, allgather and
 // reduce_scatter (P-1)/P, broadcast 1).
-double bus_bandwidth_factor(std::string_view op, int ranks);
+double bus_bandwidth_factor(Collective op, int ranks);
 
 }  // namespace wl::app
