@@ -488,7 +488,9 @@ TEST(Heal, CopiesAConsistentVersionWhileThePeerIsUpdated) {
       ASSERT_TRUE(rec.ok());
       auto peer = peer_record_from_json(comm::to_string(*rec), "peer 0");
       ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+      const testing::SlotCanary canary(**r);  // the peer's copy lands in one slot, only there
       auto v = heal_from_peer(**w, **r, *peer, {.attempts = 50});
+      canary.expect_untouched();
       ASSERT_TRUE(v.ok()) << v.status().to_string();
       expect_matches_reference(**r, c, {.tp = 1, .tp_rank = 0}, *v % 2 ? a : b, *v);
     }
@@ -533,6 +535,14 @@ struct Healer {
     WL_CHECK(r.ok());
     receiver = std::move(*r);
   }
+  // heal_from_servers into this receiver, with canaries (fixture.h) checked after it, whatever
+  // the outcome: the copy lands in one slot's tensors, nowhere else.
+  Result<uint64_t> heal(std::span<const ServerCopyRecord> records, const HealOptions& o = {}) {
+    const testing::SlotCanary canary(*receiver);
+    Result<uint64_t> v = heal_from_servers(*worker, *receiver, records, o);
+    canary.expect_untouched();
+    return v;
+  }
 };
 
 // Sets `flag` to `value` however the thread holding it ends (an ASSERT returns early), so the
@@ -574,7 +584,7 @@ TEST(HealFromServers, CopiesExactlyTheVersionSentOrRefusesWhileTheServersRefresh
     {  // Before any refresh: exact, and in fp8 too (the healer quantizes itself).
       for (WeightFormat f : {WeightFormat::kBF16, WeightFormat::kFP8}) {
         Healer h(c, {.tp = 2, .tp_rank = 1, .format = f});
-        auto v = heal_from_servers(*h.worker, *h.receiver, records);
+        auto v = h.heal(records);
         ASSERT_TRUE(v.ok()) << v.status().to_string();
         EXPECT_EQ(*v, 1u);
         expect_matches_reference(*h.receiver, c, h.layout, a, 1);
@@ -582,13 +592,21 @@ TEST(HealFromServers, CopiesExactlyTheVersionSentOrRefusesWhileTheServersRefresh
     }
     {  // Bad records: the wrong number, or one from another checkpoint.
       Healer h(c);
-      auto v = heal_from_servers(*h.worker, *h.receiver, std::span(records).first(1));
+      auto v = h.heal(std::span(records).first(1));
       EXPECT_EQ(v.status().code(), StatusCode::kFailedPrecondition) << v.status().to_string();
       std::vector<ServerCopyRecord> mixed = records;
       mixed[1].checkpoint = "b";
-      v = heal_from_servers(*h.worker, *h.receiver, mixed);
+      v = h.heal(mixed);
       EXPECT_EQ(v.status().code(), StatusCode::kFailedPrecondition) << v.status().to_string();
       EXPECT_NE(v.status().message().find("server rank 1 last sent 'b'"), std::string::npos)
+          << v.status().to_string();
+      EXPECT_EQ(h.receiver->version(), 0u) << "nothing adopted";
+      // A record missing a shard is damaged, which no retry mends: not a start-fresh case.
+      std::vector<ServerCopyRecord> damaged = records;
+      damaged[1].shards.pop_back();
+      v = h.heal(damaged);
+      EXPECT_EQ(v.status().code(), StatusCode::kDataLoss) << v.status().to_string();
+      EXPECT_NE(v.status().message().find("server 1's record names no shard"), std::string::npos)
           << v.status().to_string();
       EXPECT_EQ(h.receiver->version(), 0u) << "nothing adopted";
     }
@@ -598,7 +616,7 @@ TEST(HealFromServers, CopiesExactlyTheVersionSentOrRefusesWhileTheServersRefresh
     phase = 2;
     auto heal_latest = [&] {
       Healer h(c);
-      auto v = heal_from_servers(*h.worker, *h.receiver, server_copy_records(*store));
+      auto v = h.heal(server_copy_records(*store));
       if (v.ok()) {
         ++healed;
         expect_matches_reference(*h.receiver, c, h.layout, *v % 2 ? a : a2, *v);
@@ -663,14 +681,14 @@ TEST(HealFromServers, OverTcpAHealMovesOnlyWhileTheServersServe) {
     const std::vector<ServerCopyRecord> records = server_copy_records(*store);
     {
       Healer h(c);
-      auto v = heal_from_servers(*h.worker, *h.receiver, records, {.timeout = 1500ms});
+      auto v = h.heal(records, {.timeout = 1500ms});
       EXPECT_EQ(v.status().code(), StatusCode::kDeadlineExceeded) << v.status().to_string();
       EXPECT_EQ(h.receiver->version(), 0u) << "nothing adopted";
     }
     phase = 1;
     Healer h(c);
     const auto start = comm::Clock::now();
-    auto v = heal_from_servers(*h.worker, *h.receiver, records, {.timeout = 20s});
+    auto v = h.heal(records, {.timeout = 20s});
     ASSERT_TRUE(v.ok()) << v.status().to_string();
     EXPECT_EQ(*v, 1u);
     expect_matches_reference(*h.receiver, c, h.layout, a, 1);

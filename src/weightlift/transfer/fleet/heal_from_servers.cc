@@ -131,8 +131,9 @@ Status ServerCopyReader::get_shard(const Source& s, const model::ParamInfo& info
                                    std::vector<std::byte>& full, std::vector<comm::Request>& gets) {
   auto it = s.shards.find(info.name);
   if (it == s.shards.end()) {
-    return failed_precondition(what_ + ": server " + std::to_string(s.record->rank) +
-                               " holds no shard of '" + info.name + "'");
+    // Every server records a shard (possibly no rows) of every parameter it holds.
+    return data_loss(what_ + ": server " + std::to_string(s.record->rank) +
+                     "'s record names no shard of '" + info.name + "'; the record is damaged");
   }
   const ServerCopyShard& sh = *it->second;
   const size_t bytes = size_t(sh.end - sh.begin) * row_bytes;

@@ -77,11 +77,13 @@ Result<std::vector<ServerCopyRecord>> read_server_copies(comm::Store& store, con
 // Fills `receiver`'s slot for `records[0].version` from the servers' shards and adopts that
 // version; returns it. `records`: one per server rank, in rank order, all naming the same
 // checkpoint and version. REQUIRES: receiver.version() == 0 and no reader yet.
-// FailedPrecondition if the records disagree (an update is under way), no parameter of the
-// checkpoint produces this receiver's layout, or a server changed its shards since it sent
-// that version (refresh(): retrying cannot help, the next update brings the new version);
-// Unavailable / DeadlineExceeded if a server cannot be reached (options.timeout bounds the
-// whole heal). Nothing is adopted on error.
+// FailedPrecondition if the records disagree (an update is under way), name no version, or a
+// server changed its shards since it sent that version (refresh(): retrying cannot help, the
+// next update brings the new version); Unavailable / DeadlineExceeded if a server cannot be
+// reached (options.timeout bounds the whole heal). What no retry can mend is an error of its
+// own: InvalidArgument if the checkpoint's config cannot produce this receiver's layout,
+// DataLoss if a record misses a parameter's shard or places one outside its region. Nothing
+// is adopted on error.
 Result<uint64_t> heal_from_servers(comm::Transport& worker, Receiver& receiver,
                                    std::span<const ServerCopyRecord> records,
                                    const HealOptions& options = {});
