@@ -123,7 +123,7 @@ def run_round(a, shape, rnd, dtypes, modes, ranks):
     return rows
 
 
-def main():
+def parse_args():
     ap = argparse.ArgumentParser()
     ap.add_argument("--weightlift", default="weightlift",
                     help="command that runs `bench transfer` (quoted words allowed)")
@@ -145,25 +145,32 @@ def main():
     ap.add_argument("--no-verify", dest="verify", action="store_false",
                     help="skip the untimed comparison with the reference after each run")
     ap.add_argument("--out", default="runs/transfer", help="directory for the SVG and JSON")
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def run_rounds(a, dtypes, modes, ranks):
+    """Every round's rows, also written to `--out`/transfer.jsonl, one JSON object per line."""
     os.makedirs(a.out, exist_ok=True)
     shape = ["--preset", a.preset, "--trainers", str(a.trainers), "--receivers",
              str(a.receivers), "--tp", str(a.tp), "--updates", str(a.updates)]
-    dtypes = a.dtypes.split(",")
-    modes = a.modes.split(",")
-    ranks = a.ranks.split(",")
     rows = []
     for rnd in range(a.rounds):
         rows += run_round(a, shape, rnd, dtypes, modes, ranks)
     with open(os.path.join(a.out, "transfer.jsonl"), "w") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
+    return rows
 
-    # Per (mode, dtype, ranks): the median over rounds of each run's p50 update time.
-    def pick(mode, dtype, key, kind="processes"):
-        return [r[key] for r in rows if r["mode"] == mode and r.get("dtype") == dtype and
-                r.get("ranks") == kind and key in r]
-    torch = pick("torch-gloo", "bf16", "update_ms_p50")
+
+def pick(rows, mode, dtype, key, kind="processes"):
+    """`key` of every run of (mode, dtype, ranks kind) that reported it, one per round."""
+    return [r[key] for r in rows if r["mode"] == mode and r.get("dtype") == dtype and
+            r.get("ranks") == kind and key in r]
+
+
+def print_table(a, rows, dtypes, ranks, torch):
+    """Prints one line per (mode, dtype, ranks kind), then the torch baseline and memcpy;
+    returns {(mode, dtype, kind): median update ms}. torch: the torch-gloo runs' p50s, ms."""
     torch_ms, have_torch = median(torch), bool(torch)
     loads = [r["load1"] for r in rows]
     print("%s, %d trainers -> %d receivers, TP %d, p50 of %d updates, median of %d round(s); "
@@ -173,21 +180,22 @@ def main():
     print("%-10s %-5s %-9s %10s %8s %9s %9s %9s %11s %6s" % (
         "mode", "dtype", "ranks", "update_ms", "spread", "vs_p2p", "vs_torch", "eff_GB/s",
         "memcpy_frac", "wrong"))
+    # Per (mode, dtype, ranks): the median over rounds of each run's p50 update time.
     times = {}
     for d in dtypes:
         for m in MODES[:3]:
             for kind in ranks:
-                ms_all = pick(m, d, "update_ms_p50", kind)
+                ms_all = pick(rows, m, d, "update_ms_p50", kind)
                 if not ms_all:
                     continue
                 ms = times[(m, d, kind)] = median(ms_all)
-                p2p = median(pick("p2p", d, "update_ms_p50", kind))
+                p2p = median(pick(rows, "p2p", d, "update_ms_p50", kind))
                 print("%-10s %-5s %-9s %10.1f %8s %8.2fx %9s %9.3f %11.3f %6d" % (
                     m, d, kind, ms, "%.0f-%.0f" % (min(ms_all), max(ms_all)), ms / p2p,
                     "%.2fx" % (torch_ms / ms) if have_torch else "-",
-                    median(pick(m, d, "effective_gbps", kind)),
-                    median(pick(m, d, "memcpy_fraction", kind)),
-                    sum(pick(m, d, "wrong", kind))))
+                    median(pick(rows, m, d, "effective_gbps", kind)),
+                    median(pick(rows, m, d, "memcpy_fraction", kind)),
+                    sum(pick(rows, m, d, "wrong", kind))))
     if have_torch:
         print("%-10s %-5s %-9s %10.1f %8s   (baseline; vs_torch = torch time / this time)"
               % ("torch-gloo", "bf16", "processes", torch_ms,
@@ -195,23 +203,34 @@ def main():
     memcpy = [r["memcpy_gbps"] for r in rows if "memcpy_gbps" in r]
     if memcpy:
         print("single-thread memcpy: %s GB/s" % ", ".join("%.2f" % m for m in memcpy))
+    return times
 
-    # The issue's speed bars, from this run's medians.
-    def bar(name, value, at_least):
-        if value == value:  # not NaN
-            print("bar: %-44s %7.2f (target >= %g: %s)" % (name, value, at_least,
-                                                          "met" if value >= at_least else
-                                                          "NOT met"))
+
+def print_bar(name, value, at_least):
+    if value == value:  # not NaN
+        print("bar: %-44s %7.2f (target >= %g: %s)" % (name, value, at_least,
+                                                      "met" if value >= at_least else
+                                                      "NOT met"))
+
+
+def print_speed_bars(rows, times, torch):
+    """The issue's speed bars, from this run's medians, and staging against the watermark."""
+    torch_ms, have_torch = median(torch), bool(torch)
     p2p8, bc8 = times.get(("p2p", "fp8", "processes")), times.get(("broadcast", "fp8", "processes"))
     if p2p8 and bc8:
-        bar("fp8: broadcast time / p2p time", bc8 / p2p8, 2)
+        print_bar("fp8: broadcast time / p2p time", bc8 / p2p8, 2)
     if p2p8 and have_torch:
-        bar("fp8: torch-gloo (bf16) time / p2p time", torch_ms / p2p8, 5)
-    if pick("p2p", "bf16", "memcpy_fraction"):  # processes
-        bar("bf16: p2p effective GB/s / memcpy GB/s",
-            median(pick("p2p", "bf16", "memcpy_fraction")), 0.5)
+        print_bar("fp8: torch-gloo (bf16) time / p2p time", torch_ms / p2p8, 5)
+    if pick(rows, "p2p", "bf16", "memcpy_fraction"):  # processes
+        print_bar("bf16: p2p effective GB/s / memcpy GB/s",
+                  median(pick(rows, "p2p", "bf16", "memcpy_fraction")), 0.5)
     over = [r for r in rows if r.get("peak_staging_bytes", 0) > r.get("watermark_bytes", 1 << 62)]
     print("staging above the watermark in %d of %d runs" % (len(over), len(rows)))
+
+
+def plot_update_times(a, dtypes, times, torch):
+    """The SVG bar chart of the processes runs' update times, torch's bf16 beside each dtype."""
+    torch_ms, have_torch = median(torch), bool(torch)
     bars = {(m, d): ms for (m, d, kind), ms in times.items() if kind == "processes"}
     if have_torch:
         for d in dtypes:
@@ -221,6 +240,18 @@ def main():
         svg_bars(path, "weight update, %s, %d -> %d receivers, TP %d (separate processes)" %
                  (a.preset, a.trainers, a.receivers, a.tp), bars)
         print("plot: " + path)
+
+
+def main():
+    a = parse_args()
+    dtypes = a.dtypes.split(",")
+    modes = a.modes.split(",")
+    ranks = a.ranks.split(",")
+    rows = run_rounds(a, dtypes, modes, ranks)
+    torch = pick(rows, "torch-gloo", "bf16", "update_ms_p50")
+    times = print_table(a, rows, dtypes, ranks, torch)
+    print_speed_bars(rows, times, torch)
+    plot_update_times(a, dtypes, times, torch)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ has no bf16 or int16 collectives; copies keep the bytes). Prints one JSON line (
         --receivers 2 --tp 2 --updates 3
 """
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -126,7 +127,18 @@ def engine_layout(p, tp, r):
     return lay
 
 
-def run(rank, a, port):
+@dataclasses.dataclass
+class Setup:
+    """What every rank builds before the first update, identical on all ranks."""
+    preset: dict           # PRESETS entry
+    shapes: dict           # {param: full shape}, in model order
+    buckets: list          # [[(name, shape, offset)]], offsets in elements (step 1)
+    largest: int           # elements, bf16, of the largest bucket
+    trainer_group: object  # every trainer: the all_gathers
+    owner_groups: list     # [trainer t and every receiver]: t's broadcasts
+
+
+def set_up(rank, a, port):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
@@ -138,69 +150,87 @@ def run(rank, a, port):
     buckets = buckets_of(groups, a.bucket_mb * (1 << 20) // 2)
     trainers = list(range(a.trainers))
     receivers = list(range(a.trainers, world))
+    # new_group is collective: every rank creates the same groups in the same order.
     trainer_group = dist.new_group(trainers)
     owner_groups = [dist.new_group([t] + receivers) for t in trainers]
     largest = max(sum(numel(s) for _, s, _ in b) for b in buckets)
-    times = []
-    if rank < a.trainers:
-        g = torch.Generator().manual_seed(rank)
-        shards = {}
-        for n, s in shapes.items():
-            rows = s[0]
-            assert rows % a.trainers == 0, "%s: rows %d not divisible by trainers" % (n, rows)
-            shards[n] = (torch.rand((rows // a.trainers,) + s[1:], generator=g) - 0.5).bfloat16()
-        buf = torch.empty(largest, dtype=torch.bfloat16)
-        for u in range(a.updates + 1):
-            dist.barrier()
-            t = time.perf_counter()
-            for b, bucket in enumerate(buckets):
-                owner = b % a.trainers
-                for name, shape, off in bucket:
-                    full = buf[off:off + numel(shape)].view(shape)
-                    if a.trainers == 1:
-                        full.copy_(shards[name])
-                    else:
-                        dist.all_gather(list(full.view(torch.float16).chunk(a.trainers)),
-                                        shards[name].view(torch.float16), group=trainer_group)
-                if owner == rank:
-                    n = sum(numel(s) for _, s, _ in bucket)
-                    dist.broadcast(buf[:n].view(torch.float16), src=owner,
-                                   group=owner_groups[owner])
-            dist.barrier()
-            times.append(time.perf_counter() - t)
-    else:
-        r = (rank - a.trainers) % a.tp
-        lay = engine_layout(p, a.tp, r)
-        engine = {n: torch.zeros(s, dtype=torch.bfloat16) for n, (s, _) in lay.items()}
-        by_param = {}
-        for n, (_, pieces) in lay.items():
-            for param, rows, cols, dst in pieces:
-                by_param.setdefault(param, []).append((n, rows, cols, dst))
-        bufs = [torch.empty(largest, dtype=torch.bfloat16) for _ in range(2)]
+    return Setup(preset=p, shapes=shapes, buckets=buckets, largest=largest,
+                 trainer_group=trainer_group, owner_groups=owner_groups)
 
-        def load(bucket, buf):
+
+def run_trainer(rank, a, setup):
+    """Step 2 for `--updates` + 1 updates; returns each one's seconds."""
+    times = []
+    g = torch.Generator().manual_seed(rank)
+    shards = {}
+    for n, s in setup.shapes.items():
+        rows = s[0]
+        assert rows % a.trainers == 0, "%s: rows %d not divisible by trainers" % (n, rows)
+        shards[n] = (torch.rand((rows // a.trainers,) + s[1:], generator=g) - 0.5).bfloat16()
+    buf = torch.empty(setup.largest, dtype=torch.bfloat16)
+    for u in range(a.updates + 1):
+        dist.barrier()
+        t = time.perf_counter()
+        for b, bucket in enumerate(setup.buckets):
+            owner = b % a.trainers
             for name, shape, off in bucket:
                 full = buf[off:off + numel(shape)].view(shape)
-                for n, rows, cols, dst in by_param.get(name, []):
-                    src = full[rows] if len(shape) == 1 else full[rows, cols]
-                    engine[n][dst:dst + src.shape[0]].copy_(src)
-
-        for u in range(a.updates + 1):
-            dist.barrier()
-            t = time.perf_counter()
-            loader = None
-            for b, bucket in enumerate(buckets):
+                if a.trainers == 1:
+                    full.copy_(shards[name])
+                else:
+                    dist.all_gather(list(full.view(torch.float16).chunk(a.trainers)),
+                                    shards[name].view(torch.float16), group=setup.trainer_group)
+            if owner == rank:
                 n = sum(numel(s) for _, s, _ in bucket)
-                # Buffer b % 2 is free: bucket b - 2's loader was joined before b - 1's began.
-                dist.broadcast(bufs[b % 2][:n].view(torch.float16), src=b % a.trainers,
-                               group=owner_groups[b % a.trainers])
-                if loader is not None:
-                    loader.join()  # bucket b - 1 loaded: its buffer is free for bucket b + 1
-                loader = threading.Thread(target=load, args=(bucket, bufs[b % 2]))
-                loader.start()
-            loader.join()
-            dist.barrier()
-            times.append(time.perf_counter() - t)
+                dist.broadcast(buf[:n].view(torch.float16), src=owner,
+                               group=setup.owner_groups[owner])
+        dist.barrier()
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def run_receiver(rank, a, setup):
+    """Step 3 for `--updates` + 1 updates; returns each one's seconds."""
+    times = []
+    r = (rank - a.trainers) % a.tp
+    lay = engine_layout(setup.preset, a.tp, r)
+    engine = {n: torch.zeros(s, dtype=torch.bfloat16) for n, (s, _) in lay.items()}
+    by_param = {}
+    for n, (_, pieces) in lay.items():
+        for param, rows, cols, dst in pieces:
+            by_param.setdefault(param, []).append((n, rows, cols, dst))
+    bufs = [torch.empty(setup.largest, dtype=torch.bfloat16) for _ in range(2)]
+
+    def load(bucket, buf):
+        for name, shape, off in bucket:
+            full = buf[off:off + numel(shape)].view(shape)
+            for n, rows, cols, dst in by_param.get(name, []):
+                src = full[rows] if len(shape) == 1 else full[rows, cols]
+                engine[n][dst:dst + src.shape[0]].copy_(src)
+
+    for u in range(a.updates + 1):
+        dist.barrier()
+        t = time.perf_counter()
+        loader = None
+        for b, bucket in enumerate(setup.buckets):
+            n = sum(numel(s) for _, s, _ in bucket)
+            # Buffer b % 2 is free: bucket b - 2's loader was joined before b - 1's began.
+            dist.broadcast(bufs[b % 2][:n].view(torch.float16), src=b % a.trainers,
+                           group=setup.owner_groups[b % a.trainers])
+            if loader is not None:
+                loader.join()  # bucket b - 1 loaded: its buffer is free for bucket b + 1
+            loader = threading.Thread(target=load, args=(bucket, bufs[b % 2]))
+            loader.start()
+        loader.join()
+        dist.barrier()
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def report(rank, a, setup, times):
+    """Rank 0 prints the JSON line: per update, the slowest rank's time, the first (warm-up)
+    update left out."""
+    world = a.trainers + a.receivers
     timed = [1e3 * x for x in times[1:]]
     out = [None] * world if rank == 0 else None
     dist.gather_object(timed, out, dst=0)
@@ -212,8 +242,17 @@ def run(rank, a, port):
             "bucket_mb": a.bucket_mb, "updates": a.updates, "update_ms": per_update,
             "update_ms_p50": percentile(per_update, 0.50),
             "update_ms_p99": percentile(per_update, 0.99),
-            "bytes_broadcast": 2 * sum(numel(s) for s in shapes.values()),
+            "bytes_broadcast": 2 * sum(numel(s) for s in setup.shapes.values()),
             "torch": torch.__version__}), flush=True)
+
+
+def run(rank, a, port):
+    setup = set_up(rank, a, port)
+    if rank < a.trainers:
+        times = run_trainer(rank, a, setup)
+    else:
+        times = run_receiver(rank, a, setup)
+    report(rank, a, setup, times)
     dist.destroy_process_group()
 
 

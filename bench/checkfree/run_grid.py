@@ -53,7 +53,7 @@ def first_at_or_below(evals, target):
     return None
 
 
-def main():
+def parse_args():
     p = argparse.ArgumentParser()
     p.add_argument("--weightlift", required=True)
     p.add_argument("--config", default=os.path.join(HERE, "model.json"))
@@ -70,11 +70,12 @@ def main():
                    help="the target is the failure-free mean validation loss at this iteration")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--fresh", action="store_true", help="rerun runs that already have results")
-    args = p.parse_args()
-    rates = [float(r) for r in args.rates.split(",")]
-    seeds = [int(s) for s in args.seeds.split(",")]
+    return p.parse_args()
 
-    grid = []  # (key, name, extra flags)
+
+def make_grid(rates, seeds):
+    """[(key, name, extra flags)], key = (strategy, rate, seed); name is the run's folder."""
+    grid = []
     for seed in seeds:
         common = ["--seed", str(seed), "--fail-seed", str(seed)]
         grid.append((("free", 0, seed), f"free-s{seed}", common + ["--recovery", "none"]))
@@ -84,6 +85,11 @@ def main():
             for strategy in ("checkpoint", "checkfree", "checkfree+"):
                 grid.append(((strategy, rate, seed), f"{strategy}-p{rate}-s{seed}",
                              common + ["--recovery", strategy, "--fail-prob", str(rate)]))
+    return grid
+
+
+def run_grid(args, grid):
+    """{key: summary.json} of every run, `--jobs` at a time, progress on stderr."""
     results = {}
     start = time.time()
     with futures.ThreadPoolExecutor(args.jobs) as pool:
@@ -95,15 +101,17 @@ def main():
             print(f"\r[{n}/{len(grid)}] {done:.0f} s elapsed, ETA {eta:.0f} s", end="",
                   file=sys.stderr, flush=True)
     print(file=sys.stderr)
+    return results
 
-    def curve(key):
-        return results[key]["evaluations"]
 
-    free_at = [e["val_loss"] for s in seeds for e in curve(("free", 0, s))
-               if e["iteration"] == args.target_at]
-    target = statistics.mean(free_at)
+def curve(results, key):
+    return results[key]["evaluations"]
+
+
+def time_to_target(results, rates, seeds, target):
+    """One row per (strategy, rate): per seed, the iterations and seconds to the target (None
+    if never reached), stages lost and final validation loss; means when every seed got there."""
     rows = []
-    table = {}
     for strategy in ("free", "free+swap", "checkpoint", "checkfree", "checkfree+"):
         for rate in ([0] if strategy.startswith("free") else rates):
             its, secs, fails, finals = [], [], [], []
@@ -114,7 +122,6 @@ def main():
                 secs.append(hit["seconds"] if hit else None)
                 fails.append(sum(len(l["stages"]) for l in r["losses"]))
                 finals.append(r["final_val_loss"])
-            table[(strategy, rate)] = its
             reached = [i for i in its if i is not None]
             measured = [x for x in secs if x is not None]
             rows.append({"strategy": strategy, "rate": rate, "iterations": its,
@@ -123,11 +130,12 @@ def main():
                          "seconds": secs, "stage_losses": fails, "final_val_loss": finals,
                          "mean_iterations": statistics.mean(reached) if len(reached) == len(its)
                          else None})
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump({"target": target, "target_at": args.target_at, "rows": rows,
-                   "iterations": args.iterations, "stages": args.stages,
-                   "checkpoint_every": args.checkpoint_every, "seeds": seeds}, f, indent=1)
+    return rows
 
+
+def write_table(args, rows, seeds, target):
+    """table.md, also printed: the rows with paper-scaled hours and the speedup over
+    checkpointing at the same failure rate."""
     def fmt_its(its):
         return " / ".join(str(i) if i is not None else f">{args.iterations}" for i in its)
 
@@ -137,7 +145,8 @@ def main():
              "", "| strategy | failure prob / stage / it | stages lost | iterations to target "
              "| mean | measured s | paper-scaled h | vs checkpoint |",
              "|---|---|---|---|---|---|---|---|"]
-    free_mean = next(r["mean_iterations"] for r in rows if r["strategy"] == "free")
+    free = next(r for r in rows if r["strategy"] == "free")
+    free_mean = free["mean_iterations"]
     for r in rows:
         m = r["mean_iterations"]
         per = PAPER_S["checkfree"] if r["strategy"].startswith("free") else PAPER_S[r["strategy"]]
@@ -155,11 +164,14 @@ def main():
                      f"{hours} | {ratio} |")
     if free_mean:
         lines.append(f"| redundant computation (failure-free at 1.654x) | any | 0 | "
-                     f"{fmt_its(table[('free', 0)])} | {free_mean:.0f} | | "
+                     f"{fmt_its(free['iterations'])} | {free_mean:.0f} | | "
                      f"{free_mean * PAPER_S['rc'] / 3600:.1f} | |")
     open(os.path.join(args.out, "table.md"), "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
+
+def plot_val_loss(args, results, rates, seeds, target):
+    """val_loss.svg: one panel per failure rate, validation loss against paper-scaled hours."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -173,12 +185,13 @@ def main():
             key_rate = 0 if strategy == "free" else rate
             xs = [e["iteration"] * (PAPER_S["checkpoint"] if strategy == "checkpoint"
                                     else PAPER_S["checkfree"]) / 3600
-                  for e in curve((strategy, key_rate, seeds[0]))]
-            ys = [statistics.mean(curve((strategy, key_rate, s))[i]["val_loss"] for s in seeds)
+                  for e in curve(results, (strategy, key_rate, seeds[0]))]
+            ys = [statistics.mean(curve(results, (strategy, key_rate, s))[i]["val_loss"]
+                                  for s in seeds)
                   for i in range(len(xs))]
             ax.plot(xs, ys, label=strategy, color=colors[strategy])
-        rc = [e["iteration"] * PAPER_S["rc"] / 3600 for e in curve(("free", 0, seeds[0]))]
-        ax.plot(rc, [statistics.mean(curve(("free", 0, s))[i]["val_loss"] for s in seeds)
+        rc = [e["iteration"] * PAPER_S["rc"] / 3600 for e in curve(results, ("free", 0, seeds[0]))]
+        ax.plot(rc, [statistics.mean(curve(results, ("free", 0, s))[i]["val_loss"] for s in seeds)
                      for i in range(len(rc))], label="redundant computation", color="purple",
                 linestyle="--")
         ax.axhline(target, color="gray", linewidth=0.5)
@@ -189,6 +202,24 @@ def main():
     axes[0].legend()
     fig.tight_layout()
     fig.savefig(os.path.join(args.out, "val_loss.svg"))
+
+
+def main():
+    args = parse_args()
+    rates = [float(r) for r in args.rates.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    results = run_grid(args, make_grid(rates, seeds))
+
+    free_at = [e["val_loss"] for s in seeds for e in curve(results, ("free", 0, s))
+               if e["iteration"] == args.target_at]
+    target = statistics.mean(free_at)
+    rows = time_to_target(results, rates, seeds, target)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"target": target, "target_at": args.target_at, "rows": rows,
+                   "iterations": args.iterations, "stages": args.stages,
+                   "checkpoint_every": args.checkpoint_every, "seeds": seeds}, f, indent=1)
+    write_table(args, rows, seeds, target)
+    plot_val_loss(args, results, rates, seeds, target)
 
 
 if __name__ == "__main__":
