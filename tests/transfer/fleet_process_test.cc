@@ -108,6 +108,21 @@ struct Fleet {
     }
     return ::testing::AssertionSuccess();
   }
+  // Kills receiver `id` and starts it again (the same id, a new process): it must log
+  // `healed` and hold `checkpoint` at `version`, bit-exact; then the next update ("a", version
+  // version + 1) reaches every receiver, the restarted one included.
+  void restart_heals_and_rejoins(int id, int tp, int tp_rank, const std::string& healed,
+                                 uint64_t version, const std::string& checkpoint) {
+    wl::testing::reap(receivers[size_t(id)]);
+    receivers[size_t(id)] = start_receiver(id, tp, tp_rank);
+    EXPECT_NE(receivers[size_t(id)].output.find(healed), std::string::npos)
+        << receivers[size_t(id)].output;
+    EXPECT_EQ(state(id, version), checkpoint) << "the healed copy is bit-exact";
+    const std::string next =
+        "ok v=" + std::to_string(version + 1) + " members=" + std::to_string(receivers.size());
+    ASSERT_TRUE(run("update a", next));
+    for (int r = 0; r < int(receivers.size()); ++r) EXPECT_EQ(state(r, version + 1), "a") << r;
+  }
   std::string logs() {
     std::string all;
     for (auto& c : servers) wl::testing::drain(c), all += c.output;
@@ -163,17 +178,9 @@ TEST(FleetProcess, ReceiverKilledMidUpdateThenRestartedHealsFromItsPeer) {
   ASSERT_EQ(f.result(k, 1, 30s), res) << f.logs();
   EXPECT_EQ(f.state(0, 2), "b");
 
-  // Restarted (same id, new process): it heals from receiver 0 by one-sided gets.
-  wl::testing::reap(f.receivers[1]);
-  f.receivers[1] = f.start_receiver(1, 1, 0);
-  EXPECT_NE(f.receivers[1].output.find("healed version 2"), std::string::npos)
-      << f.receivers[1].output;
-  EXPECT_EQ(f.state(1, 2), "b") << "the healed copy is bit-exact";
-
-  // And takes part in the next update like any other member.
-  ASSERT_TRUE(f.run("update a", "ok v=3 members=2"));
-  EXPECT_EQ(f.state(0, 3), "a");
-  EXPECT_EQ(f.state(1, 3), "a");
+  // Restarted (same id, new process): it heals from receiver 0 by one-sided gets, and takes
+  // part in the next update like any other member.
+  f.restart_heals_and_rejoins(1, 1, 0, "healed version 2", 2, "b");
   f.command("exit");
 }
 
@@ -188,17 +195,8 @@ TEST(FleetProcess, ReceiverWithNoPeerRestartedHealsFromTheServersCopy) {
   ASSERT_TRUE(f.run("update a", "ok v=1 members=2"));
   ASSERT_TRUE(f.run("update b", "ok v=2 members=2"));
 
-  wl::testing::reap(f.receivers[1]);
-  f.receivers[1] = f.start_receiver(1, 2, 1);
-  EXPECT_NE(f.receivers[1].output.find("healed version 2 from the servers' copy of 'b'"),
-            std::string::npos)
-      << f.receivers[1].output;
-  EXPECT_EQ(f.state(1, 2), "b") << "the healed copy is bit-exact";
-
   // The restarted receiver (a new epoch) makes the servers form a new generation with it.
-  ASSERT_TRUE(f.run("update a", "ok v=3 members=2"));
-  EXPECT_EQ(f.state(0, 3), "a");
-  EXPECT_EQ(f.state(1, 3), "a");
+  f.restart_heals_and_rejoins(1, 2, 1, "healed version 2 from the servers' copy of 'b'", 2, "b");
   f.command("exit");
 }
 
