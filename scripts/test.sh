@@ -24,9 +24,7 @@ ctest --preset asan-ubsan -j 2 -LE slow
 
 echo "== tsan build (every test but the slow ones)"
 bash scripts/build.sh tsan
-# Layouts trains every parallel layout for ten steps: over 5 minutes a test under TSan. The
-# collectives, the pool and the trainers' pieces it runs are under TSan in their own tests.
-ctest --preset tsan -j 2 -LE slow -E '^Layouts\.'
+ctest --preset tsan -j 2 -LE slow
 
 
 echo "== clang thread-safety analysis (WL_GUARDED_BY annotations, libraries only)"
