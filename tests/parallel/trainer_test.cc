@@ -257,6 +257,37 @@ TEST(Checkpoint, AnIndexThatLiesIsDataLoss) {
 
 // ---- memory ----------------------------------------------------------------------------------
 
+// Where a rank holds the whole model (one rank, or DDP and ZeRO, which keep parameters whole)
+// whole_model() is a view of it, equal to what gather_model() copies; where parameters are
+// sharded (FSDP) or cut into stages there is none.
+TEST(DataParallel, WholeModelIsAViewWhereTheRankHoldsEveryParameter) {
+  const model::ModelConfig c = *model::preset("tiny");
+  struct Case {
+    int ranks;
+    ParallelLayout layout;
+    bool whole;
+  };
+  for (const Case& k :
+       {Case{1, {}, true}, Case{2, {.dp_mode = DpMode::kDdp}, true},
+        Case{2, {.dp_mode = DpMode::kZero2}, true}, Case{2, {.dp_mode = DpMode::kFsdp}, false},
+        Case{2, {.pp = 2, .micro_batches = 2}, false}}) {
+    run_data_parallel(k.ranks, c, k.layout, [&](DataParallel& dp) {
+      std::vector<float> full(size_t(dp.layout().total()));
+      model::init_params(c, dp.layout(), 3, full.data());
+      dp.set_params(full.data());
+      std::vector<float> gathered(full.size());
+      ASSERT_TRUE(dp.gather_model(gathered.data()).ok());
+      EXPECT_EQ(gathered, full);
+      const float* view = dp.whole_model();
+      EXPECT_EQ(view != nullptr, k.whole)
+          << k.ranks << " ranks, " << dp_mode_name(k.layout.dp_mode) << ", pp " << k.layout.pp;
+      if (view != nullptr) {
+        EXPECT_TRUE(std::equal(full.begin(), full.end(), view)) << "the view is the model";
+      }
+    });
+  }
+}
+
 // FSDP on N ranks holds 1/N of what DDP holds (weights, gradients, AdamW's two moments) plus
 // the units gathered at the moment: at most the current and the prefetched one, each with a
 // unit's gradients while its backward runs.

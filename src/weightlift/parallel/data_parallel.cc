@@ -144,6 +144,16 @@ Status DataParallel::gather_params(float* full) {
   return gather_units(params_.data<float>(), full);
 }
 
+const float* DataParallel::whole_model() const {
+  if (options_.layout.shards_parameters() || replica_ >= 0 || int(held_.size()) != units_.count()) {
+    return nullptr;
+  }
+  for (int u : held_) {
+    if (whole_at(u) != units_.range(u).begin) return nullptr;
+  }
+  return params_.data<float>();
+}
+
 Status DataParallel::gather_model(float* full) {
   std::memset(full, 0, size_t(layout_.total()) * sizeof(float));
   WL_RETURN_IF_ERROR(gather_params(full));

@@ -119,6 +119,11 @@ class DataParallel final : public model::PassHooks {
   // The whole model's parameters into `full` on every rank of the job: every stage's own
   // units (collective over the job).
   Status gather_model(float* full);
+  // The whole model's parameters where this rank already holds them, whole and at their
+  // places in the model (one stage, a layout that does not shard parameters): a view of what
+  // the optimizer updates, valid until the next step; null elsewhere, where gather_model() is
+  // the way.
+  const float* whole_model() const;
   // The same for the reduced gradients, after reduce_gradients() (collective over the job).
   Status gather_model_grads(float* full);
   // What this rank writes to a checkpoint: its own rows (core/shard.h's, over the

@@ -286,8 +286,14 @@ class Trainer {
   // lost in the update is dropped and the update made again without it (the fleet forms a
   // new generation without receivers that no longer answer).
   Result<uint64_t> push_weights() {
-    WL_RETURN_IF_ERROR(dp_.gather_model(full_.data()));
-    WL_RETURN_IF_ERROR(server_->refresh(kCheckpoint, full_));
+    // The servers take this rank's parameters as they are where it holds them whole (one
+    // trainer rank, or a layout that keeps them whole): no copy of the model first.
+    const float* whole = dp_.whole_model();
+    if (whole == nullptr) {
+      WL_RETURN_IF_ERROR(dp_.gather_model(full_.data()));
+      whole = full_.data();
+    }
+    WL_RETURN_IF_ERROR(server_->refresh(kCheckpoint, std::span(whole, full_.size())));
     Status failed = ok_status();
     for (int attempt = 0; attempt < 3; ++attempt) {
       WL_RETURN_IF_ERROR(adopt_replacements());  // waits for one if every worker is lost

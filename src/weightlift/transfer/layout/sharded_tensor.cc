@@ -6,8 +6,15 @@
 #include <vector>
 
 #include "weightlift/comm/allgather.h"
+#include "weightlift/core/parallel.h"
 
 namespace wl::transfer {
+namespace {
+
+// Elements a thread converts at least when a tensor is assigned (256 KiB of f32).
+constexpr int64_t kAssignGrain = int64_t(1) << 16;
+
+}  // namespace
 
 int64_t ShardedTensor::row_elems() const {
   int64_t n = 1;
@@ -46,13 +53,22 @@ void ShardedTensor::assign_full(DType src, const void* full) {
   const size_t n = size_t(r.size() * row_elems());
   const std::byte* from =
       static_cast<const std::byte*>(full) + size_t(r.begin * row_elems()) * dtype_size(src);
-  if (src == options_.dtype) {
-    std::memcpy(dst.raw(), from, n * dtype_size(src));
-  } else if (src == DType::kF32) {
-    convert_from_f32(reinterpret_cast<const float*>(from), options_.dtype, dst.raw(), n);
-  } else {  // bf16 into an f32 shard: exact
-    convert_bf16_to_f32(reinterpret_cast<const uint16_t*>(from), dst.data<float>(), n);
-  }
+  const DType to = options_.dtype;
+  std::byte* into = static_cast<std::byte*>(dst.raw());
+  // Memory-bound: a refresh between training steps converts the whole model, so every
+  // compute thread takes a share.
+  parallel_for(int64_t(n), kAssignGrain, [&](int64_t begin, int64_t end) {
+    const size_t b = size_t(begin), count = size_t(end - begin);
+    if (src == to) {
+      std::memcpy(into + b * dtype_size(src), from + b * dtype_size(src), count * dtype_size(src));
+    } else if (src == DType::kF32) {
+      convert_from_f32(reinterpret_cast<const float*>(from) + b, to, into + b * dtype_size(to),
+                       count);
+    } else {  // bf16 into an f32 shard: exact
+      convert_bf16_to_f32(reinterpret_cast<const uint16_t*>(from) + b,
+                          reinterpret_cast<float*>(into) + b, count);
+    }
+  });
 }
 
 void ShardedTensor::offload() {
