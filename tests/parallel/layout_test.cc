@@ -1,8 +1,9 @@
 // Every data-parallel layout against one process: one step's gradients (the maths: every
 // layout, tiny and a 4-layer small, f32 and bf16) and ten steps' loss curves. The heaviest tests
 // of the suite (each trains every layout). Under ThreadSanitizer, which slows them about
-// twentyfold, they check the same layouts on tiny alone, in f32 and over three steps: the
-// races are in the layouts' exchanges, which tiny runs as small4 does.
+// twentyfold, they run every layout's exchanges on tiny-sized models instead: one step's
+// gradients in f32 on tied tiny (the tied replica's exchange) and a 4-layer tiny (pipelines of
+// four stages), and three steps' loss curves on the 4-layer tiny.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -30,7 +31,7 @@ constexpr bool kUnderThreadSanitizer = false;
 
 // The models, precisions and loss-curve length the tests run (see the top of the file).
 std::vector<const char*> gradient_models() {
-  if (kUnderThreadSanitizer) return {"tiny"};
+  if (kUnderThreadSanitizer) return {"tiny_tied", "tiny4"};
   return {"tiny", "tiny_tied", "small4"};
 }
 std::vector<model::Precision> gradient_precisions() {
@@ -38,11 +39,12 @@ std::vector<model::Precision> gradient_precisions() {
   return {model::Precision::kF32, model::Precision::kBF16};
 }
 std::vector<const char*> curve_models() {
-  if (kUnderThreadSanitizer) return {"tiny"};
+  if (kUnderThreadSanitizer) return {"tiny4"};
   return {"tiny", "small4"};
 }
 constexpr int kCurveSteps = kUnderThreadSanitizer ? 3 : 10;
 
+using testing::config_file;
 using testing::fresh_dir;
 using testing::kCurveTolerance;
 using testing::kFirstStepTolerance;
@@ -52,7 +54,6 @@ using testing::model_config;
 using testing::read_lines;
 using testing::read_weights;
 using testing::run_data_parallel;
-using testing::small4_config;
 using testing::train_on;
 
 // ---- every data-parallel layout computes the single process's maths --------------------------
@@ -212,7 +213,7 @@ TEST(Layouts, OneStepGradientsAreTheSingleProcesses) {
 TEST(Layouts, TenStepLossCurvesFollowTheSingleProcess) {
   const std::string corpus = make_corpus(), dir = fresh_dir("configs");
   for (const char* name : curve_models()) {
-    const std::string config = std::string(name) == "tiny" ? "" : small4_config(dir);
+    const std::string config = std::string(name) == "tiny" ? "" : config_file(dir, name);
     std::map<int, std::vector<std::string>> refs;  // by micro-batches
     std::map<int, std::string> ref_dirs;
     for (const LayoutCase& lc : kLayouts) {

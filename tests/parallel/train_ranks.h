@@ -156,7 +156,7 @@ inline constexpr double kFirstStepTolerance = 1e-4, kCurveTolerance = 3e-2;
 // "tiny", "tiny_tied" (its embedding and head one matrix) or "small4" (small, 4 layers).
 inline model::ModelConfig model_config(const std::string& name) {
   model::ModelConfig c = *model::preset(name == "small4" ? "small" : "tiny");
-  if (name == "small4") c.num_layers = 4;
+  if (name == "small4" || name == "tiny4") c.num_layers = 4;
   if (name == "tiny_tied") c.tie_embeddings = true;
   return c;
 }
@@ -179,9 +179,10 @@ inline TrainOptions layout_options(const std::string& corpus, const std::string&
   return o;
 }
 
-inline std::string small4_config(const std::string& dir) {
-  const std::string path = dir + "/config.json";
-  EXPECT_TRUE(model::save_config(model_config("small4"), path).ok());
+// model_config(name) as a config file in `dir`, for a trainer that reads one.
+inline std::string config_file(const std::string& dir, const std::string& name) {
+  const std::string path = dir + "/" + name + ".json";
+  EXPECT_TRUE(model::save_config(model_config(name), path).ok());
   return path;
 }
 
