@@ -253,10 +253,11 @@ inline bool slot_is_zero(const Receiver& r, int slot) {
 // A failure names the slot, the offset and the tensor the stray byte follows.
 class SlotCanary {
  public:
-  // What the write under test may touch: an update writes one slot; a heal that retries (the
-  // peer moved on during a copy) may have begun a version in the other slot, which is as
-  // unpublished as the first, so there only the padding of both slots is checked.
-  enum class Writes { kOneSlot, kEitherUnpublishedSlot };
+  // What the write under test may touch. An update writes one slot's tensors. A heal from a
+  // peer copies the peer's whole slot, padding included, and when the peer moves on during
+  // the copy it retries into the other unpublished slot: of a receiver healed that way only
+  // the published slot (none, at version 0) and the status block can be checked.
+  enum class Writes { kOneSlot, kWholeUnpublishedSlots };
 
   explicit SlotCanary(const Receiver& r, Writes writes = Writes::kOneSlot)
       : r_(r), version_(r.version()), writes_(writes) {
@@ -280,8 +281,12 @@ class SlotCanary {
     std::string out;
     const uint64_t now = r_.version();
     for (int slot : {0, 1}) {
-      const bool spare = version_ == 0 && now > 0 && slot != int(now % 2);
-      if (published(slot) || (spare && writes_ == Writes::kOneSlot)) {
+      if (published(slot)) {
+        out += copy_changed(slot);
+        continue;
+      }
+      if (writes_ == Writes::kWholeUnpublishedSlots) continue;
+      if (version_ == 0 && now > 0 && slot != int(now % 2)) {
         out += copy_changed(slot);
         continue;
       }

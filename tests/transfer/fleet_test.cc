@@ -488,8 +488,8 @@ TEST(Heal, CopiesAConsistentVersionWhileThePeerIsUpdated) {
       ASSERT_TRUE(rec.ok());
       auto peer = peer_record_from_json(comm::to_string(*rec), "peer 0");
       ASSERT_TRUE(peer.ok()) << peer.status().to_string();
-      // The peer's copy lands in the slots' tensors (a retry may have begun the other slot).
-      const testing::SlotCanary canary(**r, testing::SlotCanary::Writes::kEitherUnpublishedSlot);
+      // A peer's whole slot is copied, padding too: the canary checks the status block.
+      const testing::SlotCanary canary(**r, testing::SlotCanary::Writes::kWholeUnpublishedSlots);
       auto v = heal_from_peer(**w, **r, *peer, {.attempts = 50});
       canary.expect_untouched();
       ASSERT_TRUE(v.ok()) << v.status().to_string();
