@@ -140,11 +140,6 @@ Status make_rl_options(RlArgs& a) {
   if (!format) return invalid_argument("--sync-dtype '" + a.sync_dtype + "': expected bf16 or fp8");
   a.o.sync_format = *format;
   a.o.timeout = std::chrono::milliseconds(int64_t(a.timeout_s * 1000));
-  if (a.o.max_staleness > 0 && (a.o.checkpoint_every > 0 || !a.o.resume.empty())) {
-    return invalid_argument(
-        "--checkpoint-every and --resume need a synchronous run (--max-staleness 0): an "
-        "asynchronous run's samples in flight are not part of a checkpoint");
-  }
   a.o.checkpoint_dir = a.out_dir;
   return ok_status();
 }

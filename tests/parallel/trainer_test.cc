@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cmath>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -258,33 +259,51 @@ TEST(Checkpoint, AnIndexThatLiesIsDataLoss) {
 // ---- memory ----------------------------------------------------------------------------------
 
 // Where a rank holds the whole model (one rank, or DDP and ZeRO, which keep parameters whole)
-// whole_model() is a view of it, equal to what gather_model() copies; where parameters are
-// sharded (FSDP) or cut into stages there is none.
+// whole_model() is a view of it: after a step it is what gather_model() copies and the same on
+// every rank, the step's update included. Where parameters are sharded (FSDP) or cut into
+// stages there is none.
 TEST(DataParallel, WholeModelIsAViewWhereTheRankHoldsEveryParameter) {
-  const model::ModelConfig c = *model::preset("tiny");
   struct Case {
+    const char* model;
     int ranks;
     ParallelLayout layout;
     bool whole;
   };
   for (const Case& k :
-       {Case{1, {}, true}, Case{2, {.dp_mode = DpMode::kDdp}, true},
-        Case{2, {.dp_mode = DpMode::kZero2}, true}, Case{2, {.dp_mode = DpMode::kFsdp}, false},
-        Case{2, {.pp = 2, .micro_batches = 2}, false}}) {
+       {Case{"tiny_tied", 1, {}, true}, Case{"tiny", 2, {.dp_mode = DpMode::kDdp}, true},
+        Case{"tiny_tied", 2, {.dp_mode = DpMode::kZero1}, true},
+        Case{"tiny", 2, {.dp_mode = DpMode::kZero2}, true},
+        Case{"tiny", 2, {.dp_mode = DpMode::kFsdp}, false},
+        Case{"tiny_tied", 2, {.pp = 2, .micro_batches = 2}, false}}) {
+    const model::ModelConfig c = testing::model_config(k.model);
+    const std::string what = std::string(k.model) + ", " + std::to_string(k.ranks) + " ranks, " +
+                             std::string(dp_mode_name(k.layout.dp_mode)) + ", pp " +
+                             std::to_string(k.layout.pp);
+    train::Batch batch{4, 16, std::vector<int64_t>(64), std::vector<int64_t>(64)};
+    for (size_t i = 0; i < batch.tokens.size(); ++i) {
+      batch.tokens[i] = int64_t(i * 7 % size_t(c.vocab_size));
+      batch.targets[i] = int64_t((i * 7 + 3) % size_t(c.vocab_size));
+    }
+    std::mutex mu;
+    std::vector<std::vector<float>> views(size_t(k.ranks));
     run_data_parallel(k.ranks, c, k.layout, [&](DataParallel& dp) {
-      std::vector<float> full(size_t(dp.layout().total()));
-      model::init_params(c, dp.layout(), 3, full.data());
-      dp.set_params(full.data());
-      std::vector<float> gathered(full.size());
-      ASSERT_TRUE(dp.gather_model(gathered.data()).ok());
-      EXPECT_EQ(gathered, full);
+      std::vector<float> initial(size_t(dp.layout().total()));
+      model::init_params(c, dp.layout(), 3, initial.data());
+      dp.set_params(initial.data());
+      auto step = k.layout.pp > 1 ? Result<StepResult>(unavailable("no step: a pipeline"))
+                                  : run_step(dp, batch, {.lr = 1e-2});
       const float* view = dp.whole_model();
-      EXPECT_EQ(view != nullptr, k.whole)
-          << k.ranks << " ranks, " << dp_mode_name(k.layout.dp_mode) << ", pp " << k.layout.pp;
-      if (view != nullptr) {
-        EXPECT_TRUE(std::equal(full.begin(), full.end(), view)) << "the view is the model";
-      }
+      EXPECT_EQ(view != nullptr, k.whole) << what;
+      if (view == nullptr) return;
+      ASSERT_TRUE(step.ok()) << step.status().to_string();
+      std::vector<float> gathered(initial.size());
+      ASSERT_TRUE(dp.gather_model(gathered.data()).ok());
+      EXPECT_TRUE(std::equal(gathered.begin(), gathered.end(), view)) << what;
+      EXPECT_FALSE(std::equal(initial.begin(), initial.end(), view)) << what << ": no update";
+      std::lock_guard lock(mu);
+      views[size_t(dp.rank())].assign(view, view + initial.size());
     });
+    for (const std::vector<float>& v : views) EXPECT_EQ(v, views[0]) << what << ": ranks differ";
   }
 }
 

@@ -246,7 +246,11 @@ std::string last_checkpoint(const std::string& dir) {
 
 // The trainer is killed (SIGKILL) once it has written a checkpoint; a new job resumed from its
 // last checkpoint writes, step for step, the records of a run that was never interrupted.
-TEST(RlProcesses, AResumedTrainerContinuesTheUninterruptedCurve) {
+// Synchronous, and asynchronous (eta 1: the checkpoint holds the round generated for the
+// next step, with its samples' versions).
+class ResumedTrainer : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ResumedTrainer, ContinuesTheUninterruptedCurve) {
   const std::vector<std::string> args = {"--preset",
                                          "tiny",
                                          "--task",
@@ -270,7 +274,9 @@ TEST(RlProcesses, AResumedTrainerContinuesTheUninterruptedCurve) {
                                          "--checkpoint-every",
                                          "5",
                                          "--timeout",
-                                         "20"};
+                                         "20",
+                                         "--max-staleness",
+                                         GetParam()};
   auto with_out = [&](const std::string& out, std::vector<std::string> extra = {}) {
     std::vector<std::string> a = args;
     a.insert(a.end(), {"--out", out});
@@ -315,6 +321,11 @@ TEST(RlProcesses, AResumedTrainerContinuesTheUninterruptedCurve) {
   EXPECT_NE(job[0].output.find("--temperature"), std::string::npos) << job[0].output;
   for (Child& c : job) wl::testing::kill_and_reap(c);
 }
+
+INSTANTIATE_TEST_SUITE_P(RlProcesses, ResumedTrainer, ::testing::Values("0", "1"),
+                         [](const auto& info) {
+                           return std::string(info.param) == "0" ? "Synchronous" : "Asynchronous";
+                         });
 
 // kill -9 of a rollout worker mid-run: its share of the generation goes to the other worker,
 // a replacement of the same rank started by hand heals its weights and rejoins, the run

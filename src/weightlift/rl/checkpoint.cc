@@ -14,6 +14,36 @@ constexpr RecordFormat kRlStateFormat{.name = "weightlift-rl-state",
                                       .remedy = "resume it with the weightlift that wrote it"};
 constexpr uint64_t kMostStateBytes = uint64_t(1) << 30;
 
+nlohmann::json pending_to_json(const RlCheckpoint& c) {
+  nlohmann::json problems = nlohmann::json::array(), samples = nlohmann::json::array();
+  for (const Problem& p : c.pending_problems)
+    problems.push_back({{"prompt", p.prompt}, {"answer", p.answer}});
+  for (const Sample& s : c.pending_samples) {
+    samples.push_back({{"completion", s.completion},
+                       {"logprobs", s.logprobs},
+                       {"version", s.version},
+                       {"routes", s.routes}});
+  }
+  return {{"problems", std::move(problems)}, {"samples", std::move(samples)}};
+}
+
+// Throws what read_record turns into DataLoss naming the field; the loop checks the samples
+// against the model and the run when it resumes (loop.cc).
+void pending_from_json(const nlohmann::json& j, RlCheckpoint& c) {
+  for (const nlohmann::json& p : j.at("problems")) {
+    c.pending_problems.push_back(
+        {p.at("prompt").get<std::string>(), p.at("answer").get<std::string>()});
+  }
+  for (const nlohmann::json& s : j.at("samples")) {
+    Sample x;
+    x.completion = s.at("completion").get<std::vector<int64_t>>();
+    x.logprobs = s.at("logprobs").get<std::vector<double>>();
+    x.version = uint_field(s.at("version"));
+    x.routes = s.at("routes").get<std::vector<int32_t>>();
+    c.pending_samples.push_back(std::move(x));
+  }
+}
+
 }  // namespace
 
 nlohmann::json record_to_json(const StepRecord& r) {
@@ -100,6 +130,7 @@ Status save_rl_checkpoint(const std::string& dir, parallel::DataParallel& dp,
     events.push_back({{"phase", e.phase}, {"step", e.step}, {"what", e.what}});
   j["records"] = std::move(records);
   j["events"] = std::move(events);
+  if (!c.pending_problems.empty()) j["pending"] = pending_to_json(c);
   return save_checkpoint(dir, dp, {.step = int64_t(c.updates), .data_rng = c.rng, .run = c.run},
                          {{"rl_state.json", j.dump() + "\n"}});
 }
@@ -136,6 +167,7 @@ Result<RlCheckpoint> load_rl_checkpoint(const std::string& dir, parallel::DataPa
               c.events.push_back({e.at("phase").get<std::string>(), int_field(e.at("step")),
                                   e.at("what").get<std::string>()});
             }
+            if (j.contains("pending")) pending_from_json(j.at("pending"), c);
             return c;
           })));
   WL_ASSIGN_OR_RETURN(parallel::TrainState st, parallel::load_checkpoint(dir, dp));

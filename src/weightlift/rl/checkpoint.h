@@ -7,7 +7,10 @@
 // rl_state.json: where the run is (warm-start steps done, RL steps done), the held-out accuracy
 // after the warm start, and every record and event so far. Resuming a synchronous run from a
 // checkpoint continues it exactly as the uninterrupted run went on (the workers' sampling seeds
-// come from the orchestrator's RNG, the weights are pushed before every step).
+// come from the orchestrator's RNG, the weights are pushed before every step). So does an
+// asynchronous run's: its checkpoint also holds the round generated for the next step (received
+// at the checkpoint, with every sample's version), and the run pushes the newest weights to the
+// workers there, as the resumed run does before its first step.
 #pragma once
 
 #include <array>
@@ -36,6 +39,11 @@ struct RlCheckpoint {
   std::vector<StepRecord> records;
   std::vector<RlEvent> events;
   std::map<std::string, std::string> run;  // options a resume must not change
+  // Asynchronous runs: the round the next step trains on, generated before the checkpoint;
+  // G samples per problem, in order (their prompts are the problems' prompts). Empty
+  // otherwise.
+  std::vector<Problem> pending_problems;
+  std::vector<Sample> pending_samples;
 };
 
 // Collective over the trainer's data-parallel ranks, as parallel::save_checkpoint.

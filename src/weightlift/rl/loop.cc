@@ -2,6 +2,7 @@
 #include "weightlift/rl/loop.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -286,13 +287,10 @@ class Trainer {
   // lost in the update is dropped and the update made again without it (the fleet forms a
   // new generation without receivers that no longer answer).
   Result<uint64_t> push_weights() {
-    // The servers take this rank's parameters as they are where it holds them whole (one
-    // trainer rank, or a layout that keeps them whole): no copy of the model first.
+    // The trainer is one rank, which holds the model whole: the servers take its parameters
+    // as they are, with no copy of the model first.
     const float* whole = dp_.whole_model();
-    if (whole == nullptr) {
-      WL_RETURN_IF_ERROR(dp_.gather_model(full_.data()));
-      whole = full_.data();
-    }
+    WL_CHECK(whole != nullptr) << "the RL trainer holds its model whole";
     WL_RETURN_IF_ERROR(server_->refresh(kCheckpoint, std::span(whole, full_.size())));
     Status failed = ok_status();
     for (int attempt = 0; attempt < 3; ++attempt) {
@@ -497,24 +495,85 @@ class Trainer {
     return target_logprobs(*reference_, b);
   }
 
+  // An asynchronous run's checkpoint holds the round generated for the next step (received
+  // here), and the workers take the newest weights here, as a resumed run's do before its
+  // first step: the two runs go on alike.
   Status save(const std::string& dir, const RlSummary& s, int64_t rl_steps) {
     WL_RETURN_IF_ERROR(drain());  // nothing in flight in synchronous mode; kept otherwise
-    return save_rl_checkpoint(dir, dp_,
-                              {.sft_steps = s.sft_steps,
-                               .rl_steps = rl_steps,
-                               .updates = updates_,
-                               .rng = rng_.state(),
-                               .held_out_before_rl = s.held_out_before_rl,
-                               .records = s.records,
-                               .events = s.events,
-                               .run = o_.run});
+    RlCheckpoint c{.sft_steps = s.sft_steps,
+                   .rl_steps = rl_steps,
+                   .updates = updates_,
+                   .rng = rng_.state(),
+                   .held_out_before_rl = s.held_out_before_rl,
+                   .records = s.records,
+                   .events = s.events,
+                   .run = o_.run};
+    if (received_) {
+      c.pending_problems = received_->problems;
+      c.pending_samples = received_->samples;
+    }
+    WL_RETURN_IF_ERROR(save_rl_checkpoint(dir, dp_, c));
+    if (o_.max_staleness > 0) WL_RETURN_IF_ERROR(push_weights().status());
+    return ok_status();
   }
 
   Result<RlCheckpoint> resume(const std::string& dir) {
     WL_ASSIGN_OR_RETURN(RlCheckpoint c, load_rl_checkpoint(dir, dp_, o_.run));
     rng_.set_state(c.rng);
     updates_ = c.updates;
+    if (!c.pending_problems.empty()) {
+      WL_RETURN_IF_ERROR(check_pending(c).with_context(dir + "/rl_state.json: pending"));
+      Round r;
+      r.problems = std::move(c.pending_problems);
+      for (const Problem& p : r.problems) {
+        for (int64_t k = 0; k < o_.group; ++k) r.prompts.push_back(train::encode(p.prompt));
+      }
+      r.samples = std::move(c.pending_samples);
+      for (size_t i = 0; i < r.samples.size(); ++i) r.samples[i].prompt = r.prompts[i];
+      received_ = std::move(r);
+    }
+    if (o_.max_staleness > 0) WL_RETURN_IF_ERROR(push_weights().status());
     return c;
+  }
+
+  // A checkpoint's pending round, held to what a worker's reply is held to.
+  Status check_pending(const RlCheckpoint& c) const {
+    if (c.pending_samples.size() != c.pending_problems.size() * size_t(o_.group)) {
+      return data_loss(std::to_string(c.pending_samples.size()) + " samples for " +
+                       std::to_string(c.pending_problems.size()) + " problems of " +
+                       std::to_string(o_.group));
+    }
+    for (size_t i = 0; i < c.pending_samples.size(); ++i) {
+      const Sample& s = c.pending_samples[i];
+      const std::string which = "sample " + std::to_string(i);
+      if (s.version > c.updates) {
+        return data_loss(which + ": version " + std::to_string(s.version) + " after the run's " +
+                         std::to_string(c.updates));
+      }
+      if (s.logprobs.size() != s.completion.size() || int64_t(s.completion.size()) > max_new()) {
+        return data_loss(which + ": " + std::to_string(s.completion.size()) + " tokens, " +
+                         std::to_string(s.logprobs.size()) + " log-probabilities");
+      }
+      // Routes for the tokens fed: the prompt, the completion but its last token.
+      const size_t prompt = train::encode(c.pending_problems[i / size_t(o_.group)].prompt).size();
+      const size_t routes =
+          o_.routing_replay && !s.completion.empty()
+              ? (prompt + s.completion.size() - 1) * size_t(o_.config.num_layers * o_.config.top_k)
+              : 0;
+      if (s.routes.size() != routes) {
+        return data_loss(which + ": " + std::to_string(s.routes.size()) + " route entries, not " +
+                         std::to_string(routes));
+      }
+      for (size_t t = 0; t < s.completion.size(); ++t) {
+        if (s.completion[t] < 0 || s.completion[t] >= o_.config.vocab_size ||
+            !std::isfinite(s.logprobs[t]) || s.logprobs[t] > 0) {
+          return data_loss(which + ", token " + std::to_string(t) + ": " +
+                           std::to_string(s.completion[t]) + " with log-probability " +
+                           std::to_string(s.logprobs[t]));
+        }
+      }
+    }
+    return ok_status();
   }
 
   Result<std::vector<float>> policy() {
