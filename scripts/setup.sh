@@ -15,6 +15,8 @@ packages=(
   libopenmpi-dev openmpi-bin
   python3 python3-torch python3-numpy python3-matplotlib
   python3-dev pybind11-dev python3-pytest
+  # `pip install .` of the Python package, from the checkout, with no download.
+  python3-pip python3-setuptools python3-wheel python3-venv
   # PyTorch links the system BLAS; without OpenBLAS it gets the reference BLAS, ~10x slower,
   # which would make it a straw man as the eager baseline.
   libopenblas0-pthread
