@@ -44,6 +44,7 @@ class ServerCopyReader {
   const std::string& what() const { return what_; }
 
   Status check_records() const;
+  Status check_shards() const;
   Status connect();
   // Every server's shards still as they were sent; `after`: only that no change began.
   Status check_unchanged(bool after);
@@ -81,6 +82,23 @@ Status ServerCopyReader::check_records() const {
     return failed_precondition(what_ +
                                ": the servers hold nothing to heal from (no update "
                                "yet, or its checkpoint was unregistered)");
+  }
+  return ok_status();
+}
+
+// Every server records a shard (possibly no rows) of every parameter: a record without one is
+// damaged, found here before any read.
+Status ServerCopyReader::check_shards() const {
+  const model::ParamLayout layout(records_[0].config);
+  for (const ServerCopyRecord& r : records_) {
+    for (const model::ParamInfo& p : layout.params()) {
+      const bool held = std::any_of(r.shards.begin(), r.shards.end(),
+                                    [&](const ServerCopyShard& sh) { return sh.name == p.name; });
+      if (!held) {
+        return data_loss(what_ + ": server " + std::to_string(r.rank) +
+                         "'s record names no shard of '" + p.name + "'; the record is damaged");
+      }
+    }
   }
   return ok_status();
 }
@@ -131,7 +149,7 @@ Status ServerCopyReader::get_shard(const Source& s, const model::ParamInfo& info
                                    std::vector<std::byte>& full, std::vector<comm::Request>& gets) {
   auto it = s.shards.find(info.name);
   if (it == s.shards.end()) {
-    // Every server records a shard (possibly no rows) of every parameter it holds.
+    // check_records() found every parameter's shard; this guards the lookup all the same.
     return data_loss(what_ + ": server " + std::to_string(s.record->rank) +
                      "'s record names no shard of '" + info.name + "'; the record is damaged");
   }
@@ -254,6 +272,7 @@ Result<uint64_t> heal_from_servers(comm::Transport& worker, Receiver& receiver,
   const ServerCopyRecord& first = records[0];
   WL_ASSIGN_OR_RETURN(LocalConverter converter,
                       LocalConverter::create(first.config, receiver, 0, first.dtype));
+  WL_RETURN_IF_ERROR(reader.check_shards());
   WL_RETURN_IF_ERROR(reader.connect());
   WL_RETURN_IF_ERROR(reader.check_unchanged(/*after=*/false));
 
