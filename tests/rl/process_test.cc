@@ -320,6 +320,22 @@ TEST_P(ResumedTrainer, ContinuesTheUninterruptedCurve) {
   EXPECT_EQ(wl::testing::wait_exit(job[0], comm::deadline_after(60s)), 1) << job[0].output;
   EXPECT_NE(job[0].output.find("--temperature"), std::string::npos) << job[0].output;
   for (Child& c : job) wl::testing::kill_and_reap(c);
+  if (std::string(GetParam()) == "0") return;
+  // An asynchronous checkpoint whose pending round names a token the model does not have is
+  // refused, naming the sample and the token, before any step.
+  const std::string damaged = fresh_dir("damaged_checkpoint");
+  std::filesystem::copy(
+      from, damaged,
+      std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);
+  nlohmann::json state = nlohmann::json::parse(std::ifstream(damaged + "/rl_state.json"));
+  ASSERT_TRUE(state.contains("pending")) << "an asynchronous checkpoint holds the next round";
+  state["pending"]["samples"][1]["completion"][0] = 1 << 20;
+  std::ofstream(damaged + "/rl_state.json") << state.dump();
+  job = start_job(3, with_out(fresh_dir("damaged_run"), {"--resume", damaged}));
+  EXPECT_EQ(wl::testing::wait_exit(job[0], comm::deadline_after(60s)), 1) << job[0].output;
+  EXPECT_NE(job[0].output.find("pending: sample 1, token 0: 1048576"), std::string::npos)
+      << job[0].output;
+  for (Child& c : job) wl::testing::kill_and_reap(c);
 }
 
 INSTANTIATE_TEST_SUITE_P(RlProcesses, ResumedTrainer, ::testing::Values("0", "1"),
