@@ -563,6 +563,29 @@ bool all_servers_published(const std::atomic<int>& published) {
   return published.load() == kServers;
 }
 
+// Records that no heal may use: the wrong number, one from another checkpoint (an update under
+// way), and one missing a shard, which is damage no retry mends (not a start-fresh case).
+void expect_bad_records_refused(const model::ModelConfig& c,
+                                const std::vector<ServerCopyRecord>& records) {
+  Healer h(c);
+  auto v = h.heal(std::span(records).first(1));
+  EXPECT_EQ(v.status().code(), StatusCode::kFailedPrecondition) << v.status().to_string();
+  std::vector<ServerCopyRecord> mixed = records;
+  mixed[1].checkpoint = "b";
+  v = h.heal(mixed);
+  EXPECT_EQ(v.status().code(), StatusCode::kFailedPrecondition) << v.status().to_string();
+  EXPECT_NE(v.status().message().find("server rank 1 last sent 'b'"), std::string::npos)
+      << v.status().to_string();
+  EXPECT_EQ(h.receiver->version(), 0u) << "nothing adopted";
+  std::vector<ServerCopyRecord> damaged = records;
+  damaged[1].shards.pop_back();
+  v = h.heal(damaged);
+  EXPECT_EQ(v.status().code(), StatusCode::kDataLoss) << v.status().to_string();
+  EXPECT_NE(v.status().message().find("server 1's record names no shard"), std::string::npos)
+      << v.status().to_string();
+  EXPECT_EQ(h.receiver->version(), 0u) << "nothing adopted";
+}
+
 // Healing from the servers while they refresh the checkpoint and send it again and again: a
 // heal either lands exactly the version its records name or is refused (the shards changed
 // during the copy, or the records are mid-update); never a mixture. Records that disagree, or
@@ -591,26 +614,7 @@ TEST(HealFromServers, CopiesExactlyTheVersionSentOrRefusesWhileTheServersRefresh
         expect_matches_reference(*h.receiver, c, h.layout, a, 1);
       }
     }
-    {  // Bad records: the wrong number, or one from another checkpoint.
-      Healer h(c);
-      auto v = h.heal(std::span(records).first(1));
-      EXPECT_EQ(v.status().code(), StatusCode::kFailedPrecondition) << v.status().to_string();
-      std::vector<ServerCopyRecord> mixed = records;
-      mixed[1].checkpoint = "b";
-      v = h.heal(mixed);
-      EXPECT_EQ(v.status().code(), StatusCode::kFailedPrecondition) << v.status().to_string();
-      EXPECT_NE(v.status().message().find("server rank 1 last sent 'b'"), std::string::npos)
-          << v.status().to_string();
-      EXPECT_EQ(h.receiver->version(), 0u) << "nothing adopted";
-      // A record missing a shard is damaged, which no retry mends: not a start-fresh case.
-      std::vector<ServerCopyRecord> damaged = records;
-      damaged[1].shards.pop_back();
-      v = h.heal(damaged);
-      EXPECT_EQ(v.status().code(), StatusCode::kDataLoss) << v.status().to_string();
-      EXPECT_NE(v.status().message().find("server 1's record names no shard"), std::string::npos)
-          << v.status().to_string();
-      EXPECT_EQ(h.receiver->version(), 0u) << "nothing adopted";
-    }
+    expect_bad_records_refused(c, records);
     // While the servers refresh and update in turn, each heal reads the latest records: it
     // lands exactly the version they name, or is refused (a refresh overlapped the copy, or
     // the records are mid-update). Once they stop, one more heal must land the last version.
