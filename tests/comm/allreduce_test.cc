@@ -13,6 +13,7 @@
 #include "exact_data.h"
 #include "rank_threads.h"
 #include "weightlift/comm/detail/allreduce_algorithms.h"
+#include "weightlift/comm/detail/shm_arena.h"
 
 namespace wl::comm {
 namespace {
@@ -111,18 +112,42 @@ TEST_P(AllreduceAutoTest, LargeBuffersWithDefaultSegments) {
 }
 
 TEST_P(AllreduceAutoTest, OutputsPastTheStreamingThreshold) {
-  // 8 MiB and more are written with non-temporal stores on the shared-memory path
-  // (allreduce_shm.cc): the unaligned head and tail and the fence must still leave every
-  // element right, in place and out of place.
+  // 8 MiB and more are written with non-temporal stores on the shared-memory path, the slots
+  // too, with each result made in a private block first (allreduce_shm.cc): the unaligned
+  // head and tail, the fences and the staging must still leave every element right, in place
+  // and out of place, with the average divided in the private block.
   const int P = GetParam();
   testing::run_world(P, [&](Group& g) {
     const size_t count = (size_t(2) << 20) + 3;
     check_allreduce(g, DType::kF32, ReduceOp::kSum, count, false, AllreduceAlgorithm::kAuto, 0);
     check_allreduce(g, DType::kI32, ReduceOp::kMax, count, true, AllreduceAlgorithm::kAuto, 0);
+    check_allreduce(g, DType::kF32, ReduceOp::kAvg, count, false, AllreduceAlgorithm::kAuto, 0);
+    // A small one after, on slots last written by streaming stores.
+    check_allreduce(g, DType::kF32, ReduceOp::kSum, 1 << 16, false, AllreduceAlgorithm::kAuto, 0);
   });
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, AllreduceAutoTest, ::testing::Values(1, 2, 3, 4));
+
+// The shared-memory path's choice of how a rank writes its slots: ordinary stores until
+// streaming measures clearly cheaper, one chunk in kExploreEvery trying the other way, and back
+// when the placement changes again.
+TEST(SlotWriteChooser, KeepsOrdinaryStoresUnlessStreamingIsClearlyCheaperAndKeepsLooking) {
+  using detail::SlotWriteChooser;
+  SlotWriteChooser c;
+  const uint64_t explore = SlotWriteChooser::kExploreEvery - 1;
+  EXPECT_FALSE(c.stream(0));
+  EXPECT_TRUE(c.stream(explore));  // nothing measured yet: try streaming now and then
+  c.record(false, 1.0);
+  c.record(true, 0.8);  // cheaper, but within the margin
+  EXPECT_FALSE(c.stream(1));
+  EXPECT_TRUE(c.stream(explore));
+  for (int i = 0; i < 10; ++i) c.record(false, 5.0);  // the cores went apart
+  EXPECT_TRUE(c.stream(1));
+  EXPECT_FALSE(c.stream(explore + SlotWriteChooser::kExploreEvery));  // still tries the old way
+  for (int i = 0; i < 20; ++i) c.record(false, 0.7);                  // and back together
+  EXPECT_FALSE(c.stream(1));
+}
 
 // Both trees span every rank once, parent and child links agree, the depth is what the cost
 // model assumes, and no rank is an inner node of both trees.

@@ -137,6 +137,53 @@ TEST_P(CollectivesTest, BroadcastFromEveryRoot) {
   });
 }
 
+// Outputs of 8 MiB and more stream the output and this rank's slots (allreduce_shm.cc): a
+// reduce_scatter, an allgather and a broadcast past that, back to back on one arena, then a
+// small allgather on the slots they wrote.
+TEST_P(CollectivesTest, LargeOnesStreamTheirSlots) {
+  const int P = GetParam();
+  const size_t count = (size_t(2) << 20) + 3;  // f32: just over 8 MiB
+  testing::run_world(P, [&](Group& g) {
+    const int r = g.rank();
+    GuardedBuffer send(DType::kF32, count * size_t(P)), recv(DType::kF32, count * size_t(P));
+    for (size_t i = 0; i < count * size_t(P); ++i) {
+      testing::put(DType::kF32, send.data(), i, testing::value(ReduceOp::kSum, P, r, i));
+    }
+    Status s = reduce_scatter(
+        g, {.send = send.data(), .recv = recv.data(), .count = count, .dtype = DType::kF32});
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    for (size_t i = 0; i < count; ++i) {
+      ASSERT_EQ(testing::get(DType::kF32, recv.data(), i),
+                testing::expected(ReduceOp::kSum, P, size_t(r) * count + i))
+          << "reduce_scatter, rank " << r << " element " << i;
+    }
+    for (size_t i = 0; i < count; ++i) testing::put(DType::kF32, send.data(), i, tagged(r, i));
+    s = allgather(g,
+                  {.send = send.data(), .recv = recv.data(), .count = count, .dtype = DType::kF32});
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    for (size_t i = 0; i < count * size_t(P); ++i) {
+      ASSERT_EQ(testing::get(DType::kF32, recv.data(), i), tagged(int(i / count), i % count))
+          << "allgather, rank " << r << " element " << i;
+    }
+    const int root = P - 1;
+    for (size_t i = 0; i < count; ++i) {
+      testing::put(DType::kF32, recv.data(), i, r == root ? tagged(root, i + 1) : 0);
+    }
+    s = broadcast(g, {.buffer = recv.data(), .count = count, .dtype = DType::kF32, .root = root});
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    for (size_t i = 0; i < count; ++i) {
+      ASSERT_EQ(testing::get(DType::kF32, recv.data(), i), tagged(root, i + 1))
+          << "broadcast, rank " << r << " element " << i;
+    }
+    s = allgather(g, {.send = send.data(), .recv = recv.data(), .count = 9, .dtype = DType::kF32});
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    for (size_t i = 0; i < 9 * size_t(P); ++i) {
+      ASSERT_EQ(testing::get(DType::kF32, recv.data(), i), tagged(int(i / 9), i % 9));
+    }
+    EXPECT_TRUE(send.guards_intact() && recv.guards_intact());
+  });
+}
+
 TEST_P(CollectivesTest, ReduceToEveryRoot) {
   const int P = GetParam();
   testing::run_world(P, [&](Group& g) {

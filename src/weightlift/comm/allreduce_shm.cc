@@ -32,9 +32,20 @@
 //   copies)
 // For P = 2 that is 2.25 n / M. busbw = 2(P-1)/P n / T, so with M = 12 GB/s (2 ranks,
 // DESIGN.md) the model gives 5.3 GB/s; the cache-resident scratch is what lets it beat that,
-// since beyond the caches DRAM sees only the input read and the output written. Outputs of
-// 8 MiB and more are written with non-temporal stores, which skip reading every output line
-// first. docs/algorithms.md compares it with the ring.
+// since beyond the caches DRAM sees only the input read and the output written.
+//
+// Collectives whose output is 8 MiB or more write the output with non-temporal stores, which
+// skip reading every output line first. Any chunked collective may write its slots so too. A
+// slot line being rewritten was last read by a peer, so an ordinary store must first take the
+// line back from the peer's cache. When the two cores share a cache that is cheap; when the
+// machine has put them on different dies it stalled copy-in 5x and the reduction 3x (64 MiB,
+// 2 ranks: 33 ms instead of 10; 1 MiB: 490 us instead of 62; docs/algorithms.md, "Where the
+// slow runs came from"). A streaming store does not wait for the line, so in that mode the
+// result of a reduction is made in a private block (ShmArena::staging), never shared, and
+// streamed from there to the slot. Its price is that the peers then read the slots from DRAM
+// instead of from cache (64 MiB in 12-13 ms instead of 10 when the cores share a cache), so
+// each rank measures both ways as it goes (SlotWriteChooser) and writes its slots the way that
+// is cheaper at the moment. docs/algorithms.md compares all this with the ring.
 //
 // Allreduces of at most 32 KiB go one-shot instead: every rank copies its whole input into its
 // slot, and after one hand-off reduces all P copies itself, in rank order (same bits on every
@@ -58,6 +69,7 @@
 
 #include "weightlift/comm/detail/allreduce_algorithms.h"
 #include "weightlift/comm/detail/shm_arena.h"
+#include "weightlift/core/timing.h"
 
 namespace wl::comm::detail {
 
@@ -112,11 +124,19 @@ class ShmPipeline {
   size_t chunk_n(size_t c) const { return std::min(step_, a_.count - c * step_); }
   Range block(size_t c, int d) const;
   void copy_to_output(std::byte* dst, const std::byte* src, size_t bytes) const {
-    if (streaming_) {
+    copy(dst, src, bytes, streaming_);
+  }
+  SlotWriteChooser& chooser() const { return A_.slot_writes[streaming_ ? 1 : 0]; }
+  static void copy(std::byte* dst, const std::byte* src, size_t bytes, bool stream) {
+    if (stream) {
       stream_copy(dst, src, bytes);
     } else {
       std::memcpy(dst, src, bytes);
     }
+  }
+  // Streaming stores are not ordered with the release store that publishes a phase.
+  void fence_before_publish(size_t slot) const {
+    if (streaming_ || stream_slot_[slot]) _mm_sfence();
   }
   Status wait_for(ShmPhase phase, uint64_t target, size_t c, const char* what, int only = -1);
   Status copy_in(size_t c);
@@ -139,6 +159,9 @@ class ShmPipeline {
   const std::byte* in_;
   std::byte* out_;
   bool streaming_ = false;
+  // By slot: whether this rank streamed the chunk's slot writes, and its copy-in time.
+  bool stream_slot_[kShmSlots] = {};
+  double copy_in_seconds_[kShmSlots] = {};
 };
 
 ShmPipeline::ShmPipeline(Group& g, ShmArena& A, const ShmCollectiveArgs& a, Deadline deadline)
@@ -212,24 +235,35 @@ Status ShmPipeline::copy_in(size_t c) {
           before < A_.read_in_copy_out_until ? ShmPhase::kCopiedOut : ShmPhase::kReduced;
       WL_RETURN_IF_ERROR(wait_for(read, before + 1, c, "a free slot"));
     }
+    const bool stream = stream_slot_[slot] = chooser().stream(gc);
+    const Stopwatch clock;
     for (int d = 0; d < P_; ++d) {
       const Range b = block(c, d);
       if (d != r_ && b.count) {
-        std::memcpy(A_.in_block(r_, slot, d), in_ + b.offset * es_, b.count * es_);
+        copy(A_.in_block(r_, slot, d), in_ + b.offset * es_, b.count * es_, stream);
       }
     }
+    copy_in_seconds_[slot] = clock.seconds();  // recorded with the reduction's time
   } else if (kind_ == ShmKind::kAllgather || r_ == a_.root) {
     // The whole slot carries this rank's piece; every peer must have copied it out before.
     if (gc >= kShmSlots) {
       WL_RETURN_IF_ERROR(wait_for(ShmPhase::kCopiedOut, gc - kShmSlots + 1, c, "a free slot"));
     }
     const size_t n = chunk_n(c);
-    std::memcpy(A_.in_block(r_, slot, 0), in_ + c * step_ * es_, n * es_);
+    if (one_shot_) {  // small: no clock, no choice
+      std::memcpy(A_.in_block(r_, slot, 0), in_ + c * step_ * es_, n * es_);
+    } else {
+      const bool stream = stream_slot_[slot] = chooser().stream(gc);
+      const Stopwatch clock;
+      copy(A_.in_block(r_, slot, 0), in_ + c * step_ * es_, n * es_, stream);
+      chooser().record(stream, clock.seconds() / double(n * es_));
+    }
     std::byte* mine = out_ + (size_t(r_) * a_.count + c * step_) * es_;
     if (!one_shot_ && kind_ == ShmKind::kAllgather && mine != in_ + c * step_ * es_) {
       copy_to_output(mine, in_ + c * step_ * es_, n * es_);
     }
   }
+  fence_before_publish(slot);
   A_.publish(r_, ShmPhase::kCopiedIn, gc + 1);
   return ok_status();
 }
@@ -244,8 +278,14 @@ Status ShmPipeline::reduce_own(size_t c) {
       WL_RETURN_IF_ERROR(wait_for(ShmPhase::kCopiedOut, gc - kShmSlots + 1, c, "a free slot"));
     }
     const Range b = block(c, r_);
-    // allreduce: into the result block, which the peers copy; reduce_scatter: straight out.
-    std::byte* res = kind_ == ShmKind::kAllreduce ? A_.res_block(r_, slot) : out_ + c * step_ * es_;
+    // allreduce: into the result block, which the peers copy (by way of the private staging
+    // block when streaming); reduce_scatter: straight out.
+    const bool staged = kind_ == ShmKind::kAllreduce && stream_slot_[slot];
+    const Stopwatch clock;
+    if (staged && A_.staging.size() < b.count * es_) A_.staging.resize(A_.block_bytes());
+    std::byte* res = kind_ == ShmKind::kReduceScatter ? out_ + c * step_ * es_
+                     : staged                         ? A_.staging.data()
+                                                      : A_.res_block(r_, slot);
     if (b.count) {
       const std::byte* own = in_ + b.offset * es_;
       bool first = true;
@@ -255,9 +295,13 @@ Status ShmPipeline::reduce_own(size_t c) {
         first = false;
       }
       if (a_.op == ReduceOp::kAvg) divide(a_.dtype, res, b.count, P_);
+      if (staged) stream_copy(A_.res_block(r_, slot), res, b.count * es_);
       if (kind_ == ShmKind::kAllreduce) copy_to_output(out_ + b.offset * es_, res, b.count * es_);
     }
+    chooser().record(stream_slot_[slot],
+                     (copy_in_seconds_[slot] + clock.seconds()) / double(chunk_n(c) * es_));
   }
+  fence_before_publish(slot);
   A_.publish(r_, ShmPhase::kReduced, gc + 1);
   return ok_status();
 }

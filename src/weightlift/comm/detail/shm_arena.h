@@ -46,6 +46,31 @@ inline constexpr size_t kShmBlockBytes = 128 << 10;
 
 enum class ShmPhase : int { kCopiedIn = 0, kReduced = 1, kCopiedOut = 2 };
 
+// Whether a rank writes its slots with ordinary stores, which leave the data in cache for the
+// peers, or streaming ones, which do not wait for a line a peer has read to come back first.
+// Which costs less depends on whether the machine has put the cores on a shared cache at the
+// moment (allreduce_shm.cc), so it is measured: each chunk's copy-in and reduction time per
+// byte, averaged per mode. Ordinary stores are kept unless streaming is clearly cheaper (they
+// also spare the peers a read from DRAM, which this rank's clock does not see), and one chunk
+// in kExploreEvery tries the other mode so that a change of placement is noticed.
+class SlotWriteChooser {
+ public:
+  static constexpr uint64_t kExploreEvery = 16;
+  static constexpr double kMargin = 1.5;  // ordinary stores' cost / streaming's, to switch
+
+  bool stream(uint64_t chunk) const {
+    const bool preferred = cost_[1] > 0 && cost_[0] > kMargin * cost_[1];
+    return chunk % kExploreEvery == kExploreEvery - 1 ? !preferred : preferred;
+  }
+  void record(bool streamed, double seconds_per_byte) {
+    double& c = cost_[streamed ? 1 : 0];
+    c = c == 0 ? seconds_per_byte : 0.8 * c + 0.2 * seconds_per_byte;
+  }
+
+ private:
+  double cost_[2] = {0, 0};  // seconds per byte: ordinary, streaming
+};
+
 class ShmArena {
  public:
   // Collective over `group`: every member calls it in the same collective call. Fails only
@@ -79,6 +104,11 @@ class ShmArena {
   // reuses a slot of a chunk before this one waits for the peers' copy-out of it, not only
   // their reduction: they reduce such a chunk (a no-op) before they copy it out.
   uint64_t read_in_copy_out_until = 0;
+  // How this rank writes its slots, measured as it goes (allreduce_shm.cc says why): [0] for
+  // collectives whose output stays in cache, [1] for those of 8 MiB and more, whose costs
+  // per byte differ. And its private block for reductions whose slots are streamed.
+  SlotWriteChooser slot_writes[2];
+  std::vector<std::byte> staging;
   // Not OK once a collective on the arena failed: the counters may be out of step, so later
   // collectives fail at once instead of reading a peer's half-written slot.
   Status broken;
