@@ -29,7 +29,11 @@ inline Status check_root(const Group& g, const char* op, int root) {
 }
 
 inline Status check_reduction(const Group& g, const char* op, DType dtype, ReduceOp rop) {
-  return check_reducible(dtype, rop).with_context(std::string(op) + " on " + g.describe());
+  Status s = check_reducible(dtype, rop);
+  // The context only for an error: describe() formats and allocates, and this runs on every
+  // call (it was a quarter of an 8-byte allreduce's time: 0.33 us, 0.25 without).
+  if (s.ok()) return s;
+  return s.with_context(std::string(op) + " on " + g.describe());
 }
 
 // Uninitialised scratch memory; the algorithms write before they read.
