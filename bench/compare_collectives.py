@@ -7,6 +7,9 @@ For each op it runs the same sweep three times, one implementation after the oth
   gloo        `/usr/bin/python3 bench/gloo_collectives.py --nprocs N`
 then prints busbw per size with the ratios (and time ratios, which matter for small sizes),
 writes an SVG plot of busbw against size per op, and optionally all rows as JSON lines.
+With --interleave it runs one size at a time, every implementation in turn: the machine's
+state changes within seconds (docs/algorithms.md, "Where the slow runs came from"), and a
+whole sweep of one implementation after the other's may compare two different machines.
 
     /usr/bin/python3 bench/compare_collectives.py --build build/release --out runs/collectives
 
@@ -99,6 +102,34 @@ def svg_plot(path, op, series, ranks):
         f.write("\n".join(out) + "\n")
 
 
+def parse_bytes(text):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(text[:-1]) * units[text[-1].upper()] if text[-1].upper() in units else int(text)
+
+
+def sizes_of(min_bytes, max_bytes, factor):
+    n, last, out = parse_bytes(min_bytes), parse_bytes(max_bytes), []
+    while n <= last:
+        out.append(n)
+        n *= factor
+    return out
+
+
+def measure(args, op, sizes, skip):
+    """The rows of every implementation not in `skip`, one after the other, for `sizes` (flags)."""
+    wl = os.path.join(args.build, "apps", "weightlift")
+    rows = rows_from([wl, "launch", "-n", str(args.nprocs), "--", wl, "bench", "collectives",
+                      "--json", "--ops", op] + sizes)
+    if "openmpi" not in skip:
+        rows += rows_from(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np",
+                           str(args.nprocs), os.path.join(args.build, "bench", "mpi_collectives"),
+                           "--ops", op] + sizes)
+    if "gloo" not in skip:
+        rows += rows_from(["/usr/bin/python3", os.path.join(HERE, "gloo_collectives.py"),
+                           "--nprocs", str(args.nprocs), "--ops", op] + sizes)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", default="build/release", help="CMake build directory")
@@ -110,12 +141,13 @@ def main():
     ap.add_argument("--iters", type=int, default=0)
     ap.add_argument("--out", default="runs/collectives", help="prefix of the SVG and JSON files")
     ap.add_argument("--skip", default="", help="comma-separated peers to leave out: openmpi,gloo")
+    ap.add_argument("--interleave", action="store_true",
+                    help="one size at a time, every implementation in turn, so that each size's "
+                         "figures share the machine's state (slower: a launch per size)")
     args = ap.parse_args()
 
     sweep = ["--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes,
              "--factor", str(args.factor), "--iters", str(args.iters)]
-    wl = os.path.join(args.build, "apps", "weightlift")
-    ours = [wl, "bench", "collectives"]
     mpi = os.path.join(args.build, "bench", "mpi_collectives")
     skip = set(filter(None, args.skip.split(",")))
     if not (os.path.exists(mpi) and shutil.which("mpirun")):
@@ -124,13 +156,13 @@ def main():
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     all_rows = []
     for op in args.ops.split(","):
-        rows = rows_from([wl, "launch", "-n", str(args.nprocs), "--"] + ours + ["--json", "--ops", op] + sweep)
-        if "openmpi" not in skip:
-            rows += rows_from(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np",
-                               str(args.nprocs), mpi, "--ops", op] + sweep)
-        if "gloo" not in skip:
-            rows += rows_from(["/usr/bin/python3", os.path.join(HERE, "gloo_collectives.py"),
-                               "--nprocs", str(args.nprocs), "--ops", op] + sweep)
+        if args.interleave:
+            rows = []
+            for n in sizes_of(args.min_bytes, args.max_bytes, args.factor):
+                one = ["--min-bytes", str(n), "--max-bytes", str(n), "--iters", str(args.iters)]
+                rows += measure(args, op, one, skip)
+        else:
+            rows = measure(args, op, sweep, skip)
         all_rows += rows
         by = {}
         for row in rows:
