@@ -2,29 +2,63 @@
 
 #include "commands.h"
 #include "report/model_info.h"
+#include "weightlift/parallel/layout.h"
 
 namespace wl::app {
 
+namespace {
+
+struct ModelInfoFlags {
+  std::string preset = "small";
+  std::string config;
+  int dp = 1, pp = 1;
+  std::string dp_mode = "ddp";
+  bool per_rank = false;  // any of --dp, --pp, --dp-mode given: print the per-rank table
+};
+
+Status run_model_info(const ModelInfoFlags& f) {
+  WL_ASSIGN_OR_RETURN(model::ModelConfig cfg,
+                      f.config.empty() ? model::preset(f.preset) : model::load_config(f.config));
+  const auto mode = parallel::dp_mode_from_name(f.dp_mode);
+  if (!mode) {
+    return invalid_argument("--dp-mode '" + f.dp_mode + "': expected ddp, zero1, zero2 or fsdp");
+  }
+  if (f.pp > cfg.num_layers) {
+    return invalid_argument("--pp " + std::to_string(f.pp) + ": the model has only " +
+                            std::to_string(cfg.num_layers) + " layers to cut into stages");
+  }
+  const std::string name = f.config.empty() ? f.preset : f.config;
+  std::fputs(model_info_report(name, model::model_info(cfg)).c_str(), stdout);
+  if (f.per_rank) {
+    const parallel::ParallelLayout layout{.dp_mode = *mode, .dp = f.dp, .pp = f.pp};
+    WL_ASSIGN_OR_RETURN(std::string table, per_rank_state_report(cfg, layout));
+    std::fputs(table.c_str(), stdout);
+  }
+  if (name == "seed-6.9b") {
+    std::puts(
+        "  note: seed 003 calls this model \"6.9B total, 0.7B active\"; its own shapes give "
+        "the active count above (4 of 16 experts of ffn 6144 in each of 30 layers).");
+  }
+  return ok_status();
+}
+
+}  // namespace
+
 void register_model_info(CLI::App& app, Outcome& out) {
   auto* cmd = app.add_subcommand("model-info", "parameter counts and memory of a model");
-  auto preset = std::make_shared<std::string>("small");
-  auto config = std::make_shared<std::string>();
-  cmd->add_option("--preset", *preset, "tiny, small, medium or seed-6.9b");
-  cmd->add_option("--config", *config, "a config.json instead of a preset");
-  cmd->callback([&out, preset, config] {
-    Result<model::ModelConfig> cfg =
-        config->empty() ? model::preset(*preset) : model::load_config(*config);
-    if (!cfg.ok()) {
-      out.exit_code = report("model-info", cfg.status());
-      return;
-    }
-    const std::string name = config->empty() ? *preset : *config;
-    std::fputs(model_info_report(name, model::model_info(*cfg)).c_str(), stdout);
-    if (name == "seed-6.9b") {
-      std::puts(
-          "  note: seed 003 calls this model \"6.9B total, 0.7B active\"; its own shapes give "
-          "the active count above (4 of 16 experts of ffn 6144 in each of 30 layers).");
-    }
+  auto f = std::make_shared<ModelInfoFlags>();
+  cmd->add_option("--preset", f->preset, "tiny, small, medium or seed-6.9b");
+  cmd->add_option("--config", f->config, "a config.json instead of a preset");
+  auto* dp =
+      cmd->add_option("--dp", f->dp, "data-parallel ranks per stage: print what each rank holds")
+          ->check(CLI::Range(1, 1 << 20));
+  auto* pp = cmd->add_option("--pp", f->pp, "pipeline stages: print what each rank holds")
+                 ->check(CLI::Range(1, 1 << 20));
+  auto* mode = cmd->add_option("--dp-mode", f->dp_mode,
+                               "ddp, zero1, zero2 or fsdp: print what each rank holds");
+  cmd->callback([&out, f, dp, pp, mode] {
+    f->per_rank = dp->count() + pp->count() + mode->count() > 0;
+    out.exit_code = report("model-info", run_model_info(*f));
   });
 }
 

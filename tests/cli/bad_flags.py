@@ -152,9 +152,18 @@ def messages(s, d):
                    ["model-info", "--config", os.path.join(d, "no\rsuch\x1b[2J.json")], "\\x0d")
 
 
+def layouts(s, d):
+    """model-info's per-rank table: a layout the model cannot take is named, not planned."""
+    s.expect_error("model-info --pp past the layers", ["model-info", "--preset", "tiny", "--pp",
+                                                       "99"], "--pp 99", "layers")
+    s.expect_error("model-info --dp-mode zero3", ["model-info", "--dp-mode", "zero3"],
+                   "--dp-mode", "ddp, zero1, zero2 or fsdp")
+    s.expect_error("model-info --dp 0", ["model-info", "--dp", "0"], "--dp", "1 to")
+
+
 def main():
     s = Suite(sys.argv[1], tempfile.mkdtemp(prefix="wl-bad-flags-"))
-    for group in (sampling, threads, optimizer, counts_and_sizes, messages):
+    for group in (sampling, threads, optimizer, counts_and_sizes, messages, layouts):
         with tempfile.TemporaryDirectory(dir=s.scratch) as d:
             s.scratch_case = d
             group(s, d)

@@ -48,6 +48,10 @@ def huge_configs(s, d, cfg, w, batch):
     code, out, err = s.run([s.exe, "model-info", "--config", path], memory_limit=LIMIT)
     s.report("model-info of a 100M-expert config answers", out.splitlines()[0] if out else err,
              [] if code == 0 and "total parameters" in out else [f"exit {code}: {err.strip()}"])
+    # Its per-rank table lays out every tensor: refused before, with the count.
+    s.expect_error("model-info's per-rank table of a 100M-expert config",
+                   ["model-info", "--config", path, "--dp", "2"], "laying out the parameter tensors",
+                   "600000014 tensors", memory_limit=LIMIT)
 
 
 def budgets(s, d, cfg, w, batch):

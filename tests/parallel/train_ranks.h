@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "support/scratch_dir.h"
+#include "weightlift/comm/barrier.h"
 #include "weightlift/comm/group.h"
 #include "weightlift/comm/memory_store.h"
 #include "weightlift/core/safetensors.h"
@@ -115,6 +116,11 @@ inline void run_data_parallel(int ranks, const model::ModelConfig& config, Paral
       auto dp = make_data_parallel(config, layout, {}, std::chrono::seconds(30), {*group, *comm});
       ASSERT_TRUE(dp.ok()) << dp.status().to_string();
       fn(**dp);
+      // No rank tears its workers down while a peer may still be wiring up an endpoint to
+      // them (a fn that ends without a collective left a slower rank's connect failing on a
+      // shared-memory segment already gone).
+      const Status s = comm::barrier(**group);
+      EXPECT_TRUE(s.ok()) << s.to_string();
     });
   }
   for (std::thread& t : threads) t.join();

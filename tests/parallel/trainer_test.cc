@@ -20,6 +20,7 @@
 #include "weightlift/model/params.h"
 #include "weightlift/model/units.h"
 #include "weightlift/parallel/pipeline.h"
+#include "weightlift/parallel/state_bytes.h"
 #include "weightlift/parallel/step.h"
 #include "weightlift/train/checkpoint_state.h"
 
@@ -342,6 +343,32 @@ TEST(Fsdp, HoldsAFractionOfTheState) {
     std::printf("tiny: DDP 2 holds %lld bytes of state per rank; FSDP %d at most %lld (%.2f)\n",
                 static_cast<long long>(whole), n, static_cast<long long>(fsdp[0]->peak_state_bytes),
                 double(fsdp[0]->peak_state_bytes) / double(whole));
+  }
+}
+
+// What model-info plans per rank (state_bytes.h) is what every rank of the layout allocates:
+// every mode, one and several data-parallel ranks, one and two stages, tied embeddings (whose
+// last stage keeps a replica of the embedding) and not.
+TEST(StateBytes, PlannedPerRankIsWhatDataParallelHolds) {
+  for (bool tied : {false, true}) {
+    model::ModelConfig c = *model::preset("tiny");
+    c.tie_embeddings = tied;
+    for (DpMode mode : {DpMode::kDdp, DpMode::kZero1, DpMode::kZero2, DpMode::kFsdp}) {
+      for (auto [dp, pp] : {std::pair{1, 1}, {3, 1}, {1, 2}, {2, 2}}) {
+        const ParallelLayout layout{.dp_mode = mode, .dp = dp, .pp = pp};
+        const std::vector<RankStateBytes> plan = *state_bytes_per_rank(c, layout);
+        ASSERT_EQ(plan.size(), size_t(pp));
+        const std::string what = std::string(dp_mode_name(mode)) + " dp " + std::to_string(dp) +
+                                 " pp " + std::to_string(pp) + (tied ? " tied" : "");
+        testing::run_data_parallel(dp * pp, c, layout, [&](DataParallel& d) {
+          const RankStateBytes& p = plan[size_t(place_in(layout, d.job_rank()).stage)];
+          std::vector<int> held = p.held.units;
+          if (p.held.tied_replica) held.insert(held.begin(), 0);
+          EXPECT_EQ(d.held_units(), held) << what << ", rank " << d.job_rank();
+          EXPECT_EQ(d.state_bytes(), p.total()) << what << ", rank " << d.job_rank();
+        });
+      }
+    }
   }
 }
 

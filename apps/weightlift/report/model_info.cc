@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "report/units.h"
+#include "weightlift/parallel/state_bytes.h"
 
 namespace wl::app {
 
@@ -47,6 +48,67 @@ std::string model_info_report(const std::string& name, const model::ModelInfo& m
                   format_bytes(r.wb * n + r.gb * n + opt).c_str());
     os << line;
   }
+  return os.str();
+}
+
+namespace {
+
+// "embedding, layers 0-2", "layer 5, head", with the tied embedding's replica named.
+std::string units_named(const parallel::StageUnits& s, int head) {
+  std::string out = s.tied_replica ? "embedding replica, " : "";
+  std::string sep;
+  int first = -1, last = -1;
+  for (int u : s.units) {
+    if (u == 0) {
+      out += sep + "embedding", sep = ", ";
+    } else if (u == head) {
+      continue;
+    } else {
+      if (first < 0) first = u - 1;
+      last = u - 1;
+    }
+  }
+  if (first >= 0) {
+    out += sep + (first == last ? "layer " + std::to_string(first)
+                                : "layers " + std::to_string(first) + "-" + std::to_string(last));
+    sep = ", ";
+  }
+  if (s.units.back() == head) out += sep + "head";
+  return out;
+}
+
+}  // namespace
+
+Result<std::string> per_rank_state_report(const model::ModelConfig& config,
+                                          const parallel::ParallelLayout& layout) {
+  WL_ASSIGN_OR_RETURN(const std::vector<parallel::RankStateBytes> ranks,
+                      parallel::state_bytes_per_rank(config, layout));
+  std::ostringstream os;
+  char line[256];
+  os << "  per rank: " << layout.dp * layout.pp << " ranks, dp " << layout.dp << " x pp "
+     << layout.pp << ", " << parallel::dp_mode_name(layout.dp_mode)
+     << " (f32 parameters and AdamW, between steps)\n";
+  std::snprintf(line, sizeof line, "    %-5s %-36s %10s %12s %12s %12s %13s\n", "stage", "units",
+                "weights", "gradients", "AdamW m+v", "total", "largest unit");
+  os << line;
+  const int head = config.num_layers + 1;
+  for (const parallel::RankStateBytes& r : ranks) {
+    std::snprintf(line, sizeof line, "    %-5d %-36s %10s %12s %12s %12s %13s\n", r.stage,
+                  units_named(r.held, head).c_str(), format_bytes(double(r.weights)).c_str(),
+                  format_bytes(double(r.gradients)).c_str(), format_bytes(double(r.adamw)).c_str(),
+                  format_bytes(double(r.total())).c_str(),
+                  format_bytes(double(r.largest_unit)).c_str());
+    os << line;
+  }
+  if (layout.shards_gradients()) {
+    os << "    " << parallel::dp_mode_name(layout.dp_mode)
+       << " also holds whole units while it works: "
+       << (layout.shards_parameters() ? "the gathered parameters of the unit it runs and of "
+                                        "the one it prefetches, and "
+                                      : "")
+       << "the gradients of the unit whose backward runs (see \"largest unit\").\n";
+  }
+  os << "    Activations are not counted: they depend on the batch and on checkpointing.\n";
   return os.str();
 }
 

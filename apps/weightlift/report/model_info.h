@@ -1,13 +1,20 @@
 // The report `weightlift model-info` prints: counts, then the memory of weights, gradients
-// and AdamW state for f32, bf16 and fp8 weights.
+// and AdamW state for f32, bf16 and fp8 weights, then what each rank of a layout holds.
 #pragma once
 
 #include <string>
 
 #include "weightlift/model/model_info.h"
+#include "weightlift/parallel/layout.h"
 
 namespace wl::app {
 
 std::string model_info_report(const std::string& name, const model::ModelInfo& info);
+
+// Per pipeline stage, what each of its data-parallel ranks holds between steps under
+// `layout` (parallel/state_bytes.h): f32 parameters, gradients and AdamW's moments, and the
+// largest unit, which FSDP and ZeRO-2 also hold whole for a while.
+Result<std::string> per_rank_state_report(const model::ModelConfig& config,
+                                          const parallel::ParallelLayout& layout);
 
 }  // namespace wl::app

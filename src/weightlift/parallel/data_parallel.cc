@@ -448,7 +448,7 @@ Result<train::StepReport> DataParallel::apply_optimizer(double lr, double grad_u
     comm_.exposed_s += waited.seconds();
   }
   note_bytes();
-  comm_.state_bytes = params_.nbytes() + grads_.nbytes() + m_.nbytes() + v_.nbytes();
+  comm_.state_bytes = state_bytes();
   return report;
 }
 

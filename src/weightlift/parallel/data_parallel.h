@@ -149,6 +149,11 @@ class DataParallel final : public model::PassHooks {
   // (collective where gradients are sharded). For tests and diagnostics.
   Status gather_grads(float* full);
   const StepComm& step_comm() const { return comm_; }
+  // Parameters, gradients and AdamW state this rank holds between steps (state_bytes.h
+  // predicts it from the layout alone).
+  int64_t state_bytes() const {
+    return params_.nbytes() + grads_.nbytes() + m_.nbytes() + v_.nbytes();
+  }
 
   // Evaluation passes: units are still gathered, but the router's counts are not summed (the
   // ranks evaluate different rows, and only the cross-entropy is reported).

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "weightlift/core/file_io.h"
-#include "weightlift/parallel/pipeline.h"
+#include "weightlift/parallel/state_bytes.h"
 
 namespace wl::parallel {
 
@@ -39,9 +39,9 @@ Result<std::unique_ptr<DataParallel>> make_data_parallel(const model::ModelConfi
   if (layout.pp > 1) {
     const model::ParamLayout params(config);
     const model::Units units(config, params);
-    const model::Stage stage = pipeline_stages(units, layout.pp)[size_t(at.stage)];
-    for (int u = stage.first; u <= stage.last; ++u) o.units.push_back(u);
-    o.tied_replica = config.tie_embeddings && at.stage == layout.pp - 1;
+    StageUnits held = stage_units(config, units, layout, at.stage);
+    o.units = std::move(held.units);
+    o.tied_replica = held.tied_replica;
   }
   if (world == 1) {
     return std::make_unique<DataParallel>(config, o, std::move(groups));
