@@ -33,6 +33,8 @@ def main():
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--bar", type=float, default=2.0, help="ratio each run should reach")
     args = ap.parse_args()
+    if args.runs < 1:
+        sys.exit("--runs %d: expected 1 or more" % args.runs)
     wl = os.path.join(args.build, "apps", "weightlift")
     mpi = os.path.join(args.build, "bench", "mpi_collectives")
     if not (os.path.exists(wl) and os.path.exists(mpi) and shutil.which("mpirun")):

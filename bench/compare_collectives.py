@@ -103,8 +103,11 @@ def svg_plot(path, op, series, ranks):
 
 
 def parse_bytes(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * units[text[-1].upper()] if text[-1].upper() in units else int(text)
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    n = int(text[:-1]) * units[text[-1].upper()] if text[-1].upper() in units else int(text)
+    if n < 1:
+        sys.exit("a size of %r: expected 1 byte or more" % text)
+    return n
 
 
 def sizes_of(min_bytes, max_bytes, factor):
@@ -145,6 +148,8 @@ def main():
                     help="one size at a time, every implementation in turn, so that each size's "
                          "figures share the machine's state (slower: a launch per size)")
     args = ap.parse_args()
+    if args.factor < 2:
+        sys.exit("--factor %d: expected 2 or more" % args.factor)
 
     sweep = ["--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes,
              "--factor", str(args.factor), "--iters", str(args.iters)]

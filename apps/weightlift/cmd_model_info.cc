@@ -2,6 +2,7 @@
 
 #include "commands.h"
 #include "report/model_info.h"
+#include "validate.h"
 #include "weightlift/parallel/layout.h"
 
 namespace wl::app {
@@ -51,9 +52,9 @@ void register_model_info(CLI::App& app, Outcome& out) {
   cmd->add_option("--config", f->config, "a config.json instead of a preset");
   auto* dp =
       cmd->add_option("--dp", f->dp, "data-parallel ranks per stage: print what each rank holds")
-          ->check(CLI::Range(1, 1 << 20));
+          ->transform(count(1, kMaxSimulatedGpus));
   auto* pp = cmd->add_option("--pp", f->pp, "pipeline stages: print what each rank holds")
-                 ->check(CLI::Range(1, 1 << 20));
+                 ->transform(count(1, kMaxSimulatedGpus));
   auto* mode = cmd->add_option("--dp-mode", f->dp_mode,
                                "ddp, zero1, zero2 or fsdp: print what each rank holds");
   cmd->callback([&out, f, dp, pp, mode] {

@@ -158,7 +158,7 @@ def layouts(s, d):
                                                        "99"], "--pp 99", "layers")
     s.expect_error("model-info --dp-mode zero3", ["model-info", "--dp-mode", "zero3"],
                    "--dp-mode", "ddp, zero1, zero2 or fsdp")
-    s.expect_error("model-info --dp 0", ["model-info", "--dp", "0"], "--dp", "1 to")
+    s.expect_error("model-info --dp 0", ["model-info", "--dp", "0"], "--dp", "[1, 1048576]")
 
 
 def main():

@@ -112,10 +112,11 @@ TEST_P(AllreduceAutoTest, LargeBuffersWithDefaultSegments) {
 }
 
 TEST_P(AllreduceAutoTest, OutputsPastTheStreamingThreshold) {
-  // 8 MiB and more are written with non-temporal stores on the shared-memory path, the slots
-  // too, with each result made in a private block first (allreduce_shm.cc): the unaligned
-  // head and tail, the fences and the staging must still leave every element right, in place
-  // and out of place, with the average divided in the private block.
+  // 8 MiB and more are written with non-temporal stores on the shared-memory path, and the
+  // slots may be too (always one chunk in 16, when the rank tries that way), each result then
+  // made in a private block first (allreduce_shm.cc): the unaligned head and tail, the fences
+  // and the staging must still leave every element right, in place and out of place, with the
+  // average divided in the private block.
   const int P = GetParam();
   testing::run_world(P, [&](Group& g) {
     const size_t count = (size_t(2) << 20) + 3;

@@ -137,7 +137,7 @@ TEST_P(CollectivesTest, BroadcastFromEveryRoot) {
   });
 }
 
-// Outputs of 8 MiB and more stream the output and this rank's slots (allreduce_shm.cc): a
+// Outputs of 8 MiB and more stream the output, and the slots in some chunks (allreduce_shm.cc): a
 // reduce_scatter, an allgather and a broadcast past that, back to back on one arena, then a
 // small allgather on the slots they wrote.
 TEST_P(CollectivesTest, LargeOnesStreamTheirSlots) {

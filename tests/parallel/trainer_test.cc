@@ -365,7 +365,7 @@ TEST(StateBytes, PlannedPerRankIsWhatDataParallelHolds) {
           std::vector<int> held = p.held.units;
           if (p.held.tied_replica) held.insert(held.begin(), 0);
           EXPECT_EQ(d.held_units(), held) << what << ", rank " << d.job_rank();
-          EXPECT_EQ(d.state_bytes(), p.total()) << what << ", rank " << d.job_rank();
+          EXPECT_EQ(uint64_t(d.state_bytes()), p.total()) << what << ", rank " << d.job_rank();
         });
       }
     }

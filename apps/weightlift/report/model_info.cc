@@ -85,7 +85,7 @@ Result<std::string> per_rank_state_report(const model::ModelConfig& config,
                       parallel::state_bytes_per_rank(config, layout));
   std::ostringstream os;
   char line[256];
-  os << "  per rank: " << layout.dp * layout.pp << " ranks, dp " << layout.dp << " x pp "
+  os << "  per rank: " << int64_t(layout.dp) * layout.pp << " ranks, dp " << layout.dp << " x pp "
      << layout.pp << ", " << parallel::dp_mode_name(layout.dp_mode)
      << " (f32 parameters and AdamW, between steps)\n";
   std::snprintf(line, sizeof line, "    %-5s %-36s %10s %12s %12s %12s %13s\n", "stage", "units",

@@ -126,7 +126,7 @@ class ShmPipeline {
   void copy_to_output(std::byte* dst, const std::byte* src, size_t bytes) const {
     copy(dst, src, bytes, streaming_);
   }
-  SlotWriteChooser& chooser() const { return A_.slot_writes[streaming_ ? 1 : 0]; }
+  SlotWriteChooser& chooser() const { return A_.slot_writes[int(a_.kind)][streaming_ ? 1 : 0]; }
   static void copy(std::byte* dst, const std::byte* src, size_t bytes, bool stream) {
     if (stream) {
       stream_copy(dst, src, bytes);
@@ -215,13 +215,7 @@ Status ShmPipeline::wait_for(ShmPhase phase, uint64_t target, size_t c, const ch
     }
     return -1;
   };
-  // A hand-off usually lands within a few hundred nanoseconds: spin on the flag here first,
-  // as poll_until would before its first check, without building its std::functions (one of
-  // which allocates) for a wait that small messages make on every call.
-  for (int spin = 0; spin < 64; ++spin) {
-    if (lagging() < 0) return ok_status();
-    _mm_pause();
-  }
+  if (lagging() < 0) return ok_status();
   return g_.poll_until(lagging, deadline_, [&] {
     return std::string(shm_kind_name(a_.kind)) + " (shared memory): chunk " + std::to_string(c) +
            " of " + std::to_string(nchunks_) + ": waiting for " + what;
@@ -288,7 +282,6 @@ Status ShmPipeline::reduce_own(size_t c) {
     // block when streaming); reduce_scatter: straight out.
     const bool staged = kind_ == ShmKind::kAllreduce && stream_slot_[slot];
     const Stopwatch clock;
-    if (staged && A_.staging.size() < b.count * es_) A_.staging.resize(A_.block_bytes());
     std::byte* res = kind_ == ShmKind::kReduceScatter ? out_ + c * step_ * es_
                      : staged                         ? A_.staging.data()
                                                       : A_.res_block(r_, slot);

@@ -15,7 +15,8 @@ std::vector<model::Stage> pipeline_stages(const model::Units& units, int stages)
   WL_CHECK(stages >= 1 && stages <= layers) << stages << " stages of " << layers << " layers";
   std::vector<model::Stage> out;
   for (int s = 0; s < stages; ++s) {
-    const int first_block = s * layers / stages, end_block = (s + 1) * layers / stages;
+    const int first_block = int(int64_t(s) * layers / stages);
+    const int end_block = int(int64_t(s + 1) * layers / stages);
     out.push_back({s == 0 ? 0 : model::Units::block(first_block),
                    s == stages - 1 ? units.head() : model::Units::block(end_block - 1)});
   }

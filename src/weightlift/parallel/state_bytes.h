@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "weightlift/core/memory_budget.h"
 #include "weightlift/core/status.h"
 #include "weightlift/model/config.h"
 #include "weightlift/model/units.h"
@@ -27,11 +28,11 @@ StageUnits stage_units(const model::ModelConfig& config, const model::Units& uni
 struct RankStateBytes {
   int stage = 0;
   StageUnits held;
-  int64_t weights = 0, gradients = 0, adamw = 0;  // bytes, AdamW's m and v together
+  uint64_t weights = 0, gradients = 0, adamw = 0;  // bytes, AdamW's m and v together
   // FSDP and ZeRO-2 also hold whole units for a while: a gathered unit's parameters, or a
   // unit's gradients before they are reduced. The largest unit held, in bytes.
-  int64_t largest_unit = 0;
-  int64_t total() const { return weights + gradients + adamw; }
+  uint64_t largest_unit = 0;
+  uint64_t total() const { return add_sat(add_sat(weights, gradients), adamw); }
 };
 // One entry per pipeline stage: what each of its data-parallel ranks holds between steps.
 // `layout` must fit the model (pp at most its layers). Counting lays out every parameter

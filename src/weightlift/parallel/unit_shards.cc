@@ -32,6 +32,16 @@ void copy_pieces(const std::vector<ShardPiece>& ps, const float* src, float* dst
 
 }  // namespace
 
+int64_t UnitShards::packed_elems_of(const model::ParamLayout& layout, const model::Units& units,
+                                    int unit, int ranks) {
+  int64_t packed = 0;
+  for (size_t index : units.params(unit)) {
+    const Shape& shape = layout.params()[index].shape;
+    packed += shard_capacity(shape[0], ranks) * row_elems_of(shape);
+  }
+  return packed;
+}
+
 UnitShards::UnitShards(const model::ParamLayout& layout, const model::Units& units, int unit,
                        int ranks)
     : unit_(unit), ranks_(ranks), pieces_(size_t(ranks)) {

@@ -38,6 +38,9 @@ struct ShardPiece {
 class UnitShards {
  public:
   UnitShards(const model::ParamLayout& layout, const model::Units& units, int unit, int ranks);
+  // packed_elems() without laying out any piece (a plan for a million ranks).
+  static int64_t packed_elems_of(const model::ParamLayout& layout, const model::Units& units,
+                                 int unit, int ranks);
 
   int unit() const { return unit_; }
   int ranks() const { return ranks_; }

@@ -80,6 +80,8 @@ Result<std::unique_ptr<ShmArena>> ShmArena::create(Group& g, Deadline deadline) 
     arena->keys_.clear();
     arena->base_.clear();
     arena->own_ = MemoryRegion();
+  } else {
+    arena->staging.resize(kShmBlockBytes);
   }
   return arena;
 }

@@ -104,10 +104,11 @@ class ShmArena {
   // reuses a slot of a chunk before this one waits for the peers' copy-out of it, not only
   // their reduction: they reduce such a chunk (a no-op) before they copy it out.
   uint64_t read_in_copy_out_until = 0;
-  // How this rank writes its slots, measured as it goes (allreduce_shm.cc says why): [0] for
-  // collectives whose output stays in cache, [1] for those of 8 MiB and more, whose costs
-  // per byte differ. And its private block for reductions whose slots are streamed.
-  SlotWriteChooser slot_writes[2];
+  // How this rank writes its slots, measured as it goes (allreduce_shm.cc says why): by kind
+  // (ShmKind), then [0] for outputs that stay in cache and [1] for 8 MiB and more, since
+  // their costs per byte differ. And its private block (kShmBlockBytes) for reductions whose
+  // slots are streamed, allocated with the arena.
+  SlotWriteChooser slot_writes[4][2];
   std::vector<std::byte> staging;
   // Not OK once a collective on the arena failed: the counters may be out of step, so later
   // collectives fail at once instead of reading a peer's half-written slot.
