@@ -39,6 +39,9 @@ void add_bench_train_flags(CLI::App* cmd, BenchTrainOptions& o, BenchTrainFlags&
       ->capture_default_str()
       ->transform(count(1, kMaxRanks));
   cmd->add_option("--pp-schedule", f.schedule, "1f1b or gpipe")->capture_default_str();
+  cmd->add_option("--ep", o.layout.ep, "expert-parallel group size")
+      ->capture_default_str()
+      ->transform(count(1, kMaxRanks));
   cmd->add_option("--bucket-bytes", o.layout.bucket_bytes)
       ->capture_default_str()
       ->transform(bytes(1, kTiB));

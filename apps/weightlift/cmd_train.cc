@@ -92,8 +92,10 @@ Status run_train(parallel::TrainOptions o, const TrainFlags& f) {
   // The ranks are stages x data parallel; a --pp that does not divide them fails validate().
   o.layout.dp = std::max(1, job.size() / o.layout.pp);
   const parallel::LayoutPlace at = {job.rank() / o.layout.dp, job.rank() % o.layout.dp};
-  const std::string role = (o.layout.pp > 1 ? "pp-stage-" + std::to_string(at.stage) + "-" : "") +
-                           "dp-rank-" + std::to_string(at.dp_rank);
+  const std::string role =
+      (o.layout.pp > 1 ? "pp-stage-" + std::to_string(at.stage) + "-" : "") + "dp-rank-" +
+      std::to_string(at.dp_rank) +
+      (o.layout.ep > 1 ? "-ep-rank-" + std::to_string(at.dp_rank % o.layout.ep) : "");
   o.on_ready = [&] { return parallel::write_processes(job, o.out_dir, role, o.timeout); };
   // Rank 0 speaks for the job.
   const bool quiet = f.quiet || job.rank() != 0;
@@ -138,6 +140,9 @@ void register_train(CLI::App& app, Outcome& out) {
   cmd->add_option("--pp", o->layout.pp, "pipeline stages (the ranks are stages x data parallel)")
       ->capture_default_str();
   cmd->add_option("--pp-schedule", f->schedule, "1f1b or gpipe")->capture_default_str();
+  cmd->add_option("--ep", o->layout.ep,
+                  "expert parallel: groups of this many data-parallel ranks share out the experts")
+      ->capture_default_str();
   cmd->add_flag("--pp-schedule-print", f->print_schedule,
                 "print each stage's timeline of --pp stages and --micro-batches, and stop");
   cmd->add_option("--bucket-bytes", o->layout.bucket_bytes, "ddp/zero1 gradient bucket size")

@@ -159,6 +159,11 @@ def layouts(s, d):
     s.expect_error("model-info --dp-mode zero3", ["model-info", "--dp-mode", "zero3"],
                    "--dp-mode", "ddp, zero1, zero2 or fsdp")
     s.expect_error("model-info --dp 0", ["model-info", "--dp", "0"], "--dp", "[1, 1048576]")
+    _, _, batch = write_tiny_model(d)
+    s.expect_error("train --ep past the ranks",
+                   ["train", "--preset", "tiny", "--batch-file", batch, "--batch", "1", "--seq",
+                    "8", "--ep", "2", "--out", os.path.join(d, "ep")],
+                   "--ep 2", "data-parallel size 1")
 
 
 def main():

@@ -177,6 +177,12 @@ const LayoutCase kLayouts[] = {
     {"pp4_gpipe", 4, {.pp = 4, .schedule = S::kGPipe, .micro_batches = 4}, 4},
     {"ddp2_x_pp2", 4, {.dp_mode = DpMode::kDdp, .pp = 2, .micro_batches = 4}},
     {"fsdp2_x_pp2", 4, {.dp_mode = DpMode::kFsdp, .pp = 2, .micro_batches = 4}},
+    {"ep2", 2, {.ep = 2, .micro_batches = 2}},
+    {"ep4", 4, {.ep = 4, .micro_batches = 2}},
+    {"ddp2_x_ep2", 4, {.ep = 2, .micro_batches = 2}},
+    {"fsdp2_x_ep2", 2, {.dp_mode = DpMode::kFsdp, .ep = 2, .micro_batches = 2}},
+    // Two stages of four data-parallel ranks each, two expert groups of two in each stage.
+    {"ddp2_x_ep2_x_pp2", 8, {.pp = 2, .ep = 2, .micro_batches = 2}},
 };
 
 // Every layout against one process's reference, computed once per model, precision and

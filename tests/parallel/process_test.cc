@@ -66,13 +66,18 @@ TEST_P(KilledRank, TheOthersNameItAndTheJobResumes) {
                                      "--timeout",
                                      "30",
                                      "--quiet"};
+  model::ModelConfig c = *model::preset("tiny");
+  const std::string config = testing::fresh_dir("config") + "/config.json";
   if (std::string(GetParam()) == "pp") {
     // Three stages of a three-layer model, one rank each: the middle one dies.
-    model::ModelConfig c = *model::preset("tiny");
     c.num_layers = 3;
-    const std::string config = testing::fresh_dir("config") + "/config.json";
     ASSERT_TRUE(model::save_config(c, config).ok());
     common.insert(common.end(), {"--config", config, "--pp", "3", "--micro-batches", "3"});
+  } else if (std::string(GetParam()) == "ep") {
+    // Three ranks run one expert each for every rank's tokens: one dies between exchanges.
+    c.num_experts = 3;
+    ASSERT_TRUE(model::save_config(c, config).ok());
+    common.insert(common.end(), {"--config", config, "--ep", "3"});
   } else {
     common.insert(common.end(), {"--preset", "tiny", "--dp-mode", GetParam()});
   }
@@ -109,7 +114,7 @@ TEST_P(KilledRank, TheOthersNameItAndTheJobResumes) {
   EXPECT_TRUE(std::filesystem::exists(out + "/model.safetensors"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, KilledRank, ::testing::Values("ddp", "zero2", "fsdp", "pp"),
+INSTANTIATE_TEST_SUITE_P(Layouts, KilledRank, ::testing::Values("ddp", "zero2", "fsdp", "pp", "ep"),
                          [](const auto& info) { return std::string(info.param); });
 
 }  // namespace

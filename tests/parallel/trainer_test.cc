@@ -160,6 +160,25 @@ TEST(Trainer, BadInputsAreClearErrors) {
       << r.status().to_string();
 }
 
+// An expert-parallel group must divide the data-parallel ranks and the experts; the error
+// names the flag and what it must divide.
+TEST(Layout, ExpertParallelSizeMustDivideRanksAndExperts) {
+  const model::ModelConfig c = *model::preset("tiny");  // 4 experts
+  const auto check = [&](int world, int pp, int ep) {
+    return validate({.dp = world / pp, .pp = pp, .ep = ep}, world, c, 8);
+  };
+  EXPECT_TRUE(check(4, 1, 4).ok());
+  EXPECT_TRUE(check(4, 2, 2).ok());
+  const Status ranks = check(4, 2, 4);
+  EXPECT_NE(ranks.message().find("--ep 4 does not divide the data-parallel size 2"),
+            std::string::npos)
+      << ranks.to_string();
+  const Status experts = check(6, 1, 3);
+  EXPECT_NE(experts.message().find("--ep 3 does not divide the 4 experts"), std::string::npos)
+      << experts.to_string();
+  EXPECT_FALSE(check(2, 1, 0).ok());
+}
+
 // ---- checkpoints between layouts -------------------------------------------------------------
 
 // The resumed steps' loss within the layouts' drift of the uninterrupted run's.

@@ -157,6 +157,7 @@ std::string BenchTrainResult::to_json(const BenchTrainOptions& o) const {
       {"peak_bytes_per_rank", peak_bytes_per_rank},
       {"peak_activation_bytes_per_rank", peak_activation_bytes},
       {"pp", o.layout.pp},
+      {"ep", o.layout.ep},
       {"pp_schedule", std::string(parallel::pipeline_schedule_name(o.layout.schedule))},
       {"bubble", bubble},
       {"bubble_theory", bubble_theory},

@@ -64,6 +64,7 @@ detail::BlockContext StagePass::block_context(int layer) const {
   if (options_.replay_routes) ctx.replay = options_.replay_routes + at;
   if (options_.routes_out) ctx.routes_out = options_.routes_out + at;
   ctx.replay_differ = options_.replay_differ;
+  ctx.experts = hooks_->expert_exchange();
   return ctx;
 }
 

@@ -20,6 +20,7 @@
 #include "weightlift/kernels/rope.h"
 #include "weightlift/kernels/router.h"
 #include "weightlift/model/config.h"
+#include "weightlift/model/expert_exchange.h"
 #include "weightlift/model/params.h"
 #include "weightlift/model/precision.h"
 #include "weightlift/model/units.h"
@@ -92,6 +93,11 @@ class PassHooks {
     (void)layer, (void)counts, (void)experts;
     return tokens;
   }
+  // Expert parallelism (expert_exchange.h): what carries this micro-batch's expert rows to
+  // their experts' ranks; null: this rank runs every expert. Like the router's sum, an
+  // exchange that fails leaves the block running on (with zero rows) and is returned by the
+  // unit's after_unit().
+  virtual ExpertExchange* expert_exchange() { return nullptr; }
 };
 
 // What a pass computes with: the model's maths, and where its weights and gradients are.

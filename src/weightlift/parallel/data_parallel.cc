@@ -33,6 +33,12 @@ DataParallel::DataParallel(const model::ModelConfig& config, const DataParallelO
       stages_(std::move(ranks.stages)),
       tied_(std::move(ranks.tied)),
       adamw_(options.adamw) {
+  if (ranks.experts) {
+    experts_ = std::make_unique<ExpertGroup>(std::move(ranks.experts), options_.timeout,
+                                             &hook_failure_, &comm_.exposed_s);
+    WL_CHECK(config_.num_experts % experts_->ranks() == 0)
+        << config_.num_experts << " experts over " << experts_->ranks() << " ranks";
+  }
   WL_CHECK(config_.validate().ok()) << config_.validate().to_string();
   if (group_) {
     rank_ = group_->rank();

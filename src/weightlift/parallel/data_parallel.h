@@ -19,6 +19,14 @@
 // CommQueue's own group. Both span the same ranks. With one rank neither exists and nothing
 // is communicated.
 //
+// Expert parallelism (--ep E) splits each stage's data-parallel ranks into groups of E
+// consecutive ranks; rank i of a group runs experts [i E' , (i + 1) E') of every layer (E' =
+// experts / E) for the tokens of the whole group (expert_group.h, model/expert_exchange.h).
+// An expert's gradient is then whole on its own rank and zero on the others of its group, and
+// the data-parallel sum makes it the same gradient everywhere. Every rank still keeps every
+// expert's parameters as its --dp-mode says: expert parallelism here moves the tokens to
+// their experts, but does not (yet) divide the experts' memory.
+//
 // Under pipeline parallelism a rank holds only its stage's units (DataParallelRanks::units),
 // its buffers laid out unit after unit; the gradient norm then adds up over the stages
 // (`stages`). With tied embeddings the last stage also holds the embedding, a replica for its
@@ -41,6 +49,7 @@
 #include "weightlift/model/pass.h"
 #include "weightlift/model/units.h"
 #include "weightlift/parallel/comm_queue.h"
+#include "weightlift/parallel/expert_group.h"
 #include "weightlift/parallel/gradient_buckets.h"
 #include "weightlift/parallel/layout.h"
 #include "weightlift/parallel/sharded_grads.h"
@@ -63,10 +72,11 @@ struct DataParallelOptions {
 
 // The groups a rank works with; null where there is nothing to talk to.
 struct DataParallelRanks {
-  std::shared_ptr<comm::Group> group;   // this stage's data-parallel ranks (compute thread)
-  std::unique_ptr<CommQueue> queue;     // a second group over the same ranks (its own thread)
-  std::shared_ptr<comm::Group> stages;  // the stages of this data-parallel index, in order
-  std::shared_ptr<comm::Group> tied;    // the first and last stages (tied embeddings)
+  std::shared_ptr<comm::Group> group;    // this stage's data-parallel ranks (compute thread)
+  std::unique_ptr<CommQueue> queue;      // a second group over the same ranks (its own thread)
+  std::shared_ptr<comm::Group> stages;   // the stages of this data-parallel index, in order
+  std::shared_ptr<comm::Group> tied;     // the first and last stages (tied embeddings)
+  std::shared_ptr<comm::Group> experts;  // --ep consecutive data-parallel ranks (compute thread)
 };
 
 // What a step cost in communication, as the compute thread saw it.
@@ -165,6 +175,7 @@ class DataParallel final : public model::PassHooks {
   Status after_unit(int unit, model::Direction dir, model::ModelView& w,
                     model::ModelView& g) override;
   int64_t sum_router_counts(int layer, int64_t* counts, int64_t experts, int64_t tokens) override;
+  model::ExpertExchange* expert_exchange() override { return experts_.get(); }
 
   // values[n] summed over the data-parallel ranks, the same bits on every rank (collective).
   Status sum_over_ranks(double* values, size_t n);
@@ -224,6 +235,7 @@ class DataParallel final : public model::PassHooks {
   bool evaluating_ = false;
   StepComm comm_;
   Status hook_failure_;
+  std::unique_ptr<ExpertGroup> experts_;  // --ep > 1
 };
 
 }  // namespace wl::parallel

@@ -67,6 +67,13 @@ Result<std::unique_ptr<DataParallel>> make_data_parallel(const model::ModelConfi
   } else {
     groups.group = nullptr;  // one rank per stage: nothing to sum within it
   }
+  if (layout.ep > 1 && layout.ep == layout.dp) {
+    groups.experts = groups.group;
+  } else if (layout.ep > 1) {  // collective over the job, as the splits above
+    const int color = at.stage * layout.dp + at.dp_rank / layout.ep;
+    WL_ASSIGN_OR_RETURN(groups.experts,
+                        ranks.group->split({.color = color, .key = at.dp_rank % layout.ep}));
+  }
   return std::make_unique<DataParallel>(config, o, std::move(groups));
 }
 

@@ -43,6 +43,15 @@ Status validate(const ParallelLayout& l, int world, const model::ModelConfig& c,
                             std::to_string(l.pp) + " stages does not fit " + std::to_string(world) +
                             " ranks");
   }
+  if (l.ep < 1 || l.dp % l.ep != 0) {
+    return invalid_argument("--ep " + std::to_string(l.ep) +
+                            " does not divide the data-parallel size " + std::to_string(l.dp) +
+                            " (world / --pp)");
+  }
+  if (c.num_experts % l.ep != 0) {
+    return invalid_argument("--ep " + std::to_string(l.ep) + " does not divide the " +
+                            std::to_string(c.num_experts) + " experts of a layer");
+  }
   if (l.micro_batches < 1) {
     return invalid_argument("--micro-batches " + std::to_string(l.micro_batches) +
                             ": expected at least 1");

@@ -30,6 +30,9 @@ struct ParallelLayout {
   DpMode dp_mode = DpMode::kDdp;
   int dp = 1;  // data-parallel ranks: world / pp
   int pp = 1;  // pipeline stages (pipeline.h)
+  // Expert parallelism: groups of this many consecutive data-parallel ranks share out each
+  // layer's experts (data_parallel.h); it divides dp and the experts.
+  int ep = 1;
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
   // The global batch is cut into this many micro-batches per step, each run forward and
   // backward before the next (gradient accumulation); each data-parallel rank takes an equal

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
+#include <utility>
 
 #include "weightlift/core/parallel.h"
 #include "weightlift/kernels/attention.h"
@@ -135,24 +137,122 @@ void dispatch(const Dims& m, int64_t N, BlockActs& a) {
   });
 }
 
-// Each expert's SwiGLU MLP over its rows.
-void run_experts(Precision p, const Dims& m, const LayerView& w, BlockActs& a) {
-  const int64_t S = a.xe.size(0);
-  a.he = f32({S, 2 * m.F});
-  a.ae = f32({S, m.F});
-  a.ye = f32({S, m.d});
+// The experts this rank runs, each SwiGLU MLP over its rows of a.xe (a.run_begin): fills a.he
+// and a.ae, and returns the outputs [R, d].
+Tensor run_experts(Precision p, const Dims& m, const LayerView& w, BlockActs& a) {
+  const int64_t R = a.xe.size(0);
+  a.he = f32({R, 2 * m.F});
+  a.ae = f32({R, m.F});
+  Tensor y = f32({R, m.d});
   const int64_t stride = w.expert_stride;
-  for (int64_t e = 0; e < m.E; ++e) {
-    const int64_t r0 = a.expert_begin[size_t(e)], n = a.expert_begin[size_t(e + 1)] - r0;
+  for (size_t i = 0; i + 1 < a.run_begin.size(); ++i) {
+    const int64_t r0 = a.run_begin[i], n = a.run_begin[i + 1] - r0;
     if (n == 0) continue;
-    const float* gate_up = w.experts + e * stride;  // [2F, d]
-    const float* down = gate_up + 2 * m.F * m.d;    // [d, F]
+    const float* gate_up = w.experts + (a.first_run + int64_t(i)) * stride;  // [2F, d]
+    const float* down = gate_up + 2 * m.F * m.d;                             // [d, F]
     float* he = a.he.data<float>() + r0 * 2 * m.F;
     float* ae = a.ae.data<float>() + r0 * m.F;
     linear_forward(p, a.xe.data<float>() + r0 * m.d, gate_up, he, n, m.d, 2 * m.F);
     kernels::swiglu_forward(he, ae, n, m.F);
-    linear_forward(p, ae, down, a.ye.data<float>() + r0 * m.d, n, m.F, m.d);
+    linear_forward(p, ae, down, y.data<float>() + r0 * m.d, n, m.F, m.d);
   }
+  return y;
+}
+
+// ---- expert parallelism: rows to their experts' ranks and back ----------------------------
+
+// Which rows travel where. Rank-major: what the exchange moves, rank i's block after rank
+// i-1's, and within a block the experts of the run in order. Expert-major: what the experts
+// run, expert j's rows of every rank together, in rank order.
+struct Trips {
+  int ranks = 1;
+  int64_t runs = 0;                    // experts per rank
+  std::vector<int64_t> to, from;       // rows this rank sends to / receives from each rank
+  std::vector<int64_t> at_rank_major;  // [ranks * runs]: where block (i, j) starts, rank-major
+  std::vector<int64_t> at_expert_major;
+};
+
+Trips trips(const Dims& m, const ExpertExchange& x, const BlockActs& a) {
+  Trips t;
+  t.ranks = x.ranks();
+  t.runs = m.E / t.ranks;
+  const size_t n = size_t(t.ranks), runs = size_t(t.runs);
+  t.to.resize(n);
+  t.from.assign(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    t.to[i] = a.expert_begin[(i + 1) * runs] - a.expert_begin[i * runs];
+    for (size_t j = 0; j < runs; ++j) t.from[i] += a.run_from[i * runs + j];
+  }
+  t.at_rank_major.resize(n * runs);
+  t.at_expert_major.resize(n * runs);
+  int64_t at = 0;
+  for (size_t k = 0; k < n * runs; ++k) t.at_rank_major[k] = std::exchange(at, at + a.run_from[k]);
+  at = 0;
+  for (size_t j = 0; j < runs; ++j) {
+    for (size_t i = 0; i < n; ++i) {
+      t.at_expert_major[i * runs + j] = std::exchange(at, at + a.run_from[i * runs + j]);
+    }
+  }
+  return t;
+}
+
+// Rows [R, d] from one order into the other.
+Tensor reorder(const Trips& t, const BlockActs& a, const Tensor& src, int64_t d,
+               bool to_expert_major) {
+  Tensor dst = f32({src.size(0), d});
+  const std::vector<int64_t>& from = to_expert_major ? t.at_rank_major : t.at_expert_major;
+  const std::vector<int64_t>& into = to_expert_major ? t.at_expert_major : t.at_rank_major;
+  for (size_t k = 0; k < a.run_from.size(); ++k) {
+    std::memcpy(dst.data<float>() + into[k] * d, src.data<float>() + from[k] * d,
+                size_t(a.run_from[k] * d) * 4);
+  }
+  return dst;
+}
+
+// The exchange's rows, or zeros where it failed (the unit's after_unit reports it).
+Tensor exchange(ExpertExchange& x, const Tensor& send, std::span<const int64_t> send_rows,
+                std::span<const int64_t> recv_rows, int64_t d) {
+  int64_t R = 0;
+  for (int64_t r : recv_rows) R += r;
+  Tensor recv = f32({R, d});
+  if (!x.exchange_rows(send.data<float>(), send_rows, recv.data<float>(), recv_rows, d).ok()) {
+    std::memset(recv.raw(), 0, recv.nbytes());
+  }
+  return recv;
+}
+
+// Learns how many rows of each of this rank's experts every rank has (a.run_from,
+// a.run_begin) and brings them: a.xe becomes the rows this rank's experts run.
+void send_to_experts(const BlockContext& ctx, const Dims& m, BlockActs& a) {
+  ExpertExchange& x = *ctx.experts;
+  const int64_t runs = m.E / x.ranks();
+  std::vector<int64_t> counts(size_t(m.E));
+  for (size_t e = 0; e < counts.size(); ++e) counts[e] = a.expert_begin[e + 1] - a.expert_begin[e];
+  a.run_from.assign(size_t(x.ranks() * runs), 0);
+  if (!x.exchange_counts(counts.data(), a.run_from.data(), runs).ok()) {
+    std::fill(a.run_from.begin(), a.run_from.end(), 0);
+  }
+  a.first_run = x.rank() * runs;
+  a.run_begin.assign(size_t(runs + 1), 0);
+  for (size_t j = 0; j < size_t(runs); ++j) {
+    a.run_begin[j + 1] = a.run_begin[j];
+    for (size_t i = 0; i < size_t(x.ranks()); ++i) a.run_begin[j + 1] += a.run_from[i * runs + j];
+  }
+  const Trips t = trips(m, x, a);
+  a.xe = reorder(t, a, exchange(x, a.xe, t.to, t.from, m.d), m.d, true);
+}
+
+// Dispatched rows [N*K, d] (rank-major by destination) to the rows this rank's experts ran.
+Tensor to_experts(const BlockContext& ctx, const Dims& m, const BlockActs& a, const Tensor& rows) {
+  const Trips t = trips(m, *ctx.experts, a);
+  return reorder(t, a, exchange(*ctx.experts, rows, t.to, t.from, m.d), m.d, true);
+}
+
+// The inverse: rows this rank's experts ran [R, d] back to the ranks that dispatched them.
+Tensor from_experts(const BlockContext& ctx, const Dims& m, const BlockActs& a,
+                    const Tensor& rows) {
+  const Trips t = trips(m, *ctx.experts, a);
+  return exchange(*ctx.experts, reorder(t, a, rows, m.d, false), t.from, t.to, m.d);
 }
 
 // out = h + sum_k w[t, k] * ye[row(t, k)], slots in order.
@@ -180,7 +280,14 @@ void moe_forward(const BlockContext& ctx, const LayerView& w, int64_t N, BlockAc
   const Dims m(ctx.config);
   route(ctx, m, w, N, a, losses);
   dispatch(m, N, a);
-  run_experts(ctx.precision, m, w, a);
+  if (ctx.experts) {
+    send_to_experts(ctx, m, a);
+    a.ye = from_experts(ctx, m, a, run_experts(ctx.precision, m, w, a));
+  } else {
+    a.first_run = 0;
+    a.run_begin = a.expert_begin;
+    a.ye = run_experts(ctx.precision, m, w, a);
+  }
   combine(m, a, N, h, out);
 }
 
@@ -257,17 +364,19 @@ void combine_backward(const Dims& m, const BlockActs& a, const float* dout, int6
   });
 }
 
-// Every expert's SwiGLU MLP backward over its rows: weight gradients into g, input gradients
-// into dxe.
-void experts_backward(Precision p, const Dims& m, const LayerView& w, const LayerView& g,
-                      const BlockActs& a, const Tensor& dye, Tensor& dxe) {
-  const int64_t S = dye.size(0);
-  Tensor dae = f32({S, m.F});
-  Tensor dhe = f32({S, 2 * m.F});
+// The backward of the experts this rank ran, over their rows (dye [R, d]): weight gradients
+// into g, input gradients returned [R, d].
+Tensor experts_backward(Precision p, const Dims& m, const LayerView& w, const LayerView& g,
+                        const BlockActs& a, const Tensor& dye) {
+  const int64_t R = dye.size(0);
+  Tensor dae = f32({R, m.F});
+  Tensor dhe = f32({R, 2 * m.F});
+  Tensor dxe = f32({R, m.d});
   const int64_t stride = w.expert_stride;
-  for (int64_t e = 0; e < m.E; ++e) {
-    const int64_t r0 = a.expert_begin[size_t(e)], n = a.expert_begin[size_t(e + 1)] - r0;
+  for (size_t i = 0; i + 1 < a.run_begin.size(); ++i) {
+    const int64_t r0 = a.run_begin[i], n = a.run_begin[i + 1] - r0;
     if (n == 0) continue;
+    const int64_t e = a.first_run + int64_t(i);
     const float* gate_up = w.experts + e * stride;
     const float* down = gate_up + 2 * m.F * m.d;
     float* dgate_up = g.experts + e * stride;
@@ -281,6 +390,7 @@ void experts_backward(Precision p, const Dims& m, const LayerView& w, const Laye
     linear_backward_weight(p, dh, a.xe.data<float>() + r0 * m.d, dgate_up, n, m.d, 2 * m.F);
     linear_backward_input(p, dh, gate_up, dxe.data<float>() + r0 * m.d, n, m.d, 2 * m.F);
   }
+  return dxe;
 }
 
 // Un-dispatch: dxn2[t] = the sum over t's slots of dxe[row], in slot order.
@@ -365,9 +475,10 @@ void block_backward(const BlockContext& ctx, const BlockDims& b, const LayerView
   combine_backward(m, a, dout, N, dtopk_w, dye);
   Tensor dxn2 = f32({N, m.d});
   {
-    Tensor dxe = f32({S, m.d});
-    experts_backward(ctx.precision, m, w, g, a, dye, dxe);
+    if (ctx.experts) dye = to_experts(ctx, m, a, dye);
+    Tensor dxe = experts_backward(ctx.precision, m, w, g, a, dye);
     dye = Tensor();
+    if (ctx.experts) dxe = from_experts(ctx, m, a, dxe);
     undispatch(m, a, dxe, N, dxn2);
   }
   router_backward(ctx, m, w, g, a, dtopk_w, scales, N, dxn2);

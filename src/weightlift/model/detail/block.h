@@ -9,6 +9,7 @@
 #include "weightlift/kernels/rope.h"
 #include "weightlift/kernels/router.h"
 #include "weightlift/model/config.h"
+#include "weightlift/model/expert_exchange.h"
 #include "weightlift/model/params.h"
 #include "weightlift/model/precision.h"
 
@@ -39,7 +40,16 @@ struct BlockActs {
   std::vector<int64_t> expert_begin;  // [E + 1] first row of each expert
   Tensor row_of_slot;                 // [N, K] i32: the expert-buffer row of token t's k-th choice
   Tensor token_of_row;                // [N*K] i32
-  Tensor xe, he, ae, ye;              // [N*K, d], [N*K, 2F], [N*K, F], [N*K, d]
+  // The rows this rank's experts ran: [R, d] inputs, [R, 2F] gate_up outputs, [R, F] SwiGLU
+  // outputs, expert first_run + i running rows [run_begin[i], run_begin[i + 1]). In one
+  // process those are the dispatched rows (R = N*K, every expert). Under expert parallelism
+  // they are what the exchange brought, expert by expert, each expert's rows in rank order;
+  // run_from[i * runs + j] rows of the run's expert j came from rank i.
+  Tensor xe, he, ae;
+  int64_t first_run = 0;
+  std::vector<int64_t> run_begin;
+  std::vector<int64_t> run_from;
+  Tensor ye;  // [N*K, d]: each dispatched row's expert output
 
   bool complete() const { return xn1.raw() != nullptr; }  // false after keep_only_input()
   void keep_only_input();  // drop everything but x and the group statistics
@@ -62,6 +72,9 @@ struct BlockContext {
   int32_t* routes_out = nullptr;
   int64_t* replay_differ = nullptr;
   int64_t route_stride = 0;
+  // Expert parallelism: this rank runs only its run of the experts, over the rows every rank
+  // of the exchange sends it (expert_exchange.h); null: every expert, here.
+  ExpertExchange* experts = nullptr;
 };
 
 // Fills acts (acts.x must hold the input) and writes the block output to out [N, d].
