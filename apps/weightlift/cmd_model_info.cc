@@ -15,6 +15,11 @@ struct ModelInfoFlags {
   int dp = 1, pp = 1;
   std::string dp_mode = "ddp";
   bool per_rank = false;  // any of --dp, --pp, --dp-mode given: print the per-rank table
+  // Activations: printed when --batch is given.
+  int64_t batch = 0, seq = 0;
+  int micro_batches = 1;
+  std::string schedule = "1f1b";
+  bool checkpointing = false;
 };
 
 Status run_model_info(const ModelInfoFlags& f) {
@@ -29,11 +34,33 @@ Status run_model_info(const ModelInfoFlags& f) {
                             std::to_string(cfg.num_layers) + " layers to cut into stages");
   }
   const std::string name = f.config.empty() ? f.preset : f.config;
-  std::fputs(model_info_report(name, model::model_info(cfg)).c_str(), stdout);
-  if (f.per_rank) {
-    const parallel::ParallelLayout layout{.dp_mode = *mode, .dp = f.dp, .pp = f.pp};
+  const auto schedule = parallel::pipeline_schedule_from_name(f.schedule);
+  if (!schedule) {
+    return invalid_argument("--pp-schedule '" + f.schedule + "': expected 1f1b or gpipe");
+  }
+  if (f.per_rank || f.batch > 0) {
+    const parallel::ParallelLayout layout{.dp_mode = *mode,
+                                          .dp = f.dp,
+                                          .pp = f.pp,
+                                          .schedule = *schedule,
+                                          .micro_batches = f.micro_batches};
+    // Checked before anything is printed, so an error is the command's only output.
+    std::string acts;
+    if (f.batch > 0) {
+      WL_ASSIGN_OR_RETURN(
+          acts, per_rank_activation_report(cfg, layout, f.batch,
+                                           f.seq > 0 ? f.seq : cfg.max_seq_len, f.checkpointing));
+    }
     WL_ASSIGN_OR_RETURN(std::string table, per_rank_state_report(cfg, layout));
+    std::fputs(model_info_report(name, model::model_info(cfg)).c_str(), stdout);
     std::fputs(table.c_str(), stdout);
+    if (acts.empty()) {
+      std::puts("    Activations: give --batch (the global batch) and --seq, --micro-batches,");
+      std::puts("    --pp-schedule, --checkpointing as for train to see each rank's.");
+    }
+    std::fputs(acts.c_str(), stdout);
+  } else {
+    std::fputs(model_info_report(name, model::model_info(cfg)).c_str(), stdout);
   }
   if (name == "seed-6.9b") {
     std::puts(
@@ -57,6 +84,15 @@ void register_model_info(CLI::App& app, Outcome& out) {
                  ->transform(count(1, kMaxSimulatedGpus));
   auto* mode = cmd->add_option("--dp-mode", f->dp_mode,
                                "ddp, zero1, zero2 or fsdp: print what each rank holds");
+  cmd->add_option("--batch", f->batch, "global batch rows: also print each rank's activations")
+      ->transform(count(1, kMaxRows));
+  cmd->add_option("--seq", f->seq, "tokens per row (0 = max_seq_len)")
+      ->transform(count(0, kMaxRows));
+  cmd->add_option("--micro-batches", f->micro_batches, "micro-batches per global batch")
+      ->capture_default_str()
+      ->transform(count(1, kMaxRows));
+  cmd->add_option("--pp-schedule", f->schedule, "1f1b or gpipe")->capture_default_str();
+  cmd->add_flag("--checkpointing", f->checkpointing, "gradient checkpointing");
   cmd->callback([&out, f, dp, pp, mode] {
     f->per_rank = dp->count() + pp->count() + mode->count() > 0;
     out.exit_code = report("model-info", run_model_info(*f));

@@ -159,6 +159,15 @@ def layouts(s, d):
     s.expect_error("model-info --dp-mode zero3", ["model-info", "--dp-mode", "zero3"],
                    "--dp-mode", "ddp, zero1, zero2 or fsdp")
     s.expect_error("model-info --dp 0", ["model-info", "--dp", "0"], "--dp", "[1, 1048576]")
+    s.expect_error("model-info activations: rows that do not divide",
+                   ["model-info", "--preset", "tiny", "--dp", "3", "--batch", "8"],
+                   "--batch 8", "3 data-parallel ranks")
+    s.expect_error("model-info activations: --seq past the model",
+                   ["model-info", "--preset", "tiny", "--batch", "8", "--seq", "999"],
+                   "--seq 999", "128 positions")
+    s.expect_error("model-info --pp-schedule zigzag",
+                   ["model-info", "--preset", "tiny", "--pp", "2", "--pp-schedule", "zigzag"],
+                   "--pp-schedule 'zigzag'", "1f1b or gpipe")
     _, _, batch = write_tiny_model(d)
     s.expect_error("train --ep past the ranks",
                    ["train", "--preset", "tiny", "--batch-file", batch, "--batch", "1", "--seq",

@@ -96,10 +96,34 @@ def plans_and_sweeps(s, d, cfg, w, batch):
                    "needs at least", "--max-bytes", memory_limit=LIMIT)
 
 
+def activation_plans(s, d, cfg, w, batch):
+    """model-info's activations per rank: GPipe keeps every micro-batch in flight on every
+    stage, 1F1B p - s on stage s, and checkpointing holds less per micro-batch."""
+    def table(*extra):
+        code, out, err = s.run([s.exe, "model-info", "--preset", "small", "--pp", "4", "--batch",
+                                "8", "--micro-batches", "8"] + list(extra))
+        rows = out.split("activations per rank:")[-1].splitlines()
+        stages = [r.split() for r in rows if r.strip()[:1].isdigit()]
+        unit = {"B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
+        return code, err, [(float(r[1]) * unit[r[2]], int(r[3])) for r in stages]
+
+    for schedule, want in (("gpipe", [8, 8, 8, 8]), ("1f1b", [4, 3, 2, 1])):
+        code, err, stages = table("--pp-schedule", schedule)
+        got = [flight for _, flight in stages]
+        s.report(f"model-info --pp 4 --micro-batches 8 --pp-schedule {schedule}: in flight",
+                 str(got), [] if code == 0 and got == want else [f"exit {code} {err} {got}"])
+    _, _, plain = table()
+    code, err, kept = table("--checkpointing")
+    less = len(plain) == 4 and len(kept) == 4 and all(k[0] < p[0] for k, p in zip(kept, plain))
+    s.report("model-info --checkpointing holds less per micro-batch on every stage",
+             f"{[p[0] / 1e6 for p in plain]} -> {[k[0] / 1e6 for k in kept]} MB",
+             [] if code == 0 and less else [f"exit {code} {err}"])
+
+
 def main():
     s = Suite(sys.argv[1], tempfile.mkdtemp(prefix="wl-memory-"))
     try:
-        for group in (huge_configs, budgets, plans_and_sweeps):
+        for group in (huge_configs, budgets, plans_and_sweeps, activation_plans):
             d = tempfile.mkdtemp(dir=s.scratch)
             cfg, w, batch = write_tiny_model(d)
             group(s, d, cfg, w, batch)

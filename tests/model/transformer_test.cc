@@ -12,6 +12,7 @@
 
 #include "support/scratch_dir.h"
 #include "weightlift/core/random.h"
+#include "weightlift/model/pass.h"
 
 namespace wl::model {
 namespace {
@@ -68,6 +69,35 @@ TEST(Transformer, CheckpointingCutsActivationMemoryOfTwelveLayers) {
       "checkpointing, %.1f MB with (%.1fx less)\n",
       peak[0] / 1e6, peak[1] / 1e6, double(peak[0]) / double(peak[1]));
   EXPECT_GE(double(peak[0]) / double(peak[1]), 3.0);
+}
+
+// activation_bytes() is what a pass really holds between its forward and its backward, to the
+// byte: for every kind of pipeline stage, with and without checkpointing, on a model whose
+// sizes are not multiples of 64 bytes.
+TEST(StagePass, HoldsWhatActivationBytesSays) {
+  ModelConfig c = tiny();
+  c.num_layers = 3;
+  c.num_experts = 5;
+  c.top_k = 3;
+  c.ffn_dim = 72;
+  c.vocab_size = 301;
+  Transformer m(c);
+  m.init(4);
+  const Batch x = random_batch(c, 3, 17, 5);
+  const int head = c.num_layers + 1;
+  for (const Stage stage : {Stage{0, head}, Stage{0, 2}, Stage{2, 3}, Stage{3, head}}) {
+    for (bool checkpointing : {false, true}) {
+      const PassModel pm = m.pass_model();
+      StagePass pass(pm, stage, x.tokens.data(), x.b, x.t, {.checkpointing = checkpointing},
+                     nullptr);
+      std::vector<float> input(size_t(x.b * x.t * c.hidden_size), 0.5f);
+      const int64_t before = tensor_memory_stats().live_bytes;
+      ASSERT_TRUE(pass.forward(input.data(), true).ok());
+      const int64_t held = tensor_memory_stats().live_bytes - before;
+      EXPECT_EQ(uint64_t(held), activation_bytes(c, stage, x.b, x.t, checkpointing))
+          << "stage [" << stage.first << ", " << stage.last << "] checkpointing " << checkpointing;
+    }
+  }
 }
 
 // Central differences in f32 on a handful of parameters of most kinds (the router and

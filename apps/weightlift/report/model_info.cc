@@ -5,6 +5,8 @@
 #include <sstream>
 
 #include "report/units.h"
+#include "weightlift/model/pass.h"
+#include "weightlift/parallel/pipeline_schedule.h"
 #include "weightlift/parallel/state_bytes.h"
 
 namespace wl::app {
@@ -108,7 +110,53 @@ Result<std::string> per_rank_state_report(const model::ModelConfig& config,
                                       : "")
        << "the gradients of the unit whose backward runs (see \"largest unit\").\n";
   }
-  os << "    Activations are not counted: they depend on the batch and on checkpointing.\n";
+  return os.str();
+}
+
+Result<std::string> per_rank_activation_report(const model::ModelConfig& config,
+                                               const parallel::ParallelLayout& layout,
+                                               int64_t batch, int64_t seq, bool checkpointing) {
+  const uint64_t parts = mul_sat(uint64_t(layout.micro_batches), uint64_t(layout.dp));
+  if (batch < 1 || uint64_t(batch) % parts != 0) {
+    return invalid_argument("--batch " + std::to_string(batch) + " must be a multiple of " +
+                            std::to_string(layout.micro_batches) + " micro-batches x " +
+                            std::to_string(layout.dp) +
+                            " data-parallel ranks = " + std::to_string(parts));
+  }
+  if (seq < 1 || seq > config.max_seq_len) {
+    return invalid_argument("--seq " + std::to_string(seq) + ": expected 1 to the model's " +
+                            std::to_string(config.max_seq_len) + " positions");
+  }
+  const int64_t rows = int64_t(uint64_t(batch) / parts);
+  WL_ASSIGN_OR_RETURN(const std::vector<parallel::RankStateBytes> ranks,
+                      parallel::state_bytes_per_rank(config, layout));
+  const auto ops = layout.pp > 1
+                       ? parallel::pipeline_ops(layout.schedule, layout.pp, layout.micro_batches)
+                       : std::vector<std::vector<parallel::PipeOp>>{};
+  std::ostringstream os;
+  char line[256];
+  os << "  activations per rank: global batch " << batch << " x " << seq << " tokens in "
+     << layout.micro_batches << " micro-batch" << (layout.micro_batches == 1 ? "" : "es") << ", "
+     << rows << (rows == 1 ? " row" : " rows") << " of each per rank,\n    gradient checkpointing "
+     << (checkpointing ? "on" : "off");
+  if (layout.pp > 1) os << ", " << parallel::pipeline_schedule_name(layout.schedule);
+  os << " (f32, held from a forward to its backward)\n";
+  std::snprintf(line, sizeof line, "    %-5s %16s %10s %14s\n", "stage", "per micro-batch",
+                "in flight", "held at most");
+  os << line;
+  for (const parallel::RankStateBytes& r : ranks) {
+    const model::Stage stage{r.held.units.front(), r.held.units.back()};
+    const uint64_t one = model::activation_bytes(config, stage, rows, seq, checkpointing);
+    // One stage runs each micro-batch's forward and backward before the next one's.
+    const int in_flight = layout.pp > 1 ? parallel::most_in_flight(ops[size_t(r.stage)]) : 1;
+    std::snprintf(line, sizeof line, "    %-5d %16s %10d %14s\n", r.stage,
+                  format_bytes(double(one)).c_str(), in_flight,
+                  format_bytes(double(mul_sat(one, uint64_t(in_flight)))).c_str());
+    os << line;
+  }
+  os << "    Counted as the trainer allocates them; the backward pass adds its own working "
+        "tensors\n    for one layer at a time"
+     << (checkpointing ? ", and the rerun of that layer's forward" : "") << ".\n";
   return os.str();
 }
 

@@ -17,4 +17,12 @@ std::string model_info_report(const std::string& name, const model::ModelInfo& i
 Result<std::string> per_rank_state_report(const model::ModelConfig& config,
                                           const parallel::ParallelLayout& layout);
 
+// Per pipeline stage, the activations each rank holds from a micro-batch's forward to its
+// backward (model::activation_bytes), for a global batch of `batch` rows of `seq` tokens cut
+// into layout.micro_batches micro-batches over layout.dp ranks, and how many micro-batches the
+// schedule keeps in flight at once on that stage. Errors name the flag that does not fit.
+Result<std::string> per_rank_activation_report(const model::ModelConfig& config,
+                                               const parallel::ParallelLayout& layout,
+                                               int64_t batch, int64_t seq, bool checkpointing);
+
 }  // namespace wl::app

@@ -3,9 +3,13 @@
 // block's insides.
 #include "weightlift/model/pass.h"
 
+#include <algorithm>
 #include <cstring>
+#include <initializer_list>
+#include <vector>
 
 #include "weightlift/core/check.h"
+#include "weightlift/core/memory_budget.h"
 #include "weightlift/kernels/cross_entropy.h"
 #include "weightlift/kernels/embedding.h"
 #include "weightlift/kernels/rmsnorm.h"
@@ -18,6 +22,59 @@ namespace {
 Tensor f32(Shape s) { return Tensor::empty(DType::kF32, std::move(s)); }
 
 }  // namespace
+
+uint64_t activation_bytes(const ModelConfig& c, Stage stage, int64_t batch, int64_t seq,
+                          bool checkpointing) {
+  // Saturating: model-info plans layouts far beyond this machine.
+  const auto tensor = [](std::initializer_list<uint64_t> dims, uint64_t bytes_each) {
+    uint64_t n = bytes_each;
+    for (uint64_t d : dims) n = mul_sat(n, d);
+    return mul_sat(n / 64 + (n % 64 != 0), 64);
+  };
+  const uint64_t N = mul_sat(uint64_t(batch), uint64_t(seq)), d = uint64_t(c.hidden_size);
+  const uint64_t E = uint64_t(c.num_experts), S = mul_sat(N, uint64_t(c.top_k));
+  // detail::BlockActs, field by field: x and group_counts survive gradient checkpointing.
+  std::vector<uint64_t> block = {tensor({N, d}, 4), tensor({E}, 8)};
+  if (!checkpointing) {
+    const uint64_t qd = uint64_t(c.q_dim()), kvd = uint64_t(c.kv_dim()), F = uint64_t(c.ffn_dim);
+    const uint64_t K = uint64_t(c.top_k), H = uint64_t(c.num_heads);
+    block.insert(block.end(), {
+                                  tensor({N, d}, 4),      // xn1
+                                  tensor({N}, 4),         // rstd1
+                                  tensor({N, qd}, 4),     // q
+                                  tensor({N, kvd}, 4),    // k
+                                  tensor({N, kvd}, 4),    // v
+                                  tensor({N, qd}, 4),     // att
+                                  tensor({N, H}, 4),      // lse
+                                  tensor({N, d}, 4),      // h
+                                  tensor({N, d}, 4),      // xn2
+                                  tensor({N}, 4),         // rstd2
+                                  tensor({N, E}, 4),      // probs
+                                  tensor({N, K}, 4),      // topk_w
+                                  tensor({N}, 4),         // lse_r
+                                  tensor({N, K}, 4),      // topk_idx
+                                  tensor({E}, 8),         // counts
+                                  tensor({S}, 4),         // row_of_slot
+                                  tensor({S}, 4),         // token_of_row
+                                  tensor({S, d}, 4),      // xe
+                                  tensor({S, 2 * F}, 4),  // he
+                                  tensor({S, F}, 4),      // ae
+                                  tensor({S, d}, 4),      // ye
+                              });
+  }
+  uint64_t per_block = 0;
+  for (uint64_t b : block) per_block = add_sat(per_block, b);
+  const int head = c.num_layers + 1;
+  const int layers = std::min(stage.last, head - 1) - std::max(stage.first, 1) + 1;
+  // The blocks, and the stage's output (with the head: the final norm's input).
+  uint64_t bytes = add_sat(mul_sat(uint64_t(std::max(layers, 0)), per_block), tensor({N, d}, 4));
+  if (stage.last == head) {  // the final norm's output and 1/rms, the logits
+    bytes = add_sat(bytes, tensor({N, d}, 4));
+    bytes = add_sat(bytes, tensor({N}, 4));
+    bytes = add_sat(bytes, tensor({N, uint64_t(c.vocab_size)}, 4));
+  }
+  return bytes;
+}
 
 StagePass::StagePass(const PassModel& model, Stage stage, const int64_t* tokens, int64_t batch,
                      int64_t seq, const StepOptions& options, PassHooks* hooks)

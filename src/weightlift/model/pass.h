@@ -114,6 +114,15 @@ struct Stage {
   int first = 0, last = 0;  // units [first, last]
 };
 
+// Bytes of tensors a StagePass over `stage` holds from the end of forward(x, true) to its
+// backward: every block's saved activations (only its input under gradient checkpointing), the
+// stage's output, and with the head the final norm's output and the logits; each tensor as
+// allocated (core/tensor.h rounds to 64 bytes). Expert rows are counted as tokens x top_k,
+// which expert parallelism matches only when routing is balanced. A test holds it to what a
+// pass allocates; `weightlift model-info` prints it per micro-batch.
+uint64_t activation_bytes(const ModelConfig& config, Stage stage, int64_t batch, int64_t seq,
+                          bool checkpointing);
+
 class StagePass {
  public:
   // tokens [batch, seq] is borrowed for the pass's life: the embedding's forward and backward

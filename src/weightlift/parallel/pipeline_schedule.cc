@@ -45,6 +45,15 @@ double theoretical_bubble(int stages, int micro_batches) {
   return double(stages - 1) / double(micro_batches + stages - 1);
 }
 
+int most_in_flight(const std::vector<PipeOp>& ops) {
+  int in_flight = 0, most = 0;
+  for (const PipeOp& op : ops) {
+    in_flight += op.forward ? 1 : -1;
+    most = std::max(most, in_flight);
+  }
+  return most;
+}
+
 std::string print_schedule(PipelineSchedule schedule, int stages, int micro_batches) {
   const auto ops = pipeline_ops(schedule, stages, micro_batches);
   // Start slots, forward 1 slot, backward 2: each pass waits for its stage's previous pass and
@@ -55,8 +64,6 @@ std::string print_schedule(PipelineSchedule schedule, int stages, int micro_batc
   std::vector<std::vector<std::pair<int, std::string>>> cells(static_cast<size_t>(stages));
   std::vector<size_t> next(static_cast<size_t>(stages), 0);
   std::vector<int> free_at(static_cast<size_t>(stages), 0);
-  std::vector<int> in_flight(static_cast<size_t>(stages), 0);
-  std::vector<int> most(static_cast<size_t>(stages), 0);
   for (bool progress = true; progress;) {
     progress = false;
     for (int s = 0; s < stages; ++s) {
@@ -76,8 +83,6 @@ std::string print_schedule(PipelineSchedule schedule, int stages, int micro_batc
         cells[size_t(s)].push_back(
             {ready, (op.forward ? "F" : "B") + std::to_string(op.micro_batch)});
         free_at[size_t(s)] = end;
-        in_flight[size_t(s)] += op.forward ? 1 : -1;
-        most[size_t(s)] = std::max(most[size_t(s)], in_flight[size_t(s)]);
         ++next[size_t(s)];
         progress = true;
       }
@@ -103,7 +108,7 @@ std::string print_schedule(PipelineSchedule schedule, int stages, int micro_batc
     std::snprintf(head, sizeof head, "stage %d |", s);
     out += head;
     for (const std::string& c : row) out += c;
-    out += "| at most " + std::to_string(most[size_t(s)]) + " in flight\n";
+    out += "| at most " + std::to_string(most_in_flight(ops[size_t(s)])) + " in flight\n";
   }
   char tail[160];
   std::snprintf(tail, sizeof tail,

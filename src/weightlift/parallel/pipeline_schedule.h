@@ -32,6 +32,10 @@ struct PipeOp {
 std::vector<std::vector<PipeOp>> pipeline_ops(PipelineSchedule schedule, int stages,
                                               int micro_batches);
 
+// The most micro-batches a stage running `ops` holds activations for at once (forwards whose
+// backward has not run yet).
+int most_in_flight(const std::vector<PipeOp>& ops);
+
 // The theoretical bubble: (p - 1) / (m + p - 1).
 double theoretical_bubble(int stages, int micro_batches);
 
