@@ -180,7 +180,7 @@ const LayoutCase kLayouts[] = {
     {"ep2", 2, {.ep = 2, .micro_batches = 2}},
     {"ep4", 4, {.ep = 4, .micro_batches = 2}},
     {"ddp2_x_ep2", 4, {.ep = 2, .micro_batches = 2}},
-    {"fsdp2_x_ep2", 2, {.dp_mode = DpMode::kFsdp, .ep = 2, .micro_batches = 2}},
+    {"fsdp2_ep2", 2, {.dp_mode = DpMode::kFsdp, .ep = 2, .micro_batches = 2}},
     // Two stages of four data-parallel ranks each, two expert groups of two in each stage.
     {"ddp2_x_ep2_x_pp2", 8, {.pp = 2, .ep = 2, .micro_batches = 2}},
 };

@@ -74,7 +74,8 @@ TEST_P(KilledRank, TheOthersNameItAndTheJobResumes) {
     ASSERT_TRUE(model::save_config(c, config).ok());
     common.insert(common.end(), {"--config", config, "--pp", "3", "--micro-batches", "3"});
   } else if (std::string(GetParam()) == "ep") {
-    // Three ranks run one expert each for every rank's tokens: one dies between exchanges.
+    // Three ranks run one expert each for every rank's tokens: one dies, and the others
+    // learn of it in the router's sum or an exchange, whichever they reach first.
     c.num_experts = 3;
     ASSERT_TRUE(model::save_config(c, config).ok());
     common.insert(common.end(), {"--config", config, "--ep", "3"});

@@ -7,17 +7,22 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <thread>
 
 #include "train_ranks.h"
+#include "weightlift/comm/fault_transport.h"
+#include "weightlift/comm/memory_store.h"
 #include "weightlift/core/random.h"
 #include "weightlift/core/shard.h"
 #include "weightlift/kernels/cross_entropy.h"
 #include "weightlift/model/config.h"
 #include "weightlift/model/params.h"
+#include "weightlift/model/pass.h"
 #include "weightlift/model/units.h"
 #include "weightlift/parallel/pipeline.h"
 #include "weightlift/parallel/state_bytes.h"
@@ -177,6 +182,94 @@ TEST(Layout, ExpertParallelSizeMustDivideRanksAndExperts) {
   EXPECT_NE(experts.message().find("--ep 3 does not divide the 4 experts"), std::string::npos)
       << experts.to_string();
   EXPECT_FALSE(check(2, 1, 0).ok());
+}
+
+// DataParallel's hooks, handed on, with `arm` called just before the `nth` row exchange: the
+// test arms a transport fault there, so the failure takes the trainer's own path (the expert
+// group keeps it, the block runs on with zero rows, after_unit stops the pass).
+class ArmBeforeRowExchange final : public model::PassHooks, public model::ExpertExchange {
+ public:
+  ArmBeforeRowExchange(DataParallel& dp, int nth, std::function<void()> arm)
+      : dp_(dp), inner_(*dp.expert_exchange()), nth_(nth), arm_(std::move(arm)) {}
+  Status before_unit(int u, model::Direction d, model::ModelView& w, model::ModelView& g) override {
+    return dp_.before_unit(u, d, w, g);
+  }
+  Status after_unit(int u, model::Direction d, model::ModelView& w, model::ModelView& g) override {
+    return dp_.after_unit(u, d, w, g);
+  }
+  int64_t sum_router_counts(int layer, int64_t* counts, int64_t experts, int64_t n) override {
+    return dp_.sum_router_counts(layer, counts, experts, n);
+  }
+  model::ExpertExchange* expert_exchange() override { return this; }
+  int ranks() const override { return inner_.ranks(); }
+  int rank() const override { return inner_.rank(); }
+  Status exchange_counts(const int64_t* send, int64_t* recv, int64_t per_peer) override {
+    return inner_.exchange_counts(send, recv, per_peer);
+  }
+  Status exchange_rows(const float* send, std::span<const int64_t> send_rows, float* recv,
+                       std::span<const int64_t> recv_rows, int64_t width) override {
+    if (++calls_ == nth_ && arm_) arm_();
+    return inner_.exchange_rows(send, send_rows, recv, recv_rows, width);
+  }
+
+ private:
+  DataParallel& dp_;
+  model::ExpertExchange& inner_;
+  int nth_, calls_ = 0;
+  std::function<void()> arm_;
+};
+
+// Rank 0's send fails in the third row exchange (layer 1's forward): both ranks stop their
+// pass with an error, rank 0's naming the exchange, within one collective's timeout.
+TEST(ExpertParallel, AFailedExchangeStopsEveryRankNamingIt) {
+  const model::ModelConfig c = *model::preset("tiny");
+  const ParallelLayout layout{.dp = 2, .ep = 2};
+  const int64_t rows = 2, seq = 16;
+  std::vector<int64_t> tokens(size_t(2 * rows * seq));
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int64_t(i * 37 % 301);
+  auto store = std::make_shared<comm::MemoryStore>();
+  std::vector<Status> out(2, internal_error("did not run"));
+  const auto started = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      auto t = comm::FaultTransport::create({.name = "rank " + std::to_string(r)});
+      ASSERT_TRUE(t.ok());
+      auto group = comm::Group::connect({.store = store,
+                                         .rank = r,
+                                         .size = 2,
+                                         .timeout = std::chrono::seconds(2),
+                                         .transport = *t,
+                                         .ids_key = "ids"});
+      auto queue = comm::Group::connect({.store = store,
+                                         .rank = r,
+                                         .size = 2,
+                                         .timeout = std::chrono::seconds(5),
+                                         .prefix = "q"});
+      ASSERT_TRUE(group.ok() && queue.ok());
+      auto dp = make_data_parallel(c, layout, {}, std::chrono::seconds(2), {*group, *queue});
+      ASSERT_TRUE(dp.ok()) << dp.status().to_string();
+      std::vector<float> init(size_t((*dp)->layout().total()));
+      model::init_params(c, (*dp)->layout(), 5, init.data());
+      (*dp)->set_params(init.data());
+      (*dp)->begin_step();
+      (*dp)->begin_micro_batch(0);
+      auto arm = [&t] { (*t)->fail({.op = comm::TransportOp::kSend, .nth = 1}); };
+      ArmBeforeRowExchange hooks(**dp, 3, r == 0 ? std::function<void()>(arm) : nullptr);
+      model::StagePass pass((*dp)->pass_model(), {0, (*dp)->units().head()},
+                            tokens.data() + r * rows * seq, rows, seq, {}, &hooks);
+      out[size_t(r)] = pass.forward(nullptr, true);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  EXPECT_NE(out[0].message().find("exchanging expert rows (--ep)"), std::string::npos)
+      << out[0].to_string();
+  EXPECT_FALSE(out[1].ok());  // its wait for rank 0's rows runs out: the injected fault
+                              // closes nothing on rank 1's side
+  std::printf("rank 0: %s\nrank 1: %s\n", out[0].to_string().c_str(), out[1].to_string().c_str());
+  EXPECT_LT(seconds, 2.0 + 4.0) << "one collective's timeout and the setup at most";
 }
 
 // ---- checkpoints between layouts -------------------------------------------------------------
@@ -394,6 +487,27 @@ TEST(StateBytes, PlannedPerRankIsWhatDataParallelHolds) {
 // 1F1B keeps at most p - s micro-batches in flight on stage s, GPipe all m: with m >= 2p its
 // activations must take less memory. Both stages are threads of this process, so what is
 // measured is the job's: the peak of every live tensor during a step, less the model's state.
+// most_in_flight's closed form is what the schedule's own ops keep: forwards whose backward
+// has not run, at their most.
+TEST(Pipeline, MostInFlightIsWhatTheOpsKeep) {
+  for (PipelineSchedule schedule : {PipelineSchedule::k1F1B, PipelineSchedule::kGPipe}) {
+    for (int p = 1; p <= 6; ++p) {
+      for (int m = 1; m <= 12; ++m) {
+        const auto ops = pipeline_ops(schedule, p, m);
+        for (int s = 0; s < p; ++s) {
+          int in_flight = 0, most = 0;
+          for (const PipeOp& op : ops[size_t(s)]) {
+            in_flight += op.forward ? 1 : -1;
+            most = std::max(most, in_flight);
+          }
+          EXPECT_EQ(most_in_flight(schedule, p, m, s), most)
+              << pipeline_schedule_name(schedule) << " p " << p << " m " << m << " stage " << s;
+        }
+      }
+    }
+  }
+}
+
 TEST(Pipeline, OneFOneBHoldsFewerActivationsThanGPipe) {
   const model::ModelConfig c = *model::preset("tiny");
   std::map<PipelineSchedule, int64_t> peak;

@@ -130,9 +130,6 @@ Result<std::string> per_rank_activation_report(const model::ModelConfig& config,
   const int64_t rows = int64_t(uint64_t(batch) / parts);
   WL_ASSIGN_OR_RETURN(const std::vector<parallel::RankStateBytes> ranks,
                       parallel::state_bytes_per_rank(config, layout));
-  const auto ops = layout.pp > 1
-                       ? parallel::pipeline_ops(layout.schedule, layout.pp, layout.micro_batches)
-                       : std::vector<std::vector<parallel::PipeOp>>{};
   std::ostringstream os;
   char line[256];
   os << "  activations per rank: global batch " << batch << " x " << seq << " tokens in "
@@ -141,17 +138,26 @@ Result<std::string> per_rank_activation_report(const model::ModelConfig& config,
      << (checkpointing ? "on" : "off");
   if (layout.pp > 1) os << ", " << parallel::pipeline_schedule_name(layout.schedule);
   os << " (f32, held from a forward to its backward)\n";
-  std::snprintf(line, sizeof line, "    %-5s %16s %10s %14s\n", "stage", "per micro-batch",
-                "in flight", "held at most");
+  std::snprintf(line, sizeof line, "    %-5s %16s %10s %12s %14s\n", "stage", "per micro-batch",
+                "in flight", "sends kept", "held at most");
   os << line;
+  // What a stage sends its neighbours, [rows x seq, d] per micro-batch each way, it keeps
+  // until the step ends (parallel/pipeline.cc).
+  const uint64_t one_send =
+      mul_sat(mul_sat(uint64_t(rows), uint64_t(seq)), mul_sat(uint64_t(config.hidden_size), 4));
   for (const parallel::RankStateBytes& r : ranks) {
     const model::Stage stage{r.held.units.front(), r.held.units.back()};
     const uint64_t one = model::activation_bytes(config, stage, rows, seq, checkpointing);
-    // One stage runs each micro-batch's forward and backward before the next one's.
-    const int in_flight = layout.pp > 1 ? parallel::most_in_flight(ops[size_t(r.stage)]) : 1;
-    std::snprintf(line, sizeof line, "    %-5d %16s %10d %14s\n", r.stage,
-                  format_bytes(double(one)).c_str(), in_flight,
-                  format_bytes(double(mul_sat(one, uint64_t(in_flight)))).c_str());
+    // One stage alone runs each micro-batch's forward and backward before the next one's.
+    const int in_flight = layout.pp > 1 ? parallel::most_in_flight(layout.schedule, layout.pp,
+                                                                   layout.micro_batches, r.stage)
+                                        : 1;
+    const uint64_t neighbours = uint64_t(r.stage > 0) + uint64_t(r.stage + 1 < layout.pp);
+    const uint64_t sends = mul_sat(mul_sat(neighbours, uint64_t(layout.micro_batches)), one_send);
+    const uint64_t most = add_sat(mul_sat(one, uint64_t(in_flight)), sends);
+    std::snprintf(line, sizeof line, "    %-5d %16s %10d %12s %14s\n", r.stage,
+                  format_bytes(double(one)).c_str(), in_flight, format_bytes(double(sends)).c_str(),
+                  format_bytes(double(most)).c_str());
     os << line;
   }
   os << "    Counted as the trainer allocates them; the backward pass adds its own working "

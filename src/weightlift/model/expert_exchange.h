@@ -16,13 +16,16 @@
 
 namespace wl::model {
 
+// A failed call leaves its outputs unspecified (the block uses zeros instead), and every call
+// after a failure must fail at once without communicating: the block goes on calling, and a
+// peer must never be handed rows it was not told to expect.
 class ExpertExchange {
  public:
   virtual ~ExpertExchange() = default;
   virtual int ranks() const = 0;  // in the expert group
   virtual int rank() const = 0;
-  // recv[i * per_peer, (i + 1) * per_peer) = what rank i sent for this rank: send's block of
-  // this rank's index. Collective over the expert group.
+  // send and recv hold ranks() * per_peer entries; recv[i * per_peer, (i + 1) * per_peer) =
+  // what rank i sent for this rank, its block of this rank's index. Collective.
   virtual Status exchange_counts(const int64_t* send, int64_t* recv, int64_t per_peer) = 0;
   // Rows of `width` floats: send_rows[j] consecutive rows of `send` go to rank j (rank 0's
   // first), recv_rows[i] arrive from rank i into `recv`, in rank order. Collective.

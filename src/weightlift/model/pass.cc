@@ -25,11 +25,12 @@ Tensor f32(Shape s) { return Tensor::empty(DType::kF32, std::move(s)); }
 
 uint64_t activation_bytes(const ModelConfig& c, Stage stage, int64_t batch, int64_t seq,
                           bool checkpointing) {
-  // Saturating: model-info plans layouts far beyond this machine.
+  // Saturating: model-info plans layouts far beyond this machine. Tensor::empty rounds up to
+  // 64 bytes, and takes 64 for an empty tensor.
   const auto tensor = [](std::initializer_list<uint64_t> dims, uint64_t bytes_each) {
     uint64_t n = bytes_each;
     for (uint64_t d : dims) n = mul_sat(n, d);
-    return mul_sat(n / 64 + (n % 64 != 0), 64);
+    return std::max<uint64_t>(mul_sat(n / 64 + (n % 64 != 0), 64), 64);
   };
   const uint64_t N = mul_sat(uint64_t(batch), uint64_t(seq)), d = uint64_t(c.hidden_size);
   const uint64_t E = uint64_t(c.num_experts), S = mul_sat(N, uint64_t(c.top_k));
@@ -64,10 +65,11 @@ uint64_t activation_bytes(const ModelConfig& c, Stage stage, int64_t batch, int6
   }
   uint64_t per_block = 0;
   for (uint64_t b : block) per_block = add_sat(per_block, b);
-  const int head = c.num_layers + 1;
-  const int layers = std::min(stage.last, head - 1) - std::max(stage.first, 1) + 1;
+  const int64_t head = c.num_layers + 1;
+  const int64_t layers = std::min<int64_t>(stage.last, head - 1) - std::max(stage.first, 1) + 1;
   // The blocks, and the stage's output (with the head: the final norm's input).
-  uint64_t bytes = add_sat(mul_sat(uint64_t(std::max(layers, 0)), per_block), tensor({N, d}, 4));
+  uint64_t bytes =
+      add_sat(mul_sat(uint64_t(std::max<int64_t>(layers, 0)), per_block), tensor({N, d}, 4));
   if (stage.last == head) {  // the final norm's output and 1/rms, the logits
     bytes = add_sat(bytes, tensor({N, d}, 4));
     bytes = add_sat(bytes, tensor({N}, 4));

@@ -39,6 +39,8 @@ DataParallel::DataParallel(const model::ModelConfig& config, const DataParallelO
     WL_CHECK(config_.num_experts % experts_->ranks() == 0)
         << config_.num_experts << " experts over " << experts_->ranks() << " ranks";
   }
+  WL_CHECK((options_.layout.ep > 1) == (experts_ != nullptr))
+      << "--ep " << options_.layout.ep << " needs its expert group, and only it";
   WL_CHECK(config_.validate().ok()) << config_.validate().to_string();
   if (group_) {
     rank_ = group_->rank();
@@ -332,7 +334,7 @@ Status DataParallel::after_unit(int unit, model::Direction dir, model::ModelView
       buckets_->unit_done(unit);
     }
   }
-  // A router sum that failed inside this unit's forward stops the pass here.
+  // A router sum or an expert exchange that failed inside this unit stops the pass here.
   return hook_failure_;
 }
 

@@ -20,7 +20,7 @@
 // is communicated.
 //
 // Expert parallelism (--ep E) splits each stage's data-parallel ranks into groups of E
-// consecutive ranks; rank i of a group runs experts [i E' , (i + 1) E') of every layer (E' =
+// consecutive ranks; rank i of a group runs experts [i E', (i + 1) E') of every layer (E' =
 // experts / E) for the tokens of the whole group (expert_group.h, model/expert_exchange.h).
 // An expert's gradient is then whole on its own rank and zero on the others of its group, and
 // the data-parallel sum makes it the same gradient everywhere. Every rank still keeps every
@@ -182,8 +182,8 @@ class DataParallel final : public model::PassHooks {
   // ... and over the pipeline's stages too (every rank of the job).
   Status sum_over_job(double* values, size_t n);
 
-  // The first failure of a router sum (sum_router_counts cannot return one); the unit's
-  // after_unit returns it.
+  // The first failure of a router sum or an expert exchange (neither can return one from
+  // inside a block); the unit's after_unit returns it.
   const Status& hook_failure() const { return hook_failure_; }
 
  private:

@@ -1,6 +1,7 @@
 // expert_group.h.
 #include "weightlift/parallel/expert_group.h"
 
+#include <utility>
 #include <vector>
 
 #include "weightlift/comm/all_to_all.h"
@@ -33,8 +34,7 @@ Status ExpertGroup::exchange_counts(const int64_t* send, int64_t* recv, int64_t 
 }
 
 Status ExpertGroup::exchange_rows(const float* send, std::span<const int64_t> send_rows,
-                                  float* recv, std::span<const int64_t> recv_rows,
-                                  int64_t width) {
+                                  float* recv, std::span<const int64_t> recv_rows, int64_t width) {
   WL_RETURN_IF_ERROR(*failure_);
   const size_t n = size_t(ranks());
   WL_CHECK(send_rows.size() == n && recv_rows.size() == n) << "one row count per rank";

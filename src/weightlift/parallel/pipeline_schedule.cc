@@ -45,13 +45,10 @@ double theoretical_bubble(int stages, int micro_batches) {
   return double(stages - 1) / double(micro_batches + stages - 1);
 }
 
-int most_in_flight(const std::vector<PipeOp>& ops) {
-  int in_flight = 0, most = 0;
-  for (const PipeOp& op : ops) {
-    in_flight += op.forward ? 1 : -1;
-    most = std::max(most, in_flight);
-  }
-  return most;
+int most_in_flight(PipelineSchedule schedule, int stages, int micro_batches, int stage) {
+  WL_CHECK(stage >= 0 && stage < stages) << "stage " << stage << " of " << stages;
+  if (schedule == PipelineSchedule::kGPipe) return micro_batches;
+  return std::min(stages - stage, micro_batches);  // the warmup's p - s - 1, and one more
 }
 
 std::string print_schedule(PipelineSchedule schedule, int stages, int micro_batches) {
@@ -108,7 +105,8 @@ std::string print_schedule(PipelineSchedule schedule, int stages, int micro_batc
     std::snprintf(head, sizeof head, "stage %d |", s);
     out += head;
     for (const std::string& c : row) out += c;
-    out += "| at most " + std::to_string(most_in_flight(ops[size_t(s)])) + " in flight\n";
+    out += "| at most " + std::to_string(most_in_flight(schedule, stages, micro_batches, s)) +
+           " in flight\n";
   }
   char tail[160];
   std::snprintf(tail, sizeof tail,

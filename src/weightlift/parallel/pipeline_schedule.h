@@ -32,9 +32,10 @@ struct PipeOp {
 std::vector<std::vector<PipeOp>> pipeline_ops(PipelineSchedule schedule, int stages,
                                               int micro_batches);
 
-// The most micro-batches a stage running `ops` holds activations for at once (forwards whose
-// backward has not run yet).
-int most_in_flight(const std::vector<PipeOp>& ops);
+// The most micro-batches stage `stage` holds activations for at once (forwards whose backward
+// has not run yet): m under GPipe, min(p - s, m) under 1F1B. Closed form, so a plan of
+// thousands of stages and a million micro-batches costs nothing.
+int most_in_flight(PipelineSchedule schedule, int stages, int micro_batches, int stage);
 
 // The theoretical bubble: (p - 1) / (m + p - 1).
 double theoretical_bubble(int stages, int micro_batches);

@@ -196,17 +196,21 @@ Trips trips(const Dims& m, const ExpertExchange& x, const BlockActs& a) {
   return t;
 }
 
-// Rows [R, d] from one order into the other.
-Tensor reorder(const Trips& t, const BlockActs& a, const Tensor& src, int64_t d,
-               bool to_expert_major) {
+// Rows [R, d] with block k (a.run_from[k] rows) at from[k] moved to into[k].
+Tensor move_blocks(const BlockActs& a, const Tensor& src, int64_t d,
+                   const std::vector<int64_t>& from, const std::vector<int64_t>& into) {
   Tensor dst = f32({src.size(0), d});
-  const std::vector<int64_t>& from = to_expert_major ? t.at_rank_major : t.at_expert_major;
-  const std::vector<int64_t>& into = to_expert_major ? t.at_expert_major : t.at_rank_major;
   for (size_t k = 0; k < a.run_from.size(); ++k) {
     std::memcpy(dst.data<float>() + into[k] * d, src.data<float>() + from[k] * d,
                 size_t(a.run_from[k] * d) * 4);
   }
   return dst;
+}
+Tensor to_expert_major(const Trips& t, const BlockActs& a, const Tensor& src, int64_t d) {
+  return move_blocks(a, src, d, t.at_rank_major, t.at_expert_major);
+}
+Tensor to_rank_major(const Trips& t, const BlockActs& a, const Tensor& src, int64_t d) {
+  return move_blocks(a, src, d, t.at_expert_major, t.at_rank_major);
 }
 
 // The exchange's rows, or zeros where it failed (the unit's after_unit reports it).
@@ -239,20 +243,20 @@ void send_to_experts(const BlockContext& ctx, const Dims& m, BlockActs& a) {
     for (size_t i = 0; i < size_t(x.ranks()); ++i) a.run_begin[j + 1] += a.run_from[i * runs + j];
   }
   const Trips t = trips(m, x, a);
-  a.xe = reorder(t, a, exchange(x, a.xe, t.to, t.from, m.d), m.d, true);
+  a.xe = to_expert_major(t, a, exchange(x, a.xe, t.to, t.from, m.d), m.d);
 }
 
 // Dispatched rows [N*K, d] (rank-major by destination) to the rows this rank's experts ran.
 Tensor to_experts(const BlockContext& ctx, const Dims& m, const BlockActs& a, const Tensor& rows) {
   const Trips t = trips(m, *ctx.experts, a);
-  return reorder(t, a, exchange(*ctx.experts, rows, t.to, t.from, m.d), m.d, true);
+  return to_expert_major(t, a, exchange(*ctx.experts, rows, t.to, t.from, m.d), m.d);
 }
 
 // The inverse: rows this rank's experts ran [R, d] back to the ranks that dispatched them.
 Tensor from_experts(const BlockContext& ctx, const Dims& m, const BlockActs& a,
                     const Tensor& rows) {
   const Trips t = trips(m, *ctx.experts, a);
-  return exchange(*ctx.experts, reorder(t, a, rows, m.d, false), t.from, t.to, m.d);
+  return exchange(*ctx.experts, to_rank_major(t, a, rows, m.d), t.from, t.to, m.d);
 }
 
 // out = h + sum_k w[t, k] * ye[row(t, k)], slots in order.
