@@ -2,17 +2,17 @@
 // the sequence of kernels the forward pass runs, and the backward pass that walks them in
 // reverse. The MoE part dispatches tokens into per-expert row groups so each expert's
 // SwiGLU is two GEMMs over contiguous rows ([n_e, d] x [d, 2F], then [n_e, F] x [F, d]).
+// Under expert parallelism the rows go to their experts' ranks and back (expert_rows.h).
 #include "weightlift/model/detail/block.h"
 
 #include <algorithm>
 #include <cstring>
-#include <span>
-#include <utility>
 
 #include "weightlift/core/parallel.h"
 #include "weightlift/kernels/attention.h"
 #include "weightlift/kernels/rmsnorm.h"
 #include "weightlift/kernels/swiglu.h"
+#include "weightlift/model/detail/expert_rows.h"
 #include "weightlift/model/detail/linear.h"
 
 namespace wl::model::detail {
@@ -159,106 +159,6 @@ Tensor run_experts(Precision p, const Dims& m, const LayerView& w, BlockActs& a)
   return y;
 }
 
-// ---- expert parallelism: rows to their experts' ranks and back ----------------------------
-
-// Which rows travel where. Rank-major: what the exchange moves, rank i's block after rank
-// i-1's, and within a block the experts of the run in order. Expert-major: what the experts
-// run, expert j's rows of every rank together, in rank order.
-struct Trips {
-  int ranks = 1;
-  int64_t runs = 0;                    // experts per rank
-  std::vector<int64_t> to, from;       // rows this rank sends to / receives from each rank
-  std::vector<int64_t> at_rank_major;  // [ranks * runs]: where block (i, j) starts, rank-major
-  std::vector<int64_t> at_expert_major;
-};
-
-Trips trips(const Dims& m, const ExpertExchange& x, const BlockActs& a) {
-  Trips t;
-  t.ranks = x.ranks();
-  t.runs = m.E / t.ranks;
-  const size_t n = size_t(t.ranks), runs = size_t(t.runs);
-  t.to.resize(n);
-  t.from.assign(n, 0);
-  for (size_t i = 0; i < n; ++i) {
-    t.to[i] = a.expert_begin[(i + 1) * runs] - a.expert_begin[i * runs];
-    for (size_t j = 0; j < runs; ++j) t.from[i] += a.run_from[i * runs + j];
-  }
-  t.at_rank_major.resize(n * runs);
-  t.at_expert_major.resize(n * runs);
-  int64_t at = 0;
-  for (size_t k = 0; k < n * runs; ++k) t.at_rank_major[k] = std::exchange(at, at + a.run_from[k]);
-  at = 0;
-  for (size_t j = 0; j < runs; ++j) {
-    for (size_t i = 0; i < n; ++i) {
-      t.at_expert_major[i * runs + j] = std::exchange(at, at + a.run_from[i * runs + j]);
-    }
-  }
-  return t;
-}
-
-// Rows [R, d] with block k (a.run_from[k] rows) at from[k] moved to into[k].
-Tensor move_blocks(const BlockActs& a, const Tensor& src, int64_t d,
-                   const std::vector<int64_t>& from, const std::vector<int64_t>& into) {
-  Tensor dst = f32({src.size(0), d});
-  for (size_t k = 0; k < a.run_from.size(); ++k) {
-    std::memcpy(dst.data<float>() + into[k] * d, src.data<float>() + from[k] * d,
-                size_t(a.run_from[k] * d) * 4);
-  }
-  return dst;
-}
-Tensor to_expert_major(const Trips& t, const BlockActs& a, const Tensor& src, int64_t d) {
-  return move_blocks(a, src, d, t.at_rank_major, t.at_expert_major);
-}
-Tensor to_rank_major(const Trips& t, const BlockActs& a, const Tensor& src, int64_t d) {
-  return move_blocks(a, src, d, t.at_expert_major, t.at_rank_major);
-}
-
-// The exchange's rows, or zeros where it failed (the unit's after_unit reports it).
-Tensor exchange(ExpertExchange& x, const Tensor& send, std::span<const int64_t> send_rows,
-                std::span<const int64_t> recv_rows, int64_t d) {
-  int64_t R = 0;
-  for (int64_t r : recv_rows) R += r;
-  Tensor recv = f32({R, d});
-  if (!x.exchange_rows(send.data<float>(), send_rows, recv.data<float>(), recv_rows, d).ok()) {
-    std::memset(recv.raw(), 0, recv.nbytes());
-  }
-  return recv;
-}
-
-// Learns how many rows of each of this rank's experts every rank has (a.run_from,
-// a.run_begin) and brings them: a.xe becomes the rows this rank's experts run.
-void send_to_experts(const BlockContext& ctx, const Dims& m, BlockActs& a) {
-  ExpertExchange& x = *ctx.experts;
-  const int64_t runs = m.E / x.ranks();
-  std::vector<int64_t> counts(size_t(m.E));
-  for (size_t e = 0; e < counts.size(); ++e) counts[e] = a.expert_begin[e + 1] - a.expert_begin[e];
-  a.run_from.assign(size_t(x.ranks() * runs), 0);
-  if (!x.exchange_counts(counts.data(), a.run_from.data(), runs).ok()) {
-    std::fill(a.run_from.begin(), a.run_from.end(), 0);
-  }
-  a.first_run = x.rank() * runs;
-  a.run_begin.assign(size_t(runs + 1), 0);
-  for (size_t j = 0; j < size_t(runs); ++j) {
-    a.run_begin[j + 1] = a.run_begin[j];
-    for (size_t i = 0; i < size_t(x.ranks()); ++i) a.run_begin[j + 1] += a.run_from[i * runs + j];
-  }
-  const Trips t = trips(m, x, a);
-  a.xe = to_expert_major(t, a, exchange(x, a.xe, t.to, t.from, m.d), m.d);
-}
-
-// Dispatched rows [N*K, d] (rank-major by destination) to the rows this rank's experts ran.
-Tensor to_experts(const BlockContext& ctx, const Dims& m, const BlockActs& a, const Tensor& rows) {
-  const Trips t = trips(m, *ctx.experts, a);
-  return to_expert_major(t, a, exchange(*ctx.experts, rows, t.to, t.from, m.d), m.d);
-}
-
-// The inverse: rows this rank's experts ran [R, d] back to the ranks that dispatched them.
-Tensor from_experts(const BlockContext& ctx, const Dims& m, const BlockActs& a,
-                    const Tensor& rows) {
-  const Trips t = trips(m, *ctx.experts, a);
-  return exchange(*ctx.experts, to_rank_major(t, a, rows, m.d), t.from, t.to, m.d);
-}
-
 // out = h + sum_k w[t, k] * ye[row(t, k)], slots in order.
 void combine(const Dims& m, const BlockActs& a, int64_t N, const float* h, float* out) {
   const float* ye = a.ye.data<float>();
@@ -285,8 +185,8 @@ void moe_forward(const BlockContext& ctx, const LayerView& w, int64_t N, BlockAc
   route(ctx, m, w, N, a, losses);
   dispatch(m, N, a);
   if (ctx.experts) {
-    send_to_experts(ctx, m, a);
-    a.ye = from_experts(ctx, m, a, run_experts(ctx.precision, m, w, a));
+    send_to_experts(*ctx.experts, m.d, a);
+    a.ye = from_experts(*ctx.experts, m.d, a, run_experts(ctx.precision, m, w, a));
   } else {
     a.first_run = 0;
     a.run_begin = a.expert_begin;
@@ -479,10 +379,10 @@ void block_backward(const BlockContext& ctx, const BlockDims& b, const LayerView
   combine_backward(m, a, dout, N, dtopk_w, dye);
   Tensor dxn2 = f32({N, m.d});
   {
-    if (ctx.experts) dye = to_experts(ctx, m, a, dye);
+    if (ctx.experts) dye = to_experts(*ctx.experts, m.d, a, dye);
     Tensor dxe = experts_backward(ctx.precision, m, w, g, a, dye);
     dye = Tensor();
-    if (ctx.experts) dxe = from_experts(ctx, m, a, dxe);
+    if (ctx.experts) dxe = from_experts(*ctx.experts, m.d, a, dxe);
     undispatch(m, a, dxe, N, dxn2);
   }
   router_backward(ctx, m, w, g, a, dtopk_w, scales, N, dxn2);
