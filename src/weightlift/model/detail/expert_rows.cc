@@ -107,5 +107,4 @@ Tensor from_experts(ExpertExchange& x, int64_t d, const BlockActs& a, const Tens
   return exchange(x, to_rank_major(t, a, rows, d), t.from, t.to, d);
 }
 
-
 }  // namespace wl::model::detail
