@@ -10,6 +10,8 @@
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "train_ranks.h"
@@ -163,20 +165,26 @@ constexpr double kGradientTolerance = 1e-5;
 // scaling (tens of percent) still fails.
 constexpr double kBf16GradientTolerance = 1e-2;
 
+// The layouts, in three families; each family is a test of its own, so that each stays well
+// inside a test's time limit under the sanitizers and ctest can run them side by side.
 using S = PipelineSchedule;
-const LayoutCase kLayouts[] = {
+const LayoutCase kDataParallel[] = {
     {"ddp2", 2, {.dp_mode = DpMode::kDdp, .micro_batches = 2}},
     {"ddp4", 4, {.dp_mode = DpMode::kDdp, .micro_batches = 2}},
     {"zero1_2", 2, {.dp_mode = DpMode::kZero1, .micro_batches = 2}},
     {"zero2_2", 2, {.dp_mode = DpMode::kZero2, .micro_batches = 2}},
     {"fsdp2", 2, {.dp_mode = DpMode::kFsdp, .micro_batches = 2}},
     {"fsdp4", 4, {.dp_mode = DpMode::kFsdp, .micro_batches = 2}},
+};
+const LayoutCase kPipelines[] = {
     {"pp2_1f1b", 2, {.pp = 2, .schedule = S::k1F1B, .micro_batches = 4}},
     {"pp2_gpipe", 2, {.pp = 2, .schedule = S::kGPipe, .micro_batches = 4}},
     {"pp4_1f1b", 4, {.pp = 4, .schedule = S::k1F1B, .micro_batches = 4}, 4},
     {"pp4_gpipe", 4, {.pp = 4, .schedule = S::kGPipe, .micro_batches = 4}, 4},
     {"ddp2_x_pp2", 4, {.dp_mode = DpMode::kDdp, .pp = 2, .micro_batches = 4}},
     {"fsdp2_x_pp2", 4, {.dp_mode = DpMode::kFsdp, .pp = 2, .micro_batches = 4}},
+};
+const LayoutCase kExpertParallel[] = {
     {"ep2", 2, {.ep = 2, .micro_batches = 2}},
     {"ep4", 4, {.ep = 4, .micro_batches = 2}},
     {"ddp2_x_ep2", 4, {.ep = 2, .micro_batches = 2}},
@@ -185,15 +193,23 @@ const LayoutCase kLayouts[] = {
     {"ddp2_x_ep2_x_pp2", 8, {.pp = 2, .ep = 2, .micro_batches = 2}},
 };
 
+std::span<const LayoutCase> family(const std::string& name) {
+  if (name == "data_parallel") return kDataParallel;
+  if (name == "pipelines") return kPipelines;
+  return kExpertParallel;
+}
+
+class Layouts : public ::testing::TestWithParam<const char*> {};
+
 // Every layout against one process's reference, computed once per model, precision and
 // micro-batch count (the aux loss is a micro-batch's).
-TEST(Layouts, OneStepGradientsAreTheSingleProcesses) {
+TEST_P(Layouts, OneStepGradientsAreTheSingleProcesses) {
   for (const char* name : gradient_models()) {
     const model::ModelConfig c = model_config(name);
     const model::ParamLayout layout(c);
     for (model::Precision p : gradient_precisions()) {
       std::map<int, std::vector<float>> refs;
-      for (const LayoutCase& lc : kLayouts) {
+      for (const LayoutCase& lc : family(GetParam())) {
         if (c.num_layers < lc.min_layers) continue;
         const int M = lc.layout.micro_batches;
         if (!refs.count(M)) refs[M] = one_step_gradients(1, c, {.micro_batches = M}, p);
@@ -216,13 +232,13 @@ TEST(Layouts, OneStepGradientsAreTheSingleProcesses) {
   }
 }
 
-TEST(Layouts, TenStepLossCurvesFollowTheSingleProcess) {
+TEST_P(Layouts, TenStepLossCurvesFollowTheSingleProcess) {
   const std::string corpus = make_corpus(), dir = fresh_dir("configs");
   for (const char* name : curve_models()) {
     const std::string config = std::string(name) == "tiny" ? "" : config_file(dir, name);
     std::map<int, std::vector<std::string>> refs;  // by micro-batches
     std::map<int, std::string> ref_dirs;
-    for (const LayoutCase& lc : kLayouts) {
+    for (const LayoutCase& lc : family(GetParam())) {
       if (model_config(name).num_layers < lc.min_layers) continue;
       const int M = lc.layout.micro_batches;
       if (!refs.count(M)) {
@@ -264,6 +280,10 @@ TEST(Layouts, TenStepLossCurvesFollowTheSingleProcess) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Families, Layouts,
+                         ::testing::Values("data_parallel", "pipelines", "expert_parallel"),
+                         [](const auto& info) { return std::string(info.param); });
 
 }  // namespace
 }  // namespace wl::parallel
