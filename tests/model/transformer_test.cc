@@ -13,6 +13,7 @@
 #include "support/scratch_dir.h"
 #include "weightlift/core/random.h"
 #include "weightlift/model/pass.h"
+#include "weightlift/model/units.h"
 
 namespace wl::model {
 namespace {
@@ -98,6 +99,41 @@ TEST(StagePass, HoldsWhatActivationBytesSays) {
           << "stage [" << stage.first << ", " << stage.last << "] checkpointing " << checkpointing;
     }
   }
+}
+
+// An expert-parallel rank holds a block's dense parameters and only its own experts, back to
+// back; the view must find each held expert there, and know which ones it holds.
+TEST(Units, BindsABlockHoldingARunOfItsExperts) {
+  const ModelConfig c = tiny();
+  const ParamLayout layout(c);
+  const Units units(c, layout);
+  std::vector<float> whole(size_t(layout.total()));
+  init_params(c, layout, 7, whole.data());
+  const int unit = Units::block(1);
+  const FlatRange r = units.range(unit);
+  const int64_t x0 = layout.at("layers.1.moe.experts.0.gate_proj.weight").offset;
+  const int64_t stride = 3 * c.ffn_dim * c.hidden_size;
+  for (const int64_t first : {int64_t(0), int64_t(1), c.num_experts - 2}) {
+    std::vector<float> held(whole.begin() + r.begin, whole.begin() + x0);
+    held.insert(held.end(), whole.begin() + x0 + first * stride,
+                whole.begin() + x0 + (first + 2) * stride);
+    ModelView v;
+    units.bind(unit, held.data(), v, first, 2);
+    const LayerView& w = v.layers[1];
+    EXPECT_EQ(w.router, held.data() + (layout.at("layers.1.moe.router.weight").offset - r.begin));
+    EXPECT_TRUE(w.holds_experts(first, 2));
+    EXPECT_FALSE(w.holds_experts(first, 3));
+    EXPECT_FALSE(w.holds_experts(first - 1, 1));
+    for (int64_t e = first; e < first + 2; ++e) {
+      const std::string name = "layers.1.moe.experts." + std::to_string(e) + ".down_proj.weight";
+      const ParamInfo& down = layout.at(name);
+      EXPECT_EQ(0, std::memcmp(w.expert(e) + 2 * c.ffn_dim * c.hidden_size,
+                               whole.data() + down.offset, size_t(down.numel()) * 4))
+          << name;
+      EXPECT_EQ(down.expert, e);
+    }
+  }
+  EXPECT_EQ(layout.at("layers.1.moe.router.weight").expert, -1);
 }
 
 // Central differences in f32 on a handful of parameters of most kinds (the router and

@@ -10,9 +10,9 @@ namespace wl::model {
 
 ParamLayout::ParamLayout(const ModelConfig& c) {
   const int64_t d = c.hidden_size, dh = c.head_dim, f = c.ffn_dim;
-  auto add = [&](std::string name, Shape shape, bool decay) {
+  auto add = [&](std::string name, Shape shape, bool decay, int32_t expert = -1) {
     index_.emplace(name, params_.size());
-    params_.push_back({std::move(name), std::move(shape), total_, decay});
+    params_.push_back({std::move(name), std::move(shape), total_, decay, expert});
     total_ += params_.back().numel();
   };
   add("embed.weight", {c.vocab_size, d}, true);
@@ -27,9 +27,9 @@ ParamLayout::ParamLayout(const ModelConfig& c) {
     add(p + "moe.router.weight", {c.num_experts, d}, true);
     for (int64_t e = 0; e < c.num_experts; ++e) {
       const std::string q = p + "moe.experts." + std::to_string(e) + ".";
-      add(q + "gate_proj.weight", {f, d}, true);
-      add(q + "up_proj.weight", {f, d}, true);
-      add(q + "down_proj.weight", {d, f}, true);
+      add(q + "gate_proj.weight", {f, d}, true, int32_t(e));
+      add(q + "up_proj.weight", {f, d}, true, int32_t(e));
+      add(q + "down_proj.weight", {d, f}, true, int32_t(e));
     }
   }
   add("norm.weight", {d}, false);

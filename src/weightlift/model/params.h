@@ -22,10 +22,11 @@
 namespace wl::model {
 
 struct ParamInfo {
-  std::string name;    // DESIGN.md's name, e.g. "layers.0.attn.q_proj.weight"
-  Shape shape;         // [out, in] for matrices, as torch.nn.Linear
-  int64_t offset = 0;  // elements from the start of the flat buffer
-  bool decay = false;  // AdamW weight decay applies (matrices yes; norm gains no)
+  std::string name;     // DESIGN.md's name, e.g. "layers.0.attn.q_proj.weight"
+  Shape shape;          // [out, in] for matrices, as torch.nn.Linear
+  int64_t offset = 0;   // elements from the start of the flat buffer
+  bool decay = false;   // AdamW weight decay applies (matrices yes; norm gains no)
+  int32_t expert = -1;  // e for layers.*.moe.experts.e.*; -1 for every other parameter
   int64_t numel() const { return shape_numel(shape); }
 };
 
@@ -63,9 +64,17 @@ struct LayerView {
   float* wo = nullptr;         // [d, H * Dh]
   float* moe_norm = nullptr;   // [d]
   float* router = nullptr;     // [E, d]
-  float* experts = nullptr;    // expert e at experts + e * expert_stride:
+  float* experts = nullptr;    // expert first_expert + i at experts + i * expert_stride:
                                //   gate_up [2F, d] (gate_proj then up_proj), then down [d, F]
   int64_t expert_stride = 0;   // elements per expert: 3 * F * d
+  // The experts the view holds: [first_expert, first_expert + held_experts). One process
+  // holds them all; an expert-parallel rank may hold only its own.
+  int64_t first_expert = 0;
+  int64_t held_experts = 0;
+  float* expert(int64_t e) const { return experts + (e - first_expert) * expert_stride; }
+  bool holds_experts(int64_t first, int64_t count) const {
+    return first >= first_expert && first + count <= first_expert + held_experts;
+  }
 };
 
 struct ModelView {

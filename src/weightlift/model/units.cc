@@ -25,7 +25,8 @@ Units::Units(const ModelConfig& config, const ParamLayout& layout)
   }
 }
 
-void Units::bind(int unit, float* data, ModelView& v) const {
+void Units::bind(int unit, float* data, ModelView& v, int64_t first_expert,
+                 int64_t held_experts) const {
   const int64_t base = ranges_[size_t(unit)].begin;
   auto at = [&](const std::string& name) { return data + (layout_.at(name).offset - base); };
   if (v.layers.size() != size_t(config_.num_layers)) v.layers.resize(size_t(config_.num_layers));
@@ -39,6 +40,13 @@ void Units::bind(int unit, float* data, ModelView& v) const {
     if (!tied_) v.head = at("lm_head.weight");
     return;
   }
+  // The experts sit after the block's dense parameters, so the first held one lands where
+  // expert 0 is in the whole block.
+  if (held_experts < 0) held_experts = config_.num_experts - first_expert;
+  WL_CHECK(first_expert >= 0 && held_experts >= 0 &&
+           first_expert + held_experts <= config_.num_experts)
+      << "experts [" << first_expert << ", " << first_expert + held_experts << ") of "
+      << config_.num_experts;
   const std::string p = "layers." + std::to_string(unit - 1) + ".";
   v.layers[size_t(unit - 1)] = {.attn_norm = at(p + "attn_norm.weight"),
                                 .wqkv = at(p + "attn.q_proj.weight"),
@@ -46,7 +54,9 @@ void Units::bind(int unit, float* data, ModelView& v) const {
                                 .moe_norm = at(p + "moe_norm.weight"),
                                 .router = at(p + "moe.router.weight"),
                                 .experts = at(p + "moe.experts.0.gate_proj.weight"),
-                                .expert_stride = 3 * config_.ffn_dim * config_.hidden_size};
+                                .expert_stride = 3 * config_.ffn_dim * config_.hidden_size,
+                                .first_expert = first_expert,
+                                .held_experts = held_experts};
 }
 
 }  // namespace wl::model

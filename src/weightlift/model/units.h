@@ -37,7 +37,10 @@ class Units {
 
   // Points unit u's entries of `view` at `data`, which holds the unit's range of a flat
   // buffer (range(u).size() floats). The head's tied lm_head stays on the embedding's entry.
-  void bind(int unit, float* data, ModelView& view) const;
+  // An expert-parallel rank may hold only some of a block's experts: `data` is then the
+  // block's dense parameters followed by experts [first_expert, first_expert + held_experts).
+  void bind(int unit, float* data, ModelView& view, int64_t first_expert = 0,
+            int64_t held_experts = -1) const;
 
  private:
   const ModelConfig& config_;

@@ -144,12 +144,15 @@ Tensor run_experts(Precision p, const Dims& m, const LayerView& w, BlockActs& a)
   a.he = f32({R, 2 * m.F});
   a.ae = f32({R, m.F});
   Tensor y = f32({R, m.d});
-  const int64_t stride = w.expert_stride;
+  const int64_t runs = int64_t(a.run_begin.size()) - 1;
+  WL_CHECK(w.holds_experts(a.first_run, runs))
+      << "this rank runs experts [" << a.first_run << ", " << a.first_run + runs << ") but holds ["
+      << w.first_expert << ", " << w.first_expert + w.held_experts << ")";
   for (size_t i = 0; i + 1 < a.run_begin.size(); ++i) {
     const int64_t r0 = a.run_begin[i], n = a.run_begin[i + 1] - r0;
     if (n == 0) continue;
-    const float* gate_up = w.experts + (a.first_run + int64_t(i)) * stride;  // [2F, d]
-    const float* down = gate_up + 2 * m.F * m.d;                             // [d, F]
+    const float* gate_up = w.expert(a.first_run + int64_t(i));  // [2F, d]
+    const float* down = gate_up + 2 * m.F * m.d;                // [d, F]
     float* he = a.he.data<float>() + r0 * 2 * m.F;
     float* ae = a.ae.data<float>() + r0 * m.F;
     linear_forward(p, a.xe.data<float>() + r0 * m.d, gate_up, he, n, m.d, 2 * m.F);
@@ -276,14 +279,18 @@ Tensor experts_backward(Precision p, const Dims& m, const LayerView& w, const La
   Tensor dae = f32({R, m.F});
   Tensor dhe = f32({R, 2 * m.F});
   Tensor dxe = f32({R, m.d});
-  const int64_t stride = w.expert_stride;
+  const int64_t runs = int64_t(a.run_begin.size()) - 1;
+  WL_CHECK(w.holds_experts(a.first_run, runs) && g.holds_experts(a.first_run, runs))
+      << "the backward of experts [" << a.first_run << ", " << a.first_run + runs
+      << ") on a rank that holds [" << w.first_expert << ", " << w.first_expert + w.held_experts
+      << ")";
   for (size_t i = 0; i + 1 < a.run_begin.size(); ++i) {
     const int64_t r0 = a.run_begin[i], n = a.run_begin[i + 1] - r0;
     if (n == 0) continue;
     const int64_t e = a.first_run + int64_t(i);
-    const float* gate_up = w.experts + e * stride;
+    const float* gate_up = w.expert(e);
     const float* down = gate_up + 2 * m.F * m.d;
-    float* dgate_up = g.experts + e * stride;
+    float* dgate_up = g.expert(e);
     float* ddown = dgate_up + 2 * m.F * m.d;
     const float* dy = dye.data<float>() + r0 * m.d;
     float* da = dae.data<float>() + r0 * m.F;

@@ -18,14 +18,6 @@ std::string opt(const char* name, double v) {
   return b;
 }
 
-// "layers.3.moe.experts.17.up_proj.weight" -> 17; -1 for a dense parameter.
-int64_t preset_expert_index(const std::string& name) {
-  const std::string key = ".moe.experts.";
-  const size_t at = name.find(key);
-  if (at == std::string::npos) return -1;
-  return std::stoll(name.substr(at + key.size()));
-}
-
 // One schedule and its prediction; `stage` names it to the progress callback.
 Result<Simulation> run(const ClusterOptions& o, const std::string& stage) {
   WL_ASSIGN_OR_RETURN(ScheduleInput in, cluster_schedule_input(o));
@@ -163,7 +155,7 @@ Status add_model(const ClusterOptions& o, const model::ModelConfig* preset, Sche
   } else {
     const model::ParamLayout layout(*preset);
     for (const model::ParamInfo& p : layout.params()) {
-      add_param(p.name, p.shape, preset_expert_index(p.name), preset->num_experts);
+      add_param(p.name, p.shape, p.expert, preset->num_experts);
     }
   }
   for (int r = 0; r < o.engine_gpus; ++r) {
