@@ -189,6 +189,10 @@ const LayoutCase kExpertParallel[] = {
     {"ep4", 4, {.ep = 4, .micro_batches = 2}},
     {"ddp2_x_ep2", 4, {.ep = 2, .micro_batches = 2}},
     {"fsdp2_ep2", 2, {.dp_mode = DpMode::kFsdp, .ep = 2, .micro_batches = 2}},
+    // Four ranks, two expert groups: each run of experts is held, sharded and summed by the
+    // two ranks that run it.
+    {"fsdp2_x_ep2", 4, {.dp_mode = DpMode::kFsdp, .ep = 2, .micro_batches = 2}},
+    {"zero1_2_x_ep2", 4, {.dp_mode = DpMode::kZero1, .ep = 2, .micro_batches = 2}},
     // Two stages of four data-parallel ranks each, two expert groups of two in each stage.
     {"ddp2_x_ep2_x_pp2", 8, {.pp = 2, .ep = 2, .micro_batches = 2}},
 };

@@ -323,6 +323,42 @@ TEST(Checkpoint, ResumesBitExactlyInItsOwnLayoutAndLoadsIntoAnother) {
   EXPECT_TRUE(same_loss_curve(four.out_dir, straight.out_dir));
 }
 
+// Under expert parallelism each run of experts is written by the ranks that hold it: ZeRO-2
+// on four ranks with two expert groups shards each expert over two ranks. The checkpoint
+// resumes in its own layout bit-exactly, and loads into one process and into FSDP x EP 2.
+TEST(Checkpoint, AnExpertParallelOneResumesAndLoadsIntoOtherLayouts) {
+  TrainOptions o = layout_options(make_corpus(), "");
+  o.steps = 5;
+  o.layout.dp_mode = DpMode::kZero2;
+  o.layout.ep = 2;
+  o.layout.micro_batches = 2;
+  TrainOptions straight = o;
+  straight.out_dir = fresh_dir("ep_straight");
+  for (auto& r : train_on(4, straight)) ASSERT_TRUE(r.ok()) << r.status().to_string();
+
+  TrainOptions first = o;
+  first.out_dir = fresh_dir("ep_first");
+  first.stop_after = 3;
+  for (auto& r : train_on(4, first)) ASSERT_TRUE(r.ok()) << r.status().to_string();
+  TrainOptions same = o;
+  same.out_dir = fresh_dir("ep_same");
+  same.resume = first.out_dir + "/checkpoint-3";
+  for (auto& r : train_on(4, same)) ASSERT_TRUE(r.ok()) << r.status().to_string();
+  expect_same_bits(same.out_dir + "/model.safetensors", straight.out_dir + "/model.safetensors");
+
+  TrainOptions one = same;
+  one.layout.ep = 1;
+  one.out_dir = fresh_dir("ep_one");
+  auto r1 = train_on(1, one);
+  ASSERT_TRUE(r1[0].ok()) << r1[0].status().to_string();
+  EXPECT_TRUE(same_loss_curve(one.out_dir, straight.out_dir));
+  TrainOptions fsdp = same;
+  fsdp.layout.dp_mode = DpMode::kFsdp;
+  fsdp.out_dir = fresh_dir("ep_fsdp");
+  for (auto& r : train_on(2, fsdp)) ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_TRUE(same_loss_curve(fsdp.out_dir, straight.out_dir));
+}
+
 // Edits one piece of a written checkpoint's index and expects DataLoss naming the tensor.
 void expect_lie_refused(const std::function<void(nlohmann::json& tensors)>& lie,
                         const std::string& expected) {
@@ -387,7 +423,8 @@ TEST(DataParallel, WholeModelIsAViewWhereTheRankHoldsEveryParameter) {
         Case{"tiny_tied", 2, {.dp_mode = DpMode::kZero1}, true},
         Case{"tiny", 2, {.dp_mode = DpMode::kZero2}, true},
         Case{"tiny", 2, {.dp_mode = DpMode::kFsdp}, false},
-        Case{"tiny_tied", 2, {.pp = 2, .micro_batches = 2}, false}}) {
+        Case{"tiny_tied", 2, {.pp = 2, .micro_batches = 2}, false},
+        Case{"tiny", 2, {.ep = 2}, false}}) {
     const model::ModelConfig c = testing::model_config(k.model);
     const std::string what = std::string(k.model) + ", " + std::to_string(k.ranks) + " ranks, " +
                              std::string(dp_mode_name(k.layout.dp_mode)) + ", pp " +
@@ -466,12 +503,30 @@ TEST(StateBytes, PlannedPerRankIsWhatDataParallelHolds) {
     model::ModelConfig c = *model::preset("tiny");
     c.tie_embeddings = tied;
     for (DpMode mode : {DpMode::kDdp, DpMode::kZero1, DpMode::kZero2, DpMode::kFsdp}) {
-      for (auto [dp, pp] : {std::pair{1, 1}, {3, 1}, {1, 2}, {2, 2}}) {
-        const ParallelLayout layout{.dp_mode = mode, .dp = dp, .pp = pp};
+      for (auto [dp, pp, ep] : {std::tuple{1, 1, 1},
+                                {3, 1, 1},
+                                {1, 2, 1},
+                                {2, 2, 1},
+                                {2, 1, 2},
+                                {4, 1, 2},
+                                {2, 2, 2}}) {
+        const ParallelLayout layout{.dp_mode = mode, .dp = dp, .pp = pp, .ep = ep};
         const std::vector<RankStateBytes> plan = *state_bytes_per_rank(c, layout);
         ASSERT_EQ(plan.size(), size_t(pp));
         const std::string what = std::string(dp_mode_name(mode)) + " dp " + std::to_string(dp) +
-                                 " pp " + std::to_string(pp) + (tied ? " tied" : "");
+                                 " pp " + std::to_string(pp) + " ep " + std::to_string(ep) +
+                                 (tied ? " tied" : "");
+        // Expert parallelism divides what is kept whole; FSDP keeps nothing whole, and cutting
+        // each expert over every rank or each rank's experts over their holders is the same.
+        if (ep > 1) {
+          const ParallelLayout no_ep{.dp_mode = mode, .dp = dp, .pp = pp};
+          const uint64_t without = (*state_bytes_per_rank(c, no_ep))[0].total();
+          if (mode == DpMode::kFsdp) {
+            EXPECT_LE(plan[0].total(), without) << what;
+          } else {
+            EXPECT_LT(plan[0].total(), without) << what;
+          }
+        }
         testing::run_data_parallel(dp * pp, c, layout, [&](DataParallel& d) {
           const RankStateBytes& p = plan[size_t(place_in(layout, d.job_rank()).stage)];
           std::vector<int> held = p.held.units;

@@ -63,11 +63,12 @@ Status agree(DataParallel& dp, const Status& mine, const std::string& what) {
   return ok_status();
 }
 
-// The index of what every rank writes: job rank stage * dp + r holds core/shard.h's rows r
-// (over the dp ranks) of every tensor of its stage's units.
+// The index of what every rank writes: the k-th of a tensor's holders (UnitParts::holders:
+// every data-parallel rank of its stage, or for an expert the ranks that run it) holds
+// core/shard.h's rows k of it, over the holders.
 json tensor_index(DataParallel& dp) {
   const model::ParamLayout& layout = dp.layout();
-  const int dp_ranks = dp.ranks(), pp = dp.options().layout.pp;
+  const int dp_ranks = dp.ranks(), pp = dp.options().layout.pp, ep = dp.options().layout.ep;
   std::vector<model::Stage> stages = pipeline_stages(dp.units(), pp);
   json tensors = json::object();
   for (int stage = 0; stage < pp; ++stage) {
@@ -76,10 +77,12 @@ json tensor_index(DataParallel& dp) {
         const model::ParamInfo& p = layout.params()[index];
         for (StateKind kind : {StateKind::kWeights, StateKind::kM, StateKind::kV}) {
           json pieces = json::array();
-          for (int r = 0; r < dp_ranks; ++r) {
-            const ShardRows rows = shard_rows(p.shape[0], dp_ranks, r);
+          const std::vector<int> holders =
+              UnitParts::holders(p, dp_ranks, ep, dp.config().num_experts);
+          for (size_t k = 0; k < holders.size(); ++k) {
+            const ShardRows rows = shard_rows(p.shape[0], int(holders.size()), int(k));
             if (rows.size() == 0) continue;
-            pieces.push_back({{"file", rank_file(stage * dp_ranks + r, pp * dp_ranks)},
+            pieces.push_back({{"file", rank_file(stage * dp_ranks + holders[k], pp * dp_ranks)},
                               {"rows", {rows.begin, rows.end}}});
           }
           tensors[state_name(p, kind)] = {{"shape", p.shape}, {"pieces", pieces}};
@@ -146,6 +149,7 @@ Status write_state(const std::string& path, DataParallel& dp, const TrainState& 
   const ParallelLayout& l = dp.options().layout;
   f.layout = {{"dp", dp.ranks()},
               {"pp", l.pp},
+              {"ep", l.ep},
               {"dp_mode", std::string(dp_mode_name(l.dp_mode))},
               {"micro_batches", l.micro_batches}};
   f.tensors = tensor_index(dp);

@@ -2,8 +2,9 @@
 // nothing it cannot trust.
 //
 // A checkpoint is a directory:
-//   rank-<r>-of-<n>.safetensors  data-parallel rank r's own rows (core/shard.h) of every
-//                                parameter, "<name>", and of its AdamW moments, "m.<name>"
+//   rank-<r>-of-<n>.safetensors  rank r's own rows (core/shard.h, over the ranks that hold
+//                                the tensor: UnitParts::holders) of every parameter of its
+//                                stage, "<name>", and of its AdamW moments, "m.<name>"
 //                                and "v.<name>", f32, shaped [rows, ...]; its metadata holds
 //                                each tensor's XXH3-64 checksum, "xxh3.<name>"
 //   state.json                   format version 3 (train/checkpoint_state.h): the counters, the

@@ -3,10 +3,12 @@
 
 #include <utility>
 
+#include "weightlift/core/check.h"
+
 namespace wl::parallel {
 
-CommQueue::CommQueue(std::shared_ptr<comm::Group> group)
-    : group_(std::move(group)), thread_([this] { run(); }) {}
+CommQueue::CommQueue(std::shared_ptr<comm::Group> group, std::shared_ptr<comm::Group> expert_data)
+    : group_(std::move(group)), expert_data_(std::move(expert_data)), thread_([this] { run(); }) {}
 
 CommQueue::~CommQueue() {
   {
@@ -17,11 +19,13 @@ CommQueue::~CommQueue() {
   thread_.join();
 }
 
-uint64_t CommQueue::submit(Op op) {
+uint64_t CommQueue::submit(Op op, Over over) {
+  WL_CHECK(over == Over::kData || expert_data_ != nullptr)
+      << "an expert-data collective on a queue without that group";
   uint64_t ticket;
   {
     MutexLock lock(mu_);
-    pending_.push_back(std::move(op));
+    pending_.push_back({std::move(op), over});
     ticket = ++submitted_;
   }
   changed_.notify_all();
@@ -45,19 +49,20 @@ Status CommQueue::drain() {
 
 void CommQueue::run() {
   for (;;) {
-    Op op;
+    Pending next;
     Status failed;
     {
       MutexLock lock(mu_);
       changed_.wait(lock,
                     [&]() WL_NO_THREAD_SAFETY_ANALYSIS { return stopping_ || !pending_.empty(); });
       if (pending_.empty()) return;  // stopping, nothing left
-      op = std::move(pending_.front());
+      next = std::move(pending_.front());
       pending_.pop_front();
       failed = failure_;
     }
     // A broken group runs nothing more: the operation fails with the first failure.
-    Status s = failed.ok() ? op(*group_) : failed;
+    comm::Group& group = next.over == Over::kData ? *group_ : *expert_data_;
+    Status s = failed.ok() ? next.op(group) : failed;
     {
       MutexLock lock(mu_);
       if (!s.ok() && failure_.ok()) failure_ = s;

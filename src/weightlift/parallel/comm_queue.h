@@ -2,7 +2,9 @@
 // were submitted, so that the compute thread goes on while gradients are reduced or the next
 // unit's parameters gathered: what a CUDA stream is to NCCL, and gloo's worker thread to
 // PyTorch DDP on CPU. A Group is used from one thread at a time (comm/group.h), so the queue
-// owns its group outright; the compute thread keeps the other.
+// owns its groups outright; the compute thread keeps the others. It has two: the stage's
+// data-parallel ranks, and under expert parallelism the subset of them that runs the same
+// experts (unit_parts.h). Each operation names the one it runs on.
 //
 // Every rank of the group must submit the same collectives in the same order. Each collective
 // has its own deadline (its options' timeout, or the group's default), so every wait ends. Once
@@ -19,6 +21,7 @@
 #include "weightlift/comm/group.h"
 #include "weightlift/core/mutex.h"
 #include "weightlift/core/status.h"
+#include "weightlift/parallel/over.h"
 
 namespace wl::parallel {
 
@@ -26,13 +29,15 @@ class CommQueue {
  public:
   using Op = std::function<Status(comm::Group&)>;
 
-  explicit CommQueue(std::shared_ptr<comm::Group> group);
+  // expert_data: null unless expert parallelism leaves more than one rank per run of experts.
+  explicit CommQueue(std::shared_ptr<comm::Group> group,
+                     std::shared_ptr<comm::Group> expert_data = nullptr);
   ~CommQueue();  // runs what was submitted, then stops
   CommQueue(const CommQueue&) = delete;
   CommQueue& operator=(const CommQueue&) = delete;
 
-  // Queues `op`; the ticket it returns names it to wait().
-  uint64_t submit(Op op);
+  // Queues `op`, to run on the group `over` names; the ticket it returns names it to wait().
+  uint64_t submit(Op op, Over over = Over::kData);
   // Waits until `ticket` and every operation before it have run; the first failure among them.
   Status wait(uint64_t ticket);
   Status drain();  // waits for everything submitted so far
@@ -41,10 +46,14 @@ class CommQueue {
  private:
   void run();
 
-  std::shared_ptr<comm::Group> group_;
+  struct Pending {
+    Op op;
+    Over over = Over::kData;
+  };
+  std::shared_ptr<comm::Group> group_, expert_data_;
   Mutex mu_;
   CondVar changed_;
-  std::deque<Op> pending_ WL_GUARDED_BY(mu_);
+  std::deque<Pending> pending_ WL_GUARDED_BY(mu_);
   uint64_t submitted_ WL_GUARDED_BY(mu_) = 0;
   uint64_t finished_ WL_GUARDED_BY(mu_) = 0;
   Status failure_ WL_GUARDED_BY(mu_);  // the first failed operation's status

@@ -25,6 +25,8 @@ DataParallel::DataParallel(const model::ModelConfig& config, const DataParallelO
     : config_(config),
       layout_(config_),
       units_(config_, layout_),
+      parts_(config_, layout_, units_, options.layout.ep,
+             ranks.experts ? ranks.experts->rank() : 0),
       rope_(kernels::make_rope_table(config.max_seq_len, config.head_dim, config.rope_theta,
                                      config.rope_ntk_alpha)),
       options_(options),
@@ -32,6 +34,7 @@ DataParallel::DataParallel(const model::ModelConfig& config, const DataParallelO
       queue_(std::move(ranks.queue)),
       stages_(std::move(ranks.stages)),
       tied_(std::move(ranks.tied)),
+      expert_data_(std::move(ranks.expert_data)),
       adamw_(options.adamw) {
   if (ranks.experts) {
     experts_ = std::make_unique<ExpertGroup>(std::move(ranks.experts), options_.timeout,
@@ -47,6 +50,14 @@ DataParallel::DataParallel(const model::ModelConfig& config, const DataParallelO
     ranks_ = group_->size();
   }
   WL_CHECK((ranks_ > 1) == (queue_ != nullptr)) << "a queue exactly when there are other ranks";
+  const int ep = options_.layout.ep;
+  WL_CHECK(ranks_ % ep == 0 && (ep > 1 && ranks_ / ep > 1) == (expert_data_ != nullptr))
+      << "--ep " << ep << " of " << ranks_ << " data-parallel ranks";
+  WL_CHECK(!experts_ || rank_ % ep == experts_->rank())
+      << "data-parallel rank " << rank_ << " is rank " << experts_->rank() << " of its experts";
+  WL_CHECK(!expert_data_ || expert_data_->rank() == rank_ / ep)
+      << "data-parallel rank " << rank_ << " is rank " << expert_data_->rank()
+      << " of those with its experts";
   held_ = options_.units;
   if (held_.empty()) {
     for (int u = 0; u < units_.count(); ++u) held_.push_back(u);
@@ -58,12 +69,26 @@ DataParallel::DataParallel(const model::ModelConfig& config, const DataParallelO
     held_.insert(held_.begin(), 0);
   }
   packed_offsets_.assign(size_t(units_.count()), -1);
-  for (int u = 0; u < units_.count(); ++u) shards_.emplace_back(layout_, units_, u, ranks_);
+  shards_.resize(size_t(units_.count()));
   for (int u : held_) {
     at_[u] = {whole_elems_, packed_elems_};
     packed_offsets_[size_t(u)] = packed_elems_;
-    whole_elems_ += units_.range(u).size();
-    packed_elems_ += shards_[size_t(u)].packed_elems();
+    int64_t packed = 0;
+    for (const UnitPart& part : parts_.of(u)) {
+      // A run of experts is cut over the ranks that hold it: one per expert group.
+      const bool experts = part.over == Over::kExpertData;
+      PartShards s{
+          .of = &part,
+          .shards = UnitShards(layout_, part.params, part.model, experts ? ranks_ / ep : ranks_),
+          .held = part.held,
+          .packed = packed,
+          .rank = experts ? rank_ / ep : rank_,
+          .over = part.over};
+      packed += s.shards.packed_elems();
+      shards_[size_t(u)].push_back(std::move(s));
+    }
+    whole_elems_ += parts_.held_elems(u);
+    packed_elems_ += packed;
   }
   const ParallelLayout& l = options_.layout;
   params_ = zeros(l.shards_parameters() ? packed_elems_ : whole_elems_);
@@ -76,25 +101,35 @@ DataParallel::DataParallel(const model::ModelConfig& config, const DataParallelO
 
 DataParallel::~DataParallel() = default;
 
+comm::Group* DataParallel::group_of(const PartShards& part) const {
+  if (part.shards.ranks() == 1) return nullptr;
+  return part.over == Over::kData ? group_.get() : expert_data_.get();
+}
+
 void DataParallel::build_reducers() {
   const ParallelLayout& l = options_.layout;
   CommQueue* q = queue_.get();
   if (l.shards_parameters()) {
-    sharded_params_.emplace(shards_, params_.data<float>(), packed_offsets_, rank_, q,
-                            options_.timeout);
+    sharded_params_.emplace(shards_, params_.data<float>(), packed_offsets_, q, options_.timeout);
   }
   if (l.shards_gradients()) {
-    sharded_grads_.emplace(shards_, grads_.data<float>(), packed_offsets_, rank_, q,
-                           options_.timeout);
+    sharded_grads_.emplace(shards_, grads_.data<float>(), packed_offsets_, q, options_.timeout);
     return;
   }
-  // Buckets over the units this stage's backward finishes, last first; a replica's gradient
-  // comes from the head and is summed on its own (reduce_replica).
+  // Buckets over the units this stage's backward finishes, last first, the parts of each
+  // last first; a replica's gradient comes from the head and is summed on its own
+  // (reduce_replica). A run of experts held by one rank (--ep = dp) has nothing to sum and is
+  // left out; with one rank in all, every part stays in, for the buckets to see each unit
+  // finish (there is no queue, and nothing is sent).
   std::vector<GradientBuckets::UnitAt> order;
   for (auto it = held_.rbegin(); it != held_.rend(); ++it) {
     if (*it == replica_) continue;
-    const int64_t at = whole_at(*it);
-    order.push_back({*it, {at, at + units_.range(*it).size()}});
+    const std::vector<PartShards>& parts = shards_[size_t(*it)];
+    for (auto p = parts.rbegin(); p != parts.rend(); ++p) {
+      if (p->shards.ranks() == 1 && ranks_ > 1) continue;
+      const int64_t at = whole_at(*it) + p->held;
+      order.push_back({*it, {at, at + p->shards.unit_elems()}, p->over});
+    }
   }
   buckets_.emplace(order, l.bucket_bytes, grads_.data<float>(), q, options_.timeout);
 }
@@ -108,52 +143,85 @@ void DataParallel::build_slices() {
   float* m = m_.data<float>();
   float* v = v_.data<float>();
   for (int u : held_) {
-    if (!l.shards_optimizer()) {
-      for (size_t index : units_.params(u)) {
-        const model::ParamInfo& info = layout_.params()[index];
-        const int64_t at = whole_at(u) + info.offset - units_.range(u).begin;
-        slices_.push_back({p + at, g + at, m + at, v + at, info.numel(), info.decay});
+    for (const PartShards& part : shards_[size_t(u)]) {
+      if (!l.shards_optimizer()) {
+        for (size_t index : part.of->params) {
+          const model::ParamInfo& info = layout_.params()[index];
+          const int64_t at = whole_at(u) + part.held + info.offset - part.of->model.begin;
+          slices_.push_back({p + at, g + at, m + at, v + at, info.numel(), info.decay});
+        }
+        continue;
       }
-      continue;
-    }
-    for (const ShardPiece& piece : shards_[size_t(u)].pieces(rank_)) {
-      if (piece.elems() == 0) continue;
-      const int64_t at_whole = whole_at(u) + piece.unit_offset;
-      const int64_t at_packed = packed_at(u) + piece.packed_offset;
-      slices_.push_back({.param = p + (l.shards_parameters() ? at_packed : at_whole),
-                         .grad = g + (l.shards_gradients() ? at_packed : at_whole),
-                         .m = m + at_packed,
-                         .v = v + at_packed,
-                         .n = piece.elems(),
-                         .decay = layout_.params()[piece.param].decay});
+      for (const ShardPiece& piece : part.shards.pieces(part.rank)) {
+        if (piece.elems() == 0) continue;
+        const int64_t at_whole = whole_at(u) + part.held + piece.unit_offset;
+        const int64_t at_packed = packed_at(u) + part.packed + piece.packed_offset;
+        slices_.push_back({.param = p + (l.shards_parameters() ? at_packed : at_whole),
+                           .grad = g + (l.shards_gradients() ? at_packed : at_whole),
+                           .m = m + at_packed,
+                           .v = v + at_packed,
+                           .n = piece.elems(),
+                           .decay = layout_.params()[piece.param].decay});
+      }
     }
   }
 }
 
 void DataParallel::set_params(const float* full) {
   for (int u : held_) {
-    const float* src = full + units_.range(u).begin;
-    if (options_.layout.shards_parameters()) {
-      shards_[size_t(u)].pack(src, rank_, params_.data<float>() + packed_at(u));
-    } else {
-      std::memcpy(whole_unit(params_, u), src, size_t(units_.range(u).size()) * sizeof(float));
+    for (const PartShards& part : shards_[size_t(u)]) {
+      const float* src = full + part.of->model.begin;
+      if (options_.layout.shards_parameters()) {
+        part.shards.pack(src, part.rank, params_.data<float>() + packed_at(u) + part.packed);
+      } else {
+        std::memcpy(whole_unit(params_, u) + part.held, src,
+                    size_t(part.of->size()) * sizeof(float));
+      }
+    }
+  }
+}
+
+// The held parts of whole buffers `held` (params_ or grads_) at their places in `full`.
+void DataParallel::copy_held(Tensor& held, float* full) {
+  for (int u : held_) {
+    for (const PartShards& part : shards_[size_t(u)]) {
+      std::memcpy(full + part.of->model.begin, whole_unit(held, u) + part.held,
+                  size_t(part.of->size()) * sizeof(float));
     }
   }
 }
 
 Status DataParallel::gather_params(float* full) {
   if (!options_.layout.shards_parameters()) {
-    for (int u : held_) {
-      std::memcpy(full + units_.range(u).begin, whole_unit(params_, u),
-                  size_t(units_.range(u).size()) * sizeof(float));
-    }
-    return ok_status();
+    copy_held(params_, full);
+  } else {
+    WL_RETURN_IF_ERROR(gather_units(params_.data<float>(), full));
   }
-  return gather_units(params_.data<float>(), full);
+  return gather_experts(full);
+}
+
+// Under expert parallelism each rank of an expert group has put its own run of every held
+// block's experts in `full`; the group's runs are side by side in group-rank order, so an
+// in-place allgather over the group fills in the others'.
+Status DataParallel::gather_experts(float* full) {
+  if (!parts_.divides_experts()) return ok_status();
+  for (int u : held_) {
+    for (const PartShards& part : shards_[size_t(u)]) {
+      if (part.over != Over::kExpertData) continue;
+      const int64_t first = part.of->model.begin - experts_->rank() * part.of->size();
+      WL_RETURN_IF_ERROR(comm::allgather(experts_->group(), {.send = nullptr,
+                                                             .recv = full + first,
+                                                             .count = size_t(part.of->size()),
+                                                             .dtype = DType::kF32,
+                                                             .timeout = options_.timeout}));
+    }
+  }
+  return ok_status();
 }
 
 const float* DataParallel::whole_model() const {
-  if (options_.layout.shards_parameters() || replica_ >= 0 || int(held_.size()) != units_.count()) {
+  if (options_.layout.shards_parameters() || replica_ >= 0 || parts_.divides_experts() ||
+      int(held_.size()) != units_.count()) {
     return nullptr;
   }
   for (int u : held_) {
@@ -190,24 +258,27 @@ Status DataParallel::sum_over_stages(float* full) {
                                     .timeout = options_.timeout});
 }
 
-// Every held unit's packed shards (local: this rank's) gathered from every rank and unpacked
-// into the whole flat buffer `full`, at the units' places in the model.
+// Every held part's packed shards (local: this rank's) gathered from every rank that shares
+// it and unpacked into the whole flat buffer `full`, at the parts' places in the model.
 Status DataParallel::gather_units(const float* local, float* full) {
   for (int u : held_) {
-    const UnitShards& s = shards_[size_t(u)];
-    float* dst = full + units_.range(u).begin;
-    const float* mine = local + packed_at(u);
-    if (ranks_ == 1) {
-      s.unpack(mine, rank_, dst);
-      continue;
+    for (const PartShards& part : shards_[size_t(u)]) {
+      const UnitShards& s = part.shards;
+      float* dst = full + part.of->model.begin;
+      const float* mine = local + packed_at(u) + part.packed;
+      comm::Group* group = group_of(part);
+      if (group == nullptr) {
+        s.unpack(mine, part.rank, dst);
+        continue;
+      }
+      Tensor all = zeros(s.ranks() * s.packed_elems());
+      WL_RETURN_IF_ERROR(comm::allgather(*group, {.send = mine,
+                                                  .recv = all.raw(),
+                                                  .count = size_t(s.packed_elems()),
+                                                  .dtype = DType::kF32,
+                                                  .timeout = options_.timeout}));
+      s.unpack_all(all.data<float>(), dst);
     }
-    Tensor all = zeros(s.ranks() * s.packed_elems());
-    WL_RETURN_IF_ERROR(comm::allgather(*group_, {.send = mine,
-                                                 .recv = all.raw(),
-                                                 .count = size_t(s.packed_elems()),
-                                                 .dtype = DType::kF32,
-                                                 .timeout = options_.timeout}));
-    s.unpack_all(all.data<float>(), dst);
   }
   return ok_status();
 }
@@ -217,17 +288,19 @@ std::vector<StateRows> DataParallel::own_rows() {
   std::vector<StateRows> out;
   for (int u : held_) {
     if (u == replica_) continue;  // the first stage writes the embedding
-    for (const ShardPiece& piece : shards_[size_t(u)].pieces(rank_)) {
-      if (piece.elems() == 0) continue;
-      const int64_t packed = packed_at(u) + piece.packed_offset;
-      const int64_t whole = whole_at(u) + piece.unit_offset;
-      auto at = [&](Tensor& t, bool sharded) {
-        return t.data<float>() + (sharded ? packed : whole);
-      };
-      out.push_back(
-          {piece.param, StateKind::kWeights, piece.rows, at(params_, l.shards_parameters())});
-      out.push_back({piece.param, StateKind::kM, piece.rows, at(m_, l.shards_optimizer())});
-      out.push_back({piece.param, StateKind::kV, piece.rows, at(v_, l.shards_optimizer())});
+    for (const PartShards& part : shards_[size_t(u)]) {
+      for (const ShardPiece& piece : part.shards.pieces(part.rank)) {
+        if (piece.elems() == 0) continue;
+        const int64_t packed = packed_at(u) + part.packed + piece.packed_offset;
+        const int64_t whole = whole_at(u) + part.held + piece.unit_offset;
+        auto at = [&](Tensor& t, bool sharded) {
+          return t.data<float>() + (sharded ? packed : whole);
+        };
+        out.push_back(
+            {piece.param, StateKind::kWeights, piece.rows, at(params_, l.shards_parameters())});
+        out.push_back({piece.param, StateKind::kM, piece.rows, at(m_, l.shards_optimizer())});
+        out.push_back({piece.param, StateKind::kV, piece.rows, at(v_, l.shards_optimizer())});
+      }
     }
   }
   return out;
@@ -237,29 +310,29 @@ std::vector<StateRows> DataParallel::rows_to_load() {
   const ParallelLayout& l = options_.layout;
   std::vector<StateRows> out;
   for (int u : held_) {
-    // Whole states: every row of the unit's parameters. Sharded ones: this rank's own rows.
-    for (size_t i : units_.params(u)) {
-      const model::ParamInfo& info = layout_.params()[i];
-      const int64_t at = whole_at(u) + info.offset - units_.range(u).begin;
-      if (!l.shards_parameters()) {
-        out.push_back({i, StateKind::kWeights, {0, info.shape[0]}, params_.data<float>() + at});
+    for (const PartShards& part : shards_[size_t(u)]) {
+      // Whole states: every row of the part's parameters. Sharded ones: this rank's own rows.
+      for (size_t i : part.of->params) {
+        const model::ParamInfo& info = layout_.params()[i];
+        const int64_t at = whole_at(u) + part.held + info.offset - part.of->model.begin;
+        if (!l.shards_parameters()) {
+          out.push_back({i, StateKind::kWeights, {0, info.shape[0]}, params_.data<float>() + at});
+        }
+        if (!l.shards_optimizer()) {
+          out.push_back({i, StateKind::kM, {0, info.shape[0]}, m_.data<float>() + at});
+          out.push_back({i, StateKind::kV, {0, info.shape[0]}, v_.data<float>() + at});
+        }
       }
-      if (!l.shards_optimizer()) {
-        out.push_back({i, StateKind::kM, {0, info.shape[0]}, m_.data<float>() + at});
-        out.push_back({i, StateKind::kV, {0, info.shape[0]}, v_.data<float>() + at});
-      }
-    }
-    for (const ShardPiece& piece : shards_[size_t(u)].pieces(rank_)) {
-      if (piece.elems() == 0) continue;
-      float* packed = nullptr;
-      const int64_t at = packed_at(u) + piece.packed_offset;
-      if (l.shards_parameters()) {
-        packed = params_.data<float>() + at;
-        out.push_back({piece.param, StateKind::kWeights, piece.rows, packed});
-      }
-      if (l.shards_optimizer()) {
-        out.push_back({piece.param, StateKind::kM, piece.rows, m_.data<float>() + at});
-        out.push_back({piece.param, StateKind::kV, piece.rows, v_.data<float>() + at});
+      for (const ShardPiece& piece : part.shards.pieces(part.rank)) {
+        if (piece.elems() == 0) continue;
+        const int64_t at = packed_at(u) + part.packed + piece.packed_offset;
+        if (l.shards_parameters()) {
+          out.push_back({piece.param, StateKind::kWeights, piece.rows, params_.data<float>() + at});
+        }
+        if (l.shards_optimizer()) {
+          out.push_back({piece.param, StateKind::kM, piece.rows, m_.data<float>() + at});
+          out.push_back({piece.param, StateKind::kV, piece.rows, v_.data<float>() + at});
+        }
       }
     }
   }
@@ -283,8 +356,8 @@ model::PassModel DataParallel::pass_model() {
   w.layers.resize(size_t(config_.num_layers));
   g.layers.resize(size_t(config_.num_layers));
   for (int u : held_) {
-    if (!l.shards_parameters()) units_.bind(u, whole_unit(params_, u), w);
-    if (!l.shards_gradients()) units_.bind(u, whole_unit(grads_, u), g);
+    if (!l.shards_parameters()) parts_.bind(u, whole_unit(params_, u), w);
+    if (!l.shards_gradients()) parts_.bind(u, whole_unit(grads_, u), g);
   }
   return {config_, layout_, units_, rope_, std::move(w), std::move(g)};
 }
@@ -303,7 +376,7 @@ Status DataParallel::before_unit(int unit, model::Direction dir, model::ModelVie
     const Stopwatch waited;
     for (int u : units_read(unit)) {
       WL_ASSIGN_OR_RETURN(float* p, sharded_params_->acquire(u));
-      units_.bind(u, p, w);
+      parts_.bind(u, p, w);
     }
     comm_.exposed_s += waited.seconds();
     // The next held unit in this direction gathers while this one computes.
@@ -311,7 +384,7 @@ Status DataParallel::before_unit(int unit, model::Direction dir, model::ModelVie
     if (holds(next) && next != replica_) sharded_params_->prefetch(next);
   }
   if (sharded_grads_ && dir == model::Direction::kBackward) {
-    for (int u : units_read(unit)) units_.bind(u, sharded_grads_->acquire(u), g);
+    for (int u : units_read(unit)) parts_.bind(u, sharded_grads_->acquire(u), g);
   }
   note_bytes();
   return ok_status();
@@ -412,8 +485,10 @@ Status DataParallel::reduce_gradients() {
 Status DataParallel::reduce_replica() {
   if (!tied_) return ok_status();
   const bool sharded = options_.layout.shards_gradients();
+  const PartShards& embedding = shards_[0].front();  // the embedding is one part
   float* g = sharded ? grads_.data<float>() + packed_at(0) : whole_unit(grads_, 0);
-  const size_t n = size_t(sharded ? shards_[0].packed_elems() : units_.range(0).size());
+  const size_t n =
+      size_t(sharded ? embedding.shards.packed_elems() : embedding.shards.unit_elems());
   if (replica_ >= 0 && !sharded && ranks_ > 1) {
     WL_RETURN_IF_ERROR(comm::allreduce(*group_, {.recv = g,
                                                  .count = n,
@@ -435,16 +510,41 @@ double DataParallel::norm_sum_squares() const {
   const bool sharded = options_.layout.shards_gradients();
   if (replica_ < 0) return kernels::sum_squares(grads_.data<float>(), grads_.numel());
   const int64_t skip_begin = sharded ? packed_at(0) : whole_at(0);
+  const UnitShards& embedding = shards_[0].front().shards;
   const int64_t skip_end =
-      skip_begin + (sharded ? shards_[0].packed_elems() : units_.range(0).size());
+      skip_begin + (sharded ? embedding.packed_elems() : embedding.unit_elems());
   const float* g = grads_.data<float>();
   return kernels::sum_squares(g, skip_begin) +
          kernels::sum_squares(g + skip_end, grads_.numel() - skip_end);
 }
 
+// Whole gradients under expert parallelism: the dense parts' squares, the same on every
+// data-parallel rank, and the experts' summed over the expert group, whose ranks hold
+// different experts (each the same as the ranks with its experts in the other groups).
+Result<double> DataParallel::expert_norm_sum_squares() {
+  double dense = 0, experts = 0;
+  for (int u : held_) {
+    if (u == replica_) continue;
+    for (const PartShards& part : shards_[size_t(u)]) {
+      const double s =
+          kernels::sum_squares(whole_unit(grads_, u) + part.held, part.shards.unit_elems());
+      (part.over == Over::kData ? dense : experts) += s;
+    }
+  }
+  WL_RETURN_IF_ERROR(sum_in_rank_order(experts_->group(), &experts, 1, options_.timeout));
+  return dense + experts;
+}
+
 Result<train::StepReport> DataParallel::apply_optimizer(double lr, double grad_unscale) {
   const ParallelLayout& l = options_.layout;
-  double sum_squares = norm_sum_squares();
+  double sum_squares = 0;
+  if (parts_.divides_experts() && !l.shards_gradients()) {
+    WL_ASSIGN_OR_RETURN(sum_squares, expert_norm_sum_squares());
+  } else {
+    sum_squares = norm_sum_squares();
+  }
+  // Sharded gradients hold each row on one rank (an expert's on one of its holders), so their
+  // squares add up over the ranks.
   if (l.shards_gradients()) WL_RETURN_IF_ERROR(sum_over_ranks(&sum_squares, 1));
   if (stages_ && stages_->size() > 1) {
     WL_RETURN_IF_ERROR(sum_in_rank_order(*stages_, &sum_squares, 1, options_.timeout));
@@ -462,31 +562,32 @@ Result<train::StepReport> DataParallel::apply_optimizer(double lr, double grad_u
 
 Status DataParallel::gather_grads(float* full) {
   if (!options_.layout.shards_gradients()) {
-    for (int u : held_) {
-      std::memcpy(full + units_.range(u).begin, whole_unit(grads_, u),
-                  size_t(units_.range(u).size()) * sizeof(float));
-    }
-    return ok_status();
+    copy_held(grads_, full);
+  } else {
+    WL_RETURN_IF_ERROR(gather_units(grads_.data<float>(), full));
   }
-  return gather_units(grads_.data<float>(), full);
+  return gather_experts(full);
 }
 
 // ZeRO-1 and -2: every rank updated its own rows; each held unit's are gathered into every
 // data-parallel rank's whole parameters.
 Status DataParallel::allgather_params() {
-  if (ranks_ == 1) return ok_status();
   for (int u : held_) {
-    const UnitShards& s = shards_[size_t(u)];
-    float* whole = whole_unit(params_, u);
-    Tensor mine = zeros(s.packed_elems());
-    s.pack(whole, rank_, mine.data<float>());
-    Tensor all = zeros(s.ranks() * s.packed_elems());
-    WL_RETURN_IF_ERROR(comm::allgather(*group_, {.send = mine.raw(),
-                                                 .recv = all.raw(),
-                                                 .count = size_t(s.packed_elems()),
-                                                 .dtype = DType::kF32,
-                                                 .timeout = options_.timeout}));
-    s.unpack_all(all.data<float>(), whole);
+    for (const PartShards& part : shards_[size_t(u)]) {
+      comm::Group* group = group_of(part);
+      if (group == nullptr) continue;  // this rank updated the whole part
+      const UnitShards& s = part.shards;
+      float* whole = whole_unit(params_, u) + part.held;
+      Tensor mine = zeros(s.packed_elems());
+      s.pack(whole, part.rank, mine.data<float>());
+      Tensor all = zeros(s.ranks() * s.packed_elems());
+      WL_RETURN_IF_ERROR(comm::allgather(*group, {.send = mine.raw(),
+                                                  .recv = all.raw(),
+                                                  .count = size_t(s.packed_elems()),
+                                                  .dtype = DType::kF32,
+                                                  .timeout = options_.timeout}));
+      s.unpack_all(all.data<float>(), whole);
+    }
   }
   return ok_status();
 }

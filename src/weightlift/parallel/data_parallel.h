@@ -21,11 +21,12 @@
 //
 // Expert parallelism (--ep E) splits each stage's data-parallel ranks into groups of E
 // consecutive ranks; rank i of a group runs experts [i E', (i + 1) E') of every layer (E' =
-// experts / E) for the tokens of the whole group (expert_group.h, model/expert_exchange.h).
-// An expert's gradient is then whole on its own rank and zero on the others of its group, and
-// the data-parallel sum makes it the same gradient everywhere. Every rank still keeps every
-// expert's parameters as its --dp-mode says: expert parallelism here moves the tokens to
-// their experts, but does not (yet) divide the experts' memory.
+// experts / E) for the tokens of the whole group (expert_group.h, model/expert_exchange.h),
+// and holds only those: each block is two parts (unit_parts.h), its dense parameters, kept
+// as --dp-mode says over the data-parallel ranks, and its run of experts, kept the same way
+// over the dp / E ranks that run them (one per expert group; `expert_data`). Whole gradients'
+// norm adds the experts' squares over the expert group. gather_params() and gather_grads()
+// still give every expert: each rank's run is allgathered over its expert group.
 //
 // Under pipeline parallelism a rank holds only its stage's units (DataParallelRanks::units),
 // its buffers laid out unit after unit; the gradient norm then adds up over the stages
@@ -54,6 +55,7 @@
 #include "weightlift/parallel/layout.h"
 #include "weightlift/parallel/sharded_grads.h"
 #include "weightlift/parallel/sharded_params.h"
+#include "weightlift/parallel/unit_parts.h"
 #include "weightlift/parallel/unit_shards.h"
 #include "weightlift/train/adamw.h"
 
@@ -77,6 +79,9 @@ struct DataParallelRanks {
   std::shared_ptr<comm::Group> stages;   // the stages of this data-parallel index, in order
   std::shared_ptr<comm::Group> tied;     // the first and last stages (tied embeddings)
   std::shared_ptr<comm::Group> experts;  // --ep consecutive data-parallel ranks (compute thread)
+  // The data-parallel ranks that hold the same experts (--ep below the data-parallel size;
+  // compute thread; the queue has its own).
+  std::shared_ptr<comm::Group> expert_data;
 };
 
 // What a step cost in communication, as the compute thread saw it.
@@ -107,6 +112,7 @@ class DataParallel final : public model::PassHooks {
   const model::ModelConfig& config() const { return config_; }
   const model::ParamLayout& layout() const { return layout_; }
   const model::Units& units() const { return units_; }
+  const UnitParts& parts() const { return parts_; }
   const DataParallelOptions& options() const { return options_; }
   const std::vector<int>& held_units() const { return held_; }  // ascending, replica included
   bool holds(int unit) const { return at_.count(unit) > 0; }
@@ -124,20 +130,22 @@ class DataParallel final : public model::PassHooks {
   // Keeps this rank's part of `full` (layout().total() floats: a fresh init, loaded weights).
   void set_params(const float* full);
   // The held units' whole parameters into `full` (at their places in the model; the rest of
-  // `full` untouched) on every data-parallel rank (collective: FSDP gathers them).
+  // `full` untouched) on every data-parallel rank, every expert included (collective: FSDP
+  // gathers them, expert parallelism gathers the experts).
   Status gather_params(float* full);
   // The whole model's parameters into `full` on every rank of the job: every stage's own
   // units (collective over the job).
   Status gather_model(float* full);
   // The whole model's parameters where this rank already holds them, whole and at their
-  // places in the model (one stage, a layout that does not shard parameters): a view of what
-  // the optimizer updates, valid until the next step; null elsewhere, where gather_model() is
-  // the way.
+  // places in the model (one stage, every expert, a layout that does not shard parameters): a
+  // view of what the optimizer updates, valid until the next step; null elsewhere, where
+  // gather_model() is the way.
   const float* whole_model() const;
   // The same for the reduced gradients, after reduce_gradients() (collective over the job).
   Status gather_model_grads(float* full);
   // What this rank writes to a checkpoint: its own rows (core/shard.h's, over the
-  // data-parallel ranks) of every parameter's weights and moments. Empty row ranges left out.
+  // data-parallel ranks that hold the parameter: UnitParts::holders) of every parameter's
+  // weights and moments. Empty row ranges left out.
   std::vector<StateRows> own_rows();
   // What it must read from one: every row where a state is whole on this rank, its own rows
   // where it is sharded.
@@ -156,7 +164,8 @@ class DataParallel final : public model::PassHooks {
   // updated parameters).
   Result<train::StepReport> apply_optimizer(double lr, double grad_unscale);
   // The whole reduced gradients into `full` on every rank, after reduce_gradients()
-  // (collective where gradients are sharded). For tests and diagnostics.
+  // (collective where gradients are sharded, and under expert parallelism). For tests and
+  // diagnostics.
   Status gather_grads(float* full);
   const StepComm& step_comm() const { return comm_; }
   // Parameters, gradients and AdamW state this rank holds between steps (state_bytes.h
@@ -192,10 +201,15 @@ class DataParallel final : public model::PassHooks {
   std::vector<int> units_read(int unit) const;
   Status allgather_params();
   Status gather_units(const float* local, float* full);
+  void copy_held(Tensor& held, float* full);
   Status sum_over_stages(float* full);
   Status reduce_replica();
   double norm_sum_squares() const;
+  Result<double> expert_norm_sum_squares();
+  Status gather_experts(float* full);
   void note_bytes();
+  // The group a part's collectives on the compute thread run on (null: one rank).
+  comm::Group* group_of(const PartShards& part) const;
   // Where unit u (held) starts in the whole buffers, and in the packed shard buffers.
   int64_t whole_at(int unit) const { return at_.at(unit).whole; }
   int64_t packed_at(int unit) const { return at_.at(unit).packed; }
@@ -204,14 +218,18 @@ class DataParallel final : public model::PassHooks {
   model::ModelConfig config_;
   model::ParamLayout layout_;
   model::Units units_;
+  UnitParts parts_;  // what this rank holds of each unit
   kernels::RopeTable rope_;
   DataParallelOptions options_;
   std::shared_ptr<comm::Group> group_;
   std::unique_ptr<CommQueue> queue_;
   std::shared_ptr<comm::Group> stages_, tied_;
+  std::shared_ptr<comm::Group> expert_data_;  // compute thread's; null unless dp / ep > 1
   int rank_ = 0, ranks_ = 1;
 
-  std::vector<UnitShards> shards_;  // per unit of the model (those held are used)
+  // Per unit of the model, its parts' shards (none for a unit not held). Never resized once
+  // built: the reducers keep references into it.
+  std::vector<std::vector<PartShards>> shards_;
   struct At {
     int64_t whole = 0, packed = 0;
   };

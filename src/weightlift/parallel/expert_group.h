@@ -21,6 +21,8 @@ class ExpertGroup final : public model::ExpertExchange {
 
   int ranks() const override { return group_->size(); }
   int rank() const override { return group_->rank(); }
+  // For the compute thread's other collectives over the same ranks, between passes.
+  comm::Group& group() { return *group_; }
   Status exchange_counts(const int64_t* send, int64_t* recv, int64_t per_peer) override;
   Status exchange_rows(const float* send, std::span<const int64_t> send_rows, float* recv,
                        std::span<const int64_t> recv_rows, int64_t width) override;

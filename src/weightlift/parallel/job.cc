@@ -58,12 +58,21 @@ Result<std::unique_ptr<DataParallel>> make_data_parallel(const model::ModelConfi
         groups.tied,
         ranks.group->split({.color = tied ? at.dp_rank : comm::kNoColor, .key = at.stage}));
   }
+  // Under expert parallelism with more data-parallel ranks than --ep, the ranks that run the
+  // same experts (the same place in their expert groups) sum those experts' gradients.
+  const bool expert_data = layout.ep > 1 && layout.ep < layout.dp;
+  const comm::SplitOptions same_experts{.color = at.stage * layout.dp + at.dp_rank % layout.ep,
+                                        .key = at.dp_rank / layout.ep};
   if (layout.dp > 1) {
-    std::shared_ptr<comm::Group> comm = ranks.comm;
+    std::shared_ptr<comm::Group> comm = ranks.comm, comm_expert_data;
     if (layout.pp > 1) {
       WL_ASSIGN_OR_RETURN(comm, ranks.comm->split({.color = at.stage, .key = at.dp_rank}));
     }
-    groups.queue = std::make_unique<CommQueue>(comm);
+    if (expert_data) {
+      WL_ASSIGN_OR_RETURN(comm_expert_data, ranks.comm->split(same_experts));
+      WL_ASSIGN_OR_RETURN(groups.expert_data, ranks.group->split(same_experts));
+    }
+    groups.queue = std::make_unique<CommQueue>(comm, comm_expert_data);
   } else {
     groups.group = nullptr;  // one rank per stage: nothing to sum within it
   }

@@ -43,6 +43,19 @@ Status validate(const ParallelLayout& l, int world, const model::ModelConfig& c,
                             std::to_string(l.pp) + " stages does not fit " + std::to_string(world) +
                             " ranks");
   }
+  WL_RETURN_IF_ERROR(check_expert_parallel(l, c));
+  if (l.micro_batches < 1) {
+    return invalid_argument("--micro-batches " + std::to_string(l.micro_batches) +
+                            ": expected at least 1");
+  }
+  if (l.bucket_bytes < 1) {
+    return invalid_argument("--bucket-bytes " + std::to_string(l.bucket_bytes) +
+                            ": expected at least 1");
+  }
+  return check_batch(l, batch);
+}
+
+Status check_expert_parallel(const ParallelLayout& l, const model::ModelConfig& c) {
   if (l.ep < 1 || l.dp % l.ep != 0) {
     return invalid_argument("--ep " + std::to_string(l.ep) +
                             " does not divide the data-parallel size " + std::to_string(l.dp) +
@@ -52,16 +65,12 @@ Status validate(const ParallelLayout& l, int world, const model::ModelConfig& c,
     return invalid_argument("--ep " + std::to_string(l.ep) + " does not divide the " +
                             std::to_string(c.num_experts) + " experts of a layer");
   }
-  if (l.micro_batches < 1) {
-    return invalid_argument("--micro-batches " + std::to_string(l.micro_batches) +
-                            ": expected at least 1");
-  }
-  if (l.bucket_bytes < 1) {
-    return invalid_argument("--bucket-bytes " + std::to_string(l.bucket_bytes) +
-                            ": expected at least 1");
-  }
-  const int64_t parts = int64_t(l.micro_batches) * l.dp;
-  if (batch < 1 || batch % parts != 0) {
+  return ok_status();
+}
+
+Status check_batch(const ParallelLayout& l, int64_t batch) {
+  const int64_t parts = int64_t(l.micro_batches) * l.dp;  // two ints: no overflow
+  if (batch < 1 || parts < 1 || batch % parts != 0) {
     return invalid_argument("--batch " + std::to_string(batch) + " must be a multiple of " +
                             std::to_string(l.micro_batches) + " micro-batches x " +
                             std::to_string(l.dp) +

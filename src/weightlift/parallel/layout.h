@@ -31,7 +31,8 @@ struct ParallelLayout {
   int dp = 1;  // data-parallel ranks: world / pp
   int pp = 1;  // pipeline stages (pipeline.h)
   // Expert parallelism: groups of this many consecutive data-parallel ranks share out each
-  // layer's experts (data_parallel.h); it divides dp and the experts.
+  // layer's experts, each rank running and holding only its own (data_parallel.h); it divides
+  // dp and the experts.
   int ep = 1;
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
   // The global batch is cut into this many micro-batches per step, each run forward and
@@ -51,6 +52,10 @@ struct ParallelLayout {
 // the flag.
 Status validate(const ParallelLayout& layout, int world, const model::ModelConfig& config,
                 int64_t batch);
+// The parts of validate() that need no world: --ep against the data-parallel size and the
+// experts, and --batch against micro-batches x data-parallel ranks.
+Status check_expert_parallel(const ParallelLayout& layout, const model::ModelConfig& config);
+Status check_batch(const ParallelLayout& layout, int64_t batch);
 
 // Where job rank `rank` sits: stage-major (rank = stage * dp + data-parallel rank).
 struct LayoutPlace {

@@ -17,21 +17,18 @@ void add_into(float* dst, const float* src, int64_t n) {
 
 }  // namespace
 
-ShardedGrads::ShardedGrads(const std::vector<UnitShards>& shards, float* local,
-                           const std::vector<int64_t>& offsets, int rank, CommQueue* queue,
+ShardedGrads::ShardedGrads(const std::vector<std::vector<PartShards>>& parts, float* local,
+                           const std::vector<int64_t>& offsets, CommQueue* queue,
                            std::chrono::milliseconds timeout)
-    : shards_(shards),
-      local_(local),
-      offsets_(offsets),
-      rank_(rank),
-      queue_(queue),
-      timeout_(timeout) {}
+    : parts_(parts), local_(local), offsets_(offsets), queue_(queue), timeout_(timeout) {}
 
 float* ShardedGrads::acquire(int unit) {
   Open& o = open_[unit];
   if (!o.buffer) {
-    o.buffer =
-        std::make_shared<Tensor>(Tensor::zeros(DType::kF32, {shards_[size_t(unit)].unit_elems()}));
+    int64_t held = 0;
+    for (const PartShards& p : parts_[size_t(unit)]) held += p.shards.unit_elems();
+    WL_CHECK_GT(held, 0) << "unit " << unit << " is not held here";
+    o.buffer = std::make_shared<Tensor>(Tensor::zeros(DType::kF32, {held}));
     bytes_ += o.buffer->nbytes();
   }
   ++o.holders;
@@ -53,31 +50,36 @@ void ShardedGrads::backward_done(int unit) {
 }
 
 void ShardedGrads::reduce(int unit, Open& open) {
-  const UnitShards& s = shards_[size_t(unit)];
   std::shared_ptr<Tensor> grads = std::move(open.buffer);
   open_.erase(unit);
   bytes_ -= grads->nbytes();  // freed here, or by the communication thread when it is done
-  float* mine = local_ + offsets_[size_t(unit)];
-  if (queue_ == nullptr) {  // one rank: its shard is the whole unit
-    auto packed = std::make_unique<float[]>(size_t(s.packed_elems()));
-    s.pack(grads->data<float>(), rank_, packed.get());
-    add_into(mine, packed.get(), s.packed_elems());
-    return;
+  for (const PartShards& p : parts_[size_t(unit)]) {
+    const UnitShards& s = p.shards;
+    float* mine = local_ + offsets_[size_t(unit)] + p.packed;
+    const float* whole = grads->data<float>() + p.held;
+    if (s.ranks() == 1) {  // one rank: its shard is the whole part
+      auto packed = std::make_unique<float[]>(size_t(s.packed_elems()));
+      s.pack(whole, p.rank, packed.get());
+      add_into(mine, packed.get(), s.packed_elems());
+      continue;
+    }
+    const std::chrono::milliseconds timeout = timeout_;
+    last_ticket_ = queue_->submit(
+        [&s, grads, whole, mine, timeout](comm::Group& group) -> Status {
+          auto send = std::make_unique<float[]>(size_t(s.ranks() * s.packed_elems()));
+          s.pack_all(whole, send.get());
+          auto sum = std::make_unique<float[]>(size_t(s.packed_elems()));
+          WL_RETURN_IF_ERROR(comm::reduce_scatter(group, {.send = send.get(),
+                                                          .recv = sum.get(),
+                                                          .count = size_t(s.packed_elems()),
+                                                          .dtype = DType::kF32,
+                                                          .op = comm::ReduceOp::kSum,
+                                                          .timeout = timeout}));
+          add_into(mine, sum.get(), s.packed_elems());
+          return ok_status();
+        },
+        p.over);
   }
-  const std::chrono::milliseconds timeout = timeout_;
-  last_ticket_ = queue_->submit([&s, grads, mine, timeout](comm::Group& group) -> Status {
-    auto send = std::make_unique<float[]>(size_t(s.ranks() * s.packed_elems()));
-    s.pack_all(grads->data<float>(), send.get());
-    auto sum = std::make_unique<float[]>(size_t(s.packed_elems()));
-    WL_RETURN_IF_ERROR(comm::reduce_scatter(group, {.send = send.get(),
-                                                    .recv = sum.get(),
-                                                    .count = size_t(s.packed_elems()),
-                                                    .dtype = DType::kF32,
-                                                    .op = comm::ReduceOp::kSum,
-                                                    .timeout = timeout}));
-    add_into(mine, sum.get(), s.packed_elems());
-    return ok_status();
-  });
 }
 
 Status ShardedGrads::wait() {

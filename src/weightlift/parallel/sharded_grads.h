@@ -24,9 +24,11 @@ namespace wl::parallel {
 
 class ShardedGrads {
  public:
-  // local: this rank's packed gradient shards of every unit, unit u at offsets[u] (borrowed).
-  ShardedGrads(const std::vector<UnitShards>& shards, float* local,
-               const std::vector<int64_t>& offsets, int rank, CommQueue* queue,
+  // parts: per unit, its parts' shards (none for a unit not held); local: this rank's packed
+  // gradient shards of every unit, unit u at offsets[u] (borrowed). A part cut over more
+  // than one rank is reduce-scattered on `queue`.
+  ShardedGrads(const std::vector<std::vector<PartShards>>& parts, float* local,
+               const std::vector<int64_t>& offsets, CommQueue* queue,
                std::chrono::milliseconds timeout);
 
   // Unit u's gradient buffer for this micro-batch's backward: zeroed when first handed out.
@@ -40,16 +42,15 @@ class ShardedGrads {
 
  private:
   struct Open {
-    std::shared_ptr<Tensor> buffer;  // [unit_elems]
+    std::shared_ptr<Tensor> buffer;  // [held elements], the parts back to back
     int holders = 0;
     bool done = false;
   };
   void reduce(int unit, Open& open);
 
-  const std::vector<UnitShards>& shards_;
+  const std::vector<std::vector<PartShards>>& parts_;
   float* local_;
   const std::vector<int64_t>& offsets_;
-  int rank_;
   CommQueue* queue_;
   std::chrono::milliseconds timeout_;
   std::map<int, Open> open_;

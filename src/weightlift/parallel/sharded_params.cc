@@ -8,42 +8,48 @@
 
 namespace wl::parallel {
 
-ShardedParams::ShardedParams(const std::vector<UnitShards>& shards, float* local,
-                             const std::vector<int64_t>& offsets, int rank, CommQueue* queue,
+ShardedParams::ShardedParams(const std::vector<std::vector<PartShards>>& parts, float* local,
+                             const std::vector<int64_t>& offsets, CommQueue* queue,
                              std::chrono::milliseconds timeout)
-    : shards_(shards),
-      local_(local),
-      offsets_(offsets),
-      rank_(rank),
-      queue_(queue),
-      timeout_(timeout) {}
+    : parts_(parts), local_(local), offsets_(offsets), queue_(queue), timeout_(timeout) {}
 
 void ShardedParams::start(int unit) {
-  const UnitShards& s = shards_[size_t(unit)];
+  const std::vector<PartShards>& parts = parts_[size_t(unit)];
+  WL_CHECK(!parts.empty()) << "unit " << unit << " is not held here";
+  int64_t held = 0;
+  for (const PartShards& p : parts) held += p.shards.unit_elems();
   Gathered& g = gathered_[unit];
-  g.buffer = Tensor::empty(DType::kF32, {s.unit_elems()});
+  g.buffer = Tensor::empty(DType::kF32, {held});
   bytes_ += g.buffer.nbytes();
-  float* out = g.buffer.data<float>();
-  const float* mine = local_ + offsets_[size_t(unit)];
-  if (queue_ == nullptr) {  // one rank: its shards are the whole unit
-    s.unpack(mine, rank_, out);
-    return;
+  for (const PartShards& p : parts) {
+    const UnitShards& s = p.shards;
+    float* out = g.buffer.data<float>() + p.held;
+    const float* mine = local_ + offsets_[size_t(unit)] + p.packed;
+    if (s.ranks() == 1) {  // one rank: its shards are the whole part
+      s.unpack(mine, p.rank, out);
+      continue;
+    }
+    const std::chrono::milliseconds timeout = timeout_;
+    g.ticket = queue_->submit(
+        [&s, mine, out, timeout](comm::Group& group) -> Status {
+          auto all = std::make_unique<float[]>(size_t(s.ranks() * s.packed_elems()));
+          WL_RETURN_IF_ERROR(comm::allgather(group, {.send = mine,
+                                                     .recv = all.get(),
+                                                     .count = size_t(s.packed_elems()),
+                                                     .dtype = DType::kF32,
+                                                     .timeout = timeout}));
+          s.unpack_all(all.get(), out);
+          return ok_status();
+        },
+        p.over);
   }
-  const std::chrono::milliseconds timeout = timeout_;
-  g.ticket = queue_->submit([&s, mine, out, timeout](comm::Group& group) -> Status {
-    auto all = std::make_unique<float[]>(size_t(s.ranks() * s.packed_elems()));
-    WL_RETURN_IF_ERROR(comm::allgather(group, {.send = mine,
-                                               .recv = all.get(),
-                                               .count = size_t(s.packed_elems()),
-                                               .dtype = DType::kF32,
-                                               .timeout = timeout}));
-    s.unpack_all(all.get(), out);
-    return ok_status();
-  });
 }
 
 void ShardedParams::prefetch(int unit) {
-  if (unit < 0 || unit >= int(shards_.size()) || gathered_.count(unit)) return;
+  if (unit < 0 || unit >= int(parts_.size()) || parts_[size_t(unit)].empty() ||
+      gathered_.count(unit)) {
+    return;
+  }
   start(unit);
 }
 

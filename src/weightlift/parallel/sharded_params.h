@@ -23,31 +23,33 @@ namespace wl::parallel {
 
 class ShardedParams {
  public:
-  // shards: per unit; local: this rank's packed shards of every unit, unit u at offsets[u]
-  // (borrowed, updated in place by the optimizer).
-  ShardedParams(const std::vector<UnitShards>& shards, float* local,
-                const std::vector<int64_t>& offsets, int rank, CommQueue* queue,
+  // parts: per unit, its parts' shards (none for a unit this rank does not hold); local: this
+  // rank's packed shards of every unit, unit u at offsets[u] (borrowed, updated in place by
+  // the optimizer). A part cut over more than one rank is gathered on `queue`.
+  ShardedParams(const std::vector<std::vector<PartShards>>& parts, float* local,
+                const std::vector<int64_t>& offsets, CommQueue* queue,
                 std::chrono::milliseconds timeout);
 
-  // Unit u's whole parameters, in its flat layout; waits for its gather. Held until release().
+  // Unit u's whole held parameters, its parts back to back; waits for their gathers. Held
+  // until release().
   Result<float*> acquire(int unit);
   void release(int unit);
-  // Starts gathering unit u if it is neither gathered nor on its way (no-op out of range).
+  // Starts gathering unit u if it is neither gathered nor on its way (no-op for a unit not
+  // held).
   void prefetch(int unit);
   int64_t bytes() const { return bytes_; }  // of gathered units now
 
  private:
   struct Gathered {
-    Tensor buffer;  // [unit_elems]
+    Tensor buffer;  // [held elements]
     uint64_t ticket = 0;
     int holders = 0;
   };
   void start(int unit);
 
-  const std::vector<UnitShards>& shards_;
+  const std::vector<std::vector<PartShards>>& parts_;
   float* local_;
   const std::vector<int64_t>& offsets_;
-  int rank_;
   CommQueue* queue_;
   std::chrono::milliseconds timeout_;
   std::map<int, Gathered> gathered_;

@@ -40,8 +40,11 @@ Result<std::vector<RankStateBytes>> state_bytes_per_rank(const model::ModelConfi
   WL_RETURN_IF_ERROR(check_memory(mul_sat(tensors, sizeof(model::ParamInfo)),
                                   "laying out the parameter tensors of each stage",
                                   std::to_string(tensors) + " tensors or more"));
+  WL_RETURN_IF_ERROR(check_expert_parallel(layout, config));
   const model::ParamLayout params(config);
   const model::Units units(config, params);
+  // Every rank of an expert group holds as much as the others: rank 0's parts.
+  const UnitParts parts(config, params, units, layout.ep, 0);
   const std::vector<model::Stage> stages = pipeline_stages(units, layout.pp);
   std::vector<RankStateBytes> out;
   for (int stage = 0; stage < layout.pp; ++stage) {
@@ -50,9 +53,12 @@ Result<std::vector<RankStateBytes>> state_bytes_per_rank(const model::ModelConfi
     if (r.held.tied_replica) held.insert(held.begin(), 0);
     uint64_t whole = 0, packed = 0, largest = 0;
     for (int u : held) {
-      whole += uint64_t(units.range(u).size());
-      packed += uint64_t(UnitShards::packed_elems_of(params, units, u, layout.dp));
-      largest = std::max(largest, uint64_t(units.range(u).size()));
+      for (const UnitPart& part : parts.of(u)) {
+        const int ranks = part.over == Over::kExpertData ? layout.dp / layout.ep : layout.dp;
+        packed += uint64_t(UnitShards::packed_elems_of(params, part.params, ranks));
+      }
+      whole += uint64_t(parts.held_elems(u));
+      largest = std::max(largest, uint64_t(parts.held_elems(u)));
     }
     // Saturating: 16 bytes a parameter overflows int64 for a config whose count does not.
     const auto bytes = [&](bool sharded) {

@@ -1,5 +1,6 @@
 // What each rank of a layout holds of the training state between steps: f32 parameters,
-// gradients and AdamW's two moments, whole or as this rank's shard (layout.h's modes). These
+// gradients and AdamW's two moments, whole or as this rank's shard (layout.h's modes), of its
+// stage's units, and of their experts only its own under expert parallelism. These
 // are the sizes DataParallel allocates, computed without allocating anything, so that
 // `weightlift model-info` can plan a layout for a model far larger than this machine. A test
 // holds them to DataParallel's own count in every mode.

@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "weightlift/core/check.h"
 #include "weightlift/core/parallel.h"
 
 namespace wl::parallel {
@@ -32,10 +33,10 @@ void copy_pieces(const std::vector<ShardPiece>& ps, const float* src, float* dst
 
 }  // namespace
 
-int64_t UnitShards::packed_elems_of(const model::ParamLayout& layout, const model::Units& units,
-                                    int unit, int ranks) {
+int64_t UnitShards::packed_elems_of(const model::ParamLayout& layout,
+                                    std::span<const size_t> params, int ranks) {
   int64_t packed = 0;
-  for (size_t index : units.params(unit)) {
+  for (size_t index : params) {
     const Shape& shape = layout.params()[index].shape;
     packed += shard_capacity(shape[0], ranks) * row_elems_of(shape);
   }
@@ -44,10 +45,13 @@ int64_t UnitShards::packed_elems_of(const model::ParamLayout& layout, const mode
 
 UnitShards::UnitShards(const model::ParamLayout& layout, const model::Units& units, int unit,
                        int ranks)
-    : unit_(unit), ranks_(ranks), pieces_(size_t(ranks)) {
-  const model::FlatRange range = units.range(unit);
+    : UnitShards(layout, units.params(unit), units.range(unit), ranks) {}
+
+UnitShards::UnitShards(const model::ParamLayout& layout, std::span<const size_t> params,
+                       model::FlatRange range, int ranks)
+    : ranks_(ranks), pieces_(size_t(ranks)) {
   unit_elems_ = range.size();
-  for (size_t index : units.params(unit)) {
+  for (size_t index : params) {
     const model::ParamInfo& info = layout.params()[index];
     const int64_t rows = info.shape[0], row_elems = row_elems_of(info.shape);
     for (int r = 0; r < ranks; ++r) {
@@ -61,6 +65,10 @@ UnitShards::UnitShards(const model::ParamLayout& layout, const model::Units& uni
     }
     packed_elems_ += shard_capacity(rows, ranks) * row_elems;
   }
+  WL_CHECK(params.empty() ||
+           layout.params()[params.back()].offset + layout.params()[params.back()].numel() ==
+               range.end)
+      << "the parameters do not fill the range";
 }
 
 void UnitShards::pack(const float* src, int rank, float* dst) const {

@@ -1,5 +1,5 @@
-// How one unit's parameters (model/units.h) are cut over the data-parallel ranks, and packed
-// so that one collective moves the whole unit.
+// How one unit's parameters (model/units.h), or one part of them (unit_parts.h), are cut over
+// the data-parallel ranks, and packed so that one collective moves the whole of it.
 //
 // Every parameter is cut by core/shard.h's rule, rows on dim 0 as FSDP2 and torch.chunk do,
 // so a rank's piece of a parameter is one flat range of it and a weight-transfer source or a
@@ -18,11 +18,13 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "weightlift/core/shard.h"
 #include "weightlift/model/params.h"
 #include "weightlift/model/units.h"
+#include "weightlift/parallel/unit_parts.h"
 
 namespace wl::parallel {
 
@@ -30,7 +32,7 @@ struct ShardPiece {
   size_t param = 0;           // index into ParamLayout::params()
   ShardRows rows;             // this rank's rows of the parameter
   int64_t row_elems = 0;      // elements per row
-  int64_t unit_offset = 0;    // where its first element is in the unit's flat range
+  int64_t unit_offset = 0;    // where its first element is in the unit's (or part's) range
   int64_t packed_offset = 0;  // and in the rank's packed buffer
   int64_t elems() const { return rows.size() * row_elems; }
 };
@@ -38,13 +40,16 @@ struct ShardPiece {
 class UnitShards {
  public:
   UnitShards(const model::ParamLayout& layout, const model::Units& units, int unit, int ranks);
+  // The parameters `params` (indices into layout.params()), which fill `range` of the flat
+  // buffer in this order: one part of a unit.
+  UnitShards(const model::ParamLayout& layout, std::span<const size_t> params,
+             model::FlatRange range, int ranks);
   // packed_elems() without laying out any piece (a plan for a million ranks).
-  static int64_t packed_elems_of(const model::ParamLayout& layout, const model::Units& units,
-                                 int unit, int ranks);
+  static int64_t packed_elems_of(const model::ParamLayout& layout, std::span<const size_t> params,
+                                 int ranks);
 
-  int unit() const { return unit_; }
   int ranks() const { return ranks_; }
-  int64_t unit_elems() const { return unit_elems_; }      // the unit's flat range
+  int64_t unit_elems() const { return unit_elems_; }      // the unit's (or part's) range
   int64_t packed_elems() const { return packed_elems_; }  // one rank's packed buffer
   // Rank r's pieces, in the unit's parameter order (a rank may hold no rows of a parameter).
   const std::vector<ShardPiece>& pieces(int rank) const { return pieces_[size_t(rank)]; }
@@ -59,9 +64,19 @@ class UnitShards {
   void unpack(const float* src, int rank, float* dst) const;
 
  private:
-  int unit_, ranks_;
+  int ranks_;
   int64_t unit_elems_ = 0, packed_elems_ = 0;
   std::vector<std::vector<ShardPiece>> pieces_;  // per rank
+};
+
+// One part of a held unit (unit_parts.h) cut over the ranks it is summed over.
+struct PartShards {
+  const UnitPart* of = nullptr;  // the part, in the model
+  UnitShards shards;
+  int64_t held = 0;    // where the part starts in the unit's held buffer
+  int64_t packed = 0;  // and in the unit's packed shards
+  int rank = 0;        // this rank among shards.ranks()
+  Over over = Over::kData;
 };
 
 }  // namespace wl::parallel

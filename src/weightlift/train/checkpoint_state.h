@@ -46,7 +46,7 @@ struct StateFile {
   CheckpointState state;
   int64_t adamw_steps = 0;
   std::string config_json;  // the model's config.json, canonical (config_to_json)
-  nlohmann::json layout;    // where it was written: {"dp", "pp", "dp_mode", "micro_batches"}
+  nlohmann::json layout;    // where it was written: {"dp", "pp", "ep", "dp_mode", "micro_batches"}
   nlohmann::json tensors;   // the index: name -> {"shape", "pieces": [{"file", "rows"}]}
   std::map<std::string, uint64_t> files;  // tensor file -> tensor_file_digest of it
 };
