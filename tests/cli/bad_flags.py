@@ -159,6 +159,12 @@ def layouts(s, d):
     s.expect_error("model-info --dp-mode zero3", ["model-info", "--dp-mode", "zero3"],
                    "--dp-mode", "ddp, zero1, zero2 or fsdp")
     s.expect_error("model-info --dp 0", ["model-info", "--dp", "0"], "--dp", "[1, 1048576]")
+    s.expect_error("model-info --ep that does not divide --dp",
+                   ["model-info", "--preset", "tiny", "--dp", "2", "--ep", "4"], "--ep 4",
+                   "data-parallel size 2")
+    s.expect_error("model-info --ep that does not divide the experts",
+                   ["model-info", "--preset", "tiny", "--dp", "3", "--ep", "3"], "--ep 3",
+                   "4 experts")
     s.expect_error("model-info activations: rows that do not divide",
                    ["model-info", "--preset", "tiny", "--dp", "3", "--batch", "8"],
                    "--batch 8", "3 data-parallel ranks")
@@ -173,6 +179,14 @@ def layouts(s, d):
                    ["train", "--preset", "tiny", "--batch-file", batch, "--batch", "1", "--seq",
                     "8", "--ep", "2", "--out", os.path.join(d, "ep")],
                    "--ep 2", "data-parallel size 1")
+    code, _, err = s.run([s.exe, "train", "--preset", "tiny", "--batch-file", batch, "--batch", "1",
+                          "--seq", "8", "--ep", "2", "--out", os.path.join(d, "ep")])
+    s.report("train --ep past the ranks does not blame the batch file", err.strip(),
+             [] if code != 0 and "--batch-file" not in err else [f"exit {code}: {err}"])
+    s.expect_error("train --batch-file whose rows do not divide the micro-batches",
+                   ["train", "--preset", "tiny", "--batch-file", batch, "--batch", "1", "--seq",
+                    "8", "--micro-batches", "2", "--out", os.path.join(d, "mb")],
+                   "--batch-file", "holds 1 rows", "2 micro-batches")
 
 
 def main():

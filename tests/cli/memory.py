@@ -11,6 +11,7 @@ fails fast instead of taking the shared machine's memory; the refusal must name 
 Run by CTest with the path of the weightlift binary (tests/cli/harness.py has the rules)."""
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -120,10 +121,35 @@ def activation_plans(s, d, cfg, w, batch):
              [] if code == 0 and less else [f"exit {code} {err}"])
 
 
+def expert_plans(s, d, cfg, w, batch):
+    """model-info --ep: a rank holds its own experts only, so DDP x EP 4 keeps less than DDP
+    on 4 ranks; FSDP already cuts every expert, so EP does not change its total."""
+    def total(*extra):
+        code, out, err = s.run([s.exe, "model-info", "--preset", "small", "--dp", "4"] +
+                               list(extra))
+        rows = [r for r in out.splitlines() if r.strip()[:1].isdigit()]
+        unit = {"B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
+        # stage, units, then weights, gradients, AdamW m+v, total and largest unit in bytes
+        sizes = re.findall(r"([0-9.]+) (B|kB|MB|GB|TB)\b", rows[0]) if rows else []
+        return code, err, float(sizes[3][0]) * unit[sizes[3][1]] if len(sizes) == 5 else 0.0
+    code, err, ddp = total()
+    code_ep, err_ep, ddp_ep = total("--ep", "4")
+    s.report("model-info --dp 4 --ep 4 holds less than --dp 4 (ddp)",
+             f"{ddp / 1e6:.0f} MB -> {ddp_ep / 1e6:.0f} MB",
+             [] if code == 0 and code_ep == 0 and 0 < ddp_ep < ddp / 3 else
+             [f"exit {code} {err} / {code_ep} {err_ep}"])
+    _, _, fsdp = total("--dp-mode", "fsdp")
+    code, err, fsdp_ep = total("--dp-mode", "fsdp", "--ep", "4")
+    s.report("model-info --dp-mode fsdp --ep 4 holds what fsdp does",
+             f"{fsdp / 1e6:.1f} MB, {fsdp_ep / 1e6:.1f} MB",
+             [] if code == 0 and fsdp > 0 and abs(fsdp_ep - fsdp) < 0.01 * fsdp else
+             [f"exit {code} {err}"])
+
+
 def main():
     s = Suite(sys.argv[1], tempfile.mkdtemp(prefix="wl-memory-"))
     try:
-        for group in (huge_configs, budgets, plans_and_sweeps, activation_plans):
+        for group in (huge_configs, budgets, plans_and_sweeps, activation_plans, expert_plans):
             d = tempfile.mkdtemp(dir=s.scratch)
             cfg, w, batch = write_tiny_model(d)
             group(s, d, cfg, w, batch)

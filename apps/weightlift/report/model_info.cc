@@ -88,8 +88,8 @@ Result<std::string> per_rank_state_report(const model::ModelConfig& config,
   std::ostringstream os;
   char line[256];
   os << "  per rank: " << int64_t(layout.dp) * layout.pp << " ranks, dp " << layout.dp << " x pp "
-     << layout.pp << ", " << parallel::dp_mode_name(layout.dp_mode)
-     << " (f32 parameters and AdamW, between steps)\n";
+     << layout.pp << (layout.ep > 1 ? ", ep " + std::to_string(layout.ep) : "") << ", "
+     << parallel::dp_mode_name(layout.dp_mode) << " (f32 parameters and AdamW, between steps)\n";
   std::snprintf(line, sizeof line, "    %-5s %-36s %10s %12s %12s %12s %13s\n", "stage", "units",
                 "weights", "gradients", "AdamW m+v", "total", "largest unit");
   os << line;
@@ -116,18 +116,12 @@ Result<std::string> per_rank_state_report(const model::ModelConfig& config,
 Result<std::string> per_rank_activation_report(const model::ModelConfig& config,
                                                const parallel::ParallelLayout& layout,
                                                int64_t batch, int64_t seq, bool checkpointing) {
-  const uint64_t parts = mul_sat(uint64_t(layout.micro_batches), uint64_t(layout.dp));
-  if (batch < 1 || uint64_t(batch) % parts != 0) {
-    return invalid_argument("--batch " + std::to_string(batch) + " must be a multiple of " +
-                            std::to_string(layout.micro_batches) + " micro-batches x " +
-                            std::to_string(layout.dp) +
-                            " data-parallel ranks = " + std::to_string(parts));
-  }
+  WL_RETURN_IF_ERROR(parallel::check_batch(layout, batch));
   if (seq < 1 || seq > config.max_seq_len) {
     return invalid_argument("--seq " + std::to_string(seq) + ": expected 1 to the model's " +
                             std::to_string(config.max_seq_len) + " positions");
   }
-  const int64_t rows = int64_t(uint64_t(batch) / parts);
+  const int64_t rows = batch / (int64_t(layout.micro_batches) * layout.dp);
   WL_ASSIGN_OR_RETURN(const std::vector<parallel::RankStateBytes> ranks,
                       parallel::state_bytes_per_rank(config, layout));
   std::ostringstream os;

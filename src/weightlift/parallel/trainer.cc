@@ -68,8 +68,8 @@ class Run {
 
  private:
   bool writer() const { return dp_->job_rank() == 0; }
-  Status check_layout() const {
-    return validate(o_.layout, ranks_.group ? ranks_.group->size() : 1, cfg_, batch_);
+  Status check_layout(int64_t batch) const {
+    return validate(o_.layout, ranks_.group ? ranks_.group->size() : 1, cfg_, batch);
   }
   bool pipelined() const { return o_.layout.pp > 1; }
   Result<train::StepMetrics> update_once();
@@ -120,8 +120,12 @@ Status Run::load_data() {
     WL_ASSIGN_OR_RETURN(model::TokenBatch tb, model::load_token_batch(o_.batch_file, cfg_));
     fixed_ = {tb.batch, tb.seq, std::move(tb.tokens), std::move(tb.targets)};
     batch_ = tb.batch;
-    return check_layout().with_context("--batch-file " + o_.batch_file + " holds " +
-                                       std::to_string(tb.batch) + " rows, the batch it trains on");
+    const Status s = check_layout(batch_);
+    // The file is to blame only when its rows are what does not fit the layout.
+    const int64_t fits = int64_t(o_.layout.micro_batches) * o_.layout.dp;
+    if (s.ok() || !check_layout(fits).ok()) return s;
+    return s.with_context("--batch-file " + o_.batch_file + " holds " + std::to_string(tb.batch) +
+                          " rows, the batch it trains on");
   }
   if (cfg_.vocab_size < train::kByteVocab)
     return invalid_argument(
@@ -140,7 +144,7 @@ Status Run::load_data() {
   const int64_t windows = o_.eval_windows / batch_ * batch_;
   if (val_stream_.size() > size_t(seq_ + 1) && windows > 0)
     val_batches_ = train::fixed_windows(val_stream_, windows, batch_, seq_);
-  return check_layout();
+  return check_layout(batch_);
 }
 
 Status Run::make_state() {
