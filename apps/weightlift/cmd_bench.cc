@@ -80,8 +80,11 @@ Status run_bench_train(BenchTrainOptions o, const BenchTrainFlags& f) {
         "GFLOP/s f32 GEMM peak measured now; exposed communication %.1f ms, peak %.1f MB "
         "of model state per rank\n",
         o.preset.c_str(), long(o.batch), long(o.seq), f.precision.c_str(), r.ranks,
-        std::string(parallel::dp_mode_name(o.layout.dp_mode)).c_str(), r.threads,
-        cpu_info().describe().c_str(), r.step_ms_median, r.step_ms_min, r.step_ms_p99,
+        (std::string(parallel::dp_mode_name(o.layout.dp_mode)) +
+         (o.layout.pp > 1 ? ", pp " + std::to_string(o.layout.pp) : "") +
+         (o.layout.ep > 1 ? ", ep " + std::to_string(o.layout.ep) : ""))
+            .c_str(),
+        r.threads, cpu_info().describe().c_str(), r.step_ms_median, r.step_ms_min, r.step_ms_p99,
         r.step_ms_max, r.tokens_per_s, r.gflops, 100 * r.gflops / r.gemm_peak_gflops,
         r.gemm_peak_gflops, r.exposed_comm_ms, double(r.peak_bytes_per_rank) / 1e6);
   }

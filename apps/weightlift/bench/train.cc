@@ -134,7 +134,9 @@ Result<BenchTrainResult> bench_train(const BenchTrainOptions& o) {
   r.tokens_per_s = double(n) / (r.step_ms_median / 1e3);
   r.gflops = model::model_info(cfg).train_flops_per_token(o.seq) * double(n) /
              (r.step_ms_median / 1e3) / 1e9;
-  r.gemm_peak_gflops = measure_gemm_gflops(2048, 3);
+  // gflops is the whole job's, so the peak is too: this rank's GEMM peak on its threads,
+  // times the ranks.
+  r.gemm_peak_gflops = measure_gemm_gflops(2048, 3) * job.size();
   r.threads = num_threads();
   r.ranks = job.size();
   r.report = job.rank() == 0;

@@ -32,7 +32,7 @@ struct BenchTrainResult {
   double step_ms_p99 = 0;  // nearest rank over the timed steps: the slowest of fewer than 100
   double tokens_per_s = 0;
   double gflops = 0;            // model FLOPs (model_info.h) / median step time
-  double gemm_peak_gflops = 0;  // oneDNN f32 GEMM 2048^3, same run
+  double gemm_peak_gflops = 0;  // oneDNN f32 GEMM 2048^3, same run: rank 0's x ranks
   int threads = 0;
   int ranks = 1;
   double exposed_comm_ms = 0;            // median over the timed steps
