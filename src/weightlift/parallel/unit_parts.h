@@ -23,10 +23,10 @@
 namespace wl::parallel {
 
 struct UnitPart {
-  model::FlatRange model;       // in the model's flat buffer
-  std::vector<size_t> params;   // indices into ParamLayout::params(), in buffer order
-  Over over = Over::kData;      // kExpertData: a block's run of experts
-  int64_t held = 0;             // where it starts in the unit's held buffer
+  model::FlatRange model;      // in the model's flat buffer
+  std::vector<size_t> params;  // indices into ParamLayout::params(), in buffer order
+  Over over = Over::kData;     // kExpertData: a block's run of experts
+  int64_t held = 0;            // where it starts in the unit's held buffer
   int64_t size() const { return model.size(); }
 };
 
