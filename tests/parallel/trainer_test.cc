@@ -292,35 +292,49 @@ TEST(ExpertParallel, AFailedExchangeStopsEveryRankNamingIt) {
   return ::testing::AssertionSuccess();
 }
 
+// `o` trained straight on `ranks` ranks, and again stopped after step 3 and resumed from its
+// checkpoint in the same layout: the two must end in the same bits. Returns the resumed run's
+// options, for loading the same checkpoint into other layouts, and the straight run's output.
+struct Resumed {
+  TrainOptions options;
+  std::string straight_dir;
+};
+Resumed expect_bit_exact_resume(const TrainOptions& o, int ranks, const std::string& name) {
+  TrainOptions straight = o;
+  straight.out_dir = fresh_dir(name + "_straight");
+  for (auto& r : train_on(ranks, straight)) EXPECT_TRUE(r.ok()) << r.status().to_string();
+  TrainOptions first = o;
+  first.out_dir = fresh_dir(name + "_first");
+  first.stop_after = 3;
+  for (auto& r : train_on(ranks, first)) EXPECT_TRUE(r.ok()) << r.status().to_string();
+  TrainOptions same = o;
+  same.out_dir = fresh_dir(name + "_same");
+  same.resume = first.out_dir + "/checkpoint-3";
+  for (auto& r : train_on(ranks, same)) EXPECT_TRUE(r.ok()) << r.status().to_string();
+  expect_same_bits(same.out_dir + "/model.safetensors", straight.out_dir + "/model.safetensors");
+  return {same, straight.out_dir};
+}
+
+// The checkpoint `from` resumes, loaded into another --dp-mode and --ep on `ranks` ranks (the
+// rest of the layout as it was): the straight run's curve up to the layouts' rounding.
+void expect_loads_into(const Resumed& from, int ranks, DpMode mode, int ep,
+                       const std::string& name) {
+  TrainOptions o = from.options;
+  o.layout.dp_mode = mode;
+  o.layout.ep = ep;
+  o.out_dir = fresh_dir(name);
+  for (auto& r : train_on(ranks, o)) ASSERT_TRUE(r.ok()) << name << ": " << r.status().to_string();
+  EXPECT_TRUE(same_loss_curve(o.out_dir, from.straight_dir)) << name;
+}
+
+// FSDP 2 -> FSDP 2 bit-exactly; -> one process, and -> ZeRO-1 on 4.
 TEST(Checkpoint, ResumesBitExactlyInItsOwnLayoutAndLoadsIntoAnother) {
   TrainOptions o = layout_options(make_corpus(), "");
   o.steps = 6;
   o.layout.dp_mode = DpMode::kFsdp;
-  TrainOptions straight = o;
-  straight.out_dir = fresh_dir("straight");
-  for (auto& r : train_on(2, straight)) ASSERT_TRUE(r.ok()) << r.status().to_string();
-
-  TrainOptions first = o;
-  first.out_dir = fresh_dir("first");
-  first.stop_after = 3;
-  for (auto& r : train_on(2, first)) ASSERT_TRUE(r.ok()) << r.status().to_string();
-  // FSDP 2 -> FSDP 2: the same bits.
-  TrainOptions same = o;
-  same.out_dir = fresh_dir("same");
-  same.resume = first.out_dir + "/checkpoint-3";
-  for (auto& r : train_on(2, same)) ASSERT_TRUE(r.ok()) << r.status().to_string();
-  expect_same_bits(same.out_dir + "/model.safetensors", straight.out_dir + "/model.safetensors");
-  // FSDP 2 -> one process, and -> ZeRO-1 on 4: the same run up to the layouts' rounding.
-  TrainOptions one = same;
-  one.out_dir = fresh_dir("one");
-  auto r1 = train_on(1, one);
-  ASSERT_TRUE(r1[0].ok()) << r1[0].status().to_string();
-  EXPECT_TRUE(same_loss_curve(one.out_dir, straight.out_dir));
-  TrainOptions four = same;
-  four.layout.dp_mode = DpMode::kZero1;
-  four.out_dir = fresh_dir("four");
-  for (auto& r : train_on(4, four)) ASSERT_TRUE(r.ok()) << r.status().to_string();
-  EXPECT_TRUE(same_loss_curve(four.out_dir, straight.out_dir));
+  const Resumed fsdp = expect_bit_exact_resume(o, 2, "fsdp");
+  expect_loads_into(fsdp, 1, DpMode::kFsdp, 1, "one");
+  expect_loads_into(fsdp, 4, DpMode::kZero1, 1, "zero1_4");
 }
 
 // Under expert parallelism each run of experts is written by the ranks that hold it: ZeRO-2
@@ -331,32 +345,9 @@ TEST(Checkpoint, AnExpertParallelOneResumesAndLoadsIntoOtherLayouts) {
   o.steps = 5;
   o.layout.dp_mode = DpMode::kZero2;
   o.layout.ep = 2;
-  o.layout.micro_batches = 2;
-  TrainOptions straight = o;
-  straight.out_dir = fresh_dir("ep_straight");
-  for (auto& r : train_on(4, straight)) ASSERT_TRUE(r.ok()) << r.status().to_string();
-
-  TrainOptions first = o;
-  first.out_dir = fresh_dir("ep_first");
-  first.stop_after = 3;
-  for (auto& r : train_on(4, first)) ASSERT_TRUE(r.ok()) << r.status().to_string();
-  TrainOptions same = o;
-  same.out_dir = fresh_dir("ep_same");
-  same.resume = first.out_dir + "/checkpoint-3";
-  for (auto& r : train_on(4, same)) ASSERT_TRUE(r.ok()) << r.status().to_string();
-  expect_same_bits(same.out_dir + "/model.safetensors", straight.out_dir + "/model.safetensors");
-
-  TrainOptions one = same;
-  one.layout.ep = 1;
-  one.out_dir = fresh_dir("ep_one");
-  auto r1 = train_on(1, one);
-  ASSERT_TRUE(r1[0].ok()) << r1[0].status().to_string();
-  EXPECT_TRUE(same_loss_curve(one.out_dir, straight.out_dir));
-  TrainOptions fsdp = same;
-  fsdp.layout.dp_mode = DpMode::kFsdp;
-  fsdp.out_dir = fresh_dir("ep_fsdp");
-  for (auto& r : train_on(2, fsdp)) ASSERT_TRUE(r.ok()) << r.status().to_string();
-  EXPECT_TRUE(same_loss_curve(fsdp.out_dir, straight.out_dir));
+  const Resumed ep = expect_bit_exact_resume(o, 4, "ep");
+  expect_loads_into(ep, 1, DpMode::kZero2, 1, "ep_one");
+  expect_loads_into(ep, 2, DpMode::kFsdp, 2, "ep_fsdp");
 }
 
 // Edits one piece of a written checkpoint's index and expects DataLoss naming the tensor.
