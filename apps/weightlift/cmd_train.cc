@@ -141,7 +141,8 @@ void register_train(CLI::App& app, Outcome& out) {
       ->capture_default_str();
   cmd->add_option("--pp-schedule", f->schedule, "1f1b or gpipe")->capture_default_str();
   cmd->add_option("--ep", o->layout.ep,
-                  "expert parallel: groups of this many data-parallel ranks share out the experts")
+                  "expert parallel: groups of this many data-parallel ranks share out the "
+                  "experts, each rank running and holding only its own")
       ->capture_default_str();
   cmd->add_flag("--pp-schedule-print", f->print_schedule,
                 "print each stage's timeline of --pp stages and --micro-batches, and stop");
