@@ -10,30 +10,32 @@ namespace wl::model {
 
 ParamLayout::ParamLayout(const ModelConfig& c) {
   const int64_t d = c.hidden_size, dh = c.head_dim, f = c.ffn_dim;
-  auto add = [&](std::string name, Shape shape, bool decay, int32_t expert = -1) {
+  using R = ParamRole;
+  auto add = [&](std::string name, Shape shape, R role, int32_t expert = -1) {
     index_.emplace(name, params_.size());
-    params_.push_back({std::move(name), std::move(shape), total_, decay, expert});
+    const bool decay = role != R::kNorm;
+    params_.push_back({std::move(name), std::move(shape), total_, decay, expert, role});
     total_ += params_.back().numel();
   };
-  add("embed.weight", {c.vocab_size, d}, true);
+  add("embed.weight", {c.vocab_size, d}, R::kEmbed);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
-    add(p + "attn_norm.weight", {d}, false);
-    add(p + "attn.q_proj.weight", {c.num_heads * dh, d}, true);
-    add(p + "attn.k_proj.weight", {c.num_kv_heads * dh, d}, true);
-    add(p + "attn.v_proj.weight", {c.num_kv_heads * dh, d}, true);
-    add(p + "attn.o_proj.weight", {d, c.num_heads * dh}, true);
-    add(p + "moe_norm.weight", {d}, false);
-    add(p + "moe.router.weight", {c.num_experts, d}, true);
+    add(p + "attn_norm.weight", {d}, R::kNorm);
+    add(p + "attn.q_proj.weight", {c.num_heads * dh, d}, R::kQ);
+    add(p + "attn.k_proj.weight", {c.num_kv_heads * dh, d}, R::kK);
+    add(p + "attn.v_proj.weight", {c.num_kv_heads * dh, d}, R::kV);
+    add(p + "attn.o_proj.weight", {d, c.num_heads * dh}, R::kO);
+    add(p + "moe_norm.weight", {d}, R::kNorm);
+    add(p + "moe.router.weight", {c.num_experts, d}, R::kRouter);
     for (int64_t e = 0; e < c.num_experts; ++e) {
       const std::string q = p + "moe.experts." + std::to_string(e) + ".";
-      add(q + "gate_proj.weight", {f, d}, true, int32_t(e));
-      add(q + "up_proj.weight", {f, d}, true, int32_t(e));
-      add(q + "down_proj.weight", {d, f}, true, int32_t(e));
+      add(q + "gate_proj.weight", {f, d}, R::kGate, int32_t(e));
+      add(q + "up_proj.weight", {f, d}, R::kUp, int32_t(e));
+      add(q + "down_proj.weight", {d, f}, R::kDown, int32_t(e));
     }
   }
-  add("norm.weight", {d}, false);
-  if (!c.tie_embeddings) add("lm_head.weight", {c.vocab_size, d}, true);
+  add("norm.weight", {d}, R::kNorm);
+  if (!c.tie_embeddings) add("lm_head.weight", {c.vocab_size, d}, R::kHead);
 }
 
 const ParamInfo* ParamLayout::find(std::string_view name) const {
@@ -67,7 +69,7 @@ void init_params(const ModelConfig& c, const ParamLayout& layout, uint64_t seed,
     }
     // One stream per parameter, so a parameter's values do not depend on the others' sizes.
     Rng rng(seed ^ fnv1a(p.name));
-    const bool residual = p.name.ends_with("o_proj.weight") || p.name.ends_with("down_proj.weight");
+    const bool residual = p.role == ParamRole::kO || p.role == ParamRole::kDown;
     const float std_dev = 0.02f * (residual ? residual_scale : 1.0f);
     for (int64_t i = 0; i < p.numel(); ++i) w[i] = std_dev * rng.normal();
   }

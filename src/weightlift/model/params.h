@@ -21,12 +21,17 @@
 
 namespace wl::model {
 
+// What a parameter is in its block, which decides how tensor parallelism splits it
+// (tensor_slices.h).
+enum class ParamRole : uint8_t { kEmbed, kNorm, kQ, kK, kV, kO, kRouter, kGate, kUp, kDown, kHead };
+
 struct ParamInfo {
   std::string name;     // DESIGN.md's name, e.g. "layers.0.attn.q_proj.weight"
   Shape shape;          // [out, in] for matrices, as torch.nn.Linear
   int64_t offset = 0;   // elements from the start of the flat buffer
   bool decay = false;   // AdamW weight decay applies (matrices yes; norm gains no)
   int32_t expert = -1;  // e for layers.*.moe.experts.e.*; -1 for every other parameter
+  ParamRole role = ParamRole::kNorm;
   int64_t numel() const { return shape_numel(shape); }
 };
 

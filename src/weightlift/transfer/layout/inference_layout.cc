@@ -1,6 +1,9 @@
 // Builds the receiver tensor list of layout/inference_layout.h from a model config.
 #include "weightlift/transfer/layout/inference_layout.h"
 
+#include "weightlift/model/params.h"
+#include "weightlift/model/tensor_slices.h"
+
 namespace wl::transfer {
 
 std::string_view weight_format_name(WeightFormat f) {
@@ -46,27 +49,16 @@ Result<std::vector<ReceiverTensor>> inference_layout(const model::ModelConfig& c
                                                      const LayoutOptions& o) {
   const int64_t tp = o.tp;
   const std::string where = "inference layout at tp " + std::to_string(tp);
-  if (tp < 1) return invalid_argument(where + ": the TP degree must be at least 1");
+  WL_RETURN_IF_ERROR(model::check_tensor_parallel(c, int(tp), where));
   if (o.tp_rank < 0 || o.tp_rank >= tp) {
     return invalid_argument(where + ": tp_rank " + std::to_string(o.tp_rank) + " out of range");
   }
-  if (c.num_heads % tp != 0) {
-    return invalid_argument(where + ": tp " + std::to_string(tp) + " does not divide num_heads " +
-                            std::to_string(c.num_heads));
-  }
-  if (c.num_kv_heads >= tp ? c.num_kv_heads % tp != 0 : tp % c.num_kv_heads != 0) {
-    return invalid_argument(where + ": num_kv_heads " + std::to_string(c.num_kv_heads) +
-                            " is neither a multiple nor a divisor of tp " + std::to_string(tp));
-  }
-  if (c.ffn_dim % tp != 0) {
-    return invalid_argument(where + ": tp " + std::to_string(tp) + " does not divide ffn_dim " +
-                            std::to_string(c.ffn_dim));
-  }
-  const int64_t r = o.tp_rank, d = c.hidden_size, dh = c.head_dim;
-  const int64_t q_rows = c.num_heads / tp * dh, q0 = r * q_rows;
-  const int64_t kv_rows = (c.num_kv_heads >= tp ? c.num_kv_heads / tp : 1) * dh;
-  const int64_t kv0 = c.num_kv_heads >= tp ? r * kv_rows : r / (tp / c.num_kv_heads) * dh;
-  const int64_t f_rows = c.ffn_dim / tp, f0 = r * f_rows;
+  // The bands of the trainer's parameters this rank holds: model/tensor_slices.h's rule.
+  const model::ParamLayout layout(c);
+  auto slice = [&](const std::string& name) {
+    return model::tensor_slice(c, layout.at(name), int(tp), o.tp_rank);
+  };
+  const int64_t d = c.hidden_size;
 
   std::vector<ReceiverTensor> out;
   // Replicated, bf16 in both formats.
@@ -85,24 +77,30 @@ Result<std::vector<ReceiverTensor>> inference_layout(const model::ModelConfig& c
   plain("embed.weight", {c.vocab_size, d});
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
+    const ShardRows q = slice(p + "attn.q_proj.weight").rows;
+    const ShardRows kv = slice(p + "attn.k_proj.weight").rows;
+    const ShardRows o_cols = slice(p + "attn.o_proj.weight").cols;
+    const int64_t q_rows = q.size(), kv_rows = kv.size();
     plain(p + "attn_norm.weight", {d});
     matrix(p + "attn.qkv_proj.weight", q_rows + 2 * kv_rows, d,
-           {{p + "attn.q_proj.weight", q0, q0 + q_rows, 0, d, 0},
-            {p + "attn.k_proj.weight", kv0, kv0 + kv_rows, 0, d, q_rows},
-            {p + "attn.v_proj.weight", kv0, kv0 + kv_rows, 0, d, q_rows + kv_rows}},
+           {{p + "attn.q_proj.weight", q.begin, q.end, 0, d, 0},
+            {p + "attn.k_proj.weight", kv.begin, kv.end, 0, d, q_rows},
+            {p + "attn.v_proj.weight", kv.begin, kv.end, 0, d, q_rows + kv_rows}},
            false);
-    matrix(p + "attn.o_proj.weight", d, q_rows,
-           {{p + "attn.o_proj.weight", 0, d, q0, q0 + q_rows, 0}}, false);
+    matrix(p + "attn.o_proj.weight", d, o_cols.size(),
+           {{p + "attn.o_proj.weight", 0, d, o_cols.begin, o_cols.end, 0}}, false);
     plain(p + "moe_norm.weight", {d});
     plain(p + "moe.router.weight", {c.num_experts, d});
     for (int64_t e = 0; e < c.num_experts; ++e) {
-      const std::string q = p + "moe.experts." + std::to_string(e) + ".";
-      matrix(q + "gate_up_proj.weight", 2 * f_rows, d,
-             {{q + "gate_proj.weight", f0, f0 + f_rows, 0, d, 0},
-              {q + "up_proj.weight", f0, f0 + f_rows, 0, d, f_rows}},
+      const std::string x = p + "moe.experts." + std::to_string(e) + ".";
+      const ShardRows f = slice(x + "gate_proj.weight").rows;
+      const ShardRows down = slice(x + "down_proj.weight").cols;
+      matrix(x + "gate_up_proj.weight", 2 * f.size(), d,
+             {{x + "gate_proj.weight", f.begin, f.end, 0, d, 0},
+              {x + "up_proj.weight", f.begin, f.end, 0, d, f.size()}},
              true);
-      matrix(q + "down_proj.weight", d, f_rows,
-             {{q + "down_proj.weight", 0, d, f0, f0 + f_rows, 0}}, true);
+      matrix(x + "down_proj.weight", d, down.size(),
+             {{x + "down_proj.weight", 0, d, down.begin, down.end, 0}}, true);
     }
   }
   plain("norm.weight", {d});
