@@ -124,6 +124,7 @@ detail::BlockContext StagePass::block_context(int layer) const {
   if (options_.routes_out) ctx.routes_out = options_.routes_out + at;
   ctx.replay_differ = options_.replay_differ;
   ctx.experts = hooks_->expert_exchange();
+  ctx.tp = hooks_->tensor_parallel();
   return ctx;
 }
 

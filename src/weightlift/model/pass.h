@@ -23,6 +23,7 @@
 #include "weightlift/model/expert_exchange.h"
 #include "weightlift/model/params.h"
 #include "weightlift/model/precision.h"
+#include "weightlift/model/tensor_parallel.h"
 #include "weightlift/model/units.h"
 
 namespace wl::model {
@@ -98,6 +99,10 @@ class PassHooks {
   // exchange that fails leaves the block running on (with zero rows) and is returned by the
   // unit's after_unit().
   virtual ExpertExchange* expert_exchange() { return nullptr; }
+  // Tensor parallelism (tensor_parallel.h): this rank's TP group, when the pass runs one
+  // rank's slices of the model (a PassModel of tensor_slices.h's tp_config); null: the whole
+  // model here. A failed sum, like a failed exchange, is returned by the unit's after_unit().
+  virtual TensorParallel* tensor_parallel() { return nullptr; }
 };
 
 // What a pass computes with: the model's maths, and where its weights and gradients are.

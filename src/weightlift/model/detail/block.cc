@@ -72,6 +72,15 @@ void scatter_columns(float* dst, const float* src, int64_t n, int64_t ld, int64_
   });
 }
 
+// data[0, n) summed over the TP group; zeros where the sum failed (after_unit reports it).
+void tp_sum(TensorParallel* tp, float* data, int64_t n) {
+  if (tp && !tp->allreduce(data, n).ok()) std::memset(data, 0, size_t(n) * 4);
+}
+
+// The residual is added by one rank of a TP group: the sum of the partial outputs would
+// count it once per rank.
+bool adds_residual(const BlockContext& ctx) { return !ctx.tp || ctx.tp->rank() == 0; }
+
 }  // namespace
 
 namespace {
@@ -162,7 +171,7 @@ Tensor run_experts(Precision p, const Dims& m, const LayerView& w, BlockActs& a)
   return y;
 }
 
-// out = h + sum_k w[t, k] * ye[row(t, k)], slots in order.
+// out = h + sum_k w[t, k] * ye[row(t, k)], slots in order; h null: 0.
 void combine(const Dims& m, const BlockActs& a, int64_t N, const float* h, float* out) {
   const float* ye = a.ye.data<float>();
   const float* gw = a.topk_w.data<float>();
@@ -170,7 +179,11 @@ void combine(const Dims& m, const BlockActs& a, int64_t N, const float* h, float
   parallel_for(N, 64, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       float* o = out + t * m.d;
-      std::memcpy(o, h + t * m.d, size_t(m.d) * 4);
+      if (h) {
+        std::memcpy(o, h + t * m.d, size_t(m.d) * 4);
+      } else {
+        std::memset(o, 0, size_t(m.d) * 4);
+      }
       for (int64_t k = 0; k < m.K; ++k) {
         const float g = gw[t * m.K + k];
         const float* y = ye + int64_t(row_of_slot[t * m.K + k]) * m.d;
@@ -185,6 +198,7 @@ void combine(const Dims& m, const BlockActs& a, int64_t N, const float* h, float
 void moe_forward(const BlockContext& ctx, const LayerView& w, int64_t N, BlockActs& a,
                  const float* h, float* out, kernels::RouterLosses* losses) {
   const Dims m(ctx.config);
+  WL_CHECK(!(ctx.tp && ctx.experts)) << "tensor and expert parallelism in one block";
   route(ctx, m, w, N, a, losses);
   dispatch(m, N, a);
   if (ctx.experts) {
@@ -195,7 +209,10 @@ void moe_forward(const BlockContext& ctx, const LayerView& w, int64_t N, BlockAc
     a.run_begin = a.expert_begin;
     a.ye = run_experts(ctx.precision, m, w, a);
   }
-  combine(m, a, N, h, out);
+  // Under TP each rank's ye is its ffn rows' share of the experts' outputs (down_proj is row
+  // parallel); the gate weights are the same on every rank, so the combined shares add up.
+  combine(m, a, N, adds_residual(ctx) ? h : nullptr, out);
+  tp_sum(ctx.tp, out, N * m.d);
 }
 
 void block_forward(const BlockContext& ctx, const BlockDims& b, const LayerView& w, BlockActs& a,
@@ -224,8 +241,11 @@ void block_forward(const BlockContext& ctx, const BlockDims& b, const LayerView&
   a.lse = f32({b.batch, m.H, b.seq});
   kernels::attention_forward(attention_shape(m, b), a.q.data<float>(), a.k.data<float>(),
                              a.v.data<float>(), a.att.data<float>(), a.lse.data<float>());
-  a.h = a.x.clone();
-  linear_forward(p, a.att.data<float>(), w.wo, a.h.data<float>(), N, m.qd, m.d, true);
+  // o_proj is row parallel under TP: each rank's heads give a partial sum.
+  const bool residual = adds_residual(ctx);
+  a.h = residual ? a.x.clone() : f32({N, m.d});
+  linear_forward(p, a.att.data<float>(), w.wo, a.h.data<float>(), N, m.qd, m.d, residual);
+  tp_sum(ctx.tp, a.h.data<float>(), N * m.d);
 
   a.xn2 = f32({N, m.d});
   a.rstd2 = f32({N});
@@ -246,11 +266,11 @@ void add_into(float* d, const float* src, int64_t n) {
 // Combine backward: the gate weights' gradient (dot of dout with each chosen expert's output,
 // in double) and each expert row's output gradient (gate weight times dout).
 void combine_backward(const Dims& m, const BlockActs& a, const float* dout, int64_t N,
-                      Tensor& dtopk_w, Tensor& dye) {
+                      float* dtopk_w, Tensor& dye) {
   const float* ye = a.ye.data<float>();
   const float* gw = a.topk_w.data<float>();
   const int32_t* row_of_slot = a.row_of_slot.data<int32_t>();
-  float* dw = dtopk_w.data<float>();
+  float* dw = dtopk_w;
   float* dy = dye.data<float>();
   parallel_for(N, 64, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
@@ -305,10 +325,10 @@ Tensor experts_backward(Precision p, const Dims& m, const LayerView& w, const La
 }
 
 // Un-dispatch: dxn2[t] = the sum over t's slots of dxe[row], in slot order.
-void undispatch(const Dims& m, const BlockActs& a, const Tensor& dxe, int64_t N, Tensor& dxn2) {
+void undispatch(const Dims& m, const BlockActs& a, const Tensor& dxe, int64_t N, float* dxn2) {
   const int32_t* row_of_slot = a.row_of_slot.data<int32_t>();
   const float* src = dxe.data<float>();
-  float* dst = dxn2.data<float>();
+  float* dst = dxn2;
   parallel_for(N, 64, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       float* o = dst + t * m.d;
@@ -324,8 +344,8 @@ void undispatch(const Dims& m, const BlockActs& a, const Tensor& dxe, int64_t N,
 // The router's logits gradient (gates, aux and z losses), then its input gradient added into
 // dxn2 and its weight gradient.
 void router_backward(const BlockContext& ctx, const Dims& m, const LayerView& w, const LayerView& g,
-                     const BlockActs& a, const Tensor& dtopk_w, const BlockGradScales& scales,
-                     int64_t N, Tensor& dxn2) {
+                     const BlockActs& a, const float* dtopk_w, const BlockGradScales& scales,
+                     int64_t N, float* dxn2) {
   Tensor dlogits = f32({N, m.E});
   const kernels::RouterShape rs{.tokens = N,
                                 .experts = m.E,
@@ -337,12 +357,11 @@ void router_backward(const BlockContext& ctx, const Dims& m, const LayerView& w,
                                 .topk_w = a.topk_w.data<float>(),
                                 .lse = a.lse_r.data<float>(),
                                 .counts = a.group_counts.data<int64_t>(),
-                                .dtopk_w = dtopk_w.data<float>(),
+                                .dtopk_w = dtopk_w,
                                 .aux_scale = scales.aux,
                                 .z_scale = scales.z,
                                 .dlogits = dlogits.data<float>()});
-  linear_backward_input(ctx.precision, dlogits.data<float>(), w.router, dxn2.data<float>(), N, m.d,
-                        m.E, true);
+  linear_backward_input(ctx.precision, dlogits.data<float>(), w.router, dxn2, N, m.d, m.E, true);
   linear_backward_weight(ctx.precision, dlogits.data<float>(), a.xn2.data<float>(), g.router, N,
                          m.d, m.E);
 }
@@ -357,21 +376,39 @@ void attention_backward(const BlockContext& ctx, const BlockDims& b, const Dims&
   Tensor datt = f32({N, m.qd});
   linear_backward_input(p, dh.data<float>(), w.wo, datt.data<float>(), N, m.qd, m.d);
   linear_backward_weight(p, dh.data<float>(), a.att.data<float>(), g.wo, N, m.qd, m.d);
-  Tensor dq = f32({N, m.qd}), dk = f32({N, m.kvd}), dv = f32({N, m.kvd});
+  Tensor dq = f32({N, m.qd}), dkv = f32({2, N, m.kvd});
+  float* dk = dkv.data<float>();
+  float* dv = dk + N * m.kvd;
   kernels::attention_backward(attention_shape(m, b), a.q.data<float>(), a.k.data<float>(),
                               a.v.data<float>(), a.att.data<float>(), a.lse.data<float>(),
-                              datt.data<float>(), dq.data<float>(), dk.data<float>(),
-                              dv.data<float>());
+                              datt.data<float>(), dq.data<float>(), dk, dv);
   datt = Tensor();
   kernels::rope_backward(dq.data<float>(), ctx.rope, b.batch, b.seq, m.H, 0);
-  kernels::rope_backward(dk.data<float>(), ctx.rope, b.batch, b.seq, m.Hkv, 0);
+  kernels::rope_backward(dk, ctx.rope, b.batch, b.seq, m.Hkv, 0);
+  // A kv head held by several TP ranks served the query heads of all of them: its gradients
+  // are the sum over its holders.
+  const bool shared_kv = ctx.tp && ctx.tp->kv_copies() > 1;
+  if (shared_kv && !ctx.tp->allreduce_kv(dk, 2 * N * m.kvd).ok()) {
+    std::memset(dk, 0, size_t(2 * N * m.kvd) * 4);
+  }
   Tensor dqkv = f32({N, m.qkvd});
   scatter_columns(dqkv.data<float>(), dq.data<float>(), N, m.qkvd, 0, m.qd);
-  scatter_columns(dqkv.data<float>(), dk.data<float>(), N, m.qkvd, m.qd, m.kvd);
-  scatter_columns(dqkv.data<float>(), dv.data<float>(), N, m.qkvd, m.qd + m.kvd, m.kvd);
-  dq = dk = dv = Tensor();
+  scatter_columns(dqkv.data<float>(), dk, N, m.qkvd, m.qd, m.kvd);
+  scatter_columns(dqkv.data<float>(), dv, N, m.qkvd, m.qd + m.kvd, m.kvd);
+  dq = dkv = Tensor();
   linear_backward_weight(p, dqkv.data<float>(), a.xn1.data<float>(), g.wqkv, N, m.d, m.qkvd);
+  // The input gradient is a partial sum over the TP group (q, k and v are column parallel);
+  // of a shared kv head's holders only one adds its share, or the sum would count it once per
+  // holder.
+  if (shared_kv && !ctx.tp->kv_leader()) {
+    parallel_for(N, 256, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        std::memset(dqkv.data<float>() + i * m.qkvd + m.qd, 0, size_t(2 * m.kvd) * 4);
+      }
+    });
+  }
   linear_backward_input(p, dqkv.data<float>(), w.wqkv, dxn1.data<float>(), N, m.d, m.qkvd);
+  tp_sum(ctx.tp, dxn1.data<float>(), N * m.d);
 }
 
 }  // namespace
@@ -381,10 +418,14 @@ void block_backward(const BlockContext& ctx, const BlockDims& b, const LayerView
                     const BlockGradScales& scales) {
   const Dims m(ctx.config);
   const int64_t N = b.tokens, S = N * m.K;
-  // MoE half, from dout back to dxn2, the gradient of the MoE's normed input.
-  Tensor dtopk_w = f32({N, m.K}), dye = f32({S, m.d});
+  // MoE half, from dout back to dxn2, the gradient of the MoE's normed input, and the gate
+  // weights' gradient dtopk_w [N, K]: one buffer, so that under TP, where both are partial
+  // sums (each rank's experts saw only its ffn rows), one sum completes them.
+  Tensor moe_grads = f32({N * (m.d + m.K)});
+  float* dxn2 = moe_grads.data<float>();
+  float* dtopk_w = dxn2 + N * m.d;
+  Tensor dye = f32({S, m.d});
   combine_backward(m, a, dout, N, dtopk_w, dye);
-  Tensor dxn2 = f32({N, m.d});
   {
     if (ctx.experts) dye = to_experts(*ctx.experts, m.d, a, dye);
     Tensor dxe = experts_backward(ctx.precision, m, w, g, a, dye);
@@ -392,13 +433,14 @@ void block_backward(const BlockContext& ctx, const BlockDims& b, const LayerView
     if (ctx.experts) dxe = from_experts(*ctx.experts, m.d, a, dxe);
     undispatch(m, a, dxe, N, dxn2);
   }
+  tp_sum(ctx.tp, moe_grads.data<float>(), N * (m.d + m.K));
   router_backward(ctx, m, w, g, a, dtopk_w, scales, N, dxn2);
   // moe_norm backward, residual: dh = dout + d(norm).
   Tensor dh = f32({N, m.d});
-  kernels::rmsnorm_backward(dxn2.data<float>(), a.h.data<float>(), w.moe_norm,
-                            a.rstd2.data<float>(), dh.data<float>(), g.moe_norm, N, m.d);
+  kernels::rmsnorm_backward(dxn2, a.h.data<float>(), w.moe_norm, a.rstd2.data<float>(),
+                            dh.data<float>(), g.moe_norm, N, m.d);
   add_into(dh.data<float>(), dout, N * m.d);
-  dxn2 = Tensor();
+  moe_grads = Tensor();
   // Attention half; attn_norm backward, residual: dx = dh + d(norm).
   Tensor dxn1 = f32({N, m.d});
   attention_backward(ctx, b, m, w, g, a, dh, dxn1);

@@ -12,6 +12,7 @@
 #include "weightlift/model/expert_exchange.h"
 #include "weightlift/model/params.h"
 #include "weightlift/model/precision.h"
+#include "weightlift/model/tensor_parallel.h"
 
 namespace wl::model::detail {
 
@@ -75,6 +76,9 @@ struct BlockContext {
   // Expert parallelism: this rank runs only its run of the experts, over the rows every rank
   // of the exchange sends it (expert_exchange.h); null: every expert, here.
   ExpertExchange* experts = nullptr;
+  // Tensor parallelism: the block runs one rank's heads and ffn rows (the config is that
+  // rank's tp_config) and sums over the TP group (tensor_parallel.h); null: the whole block.
+  TensorParallel* tp = nullptr;
 };
 
 // Fills acts (acts.x must hold the input) and writes the block output to out [N, d].
