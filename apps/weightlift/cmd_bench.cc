@@ -42,6 +42,9 @@ void add_bench_train_flags(CLI::App* cmd, BenchTrainOptions& o, BenchTrainFlags&
   cmd->add_option("--ep", o.layout.ep, "expert-parallel group size")
       ->capture_default_str()
       ->transform(count(1, kMaxRanks));
+  cmd->add_option("--tp", o.layout.tp, "tensor-parallel group size")
+      ->capture_default_str()
+      ->transform(count(1, kMaxRanks));
   cmd->add_option("--bucket-bytes", o.layout.bucket_bytes)
       ->capture_default_str()
       ->transform(bytes(1, kTiB));
@@ -82,7 +85,8 @@ Status run_bench_train(BenchTrainOptions o, const BenchTrainFlags& f) {
         o.preset.c_str(), long(o.batch), long(o.seq), f.precision.c_str(), r.ranks,
         (std::string(parallel::dp_mode_name(o.layout.dp_mode)) +
          (o.layout.pp > 1 ? ", pp " + std::to_string(o.layout.pp) : "") +
-         (o.layout.ep > 1 ? ", ep " + std::to_string(o.layout.ep) : ""))
+         (o.layout.ep > 1 ? ", ep " + std::to_string(o.layout.ep) : "") +
+         (o.layout.tp > 1 ? ", tp " + std::to_string(o.layout.tp) : ""))
             .c_str(),
         r.threads, cpu_info().describe().c_str(), r.step_ms_median, r.step_ms_min, r.step_ms_p99,
         r.step_ms_max, r.tokens_per_s, r.gflops, 100 * r.gflops / r.gemm_peak_gflops,

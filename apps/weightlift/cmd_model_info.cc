@@ -12,9 +12,9 @@ namespace {
 struct ModelInfoFlags {
   std::string preset = "small";
   std::string config;
-  int dp = 1, pp = 1, ep = 1;
+  int dp = 1, pp = 1, ep = 1, tp = 1;
   std::string dp_mode = "ddp";
-  bool per_rank = false;  // any of --dp, --pp, --ep, --dp-mode given: print the per-rank table
+  bool per_rank = false;  // any of --dp, --pp, --ep, --tp, --dp-mode: print the per-rank table
   // Activations: printed when --batch is given.
   int64_t batch = 0, seq = 0;
   int micro_batches = 1;
@@ -42,10 +42,12 @@ Status run_model_info(const ModelInfoFlags& f) {
     const parallel::ParallelLayout layout{.dp_mode = *mode,
                                           .dp = f.dp,
                                           .pp = f.pp,
+                                          .tp = f.tp,
                                           .ep = f.ep,
                                           .schedule = *schedule,
                                           .micro_batches = f.micro_batches};
     WL_RETURN_IF_ERROR(parallel::check_expert_parallel(layout, cfg));
+    WL_RETURN_IF_ERROR(parallel::check_tensor_parallel(layout, cfg));
     // Checked before anything is printed, so an error is the command's only output.
     std::string acts;
     if (f.batch > 0) {
@@ -88,6 +90,10 @@ void register_model_info(CLI::App& app, Outcome& out) {
                              "expert-parallel size (divides --dp and the experts): print what "
                              "each rank holds")
                  ->transform(count(1, kMaxSimulatedGpus));
+  auto* tp = cmd->add_option("--tp", f->tp,
+                             "tensor-parallel size (divides the heads and ffn rows): print what "
+                             "each rank holds")
+                 ->transform(count(1, kMaxSimulatedGpus));
   auto* mode = cmd->add_option("--dp-mode", f->dp_mode,
                                "ddp, zero1, zero2 or fsdp: print what each rank holds");
   cmd->add_option("--batch", f->batch, "global batch rows: also print each rank's activations")
@@ -99,8 +105,8 @@ void register_model_info(CLI::App& app, Outcome& out) {
       ->transform(count(1, kMaxRows));
   cmd->add_option("--pp-schedule", f->schedule, "1f1b or gpipe")->capture_default_str();
   cmd->add_flag("--checkpointing", f->checkpointing, "gradient checkpointing");
-  cmd->callback([&out, f, dp, pp, ep, mode] {
-    f->per_rank = dp->count() + pp->count() + ep->count() + mode->count() > 0;
+  cmd->callback([&out, f, dp, pp, ep, tp, mode] {
+    f->per_rank = dp->count() + pp->count() + ep->count() + tp->count() + mode->count() > 0;
     out.exit_code = report("model-info", run_model_info(*f));
   });
 }

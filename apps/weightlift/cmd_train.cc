@@ -74,6 +74,7 @@ Status run_train(parallel::TrainOptions o, const TrainFlags& f) {
     return invalid_argument("--pp-schedule '" + f.schedule + "': expected 1f1b or gpipe");
   o.layout.schedule = *schedule;
   if (o.layout.pp < 1) return invalid_argument("--pp must be at least 1");
+  if (o.layout.tp < 1) return invalid_argument("--tp must be at least 1");
   if (o.schedule.min_lr > o.schedule.base_lr) {
     return invalid_argument("--min-lr " + show_number(o.schedule.min_lr) + " is above --lr " +
                             show_number(o.schedule.base_lr) +
@@ -89,13 +90,17 @@ Status run_train(parallel::TrainOptions o, const TrainFlags& f) {
   o.timeout = std::chrono::milliseconds(int64_t(f.timeout_s * 1000));
   WL_ASSIGN_OR_RETURN(comm::LaunchEnv env, comm::read_launch_env());
   WL_ASSIGN_OR_RETURN(parallel::Job job, parallel::connect_job(env, o.timeout));
-  // The ranks are stages x data parallel; a --pp that does not divide them fails validate().
-  o.layout.dp = std::max(1, job.size() / o.layout.pp);
-  const parallel::LayoutPlace at = {job.rank() / o.layout.dp, job.rank() % o.layout.dp};
+  // The ranks are stages x data parallel x tensor parallel; a --pp or --tp that does not
+  // divide them fails validate().
+  o.layout.dp = std::max(1, job.size() / (o.layout.pp * o.layout.tp));
+  const bool fits = o.layout.dp * o.layout.pp * o.layout.tp == job.size();
+  const parallel::LayoutPlace at =
+      fits ? parallel::place_in(o.layout, job.rank()) : parallel::LayoutPlace{};
   const std::string role =
       (o.layout.pp > 1 ? "pp-stage-" + std::to_string(at.stage) + "-" : "") + "dp-rank-" +
       std::to_string(at.dp_rank) +
-      (o.layout.ep > 1 ? "-ep-rank-" + std::to_string(at.dp_rank % o.layout.ep) : "");
+      (o.layout.ep > 1 ? "-ep-rank-" + std::to_string(at.dp_rank % o.layout.ep) : "") +
+      (o.layout.tp > 1 ? "-tp-rank-" + std::to_string(at.tp_rank) : "");
   o.on_ready = [&] { return parallel::write_processes(job, o.out_dir, role, o.timeout); };
   // Rank 0 speaks for the job.
   const bool quiet = f.quiet || job.rank() != 0;
@@ -137,12 +142,17 @@ void register_train(CLI::App& app, Outcome& out) {
   cmd->add_option("--dp-mode", f->dp_mode,
                   "data parallel under a launcher: ddp, zero1, zero2 or fsdp")
       ->capture_default_str();
-  cmd->add_option("--pp", o->layout.pp, "pipeline stages (the ranks are stages x data parallel)")
+  cmd->add_option("--pp", o->layout.pp,
+                  "pipeline stages (the ranks are stages x data parallel x tensor parallel)")
       ->capture_default_str();
   cmd->add_option("--pp-schedule", f->schedule, "1f1b or gpipe")->capture_default_str();
   cmd->add_option("--ep", o->layout.ep,
                   "expert parallel: groups of this many data-parallel ranks share out the "
                   "experts, each rank running and holding only its own")
+      ->capture_default_str();
+  cmd->add_option("--tp", o->layout.tp,
+                  "tensor parallel: groups of this many consecutive ranks split every block's "
+                  "heads and expert ffn rows, each rank running and holding only its slices")
       ->capture_default_str();
   cmd->add_flag("--pp-schedule-print", f->print_schedule,
                 "print each stage's timeline of --pp stages and --micro-batches, and stop");

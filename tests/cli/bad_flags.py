@@ -165,6 +165,11 @@ def layouts(s, d):
     s.expect_error("model-info --ep that does not divide the experts",
                    ["model-info", "--preset", "tiny", "--dp", "3", "--ep", "3"], "--ep 3",
                    "4 experts")
+    s.expect_error("model-info --tp that does not divide the heads",
+                   ["model-info", "--preset", "small", "--tp", "3"], "--tp", "num_heads 8")
+    s.expect_error("model-info --tp with --ep",
+                   ["model-info", "--preset", "small", "--dp", "2", "--tp", "2", "--ep", "2"],
+                   "--tp 2 with --ep 2", "not supported yet")
     s.expect_error("model-info activations: rows that do not divide",
                    ["model-info", "--preset", "tiny", "--dp", "3", "--batch", "8"],
                    "--batch 8", "3 data-parallel ranks")
@@ -183,6 +188,10 @@ def layouts(s, d):
                           "--seq", "8", "--ep", "2", "--out", os.path.join(d, "ep")])
     s.report("train --ep past the ranks does not blame the batch file", err.strip(),
              [] if code != 0 and "--batch-file" not in err else [f"exit {code}: {err}"])
+    s.expect_error("train --tp past the ranks",
+                   ["train", "--preset", "tiny", "--batch-file", batch, "--batch", "1", "--seq",
+                    "8", "--tp", "2", "--out", os.path.join(d, "tp")],
+                   "--tp 2", "does not divide the 1 ranks")
     s.expect_error("train --batch-file whose rows do not divide the micro-batches",
                    ["train", "--preset", "tiny", "--batch-file", batch, "--batch", "1", "--seq",
                     "8", "--micro-batches", "2", "--out", os.path.join(d, "mb")],

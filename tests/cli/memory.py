@@ -146,10 +146,30 @@ def expert_plans(s, d, cfg, w, batch):
              [f"exit {code} {err}"])
 
 
+def tensor_plans(s, d, cfg, w, batch):
+    """model-info --tp: a rank holds its heads' and ffn rows' slices, so TP 2 keeps about half
+    of one rank's model and TP 4 about a quarter (the embedding, head, norms and routers stay
+    whole on every rank); its activations shrink too."""
+    def total(*extra):
+        code, out, err = s.run([s.exe, "model-info", "--preset", "small"] + list(extra))
+        rows = [r for r in out.splitlines() if r.strip()[:1].isdigit()]
+        unit = {"B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
+        sizes = re.findall(r"([0-9.]+) (B|kB|MB|GB|TB)\b", rows[0]) if rows else []
+        return code, err, float(sizes[3][0]) * unit[sizes[3][1]] if len(sizes) == 5 else 0.0
+    code, err, one = total("--dp", "1")
+    code2, err2, tp2 = total("--tp", "2")
+    code4, err4, tp4 = total("--tp", "4")
+    s.report("model-info --tp 2 and --tp 4 hold about 1/2 and 1/4 of one rank's state",
+             f"{one / 1e6:.0f} MB -> {tp2 / 1e6:.0f} MB -> {tp4 / 1e6:.0f} MB",
+             [] if code == code2 == code4 == 0 and one / 2 <= tp2 < 0.52 * one and
+             one / 4 <= tp4 < 0.27 * one else [f"exit {code} {err} / {code2} {err2} / {code4} {err4}"])
+
+
 def main():
     s = Suite(sys.argv[1], tempfile.mkdtemp(prefix="wl-memory-"))
     try:
-        for group in (huge_configs, budgets, plans_and_sweeps, activation_plans, expert_plans):
+        for group in (huge_configs, budgets, plans_and_sweeps, activation_plans, expert_plans,
+                      tensor_plans):
             d = tempfile.mkdtemp(dir=s.scratch)
             cfg, w, batch = write_tiny_model(d)
             group(s, d, cfg, w, batch)

@@ -171,7 +171,7 @@ def tampered(s, d, cfg, w, batch):
     state["version"] = 1
     open(path, "w").write(json.dumps(state, indent=2))
     s.expect_error("resume from a version-1 checkpoint (no checksums)",
-                   train + ["--resume", ck, "--out", r], "format version 1", "version 3")
+                   train + ["--resume", ck, "--out", r], "format version 1", "version 4")
 
 
 def main():

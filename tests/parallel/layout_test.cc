@@ -94,7 +94,7 @@ double max_relative_difference(const std::string& a, const std::string& b) {
 struct LayoutCase {
   const char* name;
   int ranks;
-  ParallelLayout layout;  // dp is ranks / pp
+  ParallelLayout layout;  // dp is ranks / (pp x tp)
   int min_layers = 1;     // a model with fewer layers is not cut this way
 };
 
@@ -197,10 +197,29 @@ const LayoutCase kExpertParallel[] = {
     {"ddp2_x_ep2_x_pp2", 8, {.pp = 2, .ep = 2, .micro_batches = 2}},
 };
 
+// Tensor parallelism: on tiny (one kv head) every TP rank holds the kv head; on tiny_gqa a
+// TP of 2 splits the two kv heads and a TP of 4 shares each with a pair of ranks.
+const LayoutCase kTensorParallel[] = {
+    {"tp2", 2, {.tp = 2, .micro_batches = 2}},
+    {"tp4", 4, {.tp = 4, .micro_batches = 2}},
+    {"ddp2_x_tp2", 4, {.tp = 2, .micro_batches = 2}},
+    {"zero1_2_x_tp2", 4, {.dp_mode = DpMode::kZero1, .tp = 2, .micro_batches = 2}},
+    {"fsdp2_x_tp2", 4, {.dp_mode = DpMode::kFsdp, .tp = 2, .micro_batches = 2}},
+    {"tp2_x_pp2", 4, {.pp = 2, .tp = 2, .micro_batches = 4}},
+};
+
 std::span<const LayoutCase> family(const std::string& name) {
   if (name == "data_parallel") return kDataParallel;
   if (name == "pipelines") return kPipelines;
+  if (name == "tensor_parallel") return kTensorParallel;
   return kExpertParallel;
+}
+
+// The models a family's gradients are checked on: tensor parallelism adds tiny_gqa.
+std::vector<const char*> gradient_models(const std::string& family) {
+  std::vector<const char*> out = gradient_models();
+  if (family == "tensor_parallel") out.push_back("tiny_gqa");
+  return out;
 }
 
 class Layouts : public ::testing::TestWithParam<const char*> {};
@@ -208,7 +227,7 @@ class Layouts : public ::testing::TestWithParam<const char*> {};
 // Every layout against one process's reference, computed once per model, precision and
 // micro-batch count (the aux loss is a micro-batch's).
 TEST_P(Layouts, OneStepGradientsAreTheSingleProcesses) {
-  for (const char* name : gradient_models()) {
+  for (const char* name : gradient_models(GetParam())) {
     const model::ModelConfig c = model_config(name);
     const model::ParamLayout layout(c);
     for (model::Precision p : gradient_precisions()) {
@@ -238,6 +257,14 @@ TEST_P(Layouts, OneStepGradientsAreTheSingleProcesses) {
 
 TEST_P(Layouts, TenStepLossCurvesFollowTheSingleProcess) {
   const std::string corpus = make_corpus(), dir = fresh_dir("configs");
+  // The curves run in bf16, except tensor parallelism's: its ranks sum a block's partial
+  // products in another order than one process's GEMM does, which bf16's roundings amplify
+  // from 1e-7 to 6e-4 of the first step's gradient norm on small4 (measured), over the first
+  // step's bound. In f32 they stay within it; the one-step test checks its bf16 gradients.
+  const model::Precision precision = std::string(GetParam()) == "tensor_parallel"
+                                         ? model::Precision::kF32
+                                         : model::Precision::kBF16;
+  const char* precision_name = precision == model::Precision::kF32 ? "f32" : "bf16";
   for (const char* name : curve_models()) {
     const std::string config = std::string(name) == "tiny" ? "" : config_file(dir, name);
     std::map<int, std::vector<std::string>> refs;  // by micro-batches
@@ -248,6 +275,7 @@ TEST_P(Layouts, TenStepLossCurvesFollowTheSingleProcess) {
       if (!refs.count(M)) {
         TrainOptions one = layout_options(corpus, config);
         one.steps = kCurveSteps;
+        one.precision = precision;
         one.layout.micro_batches = M;
         one.out_dir = fresh_dir(std::string(name) + "_one_" + std::to_string(M));
         ASSERT_TRUE(train_on(1, one)[0].ok());
@@ -257,6 +285,7 @@ TEST_P(Layouts, TenStepLossCurvesFollowTheSingleProcess) {
       const std::vector<std::string>& theirs = refs[M];
       TrainOptions o = layout_options(corpus, config);
       o.steps = kCurveSteps;
+      o.precision = precision;
       o.layout = lc.layout;
       o.out_dir = fresh_dir(std::string(name) + "_" + lc.name);
       for (auto& r : train_on(lc.ranks, o)) ASSERT_TRUE(r.ok()) << r.status().to_string();
@@ -274,8 +303,8 @@ TEST_P(Layouts, TenStepLossCurvesFollowTheSingleProcess) {
       }
       const double weights = max_relative_difference(o.out_dir + "/model.safetensors",
                                                      ref_dirs[M] + "/model.safetensors");
-      std::printf("%s %s bf16, %d steps: weights within %.2g of one process's\n", lc.name, name,
-                  kCurveSteps, weights);
+      std::printf("%s %s %s, %d steps: weights within %.2g of one process's\n", lc.name, name,
+                  precision_name, kCurveSteps, weights);
       // A pipeline alone runs every micro-batch's rows through the same kernels one process
       // does, in the same order: the same bits, every step on.
       if (lc.ranks == lc.layout.pp) {
@@ -286,7 +315,8 @@ TEST_P(Layouts, TenStepLossCurvesFollowTheSingleProcess) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, Layouts,
-                         ::testing::Values("data_parallel", "pipelines", "expert_parallel"),
+                         ::testing::Values("data_parallel", "pipelines", "expert_parallel",
+                                           "tensor_parallel"),
                          [](const auto& info) { return std::string(info.param); });
 
 }  // namespace

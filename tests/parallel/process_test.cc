@@ -79,6 +79,13 @@ TEST_P(KilledRank, TheOthersNameItAndTheJobResumes) {
     c.num_experts = 3;
     ASSERT_TRUE(model::save_config(c, config).ok());
     common.insert(common.end(), {"--config", config, "--ep", "3"});
+  } else if (std::string(GetParam()) == "tp") {
+    // Three ranks hold a head and a third of every expert's ffn rows each: one dies, and the
+    // others learn of it in the sum after o_proj.
+    c.num_heads = 3;
+    c.ffn_dim = 96;
+    ASSERT_TRUE(model::save_config(c, config).ok());
+    common.insert(common.end(), {"--config", config, "--tp", "3"});
   } else {
     common.insert(common.end(), {"--preset", "tiny", "--dp-mode", GetParam()});
   }
@@ -115,7 +122,8 @@ TEST_P(KilledRank, TheOthersNameItAndTheJobResumes) {
   EXPECT_TRUE(std::filesystem::exists(out + "/model.safetensors"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, KilledRank, ::testing::Values("ddp", "zero2", "fsdp", "pp", "ep"),
+INSTANTIATE_TEST_SUITE_P(Layouts, KilledRank,
+                         ::testing::Values("ddp", "zero2", "fsdp", "pp", "ep", "tp"),
                          [](const auto& info) { return std::string(info.param); });
 
 }  // namespace

@@ -61,7 +61,7 @@ inline std::string make_corpus() {
 
 // Runs `o` on `ranks` thread-ranks (one: no groups at all); every rank's result.
 inline std::vector<Result<TrainSummary>> train_on(int ranks, TrainOptions o) {
-  o.layout.dp = ranks / o.layout.pp;
+  o.layout.dp = ranks / (o.layout.pp * o.layout.tp);
   if (ranks == 1) return {train(o)};
   auto store = std::make_shared<comm::MemoryStore>();
   std::vector<Result<TrainSummary>> out(size_t(ranks), internal_error("did not run"));
@@ -89,10 +89,10 @@ inline std::vector<Result<TrainSummary>> train_on(int ranks, TrainOptions o) {
 }
 
 // Runs fn(dp) on `ranks` thread-ranks, each with its share of `config` in `layout` (its stage,
-// its groups: make_data_parallel), layout.dp set from ranks / layout.pp.
+// its groups: make_data_parallel), layout.dp set from ranks / (layout.pp x layout.tp).
 inline void run_data_parallel(int ranks, const model::ModelConfig& config, ParallelLayout layout,
                               const std::function<void(DataParallel&)>& fn) {
-  layout.dp = ranks / layout.pp;
+  layout.dp = ranks / (layout.pp * layout.tp);
   if (ranks == 1) {
     auto dp = make_data_parallel(config, layout, {}, std::chrono::seconds(30), {});
     ASSERT_TRUE(dp.ok()) << dp.status().to_string();
@@ -159,11 +159,13 @@ inline std::vector<std::string> read_lines(const std::string& path) {
 // by up to 1e-2 by step ten on small4 in bf16; docs/BENCHMARKS.md has the weights' figures).
 inline constexpr double kFirstStepTolerance = 1e-4, kCurveTolerance = 3e-2;
 
-// "tiny", "tiny_tied" (its embedding and head one matrix) or "small4" (small, 4 layers).
+// "tiny", "tiny_tied" (its embedding and head one matrix), "tiny_gqa" (two kv heads: split
+// by tensor parallelism of 2, shared by pairs of ranks at 4), "tiny4" or "small4" (4 layers).
 inline model::ModelConfig model_config(const std::string& name) {
   model::ModelConfig c = *model::preset(name == "small4" ? "small" : "tiny");
   if (name == "small4" || name == "tiny4") c.num_layers = 4;
   if (name == "tiny_tied") c.tie_embeddings = true;
+  if (name == "tiny_gqa") c.num_kv_heads = 2;
   return c;
 }
 

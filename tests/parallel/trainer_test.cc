@@ -184,6 +184,27 @@ TEST(Layout, ExpertParallelSizeMustDivideRanksAndExperts) {
   EXPECT_FALSE(check(2, 1, 0).ok());
 }
 
+TEST(Layout, TensorParallelSizeMustDivideRanksHeadsAndFfnRows) {
+  const model::ModelConfig c = *model::preset("tiny");  // 4 heads, 1 kv head, ffn 128
+  const auto check = [&](int world, int pp, int tp, int ep = 1) {
+    const int dp = tp > 0 ? world / (pp * tp) : 1;
+    return validate({.dp = dp, .pp = pp, .tp = tp, .ep = ep}, world, c, 8);
+  };
+  EXPECT_TRUE(check(2, 1, 2).ok());
+  EXPECT_TRUE(check(8, 2, 4).ok());
+  const Status heads = check(3, 1, 3);
+  EXPECT_NE(heads.message().find("--tp: tp 3 does not divide num_heads 4"), std::string::npos)
+      << heads.to_string();
+  const Status ranks = check(6, 1, 4);
+  EXPECT_NE(ranks.message().find("--tp 4 does not divide the 6 ranks"), std::string::npos)
+      << ranks.to_string();
+  const Status both = check(4, 1, 2, 2);
+  EXPECT_NE(both.message().find("--tp 2 with --ep 2: tensor and expert parallelism together"),
+            std::string::npos)
+      << both.to_string();
+  EXPECT_FALSE(check(2, 1, 0).ok());
+}
+
 // DataParallel's hooks, handed on, with `arm` called just before the `nth` row exchange: the
 // test arms a transport fault there, so the failure takes the trainer's own path (the expert
 // group keeps it, the block runs on with zero rows, after_unit stops the pass).
@@ -272,6 +293,86 @@ TEST(ExpertParallel, AFailedExchangeStopsEveryRankNamingIt) {
   EXPECT_LT(seconds, 2.0 + 4.0) << "one collective's timeout and the setup at most";
 }
 
+// Rank 0's first send under --tp 2 fails (the sum after layer 0's o_proj): both ranks stop
+// their pass with an error, rank 0's naming the tensor-parallel sum, within one collective's
+// timeout.
+TEST(TensorParallel, AFailedSumStopsEveryRankNamingIt) {
+  const model::ModelConfig c = *model::preset("tiny");
+  const ParallelLayout layout{.dp = 1, .tp = 2};
+  const int64_t rows = 2, seq = 16;
+  std::vector<int64_t> tokens(size_t(rows * seq));
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int64_t(i * 37 % 301);
+  auto store = std::make_shared<comm::MemoryStore>();
+  std::vector<Status> out(2, internal_error("did not run"));
+  const auto started = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      auto t = comm::FaultTransport::create({.name = "rank " + std::to_string(r)});
+      ASSERT_TRUE(t.ok());
+      auto group = comm::Group::connect({.store = store,
+                                         .rank = r,
+                                         .size = 2,
+                                         .timeout = std::chrono::seconds(2),
+                                         .transport = *t,
+                                         .ids_key = "ids"});
+      auto queue = comm::Group::connect({.store = store,
+                                         .rank = r,
+                                         .size = 2,
+                                         .timeout = std::chrono::seconds(5),
+                                         .prefix = "q"});
+      ASSERT_TRUE(group.ok() && queue.ok());
+      auto dp = make_data_parallel(c, layout, {}, std::chrono::seconds(2), {*group, *queue});
+      ASSERT_TRUE(dp.ok()) << dp.status().to_string();
+      std::vector<float> init(size_t((*dp)->layout().total()));
+      model::init_params(c, (*dp)->layout(), 5, init.data());
+      (*dp)->set_params(init.data());
+      (*dp)->begin_step();
+      (*dp)->begin_micro_batch(0);
+      if (r == 0) (*t)->fail({.op = comm::TransportOp::kSend, .nth = 1});
+      model::StagePass pass((*dp)->pass_model(), {0, (*dp)->units().head()}, tokens.data(), rows,
+                            seq, {}, dp->get());
+      out[size_t(r)] = pass.forward(nullptr, true);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  EXPECT_NE(out[0].message().find("summing over the tensor-parallel ranks (--tp)"),
+            std::string::npos)
+      << out[0].to_string();
+  EXPECT_FALSE(out[1].ok());
+  std::printf("rank 0: %s\nrank 1: %s\n", out[0].to_string().c_str(), out[1].to_string().c_str());
+  EXPECT_LT(seconds, 2.0 + 4.0) << "one collective's timeout and the setup at most";
+}
+
+// Every TP rank updates its copy of the replicated parameters alike; a copy that differs is
+// caught before a checkpoint is written, naming the parameter, whether the copies are whole
+// (DDP) or sharded over data-parallel ranks (FSDP).
+TEST(TensorParallel, ACopyThatDriftedIsNamed) {
+  const model::ModelConfig c = testing::model_config("tiny");
+  for (const auto& [ranks, mode] : {std::pair{2, DpMode::kDdp}, std::pair{4, DpMode::kFsdp}}) {
+    run_data_parallel(ranks, c, {.dp_mode = mode, .tp = 2}, [&](DataParallel& dp) {
+      std::vector<float> full(size_t(dp.layout().total()));
+      model::init_params(c, dp.layout(), 3, full.data());
+      dp.set_params(full.data());
+      const Status same = dp.check_tp_replicas();
+      EXPECT_TRUE(same.ok()) << same.to_string();
+      // Every element of the norm: each data-parallel shard of it differs.
+      const model::ParamInfo& p = dp.layout().at("layers.1.moe_norm.weight");
+      if (dp.tp_rank() == 1) {
+        for (int64_t i = 0; i < p.numel(); ++i) full[size_t(p.offset + i)] += 1;
+      }
+      dp.set_params(full.data());
+      const Status drifted = dp.check_tp_replicas();
+      EXPECT_EQ(drifted.code(), StatusCode::kFailedPrecondition) << drifted.to_string();
+      EXPECT_NE(drifted.message().find("rank 1's copy of 'layers.1.moe_norm.weight' differs"),
+                std::string::npos)
+          << drifted.to_string();
+    });
+  }
+}
+
 // ---- checkpoints between layouts -------------------------------------------------------------
 
 // The resumed steps' loss within the layouts' drift of the uninterrupted run's.
@@ -315,13 +416,13 @@ Resumed expect_bit_exact_resume(const TrainOptions& o, int ranks, const std::str
   return {same, straight.out_dir};
 }
 
-// The checkpoint `from` resumes, loaded into another --dp-mode and --ep on `ranks` ranks (the
-// rest of the layout as it was): the straight run's curve up to the layouts' rounding.
-void expect_loads_into(const Resumed& from, int ranks, DpMode mode, int ep,
+// The checkpoint `from` resumes, loaded into `layout` on `ranks` ranks (its micro-batches as
+// they were): the straight run's curve up to the layouts' rounding.
+void expect_loads_into(const Resumed& from, int ranks, ParallelLayout layout,
                        const std::string& name) {
   TrainOptions o = from.options;
-  o.layout.dp_mode = mode;
-  o.layout.ep = ep;
+  layout.micro_batches = o.layout.micro_batches;
+  o.layout = layout;
   o.out_dir = fresh_dir(name);
   for (auto& r : train_on(ranks, o)) ASSERT_TRUE(r.ok()) << name << ": " << r.status().to_string();
   EXPECT_TRUE(same_loss_curve(o.out_dir, from.straight_dir)) << name;
@@ -333,8 +434,10 @@ TEST(Checkpoint, ResumesBitExactlyInItsOwnLayoutAndLoadsIntoAnother) {
   o.steps = 6;
   o.layout.dp_mode = DpMode::kFsdp;
   const Resumed fsdp = expect_bit_exact_resume(o, 2, "fsdp");
-  expect_loads_into(fsdp, 1, DpMode::kFsdp, 1, "one");
-  expect_loads_into(fsdp, 4, DpMode::kZero1, 1, "zero1_4");
+  expect_loads_into(fsdp, 1, {.dp_mode = DpMode::kFsdp}, "one");
+  expect_loads_into(fsdp, 4, {.dp_mode = DpMode::kZero1}, "zero1_4");
+  // Each tensor-parallel rank reads its bands of the whole rows.
+  expect_loads_into(fsdp, 2, {.tp = 2}, "tp2");
 }
 
 // Under expert parallelism each run of experts is written by the ranks that hold it: ZeRO-2
@@ -346,8 +449,23 @@ TEST(Checkpoint, AnExpertParallelOneResumesAndLoadsIntoOtherLayouts) {
   o.layout.dp_mode = DpMode::kZero2;
   o.layout.ep = 2;
   const Resumed ep = expect_bit_exact_resume(o, 4, "ep");
-  expect_loads_into(ep, 1, DpMode::kZero2, 1, "ep_one");
-  expect_loads_into(ep, 2, DpMode::kFsdp, 2, "ep_fsdp");
+  expect_loads_into(ep, 1, {.dp_mode = DpMode::kZero2}, "ep_one");
+  expect_loads_into(ep, 2, {.dp_mode = DpMode::kFsdp, .ep = 2}, "ep_fsdp");
+}
+
+// Under tensor parallelism each rank writes the slices it owns, o_proj's and down_proj's as
+// bands of columns, and a kv head or a replicated tensor once. FSDP 2 x TP 2 resumes
+// bit-exactly, and loads into one process (the bands put together), into TP 2 alone (other
+// rows of each band) and into TP 2 x PP 2.
+TEST(Checkpoint, ATensorParallelOneResumesAndLoadsIntoOtherLayouts) {
+  TrainOptions o = layout_options(make_corpus(), "");
+  o.steps = 5;
+  o.layout.dp_mode = DpMode::kFsdp;
+  o.layout.tp = 2;
+  const Resumed tp = expect_bit_exact_resume(o, 4, "tp");
+  expect_loads_into(tp, 1, {}, "tp_one");
+  expect_loads_into(tp, 2, {.dp_mode = DpMode::kZero2, .tp = 2}, "tp_zero2");
+  expect_loads_into(tp, 4, {.pp = 2, .tp = 2}, "tp_pp2");
 }
 
 // Edits one piece of a written checkpoint's index and expects DataLoss naming the tensor.
@@ -394,6 +512,27 @@ TEST(Checkpoint, AnIndexThatLiesIsDataLoss) {
         t["norm.weight"]["pieces"][0]["file"] = "rank-00007-of-00008.safetensors";
       },
       "rank-00007-of-00008.safetensors");
+  // Bands of columns (version 4, tensor-parallel writers): outside the width, two that
+  // overlap, and a band nobody holds.
+  expect_lie_refused(
+      [](nlohmann::json& t) {
+        t["embed.weight"]["pieces"][0]["cols"] = {0, 65};
+      },
+      "'embed.weight': piece columns [0, 65) outside its 64 columns");
+  expect_lie_refused(
+      [](nlohmann::json& t) {
+        nlohmann::json& pieces = t["layers.1.attn.o_proj.weight"]["pieces"];
+        nlohmann::json left = pieces[0], right = pieces[0];
+        left["cols"] = {0, 40};
+        right["cols"] = {32, 64};
+        pieces = {left, right};
+      },
+      "'layers.1.attn.o_proj.weight': piece columns [32, 64) overlap [0, 40)");
+  expect_lie_refused(
+      [](nlohmann::json& t) {
+        t["v.layers.0.moe.experts.2.down_proj.weight"]["pieces"][0]["cols"] = {0, 64};
+      },
+      "'v.layers.0.moe.experts.2.down_proj.weight': no piece holds columns [64, 128)");
 }
 
 // ---- memory ----------------------------------------------------------------------------------
@@ -415,7 +554,7 @@ TEST(DataParallel, WholeModelIsAViewWhereTheRankHoldsEveryParameter) {
         Case{"tiny", 2, {.dp_mode = DpMode::kZero2}, true},
         Case{"tiny", 2, {.dp_mode = DpMode::kFsdp}, false},
         Case{"tiny_tied", 2, {.pp = 2, .micro_batches = 2}, false},
-        Case{"tiny", 2, {.ep = 2}, false}}) {
+        Case{"tiny", 2, {.ep = 2}, false}, Case{"tiny", 2, {.tp = 2}, false}}) {
     const model::ModelConfig c = testing::model_config(k.model);
     const std::string what = std::string(k.model) + ", " + std::to_string(k.ranks) + " ranks, " +
                              std::string(dp_mode_name(k.layout.dp_mode)) + ", pp " +
@@ -487,26 +626,34 @@ TEST(Fsdp, HoldsAFractionOfTheState) {
 }
 
 // What model-info plans per rank (state_bytes.h) is what every rank of the layout allocates:
-// every mode, one and several data-parallel ranks, one and two stages, tied embeddings (whose
-// last stage keeps a replica of the embedding) and not.
+// every mode, one and several data-parallel ranks, one and two stages, expert and tensor
+// parallelism, tied embeddings (whose last stage keeps a replica of the embedding) and not.
 TEST(StateBytes, PlannedPerRankIsWhatDataParallelHolds) {
   for (bool tied : {false, true}) {
     model::ModelConfig c = *model::preset("tiny");
     c.tie_embeddings = tied;
     for (DpMode mode : {DpMode::kDdp, DpMode::kZero1, DpMode::kZero2, DpMode::kFsdp}) {
-      for (auto [dp, pp, ep] : {std::tuple{1, 1, 1},
-                                {3, 1, 1},
-                                {1, 2, 1},
-                                {2, 2, 1},
-                                {2, 1, 2},
-                                {4, 1, 2},
-                                {2, 2, 2}}) {
-        const ParallelLayout layout{.dp_mode = mode, .dp = dp, .pp = pp, .ep = ep};
+      for (auto [dp, pp, ep, tp] : {std::tuple{1, 1, 1, 1},
+                                    {3, 1, 1, 1},
+                                    {1, 2, 1, 1},
+                                    {2, 2, 1, 1},
+                                    {2, 1, 2, 1},
+                                    {4, 1, 2, 1},
+                                    {2, 2, 2, 1},
+                                    {1, 1, 1, 2},
+                                    {2, 1, 1, 2},
+                                    {1, 2, 1, 2}}) {
+        const ParallelLayout layout{.dp_mode = mode, .dp = dp, .pp = pp, .tp = tp, .ep = ep};
         const std::vector<RankStateBytes> plan = *state_bytes_per_rank(c, layout);
         ASSERT_EQ(plan.size(), size_t(pp));
         const std::string what = std::string(dp_mode_name(mode)) + " dp " + std::to_string(dp) +
                                  " pp " + std::to_string(pp) + " ep " + std::to_string(ep) +
-                                 (tied ? " tied" : "");
+                                 " tp " + std::to_string(tp) + (tied ? " tied" : "");
+        // Tensor parallelism divides every block's matrices.
+        if (tp > 1) {
+          const ParallelLayout no_tp{.dp_mode = mode, .dp = dp, .pp = pp};
+          EXPECT_LT(plan[0].total(), (*state_bytes_per_rank(c, no_tp))[0].total()) << what;
+        }
         // Expert parallelism divides what is kept whole; FSDP keeps nothing whole, and cutting
         // each expert over every rank or each rank's experts over their holders is the same.
         if (ep > 1) {
@@ -518,7 +665,7 @@ TEST(StateBytes, PlannedPerRankIsWhatDataParallelHolds) {
             EXPECT_LT(plan[0].total(), without) << what;
           }
         }
-        testing::run_data_parallel(dp * pp, c, layout, [&](DataParallel& d) {
+        testing::run_data_parallel(dp * pp * tp, c, layout, [&](DataParallel& d) {
           const RankStateBytes& p = plan[size_t(place_in(layout, d.job_rank()).stage)];
           std::vector<int> held = p.held.units;
           if (p.held.tied_replica) held.insert(held.begin(), 0);

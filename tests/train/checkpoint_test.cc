@@ -99,11 +99,18 @@ TEST(CheckpointState, FieldsOutOfRangeAreNamed) {
 TEST(CheckpointState, OtherVersionsAreNamed) {
   std::string text = state_to_json(sample_state());
   Result<StateFile> r =
-      state_from_json(replaced(text, "\"format_version\": 3", "\"version\": 1"), "s");
+      state_from_json(replaced(text, "\"format_version\": 4", "\"version\": 1"), "s");
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(r.status().message().find("format version 1, this build reads version 3"),
+  EXPECT_NE(r.status().message().find("format version 1, this build reads version 4"),
             std::string::npos)
       << r.status().message();
+  // Version 3 is version 4 without column bands: read as it is. Version 5 is not.
+  Result<StateFile> v3 = state_from_json(
+      seal_state_text(replaced(text, "\"format_version\": 4", "\"format_version\": 3")), "s");
+  EXPECT_TRUE(v3.ok()) << v3.status().to_string();
+  Result<StateFile> v5 = state_from_json(
+      seal_state_text(replaced(text, "\"format_version\": 4", "\"format_version\": 5")), "s");
+  EXPECT_EQ(v5.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(state_from_json("[1, 2]", "s").status().code(), StatusCode::kDataLoss);
 }
 

@@ -86,7 +86,7 @@ Result<BenchTrainResult> bench_train(const BenchTrainOptions& o) {
   WL_ASSIGN_OR_RETURN(comm::LaunchEnv env, comm::read_launch_env());
   WL_ASSIGN_OR_RETURN(parallel::Job job, parallel::connect_job(env, timeout));
   parallel::ParallelLayout layout = o.layout;
-  layout.dp = job.size() / std::max(layout.pp, 1);
+  layout.dp = job.size() / std::max(layout.pp * layout.tp, 1);
   WL_RETURN_IF_ERROR(parallel::validate(layout, job.size(), cfg, o.batch));
   WL_RETURN_IF_ERROR(model::check_training_memory(
       cfg, "'" + o.preset + "'", std::max<int64_t>(1, o.batch / (layout.dp * layout.micro_batches)),
@@ -160,6 +160,7 @@ std::string BenchTrainResult::to_json(const BenchTrainOptions& o) const {
       {"peak_activation_bytes_per_rank", peak_activation_bytes},
       {"pp", o.layout.pp},
       {"ep", o.layout.ep},
+      {"tp", o.layout.tp},
       {"pp_schedule", std::string(parallel::pipeline_schedule_name(o.layout.schedule))},
       {"bubble", bubble},
       {"bubble_theory", bubble_theory},

@@ -6,6 +6,7 @@
 
 #include "report/units.h"
 #include "weightlift/model/pass.h"
+#include "weightlift/model/tensor_slices.h"
 #include "weightlift/parallel/pipeline_schedule.h"
 #include "weightlift/parallel/state_bytes.h"
 
@@ -87,8 +88,9 @@ Result<std::string> per_rank_state_report(const model::ModelConfig& config,
                       parallel::state_bytes_per_rank(config, layout));
   std::ostringstream os;
   char line[256];
-  os << "  per rank: " << int64_t(layout.dp) * layout.pp << " ranks, dp " << layout.dp << " x pp "
-     << layout.pp << (layout.ep > 1 ? ", ep " + std::to_string(layout.ep) : "") << ", "
+  os << "  per rank: " << int64_t(layout.dp) * layout.pp * layout.tp << " ranks, dp " << layout.dp
+     << " x pp " << layout.pp << (layout.tp > 1 ? " x tp " + std::to_string(layout.tp) : "")
+     << (layout.ep > 1 ? ", ep " + std::to_string(layout.ep) : "") << ", "
      << parallel::dp_mode_name(layout.dp_mode) << " (f32 parameters and AdamW, between steps)\n";
   std::snprintf(line, sizeof line, "    %-5s %-36s %10s %12s %12s %12s %13s\n", "stage", "units",
                 "weights", "gradients", "AdamW m+v", "total", "largest unit");
@@ -141,7 +143,10 @@ Result<std::string> per_rank_activation_report(const model::ModelConfig& config,
       mul_sat(mul_sat(uint64_t(rows), uint64_t(seq)), mul_sat(uint64_t(config.hidden_size), 4));
   for (const parallel::RankStateBytes& r : ranks) {
     const model::Stage stage{r.held.units.front(), r.held.units.back()};
-    const uint64_t one = model::activation_bytes(config, stage, rows, seq, checkpointing);
+    // A tensor-parallel rank's pass runs on its slices' config: its heads' and ffn rows'
+    // activations, the full-width ones whole.
+    const uint64_t one = model::activation_bytes(model::tp_config(config, layout.tp), stage, rows,
+                                                 seq, checkpointing);
     // One stage alone runs each micro-batch's forward and backward before the next one's.
     const int in_flight = layout.pp > 1 ? parallel::most_in_flight(layout.schedule, layout.pp,
                                                                    layout.micro_batches, r.stage)

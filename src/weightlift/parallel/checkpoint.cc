@@ -11,12 +11,15 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
+#include <span>
 
 #include "weightlift/core/checksum.h"
 #include "weightlift/core/file_io.h"
 #include "weightlift/core/json_record.h"
 #include "weightlift/core/safetensors.h"
+#include "weightlift/model/tensor_slices.h"
 #include "weightlift/parallel/pipeline.h"
 
 namespace wl::parallel {
@@ -46,8 +49,10 @@ std::string rank_file(int rank, int ranks) {
   return buf;
 }
 
-Shape rows_shape(const model::ParamInfo& p, ShardRows rows) {
-  Shape s = p.shape;
+// The shape of a piece: the parameter's with its rows (and a band of columns: [rows, cols]).
+Shape piece_shape(const Shape& shape, ShardRows rows, std::optional<ShardRows> cols) {
+  if (cols) return {rows.size(), cols->size()};
+  Shape s = shape;
   s[0] = rows.size();
   return s;
 }
@@ -63,28 +68,38 @@ Status agree(DataParallel& dp, const Status& mine, const std::string& what) {
   return ok_status();
 }
 
-// The index of what every rank writes: the k-th of a tensor's holders (UnitParts::holders:
-// every data-parallel rank of its stage, or for an expert the ranks that run it) holds
-// core/shard.h's rows k of it, over the holders.
+// The index of what every rank writes. Of each tensor-parallel rank's slice of a tensor
+// (model/tensor_slices.h; the whole tensor without --tp) that the rank owns, the k-th of its
+// holders (UnitParts::holders: every data-parallel rank of its stage, or for an expert the
+// ranks that run it) holds core/shard.h's rows k of the slice, over the holders.
 json tensor_index(DataParallel& dp) {
   const model::ParamLayout& layout = dp.layout();
   const int dp_ranks = dp.ranks(), pp = dp.options().layout.pp, ep = dp.options().layout.ep;
+  const int tp = dp.tp(), job_size = pp * dp_ranks * tp;
   std::vector<model::Stage> stages = pipeline_stages(dp.units(), pp);
   json tensors = json::object();
   for (int stage = 0; stage < pp; ++stage) {
     for (int u = stages[size_t(stage)].first; u <= stages[size_t(stage)].last; ++u) {
       for (size_t index : dp.units().params(u)) {
         const model::ParamInfo& p = layout.params()[index];
-        for (StateKind kind : {StateKind::kWeights, StateKind::kM, StateKind::kV}) {
-          json pieces = json::array();
+        const int64_t width = p.numel() / p.shape[0];
+        json pieces = json::array();
+        for (int t = 0; t < tp; ++t) {
+          const model::TensorSlice s = model::tensor_slice(dp.config(), p, tp, t);
+          if (!s.owner) continue;
           const std::vector<int> holders =
               UnitParts::holders(p, dp_ranks, ep, dp.config().num_experts);
           for (size_t k = 0; k < holders.size(); ++k) {
-            const ShardRows rows = shard_rows(p.shape[0], int(holders.size()), int(k));
-            if (rows.size() == 0) continue;
-            pieces.push_back({{"file", rank_file(stage * dp_ranks + holders[k], pp * dp_ranks)},
-                              {"rows", {rows.begin, rows.end}}});
+            const ShardRows r = shard_rows(s.rows.size(), int(holders.size()), int(k));
+            if (r.size() == 0) continue;
+            const int rank = (stage * dp_ranks + holders[k]) * tp + t;
+            json piece = {{"file", rank_file(rank, job_size)},
+                          {"rows", {s.rows.begin + r.begin, s.rows.begin + r.end}}};
+            if (s.cols.size() != width) piece["cols"] = {s.cols.begin, s.cols.end};
+            pieces.push_back(std::move(piece));
           }
+        }
+        for (StateKind kind : {StateKind::kWeights, StateKind::kM, StateKind::kV}) {
           tensors[state_name(p, kind)] = {{"shape", p.shape}, {"pieces", pieces}};
         }
       }
@@ -98,13 +113,13 @@ json tensor_index(DataParallel& dp) {
 std::string first_untrusted(DataParallel& dp, const std::vector<StateRows>& rows) {
   for (const StateRows& r : rows) {
     const model::ParamInfo& p = dp.layout().params()[r.param];
-    const int64_t per_row = p.numel() / std::max<int64_t>(p.shape[0], 1);
-    const int64_t n = r.rows.size() * per_row;
-    for (int64_t i = 0; i < n; ++i) {
+    const int64_t per_row = p.numel() / std::max<int64_t>(p.shape[0], 1), w = r.width(p);
+    const int64_t first_col = r.cols ? r.cols->begin : 0;
+    for (int64_t i = 0; i < r.elems(p); ++i) {
       const float x = r.data[i];
       if (std::isfinite(x) && !(r.kind == StateKind::kV && x < 0)) continue;
-      return state_name(p, r.kind) + "[" + std::to_string(r.rows.begin * per_row + i) +
-             "] = " + std::to_string(x);
+      const int64_t at = (r.rows.begin + i / w) * per_row + first_col + i % w;
+      return state_name(p, r.kind) + "[" + std::to_string(at) + "] = " + std::to_string(x);
     }
   }
   return {};
@@ -118,7 +133,7 @@ Result<uint64_t> write_rank_file(const std::string& path, DataParallel& dp) {
   std::map<std::string, std::string> metadata = {{"format", "pt"}};
   for (const StateRows& r : dp.own_rows()) {
     const model::ParamInfo& p = dp.layout().params()[r.param];
-    Tensor t = Tensor::borrow(r.data, DType::kF32, rows_shape(p, r.rows));
+    Tensor t = Tensor::borrow(r.data, DType::kF32, piece_shape(p.shape, r.rows, r.cols));
     const std::string name = state_name(p, r.kind);
     sums[name] = xxh3_64(t.bytes());
     metadata[train::tensor_checksum_key(name)] = checksum_hex(sums[name]);
@@ -150,6 +165,7 @@ Status write_state(const std::string& path, DataParallel& dp, const TrainState& 
   f.layout = {{"dp", dp.ranks()},
               {"pp", l.pp},
               {"ep", l.ep},
+              {"tp", l.tp},
               {"dp_mode", std::string(dp_mode_name(l.dp_mode))},
               {"micro_batches", l.micro_batches}};
   f.tensors = tensor_index(dp);
@@ -179,6 +195,7 @@ Result<std::string> make_staging(const std::string& dir, DataParallel& dp) {
 Status save_checkpoint(const std::string& dir, DataParallel& dp, const TrainState& state,
                        const std::map<std::string, std::string>& extra_files) {
   // Never from a state a run could not continue from: the last good checkpoint stays.
+  WL_RETURN_IF_ERROR(agree(dp, dp.check_tp_replicas(), "writing checkpoint " + dir));
   const std::string bad = first_untrusted(dp, dp.own_rows());
   WL_RETURN_IF_ERROR(agree(dp,
                            bad.empty() ? ok_status()
@@ -218,13 +235,14 @@ Status save_checkpoint(const std::string& dir, DataParallel& dp, const TrainStat
 namespace {
 
 struct Piece {
-  std::string file;  // path
-  int64_t begin = 0, end = 0;
+  std::string file;               // path
+  int64_t begin = 0, end = 0;     // rows
+  std::optional<ShardRows> cols;  // a band of columns; null: every column
 };
 
 struct IndexEntry {
   Shape shape;
-  std::vector<Piece> pieces;  // by begin
+  std::vector<Piece> pieces;  // by first column, then first row
 };
 
 Result<train::StateFile> read_state_file(const std::string& dir) {
@@ -248,10 +266,18 @@ std::map<std::string, IndexEntry> read_index(const json& tensors, const std::str
       }
       const std::vector<int64_t> rows = int_array_field(piece.at("rows"));
       if (rows.size() != 2) throw_field_error(piece.at("rows"), "expected [begin, end]");
-      e.pieces.push_back({dir + "/" + file, rows[0], rows[1]});
+      std::optional<ShardRows> cols;
+      if (piece.contains("cols")) {
+        const std::vector<int64_t> c = int_array_field(piece.at("cols"));
+        if (c.size() != 2) throw_field_error(piece.at("cols"), "expected [begin, end]");
+        cols = ShardRows{c[0], c[1]};
+      }
+      e.pieces.push_back({dir + "/" + file, rows[0], rows[1], cols});
     }
-    std::sort(e.pieces.begin(), e.pieces.end(),
-              [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
+    std::sort(e.pieces.begin(), e.pieces.end(), [](const Piece& a, const Piece& b) {
+      const int64_t ca = a.cols ? a.cols->begin : 0, cb = b.cols ? b.cols->begin : 0;
+      return ca != cb ? ca < cb : a.begin < b.begin;
+    });
     out[name] = std::move(e);
   }
   return out;
@@ -274,47 +300,116 @@ class PieceReader {
  public:
   explicit PieceReader(const std::map<std::string, uint64_t>& digests) : digests_(digests) {}
 
-  // Copies rows `want` of tensor `name` (shape `shape`) into dst from the pieces that hold
-  // them; every row must be covered.
+  // Copies rows `want` x columns `want_cols` (null: every column) of tensor `name` (shape
+  // `shape`, viewed as [shape[0], numel / shape[0]]) into dst, row-major, from the pieces that
+  // hold them; every element must be covered. Pieces come in bands of columns (a
+  // tensor-parallel writer's), each band's pieces in bands of rows.
   Status read(const std::string& name, const IndexEntry& e, const Shape& shape, ShardRows want,
-              float* dst, const std::string& where) {
+              std::optional<ShardRows> want_cols, float* dst, const std::string& where) {
     if (e.shape != shape) {
       return data_loss(where + ": tensor '" + name + "' has shape " + shape_str(e.shape) +
                        " in the index, the model's is " + shape_str(shape));
     }
-    const int64_t row = shape_numel(shape) / std::max<int64_t>(shape[0], 1);
+    const int64_t width = shape_numel(shape) / std::max<int64_t>(shape[0], 1);
+    const ShardRows cols = want_cols.value_or(ShardRows{0, width});
+    const std::string what = where + ": tensor '" + name + "'";
+    auto band_of = [&](const Piece& p) { return p.cols.value_or(ShardRows{0, width}); };
+    auto show = [](ShardRows r) {
+      return "[" + std::to_string(r.begin) + ", " + std::to_string(r.end) + ")";
+    };
+    // The bands of columns, checked before anything is read: inside the width, disjoint, and
+    // covering the columns wanted.
+    std::vector<std::pair<ShardRows, std::span<const Piece>>> bands;
+    for (size_t i = 0; i < e.pieces.size();) {
+      const ShardRows c = band_of(e.pieces[i]);
+      if (c.begin < 0 || c.end > width || c.begin >= c.end) {
+        return data_loss(what + ": piece columns " + show(c) + " outside its " +
+                         std::to_string(width) + " columns");
+      }
+      if (!bands.empty() && c.begin < bands.back().first.end) {
+        return data_loss(what + ": piece columns " + show(c) + " overlap " +
+                         show(bands.back().first));
+      }
+      size_t next = i;  // the band's pieces are [i, next)
+      for (; next < e.pieces.size() && band_of(e.pieces[next]).begin == c.begin; ++next) {
+        if (band_of(e.pieces[next]).end != c.end) {
+          return data_loss(what + ": piece columns " + show(band_of(e.pieces[next])) + " overlap " +
+                           show(c));
+        }
+      }
+      bands.emplace_back(c, std::span(e.pieces).subspan(i, next - i));
+      i = next;
+    }
+    int64_t covered = cols.begin;  // columns below this are held
+    for (const auto& [c, pieces] : bands) {
+      if (c.end <= covered || c.begin >= cols.end) continue;
+      if (c.begin > covered) break;  // a gap
+      covered = std::min(c.end, cols.end);
+    }
+    if (covered < cols.end) {
+      return data_loss(what + ": no piece holds columns " + show({covered, cols.end}));
+    }
+    for (const auto& [c, pieces] : bands) {
+      const ShardRows copy{std::max(c.begin, cols.begin), std::min(c.end, cols.end)};
+      if (copy.size() <= 0) continue;
+      WL_RETURN_IF_ERROR(read_band(name, what, pieces, shape, c, want, copy, cols, dst));
+    }
+    return ok_status();
+  }
+
+ private:
+  // Rows `want` x columns `copy` (inside the band `band` of every piece in `pieces`) into
+  // dst, whose rows are `dst_cols` wide.
+  Status read_band(const std::string& name, const std::string& what, std::span<const Piece> pieces,
+                   const Shape& shape, ShardRows band, ShardRows want, ShardRows copy,
+                   ShardRows dst_cols, float* dst) {
     int64_t covered = want.begin;  // rows below this are copied
-    for (const Piece& p : e.pieces) {
+    for (const Piece& p : pieces) {
       if (p.begin < 0 || p.end > shape[0] || p.begin > p.end) {
-        return data_loss(where + ": tensor '" + name + "': piece rows [" + std::to_string(p.begin) +
-                         ", " + std::to_string(p.end) + ") outside its " +
-                         std::to_string(shape[0]) + " rows");
+        return data_loss(what + ": piece rows [" + std::to_string(p.begin) + ", " +
+                         std::to_string(p.end) + ") outside its " + std::to_string(shape[0]) +
+                         " rows");
       }
       const int64_t b = std::max(p.begin, covered), end = std::min(p.end, want.end);
       if (b >= end) continue;
       if (b > covered) break;  // a gap
       Result<File*> f = open(p.file);
       if (!f.ok() && f.status().code() == StatusCode::kNotFound) {
-        return data_loss(where + ": tensor '" + name +
-                         "': its piece's file is missing: " + f.status().message());
+        return data_loss(what + ": its piece's file is missing: " + f.status().message());
       }
       WL_RETURN_IF_ERROR(f.status());
-      Shape piece_shape = shape;
-      piece_shape[0] = p.end - p.begin;
-      WL_ASSIGN_OR_RETURN(Tensor t, (*f)->file.get(name, DType::kF32, piece_shape));
+      Result<Tensor> got =
+          (*f)->file.get(name, DType::kF32, piece_shape(shape, {p.begin, p.end}, p.cols));
+      if (!got.ok() && got.status().code() == StatusCode::kInvalidArgument) {
+        return data_loss(
+            what + ": the index's piece is not what its file holds: " + got.status().message());
+      }
+      WL_RETURN_IF_ERROR(got.status());
+      const Tensor& t = *got;
       WL_RETURN_IF_ERROR(verify(**f, name, t));
-      std::memcpy(dst + (b - want.begin) * row, t.data<float>() + (b - p.begin) * row,
-                  size_t((end - b) * row) * sizeof(float));
+      const int64_t src_w = band.size(), dst_w = dst_cols.size(), n = copy.size();
+      const float* src = t.data<float>() + (b - p.begin) * src_w + (copy.begin - band.begin);
+      float* out = dst + (b - want.begin) * dst_w + (copy.begin - dst_cols.begin);
+      if (n == src_w && n == dst_w) {
+        std::memcpy(out, src, size_t((end - b) * n) * sizeof(float));
+      } else {
+        for (int64_t r = 0; r < end - b; ++r) {
+          std::memcpy(out + r * dst_w, src + r * src_w, size_t(n) * sizeof(float));
+        }
+      }
       covered = end;
     }
     if (covered < want.end) {
-      return data_loss(where + ": tensor '" + name + "': no piece holds rows [" +
-                       std::to_string(covered) + ", " + std::to_string(want.end) + ")");
+      return data_loss(what + ": no piece holds rows [" + std::to_string(covered) + ", " +
+                       std::to_string(want.end) + ")" +
+                       (band.size() == shape_numel(shape) / std::max<int64_t>(shape[0], 1)
+                            ? ""
+                            : " of columns [" + std::to_string(band.begin) + ", " +
+                                  std::to_string(band.end) + ")"));
     }
     return ok_status();
   }
 
- private:
   struct File {
     SafetensorsFile file;
     std::map<std::string, uint64_t> sums;  // from its metadata
@@ -388,7 +483,7 @@ Status load_rows(const std::string& dir, DataParallel& dp, TrainState* st) {
     const std::string name = state_name(p, r.kind);
     auto it = index.find(name);
     if (it == index.end()) return data_loss(path + ": no tensor '" + name + "' in the index");
-    WL_RETURN_IF_ERROR(reader.read(name, it->second, p.shape, r.rows, r.data, path));
+    WL_RETURN_IF_ERROR(reader.read(name, it->second, p.shape, r.rows, r.cols, r.data, path));
   }
   if (const std::string bad = first_untrusted(dp, rows); !bad.empty()) {
     return data_loss(dir + ": " + bad + ": not a state a run can continue from");

@@ -6,8 +6,10 @@
 #include "weightlift/comm/allgather.h"
 #include "weightlift/comm/allreduce.h"
 #include "weightlift/core/check.h"
+#include "weightlift/core/checksum.h"
 #include "weightlift/core/timing.h"
 #include "weightlift/kernels/optimizer.h"
+#include "weightlift/model/tensor_slices.h"
 
 namespace wl::parallel {
 namespace {
@@ -25,7 +27,12 @@ DataParallel::DataParallel(const model::ModelConfig& config, const DataParallelO
     : config_(config),
       layout_(config_),
       units_(config_, layout_),
-      parts_(config_, layout_, units_, options.layout.ep,
+      tp_(options.layout.tp),
+      tp_rank_(ranks.tensor ? ranks.tensor->rank() : 0),
+      held_config_(model::tp_config(config_, tp_)),
+      held_layout_(held_config_),
+      held_units_(held_config_, held_layout_),
+      parts_(held_config_, held_layout_, held_units_, options.layout.ep,
              ranks.experts ? ranks.experts->rank() : 0),
       rope_(kernels::make_rope_table(config.max_seq_len, config.head_dim, config.rope_theta,
                                      config.rope_ntk_alpha)),
@@ -44,6 +51,20 @@ DataParallel::DataParallel(const model::ModelConfig& config, const DataParallelO
   }
   WL_CHECK((options_.layout.ep > 1) == (experts_ != nullptr))
       << "--ep " << options_.layout.ep << " needs its expert group, and only it";
+  if (ranks.tensor) {
+    tensor_ = std::make_unique<TensorGroup>(std::move(ranks.tensor), std::move(ranks.tensor_kv),
+                                            options_.timeout, &hook_failure_, &comm_.exposed_s);
+  }
+  WL_CHECK((tp_ > 1) == (tensor_ != nullptr) && (!tensor_ || tensor_->ranks() == tp_))
+      << "--tp " << tp_ << " needs its tensor-parallel group of as many ranks, and only it";
+  WL_CHECK(!tensor_ || tensor_->kv_copies() == model::kv_copies(config_, tp_))
+      << "the kv group has " << tensor_->kv_copies() << " ranks, the model shares each kv head "
+      << "over " << model::kv_copies(config_, tp_);
+  for (const model::ParamInfo& p : layout_.params()) {
+    const model::TensorSlice s = model::tensor_slice(config_, p, tp_, tp_rank_);
+    owned_.push_back(s.owner);
+    replicated_.push_back(s.rows.size() * s.cols.size() == p.numel());
+  }
   WL_CHECK(config_.validate().ok()) << config_.validate().to_string();
   if (group_) {
     rank_ = group_->rank();
@@ -77,13 +98,13 @@ DataParallel::DataParallel(const model::ModelConfig& config, const DataParallelO
     for (const UnitPart& part : parts_.of(u)) {
       // A run of experts is cut over the ranks that hold it: one per expert group.
       const bool experts = part.over == Over::kExpertData;
-      PartShards s{
-          .of = &part,
-          .shards = UnitShards(layout_, part.params, part.model, experts ? ranks_ / ep : ranks_),
-          .held = part.held,
-          .packed = packed,
-          .rank = experts ? rank_ / ep : rank_,
-          .over = part.over};
+      PartShards s{.of = &part,
+                   .shards = UnitShards(held_layout_, part.params, part.model,
+                                        experts ? ranks_ / ep : ranks_),
+                   .held = part.held,
+                   .packed = packed,
+                   .rank = experts ? rank_ / ep : rank_,
+                   .over = part.over};
       packed += s.shards.packed_elems();
       shards_[size_t(u)].push_back(std::move(s));
     }
@@ -146,7 +167,7 @@ void DataParallel::build_slices() {
     for (const PartShards& part : shards_[size_t(u)]) {
       if (!l.shards_optimizer()) {
         for (size_t index : part.of->params) {
-          const model::ParamInfo& info = layout_.params()[index];
+          const model::ParamInfo& info = held_layout_.params()[index];
           const int64_t at = whole_at(u) + part.held + info.offset - part.of->model.begin;
           slices_.push_back({p + at, g + at, m + at, v + at, info.numel(), info.decay});
         }
@@ -161,13 +182,19 @@ void DataParallel::build_slices() {
                            .m = m + at_packed,
                            .v = v + at_packed,
                            .n = piece.elems(),
-                           .decay = layout_.params()[piece.param].decay});
+                           .decay = held_layout_.params()[piece.param].decay});
       }
     }
   }
 }
 
 void DataParallel::set_params(const float* full) {
+  std::vector<float> slices;
+  if (tp_ > 1) {  // this rank's slices, in the held layout
+    slices.resize(size_t(held_layout_.total()));
+    model::slice_params(config_, layout_, held_layout_, tp_, tp_rank_, full, slices.data());
+    full = slices.data();
+  }
   for (int u : held_) {
     for (const PartShards& part : shards_[size_t(u)]) {
       const float* src = full + part.of->model.begin;
@@ -192,12 +219,49 @@ void DataParallel::copy_held(Tensor& held, float* full) {
 }
 
 Status DataParallel::gather_params(float* full) {
-  if (!options_.layout.shards_parameters()) {
-    copy_held(params_, full);
-  } else {
-    WL_RETURN_IF_ERROR(gather_units(params_.data<float>(), full));
+  std::vector<float> slices;
+  float* held = full;
+  if (tp_ > 1) {
+    slices.resize(size_t(held_layout_.total()));
+    held = slices.data();
   }
-  return gather_experts(full);
+  if (!options_.layout.shards_parameters()) {
+    copy_held(params_, held);
+  } else {
+    WL_RETURN_IF_ERROR(gather_units(params_.data<float>(), held));
+  }
+  WL_RETURN_IF_ERROR(gather_experts(held));
+  return tp_ > 1 ? unslice_over_tensor(held, full) : ok_status();
+}
+
+// Each held unit's range of `full` rebuilt from the TP ranks' slices: every rank writes the
+// slices it owns into zeros and the group sums, which is exact (x + 0 = x).
+Status DataParallel::unslice_over_tensor(const float* local, float* full) {
+  for (int u : held_) {
+    const model::FlatRange r = units_.range(u);
+    std::memset(full + r.begin, 0, size_t(r.size()) * sizeof(float));
+    model::unslice_owned(config_, layout_, held_layout_, tp_, tp_rank_, units_.params(u), local,
+                         full);
+    WL_RETURN_IF_ERROR(comm::allreduce(tensor_->group(), {.recv = full + r.begin,
+                                                          .count = size_t(r.size()),
+                                                          .dtype = DType::kF32,
+                                                          .op = comm::ReduceOp::kSum,
+                                                          .timeout = options_.timeout}));
+  }
+  return ok_status();
+}
+
+StateRows DataParallel::whole_rows(size_t param, StateKind kind, ShardRows held_rows,
+                                   float* data) const {
+  if (tp_ == 1) return {param, kind, held_rows, std::nullopt, data};
+  const model::ParamInfo& p = layout_.params()[param];
+  const model::TensorSlice s = model::tensor_slice(config_, p, tp_, tp_rank_);
+  const bool every_column = s.cols.size() == p.numel() / p.shape[0];
+  return {param,
+          kind,
+          {s.rows.begin + held_rows.begin, s.rows.begin + held_rows.end},
+          every_column ? std::nullopt : std::optional<ShardRows>(s.cols),
+          data};
 }
 
 // Under expert parallelism each rank of an expert group has put its own run of every held
@@ -220,7 +284,7 @@ Status DataParallel::gather_experts(float* full) {
 }
 
 const float* DataParallel::whole_model() const {
-  if (options_.layout.shards_parameters() || replica_ >= 0 || parts_.divides_experts() ||
+  if (tp_ > 1 || options_.layout.shards_parameters() || replica_ >= 0 || parts_.divides_experts() ||
       int(held_.size()) != units_.count()) {
     return nullptr;
   }
@@ -290,16 +354,19 @@ std::vector<StateRows> DataParallel::own_rows() {
     if (u == replica_) continue;  // the first stage writes the embedding
     for (const PartShards& part : shards_[size_t(u)]) {
       for (const ShardPiece& piece : part.shards.pieces(part.rank)) {
-        if (piece.elems() == 0) continue;
+        // Under --tp a replicated parameter is written by its owner only.
+        if (piece.elems() == 0 || !owned_[piece.param]) continue;
         const int64_t packed = packed_at(u) + part.packed + piece.packed_offset;
         const int64_t whole = whole_at(u) + part.held + piece.unit_offset;
         auto at = [&](Tensor& t, bool sharded) {
           return t.data<float>() + (sharded ? packed : whole);
         };
+        out.push_back(whole_rows(piece.param, StateKind::kWeights, piece.rows,
+                                 at(params_, l.shards_parameters())));
         out.push_back(
-            {piece.param, StateKind::kWeights, piece.rows, at(params_, l.shards_parameters())});
-        out.push_back({piece.param, StateKind::kM, piece.rows, at(m_, l.shards_optimizer())});
-        out.push_back({piece.param, StateKind::kV, piece.rows, at(v_, l.shards_optimizer())});
+            whole_rows(piece.param, StateKind::kM, piece.rows, at(m_, l.shards_optimizer())));
+        out.push_back(
+            whole_rows(piece.param, StateKind::kV, piece.rows, at(v_, l.shards_optimizer())));
       }
     }
   }
@@ -313,25 +380,27 @@ std::vector<StateRows> DataParallel::rows_to_load() {
     for (const PartShards& part : shards_[size_t(u)]) {
       // Whole states: every row of the part's parameters. Sharded ones: this rank's own rows.
       for (size_t i : part.of->params) {
-        const model::ParamInfo& info = layout_.params()[i];
+        const model::ParamInfo& info = held_layout_.params()[i];
         const int64_t at = whole_at(u) + part.held + info.offset - part.of->model.begin;
+        const ShardRows all{0, info.shape[0]};
         if (!l.shards_parameters()) {
-          out.push_back({i, StateKind::kWeights, {0, info.shape[0]}, params_.data<float>() + at});
+          out.push_back(whole_rows(i, StateKind::kWeights, all, params_.data<float>() + at));
         }
         if (!l.shards_optimizer()) {
-          out.push_back({i, StateKind::kM, {0, info.shape[0]}, m_.data<float>() + at});
-          out.push_back({i, StateKind::kV, {0, info.shape[0]}, v_.data<float>() + at});
+          out.push_back(whole_rows(i, StateKind::kM, all, m_.data<float>() + at));
+          out.push_back(whole_rows(i, StateKind::kV, all, v_.data<float>() + at));
         }
       }
       for (const ShardPiece& piece : part.shards.pieces(part.rank)) {
         if (piece.elems() == 0) continue;
         const int64_t at = packed_at(u) + part.packed + piece.packed_offset;
         if (l.shards_parameters()) {
-          out.push_back({piece.param, StateKind::kWeights, piece.rows, params_.data<float>() + at});
+          out.push_back(
+              whole_rows(piece.param, StateKind::kWeights, piece.rows, params_.data<float>() + at));
         }
         if (l.shards_optimizer()) {
-          out.push_back({piece.param, StateKind::kM, piece.rows, m_.data<float>() + at});
-          out.push_back({piece.param, StateKind::kV, piece.rows, v_.data<float>() + at});
+          out.push_back(whole_rows(piece.param, StateKind::kM, piece.rows, m_.data<float>() + at));
+          out.push_back(whole_rows(piece.param, StateKind::kV, piece.rows, v_.data<float>() + at));
         }
       }
     }
@@ -359,7 +428,7 @@ model::PassModel DataParallel::pass_model() {
     if (!l.shards_parameters()) parts_.bind(u, whole_unit(params_, u), w);
     if (!l.shards_gradients()) parts_.bind(u, whole_unit(grads_, u), g);
   }
-  return {config_, layout_, units_, rope_, std::move(w), std::move(g)};
+  return {held_config_, held_layout_, held_units_, rope_, std::move(w), std::move(g)};
 }
 
 // The units whose parameters unit u reads: itself, and the embedding for a tied head.
@@ -459,10 +528,62 @@ Status DataParallel::sum_over_ranks(double* values, size_t n) {
   return sum_in_rank_order(*group_, values, n, options_.timeout);
 }
 
-Status DataParallel::sum_over_job(double* values, size_t n) {
+Status DataParallel::sum_over_replica(double* values, size_t n) {
   WL_RETURN_IF_ERROR(sum_over_ranks(values, n));
   if (!stages_ || stages_->size() == 1) return ok_status();
   return sum_in_rank_order(*stages_, values, n, options_.timeout);
+}
+
+Status DataParallel::sum_over_job(double* values, size_t n) {
+  WL_RETURN_IF_ERROR(sum_over_replica(values, n));
+  if (!tensor_) return ok_status();
+  return sum_in_rank_order(tensor_->group(), values, n, options_.timeout);
+}
+
+Status DataParallel::check_tp_replicas() {
+  if (!tensor_) return ok_status();
+  // One checksum per replicated parameter this rank holds (whole, or its data-parallel shard:
+  // the same rows on every TP rank of a data-parallel rank), in held order.
+  std::vector<uint64_t> sums;
+  std::vector<size_t> params;
+  const bool sharded = options_.layout.shards_parameters();
+  const float* w = params_.data<float>();
+  auto add = [&](size_t param, const float* data, int64_t n) {
+    sums.push_back(xxh3_64(std::span(reinterpret_cast<const std::byte*>(data), size_t(n) * 4)));
+    params.push_back(param);
+  };
+  for (int u : held_) {
+    for (const PartShards& part : shards_[size_t(u)]) {
+      if (sharded) {
+        for (const ShardPiece& piece : part.shards.pieces(part.rank)) {
+          if (!replicated_[piece.param]) continue;
+          add(piece.param, w + packed_at(u) + part.packed + piece.packed_offset, piece.elems());
+        }
+        continue;
+      }
+      for (size_t i : part.of->params) {
+        if (!replicated_[i]) continue;
+        const model::ParamInfo& info = held_layout_.params()[i];
+        add(i, w + whole_at(u) + part.held + info.offset - part.of->model.begin, info.numel());
+      }
+    }
+  }
+  std::vector<uint64_t> all(sums.size() * size_t(tp_));
+  WL_RETURN_IF_ERROR(comm::allgather(tensor_->group(), {.send = sums.data(),
+                                                        .recv = all.data(),
+                                                        .count = sums.size() * 8,
+                                                        .dtype = DType::kU8,
+                                                        .timeout = options_.timeout}));
+  for (size_t i = 0; i < sums.size(); ++i) {
+    for (int r = 0; r < tp_; ++r) {
+      if (all[size_t(r) * sums.size() + i] == all[i]) continue;
+      return failed_precondition("tensor-parallel rank " + std::to_string(r) + "'s copy of '" +
+                                 layout_.params()[params[i]].name +
+                                 "' differs from rank 0's: the copies every rank updates alike "
+                                 "have drifted apart");
+    }
+  }
+  return ok_status();
 }
 
 Result<train::StepReport> DataParallel::finish_step(double lr, double grad_unscale) {
@@ -518,6 +639,35 @@ double DataParallel::norm_sum_squares() const {
          kernels::sum_squares(g + skip_end, grads_.numel() - skip_end);
 }
 
+// Under --tp: the squares of the gradients this rank owns (tensor_slices.h), so that over
+// the TP group every slice counts once, every replicated parameter once (its owner's), and
+// a replica of the tied embedding not at all.
+double DataParallel::owned_norm_sum_squares() const {
+  const bool sharded = options_.layout.shards_gradients();
+  const float* g = grads_.data<float>();
+  double sum = 0;
+  for (int u : held_) {
+    if (u == replica_) continue;
+    for (const PartShards& part : shards_[size_t(u)]) {
+      if (!sharded) {
+        for (size_t i : part.of->params) {
+          if (!owned_[i]) continue;
+          const model::ParamInfo& info = held_layout_.params()[i];
+          sum += kernels::sum_squares(
+              g + whole_at(u) + part.held + info.offset - part.of->model.begin, info.numel());
+        }
+        continue;
+      }
+      for (const ShardPiece& piece : part.shards.pieces(part.rank)) {
+        if (piece.elems() == 0 || !owned_[piece.param]) continue;
+        sum += kernels::sum_squares(g + packed_at(u) + part.packed + piece.packed_offset,
+                                    piece.elems());
+      }
+    }
+  }
+  return sum;
+}
+
 // Whole gradients under expert parallelism: the dense parts' squares, the same on every
 // data-parallel rank, and the experts' summed over the expert group, whose ranks hold
 // different experts (each the same as the ranks with its experts in the other groups).
@@ -538,7 +688,9 @@ Result<double> DataParallel::expert_norm_sum_squares() {
 Result<train::StepReport> DataParallel::apply_optimizer(double lr, double grad_unscale) {
   const ParallelLayout& l = options_.layout;
   double sum_squares = 0;
-  if (parts_.divides_experts() && !l.shards_gradients()) {
+  if (tp_ > 1) {
+    sum_squares = owned_norm_sum_squares();
+  } else if (parts_.divides_experts() && !l.shards_gradients()) {
     WL_ASSIGN_OR_RETURN(sum_squares, expert_norm_sum_squares());
   } else {
     sum_squares = norm_sum_squares();
@@ -548,6 +700,9 @@ Result<train::StepReport> DataParallel::apply_optimizer(double lr, double grad_u
   if (l.shards_gradients()) WL_RETURN_IF_ERROR(sum_over_ranks(&sum_squares, 1));
   if (stages_ && stages_->size() > 1) {
     WL_RETURN_IF_ERROR(sum_in_rank_order(*stages_, &sum_squares, 1, options_.timeout));
+  }
+  if (tensor_) {
+    WL_RETURN_IF_ERROR(sum_in_rank_order(tensor_->group(), &sum_squares, 1, options_.timeout));
   }
   const train::StepReport report = adamw_.step(slices_, lr, grad_unscale, sum_squares);
   if (!report.skipped && l.shards_optimizer() && !l.shards_parameters()) {
@@ -561,12 +716,19 @@ Result<train::StepReport> DataParallel::apply_optimizer(double lr, double grad_u
 }
 
 Status DataParallel::gather_grads(float* full) {
-  if (!options_.layout.shards_gradients()) {
-    copy_held(grads_, full);
-  } else {
-    WL_RETURN_IF_ERROR(gather_units(grads_.data<float>(), full));
+  std::vector<float> slices;
+  float* held = full;
+  if (tp_ > 1) {
+    slices.resize(size_t(held_layout_.total()));
+    held = slices.data();
   }
-  return gather_experts(full);
+  if (!options_.layout.shards_gradients()) {
+    copy_held(grads_, held);
+  } else {
+    WL_RETURN_IF_ERROR(gather_units(grads_.data<float>(), held));
+  }
+  WL_RETURN_IF_ERROR(gather_experts(held));
+  return tp_ > 1 ? unslice_over_tensor(held, full) : ok_status();
 }
 
 // ZeRO-1 and -2: every rank updated its own rows; each held unit's are gathered into every

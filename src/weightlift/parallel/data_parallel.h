@@ -28,6 +28,13 @@
 // norm adds the experts' squares over the expert group. gather_params() and gather_grads()
 // still give every expert: each rank's run is allgathered over its expert group.
 //
+// Tensor parallelism (--tp T) runs each data-parallel rank's work on T consecutive ranks,
+// each holding and running its slices of every block (model/tensor_slices.h): the rank's
+// model is one of tp_config's shape (held_config()), on which everything above runs
+// unchanged, each tensor-parallel rank with its own data-parallel groups. Whole-model
+// buffers (set_params, gather_*) and checkpoint rows stay in the whole model's coordinates;
+// a slice's owner speaks for it in the norm and in checkpoints, so each element counts once.
+//
 // Under pipeline parallelism a rank holds only its stage's units (DataParallelRanks::units),
 // its buffers laid out unit after unit; the gradient norm then adds up over the stages
 // (`stages`). With tied embeddings the last stage also holds the embedding, a replica for its
@@ -36,6 +43,7 @@
 // is left out of the norm and of checkpoints (as Megatron's embedding group does).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -55,6 +63,7 @@
 #include "weightlift/parallel/layout.h"
 #include "weightlift/parallel/sharded_grads.h"
 #include "weightlift/parallel/sharded_params.h"
+#include "weightlift/parallel/tensor_group.h"
 #include "weightlift/parallel/unit_parts.h"
 #include "weightlift/parallel/unit_shards.h"
 #include "weightlift/train/adamw.h"
@@ -82,6 +91,10 @@ struct DataParallelRanks {
   // The data-parallel ranks that hold the same experts (--ep below the data-parallel size;
   // compute thread; the queue has its own).
   std::shared_ptr<comm::Group> expert_data;
+  // --tp consecutive ranks (compute thread), and of them the ranks sharing this rank's kv
+  // heads when more than one holds them (tensor_group.h).
+  std::shared_ptr<comm::Group> tensor;
+  std::shared_ptr<comm::Group> tensor_kv;
 };
 
 // What a step cost in communication, as the compute thread saw it.
@@ -91,13 +104,20 @@ struct StepComm {
   int64_t peak_state_bytes = 0;  // the most held at once, gathered units included
 };
 
-// Rows of one parameter's weights or AdamW moments on this rank, and where they are.
+// Rows of one parameter's weights or AdamW moments on this rank, and where they are: rows
+// and columns of the whole parameter (viewed as [shape[0], numel / shape[0]]).
 enum class StateKind : uint8_t { kWeights, kM, kV };
 struct StateRows {
   size_t param = 0;  // index into ParamLayout::params()
   StateKind kind = StateKind::kWeights;
   ShardRows rows;
-  float* data = nullptr;  // rows.size() rows of the parameter, row-major
+  // A band of columns (a tensor-parallel rank's o_proj or down_proj); null: every column.
+  std::optional<ShardRows> cols;
+  float* data = nullptr;  // rows.size() x the columns, row-major
+  int64_t width(const model::ParamInfo& p) const {
+    return cols ? cols->size() : p.numel() / std::max<int64_t>(p.shape[0], 1);
+  }
+  int64_t elems(const model::ParamInfo& p) const { return rows.size() * width(p); }
 };
 
 class DataParallel final : public model::PassHooks {
@@ -109,9 +129,13 @@ class DataParallel final : public model::PassHooks {
                std::shared_ptr<comm::Group> group, std::unique_ptr<CommQueue> queue);
   ~DataParallel() override;
 
+  // The whole model's.
   const model::ModelConfig& config() const { return config_; }
   const model::ParamLayout& layout() const { return layout_; }
   const model::Units& units() const { return units_; }
+  // What this rank's passes run on: the whole model, or under --tp its slices'.
+  const model::ModelConfig& held_config() const { return held_config_; }
+  const model::ParamLayout& held_layout() const { return held_layout_; }
   const UnitParts& parts() const { return parts_; }
   const DataParallelOptions& options() const { return options_; }
   const std::vector<int>& held_units() const { return held_; }  // ascending, replica included
@@ -122,9 +146,14 @@ class DataParallel final : public model::PassHooks {
   comm::Group* stages() const { return stages_.get(); }
   int rank() const { return rank_; }    // in this stage's data-parallel group
   int ranks() const { return ranks_; }  // data-parallel ranks
-  // In the whole job: stage * ranks() + rank(), and stages * ranks().
-  int job_rank() const { return (stages_ ? stages_->rank() : 0) * ranks_ + rank_; }
-  int job_size() const { return (stages_ ? stages_->size() : 1) * ranks_; }
+  int tp() const { return tp_; }
+  int tp_rank() const { return tp_rank_; }
+  // In the whole job (layout.h's place_in): (stage * ranks() + rank()) * tp() + tp_rank(),
+  // and stages * ranks() * tp().
+  int job_rank() const {
+    return ((stages_ ? stages_->rank() : 0) * ranks_ + rank_) * tp_ + tp_rank_;
+  }
+  int job_size() const { return (stages_ ? stages_->size() : 1) * ranks_ * tp_; }
   train::AdamW& optimizer() { return adamw_; }
 
   // Keeps this rank's part of `full` (layout().total() floats: a fresh init, loaded weights).
@@ -185,11 +214,21 @@ class DataParallel final : public model::PassHooks {
                     model::ModelView& g) override;
   int64_t sum_router_counts(int layer, int64_t* counts, int64_t experts, int64_t tokens) override;
   model::ExpertExchange* expert_exchange() override { return experts_.get(); }
+  model::TensorParallel* tensor_parallel() override { return tensor_.get(); }
 
   // values[n] summed over the data-parallel ranks, the same bits on every rank (collective).
   Status sum_over_ranks(double* values, size_t n);
-  // ... and over the pipeline's stages too (every rank of the job).
+  // ... and over the pipeline's stages too: one model replica, each value once (a loss, which
+  // every tensor-parallel rank computes alike).
+  Status sum_over_replica(double* values, size_t n);
+  // ... and over the tensor-parallel ranks too: every rank of the job.
   Status sum_over_job(double* values, size_t n);
+
+  // Under --tp: FailedPrecondition, naming the first parameter, unless every rank of the TP
+  // group holds the same bits of every parameter they all hold whole (embedding, norms,
+  // routers, head). They must, as every rank computes their updates alike; a checkpoint
+  // checks it rather than let one copy's drift pass silently (collective over the TP group).
+  Status check_tp_replicas();
 
   // The first failure of a router sum or an expert exchange (neither can return one from
   // inside a block); the unit's after_unit returns it.
@@ -205,6 +244,12 @@ class DataParallel final : public model::PassHooks {
   Status sum_over_stages(float* full);
   Status reduce_replica();
   double norm_sum_squares() const;
+  double owned_norm_sum_squares() const;
+  // Under --tp: the held units' whole parameters or gradients in `local` (the held layout's)
+  // put at their places in `full`, every rank's slices (collective over the TP group).
+  Status unslice_over_tensor(const float* local, float* full);
+  // A state's rows in the held layout, as rows (and columns) of the whole parameter.
+  StateRows whole_rows(size_t param, StateKind kind, ShardRows held_rows, float* data) const;
   Result<double> expert_norm_sum_squares();
   Status gather_experts(float* full);
   void note_bytes();
@@ -218,7 +263,13 @@ class DataParallel final : public model::PassHooks {
   model::ModelConfig config_;
   model::ParamLayout layout_;
   model::Units units_;
-  UnitParts parts_;  // what this rank holds of each unit
+  int tp_ = 1, tp_rank_ = 0;
+  model::ModelConfig held_config_;  // config_, or this TP rank's slices' (tp_config)
+  model::ParamLayout held_layout_;
+  model::Units held_units_;
+  std::vector<bool> owned_;  // by parameter: this TP rank speaks for its slice (tensor_slices.h)
+  std::vector<bool> replicated_;  // by parameter: every TP rank holds all of it
+  UnitParts parts_;               // what this rank holds of each unit
   kernels::RopeTable rope_;
   DataParallelOptions options_;
   std::shared_ptr<comm::Group> group_;
@@ -254,6 +305,7 @@ class DataParallel final : public model::PassHooks {
   StepComm comm_;
   Status hook_failure_;
   std::unique_ptr<ExpertGroup> experts_;  // --ep > 1
+  std::unique_ptr<TensorGroup> tensor_;   // --tp > 1
 };
 
 }  // namespace wl::parallel

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "weightlift/core/file_io.h"
+#include "weightlift/model/tensor_slices.h"
 #include "weightlift/parallel/state_bytes.h"
 
 namespace wl::parallel {
@@ -47,16 +48,36 @@ Result<std::unique_ptr<DataParallel>> make_data_parallel(const model::ModelConfi
     return std::make_unique<DataParallel>(config, o, std::move(groups));
   }
   // Splits are collective over the job: every rank makes them, in this order.
+  const int tp = layout.tp;
+  if (tp > 1) {
+    // The TP group: the consecutive ranks of one replica (stage, data-parallel rank); the kv
+    // group: those of them holding the same kv head, when several but not all do.
+    const int replica = at.stage * layout.dp + at.dp_rank;
+    WL_ASSIGN_OR_RETURN(groups.tensor, ranks.group->split({.color = replica, .key = at.tp_rank}));
+    const int copies = model::kv_copies(config, tp);
+    if (copies == tp) {
+      groups.tensor_kv = groups.tensor;
+    } else if (copies > 1) {
+      WL_ASSIGN_OR_RETURN(groups.tensor_kv, ranks.group->split({.color = replica * (tp / copies) +
+                                                                         at.tp_rank / copies,
+                                                                .key = at.tp_rank}));
+    }
+  }
+  // The data-parallel group and the stages are per tensor-parallel rank: each TP rank's
+  // slices are a model of their own, reduced and pipelined with the same TP rank elsewhere.
   const bool tied =
       config.tie_embeddings && layout.pp > 1 && (at.stage == 0 || at.stage == layout.pp - 1);
-  if (layout.pp == 1) {
+  const comm::SplitOptions same_stage{.color = at.stage * tp + at.tp_rank, .key = at.dp_rank};
+  const int column = at.dp_rank * tp + at.tp_rank;  // a replica's place within its stage
+  if (layout.pp == 1 && tp == 1) {
     groups.group = ranks.group;
   } else {
-    WL_ASSIGN_OR_RETURN(groups.group, ranks.group->split({.color = at.stage, .key = at.dp_rank}));
-    WL_ASSIGN_OR_RETURN(groups.stages, ranks.group->split({.color = at.dp_rank, .key = at.stage}));
-    WL_ASSIGN_OR_RETURN(
-        groups.tied,
-        ranks.group->split({.color = tied ? at.dp_rank : comm::kNoColor, .key = at.stage}));
+    WL_ASSIGN_OR_RETURN(groups.group, ranks.group->split(same_stage));
+  }
+  if (layout.pp > 1) {
+    WL_ASSIGN_OR_RETURN(groups.stages, ranks.group->split({.color = column, .key = at.stage}));
+    WL_ASSIGN_OR_RETURN(groups.tied, ranks.group->split({.color = tied ? column : comm::kNoColor,
+                                                         .key = at.stage}));
   }
   // Under expert parallelism with more data-parallel ranks than --ep, the ranks that run the
   // same experts (the same place in their expert groups) sum those experts' gradients.
@@ -65,8 +86,8 @@ Result<std::unique_ptr<DataParallel>> make_data_parallel(const model::ModelConfi
                                         .key = at.dp_rank / layout.ep};
   if (layout.dp > 1) {
     std::shared_ptr<comm::Group> comm = ranks.comm, comm_expert_data;
-    if (layout.pp > 1) {
-      WL_ASSIGN_OR_RETURN(comm, ranks.comm->split({.color = at.stage, .key = at.dp_rank}));
+    if (layout.pp > 1 || tp > 1) {
+      WL_ASSIGN_OR_RETURN(comm, ranks.comm->split(same_stage));
     }
     if (expert_data) {
       WL_ASSIGN_OR_RETURN(comm_expert_data, ranks.comm->split(same_experts));

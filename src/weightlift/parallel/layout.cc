@@ -4,6 +4,7 @@
 #include <string>
 
 #include "weightlift/core/check.h"
+#include "weightlift/model/tensor_slices.h"
 
 namespace wl::parallel {
 
@@ -29,7 +30,11 @@ std::optional<DpMode> dp_mode_from_name(std::string_view name) {
 }
 
 Status validate(const ParallelLayout& l, int world, const model::ModelConfig& c, int64_t batch) {
-  if (l.pp < 1 || world % l.pp != 0) {
+  if (l.tp < 1 || world % l.tp != 0) {
+    return invalid_argument("--tp " + std::to_string(l.tp) + " does not divide the " +
+                            std::to_string(world) + " ranks");
+  }
+  if (l.pp < 1 || world % (l.pp * l.tp) != 0) {
     return invalid_argument("--pp " + std::to_string(l.pp) + " does not divide the " +
                             std::to_string(world) + " ranks");
   }
@@ -38,12 +43,13 @@ Status validate(const ParallelLayout& l, int world, const model::ModelConfig& c,
                             std::to_string(c.num_layers) +
                             " layers: every stage needs at least one");
   }
-  if (l.dp < 1 || l.dp * l.pp != world) {
+  if (l.dp < 1 || l.dp * l.pp * l.tp != world) {
     return invalid_argument("data-parallel size " + std::to_string(l.dp) + " x " +
-                            std::to_string(l.pp) + " stages does not fit " + std::to_string(world) +
-                            " ranks");
+                            std::to_string(l.pp) + " stages x --tp " + std::to_string(l.tp) +
+                            " does not fit " + std::to_string(world) + " ranks");
   }
   WL_RETURN_IF_ERROR(check_expert_parallel(l, c));
+  WL_RETURN_IF_ERROR(check_tensor_parallel(l, c));
   if (l.micro_batches < 1) {
     return invalid_argument("--micro-batches " + std::to_string(l.micro_batches) +
                             ": expected at least 1");
@@ -68,6 +74,15 @@ Status check_expert_parallel(const ParallelLayout& l, const model::ModelConfig& 
   return ok_status();
 }
 
+Status check_tensor_parallel(const ParallelLayout& l, const model::ModelConfig& c) {
+  WL_RETURN_IF_ERROR(model::check_tensor_parallel(c, l.tp, "--tp"));
+  if (l.tp > 1 && l.ep > 1) {
+    return invalid_argument("--tp " + std::to_string(l.tp) + " with --ep " + std::to_string(l.ep) +
+                            ": tensor and expert parallelism together are not supported yet");
+  }
+  return ok_status();
+}
+
 Status check_batch(const ParallelLayout& l, int64_t batch) {
   const int64_t parts = int64_t(l.micro_batches) * l.dp;  // two ints: no overflow
   if (batch < 1 || parts < 1 || batch % parts != 0) {
@@ -80,8 +95,9 @@ Status check_batch(const ParallelLayout& l, int64_t batch) {
 }
 
 LayoutPlace place_in(const ParallelLayout& l, int rank) {
-  WL_CHECK(rank >= 0 && rank < l.dp * l.pp) << "rank " << rank;
-  return {rank / l.dp, rank % l.dp};
+  WL_CHECK(rank >= 0 && rank < l.dp * l.pp * l.tp) << "rank " << rank;
+  const int replica = rank / l.tp;  // stage * dp + dp_rank
+  return {replica / l.dp, replica % l.dp, rank % l.tp};
 }
 
 RowRange micro_batch_rows(const ParallelLayout& l, int64_t batch, int micro_batch, int rank) {

@@ -28,8 +28,11 @@ std::optional<DpMode> dp_mode_from_name(std::string_view name);
 
 struct ParallelLayout {
   DpMode dp_mode = DpMode::kDdp;
-  int dp = 1;  // data-parallel ranks: world / pp
+  int dp = 1;  // data-parallel ranks: world / (pp x tp)
   int pp = 1;  // pipeline stages (pipeline.h)
+  // Tensor parallelism: groups of this many consecutive ranks split every block's heads and
+  // ffn rows (model/tensor_slices.h), each holding and running only its own slices.
+  int tp = 1;
   // Expert parallelism: groups of this many consecutive data-parallel ranks share out each
   // layer's experts, each rank running and holding only its own (data_parallel.h); it divides
   // dp and the experts.
@@ -53,13 +56,17 @@ struct ParallelLayout {
 Status validate(const ParallelLayout& layout, int world, const model::ModelConfig& config,
                 int64_t batch);
 // The parts of validate() that need no world: --ep against the data-parallel size and the
-// experts, and --batch against micro-batches x data-parallel ranks.
+// experts, --tp against the heads and ffn rows, and --batch against micro-batches x
+// data-parallel ranks.
 Status check_expert_parallel(const ParallelLayout& layout, const model::ModelConfig& config);
+Status check_tensor_parallel(const ParallelLayout& layout, const model::ModelConfig& config);
 Status check_batch(const ParallelLayout& layout, int64_t batch);
 
-// Where job rank `rank` sits: stage-major (rank = stage * dp + data-parallel rank).
+// Where job rank `rank` sits: stage-major, tensor-parallel ranks innermost
+// (rank = (stage * dp + data-parallel rank) * tp + tensor-parallel rank), so that a TP group,
+// which sums several times per block, is consecutive ranks and shares a host.
 struct LayoutPlace {
-  int stage = 0, dp_rank = 0;
+  int stage = 0, dp_rank = 0, tp_rank = 0;
 };
 LayoutPlace place_in(const ParallelLayout& layout, int rank);
 

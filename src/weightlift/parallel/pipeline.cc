@@ -171,7 +171,7 @@ Result<model::LossTerms> compute_pipeline_gradients(DataParallel& dp, const trai
   }
   WL_RETURN_IF_ERROR(next_door.finish());
   WL_RETURN_IF_ERROR(dp.reduce_gradients());
-  WL_RETURN_IF_ERROR(dp.sum_over_job(sums, 3));
+  WL_RETURN_IF_ERROR(dp.sum_over_replica(sums, 3));
   model::LossTerms loss;
   loss.ce = denom > 0 ? sums[0] / double(denom) : 0.0;
   loss.aux = sums[1];
@@ -231,7 +231,7 @@ Result<double> evaluate_pipeline(DataParallel& dp, const std::vector<train::Batc
   }
   dp.set_evaluating(false);
   WL_RETURN_IF_ERROR(failed);
-  WL_RETURN_IF_ERROR(dp.sum_over_job(sums, 2));
+  WL_RETURN_IF_ERROR(dp.sum_over_replica(sums, 2));
   return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
 }
 

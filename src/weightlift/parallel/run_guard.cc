@@ -212,9 +212,7 @@ Result<double> weights_sum_squares(DataParallel& dp) {
   double sum = 0;
   for (const StateRows& r : dp.own_rows()) {
     if (r.kind != StateKind::kWeights) continue;
-    const model::ParamInfo& p = dp.layout().params()[r.param];
-    const int64_t per_row = p.numel() / std::max<int64_t>(p.shape[0], 1);
-    sum += kernels::sum_squares(r.data, r.rows.size() * per_row);
+    sum += kernels::sum_squares(r.data, r.elems(dp.layout().params()[r.param]));
   }
   WL_RETURN_IF_ERROR(dp.sum_over_job(&sum, 1));
   return sum;

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "weightlift/core/memory_budget.h"
+#include "weightlift/model/tensor_slices.h"
 #include "weightlift/parallel/pipeline.h"
 #include "weightlift/parallel/unit_shards.h"
 
@@ -41,14 +42,18 @@ Result<std::vector<RankStateBytes>> state_bytes_per_rank(const model::ModelConfi
                                   "laying out the parameter tensors of each stage",
                                   std::to_string(tensors) + " tensors or more"));
   WL_RETURN_IF_ERROR(check_expert_parallel(layout, config));
-  const model::ParamLayout params(config);
-  const model::Units units(config, params);
+  WL_RETURN_IF_ERROR(check_tensor_parallel(layout, config));
+  // A tensor-parallel rank holds a model of its slices' shape (model/tensor_slices.h), and
+  // every TP rank as much as the others.
+  const model::ModelConfig held_config = model::tp_config(config, layout.tp);
+  const model::ParamLayout params(held_config);
+  const model::Units units(held_config, params);
   // Every rank of an expert group holds as much as the others: rank 0's parts.
-  const UnitParts parts(config, params, units, layout.ep, 0);
+  const UnitParts parts(held_config, params, units, layout.ep, 0);
   const std::vector<model::Stage> stages = pipeline_stages(units, layout.pp);
   std::vector<RankStateBytes> out;
   for (int stage = 0; stage < layout.pp; ++stage) {
-    RankStateBytes r{.stage = stage, .held = units_of(config, units, layout, stages, stage)};
+    RankStateBytes r{.stage = stage, .held = units_of(held_config, units, layout, stages, stage)};
     std::vector<int> held = r.held.units;
     if (r.held.tied_replica) held.insert(held.begin(), 0);
     uint64_t whole = 0, packed = 0, largest = 0;

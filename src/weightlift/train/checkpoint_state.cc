@@ -129,7 +129,13 @@ Result<StateFile> state_from_json(std::string_view text, std::string_view where_
   }
   if (!j.contains("format_version") || !j["format_version"].is_number_integer())
     return data_loss(where + ": 'format_version' is missing or not an integer");
-  WL_RETURN_IF_ERROR(check_record_header(j, where, kCheckpointStateFormat));
+  if (j["format_version"] == 3) {  // version 4 without column bands: read as it is
+    json header = {{"format", j.value("format", json())},
+                   {"format_version", kCheckpointStateFormat.version}};
+    WL_RETURN_IF_ERROR(check_record_header(header, where, kCheckpointStateFormat));
+  } else {
+    WL_RETURN_IF_ERROR(check_record_header(j, where, kCheckpointStateFormat));
+  }
   WL_RETURN_IF_ERROR(verify_state_checksum(text, j, where));
   StateFile f;
   try {

@@ -1,10 +1,10 @@
 // state.json, the part of a training checkpoint that is not tensors (docs/formats.md,
-// "Training checkpoints"), format version 3:
+// "Training checkpoints"), format version 4:
 //
-//   {"format": "weightlift-train-checkpoint", "format_version": 3,
+//   {"format": "weightlift-train-checkpoint", "format_version": 4,
 //    "step", "adamw_steps", "data_rng": [4 x u64 as strings], "loss_scale",
 //    "loss_scale_clean_steps", "config": {...}, "layout": {...}, "run": {"steps": "600", ...},
-//    "tensors": {"<name>": {"shape", "pieces": [{"file", "rows": [b, e]}]}},
+//    "tensors": {"<name>": {"shape", "pieces": [{"file", "rows": [b, e], "cols": [b, e]}]}},
 //    "files": {"rank-00000-of-00002.safetensors": "<16 hex digits>", ...},
 //    "state_checksum": "<16 hex digits>"}
 //
@@ -17,6 +17,11 @@
 // AdamW count not beyond the step, a loss scale in [1, 2^100], a data RNG that is not all
 // zero): what a resumed run can trust before it reads any tensor. parallel/checkpoint.h
 // writes and reads the tensors.
+//
+// Version 4 added "cols", a piece's band of columns (a tensor-parallel rank's o_proj or
+// down_proj), written only when the band is not every column: version 3 is version 4 with
+// no such pieces, and is read as it is. Builds that read version 3 refuse version 4, rather
+// than read a band of columns as whole rows.
 #pragma once
 
 #include <array>
@@ -46,14 +51,15 @@ struct StateFile {
   CheckpointState state;
   int64_t adamw_steps = 0;
   std::string config_json;  // the model's config.json, canonical (config_to_json)
-  nlohmann::json layout;    // where it was written: {"dp", "pp", "ep", "dp_mode", "micro_batches"}
-  nlohmann::json tensors;   // the index: name -> {"shape", "pieces": [{"file", "rows"}]}
+  nlohmann::json layout;    // where it was written: {"dp", "pp", "ep", "tp", "dp_mode",
+                            // "micro_batches"}
+  nlohmann::json tensors;   // the index: name -> {"shape", "pieces": [{"file", "rows", "cols"}]}
   std::map<std::string, uint64_t> files;  // tensor file -> tensor_file_digest of it
 };
 
 inline constexpr RecordFormat kCheckpointStateFormat{
     .name = "weightlift-train-checkpoint",
-    .version = 3,
+    .version = 4,
     .what = "training checkpoint state",
     .remedy = "resume it with the weightlift that wrote it"};
 
@@ -61,8 +67,8 @@ inline constexpr RecordFormat kCheckpointStateFormat{
 std::string state_to_json(const StateFile& state);
 
 // DataLoss naming `where` and the field for anything malformed or a checksum that does not
-// match; FailedPrecondition for another format version (versions 1 and 2 carried no
-// checksums and cannot be verified).
+// match; FailedPrecondition for another format version than 3 or 4 (versions 1 and 2
+// carried no checksums and cannot be verified).
 Result<StateFile> state_from_json(std::string_view text, std::string_view where);
 
 // `text` with its state_checksum recomputed: what the writer does last, and what a test or a
