@@ -14,6 +14,7 @@ void add_train_flag_ranges(CLI::App& train) {
       {"--micro-batches", count(1, kMaxRows)},
       {"--pp", count(1, kMaxRanks)},
       {"--ep", count(1, kMaxRanks)},
+      {"--tp", count(1, kMaxRanks)},
       {"--bucket-bytes", bytes(1, kTiB)},
       // A timeout of 0 or less would not be one.
       {"--timeout", real({.lo = 0, .hi = double(kMaxSeconds), .lo_open = true})},

@@ -97,7 +97,8 @@ TEST(TensorSlices, AKvHeadShortOfTheRanksIsHeldByEachOfItsGroupAndOwnedByTheFirs
   const ModelConfig c = tiny_gqa();  // 2 kv heads over 4 ranks: heads 0, 0, 1, 1
   EXPECT_EQ(kv_copies(c, 4), 2);
   EXPECT_EQ(kv_copies(c, 2), 1);
-  const ParamInfo& k = ParamLayout(c).at("layers.1.attn.k_proj.weight");
+  const ParamLayout layout(c);
+  const ParamInfo& k = layout.at("layers.1.attn.k_proj.weight");
   const int64_t dh = c.head_dim;
   for (int r = 0; r < 4; ++r) {
     const TensorSlice s = tensor_slice(c, k, 4, r);

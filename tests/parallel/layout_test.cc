@@ -255,60 +255,70 @@ TEST_P(Layouts, OneStepGradientsAreTheSingleProcesses) {
   }
 }
 
+// Tensor parallelism's first step in bf16. Its ranks add a block's partial products in
+// another order than one process's GEMM does (1e-7 relative in f32), and a bf16 rounding of an
+// operand near a boundary turns such a difference into 2^-8 of that element: measured on
+// small4, step 1's aux loss within 1.4e-4 and gradient norm within 6e-4 of one process's, over
+// the 1e-4 that the other layouts meet in bf16 (their ranks compute each row as one process
+// does). In f32 tensor parallelism meets 1e-4 too, and is held to it.
+constexpr double kTensorParallelBf16FirstStepTolerance = 2e-3;
+
 TEST_P(Layouts, TenStepLossCurvesFollowTheSingleProcess) {
   const std::string corpus = make_corpus(), dir = fresh_dir("configs");
-  // The curves run in bf16, except tensor parallelism's: its ranks sum a block's partial
-  // products in another order than one process's GEMM does, which bf16's roundings amplify
-  // from 1e-7 to 6e-4 of the first step's gradient norm on small4 (measured), over the first
-  // step's bound. In f32 they stay within it; the one-step test checks its bf16 gradients.
-  const model::Precision precision = std::string(GetParam()) == "tensor_parallel"
-                                         ? model::Precision::kF32
-                                         : model::Precision::kBF16;
-  const char* precision_name = precision == model::Precision::kF32 ? "f32" : "bf16";
-  for (const char* name : curve_models()) {
-    const std::string config = std::string(name) == "tiny" ? "" : config_file(dir, name);
-    std::map<int, std::vector<std::string>> refs;  // by micro-batches
-    std::map<int, std::string> ref_dirs;
-    for (const LayoutCase& lc : family(GetParam())) {
-      if (model_config(name).num_layers < lc.min_layers) continue;
-      const int M = lc.layout.micro_batches;
-      if (!refs.count(M)) {
-        TrainOptions one = layout_options(corpus, config);
-        one.steps = kCurveSteps;
-        one.precision = precision;
-        one.layout.micro_batches = M;
-        one.out_dir = fresh_dir(std::string(name) + "_one_" + std::to_string(M));
-        ASSERT_TRUE(train_on(1, one)[0].ok());
-        refs[M] = read_lines(one.out_dir + "/metrics.jsonl");
-        ref_dirs[M] = one.out_dir;
-      }
-      const std::vector<std::string>& theirs = refs[M];
-      TrainOptions o = layout_options(corpus, config);
-      o.steps = kCurveSteps;
-      o.precision = precision;
-      o.layout = lc.layout;
-      o.out_dir = fresh_dir(std::string(name) + "_" + lc.name);
-      for (auto& r : train_on(lc.ranks, o)) ASSERT_TRUE(r.ok()) << r.status().to_string();
-      const std::vector<std::string> mine = read_lines(o.out_dir + "/metrics.jsonl");
-      ASSERT_EQ(mine.size(), theirs.size());
-      for (size_t i = 0; i < mine.size(); ++i) {
-        const auto a = nlohmann::json::parse(mine[i]), b = nlohmann::json::parse(theirs[i]);
-        const double tol = i == 0 ? kFirstStepTolerance : kCurveTolerance;
-        std::vector<const char*> keys = {"ce", "loss"};
-        if (i == 0) keys.insert(keys.end(), {"aux", "grad_norm"});
-        for (const char* key : keys) {
-          EXPECT_NEAR(a[key].get<double>(), b[key].get<double>(), tol * b[key].get<double>())
-              << key << " at step " << i + 1 << " of " << lc.name << " on " << name;
+  const bool tensor_parallel = std::string(GetParam()) == "tensor_parallel";
+  // The curves run in bf16; tensor parallelism's in f32 as well (see above).
+  std::vector<model::Precision> precisions = {model::Precision::kBF16};
+  if (tensor_parallel) precisions.insert(precisions.begin(), model::Precision::kF32);
+  for (const model::Precision precision : precisions) {
+    const bool f32 = precision == model::Precision::kF32;
+    const double first_step_tolerance =
+        tensor_parallel && !f32 ? kTensorParallelBf16FirstStepTolerance : kFirstStepTolerance;
+    for (const char* name : curve_models()) {
+      const std::string config = std::string(name) == "tiny" ? "" : config_file(dir, name);
+      std::map<int, std::vector<std::string>> refs;  // by micro-batches
+      std::map<int, std::string> ref_dirs;
+      const std::string run = std::string(name) + (f32 ? "_f32" : "_bf16");
+      for (const LayoutCase& lc : family(GetParam())) {
+        if (model_config(name).num_layers < lc.min_layers) continue;
+        const int M = lc.layout.micro_batches;
+        if (!refs.count(M)) {
+          TrainOptions one = layout_options(corpus, config);
+          one.steps = kCurveSteps;
+          one.precision = precision;
+          one.layout.micro_batches = M;
+          one.out_dir = fresh_dir(run + "_one_" + std::to_string(M));
+          ASSERT_TRUE(train_on(1, one)[0].ok());
+          refs[M] = read_lines(one.out_dir + "/metrics.jsonl");
+          ref_dirs[M] = one.out_dir;
         }
-      }
-      const double weights = max_relative_difference(o.out_dir + "/model.safetensors",
-                                                     ref_dirs[M] + "/model.safetensors");
-      std::printf("%s %s %s, %d steps: weights within %.2g of one process's\n", lc.name, name,
-                  precision_name, kCurveSteps, weights);
-      // A pipeline alone runs every micro-batch's rows through the same kernels one process
-      // does, in the same order: the same bits, every step on.
-      if (lc.ranks == lc.layout.pp) {
-        EXPECT_EQ(weights, 0.0) << lc.name << " on " << name;
+        const std::vector<std::string>& theirs = refs[M];
+        TrainOptions o = layout_options(corpus, config);
+        o.steps = kCurveSteps;
+        o.precision = precision;
+        o.layout = lc.layout;
+        o.out_dir = fresh_dir(run + "_" + lc.name);
+        for (auto& r : train_on(lc.ranks, o)) ASSERT_TRUE(r.ok()) << r.status().to_string();
+        const std::vector<std::string> mine = read_lines(o.out_dir + "/metrics.jsonl");
+        ASSERT_EQ(mine.size(), theirs.size());
+        for (size_t i = 0; i < mine.size(); ++i) {
+          const auto a = nlohmann::json::parse(mine[i]), b = nlohmann::json::parse(theirs[i]);
+          const double tol = i == 0 ? first_step_tolerance : kCurveTolerance;
+          std::vector<const char*> keys = {"ce", "loss"};
+          if (i == 0) keys.insert(keys.end(), {"aux", "grad_norm"});
+          for (const char* key : keys) {
+            EXPECT_NEAR(a[key].get<double>(), b[key].get<double>(), tol * b[key].get<double>())
+                << key << " at step " << i + 1 << " of " << lc.name << " on " << run;
+          }
+        }
+        const double weights = max_relative_difference(o.out_dir + "/model.safetensors",
+                                                       ref_dirs[M] + "/model.safetensors");
+        std::printf("%s %s %s, %d steps: weights within %.2g of one process's\n", lc.name, name,
+                    f32 ? "f32" : "bf16", kCurveSteps, weights);
+        // A pipeline alone runs every micro-batch's rows through the same kernels one process
+        // does, in the same order: the same bits, every step on.
+        if (lc.ranks == lc.layout.pp) {
+          EXPECT_EQ(weights, 0.0) << lc.name << " on " << run;
+        }
       }
     }
   }

@@ -202,6 +202,10 @@ TEST(Layout, TensorParallelSizeMustDivideRanksHeadsAndFfnRows) {
   EXPECT_NE(both.message().find("--tp 2 with --ep 2: tensor and expert parallelism together"),
             std::string::npos)
       << both.to_string();
+  const Status cut = check(4, 4, 2);
+  EXPECT_NE(cut.message().find("--pp 4 x --tp 2 = 8 does not divide the 4 ranks"),
+            std::string::npos)
+      << cut.to_string();
   EXPECT_FALSE(check(2, 1, 0).ok());
 }
 
@@ -371,6 +375,24 @@ TEST(TensorParallel, ACopyThatDriftedIsNamed) {
           << drifted.to_string();
     });
   }
+  // Two kv heads over four TP ranks: ranks 2 and 3 share kv head 1, and rank 3's copy drifts.
+  const model::ModelConfig gqa = testing::model_config("tiny_gqa");
+  run_data_parallel(4, gqa, {.tp = 4}, [&](DataParallel& dp) {
+    std::vector<float> full(size_t(dp.layout().total()));
+    model::init_params(gqa, dp.layout(), 3, full.data());
+    const model::ParamInfo& v = dp.layout().at("layers.0.attn.v_proj.weight");
+    if (dp.tp_rank() == 3) full[size_t(v.offset + v.numel() - 1)] += 1;  // in kv head 1
+    dp.set_params(full.data());
+    const Status drifted = dp.check_tp_replicas();
+    if (dp.tp_rank() < 2) {
+      EXPECT_TRUE(drifted.ok()) << drifted.to_string();
+    } else {
+      EXPECT_NE(drifted.message().find("sharing a kv head, rank 1's copy of "
+                                       "'layers.0.attn.v_proj.weight' differs"),
+                std::string::npos)
+          << drifted.to_string();
+    }
+  });
 }
 
 // ---- checkpoints between layouts -------------------------------------------------------------

@@ -83,12 +83,12 @@ json tensor_index(DataParallel& dp) {
       for (size_t index : dp.units().params(u)) {
         const model::ParamInfo& p = layout.params()[index];
         const int64_t width = p.numel() / p.shape[0];
+        const std::vector<int> holders =
+            UnitParts::holders(p, dp_ranks, ep, dp.config().num_experts);
         json pieces = json::array();
         for (int t = 0; t < tp; ++t) {
           const model::TensorSlice s = model::tensor_slice(dp.config(), p, tp, t);
           if (!s.owner) continue;
-          const std::vector<int> holders =
-              UnitParts::holders(p, dp_ranks, ep, dp.config().num_experts);
           for (size_t k = 0; k < holders.size(); ++k) {
             const ShardRows r = shard_rows(s.rows.size(), int(holders.size()), int(k));
             if (r.size() == 0) continue;
@@ -171,7 +171,14 @@ Status write_state(const std::string& path, DataParallel& dp, const TrainState& 
   f.tensors = tensor_index(dp);
   for (size_t r = 0; r < digests.size(); ++r)
     f.files[rank_file(int(r), dp.job_size())] = digests[r];
-  return write_file_atomically(path, train::state_to_json(f));
+  const std::string text = train::state_to_json(f);
+  if (int64_t(text.size()) > kMaxStateBytes) {  // the index grows with tensors x ranks
+    return failed_precondition(path + ": " + std::to_string(text.size()) +
+                               " bytes, more than the " + std::to_string(kMaxStateBytes >> 20) +
+                               " MiB a reader takes: not writing a checkpoint that could not "
+                               "be read back");
+  }
+  return write_file_atomically(path, text);
 }
 
 // A staging directory of this save's own, named by a nonce rank 0 draws and every rank

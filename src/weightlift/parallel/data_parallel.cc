@@ -63,7 +63,10 @@ DataParallel::DataParallel(const model::ModelConfig& config, const DataParallelO
   for (const model::ParamInfo& p : layout_.params()) {
     const model::TensorSlice s = model::tensor_slice(config_, p, tp_, tp_rank_);
     owned_.push_back(s.owner);
-    replicated_.push_back(s.rows.size() * s.cols.size() == p.numel());
+    const bool whole = s.rows.size() * s.cols.size() == p.numel();
+    replicated_.push_back(whole);
+    shared_kv_.push_back(!whole && model::kv_copies(config_, tp_) > 1 &&
+                         (p.role == model::ParamRole::kK || p.role == model::ParamRole::kV));
   }
   WL_CHECK(config_.validate().ok()) << config_.validate().to_string();
   if (group_) {
@@ -542,46 +545,58 @@ Status DataParallel::sum_over_job(double* values, size_t n) {
 
 Status DataParallel::check_tp_replicas() {
   if (!tensor_) return ok_status();
-  // One checksum per replicated parameter this rank holds (whole, or its data-parallel shard:
-  // the same rows on every TP rank of a data-parallel rank), in held order.
-  std::vector<uint64_t> sums;
-  std::vector<size_t> params;
+  // One checksum per copied parameter this rank holds (whole, or its data-parallel shard: the
+  // same rows on every TP rank of a data-parallel rank), in held order.
   const bool sharded = options_.layout.shards_parameters();
   const float* w = params_.data<float>();
-  auto add = [&](size_t param, const float* data, int64_t n) {
-    sums.push_back(xxh3_64(std::span(reinterpret_cast<const std::byte*>(data), size_t(n) * 4)));
-    params.push_back(param);
-  };
-  for (int u : held_) {
-    for (const PartShards& part : shards_[size_t(u)]) {
-      if (sharded) {
-        for (const ShardPiece& piece : part.shards.pieces(part.rank)) {
-          if (!replicated_[piece.param]) continue;
-          add(piece.param, w + packed_at(u) + part.packed + piece.packed_offset, piece.elems());
+  auto checksums = [&](const std::vector<bool>& copied, std::vector<size_t>* params) {
+    std::vector<uint64_t> sums;
+    auto add = [&](size_t param, const float* data, int64_t n) {
+      sums.push_back(xxh3_64(std::span(reinterpret_cast<const std::byte*>(data), size_t(n) * 4)));
+      params->push_back(param);
+    };
+    for (int u : held_) {
+      for (const PartShards& part : shards_[size_t(u)]) {
+        if (sharded) {
+          for (const ShardPiece& piece : part.shards.pieces(part.rank)) {
+            if (!copied[piece.param]) continue;
+            add(piece.param, w + packed_at(u) + part.packed + piece.packed_offset, piece.elems());
+          }
+          continue;
         }
-        continue;
-      }
-      for (size_t i : part.of->params) {
-        if (!replicated_[i]) continue;
-        const model::ParamInfo& info = held_layout_.params()[i];
-        add(i, w + whole_at(u) + part.held + info.offset - part.of->model.begin, info.numel());
+        for (size_t i : part.of->params) {
+          if (!copied[i]) continue;
+          const model::ParamInfo& info = held_layout_.params()[i];
+          add(i, w + whole_at(u) + part.held + info.offset - part.of->model.begin, info.numel());
+        }
       }
     }
-  }
-  std::vector<uint64_t> all(sums.size() * size_t(tp_));
-  WL_RETURN_IF_ERROR(comm::allgather(tensor_->group(), {.send = sums.data(),
-                                                        .recv = all.data(),
-                                                        .count = sums.size() * 8,
-                                                        .dtype = DType::kU8,
-                                                        .timeout = options_.timeout}));
-  for (size_t i = 0; i < sums.size(); ++i) {
-    for (int r = 0; r < tp_; ++r) {
-      if (all[size_t(r) * sums.size() + i] == all[i]) continue;
-      return failed_precondition("tensor-parallel rank " + std::to_string(r) + "'s copy of '" +
-                                 layout_.params()[params[i]].name +
-                                 "' differs from rank 0's: the copies every rank updates alike "
-                                 "have drifted apart");
+    return sums;
+  };
+  // Every rank of `g` must hold the same bits of each.
+  auto compare = [&](comm::Group& g, const std::vector<bool>& copied,
+                     const std::string& whose) -> Status {
+    std::vector<size_t> params;
+    const std::vector<uint64_t> sums = checksums(copied, &params);
+    std::vector<uint64_t> all(sums.size() * size_t(g.size()));
+    WL_RETURN_IF_ERROR(comm::allgather(g, {.send = sums.data(),
+                                           .recv = all.data(),
+                                           .count = sums.size() * 8,
+                                           .dtype = DType::kU8,
+                                           .timeout = options_.timeout}));
+    for (size_t i = 0; i < sums.size(); ++i) {
+      for (int r = 0; r < g.size(); ++r) {
+        if (all[size_t(r) * sums.size() + i] == all[i]) continue;
+        return failed_precondition(whose + " rank " + std::to_string(r) + "'s copy of '" +
+                                   layout_.params()[params[i]].name + "' differs from rank 0's: " +
+                                   "the copies every rank updates alike have drifted apart");
+      }
     }
+    return ok_status();
+  };
+  WL_RETURN_IF_ERROR(compare(tensor_->group(), replicated_, "tensor-parallel"));
+  if (comm::Group* kv = tensor_->kv_group(); kv && kv->size() < tp_) {
+    WL_RETURN_IF_ERROR(compare(*kv, shared_kv_, "of the ranks sharing a kv head,"));
   }
   return ok_status();
 }

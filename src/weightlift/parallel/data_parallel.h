@@ -226,8 +226,9 @@ class DataParallel final : public model::PassHooks {
 
   // Under --tp: FailedPrecondition, naming the first parameter, unless every rank of the TP
   // group holds the same bits of every parameter they all hold whole (embedding, norms,
-  // routers, head). They must, as every rank computes their updates alike; a checkpoint
-  // checks it rather than let one copy's drift pass silently (collective over the TP group).
+  // routers, head), and the ranks sharing a kv head the same bits of it. They must, as every
+  // rank computes their updates alike; a checkpoint checks it rather than let one copy's
+  // drift pass silently (collective over the TP group).
   Status check_tp_replicas();
 
   // The first failure of a router sum or an expert exchange (neither can return one from
@@ -269,6 +270,7 @@ class DataParallel final : public model::PassHooks {
   model::Units held_units_;
   std::vector<bool> owned_;  // by parameter: this TP rank speaks for its slice (tensor_slices.h)
   std::vector<bool> replicated_;  // by parameter: every TP rank holds all of it
+  std::vector<bool> shared_kv_;   // by parameter: a kv band some TP ranks share
   UnitParts parts_;               // what this rank holds of each unit
   kernels::RopeTable rope_;
   DataParallelOptions options_;

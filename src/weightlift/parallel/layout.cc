@@ -34,8 +34,13 @@ Status validate(const ParallelLayout& l, int world, const model::ModelConfig& c,
     return invalid_argument("--tp " + std::to_string(l.tp) + " does not divide the " +
                             std::to_string(world) + " ranks");
   }
-  if (l.pp < 1 || world % (l.pp * l.tp) != 0) {
+  if (l.pp < 1 || world % l.pp != 0) {
     return invalid_argument("--pp " + std::to_string(l.pp) + " does not divide the " +
+                            std::to_string(world) + " ranks");
+  }
+  if (const int64_t cut = int64_t(l.pp) * l.tp; world % cut != 0) {  // two ints: no overflow
+    return invalid_argument("--pp " + std::to_string(l.pp) + " x --tp " + std::to_string(l.tp) +
+                            " = " + std::to_string(cut) + " does not divide the " +
                             std::to_string(world) + " ranks");
   }
   if (l.pp > c.num_layers) {
@@ -43,7 +48,7 @@ Status validate(const ParallelLayout& l, int world, const model::ModelConfig& c,
                             std::to_string(c.num_layers) +
                             " layers: every stage needs at least one");
   }
-  if (l.dp < 1 || l.dp * l.pp * l.tp != world) {
+  if (l.dp < 1 || int64_t(l.dp) * l.pp * l.tp != world) {
     return invalid_argument("data-parallel size " + std::to_string(l.dp) + " x " +
                             std::to_string(l.pp) + " stages x --tp " + std::to_string(l.tp) +
                             " does not fit " + std::to_string(world) + " ranks");

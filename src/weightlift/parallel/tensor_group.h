@@ -26,6 +26,7 @@ class TensorGroup final : public model::TensorParallel {
   int kv_copies() const override { return kv_ ? kv_->size() : 1; }
   // For the compute thread's other collectives over the same ranks, between passes.
   comm::Group& group() { return *group_; }
+  comm::Group* kv_group() { return kv_.get(); }
   Status allreduce(float* data, int64_t n) override;
   Status allreduce_kv(float* data, int64_t n) override;
 

@@ -53,12 +53,19 @@ Result<std::vector<ReceiverTensor>> inference_layout(const model::ModelConfig& c
   if (o.tp_rank < 0 || o.tp_rank >= tp) {
     return invalid_argument(where + ": tp_rank " + std::to_string(o.tp_rank) + " out of range");
   }
-  // The bands of the trainer's parameters this rank holds: model/tensor_slices.h's rule.
-  const model::ParamLayout layout(c);
-  auto slice = [&](const std::string& name) {
-    return model::tensor_slice(c, layout.at(name), int(tp), o.tp_rank);
+  // The bands of the trainer's parameters this rank holds (model/tensor_slices.h's rule), the
+  // same in every layer and expert.
+  const int64_t d = c.hidden_size, dh = c.head_dim;
+  auto band = [&](model::ParamRole role, Shape shape) {
+    return model::tensor_slice(c, {.shape = std::move(shape), .role = role}, int(tp), o.tp_rank);
   };
-  const int64_t d = c.hidden_size;
+  using R = model::ParamRole;
+  const ShardRows q = band(R::kQ, {c.num_heads * dh, d}).rows;
+  const ShardRows kv = band(R::kK, {c.num_kv_heads * dh, d}).rows;
+  const ShardRows o_cols = band(R::kO, {d, c.num_heads * dh}).cols;
+  const ShardRows f = band(R::kGate, {c.ffn_dim, d}).rows;
+  const ShardRows down = band(R::kDown, {d, c.ffn_dim}).cols;
+  const int64_t q_rows = q.size(), kv_rows = kv.size();
 
   std::vector<ReceiverTensor> out;
   // Replicated, bf16 in both formats.
@@ -77,10 +84,6 @@ Result<std::vector<ReceiverTensor>> inference_layout(const model::ModelConfig& c
   plain("embed.weight", {c.vocab_size, d});
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
-    const ShardRows q = slice(p + "attn.q_proj.weight").rows;
-    const ShardRows kv = slice(p + "attn.k_proj.weight").rows;
-    const ShardRows o_cols = slice(p + "attn.o_proj.weight").cols;
-    const int64_t q_rows = q.size(), kv_rows = kv.size();
     plain(p + "attn_norm.weight", {d});
     matrix(p + "attn.qkv_proj.weight", q_rows + 2 * kv_rows, d,
            {{p + "attn.q_proj.weight", q.begin, q.end, 0, d, 0},
@@ -93,8 +96,6 @@ Result<std::vector<ReceiverTensor>> inference_layout(const model::ModelConfig& c
     plain(p + "moe.router.weight", {c.num_experts, d});
     for (int64_t e = 0; e < c.num_experts; ++e) {
       const std::string x = p + "moe.experts." + std::to_string(e) + ".";
-      const ShardRows f = slice(x + "gate_proj.weight").rows;
-      const ShardRows down = slice(x + "down_proj.weight").cols;
       matrix(x + "gate_up_proj.weight", 2 * f.size(), d,
              {{x + "gate_proj.weight", f.begin, f.end, 0, d, 0},
               {x + "up_proj.weight", f.begin, f.end, 0, d, f.size()}},
