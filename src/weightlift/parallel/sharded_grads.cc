@@ -25,8 +25,7 @@ ShardedGrads::ShardedGrads(const std::vector<std::vector<PartShards>>& parts, fl
 float* ShardedGrads::acquire(int unit) {
   Open& o = open_[unit];
   if (!o.buffer) {
-    int64_t held = 0;
-    for (const PartShards& p : parts_[size_t(unit)]) held += p.shards.unit_elems();
+    const int64_t held = held_elems(parts_[size_t(unit)]);
     WL_CHECK_GT(held, 0) << "unit " << unit << " is not held here";
     o.buffer = std::make_shared<Tensor>(Tensor::zeros(DType::kF32, {held}));
     bytes_ += o.buffer->nbytes();

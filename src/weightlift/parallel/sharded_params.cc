@@ -16,10 +16,8 @@ ShardedParams::ShardedParams(const std::vector<std::vector<PartShards>>& parts, 
 void ShardedParams::start(int unit) {
   const std::vector<PartShards>& parts = parts_[size_t(unit)];
   WL_CHECK(!parts.empty()) << "unit " << unit << " is not held here";
-  int64_t held = 0;
-  for (const PartShards& p : parts) held += p.shards.unit_elems();
   Gathered& g = gathered_[unit];
-  g.buffer = Tensor::empty(DType::kF32, {held});
+  g.buffer = Tensor::empty(DType::kF32, {held_elems(parts)});
   bytes_ += g.buffer.nbytes();
   for (const PartShards& p : parts) {
     const UnitShards& s = p.shards;

@@ -79,4 +79,11 @@ struct PartShards {
   Over over = Over::kData;
 };
 
+// A held unit's elements: its parts' whole sizes added up.
+inline int64_t held_elems(std::span<const PartShards> parts) {
+  int64_t n = 0;
+  for (const PartShards& p : parts) n += p.shards.unit_elems();
+  return n;
+}
+
 }  // namespace wl::parallel
