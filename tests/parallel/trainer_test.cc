@@ -244,14 +244,14 @@ class ArmBeforeRowExchange final : public model::PassHooks, public model::Expert
   std::function<void()> arm_;
 };
 
-// Rank 0's send fails in the third row exchange (layer 1's forward): both ranks stop their
-// pass with an error, rank 0's naming the exchange, within one collective's timeout.
-TEST(ExpertParallel, AFailedExchangeStopsEveryRankNamingIt) {
+// Two thread-ranks of `layout` on tiny, each at the first micro-batch of a step from init seed
+// 5, whose compute groups run on fault-injecting transports and wait 2 s in a collective:
+// forward(rank, its transport, its DataParallel) runs a pass, and its statuses are returned.
+// Every rank must be done within one collective's timeout and the setup.
+std::vector<Status> forward_with_faults(
+    const ParallelLayout& layout,
+    const std::function<Status(int, comm::FaultTransport&, DataParallel&)>& forward) {
   const model::ModelConfig c = *model::preset("tiny");
-  const ParallelLayout layout{.dp = 2, .ep = 2};
-  const int64_t rows = 2, seq = 16;
-  std::vector<int64_t> tokens(size_t(2 * rows * seq));
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int64_t(i * 37 % 301);
   auto store = std::make_shared<comm::MemoryStore>();
   std::vector<Status> out(2, internal_error("did not run"));
   const auto started = std::chrono::steady_clock::now();
@@ -279,75 +279,55 @@ TEST(ExpertParallel, AFailedExchangeStopsEveryRankNamingIt) {
       (*dp)->set_params(init.data());
       (*dp)->begin_step();
       (*dp)->begin_micro_batch(0);
-      auto arm = [&t] { (*t)->fail({.op = comm::TransportOp::kSend, .nth = 1}); };
-      ArmBeforeRowExchange hooks(**dp, 3, r == 0 ? std::function<void()>(arm) : nullptr);
-      model::StagePass pass((*dp)->pass_model(), {0, (*dp)->units().head()},
-                            tokens.data() + r * rows * seq, rows, seq, {}, &hooks);
-      out[size_t(r)] = pass.forward(nullptr, true);
+      out[size_t(r)] = forward(r, **t, **dp);
     });
   }
   for (std::thread& t : threads) t.join();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::printf("rank 0: %s\nrank 1: %s\n", out[0].to_string().c_str(), out[1].to_string().c_str());
+  EXPECT_LT(seconds, 2.0 + 4.0) << "one collective's timeout and the setup at most";
+  return out;
+}
+
+// Rank 0's send fails in the third row exchange (layer 1's forward): both ranks stop their
+// pass with an error, rank 0's naming the exchange, within one collective's timeout.
+TEST(ExpertParallel, AFailedExchangeStopsEveryRankNamingIt) {
+  const int64_t rows = 2, seq = 16;
+  std::vector<int64_t> tokens(size_t(2 * rows * seq));
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int64_t(i * 37 % 301);
+  const std::vector<Status> out = forward_with_faults(
+      {.dp = 2, .ep = 2}, [&](int r, comm::FaultTransport& t, DataParallel& dp) {
+        auto arm = [&t] { t.fail({.op = comm::TransportOp::kSend, .nth = 1}); };
+        ArmBeforeRowExchange hooks(dp, 3, r == 0 ? std::function<void()>(arm) : nullptr);
+        model::StagePass pass(dp.pass_model(), {0, dp.units().head()},
+                              tokens.data() + r * rows * seq, rows, seq, {}, &hooks);
+        return pass.forward(nullptr, true);
+      });
   EXPECT_NE(out[0].message().find("exchanging expert rows (--ep)"), std::string::npos)
       << out[0].to_string();
   EXPECT_FALSE(out[1].ok());  // its wait for rank 0's rows runs out: the injected fault
                               // closes nothing on rank 1's side
-  std::printf("rank 0: %s\nrank 1: %s\n", out[0].to_string().c_str(), out[1].to_string().c_str());
-  EXPECT_LT(seconds, 2.0 + 4.0) << "one collective's timeout and the setup at most";
 }
 
 // Rank 0's first send under --tp 2 fails (the sum after layer 0's o_proj): both ranks stop
 // their pass with an error, rank 0's naming the tensor-parallel sum, within one collective's
 // timeout.
 TEST(TensorParallel, AFailedSumStopsEveryRankNamingIt) {
-  const model::ModelConfig c = *model::preset("tiny");
-  const ParallelLayout layout{.dp = 1, .tp = 2};
   const int64_t rows = 2, seq = 16;
   std::vector<int64_t> tokens(size_t(rows * seq));
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int64_t(i * 37 % 301);
-  auto store = std::make_shared<comm::MemoryStore>();
-  std::vector<Status> out(2, internal_error("did not run"));
-  const auto started = std::chrono::steady_clock::now();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      auto t = comm::FaultTransport::create({.name = "rank " + std::to_string(r)});
-      ASSERT_TRUE(t.ok());
-      auto group = comm::Group::connect({.store = store,
-                                         .rank = r,
-                                         .size = 2,
-                                         .timeout = std::chrono::seconds(2),
-                                         .transport = *t,
-                                         .ids_key = "ids"});
-      auto queue = comm::Group::connect({.store = store,
-                                         .rank = r,
-                                         .size = 2,
-                                         .timeout = std::chrono::seconds(5),
-                                         .prefix = "q"});
-      ASSERT_TRUE(group.ok() && queue.ok());
-      auto dp = make_data_parallel(c, layout, {}, std::chrono::seconds(2), {*group, *queue});
-      ASSERT_TRUE(dp.ok()) << dp.status().to_string();
-      std::vector<float> init(size_t((*dp)->layout().total()));
-      model::init_params(c, (*dp)->layout(), 5, init.data());
-      (*dp)->set_params(init.data());
-      (*dp)->begin_step();
-      (*dp)->begin_micro_batch(0);
-      if (r == 0) (*t)->fail({.op = comm::TransportOp::kSend, .nth = 1});
-      model::StagePass pass((*dp)->pass_model(), {0, (*dp)->units().head()}, tokens.data(), rows,
-                            seq, {}, dp->get());
-      out[size_t(r)] = pass.forward(nullptr, true);
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const std::vector<Status> out = forward_with_faults(
+      {.dp = 1, .tp = 2}, [&](int r, comm::FaultTransport& t, DataParallel& dp) {
+        if (r == 0) t.fail({.op = comm::TransportOp::kSend, .nth = 1});
+        model::StagePass pass(dp.pass_model(), {0, dp.units().head()}, tokens.data(), rows, seq, {},
+                              &dp);
+        return pass.forward(nullptr, true);
+      });
   EXPECT_NE(out[0].message().find("summing over the tensor-parallel ranks (--tp)"),
             std::string::npos)
       << out[0].to_string();
   EXPECT_FALSE(out[1].ok());
-  std::printf("rank 0: %s\nrank 1: %s\n", out[0].to_string().c_str(), out[1].to_string().c_str());
-  EXPECT_LT(seconds, 2.0 + 4.0) << "one collective's timeout and the setup at most";
 }
 
 // Every TP rank updates its copy of the replicated parameters alike; a copy that differs is
