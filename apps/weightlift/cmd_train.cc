@@ -119,6 +119,32 @@ Status run_train(parallel::TrainOptions o, const TrainFlags& f) {
   return ok_status();
 }
 
+// Where the job runs: micro-batches, --dp-mode, --pp, --ep, --tp and their options.
+void add_layout_flags(CLI::App& cmd, parallel::TrainOptions& o, TrainFlags& f) {
+  cmd.add_option("--micro-batches", o.layout.micro_batches,
+                 "the global batch in this many micro-batches (gradient accumulation)")
+      ->capture_default_str();
+  cmd.add_option("--dp-mode", f.dp_mode,
+                 "data parallel under a launcher: ddp, zero1, zero2 or fsdp")
+      ->capture_default_str();
+  cmd.add_option("--pp", o.layout.pp,
+                 "pipeline stages (the ranks are stages x data parallel x tensor parallel)")
+      ->capture_default_str();
+  cmd.add_option("--pp-schedule", f.schedule, "1f1b or gpipe")->capture_default_str();
+  cmd.add_option("--ep", o.layout.ep,
+                 "expert parallel: groups of this many data-parallel ranks share out the "
+                 "experts, each rank running and holding only its own")
+      ->capture_default_str();
+  cmd.add_option("--tp", o.layout.tp,
+                 "tensor parallel: groups of this many consecutive ranks split every block's "
+                 "heads and expert ffn rows, each rank running and holding only its slices")
+      ->capture_default_str();
+  cmd.add_flag("--pp-schedule-print", f.print_schedule,
+               "print each stage's timeline of --pp stages and --micro-batches, and stop");
+  cmd.add_option("--bucket-bytes", o.layout.bucket_bytes, "ddp/zero1 gradient bucket size")
+      ->capture_default_str();
+}
+
 }  // namespace
 
 void register_train(CLI::App& app, Outcome& out) {
@@ -136,28 +162,7 @@ void register_train(CLI::App& app, Outcome& out) {
   cmd->add_option("--batch", o->batch, "rows of the global batch of one update, all ranks")
       ->capture_default_str();
   cmd->add_option("--seq", o->seq, "tokens per row (0 = max_seq_len)")->capture_default_str();
-  cmd->add_option("--micro-batches", o->layout.micro_batches,
-                  "the global batch in this many micro-batches (gradient accumulation)")
-      ->capture_default_str();
-  cmd->add_option("--dp-mode", f->dp_mode,
-                  "data parallel under a launcher: ddp, zero1, zero2 or fsdp")
-      ->capture_default_str();
-  cmd->add_option("--pp", o->layout.pp,
-                  "pipeline stages (the ranks are stages x data parallel x tensor parallel)")
-      ->capture_default_str();
-  cmd->add_option("--pp-schedule", f->schedule, "1f1b or gpipe")->capture_default_str();
-  cmd->add_option("--ep", o->layout.ep,
-                  "expert parallel: groups of this many data-parallel ranks share out the "
-                  "experts, each rank running and holding only its own")
-      ->capture_default_str();
-  cmd->add_option("--tp", o->layout.tp,
-                  "tensor parallel: groups of this many consecutive ranks split every block's "
-                  "heads and expert ffn rows, each rank running and holding only its slices")
-      ->capture_default_str();
-  cmd->add_flag("--pp-schedule-print", f->print_schedule,
-                "print each stage's timeline of --pp stages and --micro-batches, and stop");
-  cmd->add_option("--bucket-bytes", o->layout.bucket_bytes, "ddp/zero1 gradient bucket size")
-      ->capture_default_str();
+  add_layout_flags(*cmd, *o, *f);
   cmd->add_option("--timeout", f->timeout_s, "seconds any collective may wait")
       ->capture_default_str();
   cmd->add_option("--die-at-step", o->die_at_step,

@@ -60,14 +60,7 @@ DataParallel::DataParallel(const model::ModelConfig& config, const DataParallelO
   WL_CHECK(!tensor_ || tensor_->kv_copies() == model::kv_copies(config_, tp_))
       << "the kv group has " << tensor_->kv_copies() << " ranks, the model shares each kv head "
       << "over " << model::kv_copies(config_, tp_);
-  for (const model::ParamInfo& p : layout_.params()) {
-    const model::TensorSlice s = model::tensor_slice(config_, p, tp_, tp_rank_);
-    owned_.push_back(s.owner);
-    const bool whole = s.rows.size() * s.cols.size() == p.numel();
-    replicated_.push_back(whole);
-    shared_kv_.push_back(!whole && model::kv_copies(config_, tp_) > 1 &&
-                         (p.role == model::ParamRole::kK || p.role == model::ParamRole::kV));
-  }
+  build_ownership();
   WL_CHECK(config_.validate().ok()) << config_.validate().to_string();
   if (group_) {
     rank_ = group_->rank();
@@ -82,6 +75,34 @@ DataParallel::DataParallel(const model::ModelConfig& config, const DataParallelO
   WL_CHECK(!expert_data_ || expert_data_->rank() == rank_ / ep)
       << "data-parallel rank " << rank_ << " is rank " << expert_data_->rank()
       << " of those with its experts";
+  build_shards();
+  const ParallelLayout& l = options_.layout;
+  params_ = zeros(l.shards_parameters() ? packed_elems_ : whole_elems_);
+  grads_ = zeros(l.shards_gradients() ? packed_elems_ : whole_elems_);
+  m_ = zeros(l.shards_optimizer() ? packed_elems_ : whole_elems_);
+  v_ = zeros(l.shards_optimizer() ? packed_elems_ : whole_elems_);
+  build_reducers();
+  build_slices();
+}
+
+DataParallel::~DataParallel() = default;
+
+// Under --tp, which parameters this rank speaks for, and which it holds a copy of.
+void DataParallel::build_ownership() {
+  for (const model::ParamInfo& p : layout_.params()) {
+    const model::TensorSlice s = model::tensor_slice(config_, p, tp_, tp_rank_);
+    owned_.push_back(s.owner);
+    const bool whole = s.rows.size() * s.cols.size() == p.numel();
+    replicated_.push_back(whole);
+    shared_kv_.push_back(!whole && model::kv_copies(config_, tp_) > 1 &&
+                         (p.role == model::ParamRole::kK || p.role == model::ParamRole::kV));
+  }
+}
+
+// The units this rank holds, and each one's parts cut into shards over the ranks that share
+// them; where each starts in the whole and in the packed buffers.
+void DataParallel::build_shards() {
+  const int ep = options_.layout.ep;
   held_ = options_.units;
   if (held_.empty()) {
     for (int u = 0; u < units_.count(); ++u) held_.push_back(u);
@@ -114,16 +135,7 @@ DataParallel::DataParallel(const model::ModelConfig& config, const DataParallelO
     whole_elems_ += parts_.held_elems(u);
     packed_elems_ += packed;
   }
-  const ParallelLayout& l = options_.layout;
-  params_ = zeros(l.shards_parameters() ? packed_elems_ : whole_elems_);
-  grads_ = zeros(l.shards_gradients() ? packed_elems_ : whole_elems_);
-  m_ = zeros(l.shards_optimizer() ? packed_elems_ : whole_elems_);
-  v_ = zeros(l.shards_optimizer() ? packed_elems_ : whole_elems_);
-  build_reducers();
-  build_slices();
 }
-
-DataParallel::~DataParallel() = default;
 
 comm::Group* DataParallel::group_of(const PartShards& part) const {
   if (part.shards.ranks() == 1) return nullptr;
@@ -222,16 +234,22 @@ void DataParallel::copy_held(Tensor& held, float* full) {
 }
 
 Status DataParallel::gather_params(float* full) {
+  return gather_whole(params_, options_.layout.shards_parameters(), full);
+}
+
+// The held parts of `state` (params_ or grads_, packed shards when `sharded`) at their places
+// in `full`, every expert and every TP rank's slices included.
+Status DataParallel::gather_whole(Tensor& state, bool sharded, float* full) {
   std::vector<float> slices;
-  float* held = full;
+  float* held = full;  // in the held layout's coordinates
   if (tp_ > 1) {
     slices.resize(size_t(held_layout_.total()));
     held = slices.data();
   }
-  if (!options_.layout.shards_parameters()) {
-    copy_held(params_, held);
+  if (!sharded) {
+    copy_held(state, held);
   } else {
-    WL_RETURN_IF_ERROR(gather_units(params_.data<float>(), held));
+    WL_RETURN_IF_ERROR(gather_units(state.data<float>(), held));
   }
   WL_RETURN_IF_ERROR(gather_experts(held));
   return tp_ > 1 ? unslice_over_tensor(held, full) : ok_status();
@@ -731,19 +749,7 @@ Result<train::StepReport> DataParallel::apply_optimizer(double lr, double grad_u
 }
 
 Status DataParallel::gather_grads(float* full) {
-  std::vector<float> slices;
-  float* held = full;
-  if (tp_ > 1) {
-    slices.resize(size_t(held_layout_.total()));
-    held = slices.data();
-  }
-  if (!options_.layout.shards_gradients()) {
-    copy_held(grads_, held);
-  } else {
-    WL_RETURN_IF_ERROR(gather_units(grads_.data<float>(), held));
-  }
-  WL_RETURN_IF_ERROR(gather_experts(held));
-  return tp_ > 1 ? unslice_over_tensor(held, full) : ok_status();
+  return gather_whole(grads_, options_.layout.shards_gradients(), full);
 }
 
 // ZeRO-1 and -2: every rank updated its own rows; each held unit's are gathered into every

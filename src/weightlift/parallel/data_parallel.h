@@ -236,11 +236,14 @@ class DataParallel final : public model::PassHooks {
   const Status& hook_failure() const { return hook_failure_; }
 
  private:
+  void build_ownership();
+  void build_shards();
   void build_slices();
   void build_reducers();
   std::vector<int> units_read(int unit) const;
   Status allgather_params();
   Status gather_units(const float* local, float* full);
+  Status gather_whole(Tensor& state, bool sharded, float* full);
   void copy_held(Tensor& held, float* full);
   Status sum_over_stages(float* full);
   Status reduce_replica();
