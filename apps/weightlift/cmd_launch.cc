@@ -17,7 +17,7 @@ void register_launch(CLI::App& app, Outcome& out) {
       ->capture_default_str()
       ->transform(count(0, 65535));
   cmd->add_option("--restart-failed", o->restart_failed,
-                  "start a failed rank other than 0 again, up to this many times each")
+                  "start a failed rank again, up to this many times each")
       ->capture_default_str()
       ->transform(count(0, 1000));
   cmd->add_option("command", o->command, "the command each rank runs (after --)")->required();

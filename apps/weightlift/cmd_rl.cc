@@ -5,6 +5,7 @@
 // with the workers, processes.json.
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -250,6 +251,13 @@ Status run_rl(RlArgs a) {
     return invalid_argument(
         "rl needs at least 2 processes: the trainer and a rollout worker "
         "(weightlift launch -n 2 weightlift rl ...)");
+  }
+  // A rollout worker can be replaced mid-run; the trainer holds the run, and cannot.
+  if (env.rank == 0 && std::getenv("WEIGHTLIFT_RESTART") != nullptr) {
+    return failed_precondition(
+        "the trainer (rank 0) was lost and cannot be replaced mid-run: start the job again "
+        "with --resume and its last checkpoint in " +
+        a.out_dir);
   }
   // Only the trainer writes into --out (a replaced worker starts while the run is there).
   if (env.rank == 0) WL_RETURN_IF_ERROR(check_out_dir(a));

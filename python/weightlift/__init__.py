@@ -74,7 +74,8 @@ def _buffer(x: Any, what: str, writable: bool) -> _native.Buffer:
 
 
 class Job:
-    """This process's place in the job and the job's rendezvous store (rank 0 hosts it)."""
+    """This process's place in the job and the job's rendezvous store (`weightlift launch`
+    hosts it; under another launcher, rank 0 does)."""
 
     def __init__(self, timeout: float = 60.0) -> None:
         self._native = _native.Job(timeout=timeout)
@@ -107,7 +108,7 @@ class Job:
 
     def close(self, timeout: Optional[float] = None, ranks: Optional[int] = None) -> None:
         """Waits until every rank (or `ranks` of them, when some have gone for good) has
-        called close(): rank 0's store then stays up until no rank needs it."""
+        called close(): a store that rank 0 hosts then stays up until no rank needs it."""
         self._native.wait_all(f"close-{next(self._closes)}",
                               self._timeout if timeout is None else timeout, ranks or 0)
 

@@ -15,17 +15,23 @@
 //                            the store, read every other rank's, run `check` and exit as it
 //                            does: tests/cli/hostile_store.py attacks the store while the job
 //                            holds, then lets it finish.
+//   comm_test_rank store-after-rank0
+//                            rank 0 leaves at once; the others then meet in the store and
+//                            print "met after rank 0 left": under `weightlift launch` the
+//                            store is the launcher's, not rank 0's.
 //
 // A failure to join exits 10 + the StatusCode at once, so the tests can tell a refused token
 // (kPermissionDenied) from a timeout.
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "weightlift/comm/collectives.h"
+#include "weightlift/comm/process_alive.h"
 #include "weightlift/comm/world.h"
 
 namespace {
@@ -118,6 +124,36 @@ int hold(wl::comm::World& w, int timeout_ms) {
   return check(g);
 }
 
+// Only the store: rank 0 publishes its pid and leaves; the others wait until that process is
+// gone, then meet in the store.
+int store_after_rank0(const wl::comm::LaunchEnv& env) {
+  auto w = wl::comm::connect_store(env, std::chrono::milliseconds(20000));
+  if (!w.ok()) return fail(env.rank, w.status());
+  if (env.rank == 0) {
+    const std::string pid = std::to_string(::getpid());
+    if (auto s = w->store->set("rank0-pid", wl::comm::to_bytes(pid)); !s.ok()) return fail(0, s);
+    return 0;
+  }
+  auto pid = w->store->get("rank0-pid", std::chrono::milliseconds(20000));
+  if (!pid.ok()) return fail(env.rank, pid.status());
+  const wl::comm::ProcessId rank0{.host = wl::comm::this_process().host,
+                                  .pid = std::atoll(wl::comm::to_string(*pid).c_str())};
+  for (int i = 0; wl::comm::process_may_be_alive(rank0); ++i) {
+    if (i == 2000) return std::printf("rank %d: rank 0 never left\n", env.rank), 1;
+    ::usleep(10000);
+  }
+  if (auto s = w->store->add("met", 1); !s.ok()) return fail(env.rank, s.status());
+  for (int i = 0;; ++i) {
+    auto n = w->store->add("met", 0);
+    if (!n.ok()) return fail(env.rank, n.status());
+    if (*n == env.world_size - 1) break;
+    if (i == 2000) return std::printf("rank %d: the others never came\n", env.rank), 1;
+    ::usleep(10000);
+  }
+  std::printf("met after rank 0 left\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -125,6 +161,7 @@ int main(int argc, char** argv) {
   const int timeout_ms = argc > 2 ? std::atoi(argv[2]) : 10000;
   auto place = wl::comm::read_launch_env();
   if (!place.ok()) return fail(-1, place.status());
+  if (mode == "store-after-rank0") return store_after_rank0(*place);
   auto world =
       wl::comm::connect_world(*place, {.timeout = std::chrono::milliseconds(
                                            mode == "loop" || mode == "hold" ? timeout_ms : 20000)});

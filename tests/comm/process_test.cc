@@ -200,8 +200,8 @@ TEST(Launch, AFailingRankStopsTheJobWithItsExitCode) {
   EXPECT_NE(l.output.find("rank 1 exited with code 7"), std::string::npos) << l.output;
 }
 
-// --restart-failed: a failed rank other than 0 starts again with WEIGHTLIFT_RESTART set, up
-// to the number of restarts allowed; rank 0, which holds the store, never does.
+// --restart-failed: a failed rank starts again with WEIGHTLIFT_RESTART set, up to the number
+// of restarts allowed; rank 0 too, since the store is the launcher's.
 TEST(Launch, AFailedRankIsStartedAgainWhileRestartsRemain) {
   // Rank 1 fails until its second restart.
   const std::vector<std::string> flaky = {
@@ -216,9 +216,28 @@ TEST(Launch, AFailedRankIsStartedAgainWhileRestartsRemain) {
   EXPECT_NE(l.output.find("[rank 1] done restart=2"), std::string::npos) << l.output;
   l = launch(2, flaky, 1);  // one restart is not enough
   EXPECT_EQ(l.code, 5) << l.output;
-  l = launch(2, {"sh", "-c", "if [ \"$RANK\" = 0 ]; then exit 4; fi; sleep 30"}, 3);
+  l = launch(2, {"sh", "-c", "if [ \"$RANK\" = 0 ]; then exit 4; fi; sleep 30"}, 0);
   EXPECT_EQ(l.code, 4) << l.output;
   EXPECT_EQ(l.output.find("starting it again"), std::string::npos) << l.output;
+  l = launch(2,
+             {"sh", "-c",
+              "if [ \"$RANK\" = 0 ] && [ \"${WEIGHTLIFT_RESTART:-0}\" = 0 ]; then exit 4; fi; "
+              "echo \"done restart=${WEIGHTLIFT_RESTART:-0}\""},
+             1);
+  EXPECT_EQ(l.code, 0) << l.output;
+  EXPECT_NE(l.output.find("[rank 0] done restart=1"), std::string::npos) << l.output;
+}
+
+// The launcher runs the job's store: rank 0 may leave, or die, and the others still meet
+// there (comm_test_rank's `store-outlives-rank0` mode).
+TEST(Launch, TheStoreOutlivesRankZero) {
+  auto l = launch(3, {kRankBinary, "store-after-rank0"});
+  EXPECT_EQ(l.code, 0) << l.output;
+  for (int r = 1; r < 3; ++r) {
+    EXPECT_NE(l.output.find("[rank " + std::to_string(r) + "] met after rank 0 left\n"),
+              std::string::npos)
+        << l.output;
+  }
 }
 
 TEST(Launch, ARankKilledBySignalCountsAs128PlusSignal) {

@@ -2,13 +2,10 @@
 // prefixes lines, reaps children and stops the job on the first failure.
 #include "weightlift/comm/launch.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,31 +14,13 @@
 #include <random>
 #include <thread>
 
+#include "weightlift/comm/tcp_store.h"
+
 namespace wl::comm {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-Result<int> free_port(const std::string& addr) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return errno_status("launch: socket", errno);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  if (inet_pton(AF_INET, addr.c_str(), &a.sin_addr) != 1) {
-    ::close(fd);
-    return invalid_argument("launch: master address '" + addr + "' is not an IPv4 address");
-  }
-  socklen_t len = sizeof a;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    Status s = errno_status("launch: finding a free port on " + addr, errno);
-    ::close(fd);
-    return s;
-  }
-  ::close(fd);
-  return int(ntohs(a.sin_port));
-}
 
 std::string random_token() {
   std::random_device rd;  // the kernel's entropy
@@ -88,7 +67,7 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int r, int por
       {"RANK", std::to_string(r)},       {"WORLD_SIZE", std::to_string(o.nprocs)},
       {"LOCAL_RANK", std::to_string(r)}, {"LOCAL_WORLD_SIZE", std::to_string(o.nprocs)},
       {"MASTER_ADDR", o.master_addr},    {"MASTER_PORT", std::to_string(port)},
-      {"WEIGHTLIFT_JOB_TOKEN", token}};
+      {"WEIGHTLIFT_JOB_TOKEN", token},   {"WEIGHTLIFT_STORE_HOSTED", "1"}};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string_view entry(*e);
@@ -251,12 +230,12 @@ void Job::reap() {
   }
 }
 
-// Starts failed rank r again (not rank 0, which holds the job's store) while it has restarts
-// left, with the same variables and WEIGHTLIFT_RESTART=<how many times>; its old pipe's
-// output so far has been passed on. False when it is not restarted.
+// Starts failed rank r again while it has restarts left (the store is the launcher's, so rank
+// 0 is no different), with the same variables and WEIGHTLIFT_RESTART=<how many times>; its old
+// pipe's output so far has been passed on. False when it is not restarted.
 bool Job::restart(int r, int code) {
   Rank& k = ranks_[size_t(r)];
-  if (r == 0 || k.restarts >= o_.restart_failed) return false;
+  if (k.restarts >= o_.restart_failed) return false;
   ++k.restarts;
   if (k.out >= 0) {
     if (!k.partial.empty()) emit(r, "\n");
@@ -330,12 +309,13 @@ Status Job::kill_at_deadline() {
 Result<int> run_launch(const LaunchOptions& o) {
   if (o.nprocs < 1) return invalid_argument("launch: -n must be at least 1");
   if (o.command.empty()) return invalid_argument("launch: no command to run");
-  int port = o.master_port;
-  if (port == 0) {
-    WL_ASSIGN_OR_RETURN(port, free_port(o.master_addr));
-  }
+  const std::string token = random_token();
+  // The job's store, for as long as the job runs (port 0: the kernel picks a free one).
+  Result<std::unique_ptr<TcpStoreServer>> store =
+      TcpStoreServer::start({.bind_address = o.master_addr, .port = o.master_port, .token = token});
+  if (!store.ok()) return store.status().with_context("launch: the job's store");
   Job job(o);
-  WL_RETURN_IF_ERROR(job.start(port, random_token()));
+  WL_RETURN_IF_ERROR(job.start((*store)->port(), token));
   return job.wait();
 }
 

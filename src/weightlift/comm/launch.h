@@ -1,8 +1,11 @@
 // launch: `weightlift launch -n N -- CMD ...`, the embedded launcher for one host.
 //
 // Starts N copies of CMD with the variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK,
-// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT on a free port) and a fresh random
-// WEIGHTLIFT_JOB_TOKEN, so that the job's store refuses any process it did not start. Every
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and a fresh random WEIGHTLIFT_JOB_TOKEN, so that
+// the job's store refuses any process it did not start. The launcher runs the job's
+// rendezvous store itself on MASTER_ADDR:MASTER_PORT (WEIGHTLIFT_STORE_HOSTED=1 tells the
+// ranks), as torchrun's agent does: the store outlives any rank, so any rank, rank 0
+// included, may be lost and started again. Every
 // line a rank prints (stdout and stderr) comes out prefixed "[rank r] ". When a rank exits
 // with an error the others are stopped (SIGTERM, then SIGKILL after a grace period) and its
 // exit code is returned (unless restart_failed starts it again); a rank killed by signal s
@@ -29,9 +32,9 @@ struct LaunchOptions {
   // Where the launcher's own lines go ("[launch] rank 1 exited with code 1; ...", a command
   // that cannot be run): apart from the ranks' output, so that it can be piped on whole.
   int notice_fd = 2;
-  // A rank other than 0 (which holds the job's store) that fails while the job runs is started
-  // again, with the same variables and WEIGHTLIFT_RESTART=<n>, up to this many times each:
-  // jobs whose processes rejoin (RL rollout workers) survive a lost process. 0: a failure
+  // A rank that fails while the job runs is started again, with the same variables and
+  // WEIGHTLIFT_RESTART=<n>, up to this many times each: jobs whose processes rejoin (RL
+  // rollout workers, pipeline stages under --recovery) survive a lost process. 0: a failure
   // stops the job.
   int restart_failed = 0;
   // The whole job's deadline; 0: none. Past it, every rank still running is killed and the

@@ -59,6 +59,10 @@ Result<LaunchEnv> read_launch_env(const std::function<const char*(const char*)>&
     WL_ASSIGN_OR_RETURN(p.master_port, parse_int("MASTER_PORT", port, 1, 65535));
   }
   if (const char* t = env("WEIGHTLIFT_JOB_TOKEN")) p.job_token = t;
+  if (const char* h = env("WEIGHTLIFT_STORE_HOSTED")) {
+    WL_ASSIGN_OR_RETURN(const int hosted, parse_int("WEIGHTLIFT_STORE_HOSTED", h, 0, 1));
+    p.store_hosted = hosted == 1;
+  }
   if (p.job_token.empty() && p.world_size > 1) {
     return invalid_argument("WEIGHTLIFT_JOB_TOKEN is not set: a job of " +
                             std::to_string(p.world_size) +

@@ -7,6 +7,9 @@
 // MASTER_PORT are read whatever the family (mpirun and srun do not set them); without them
 // the store is on 127.0.0.1:29500, torchrun's default port. The job token comes from
 // WEIGHTLIFT_JOB_TOKEN and may be empty only for a job of one process.
+// WEIGHTLIFT_STORE_HOSTED=1 says the launcher itself runs the store there (`weightlift launch`
+// does, as torchrun's agent does), so that no rank hosts it and any rank may be lost and
+// replaced without taking the store down; otherwise rank 0 hosts it.
 #pragma once
 
 #include <functional>
@@ -23,7 +26,8 @@ struct LaunchEnv {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::string job_token;
-  std::string launcher;  // "torchrun", "openmpi", "slurm" or "none" (a single process)
+  std::string launcher;       // "torchrun", "openmpi", "slurm" or "none" (a single process)
+  bool store_hosted = false;  // the launcher runs the store; rank 0 does not
 };
 
 // Reads the environment through `getenv_fn` (std::getenv by default; tests pass a map).

@@ -6,12 +6,13 @@ namespace wl::comm {
 
 namespace {
 
-// The store of the job: rank 0 hosts it on `bind_address`, every rank is its client.
+// The store of the job: rank 0 hosts it on `bind_address` (unless the launcher does), every
+// rank is its client.
 Result<World> store_world(const LaunchEnv& env, const std::string& bind_address,
                           std::chrono::milliseconds timeout) {
   World world;
   world.env = env;
-  if (env.rank == 0) {
+  if (env.rank == 0 && !env.store_hosted) {
     WL_ASSIGN_OR_RETURN(world.server, TcpStoreServer::start({.bind_address = bind_address,
                                                              .port = env.master_port,
                                                              .token = env.job_token}));

@@ -3,10 +3,11 @@
 //   WL_ASSIGN_OR_RETURN(World world, connect_world(env, {}));
 //   allreduce(*world.group, {...});
 //
-// Rank 0 runs the rendezvous store (tcp_store.h) on MASTER_ADDR:MASTER_PORT; every rank
-// connects to it with the job token, publishes its UCX worker address and connects to every
-// other rank (group.h). A closing barrier makes sure every rank has read every address before
-// any rank may leave and take the store down with it.
+// Rank 0 runs the rendezvous store (tcp_store.h) on MASTER_ADDR:MASTER_PORT, unless the
+// launcher runs it (LaunchEnv::store_hosted: `weightlift launch` does); every rank connects to it
+// with the job token, publishes its UCX worker address and connects to every other rank (group.h).
+// A closing barrier makes sure every rank has read every address before any rank may leave and take
+// the store down with it.
 #pragma once
 
 #include <memory>
@@ -29,7 +30,7 @@ struct WorldOptions {
 struct World {
   LaunchEnv env;
   // Declared so that destruction runs group, then store, then server.
-  std::unique_ptr<TcpStoreServer> server;  // rank 0 only
+  std::unique_ptr<TcpStoreServer> server;  // rank 0 only, when the launcher does not host it
   std::shared_ptr<Store> store;
   std::shared_ptr<Group> group;
 };
