@@ -41,20 +41,6 @@ Result<std::vector<train::Batch>> validation_batches(const SimulationOptions& o)
   return train::fixed_windows(*o.val_tokens, windows, o.batch, o.seq);
 }
 
-// The stages lost at the start of iteration `it`. The schedule draws every stage every
-// iteration, whatever happens, so it is the same for every strategy.
-std::vector<int> draw_losses(const SimulationOptions& o, int64_t it, Rng& failures) {
-  std::vector<int> lost;
-  for (int s = 0; s < o.stages; ++s) {
-    if (failures.uniform_double() < o.fail_prob) lost.push_back(s);
-  }
-  for (const ScheduledLoss& l : o.scheduled) {
-    if (l.iteration == it && std::find(lost.begin(), lost.end(), l.stage) == lost.end())
-      lost.push_back(l.stage);
-  }
-  return lost;
-}
-
 // Restores the whole run to `saved`; returns the progress it held.
 int64_t roll_back(const Checkpoint& saved, StagedModel& model, train::WindowSampler& sampler) {
   model.set_state(saved.model);
@@ -121,7 +107,7 @@ Result<SimulationResult> simulate(const SimulationOptions& o) {
   if (o.swap || o.recovery == Recovery::kCheckFreePlus) orders.push_back(model->swapped_order());
   train::LrSchedule schedule = o.schedule;
   schedule.total_steps = o.iterations;
-  Rng failures(o.fail_seed);
+  FailureSchedule failures(o.stages, o.fail_prob, o.fail_seed, o.scheduled);
 
   SimulationResult result;
   std::optional<Checkpoint> saved;
@@ -138,7 +124,7 @@ Result<SimulationResult> simulate(const SimulationOptions& o) {
   double last_loss = NAN;
   int64_t progress = 0, lost_count = 0;
   for (int64_t it = 1; it <= o.iterations; ++it) {
-    const std::vector<int> lost = draw_losses(o, it, failures);
+    const std::vector<int> lost = failures.at(it);
     std::optional<LossRecord> record;
     if (!lost.empty()) {
       const Stopwatch clock;

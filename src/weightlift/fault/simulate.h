@@ -13,18 +13,13 @@
 #include <vector>
 
 #include "weightlift/core/status.h"
+#include "weightlift/fault/failure_schedule.h"
 #include "weightlift/fault/recovery.h"
 #include "weightlift/model/config.h"
 #include "weightlift/train/adamw.h"
 #include "weightlift/train/schedule.h"
 
 namespace wl::fault {
-
-// A stage lost at the start of an iteration (1-based), on top of the random schedule.
-struct ScheduledLoss {
-  int64_t iteration = 0;
-  int stage = 0;
-};
 
 // What happened at one iteration; validation only at evaluation points (NaN elsewhere).
 struct IterationRecord {

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "weightlift/core/check.h"
+#include "weightlift/fault/stage_route.h"
 #include "weightlift/kernels/cross_entropy.h"
 #include "weightlift/kernels/optimizer.h"
 
@@ -58,19 +59,9 @@ StagedModel::StagedModel(const model::ModelConfig& config, int stages, train::Ad
   groups_.push_back(group_of({0, units_.head()}));
 }
 
-std::vector<int> StagedModel::normal_order() const {
-  std::vector<int> order(static_cast<size_t>(stages()));
-  for (int s = 0; s < stages(); ++s) order[size_t(s)] = s;
-  return order;
-}
+std::vector<int> StagedModel::normal_order() const { return fault::normal_order(stages()); }
 
-std::vector<int> StagedModel::swapped_order() const {
-  std::vector<int> order = normal_order();
-  const int n = stages();
-  if (n >= 2) std::swap(order[0], order[1]);
-  if (n >= 4) std::swap(order[size_t(n - 2)], order[size_t(n - 1)]);
-  return order;
-}
+std::vector<int> StagedModel::swapped_order() const { return fault::swapped_order(stages()); }
 
 model::PassModel StagedModel::pass_model() {
   return {config_,

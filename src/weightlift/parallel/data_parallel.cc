@@ -429,6 +429,34 @@ std::vector<StateRows> DataParallel::rows_to_load() {
   return out;
 }
 
+std::vector<train::AdamWSlice> DataParallel::unit_slices(int unit) {
+  WL_CHECK(holds(unit) && !options_.layout.shards_optimizer() && tp_ == 1 &&
+           !parts_.divides_experts())
+      << "unit " << unit << " is not held whole here";
+  std::vector<train::AdamWSlice> out;
+  for (const PartShards& part : shards_[size_t(unit)]) {
+    for (size_t index : part.of->params) {
+      const model::ParamInfo& info = held_layout_.params()[index];
+      const int64_t at = whole_at(unit) + part.held + info.offset - part.of->model.begin;
+      out.push_back({.param = params_.data<float>() + at,
+                     .grad = grads_.data<float>() + at,
+                     .m = m_.data<float>() + at,
+                     .v = v_.data<float>() + at,
+                     .n = info.numel(),
+                     .decay = info.decay});
+    }
+  }
+  return out;
+}
+
+void DataParallel::rebind_stages(std::shared_ptr<comm::Group> stages) {
+  WL_CHECK(ranks_ == 1 && tp_ == 1 && !experts_ && !tied_ && stages)
+      << "only a stage of one rank, without --tp, --ep or a tied replica, rebinds its stages";
+  WL_CHECK(!stages_ || stages->size() == stages_->size())
+      << stages->size() << " stages for " << stages_->size();
+  stages_ = std::move(stages);
+}
+
 void DataParallel::begin_step() {
   grads_.fill_zero();
   comm_ = StepComm();

@@ -155,6 +155,14 @@ class DataParallel final : public model::PassHooks {
   }
   int job_size() const { return (stages_ ? stages_->size() : 1) * ranks_ * tp_; }
   train::AdamW& optimizer() { return adamw_; }
+  // AdamW's slices of unit u's parameters, with their gradients and moments, for an optimizer
+  // of the caller's (fault/'s per-stage clip groups). REQUIRES: u held, and held whole with
+  // its whole optimizer state (--dp-mode ddp, no --tp, no expert split).
+  std::vector<train::AdamWSlice> unit_slices(int unit);
+  // A pipeline stage held by one rank (data parallel 1, no --tp, --ep or tied replica) takes
+  // its stages group anew: a job that lost a stage and replaced it connects a new group of the
+  // stages, and this rank's state goes on unchanged.
+  void rebind_stages(std::shared_ptr<comm::Group> stages);
 
   // Keeps this rank's part of `full` (layout().total() floats: a fresh init, loaded weights).
   void set_params(const float* full);

@@ -7,6 +7,7 @@
 #include "weightlift/core/check.h"
 #include "weightlift/core/timing.h"
 #include "weightlift/kernels/cross_entropy.h"
+#include "weightlift/parallel/neighbours.h"
 
 namespace wl::parallel {
 
@@ -51,57 +52,6 @@ Place place_of(DataParallel& dp) {
 // Step tags: forward and backward of each micro-batch; evaluation batches above them.
 constexpr uint32_t kEvalTags = uint32_t(1) << 22;
 uint32_t step_tag(int micro_batch, bool forward) { return uint32_t(micro_batch) * 2 + !forward; }
-
-// Activations to the neighbours and back: sends posted and kept (with their buffers) until
-// they complete, receives waited for with the group's deadline.
-class Neighbours {
- public:
-  Neighbours(comm::Group* pipe, std::chrono::milliseconds timeout)
-      : pipe_(pipe), timeout_(timeout) {}
-  ~Neighbours() { (void)finish(); }
-
-  Status send(int stage, uint32_t tag, const Tensor& t) {
-    WL_ASSIGN_OR_RETURN(comm::Request r, pipe_->start_send({.data = t.raw(),
-                                                            .bytes = size_t(t.nbytes()),
-                                                            .peer = stage,
-                                                            .tag = tag,
-                                                            .timeout = timeout_}));
-    sends_.push_back({std::move(r), t});
-    return ok_status();
-  }
-
-  Result<Tensor> recv(int stage, uint32_t tag, const Shape& shape, double* waited) {
-    Tensor t = Tensor::empty(DType::kF32, shape);
-    const Stopwatch clock;
-    WL_RETURN_IF_ERROR(pipe_->recv({.data = t.raw(),
-                                    .bytes = size_t(t.nbytes()),
-                                    .peer = stage,
-                                    .tag = tag,
-                                    .timeout = timeout_}));
-    *waited += clock.seconds();
-    return t;
-  }
-
-  Status finish() {
-    Status first = ok_status();
-    for (Pending& p : sends_) {
-      if (!p.request.pending()) continue;
-      const Status s = pipe_->wait(p.request, comm::deadline_after(timeout_));
-      if (first.ok() && !s.ok()) first = s;
-    }
-    sends_.clear();
-    return first;
-  }
-
- private:
-  struct Pending {
-    comm::Request request;
-    Tensor keep;  // the buffer, alive until the send completes
-  };
-  comm::Group* pipe_;
-  std::chrono::milliseconds timeout_;
-  std::vector<Pending> sends_;
-};
 
 }  // namespace
 
