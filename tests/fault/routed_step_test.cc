@@ -43,7 +43,7 @@ train::AdamWOptions adam() {
 struct StageResult {
   std::map<int, std::vector<float>> units;  // unit -> its weights
   std::vector<double> losses;
-  std::vector<double> norms;  // the blocks group's post-clip norm after each step
+  std::vector<double> norms;   // the blocks group's post-clip norm after each step
   std::vector<float> replica;  // the replica's weights, when kept
   std::vector<float> end;      // the end unit's weights, when held
 };

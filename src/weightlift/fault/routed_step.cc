@@ -48,7 +48,8 @@ Result<StepShares> run_routed_passes(parallel::DataParallel& dp, StageOptimizer&
   const model::Units& units = dp.units();
   const std::vector<model::Stage> blocks = block_stages(units, stages);
   std::vector<std::vector<Segment>> routes;
-  for (const std::vector<int>& order : o.orders) routes.push_back(route(blocks, units.head(), order));
+  for (const std::vector<int>& order : o.orders)
+    routes.push_back(route(blocks, units.head(), order));
   const int64_t rows = global.batch / M, seq = global.seq, d = c.hidden_size;
   const int64_t denom =
       kernels::count_targets(global.targets.data(), int64_t(global.targets.size()));
@@ -79,9 +80,8 @@ Result<StepShares> run_routed_passes(parallel::DataParallel& dp, StageOptimizer&
                                                {rows * seq, d}, waited));
         x = in.data<float>();
       }
-      auto pass = std::make_unique<model::StagePass>(dp.pass_model(), r[size_t(i)].units,
-                                                     i == 0 ? tokens : nullptr, rows, seq, opts,
-                                                     &dp);
+      auto pass = std::make_unique<model::StagePass>(
+          dp.pass_model(), r[size_t(i)].units, i == 0 ? tokens : nullptr, rows, seq, opts, &dp);
       WL_RETURN_IF_ERROR(pass->forward(x, true));
       if (i + 1 == int(r.size())) {
         const model::LossTerms lt = pass->loss(global.targets.data() + m * rows * seq);
@@ -91,8 +91,8 @@ Result<StepShares> run_routed_passes(parallel::DataParallel& dp, StageOptimizer&
       shares.aux += c.aux_loss_alpha * router.aux / double(c.num_layers) / double(M);
       shares.z += c.z_loss_beta * router.z / double(c.num_layers) / double(M);
       if (i + 1 < int(r.size()) && r[size_t(i) + 1].process != me) {
-        WL_RETURN_IF_ERROR(next_door.send(r[size_t(i) + 1].process, pass_tag(m, i + 1, true),
-                                          pass->output()));
+        WL_RETURN_IF_ERROR(
+            next_door.send(r[size_t(i) + 1].process, pass_tag(m, i + 1, true), pass->output()));
       }
       x = i + 1 < int(r.size()) ? pass->output().data<float>() : nullptr;
       passes[{m, i}] = std::move(pass);
@@ -116,8 +116,8 @@ Result<StepShares> run_routed_passes(parallel::DataParallel& dp, StageOptimizer&
       model::StagePass& pass = *passes.at({m, i});
       WL_RETURN_IF_ERROR(pass.backward(dout));
       if (i > 0 && r[size_t(i) - 1].process != me) {
-        WL_RETURN_IF_ERROR(next_door.send(r[size_t(i) - 1].process, pass_tag(m, i - 1, false),
-                                          pass.input_grad()));
+        WL_RETURN_IF_ERROR(
+            next_door.send(r[size_t(i) - 1].process, pass_tag(m, i - 1, false), pass.input_grad()));
       }
       dout = i > 0 ? pass.input_grad().data<float>() : nullptr;
       // Only after the pass before it on this process has taken its input gradient.

@@ -67,13 +67,11 @@ double StageOptimizer::sum_squares(std::span<const train::AdamWSlice> slices) {
   return total;
 }
 
-double StageOptimizer::ends_sum_squares() const {
-  return sum_squares(slices_of(ends_units_));
-}
+double StageOptimizer::ends_sum_squares() const { return sum_squares(slices_of(ends_units_)); }
 
 std::vector<train::AdamWSlice> StageOptimizer::end_slices() {
-  WL_CHECK(ends_units_.size() == 1) << "stage " << stage_ << " holds " << ends_units_.size()
-                                    << " end units";
+  WL_CHECK(ends_units_.size() == 1)
+      << "stage " << stage_ << " holds " << ends_units_.size() << " end units";
   return dp_.unit_slices(ends_units_.front());
 }
 
@@ -94,13 +92,12 @@ void StageOptimizer::take_replica_gradient(const Tensor& grad) {
 }
 
 Status StageOptimizer::step(double lr, double ends_total_sum_squares) {
-  const auto run = [&](std::span<const train::AdamWSlice> slices, train::AdamW& opt,
-                       double factor, double ss, double* norm) -> Status {
+  const auto run = [&](std::span<const train::AdamWSlice> slices, train::AdamW& opt, double factor,
+                       double ss, double* norm) -> Status {
     const train::StepReport r = opt.step(slices, lr * factor, 1.0, ss);
     if (r.skipped) {
-      return aborted("stage " + std::to_string(stage_) +
-                     ": a gradient is not finite (norm " + std::to_string(r.grad_norm) +
-                     "): the run diverged");
+      return aborted("stage " + std::to_string(stage_) + ": a gradient is not finite (norm " +
+                     std::to_string(r.grad_norm) + "): the run diverged");
     }
     if (norm) *norm = clipped(r.grad_norm, adamw_.grad_clip);
     return ok_status();
@@ -141,7 +138,8 @@ std::span<float> StageOptimizer::block_weights() {
 }
 
 void StageOptimizer::reset_group(ClipGroup g, double lr_factor) {
-  for (const train::AdamWSlice& s : slices_of(g == ClipGroup::kBlocks ? block_units_ : ends_units_)) {
+  for (const train::AdamWSlice& s :
+       slices_of(g == ClipGroup::kBlocks ? block_units_ : ends_units_)) {
     std::fill_n(s.m, s.n, 0.0f);
     std::fill_n(s.v, s.n, 0.0f);
   }

@@ -38,9 +38,9 @@ enum class ClipGroup : uint8_t { kBlocks, kEnds };
 
 // One group's optimizer state besides its moments.
 struct GroupState {
-  int64_t steps = 0;       // AdamW updates since the group was (re)built
-  double lr_factor = 1;    // its learning rate is the schedule's times this
-  double norm = 1;         // its gradient's L2 norm after clipping, at the last step (1 before)
+  int64_t steps = 0;     // AdamW updates since the group was (re)built
+  double lr_factor = 1;  // its learning rate is the schedule's times this
+  double norm = 1;       // its gradient's L2 norm after clipping, at the last step (1 before)
 };
 
 // A unit's whole optimizer state, as a replica keeps it and as it travels: weights, m, v

@@ -38,7 +38,8 @@ std::vector<Segment> route(std::span<const model::Stage> blocks, int head,
   pieces.push_back({stages - 1, {head, head}});
   std::vector<Segment> out;
   for (const Segment& p : pieces) {
-    if (!out.empty() && out.back().process == p.process && out.back().units.last + 1 == p.units.first) {
+    if (!out.empty() && out.back().process == p.process &&
+        out.back().units.last + 1 == p.units.first) {
       out.back().units.last = p.units.last;
     } else {
       out.push_back(p);

@@ -44,15 +44,6 @@ struct LossScaler {
   }
 };
 
-double unigram_entropy(const std::vector<int64_t>& stream) {
-  std::vector<double> counts(train::kByteVocab, 0.0);
-  for (int64_t t : stream) counts[size_t(t)] += 1;
-  double h = 0, n = double(stream.size());
-  for (double c : counts)
-    if (c > 0) h -= c / n * std::log(c / n);
-  return h;
-}
-
 // One run of train(): the state its phases share.
 class Run {
  public:
@@ -80,9 +71,7 @@ class Run {
   model::ModelConfig cfg_;
   int64_t batch_ = 0;  // rows of the global batch: --batch, or the batch file's
   int64_t seq_ = 0;
-  std::vector<int64_t> train_stream_, val_stream_;
-  train::Batch fixed_;  // the batch file's one batch, when training on it
-  std::vector<train::Batch> val_batches_;
+  RunData data_;
   std::unique_ptr<DataParallel> dp_;
   std::optional<train::WindowSampler> sampler_;
   train::LrSchedule sched_;
@@ -110,48 +99,28 @@ Status Run::configure() {
     return invalid_argument("--batch and --steps must be at least 1");
   batch_ = o_.batch;
   WL_RETURN_IF_ERROR(check_run_plan(o_, cfg_));  // before anything is allocated or written
-  summary_.unigram_entropy = NAN;
   summary_.final_val_loss = NAN;
   return ok_status();
 }
 
 Status Run::load_data() {
-  if (!o_.batch_file.empty()) {
-    WL_ASSIGN_OR_RETURN(model::TokenBatch tb, model::load_token_batch(o_.batch_file, cfg_));
-    fixed_ = {tb.batch, tb.seq, std::move(tb.tokens), std::move(tb.targets)};
-    batch_ = tb.batch;
-    const Status s = check_layout(batch_);
-    // The file is to blame only when its rows are what does not fit the layout.
-    const int64_t fits = int64_t(o_.layout.micro_batches) * o_.layout.dp;
-    if (s.ok() || !check_layout(fits).ok()) return s;
-    return s.with_context("--batch-file " + o_.batch_file + " holds " + std::to_string(tb.batch) +
-                          " rows, the batch it trains on");
-  }
-  if (cfg_.vocab_size < train::kByteVocab)
-    return invalid_argument(
-        "the byte tokenizer needs vocab_size >= " + std::to_string(train::kByteVocab) +
-        ", config has " + std::to_string(cfg_.vocab_size));
-  WL_ASSIGN_OR_RETURN(train::BrownCorpus corpus, train::load_brown(o_.corpus_dir));
-  train_stream_ = train::encode(corpus.train);
-  val_stream_ = train::encode(corpus.validation);
-  if (int64_t(train_stream_.size()) <= seq_ + 1) {
-    return invalid_argument(
-        "the training text in " + o_.corpus_dir + " has " + std::to_string(train_stream_.size()) +
-        " tokens, fewer than one window of --seq " + std::to_string(seq_) + " + 1");
-  }
-  summary_.unigram_entropy = unigram_entropy(train_stream_);
-  // Whole batches of the global batch's rows, which every layout splits over its ranks.
-  const int64_t windows = o_.eval_windows / batch_ * batch_;
-  if (val_stream_.size() > size_t(seq_ + 1) && windows > 0)
-    val_batches_ = train::fixed_windows(val_stream_, windows, batch_, seq_);
-  return check_layout(batch_);
+  WL_ASSIGN_OR_RETURN(data_, load_run_data(o_, cfg_, seq_));
+  batch_ = data_.batch;
+  summary_.unigram_entropy = data_.unigram_entropy;
+  const Status s = check_layout(batch_);
+  if (s.ok() || !data_.fixed_batch()) return s;
+  // The file is to blame only when its rows are what does not fit the layout.
+  const int64_t fits = int64_t(o_.layout.micro_batches) * o_.layout.dp;
+  if (!check_layout(fits).ok()) return s;
+  return s.with_context("--batch-file " + o_.batch_file + " holds " + std::to_string(batch_) +
+                        " rows, the batch it trains on");
 }
 
 Status Run::make_state() {
   WL_ASSIGN_OR_RETURN(dp_, make_data_parallel(cfg_, o_.layout, o_.adamw, o_.timeout, ranks_));
   sched_ = o_.schedule;
   sched_.total_steps = o_.steps;
-  sampler_.emplace(&train_stream_, o_.seed + 1);
+  sampler_.emplace(&data_.train_stream, o_.seed + 1);
   if (!o_.resume.empty()) {
     WL_ASSIGN_OR_RETURN(TrainState st, load_checkpoint(o_.resume, *dp_));
     guard_.saved(o_.resume);
@@ -208,7 +177,7 @@ Status Run::save(const std::string& dir) {
 
 Result<train::StepMetrics> Run::update_once() {
   const bool f16 = o_.precision == model::Precision::kF16;
-  const train::Batch global = o_.batch_file.empty() ? sampler_->next(batch_, seq_) : fixed_;
+  const train::Batch global = data_.fixed_batch() ? data_.fixed : sampler_->next(batch_, seq_);
   train::StepMetrics m;
   m.lr = sched_.at(step_);
   const StepSettings settings{.precision = o_.precision,
@@ -244,10 +213,10 @@ Status Run::run_updates() {
     if (o_.die_at_step == step_ + 1 && dp_->job_rank() == o_.die_rank) ::raise(SIGKILL);
     WL_ASSIGN_OR_RETURN(train::StepMetrics m, update_once());
     const bool eval_now = (o_.eval_every > 0 && step_ % o_.eval_every == 0) || step_ == o_.steps;
-    if (!val_batches_.empty() && eval_now) {
+    if (!data_.val_batches.empty() && eval_now) {
       WL_ASSIGN_OR_RETURN(m.val_loss, pipelined()
-                                          ? evaluate_pipeline(*dp_, val_batches_, o_.precision)
-                                          : evaluate(*dp_, val_batches_, o_.precision));
+                                          ? evaluate_pipeline(*dp_, data_.val_batches, o_.precision)
+                                          : evaluate(*dp_, data_.val_batches, o_.precision));
       summary_.final_val_loss = m.val_loss;
     }
     if (writer()) {
@@ -269,20 +238,7 @@ Status Run::run_updates() {
 
 Status Run::write_outputs() {
   WL_RETURN_IF_ERROR(save(o_.out_dir + "/checkpoint-" + std::to_string(step_)));
-  std::vector<float> full(size_t(dp_->layout().total()));
-  WL_RETURN_IF_ERROR(dp_->gather_model(full.data()));
-  if (!writer()) return ok_status();
-  WL_RETURN_IF_ERROR(model::save_config(cfg_, o_.out_dir + "/config.json"));
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const model::ParamInfo& p : dp_->layout().params()) {
-    tensors.emplace_back(p.name, Tensor::borrow(full.data() + p.offset, DType::kF32, p.shape));
-  }
-  WL_RETURN_IF_ERROR(
-      write_safetensors(o_.out_dir + "/model.safetensors", tensors, {{"format", "pt"}}));
-  if (!o_.out_weights.empty()) {
-    WL_RETURN_IF_ERROR(write_safetensors(o_.out_weights, tensors, {{"format", "pt"}}));
-  }
-  return ok_status();
+  return write_model_outputs(o_, *dp_);
 }
 
 }  // namespace
@@ -297,6 +253,67 @@ Result<TrainSummary> train(const TrainOptions& options, const TrainRanks& ranks)
   WL_RETURN_IF_ERROR(run.run_updates());
   WL_RETURN_IF_ERROR(run.write_outputs());
   return run.summary();
+}
+
+namespace {
+
+double unigram_entropy(const std::vector<int64_t>& stream) {
+  std::vector<double> counts(train::kByteVocab, 0.0);
+  for (int64_t t : stream) counts[size_t(t)] += 1;
+  double h = 0, n = double(stream.size());
+  for (double c : counts)
+    if (c > 0) h -= c / n * std::log(c / n);
+  return h;
+}
+
+}  // namespace
+
+Result<RunData> load_run_data(const TrainOptions& o, const model::ModelConfig& cfg, int64_t seq) {
+  RunData d;
+  d.seq = seq;
+  d.batch = o.batch;
+  d.unigram_entropy = NAN;
+  if (!o.batch_file.empty()) {
+    WL_ASSIGN_OR_RETURN(model::TokenBatch tb, model::load_token_batch(o.batch_file, cfg));
+    d.fixed = {tb.batch, tb.seq, std::move(tb.tokens), std::move(tb.targets)};
+    d.batch = tb.batch;
+    return d;
+  }
+  if (cfg.vocab_size < train::kByteVocab)
+    return invalid_argument(
+        "the byte tokenizer needs vocab_size >= " + std::to_string(train::kByteVocab) +
+        ", config has " + std::to_string(cfg.vocab_size));
+  WL_ASSIGN_OR_RETURN(train::BrownCorpus corpus, train::load_brown(o.corpus_dir));
+  d.train_stream = train::encode(corpus.train);
+  d.val_stream = train::encode(corpus.validation);
+  if (int64_t(d.train_stream.size()) <= seq + 1) {
+    return invalid_argument(
+        "the training text in " + o.corpus_dir + " has " + std::to_string(d.train_stream.size()) +
+        " tokens, fewer than one window of --seq " + std::to_string(seq) + " + 1");
+  }
+  d.unigram_entropy = unigram_entropy(d.train_stream);
+  // Whole batches of the global batch's rows, which every layout splits over its ranks.
+  const int64_t windows = o.eval_windows / d.batch * d.batch;
+  if (d.val_stream.size() > size_t(seq + 1) && windows > 0)
+    d.val_batches = train::fixed_windows(d.val_stream, windows, d.batch, seq);
+  return d;
+}
+
+Status write_model_outputs(const TrainOptions& o, DataParallel& dp) {
+  std::vector<float> full(size_t(dp.layout().total()));
+  WL_RETURN_IF_ERROR(dp.gather_model(full.data()));
+  if (dp.job_rank() != 0) return ok_status();
+  WL_RETURN_IF_ERROR(model::save_config(dp.config(), o.out_dir + "/config.json"));
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const model::ParamInfo& p : dp.layout().params()) {
+    tensors.emplace_back(p.name, Tensor::borrow(full.data() + p.offset, DType::kF32, p.shape));
+  }
+  WL_RETURN_IF_ERROR(
+      write_safetensors(o.out_dir + "/model.safetensors", tensors, {{"format", "pt"}}));
+  if (!o.out_weights.empty()) {
+    WL_RETURN_IF_ERROR(write_safetensors(o.out_weights, tensors, {{"format", "pt"}}));
+  }
+  return ok_status();
 }
 
 }  // namespace wl::parallel

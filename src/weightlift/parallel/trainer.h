@@ -12,16 +12,20 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "weightlift/comm/group.h"
 #include "weightlift/core/status.h"
 #include "weightlift/model/precision.h"
 #include "weightlift/parallel/layout.h"
 #include "weightlift/train/adamw.h"
+#include "weightlift/train/data.h"
 #include "weightlift/train/metrics.h"
 #include "weightlift/train/schedule.h"
 
 namespace wl::parallel {
+
+class DataParallel;
 
 struct TrainOptions {
   // What to train.
@@ -84,5 +88,24 @@ struct TrainSummary {
 };
 
 Result<TrainSummary> train(const TrainOptions& options, const TrainRanks& ranks = {});
+
+// ---- what train() and fault/'s pipeline trainer share ----------------------------------
+
+// What a run reads: the corpus's token streams and its validation windows (whole batches of
+// the global batch), or the one batch of --batch-file. Errors name the flag or the file.
+struct RunData {
+  int64_t batch = 0, seq = 0;  // rows of the global batch (--batch or the file's), tokens
+  std::vector<int64_t> train_stream, val_stream;
+  train::Batch fixed;  // the batch file's; empty without one
+  std::vector<train::Batch> val_batches;
+  double unigram_entropy = 0;  // nats per byte of the training text; NaN on a batch file
+  bool fixed_batch() const { return fixed.batch > 0; }
+};
+Result<RunData> load_run_data(const TrainOptions& options, const model::ModelConfig& config,
+                              int64_t seq);
+
+// The end of a run: the whole model gathered (collective over the job), and on rank 0
+// config.json and model.safetensors in out_dir, and --out-weights.
+Status write_model_outputs(const TrainOptions& options, DataParallel& dp);
 
 }  // namespace wl::parallel

@@ -1,0 +1,348 @@
+// membership.h.
+#include "weightlift/fault/membership.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <optional>
+#include <thread>
+
+#include "weightlift/comm/process_alive.h"
+#include "weightlift/core/json_record.h"
+
+namespace wl::fault {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+constexpr RecordFormat kReportFormat{.name = "weightlift-pipeline-report",
+                                     .version = 1,
+                                     .what = "pipeline loss report",
+                                     .remedy = "run every stage with one weightlift build"};
+constexpr RecordFormat kDecisionFormat{.name = "weightlift-pipeline-decision",
+                                       .version = 1,
+                                       .what = "pipeline recovery decision",
+                                       .remedy = "run every stage with one weightlift build"};
+constexpr auto kPoll = std::chrono::milliseconds(5);
+
+json rng_to_json(const std::array<uint64_t, 4>& s) {
+  json a = json::array();
+  for (uint64_t w : s) a.push_back(u64_to_json(w));
+  return a;
+}
+
+std::array<uint64_t, 4> rng_from_json(const json& j) {
+  if (!j.is_array() || j.size() != 4) throw_field_error(j, "expected 4 words of RNG state");
+  std::array<uint64_t, 4> s{};
+  for (size_t i = 0; i < 4; ++i) s[i] = u64_field(j[i]);
+  return s;
+}
+
+std::string hostname() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "?";
+  return buf;
+}
+
+// The newest checkpoint-<n> directory of `dir` with its state.json written, n <= step.
+std::string newest_checkpoint(const std::string& dir, int64_t step) {
+  std::error_code ec;
+  int64_t best = -1;
+  std::string path;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("checkpoint-", 0) != 0) continue;
+    const std::string digits = name.substr(11);
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (digits.size() > 15) continue;
+    const int64_t n = std::stoll(digits);
+    if (n > step || n <= best) continue;
+    if (!std::filesystem::exists(e.path() / "state.json", ec)) continue;
+    best = n;
+    path = e.path().string();
+  }
+  return path;
+}
+
+}  // namespace
+
+std::string report_to_json(const Report& r) {
+  json j = new_record(kReportFormat);
+  j.update({{"stage", r.stage},
+            {"incarnation", r.incarnation},
+            {"has_state", r.has_state},
+            {"applied", r.applied},
+            {"passes_done", r.passes_done},
+            {"data_rng", rng_to_json(r.data_rng)},
+            {"iterations", r.iterations},
+            {"has_totals", r.has_totals},
+            {"totals", r.totals}});
+  return j.dump();
+}
+
+Result<Report> report_from_json(const std::string& text) {
+  return read_record<Report>(text, "pipeline report", kReportFormat, [](const json& j) {
+    Report r;
+    r.stage = int(int_field_in(j.at("stage"), 0, 1 << 20));
+    r.incarnation = int_field_in(j.at("incarnation"), 1, int64_t(1) << 40);
+    r.has_state = j.at("has_state").get<bool>();
+    r.applied = int_field_in(j.at("applied"), 0, int64_t(1) << 50);
+    r.passes_done = j.at("passes_done").get<bool>();
+    r.data_rng = rng_from_json(j.at("data_rng"));
+    r.iterations = int_field_in(j.at("iterations"), 0, int64_t(1) << 50);
+    r.has_totals = j.at("has_totals").get<bool>();
+    r.totals = j.at("totals").get<std::array<double, 4>>();
+    return Result<Report>(r);
+  });
+}
+
+std::string decision_to_json(const Decision& d) {
+  json j = new_record(kDecisionFormat);
+  j.update({{"epoch", d.epoch},
+            {"incarnations", d.incarnations},
+            {"lost", d.lost},
+            {"step", d.step},
+            {"apply_pending", d.apply_pending},
+            {"totals", d.totals},
+            {"data_rng", rng_to_json(d.data_rng)},
+            {"iterations", d.iterations},
+            {"checkpoint", d.checkpoint}});
+  return j.dump();
+}
+
+Result<Decision> decision_from_json(const std::string& text) {
+  return read_record<Decision>(text, "pipeline decision", kDecisionFormat, [](const json& j) {
+    Decision d;
+    d.epoch = int_field_in(j.at("epoch"), 0, int64_t(1) << 40);
+    d.incarnations = j.at("incarnations").get<std::vector<int64_t>>();
+    d.lost = j.at("lost").get<std::vector<int>>();
+    d.step = int_field_in(j.at("step"), 0, int64_t(1) << 50);
+    d.apply_pending = j.at("apply_pending").get<bool>();
+    d.totals = j.at("totals").get<std::array<double, 4>>();
+    d.data_rng = rng_from_json(j.at("data_rng"));
+    d.iterations = int_field_in(j.at("iterations"), 0, int64_t(1) << 50);
+    d.checkpoint = j.at("checkpoint").get<std::string>();
+    return Result<Decision>(d);
+  });
+}
+
+std::string Membership::key(const std::string& what) const { return "wl-ft/" + what; }
+
+Result<std::unique_ptr<Membership>> Membership::join(const MembershipOptions& o) {
+  std::unique_ptr<Membership> m(new Membership(o));
+  const std::string stage = std::to_string(o.stage);
+  WL_ASSIGN_OR_RETURN(m->incarnation_, o.store->add(m->key("inc/" + stage), 1));
+  const comm::ProcessId me = comm::this_process();
+  const json proc = {{"pid", me.pid}, {"host_id", u64_to_json(me.host)}, {"host", hostname()}};
+  WL_RETURN_IF_ERROR(o.store->set(
+      m->key("proc/" + stage + "/" + std::to_string(m->incarnation_)), comm::to_bytes(proc.dump())));
+  m->incarnations_.assign(size_t(o.stages), 1);
+  return m;
+}
+
+Status Membership::connect() {
+  group_.reset();  // the last epoch's worker goes before the next one's is made
+  comm::WorkerOptions w = o_.worker;
+  w.name = "stage " + std::to_string(o_.stage);
+  auto g = comm::Group::connect({.store = o_.store,
+                                 .rank = o_.stage,
+                                 .size = o_.stages,
+                                 .worker = w,
+                                 .timeout = o_.timeout,
+                                 .prefix = "wl-ft-e" + std::to_string(epoch_)});
+  if (!g.ok()) {
+    return g.status().with_context("stage " + std::to_string(o_.stage) + ": joining epoch " +
+                                   std::to_string(epoch_) + " of the pipeline");
+  }
+  group_ = std::move(*g);
+  return ok_status();
+}
+
+Result<Decision> Membership::await_decision() {
+  // Epoch k's decision is the k-th ever made: read them in order until one names this
+  // incarnation, waiting for the next one to be made.
+  const Clock::time_point deadline = Clock::now() + o_.timeout;
+  for (int64_t k = 0;;) {
+    Result<comm::Bytes> b = o_.store->get(key("e" + std::to_string(k) + "/decision"),
+                                          std::chrono::milliseconds(0));
+    if (b.ok()) {
+      WL_ASSIGN_OR_RETURN(Decision d, decision_from_json(comm::to_string(*b)));
+      ++k;
+      if (d.incarnations.size() == size_t(o_.stages) &&
+          d.incarnations[size_t(o_.stage)] == incarnation_) {
+        epoch_ = d.epoch + 1;
+        incarnations_ = d.incarnations;
+        return d;
+      }
+      continue;
+    }
+    if (b.status().code() != StatusCode::kDeadlineExceeded) return b.status();
+    if (Clock::now() > deadline) {
+      return deadline_exceeded("stage " + std::to_string(o_.stage) + " (incarnation " +
+                               std::to_string(incarnation_) +
+                               ") replaces a lost process, but the survivors named it in no "
+                               "decision within " +
+                               std::to_string(o_.timeout.count()) + " ms");
+    }
+    std::this_thread::sleep_for(kPoll);
+  }
+}
+
+Result<Decision> Membership::settle(const Report& mine,
+                                    const std::function<void(const std::string&)>& fence) {
+  const std::string e = "e" + std::to_string(epoch_) + "/";
+  WL_RETURN_IF_ERROR(o_.store->set(key(e + "report/" + std::to_string(o_.stage)),
+                                   comm::to_bytes(report_to_json(mine))));
+  std::vector<std::optional<Report>> reports(size_t(o_.stages));
+  std::vector<bool> replaced(size_t(o_.stages), false), fenced(size_t(o_.stages), false);
+  Clock::time_point deadline = Clock::now() + o_.timeout;
+  for (;;) {
+    int open = 0;
+    for (int s = 0; s < o_.stages; ++s) {
+      if (reports[size_t(s)] || replaced[size_t(s)]) continue;
+      WL_ASSIGN_OR_RETURN(const int64_t inc, o_.store->add(key("inc/" + std::to_string(s)), 0));
+      if (inc > incarnations_[size_t(s)]) {
+        replaced[size_t(s)] = true;
+        continue;
+      }
+      Result<comm::Bytes> b =
+          o_.store->get(key(e + "report/" + std::to_string(s)), std::chrono::milliseconds(0));
+      if (b.ok()) {
+        WL_ASSIGN_OR_RETURN(Report r, report_from_json(comm::to_string(*b)));
+        reports[size_t(s)] = r;
+        continue;
+      }
+      if (b.status().code() != StatusCode::kDeadlineExceeded) return b.status();
+      ++open;
+    }
+    if (open == 0) break;
+    if (Clock::now() < deadline) {
+      std::this_thread::sleep_for(kPoll);
+      continue;
+    }
+    // Silent past the deadline: declared gone, killed where it can be, replaced by its launcher.
+    bool newly = false;
+    for (int s = 0; s < o_.stages; ++s) {
+      if (reports[size_t(s)] || replaced[size_t(s)]) continue;
+      if (fenced[size_t(s)]) {
+        return deadline_exceeded("stage " + std::to_string(s) + " was declared gone in epoch " +
+                                 std::to_string(epoch_) + " and no replacement joined within " +
+                                 std::to_string(o_.timeout.count()) +
+                                 " ms (weightlift launch --restart-failed starts one; under "
+                                 "another launcher, start it with the same variables)");
+      }
+      fenced[size_t(s)] = newly = true;
+      const std::string who = "stage " + std::to_string(s) + " (incarnation " +
+                              std::to_string(incarnations_[size_t(s)]) + ")";
+      Result<comm::Bytes> p = o_.store->get(
+          key("proc/" + std::to_string(s) + "/" + std::to_string(incarnations_[size_t(s)])),
+          std::chrono::milliseconds(0));
+      std::string what = who + " did not answer within " + std::to_string(o_.timeout.count()) +
+                         " ms; declared gone";
+      if (p.ok()) {
+        const json proc = json::parse(comm::to_string(*p), nullptr, false);
+        if (proc.is_object() && proc.contains("pid") && proc.contains("host_id")) {
+          const comm::ProcessId id{.host = u64_field(proc["host_id"]),
+                                   .pid = proc["pid"].get<int64_t>()};
+          if (id.host == comm::this_process().host && id.pid > 1) {
+            ::kill(pid_t(id.pid), SIGKILL);
+            what += ", its process " + std::to_string(id.pid) + " killed";
+          }
+        }
+      }
+      if (fence) fence(what);
+    }
+    if (newly) deadline = Clock::now() + o_.timeout;
+  }
+  // One decider, the first to get here; everyone reads its decision.
+  WL_ASSIGN_OR_RETURN(const int64_t turn, o_.store->add(key(e + "decider"), 1));
+  if (turn == 1) {
+    std::vector<Report> in;
+    for (int s = 0; s < o_.stages; ++s) {
+      if (reports[size_t(s)] && !replaced[size_t(s)]) in.push_back(*reports[size_t(s)]);
+    }
+    WL_ASSIGN_OR_RETURN(Decision d, decide(in));
+    WL_RETURN_IF_ERROR(o_.store->set(key(e + "decision"), comm::to_bytes(decision_to_json(d))));
+  }
+  WL_ASSIGN_OR_RETURN(comm::Bytes b, o_.store->get(key(e + "decision"), o_.timeout));
+  WL_ASSIGN_OR_RETURN(Decision d, decision_from_json(comm::to_string(b)));
+  epoch_ = d.epoch + 1;
+  incarnations_ = d.incarnations;
+  return d;
+}
+
+Result<Decision> Membership::decide(const std::vector<Report>& reports) {
+  Decision d;
+  d.epoch = epoch_;
+  d.incarnations.resize(size_t(o_.stages));
+  for (int s = 0; s < o_.stages; ++s) {
+    WL_ASSIGN_OR_RETURN(d.incarnations[size_t(s)],
+                        o_.store->add(key("inc/" + std::to_string(s)), 0));
+  }
+  // A survivor is a stage that reported its state and has not been replaced since (one that
+  // reported and then died has a newer incarnation by now, or fails the next epoch).
+  std::vector<bool> survived(size_t(o_.stages), false);
+  for (const Report& r : reports) {
+    survived[size_t(r.stage)] = r.has_state && r.incarnation == d.incarnations[size_t(r.stage)];
+  }
+  for (int s = 0; s < o_.stages; ++s) {
+    if (!survived[size_t(s)]) d.lost.push_back(s);
+  }
+  const Report* newest = nullptr;  // a survivor that applied the most steps
+  for (const Report& r : reports) {
+    if (survived[size_t(r.stage)] && (!newest || r.applied > newest->applied)) newest = &r;
+  }
+  if (!newest) {
+    return failed_precondition("every stage of the pipeline was lost in epoch " +
+                               std::to_string(epoch_) + ": nothing is left to go on from");
+  }
+  d.step = newest->applied;
+  d.data_rng = newest->data_rng;
+  d.iterations = newest->iterations;
+  for (const Report& r : reports) {
+    if (!survived[size_t(r.stage)] || r.applied == d.step) continue;
+    // A survivor one step behind lost its peer inside the commit: the step committed (the
+    // newest survivor applied it), and it applies it now.
+    if (r.applied + 1 != d.step || !r.passes_done) {
+      return internal_error("stage " + std::to_string(r.stage) + " applied step " +
+                            std::to_string(r.applied) + " (passes of the next done: " +
+                            (r.passes_done ? "yes" : "no") + ") while stage " +
+                            std::to_string(newest->stage) + " applied step " +
+                            std::to_string(d.step) + ": the commit rule was broken");
+    }
+    d.apply_pending = true;
+  }
+  if (d.apply_pending) {
+    if (!newest->has_totals) {
+      return internal_error("stage " + std::to_string(newest->stage) + " applied step " +
+                            std::to_string(d.step) + " without the sums of its commit");
+    }
+    d.totals = newest->totals;
+  }
+  if (!o_.out_dir.empty()) d.checkpoint = newest_checkpoint(o_.out_dir, d.step);
+  return d;
+}
+
+Result<std::vector<Membership::Process>> Membership::processes() {
+  std::vector<Process> out;
+  for (int s = 0; s < o_.stages; ++s) {
+    const int64_t inc = incarnations_[size_t(s)];
+    WL_ASSIGN_OR_RETURN(comm::Bytes b,
+                        o_.store->get(key("proc/" + std::to_string(s) + "/" + std::to_string(inc)),
+                                      o_.timeout));
+    const json proc = json::parse(comm::to_string(b), nullptr, false);
+    Process p{.stage = s, .incarnation = inc, .pid = 0, .host = "?"};
+    if (proc.is_object()) {
+      p.pid = proc.value("pid", int64_t(0));
+      p.host = proc.value("host", std::string("?"));
+    }
+    out.push_back(p);
+  }
+  return out;
+}
+
+}  // namespace wl::fault
