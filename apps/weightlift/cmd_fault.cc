@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "fault_flags.h"
 #include "report/progress.h"
 #include "report/svg_plot.h"
 #include "validate.h"
@@ -30,26 +31,12 @@ struct FaultArgs {
   bool quiet = false;
 };
 
-std::string_view kind_name(fault::Rebuild::Kind k) {
-  switch (k) {
-    case fault::Rebuild::Kind::kAverage:
-      return "average";
-    case fault::Rebuild::Kind::kCopy:
-      return "copy";
-    case fault::Rebuild::Kind::kFresh:
-      return "fresh";
-    case fault::Rebuild::Kind::kRollback:
-      return "rollback";
-  }
-  return "?";
-}
-
 nlohmann::json json_number(double v) { return std::isfinite(v) ? nlohmann::json(v) : nullptr; }
 
 nlohmann::json loss_to_json(const fault::LossRecord& l) {
   nlohmann::json stages = nlohmann::json::array();
   for (const fault::Rebuild& b : l.plan) {
-    nlohmann::json e = {{"stage", b.stage}, {"how", kind_name(b.kind)}};
+    nlohmann::json e = {{"stage", b.stage}, {"how", fault::rebuild_kind_name(b.kind)}};
     if (b.kind == fault::Rebuild::Kind::kAverage) e["from"] = {b.left, b.right};
     if (b.kind == fault::Rebuild::Kind::kCopy) e["from"] = {b.left};
     stages.push_back(e);
@@ -61,19 +48,6 @@ nlohmann::json loss_to_json(const fault::LossRecord& l) {
                       {"recovery_ms", l.recovery_ms}};
   if (l.rolled_back_to >= 0) j["rolled_back_to"] = l.rolled_back_to;
   return j;
-}
-
-Result<std::vector<fault::ScheduledLoss>> parse_kills(const std::vector<std::string>& kills) {
-  std::vector<fault::ScheduledLoss> out;
-  for (const std::string& k : kills) {
-    const size_t colon = k.find(':');
-    if (colon == std::string::npos)
-      return invalid_argument("--kill '" + k + "': expected ITERATION:STAGE, e.g. 120:2");
-    WL_ASSIGN_OR_RETURN(const int64_t it, parse_count("--kill", k.substr(0, colon), 1, kMaxSteps));
-    WL_ASSIGN_OR_RETURN(const int64_t st, parse_count("--kill", k.substr(colon + 1), 0, 1 << 20));
-    out.push_back({it, int(st)});
-  }
-  return out;
 }
 
 // The flags into the simulation's options, refused before any work.

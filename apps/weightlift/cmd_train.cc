@@ -1,13 +1,20 @@
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "commands.h"
+#include "fault_flags.h"
 #include "report/loss_plot.h"
 #include "report/progress.h"
 #include "train_flags.h"
 #include "validate.h"
 #include "weightlift/comm/launch_env.h"
+#include "weightlift/comm/world.h"
+#include "weightlift/fault/trainer.h"
 #include "weightlift/parallel/job.h"
 #include "weightlift/parallel/pipeline_schedule.h"
 #include "weightlift/parallel/trainer.h"
@@ -23,20 +30,55 @@ class TrainProgress {
   void operator()(const train::StepMetrics& m) {
     loss_.add(m.loss);
     if (std::isfinite(m.val_loss)) val_loss_ = m.val_loss;
-    char status[64];
+    char status[96];
     int n = std::snprintf(status, sizeof status, "loss %.3f", loss_.value());
     if (std::isfinite(val_loss_)) {
-      std::snprintf(status + n, sizeof status - size_t(n), "  val %.3f", val_loss_);
+      n += std::snprintf(status + n, sizeof status - size_t(n), "  val %.3f", val_loss_);
+    }
+    if (recoveries_ > 0) {
+      std::snprintf(status + n, sizeof status - size_t(n), "  recovered %d", recoveries_);
     }
     bar_.update(m.step, m.tokens_per_s, "tok/s", status);
   }
+  // A lost stage brought back (train --recovery): counted on the bar from now on.
+  void recovered() { ++recoveries_; }
   void finish() { bar_.finish(); }
 
  private:
   ProgressBar bar_;
   Ema loss_{0.95};
   double val_loss_ = NAN;
+  int recoveries_ = 0;
 };
+
+// One line per recovery, for the log and for a person watching the bar.
+std::string describe_recovery(const fault::RecoveryRecord& r) {
+  std::string stages;
+  for (const fault::Rebuild& b : r.plan) {
+    stages += (stages.empty() ? "" : ", ") + std::string("stage ") + std::to_string(b.stage) + " " +
+              std::string(fault::rebuild_kind_name(b.kind));
+    if (b.kind == fault::Rebuild::Kind::kAverage)
+      stages += " of " + std::to_string(b.left) + " and " + std::to_string(b.right);
+    if (b.kind == fault::Rebuild::Kind::kCopy) stages += " of " + std::to_string(b.left);
+  }
+  char line[512];
+  std::snprintf(line, sizeof line, "iteration %lld: %s; continued after step %lld",
+                (long long)r.iteration, stages.c_str(), (long long)r.step);
+  std::string out = line;
+  if (r.rolled_back_to >= 0) {
+    out += ", rolled back to step " + std::to_string(r.rolled_back_to) + " (" +
+           (r.checkpoint.empty() ? std::string("the run's start") : r.checkpoint) + ")";
+  }
+  if (!r.fallback.empty()) out += "; " + r.fallback;
+  std::snprintf(line, sizeof line, "; %.0f ms from detection to the first step", r.recovery_ms);
+  out += line;
+  if (r.detection_ms >= 0) {
+    std::snprintf(line, sizeof line, " (%.0f ms from the kill to detection)", r.detection_ms);
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "; loss %.4f before, %.4f after", r.loss_before, r.loss_after);
+  return out + line;
+}
 
 void print_summary(const parallel::TrainOptions& o, const parallel::TrainSummary& r) {
   std::printf("trained %ld steps in %.1f s (%.0f tokens/s)\n", long(r.steps), r.seconds,
@@ -55,10 +97,72 @@ struct TrainFlags {
   std::string precision = "f32";
   std::string dp_mode = "ddp";
   std::string schedule = "1f1b";
+  const CLI::Option* schedule_flag = nullptr;
   bool print_schedule = false;
   double timeout_s = 60;
   bool quiet = false;
+  // A pipeline that survives a lost stage (fault/trainer.h).
+  std::string recovery;  // "" : a lost rank stops the job
+  fault::ResilienceOptions resilience;
+  std::vector<std::string> kills, freezes;  // ITERATION:STAGE
 };
+
+// `train --recovery`: one process per stage, through the job's store, replacements included.
+Status run_train_resilient(parallel::TrainOptions o, const TrainFlags& f,
+                           const comm::LaunchEnv& env) {
+  fault::ResilienceOptions r = f.resilience;
+  WL_ASSIGN_OR_RETURN(r.recovery, fault::parse_recovery(f.recovery));
+  WL_ASSIGN_OR_RETURN(r.kills, parse_kills(f.kills));
+  WL_ASSIGN_OR_RETURN(r.freezes, parse_kills(f.freezes, "--freeze"));
+  if (f.schedule_flag->count() > 0 && o.layout.schedule != parallel::PipelineSchedule::kGPipe) {
+    return invalid_argument(
+        "--recovery runs the micro-batches in GPipe's order (CheckFree+'s swapped routes visit "
+        "a stage twice, which 1F1B's order does not describe): leave out --pp-schedule 1f1b");
+  }
+  o.layout.schedule = parallel::PipelineSchedule::kGPipe;
+  if (env.world_size % o.layout.pp != 0 || o.layout.tp != 1) {
+    o.layout.dp = 0;  // refused below, naming what does not fit
+  } else {
+    o.layout.dp = env.world_size / o.layout.pp;
+  }
+  if (o.layout.dp != 1) {
+    return invalid_argument("--recovery runs one process per pipeline stage: start --pp " +
+                            std::to_string(o.layout.pp) + " processes, not " +
+                            std::to_string(env.world_size) +
+                            (o.layout.tp != 1 ? " (and no --tp)" : ""));
+  }
+  WL_ASSIGN_OR_RETURN(comm::World world, comm::connect_store(env, o.timeout));
+  const bool quiet = f.quiet || env.rank != 0;
+  TrainProgress progress(o.steps);
+  fault::Hooks hooks;
+  if (!quiet) {
+    hooks.on_step = [&](const train::StepMetrics& m) { progress(m); };
+    hooks.on_recovery = [&](const fault::RecoveryRecord& rec) {
+      progress.recovered();
+      std::fprintf(stderr, "%srecovered: %s\n", isatty(2) ? "\r\033[K" : "",
+                   describe_recovery(rec).c_str());
+    };
+  }
+  hooks.on_notice = [&](const std::string& what) {
+    std::fprintf(stderr, "stage %d: %s\n", env.rank, what.c_str());
+  };
+  Result<fault::Summary> s = fault::train(o, r, world.store, env.rank, env.world_size, hooks);
+  if (!quiet) progress.finish();
+  WL_RETURN_IF_ERROR(s.status());
+  if (env.rank != 0) return ok_status();
+  const std::string model = o.config_path.empty() ? o.preset : o.config_path;
+  WL_RETURN_IF_ERROR(write_loss_plot({.metrics_path = o.out_dir + "/metrics.jsonl",
+                                      .svg_path = o.out_dir + "/loss.svg",
+                                      .title = "weightlift " + model + ": loss (nats per byte)",
+                                      .unigram_entropy = s->train.unigram_entropy}));
+  if (!quiet) {
+    print_summary(o, s->train);
+    std::printf("%lld iterations, stages lost and recovered %zu times by %s; %s/summary.json\n",
+                (long long)s->iterations, s->recoveries.size(), f.recovery.c_str(),
+                o.out_dir.c_str());
+  }
+  return ok_status();
+}
 
 Status run_train(parallel::TrainOptions o, const TrainFlags& f) {
   auto p = model::precision_from_name(f.precision);
@@ -89,6 +193,12 @@ Status run_train(parallel::TrainOptions o, const TrainFlags& f) {
   if (!(f.timeout_s > 0)) return invalid_argument("--timeout must be positive (seconds)");
   o.timeout = std::chrono::milliseconds(int64_t(f.timeout_s * 1000));
   WL_ASSIGN_OR_RETURN(comm::LaunchEnv env, comm::read_launch_env());
+  if (!f.recovery.empty()) return run_train_resilient(o, f, env);
+  if (f.resilience.fail_prob > 0 || !f.kills.empty() || !f.freezes.empty()) {
+    return invalid_argument(
+        "--fail-prob, --kill and --freeze lose pipeline stages on purpose: they need "
+        "--recovery to bring them back");
+  }
   WL_ASSIGN_OR_RETURN(parallel::Job job, parallel::connect_job(env, o.timeout));
   // The ranks are stages x data parallel x tensor parallel; a --pp or --tp that does not
   // divide them fails validate().
@@ -130,7 +240,8 @@ void add_layout_flags(CLI::App& cmd, parallel::TrainOptions& o, TrainFlags& f) {
   cmd.add_option("--pp", o.layout.pp,
                  "pipeline stages (the ranks are stages x data parallel x tensor parallel)")
       ->capture_default_str();
-  cmd.add_option("--pp-schedule", f.schedule, "1f1b or gpipe")->capture_default_str();
+  f.schedule_flag =
+      cmd.add_option("--pp-schedule", f.schedule, "1f1b or gpipe")->capture_default_str();
   cmd.add_option("--ep", o.layout.ep,
                  "expert parallel: groups of this many data-parallel ranks share out the "
                  "experts, each rank running and holding only its own")
@@ -143,6 +254,29 @@ void add_layout_flags(CLI::App& cmd, parallel::TrainOptions& o, TrainFlags& f) {
                "print each stage's timeline of --pp stages and --micro-batches, and stop");
   cmd.add_option("--bucket-bytes", o.layout.bucket_bytes, "ddp/zero1 gradient bucket size")
       ->capture_default_str();
+}
+
+// A pipeline that survives a lost stage: the strategy and the failures to inject.
+void add_recovery_flags(CLI::App& cmd, TrainFlags& f) {
+  cmd.add_option("--recovery", f.recovery,
+                 "survive a lost pipeline stage (one process per stage, under launch "
+                 "--restart-failed): checkfree, checkfree+, checkpoint or none");
+  cmd.add_option("--lr-scale", f.resilience.lr_scale,
+                 "a rebuilt stage's learning-rate factor (checkfree, checkfree+, none)")
+      ->capture_default_str();
+  cmd.add_option("--fail-prob", f.resilience.fail_prob,
+                 "failure drill: each stage's process kills itself (SIGKILL) at the start of "
+                 "an iteration with this probability")
+      ->capture_default_str();
+  cmd.add_option("--fail-seed", f.resilience.fail_seed,
+                 "the failure schedule's seed (the same losses for every strategy)")
+      ->capture_default_str();
+  cmd.add_option("--kill", f.kills,
+                 "failure drill: STAGE's process kills itself at ITERATION (ITERATION:STAGE, "
+                 "repeatable)");
+  cmd.add_option("--freeze", f.freezes,
+                 "failure drill: STAGE's process stops itself (SIGSTOP) at ITERATION, as a hung "
+                 "machine does; the others declare it gone at --timeout (ITERATION:STAGE)");
 }
 
 }  // namespace
@@ -163,6 +297,7 @@ void register_train(CLI::App& app, Outcome& out) {
       ->capture_default_str();
   cmd->add_option("--seq", o->seq, "tokens per row (0 = max_seq_len)")->capture_default_str();
   add_layout_flags(*cmd, *o, *f);
+  add_recovery_flags(*cmd, *f);
   cmd->add_option("--timeout", f->timeout_s, "seconds any collective may wait")
       ->capture_default_str();
   cmd->add_option("--die-at-step", o->die_at_step,

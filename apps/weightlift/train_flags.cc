@@ -36,6 +36,9 @@ void add_train_flag_ranges(CLI::App& train) {
       {"--eval-windows", count(0, kMaxRows)},
       {"--checkpoint-every", count(0, kMaxSteps)},
       {"--stop-after", count(0, kMaxSteps)},
+      {"--lr-scale", real(kPositive)},
+      {"--fail-prob", real({.lo = 0, .hi = 1})},
+      {"--fail-seed", u64()},
   };
   for (const auto& [flag, validator] : ranges) train.get_option(flag)->transform(validator);
 }

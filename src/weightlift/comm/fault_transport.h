@@ -91,6 +91,7 @@ class FaultTransport final : public Transport {
   Status wait_all(std::span<Request> requests, std::span<Request> others, Deadline deadline,
                   std::span<const int> must_live) override;
   bool progress() override { return inner_->progress(); }
+  Status interrupted() override { return inner_->interrupted(); }
   Result<MemoryRegion> register_memory(void* data, size_t bytes) override {
     return inner_->register_memory(data, bytes);
   }

@@ -190,6 +190,7 @@ Status Group::poll_until(const std::function<int()>& waiting_for, Deadline deadl
       Status s = w.peer_status(peer);
       if (!s.ok()) return s.with_context(describe() + ": " + what());
     }
+    if (Status s = w.interrupted(); !s.ok()) return s.with_context(describe() + ": " + what());
     if (Clock::now() >= deadline) {
       return deadline_exceeded(describe() + ": " + what() + ": rank " + std::to_string(lagging) +
                                " (world rank " + std::to_string(world_rank(lagging)) +

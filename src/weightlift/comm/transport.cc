@@ -80,6 +80,17 @@ struct WorkerImpl {
   std::vector<std::unique_ptr<Peer>> peers;
   // Not OK once a request could not be cancelled: from then on nothing progresses the worker.
   Status poisoned;
+  // WorkerOptions::interrupt, and when it is next due.
+  std::function<Status()> interrupt;
+  std::chrono::milliseconds interrupt_every{50};
+  Clock::time_point interrupt_due{};
+
+  // The interrupt's answer when it is due (a wait's loop calls this with the time it read).
+  Status interrupted(Clock::time_point now) {
+    if (!interrupt || now < interrupt_due) return ok_status();
+    interrupt_due = now + interrupt_every;
+    return interrupt();
+  }
 
   ~WorkerImpl();
 
@@ -302,12 +313,14 @@ struct WorkerImpl {
         const Status& ps = peers[size_t(id)]->status;
         if (!ps.ok()) failure = ps.with_context(describe(*first_pending));
       }
+      const Clock::time_point now = Clock::now();
+      if (failure.ok()) failure = interrupted(now);
       if (!failure.ok()) {
         abandon(requests, failure);
         abandon(others, failure);
         return failure;
       }
-      if (Clock::now() >= deadline) {
+      if (now >= deadline) {
         Status timeout = deadline_exceeded(name + ": " + describe(*first_pending) +
                                            " did not complete before the deadline; the peer "
                                            "is stopped, slow, or not taking part");
@@ -399,6 +412,8 @@ void zero_fresh_region(void* data, size_t bytes) { std::memset(data, 0, bytes); 
 Result<std::unique_ptr<Worker>> Worker::create(const WorkerOptions& options) {
   auto impl = std::make_unique<WorkerImpl>();
   impl->name = options.name;
+  impl->interrupt = options.interrupt;
+  impl->interrupt_every = options.interrupt_every;
 
   // UCX 1.13 leaves shared memory out of endpoints with peer error handling unless these
   // are on, which would put every byte between local ranks on TCP over loopback. With them
@@ -573,6 +588,8 @@ Status Worker::wait_all(std::span<Request> requests, std::span<Request> others, 
 }
 
 bool Worker::progress() { return impl_->poisoned.ok() && ucp_worker_progress(impl_->worker) != 0; }
+
+Status Worker::interrupted() { return impl_->interrupted(Clock::now()); }
 
 Result<MemoryRegion> Worker::register_memory(void* data, size_t bytes) {
   WL_CHECK_GT(bytes, size_t(0)) << "registering an empty region";

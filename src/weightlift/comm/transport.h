@@ -40,6 +40,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -63,6 +64,14 @@ struct WorkerOptions {
   std::chrono::milliseconds keepalive_interval{500};
   // Who we are, for error messages ("rank 3").
   std::string name = "worker";
+  // Asked about every `interrupt_every` while a wait on this worker is pending (a Request's,
+  // or a collective's flag: Group::poll_until): a status that is not OK ends the wait with it,
+  // its operations cancelled as on a failure. For jobs whose members must all stop waiting
+  // when one of them learns something the transport cannot see (a pipeline's stage lost by a
+  // process this one never talks to: fault/membership.h checks a flag in the job's store).
+  // Null: nothing interrupts a wait but its deadline and its peers.
+  std::function<Status()> interrupt;
+  std::chrono::milliseconds interrupt_every{50};
 };
 
 class Worker;
@@ -170,6 +179,9 @@ class Transport {
     return wait_all(requests, {}, deadline, {});
   }
   virtual bool progress() = 0;
+  // WorkerOptions::interrupt's answer, when one is due (OK otherwise): for loops that wait on
+  // something that is not a Request.
+  virtual Status interrupted() { return ok_status(); }
 
   virtual Result<MemoryRegion> register_memory(void* data, size_t bytes) = 0;
   virtual Result<MemoryRegion> allocate_memory(size_t bytes) = 0;
@@ -230,6 +242,7 @@ class Worker final : public Transport {
   // Makes progress once; true if anything happened. Call it while waiting on something that
   // is not a Request (a flag a peer puts into our memory).
   bool progress() override;
+  Status interrupted() override;
 
   // `data` must stay valid while the region lives. bytes > 0.
   Result<MemoryRegion> register_memory(void* data, size_t bytes) override;

@@ -95,7 +95,7 @@ Result<Report> report_from_json(const std::string& text) {
     r.data_rng = rng_from_json(j.at("data_rng"));
     r.iterations = int_field_in(j.at("iterations"), 0, int64_t(1) << 50);
     r.has_totals = j.at("has_totals").get<bool>();
-    r.totals = j.at("totals").get<std::array<double, 4>>();
+    r.totals = j.at("totals").get<std::array<double, 5>>();
     return Result<Report>(r);
   });
 }
@@ -107,6 +107,7 @@ std::string decision_to_json(const Decision& d) {
             {"lost", d.lost},
             {"step", d.step},
             {"apply_pending", d.apply_pending},
+            {"has_totals", d.has_totals},
             {"totals", d.totals},
             {"data_rng", rng_to_json(d.data_rng)},
             {"iterations", d.iterations},
@@ -122,7 +123,8 @@ Result<Decision> decision_from_json(const std::string& text) {
     d.lost = j.at("lost").get<std::vector<int>>();
     d.step = int_field_in(j.at("step"), 0, int64_t(1) << 50);
     d.apply_pending = j.at("apply_pending").get<bool>();
-    d.totals = j.at("totals").get<std::array<double, 4>>();
+    d.has_totals = j.at("has_totals").get<bool>();
+    d.totals = j.at("totals").get<std::array<double, 5>>();
     d.data_rng = rng_from_json(j.at("data_rng"));
     d.iterations = int_field_in(j.at("iterations"), 0, int64_t(1) << 50);
     d.checkpoint = j.at("checkpoint").get<std::string>();
@@ -138,8 +140,8 @@ Result<std::unique_ptr<Membership>> Membership::join(const MembershipOptions& o)
   WL_ASSIGN_OR_RETURN(m->incarnation_, o.store->add(m->key("inc/" + stage), 1));
   const comm::ProcessId me = comm::this_process();
   const json proc = {{"pid", me.pid}, {"host_id", u64_to_json(me.host)}, {"host", hostname()}};
-  WL_RETURN_IF_ERROR(o.store->set(
-      m->key("proc/" + stage + "/" + std::to_string(m->incarnation_)), comm::to_bytes(proc.dump())));
+  WL_RETURN_IF_ERROR(o.store->set(m->key("proc/" + stage + "/" + std::to_string(m->incarnation_)),
+                                  comm::to_bytes(proc.dump())));
   m->incarnations_.assign(size_t(o.stages), 1);
   return m;
 }
@@ -148,6 +150,15 @@ Status Membership::connect() {
   group_.reset();  // the last epoch's worker goes before the next one's is made
   comm::WorkerOptions w = o_.worker;
   w.name = "stage " + std::to_string(o_.stage);
+  // A survivor that loses a peer ends the epoch for everyone: a process waiting on a live
+  // neighbour that already left for the recovery would otherwise wait for its deadline, since
+  // the transport only tells it of peers it talks to.
+  const std::string over = key("e" + std::to_string(epoch_) + "/over");
+  w.interrupt = [store = o_.store, over]() -> Status {
+    Result<comm::Bytes> b = store->get(over, std::chrono::milliseconds(0));
+    if (!b.ok()) return ok_status();
+    return aborted("the pipeline's epoch ended: " + comm::to_string(*b));
+  };
   auto g = comm::Group::connect({.store = o_.store,
                                  .rank = o_.stage,
                                  .size = o_.stages,
@@ -167,8 +178,8 @@ Result<Decision> Membership::await_decision() {
   // incarnation, waiting for the next one to be made.
   const Clock::time_point deadline = Clock::now() + o_.timeout;
   for (int64_t k = 0;;) {
-    Result<comm::Bytes> b = o_.store->get(key("e" + std::to_string(k) + "/decision"),
-                                          std::chrono::milliseconds(0));
+    Result<comm::Bytes> b =
+        o_.store->get(key("e" + std::to_string(k) + "/decision"), std::chrono::milliseconds(0));
     if (b.ok()) {
       WL_ASSIGN_OR_RETURN(Decision d, decision_from_json(comm::to_string(*b)));
       ++k;
@@ -192,9 +203,12 @@ Result<Decision> Membership::await_decision() {
   }
 }
 
-Result<Decision> Membership::settle(const Report& mine,
+Result<Decision> Membership::settle(const Report& mine, const std::string& why,
                                     const std::function<void(const std::string&)>& fence) {
   const std::string e = "e" + std::to_string(epoch_) + "/";
+  WL_RETURN_IF_ERROR(o_.store->set(
+      key(e + "over"), comm::to_bytes("stage " + std::to_string(o_.stage) + " lost a peer; " +
+                                      (why.empty() ? std::string("recovering") : why))));
   WL_RETURN_IF_ERROR(o_.store->set(key(e + "report/" + std::to_string(o_.stage)),
                                    comm::to_bytes(report_to_json(mine))));
   std::vector<std::optional<Report>> reports(size_t(o_.stages));
@@ -309,19 +323,23 @@ Result<Decision> Membership::decide(const std::vector<Report>& reports) {
     // newest survivor applied it), and it applies it now.
     if (r.applied + 1 != d.step || !r.passes_done) {
       return internal_error("stage " + std::to_string(r.stage) + " applied step " +
-                            std::to_string(r.applied) + " (passes of the next done: " +
-                            (r.passes_done ? "yes" : "no") + ") while stage " +
-                            std::to_string(newest->stage) + " applied step " +
+                            std::to_string(r.applied) +
+                            " (passes of the next done: " + (r.passes_done ? "yes" : "no") +
+                            ") while stage " + std::to_string(newest->stage) + " applied step " +
                             std::to_string(d.step) + ": the commit rule was broken");
     }
     d.apply_pending = true;
   }
-  if (d.apply_pending) {
-    if (!newest->has_totals) {
-      return internal_error("stage " + std::to_string(newest->stage) + " applied step " +
-                            std::to_string(d.step) + " without the sums of its commit");
+  for (const Report& r : reports) {
+    if (survived[size_t(r.stage)] && r.applied == d.step && r.has_totals) {
+      d.has_totals = true;
+      d.totals = r.totals;
+      break;
     }
-    d.totals = newest->totals;
+  }
+  if (d.apply_pending && !d.has_totals) {
+    return internal_error("stage " + std::to_string(newest->stage) + " applied step " +
+                          std::to_string(d.step) + " without the sums of its commit");
   }
   if (!o_.out_dir.empty()) d.checkpoint = newest_checkpoint(o_.out_dir, d.step);
   return d;
@@ -331,9 +349,9 @@ Result<std::vector<Membership::Process>> Membership::processes() {
   std::vector<Process> out;
   for (int s = 0; s < o_.stages; ++s) {
     const int64_t inc = incarnations_[size_t(s)];
-    WL_ASSIGN_OR_RETURN(comm::Bytes b,
-                        o_.store->get(key("proc/" + std::to_string(s) + "/" + std::to_string(inc)),
-                                      o_.timeout));
+    WL_ASSIGN_OR_RETURN(
+        comm::Bytes b,
+        o_.store->get(key("proc/" + std::to_string(s) + "/" + std::to_string(inc)), o_.timeout));
     const json proc = json::parse(comm::to_string(b), nullptr, false);
     Process p{.stage = s, .incarnation = inc, .pid = 0, .host = "?"};
     if (proc.is_object()) {

@@ -52,8 +52,8 @@ namespace wl::fault {
 struct Report {
   int stage = 0;
   int64_t incarnation = 0;
-  bool has_state = true;  // false: a replacement not yet rebuilt
-  int64_t applied = 0;    // the last step this process applied
+  bool has_state = true;     // false: a replacement not yet rebuilt
+  int64_t applied = 0;       // the last step this process applied
   bool passes_done = false;  // its passes of step applied + 1 were done (gradients ready)
   // The data position once step `applied` was drawn (what step applied + 1 draws from).
   std::array<uint64_t, 4> data_rng{};
@@ -61,16 +61,19 @@ struct Report {
   // Once step `applied` committed here: what its commit summed (loss terms, the ends' norm)
   // for a survivor that must still apply it.
   bool has_totals = false;
-  std::array<double, 4> totals{};
+  std::array<double, 5> totals{};  // routed_step.h's StepTotals::to_array()
 };
 
 struct Decision {
-  int64_t epoch = 0;  // the epoch that ended; the run goes on in epoch + 1
+  int64_t epoch = 0;                  // the epoch that ended; the run goes on in epoch + 1
   std::vector<int64_t> incarnations;  // of every stage, in epoch + 1
   std::vector<int> lost;              // ascending
   int64_t step = 0;                   // the last step applied: the run continues with step + 1
   bool apply_pending = false;         // survivors at step - 1 with passes done apply `step`
-  std::array<double, 4> totals{};     // ... with these sums
+  // The sums of step `step`'s commit, when a survivor committed it in this epoch: what a
+  // survivor applying it needs, and what its metrics record says.
+  bool has_totals = false;
+  std::array<double, 5> totals{};
   std::array<uint64_t, 4> data_rng{};
   int64_t iterations = 0;
   std::string checkpoint;  // the newest checkpoint directory on disk when deciding; "" none
@@ -100,11 +103,14 @@ class Membership {
   // Connects the current epoch's group (collective over its incarnations).
   Status connect();
 
-  // After losing a peer in the current epoch: reports, waits for the others (or their
-  // replacements), and returns the decision; the current epoch becomes the next one (connect()
-  // it). `fence` hears of every stage declared gone for silence ("stage 2 (pid 4242) did not
-  // answer within 60 s; killed").
-  Result<Decision> settle(const Report& mine, const std::function<void(const std::string&)>& fence);
+  // After losing a peer in the current epoch (`why`: the failure): ends the epoch for every
+  // member (their waits on its group are interrupted within WorkerOptions::interrupt_every),
+  // reports, waits for the others (or their replacements), and returns the decision; the
+  // current epoch becomes the next one (connect() it). `fence` hears of every stage declared
+  // gone for silence ("stage 2 (incarnation 1) did not answer within 60000 ms; declared gone,
+  // its process 4242 killed").
+  Result<Decision> settle(const Report& mine, const std::string& why,
+                          const std::function<void(const std::string&)>& fence);
 
   // The pids, hosts and incarnations of every stage in the current epoch, for processes.json.
   struct Process {

@@ -48,6 +48,20 @@ Status check_recovery_layout(Recovery r, int stages) {
   return ok_status();
 }
 
+std::string_view rebuild_kind_name(Rebuild::Kind k) {
+  switch (k) {
+    case Rebuild::Kind::kAverage:
+      return "average";
+    case Rebuild::Kind::kCopy:
+      return "copy";
+    case Rebuild::Kind::kFresh:
+      return "fresh";
+    case Rebuild::Kind::kRollback:
+      return "rollback";
+  }
+  return "?";
+}
+
 namespace {
 
 // The stage whose position stage s trains on in checkfree+'s swapped micro-batches, or -1.

@@ -23,6 +23,7 @@
 // when only one side has one), never from a stage rebuilt in the same step.
 #pragma once
 
+#include <cstdint>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -57,11 +58,20 @@ struct Rebuild {
   int left = -1, right = -1;
 };
 
+// "average", "copy", "fresh", "rollback": how summary.json files name a rebuild.
+std::string_view rebuild_kind_name(Rebuild::Kind k);
+
 // How each stage in `lost` (block stages, any order, no repeats) comes back under `r`, in the
 // order of `lost` sorted. Sources are always stages that were not lost. InvalidArgument when
 // the layout cannot work (check_recovery_layout) or a stage is out of range; FailedPrecondition
 // when every stage was lost at once and nothing is left to rebuild from.
 Result<std::vector<Rebuild>> plan_recovery(Recovery r, int stages, std::span<const int> lost);
+
+// The seed a stage rebuilt from fresh random weights (Kind::kFresh) draws them from: the run's
+// seed, the iteration and the stage, so a rerun rebuilds the same weights.
+inline uint64_t fresh_stage_seed(uint64_t seed, int64_t iteration, int stage) {
+  return seed ^ (uint64_t(iteration) << 20) ^ uint64_t(stage);
+}
 
 // out[i] = (wl * left[i] + wr * right[i]) / (wl + wr), wl = left_norm + kNormEpsilon and
 // wr = right_norm + kNormEpsilon: computed in double for each element and rounded once to

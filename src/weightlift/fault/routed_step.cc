@@ -1,6 +1,7 @@
 // routed_step.h.
 #include "weightlift/fault/routed_step.h"
 
+#include <cmath>
 #include <map>
 #include <memory>
 
@@ -128,6 +129,7 @@ Result<StepShares> run_routed_passes(parallel::DataParallel& dp, StageOptimizer&
   WL_RETURN_IF_ERROR(next_door.finish());
   WL_RETURN_IF_ERROR(dp.reduce_gradients());
   shares.ends_sum_squares = opt.ends_sum_squares();
+  shares.sum_squares = opt.blocks_sum_squares() + shares.ends_sum_squares;
   // The end gradient travels to its replica before the step can commit.
   if (opt.replica_holder() >= 0) {
     WL_RETURN_IF_ERROR(next_door.send(opt.replica_holder(), kReplicaTag, opt.end_gradient()));
@@ -142,19 +144,30 @@ Result<StepShares> run_routed_passes(parallel::DataParallel& dp, StageOptimizer&
   return shares;
 }
 
+std::array<double, 5> StepTotals::to_array() const {
+  return {loss.ce, loss.aux, loss.z, ends_sum_squares, grad_norm * grad_norm};
+}
+
+StepTotals StepTotals::from_array(const std::array<double, 5>& a, int64_t count) {
+  StepTotals t;
+  t.loss.ce = a[0];
+  t.loss.aux = a[1];
+  t.loss.z = a[2];
+  t.loss.count = count;
+  t.ends_sum_squares = a[3];
+  t.grad_norm = std::sqrt(a[4]);
+  return t;
+}
+
 Result<StepTotals> commit_step(parallel::DataParallel& dp, const train::Batch& global,
                                const StepShares& shares) {
-  double sums[4] = {shares.ce_sum, shares.aux, shares.z, shares.ends_sum_squares};
-  WL_RETURN_IF_ERROR(dp.sum_over_replica(sums, 4));
+  double sums[5] = {shares.ce_sum, shares.aux, shares.z, shares.ends_sum_squares,
+                    shares.sum_squares};
+  WL_RETURN_IF_ERROR(dp.sum_over_replica(sums, 5));
   const int64_t denom =
       kernels::count_targets(global.targets.data(), int64_t(global.targets.size()));
-  StepTotals t;
-  t.loss.ce = denom > 0 ? sums[0] / double(denom) : 0.0;
-  t.loss.aux = sums[1];
-  t.loss.z = sums[2];
-  t.loss.count = denom;
-  t.ends_sum_squares = sums[3];
-  return t;
+  return StepTotals::from_array(
+      {denom > 0 ? sums[0] / double(denom) : 0.0, sums[1], sums[2], sums[3], sums[4]}, denom);
 }
 
 }  // namespace wl::fault

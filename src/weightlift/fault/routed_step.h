@@ -18,6 +18,7 @@
 // cannot tell, which is what the survivors settle through the store (membership.h).
 #pragma once
 
+#include <array>
 #include <vector>
 
 #include "weightlift/core/status.h"
@@ -40,13 +41,18 @@ struct RoutedStepOptions {
 struct StepShares {
   double ce_sum = 0;  // cross-entropy summed over the targets of the micro-batches it ended
   double aux = 0, z = 0;
-  double ends_sum_squares = 0;
+  double ends_sum_squares = 0;  // its share of the ends group's squared gradient
+  double sum_squares = 0;       // of its whole gradient (blocks and ends)
 };
 
 // What every process knows once the step committed.
 struct StepTotals {
   model::LossTerms loss;  // of the whole batch
   double ends_sum_squares = 0;
+  double grad_norm = 0;  // of the whole model's gradient, before clipping
+  // As five numbers, for a report to carry (membership.h): ce, aux, z, ends' and all squares.
+  std::array<double, 5> to_array() const;
+  static StepTotals from_array(const std::array<double, 5>& a, int64_t count);
 };
 
 // Every pass of this process (dp: its block stage and ends, one rank per stage; dp.stages()

@@ -52,7 +52,7 @@ void rebuild_stages(const SimulationOptions& o, int64_t it, const std::vector<Re
                     StagedModel& model) {
   // Every source is a stage that survived (plan_recovery), so the order does not matter.
   for (const Rebuild& b : plan) {
-    model.rebuild(b, o.lr_scale, o.seed ^ (uint64_t(it) << 20) ^ uint64_t(b.stage));
+    model.rebuild(b, o.lr_scale, fresh_stage_seed(o.seed, it, b.stage));
   }
 }
 

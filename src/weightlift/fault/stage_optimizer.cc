@@ -69,6 +69,8 @@ double StageOptimizer::sum_squares(std::span<const train::AdamWSlice> slices) {
 
 double StageOptimizer::ends_sum_squares() const { return sum_squares(slices_of(ends_units_)); }
 
+double StageOptimizer::blocks_sum_squares() const { return sum_squares(slices_of(block_units_)); }
+
 std::vector<train::AdamWSlice> StageOptimizer::end_slices() {
   WL_CHECK(ends_units_.size() == 1)
       << "stage " << stage_ << " holds " << ends_units_.size() << " end units";

@@ -69,6 +69,8 @@ class StageOptimizer {
   // After the passes: the squared gradient of this process's share of the ends group (0
   // without one). The step's joint norm adds both ends' shares.
   double ends_sum_squares() const;
+  // ... and of its blocks group.
+  double blocks_sum_squares() const;
   // The end unit's gradient, for its replica's holder (REQUIRES replica_holder() >= 0).
   Tensor end_gradient();
   // The owner's end gradient arrived: it goes into the replica's gradient buffer.
