@@ -120,16 +120,15 @@ Status run_train_resilient(parallel::TrainOptions o, const TrainFlags& f,
         "a stage twice, which 1F1B's order does not describe): leave out --pp-schedule 1f1b");
   }
   o.layout.schedule = parallel::PipelineSchedule::kGPipe;
-  if (env.world_size % o.layout.pp != 0 || o.layout.tp != 1) {
-    o.layout.dp = 0;  // refused below, naming what does not fit
-  } else {
-    o.layout.dp = env.world_size / o.layout.pp;
-  }
-  if (o.layout.dp != 1) {
+  // What the strategy cannot run on is refused before any process waits for another.
+  WL_ASSIGN_OR_RETURN(const model::ModelConfig config, o.config_path.empty()
+                                                           ? model::preset(o.preset)
+                                                           : model::load_config(o.config_path));
+  WL_RETURN_IF_ERROR(fault::check_resilient_layout(o, r, config));
+  if (env.world_size != o.layout.pp) {
     return invalid_argument("--recovery runs one process per pipeline stage: start --pp " +
                             std::to_string(o.layout.pp) + " processes, not " +
-                            std::to_string(env.world_size) +
-                            (o.layout.tp != 1 ? " (and no --tp)" : ""));
+                            std::to_string(env.world_size));
   }
   WL_ASSIGN_OR_RETURN(comm::World world, comm::connect_store(env, o.timeout));
   const bool quiet = f.quiet || env.rank != 0;

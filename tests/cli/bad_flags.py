@@ -10,7 +10,7 @@ import os
 import sys
 import tempfile
 
-from harness import Suite, write_tiny_model
+from harness import TINY, Suite, write_tiny_model
 
 
 def with_flag(prefix, base, flag, value):
@@ -140,6 +140,62 @@ def counts_and_sizes(s, d):
                    "--batch", "[1,")
 
 
+def recovery(s, d):
+    """train --recovery: a strategy the layout cannot take, and failure drills that make no
+    sense, are refused before any process waits for another."""
+    import json
+
+    def config(name, **changes):
+        c = dict(TINY, **changes)
+        path = os.path.join(d, name)
+        with open(path, "w") as f:
+            json.dump(c, f)
+        return path
+
+    four, three = config("four.json", num_layers=4), config("three.json", num_layers=3)
+    tied = config("tied.json", num_layers=4, tie_embeddings=True)
+    run = ["train", "--batch", "4", "--seq", "16", "--quiet", "--out", os.path.join(d, "ft")]
+    for label, flags, needles in (
+            ("an unknown strategy", ["--config", four, "--pp", "4", "--recovery", "checkfre"],
+             ("checkfre", "checkfree+")),
+            ("checkfree on 2 stages", ["--preset", "tiny", "--pp", "2", "--recovery",
+                                       "checkfree"], ("--recovery", "at least 3 stages")),
+            ("checkfree+ on 3 stages", ["--config", three, "--pp", "3", "--recovery",
+                                        "checkfree+"], ("--recovery", "at least 4 stages")),
+            ("stages that do not divide the layers", ["--config", four, "--pp", "3",
+                                                      "--recovery", "checkfree"],
+             ("--pp 3", "4 layers")),
+            ("checkfree+ with odd micro-batches", ["--config", four, "--pp", "4",
+                                                   "--micro-batches", "1", "--recovery",
+                                                   "checkfree+"], ("--micro-batches", "even")),
+            ("with --tp", ["--config", four, "--pp", "4", "--tp", "2", "--recovery",
+                           "checkfree"], ("--recovery with --tp 2",)),
+            ("with --dp-mode fsdp", ["--config", four, "--pp", "4", "--dp-mode", "fsdp",
+                                     "--recovery", "checkfree"], ("--dp-mode fsdp",)),
+            ("with tied embeddings", ["--config", tied, "--pp", "4", "--recovery", "checkfree"],
+             ("tied embeddings",)),
+            ("with f16", ["--config", four, "--pp", "4", "--precision", "f16", "--recovery",
+                          "checkfree"], ("f16", "bf16")),
+            ("with --pp-schedule 1f1b", ["--config", four, "--pp", "4", "--pp-schedule", "1f1b",
+                                         "--recovery", "checkfree"], ("GPipe", "1f1b")),
+            ("a kill at iteration 0", ["--config", four, "--pp", "4", "--recovery", "checkfree",
+                                       "--kill", "0:1"], ("--kill", "[1,")),
+            ("a kill of no stage", ["--config", four, "--pp", "4", "--recovery", "checkfree",
+                                    "--kill", "3:9"], ("--kill 3:9", "no stage of --pp 4")),
+            ("a freeze without a colon", ["--config", four, "--pp", "4", "--recovery",
+                                          "checkfree", "--freeze", "3"],
+             ("--freeze '3'", "ITERATION:STAGE")),
+            ("--fail-prob 1.5", ["--config", four, "--pp", "4", "--recovery", "checkfree",
+                                 "--fail-prob", "1.5"], ("--fail-prob", "[0, 1]")),
+            ("--lr-scale 0", ["--config", four, "--pp", "4", "--recovery", "checkfree",
+                              "--lr-scale", "0"], ("--lr-scale", "(0, inf)")),
+            ("--fail-prob without --recovery", ["--config", four, "--pp", "4", "--fail-prob",
+                                                "0.1"], ("--fail-prob", "need --recovery")),
+            ("one process for 4 stages", ["--config", four, "--pp", "4", "--recovery",
+                                          "checkfree"], ("start --pp 4 processes, not 1",))):
+        s.expect_error(f"train --recovery: {label}", run + flags, *needles)
+
+
 def messages(s, d):
     s.expect_error("unknown subcommand", ["trian"], "trian", "train")
     s.expect_error("unknown subcommand of transfer", ["transfer", "plna"], "plna", "simulate")
@@ -201,7 +257,7 @@ def layouts(s, d):
 
 def main():
     s = Suite(sys.argv[1], tempfile.mkdtemp(prefix="wl-bad-flags-"))
-    for group in (sampling, threads, optimizer, counts_and_sizes, messages, layouts):
+    for group in (sampling, threads, optimizer, counts_and_sizes, messages, layouts, recovery):
         with tempfile.TemporaryDirectory(dir=s.scratch) as d:
             s.scratch_case = d
             group(s, d)
