@@ -68,19 +68,19 @@ class Pipeline : public ::testing::Test {
  protected:
   // The run's flags after `train`, without the drills and the strategy.
   std::vector<std::string> common(const std::string& out) const {
-    return {"--config", config_, "--corpus",       corpus_, "--pp",  "4",   "--micro-batches",
-            "2",        "--batch", "4",            "--seq", "32",    "--steps", "10",
-            "--eval-every", "5", "--eval-windows", "8",     "--out", out,   "--timeout",
-            "10",       "--quiet"};
+    return {"--config",        config_, "--corpus",     corpus_, "--pp",           "4",
+            "--micro-batches", "2",     "--batch",      "4",     "--seq",          "32",
+            "--steps",         "10",    "--eval-every", "5",     "--eval-windows", "8",
+            "--out",           out,     "--timeout",    "10",    "--quiet"};
   }
 
   // `weightlift launch -n 4 --restart-failed restarts -- weightlift train <args>`: its exit code
   // and everything it printed.
   std::pair<int, std::string> launch(const std::vector<std::string>& args, int restarts,
                                      std::chrono::seconds bound = 60s) {
-    std::vector<std::string> argv = {kWeightlift, "launch",    "-n", "4", "--restart-failed",
-                                     std::to_string(restarts), "--", kWeightlift, "--threads",
-                                     "1",         "train"};
+    std::vector<std::string> argv = {
+        kWeightlift, "launch",    "-n", "4",    "--restart-failed", std::to_string(restarts), "--",
+        kWeightlift, "--threads", "1",  "train"};
     argv.insert(argv.end(), args.begin(), args.end());
     Child c = wl::testing::spawn_child(argv, {});
     const int code = wait_exit(c, comm::deadline_after(bound));
@@ -203,8 +203,7 @@ TEST_F(Pipeline, AdjacentStagesLostTogetherAverageTheNearestSurvivors) {
 TEST_F(Pipeline, CheckFreeFallsBackToTheCheckpointForAnEndStage) {
   const std::string out = fresh_dir("run");
   std::vector<std::string> args = common(out);
-  args.insert(args.end(),
-              {"--recovery", "checkfree", "--checkpoint-every", "2", "--kill", "4:0"});
+  args.insert(args.end(), {"--recovery", "checkfree", "--checkpoint-every", "2", "--kill", "4:0"});
   const auto [code, said] = launch(args, 1);
   ASSERT_EQ(code, 0) << said;
   const json s = read_json(out + "/summary.json");

@@ -53,6 +53,11 @@ bool contains(const std::vector<int>& v, int x) {
   return std::find(v.begin(), v.end(), x) != v.end();
 }
 
+constexpr RecordFormat kGroupsFormat{.name = "weightlift-pipeline-groups",
+                                     .version = 1,
+                                     .what = "pipeline stage groups",
+                                     .remedy = "resume it with the weightlift that wrote it"};
+
 // Message tags of a recovery, on the new epoch's group.
 constexpr uint32_t kBlocksTag = 1, kNormTag = 2, kEndTag = 3, kReplicaSyncTag = 4;
 
@@ -65,9 +70,12 @@ json rebuild_to_json(const Rebuild& b) {
 json record_to_json(const RecoveryRecord& r) {
   json plan = json::array();
   for (const Rebuild& b : r.plan) plan.push_back(rebuild_to_json(b));
-  json j = {{"iteration", r.iteration},     {"epoch", r.epoch},
-            {"stages", plan},               {"step", r.step},
-            {"recovery_ms", r.recovery_ms}, {"loss_before", r.loss_before},
+  json j = {{"iteration", r.iteration},
+            {"epoch", r.epoch},
+            {"stages", plan},
+            {"step", r.step},
+            {"recovery_ms", r.recovery_ms},
+            {"loss_before", r.loss_before},
             {"loss_after", r.loss_after}};
   if (!r.fallback.empty()) j["fallback"] = r.fallback;
   if (r.rolled_back_to >= 0) {
@@ -149,7 +157,7 @@ class Run {
   Status finish_record(const train::StepMetrics& m);
   Status write_summary();
   Result<std::string> groups_json();
-  Status set_groups(const json& all, int64_t steps_if_missing);
+  Status set_groups(const std::string& dir, int64_t steps);
 
   const parallel::TrainOptions& o_;
   const ResilienceOptions& r_;
@@ -173,11 +181,11 @@ class Run {
   Summary summary_;
 
   // Where the run stands, for a report.
-  int64_t step_ = 0;         // steps applied
-  int64_t iterations_ = 0;   // steps done in wall-clock
-  int64_t killed_through_ = 0;  // iterations whose scheduled losses have happened
-  bool passes_done_ = false;    // of step step_ + 1
-  bool rebuilt_ = true;         // false while a replacement has no state
+  int64_t step_ = 0;                    // steps applied
+  int64_t iterations_ = 0;              // steps done in wall-clock
+  int64_t killed_through_ = 0;          // iterations whose scheduled losses have happened
+  bool passes_done_ = false;            // of step step_ + 1
+  bool rebuilt_ = true;                 // false while a replacement has no state
   std::array<uint64_t, 4> data_rng_{};  // the data position after step step_'s draw
   std::optional<StepTotals> totals_;    // step step_'s, when it committed in this process
   double last_loss_ = NAN;
@@ -202,8 +210,7 @@ Status Run::configure() {
   WL_RETURN_IF_ERROR(check_resilient_layout(o_, r_, cfg_));
   // A replacement joins a run whose outputs are already there: only the run's own first
   // processes check what it may write.
-  WL_ASSIGN_OR_RETURN(const int64_t inc,
-                      store_->add("wl-ft/inc/" + std::to_string(stage_), 0));
+  WL_ASSIGN_OR_RETURN(const int64_t inc, store_->add("wl-ft/inc/" + std::to_string(stage_), 0));
   if (inc == 0) {
     WL_RETURN_IF_ERROR(parallel::check_run_plan(o_, cfg_));
   } else {
@@ -278,15 +285,13 @@ Status Run::start_fresh() {
 // groups' state, the data position; then the replicas from their owners.
 Status Run::initial_state(const std::string& checkpoint) {
   const std::string from = checkpoint.empty() ? o_.resume : checkpoint;
-  std::array<uint64_t, 4> rng = train::WindowSampler(&data_.train_stream, o_.seed + 1).rng().state();
+  std::array<uint64_t, 4> rng =
+      train::WindowSampler(&data_.train_stream, o_.seed + 1).rng().state();
   if (!from.empty()) {
     WL_ASSIGN_OR_RETURN(parallel::TrainState st, parallel::load_checkpoint(from, *dp_));
     step_ = st.step;
     rng = st.data_rng;
-    json groups;
-    std::ifstream f(from + "/" + kGroupsFile);
-    if (f) groups = json::parse(f, nullptr, false);
-    WL_RETURN_IF_ERROR(set_groups(groups, st.step));
+    WL_RETURN_IF_ERROR(set_groups(from, st.step));
   } else {
     std::vector<float> full(size_t(dp_->layout().total()));
     if (!o_.init_weights.empty()) {
@@ -383,16 +388,15 @@ void Run::maybe_die() {
     if (f.iteration == it && f.stage == stage_) ::raise(SIGSTOP);
   }
   if (!contains(failures_.at(it), stage_)) return;
-  (void)store_->set("wl-ft/kill/" + std::to_string(it),
-                    comm::to_bytes(json(now_ms()).dump()));
+  (void)store_->set("wl-ft/kill/" + std::to_string(it), comm::to_bytes(json(now_ms()).dump()));
   ::raise(SIGKILL);
 }
 
 Status Run::update_once() {
   if (first_step_of_ >= 0) {
-    (void)store_->set("wl-ft/e" + std::to_string(first_step_of_) + "/first-step/" +
-                          std::to_string(stage_),
-                      comm::to_bytes(json(now_ms()).dump()));
+    (void)store_->set(
+        "wl-ft/e" + std::to_string(first_step_of_) + "/first-step/" + std::to_string(stage_),
+        comm::to_bytes(json(now_ms()).dump()));
     first_step_of_ = -1;
   }
   const train::Batch global = data_.fixed_batch() ? data_.fixed : sampler_->next(data_.batch, seq_);
@@ -402,8 +406,7 @@ Status Run::update_once() {
   if (r_.recovery == Recovery::kCheckFreePlus) ro.orders.push_back(swapped_order(stages_));
   double waited = 0;
   passes_done_ = false;
-  WL_ASSIGN_OR_RETURN(const StepShares shares,
-                      run_routed_passes(*dp_, *opt_, global, ro, &waited));
+  WL_ASSIGN_OR_RETURN(const StepShares shares, run_routed_passes(*dp_, *opt_, global, ro, &waited));
   passes_done_ = true;
   WL_ASSIGN_OR_RETURN(const StepTotals totals, commit_step(*dp_, global, shares));
   // Committed: apply it (nothing below can lose a peer).
@@ -468,39 +471,47 @@ Result<std::string> Run::groups_json() {
   json stages = json::array();
   for (int s = 0; s < stages_; ++s) {
     const double* v = all.data() + 6 * s;
-    stages.push_back({{"blocks", {{"steps", int64_t(v[0])}, {"lr_factor", v[1]}, {"norm", v[2]}}},
-                      {"ends", {{"steps", int64_t(v[3])}, {"lr_factor", v[4]}, {"norm", v[5]}}}});
+    const auto group = [](const double* g) {
+      return json{{"steps", int64_t(g[0])}, {"lr_factor", g[1]}, {"norm", g[2]}};
+    };
+    stages.push_back({{"blocks", group(v)}, {"ends", group(v + 3)}});
   }
-  return json{{"format", "weightlift-pipeline-groups"},
-              {"format_version", 1},
-              {"recovery", recovery_name(r_.recovery)},
-              {"stages", stages}}
-      .dump(1);
+  json j = new_record(kGroupsFormat);
+  j.update({{"recovery", recovery_name(r_.recovery)}, {"stages", stages}});
+  return j.dump(1);
 }
 
-// This stage's groups from fault.json (a checkpoint of a run without one: every group at
-// `steps`, factor 1, norm 1).
-Status Run::set_groups(const json& all, int64_t steps_if_missing) {
-  GroupState b{.steps = steps_if_missing}, e{.steps = steps_if_missing};
-  if (all.is_object() && all.contains("stages")) {
-    const json& st = all["stages"];
-    if (!st.is_array() || st.size() != size_t(stages_)) {
-      return data_loss(std::string(kGroupsFile) + " holds " +
-                       std::to_string(st.is_array() ? st.size() : 0) + " stages, the run has " +
-                       std::to_string(stages_));
-    }
-    try {
-      const json& mine = st[size_t(stage_)];
-      const auto read = [](const json& g) {
-        return GroupState{.steps = g.at("steps").get<int64_t>(),
-                          .lr_factor = g.at("lr_factor").get<double>(),
-                          .norm = g.at("norm").get<double>()};
-      };
-      b = read(mine.at("blocks"));
-      e = read(mine.at("ends"));
-    } catch (const std::exception& ex) {
-      return data_loss(std::string(kGroupsFile) + ": " + json_error_message(ex));
-    }
+// This stage's groups from `dir`'s fault.json; a checkpoint of a run without one (a plain
+// pipeline's) has every group at `steps`, factor 1, norm 1.
+Status Run::set_groups(const std::string& dir, int64_t steps) {
+  GroupState b{.steps = steps}, e{.steps = steps};
+  const std::string path = dir + "/" + kGroupsFile;
+  std::error_code ec;
+  if (fs::exists(path, ec)) {
+    WL_ASSIGN_OR_RETURN(const std::string text, read_file(path, uint64_t(1) << 20, kGroupsFile));
+    using Groups = std::pair<GroupState, GroupState>;
+    WL_ASSIGN_OR_RETURN(
+        const Groups g,
+        read_record<Groups>(text, path, kGroupsFormat, [&](const json& j) -> Result<Groups> {
+          const json& st = j.at("stages");
+          if (!st.is_array() || st.size() != size_t(stages_)) {
+            throw_field_error(st, "expected " + std::to_string(stages_) + " stages");
+          }
+          const auto read = [](const json& x) {
+            GroupState out{.steps = int_field_in(x.at("steps"), 0, int64_t(1) << 50),
+                           .lr_factor = x.at("lr_factor").get<double>(),
+                           .norm = x.at("norm").get<double>()};
+            if (!(out.lr_factor > 0 && std::isfinite(out.lr_factor) && out.norm >= 0 &&
+                  std::isfinite(out.norm))) {
+              throw_field_error(x, "a learning-rate factor must be positive, a norm finite");
+            }
+            return out;
+          };
+          const json& mine = st[size_t(stage_)];
+          return Groups{read(mine.at("blocks")), read(mine.at("ends"))};
+        }));
+    b = g.first;
+    e = g.second;
   }
   opt_->set_group(ClipGroup::kBlocks, b);
   opt_->set_group(ClipGroup::kEnds, e);
@@ -511,8 +522,7 @@ Status Run::save_checkpoint() {
   WL_ASSIGN_OR_RETURN(const std::string groups, groups_json());
   const std::string dir = o_.out_dir + "/checkpoint-" + std::to_string(step_);
   WL_RETURN_IF_ERROR(parallel::save_checkpoint(
-      dir, *dp_,
-      {step_, data_rng_, 1.0, 0, parallel::run_hyperparameters(o_)},
+      dir, *dp_, {step_, data_rng_, 1.0, 0, parallel::run_hyperparameters(o_)},
       {{kGroupsFile, groups}}));
   guard_.saved(dir);
   return ok_status();
@@ -638,11 +648,10 @@ Status Run::rebuild(const Decision& d, const std::vector<Rebuild>& plan) {
   comm::Group& g = *members_->group();
   std::vector<comm::Request> sends;
   const auto post = [&](int to, uint32_t tag, const void* data, size_t bytes) -> Status {
-    WL_ASSIGN_OR_RETURN(comm::Request r, g.start_send({.data = data,
-                                                       .bytes = bytes,
-                                                       .peer = to,
-                                                       .tag = tag,
-                                                       .timeout = o_.timeout}));
+    WL_ASSIGN_OR_RETURN(
+        comm::Request r,
+        g.start_send(
+            {.data = data, .bytes = bytes, .peer = to, .tag = tag, .timeout = o_.timeout}));
     sends.push_back(std::move(r));
     return ok_status();
   };
@@ -680,8 +689,8 @@ Status Run::rebuild(const Decision& d, const std::vector<Rebuild>& plan) {
   }
   Status received = ok_status();
   if (contains(d.lost, stage_)) {
-    const auto it = std::find_if(plan.begin(), plan.end(),
-                                 [&](const Rebuild& b) { return b.stage == stage_; });
+    const auto it =
+        std::find_if(plan.begin(), plan.end(), [&](const Rebuild& b) { return b.stage == stage_; });
     const Rebuild& b = *it;
     const auto take = [&](int from, std::vector<float>& w, double& norm) -> Status {
       w.resize(blocks.size());
@@ -720,8 +729,8 @@ Status Run::rebuild(const Decision& d, const std::vector<Rebuild>& plan) {
                            .peer = from,
                            .tag = kEndTag});
         if (received.ok()) {
-          received = g.recv(
-              {.data = group, .bytes = sizeof group, .peer = from, .tag = kReplicaSyncTag});
+          received =
+              g.recv({.data = group, .bytes = sizeof group, .peer = from, .tag = kReplicaSyncTag});
         }
         if (received.ok()) {
           st.group = {.steps = int64_t(group[0]), .lr_factor = group[1], .norm = group[2]};
@@ -758,18 +767,19 @@ Status Run::finish_record(const train::StepMetrics& m) {
   };
   double detected = NAN, first_step = NAN;
   for (int s = 0; s < stages_; ++s) {
-    const double t = read_ms("wl-ft/e" + std::to_string(rec.epoch) + "/detected/" +
-                             std::to_string(s));
+    const double t =
+        read_ms("wl-ft/e" + std::to_string(rec.epoch) + "/detected/" + std::to_string(s));
     if (std::isfinite(t) && !(t >= detected)) detected = t;
   }
   // The rebuilt stages' first step (every stage's, after a rollback).
   for (int s = 0; s < stages_; ++s) {
     if (!contains(open_lost_, s) && rec.rolled_back_to < 0) continue;
-    const double t = read_ms("wl-ft/e" + std::to_string(rec.epoch + 1) + "/first-step/" +
-                             std::to_string(s));
+    const double t =
+        read_ms("wl-ft/e" + std::to_string(rec.epoch + 1) + "/first-step/" + std::to_string(s));
     if (std::isfinite(t) && !(t <= first_step)) first_step = t;
   }
-  rec.recovery_ms = std::isfinite(detected) && std::isfinite(first_step) ? first_step - detected : NAN;
+  rec.recovery_ms =
+      std::isfinite(detected) && std::isfinite(first_step) ? first_step - detected : NAN;
   const double killed = read_ms("wl-ft/kill/" + std::to_string(rec.iteration));
   if (std::isfinite(killed) && std::isfinite(detected)) rec.detection_ms = detected - killed;
   rec.loss_after = m.loss;
@@ -849,9 +859,10 @@ Status check_resilient_layout(const parallel::TrainOptions& o, const ResilienceO
   }
   WL_RETURN_IF_ERROR(check_recovery_layout(r.recovery, l.pp).with_context("--recovery"));
   if (r.recovery == Recovery::kCheckFreePlus && l.micro_batches % 2 != 0) {
-    return invalid_argument("--recovery checkfree+ runs every other micro-batch swapped and "
-                            "needs an even --micro-batches, not " +
-                            std::to_string(l.micro_batches));
+    return invalid_argument(
+        "--recovery checkfree+ runs every other micro-batch swapped and "
+        "needs an even --micro-batches, not " +
+        std::to_string(l.micro_batches));
   }
   if (!(r.fail_prob >= 0 && r.fail_prob <= 1))
     return invalid_argument("--fail-prob must be in [0, 1]");

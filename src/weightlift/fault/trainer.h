@@ -68,19 +68,19 @@ struct ResilienceOptions {
 
 // One loss and its recovery, as summary.json records it.
 struct RecoveryRecord {
-  int64_t iteration = 0;  // the iteration the loss was found in
-  int64_t epoch = 0;      // the epoch it ended
-  std::vector<Rebuild> plan;  // per lost stage: how it came back
-  std::string fallback;       // why the strategy's own rule gave way to a rollback; "" none
-  int64_t step = 0;           // the run went on after this step
+  int64_t iteration = 0;        // the iteration the loss was found in
+  int64_t epoch = 0;            // the epoch it ended
+  std::vector<Rebuild> plan;    // per lost stage: how it came back
+  std::string fallback;         // why the strategy's own rule gave way to a rollback; "" none
+  int64_t step = 0;             // the run went on after this step
   int64_t rolled_back_to = -1;  // the step a rollback went back to; -1 none
   std::string checkpoint;       // ... from this checkpoint ("" : the run's start)
-  double detection_ms = -1;  // a loss the schedule caused: its kill to the first survivor
-                             // noticing it; -1 when the kill time is not known
-  double recovery_ms = 0;    // the first survivor noticing it to the first step of the new
-                             // epoch (the rebuilt stage's first step) starting
-  double loss_before = 0;    // the last step's loss before the loss (NaN: none)
-  double loss_after = 0;     // the first step's after it
+  double detection_ms = -1;     // a loss the schedule caused: its kill to the first survivor
+                                // noticing it; -1 when the kill time is not known
+  double recovery_ms = 0;       // the first survivor noticing it to the first step of the new
+                                // epoch (the rebuilt stage's first step) starting
+  double loss_before = 0;       // the last step's loss before the loss (NaN: none)
+  double loss_after = 0;        // the first step's after it
 };
 
 struct Summary {
