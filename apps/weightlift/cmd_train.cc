@@ -147,6 +147,8 @@ Status run_train_resilient(parallel::TrainOptions o, const TrainFlags& f,
   };
   Result<fault::Summary> s = fault::train(o, r, world.store, env.rank, env.world_size, hooks);
   if (!quiet) progress.finish();
+  // A store that rank 0 hosts stays up while the other stages still settle or report.
+  comm::linger_for_clients(world, o.timeout);
   WL_RETURN_IF_ERROR(s.status());
   if (env.rank != 0) return ok_status();
   const std::string model = o.config_path.empty() ? o.preset : o.config_path;

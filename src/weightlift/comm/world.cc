@@ -1,5 +1,7 @@
 #include "weightlift/comm/world.h"
 
+#include <thread>
+
 #include "weightlift/comm/barrier.h"
 
 namespace wl::comm {
@@ -44,6 +46,15 @@ Result<World> connect_world(const LaunchEnv& env, const WorldOptions& o) {
   w.group = std::move(*group);
   WL_RETURN_IF_ERROR(barrier(*w.group).with_context(who + ": first barrier"));
   return w;
+}
+
+void linger_for_clients(const World& world, std::chrono::milliseconds at_most) {
+  if (!world.server) return;
+  const auto until = std::chrono::steady_clock::now() + at_most;
+  // Our own client is the one connection left.
+  while (world.server->connections() > 1 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
 }  // namespace wl::comm

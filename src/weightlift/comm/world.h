@@ -42,4 +42,11 @@ Result<World> connect_world(const LaunchEnv& env, const WorldOptions& options);
 // loop's channels, the Python package) or come and go while the job runs.
 Result<World> connect_store(const LaunchEnv& env, std::chrono::milliseconds timeout);
 
+// On the process that hosts the store (rank 0 when the launcher does not): waits, at most
+// `at_most`, until every other process has closed its connection (a process's connections
+// close when it exits, whatever it died of), so that the host finishing or failing first does
+// not take the store from processes still using it to agree or to say what went wrong.
+// Elsewhere returns at once.
+void linger_for_clients(const World& world, std::chrono::milliseconds at_most);
+
 }  // namespace wl::comm

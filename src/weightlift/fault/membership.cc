@@ -77,6 +77,7 @@ std::string report_to_json(const Report& r) {
             {"has_state", r.has_state},
             {"applied", r.applied},
             {"passes_done", r.passes_done},
+            {"after_done", r.after_done},
             {"data_rng", rng_to_json(r.data_rng)},
             {"iterations", r.iterations},
             {"has_totals", r.has_totals},
@@ -92,6 +93,7 @@ Result<Report> report_from_json(const std::string& text) {
     r.has_state = j.at("has_state").get<bool>();
     r.applied = int_field_in(j.at("applied"), 0, int64_t(1) << 50);
     r.passes_done = j.at("passes_done").get<bool>();
+    r.after_done = j.at("after_done").get<bool>();
     r.data_rng = rng_from_json(j.at("data_rng"));
     r.iterations = int_field_in(j.at("iterations"), 0, int64_t(1) << 50);
     r.has_totals = j.at("has_totals").get<bool>();
@@ -107,6 +109,7 @@ std::string decision_to_json(const Decision& d) {
             {"lost", d.lost},
             {"step", d.step},
             {"apply_pending", d.apply_pending},
+            {"redo_after", d.redo_after},
             {"has_totals", d.has_totals},
             {"totals", d.totals},
             {"data_rng", rng_to_json(d.data_rng)},
@@ -123,6 +126,7 @@ Result<Decision> decision_from_json(const std::string& text) {
     d.lost = j.at("lost").get<std::vector<int>>();
     d.step = int_field_in(j.at("step"), 0, int64_t(1) << 50);
     d.apply_pending = j.at("apply_pending").get<bool>();
+    d.redo_after = j.at("redo_after").get<bool>();
     d.has_totals = j.at("has_totals").get<bool>();
     d.totals = j.at("totals").get<std::array<double, 5>>();
     d.data_rng = rng_from_json(j.at("data_rng"));
@@ -329,6 +333,11 @@ Result<Decision> Membership::decide(const std::vector<Report>& reports) {
                             std::to_string(d.step) + ": the commit rule was broken");
     }
     d.apply_pending = true;
+  }
+  // A survivor that applied the step late has not done what follows it either.
+  d.redo_after = d.apply_pending;
+  for (const Report& r : reports) {
+    if (survived[size_t(r.stage)] && r.applied == d.step && !r.after_done) d.redo_after = true;
   }
   for (const Report& r : reports) {
     if (survived[size_t(r.stage)] && r.applied == d.step && r.has_totals) {

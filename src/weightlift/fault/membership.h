@@ -55,6 +55,8 @@ struct Report {
   bool has_state = true;     // false: a replacement not yet rebuilt
   int64_t applied = 0;       // the last step this process applied
   bool passes_done = false;  // its passes of step applied + 1 were done (gradients ready)
+  // What follows step `applied` (validation, the metrics record, a checkpoint) was done.
+  bool after_done = true;
   // The data position once step `applied` was drawn (what step applied + 1 draws from).
   std::array<uint64_t, 4> data_rng{};
   int64_t iterations = 0;  // steps done in wall-clock so far, rollbacks' repeats counted
@@ -70,6 +72,7 @@ struct Decision {
   std::vector<int> lost;              // ascending
   int64_t step = 0;                   // the last step applied: the run continues with step + 1
   bool apply_pending = false;         // survivors at step - 1 with passes done apply `step`
+  bool redo_after = false;  // what follows `step` was cut short somewhere: every stage redoes it
   // The sums of step `step`'s commit, when a survivor committed it in this epoch: what a
   // survivor applying it needs, and what its metrics record says.
   bool has_totals = false;

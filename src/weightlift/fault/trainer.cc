@@ -185,6 +185,7 @@ class Run {
   int64_t iterations_ = 0;              // steps done in wall-clock
   int64_t killed_through_ = 0;          // iterations whose scheduled losses have happened
   bool passes_done_ = false;            // of step step_ + 1
+  bool after_done_ = true;              // what follows step step_
   bool rebuilt_ = true;                 // false while a replacement has no state
   std::array<uint64_t, 4> data_rng_{};  // the data position after step step_'s draw
   std::optional<StepTotals> totals_;    // step step_'s, when it committed in this process
@@ -414,10 +415,13 @@ Status Run::update_once() {
   ++step_;
   ++iterations_;
   passes_done_ = false;
+  after_done_ = false;
   totals_ = totals;
   data_rng_ = sampler_->rng().state();
   tokens_done_ += global.batch * global.seq;
-  return after_update(totals, false);
+  WL_RETURN_IF_ERROR(after_update(totals, false));
+  after_done_ = true;
+  return ok_status();
 }
 
 // What follows an update: validation when due, the metrics record, the guard, a checkpoint
@@ -563,6 +567,7 @@ Status Run::recover(const Status& failure) {
                 .has_state = rebuilt_,
                 .applied = step_,
                 .passes_done = passes_done_,
+                .after_done = after_done_,
                 .data_rng = data_rng_,
                 .iterations = iterations_,
                 .has_totals = totals_.has_value()};
@@ -627,13 +632,13 @@ Status Run::restore(const Decision& d) {
     WL_RETURN_IF_ERROR(write_processes());
   }
   // The step the run continues after gets its record and its checkpoint, if the loss cut
-  // them short (a rollback's step already has both).
-  if (!rolls_back && d.has_totals && step_ > 0) {
-    totals_ = StepTotals::from_array(d.totals, 0);
+  // them short somewhere (a rollback's step already has both).
+  totals_.reset();
+  if (d.has_totals) totals_ = StepTotals::from_array(d.totals, 0);
+  if (!rolls_back && d.redo_after && totals_ && step_ > 0) {
     WL_RETURN_IF_ERROR(after_update(*totals_, true));
-  } else {
-    totals_.reset();
   }
+  after_done_ = true;
   if (writer()) {
     open_record_ = rec;
     open_lost_ = d.lost;
