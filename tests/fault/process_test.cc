@@ -5,7 +5,9 @@
 // Each test reads what the run leaves: summary.json (every recovery), processes.json (the
 // replacements' incarnations), metrics.jsonl (every step once), model.safetensors.
 #include <gtest/gtest.h>
+#include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -231,6 +233,39 @@ TEST_F(Pipeline, AFrozenStageIsDeclaredGoneAndReplaced) {
   ASSERT_EQ(s["recoveries"].size(), 1u) << s.dump(1);
   EXPECT_EQ(s["recoveries"][0]["stages"][0]["stage"], 2);
   EXPECT_EQ(incarnations(out), (std::vector<int64_t>{1, 1, 2, 1}));
+}
+
+// A kill from outside (an operator's kill -9, the OOM killer) is the same loss: here the test
+// kills stage 1 once the run has reported its first step.
+TEST_F(Pipeline, AKillFromOutsideIsRecoveredTheSameWay) {
+  const std::string out = fresh_dir("run");
+  std::vector<std::string> args = common(out);
+  args[std::find(args.begin(), args.end(), "--steps") - args.begin() + 1] = "60";
+  args[std::find(args.begin(), args.end(), "--eval-every") - args.begin() + 1] = "0";
+  args.pop_back();  // --quiet: the first progress line is the cue
+  args.insert(args.end(), {"--recovery", "checkfree"});
+  std::vector<std::string> argv = {kWeightlift,        "launch", "-n",   "4",
+                                   "--restart-failed", "1",      "--",   kWeightlift,
+                                   "--threads",        "1",      "train"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  Child job = wl::testing::spawn_child(argv, {});
+  ASSERT_NE(wl::testing::wait_for_line(job, "[rank 0] train [", comm::deadline_after(60s)), "")
+      << job.output;
+  int64_t pid = 0;
+  for (const json& p : read_json(out + "/processes.json")) {
+    if (p["rank"] == 1) pid = p["pid"];
+  }
+  ASSERT_GT(pid, 1);
+  ASSERT_EQ(::kill(pid_t(pid), SIGKILL), 0);
+  EXPECT_EQ(wait_exit(job, comm::deadline_after(120s)), 0) << job.output;
+  reap(job);
+  const json s = read_json(out + "/summary.json");
+  ASSERT_EQ(s["recoveries"].size(), 1u) << s.dump(1);
+  EXPECT_EQ(s["recoveries"][0]["stages"],
+            json::parse(R"([{"stage": 1, "how": "average", "from": [0, 2]}])"));
+  EXPECT_FALSE(s["recoveries"][0].contains("detection_ms"));  // no drill: no kill time
+  EXPECT_EQ(incarnations(out), (std::vector<int64_t>{1, 2, 1, 1}));
+  expect_every_step_once(out, 60);
 }
 
 // --fail-prob: the schedule is FailureSchedule's, the one the simulation draws, so the
