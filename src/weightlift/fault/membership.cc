@@ -5,8 +5,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include "weightlift/comm/process_alive.h"
@@ -42,30 +45,26 @@ std::array<uint64_t, 4> rng_from_json(const json& j) {
   return s;
 }
 
+// This process's start time in clock ticks since boot (/proc/self/stat field 22): with the pid,
+// it names the process, not a later one that reuses the pid.
+int64_t start_ticks(int64_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  std::getline(f, stat);
+  const size_t close = stat.rfind(')');  // the command name may hold spaces and parentheses
+  if (close == std::string::npos) return -1;
+  std::istringstream rest(stat.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && rest >> field; ++i) {
+    if (i == 22) return std::atoll(field.c_str());
+  }
+  return -1;
+}
+
 std::string hostname() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof buf - 1) != 0) return "?";
   return buf;
-}
-
-// The newest checkpoint-<n> directory of `dir` with its state.json written, n <= step.
-std::string newest_checkpoint(const std::string& dir, int64_t step) {
-  std::error_code ec;
-  int64_t best = -1;
-  std::string path;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("checkpoint-", 0) != 0) continue;
-    const std::string digits = name.substr(11);
-    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) continue;
-    if (digits.size() > 15) continue;
-    const int64_t n = std::stoll(digits);
-    if (n > step || n <= best) continue;
-    if (!std::filesystem::exists(e.path() / "state.json", ec)) continue;
-    best = n;
-    path = e.path().string();
-  }
-  return path;
 }
 
 }  // namespace
@@ -114,7 +113,8 @@ std::string decision_to_json(const Decision& d) {
             {"totals", d.totals},
             {"data_rng", rng_to_json(d.data_rng)},
             {"iterations", d.iterations},
-            {"checkpoint", d.checkpoint}});
+            {"checkpoint", d.checkpoint},
+            {"error", d.error}});
   return j.dump();
 }
 
@@ -132,6 +132,7 @@ Result<Decision> decision_from_json(const std::string& text) {
     d.data_rng = rng_from_json(j.at("data_rng"));
     d.iterations = int_field_in(j.at("iterations"), 0, int64_t(1) << 50);
     d.checkpoint = j.at("checkpoint").get<std::string>();
+    d.error = j.at("error").get<std::string>();
     return Result<Decision>(d);
   });
 }
@@ -143,7 +144,10 @@ Result<std::unique_ptr<Membership>> Membership::join(const MembershipOptions& o)
   const std::string stage = std::to_string(o.stage);
   WL_ASSIGN_OR_RETURN(m->incarnation_, o.store->add(m->key("inc/" + stage), 1));
   const comm::ProcessId me = comm::this_process();
-  const json proc = {{"pid", me.pid}, {"host_id", u64_to_json(me.host)}, {"host", hostname()}};
+  const json proc = {{"pid", me.pid},
+                     {"start", start_ticks(me.pid)},
+                     {"host_id", u64_to_json(me.host)},
+                     {"host", hostname()}};
   WL_RETURN_IF_ERROR(o.store->set(m->key("proc/" + stage + "/" + std::to_string(m->incarnation_)),
                                   comm::to_bytes(proc.dump())));
   m->incarnations_.assign(size_t(o.stages), 1);
@@ -151,7 +155,7 @@ Result<std::unique_ptr<Membership>> Membership::join(const MembershipOptions& o)
 }
 
 Status Membership::connect() {
-  group_.reset();  // the last epoch's worker goes before the next one's is made
+  group_.reset();  // the caller's DataParallel keeps the last epoch's until it rebinds
   comm::WorkerOptions w = o_.worker;
   w.name = "stage " + std::to_string(o_.stage);
   // A survivor that loses a peer ends the epoch for everyone: a process waiting on a live
@@ -179,18 +183,18 @@ Status Membership::connect() {
 
 Result<Decision> Membership::await_decision() {
   // Epoch k's decision is the k-th ever made: read them in order until one names this
-  // incarnation, waiting for the next one to be made.
-  const Clock::time_point deadline = Clock::now() + o_.timeout;
+  // incarnation, waiting for the next one to be made. The survivors may spend two deadlines
+  // before they decide (a silent stage's, then its replacement's), and a third settling.
+  const Clock::time_point deadline = Clock::now() + 3 * o_.timeout;
   for (int64_t k = 0;;) {
     Result<comm::Bytes> b =
         o_.store->get(key("e" + std::to_string(k) + "/decision"), std::chrono::milliseconds(0));
     if (b.ok()) {
       WL_ASSIGN_OR_RETURN(Decision d, decision_from_json(comm::to_string(*b)));
       ++k;
-      if (d.incarnations.size() == size_t(o_.stages) &&
+      if (d.error.empty() && d.incarnations.size() == size_t(o_.stages) &&
           d.incarnations[size_t(o_.stage)] == incarnation_) {
-        epoch_ = d.epoch + 1;
-        incarnations_ = d.incarnations;
+        WL_RETURN_IF_ERROR(take(d));
         return d;
       }
       continue;
@@ -201,7 +205,7 @@ Result<Decision> Membership::await_decision() {
                                std::to_string(incarnation_) +
                                ") replaces a lost process, but the survivors named it in no "
                                "decision within " +
-                               std::to_string(o_.timeout.count()) + " ms");
+                               std::to_string(3 * o_.timeout.count()) + " ms");
     }
     std::this_thread::sleep_for(kPoll);
   }
@@ -219,6 +223,7 @@ Result<Decision> Membership::settle(const Report& mine, const std::string& why,
   std::vector<bool> replaced(size_t(o_.stages), false), fenced(size_t(o_.stages), false);
   Clock::time_point deadline = Clock::now() + o_.timeout;
   for (;;) {
+    WL_RETURN_IF_ERROR(check_not_replaced());
     int open = 0;
     for (int s = 0; s < o_.stages; ++s) {
       if (reports[size_t(s)] || replaced[size_t(s)]) continue;
@@ -231,6 +236,10 @@ Result<Decision> Membership::settle(const Report& mine, const std::string& why,
           o_.store->get(key(e + "report/" + std::to_string(s)), std::chrono::milliseconds(0));
       if (b.ok()) {
         WL_ASSIGN_OR_RETURN(Report r, report_from_json(comm::to_string(*b)));
+        if (r.stage != s) {
+          return data_loss("the report under stage " + std::to_string(s) + "'s key in epoch " +
+                           std::to_string(epoch_) + " is stage " + std::to_string(r.stage) + "'s");
+        }
         reports[size_t(s)] = r;
         continue;
       }
@@ -263,12 +272,19 @@ Result<Decision> Membership::settle(const Report& mine, const std::string& why,
                          " ms; declared gone";
       if (p.ok()) {
         const json proc = json::parse(comm::to_string(*p), nullptr, false);
-        if (proc.is_object() && proc.contains("pid") && proc.contains("host_id")) {
-          const comm::ProcessId id{.host = u64_field(proc["host_id"]),
-                                   .pid = proc["pid"].get<int64_t>()};
-          if (id.host == comm::this_process().host && id.pid > 1) {
-            ::kill(pid_t(id.pid), SIGKILL);
-            what += ", its process " + std::to_string(id.pid) + " killed";
+        const auto integer = [&](const char* k) {
+          return proc.is_object() && proc.contains(k) && proc[k].is_number_integer();
+        };
+        const bool host_named =
+            proc.is_object() && proc.contains("host_id") && proc["host_id"].is_string() &&
+            proc["host_id"].get<std::string>() == u64_to_json(comm::this_process().host);
+        // Only this host's, and only while its pid still names the process that registered
+        // (the same start time), not one that reused the pid since.
+        if (host_named && integer("pid") && integer("start")) {
+          const int64_t pid = proc["pid"].get<int64_t>();
+          if (pid > 1 && start_ticks(pid) == proc["start"].get<int64_t>() &&
+              ::kill(pid_t(pid), SIGKILL) == 0) {
+            what += ", its process " + std::to_string(pid) + " killed";
           }
         }
       }
@@ -283,14 +299,45 @@ Result<Decision> Membership::settle(const Report& mine, const std::string& why,
     for (int s = 0; s < o_.stages; ++s) {
       if (reports[size_t(s)] && !replaced[size_t(s)]) in.push_back(*reports[size_t(s)]);
     }
-    WL_ASSIGN_OR_RETURN(Decision d, decide(in));
-    WL_RETURN_IF_ERROR(o_.store->set(key(e + "decision"), comm::to_bytes(decision_to_json(d))));
+    Result<Decision> d = decide(in);
+    // A decision that cannot be made is everyone's error, not a wait for a decision.
+    if (!d.ok()) d = Decision{.epoch = epoch_, .error = d.status().to_string()};
+    WL_RETURN_IF_ERROR(o_.store->set(key(e + "decision"), comm::to_bytes(decision_to_json(*d))));
   }
   WL_ASSIGN_OR_RETURN(comm::Bytes b, o_.store->get(key(e + "decision"), o_.timeout));
   WL_ASSIGN_OR_RETURN(Decision d, decision_from_json(comm::to_string(b)));
+  WL_RETURN_IF_ERROR(take(d));
+  return d;
+}
+
+Status Membership::take(const Decision& d) {
+  if (!d.error.empty()) {
+    return failed_precondition("the pipeline's survivors could not agree in epoch " +
+                               std::to_string(d.epoch) + ": " + d.error);
+  }
+  if (d.incarnations.size() != size_t(o_.stages)) {
+    return data_loss("the decision of epoch " + std::to_string(d.epoch) + " names " +
+                     std::to_string(d.incarnations.size()) + " stages, the pipeline has " +
+                     std::to_string(o_.stages));
+  }
+  if (d.incarnations[size_t(o_.stage)] != incarnation_) {
+    return failed_precondition("stage " + std::to_string(o_.stage) +
+                               ": this process (incarnation " + std::to_string(incarnation_) +
+                               ") was declared gone and replaced by incarnation " +
+                               std::to_string(d.incarnations[size_t(o_.stage)]) + "; it stops");
+  }
   epoch_ = d.epoch + 1;
   incarnations_ = d.incarnations;
-  return d;
+  return ok_status();
+}
+
+Status Membership::check_not_replaced() {
+  WL_ASSIGN_OR_RETURN(const int64_t inc, o_.store->add(key("inc/" + std::to_string(o_.stage)), 0));
+  if (inc == incarnation_) return ok_status();
+  return failed_precondition("stage " + std::to_string(o_.stage) + ": this process (incarnation " +
+                             std::to_string(incarnation_) +
+                             ") was declared gone and replaced by incarnation " +
+                             std::to_string(inc) + "; it stops");
 }
 
 Result<Decision> Membership::decide(const std::vector<Report>& reports) {
@@ -315,8 +362,16 @@ Result<Decision> Membership::decide(const std::vector<Report>& reports) {
     if (survived[size_t(r.stage)] && (!newest || r.applied > newest->applied)) newest = &r;
   }
   if (!newest) {
-    return failed_precondition("every stage of the pipeline was lost in epoch " +
-                               std::to_string(epoch_) + ": nothing is left to go on from");
+    // No survivor holds a state to go on from (a rollback cut short, replacements not yet
+    // rebuilt): every stage is lost, and the strategy's fallback rolls them all back.
+    d.lost.clear();
+    for (int s = 0; s < o_.stages; ++s) d.lost.push_back(s);
+    for (const Report& r : reports) {
+      d.step = std::max(d.step, r.applied);
+      d.iterations = std::max(d.iterations, r.iterations);
+    }
+    WL_ASSIGN_OR_RETURN(d.checkpoint, newest_checkpoint(d.step));
+    return d;
   }
   d.step = newest->applied;
   d.data_rng = newest->data_rng;
@@ -350,8 +405,35 @@ Result<Decision> Membership::decide(const std::vector<Report>& reports) {
     return internal_error("stage " + std::to_string(newest->stage) + " applied step " +
                           std::to_string(d.step) + " without the sums of its commit");
   }
-  if (!o_.out_dir.empty()) d.checkpoint = newest_checkpoint(o_.out_dir, d.step);
+  WL_ASSIGN_OR_RETURN(d.checkpoint, newest_checkpoint(d.step));
   return d;
+}
+
+Status Membership::saved_checkpoint(int64_t step, const std::string& dir) {
+  WL_ASSIGN_OR_RETURN(const int64_t n, o_.store->add(key("checkpoints"), 1));
+  const json c = {{"step", step}, {"dir", dir}};
+  return o_.store->set(key("checkpoint/" + std::to_string(n - 1)), comm::to_bytes(c.dump()));
+}
+
+Result<std::string> Membership::newest_checkpoint(int64_t step) {
+  WL_ASSIGN_OR_RETURN(const int64_t n, o_.store->add(key("checkpoints"), 0));
+  int64_t best = -1;
+  std::string dir;
+  for (int64_t i = 0; i < n; ++i) {
+    WL_ASSIGN_OR_RETURN(comm::Bytes b,
+                        o_.store->get(key("checkpoint/" + std::to_string(i)), o_.timeout));
+    const json c = json::parse(comm::to_string(b), nullptr, false);
+    if (!c.is_object() || !c.contains("step") || !c["step"].is_number_integer() ||
+        !c.contains("dir") || !c["dir"].is_string()) {
+      return data_loss("the store's checkpoint record " + std::to_string(i) + " is not one");
+    }
+    const int64_t k = c["step"].get<int64_t>();
+    if (k <= step && k > best) {
+      best = k;
+      dir = c["dir"].get<std::string>();
+    }
+  }
+  return dir;
 }
 
 Result<std::vector<Membership::Process>> Membership::processes() {
@@ -363,10 +445,10 @@ Result<std::vector<Membership::Process>> Membership::processes() {
         o_.store->get(key("proc/" + std::to_string(s) + "/" + std::to_string(inc)), o_.timeout));
     const json proc = json::parse(comm::to_string(b), nullptr, false);
     Process p{.stage = s, .incarnation = inc, .pid = 0, .host = "?"};
-    if (proc.is_object()) {
-      p.pid = proc.value("pid", int64_t(0));
-      p.host = proc.value("host", std::string("?"));
-    }
+    if (proc.is_object() && proc.contains("pid") && proc["pid"].is_number_integer())
+      p.pid = proc["pid"].get<int64_t>();
+    if (proc.is_object() && proc.contains("host") && proc["host"].is_string())
+      p.host = proc["host"].get<std::string>();
     out.push_back(p);
   }
   return out;

@@ -79,7 +79,9 @@ struct Decision {
   std::array<double, 5> totals{};
   std::array<uint64_t, 4> data_rng{};
   int64_t iterations = 0;
-  std::string checkpoint;  // the newest checkpoint directory on disk when deciding; "" none
+  std::string checkpoint;  // the run's newest checkpoint at or before `step`; "" none
+  // Not empty: no decision could be made (why); every survivor stops with it.
+  std::string error;
 };
 
 struct MembershipOptions {
@@ -87,7 +89,6 @@ struct MembershipOptions {
   int stage = 0, stages = 1;
   std::chrono::milliseconds timeout{60000};  // every wait, and each group's default
   comm::WorkerOptions worker;
-  std::string out_dir;  // where checkpoint-<n> directories are looked for
 };
 
 class Membership {
@@ -115,6 +116,10 @@ class Membership {
   Result<Decision> settle(const Report& mine, const std::string& why,
                           const std::function<void(const std::string&)>& fence);
 
+  // A checkpoint of step `step` written whole (by the first stage, after the save): the
+  // checkpoints a decision may roll back to are this run's, not whatever else is on disk.
+  Status saved_checkpoint(int64_t step, const std::string& dir);
+
   // The pids, hosts and incarnations of every stage in the current epoch, for processes.json.
   struct Process {
     int stage = 0;
@@ -126,6 +131,13 @@ class Membership {
  private:
   explicit Membership(const MembershipOptions& o) : o_(o) {}
   Result<Decision> decide(const std::vector<Report>& reports);
+  Result<std::string> newest_checkpoint(int64_t step);
+  // A decision becomes this process's: the next epoch and its incarnations; an error decision,
+  // or one that replaced this process, is the error this process stops with.
+  Status take(const Decision& d);
+  // FailedPrecondition once a newer incarnation of this stage registered: this process was
+  // declared gone (frozen past the deadline) and must not go on as the stage.
+  Status check_not_replaced();
   std::string key(const std::string& what) const;
 
   MembershipOptions o_;

@@ -43,7 +43,8 @@ double now_ms() {
 }
 
 // A failure that losing a peer explains: the transport's (a connection gone, a deadline
-// missed, an operation cut short after either). Anything else stops the run.
+// missed, an operation cut short after either, the epoch ended by a survivor). Anything else
+// stops the run, and so does any failure of this process's own work (Run::own()).
 bool peer_lost(const Status& s) {
   return s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kDeadlineExceeded ||
          s.code() == StatusCode::kAborted;
@@ -58,8 +59,12 @@ constexpr RecordFormat kGroupsFormat{.name = "weightlift-pipeline-groups",
                                      .what = "pipeline stage groups",
                                      .remedy = "resume it with the weightlift that wrote it"};
 
-// Message tags of a recovery, on the new epoch's group.
-constexpr uint32_t kBlocksTag = 1, kNormTag = 2, kEndTag = 3, kReplicaSyncTag = 4;
+// Message tags of a recovery, on the new epoch's group: above the step's (routed_step.cc,
+// below 2^22) and the evaluation's (2^22 + batch), one tag per kind of message.
+constexpr uint32_t kRecoveryTags = uint32_t(3) << 21;
+constexpr uint32_t kBlocksTag = kRecoveryTags + 1, kNormTag = kRecoveryTags + 2,
+                   kEndTag = kRecoveryTags + 3, kEndGroupTag = kRecoveryTags + 4,
+                   kSyncTag = kRecoveryTags + 5, kSyncGroupTag = kRecoveryTags + 6;
 
 json rebuild_to_json(const Rebuild& b) {
   json j = {{"stage", b.stage}, {"how", rebuild_kind_name(b.kind)}};
@@ -83,7 +88,7 @@ json record_to_json(const RecoveryRecord& r) {
     j["checkpoint"] = r.checkpoint;
   }
   if (r.detection_ms >= 0) j["detection_ms"] = r.detection_ms;
-  for (const char* k : {"loss_before", "loss_after"}) {
+  for (const char* k : {"loss_before", "loss_after", "recovery_ms"}) {
     if (!std::isfinite(j[k].get<double>())) j[k] = nullptr;
   }
   return j;
@@ -153,8 +158,16 @@ class Run {
   Status rebuild(const Decision& d, const std::vector<Rebuild>& plan);
   Status roll_back(const Decision& d, const std::string& checkpoint);
   Status open_metrics(int64_t keep_through);
+  // A failure of this process's own work (a diverged step, the run guard, a file): the run
+  // stops there, whatever its code, rather than take it for a lost peer.
+  Status own(Status s) {
+    if (!s.ok()) fatal_ = true;
+    return s;
+  }
+  bool recoverable(const Status& s) const { return !fatal_ && peer_lost(s); }
   Status write_processes();
-  Status finish_record(const train::StepMetrics& m);
+  // `m`: the recovery's first step; none when another loss came first.
+  Status finish_record(const std::optional<train::StepMetrics>& m);
   Status write_summary();
   Result<std::string> groups_json();
   Status set_groups(const std::string& dir, int64_t steps);
@@ -194,6 +207,7 @@ class Run {
   std::optional<RecoveryRecord> open_record_;
   std::vector<int> open_lost_;
   int64_t first_step_of_ = -1;  // the epoch whose first step is next, after a recovery
+  bool fatal_ = false;          // own() saw this process's own work fail
 };
 
 Status Run::configure() {
@@ -245,8 +259,7 @@ Status Run::join() {
                                                   .stage = stage_,
                                                   .stages = stages_,
                                                   .timeout = o_.timeout,
-                                                  .worker = {.keepalive_interval = r_.keepalive},
-                                                  .out_dir = o_.out_dir}));
+                                                  .worker = {.keepalive_interval = r_.keepalive}}));
   if (!members_->replacement()) {
     // A stage lost before the pipeline first connected stops the job: there is no run yet
     // to recover.
@@ -262,7 +275,7 @@ Status Run::join() {
     make_state();
     s = restore(d);
   }
-  if (s.ok() || !peer_lost(s)) return s;
+  if (s.ok() || !recoverable(s)) return s;
   if (!dp_) make_state();
   return recover(s);
 }
@@ -311,8 +324,9 @@ Status Run::initial_state(const std::string& checkpoint) {
   data_rng_ = rng;
   totals_.reset();
   passes_done_ = false;
+  WL_RETURN_IF_ERROR(sync_replicas());
   rebuilt_ = true;
-  return sync_replicas();
+  return ok_status();
 }
 
 // CheckFree+: every replica takes its owner's end unit whole (after a start or a rollback;
@@ -325,10 +339,12 @@ Status Run::sync_replicas() {
     WL_RETURN_IF_ERROR(g.send({.data = st.data.raw(),
                                .bytes = size_t(st.data.nbytes()),
                                .peer = opt_->replica_holder(),
-                               .tag = kReplicaSyncTag}));
+                               .tag = kSyncTag}));
     const double group[3] = {double(st.group.steps), st.group.lr_factor, st.group.norm};
-    WL_RETURN_IF_ERROR(g.send(
-        {.data = group, .bytes = sizeof group, .peer = opt_->replica_holder(), .tag = kNormTag}));
+    WL_RETURN_IF_ERROR(g.send({.data = group,
+                               .bytes = sizeof group,
+                               .peer = opt_->replica_holder(),
+                               .tag = kSyncGroupTag}));
   }
   if (opt_->replica_unit() >= 0) {
     const int owner = opt_->replica_unit() == 0 ? 0 : stages_ - 1;
@@ -336,10 +352,10 @@ Status Run::sync_replicas() {
     WL_RETURN_IF_ERROR(g.recv({.data = st.data.raw(),
                                .bytes = size_t(st.data.nbytes()),
                                .peer = owner,
-                               .tag = kReplicaSyncTag}));
+                               .tag = kSyncTag}));
     double group[3];
     WL_RETURN_IF_ERROR(
-        g.recv({.data = group, .bytes = sizeof group, .peer = owner, .tag = kNormTag}));
+        g.recv({.data = group, .bytes = sizeof group, .peer = owner, .tag = kSyncGroupTag}));
     st.group = {.steps = int64_t(group[0]), .lr_factor = group[1], .norm = group[2]};
     opt_->set_replica_state(st);
   }
@@ -411,7 +427,7 @@ Status Run::update_once() {
   passes_done_ = true;
   WL_ASSIGN_OR_RETURN(const StepTotals totals, commit_step(*dp_, global, shares));
   // Committed: apply it (nothing below can lose a peer).
-  WL_RETURN_IF_ERROR(opt_->step(sched_.at(step_), totals.ends_sum_squares));
+  WL_RETURN_IF_ERROR(own(opt_->step(sched_.at(step_), totals.ends_sum_squares)));
   ++step_;
   ++iterations_;
   passes_done_ = false;
@@ -445,16 +461,17 @@ Status Run::after_update(const StepTotals& totals, bool repeat) {
     summary_.train.final_val_loss = m.val_loss;
   }
   if (writer()) {
-    if (repeat) WL_RETURN_IF_ERROR(open_metrics(step_ - 1));
+    if (repeat) WL_RETURN_IF_ERROR(own(open_metrics(step_ - 1)));
     metrics_ << train::metrics_to_json(m) << "\n";
     metrics_.flush();
+    if (!metrics_) return own(errno_status("write " + o_.out_dir + "/metrics.jsonl", errno));
   }
   WL_ASSIGN_OR_RETURN(const double weights, parallel::weights_sum_squares(*dp_));
-  WL_RETURN_IF_ERROR(guard_.after_update(m, o_.precision, weights));
+  WL_RETURN_IF_ERROR(own(guard_.after_update(m, o_.precision, weights)));
   const bool checkpoint_now =
       (o_.checkpoint_every > 0 && step_ % o_.checkpoint_every == 0) || step_ == last_step();
   if (checkpoint_now) WL_RETURN_IF_ERROR(save_checkpoint());
-  if (writer() && open_record_) WL_RETURN_IF_ERROR(finish_record(m));
+  if (writer() && open_record_ && !repeat) WL_RETURN_IF_ERROR(finish_record(m));
   last_loss_ = m.loss;
   summary_.train.final_train_loss = m.loss;
   if (hooks_.on_step) hooks_.on_step(m);
@@ -529,6 +546,8 @@ Status Run::save_checkpoint() {
       dir, *dp_, {step_, data_rng_, 1.0, 0, parallel::run_hyperparameters(o_)},
       {{kGroupsFile, groups}}));
   guard_.saved(dir);
+  // Whole on every stage: a rollback may come back to it.
+  if (writer()) WL_RETURN_IF_ERROR(members_->saved_checkpoint(step_, dir));
   return ok_status();
 }
 
@@ -538,7 +557,7 @@ Status Run::run_updates() {
     maybe_die();
     const Status s = update_once();
     if (s.ok()) continue;
-    if (!peer_lost(s)) return s;
+    if (!recoverable(s)) return s;
     WL_RETURN_IF_ERROR(recover(s));
   }
   summary_.train.steps = step_;
@@ -551,6 +570,8 @@ Status Run::run_updates() {
 // A peer was lost: settle with the others what happened, connect the next epoch, bring the
 // lost stages back; again if another loss comes in between.
 Status Run::recover(const Status& failure) {
+  // A recovery whose first step never ran: recorded as it stands before the next one.
+  if (open_record_) WL_RETURN_IF_ERROR(finish_record(std::nullopt));
   Status last = failure;
   for (int attempt = 0;; ++attempt) {
     if (attempt > 3 * stages_) {
@@ -580,7 +601,7 @@ Status Run::recover(const Status& failure) {
       s = restore(d);
     }
     if (s.ok()) return ok_status();
-    if (!peer_lost(s)) return s;
+    if (!recoverable(s)) return s;
     last = s;
   }
 }
@@ -591,8 +612,15 @@ Status Run::restore(const Decision& d) {
   const bool lost_here = contains(d.lost, stage_);
   if (!lost_here && d.apply_pending && step_ + 1 == d.step && passes_done_) {
     const StepTotals t = StepTotals::from_array(d.totals, 0);
-    WL_RETURN_IF_ERROR(opt_->step(sched_.at(step_), t.ends_sum_squares));
+    WL_RETURN_IF_ERROR(own(opt_->step(sched_.at(step_), t.ends_sum_squares)));
+    // This process now stands where the others do, and has yet to do what follows the step.
     ++step_;
+    passes_done_ = false;
+    after_done_ = false;
+    totals_ = t;
+    data_rng_ = d.data_rng;
+    sampler_->rng().set_state(d.data_rng);
+    iterations_ = d.iterations;
   }
   if (writer()) {
     if (!lock_) {
@@ -601,7 +629,9 @@ Status Run::restore(const Decision& d) {
     WL_RETURN_IF_ERROR(open_metrics(d.step));  // and the loss before the loss, from them
   }
   const std::string fallback = fallback_for(r_.recovery, stages_, d.lost);
-  const bool rolls_back = r_.recovery == Recovery::kCheckpoint || !fallback.empty();
+  // Nothing lost (a survivor that missed a deadline on a slow peer): nothing to rebuild.
+  const bool rolls_back =
+      !d.lost.empty() && (r_.recovery == Recovery::kCheckpoint || !fallback.empty());
   RecoveryRecord rec{.iteration = d.iterations + 1,
                      .epoch = d.epoch,
                      .plan = {},
@@ -636,6 +666,7 @@ Status Run::restore(const Decision& d) {
   totals_.reset();
   if (d.has_totals) totals_ = StepTotals::from_array(d.totals, 0);
   if (!rolls_back && d.redo_after && totals_ && step_ > 0) {
+    after_done_ = false;
     WL_RETURN_IF_ERROR(after_update(*totals_, true));
   }
   after_done_ = true;
@@ -651,6 +682,11 @@ Status Run::restore(const Decision& d) {
 // afresh with the strategy's learning-rate factor.
 Status Run::rebuild(const Decision& d, const std::vector<Rebuild>& plan) {
   comm::Group& g = *members_->group();
+  // What the sends borrow lives longer than the sends (a failed wait cancels them first).
+  const std::span<float> blocks = opt_->block_weights();
+  const double my_norm = opt_->group(ClipGroup::kBlocks).norm;
+  UnitState outgoing;
+  double outgoing_group[3] = {0, 0, 0};
   std::vector<comm::Request> sends;
   const auto post = [&](int to, uint32_t tag, const void* data, size_t bytes) -> Status {
     WL_ASSIGN_OR_RETURN(
@@ -660,8 +696,6 @@ Status Run::rebuild(const Decision& d, const std::vector<Rebuild>& plan) {
     sends.push_back(std::move(r));
     return ok_status();
   };
-  const std::span<float> blocks = opt_->block_weights();
-  const double my_norm = opt_->group(ClipGroup::kBlocks).norm;
   for (const Rebuild& b : plan) {
     if (b.left != stage_ && b.right != stage_) continue;
     WL_RETURN_IF_ERROR(post(b.stage, kBlocksTag, blocks.data(), blocks.size() * sizeof(float)));
@@ -669,8 +703,6 @@ Status Run::rebuild(const Decision& d, const std::vector<Rebuild>& plan) {
   }
   // CheckFree+'s ends: a lost owner takes its replica back, a lost holder its owner's state.
   const bool plus = r_.recovery == Recovery::kCheckFreePlus;
-  UnitState outgoing;
-  double outgoing_group[3] = {0, 0, 0};
   if (plus) {
     int to = -1;
     if (opt_->replica_unit() >= 0) {
@@ -689,7 +721,7 @@ Status Run::rebuild(const Decision& d, const std::vector<Rebuild>& plan) {
       outgoing_group[1] = outgoing.group.lr_factor;
       outgoing_group[2] = outgoing.group.norm;
       WL_RETURN_IF_ERROR(post(to, kEndTag, outgoing.data.raw(), size_t(outgoing.data.nbytes())));
-      WL_RETURN_IF_ERROR(post(to, kReplicaSyncTag, outgoing_group, sizeof outgoing_group));
+      WL_RETURN_IF_ERROR(post(to, kEndGroupTag, outgoing_group, sizeof outgoing_group));
     }
   }
   Status received = ok_status();
@@ -735,7 +767,7 @@ Status Run::rebuild(const Decision& d, const std::vector<Rebuild>& plan) {
                            .tag = kEndTag});
         if (received.ok()) {
           received =
-              g.recv({.data = group, .bytes = sizeof group, .peer = from, .tag = kReplicaSyncTag});
+              g.recv({.data = group, .bytes = sizeof group, .peer = from, .tag = kEndGroupTag});
         }
         if (received.ok()) {
           st.group = {.steps = int64_t(group[0]), .lr_factor = group[1], .norm = group[2]};
@@ -757,11 +789,14 @@ Status Run::rebuild(const Decision& d, const std::vector<Rebuild>& plan) {
 // data position and step; the iterations go on.
 Status Run::roll_back(const Decision& d, const std::string& checkpoint) {
   (void)d;
+  // Until it is done this process's state is neither the old one nor the checkpoint's: a loss
+  // in between finds it with no state, and every stage rolls back again.
+  rebuilt_ = false;
   return initial_state(checkpoint);
 }
 
 // The record of the last recovery, once its first step has run (first stage's process).
-Status Run::finish_record(const train::StepMetrics& m) {
+Status Run::finish_record(const std::optional<train::StepMetrics>& m) {
   RecoveryRecord rec = *open_record_;
   open_record_.reset();
   const auto read_ms = [&](const std::string& key) -> double {
@@ -787,7 +822,7 @@ Status Run::finish_record(const train::StepMetrics& m) {
       std::isfinite(detected) && std::isfinite(first_step) ? first_step - detected : NAN;
   const double killed = read_ms("wl-ft/kill/" + std::to_string(rec.iteration));
   if (std::isfinite(killed) && std::isfinite(detected)) rec.detection_ms = detected - killed;
-  rec.loss_after = m.loss;
+  rec.loss_after = m ? m.value().loss : NAN;
   // The records live in the store, so a replaced first stage keeps the earlier ones.
   WL_ASSIGN_OR_RETURN(const int64_t n, store_->add("wl-ft/records", 1));
   WL_RETURN_IF_ERROR(store_->set("wl-ft/record/" + std::to_string(n - 1),
@@ -803,7 +838,11 @@ Status Run::write_summary() {
   for (int64_t i = 0; i < n; ++i) {
     WL_ASSIGN_OR_RETURN(comm::Bytes b,
                         store_->get("wl-ft/record/" + std::to_string(i), o_.timeout));
-    records.push_back(json::parse(comm::to_string(b), nullptr, false));
+    json r = json::parse(comm::to_string(b), nullptr, false);
+    if (!r.is_object()) {
+      return data_loss("the store's recovery record " + std::to_string(i) + " is not JSON");
+    }
+    records.push_back(std::move(r));
   }
   json j = {{"format", "weightlift-pipeline-summary"},
             {"format_version", 1},
