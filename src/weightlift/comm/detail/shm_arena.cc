@@ -12,7 +12,8 @@ Result<std::unique_ptr<ShmArena>> ShmArena::create(Group& g, Deadline deadline) 
   const int P = g.size(), r = g.rank();
   auto arena = std::unique_ptr<ShmArena>(new ShmArena());
   arena->slot_bytes_ = (size_t(P) + 1) * kShmBlockBytes;
-  const size_t bytes = kHeaderBytes + kShmSlots * arena->slot_bytes_;
+  const size_t flagged_offset = kHeaderBytes + kShmSlots * arena->slot_bytes_;
+  const size_t bytes = flagged_offset + 2 * 2 * kShmFlaggedBytes;
   const auto timeout = [&] {
     return std::max(std::chrono::milliseconds(1),
                     std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
@@ -20,7 +21,12 @@ Result<std::unique_ptr<ShmArena>> ShmArena::create(Group& g, Deadline deadline) 
 
   // A rank that cannot allocate still takes part in the exchange, with nothing to offer.
   auto region = g.worker().allocate_memory(bytes);
-  if (region.ok()) arena->own_ = std::move(*region);
+  if (region.ok()) {
+    arena->own_ = std::move(*region);
+    // Flag 0 is no call's: the flagged buffers start clear (before any peer maps them).
+    std::memset(static_cast<std::byte*>(arena->own_.data()) + flagged_offset, 0,
+                2 * 2 * kShmFlaggedBytes);
+  }
   const std::vector<std::byte> empty;
   const std::vector<std::byte>& packed = region.ok() ? arena->own_.packed_rkey() : empty;
 
@@ -82,6 +88,7 @@ Result<std::unique_ptr<ShmArena>> ShmArena::create(Group& g, Deadline deadline) 
     arena->own_ = MemoryRegion();
   } else {
     arena->staging.resize(kShmBlockBytes);
+    arena->flagged_inputs.resize(size_t(P) * kShmFlaggedBytes);
   }
   return arena;
 }

@@ -13,6 +13,8 @@
 //   slot s (s < kShmSlots), each (P+1) * block_bytes:
 //     in[d]   d < P                 the owner's input for block d, copied there for rank d
 //     res                           the owner's finished block, for every other rank to copy
+//   flagged buffers f (f < 2), each 2 * kShmFlaggedBytes: a small allreduce's input, as 64-byte
+//                                   lines of 56 data bytes and the call's number (allreduce_shm.cc)
 // The counters only grow: counter[phase] = c means the owner has finished that phase for the
 // group's chunks 0..c-1 (counted over the group's life). They are the only synchronisation;
 // a peer that dies stops its counters, and the waits notice through UCX's keepalive
@@ -45,6 +47,13 @@ inline constexpr size_t kShmSlots = 4;
 inline constexpr size_t kShmBlockBytes = 128 << 10;
 
 enum class ShmPhase : int { kCopiedIn = 0, kReduced = 1, kCopiedOut = 2 };
+
+// Allreduces of at most this many bytes carry their flag inside the data (allreduce_shm.cc):
+// every cache line of the buffer holds 56 bytes of data and the call's number, so a peer
+// learns that the data is there and reads it in the same cache miss.
+// Up to 256 bytes (five lines) it beat the one-shot path in every measured pair; from 512 on
+// the one-shot path's single copy won (docs/BENCHMARKS.md).
+inline constexpr size_t kShmFlaggedBytes = 256;
 
 // Whether a rank writes its slots with ordinary stores, which leave the data in cache for the
 // peers, or streaming ones, which do not wait for a line a peer has read to come back first.
@@ -87,6 +96,11 @@ class ShmArena {
     return base_[size_t(rank)] + kHeaderBytes + slot * slot_bytes_ + size_t(dest) * kShmBlockBytes;
   }
   std::byte* res_block(int rank, size_t slot) const { return in_block(rank, slot, ranks()); }
+  // Flagged buffer `which` (0 or 1) of `rank`'s region: 2 * kShmFlaggedBytes, line-aligned.
+  std::byte* flagged_lines(int rank, uint64_t which) const {
+    return base_[size_t(rank)] + kHeaderBytes + kShmSlots * slot_bytes_ +
+           which * 2 * kShmFlaggedBytes;
+  }
 
   // Owner side: release-stores the phase counter (the data written before becomes visible
   // to a peer that sees the new value).
@@ -110,6 +124,10 @@ class ShmArena {
   // slots are streamed, allocated with the arena.
   SlotWriteChooser slot_writes[4][2];
   std::vector<std::byte> staging;
+  // Flagged allreduces so far (every member alike), and where each one gathers the P inputs
+  // before reducing them (P * kShmFlaggedBytes).
+  uint64_t flagged_calls = 0;
+  std::vector<std::byte> flagged_inputs;
   // Not OK once a collective on the arena failed: the counters may be out of step, so later
   // collectives fail at once instead of reading a peer's half-written slot.
   Status broken;
