@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -420,8 +421,13 @@ Result<std::string> Membership::newest_checkpoint(int64_t step) {
   int64_t best = -1;
   std::string dir;
   for (int64_t i = 0; i < n; ++i) {
-    WL_ASSIGN_OR_RETURN(comm::Bytes b,
-                        o_.store->get(key("checkpoint/" + std::to_string(i)), o_.timeout));
+    // The writer counts a record before it sets it; one that dies in between leaves the
+    // count without the record, and that checkpoint is passed over rather than waited for.
+    Result<comm::Bytes> record =
+        o_.store->get(key("checkpoint/" + std::to_string(i)),
+                      std::min(o_.timeout, std::chrono::milliseconds(2000)));
+    if (!record.ok() && record.status().code() == StatusCode::kDeadlineExceeded) continue;
+    WL_ASSIGN_OR_RETURN(comm::Bytes b, std::move(record));
     const json c = json::parse(comm::to_string(b), nullptr, false);
     if (!c.is_object() || !c.contains("step") || !c["step"].is_number_integer() ||
         !c.contains("dir") || !c["dir"].is_string()) {
