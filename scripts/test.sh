@@ -8,7 +8,9 @@
 # the thread-safety annotations last. The ASan build compiles at -O1 with line tables only
 # (CMakePresets.json), as ASan's own docs suggest: at -O2 -g it took 19 of the whole run's 57
 # minutes on 2 cores, at -O1 -g1 about half the compile time, its tests as fast. ThreadSanitizer
-# builds the same way. Each phase prints how long it took, so a slow CI run says where.
+# builds the same way. The clang build compiles at -O0: the thread-safety analysis runs before
+# any optimisation, and -O0 halves its compile time. Each phase prints when it starts, so a
+# slow CI run says where.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
