@@ -220,77 +220,18 @@ Result<Decision> Membership::settle(const Report& mine, const std::string& why,
                                       (why.empty() ? std::string("recovering") : why))));
   WL_RETURN_IF_ERROR(o_.store->set(key(e + "report/" + std::to_string(o_.stage)),
                                    comm::to_bytes(report_to_json(mine))));
-  std::vector<std::optional<Report>> reports(size_t(o_.stages));
-  std::vector<bool> replaced(size_t(o_.stages), false), fenced(size_t(o_.stages), false);
+  Gathered g{.reports = std::vector<std::optional<Report>>(size_t(o_.stages)),
+             .replaced = std::vector<bool>(size_t(o_.stages), false),
+             .fenced = std::vector<bool>(size_t(o_.stages), false)};
   Clock::time_point deadline = Clock::now() + o_.timeout;
   for (;;) {
-    WL_RETURN_IF_ERROR(check_not_replaced());
-    int open = 0;
-    for (int s = 0; s < o_.stages; ++s) {
-      if (reports[size_t(s)] || replaced[size_t(s)]) continue;
-      WL_ASSIGN_OR_RETURN(const int64_t inc, o_.store->add(key("inc/" + std::to_string(s)), 0));
-      if (inc > incarnations_[size_t(s)]) {
-        replaced[size_t(s)] = true;
-        continue;
-      }
-      Result<comm::Bytes> b =
-          o_.store->get(key(e + "report/" + std::to_string(s)), std::chrono::milliseconds(0));
-      if (b.ok()) {
-        WL_ASSIGN_OR_RETURN(Report r, report_from_json(comm::to_string(*b)));
-        if (r.stage != s) {
-          return data_loss("the report under stage " + std::to_string(s) + "'s key in epoch " +
-                           std::to_string(epoch_) + " is stage " + std::to_string(r.stage) + "'s");
-        }
-        reports[size_t(s)] = r;
-        continue;
-      }
-      if (b.status().code() != StatusCode::kDeadlineExceeded) return b.status();
-      ++open;
-    }
+    WL_ASSIGN_OR_RETURN(const int open, poll_reports(e, g));
     if (open == 0) break;
     if (Clock::now() < deadline) {
       std::this_thread::sleep_for(kPoll);
       continue;
     }
-    // Silent past the deadline: declared gone, killed where it can be, replaced by its launcher.
-    bool newly = false;
-    for (int s = 0; s < o_.stages; ++s) {
-      if (reports[size_t(s)] || replaced[size_t(s)]) continue;
-      if (fenced[size_t(s)]) {
-        return deadline_exceeded("stage " + std::to_string(s) + " was declared gone in epoch " +
-                                 std::to_string(epoch_) + " and no replacement joined within " +
-                                 std::to_string(o_.timeout.count()) +
-                                 " ms (weightlift launch --restart-failed starts one; under "
-                                 "another launcher, start it with the same variables)");
-      }
-      fenced[size_t(s)] = newly = true;
-      const std::string who = "stage " + std::to_string(s) + " (incarnation " +
-                              std::to_string(incarnations_[size_t(s)]) + ")";
-      Result<comm::Bytes> p = o_.store->get(
-          key("proc/" + std::to_string(s) + "/" + std::to_string(incarnations_[size_t(s)])),
-          std::chrono::milliseconds(0));
-      std::string what = who + " did not answer within " + std::to_string(o_.timeout.count()) +
-                         " ms; declared gone";
-      if (p.ok()) {
-        const json proc = json::parse(comm::to_string(*p), nullptr, false);
-        const auto integer = [&](const char* k) {
-          return proc.is_object() && proc.contains(k) && proc[k].is_number_integer();
-        };
-        const bool host_named =
-            proc.is_object() && proc.contains("host_id") && proc["host_id"].is_string() &&
-            proc["host_id"].get<std::string>() == u64_to_json(comm::this_process().host);
-        // Only this host's, and only while its pid still names the process that registered
-        // (the same start time), not one that reused the pid since.
-        if (host_named && integer("pid") && integer("start")) {
-          const int64_t pid = proc["pid"].get<int64_t>();
-          if (pid > 1 && start_ticks(pid) == proc["start"].get<int64_t>() &&
-              ::kill(pid_t(pid), SIGKILL) == 0) {
-            what += ", its process " + std::to_string(pid) + " killed";
-          }
-        }
-      }
-      if (fence) fence(what);
-    }
+    WL_ASSIGN_OR_RETURN(const bool newly, fence_silent(g, fence));
     if (newly) deadline = Clock::now() + o_.timeout;
   }
   // One decider, the first to get here; everyone reads its decision.
@@ -298,7 +239,7 @@ Result<Decision> Membership::settle(const Report& mine, const std::string& why,
   if (turn == 1) {
     std::vector<Report> in;
     for (int s = 0; s < o_.stages; ++s) {
-      if (reports[size_t(s)] && !replaced[size_t(s)]) in.push_back(*reports[size_t(s)]);
+      if (g.reports[size_t(s)] && !g.replaced[size_t(s)]) in.push_back(*g.reports[size_t(s)]);
     }
     Result<Decision> d = decide(in);
     // A decision that cannot be made is everyone's error, not a wait for a decision.
@@ -309,6 +250,85 @@ Result<Decision> Membership::settle(const Report& mine, const std::string& why,
   WL_ASSIGN_OR_RETURN(Decision d, decision_from_json(comm::to_string(b)));
   WL_RETURN_IF_ERROR(take(d));
   return d;
+}
+
+// One look at every stage not yet heard from in epoch `e`: its report, or a newer incarnation
+// that replaced it. Returns how many are still open.
+Result<int> Membership::poll_reports(const std::string& e, Gathered& g) {
+  WL_RETURN_IF_ERROR(check_not_replaced());
+  int open = 0;
+  for (int s = 0; s < o_.stages; ++s) {
+    if (g.reports[size_t(s)] || g.replaced[size_t(s)]) continue;
+    WL_ASSIGN_OR_RETURN(const int64_t inc, o_.store->add(key("inc/" + std::to_string(s)), 0));
+    if (inc > incarnations_[size_t(s)]) {
+      g.replaced[size_t(s)] = true;
+      continue;
+    }
+    Result<comm::Bytes> b =
+        o_.store->get(key(e + "report/" + std::to_string(s)), std::chrono::milliseconds(0));
+    if (b.ok()) {
+      WL_ASSIGN_OR_RETURN(Report r, report_from_json(comm::to_string(*b)));
+      if (r.stage != s) {
+        return data_loss("the report under stage " + std::to_string(s) + "'s key in epoch " +
+                         std::to_string(epoch_) + " is stage " + std::to_string(r.stage) + "'s");
+      }
+      g.reports[size_t(s)] = r;
+      continue;
+    }
+    if (b.status().code() != StatusCode::kDeadlineExceeded) return b.status();
+    ++open;
+  }
+  return open;
+}
+
+// The stages still silent past the deadline: declared gone, killed where they can be, replaced
+// by their launcher. A stage already fenced once whose replacement never came is the error.
+// Returns whether any stage was fenced now.
+Result<bool> Membership::fence_silent(Gathered& g,
+                                      const std::function<void(const std::string&)>& fence) {
+  bool newly = false;
+  for (int s = 0; s < o_.stages; ++s) {
+    if (g.reports[size_t(s)] || g.replaced[size_t(s)]) continue;
+    if (g.fenced[size_t(s)]) {
+      return deadline_exceeded("stage " + std::to_string(s) + " was declared gone in epoch " +
+                               std::to_string(epoch_) + " and no replacement joined within " +
+                               std::to_string(o_.timeout.count()) +
+                               " ms (weightlift launch --restart-failed starts one; under "
+                               "another launcher, start it with the same variables)");
+    }
+    g.fenced[size_t(s)] = newly = true;
+    std::string what = "stage " + std::to_string(s) + " (incarnation " +
+                       std::to_string(incarnations_[size_t(s)]) + ") did not answer within " +
+                       std::to_string(o_.timeout.count()) + " ms; declared gone";
+    const int64_t killed = kill_registered(s);
+    if (killed > 0) what += ", its process " + std::to_string(killed) + " killed";
+    if (fence) fence(what);
+  }
+  return newly;
+}
+
+// Kills stage `s`'s registered process if it runs on this host and its pid still names the
+// process that registered (the same start time), not one that reused the pid since. Returns
+// the pid killed, or 0.
+int64_t Membership::kill_registered(int s) {
+  Result<comm::Bytes> p = o_.store->get(
+      key("proc/" + std::to_string(s) + "/" + std::to_string(incarnations_[size_t(s)])),
+      std::chrono::milliseconds(0));
+  if (!p.ok()) return 0;
+  const json proc = json::parse(comm::to_string(*p), nullptr, false);
+  const auto integer = [&](const char* k) {
+    return proc.is_object() && proc.contains(k) && proc[k].is_number_integer();
+  };
+  const bool host_named =
+      proc.is_object() && proc.contains("host_id") && proc["host_id"].is_string() &&
+      proc["host_id"].get<std::string>() == u64_to_json(comm::this_process().host);
+  if (!host_named || !integer("pid") || !integer("start")) return 0;
+  const int64_t pid = proc["pid"].get<int64_t>();
+  if (pid > 1 && start_ticks(pid) == proc["start"].get<int64_t>() &&
+      ::kill(pid_t(pid), SIGKILL) == 0) {
+    return pid;
+  }
+  return 0;
 }
 
 Status Membership::take(const Decision& d) {

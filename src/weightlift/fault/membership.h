@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -139,6 +140,14 @@ class Membership {
   // declared gone (frozen past the deadline) and must not go on as the stage.
   Status check_not_replaced();
   std::string key(const std::string& what) const;
+  // What settle() has heard of each stage in one epoch, by stage.
+  struct Gathered {
+    std::vector<std::optional<Report>> reports;
+    std::vector<bool> replaced, fenced;
+  };
+  Result<int> poll_reports(const std::string& epoch_prefix, Gathered& g);
+  Result<bool> fence_silent(Gathered& g, const std::function<void(const std::string&)>& fence);
+  int64_t kill_registered(int stage);
 
   MembershipOptions o_;
   int64_t incarnation_ = 0;

@@ -155,7 +155,11 @@ class Run {
   Status save_checkpoint();
   Status recover(const Status& failure);
   Status restore(const Decision& d);
+  struct RebuildSends;
   Status rebuild(const Decision& d, const std::vector<Rebuild>& plan);
+  Status post_rebuild_sends(const Decision& d, const std::vector<Rebuild>& plan, RebuildSends& out);
+  Status receive_blocks(const Decision& d, const Rebuild& b);
+  Status receive_end_state();
   Status roll_back(const Decision& d, const std::string& checkpoint);
   Status open_metrics(int64_t keep_through);
   // A failure of this process's own work (a diverged step, the run guard, a file): the run
@@ -677,112 +681,125 @@ Status Run::restore(const Decision& d) {
   return ok_status();
 }
 
+// What a survivor sends to rebuild its lost neighbours. The sends borrow these buffers, so
+// the object stays in place until every send is waited for (a failed wait cancels them).
+struct Run::RebuildSends {
+  std::vector<comm::Request> requests;
+  double norm = 0;
+  UnitState end;
+  double end_group[3] = {0, 0, 0};
+};
+
 // The plan's transfers on the new epoch: every source (a survivor) posts what its lost
 // neighbours need, every lost stage receives and rebuilds, and a lost stage's groups start
 // afresh with the strategy's learning-rate factor.
 Status Run::rebuild(const Decision& d, const std::vector<Rebuild>& plan) {
+  RebuildSends sends;
+  Status received = post_rebuild_sends(d, plan, sends);
+  if (received.ok() && contains(d.lost, stage_)) {
+    const auto b =
+        std::find_if(plan.begin(), plan.end(), [&](const Rebuild& r) { return r.stage == stage_; });
+    received = receive_blocks(d, *b);
+    if (received.ok() && r_.recovery == Recovery::kCheckFreePlus) received = receive_end_state();
+  }
+  Status sent = ok_status();
+  for (comm::Request& r : sends.requests) {
+    const Status s = members_->group()->wait(r, comm::deadline_after(o_.timeout));
+    if (sent.ok() && !s.ok()) sent = s;
+  }
+  WL_RETURN_IF_ERROR(received);
+  return sent;
+}
+
+// A survivor's sends: its blocks and their norm to each lost neighbour; under CheckFree+, an
+// end's state to its lost owner or the replica back to a lost holder.
+Status Run::post_rebuild_sends(const Decision& d, const std::vector<Rebuild>& plan,
+                               RebuildSends& out) {
   comm::Group& g = *members_->group();
-  // What the sends borrow lives longer than the sends (a failed wait cancels them first).
   const std::span<float> blocks = opt_->block_weights();
-  const double my_norm = opt_->group(ClipGroup::kBlocks).norm;
-  UnitState outgoing;
-  double outgoing_group[3] = {0, 0, 0};
-  std::vector<comm::Request> sends;
+  out.norm = opt_->group(ClipGroup::kBlocks).norm;
   const auto post = [&](int to, uint32_t tag, const void* data, size_t bytes) -> Status {
     WL_ASSIGN_OR_RETURN(
         comm::Request r,
         g.start_send(
             {.data = data, .bytes = bytes, .peer = to, .tag = tag, .timeout = o_.timeout}));
-    sends.push_back(std::move(r));
+    out.requests.push_back(std::move(r));
     return ok_status();
   };
   for (const Rebuild& b : plan) {
     if (b.left != stage_ && b.right != stage_) continue;
     WL_RETURN_IF_ERROR(post(b.stage, kBlocksTag, blocks.data(), blocks.size() * sizeof(float)));
-    WL_RETURN_IF_ERROR(post(b.stage, kNormTag, &my_norm, sizeof my_norm));
+    WL_RETURN_IF_ERROR(post(b.stage, kNormTag, &out.norm, sizeof out.norm));
   }
-  // CheckFree+'s ends: a lost owner takes its replica back, a lost holder its owner's state.
-  const bool plus = r_.recovery == Recovery::kCheckFreePlus;
-  if (plus) {
-    int to = -1;
-    if (opt_->replica_unit() >= 0) {
-      const int owner = opt_->replica_unit() == 0 ? 0 : stages_ - 1;
-      if (contains(d.lost, owner)) {
-        to = owner;
-        outgoing = opt_->replica_state();
-      }
-    }
-    if (opt_->replica_holder() >= 0 && contains(d.lost, opt_->replica_holder())) {
-      to = opt_->replica_holder();
-      outgoing = opt_->end_state();
-    }
-    if (to >= 0 && !contains(d.lost, stage_)) {
-      outgoing_group[0] = double(outgoing.group.steps);
-      outgoing_group[1] = outgoing.group.lr_factor;
-      outgoing_group[2] = outgoing.group.norm;
-      WL_RETURN_IF_ERROR(post(to, kEndTag, outgoing.data.raw(), size_t(outgoing.data.nbytes())));
-      WL_RETURN_IF_ERROR(post(to, kEndGroupTag, outgoing_group, sizeof outgoing_group));
+  if (r_.recovery != Recovery::kCheckFreePlus || contains(d.lost, stage_)) return ok_status();
+  int to = -1;
+  if (opt_->replica_unit() >= 0) {
+    const int owner = opt_->replica_unit() == 0 ? 0 : stages_ - 1;
+    if (contains(d.lost, owner)) {
+      to = owner;
+      out.end = opt_->replica_state();
     }
   }
-  Status received = ok_status();
-  if (contains(d.lost, stage_)) {
-    const auto it =
-        std::find_if(plan.begin(), plan.end(), [&](const Rebuild& b) { return b.stage == stage_; });
-    const Rebuild& b = *it;
-    const auto take = [&](int from, std::vector<float>& w, double& norm) -> Status {
-      w.resize(blocks.size());
-      WL_RETURN_IF_ERROR(g.recv(
-          {.data = w.data(), .bytes = w.size() * sizeof(float), .peer = from, .tag = kBlocksTag}));
-      return g.recv({.data = &norm, .bytes = sizeof norm, .peer = from, .tag = kNormTag});
-    };
-    std::vector<float> left, right;
-    double left_norm = 0, right_norm = 0;
-    if (b.kind == Rebuild::Kind::kAverage) {
-      received = take(b.left, left, left_norm);
-      if (received.ok()) received = take(b.right, right, right_norm);
-      if (received.ok()) average_neighbours(left, left_norm, right, right_norm, blocks);
-    } else if (b.kind == Rebuild::Kind::kCopy) {
-      received = take(b.left, left, left_norm);
-      if (received.ok()) std::copy(left.begin(), left.end(), blocks.begin());
-    } else if (b.kind == Rebuild::Kind::kFresh) {
-      std::vector<float> full(size_t(dp_->layout().total()));
-      model::init_params(cfg_, dp_->layout(), fresh_stage_seed(o_.seed, d.iterations + 1, stage_),
-                         full.data());
-      dp_->set_params(full.data());
-      if (opt_->holds_ends()) opt_->reset_group(ClipGroup::kEnds, r_.lr_scale);
-    }
-    if (received.ok()) opt_->reset_group(ClipGroup::kBlocks, r_.lr_scale);
-    if (received.ok() && plus) {
-      UnitState st;
-      double group[3] = {0, 0, 0};
-      int from = -1;
-      const bool owner = opt_->replica_holder() >= 0;  // an end's owner
-      if (owner) from = opt_->replica_holder();
-      if (opt_->replica_unit() >= 0) from = opt_->replica_unit() == 0 ? 0 : stages_ - 1;
-      if (from >= 0) {
-        st = owner ? opt_->end_state() : opt_->replica_state();
-        received = g.recv({.data = st.data.raw(),
-                           .bytes = size_t(st.data.nbytes()),
-                           .peer = from,
-                           .tag = kEndTag});
-        if (received.ok()) {
-          received =
-              g.recv({.data = group, .bytes = sizeof group, .peer = from, .tag = kEndGroupTag});
-        }
-        if (received.ok()) {
-          st.group = {.steps = int64_t(group[0]), .lr_factor = group[1], .norm = group[2]};
-          owner ? opt_->set_end_state(st) : opt_->set_replica_state(st);
-        }
-      }
-    }
+  if (opt_->replica_holder() >= 0 && contains(d.lost, opt_->replica_holder())) {
+    to = opt_->replica_holder();
+    out.end = opt_->end_state();
   }
-  Status sent = ok_status();
-  for (comm::Request& r : sends) {
-    const Status s = g.wait(r, comm::deadline_after(o_.timeout));
-    if (sent.ok() && !s.ok()) sent = s;
+  if (to < 0) return ok_status();
+  out.end_group[0] = double(out.end.group.steps);
+  out.end_group[1] = out.end.group.lr_factor;
+  out.end_group[2] = out.end.group.norm;
+  WL_RETURN_IF_ERROR(post(to, kEndTag, out.end.data.raw(), size_t(out.end.data.nbytes())));
+  return post(to, kEndGroupTag, out.end_group, sizeof out.end_group);
+}
+
+// A lost stage's blocks: the average of its neighbours', a copy of one, or fresh weights.
+Status Run::receive_blocks(const Decision& d, const Rebuild& b) {
+  comm::Group& g = *members_->group();
+  const std::span<float> blocks = opt_->block_weights();
+  const auto take = [&](int from, std::vector<float>& w, double& norm) -> Status {
+    w.resize(blocks.size());
+    WL_RETURN_IF_ERROR(g.recv(
+        {.data = w.data(), .bytes = w.size() * sizeof(float), .peer = from, .tag = kBlocksTag}));
+    return g.recv({.data = &norm, .bytes = sizeof norm, .peer = from, .tag = kNormTag});
+  };
+  std::vector<float> left, right;
+  double left_norm = 0, right_norm = 0;
+  if (b.kind == Rebuild::Kind::kAverage) {
+    WL_RETURN_IF_ERROR(take(b.left, left, left_norm));
+    WL_RETURN_IF_ERROR(take(b.right, right, right_norm));
+    average_neighbours(left, left_norm, right, right_norm, blocks);
+  } else if (b.kind == Rebuild::Kind::kCopy) {
+    WL_RETURN_IF_ERROR(take(b.left, left, left_norm));
+    std::copy(left.begin(), left.end(), blocks.begin());
+  } else if (b.kind == Rebuild::Kind::kFresh) {
+    std::vector<float> full(size_t(dp_->layout().total()));
+    model::init_params(cfg_, dp_->layout(), fresh_stage_seed(o_.seed, d.iterations + 1, stage_),
+                       full.data());
+    dp_->set_params(full.data());
+    if (opt_->holds_ends()) opt_->reset_group(ClipGroup::kEnds, r_.lr_scale);
   }
-  WL_RETURN_IF_ERROR(received);
-  return sent;
+  opt_->reset_group(ClipGroup::kBlocks, r_.lr_scale);
+  return ok_status();
+}
+
+// CheckFree+: a lost end's owner takes its state back from the replica's holder, a lost
+// holder the replica from the end's owner.
+Status Run::receive_end_state() {
+  const bool owner = opt_->replica_holder() >= 0;
+  int from = -1;
+  if (owner) from = opt_->replica_holder();
+  if (opt_->replica_unit() >= 0) from = opt_->replica_unit() == 0 ? 0 : stages_ - 1;
+  if (from < 0) return ok_status();
+  comm::Group& g = *members_->group();
+  UnitState st = owner ? opt_->end_state() : opt_->replica_state();
+  WL_RETURN_IF_ERROR(g.recv(
+      {.data = st.data.raw(), .bytes = size_t(st.data.nbytes()), .peer = from, .tag = kEndTag}));
+  double group[3] = {0, 0, 0};
+  WL_RETURN_IF_ERROR(
+      g.recv({.data = group, .bytes = sizeof group, .peer = from, .tag = kEndGroupTag}));
+  st.group = {.steps = int64_t(group[0]), .lr_factor = group[1], .norm = group[2]};
+  owner ? opt_->set_end_state(st) : opt_->set_replica_state(st);
+  return ok_status();
 }
 
 // Every process back to `checkpoint` (the run's start when empty): weights, moments, groups,

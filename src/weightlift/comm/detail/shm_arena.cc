@@ -9,7 +9,7 @@
 namespace wl::comm::detail {
 
 Result<std::unique_ptr<ShmArena>> ShmArena::create(Group& g, Deadline deadline) {
-  const int P = g.size(), r = g.rank();
+  const int P = g.size();
   auto arena = std::unique_ptr<ShmArena>(new ShmArena());
   arena->slot_bytes_ = (size_t(P) + 1) * kShmBlockBytes;
   const size_t flagged_offset = kHeaderBytes + kShmSlots * arena->slot_bytes_;
@@ -50,30 +50,7 @@ Result<std::unique_ptr<ShmArena>> ShmArena::create(Group& g, Deadline deadline) 
                                     .timeout = timeout()}));
 
   // Map every peer's region; any failure just means "not usable here".
-  int64_t mapped = region.ok() ? 1 : 0;
-  arena->keys_.resize(size_t(P));
-  arena->base_.assign(size_t(P), nullptr);
-  if (mapped) arena->base_[size_t(r)] = static_cast<std::byte*>(arena->own_.data());
-  size_t at = 0;
-  for (int q = 0; q < P; ++q) {
-    const size_t len = lengths[size_t(q)];
-    if (q != r && mapped) {
-      if (len == 0) {
-        mapped = 0;
-      } else {
-        auto key = g.worker().unpack_rkey(g.worker_peer(q), std::span(keys.data() + at, len));
-        void* p =
-            key.ok() ? g.worker().remote_pointer(*key, uint64_t(all[2 * size_t(q)])) : nullptr;
-        if (p == nullptr) {
-          mapped = 0;
-        } else {
-          arena->keys_[size_t(q)] = std::move(*key);
-          arena->base_[size_t(q)] = static_cast<std::byte*>(p);
-        }
-      }
-    }
-    at += len;
-  }
+  int64_t mapped = region.ok() && arena->map_peers(g, all, lengths, keys) ? 1 : 0;
   // Usable only if every rank mapped every region.
   std::vector<int64_t> verdicts(static_cast<size_t>(P));
   WL_RETURN_IF_ERROR(allgatherv(g, {.send = &mapped,
@@ -91,6 +68,29 @@ Result<std::unique_ptr<ShmArena>> ShmArena::create(Group& g, Deadline deadline) 
     arena->flagged_inputs.resize(size_t(P) * kShmFlaggedBytes);
   }
   return arena;
+}
+
+// Maps every peer's region from the exchanged (address, rkey length) pairs and rkeys;
+// false at the first that cannot be mapped here.
+bool ShmArena::map_peers(Group& g, const std::vector<int64_t>& addresses_and_lengths,
+                         const std::vector<size_t>& lengths, const std::vector<std::byte>& keys) {
+  const int P = g.size(), r = g.rank();
+  keys_.resize(size_t(P));
+  base_.assign(size_t(P), nullptr);
+  base_[size_t(r)] = static_cast<std::byte*>(own_.data());
+  size_t at = 0;
+  for (int q = 0; q < P; at += lengths[size_t(q)], ++q) {
+    const size_t len = lengths[size_t(q)];
+    if (q == r) continue;
+    if (len == 0) return false;
+    auto key = g.worker().unpack_rkey(g.worker_peer(q), std::span(keys.data() + at, len));
+    if (!key.ok()) return false;
+    void* p = g.worker().remote_pointer(*key, uint64_t(addresses_and_lengths[2 * size_t(q)]));
+    if (p == nullptr) return false;
+    keys_[size_t(q)] = std::move(*key);
+    base_[size_t(q)] = static_cast<std::byte*>(p);
+  }
+  return true;
 }
 
 Result<ShmArena*> shm_arena(Group& g, Deadline deadline) {

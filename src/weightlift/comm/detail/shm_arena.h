@@ -134,6 +134,8 @@ class ShmArena {
 
  private:
   static constexpr size_t kHeaderBytes = 256;
+  bool map_peers(Group& g, const std::vector<int64_t>& addresses_and_lengths,
+                 const std::vector<size_t>& lengths, const std::vector<std::byte>& keys);
   uint64_t* counter(int rank, ShmPhase phase) const {
     return reinterpret_cast<uint64_t*>(base_[size_t(rank)] + 64 * int(phase));
   }
