@@ -118,7 +118,7 @@ Status write_outputs(const FaultArgs& a, const fault::SimulationResult& r) {
                          .y_label = "validation loss (nats per byte)"});
 }
 
-Status run_simulate(FaultArgs a) {
+Status run_fault_simulate(FaultArgs a) {
   fault::SimulationOptions& o = a.o;
   WL_RETURN_IF_ERROR(make_options(a));
   // Refuse before any work: a directory that holds another run's results stays as it was.
@@ -235,7 +235,7 @@ void register_fault(CLI::App& app, Outcome& out) {
     // The constant learning rate of the paper's LLaMa runs: no warmup, no decay.
     a->o.schedule.min_lr = a->o.schedule.base_lr;
     a->o.schedule.warmup_steps = 0;
-    out.exit_code = report("fault simulate", run_simulate(*a));
+    out.exit_code = report("fault simulate", run_fault_simulate(*a));
   });
 }
 

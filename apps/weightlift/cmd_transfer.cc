@@ -44,7 +44,7 @@ struct SimulateArgs {
   bool json = false;
 };
 
-Status run_simulate(SimulateArgs a) {
+Status run_transfer_simulate(SimulateArgs a) {
   WL_ASSIGN_OR_RETURN(a.cluster.format, parse_format(a.dtype));
   WL_ASSIGN_OR_RETURN(a.cluster.shard_dtype, parse_shard_dtype(a.shard_dtype));
   StageProgress progress;
@@ -108,7 +108,8 @@ void register_transfer_simulate(CLI::App& transfer, Outcome& out) {
                 "the halve/double table (reschedules for layout rows)")
       ->capture_default_str();
   sim->add_flag("--json", a->json, "one JSON object");
-  sim->callback([&out, a] { out.exit_code = report("transfer simulate", run_simulate(*a)); });
+  sim->callback(
+      [&out, a] { out.exit_code = report("transfer simulate", run_transfer_simulate(*a)); });
 }
 
 struct PlanArgs {

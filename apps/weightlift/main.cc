@@ -12,12 +12,6 @@
 
 namespace wl::app {
 
-int report(const char* command, const Status& s) {
-  if (s.ok()) return 0;
-  std::fprintf(stderr, "weightlift %s: %s\n", command, s.to_string().c_str());
-  return 1;
-}
-
 namespace {
 
 // The subcommands the parser had entered ("bench transfer"), and the innermost one.

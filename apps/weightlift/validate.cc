@@ -5,7 +5,16 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "commands.h"
+
 namespace wl::app {
+
+int report(const char* command, const Status& s) {
+  if (s.ok()) return 0;
+  std::fprintf(stderr, "weightlift %s: %s\n", command, s.to_string().c_str());
+  return 1;
+}
+
 namespace {
 
 // What a user typed, quoted, shortened: a flag's value can be anything, including a

@@ -38,7 +38,7 @@ std::string bytes_of(const Tensor& t) {
   return std::string(reinterpret_cast<const char*>(c.raw()), c.nbytes());
 }
 
-std::string read_file(const std::string& path) {
+std::string file_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream os;
   os << in.rdbuf();
@@ -176,7 +176,7 @@ TEST_F(SafetensorsTest, WriterProducesExactlyTheSpecifiedBytes) {
       R"({"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
   header.append((8 - header.size() % 8) % 8, ' ');                // spaces to a multiple of 8
   const std::string data("\x00\x00\x80\x3f\x00\x00\x00\xc0", 8);  // 1.0f, -2.0f little-endian
-  const std::string got = read_file(p);
+  const std::string got = file_text(p);
   EXPECT_EQ(got, raw_file(header, data));
   EXPECT_EQ((got.size() - data.size()) % 8, 0u);
 }
@@ -184,7 +184,7 @@ TEST_F(SafetensorsTest, WriterProducesExactlyTheSpecifiedBytes) {
 TEST_F(SafetensorsTest, EmptyFileListIsAValidFile) {
   const std::string p = path("none.safetensors");
   ASSERT_TRUE(write_safetensors(p, {}).ok());
-  EXPECT_EQ(read_file(p), raw_file("{}      ", ""));
+  EXPECT_EQ(file_text(p), raw_file("{}      ", ""));
   auto f = SafetensorsFile::open(p);
   ASSERT_TRUE(f.ok()) << f.status().to_string();
   EXPECT_TRUE(f->tensors().empty());
@@ -251,7 +251,7 @@ std::string small_valid_file() {
   std::string p = (fs::temp_directory_path() / ("wl_small_" + std::to_string(::getpid()))).string();
   Status st = write_safetensors(p, ts, {{"format", "pt"}});
   WL_CHECK(st.ok()) << st.to_string();
-  std::string bytes = read_file(p);
+  std::string bytes = file_text(p);
   fs::remove(p);
   return bytes;
 }
@@ -504,7 +504,7 @@ TEST_F(SafetensorsTest, FailedWriteLeavesTheOldFileAndNoTemporary) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   const std::string p = path("w.safetensors");
   ASSERT_TRUE(write_safetensors(p, {{"old", patterned(DType::kU8, {3}, 1)}}).ok());
-  const std::string before = read_file(p);
+  const std::string before = file_text(p);
   auto child = [&]() {
     ::signal(SIGXFSZ, SIG_IGN);
     struct rlimit lim = {4096, 4096};
@@ -513,7 +513,7 @@ TEST_F(SafetensorsTest, FailedWriteLeavesTheOldFileAndNoTemporary) {
     if (st.ok()) return 3;
     if (st.message().find("write " + p + ".tmp.") == std::string::npos) return 4;
     if (has_temporary(dir_)) return 5;
-    return read_file(p) == before ? 0 : 6;
+    return file_text(p) == before ? 0 : 6;
   };
   EXPECT_EXIT(std::_Exit(child()), ::testing::ExitedWithCode(0), "");
 }
@@ -577,7 +577,7 @@ TEST(SafetensorsRegressions, ReplayWithoutCrashing) {
   if (!fs::exists(regressions)) return;
   for (const auto& e : fs::directory_iterator(regressions)) {
     SCOPED_TRACE(e.path().string());
-    auto f = parse(read_file(e.path().string()));
+    auto f = parse(file_text(e.path().string()));
     if (!f.ok()) continue;
     for (const TensorInfo& t : f->tensors()) EXPECT_TRUE(f->get(t.name).ok());
   }

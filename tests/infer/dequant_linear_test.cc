@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "reference_tensors.h"
 #include "weightlift/core/random.h"
 #include "weightlift/infer/worker.h"
 #include "weightlift/model/params.h"
@@ -91,17 +92,6 @@ TEST(DequantLinear, Bf16IsExactWidening) {
 }
 
 // ---- bad sources: each a clear error naming the tensor ----------------------------------------
-
-std::map<std::string, Tensor> tensors_of(
-    const std::map<std::string, transfer::ReferenceTensor>& ref) {
-  std::map<std::string, Tensor> out;
-  for (const auto& [name, r] : ref) {
-    Tensor t = Tensor::empty(r.dtype, r.shape);
-    std::memcpy(t.raw(), r.bytes.data(), r.bytes.size());
-    out.emplace(name, t);
-  }
-  return out;
-}
 
 TEST(BindWeights, MissingWrongShapeAndWrongDtypeNameTheTensor) {
   const model::ModelConfig c = *model::preset("tiny");

@@ -20,6 +20,7 @@
 #include <mutex>
 
 #include "../transfer/fixture.h"
+#include "reference_tensors.h"
 #include "weightlift/comm/group.h"
 #include "weightlift/core/parallel.h"
 #include "weightlift/infer/dequant_linear.h"
@@ -153,17 +154,6 @@ std::vector<float> trainer_logits(model::Transformer& m, const std::vector<int64
   std::vector<float> logits(size_t(T * m.config().vocab_size));
   m.evaluate(tokens.data(), targets.data(), 1, T, {.logits_out = logits.data()});
   return logits;
-}
-
-std::map<std::string, Tensor> tensors_of(
-    const std::map<std::string, transfer::ReferenceTensor>& ref) {
-  std::map<std::string, Tensor> out;
-  for (const auto& [name, r] : ref) {
-    Tensor t = Tensor::empty(r.dtype, r.shape);
-    std::memcpy(t.raw(), r.bytes.data(), r.bytes.size());
-    out.emplace(name, t);
-  }
-  return out;
 }
 
 // The f32 weights a TP-1 worker effectively computes with: every receiver tensor dequantized

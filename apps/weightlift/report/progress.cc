@@ -41,8 +41,8 @@ void ProgressBar::update(int64_t done, double rate, const std::string& rate_unit
 }
 
 void StageProgress::update(const std::string& stage, double fraction) {
-  using namespace std::chrono;
-  if (!isatty(STDERR_FILENO) || steady_clock::now() - start_ < seconds(2)) return;
+  const auto shown_after = std::chrono::seconds(2);
+  if (!isatty(STDERR_FILENO) || std::chrono::steady_clock::now() - start_ < shown_after) return;
   std::fprintf(stderr, "\r%-40s %3d%%", stage.c_str(), int(fraction * 100));
   shown_ = true;
 }

@@ -85,7 +85,7 @@ class StoragePool {
 };
 
 // Never destroyed: tensors may be freed during static destruction.
-StoragePool& pool() {
+StoragePool& storage_pool() {
   static StoragePool* p = new StoragePool;
   return *p;
 }
@@ -128,11 +128,11 @@ Tensor Tensor::empty(DType dtype, Shape shape) {
   if (bytes == 0) bytes = 64;
   // The statistics count what the tensor asked for; the pool may hand it a little more.
   const size_t held = StoragePool::size_class(bytes);
-  void* p = pool().get(held);
+  void* p = storage_pool().get(held);
   count_alloc(int64_t(bytes));
   t.storage_ = std::shared_ptr<void>(p, [bytes, held](void* q) {
     g_live_bytes.fetch_sub(int64_t(bytes), std::memory_order_relaxed);
-    pool().put(q, held);
+    storage_pool().put(q, held);
   });
   t.data_ = p;
   return t;

@@ -59,7 +59,7 @@ void gate_weights(const RouterShape& s, const float* p, const int32_t* idx, floa
 }
 
 // Rows per parallel chunk: enough work per chunk to pay for waking a thread.
-int64_t row_grain(int64_t experts) { return std::max<int64_t>(16, 4096 / experts); }
+int64_t router_row_grain(int64_t experts) { return std::max<int64_t>(16, 4096 / experts); }
 
 }  // namespace
 
@@ -67,7 +67,7 @@ void router_forward(const RouterShape& s, const float* logits, float* probs, int
                     float* topk_w, float* lse, int64_t* counts) {
   check_shape(s);
   const int64_t E = s.experts, K = s.top_k;
-  parallel_for(s.tokens, row_grain(E), [&](int64_t t0, int64_t t1) {
+  parallel_for(s.tokens, router_row_grain(E), [&](int64_t t0, int64_t t1) {
     std::vector<char> taken(static_cast<size_t>(E));
     for (int64_t t = t0; t < t1; ++t) {
       const float* l = logits + t * E;
@@ -168,7 +168,7 @@ void router_backward(const RouterShape& s, const RouterBackwardArgs& a) {
   }
   const double z_coef = 2.0 * double(a.z_scale) / Tg;
 
-  parallel_for(T, row_grain(E), [&](int64_t t0, int64_t t1) {
+  parallel_for(T, router_row_grain(E), [&](int64_t t0, int64_t t1) {
     std::vector<double> dp(static_cast<size_t>(E));
     for (int64_t t = t0; t < t1; ++t) {
       const float* p = a.probs + t * E;

@@ -62,7 +62,7 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void backward_rows(
 }
 
 // About 32K elements per chunk: large enough that waking a thread is noise.
-int64_t row_grain(int64_t f) {
+int64_t swiglu_row_grain(int64_t f) {
   return std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, f));
 }
 
@@ -70,12 +70,13 @@ int64_t row_grain(int64_t f) {
 
 void swiglu_forward(const float* h, float* out, int64_t n, int64_t f) {
   WL_CHECK(n >= 0 && f >= 0) << "n " << n << " f " << f;
-  parallel_for(n, row_grain(f), [&](int64_t r0, int64_t r1) { forward_rows(h, out, r0, r1, f); });
+  parallel_for(n, swiglu_row_grain(f),
+               [&](int64_t r0, int64_t r1) { forward_rows(h, out, r0, r1, f); });
 }
 
 void swiglu_backward(const float* h, const float* dout, float* dh, int64_t n, int64_t f) {
   WL_CHECK(n >= 0 && f >= 0) << "n " << n << " f " << f;
-  parallel_for(n, row_grain(f),
+  parallel_for(n, swiglu_row_grain(f),
                [&](int64_t r0, int64_t r1) { backward_rows(h, dout, dh, r0, r1, f); });
 }
 

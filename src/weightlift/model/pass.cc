@@ -17,11 +17,7 @@
 #include "weightlift/model/detail/linear.h"
 
 namespace wl::model {
-namespace {
-
-Tensor f32(Shape s) { return Tensor::empty(DType::kF32, std::move(s)); }
-
-}  // namespace
+using detail::f32;
 
 uint64_t activation_bytes(const ModelConfig& c, Stage stage, int64_t batch, int64_t seq,
                           bool checkpointing) {

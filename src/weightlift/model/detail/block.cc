@@ -27,8 +27,6 @@ void BlockActs::keep_only_input() {
 
 namespace {
 
-Tensor f32(Shape s) { return Tensor::empty(DType::kF32, std::move(s)); }
-
 struct Dims {
   int64_t d, H, Hkv, Dh, qd, kvd, qkvd, E, K, F;
   explicit Dims(const ModelConfig& c)

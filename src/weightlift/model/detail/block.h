@@ -16,6 +16,9 @@
 
 namespace wl::model::detail {
 
+// An f32 tensor for a pass's activations and scratch (uninitialised).
+inline Tensor f32(Shape s) { return Tensor::empty(DType::kF32, std::move(s)); }
+
 struct BlockDims {
   int64_t batch, seq, tokens;  // tokens = batch * seq
 };

@@ -11,8 +11,6 @@
 namespace wl::model::detail {
 namespace {
 
-Tensor f32(Shape s) { return Tensor::empty(DType::kF32, std::move(s)); }
-
 // Which rows travel where. Rank-major: what the exchange moves, rank i's block after rank
 // i-1's, and within a block the experts of the run in order. Expert-major: what the experts
 // run, expert j's rows of every rank together, in rank order.

@@ -43,12 +43,6 @@ void populate_for_writing(std::byte* at, uint64_t bytes) {
 
 constexpr uint32_t kChecksumTag = 0x7c5;  // user tag of the checksum messages
 
-std::string hex64(uint64_t v) {
-  char s[24];
-  std::snprintf(s, sizeof s, "0x%016llx", (unsigned long long)v);
-  return s;
-}
-
 // A sender's work, in the order it meets it: a gather of its mesh, or one of its tasks.
 struct Step {
   bool gather = false;
@@ -513,8 +507,8 @@ Status P2PExecutor::verify(int slot, const std::map<int, std::vector<uint64_t>>&
       return data_loss("receiver rank " + std::to_string(o_.world->rank()) + ": tensor '" +
                        t.tensor + "' rows [" + std::to_string(t.row_begin) + ", " +
                        std::to_string(t.row_end) + ") from trainer rank " + std::to_string(sender) +
-                       " failed its checksum (sent " + hex64(expect[i]) + ", landed " + hex64(h) +
-                       "); version " + std::to_string(version) + " discarded");
+                       " failed its checksum (sent " + hex_word(expect[i]) + ", landed " +
+                       hex_word(h) + "); version " + std::to_string(version) + " discarded");
     }
   }
   return ok_status();

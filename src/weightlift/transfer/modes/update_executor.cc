@@ -14,7 +14,13 @@ namespace wl::transfer {
 namespace {
 
 // Per rank: its refusal, the mode, the bucket size and (trainers) its shard dtype + 1.
-enum Field { kRefusal, kMode, kBucketBytes, kShardDtype, kFields };
+enum AgreementField {
+  kAgreedRefusal,
+  kAgreedMode,
+  kAgreedBucketBytes,
+  kAgreedShardDtype,
+  kAgreedFields
+};
 
 // This rank's objection to the options, before anything collective.
 Status check_locally(const ExecutorOptions& o) {
@@ -32,29 +38,31 @@ Status check_locally(const ExecutorOptions& o) {
 // ranks must agree on the mode and its settings.
 Result<DType> agree(const ExecutorOptions& o, const Status& mine) {
   comm::Group& world = *o.world;
-  int64_t word[kFields] = {int64_t(mine.code()), int64_t(o.mode), int64_t(o.bucket_bytes),
-                           o.weights && mine.ok() ? int64_t(o.weights->options().dtype) + 1 : 0};
-  std::vector<int64_t> words(size_t(world.size()) * kFields);
+  int64_t word[kAgreedFields] = {
+      int64_t(mine.code()), int64_t(o.mode), int64_t(o.bucket_bytes),
+      o.weights && mine.ok() ? int64_t(o.weights->options().dtype) + 1 : 0};
+  std::vector<int64_t> words(size_t(world.size()) * kAgreedFields);
   WL_RETURN_IF_ERROR(comm::allgather(
-      world, {.send = word, .recv = words.data(), .count = kFields, .dtype = DType::kI64}));
-  auto at = [&](int r, Field f) { return words[size_t(r) * kFields + f]; };
+      world, {.send = word, .recv = words.data(), .count = kAgreedFields, .dtype = DType::kI64}));
+  auto at = [&](int r, AgreementField f) { return words[size_t(r) * kAgreedFields + f]; };
   if (!mine.ok()) return mine;  // a rank that refused says its own reason
   int64_t dtype = 0;
   for (int r = 0; r < world.size(); ++r) {
     const std::string who = "world rank " + std::to_string(r);
-    if (at(r, kRefusal) != 0) {
-      return Status(StatusCode(at(r, kRefusal)),
+    if (at(r, kAgreedRefusal) != 0) {
+      return Status(StatusCode(at(r, kAgreedRefusal)),
                     "transfer executor refused by " + who + " (its own error says why)");
     }
-    if (at(r, kMode) != at(0, kMode) || at(r, kBucketBytes) != at(0, kBucketBytes)) {
+    if (at(r, kAgreedMode) != at(0, kAgreedMode) ||
+        at(r, kAgreedBucketBytes) != at(0, kAgreedBucketBytes)) {
       return failed_precondition(
           "world ranks 0 and " + std::to_string(r) + " disagree on the transfer mode (" +
-          std::string(transfer_mode_name(TransferMode(at(0, kMode)))) + " and " +
-          std::string(transfer_mode_name(TransferMode(at(r, kMode)))) + ") or its bucket bytes (" +
-          std::to_string(at(0, kBucketBytes)) + " and " + std::to_string(at(r, kBucketBytes)) +
-          ")");
+          std::string(transfer_mode_name(TransferMode(at(0, kAgreedMode)))) + " and " +
+          std::string(transfer_mode_name(TransferMode(at(r, kAgreedMode)))) +
+          ") or its bucket bytes (" + std::to_string(at(0, kAgreedBucketBytes)) + " and " +
+          std::to_string(at(r, kAgreedBucketBytes)) + ")");
     }
-    const int64_t d = at(r, kShardDtype);
+    const int64_t d = at(r, kAgreedShardDtype);
     if (d == 0) continue;
     if (dtype != 0 && d != dtype) {
       return failed_precondition("trainers hold shards of different dtypes (" +

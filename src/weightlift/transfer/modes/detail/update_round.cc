@@ -14,13 +14,7 @@ namespace wl::transfer {
 namespace {
 
 // One rank's word at the start of an update.
-enum Field { kRole, kEpoch, kVersion, kRefusal, kChecksums, kHost, kPid, kFields };
-
-std::string hex64(uint64_t v) {
-  char s[24];
-  std::snprintf(s, sizeof s, "0x%016llx", (unsigned long long)v);
-  return s;
-}
+enum RoundField { kRole, kEpoch, kVersion, kRefusal, kChecksums, kHost, kPid, kFields };
 
 std::string receiver_name(int rank) { return "receiver rank " + std::to_string(rank); }
 
@@ -28,7 +22,7 @@ std::string receiver_name(int rank) { return "receiver rank " + std::to_string(r
 class StartWords {
  public:
   StartWords(std::vector<int64_t> words, int size) : words_(std::move(words)), size_(size) {}
-  int64_t at(int rank, Field f) const { return words_[size_t(rank * kFields + f)]; }
+  int64_t at(int rank, RoundField f) const { return words_[size_t(rank * kFields + f)]; }
   int size() const { return size_; }
 
  private:
@@ -88,8 +82,8 @@ Status check_start(const StartWords& w, const Plan& plan, int me, const Status& 
     const uint64_t epoch = uint64_t(w.at(r.rank, kEpoch));
     if (epoch != r.epoch) {
       return failed_precondition(
-          "update: " + who + ": stale rkey: the plan was made for its epoch " + hex64(r.epoch) +
-          " but it now runs epoch " + hex64(epoch) +
+          "update: " + who + ": stale rkey: the plan was made for its epoch " + hex_word(r.epoch) +
+          " but it now runs epoch " + hex_word(epoch) +
           " (it restarted); gather metadata and plan again. Nothing was written");
     }
     *current = std::max(*current, uint64_t(w.at(r.rank, kVersion)));

@@ -19,13 +19,18 @@
 
 #include <chrono>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "weightlift/comm/group.h"
 #include "weightlift/comm/process_alive.h"
+#include "weightlift/core/checksum.h"
 #include "weightlift/transfer/modes/update_executor.h"
 
 namespace wl::transfer {
+
+// A 64-bit word (an epoch, a checksum) as errors print it: 0x and 16 hex digits.
+inline std::string hex_word(uint64_t v) { return "0x" + checksum_hex(v); }
 
 // This rank's entry in the plan, checked against where its weights sit (mesh, mesh rank, mesh
 // size). InvalidArgument naming the rank and both positions otherwise.
