@@ -20,6 +20,10 @@ it leaves last: ``job.close()`` waits for every rank first.
             q = weights["layers.0.attn.qkv_proj.weight"]   # a torch.Tensor, no copy
     job.close()
 
+An inference engine that should not link weightlift attaches to a receiver running as its own
+process (``weightlift receiver serve --id 0 --socket /tmp/r0.sock``) with ``wl.attach(path)``
+(weightlift/sidecar.py, plain Python).
+
 Tensors are CPU torch tensors or numpy arrays, contiguous; nothing is copied on the way in or
 out. Errors are raised as ``weightlift.Error`` whose message starts with the status code
 ("DeadlineExceeded: ..."). Every blocking call releases the GIL.
@@ -31,11 +35,12 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from . import _native
 from ._native import Error
+from .sidecar import Attached, AttachError, Pinned, attach
 
 Error.__module__ = __name__  # tracebacks say weightlift.Error, the name users catch
 
 __all__ = ["Error", "Job", "ProcessGroup", "ParameterServer", "Receiver", "Weights", "init",
-           "parameters"]
+           "parameters", "attach", "Attached", "AttachError", "Pinned"]
 
 # safetensors spellings of the dtypes collectives and checkpoints take.
 _TORCH_DTYPES = {

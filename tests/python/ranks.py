@@ -253,6 +253,82 @@ def fp8(job):
     job.close(timeout=60, ranks=2)
 
 
+def sidecar(job):
+    """Rank 0 serves two versions; rank 1 runs `weightlift receiver serve` as a process of its
+    own and attaches to it as an engine would (weightlift/sidecar.py): the tensors are
+    read-only views of the sidecar's shared memory, exact, and a pinned version stays as it was
+    across the next update. Bad requests are answered, not obeyed; the sidecar cleans up after
+    SIGTERM."""
+    sd1, sd2 = state_dict(11), state_dict(12)
+    if job.rank == 0:
+        server = wl.ParameterServer(job)
+        server.register_checkpoint("policy", MODEL, named_tensors=sd1)
+        assert server.wait_for_receivers(1) == [0]
+        assert server.update("policy")["version"] == 1
+        job.barrier("pinned", timeout=60)
+        server.refresh("policy", {n: t.to(torch.bfloat16) for n, t in sd2.items()})
+        assert server.update("policy")["version"] == 2
+        job.barrier("checked", timeout=60)
+        job.close(timeout=60)
+        return
+    import socket as so
+    import subprocess
+    import tempfile
+
+    exe = os.environ["WEIGHTLIFT_EXE"]
+    path = os.path.join(tempfile.mkdtemp(), "r0.sock")
+    shm = f"/weightlift-test-{os.getpid()}"
+    proc = subprocess.Popen([exe, "receiver", "serve", "--id", "0", "--model", MODEL,
+                             "--socket", path, "--shared-memory", shm],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert "engines attach at" in proc.stdout.readline()
+        engine = wl.attach(path)
+        assert engine.wait_for_version(1, timeout=60) == 1
+        lo, hi = engine.memory_range()
+        pinned = engine.pin()
+        assert pinned.version == 1
+        for name in pinned.keys():
+            t = pinned[name]
+            assert lo <= t.data_ptr() < hi, f"{name} is not a view of the shared memory"
+            assert torch.equal(t, expected(sd1, name)), name
+        q = pinned["layers.0.attn.qkv_proj.weight"]
+        before = q.clone()
+        job.barrier("pinned", timeout=60)
+        assert engine.wait_for_version(2, timeout=60) == 2
+        assert torch.equal(q, before), "an update wrote under a pinned version"
+        pinned.release()
+        with engine.pin() as w:
+            assert w.version == 2
+            for name in w.keys():
+                assert torch.equal(w[name], expected(sd2, name)), name
+        # A careless engine: a request the sidecar does not know, then one far too long.
+        raw = so.socket(so.AF_UNIX, so.SOCK_STREAM)
+        raw.settimeout(10)
+        raw.connect(path)
+        f = raw.makefile("rb")
+        assert b"weightlift-sidecar" in f.readline()
+        raw.sendall(b"gimme\n")
+        assert b"unknown request 'gimme'" in f.readline()
+        raw.sendall(b"x" * 10000)
+        assert b"longer than 4096 bytes" in f.readline()
+        try:  # closed: an end of file, or a reset when it closed with our bytes unread
+            rest = f.readline()
+        except ConnectionResetError:
+            rest = b""
+        assert rest == b"", "the sidecar kept a connection that sent 10 kB of garbage"
+        raw.close()
+        engine.close()
+        job.barrier("checked", timeout=60)
+    finally:
+        proc.terminate()
+        code = proc.wait(timeout=30)
+    assert code == 0, f"receiver serve exited {code}"
+    assert not os.path.exists(path), "the sidecar left its socket"
+    assert not os.path.exists("/dev/shm" + shm), "the sidecar left its shared memory"
+    job.close(timeout=60)
+
+
 FUSED = {"attn.qkv_proj.weight": ["attn.q_proj.weight", "attn.k_proj.weight",
                                   "attn.v_proj.weight"],
          "gate_up_proj.weight": ["gate_proj.weight", "up_proj.weight"]}

@@ -46,6 +46,10 @@ def test_fp8_receiver_within_e4m3_rounding():
     launch("fp8", ranks=2)
 
 
+def test_sidecar_engine_attaches_zero_copy_pinned_and_survives_bad_requests():
+    launch("sidecar", ranks=2)
+
+
 def test_receiver_killed_mid_update_raises_or_is_left_out_without_a_hang():
     # Started here rather than by `weightlift launch`, which stops a job whose rank was killed.
     with socket.socket() as s:

@@ -1,6 +1,11 @@
 // Receiver: slot layout, registration, and the reader/writer handshake of layout/receiver.h.
 #include "weightlift/transfer/layout/receiver.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -16,6 +21,41 @@ uint64_t new_epoch() {
   std::random_device rd;
   const uint64_t r = (uint64_t(rd()) << 32) ^ rd();
   return (r << 16) ^ (counter.fetch_add(1) + 1);
+}
+
+// Creates the shared-memory object `name` of `bytes` (zero-filled, every page reserved now so
+// that a full /dev/shm is this error rather than a SIGBUS at the first write) and maps it.
+Result<std::byte*> map_new_shared_memory(const std::string& name, size_t bytes) {
+  const std::string what = "receiver: shared memory '" + name + "'";
+  if (name.size() < 2 || name[0] != '/' || name.find('/', 1) != std::string::npos ||
+      name.size() > 200) {
+    return invalid_argument(what + ": expected '/' then up to 199 characters without '/'");
+  }
+  const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) {
+    if (errno == EEXIST) {
+      return failed_precondition(what +
+                                 " already exists: another receiver's, or left by one that "
+                                 "was killed (remove /dev/shm" +
+                                 name + " if none runs)");
+    }
+    return errno_status(what + ": shm_open", errno);
+  }
+  Status failed = ok_status();
+  if (const int e = ::posix_fallocate(fd, 0, off_t(bytes)); e != 0) {
+    failed = errno_status(what + ": reserving " + std::to_string(bytes) + " bytes", e);
+  }
+  void* p = MAP_FAILED;
+  if (failed.ok()) {
+    p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) failed = errno_status(what + ": mmap", errno);
+  }
+  ::close(fd);
+  if (!failed.ok()) {
+    ::shm_unlink(name.c_str());
+    return failed;
+  }
+  return static_cast<std::byte*>(p);
 }
 }  // namespace
 
@@ -49,7 +89,12 @@ Result<std::unique_ptr<Receiver>> Receiver::create(comm::Transport& worker,
     }
   }
   const size_t total = 2 * r->slot_bytes_ + kStatusBytes;
-  if (auto shared = worker.allocate_memory(total); shared.ok()) {
+  if (!r->options_.shared_memory.empty()) {
+    WL_ASSIGN_OR_RETURN(r->memory_, map_new_shared_memory(r->options_.shared_memory, total));
+    r->mapped_bytes_ = total;
+    WL_ASSIGN_OR_RETURN(comm::MemoryRegion region, worker.register_memory(r->memory_, total));
+    r->region_ = std::make_shared<comm::MemoryRegion>(std::move(region));
+  } else if (auto shared = worker.allocate_memory(total); shared.ok()) {
     r->allocation_ = std::make_shared<comm::MemoryRegion>(std::move(*shared));
     r->region_ = r->allocation_;
     r->memory_ = static_cast<std::byte*>(r->allocation_->data());  // zero-filled
@@ -73,6 +118,10 @@ Receiver::~Receiver() {
   region_.reset();  // unregister before the memory goes
   allocation_.reset();
   if (malloced_) std::free(memory_);
+  if (mapped_bytes_ != 0) {
+    ::munmap(memory_, mapped_bytes_);
+    ::shm_unlink(options_.shared_memory.c_str());
+  }
 }
 
 const ReceiverEntry* Receiver::find(std::string_view name) const {

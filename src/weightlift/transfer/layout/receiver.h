@@ -62,6 +62,11 @@ struct ReceiverOptions {
   int tp = 1;
   int tp_rank = 0;
   WeightFormat format = WeightFormat::kBF16;
+  // Where both slots live. Empty: this process's memory (UCX's, so that a trainer on this host
+  // can map it). Otherwise the name of a POSIX shared-memory object ("/weightlift-...", at most
+  // 200 characters) created here, and removed when the receiver goes, that other processes of
+  // this host may map read-only: an engine attached to a sidecar (fleet/sidecar.h).
+  std::string shared_memory;
 };
 
 class Receiver {
@@ -82,6 +87,7 @@ class Receiver {
     ReadGuard& operator=(ReadGuard&&) = delete;
     ~ReadGuard();
     uint64_t version() const { return version_; }
+    int slot() const { return slot_; }  // which slot holds the version: version % 2, or 0 for 0
     // A borrowed view valid while the guard lives. REQUIRES: a name this receiver holds.
     Tensor tensor(std::string_view name) const;
 
@@ -147,6 +153,7 @@ class Receiver {
   // (modes/p2p.h); where UCX cannot, we allocate and register it ourselves (`malloced_`).
   std::byte* memory_ = nullptr;
   bool malloced_ = false;
+  size_t mapped_bytes_ = 0;  // memory_ is a mapping of options_.shared_memory when not 0
   std::shared_ptr<comm::MemoryRegion> allocation_;  // owns memory_ unless malloced_
   std::shared_ptr<comm::MemoryRegion> region_;      // the current registration
   std::vector<std::byte> worker_address_;

@@ -1,0 +1,105 @@
+// `weightlift receiver serve`: a fleet receiver as a process of its own, its weights in shared
+// memory for an inference engine on this host to attach to (transfer/fleet/sidecar.h).
+#include <csignal>
+#include <cstdio>
+#include <string>
+#include <unistd.h>
+
+#include "commands.h"
+#include "validate.h"
+#include "weightlift/comm/world.h"
+#include "weightlift/model/config.h"
+#include "weightlift/transfer/fleet/fleet_receiver.h"
+#include "weightlift/transfer/fleet/sidecar.h"
+#include "weightlift/transfer/layout/inference_layout.h"
+
+namespace wl::app {
+namespace {
+
+volatile std::sig_atomic_t g_stop = 0;
+extern "C" void stop_serving(int) { g_stop = 1; }
+
+struct ServeArgs {
+  int id = 0;
+  std::string preset = "tiny", format = "bf16", socket, shared_memory, prefix = "fleet";
+  int timeout_s = 30;
+};
+
+Status serve(const ServeArgs& a) {
+  WL_ASSIGN_OR_RETURN(const model::ModelConfig config, model::preset(a.preset));
+  WL_ASSIGN_OR_RETURN(const transfer::WeightFormat format,
+                      parse_choice<transfer::WeightFormat>(
+                          "--dtype", a.format,
+                          {{"bf16", transfer::WeightFormat::kBF16},
+                           {"fp8", transfer::WeightFormat::kFP8}}));
+  WL_ASSIGN_OR_RETURN(const auto layout, transfer::inference_layout(config, {.format = format}));
+  WL_ASSIGN_OR_RETURN(const comm::LaunchEnv env, comm::read_launch_env());
+  const std::chrono::milliseconds timeout(int64_t(a.timeout_s) * 1000);
+  WL_ASSIGN_OR_RETURN(comm::World world, comm::connect_store(env, timeout));
+  const std::string shm = a.shared_memory.empty() ? "/weightlift-receiver-" +
+                                                        std::to_string(::getpid()) + "-" +
+                                                        std::to_string(a.id)
+                                                  : a.shared_memory;
+  WL_ASSIGN_OR_RETURN(
+      auto fleet,
+      transfer::FleetReceiver::create(
+          {.store = world.store,
+           .prefix = a.prefix,
+           .id = a.id,
+           .receiver = {.tensors = transfer::tensor_specs(layout),
+                        .format = format,
+                        .shared_memory = shm},
+           .timeout = timeout}));
+  WL_ASSIGN_OR_RETURN(auto sidecar,
+                      transfer::Sidecar::start(fleet->receiver(), {.socket_path = a.socket}));
+  struct sigaction sa {};
+  sa.sa_handler = stop_serving;
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGINT, &sa, nullptr);
+  std::printf("weightlift receiver serve: receiver %d (%s, %s) in shared memory %s; engines "
+              "attach at %s\n",
+              a.id, a.preset.c_str(), a.format.c_str(), shm.c_str(), a.socket.c_str());
+  std::fflush(stdout);
+  while (!g_stop) {
+    Result<transfer::RoundOutcome> r = fleet->serve_one(std::chrono::milliseconds(200));
+    if (r.ok()) {
+      sidecar->notify();
+    } else if (r.status().code() != StatusCode::kDeadlineExceeded) {
+      // A failed update leaves the last complete version in place; the next round may work.
+      std::fprintf(stderr, "weightlift receiver serve: %s\n", r.status().to_string().c_str());
+    }
+  }
+  sidecar.reset();  // engines first: their pins go before the receiver does
+  return fleet->leave();
+}
+
+}  // namespace
+
+void register_receiver(CLI::App& app, Outcome& out) {
+  auto* receiver = app.add_subcommand("receiver", "a fleet receiver as a process of its own");
+  receiver->require_subcommand(1);
+  auto* cmd = receiver->add_subcommand(
+      "serve",
+      "receive weights from the parameter server into shared memory that an engine on this "
+      "host attaches to (weightlift.attach); runs until SIGTERM or SIGINT");
+  auto a = std::make_shared<ServeArgs>();
+  cmd->add_option("--id", a->id, "this receiver's id in the fleet (a restarted one keeps it)")
+      ->required()
+      ->transform(count(0, (1 << 20) - 1));
+  cmd->add_option("--socket", a->socket, "the Unix socket engines attach at (created here)")
+      ->required();
+  cmd->add_option("--model", a->preset, "the preset whose inference layout it holds")
+      ->capture_default_str();
+  cmd->add_option("--dtype", a->format, "bf16, or fp8 (e4m3 with 128x128 block scales)")
+      ->capture_default_str();
+  cmd->add_option("--shared-memory", a->shared_memory,
+                  "the shared-memory object's name (default /weightlift-receiver-<pid>-<id>)");
+  cmd->add_option("--prefix", a->prefix, "the fleet's key prefix in the job's store")
+      ->capture_default_str();
+  cmd->add_option("--timeout", a->timeout_s, "seconds for connecting and each wait of an update")
+      ->capture_default_str()
+      ->transform(seconds());
+  cmd->callback([&out, a] { out.exit_code = report("receiver serve", serve(*a)); });
+}
+
+}  // namespace wl::app
