@@ -1,9 +1,10 @@
 // `weightlift receiver serve`: a fleet receiver as a process of its own, its weights in shared
 // memory for an inference engine on this host to attach to (transfer/fleet/sidecar.h).
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
 #include <string>
-#include <unistd.h>
 
 #include "commands.h"
 #include "validate.h"
@@ -27,38 +28,37 @@ struct ServeArgs {
 
 Status serve(const ServeArgs& a) {
   WL_ASSIGN_OR_RETURN(const model::ModelConfig config, model::preset(a.preset));
-  WL_ASSIGN_OR_RETURN(const transfer::WeightFormat format,
-                      parse_choice<transfer::WeightFormat>(
-                          "--dtype", a.format,
-                          {{"bf16", transfer::WeightFormat::kBF16},
-                           {"fp8", transfer::WeightFormat::kFP8}}));
+  WL_ASSIGN_OR_RETURN(
+      const transfer::WeightFormat format,
+      parse_choice<transfer::WeightFormat>(
+          "--dtype", a.format,
+          {{"bf16", transfer::WeightFormat::kBF16}, {"fp8", transfer::WeightFormat::kFP8}}));
   WL_ASSIGN_OR_RETURN(const auto layout, transfer::inference_layout(config, {.format = format}));
   WL_ASSIGN_OR_RETURN(const comm::LaunchEnv env, comm::read_launch_env());
   const std::chrono::milliseconds timeout(int64_t(a.timeout_s) * 1000);
   WL_ASSIGN_OR_RETURN(comm::World world, comm::connect_store(env, timeout));
-  const std::string shm = a.shared_memory.empty() ? "/weightlift-receiver-" +
-                                                        std::to_string(::getpid()) + "-" +
-                                                        std::to_string(a.id)
-                                                  : a.shared_memory;
-  WL_ASSIGN_OR_RETURN(
-      auto fleet,
-      transfer::FleetReceiver::create(
-          {.store = world.store,
-           .prefix = a.prefix,
-           .id = a.id,
-           .receiver = {.tensors = transfer::tensor_specs(layout),
-                        .format = format,
-                        .shared_memory = shm},
-           .timeout = timeout}));
+  const std::string shm =
+      a.shared_memory.empty()
+          ? "/weightlift-receiver-" + std::to_string(::getpid()) + "-" + std::to_string(a.id)
+          : a.shared_memory;
+  WL_ASSIGN_OR_RETURN(auto fleet, transfer::FleetReceiver::create(
+                                      {.store = world.store,
+                                       .prefix = a.prefix,
+                                       .id = a.id,
+                                       .receiver = {.tensors = transfer::tensor_specs(layout),
+                                                    .format = format,
+                                                    .shared_memory = shm},
+                                       .timeout = timeout}));
   WL_ASSIGN_OR_RETURN(auto sidecar,
                       transfer::Sidecar::start(fleet->receiver(), {.socket_path = a.socket}));
   struct sigaction sa {};
   sa.sa_handler = stop_serving;
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);
-  std::printf("weightlift receiver serve: receiver %d (%s, %s) in shared memory %s; engines "
-              "attach at %s\n",
-              a.id, a.preset.c_str(), a.format.c_str(), shm.c_str(), a.socket.c_str());
+  std::printf(
+      "weightlift receiver serve: receiver %d (%s, %s) in shared memory %s; engines "
+      "attach at %s\n",
+      a.id, a.preset.c_str(), a.format.c_str(), shm.c_str(), a.socket.c_str());
   std::fflush(stdout);
   while (!g_stop) {
     Result<transfer::RoundOutcome> r = fleet->serve_one(std::chrono::milliseconds(200));

@@ -27,18 +27,15 @@ constexpr int kLookMs = 50;  // how often the thread looks at the version withou
 
 struct Engine {
   int fd = -1;
-  std::string in;                               // bytes received, not yet a whole line
-  std::optional<Receiver::ReadGuard> pin;       // the version it reads, while it reads it
+  std::string in;                          // bytes received, not yet a whole line
+  std::optional<Receiver::ReadGuard> pin;  // the version it reads, while it reads it
 };
 
 // The first message: what the mapping holds and where.
 std::string hello_line(const Receiver& r) {
-  json j = {{"format", "weightlift-sidecar"},
-            {"format_version", 1},
-            {"shm", r.options().shared_memory},
-            {"slot_bytes", r.slot_bytes()},
-            {"bytes", 2 * r.slot_bytes()},
-            {"version", r.version()}};
+  json j = {{"format", "weightlift-sidecar"},   {"format_version", 1},
+            {"shm", r.options().shared_memory}, {"slot_bytes", r.slot_bytes()},
+            {"bytes", 2 * r.slot_bytes()},      {"version", r.version()}};
   json tensors = json::array();
   for (const ReceiverEntry& e : r.entries()) {
     tensors.push_back({{"name", e.spec.name},
@@ -84,14 +81,13 @@ bool Sidecar::Impl::answer(Engine& e, const std::string& line) {
   if (line == "pin") {
     if (e.pin) {
       return send_line(e, json({{"error", "already pinned version " +
-                                              std::to_string(e.pin->version()) +
-                                              "; unpin first"}})
-                              .dump() +
+                                              std::to_string(e.pin->version()) + "; unpin first"}})
+                                  .dump() +
                               "\n");
     }
     e.pin.emplace(receiver->acquire());
-    return send_line(e, json({{"pinned", e.pin->version()}, {"slot", e.pin->slot()}}).dump() +
-                            "\n");
+    return send_line(e,
+                     json({{"pinned", e.pin->version()}, {"slot", e.pin->slot()}}).dump() + "\n");
   }
   if (line == "unpin") {
     if (!e.pin) return send_line(e, json({{"error", "nothing is pinned"}}).dump() + "\n");
@@ -103,10 +99,10 @@ bool Sidecar::Impl::answer(Engine& e, const std::string& line) {
   for (char& c : shown) {
     if (c < 0x20 || c > 0x7e) c = '?';
   }
-  return send_line(e, json({{"error", "unknown request '" + shown +
-                                          "': expected \"pin\" or \"unpin\""}})
-                          .dump() +
-                          "\n");
+  return send_line(
+      e,
+      json({{"error", "unknown request '" + shown + "': expected \"pin\" or \"unpin\""}}).dump() +
+          "\n");
 }
 
 bool Sidecar::Impl::read_from(Engine& e) {
