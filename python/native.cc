@@ -37,6 +37,7 @@
 #include "weightlift/transfer/fleet/fleet_receiver.h"
 #include "weightlift/transfer/fleet/parameter_server.h"
 #include "weightlift/transfer/layout/inference_layout.h"
+#include "weightlift/transfer/layout/layout_spec.h"
 #include "weightlift/transfer/modes/update_executor.h"
 
 namespace py = pybind11;
@@ -533,6 +534,29 @@ PYBIND11_MODULE(_native, m) {
         return out;
       },
       py::arg("model"));
+
+  // The receiver tensors of a layout spec (transfer/layout/layout_spec.h) at one TP rank:
+  // (name, dtype, shape, [(source, row_begin, row_end, col_begin, col_end, dst_row)]).
+  m.def(
+      "spec_layout",
+      [](const std::string& json_text, int tp, int tp_rank) {
+        const wl::transfer::LayoutSpec spec =
+            take(wl::transfer::layout_spec_from_json(json_text, "layout spec"));
+        using Slice = std::tuple<std::string, int64_t, int64_t, int64_t, int64_t, int64_t>;
+        std::vector<std::tuple<std::string, std::string, std::vector<int64_t>, std::vector<Slice>>>
+            out;
+        for (const wl::transfer::ReceiverTensor& t :
+             take(wl::transfer::spec_layout(spec, tp, tp_rank))) {
+          std::vector<Slice> slices;
+          for (const wl::transfer::SourceSlice& s : t.sources) {
+            slices.emplace_back(s.param, s.row_begin, s.row_end, s.col_begin, s.col_end, s.dst_row);
+          }
+          out.emplace_back(t.name, std::string(wl::dtype_name(t.dtype)), t.shape,
+                           std::move(slices));
+        }
+        return out;
+      },
+      py::arg("spec"), py::arg("tp"), py::arg("tp_rank"));
 
   bind_jobs(m);
   bind_transfer(m);

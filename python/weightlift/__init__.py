@@ -35,12 +35,14 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from . import _native
 from ._native import Error
+from .layout import LayoutSpec, LayoutTensor
 from .sidecar import Attached, AttachError, Pinned, attach
 
 Error.__module__ = __name__  # tracebacks say weightlift.Error, the name users catch
 
 __all__ = ["Error", "Job", "ProcessGroup", "ParameterServer", "Receiver", "Weights", "init",
-           "parameters", "attach", "Attached", "AttachError", "Pinned"]
+           "parameters", "attach", "Attached", "AttachError", "Pinned", "LayoutSpec",
+           "LayoutTensor"]
 
 # safetensors spellings of the dtypes collectives and checkpoints take.
 _TORCH_DTYPES = {

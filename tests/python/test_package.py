@@ -236,3 +236,78 @@ def test_receiver_tensors_and_the_gil_released_while_it_waits(job):
     with pytest.raises(wl.Error, match="format 'fp16'"):
         wl.Receiver(job, id=1, model="tiny", format="fp16")
     receiver.leave()
+
+
+class TinyLlama(torch.nn.Module):
+    """A plain PyTorch model with Hugging Face's Llama names (not weightlift's model)."""
+
+    def __init__(self, layers=2, d=32, heads=4, kv_heads=2, head_dim=8, ffn=48, vocab=50):
+        super().__init__()
+        self.model = torch.nn.Module()
+        self.model.embed_tokens = torch.nn.Embedding(vocab, d)
+        self.model.layers = torch.nn.ModuleList()
+        for _ in range(layers):
+            layer = torch.nn.Module()
+            layer.self_attn = torch.nn.Module()
+            layer.self_attn.q_proj = torch.nn.Linear(d, heads * head_dim, bias=False)
+            layer.self_attn.k_proj = torch.nn.Linear(d, kv_heads * head_dim, bias=False)
+            layer.self_attn.v_proj = torch.nn.Linear(d, kv_heads * head_dim, bias=False)
+            layer.self_attn.o_proj = torch.nn.Linear(heads * head_dim, d, bias=False)
+            layer.mlp = torch.nn.Module()
+            layer.mlp.gate_proj = torch.nn.Linear(d, ffn, bias=False)
+            layer.mlp.up_proj = torch.nn.Linear(d, ffn, bias=False)
+            layer.mlp.down_proj = torch.nn.Linear(ffn, d, bias=False)
+            self.model.layers.append(layer)
+
+
+def llama_spec(sd, layers, head_dim, dtype="bf16"):
+    spec = wl.LayoutSpec("tiny-llama").params_from(sd)
+    spec.tensor("model.embed_tokens.weight")
+    for l in range(layers):
+        p = f"model.layers.{l}."
+        spec.tensor(p + "self_attn.qkv_proj.weight",
+                    [p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
+                     p + "self_attn.v_proj.weight"], split="heads", head_dim=head_dim,
+                    dtype=dtype)
+        spec.tensor(p + "self_attn.o_proj.weight", split="row", dtype=dtype)
+        spec.tensor(p + "mlp.gate_up_proj.weight",
+                    [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], split="column",
+                    dtype=dtype)
+        spec.tensor(p + "mlp.down_proj.weight", split="row", dtype=dtype)
+    return spec
+
+
+def test_layout_spec_of_a_plain_pytorch_model():
+    sd = TinyLlama().state_dict()
+    spec = llama_spec(sd, layers=2, head_dim=8)
+    lay = {t.name: t for t in spec.layout(tp=2, tp_rank=1)}
+    qkv = lay["model.layers.1.self_attn.qkv_proj.weight"]
+    assert (qkv.dtype, qkv.shape) == ("BF16", [32, 32])  # 2 q heads + 1 k + 1 v head of 8
+    assert [s[:3] for s in qkv.sources] == [("model.layers.1.self_attn.q_proj.weight", 16, 32),
+                                            ("model.layers.1.self_attn.k_proj.weight", 8, 16),
+                                            ("model.layers.1.self_attn.v_proj.weight", 8, 16)]
+    assert lay["model.layers.0.mlp.down_proj.weight"].sources[0][3:5] == (24, 48)
+    assert lay["model.embed_tokens.weight"].shape == [50, 32]
+    fp8 = {t.name: t for t in llama_spec(sd, 2, 8, dtype="fp8").layout(tp=1)}
+    assert fp8["model.layers.0.self_attn.o_proj.weight.scale"].shape == [1, 1]
+    again = wl.LayoutSpec.from_json(spec.to_json())
+    assert [t.name for t in again.layout(tp=2, tp_rank=0)] == \
+        [t.name for t in spec.layout(tp=2, tp_rank=0)]
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda s: s.tensor("x", ["nope"]), "tensor 'x': source 'nope' is not among"),
+    (lambda s: s.tensor("y", ["model.layers.0.self_attn.q_proj.weight",
+                              "model.layers.0.mlp.down_proj.weight"]),
+     "sources do not concatenate along dim 0"),
+    (lambda s: s.tensor("z", ["model.layers.0.self_attn.k_proj.weight"], split="heads",
+                        head_dim=8), "has 2 heads, neither a multiple nor a divisor of tp 3"),
+])
+def test_wrong_layout_specs_raise_naming_the_tensor(edit, needle):
+    sd = TinyLlama().state_dict()
+    spec = wl.LayoutSpec("bad").params_from(sd)
+    edit(spec)
+    with pytest.raises(wl.Error, match=needle):
+        spec.layout(tp=3 if "tp 3" in needle else 1)
+    with pytest.raises(ValueError, match="split 'diagonal'"):
+        spec.tensor("w", split="diagonal")
