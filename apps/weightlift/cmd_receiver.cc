@@ -2,9 +2,12 @@
 // memory for an inference engine on this host to attach to (transfer/fleet/sidecar.h).
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <string>
+#include <thread>
 
 #include "commands.h"
 #include "validate.h"
@@ -17,8 +20,21 @@
 namespace wl::app {
 namespace {
 
-volatile std::sig_atomic_t g_stop = 0;
-extern "C" void stop_serving(int) { g_stop = 1; }
+// Set by SIGTERM, SIGINT or SIGHUP; read by the serving loop. A lock-free atomic is safe to
+// store from a signal handler, and from whichever thread the signal lands on.
+std::atomic<bool> g_stop{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+extern "C" void stop_serving(int) { g_stop.store(true); }
+
+// Before anything is created: a stop asked for while the receiver connects or heals still
+// ends in the cleanup below (the shared memory and the socket removed) instead of a kill. The
+// second signal kills (SA_RESETHAND), for a process that does not stop soon enough.
+void catch_stop_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = stop_serving;
+  sa.sa_flags = SA_RESETHAND | SA_RESTART;
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+}
 
 struct ServeArgs {
   int id = 0;
@@ -27,6 +43,7 @@ struct ServeArgs {
 };
 
 Status serve(const ServeArgs& a) {
+  catch_stop_signals();
   WL_ASSIGN_OR_RETURN(const model::ModelConfig config, model::preset(a.preset));
   WL_ASSIGN_OR_RETURN(
       const transfer::WeightFormat format,
@@ -51,22 +68,20 @@ Status serve(const ServeArgs& a) {
                                        .timeout = timeout}));
   WL_ASSIGN_OR_RETURN(auto sidecar,
                       transfer::Sidecar::start(fleet->receiver(), {.socket_path = a.socket}));
-  struct sigaction sa {};
-  sa.sa_handler = stop_serving;
-  ::sigaction(SIGTERM, &sa, nullptr);
-  ::sigaction(SIGINT, &sa, nullptr);
   std::printf(
       "weightlift receiver serve: receiver %d (%s, %s) in shared memory %s; engines "
       "attach at %s\n",
       a.id, a.preset.c_str(), a.format.c_str(), shm.c_str(), a.socket.c_str());
   std::fflush(stdout);
-  while (!g_stop) {
+  while (!g_stop.load()) {
     Result<transfer::RoundOutcome> r = fleet->serve_one(std::chrono::milliseconds(200));
     if (r.ok()) {
       sidecar->notify();
     } else if (r.status().code() != StatusCode::kDeadlineExceeded) {
       // A failed update leaves the last complete version in place; the next round may work.
+      // A pause, so that a failure that comes at once (a store gone) is not a busy loop.
       std::fprintf(stderr, "weightlift receiver serve: %s\n", r.status().to_string().c_str());
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
   }
   sidecar.reset();  // engines first: their pins go before the receiver does

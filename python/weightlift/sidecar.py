@@ -46,22 +46,25 @@ class Attached:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._buf = b""
         self._pinned: Optional[Pinned] = None
+        self._timeout = timeout
         try:
             self._sock.settimeout(timeout)
             self._sock.connect(socket_path)
-            hello = self._next_message(time.monotonic() + timeout)
-        except OSError as e:
+            self._open(self._next_message(time.monotonic() + timeout))
+        except (OSError, KeyError, TypeError, ValueError) as e:
+            self._sock.close()
+            raise AttachError(f"sidecar {socket_path}: {e!r}") from None
+        except AttachError as e:
             self._sock.close()
             raise AttachError(f"sidecar {socket_path}: {e}") from None
-        except AttachError:
-            self._sock.close()
-            raise
+
+    def _open(self, hello: Dict[str, Any]) -> None:
+        if "error" in hello:
+            raise AttachError(f"refused: {hello['error']}")
         if hello.get("format") != FORMAT or hello.get("format_version") != FORMAT_VERSION:
-            self._sock.close()
-            raise AttachError(f"sidecar {socket_path}: expected {FORMAT} version "
-                              f"{FORMAT_VERSION}, got {hello.get('format')!r} version "
-                              f"{hello.get('format_version')!r}: attach with the weightlift "
-                              f"of the sidecar's build")
+            raise AttachError(f"expected {FORMAT} version {FORMAT_VERSION}, got "
+                              f"{hello.get('format')!r} version {hello.get('format_version')!r}:"
+                              f" attach with the weightlift of the sidecar's build")
         self._version = int(hello["version"])
         self._slot_bytes = int(hello["slot_bytes"])
         self._tensors = {t["name"]: t for t in hello["tensors"]}
@@ -129,8 +132,10 @@ class Attached:
 
     # ---- the socket -------------------------------------------------------------------------
     def _unpin(self, timeout: float = 10.0) -> None:
-        self._request("unpin", "unpinned", timeout)
-        self._pinned = None
+        try:
+            self._request("unpin", "unpinned", timeout)
+        finally:
+            self._pinned = None
 
     def _tensor(self, name: str, slot: int) -> Any:
         import torch
@@ -138,7 +143,9 @@ class Attached:
         t = self._tensors.get(name)
         if t is None:
             raise KeyError(name)
-        dtype = {"BF16": torch.bfloat16, "F32": torch.float32}.get(t["dtype"], torch.uint8)
+        fp8 = getattr(torch, "float8_e4m3fn", torch.uint8)  # torch 1.13 has no fp8: the codes
+        dtype = {"BF16": torch.bfloat16, "F32": torch.float32, "F8_E4M3": fp8}.get(t["dtype"],
+                                                                                torch.uint8)
         count = int(t["bytes"]) // torch.empty((), dtype=dtype).element_size()
         with warnings.catch_warnings():
             # The mapping is read-only, which torch cannot mark: writing kills the process.
@@ -149,19 +156,33 @@ class Attached:
 
     def _request(self, what: str, answer: str, timeout: float) -> Dict[str, Any]:
         end = time.monotonic() + timeout
+        self._check_open()
         try:
+            self._sock.settimeout(timeout)
             self._sock.sendall(what.encode() + b"\n")
         except OSError as e:
             raise AttachError(f"sidecar: sending {what!r}: {e}") from None
         while True:
-            m = self._next_message(end)
+            try:
+                m = self._next_message(end)
+            except AttachError:
+                # A late answer would be taken for the next request's, and a pin granted
+                # meanwhile held by no one: closing the connection drops both.
+                self._sock.close()
+                raise
             if "error" in m:
                 raise AttachError(f"sidecar refused {what!r}: {m['error']}")
             if answer in m:
                 return m
 
+    def _check_open(self) -> None:
+        if self._sock.fileno() < 0:
+            raise AttachError("the connection to the sidecar is closed (close(), or a request "
+                              "that timed out)")
+
     def _drain(self) -> None:
         """Takes the version announcements already waiting, without blocking."""
+        self._check_open()
         while True:
             line = self._take_line()
             if line is None:
@@ -170,13 +191,19 @@ class Attached:
                     chunk = self._sock.recv(65536)
                 except (BlockingIOError, InterruptedError):
                     return
+                except OSError as e:
+                    raise AttachError(f"sidecar: {e}") from None
                 finally:
-                    self._sock.setblocking(True)
+                    if self._sock.fileno() >= 0:
+                        self._sock.settimeout(self._timeout)
                 if not chunk:
                     raise AttachError("sidecar closed the connection")
                 self._buf += chunk
                 continue
-            self._note(json.loads(line))
+            try:
+                self._note(json.loads(line))
+            except ValueError:
+                raise AttachError(f"sidecar sent a line that is not JSON: {line[:60]!r}") from None
 
     def _take_line(self) -> Optional[bytes]:
         nl = self._buf.find(b"\n")

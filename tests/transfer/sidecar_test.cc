@@ -42,13 +42,13 @@ struct Rig {
   std::unique_ptr<Sidecar> sidecar;
   std::string socket;
 
-  explicit Rig(const std::string& name) {
+  explicit Rig(const std::string& name, std::vector<ReceiverTensorSpec> tensors = {
+                                            {"a", DType::kBF16, {4, 8}}, {"b", DType::kF32, {3}}}) {
     auto w = comm::Worker::create({.name = "sidecar test"});
     EXPECT_TRUE(w.ok()) << w.status().to_string();
     worker = std::move(*w);
-    auto r = Receiver::create(*worker,
-                              {.tensors = {{"a", DType::kBF16, {4, 8}}, {"b", DType::kF32, {3}}},
-                               .shared_memory = shm_name(name)});
+    auto r =
+        Receiver::create(*worker, {.tensors = std::move(tensors), .shared_memory = shm_name(name)});
     EXPECT_TRUE(r.ok()) << r.status().to_string();
     receiver = std::move(*r);
     socket = scratch(name) + "/r.sock";
@@ -80,12 +80,17 @@ struct Engine {
 
 TEST(Sidecar, AnEngineReadsThePinnedVersionInPlaceAndUpdatesWaitForIt) {
   Rig rig("pin");
-  ASSERT_TRUE(rig.write(1).ok());
   Engine e(rig.socket);
   ASSERT_NE(e.a, nullptr) << e.err;
+  uint64_t v = 0;
+  EXPECT_EQ(wl_attach_pin(e.a, 5000, &v, e.err, sizeof e.err), -1) << "a pin of version 0";
+  EXPECT_NE(std::string(e.err).find("nothing received yet"), std::string::npos) << e.err;
+  ASSERT_TRUE(rig.write(1).ok());
   ASSERT_EQ(wl_attach_tensor_count(e.a), 2);
   wl_tensor_info info;
-  wl_attach_tensor_at(e.a, 1, &info);
+  EXPECT_EQ(wl_attach_tensor_at(e.a, 2, &info), -1);
+  EXPECT_EQ(wl_attach_tensor_at(e.a, -1, &info), -1);
+  ASSERT_EQ(wl_attach_tensor_at(e.a, 1, &info), 0);
   EXPECT_STREQ(info.name, "b");
   EXPECT_STREQ(info.dtype, "F32");
   ASSERT_EQ(info.ndim, 1);
@@ -93,7 +98,6 @@ TEST(Sidecar, AnEngineReadsThePinnedVersionInPlaceAndUpdatesWaitForIt) {
   ASSERT_EQ(wl_attach_wait_version(e.a, 1, 5000, e.err, sizeof e.err), 0) << e.err;
 
   EXPECT_EQ(wl_attach_tensor(e.a, "a", nullptr), nullptr) << "a tensor before any pin";
-  uint64_t v = 0;
   ASSERT_EQ(wl_attach_pin(e.a, 5000, &v, e.err, sizeof e.err), 0) << e.err;
   EXPECT_EQ(v, 1u);
   const auto* a = static_cast<const uint8_t*>(wl_attach_tensor(e.a, "a", &info));
@@ -120,6 +124,27 @@ TEST(Sidecar, AnEngineReadsThePinnedVersionInPlaceAndUpdatesWaitForIt) {
   EXPECT_EQ(v, 3u);
   a = static_cast<const uint8_t*>(wl_attach_tensor(e.a, "a", &info));
   for (size_t i = 0; i < info.bytes; ++i) ASSERT_EQ(a[i], 3) << i;
+}
+
+// The first message lists every tensor: for 5,000 of them it is more than a socket buffer
+// holds, and reaches the engine whole all the same.
+TEST(Sidecar, AnEngineLearnsOfManyTensors) {
+  std::vector<ReceiverTensorSpec> many;
+  for (int i = 0; i < 5000; ++i) {
+    many.push_back(
+        {"model.layers." + std::to_string(i) + ".mlp.gate_up_proj.weight", DType::kBF16, {2, 4}});
+  }
+  Rig rig("many", many);
+  ASSERT_TRUE(rig.write(1).ok());
+  Engine e(rig.socket);
+  ASSERT_NE(e.a, nullptr) << e.err;
+  ASSERT_EQ(wl_attach_tensor_count(e.a), 5000);
+  uint64_t v = 0;
+  ASSERT_EQ(wl_attach_pin(e.a, 5000, &v, e.err, sizeof e.err), 0) << e.err;
+  const auto* last = static_cast<const uint8_t*>(
+      wl_attach_tensor(e.a, "model.layers.4999.mlp.gate_up_proj.weight", nullptr));
+  ASSERT_NE(last, nullptr);
+  EXPECT_EQ(last[15], 1);
 }
 
 TEST(Sidecar, AnEngineThatGoesReleasesItsPin) {

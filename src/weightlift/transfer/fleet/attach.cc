@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -98,16 +99,24 @@ std::optional<json> next_message(wl_attached& a, Clock::time_point deadline, std
 std::optional<json> request(wl_attached& a, const char* what, const char* answer, int timeout_ms,
                             std::string& error) {
   const std::string line = std::string(what) + "\n";
-  if (::send(a.fd, line.data(), line.size(), MSG_NOSIGNAL) != ssize_t(line.size())) {
+  if (::send(a.fd, line.data(), line.size(), MSG_NOSIGNAL | MSG_DONTWAIT) != ssize_t(line.size())) {
     error = std::string("sending '") + what + "' to the sidecar: " + std::strerror(errno);
     return std::nullopt;
   }
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   for (;;) {
     std::optional<json> m = next_message(a, deadline, error);
-    if (!m) return std::nullopt;
+    if (!m) {
+      // Its answer may still come, and be taken for the next request's; and a pin the
+      // sidecar granted meanwhile would be held with no one to release it. Closing the
+      // connection releases it.
+      ::shutdown(a.fd, SHUT_RDWR);
+      error += " (connection closed)";
+      return std::nullopt;
+    }
     if (m->contains("error")) {
-      error = std::string("the sidecar refused '") + what + "': " + (*m)["error"].dump();
+      error = std::string("the sidecar refused '") + what +
+              "': " + (*m)["error"].dump(-1, ' ', false, json::error_handler_t::replace);
       return std::nullopt;
     }
     if (m->contains(answer)) return m;
@@ -141,16 +150,25 @@ std::string open_attached(wl_attached& a, const char* path, int timeout_ms) {
     return "socket path: expected 1 to " + std::to_string(sizeof addr.sun_path - 1) + " characters";
   }
   std::memcpy(addr.sun_path, path, std::strlen(path));
-  a.fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (a.fd < 0 || ::connect(a.fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
-    return std::string("connecting: ") + std::strerror(errno);
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  a.fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (a.fd < 0) return std::string("socket: ") + std::strerror(errno);
+  // A full backlog (a sidecar that stopped accepting) is EAGAIN: tried again until the deadline.
+  while (::connect(a.fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
+    if (errno != EAGAIN || Clock::now() >= deadline) {
+      return std::string("connecting: ") +
+             (errno == EAGAIN ? "the sidecar accepts no one in time" : std::strerror(errno));
+    }
+    ::usleep(10000);
   }
   std::string error;
-  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   std::optional<json> hello = next_message(a, deadline, error);
   if (!hello) return error;
-  if (hello->value("format", "") != "weightlift-sidecar" ||
-      hello->value("format_version", 0) != 1) {
+  if (hello->contains("error") && (*hello)["error"].is_string()) {
+    return "refused: " + (*hello)["error"].get<std::string>();
+  }
+  if (!(*hello)["format"].is_string() || (*hello)["format"] != "weightlift-sidecar" ||
+      !(*hello)["format_version"].is_number_integer() || (*hello)["format_version"] != 1) {
     return "expected format weightlift-sidecar version 1, got " + hello->dump().substr(0, 80) +
            ": attach with the weightlift of the sidecar's build";
   }
@@ -186,8 +204,17 @@ void describe(const wl_attached::Tensor& t, wl_tensor_info* info) {
 extern "C" {
 
 wl_attached* wl_attach(const char* socket_path, int timeout_ms, char* err, size_t err_len) {
-  auto* a = new wl_attached();
-  const std::string error = open_attached(*a, socket_path, timeout_ms);
+  auto* a = new (std::nothrow) wl_attached();
+  if (a == nullptr) {
+    set_error(err, err_len, "out of memory");
+    return nullptr;
+  }
+  std::string error;
+  try {
+    error = open_attached(*a, socket_path, timeout_ms);
+  } catch (const std::exception& e) {  // nothing may cross into the engine's C
+    error = e.what();
+  }
   if (error.empty()) return a;
   set_error(err, err_len,
             "sidecar " + std::string(socket_path ? socket_path : "(null)") + ": " + error);
@@ -196,60 +223,81 @@ wl_attached* wl_attach(const char* socket_path, int timeout_ms, char* err, size_
 }
 
 uint64_t wl_attach_version(wl_attached* a) {
-  std::string ignored;
-  for (;;) {
-    while (a->in.find('\n') != std::string::npos) next_message(*a, Clock::now(), ignored);
-    const size_t before = a->in.size();
-    if (!receive(*a, 0, ignored) || a->in.size() == before) return a->version;
+  try {
+    std::string ignored;
+    for (;;) {
+      while (a->in.find('\n') != std::string::npos) next_message(*a, Clock::now(), ignored);
+      const size_t before = a->in.size();
+      if (!receive(*a, 0, ignored) || a->in.size() == before) return a->version;
+    }
+  } catch (const std::exception&) {  // nothing may cross into the engine's C
+    return a->version;
   }
 }
 
 int wl_attach_wait_version(wl_attached* a, uint64_t version, int timeout_ms, char* err,
                            size_t err_len) {
-  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-  std::string error;
-  while (wl_attach_version(a) < version) {
-    if (!next_message(*a, deadline, error)) {
-      set_error(err, err_len,
-                error + " (waiting for version " + std::to_string(version) + ", holding " +
-                    std::to_string(a->version) + ")");
-      return -1;
+  try {
+    const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+    std::string error;
+    while (wl_attach_version(a) < version) {
+      if (!next_message(*a, deadline, error)) {
+        set_error(err, err_len,
+                  error + " (waiting for version " + std::to_string(version) + ", holding " +
+                      std::to_string(a->version) + ")");
+        return -1;
+      }
     }
+    return 0;
+  } catch (const std::exception& e) {  // nothing may cross into the engine's C
+    set_error(err, err_len, e.what());
+    return -1;
   }
-  return 0;
 }
 
 int wl_attach_pin(wl_attached* a, int timeout_ms, uint64_t* version, char* err, size_t err_len) {
-  std::string error;
-  std::optional<json> m = request(*a, "pin", "pinned", timeout_ms, error);
-  if (!m || !(*m)["slot"].is_number_integer() || !(*m)["pinned"].is_number_unsigned()) {
-    set_error(err, err_len, m ? "a malformed answer to 'pin': " + m->dump() : error);
+  try {
+    std::string error;
+    std::optional<json> m = request(*a, "pin", "pinned", timeout_ms, error);
+    if (!m || !(*m)["slot"].is_number_integer() || !(*m)["pinned"].is_number_unsigned()) {
+      set_error(err, err_len, m ? "a malformed answer to 'pin': " + m->dump() : error);
+      return -1;
+    }
+    const int slot = (*m)["slot"].get<int>();
+    if (slot != 0 && slot != 1) {
+      set_error(err, err_len, "the sidecar pinned slot " + std::to_string(slot));
+      return -1;
+    }
+    a->pinned_slot = slot;
+    if (version != nullptr) *version = (*m)["pinned"].get<uint64_t>();
+    return 0;
+  } catch (const std::exception& e) {  // nothing may cross into the engine's C
+    set_error(err, err_len, e.what());
     return -1;
   }
-  const int slot = (*m)["slot"].get<int>();
-  if (slot != 0 && slot != 1) {
-    set_error(err, err_len, "the sidecar pinned slot " + std::to_string(slot));
-    return -1;
-  }
-  a->pinned_slot = slot;
-  if (version != nullptr) *version = (*m)["pinned"].get<uint64_t>();
-  return 0;
 }
 
 int wl_attach_unpin(wl_attached* a, int timeout_ms, char* err, size_t err_len) {
-  std::string error;
-  a->pinned_slot.reset();  // from here on the memory may change, whatever the answer
-  if (!request(*a, "unpin", "unpinned", timeout_ms, error)) {
-    set_error(err, err_len, error);
+  try {
+    std::string error;
+    a->pinned_slot.reset();  // from here on the memory may change, whatever the answer
+    if (!request(*a, "unpin", "unpinned", timeout_ms, error)) {
+      set_error(err, err_len, error);
+      return -1;
+    }
+    return 0;
+  } catch (const std::exception& e) {  // nothing may cross into the engine's C
+    set_error(err, err_len, e.what());
     return -1;
   }
-  return 0;
 }
 
 int wl_attach_tensor_count(const wl_attached* a) { return int(a->tensors.size()); }
 
-void wl_attach_tensor_at(const wl_attached* a, int i, wl_tensor_info* info) {
-  describe(a->tensors.at(size_t(i)), info);
+int wl_attach_tensor_at(const wl_attached* a, int i, wl_tensor_info* info) {
+  if (i < 0 || size_t(i) >= a->tensors.size()) return -1;
+  describe(a->tensors[size_t(i)], info);
+  return 0;
 }
 
 const void* wl_attach_tensor(const wl_attached* a, const char* name, wl_tensor_info* info) {

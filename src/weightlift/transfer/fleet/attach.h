@@ -17,7 +17,9 @@
  *
  * Functions returning int give 0 on success and -1 on failure, with a one-line message in
  * `err` (truncated to err_len bytes, always terminated when err_len > 0). Every wait is bounded
- * by its timeout in milliseconds. One thread at a time per wl_attached. */
+ * by its timeout in milliseconds; a request that times out closes the connection (its pin, if
+ * the sidecar granted one, goes with it), and every later call fails. One thread at a time per
+ * wl_attached. */
 #pragma once
 
 #include <stddef.h>
@@ -53,9 +55,10 @@ int wl_attach_wait_version(wl_attached* a, uint64_t version, int timeout_ms, cha
 int wl_attach_pin(wl_attached* a, int timeout_ms, uint64_t* version, char* err, size_t err_len);
 int wl_attach_unpin(wl_attached* a, int timeout_ms, char* err, size_t err_len);
 
-/* The tensors the sidecar holds, in memory order. */
+/* The tensors the sidecar holds, in memory order; wl_attach_tensor_at is -1 for an index out
+ * of range. */
 int wl_attach_tensor_count(const wl_attached* a);
-void wl_attach_tensor_at(const wl_attached* a, int i, wl_tensor_info* info);
+int wl_attach_tensor_at(const wl_attached* a, int i, wl_tensor_info* info);
 
 /* Tensor `name` of the pinned version (read-only memory: writing to it kills the process), and
  * its description in *info when info is not NULL. NULL when nothing is pinned or no tensor has

@@ -24,10 +24,15 @@ using nlohmann::json;
 
 constexpr size_t kMaxLineBytes = 4096;
 constexpr int kLookMs = 50;  // how often the thread looks at the version without a notify()
+// What may wait to be sent to one engine: the first message (about 120 bytes per tensor, so
+// 0.3 MB for seed-6.9b in fp8) and, behind it, lines of a few dozen bytes. An engine that lets
+// more than this pile up has stopped reading.
+constexpr size_t kMaxQueuedBytes = size_t(64) << 20;
 
 struct Engine {
   int fd = -1;
   std::string in;                          // bytes received, not yet a whole line
+  std::string out;                         // bytes to send, in order
   std::optional<Receiver::ReadGuard> pin;  // the version it reads, while it reads it
 };
 
@@ -63,18 +68,30 @@ struct Sidecar::Impl {
   uint64_t announced = 0;
 
   void run();
-  void accept_engines();
+  bool accept_engines();  // false: accepting failed for want of descriptors
   // False when the engine must go (it closed, sent garbage too long, or stopped reading).
   bool read_from(Engine& e);
   bool answer(Engine& e, const std::string& line);
-  static bool send_line(const Engine& e, const std::string& line);
+  // Queues `line` and sends what the socket takes now; false when the engine must go.
+  static bool send_line(Engine& e, const std::string& line);
+  static bool flush(Engine& e);
 };
 
-bool Sidecar::Impl::send_line(const Engine& e, const std::string& line) {
-  // A whole line or the engine goes: one that does not read its messages must not make the
-  // sidecar wait (its socket buffer holds thousands of these lines before this happens).
-  const ssize_t n = ::send(e.fd, line.data(), line.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-  return n == ssize_t(line.size());
+bool Sidecar::Impl::flush(Engine& e) {
+  while (!e.out.empty()) {
+    const ssize_t n = ::send(e.fd, e.out.data(), e.out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+    e.out.erase(0, size_t(n));
+  }
+  return true;
+}
+
+bool Sidecar::Impl::send_line(Engine& e, const std::string& line) {
+  // Never a blocking send: an engine that does not read its messages must not make the
+  // sidecar wait. Its queue grows instead, up to a bound.
+  if (e.out.size() + line.size() > kMaxQueuedBytes) return false;
+  e.out += line;
+  return flush(e);
 }
 
 bool Sidecar::Impl::answer(Engine& e, const std::string& line) {
@@ -84,6 +101,11 @@ bool Sidecar::Impl::answer(Engine& e, const std::string& line) {
                                               std::to_string(e.pin->version()) + "; unpin first"}})
                                   .dump() +
                               "\n");
+    }
+    if (receiver->version() == 0) {
+      // Nothing to read, and the first update writes either slot.
+      return send_line(e,
+                       json({{"error", "nothing received yet: wait for version 1"}}).dump() + "\n");
     }
     e.pin.emplace(receiver->acquire());
     return send_line(e,
@@ -112,11 +134,13 @@ bool Sidecar::Impl::read_from(Engine& e) {
   if (n < 0) return errno == EAGAIN || errno == EINTR;
   e.in.append(buf, size_t(n));
   for (size_t nl = e.in.find('\n'); nl != std::string::npos; nl = e.in.find('\n')) {
+    if (nl > kMaxLineBytes) break;  // too long, whether or not its end has come
     std::string line = e.in.substr(0, nl);
     e.in.erase(0, nl + 1);
     while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
     if (!answer(e, line)) return false;
   }
+  // What is left has no newline, or one past the limit (the loop stopped there).
   if (e.in.size() > kMaxLineBytes) {
     send_line(e, json({{"error", "a request longer than " + std::to_string(kMaxLineBytes) +
                                      " bytes; disconnected"}})
@@ -127,10 +151,12 @@ bool Sidecar::Impl::read_from(Engine& e) {
   return true;
 }
 
-void Sidecar::Impl::accept_engines() {
+bool Sidecar::Impl::accept_engines() {
   for (;;) {
     const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return;  // EAGAIN: no one else is waiting
+    // EAGAIN: no one else is waiting. Anything else (out of descriptors) leaves the engine in
+    // the backlog; the caller stops listening for one look rather than spin on it.
+    if (fd < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
     Engine e{.fd = fd};
     if (engines.size() >= size_t(kMaxSidecarClients)) {
       send_line(e, json({{"error", "this sidecar already serves " +
@@ -150,10 +176,14 @@ void Sidecar::Impl::accept_engines() {
 
 void Sidecar::Impl::run() {
   announced = receiver->version();
+  bool listening = true;
   while (!stop.load()) {
     std::vector<pollfd> fds = {{.fd = wake_fd, .events = POLLIN},
-                               {.fd = listen_fd, .events = POLLIN}};
-    for (const Engine& e : engines) fds.push_back({.fd = e.fd, .events = POLLIN});
+                               {.fd = listening ? listen_fd : -1, .events = POLLIN}};
+    for (const Engine& e : engines) {
+      fds.push_back({.fd = e.fd, .events = short(POLLIN | (e.out.empty() ? 0 : POLLOUT))});
+    }
+    listening = true;
     ::poll(fds.data(), fds.size(), kLookMs);
     if (fds[0].revents & POLLIN) {
       uint64_t drained = 0;
@@ -162,7 +192,9 @@ void Sidecar::Impl::run() {
     if (stop.load()) break;
     std::vector<bool> keep(engines.size(), true);
     for (size_t i = 0; i < engines.size(); ++i) {
-      if (fds[i + 2].revents & (POLLIN | POLLHUP | POLLERR)) keep[i] = read_from(engines[i]);
+      const short ev = fds[i + 2].revents;
+      if (ev & (POLLIN | POLLHUP | POLLERR)) keep[i] = read_from(engines[i]);
+      if (keep[i] && (ev & POLLOUT)) keep[i] = flush(engines[i]);
     }
     const uint64_t v = receiver->version();
     if (v != announced) {
@@ -181,7 +213,7 @@ void Sidecar::Impl::run() {
       }
     }
     engines = std::move(kept);
-    if (fds[1].revents & POLLIN) accept_engines();
+    if (fds[1].revents & POLLIN) listening = accept_engines();
     connected.store(int(engines.size()));
   }
   for (Engine& e : engines) ::close(e.fd);
@@ -219,15 +251,20 @@ Result<std::unique_ptr<Sidecar>> Sidecar::start(const Receiver& receiver,
     return errno_status("sidecar: bind '" + printable(path) + "'", err);
   }
   impl->socket_path = path;
+  Status failed = ok_status();
   // Only this user's engines may pin (and so hold up) this receiver.
-  ::chmod(path.c_str(), 0600);
-  impl->wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (impl->wake_fd < 0 || ::listen(impl->listen_fd, 16) != 0) {
-    const Status s = errno_status("sidecar: listen on '" + printable(path) + "'", errno);
+  if (::chmod(path.c_str(), 0600) != 0) {
+    failed = errno_status("sidecar: chmod 0600 '" + printable(path) + "'", errno);
+  } else if ((impl->wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) {
+    failed = errno_status("sidecar: eventfd", errno);
+  } else if (::listen(impl->listen_fd, 16) != 0) {
+    failed = errno_status("sidecar: listen on '" + printable(path) + "'", errno);
+  }
+  if (!failed.ok()) {
     if (impl->wake_fd >= 0) ::close(impl->wake_fd);
     ::close(impl->listen_fd);
     ::unlink(path.c_str());
-    return s;
+    return failed;
   }
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->run(); });

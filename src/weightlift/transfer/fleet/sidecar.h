@@ -2,7 +2,7 @@
 // host, the CPU form of checkpoint-engine's IPC hand-off. The receiver (layout/receiver.h) keeps
 // both slots in a named shared-memory object; the engine maps it read-only and talks to the
 // sidecar over a Unix socket, so it needs none of weightlift's code beyond the attach call
-// (python/weightlift/attach.py; docs/formats.md has the protocol).
+// (fleet/attach.h in C, python/weightlift/sidecar.py; docs/formats.md has the protocol).
 //
 // Over the socket, one JSON object per line:
 //   sidecar -> engine, on connect:  {"format": "weightlift-sidecar", "format_version": 1,
@@ -12,15 +12,17 @@
 //   sidecar -> engine, whenever a new version is published:  {"version": v}
 //   engine -> sidecar:  "pin"    answered {"pinned": v, "slot": s}: version v sits at
 //                                byte s * slot_bytes of the mapping, and no update writes
-//                                there until the engine unpins (or its connection closes)
+//                                there until the engine unpins (or its connection closes);
+//                                refused before version 1 has arrived
 //                       "unpin"  answered {"unpinned": v}
 //   anything else is answered {"error": "..."}.
-// A pin held past an update's timeout makes that update fail for this receiver (it keeps the
-// version it has), as a reader held in-process would: the engine decides how long it reads.
+// A pin held across two updates makes the second wait for it and fail at the receiver's
+// timeout, as a reader held in-process would, and so the whole round with it (nothing is
+// written anywhere): the engine decides how long it reads.
 //
 // Hostile or careless engines: a line longer than 4 KiB, more than kMaxSidecarClients engines,
-// or an engine that stops reading its messages is disconnected (its pin released); nothing an
-// engine sends can block the receiver.
+// or an engine that lets 64 MiB of messages pile up unread is disconnected (its pin released);
+// nothing an engine sends, or fails to read, blocks the sidecar's thread.
 //
 // Threads: one of its own, serving the socket; notify() from any thread.
 #pragma once

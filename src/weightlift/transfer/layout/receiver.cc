@@ -208,7 +208,8 @@ Status Receiver::begin_write(int slot, comm::Deadline deadline) {
   if (!released_.wait_until(lock, deadline,
                             [&]() WL_NO_THREAD_SAFETY_ANALYSIS { return readers_[slot] == 0; })) {
     return deadline_exceeded("receiver: " + std::to_string(readers_[slot]) +
-                             " reader(s) still hold version " + std::to_string(version_ - 1) +
+                             " reader(s) still hold version " +
+                             std::to_string(version_ == 0 ? 0 : version_ - 1) +
                              "'s weights; cannot write the next version into them");
   }
   set_status(version_, version_ + 1);
