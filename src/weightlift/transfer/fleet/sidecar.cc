@@ -37,7 +37,7 @@ struct Engine {
 };
 
 // The first message: what the mapping holds and where.
-std::string hello_line(const Receiver& r) {
+json hello(const Receiver& r) {
   json j = {{"format", "weightlift-sidecar"},   {"format_version", 1},
             {"shm", r.options().shared_memory}, {"slot_bytes", r.slot_bytes()},
             {"bytes", 2 * r.slot_bytes()},      {"version", r.version()}};
@@ -50,7 +50,7 @@ std::string hello_line(const Receiver& r) {
                        {"bytes", e.bytes}});
   }
   j["tensors"] = std::move(tensors);
-  return j.dump() + "\n";
+  return j;
 }
 
 }  // namespace
@@ -74,6 +74,8 @@ struct Sidecar::Impl {
   bool answer(Engine& e, const std::string& line);
   // Queues `line` and sends what the socket takes now; false when the engine must go.
   static bool send_line(Engine& e, const std::string& line);
+  static bool send(Engine& e, const json& message) { return send_line(e, message.dump() + "\n"); }
+  static bool send_error(Engine& e, const std::string& what) { return send(e, {{"error", what}}); }
   static bool flush(Engine& e);
 };
 
@@ -97,34 +99,27 @@ bool Sidecar::Impl::send_line(Engine& e, const std::string& line) {
 bool Sidecar::Impl::answer(Engine& e, const std::string& line) {
   if (line == "pin") {
     if (e.pin) {
-      return send_line(e, json({{"error", "already pinned version " +
-                                              std::to_string(e.pin->version()) + "; unpin first"}})
-                                  .dump() +
-                              "\n");
+      return send_error(
+          e, "already pinned version " + std::to_string(e.pin->version()) + "; unpin first");
     }
     if (receiver->version() == 0) {
       // Nothing to read, and the first update writes either slot.
-      return send_line(e,
-                       json({{"error", "nothing received yet: wait for version 1"}}).dump() + "\n");
+      return send_error(e, "nothing received yet: wait for version 1");
     }
     e.pin.emplace(receiver->acquire());
-    return send_line(e,
-                     json({{"pinned", e.pin->version()}, {"slot", e.pin->slot()}}).dump() + "\n");
+    return send(e, {{"pinned", e.pin->version()}, {"slot", e.pin->slot()}});
   }
   if (line == "unpin") {
-    if (!e.pin) return send_line(e, json({{"error", "nothing is pinned"}}).dump() + "\n");
+    if (!e.pin) return send_error(e, "nothing is pinned");
     const uint64_t v = e.pin->version();
     e.pin.reset();
-    return send_line(e, json({{"unpinned", v}}).dump() + "\n");
+    return send(e, {{"unpinned", v}});
   }
   std::string shown = line.substr(0, 40);
   for (char& c : shown) {
     if (c < 0x20 || c > 0x7e) c = '?';
   }
-  return send_line(
-      e,
-      json({{"error", "unknown request '" + shown + "': expected \"pin\" or \"unpin\""}}).dump() +
-          "\n");
+  return send_error(e, "unknown request '" + shown + "': expected \"pin\" or \"unpin\"");
 }
 
 bool Sidecar::Impl::read_from(Engine& e) {
@@ -142,10 +137,8 @@ bool Sidecar::Impl::read_from(Engine& e) {
   }
   // What is left has no newline, or one past the limit (the loop stopped there).
   if (e.in.size() > kMaxLineBytes) {
-    send_line(e, json({{"error", "a request longer than " + std::to_string(kMaxLineBytes) +
-                                     " bytes; disconnected"}})
-                         .dump() +
-                     "\n");
+    send_error(e,
+               "a request longer than " + std::to_string(kMaxLineBytes) + " bytes; disconnected");
     return false;
   }
   return true;
@@ -159,14 +152,12 @@ bool Sidecar::Impl::accept_engines() {
     if (fd < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
     Engine e{.fd = fd};
     if (engines.size() >= size_t(kMaxSidecarClients)) {
-      send_line(e, json({{"error", "this sidecar already serves " +
-                                       std::to_string(kMaxSidecarClients) + " engines"}})
-                           .dump() +
-                       "\n");
+      send_error(e,
+                 "this sidecar already serves " + std::to_string(kMaxSidecarClients) + " engines");
       ::close(fd);
       continue;
     }
-    if (!send_line(e, hello_line(*receiver))) {
+    if (!send(e, hello(*receiver))) {
       ::close(fd);
       continue;
     }

@@ -149,24 +149,47 @@ SpecTensor spec_tensor_from_json(const json& j) {
   return t;
 }
 
-// Our MoE model's and the Llama layout's shared shape: a layer's attention and norms.
+// What our MoE model's layout and the Llama layout share: norms and other tensors held whole,
+// attention fused into qkv_proj and split by heads, an MLP (or an expert) fused into
+// gate_up_proj. Names are relative to a prefix ("layers.3.attn.", "model.layers.3.mlp.").
 struct Adder {
   LayoutSpec& spec;
+  const model::ModelConfig& c;
   WeightFormat format;
   // A tensor held whole, under its own name, in bf16.
   void plain(const std::string& name, Shape shape) {
     spec.params[name] = std::move(shape);
     spec.tensors.push_back({.name = name, .sources = {name}});
   }
-  void param(const std::string& name, Shape shape) { spec.params[name] = std::move(shape); }
   void matrix(const std::string& name, std::vector<std::string> sources, SplitKind split,
-              int64_t head_dim, bool expert) {
+              bool expert) {
     spec.tensors.push_back({.name = name,
                             .sources = std::move(sources),
                             .split = split,
-                            .head_dim = head_dim,
+                            .head_dim = split == SplitKind::kHeads ? c.head_dim : 0,
                             .dtype = format,
                             .expert = expert});
+  }
+  // q/k/v_proj into qkv_proj by heads (kv heads replicated below the TP degree), o_proj by rows.
+  void attention(const std::string& p) {
+    const int64_t d = c.hidden_size, dh = c.head_dim;
+    spec.params[p + "q_proj.weight"] = {c.num_heads * dh, d};
+    spec.params[p + "k_proj.weight"] = {c.num_kv_heads * dh, d};
+    spec.params[p + "v_proj.weight"] = {c.num_kv_heads * dh, d};
+    spec.params[p + "o_proj.weight"] = {d, c.num_heads * dh};
+    matrix(p + "qkv_proj.weight", {p + "q_proj.weight", p + "k_proj.weight", p + "v_proj.weight"},
+           SplitKind::kHeads, false);
+    matrix(p + "o_proj.weight", {p + "o_proj.weight"}, SplitKind::kRow, false);
+  }
+  // gate/up_proj into gate_up_proj by columns, down_proj by rows.
+  void mlp(const std::string& p, bool expert) {
+    const int64_t d = c.hidden_size;
+    spec.params[p + "gate_proj.weight"] = {c.ffn_dim, d};
+    spec.params[p + "up_proj.weight"] = {c.ffn_dim, d};
+    spec.params[p + "down_proj.weight"] = {d, c.ffn_dim};
+    matrix(p + "gate_up_proj.weight", {p + "gate_proj.weight", p + "up_proj.weight"},
+           SplitKind::kColumn, expert);
+    matrix(p + "down_proj.weight", {p + "down_proj.weight"}, SplitKind::kRow, expert);
   }
 };
 
@@ -243,30 +266,17 @@ std::string layout_spec_to_json(const LayoutSpec& spec) {
 
 LayoutSpec moe_layout_spec(const model::ModelConfig& c, WeightFormat format) {
   LayoutSpec spec{.name = "weightlift-moe"};
-  Adder add{spec, format};
-  const int64_t d = c.hidden_size, dh = c.head_dim;
+  Adder add{spec, c, format};
+  const int64_t d = c.hidden_size;
   add.plain("embed.weight", {c.vocab_size, d});
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     add.plain(p + "attn_norm.weight", {d});
-    add.param(p + "attn.q_proj.weight", {c.num_heads * dh, d});
-    add.param(p + "attn.k_proj.weight", {c.num_kv_heads * dh, d});
-    add.param(p + "attn.v_proj.weight", {c.num_kv_heads * dh, d});
-    add.param(p + "attn.o_proj.weight", {d, c.num_heads * dh});
-    add.matrix(p + "attn.qkv_proj.weight",
-               {p + "attn.q_proj.weight", p + "attn.k_proj.weight", p + "attn.v_proj.weight"},
-               SplitKind::kHeads, dh, false);
-    add.matrix(p + "attn.o_proj.weight", {p + "attn.o_proj.weight"}, SplitKind::kRow, 0, false);
+    add.attention(p + "attn.");
     add.plain(p + "moe_norm.weight", {d});
     add.plain(p + "moe.router.weight", {c.num_experts, d});
     for (int64_t e = 0; e < c.num_experts; ++e) {
-      const std::string x = p + "moe.experts." + std::to_string(e) + ".";
-      add.param(x + "gate_proj.weight", {c.ffn_dim, d});
-      add.param(x + "up_proj.weight", {c.ffn_dim, d});
-      add.param(x + "down_proj.weight", {d, c.ffn_dim});
-      add.matrix(x + "gate_up_proj.weight", {x + "gate_proj.weight", x + "up_proj.weight"},
-                 SplitKind::kColumn, 0, true);
-      add.matrix(x + "down_proj.weight", {x + "down_proj.weight"}, SplitKind::kRow, 0, true);
+      add.mlp(p + "moe.experts." + std::to_string(e) + ".", true);
     }
   }
   add.plain("norm.weight", {d});
@@ -276,30 +286,15 @@ LayoutSpec moe_layout_spec(const model::ModelConfig& c, WeightFormat format) {
 
 LayoutSpec llama_hf_layout_spec(const model::ModelConfig& c, WeightFormat format) {
   LayoutSpec spec{.name = "llama-hf"};
-  Adder add{spec, format};
-  const int64_t d = c.hidden_size, dh = c.head_dim;
+  Adder add{spec, c, format};
+  const int64_t d = c.hidden_size;
   add.plain("model.embed_tokens.weight", {c.vocab_size, d});
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     add.plain(p + "input_layernorm.weight", {d});
-    add.param(p + "self_attn.q_proj.weight", {c.num_heads * dh, d});
-    add.param(p + "self_attn.k_proj.weight", {c.num_kv_heads * dh, d});
-    add.param(p + "self_attn.v_proj.weight", {c.num_kv_heads * dh, d});
-    add.param(p + "self_attn.o_proj.weight", {d, c.num_heads * dh});
-    add.matrix(p + "self_attn.qkv_proj.weight",
-               {p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
-                p + "self_attn.v_proj.weight"},
-               SplitKind::kHeads, dh, false);
-    add.matrix(p + "self_attn.o_proj.weight", {p + "self_attn.o_proj.weight"}, SplitKind::kRow, 0,
-               false);
+    add.attention(p + "self_attn.");
     add.plain(p + "post_attention_layernorm.weight", {d});
-    add.param(p + "mlp.gate_proj.weight", {c.ffn_dim, d});
-    add.param(p + "mlp.up_proj.weight", {c.ffn_dim, d});
-    add.param(p + "mlp.down_proj.weight", {d, c.ffn_dim});
-    add.matrix(p + "mlp.gate_up_proj.weight",
-               {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}, SplitKind::kColumn, 0,
-               false);
-    add.matrix(p + "mlp.down_proj.weight", {p + "mlp.down_proj.weight"}, SplitKind::kRow, 0, false);
+    add.mlp(p + "mlp.", false);
   }
   add.plain("model.norm.weight", {d});
   if (!c.tie_embeddings) add.plain("lm_head.weight", {c.vocab_size, d});
