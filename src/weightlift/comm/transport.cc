@@ -49,10 +49,25 @@ constexpr auto kCloseLimit = std::chrono::seconds(2);
 // waits for.
 constexpr int kSpinsBeforeYield = 64;
 
+// Shared memory changes hands at one process-wide point. Ranks in the thread tests share a
+// process, and UCX maps one rank's System V segments into another rank's thread; when a
+// segment is detached, a later one (another rank's arena) may be attached at the same
+// address. ThreadSanitizer sees neither shmdt nor shmat, so the new owner's first writes were
+// checked against the old owner's, with no order between them: a false race (seen in
+// Checkpoint.AnExpertParallelOneResumesAndLoadsIntoOtherLayouts). Passing this lock after
+// every unmapping and before every first use of a new mapping orders them, for
+// ThreadSanitizer as for anyone reasoning about it; it is taken only when memory is mapped
+// or released, never per transfer.
+void order_mapping_change() {
+  static std::mutex order;
+  const std::lock_guard lock(order);
+}
+
 struct UcxContext {
   ucp_context_h handle = nullptr;
   ~UcxContext() {
     if (handle) ucp_cleanup(handle);
+    order_mapping_change();
   }
 };
 
@@ -344,6 +359,7 @@ WorkerImpl::~WorkerImpl() {
     for (auto& p : peers) close_peer(*p, true, closed);
   }
   if (worker) ucp_worker_destroy(worker);
+  order_mapping_change();
 }
 
 // ---- Request ------------------------------------------------------------------------------
@@ -383,6 +399,14 @@ Worker::Worker(std::unique_ptr<WorkerImpl> impl) : impl_(std::move(impl)) {}
 Worker::~Worker() = default;
 
 namespace {
+
+// A mapped region's handle, unmapped when its last holder lets go.
+std::shared_ptr<void> owned_memory(std::shared_ptr<UcxContext> context, ucp_mem_h memh) {
+  return std::shared_ptr<void>(memh, [context = std::move(context)](void* m) {
+    ucp_mem_unmap(context->handle, static_cast<ucp_mem_h>(m));
+    order_mapping_change();
+  });
+}
 
 // Zeroes a region UCX has just mapped for us. Under ThreadSanitizer the stores are not
 // observed: UCX may place the region where an earlier world's System V segment was detached
@@ -606,9 +630,7 @@ Result<MemoryRegion> Worker::register_memory(void* data, size_t bytes) {
   MemoryRegion region;
   region.data_ = data;
   region.bytes_ = bytes;
-  std::shared_ptr<UcxContext> keep = impl_->context;
-  region.handle_ = std::shared_ptr<void>(
-      memh, [keep](void* m) { ucp_mem_unmap(keep->handle, static_cast<ucp_mem_h>(m)); });
+  region.handle_ = owned_memory(impl_->context, memh);
   void* packed = nullptr;
   size_t packed_len = 0;
   s = ucp_rkey_pack(ctx, memh, &packed, &packed_len);
@@ -634,9 +656,7 @@ Result<MemoryRegion> Worker::allocate_memory(size_t bytes) {
     return ucs_failure(
         s, impl_->name + ": allocating " + std::to_string(bytes) + " bytes of registered memory");
   }
-  std::shared_ptr<UcxContext> keep = impl_->context;
-  std::shared_ptr<void> handle(
-      memh, [keep](void* m) { ucp_mem_unmap(keep->handle, static_cast<ucp_mem_h>(m)); });
+  std::shared_ptr<void> handle = owned_memory(impl_->context, memh);
   ucp_mem_attr_t attr{};
   attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
   s = ucp_mem_query(memh, &attr);
@@ -646,6 +666,7 @@ Result<MemoryRegion> Worker::allocate_memory(size_t bytes) {
   region.data_ = attr.address;
   region.bytes_ = bytes;
   region.handle_ = std::move(handle);
+  order_mapping_change();
   zero_fresh_region(region.data_, bytes);
   void* packed = nullptr;
   size_t packed_len = 0;
@@ -663,6 +684,7 @@ void* Worker::remote_pointer(const RemoteKey& rkey, uint64_t remote_address) con
   if (ucp_rkey_ptr(static_cast<ucp_rkey_h>(rkey.handle_.get()), remote_address, &p) != UCS_OK) {
     return nullptr;
   }
+  order_mapping_change();  // UCX may attach the segment here
   return p;
 }
 
@@ -674,11 +696,14 @@ Result<RemoteKey> Worker::unpack_rkey(int peer, std::span<const std::byte> packe
   if (s != UCS_OK) {
     return data_loss(impl_->name + ": unpacking an rkey from " + p->name + ": " + ucs_text(s));
   }
+  order_mapping_change();  // or here
   RemoteKey key;
   key.peer_ = peer;
   std::shared_ptr<UcxContext> keep = impl_->context;
-  key.handle_ = std::shared_ptr<void>(
-      rkey, [keep](void* k) { ucp_rkey_destroy(static_cast<ucp_rkey_h>(k)); });
+  key.handle_ = std::shared_ptr<void>(rkey, [keep](void* k) {
+    ucp_rkey_destroy(static_cast<ucp_rkey_h>(k));
+    order_mapping_change();
+  });
   return key;
 }
 
