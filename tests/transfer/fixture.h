@@ -9,6 +9,7 @@
 #include <array>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -206,11 +207,10 @@ inline Result<std::unique_ptr<UpdateExecutor>> make_executor(Rank& r, const Plan
                                .bucket_bytes = bucket_bytes});
 }
 
-// Every tensor the receiver holds equals the reference, byte for byte.
-inline void expect_matches_reference(const Receiver& receiver, const model::ModelConfig& c,
-                                     const LayoutOptions& layout, std::span<const float> held,
-                                     uint64_t version) {
-  const auto ref = reference_receiver_tensors(c, layout, held);
+// Every tensor the receiver holds equals `ref`, byte for byte, at `version`.
+inline void expect_holds(const Receiver& receiver,
+                         const std::map<std::string, ReferenceTensor>& ref,
+                         const LayoutOptions& layout, uint64_t version) {
   Receiver::ReadGuard g = receiver.acquire();
   EXPECT_EQ(g.version(), version);
   ASSERT_EQ(receiver.entries().size(), ref.size());
@@ -224,6 +224,13 @@ inline void expect_matches_reference(const Receiver& receiver, const model::Mode
         << e.spec.name << " (tp rank " << layout.tp_rank << "): first differing byte "
         << (diff.first - p) << " of " << want.bytes.size();
   }
+}
+
+// The same against the reference transform of our model's weights.
+inline void expect_matches_reference(const Receiver& receiver, const model::ModelConfig& c,
+                                     const LayoutOptions& layout, std::span<const float> held,
+                                     uint64_t version) {
+  expect_holds(receiver, reference_receiver_tensors(c, layout, held), layout, version);
 }
 
 // No tensor byte of `slot` was ever written (the padding between tensors is the canaries'

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "fixture.h"
+#include "weightlift/transfer/layout/layout_spec.h"
 #include "weightlift/transfer/plan/offline_metadata.h"
 #include "weightlift/transfer/plan/planner.h"
 
@@ -209,6 +210,75 @@ TEST(Planner, RefusesBadInputNamingTensorAndRank) {
   dtype[2].tensors[2].dtype = DType::kBF16;  // layers.0.attn.qkv_proj.weight: e4m3 in fp8
   expect_refused(dtype, StatusCode::kInvalidArgument,
                  {"receiver rank 2", dtype[2].tensors[2].name, "F8_E4M3"});
+}
+
+// Trainers holding another model's weights (a layout spec, not our config): whole meshes of
+// one spec, receivers made of what the spec says at their TP rank; a spec whose split does
+// not divide, a trainer of another spec or of our model, and a metadata record with neither
+// or both are refused naming the rank.
+RankMeta spec_trainer(const LayoutSpec& spec, int rank, int mesh_rank, int mesh_size) {
+  RankMeta m{.rank = rank, .role = Role::kTrainer};
+  m.layout_json = layout_spec_to_json(spec);
+  m.mesh_rank = mesh_rank;
+  m.mesh_size = mesh_size;
+  for (const auto& [name, shape] : spec.params) {
+    const ShardRows r = shard_rows(shape[0], mesh_size, mesh_rank);
+    m.params.push_back({name, shape, DType::kF32, r.begin, r.end, false});
+  }
+  return m;
+}
+
+TEST(Planner, PlansALayoutSpecsModelAndRefusesWhatDoesNotFit) {
+  const model::ModelConfig c = preset_or_die("tiny");
+  const LayoutSpec spec = llama_hf_layout_spec(c, WeightFormat::kFP8);
+  std::vector<RankMeta> world = {spec_trainer(spec, 0, 0, 2), spec_trainer(spec, 1, 1, 2)};
+  for (int r = 0; r < 2; ++r) {
+    const LayoutOptions o{.tp = 2, .tp_rank = r, .format = WeightFormat::kFP8};
+    auto lay = spec_layout(spec, 2, r);
+    ASSERT_TRUE(lay.ok()) << lay.status().to_string();
+    world.push_back(paper_receiver(2 + r, tensor_specs(*lay), o));
+  }
+  auto plan = make_plan(world);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_TRUE(plan->config_json.empty());
+  bool fused = false;
+  for (const PlanTask& t : plan->tasks) {
+    fused |= t.tensor == "model.layers.0.self_attn.qkv_proj.weight" && t.quantized();
+  }
+  EXPECT_TRUE(fused);
+  auto back = plan_from_json(plan_to_json(*plan), "test");
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(plan_to_json(*back), plan_to_json(*plan));
+
+  auto tp3 = world;
+  tp3[3].tp = 3;
+  expect_refused(tp3, StatusCode::kInvalidArgument,
+                 {"receiver rank 3", "layout 'llama-hf' at tp 3", "self_attn.qkv_proj.weight"});
+
+  LayoutSpec other = spec;
+  other.name = "llama-hf-2";
+  auto mixed = world;
+  mixed[1] = spec_trainer(other, 1, 1, 2);
+  expect_refused(mixed, StatusCode::kInvalidArgument,
+                 {"trainer rank 1", "layout spec differs from trainer rank 0's"});
+
+  auto ours = world;
+  ours[1] = paper_trainer(c, 1, 0, 1, 2);
+  expect_refused(ours, StatusCode::kInvalidArgument,
+                 {"trainer rank 1", "our model's weights, trainer rank 0 the other kind"});
+
+  // On the wire: "config" or "layout", not both, not neither.
+  RankMeta both = world[0];
+  both.config_json = model::config_to_json(c);
+  RankMeta neither = world[0];
+  neither.layout_json.clear();
+  for (const RankMeta& bad : {both, neither}) {
+    auto m = metadata_from_json(metadata_to_json(bad), "rank 0's metadata");
+    ASSERT_FALSE(m.ok());
+    EXPECT_NE(m.status().message().find("exactly one of \"config\" and \"layout\""),
+              std::string::npos)
+        << m.status().to_string();
+  }
 }
 
 // plan_offline: the job a command line describes, planned as a running job would be.

@@ -6,9 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
+#include <map>
 
 #include "fixture.h"
+#include "weightlift/core/random.h"
+#include "weightlift/transfer/layout/layout_spec.h"
 #include "weightlift/transfer/layout/reference_transform.h"
 #include "weightlift/transfer/modes/update_executor.h"
 #include "weightlift/transfer/plan/plan_transfer.h"
@@ -263,6 +267,128 @@ TEST(P2pUpdate, ReadersNeverSeeTwoVersionsMixed) {
   });
   EXPECT_EQ(torn.load(), 0);
   EXPECT_GT(reads.load(), 0);
+}
+
+// Another model's weights, every parameter of `spec` by name, with row magnitudes 2^-6 .. 2^2
+// (fp8 block scales differ) and values by `seed`.
+std::map<std::string, std::vector<float>> random_params(const LayoutSpec& spec, uint64_t seed) {
+  std::map<std::string, std::vector<float>> out;
+  Rng rng(seed);
+  for (const auto& [name, shape] : spec.params) {
+    const int64_t cols = shape.size() == 2 ? shape[1] : 1;
+    std::vector<float>& v = out[name];
+    v.resize(size_t(shape_numel(shape)));
+    for (size_t i = 0; i < v.size(); ++i) {
+      v[i] = (2.0f * rng.uniform() - 1.0f) * std::ldexp(1.0f, int((int64_t(i) / cols) % 9) - 6);
+    }
+  }
+  return out;
+}
+
+std::vector<NamedTensor> named(const LayoutSpec& spec,
+                               const std::map<std::string, std::vector<float>>& params) {
+  std::vector<NamedTensor> out;
+  for (const auto& [name, v] : params) {
+    out.push_back({name, DType::kF32, spec.params.at(name), v.data()});
+  }
+  return out;
+}
+
+// A Llama with Hugging Face's names (layout_spec.h's built-in spec), not our model: trainers
+// hold its parameters under those names (TrainerWeights::from_spec), receivers hold what the
+// spec fuses (qkv_proj, gate_up_proj) at their TP rank. After each of two updates every
+// receiver tensor equals the reference transform's, which picks heads and rows by itself.
+void run_spec_case(int mesh_size, int tp, WeightFormat format) {
+  SCOPED_TRACE("llama-hf, mesh of " + std::to_string(mesh_size) + ", tp " + std::to_string(tp) +
+               " " + std::string(weight_format_name(format)));
+  const model::ModelConfig c = preset_or_die("tiny");
+  const LayoutSpec spec = llama_hf_layout_spec(c, WeightFormat::kFP8);
+  const auto a = random_params(spec, 1), b = random_params(spec, 2);
+  testing::run_world_keeping(mesh_size + tp, [&](int rank, std::shared_ptr<comm::Group> world) {
+    auto r = std::make_shared<Rank>();
+    r->world = world;
+    const bool trainer = rank < mesh_size;
+    auto mesh = world->split({.color = trainer ? 0 : comm::kNoColor, .key = rank});
+    EXPECT_TRUE(mesh.ok()) << mesh.status().to_string();
+    if (!mesh.ok()) return std::shared_ptr<void>(r);
+    if (trainer) {
+      const std::vector<NamedTensor> tensors = named(spec, a);
+      EXPECT_TRUE(check_named_tensors(spec, tensors).ok());
+      r->weights = std::make_unique<TrainerWeights>(
+          TrainerWeights::from_spec(spec, tensors, *mesh, {.dtype = DType::kF32}));
+      r->meta = describe_trainer(rank, *r->weights);
+    } else {
+      r->layout = {.tp = tp, .tp_rank = rank - mesh_size, .format = format};
+      auto lay = spec_layout(spec_in_format(spec, format), tp, r->layout.tp_rank);
+      EXPECT_TRUE(lay.ok()) << lay.status().to_string();
+      if (!lay.ok()) return std::shared_ptr<void>(r);
+      auto rc = Receiver::create(world->worker(), {.tensors = tensor_specs(*lay),
+                                                   .tp = tp,
+                                                   .tp_rank = r->layout.tp_rank,
+                                                   .format = format});
+      EXPECT_TRUE(rc.ok()) << rc.status().to_string();
+      if (!rc.ok()) return std::shared_ptr<void>(r);
+      r->receiver = std::move(*rc);
+      r->meta = describe_receiver(rank, *r->receiver);
+    }
+    auto plan = plan_transfer(*world, r->meta);
+    EXPECT_TRUE(plan.ok()) << plan.status().to_string();
+    if (!plan.ok()) return std::shared_ptr<void>(r);
+    auto ex = testing::make_executor(*r, *plan);
+    EXPECT_TRUE(ex.ok()) << ex.status().to_string();
+    if (!ex.ok()) return std::shared_ptr<void>(r);
+    for (int v = 1; v <= 2; ++v) {
+      if (trainer && v == 2) r->weights->assign_named(named(spec, b));
+      auto rep = guarded_update(**ex, *r, {.checksums = true});
+      EXPECT_TRUE(rep.ok()) << rep.status().to_string();
+      if (!rep.ok() || trainer) continue;
+      testing::expect_holds(*r->receiver,
+                            reference_llama_hf_tensors(c, r->layout, v == 1 ? a : b, spec.params),
+                            r->layout, uint64_t(v));
+    }
+    return std::shared_ptr<void>(r);
+  });
+}
+
+TEST(P2pUpdate, AnyModelsLayoutSpecBitExactTp1And2Bf16AndFp8) {
+  run_spec_case(1, 1, WeightFormat::kBF16);
+  run_spec_case(2, 2, WeightFormat::kBF16);
+  run_spec_case(2, 2, WeightFormat::kFP8);
+}
+
+// The naive and broadcast modes know our model's parameters only: a plan for another model's
+// weights is refused by every rank, before anything moves.
+TEST(P2pUpdate, OnlyP2pMovesALayoutSpecsModel) {
+  const model::ModelConfig c = preset_or_die("tiny");
+  const LayoutSpec spec = llama_hf_layout_spec(c, WeightFormat::kBF16);
+  const auto a = random_params(spec, 1);
+  run_world(2, [&](int rank, std::shared_ptr<comm::Group> world) {
+    Rank r;
+    r.world = world;
+    auto mesh = world->split({.color = rank == 0 ? 0 : comm::kNoColor, .key = rank});
+    ASSERT_TRUE(mesh.ok());
+    if (rank == 0) {
+      r.weights = std::make_unique<TrainerWeights>(
+          TrainerWeights::from_spec(spec, named(spec, a), *mesh, {.dtype = DType::kF32}));
+      r.meta = describe_trainer(rank, *r.weights);
+    } else {
+      auto lay = spec_layout(spec, 1, 0);
+      ASSERT_TRUE(lay.ok());
+      auto rc = Receiver::create(world->worker(), {.tensors = tensor_specs(*lay)});
+      ASSERT_TRUE(rc.ok());
+      r.receiver = std::move(*rc);
+      r.meta = describe_receiver(rank, *r.receiver);
+    }
+    auto plan = plan_transfer(*world, r.meta);
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    EXPECT_TRUE(plan->config_json.empty());
+    for (TransferMode m : {TransferMode::kNaive, TransferMode::kBroadcast}) {
+      auto ex = testing::make_executor(r, *plan, m);
+      ASSERT_FALSE(ex.ok());
+      EXPECT_NE(ex.status().message().find("moves weightlift's own model only"), std::string::npos)
+          << ex.status().to_string();
+    }
+  });
 }
 
 }  // namespace

@@ -228,6 +228,13 @@ Result<std::vector<ReceiverTensor>> spec_layout(const LayoutSpec& spec, int tp, 
   return out;
 }
 
+LayoutSpec spec_in_format(LayoutSpec spec, WeightFormat format) {
+  if (format == WeightFormat::kBF16) {
+    for (SpecTensor& t : spec.tensors) t.dtype = WeightFormat::kBF16;
+  }
+  return spec;
+}
+
 Result<LayoutSpec> layout_spec_from_json(std::string_view text, std::string_view where) {
   return read_record<LayoutSpec>(text, where, kLayoutSpecFormat,
                                  [](const json& j) -> Result<LayoutSpec> {

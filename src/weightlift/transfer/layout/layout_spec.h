@@ -70,6 +70,10 @@ struct LayoutSpec {
 // gives them for our model.
 Result<std::vector<ReceiverTensor>> spec_layout(const LayoutSpec& spec, int tp, int tp_rank);
 
+// `spec` as a receiver of `format` holds it: kBF16 turns its fp8 tensors into bf16 ones (an fp8
+// tensor of a spec is one an fp8 receiver quantizes); kFP8 leaves it as it is.
+LayoutSpec spec_in_format(LayoutSpec spec, WeightFormat format);
+
 // JSON as in the top comment. DataLoss naming `where` for malformed JSON or fields;
 // FailedPrecondition for another format version.
 Result<LayoutSpec> layout_spec_from_json(std::string_view text, std::string_view where);

@@ -17,29 +17,39 @@ struct Matrix {
   std::vector<float> v;  // [rows, cols]
 };
 
+// The trainer's parameters by name, each f32 [rows, cols] (a 1-D [n] is [n, 1]).
 class Source {
  public:
-  Source(const model::ModelConfig& c, std::span<const float> full) : layout_(c), full_(full) {
-    WL_CHECK_EQ(int64_t(full.size()), layout_.total());
+  struct Param {
+    Shape shape;
+    const float* data = nullptr;
+  };
+  void add(const std::string& name, Shape shape, const float* data) {
+    params_[name] = {std::move(shape), data};
   }
+  const Shape& shape(const std::string& name) const { return at(name).shape; }
   // Rows [r0, r1), columns [c0, c1) of a parameter viewed as [rows, cols].
   Matrix block(const std::string& name, int64_t r0, int64_t r1, int64_t c0, int64_t c1) const {
-    const model::ParamInfo& p = layout_.at(name);
+    const Param& p = at(name);
     const int64_t cols = p.shape.size() == 2 ? p.shape[1] : 1;
     Matrix m{r1 - r0, c1 - c0, {}};
     for (int64_t i = r0; i < r1; ++i) {
-      for (int64_t j = c0; j < c1; ++j) m.v.push_back(full_[size_t(p.offset + i * cols + j)]);
+      for (int64_t j = c0; j < c1; ++j) m.v.push_back(p.data[i * cols + j]);
     }
     return m;
   }
   Matrix whole(const std::string& name) const {
-    const model::ParamInfo& p = layout_.at(name);
-    return block(name, 0, p.shape[0], 0, p.shape.size() == 2 ? p.shape[1] : 1);
+    const Shape& s = shape(name);
+    return block(name, 0, s[0], 0, s.size() == 2 ? s[1] : 1);
   }
 
  private:
-  model::ParamLayout layout_;
-  std::span<const float> full_;
+  const Param& at(const std::string& name) const {
+    auto it = params_.find(name);
+    WL_CHECK(it != params_.end()) << "reference transform: no parameter '" << name << "'";
+    return it->second;
+  }
+  std::map<std::string, Param> params_;
 };
 
 Matrix stack(std::vector<Matrix> parts) {
@@ -86,70 +96,116 @@ void quantize(const Matrix& m, ReferenceTensor* q, ReferenceTensor* s) {
   }
 }
 
+// Receiver tensors one at a time, for TP rank r of tp: the fused attention and MLP matrices
+// (qkv_proj, o_proj, gate_up_proj, down_proj under a prefix, as our model and Hugging Face's
+// Llama name them alike) and plain tensors replicated whole.
+class Reference {
+ public:
+  Reference(const model::ModelConfig& c, const LayoutOptions& o, const Source& src)
+      : c_(c), o_(o), src_(src) {
+    WL_CHECK(c.num_heads % o.tp == 0 && c.ffn_dim % o.tp == 0) << "tp " << o.tp;
+  }
+
+  void plain(const std::string& name) { out_[name] = to_bf16(src_.whole(name), src_.shape(name)); }
+
+  // Query heads h with h * tp / H == r; kv heads by the same rule, or, when there are fewer kv
+  // heads than ranks, the kv head that query head (r * H / tp) uses (repeat_kv). o_proj: the
+  // input columns of this rank's query heads.
+  void attention(const std::string& p) {
+    const int64_t tp = o_.tp, r = o_.tp_rank, d = c_.hidden_size, dh = c_.head_dim;
+    const int64_t hq = c_.num_heads / tp;
+    std::vector<Matrix> qkv;
+    for (int64_t h = r * hq; h < (r + 1) * hq; ++h) {
+      qkv.push_back(src_.block(p + "q_proj.weight", h * dh, (h + 1) * dh, 0, d));
+    }
+    std::vector<int64_t> kv_heads;
+    if (c_.num_kv_heads >= tp) {
+      for (int64_t h = 0; h < c_.num_kv_heads; ++h) {
+        if (h * tp / c_.num_kv_heads == r) kv_heads.push_back(h);
+      }
+    } else {
+      kv_heads.push_back(r * hq / (c_.num_heads / c_.num_kv_heads));
+    }
+    for (const char* w : {"k", "v"}) {
+      for (int64_t h : kv_heads) {
+        qkv.push_back(src_.block(p + w + "_proj.weight", h * dh, (h + 1) * dh, 0, d));
+      }
+    }
+    matrix(p + "qkv_proj.weight", stack(std::move(qkv)));
+    matrix(p + "o_proj.weight",
+           src_.block(p + "o_proj.weight", 0, d, r * hq * dh, (r + 1) * hq * dh));
+  }
+
+  // gate_up_proj: this rank's ffn rows of gate, then of up; down_proj: those input columns.
+  void mlp(const std::string& p) {
+    const int64_t r = o_.tp_rank, d = c_.hidden_size, f = c_.ffn_dim / o_.tp;
+    matrix(p + "gate_up_proj.weight",
+           stack({src_.block(p + "gate_proj.weight", r * f, (r + 1) * f, 0, d),
+                  src_.block(p + "up_proj.weight", r * f, (r + 1) * f, 0, d)}));
+    matrix(p + "down_proj.weight", src_.block(p + "down_proj.weight", 0, d, r * f, (r + 1) * f));
+  }
+
+  std::map<std::string, ReferenceTensor> take() { return std::move(out_); }
+
+ private:
+  void matrix(const std::string& name, const Matrix& m) {
+    if (o_.format == WeightFormat::kBF16) {
+      out_[name] = to_bf16(m, {m.rows, m.cols});
+    } else {
+      quantize(m, &out_[name], &out_[name + ".scale"]);
+    }
+  }
+
+  const model::ModelConfig& c_;
+  const LayoutOptions& o_;
+  const Source& src_;
+  std::map<std::string, ReferenceTensor> out_;
+};
+
 }  // namespace
 
 std::map<std::string, ReferenceTensor> reference_receiver_tensors(const model::ModelConfig& c,
                                                                   const LayoutOptions& o,
                                                                   std::span<const float> full) {
-  const Source src(c, full);
-  const int64_t tp = o.tp, r = o.tp_rank, d = c.hidden_size, dh = c.head_dim;
-  WL_CHECK(c.num_heads % tp == 0 && c.ffn_dim % tp == 0) << "tp " << tp;
-  std::map<std::string, ReferenceTensor> out;
   const model::ParamLayout layout(c);
-  auto put_plain = [&](const std::string& name) {
-    Matrix m = src.whole(name);
-    out[name] = to_bf16(m, layout.at(name).shape);
-  };
-  auto put_matrix = [&](const std::string& name, const Matrix& m) {
-    if (o.format == WeightFormat::kBF16) {
-      out[name] = to_bf16(m, {m.rows, m.cols});
-    } else {
-      quantize(m, &out[name], &out[name + ".scale"]);
-    }
-  };
-
-  put_plain("embed.weight");
+  WL_CHECK_EQ(int64_t(full.size()), layout.total());
+  Source src;
+  for (const model::ParamInfo& p : layout.params())
+    src.add(p.name, p.shape, full.data() + p.offset);
+  Reference ref(c, o, src);
+  ref.plain("embed.weight");
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
-    put_plain(p + "attn_norm.weight");
-    // Query heads h with h * tp / H == r; kv heads by the same rule, or, when there are fewer
-    // kv heads than ranks, the kv head that query head (r * H / tp) uses (repeat_kv).
-    const int64_t hq = c.num_heads / tp;
-    std::vector<Matrix> qkv;
-    for (int64_t h = r * hq; h < (r + 1) * hq; ++h) {
-      qkv.push_back(src.block(p + "attn.q_proj.weight", h * dh, (h + 1) * dh, 0, d));
-    }
-    std::vector<int64_t> kv_heads;
-    if (c.num_kv_heads >= tp) {
-      for (int64_t h = 0; h < c.num_kv_heads; ++h) {
-        if (h * tp / c.num_kv_heads == r) kv_heads.push_back(h);
-      }
-    } else {
-      kv_heads.push_back(r * hq / (c.num_heads / c.num_kv_heads));
-    }
-    for (const char* w : {"k", "v"}) {
-      for (int64_t h : kv_heads) {
-        qkv.push_back(src.block(p + "attn." + w + "_proj.weight", h * dh, (h + 1) * dh, 0, d));
-      }
-    }
-    put_matrix(p + "attn.qkv_proj.weight", stack(std::move(qkv)));
-    put_matrix(p + "attn.o_proj.weight",
-               src.block(p + "attn.o_proj.weight", 0, d, r * hq * dh, (r + 1) * hq * dh));
-    put_plain(p + "moe_norm.weight");
-    put_plain(p + "moe.router.weight");
-    const int64_t f = c.ffn_dim / tp;
-    for (int64_t e = 0; e < c.num_experts; ++e) {
-      const std::string q = p + "moe.experts." + std::to_string(e) + ".";
-      put_matrix(q + "gate_up_proj.weight",
-                 stack({src.block(q + "gate_proj.weight", r * f, (r + 1) * f, 0, d),
-                        src.block(q + "up_proj.weight", r * f, (r + 1) * f, 0, d)}));
-      put_matrix(q + "down_proj.weight",
-                 src.block(q + "down_proj.weight", 0, d, r * f, (r + 1) * f));
-    }
+    ref.plain(p + "attn_norm.weight");
+    ref.attention(p + "attn.");
+    ref.plain(p + "moe_norm.weight");
+    ref.plain(p + "moe.router.weight");
+    for (int64_t e = 0; e < c.num_experts; ++e)
+      ref.mlp(p + "moe.experts." + std::to_string(e) + ".");
   }
-  put_plain("norm.weight");
-  if (!c.tie_embeddings) put_plain("lm_head.weight");
-  return out;
+  ref.plain("norm.weight");
+  if (!c.tie_embeddings) ref.plain("lm_head.weight");
+  return ref.take();
+}
+
+std::map<std::string, ReferenceTensor> reference_llama_hf_tensors(
+    const model::ModelConfig& c, const LayoutOptions& o,
+    const std::map<std::string, std::vector<float>>& params,
+    const std::map<std::string, Shape>& shapes) {
+  Source src;
+  for (const auto& [name, values] : params) src.add(name, shapes.at(name), values.data());
+  Reference ref(c, o, src);
+  ref.plain("model.embed_tokens.weight");
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    ref.plain(p + "input_layernorm.weight");
+    ref.attention(p + "self_attn.");
+    ref.plain(p + "post_attention_layernorm.weight");
+    ref.mlp(p + "mlp.");
+  }
+  ref.plain("model.norm.weight");
+  if (!c.tie_embeddings) ref.plain("lm_head.weight");
+  return ref.take();
 }
 
 }  // namespace wl::transfer

@@ -36,4 +36,12 @@ std::map<std::string, ReferenceTensor> reference_receiver_tensors(const model::M
                                                                   const LayoutOptions& options,
                                                                   std::span<const float> full);
 
+// The same for a Llama-style model with Hugging Face's names, as layout_spec.h's
+// llama_hf_layout_spec fuses it (config's expert fields unused, its ffn_dim the MLP's):
+// `params` every parameter in f32 by name, `shapes` their shapes.
+std::map<std::string, ReferenceTensor> reference_llama_hf_tensors(
+    const model::ModelConfig& config, const LayoutOptions& options,
+    const std::map<std::string, std::vector<float>>& params,
+    const std::map<std::string, Shape>& shapes);
+
 }  // namespace wl::transfer

@@ -1,6 +1,8 @@
 // TrainerWeights: one ShardedTensor per model parameter.
 #include "weightlift/transfer/layout/trainer_weights.h"
 
+#include <map>
+
 #include "weightlift/model/params.h"
 
 namespace wl::transfer {
@@ -8,12 +10,48 @@ namespace {
 
 constexpr size_t kShardAlign = 64;
 
-size_t shard_bytes(const model::ParamInfo& p, int mesh_size, int mesh_rank, DType dtype) {
-  const int64_t rows = shard_rows(p.shape[0], mesh_size, mesh_rank).size();
-  return size_t(rows * (p.numel() / p.shape[0])) * dtype_size(dtype);
+size_t shard_bytes(const Shape& shape, int mesh_size, int mesh_rank, DType dtype) {
+  const int64_t rows = shard_rows(shape[0], mesh_size, mesh_rank).size();
+  return size_t(rows * (shape_numel(shape) / shape[0])) * dtype_size(dtype);
 }
 
 size_t aligned(size_t n) { return (n + kShardAlign - 1) / kShardAlign * kShardAlign; }
+
+// check_named_tensors against `params` (name, shape); `owner` names whose they are in errors.
+Status check_named(const std::map<std::string, Shape>& params, const std::string& owner,
+                   std::span<const NamedTensor> tensors) {
+  std::unordered_map<std::string, const NamedTensor*> given;
+  for (const NamedTensor& t : tensors) {
+    if (!params.count(t.name)) {
+      return invalid_argument("tensor '" + t.name + "' is not a parameter of " + owner);
+    }
+    if (!given.emplace(t.name, &t).second) {
+      return invalid_argument("tensor '" + t.name + "' is given twice");
+    }
+  }
+  for (const auto& [name, shape] : params) {
+    auto it = given.find(name);
+    if (it == given.end()) return invalid_argument("tensor '" + name + "' is missing");
+    const NamedTensor& t = *it->second;
+    if (t.shape != shape) {
+      return invalid_argument("tensor '" + name + "' has shape " + shape_to_string(t.shape) + "; " +
+                              owner + "'s is " + shape_to_string(shape));
+    }
+    if (t.dtype != DType::kF32 && t.dtype != DType::kBF16) {
+      return invalid_argument("tensor '" + name + "' is " + std::string(dtype_name(t.dtype)) +
+                              "; parameters are F32 or BF16");
+    }
+    if (t.data == nullptr) return invalid_argument("tensor '" + name + "' has no data");
+  }
+  return ok_status();
+}
+
+// Whole tensors by name, for from_named and from_spec (whose callers checked the set).
+std::unordered_map<std::string, const NamedTensor*> by_name(std::span<const NamedTensor> tensors) {
+  std::unordered_map<std::string, const NamedTensor*> out;
+  for (const NamedTensor& t : tensors) out.emplace(t.name, &t);
+  return out;
+}
 
 }  // namespace
 
@@ -22,56 +60,38 @@ size_t TrainerWeights::storage_bytes(const model::ModelConfig& config, int mesh_
   const model::ParamLayout layout(config);
   size_t total = 0;
   for (const model::ParamInfo& p : layout.params()) {
-    total += aligned(shard_bytes(p, mesh_size, mesh_rank, dtype));
+    total += aligned(shard_bytes(p.shape, mesh_size, mesh_rank, dtype));
   }
   return total;
 }
 
 Status check_named_tensors(const model::ModelConfig& config, std::span<const NamedTensor> tensors) {
   const model::ParamLayout layout(config);
-  std::unordered_map<std::string, const NamedTensor*> by_name;
-  for (const NamedTensor& t : tensors) {
-    if (!layout.find(t.name)) {
-      return invalid_argument("tensor '" + t.name + "' is not a parameter of the model");
-    }
-    if (!by_name.emplace(t.name, &t).second) {
-      return invalid_argument("tensor '" + t.name + "' is given twice");
-    }
-  }
-  for (const model::ParamInfo& p : layout.params()) {
-    auto it = by_name.find(p.name);
-    if (it == by_name.end()) return invalid_argument("tensor '" + p.name + "' is missing");
-    const NamedTensor& t = *it->second;
-    if (t.shape != p.shape) {
-      return invalid_argument("tensor '" + p.name + "' has shape " + shape_to_string(t.shape) +
-                              "; the model's is " + shape_to_string(p.shape));
-    }
-    if (t.dtype != DType::kF32 && t.dtype != DType::kBF16) {
-      return invalid_argument("tensor '" + p.name + "' is " + std::string(dtype_name(t.dtype)) +
-                              "; parameters are F32 or BF16");
-    }
-    if (t.data == nullptr) return invalid_argument("tensor '" + p.name + "' has no data");
-  }
-  return ok_status();
+  std::map<std::string, Shape> params;
+  for (const model::ParamInfo& p : layout.params()) params[p.name] = p.shape;
+  return check_named(params, "the model", tensors);
+}
+
+Status check_named_tensors(const LayoutSpec& spec, std::span<const NamedTensor> tensors) {
+  return check_named(spec.params, "layout '" + spec.name + "'", tensors);
 }
 
 template <typename Fill>
-TrainerWeights TrainerWeights::build(const model::ModelConfig& config,
+TrainerWeights TrainerWeights::build(std::span<const Param> params,
                                      std::shared_ptr<comm::Group> mesh,
                                      const TrainerWeightsOptions& options, Fill fill) {
-  const model::ParamLayout layout(config);
   WL_CHECK(options.storage == nullptr || !options.offload) << "offloading borrowed storage";
   const int mesh_size = mesh ? mesh->size() : 1, mesh_rank = mesh ? mesh->rank() : 0;
   std::byte* next = options.storage;
   TrainerWeights w;
-  w.config_ = config;
   w.options_ = options;
   w.mesh_ = mesh;
-  for (const model::ParamInfo& p : layout.params()) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Param& p = params[i];
     w.index_.emplace(p.name, w.tensors_.size());
     w.tensors_.push_back(ShardedTensor::empty({p.name, p.shape, options.dtype, next}, mesh));
-    fill(w.tensors_.back(), p);
-    if (next != nullptr) next += aligned(shard_bytes(p, mesh_size, mesh_rank, options.dtype));
+    fill(w.tensors_.back(), i);
+    if (next != nullptr) next += aligned(shard_bytes(p.shape, mesh_size, mesh_rank, options.dtype));
     if (options.offload) w.tensors_.back().offload();
   }
   return w;
@@ -81,25 +101,47 @@ TrainerWeights TrainerWeights::from_full(const model::ModelConfig& config,
                                          std::span<const float> full,
                                          std::shared_ptr<comm::Group> mesh,
                                          const TrainerWeightsOptions& options) {
-  WL_CHECK_EQ(int64_t(full.size()), model::ParamLayout(config).total());
-  return build(config, std::move(mesh), options, [&](ShardedTensor& t, const model::ParamInfo& p) {
-    t.assign_full(full.data() + p.offset);
+  const model::ParamLayout layout(config);
+  WL_CHECK_EQ(int64_t(full.size()), layout.total());
+  std::vector<Param> params;
+  for (const model::ParamInfo& p : layout.params()) params.push_back({p.name, p.shape});
+  TrainerWeights w = build(params, std::move(mesh), options, [&](ShardedTensor& t, size_t i) {
+    t.assign_full(full.data() + layout.params()[i].offset);
   });
+  w.config_ = config;
+  return w;
 }
 
 TrainerWeights TrainerWeights::from_named(const model::ModelConfig& config,
                                           std::span<const NamedTensor> tensors,
                                           std::shared_ptr<comm::Group> mesh,
                                           const TrainerWeightsOptions& options) {
-  // The caller checked the set (check_named_tensors): every parameter is there once, with
-  // its shape and a dtype the shards take.
-  std::unordered_map<std::string, const NamedTensor*> by_name;
-  for (const NamedTensor& t : tensors) by_name.emplace(t.name, &t);
-  return build(config, std::move(mesh), options, [&](ShardedTensor& t, const model::ParamInfo& p) {
-    auto it = by_name.find(p.name);
-    WL_CHECK(it != by_name.end()) << "from_named: no tensor '" << p.name << "'";
-    t.assign_full(it->second->dtype, it->second->data);
+  const auto named = by_name(tensors);
+  const model::ParamLayout layout(config);
+  std::vector<Param> params;
+  for (const model::ParamInfo& p : layout.params()) params.push_back({p.name, p.shape});
+  TrainerWeights w = build(params, std::move(mesh), options, [&](ShardedTensor& t, size_t i) {
+    const NamedTensor& n = *named.at(params[i].name);
+    t.assign_full(n.dtype, n.data);
   });
+  w.config_ = config;
+  return w;
+}
+
+TrainerWeights TrainerWeights::from_spec(const LayoutSpec& spec,
+                                         std::span<const NamedTensor> tensors,
+                                         std::shared_ptr<comm::Group> mesh,
+                                         const TrainerWeightsOptions& options) {
+  WL_CHECK(options.storage == nullptr) << "from_spec allocates its own shards";
+  const auto named = by_name(tensors);
+  std::vector<Param> params;
+  for (const auto& [name, shape] : spec.params) params.push_back({name, shape});
+  TrainerWeights w = build(params, std::move(mesh), options, [&](ShardedTensor& t, size_t i) {
+    const NamedTensor& n = *named.at(params[i].name);
+    t.assign_full(n.dtype, n.data);
+  });
+  w.spec_ = spec;
+  return w;
 }
 
 void TrainerWeights::assign_named(std::span<const NamedTensor> tensors) {
@@ -109,7 +151,9 @@ void TrainerWeights::assign_named(std::span<const NamedTensor> tensors) {
 }
 
 void TrainerWeights::assign_full(std::span<const float> full) {
-  const model::ParamLayout layout(config_);
+  WL_CHECK(config_) << "assign_full: these weights are layout '" << spec_->name
+                    << "', not our model's";
+  const model::ParamLayout layout(*config_);
   WL_CHECK_EQ(int64_t(full.size()), layout.total());
   for (ShardedTensor& t : tensors_) t.assign_full(full.data() + layout.at(t.name()).offset);
 }

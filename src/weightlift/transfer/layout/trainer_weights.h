@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -14,6 +15,7 @@
 
 #include "weightlift/core/status.h"
 #include "weightlift/model/config.h"
+#include "weightlift/transfer/layout/layout_spec.h"
 #include "weightlift/transfer/layout/sharded_tensor.h"
 
 namespace wl::transfer {
@@ -38,6 +40,8 @@ struct NamedTensor {
 // OK when `tensors` are every parameter of `config` exactly once, each with its shape and
 // dtype kF32 or kBF16; otherwise InvalidArgument naming the tensor.
 Status check_named_tensors(const model::ModelConfig& config, std::span<const NamedTensor> tensors);
+// The same for any model: every tensor of `spec.params`, with the shape it has there.
+Status check_named_tensors(const LayoutSpec& spec, std::span<const NamedTensor> tensors);
 
 class TrainerWeights {
  public:
@@ -54,6 +58,13 @@ class TrainerWeights {
                                    std::shared_ptr<comm::Group> mesh,
                                    const TrainerWeightsOptions& options);
 
+  // Any model's weights, named and shaped as `spec.params` says (REQUIRES:
+  // check_named_tensors(spec, tensors) passed), in that order; options.storage must be null.
+  // The planner builds the receivers' tensors from `spec` instead of our model's layout.
+  static TrainerWeights from_spec(const LayoutSpec& spec, std::span<const NamedTensor> tensors,
+                                  std::shared_ptr<comm::Group> mesh,
+                                  const TrainerWeightsOptions& options);
+
   // Bytes TrainerWeightsOptions::storage must have for this rank's shards.
   static size_t storage_bytes(const model::ModelConfig& config, int mesh_size, int mesh_rank,
                               DType dtype);
@@ -62,11 +73,15 @@ class TrainerWeights {
   void rebind_mesh(std::shared_ptr<comm::Group> mesh);
 
   // New values for every shard (a training step happened), from the full f32 weights.
+  // REQUIRES: our model's weights (config() is not null).
   void assign_full(std::span<const float> full);
   // The same from whole parameters (REQUIRES: check_named_tensors passed).
   void assign_named(std::span<const NamedTensor> tensors);
 
-  const model::ModelConfig& config() const { return config_; }
+  // Our model's config; null for another model's weights (from_spec).
+  const model::ModelConfig* config() const { return config_ ? &*config_ : nullptr; }
+  // The layout of another model's weights (from_spec); null for ours.
+  const LayoutSpec* layout_spec() const { return spec_ ? &*spec_ : nullptr; }
   const TrainerWeightsOptions& options() const { return options_; }
   int mesh_id() const { return options_.mesh_id; }
   int mesh_rank() const { return mesh_ ? mesh_->rank() : 0; }
@@ -77,15 +92,22 @@ class TrainerWeights {
   const ShardedTensor* find(std::string_view name) const;
 
  private:
-  model::ModelConfig config_;
+  // A parameter as build() lays out its shard.
+  struct Param {
+    std::string name;
+    Shape shape;
+  };
+
+  std::optional<model::ModelConfig> config_;
+  std::optional<LayoutSpec> spec_;
   TrainerWeightsOptions options_;
   std::shared_ptr<comm::Group> mesh_;
   std::vector<ShardedTensor> tensors_;
   std::unordered_map<std::string, size_t> index_;
 
-  // Shards for every parameter, each filled by fill(tensor, param).
+  // Shards for `params` in order, the i-th filled by fill(tensor, i).
   template <typename Fill>
-  static TrainerWeights build(const model::ModelConfig& config, std::shared_ptr<comm::Group> mesh,
+  static TrainerWeights build(std::span<const Param> params, std::shared_ptr<comm::Group> mesh,
                               const TrainerWeightsOptions& options, Fill fill);
 };
 

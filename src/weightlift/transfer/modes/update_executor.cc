@@ -30,6 +30,12 @@ Status check_locally(const ExecutorOptions& o) {
                             ": an executor needs exactly one of weights (a trainer) and a "
                             "receiver");
   }
+  if (o.mode != TransferMode::kP2P && o.plan.config_json.empty()) {
+    return invalid_argument("world rank " + std::to_string(me) + ": the " +
+                            std::string(transfer_mode_name(o.mode)) +
+                            " mode moves weightlift's own model only; this plan's trainers hold "
+                            "another model's weights (a layout spec): use p2p");
+  }
   if (o.weights != nullptr) return place_trainer(o.plan, me, *o.weights).status();
   return place_receiver(o.plan, me).status();
 }

@@ -33,7 +33,11 @@ void process_from_json(const json& j, uint64_t& host, int64_t& pid) {
 
 RankMeta describe_trainer(int rank, const TrainerWeights& w) {
   RankMeta m{.rank = rank, .role = Role::kTrainer};
-  m.config_json = model::config_to_json(w.config());
+  if (w.config() != nullptr) {
+    m.config_json = model::config_to_json(*w.config());
+  } else {
+    m.layout_json = layout_spec_to_json(*w.layout_spec());
+  }
   m.mesh_id = w.mesh_id();
   m.mesh_rank = w.mesh_rank();
   m.mesh_size = w.mesh_size();
@@ -67,7 +71,8 @@ std::string metadata_to_json(const RankMeta& m) {
   j["rank"] = m.rank;
   if (m.role == Role::kTrainer) {
     j["role"] = "trainer";
-    j["config"] = json::parse(m.config_json);
+    if (!m.config_json.empty()) j["config"] = json::parse(m.config_json);
+    if (!m.layout_json.empty()) j["layout"] = json::parse(m.layout_json);
     j["mesh"] = {{"id", m.mesh_id}, {"rank", m.mesh_rank}, {"size", m.mesh_size}};
     json ps = json::array();
     for (const ParamMeta& p : m.params) {
@@ -105,7 +110,12 @@ namespace {
 
 void read_trainer(const json& j, RankMeta& m) {
   m.role = Role::kTrainer;
-  m.config_json = j.at("config").dump();
+  // Our model's config, or any model's layout spec: one of the two.
+  if (j.contains("config") == j.contains("layout")) {
+    throw_field_error(j, "a trainer's metadata needs exactly one of \"config\" and \"layout\"");
+  }
+  if (j.contains("config")) m.config_json = j.at("config").dump();
+  if (j.contains("layout")) m.layout_json = j.at("layout").dump();
   m.mesh_id = int32_field(j.at("mesh").at("id"));
   m.mesh_rank = int32_field(j.at("mesh").at("rank"));
   m.mesh_size = int32_field(j.at("mesh").at("size"));

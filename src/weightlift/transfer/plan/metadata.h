@@ -45,7 +45,8 @@ struct RankMeta {
   int rank = 0;  // in the world group
   Role role = Role::kTrainer;
   // Trainer.
-  std::string config_json;  // model/config.h config_to_json
+  std::string config_json;  // our model: model/config.h config_to_json; else empty
+  std::string layout_json;  // any other model: its layout_spec_to_json; else empty
   int mesh_id = 0, mesh_rank = 0, mesh_size = 1;
   std::vector<ParamMeta> params;
   // Receiver.

@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "weightlift/model/params.h"
+#include "weightlift/transfer/layout/layout_spec.h"
 #include "weightlift/transfer/plan/cutting.h"
 
 namespace wl::transfer {
@@ -63,13 +64,17 @@ class Planner {
   PlanTask task_rows(const ReceiverSide& side, const ReceiverTensor& t, int64_t r0,
                      int64_t r1) const;
   void assign(std::vector<Unit>& units, bool expert);
-  int64_t param_rows(const std::string& name) const { return layout_->at(name).shape[0]; }
+  int64_t param_rows(const std::string& name) const { return params_.at(name)[0]; }
 
   std::vector<const RankMeta*> trainers_;
   std::vector<ReceiverSide> receivers_;
-  model::ModelConfig config_;
-  std::optional<model::ParamLayout> layout_;
-  std::map<int, uint64_t> load_;  // bytes assigned so far, by trainer world rank
+  // What the trainers hold: our model (config_), whose receivers hold its inference layout,
+  // or another (spec_), whose receivers hold what its layout spec says.
+  std::optional<model::ModelConfig> config_;
+  std::optional<LayoutSpec> spec_;
+  std::string layout_json_;              // spec_'s canonical JSON, which every trainer matches
+  std::map<std::string, Shape> params_;  // every trainer parameter's full shape
+  std::map<int, uint64_t> load_;         // bytes assigned so far, by trainer world rank
   Plan plan_;
 };
 
@@ -83,14 +88,22 @@ Planner::Planner(std::span<const RankMeta> ranks) {
   }
 }
 
-// Trainers: one config, whole meshes.
+// Trainers: one model (our config, or one layout spec), whole meshes.
 Status Planner::check_config() {
   if (trainers_.empty()) return invalid_argument("transfer plan: no trainer rank");
   if (receivers_.empty()) return invalid_argument("transfer plan: no receiver rank");
   const RankMeta& t0 = *trainers_.front();
-  WL_ASSIGN_OR_RETURN(config_, model::parse_config(t0.config_json, rank_name("trainer", t0.rank)));
-  layout_.emplace(config_);
-  plan_.config_json = model::config_to_json(config_);
+  const std::string who = rank_name("trainer", t0.rank);
+  if (!t0.config_json.empty()) {
+    WL_ASSIGN_OR_RETURN(config_, model::parse_config(t0.config_json, who));
+    plan_.config_json = model::config_to_json(*config_);
+    const model::ParamLayout layout(*config_);
+    for (const model::ParamInfo& p : layout.params()) params_[p.name] = p.shape;
+  } else {
+    WL_ASSIGN_OR_RETURN(spec_, layout_spec_from_json(t0.layout_json, who));
+    layout_json_ = layout_spec_to_json(*spec_);
+    params_ = spec_->params;
+  }
   plan_.mesh_size = t0.mesh_size;
   if (plan_.mesh_size < 1 || trainers_.size() % size_t(plan_.mesh_size) != 0) {
     return invalid_argument("transfer plan: " + std::to_string(trainers_.size()) +
@@ -104,10 +117,22 @@ Status Planner::check_config() {
 // A trainer: the same config, a free seat in the meshes, every parameter where its seat says.
 Status Planner::check_trainer(const RankMeta& t, std::set<std::pair<int, int>>& seats) {
   const std::string who = rank_name("trainer", t.rank);
-  WL_ASSIGN_OR_RETURN(model::ModelConfig c, model::parse_config(t.config_json, who));
-  if (model::config_to_json(c) != plan_.config_json) {
-    return invalid_argument(who + ": its model config differs from trainer rank " +
-                            std::to_string(trainers_.front()->rank) + "'s");
+  const std::string first = std::to_string(trainers_.front()->rank);
+  if (t.config_json.empty() != plan_.config_json.empty()) {
+    return invalid_argument(who + ": holds " +
+                            (t.config_json.empty() ? "a layout spec's" : "our model's") +
+                            " weights, trainer rank " + first + " the other kind");
+  }
+  if (!t.config_json.empty()) {
+    WL_ASSIGN_OR_RETURN(model::ModelConfig c, model::parse_config(t.config_json, who));
+    if (model::config_to_json(c) != plan_.config_json) {
+      return invalid_argument(who + ": its model config differs from trainer rank " + first + "'s");
+    }
+  } else {
+    WL_ASSIGN_OR_RETURN(LayoutSpec spec, layout_spec_from_json(t.layout_json, who));
+    if (layout_spec_to_json(spec) != layout_json_) {
+      return invalid_argument(who + ": its layout spec differs from trainer rank " + first + "'s");
+    }
   }
   if (t.mesh_size != plan_.mesh_size || t.mesh_id < 0 || t.mesh_id >= plan_.num_meshes ||
       t.mesh_rank < 0 || t.mesh_rank >= plan_.mesh_size ||
@@ -126,24 +151,24 @@ Status Planner::check_params(const RankMeta& t) {
   const std::string who = rank_name("trainer", t.rank);
   std::unordered_map<std::string_view, const ParamMeta*> by_name;
   for (const ParamMeta& p : t.params) by_name.emplace(p.name, &p);
-  for (const model::ParamInfo& info : layout_->params()) {
-    auto it = by_name.find(info.name);
+  for (const auto& [name, shape] : params_) {
+    auto it = by_name.find(name);
     if (it == by_name.end()) {
-      return not_found(who + ": holds no parameter '" + info.name + "' (the model has it)");
+      return not_found(who + ": holds no parameter '" + name + "' (the model has it)");
     }
     const ParamMeta& p = *it->second;
-    if (p.shape != info.shape) {
-      return invalid_argument(who + ": parameter '" + info.name + "' has shape " +
-                              shape_to_string(p.shape) + ", the model config says " +
-                              shape_to_string(info.shape));
+    if (p.shape != shape) {
+      return invalid_argument(who + ": parameter '" + name + "' has shape " +
+                              shape_to_string(p.shape) + ", the model says " +
+                              shape_to_string(shape));
     }
     if (p.dtype != DType::kF32 && p.dtype != DType::kBF16) {
-      return invalid_argument(who + ": parameter '" + info.name + "' is " +
+      return invalid_argument(who + ": parameter '" + name + "' is " +
                               std::string(dtype_name(p.dtype)) + "; shards are F32 or BF16");
     }
-    const ShardRows want = shard_rows(info.shape[0], plan_.mesh_size, t.mesh_rank);
+    const ShardRows want = shard_rows(shape[0], plan_.mesh_size, t.mesh_rank);
     if (p.row_begin != want.begin || p.row_end != want.end) {
-      return invalid_argument(who + ": parameter '" + info.name + "' holds rows [" +
+      return invalid_argument(who + ": parameter '" + name + "' holds rows [" +
                               std::to_string(p.row_begin) + ", " + std::to_string(p.row_end) +
                               "), mesh rank " + std::to_string(t.mesh_rank) + " of " +
                               std::to_string(plan_.mesh_size) + " should hold [" +
@@ -157,7 +182,9 @@ Status Planner::check_params(const RankMeta& t) {
 Status Planner::check_receiver(ReceiverSide& side) {
   const RankMeta& r = *side.meta;
   const std::string who = rank_name("receiver", r.rank);
-  auto lay = inference_layout(config_, {.tp = r.tp, .tp_rank = r.tp_rank, .format = r.format});
+  auto lay =
+      config_ ? inference_layout(*config_, {.tp = r.tp, .tp_rank = r.tp_rank, .format = r.format})
+              : spec_layout(spec_in_format(*spec_, r.format), r.tp, r.tp_rank);
   if (!lay.ok()) return invalid_argument(who + ": " + lay.status().message());
   side.expected = std::move(*lay);
   if (r.rkey.empty() || r.worker_address.empty()) {
@@ -364,7 +391,7 @@ Result<Plan> make_plan(std::span<const RankMeta> ranks) { return Planner(ranks).
 
 std::string plan_to_json(const Plan& p) {
   json j = new_record(Plan::kFormat);
-  j["config"] = json::parse(p.config_json);
+  if (!p.config_json.empty()) j["config"] = json::parse(p.config_json);
   j["mesh_size"] = p.mesh_size;
   j["num_meshes"] = p.num_meshes;
   json ts = json::array();
@@ -468,9 +495,10 @@ Result<Plan> plan_from_json(std::string_view text, std::string_view where) {
   const std::string w(where);
   return read_record<Plan>(text, where, Plan::kFormat, [&](const json& j) -> Result<Plan> {
     Plan p;
-    p.config_json = j.at("config").dump();
-    WL_ASSIGN_OR_RETURN(model::ModelConfig c, model::parse_config(p.config_json, w));
-    p.config_json = model::config_to_json(c);
+    if (j.contains("config")) {  // our model's; a layout spec's plan has none
+      WL_ASSIGN_OR_RETURN(model::ModelConfig c, model::parse_config(j.at("config").dump(), w));
+      p.config_json = model::config_to_json(c);
+    }
     p.mesh_size = int32_field(j.at("mesh_size"));
     p.num_meshes = int32_field(j.at("num_meshes"));
     for (const json& t : j.at("trainers")) {
