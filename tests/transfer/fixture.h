@@ -20,6 +20,7 @@
 #include "weightlift/comm/memory_store.h"
 #include "weightlift/core/random.h"
 #include "weightlift/model/params.h"
+#include "weightlift/transfer/layout/layout_spec.h"
 #include "weightlift/transfer/layout/reference_transform.h"
 #include "weightlift/transfer/layout/trainer_weights.h"
 #include "weightlift/transfer/modes/update_executor.h"
@@ -51,6 +52,32 @@ inline std::vector<float> random_weights(const model::ModelConfig& c, uint64_t s
     }
   }
   return w;
+}
+
+// Another model's weights, every parameter of `spec` by name, with row magnitudes 2^-6 .. 2^2
+// (fp8 block scales differ) and values by `seed`.
+inline std::map<std::string, std::vector<float>> random_params(const LayoutSpec& spec,
+                                                               uint64_t seed) {
+  std::map<std::string, std::vector<float>> out;
+  Rng rng(seed);
+  for (const auto& [name, shape] : spec.params) {
+    const int64_t cols = shape.size() == 2 ? shape[1] : 1;
+    std::vector<float>& v = out[name];
+    v.resize(size_t(shape_numel(shape)));
+    for (size_t i = 0; i < v.size(); ++i) {
+      v[i] = (2.0f * rng.uniform() - 1.0f) * std::ldexp(1.0f, int((int64_t(i) / cols) % 9) - 6);
+    }
+  }
+  return out;
+}
+
+inline std::vector<NamedTensor> named(const LayoutSpec& spec,
+                                      const std::map<std::string, std::vector<float>>& params) {
+  std::vector<NamedTensor> out;
+  for (const auto& [name, v] : params) {
+    out.push_back({name, DType::kF32, spec.params.at(name), v.data()});
+  }
+  return out;
 }
 
 // What shards of `dtype` hold, widened back to f32: the reference transform's input.

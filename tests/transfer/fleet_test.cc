@@ -69,16 +69,15 @@ struct ReceiverThread {
   }
 };
 
+// A receiver holding `tensors` at `layout`'s TP rank and format.
 std::unique_ptr<ReceiverThread> start_receiver(std::shared_ptr<comm::Store> store,
-                                               const model::ModelConfig& c, int id,
+                                               const std::vector<ReceiverTensor>& tensors, int id,
                                                LayoutOptions layout) {
   auto t = std::make_unique<ReceiverThread>();
   t->layout = layout;
-  auto lay = inference_layout(c, layout);
-  WL_CHECK(lay.ok()) << lay.status().to_string();
   auto f = FleetReceiver::create({.store = store,
                                   .id = id,
-                                  .receiver = {.tensors = tensor_specs(*lay),
+                                  .receiver = {.tensors = tensor_specs(tensors),
                                                .tp = layout.tp,
                                                .tp_rank = layout.tp_rank,
                                                .format = layout.format},
@@ -87,6 +86,15 @@ std::unique_ptr<ReceiverThread> start_receiver(std::shared_ptr<comm::Store> stor
   t->fleet = std::move(*f);
   t->start();
   return t;
+}
+
+// A receiver holding our model's inference layout.
+std::unique_ptr<ReceiverThread> start_receiver(std::shared_ptr<comm::Store> store,
+                                               const model::ModelConfig& c, int id,
+                                               LayoutOptions layout) {
+  auto lay = inference_layout(c, layout);
+  WL_CHECK(lay.ok()) << lay.status().to_string();
+  return start_receiver(std::move(store), *lay, id, layout);
 }
 
 // Runs fn(server) on kServers threads, each with its ParameterServer.
@@ -292,6 +300,72 @@ TEST(ParameterServer, TakesAStateDictInBf16OrF32) {
       phase = 3;
     }
     while (phase.load() < 3) std::this_thread::yield();
+  });
+  for (auto& t : rx) {
+    t->join();
+    EXPECT_TRUE(t->errors.empty()) << t->errors.front();
+  }
+}
+
+// Another model's weights (a Llama with Hugging Face's names, by its layout spec) through the
+// servers to a TP-2 engine in fp8: each version equals the reference; a refresh from a flat
+// f32 array (our model's form) and a spec that cannot be split are refused naming why; the
+// servers' copy for healing is our model's only, and the update says so.
+TEST(ParameterServer, ServesALayoutSpecsModel) {
+  const model::ModelConfig c = preset_or_die("tiny");
+  const LayoutSpec spec = llama_hf_layout_spec(c, WeightFormat::kFP8);
+  const auto a = testing::random_params(spec, 1), b = testing::random_params(spec, 2);
+  auto store = std::make_shared<comm::MemoryStore>();
+  std::vector<std::unique_ptr<ReceiverThread>> rx;
+  for (int i = 0; i < 2; ++i) {
+    const LayoutOptions o{.tp = 2, .tp_rank = i, .format = WeightFormat::kFP8};
+    auto lay = spec_layout(spec, o.tp, o.tp_rank);
+    ASSERT_TRUE(lay.ok()) << lay.status().to_string();
+    rx.push_back(start_receiver(store, *lay, i, o));
+  }
+  auto expect_all = [&](const std::map<std::string, std::vector<float>>& held, uint64_t v) {
+    for (auto& t : rx) {
+      ASSERT_TRUE(t->wait_version(v));
+      testing::expect_holds(t->fleet->receiver(),
+                            reference_llama_hf_tensors(c, t->layout, held, spec.params), t->layout,
+                            v);
+    }
+  };
+  std::atomic<int> phase{0};
+  run_servers(store, TransferMode::kP2P, [&](ParameterServer& ps) {
+    ASSERT_TRUE(ps.register_checkpoint("a", spec, testing::named(spec, a)).ok());
+    auto u = ps.update("a");
+    ASSERT_TRUE(u.ok()) << u.status().to_string();
+    EXPECT_NE(u->copy_published.message().find("the servers' copy serves our model only"),
+              std::string::npos)
+        << u->copy_published.to_string();
+    if (ps.options().rank == 0) {
+      expect_all(a, 1);
+      phase = 1;
+    }
+    while (phase.load() < 1) std::this_thread::yield();
+    ASSERT_TRUE(ps.refresh("a", testing::named(spec, b)).ok());
+    ASSERT_TRUE(ps.update("a").ok());
+    if (ps.options().rank == 0) {
+      expect_all(b, 2);
+      phase = 2;
+    }
+    while (phase.load() < 2) std::this_thread::yield();
+
+    const Status flat = ps.refresh("a", std::vector<float>(16));
+    EXPECT_NE(flat.message().find("layout 'llama-hf''s weights, not our model's"),
+              std::string::npos)
+        << flat.to_string();
+    LayoutSpec odd = spec;
+    SpecTensor& qkv =
+        *std::find_if(odd.tensors.begin(), odd.tensors.end(),
+                      [](const SpecTensor& t) { return t.name.ends_with("qkv_proj.weight"); });
+    qkv.head_dim = 48;  // its sources' rows are not whole heads of 48
+    const Status s = ps.register_checkpoint("odd", odd, testing::named(spec, a));
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+    EXPECT_NE(s.message().find("register_checkpoint 'odd'"), std::string::npos) << s.to_string();
+    EXPECT_NE(s.message().find(qkv.name), std::string::npos) << s.to_string();
+    EXPECT_EQ(ps.checkpoints(), std::vector<std::string>{"a"});
   });
   for (auto& t : rx) {
     t->join();

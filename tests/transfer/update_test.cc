@@ -25,7 +25,9 @@ using testing::Case;
 using testing::expect_matches_reference;
 using testing::guarded_update;
 using testing::join;
+using testing::named;
 using testing::preset_or_die;
+using testing::random_params;
 using testing::random_weights;
 using testing::Rank;
 using testing::run_world;
@@ -267,31 +269,6 @@ TEST(P2pUpdate, ReadersNeverSeeTwoVersionsMixed) {
   });
   EXPECT_EQ(torn.load(), 0);
   EXPECT_GT(reads.load(), 0);
-}
-
-// Another model's weights, every parameter of `spec` by name, with row magnitudes 2^-6 .. 2^2
-// (fp8 block scales differ) and values by `seed`.
-std::map<std::string, std::vector<float>> random_params(const LayoutSpec& spec, uint64_t seed) {
-  std::map<std::string, std::vector<float>> out;
-  Rng rng(seed);
-  for (const auto& [name, shape] : spec.params) {
-    const int64_t cols = shape.size() == 2 ? shape[1] : 1;
-    std::vector<float>& v = out[name];
-    v.resize(size_t(shape_numel(shape)));
-    for (size_t i = 0; i < v.size(); ++i) {
-      v[i] = (2.0f * rng.uniform() - 1.0f) * std::ldexp(1.0f, int((int64_t(i) / cols) % 9) - 6);
-    }
-  }
-  return out;
-}
-
-std::vector<NamedTensor> named(const LayoutSpec& spec,
-                               const std::map<std::string, std::vector<float>>& params) {
-  std::vector<NamedTensor> out;
-  for (const auto& [name, v] : params) {
-    out.push_back({name, DType::kF32, spec.params.at(name), v.data()});
-  }
-  return out;
 }
 
 // A Llama with Hugging Face's names (layout_spec.h's built-in spec), not our model: trainers

@@ -23,7 +23,6 @@ namespace {
 // (fleet/heal_from_servers.h: [status | shards], readable by restarted receivers), else in the
 // heap.
 struct HeldCheckpoint {
-  model::ModelConfig config;
   std::shared_ptr<comm::MemoryRegion> memory;        // from the first worker's allocation
   std::shared_ptr<comm::MemoryRegion> registration;  // with the current worker (may be `memory`)
   std::unique_ptr<TrainerWeights> weights;           // borrows `memory` (declared after it)
@@ -71,11 +70,16 @@ struct ParameterServer::Impl {
   Status connect_servers();
   Status rebuild_worker();
   Status publish_copy(const std::string& name, uint64_t version);
-  // OK for a name not yet held and a valid config.
-  Status check_new(const std::string& name, const model::ModelConfig& config) const;
-  // Holds a new checkpoint whose shards make(storage) builds (storage may be null).
-  void hold(const std::string& name, const model::ModelConfig& config,
+  // OK for a name not yet held.
+  Status check_new(const std::string& name) const;
+  // Holds a new checkpoint whose shards (`shard_bytes` of them) make(storage) builds
+  // (storage may be null).
+  void hold(const std::string& name, size_t shard_bytes,
             const std::function<TrainerWeights(std::byte* storage)>& make);
+  size_t shard_bytes(const model::ModelConfig& config) const {
+    return TrainerWeights::storage_bytes(config, servers->size(), servers->rank(),
+                                         options.shard_dtype);
+  }
   // New values for a held checkpoint, written by assign() under the servers' copy's seqlock.
   static void assign(HeldCheckpoint& held, const std::function<void(TrainerWeights&)>& write);
 };
@@ -137,14 +141,15 @@ Status ParameterServer::Impl::rebuild_worker() {
 Status ParameterServer::register_checkpoint(const std::string& name,
                                             const model::ModelConfig& config,
                                             std::span<const float> full) {
-  WL_RETURN_IF_ERROR(impl_->check_new(name, config));
+  WL_RETURN_IF_ERROR(impl_->check_new(name));
+  WL_RETURN_IF_ERROR(config.validate("register_checkpoint '" + name + "'"));
   const model::ParamLayout layout(config);
   if (full.size() != size_t(layout.total())) {
     return invalid_argument("register_checkpoint '" + name + "': " + std::to_string(full.size()) +
                             " floats given, the config has " + std::to_string(layout.total()) +
                             " parameters");
   }
-  impl_->hold(name, config, [&](std::byte* storage) {
+  impl_->hold(name, impl_->shard_bytes(config), [&](std::byte* storage) {
     return TrainerWeights::from_full(config, full, impl_->servers,
                                      {.dtype = impl_->options.shard_dtype, .storage = storage});
   });
@@ -154,31 +159,45 @@ Status ParameterServer::register_checkpoint(const std::string& name,
 Status ParameterServer::register_checkpoint(const std::string& name,
                                             const model::ModelConfig& config,
                                             std::span<const NamedTensor> tensors) {
-  WL_RETURN_IF_ERROR(impl_->check_new(name, config));
+  WL_RETURN_IF_ERROR(impl_->check_new(name));
+  WL_RETURN_IF_ERROR(config.validate("register_checkpoint '" + name + "'"));
   WL_RETURN_IF_ERROR(
       check_named_tensors(config, tensors).with_context("register_checkpoint '" + name + "'"));
-  impl_->hold(name, config, [&](std::byte* storage) {
+  impl_->hold(name, impl_->shard_bytes(config), [&](std::byte* storage) {
     return TrainerWeights::from_named(config, tensors, impl_->servers,
                                       {.dtype = impl_->options.shard_dtype, .storage = storage});
   });
   return ok_status();
 }
 
-Status ParameterServer::Impl::check_new(const std::string& name,
-                                        const model::ModelConfig& config) const {
+Status ParameterServer::register_checkpoint(const std::string& name, const LayoutSpec& spec,
+                                            std::span<const NamedTensor> tensors) {
+  const std::string where = "register_checkpoint '" + name + "'";
+  WL_RETURN_IF_ERROR(impl_->check_new(name));
+  // The spec's own errors, before anything is held: a spec that cannot be built even whole.
+  WL_RETURN_IF_ERROR(spec_layout(spec, 1, 0).status().with_context(where));
+  WL_RETURN_IF_ERROR(check_named_tensors(spec, tensors).with_context(where));
+  const size_t bytes = TrainerWeights::storage_bytes(
+      spec, impl_->servers->size(), impl_->servers->rank(), impl_->options.shard_dtype);
+  impl_->hold(name, bytes, [&](std::byte* storage) {
+    return TrainerWeights::from_spec(spec, tensors, impl_->servers,
+                                     {.dtype = impl_->options.shard_dtype, .storage = storage});
+  });
+  return ok_status();
+}
+
+Status ParameterServer::Impl::check_new(const std::string& name) const {
   if (name.empty()) return invalid_argument("register_checkpoint: empty name");
   if (checkpoints.count(name)) {
     return invalid_argument("register_checkpoint: '" + name +
                             "' is registered already; unregister it first");
   }
-  return config.validate("register_checkpoint '" + name + "'");
+  return ok_status();
 }
 
-void ParameterServer::Impl::hold(const std::string& name, const model::ModelConfig& config,
+void ParameterServer::Impl::hold(const std::string& name, size_t shard_bytes,
                                  const std::function<TrainerWeights(std::byte* storage)>& make) {
-  HeldCheckpoint held{.config = config};
-  const size_t shard_bytes =
-      TrainerWeights::storage_bytes(config, servers->size(), servers->rank(), options.shard_dtype);
+  HeldCheckpoint held;
   // Without UCX-allocated memory the checkpoint still serves updates; restarted receivers
   // then cannot heal from it (their gets would need this process to progress).
   if (auto region = worker->allocate_memory(kServerCopyStatusBytes + shard_bytes); region.ok()) {
@@ -195,7 +214,13 @@ Status ParameterServer::refresh(const std::string& name, std::span<const float> 
   auto it = impl_->checkpoints.find(name);
   if (it == impl_->checkpoints.end()) return not_found("refresh: no checkpoint '" + name + "'");
   HeldCheckpoint& held = it->second;
-  const int64_t total = model::ParamLayout(held.config).total();
+  const model::ModelConfig* config = held.weights->config();
+  if (config == nullptr) {
+    return invalid_argument("refresh '" + name + "': the checkpoint is layout '" +
+                            held.weights->layout_spec()->name +
+                            "''s weights, not our model's; refresh it from named tensors");
+  }
+  const int64_t total = model::ParamLayout(*config).total();
   if (int64_t(full.size()) != total) {
     return invalid_argument("refresh '" + name + "': " + std::to_string(full.size()) +
                             " floats given, the checkpoint has " + std::to_string(total) +
@@ -209,8 +234,10 @@ Status ParameterServer::refresh(const std::string& name, std::span<const NamedTe
   auto it = impl_->checkpoints.find(name);
   if (it == impl_->checkpoints.end()) return not_found("refresh: no checkpoint '" + name + "'");
   HeldCheckpoint& held = it->second;
-  WL_RETURN_IF_ERROR(
-      check_named_tensors(held.config, tensors).with_context("refresh '" + name + "'"));
+  const TrainerWeights& w = *held.weights;
+  WL_RETURN_IF_ERROR((w.config() ? check_named_tensors(*w.config(), tensors)
+                                 : check_named_tensors(*w.layout_spec(), tensors))
+                         .with_context("refresh '" + name + "'"));
   Impl::assign(held, [&](TrainerWeights& w) { w.assign_named(tensors); });
   return ok_status();
 }
@@ -232,6 +259,12 @@ void ParameterServer::Impl::assign(HeldCheckpoint& held,
 
 Status ParameterServer::Impl::publish_copy(const std::string& name, uint64_t version) {
   const HeldCheckpoint& held = checkpoints.at(name);
+  if (held.weights->config() == nullptr) {
+    return failed_precondition(
+        "checkpoint '" + name + "' is layout '" + held.weights->layout_spec()->name +
+        "''s weights: the servers' copy serves our model only, so a restarted "
+        "receiver of it heals from a peer or waits for the next update");
+  }
   if (held.memory == nullptr) {
     return unavailable("server rank " + std::to_string(servers->rank()) +
                        ": UCX could not "
@@ -245,7 +278,7 @@ Status ParameterServer::Impl::publish_copy(const std::string& name, uint64_t ver
                      .checkpoint = name,
                      .version = version,
                      .stamp = held.stamp,
-                     .config = held.config,
+                     .config = *held.weights->config(),
                      .dtype = options.shard_dtype,
                      .worker_address = worker->address(),
                      .rkey = held.registration->packed_rkey(),

@@ -94,6 +94,13 @@ class ParameterServer {
   // or dtype (nothing is registered then).
   Status register_checkpoint(const std::string& name, const model::ModelConfig& config,
                              std::span<const NamedTensor> tensors);
+  // Another model's weights, named and shaped as `spec.params` says: the receivers hold what
+  // `spec` makes of them at their TP rank and format (layout/layout_spec.h). Errors as above,
+  // and the spec's own (a split that cannot be made) naming its tensor. Only the p2p mode
+  // moves them, and restarted receivers heal from peers only (the servers' copy, which
+  // fleet/heal_from_servers.h reads, is our model's).
+  Status register_checkpoint(const std::string& name, const LayoutSpec& spec,
+                             std::span<const NamedTensor> tensors);
   // From safetensors files (a checkpoint may be split across several); errors name the file
   // and the tensor (model::read_params).
   Status register_checkpoint(const std::string& name, const model::ModelConfig& config,

@@ -65,6 +65,15 @@ size_t TrainerWeights::storage_bytes(const model::ModelConfig& config, int mesh_
   return total;
 }
 
+size_t TrainerWeights::storage_bytes(const LayoutSpec& spec, int mesh_size, int mesh_rank,
+                                     DType dtype) {
+  size_t total = 0;
+  for (const auto& [name, shape] : spec.params) {
+    total += aligned(shard_bytes(shape, mesh_size, mesh_rank, dtype));
+  }
+  return total;
+}
+
 Status check_named_tensors(const model::ModelConfig& config, std::span<const NamedTensor> tensors) {
   const model::ParamLayout layout(config);
   std::map<std::string, Shape> params;
@@ -132,7 +141,6 @@ TrainerWeights TrainerWeights::from_spec(const LayoutSpec& spec,
                                          std::span<const NamedTensor> tensors,
                                          std::shared_ptr<comm::Group> mesh,
                                          const TrainerWeightsOptions& options) {
-  WL_CHECK(options.storage == nullptr) << "from_spec allocates its own shards";
   const auto named = by_name(tensors);
   std::vector<Param> params;
   for (const auto& [name, shape] : spec.params) params.push_back({name, shape});

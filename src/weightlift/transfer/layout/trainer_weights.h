@@ -59,8 +59,8 @@ class TrainerWeights {
                                    const TrainerWeightsOptions& options);
 
   // Any model's weights, named and shaped as `spec.params` says (REQUIRES:
-  // check_named_tensors(spec, tensors) passed), in that order; options.storage must be null.
-  // The planner builds the receivers' tensors from `spec` instead of our model's layout.
+  // check_named_tensors(spec, tensors) passed), in that order. The planner builds the
+  // receivers' tensors from `spec` instead of our model's layout.
   static TrainerWeights from_spec(const LayoutSpec& spec, std::span<const NamedTensor> tensors,
                                   std::shared_ptr<comm::Group> mesh,
                                   const TrainerWeightsOptions& options);
@@ -68,6 +68,7 @@ class TrainerWeights {
   // Bytes TrainerWeightsOptions::storage must have for this rank's shards.
   static size_t storage_bytes(const model::ModelConfig& config, int mesh_size, int mesh_rank,
                               DType dtype);
+  static size_t storage_bytes(const LayoutSpec& spec, int mesh_size, int mesh_rank, DType dtype);
 
   // The same mesh reconnected (after its old connections failed): same size, same rank.
   void rebind_mesh(std::shared_ptr<comm::Group> mesh);
