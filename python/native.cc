@@ -291,6 +291,13 @@ class Server {
     // free (the call blocks on nothing but the copy).
     check(server_->register_checkpoint(name, config, named_views(tensors)));
   }
+  // Another model's state dict, by its layout spec (JSON).
+  void register_layout_tensors(const std::string& name, const std::string& layout_json,
+                               const std::map<std::string, Buffer>& tensors) {
+    const transfer::LayoutSpec spec =
+        take(transfer::layout_spec_from_json(layout_json, "register_checkpoint's layout"));
+    check(server_->register_checkpoint(name, spec, named_views(tensors)));  // the GIL held
+  }
   void refresh(const std::string& name, const std::map<std::string, Buffer>& tensors) {
     check(server_->refresh(name, named_views(tensors)));  // the GIL held, as registering
   }
@@ -364,13 +371,24 @@ class Weights {
 
 class FleetReceiver {
  public:
-  FleetReceiver(const Job& job, int id, const std::string& model, const std::string& format,
-                const std::string& prefix, double timeout_s, bool heal) {
+  // What it holds: our model's inference layout (`model`: a preset or config.json), or what
+  // a layout spec (`layout_json`) makes of another model's weights; exactly one is given.
+  FleetReceiver(const Job& job, int id, const std::string& model, const std::string& layout_json,
+                const std::string& format, const std::string& prefix, double timeout_s, bool heal) {
     check_in_range("id", id, 0, (1 << 20) - 1);
-    const model::ModelConfig config = model_config(model);
     auto f = transfer::weight_format_from_name(format);
     if (!f) throw StatusError(invalid_argument("format '" + format + "': expected bf16 or fp8"));
-    const auto layout = take(transfer::inference_layout(config, {.format = *f}));
+    if (model.empty() == layout_json.empty()) {
+      throw StatusError(invalid_argument("a receiver holds a model or a layout, exactly one"));
+    }
+    const auto layout =
+        model.empty()
+            ? take(transfer::spec_layout(
+                  transfer::spec_in_format(
+                      take(transfer::layout_spec_from_json(layout_json, "the receiver's layout")),
+                      *f),
+                  1, 0))
+            : take(transfer::inference_layout(model_config(model), {.format = *f}));
     transfer::FleetReceiverOptions o{
         .store = job.store(),
         .prefix = prefix,
@@ -486,6 +504,8 @@ void bind_transfer(py::module_& m) {
            py::arg("files"))
       .def("register_tensors", &Server::register_tensors, py::arg("name"), py::arg("model"),
            py::arg("tensors"))
+      .def("register_layout_tensors", &Server::register_layout_tensors, py::arg("name"),
+           py::arg("layout"), py::arg("tensors"))
       .def("refresh", &Server::refresh, py::arg("name"), py::arg("tensors"))
       .def("unregister", &Server::unregister, py::arg("name"))
       .def("checkpoints", &Server::checkpoints)
@@ -505,9 +525,9 @@ void bind_transfer(py::module_& m) {
 
   py::class_<FleetReceiver>(m, "Receiver")
       .def(py::init<const Job&, int, const std::string&, const std::string&, const std::string&,
-                    double, bool>(),
-           py::arg("job"), py::arg("id"), py::arg("model"), py::arg("format"), py::arg("prefix"),
-           py::arg("timeout"), py::arg("heal"))
+                    const std::string&, double, bool>(),
+           py::arg("job"), py::arg("id"), py::arg("model"), py::arg("layout"), py::arg("format"),
+           py::arg("prefix"), py::arg("timeout"), py::arg("heal"))
       .def("serve_one", &FleetReceiver::serve_one, py::arg("timeout"))
       .def_property_readonly("version", &FleetReceiver::version)
       .def_property_readonly("healed_version", &FleetReceiver::healed_version)

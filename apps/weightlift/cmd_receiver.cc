@@ -12,10 +12,12 @@
 #include "commands.h"
 #include "validate.h"
 #include "weightlift/comm/world.h"
+#include "weightlift/core/file_io.h"
 #include "weightlift/model/config.h"
 #include "weightlift/transfer/fleet/fleet_receiver.h"
 #include "weightlift/transfer/fleet/sidecar.h"
 #include "weightlift/transfer/layout/inference_layout.h"
+#include "weightlift/transfer/layout/layout_spec.h"
 
 namespace wl::app {
 namespace {
@@ -38,19 +40,31 @@ void catch_stop_signals() {
 
 struct ServeArgs {
   int id = 0;
-  std::string preset = "tiny", format = "bf16", socket, shared_memory, prefix = "fleet";
+  std::string preset = "tiny", layout, format = "bf16", socket, shared_memory, prefix = "fleet";
   int timeout_s = 30;
 };
 
+// The tensors the receiver holds: the preset's inference layout, or what a layout spec file
+// makes of another model's weights.
+Result<std::vector<transfer::ReceiverTensor>> held_tensors(const ServeArgs& a,
+                                                           transfer::WeightFormat format) {
+  if (a.layout.empty()) {
+    WL_ASSIGN_OR_RETURN(const model::ModelConfig config, model::preset(a.preset));
+    return transfer::inference_layout(config, {.format = format});
+  }
+  WL_ASSIGN_OR_RETURN(const std::string text, read_file(a.layout, 64 << 20, "layout spec"));
+  WL_ASSIGN_OR_RETURN(transfer::LayoutSpec spec, transfer::layout_spec_from_json(text, a.layout));
+  return transfer::spec_layout(transfer::spec_in_format(std::move(spec), format), 1, 0);
+}
+
 Status serve(const ServeArgs& a) {
   catch_stop_signals();
-  WL_ASSIGN_OR_RETURN(const model::ModelConfig config, model::preset(a.preset));
   WL_ASSIGN_OR_RETURN(
       const transfer::WeightFormat format,
       parse_choice<transfer::WeightFormat>(
           "--dtype", a.format,
           {{"bf16", transfer::WeightFormat::kBF16}, {"fp8", transfer::WeightFormat::kFP8}}));
-  WL_ASSIGN_OR_RETURN(const auto layout, transfer::inference_layout(config, {.format = format}));
+  WL_ASSIGN_OR_RETURN(const auto layout, held_tensors(a, format));
   WL_ASSIGN_OR_RETURN(const comm::LaunchEnv env, comm::read_launch_env());
   const std::chrono::milliseconds timeout(int64_t(a.timeout_s) * 1000);
   WL_ASSIGN_OR_RETURN(comm::World world, comm::connect_store(env, timeout));
@@ -103,8 +117,12 @@ void register_receiver(CLI::App& app, Outcome& out) {
       ->transform(count(0, (1 << 20) - 1));
   cmd->add_option("--socket", a->socket, "the Unix socket engines attach at (created here)")
       ->required();
-  cmd->add_option("--model", a->preset, "the preset whose inference layout it holds")
-      ->capture_default_str();
+  auto* model = cmd->add_option("--model", a->preset, "the preset whose inference layout it holds")
+                    ->capture_default_str();
+  cmd->add_option("--layout", a->layout,
+                  "a layout spec's JSON file: hold another model's weights as it says "
+                  "(docs/formats.md, \"Layout spec\")")
+      ->excludes(model);
   cmd->add_option("--dtype", a->format, "bf16, or fp8 (e4m3 with 128x128 block scales)")
       ->capture_default_str();
   cmd->add_option("--shared-memory", a->shared_memory,

@@ -176,12 +176,19 @@ def _named_buffers(named_tensors: Mapping[str, Any]) -> Dict[str, _native.Buffer
     return out
 
 
+def _layout_json(layout: Any) -> str:
+    """A LayoutSpec, or its JSON text, as JSON text."""
+    return layout if isinstance(layout, str) else layout.to_json()
+
+
 class ParameterServer:
     """Named checkpoints held by the server ranks and moved on request to the receivers that
     joined (the transfer engine's fleet). Every call is collective over the server ranks.
 
-    model: a preset name ("tiny", "small", ...) or the path of a config.json; tensors are
-    named as weightlift's model names them (`weightlift model-info`), f32 or bf16."""
+    A checkpoint is weightlift's own model (`model`: a preset name such as "tiny", or the path
+    of a config.json; tensors named as `weightlift model-info` names them) or any other
+    model's, described by a `layout` (a LayoutSpec or its JSON: which of your tensors each
+    receiver tensor is made of). Tensors are f32 or bf16."""
 
     def __init__(self, job: Job, rank: int = 0, size: int = 1, mode: str = "p2p",
                  prefix: str = "fleet", timeout: Optional[float] = None,
@@ -191,14 +198,24 @@ class ParameterServer:
             job._native, rank=rank, size=size, mode=mode, prefix=prefix,
             timeout=job._timeout if timeout is None else timeout, shard_dtype=shard_dtype)
 
-    def register_checkpoint(self, name: str, model: str, *, files: Optional[Sequence[str]] = None,
+    def register_checkpoint(self, name: str, model: Optional[str] = None, *,
+                            layout: Any = None, files: Optional[Sequence[str]] = None,
                             named_tensors: Optional[Mapping[str, Any]] = None) -> None:
-        """Holds checkpoint `name`: from safetensors `files`, or from `named_tensors` (a
-        state dict; its values are copied into the servers' shards)."""
+        """Holds checkpoint `name` of `model` (from safetensors `files` or `named_tensors`) or
+        of the model `layout` describes (from `named_tensors`). A state dict's values are
+        copied into the servers' shards. Another model's checkpoint moves in p2p mode only."""
+        if (model is None) == (layout is None):
+            raise Error("InvalidArgument: register_checkpoint takes a model or a layout, "
+                        "exactly one of them")
         if (files is None) == (named_tensors is None):
             raise Error("InvalidArgument: register_checkpoint takes files or named_tensors, "
                         "exactly one of them")
-        if files is not None:
+        if layout is not None:
+            if files is not None:
+                raise Error("InvalidArgument: a layout's checkpoint comes from named_tensors")
+            self._native.register_layout_tensors(name, _layout_json(layout),
+                                                 _named_buffers(named_tensors))
+        elif files is not None:
             self._native.register_files(name, model, [str(f) for f in files])
         else:
             self._native.register_tensors(name, model, _named_buffers(named_tensors))
@@ -281,12 +298,18 @@ class Receiver:
     memory. Call serve_one() to take part in the next round (an update, or the forming of a
     new membership); read with acquire() from any thread meanwhile."""
 
-    def __init__(self, job: Job, id: int, model: str, format: str = "bf16",
+    def __init__(self, job: Job, id: int, model: Optional[str] = None, format: str = "bf16",
                  prefix: str = "fleet", timeout: Optional[float] = None,
-                 heal: bool = True) -> None:
+                 heal: bool = True, *, layout: Any = None) -> None:
+        """Holds `model`'s inference layout, or what `layout` (a LayoutSpec or its JSON) makes
+        of another model's tensors, in `format` (bf16, or fp8 for the tensors the layout
+        marks fp8)."""
+        if (model is None) == (layout is None):
+            raise Error("InvalidArgument: a Receiver takes a model or a layout, exactly one")
         self._job = job
         self._native = _native.Receiver(
-            job._native, id=id, model=model, format=format, prefix=prefix,
+            job._native, id=id, model=model or "",
+            layout="" if layout is None else _layout_json(layout), format=format, prefix=prefix,
             timeout=job._timeout if timeout is None else timeout, heal=heal)
         self._specs = {n: (d, list(s)) for n, d, s in self._native.tensors()}
 

@@ -178,6 +178,56 @@ def test_register_checkpoint_names_the_tensor_at_fault(job):
     assert server.checkpoints == []
 
 
+def test_a_layout_specs_checkpoint_and_receiver_are_checked(job):
+    """Another model's state dict by its layout spec: the same refusals, naming the tensor and
+    the layout; a model and a layout, or files with a layout, are refused before anything."""
+    server = wl.ParameterServer(job)
+    sd = TinyLlama().state_dict()
+    spec = llama_spec(sd, layers=2, head_dim=8)
+    with pytest.raises(wl.Error, match="a model or a layout, exactly one"):
+        server.register_checkpoint("a", "tiny", layout=spec, named_tensors=sd)
+    with pytest.raises(wl.Error, match="a model or a layout, exactly one"):
+        server.register_checkpoint("a", named_tensors=sd)
+    with pytest.raises(wl.Error, match="comes from named_tensors"):
+        server.register_checkpoint("a", layout=spec, files=["x"])
+    wrong = dict(sd, **{"model.embed_tokens.weight": torch.zeros(3)})
+    with pytest.raises(wl.Error, match=r"'model.embed_tokens.weight' has shape \[3\]; "
+                                       r"layout 'tiny-llama''s is \[50, 32\]"):
+        server.register_checkpoint("a", layout=spec, named_tensors=wrong)
+    odd = llama_spec(sd, layers=2, head_dim=12)
+    with pytest.raises(wl.Error, match="register_checkpoint 'a'.*qkv_proj"):
+        server.register_checkpoint("a", layout=odd, named_tensors=sd)
+    with pytest.raises(wl.Error, match="layout spec"):
+        server.register_checkpoint("a", layout="{not json", named_tensors=sd)
+    assert server.checkpoints == []
+    server.register_checkpoint("a", layout=spec.to_json(), named_tensors=sd)
+    server.refresh("a", {n: t.to(torch.bfloat16) for n, t in sd.items()})
+    with pytest.raises(wl.Error, match="'model.embed_tokens.weight' is missing"):
+        server.refresh("a", {n: t for n, t in sd.items() if "embed" not in n})
+    with pytest.raises(wl.Error, match="a model or a layout, exactly one"):
+        wl.Receiver(job, id=0, model="tiny", layout=spec)
+    with pytest.raises(wl.Error, match="a model or a layout, exactly one"):
+        wl.Receiver(job, id=0)
+    server.unregister("a")
+
+
+def test_pytorch_sync_example(tmp_path):
+    """examples/pytorch_sync: a plain PyTorch trainer pushes every step to a rollout process
+    holding the weights in bf16 and one attached to a sidecar holding them in fp8; each checks
+    every version against what the trainer saved it sent, and generates."""
+    example = os.path.join(HERE, "..", "..", "examples", "pytorch_sync", "run.py")
+    r = subprocess.run([EXE, "launch", "-n", "3", "--", sys.executable, example,
+                        "--steps", "8", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    for v in range(1, 9):
+        assert f"rollout 1: version {v} checked, bf16, exact" in r.stdout, r.stdout
+        assert f"rollout 2: version {v} checked, fp8 (8 matrices)" in r.stdout, r.stdout
+    losses = [float(line.split(" loss ")[1].split(",")[0])
+              for line in r.stdout.splitlines() if "trainer: step" in line]
+    assert len(losses) == 8 and losses[-1] < losses[0], losses
+
+
 def write_safetensors(path, tensors):
     header, offset, blobs = {}, 0, []
     for name, t in tensors.items():
