@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "weightlift/comm/allgather.h"
+#include "weightlift/comm/detail/idle_wait.h"
 #include "weightlift/comm/detail/shm_arena.h"
 #include "weightlift/core/check.h"
 
@@ -180,6 +181,7 @@ Status Group::poll_until(const std::function<int()>& waiting_for, Deadline deadl
   // allreduce at load 6 on 2 cores). With nothing else runnable the yield returns at once.
   constexpr int kCheckEvery = 64;
   Transport& w = *link_->worker;
+  detail::IdleWait waiting;
   for (int spins = 1;; ++spins) {
     const int lagging = waiting_for();
     if (lagging < 0) return ok_status();
@@ -197,7 +199,7 @@ Status Group::poll_until(const std::function<int()>& waiting_for, Deadline deadl
                                ") did not get there before the deadline; it is stopped, slow, "
                                "or not taking part");
     }
-    sched_yield();
+    waiting.idle();  // a yield, or after a long wait a nap
   }
 }
 

@@ -14,6 +14,7 @@
 #include <set>
 #include <thread>
 
+#include "weightlift/comm/detail/idle_wait.h"
 #include "weightlift/core/check.h"
 
 namespace wl::comm {
@@ -310,6 +311,7 @@ struct WorkerImpl {
       return poisoned;
     }
     int idle = 0;
+    detail::IdleWait waiting;
     for (;;) {
       Status failure;
       Request* first_pending = nullptr;
@@ -345,8 +347,9 @@ struct WorkerImpl {
       }
       if (ucp_worker_progress(worker) != 0) {
         idle = 0;
+        waiting.busy();
       } else if (++idle >= kSpinsBeforeYield) {
-        sched_yield();
+        waiting.idle();
       }
     }
   }
