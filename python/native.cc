@@ -298,6 +298,13 @@ class Server {
         take(transfer::layout_spec_from_json(layout_json, "register_checkpoint's layout"));
     check(server_->register_checkpoint(name, spec, named_views(tensors)));  // the GIL held
   }
+  void register_layout_files(const std::string& name, const std::string& layout_json,
+                             const std::vector<std::string>& files) {
+    const transfer::LayoutSpec spec =
+        take(transfer::layout_spec_from_json(layout_json, "register_checkpoint's layout"));
+    py::gil_scoped_release unlocked;
+    check(server_->register_checkpoint(name, spec, files));
+  }
   void refresh(const std::string& name, const std::map<std::string, Buffer>& tensors) {
     check(server_->refresh(name, named_views(tensors)));  // the GIL held, as registering
   }
@@ -506,6 +513,8 @@ void bind_transfer(py::module_& m) {
            py::arg("tensors"))
       .def("register_layout_tensors", &Server::register_layout_tensors, py::arg("name"),
            py::arg("layout"), py::arg("tensors"))
+      .def("register_layout_files", &Server::register_layout_files, py::arg("name"),
+           py::arg("layout"), py::arg("files"))
       .def("refresh", &Server::refresh, py::arg("name"), py::arg("tensors"))
       .def("unregister", &Server::unregister, py::arg("name"))
       .def("checkpoints", &Server::checkpoints)

@@ -201,18 +201,20 @@ class ParameterServer:
     def register_checkpoint(self, name: str, model: Optional[str] = None, *,
                             layout: Any = None, files: Optional[Sequence[str]] = None,
                             named_tensors: Optional[Mapping[str, Any]] = None) -> None:
-        """Holds checkpoint `name` of `model` (from safetensors `files` or `named_tensors`) or
-        of the model `layout` describes (from `named_tensors`). A state dict's values are
-        copied into the servers' shards. Another model's checkpoint moves in p2p mode only."""
+        """Holds checkpoint `name` of `model`, or of the model `layout` describes, from
+        safetensors `files` (a Hugging Face checkpoint's, for a layout) or `named_tensors` (a
+        state dict; its values are copied into the servers' shards). Another model's
+        checkpoint moves in p2p mode only."""
         if (model is None) == (layout is None):
             raise Error("InvalidArgument: register_checkpoint takes a model or a layout, "
                         "exactly one of them")
         if (files is None) == (named_tensors is None):
             raise Error("InvalidArgument: register_checkpoint takes files or named_tensors, "
                         "exactly one of them")
-        if layout is not None:
-            if files is not None:
-                raise Error("InvalidArgument: a layout's checkpoint comes from named_tensors")
+        if layout is not None and files is not None:
+            self._native.register_layout_files(name, _layout_json(layout),
+                                               [str(f) for f in files])
+        elif layout is not None:
             self._native.register_layout_tensors(name, _layout_json(layout),
                                                  _named_buffers(named_tensors))
         elif files is not None:

@@ -188,8 +188,6 @@ def test_a_layout_specs_checkpoint_and_receiver_are_checked(job):
         server.register_checkpoint("a", "tiny", layout=spec, named_tensors=sd)
     with pytest.raises(wl.Error, match="a model or a layout, exactly one"):
         server.register_checkpoint("a", named_tensors=sd)
-    with pytest.raises(wl.Error, match="comes from named_tensors"):
-        server.register_checkpoint("a", layout=spec, files=["x"])
     wrong = dict(sd, **{"model.embed_tokens.weight": torch.zeros(3)})
     with pytest.raises(wl.Error, match=r"'model.embed_tokens.weight' has shape \[3\]; "
                                        r"layout 'tiny-llama''s is \[50, 32\]"):
@@ -209,6 +207,24 @@ def test_a_layout_specs_checkpoint_and_receiver_are_checked(job):
     with pytest.raises(wl.Error, match="a model or a layout, exactly one"):
         wl.Receiver(job, id=0)
     server.unregister("a")
+
+
+def test_a_layout_specs_checkpoint_from_safetensors_files(job, tmp_path):
+    """A Hugging Face style checkpoint split over two files, read by the layout's names."""
+    server = wl.ParameterServer(job)
+    sd = TinyLlama().state_dict()
+    spec = llama_spec(sd, layers=2, head_dim=8)
+    names = sorted(sd)
+    first, second = tmp_path / "model-00001.safetensors", tmp_path / "model-00002.safetensors"
+    write_safetensors(first, {n: sd[n] for n in names[::2]})
+    write_safetensors(second, {n: sd[n] for n in names[1::2]})
+    with pytest.raises(wl.Error, match=f"no file holds tensor '{names[1]}' of layout"):
+        server.register_checkpoint("hf", layout=spec, files=[first])
+    with pytest.raises(wl.Error, match=f"tensor '{names[0]}' is in both"):
+        server.register_checkpoint("hf", layout=spec, files=[first, second, first])
+    assert server.checkpoints == []
+    server.register_checkpoint("hf", layout=spec, files=[first, second])
+    assert server.checkpoints == ["hf"]
 
 
 def test_pytorch_sync_example(tmp_path):

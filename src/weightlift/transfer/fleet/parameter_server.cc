@@ -317,6 +317,41 @@ Status ParameterServer::register_checkpoint(const std::string& name,
   return register_checkpoint(name, config, full);
 }
 
+Status ParameterServer::register_checkpoint(const std::string& name, const LayoutSpec& spec,
+                                            const std::vector<std::string>& files) {
+  const std::string where = "register_checkpoint '" + name + "'";
+  if (files.empty()) return invalid_argument(where + ": no files");
+  std::vector<SafetensorsFile> opened;
+  for (const std::string& f : files) {
+    WL_ASSIGN_OR_RETURN(SafetensorsFile s, SafetensorsFile::open(f));
+    opened.push_back(std::move(s));
+  }
+  // Views into the files' mappings, which stay open for the copy into the shards.
+  std::vector<NamedTensor> tensors;
+  for (const auto& [param, shape] : spec.params) {
+    const SafetensorsFile* from = nullptr;
+    for (const SafetensorsFile& f : opened) {
+      if (f.find(param) == nullptr) continue;
+      if (from != nullptr) {
+        return invalid_argument(where + ": tensor '" + param + "' is in both " + from->path() +
+                                " and " + f.path());
+      }
+      from = &f;
+    }
+    if (from == nullptr) {
+      return not_found(where + ": no file holds tensor '" + param + "' of layout '" + spec.name +
+                       "'");
+    }
+    WL_ASSIGN_OR_RETURN(const Tensor t, from->get(param));
+    if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16) {
+      return invalid_argument(where + ": " + from->path() + ": tensor '" + param + "' is " +
+                              std::string(dtype_name(t.dtype())) + "; parameters are F32 or BF16");
+    }
+    tensors.push_back({param, t.dtype(), t.shape(), t.raw()});
+  }
+  return register_checkpoint(name, spec, tensors);
+}
+
 Status ParameterServer::unregister_checkpoint(const std::string& name) {
   Impl& m = *impl_;
   if (!m.checkpoints.count(name)) {

@@ -101,6 +101,12 @@ class ParameterServer {
   // fleet/heal_from_servers.h reads, is our model's).
   Status register_checkpoint(const std::string& name, const LayoutSpec& spec,
                              std::span<const NamedTensor> tensors);
+  // The same from safetensors files (a Hugging Face checkpoint, split across several or not):
+  // every tensor of `spec.params` from the one file that holds it, F32 or BF16. NotFound for
+  // a tensor no file holds, InvalidArgument for one two files hold or of another dtype, each
+  // naming the file and the tensor.
+  Status register_checkpoint(const std::string& name, const LayoutSpec& spec,
+                             const std::vector<std::string>& files);
   // From safetensors files (a checkpoint may be split across several); errors name the file
   // and the tensor (model::read_params).
   Status register_checkpoint(const std::string& name, const model::ModelConfig& config,
