@@ -31,6 +31,7 @@ out. Errors are raised as ``weightlift.Error`` whose message starts with the sta
 from __future__ import annotations
 
 import itertools
+import os
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from . import _native
@@ -177,7 +178,11 @@ def _named_buffers(named_tensors: Mapping[str, Any]) -> Dict[str, _native.Buffer
 
 
 def _layout_json(layout: Any) -> str:
-    """A LayoutSpec, or its JSON text, as JSON text."""
+    """A LayoutSpec, its JSON text, or the path of a file holding it (os.PathLike), as JSON
+    text."""
+    if isinstance(layout, os.PathLike):
+        with open(layout) as f:
+            return f.read()
     return layout if isinstance(layout, str) else layout.to_json()
 
 
@@ -187,8 +192,9 @@ class ParameterServer:
 
     A checkpoint is weightlift's own model (`model`: a preset name such as "tiny", or the path
     of a config.json; tensors named as `weightlift model-info` names them) or any other
-    model's, described by a `layout` (a LayoutSpec or its JSON: which of your tensors each
-    receiver tensor is made of). Tensors are f32 or bf16."""
+    model's, described by a `layout` (a LayoutSpec, its JSON text, or a pathlib.Path to a
+    file of it: which of your tensors each receiver tensor is made of). Tensors are f32 or
+    bf16."""
 
     def __init__(self, job: Job, rank: int = 0, size: int = 1, mode: str = "p2p",
                  prefix: str = "fleet", timeout: Optional[float] = None,

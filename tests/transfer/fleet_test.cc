@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
 
@@ -509,6 +510,86 @@ TEST(ParameterServer, AfterARefreshAReceiverWithNoPeerRejoinsFreshBroadcast) {
 
 // Checkpoints from safetensors files, one checkpoint split across two files; a file that
 // lacks a tensor is refused naming it.
+// A safetensors file of `names` (F32) as a writer that does not pad its header may leave it:
+// the data section starts off every F32 tensor's 4-byte alignment, so reading each one takes
+// SafetensorsFile::get's aligned copy.
+void write_misaligned(const std::string& path, const LayoutSpec& spec,
+                      const std::map<std::string, std::vector<float>>& params,
+                      const std::vector<std::string>& names) {
+  nlohmann::json header = nlohmann::json::object();
+  uint64_t offset = 0;
+  for (const std::string& n : names) {
+    const uint64_t bytes = params.at(n).size() * 4;
+    header[n] = {
+        {"dtype", "F32"}, {"shape", spec.params.at(n)}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string h = header.dump();
+  while ((8 + h.size()) % 4 != 2) h += ' ';
+  std::string out(8, '\0');
+  const uint64_t len = h.size();
+  std::memcpy(out.data(), &len, 8);
+  out += h;
+  for (const std::string& n : names) {
+    out.append(reinterpret_cast<const char*>(params.at(n).data()), params.at(n).size() * 4);
+  }
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr) << path;
+  ASSERT_EQ(std::fwrite(out.data(), 1, out.size(), f), out.size());
+  std::fclose(f);
+}
+
+// A Hugging Face style checkpoint of another model, split over two files whose tensors are all
+// misaligned: registered by its layout spec, every receiver tensor equals the reference; a
+// tensor no file holds, or two files hold, is refused naming it.
+TEST(ParameterServer, RegistersALayoutSpecsCheckpointFromSafetensorsFiles) {
+  const model::ModelConfig c = preset_or_die("tiny");
+  const LayoutSpec spec = llama_hf_layout_spec(c, WeightFormat::kFP8);
+  const auto a = testing::random_params(spec, 5);
+  const std::string dir = ::testing::TempDir() + "/wl_ps_spec_files";
+  std::filesystem::create_directories(dir);
+  std::vector<std::string> first, second;
+  for (const auto& [name, shape] : spec.params) {
+    (name.find("model.layers.1.") == 0 ? second : first).push_back(name);
+  }
+  write_misaligned(dir + "/part1.safetensors", spec, a, first);
+  write_misaligned(dir + "/part2.safetensors", spec, a, second);
+  write_misaligned(dir + "/again.safetensors", spec, a, {first.front()});
+
+  auto store = std::make_shared<comm::MemoryStore>();
+  std::vector<std::unique_ptr<ReceiverThread>> rx;
+  for (int i = 0; i < 2; ++i) {
+    const LayoutOptions o{.tp = 2, .tp_rank = i, .format = WeightFormat::kBF16};
+    auto lay = spec_layout(spec_in_format(spec, o.format), o.tp, o.tp_rank);
+    ASSERT_TRUE(lay.ok()) << lay.status().to_string();
+    rx.push_back(start_receiver(store, *lay, i, o));
+  }
+  run_servers(store, TransferMode::kP2P, [&](ParameterServer& ps) {
+    Status s = ps.register_checkpoint("hf", spec, {dir + "/part1.safetensors"});
+    EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.to_string();
+    EXPECT_NE(s.message().find("no file holds tensor '" + second.front() + "'"), std::string::npos)
+        << s.to_string();
+    s = ps.register_checkpoint(
+        "hf", spec,
+        {dir + "/part1.safetensors", dir + "/part2.safetensors", dir + "/again.safetensors"});
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+    EXPECT_NE(s.message().find("'" + first.front() + "' is in both"), std::string::npos)
+        << s.to_string();
+    s = ps.register_checkpoint("hf", spec,
+                               {dir + "/part1.safetensors", dir + "/part2.safetensors"});
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    auto u = ps.update("hf", {}, {.checksums = true});
+    ASSERT_TRUE(u.ok()) << u.status().to_string();
+  });
+  for (auto& t : rx) {
+    ASSERT_TRUE(t->wait_version(1));
+    testing::expect_holds(t->fleet->receiver(),
+                          reference_llama_hf_tensors(c, t->layout, a, spec.params), t->layout, 1);
+    t->join();
+    EXPECT_TRUE(t->errors.empty()) << t->errors.front();
+  }
+}
+
 TEST(ParameterServer, RegistersCheckpointsFromSafetensorsFiles) {
   const model::ModelConfig c = preset_or_die("tiny");
   const std::vector<float> a = random_weights(c, 3);

@@ -182,6 +182,25 @@ TEST(LayoutSpec, WrongSpecsAreErrorsNamingTheTensor) {
        StatusCode::kDataLoss, "params.q[1]"},
       {[](json& j) { j["format_version"] = 2; }, StatusCode::kFailedPrecondition,
        "format version 2"},
+      // Every param's shape is checked, the ones no tensor uses too: shards divide by rows.
+      {[](json& j) { j["params"]["scalar"] = json::array(); }, StatusCode::kInvalidArgument,
+       "param 'scalar' has shape []; params are [n] or [rows, cols]"},
+      {[](json& j) {
+         j["params"]["empty"] = {0, 4};
+       },
+       StatusCode::kInvalidArgument, "param 'empty' has shape [0, 4]"},
+      {[](json& j) {
+         j["params"]["q"] = {-2, -4};
+       },
+       StatusCode::kInvalidArgument, "param 'q' has shape [-2, -4]"},
+      {[](json& j) {
+         j["params"]["cube"] = {2, 2, 2};
+       },
+       StatusCode::kInvalidArgument, "param 'cube' has shape [2, 2, 2]"},
+      {[](json& j) {
+         j["params"]["huge"] = {int64_t(1) << 40, int64_t(1) << 40};
+       },
+       StatusCode::kInvalidArgument, "at most 2^48 elements"},
   };
   for (const auto& c : cases) {
     const Status s = error_of(c.edit);

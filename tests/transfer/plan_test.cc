@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 
 #include "fixture.h"
 #include "weightlift/transfer/layout/layout_spec.h"
@@ -248,7 +249,15 @@ TEST(Planner, PlansALayoutSpecsModelAndRefusesWhatDoesNotFit) {
   EXPECT_TRUE(fused);
   auto back = plan_from_json(plan_to_json(*plan), "test");
   ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->layout_name, "llama-hf");
   EXPECT_EQ(plan_to_json(*back), plan_to_json(*plan));
+  nlohmann::json bare = nlohmann::json::parse(plan_to_json(*plan));
+  bare.erase("layout");  // neither a config nor a layout: not a plan
+  const auto unnamed = plan_from_json(bare.dump(), "plan.json");
+  EXPECT_EQ(unnamed.status().code(), StatusCode::kDataLoss) << unnamed.status().to_string();
+  EXPECT_NE(unnamed.status().message().find("exactly one of \"config\" and \"layout\""),
+            std::string::npos)
+      << unnamed.status().to_string();
 
   auto tp3 = world;
   tp3[3].tp = 3;

@@ -50,25 +50,26 @@ constexpr auto kCloseLimit = std::chrono::seconds(2);
 // waits for.
 constexpr int kSpinsBeforeYield = 64;
 
-// Shared memory changes hands at one process-wide point. Ranks in the thread tests share a
+// Shared memory changes hands under one process-wide lock. Ranks in the thread tests share a
 // process, and UCX maps one rank's System V segments into another rank's thread; when a
 // segment is detached, a later one (another rank's arena) may be attached at the same
 // address. ThreadSanitizer sees neither shmdt nor shmat, so the new owner's first writes were
 // checked against the old owner's, with no order between them: a false race (seen in
-// Checkpoint.AnExpertParallelOneResumesAndLoadsIntoOtherLayouts). Passing this lock after
-// every unmapping and before every first use of a new mapping orders them, for
-// ThreadSanitizer as for anyone reasoning about it; it is taken only when memory is mapped
-// or released, never per transfer.
-void order_mapping_change() {
-  static std::mutex order;
-  const std::lock_guard lock(order);
+// Checkpoint.AnExpertParallelOneResumesAndLoadsIntoOtherLayouts). Every UCX call that may
+// detach or attach a segment runs under this lock: a detach and a later attach at the same
+// address are then ordered, for ThreadSanitizer as for anyone reasoning about it (passing the
+// lock after the detach would leave a window where the new owner gets there first). It is
+// taken only when memory is mapped or released, never per transfer.
+std::mutex& mapping_lock() {
+  static std::mutex lock;  // trivially destructible: usable during static destruction
+  return lock;
 }
 
 struct UcxContext {
   ucp_context_h handle = nullptr;
   ~UcxContext() {
+    const std::lock_guard lock(mapping_lock());
     if (handle) ucp_cleanup(handle);
-    order_mapping_change();
   }
 };
 
@@ -361,8 +362,8 @@ WorkerImpl::~WorkerImpl() {
   if (poisoned.ok()) {
     for (auto& p : peers) close_peer(*p, true, closed);
   }
+  const std::lock_guard lock(mapping_lock());
   if (worker) ucp_worker_destroy(worker);
-  order_mapping_change();
 }
 
 // ---- Request ------------------------------------------------------------------------------
@@ -406,8 +407,8 @@ namespace {
 // A mapped region's handle, unmapped when its last holder lets go.
 std::shared_ptr<void> owned_memory(std::shared_ptr<UcxContext> context, ucp_mem_h memh) {
   return std::shared_ptr<void>(memh, [context = std::move(context)](void* m) {
+    const std::lock_guard lock(mapping_lock());
     ucp_mem_unmap(context->handle, static_cast<ucp_mem_h>(m));
-    order_mapping_change();
   });
 }
 
@@ -654,7 +655,11 @@ Result<MemoryRegion> Worker::allocate_memory(size_t bytes) {
   params.flags = UCP_MEM_MAP_ALLOCATE;
   ucp_mem_h memh = nullptr;
   ucp_context_h ctx = impl_->context->handle;
-  ucs_status_t s = ucp_mem_map(ctx, &params, &memh);
+  ucs_status_t s;
+  {
+    const std::lock_guard lock(mapping_lock());  // attaches a segment
+    s = ucp_mem_map(ctx, &params, &memh);
+  }
   if (s != UCS_OK) {
     return ucs_failure(
         s, impl_->name + ": allocating " + std::to_string(bytes) + " bytes of registered memory");
@@ -669,7 +674,6 @@ Result<MemoryRegion> Worker::allocate_memory(size_t bytes) {
   region.data_ = attr.address;
   region.bytes_ = bytes;
   region.handle_ = std::move(handle);
-  order_mapping_change();
   zero_fresh_region(region.data_, bytes);
   void* packed = nullptr;
   size_t packed_len = 0;
@@ -684,10 +688,10 @@ Result<MemoryRegion> Worker::allocate_memory(size_t bytes) {
 void* Worker::remote_pointer(const RemoteKey& rkey, uint64_t remote_address) const {
   WL_CHECK(rkey.valid()) << "remote_pointer with an empty rkey";
   void* p = nullptr;
+  const std::lock_guard lock(mapping_lock());  // UCX may attach the segment here
   if (ucp_rkey_ptr(static_cast<ucp_rkey_h>(rkey.handle_.get()), remote_address, &p) != UCS_OK) {
     return nullptr;
   }
-  order_mapping_change();  // UCX may attach the segment here
   return p;
 }
 
@@ -695,17 +699,20 @@ Result<RemoteKey> Worker::unpack_rkey(int peer, std::span<const std::byte> packe
   WorkerImpl::Peer* p = impl_->peer_or_null(peer);
   if (!p->status.ok()) return p->status;
   ucp_rkey_h rkey = nullptr;
-  ucs_status_t s = ucp_ep_rkey_unpack(p->ep, packed_rkey.data(), &rkey);
+  ucs_status_t s;
+  {
+    const std::lock_guard lock(mapping_lock());  // or here
+    s = ucp_ep_rkey_unpack(p->ep, packed_rkey.data(), &rkey);
+  }
   if (s != UCS_OK) {
     return data_loss(impl_->name + ": unpacking an rkey from " + p->name + ": " + ucs_text(s));
   }
-  order_mapping_change();  // or here
   RemoteKey key;
   key.peer_ = peer;
   std::shared_ptr<UcxContext> keep = impl_->context;
   key.handle_ = std::shared_ptr<void>(rkey, [keep](void* k) {
+    const std::lock_guard lock(mapping_lock());
     ucp_rkey_destroy(static_cast<ucp_rkey_h>(k));
-    order_mapping_change();
   });
   return key;
 }

@@ -7,7 +7,8 @@
 // receivers, the receivers' yielding spin took cycles from the writer: `weightlift bench
 // transfer --preset medium --trainers 1 --receivers 2` wrote at 0.56 of single-thread memcpy.
 // Napping only after kIdleBeforeNap of continuous idleness leaves the short waits as they were
-// and costs a long one at most a nap's length.
+// and costs a long one at most a nap's length: 50 us asked, about 100 us with Linux's default
+// 50 us timer slack.
 #pragma once
 
 #include <sched.h>

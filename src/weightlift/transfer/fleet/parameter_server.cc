@@ -174,8 +174,7 @@ Status ParameterServer::register_checkpoint(const std::string& name, const Layou
                                             std::span<const NamedTensor> tensors) {
   const std::string where = "register_checkpoint '" + name + "'";
   WL_RETURN_IF_ERROR(impl_->check_new(name));
-  // The spec's own errors, before anything is held: a spec that cannot be built even whole.
-  WL_RETURN_IF_ERROR(spec_layout(spec, 1, 0).status().with_context(where));
+  // The spec's own errors too (a param or a split that cannot be), before anything is held.
   WL_RETURN_IF_ERROR(check_named_tensors(spec, tensors).with_context(where));
   const size_t bytes = TrainerWeights::storage_bytes(
       spec, impl_->servers->size(), impl_->servers->rank(), impl_->options.shard_dtype);
@@ -259,19 +258,24 @@ void ParameterServer::Impl::assign(HeldCheckpoint& held,
 
 Status ParameterServer::Impl::publish_copy(const std::string& name, uint64_t version) {
   const HeldCheckpoint& held = checkpoints.at(name);
+  // A copy that cannot be published withdraws the last one: it holds another checkpoint, which
+  // a restarted receiver of this version must not take for it.
+  auto withdrawn = [&](const Status& why) {
+    const ServerCopyRecord none{.rank = servers->rank(), .servers = servers->size()};
+    const Status s =
+        options.store->set(keys.copy(none.rank), comm::to_bytes(server_copy_to_json(none)));
+    return s.ok() ? why : s.with_context("withdrawing the copy record (" + why.message() + ")");
+  };
   if (held.weights->config() == nullptr) {
-    return failed_precondition(
+    return withdrawn(failed_precondition(
         "checkpoint '" + name + "' is layout '" + held.weights->layout_spec()->name +
         "''s weights: the servers' copy serves our model only, so a restarted "
-        "receiver of it heals from a peer or waits for the next update");
+        "receiver of it heals from a peer or waits for the next update"));
   }
   if (held.memory == nullptr) {
-    return unavailable("server rank " + std::to_string(servers->rank()) +
-                       ": UCX could not "
-                       "allocate shared memory for checkpoint '" +
-                       name +
-                       "', so it has no "
-                       "copy restarted receivers can read");
+    return withdrawn(unavailable("server rank " + std::to_string(servers->rank()) +
+                                 ": UCX could not allocate shared memory for checkpoint '" + name +
+                                 "', so it has no copy restarted receivers can read"));
   }
   ServerCopyRecord r{.rank = servers->rank(),
                      .servers = servers->size(),
@@ -326,7 +330,9 @@ Status ParameterServer::register_checkpoint(const std::string& name, const Layou
     WL_ASSIGN_OR_RETURN(SafetensorsFile s, SafetensorsFile::open(f));
     opened.push_back(std::move(s));
   }
-  // Views into the files' mappings, which stay open for the copy into the shards.
+  // Views into the files' mappings (or, for a misaligned tensor, its aligned copy), kept
+  // until the shards are filled.
+  std::vector<Tensor> held;
   std::vector<NamedTensor> tensors;
   for (const auto& [param, shape] : spec.params) {
     const SafetensorsFile* from = nullptr;
@@ -342,12 +348,13 @@ Status ParameterServer::register_checkpoint(const std::string& name, const Layou
       return not_found(where + ": no file holds tensor '" + param + "' of layout '" + spec.name +
                        "'");
     }
-    WL_ASSIGN_OR_RETURN(const Tensor t, from->get(param));
+    WL_ASSIGN_OR_RETURN(Tensor t, from->get(param));
     if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16) {
       return invalid_argument(where + ": " + from->path() + ": tensor '" + param + "' is " +
                               std::string(dtype_name(t.dtype())) + "; parameters are F32 or BF16");
     }
     tensors.push_back({param, t.dtype(), t.shape(), t.raw()});
+    held.push_back(std::move(t));
   }
   return register_checkpoint(name, spec, tensors);
 }

@@ -65,6 +65,22 @@ Result<SourceSlice> band(const SpecTensor& t, const std::string& source, int64_t
   return s;
 }
 
+// Every param [n] or [rows, cols] of sizes from 1 to 2^40 and at most 2^48 elements, the
+// unused ones too (trainers hold them): what the shard and byte arithmetic downstream assumes.
+Status check_params(const LayoutSpec& spec) {
+  constexpr int64_t kMaxDim = int64_t(1) << 40, kMaxElems = int64_t(1) << 48;
+  for (const auto& [name, shape] : spec.params) {
+    bool ok = !shape.empty() && shape.size() <= 2;
+    for (int64_t d : shape) ok = ok && d >= 1 && d <= kMaxDim;
+    if (!ok || (shape.size() == 2 && shape[0] > kMaxElems / shape[1])) {
+      return invalid_argument("param '" + name + "' has shape " + shape_to_string(shape) +
+                              "; params are [n] or [rows, cols], every size at least 1 and "
+                              "at most 2^48 elements");
+    }
+  }
+  return ok_status();
+}
+
 // One receiver tensor (and its scale tensor, fp8) from `t`.
 Status add_tensor(const LayoutSpec& spec, const SpecTensor& t, int tp, int rank,
                   std::vector<ReceiverTensor>& out) {
@@ -83,11 +99,7 @@ Status add_tensor(const LayoutSpec& spec, const SpecTensor& t, int tp, int rank,
     if (it == spec.params.end()) {
       return invalid_argument(what + ": source '" + source + "' is not among the layout's params");
     }
-    const Shape& shape = it->second;
-    if (shape.empty() || shape.size() > 2 || shape_numel(shape) <= 0) {
-      return invalid_argument(what + ": source '" + source + "' has shape " +
-                              shape_to_string(shape) + "; expected [n] or [rows, cols], not empty");
-    }
+    const Shape& shape = it->second;  // checked by check_params
     const int64_t c = shape.size() == 2 ? shape[1] : 1;
     vector = vector && shape.size() == 1;
     if (cols >= 0 && c != cols) {
@@ -214,6 +226,7 @@ Result<std::vector<ReceiverTensor>> spec_layout(const LayoutSpec& spec, int tp, 
   if (tp < 1 || tp_rank < 0 || tp_rank >= tp) {
     return invalid_argument(where + ": tp rank " + std::to_string(tp_rank) + " out of range");
   }
+  if (Status s = check_params(spec); !s.ok()) return Status(s.code(), where + ": " + s.message());
   std::vector<ReceiverTensor> out;
   for (const SpecTensor& t : spec.tensors) {
     const Status s = add_tensor(spec, t, tp, tp_rank, out);
@@ -227,6 +240,8 @@ Result<std::vector<ReceiverTensor>> spec_layout(const LayoutSpec& spec, int tp, 
   }
   return out;
 }
+
+Status check_layout_spec(const LayoutSpec& spec) { return spec_layout(spec, 1, 0).status(); }
 
 LayoutSpec spec_in_format(LayoutSpec spec, WeightFormat format) {
   if (format == WeightFormat::kBF16) {

@@ -27,8 +27,10 @@
 //    "tensors": [{"name": "model.layers.0.self_attn.qkv_proj.weight",
 //                 "sources": ["...q_proj.weight", "...k_proj.weight", "...v_proj.weight"],
 //                 "split": "heads", "head_dim": 128, "dtype": "fp8"}, ...]}
-// Wrong specs (a source not in params, sources that do not concatenate, a split that does not
-// divide, fp8 of a vector) are InvalidArgument naming the tensor, when the layout is built.
+// Wrong specs (a param that is not [n] or [rows, cols] of positive sizes, a source not in
+// params, sources that do not concatenate, a split that does not divide, fp8 of a vector) are
+// InvalidArgument naming the param or tensor, when the layout is built (spec_layout, which
+// the parameter server, the planner and the receivers all call before using a spec).
 // The rules are per tensor: that the tensors of a spec agree with each other (qkv in whole
 // heads while o_proj's columns split into half heads) is the model's business; our own
 // model's layout (inference_layout) checks it.
@@ -69,6 +71,9 @@ struct LayoutSpec {
 // The receiver tensors TP rank `tp_rank` of `tp` holds under `spec`, as inference_layout
 // gives them for our model.
 Result<std::vector<ReceiverTensor>> spec_layout(const LayoutSpec& spec, int tp, int tp_rank);
+
+// OK when `spec` can be built (spec_layout at tp 1): every param's shape and every tensor.
+Status check_layout_spec(const LayoutSpec& spec);
 
 // `spec` as a receiver of `format` holds it: kBF16 turns its fp8 tensors into bf16 ones (an fp8
 // tensor of a spec is one an fp8 receiver quantizes); kFP8 leaves it as it is.

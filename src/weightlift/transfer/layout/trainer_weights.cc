@@ -47,11 +47,20 @@ Status check_named(const std::map<std::string, Shape>& params, const std::string
 }
 
 // Whole tensors by name, for from_named and from_spec (whose callers checked the set).
-std::unordered_map<std::string, const NamedTensor*> by_name(std::span<const NamedTensor> tensors) {
-  std::unordered_map<std::string, const NamedTensor*> out;
-  for (const NamedTensor& t : tensors) out.emplace(t.name, &t);
-  return out;
-}
+class ByName {
+ public:
+  explicit ByName(std::span<const NamedTensor> tensors) {
+    for (const NamedTensor& t : tensors) map_.emplace(t.name, &t);
+  }
+  const NamedTensor& at(const std::string& name) const {
+    auto it = map_.find(name);
+    WL_CHECK(it != map_.end()) << "no tensor '" << name << "' (check_named_tensors first)";
+    return *it->second;
+  }
+
+ private:
+  std::unordered_map<std::string, const NamedTensor*> map_;
+};
 
 }  // namespace
 
@@ -82,6 +91,7 @@ Status check_named_tensors(const model::ModelConfig& config, std::span<const Nam
 }
 
 Status check_named_tensors(const LayoutSpec& spec, std::span<const NamedTensor> tensors) {
+  WL_RETURN_IF_ERROR(check_layout_spec(spec));
   return check_named(spec.params, "layout '" + spec.name + "'", tensors);
 }
 
@@ -125,12 +135,12 @@ TrainerWeights TrainerWeights::from_named(const model::ModelConfig& config,
                                           std::span<const NamedTensor> tensors,
                                           std::shared_ptr<comm::Group> mesh,
                                           const TrainerWeightsOptions& options) {
-  const auto named = by_name(tensors);
+  const ByName named(tensors);
   const model::ParamLayout layout(config);
   std::vector<Param> params;
   for (const model::ParamInfo& p : layout.params()) params.push_back({p.name, p.shape});
   TrainerWeights w = build(params, std::move(mesh), options, [&](ShardedTensor& t, size_t i) {
-    const NamedTensor& n = *named.at(params[i].name);
+    const NamedTensor& n = named.at(params[i].name);
     t.assign_full(n.dtype, n.data);
   });
   w.config_ = config;
@@ -141,11 +151,11 @@ TrainerWeights TrainerWeights::from_spec(const LayoutSpec& spec,
                                          std::span<const NamedTensor> tensors,
                                          std::shared_ptr<comm::Group> mesh,
                                          const TrainerWeightsOptions& options) {
-  const auto named = by_name(tensors);
+  const ByName named(tensors);
   std::vector<Param> params;
   for (const auto& [name, shape] : spec.params) params.push_back({name, shape});
   TrainerWeights w = build(params, std::move(mesh), options, [&](ShardedTensor& t, size_t i) {
-    const NamedTensor& n = *named.at(params[i].name);
+    const NamedTensor& n = named.at(params[i].name);
     t.assign_full(n.dtype, n.data);
   });
   w.spec_ = spec;

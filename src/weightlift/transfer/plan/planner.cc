@@ -101,7 +101,9 @@ Status Planner::check_config() {
     for (const model::ParamInfo& p : layout.params()) params_[p.name] = p.shape;
   } else {
     WL_ASSIGN_OR_RETURN(spec_, layout_spec_from_json(t0.layout_json, who));
+    WL_RETURN_IF_ERROR(check_layout_spec(*spec_).with_context(who));
     layout_json_ = layout_spec_to_json(*spec_);
+    plan_.layout_name = spec_->name;
     params_ = spec_->params;
   }
   plan_.mesh_size = t0.mesh_size;
@@ -391,7 +393,11 @@ Result<Plan> make_plan(std::span<const RankMeta> ranks) { return Planner(ranks).
 
 std::string plan_to_json(const Plan& p) {
   json j = new_record(Plan::kFormat);
-  if (!p.config_json.empty()) j["config"] = json::parse(p.config_json);
+  if (!p.config_json.empty()) {
+    j["config"] = json::parse(p.config_json);
+  } else {
+    j["layout"] = p.layout_name;
+  }
   j["mesh_size"] = p.mesh_size;
   j["num_meshes"] = p.num_meshes;
   json ts = json::array();
@@ -495,9 +501,15 @@ Result<Plan> plan_from_json(std::string_view text, std::string_view where) {
   const std::string w(where);
   return read_record<Plan>(text, where, Plan::kFormat, [&](const json& j) -> Result<Plan> {
     Plan p;
-    if (j.contains("config")) {  // our model's; a layout spec's plan has none
+    // Our model's config, or the name of the layout spec the trainers hold: one of the two.
+    if (j.contains("config") == j.contains("layout")) {
+      throw_field_error(j, "a plan needs exactly one of \"config\" and \"layout\"");
+    }
+    if (j.contains("config")) {
       WL_ASSIGN_OR_RETURN(model::ModelConfig c, model::parse_config(j.at("config").dump(), w));
       p.config_json = model::config_to_json(c);
+    } else {
+      p.layout_name = j.at("layout").get<std::string>();
     }
     p.mesh_size = int32_field(j.at("mesh_size"));
     p.num_meshes = int32_field(j.at("num_meshes"));

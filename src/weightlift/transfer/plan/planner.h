@@ -90,6 +90,7 @@ struct Plan {
                                         .what = "transfer plan",
                                         .remedy = "plan again with this build"};
   std::string config_json;  // our model's config; empty when the trainers hold a layout spec's
+  std::string layout_name;  // then that spec's name
   int mesh_size = 1, num_meshes = 1;
   std::vector<PlanTrainer> trainers;    // by world rank
   std::vector<PlanReceiver> receivers;  // by world rank
