@@ -1,5 +1,6 @@
 // `weightlift rl`: RL post-training across processes (rl/loop.h), run under `weightlift launch`.
-// Rank 0 trains and orchestrates; every other rank is a rollout worker. Rank 0 writes into
+// Rank 0 trains and orchestrates, ranks 1..--trainers-1 train with it (data parallel), every
+// other rank is a rollout worker. Rank 0 writes into
 // --out: rl_metrics.jsonl (one line per step), summary.json, report.html, reward.svg, the
 // trained policy (model.safetensors, config.json: `weightlift generate --run` reads them) and,
 // with the workers, processes.json.
@@ -40,6 +41,7 @@ struct RlArgs {
   bool dr_grpo = false;
   bool no_dynamic_sampling = false;
   std::string sync_dtype = "bf16";
+  std::string trainer_dp_mode = "ddp";
   int trainer_threads = 0;
   double timeout_s = 120;
 };
@@ -124,6 +126,9 @@ Status write_policy(const std::string& dir, const model::ModelConfig& config,
   return write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
 }
 
+// The job's rollout workers: every rank after the trainer's.
+int workers(const RlArgs& a, const parallel::Job& job) { return job.size() - a.o.trainers; }
+
 // The command's flags as the loop's options; nothing is allocated or connected yet.
 Status make_rl_options(RlArgs& a) {
   WL_ASSIGN_OR_RETURN(a.o.config, model::preset(a.preset));
@@ -140,6 +145,13 @@ Status make_rl_options(RlArgs& a) {
   auto format = transfer::weight_format_from_name(a.sync_dtype);
   if (!format) return invalid_argument("--sync-dtype '" + a.sync_dtype + "': expected bf16 or fp8");
   a.o.sync_format = *format;
+  auto dp_mode = parallel::dp_mode_from_name(a.trainer_dp_mode);
+  if (!dp_mode) {
+    return invalid_argument("--trainer-dp-mode '" + a.trainer_dp_mode +
+                            "': expected ddp, zero1 or zero2");
+  }
+  a.o.trainer_dp_mode = *dp_mode;
+  WL_RETURN_IF_ERROR(rl::check_trainer_layout(a.o));
   a.o.timeout = std::chrono::milliseconds(int64_t(a.timeout_s * 1000));
   a.o.checkpoint_dir = a.out_dir;
   return ok_status();
@@ -196,7 +208,7 @@ Result<rl::RlSummary> train_with_progress(const RlArgs& a, parallel::Job& job,
   };
   bool rl_started = false;
   Result<rl::RlSummary> s =
-      rl::run_trainer(a.o, job.world.store, job.size() - 1, [&](const rl::StepRecord& r) {
+      rl::run_trainer(a.o, job.world.store, workers(a, job), [&](const rl::StepRecord& r) {
         if (r.phase == "rl" && !rl_started) {
           rl_started = true;
           sft_bar.finish();
@@ -218,7 +230,9 @@ Status write_rl_outputs(const RlArgs& a, const parallel::Job& job, rl::RlSummary
                             {"mode", a.o.max_staleness == 0 ? "synchronous" : "asynchronous"},
                             {"max_staleness", a.o.max_staleness},
                             {"routing_replay", a.o.routing_replay},
-                            {"rollout_workers", job.size() - 1},
+                            {"rollout_workers", workers(a, job)},
+                            {"trainer_ranks", a.o.trainers},
+                            {"trainer_dp_mode", a.trainer_dp_mode},
                             {"group", a.o.group},
                             {"prompts_per_step", a.o.prompts},
                             {"seed", a.o.seed},
@@ -231,8 +245,10 @@ Status write_rl_outputs(const RlArgs& a, const parallel::Job& job, rl::RlSummary
   WL_RETURN_IF_ERROR(write_file_atomically(a.out_dir + "/summary.json", summary.dump(1) + "\n"));
   WL_RETURN_IF_ERROR(write_rl_reward_plot(a.out_dir + "/reward.svg", s));
   char title[160];
-  std::snprintf(title, sizeof title, "weightlift rl: %s difficulty %d, %s, %d rollout worker(s)",
-                a.task.c_str(), a.o.task.difficulty, a.preset.c_str(), job.size() - 1);
+  std::snprintf(title, sizeof title,
+                "weightlift rl: %s difficulty %d, %s, %d trainer rank(s), %d rollout worker(s)",
+                a.task.c_str(), a.o.task.difficulty, a.preset.c_str(), a.o.trainers,
+                workers(a, job));
   WL_RETURN_IF_ERROR(write_rl_report(a.out_dir + "/report.html", title, summary, s));
   std::printf(
       "rl: held-out accuracy %.1f%% after SFT (%lld steps), %.1f%% after %lld RL steps; "
@@ -247,17 +263,19 @@ Status write_rl_outputs(const RlArgs& a, const parallel::Job& job, rl::RlSummary
 Status run_rl(RlArgs a) {
   WL_RETURN_IF_ERROR(make_rl_options(a));
   WL_ASSIGN_OR_RETURN(comm::LaunchEnv env, comm::read_launch_env());
-  if (env.world_size < 2) {
-    return invalid_argument(
-        "rl needs at least 2 processes: the trainer and a rollout worker "
-        "(weightlift launch -n 2 weightlift rl ...)");
+  if (env.world_size < a.o.trainers + 1) {
+    return invalid_argument("rl needs at least " + std::to_string(a.o.trainers + 1) +
+                            " processes: " + std::to_string(a.o.trainers) +
+                            " trainer rank(s) (--trainers) and a rollout worker (weightlift "
+                            "launch -n " +
+                            std::to_string(a.o.trainers + 1) + " weightlift rl ...)");
   }
   // A rollout worker can be replaced mid-run; the trainer holds the run, and cannot.
-  if (env.rank == 0 && std::getenv("WEIGHTLIFT_RESTART") != nullptr) {
-    return failed_precondition(
-        "the trainer (rank 0) was lost and cannot be replaced mid-run: start the job again "
-        "with --resume and its last checkpoint in " +
-        a.out_dir);
+  if (env.rank < a.o.trainers && std::getenv("WEIGHTLIFT_RESTART") != nullptr) {
+    return failed_precondition("trainer rank " + std::to_string(env.rank) +
+                               " was lost and cannot be replaced mid-run: start the job again "
+                               "with --resume and its last checkpoint in " +
+                               a.out_dir);
   }
   // Only the trainer writes into --out (a replaced worker starts while the run is there).
   if (env.rank == 0) WL_RETURN_IF_ERROR(check_out_dir(a));
@@ -265,15 +283,23 @@ Status run_rl(RlArgs a) {
   // (rl/loop.h), so a replaced worker joins a running job without a world to rejoin.
   parallel::Job job;
   WL_ASSIGN_OR_RETURN(job.world, comm::connect_store(env, a.o.timeout));
-  a.o.run = run_options(a, job.size() - 1);
+  a.o.run = run_options(a, workers(a, job));
   std::optional<DirectoryLock> lock;
   if (env.rank == 0) {
     WL_ASSIGN_OR_RETURN(lock, take_out_dir(a));
   }
-  const std::string role =
-      job.rank() == 0 ? "trainer" : "rollout-worker-" + std::to_string(job.rank());
+  // Rollout worker k (from 1) is job rank trainers + k - 1.
+  const int worker = job.rank() - a.o.trainers + 1;
+  const std::string role = job.rank() == 0 ? "trainer"
+                           : job.rank() < a.o.trainers
+                               ? "trainer-rank-" + std::to_string(job.rank())
+                               : "rollout-worker-" + std::to_string(worker);
   WL_RETURN_IF_ERROR(parallel::write_processes(job, a.out_dir, role, a.o.timeout));
-  if (job.rank() != 0) return rl::run_rollout_worker(a.o, job.world.store, job.rank());
+  if (worker >= 1) return rl::run_rollout_worker(a.o, job.world.store, worker);
+  if (job.rank() != 0) {
+    if (a.trainer_threads > 0) set_num_threads(a.trainer_threads);
+    return rl::run_trainer_rank(a.o, job.world.store, job.rank(), workers(a, job));
+  }
   // In synchronous mode the workers wait while the trainer computes: it may take every core.
   if (a.trainer_threads > 0) set_num_threads(a.trainer_threads);
   a.o.on_event = [](const rl::RlEvent& e) {
@@ -288,10 +314,10 @@ Status run_rl(RlArgs a) {
     }
   };
   std::printf(
-      "rl: %s, task %s difficulty %d, %d rollout worker(s), %lld prompts x %lld "
-      "samples per step\n",
-      a.preset.c_str(), a.task.c_str(), a.o.task.difficulty, job.size() - 1, (long long)a.o.prompts,
-      (long long)a.o.group);
+      "rl: %s, task %s difficulty %d, %d trainer rank(s) (%s), %d rollout worker(s), %lld "
+      "prompts x %lld samples per step\n",
+      a.preset.c_str(), a.task.c_str(), a.o.task.difficulty, a.o.trainers,
+      a.trainer_dp_mode.c_str(), workers(a, job), (long long)a.o.prompts, (long long)a.o.group);
   std::fflush(stdout);
 
   std::string metrics;
@@ -383,8 +409,16 @@ void add_run_flags(CLI::App* cmd, RlArgs& a) {
   cmd->add_option("--sync-dtype", a.sync_dtype,
                   "how rollout workers hold the weights the trainer pushes: bf16 or fp8")
       ->capture_default_str();
+  cmd->add_option("--trainers", o.trainers,
+                  "data-parallel trainer ranks: job ranks 0..N-1 train, each pushing its own "
+                  "shard of the weights to the workers; the rest are rollout workers")
+      ->capture_default_str()
+      ->transform(count(1, kMaxRanks));
+  cmd->add_option("--trainer-dp-mode", a.trainer_dp_mode,
+                  "how the trainer ranks share the optimizer: ddp, zero1 or zero2")
+      ->capture_default_str();
   cmd->add_option("--trainer-threads", a.trainer_threads,
-                  "compute threads of the trainer (rank 0) instead of --threads: it computes "
+                  "compute threads of each trainer rank instead of --threads: they compute "
                   "while the workers wait (0 = --threads)")
       ->capture_default_str()
       ->transform(count(0, kMaxThreads));

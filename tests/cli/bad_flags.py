@@ -103,6 +103,14 @@ def counts_and_sizes(s, d):
         with open(path, "w") as f:
             f.write(text)
         s.expect_error(f"rl --run-config {name}", ["rl", "--run-config", path], *needles)
+    # The trainer's ranks: checked before any process connects.
+    for extra, needles in ((["--trainers", "0"], ("--trainers", "[1,")),
+                           (["--trainer-dp-mode", "zero9"], ("'zero9'", "ddp, zero1 or zero2")),
+                           (["--trainer-dp-mode", "fsdp"], ("--trainer-dp-mode fsdp", "shard")),
+                           (["--trainers", "2", "--sft-batch", "31"],
+                            ("--sft-batch 31", "--trainers 2")),
+                           (["--trainers", "2"], ("at least 3 processes", "--trainers"))):
+        s.expect_error("rl " + " ".join(extra), ["rl"] + extra, *needles)
     fifo = os.path.join(d, "run_config_fifo")
     os.mkfifo(fifo)
     s.expect_error("rl --run-config a FIFO", ["rl", "--run-config", fifo], "--run-config",

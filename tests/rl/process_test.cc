@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -124,6 +125,89 @@ TEST(RlProcesses, TrainerAndTwoWorkersRunTheLoop) {
                                        {});
   EXPECT_EQ(wl::testing::wait_exit(gen, comm::deadline_after(60s)), 0) << gen.output;
   wl::testing::reap(gen);
+}
+
+// Two trainer ranks (ZeRO-1) and two rollout workers: each trainer rank pushes its own shard
+// of the weights, and the workers hold the whole model (every trained step's log-probabilities
+// match the trainer's, which a stale or missing shard would not). The warm start's losses are
+// the single trainer rank's (the router's balancing loss, taken over each rank's rows, makes
+// the only difference), both ranks write their rows into the checkpoints, and a run resumed
+// from one on two ranks writes the uninterrupted run's records step for step.
+TEST(RlProcesses, TwoTrainerRanksPushTheirOwnShardsAndTrainAsOne) {
+  const std::vector<std::string> args = {"--preset",
+                                         "tiny",
+                                         "--task",
+                                         "add",
+                                         "--difficulty",
+                                         "1",
+                                         "--sft-steps",
+                                         "40",
+                                         "--sft-target",
+                                         "1",
+                                         "--steps",
+                                         "4",
+                                         "--eval-every",
+                                         "10",
+                                         "--prompts",
+                                         "4",
+                                         "--group",
+                                         "4",
+                                         "--eval-problems",
+                                         "16",
+                                         "--format-reward",
+                                         "0.5",
+                                         "--checkpoint-every",
+                                         "2",
+                                         "--timeout",
+                                         "30"};
+  auto run = [&](int ranks, const std::string& out, std::vector<std::string> extra) {
+    std::vector<std::string> a = args;
+    a.insert(a.end(), {"--out", out});
+    a.insert(a.end(), extra.begin(), extra.end());
+    std::vector<Child> job = start_job(ranks, a);
+    for (Child& c : job) {
+      EXPECT_EQ(wl::testing::wait_exit(c, comm::deadline_after(120s)), 0) << c.output;
+      wl::testing::reap(c);
+    }
+    return read_records(out + "/rl_metrics.jsonl");
+  };
+  const std::string one = fresh_dir("one_trainer"), two = fresh_dir("two_trainers"),
+                    resumed = fresh_dir("two_trainers_resumed");
+  const std::vector<std::string> two_ranks = {"--trainers", "2", "--trainer-dp-mode", "zero1"};
+  const std::vector<nlohmann::json> a = run(3, one, {}), b = run(4, two, two_ranks);
+  ASSERT_EQ(a.size(), b.size());
+  int trained = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (b[i]["phase"] == "sft") {
+      const double x = a[i]["loss"], y = b[i]["loss"];
+      EXPECT_NEAR(y, x, 1e-4 * std::fabs(x)) << "warm-start step " << b[i]["step"];
+      continue;
+    }
+    if (b[i]["trained"].get<int64_t>() == 0) continue;
+    ++trained;
+    EXPECT_LT(b[i]["logprob_gap_max"].get<double>(), 0.05) << b[i].dump();
+    EXPECT_EQ(b[i]["staleness"], nlohmann::json::array({b[i]["trained"]})) << b[i].dump();
+  }
+  EXPECT_GT(trained, 0) << "no RL step trained: the test checks nothing of the policy step";
+  const nlohmann::json summary = nlohmann::json::parse(std::ifstream(two + "/summary.json"));
+  EXPECT_EQ(summary["trainer_ranks"], 2);
+  EXPECT_EQ(summary["rollout_workers"], 2);
+  const nlohmann::json processes = nlohmann::json::parse(std::ifstream(two + "/processes.json"));
+  std::vector<std::string> roles;
+  for (const nlohmann::json& p : processes) roles.push_back(p["role"]);
+  EXPECT_EQ(roles, (std::vector<std::string>{"trainer", "trainer-rank-1", "rollout-worker-1",
+                                             "rollout-worker-2"}));
+  for (const char* f : {"rank-00000-of-00002.safetensors", "rank-00001-of-00002.safetensors"})
+    EXPECT_TRUE(std::filesystem::exists(two + "/checkpoint-2/" + f)) << f;
+  std::vector<std::string> resume = two_ranks;
+  resume.insert(resume.end(), {"--resume", two + "/checkpoint-2"});
+  const std::vector<nlohmann::json> c = run(4, resumed, resume);
+  ASSERT_EQ(b.size(), c.size());
+  for (size_t i = 0; i < b.size(); ++i) {
+    for (const char* k : {"phase", "step", "version", "loss", "reward_mean", "tokens"})
+      EXPECT_EQ(b[i].value(k, nlohmann::json()), c[i].value(k, nlohmann::json()))
+          << k << " of record " << i;
+  }
 }
 
 // fp8 sync: the workers hold e4m3 weights with a scale per 128x128 block; the loop runs and

@@ -12,9 +12,11 @@
 #include "weightlift/comm/group.h"
 #include "weightlift/core/timing.h"
 #include "weightlift/infer/worker.h"
+#include "weightlift/kernels/cross_entropy.h"
 #include "weightlift/model/memory_estimate.h"
 #include "weightlift/model/params.h"
 #include "weightlift/parallel/data_parallel.h"
+#include "weightlift/parallel/job.h"
 #include "weightlift/rl/checkpoint.h"
 #include "weightlift/train/tokenizer.h"
 #include "weightlift/transfer/fleet/fleet_receiver.h"
@@ -140,18 +142,20 @@ std::string control_prefix(int rank, int64_t incarnation) {
 
 }  // namespace
 
-Status run_rollout_worker(const RlOptions& o, const std::shared_ptr<comm::Store>& store, int rank) {
-  // This process's incarnation of worker `rank`: 1 at the job's start, 2 for its first
+Status run_rollout_worker(const RlOptions& o, const std::shared_ptr<comm::Store>& store,
+                          int worker) {
+  // This process's incarnation of worker `worker`: 1 at the job's start, 2 for its first
   // replacement, ... The control channel is the trainer's and this incarnation's alone.
-  WL_ASSIGN_OR_RETURN(const int64_t incarnation, store->add(worker_key(rank) + "/incarnation", 1));
+  WL_ASSIGN_OR_RETURN(const int64_t incarnation,
+                      store->add(worker_key(worker) + "/incarnation", 1));
   WL_ASSIGN_OR_RETURN(
       std::shared_ptr<comm::Group> control,
       comm::Group::connect({.store = store,
                             .rank = 1,
                             .size = 2,
-                            .worker = {.name = "rollout worker " + std::to_string(rank)},
+                            .worker = {.name = "rollout worker " + std::to_string(worker)},
                             .timeout = o.timeout,
-                            .prefix = control_prefix(rank, incarnation)}));
+                            .prefix = control_prefix(worker, incarnation)}));
   comm::Group& g = *control;
   const transfer::LayoutOptions layout{.format = o.sync_format};  // tp 1
   WL_ASSIGN_OR_RETURN(auto lay, transfer::inference_layout(o.config, layout));
@@ -161,14 +165,14 @@ Status run_rollout_worker(const RlOptions& o, const std::shared_ptr<comm::Store>
       transfer::FleetReceiver::create(
           {.store = store,
            .prefix = kFleet,
-           .id = rank - 1,
+           .id = worker - 1,
            .receiver = {.tensors = transfer::tensor_specs(lay), .format = o.sync_format},
            .timeout = o.timeout}));
-  WL_ASSIGN_OR_RETURN(std::unique_ptr<infer::InferenceWorker> worker,
+  WL_ASSIGN_OR_RETURN(std::unique_ptr<infer::InferenceWorker> inference,
                       infer::InferenceWorker::create({.config = o.config, .layout = layout}));
   // Ready: the trainer reads the version healed (+ 1, so 0 means not yet).
   WL_RETURN_IF_ERROR(store
-                         ->add(worker_key(rank) + "/ready-" + std::to_string(incarnation),
+                         ->add(worker_key(worker) + "/ready-" + std::to_string(incarnation),
                                int64_t(fleet->healed_version()) + 1)
                          .status());
   for (;;) {
@@ -195,7 +199,7 @@ Status run_rollout_worker(const RlOptions& o, const std::shared_ptr<comm::Store>
         .stop_token = train::kEosToken,
         .keep_routes = o.routing_replay};
     WL_ASSIGN_OR_RETURN(infer::Generation out,
-                        worker->generate(fleet->receiver(), req.prompts, gen));
+                        inference->generate(fleet->receiver(), req.prompts, gen));
     // Reply: [version, then per row its length and tokens] and the logprobs, row after row.
     std::vector<int64_t> ints = {int64_t(out.version)};
     std::vector<double> reals;
@@ -233,18 +237,108 @@ struct Round {
   std::vector<Sample> samples;
 };
 
+// The trainer's data-parallel ranks: the model over them, and a channel of their own on
+// which rank 0 tells the others what to do (null with one rank).
+struct TrainerRanks {
+  std::unique_ptr<parallel::DataParallel> dp;
+  std::shared_ptr<comm::Group> orders;
+};
+
+Result<TrainerRanks> connect_trainer_ranks(const RlOptions& o,
+                                           const std::shared_ptr<comm::Store>& store, int rank) {
+  const parallel::ParallelLayout layout{.dp_mode = o.trainer_dp_mode, .dp = o.trainers};
+  TrainerRanks t;
+  parallel::TrainRanks ranks;
+  if (o.trainers > 1) {
+    auto connect = [&](const char* prefix) {
+      return comm::Group::connect({.store = store,
+                                   .rank = rank,
+                                   .size = o.trainers,
+                                   .worker = {.name = "trainer rank " + std::to_string(rank)},
+                                   .timeout = o.timeout,
+                                   .prefix = prefix});
+    };
+    WL_ASSIGN_OR_RETURN(ranks.group, connect("rl-trainers"));
+    WL_ASSIGN_OR_RETURN(ranks.comm, connect("rl-trainers-comm"));
+    WL_ASSIGN_OR_RETURN(t.orders, connect("rl-trainers-orders"));
+  }
+  WL_ASSIGN_OR_RETURN(t.dp, parallel::make_data_parallel(o.config, layout, train::AdamWOptions{},
+                                                         o.timeout, ranks));
+  return t;
+}
+
+// What rank 0 tells the other trainer ranks to do, each a collective step they take with it.
+enum class Order : int64_t {
+  kSft = 1,
+  kPolicy = 2,
+  kRefresh = 3,
+  kUpdate = 4,
+  kSave = 5,
+  kStop = 6
+};
+
+// An order and what it carries.
+struct OrderMessage {
+  Order order = Order::kStop;
+  std::vector<int64_t> ints;
+  std::vector<double> reals;
+  std::vector<int32_t> routes;
+};
+
+// A token batch as [batch, seq, tokens, targets]; read back from `ints` at `at`.
+void encode_batch(const train::Batch& b, std::vector<int64_t>& ints) {
+  ints.push_back(b.batch);
+  ints.push_back(b.seq);
+  ints.insert(ints.end(), b.tokens.begin(), b.tokens.end());
+  ints.insert(ints.end(), b.targets.begin(), b.targets.end());
+}
+
+Result<train::Batch> decode_batch(const std::vector<int64_t>& ints, size_t at) {
+  if (ints.size() < at + 2 || ints[at] < 1 || ints[at + 1] < 1 ||
+      uint64_t(ints[at]) * uint64_t(ints[at + 1]) * 2 != ints.size() - at - 2) {
+    return data_loss("trainer order: a batch of " + std::to_string(ints.size()) + " values");
+  }
+  train::Batch b{.batch = ints[at], .seq = ints[at + 1]};
+  const auto n = int64_t(b.batch * b.seq);
+  const auto first = ints.begin() + int64_t(at) + 2;
+  b.tokens.assign(first, first + n);
+  b.targets.assign(first + n, first + 2 * n);
+  return b;
+}
+
+// A policy batch's rows padded to a multiple of `ranks` (each data-parallel rank takes an equal
+// share): the padding rows are end tokens whose targets are ignored, so the loss and its
+// gradients do not see them (the router's balancing losses count their tokens).
+void pad_rows(PolicyBatch& pb, int ranks) {
+  train::Batch& b = pb.batch;
+  const int64_t rows = (b.batch + ranks - 1) / ranks * ranks;
+  const auto n = size_t(rows * b.seq);
+  const size_t width = b.tokens.empty() ? 0 : pb.routes.size() / b.tokens.size();
+  b.batch = rows;
+  b.tokens.resize(n, train::kEosToken);
+  b.targets.resize(n, kernels::kIgnoreIndex);
+  pb.logp_mu.resize(n, 0.0);
+  pb.advantage.resize(n, 0.0);
+  if (!pb.logp_ref.empty()) pb.logp_ref.resize(n, 0.0);
+  pb.routes.resize(n * width, -1);
+}
+
 class Trainer {
  public:
-  Trainer(const RlOptions& o, std::shared_ptr<comm::Store> store, int workers, Task task)
+  Trainer(const RlOptions& o, std::shared_ptr<comm::Store> store, int workers, Task task,
+          TrainerRanks ranks)
       : o_(o),
         store_(std::move(store)),
         links_(size_t(workers) + 1),
         task_(std::move(task)),
-        dp_(o.config, {}, nullptr, nullptr),
-        full_(size_t(dp_.layout().total())),
+        dp_(std::move(ranks.dp)),
+        orders_(std::move(ranks.orders)),
+        rank_(orders_ ? orders_->rank() : 0),
+        full_(size_t(dp_->layout().total())),
         rng_(o.seed) {
-    model::init_params(o.config, dp_.layout(), o.seed, full_.data());
-    dp_.set_params(full_.data());
+    // Every trainer rank draws the same initial weights.
+    model::init_params(o.config, dp_->layout(), o.seed, full_.data());
+    dp_->set_params(full_.data());
     seq_ = positions(task_);
     held_out_ = task_.held_out(int(o.eval_problems), o.seed);
   }
@@ -259,6 +353,8 @@ class Trainer {
   Status start() {
     WL_ASSIGN_OR_RETURN(server_, transfer::ParameterServer::create(
                                      {.store = store_,
+                                      .rank = rank_,
+                                      .size = o_.trainers,
                                       .prefix = kFleet,
                                       .timeout = o_.timeout,
                                       // bf16 workers take the servers' bf16 copy as it is (the same
@@ -268,6 +364,7 @@ class Trainer {
                                                          ? DType::kBF16
                                                          : DType::kF32}));
     WL_RETURN_IF_ERROR(server_->register_checkpoint(kCheckpoint, o_.config, full_));
+    if (rank_ != 0) return ok_status();  // rank 0 alone talks to the workers
     for (int k = 1; k < int(links_.size()); ++k) {
       WL_ASSIGN_OR_RETURN(const int64_t incarnation, wait_for_incarnation(k, 0));
       WL_RETURN_IF_ERROR(connect_worker(k, incarnation).status());
@@ -287,11 +384,8 @@ class Trainer {
   // lost in the update is dropped and the update made again without it (the fleet forms a
   // new generation without receivers that no longer answer).
   Result<uint64_t> push_weights() {
-    // The trainer is one rank, which holds the model whole: the servers take its parameters
-    // as they are, with no copy of the model first.
-    const float* whole = dp_.whole_model();
-    WL_CHECK(whole != nullptr) << "the RL trainer holds its model whole";
-    WL_RETURN_IF_ERROR(server_->refresh(kCheckpoint, std::span(whole, full_.size())));
+    WL_RETURN_IF_ERROR(tell({Order::kRefresh}));
+    WL_RETURN_IF_ERROR(refresh());
     Status failed = ok_status();
     for (int attempt = 0; attempt < 3; ++attempt) {
       WL_RETURN_IF_ERROR(adopt_replacements());  // waits for one if every worker is lost
@@ -306,10 +400,11 @@ class Trainer {
           l.syncing = true;
         }
       }
-      std::vector<int> ids;
+      std::vector<int64_t> ids;
       for (int k : alive()) ids.push_back(k - 1);  // fleet ids
       if (ids.empty()) continue;
-      Result<transfer::ServerUpdate> u = server_->update(kCheckpoint, ids);
+      WL_RETURN_IF_ERROR(tell({Order::kUpdate, ids}));
+      Result<transfer::ServerUpdate> u = update(ids);
       if (!u.ok()) {
         event("weight update failed (" + u.status().to_string() + ")");
         // Twice in a row: no one left answers.
@@ -489,8 +584,7 @@ class Trainer {
     if (!reference_) {
       reference_ = std::make_unique<parallel::DataParallel>(
           o_.config, parallel::DataParallelOptions{}, nullptr, nullptr);
-      WL_RETURN_IF_ERROR(dp_.gather_model(full_.data()));
-      reference_->set_params(full_.data());
+      reference_->set_params(whole());
     }
     return target_logprobs(*reference_, b);
   }
@@ -512,13 +606,14 @@ class Trainer {
       c.pending_problems = received_->problems;
       c.pending_samples = received_->samples;
     }
-    WL_RETURN_IF_ERROR(save_rl_checkpoint(dir, dp_, c));
+    WL_RETURN_IF_ERROR(tell({Order::kSave, {rl_steps, int64_t(updates_)}}));
+    WL_RETURN_IF_ERROR(save_rl_checkpoint(dir, *dp_, c));
     if (o_.max_staleness > 0) WL_RETURN_IF_ERROR(push_weights().status());
     return ok_status();
   }
 
   Result<RlCheckpoint> resume(const std::string& dir) {
-    WL_ASSIGN_OR_RETURN(RlCheckpoint c, load_rl_checkpoint(dir, dp_, o_.run));
+    WL_ASSIGN_OR_RETURN(RlCheckpoint c, load_rl_checkpoint(dir, *dp_, o_.run));
     rng_.set_state(c.rng);
     updates_ = c.updates;
     if (!c.pending_problems.empty()) {
@@ -576,9 +671,9 @@ class Trainer {
     return ok_status();
   }
 
-  Result<std::vector<float>> policy() {
-    WL_RETURN_IF_ERROR(dp_.gather_model(full_.data()));
-    return full_;
+  std::vector<float> policy() const {
+    const float* w = whole();
+    return std::vector<float>(w, w + full_.size());
   }
 
   // Held-out accuracy of the trainer's current weights, greedy, on the workers.
@@ -612,7 +707,10 @@ class Trainer {
     }
     WL_ASSIGN_OR_RETURN(train::Batch b, make_sft_batch(demos, seq_));
     const Stopwatch train_time;
-    WL_ASSIGN_OR_RETURN(parallel::StepResult r, parallel::run_step(dp_, b, {.lr = o_.sft_lr}));
+    OrderMessage order{Order::kSft};
+    encode_batch(b, order.ints);
+    WL_RETURN_IF_ERROR(tell(order));
+    WL_ASSIGN_OR_RETURN(parallel::StepResult r, parallel::run_step(*dp_, b, {.lr = o_.sft_lr}));
     ++updates_;
     StepRecord rec;
     rec.phase = "sft";
@@ -747,7 +845,13 @@ class Trainer {
     if (o_.loss.kl_coef > 0) {
       WL_ASSIGN_OR_RETURN(pb.logp_ref, reference_logprobs(pb.batch));
     }
-    WL_ASSIGN_OR_RETURN(rec.stats, policy_step(dp_, pb, {.lr = o_.lr}, o_.loss));
+    pad_rows(pb, o_.trainers);
+    OrderMessage order{Order::kPolicy, {pb.completion_tokens}, pb.logp_mu, pb.routes};
+    encode_batch(pb.batch, order.ints);
+    order.reals.insert(order.reals.end(), pb.advantage.begin(), pb.advantage.end());
+    order.reals.insert(order.reals.end(), pb.logp_ref.begin(), pb.logp_ref.end());
+    WL_RETURN_IF_ERROR(tell(order));
+    WL_ASSIGN_OR_RETURN(rec.stats, policy_step(*dp_, pb, {.lr = o_.lr}, o_.loss));
     ++updates_;
     rec.loss = rec.stats.loss;
     rec.train_s = train_time.seconds();
@@ -793,11 +897,56 @@ class Trainer {
   }
 
   Status stop() {
+    // The other trainer ranks first: they wait for orders whatever happens to the workers.
+    Status told = tell({Order::kStop});
     // A worker answering a request takes no command until its answer is received.
     if (in_flight_) (void)drain();
     for (int k : alive())
       WL_RETURN_IF_ERROR(send_command(*links_[size_t(k)].control, 1, kStop, o_.timeout));
-    return ok_status();
+    return told;
+  }
+
+  // A trainer rank other than 0: every step rank 0 takes, taken with it, until it says stop.
+  // Rank 0 may be a while between orders (generating, waiting for a lost worker's
+  // replacement), so a rank waits a few timeouts for the next before it gives up.
+  Status follow() {
+    if (!o_.resume.empty())
+      WL_RETURN_IF_ERROR(load_rl_checkpoint(o_.resume, *dp_, o_.run).status());
+    for (;;) {
+      WL_ASSIGN_OR_RETURN(OrderMessage m, hear(o_.timeout * 4));
+      switch (m.order) {
+        case Order::kStop:
+          return ok_status();
+        case Order::kSft: {
+          WL_ASSIGN_OR_RETURN(train::Batch b, decode_batch(m.ints, 0));
+          WL_RETURN_IF_ERROR(parallel::run_step(*dp_, b, {.lr = o_.sft_lr}).status());
+          break;
+        }
+        case Order::kPolicy: {
+          WL_ASSIGN_OR_RETURN(PolicyBatch pb, decode_policy_batch(m));
+          WL_RETURN_IF_ERROR(policy_step(*dp_, pb, {.lr = o_.lr}, o_.loss).status());
+          break;
+        }
+        case Order::kRefresh:
+          WL_RETURN_IF_ERROR(refresh());
+          break;
+          break;
+        case Order::kUpdate:
+          // A failed update is rank 0's to handle (it drops the lost worker and orders another).
+          (void)update(m.ints);
+          break;
+        case Order::kSave: {
+          if (m.ints.size() != 2) return data_loss("trainer order: save without its step");
+          WL_RETURN_IF_ERROR(
+              save_rl_checkpoint(o_.checkpoint_dir + "/checkpoint-" + std::to_string(m.ints[0]),
+                                 *dp_, {.updates = uint64_t(m.ints[1])}));
+          break;
+        }
+        default:
+          return data_loss("trainer rank " + std::to_string(rank_) + ": unknown order " +
+                           std::to_string(int64_t(m.order)) + " from rank 0");
+      }
+    }
   }
 
  private:
@@ -898,13 +1047,86 @@ class Trainer {
     }
   }
 
+  // The trainer's whole model on this rank (it holds it after every step: DDP, ZeRO-1/2).
+  const float* whole() const {
+    const float* w = dp_->whole_model();
+    WL_CHECK(w != nullptr) << "the RL trainer holds its model whole";
+    return w;
+  }
+
+  // This rank's servers take its own parameters as they are, with no copy of the model first
+  // (each server rank keeps its dim-0 shard of every parameter).
+  Status refresh() { return server_->refresh(kCheckpoint, std::span(whole(), full_.size())); }
+
+  Result<transfer::ServerUpdate> update(const std::vector<int64_t>& ids) {
+    const std::vector<int> fleet_ids(ids.begin(), ids.end());
+    return server_->update(kCheckpoint, fleet_ids);
+  }
+
+  // Rank 0 tells every other trainer rank the collective step it takes next.
+  Status tell(const OrderMessage& m) {
+    for (int r = 1; rank_ == 0 && r < o_.trainers; ++r) {
+      comm::Group& g = *orders_;
+      const auto order = int64_t(m.order);
+      WL_RETURN_IF_ERROR(g.send({.data = &order,
+                                 .bytes = sizeof order,
+                                 .peer = r,
+                                 .tag = kTagCommand,
+                                 .timeout = o_.timeout}));
+      WL_RETURN_IF_ERROR(send_values(g, r, kTagInts, m.ints, o_.timeout));
+      WL_RETURN_IF_ERROR(send_values(g, r, kTagReals, m.reals, o_.timeout));
+      WL_RETURN_IF_ERROR(send_values(g, r, kTagRoutes, m.routes, o_.timeout));
+    }
+    return ok_status();
+  }
+
+  Result<OrderMessage> hear(std::chrono::milliseconds wait) {
+    comm::Group& g = *orders_;
+    int64_t order = 0;
+    WL_RETURN_IF_ERROR(g.recv({.data = &order,
+                               .bytes = sizeof order,
+                               .peer = 0,
+                               .tag = kTagCommand,
+                               .timeout = wait})
+                           .with_context("trainer rank " + std::to_string(rank_) +
+                                         ": waiting for rank 0's next order"));
+    OrderMessage m{Order(order)};
+    WL_ASSIGN_OR_RETURN(m.ints, recv_values<int64_t>(g, 0, kTagInts, kMostValues, o_.timeout));
+    WL_ASSIGN_OR_RETURN(m.reals, recv_values<double>(g, 0, kTagReals, kMostValues, o_.timeout));
+    WL_ASSIGN_OR_RETURN(m.routes, recv_values<int32_t>(g, 0, kTagRoutes, kMostValues, o_.timeout));
+    return m;
+  }
+
+  // [completion tokens, batch]; reals: logp_mu, advantage and (with a KL term) logp_ref.
+  Result<PolicyBatch> decode_policy_batch(const OrderMessage& m) const {
+    if (m.ints.empty()) return data_loss("trainer order: an empty policy batch");
+    PolicyBatch pb;
+    pb.completion_tokens = m.ints[0];
+    WL_ASSIGN_OR_RETURN(pb.batch, decode_batch(m.ints, 1));
+    const size_t n = pb.batch.tokens.size();
+    const size_t parts = m.reals.size() / n;
+    if (m.reals.size() % n != 0 || parts < 2 || parts > 3 || m.routes.size() % n != 0) {
+      return data_loss("trainer order: " + std::to_string(m.reals.size()) + " reals and " +
+                       std::to_string(m.routes.size()) + " routes for " + std::to_string(n) +
+                       " positions");
+    }
+    const auto at = [&](size_t part) { return m.reals.begin() + int64_t(part * n); };
+    pb.logp_mu.assign(at(0), at(1));
+    pb.advantage.assign(at(1), at(2));
+    if (parts == 3) pb.logp_ref.assign(at(2), at(3));
+    pb.routes = m.routes;
+    return pb;
+  }
+
   const RlOptions& o_;
   std::shared_ptr<comm::Store> store_;
-  std::vector<WorkerLink> links_;  // by worker rank; [0] unused
+  std::vector<WorkerLink> links_;  // by worker number; [0] unused
   std::string phase_ = "sft";
   int64_t step_ = 0;
   Task task_;
-  parallel::DataParallel dp_;
+  std::unique_ptr<parallel::DataParallel> dp_;
+  std::shared_ptr<comm::Group> orders_;  // to the other trainer ranks; null with one
+  int rank_ = 0;                         // among the trainer's ranks
   std::vector<float> full_;
   Rng rng_;
   int64_t seq_ = 0;
@@ -983,12 +1205,27 @@ Result<RlSummary> run_phases(const RlOptions& o, Trainer& t,
           t.save(o.checkpoint_dir + "/checkpoint-" + std::to_string(step), summary, step));
     }
   }
-  WL_ASSIGN_OR_RETURN(summary.policy, t.policy());
+  summary.policy = t.policy();
   summary.events = t.events;
   return summary;
 }
 
 }  // namespace
+
+Status check_trainer_layout(const RlOptions& o) {
+  if (o.trainers < 1) return invalid_argument("--trainers " + std::to_string(o.trainers));
+  if (o.trainer_dp_mode == parallel::DpMode::kFsdp) {
+    return invalid_argument(
+        "--trainer-dp-mode fsdp: the RL trainer's ranks push the weights from the whole model "
+        "each holds after a step, and FSDP holds a shard only; use ddp, zero1 or zero2");
+  }
+  if (o.sft_batch % o.trainers != 0) {
+    return invalid_argument("--sft-batch " + std::to_string(o.sft_batch) +
+                            " is not a multiple of --trainers " + std::to_string(o.trainers) +
+                            " (each trainer rank takes an equal share of its rows)");
+  }
+  return ok_status();
+}
 
 Result<RlSummary> run_trainer(const RlOptions& o, std::shared_ptr<comm::Store> store, int workers,
                               const std::function<void(const StepRecord&)>& on_step) {
@@ -1007,7 +1244,9 @@ Result<RlSummary> run_trainer(const RlOptions& o, std::shared_ptr<comm::Store> s
   // Before anything is allocated: the policy, its optimizer and a step's logits.
   WL_RETURN_IF_ERROR(
       model::check_training_memory(o.config, "the policy", o.prompts * o.group, seq));
-  Trainer t(o, std::move(store), workers, std::move(task));
+  WL_RETURN_IF_ERROR(check_trainer_layout(o));
+  WL_ASSIGN_OR_RETURN(TrainerRanks ranks, connect_trainer_ranks(o, store, 0));
+  Trainer t(o, std::move(store), workers, std::move(task), std::move(ranks));
   WL_RETURN_IF_ERROR(t.start());
   Result<RlSummary> summary = run_phases(o, t, on_step);
   // The workers wait for a command whatever happened here: on an error too, tell them to stop.
@@ -1015,6 +1254,17 @@ Result<RlSummary> run_trainer(const RlOptions& o, std::shared_ptr<comm::Store> s
   WL_RETURN_IF_ERROR(summary.status());
   WL_RETURN_IF_ERROR(stopped);
   return summary;
+}
+
+Status run_trainer_rank(const RlOptions& o, std::shared_ptr<comm::Store> store, int rank,
+                        int workers) {
+  WL_CHECK(rank >= 1 && rank < o.trainers) << "trainer rank " << rank << " of " << o.trainers;
+  WL_ASSIGN_OR_RETURN(Task task, Task::create(o.task));
+  WL_RETURN_IF_ERROR(check_trainer_layout(o));
+  WL_ASSIGN_OR_RETURN(TrainerRanks ranks, connect_trainer_ranks(o, store, rank));
+  Trainer t(o, std::move(store), workers, std::move(task), std::move(ranks));
+  WL_RETURN_IF_ERROR(t.start());
+  return t.follow();
 }
 
 }  // namespace wl::rl

@@ -8,9 +8,14 @@
 //                 back by the task's rules, GRPO advantages per group, groups whose rewards are
 //                 all equal filtered out and replaced from fresh prompts (DAPO's dynamic
 //                 sampling), one policy step (policy_step.h)
-//   ranks 1..W    rollout workers: a fleet receiver holding the pushed weights (bf16) and an
-//                 inference worker generating from them with the KV cache and the sampling
-//                 options, returning every token with its log-probability under the
+//   ranks 1..T-1  with `trainers` T > 1, the other data-parallel ranks of the trainer (DDP or
+//                 ZeRO-1/2: each holds the whole model after a step). Rank 0 tells them each
+//                 step it takes (the batch it built) and they take it with it; each is also a
+//                 parameter-server rank, and pushes its own dim-0 shard of every parameter
+//                 to the workers from its own weights, so no rank gathers the model
+//   ranks T..T+W-1  rollout workers 1..W: a fleet receiver holding the pushed weights (bf16)
+//                 and an inference worker generating from them with the KV cache and the
+//                 sampling options, returning every token with its log-probability under the
 //                 distribution sampled from and the weights' version
 //
 // Control messages (which prompts, what came back) travel over UCX, as every byte between
@@ -33,6 +38,7 @@
 #include "weightlift/comm/store.h"
 #include "weightlift/kernels/sampling.h"
 #include "weightlift/model/config.h"
+#include "weightlift/parallel/layout.h"
 #include "weightlift/rl/policy_loss.h"
 #include "weightlift/rl/policy_step.h"
 #include "weightlift/rl/tasks.h"
@@ -51,6 +57,11 @@ struct RlEvent {
 struct RlOptions {
   model::ModelConfig config;
   TaskOptions task;
+  // The trainer's data-parallel ranks (job ranks 0..trainers-1) and how they share the
+  // optimizer's state: DDP, ZeRO-1 or ZeRO-2 (each rank ends a step holding the whole model,
+  // which it pushes its shard of; FSDP holds a shard only and is refused).
+  int trainers = 1;
+  parallel::DpMode trainer_dp_mode = parallel::DpMode::kDdp;
   uint64_t seed = 1;
   // SFT warm start: up to sft_steps steps of sft_batch demonstrations, stopped early once the
   // held-out accuracy (greedy) reaches sft_target, so RL starts from a model that is partly
@@ -132,15 +143,26 @@ struct RlSummary {
   std::vector<float> policy;  // the final weights, flat in model::ParamLayout's order
 };
 
-// Rank 0 of the job, with `workers` rollout workers (ranks 1..workers). `on_step` hears of
-// every step. `store` is the job's: the trainer and each worker talk over a control channel of
-// their own made through it, so a worker that dies is replaced by a new process of the same
-// rank without the others reconnecting.
+// InvalidArgument naming the flag when the trainer's ranks cannot run `options`: FSDP (the
+// ranks push from the whole model each holds), or a warm-start batch they cannot share
+// equally.
+Status check_trainer_layout(const RlOptions& options);
+
+// Rank 0 of the job, with `workers` rollout workers. `on_step` hears of every step. `store`
+// is the job's: the trainer and each worker talk over a control channel of their own made
+// through it, so a worker that dies is replaced by a new process of the same rank without the
+// others reconnecting.
 Result<RlSummary> run_trainer(const RlOptions& options, std::shared_ptr<comm::Store> store,
                               int workers, const std::function<void(const StepRecord&)>& on_step);
-// Rank `rank` >= 1, at the job's start or replacing a lost one (it heals its weights from a
-// peer or the servers' copy and rejoins): serves until the trainer says stop.
+// Trainer rank `rank` in [1, options.trainers): takes every step rank 0 tells it to, until
+// rank 0 says stop. A trainer rank cannot be replaced mid-run: losing one ends the run with
+// an error (resume it from its last checkpoint).
+Status run_trainer_rank(const RlOptions& options, std::shared_ptr<comm::Store> store, int rank,
+                        int workers);
+// Rollout worker `worker` >= 1 (job rank trainers + worker - 1), at the job's start or
+// replacing a lost one (it heals its weights from a peer or the servers' copy and rejoins):
+// serves until the trainer says stop.
 Status run_rollout_worker(const RlOptions& options, const std::shared_ptr<comm::Store>& store,
-                          int rank);
+                          int worker);
 
 }  // namespace wl::rl
