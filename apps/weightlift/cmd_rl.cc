@@ -126,8 +126,10 @@ Status write_policy(const std::string& dir, const model::ModelConfig& config,
   return write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
 }
 
-// The job's rollout workers: every rank after the trainer's.
-int workers(const RlArgs& a, const parallel::Job& job) { return job.size() - a.o.trainers; }
+// The job's rollout workers: every rollout_tp ranks after the trainer's.
+int workers(const RlArgs& a, const parallel::Job& job) {
+  return (job.size() - a.o.trainers) / a.o.rollout_tp;
+}
 
 // The command's flags as the loop's options; nothing is allocated or connected yet.
 Status make_rl_options(RlArgs& a) {
@@ -151,7 +153,7 @@ Status make_rl_options(RlArgs& a) {
                             "': expected ddp, zero1 or zero2");
   }
   a.o.trainer_dp_mode = *dp_mode;
-  WL_RETURN_IF_ERROR(rl::check_trainer_layout(a.o));
+  WL_RETURN_IF_ERROR(rl::check_layouts(a.o));
   a.o.timeout = std::chrono::milliseconds(int64_t(a.timeout_s * 1000));
   a.o.checkpoint_dir = a.out_dir;
   return ok_status();
@@ -233,6 +235,7 @@ Status write_rl_outputs(const RlArgs& a, const parallel::Job& job, rl::RlSummary
                             {"rollout_workers", workers(a, job)},
                             {"trainer_ranks", a.o.trainers},
                             {"trainer_dp_mode", a.trainer_dp_mode},
+                            {"rollout_tp", a.o.rollout_tp},
                             {"group", a.o.group},
                             {"prompts_per_step", a.o.prompts},
                             {"seed", a.o.seed},
@@ -263,19 +266,31 @@ Status write_rl_outputs(const RlArgs& a, const parallel::Job& job, rl::RlSummary
 Status run_rl(RlArgs a) {
   WL_RETURN_IF_ERROR(make_rl_options(a));
   WL_ASSIGN_OR_RETURN(comm::LaunchEnv env, comm::read_launch_env());
-  if (env.world_size < a.o.trainers + 1) {
-    return invalid_argument("rl needs at least " + std::to_string(a.o.trainers + 1) +
-                            " processes: " + std::to_string(a.o.trainers) +
-                            " trainer rank(s) (--trainers) and a rollout worker (weightlift "
-                            "launch -n " +
-                            std::to_string(a.o.trainers + 1) + " weightlift rl ...)");
+  const int least = a.o.trainers + a.o.rollout_tp;
+  if (env.world_size < least || (env.world_size - a.o.trainers) % a.o.rollout_tp != 0) {
+    const std::string t = std::to_string(a.o.trainers), tp = std::to_string(a.o.rollout_tp);
+    return invalid_argument(
+        "rl runs --trainers " + t + " trainer rank(s), then rollout workers of " + "--rollout-tp " +
+        tp + " process(es) each: at least " + std::to_string(least) + " processes, " + t +
+        " plus a multiple of " + tp + "; this job has " + std::to_string(env.world_size) +
+        " (weightlift launch -n " + std::to_string(least) + " weightlift rl ...)");
   }
-  // A rollout worker can be replaced mid-run; the trainer holds the run, and cannot.
-  if (env.rank < a.o.trainers && std::getenv("WEIGHTLIFT_RESTART") != nullptr) {
-    return failed_precondition("trainer rank " + std::to_string(env.rank) +
-                               " was lost and cannot be replaced mid-run: start the job again "
-                               "with --resume and its last checkpoint in " +
-                               a.out_dir);
+  // A rollout worker of one rank can be replaced mid-run; the trainer holds the run, and
+  // cannot, nor can one rank of a TP engine rejoin its running peers.
+  if (std::getenv("WEIGHTLIFT_RESTART") != nullptr) {
+    if (env.rank < a.o.trainers) {
+      return failed_precondition("trainer rank " + std::to_string(env.rank) +
+                                 " was lost and cannot be replaced mid-run: start the job again "
+                                 "with --resume and its last checkpoint in " +
+                                 a.out_dir);
+    }
+    if (a.o.rollout_tp > 1) {
+      return failed_precondition("rank " + std::to_string(env.rank) +
+                                 " was a TP rank of a rollout worker (--rollout-tp " +
+                                 std::to_string(a.o.rollout_tp) +
+                                 "), which cannot be replaced mid-run; the run goes on "
+                                 "without that worker");
+    }
   }
   // Only the trainer writes into --out (a replaced worker starts while the run is there).
   if (env.rank == 0) WL_RETURN_IF_ERROR(check_out_dir(a));
@@ -288,14 +303,16 @@ Status run_rl(RlArgs a) {
   if (env.rank == 0) {
     WL_ASSIGN_OR_RETURN(lock, take_out_dir(a));
   }
-  // Rollout worker k (from 1) is job rank trainers + k - 1.
-  const int worker = job.rank() - a.o.trainers + 1;
-  const std::string role = job.rank() == 0 ? "trainer"
-                           : job.rank() < a.o.trainers
-                               ? "trainer-rank-" + std::to_string(job.rank())
-                               : "rollout-worker-" + std::to_string(worker);
+  // Rollout worker k (from 1) is job ranks trainers + (k - 1) * rollout_tp on, one per TP rank.
+  const int after = job.rank() - a.o.trainers;
+  const int worker = after < 0 ? 0 : after / a.o.rollout_tp + 1,
+            tp_rank = after < 0 ? 0 : after % a.o.rollout_tp;
+  std::string role = "rollout-worker-" + std::to_string(worker);
+  if (job.rank() == 0) role = "trainer";
+  if (worker == 0 && job.rank() > 0) role = "trainer-rank-" + std::to_string(job.rank());
+  if (worker >= 1 && a.o.rollout_tp > 1) role += "-tp-rank-" + std::to_string(tp_rank);
   WL_RETURN_IF_ERROR(parallel::write_processes(job, a.out_dir, role, a.o.timeout));
-  if (worker >= 1) return rl::run_rollout_worker(a.o, job.world.store, worker);
+  if (worker >= 1) return rl::run_rollout_worker(a.o, job.world.store, worker, tp_rank);
   if (job.rank() != 0) {
     if (a.trainer_threads > 0) set_num_threads(a.trainer_threads);
     return rl::run_trainer_rank(a.o, job.world.store, job.rank(), workers(a, job));
@@ -412,6 +429,11 @@ void add_run_flags(CLI::App* cmd, RlArgs& a) {
   cmd->add_option("--trainers", o.trainers,
                   "data-parallel trainer ranks: job ranks 0..N-1 train, each pushing its own "
                   "shard of the weights to the workers; the rest are rollout workers")
+      ->capture_default_str()
+      ->transform(count(1, kMaxRanks));
+  cmd->add_option("--rollout-tp", o.rollout_tp,
+                  "TP ranks (processes) of each rollout worker, each holding its slices of the "
+                  "weights; the job's ranks after the trainer's are the workers' in turn")
       ->capture_default_str()
       ->transform(count(1, kMaxRanks));
   cmd->add_option("--trainer-dp-mode", a.trainer_dp_mode,

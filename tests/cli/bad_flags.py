@@ -109,7 +109,10 @@ def counts_and_sizes(s, d):
                            (["--trainer-dp-mode", "fsdp"], ("--trainer-dp-mode fsdp", "shard")),
                            (["--trainers", "2", "--sft-batch", "31"],
                             ("--sft-batch 31", "--trainers 2")),
-                           (["--trainers", "2"], ("at least 3 processes", "--trainers"))):
+                           (["--trainers", "2"], ("at least 3 processes", "--trainers 2", "has 1")),
+                           (["--preset", "tiny", "--rollout-tp", "3"],
+                            ("--rollout-tp 3", "num_heads 4")),
+                           (["--rollout-tp", "2"], ("--rollout-tp 2", "at least 3 processes"))):
         s.expect_error("rl " + " ".join(extra), ["rl"] + extra, *needles)
     fifo = os.path.join(d, "run_config_fifo")
     os.mkfifo(fifo)

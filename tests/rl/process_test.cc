@@ -57,6 +57,38 @@ std::vector<nlohmann::json> read_records(const std::string& path) {
   return out;
 }
 
+// A job of `ranks` processes run to its end (every process must exit 0); its records.
+std::vector<nlohmann::json> run_to_end(int ranks, const std::vector<std::string>& args,
+                                       const std::string& out) {
+  std::vector<std::string> a = args;
+  a.insert(a.end(), {"--out", out});
+  std::vector<Child> job = start_job(ranks, a);
+  for (Child& c : job) {
+    EXPECT_EQ(wl::testing::wait_exit(c, comm::deadline_after(120s)), 0) << c.output;
+    wl::testing::reap(c);
+  }
+  return read_records(out + "/rl_metrics.jsonl");
+}
+
+// Arguments of a short run on `tiny` whose RL steps train (a well-formed wrong answer earns
+// half a reward, so groups are rarely flat), and more.
+std::vector<std::string> short_run(const std::vector<std::string>& more) {
+  std::vector<std::string> a = {
+      "--preset",        "tiny", "--task",          "add", "--difficulty", "1",
+      "--sft-steps",     "40",   "--sft-target",    "1",   "--steps",      "4",
+      "--eval-every",    "10",   "--prompts",       "4",   "--group",      "4",
+      "--eval-problems", "16",   "--format-reward", "0.5", "--timeout",    "30"};
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
+std::vector<std::string> roles_of(const std::string& out) {
+  std::vector<std::string> roles;
+  for (const nlohmann::json& p : nlohmann::json::parse(std::ifstream(out + "/processes.json")))
+    roles.push_back(p["role"]);
+  return roles;
+}
+
 TEST(RlProcesses, TrainerAndTwoWorkersRunTheLoop) {
   const std::string out = fresh_dir("run");
   std::vector<Child> job =
@@ -134,47 +166,12 @@ TEST(RlProcesses, TrainerAndTwoWorkersRunTheLoop) {
 // the only difference), both ranks write their rows into the checkpoints, and a run resumed
 // from one on two ranks writes the uninterrupted run's records step for step.
 TEST(RlProcesses, TwoTrainerRanksPushTheirOwnShardsAndTrainAsOne) {
-  const std::vector<std::string> args = {"--preset",
-                                         "tiny",
-                                         "--task",
-                                         "add",
-                                         "--difficulty",
-                                         "1",
-                                         "--sft-steps",
-                                         "40",
-                                         "--sft-target",
-                                         "1",
-                                         "--steps",
-                                         "4",
-                                         "--eval-every",
-                                         "10",
-                                         "--prompts",
-                                         "4",
-                                         "--group",
-                                         "4",
-                                         "--eval-problems",
-                                         "16",
-                                         "--format-reward",
-                                         "0.5",
-                                         "--checkpoint-every",
-                                         "2",
-                                         "--timeout",
-                                         "30"};
-  auto run = [&](int ranks, const std::string& out, std::vector<std::string> extra) {
-    std::vector<std::string> a = args;
-    a.insert(a.end(), {"--out", out});
-    a.insert(a.end(), extra.begin(), extra.end());
-    std::vector<Child> job = start_job(ranks, a);
-    for (Child& c : job) {
-      EXPECT_EQ(wl::testing::wait_exit(c, comm::deadline_after(120s)), 0) << c.output;
-      wl::testing::reap(c);
-    }
-    return read_records(out + "/rl_metrics.jsonl");
-  };
   const std::string one = fresh_dir("one_trainer"), two = fresh_dir("two_trainers"),
                     resumed = fresh_dir("two_trainers_resumed");
-  const std::vector<std::string> two_ranks = {"--trainers", "2", "--trainer-dp-mode", "zero1"};
-  const std::vector<nlohmann::json> a = run(3, one, {}), b = run(4, two, two_ranks);
+  const std::vector<std::string> two_ranks = {
+      "--trainers", "2", "--trainer-dp-mode", "zero1", "--checkpoint-every", "2"};
+  const std::vector<nlohmann::json> a = run_to_end(3, short_run({}), one),
+                                    b = run_to_end(4, short_run(two_ranks), two);
   ASSERT_EQ(a.size(), b.size());
   int trained = 0;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -192,21 +189,50 @@ TEST(RlProcesses, TwoTrainerRanksPushTheirOwnShardsAndTrainAsOne) {
   const nlohmann::json summary = nlohmann::json::parse(std::ifstream(two + "/summary.json"));
   EXPECT_EQ(summary["trainer_ranks"], 2);
   EXPECT_EQ(summary["rollout_workers"], 2);
-  const nlohmann::json processes = nlohmann::json::parse(std::ifstream(two + "/processes.json"));
-  std::vector<std::string> roles;
-  for (const nlohmann::json& p : processes) roles.push_back(p["role"]);
-  EXPECT_EQ(roles, (std::vector<std::string>{"trainer", "trainer-rank-1", "rollout-worker-1",
-                                             "rollout-worker-2"}));
+  EXPECT_EQ(roles_of(two), (std::vector<std::string>{"trainer", "trainer-rank-1",
+                                                     "rollout-worker-1", "rollout-worker-2"}));
   for (const char* f : {"rank-00000-of-00002.safetensors", "rank-00001-of-00002.safetensors"})
     EXPECT_TRUE(std::filesystem::exists(two + "/checkpoint-2/" + f)) << f;
   std::vector<std::string> resume = two_ranks;
   resume.insert(resume.end(), {"--resume", two + "/checkpoint-2"});
-  const std::vector<nlohmann::json> c = run(4, resumed, resume);
+  const std::vector<nlohmann::json> c = run_to_end(4, short_run(resume), resumed);
   ASSERT_EQ(b.size(), c.size());
   for (size_t i = 0; i < b.size(); ++i) {
     for (const char* k : {"phase", "step", "version", "loss", "reward_mean", "tokens"})
       EXPECT_EQ(b[i].value(k, nlohmann::json()), c[i].value(k, nlohmann::json()))
           << k << " of record " << i;
+  }
+}
+
+// Rollout workers of two TP ranks each (two processes, each holding and computing with its
+// slices of the weights, received straight from the trainer) sample what one-rank workers
+// sample: the same tokens, so the same rewards and nearly the same losses (the logits differ
+// by f32 reassociation only). Two trainer ranks pushing to them run too.
+TEST(RlProcesses, RolloutWorkersOfTwoTpRanksSampleAsOneRankWorkers) {
+  const std::string one = fresh_dir("tp1_workers"), two = fresh_dir("tp2_workers"),
+                    both = fresh_dir("tp2_workers_two_trainers");
+  const std::vector<nlohmann::json> a = run_to_end(3, short_run({}), one),
+                                    b = run_to_end(5, short_run({"--rollout-tp", "2"}), two);
+  ASSERT_EQ(a.size(), b.size());
+  int trained = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i]["phase"] == "sft") continue;
+    trained += a[i]["trained"].get<int64_t>() > 0;
+    for (const char* k : {"trained", "reward_mean", "tokens", "version"})
+      EXPECT_EQ(a[i][k], b[i][k]) << k << " of RL step " << a[i]["step"];
+    const double x = a[i]["loss"], y = b[i]["loss"];
+    EXPECT_NEAR(y, x, 1e-4 * std::max(std::fabs(x), 1e-3)) << "RL step " << a[i]["step"];
+  }
+  EXPECT_GT(trained, 0) << "no RL step trained";
+  EXPECT_EQ(roles_of(two),
+            (std::vector<std::string>{"trainer", "rollout-worker-1-tp-rank-0",
+                                      "rollout-worker-1-tp-rank-1", "rollout-worker-2-tp-rank-0",
+                                      "rollout-worker-2-tp-rank-1"}));
+  for (const nlohmann::json& r :
+       run_to_end(6, short_run({"--rollout-tp", "2", "--trainers", "2"}), both)) {
+    if (r["phase"] == "rl" && r["trained"].get<int64_t>() > 0) {
+      EXPECT_LT(r["logprob_gap_max"].get<double>(), 0.05) << r.dump();
+    }
   }
 }
 

@@ -142,8 +142,191 @@ std::string control_prefix(int rank, int64_t incarnation) {
 
 }  // namespace
 
-Status run_rollout_worker(const RlOptions& o, const std::shared_ptr<comm::Store>& store,
-                          int worker) {
+namespace {
+
+// The fleet id of worker `worker`'s TP rank `tp_rank` (worker from 1).
+int fleet_id(const RlOptions& o, int worker, int tp_rank) {
+  return (worker - 1) * o.rollout_tp + tp_rank;
+}
+
+// A worker's request and what it generated, as the trainer gets them back: [version, then per
+// row its length and tokens], the logprobs row after row, and (routing replay) every row's
+// routes one after the other.
+Status reply(comm::Group& g, const RlOptions& o, const infer::Generation& out) {
+  std::vector<int64_t> ints = {int64_t(out.version)};
+  std::vector<double> reals;
+  for (size_t r = 0; r < out.tokens.size(); ++r) {
+    ints.push_back(int64_t(out.tokens[r].size()));
+    ints.insert(ints.end(), out.tokens[r].begin(), out.tokens[r].end());
+    reals.insert(reals.end(), out.logprobs[r].begin(), out.logprobs[r].end());
+  }
+  WL_RETURN_IF_ERROR(send_values(g, 0, kTagInts, ints, o.timeout));
+  WL_RETURN_IF_ERROR(send_values(g, 0, kTagReals, reals, o.timeout));
+  if (!o.routing_replay) return ok_status();
+  std::vector<int32_t> routes;
+  for (const std::vector<int32_t>& r : out.routes) routes.insert(routes.end(), r.begin(), r.end());
+  return send_values(g, 0, kTagRoutes, routes, o.timeout);
+}
+
+// One rollout engine's process: its TP rank's fleet receiver and inference worker, and with
+// TP > 1 a channel on which TP rank 0 (which alone talks to the trainer) passes every command
+// on to the engine's other ranks, which take it with it.
+class Engine {
+ public:
+  Engine(const RlOptions& o, int worker, int tp_rank) : o_(o), worker_(worker), tp_rank_(tp_rank) {}
+
+  Status start(const std::shared_ptr<comm::Store>& store) {
+    const transfer::LayoutOptions layout{
+        .tp = o_.rollout_tp, .tp_rank = tp_rank_, .format = o_.sync_format};
+    WL_ASSIGN_OR_RETURN(auto lay, transfer::inference_layout(o_.config, layout));
+    std::shared_ptr<comm::Group> tp_group;
+    if (o_.rollout_tp > 1) {
+      auto connect = [&](const std::string& what) {
+        return comm::Group::connect(
+            {.store = store,
+             .rank = tp_rank_,
+             .size = o_.rollout_tp,
+             .worker = {.name = "rollout worker " + std::to_string(worker_) + " tp rank " +
+                                std::to_string(tp_rank_)},
+             .timeout = o_.timeout,
+             .prefix = "rl-engine-" + std::to_string(worker_) + what});
+      };
+      WL_ASSIGN_OR_RETURN(tp_group, connect("-tp"));
+      WL_ASSIGN_OR_RETURN(relay_, connect("-relay"));
+    }
+    // A replacement heals: the current weights from a healthy peer, or the servers' copy.
+    WL_ASSIGN_OR_RETURN(fleet_, transfer::FleetReceiver::create(
+                                    {.store = store,
+                                     .prefix = kFleet,
+                                     .id = fleet_id(o_, worker_, tp_rank_),
+                                     .receiver = {.tensors = transfer::tensor_specs(lay),
+                                                  .engine = worker_ - 1,
+                                                  .tp = o_.rollout_tp,
+                                                  .tp_rank = tp_rank_,
+                                                  .format = o_.sync_format},
+                                     .timeout = o_.timeout}));
+    WL_ASSIGN_OR_RETURN(
+        inference_,
+        infer::InferenceWorker::create(
+            {.config = o_.config, .layout = layout, .tp_group = tp_group, .timeout = o_.timeout}));
+    // The engine's other ranks have joined the fleet before rank 0 says it is ready.
+    int64_t joined = 1;
+    for (int r = 1; relay_ && r < o_.rollout_tp; ++r) {
+      if (tp_rank_ == 0) {
+        WL_RETURN_IF_ERROR(relay_->recv({.data = &joined,
+                                         .bytes = sizeof joined,
+                                         .peer = r,
+                                         .tag = kTagCommand,
+                                         .timeout = o_.timeout}));
+      } else if (tp_rank_ == r) {
+        WL_RETURN_IF_ERROR(relay_->send({.data = &joined,
+                                         .bytes = sizeof joined,
+                                         .peer = 0,
+                                         .tag = kTagCommand,
+                                         .timeout = o_.timeout}));
+      }
+    }
+    return ok_status();
+  }
+
+  uint64_t healed_version() const { return fleet_->healed_version(); }
+
+  // Carries out `command` (with `request`, a generation's); false once told to stop.
+  Result<bool> take(int64_t command, const std::vector<int64_t>& request, comm::Group* control) {
+    WL_RETURN_IF_ERROR(pass_on(command, request));
+    if (command == kStop) {
+      WL_RETURN_IF_ERROR(fleet_->leave());
+      return false;
+    }
+    if (command == kSync) {
+      WL_RETURN_IF_ERROR(sync_weights(*fleet_, o_.timeout));
+      return true;
+    }
+    if (command != kGenerate)
+      return data_loss("rollout worker: unknown command " + std::to_string(command));
+    WL_ASSIGN_OR_RETURN(Request req, decode_request(request, o_.config));
+    infer::GenerateOptions gen{
+        .max_new_tokens = req.max_new,
+        .sampling = req.greedy ? kernels::SamplingOptions{.temperature = 0} : o_.sampling,
+        .seed = req.seed,
+        .stop_token = train::kEosToken,
+        .keep_routes = o_.routing_replay};
+    WL_ASSIGN_OR_RETURN(infer::Generation out,
+                        inference_->generate(fleet_->receiver(), req.prompts, gen));
+    if (control != nullptr) WL_RETURN_IF_ERROR(reply(*control, o_, out));
+    return true;
+  }
+
+  // TP rank 0 serves the trainer: every command it receives, it and the other ranks take.
+  Status serve(comm::Group& control) {
+    for (;;) {
+      int64_t command = 0;
+      WL_RETURN_IF_ERROR(control.recv({.data = &command,
+                                       .bytes = sizeof command,
+                                       .peer = 0,
+                                       .tag = kTagCommand,
+                                       .timeout = o_.timeout}));
+      std::vector<int64_t> request;
+      if (command == kGenerate) {
+        WL_ASSIGN_OR_RETURN(request,
+                            recv_values<int64_t>(control, 0, kTagInts, kMostValues, o_.timeout));
+      }
+      WL_ASSIGN_OR_RETURN(const bool more, take(command, request, &control));
+      if (!more) return ok_status();
+    }
+  }
+
+  // The other TP ranks take what rank 0 passes on. Rank 0 may be a while between commands
+  // (the trainer trains, or waits for a lost worker's replacement), so they wait a few
+  // timeouts for the next.
+  Status follow() {
+    comm::Group& g = *relay_;
+    for (;;) {
+      int64_t command = 0;
+      WL_RETURN_IF_ERROR(g.recv({.data = &command,
+                                 .bytes = sizeof command,
+                                 .peer = 0,
+                                 .tag = kTagCommand,
+                                 .timeout = o_.timeout * 4})
+                             .with_context("rollout worker " + std::to_string(worker_) +
+                                           " tp rank " + std::to_string(tp_rank_) +
+                                           ": waiting for tp rank 0's next command"));
+      WL_ASSIGN_OR_RETURN(std::vector<int64_t> request,
+                          recv_values<int64_t>(g, 0, kTagInts, kMostValues, o_.timeout));
+      WL_ASSIGN_OR_RETURN(const bool more, take(command, request, nullptr));
+      if (!more) return ok_status();
+    }
+  }
+
+ private:
+  Status pass_on(int64_t command, const std::vector<int64_t>& request) {
+    for (int r = 1; tp_rank_ == 0 && relay_ && r < o_.rollout_tp; ++r) {
+      WL_RETURN_IF_ERROR(relay_->send({.data = &command,
+                                       .bytes = sizeof command,
+                                       .peer = r,
+                                       .tag = kTagCommand,
+                                       .timeout = o_.timeout}));
+      WL_RETURN_IF_ERROR(send_values(*relay_, r, kTagInts, request, o_.timeout));
+    }
+    return ok_status();
+  }
+
+  const RlOptions& o_;
+  int worker_ = 0, tp_rank_ = 0;
+  std::shared_ptr<comm::Group> relay_;  // to the engine's other TP ranks; null at TP 1
+  std::unique_ptr<transfer::FleetReceiver> fleet_;
+  std::unique_ptr<infer::InferenceWorker> inference_;
+};
+
+}  // namespace
+
+Status run_rollout_worker(const RlOptions& o, const std::shared_ptr<comm::Store>& store, int worker,
+                          int tp_rank) {
+  Engine engine(o, worker, tp_rank);
+  if (tp_rank > 0) {
+    WL_RETURN_IF_ERROR(engine.start(store));
+    return engine.follow();
+  }
   // This process's incarnation of worker `worker`: 1 at the job's start, 2 for its first
   // replacement, ... The control channel is the trainer's and this incarnation's alone.
   WL_ASSIGN_OR_RETURN(const int64_t incarnation,
@@ -156,67 +339,13 @@ Status run_rollout_worker(const RlOptions& o, const std::shared_ptr<comm::Store>
                             .worker = {.name = "rollout worker " + std::to_string(worker)},
                             .timeout = o.timeout,
                             .prefix = control_prefix(worker, incarnation)}));
-  comm::Group& g = *control;
-  const transfer::LayoutOptions layout{.format = o.sync_format};  // tp 1
-  WL_ASSIGN_OR_RETURN(auto lay, transfer::inference_layout(o.config, layout));
-  // A replacement heals: the current weights from a healthy peer, or the servers' copy.
-  WL_ASSIGN_OR_RETURN(
-      std::unique_ptr<transfer::FleetReceiver> fleet,
-      transfer::FleetReceiver::create(
-          {.store = store,
-           .prefix = kFleet,
-           .id = worker - 1,
-           .receiver = {.tensors = transfer::tensor_specs(lay), .format = o.sync_format},
-           .timeout = o.timeout}));
-  WL_ASSIGN_OR_RETURN(std::unique_ptr<infer::InferenceWorker> inference,
-                      infer::InferenceWorker::create({.config = o.config, .layout = layout}));
+  WL_RETURN_IF_ERROR(engine.start(store));
   // Ready: the trainer reads the version healed (+ 1, so 0 means not yet).
   WL_RETURN_IF_ERROR(store
                          ->add(worker_key(worker) + "/ready-" + std::to_string(incarnation),
-                               int64_t(fleet->healed_version()) + 1)
+                               int64_t(engine.healed_version()) + 1)
                          .status());
-  for (;;) {
-    int64_t command = 0;
-    WL_RETURN_IF_ERROR(g.recv({.data = &command,
-                               .bytes = sizeof command,
-                               .peer = 0,
-                               .tag = kTagCommand,
-                               .timeout = o.timeout}));
-    if (command == kStop) return fleet->leave();
-    if (command == kSync) {
-      WL_RETURN_IF_ERROR(sync_weights(*fleet, o.timeout));
-      continue;
-    }
-    if (command != kGenerate)
-      return data_loss("rollout worker: unknown command " + std::to_string(command));
-    WL_ASSIGN_OR_RETURN(std::vector<int64_t> m,
-                        recv_values<int64_t>(g, 0, kTagInts, kMostValues, o.timeout));
-    WL_ASSIGN_OR_RETURN(Request req, decode_request(m, o.config));
-    infer::GenerateOptions gen{
-        .max_new_tokens = req.max_new,
-        .sampling = req.greedy ? kernels::SamplingOptions{.temperature = 0} : o.sampling,
-        .seed = req.seed,
-        .stop_token = train::kEosToken,
-        .keep_routes = o.routing_replay};
-    WL_ASSIGN_OR_RETURN(infer::Generation out,
-                        inference->generate(fleet->receiver(), req.prompts, gen));
-    // Reply: [version, then per row its length and tokens] and the logprobs, row after row.
-    std::vector<int64_t> ints = {int64_t(out.version)};
-    std::vector<double> reals;
-    for (size_t r = 0; r < out.tokens.size(); ++r) {
-      ints.push_back(int64_t(out.tokens[r].size()));
-      ints.insert(ints.end(), out.tokens[r].begin(), out.tokens[r].end());
-      reals.insert(reals.end(), out.logprobs[r].begin(), out.logprobs[r].end());
-    }
-    WL_RETURN_IF_ERROR(send_values(g, 0, kTagInts, ints, o.timeout));
-    WL_RETURN_IF_ERROR(send_values(g, 0, kTagReals, reals, o.timeout));
-    if (o.routing_replay) {  // every row's routes, one after the other
-      std::vector<int32_t> routes;
-      for (const std::vector<int32_t>& r : out.routes)
-        routes.insert(routes.end(), r.begin(), r.end());
-      WL_RETURN_IF_ERROR(send_values(g, 0, kTagRoutes, routes, o.timeout));
-    }
-  }
+  return engine.serve(*control);
 }
 
 // ---- the trainer and orchestrator --------------------------------------------------------
@@ -400,8 +529,9 @@ class Trainer {
           l.syncing = true;
         }
       }
-      std::vector<int64_t> ids;
-      for (int k : alive()) ids.push_back(k - 1);  // fleet ids
+      std::vector<int64_t> ids;  // every TP rank of every worker
+      for (int k : alive())
+        for (int r = 0; r < o_.rollout_tp; ++r) ids.push_back(fleet_id(o_, k, r));
       if (ids.empty()) continue;
       WL_RETURN_IF_ERROR(tell({Order::kUpdate, ids}));
       Result<transfer::ServerUpdate> u = update(ids);
@@ -415,9 +545,10 @@ class Trainer {
         continue;
       }
       for (int k : alive()) {
-        const bool member =
-            std::any_of(u->members.begin(), u->members.end(),
-                        [&](const transfer::FleetMember& m) { return m.id == k - 1; });
+        const int members = int(std::count_if(
+            u->members.begin(), u->members.end(),
+            [&](const transfer::FleetMember& m) { return m.id / o_.rollout_tp == k - 1; }));
+        const bool member = members == o_.rollout_tp;
         if (member) {
           links_[size_t(k)].syncing = false;
         } else {
@@ -1212,12 +1343,20 @@ Result<RlSummary> run_phases(const RlOptions& o, Trainer& t,
 
 }  // namespace
 
-Status check_trainer_layout(const RlOptions& o) {
+Status check_layouts(const RlOptions& o) {
   if (o.trainers < 1) return invalid_argument("--trainers " + std::to_string(o.trainers));
   if (o.trainer_dp_mode == parallel::DpMode::kFsdp) {
     return invalid_argument(
         "--trainer-dp-mode fsdp: the RL trainer's ranks push the weights from the whole model "
         "each holds after a step, and FSDP holds a shard only; use ddp, zero1 or zero2");
+  }
+  if (o.rollout_tp < 1) return invalid_argument("--rollout-tp " + std::to_string(o.rollout_tp));
+  if (Status s = transfer::inference_layout(o.config, {.tp = o.rollout_tp, .format = o.sync_format})
+                     .status();
+      !s.ok()) {
+    return invalid_argument("--rollout-tp " + std::to_string(o.rollout_tp) + " with --sync-dtype " +
+                            std::string(transfer::weight_format_name(o.sync_format)) +
+                            ": the rollout workers cannot hold this model so: " + s.message());
   }
   if (o.sft_batch % o.trainers != 0) {
     return invalid_argument("--sft-batch " + std::to_string(o.sft_batch) +
@@ -1244,7 +1383,7 @@ Result<RlSummary> run_trainer(const RlOptions& o, std::shared_ptr<comm::Store> s
   // Before anything is allocated: the policy, its optimizer and a step's logits.
   WL_RETURN_IF_ERROR(
       model::check_training_memory(o.config, "the policy", o.prompts * o.group, seq));
-  WL_RETURN_IF_ERROR(check_trainer_layout(o));
+  WL_RETURN_IF_ERROR(check_layouts(o));
   WL_ASSIGN_OR_RETURN(TrainerRanks ranks, connect_trainer_ranks(o, store, 0));
   Trainer t(o, std::move(store), workers, std::move(task), std::move(ranks));
   WL_RETURN_IF_ERROR(t.start());
@@ -1260,7 +1399,7 @@ Status run_trainer_rank(const RlOptions& o, std::shared_ptr<comm::Store> store, 
                         int workers) {
   WL_CHECK(rank >= 1 && rank < o.trainers) << "trainer rank " << rank << " of " << o.trainers;
   WL_ASSIGN_OR_RETURN(Task task, Task::create(o.task));
-  WL_RETURN_IF_ERROR(check_trainer_layout(o));
+  WL_RETURN_IF_ERROR(check_layouts(o));
   WL_ASSIGN_OR_RETURN(TrainerRanks ranks, connect_trainer_ranks(o, store, rank));
   Trainer t(o, std::move(store), workers, std::move(task), std::move(ranks));
   WL_RETURN_IF_ERROR(t.start());

@@ -13,10 +13,12 @@
 //                 step it takes (the batch it built) and they take it with it; each is also a
 //                 parameter-server rank, and pushes its own dim-0 shard of every parameter
 //                 to the workers from its own weights, so no rank gathers the model
-//   ranks T..T+W-1  rollout workers 1..W: a fleet receiver holding the pushed weights (bf16)
-//                 and an inference worker generating from them with the KV cache and the
-//                 sampling options, returning every token with its log-probability under the
-//                 distribution sampled from and the weights' version
+//   the rest      rollout workers 1..W, each `rollout_tp` consecutive ranks (an inference
+//                 engine's TP ranks): a fleet receiver holding its slices of the pushed weights
+//                 (bf16 or fp8) and an inference worker generating from them with the KV cache
+//                 and the sampling options, returning every token with its log-probability
+//                 under the distribution sampled from and the weights' version. TP rank 0
+//                 talks to the trainer and passes every command on to the others
 //
 // Control messages (which prompts, what came back) travel over UCX, as every byte between
 // processes does: one two-rank group per worker incarnation, made through the job's store; the
@@ -62,6 +64,11 @@ struct RlOptions {
   // which it pushes its shard of; FSDP holds a shard only and is refused).
   int trainers = 1;
   parallel::DpMode trainer_dp_mode = parallel::DpMode::kDdp;
+  // Each rollout worker is an inference engine of this many TP ranks (processes), each holding
+  // its slices of the weights (transfer/layout/inference_layout.h) and receiving them from the
+  // trainer's ranks directly. A worker of several ranks cannot be replaced mid-run: losing one
+  // of its ranks loses the worker.
+  int rollout_tp = 1;
   uint64_t seed = 1;
   // SFT warm start: up to sft_steps steps of sft_batch demonstrations, stopped early once the
   // held-out accuracy (greedy) reaches sft_target, so RL starts from a model that is partly
@@ -143,10 +150,11 @@ struct RlSummary {
   std::vector<float> policy;  // the final weights, flat in model::ParamLayout's order
 };
 
-// InvalidArgument naming the flag when the trainer's ranks cannot run `options`: FSDP (the
-// ranks push from the whole model each holds), or a warm-start batch they cannot share
-// equally.
-Status check_trainer_layout(const RlOptions& options);
+// InvalidArgument naming the flag when the trainer's and the workers' layouts cannot run
+// `options`: FSDP (the trainer's ranks push from the whole model each holds), a warm-start
+// batch the trainer's ranks cannot share equally, or a TP the workers cannot split the model
+// into (heads, kv heads, ffn rows, fp8's 128-wide blocks).
+Status check_layouts(const RlOptions& options);
 
 // Rank 0 of the job, with `workers` rollout workers. `on_step` hears of every step. `store`
 // is the job's: the trainer and each worker talk over a control channel of their own made
@@ -159,10 +167,10 @@ Result<RlSummary> run_trainer(const RlOptions& options, std::shared_ptr<comm::St
 // an error (resume it from its last checkpoint).
 Status run_trainer_rank(const RlOptions& options, std::shared_ptr<comm::Store> store, int rank,
                         int workers);
-// Rollout worker `worker` >= 1 (job rank trainers + worker - 1), at the job's start or
-// replacing a lost one (it heals its weights from a peer or the servers' copy and rejoins):
-// serves until the trainer says stop.
+// TP rank `tp_rank` of rollout worker `worker` >= 1 (job rank trainers + (worker - 1) *
+// rollout_tp + tp_rank), at the job's start or replacing a lost one (it heals its weights from
+// a peer or the servers' copy and rejoins; TP 1 only): serves until the trainer says stop.
 Status run_rollout_worker(const RlOptions& options, const std::shared_ptr<comm::Store>& store,
-                          int worker);
+                          int worker, int tp_rank = 0);
 
 }  // namespace wl::rl
