@@ -526,6 +526,76 @@ TEST(RlProcesses, AKilledWorkerIsReplacedAndTheRunFinishes) {
   wl::testing::reap(replacement);
 }
 
+// kill -9 of one TP rank of a rollout worker of two: that worker is lost as a whole (its other
+// rank ends with an error), the other worker takes its prompts, and the run finishes with no
+// sample lost and none stale. A rank of a TP worker started again is refused: it cannot join
+// its running peers. (On one host the engine's surviving rank may learn of its peer's death
+// only at the timeout of the collective it waits in; the step then takes that long.)
+TEST(RlProcesses, AWorkerOfTwoTpRanksThatLosesOneIsDroppedAndTheRunFinishes) {
+  const std::string out = fresh_dir("tp_rank_killed");
+  const int port = wl::testing::free_port();
+  const std::vector<std::string> args = {"--preset",
+                                         "tiny",
+                                         "--task",
+                                         "sort",
+                                         "--difficulty",
+                                         "2",
+                                         "--sft-steps",
+                                         "0",
+                                         "--steps",
+                                         "150",
+                                         "--eval-every",
+                                         "100",
+                                         "--prompts",
+                                         "4",
+                                         "--group",
+                                         "4",
+                                         "--eval-problems",
+                                         "8",
+                                         "--no-dynamic-sampling",
+                                         "--rollout-tp",
+                                         "2",
+                                         "--timeout",
+                                         "20",
+                                         "--out",
+                                         out};
+  std::vector<Child> job;
+  for (int r = 0; r < 5; ++r) job.push_back(spawn_rank(r, 5, port, args));
+  ASSERT_TRUE(wl::testing::wait_for_output(job[0], "rl [", comm::deadline_after(60s)))
+      << job[0].output;
+  std::this_thread::sleep_for(std::chrono::milliseconds(50 + getpid() % 200));
+  wl::testing::kill_and_reap(job[4]);  // worker 2, TP rank 1
+  std::vector<std::string> argv = {kWeightlift, "--threads", "1", "rl"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  Child again = wl::testing::spawn_child(argv, {{"RANK", "4"},
+                                                {"WORLD_SIZE", "5"},
+                                                {"MASTER_ADDR", "127.0.0.1"},
+                                                {"MASTER_PORT", std::to_string(port)},
+                                                {"WEIGHTLIFT_JOB_TOKEN", "tok"},
+                                                {"WEIGHTLIFT_RESTART", "1"}});
+  EXPECT_EQ(wl::testing::wait_exit(again, comm::deadline_after(30s)), 1) << again.output;
+  EXPECT_NE(again.output.find("cannot be replaced mid-run"), std::string::npos) << again.output;
+  EXPECT_EQ(wl::testing::wait_exit(job[0], comm::deadline_after(120s)), 0) << job[0].output;
+  for (int r : {1, 2}) {
+    EXPECT_EQ(wl::testing::wait_exit(job[size_t(r)], comm::deadline_after(30s)), 0)
+        << job[size_t(r)].output;
+  }
+  EXPECT_EQ(wl::testing::wait_exit(job[3], comm::deadline_after(60s)), 1) << job[3].output;
+  const nlohmann::json summary = nlohmann::json::parse(std::ifstream(out + "/summary.json"));
+  EXPECT_NE(summary["events"].dump().find("rollout worker 2 lost"), std::string::npos)
+      << summary["events"].dump();
+  EXPECT_EQ(summary["max_staleness_trained"], 0);
+  int rl = 0;
+  for (const nlohmann::json& j : read_records(out + "/rl_metrics.jsonl")) {
+    if (j["phase"] != "rl") continue;
+    ++rl;
+    EXPECT_EQ(j["trained"], 16) << j.dump();
+  }
+  EXPECT_EQ(rl, 150);
+  for (Child& c : job) wl::testing::reap(c);
+  wl::testing::reap(again);
+}
+
 // With its only worker killed and no replacement, the run ends within its timeout with one
 // clear error, not a hang.
 TEST(RlProcesses, LosingEveryWorkerEndsTheRunWithAnError) {

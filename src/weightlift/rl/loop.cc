@@ -69,6 +69,12 @@ Result<std::vector<T>> recv_values(comm::Group& g, int peer, uint32_t tag, size_
 
 constexpr size_t kMostValues = size_t(1) << 26;
 
+// How many of the run's timeouts a process waits for its next command or order. Rank 0 may
+// be busy that long for good reasons: waiting out a dead worker's reply, then for its
+// replacement and its heal, each up to a timeout, in each round of generation a step takes.
+// A rank 0 that dies is noticed at once (its connections fail); this bounds one that hangs.
+constexpr int kIdleTimeouts = 10;
+
 Status send_command(comm::Group& g, int peer, Command c, std::chrono::milliseconds timeout) {
   const int64_t v = c;
   return g.send(
@@ -258,6 +264,7 @@ class Engine {
   }
 
   // TP rank 0 serves the trainer: every command it receives, it and the other ranks take.
+  // The trainer may be busy for several timeouts between commands (kIdleTimeouts).
   Status serve(comm::Group& control) {
     for (;;) {
       int64_t command = 0;
@@ -265,7 +272,7 @@ class Engine {
                                        .bytes = sizeof command,
                                        .peer = 0,
                                        .tag = kTagCommand,
-                                       .timeout = o_.timeout}));
+                                       .timeout = o_.timeout * kIdleTimeouts}));
       std::vector<int64_t> request;
       if (command == kGenerate) {
         WL_ASSIGN_OR_RETURN(request,
@@ -276,9 +283,8 @@ class Engine {
     }
   }
 
-  // The other TP ranks take what rank 0 passes on. Rank 0 may be a while between commands
-  // (the trainer trains, or waits for a lost worker's replacement), so they wait a few
-  // timeouts for the next.
+  // The other TP ranks take what rank 0 passes on, waiting for the next as long as rank 0
+  // waits for the trainer's.
   Status follow() {
     comm::Group& g = *relay_;
     for (;;) {
@@ -287,7 +293,7 @@ class Engine {
                                  .bytes = sizeof command,
                                  .peer = 0,
                                  .tag = kTagCommand,
-                                 .timeout = o_.timeout * 4})
+                                 .timeout = o_.timeout * kIdleTimeouts})
                              .with_context("rollout worker " + std::to_string(worker_) +
                                            " tp rank " + std::to_string(tp_rank_) +
                                            ": waiting for tp rank 0's next command"));
@@ -403,7 +409,8 @@ enum class Order : int64_t {
   kRefresh = 3,
   kUpdate = 4,
   kSave = 5,
-  kStop = 6
+  kResume = 6,
+  kStop = 7
 };
 
 // An order and what it carries.
@@ -423,8 +430,10 @@ void encode_batch(const train::Batch& b, std::vector<int64_t>& ints) {
 }
 
 Result<train::Batch> decode_batch(const std::vector<int64_t>& ints, size_t at) {
+  const size_t values = ints.size() < at + 2 ? 0 : ints.size() - at - 2;
   if (ints.size() < at + 2 || ints[at] < 1 || ints[at + 1] < 1 ||
-      uint64_t(ints[at]) * uint64_t(ints[at + 1]) * 2 != ints.size() - at - 2) {
+      uint64_t(ints[at + 1]) > values / 2 / uint64_t(ints[at]) ||
+      uint64_t(ints[at]) * uint64_t(ints[at + 1]) * 2 != values) {
     return data_loss("trainer order: a batch of " + std::to_string(ints.size()) + " values");
   }
   train::Batch b{.batch = ints[at], .seq = ints[at + 1]};
@@ -744,6 +753,7 @@ class Trainer {
   }
 
   Result<RlCheckpoint> resume(const std::string& dir) {
+    WL_RETURN_IF_ERROR(tell({Order::kResume}));
     WL_ASSIGN_OR_RETURN(RlCheckpoint c, load_rl_checkpoint(dir, *dp_, o_.run));
     rng_.set_state(c.rng);
     updates_ = c.updates;
@@ -1041,13 +1051,14 @@ class Trainer {
   // Rank 0 may be a while between orders (generating, waiting for a lost worker's
   // replacement), so a rank waits a few timeouts for the next before it gives up.
   Status follow() {
-    if (!o_.resume.empty())
-      WL_RETURN_IF_ERROR(load_rl_checkpoint(o_.resume, *dp_, o_.run).status());
     for (;;) {
-      WL_ASSIGN_OR_RETURN(OrderMessage m, hear(o_.timeout * 4));
+      WL_ASSIGN_OR_RETURN(OrderMessage m, hear(o_.timeout * kIdleTimeouts));
       switch (m.order) {
         case Order::kStop:
           return ok_status();
+        case Order::kResume:
+          WL_RETURN_IF_ERROR(load_rl_checkpoint(o_.resume, *dp_, o_.run).status());
+          break;
         case Order::kSft: {
           WL_ASSIGN_OR_RETURN(train::Batch b, decode_batch(m.ints, 0));
           WL_RETURN_IF_ERROR(parallel::run_step(*dp_, b, {.lr = o_.sft_lr}).status());
@@ -1060,7 +1071,6 @@ class Trainer {
         }
         case Order::kRefresh:
           WL_RETURN_IF_ERROR(refresh());
-          break;
           break;
         case Order::kUpdate:
           // A failed update is rank 0's to handle (it drops the lost worker and orders another).
@@ -1194,21 +1204,28 @@ class Trainer {
     return server_->update(kCheckpoint, fleet_ids);
   }
 
-  // Rank 0 tells every other trainer rank the collective step it takes next.
+  // Rank 0 tells every other trainer rank the collective step it takes next; each is told
+  // even when one cannot be (the first error is returned).
   Status tell(const OrderMessage& m) {
+    Status first = ok_status();
     for (int r = 1; rank_ == 0 && r < o_.trainers; ++r) {
-      comm::Group& g = *orders_;
-      const auto order = int64_t(m.order);
-      WL_RETURN_IF_ERROR(g.send({.data = &order,
-                                 .bytes = sizeof order,
-                                 .peer = r,
-                                 .tag = kTagCommand,
-                                 .timeout = o_.timeout}));
-      WL_RETURN_IF_ERROR(send_values(g, r, kTagInts, m.ints, o_.timeout));
-      WL_RETURN_IF_ERROR(send_values(g, r, kTagReals, m.reals, o_.timeout));
-      WL_RETURN_IF_ERROR(send_values(g, r, kTagRoutes, m.routes, o_.timeout));
+      Status told = tell_rank(r, m);
+      if (first.ok()) first = told;
     }
-    return ok_status();
+    return first;
+  }
+
+  Status tell_rank(int r, const OrderMessage& m) {
+    comm::Group& g = *orders_;
+    const auto order = int64_t(m.order);
+    WL_RETURN_IF_ERROR(g.send({.data = &order,
+                               .bytes = sizeof order,
+                               .peer = r,
+                               .tag = kTagCommand,
+                               .timeout = o_.timeout}));
+    WL_RETURN_IF_ERROR(send_values(g, r, kTagInts, m.ints, o_.timeout));
+    WL_RETURN_IF_ERROR(send_values(g, r, kTagReals, m.reals, o_.timeout));
+    return send_values(g, r, kTagRoutes, m.routes, o_.timeout);
   }
 
   Result<OrderMessage> hear(std::chrono::milliseconds wait) {
@@ -1366,13 +1383,11 @@ Status check_layouts(const RlOptions& o) {
   return ok_status();
 }
 
-Result<RlSummary> run_trainer(const RlOptions& o, std::shared_ptr<comm::Store> store, int workers,
-                              const std::function<void(const StepRecord&)>& on_step) {
-  if (workers < 1) {
-    return invalid_argument(
-        "rl needs at least 2 processes: the trainer and a rollout worker "
-        "(weightlift launch -n 2 weightlift rl ...)");
-  }
+namespace {
+
+// The task, once the options are known to fit the trainer's ranks: checked on every trainer
+// rank before any connects.
+Result<Task> trainer_task(const RlOptions& o) {
   WL_ASSIGN_OR_RETURN(Task task, Task::create(o.task));
   const int64_t seq = Trainer::positions(task);
   if (seq > o.config.max_seq_len) {
@@ -1384,10 +1399,24 @@ Result<RlSummary> run_trainer(const RlOptions& o, std::shared_ptr<comm::Store> s
   WL_RETURN_IF_ERROR(
       model::check_training_memory(o.config, "the policy", o.prompts * o.group, seq));
   WL_RETURN_IF_ERROR(check_layouts(o));
+  return task;
+}
+
+}  // namespace
+
+Result<RlSummary> run_trainer(const RlOptions& o, std::shared_ptr<comm::Store> store, int workers,
+                              const std::function<void(const StepRecord&)>& on_step) {
+  if (workers < 1) {
+    return invalid_argument(
+        "rl needs at least 2 processes: the trainer and a rollout worker "
+        "(weightlift launch -n 2 weightlift rl ...)");
+  }
+  WL_ASSIGN_OR_RETURN(Task task, trainer_task(o));
   WL_ASSIGN_OR_RETURN(TrainerRanks ranks, connect_trainer_ranks(o, store, 0));
   Trainer t(o, std::move(store), workers, std::move(task), std::move(ranks));
-  WL_RETURN_IF_ERROR(t.start());
-  Result<RlSummary> summary = run_phases(o, t, on_step);
+  // A failed start too: the other trainer ranks and the workers already connected are told.
+  const Status started = t.start();
+  Result<RlSummary> summary = started.ok() ? run_phases(o, t, on_step) : Result<RlSummary>(started);
   // The workers wait for a command whatever happened here: on an error too, tell them to stop.
   const Status stopped = t.stop();
   WL_RETURN_IF_ERROR(summary.status());
@@ -1398,8 +1427,7 @@ Result<RlSummary> run_trainer(const RlOptions& o, std::shared_ptr<comm::Store> s
 Status run_trainer_rank(const RlOptions& o, std::shared_ptr<comm::Store> store, int rank,
                         int workers) {
   WL_CHECK(rank >= 1 && rank < o.trainers) << "trainer rank " << rank << " of " << o.trainers;
-  WL_ASSIGN_OR_RETURN(Task task, Task::create(o.task));
-  WL_RETURN_IF_ERROR(check_layouts(o));
+  WL_ASSIGN_OR_RETURN(Task task, trainer_task(o));
   WL_ASSIGN_OR_RETURN(TrainerRanks ranks, connect_trainer_ranks(o, store, rank));
   Trainer t(o, std::move(store), workers, std::move(task), std::move(ranks));
   WL_RETURN_IF_ERROR(t.start());
