@@ -460,6 +460,37 @@ INSTANTIATE_TEST_SUITE_P(RlProcesses, ResumedTrainer, ::testing::Values("0", "1"
                            return std::string(info.param) == "0" ? "Synchronous" : "Asynchronous";
                          });
 
+// A run of `steps` RL steps on tiny's sort task, every group trained, long enough to kill a
+// process in.
+std::vector<std::string> run_to_kill_in(int steps, const std::string& out,
+                                        const std::vector<std::string>& more = {}) {
+  std::vector<std::string> a = {"--preset",
+                                "tiny",
+                                "--task",
+                                "sort",
+                                "--difficulty",
+                                "2",
+                                "--sft-steps",
+                                "0",
+                                "--steps",
+                                std::to_string(steps),
+                                "--eval-every",
+                                "100",
+                                "--prompts",
+                                "4",
+                                "--group",
+                                "4",
+                                "--eval-problems",
+                                "8",
+                                "--no-dynamic-sampling",
+                                "--timeout",
+                                "20",
+                                "--out",
+                                out};
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
 // kill -9 of a rollout worker mid-run: its share of the generation goes to the other worker,
 // a replacement of the same rank started by hand heals its weights and rejoins, the run
 // finishes, every trained sample came from the weights it was trained against, and
@@ -467,29 +498,7 @@ INSTANTIATE_TEST_SUITE_P(RlProcesses, ResumedTrainer, ::testing::Values("0", "1"
 TEST(RlProcesses, AKilledWorkerIsReplacedAndTheRunFinishes) {
   const std::string out = fresh_dir("replaced");
   const int port = wl::testing::free_port();
-  const std::vector<std::string> args = {"--preset",
-                                         "tiny",
-                                         "--task",
-                                         "sort",
-                                         "--difficulty",
-                                         "2",
-                                         "--sft-steps",
-                                         "0",
-                                         "--steps",
-                                         "300",
-                                         "--eval-every",
-                                         "100",
-                                         "--prompts",
-                                         "4",
-                                         "--group",
-                                         "4",
-                                         "--eval-problems",
-                                         "8",
-                                         "--no-dynamic-sampling",
-                                         "--timeout",
-                                         "20",
-                                         "--out",
-                                         out};
+  const std::vector<std::string> args = run_to_kill_in(300, out);
   std::vector<Child> job;
   for (int r = 0; r < 3; ++r) job.push_back(spawn_rank(r, 3, port, args));
   ASSERT_TRUE(wl::testing::wait_for_output(job[0], "rl [", comm::deadline_after(60s)))
@@ -534,31 +543,7 @@ TEST(RlProcesses, AKilledWorkerIsReplacedAndTheRunFinishes) {
 TEST(RlProcesses, AWorkerOfTwoTpRanksThatLosesOneIsDroppedAndTheRunFinishes) {
   const std::string out = fresh_dir("tp_rank_killed");
   const int port = wl::testing::free_port();
-  const std::vector<std::string> args = {"--preset",
-                                         "tiny",
-                                         "--task",
-                                         "sort",
-                                         "--difficulty",
-                                         "2",
-                                         "--sft-steps",
-                                         "0",
-                                         "--steps",
-                                         "150",
-                                         "--eval-every",
-                                         "100",
-                                         "--prompts",
-                                         "4",
-                                         "--group",
-                                         "4",
-                                         "--eval-problems",
-                                         "8",
-                                         "--no-dynamic-sampling",
-                                         "--rollout-tp",
-                                         "2",
-                                         "--timeout",
-                                         "20",
-                                         "--out",
-                                         out};
+  const std::vector<std::string> args = run_to_kill_in(150, out, {"--rollout-tp", "2"});
   std::vector<Child> job;
   for (int r = 0; r < 5; ++r) job.push_back(spawn_rank(r, 5, port, args));
   ASSERT_TRUE(wl::testing::wait_for_output(job[0], "rl [", comm::deadline_after(60s)))
