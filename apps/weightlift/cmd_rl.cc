@@ -263,9 +263,9 @@ Status write_rl_outputs(const RlArgs& a, const parallel::Job& job, rl::RlSummary
   return ok_status();
 }
 
-Status run_rl(RlArgs a) {
-  WL_RETURN_IF_ERROR(make_rl_options(a));
-  WL_ASSIGN_OR_RETURN(comm::LaunchEnv env, comm::read_launch_env());
+// The job fits the layout: the trainer's ranks, then whole rollout workers; and a process
+// started again (WEIGHTLIFT_RESTART) is one that can be.
+Status check_job(const RlArgs& a, const comm::LaunchEnv& env) {
   const int least = a.o.trainers + a.o.rollout_tp;
   if (env.world_size < least || (env.world_size - a.o.trainers) % a.o.rollout_tp != 0) {
     const std::string t = std::to_string(a.o.trainers), tp = std::to_string(a.o.rollout_tp);
@@ -277,21 +277,46 @@ Status run_rl(RlArgs a) {
   }
   // A rollout worker of one rank can be replaced mid-run; the trainer holds the run, and
   // cannot, nor can one rank of a TP engine rejoin its running peers.
-  if (std::getenv("WEIGHTLIFT_RESTART") != nullptr) {
-    if (env.rank < a.o.trainers) {
-      return failed_precondition("trainer rank " + std::to_string(env.rank) +
-                                 " was lost and cannot be replaced mid-run: start the job again "
-                                 "with --resume and its last checkpoint in " +
-                                 a.out_dir);
-    }
-    if (a.o.rollout_tp > 1) {
-      return failed_precondition("rank " + std::to_string(env.rank) +
-                                 " was a TP rank of a rollout worker (--rollout-tp " +
-                                 std::to_string(a.o.rollout_tp) +
-                                 "), which cannot be replaced mid-run; the run goes on "
-                                 "without that worker");
-    }
+  if (std::getenv("WEIGHTLIFT_RESTART") == nullptr) return ok_status();
+  if (env.rank < a.o.trainers) {
+    return failed_precondition("trainer rank " + std::to_string(env.rank) +
+                               " was lost and cannot be replaced mid-run: start the job again "
+                               "with --resume and its last checkpoint in " +
+                               a.out_dir);
   }
+  if (a.o.rollout_tp > 1) {
+    return failed_precondition("rank " + std::to_string(env.rank) +
+                               " was a TP rank of a rollout worker (--rollout-tp " +
+                               std::to_string(a.o.rollout_tp) +
+                               "), which cannot be replaced mid-run; the run goes on "
+                               "without that worker");
+  }
+  return ok_status();
+}
+
+// What job rank `rank` is: a trainer rank, or TP rank `tp_rank` of rollout worker `worker`
+// (from 1: job ranks trainers + (worker - 1) * rollout_tp on, one per TP rank), and its role
+// in processes.json.
+struct Place {
+  int worker = 0;  // 0: a trainer rank
+  int tp_rank = 0;
+  std::string role;
+};
+
+Place place_of(const RlArgs& a, int rank) {
+  if (rank < a.o.trainers)
+    return {.role = rank == 0 ? "trainer" : "trainer-rank-" + std::to_string(rank)};
+  const int after = rank - a.o.trainers;
+  Place p{.worker = after / a.o.rollout_tp + 1, .tp_rank = after % a.o.rollout_tp};
+  p.role = "rollout-worker-" + std::to_string(p.worker);
+  if (a.o.rollout_tp > 1) p.role += "-tp-rank-" + std::to_string(p.tp_rank);
+  return p;
+}
+
+Status run_rl(RlArgs a) {
+  WL_RETURN_IF_ERROR(make_rl_options(a));
+  WL_ASSIGN_OR_RETURN(comm::LaunchEnv env, comm::read_launch_env());
+  WL_RETURN_IF_ERROR(check_job(a, env));
   // Only the trainer writes into --out (a replaced worker starts while the run is there).
   if (env.rank == 0) WL_RETURN_IF_ERROR(check_out_dir(a));
   // The job's store and nothing more: the RL processes make their channels through it
@@ -303,22 +328,15 @@ Status run_rl(RlArgs a) {
   if (env.rank == 0) {
     WL_ASSIGN_OR_RETURN(lock, take_out_dir(a));
   }
-  // Rollout worker k (from 1) is job ranks trainers + (k - 1) * rollout_tp on, one per TP rank.
-  const int after = job.rank() - a.o.trainers;
-  const int worker = after < 0 ? 0 : after / a.o.rollout_tp + 1,
-            tp_rank = after < 0 ? 0 : after % a.o.rollout_tp;
-  std::string role = "rollout-worker-" + std::to_string(worker);
-  if (job.rank() == 0) role = "trainer";
-  if (worker == 0 && job.rank() > 0) role = "trainer-rank-" + std::to_string(job.rank());
-  if (worker >= 1 && a.o.rollout_tp > 1) role += "-tp-rank-" + std::to_string(tp_rank);
+  const Place place = place_of(a, job.rank());
+  const std::string& role = place.role;
   WL_RETURN_IF_ERROR(parallel::write_processes(job, a.out_dir, role, a.o.timeout));
-  if (worker >= 1) return rl::run_rollout_worker(a.o, job.world.store, worker, tp_rank);
-  if (job.rank() != 0) {
-    if (a.trainer_threads > 0) set_num_threads(a.trainer_threads);
-    return rl::run_trainer_rank(a.o, job.world.store, job.rank(), workers(a, job));
-  }
+  if (place.worker >= 1)
+    return rl::run_rollout_worker(a.o, job.world.store, place.worker, place.tp_rank);
   // In synchronous mode the workers wait while the trainer computes: it may take every core.
   if (a.trainer_threads > 0) set_num_threads(a.trainer_threads);
+  if (job.rank() != 0)
+    return rl::run_trainer_rank(a.o, job.world.store, job.rank(), workers(a, job));
   a.o.on_event = [](const rl::RlEvent& e) {
     std::fprintf(stderr, "rl: %s step %lld: %s\n", e.phase.c_str(), (long long)e.step,
                  e.what.c_str());

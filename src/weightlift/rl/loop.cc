@@ -267,12 +267,7 @@ class Engine {
   // The trainer may be busy for several timeouts between commands (kIdleTimeouts).
   Status serve(comm::Group& control) {
     for (;;) {
-      int64_t command = 0;
-      WL_RETURN_IF_ERROR(control.recv({.data = &command,
-                                       .bytes = sizeof command,
-                                       .peer = 0,
-                                       .tag = kTagCommand,
-                                       .timeout = o_.timeout * kIdleTimeouts}));
+      WL_ASSIGN_OR_RETURN(const int64_t command, next_command(control, "the trainer's"));
       std::vector<int64_t> request;
       if (command == kGenerate) {
         WL_ASSIGN_OR_RETURN(request,
@@ -288,15 +283,7 @@ class Engine {
   Status follow() {
     comm::Group& g = *relay_;
     for (;;) {
-      int64_t command = 0;
-      WL_RETURN_IF_ERROR(g.recv({.data = &command,
-                                 .bytes = sizeof command,
-                                 .peer = 0,
-                                 .tag = kTagCommand,
-                                 .timeout = o_.timeout * kIdleTimeouts})
-                             .with_context("rollout worker " + std::to_string(worker_) +
-                                           " tp rank " + std::to_string(tp_rank_) +
-                                           ": waiting for tp rank 0's next command"));
+      WL_ASSIGN_OR_RETURN(const int64_t command, next_command(g, "tp rank 0's"));
       WL_ASSIGN_OR_RETURN(std::vector<int64_t> request,
                           recv_values<int64_t>(g, 0, kTagInts, kMostValues, o_.timeout));
       WL_ASSIGN_OR_RETURN(const bool more, take(command, request, nullptr));
@@ -305,6 +292,20 @@ class Engine {
   }
 
  private:
+  // The next command from rank 0 of `g` (`whose`, for the error), waiting kIdleTimeouts.
+  Result<int64_t> next_command(comm::Group& g, const std::string& whose) {
+    int64_t command = 0;
+    WL_RETURN_IF_ERROR(g.recv({.data = &command,
+                               .bytes = sizeof command,
+                               .peer = 0,
+                               .tag = kTagCommand,
+                               .timeout = o_.timeout * kIdleTimeouts})
+                           .with_context("rollout worker " + std::to_string(worker_) + " tp rank " +
+                                         std::to_string(tp_rank_) + ": waiting for " + whose +
+                                         " next command"));
+    return command;
+  }
+
   Status pass_on(int64_t command, const std::vector<int64_t>& request) {
     for (int r = 1; tp_rank_ == 0 && relay_ && r < o_.rollout_tp; ++r) {
       WL_RETURN_IF_ERROR(relay_->send({.data = &command,
