@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <span>
+#include <string>
 
 #include "support/scratch_dir.h"
 #include "weightlift/core/random.h"
@@ -245,6 +247,97 @@ TEST(Transformer, Bf16LossIsCloseToF32) {
   // bf16 operands carry 2^-9 relative error; the loss averages it down (see check_numerics.py).
   EXPECT_NEAR(bf16, f32, 2e-2 * f32);
   EXPECT_NE(bf16, f32);  // the rounding really happened
+}
+
+// StepOptions::targets: the head computes only the positions with a target and the last
+// block's experts only theirs, which must change no number: an RL-like batch (targets on a
+// few positions at the end of each row, one row without any) gives the whole pass's losses
+// and gradients, through loss() and token_loss(), with and without checkpointing; it must
+// hold fewer bytes, or the subset was not taken. Tolerance: the GEMMs run over fewer rows,
+// so the weight gradients are summed in another order (f32, ~1e-7 relative each).
+TEST(StagePass, ComputesOnlyPositionsWithATargetAndChangesNoNumber) {
+  ModelConfig c = tiny();
+  c.z_loss_beta = 1e-3;
+  Transformer m(c);
+  m.init(6);
+  Batch x = random_batch(c, 4, 24, 7);
+  for (int64_t i = 0; i < x.b * x.t; ++i) {
+    const int64_t row = i / x.t, t = i % x.t;
+    if (row == 2 || t < x.t - 5) x.targets[size_t(i)] = -100;
+  }
+  const int64_t N = x.b * x.t;
+  const PassModel pm = m.pass_model();
+  for (bool checkpointing : {false, true}) {
+    for (bool per_token : {false, true}) {
+      std::vector<float> grads[2];
+      LossTerms losses[2];
+      int64_t held[2];
+      for (int subset = 0; subset < 2; ++subset) {
+        m.zero_grads();
+        StepOptions o{.checkpointing = checkpointing};
+        if (subset) o.targets = x.targets.data();
+        StagePass pass(pm, {0, m.units().head()}, x.tokens.data(), x.b, x.t, o, nullptr);
+        const int64_t before = tensor_memory_stats().live_bytes;
+        ASSERT_TRUE(pass.forward(nullptr, true).ok());
+        held[subset] = tensor_memory_stats().live_bytes - before;
+        if (per_token) {
+          losses[subset] = pass.token_loss(
+              x.targets.data(), [&](std::span<const double> logp, std::span<float> coef) {
+                double sum = 0;
+                for (int64_t r = 0; r < N; ++r) {
+                  if (x.targets[size_t(r)] == -100) continue;
+                  coef[size_t(r)] = float(0.1 * double(r % 3 + 1));
+                  sum += 0.1 * double(r % 3 + 1) * -logp[size_t(r)];
+                }
+                return sum;
+              });
+        } else {
+          losses[subset] = pass.loss(x.targets.data());
+        }
+        ASSERT_TRUE(pass.backward(nullptr).ok());
+        const float* g = m.grads().data<float>();
+        grads[subset].assign(g, g + m.layout().total());
+      }
+      const std::string what =
+          std::string(checkpointing ? "checkpointing, " : "") + (per_token ? "token_loss" : "loss");
+      EXPECT_NEAR(losses[1].ce, losses[0].ce, 1e-6 * std::fabs(losses[0].ce)) << what;
+      EXPECT_EQ(losses[1].aux, losses[0].aux) << what;
+      EXPECT_EQ(losses[1].z, losses[0].z) << what;
+      EXPECT_EQ(losses[1].count, losses[0].count) << what;
+      float scale = 0;
+      for (float v : grads[0]) scale = std::max(scale, std::fabs(v));
+      ASSERT_GT(scale, 0.0f);
+      for (size_t i = 0; i < grads[0].size(); ++i) {
+        ASSERT_NEAR(grads[1][i], grads[0][i], 1e-5f * scale) << what << ", element " << i;
+      }
+      if (!checkpointing) {
+        EXPECT_LT(held[1], held[0]) << what;
+      }
+    }
+  }
+}
+
+// A batch where no position has a target: nothing reaches the head, and the pass still runs.
+TEST(StagePass, WithoutAnyTargetComputesNoHeadRowAndGivesNoCrossEntropyGradient) {
+  const ModelConfig c = tiny();
+  Transformer m(c);
+  m.init(2);
+  Batch x = random_batch(c, 2, 8, 3);
+  std::fill(x.targets.begin(), x.targets.end(), -100);
+  m.zero_grads();
+  const PassModel pm = m.pass_model();
+  StagePass pass(pm, {0, m.units().head()}, x.tokens.data(), x.b, x.t,
+                 {.targets = x.targets.data()}, nullptr);
+  ASSERT_TRUE(pass.forward(nullptr, true).ok());
+  const LossTerms l = pass.loss(x.targets.data());
+  EXPECT_EQ(l.count, 0);
+  EXPECT_EQ(l.ce, 0.0);
+  ASSERT_TRUE(pass.backward(nullptr).ok());
+  // Only the router's aux and z losses reach the weights: the head gets no gradient.
+  const ParamInfo* head = m.layout().find("lm_head.weight");
+  ASSERT_NE(head, nullptr);
+  const float* g = m.grads().data<float>() + head->offset;
+  for (int64_t i = 0; i < head->numel(); ++i) ASSERT_EQ(g[i], 0.0f) << "lm_head element " << i;
 }
 
 }  // namespace

@@ -211,4 +211,28 @@ void group_by_expert(const RouterShape& s, const int32_t* topk_idx, const int64_
   }
 }
 
+int64_t group_kept_by_expert(const RouterShape& s, const int32_t* topk_idx, const uint8_t* keep,
+                             int64_t* expert_begin, int32_t* row_of_slot, int32_t* token_of_row) {
+  std::vector<int64_t> counts(size_t(s.experts), 0);
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    if (!keep[t]) continue;
+    for (int64_t k = 0; k < s.top_k; ++k) ++counts[size_t(topk_idx[t * s.top_k + k])];
+  }
+  expert_begin[0] = 0;
+  for (int64_t e = 0; e < s.experts; ++e) expert_begin[e + 1] = expert_begin[e] + counts[size_t(e)];
+  std::vector<int64_t> cursor(expert_begin, expert_begin + s.experts);
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    for (int64_t k = 0; k < s.top_k; ++k) {
+      if (!keep[t]) {
+        row_of_slot[t * s.top_k + k] = -1;
+        continue;
+      }
+      const int64_t row = cursor[size_t(topk_idx[t * s.top_k + k])]++;
+      row_of_slot[t * s.top_k + k] = int32_t(row);
+      token_of_row[row] = int32_t(t);
+    }
+  }
+  return expert_begin[s.experts];
+}
+
 }  // namespace wl::kernels

@@ -72,4 +72,9 @@ void router_backward(const RouterShape& s, const RouterBackwardArgs& a);
 void group_by_expert(const RouterShape& s, const int32_t* topk_idx, const int64_t* counts,
                      int64_t* expert_begin, int32_t* row_of_slot, int32_t* token_of_row);
 
+// The same over the slots of the tokens with keep[t] != 0 only: the other tokens' slots get
+// row -1 and no row. Returns the rows, the kept tokens' slots (token_of_row needs that many).
+int64_t group_kept_by_expert(const RouterShape& s, const int32_t* topk_idx, const uint8_t* keep,
+                             int64_t* expert_begin, int32_t* row_of_slot, int32_t* token_of_row);
+
 }  // namespace wl::kernels

@@ -91,7 +91,29 @@ StagePass::StagePass(const PassModel& model, Stage stage, const int64_t* tokens,
       << " units";
   WL_CHECK(stage.first > 0 || tokens != nullptr) << "the embedding's stage needs the tokens";
   acts_.resize(size_t(c.num_layers));
+  if (options.targets && !options.logits_out && has_head()) {
+    for (int64_t r = 0; r < tokens_n_; ++r) {
+      if (options.targets[r] != kernels::kIgnoreIndex) head_rows_.push_back(r);
+    }
+    if (int64_t(head_rows_.size()) < tokens_n_) {
+      keep_.assign(size_t(tokens_n_), 0);
+      for (int64_t r : head_rows_) keep_[size_t(r)] = 1;
+    } else {
+      head_rows_.clear();
+    }
+  }
 }
+
+namespace {
+
+// dst[i] = src[rows[i]], rows of `width` floats.
+void gather_rows(float* dst, const float* src, std::span<const int64_t> rows, int64_t width) {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::memcpy(dst + int64_t(i) * width, src + rows[i] * width, size_t(width) * 4);
+  }
+}
+
+}  // namespace
 
 StagePass::~StagePass() = default;
 
@@ -121,6 +143,7 @@ detail::BlockContext StagePass::block_context(int layer) const {
   ctx.replay_differ = options_.replay_differ;
   ctx.experts = hooks_->expert_exchange();
   ctx.tp = hooks_->tensor_parallel();
+  if (head_subset() && layer == c.num_layers - 1) ctx.keep = keep_.data();
   return ctx;
 }
 
@@ -134,13 +157,22 @@ void StagePass::forward_unit(int unit, bool for_backward) {
     return;
   }
   if (unit == model_.units.head()) {
-    xf_ = f32({N, d});
-    rstd_ = f32({N});
-    kernels::rmsnorm_forward(x_.data<float>(), w.norm, xf_.data<float>(), rstd_.data<float>(), N, d,
-                             float(c.rms_eps));
-    logits_ = f32({N, V});
-    detail::linear_forward(options_.precision, xf_.data<float>(), w.head, logits_.data<float>(), N,
-                           d, V);
+    int64_t rows = N;
+    if (head_subset()) {  // x_ becomes the rows with a target
+      rows = int64_t(head_rows_.size());
+      Tensor kept = f32({rows, d});
+      gather_rows(kept.data<float>(), x_.data<float>(), head_rows_, d);
+      x_ = std::move(kept);
+    }
+    xf_ = f32({rows, d});
+    rstd_ = f32({rows});
+    kernels::rmsnorm_forward(x_.data<float>(), w.norm, xf_.data<float>(), rstd_.data<float>(), rows,
+                             d, float(c.rms_eps));
+    logits_ = f32({rows, V});
+    if (rows > 0) {
+      detail::linear_forward(options_.precision, xf_.data<float>(), w.head, logits_.data<float>(),
+                             rows, d, V);
+    }
     if (options_.logits_out) std::memcpy(options_.logits_out, logits_.raw(), logits_.nbytes());
     if (!for_backward) x_ = xf_ = rstd_ = Tensor();
     return;
@@ -162,6 +194,16 @@ void StagePass::forward_unit(int unit, bool for_backward) {
   }
 }
 
+const int64_t* StagePass::targets_of_head_rows(const int64_t* targets,
+                                               std::vector<int64_t>& kept) const {
+  WL_CHECK(!head_subset() || targets == options_.targets)
+      << "a loss over other targets than StepOptions::targets, which chose the head's rows";
+  if (!head_subset()) return targets;
+  kept.resize(head_rows_.size());
+  for (size_t i = 0; i < head_rows_.size(); ++i) kept[i] = targets[head_rows_[i]];
+  return kept.data();
+}
+
 LossTerms StagePass::loss(const int64_t* targets) {
   WL_CHECK(has_head()) << "loss() on a stage without the head";
   WL_CHECK(!loss_done_) << "loss() twice";
@@ -177,9 +219,12 @@ LossTerms StagePass::loss(const int64_t* targets) {
   const int64_t denom = options_.ce_denominator > 0 ? options_.ce_denominator : out.count;
   const float ce_scale = denom > 0 ? options_.grad_scale / float(denom) : 0.0f;
   float* logits = logits_.data<float>();
+  std::vector<int64_t> kept;
+  const int64_t* head_targets = targets_of_head_rows(targets, kept);
   // d loss / d logits overwrites the logits.
-  const kernels::CrossEntropyResult ce = kernels::cross_entropy(
-      logits, targets, N, c.vocab_size, gradient ? logits : nullptr, gradient ? ce_scale : 1.0f);
+  const kernels::CrossEntropyResult ce =
+      kernels::cross_entropy(logits, head_targets, logits_.size(0), c.vocab_size,
+                             gradient ? logits : nullptr, gradient ? ce_scale : 1.0f);
   out.ce = ce.count > 0 ? ce.loss_sum / double(ce.count) : 0.0;
   return out;
 }
@@ -197,17 +242,24 @@ LossTerms StagePass::token_loss(const int64_t* targets, const TokenLossFn& fn) {
   out.z = c.z_loss_beta * router_.z / double(c.num_layers);
   out.count = kernels::count_targets(targets, N);
   float* logits = logits_.data<float>();
-  std::vector<double> nll(static_cast<size_t>(N));
-  kernels::cross_entropy_rows(logits, targets, N, V, nullptr, nullptr, nll.data());
-  std::vector<double> logp(static_cast<size_t>(N));
-  for (int64_t r = 0; r < N; ++r) logp[size_t(r)] = -nll[size_t(r)];
+  std::vector<int64_t> kept;
+  const int64_t* head_targets = targets_of_head_rows(targets, kept);
+  const int64_t rows = logits_.size(0);  // N, or the rows with a target
+  const auto position = [&](int64_t i) { return head_subset() ? head_rows_[size_t(i)] : i; };
+  std::vector<double> nll(static_cast<size_t>(rows));
+  kernels::cross_entropy_rows(logits, head_targets, rows, V, nullptr, nullptr, nll.data());
+  std::vector<double> logp(static_cast<size_t>(N), 0.0);
+  for (int64_t i = 0; i < rows; ++i) logp[size_t(position(i))] = -nll[size_t(i)];
   std::vector<float> coef(static_cast<size_t>(N), 0.0f);
   out.ce = fn(logp, coef);
   if (!gradient) return out;
-  // f16's loss scale multiplies every gradient.
-  for (float& x : coef) x *= options_.grad_scale;
+  // The head's rows' coefficients; f16's loss scale multiplies every gradient.
+  std::vector<float> head_coef(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) {
+    head_coef[size_t(i)] = coef[size_t(position(i))] * options_.grad_scale;
+  }
   // d loss / d logits overwrites the logits.
-  kernels::cross_entropy_rows(logits, targets, N, V, coef.data(), logits, nll.data());
+  kernels::cross_entropy_rows(logits, head_targets, rows, V, head_coef.data(), logits, nll.data());
   return out;
 }
 
@@ -236,14 +288,26 @@ void StagePass::backward_unit(int unit) {
   const ModelView& g = model_.grads;
   const Precision p = options_.precision;
   if (unit == model_.units.head()) {
+    const int64_t rows = logits_.size(0);  // N, or the rows with a target
     const float* dlogits = logits_.data<float>();
-    detail::linear_backward_weight(p, dlogits, xf_.data<float>(), g.head, N, d, V);
-    Tensor dxf = f32({N, d});
-    detail::linear_backward_input(p, dlogits, w.head, dxf.data<float>(), N, d, V);
+    Tensor dxf = f32({rows, d});
+    Tensor dx = f32({rows, d});
+    if (rows > 0) {
+      detail::linear_backward_weight(p, dlogits, xf_.data<float>(), g.head, rows, d, V);
+      detail::linear_backward_input(p, dlogits, w.head, dxf.data<float>(), rows, d, V);
+      kernels::rmsnorm_backward(dxf.data<float>(), x_.data<float>(), w.norm, rstd_.data<float>(),
+                                dx.data<float>(), g.norm, rows, d);
+    }
     logits_ = Tensor();
-    dx_ = f32({N, d});
-    kernels::rmsnorm_backward(dxf.data<float>(), x_.data<float>(), w.norm, rstd_.data<float>(),
-                              dx_.data<float>(), g.norm, N, d);
+    if (head_subset()) {  // the other positions reach no loss: their gradient is 0
+      dx_ = Tensor::zeros(DType::kF32, {N, d});
+      for (size_t i = 0; i < head_rows_.size(); ++i) {
+        std::memcpy(dx_.data<float>() + head_rows_[i] * d, dx.data<float>() + int64_t(i) * d,
+                    size_t(d) * 4);
+      }
+    } else {
+      dx_ = std::move(dx);
+    }
     x_ = xf_ = rstd_ = Tensor();
     return;
   }

@@ -54,6 +54,13 @@ struct StepOptions {
   float grad_scale = 1.0f;
   // When not null, receives the logits [B, T, V] (f32).
   float* logits_out = nullptr;
+  // The targets [B, T] the loss will be taken over, when known before the forward pass (the
+  // same array loss() or token_loss() is then given). A position without one (-100) reaches
+  // no loss, so the head computes only the positions that have one, and the last block's
+  // experts run only for those (its router still sees every token: the aux and z losses and
+  // the routes are unchanged). Ignored with logits_out, which wants every position. Null:
+  // every position.
+  const int64_t* targets = nullptr;
   // Routing replay (R3): token i of the pass goes, in layer l, to the top_k experts at
   // replay_routes[(i * num_layers + l) * top_k] instead of the router's choice (a token whose
   // first entry is -1 keeps the router's). The gate weights are the router's probabilities at
@@ -176,6 +183,13 @@ class StagePass {
   StepOptions options_;
   PassHooks default_hooks_;
   PassHooks* hooks_;
+  // StepOptions::targets: the head's rows (positions with a target) and which tokens the
+  // last block must finish (keep_); both empty when every position is computed.
+  bool head_subset() const { return !keep_.empty(); }
+  // The targets of the head's rows: `targets` itself, or those rows' gathered into `kept`.
+  const int64_t* targets_of_head_rows(const int64_t* targets, std::vector<int64_t>& kept) const;
+  std::vector<int64_t> head_rows_;
+  std::vector<uint8_t> keep_;
   std::vector<detail::BlockActs> acts_;  // per layer of the stage
   Tensor x_;                             // running activation [N, d]; the output after forward
   Tensor xf_, rstd_;                     // head: final norm output and its 1/rms

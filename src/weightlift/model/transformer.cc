@@ -48,7 +48,9 @@ Status Transformer::save(const std::string& path) const {
 
 LossTerms Transformer::forward_backward(const int64_t* tokens, const int64_t* targets,
                                         int64_t batch, int64_t seq, const StepOptions& opts) {
-  StagePass pass(pass_model(), {0, units_.head()}, tokens, batch, seq, opts, nullptr);
+  StepOptions o = opts;
+  o.targets = targets;
+  StagePass pass(pass_model(), {0, units_.head()}, tokens, batch, seq, o, nullptr);
   // No hooks: nothing that could fail.
   WL_CHECK(pass.forward(nullptr, true).ok());
   const LossTerms out = pass.loss(targets);
@@ -58,7 +60,9 @@ LossTerms Transformer::forward_backward(const int64_t* tokens, const int64_t* ta
 
 LossTerms Transformer::evaluate(const int64_t* tokens, const int64_t* targets, int64_t batch,
                                 int64_t seq, const StepOptions& opts) {
-  StagePass pass(pass_model(), {0, units_.head()}, tokens, batch, seq, opts, nullptr);
+  StepOptions o = opts;
+  o.targets = targets;
+  StagePass pass(pass_model(), {0, units_.head()}, tokens, batch, seq, o, nullptr);
   WL_CHECK(pass.forward(nullptr, false).ok());
   return pass.loss(targets);
 }

@@ -68,11 +68,11 @@ Result<model::LossTerms> compute_pipeline_gradients(DataParallel& dp, const trai
   const int64_t denom =
       kernels::count_targets(global.targets.data(), int64_t(global.targets.size()));
   const bool f16 = s.precision == model::Precision::kF16;
-  const model::StepOptions opts{.precision = s.precision,
-                                .checkpointing = s.checkpointing,
-                                .ce_denominator = denom,
-                                .aux_weight = 1.0f / float(M),
-                                .grad_scale = f16 ? float(s.loss_scale) : 1.0f};
+  model::StepOptions opts{.precision = s.precision,
+                          .checkpointing = s.checkpointing,
+                          .ce_denominator = denom,
+                          .aux_weight = 1.0f / float(M),
+                          .grad_scale = f16 ? float(s.loss_scale) : 1.0f};
   Neighbours next_door(at.pipe, dp.options().timeout);
   std::map<int, std::unique_ptr<model::StagePass>> in_flight;
   double sums[3] = {0, 0, 0};  // cross-entropy summed over targets, aux, z
@@ -90,6 +90,7 @@ Result<model::LossTerms> compute_pipeline_gradients(DataParallel& dp, const trai
       if (!at.first()) {
         WL_ASSIGN_OR_RETURN(x, next_door.recv(at.stage - 1, step_tag(m, true), act, &waited));
       }
+      if (at.last()) opts.targets = global.targets.data() + rows.begin * seq;
       auto pass = std::make_unique<model::StagePass>(
           dp.pass_model(), at.units, at.first() ? global.tokens.data() + rows.begin * seq : nullptr,
           rows.size(), seq, opts, &dp);
@@ -165,9 +166,11 @@ Result<double> evaluate_pipeline(DataParallel& dp, const std::vector<train::Batc
       }
       x = *got;
     }
-    model::StagePass pass(dp.pass_model(), at.units,
-                          at.first() ? b.tokens.data() + first * b.seq : nullptr, per, b.seq,
-                          {.precision = precision}, &dp);
+    model::StagePass pass(
+        dp.pass_model(), at.units, at.first() ? b.tokens.data() + first * b.seq : nullptr, per,
+        b.seq,
+        {.precision = precision, .targets = at.last() ? b.targets.data() + first * b.seq : nullptr},
+        &dp);
     failed = pass.forward(at.first() ? nullptr : x.data<float>(), false);
     if (!failed.ok()) break;
     if (at.last()) {

@@ -51,6 +51,7 @@ Result<model::LossTerms> compute_gradients(DataParallel& dp, const train::Batch&
     const RowRange rows = micro_batch_rows(l, global.batch, m, dp.rank());
     if (s.replay_routes) opts.replay_routes = s.replay_routes + rows.begin * route_row;
     if (s.routes_out) opts.routes_out = s.routes_out + rows.begin * route_row;
+    opts.targets = global.targets.data() + rows.begin * seq;
     dp.begin_micro_batch(m);
     model::StagePass pass(dp.pass_model(), {0, dp.units().head()},
                           global.tokens.data() + rows.begin * seq, rows.size(), seq, opts, &dp);
@@ -85,8 +86,9 @@ Result<double> evaluate(DataParallel& dp, const std::vector<train::Batch>& batch
   double sums[2] = {0, 0};  // cross-entropy summed over targets, targets
   for (const train::Batch& b : batches) {
     const int64_t per = b.batch / dp.ranks(), first = per * dp.rank();
-    model::StagePass pass(dp.pass_model(), {0, dp.units().head()}, b.tokens.data() + first * b.seq,
-                          per, b.seq, {.precision = precision}, &dp);
+    model::StagePass pass(
+        dp.pass_model(), {0, dp.units().head()}, b.tokens.data() + first * b.seq, per, b.seq,
+        {.precision = precision, .targets = b.targets.data() + first * b.seq}, &dp);
     const Status forward = pass.forward(nullptr, false);
     if (!forward.ok()) {
       dp.set_evaluating(false);

@@ -53,6 +53,8 @@ Result<model::LossTerms> compute_gradients(DataParallel& dp, const train::Batch&
 // pass.token_loss(); the pass holds rows [rows.begin, rows.end) of the global batch) and returns
 // its terms with `ce` this micro-batch's part of a sum; the step's loss is that sum over
 // micro-batches and ranks divided by `divisor`. aux and z are added as for the cross-entropy.
+// `part` takes the loss of a micro-batch's pass over the global batch's targets of its rows
+// (StepOptions::targets: the pass computes only the positions that have one).
 struct MicroBatchLoss {
   std::function<model::LossTerms(model::StagePass& pass, RowRange rows)> part;
   double divisor = 1;

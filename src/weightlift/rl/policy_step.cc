@@ -228,7 +228,7 @@ Result<std::vector<double>> target_logprobs(parallel::DataParallel& dp, const tr
   std::vector<double> out(b.targets.size(), 0.0);
   dp.set_evaluating(true);
   model::StagePass pass(dp.pass_model(), {0, dp.units().head()}, b.tokens.data(), b.batch, b.seq,
-                        {}, &dp);
+                        {.targets = b.targets.data()}, &dp);
   const Status forward = pass.forward(nullptr, false);
   if (forward.ok()) {
     pass.token_loss(b.targets.data(), [&](std::span<const double> logp, std::span<float>) {

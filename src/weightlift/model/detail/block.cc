@@ -125,15 +125,23 @@ void route(const BlockContext& ctx, const Dims& m, const LayerView& w, int64_t N
   losses->z += l.z;
 }
 
-// Rows grouped by expert (kernels::group_by_expert), and their inputs gathered into xe.
-void dispatch(const Dims& m, int64_t N, BlockActs& a) {
-  const int64_t S = N * m.K;
+// Rows grouped by expert (kernels::group_by_expert; only the kept tokens' slots when `keep`),
+// and their inputs gathered into xe.
+void dispatch(const Dims& m, int64_t N, const uint8_t* keep, BlockActs& a) {
   a.expert_begin.assign(size_t(m.E + 1), 0);
   a.row_of_slot = Tensor::empty(DType::kI32, {N, m.K});
-  a.token_of_row = Tensor::empty(DType::kI32, {S});
-  kernels::group_by_expert({.tokens = N, .experts = m.E, .top_k = m.K}, a.topk_idx.data<int32_t>(),
-                           a.counts.data<int64_t>(), a.expert_begin.data(),
-                           a.row_of_slot.data<int32_t>(), a.token_of_row.data<int32_t>());
+  a.token_of_row = Tensor::empty(DType::kI32, {N * m.K});
+  const kernels::RouterShape rs{.tokens = N, .experts = m.E, .top_k = m.K};
+  int64_t S = N * m.K;
+  if (keep) {
+    S = kernels::group_kept_by_expert(rs, a.topk_idx.data<int32_t>(), keep, a.expert_begin.data(),
+                                      a.row_of_slot.data<int32_t>(),
+                                      a.token_of_row.data<int32_t>());
+  } else {
+    kernels::group_by_expert(rs, a.topk_idx.data<int32_t>(), a.counts.data<int64_t>(),
+                             a.expert_begin.data(), a.row_of_slot.data<int32_t>(),
+                             a.token_of_row.data<int32_t>());
+  }
   a.xe = f32({S, m.d});
   const float* xn2 = a.xn2.data<float>();
   float* xe = a.xe.data<float>();
@@ -183,8 +191,10 @@ void combine(const Dims& m, const BlockActs& a, int64_t N, const float* h, float
         std::memset(o, 0, size_t(m.d) * 4);
       }
       for (int64_t k = 0; k < m.K; ++k) {
+        const int32_t row = row_of_slot[t * m.K + k];
+        if (row < 0) continue;  // a token nothing reads (BlockContext::keep)
         const float g = gw[t * m.K + k];
-        const float* y = ye + int64_t(row_of_slot[t * m.K + k]) * m.d;
+        const float* y = ye + int64_t(row) * m.d;
         for (int64_t i = 0; i < m.d; ++i) o[i] += g * y[i];
       }
     }
@@ -198,7 +208,7 @@ void moe_forward(const BlockContext& ctx, const LayerView& w, int64_t N, BlockAc
   const Dims m(ctx.config);
   WL_CHECK(!(ctx.tp && ctx.experts)) << "tensor and expert parallelism in one block";
   route(ctx, m, w, N, a, losses);
-  dispatch(m, N, a);
+  dispatch(m, N, ctx.keep, a);
   if (ctx.experts) {
     send_to_experts(*ctx.experts, m.d, a);
     a.ye = from_experts(*ctx.experts, m.d, a, run_experts(ctx.precision, m, w, a));
@@ -275,6 +285,10 @@ void combine_backward(const Dims& m, const BlockActs& a, const float* dout, int6
       const float* go = dout + t * m.d;
       for (int64_t k = 0; k < m.K; ++k) {
         const int64_t row = row_of_slot[t * m.K + k];
+        if (row < 0) {  // its output is read by nothing, so dout is 0 there
+          dw[t * m.K + k] = 0;
+          continue;
+        }
         const float* y = ye + row * m.d;
         float* dyr = dy + row * m.d;
         const float gk = gw[t * m.K + k];
@@ -330,9 +344,14 @@ void undispatch(const Dims& m, const BlockActs& a, const Tensor& dxe, int64_t N,
   parallel_for(N, 64, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       float* o = dst + t * m.d;
-      std::memcpy(o, src + int64_t(row_of_slot[t * m.K]) * m.d, size_t(m.d) * 4);
+      const int32_t* rows = row_of_slot + t * m.K;
+      if (rows[0] < 0) {  // a token whose experts did not run (BlockContext::keep)
+        std::memset(o, 0, size_t(m.d) * 4);
+        continue;
+      }
+      std::memcpy(o, src + int64_t(rows[0]) * m.d, size_t(m.d) * 4);
       for (int64_t k = 1; k < m.K; ++k) {
-        const float* r = src + int64_t(row_of_slot[t * m.K + k]) * m.d;
+        const float* r = src + int64_t(rows[k]) * m.d;
         for (int64_t i = 0; i < m.d; ++i) o[i] += r[i];
       }
     }
@@ -415,7 +434,7 @@ void block_backward(const BlockContext& ctx, const BlockDims& b, const LayerView
                     const LayerView& g, const BlockActs& a, const float* dout, float* dx,
                     const BlockGradScales& scales) {
   const Dims m(ctx.config);
-  const int64_t N = b.tokens, S = N * m.K;
+  const int64_t N = b.tokens, S = a.expert_begin.back();  // the dispatched rows
   // MoE half, from dout back to dxn2, the gradient of the MoE's normed input, and the gate
   // weights' gradient dtopk_w [N, K]: one buffer, so that under TP, where both are partial
   // sums (each rank's experts saw only its ffn rows), one sum completes them.

@@ -41,9 +41,11 @@ struct BlockActs {
   Tensor group_counts;  // [E] i64
   int64_t group_tokens = 0;
   // Dispatch: rows of the expert buffers grouped by expert, in token order within each.
+  // Without BlockContext::keep every slot has a row (N*K of them); with it, only the kept
+  // tokens' slots, the others' row being -1.
   std::vector<int64_t> expert_begin;  // [E + 1] first row of each expert
   Tensor row_of_slot;                 // [N, K] i32: the expert-buffer row of token t's k-th choice
-  Tensor token_of_row;                // [N*K] i32
+  Tensor token_of_row;                // [N*K] i32 (its first expert_begin[E] entries used)
   // The rows this rank's experts ran: [R, d] inputs, [R, 2F] gate_up outputs, [R, F] SwiGLU
   // outputs, expert first_run + i running rows [run_begin[i], run_begin[i + 1]). In one
   // process those are the dispatched rows (R = N*K, every expert). Under expert parallelism
@@ -53,7 +55,7 @@ struct BlockActs {
   int64_t first_run = 0;
   std::vector<int64_t> run_begin;
   std::vector<int64_t> run_from;
-  Tensor ye;  // [N*K, d]: each dispatched row's expert output
+  Tensor ye;  // [expert_begin[E], d]: each dispatched row's expert output
 
   bool complete() const { return xn1.raw() != nullptr; }  // false after keep_only_input()
   void keep_only_input();  // drop everything but x and the group statistics
@@ -82,6 +84,11 @@ struct BlockContext {
   // Tensor parallelism: the block runs one rank's heads and ffn rows (the config is that
   // rank's tp_config) and sums over the TP group (tensor_parallel.h); null: the whole block.
   TensorParallel* tp = nullptr;
+  // keep[t] == 0: nothing reads token t's output (the last block before a head that computes
+  // only the positions with a target), so its experts do not run: its output is the residual
+  // h alone, and its slots get no rows. The router still routes it, for the aux and z losses
+  // and the recorded routes. Null: every token.
+  const uint8_t* keep = nullptr;
 };
 
 // Fills acts (acts.x must hold the input) and writes the block output to out [N, d].
