@@ -129,16 +129,20 @@ class InferenceWorker::ForwardPass {
   // [tokens][num_layers][top_k], the tokens of every row in turn.
   ForwardPass(InferenceWorker& worker, const BoundWeights& w, KvCache& cache,
               const std::vector<std::vector<int64_t>>& feed, std::vector<int32_t>* routes);
-  Status run_layers();
+  // all_positions false: only each row's last token reaches the head, so the last layer's
+  // experts run for those alone (the router still routes every token, for the routes).
+  Status run_layers(bool all_positions);
   Result<Tensor> head(bool all_positions);
 
  private:
   void attention(const BoundLayer& lw, size_t l);
   Status o_proj(const BoundLayer& lw);
-  Status moe(const BoundLayer& lw, size_t l);
-  // Rows grouped by expert, token order within one, as the trainer dispatches them.
-  void dispatch(std::vector<int64_t>& begin, std::vector<int32_t>& row_of_slot,
-                std::vector<int32_t>& token_of_row);
+  // keep, when not null: the tokens whose output is read (the others' experts do not run).
+  Status moe(const BoundLayer& lw, size_t l, const uint8_t* keep);
+  // Rows grouped by expert, token order within one, as the trainer dispatches them (the kept
+  // tokens' slots only, when `keep`); returns the rows.
+  int64_t dispatch(const uint8_t* keep, std::vector<int64_t>& begin,
+                   std::vector<int32_t>& row_of_slot, std::vector<int32_t>& token_of_row);
   Status add_partial();  // tp > 1: allreduce the partial sums, add them into x
 
   InferenceWorker& wk_;
@@ -248,19 +252,24 @@ Status InferenceWorker::ForwardPass::o_proj(const BoundLayer& lw) {
   return add_partial();
 }
 
-void InferenceWorker::ForwardPass::dispatch(std::vector<int64_t>& begin,
-                                            std::vector<int32_t>& row_of_slot,
-                                            std::vector<int32_t>& token_of_row) {
+int64_t InferenceWorker::ForwardPass::dispatch(const uint8_t* keep, std::vector<int64_t>& begin,
+                                               std::vector<int32_t>& row_of_slot,
+                                               std::vector<int32_t>& token_of_row) {
   begin.assign(size_t(E_ + 1), 0);
   row_of_slot.resize(size_t(M_ * K_));
   token_of_row.resize(size_t(M_ * K_));
-  kernels::group_by_expert({.tokens = M_, .experts = E_, .top_k = K_}, topk_idx_.data<int32_t>(),
-                           counts_.data<int64_t>(), begin.data(), row_of_slot.data(),
-                           token_of_row.data());
+  const kernels::RouterShape rs{.tokens = M_, .experts = E_, .top_k = K_};
+  if (keep) {
+    return kernels::group_kept_by_expert(rs, topk_idx_.data<int32_t>(), keep, begin.data(),
+                                         row_of_slot.data(), token_of_row.data());
+  }
+  kernels::group_by_expert(rs, topk_idx_.data<int32_t>(), counts_.data<int64_t>(), begin.data(),
+                           row_of_slot.data(), token_of_row.data());
+  return M_ * K_;
 }
 
 // The replicated router, then this rank's ffn rows of every expert, combined by gate weight.
-Status InferenceWorker::ForwardPass::moe(const BoundLayer& lw, size_t l) {
+Status InferenceWorker::ForwardPass::moe(const BoundLayer& lw, size_t l, const uint8_t* keep) {
   widen(lw.moe_norm, d_, gain_);
   kernels::rmsnorm_forward(x_.data<float>(), gain_.data(), xn_.data<float>(), nullptr, M_, d_,
                            eps_);
@@ -277,8 +286,7 @@ Status InferenceWorker::ForwardPass::moe(const BoundLayer& lw, size_t l) {
   }
   std::vector<int64_t> begin;
   std::vector<int32_t> row_of_slot, token_of_row;
-  dispatch(begin, row_of_slot, token_of_row);
-  const int64_t S = M_ * K_;
+  const int64_t S = dispatch(keep, begin, row_of_slot, token_of_row);
   Tensor xe = f32({S, d_}), he = f32({S, 2 * F_}), ae = f32({S, F_}), ye = f32({S, d_});
   for (int64_t s = 0; s < S; ++s) {
     std::memcpy(xe.data<float>() + s * d_, xn_.data<float>() + token_of_row[size_t(s)] * d_,
@@ -301,8 +309,10 @@ Status InferenceWorker::ForwardPass::moe(const BoundLayer& lw, size_t l) {
     for (int64_t t = t0; t < t1; ++t) {
       float* o = combine + t * d_;
       for (int64_t k = 0; k < K_; ++k) {
+        const int32_t row = row_of_slot[size_t(t * K_ + k)];
+        if (row < 0) continue;  // a token nothing reads
         const float g = topk_w_.data<float>()[t * K_ + k];
-        const float* y = ye.data<float>() + int64_t(row_of_slot[size_t(t * K_ + k)]) * d_;
+        const float* y = ye.data<float>() + int64_t(row) * d_;
         for (int64_t i = 0; i < d_; ++i) o[i] += g * y[i];
       }
     }
@@ -310,11 +320,20 @@ Status InferenceWorker::ForwardPass::moe(const BoundLayer& lw, size_t l) {
   return tp_ ? add_partial() : ok_status();
 }
 
-Status InferenceWorker::ForwardPass::run_layers() {
+Status InferenceWorker::ForwardPass::run_layers(bool all_positions) {
+  std::vector<uint8_t> last_tokens;  // of each row: what the head reads
+  if (!all_positions) {
+    last_tokens.assign(size_t(M_), 0);
+    for (int64_t r = 0; r < R_; ++r) {
+      const int64_t end = row_begin_[size_t(r) + 1];
+      if (end > row_begin_[size_t(r)]) last_tokens[size_t(end - 1)] = 1;
+    }
+  }
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     attention(w_.layers[l], l);
     WL_RETURN_IF_ERROR(o_proj(w_.layers[l]));
-    WL_RETURN_IF_ERROR(moe(w_.layers[l], l));
+    const bool last = l + 1 == w_.layers.size();
+    WL_RETURN_IF_ERROR(moe(w_.layers[l], l, last && !all_positions ? last_tokens.data() : nullptr));
   }
   for (int64_t r = 0; r < R_; ++r) {
     cache_.length[size_t(r)] += row_begin_[size_t(r) + 1] - row_begin_[size_t(r)];
@@ -349,7 +368,7 @@ Result<Tensor> InferenceWorker::forward(const BoundWeights& w, KvCache& cache,
                                         const std::vector<std::vector<int64_t>>& feed,
                                         bool all_positions, std::vector<int32_t>* routes) {
   ForwardPass pass(*this, w, cache, feed, routes);
-  WL_RETURN_IF_ERROR(pass.run_layers());
+  WL_RETURN_IF_ERROR(pass.run_layers(all_positions));
   return pass.head(all_positions);
 }
 
