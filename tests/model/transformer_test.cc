@@ -317,27 +317,38 @@ TEST(StagePass, ComputesOnlyPositionsWithATargetAndChangesNoNumber) {
   }
 }
 
-// A batch where no position has a target: nothing reaches the head, and the pass still runs.
+// A batch where no position has a target: nothing reaches the head, and the pass still runs,
+// through loss() and token_loss().
 TEST(StagePass, WithoutAnyTargetComputesNoHeadRowAndGivesNoCrossEntropyGradient) {
   const ModelConfig c = tiny();
   Transformer m(c);
   m.init(2);
   Batch x = random_batch(c, 2, 8, 3);
   std::fill(x.targets.begin(), x.targets.end(), -100);
-  m.zero_grads();
   const PassModel pm = m.pass_model();
-  StagePass pass(pm, {0, m.units().head()}, x.tokens.data(), x.b, x.t,
-                 {.targets = x.targets.data()}, nullptr);
-  ASSERT_TRUE(pass.forward(nullptr, true).ok());
-  const LossTerms l = pass.loss(x.targets.data());
-  EXPECT_EQ(l.count, 0);
-  EXPECT_EQ(l.ce, 0.0);
-  ASSERT_TRUE(pass.backward(nullptr).ok());
-  // Only the router's aux and z losses reach the weights: the head gets no gradient.
-  const ParamInfo* head = m.layout().find("lm_head.weight");
-  ASSERT_NE(head, nullptr);
-  const float* g = m.grads().data<float>() + head->offset;
-  for (int64_t i = 0; i < head->numel(); ++i) ASSERT_EQ(g[i], 0.0f) << "lm_head element " << i;
+  for (bool per_token : {false, true}) {
+    m.zero_grads();
+    StagePass pass(pm, {0, m.units().head()}, x.tokens.data(), x.b, x.t,
+                   {.targets = x.targets.data()}, nullptr);
+    ASSERT_TRUE(pass.forward(nullptr, true).ok());
+    const LossTerms l = per_token
+                            ? pass.token_loss(x.targets.data(),
+                                              [](std::span<const double> logp, std::span<float>) {
+                                                EXPECT_EQ(logp.size(), size_t(16));
+                                                return 0.0;
+                                              })
+                            : pass.loss(x.targets.data());
+    EXPECT_EQ(l.count, 0);
+    EXPECT_EQ(l.ce, 0.0);
+    ASSERT_TRUE(pass.backward(nullptr).ok());
+    // Only the router's aux and z losses reach the weights: the head gets no gradient.
+    const ParamInfo* head = m.layout().find("lm_head.weight");
+    ASSERT_NE(head, nullptr);
+    const float* g = m.grads().data<float>() + head->offset;
+    for (int64_t i = 0; i < head->numel(); ++i) {
+      ASSERT_EQ(g[i], 0.0f) << (per_token ? "token_loss" : "loss") << ": lm_head element " << i;
+    }
+  }
 }
 
 }  // namespace

@@ -113,6 +113,13 @@ void gather_rows(float* dst, const float* src, std::span<const int64_t> rows, in
   }
 }
 
+// dst[rows[i]] = src[i]: gather_rows' inverse.
+void scatter_rows(float* dst, const float* src, std::span<const int64_t> rows, int64_t width) {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::memcpy(dst + rows[i] * width, src + int64_t(i) * width, size_t(width) * 4);
+  }
+}
+
 }  // namespace
 
 StagePass::~StagePass() = default;
@@ -196,7 +203,7 @@ void StagePass::forward_unit(int unit, bool for_backward) {
 
 const int64_t* StagePass::targets_of_head_rows(const int64_t* targets,
                                                std::vector<int64_t>& kept) const {
-  WL_CHECK(!head_subset() || targets == options_.targets)
+  WL_CHECK(!options_.targets || options_.logits_out || targets == options_.targets)
       << "a loss over other targets than StepOptions::targets, which chose the head's rows";
   if (!head_subset()) return targets;
   kept.resize(head_rows_.size());
@@ -252,7 +259,7 @@ LossTerms StagePass::token_loss(const int64_t* targets, const TokenLossFn& fn) {
   for (int64_t i = 0; i < rows; ++i) logp[size_t(position(i))] = -nll[size_t(i)];
   std::vector<float> coef(static_cast<size_t>(N), 0.0f);
   out.ce = fn(logp, coef);
-  if (!gradient) return out;
+  if (!gradient || rows == 0) return out;
   // The head's rows' coefficients; f16's loss scale multiplies every gradient.
   std::vector<float> head_coef(static_cast<size_t>(rows));
   for (int64_t i = 0; i < rows; ++i) {
@@ -301,10 +308,7 @@ void StagePass::backward_unit(int unit) {
     logits_ = Tensor();
     if (head_subset()) {  // the other positions reach no loss: their gradient is 0
       dx_ = Tensor::zeros(DType::kF32, {N, d});
-      for (size_t i = 0; i < head_rows_.size(); ++i) {
-        std::memcpy(dx_.data<float>() + head_rows_[i] * d, dx.data<float>() + int64_t(i) * d,
-                    size_t(d) * 4);
-      }
+      scatter_rows(dx_.data<float>(), dx.data<float>(), head_rows_, d);
     } else {
       dx_ = std::move(dx);
     }

@@ -131,7 +131,9 @@ struct Stage {
 // stage's output, and with the head the final norm's output and the logits; each tensor as
 // allocated (core/tensor.h rounds to 64 bytes). Expert rows are counted as tokens x top_k,
 // which expert parallelism matches only when routing is balanced. A test holds it to what a
-// pass allocates; `weightlift model-info` prints it per micro-batch.
+// pass allocates; `weightlift model-info` prints it per micro-batch. A pass given
+// StepOptions::targets with positions that have none holds less (the head's rows and the last
+// block's expert rows are only those with a target): for it, this is an upper bound.
 uint64_t activation_bytes(const ModelConfig& config, Stage stage, int64_t batch, int64_t seq,
                           bool checkpointing);
 

@@ -48,9 +48,9 @@ struct BlockActs {
   Tensor token_of_row;                // [N*K] i32 (its first expert_begin[E] entries used)
   // The rows this rank's experts ran: [R, d] inputs, [R, 2F] gate_up outputs, [R, F] SwiGLU
   // outputs, expert first_run + i running rows [run_begin[i], run_begin[i + 1]). In one
-  // process those are the dispatched rows (R = N*K, every expert). Under expert parallelism
-  // they are what the exchange brought, expert by expert, each expert's rows in rank order;
-  // run_from[i * runs + j] rows of the run's expert j came from rank i.
+  // process those are the dispatched rows (R = expert_begin[E], every expert). Under expert
+  // parallelism they are what the exchange brought, expert by expert, each expert's rows in rank
+  // order; run_from[i * runs + j] rows of the run's expert j came from rank i.
   Tensor xe, he, ae;
   int64_t first_run = 0;
   std::vector<int64_t> run_begin;
