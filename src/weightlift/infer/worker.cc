@@ -259,13 +259,8 @@ int64_t InferenceWorker::ForwardPass::dispatch(const uint8_t* keep, std::vector<
   row_of_slot.resize(size_t(M_ * K_));
   token_of_row.resize(size_t(M_ * K_));
   const kernels::RouterShape rs{.tokens = M_, .experts = E_, .top_k = K_};
-  if (keep) {
-    return kernels::group_kept_by_expert(rs, topk_idx_.data<int32_t>(), keep, begin.data(),
-                                         row_of_slot.data(), token_of_row.data());
-  }
-  kernels::group_by_expert(rs, topk_idx_.data<int32_t>(), counts_.data<int64_t>(), begin.data(),
-                           row_of_slot.data(), token_of_row.data());
-  return M_ * K_;
+  return kernels::group_by_expert(rs, topk_idx_.data<int32_t>(), keep, begin.data(),
+                                  row_of_slot.data(), token_of_row.data());
 }
 
 // The replicated router, then this rank's ffn rows of every expert, combined by gate weight.

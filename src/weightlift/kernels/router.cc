@@ -197,25 +197,11 @@ void router_backward(const RouterShape& s, const RouterBackwardArgs& a) {
   });
 }
 
-void group_by_expert(const RouterShape& s, const int32_t* topk_idx, const int64_t* counts,
-                     int64_t* expert_begin, int32_t* row_of_slot, int32_t* token_of_row) {
-  expert_begin[0] = 0;
-  for (int64_t e = 0; e < s.experts; ++e) expert_begin[e + 1] = expert_begin[e] + counts[e];
-  std::vector<int64_t> cursor(expert_begin, expert_begin + s.experts);
-  for (int64_t t = 0; t < s.tokens; ++t) {
-    for (int64_t k = 0; k < s.top_k; ++k) {
-      const int64_t row = cursor[size_t(topk_idx[t * s.top_k + k])]++;
-      row_of_slot[t * s.top_k + k] = int32_t(row);
-      token_of_row[row] = int32_t(t);
-    }
-  }
-}
-
-int64_t group_kept_by_expert(const RouterShape& s, const int32_t* topk_idx, const uint8_t* keep,
-                             int64_t* expert_begin, int32_t* row_of_slot, int32_t* token_of_row) {
+int64_t group_by_expert(const RouterShape& s, const int32_t* topk_idx, const uint8_t* keep,
+                        int64_t* expert_begin, int32_t* row_of_slot, int32_t* token_of_row) {
   std::vector<int64_t> counts(size_t(s.experts), 0);
   for (int64_t t = 0; t < s.tokens; ++t) {
-    if (!keep[t]) continue;
+    if (keep && !keep[t]) continue;
     for (int64_t k = 0; k < s.top_k; ++k) ++counts[size_t(topk_idx[t * s.top_k + k])];
   }
   expert_begin[0] = 0;
@@ -223,7 +209,7 @@ int64_t group_kept_by_expert(const RouterShape& s, const int32_t* topk_idx, cons
   std::vector<int64_t> cursor(expert_begin, expert_begin + s.experts);
   for (int64_t t = 0; t < s.tokens; ++t) {
     for (int64_t k = 0; k < s.top_k; ++k) {
-      if (!keep[t]) {
+      if (keep && !keep[t]) {
         row_of_slot[t * s.top_k + k] = -1;
         continue;
       }

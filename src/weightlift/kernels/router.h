@@ -64,17 +64,13 @@ struct RouterBackwardArgs {
 // carries no gradient) and the z-loss.
 void router_backward(const RouterShape& s, const RouterBackwardArgs& a);
 
-// The dispatch the trainer and the inference worker share: the tokens * top_k routing slots
-// as rows grouped by expert, token order within an expert (so each expert runs one GEMM over
-// contiguous rows). From topk_idx [tokens, top_k] and counts [experts] (router_forward's):
-// expert_begin [experts + 1] (expert e's rows are [begin[e], begin[e + 1])), row_of_slot
-// [tokens * top_k] (slot t * top_k + k's row) and token_of_row [tokens * top_k].
-void group_by_expert(const RouterShape& s, const int32_t* topk_idx, const int64_t* counts,
-                     int64_t* expert_begin, int32_t* row_of_slot, int32_t* token_of_row);
-
-// The same over the slots of the tokens with keep[t] != 0 only: the other tokens' slots get
-// row -1 and no row. Returns the rows, the kept tokens' slots (token_of_row needs that many).
-int64_t group_kept_by_expert(const RouterShape& s, const int32_t* topk_idx, const uint8_t* keep,
-                             int64_t* expert_begin, int32_t* row_of_slot, int32_t* token_of_row);
+// The dispatch the trainer and the inference worker share: the routing slots as rows grouped
+// by expert, token order within an expert (so each expert runs one GEMM over contiguous rows).
+// From topk_idx [tokens, top_k]: expert_begin [experts + 1] (expert e's rows are [begin[e],
+// begin[e + 1])), row_of_slot [tokens * top_k] (slot t * top_k + k's row) and token_of_row
+// [tokens * top_k]. With `keep`, only the slots of the tokens with keep[t] != 0 get a row; the
+// others get row -1. Returns the rows (tokens * top_k without `keep`).
+int64_t group_by_expert(const RouterShape& s, const int32_t* topk_idx, const uint8_t* keep,
+                        int64_t* expert_begin, int32_t* row_of_slot, int32_t* token_of_row);
 
 }  // namespace wl::kernels

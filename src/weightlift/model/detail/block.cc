@@ -125,23 +125,16 @@ void route(const BlockContext& ctx, const Dims& m, const LayerView& w, int64_t N
   losses->z += l.z;
 }
 
-// Rows grouped by expert (kernels::group_by_expert; only the kept tokens' slots when `keep`),
+// Rows grouped by expert (kernels::group_by_expert: only the kept tokens' slots when `keep`),
 // and their inputs gathered into xe.
 void dispatch(const Dims& m, int64_t N, const uint8_t* keep, BlockActs& a) {
   a.expert_begin.assign(size_t(m.E + 1), 0);
   a.row_of_slot = Tensor::empty(DType::kI32, {N, m.K});
   a.token_of_row = Tensor::empty(DType::kI32, {N * m.K});
   const kernels::RouterShape rs{.tokens = N, .experts = m.E, .top_k = m.K};
-  int64_t S = N * m.K;
-  if (keep) {
-    S = kernels::group_kept_by_expert(rs, a.topk_idx.data<int32_t>(), keep, a.expert_begin.data(),
-                                      a.row_of_slot.data<int32_t>(),
-                                      a.token_of_row.data<int32_t>());
-  } else {
-    kernels::group_by_expert(rs, a.topk_idx.data<int32_t>(), a.counts.data<int64_t>(),
-                             a.expert_begin.data(), a.row_of_slot.data<int32_t>(),
-                             a.token_of_row.data<int32_t>());
-  }
+  const int64_t S =
+      kernels::group_by_expert(rs, a.topk_idx.data<int32_t>(), keep, a.expert_begin.data(),
+                               a.row_of_slot.data<int32_t>(), a.token_of_row.data<int32_t>());
   a.xe = f32({S, m.d});
   const float* xn2 = a.xn2.data<float>();
   float* xe = a.xe.data<float>();
