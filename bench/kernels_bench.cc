@@ -71,6 +71,7 @@ void GemmShapes(benchmark::internal::Benchmark* b) {
   b->Args({2048, 256, 256, 0, 1});    // attention projections
   b->Args({2048, 1024, 256, 0, 1});   // gate/up of two experts' rows
   b->Args({512, 1024, 256, 0, 1});    // one expert's gate/up
+  b->Args({64, 256, 512, 0, 1});      // one expert's down in a micro-batch of one row (PP)
   b->Args({320, 256, 2048, 1, 0});    // the head's weight gradient
   b->Args({2048, 256, 1024, 0, 0});   // down projection
   b->Args({2048, 2048, 2048, 0, 0});  // the peak measured in `bench train`

@@ -132,10 +132,6 @@ void gemm_bf16_via_f32(const GemmArgs& g);
 constexpr double kFlopsPerByte = 8;
 constexpr double kTileWork = double(int64_t(1) << 21);
 constexpr int64_t kMaxTiles = 8;
-// Tile sides stay multiples of these (vector width and oneDNN's register blocking) where the
-// matrix is larger.
-constexpr int64_t kRowAlign = 8, kColAlign = 64;
-
 // Start of piece i of t along a side of `len`, aligned down to `align` (the last piece ends at
 // len).
 int64_t cut(int64_t i, int64_t t, int64_t len, int64_t align) {
@@ -145,6 +141,11 @@ int64_t cut(int64_t i, int64_t t, int64_t len, int64_t align) {
 
 struct TileGrid {
   int64_t tm = 1, tn = 1;  // pieces along m and along n
+  // Tile sides stay multiples of these where the matrix is larger: the vector width and
+  // oneDNN's register blocking; and, with B transposed (every forward Linear, x W^T), at
+  // least 64 rows and 128 columns. oneDNN's sgemm runs B^T tiles of 64 columns or 32 rows at
+  // half the rate of B tiles, or worse (docs/BENCHMARKS.md, "GEMM tiles with B transposed").
+  int64_t row_align = 8, col_align = 64;
 };
 
 // A tm x tn grid re-reads A tn times and B tm times: k (tn m + tm n) elements, least when
@@ -154,9 +155,13 @@ TileGrid tile_grid(const GemmArgs& g) {
   const double m = double(g.m), n = double(g.n), k = double(g.k);
   const double work = 2 * m * n * k + kFlopsPerByte * (elem * (m * k + k * n) + 4 * m * n);
   const int64_t tiles = std::clamp<int64_t>(int64_t(work / kTileWork), 1, kMaxTiles);
-  const int64_t m_max = std::max<int64_t>(1, g.m / kRowAlign);
-  const int64_t n_max = std::max<int64_t>(1, g.n / kColAlign);
   TileGrid t;
+  if (g.trans_b) {
+    t.row_align = 64;
+    t.col_align = 128;
+  }
+  const int64_t m_max = std::max<int64_t>(1, g.m / t.row_align);
+  const int64_t n_max = std::max<int64_t>(1, g.n / t.col_align);
   const double tm = std::sqrt(double(tiles) * double(g.m) / double(g.n));
   t.tm = std::clamp<int64_t>(int64_t(std::lround(tm)), 1, std::min(tiles, m_max));
   t.tn = std::clamp<int64_t>(tiles / t.tm, 1, n_max);
@@ -195,8 +200,8 @@ void for_each_tile(const GemmArgs& g, const Fn& tile) {
   parallel_for_each(t.tm * t.tn, [&](int64_t i) {
     const int64_t im = i / t.tn, in = i % t.tn;
     one_onednn_thread();
-    tile(sub_gemm(g, cut(im, t.tm, g.m, kRowAlign), cut(im + 1, t.tm, g.m, kRowAlign),
-                  cut(in, t.tn, g.n, kColAlign), cut(in + 1, t.tn, g.n, kColAlign)));
+    tile(sub_gemm(g, cut(im, t.tm, g.m, t.row_align), cut(im + 1, t.tm, g.m, t.row_align),
+                  cut(in, t.tn, g.n, t.col_align), cut(in + 1, t.tn, g.n, t.col_align)));
   });
 }
 
