@@ -16,6 +16,7 @@
 
 #include "weightlift/comm/detail/idle_wait.h"
 #include "weightlift/core/check.h"
+#include "weightlift/core/mapping_lock.h"
 
 namespace wl::comm {
 
@@ -50,20 +51,8 @@ constexpr auto kCloseLimit = std::chrono::seconds(2);
 // waits for.
 constexpr int kSpinsBeforeYield = 64;
 
-// Shared memory changes hands under one process-wide lock. Ranks in the thread tests share a
-// process, and UCX maps one rank's System V segments into another rank's thread; when a
-// segment is detached, a later one (another rank's arena) may be attached at the same
-// address. ThreadSanitizer sees neither shmdt nor shmat, so the new owner's first writes were
-// checked against the old owner's, with no order between them: a false race (seen in
-// Checkpoint.AnExpertParallelOneResumesAndLoadsIntoOtherLayouts). Every UCX call that may
-// detach or attach a segment runs under this lock: a detach and a later attach at the same
-// address are then ordered, for ThreadSanitizer as for anyone reasoning about it (passing the
-// lock after the detach would leave a window where the new owner gets there first). It is
-// taken only when memory is mapped or released, never per transfer.
-std::mutex& mapping_lock() {
-  static std::mutex lock;  // trivially destructible: usable during static destruction
-  return lock;
-}
+// Every UCX call that may attach or detach a System V segment runs under mapping_lock()
+// (core/mapping_lock.h), as every mmap and munmap of ours does.
 
 struct UcxContext {
   ucp_context_h handle = nullptr;

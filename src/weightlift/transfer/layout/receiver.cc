@@ -8,7 +8,10 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <random>
+
+#include "weightlift/core/mapping_lock.h"
 
 namespace wl::transfer {
 namespace {
@@ -47,6 +50,7 @@ Result<std::byte*> map_new_shared_memory(const std::string& name, size_t bytes) 
   }
   void* p = MAP_FAILED;
   if (failed.ok()) {
+    const std::lock_guard lock(mapping_lock());
     p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) failed = errno_status(what + ": mmap", errno);
   }
@@ -119,7 +123,10 @@ Receiver::~Receiver() {
   allocation_.reset();
   if (malloced_) std::free(memory_);
   if (mapped_bytes_ != 0) {
-    ::munmap(memory_, mapped_bytes_);
+    {
+      const std::lock_guard lock(mapping_lock());
+      ::munmap(memory_, mapped_bytes_);
+    }
     ::shm_unlink(options_.shared_memory.c_str());
   }
 }
