@@ -11,10 +11,16 @@
 // only when memory is mapped or released, never per transfer.
 #pragma once
 
+#include <cstddef>
 #include <mutex>
 
 namespace wl {
 
 std::mutex& mapping_lock();
+
+// mmap(nullptr, bytes, prot, flags, fd, 0) and munmap under mapping_lock(); errno as they
+// left it. Every mapping of ours goes through these.
+void* mmap_in_order(size_t bytes, int prot, int flags, int fd);
+void munmap_in_order(void* addr, size_t bytes);
 
 }  // namespace wl

@@ -23,7 +23,6 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <unordered_set>
 
@@ -324,19 +323,12 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   }
   // Read-only private mapping: views borrow it without a copy, and a write through a view
   // faults instead of changing the file.
-  void* addr = MAP_FAILED;
-  int err = 0;
-  {
-    const std::lock_guard lock(mapping_lock());
-    addr = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    err = errno;
-  }
+  void* addr = mmap_in_order(size, PROT_READ, MAP_PRIVATE, fd);
+  const int err = errno;
   ::close(fd);  // the mapping holds its own reference to the file
   if (addr == MAP_FAILED) return errno_status("mmap " + path, err);
-  std::shared_ptr<const void> mapping(addr, [size](const void* p) {
-    const std::lock_guard lock(mapping_lock());
-    ::munmap(const_cast<void*>(p), size);
-  });
+  std::shared_ptr<const void> mapping(
+      addr, [size](const void* p) { munmap_in_order(const_cast<void*>(p), size); });
   const auto* p = static_cast<const std::byte*>(addr);
   SafetensorsFile f;
   f.path_ = path;

@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <random>
 
 #include "weightlift/core/mapping_lock.h"
@@ -50,8 +49,7 @@ Result<std::byte*> map_new_shared_memory(const std::string& name, size_t bytes) 
   }
   void* p = MAP_FAILED;
   if (failed.ok()) {
-    const std::lock_guard lock(mapping_lock());
-    p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    p = mmap_in_order(bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd);
     if (p == MAP_FAILED) failed = errno_status(what + ": mmap", errno);
   }
   ::close(fd);
@@ -123,10 +121,7 @@ Receiver::~Receiver() {
   allocation_.reset();
   if (malloced_) std::free(memory_);
   if (mapped_bytes_ != 0) {
-    {
-      const std::lock_guard lock(mapping_lock());
-      ::munmap(memory_, mapped_bytes_);
-    }
+    munmap_in_order(memory_, mapped_bytes_);
     ::shm_unlink(options_.shared_memory.c_str());
   }
 }
