@@ -270,8 +270,13 @@ LossTerms StagePass::token_loss(const int64_t* targets, const TokenLossFn& fn) {
   return out;
 }
 
-Status StagePass::backward(const float* dout) {
+Status StagePass::backward(const float* dout) { return run_backward(dout, false); }
+
+Status StagePass::backward_inputs(const float* dout) { return run_backward(dout, true); }
+
+Status StagePass::run_backward(const float* dout, bool defer_weights) {
   const int64_t d = model_.config.hidden_size;
+  WL_CHECK(!weights_pending_) << "a backward pass while the last one's weight gradients wait";
   if (has_head()) {
     WL_CHECK(loss_done_) << "backward() of the head's stage before loss()";
   } else {
@@ -279,16 +284,31 @@ Status StagePass::backward(const float* dout) {
     dx_ = f32({tokens_n_, d});
     std::memcpy(dx_.raw(), dout, dx_.nbytes());
   }
+  if (defer_weights) later_.resize(size_t(model_.units.count()));
   for (int u = stage_.last; u >= stage_.first; --u) {
     WL_RETURN_IF_ERROR(hooks_->before_unit(u, Direction::kBackward, model_.weights, model_.grads));
-    backward_unit(u);
-    WL_RETURN_IF_ERROR(hooks_->after_unit(u, Direction::kBackward, model_.weights, model_.grads));
+    backward_unit(u, defer_weights ? &later_[size_t(u)] : nullptr);
+    if (!defer_weights) {
+      WL_RETURN_IF_ERROR(hooks_->after_unit(u, Direction::kBackward, model_.weights, model_.grads));
+    }
   }
   if (stage_.first == 0) dx_ = Tensor();
+  weights_pending_ = defer_weights;
   return ok_status();
 }
 
-void StagePass::backward_unit(int unit) {
+Status StagePass::backward_weights() {
+  WL_CHECK(weights_pending_) << "backward_weights() without backward_inputs() before it";
+  weights_pending_ = false;
+  for (int u = stage_.last; u >= stage_.first; --u) {
+    later_[size_t(u)].run();
+    WL_RETURN_IF_ERROR(hooks_->after_unit(u, Direction::kBackward, model_.weights, model_.grads));
+  }
+  later_.clear();
+  return ok_status();
+}
+
+void StagePass::backward_unit(int unit, detail::WeightGradients* later) {
   const ModelConfig& c = model_.config;
   const int64_t N = tokens_n_, d = c.hidden_size, V = c.vocab_size, L = c.num_layers;
   const ModelView& w = model_.weights;
@@ -300,7 +320,7 @@ void StagePass::backward_unit(int unit) {
     Tensor dxf = f32({rows, d});
     Tensor dx = f32({rows, d});
     if (rows > 0) {
-      detail::linear_backward_weight(p, dlogits, xf_.data<float>(), g.head, rows, d, V);
+      detail::linear_weight_gradient(later, p, logits_, 0, xf_, 0, g.head, rows, d, V);
       detail::linear_backward_input(p, dlogits, w.head, dxf.data<float>(), rows, d, V);
       kernels::rmsnorm_backward(dxf.data<float>(), x_.data<float>(), w.norm, rstd_.data<float>(),
                                 dx.data<float>(), g.norm, rows, d);
@@ -322,6 +342,7 @@ void StagePass::backward_unit(int unit) {
   const int layer = unit - 1;
   detail::BlockActs& a = acts_[size_t(layer)];
   detail::BlockContext ctx = block_context(layer);
+  ctx.weight_grads = later;
   const detail::BlockDims dims{batch_, seq_, N};
   if (!a.complete()) {  // gradient checkpointing: rerun the block's forward from its input
     ctx.recompute = true;

@@ -31,6 +31,7 @@ namespace wl::model {
 namespace detail {
 struct BlockActs;
 struct BlockContext;
+class WeightGradients;
 }  // namespace detail
 
 struct LossTerms {
@@ -167,6 +168,15 @@ class StagePass {
   // The backward pass, from the loss gradient (stages with the head: dout null) or from dout
   // [N, d], d loss / d output (others).
   [[nodiscard]] Status backward(const float* dout);
+  // The backward pass in two halves, for zero-bubble pipelines (parallel/pipeline_schedule.h):
+  // backward_inputs() is backward() but for the weight gradients of the Linears, which it
+  // keeps, with what they read, for backward_weights(); input_grad() is ready after it. The
+  // gradients come out bit for bit as backward()'s. Every unit's after_unit hook runs in
+  // backward_weights(), once its gradients are complete, after all the units' before_unit:
+  // hooks that hold a unit's parameters or gradients only while it runs (FSDP, ZeRO-2) need
+  // backward().
+  [[nodiscard]] Status backward_inputs(const float* dout);
+  [[nodiscard]] Status backward_weights();
   // [N, d]: d loss / d the stage's input (stages after the embedding), after backward().
   const Tensor& input_grad() const { return dx_; }
   // This stage's layers' aux and z, summed over layers, unweighted.
@@ -175,7 +185,8 @@ class StagePass {
  private:
   bool has_head() const { return stage_.last == model_.units.head(); }
   void forward_unit(int unit, bool for_backward);
-  void backward_unit(int unit);
+  Status run_backward(const float* dout, bool defer_weights);
+  void backward_unit(int unit, detail::WeightGradients* later);
   detail::BlockContext block_context(int layer) const;  // the maths and routing of a layer
 
   PassModel model_;
@@ -198,8 +209,10 @@ class StagePass {
   Tensor logits_;                        // head: [N, V], d loss / d logits after loss()
   Tensor dx_;                            // running gradient; the input gradient after backward
   kernels::RouterLosses router_;
+  std::vector<detail::WeightGradients> later_;  // per unit, between the backward's halves
   bool forward_done_ = false;
   bool loss_done_ = false;
+  bool weights_pending_ = false;
 };
 
 }  // namespace wl::model

@@ -297,9 +297,9 @@ void combine_backward(const Dims& m, const BlockActs& a, const float* dout, int6
 }
 
 // The backward of the experts this rank ran, over their rows (dye [R, d]): weight gradients
-// into g, input gradients returned [R, d].
-Tensor experts_backward(Precision p, const Dims& m, const LayerView& w, const LayerView& g,
-                        const BlockActs& a, const Tensor& dye) {
+// into g (or into `later`), input gradients returned [R, d].
+Tensor experts_backward(Precision p, WeightGradients* later, const Dims& m, const LayerView& w,
+                        const LayerView& g, const BlockActs& a, const Tensor& dye) {
   const int64_t R = dye.size(0);
   Tensor dae = f32({R, m.F});
   Tensor dhe = f32({R, 2 * m.F});
@@ -321,9 +321,9 @@ Tensor experts_backward(Precision p, const Dims& m, const LayerView& w, const La
     float* da = dae.data<float>() + r0 * m.F;
     float* dh = dhe.data<float>() + r0 * 2 * m.F;
     linear_backward_input(p, dy, down, da, n, m.F, m.d);
-    linear_backward_weight(p, dy, a.ae.data<float>() + r0 * m.F, ddown, n, m.F, m.d);
+    linear_weight_gradient(later, p, dye, r0, a.ae, r0, ddown, n, m.F, m.d);
     kernels::swiglu_backward(a.he.data<float>() + r0 * 2 * m.F, da, dh, n, m.F);
-    linear_backward_weight(p, dh, a.xe.data<float>() + r0 * m.d, dgate_up, n, m.d, 2 * m.F);
+    linear_weight_gradient(later, p, dhe, r0, a.xe, r0, dgate_up, n, m.d, 2 * m.F);
     linear_backward_input(p, dh, gate_up, dxe.data<float>() + r0 * m.d, n, m.d, 2 * m.F);
   }
   return dxe;
@@ -372,8 +372,8 @@ void router_backward(const BlockContext& ctx, const Dims& m, const LayerView& w,
                                 .z_scale = scales.z,
                                 .dlogits = dlogits.data<float>()});
   linear_backward_input(ctx.precision, dlogits.data<float>(), w.router, dxn2, N, m.d, m.E, true);
-  linear_backward_weight(ctx.precision, dlogits.data<float>(), a.xn2.data<float>(), g.router, N,
-                         m.d, m.E);
+  linear_weight_gradient(ctx.weight_grads, ctx.precision, dlogits, 0, a.xn2, 0, g.router, N, m.d,
+                         m.E);
 }
 
 // Attention backward from dh (the gradient after the attention residual) to dxn1, the
@@ -385,7 +385,7 @@ void attention_backward(const BlockContext& ctx, const BlockDims& b, const Dims&
   const int64_t N = b.tokens;
   Tensor datt = f32({N, m.qd});
   linear_backward_input(p, dh.data<float>(), w.wo, datt.data<float>(), N, m.qd, m.d);
-  linear_backward_weight(p, dh.data<float>(), a.att.data<float>(), g.wo, N, m.qd, m.d);
+  linear_weight_gradient(ctx.weight_grads, p, dh, 0, a.att, 0, g.wo, N, m.qd, m.d);
   Tensor dq = f32({N, m.qd}), dkv = f32({2, N, m.kvd});
   float* dk = dkv.data<float>();
   float* dv = dk + N * m.kvd;
@@ -406,11 +406,13 @@ void attention_backward(const BlockContext& ctx, const BlockDims& b, const Dims&
   scatter_columns(dqkv.data<float>(), dk, N, m.qkvd, m.qd, m.kvd);
   scatter_columns(dqkv.data<float>(), dv, N, m.qkvd, m.qd + m.kvd, m.kvd);
   dq = dkv = Tensor();
-  linear_backward_weight(p, dqkv.data<float>(), a.xn1.data<float>(), g.wqkv, N, m.d, m.qkvd);
   // The input gradient is a partial sum over the TP group (q, k and v are column parallel);
   // of a shared kv head's holders only one adds its share, or the sum would count it once per
-  // holder.
-  if (shared_kv && !ctx.tp->kv_leader()) {
+  // holder. The weight gradient reads every column: a deferred one keeps its own copy.
+  const bool drop_kv = shared_kv && !ctx.tp->kv_leader();
+  linear_weight_gradient(ctx.weight_grads, p, drop_kv && ctx.weight_grads ? dqkv.clone() : dqkv, 0,
+                         a.xn1, 0, g.wqkv, N, m.d, m.qkvd);
+  if (drop_kv) {
     parallel_for(N, 256, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
         std::memset(dqkv.data<float>() + i * m.qkvd + m.qd, 0, size_t(2 * m.kvd) * 4);
@@ -438,7 +440,7 @@ void block_backward(const BlockContext& ctx, const BlockDims& b, const LayerView
   combine_backward(m, a, dout, N, dtopk_w, dye);
   {
     if (ctx.experts) dye = to_experts(*ctx.experts, m.d, a, dye);
-    Tensor dxe = experts_backward(ctx.precision, m, w, g, a, dye);
+    Tensor dxe = experts_backward(ctx.precision, ctx.weight_grads, m, w, g, a, dye);
     dye = Tensor();
     if (ctx.experts) dxe = from_experts(*ctx.experts, m.d, a, dxe);
     undispatch(m, a, dxe, N, dxn2);

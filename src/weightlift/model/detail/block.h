@@ -16,6 +16,8 @@
 
 namespace wl::model::detail {
 
+class WeightGradients;
+
 // An f32 tensor for a pass's activations and scratch (uninitialised).
 inline Tensor f32(Shape s) { return Tensor::empty(DType::kF32, std::move(s)); }
 
@@ -89,6 +91,9 @@ struct BlockContext {
   // h alone, and its slots get no rows. The router still routes it, for the aux and z losses
   // and the recorded routes. Null: every token.
   const uint8_t* keep = nullptr;
+  // Zero-bubble pipelines: the backward's weight gradients are added here, to run later,
+  // instead of at once (linear.h). Null: at once.
+  WeightGradients* weight_grads = nullptr;
 };
 
 // Fills acts (acts.x must hold the input) and writes the block output to out [N, d].

@@ -84,4 +84,29 @@ void linear_backward_weight(Precision p, const float* dy, const float* x, float*
                  .beta = 1.0f});
 }
 
+void WeightGradients::add(Precision p, const Tensor& dy, int64_t dy_row, const Tensor& x,
+                          int64_t x_row, float* dw, int64_t n, int64_t in, int64_t out) {
+  if (n == 0) return;
+  products_.push_back({p, dy, x, dy_row, x_row, dw, n, in, out});
+}
+
+void WeightGradients::run() {
+  for (const Product& g : products_) {
+    linear_backward_weight(g.p, g.dy.data<float>() + g.dy_row * g.out,
+                           g.x.data<float>() + g.x_row * g.in, g.dw, g.n, g.in, g.out);
+  }
+  products_.clear();
+}
+
+void linear_weight_gradient(WeightGradients* later, Precision p, const Tensor& dy, int64_t dy_row,
+                            const Tensor& x, int64_t x_row, float* dw, int64_t n, int64_t in,
+                            int64_t out) {
+  if (later) {
+    later->add(p, dy, dy_row, x, x_row, dw, n, in, out);
+    return;
+  }
+  linear_backward_weight(p, dy.data<float>() + dy_row * out, x.data<float>() + x_row * in, dw, n,
+                         in, out);
+}
+
 }  // namespace wl::model::detail

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
+#include "weightlift/core/tensor.h"
 #include "weightlift/model/precision.h"
 
 namespace wl::model::detail {
@@ -17,5 +19,34 @@ void linear_backward_input(Precision p, const float* dy, const float* w, float* 
 // dw[out, in] += dy[n, out]^T @ x[n, in].
 void linear_backward_weight(Precision p, const float* dy, const float* x, float* dw, int64_t n,
                             int64_t in, int64_t out);
+
+// Weight gradients kept for later: a zero-bubble pipeline stage (parallel/pipeline_schedule.h)
+// runs its input gradients first, sends them to the stage before, and only then its weight
+// gradients. Each product keeps the tensors it reads alive until it runs; they run in the
+// order added, so the gradients are those of running each at once, bit for bit.
+class WeightGradients {
+ public:
+  // dw[out, in] += dy^T x over n rows: dy's rows [dy_row, dy_row + n) of `dy` [*, out] and
+  // x's rows [x_row, x_row + n) of `x` [*, in].
+  void add(Precision p, const Tensor& dy, int64_t dy_row, const Tensor& x, int64_t x_row, float* dw,
+           int64_t n, int64_t in, int64_t out);
+  void run();  // every product added, in order; then it holds none
+  bool empty() const { return products_.empty(); }
+
+ private:
+  struct Product {
+    Precision p;
+    Tensor dy, x;
+    int64_t dy_row, x_row;
+    float* dw;
+    int64_t n, in, out;
+  };
+  std::vector<Product> products_;
+};
+
+// The weight gradient of a Linear: at once when `later` is null, else added to it.
+void linear_weight_gradient(WeightGradients* later, Precision p, const Tensor& dy, int64_t dy_row,
+                            const Tensor& x, int64_t x_row, float* dw, int64_t n, int64_t in,
+                            int64_t out);
 
 }  // namespace wl::model::detail
