@@ -25,26 +25,21 @@ struct ModelInfoFlags {
 Status run_model_info(const ModelInfoFlags& f) {
   WL_ASSIGN_OR_RETURN(model::ModelConfig cfg,
                       f.config.empty() ? model::preset(f.preset) : model::load_config(f.config));
-  const auto mode = parallel::dp_mode_from_name(f.dp_mode);
-  if (!mode) {
-    return invalid_argument("--dp-mode '" + f.dp_mode + "': expected ddp, zero1, zero2 or fsdp");
-  }
+  WL_ASSIGN_OR_RETURN(const parallel::DpMode mode, parallel::parse_dp_mode_flag(f.dp_mode));
   if (f.pp > cfg.num_layers) {
     return invalid_argument("--pp " + std::to_string(f.pp) + ": the model has only " +
                             std::to_string(cfg.num_layers) + " layers to cut into stages");
   }
   const std::string name = f.config.empty() ? f.preset : f.config;
-  const auto schedule = parallel::pipeline_schedule_from_name(f.schedule);
-  if (!schedule) {
-    return invalid_argument("--pp-schedule '" + f.schedule + "': expected 1f1b or gpipe");
-  }
+  WL_ASSIGN_OR_RETURN(const parallel::PipelineSchedule schedule,
+                      parallel::parse_schedule_flag(f.schedule));
   if (f.per_rank || f.batch > 0) {
-    const parallel::ParallelLayout layout{.dp_mode = *mode,
+    const parallel::ParallelLayout layout{.dp_mode = mode,
                                           .dp = f.dp,
                                           .pp = f.pp,
                                           .tp = f.tp,
                                           .ep = f.ep,
-                                          .schedule = *schedule,
+                                          .schedule = schedule,
                                           .micro_batches = f.micro_batches};
     WL_RETURN_IF_ERROR(parallel::check_expert_parallel(layout, cfg));
     WL_RETURN_IF_ERROR(parallel::check_tensor_parallel(layout, cfg));
@@ -103,7 +98,7 @@ void register_model_info(CLI::App& app, Outcome& out) {
   cmd->add_option("--micro-batches", f->micro_batches, "micro-batches per global batch")
       ->capture_default_str()
       ->transform(count(1, kMaxRows));
-  cmd->add_option("--pp-schedule", f->schedule, "1f1b or gpipe")->capture_default_str();
+  cmd->add_option("--pp-schedule", f->schedule, "1f1b, gpipe or zb")->capture_default_str();
   cmd->add_flag("--checkpointing", f->checkpointing, "gradient checkpointing");
   cmd->callback([&out, f, dp, pp, ep, tp, mode] {
     f->per_rank = dp->count() + pp->count() + ep->count() + tp->count() + mode->count() > 0;

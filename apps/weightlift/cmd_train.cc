@@ -117,7 +117,7 @@ Status run_train_resilient(parallel::TrainOptions o, const TrainFlags& f,
   if (f.schedule_flag->count() > 0 && o.layout.schedule != parallel::PipelineSchedule::kGPipe) {
     return invalid_argument(
         "--recovery runs the micro-batches in GPipe's order (CheckFree+'s swapped routes visit "
-        "a stage twice, which 1F1B's order does not describe): leave out --pp-schedule 1f1b");
+        "a stage twice, which no other order describes): leave out --pp-schedule");
   }
   o.layout.schedule = parallel::PipelineSchedule::kGPipe;
   // What the strategy cannot run on is refused before any process waits for another.
@@ -169,15 +169,8 @@ Status run_train(parallel::TrainOptions o, const TrainFlags& f) {
   auto p = model::precision_from_name(f.precision);
   if (!p) return invalid_argument("--precision '" + f.precision + "': expected f32, bf16 or f16");
   o.precision = *p;
-  auto mode = parallel::dp_mode_from_name(f.dp_mode);
-  if (!mode) {
-    return invalid_argument("--dp-mode '" + f.dp_mode + "': expected ddp, zero1, zero2 or fsdp");
-  }
-  o.layout.dp_mode = *mode;
-  auto schedule = parallel::pipeline_schedule_from_name(f.schedule);
-  if (!schedule)
-    return invalid_argument("--pp-schedule '" + f.schedule + "': expected 1f1b or gpipe");
-  o.layout.schedule = *schedule;
+  WL_ASSIGN_OR_RETURN(o.layout.dp_mode, parallel::parse_dp_mode_flag(f.dp_mode));
+  WL_ASSIGN_OR_RETURN(o.layout.schedule, parallel::parse_schedule_flag(f.schedule));
   if (o.layout.pp < 1) return invalid_argument("--pp must be at least 1");
   if (o.layout.tp < 1) return invalid_argument("--tp must be at least 1");
   if (o.schedule.min_lr > o.schedule.base_lr) {
@@ -242,7 +235,7 @@ void add_layout_flags(CLI::App& cmd, parallel::TrainOptions& o, TrainFlags& f) {
                  "pipeline stages (the ranks are stages x data parallel x tensor parallel)")
       ->capture_default_str();
   f.schedule_flag =
-      cmd.add_option("--pp-schedule", f.schedule, "1f1b or gpipe")->capture_default_str();
+      cmd.add_option("--pp-schedule", f.schedule, "1f1b, gpipe or zb")->capture_default_str();
   cmd.add_option("--ep", o.layout.ep,
                  "expert parallel: groups of this many data-parallel ranks share out the "
                  "experts, each rank running and holding only its own")

@@ -188,7 +188,7 @@ def recovery(s, d):
             ("with f16", ["--config", four, "--pp", "4", "--precision", "f16", "--recovery",
                           "checkfree"], ("f16", "bf16")),
             ("with --pp-schedule 1f1b", ["--config", four, "--pp", "4", "--pp-schedule", "1f1b",
-                                         "--recovery", "checkfree"], ("GPipe", "1f1b")),
+                                         "--recovery", "checkfree"], ("GPipe", "--pp-schedule")),
             ("a kill at iteration 0", ["--config", four, "--pp", "4", "--recovery", "checkfree",
                                        "--kill", "0:1"], ("--kill", "[1,")),
             ("a kill of no stage", ["--config", four, "--pp", "4", "--recovery", "checkfree",
@@ -246,8 +246,13 @@ def layouts(s, d):
                    "--seq 999", "128 positions")
     s.expect_error("model-info --pp-schedule zigzag",
                    ["model-info", "--preset", "tiny", "--pp", "2", "--pp-schedule", "zigzag"],
-                   "--pp-schedule 'zigzag'", "1f1b or gpipe")
+                   "--pp-schedule 'zigzag'", "1f1b, gpipe or zb")
     _, _, batch = write_tiny_model(d)
+    s.expect_error("train --pp-schedule zb with --dp-mode zero2",
+                   ["train", "--preset", "tiny", "--batch-file", batch, "--batch", "2", "--seq",
+                    "8", "--pp", "2", "--pp-schedule", "zb", "--dp-mode", "zero2", "--out",
+                    os.path.join(d, "zb")],
+                   "--pp-schedule zb", "--dp-mode zero2")
     s.expect_error("train --ep past the ranks",
                    ["train", "--preset", "tiny", "--batch-file", batch, "--batch", "1", "--seq",
                     "8", "--ep", "2", "--out", os.path.join(d, "ep")],

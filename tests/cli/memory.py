@@ -99,7 +99,7 @@ def plans_and_sweeps(s, d, cfg, w, batch):
 
 def activation_plans(s, d, cfg, w, batch):
     """model-info's activations per rank: GPipe keeps every micro-batch in flight on every
-    stage, 1F1B p - s on stage s, and checkpointing holds less per micro-batch."""
+    stage, 1F1B p - s on stage s, ZB p - s + 1, and checkpointing holds less per micro-batch."""
     def table(*extra):
         code, out, err = s.run([s.exe, "model-info", "--preset", "small", "--pp", "4", "--batch",
                                 "8", "--micro-batches", "8"] + list(extra))
@@ -108,7 +108,7 @@ def activation_plans(s, d, cfg, w, batch):
         unit = {"B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
         return code, err, [(float(r[1]) * unit[r[2]], int(r[3])) for r in stages]
 
-    for schedule, want in (("gpipe", [8, 8, 8, 8]), ("1f1b", [4, 3, 2, 1])):
+    for schedule, want in (("gpipe", [8, 8, 8, 8]), ("1f1b", [4, 3, 2, 1]), ("zb", [5, 4, 3, 2])):
         code, err, stages = table("--pp-schedule", schedule)
         got = [flight for _, flight in stages]
         s.report(f"model-info --pp 4 --micro-batches 8 --pp-schedule {schedule}: in flight",

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <span>
@@ -185,7 +186,10 @@ const LayoutCase kPipelines[] = {
     {"pp2_gpipe", 2, {.pp = 2, .schedule = S::kGPipe, .micro_batches = 4}},
     {"pp4_1f1b", 4, {.pp = 4, .schedule = S::k1F1B, .micro_batches = 4}, 4},
     {"pp4_gpipe", 4, {.pp = 4, .schedule = S::kGPipe, .micro_batches = 4}, 4},
+    {"pp2_zb", 2, {.pp = 2, .schedule = S::kZeroBubble, .micro_batches = 4}},
+    {"pp4_zb", 4, {.pp = 4, .schedule = S::kZeroBubble, .micro_batches = 4}, 4},
     {"ddp2_x_pp2", 4, {.dp_mode = DpMode::kDdp, .pp = 2, .micro_batches = 4}},
+    {"ddp2_x_pp2_zb", 4, {.pp = 2, .schedule = S::kZeroBubble, .micro_batches = 4}},
     {"fsdp2_x_pp2", 4, {.dp_mode = DpMode::kFsdp, .pp = 2, .micro_batches = 4}},
 };
 const LayoutCase kExpertParallel[] = {
@@ -224,6 +228,53 @@ std::vector<const char*> gradient_models(const std::string& family) {
   std::vector<const char*> out = gradient_models();
   if (family == "tensor_parallel") out.push_back("tiny_gqa");
   return out;
+}
+
+// Every rank's own gradients after one step in `layout` (as one_step_gradients()).
+std::vector<std::vector<float>> each_ranks_gradients(int ranks, const model::ModelConfig& c,
+                                                     const ParallelLayout& layout,
+                                                     bool checkpointing) {
+  const train::Batch batch = random_batch(c, 8, 32);
+  const StepSettings settings{.checkpointing = checkpointing};
+  std::vector<std::vector<float>> out(static_cast<size_t>(ranks));
+  run_data_parallel(ranks, c, layout, [&](DataParallel& dp) {
+    std::vector<float> full(size_t(dp.layout().total()));
+    model::init_params(c, dp.layout(), 5, full.data());
+    dp.set_params(full.data());
+    auto loss = compute_pipeline_gradients(dp, batch, settings, layout.schedule);
+    ASSERT_TRUE(loss.ok()) << loss.status().to_string();
+    const std::span<const float> mine = dp.local_grads();
+    out[size_t(dp.job_rank())].assign(mine.begin(), mine.end());
+  });
+  return out;
+}
+
+// ZB runs the same GEMMs as 1F1B, each weight gradient later, on the same tensors: every
+// rank's gradients are equal bit for bit. With tensor parallelism too (tiny's one kv head is
+// shared by both TP ranks, whose non-leader zeroes its copy of the kv gradient after the
+// weight gradient has read it), and expert parallelism (the weight gradients of the rows the
+// exchange brought), with gradient checkpointing on and off.
+TEST(Pipelines, ZeroBubbleGradientsAreOneFOneBsBitForBit) {
+  const model::ModelConfig c = model_config("tiny");
+  const LayoutCase cases[] = {
+      {"pp2", 2, {.pp = 2, .micro_batches = 4}},
+      {"tp2_x_pp2", 4, {.pp = 2, .tp = 2, .micro_batches = 4}},
+      {"ep2_x_pp2", 4, {.pp = 2, .ep = 2, .micro_batches = 2}},
+  };
+  for (const LayoutCase& lc : cases) {
+    for (const bool checkpointing : {false, true}) {
+      ParallelLayout zb = lc.layout;
+      zb.schedule = S::kZeroBubble;
+      const auto a = each_ranks_gradients(lc.ranks, c, lc.layout, checkpointing);
+      const auto b = each_ranks_gradients(lc.ranks, c, zb, checkpointing);
+      for (int r = 0; r < lc.ranks; ++r) {
+        const std::vector<float>&x = a[size_t(r)], &y = b[size_t(r)];
+        ASSERT_TRUE(!x.empty() && x.size() == y.size()) << lc.name << " rank " << r;
+        EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * 4), 0)
+            << lc.name << " rank " << r << (checkpointing ? " checkpointing" : "");
+      }
+    }
+  }
 }
 
 class Layouts : public ::testing::TestWithParam<const char*> {};

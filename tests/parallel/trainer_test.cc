@@ -679,20 +679,21 @@ TEST(StateBytes, PlannedPerRankIsWhatDataParallelHolds) {
   }
 }
 
-// 1F1B keeps at most p - s micro-batches in flight on stage s, GPipe all m: with m >= 2p its
-// activations must take less memory. Both stages are threads of this process, so what is
-// measured is the job's: the peak of every live tensor during a step, less the model's state.
+constexpr PipelineSchedule kSchedules[] = {PipelineSchedule::k1F1B, PipelineSchedule::kGPipe,
+                                           PipelineSchedule::kZeroBubble};
+
 // most_in_flight's closed form is what the schedule's own ops keep: forwards whose backward
-// has not run, at their most.
+// has not finished (under ZB: whose W has not run), at their most.
 TEST(Pipeline, MostInFlightIsWhatTheOpsKeep) {
-  for (PipelineSchedule schedule : {PipelineSchedule::k1F1B, PipelineSchedule::kGPipe}) {
+  for (PipelineSchedule schedule : kSchedules) {
     for (int p = 1; p <= 6; ++p) {
       for (int m = 1; m <= 12; ++m) {
         const auto ops = pipeline_ops(schedule, p, m);
         for (int s = 0; s < p; ++s) {
           int in_flight = 0, most = 0;
           for (const PipeOp& op : ops[size_t(s)]) {
-            in_flight += op.forward ? 1 : -1;
+            if (op.pass == PipePass::kForward) ++in_flight;
+            if (op.pass == PipePass::kBackward || op.pass == PipePass::kWeightGrads) --in_flight;
             most = std::max(most, in_flight);
           }
           EXPECT_EQ(most_in_flight(schedule, p, m, s), most)
@@ -703,10 +704,59 @@ TEST(Pipeline, MostInFlightIsWhatTheOpsKeep) {
   }
 }
 
-TEST(Pipeline, OneFOneBHoldsFewerActivationsThanGPipe) {
+// Every schedule runs each micro-batch's passes once on every stage, in their order: F, then
+// the whole backward, or B then W.
+TEST(Pipeline, EveryScheduleRunsEachPassOnceInOrder) {
+  for (PipelineSchedule schedule : kSchedules) {
+    for (int p = 1; p <= 6; ++p) {
+      for (int m = 1; m <= 12; ++m) {
+        const auto ops = pipeline_ops(schedule, p, m);
+        ASSERT_EQ(ops.size(), size_t(p));
+        for (int s = 0; s < p; ++s) {
+          std::vector<std::string> seen(static_cast<size_t>(m));
+          for (const PipeOp& op : ops[size_t(s)]) {
+            ASSERT_TRUE(op.micro_batch >= 0 && op.micro_batch < m);
+            seen[size_t(op.micro_batch)] += "FBbW"[int(op.pass)];
+          }
+          const std::string want = schedule == PipelineSchedule::kZeroBubble ? "FbW" : "FB";
+          for (int mb = 0; mb < m; ++mb) {
+            EXPECT_EQ(seen[size_t(mb)], want) << pipeline_schedule_name(schedule) << " p " << p
+                                              << " m " << m << " stage " << s << " mb " << mb;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The printed timelines' bubbles: 1F1B and GPipe the theory's, ZB's W passes filling most of
+// it (p = 2, m = 8: 1F1B 11.1%, ZB 4.0%).
+TEST(Pipeline, ZeroBubbleIdlesLessThanOneFOneB) {
+  const std::string one_f_one_b = print_schedule(PipelineSchedule::k1F1B, 2, 8);
+  const std::string zb = print_schedule(PipelineSchedule::kZeroBubble, 2, 8);
+  std::printf("%s%s", one_f_one_b.c_str(), zb.c_str());
+  EXPECT_NE(one_f_one_b.find("bubble: 11.1%"), std::string::npos) << one_f_one_b;
+  EXPECT_NE(zb.find("bubble: 4.0%"), std::string::npos) << zb;
+  for (int p = 2; p <= 6; ++p) {
+    for (int m = p; m <= 12; ++m) {
+      const auto bubble = [](const std::string& text) {
+        return std::stod(text.substr(text.find("bubble: ") + 8));
+      };
+      EXPECT_LT(bubble(print_schedule(PipelineSchedule::kZeroBubble, p, m)),
+                bubble(print_schedule(PipelineSchedule::k1F1B, p, m)))
+          << "p " << p << " m " << m;
+    }
+  }
+}
+
+// 1F1B keeps at most p - s micro-batches in flight on stage s, ZB p - s + 1, GPipe all m:
+// with m >= 2p their activations must take less memory. Both stages are threads of this process, so
+// what is measured is the job's: the peak of every live tensor during a step, less the model's
+// state.
+TEST(Pipeline, OneFOneBAndZeroBubbleHoldFewerActivationsThanGPipe) {
   const model::ModelConfig c = *model::preset("tiny");
   std::map<PipelineSchedule, int64_t> peak;
-  for (PipelineSchedule schedule : {PipelineSchedule::k1F1B, PipelineSchedule::kGPipe}) {
+  for (PipelineSchedule schedule : kSchedules) {
     const ParallelLayout layout{.pp = 2, .schedule = schedule, .micro_batches = 8};
     Rng rng(3);
     train::Batch batch{16, 64, std::vector<int64_t>(16 * 64), std::vector<int64_t>(16 * 64)};
@@ -739,6 +789,7 @@ TEST(Pipeline, OneFOneBHoldsFewerActivationsThanGPipe) {
                 double(peak[schedule]) / 1e6);
   }
   EXPECT_LT(peak[PipelineSchedule::k1F1B], peak[PipelineSchedule::kGPipe]);
+  EXPECT_LT(peak[PipelineSchedule::kZeroBubble], peak[PipelineSchedule::kGPipe]);
 }
 
 }  // namespace

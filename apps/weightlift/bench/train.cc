@@ -123,7 +123,8 @@ Result<BenchTrainResult> bench_train(const BenchTrainOptions& o) {
   r.peak_activation_bytes = tensor_memory_stats().peak_bytes - dp.step_comm().state_bytes;
   if (!bubble.empty()) {
     r.bubble = percentile(bubble, 0.5);
-    r.bubble_theory = parallel::theoretical_bubble(layout.pp, layout.micro_batches);
+    r.bubble_theory =
+        parallel::theoretical_bubble(layout.schedule, layout.pp, layout.micro_batches);
   }
   r.step_ms_median = percentile(ms, 0.5);
   r.step_ms_p99 = percentile(ms, 0.99);

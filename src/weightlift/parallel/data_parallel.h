@@ -48,6 +48,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "weightlift/comm/group.h"
@@ -204,6 +205,12 @@ class DataParallel final : public model::PassHooks {
   // (collective where gradients are sharded, and under expert parallelism). For tests and
   // diagnostics.
   Status gather_grads(float* full);
+  // This rank's own gradients as it holds them (whole, or its packed shards): for tests that
+  // hold two runs of one layout to the same bits on every rank, copies of shared tensors
+  // included.
+  std::span<const float> local_grads() const {
+    return {grads_.data<float>(), size_t(grads_.numel())};
+  }
   const StepComm& step_comm() const { return comm_; }
   // Parameters, gradients and AdamW state this rank holds between steps (state_bytes.h
   // predicts it from the layout alone).

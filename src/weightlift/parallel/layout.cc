@@ -29,7 +29,26 @@ std::optional<DpMode> dp_mode_from_name(std::string_view name) {
   return std::nullopt;
 }
 
+Result<DpMode> parse_dp_mode_flag(std::string_view name) {
+  if (auto m = dp_mode_from_name(name)) return *m;
+  return invalid_argument("--dp-mode '" + std::string(name) +
+                          "': expected ddp, zero1, zero2 or fsdp");
+}
+
+Result<PipelineSchedule> parse_schedule_flag(std::string_view name) {
+  if (auto s = pipeline_schedule_from_name(name)) return *s;
+  return invalid_argument("--pp-schedule '" + std::string(name) + "': expected 1f1b, gpipe or zb");
+}
+
 Status validate(const ParallelLayout& l, int world, const model::ModelConfig& c, int64_t batch) {
+  if (l.pp > 1 && l.schedule == PipelineSchedule::kZeroBubble && l.shards_gradients()) {
+    return invalid_argument(
+        "--pp-schedule zb runs each unit's weight gradients after every "
+        "unit's input gradients, and --dp-mode " +
+        std::string(dp_mode_name(l.dp_mode)) +
+        " holds a unit's gradients only while its backward runs: use ddp "
+        "or zero1, or another schedule");
+  }
   if (l.tp < 1 || world % l.tp != 0) {
     return invalid_argument("--tp " + std::to_string(l.tp) + " does not divide the " +
                             std::to_string(world) + " ranks");

@@ -26,6 +26,11 @@ enum class DpMode : uint8_t { kDdp, kZero1, kZero2, kFsdp };
 std::string_view dp_mode_name(DpMode m);  // "ddp", "zero1", "zero2", "fsdp"
 std::optional<DpMode> dp_mode_from_name(std::string_view name);
 
+// The words of --dp-mode and --pp-schedule as their enums; an error names the flag and the
+// choices.
+Result<DpMode> parse_dp_mode_flag(std::string_view name);
+Result<PipelineSchedule> parse_schedule_flag(std::string_view name);
+
 struct ParallelLayout {
   DpMode dp_mode = DpMode::kDdp;
   int dp = 1;  // data-parallel ranks: world / (pp x tp)

@@ -85,7 +85,12 @@ Result<model::LossTerms> compute_pipeline_gradients(DataParallel& dp, const trai
     const RowRange rows = micro_batch_rows(l, global.batch, m, dp.rank());
     const Shape act{rows.size() * seq, d};
     dp.begin_micro_batch(m);
-    if (op.forward) {
+    if (op.pass == PipePass::kWeightGrads) {
+      WL_RETURN_IF_ERROR(in_flight.at(m)->backward_weights());
+      in_flight.erase(m);
+      continue;
+    }
+    if (op.pass == PipePass::kForward) {
       Tensor x;
       if (!at.first()) {
         WL_ASSIGN_OR_RETURN(x, next_door.recv(at.stage - 1, step_tag(m, true), act, &waited));
@@ -114,11 +119,13 @@ Result<model::LossTerms> compute_pipeline_gradients(DataParallel& dp, const trai
       WL_ASSIGN_OR_RETURN(dout, next_door.recv(at.stage + 1, step_tag(m, false), act, &waited));
     }
     model::StagePass& pass = *in_flight.at(m);
-    WL_RETURN_IF_ERROR(pass.backward(at.last() ? nullptr : dout.data<float>()));
+    const float* grad = at.last() ? nullptr : dout.data<float>();
+    const bool whole = op.pass == PipePass::kBackward;
+    WL_RETURN_IF_ERROR(whole ? pass.backward(grad) : pass.backward_inputs(grad));
     if (!at.first()) {
       WL_RETURN_IF_ERROR(next_door.send(at.stage - 1, step_tag(m, false), pass.input_grad()));
     }
-    in_flight.erase(m);
+    if (whole) in_flight.erase(m);
   }
   WL_RETURN_IF_ERROR(next_door.finish());
   WL_RETURN_IF_ERROR(dp.reduce_gradients());
