@@ -193,7 +193,7 @@ Status run_train(parallel::TrainOptions o, const TrainFlags& f) {
         "--fail-prob, --kill and --freeze lose pipeline stages on purpose: they need "
         "--recovery to bring them back");
   }
-  WL_ASSIGN_OR_RETURN(parallel::Job job, parallel::connect_job(env, o.timeout));
+  WL_ASSIGN_OR_RETURN(parallel::Job job, parallel::connect_job(env, o.timeout, o.layout.pp > 1));
   // The ranks are stages x data parallel x tensor parallel; a --pp or --tp that does not
   // divide them fails validate().
   o.layout.dp = std::max(1, job.size() / (o.layout.pp * o.layout.tp));

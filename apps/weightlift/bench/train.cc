@@ -84,7 +84,7 @@ Result<BenchTrainResult> bench_train(const BenchTrainOptions& o) {
   if (!(o.timeout_s > 0)) return invalid_argument("--timeout must be positive (seconds)");
   const auto timeout = std::chrono::milliseconds(int64_t(o.timeout_s * 1000));
   WL_ASSIGN_OR_RETURN(comm::LaunchEnv env, comm::read_launch_env());
-  WL_ASSIGN_OR_RETURN(parallel::Job job, parallel::connect_job(env, timeout));
+  WL_ASSIGN_OR_RETURN(parallel::Job job, parallel::connect_job(env, timeout, o.layout.pp > 1));
   parallel::ParallelLayout layout = o.layout;
   layout.dp = job.size() / std::max(layout.pp * layout.tp, 1);
   WL_RETURN_IF_ERROR(parallel::validate(layout, job.size(), cfg, o.batch));

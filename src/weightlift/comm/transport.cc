@@ -467,6 +467,11 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerOptions& options) {
   const std::string keepalive = std::to_string(options.keepalive_interval.count()) + "ms";
   s = ucp_config_modify(config, "KEEPALIVE_INTERVAL", keepalive.c_str());
   if (s != UCS_OK) return internal_error("UCX KEEPALIVE_INTERVAL: " + ucs_text(s));
+  if (options.rendezvous_threshold > 0) {
+    const std::string bytes = std::to_string(options.rendezvous_threshold);
+    s = ucp_config_modify(config, "RNDV_THRESH", bytes.c_str());
+    if (s != UCS_OK) return internal_error("UCX RNDV_THRESH " + bytes + ": " + ucs_text(s));
+  }
 
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;

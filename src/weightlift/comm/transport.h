@@ -72,6 +72,12 @@ struct WorkerOptions {
   // Null: nothing interrupts a wait but its deadline and its peers.
   std::function<Status()> interrupt;
   std::chrono::milliseconds interrupt_every{50};
+  // Messages shorter than this go eagerly (UCX_RNDV_THRESH for this worker alone); 0: UCX's
+  // own choice. An eager message is pushed to the peer when it is posted, whatever the
+  // sender does next, as long as it fits the transport's buffers (shared memory: a FIFO of
+  // 64 x 8 KiB); a rendezvous one moves only while the sender progresses its worker. For
+  // sends posted before long computations (a pipeline stage's activations).
+  size_t rendezvous_threshold = 0;
 };
 
 class Worker;

@@ -12,7 +12,8 @@
 
 namespace wl::parallel {
 
-Result<Job> connect_job(const comm::LaunchEnv& env, std::chrono::milliseconds timeout) {
+Result<Job> connect_job(const comm::LaunchEnv& env, std::chrono::milliseconds timeout,
+                        bool pipeline) {
   Job job;
   job.world.env = env;
   if (env.world_size == 1) return job;
@@ -24,6 +25,16 @@ Result<Job> connect_job(const comm::LaunchEnv& env, std::chrono::milliseconds ti
                                                             .worker = {.name = "comm"},
                                                             .timeout = timeout,
                                                             .prefix = "wl-comm"}));
+  if (pipeline) {
+    WL_ASSIGN_OR_RETURN(
+        job.ranks.pipe,
+        comm::Group::connect({.store = job.world.store,
+                              .rank = env.rank,
+                              .size = env.world_size,
+                              .worker = {.name = "pipe", .rendezvous_threshold = kPipeEagerBelow},
+                              .timeout = timeout,
+                              .prefix = "wl-pipe"}));
+  }
   return job;
 }
 
@@ -75,7 +86,8 @@ Result<std::unique_ptr<DataParallel>> make_data_parallel(const model::ModelConfi
     WL_ASSIGN_OR_RETURN(groups.group, ranks.group->split(same_stage));
   }
   if (layout.pp > 1) {
-    WL_ASSIGN_OR_RETURN(groups.stages, ranks.group->split({.color = column, .key = at.stage}));
+    comm::Group& pipe = ranks.pipe ? *ranks.pipe : *ranks.group;
+    WL_ASSIGN_OR_RETURN(groups.stages, pipe.split({.color = column, .key = at.stage}));
     WL_ASSIGN_OR_RETURN(groups.tied, ranks.group->split({.color = tied ? column : comm::kNoColor,
                                                          .key = at.stage}));
   }

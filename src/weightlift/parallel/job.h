@@ -14,7 +14,10 @@
 namespace wl::parallel {
 
 // The world from the launcher's variables (comm/world.h), and a second group over the same
-// ranks with a UCX worker of its own, for the communication thread (comm_queue.h). One
+// ranks with a UCX worker of its own, for the communication thread (comm_queue.h). With
+// `pipeline`, a third one for the pipeline stages' activations, whose worker sends them
+// eagerly: a stage posts its output and goes on computing for tens of milliseconds without
+// touching UCX, and a rendezvous message would wait for it that long (kPipeEagerBelow). One
 // process: no connections at all.
 struct Job {
   comm::World world;
@@ -22,7 +25,14 @@ struct Job {
   int rank() const { return world.env.rank; }
   int size() const { return world.env.world_size; }
 };
-Result<Job> connect_job(const comm::LaunchEnv& env, std::chrono::milliseconds timeout);
+Result<Job> connect_job(const comm::LaunchEnv& env, std::chrono::milliseconds timeout,
+                        bool pipeline = false);
+
+// Activations and their gradients shorter than this go between stages eagerly. On one host
+// the shared-memory FIFO takes 512 KiB at once, so such a message arrives whole while its
+// sender computes; a longer one moves on as the sender progresses, at every unit
+// (pipeline.cc). Measured in docs/BENCHMARKS.md ("zero bubble").
+inline constexpr size_t kPipeEagerBelow = size_t(1) << 20;
 
 // This rank's share of the model under `layout` (which must fit the job: validate()): its
 // stage's units, and the groups it works with, split from `ranks` (collective over the job):

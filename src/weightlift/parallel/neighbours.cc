@@ -27,6 +27,12 @@ Result<Tensor> Neighbours::recv(int stage, uint32_t tag, const Shape& shape, dou
   return t;
 }
 
+void Neighbours::progress() {
+  if (sends_.empty()) return;
+  while (pipe_->worker().progress()) {
+  }
+}
+
 Status Neighbours::finish() {
   Status first = ok_status();
   for (Pending& p : sends_) {

@@ -30,6 +30,9 @@ class Neighbours {
   Result<Tensor> recv(int stage, uint32_t tag, const Shape& shape, double* waited);
   // Waits for every send posted so far; the first failure.
   Status finish();
+  // Moves the sends in flight along without waiting: a rendezvous send gets on only while its
+  // sender calls into the worker (pipeline.cc calls this at every unit).
+  void progress();
 
  private:
   struct Pending {

@@ -53,6 +53,34 @@ Place place_of(DataParallel& dp) {
 constexpr uint32_t kEvalTags = uint32_t(1) << 22;
 uint32_t step_tag(int micro_batch, bool forward) { return uint32_t(micro_batch) * 2 + !forward; }
 
+// The trainer's hooks, with the stage's sends moved along before and after every unit. A
+// message too long to go eagerly (job.h's kPipeEagerBelow) moves only while its sender calls
+// into the worker, and a stage computes for tens of milliseconds between its own waits:
+// without this the stage after would wait for all of them.
+class UnitProgress final : public model::PassHooks {
+ public:
+  UnitProgress(model::PassHooks& inner, Neighbours& sends) : inner_(inner), sends_(sends) {}
+  Status before_unit(int unit, model::Direction dir, model::ModelView& w,
+                     model::ModelView& g) override {
+    sends_.progress();
+    return inner_.before_unit(unit, dir, w, g);
+  }
+  Status after_unit(int unit, model::Direction dir, model::ModelView& w,
+                    model::ModelView& g) override {
+    sends_.progress();
+    return inner_.after_unit(unit, dir, w, g);
+  }
+  int64_t sum_router_counts(int layer, int64_t* counts, int64_t experts, int64_t tokens) override {
+    return inner_.sum_router_counts(layer, counts, experts, tokens);
+  }
+  model::ExpertExchange* expert_exchange() override { return inner_.expert_exchange(); }
+  model::TensorParallel* tensor_parallel() override { return inner_.tensor_parallel(); }
+
+ private:
+  model::PassHooks& inner_;
+  Neighbours& sends_;
+};
+
 }  // namespace
 
 Result<model::LossTerms> compute_pipeline_gradients(DataParallel& dp, const train::Batch& global,
@@ -74,6 +102,7 @@ Result<model::LossTerms> compute_pipeline_gradients(DataParallel& dp, const trai
                           .aux_weight = 1.0f / float(M),
                           .grad_scale = f16 ? float(s.loss_scale) : 1.0f};
   Neighbours next_door(at.pipe, dp.options().timeout);
+  UnitProgress hooks(dp, next_door);
   std::map<int, std::unique_ptr<model::StagePass>> in_flight;
   double sums[3] = {0, 0, 0};  // cross-entropy summed over targets, aux, z
   double waited = 0;
@@ -98,7 +127,7 @@ Result<model::LossTerms> compute_pipeline_gradients(DataParallel& dp, const trai
       if (at.last()) opts.targets = global.targets.data() + rows.begin * seq;
       auto pass = std::make_unique<model::StagePass>(
           dp.pass_model(), at.units, at.first() ? global.tokens.data() + rows.begin * seq : nullptr,
-          rows.size(), seq, opts, &dp);
+          rows.size(), seq, opts, &hooks);
       WL_RETURN_IF_ERROR(pass->forward(at.first() ? nullptr : x.data<float>(), true));
       if (at.last()) {
         const model::LossTerms lt = pass->loss(global.targets.data() + rows.begin * seq);

@@ -70,10 +70,13 @@ struct TrainOptions {
 };
 
 // The ranks a job trains on: `group` for the compute thread and `comm` (a second group over
-// the same ranks) for the communication thread. Both null for one process.
+// the same ranks) for the communication thread. Both null for one process. `pipe`, when set,
+// is a third group over the same ranks whose worker sends activations eagerly (job.h); the
+// pipeline stages are split from it, else from `group`.
 struct TrainRanks {
   std::shared_ptr<comm::Group> group;
   std::shared_ptr<comm::Group> comm;
+  std::shared_ptr<comm::Group> pipe;
 };
 
 struct TrainSummary {
