@@ -81,6 +81,23 @@ class UnitProgress final : public model::PassHooks {
   Neighbours& sends_;
 };
 
+// A forward pass's share of the step's losses, into sums (cross-entropy summed over targets,
+// aux, z): the head's stage takes its loss (keeping d loss / d logits for the backward), the
+// others their layers' router losses, each of M micro-batches weighing 1 / M.
+void add_losses(model::StagePass& pass, const Place& at, const model::ModelConfig& c, int M,
+                const int64_t* targets, double sums[3]) {
+  if (at.last()) {
+    const model::LossTerms lt = pass.loss(targets);
+    sums[0] += lt.ce * double(lt.count);
+    sums[1] += lt.aux / double(M);
+    sums[2] += lt.z / double(M);
+    return;
+  }
+  const kernels::RouterLosses& r = pass.router_losses();
+  sums[1] += c.aux_loss_alpha * r.aux / double(c.num_layers) / double(M);
+  sums[2] += c.z_loss_beta * r.z / double(c.num_layers) / double(M);
+}
+
 }  // namespace
 
 Result<model::LossTerms> compute_pipeline_gradients(DataParallel& dp, const train::Batch& global,
@@ -129,15 +146,8 @@ Result<model::LossTerms> compute_pipeline_gradients(DataParallel& dp, const trai
           dp.pass_model(), at.units, at.first() ? global.tokens.data() + rows.begin * seq : nullptr,
           rows.size(), seq, opts, &hooks);
       WL_RETURN_IF_ERROR(pass->forward(at.first() ? nullptr : x.data<float>(), true));
-      if (at.last()) {
-        const model::LossTerms lt = pass->loss(global.targets.data() + rows.begin * seq);
-        sums[0] += lt.ce * double(lt.count);
-        sums[1] += lt.aux / double(M);
-        sums[2] += lt.z / double(M);
-      } else {
-        const kernels::RouterLosses& r = pass->router_losses();
-        sums[1] += c.aux_loss_alpha * r.aux / double(c.num_layers) / double(M);
-        sums[2] += c.z_loss_beta * r.z / double(c.num_layers) / double(M);
+      add_losses(*pass, at, c, M, global.targets.data() + rows.begin * seq, sums);
+      if (!at.last()) {
         WL_RETURN_IF_ERROR(next_door.send(at.stage + 1, step_tag(m, true), pass->output()));
       }
       in_flight[m] = std::move(pass);

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <tuple>
 
 #include "weightlift/core/check.h"
 
