@@ -13,7 +13,7 @@ namespace {
 struct BenchTrainFlags {
   std::string precision = "f32";
   std::string dp_mode = "ddp";
-  std::string schedule = "1f1b";
+  std::string schedule = "auto";
   bool json = false;
 };
 
@@ -38,7 +38,7 @@ void add_bench_train_flags(CLI::App* cmd, BenchTrainOptions& o, BenchTrainFlags&
   cmd->add_option("--pp", o.layout.pp, "pipeline stages")
       ->capture_default_str()
       ->transform(count(1, kMaxRanks));
-  cmd->add_option("--pp-schedule", f.schedule, "1f1b, gpipe or zb")->capture_default_str();
+  cmd->add_option("--pp-schedule", f.schedule, parallel::kScheduleFlagHelp)->capture_default_str();
   cmd->add_option("--ep", o.layout.ep, "expert-parallel group size")
       ->capture_default_str()
       ->transform(count(1, kMaxRanks));
@@ -56,8 +56,9 @@ void add_bench_train_flags(CLI::App* cmd, BenchTrainOptions& o, BenchTrainFlags&
 
 // The words of the command line as the enums the benchmark takes.
 Status resolve_names(const BenchTrainFlags& f, BenchTrainOptions& o) {
-  WL_ASSIGN_OR_RETURN(o.layout.schedule, parallel::parse_schedule_flag(f.schedule));
   WL_ASSIGN_OR_RETURN(o.layout.dp_mode, parallel::parse_dp_mode_flag(f.dp_mode));
+  WL_ASSIGN_OR_RETURN(o.layout.schedule,
+                      parallel::parse_schedule_flag(f.schedule, o.layout.dp_mode));
   auto p = model::precision_from_name(f.precision);
   if (!p) return invalid_argument("--precision '" + f.precision + "': expected f32, bf16 or f16");
   o.precision = *p;

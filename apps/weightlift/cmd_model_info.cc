@@ -18,7 +18,7 @@ struct ModelInfoFlags {
   // Activations: printed when --batch is given.
   int64_t batch = 0, seq = 0;
   int micro_batches = 1;
-  std::string schedule = "1f1b";
+  std::string schedule = "auto";
   bool checkpointing = false;
 };
 
@@ -32,7 +32,7 @@ Status run_model_info(const ModelInfoFlags& f) {
   }
   const std::string name = f.config.empty() ? f.preset : f.config;
   WL_ASSIGN_OR_RETURN(const parallel::PipelineSchedule schedule,
-                      parallel::parse_schedule_flag(f.schedule));
+                      parallel::parse_schedule_flag(f.schedule, mode));
   if (f.per_rank || f.batch > 0) {
     const parallel::ParallelLayout layout{.dp_mode = mode,
                                           .dp = f.dp,
@@ -98,7 +98,7 @@ void register_model_info(CLI::App& app, Outcome& out) {
   cmd->add_option("--micro-batches", f->micro_batches, "micro-batches per global batch")
       ->capture_default_str()
       ->transform(count(1, kMaxRows));
-  cmd->add_option("--pp-schedule", f->schedule, "1f1b, gpipe or zb")->capture_default_str();
+  cmd->add_option("--pp-schedule", f->schedule, parallel::kScheduleFlagHelp)->capture_default_str();
   cmd->add_flag("--checkpointing", f->checkpointing, "gradient checkpointing");
   cmd->callback([&out, f, dp, pp, ep, tp, mode] {
     f->per_rank = dp->count() + pp->count() + ep->count() + tp->count() + mode->count() > 0;

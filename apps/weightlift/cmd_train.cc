@@ -96,7 +96,7 @@ void print_summary(const parallel::TrainOptions& o, const parallel::TrainSummary
 struct TrainFlags {
   std::string precision = "f32";
   std::string dp_mode = "ddp";
-  std::string schedule = "1f1b";
+  std::string schedule = "auto";
   const CLI::Option* schedule_flag = nullptr;
   bool print_schedule = false;
   double timeout_s = 60;
@@ -170,7 +170,8 @@ Status run_train(parallel::TrainOptions o, const TrainFlags& f) {
   if (!p) return invalid_argument("--precision '" + f.precision + "': expected f32, bf16 or f16");
   o.precision = *p;
   WL_ASSIGN_OR_RETURN(o.layout.dp_mode, parallel::parse_dp_mode_flag(f.dp_mode));
-  WL_ASSIGN_OR_RETURN(o.layout.schedule, parallel::parse_schedule_flag(f.schedule));
+  WL_ASSIGN_OR_RETURN(o.layout.schedule,
+                      parallel::parse_schedule_flag(f.schedule, o.layout.dp_mode));
   if (o.layout.pp < 1) return invalid_argument("--pp must be at least 1");
   if (o.layout.tp < 1) return invalid_argument("--tp must be at least 1");
   if (o.schedule.min_lr > o.schedule.base_lr) {
@@ -234,8 +235,8 @@ void add_layout_flags(CLI::App& cmd, parallel::TrainOptions& o, TrainFlags& f) {
   cmd.add_option("--pp", o.layout.pp,
                  "pipeline stages (the ranks are stages x data parallel x tensor parallel)")
       ->capture_default_str();
-  f.schedule_flag =
-      cmd.add_option("--pp-schedule", f.schedule, "1f1b, gpipe or zb")->capture_default_str();
+  f.schedule_flag = cmd.add_option("--pp-schedule", f.schedule, parallel::kScheduleFlagHelp)
+                        ->capture_default_str();
   cmd.add_option("--ep", o.layout.ep,
                  "expert parallel: groups of this many data-parallel ranks share out the "
                  "experts, each rank running and holding only its own")

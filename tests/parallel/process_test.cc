@@ -69,13 +69,14 @@ TEST_P(KilledRank, TheOthersNameItAndTheJobResumes) {
   model::ModelConfig c = *model::preset("tiny");
   const std::string config = testing::fresh_dir("config") + "/config.json";
   if (std::string(GetParam()).starts_with("pp")) {
-    // Three stages of a three-layer model, one rank each: the middle one dies. pp_zb in the
-    // zero-bubble order, whose stages send their input gradients before their weight
-    // gradients run.
+    // Three stages of a three-layer model, one rank each: the middle one dies. pp runs the
+    // default zero-bubble order, whose stages send their input gradients before their weight
+    // gradients run; pp_1f1b the one-forward-one-backward order.
     c.num_layers = 3;
     ASSERT_TRUE(model::save_config(c, config).ok());
     common.insert(common.end(), {"--config", config, "--pp", "3", "--micro-batches", "3"});
-    if (std::string(GetParam()) == "pp_zb") common.insert(common.end(), {"--pp-schedule", "zb"});
+    if (std::string(GetParam()) == "pp_1f1b")
+      common.insert(common.end(), {"--pp-schedule", "1f1b"});
   } else if (std::string(GetParam()) == "ep") {
     // Three ranks run one expert each for every rank's tokens: one dies, and the others
     // learn of it in the router's sum or an exchange, whichever they reach first.
@@ -126,7 +127,7 @@ TEST_P(KilledRank, TheOthersNameItAndTheJobResumes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, KilledRank,
-                         ::testing::Values("ddp", "zero2", "fsdp", "pp", "pp_zb", "ep", "tp"),
+                         ::testing::Values("ddp", "zero2", "fsdp", "pp", "pp_1f1b", "ep", "tp"),
                          [](const auto& info) { return std::string(info.param); });
 
 }  // namespace

@@ -184,6 +184,27 @@ TEST(Layout, ExpertParallelSizeMustDivideRanksAndExperts) {
   EXPECT_FALSE(check(2, 1, 0).ok());
 }
 
+// --pp-schedule auto: zero bubble where the data-parallel mode keeps whole gradients until the
+// step ends, 1F1B where it reduces them unit by unit, so the default never meets validate()'s
+// refusal of ZB with ZeRO-2 and FSDP.
+TEST(Layout, AutoScheduleIsZeroBubbleWhereTheGradientsStayWhole) {
+  const model::ModelConfig c = *model::preset("tiny");
+  for (DpMode mode : {DpMode::kDdp, DpMode::kZero1, DpMode::kZero2, DpMode::kFsdp}) {
+    const Result<PipelineSchedule> s = parse_schedule_flag("auto", mode);
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    const bool whole = mode == DpMode::kDdp || mode == DpMode::kZero1;
+    EXPECT_EQ(*s, whole ? PipelineSchedule::kZeroBubble : PipelineSchedule::k1F1B)
+        << dp_mode_name(mode);
+    const ParallelLayout l{.dp_mode = mode, .dp = 2, .pp = 2, .schedule = *s, .micro_batches = 4};
+    EXPECT_TRUE(validate(l, 4, c, 8).ok()) << dp_mode_name(mode);
+  }
+  EXPECT_EQ(*parse_schedule_flag("gpipe", DpMode::kFsdp), PipelineSchedule::kGPipe);
+  const Status bad = parse_schedule_flag("zigzag", DpMode::kDdp).status();
+  EXPECT_NE(bad.message().find("--pp-schedule 'zigzag': expected auto, 1f1b, gpipe or zb"),
+            std::string::npos)
+      << bad.to_string();
+}
+
 TEST(Layout, TensorParallelSizeMustDivideRanksHeadsAndFfnRows) {
   const model::ModelConfig c = *model::preset("tiny");  // 4 heads, 1 kv head, ffn 128
   const auto check = [&](int world, int pp, int tp, int ep = 1) {

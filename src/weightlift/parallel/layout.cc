@@ -35,9 +35,14 @@ Result<DpMode> parse_dp_mode_flag(std::string_view name) {
                           "': expected ddp, zero1, zero2 or fsdp");
 }
 
-Result<PipelineSchedule> parse_schedule_flag(std::string_view name) {
+Result<PipelineSchedule> parse_schedule_flag(std::string_view name, DpMode dp_mode) {
+  if (name == "auto") {
+    return ParallelLayout{.dp_mode = dp_mode}.shards_gradients() ? PipelineSchedule::k1F1B
+                                                                 : PipelineSchedule::kZeroBubble;
+  }
   if (auto s = pipeline_schedule_from_name(name)) return *s;
-  return invalid_argument("--pp-schedule '" + std::string(name) + "': expected 1f1b, gpipe or zb");
+  return invalid_argument("--pp-schedule '" + std::string(name) +
+                          "': expected auto, 1f1b, gpipe or zb");
 }
 
 Status validate(const ParallelLayout& l, int world, const model::ModelConfig& c, int64_t batch) {

@@ -27,9 +27,12 @@ std::string_view dp_mode_name(DpMode m);  // "ddp", "zero1", "zero2", "fsdp"
 std::optional<DpMode> dp_mode_from_name(std::string_view name);
 
 // The words of --dp-mode and --pp-schedule as their enums; an error names the flag and the
-// choices.
+// choices. --pp-schedule auto is ZB where the data-parallel mode keeps whole gradients (ddp,
+// zero1) and 1F1B where it does not (zero2, fsdp: validate() says why).
 Result<DpMode> parse_dp_mode_flag(std::string_view name);
-Result<PipelineSchedule> parse_schedule_flag(std::string_view name);
+Result<PipelineSchedule> parse_schedule_flag(std::string_view name, DpMode dp_mode);
+inline constexpr const char* kScheduleFlagHelp =
+    "auto (zb, or 1f1b under --dp-mode zero2 or fsdp), 1f1b, gpipe or zb";
 
 struct ParallelLayout {
   DpMode dp_mode = DpMode::kDdp;
