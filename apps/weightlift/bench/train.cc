@@ -162,7 +162,10 @@ std::string BenchTrainResult::to_json(const BenchTrainOptions& o) const {
       {"pp", o.layout.pp},
       {"ep", o.layout.ep},
       {"tp", o.layout.tp},
-      {"pp_schedule", std::string(parallel::pipeline_schedule_name(o.layout.schedule))},
+      // One stage runs no schedule.
+      {"pp_schedule", o.layout.pp > 1
+                          ? std::string(parallel::pipeline_schedule_name(o.layout.schedule))
+                          : std::string("none")},
       {"bubble", bubble},
       {"bubble_theory", bubble_theory},
       {"steps", o.steps},
