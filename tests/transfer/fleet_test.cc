@@ -623,6 +623,54 @@ TEST(ParameterServer, RegistersCheckpointsFromSafetensorsFiles) {
   EXPECT_TRUE(rx->errors.empty()) << rx->errors.front();
 }
 
+// One server rank's copy of a checkpoint is truncated on its disk, so only the other holds
+// it. An update of it fails on both at once, naming that rank, before any round is posted
+// (the other does not wait out the timeout in a generation nobody completes), and the servers
+// stay in step: the next update goes through on both.
+TEST(ParameterServer, ACheckpointOneServerRankCouldNotLoadFailsOnAllAndTheyStayInStep) {
+  const model::ModelConfig c = preset_or_die("tiny");
+  const std::vector<float> a = random_weights(c, 4);
+  const model::ParamLayout layout(c);
+  const std::string dir = ::testing::TempDir() + "/wl_ps_one_rank";
+  std::filesystem::create_directories(dir);
+  std::vector<std::pair<std::string, Tensor>> all;
+  for (const model::ParamInfo& p : layout.params()) {
+    all.emplace_back(p.name,
+                     Tensor::borrow(const_cast<float*>(a.data()) + p.offset, DType::kF32, p.shape));
+  }
+  const std::string good = dir + "/good.safetensors", cut = dir + "/cut.safetensors";
+  ASSERT_TRUE(write_safetensors(good, all, {}).ok());
+  std::filesystem::copy_file(good, cut, std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::resize_file(cut, std::filesystem::file_size(good) / 2);
+
+  auto store = std::make_shared<comm::MemoryStore>();
+  auto rx = start_receiver(store, c, 0, {.tp = 1, .tp_rank = 0});
+  run_servers(store, TransferMode::kP2P, [&](ParameterServer& ps) {
+    const int rank = ps.options().rank;
+    const Status loaded = ps.register_checkpoint("a", c, {rank == 1 ? cut : good});
+    ASSERT_EQ(loaded.ok(), rank == 0) << loaded.to_string();
+    const auto started = comm::Clock::now();
+    auto u = ps.update("a");
+    ASSERT_FALSE(u.ok());
+    EXPECT_LT(comm::Clock::now() - started, 5s) << "the servers' timeout is 20 s";
+    const std::string said = u.status().message();
+    if (rank == 1) {
+      EXPECT_EQ(u.status().code(), StatusCode::kNotFound) << said;
+      EXPECT_NE(said.find("server rank 1 holds no checkpoint 'a'"), std::string::npos) << said;
+    } else {
+      EXPECT_NE(said.find("failed on server rank 1"), std::string::npos) << said;
+      ASSERT_TRUE(ps.unregister_checkpoint("a").ok());
+    }
+    ASSERT_TRUE(ps.register_checkpoint("a", c, {good}).ok());
+    u = ps.update("a");
+    ASSERT_TRUE(u.ok()) << u.status().to_string();
+  });
+  ASSERT_TRUE(rx->wait_version(1)) << "the failed update posted no round";
+  expect_matches_reference(rx->fleet->receiver(), c, rx->layout, a, 1);
+  rx->join();
+  EXPECT_TRUE(rx->errors.empty()) << rx->errors.front();
+}
+
 // Healing while the peer keeps taking updates: whatever version the copy lands on, it is
 // exactly that version (a, b, a, ... by parity), never a mixture.
 TEST(Heal, CopiesAConsistentVersionWhileThePeerIsUpdated) {

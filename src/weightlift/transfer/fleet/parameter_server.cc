@@ -66,7 +66,12 @@ struct ParameterServer::Impl {
                              bool checksums);
   Result<RoundRecord> post(RoundRecord r);
   Result<RoundRecord> share(Result<RoundRecord> decided);
+  // Every server rank's outcome of one step of an update, so that they fail it together:
+  // `mine` where it failed here, else an error naming the highest server rank where it did.
+  Status agree(Status mine, const std::string& what);
   Status enter_generation(const RoundRecord& r);
+  // Connects the generation of `r` and plans `name`'s transfer in it (once per checkpoint).
+  Status prepare(const std::string& name, TrainerWeights* weights, const RoundRecord& r);
   Status connect_servers();
   Status rebuild_worker();
   Status publish_copy(const std::string& name, uint64_t version);
@@ -573,64 +578,74 @@ Status ParameterServer::Impl::enter_generation(const RoundRecord& r) {
   return ok_status();
 }
 
+Status ParameterServer::Impl::agree(Status mine, const std::string& what) {
+  int64_t failed = mine.ok() ? 0 : int64_t(servers->rank()) + 1;
+  Status agreed = comm::allreduce(
+      *servers, {.recv = &failed, .count = 1, .dtype = DType::kI64, .op = comm::ReduceOp::kMax});
+  if (!mine.ok()) return mine;
+  if (!agreed.ok()) return agreed.with_context("agreeing on " + what);
+  if (failed == 0) return ok_status();
+  return aborted(what + " failed on server rank " + std::to_string(failed - 1) +
+                 " (its error says why)");
+}
+
+Status ParameterServer::Impl::prepare(const std::string& name, TrainerWeights* weights,
+                                      const RoundRecord& r) {
+  WL_RETURN_IF_ERROR(
+      enter_generation(r).with_context("connecting generation " + std::to_string(r.generation)));
+  if (executors.count(name)) return ok_status();
+  Result<std::unique_ptr<UpdateExecutor>> made =
+      make_generation_executor({.world = group,
+                                .weights = weights,
+                                .mode = r.mode,
+                                .bucket_bytes = r.bucket_bytes,
+                                .timeout = options.timeout});
+  if (!made.ok()) return made.status().with_context("planning");
+  executors.emplace(name, *std::move(made));
+  return ok_status();
+}
+
+// Each step that one server rank can fail alone ends in agree(): otherwise that rank would
+// return while the others wait in the generation's connect or transfer until the timeout, and
+// the next update would find the ranks doing different things (one rebuilding its worker,
+// another deciding a round).
 Result<ServerUpdate> ParameterServer::update(const std::string& name,
                                              std::span<const int> receivers,
                                              const UpdateOptions& options) {
   Impl& m = *impl_;
   if (m.rebuild) WL_RETURN_IF_ERROR(m.rebuild_worker());
-  Result<RoundRecord> decided = not_found("update: no checkpoint '" + name + "'");
-  if (m.servers->rank() == 0 && m.checkpoints.count(name)) {
-    decided = m.decide(name, receivers, options.checksums);
-  }
-  WL_ASSIGN_OR_RETURN(RoundRecord r, m.share(std::move(decided)));
+  // Before any round is posted: a rank whose register_checkpoint failed (a corrupt file on its
+  // disk) holds nothing to send.
   auto held = m.checkpoints.find(name);
-  TrainerWeights* weights = held == m.checkpoints.end() ? nullptr : held->second.weights.get();
-  if (weights == nullptr) {
-    return failed_precondition("update: server rank " + std::to_string(m.servers->rank()) +
-                               " does not hold checkpoint '" + name + "' that rank 0 holds");
-  }
+  WL_RETURN_IF_ERROR(
+      m.agree(held != m.checkpoints.end()
+                  ? ok_status()
+                  : not_found("update: server rank " + std::to_string(m.servers->rank()) +
+                              " holds no checkpoint '" + name + "'"),
+              "update '" + name + "'"));
+  Result<RoundRecord> decided = RoundRecord{};  // rank 0's is shared
+  if (m.servers->rank() == 0) decided = m.decide(name, receivers, options.checksums);
+  WL_ASSIGN_OR_RETURN(RoundRecord r, m.share(std::move(decided)));
   if (r.members.empty()) {
     m.broken = true;
     return failed_precondition("update '" + name + "': no receiver answered (round " +
                                std::to_string(r.round) + ")");
   }
-  Status entered = m.enter_generation(r);
-  if (!entered.ok()) {
-    m.rebuild = true;
-    return entered.with_context("update '" + name + "': connecting generation " +
-                                std::to_string(r.generation));
-  }
-  auto it = m.executors.find(name);
-  if (it == m.executors.end()) {
-    auto made = make_generation_executor({.world = m.group,
-                                          .weights = weights,
-                                          .mode = r.mode,
-                                          .bucket_bytes = r.bucket_bytes,
-                                          .timeout = m.options.timeout});
-    if (!made.ok()) {
-      m.broken = m.rebuild = true;
-      return made.status().with_context("update '" + name + "': planning");
-    }
-    it = m.executors.emplace(name, *std::move(made)).first;
+  Status ready = m.agree(m.prepare(name, held->second.weights.get(), r), "update '" + name + "'");
+  if (!ready.ok()) {
+    m.broken = m.rebuild = true;
+    return ready.with_context("update '" + name + "' (round " + std::to_string(r.round) + ")");
   }
   UpdateOptions u = options;
   if (u.timeout.count() == 0) u.timeout = m.options.timeout;
-  Result<UpdateReport> report = it->second->update(u);
-  // The servers must agree on the outcome: a receiver that dies during the closing barrier
-  // can leave one server finished and another failed, and they must go on in step (the one
-  // that failed replaces its worker and reconnects the servers' group; so must the others).
-  int64_t failed = report.ok() ? 0 : int64_t(m.servers->rank()) + 1;
-  Status agreed = comm::allreduce(
-      *m.servers, {.recv = &failed, .count = 1, .dtype = DType::kI64, .op = comm::ReduceOp::kMax});
-  if (report.ok() && (!agreed.ok() || failed != 0)) {
-    report = agreed.ok() ? aborted("the update failed on server rank " +
-                                   std::to_string(failed - 1) + " (its error says why)")
-                         : agreed.with_context("agreeing on the update's outcome");
-  }
-  if (!report.ok()) {
+  Result<UpdateReport> report = m.executors.at(name)->update(u);
+  // A receiver that dies during the closing barrier can leave one server finished and another
+  // failed; the one that failed replaces its worker and reconnects the servers' group, and so
+  // must the others.
+  Status done = m.agree(report.status(), "update '" + name + "'");
+  if (!done.ok()) {
     m.broken = m.rebuild = true;
-    return report.status().with_context("update '" + name + "' (round " + std::to_string(r.round) +
-                                        ")");
+    return done.with_context("update '" + name + "' (round " + std::to_string(r.round) + ")");
   }
   return ServerUpdate{.report = *report,
                       .round = r.round,

@@ -25,7 +25,9 @@
 // changed or the last update failed. An update that fails (a receiver died mid-update) returns
 // the error on every server rank within the timeout, leaves every receiver on its last complete
 // version, and breaks the generation; the next update forms a new one without the receivers
-// that no longer answer. The servers themselves keep going. A receiver that dies between
+// that no longer answer. The servers themselves keep going, in step: an update that fails on
+// one server rank alone (a checkpoint its disk could not give it, a generation it could not
+// connect) fails on every one at that point, naming the rank. A receiver that dies between
 // updates is found before the next one when UCX has noticed it or, on this host, when its
 // process is gone (its peer record names it): the next update then forms a generation without
 // it instead of failing on it first. On another host, one update may fail on it.
