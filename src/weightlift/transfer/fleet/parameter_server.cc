@@ -6,8 +6,10 @@
 #include <atomic>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "weightlift/comm/allreduce.h"
 #include "weightlift/comm/broadcast.h"
@@ -27,6 +29,8 @@ struct HeldCheckpoint {
   std::shared_ptr<comm::MemoryRegion> registration;  // with the current worker (may be `memory`)
   std::unique_ptr<TrainerWeights> weights;           // borrows `memory` (declared after it)
   uint64_t stamp = 0;                                // status word [1]
+  // The copy record last published: the version sent and the stamp it was sent at.
+  std::optional<std::pair<uint64_t, uint64_t>> published;
 
   uint64_t* status() const { return static_cast<uint64_t*>(memory->data()); }
 };
@@ -74,7 +78,9 @@ struct ParameterServer::Impl {
   Status prepare(const std::string& name, TrainerWeights* weights, const RoundRecord& r);
   Status connect_servers();
   Status rebuild_worker();
-  Status publish_copy(const std::string& name, uint64_t version);
+  // Publishes the record of checkpoint `name`'s copy as of `version`, sent when its stamp was
+  // `stamp` (a healer refuses the copy once the stamp has moved on).
+  Status publish_copy(const std::string& name, uint64_t version, uint64_t stamp);
   // OK for a name not yet held.
   Status check_new(const std::string& name) const;
   // Holds a new checkpoint whose shards (`shard_bytes` of them) make(storage) builds
@@ -82,8 +88,7 @@ struct ParameterServer::Impl {
   void hold(const std::string& name, size_t shard_bytes,
             const std::function<TrainerWeights(std::byte* storage)>& make);
   size_t shard_bytes(const model::ModelConfig& config) const {
-    return TrainerWeights::storage_bytes(config, servers->size(), servers->rank(),
-                                         options.shard_dtype);
+    return TrainerWeights::storage_bytes(config, options.size, options.rank, options.shard_dtype);
   }
   // New values for a held checkpoint, written by assign() under the servers' copy's seqlock.
   static void assign(HeldCheckpoint& held, const std::function<void(TrainerWeights&)>& write);
@@ -125,7 +130,14 @@ Status ParameterServer::Impl::rebuild_worker() {
   executors.clear();
   group.reset();
   servers.reset();
-  ++incarnation;
+  // The ranks meet under the next incarnation, or under the newest one any rank has started
+  // (kept in the store): a rank whose reconnect timed out (another was late) starts a newer
+  // one next time, and the late rank joins that rather than the one the first has left.
+  const std::string newest_key = keys.servers() + "/incarnation";
+  WL_ASSIGN_OR_RETURN(int64_t newest, options.store->add(newest_key, 0));
+  incarnation = std::max(incarnation + 1, int(newest));
+  if (incarnation > newest)
+    WL_RETURN_IF_ERROR(options.store->add(newest_key, incarnation - newest).status());
   WL_ASSIGN_OR_RETURN(std::unique_ptr<comm::Worker> fresh,
                       comm::Worker::create({.name = "server " + std::to_string(options.rank)}));
   worker = std::move(fresh);
@@ -140,6 +152,15 @@ Status ParameterServer::Impl::rebuild_worker() {
     held.registration = std::make_shared<comm::MemoryRegion>(std::move(region));
   }
   rebuild = false;
+  // The published records name the worker just replaced: a healer would find it unreachable.
+  // They name the new one now, with the version and stamp they had, so that a healer still
+  // gets the copy if nothing changed it since, and is refused for that reason if something did.
+  for (auto& [name, held] : checkpoints) {
+    if (!held.published) continue;
+    const auto [version, stamp] = *held.published;
+    WL_RETURN_IF_ERROR(
+        publish_copy(name, version, stamp).with_context("after reconnecting the server ranks"));
+  }
   return ok_status();
 }
 
@@ -181,8 +202,8 @@ Status ParameterServer::register_checkpoint(const std::string& name, const Layou
   WL_RETURN_IF_ERROR(impl_->check_new(name));
   // The spec's own errors too (a param or a split that cannot be), before anything is held.
   WL_RETURN_IF_ERROR(check_named_tensors(spec, tensors).with_context(where));
-  const size_t bytes = TrainerWeights::storage_bytes(
-      spec, impl_->servers->size(), impl_->servers->rank(), impl_->options.shard_dtype);
+  const size_t bytes = TrainerWeights::storage_bytes(spec, impl_->options.size, impl_->options.rank,
+                                                     impl_->options.shard_dtype);
   impl_->hold(name, bytes, [&](std::byte* storage) {
     return TrainerWeights::from_spec(spec, tensors, impl_->servers,
                                      {.dtype = impl_->options.shard_dtype, .storage = storage});
@@ -261,12 +282,14 @@ void ParameterServer::Impl::assign(HeldCheckpoint& held,
   }
 }
 
-Status ParameterServer::Impl::publish_copy(const std::string& name, uint64_t version) {
-  const HeldCheckpoint& held = checkpoints.at(name);
+Status ParameterServer::Impl::publish_copy(const std::string& name, uint64_t version,
+                                           uint64_t stamp) {
+  HeldCheckpoint& held = checkpoints.at(name);
+  held.published.reset();
   // A copy that cannot be published withdraws the last one: it holds another checkpoint, which
   // a restarted receiver of this version must not take for it.
   auto withdrawn = [&](const Status& why) {
-    const ServerCopyRecord none{.rank = servers->rank(), .servers = servers->size()};
+    const ServerCopyRecord none{.rank = options.rank, .servers = options.size};
     const Status s =
         options.store->set(keys.copy(none.rank), comm::to_bytes(server_copy_to_json(none)));
     return s.ok() ? why : s.with_context("withdrawing the copy record (" + why.message() + ")");
@@ -278,15 +301,15 @@ Status ParameterServer::Impl::publish_copy(const std::string& name, uint64_t ver
         "receiver of it heals from a peer or waits for the next update"));
   }
   if (held.memory == nullptr) {
-    return withdrawn(unavailable("server rank " + std::to_string(servers->rank()) +
+    return withdrawn(unavailable("server rank " + std::to_string(options.rank) +
                                  ": UCX could not allocate shared memory for checkpoint '" + name +
                                  "', so it has no copy restarted receivers can read"));
   }
-  ServerCopyRecord r{.rank = servers->rank(),
-                     .servers = servers->size(),
+  ServerCopyRecord r{.rank = options.rank,
+                     .servers = options.size,
                      .checkpoint = name,
                      .version = version,
-                     .stamp = held.stamp,
+                     .stamp = stamp,
                      .config = *held.weights->config(),
                      .dtype = options.shard_dtype,
                      .worker_address = worker->address(),
@@ -302,9 +325,11 @@ Status ParameterServer::Impl::publish_copy(const std::string& name, uint64_t ver
   const comm::ProcessId self = comm::this_process();
   r.host = self.host;
   r.pid = self.pid;
-  return options.store->set(keys.copy(r.rank), comm::to_bytes(server_copy_to_json(r)))
-      .with_context("server rank " + std::to_string(r.rank) + ": publishing its copy of '" + name +
-                    "'");
+  WL_RETURN_IF_ERROR(options.store->set(keys.copy(r.rank), comm::to_bytes(server_copy_to_json(r)))
+                         .with_context("server rank " + std::to_string(r.rank) +
+                                       ": publishing its copy of '" + name + "'"));
+  held.published = {version, stamp};
+  return ok_status();
 }
 
 Status ParameterServer::register_checkpoint(const std::string& name,
@@ -370,11 +395,11 @@ Status ParameterServer::unregister_checkpoint(const std::string& name) {
     return not_found("unregister_checkpoint: no checkpoint '" + name + "'");
   }
   // If the copy record points at this checkpoint, withdraw it before the memory goes.
-  auto b = m.options.store->get(m.keys.copy(m.servers->rank()), std::chrono::milliseconds(1));
+  auto b = m.options.store->get(m.keys.copy(m.options.rank), std::chrono::milliseconds(1));
   if (b.ok()) {
-    auto r = server_copy_from_json(comm::to_string(*b), m.keys.copy(m.servers->rank()));
+    auto r = server_copy_from_json(comm::to_string(*b), m.keys.copy(m.options.rank));
     if (!r.ok() || r->checkpoint == name) {
-      ServerCopyRecord none{.rank = m.servers->rank(), .servers = m.servers->size()};
+      ServerCopyRecord none{.rank = m.options.rank, .servers = m.options.size};
       WL_RETURN_IF_ERROR(
           m.options.store->set(m.keys.copy(none.rank), comm::to_bytes(server_copy_to_json(none))));
     }
@@ -549,16 +574,21 @@ Result<RoundRecord> ParameterServer::Impl::decide(const std::string& name,
 Result<RoundRecord> ParameterServer::Impl::share(Result<RoundRecord> decided) {
   std::string body;
   int64_t header[2] = {0, 0};  // status code, body length
-  if (servers->rank() == 0) {
+  if (options.rank == 0) {
     body = decided.ok() ? round_to_json(*decided) : decided.status().message();
     header[0] = decided.ok() ? 0 : int64_t(decided.status().code());
     header[1] = int64_t(body.size());
   }
-  WL_RETURN_IF_ERROR(
-      comm::broadcast(*servers, {.buffer = header, .count = 2, .dtype = DType::kI64}));
-  body.resize(size_t(header[1]));
-  WL_RETURN_IF_ERROR(comm::broadcast(
-      *servers, {.buffer = body.data(), .count = body.size(), .dtype = DType::kU8}));
+  Status sent = comm::broadcast(*servers, {.buffer = header, .count = 2, .dtype = DType::kI64});
+  if (sent.ok()) {
+    body.resize(size_t(header[1]));
+    sent = comm::broadcast(*servers,
+                           {.buffer = body.data(), .count = body.size(), .dtype = DType::kU8});
+  }
+  if (!sent.ok()) {
+    broken = rebuild = true;  // the servers' own group failed: every rank finds that out
+    return sent.with_context("sharing server rank 0's round");
+  }
   if (header[0] != 0) return Status(StatusCode(header[0]), body);
   return round_from_json(body, "round record from server rank 0");
 }
@@ -570,20 +600,26 @@ Status ParameterServer::Impl::enter_generation(const RoundRecord& r) {
   generation = r.generation;
   members = r.members;
   broken = true;
-  WL_ASSIGN_OR_RETURN(
-      group, comm::Group::connect(fleet_connect_options(
-                 keys, keys.generation(r.generation), options.store, worker, servers->rank(),
-                 r.servers + int(r.members.size()), options.timeout)));
+  WL_ASSIGN_OR_RETURN(group,
+                      comm::Group::connect(fleet_connect_options(
+                          keys, keys.generation(r.generation), options.store, worker, options.rank,
+                          r.servers + int(r.members.size()), options.timeout)));
   broken = false;
   return ok_status();
 }
 
 Status ParameterServer::Impl::agree(Status mine, const std::string& what) {
-  int64_t failed = mine.ok() ? 0 : int64_t(servers->rank()) + 1;
+  int64_t failed = mine.ok() ? 0 : int64_t(options.rank) + 1;
   Status agreed = comm::allreduce(
       *servers, {.recv = &failed, .count = 1, .dtype = DType::kI64, .op = comm::ReduceOp::kMax});
+  if (!agreed.ok()) {
+    // The servers' own group failed (a server rank died, or its worker did): some ranks may
+    // have the answer and others not, so every rank that sees the failure reconnects, and
+    // the ranks that did not see it fail on their next collective over the old group.
+    broken = rebuild = true;
+    return mine.ok() ? agreed.with_context("agreeing on " + what) : mine;
+  }
   if (!mine.ok()) return mine;
-  if (!agreed.ok()) return agreed.with_context("agreeing on " + what);
   if (failed == 0) return ok_status();
   return aborted(what + " failed on server rank " + std::to_string(failed - 1) +
                  " (its error says why)");
@@ -620,18 +656,20 @@ Result<ServerUpdate> ParameterServer::update(const std::string& name,
   WL_RETURN_IF_ERROR(
       m.agree(held != m.checkpoints.end()
                   ? ok_status()
-                  : not_found("update: server rank " + std::to_string(m.servers->rank()) +
+                  : not_found("update: server rank " + std::to_string(m.options.rank) +
                               " holds no checkpoint '" + name + "'"),
-              "update '" + name + "'"));
+              "update '" + name + "': holding the checkpoint"));
   Result<RoundRecord> decided = RoundRecord{};  // rank 0's is shared
-  if (m.servers->rank() == 0) decided = m.decide(name, receivers, options.checksums);
+  if (m.options.rank == 0) decided = m.decide(name, receivers, options.checksums);
   WL_ASSIGN_OR_RETURN(RoundRecord r, m.share(std::move(decided)));
   if (r.members.empty()) {
     m.broken = true;
     return failed_precondition("update '" + name + "': no receiver answered (round " +
                                std::to_string(r.round) + ")");
   }
-  Status ready = m.agree(m.prepare(name, held->second.weights.get(), r), "update '" + name + "'");
+  Status ready = m.agree(
+      m.prepare(name, held->second.weights.get(), r),
+      "update '" + name + "': connecting and planning generation " + std::to_string(r.generation));
   if (!ready.ok()) {
     m.broken = m.rebuild = true;
     return ready.with_context("update '" + name + "' (round " + std::to_string(r.round) + ")");
@@ -642,17 +680,18 @@ Result<ServerUpdate> ParameterServer::update(const std::string& name,
   // A receiver that dies during the closing barrier can leave one server finished and another
   // failed; the one that failed replaces its worker and reconnects the servers' group, and so
   // must the others.
-  Status done = m.agree(report.status(), "update '" + name + "'");
+  Status done = m.agree(report.status(), "update '" + name + "': the transfer");
   if (!done.ok()) {
     m.broken = m.rebuild = true;
     return done.with_context("update '" + name + "' (round " + std::to_string(r.round) + ")");
   }
-  return ServerUpdate{.report = *report,
-                      .round = r.round,
-                      .generation = r.generation,
-                      .members = r.members,
-                      .dropped = r.dropped,
-                      .copy_published = m.publish_copy(name, report->version)};
+  return ServerUpdate{
+      .report = *report,
+      .round = r.round,
+      .generation = r.generation,
+      .members = r.members,
+      .dropped = r.dropped,
+      .copy_published = m.publish_copy(name, report->version, m.checkpoints.at(name).stamp)};
 }
 
 }  // namespace wl::transfer
