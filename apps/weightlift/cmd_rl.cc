@@ -331,16 +331,16 @@ Status run_rl(RlArgs a) {
   const Place place = place_of(a, job.rank());
   const std::string& role = place.role;
   WL_RETURN_IF_ERROR(parallel::write_processes(job, a.out_dir, role, a.o.timeout));
+  a.o.on_event = [](const rl::RlEvent& e) {
+    std::fprintf(stderr, "rl: %s step %lld: %s\n", e.phase.c_str(), (long long)e.step,
+                 e.what.c_str());
+  };
   if (place.worker >= 1)
     return rl::run_rollout_worker(a.o, job.world.store, place.worker, place.tp_rank);
   // In synchronous mode the workers wait while the trainer computes: it may take every core.
   if (a.trainer_threads > 0) set_num_threads(a.trainer_threads);
   if (job.rank() != 0)
     return rl::run_trainer_rank(a.o, job.world.store, job.rank(), workers(a, job));
-  a.o.on_event = [](const rl::RlEvent& e) {
-    std::fprintf(stderr, "rl: %s step %lld: %s\n", e.phase.c_str(), (long long)e.step,
-                 e.what.c_str());
-  };
   a.o.on_rejoin = [&](int k) {
     const Status s = parallel::write_processes(job, a.out_dir, role, a.o.timeout);
     if (!s.ok()) {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -33,14 +34,17 @@ std::string fresh_dir(const std::string& name) {
 
 // Rank r of a job of `ranks` whose store is on `port`, as a launcher starts it (a replacement
 // is started the same way).
-Child spawn_rank(int r, int ranks, int port, const std::vector<std::string>& args) {
+Child spawn_rank(int r, int ranks, int port, const std::vector<std::string>& args,
+                 const std::vector<std::pair<std::string, std::string>>& more_env = {}) {
   std::vector<std::string> argv = {kWeightlift, "--threads", "1", "rl"};
   argv.insert(argv.end(), args.begin(), args.end());
-  return wl::testing::spawn_child(argv, {{"RANK", std::to_string(r)},
-                                         {"WORLD_SIZE", std::to_string(ranks)},
-                                         {"MASTER_ADDR", "127.0.0.1"},
-                                         {"MASTER_PORT", std::to_string(port)},
-                                         {"WEIGHTLIFT_JOB_TOKEN", "tok"}});
+  std::vector<std::pair<std::string, std::string>> env = {{"RANK", std::to_string(r)},
+                                                          {"WORLD_SIZE", std::to_string(ranks)},
+                                                          {"MASTER_ADDR", "127.0.0.1"},
+                                                          {"MASTER_PORT", std::to_string(port)},
+                                                          {"WEIGHTLIFT_JOB_TOKEN", "tok"}};
+  env.insert(env.end(), more_env.begin(), more_env.end());
+  return wl::testing::spawn_child(argv, env);
 }
 
 std::vector<Child> start_job(int ranks, const std::vector<std::string>& args) {
@@ -533,6 +537,56 @@ TEST(RlProcesses, AKilledWorkerIsReplacedAndTheRunFinishes) {
   EXPECT_TRUE(named) << processes.dump();
   for (Child& c : job) wl::testing::reap(c);
   wl::testing::reap(replacement);
+}
+
+// Over TCP, as between hosts: two trainer ranks and one rollout worker. A replacement of the
+// only worker has no peer to heal from: it reads its weights from both trainer ranks' servers'
+// copies while rank 0 waits for it, and over TCP a one-sided read moves only while its target
+// progresses, so it heals only if rank 1, waiting for rank 0's next order, lets its servers
+// serve meanwhile. The copy is the version last sent only until the trainer refreshes its
+// shards for the next update, so the worker is killed at random moments until a replacement
+// finds it so (a worker lost while it generates); every other replacement must have been
+// refused for that reason, never for a read that ran into its deadline.
+TEST(RlProcesses, OverTcpAReplacementHealsFromEveryTrainerRanksServers) {
+  const std::string out = fresh_dir("replaced_tcp");
+  const int port = wl::testing::free_port();
+  const std::vector<std::string> args = run_to_kill_in(100, out, {"--trainers", "2"});
+  const std::vector<std::pair<std::string, std::string>> tcp = {{"UCX_TLS", "tcp"}};
+  std::vector<Child> job;
+  for (int r = 0; r < 3; ++r) job.push_back(spawn_rank(r, 3, port, args, tcp));
+  ASSERT_TRUE(wl::testing::wait_for_output(job[0], "rl [", comm::deadline_after(60s)))
+      << job[0].output;
+  std::vector<Child> replacements;
+  Child* worker = &job[2];
+  bool healed = false;
+  for (int incarnation = 2; incarnation <= 12 && !healed; ++incarnation) {
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(20 + (getpid() + incarnation * 37) % 130));
+    wl::testing::kill_and_reap(*worker);
+    replacements.push_back(spawn_rank(2, 3, port, args, tcp));
+    worker = &replacements.back();
+    const std::string said =
+        "rl: rejoin step 0: rollout worker 1 (incarnation " + std::to_string(incarnation) + ") ";
+    const std::string outcome =
+        wl::testing::wait_for_line(*worker, said, comm::deadline_after(60s));
+    if (outcome.empty())
+      wl::testing::wait_for_output(job[0], "never said", comm::deadline_after(3s));
+    ASSERT_FALSE(outcome.empty()) << worker->output << job[0].output;
+    healed = outcome.rfind(said + "healed version", 0) == 0;
+    if (!healed) {
+      ASSERT_NE(outcome.find("changed its shards since it sent that version"), std::string::npos)
+          << outcome;
+    }
+  }
+  EXPECT_TRUE(healed) << "no replacement of 11 found the servers' copy unchanged";
+  std::cerr << "[a replacement healed from the servers over TCP after " << replacements.size()
+            << " kill(s)]\n";
+  EXPECT_EQ(wl::testing::wait_exit(job[0], comm::deadline_after(120s)), 0) << job[0].output;
+  for (Child* c : {&job[1], worker}) {
+    EXPECT_EQ(wl::testing::wait_exit(*c, comm::deadline_after(30s)), 0) << c->output;
+  }
+  for (Child& c : job) wl::testing::reap(c);
+  for (Child& c : replacements) wl::testing::reap(c);
 }
 
 // kill -9 of one TP rank of a rollout worker of two: that worker is lost as a whole (its other

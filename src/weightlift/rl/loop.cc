@@ -236,6 +236,12 @@ class Engine {
   }
 
   uint64_t healed_version() const { return fleet_->healed_version(); }
+  // How its heal at start went: the last line of the receiver's heal log.
+  std::string heal_outcome() const {
+    std::string log = fleet_->heal_log();
+    while (!log.empty() && log.back() == '\n') log.pop_back();
+    return log.substr(log.rfind('\n') + 1);  // npos + 1 == 0: the only line
+  }
 
   // Carries out `command` (with `request`, a generation's); false once told to stop.
   Result<bool> take(int64_t command, const std::vector<int64_t>& request, comm::Group* control) {
@@ -347,6 +353,15 @@ Status run_rollout_worker(const RlOptions& o, const std::shared_ptr<comm::Store>
                             .timeout = o.timeout,
                             .prefix = control_prefix(worker, incarnation)}));
   WL_RETURN_IF_ERROR(engine.start(store));
+  if (incarnation > 1 && o.on_event) {
+    const std::string who = "rollout worker " + std::to_string(worker) + " (incarnation " +
+                            std::to_string(incarnation) + ")";
+    o.on_event({"rejoin", 0,
+                engine.healed_version() > 0
+                    ? who + " " + engine.heal_outcome()
+                    : who + " starts without weights until the next update (" +
+                          engine.heal_outcome() + ")"});
+  }
   // Ready: the trainer reads the version healed (+ 1, so 0 means not yet).
   WL_RETURN_IF_ERROR(store
                          ->add(worker_key(worker) + "/ready-" + std::to_string(incarnation),
@@ -378,6 +393,12 @@ struct Round {
 struct TrainerRanks {
   std::unique_ptr<parallel::DataParallel> dp;
   std::shared_ptr<comm::Group> orders;
+  // What a rank other than 0 does while it waits for an order, called about every
+  // millisecond of the wait (empty until the Trainer sets it). Rank 0 may wait a whole
+  // timeout for a replacement worker to heal by reading every rank's servers' copy, and over
+  // TCP a one-sided read moves only while its target progresses: these ranks let their
+  // servers serve meanwhile.
+  std::shared_ptr<std::function<void()>> while_waiting = std::make_shared<std::function<void()>>();
 };
 
 Result<TrainerRanks> connect_trainer_ranks(const RlOptions& o,
@@ -386,17 +407,26 @@ Result<TrainerRanks> connect_trainer_ranks(const RlOptions& o,
   TrainerRanks t;
   parallel::TrainRanks ranks;
   if (o.trainers > 1) {
-    auto connect = [&](const char* prefix) {
+    auto connect = [&](const char* prefix, comm::WorkerOptions worker) {
+      worker.name = "trainer rank " + std::to_string(rank);
       return comm::Group::connect({.store = store,
                                    .rank = rank,
                                    .size = o.trainers,
-                                   .worker = {.name = "trainer rank " + std::to_string(rank)},
+                                   .worker = std::move(worker),
                                    .timeout = o.timeout,
                                    .prefix = prefix});
     };
-    WL_ASSIGN_OR_RETURN(ranks.group, connect("rl-trainers"));
-    WL_ASSIGN_OR_RETURN(ranks.comm, connect("rl-trainers-comm"));
-    WL_ASSIGN_OR_RETURN(t.orders, connect("rl-trainers-orders"));
+    WL_ASSIGN_OR_RETURN(ranks.group, connect("rl-trainers", {}));
+    WL_ASSIGN_OR_RETURN(ranks.comm, connect("rl-trainers-comm", {}));
+    // The wait's interrupt never interrupts: it is the orders worker's hook for running
+    // while_waiting at each turn of the wait.
+    comm::WorkerOptions orders;
+    orders.interrupt = [serve = t.while_waiting] {
+      if (*serve) (*serve)();
+      return ok_status();
+    };
+    orders.interrupt_every = std::chrono::milliseconds(1);
+    WL_ASSIGN_OR_RETURN(t.orders, connect("rl-trainers-orders", std::move(orders)));
   }
   WL_ASSIGN_OR_RETURN(t.dp, parallel::make_data_parallel(o.config, layout, train::AdamWOptions{},
                                                          o.timeout, ranks));
@@ -472,6 +502,7 @@ class Trainer {
         task_(std::move(task)),
         dp_(std::move(ranks.dp)),
         orders_(std::move(ranks.orders)),
+        while_waiting_(std::move(ranks.while_waiting)),
         rank_(orders_ ? orders_->rank() : 0),
         full_(size_t(dp_->layout().total())),
         rng_(o.seed) {
@@ -503,7 +534,10 @@ class Trainer {
                                                          ? DType::kBF16
                                                          : DType::kF32}));
     WL_RETURN_IF_ERROR(server_->register_checkpoint(kCheckpoint, o_.config, full_));
-    if (rank_ != 0) return ok_status();  // rank 0 alone talks to the workers
+    if (rank_ != 0) {  // rank 0 alone talks to the workers
+      *while_waiting_ = [this] { server_->serve_for(std::chrono::milliseconds(1)); };
+      return ok_status();
+    }
     for (int k = 1; k < int(links_.size()); ++k) {
       WL_ASSIGN_OR_RETURN(const int64_t incarnation, wait_for_incarnation(k, 0));
       WL_RETURN_IF_ERROR(connect_worker(k, incarnation).status());
@@ -521,58 +555,63 @@ class Trainer {
 
   // Every worker takes the trainer's current weights; returns their policy version. A worker
   // lost in the update is dropped and the update made again without it (the fleet forms a
-  // new generation without receivers that no longer answer).
+  // new generation without receivers that no longer answer). Three failed updates in a row
+  // with workers still alive end the run; with every worker lost, it waits for a replacement
+  // (adopt_replacements(), up to the timeout) and pushes to that, however many were lost
+  // before: a replacement that dies as it joins is not the end of the run.
   Result<uint64_t> push_weights() {
     WL_RETURN_IF_ERROR(tell({Order::kRefresh}));
     WL_RETURN_IF_ERROR(refresh());
-    Status failed = ok_status();
-    for (int attempt = 0; attempt < 3; ++attempt) {
-      WL_RETURN_IF_ERROR(adopt_replacements());  // waits for one if every worker is lost
-      // A worker told to sync serves update rounds until one it takes part in succeeds, so
-      // it is told once, not again for a retry.
-      for (int k : alive()) {
-        WorkerLink& l = links_[size_t(k)];
-        if (l.syncing) continue;
-        if (Status s = send_command(*l.control, 1, kSync, o_.timeout); !s.ok()) {
-          lose(k, s);
-        } else {
-          l.syncing = true;
+    for (;;) {
+      Status failed = ok_status();
+      for (int attempt = 0; attempt < 3; ++attempt) {
+        WL_RETURN_IF_ERROR(adopt_replacements());  // waits for one if every worker is lost
+        // A worker told to sync serves update rounds until one it takes part in succeeds, so
+        // it is told once, not again for a retry.
+        for (int k : alive()) {
+          WorkerLink& l = links_[size_t(k)];
+          if (l.syncing) continue;
+          if (Status s = send_command(*l.control, 1, kSync, o_.timeout); !s.ok()) {
+            lose(k, s);
+          } else {
+            l.syncing = true;
+          }
         }
-      }
-      std::vector<int64_t> ids;  // every TP rank of every worker
-      for (int k : alive())
-        for (int r = 0; r < o_.rollout_tp; ++r) ids.push_back(fleet_id(o_, k, r));
-      if (ids.empty()) continue;
-      WL_RETURN_IF_ERROR(tell({Order::kUpdate, ids}));
-      Result<transfer::ServerUpdate> u = update(ids);
-      if (!u.ok()) {
-        event("weight update failed (" + u.status().to_string() + ")");
-        // Twice in a row: no one left answers.
-        if (!failed.ok()) {
-          for (int k : alive()) lose(k, u.status());
+        std::vector<int64_t> ids;  // every TP rank of every worker
+        for (int k : alive())
+          for (int r = 0; r < o_.rollout_tp; ++r) ids.push_back(fleet_id(o_, k, r));
+        if (ids.empty()) continue;
+        WL_RETURN_IF_ERROR(tell({Order::kUpdate, ids}));
+        Result<transfer::ServerUpdate> u = update(ids);
+        if (!u.ok()) {
+          event("weight update failed (" + u.status().to_string() + ")");
+          // Twice in a row: no one left answers.
+          if (!failed.ok()) {
+            for (int k : alive()) lose(k, u.status());
+          }
+          failed = u.status();
+          continue;
         }
-        failed = u.status();
-        continue;
-      }
-      for (int k : alive()) {
-        const int members = int(std::count_if(
-            u->members.begin(), u->members.end(),
-            [&](const transfer::FleetMember& m) { return m.id / o_.rollout_tp == k - 1; }));
-        const bool member = members == o_.rollout_tp;
-        if (member) {
-          links_[size_t(k)].syncing = false;
-        } else {
-          lose(k, unavailable("left out of the weight update"));
+        for (int k : alive()) {
+          const int members = int(std::count_if(
+              u->members.begin(), u->members.end(),
+              [&](const transfer::FleetMember& m) { return m.id / o_.rollout_tp == k - 1; }));
+          const bool member = members == o_.rollout_tp;
+          if (member) {
+            links_[size_t(k)].syncing = false;
+          } else {
+            lose(k, unavailable("left out of the weight update"));
+          }
         }
+        if (alive().empty()) continue;
+        server_version_ = u->report.version;
+        published_[server_version_] = updates_;
+        worker_version_ = updates_;
+        return updates_;
       }
-      if (alive().empty()) continue;
-      server_version_ = u->report.version;
-      published_[server_version_] = updates_;
-      worker_version_ = updates_;
-      return updates_;
+      if (!alive().empty()) return failed;
+      // Every worker is lost: the next round's adopt_replacements() waits for a replacement.
     }
-    if (alive().empty()) return no_workers();
-    return failed;
   }
 
   // Generation requests for `prompts` to the living workers (contiguous shares), without
@@ -1275,7 +1314,8 @@ class Trainer {
   Task task_;
   std::unique_ptr<parallel::DataParallel> dp_;
   std::shared_ptr<comm::Group> orders_;  // to the other trainer ranks; null with one
-  int rank_ = 0;                         // among the trainer's ranks
+  std::shared_ptr<std::function<void()>> while_waiting_;  // TrainerRanks::while_waiting
+  int rank_ = 0;                                          // among the trainer's ranks
   std::vector<float> full_;
   Rng rng_;
   int64_t seq_ = 0;

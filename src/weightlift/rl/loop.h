@@ -115,7 +115,7 @@ struct RlOptions {
   std::string resume;
   std::map<std::string, std::string> run;
   // Hears of a lost worker k's replacement joining (processes.json is rewritten then), and of
-  // every event as it happens.
+  // every event as it happens (on rank 0; a replacement rollout worker's says how it healed).
   std::function<void(int k)> on_rejoin;
   std::function<void(const RlEvent&)> on_event;
 };
