@@ -8,9 +8,11 @@ global batch of 8 x 256:
   weightlift 1 x 2     one process with 2 threads (the scaling yardstick)
   PyTorch DDP          bench/torch_ddp_small.py --nprocs 2 --threads 1 (gloo, find_unused_parameters)
 and reports the medians over the rounds, the ratios taken round by round, the exposed
-communication weightlift measured and each layout's peak model state per rank.
+communication weightlift measured and each layout's peak model state per rank. With
+`--precision bf16` both sides run bf16 mixed precision (weightlift's GEMMs on bf16 operands,
+PyTorch's forward under CPU autocast).
 
-    /usr/bin/python3 bench/compare_ddp.py --rounds 3
+    /usr/bin/python3 bench/compare_ddp.py --rounds 3 [--precision bf16]
 """
 import argparse
 import json
@@ -38,10 +40,11 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--precision", choices=["f32", "bf16"], default="f32")
     a = ap.parse_args()
     wl = os.path.abspath(a.weightlift)
     step = ["bench", "train", "--preset", "small", "--batch", str(a.batch), "--seq", str(a.seq),
-            "--steps", "5", "--json"]
+            "--steps", "5", "--json", "--precision", a.precision]
     runs = {
         "weightlift ddp 2x1": [wl, "launch", "-n", "2", "--", wl, "--threads", "1"] + step +
                               ["--dp-mode", "ddp"],
@@ -50,7 +53,7 @@ def main():
         "weightlift 1x2": [wl, "--threads", "2"] + step,
         "pytorch ddp 2x1": ["/usr/bin/python3", os.path.join(HERE, "torch_ddp_small.py"),
                             "--nprocs", "2", "--threads", "1", "--batch", str(a.batch),
-                            "--seq", str(a.seq), "--steps", "3"],
+                            "--seq", str(a.seq), "--steps", "3", "--dtype", a.precision],
     }
     results = {name: [] for name in runs}
     for r in range(a.rounds):
@@ -63,7 +66,7 @@ def main():
         rs = [y["step_ms_median"] / x["step_ms_median"]
               for x, y in zip(results[a_name], results[b_name])]
         return statistics.median(rs), min(rs), max(rs)
-    print(f"cpu: {results['weightlift 1x2'][0]['cpu']}")
+    print(f"cpu: {results['weightlift 1x2'][0]['cpu']}, precision {a.precision}")
     for n in runs:
         extra = ""
         if n.startswith("weightlift"):

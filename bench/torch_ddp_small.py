@@ -5,7 +5,8 @@
 The same model as bench/torch_train_small.py (tests/reference/torch_moe.py, written from
 DESIGN.md), each of N processes taking global_batch / N rows, AdamW, clipping at 1.0.
 DistributedDataParallel needs find_unused_parameters=True: an MoE step leaves the experts no
-token chose without a gradient. Rank 0 prints one JSON object.
+token chose without a gradient. `--dtype bf16` runs the forward under CPU autocast to bf16,
+the peer of `--precision bf16`. Rank 0 prints one JSON object.
 
     /usr/bin/python3 bench/torch_ddp_small.py --nprocs 2 --threads 1 --batch 8 --seq 256
 """
@@ -60,7 +61,8 @@ def run(rank, world, a):
     for step in range(a.warmup + a.steps):
         t0 = time.perf_counter()
         opt.zero_grad()
-        loss = model(tokens[mine], targets[mine])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
+            loss = model(tokens[mine], targets[mine])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -72,7 +74,7 @@ def run(rank, world, a):
     if rank == 0:
         ms = float(med[0])
         print(json.dumps({"impl": "pytorch-ddp-gloo", "torch": torch.__version__, "ranks": world,
-                          "threads": a.threads, "batch": a.batch, "seq": a.seq,
+                          "threads": a.threads, "batch": a.batch, "seq": a.seq, "dtype": a.dtype,
                           "step_ms_median": ms, "tokens_per_s": a.batch * a.seq / ms * 1e3}),
               flush=True)
     dist.destroy_process_group()
@@ -92,6 +94,7 @@ def main():
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
     a = ap.parse_args()
     if a.batch % a.nprocs:
         sys.exit("--batch must be a multiple of --nprocs")

@@ -351,6 +351,45 @@ TEST(Gemm, BitwiseTheSameForAnyThreadCount) {
   set_num_threads(saved);
 }
 
+// A row's bits do not depend on how many rows its product has, nor on where it sits among
+// them: a data-parallel rank computes half the batch's rows, an expert a varying share of
+// the tokens, and their activations (and so the router's choices) must be one process's.
+// oneDNN's bf16 kernels choose their blocking from the whole shape (these shapes gave other
+// bits at 37-200 rows, or at one); gemm() runs bf16 rows in tiles of one height for this.
+// oneDNN's sgemm keeps a row's bits from 8 rows up but takes other kernels below (1 and 7
+// rows differ here), which gemm() leaves alone: padding a decode step's single row to a
+// tile would multiply its cost. So f32 is checked from 37 rows.
+TEST(Gemm, ARowsBitsDoNotDependOnTheRowsAroundIt) {
+  const int64_t rows = 2048;
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (auto [n, k, tb] : {std::tuple{int64_t(256), int64_t(512), false},
+                            std::tuple{int64_t(1024), int64_t(256), false},
+                            std::tuple{int64_t(256), int64_t(1024), true},
+                            std::tuple{int64_t(512), int64_t(256), true}}) {
+      const Problem whole{.m = rows, .n = n, .k = k, .tb = tb, .alpha = 1.0f, .type = t};
+      Operands o = make_operands(whole, 11, false);
+      gemm(args_for(whole, o));
+      for (int64_t m : {1, 7, 37, 64, 100, 200, 1000}) {
+        if (t == DType::kF32 && m < 8) continue;
+        const int64_t first = rows - m - 3;  // rows [first, first + m) on their own
+        Operands part = o;
+        GemmArgs g = args_for(whole, part);
+        g.m = m;
+        g.a = t == DType::kBF16 ? static_cast<const void*>(part.a16.data() + first * part.lda)
+                                : static_cast<const void*>(part.a.data() + first * part.lda);
+        g.c = part.c.data();
+        gemm(g);
+        for (int64_t i = 0; i < m; ++i) {
+          ASSERT_EQ(0, std::memcmp(&part.c[size_t(i * o.ldc)], &o.c[size_t((first + i) * o.ldc)],
+                                   size_t(n) * 4))
+              << dtype_name(t) << " n=" << n << " k=" << k << " trans_b=" << tb << ": row "
+              << first + i << " computed among " << m << " rows";
+        }
+      }
+    }
+  }
+}
+
 TEST(GemmDeathTest, BadLeadingDimensionNamesTheShape) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   std::vector<float> a(64), b(64), c(64);

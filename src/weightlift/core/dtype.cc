@@ -146,9 +146,22 @@ uint8_t f32_to_fp8_e4m3(float x) { return uint8_t(encode(kE4M3, x)); }
 float fp8_e5m2_to_f32(uint8_t v) { return fp8_tables().e5m2[v]; }
 uint8_t f32_to_fp8_e5m2(float x) { return uint8_t(encode(kE5M2, x)); }
 
-void convert_f32_to_bf16(const float* src, uint16_t* dst, size_t n) {
-  for (size_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+namespace {
+
+// As f32_to_bf16, written so that GCC vectorises it (bf16 GEMM operands, every step).
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void to_bf16(const float* src,
+                                                                         uint16_t* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t u = f32_bits(src[i]);
+    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+    const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    dst[i] = uint16_t(nan ? (u >> 16) | 0x40u : r);
+  }
 }
+
+}  // namespace
+
+void convert_f32_to_bf16(const float* src, uint16_t* dst, size_t n) { to_bf16(src, dst, n); }
 void convert_bf16_to_f32(const uint16_t* src, float* dst, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
 }

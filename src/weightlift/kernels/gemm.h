@@ -34,7 +34,9 @@ void gemm(const GemmArgs& args);
 
 // Whether this CPU runs bf16 GEMMs natively (oneDNN can build a bf16 matmul: AVX512-BF16,
 // AMX, or AVX-512 emulation). When false, kBF16 inputs are widened to f32 in a scratch buffer
-// and multiplied in f32: same results up to f32 rounding, slower by the conversion.
+// and multiplied in f32: same results up to f32 rounding, slower by the conversion. When true,
+// a product whose A is not transposed runs in tiles of one height, so that a row's bits do not
+// depend on the rows around it (gemm.cc).
 bool gemm_bf16_is_native();
 
 // Plain triple loop in double precision, for tests.

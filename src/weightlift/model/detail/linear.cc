@@ -1,11 +1,14 @@
-// GEMM operands at reduced precision are rounded copies held in f32: a product of two bf16
-// (or f16) values is exact in f32, so an f32 GEMM over rounded operands computes what a
-// bf16 GEMM with f32 accumulation computes, on any CPU. (oneDNN's native bf16 matmul needs
-// AVX-512-BF16 or AMX; these machines expose AVX2 only.)
+// GEMM operands at reduced precision. Where the CPU has bf16 dot products (AVX-512 BF16, AMX)
+// a kBF16 operand is converted to bf16 and the GEMM runs on oneDNN's bf16 kernels, 1.3-1.8x
+// the f32 rate there (docs/BENCHMARKS.md). Elsewhere, and for kF16, operands are rounded copies
+// held in f32: a product of two bf16 (or f16) values is exact in f32, so an f32 GEMM over
+// them computes what a bf16 GEMM with f32 accumulation computes, on any CPU. The two agree
+// to f32 rounding (the order of the sums differs, and the bf16 kernels flush denormals).
 #include "weightlift/model/detail/linear.h"
 
 #include <vector>
 
+#include "weightlift/core/cpu.h"
 #include "weightlift/core/dtype.h"
 #include "weightlift/core/parallel.h"
 #include "weightlift/kernels/gemm.h"
@@ -13,20 +16,47 @@
 namespace wl::model::detail {
 namespace {
 
-// Scratch for rounded operands; one set per thread that calls linear_*.
+bool bf16_gemms_are_native() {
+  static const bool native = cpu_info().avx512bf16 && kernels::gemm_bf16_is_native();
+  return native;
+}
+
+// Scratch for the operands at reduced precision; one set per thread that calls linear_*.
 struct Scratch {
   std::vector<float> a, b;
+  std::vector<uint16_t> a16, b16;
 };
 thread_local Scratch tls_scratch;
 
-const float* rounded(Precision p, const float* x, int64_t n, std::vector<float>& buf) {
-  if (p == Precision::kF32) return x;
-  buf.resize(size_t(n));
-  float* out = buf.data();
+// One GEMM operand as the GEMM takes it.
+struct Operand {
+  const void* data;
+  DType type;
+};
+
+Operand operand(Precision p, const float* x, int64_t n, std::vector<float>& f32,
+                std::vector<uint16_t>& bf16) {
+  if (p == Precision::kF32) return {x, DType::kF32};
+  if (p == Precision::kBF16 && bf16_gemms_are_native()) {
+    bf16.resize(size_t(n));
+    uint16_t* out = bf16.data();
+    parallel_for(n, 1 << 15,
+                 [&](int64_t b, int64_t e) { convert_f32_to_bf16(x + b, out + b, size_t(e - b)); });
+    return {out, DType::kBF16};
+  }
+  f32.resize(size_t(n));
+  float* out = f32.data();
   const DType t = p == Precision::kBF16 ? DType::kBF16 : DType::kF16;
   parallel_for(n, 1 << 15,
                [&](int64_t b, int64_t e) { round_through(t, x + b, out + b, size_t(e - b)); });
-  return out;
+  return {out, DType::kF32};
+}
+
+Operand operand_a(Precision p, const float* x, int64_t n) {
+  return operand(p, x, n, tls_scratch.a, tls_scratch.a16);
+}
+Operand operand_b(Precision p, const float* x, int64_t n) {
+  return operand(p, x, n, tls_scratch.b, tls_scratch.b16);
 }
 
 }  // namespace
@@ -34,54 +64,57 @@ const float* rounded(Precision p, const float* x, int64_t n, std::vector<float>&
 void linear_forward(Precision p, const float* x, const float* w, float* y, int64_t n, int64_t in,
                     int64_t out, bool accumulate) {
   if (n == 0) return;
-  const float* xa = rounded(p, x, n * in, tls_scratch.a);
-  const float* wb = rounded(p, w, out * in, tls_scratch.b);
+  const Operand xa = operand_a(p, x, n * in);
+  const Operand wb = operand_b(p, w, out * in);
   kernels::gemm({.m = n,
                  .n = out,
                  .k = in,
-                 .a = xa,
+                 .a = xa.data,
                  .lda = in,
-                 .b = wb,
+                 .b = wb.data,
                  .ldb = in,
                  .trans_b = true,
                  .c = y,
                  .ldc = out,
-                 .beta = accumulate ? 1.0f : 0.0f});
+                 .beta = accumulate ? 1.0f : 0.0f,
+                 .in_type = xa.type});
 }
 
 void linear_backward_input(Precision p, const float* dy, const float* w, float* dx, int64_t n,
                            int64_t in, int64_t out, bool accumulate) {
   if (n == 0) return;
-  const float* da = rounded(p, dy, n * out, tls_scratch.a);
-  const float* wb = rounded(p, w, out * in, tls_scratch.b);
+  const Operand da = operand_a(p, dy, n * out);
+  const Operand wb = operand_b(p, w, out * in);
   kernels::gemm({.m = n,
                  .n = in,
                  .k = out,
-                 .a = da,
+                 .a = da.data,
                  .lda = out,
-                 .b = wb,
+                 .b = wb.data,
                  .ldb = in,
                  .c = dx,
                  .ldc = in,
-                 .beta = accumulate ? 1.0f : 0.0f});
+                 .beta = accumulate ? 1.0f : 0.0f,
+                 .in_type = da.type});
 }
 
 void linear_backward_weight(Precision p, const float* dy, const float* x, float* dw, int64_t n,
                             int64_t in, int64_t out) {
   if (n == 0) return;
-  const float* da = rounded(p, dy, n * out, tls_scratch.a);
-  const float* xb = rounded(p, x, n * in, tls_scratch.b);
+  const Operand da = operand_a(p, dy, n * out);
+  const Operand xb = operand_b(p, x, n * in);
   kernels::gemm({.m = out,
                  .n = in,
                  .k = n,
-                 .a = da,
+                 .a = da.data,
                  .lda = out,
                  .trans_a = true,
-                 .b = xb,
+                 .b = xb.data,
                  .ldb = in,
                  .c = dw,
                  .ldc = in,
-                 .beta = 1.0f});
+                 .beta = 1.0f,
+                 .in_type = da.type});
 }
 
 void WeightGradients::add(Precision p, const Tensor& dy, int64_t dy_row, const Tensor& x,
