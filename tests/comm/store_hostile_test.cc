@@ -182,9 +182,9 @@ TEST(TcpStoreServer, OneThreadWhateverTheConnections) {
 TEST(TcpStoreServer, SilentSlowAndDeafPeersAreCutOff) {
   // The timeouts leave room for the honest clients below under ThreadSanitizer on a loaded
   // machine: the writer's 16 MiB set took over 300 ms there, and its first request must
-  // arrive within the handshake timeout.
+  // arrive within the handshake timeout (at 1 s, CI's TSan stage once cut the writer off).
   auto server =
-      TcpStoreServer::start({.token = "t", .handshake_timeout = 1000ms, .request_timeout = 3000ms});
+      TcpStoreServer::start({.token = "t", .handshake_timeout = 3000ms, .request_timeout = 6000ms});
   ASSERT_TRUE(server.ok());
   const int port = (*server)->port();
   const int silent = raw_connect(port);  // never sends a byte
@@ -209,7 +209,7 @@ TEST(TcpStoreServer, SilentSlowAndDeafPeersAreCutOff) {
   auto client = TcpStore::connect({.port = port, .token = "t"});
   ASSERT_TRUE(client.ok());
   ASSERT_TRUE((*client)->set("k", to_bytes("v")).ok());
-  std::this_thread::sleep_for(3500ms);  // the idle span under test, not an ordering
+  std::this_thread::sleep_for(6500ms);  // the idle span under test, not an ordering
   EXPECT_TRUE((*client)->set("k2", to_bytes("v")).ok());
 }
 
