@@ -11,17 +11,26 @@ With --interleave it runs one size at a time, every implementation in turn: the 
 state changes within seconds (docs/algorithms.md, "Where the slow runs came from"), and a
 whole sweep of one implementation after the other's may compare two different machines.
 
+With --turns weightlift and OpenMPI run at the same time and take turns, in blocks of a few
+hundred microseconds to a few hundred milliseconds per size (apps/weightlift/bench/turns.h):
+each size's calls of both are spread over the same stretch of time, so the ratio compares the
+implementations, not two moments of the machine. gloo, if not skipped, then sweeps alone.
+
     /usr/bin/python3 bench/compare_collectives.py --build build/release --out runs/collectives
 
 A peer that is missing (no mpirun, no torch) is left out with a note.
 """
 import argparse
+import errno
 import json
 import math
 import os
+import select
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 COLORS = {"weightlift": "#d62728", "openmpi": "#1f77b4", "gloo": "#2ca02c"}
@@ -32,8 +41,17 @@ def rows_from(cmd, env=None):
     print("# running: " + " ".join(cmd), file=sys.stderr, flush=True)
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           env=env, timeout=3600)
+    rows = json_rows(proc.stdout)
+    if proc.returncode != 0:
+        print("# %s exited %d:\n%s" % (cmd[0], proc.returncode, proc.stdout[-3000:]),
+              file=sys.stderr)
+    return rows
+
+
+def json_rows(text):
+    """The JSON objects among the lines of `text` (launcher prefixes ok)."""
     rows = []
-    for line in proc.stdout.splitlines():
+    for line in text.splitlines():
         at = line.find("{")
         if at < 0:
             continue
@@ -41,9 +59,105 @@ def rows_from(cmd, env=None):
             rows.append(json.loads(line[at:]))
         except json.JSONDecodeError:
             pass
-    if proc.returncode != 0:
-        print("# %s exited %d:\n%s" % (cmd[0], proc.returncode, proc.stdout[-3000:]),
-              file=sys.stderr)
+    return rows
+
+
+class TurnTaker:
+    """One program under the turns protocol of apps/weightlift/bench/turns.h: its ranks' FIFOs
+    and its process, with its output in a file."""
+
+    def __init__(self, impl, cmd, folder, nprocs):
+        self.impl, self.folder, self.nprocs = impl, folder, nprocs
+        self.paths = [os.path.join(folder, "%s.%d" % (impl, r)) for r in range(nprocs)]
+        for base in self.paths:
+            os.mkfifo(base + ".go")
+            os.mkfifo(base + ".done")
+        # Open for reading before the ranks open for writing, so neither side waits.
+        self.done = [os.open(base + ".done", os.O_RDONLY | os.O_NONBLOCK) for base in self.paths]
+        self.go = []
+        self.log = open(os.path.join(folder, impl + ".out"), "w+")
+        print("# running: " + " ".join(cmd), file=sys.stderr, flush=True)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, text=True)
+
+    def connect(self, deadline):
+        """Opens every rank's go FIFO once the rank has opened it; False if the program ended."""
+        for base in self.paths[len(self.go):]:
+            while True:
+                try:
+                    self.go.append(os.open(base + ".go", os.O_WRONLY | os.O_NONBLOCK))
+                    break
+                except OSError as e:
+                    if e.errno != errno.ENXIO:
+                        raise
+                if self.proc.poll() is not None:
+                    return False
+                if time.monotonic() > deadline:
+                    sys.exit("%s: no rank opened %s.go in time" % (self.impl, base))
+                time.sleep(0.01)
+        return True
+
+    def turn(self, timeout):
+        """Gives every rank one turn and waits until all are done; False once the program ended."""
+        try:
+            for fd in self.go:
+                os.write(fd, b"g")
+        except BrokenPipeError:
+            return False
+        ended = 0
+        for fd, base in zip(self.done, self.paths):
+            ready, _, _ = select.select([fd], [], [], timeout)
+            if not ready:
+                self.proc.kill()
+                sys.exit("%s: %s.done: no answer within %d s" % (self.impl, base, timeout))
+            ended += os.read(fd, 1) == b""
+        if ended and ended != len(self.done):
+            print("# %s: %d of %d ranks ended mid-sweep" % (self.impl, ended, len(self.done)),
+                  file=sys.stderr)
+        return ended == 0
+
+    def finish(self):
+        for fd in self.go + self.done:
+            os.close(fd)
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.seek(0)
+        out = self.log.read()
+        self.log.close()
+        if self.proc.returncode != 0:
+            print("# %s exited %d:\n%s" % (self.impl, self.proc.returncode, out[-3000:]),
+                  file=sys.stderr)
+        return json_rows(out)
+
+
+def measure_by_turns(args, op, sizes, skip):
+    """weightlift and OpenMPI at once, taking turns (see the module's comment)."""
+    wl = os.path.join(args.build, "apps", "weightlift")
+    folder = tempfile.mkdtemp(prefix="wl-turns-")
+    turns = ["--turns", folder, "--turn-blocks", str(args.turn_blocks)]
+    takers = [TurnTaker("weightlift", [wl, "launch", "-n", str(args.nprocs), "--", wl, "bench",
+                                       "collectives", "--json", "--ops", op] + sizes + turns,
+                        folder, args.nprocs)]
+    if "openmpi" not in skip:
+        takers.append(TurnTaker("openmpi", ["mpirun", "--allow-run-as-root", "--oversubscribe",
+                                            "-np", str(args.nprocs),
+                                            os.path.join(args.build, "bench", "mpi_collectives"),
+                                            "--ops", op] + sizes + turns, folder, args.nprocs))
+    deadline = time.monotonic() + 300
+    active = [t for t in takers if t.connect(deadline)]
+    k = 0
+    while active:
+        # Who goes first alternates, so neither always runs right after the other.
+        for t in list(active if k % 2 == 0 else reversed(active)):
+            if not t.turn(timeout=600):
+                active.remove(t)
+        k += 1
+    rows = []
+    for t in takers:
+        rows += t.finish()
+    shutil.rmtree(folder, ignore_errors=True)
     return rows
 
 
@@ -118,11 +232,13 @@ def sizes_of(min_bytes, max_bytes, factor):
     return out
 
 
-def measure(args, op, sizes, skip):
+def measure(args, op, sizes, skip, wl=True):
     """The rows of every implementation not in `skip`, one after the other, for `sizes` (flags)."""
-    wl = os.path.join(args.build, "apps", "weightlift")
-    rows = rows_from([wl, "launch", "-n", str(args.nprocs), "--", wl, "bench", "collectives",
-                      "--json", "--ops", op] + sizes)
+    rows = []
+    if wl:
+        binary = os.path.join(args.build, "apps", "weightlift")
+        rows += rows_from([binary, "launch", "-n", str(args.nprocs), "--", binary, "bench",
+                           "collectives", "--json", "--ops", op] + sizes)
     if "openmpi" not in skip:
         rows += rows_from(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np",
                            str(args.nprocs), os.path.join(args.build, "bench", "mpi_collectives"),
@@ -147,7 +263,15 @@ def main():
     ap.add_argument("--interleave", action="store_true",
                     help="one size at a time, every implementation in turn, so that each size's "
                          "figures share the machine's state (slower: a launch per size)")
+    ap.add_argument("--turns", action="store_true",
+                    help="weightlift and OpenMPI at once, taking turns within each size "
+                         "(see above); gloo, if not skipped, sweeps after them")
+    ap.add_argument("--turn-blocks", type=int, default=10, help="--turns: turns per size")
     args = ap.parse_args()
+    if args.turns and args.interleave:
+        sys.exit("--turns and --interleave: choose one")
+    if args.turn_blocks < 1:
+        sys.exit("--turn-blocks %d: expected 1 or more" % args.turn_blocks)
     if args.factor < 2:
         sys.exit("--factor %d: expected 2 or more" % args.factor)
 
@@ -161,7 +285,11 @@ def main():
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     all_rows = []
     for op in args.ops.split(","):
-        if args.interleave:
+        if args.turns:
+            rows = measure_by_turns(args, op, sweep, skip)
+            if "gloo" not in skip:
+                rows += measure(args, op, sweep, skip | {"openmpi"}, wl=False)
+        elif args.interleave:
             rows = []
             for n in sizes_of(args.min_bytes, args.max_bytes, args.factor):
                 one = ["--min-bytes", str(n), "--max-bytes", str(n), "--iters", str(args.iters)]

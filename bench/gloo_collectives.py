@@ -3,7 +3,7 @@
 
 Runs the same sweep as `weightlift bench collectives` (apps/weightlift/bench/collectives.h) through gloo and prints the same JSON rows
 (impl "gloo"): f32 sum, `size` as nccl-tests counts it, warmup untimed, each call timed on its
-own and its time the slowest rank's, rank r pinned to core r % cores, 20..1000 iterations (about 1 GiB of data per size) unless
+own and its time the slowest rank's, rank r pinned to core r % cores, 20..20000 iterations (about 1 GiB of data per size) unless
 --iters is given, busbw with nccl-tests' factors. gloo's allreduce and broadcast work in place;
 its all_gather writes a list of tensors (views into one output here). torch 1.13's gloo has no
 reduce_scatter, so that op is skipped with a note on stderr.
@@ -74,7 +74,7 @@ def run(rank, world, args):
                 call = lambda: dist.all_reduce(x)
             else:
                 call = lambda: dist.broadcast(x, 0)
-            iters = args.iters or max(20, min(1000, (1 << 30) // nbytes))
+            iters = args.iters or max(20, min(20000, (1 << 30) // nbytes))
             for _ in range(args.warmup):
                 call()
             t = torch.empty(iters, dtype=torch.float64)

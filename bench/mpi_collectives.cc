@@ -7,18 +7,24 @@
 //
 // Same rules as wl::comm::bench_collectives: f32 sum, out of place (broadcast in place),
 // `size` as nccl-tests counts it, warmup untimed, each call timed on its own and its time the
-// slowest rank's, iterations 20..1000 (about 1 GiB of data per size) unless --iters is given,
+// slowest rank's, iterations 20..20000 (about 1 GiB of data per size) unless --iters is given,
 // busbw with nccl-tests' factors. Correctness is OpenMPI's business here; it is not checked.
+// With --turns DIR (and --turn-blocks N) it measures by turns with `weightlift bench
+// collectives` under the same driver, as apps/weightlift/bench/turns.h describes: the same
+// turns in the same order (a first one for the setup, then N blocks per size).
 #include <mpi.h>
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "bench/turns.h"
 
 namespace {
 
@@ -47,8 +53,10 @@ struct Options {
   std::string ops = "allreduce,allgather,reduce_scatter,broadcast";  // comma-separated
   size_t min_bytes = 8, max_bytes = size_t(256) << 20;
   int factor = 2;  // each size is the previous one times this
-  int iters = 0;   // 0: 20..1000, about 1 GiB of data per size
+  int iters = 0;   // 0: 20..20000, about 1 GiB of data per size
   int warmup = 5;
+  std::string turns_dir;  // empty: no turns
+  int turn_blocks = 10;
 };
 
 Options parse_options(int argc, char** argv) {
@@ -67,6 +75,10 @@ Options parse_options(int argc, char** argv) {
       o.iters = std::atoi(v.c_str());
     else if (k == "--warmup")
       o.warmup = std::atoi(v.c_str());
+    else if (k == "--turns")
+      o.turns_dir = v;
+    else if (k == "--turn-blocks")
+      o.turn_blocks = std::max(1, std::atoi(v.c_str()));
   }
   return o;
 }
@@ -98,16 +110,34 @@ void run_once(const std::string& op, int n, Buffers& b) {
   }
 }
 
-// Seconds per timed call, each the slowest rank's.
-std::vector<double> time_calls(const std::string& op, int n, int iters, int warmup, Buffers& b) {
-  for (int i = 0; i < warmup; ++i) run_once(op, n, b);
+constexpr auto kTurnTimeout = std::chrono::minutes(10);
+
+// Leaves the program when the turns fail: the driver is gone or broke the protocol.
+void check_turn(const std::string& error) {
+  if (error.empty()) return;
+  std::fprintf(stderr, "mpi_collectives: %s\n", error.c_str());
+  MPI_Abort(MPI_COMM_WORLD, 3);
+}
+
+// Seconds per timed call, each the slowest rank's; by turns in `blocks` blocks, as
+// wl::app::bench_collectives does.
+std::vector<double> time_calls(const std::string& op, int n, int iters, int warmup, Buffers& b,
+                               wl::app::Turns& turns, int blocks) {
   std::vector<double> t(static_cast<size_t>(iters)), tmax(static_cast<size_t>(iters));
-  for (int i = 0; i < iters; ++i) {
-    const double t0 = MPI_Wtime();
-    run_once(op, n, b);
-    t[size_t(i)] = MPI_Wtime() - t0;
+  for (int block = 0, done = 0; block < blocks; ++block) {
+    check_turn(turns.wait(kTurnTimeout));
+    if (turns.active()) MPI_Barrier(MPI_COMM_WORLD);
+    const int untimed = block == 0 ? warmup : std::min(warmup, 1);
+    for (int i = 0; i < untimed; ++i) run_once(op, n, b);
+    for (const int until = iters * (block + 1) / blocks; done < until; ++done) {
+      const double t0 = MPI_Wtime();
+      run_once(op, n, b);
+      t[size_t(done)] = MPI_Wtime() - t0;
+    }
+    if (block + 1 < blocks) check_turn(turns.end());
   }
   MPI_Allreduce(t.data(), tmax.data(), iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  check_turn(turns.end());
   return tmax;
 }
 
@@ -129,15 +159,17 @@ void print_row(const std::string& op, size_t bytes, size_t count, int P, std::ve
 }
 
 // One row of the sweep: `op` on about `want` bytes (rounded down to whole elements per rank).
-void bench_size(const Options& o, const std::string& op, size_t want, int P, int rank, Buffers& b) {
+void bench_size(const Options& o, const std::string& op, size_t want, int P, int rank, Buffers& b,
+                wl::app::Turns& turns) {
   const size_t es = sizeof(float);
   const bool per_rank = op == "allgather" || op == "reduce_scatter";
   const size_t count = per_rank ? want / es / size_t(P) : want / es;
   const size_t bytes = per_rank ? count * es * size_t(P) : count * es;
   if (count == 0) return;
   const int iters =
-      o.iters > 0 ? o.iters : int(std::clamp<size_t>((size_t(1) << 30) / bytes, 20, 1000));
-  std::vector<double> tmax = time_calls(op, int(count), iters, o.warmup, b);
+      o.iters > 0 ? o.iters : int(std::clamp<size_t>((size_t(1) << 30) / bytes, 20, 200000));
+  const int blocks = turns.active() ? std::clamp(o.turn_blocks, 1, iters) : 1;
+  std::vector<double> tmax = time_calls(op, int(count), iters, o.warmup, b, turns, blocks);
   if (rank == 0) print_row(op, bytes, count, P, std::move(tmax));
 }
 
@@ -154,9 +186,15 @@ int main(int argc, char** argv) {
   b.send.assign(std::max(o.max_bytes, es * size_t(P)) / es, 1.0f);
   b.recv.assign(b.send.size(), 0.0f);
 
+  wl::app::Turns turns;
+  if (std::string error = turns.open(o.turns_dir, "openmpi", rank); !error.empty())
+    check_turn("--turns: " + error);
+  // The setup's turn: weightlift measures its copy rate in it; here there is nothing to do.
+  check_turn(turns.wait(kTurnTimeout));
+  check_turn(turns.end());
   for (const std::string& op : split_ops(o.ops)) {
     for (size_t want = o.min_bytes; want <= o.max_bytes;) {
-      bench_size(o, op, want, P, rank, b);
+      bench_size(o, op, want, P, rank, b, turns);
       if (want > o.max_bytes / size_t(o.factor)) break;
       want *= size_t(o.factor);
     }

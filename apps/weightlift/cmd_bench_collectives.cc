@@ -131,6 +131,12 @@ void register_bench_collectives(CLI::App& bench, Outcome& out) {
   cmd->add_option("--warmup", a->o.warmup, "untimed calls per size")
       ->capture_default_str()
       ->transform(count(0, 1000000));
+  cmd->add_option("--turns", a->o.turns_dir,
+                  "measure by turns with another program through the FIFOs in this directory "
+                  "(bench/compare_collectives.py --turns makes them)");
+  cmd->add_option("--turn-blocks", a->o.turn_blocks, "--turns: blocks (turns) per size")
+      ->capture_default_str()
+      ->transform(count(1, 1000));
   cmd->add_flag("--check,!--no-check", a->o.check, "verify each row with exact data");
   cmd->add_flag("--json", a->o.json, "one JSON object per row");
   cmd->add_flag("--pin,!--no-pin", a->o.pin, "pin rank r to core r % cores (as mpirun binds)");

@@ -85,6 +85,7 @@ def counts_and_sizes(s, d):
                                  ("--max-bytes", "64Q", "K, M, G, T"),
                                  ("--min-bytes", "-1", "--min-bytes"),
                                  ("--factor", "1", "[2,"), ("--iters", "-1", "[0,"),
+                                 ("--turn-blocks", "0", "[1,"),
                                  ("--ops", "allreduce,allgatter", "'allgatter'"),
                                  ("--ops", ",", "no collective")):
         # Small sizes and one call each: on a tree that accepted the flag this runs, briefly.

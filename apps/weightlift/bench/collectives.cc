@@ -9,6 +9,7 @@
 #include <cstring>
 #include <memory>
 
+#include "bench/turns.h"
 #include "weightlift/comm/allgather.h"
 #include "weightlift/comm/barrier.h"
 #include "weightlift/comm/broadcast.h"
@@ -183,6 +184,10 @@ Status validate(const Group& g, const BenchCollectivesOptions& o) {
                             " (need 0 < min <= max and factor >= 2)");
   }
   if (o.iters < 0 || o.warmup < 0) return invalid_argument("bench collectives: negative iters");
+  if (o.turn_blocks < 1) {
+    return invalid_argument("bench collectives: --turn-blocks " + std::to_string(o.turn_blocks) +
+                            " (need 1 or more)");
+  }
   (void)g;
   return ok_status();
 }
@@ -296,18 +301,37 @@ void print_header(const BenchCollectivesOptions& o, int P, const std::string& pi
   std::fflush(o.out);
 }
 
-// One row: warm-up, `iters` timed calls (each as long as its slowest rank), the check.
+// Timed calls per size: as many as fit about 1 GiB of data unless --iters says.
+int iters_for(const BenchCollectivesOptions& o, size_t bytes) {
+  return o.iters > 0 ? o.iters : int(std::clamp<size_t>((size_t(1) << 30) / bytes, 20, 200000));
+}
+
+// The turns' failures, as a Status.
+Status turn_status(const std::string& error) {
+  return error.empty() ? ok_status() : unavailable(error);
+}
+
+// One row: warm-up, `iters` timed calls (each as long as its slowest rank), the check. By turns
+// the calls run in blocks, one per turn, and the row's last steps in the last block's turn.
 Result<BenchRow> bench_row(Group& g, const BenchCollectivesOptions& o, Collective op, size_t count,
-                           size_t bytes, Buffers& b, double copy_gbps) {
-  const int iters =
-      o.iters > 0 ? o.iters : int(std::clamp<size_t>((size_t(1) << 30) / bytes, 20, 1000));
-  for (int i = 0; i < o.warmup; ++i) WL_RETURN_IF_ERROR(run_once(g, op, o, count, b));
+                           size_t bytes, Buffers& b, double copy_gbps, Turns& turns) {
+  const int iters = iters_for(o, bytes);
+  const int blocks = turns.active() ? std::clamp(o.turn_blocks, 1, iters) : 1;
   std::vector<int64_t> ns(static_cast<size_t>(iters));
-  for (int i = 0; i < iters; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    WL_RETURN_IF_ERROR(run_once(g, op, o, count, b));
-    ns[size_t(i)] =
-        std::chrono::duration_cast<Nanos>(std::chrono::steady_clock::now() - t0).count();
+  for (int block = 0, done = 0; block < blocks; ++block) {
+    WL_RETURN_IF_ERROR(turn_status(turns.wait(o.timeout)));
+    if (turns.active()) WL_RETURN_IF_ERROR(barrier(g, {.timeout = o.timeout}));
+    // The other program ran since: one untimed call warms the caches again.
+    const int warmup = block == 0 ? o.warmup : std::min(o.warmup, 1);
+    for (int i = 0; i < warmup; ++i) WL_RETURN_IF_ERROR(run_once(g, op, o, count, b));
+    const int until = iters * (block + 1) / blocks;
+    for (; done < until; ++done) {
+      const auto t0 = std::chrono::steady_clock::now();
+      WL_RETURN_IF_ERROR(run_once(g, op, o, count, b));
+      ns[size_t(done)] =
+          std::chrono::duration_cast<Nanos>(std::chrono::steady_clock::now() - t0).count();
+    }
+    if (block + 1 < blocks) WL_RETURN_IF_ERROR(turn_status(turns.end()));
   }
   WL_RETURN_IF_ERROR(allreduce(g, {.recv = ns.data(),
                                    .count = ns.size(),
@@ -340,6 +364,7 @@ Result<BenchRow> bench_row(Group& g, const BenchCollectivesOptions& o, Collectiv
     WL_RETURN_IF_ERROR(
         allreduce(g, {.recv = &row.wrong, .count = 1, .dtype = DType::kI64, .timeout = o.timeout}));
   }
+  WL_RETURN_IF_ERROR(turn_status(turns.end()));
   return row;
 }
 
@@ -350,7 +375,14 @@ Result<std::vector<BenchRow>> bench_collectives(Group& g, const BenchCollectives
   const int P = g.size();
   const size_t es = dtype_size(o.dtype);
   const std::string pinned = o.pin ? pin_rank(g) : "not pinned";
+  Turns turns;
+  if (std::string error = turns.open(o.turns_dir, "weightlift", g.rank()); !error.empty()) {
+    return invalid_argument("--turns: " + error);
+  }
+  // By turns the copy rate is measured in a turn of its own, with the other program asleep.
+  WL_RETURN_IF_ERROR(turn_status(turns.wait(o.timeout)));
   WL_ASSIGN_OR_RETURN(double copy_rate, measure_copy_rate(g, o.timeout));
+  WL_RETURN_IF_ERROR(turn_status(turns.end()));
   const double copy_gbps = copy_rate / 1e9;
   // Touched once here, so no timed call takes a page fault.
   const size_t cap = std::max(o.max_bytes, es * size_t(P));
@@ -365,7 +397,7 @@ Result<std::vector<BenchRow>> bench_collectives(Group& g, const BenchCollectives
       const size_t count = count_for(op, want, es, P);
       const size_t bytes = per_rank_blocks(op) ? count * es * size_t(P) : count * es;
       if (count > 0) {
-        WL_ASSIGN_OR_RETURN(BenchRow row, bench_row(g, o, op, count, bytes, b, copy_gbps));
+        WL_ASSIGN_OR_RETURN(BenchRow row, bench_row(g, o, op, count, bytes, b, copy_gbps, turns));
         if (g.rank() == 0) print_row(o, P, row);
         rows.push_back(row);
       }

@@ -62,8 +62,9 @@ struct BenchCollectivesOptions {
   int factor = 2;                 // each size is the previous times this (>= 2)
   DType dtype = DType::kF32;      // reducible types only for allreduce / reduce_scatter
   comm::ReduceOp op = comm::ReduceOp::kSum;
-  // Timed calls per size; 0: as many as fit about 1 GiB of data, clamped to 20..1000, so
-  // small sizes get enough samples for a p99 and large ones do not take minutes.
+  // Timed calls per size; 0: as many as fit about 1 GiB of data, clamped to 20..20000, so
+  // large sizes do not take minutes and small ones are timed over milliseconds, not a few
+  // hundred microseconds whose mean one timer interrupt could double.
   int iters = 0;
   int warmup = 5;     // untimed calls per size first
   bool check = true;  // verify each row with exact data (not timed)
@@ -77,7 +78,12 @@ struct BenchCollectivesOptions {
   // context switch.
   bool pin = true;
   std::chrono::milliseconds timeout{60000};  // per call
-  std::FILE* out = stdout;                   // rank 0 writes here; other ranks print nothing
+  // Measure by turns with another program (bench/turns.h): the directory of the driver's
+  // FIFOs, empty for none. Each size's timed calls are then split into `turn_blocks` blocks,
+  // each run in a turn of its own (one untimed call first, the whole warm-up before the first).
+  std::string turns_dir;
+  int turn_blocks = 10;
+  std::FILE* out = stdout;  // rank 0 writes here; other ranks print nothing
 };
 
 struct BenchRow {
