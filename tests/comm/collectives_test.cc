@@ -443,7 +443,7 @@ TEST_P(CollectivesTest, KindsInTurnNeverReadASlotAfterItIsReused) {
   });
 }
 
-// Allreduces of up to 256 bytes carry their flag in every cache line and alternate between two
+// Allreduces of up to 2 KiB carry their flag in every cache line and alternate between two
 // buffers, relying on the order of calls (a rank can only be one call ahead of the slowest
 // peer's reads). Many in a row, of sizes that end mid-line, in place or not, with a rank now
 // and then falling behind, and larger ones in between that take the counted slots: every
@@ -462,7 +462,8 @@ TEST_P(CollectivesTest, SmallAllreducesInARowKeepEachCallsOwnValues) {
       if (round % 7 == r % 7 && round % 3 == 0)
         std::this_thread::sleep_for(std::chrono::microseconds(50));
       // Mostly 1 to 64 floats (the flagged path, ending anywhere in a 56-byte line), 1 to 3
-      // bf16 (2 to 6 bytes), now and then up to 1024 floats or 2048 (the one-shot path).
+      // bf16 (2 to 6 bytes), now and then up to 1024 floats (flagged up to 512, one-shot
+      // beyond) or 2048 (one-shot).
       const bool half = round % 5 == 1;
       const size_t count = round % 50 == 49 ? 2048
                            : half           ? size_t(round % 3 + 1)

@@ -51,9 +51,10 @@ enum class ShmPhase : int { kCopiedIn = 0, kReduced = 1, kCopiedOut = 2 };
 // Allreduces of at most this many bytes carry their flag inside the data (allreduce_shm.cc):
 // every cache line of the buffer holds 56 bytes of data and the call's number, so a peer
 // learns that the data is there and reads it in the same cache miss.
-// Up to 256 bytes (five lines) it beat the one-shot path in every measured pair; from 512 on
-// the one-shot path's single copy won (docs/BENCHMARKS.md).
-inline constexpr size_t kShmFlaggedBytes = 256;
+// Up to 2 KiB (37 lines) it beats the one-shot path, once the lines are asked for all at
+// once rather than as each store or load reaches them; at 4 KiB the one-shot path's single
+// copy wins (docs/BENCHMARKS.md, "Measuring by turns").
+inline constexpr size_t kShmFlaggedBytes = 2048;
 
 // Whether a rank writes its slots with ordinary stores, which leave the data in cache for the
 // peers, or streaming ones, which do not wait for a line a peer has read to come back first.
