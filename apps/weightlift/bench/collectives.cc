@@ -115,25 +115,52 @@ Result<int64_t> check_once(Group& g, Collective op, const BenchCollectivesOption
   return wrong;
 }
 
-// Copy rate of one rank while every rank copies (bytes/s, decimal), averaged over ranks.
-Result<double> measure_copy_rate(Group& g, std::chrono::milliseconds timeout) {
-  constexpr size_t kBytes = 64 << 20;
-  constexpr int kRepeats = 4;
-  auto a = std::make_unique_for_overwrite<std::byte[]>(kBytes);
-  auto b = std::make_unique_for_overwrite<std::byte[]>(kBytes);
-  std::memset(a.get(), 1, kBytes);
-  std::memset(b.get(), 2, kBytes);
-  WL_RETURN_IF_ERROR(barrier(g, {.timeout = timeout}));
-  const Stopwatch clock;
-  for (int i = 0; i < kRepeats; ++i)
-    std::memcpy(i % 2 ? a.get() : b.get(), i % 2 ? b.get() : a.get(), kBytes);
-  const double seconds = clock.seconds();
-  int64_t rate = int64_t(double(kBytes) * kRepeats / seconds);
-  WL_RETURN_IF_ERROR(allreduce(
-      g,
-      {.recv = &rate, .count = 1, .dtype = DType::kI64, .op = ReduceOp::kAvg, .timeout = timeout}));
-  return double(rate);
-}
+// The copy rate M of docs/algorithms.md: one rank's memcpy rate while every rank copies
+// (bytes/s, decimal), averaged over ranks. Its two 64 MiB buffers are touched once and kept,
+// so that measuring again takes no page fault.
+class CopyRate {
+ public:
+  CopyRate()
+      : a_(std::make_unique_for_overwrite<std::byte[]>(kBytes)),
+        b_(std::make_unique_for_overwrite<std::byte[]>(kBytes)) {
+    std::memset(a_.get(), 1, kBytes);
+    std::memset(b_.get(), 2, kBytes);
+  }
+
+  Result<double> measure(Group& g, std::chrono::milliseconds timeout) {
+    WL_RETURN_IF_ERROR(barrier(g, {.timeout = timeout}));
+    const Stopwatch clock;
+    for (int i = 0; i < kRepeats; ++i) {
+      std::memcpy(i % 2 ? a_.get() : b_.get(), i % 2 ? b_.get() : a_.get(), kBytes);
+    }
+    const double seconds = clock.seconds();
+    int64_t rate = int64_t(double(kBytes) * kRepeats / seconds);
+    WL_RETURN_IF_ERROR(allreduce(g, {.recv = &rate,
+                                     .count = 1,
+                                     .dtype = DType::kI64,
+                                     .op = ReduceOp::kAvg,
+                                     .timeout = timeout}));
+    return double(rate);
+  }
+
+ private:
+  static constexpr size_t kBytes = 64 << 20;
+  static constexpr int kRepeats = 4;
+  std::unique_ptr<std::byte[]> a_, b_;
+};
+
+// Rows of at least this many bytes measure the copy rate again in each block, just before
+// their calls: the rate moves with the neighbours' load (9-16 GB/s within minutes on these
+// machines), and a bound taken minutes earlier would judge the row by another machine.
+constexpr size_t kFreshCopyRateBytes = 1 << 20;
+
+// What every row of a sweep shares.
+struct Sweep {
+  Buffers buffers;  // the largest size's send and receive buffers, touched once
+  Turns turns;      // with another program, or none
+  CopyRate copy_rate;
+  double start_copy_gbps = 0;  // measured once before the first row; the rows below 1 MiB use it
+};
 
 // docs/algorithms.md, "What memory bandwidth allows": the least time any single-copy
 // algorithm needs, as a bound on busbw, for a copy rate M per rank. A reduction streams two
@@ -314,13 +341,20 @@ Status turn_status(const std::string& error) {
 // One row: warm-up, `iters` timed calls (each as long as its slowest rank), the check. By turns
 // the calls run in blocks, one per turn, and the row's last steps in the last block's turn.
 Result<BenchRow> bench_row(Group& g, const BenchCollectivesOptions& o, Collective op, size_t count,
-                           size_t bytes, Buffers& b, double copy_gbps, Turns& turns) {
+                           size_t bytes, Sweep& sweep) {
+  Buffers& b = sweep.buffers;
+  Turns& turns = sweep.turns;
   const int iters = iters_for(o, bytes);
   const int blocks = turns.active() ? std::clamp(o.turn_blocks, 1, iters) : 1;
   std::vector<int64_t> ns(static_cast<size_t>(iters));
+  double copy_rate_sum = 0;
   for (int block = 0, done = 0; block < blocks; ++block) {
     WL_RETURN_IF_ERROR(turn_status(turns.wait(o.timeout)));
     if (turns.active()) WL_RETURN_IF_ERROR(barrier(g, {.timeout = o.timeout}));
+    if (bytes >= kFreshCopyRateBytes) {
+      WL_ASSIGN_OR_RETURN(double rate, sweep.copy_rate.measure(g, o.timeout));
+      copy_rate_sum += rate;
+    }
     // The other program ran since: one untimed call warms the caches again.
     const int warmup = block == 0 ? o.warmup : std::min(o.warmup, 1);
     for (int i = 0; i < warmup; ++i) WL_RETURN_IF_ERROR(run_once(g, op, o, count, b));
@@ -347,6 +381,8 @@ Result<BenchRow> bench_row(Group& g, const BenchCollectivesOptions& o, Collectiv
   row.p99_us = percentile(us, 0.99);
   row.algbw_gbps = double(bytes) / (row.time_us * 1e3);  // bytes per ns = GB/s
   row.busbw_gbps = row.algbw_gbps * bus_bandwidth_factor(op, g.size());
+  const double copy_gbps =
+      bytes >= kFreshCopyRateBytes ? copy_rate_sum / blocks / 1e9 : sweep.start_copy_gbps;
   row.bound_gbps = bound_for(op, copy_gbps);
   if (op == Collective::kAllreduce) {
     WL_ASSIGN_OR_RETURN(comm::AllreduceAlgorithm ran,
@@ -375,29 +411,30 @@ Result<std::vector<BenchRow>> bench_collectives(Group& g, const BenchCollectives
   const int P = g.size();
   const size_t es = dtype_size(o.dtype);
   const std::string pinned = o.pin ? pin_rank(g) : "not pinned";
-  Turns turns;
-  if (std::string error = turns.open(o.turns_dir, "weightlift", g.rank()); !error.empty()) {
+  Sweep sweep;
+  if (std::string error = sweep.turns.open(o.turns_dir, "weightlift", g.rank()); !error.empty()) {
     return invalid_argument("--turns: " + error);
   }
   // By turns the copy rate is measured in a turn of its own, with the other program asleep.
-  WL_RETURN_IF_ERROR(turn_status(turns.wait(o.timeout)));
-  WL_ASSIGN_OR_RETURN(double copy_rate, measure_copy_rate(g, o.timeout));
-  WL_RETURN_IF_ERROR(turn_status(turns.end()));
-  const double copy_gbps = copy_rate / 1e9;
+  WL_RETURN_IF_ERROR(turn_status(sweep.turns.wait(o.timeout)));
+  WL_ASSIGN_OR_RETURN(double copy_rate, sweep.copy_rate.measure(g, o.timeout));
+  WL_RETURN_IF_ERROR(turn_status(sweep.turns.end()));
+  sweep.start_copy_gbps = copy_rate / 1e9;
   // Touched once here, so no timed call takes a page fault.
   const size_t cap = std::max(o.max_bytes, es * size_t(P));
-  Buffers b{std::make_unique_for_overwrite<std::byte[]>(cap),
-            std::make_unique_for_overwrite<std::byte[]>(cap)};
+  Buffers& b = sweep.buffers;
+  b.send = std::make_unique_for_overwrite<std::byte[]>(cap);
+  b.recv = std::make_unique_for_overwrite<std::byte[]>(cap);
   std::memset(b.send.get(), 0, cap);
   std::memset(b.recv.get(), 0, cap);
-  if (g.rank() == 0) print_header(o, P, pinned, copy_gbps);
+  if (g.rank() == 0) print_header(o, P, pinned, sweep.start_copy_gbps);
   std::vector<BenchRow> rows;
   for (Collective op : o.ops) {
     for (size_t want = o.min_bytes; want <= o.max_bytes;) {
       const size_t count = count_for(op, want, es, P);
       const size_t bytes = per_rank_blocks(op) ? count * es * size_t(P) : count * es;
       if (count > 0) {
-        WL_ASSIGN_OR_RETURN(BenchRow row, bench_row(g, o, op, count, bytes, b, copy_gbps, turns));
+        WL_ASSIGN_OR_RETURN(BenchRow row, bench_row(g, o, op, count, bytes, sweep));
         if (g.rank() == 0) print_row(o, P, row);
         rows.push_back(row);
       }

@@ -21,8 +21,9 @@
 //   {"impl":"weightlift","op":"allreduce","bytes":1048576,"count":262144,"dtype":"f32",
 //    "ranks":2,"time_us":..,"p50_us":..,"p99_us":..,"algbw_gbps":..,"busbw_gbps":..,
 //    "wrong":0,"bound_gbps":..,"bound_fraction":..,"algorithm":"shm","model_choice":"ring"}
-// The memory-bandwidth bound comes from a copy rate measured at the start of the run, every
-// rank copying at once (one host; across hosts it says nothing about the network).
+// The memory-bandwidth bound comes from a copy rate, every rank copying at once (one host;
+// across hosts it says nothing about the network), measured at the start of the run and, for
+// rows of 1 MiB and more, again just before each block of the row's calls.
 #pragma once
 
 #include <chrono>
