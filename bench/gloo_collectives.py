@@ -3,7 +3,8 @@
 
 Runs the same sweep as `weightlift bench collectives` (apps/weightlift/bench/collectives.h) through gloo and prints the same JSON rows
 (impl "gloo"): f32 sum, `size` as nccl-tests counts it, warmup untimed, each call timed on its
-own and its time the slowest rank's, rank r pinned to core r % cores, 20..20000 iterations (about 1 GiB of data per size) unless
+own and its time the slowest rank's, rank r pinned to core r % cores, 20..20000 iterations (about 1 GiB of data per size;
+weightlift goes up to 1000000, but a gloo call from Python takes tens of microseconds, so 20000 already span a second) unless
 --iters is given, busbw with nccl-tests' factors. gloo's allreduce and broadcast work in place;
 its all_gather writes a list of tensors (views into one output here). torch 1.13's gloo has no
 reduce_scatter, so that op is skipped with a note on stderr.

@@ -7,7 +7,7 @@
 //
 // Same rules as wl::comm::bench_collectives: f32 sum, out of place (broadcast in place),
 // `size` as nccl-tests counts it, warmup untimed, each call timed on its own and its time the
-// slowest rank's, iterations 20..20000 (about 1 GiB of data per size) unless --iters is given,
+// slowest rank's, iterations 20..1000000 (about 1 GiB of data per size) unless --iters is given,
 // busbw with nccl-tests' factors. Correctness is OpenMPI's business here; it is not checked.
 // With --turns DIR (and --turn-blocks N) it measures by turns with `weightlift bench
 // collectives` under the same driver, as apps/weightlift/bench/turns.h describes: the same
@@ -53,7 +53,7 @@ struct Options {
   std::string ops = "allreduce,allgather,reduce_scatter,broadcast";  // comma-separated
   size_t min_bytes = 8, max_bytes = size_t(256) << 20;
   int factor = 2;  // each size is the previous one times this
-  int iters = 0;   // 0: 20..20000, about 1 GiB of data per size
+  int iters = 0;   // 0: 20..1000000, about 1 GiB of data per size
   int warmup = 5;
   std::string turns_dir;  // empty: no turns
   int turn_blocks = 10;
@@ -167,7 +167,7 @@ void bench_size(const Options& o, const std::string& op, size_t want, int P, int
   const size_t bytes = per_rank ? count * es * size_t(P) : count * es;
   if (count == 0) return;
   const int iters =
-      o.iters > 0 ? o.iters : int(std::clamp<size_t>((size_t(1) << 30) / bytes, 20, 200000));
+      o.iters > 0 ? o.iters : int(std::clamp<size_t>((size_t(1) << 30) / bytes, 20, 1000000));
   const int blocks = turns.active() ? std::clamp(o.turn_blocks, 1, iters) : 1;
   std::vector<double> tmax = time_calls(op, int(count), iters, o.warmup, b, turns, blocks);
   if (rank == 0) print_row(op, bytes, count, P, std::move(tmax));

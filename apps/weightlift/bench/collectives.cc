@@ -330,7 +330,7 @@ void print_header(const BenchCollectivesOptions& o, int P, const std::string& pi
 
 // Timed calls per size: as many as fit about 1 GiB of data unless --iters says.
 int iters_for(const BenchCollectivesOptions& o, size_t bytes) {
-  return o.iters > 0 ? o.iters : int(std::clamp<size_t>((size_t(1) << 30) / bytes, 20, 200000));
+  return o.iters > 0 ? o.iters : int(std::clamp<size_t>((size_t(1) << 30) / bytes, 20, 1000000));
 }
 
 // The turns' failures, as a Status.

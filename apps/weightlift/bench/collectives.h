@@ -63,9 +63,10 @@ struct BenchCollectivesOptions {
   int factor = 2;                 // each size is the previous times this (>= 2)
   DType dtype = DType::kF32;      // reducible types only for allreduce / reduce_scatter
   comm::ReduceOp op = comm::ReduceOp::kSum;
-  // Timed calls per size; 0: as many as fit about 1 GiB of data, clamped to 20..20000, so
-  // large sizes do not take minutes and small ones are timed over milliseconds, not a few
-  // hundred microseconds whose mean one timer interrupt could double.
+  // Timed calls per size; 0: as many as fit about 1 GiB of data, clamped to 20..1000000, so
+  // large sizes do not take minutes and small ones are timed over about half a second. On
+  // these machines a few percent of the calls stall for 10 us to 3 ms (the hypervisor), and
+  // over the 0.5 ms that 1000 calls of 8 bytes take, one stall could double the mean.
   int iters = 0;
   int warmup = 5;     // untimed calls per size first
   bool check = true;  // verify each row with exact data (not timed)
