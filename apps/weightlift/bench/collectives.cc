@@ -149,7 +149,7 @@ class CopyRate {
   std::unique_ptr<std::byte[]> a_, b_;
 };
 
-// Rows of at least this many bytes measure the copy rate again in each block, just before
+// Rows of at least this many bytes measure the copy rate again in each block, right after
 // their calls: the rate moves with the neighbours' load (9-16 GB/s within minutes on these
 // machines), and a bound taken minutes earlier would judge the row by another machine.
 constexpr size_t kFreshCopyRateBytes = 1 << 20;
@@ -351,10 +351,6 @@ Result<BenchRow> bench_row(Group& g, const BenchCollectivesOptions& o, Collectiv
   for (int block = 0, done = 0; block < blocks; ++block) {
     WL_RETURN_IF_ERROR(turn_status(turns.wait(o.timeout)));
     if (turns.active()) WL_RETURN_IF_ERROR(barrier(g, {.timeout = o.timeout}));
-    if (bytes >= kFreshCopyRateBytes) {
-      WL_ASSIGN_OR_RETURN(double rate, sweep.copy_rate.measure(g, o.timeout));
-      copy_rate_sum += rate;
-    }
     // The other program ran since: one untimed call warms the caches again.
     const int warmup = block == 0 ? o.warmup : std::min(o.warmup, 1);
     for (int i = 0; i < warmup; ++i) WL_RETURN_IF_ERROR(run_once(g, op, o, count, b));
@@ -364,6 +360,12 @@ Result<BenchRow> bench_row(Group& g, const BenchCollectivesOptions& o, Collectiv
       WL_RETURN_IF_ERROR(run_once(g, op, o, count, b));
       ns[size_t(done)] =
           std::chrono::duration_cast<Nanos>(std::chrono::steady_clock::now() - t0).count();
+    }
+    // After the calls, not before: the copy leaves the caches full of its dirty lines, whose
+    // write-back the calls would otherwise pay for.
+    if (bytes >= kFreshCopyRateBytes) {
+      WL_ASSIGN_OR_RETURN(double rate, sweep.copy_rate.measure(g, o.timeout));
+      copy_rate_sum += rate;
     }
     if (block + 1 < blocks) WL_RETURN_IF_ERROR(turn_status(turns.end()));
   }

@@ -23,7 +23,7 @@
 //    "wrong":0,"bound_gbps":..,"bound_fraction":..,"algorithm":"shm","model_choice":"ring"}
 // The memory-bandwidth bound comes from a copy rate, every rank copying at once (one host;
 // across hosts it says nothing about the network), measured at the start of the run and, for
-// rows of 1 MiB and more, again just before each block of the row's calls.
+// rows of 1 MiB and more, again right after each block of the row's calls.
 #pragma once
 
 #include <chrono>
