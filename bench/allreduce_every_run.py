@@ -17,7 +17,7 @@ import shutil
 import statistics
 import sys
 
-from compare_collectives import rows_from
+from compare_collectives import mpirun, rows_from
 
 
 def busbw(rows, impl):
@@ -32,6 +32,9 @@ def main():
     ap.add_argument("--bytes", default="64M", help="allreduce size (K/M/G suffixes)")
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--bar", type=float, default=2.0, help="ratio each run should reach")
+    ap.add_argument("--mpi-keep-heap", action="store_true",
+                    help="OpenMPI with glibc keeping its large freed blocks "
+                         "(compare_collectives.KEEP_HEAP)")
     args = ap.parse_args()
     if args.runs < 1:
         sys.exit("--runs %d: expected 1 or more" % args.runs)
@@ -40,14 +43,15 @@ def main():
     if not (os.path.exists(wl) and os.path.exists(mpi) and shutil.which("mpirun")):
         sys.exit("needs %s, %s and mpirun (scripts/setup.sh, scripts/build.sh)" % (wl, mpi))
     size = ["--ops", "allreduce", "--min-bytes", args.bytes, "--max-bytes", args.bytes]
-    print("%d ranks, f32 sum, %s, busbw GB/s" % (args.nprocs, args.bytes))
+    peer = ", OpenMPI keeping its heap" if args.mpi_keep_heap else ""
+    print("%d ranks, f32 sum, %s, busbw GB/s%s" % (args.nprocs, args.bytes, peer))
     print("%4s %11s %9s %7s" % ("run", "weightlift", "openmpi", "ratio"))
     ratios = []
     for run in range(1, args.runs + 1):
         ours = busbw(rows_from([wl, "launch", "-n", str(args.nprocs), "--", wl, "bench",
                                 "collectives", "--json", "--pin"] + size), "weightlift")
-        theirs = busbw(rows_from(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np",
-                                  str(args.nprocs), mpi] + size), "openmpi")
+        theirs = busbw(rows_from(mpirun(args.nprocs, args.mpi_keep_heap) + [mpi] + size),
+                       "openmpi")
         if ours is None or theirs is None or theirs <= 0:
             sys.exit("run %d: no figure from %s" % (run, "weightlift" if ours is None else "OpenMPI"))
         ratios.append(ours / theirs)

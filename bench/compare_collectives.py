@@ -48,6 +48,20 @@ def rows_from(cmd, env=None):
     return rows
 
 
+# OpenMPI's allreduce takes a temporary buffer per call. glibc returns blocks of 32 MiB and
+# more to the system when they are freed, so from 32 MiB every call page-faults its buffer in
+# again; on these virtual machines that took OpenMPI from 3.7 to 0.2 GB/s (BENCHMARKS.md).
+# --mpi-keep-heap runs OpenMPI with glibc told to keep such blocks, as a tuned install would.
+KEEP_HEAP = ("GLIBC_TUNABLES=glibc.malloc.mmap_threshold=1073741824:"
+             "glibc.malloc.trim_threshold=4294967296")
+
+
+def mpirun(nprocs, keep_heap):
+    """The start of an mpirun command line for `nprocs` ranks on this host."""
+    return (["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(nprocs)] +
+            (["-x", KEEP_HEAP] if keep_heap else []))
+
+
 def json_rows(text):
     """The JSON objects among the lines of `text` (launcher prefixes ok)."""
     rows = []
@@ -141,10 +155,9 @@ def measure_by_turns(args, op, sizes, skip):
                                        "collectives", "--json", "--ops", op] + sizes + turns,
                         folder, args.nprocs)]
     if "openmpi" not in skip:
-        takers.append(TurnTaker("openmpi", ["mpirun", "--allow-run-as-root", "--oversubscribe",
-                                            "-np", str(args.nprocs),
-                                            os.path.join(args.build, "bench", "mpi_collectives"),
-                                            "--ops", op] + sizes + turns, folder, args.nprocs))
+        takers.append(TurnTaker("openmpi", mpirun(args.nprocs, args.mpi_keep_heap) +
+                                [os.path.join(args.build, "bench", "mpi_collectives"),
+                                 "--ops", op] + sizes + turns, folder, args.nprocs))
     deadline = time.monotonic() + 300
     active = [t for t in takers if t.connect(deadline)]
     k = 0
@@ -240,9 +253,8 @@ def measure(args, op, sizes, skip, wl=True):
         rows += rows_from([binary, "launch", "-n", str(args.nprocs), "--", binary, "bench",
                            "collectives", "--json", "--ops", op] + sizes)
     if "openmpi" not in skip:
-        rows += rows_from(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np",
-                           str(args.nprocs), os.path.join(args.build, "bench", "mpi_collectives"),
-                           "--ops", op] + sizes)
+        mpi = os.path.join(args.build, "bench", "mpi_collectives")
+        rows += rows_from(mpirun(args.nprocs, args.mpi_keep_heap) + [mpi, "--ops", op] + sizes)
     if "gloo" not in skip:
         rows += rows_from(["/usr/bin/python3", os.path.join(HERE, "gloo_collectives.py"),
                            "--nprocs", str(args.nprocs), "--ops", op] + sizes)
@@ -267,6 +279,9 @@ def main():
                     help="weightlift and OpenMPI at once, taking turns within each size "
                          "(see above); gloo, if not skipped, sweeps after them")
     ap.add_argument("--turn-blocks", type=int, default=10, help="--turns: turns per size")
+    ap.add_argument("--mpi-keep-heap", action="store_true",
+                    help="run OpenMPI with glibc keeping freed blocks of 32 MiB and more (see "
+                         "KEEP_HEAP), as a tuned install would")
     args = ap.parse_args()
     if args.turns and args.interleave:
         sys.exit("--turns and --interleave: choose one")
