@@ -201,6 +201,12 @@ TEST(TcpStoreServer, SilentSlowAndDeafPeersAreCutOff) {
   const int deaf = raw_connect(port);
   Bytes get = cat({header(2, 1, 3, 0), to_bytes("t"), to_bytes("big")});
   ASSERT_EQ(::send(deaf, get.data(), get.size(), MSG_NOSIGNAL), ssize_t(get.size()));
+  // connect() returns once the kernel has the connection, before the server's loop accepts
+  // it: wait to see the deaf peer counted (CI's TSan stage once read 1 before it was, and 2
+  // after), then for it to be cut off, request_timeout after its reply stalls.
+  const auto seen_by = Clock::now() + 10s;
+  while ((*server)->connections() < 2 && Clock::now() < seen_by) std::this_thread::yield();
+  EXPECT_EQ((*server)->connections(), 2u);  // the writer's and the deaf peer's
   const auto give_up = Clock::now() + 15s;
   while ((*server)->connections() > 1 && Clock::now() < give_up) std::this_thread::yield();
   EXPECT_EQ((*server)->connections(), 1u);  // the writer's
