@@ -78,7 +78,7 @@ Options parse_options(int argc, char** argv) {
     else if (k == "--turns")
       o.turns_dir = v;
     else if (k == "--turn-blocks")
-      o.turn_blocks = std::max(1, std::atoi(v.c_str()));
+      o.turn_blocks = std::clamp(std::atoi(v.c_str()), 1, 1000);  // as weightlift's flag
   }
   return o;
 }
@@ -110,7 +110,7 @@ void run_once(const std::string& op, int n, Buffers& b) {
   }
 }
 
-constexpr auto kTurnTimeout = std::chrono::minutes(10);
+using wl::app::kTurnTimeout;
 
 // Leaves the program when the turns fail: the driver is gone or broke the protocol.
 void check_turn(const std::string& error) {
@@ -120,13 +120,17 @@ void check_turn(const std::string& error) {
 }
 
 // Seconds per timed call, each the slowest rank's; by turns in `blocks` blocks, as
-// wl::app::bench_collectives does.
+// wl::app::bench_collectives does. The last block's turn is still this program's on return.
 std::vector<double> time_calls(const std::string& op, int n, int iters, int warmup, Buffers& b,
                                wl::app::Turns& turns, int blocks) {
-  std::vector<double> t(static_cast<size_t>(iters)), tmax(static_cast<size_t>(iters));
+  std::vector<double> t, tmax;  // made in the first turn: up to 8 MB each to zero
   for (int block = 0, done = 0; block < blocks; ++block) {
     check_turn(turns.wait(kTurnTimeout));
     if (turns.active()) MPI_Barrier(MPI_COMM_WORLD);
+    if (block == 0) {
+      t.assign(size_t(iters), 0);
+      tmax.assign(size_t(iters), 0);
+    }
     const int untimed = block == 0 ? warmup : std::min(warmup, 1);
     for (int i = 0; i < untimed; ++i) run_once(op, n, b);
     for (const int until = iters * (block + 1) / blocks; done < until; ++done) {
@@ -137,7 +141,6 @@ std::vector<double> time_calls(const std::string& op, int n, int iters, int warm
     if (block + 1 < blocks) check_turn(turns.end());
   }
   MPI_Allreduce(t.data(), tmax.data(), iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  check_turn(turns.end());
   return tmax;
 }
 
@@ -170,7 +173,8 @@ void bench_size(const Options& o, const std::string& op, size_t want, int P, int
       o.iters > 0 ? o.iters : int(std::clamp<size_t>((size_t(1) << 30) / bytes, 20, 1000000));
   const int blocks = turns.active() ? std::clamp(o.turn_blocks, 1, iters) : 1;
   std::vector<double> tmax = time_calls(op, int(count), iters, o.warmup, b, turns, blocks);
-  if (rank == 0) print_row(op, bytes, count, P, std::move(tmax));
+  if (rank == 0) print_row(op, bytes, count, P, std::move(tmax));  // sorts: still our turn
+  check_turn(turns.end());
 }
 
 }  // namespace
@@ -182,15 +186,14 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   const Options o = parse_options(argc, argv);
   const size_t es = sizeof(float);
-  Buffers b;
-  b.send.assign(std::max(o.max_bytes, es * size_t(P)) / es, 1.0f);
-  b.recv.assign(b.send.size(), 0.0f);
-
   wl::app::Turns turns;
   if (std::string error = turns.open(o.turns_dir, "openmpi", rank); !error.empty())
     check_turn("--turns: " + error);
-  // The setup's turn: weightlift measures its copy rate in it; here there is nothing to do.
+  // The setup's turn (weightlift measures its copy rate in its own): the buffers, touched.
   check_turn(turns.wait(kTurnTimeout));
+  Buffers b;
+  b.send.assign(std::max(o.max_bytes, es * size_t(P)) / es, 1.0f);
+  b.recv.assign(b.send.size(), 0.0f);
   check_turn(turns.end());
   for (const std::string& op : split_ops(o.ops)) {
     for (size_t want = o.min_bytes; want <= o.max_bytes;) {

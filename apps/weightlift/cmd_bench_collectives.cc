@@ -68,15 +68,19 @@ Status run_allreduce_model(const BenchCollectivesArgs& a) {
   return ok_status();
 }
 
-// Every rank holds a send and a receive buffer of the largest size; the ranks of this host
-// (LOCAL_WORLD_SIZE, as the launcher sets it) share its memory.
+// Every rank holds a send and a receive buffer of the largest size, and the copy-rate probe's
+// two buffers; the ranks of this host (LOCAL_WORLD_SIZE, as the launcher sets it) share its
+// memory.
 Status check_sweep_memory(const BenchCollectivesOptions& o) {
   const char* local = std::getenv("LOCAL_WORLD_SIZE");
   const uint64_t ranks = local ? std::max<uint64_t>(1, std::strtoull(local, nullptr, 10)) : 1;
-  return check_memory(mul_sat(mul_sat(2, o.max_bytes), ranks),
+  const uint64_t per_rank = add_sat(mul_sat(2, o.max_bytes), 2 * kCopyRateBufferBytes);
+  return check_memory(mul_sat(per_rank, ranks),
                       "a sweep up to --max-bytes " + std::to_string(o.max_bytes) + " on " +
                           std::to_string(ranks) + " rank(s) of this host",
-                      "a send and a receive buffer of the largest size per rank");
+                      "a send and a receive buffer of the largest size per rank, and two of " +
+                          std::to_string(kCopyRateBufferBytes >> 20) +
+                          " MiB to measure the copy rate");
 }
 
 Status run_bench_collectives(BenchCollectivesArgs a) {

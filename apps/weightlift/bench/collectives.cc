@@ -116,18 +116,19 @@ Result<int64_t> check_once(Group& g, Collective op, const BenchCollectivesOption
 }
 
 // The copy rate M of docs/algorithms.md: one rank's memcpy rate while every rank copies
-// (bytes/s, decimal), averaged over ranks. Its two 64 MiB buffers are touched once and kept,
-// so that measuring again takes no page fault.
+// (bytes/s, decimal), averaged over ranks. Its two 64 MiB buffers are touched at the first
+// measurement (inside a turn) and kept, so that measuring again takes no page fault.
 class CopyRate {
  public:
-  CopyRate()
-      : a_(std::make_unique_for_overwrite<std::byte[]>(kBytes)),
-        b_(std::make_unique_for_overwrite<std::byte[]>(kBytes)) {
-    std::memset(a_.get(), 1, kBytes);
-    std::memset(b_.get(), 2, kBytes);
-  }
+  static constexpr size_t kBytes = kCopyRateBufferBytes;
 
   Result<double> measure(Group& g, std::chrono::milliseconds timeout) {
+    if (!a_) {
+      a_ = std::make_unique_for_overwrite<std::byte[]>(kBytes);
+      b_ = std::make_unique_for_overwrite<std::byte[]>(kBytes);
+      std::memset(a_.get(), 1, kBytes);
+      std::memset(b_.get(), 2, kBytes);
+    }
     WL_RETURN_IF_ERROR(barrier(g, {.timeout = timeout}));
     const Stopwatch clock;
     for (int i = 0; i < kRepeats; ++i) {
@@ -144,7 +145,6 @@ class CopyRate {
   }
 
  private:
-  static constexpr size_t kBytes = 64 << 20;
   static constexpr int kRepeats = 4;
   std::unique_ptr<std::byte[]> a_, b_;
 };
@@ -346,11 +346,12 @@ Result<BenchRow> bench_row(Group& g, const BenchCollectivesOptions& o, Collectiv
   Turns& turns = sweep.turns;
   const int iters = iters_for(o, bytes);
   const int blocks = turns.active() ? std::clamp(o.turn_blocks, 1, iters) : 1;
-  std::vector<int64_t> ns(static_cast<size_t>(iters));
+  std::vector<int64_t> ns;  // made in the first turn: up to 8 MB to zero
   double copy_rate_sum = 0;
   for (int block = 0, done = 0; block < blocks; ++block) {
-    WL_RETURN_IF_ERROR(turn_status(turns.wait(o.timeout)));
+    WL_RETURN_IF_ERROR(turn_status(turns.wait(kTurnTimeout)));
     if (turns.active()) WL_RETURN_IF_ERROR(barrier(g, {.timeout = o.timeout}));
+    if (block == 0) ns.assign(size_t(iters), 0);
     // The other program ran since: one untimed call warms the caches again.
     const int warmup = block == 0 ? o.warmup : std::min(o.warmup, 1);
     for (int i = 0; i < warmup; ++i) WL_RETURN_IF_ERROR(run_once(g, op, o, count, b));
@@ -417,10 +418,10 @@ Result<std::vector<BenchRow>> bench_collectives(Group& g, const BenchCollectives
   if (std::string error = sweep.turns.open(o.turns_dir, "weightlift", g.rank()); !error.empty()) {
     return invalid_argument("--turns: " + error);
   }
-  // By turns the copy rate is measured in a turn of its own, with the other program asleep.
-  WL_RETURN_IF_ERROR(turn_status(sweep.turns.wait(o.timeout)));
+  // By turns the setup (the copy rate, the buffers) runs in a turn of its own, with the other
+  // program asleep.
+  WL_RETURN_IF_ERROR(turn_status(sweep.turns.wait(kTurnTimeout)));
   WL_ASSIGN_OR_RETURN(double copy_rate, sweep.copy_rate.measure(g, o.timeout));
-  WL_RETURN_IF_ERROR(turn_status(sweep.turns.end()));
   sweep.start_copy_gbps = copy_rate / 1e9;
   // Touched once here, so no timed call takes a page fault.
   const size_t cap = std::max(o.max_bytes, es * size_t(P));
@@ -429,6 +430,7 @@ Result<std::vector<BenchRow>> bench_collectives(Group& g, const BenchCollectives
   b.recv = std::make_unique_for_overwrite<std::byte[]>(cap);
   std::memset(b.send.get(), 0, cap);
   std::memset(b.recv.get(), 0, cap);
+  WL_RETURN_IF_ERROR(turn_status(sweep.turns.end()));
   if (g.rank() == 0) print_header(o, P, pinned, sweep.start_copy_gbps);
   std::vector<BenchRow> rows;
   for (Collective op : o.ops) {

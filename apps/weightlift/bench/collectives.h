@@ -55,6 +55,9 @@ Result<Collective> parse_collective(std::string_view name);
 // error.
 Result<std::vector<Collective>> parse_collective_list(std::string_view comma_separated);
 
+// Each of the two buffers every rank copies between to measure the copy rate.
+inline constexpr size_t kCopyRateBufferBytes = 64 << 20;
+
 struct BenchCollectivesOptions {
   // Ops to sweep, in this order.
   std::vector<Collective> ops{std::begin(kAllCollectives), std::end(kAllCollectives)};

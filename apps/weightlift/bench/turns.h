@@ -13,7 +13,9 @@
 //   <impl>.<rank>.done  the rank writes one byte when its block is over
 // It opens every `done` FIFO for reading before it starts the programs, and a rank opens its
 // `go` FIFO for reading before its first turn, so neither open blocks. Between turns a rank
-// sleeps in poll(), so a program whose turn it is not takes no CPU from the one measuring.
+// sleeps in poll(), so a program whose turn it is not takes no CPU from the one measuring;
+// for that, everything else a program does (allocating and touching its buffers, sorting its
+// times, printing) must happen inside its own turns too.
 // Header-only and free of weightlift types: the OpenMPI peer (bench/mpi_collectives.cc)
 // includes it too. Errors are returned as text ("" when all went well); open()'s name the
 // file, the others also say they come from the turns.
@@ -31,6 +33,10 @@
 #include <string>
 
 namespace wl::app {
+
+// How long a rank waits for its turn: the other program's block may be a 256 MiB collective
+// of a slow implementation, far longer than any one call of ours.
+inline constexpr std::chrono::minutes kTurnTimeout{10};
 
 class Turns {
  public:
@@ -52,8 +58,11 @@ class Turns {
     if (go_ < 0) return "cannot open " + base + ".go: " + std::strerror(errno);
     done_ = ::open((base + ".done").c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
     if (done_ < 0) {
-      return "cannot open " + base + ".done: " + std::strerror(errno) +
-             (errno == ENXIO ? " (no driver is reading it)" : "");
+      const int error = errno;
+      ::close(go_);
+      go_ = -1;  // not active(): no half-open turns
+      return "cannot open " + base + ".done: " + std::strerror(error) +
+             (error == ENXIO ? " (no driver is reading it)" : "");
     }
     name_ = base;
     return "";

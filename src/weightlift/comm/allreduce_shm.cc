@@ -60,7 +60,7 @@
 // bytes is one miss, and there is no counter to publish or to wait for. The writer asks for all
 // its lines before it writes them, and the reader for all the peer's lines once the last one
 // has its number (prefetch_for_writing/reading), so the misses overlap: 8 B to 256 B all take
-// about 0.5 us, 2 KiB 1.2. At 4 KiB the one-shot path is faster (1.8-2.2 us against 2.4): it
+// about 0.5 us, 2 KiB 0.9-1.1. At 4 KiB the one-shot path is as fast (1.7-2.0 us each): it
 // reduces straight from the peers' slots, while here every line is checked and copied alone.
 //
 // The same pipeline, with phases left empty, serves the other collectives on one host:
@@ -131,7 +131,7 @@ void stream_copy(std::byte* dst, const std::byte* src, size_t n) {
 // The small allreduces move a few lines between two cores, each a cache miss that crosses
 // them, and the reductions and stores that need those lines take them one after the other.
 // Asking for every line first overlaps the misses (a 256-byte allreduce 0.51-0.58 us instead
-// of 0.66-0.78, 2 KiB 1.06-1.11 instead of 1.29-1.33, on the same machine and state).
+// of 0.66-0.78; 2 KiB through the one-shot path 1.06-1.11 instead of 1.29-1.33).
 //
 // Asks for ownership of [p, p + bytes) (PREFETCHW; a no-op on the few x86-64 CPUs without
 // it): the lines of a slot were last read by a peer, so each store must take its line back.

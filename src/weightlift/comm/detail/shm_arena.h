@@ -53,7 +53,7 @@ enum class ShmPhase : int { kCopiedIn = 0, kReduced = 1, kCopiedOut = 2 };
 // learns that the data is there and reads it in the same cache miss.
 // Up to 2 KiB (37 lines) it beats the one-shot path, once the lines are asked for all at
 // once rather than as each store or load reaches them; at 4 KiB the one-shot path's single
-// copy wins (docs/BENCHMARKS.md, "Measuring by turns").
+// copy is as fast (docs/BENCHMARKS.md, "Measuring by turns").
 inline constexpr size_t kShmFlaggedBytes = 2048;
 
 // Whether a rank writes its slots with ordinary stores, which leave the data in cache for the
