@@ -113,10 +113,10 @@ TEST_P(AllreduceAutoTest, LargeBuffersWithDefaultSegments) {
 
 TEST_P(AllreduceAutoTest, OutputsPastTheStreamingThreshold) {
   // 8 MiB and more are written with non-temporal stores on the shared-memory path, and the
-  // slots may be too (always one chunk in 16, when the rank tries that way), each result then
-  // made in a private block first (allreduce_shm.cc): the unaligned head and tail, the fences
-  // and the staging must still leave every element right, in place and out of place, with the
-  // average divided in the private block.
+  // slots may be too (always one chunk in 16, when the rank tries that way), the reduction
+  // writing its result block and its output at once (allreduce_shm.cc): the unaligned head
+  // and tail, the fences and the partial sums of three ranks and more must still leave every
+  // element right, in place and out of place, with the average divided before either store.
   const int P = GetParam();
   testing::run_world(P, [&](Group& g) {
     const size_t count = (size_t(2) << 20) + 3;

@@ -25,14 +25,18 @@
 // rank order), and every other rank copies that one result, so all ranks end bit-identical.
 //
 // Cost, n bytes over P ranks: per chunk 3 counters raised and 2 waited for in a row (a
-// cache-line hand-off between cores, about 0.1-0.3 us) instead of 2(P-1) messages; per rank (P-1)/P
-// n copied in, n/P reduced from P inputs and copied, (P-1)/P n copied out. With M the copy rate one
-// rank gets while all copy:
-//   T ~= [(P-1)/P n + (P+1)/2 n/P + n/P + (P-1)/P n] / M       (a reduce of k inputs ~ (k+1)/2
-//   copies)
-// For P = 2 that is 2.25 n / M. busbw = 2(P-1)/P n / T, so with M = 12 GB/s (2 ranks,
-// DESIGN.md) the model gives 5.3 GB/s; the cache-resident scratch is what lets it beat that,
-// since beyond the caches DRAM sees only the input read and the output written.
+// cache-line hand-off between cores, about 0.1-0.3 us) instead of 2(P-1) messages; per rank
+// (P-1)/P n copied in, n/P reduced from P inputs and written twice (result block and output;
+// from 8 MiB in one pass, from the same registers: detail/shm_kernels.h), (P-1)/P n copied
+// out. With M the copy rate
+// one rank gets while all copy, a copy costing one read and one write:
+//   T ~= [(P-1)/P n + (P+2)/2 n/P + (P-1)/P n] / M       (k reads and 2 writes ~ (k+2)/2 copies)
+// For P = 2 that is 2 n / M: less than that, with scratch that stays in the caches, is not
+// possible for peers that can map only each other's scratch, not each other's buffers (every
+// input byte a peer needs is written once to the scratch, every result byte once to it and
+// once to the output). busbw = 2(P-1)/P n / T, so with M = 12 GB/s (2 ranks, DESIGN.md) the
+// model gives 6 GB/s; the cache-resident scratch is what lets it beat that, since beyond the
+// caches DRAM sees only the input read and the output written.
 //
 // Collectives whose output is 8 MiB or more write the output with non-temporal stores, which
 // skip reading every output line first. Any chunked collective may write its slots so too. A
@@ -41,11 +45,12 @@
 // machine has put them on different dies it stalled copy-in 5x and the reduction 3x (64 MiB,
 // 2 ranks: 33 ms instead of 10; 1 MiB: 490 us instead of 62; docs/algorithms.md, "Where the
 // slow runs came from"). A streaming store does not wait for the line, so in that mode the
-// result of a reduction is made in a private block (ShmArena::staging), never shared, and
-// streamed from there to the slot. Its price is that the peers then read the slots from DRAM
-// instead of from cache (64 MiB in 12-13 ms instead of 10 when the cores share a cache), so
-// each rank measures both ways as it goes (SlotWriteChooser) and writes its slots the way that
-// is cheaper at the moment. docs/algorithms.md compares all this with the ring.
+// reduction streams its result to the slot from registers, and the partial sums of more than
+// two ranks stay in a private block (ShmArena::staging), never shared. Its price is that the peers
+// then read the slots from DRAM instead of from cache (64 MiB in 12-13 ms instead of 10 when the
+// cores share a cache), so each rank measures both ways as it goes (SlotWriteChooser) and writes
+// its slots the way that is cheaper at the moment. docs/algorithms.md compares all this with the
+// ring.
 //
 // Allreduces of at most 32 KiB go one-shot instead: every rank copies its whole input into its
 // slot, and after one hand-off reduces all P copies itself, in rank order (same bits on every
@@ -83,6 +88,7 @@
 
 #include "weightlift/comm/detail/allreduce_algorithms.h"
 #include "weightlift/comm/detail/shm_arena.h"
+#include "weightlift/comm/detail/shm_kernels.h"
 #include "weightlift/core/timing.h"
 
 namespace wl::comm::detail {
@@ -108,25 +114,6 @@ constexpr size_t kStreamingBytes = 8 << 20;
 // bits). One flag hand-off instead of two in a row; the extra reduction work is nothing at
 // these sizes.
 constexpr size_t kOneShotBytes = 32 << 10;
-
-// memcpy with non-temporal stores (SSE2, so any x86-64). Not ordered with later stores: the
-// caller fences before anything that publishes the data.
-void stream_copy(std::byte* dst, const std::byte* src, size_t n) {
-  const size_t head = std::min(n, (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16);
-  std::memcpy(dst, src, head);
-  dst += head, src += head, n -= head;
-  for (; n >= 64; dst += 64, src += 64, n -= 64) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 32));
-    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 48), d);
-  }
-  std::memcpy(dst, src, n);
-}
 
 // The small allreduces move a few lines between two cores, each a cache miss that crosses
 // them, and the reductions and stores that need those lines take them one after the other.
@@ -163,16 +150,9 @@ class ShmPipeline {
   size_t chunk_n(size_t c) const { return std::min(step_, a_.count - c * step_); }
   Range block(size_t c, int d) const;
   void copy_to_output(std::byte* dst, const std::byte* src, size_t bytes) const {
-    copy(dst, src, bytes, streaming_);
+    copy_bytes(dst, src, bytes, streaming_);
   }
   SlotWriteChooser& chooser() const { return A_.slot_writes[int(a_.kind)][streaming_ ? 1 : 0]; }
-  static void copy(std::byte* dst, const std::byte* src, size_t bytes, bool stream) {
-    if (stream) {
-      stream_copy(dst, src, bytes);
-    } else {
-      std::memcpy(dst, src, bytes);
-    }
-  }
   // Streaming stores are not ordered with the release store that publishes a phase.
   void fence_before_publish(size_t slot) const {
     if (streaming_ || stream_slot_[slot]) _mm_sfence();
@@ -279,7 +259,7 @@ Status ShmPipeline::copy_in(size_t c) {
     for (int d = 0; d < P_; ++d) {
       const Range b = block(c, d);
       if (d != r_ && b.count) {
-        copy(A_.in_block(r_, slot, d), in_ + b.offset * es_, b.count * es_, stream);
+        copy_bytes(A_.in_block(r_, slot, d), in_ + b.offset * es_, b.count * es_, stream);
       }
     }
     copy_in_seconds_[slot] = clock.seconds();  // recorded with the reduction's time
@@ -295,7 +275,7 @@ Status ShmPipeline::copy_in(size_t c) {
     } else {
       const bool stream = stream_slot_[slot] = chooser().stream(gc);
       const Stopwatch clock;
-      copy(A_.in_block(r_, slot, 0), in_ + c * step_ * es_, n * es_, stream);
+      copy_bytes(A_.in_block(r_, slot, 0), in_ + c * step_ * es_, n * es_, stream);
       chooser().record(stream, clock.seconds() / double(n * es_));
     }
     std::byte* mine = out_ + (size_t(r_) * a_.count + c * step_) * es_;
@@ -318,24 +298,24 @@ Status ShmPipeline::reduce_own(size_t c) {
       WL_RETURN_IF_ERROR(wait_for(ShmPhase::kCopiedOut, gc - kShmSlots + 1, c, "a free slot"));
     }
     const Range b = block(c, r_);
-    // allreduce: into the result block, which the peers copy (by way of the private staging
-    // block when streaming); reduce_scatter: straight out.
-    const bool staged = kind_ == ShmKind::kAllreduce && stream_slot_[slot];
     const Stopwatch clock;
-    std::byte* res = kind_ == ShmKind::kReduceScatter ? out_ + c * step_ * es_
-                     : staged                         ? A_.staging.data()
-                                                      : A_.res_block(r_, slot);
     if (b.count) {
-      const std::byte* own = in_ + b.offset * es_;
-      bool first = true;
-      for (int q = 0; q < P_; ++q) {
+      // Every step but the last adds into the private staging block; the last writes the
+      // result where it goes. allreduce: the result block, which the peers copy, and the
+      // output at once; reduce_scatter: the output.
+      const int last = r_ == P_ - 1 ? P_ - 2 : P_ - 1;  // the last peer in rank order
+      const std::byte* sum = in_ + b.offset * es_;      // our own input first
+      for (int q = 0; q < last; ++q) {
         if (q == r_) continue;
-        reduce(a_.dtype, a_.op, res, first ? own : res, A_.in_block(q, slot, r_), b.count);
-        first = false;
+        reduce(a_.dtype, a_.op, A_.staging.data(), sum, A_.in_block(q, slot, r_), b.count);
+        sum = A_.staging.data();
       }
-      if (a_.op == ReduceOp::kAvg) divide(a_.dtype, res, b.count, P_);
-      if (staged) stream_copy(A_.res_block(r_, slot), res, b.count * es_);
-      if (kind_ == ShmKind::kAllreduce) copy_to_output(out_ + b.offset * es_, res, b.count * es_);
+      ReduceDestination first{out_ + c * step_ * es_, streaming_}, second;
+      if (kind_ == ShmKind::kAllreduce) {
+        first = {A_.res_block(r_, slot), stream_slot_[slot]};
+        second = {out_ + b.offset * es_, streaming_};
+      }
+      reduce_to(a_.dtype, a_.op, first, second, sum, A_.in_block(last, slot, r_), b.count, P_);
     }
     chooser().record(stream_slot_[slot],
                      (copy_in_seconds_[slot] + clock.seconds()) / double(chunk_n(c) * es_));

@@ -121,8 +121,8 @@ class ShmArena {
   uint64_t read_in_copy_out_until = 0;
   // How this rank writes its slots, measured as it goes (allreduce_shm.cc says why): by kind
   // (ShmKind), then [0] for outputs that stay in cache and [1] for 8 MiB and more, since
-  // their costs per byte differ. And its private block (kShmBlockBytes) for reductions whose
-  // slots are streamed, allocated with the arena.
+  // their costs per byte differ. And its private block (kShmBlockBytes) for the partial sums
+  // of reductions over more than two ranks, allocated with the arena.
   SlotWriteChooser slot_writes[4][2];
   std::vector<std::byte> staging;
   // Flagged allreduces so far (every member alike), and where each one gathers the P inputs
