@@ -1,13 +1,14 @@
 // The shared-memory collectives' reduction loops (detail/shm_kernels.h): every vector width
 // this CPU has against the portable reduce() and divide(), bit for bit, at every alignment that
-// changes which stores the loop makes (streamed whole vectors, streamed 16-byte quarters, plain),
-// with the head and tail lengths that alignment leaves, in place, and with nothing written
-// outside the destinations.
+// changes which stores the loop makes (whole vectors or 16-byte pieces of them, streamed or
+// plain), with the head and tail lengths that alignment leaves, in place, and with nothing
+// written outside the destinations.
 #include "weightlift/comm/detail/shm_kernels.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -80,13 +81,16 @@ TEST(ReduceTo, EveryWidthWritesThePortableBitsToBothDestinations) {
     size_t first, second;
   };
   // Both aligned; aligned to 16 only (a malloc'd buffer), as the first or the second; not even
-  // aligned to the element; a second that is 64-aligned only after the first's head.
-  const Offsets kOffsets[] = {{0, 0}, {16, 0}, {0, 16}, {4, 20}, {1, 3}, {8, 40}};
+  // aligned to the element; heads of 15 (AVX-512) or 7 (AVX2) elements that leave the other
+  // destination aligned to 16 only; a head of 14 or 6 after which the other is aligned to 32
+  // (whole AVX2 vectors, AVX-512 pieces); a second aligned to 4 only.
+  const Offsets kOffsets[] = {{0, 0}, {16, 0}, {0, 16}, {4, 20}, {1, 3}, {8, 40}, {0, 4}};
   for (VectorWidth width : widths_here()) {
+    std::printf("[          ] vector width %s\n", width_name(width));
     for (DType t : {DType::kF32, DType::kBF16, DType::kI32}) {
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
-        for (size_t count : {size_t(0), size_t(1), size_t(15), size_t(17), size_t(1000),
-                             size_t(4099)}) {
+        for (size_t count :
+             {size_t(0), size_t(1), size_t(15), size_t(17), size_t(1000), size_t(4099)}) {
           const auto a = random_values(t, count, 1), b = random_values(t, count, 2);
           // The reference: reduce() then divide(), as the pipeline did before.
           std::vector<uint8_t> want(a.size());
@@ -121,19 +125,32 @@ TEST(ReduceTo, EveryWidthWritesThePortableBitsToBothDestinations) {
 }
 
 TEST(ReduceTo, InPlace) {
-  // The pipeline's own input may be its output (an in-place allreduce), and reduce_scatter's
-  // output may be its input block.
+  // An in-place allreduce's input is its output (the second destination), and an in-place
+  // reduce_scatter's output is its input block (the first, alone).
   for (VectorWidth width : widths_here()) {
-    const size_t count = 1000;
-    const auto a = random_values(DType::kF32, count, 3), b = random_values(DType::kF32, count, 4);
-    std::vector<uint8_t> want(a.size());
-    reduce(DType::kF32, ReduceOp::kSum, want.data(), a.data(), b.data(), count);
-    Placed data(DType::kF32, count, 16), other(DType::kF32, count, 0);
-    std::memcpy(data.data(), a.data(), a.size());
-    reduce_to(width, DType::kF32, ReduceOp::kSum, {other.data(), true}, {data.data(), true},
-              data.data(), reinterpret_cast<const std::byte*>(b.data()), count, 2);
-    EXPECT_EQ(data.contents(), want) << width_name(width);
-    EXPECT_EQ(other.contents(), want) << width_name(width);
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+      const size_t count = 1000;
+      const auto a = random_values(DType::kF32, count, 3);
+      const auto b = random_values(DType::kF32, count, 4);
+      std::vector<uint8_t> want(a.size());
+      reduce(DType::kF32, op, want.data(), a.data(), b.data(), count);
+      if (op == ReduceOp::kAvg) divide(DType::kF32, want.data(), count, 2);
+      const auto* peer = reinterpret_cast<const std::byte*>(b.data());
+      const std::string where =
+          std::string(width_name(width)) + " " + std::string(reduce_op_name(op));
+
+      Placed data(DType::kF32, count, 16), result(DType::kF32, count, 0);
+      std::memcpy(data.data(), a.data(), a.size());
+      reduce_to(width, DType::kF32, op, {result.data(), true}, {data.data(), true}, data.data(),
+                peer, count, 2);
+      EXPECT_EQ(data.contents(), want) << where;
+      EXPECT_EQ(result.contents(), want) << where;
+
+      Placed block(DType::kF32, count, 16);
+      std::memcpy(block.data(), a.data(), a.size());
+      reduce_to(width, DType::kF32, op, {block.data(), true}, {}, block.data(), peer, count, 2);
+      EXPECT_EQ(block.contents(), want) << where;
+    }
   }
 }
 

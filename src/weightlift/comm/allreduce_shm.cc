@@ -11,7 +11,7 @@
 // reduced by rank d. Each chunk goes through three phases on every rank r:
 //   1. copy in:  for every d != r, copy the input's block d into r's slot in[d]      (one copy)
 //   2. reduce:   res = input block r (op) peer q's in[r] for every q, read in place from the
-//                peers' scratch; then res -> output block r                  (reduce + copy)
+//                peers' scratch, written to output block r too   (reduce into two places)
 //   3. copy out: for every d != r, copy peer d's res into output block d             (one copy)
 // A phase ends by raising r's counter for it; the next phase waits for every peer's counter.
 // The three phases run as a software pipeline over chunks (copy in chunk i, reduce chunk
@@ -26,10 +26,9 @@
 //
 // Cost, n bytes over P ranks: per chunk 3 counters raised and 2 waited for in a row (a
 // cache-line hand-off between cores, about 0.1-0.3 us) instead of 2(P-1) messages; per rank
-// (P-1)/P n copied in, n/P reduced from P inputs and written twice (result block and output;
-// from 8 MiB in one pass, from the same registers: detail/shm_kernels.h), (P-1)/P n copied
-// out. With M the copy rate
-// one rank gets while all copy, a copy costing one read and one write:
+// (P-1)/P n copied in, n/P reduced from P inputs and written twice (result block and output,
+// in one pass whenever either is streamed: detail/shm_kernels.h), (P-1)/P n copied out. With
+// M the copy rate one rank gets while all copy, a copy costing one read and one write:
 //   T ~= [(P-1)/P n + (P+2)/2 n/P + (P-1)/P n] / M       (k reads and 2 writes ~ (k+2)/2 copies)
 // For P = 2 that is 2 n / M: less than that, with scratch that stays in the caches, is not
 // possible for peers that can map only each other's scratch, not each other's buffers (every

@@ -41,32 +41,36 @@ struct Store {
 };
 
 // The f32 loops: everything up to the first vector-aligned element of the streamed
-// destination (if any) and the tail one element at a time, as the vector lanes compute it.
+// destination and the tail one element at a time, as the vector lanes compute it. Byte
+// pointers, since the buffers need not be aligned to a float (reduce_op.cc says why).
 struct F32Job {
-  float* first;
-  float* second;  // or null
-  const float* a;
-  const float* b;
+  std::byte* first;
+  std::byte* second;  // or null
+  const std::byte* a;
+  const std::byte* b;
   size_t count;
   float divisor;  // 0: none
   float at(size_t i) const {
     float x, y;
-    std::memcpy(&x, a + i, 4);
-    std::memcpy(&y, b + i, 4);
+    std::memcpy(&x, a + 4 * i, 4);
+    std::memcpy(&y, b + 4 * i, 4);
     float s = x + y;
     if (divisor != 0) s /= divisor;
     return s;
   }
   void put(size_t i, float s) const {
-    std::memcpy(first + i, &s, 4);
-    if (second) std::memcpy(second + i, &s, 4);
+    std::memcpy(first + 4 * i, &s, 4);
+    if (second) std::memcpy(second + 4 * i, &s, 4);
   }
+  static const float* floats(const std::byte* p, size_t i) {
+    return reinterpret_cast<const float*>(p + 4 * i);
+  }
+  static float* floats(std::byte* p, size_t i) { return reinterpret_cast<float*>(p + 4 * i); }
 };
 
 // The stores depend on the buffers, not on the element: the branches on `Store` always go the
 // same way and cost nothing beside the memory traffic.
-__attribute__((target("avx512f"), always_inline)) inline void store(Store how, float* p,
-                                                                   __m512 v) {
+__attribute__((target("avx512f"), always_inline)) inline void store(Store how, float* p, __m512 v) {
   if (!how.pieces) {
     if (how.stream) {
       _mm512_stream_ps(p, v);
@@ -86,15 +90,16 @@ __attribute__((target("avx512f"), always_inline)) inline void store(Store how, f
   }
 }
 
-__attribute__((target("avx512f"))) void sum_f32_avx512(const F32Job& j, size_t begin,
-                                                      Store first, Store second) {
+__attribute__((target("avx512f"))) void sum_f32_avx512(const F32Job& j, size_t begin, Store first,
+                                                       Store second) {
   const __m512 div = _mm512_set1_ps(j.divisor);
   size_t i = begin;
   for (; i + 16 <= j.count; i += 16) {
-    __m512 s = _mm512_add_ps(_mm512_loadu_ps(j.a + i), _mm512_loadu_ps(j.b + i));
+    __m512 s = _mm512_add_ps(_mm512_loadu_ps(F32Job::floats(j.a, i)),
+                             _mm512_loadu_ps(F32Job::floats(j.b, i)));
     if (j.divisor != 0) s = _mm512_div_ps(s, div);
-    store(first, j.first + i, s);
-    if (j.second) store(second, j.second + i, s);
+    store(first, F32Job::floats(j.first, i), s);
+    if (j.second) store(second, F32Job::floats(j.second, i), s);
   }
   for (; i < j.count; ++i) j.put(i, j.at(i));
 }
@@ -123,10 +128,11 @@ __attribute__((target("avx2"))) void sum_f32_avx2(const F32Job& j, size_t begin,
   const __m256 div = _mm256_set1_ps(j.divisor);
   size_t i = begin;
   for (; i + 8 <= j.count; i += 8) {
-    __m256 s = _mm256_add_ps(_mm256_loadu_ps(j.a + i), _mm256_loadu_ps(j.b + i));
+    __m256 s = _mm256_add_ps(_mm256_loadu_ps(F32Job::floats(j.a, i)),
+                             _mm256_loadu_ps(F32Job::floats(j.b, i)));
     if (j.divisor != 0) s = _mm256_div_ps(s, div);
-    store(first, j.first + i, s);
-    if (j.second) store(second, j.second + i, s);
+    store(first, F32Job::floats(j.first, i), s);
+    if (j.second) store(second, F32Job::floats(j.second, i), s);
   }
   for (; i < j.count; ++i) j.put(i, j.at(i));
 }
@@ -135,8 +141,7 @@ __attribute__((target("avx2"))) void sum_f32_avx2(const F32Job& j, size_t begin,
 void sum_f32_wide(VectorWidth width, ReduceDestination first, ReduceDestination second,
                   const std::byte* a, const std::byte* b, size_t count, int divisor) {
   const size_t vector = width == VectorWidth::kAvx512 ? 64 : 32;
-  // Elements one at a time until the first streamed destination (or else the first) is
-  // aligned to the vector.
+  // Elements one at a time until the first streamed destination is aligned to the vector.
   const ReduceDestination& anchor = !first.stream && second.at && second.stream ? second : first;
   size_t head = 0;
   if (address(anchor.at) % 4 == 0) {
@@ -148,12 +153,7 @@ void sum_f32_wide(VectorWidth width, ReduceDestination first, ReduceDestination 
     if (at % 16 == 0) return Store{.stream = d.stream, .pieces = true};
     return Store{};
   };
-  const F32Job job{reinterpret_cast<float*>(first.at),
-                   reinterpret_cast<float*>(second.at),
-                   reinterpret_cast<const float*>(a),
-                   reinterpret_cast<const float*>(b),
-                   count,
-                   divisor > 1 ? float(divisor) : 0.0f};
+  const F32Job job{first.at, second.at, a, b, count, divisor > 1 ? float(divisor) : 0.0f};
   for (size_t i = 0; i < head; ++i) job.put(i, job.at(i));
   const Store second_how = second.at ? how(second) : Store{};
   if (width == VectorWidth::kAvx512) {
@@ -175,7 +175,9 @@ void copy_bytes(std::byte* dst, const std::byte* src, size_t bytes, bool stream)
 
 VectorWidth widest_vector_width() {
   const CpuInfo& cpu = cpu_info();
-  return cpu.avx512f ? VectorWidth::kAvx512 : cpu.avx2 ? VectorWidth::kAvx2 : VectorWidth::kPortable;
+  return cpu.avx512f ? VectorWidth::kAvx512
+         : cpu.avx2  ? VectorWidth::kAvx2
+                     : VectorWidth::kPortable;
 }
 
 void reduce_to(DType dtype, ReduceOp op, ReduceDestination first, ReduceDestination second,

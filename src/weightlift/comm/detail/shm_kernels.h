@@ -3,12 +3,13 @@
 // rank's result block (for the peers) and to its output.
 //
 // When either is streamed (the output from 8 MiB, a slot when the rank chose to), both are
-// written from the same registers in one pass, with AVX-512 or AVX2 for f32 sums: the SSE loops the compiler makes from the
-// portable kernels (reduce_op.cc) keep too few cache misses in flight to read DRAM at the copy
-// rate. On one core a 32 MiB f32 sum made once and then copied out took 4.2-4.6 ms, written
-// both ways at once 2.7-2.9 ms; the 2-rank allreduce of 8-256 MiB got 1.10-1.22x faster by
-// median (docs/BENCHMARKS.md, "One pass for the reduction"). When the result stays in cache
-// the one pass was slower (0.6x at 64-128 KiB): the result is made once and copied, as before.
+// written from the same registers in one pass, with AVX-512 or AVX2 for f32 sums: the SSE loops the
+// compiler makes from the portable kernels (reduce_op.cc) keep too few cache misses in flight to
+// read DRAM at the copy rate. On one core a 32 MiB f32 sum made once and then copied out
+// took 4.2-4.7 ms, written both ways at once 2.7-2.9 ms; the 2-rank allreduce of 8-256 MiB
+// got 1.10-1.22x faster by median (docs/BENCHMARKS.md, "One pass for the reduction"). When the
+// result stays in cache the one pass was slower (0.6x at 64-128 KiB): the result is made once and
+// copied, as before.
 #pragma once
 
 #include <cstddef>
@@ -29,11 +30,12 @@ struct ReduceDestination {
 };
 
 // first[i] = second[i] = a[i] op b[i] for i < count, then divided by `divisor` when op is
-// kAvg (the step that adds the last rank's values; earlier steps pass divisor 1). The same
-// bits as reduce() followed by divide(), whichever loop runs. With a streamed destination,
-// f32 sums use AVX-512 or AVX2 when the CPU has them, everything else reduces L1-sized pieces
-// with reduce() and copies each piece to both destinations. `second.at` may be null. a or b may be a destination
-// (in place), but must not overlap one otherwise.
+// kAvg and divisor > 1 (the pipeline passes P: this is the step that adds the last peer's
+// values, and the earlier steps are plain reduce() calls). The same bits as reduce() followed
+// by divide(), whichever loop runs. With a streamed destination, f32 sums use AVX-512 or AVX2
+// when the CPU has them, and everything else reduces L1-sized pieces with reduce() and copies
+// each piece to both destinations. `second.at` may be null. a or b may be a destination (in
+// place), but must not overlap one otherwise.
 void reduce_to(DType dtype, ReduceOp op, ReduceDestination first, ReduceDestination second,
                const std::byte* a, const std::byte* b, size_t count, int divisor);
 
