@@ -68,6 +68,15 @@ struct F32Job {
   static float* floats(std::byte* p, size_t i) { return reinterpret_cast<float*>(p + 4 * i); }
 };
 
+// One 16-byte piece of a vector, to a destination aligned to 16 (SSE, so any x86-64).
+inline void store_piece(bool stream, float* p, __m128 q) {
+  if (stream) {
+    _mm_stream_ps(p, q);
+  } else {
+    _mm_store_ps(p, q);
+  }
+}
+
 // The stores depend on the buffers, not on the element: the branches on `Store` always go the
 // same way and cost nothing beside the memory traffic.
 __attribute__((target("avx512f"), always_inline)) inline void store(Store how, float* p, __m512 v) {
@@ -79,15 +88,10 @@ __attribute__((target("avx512f"), always_inline)) inline void store(Store how, f
     }
     return;
   }
-  const __m128 q[4] = {_mm512_extractf32x4_ps(v, 0), _mm512_extractf32x4_ps(v, 1),
-                       _mm512_extractf32x4_ps(v, 2), _mm512_extractf32x4_ps(v, 3)};
-  for (int k = 0; k < 4; ++k) {
-    if (how.stream) {
-      _mm_stream_ps(p + 4 * k, q[k]);
-    } else {
-      _mm_store_ps(p + 4 * k, q[k]);
-    }
-  }
+  store_piece(how.stream, p, _mm512_extractf32x4_ps(v, 0));
+  store_piece(how.stream, p + 4, _mm512_extractf32x4_ps(v, 1));
+  store_piece(how.stream, p + 8, _mm512_extractf32x4_ps(v, 2));
+  store_piece(how.stream, p + 12, _mm512_extractf32x4_ps(v, 3));
 }
 
 __attribute__((target("avx512f"))) void sum_f32_avx512(const F32Job& j, size_t begin, Store first,
@@ -113,14 +117,8 @@ __attribute__((target("avx2"), always_inline)) inline void store(Store how, floa
     }
     return;
   }
-  const __m128 q[2] = {_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)};
-  for (int k = 0; k < 2; ++k) {
-    if (how.stream) {
-      _mm_stream_ps(p + 4 * k, q[k]);
-    } else {
-      _mm_store_ps(p + 4 * k, q[k]);
-    }
-  }
+  store_piece(how.stream, p, _mm256_castps256_ps128(v));
+  store_piece(how.stream, p + 4, _mm256_extractf128_ps(v, 1));
 }
 
 __attribute__((target("avx2"))) void sum_f32_avx2(const F32Job& j, size_t begin, Store first,
