@@ -8,7 +8,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 packages=(
   build-essential g++ cmake ninja-build pkg-config git
-  clang clang-format libclang-rt-14-dev libomp-dev
+  clang clang-format libclang-rt-14-dev libomp-dev ccache
   libdnnl-dev libucx-dev ucx-utils libhwloc-dev
   nlohmann-json3-dev libcli11-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev

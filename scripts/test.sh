@@ -1,47 +1,82 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs every test: the release build's unit and
-# multi-process tests plus the PyTorch reference comparison, then the unit tests again under
-# AddressSanitizer + UndefinedBehaviorSanitizer, then every test but the slow ones and the TCP
-# reruns under ThreadSanitizer (the threads and processes that exchange bytes, and the compute
-# pool under every kernel and model test).
+# Installs what is missing, builds, and runs in the release build what needs its speed or the
+# binary users run (the slow tests: the command line end to end, the Python package, the
+# PyTorch reference; and the tests labelled full-size, which run on smaller models or skip a
+# case under the sanitizers), then every test but the slow ones once under AddressSanitizer +
+# UndefinedBehaviorSanitizer, then the tests labelled "threads" (ranks as threads and
+# processes exchanging bytes, the compute pool, the transfer fleet) under ThreadSanitizer, but
+# the slow ones and the reruns over UCX's TCP transport.
+#
 # Formatting is checked first (scripts/check_format.sh); a clang build of the libraries checks
-# the thread-safety annotations last. The ASan build compiles at -O1 with line tables only
-# (CMakePresets.json), as ASan's own docs suggest: at -O2 -g it took 19 of the whole run's 57
-# minutes on 2 cores, at -O1 -g1 about half the compile time, its tests as fast. ThreadSanitizer
-# builds the same way. The clang build compiles at -O0: the thread-safety analysis runs before
-# any optimisation, and -O0 halves its compile time. Each phase prints when it starts, so a
-# slow CI run says where.
+# the thread-safety annotations last. Every build goes through ccache (scripts/build.sh), whose
+# cache outlives the checkout: a fresh clone on a machine that built the same sources before
+# compiles almost nothing. The ASan build compiles at -O1 with line tables only
+# (CMakePresets.json), as ASan's own docs suggest; ThreadSanitizer builds the same way; the
+# clang build compiles at -O0 (the thread-safety analysis runs before any optimisation). Each
+# phase prints when it starts, and the run ends with a table of every phase's time and the
+# tests each stage ran, so a slow CI run says where.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 
-phase() { echo "== $1 (at ${SECONDS} s)"; }
+summary=()
+phase_name="" phase_start=0
+phase() {
+  if [ -n "$phase_name" ]; then summary+=("$(printf '%-58s %5d s' "$phase_name" $((SECONDS - phase_start)))"); fi
+  phase_name=$1 phase_start=$SECONDS
+  echo "== $1 (at ${SECONDS} s)"
+}
+passed=0 failed=0
+report() {
+  phase ""
+  echo "== phases"
+  printf '%s\n' "${summary[@]}"
+  printf '%-58s %5d s\n' "whole run" "$SECONDS"
+  echo "$passed passed, $failed failed"
+}
+trap report EXIT
+# ctest with its closing count kept for the table.
+run_tests() {
+  local label=$1 log
+  shift
+  log=$(mktemp)
+  ctest "$@" 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  local line
+  line=$(grep -E '^[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -1)
+  summary+=("  $label: ${line:-no count}")
+  if [[ $line =~ ([0-9]+)\ tests?\ failed\ out\ of\ ([0-9]+) ]]; then
+    failed=$((failed + BASH_REMATCH[1]))
+    passed=$((passed + BASH_REMATCH[2] - BASH_REMATCH[1]))
+  fi
+  rm -f "$log"
+  return "$rc"
+}
 
 phase format
 bash scripts/check_format.sh
 
 phase "release build"
 bash scripts/build.sh release
-ctest --preset release -j 2
+phase "release tests (the slow and the full-size ones)"
+run_tests "release" --preset release -j 2 -L 'slow|full-size'
 
-phase "asan-ubsan build (every test but the slow ones)"
+phase "asan-ubsan build"
 bash scripts/build.sh asan-ubsan
-ctest --preset asan-ubsan -j 2 -LE slow
+phase "asan-ubsan tests (all but the slow ones)"
+run_tests "ASan+UBSan" --preset asan-ubsan -j 2 -LE slow
 
-# ThreadSanitizer runs the tests labelled "threads" (ranks as threads exchanging bytes, the
-# compute pool, the transfer fleet), built from their folders only: the kernel, model and
-# training tests run single-process code that ASan already covers, and building them too put
-# this phase at about 30 of a run's 80 minutes on a 2-core AVX2 machine. The collectives' and
-# transfers' reruns over UCX's TCP transport (tcp.*) are left out too: the same threads as over
-# shared memory, and UCX itself is not instrumented. ASan runs all of them.
-phase "tsan build (the threads tests, but the slow ones and the tcp.* reruns)"
+# ThreadSanitizer runs the tests labelled "threads", built from their folders only: the
+# kernel, model and training tests run single-process code that ASan already covers. The
+# collectives' and transfers' reruns over UCX's TCP transport (tcp.*) are left out too: the
+# same threads as over shared memory, and UCX itself is not instrumented. ASan runs all of them.
+phase "tsan build (the threads tests' folders)"
 tsan_targets=()
 for dir in apps comm core fault infer parallel transfer; do tsan_targets+=("tests/$dir/all"); done
 bash scripts/build.sh tsan "${tsan_targets[@]}"
-ctest --preset tsan -j 2 -L threads -LE slow -E '^tcp[.]'
+phase "tsan tests (threads, but the slow ones and the tcp.* reruns)"
+run_tests "TSan" --preset tsan -j 2 -L threads -LE slow -E '^tcp[.]'
 
 phase "clang thread-safety analysis (WL_GUARDED_BY annotations, libraries only)"
-cmake --preset clang-tsa >/dev/null
-cmake --build build/clang-tsa -j "$(nproc)" --target wl_app wl_infer
-phase done
+bash scripts/build.sh clang-tsa wl_app wl_infer
