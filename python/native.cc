@@ -363,16 +363,26 @@ struct View {
 class Weights {
  public:
   explicit Weights(std::shared_ptr<Pin> pin) : pin_(std::move(pin)) {}
-  uint64_t version() const { return pin_->guard.version(); }
+  uint64_t version() const { return pinned().guard.version(); }
   View view(const std::string& name) const {
-    const transfer::ReceiverEntry* e = pin_->owner->receiver().find(name);
+    const Pin& pin = pinned();
+    const transfer::ReceiverEntry* e = pin.owner->receiver().find(name);
     if (!e) throw StatusError(not_found("the receiver holds no tensor '" + name + "'"));
-    Tensor t = pin_->guard.tensor(name);
+    Tensor t = pin.guard.tensor(name);
     return View{pin_, static_cast<std::byte*>(t.raw()), e->bytes};
   }
   void release() { pin_.reset(); }
 
  private:
+  // The pin, or an error once release() dropped it: the version may be overwritten by then.
+  const Pin& pinned() const {
+    if (!pin_) {
+      throw StatusError(failed_precondition(
+          "these weights were released: acquire() the receiver's weights again to read them"));
+    }
+    return *pin_;
+  }
+
   std::shared_ptr<Pin> pin_;
 };
 

@@ -30,6 +30,7 @@ out. Errors are raised as ``weightlift.Error`` whose message starts with the sta
 """
 from __future__ import annotations
 
+import collections.abc
 import itertools
 import os
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
@@ -261,11 +262,12 @@ class ParameterServer:
         self._native.serve_for(seconds)
 
 
-class Weights:
+class Weights(collections.abc.Mapping):
     """One version of a receiver's weights, pinned until release() (or the end of a `with`
     block) and until every tensor taken from it is gone: an update never writes under it.
     Holding a version past the next update makes the update after that wait, and fail at its
-    timeout."""
+    timeout. A read mapping of tensor names to tensors (`in`, `len`, iteration, `items()`);
+    reading it after release() raises weightlift.Error."""
 
     def __init__(self, native: _native.Weights, specs: Mapping[str, Tuple[str, List[int]]]):
         self._native = native
@@ -275,8 +277,14 @@ class Weights:
     def version(self) -> int:
         return self._native.version
 
-    def keys(self) -> Iterator[str]:
+    def __iter__(self) -> Iterator[str]:
         return iter(self._specs)
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
 
     def __getitem__(self, name: str) -> Any:
         """Tensor `name` as a torch.Tensor viewing the receiver's memory (fp8 tensors as

@@ -4,6 +4,7 @@ the errors every public call gives on bad input.
 
 Run by CTest (tests/CMakeLists.txt) with PYTHONPATH=<build>/python and WEIGHTLIFT_EXE, the
 weightlift binary whose `launch` starts the ranks (tests/python/ranks.py)."""
+import collections.abc
 import json
 import os
 import socket
@@ -282,6 +283,14 @@ def test_receiver_tensors_and_the_gil_released_while_it_waits(job):
         assert lo <= t.data_ptr() < hi
         with pytest.raises(KeyError):
             w["no.such.tensor"]
+        assert isinstance(w, collections.abc.Mapping)
+        assert len(w) == len(specs) and set(w) == set(specs) and "embed.weight" in w
+        assert dict(w.items()).keys() == specs.keys()
+    # Released: the version may be overwritten, so reading it is an error, not a crash.
+    for read in (lambda: w.version, lambda: w["embed.weight"]):
+        with pytest.raises(wl.Error, match="released"):
+            read()
+    w.release()  # twice is harmless
     ticks = []
     done = threading.Event()
 
