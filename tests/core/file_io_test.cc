@@ -8,6 +8,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -199,6 +200,40 @@ TEST_F(FileIo, DirectoriesAreExchangedWhole) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
   EXPECT_EQ(slurp(path("plain")), "not a directory");
   fs::remove_all(*third);
+}
+
+// A writer killed mid-save leaves its staging behind (a checkpoint directory, a file written
+// atomically); the next writer to hold the directory's lock removes it, and nothing else.
+TEST_F(FileIo, TheNextWriterRemovesWhatADeadOneStaged) {
+  Result<std::string> checkpoint = make_staging_directory(path("checkpoint-200"));
+  ASSERT_TRUE(checkpoint.ok());
+  std::ofstream(*checkpoint + "/rank-00000-of-00001.safetensors") << "half written";
+  fs::create_directory(path("checkpoint-400.tmp.1234567"));  // a save's own staging name
+  std::ofstream(path("metrics.jsonl.tmp.Ab12Cd")) << "half";
+  for (const char* keep :
+       {"metrics.jsonl", "checkpoint-100", "notes.tmp", "x.tmp.", ".tmp.1", "a.tmp.b-c"}) {
+    std::ofstream(path(keep)) << "kept";
+  }
+  {
+    Result<DirectoryLock> lock = DirectoryLock::acquire(dir_, "--out");
+    ASSERT_TRUE(lock.ok()) << lock.status().to_string();
+  }
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir_)) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left,
+            (std::vector<std::string>{".tmp.1", ".weightlift.lock", "a.tmp.b-c", "checkpoint-100",
+                                      "metrics.jsonl", "notes.tmp", "x.tmp."}));
+  EXPECT_TRUE(is_staging_name("checkpoint-8.tmp.42"));
+  EXPECT_FALSE(is_staging_name("checkpoint-8.tmp"));
+
+  // While a live writer holds the lock, a second one is refused and removes nothing.
+  Result<DirectoryLock> held = DirectoryLock::acquire(dir_, "--out");
+  ASSERT_TRUE(held.ok());
+  Result<std::string> live = make_staging_directory(path("checkpoint-600"));
+  ASSERT_TRUE(live.ok());
+  EXPECT_EQ(DirectoryLock::acquire(dir_, "--out").status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(fs::exists(*live));
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -315,7 +316,27 @@ Result<DirectoryLock> DirectoryLock::acquire(const std::string& dir, std::string
   if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, me.data(), me.size(), 0) != ssize_t(me.size())) {
     return errno_status("write " + path, errno);
   }
+  remove_stale_staging(dir);
   return lock;
+}
+
+bool is_staging_name(std::string_view name) {
+  const size_t at = name.rfind(".tmp.");
+  if (at == std::string_view::npos || at == 0 || at + 5 == name.size()) return false;
+  for (char c : name.substr(at + 5)) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) return false;
+  }
+  return true;
+}
+
+// Whatever a writer of `dir` staged and never renamed into place (a checkpoint directory, a
+// file written atomically) was left by one that died: the lock says no other writer is live.
+// Best effort: what cannot be removed stays, and the run goes on.
+void DirectoryLock::remove_stale_staging(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (is_staging_name(e.path().filename().string())) fs::remove_all(e.path(), ec);
+  }
 }
 
 DirectoryLock& DirectoryLock::operator=(DirectoryLock&& other) noexcept {

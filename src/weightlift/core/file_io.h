@@ -100,7 +100,9 @@ Result<std::string> make_staging_directory(const std::string& dir);
 // held until the object goes away; the kernel lets go when the process dies, so a killed run
 // never leaves it stuck. A second run writing into `dir` while the first still does is
 // refused (FailedPrecondition naming `flag`, the directory and the holder's pid) instead of
-// interleaving its records and checkpoints with the first one's. `dir` must exist.
+// interleaving its records and checkpoints with the first one's. `dir` must exist. Once the
+// lock is held, what a writer that died left staged in `dir` (is_staging_name: a checkpoint
+// half saved, a file half written) is removed, so an interrupted save costs no disk for long.
 class DirectoryLock {
  public:
   static Result<DirectoryLock> acquire(const std::string& dir, std::string_view flag);
@@ -112,8 +114,13 @@ class DirectoryLock {
 
  private:
   explicit DirectoryLock(int fd) : fd_(fd) {}
+  static void remove_stale_staging(const std::string& dir);
   int fd_ = -1;
 };
+
+// Whether `name` (a file name, no directory) is one that make_staging_directory, AtomicFile or
+// a checkpoint save stages under: `<target>.tmp.<letters and digits>`.
+bool is_staging_name(std::string_view name);
 
 // Replaces directory `dir` by the fully written directory `staged` in one step: exchanged
 // atomically (renameat2 RENAME_EXCHANGE) when `dir` exists, so a crash at any moment leaves
