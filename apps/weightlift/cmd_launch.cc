@@ -1,8 +1,28 @@
+#include <atomic>
+#include <csignal>
+
 #include "commands.h"
 #include "validate.h"
 #include "weightlift/comm/launch.h"
 
 namespace wl::app {
+namespace {
+
+// The signal that asked the launcher to stop (0: none yet); its ranks are stopped in turn
+// (comm::LaunchOptions::stop_signal). A second signal kills the launcher (SA_RESETHAND), and
+// its ranks with it (they die with their parent).
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free);
+extern "C" void ask_to_stop(int sig) { g_stop_signal.store(sig); }
+
+void catch_launch_stop_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = ask_to_stop;
+  sa.sa_flags = SA_RESETHAND | SA_RESTART;
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+}
+
+}  // namespace
 
 void register_launch(CLI::App& app, Outcome& out) {
   auto* cmd = app.add_subcommand(
@@ -22,6 +42,8 @@ void register_launch(CLI::App& app, Outcome& out) {
       ->transform(count(0, 1000));
   cmd->add_option("command", o->command, "the command each rank runs (after --)")->required();
   cmd->callback([&out, o] {
+    catch_launch_stop_signals();
+    o->stop_signal = &g_stop_signal;
     Result<int> r = comm::run_launch(*o);
     out.exit_code = r.ok() ? *r : report("launch", r.status());
   });

@@ -19,11 +19,17 @@
 //                            rank 0 leaves at once; the others then meet in the store and
 //                            print "met after rank 0 left": under `weightlift launch` the
 //                            store is the launcher's, not rank 0's.
+//   comm_test_rank declare-lost [replaced]
+//                            rank 1 stops itself (SIGSTOP) once it has said so in the store;
+//                            rank 0 then declares it lost (comm::declare_lost) and, with
+//                            "replaced", waits for its replacement (which sets "back") before
+//                            exiting 0.
 //
 // A failure to join exits 10 + the StatusCode at once, so the tests can tell a refused token
 // (kPermissionDenied) from a timeout.
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -31,6 +37,7 @@
 #include <vector>
 
 #include "weightlift/comm/collectives.h"
+#include "weightlift/comm/launch.h"
 #include "weightlift/comm/process_alive.h"
 #include "weightlift/comm/world.h"
 
@@ -154,6 +161,32 @@ int store_after_rank0(const wl::comm::LaunchEnv& env) {
   return 0;
 }
 
+int declare_lost_peer(const wl::comm::LaunchEnv& env, bool wait_for_replacement) {
+  using namespace std::chrono_literals;
+  auto w = wl::comm::connect_store(env, 20000ms);
+  if (!w.ok()) return fail(env.rank, w.status());
+  const bool replacement = std::getenv("WEIGHTLIFT_RESTART") != nullptr;
+  if (env.rank == 1) {
+    if (replacement) {
+      if (auto s = w->store->set("back", wl::comm::to_bytes("1")); !s.ok()) return fail(1, s);
+      std::printf("replacement is back\n");
+      return 0;
+    }
+    if (auto s = w->store->set("stopping", wl::comm::to_bytes("1")); !s.ok()) return fail(1, s);
+    ::raise(SIGSTOP);  // the launcher kills it here
+    std::printf("rank 1 was let go on\n");
+    return 1;
+  }
+  if (auto v = w->store->get("stopping", 20000ms); !v.ok()) return fail(0, v.status());
+  ::usleep(100000);  // a moment for the SIGSTOP to land
+  if (auto s = wl::comm::declare_lost(*w->store, 1); !s.ok()) return fail(0, s);
+  if (wait_for_replacement) {
+    if (auto v = w->store->get("back", 20000ms); !v.ok()) return fail(0, v.status());
+  }
+  std::printf("rank 0 done\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -162,6 +195,9 @@ int main(int argc, char** argv) {
   auto place = wl::comm::read_launch_env();
   if (!place.ok()) return fail(-1, place.status());
   if (mode == "store-after-rank0") return store_after_rank0(*place);
+  if (mode == "declare-lost") {
+    return declare_lost_peer(*place, argc > 2 && std::string(argv[2]) == "replaced");
+  }
   auto world =
       wl::comm::connect_world(*place, {.timeout = std::chrono::milliseconds(
                                            mode == "loop" || mode == "hold" ? timeout_ms : 20000)});

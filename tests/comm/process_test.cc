@@ -10,11 +10,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/child_process.h"
@@ -297,6 +299,60 @@ TEST(Launch, ItsOwnLinesGoApartFromTheRanks) {
   EXPECT_EQ(out.find("[launch]"), std::string::npos) << out;
   EXPECT_NE(said.find("[launch] rank 1 exited with code 3"), std::string::npos) << said;
   EXPECT_EQ(said.find("hello"), std::string::npos) << said;
+}
+
+// A rank the job declares lost (stopped here, so it would never exit by itself) is killed by
+// the launcher and started again while restarts remain; with none left the job still ends,
+// with the others' exit code.
+TEST(Launch, ARankTheJobDeclaresLostIsKilledAndStartedAgain) {
+  const auto start = Clock::now();
+  Launched l = launch(2, {kRankBinary, "declare-lost", "replaced"}, 1);
+  EXPECT_EQ(l.code, 0) << l.output;
+  EXPECT_NE(l.output.find("[launch] rank 1 was declared lost by the job; killing it"),
+            std::string::npos)
+      << l.output;
+  EXPECT_NE(l.output.find("starting it again (restart 1 of 1)"), std::string::npos) << l.output;
+  EXPECT_NE(l.output.find("[rank 1] replacement is back"), std::string::npos) << l.output;
+  EXPECT_EQ(l.output.find("let go on"), std::string::npos) << l.output;
+
+  l = launch(2, {kRankBinary, "declare-lost"}, 0);
+  EXPECT_EQ(l.code, 0) << l.output;
+  EXPECT_NE(l.output.find("rank 1, declared lost by the job, is not started again"),
+            std::string::npos)
+      << l.output;
+  EXPECT_NE(l.output.find("[rank 0] rank 0 done"), std::string::npos) << l.output;
+  EXPECT_LT(Clock::now() - start, 20s);
+}
+
+// A launcher asked to stop (its SIGINT or SIGTERM handler sets stop_signal) passes SIGTERM to
+// every rank, which may clean up and exit; the job's code is 128 + the signal, and no rank
+// that the stop ended is started again.
+TEST(Launch, AStopSignalStopsEveryRankWhichMayCleanUp) {
+  const int fd = ::memfd_create("launch-output", 0);
+  std::atomic<int> stop{0};
+  std::thread asker([&] {
+    std::this_thread::sleep_for(500ms);
+    stop.store(SIGINT);
+  });
+  const auto start = Clock::now();
+  auto r = run_launch(
+      {.nprocs = 2,
+       .command = {"sh", "-c", "trap 'echo cleaned up; kill $!; exit 0' TERM; sleep 30 & wait"},
+       .grace = 5000ms,
+       .output_fd = fd,
+       .notice_fd = fd,
+       .restart_failed = 3,
+       .stop_signal = &stop});
+  asker.join();
+  const std::string out = read_all(fd);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(*r, 128 + SIGINT) << out;
+  EXPECT_LT(Clock::now() - start, 4s) << "the ranks should not have needed the SIGKILL";
+  EXPECT_NE(out.find("[launch] stopped by SIGINT"), std::string::npos) << out;
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_NE(out.find("[rank " + std::to_string(rank) + "] cleaned up"), std::string::npos) << out;
+  }
+  EXPECT_EQ(out.find("starting it again"), std::string::npos) << out;
 }
 
 TEST(Launch, MissingCommandIsExit127) {

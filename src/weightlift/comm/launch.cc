@@ -22,6 +22,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// declare_lost's keys: the i-th declaration's rank under kLostKey/i, and how many have been
+// made (the count is raised only once the rank is there to read).
+constexpr const char* kLostKey = "launch/lost";
+constexpr const char* kLostSlotKey = "launch/lost-slots";
+
 std::string random_token() {
   std::random_device rd;  // the kernel's entropy
   static const char kHex[] = "0123456789abcdef";
@@ -51,7 +56,8 @@ struct Rank {
   int out = -1;         // read end of its stdout+stderr pipe
   std::string partial;  // an unfinished line
   bool running = false;
-  int restarts = 0;  // times started again after failing
+  int restarts = 0;   // times started again after failing
+  bool lost = false;  // killed because the job declared it lost (this incarnation)
 };
 
 int exit_code_of(int wstatus) {
@@ -91,6 +97,9 @@ class Job {
   Status kill_at_deadline();
 
  private:
+  void stop_all(int code, const std::string& why);
+  void stop_if_asked();
+  void kill_declared_lost();
   Status spawn(int r, const std::vector<std::string>& env);
   bool restart(int r, int code);
   void emit(int r, std::string_view text);
@@ -107,6 +116,10 @@ class Job {
   bool stopping_ = false;
   Clock::time_point kill_at_{};
   int polled_ = 0;  // what the last poll returned
+  // The launcher's own client of the job's store, for declare_lost's declarations.
+  std::unique_ptr<Store> store_;
+  int64_t lost_seen_ = 0;
+  Clock::time_point next_lost_check_{};
 };
 
 // The child's environment is built before fork: between fork and exec only async-signal-safe
@@ -142,7 +155,8 @@ Status Job::spawn(int r, const std::vector<std::string>& env) {
                        .out = fds[0],
                        .partial = {},
                        .running = true,
-                       .restarts = ranks_[size_t(r)].restarts};
+                       .restarts = ranks_[size_t(r)].restarts,
+                       .lost = false};
   ++open_pipes_;
   ++running_;
   return ok_status();
@@ -151,6 +165,11 @@ Status Job::spawn(int r, const std::vector<std::string>& env) {
 Status Job::start(int port, const std::string& token) {
   port_ = port;
   token_ = token;
+  WL_ASSIGN_OR_RETURN(store_, TcpStore::connect({.host = o_.master_addr,
+                                                 .port = port,
+                                                 .token = token,
+                                                 .connect_timeout = std::chrono::seconds(10),
+                                                 .request_timeout = std::chrono::seconds(10)}));
   for (int r = 0; r < o_.nprocs; ++r) {
     WL_RETURN_IF_ERROR(spawn(r, rank_environment(o_, r, port, token)));
   }
@@ -213,20 +232,69 @@ void Job::reap() {
     --running_;
     const int code = exit_code_of(wstatus);
     if (code == 0 || stopping_ || restart(r, code)) continue;
-    result_ = code;
-    stopping_ = true;
-    write_fully(o_.notice_fd, "[launch] rank " + std::to_string(r) + " exited with code " +
-                                  std::to_string(code) + "; stopping the other ranks\n");
-    for (const Rank& other : ranks_) {
-      if (other.running) ::kill(other.pid, SIGTERM);
+    if (k.lost) {  // the job goes on without it
+      write_fully(o_.notice_fd, "[launch] rank " + std::to_string(r) +
+                                    ", declared lost by the job, is not started again (no "
+                                    "restarts left)\n");
+      continue;
     }
-    kill_at_ = Clock::now() + o_.grace;
+    stop_all(code, "rank " + std::to_string(r) + " exited with code " + std::to_string(code) +
+                       "; stopping the other ranks");
   }
   if (stopping_ && running_ > 0 && Clock::now() >= kill_at_) {
     for (const Rank& other : ranks_) {
       if (other.running) ::kill(other.pid, SIGKILL);
     }
     kill_at_ = Clock::now() + std::chrono::hours(1);
+  }
+}
+
+// The job ends with `code`: every rank still running gets SIGTERM now and SIGKILL once the
+// grace period is over (reap()).
+void Job::stop_all(int code, const std::string& why) {
+  result_ = code;
+  stopping_ = true;
+  write_fully(o_.notice_fd, "[launch] " + why + "\n");
+  for (const Rank& k : ranks_) {
+    if (k.running) ::kill(k.pid, SIGTERM);
+  }
+  kill_at_ = Clock::now() + o_.grace;
+}
+
+// The caller asked the job to stop (a signal): checked before any exit is reaped, so that a
+// rank the same signal ended (a terminal's Ctrl-C reaches every process of the group) is not
+// taken for a failure and restarted.
+void Job::stop_if_asked() {
+  const int sig = o_.stop_signal ? o_.stop_signal->load() : 0;
+  if (sig == 0 || stopping_) return;
+  const char* name = sig == SIGINT    ? "SIGINT"
+                     : sig == SIGTERM ? "SIGTERM"
+                     : sig == SIGHUP  ? "SIGHUP"
+                                      : nullptr;
+  stop_all(128 + sig, std::string("stopped by ") + (name ? name : "signal " + std::to_string(sig)) +
+                          ": asking every rank to stop (SIGTERM; SIGKILL in " +
+                          std::to_string(o_.grace.count()) + " ms)");
+}
+
+// Ranks the job declared lost since the last look (declare_lost) are killed; reap() then
+// treats them as failed ones that the job survives. Looked at every 100 ms at most.
+void Job::kill_declared_lost() {
+  if (!store_ || stopping_ || Clock::now() < next_lost_check_) return;
+  next_lost_check_ = Clock::now() + std::chrono::milliseconds(100);
+  Result<int64_t> count = store_->add(kLostKey, 0);
+  if (!count.ok()) return;  // the store is ours and local: this does not happen
+  for (; lost_seen_ < *count; ++lost_seen_) {
+    Result<Bytes> v =
+        store_->get(std::string(kLostKey) + "/" + std::to_string(lost_seen_), o_.grace);
+    if (!v.ok() || v->size() != sizeof(int32_t)) continue;
+    int32_t r = 0;
+    std::memcpy(&r, v->data(), sizeof r);
+    if (r < 0 || r >= o_.nprocs || !ranks_[size_t(r)].running) continue;
+    Rank& k = ranks_[size_t(r)];
+    write_fully(o_.notice_fd, "[launch] rank " + std::to_string(r) +
+                                  " was declared lost by the job; killing it\n");
+    k.lost = true;
+    ::kill(k.pid, SIGKILL);  // a stopped process too
   }
 }
 
@@ -275,6 +343,8 @@ Result<int> Job::wait() {
       o_.deadline.count() > 0 ? Clock::now() + o_.deadline : Clock::time_point::max();
   while (open_pipes_ > 0 || running_ > 0) {
     WL_RETURN_IF_ERROR(read_output());
+    stop_if_asked();
+    kill_declared_lost();
     reap();
     drop_orphaned_pipes();
     if (running_ > 0 && Clock::now() >= deadline) return kill_at_deadline();
@@ -317,6 +387,15 @@ Result<int> run_launch(const LaunchOptions& o) {
   Job job(o);
   WL_RETURN_IF_ERROR(job.start((*store)->port(), token));
   return job.wait();
+}
+
+Status declare_lost(Store& store, int rank) {
+  WL_ASSIGN_OR_RETURN(const int64_t slot, store.add(kLostSlotKey, 1));
+  const int32_t r = rank;
+  Bytes v(sizeof r);
+  std::memcpy(v.data(), &r, sizeof r);
+  WL_RETURN_IF_ERROR(store.set(std::string(kLostKey) + "/" + std::to_string(slot - 1), v));
+  return store.add(kLostKey, 1).status();
 }
 
 }  // namespace wl::comm

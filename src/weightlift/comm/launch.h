@@ -10,16 +10,28 @@
 // with an error the others are stopped (SIGTERM, then SIGKILL after a grace period) and its
 // exit code is returned (unless restart_failed starts it again); a rank killed by signal s
 // counts as 128 + s, as a shell reports it.
-// Ranks die with the launcher (PR_SET_PDEATHSIG), so no orphan outlives a killed launch.
+// Ranks die with the launcher (PR_SET_PDEATHSIG), so no orphan outlives a killed launch. A
+// launcher asked to stop (`stop_signal`: its caller's handler of SIGINT, SIGTERM or SIGHUP)
+// stops its ranks as it stops them after a failure, so that each can clean up (remove its
+// shared memory and sockets) before the grace period ends.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <string>
 #include <vector>
 
+#include "weightlift/comm/store.h"
 #include "weightlift/core/status.h"
 
 namespace wl::comm {
+
+// A job telling its launcher, through the job's store, that rank `rank` is lost: alive
+// perhaps (stopped, cut off, stuck), but given up on by the job, which goes on without it.
+// `weightlift launch` kills that rank, and starts it again as a failed one when it may
+// (restart_failed), so that a replacement rejoins; with no restarts left its end is not
+// counted as the job's failure. Under another launcher the key is simply never read.
+Status declare_lost(Store& store, int rank);
 
 struct LaunchOptions {
   int nprocs = 1;
@@ -41,6 +53,10 @@ struct LaunchOptions {
   // result is DeadlineExceeded naming them: a backstop for a rank stuck where no wait of its
   // own has a deadline (inside a library, or out of resources).
   std::chrono::milliseconds deadline{0};
+  // When this holds a signal number (set by the caller's signal handler; 0 until then), every
+  // rank still running gets SIGTERM, then SIGKILL after `grace`, none is restarted, and the
+  // job's exit code is 128 + that signal, as a shell reports a process the signal ended.
+  const std::atomic<int>* stop_signal = nullptr;
 };
 
 // The job's exit code (0 when every rank exited 0), or a Status when it could not be started
