@@ -172,14 +172,19 @@ int declare_lost_peer(const wl::comm::LaunchEnv& env, bool wait_for_replacement)
       std::printf("replacement is back\n");
       return 0;
     }
-    if (auto s = w->store->set("stopping", wl::comm::to_bytes("1")); !s.ok()) return fail(1, s);
+    const std::string pid = std::to_string(::getpid());
+    if (auto s = w->store->set("stopping", wl::comm::to_bytes(pid)); !s.ok()) return fail(1, s);
     ::raise(SIGSTOP);  // the launcher kills it here
     std::printf("rank 1 was let go on\n");
     return 1;
   }
-  if (auto v = w->store->get("stopping", 20000ms); !v.ok()) return fail(0, v.status());
+  auto stopping = w->store->get("stopping", 20000ms);
+  if (!stopping.ok()) return fail(0, stopping.status());
   ::usleep(100000);  // a moment for the SIGSTOP to land
-  if (auto s = wl::comm::declare_lost(*w->store, 1); !s.ok()) return fail(0, s);
+  // Another pid of rank 1 (a replacement's, say) is not it: nothing is killed for that.
+  if (auto s = wl::comm::declare_lost(*w->store, 1, 1); !s.ok()) return fail(0, s);
+  const int64_t pid = std::atoll(wl::comm::to_string(*stopping).c_str());
+  if (auto s = wl::comm::declare_lost(*w->store, 1, pid); !s.ok()) return fail(0, s);
   if (wait_for_replacement) {
     if (auto v = w->store->get("back", 20000ms); !v.ok()) return fail(0, v.status());
   }

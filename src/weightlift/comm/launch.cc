@@ -286,10 +286,14 @@ void Job::kill_declared_lost() {
   for (; lost_seen_ < *count; ++lost_seen_) {
     Result<Bytes> v =
         store_->get(std::string(kLostKey) + "/" + std::to_string(lost_seen_), o_.grace);
-    if (!v.ok() || v->size() != sizeof(int32_t)) continue;
+    if (!v.ok() || v->size() != sizeof(int32_t) + sizeof(int64_t)) continue;
     int32_t r = 0;
+    int64_t pid = 0;
     std::memcpy(&r, v->data(), sizeof r);
-    if (r < 0 || r >= o_.nprocs || !ranks_[size_t(r)].running) continue;
+    std::memcpy(&pid, v->data() + sizeof r, sizeof pid);
+    // A replacement started since runs under another pid: it is not the one given up on.
+    if (r < 0 || r >= o_.nprocs || !ranks_[size_t(r)].running || ranks_[size_t(r)].pid != pid)
+      continue;
     Rank& k = ranks_[size_t(r)];
     write_fully(o_.notice_fd, "[launch] rank " + std::to_string(r) +
                                   " was declared lost by the job; killing it\n");
@@ -389,11 +393,12 @@ Result<int> run_launch(const LaunchOptions& o) {
   return job.wait();
 }
 
-Status declare_lost(Store& store, int rank) {
+Status declare_lost(Store& store, int rank, int64_t pid) {
   WL_ASSIGN_OR_RETURN(const int64_t slot, store.add(kLostSlotKey, 1));
   const int32_t r = rank;
-  Bytes v(sizeof r);
+  Bytes v(sizeof r + sizeof pid);
   std::memcpy(v.data(), &r, sizeof r);
+  std::memcpy(v.data() + sizeof r, &pid, sizeof pid);
   WL_RETURN_IF_ERROR(store.set(std::string(kLostKey) + "/" + std::to_string(slot - 1), v));
   return store.add(kLostKey, 1).status();
 }

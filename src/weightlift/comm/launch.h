@@ -26,12 +26,13 @@
 
 namespace wl::comm {
 
-// A job telling its launcher, through the job's store, that rank `rank` is lost: alive
-// perhaps (stopped, cut off, stuck), but given up on by the job, which goes on without it.
-// `weightlift launch` kills that rank, and starts it again as a failed one when it may
+// A job telling its launcher, through the job's store, that process `pid` of rank `rank` is
+// lost: alive perhaps (stopped, cut off, stuck), but given up on by the job, which goes on
+// without it. `weightlift launch` kills that process if it is the one running as that rank
+// (not a replacement started since), and starts the rank again as a failed one when it may
 // (restart_failed), so that a replacement rejoins; with no restarts left its end is not
 // counted as the job's failure. Under another launcher the key is simply never read.
-Status declare_lost(Store& store, int rank);
+Status declare_lost(Store& store, int rank, int64_t pid);
 
 struct LaunchOptions {
   int nprocs = 1;
