@@ -71,6 +71,18 @@ def budgets(s, d, cfg, w, batch):
                    ["bench", "train", "--preset", "medium", "--batch", "1000000", "--seq", "512"],
                    "needs at least", memory_limit=LIMIT)
     s.expect_error("--max-memory 0", ["--max-memory", "0", "model-info"], "--max-memory")
+    # Every size an rl option sets counts, on every process, before it connects: the warm
+    # start's batch (its logits and its tokens) and the held-out set a lone worker generates.
+    rl = ["rl", "--preset", "tiny", "--task", "sort", "--difficulty", "3",
+          "--out", os.path.join(d, "rl")]
+    s.expect_error("rl --sft-batch 16384 under --max-memory 256M",
+                   ["--max-memory", "256M"] + rl + ["--sft-batch", "16384"], "needs at least",
+                   "a batch of 16384 rows", memory_limit=LIMIT)
+    s.expect_error("rl --sft-batch 1048576", rl + ["--sft-batch", "1048576"], "needs at least",
+                   "the activations and logits of 1048576 x", memory_limit=LIMIT)
+    s.expect_error("rl --eval-problems 100000 under --max-memory 64M",
+                   ["--max-memory", "64M"] + rl + ["--eval-problems", "100000"], "needs at least",
+                   "KV cache", memory_limit=LIMIT)
 
 
 def plans_and_sweeps(s, d, cfg, w, batch):

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "weightlift/core/memory_budget.h"
+#include "weightlift/model/pass.h"
 
 namespace wl::model {
 namespace {
@@ -50,23 +51,36 @@ Status check_model_memory(const ModelConfig& c, std::string_view name) {
 }
 
 Status check_training_memory(const ModelConfig& c, std::string_view name, int64_t rows, int64_t seq,
-                             int ranks) {
+                             int ranks, int64_t batch_rows, bool whole_pass) {
   const uint64_t params = uint64_t(param_count(c));
   // The whole model once (model_bytes counts it and its gradients), and this rank's share of
   // the gradients and both moments beyond that.
   const uint64_t whole = mul_sat(kF32, params);
   const uint64_t shares = mul_sat(3 * kF32, params) / uint64_t(std::max(ranks, 1));
   const uint64_t state = add_sat(model_bytes(c) - whole, shares);
+  const uint64_t logits_once =
+      mul_sat(kF32, mul_sat(uint64_t(rows), mul_sat(uint64_t(seq), uint64_t(c.vocab_size))));
+  // The whole pass's saved activations (the logits among them) and the logits' gradient; or
+  // the logits and their gradient alone.
   const uint64_t logits =
-      mul_sat(2 * kF32, mul_sat(uint64_t(rows), mul_sat(uint64_t(seq), uint64_t(c.vocab_size))));
-  const uint64_t total = add_sat(state, logits);
+      whole_pass && rows > 0 && seq > 0
+          ? add_sat(activation_bytes(c, {0, int(c.num_layers) + 1}, rows, seq, false), logits_once)
+          : mul_sat(2, logits_once);
+  const uint64_t batch = mul_sat(
+      2 * sizeof(int64_t), mul_sat(uint64_t(std::max<int64_t>(batch_rows, 0)), uint64_t(seq)));
+  const uint64_t total = add_sat(add_sat(state, logits), batch);
   std::string detail = format_bytes(whole) + " for " + std::to_string(params) + " parameters, " +
                        format_bytes(state - whole) +
                        (ranks > 1 ? " for this rank's share of" : " for") +
                        " the gradients and AdamW's moments";
   if (logits > 0) {
-    detail += ", " + format_bytes(logits) + " for the logits of " + std::to_string(rows) + " x " +
-              std::to_string(seq) + " tokens and their gradient";
+    detail += ", " + format_bytes(logits) +
+              (whole_pass ? " for the activations and logits of " : " for the logits of ") +
+              std::to_string(rows) + " x " + std::to_string(seq) + " tokens and their gradient";
+  }
+  if (batch > 0) {
+    detail += ", " + format_bytes(batch) + " for the tokens and targets of a batch of " +
+              std::to_string(batch_rows) + " rows";
   }
   return check_memory(total, "training " + std::string(name), detail);
 }
