@@ -35,6 +35,9 @@ namespace fs = std::filesystem;
 struct RlArgs {
   rl::RlOptions o;
   std::string preset = "small";
+  // A trained run's directory (config.json, model.safetensors) to start from, instead of
+  // random weights of --preset.
+  std::string init_weights;
   std::string task = "add";
   std::string out_dir = "runs/rl";
   bool overwrite = false;
@@ -57,7 +60,7 @@ std::map<std::string, std::string> run_options(const RlArgs& a, int workers) {
     return std::string(b, r.ptr);
   };
   const rl::RlOptions& o = a.o;
-  return {{"preset", a.preset},
+  return {{"preset", a.preset},  // or the --init-weights directory
           {"task", a.task},
           {"difficulty", std::to_string(o.task.difficulty)},
           {"format-reward", exact(o.task.format_reward)},
@@ -133,12 +136,20 @@ int workers(const RlArgs& a, const parallel::Job& job) {
 
 // The command's flags as the loop's options; nothing is allocated or connected yet.
 Status make_rl_options(RlArgs& a) {
-  WL_ASSIGN_OR_RETURN(a.o.config, model::preset(a.preset));
-  // Before anything is allocated, on every process: a step's rows (prompts x group) through
-  // a worker's KV cache (the trainer checks its own batch once the task says how long a
-  // sample is: rl/loop.cc).
-  WL_RETURN_IF_ERROR(
-      model::check_generation_memory(a.o.config, "'" + a.preset + "'", a.o.prompts * a.o.group));
+  if (a.init_weights.empty()) {
+    WL_ASSIGN_OR_RETURN(a.o.config, model::preset(a.preset));
+  } else {
+    // The run's model: its config, and its weights once the trainer starts (rl/loop.h).
+    const std::string config = a.init_weights + "/config.json";
+    a.o.init_weights = a.init_weights + "/model.safetensors";
+    if (!fs::is_regular_file(config) || !fs::is_regular_file(a.o.init_weights)) {
+      return invalid_argument("--init-weights " + a.init_weights +
+                              ": expected a trained run's directory holding config.json and "
+                              "model.safetensors (the --out of weightlift train or rl)");
+    }
+    WL_ASSIGN_OR_RETURN(a.o.config, model::load_config(config));
+    a.preset = a.init_weights;  // what the records, the summary and the report name
+  }
   auto kind = rl::task_from_name(a.task);
   if (!kind) return invalid_argument("--task '" + a.task + "': expected add, sort or reverse");
   a.o.task.kind = *kind;
@@ -154,8 +165,11 @@ Status make_rl_options(RlArgs& a) {
   }
   a.o.trainer_dp_mode = *dp_mode;
   WL_RETURN_IF_ERROR(rl::check_layouts(a.o));
+  // Before anything is allocated or connected, on every process: what any rank may need.
+  WL_RETURN_IF_ERROR(rl::check_memory(a.o));
   a.o.timeout = std::chrono::milliseconds(int64_t(a.timeout_s * 1000));
   a.o.checkpoint_dir = a.out_dir;
+  a.o.metrics_path = a.out_dir + "/rl_metrics.jsonl";
   return ok_status();
 }
 
@@ -176,16 +190,13 @@ Result<DirectoryLock> take_out_dir(const RlArgs& a) {
   return lock;
 }
 
-// The trainer's run with its two progress bars (SFT, then RL); `metrics` gets each step's
-// record as it comes, so that a failed run still leaves what it did.
-Result<rl::RlSummary> train_with_progress(const RlArgs& a, parallel::Job& job,
-                                          std::string& metrics) {
+// The trainer's run with its two progress bars (SFT, then RL).
+Result<rl::RlSummary> train_with_progress(const RlArgs& a, parallel::Job& job) {
   ProgressBar sft_bar("sft", a.o.sft_steps, "steps"), rl_bar("rl", a.o.steps, "steps");
   double last_held = -1;
   Stopwatch phase_time, since_sft;  // since the phase began; since the last SFT step ended
   int64_t phase_first_step = 1;     // a resumed run's RL starts later
   auto on_step = [&](const rl::StepRecord& r) {
-    metrics += rl::record_to_json(r).dump() + "\n";
     if (r.held_out_accuracy >= 0) last_held = r.held_out_accuracy;
     char status[160];
     char held[16] = "-";
@@ -355,16 +366,8 @@ Status run_rl(RlArgs a) {
       a.trainer_dp_mode.c_str(), workers(a, job), (long long)a.o.prompts, (long long)a.o.group);
   std::fflush(stdout);
 
-  std::string metrics;
-  Result<rl::RlSummary> s = train_with_progress(a, job, metrics);
-  // The whole run's records (a resumed run's too); what was done when it failed.
-  if (s.ok()) {
-    metrics.clear();
-    for (const rl::StepRecord& r : s->records) metrics += rl::record_to_json(r).dump() + "\n";
-  }
-  if (!metrics.empty()) {
-    WL_RETURN_IF_ERROR(write_file_atomically(a.out_dir + "/rl_metrics.jsonl", metrics));
-  }
+  // rl_metrics.jsonl grows as the run goes (rl::RlOptions::metrics_path).
+  Result<rl::RlSummary> s = train_with_progress(a, job);
   WL_RETURN_IF_ERROR(s.status());
   return write_rl_outputs(a, job, *s);
 }
@@ -372,7 +375,12 @@ Status run_rl(RlArgs a) {
 // The model, the task and the supervised warm start.
 void add_task_flags(CLI::App* cmd, RlArgs& a) {
   rl::RlOptions& o = a.o;
-  cmd->add_option("--preset", a.preset, "model preset")->capture_default_str();
+  auto* preset = cmd->add_option("--preset", a.preset, "model preset, from random weights")
+                     ->capture_default_str();
+  cmd->add_option("--init-weights", a.init_weights,
+                  "start from a trained run's model instead (its --out: config.json and "
+                  "model.safetensors)")
+      ->excludes(preset);
   cmd->add_option("--task", a.task, "add, sort or reverse")->capture_default_str();
   cmd->add_option("--difficulty", o.task.difficulty, "largest operand size, 1-9")
       ->capture_default_str()

@@ -3,8 +3,10 @@
 // step; and a worker killed mid-run ends the job with one clear error, not a hang.
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -206,6 +208,65 @@ TEST(RlProcesses, TwoTrainerRanksPushTheirOwnShardsAndTrainAsOne) {
       EXPECT_EQ(b[i].value(k, nlohmann::json()), c[i].value(k, nlohmann::json()))
           << k << " of record " << i;
   }
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+// `--init-weights RUN` starts RL from a trained run's model (its config.json and
+// model.safetensors), not from random weights: a run that neither warms up nor steps from
+// the policy of a finished one evaluates it as that run did, and writes it back unchanged.
+TEST(RlProcesses, ARunStartsFromATrainedRunsWeights) {
+  const std::string trained = fresh_dir("trained"), again = fresh_dir("from_trained");
+  // Warmed up until half the held-out problems are right (about 130 steps), so that the
+  // accuracy it is evaluated at tells a trained policy from a random one.
+  std::vector<std::string> warm;
+  const std::vector<std::string> base = short_run({});
+  for (size_t i = 0; i + 1 < base.size(); i += 2) {
+    if (base[i] == "--sft-steps" || base[i] == "--sft-target" || base[i] == "--steps") continue;
+    warm.insert(warm.end(), {base[i], base[i + 1]});
+  }
+  warm.insert(warm.end(), {"--sft-steps", "400", "--sft-target", "0.5", "--steps", "2"});
+  run_to_end(3, warm, trained);
+  // short_run's flags but --preset (the run's own config instead), with no warm start and no
+  // RL step.
+  std::vector<std::string> from;
+  for (size_t i = 0; i + 1 < base.size(); i += 2) {
+    if (base[i] == "--preset" || base[i] == "--sft-steps" || base[i] == "--steps") continue;
+    from.insert(from.end(), {base[i], base[i + 1]});
+  }
+  from.insert(from.end(), {"--sft-steps", "0", "--steps", "0", "--init-weights", trained});
+  run_to_end(3, from, again);
+  const nlohmann::json a = nlohmann::json::parse(std::ifstream(trained + "/summary.json")),
+                       b = nlohmann::json::parse(std::ifstream(again + "/summary.json"));
+  EXPECT_GT(a["accuracy_after"].get<double>(), 0.0) << a.dump();
+  EXPECT_EQ(b["sft_steps"], 0);
+  EXPECT_EQ(b["accuracy_before"], a["accuracy_after"]) << a.dump() << "\n" << b.dump();
+  EXPECT_EQ(b["preset"], trained);
+  const std::string policy = file_bytes(trained + "/model.safetensors");
+  ASSERT_FALSE(policy.empty());
+  EXPECT_TRUE(file_bytes(again + "/model.safetensors") == policy)
+      << "a run of no steps wrote another policy than the one it started from";
+  EXPECT_TRUE(file_bytes(again + "/config.json") == file_bytes(trained + "/config.json"));
+
+  // A directory without a model, and --preset beside it, are refused before anything runs.
+  Child bad = wl::testing::spawn_child(
+      {kWeightlift, "rl", "--init-weights", again + "/no-such-run", "--out", again + "/x"}, {});
+  EXPECT_EQ(wl::testing::wait_exit(bad, comm::deadline_after(30s)), 1) << bad.output;
+  EXPECT_NE(bad.output.find("--init-weights " + again +
+                            "/no-such-run: expected a trained run's "
+                            "directory holding config.json and model.safetensors"),
+            std::string::npos)
+      << bad.output;
+  wl::testing::reap(bad);
+  Child both = wl::testing::spawn_child(
+      {kWeightlift, "rl", "--preset", "tiny", "--init-weights", trained, "--out", again + "/y"},
+      {});
+  EXPECT_EQ(wl::testing::wait_exit(both, comm::deadline_after(30s)), 1) << both.output;
+  EXPECT_NE(both.output.find("excludes"), std::string::npos) << both.output;
+  wl::testing::reap(both);
 }
 
 // Rollout workers of two TP ranks each (two processes, each holding and computing with its
@@ -537,6 +598,35 @@ TEST(RlProcesses, AKilledWorkerIsReplacedAndTheRunFinishes) {
   EXPECT_TRUE(named) << processes.dump();
   for (Child& c : job) wl::testing::reap(c);
   wl::testing::reap(replacement);
+}
+
+// A rollout worker frozen mid-run (SIGSTOP) never exits by itself: the trainer gives up on it
+// at the timeout and says so to the launcher, which kills it and starts a replacement
+// (--restart-failed); the run finishes and so does `weightlift launch`, with nothing left
+// running.
+TEST(RlProcesses, AFrozenWorkerIsKilledByTheLauncherAndTheJobEnds) {
+  const std::string out = fresh_dir("frozen");
+  std::vector<std::string> argv = {kWeightlift,        "launch", "-n", "3",
+                                   "--restart-failed", "1",      "--", kWeightlift,
+                                   "--threads",        "1",      "rl"};
+  for (std::string a : run_to_kill_in(300, out)) argv.push_back(a == "20" ? "3" : a);  // --timeout
+  Child launch = wl::testing::spawn_child(argv, {});
+  ASSERT_TRUE(wl::testing::wait_for_output(launch, "rl [", comm::deadline_after(60s)))
+      << launch.output;
+  pid_t frozen = 0;
+  for (const nlohmann::json& p : nlohmann::json::parse(std::ifstream(out + "/processes.json")))
+    if (p["rank"] == 2) frozen = p["pid"].get<pid_t>();
+  ASSERT_GT(frozen, 0);
+  ASSERT_EQ(::kill(frozen, SIGSTOP), 0);
+  EXPECT_EQ(wl::testing::wait_exit(launch, comm::deadline_after(120s)), 0) << launch.output;
+  EXPECT_NE(launch.output.find("[launch] rank 2 was declared lost by the job; killing it"),
+            std::string::npos)
+      << launch.output;
+  EXPECT_TRUE(::kill(frozen, 0) != 0 && errno == ESRCH) << "the frozen worker outlived the job";
+  const nlohmann::json summary = nlohmann::json::parse(std::ifstream(out + "/summary.json"));
+  const std::string events = summary["events"].dump();
+  EXPECT_NE(events.find("rollout worker 2 lost"), std::string::npos) << events;
+  wl::testing::reap(launch);
 }
 
 // Over TCP, as between hosts: two trainer ranks and one rollout worker. A replacement of the

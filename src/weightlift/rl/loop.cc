@@ -1,15 +1,21 @@
 // loop.h.
 #include "weightlift/rl/loop.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <thread>
 
 #include "weightlift/comm/group.h"
+#include "weightlift/comm/launch.h"
+#include "weightlift/core/safetensors.h"
 #include "weightlift/core/timing.h"
 #include "weightlift/infer/worker.h"
 #include "weightlift/kernels/cross_entropy.h"
@@ -144,6 +150,35 @@ Status sync_weights(transfer::FleetReceiver& fleet, std::chrono::milliseconds ti
 std::string worker_key(int rank) { return "rl/worker-" + std::to_string(rank); }
 std::string control_prefix(int rank, int64_t incarnation) {
   return "rl-control-" + std::to_string(rank) + "-" + std::to_string(incarnation);
+}
+// The pid of TP rank `tp_rank` of incarnation `incarnation` of worker `rank` (a TP engine's
+// ranks are never replaced: theirs is incarnation 1's), for telling the launcher which process
+// was lost.
+std::string pid_key(int rank, int64_t incarnation, int tp_rank) {
+  return worker_key(rank) + "/pid-" + std::to_string(tp_rank == 0 ? incarnation : 1) + "-" +
+         std::to_string(tp_rank);
+}
+
+// Raised by the trainer as the run ends (well or not), before it tells the workers to stop:
+// a replacement that starts after that finds nobody to join, and ends.
+constexpr const char* kStoppedKey = "rl/stopped";
+
+// A replacement worker's wait for the trainer to connect its control channel: over when the
+// trainer has published its end of it (true), or has stopped the run (false).
+Result<bool> wait_for_trainer(comm::Store& store, const std::string& prefix,
+                              std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    WL_ASSIGN_OR_RETURN(const int64_t stopped, store.add(kStoppedKey, 0));
+    if (stopped > 0) return false;
+    Result<comm::Bytes> address = store.get(prefix + "/addr/0", std::chrono::milliseconds(100));
+    if (address.ok()) return true;
+    if (address.status().code() != StatusCode::kDeadlineExceeded) return address.status();
+    if (std::chrono::steady_clock::now() > deadline) {
+      return deadline_exceeded("the trainer did not connect to this replacement within " +
+                               std::to_string(timeout.count()) + " ms");
+    }
+  }
 }
 
 }  // namespace
@@ -336,7 +371,9 @@ class Engine {
 Status run_rollout_worker(const RlOptions& o, const std::shared_ptr<comm::Store>& store, int worker,
                           int tp_rank) {
   Engine engine(o, worker, tp_rank);
+  const comm::Bytes pid = comm::to_bytes(std::to_string(::getpid()));
   if (tp_rank > 0) {
+    WL_RETURN_IF_ERROR(store->set(pid_key(worker, 1, tp_rank), pid));
     WL_RETURN_IF_ERROR(engine.start(store));
     return engine.follow();
   }
@@ -344,6 +381,25 @@ Status run_rollout_worker(const RlOptions& o, const std::shared_ptr<comm::Store>
   // replacement, ... The control channel is the trainer's and this incarnation's alone.
   WL_ASSIGN_OR_RETURN(const int64_t incarnation,
                       store->add(worker_key(worker) + "/incarnation", 1));
+  WL_RETURN_IF_ERROR(store->set(pid_key(worker, incarnation, 0), pid));
+  if (incarnation > 1) {
+    // A replacement: the run may have ended meanwhile (the trainer adopts replacements
+    // between steps only).
+    // The trainer adopts it between steps, and a step whose update or generation fails waits
+    // out a timeout or two first: as long as a worker waits for its next command.
+    WL_ASSIGN_OR_RETURN(const bool joined,
+                        wait_for_trainer(*store, control_prefix(worker, incarnation),
+                                         o.timeout * kIdleTimeouts));
+    if (!joined) {
+      if (o.on_event) {
+        o.on_event({"rejoin", 0,
+                    "rollout worker " + std::to_string(worker) + " (incarnation " +
+                        std::to_string(incarnation) +
+                        ") started after the run ended; nothing to join"});
+      }
+      return ok_status();
+    }
+  }
   WL_ASSIGN_OR_RETURN(
       std::shared_ptr<comm::Group> control,
       comm::Group::connect({.store = store,
@@ -506,7 +562,8 @@ class Trainer {
         rank_(orders_ ? orders_->rank() : 0),
         full_(size_t(dp_->layout().total())),
         rng_(o.seed) {
-    // Every trainer rank draws the same initial weights.
+    // Every trainer rank draws the same initial weights (start() replaces them by
+    // init_weights when the run starts from a trained policy).
     model::init_params(o.config, dp_->layout(), o.seed, full_.data());
     dp_->set_params(full_.data());
     seq_ = positions(task_);
@@ -521,6 +578,13 @@ class Trainer {
   int64_t max_new() const { return task_.max_answer_bytes() + 1; }
 
   Status start() {
+    if (!o_.init_weights.empty()) {
+      WL_ASSIGN_OR_RETURN(const SafetensorsFile file, SafetensorsFile::open(o_.init_weights));
+      const SafetensorsFile* files[] = {&file};
+      WL_RETURN_IF_ERROR(model::read_params(dp_->layout(), files, full_.data())
+                             .with_context("the initial weights"));
+      dp_->set_params(full_.data());
+    }
     WL_ASSIGN_OR_RETURN(server_, transfer::ParameterServer::create(
                                      {.store = store_,
                                       .rank = rank_,
@@ -1078,6 +1142,8 @@ class Trainer {
   }
 
   Status stop() {
+    // Replacements not adopted yet learn the run is over from the store.
+    if (rank_ == 0) (void)store_->add(kStoppedKey, 1);
     // The other trainer ranks first: they wait for orders whatever happens to the workers.
     Status told = tell({Order::kStop});
     // A worker answering a request takes no command until its answer is received.
@@ -1154,6 +1220,19 @@ class Trainer {
     links_[size_t(k)].control.reset();
     links_[size_t(k)].syncing = false;
     event("rollout worker " + std::to_string(k) + " lost: " + why.to_string());
+    // Its processes may be alive but stopped or stuck: the launcher ends them, and starts a
+    // replacement when it may (weightlift launch --restart-failed).
+    for (int t = 0; t < o_.rollout_tp; ++t) {
+      Result<comm::Bytes> pid =
+          store_->get(pid_key(k, links_[size_t(k)].incarnation, t), std::chrono::milliseconds(100));
+      if (!pid.ok()) continue;  // it died before it said
+      const Status told = comm::declare_lost(*store_, o_.trainers + (k - 1) * o_.rollout_tp + t,
+                                             std::atoll(comm::to_string(*pid).c_str()));
+      if (!told.ok()) {
+        event("telling the launcher that worker " + std::to_string(k) +
+              " is lost: " + told.to_string());
+      }
+    }
   }
 
   Status no_workers() const {
@@ -1337,9 +1416,36 @@ class Trainer {
 namespace {
 
 // The SFT warm start, then the RL steps, with held-out evaluations between them.
+// rl_metrics.jsonl as the run goes: each record appended and flushed as its step ends (a
+// resumed run's earlier records first), so a long run can be followed and a failed one keeps
+// what it did.
+class MetricsStream {
+ public:
+  Status open(const std::string& path) {
+    path_ = path;
+    if (path.empty()) return ok_status();
+    out_.open(path, std::ios::trunc);
+    if (!out_) return errno_status("open " + path, errno);
+    return ok_status();
+  }
+  Status append(const StepRecord& r) {
+    if (path_.empty()) return ok_status();
+    out_ << record_to_json(r).dump() << "\n";
+    out_.flush();
+    if (!out_) return errno_status("write " + path_, errno);
+    return ok_status();
+  }
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
 Result<RlSummary> run_phases(const RlOptions& o, Trainer& t,
                              const std::function<void(const StepRecord&)>& on_step) {
   RlSummary summary;
+  MetricsStream metrics;
+  WL_RETURN_IF_ERROR(metrics.open(o.metrics_path));
   double held_out = -1;  // the last evaluation's; -1 before the first
   int64_t first_rl_step = 1;
   if (!o.resume.empty()) {
@@ -1355,6 +1461,7 @@ Result<RlSummary> run_phases(const RlOptions& o, Trainer& t,
         summary.held_out_after_rl = r.held_out_accuracy;
     first_rl_step = c.rl_steps + 1;
     held_out = summary.held_out_after_rl;
+    for (const StepRecord& r : summary.records) WL_RETURN_IF_ERROR(metrics.append(r));
   }
   for (int64_t step = 1; step <= o.sft_steps && o.resume.empty(); ++step) {
     t.at("sft", step);
@@ -1365,6 +1472,7 @@ Result<RlSummary> run_phases(const RlOptions& o, Trainer& t,
       rec.held_out_accuracy = held_out;
     }
     if (on_step) on_step(rec);
+    WL_RETURN_IF_ERROR(metrics.append(rec));
     summary.records.push_back(rec);
     if (rec.held_out_accuracy >= o.sft_target) {
       char what[128];
@@ -1387,6 +1495,7 @@ Result<RlSummary> run_phases(const RlOptions& o, Trainer& t,
       summary.held_out_after_rl = rec.held_out_accuracy;
     }
     if (on_step) on_step(rec);
+    WL_RETURN_IF_ERROR(metrics.append(rec));
     summary.records.push_back(rec);
     summary.events = t.events;
     if (o.checkpoint_every > 0 && step % o.checkpoint_every == 0) {
@@ -1426,9 +1535,18 @@ Status check_layouts(const RlOptions& o) {
 
 namespace {
 
-// The task, once the options are known to fit the trainer's ranks: checked on every trainer
-// rank before any connects.
+// The task, once the options are known to fit the trainer's ranks and the memory: checked on
+// every trainer rank before any connects.
 Result<Task> trainer_task(const RlOptions& o) {
+  WL_ASSIGN_OR_RETURN(Task task, Task::create(o.task));
+  WL_RETURN_IF_ERROR(check_memory(o));
+  WL_RETURN_IF_ERROR(check_layouts(o));
+  return task;
+}
+
+}  // namespace
+
+Status check_memory(const RlOptions& o) {
   WL_ASSIGN_OR_RETURN(Task task, Task::create(o.task));
   const int64_t seq = Trainer::positions(task);
   if (seq > o.config.max_seq_len) {
@@ -1436,14 +1554,17 @@ Result<Task> trainer_task(const RlOptions& o) {
                             std::to_string(seq) + " positions, more than the model's " +
                             std::to_string(o.config.max_seq_len));
   }
-  // Before anything is allocated: the policy, its optimizer and a step's logits.
+  // A trainer rank: the policy, its optimizer and the activations of the larger of an RL
+  // step's rows and its share of an SFT batch; rank 0 also encodes the whole SFT batch (tokens and
+  // targets) before it is cut into shares.
+  const int64_t rows = std::max(o.prompts * o.group, o.sft_batch / std::max(o.trainers, 1));
   WL_RETURN_IF_ERROR(
-      model::check_training_memory(o.config, "the policy", o.prompts * o.group, seq));
-  WL_RETURN_IF_ERROR(check_layouts(o));
-  return task;
+      model::check_training_memory(o.config, "the policy", rows, seq, 1, o.sft_batch, true));
+  // A rollout worker: the most rows it generates at once (a step's prompts x group, or every
+  // held-out problem when it is the only worker) through its KV cache.
+  return model::check_generation_memory(o.config, "a rollout worker's model",
+                                        std::max(o.prompts * o.group, o.eval_problems));
 }
-
-}  // namespace
 
 Result<RlSummary> run_trainer(const RlOptions& o, std::shared_ptr<comm::Store> store, int workers,
                               const std::function<void(const StepRecord&)>& on_step) {

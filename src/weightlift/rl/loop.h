@@ -70,6 +70,9 @@ struct RlOptions {
   // of its ranks loses the worker.
   int rollout_tp = 1;
   uint64_t seed = 1;
+  // The policy RL starts from: a safetensors file of `config`'s parameters (a trained run's
+  // model.safetensors), read by every trainer rank; empty: random weights drawn from `seed`.
+  std::string init_weights;
   // SFT warm start: up to sft_steps steps of sft_batch demonstrations, stopped early once the
   // held-out accuracy (greedy) reaches sft_target, so RL starts from a model that is partly
   // right, as public recipes do before sparse rewards.
@@ -108,9 +111,12 @@ struct RlOptions {
   bool routing_replay = false;
   std::chrono::milliseconds timeout{120000};
   // Checkpoints (rl/checkpoint.h) into `checkpoint_dir`/checkpoint-<RL step> every this many
-  // RL steps (0: none), synchronous mode only; `resume` continues from one. `run`: the
+  // RL steps (0: none); `resume` continues from one. `run`: the
   // options a resume must not change, by flag name.
   std::string checkpoint_dir;
+  // rl_metrics.jsonl (rank 0): every step's record, appended and flushed as the step ends; a
+  // resumed run writes the checkpoint's records first. Empty: none written.
+  std::string metrics_path;
   int64_t checkpoint_every = 0;
   std::string resume;
   std::map<std::string, std::string> run;
@@ -155,6 +161,14 @@ struct RlSummary {
 // batch the trainer's ranks cannot share equally, or a TP the workers cannot split the model
 // into (heads, kv heads, ffn rows, fp8's 128-wide blocks).
 Status check_layouts(const RlOptions& options);
+
+// ResourceExhausted with the estimate (model/memory_estimate.h) when a trainer rank or a
+// rollout worker would need more memory than the budget allows for `options`: the policy and
+// its optimizer, the logits of an RL step or of a rank's share of an SFT batch, the SFT
+// batch's tokens, the KV cache of the most rows a worker generates at once (a step's, or every
+// held-out problem's); InvalidArgument when the task's samples do not fit the model's
+// positions. Cheap, and allocates nothing: every process checks it before connecting.
+Status check_memory(const RlOptions& options);
 
 // Rank 0 of the job, with `workers` rollout workers. `on_step` hears of every step. `store`
 // is the job's: the trainer and each worker talk over a control channel of their own made

@@ -2,6 +2,7 @@
 #include "weightlift/rl/tasks.h"
 
 #include <algorithm>
+#include <unordered_set>
 
 namespace wl::rl {
 
@@ -108,12 +109,11 @@ std::vector<Problem> Task::held_out(int count, uint64_t seed) const {
   Rng rng(seed ^ 0x5eed5eedull);
   std::vector<Problem> out;
   // Small difficulties have few distinct problems: stop once no new one turns up.
-  std::vector<std::string> seen;
-  for (int tries = 0; int(out.size()) < count && tries < count * 200; ++tries) {
+  std::unordered_set<std::string> seen;
+  for (int64_t tries = 0; int(out.size()) < count && tries < int64_t(count) * 200; ++tries) {
     Problem p = draw(rng);
     if (!in_held_out_split(p.prompt)) continue;
-    if (std::find(seen.begin(), seen.end(), p.prompt) != seen.end()) continue;
-    seen.push_back(p.prompt);
+    if (!seen.insert(p.prompt).second) continue;
     out.push_back(std::move(p));
   }
   return out;
