@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdio>
 
 #include "commands.h"
@@ -14,6 +15,7 @@ struct GenerateArgs {
   std::string config, weights;
   std::vector<std::string> prompts{"The "};
   model::GenerateOptions gen;
+  bool max_new_given = false;  // else: up to 200, as many as fit the model's positions
   bool compare_cache = false;
 };
 
@@ -30,6 +32,12 @@ Status run_generate(const GenerateArgs& a) {
     prompts.push_back(train::encode(p));
   }
   model::GenerateOptions opts = a.gen;
+  if (!a.max_new_given) {
+    size_t longest = 0;
+    for (const auto& p : prompts) longest = std::max(longest, p.size());
+    opts.max_new_tokens =
+        std::clamp<int64_t>(cfg.max_seq_len - int64_t(longest), 1, opts.max_new_tokens);
+  }
   WL_ASSIGN_OR_RETURN(model::Generation g, model::generate(m, prompts, opts));
   for (size_t r = 0; r < prompts.size(); ++r) {
     std::printf("--- prompt %zu ---\n%s%s\n", r, a.prompts[r].c_str(),
@@ -66,9 +74,9 @@ void register_generate(CLI::App& app, Outcome& out) {
   cmd->add_option("--config", a->config, "config.json (instead of --run)");
   cmd->add_option("--weights", a->weights, "safetensors weights (instead of --run)");
   cmd->add_option("--prompt", a->prompts, "prompt text; repeat for a batch")->capture_default_str();
-  cmd->add_option("--max-new-tokens", a->gen.max_new_tokens)
-      ->capture_default_str()
-      ->transform(count(0, kMaxRows));
+  auto* max_new = cmd->add_option("--max-new-tokens", a->gen.max_new_tokens,
+                                  "default: 200, or as many as fit the model's positions")
+                      ->transform(count(0, kMaxRows));
   cmd->add_option("--temperature", a->gen.sampling.temperature, "0 = greedy")
       ->capture_default_str()
       ->transform(real({.lo = 0, .hi = 1e6}));
@@ -83,8 +91,9 @@ void register_generate(CLI::App& app, Outcome& out) {
   cmd->add_flag("--no-kv-cache", *no_cache, "recompute the whole prefix every step");
   cmd->add_flag("--compare-cache", a->compare_cache,
                 "also run the other way (with/without cache) and report both rates");
-  cmd->callback([&out, a, no_cache] {
+  cmd->callback([&out, a, no_cache, max_new] {
     a->gen.use_kv_cache = !*no_cache;
+    a->max_new_given = max_new->count() > 0;
     out.exit_code = report("generate", run_generate(*a));
   });
 }
