@@ -387,9 +387,9 @@ Status run_rollout_worker(const RlOptions& o, const std::shared_ptr<comm::Store>
     // between steps only).
     // The trainer adopts it between steps, and a step whose update or generation fails waits
     // out a timeout or two first: as long as a worker waits for its next command.
-    WL_ASSIGN_OR_RETURN(const bool joined,
-                        wait_for_trainer(*store, control_prefix(worker, incarnation),
-                                         o.timeout * kIdleTimeouts));
+    WL_ASSIGN_OR_RETURN(
+        const bool joined,
+        wait_for_trainer(*store, control_prefix(worker, incarnation), o.timeout * kIdleTimeouts));
     if (!joined) {
       if (o.on_event) {
         o.on_event({"rejoin", 0,
