@@ -7,6 +7,7 @@ set(WL_LAYERS
   wl_core                 src/weightlift/core
   wl_kernels              src/weightlift/kernels
   wl_comm                 src/weightlift/comm
+  wl_text                 src/weightlift/text
   wl_model                src/weightlift/model
   wl_train                src/weightlift/train
   wl_parallel             src/weightlift/parallel

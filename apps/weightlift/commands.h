@@ -28,6 +28,7 @@ void register_topo(CLI::App& app, Outcome& out);
 void register_transfer(CLI::App& app, Outcome& out);
 void register_fault(CLI::App& app, Outcome& out);
 void register_receiver(CLI::App& app, Outcome& out);
+void register_tokenize(CLI::App& app, Outcome& out);
 // Subcommands of `bench`.
 void register_bench_collectives(CLI::App& bench, Outcome& out);
 void register_bench_transfer(CLI::App& bench, Outcome& out);

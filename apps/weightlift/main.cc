@@ -94,6 +94,7 @@ int main(int argc, char** argv) {
   wl::app::register_transfer(app, out);
   wl::app::register_fault(app, out);
   wl::app::register_receiver(app, out);
+  wl::app::register_tokenize(app, out);
   wl::app::add_run_config(app, argc, argv);  // after the subcommands: its keys go to them
   // CLI11 opens --run-config's file itself: it is checked first, so that a FIFO is refused,
   // not waited on.
