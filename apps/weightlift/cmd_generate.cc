@@ -1,10 +1,14 @@
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <optional>
 
 #include "commands.h"
 #include "validate.h"
 #include "weightlift/model/generate.h"
+#include "weightlift/model/hf_checkpoint.h"
 #include "weightlift/model/memory_estimate.h"
+#include "weightlift/text/tokenizer.h"
 #include "weightlift/train/tokenizer.h"
 
 namespace wl::app {
@@ -13,23 +17,60 @@ namespace {
 struct GenerateArgs {
   std::string run_dir = "runs/latest";
   std::string config, weights;
+  std::string model_dir;  // a Hugging Face checkpoint instead (its tokenizer.json, if any)
   std::vector<std::string> prompts{"The "};
   model::GenerateOptions gen;
   bool max_new_given = false;  // else: up to 200, as many as fit the model's positions
   bool compare_cache = false;
 };
 
+// The text's tokens and back: a checkpoint's own tokenizer.json, or our byte tokenizer.
+struct Codec {
+  std::optional<text::Tokenizer> tokenizer;
+  std::vector<int64_t> encode(const std::string& s) const {
+    return tokenizer ? tokenizer->encode(s, true) : train::encode(s);
+  }
+  std::string decode(const std::vector<int64_t>& ids) const {
+    if (!tokenizer) return train::decode(ids);
+    Result<std::string> t = tokenizer->decode(ids);
+    return t.ok() ? *t : "<" + t.status().to_string() + ">";
+  }
+};
+
 Status run_generate(const GenerateArgs& a) {
   const std::string config = a.config.empty() ? a.run_dir + "/config.json" : a.config;
   const std::string weights = a.weights.empty() ? a.run_dir + "/model.safetensors" : a.weights;
-  WL_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::load_config(config));
-  WL_RETURN_IF_ERROR(model::check_generation_memory(cfg, config, int64_t(a.prompts.size())));
+  std::optional<model::HfCheckpoint> hf;
+  Codec codec;
+  if (!a.model_dir.empty()) {
+    WL_ASSIGN_OR_RETURN(hf, model::open_hf_checkpoint(a.model_dir));
+    const std::string tokenizer = a.model_dir + "/tokenizer.json";
+    if (std::filesystem::exists(tokenizer)) {
+      WL_ASSIGN_OR_RETURN(codec.tokenizer, text::Tokenizer::load(tokenizer));
+    } else if (hf->config.vocab_size != 320) {
+      return invalid_argument("--model-dir " + a.model_dir +
+                              ": no tokenizer.json, and the vocabulary is not weightlift's "
+                              "byte tokenizer's (320)");
+    }
+  }
+  model::ModelConfig cfg;
+  if (hf) {
+    cfg = hf->config;
+  } else {
+    WL_ASSIGN_OR_RETURN(cfg, model::load_config(config));
+  }
+  WL_RETURN_IF_ERROR(
+      model::check_generation_memory(cfg, hf ? a.model_dir : config, int64_t(a.prompts.size())));
   model::Transformer m(cfg);
-  WL_RETURN_IF_ERROR(m.load(weights));
+  if (hf) {
+    WL_RETURN_IF_ERROR(model::read_hf_params(*hf, m.params().data<float>()));
+  } else {
+    WL_RETURN_IF_ERROR(m.load(weights));
+  }
   std::vector<std::vector<int64_t>> prompts;
   for (const std::string& p : a.prompts) {
     if (p.empty()) return invalid_argument("--prompt '': expected at least one character");
-    prompts.push_back(train::encode(p));
+    prompts.push_back(codec.encode(p));
   }
   model::GenerateOptions opts = a.gen;
   if (!a.max_new_given) {
@@ -41,7 +82,7 @@ Status run_generate(const GenerateArgs& a) {
   WL_ASSIGN_OR_RETURN(model::Generation g, model::generate(m, prompts, opts));
   for (size_t r = 0; r < prompts.size(); ++r) {
     std::printf("--- prompt %zu ---\n%s%s\n", r, a.prompts[r].c_str(),
-                train::decode(g.tokens[r]).c_str());
+                codec.decode(g.tokens[r]).c_str());
   }
   auto rate = [](const model::Generation& x) {
     return x.decode_seconds > 0 ? double(x.decoded_tokens) / x.decode_seconds : 0.0;
@@ -71,8 +112,14 @@ void register_generate(CLI::App& app, Outcome& out) {
                   "a training output directory (config.json, "
                   "model.safetensors)")
       ->capture_default_str();
-  cmd->add_option("--config", a->config, "config.json (instead of --run)");
-  cmd->add_option("--weights", a->weights, "safetensors weights (instead of --run)");
+  auto* config = cmd->add_option("--config", a->config, "config.json (instead of --run)");
+  auto* weights =
+      cmd->add_option("--weights", a->weights, "safetensors weights (instead of --run)");
+  cmd->add_option("--model-dir", a->model_dir,
+                  "a Hugging Face checkpoint directory (instead of --run), with its "
+                  "tokenizer.json if it has one")
+      ->excludes(config)
+      ->excludes(weights);
   cmd->add_option("--prompt", a->prompts, "prompt text; repeat for a batch")->capture_default_str();
   auto* max_new = cmd->add_option("--max-new-tokens", a->gen.max_new_tokens,
                                   "default: 200, or as many as fit the model's positions")

@@ -3,6 +3,7 @@
 #include "commands.h"
 #include "report/model_info.h"
 #include "validate.h"
+#include "weightlift/model/hf_checkpoint.h"
 #include "weightlift/parallel/layout.h"
 
 namespace wl::app {
@@ -12,6 +13,7 @@ namespace {
 struct ModelInfoFlags {
   std::string preset = "small";
   std::string config;
+  std::string model_dir;  // a Hugging Face checkpoint's config.json, as our model
   int dp = 1, pp = 1, ep = 1, tp = 1;
   std::string dp_mode = "ddp";
   bool per_rank = false;  // any of --dp, --pp, --ep, --tp, --dp-mode: print the per-rank table
@@ -23,14 +25,22 @@ struct ModelInfoFlags {
 };
 
 Status run_model_info(const ModelInfoFlags& f) {
-  WL_ASSIGN_OR_RETURN(model::ModelConfig cfg,
-                      f.config.empty() ? model::preset(f.preset) : model::load_config(f.config));
+  model::ModelConfig cfg;
+  if (!f.model_dir.empty()) {
+    WL_ASSIGN_OR_RETURN(const model::HfCheckpoint hf, model::open_hf_checkpoint(f.model_dir));
+    cfg = hf.config;
+  } else {
+    WL_ASSIGN_OR_RETURN(cfg,
+                        f.config.empty() ? model::preset(f.preset) : model::load_config(f.config));
+  }
   WL_ASSIGN_OR_RETURN(const parallel::DpMode mode, parallel::parse_dp_mode_flag(f.dp_mode));
   if (f.pp > cfg.num_layers) {
     return invalid_argument("--pp " + std::to_string(f.pp) + ": the model has only " +
                             std::to_string(cfg.num_layers) + " layers to cut into stages");
   }
-  const std::string name = f.config.empty() ? f.preset : f.config;
+  const std::string name = !f.model_dir.empty() ? f.model_dir
+                           : f.config.empty()   ? f.preset
+                                                : f.config;
   WL_ASSIGN_OR_RETURN(const parallel::PipelineSchedule schedule,
                       parallel::parse_schedule_flag(f.schedule, mode));
   if (f.per_rank || f.batch > 0) {
@@ -75,7 +85,9 @@ void register_model_info(CLI::App& app, Outcome& out) {
   auto* cmd = app.add_subcommand("model-info", "parameter counts and memory of a model");
   auto f = std::make_shared<ModelInfoFlags>();
   cmd->add_option("--preset", f->preset, "tiny, small, medium or seed-6.9b");
-  cmd->add_option("--config", f->config, "a config.json instead of a preset");
+  auto* config = cmd->add_option("--config", f->config, "a config.json instead of a preset");
+  cmd->add_option("--model-dir", f->model_dir, "a Hugging Face checkpoint instead of a preset")
+      ->excludes(config);
   auto* dp =
       cmd->add_option("--dp", f->dp, "data-parallel ranks per stage: print what each rank holds")
           ->transform(count(1, kMaxSimulatedGpus));

@@ -21,9 +21,11 @@
 #include "weightlift/core/parallel.h"
 #include "weightlift/core/safetensors.h"
 #include "weightlift/core/timing.h"
+#include "weightlift/model/hf_checkpoint.h"
 #include "weightlift/model/memory_estimate.h"
 #include "weightlift/model/params.h"
 #include "weightlift/parallel/job.h"
+#include "weightlift/parallel/trainer.h"
 #include "weightlift/rl/checkpoint.h"
 #include "weightlift/rl/loop.h"
 
@@ -38,6 +40,7 @@ struct RlArgs {
   // A trained run's directory (config.json, model.safetensors) to start from, instead of
   // random weights of --preset.
   std::string init_weights;
+  std::string model_dir;  // or a Hugging Face checkpoint (of weightlift's byte vocabulary)
   std::string task = "add";
   std::string out_dir = "runs/rl";
   bool overwrite = false;
@@ -126,7 +129,8 @@ Status write_policy(const std::string& dir, const model::ModelConfig& config,
   const model::ParamLayout layout(config);
   for (const model::ParamInfo& p : layout.params())
     tensors.emplace_back(p.name, Tensor::borrow(policy.data() + p.offset, DType::kF32, p.shape));
-  return write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+  WL_RETURN_IF_ERROR(write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}}));
+  return parallel::write_hf_model(dir, config, policy);
 }
 
 // The job's rollout workers: every rollout_tp ranks after the trainer's.
@@ -136,7 +140,19 @@ int workers(const RlArgs& a, const parallel::Job& job) {
 
 // The command's flags as the loop's options; nothing is allocated or connected yet.
 Status make_rl_options(RlArgs& a) {
-  if (a.init_weights.empty()) {
+  if (!a.model_dir.empty()) {
+    WL_ASSIGN_OR_RETURN(const model::HfCheckpoint hf, model::open_hf_checkpoint(a.model_dir));
+    // The tasks' prompts and answers are bytes (train/tokenizer.h).
+    if (hf.config.vocab_size != 320) {
+      return invalid_argument("--model-dir " + a.model_dir + ": its vocabulary has " +
+                              std::to_string(hf.config.vocab_size) +
+                              " tokens; rl's tasks speak weightlift's byte vocabulary (320), as "
+                              "the hf/ of a weightlift run does");
+    }
+    a.o.config = hf.config;
+    a.o.init_model_dir = a.model_dir;
+    a.preset = a.model_dir;
+  } else if (a.init_weights.empty()) {
     WL_ASSIGN_OR_RETURN(a.o.config, model::preset(a.preset));
   } else {
     // The run's model: its config, and its weights once the trainer starts (rl/loop.h).
@@ -381,6 +397,11 @@ void add_task_flags(CLI::App* cmd, RlArgs& a) {
                   "start from a trained run's model instead (its --out: config.json and "
                   "model.safetensors)")
       ->excludes(preset);
+  cmd->add_option("--model-dir", a.model_dir,
+                  "start from a Hugging Face checkpoint (a run's hf/: weightlift's byte "
+                  "vocabulary)")
+      ->excludes(preset)
+      ->excludes("--init-weights");
   cmd->add_option("--task", a.task, "add, sort or reverse")->capture_default_str();
   cmd->add_option("--difficulty", o.task.difficulty, "largest operand size, 1-9")
       ->capture_default_str()

@@ -250,6 +250,15 @@ TEST(RlProcesses, ARunStartsFromATrainedRunsWeights) {
   EXPECT_TRUE(file_bytes(again + "/model.safetensors") == policy)
       << "a run of no steps wrote another policy than the one it started from";
   EXPECT_TRUE(file_bytes(again + "/config.json") == file_bytes(trained + "/config.json"));
+  // The same from the run's Hugging Face export (hf/: Mixtral's names and config).
+  const std::string from_hf = fresh_dir("from_trained_hf");
+  std::vector<std::string> hf_args(from.begin(), from.end() - 2);
+  hf_args.insert(hf_args.end(), {"--model-dir", trained + "/hf"});
+  run_to_end(3, hf_args, from_hf);
+  const nlohmann::json c = nlohmann::json::parse(std::ifstream(from_hf + "/summary.json"));
+  EXPECT_EQ(c["accuracy_before"], a["accuracy_after"]) << c.dump();
+  EXPECT_TRUE(file_bytes(from_hf + "/model.safetensors") == policy)
+      << "a run of no steps from hf/ wrote another policy than the run it was exported from";
 
   // A directory without a model, and --preset beside it, are refused before anything runs.
   Child bad = wl::testing::spawn_child(

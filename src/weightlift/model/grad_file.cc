@@ -1,7 +1,10 @@
 #include "weightlift/model/grad_file.h"
 
+#include <optional>
+
 #include "weightlift/core/file_io.h"
 #include "weightlift/core/safetensors.h"
+#include "weightlift/model/hf_checkpoint.h"
 #include "weightlift/model/memory_estimate.h"
 #include "weightlift/model/token_batch.h"
 #include "weightlift/model/transformer.h"
@@ -14,13 +17,29 @@ Status write_gradient_file(const GradFileOptions& o) {
   WL_RETURN_IF_ERROR(check_output_is_not_input(
       {"--out", o.out_path},
       {{"--config", o.config_path}, {"--weights", o.weights_path}, {"--tokens", o.tokens_path}}));
-  WL_ASSIGN_OR_RETURN(ModelConfig cfg, load_config(o.config_path));
+  std::optional<HfCheckpoint> hf;
+  if (!o.model_dir.empty()) {
+    WL_ASSIGN_OR_RETURN(hf, open_hf_checkpoint(o.model_dir));
+    for (const std::string& f : hf->files) {
+      WL_RETURN_IF_ERROR(check_output_is_not_input({"--out", o.out_path}, {{"--model-dir", f}}));
+    }
+  }
+  ModelConfig cfg;
+  if (hf) {
+    cfg = hf->config;
+  } else {
+    WL_ASSIGN_OR_RETURN(cfg, load_config(o.config_path));
+  }
   WL_ASSIGN_OR_RETURN(TokenBatch batch, load_token_batch(o.tokens_path, cfg));
   const int64_t B = batch.batch, T = batch.seq;
-  WL_RETURN_IF_ERROR(check_grad_memory(cfg, o.config_path, B, T));
+  WL_RETURN_IF_ERROR(check_grad_memory(cfg, hf ? o.model_dir : o.config_path, B, T));
 
   Transformer model(cfg);
-  WL_RETURN_IF_ERROR(model.load(o.weights_path));
+  if (hf) {
+    WL_RETURN_IF_ERROR(read_hf_params(*hf, model.params().data<float>()));
+  } else {
+    WL_RETURN_IF_ERROR(model.load(o.weights_path));
+  }
   model.zero_grads();
   Tensor logits = Tensor::empty(DType::kF32, {B, T, cfg.vocab_size});
   LossTerms l = model.forward_backward(batch.tokens.data(), batch.targets.data(), B, T,
@@ -39,7 +58,7 @@ Status write_gradient_file(const GradFileOptions& o) {
                                                   {"z", scalar(l.z)},
                                                   {"logits", logits}};
   for (const ParamInfo& p : model.layout().params()) {
-    out.emplace_back("grad." + p.name,
+    out.emplace_back("grad." + (hf ? hf_tensor_name(p.name, hf->family) : p.name),
                      Tensor::borrow(model.grads().data<float>() + p.offset, DType::kF32, p.shape));
   }
   return write_safetensors(o.out_path, out, {{"producer", "weightlift grad"}});

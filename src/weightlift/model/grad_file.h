@@ -12,9 +12,12 @@ namespace wl::model {
 struct GradFileOptions {
   std::string config_path;   // config.json
   std::string weights_path;  // safetensors with every parameter (any float dtype)
-  std::string tokens_path;   // safetensors with int64 `tokens` and `targets` [batch, seq]
-  std::string out_path;      // written: loss, ce, aux, z (shape [1]), logits [B, T, V],
-                             // grad.<name> for every parameter; all f32
+  // Or a Hugging Face checkpoint directory instead of both (model/hf_checkpoint.h): the
+  // gradients are then named grad.<Hugging Face tensor name>.
+  std::string model_dir;
+  std::string tokens_path;  // safetensors with int64 `tokens` and `targets` [batch, seq]
+  std::string out_path;     // written: loss, ce, aux, z (shape [1]), logits [B, T, V],
+                            // grad.<name> for every parameter; all f32
   Precision precision = Precision::kF32;
   bool checkpointing = false;
 };

@@ -84,13 +84,19 @@ ModelView bind(const ModelConfig& c, const ParamLayout& layout, float* base) {
 
 Status read_params(const ParamLayout& layout, std::span<const SafetensorsFile* const> files,
                    float* out) {
+  return read_params(layout, files, out, [](const std::string& name) { return name; });
+}
+
+Status read_params(const ParamLayout& layout, std::span<const SafetensorsFile* const> files,
+                   float* out, const std::function<std::string(const std::string&)>& stored_name) {
   std::set<std::string> seen;
   for (const ParamInfo& p : layout.params()) {
+    const std::string name = stored_name(p.name);
     const SafetensorsFile* from = nullptr;
     for (const SafetensorsFile* f : files) {
-      if (f->find(p.name) == nullptr) continue;
+      if (f->find(name) == nullptr) continue;
       if (from != nullptr) {
-        return invalid_argument("tensor '" + p.name + "' is in both " + from->path() + " and " +
+        return invalid_argument("tensor '" + name + "' is in both " + from->path() + " and " +
                                 f->path());
       }
       from = f;
@@ -98,16 +104,16 @@ Status read_params(const ParamLayout& layout, std::span<const SafetensorsFile* c
     if (from == nullptr) {
       return not_found(
           (files.size() == 1 ? files[0]->path() : std::to_string(files.size()) + " files") +
-          ": missing tensor '" + p.name + "'");
+          ": missing tensor '" + name + "'");
     }
-    const TensorInfo* info = from->find(p.name);
+    const TensorInfo* info = from->find(name);
     if (!dtype_is_float(info->dtype)) {
-      return invalid_argument(from->path() + ": tensor '" + p.name + "' has dtype " +
+      return invalid_argument(from->path() + ": tensor '" + name + "' has dtype " +
                               std::string(dtype_name(info->dtype)) + ", expected a float type");
     }
-    WL_ASSIGN_OR_RETURN(Tensor t, from->get(p.name, info->dtype, p.shape));
+    WL_ASSIGN_OR_RETURN(Tensor t, from->get(name, info->dtype, p.shape));
     convert_to_f32(t.dtype(), t.raw(), out + p.offset, size_t(p.numel()));
-    seen.insert(p.name);
+    seen.insert(name);
   }
   for (const SafetensorsFile* f : files) {
     for (const TensorInfo& t : f->tensors()) {

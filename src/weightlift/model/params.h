@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -56,6 +57,10 @@ class ParamLayout {
 // checkpoints are ("model-00001-of-00004.safetensors").
 Status read_params(const ParamLayout& layout, std::span<const SafetensorsFile* const> files,
                    float* out);
+// The same where the files name the tensors otherwise (a Hugging Face checkpoint's names:
+// model/hf_checkpoint.h): `stored_name` maps each of our names to the files' name.
+Status read_params(const ParamLayout& layout, std::span<const SafetensorsFile* const> files,
+                   float* out, const std::function<std::string(const std::string&)>& stored_name);
 
 // A fresh model in `out` (layout.total() floats): N(0, 0.02) for matrices (o_proj and
 // down_proj scaled by 1/sqrt(2 * num_layers), as GPT-2 does for residual projections), ones

@@ -11,6 +11,7 @@
 
 #include "weightlift/core/file_io.h"
 #include "weightlift/core/timing.h"
+#include "weightlift/model/hf_checkpoint.h"
 #include "weightlift/model/token_batch.h"
 #include "weightlift/parallel/checkpoint.h"
 #include "weightlift/parallel/data_parallel.h"
@@ -313,7 +314,17 @@ Status write_model_outputs(const TrainOptions& o, DataParallel& dp) {
   if (!o.out_weights.empty()) {
     WL_RETURN_IF_ERROR(write_safetensors(o.out_weights, tensors, {{"format", "pt"}}));
   }
-  return ok_status();
+  return write_hf_model(o.out_dir, dp.config(), full);
+}
+
+Status write_hf_model(const std::string& out_dir, const model::ModelConfig& config,
+                      std::span<const float> params) {
+  // A config no Hugging Face family matches keeps our own files only; the others load in
+  // transformers as they are (model/hf_checkpoint.h).
+  if (!config.norm_topk || config.capacity_factor) return ok_status();
+  return model::write_hf_checkpoint(
+      out_dir + "/hf", config, params,
+      {.bos_token_id = train::kBosToken, .eos_token_id = train::kEosToken});
 }
 
 }  // namespace wl::parallel

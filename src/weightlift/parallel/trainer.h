@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -108,7 +109,13 @@ Result<RunData> load_run_data(const TrainOptions& options, const model::ModelCon
                               int64_t seq);
 
 // The end of a run: the whole model gathered (collective over the job), and on rank 0
-// config.json and model.safetensors in out_dir, and --out-weights.
+// config.json and model.safetensors in out_dir, --out-weights, and out_dir/hf (below).
 Status write_model_outputs(const TrainOptions& options, DataParallel& dp);
+
+// `params` (ParamLayout(config)'s flat buffer) as a Hugging Face checkpoint in out_dir/hf, as
+// the family it is (model/hf_checkpoint.h), with the byte tokenizer's BOS and EOS in its
+// generation_config.json; nothing for a config no family matches.
+Status write_hf_model(const std::string& out_dir, const model::ModelConfig& config,
+                      std::span<const float> params);
 
 }  // namespace wl::parallel

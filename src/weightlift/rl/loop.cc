@@ -19,6 +19,7 @@
 #include "weightlift/core/timing.h"
 #include "weightlift/infer/worker.h"
 #include "weightlift/kernels/cross_entropy.h"
+#include "weightlift/model/hf_checkpoint.h"
 #include "weightlift/model/memory_estimate.h"
 #include "weightlift/model/params.h"
 #include "weightlift/parallel/data_parallel.h"
@@ -583,6 +584,13 @@ class Trainer {
       const SafetensorsFile* files[] = {&file};
       WL_RETURN_IF_ERROR(model::read_params(dp_->layout(), files, full_.data())
                              .with_context("the initial weights"));
+      dp_->set_params(full_.data());
+    }
+    if (!o_.init_model_dir.empty()) {
+      WL_ASSIGN_OR_RETURN(const model::HfCheckpoint hf,
+                          model::open_hf_checkpoint(o_.init_model_dir));
+      WL_RETURN_IF_ERROR(
+          model::read_hf_params(hf, full_.data()).with_context("the initial weights"));
       dp_->set_params(full_.data());
     }
     WL_ASSIGN_OR_RETURN(server_, transfer::ParameterServer::create(

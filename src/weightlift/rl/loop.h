@@ -73,6 +73,8 @@ struct RlOptions {
   // The policy RL starts from: a safetensors file of `config`'s parameters (a trained run's
   // model.safetensors), read by every trainer rank; empty: random weights drawn from `seed`.
   std::string init_weights;
+  // Or a Hugging Face checkpoint directory of `config` (model/hf_checkpoint.h).
+  std::string init_model_dir;
   // SFT warm start: up to sft_steps steps of sft_batch demonstrations, stopped early once the
   // held-out accuracy (greedy) reaches sft_target, so RL starts from a model that is partly
   // right, as public recipes do before sparse rewards.

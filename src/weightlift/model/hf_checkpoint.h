@@ -1,0 +1,61 @@
+// Hugging Face checkpoint directories, in and out: config.json, model.safetensors or shards
+// listed by model.safetensors.index.json, and Hugging Face's tensor names.
+//
+// Families, and how each is our model (DESIGN.md, "The model, exactly"):
+//   Mixtral (MixtralForCausalLM): our model as it is. RMSNorm, attention with
+//     num_key_value_heads, rotate-half RoPE at rope_theta, a softmax router whose top-k weights
+//     are renormalised, SwiGLU experts (w1 gate, w3 up, w2 down), optional tied embeddings.
+// A config that names what we do not implement (sliding_window, rope_scaling, an activation
+// other than silu, router jitter, attention dropout, biases, any key not listed in
+// hf_checkpoint.cc) is refused naming the key: a model that runs but computes something else
+// would be worse than none.
+//
+// Out: our presets are Mixtral's arithmetic, so a run's model is written as a Mixtral
+// checkpoint (f32, one shard and its index, generation_config.json); an NTK-scaled RoPE is
+// written as the base it makes (rope_theta * alpha^(head_dim / (head_dim - 2))). A config
+// without top-k renormalisation or with a capacity factor has no Hugging Face family and is
+// refused.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "weightlift/core/status.h"
+#include "weightlift/model/config.h"
+
+namespace wl::model {
+
+struct HfCheckpoint {
+  std::string dir;
+  std::string family;              // "mixtral"
+  ModelConfig config;              // ours, equivalent
+  std::vector<std::string> files;  // the safetensors files, in the index's order
+};
+
+// Reads `dir`/config.json (and the index, if there is one); nothing is mapped yet.
+// InvalidArgument naming the file and the key for an unsupported family or feature; NotFound
+// for a shard the index lists that is not there.
+Result<HfCheckpoint> open_hf_checkpoint(const std::string& dir);
+
+// Hugging Face's name of our tensor `name` (params.h) in `family`.
+std::string hf_tensor_name(const std::string& name, const std::string& family);
+
+// Every parameter of the checkpoint into `out` (ParamLayout(c.config).total() floats), from
+// BF16, F16 or F32 tensors; errors name the file and the Hugging Face tensor (missing, in two
+// shards, a wrong shape or dtype, or one that is not a parameter).
+Status read_hf_params(const HfCheckpoint& c, float* out);
+
+struct HfExport {
+  int64_t bos_token_id = -1, eos_token_id = -1;  // generation_config.json's; -1: not written
+  std::vector<std::string> tokenizer_files;      // copied in beside the weights
+};
+
+// Writes `dir` (created if missing; its files replaced): config.json, model-00001-of-00001
+// .safetensors with Hugging Face's names (f32), model.safetensors.index.json,
+// generation_config.json and the tokenizer files. `params` is ParamLayout(config)'s flat buffer.
+Status write_hf_checkpoint(const std::string& dir, const ModelConfig& config,
+                           std::span<const float> params, const HfExport& extra = {});
+
+}  // namespace wl::model
