@@ -51,7 +51,8 @@ Status run_tokenize(const TokenizeArgs& a) {
                               ": not a JSON array of token ids");
     }
     Result<std::string> text = t.decode(ids);
-    if (!text.ok()) return text.status().with_context("standard input, line " + std::to_string(i + 1));
+    if (!text.ok())
+      return text.status().with_context("standard input, line " + std::to_string(i + 1));
     out += nlohmann::json(*text).dump() + "\n";
   }
   std::fwrite(out.data(), 1, out.size(), stdout);

@@ -43,19 +43,22 @@ TEST(Regex, BackslashSIsJavaScriptsWhiteSpace) {
 
 // A byte-level BPE over "a", "b", "c" with merges (a b) before (b c): "abc" is "ab" + "c".
 nlohmann::json tiny_tokenizer() {
-  return {{"model",
-           {{"type", "BPE"},
-            {"vocab", {{"a", 0}, {"b", 1}, {"c", 2}, {"ab", 3}, {"bc", 4}, {"abc", 5}, {"<0x7A>", 6}}},
-            {"merges", {"a b", "b c"}},
-            {"byte_fallback", true}}},
-          {"added_tokens",
-           {{{"id", 7}, {"content", "<x>"}, {"special", true}},
-            {{"id", 8}, {"content", "<xy>"}, {"special", true}}}},
-          {"post_processor",
-           {{"type", "TemplateProcessing"},
-            {"single", {{{"SpecialToken", {{"id", "<x>"}, {"type_id", 0}}}},
-                        {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}}}},
-          {"decoder", {{"type", "Sequence"}, {"decoders", {{{"type", "ByteFallback"}}, {{"type", "Fuse"}}}}}}};
+  return {
+      {"model",
+       {{"type", "BPE"},
+        {"vocab", {{"a", 0}, {"b", 1}, {"c", 2}, {"ab", 3}, {"bc", 4}, {"abc", 5}, {"<0x7A>", 6}}},
+        {"merges", {"a b", "b c"}},
+        {"byte_fallback", true}}},
+      {"added_tokens",
+       {{{"id", 7}, {"content", "<x>"}, {"special", true}},
+        {{"id", 8}, {"content", "<xy>"}, {"special", true}}}},
+      {"post_processor",
+       {{"type", "TemplateProcessing"},
+        {"single",
+         {{{"SpecialToken", {{"id", "<x>"}, {"type_id", 0}}}},
+          {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}}}},
+      {"decoder",
+       {{"type", "Sequence"}, {"decoders", {{{"type", "ByteFallback"}}, {{"type", "Fuse"}}}}}}};
 }
 
 TEST(Tokenizer, MergesByRankAddedTokensLongestAndBytesAsFallback) {
@@ -76,30 +79,35 @@ TEST(Tokenizer, MergesByRankAddedTokensLongestAndBytesAsFallback) {
 TEST(Tokenizer, WhatIsNotSupportedIsRefusedNamingTheKey) {
   nlohmann::json j = tiny_tokenizer();
   j["model"]["type"] = "Unigram";
-  EXPECT_NE(Tokenizer::parse(j.dump(), "", "t.json").status().message().find(
-                "model.type 'Unigram' is not supported"),
+  EXPECT_NE(Tokenizer::parse(j.dump(), "", "t.json")
+                .status()
+                .message()
+                .find("model.type 'Unigram' is not supported"),
             std::string::npos);
   j = tiny_tokenizer();
   j["normalizer"] = {{"type", "BertNormalizer"}};
-  EXPECT_NE(Tokenizer::parse(j.dump(), "", "t.json").status().message().find(
-                "normalizer: normalizer type 'BertNormalizer' is not supported"),
+  EXPECT_NE(Tokenizer::parse(j.dump(), "", "t.json")
+                .status()
+                .message()
+                .find("normalizer: normalizer type 'BertNormalizer' is not supported"),
             std::string::npos);
   j = tiny_tokenizer();
-  j["pre_tokenizer"] = {{"type", "Sequence"},
-                        {"pretokenizers", {{{"type", "Split"}, {"pattern", {{"Regex", "("}}},
-                                            {"behavior", "Isolated"}}}}};
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {{{"type", "Split"}, {"pattern", {{"Regex", "("}}}, {"behavior", "Isolated"}}}}};
   const Status bad_regex = Tokenizer::parse(j.dump(), "", "t.json").status();
   EXPECT_NE(bad_regex.message().find("pre_tokenizer.pretokenizers[0].pattern"), std::string::npos)
       << bad_regex.to_string();
   EXPECT_EQ(Tokenizer::parse("{not json", "", "t.json").status().code(),
             StatusCode::kInvalidArgument);
-  EXPECT_NE(Tokenizer::parse(tiny_tokenizer().dump(),
-                             R"({"tokenizer_class": "LlamaTokenizerFast", "legacy": false})",
-                             "t.json")
-                .status()
-                .message()
-                .find("legacy: false"),
-            std::string::npos);
+  EXPECT_NE(
+      Tokenizer::parse(tiny_tokenizer().dump(),
+                       R"({"tokenizer_class": "LlamaTokenizerFast", "legacy": false})", "t.json")
+          .status()
+          .message()
+          .find("legacy: false"),
+      std::string::npos);
 }
 
 }  // namespace

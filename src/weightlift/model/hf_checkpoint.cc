@@ -22,9 +22,10 @@ constexpr const char* kShard = "model-00001-of-00001.safetensors";
 // Keys of a Mixtral config.json that change nothing we compute: bookkeeping, inference-time
 // switches and token ids (generation_config.json's business).
 const std::set<std::string> kIgnoredKeys = {
-    "architectures", "model_type", "torch_dtype", "transformers_version", "_name_or_path",
-    "initializer_range", "use_cache", "output_router_logits", "bos_token_id", "eos_token_id",
-    "pad_token_id", "return_dict", "output_hidden_states", "output_attentions"};
+    "architectures",        "model_type",        "torch_dtype",  "transformers_version",
+    "_name_or_path",        "initializer_range", "use_cache",    "output_router_logits",
+    "bos_token_id",         "eos_token_id",      "pad_token_id", "return_dict",
+    "output_hidden_states", "output_attentions"};
 
 // What must be as stated for the arithmetic to be ours, else the key is refused.
 Status require(const Json& j, const std::string& key, const Json& expected, const std::string& at,
@@ -35,12 +36,16 @@ Status require(const Json& j, const std::string& key, const Json& expected, cons
 }
 
 Result<ModelConfig> mixtral_config(const Json& j, const std::string& at) {
-  static const std::set<std::string> kMapped = {
-      "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-      "num_key_value_heads", "head_dim", "num_local_experts", "num_experts_per_tok",
-      "vocab_size", "max_position_embeddings", "rope_theta", "rms_norm_eps",
-      "tie_word_embeddings", "router_aux_loss_coef", "hidden_act", "sliding_window",
-      "rope_scaling", "router_jitter_noise", "attention_dropout", "attention_bias"};
+  static const std::set<std::string> kMapped = {"hidden_size",         "intermediate_size",
+                                                "num_hidden_layers",   "num_attention_heads",
+                                                "num_key_value_heads", "head_dim",
+                                                "num_local_experts",   "num_experts_per_tok",
+                                                "vocab_size",          "max_position_embeddings",
+                                                "rope_theta",          "rms_norm_eps",
+                                                "tie_word_embeddings", "router_aux_loss_coef",
+                                                "hidden_act",          "sliding_window",
+                                                "rope_scaling",        "router_jitter_noise",
+                                                "attention_dropout",   "attention_bias"};
   for (const auto& [key, value] : j.items()) {
     if (!kMapped.count(key) && !kIgnoredKeys.count(key)) {
       return invalid_argument(at + ": key '" + key +
@@ -107,7 +112,8 @@ Result<HfCheckpoint> open_hf_checkpoint(const std::string& dir) {
     c.family = "mixtral";
     WL_ASSIGN_OR_RETURN(c.config, mixtral_config(j, config_path));
   } else {
-    return invalid_argument(config_path + ": architectures " + j.value("architectures", Json()).dump() +
+    return invalid_argument(config_path + ": architectures " +
+                            j.value("architectures", Json()).dump() +
                             " is not a family weightlift implements (MixtralForCausalLM)");
   }
   const std::string index_path = dir + "/model.safetensors.index.json";
@@ -151,7 +157,8 @@ std::string hf_tensor_name(const std::string& name, const std::string& family) {
   if (rest == "moe.router.weight") return layer + "block_sparse_moe.gate.weight";
   // moe.experts.{e}.{gate,up,down}_proj.weight
   const size_t e_end = rest.find('.', 12);
-  const std::string expert = layer + "block_sparse_moe.experts." + rest.substr(12, e_end - 12) + ".";
+  const std::string expert =
+      layer + "block_sparse_moe.experts." + rest.substr(12, e_end - 12) + ".";
   const std::string proj = rest.substr(e_end + 1);
   const char* w = proj == "gate_proj.weight" ? "w1" : proj == "up_proj.weight" ? "w3" : "w2";
   return expert + w + ".weight";
@@ -173,8 +180,9 @@ Status read_hf_params(const HfCheckpoint& c, float* out) {
 Status write_hf_checkpoint(const std::string& dir, const ModelConfig& c,
                            std::span<const float> params, const HfExport& extra) {
   if (!c.norm_topk) {
-    return invalid_argument("norm_topk false: no Hugging Face family this weightlift writes "
-                            "routes so (Mixtral renormalises the top-k weights)");
+    return invalid_argument(
+        "norm_topk false: no Hugging Face family this weightlift writes "
+        "routes so (Mixtral renormalises the top-k weights)");
   }
   if (c.capacity_factor) {
     return invalid_argument("capacity_factor: Hugging Face's Mixtral drops no token");
@@ -213,12 +221,13 @@ Status write_hf_checkpoint(const std::string& dir, const ModelConfig& c,
   Json weight_map = Json::object();
   for (const ParamInfo& p : layout.params()) {
     const std::string name = hf_tensor_name(p.name, "mixtral");
-    tensors.emplace_back(name, Tensor::borrow(const_cast<float*>(params.data()) + p.offset,
-                                              DType::kF32, p.shape));
+    tensors.emplace_back(
+        name, Tensor::borrow(const_cast<float*>(params.data()) + p.offset, DType::kF32, p.shape));
     weight_map[name] = kShard;
   }
   WL_RETURN_IF_ERROR(write_safetensors(dir + "/" + kShard, tensors, {{"format", "pt"}}));
-  const Json index = {{"metadata", {{"total_size", layout.total() * 4}}}, {"weight_map", weight_map}};
+  const Json index = {{"metadata", {{"total_size", layout.total() * 4}}},
+                      {"weight_map", weight_map}};
   WL_RETURN_IF_ERROR(
       write_file_atomically(dir + "/model.safetensors.index.json", index.dump(2) + "\n"));
   Json generation = {{"_from_model_config", true}};

@@ -18,9 +18,7 @@ std::string pair_key(std::string_view a, std::string_view b) {
 }
 
 // Length of the UTF-8 character that starts with byte `b` (1 for a stray byte).
-size_t char_length(unsigned char b) {
-  return b < 0xC0 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
-}
+size_t char_length(unsigned char b) { return b < 0xC0 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4; }
 
 }  // namespace
 

@@ -39,26 +39,24 @@ const ByteAlphabet& byte_alphabet() {
 
 bool js_space(char16_t c) {
   return c == u'\t' || c == u'\n' || c == 0x0B || c == u'\f' || c == u'\r' || c == u' ' ||
-         c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 ||
-         c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000 || c == 0xFEFF;
+         c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
+         c == 0x202F || c == 0x205F || c == 0x3000 || c == 0xFEFF;
 }
 
-void replace_all(std::u16string& s, std::u16string_view from, std::u16string_view to) {
+// Every `from` in `s` replaced by `to` (UTF-16, or UTF-8: a match of valid UTF-8 in valid
+// UTF-8 starts and ends on characters' boundaries).
+template <class String>
+void replace_all(String& s, std::basic_string_view<typename String::value_type> from,
+                 std::basic_string_view<typename String::value_type> to) {
   if (from.empty()) return;
-  std::u16string out;
+  String out;
   size_t at = 0;
-  for (size_t hit; (hit = s.find(from, at)) != std::u16string::npos; at = hit + from.size()) {
+  for (size_t hit; (hit = s.find(from, at)) != String::npos; at = hit + from.size()) {
     out.append(s, at, hit - at);
     out.append(to);
   }
   out.append(s, at);
   s = std::move(out);
-}
-
-void replace_all(std::string& s, std::string_view from, std::string_view to) {
-  std::u16string u = utf8_to_utf16(s);
-  replace_all(u, utf8_to_utf16(from), utf8_to_utf16(to));
-  s = utf16_to_utf8(u);
 }
 
 std::u16string u16(const Json& j) { return utf8_to_utf16(j.get<std::string>()); }
@@ -128,7 +126,8 @@ std::string rewrite_pattern(std::string p) {
       {"(?i:'s|'t|'re|'ve|'m|'ll|'d)", "(?:'([sS]|[tT]|[rR][eE]|[vV][eE]|[mM]|[lL][lL]|[dD]))"}};
   std::string out;  // and drops the escapes of '#', '&' and '~'
   for (size_t i = 0; i < p.size(); ++i) {
-    if (p[i] == '\\' && i + 1 < p.size() && (p[i + 1] == '#' || p[i + 1] == '&' || p[i + 1] == '~')) {
+    if (p[i] == '\\' && i + 1 < p.size() &&
+        (p[i + 1] == '#' || p[i + 1] == '&' || p[i + 1] == '~')) {
       continue;
     }
     out += p[i];
@@ -154,7 +153,8 @@ Result<PreTokenize> make_pre_tokenizer(const Json& j, const std::string& at) {
       pattern = rewrite_pattern(p["Regex"].get<std::string>());
     } else if (p.contains("String")) {  // a literal: every character escaped
       for (char c : p["String"].get<std::string>()) {
-        if (!std::isalnum(static_cast<unsigned char>(c)) && static_cast<unsigned char>(c) < 0x80) pattern += '\\';
+        if (!std::isalnum(static_cast<unsigned char>(c)) && static_cast<unsigned char>(c) < 0x80)
+          pattern += '\\';
         pattern += c;
       }
     } else {
@@ -163,15 +163,16 @@ Result<PreTokenize> make_pre_tokenizer(const Json& j, const std::string& at) {
     WL_ASSIGN_OR_RETURN(Regex re, Regex::compile(pattern, at + ".pattern"));
     auto shared = std::make_shared<Regex>(std::move(re));
     const bool keep_gaps = true, keep_matches = behavior == "Isolated";
-    return PreTokenize([shared, keep_gaps, keep_matches](const std::u16string& s, int, Pieces& out) {
-      int32_t at = 0;
-      for (const auto& [b, e] : shared->matches(s)) {
-        if (keep_gaps && b > at) out.push_back(s.substr(size_t(at), size_t(b - at)));
-        if (keep_matches) out.push_back(s.substr(size_t(b), size_t(e - b)));
-        at = e;
-      }
-      if (at < int32_t(s.size())) out.push_back(s.substr(size_t(at)));
-    });
+    return PreTokenize(
+        [shared, keep_gaps, keep_matches](const std::u16string& s, int, Pieces& out) {
+          int32_t at = 0;
+          for (const auto& [b, e] : shared->matches(s)) {
+            if (keep_gaps && b > at) out.push_back(s.substr(size_t(at), size_t(b - at)));
+            if (keep_matches) out.push_back(s.substr(size_t(b), size_t(e - b)));
+            at = e;
+          }
+          if (at < int32_t(s.size())) out.push_back(s.substr(size_t(at)));
+        });
   }
   if (type == "ByteLevel") {
     const bool prefix = j.value("add_prefix_space", false), regex = j.value("use_regex", true);
@@ -184,7 +185,8 @@ Result<PreTokenize> make_pre_tokenizer(const Json& j, const std::string& at) {
       const std::u16string s = prefix && (in.empty() || in[0] != u' ') ? u" " + in : in;
       Pieces words;
       if (gpt2) {  // the matches only, as JavaScript's String.match
-        for (const auto& [b, e] : gpt2->matches(s)) words.push_back(s.substr(size_t(b), size_t(e - b)));
+        for (const auto& [b, e] : gpt2->matches(s))
+          words.push_back(s.substr(size_t(b), size_t(e - b)));
       } else {
         words.push_back(s);
       }
@@ -201,23 +203,23 @@ Result<PreTokenize> make_pre_tokenizer(const Json& j, const std::string& at) {
     const std::u16string str_rep = j.contains("str_rep") ? u16(j["str_rep"]) : rep;
     const bool prefix = j.value("add_prefix_space", false);
     const std::string scheme = j.value("prepend_scheme", "always");
-    return PreTokenize([rep, str_rep, prefix, scheme](const std::u16string& in, int section,
-                                                      Pieces& out) {
-      std::u16string s = in;
-      replace_all(s, u" ", str_rep);
-      if (prefix && s.rfind(rep, 0) != 0 &&
-          (scheme == "always" || (scheme == "first" && section == 0))) {
-        s = str_rep + s;
-      }
-      out.push_back(std::move(s));
-    });
+    return PreTokenize(
+        [rep, str_rep, prefix, scheme](const std::u16string& in, int section, Pieces& out) {
+          std::u16string s = in;
+          replace_all(s, u" ", str_rep);
+          if (prefix && s.rfind(rep, 0) != 0 &&
+              (scheme == "always" || (scheme == "first" && section == 0))) {
+            s = str_rep + s;
+          }
+          out.push_back(std::move(s));
+        });
   }
   if (type == "Sequence") {
     std::vector<PreTokenize> steps;
     const Json& list = j.at("pretokenizers");
     for (size_t i = 0; i < list.size(); ++i) {
-      WL_ASSIGN_OR_RETURN(PreTokenize p, make_pre_tokenizer(
-                                             list[i], at + ".pretokenizers[" + std::to_string(i) + "]"));
+      WL_ASSIGN_OR_RETURN(PreTokenize p, make_pre_tokenizer(list[i], at + ".pretokenizers[" +
+                                                                         std::to_string(i) + "]"));
       if (p) steps.push_back(std::move(p));
     }
     return PreTokenize([steps](const std::u16string& in, int section, Pieces& out) {
@@ -269,8 +271,8 @@ Result<PostProcess> make_post_processor(const Json& j, const std::string& at) {
     std::vector<PostProcess> steps;
     const Json& list = j.at("processors");
     for (size_t i = 0; i < list.size(); ++i) {
-      WL_ASSIGN_OR_RETURN(PostProcess p, make_post_processor(
-                                             list[i], at + ".processors[" + std::to_string(i) + "]"));
+      WL_ASSIGN_OR_RETURN(PostProcess p, make_post_processor(list[i], at + ".processors[" +
+                                                                          std::to_string(i) + "]"));
       if (p) steps.push_back(std::move(p));
     }
     return PostProcess([steps](Tokens t, bool special) {
@@ -288,7 +290,10 @@ using Decode = std::function<Tokens(Tokens)>;
 // JavaScript's parseInt(s, 16) of a byte token's two digits: NaN (-1) unless it starts with one.
 int hex_prefix(std::string_view s) {
   auto digit = [](char c) {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
   };
   const int hi = digit(s[0]);
   if (hi < 0) return -1;
@@ -393,8 +398,8 @@ Result<Decode> make_decoder(const Json& j, const std::string& at,
     std::vector<Decode> steps;
     const Json& list = j.at("decoders");
     for (size_t i = 0; i < list.size(); ++i) {
-      WL_ASSIGN_OR_RETURN(Decode d,
-                          make_decoder(list[i], at + ".decoders[" + std::to_string(i) + "]", added));
+      WL_ASSIGN_OR_RETURN(
+          Decode d, make_decoder(list[i], at + ".decoders[" + std::to_string(i) + "]", added));
       if (d) steps.push_back(std::move(d));
     }
     return Decode([steps](Tokens t) {
@@ -408,18 +413,9 @@ Result<Decode> make_decoder(const Json& j, const std::string& at,
 // transformers.js's clean_up_tokenization: spaces before punctuation and contractions.
 std::string clean_up_spaces(std::string s) {
   static const std::pair<std::string_view, std::string_view> kPairs[] = {
-      {" .", "."}, {" ?", "?"}, {" !", "!"}, {" ,", ","}, {" ' ", "'"}, {" n't", "n't"},
-      {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
-  for (const auto& [from, to] : kPairs) {
-    std::string out;
-    size_t at = 0;
-    for (size_t hit; (hit = s.find(from, at)) != std::string::npos; at = hit + from.size()) {
-      out.append(s, at, hit - at);
-      out.append(to);
-    }
-    out.append(s, at);
-    s = std::move(out);
-  }
+      {" .", "."},     {" ?", "?"},   {" !", "!"},   {" ,", ","},     {" ' ", "'"},
+      {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+  for (const auto& [from, to] : kPairs) replace_all(s, from, to);
   return s;
 }
 
@@ -515,8 +511,9 @@ Result<Tokenizer> Tokenizer::parse(std::string_view tokenizer_json, std::string_
     const std::string cls = config.value("tokenizer_class", "");
     if ((cls == "LlamaTokenizer" || cls == "LlamaTokenizerFast") && config.contains("legacy") &&
         config["legacy"] == false) {
-      return invalid_argument(where + ": tokenizer_config.json's legacy: false (a Llama "
-                                      "tokenizer's non-legacy spaces) is not supported");
+      return invalid_argument(where +
+                              ": tokenizer_config.json's legacy: false (a Llama "
+                              "tokenizer's non-legacy spaces) is not supported");
     }
     WL_ASSIGN_OR_RETURN(m.model, Bpe::from_json(j["model"], where));
     m.ids = m.model.vocab();
@@ -542,9 +539,10 @@ Result<Tokenizer> Tokenizer::parse(std::string_view tokenizer_json, std::string_
       }
       m.unk_id = it->second;
     }
-    WL_ASSIGN_OR_RETURN(m.normalizer, make_normalizer(j.value("normalizer", Json()), where + ": normalizer"));
-    WL_ASSIGN_OR_RETURN(m.pre_tokenizer,
-                        make_pre_tokenizer(j.value("pre_tokenizer", Json()), where + ": pre_tokenizer"));
+    WL_ASSIGN_OR_RETURN(m.normalizer,
+                        make_normalizer(j.value("normalizer", Json()), where + ": normalizer"));
+    WL_ASSIGN_OR_RETURN(m.pre_tokenizer, make_pre_tokenizer(j.value("pre_tokenizer", Json()),
+                                                            where + ": pre_tokenizer"));
     WL_ASSIGN_OR_RETURN(m.post_processor, make_post_processor(j.value("post_processor", Json()),
                                                               where + ": post_processor"));
     WL_ASSIGN_OR_RETURN(m.decoder,

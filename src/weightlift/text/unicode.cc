@@ -131,13 +131,16 @@ Result<std::string> js_to_icu(std::string_view p, std::string_view where) {
             return invalid_argument(std::string(where) + ": \\" + e +
                                     " inside a character class is not supported");
           }
-          out += e == 'S' ? "[^" + std::string(kJsSpace) + "]" : e == 'D' ? "[^0-9]" : "[^A-Za-z0-9_]";
+          out += e == 'S'   ? "[^" + std::string(kJsSpace) + "]"
+                 : e == 'D' ? "[^0-9]"
+                            : "[^A-Za-z0-9_]";
           continue;
         default:
           out += c;
           out += e;
           // \p{...}, \P{...}, \u{...}, \x{...}: the braces are the escape's, not literals.
-          if ((e == 'p' || e == 'P' || e == 'u' || e == 'x') && i + 1 < p.size() && p[i + 1] == '{') {
+          if ((e == 'p' || e == 'P' || e == 'u' || e == 'x') && i + 1 < p.size() &&
+              p[i + 1] == '{') {
             const size_t close = p.find('}', i + 1);
             if (close == std::string_view::npos) {
               return invalid_argument(std::string(where) + ": \\" + e + "{ without its '}'");
@@ -229,7 +232,8 @@ Result<std::u16string> normalize(std::u16string_view text, std::string_view form
   }
   const icu::UnicodeString in(false, text.data(), int32_t(text.size()));
   const icu::UnicodeString out = n->normalize(in, status);
-  if (U_FAILURE(status)) return internal_error(std::string("ICU normalize: ") + u_errorName(status));
+  if (U_FAILURE(status))
+    return internal_error(std::string("ICU normalize: ") + u_errorName(status));
   return std::u16string(out.getBuffer(), size_t(out.length()));
 }
 
