@@ -22,14 +22,18 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 
 summary=()
 phase_name="" phase_start=0
-phase() {
+end_phase() {
   if [ -n "$phase_name" ]; then summary+=("$(printf '%-58s %5d s' "$phase_name" $((SECONDS - phase_start)))"); fi
+  phase_name=""
+}
+phase() {
+  end_phase
   phase_name=$1 phase_start=$SECONDS
   echo "== $1 (at ${SECONDS} s)"
 }
 passed=0 failed=0
 report() {
-  phase ""
+  end_phase
   echo "== phases"
   printf '%s\n' "${summary[@]}"
   printf '%-58s %5d s\n' "whole run" "$SECONDS"
