@@ -8,6 +8,7 @@
 
 #include "bench/transfer.h"
 #include "bench/transfer_resources.h"
+#include "support/paths.h"
 
 namespace wl::app {
 namespace {
@@ -50,9 +51,9 @@ TEST(BenchTransfer, ThreadsInEveryModeVerifyBitExact) {
 // The default: every rank its own process, started by the command itself.
 TEST(BenchTransfer, ProcessesThroughTheCommandVerifyBitExact) {
   for (const char* mode : {"p2p", "broadcast"}) {
-    const std::string cmd = std::string(WL_WEIGHTLIFT) + " bench transfer --preset tiny " +
-                            "--dtype fp8 --updates 2 --json --memcpy-bytes 1048576 --mode " + mode +
-                            " 2>&1";
+    const std::string cmd =
+        wl::testing::beside_binary(WL_WEIGHTLIFT) + " bench transfer --preset tiny " +
+        "--dtype fp8 --updates 2 --json --memcpy-bytes 1048576 --mode " + mode + " 2>&1";
     FILE* p = ::popen(cmd.c_str(), "r");
     ASSERT_NE(p, nullptr);
     std::string out;

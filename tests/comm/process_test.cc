@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "support/child_process.h"
+#include "support/paths.h"
 #include "weightlift/comm/launch.h"
 #include "weightlift/comm/tcp_store.h"
 #include "weightlift/comm/transport.h"
@@ -29,7 +30,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr const char* kRankBinary = WL_COMM_TEST_RANK;
+const std::string kRankBinary = wl::testing::beside_binary(WL_COMM_TEST_RANK);
 
 using testing::Child;
 using testing::free_port;

@@ -6,6 +6,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "support/paths.h"
+
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/lsan_interface.h>
 #endif
@@ -15,7 +17,9 @@
 namespace wl::comm {
 namespace {
 
-std::string fixture(const std::string& name) { return std::string(WL_TOPOLOGY_DIR) + "/" + name; }
+std::string fixture(const std::string& name) {
+  return wl::testing::beside_binary(WL_TOPOLOGY_DIR) + "/" + name;
+}
 
 TopologyReport load(const std::string& name) {
   auto r = read_topology({.xml_path = fixture(name)});

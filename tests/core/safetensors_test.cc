@@ -16,6 +16,8 @@
 #include <limits>
 #include <sstream>
 
+#include "support/paths.h"
+
 namespace wl {
 namespace {
 
@@ -556,8 +558,9 @@ TEST_F(SafetensorsTest, DuplicateNamesAreABug) {
 // Inputs the fuzzer once crashed on, or that a fuzzer run kept: each must give a Status, and
 // an accepted file's tensors must all be readable.
 TEST(SafetensorsRegressions, ReplayWithoutCrashing) {
-  const fs::path here = fs::path(WL_SOURCE_DIR) / "tests" / "core";
-  const fs::path seeds = fs::path(WL_SOURCE_DIR) / "fuzz" / "corpus" / "safetensors";
+  const fs::path here = fs::path(wl::testing::beside_binary(WL_SOURCE_DIR)) / "tests" / "core";
+  const fs::path seeds =
+      fs::path(wl::testing::beside_binary(WL_SOURCE_DIR)) / "fuzz" / "corpus" / "safetensors";
   int n_seeds = 0;
   for (const auto& e : fs::directory_iterator(seeds)) {
     SCOPED_TRACE(e.path().string());

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "support/child_process.h"
+#include "support/paths.h"
 #include "support/scratch_dir.h"
 #include "weightlift/fault/failure_schedule.h"
 #include "weightlift/model/config.h"
@@ -30,7 +31,7 @@ using wl::testing::Child;
 using wl::testing::reap;
 using wl::testing::wait_exit;
 
-constexpr const char* kWeightlift = WL_WEIGHTLIFT_BINARY;
+const std::string kWeightlift = wl::testing::beside_binary(WL_WEIGHTLIFT_BINARY);
 constexpr int kStages = 4;
 
 std::string fresh_dir(const std::string& name) {

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "support/paths.h"
 #include "weightlift/model/memory_estimate.h"
 #include "weightlift/model/params.h"
 
@@ -474,8 +475,9 @@ std::string slurp(const fs::path& p) {
 }
 
 TEST(ModelConfigRegressions, ReplayWithoutCrashing) {
-  const fs::path here = fs::path(WL_SOURCE_DIR) / "tests" / "model";
-  const fs::path seeds = fs::path(WL_SOURCE_DIR) / "fuzz" / "corpus" / "config";
+  const fs::path here = fs::path(wl::testing::beside_binary(WL_SOURCE_DIR)) / "tests" / "model";
+  const fs::path seeds =
+      fs::path(wl::testing::beside_binary(WL_SOURCE_DIR)) / "fuzz" / "corpus" / "config";
   int n_seeds = 0;
   for (const auto& e : fs::directory_iterator(seeds)) {
     SCOPED_TRACE(e.path().string());

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "support/child_process.h"
+#include "support/paths.h"
 #include "train_ranks.h"
 #include "weightlift/model/config.h"
 
@@ -26,7 +27,7 @@ using wl::testing::free_port;
 using wl::testing::reap;
 using wl::testing::wait_exit;
 
-constexpr const char* kWeightlift = WL_WEIGHTLIFT_BINARY;
+const std::string kWeightlift = wl::testing::beside_binary(WL_WEIGHTLIFT_BINARY);
 constexpr int kRanks = 3;
 
 std::vector<Child> start_job(const std::vector<std::string>& args) {

@@ -16,7 +16,9 @@
 #include <vector>
 
 #include "support/child_process.h"
+#include "support/paths.h"
 #include "support/scratch_dir.h"
+#include "weightlift/train/checkpoint_state.h"
 
 namespace wl::rl {
 namespace {
@@ -24,7 +26,7 @@ namespace {
 using namespace std::chrono_literals;
 using wl::testing::Child;
 
-constexpr const char* kWeightlift = WL_WEIGHTLIFT_BINARY;
+const std::string kWeightlift = wl::testing::beside_binary(WL_WEIGHTLIFT_BINARY);
 
 std::string fresh_dir(const std::string& name) {
   const std::string d = std::filesystem::temp_directory_path().string() + "/wl_rl_" +

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "support/child_process.h"
+#include "support/paths.h"
 #include "weightlift/comm/tcp_store.h"
 #include "weightlift/core/check.h"
 
@@ -27,7 +28,7 @@ namespace {
 using namespace std::chrono_literals;
 using wl::testing::Child;
 
-constexpr const char* kRank = WL_FLEET_TEST_RANK;
+const std::string kRank = wl::testing::beside_binary(WL_FLEET_TEST_RANK);
 constexpr auto kFleetTimeout = 5s;  // fleet_test_rank's timeout for every wait
 
 struct Fleet {
