@@ -9,6 +9,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -441,13 +442,55 @@ void expect_damaged_pending_refused(const std::string& from, std::vector<std::st
   nlohmann::json state = nlohmann::json::parse(std::ifstream(damaged + "/rl_state.json"));
   ASSERT_TRUE(state.contains("pending")) << "an asynchronous checkpoint holds the next round";
   state["pending"]["samples"][1]["completion"][0] = 1 << 20;
-  std::ofstream(damaged + "/rl_state.json") << state.dump();
+  // Sealed again, as a writer would: the checksum passes and the field's own check speaks.
+  std::ofstream(damaged + "/rl_state.json") << train::seal_state_text(state.dump(1) + "\n");
   args.insert(args.end(), {"--resume", damaged});
   std::vector<Child> job = start_job(3, args);
   EXPECT_EQ(wl::testing::wait_exit(job[0], comm::deadline_after(60s)), 1) << job[0].output;
   EXPECT_NE(job[0].output.find("pending: sample 1, token 0: 1048576"), std::string::npos)
       << job[0].output;
   for (Child& c : job) wl::testing::kill_and_reap(c);
+}
+
+// rl_state.json is checksummed as state.json is, and what it says is checked against itself:
+// an edit is refused as such, and an edit sealed again is refused by the range checks (a
+// negative step count, records that do not match the steps, an accuracy above 1).
+void expect_edited_state_refused(const std::string& from, const std::vector<std::string>& args) {
+  struct Case {
+    const char* what;
+    std::function<void(nlohmann::json&)> edit;
+    bool reseal;
+    const char* needle;
+  };
+  const std::vector<Case> cases = {
+      {"an edited record", [](nlohmann::json& j) { j["records"][0]["loss"] = 0.0; }, false,
+       "changed after it was written"},
+      {"a negative step count", [](nlohmann::json& j) { j["rl_steps"] = -5; }, true, "rl_steps"},
+      {"an absurd step count", [](nlohmann::json& j) { j["rl_steps"] = 1e18; }, true, "rl_steps"},
+      {"records multiplied",
+       [](nlohmann::json& j) {
+         const nlohmann::json r = j["records"];
+         for (const nlohmann::json& x : r) j["records"].push_back(x);
+       },
+       true, "records for"},
+      {"an accuracy above 1", [](nlohmann::json& j) { j["held_out_before_rl"] = 7.0; }, true,
+       "held_out_before_rl"},
+  };
+  for (const Case& c : cases) {
+    const std::string damaged = fresh_dir("edited_state");
+    std::filesystem::copy(from, damaged, std::filesystem::copy_options::recursive);
+    nlohmann::json state = nlohmann::json::parse(std::ifstream(damaged + "/rl_state.json"));
+    c.edit(state);
+    const std::string text = state.dump(1) + "\n";
+    std::ofstream(damaged + "/rl_state.json") << (c.reseal ? train::seal_state_text(text) : text);
+    std::vector<std::string> a = args;
+    a.insert(a.end(), {"--resume", damaged, "--overwrite"});
+    std::vector<Child> job = start_job(3, a);
+    EXPECT_EQ(wl::testing::wait_exit(job[0], comm::deadline_after(60s)), 1)
+        << c.what << job[0].output;
+    EXPECT_NE(job[0].output.find(c.needle), std::string::npos) << c.what << ": " << job[0].output;
+    for (Child& k : job) wl::testing::kill_and_reap(k);
+  }
 }
 
 // The trainer is killed (SIGKILL) once it has written a checkpoint; a new job resumed from its
@@ -528,6 +571,8 @@ TEST_P(ResumedTrainer, ContinuesTheUninterruptedCurve) {
   for (Child& c : job) wl::testing::kill_and_reap(c);
   if (std::string(GetParam()) == "1") {
     expect_damaged_pending_refused(from, with_out(fresh_dir("damaged_run")));
+  } else {
+    expect_edited_state_refused(from, with_out(fresh_dir("edited_run")));
   }
 }
 

@@ -1,9 +1,11 @@
 // checkpoint.h.
 #include "weightlift/rl/checkpoint.h"
 
+#include "weightlift/core/checksum.h"
 #include "weightlift/core/file_io.h"
 #include "weightlift/core/json_record.h"
 #include "weightlift/parallel/checkpoint.h"
+#include "weightlift/train/checkpoint_state.h"
 
 namespace wl::rl {
 namespace {
@@ -13,6 +15,7 @@ constexpr RecordFormat kRlStateFormat{.name = "weightlift-rl-state",
                                       .what = "RL run state",
                                       .remedy = "resume it with the weightlift that wrote it"};
 constexpr uint64_t kMostStateBytes = uint64_t(1) << 30;
+constexpr int64_t kMostSteps = int64_t(1) << 40;  // far beyond any run, and no overflow
 
 nlohmann::json pending_to_json(const RlCheckpoint& c) {
   nlohmann::json problems = nlohmann::json::array(), samples = nlohmann::json::array();
@@ -117,6 +120,25 @@ Result<StepRecord> record_from_json(const nlohmann::json& j, const std::string& 
   }
 }
 
+// A record per step done, in order: the warm start's 1..sft_steps, then RL's 1..rl_steps.
+Status check_records(const RlCheckpoint& c, const std::string& where) {
+  if (int64_t(c.records.size()) != c.sft_steps + c.rl_steps) {
+    return data_loss(where + ": " + std::to_string(c.records.size()) + " records for " +
+                     std::to_string(c.sft_steps) + " warm-start and " + std::to_string(c.rl_steps) +
+                     " RL steps");
+  }
+  for (size_t i = 0; i < c.records.size(); ++i) {
+    const bool sft = int64_t(i) < c.sft_steps;
+    const int64_t step = sft ? int64_t(i) + 1 : int64_t(i) + 1 - c.sft_steps;
+    if (c.records[i].phase != (sft ? "sft" : "rl") || c.records[i].step != step) {
+      return data_loss(where + ": records[" + std::to_string(i) + "] is " + c.records[i].phase +
+                       " step " + std::to_string(c.records[i].step) + ", expected " +
+                       (sft ? "sft" : "rl") + " step " + std::to_string(step));
+    }
+  }
+  return ok_status();
+}
+
 Status save_rl_checkpoint(const std::string& dir, parallel::DataParallel& dp,
                           const RlCheckpoint& c) {
   nlohmann::json j = new_record(kRlStateFormat);
@@ -131,8 +153,10 @@ Status save_rl_checkpoint(const std::string& dir, parallel::DataParallel& dp,
   j["records"] = std::move(records);
   j["events"] = std::move(events);
   if (!c.pending_problems.empty()) j["pending"] = pending_to_json(c);
+  // Sealed as state.json is: any byte changed after writing is caught at resume.
+  j["state_checksum"] = checksum_hex(0);
   return save_checkpoint(dir, dp, {.step = int64_t(c.updates), .data_rng = c.rng, .run = c.run},
-                         {{"rl_state.json", j.dump() + "\n"}});
+                         {{"rl_state.json", train::seal_state_text(j.dump(1) + "\n")}});
 }
 
 Result<RlCheckpoint> load_rl_checkpoint(const std::string& dir, parallel::DataParallel& dp,
@@ -154,11 +178,16 @@ Result<RlCheckpoint> load_rl_checkpoint(const std::string& dir, parallel::DataPa
       RlCheckpoint c,
       (read_record<RlCheckpoint>(
           text, where, kRlStateFormat, [&](const nlohmann::json& j) -> Result<RlCheckpoint> {
+            WL_RETURN_IF_ERROR(train::verify_sealed_text(text, j, where));
             RlCheckpoint c;
-            c.sft_steps = int_field(j.at("sft_steps"));
-            c.rl_steps = int_field(j.at("rl_steps"));
+            c.sft_steps = int_field_in(j.at("sft_steps"), 0, kMostSteps);
+            c.rl_steps = int_field_in(j.at("rl_steps"), 0, kMostSteps);
             c.updates = uint_field(j.at("updates"));
             c.held_out_before_rl = j.at("held_out_before_rl").get<double>();
+            if (!(c.held_out_before_rl >= 0 && c.held_out_before_rl <= 1)) {
+              return data_loss(where + ": held_out_before_rl " +
+                               std::to_string(c.held_out_before_rl) + " is not an accuracy");
+            }
             for (const nlohmann::json& r : j.at("records")) {
               WL_ASSIGN_OR_RETURN(StepRecord rec, record_from_json(r, where + ": records"));
               c.records.push_back(std::move(rec));
@@ -168,6 +197,7 @@ Result<RlCheckpoint> load_rl_checkpoint(const std::string& dir, parallel::DataPa
                                   e.at("what").get<std::string>()});
             }
             if (j.contains("pending")) pending_from_json(j.at("pending"), c);
+            WL_RETURN_IF_ERROR(check_records(c, where));
             return c;
           })));
   WL_ASSIGN_OR_RETURN(parallel::TrainState st, parallel::load_checkpoint(dir, dp));

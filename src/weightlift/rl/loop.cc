@@ -1452,9 +1452,9 @@ class MetricsStream {
 Result<RlSummary> run_phases(const RlOptions& o, Trainer& t,
                              const std::function<void(const StepRecord&)>& on_step) {
   RlSummary summary;
-  MetricsStream metrics;
-  WL_RETURN_IF_ERROR(metrics.open(o.metrics_path));
-  double held_out = -1;  // the last evaluation's; -1 before the first
+  MetricsStream metrics;  // opened once a resume has read its checkpoint: a refused one
+                          // leaves the file as it was
+  double held_out = -1;   // the last evaluation's; -1 before the first
   int64_t first_rl_step = 1;
   if (!o.resume.empty()) {
     WL_ASSIGN_OR_RETURN(RlCheckpoint c, t.resume(o.resume));
@@ -1469,8 +1469,9 @@ Result<RlSummary> run_phases(const RlOptions& o, Trainer& t,
         summary.held_out_after_rl = r.held_out_accuracy;
     first_rl_step = c.rl_steps + 1;
     held_out = summary.held_out_after_rl;
-    for (const StepRecord& r : summary.records) WL_RETURN_IF_ERROR(metrics.append(r));
   }
+  WL_RETURN_IF_ERROR(metrics.open(o.metrics_path));
+  for (const StepRecord& r : summary.records) WL_RETURN_IF_ERROR(metrics.append(r));
   for (int64_t step = 1; step <= o.sft_steps && o.resume.empty(); ++step) {
     t.at("sft", step);
     WL_ASSIGN_OR_RETURN(StepRecord rec, t.sft_step(step));

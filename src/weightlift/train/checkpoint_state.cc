@@ -24,8 +24,10 @@ std::string zeroed(std::string text, size_t at) {
   return text;
 }
 
+}  // namespace
+
 // The one place the writer puts the checksum; DataLoss when it is not there exactly once.
-Status verify_state_checksum(std::string_view text, const json& j, const std::string& where) {
+Status verify_sealed_text(std::string_view text, const json& j, const std::string& where) {
   const auto it = j.find("state_checksum");
   if (it == j.end() || !it->is_string() || !checksum_from_hex(it->get<std::string>())) {
     return data_loss(where + ": state_checksum is missing or not 16 hex digits");
@@ -41,10 +43,12 @@ Status verify_state_checksum(std::string_view text, const json& j, const std::st
   if (got != want) {
     return data_loss(where + ": checksum " + checksum_hex(got) + " but the file says " +
                      checksum_hex(want) +
-                     ": state.json changed after it was written; restore the checkpoint");
+                     ": the file changed after it was written; restore the checkpoint");
   }
   return ok_status();
 }
+
+namespace {
 
 void read_counters(const json& j, StateFile& f) {
   CheckpointState& s = f.state;
@@ -136,7 +140,7 @@ Result<StateFile> state_from_json(std::string_view text, std::string_view where_
   } else {
     WL_RETURN_IF_ERROR(check_record_header(j, where, kCheckpointStateFormat));
   }
-  WL_RETURN_IF_ERROR(verify_state_checksum(text, j, where));
+  WL_RETURN_IF_ERROR(verify_sealed_text(text, j, where));
   StateFile f;
   try {
     read_counters(j, f);

@@ -74,6 +74,10 @@ Result<StateFile> state_from_json(std::string_view text, std::string_view where)
 // `text` with its state_checksum recomputed: what the writer does last, and what a test or a
 // fuzzer does to a state it edited on purpose. Unchanged if it holds no state_checksum.
 std::string seal_state_text(std::string text);
+// OK when `text` (parsed as `j`) carries "state_checksum" once, where seal_state_text writes
+// it, and the checksum matches; DataLoss naming `where` otherwise. Other files sealed the same
+// way (an RL run's rl_state.json) check themselves with it.
+Status verify_sealed_text(std::string_view text, const nlohmann::json& j, const std::string& where);
 
 // The metadata key of tensor `name`'s checksum in a tensor file: "xxh3.<name>".
 std::string tensor_checksum_key(std::string_view name);
