@@ -182,6 +182,7 @@ void register_fault(CLI::App& app, Outcome& out) {
   fault::SimulationOptions& o = a->o;
   cmd->add_option("--preset", a->preset, "model preset")->capture_default_str();
   cmd->add_option("--config", a->config_path, "a config.json instead of a preset");
+  a->corpus_dir = default_corpus_dir();
   cmd->add_option("--corpus", a->corpus_dir, "Brown corpus directory")->capture_default_str();
   cmd->add_option("--stages", o.stages, "pipeline stages (they divide the layers)")
       ->capture_default_str()

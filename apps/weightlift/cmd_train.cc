@@ -285,6 +285,7 @@ void register_train(CLI::App& app, Outcome& out) {
   cmd->add_option("--init-weights", o->init_weights, "start from these weights (safetensors)");
   cmd->add_option("--resume", o->resume, "continue bit-exactly from this checkpoint directory");
   cmd->add_option("--seed", o->seed, "weights init and data order")->capture_default_str();
+  o->corpus_dir = default_corpus_dir();
   cmd->add_option("--corpus", o->corpus_dir, "Brown corpus directory")->capture_default_str();
   cmd->add_option("--batch-file", o->batch_file,
                   "train on this fixed batch (safetensors: int64 tokens, targets)");

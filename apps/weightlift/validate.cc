@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 
 #include "commands.h"
 
@@ -198,5 +199,18 @@ CLI::Validator bytes(uint64_t lo, uint64_t hi) {
 }
 
 CLI::Validator seconds() { return count(1, kMaxSeconds).description("SECONDS in [1, 86400]"); }
+
+std::string default_corpus_dir() {
+  const std::string here = "data/brown";
+  std::error_code ec;
+  if (std::filesystem::is_directory(here, ec)) return here;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return here;
+  for (std::filesystem::path dir = exe.parent_path(); !dir.empty() && dir != dir.root_path();
+       dir = dir.parent_path()) {
+    if (std::filesystem::is_directory(dir / here, ec)) return (dir / here).string();
+  }
+  return here;
+}
 
 }  // namespace wl::app

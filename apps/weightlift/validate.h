@@ -76,6 +76,11 @@ CLI::Validator seconds();  // a timeout: a whole number of seconds in [1, kMaxSe
 // The shortest decimal that reads back as v ("0.9", "1e-05", "inf"): how reals are printed.
 std::string show_number(double v);
 
+// The Brown corpus's default folder: data/brown where the command runs, or else the checkout's
+// that this binary was built in (build/<preset>/apps/weightlift sits three levels below it),
+// so that the README's commands run from any directory.
+std::string default_corpus_dir();
+
 // "1K" for 1024, "3G" for 3 << 30, digits otherwise: how byte bounds are printed.
 std::string bytes_to_string(uint64_t bytes);
 
