@@ -22,9 +22,11 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 
 summary=()
 phase_name="" phase_start=0
+phase_note=""
 end_phase() {
   if [ -n "$phase_name" ]; then summary+=("$(printf '%-58s %5d s' "$phase_name" $((SECONDS - phase_start)))"); fi
-  phase_name=""
+  if [ -n "$phase_note" ]; then summary+=("$phase_note"); fi
+  phase_name="" phase_note=""
 }
 phase() {
   end_phase
@@ -49,7 +51,7 @@ run_tests() {
   local rc=${PIPESTATUS[0]}
   local line
   line=$(grep -E '^[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -1)
-  summary+=("  $label: ${line:-no count}")
+  phase_note="  $label: ${line:-no count}"
   if [[ $line =~ ([0-9]+)\ tests?\ failed\ out\ of\ ([0-9]+) ]]; then
     failed=$((failed + BASH_REMATCH[1]))
     passed=$((passed + BASH_REMATCH[2] - BASH_REMATCH[1]))
