@@ -7,6 +7,7 @@ weightlift binary whose `launch` starts the ranks (tests/python/ranks.py)."""
 import collections.abc
 import json
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -49,6 +50,31 @@ def test_fp8_receiver_within_e4m3_rounding():
 
 def test_sidecar_engine_attaches_zero_copy_pinned_and_survives_bad_requests():
     launch("sidecar", ranks=2)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stopped_launch_leaves_no_receiver_behind(tmp_path, sig):
+    """Ctrl-C (or a container's SIGTERM) to `weightlift launch` reaches `receiver serve` as a
+    SIGTERM it cleans up after: no shared memory, no socket, and the next start on the same
+    socket works."""
+    sock = str(tmp_path / "r0.sock")
+    for attempt in range(2):
+        p = subprocess.Popen([EXE, "launch", "-n", "1", "--", EXE, "receiver", "serve", "--id", "0",
+                              "--model", "tiny", "--socket", sock],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        line = p.stdout.readline()
+        assert "engines attach at" in line, line
+        shm = line.split("in shared memory ")[1].split(";")[0]
+        assert os.path.exists("/dev/shm" + shm) and os.path.exists(sock)
+        p.send_signal(sig)
+        try:
+            out = p.communicate(timeout=30)[0]
+        except subprocess.TimeoutExpired:
+            p.kill()
+            raise
+        assert p.returncode == 128 + sig, (attempt, p.returncode, out)
+        assert not os.path.exists(sock), "the receiver left its socket"
+        assert not os.path.exists("/dev/shm" + shm), "the receiver left its shared memory"
 
 
 def test_receiver_killed_mid_update_raises_or_is_left_out_without_a_hang():
