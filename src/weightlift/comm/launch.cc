@@ -333,9 +333,15 @@ bool Job::restart(int r, int code) {
 // every rank has exited.
 void Job::drop_orphaned_pipes() {
   if (running_ > 0 || open_pipes_ == 0 || polled_ != 0) return;
-  for (Rank& k : ranks_) {
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    Rank& k = ranks_[r];
     if (k.out < 0) continue;
-    if (!k.partial.empty()) write_fully(o_.output_fd, k.partial + "\n");
+    // What the rank wrote between the last poll and its exit is still passed on.
+    ::fcntl(k.out, F_SETFL, ::fcntl(k.out, F_GETFL) | O_NONBLOCK);
+    char buf[65536];
+    for (ssize_t got; (got = ::read(k.out, buf, sizeof buf)) > 0;)
+      emit(int(r), std::string_view(buf, size_t(got)));
+    if (!k.partial.empty()) emit(int(r), "\n");
     ::close(k.out);
     k.out = -1;
   }
