@@ -47,8 +47,8 @@ run_tests() {
   local label=$1 log
   shift
   log=$(mktemp)
-  ctest "$@" 2>&1 | tee "$log"
-  local rc=${PIPESTATUS[0]}
+  local rc=0
+  ctest "$@" 2>&1 | tee "$log" || rc=$?  # counted before set -e ends the run on a failure
   local line
   line=$(grep -E '^[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -1)
   phase_note="  $label: ${line:-no count}"
