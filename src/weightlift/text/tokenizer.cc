@@ -69,6 +69,20 @@ Result<std::string> string_pattern(const Json& step, const std::string& at) {
   return step["pattern"]["String"].get<std::string>();
 }
 
+// The steps of a "Sequence" (its list under `key`), each made by `make`, which gives an empty
+// step for a null one.
+template <class Step, class Make>
+Result<std::vector<Step>> sequence_steps(const Json& j, const char* key, const std::string& at,
+                                         Make make) {
+  std::vector<Step> steps;
+  const Json& list = j.at(key);
+  for (size_t i = 0; i < list.size(); ++i) {
+    WL_ASSIGN_OR_RETURN(Step step, make(list[i], at + "." + key + "[" + std::to_string(i) + "]"));
+    if (step) steps.push_back(std::move(step));
+  }
+  return steps;
+}
+
 // ---- normalizers ----------------------------------------------------------------------------
 
 using Normalize = std::function<std::u16string(std::u16string)>;
@@ -95,13 +109,8 @@ Result<Normalize> make_normalizer(const Json& j, const std::string& at) {
     });
   }
   if (type == "Sequence") {
-    std::vector<Normalize> steps;
-    const Json& list = j.at("normalizers");
-    for (size_t i = 0; i < list.size(); ++i) {
-      WL_ASSIGN_OR_RETURN(Normalize n,
-                          make_normalizer(list[i], at + ".normalizers[" + std::to_string(i) + "]"));
-      if (n) steps.push_back(std::move(n));
-    }
+    WL_ASSIGN_OR_RETURN(const std::vector<Normalize> steps,
+                        sequence_steps<Normalize>(j, "normalizers", at, make_normalizer));
     return Normalize([steps](std::u16string s) {
       for (const Normalize& n : steps) s = n(std::move(s));
       return s;
@@ -138,90 +147,96 @@ std::string rewrite_pattern(std::string p) {
   return out;
 }
 
+// Split: the pattern's matches and the text between them (Isolated), or the text between
+// them only (Removed).
+Result<PreTokenize> split_pre_tokenizer(const Json& j, const std::string& at) {
+  if (j.value("invert", false)) return invalid_argument(at + ".invert: true is not supported");
+  const std::string behavior = j.value("behavior", "Isolated");
+  if (behavior != "Isolated" && behavior != "Removed") {
+    return invalid_argument(at + ".behavior '" + behavior + "' is not supported");
+  }
+  const Json& p = j.at("pattern");
+  std::string pattern;
+  if (p.contains("Regex")) {
+    pattern = rewrite_pattern(p["Regex"].get<std::string>());
+  } else if (p.contains("String")) {  // a literal: every character escaped
+    for (char c : p["String"].get<std::string>()) {
+      if (!std::isalnum(static_cast<unsigned char>(c)) && static_cast<unsigned char>(c) < 0x80)
+        pattern += '\\';
+      pattern += c;
+    }
+  } else {
+    return invalid_argument(at + ".pattern: neither Regex nor String");
+  }
+  WL_ASSIGN_OR_RETURN(Regex re, Regex::compile(pattern, at + ".pattern"));
+  auto shared = std::make_shared<Regex>(std::move(re));
+  const bool keep_matches = behavior == "Isolated";
+  return PreTokenize([shared, keep_matches](const std::u16string& s, int, Pieces& out) {
+    int32_t at = 0;
+    for (const auto& [b, e] : shared->matches(s)) {
+      if (b > at) out.push_back(s.substr(size_t(at), size_t(b - at)));
+      if (keep_matches) out.push_back(s.substr(size_t(b), size_t(e - b)));
+      at = e;
+    }
+    if (at < int32_t(s.size())) out.push_back(s.substr(size_t(at)));
+  });
+}
+
+// ByteLevel: GPT-2's split (with use_regex), then every piece's UTF-8 bytes as the byte-level
+// alphabet's characters.
+Result<PreTokenize> byte_level_pre_tokenizer(const Json& j, const std::string& at) {
+  const bool prefix = j.value("add_prefix_space", false), regex = j.value("use_regex", true);
+  std::shared_ptr<Regex> gpt2;
+  if (regex) {
+    WL_ASSIGN_OR_RETURN(Regex re, Regex::compile(kGpt2Pattern, at));
+    gpt2 = std::make_shared<Regex>(std::move(re));
+  }
+  return PreTokenize([prefix, gpt2](const std::u16string& in, int, Pieces& out) {
+    const std::u16string s = prefix && (in.empty() || in[0] != u' ') ? u" " + in : in;
+    Pieces words;
+    if (gpt2) {  // the matches only, as JavaScript's String.match
+      for (const auto& [b, e] : gpt2->matches(s))
+        words.push_back(s.substr(size_t(b), size_t(e - b)));
+    } else {
+      words.push_back(s);
+    }
+    const ByteAlphabet& a = byte_alphabet();
+    for (const std::u16string& w : words) {
+      std::u16string mapped;
+      for (unsigned char b : utf16_to_utf8(w)) mapped.push_back(a.of_byte[b]);
+      out.push_back(std::move(mapped));
+    }
+  });
+}
+
+// Metaspace: spaces as the replacement character, and one before the text as the scheme says
+// (transformers.js ignores "split").
+PreTokenize metaspace_pre_tokenizer(const Json& j) {
+  const std::u16string rep = u16(j.at("replacement"));
+  const std::u16string str_rep = j.contains("str_rep") ? u16(j["str_rep"]) : rep;
+  const bool prefix = j.value("add_prefix_space", false);
+  const std::string scheme = j.value("prepend_scheme", "always");
+  return PreTokenize(
+      [rep, str_rep, prefix, scheme](const std::u16string& in, int section, Pieces& out) {
+        std::u16string s = in;
+        replace_all(s, u" ", str_rep);
+        if (prefix && s.rfind(rep, 0) != 0 &&
+            (scheme == "always" || (scheme == "first" && section == 0))) {
+          s = str_rep + s;
+        }
+        out.push_back(std::move(s));
+      });
+}
+
 Result<PreTokenize> make_pre_tokenizer(const Json& j, const std::string& at) {
   if (j.is_null()) return PreTokenize{};
   const std::string type = j.value("type", "");
-  if (type == "Split") {
-    if (j.value("invert", false)) return invalid_argument(at + ".invert: true is not supported");
-    const std::string behavior = j.value("behavior", "Isolated");
-    if (behavior != "Isolated" && behavior != "Removed") {
-      return invalid_argument(at + ".behavior '" + behavior + "' is not supported");
-    }
-    const Json& p = j.at("pattern");
-    std::string pattern;
-    if (p.contains("Regex")) {
-      pattern = rewrite_pattern(p["Regex"].get<std::string>());
-    } else if (p.contains("String")) {  // a literal: every character escaped
-      for (char c : p["String"].get<std::string>()) {
-        if (!std::isalnum(static_cast<unsigned char>(c)) && static_cast<unsigned char>(c) < 0x80)
-          pattern += '\\';
-        pattern += c;
-      }
-    } else {
-      return invalid_argument(at + ".pattern: neither Regex nor String");
-    }
-    WL_ASSIGN_OR_RETURN(Regex re, Regex::compile(pattern, at + ".pattern"));
-    auto shared = std::make_shared<Regex>(std::move(re));
-    const bool keep_gaps = true, keep_matches = behavior == "Isolated";
-    return PreTokenize(
-        [shared, keep_gaps, keep_matches](const std::u16string& s, int, Pieces& out) {
-          int32_t at = 0;
-          for (const auto& [b, e] : shared->matches(s)) {
-            if (keep_gaps && b > at) out.push_back(s.substr(size_t(at), size_t(b - at)));
-            if (keep_matches) out.push_back(s.substr(size_t(b), size_t(e - b)));
-            at = e;
-          }
-          if (at < int32_t(s.size())) out.push_back(s.substr(size_t(at)));
-        });
-  }
-  if (type == "ByteLevel") {
-    const bool prefix = j.value("add_prefix_space", false), regex = j.value("use_regex", true);
-    std::shared_ptr<Regex> gpt2;
-    if (regex) {
-      WL_ASSIGN_OR_RETURN(Regex re, Regex::compile(kGpt2Pattern, at));
-      gpt2 = std::make_shared<Regex>(std::move(re));
-    }
-    return PreTokenize([prefix, gpt2](const std::u16string& in, int, Pieces& out) {
-      const std::u16string s = prefix && (in.empty() || in[0] != u' ') ? u" " + in : in;
-      Pieces words;
-      if (gpt2) {  // the matches only, as JavaScript's String.match
-        for (const auto& [b, e] : gpt2->matches(s))
-          words.push_back(s.substr(size_t(b), size_t(e - b)));
-      } else {
-        words.push_back(s);
-      }
-      const ByteAlphabet& a = byte_alphabet();
-      for (const std::u16string& w : words) {
-        std::u16string mapped;
-        for (unsigned char b : utf16_to_utf8(w)) mapped.push_back(a.of_byte[b]);
-        out.push_back(std::move(mapped));
-      }
-    });
-  }
-  if (type == "Metaspace") {
-    const std::u16string rep = u16(j.at("replacement"));
-    const std::u16string str_rep = j.contains("str_rep") ? u16(j["str_rep"]) : rep;
-    const bool prefix = j.value("add_prefix_space", false);
-    const std::string scheme = j.value("prepend_scheme", "always");
-    return PreTokenize(
-        [rep, str_rep, prefix, scheme](const std::u16string& in, int section, Pieces& out) {
-          std::u16string s = in;
-          replace_all(s, u" ", str_rep);
-          if (prefix && s.rfind(rep, 0) != 0 &&
-              (scheme == "always" || (scheme == "first" && section == 0))) {
-            s = str_rep + s;
-          }
-          out.push_back(std::move(s));
-        });
-  }
+  if (type == "Split") return split_pre_tokenizer(j, at);
+  if (type == "ByteLevel") return byte_level_pre_tokenizer(j, at);
+  if (type == "Metaspace") return metaspace_pre_tokenizer(j);
   if (type == "Sequence") {
-    std::vector<PreTokenize> steps;
-    const Json& list = j.at("pretokenizers");
-    for (size_t i = 0; i < list.size(); ++i) {
-      WL_ASSIGN_OR_RETURN(PreTokenize p, make_pre_tokenizer(list[i], at + ".pretokenizers[" +
-                                                                         std::to_string(i) + "]"));
-      if (p) steps.push_back(std::move(p));
-    }
+    WL_ASSIGN_OR_RETURN(const std::vector<PreTokenize> steps,
+                        sequence_steps<PreTokenize>(j, "pretokenizers", at, make_pre_tokenizer));
     return PreTokenize([steps](const std::u16string& in, int section, Pieces& out) {
       Pieces now = {in};
       for (const PreTokenize& step : steps) {
@@ -268,13 +283,8 @@ Result<PostProcess> make_post_processor(const Json& j, const std::string& at) {
     });
   }
   if (type == "Sequence") {
-    std::vector<PostProcess> steps;
-    const Json& list = j.at("processors");
-    for (size_t i = 0; i < list.size(); ++i) {
-      WL_ASSIGN_OR_RETURN(PostProcess p, make_post_processor(list[i], at + ".processors[" +
-                                                                          std::to_string(i) + "]"));
-      if (p) steps.push_back(std::move(p));
-    }
+    WL_ASSIGN_OR_RETURN(const std::vector<PostProcess> steps,
+                        sequence_steps<PostProcess>(j, "processors", at, make_post_processor));
     return PostProcess([steps](Tokens t, bool special) {
       for (const PostProcess& p : steps) t = p(std::move(t), special);
       return t;
@@ -305,60 +315,103 @@ std::string strip_bom(std::string s) {  // TextDecoder's default: a leading BOM 
   return s.rfind("\xEF\xBB\xBF", 0) == 0 ? s.substr(3) : s;
 }
 
+// ByteLevel: runs of ordinary tokens back to their bytes, decoded as UTF-8 (ill-formed bytes
+// replaced); added tokens are text as they are, and split the runs.
+Decode byte_level_decoder(const std::unordered_map<std::string, int64_t>& added) {
+  return Decode([&added](Tokens t) {
+    Tokens out;
+    std::string bytes;
+    auto flush = [&] {
+      if (!bytes.empty()) out.push_back(decode_utf8_lossy(bytes));
+      bytes.clear();
+    };
+    const ByteAlphabet& a = byte_alphabet();
+    for (const std::string& token : t) {
+      if (added.count(token)) {
+        flush();
+        out.push_back(token);
+        continue;
+      }
+      for (char16_t c : utf8_to_utf16(token)) {
+        auto it = a.byte_of.find(c);
+        bytes.push_back(char(it == a.byte_of.end() ? 0 : it->second));
+      }
+    }
+    flush();
+    return out;
+  });
+}
+
+// ByteFallback: runs of <0xXX> tokens as the text their bytes make (a leading BOM dropped, as
+// TextDecoder does); other tokens as they are.
+Decode byte_fallback_decoder() {
+  return Decode([](Tokens t) {
+    Tokens out;
+    std::string bytes;
+    auto flush = [&] {
+      if (!bytes.empty()) out.push_back(strip_bom(decode_utf8_lossy(bytes)));
+      bytes.clear();
+    };
+    for (const std::string& token : t) {
+      const int b = token.size() == 6 && token.rfind("<0x", 0) == 0 && token.back() == '>'
+                        ? hex_prefix(std::string_view(token).substr(3, 2))
+                        : -1;
+      if (b >= 0) {
+        bytes.push_back(char(b));
+        continue;
+      }
+      flush();
+      out.push_back(token);
+    }
+    flush();
+    return out;
+  });
+}
+
+// Strip: up to `start` of the character from each token's front, `stop` from its back.
+Result<Decode> strip_decoder(const Json& j, const std::string& at) {
+  const std::u16string content = u16(j.at("content"));
+  const int start = j.value("start", 0), stop = j.value("stop", 0);
+  if (content.size() != 1) return invalid_argument(at + ".content: one character expected");
+  return Decode([content, start, stop](Tokens t) {
+    for (std::string& token : t) {
+      std::u16string s = utf8_to_utf16(token);
+      size_t b = 0, e = s.size();
+      for (int i = 0; i < start && b < e && s[b] == content[0]; ++i) ++b;
+      for (int i = 0; i < stop && e > b && s[e - 1] == content[0]; ++i) --e;
+      token = utf16_to_utf8(std::u16string_view(s).substr(b, e - b));
+    }
+    return t;
+  });
+}
+
+// Metaspace: the replacement character back to spaces, the first token's leading one dropped.
+Decode metaspace_decoder(const Json& j) {
+  const std::string rep = j.at("replacement").get<std::string>();
+  const bool prefix = j.value("add_prefix_space", false);
+  return Decode([rep, prefix](Tokens t) {
+    for (size_t i = 0; i < t.size(); ++i) {
+      replace_all(t[i], rep, " ");
+      if (prefix && i == 0 && !t[i].empty() && t[i][0] == ' ') t[i].erase(0, 1);
+    }
+    return t;
+  });
+}
+
 Result<Decode> make_decoder(const Json& j, const std::string& at,
                             const std::unordered_map<std::string, int64_t>& added) {
   if (j.is_null()) return Decode{};
   const std::string type = j.value("type", "");
-  if (type == "ByteLevel") {
-    return Decode([&added](Tokens t) {
-      Tokens out;
-      std::string bytes;
-      auto flush = [&] {
-        if (!bytes.empty()) out.push_back(decode_utf8_lossy(bytes));
-        bytes.clear();
-      };
-      const ByteAlphabet& a = byte_alphabet();
-      for (const std::string& token : t) {
-        if (added.count(token)) {  // added tokens are text as they are
-          flush();
-          out.push_back(token);
-          continue;
-        }
-        for (char16_t c : utf8_to_utf16(token)) {
-          auto it = a.byte_of.find(c);
-          bytes.push_back(char(it == a.byte_of.end() ? 0 : it->second));
-        }
-      }
-      flush();
-      return out;
-    });
-  }
+  if (type == "ByteLevel") return byte_level_decoder(added);
+  if (type == "ByteFallback") return byte_fallback_decoder();
+  if (type == "Strip") return strip_decoder(j, at);
+  if (type == "Metaspace") return metaspace_decoder(j);
   if (type == "Replace") {
     WL_ASSIGN_OR_RETURN(const std::string from, string_pattern(j, at));
     const std::string to = j.at("content").get<std::string>();
     return Decode([from, to](Tokens t) {
       for (std::string& s : t) replace_all(s, from, to);
       return t;
-    });
-  }
-  if (type == "ByteFallback") {
-    return Decode([](Tokens t) {
-      Tokens out;
-      std::string bytes;
-      for (const std::string& token : t) {
-        const int b = token.size() == 6 && token.rfind("<0x", 0) == 0 && token.back() == '>'
-                          ? hex_prefix(std::string_view(token).substr(3, 2))
-                          : -1;
-        if (b >= 0) {
-          bytes.push_back(char(b));
-          continue;
-        }
-        if (!bytes.empty()) out.push_back(strip_bom(decode_utf8_lossy(bytes)));
-        bytes.clear();
-        out.push_back(token);
-      }
-      if (!bytes.empty()) out.push_back(strip_bom(decode_utf8_lossy(bytes)));
-      return out;
     });
   }
   if (type == "Fuse") {
@@ -368,40 +421,12 @@ Result<Decode> make_decoder(const Json& j, const std::string& at,
       return Tokens{all};
     });
   }
-  if (type == "Strip") {
-    const std::u16string content = u16(j.at("content"));
-    const int start = j.value("start", 0), stop = j.value("stop", 0);
-    if (content.size() != 1) return invalid_argument(at + ".content: one character expected");
-    return Decode([content, start, stop](Tokens t) {
-      for (std::string& token : t) {
-        std::u16string s = utf8_to_utf16(token);
-        size_t b = 0, e = s.size();
-        for (int i = 0; i < start && b < e && s[b] == content[0]; ++i) ++b;
-        for (int i = 0; i < stop && e > b && s[e - 1] == content[0]; ++i) --e;
-        token = utf16_to_utf8(std::u16string_view(s).substr(b, e - b));
-      }
-      return t;
-    });
-  }
-  if (type == "Metaspace") {
-    const std::string rep = j.at("replacement").get<std::string>();
-    const bool prefix = j.value("add_prefix_space", false);
-    return Decode([rep, prefix](Tokens t) {
-      for (size_t i = 0; i < t.size(); ++i) {
-        replace_all(t[i], rep, " ");
-        if (prefix && i == 0 && !t[i].empty() && t[i][0] == ' ') t[i].erase(0, 1);
-      }
-      return t;
-    });
-  }
   if (type == "Sequence") {
-    std::vector<Decode> steps;
-    const Json& list = j.at("decoders");
-    for (size_t i = 0; i < list.size(); ++i) {
-      WL_ASSIGN_OR_RETURN(
-          Decode d, make_decoder(list[i], at + ".decoders[" + std::to_string(i) + "]", added));
-      if (d) steps.push_back(std::move(d));
-    }
+    WL_ASSIGN_OR_RETURN(const std::vector<Decode> steps,
+                        sequence_steps<Decode>(j, "decoders", at,
+                                               [&added](const Json& d, const std::string& where) {
+                                                 return make_decoder(d, where, added);
+                                               }));
     return Decode([steps](Tokens t) {
       for (const Decode& d : steps) t = d(std::move(t));
       return t;
