@@ -29,9 +29,10 @@ namespace fs = std::filesystem;
 const char* const kRequired[] = {"hidden_size", "num_layers",  "num_heads", "num_kv_heads",
                                  "head_dim",    "num_experts", "top_k",     "ffn_dim",
                                  "vocab_size",  "max_seq_len"};
-const char* const kOptional[] = {"rope_theta",     "rope_ntk_alpha", "rms_eps",
-                                 "norm_topk",      "aux_loss_alpha", "z_loss_beta",
-                                 "tie_embeddings", "capacity_factor"};
+const char* const kOptional[] = {"rope_theta",     "rope_ntk_alpha",  "rms_eps",
+                                 "norm_topk",      "aux_loss_alpha",  "z_loss_beta",
+                                 "tie_embeddings", "capacity_factor", "qk_norm",
+                                 "dense_ffn_dim",  "dense_layers",    "rope_scaling"};
 
 ModelConfig tiny() { return *preset("tiny"); }
 
@@ -54,6 +55,14 @@ void expect_same(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.z_loss_beta, b.z_loss_beta);
   EXPECT_EQ(a.tie_embeddings, b.tie_embeddings);
   EXPECT_EQ(a.capacity_factor, b.capacity_factor);
+  EXPECT_EQ(a.qk_norm, b.qk_norm);
+  EXPECT_EQ(a.dense_layers, b.dense_layers);
+  EXPECT_EQ(a.dense_ffn_dim, b.dense_ffn_dim);
+  EXPECT_EQ(a.rope_scaling.kind, b.rope_scaling.kind);
+  EXPECT_EQ(a.rope_scaling.factor, b.rope_scaling.factor);
+  EXPECT_EQ(a.rope_scaling.low_freq_factor, b.rope_scaling.low_freq_factor);
+  EXPECT_EQ(a.rope_scaling.high_freq_factor, b.rope_scaling.high_freq_factor);
+  EXPECT_EQ(a.rope_scaling.original_max_seq, b.rope_scaling.original_max_seq);
 }
 
 // Parameters from DESIGN.md's weight list, written out here rather than taken from the model.
@@ -62,12 +71,15 @@ struct Counts {
 };
 Counts count_params(const ModelConfig& c) {
   const int64_t d = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
-  const int64_t attn = d * q + 2 * d * kv + q * d;
+  const int64_t attn = d * q + 2 * d * kv + q * d + (c.qk_norm ? 2 * c.head_dim : 0);
   const int64_t expert = 3 * c.ffn_dim * d;
-  const int64_t shared = 2 * d + attn + c.num_experts * d;  // norms, attention, router
+  const int64_t shared = 2 * d + attn;  // norms, attention
+  const int64_t router = c.num_experts * d;
+  const int64_t dense = int64_t(c.dense_layers.size()) * (shared + 3 * c.dense_ffn_dim * d);
+  const int64_t sparse = c.num_layers - int64_t(c.dense_layers.size());
   const int64_t outer = c.vocab_size * d * (c.tie_embeddings ? 1 : 2) + d;
-  return {outer + c.num_layers * (shared + c.num_experts * expert),
-          outer + c.num_layers * (shared + c.top_k * expert)};
+  return {outer + dense + sparse * (shared + router + c.num_experts * expert),
+          outer + dense + sparse * (shared + router + c.top_k * expert)};
 }
 
 TEST(ModelConfig, PresetsAreDesignMd) {
@@ -120,11 +132,106 @@ TEST(ModelConfig, PresetsAreDesignMd) {
 TEST(ModelConfig, ClosedFormParamCountIsTheLayoutsTotal) {
   // memory_estimate.h counts without building the table; the table is the truth.
   for (const char* name : {"tiny", "small", "medium", "seed-6.9b"}) {
-    for (bool tie : {false, true}) {
+    for (int variant = 0; variant < 4; ++variant) {
       ModelConfig c = *preset(name);
-      c.tie_embeddings = tie;
-      EXPECT_EQ(param_count(c), ParamLayout(c).total()) << name << " tie " << tie;
+      c.tie_embeddings = variant & 1;
+      if (variant & 2) {  // Qwen3-MoE: q/k norms and a dense first layer
+        c.qk_norm = true;
+        c.dense_layers = {0};
+        c.dense_ffn_dim = 3 * c.hidden_size;
+      }
+      EXPECT_EQ(param_count(c), ParamLayout(c).total()) << name << " variant " << variant;
+      EXPECT_EQ(count_params(c).total, ParamLayout(c).total()) << name << " variant " << variant;
     }
+  }
+}
+
+TEST(ModelConfig, DenseLayersAndQkNormLayTheirParametersOut) {
+  ModelConfig c = *preset("tiny");
+  c.qk_norm = true;
+  c.dense_layers = {1};
+  c.dense_ffn_dim = 96;
+  ASSERT_TRUE(c.validate().ok()) << c.validate().to_string();
+  const ParamLayout l(c);
+  EXPECT_EQ(l.at("layers.0.attn.q_norm.weight").shape, (Shape{16}));
+  EXPECT_EQ(l.at("layers.1.attn.k_norm.weight").shape, (Shape{16}));
+  EXPECT_EQ(l.at("layers.1.mlp.gate_proj.weight").shape, (Shape{96, 64}));
+  EXPECT_EQ(l.at("layers.1.mlp.down_proj.weight").shape, (Shape{64, 96}));
+  EXPECT_EQ(l.find("layers.1.moe.router.weight"), nullptr);
+  EXPECT_NE(l.find("layers.0.moe.experts.3.up_proj.weight"), nullptr);
+  EXPECT_EQ(l.find("layers.0.mlp.up_proj.weight"), nullptr);
+  // gate and up adjacent: one [2Fd, d] GEMM, as an expert's.
+  EXPECT_EQ(l.at("layers.1.mlp.up_proj.weight").offset,
+            l.at("layers.1.mlp.gate_proj.weight").offset + 96 * 64);
+  EXPECT_EQ(c.moe_layers(), 1);
+  EXPECT_TRUE(c.dense_layer(1));
+  EXPECT_FALSE(c.dense_layer(0));
+}
+
+TEST(ModelConfig, DenseLayerAndRopeScalingRules) {
+  const ModelConfig base = *preset("tiny");
+  struct Case {
+    const char* what;
+    std::function<void(ModelConfig&)> edit;
+    const char* fragment;  // null: valid
+  };
+  using K = kernels::RopeScaling::Kind;
+  const Case cases[] = {
+      {"a dense layer", [](ModelConfig& c) { c.dense_layers = {0}, c.dense_ffn_dim = 8; }, nullptr},
+      {"past the last layer", [](ModelConfig& c) { c.dense_layers = {2}, c.dense_ffn_dim = 8; },
+       "dense_layers names layer 2 of 2"},
+      {"negative", [](ModelConfig& c) { c.dense_layers = {-1}, c.dense_ffn_dim = 8; },
+       "dense_layers names layer -1 of 2"},
+      {"repeated",
+       [](ModelConfig& c) {
+         c.dense_layers = {1, 1}, c.dense_ffn_dim = 8;
+       },
+       "ascending without repeats (1 then 1)"},
+      {"no width", [](ModelConfig& c) { c.dense_layers = {0}; },
+       "dense_ffn_dim (0) must be > 0 exactly when dense_layers (1 of them)"},
+      {"a width for nothing", [](ModelConfig& c) { c.dense_ffn_dim = 8; },
+       "dense_ffn_dim (8) must be > 0 exactly when"},
+      {"all dense, experts left",
+       [](ModelConfig& c) {
+         c.dense_layers = {0, 1}, c.dense_ffn_dim = 8;
+       },
+       "every layer is dense: num_experts (4), top_k (2) and ffn_dim (128) must be 0"},
+      {"all dense",
+       [](ModelConfig& c) {
+         c.dense_layers = {0, 1}, c.dense_ffn_dim = 8;
+         c.num_experts = c.top_k = c.ffn_dim = 0;
+       },
+       nullptr},
+      {"no experts with an MoE layer", [](ModelConfig& c) { c.num_experts = c.top_k = 0; },
+       "num_experts (0) must be > 0"},
+      {"linear", [](ModelConfig& c) { c.rope_scaling = {.kind = K::kLinear, .factor = 4}; },
+       nullptr},
+      {"shrinking", [](ModelConfig& c) { c.rope_scaling = {.kind = K::kLinear, .factor = 0.5}; },
+       "rope_scaling: factor (0.5) must be finite and >= 1"},
+      {"llama3 without a context",
+       [](ModelConfig& c) { c.rope_scaling = {.kind = K::kLlama3, .factor = 8}; },
+       "rope_scaling: original_max_seq_len (0) must be > 0"},
+      {"llama3 with crossed bands",
+       [](ModelConfig& c) {
+         c.rope_scaling = {.kind = K::kLlama3,
+                           .factor = 8,
+                           .low_freq_factor = 4,
+                           .high_freq_factor = 1,
+                           .original_max_seq = 64};
+       },
+       "needs 0 < low_freq_factor (4.0) < high_freq_factor (1.0)"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.what);
+    ModelConfig c = base;
+    k.edit(c);
+    const Status s = c.validate("c.json");
+    if (!k.fragment) {
+      EXPECT_TRUE(s.ok()) << s.to_string();
+      continue;
+    }
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find(k.fragment), std::string::npos) << s.to_string();
   }
 }
 
@@ -315,6 +422,39 @@ TEST(ModelConfigJson, OptionalKeysAreRead) {
   EXPECT_FALSE(r->capacity_factor.has_value());
 }
 
+TEST(ModelConfigJson, DenseLayersAndRopeScalingParse) {
+  auto j = nlohmann::json::parse(kMinimal);
+  j["qk_norm"] = true;
+  j["dense_layers"] = {0};
+  j["dense_ffn_dim"] = 32;
+  j["rope_scaling"] = {{"type", "llama3"},
+                       {"factor", 8},
+                       {"low_freq_factor", 1},
+                       {"high_freq_factor", 4},
+                       {"original_max_seq_len", 64}};
+  auto r = parse_config(j.dump(), "c.json");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_TRUE(r->qk_norm);
+  EXPECT_EQ(r->dense_layers, std::vector<int64_t>{0});
+  EXPECT_EQ(r->rope_scaling.kind, kernels::RopeScaling::Kind::kLlama3);
+  EXPECT_EQ(r->rope_scaling.original_max_seq, 64);
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"dense_layers": 1})", "dense_layers is 1 (an integer), expected an array"},
+      {R"({"dense_layers": [0.5]})", "dense_layers holds 0.5 (a float)"},
+      {R"({"rope_scaling": {"type": "yarn", "factor": 4}})",
+       "rope_scaling.type must be \"linear\" or \"llama3\""},
+      {R"({"rope_scaling": {"type": "linear", "factor": 2, "low_freq_factor": 1}})",
+       "rope_scaling.low_freq_factor is 1 (an integer), not a linear scaling's key"},
+      {R"({"rope_scaling": 2})", "rope_scaling is 2 (an integer), expected an object"},
+  };
+  for (const auto& [edit, fragment] : bad) {
+    SCOPED_TRACE(edit);
+    nlohmann::json e = nlohmann::json::parse(kMinimal);
+    e.update(nlohmann::json::parse(edit));
+    expect_parse_error(e.dump(), fragment);
+  }
+}
+
 TEST(ModelConfigJson, UnknownKeysAreNamed) {
   expect_parse_error(with("num_expert", "8"), "unknown key 'num_expert' (known: hidden_size,");
   expect_parse_error(with("architectures", "[\"MoE\"]"), "unknown key 'architectures'");
@@ -380,6 +520,22 @@ TEST(ModelConfigJson, ToJsonWritesEveryKeyAndRoundTrips) {
   odd.z_loss_beta = 1e300;
   odd.tie_embeddings = true;
   configs.push_back(odd);
+  ModelConfig qwen = tiny();  // Qwen3-MoE's conventions and Llama 3's RoPE
+  qwen.qk_norm = true;
+  qwen.dense_layers = {1};
+  qwen.dense_ffn_dim = 96;
+  qwen.rope_scaling = {.kind = kernels::RopeScaling::Kind::kLlama3,
+                       .factor = 8,
+                       .low_freq_factor = 1,
+                       .high_freq_factor = 4,
+                       .original_max_seq = 64};
+  configs.push_back(qwen);
+  ModelConfig llama = tiny();  // every layer dense, linear RoPE scaling
+  llama.dense_layers = {0, 1};
+  llama.dense_ffn_dim = 96;
+  llama.num_experts = llama.top_k = llama.ffn_dim = 0;
+  llama.rope_scaling = {.kind = kernels::RopeScaling::Kind::kLinear, .factor = 2};
+  configs.push_back(llama);
   for (const ModelConfig& c : configs) {
     const std::string text = config_to_json(c);
     SCOPED_TRACE(text);

@@ -11,22 +11,44 @@ namespace {
 // The cached inference path and the training forward pass must agree on the next-token
 // logits: the same kernels in a different order of GEMM rows, so only float reassociation
 // separates them (1e-4 absolute on logits of size ~1).
+// tiny as it is, and with the Hugging Face families' conventions: Qwen3-MoE's q/k norms and a
+// dense layer with Llama 3's RoPE scaling, and a dense Llama.
+std::vector<ModelConfig> families() {
+  ModelConfig qwen3_moe = *preset("tiny");
+  qwen3_moe.qk_norm = true;
+  qwen3_moe.dense_layers = {0};
+  qwen3_moe.dense_ffn_dim = 96;
+  qwen3_moe.norm_topk = false;
+  qwen3_moe.rope_scaling = {.kind = kernels::RopeScaling::Kind::kLlama3,
+                            .factor = 8,
+                            .low_freq_factor = 1,
+                            .high_freq_factor = 4,
+                            .original_max_seq = 32};
+  ModelConfig llama = *preset("tiny");
+  llama.dense_layers = {0, 1};
+  llama.dense_ffn_dim = 96;
+  llama.num_experts = llama.top_k = llama.ffn_dim = 0;
+  return {*preset("tiny"), qwen3_moe, llama};
+}
+
 TEST(Generate, CachedLogitsMatchTrainingForward) {
-  const ModelConfig c = *preset("tiny");
-  Transformer m(c);
-  m.init(11);
-  const std::vector<std::vector<int64_t>> prompts{{1, 2, 3, 4, 5, 6, 7}, {9, 8, 7, 6, 5, 4, 3}};
-  auto cached = next_token_logits(m, prompts, Precision::kF32);
-  ASSERT_TRUE(cached.ok()) << cached.status().to_string();
-  std::vector<int64_t> tokens, targets(14, -100);
-  for (const auto& p : prompts) tokens.insert(tokens.end(), p.begin(), p.end());
-  std::vector<float> logits(size_t(14 * c.vocab_size));
-  m.evaluate(tokens.data(), targets.data(), 2, 7, {.logits_out = logits.data()});
-  for (int r = 0; r < 2; ++r)
-    for (int64_t v = 0; v < c.vocab_size; ++v)
-      ASSERT_NEAR((*cached)[size_t(r)][size_t(v)], logits[size_t((r * 7 + 6) * c.vocab_size + v)],
-                  1e-4)
-          << "row " << r << " token " << v;
+  for (const ModelConfig& c : families()) {
+    SCOPED_TRACE(config_to_json(c));
+    Transformer m(c);
+    m.init(11);
+    const std::vector<std::vector<int64_t>> prompts{{1, 2, 3, 4, 5, 6, 7}, {9, 8, 7, 6, 5, 4, 3}};
+    auto cached = next_token_logits(m, prompts, Precision::kF32);
+    ASSERT_TRUE(cached.ok()) << cached.status().to_string();
+    std::vector<int64_t> tokens, targets(14, -100);
+    for (const auto& p : prompts) tokens.insert(tokens.end(), p.begin(), p.end());
+    std::vector<float> logits(size_t(14 * c.vocab_size));
+    m.evaluate(tokens.data(), targets.data(), 2, 7, {.logits_out = logits.data()});
+    for (int r = 0; r < 2; ++r)
+      for (int64_t v = 0; v < c.vocab_size; ++v)
+        ASSERT_NEAR((*cached)[size_t(r)][size_t(v)], logits[size_t((r * 7 + 6) * c.vocab_size + v)],
+                    1e-4)
+            << "row " << r << " token " << v;
+  }
 }
 
 TEST(Generate, GreedyIsTheSameWithAndWithoutCacheAndAcrossBatching) {

@@ -1,5 +1,6 @@
 // Every data-parallel layout against one process: one step's gradients (the maths: every
-// layout, tiny and a 4-layer small, f32 and bf16) and ten steps' loss curves. The heaviest tests
+// layout, tiny, a 4-layer small and a 4-layer tiny with Qwen3-MoE's q/k norms and a dense
+// layer, f32 and bf16) and ten steps' loss curves. The heaviest tests
 // of the suite (each trains every layout). Under ThreadSanitizer, which slows them about
 // twentyfold, they run every layout's exchanges on tiny-sized models instead: one step's
 // gradients in f32 on tied tiny (the tied replica's exchange) and a 4-layer tiny (pipelines of
@@ -38,8 +39,8 @@ constexpr bool kUnderSanitizer = false;
 
 // The models, precisions and loss-curve length the tests run (see the top of the file).
 std::vector<const char*> gradient_models() {
-  if (kUnderSanitizer) return {"tiny_tied", "tiny4"};
-  return {"tiny", "tiny_tied", "small4"};
+  if (kUnderSanitizer) return {"tiny_tied", "tiny4", "qwen4"};
+  return {"tiny", "tiny_tied", "small4", "qwen4"};
 }
 std::vector<model::Precision> gradient_precisions() {
   if (kUnderSanitizer) return {model::Precision::kF32};

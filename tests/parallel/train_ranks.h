@@ -166,6 +166,14 @@ inline model::ModelConfig model_config(const std::string& name) {
   if (name == "small4" || name == "tiny4") c.num_layers = 4;
   if (name == "tiny_tied") c.tie_embeddings = true;
   if (name == "tiny_gqa") c.num_kv_heads = 2;
+  if (name == "qwen4") {  // Qwen3-MoE's conventions: q/k norms, a dense layer, unnormalised top-k
+    c.num_layers = 4;
+    c.num_kv_heads = 2;
+    c.qk_norm = true;
+    c.dense_layers = {1};
+    c.dense_ffn_dim = 96;
+    c.norm_topk = false;
+  }
   return c;
 }
 

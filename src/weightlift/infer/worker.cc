@@ -76,7 +76,7 @@ Result<std::unique_ptr<InferenceWorker>> InferenceWorker::create(WorkerOptions o
   }
   std::unique_ptr<InferenceWorker> w(new InferenceWorker(std::move(o)));
   const model::ModelConfig& c = w->options_.config;
-  w->rope_ = kernels::make_rope_table(c.max_seq_len, c.head_dim, c.rope_theta, c.rope_ntk_alpha);
+  w->rope_ = model::make_rope_table(c);
   w->local_heads_ = c.num_heads / tp;
   w->local_kv_heads_ = c.num_kv_heads >= tp ? c.num_kv_heads / tp : 1;
   w->local_ffn_ = c.ffn_dim / tp;

@@ -64,10 +64,33 @@ void rotate(float* x, const RopeTable& table, int64_t batch, int64_t seq, int64_
 
 }  // namespace
 
-RopeTable make_rope_table(int64_t max_seq, int64_t head_dim, double theta, double ntk_alpha) {
+namespace {
+
+double scaled(double inv_freq, const RopeScaling& s) {
+  using K = RopeScaling::Kind;
+  if (s.kind == K::kLinear) return inv_freq / s.factor;
+  if (s.kind != K::kLlama3) return inv_freq;
+  const double wavelen = 2.0 * M_PI / inv_freq, old = double(s.original_max_seq);
+  if (wavelen > old / s.low_freq_factor) return inv_freq / s.factor;
+  if (wavelen < old / s.high_freq_factor) return inv_freq;
+  const double smooth =
+      (old / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+  return (1.0 - smooth) * inv_freq / s.factor + smooth * inv_freq;
+}
+
+}  // namespace
+
+RopeTable make_rope_table(int64_t max_seq, int64_t head_dim, double theta, double ntk_alpha,
+                          const RopeScaling& scaling) {
   WL_CHECK(max_seq >= 0 && head_dim > 0 && head_dim % 2 == 0)
       << "max_seq " << max_seq << " head_dim " << head_dim;
   WL_CHECK(theta > 0 && ntk_alpha > 0) << "theta " << theta << " ntk_alpha " << ntk_alpha;
+  WL_CHECK(scaling.kind == RopeScaling::Kind::kNone || scaling.factor > 0) << scaling.factor;
+  WL_CHECK(scaling.kind != RopeScaling::Kind::kLlama3 ||
+           (scaling.original_max_seq > 0 && scaling.high_freq_factor > scaling.low_freq_factor &&
+            scaling.low_freq_factor > 0))
+      << "llama3 RoPE scaling: original " << scaling.original_max_seq << " low "
+      << scaling.low_freq_factor << " high " << scaling.high_freq_factor;
   // head_dim 2 has no NTK exponent (0 in the denominator); it is only meaningful unscaled.
   WL_CHECK(head_dim > 2 || ntk_alpha == 1.0)
       << "head_dim " << head_dim << " ntk_alpha " << ntk_alpha;
@@ -81,7 +104,7 @@ RopeTable make_rope_table(int64_t max_seq, int64_t head_dim, double theta, doubl
   t.cos.resize(size_t(max_seq * half));
   t.sin.resize(size_t(max_seq * half));
   for (int64_t i = 0; i < half; ++i) {
-    const double inv_freq = std::pow(base, -2.0 * double(i) / double(head_dim));
+    const double inv_freq = scaled(std::pow(base, -2.0 * double(i) / double(head_dim)), scaling);
     for (int64_t p = 0; p < max_seq; ++p) {
       const double angle = double(p) * inv_freq;
       t.cos[size_t(p * half + i)] = float(std::cos(angle));

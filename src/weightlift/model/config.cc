@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <nlohmann/json.hpp>
@@ -55,6 +56,8 @@ const std::vector<Field>& fields() {
       {"z_loss_beta", &ModelConfig::z_loss_beta, false},
       {"tie_embeddings", &ModelConfig::tie_embeddings, false},
       {"capacity_factor", &ModelConfig::capacity_factor, false},
+      {"qk_norm", &ModelConfig::qk_norm, false},
+      {"dense_ffn_dim", &ModelConfig::dense_ffn_dim, false},
   };
   return kFields;
 }
@@ -137,19 +140,159 @@ Status assign(const Field& f, const Json& v, ModelConfig& c, const std::string& 
   return ok_status();
 }
 
+// The keys that are not a Field: an array and an object.
+constexpr const char* kDenseLayers = "dense_layers";
+constexpr const char* kRopeScaling = "rope_scaling";
+
 std::string known_keys() {
   std::string s;
   for (const Field& f : fields()) s += std::string(s.empty() ? "" : ", ") + f.name;
-  return s;
+  return s + ", " + kDenseLayers + ", " + kRopeScaling;
+}
+
+Status validate_mlps(const ModelConfig& c, const std::string& where) {
+  auto bad = [&](const std::string& what) { return invalid_argument(where + ": " + what); };
+  auto n = [](int64_t x) { return std::to_string(x); };
+  for (size_t i = 0; i < c.dense_layers.size(); ++i) {
+    const int64_t l = c.dense_layers[i];
+    if (l < 0 || l >= c.num_layers) {
+      return bad("dense_layers names layer " + n(l) + " of " + n(c.num_layers));
+    }
+    if (i > 0 && l <= c.dense_layers[i - 1]) {
+      return bad("dense_layers must be ascending without repeats (" + n(c.dense_layers[i - 1]) +
+                 " then " + n(l) + ")");
+    }
+  }
+  if (c.dense_layers.empty() != (c.dense_ffn_dim == 0)) {
+    return bad("dense_ffn_dim (" + n(c.dense_ffn_dim) +
+               ") must be > 0 exactly when dense_layers (" + n(int64_t(c.dense_layers.size())) +
+               " of them) names a layer");
+  }
+  if (c.moe_layers() == 0) {
+    if (c.num_experts != 0 || c.top_k != 0 || c.ffn_dim != 0) {
+      return bad("every layer is dense: num_experts (" + n(c.num_experts) + "), top_k (" +
+                 n(c.top_k) + ") and ffn_dim (" + n(c.ffn_dim) + ") must be 0");
+    }
+    return ok_status();
+  }
+  if (c.num_experts <= 0) return bad("num_experts (" + n(c.num_experts) + ") must be > 0");
+  if (c.top_k <= 0) return bad("top_k (" + n(c.top_k) + ") must be > 0");
+  if (c.ffn_dim <= 0) return bad("ffn_dim (" + n(c.ffn_dim) + ") must be > 0");
+  if (c.top_k > c.num_experts) {
+    return bad("top_k (" + n(c.top_k) + ") > num_experts (" + n(c.num_experts) + ")");
+  }
+  return ok_status();
+}
+
+Status validate_rope_scaling(const kernels::RopeScaling& s, const std::string& where) {
+  using K = kernels::RopeScaling::Kind;
+  auto bad = [&](const std::string& what) {
+    return invalid_argument(where + ": rope_scaling: " + what);
+  };
+  if (s.kind == K::kNone) return ok_status();
+  if (!(std::isfinite(s.factor) && s.factor >= 1)) {
+    return bad("factor (" + fmt(s.factor) + ") must be finite and >= 1");
+  }
+  if (s.kind == K::kLinear) return ok_status();
+  if (s.original_max_seq <= 0) {
+    return bad("original_max_seq_len (" + std::to_string(s.original_max_seq) + ") must be > 0");
+  }
+  if (!(std::isfinite(s.high_freq_factor) && s.low_freq_factor > 0 &&
+        s.high_freq_factor > s.low_freq_factor)) {
+    return bad("needs 0 < low_freq_factor (" + fmt(s.low_freq_factor) + ") < high_freq_factor (" +
+               fmt(s.high_freq_factor) + ")");
+  }
+  return ok_status();
+}
+
+// "dense_layers": an array of layer indices.
+Status parse_dense_layers(const Json& v, ModelConfig& c, const std::string& where) {
+  if (!v.is_array()) {
+    return invalid_argument(where + ": dense_layers is " + describe(v) +
+                            ", expected an array of layer indices");
+  }
+  c.dense_layers.clear();
+  for (const Json& x : v) {
+    Result<int64_t> l = int_value(x);
+    if (!l.ok()) {
+      return invalid_argument(where + ": dense_layers holds " + describe(x) + ", " +
+                              l.status().message());
+    }
+    c.dense_layers.push_back(*l);
+  }
+  return ok_status();
+}
+
+// "rope_scaling": null, {"type": "linear", "factor": F} or {"type": "llama3", "factor": F,
+// "low_freq_factor": A, "high_freq_factor": B, "original_max_seq_len": C}.
+Status parse_rope_scaling(const Json& v, ModelConfig& c, const std::string& where) {
+  using K = kernels::RopeScaling::Kind;
+  const std::string at = where + ": rope_scaling";
+  c.rope_scaling = {};
+  if (v.is_null()) return ok_status();
+  if (!v.is_object()) return invalid_argument(at + " is " + describe(v) + ", expected an object");
+  const std::string type =
+      v.contains("type") && v["type"].is_string() ? v["type"].get<std::string>() : "";
+  if (type != "linear" && type != "llama3") {
+    return invalid_argument(at + ".type must be \"linear\" or \"llama3\"");
+  }
+  kernels::RopeScaling& s = c.rope_scaling;
+  s.kind = type == "linear" ? K::kLinear : K::kLlama3;
+  for (const auto& [key, x] : v.items()) {
+    if (key == "type") continue;
+    const bool number = x.is_number();
+    if (key == "factor" && number) {
+      s.factor = x.get<double>();
+    } else if (key == "low_freq_factor" && number && s.kind == K::kLlama3) {
+      s.low_freq_factor = x.get<double>();
+    } else if (key == "high_freq_factor" && number && s.kind == K::kLlama3) {
+      s.high_freq_factor = x.get<double>();
+    } else if (key == "original_max_seq_len" && s.kind == K::kLlama3) {
+      Result<int64_t> n = int_value(x);
+      if (!n.ok()) return invalid_argument(at + "." + key + ": " + n.status().message());
+      s.original_max_seq = *n;
+    } else {
+      return invalid_argument(at + "." + key + " is " + describe(x) + ", not a " + type +
+                              " scaling's key and value");
+    }
+  }
+  return ok_status();
+}
+
+nlohmann::ordered_json rope_scaling_json(const kernels::RopeScaling& s) {
+  using K = kernels::RopeScaling::Kind;
+  if (s.kind == K::kNone) return nullptr;
+  nlohmann::ordered_json j = {{"type", s.kind == K::kLinear ? "linear" : "llama3"},
+                              {"factor", s.factor}};
+  if (s.kind == K::kLlama3) {
+    j["low_freq_factor"] = s.low_freq_factor;
+    j["high_freq_factor"] = s.high_freq_factor;
+    j["original_max_seq_len"] = s.original_max_seq;
+  }
+  return j;
 }
 
 }  // namespace
+
+bool ModelConfig::dense_layer(int64_t layer) const {
+  return std::binary_search(dense_layers.begin(), dense_layers.end(), layer);
+}
+
+kernels::RopeTable make_rope_table(const ModelConfig& c) {
+  return kernels::make_rope_table(c.max_seq_len, c.head_dim, c.rope_theta, c.rope_ntk_alpha,
+                                  c.rope_scaling);
+}
 
 Status ModelConfig::validate(std::string_view where_view) const {
   const std::string where(where_view);
   auto bad = [&](const std::string& what) { return invalid_argument(where + ": " + what); };
   for (const Field& f : fields()) {
-    if (auto m = std::get_if<int64_t ModelConfig::*>(&f.member); m && this->*(*m) <= 0) {
+    // The MoE's and the dense MLP's sizes are checked below: 0 where a model has none.
+    const bool may_be_zero =
+        f.name == std::string_view("num_experts") || f.name == std::string_view("top_k") ||
+        f.name == std::string_view("ffn_dim") || f.name == std::string_view("dense_ffn_dim");
+    if (auto m = std::get_if<int64_t ModelConfig::*>(&f.member);
+        m && (this->*(*m) < 0 || (this->*(*m) == 0 && !may_be_zero))) {
       return bad(std::string(f.name) + " (" + std::to_string(this->*(*m)) + ") must be > 0");
     }
     if (auto m = std::get_if<double ModelConfig::*>(&f.member); m && !std::isfinite(this->*(*m))) {
@@ -164,10 +307,8 @@ Status ModelConfig::validate(std::string_view where_view) const {
     return bad("num_heads (" + std::to_string(num_heads) + ") is not a multiple of num_kv_heads (" +
                std::to_string(num_kv_heads) + "): each kv head serves a whole group of q heads");
   }
-  if (top_k > num_experts) {
-    return bad("top_k (" + std::to_string(top_k) + ") > num_experts (" +
-               std::to_string(num_experts) + ")");
-  }
+  WL_RETURN_IF_ERROR(validate_mlps(*this, where));
+  WL_RETURN_IF_ERROR(validate_rope_scaling(rope_scaling, where));
   if (!(rms_eps > 0)) return bad("rms_eps (" + fmt(rms_eps) + ") must be > 0");
   if (!(rope_theta > 0)) return bad("rope_theta (" + fmt(rope_theta) + ") must be > 0");
   // alpha stretches the RoPE base to reach longer contexts; alpha < 1 would shrink it, which
@@ -207,12 +348,16 @@ Status ModelConfig::validate(std::string_view where_view) const {
     return r;
   };
   const int64_t d = hidden_size;
-  const int64_t per_layer =
+  const int64_t attention =
       add(add(add(mul(2, d), mul(mul(add(num_heads, mul(2, num_kv_heads)), head_dim), d)),
-              add(mul(d, mul(num_heads, head_dim)), mul(num_experts, d))),
-          mul(num_experts, mul(mul(3, ffn_dim), d)));
+              mul(d, mul(num_heads, head_dim))),
+          qk_norm ? mul(2, head_dim) : 0);
+  const int64_t moe = add(mul(num_experts, d), mul(num_experts, mul(mul(3, ffn_dim), d)));
+  const int64_t dense = mul(mul(3, dense_ffn_dim), d);
   const int64_t embed = mul(vocab_size, d);
-  (void)add(add(add(embed, tie_embeddings ? 0 : embed), d), mul(num_layers, per_layer));
+  (void)add(add(add(embed, tie_embeddings ? 0 : embed), d),
+            add(add(mul(num_layers, attention), mul(moe_layers(), moe)),
+                mul(int64_t(dense_layers.size()), dense)));
   (void)mul(max_seq_len, head_dim);  // only the overflow flag matters for these two
   if (overflow) return bad("the sizes describe more than 2^63 parameters or RoPE entries");
   return ok_status();
@@ -225,7 +370,7 @@ Result<ModelConfig> parse_config(std::string_view json_text, std::string_view wh
     return invalid_argument(where + ": top level is " + describe(j) +
                             ", expected an object of config keys");
   for (const auto& [key, value] : j.items()) {
-    bool known = false;
+    bool known = key == kDenseLayers || key == kRopeScaling;
     for (const Field& f : fields()) known = known || key == f.name;
     if (!known) {
       return invalid_argument(where + ": unknown key '" + key + "' (known: " + known_keys() + ")");
@@ -239,6 +384,12 @@ Result<ModelConfig> parse_config(std::string_view json_text, std::string_view wh
       continue;  // the struct's default is DESIGN.md's
     }
     WL_RETURN_IF_ERROR(assign(f, *it, c, where));
+  }
+  if (auto it = j.find(kDenseLayers); it != j.end()) {
+    WL_RETURN_IF_ERROR(parse_dense_layers(*it, c, where));
+  }
+  if (auto it = j.find(kRopeScaling); it != j.end()) {
+    WL_RETURN_IF_ERROR(parse_rope_scaling(*it, c, where));
   }
   WL_RETURN_IF_ERROR(c.validate(where));
   return c;
@@ -262,6 +413,8 @@ std::string config_to_json(const ModelConfig& c) {
         },
         f.member);
   }
+  j[kDenseLayers] = c.dense_layers;
+  j[kRopeScaling] = rope_scaling_json(c.rope_scaling);
   return j.dump(2) + "\n";
 }
 

@@ -67,6 +67,11 @@ std::vector<float> forward_cached(Transformer& model, KvCache& cache,
         std::memcpy(kc + t * kvd, src + qd, size_t(kvd) * 4);
         std::memcpy(vc + t * kvd, src + qd + kvd, size_t(kvd) * 4);
       }
+      if (lw.q_norm) {  // Qwen3's per-head norms, in place, before RoPE
+        kernels::rmsnorm_forward(q.data<float>(), lw.q_norm, q.data<float>(), nullptr, n * H,
+                                 c.head_dim, float(c.rms_eps));
+        kernels::rmsnorm_forward(kc, lw.k_norm, kc, nullptr, n * Hkv, c.head_dim, float(c.rms_eps));
+      }
       kernels::rope_forward(q.data<float>(), model.rope(), 1, n, H, pos);
       kernels::rope_forward(kc, model.rope(), 1, n, Hkv, pos);
       const float* kbase = cache.k[size_t(l)].data<float>() + int64_t(r) * cache.capacity * kvd;

@@ -5,16 +5,24 @@
 //   Mixtral (MixtralForCausalLM): our model as it is. RMSNorm, attention with
 //     num_key_value_heads, rotate-half RoPE at rope_theta, a softmax router whose top-k weights
 //     are renormalised, SwiGLU experts (w1 gate, w3 up, w2 down), optional tied embeddings.
-// A config that names what we do not implement (sliding_window, rope_scaling, an activation
-// other than silu, router jitter, attention dropout, biases, any key not listed in
-// hf_checkpoint.cc) is refused naming the key: a model that runs but computes something else
-// would be worse than none.
+//   Qwen3-MoE (Qwen3MoeForCausalLM): qk_norm (per-head RMSNorm of q and k before RoPE),
+//     norm_topk from norm_topk_prob, moe_intermediate_size the experts' width, and the layers
+//     that mlp_only_layers and decoder_sparse_step make dense as dense_layers of width
+//     intermediate_size.
+//   Qwen3 (Qwen3ForCausalLM): qk_norm, every layer dense.
+//   Llama (LlamaForCausalLM): every layer dense.
+// rope_scaling may be linear or llama3 (model/config.h). A config that names what we do not
+// implement (sliding-window attention, another rope_scaling, an activation other than silu,
+// router jitter, attention dropout, biases, any key not listed in hf_checkpoint.cc) is
+// refused naming the key: a model that runs but computes something else would be worse than
+// none.
 //
-// Out: our presets are Mixtral's arithmetic, so a run's model is written as a Mixtral
-// checkpoint (f32, one shard and its index, generation_config.json); an NTK-scaled RoPE is
-// written as the base it makes (rope_theta * alpha^(head_dim / (head_dim - 2))). A config
-// without top-k renormalisation or with a capacity factor has no Hugging Face family and is
-// refused.
+// Out: a run's model is written as the family its config is: Qwen3-MoE or Qwen3 with
+// qk_norm, else Mixtral (our presets) or Llama (f32, one shard and its index,
+// generation_config.json); an NTK-scaled RoPE is written as the base it makes
+// (rope_theta * alpha^(head_dim / (head_dim - 2))). An MoE config without qk_norm whose
+// routing or layers Mixtral cannot express, or one with a capacity factor, has no Hugging
+// Face family and is refused.
 #pragma once
 
 #include <cstdint>
@@ -29,7 +37,7 @@ namespace wl::model {
 
 struct HfCheckpoint {
   std::string dir;
-  std::string family;              // "mixtral"
+  std::string family;              // "mixtral", "qwen3_moe", "qwen3", "llama"
   ModelConfig config;              // ours, equivalent
   std::vector<std::string> files;  // the safetensors files, in the index's order
 };

@@ -22,7 +22,8 @@ uint64_t rope_bytes(const ModelConfig& c) {
 // Parameters, their gradients and the table naming them.
 uint64_t param_bytes(const ModelConfig& c) {
   const uint64_t params = uint64_t(param_count(c));
-  const uint64_t tensors = mul_sat(uint64_t(c.num_layers), 7 + 3 * uint64_t(c.num_experts)) + 3;
+  const uint64_t tensors = mul_sat(uint64_t(c.moe_layers()), 7 + 3 * uint64_t(c.num_experts)) +
+                           9 * c.dense_layers.size() + 2 * uint64_t(c.num_layers) + 3;
   return add_sat(mul_sat(2 * kF32, params), mul_sat(kParamEntryBytes, tensors));
 }
 
@@ -39,11 +40,13 @@ std::string model_detail(const ModelConfig& c) {
 int64_t param_count(const ModelConfig& c) {
   // config.validate() has checked that this fits in int64.
   const int64_t d = c.hidden_size;
-  const int64_t per_layer = 2 * d + (c.num_heads + 2 * c.num_kv_heads) * c.head_dim * d +
-                            d * c.num_heads * c.head_dim + c.num_experts * d +
-                            c.num_experts * 3 * c.ffn_dim * d;
+  const int64_t attention = 2 * d + (c.num_heads + 2 * c.num_kv_heads) * c.head_dim * d +
+                            d * c.num_heads * c.head_dim + (c.qk_norm ? 2 * c.head_dim : 0);
+  const int64_t moe = c.num_experts * d + c.num_experts * 3 * c.ffn_dim * d;
+  const int64_t dense = 3 * c.dense_ffn_dim * d;
   const int64_t embed = c.vocab_size * d;
-  return embed + (c.tie_embeddings ? 0 : embed) + d + c.num_layers * per_layer;
+  return embed + (c.tie_embeddings ? 0 : embed) + d + c.num_layers * attention +
+         c.moe_layers() * moe + int64_t(c.dense_layers.size()) * dense;
 }
 
 Status check_model_memory(const ModelConfig& c, std::string_view name) {

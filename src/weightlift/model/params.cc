@@ -25,7 +25,17 @@ ParamLayout::ParamLayout(const ModelConfig& c) {
     add(p + "attn.k_proj.weight", {c.num_kv_heads * dh, d}, R::kK);
     add(p + "attn.v_proj.weight", {c.num_kv_heads * dh, d}, R::kV);
     add(p + "attn.o_proj.weight", {d, c.num_heads * dh}, R::kO);
+    if (c.qk_norm) {
+      add(p + "attn.q_norm.weight", {dh}, R::kNorm);
+      add(p + "attn.k_norm.weight", {dh}, R::kNorm);
+    }
     add(p + "moe_norm.weight", {d}, R::kNorm);
+    if (c.dense_layer(l)) {
+      add(p + "mlp.gate_proj.weight", {c.dense_ffn_dim, d}, R::kGate);
+      add(p + "mlp.up_proj.weight", {c.dense_ffn_dim, d}, R::kUp);
+      add(p + "mlp.down_proj.weight", {d, c.dense_ffn_dim}, R::kDown);
+      continue;
+    }
     add(p + "moe.router.weight", {c.num_experts, d}, R::kRouter);
     for (int64_t e = 0; e < c.num_experts; ++e) {
       const std::string q = p + "moe.experts." + std::to_string(e) + ".";

@@ -72,8 +72,11 @@ struct LayerView {
   float* attn_norm = nullptr;  // [d]
   float* wqkv = nullptr;       // [(H + 2 Hkv) * Dh, d]: q_proj, k_proj, v_proj stacked
   float* wo = nullptr;         // [d, H * Dh]
+  float* q_norm = nullptr;     // [Dh], null without qk_norm
+  float* k_norm = nullptr;     // [Dh]
   float* moe_norm = nullptr;   // [d]
-  float* router = nullptr;     // [E, d]
+  float* mlp = nullptr;        // a dense layer's gate_up [2Fd, d] then down [d, Fd]; else null
+  float* router = nullptr;     // [E, d]; null in a dense layer
   float* experts = nullptr;    // expert first_expert + i at experts + i * expert_stride:
                                //   gate_up [2F, d] (gate_proj then up_proj), then down [d, F]
   int64_t expert_stride = 0;   // elements per expert: 3 * F * d

@@ -19,6 +19,13 @@
 namespace wl::model {
 using detail::f32;
 
+namespace {
+
+// The aux and z losses are the mean over the layers that route (1 when none does).
+double router_layers(const ModelConfig& c) { return double(std::max<int64_t>(1, c.moe_layers())); }
+
+}  // namespace
+
 uint64_t activation_bytes(const ModelConfig& c, Stage stage, int64_t batch, int64_t seq,
                           bool checkpointing) {
   // Saturating: model-info plans layouts far beyond this machine. Tensor::empty rounds up to
@@ -32,8 +39,11 @@ uint64_t activation_bytes(const ModelConfig& c, Stage stage, int64_t batch, int6
   const uint64_t E = uint64_t(c.num_experts), S = mul_sat(N, uint64_t(c.top_k));
   // detail::BlockActs, field by field: x and group_counts survive gradient checkpointing.
   std::vector<uint64_t> block = {tensor({N, d}, 4), tensor({E}, 8)};
+  // The largest of a dense layer's and an MoE layer's: a stage's blocks are counted alike.
   if (!checkpointing) {
-    const uint64_t qd = uint64_t(c.q_dim()), kvd = uint64_t(c.kv_dim()), F = uint64_t(c.ffn_dim);
+    const uint64_t qd = uint64_t(c.q_dim()), kvd = uint64_t(c.kv_dim());
+    const uint64_t F = std::max(uint64_t(c.ffn_dim), uint64_t(c.dense_ffn_dim));
+    const uint64_t R = std::max(S, N);  // an MoE's dispatched rows; a dense MLP's tokens
     const uint64_t K = uint64_t(c.top_k), H = uint64_t(c.num_heads);
     block.insert(block.end(), {
                                   tensor({N, d}, 4),      // xn1
@@ -54,10 +64,15 @@ uint64_t activation_bytes(const ModelConfig& c, Stage stage, int64_t batch, int6
                                   tensor({S}, 4),         // row_of_slot
                                   tensor({S}, 4),         // token_of_row
                                   tensor({S, d}, 4),      // xe
-                                  tensor({S, 2 * F}, 4),  // he
-                                  tensor({S, F}, 4),      // ae
+                                  tensor({R, 2 * F}, 4),  // he
+                                  tensor({R, F}, 4),      // ae
                                   tensor({S, d}, 4),      // ye
                               });
+    if (c.qk_norm) {
+      block.insert(block.end(), {tensor({N, qd}, 4), tensor({N, kvd}, 4),  // q_raw, k_raw
+                                 tensor({N, H}, 4),                        // rstd_q
+                                 tensor({N, uint64_t(c.num_kv_heads)}, 4)});
+    }
   }
   uint64_t per_block = 0;
   for (uint64_t b : block) per_block = add_sat(per_block, b);
@@ -219,8 +234,8 @@ LossTerms StagePass::loss(const int64_t* targets) {
   const ModelConfig& c = model_.config;
   const int64_t N = tokens_n_;
   LossTerms out;
-  out.aux = c.aux_loss_alpha * router_.aux / double(c.num_layers);
-  out.z = c.z_loss_beta * router_.z / double(c.num_layers);
+  out.aux = c.aux_loss_alpha * router_.aux / router_layers(c);
+  out.z = c.z_loss_beta * router_.z / router_layers(c);
   out.count = kernels::count_targets(targets, N);
   const bool gradient = xf_.raw() != nullptr;  // forward kept what backward needs
   const int64_t denom = options_.ce_denominator > 0 ? options_.ce_denominator : out.count;
@@ -245,8 +260,8 @@ LossTerms StagePass::token_loss(const int64_t* targets, const TokenLossFn& fn) {
   const ModelConfig& c = model_.config;
   const int64_t N = tokens_n_, V = c.vocab_size;
   LossTerms out;
-  out.aux = c.aux_loss_alpha * router_.aux / double(c.num_layers);
-  out.z = c.z_loss_beta * router_.z / double(c.num_layers);
+  out.aux = c.aux_loss_alpha * router_.aux / router_layers(c);
+  out.z = c.z_loss_beta * router_.z / router_layers(c);
   out.count = kernels::count_targets(targets, N);
   float* logits = logits_.data<float>();
   std::vector<int64_t> kept;
@@ -310,7 +325,7 @@ Status StagePass::backward_weights() {
 
 void StagePass::backward_unit(int unit, detail::WeightGradients* later) {
   const ModelConfig& c = model_.config;
-  const int64_t N = tokens_n_, d = c.hidden_size, V = c.vocab_size, L = c.num_layers;
+  const int64_t N = tokens_n_, d = c.hidden_size, V = c.vocab_size;
   const ModelView& w = model_.weights;
   const ModelView& g = model_.grads;
   const Precision p = options_.precision;
@@ -350,8 +365,8 @@ void StagePass::backward_unit(int unit, detail::WeightGradients* later) {
     detail::block_forward(ctx, dims, w.layers[size_t(layer)], a, scratch.data<float>(), nullptr);
   }
   const detail::BlockGradScales scales{
-      .aux = float(c.aux_loss_alpha / double(L)) * options_.aux_weight * options_.grad_scale,
-      .z = float(c.z_loss_beta / double(L)) * options_.aux_weight * options_.grad_scale};
+      .aux = float(c.aux_loss_alpha / router_layers(c)) * options_.aux_weight * options_.grad_scale,
+      .z = float(c.z_loss_beta / router_layers(c)) * options_.aux_weight * options_.grad_scale};
   detail::block_backward(ctx, dims, w.layers[size_t(layer)], g.layers[size_t(layer)], a,
                          dx_.data<float>(), dx_.data<float>(), scales);
   a = detail::BlockActs();

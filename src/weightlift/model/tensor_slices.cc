@@ -22,6 +22,10 @@ Status check_tensor_parallel(const ModelConfig& c, int tp, std::string_view wher
     return invalid_argument(at + ": tp " + t + " does not divide ffn_dim " +
                             std::to_string(c.ffn_dim));
   }
+  if (c.dense_ffn_dim % tp != 0) {
+    return invalid_argument(at + ": tp " + t + " does not divide dense_ffn_dim " +
+                            std::to_string(c.dense_ffn_dim));
+  }
   return ok_status();
 }
 
@@ -31,6 +35,7 @@ ModelConfig tp_config(const ModelConfig& c, int tp) {
   l.num_heads = c.num_heads / tp;
   l.num_kv_heads = c.num_kv_heads >= tp ? c.num_kv_heads / tp : 1;
   l.ffn_dim = c.ffn_dim / tp;
+  l.dense_ffn_dim = c.dense_ffn_dim / tp;
   return l;
 }
 
@@ -57,11 +62,11 @@ TensorSlice tensor_slice(const ModelConfig& c, const ParamInfo& p, int tp, int r
     }
     case ParamRole::kO:
       return {{0, rows}, band(c.num_heads / tp * dh), true};
-    case ParamRole::kGate:
+    case ParamRole::kGate:  // an expert's ffn_dim rows or a dense MLP's dense_ffn_dim
     case ParamRole::kUp:
-      return {band(c.ffn_dim / tp), {0, cols}, true};
+      return {band(rows / tp), {0, cols}, true};
     case ParamRole::kDown:
-      return {{0, rows}, band(c.ffn_dim / tp), true};
+      return {{0, rows}, band(cols / tp), true};
     case ParamRole::kEmbed:
     case ParamRole::kNorm:
     case ParamRole::kRouter:

@@ -2,7 +2,7 @@
 // loads it): one rule for the trainer's ranks (parallel/) and the inference engine's
 // receivers (transfer/layout/inference_layout.h), so the two cannot drift.
 //
-// Rank r of T, with H/T query heads and F/T ffn rows each:
+// Rank r of T, with H/T query heads and F/T ffn rows each (a dense layer's Fd/T likewise):
 //   q_proj                rows of its query heads                  (column parallel)
 //   k_proj, v_proj        rows of its kv heads; with fewer kv heads than ranks, kv head
 //                         r / (T / num_kv_heads), held by T / num_kv_heads ranks
@@ -36,8 +36,8 @@ struct TensorSlice {
   bool owner = false;
 };
 
-// InvalidArgument, prefixed by `where`, unless T >= 1 divides num_heads and ffn_dim and
-// num_kv_heads is a multiple or a divisor of T.
+// InvalidArgument, prefixed by `where`, unless T >= 1 divides num_heads, ffn_dim and
+// dense_ffn_dim, and num_kv_heads is a multiple or a divisor of T.
 Status check_tensor_parallel(const ModelConfig& config, int tp, std::string_view where);
 
 // The model one rank of T holds: H/T heads, max(Hkv/T, 1) kv heads, F/T ffn rows.

@@ -14,8 +14,7 @@ Transformer::Transformer(const ModelConfig& config)
       units_(config_, layout_),
       params_(Tensor::zeros(DType::kF32, {layout_.total()})),
       grads_(Tensor::zeros(DType::kF32, {layout_.total()})),
-      rope_(kernels::make_rope_table(config.max_seq_len, config.head_dim, config.rope_theta,
-                                     config.rope_ntk_alpha)) {
+      rope_(model::make_rope_table(config)) {
   WL_CHECK(config.validate().ok()) << config.validate().to_string();
 }
 

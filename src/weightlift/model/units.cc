@@ -40,6 +40,20 @@ void Units::bind(int unit, float* data, ModelView& v, int64_t first_expert,
     if (!tied_) v.head = at("lm_head.weight");
     return;
   }
+  const std::string p = "layers." + std::to_string(unit - 1) + ".";
+  LayerView& layer = v.layers[size_t(unit - 1)];
+  layer = {.attn_norm = at(p + "attn_norm.weight"),
+           .wqkv = at(p + "attn.q_proj.weight"),
+           .wo = at(p + "attn.o_proj.weight"),
+           .moe_norm = at(p + "moe_norm.weight")};
+  if (config_.qk_norm) {
+    layer.q_norm = at(p + "attn.q_norm.weight");
+    layer.k_norm = at(p + "attn.k_norm.weight");
+  }
+  if (config_.dense_layer(unit - 1)) {
+    layer.mlp = at(p + "mlp.gate_proj.weight");
+    return;
+  }
   // The experts sit after the block's dense parameters, so the first held one lands where
   // expert 0 is in the whole block.
   if (held_experts < 0) held_experts = config_.num_experts - first_expert;
@@ -47,16 +61,11 @@ void Units::bind(int unit, float* data, ModelView& v, int64_t first_expert,
            first_expert + held_experts <= config_.num_experts)
       << "experts [" << first_expert << ", " << first_expert + held_experts << ") of "
       << config_.num_experts;
-  const std::string p = "layers." + std::to_string(unit - 1) + ".";
-  v.layers[size_t(unit - 1)] = {.attn_norm = at(p + "attn_norm.weight"),
-                                .wqkv = at(p + "attn.q_proj.weight"),
-                                .wo = at(p + "attn.o_proj.weight"),
-                                .moe_norm = at(p + "moe_norm.weight"),
-                                .router = at(p + "moe.router.weight"),
-                                .experts = at(p + "moe.experts.0.gate_proj.weight"),
-                                .expert_stride = 3 * config_.ffn_dim * config_.hidden_size,
-                                .first_expert = first_expert,
-                                .held_experts = held_experts};
+  layer.router = at(p + "moe.router.weight");
+  layer.experts = at(p + "moe.experts.0.gate_proj.weight");
+  layer.expert_stride = 3 * config_.ffn_dim * config_.hidden_size;
+  layer.first_expert = first_expert;
+  layer.held_experts = held_experts;
 }
 
 }  // namespace wl::model

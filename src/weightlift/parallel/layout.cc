@@ -96,6 +96,10 @@ Status check_expert_parallel(const ParallelLayout& l, const model::ModelConfig& 
                             " does not divide the data-parallel size " + std::to_string(l.dp) +
                             " (world / --pp)");
   }
+  if (l.ep > 1 && c.moe_layers() == 0) {
+    return invalid_argument("--ep " + std::to_string(l.ep) +
+                            ": the model has no MoE layer, so no experts to place");
+  }
   if (c.num_experts % l.ep != 0) {
     return invalid_argument("--ep " + std::to_string(l.ep) + " does not divide the " +
                             std::to_string(c.num_experts) + " experts of a layer");

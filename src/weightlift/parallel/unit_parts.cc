@@ -11,7 +11,7 @@ UnitParts::UnitParts(const model::ModelConfig& config, const model::ParamLayout&
                      const model::Units& units, int ep, int ep_rank)
     : units_(units), ep_(ep) {
   const int64_t experts = config.num_experts;
-  WL_CHECK(ep >= 1 && experts % ep == 0 && ep_rank >= 0 && ep_rank < ep)
+  WL_CHECK(ep >= 1 && (ep == 1 || experts % ep == 0) && ep_rank >= 0 && ep_rank < ep)
       << "expert rank " << ep_rank << " of " << ep << " over " << experts << " experts";
   held_experts_ = experts / ep;
   first_expert_ = int64_t(ep_rank) * held_experts_;
@@ -19,8 +19,8 @@ UnitParts::UnitParts(const model::ModelConfig& config, const model::ParamLayout&
   parts_.resize(size_t(units.count()));
   for (int u = 0; u < units.count(); ++u) {
     const model::FlatRange range = units.range(u);
-    const bool block = u != 0 && u != units.head();
-    if (ep == 1 || !block) {
+    const bool moe_block = u != 0 && u != units.head() && !config.dense_layer(u - 1);
+    if (ep == 1 || !moe_block) {
       parts_[size_t(u)].push_back({range, units.params(u), Over::kData, 0});
       continue;
     }

@@ -28,7 +28,7 @@ void BlockActs::keep_only_input() {
 namespace {
 
 struct Dims {
-  int64_t d, H, Hkv, Dh, qd, kvd, qkvd, E, K, F;
+  int64_t d, H, Hkv, Dh, qd, kvd, qkvd, E, K, F, Fd;
   explicit Dims(const ModelConfig& c)
       : d(c.hidden_size),
         H(c.num_heads),
@@ -39,7 +39,8 @@ struct Dims {
         qkvd(c.q_dim() + 2 * c.kv_dim()),
         E(c.num_experts),
         K(c.top_k),
-        F(c.ffn_dim) {}
+        F(c.ffn_dim),
+        Fd(c.dense_ffn_dim) {}
 };
 
 kernels::AttentionShape attention_shape(const Dims& m, const BlockDims& b) {
@@ -196,9 +197,33 @@ void combine(const Dims& m, const BlockActs& a, int64_t N, const float* h, float
 
 }  // namespace
 
+namespace {
+
+// A dense layer's MLP, out = h + down(silu(gate(xn2)) * up(xn2)); under TP each rank holds
+// its Fd/T rows of gate and up and columns of down, and the partial outputs add up.
+void dense_forward(const BlockContext& ctx, const Dims& m, const LayerView& w, int64_t N,
+                   BlockActs& a, const float* h, float* out) {
+  const float* gate_up = w.mlp;                  // [2Fd, d]
+  const float* down = gate_up + 2 * m.Fd * m.d;  // [d, Fd]
+  a.he = f32({N, 2 * m.Fd});
+  a.ae = f32({N, m.Fd});
+  linear_forward(ctx.precision, a.xn2.data<float>(), gate_up, a.he.data<float>(), N, m.d, 2 * m.Fd);
+  kernels::swiglu_forward(a.he.data<float>(), a.ae.data<float>(), N, m.Fd);
+  const bool residual = h && adds_residual(ctx);
+  if (residual) std::memcpy(out, h, size_t(N * m.d) * 4);
+  linear_forward(ctx.precision, a.ae.data<float>(), down, out, N, m.Fd, m.d, residual);
+  tp_sum(ctx.tp, out, N * m.d);
+}
+
+}  // namespace
+
 void moe_forward(const BlockContext& ctx, const LayerView& w, int64_t N, BlockActs& a,
                  const float* h, float* out, kernels::RouterLosses* losses) {
   const Dims m(ctx.config);
+  if (!w.router) {
+    dense_forward(ctx, m, w, N, a, h, out);
+    return;
+  }
   WL_CHECK(!(ctx.tp && ctx.experts)) << "tensor and expert parallelism in one block";
   route(ctx, m, w, N, a, losses);
   dispatch(m, N, ctx.keep, a);
@@ -215,6 +240,26 @@ void moe_forward(const BlockContext& ctx, const LayerView& w, int64_t N, BlockAc
   combine(m, a, N, adds_residual(ctx) ? h : nullptr, out);
   tp_sum(ctx.tp, out, N * m.d);
 }
+
+namespace {
+
+// Qwen3's per-head RMSNorm of q and k over head_dim, before RoPE; the inputs kept for the
+// backward pass.
+void qk_norm_forward(const ModelConfig& c, const LayerView& w, int64_t N, BlockActs& a) {
+  const Dims m(c);
+  a.q_raw = std::move(a.q);
+  a.k_raw = std::move(a.k);
+  a.q = f32({N, m.qd});
+  a.k = f32({N, m.kvd});
+  a.rstd_q = f32({N * m.H});
+  a.rstd_k = f32({N * m.Hkv});
+  kernels::rmsnorm_forward(a.q_raw.data<float>(), w.q_norm, a.q.data<float>(),
+                           a.rstd_q.data<float>(), N * m.H, m.Dh, float(c.rms_eps));
+  kernels::rmsnorm_forward(a.k_raw.data<float>(), w.k_norm, a.k.data<float>(),
+                           a.rstd_k.data<float>(), N * m.Hkv, m.Dh, float(c.rms_eps));
+}
+
+}  // namespace
 
 void block_forward(const BlockContext& ctx, const BlockDims& b, const LayerView& w, BlockActs& a,
                    float* out, kernels::RouterLosses* losses) {
@@ -236,6 +281,7 @@ void block_forward(const BlockContext& ctx, const BlockDims& b, const LayerView&
   gather_columns(a.k.data<float>(), qkv.data<float>(), N, m.qkvd, m.qd, m.kvd);
   gather_columns(a.v.data<float>(), qkv.data<float>(), N, m.qkvd, m.qd + m.kvd, m.kvd);
   qkv = Tensor();
+  if (w.q_norm) qk_norm_forward(ctx.config, w, N, a);
   kernels::rope_forward(a.q.data<float>(), ctx.rope, b.batch, b.seq, m.H, 0);
   kernels::rope_forward(a.k.data<float>(), ctx.rope, b.batch, b.seq, m.Hkv, 0);
   a.att = f32({N, m.qd});
@@ -376,6 +422,29 @@ void router_backward(const BlockContext& ctx, const Dims& m, const LayerView& w,
                          m.E);
 }
 
+// The q and k norms' backward, in place on dq [N, H*Dh] and dk [N, Hkv*Dh] (after RoPE's).
+// Under TP each rank's heads give a partial gradient of the shared norm weights, summed over
+// the group; of a kv head's several holders only the leader adds its (identical) share.
+void qk_norm_backward(const BlockContext& ctx, const Dims& m, const LayerView& w,
+                      const LayerView& g, const BlockActs& a, int64_t N, bool drop_kv, float* dq,
+                      float* dk) {
+  Tensor dnorms = Tensor::zeros(DType::kF32, {2 * m.Dh});
+  float* dqn = ctx.tp ? dnorms.data<float>() : g.q_norm;
+  float* dkn = ctx.tp ? dnorms.data<float>() + m.Dh : g.k_norm;
+  Tensor dq_raw = f32({N, m.qd}), dk_raw = f32({N, m.kvd});
+  kernels::rmsnorm_backward(dq, a.q_raw.data<float>(), w.q_norm, a.rstd_q.data<float>(),
+                            dq_raw.data<float>(), dqn, N * m.H, m.Dh);
+  kernels::rmsnorm_backward(dk, a.k_raw.data<float>(), w.k_norm, a.rstd_k.data<float>(),
+                            dk_raw.data<float>(), dkn, N * m.Hkv, m.Dh);
+  std::memcpy(dq, dq_raw.data<float>(), size_t(N * m.qd) * 4);
+  std::memcpy(dk, dk_raw.data<float>(), size_t(N * m.kvd) * 4);
+  if (!ctx.tp) return;
+  if (drop_kv) std::memset(dkn, 0, size_t(m.Dh) * 4);
+  tp_sum(ctx.tp, dnorms.data<float>(), 2 * m.Dh);
+  add_into(g.q_norm, dnorms.data<float>(), m.Dh);
+  add_into(g.k_norm, dnorms.data<float>() + m.Dh, m.Dh);
+}
+
 // Attention backward from dh (the gradient after the attention residual) to dxn1, the
 // gradient of the normed input: o_proj, attention, RoPE, then the fused qkv projection.
 void attention_backward(const BlockContext& ctx, const BlockDims& b, const Dims& m,
@@ -401,6 +470,8 @@ void attention_backward(const BlockContext& ctx, const BlockDims& b, const Dims&
   if (shared_kv && !ctx.tp->allreduce_kv(dk, 2 * N * m.kvd).ok()) {
     std::memset(dk, 0, size_t(2 * N * m.kvd) * 4);
   }
+  const bool drop_kv = shared_kv && !ctx.tp->kv_leader();
+  if (w.q_norm) qk_norm_backward(ctx, m, w, g, a, N, drop_kv, dq.data<float>(), dk);
   Tensor dqkv = f32({N, m.qkvd});
   scatter_columns(dqkv.data<float>(), dq.data<float>(), N, m.qkvd, 0, m.qd);
   scatter_columns(dqkv.data<float>(), dk, N, m.qkvd, m.qd, m.kvd);
@@ -409,7 +480,6 @@ void attention_backward(const BlockContext& ctx, const BlockDims& b, const Dims&
   // The input gradient is a partial sum over the TP group (q, k and v are column parallel);
   // of a shared kv head's holders only one adds its share, or the sum would count it once per
   // holder. The weight gradient reads every column: a deferred one keeps its own copy.
-  const bool drop_kv = shared_kv && !ctx.tp->kv_leader();
   linear_weight_gradient(ctx.weight_grads, p, drop_kv && ctx.weight_grads ? dqkv.clone() : dqkv, 0,
                          a.xn1, 0, g.wqkv, N, m.d, m.qkvd);
   if (drop_kv) {
@@ -423,16 +493,13 @@ void attention_backward(const BlockContext& ctx, const BlockDims& b, const Dims&
   tp_sum(ctx.tp, dxn1.data<float>(), N * m.d);
 }
 
-}  // namespace
-
-void block_backward(const BlockContext& ctx, const BlockDims& b, const LayerView& w,
-                    const LayerView& g, const BlockActs& a, const float* dout, float* dx,
+// The MoE half, from dout back to the gradient of its normed input, returned at the start of
+// a buffer that also holds the gate weights' gradient dtopk_w [N, K]: under TP both are
+// partial sums (each rank's experts saw only its ffn rows), and one sum completes them.
+Tensor moe_backward(const BlockContext& ctx, const Dims& m, const LayerView& w, const LayerView& g,
+                    const BlockActs& a, const float* dout, int64_t N,
                     const BlockGradScales& scales) {
-  const Dims m(ctx.config);
-  const int64_t N = b.tokens, S = a.expert_begin.back();  // the dispatched rows
-  // MoE half, from dout back to dxn2, the gradient of the MoE's normed input, and the gate
-  // weights' gradient dtopk_w [N, K]: one buffer, so that under TP, where both are partial
-  // sums (each rank's experts saw only its ffn rows), one sum completes them.
+  const int64_t S = a.expert_begin.back();  // the dispatched rows
   Tensor moe_grads = f32({N * (m.d + m.K)});
   float* dxn2 = moe_grads.data<float>();
   float* dtopk_w = dxn2 + N * m.d;
@@ -447,12 +514,46 @@ void block_backward(const BlockContext& ctx, const BlockDims& b, const LayerView
   }
   tp_sum(ctx.tp, moe_grads.data<float>(), N * (m.d + m.K));
   router_backward(ctx, m, w, g, a, dtopk_w, scales, N, dxn2);
+  return moe_grads;
+}
+
+// A dense layer's MLP backward: weight gradients into g (or ctx.weight_grads), the gradient
+// of its normed input returned [N, d] (summed over the TP group).
+Tensor dense_backward(const BlockContext& ctx, const Dims& m, const LayerView& w,
+                      const LayerView& g, const BlockActs& a, const float* dout, int64_t N) {
+  const Precision p = ctx.precision;
+  const float* gate_up = w.mlp;
+  const float* down = gate_up + 2 * m.Fd * m.d;
+  float* dgate_up = g.mlp;
+  float* ddown = dgate_up + 2 * m.Fd * m.d;
+  // A deferred weight gradient reads dout later: it keeps its own copy.
+  Tensor dy = Tensor::borrow(const_cast<float*>(dout), DType::kF32, {N, m.d});
+  if (ctx.weight_grads) dy = dy.clone();
+  Tensor dae = f32({N, m.Fd}), dhe = f32({N, 2 * m.Fd}), dxn2 = f32({N, m.d});
+  linear_backward_input(p, dout, down, dae.data<float>(), N, m.Fd, m.d);
+  linear_weight_gradient(ctx.weight_grads, p, dy, 0, a.ae, 0, ddown, N, m.Fd, m.d);
+  kernels::swiglu_backward(a.he.data<float>(), dae.data<float>(), dhe.data<float>(), N, m.Fd);
+  linear_weight_gradient(ctx.weight_grads, p, dhe, 0, a.xn2, 0, dgate_up, N, m.d, 2 * m.Fd);
+  linear_backward_input(p, dhe.data<float>(), gate_up, dxn2.data<float>(), N, m.d, 2 * m.Fd);
+  tp_sum(ctx.tp, dxn2.data<float>(), N * m.d);
+  return dxn2;
+}
+
+}  // namespace
+
+void block_backward(const BlockContext& ctx, const BlockDims& b, const LayerView& w,
+                    const LayerView& g, const BlockActs& a, const float* dout, float* dx,
+                    const BlockGradScales& scales) {
+  const Dims m(ctx.config);
+  const int64_t N = b.tokens;
+  Tensor mlp_grads = w.router ? moe_backward(ctx, m, w, g, a, dout, N, scales)
+                              : dense_backward(ctx, m, w, g, a, dout, N);
   // moe_norm backward, residual: dh = dout + d(norm).
   Tensor dh = f32({N, m.d});
-  kernels::rmsnorm_backward(dxn2, a.h.data<float>(), w.moe_norm, a.rstd2.data<float>(),
-                            dh.data<float>(), g.moe_norm, N, m.d);
+  kernels::rmsnorm_backward(mlp_grads.data<float>(), a.h.data<float>(), w.moe_norm,
+                            a.rstd2.data<float>(), dh.data<float>(), g.moe_norm, N, m.d);
   add_into(dh.data<float>(), dout, N * m.d);
-  moe_grads = Tensor();
+  mlp_grads = Tensor();
   // Attention half; attn_norm backward, residual: dx = dh + d(norm).
   Tensor dxn1 = f32({N, m.d});
   attention_backward(ctx, b, m, w, g, a, dh, dxn1);

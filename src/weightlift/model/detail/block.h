@@ -28,12 +28,15 @@ struct BlockDims {
 // Everything the backward pass of one block needs. Under gradient checkpointing only `x`
 // survives the forward pass; the rest is recomputed from it.
 struct BlockActs {
-  Tensor x;                     // [N, d] block input
-  Tensor xn1, rstd1;            // [N, d], [N]: attn_norm
-  Tensor q, k, v;               // [N, H*Dh], [N, Hkv*Dh], [N, Hkv*Dh]; q and k after RoPE
-  Tensor att, lse;              // [N, H*Dh] heads concatenated, [B, H, T]
-  Tensor h;                     // [N, d] = x + att @ Wo^T
-  Tensor xn2, rstd2;            // [N, d], [N]: moe_norm
+  Tensor x;               // [N, d] block input
+  Tensor xn1, rstd1;      // [N, d], [N]: attn_norm
+  Tensor q, k, v;         // [N, H*Dh], [N, Hkv*Dh], [N, Hkv*Dh]; q and k after RoPE
+  Tensor q_raw, k_raw;    // with qk_norm: q and k before their norms
+  Tensor rstd_q, rstd_k;  // [N*H], [N*Hkv]
+  Tensor att, lse;        // [N, H*Dh] heads concatenated, [B, H, T]
+  Tensor h;               // [N, d] = x + att @ Wo^T
+  Tensor xn2, rstd2;      // [N, d], [N]: moe_norm
+  // A dense layer's MLP uses xn2, he [N, 2Fd] and ae [N, Fd] below, and none of the rest.
   Tensor probs, topk_w, lse_r;  // [N, E], [N, K], [N]
   Tensor topk_idx;              // [N, K] i32
   Tensor counts;                // [E] i64: slots per expert, of these tokens
@@ -101,8 +104,9 @@ struct BlockContext {
 void block_forward(const BlockContext& ctx, const BlockDims& dims, const LayerView& w,
                    BlockActs& acts, float* out, kernels::RouterLosses* losses);
 
-// The MoE half on its own: routes a.xn2 [N, d] (already normed), fills the router and
-// expert fields of `a`, and writes out = h + MoE(a.xn2). Generation calls it with N new tokens.
+// The MLP half on its own: in an MoE layer routes a.xn2 [N, d] (already normed), fills the
+// router and expert fields of `a`, and writes out = h + MoE(a.xn2); in a dense layer
+// out = h + SwiGLU(a.xn2). Generation calls it with N new tokens.
 void moe_forward(const BlockContext& ctx, const LayerView& w, int64_t tokens, BlockActs& acts,
                  const float* h, float* out, kernels::RouterLosses* losses);
 
