@@ -19,6 +19,8 @@ struct BenchTrainFlags {
 
 void add_bench_train_flags(CLI::App* cmd, BenchTrainOptions& o, BenchTrainFlags& f) {
   cmd->add_option("--preset", o.preset)->capture_default_str();
+  cmd->add_option("--model-dir", o.model_dir,
+                  "a Hugging Face checkpoint directory: its shapes instead of the preset's");
   cmd->add_option("--batch", o.batch)->capture_default_str()->transform(count(1, kMaxRows));
   cmd->add_option("--seq", o.seq)->capture_default_str()->transform(count(1, kMaxRows));
   cmd->add_option("--precision,--dtype", f.precision, "f32, bf16 or f16 GEMM operands")
@@ -77,7 +79,8 @@ Status run_bench_train(BenchTrainOptions o, const BenchTrainFlags& f) {
         "p50 (min %.1f, p99 %.1f, max %.1f), %.0f tokens/s, %.1f GFLOP/s = %.0f%% of the %.1f "
         "GFLOP/s f32 GEMM peak measured now; exposed communication %.1f ms, peak %.1f MB "
         "of model state per rank\n",
-        o.preset.c_str(), long(o.batch), long(o.seq), f.precision.c_str(), r.ranks,
+        (o.model_dir.empty() ? o.preset : o.model_dir).c_str(), long(o.batch), long(o.seq),
+        f.precision.c_str(), r.ranks,
         (std::string(parallel::dp_mode_name(o.layout.dp_mode)) +
          (o.layout.pp > 1 ? ", pp " + std::to_string(o.layout.pp) : "") +
          (o.layout.ep > 1 ? ", ep " + std::to_string(o.layout.ep) : "") +

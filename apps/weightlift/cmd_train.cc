@@ -283,6 +283,11 @@ void register_train(CLI::App& app, Outcome& out) {
   cmd->add_option("--preset", o->preset, "tiny, small, medium or seed-6.9b")->capture_default_str();
   cmd->add_option("--config", o->config_path, "a config.json instead of a preset");
   cmd->add_option("--init-weights", o->init_weights, "start from these weights (safetensors)");
+  cmd->add_option("--model-dir", o->model_dir,
+                  "start from a Hugging Face checkpoint directory (Mixtral, Qwen3-MoE, Qwen3, "
+                  "Llama): its config and weights")
+      ->excludes("--config")
+      ->excludes("--init-weights");
   cmd->add_option("--resume", o->resume, "continue bit-exactly from this checkpoint directory");
   cmd->add_option("--seed", o->seed, "weights init and data order")->capture_default_str();
   o->corpus_dir = default_corpus_dir();

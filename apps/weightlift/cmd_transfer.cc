@@ -10,6 +10,7 @@
 #include "report/transfer_simulate.h"
 #include "validate.h"
 #include "weightlift/model/config.h"
+#include "weightlift/model/hf_checkpoint.h"
 #include "weightlift/transfer/modes/update_executor.h"
 #include "weightlift/transfer/plan/offline_metadata.h"
 
@@ -114,12 +115,12 @@ void register_transfer_simulate(CLI::App& transfer, Outcome& out) {
 
 struct PlanArgs {
   transfer::OfflineJob job;
-  std::string preset = "medium", dtype = "bf16", shard_dtype = "f32";
+  std::string preset = "medium", model_dir, dtype = "bf16", shard_dtype = "f32";
   bool json = false;
 };
 
 Status run_plan(PlanArgs a) {
-  WL_ASSIGN_OR_RETURN(a.job.config, model::preset(a.preset));
+  WL_ASSIGN_OR_RETURN(a.job.config, model::preset_or_checkpoint_config(a.preset, a.model_dir));
   WL_ASSIGN_OR_RETURN(a.job.format, parse_format(a.dtype));
   WL_ASSIGN_OR_RETURN(a.job.shard_dtype, parse_shard_dtype(a.shard_dtype));
   WL_ASSIGN_OR_RETURN(transfer::Plan plan, transfer::plan_offline(a.job));
@@ -133,6 +134,8 @@ void register_transfer_plan(CLI::App& transfer, Outcome& out) {
       "plan", "the static transfer plan for a trainer/receiver layout, with bytes per rank");
   auto a = std::make_shared<PlanArgs>();
   plan->add_option("--preset", a->preset)->capture_default_str();
+  plan->add_option("--model-dir", a->model_dir,
+                   "a Hugging Face checkpoint directory: its shapes instead of the preset's");
   plan->add_option("--trainers", a->job.trainers, "trainer ranks")
       ->capture_default_str()
       ->transform(count(1, kMaxSimulatedGpus));
@@ -186,6 +189,8 @@ void register_bench_transfer(CLI::App& bench, Outcome& out) {
   auto a = std::make_shared<BenchTransferArgs>();
   BenchTransferOptions& o = a->o;
   cmd->add_option("--preset", o.preset)->capture_default_str();
+  cmd->add_option("--model-dir", o.model_dir,
+                  "a Hugging Face checkpoint directory: its shapes instead of the preset's");
   cmd->add_option("--trainers", o.trainers)->capture_default_str()->transform(count(1, kMaxRanks));
   cmd->add_option("--receivers", o.receivers)
       ->capture_default_str()

@@ -100,6 +100,18 @@ model::ModelConfig config_named(const std::string& name) {
     c.num_layers = 2;
     return c;
   }
+  if (name == "tiny-qwen3-moe" || name == "tiny-llama") {  // Hugging Face families' shapes
+    model::ModelConfig c = transfer::testing::preset_or_die("tiny");
+    c.num_layers = 3;
+    c.num_kv_heads = 2;
+    const bool qwen = name == "tiny-qwen3-moe";
+    c.qk_norm = qwen;
+    c.norm_topk = !qwen;
+    c.dense_layers = qwen ? std::vector<int64_t>{1} : std::vector<int64_t>{0, 1, 2};
+    c.dense_ffn_dim = 192;
+    if (!qwen) c.num_experts = c.top_k = c.ffn_dim = 0;
+    return c;
+  }
   return transfer::testing::preset_or_die(name.c_str());
 }
 
@@ -423,6 +435,16 @@ TEST(InferenceWorker, TinyFp8Tp1And2MatchTheTrainer) {
 TEST(InferenceWorker, SmallTwoLayersBf16AndFp8Tp1And2MatchTheTrainer) {
   for (WeightFormat f : {WeightFormat::kBF16, WeightFormat::kFP8}) {
     for (int tp : {1, 2}) check_case("small-2", f, tp);
+  }
+}
+
+// q/k norms and dense layers (Qwen3-MoE's), and a model of dense layers only (Llama's), in both
+// formats and split over two ranks (the dense MLP's rows as an expert's, the norms whole).
+TEST(InferenceWorker, HuggingFaceFamiliesMatchTheTrainer) {
+  for (const char* family : {"tiny-qwen3-moe", "tiny-llama"}) {
+    for (WeightFormat f : {WeightFormat::kBF16, WeightFormat::kFP8}) {
+      for (int tp : {1, 2}) check_case(family, f, tp);
+    }
   }
 }
 

@@ -599,6 +599,48 @@ def check_export(exe, tmp, failures):
     report("export", [] if same else ["the hf/ checkpoint's logits differ from the run's own"],
            f"train's hf/ ({arch[0]}) reloads to logits and ce bit for bit", failures)
 
+def check_family_export(exe, tmp, name, c, failures):
+    """`train --model-dir` from a family's checkpoint, two steps on a fixed batch: its hf/ is
+    the same family, carries the source's tokenizer and generation files byte for byte, and
+    reloads to the run's own logits bit for bit."""
+    src = os.path.join(tmp, name)
+    side = {"tokenizer_config.json": '{"model_max_length": 64}\n',
+            "generation_config.json": '{"bos_token_id": 1, "eos_token_id": 2}\n'}
+    for f, text in side.items():
+        with open(os.path.join(src, f), "w") as fh:
+            fh.write(text)
+    out = os.path.join(tmp, name + "-run")
+    tokens, targets = make_batch(c)
+    batch = os.path.join(tmp, name + "-export-batch.safetensors")
+    write_safetensors(batch, {"tokens": tokens, "targets": targets})
+    label = "export " + name
+    try:
+        run([exe, "--threads", "1", "train", "--model-dir", src, "--batch-file", batch,
+             "--steps", "2", "--out", out])
+        run([exe, "grad", "--config", os.path.join(out, "config.json"), "--weights",
+             os.path.join(out, "model.safetensors"), "--tokens", batch, "--out",
+             os.path.join(tmp, name + "-ours.safetensors")])
+        run([exe, "grad", "--model-dir", os.path.join(out, "hf"), "--tokens", batch, "--out",
+             os.path.join(tmp, name + "-hf.safetensors")])
+    except CommandFailed as e:
+        return report(label, [str(e)], "", failures)
+    a = read_safetensors(os.path.join(tmp, name + "-ours.safetensors"))
+    b = read_safetensors(os.path.join(tmp, name + "-hf.safetensors"))
+    problems = []
+    if not (torch.equal(a["logits"], b["logits"]) and torch.equal(a["ce"], b["ce"])):
+        problems.append("the hf/ checkpoint's logits differ from the run's own")
+    with open(os.path.join(out, "hf", "config.json")) as f:
+        arch = json.load(f)["architectures"]
+    if arch != c["architectures"]:
+        problems.append(f"exported as {arch}, not {c['architectures']}")
+    for f, text in side.items():
+        path = os.path.join(out, "hf", f)
+        if not os.path.exists(path) or open(path).read() != text:
+            problems.append(f"{f} not carried over from the source checkpoint")
+    report(label, problems, f"train --model-dir's hf/ ({arch[0]}) reloads bit for bit, "
+           "tokenizer files carried", failures)
+
+
 # ----------------------------------------------------------------------------- refusals
 
 
@@ -712,10 +754,14 @@ def main():
         sys.exit(f"unknown filter {sorted(unknown)}: one of {', '.join(FAMILIES)}, export")
     failures, count = [], 0
     with tempfile.TemporaryDirectory() as tmp:
+        exported = set()
         for family, name, c in cases():
             if family in wanted:
                 check_case(exe, tmp, name, c, failures)
                 count += 1
+                if exe is not None and family != "mixtral" and family not in exported:
+                    check_family_export(exe, tmp, name, c, failures)
+                    exported.add(family)
         if exe is not None and "export" in wanted:
             check_export(exe, tmp, failures)
         for family in FAMILIES:

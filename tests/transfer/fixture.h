@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -30,7 +31,15 @@
 
 namespace wl::transfer::testing {
 
+// A preset, or "tiny-qwen3-moe": tiny with Qwen3-MoE's q/k norms and a dense first layer.
 inline model::ModelConfig preset_or_die(const char* name) {
+  if (std::string_view(name) == "tiny-qwen3-moe") {
+    model::ModelConfig c = preset_or_die("tiny");
+    c.qk_norm = true;
+    c.dense_layers = {0};
+    c.dense_ffn_dim = 96;
+    return c;
+  }
   auto c = model::preset(name);
   WL_CHECK(c.ok()) << c.status().to_string();
   return *c;

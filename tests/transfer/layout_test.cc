@@ -25,7 +25,7 @@ using testing::preset_or_die;
 using testing::random_weights;
 
 TEST(InferenceLayout, MatchesTheReferenceTensorForTensor) {
-  for (const char* preset : {"tiny", "small"}) {
+  for (const char* preset : {"tiny", "small", "tiny-qwen3-moe"}) {
     const model::ModelConfig c = preset_or_die(preset);
     const std::vector<float> w = random_weights(c, 7);
     for (int tp : {1, 2, 4}) {

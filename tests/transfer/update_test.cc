@@ -75,6 +75,15 @@ TEST(P2pUpdate, BitExactTp1And2Bf16AndFp8MeshOf1And2) {
   }
 }
 
+// q/k norms arrive whole on every rank, a dense layer's MLP split as an expert's.
+TEST(P2pUpdate, BitExactQwen3MoeShapeTp1And2) {
+  for (int tp : {1, 2}) {
+    for (WeightFormat f : {WeightFormat::kBF16, WeightFormat::kFP8}) {
+      run_case({.preset = "tiny-qwen3-moe", .mesh_size = 2, .tp = tp, .format = f});
+    }
+  }
+}
+
 TEST(P2pUpdate, BitExactFromBf16AndOffloadedShards) {
   run_case({.mesh_size = 2,
             .tp = 2,

@@ -11,6 +11,7 @@
 #include "weightlift/core/random.h"
 #include "weightlift/core/timing.h"
 #include "weightlift/kernels/gemm.h"
+#include "weightlift/model/hf_checkpoint.h"
 #include "weightlift/model/memory_estimate.h"
 #include "weightlift/model/model_info.h"
 #include "weightlift/model/transformer.h"
@@ -76,10 +77,12 @@ Status take_largest_peaks(parallel::Job& job, std::chrono::milliseconds timeout,
 }  // namespace
 
 Result<BenchTrainResult> bench_train(const BenchTrainOptions& o) {
-  WL_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::preset(o.preset));
+  WL_ASSIGN_OR_RETURN(model::ModelConfig cfg,
+                      model::preset_or_checkpoint_config(o.preset, o.model_dir));
+  const std::string name = o.model_dir.empty() ? "preset " + o.preset : o.model_dir;
   if (o.seq < 1 || o.seq > cfg.max_seq_len)
     return invalid_argument("--seq " + std::to_string(o.seq) + " outside [1, " +
-                            std::to_string(cfg.max_seq_len) + "] for preset " + o.preset);
+                            std::to_string(cfg.max_seq_len) + "] for " + name);
   if (o.batch < 1 || o.steps < 1) return invalid_argument("--batch and --steps must be >= 1");
   if (!(o.timeout_s > 0)) return invalid_argument("--timeout must be positive (seconds)");
   const auto timeout = std::chrono::milliseconds(int64_t(o.timeout_s * 1000));
@@ -89,8 +92,8 @@ Result<BenchTrainResult> bench_train(const BenchTrainOptions& o) {
   layout.dp = job.size() / std::max(layout.pp * layout.tp, 1);
   WL_RETURN_IF_ERROR(parallel::validate(layout, job.size(), cfg, o.batch));
   WL_RETURN_IF_ERROR(model::check_training_memory(
-      cfg, "'" + o.preset + "'", std::max<int64_t>(1, o.batch / (layout.dp * layout.micro_batches)),
-      o.seq, layout.dp));
+      cfg, name, std::max<int64_t>(1, o.batch / (layout.dp * layout.micro_batches)), o.seq,
+      layout.dp));
   WL_ASSIGN_OR_RETURN(std::unique_ptr<parallel::DataParallel> dpp,
                       parallel::make_data_parallel(cfg, layout, {}, timeout, job.ranks));
   parallel::DataParallel& dp = *dpp;

@@ -17,7 +17,8 @@ namespace wl::app {
 
 struct BenchTrainOptions {
   std::string preset = "small";
-  int64_t batch = 8;  // global: every rank's rows together
+  std::string model_dir;  // a Hugging Face checkpoint's shapes instead of the preset's
+  int64_t batch = 8;      // global: every rank's rows together
   int64_t seq = 256;
   model::Precision precision = model::Precision::kF32;
   bool checkpointing = false;

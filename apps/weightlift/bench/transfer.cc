@@ -24,6 +24,7 @@
 #include "weightlift/core/cpu.h"
 #include "weightlift/core/random.h"
 #include "weightlift/core/timing.h"
+#include "weightlift/model/hf_checkpoint.h"
 #include "weightlift/model/params.h"
 #include "weightlift/transfer/layout/reference_transform.h"
 #include "weightlift/transfer/plan/plan_transfer.h"
@@ -348,7 +349,8 @@ Status check_options(const BenchTransferOptions& o, const model::ModelConfig& c)
 // report, the others an empty string.
 Result<std::string> run_rank(const BenchTransferOptions& o,
                              const std::shared_ptr<comm::Group>& world, double copy_gbps) {
-  WL_ASSIGN_OR_RETURN(const model::ModelConfig c, model::preset(o.preset));
+  WL_ASSIGN_OR_RETURN(const model::ModelConfig c,
+                      model::preset_or_checkpoint_config(o.preset, o.model_dir));
   WL_RETURN_IF_ERROR(check_options(o, c));
   WL_ASSIGN_OR_RETURN(std::vector<double> mine, run_updates(o, c, world));
   std::vector<double> all(mine.size() * size_t(world->size()));
@@ -396,6 +398,8 @@ std::vector<std::string> rank_command(const BenchTransferOptions& o, double copy
                                    std::to_string(copy_gbps),
                                    "--preset",
                                    o.preset,
+                                   "--model-dir",
+                                   o.model_dir,
                                    "--trainers",
                                    std::to_string(o.trainers),
                                    "--receivers",
@@ -450,7 +454,8 @@ Result<std::string> run_processes(const BenchTransferOptions& o, double copy_gbp
 }  // namespace
 
 Result<std::string> bench_transfer(const BenchTransferOptions& o) {
-  WL_ASSIGN_OR_RETURN(const model::ModelConfig c, model::preset(o.preset));
+  WL_ASSIGN_OR_RETURN(const model::ModelConfig c,
+                      model::preset_or_checkpoint_config(o.preset, o.model_dir));
   WL_RETURN_IF_ERROR(check_options(o, c));
   WL_RETURN_IF_ERROR(check_transfer_memory(o, c));  // before any rank or buffer exists
   const double copy_gbps = memcpy_gbps(o.memcpy_bytes);

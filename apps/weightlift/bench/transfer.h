@@ -43,8 +43,9 @@ namespace wl::app {
 
 struct BenchTransferOptions {
   std::string preset = "medium";
-  int trainers = 2;   // one mesh of this many ranks
-  int receivers = 2;  // receivers / tp engines
+  std::string model_dir;  // a Hugging Face checkpoint's shapes instead of the preset's
+  int trainers = 2;       // one mesh of this many ranks
+  int receivers = 2;      // receivers / tp engines
   int tp = 2;
   transfer::WeightFormat format = transfer::WeightFormat::kBF16;  // what receivers hold
   transfer::TransferMode mode = transfer::TransferMode::kP2P;

@@ -17,9 +17,16 @@ std::string model_info_report(const std::string& name, const model::ModelInfo& m
   std::ostringstream os;
   char line[256];
   os << "model " << name << ": d " << c.hidden_size << ", " << c.num_layers << " layers, "
-     << c.num_heads << " heads (" << c.num_kv_heads << " kv) x " << c.head_dim << ", "
-     << c.num_experts << " experts top-" << c.top_k << " of ffn " << c.ffn_dim << ", vocab "
-     << c.vocab_size << "\n";
+     << c.num_heads << " heads (" << c.num_kv_heads << " kv) x " << c.head_dim
+     << (c.qk_norm ? " with q/k norms" : "");
+  if (c.moe_layers() > 0) {
+    os << ", " << c.num_experts << " experts top-" << c.top_k << " of ffn " << c.ffn_dim;
+  }
+  if (!c.dense_layers.empty()) {
+    os << ", " << c.dense_layers.size() << " dense layer" << (c.dense_layers.size() > 1 ? "s" : "")
+       << " of ffn " << c.dense_ffn_dim;
+  }
+  os << ", vocab " << c.vocab_size << "\n";
   std::snprintf(line, sizeof line, "  total parameters   %15ld  (%s)\n", long(m.total_params),
                 format_params(double(m.total_params)).c_str());
   os << line;

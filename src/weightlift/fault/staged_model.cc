@@ -19,6 +19,17 @@ Status StagedModel::check_stages(const model::ModelConfig& config, int stages) {
         "-layer model: every stage must hold the same number of layers (a rebuilt stage takes "
         "its neighbours' layers one for one), so the stages must divide the layers");
   }
+  // One for one means alike: layer l of every stage dense, or of every stage MoE.
+  const int64_t depth = config.num_layers / stages;
+  for (int64_t l = depth; l < config.num_layers; ++l) {
+    if (config.dense_layer(l) != config.dense_layer(l % depth)) {
+      return invalid_argument("dense_layers: layer " + std::to_string(l) + " is " +
+                              (config.dense_layer(l) ? "dense" : "an MoE") + " but layer " +
+                              std::to_string(l % depth) + " of the first stage is not; a " +
+                              "rebuilt stage takes its neighbours' layers one for one, so every "
+                              "stage must have the same kinds of layers");
+    }
+  }
   return ok_status();
 }
 

@@ -85,7 +85,16 @@ Result<BoundWeights> bind_weights(const model::ModelConfig& c, const transfer::L
     b.attn_norm = vector(p + "attn_norm.weight");
     b.qkv = matrix(p + "attn.qkv_proj.weight");
     b.o = matrix(p + "attn.o_proj.weight");
+    if (c.qk_norm) {
+      b.q_norm = vector(p + "attn.q_norm.weight");
+      b.k_norm = vector(p + "attn.k_norm.weight");
+    }
     b.moe_norm = vector(p + "moe_norm.weight");
+    if (c.dense_layer(l)) {
+      b.mlp = {matrix(p + "mlp.gate_up_proj.weight"), matrix(p + "mlp.down_proj.weight")};
+      w.layers.push_back(std::move(b));
+      continue;
+    }
     b.router = matrix(p + "moe.router.weight");
     for (int64_t e = 0; e < c.num_experts; ++e) {
       const std::string q = p + "moe.experts." + std::to_string(e) + ".";

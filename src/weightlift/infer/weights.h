@@ -54,9 +54,13 @@ struct BoundLayer {
   const uint16_t* attn_norm = nullptr;  // [d] bf16
   WeightMatrix qkv;                     // [(H/tp + 2 kv_local) Dh, d]: column parallel
   WeightMatrix o;                       // [d, H/tp Dh]: row parallel
+  const uint16_t* q_norm = nullptr;     // [Dh] bf16 with qk_norm, else null
+  const uint16_t* k_norm = nullptr;     // [Dh] bf16
   const uint16_t* moe_norm = nullptr;   // [d] bf16
-  WeightMatrix router;                  // [E, d] bf16, replicated
+  WeightMatrix router;                  // [E, d] bf16, replicated; no data in a dense layer
   std::vector<BoundExpert> experts;     // [E]
+  BoundExpert mlp;                      // a dense layer's MLP, [2 Fd/tp, d] and [d, Fd/tp]
+  bool dense() const { return router.data == nullptr; }
 };
 
 struct BoundWeights {

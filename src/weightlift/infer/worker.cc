@@ -139,6 +139,7 @@ class InferenceWorker::ForwardPass {
   Status o_proj(const BoundLayer& lw);
   // keep, when not null: the tokens whose output is read (the others' experts do not run).
   Status moe(const BoundLayer& lw, size_t l, const uint8_t* keep);
+  Status dense_mlp(const BoundLayer& lw);
   // Rows grouped by expert, token order within one, as the trainer dispatches them (the kept
   // tokens' slots only, when `keep`); returns the rows.
   int64_t dispatch(const uint8_t* keep, std::vector<int64_t>& begin,
@@ -156,7 +157,7 @@ class InferenceWorker::ForwardPass {
   int64_t M_ = 0, R_ = 0;
   std::vector<int32_t>* routes_;
   Tensor x_, xn_, qkv_, att_, partial_, logits_r_, probs_, topk_w_, topk_idx_, counts_;
-  std::vector<float> gain_;
+  std::vector<float> gain_, q_gain_, k_gain_;
 };
 
 InferenceWorker::ForwardPass::ForwardPass(InferenceWorker& worker, const BoundWeights& w,
@@ -209,6 +210,10 @@ void InferenceWorker::ForwardPass::attention(const BoundLayer& lw, size_t l) {
                            eps_);
   dequant_linear(lw.qkv, xn_.data<float>(), M_, qkv_.data<float>(), false, wk_.band_);
   const int64_t Dh = c_.head_dim;
+  if (lw.q_norm) {
+    widen(lw.q_norm, Dh, q_gain_);
+    widen(lw.k_norm, Dh, k_gain_);
+  }
   for (int64_t r = 0; r < R_; ++r) {
     const int64_t n = row_begin_[size_t(r) + 1] - row_begin_[size_t(r)];
     const int64_t pos = cache_.length[size_t(r)];
@@ -221,6 +226,12 @@ void InferenceWorker::ForwardPass::attention(const BoundLayer& lw, size_t l) {
       std::memcpy(q.data<float>() + t * qd_, src, size_t(qd_) * 4);
       std::memcpy(kbase + (pos + t) * kvd_, src + qd_, size_t(kvd_) * 4);
       std::memcpy(vbase + (pos + t) * kvd_, src + qd_ + kvd_, size_t(kvd_) * 4);
+    }
+    if (lw.q_norm) {  // Qwen3's per-head norms, before RoPE (the cache holds normed keys)
+      kernels::rmsnorm_forward(q.data<float>(), q_gain_.data(), q.data<float>(), nullptr, n * H_,
+                               Dh, eps_);
+      kernels::rmsnorm_forward(kbase + pos * kvd_, k_gain_.data(), kbase + pos * kvd_, nullptr,
+                               n * Hkv_, Dh, eps_);
     }
     kernels::rope_forward(q.data<float>(), wk_.rope_, 1, n, H_, pos);
     kernels::rope_forward(kbase + pos * kvd_, wk_.rope_, 1, n, Hkv_, pos);
@@ -263,11 +274,27 @@ int64_t InferenceWorker::ForwardPass::dispatch(const uint8_t* keep, std::vector<
                                   row_of_slot.data(), token_of_row.data());
 }
 
-// The replicated router, then this rank's ffn rows of every expert, combined by gate weight.
+// A dense layer's MLP over every token (xn_ already normed): this rank's Fd/tp rows.
+Status InferenceWorker::ForwardPass::dense_mlp(const BoundLayer& lw) {
+  const int64_t f = lw.mlp.down.cols;
+  Tensor he = f32({M_, 2 * f}), ae = f32({M_, f});
+  dequant_linear(lw.mlp.gate_up, xn_.data<float>(), M_, he.data<float>(), false, wk_.band_);
+  kernels::swiglu_forward(he.data<float>(), ae.data<float>(), M_, f);
+  if (!tp_) {
+    dequant_linear(lw.mlp.down, ae.data<float>(), M_, x_.data<float>(), true, wk_.band_);
+    return ok_status();
+  }
+  dequant_linear(lw.mlp.down, ae.data<float>(), M_, partial_.data<float>(), false, wk_.band_);
+  return add_partial();
+}
+
+// The replicated router, then this rank's ffn rows of every expert, combined by gate weight;
+// or a dense layer's MLP.
 Status InferenceWorker::ForwardPass::moe(const BoundLayer& lw, size_t l, const uint8_t* keep) {
   widen(lw.moe_norm, d_, gain_);
   kernels::rmsnorm_forward(x_.data<float>(), gain_.data(), xn_.data<float>(), nullptr, M_, d_,
                            eps_);
+  if (lw.dense()) return dense_mlp(lw);
   dequant_linear(lw.router, xn_.data<float>(), M_, logits_r_.data<float>(), false, wk_.band_);
   kernels::router_forward({.tokens = M_, .experts = E_, .top_k = K_, .norm_topk = c_.norm_topk},
                           logits_r_.data<float>(), probs_.data<float>(), topk_idx_.data<int32_t>(),

@@ -1,5 +1,6 @@
 #include "weightlift/model/hf_checkpoint.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -425,16 +426,54 @@ Status write_hf_checkpoint(const std::string& dir, const ModelConfig& c,
                       {"weight_map", weight_map}};
   WL_RETURN_IF_ERROR(
       write_file_atomically(dir + "/model.safetensors.index.json", index.dump(2) + "\n"));
-  Json generation = {{"_from_model_config", true}};
-  if (extra.bos_token_id >= 0) generation["bos_token_id"] = extra.bos_token_id;
-  if (extra.eos_token_id >= 0) generation["eos_token_id"] = extra.eos_token_id;
-  WL_RETURN_IF_ERROR(
-      write_file_atomically(dir + "/generation_config.json", generation.dump(2) + "\n"));
-  for (const std::string& f : extra.tokenizer_files) {
+  std::vector<std::string> copied = extra.tokenizer_files;
+  if (!extra.from_dir.empty()) {
+    for (const std::string& f : hf_side_files(extra.from_dir)) copied.push_back(f);
+  }
+  const bool has_generation_config = std::any_of(
+      copied.begin(), copied.end(),
+      [](const std::string& f) { return fs::path(f).filename() == "generation_config.json"; });
+  if (!has_generation_config) {
+    Json generation = {{"_from_model_config", true}};
+    if (extra.bos_token_id >= 0) generation["bos_token_id"] = extra.bos_token_id;
+    if (extra.eos_token_id >= 0) generation["eos_token_id"] = extra.eos_token_id;
+    WL_RETURN_IF_ERROR(
+        write_file_atomically(dir + "/generation_config.json", generation.dump(2) + "\n"));
+  }
+  for (const std::string& f : copied) {
     WL_ASSIGN_OR_RETURN(const std::string bytes, read_file(f, 1ull << 30, "tokenizer file"));
     WL_RETURN_IF_ERROR(write_file_atomically(dir + "/" + fs::path(f).filename().string(), bytes));
   }
   return ok_status();
+}
+
+Result<std::string> hf_family(const ModelConfig& c) {
+  WL_ASSIGN_OR_RETURN(const Family* f, export_family(c));
+  return std::string(f->name);
+}
+
+Result<ModelConfig> preset_or_checkpoint_config(std::string_view name,
+                                                const std::string& model_dir) {
+  if (model_dir.empty()) return preset(name);
+  WL_ASSIGN_OR_RETURN(const HfCheckpoint c, open_hf_checkpoint(model_dir));
+  return c.config;
+}
+
+std::vector<std::string> hf_side_files(const std::string& dir) {
+  static const char* const kNames[] = {"tokenizer.json",
+                                       "tokenizer_config.json",
+                                       "special_tokens_map.json",
+                                       "tokenizer.model",
+                                       "vocab.json",
+                                       "merges.txt",
+                                       "generation_config.json",
+                                       "chat_template.jinja"};
+  std::vector<std::string> out;
+  for (const char* name : kNames) {
+    const std::string path = dir + "/" + name;
+    if (fs::is_regular_file(path)) out.push_back(path);
+  }
+  return out;
 }
 
 }  // namespace wl::model

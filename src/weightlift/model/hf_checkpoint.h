@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "weightlift/core/status.h"
@@ -58,7 +59,24 @@ Status read_hf_params(const HfCheckpoint& c, float* out);
 struct HfExport {
   int64_t bos_token_id = -1, eos_token_id = -1;  // generation_config.json's; -1: not written
   std::vector<std::string> tokenizer_files;      // copied in beside the weights
+  // The checkpoint the run started from, if any: its tokenizer files and generation_config.json
+  // (hf_side_files) are copied in, and the latter replaces the one made of the ids above.
+  std::string from_dir;
 };
+
+// The family write_hf_checkpoint writes `c` as ("mixtral", "qwen3_moe", "qwen3", "llama"),
+// or InvalidArgument saying why no family computes it.
+Result<std::string> hf_family(const ModelConfig& c);
+
+// The config of Hugging Face checkpoint `model_dir` when it is given, else of preset `preset`:
+// what a command with --preset and --model-dir models.
+Result<ModelConfig> preset_or_checkpoint_config(std::string_view preset,
+                                                const std::string& model_dir);
+
+// The files beside a checkpoint's weights that describe its tokenizer and generation
+// (tokenizer.json, tokenizer_config.json, special_tokens_map.json, tokenizer.model,
+// vocab.json, merges.txt, generation_config.json, chat_template.jinja): those in `dir`.
+std::vector<std::string> hf_side_files(const std::string& dir);
 
 // Writes `dir` (created if missing; its files replaced): config.json, model-00001-of-00001
 // .safetensors with Hugging Face's names (f32), model.safetensors.index.json,

@@ -45,7 +45,11 @@ int kv_copies(const ModelConfig& c, int tp) {
 
 TensorSlice tensor_slice(const ModelConfig& c, const ParamInfo& p, int tp, int rank) {
   WL_CHECK(rank >= 0 && rank < tp) << "tp rank " << rank << " of " << tp;
-  const int64_t rows = p.shape[0], cols = p.numel() / rows;
+  // Columns from the shape, not numel / rows: an empty [0, n] (a dense model's expert
+  // width) is still n wide.
+  const int64_t rows = p.shape[0];
+  int64_t cols = 1;
+  for (size_t i = 1; i < p.shape.size(); ++i) cols *= p.shape[i];
   const TensorSlice whole{{0, rows}, {0, cols}, rank == 0};
   if (tp == 1) return whole;
   const int64_t dh = c.head_dim;

@@ -80,10 +80,12 @@ std::string changed_hyperparameters(const std::map<std::string, std::string>& th
 }
 
 Status check_resume_inputs(const TrainOptions& o, int64_t* start) {
-  if (!o.init_weights.empty()) {
-    return invalid_argument(
-        "--resume and --init-weights are both given: a resumed run takes its "
-        "weights from the checkpoint; drop --init-weights");
+  if (!o.init_weights.empty() || !o.model_dir.empty()) {
+    const std::string flag = o.init_weights.empty() ? "--model-dir" : "--init-weights";
+    return invalid_argument("--resume and " + flag +
+                            " are both given: a resumed run takes its weights from the "
+                            "checkpoint; drop " +
+                            flag);
   }
   WL_ASSIGN_OR_RETURN(const TrainState st, read_checkpoint_state(o.resume));
   if (st.step >= o.steps) {
@@ -263,10 +265,11 @@ Status check_run_plan(const TrainOptions& o, const model::ModelConfig& config) {
   std::vector<NamedPath> inputs = {{"--config", o.config_path},
                                    {"--init-weights", o.init_weights},
                                    {"--batch-file", o.batch_file}};
-  if (!o.resume.empty()) {
+  for (const auto& [flag, dir] : {std::pair{"--resume", o.resume}, {"--model-dir", o.model_dir}}) {
+    if (dir.empty()) continue;
     std::error_code ec;
-    for (const auto& e : fs::directory_iterator(o.resume, ec))
-      inputs.push_back({"--resume", e.path().string()});
+    for (const auto& e : fs::directory_iterator(dir, ec))
+      inputs.push_back({flag, e.path().string()});
   }
   WL_RETURN_IF_ERROR(check_outputs(o, inputs));
   WL_RETURN_IF_ERROR(other_run_results(o));
@@ -276,9 +279,10 @@ Status check_run_plan(const TrainOptions& o, const model::ModelConfig& config) {
   const int64_t seq = o.seq > 0 ? o.seq : config.max_seq_len;
   const int64_t rows =
       std::max<int64_t>(1, o.batch / std::max(1, o.layout.dp * o.layout.micro_batches));
-  return model::check_training_memory(config,
-                                      o.config_path.empty() ? "'" + o.preset + "'" : o.config_path,
-                                      fixed ? 0 : rows, fixed ? 0 : seq, o.layout.dp);
+  const std::string name = !o.model_dir.empty()    ? o.model_dir
+                           : o.config_path.empty() ? "'" + o.preset + "'"
+                                                   : o.config_path;
+  return model::check_training_memory(config, name, fixed ? 0 : rows, fixed ? 0 : seq, o.layout.dp);
 }
 
 }  // namespace wl::parallel

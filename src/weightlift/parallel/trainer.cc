@@ -87,7 +87,10 @@ class Run {
 };
 
 Status Run::configure() {
-  if (!o_.config_path.empty()) {
+  if (!o_.model_dir.empty()) {
+    WL_ASSIGN_OR_RETURN(const model::HfCheckpoint hf, model::open_hf_checkpoint(o_.model_dir));
+    cfg_ = hf.config;
+  } else if (!o_.config_path.empty()) {
     WL_ASSIGN_OR_RETURN(cfg_, model::load_config(o_.config_path));
   } else {
     WL_ASSIGN_OR_RETURN(cfg_, model::preset(o_.preset));
@@ -133,7 +136,10 @@ Status Run::make_state() {
   }
   // Every rank builds the same whole model and keeps its part of it.
   std::vector<float> full(size_t(dp_->layout().total()));
-  if (!o_.init_weights.empty()) {
+  if (!o_.model_dir.empty()) {
+    WL_ASSIGN_OR_RETURN(const model::HfCheckpoint hf, model::open_hf_checkpoint(o_.model_dir));
+    WL_RETURN_IF_ERROR(model::read_hf_params(hf, full.data()));
+  } else if (!o_.init_weights.empty()) {
     WL_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::open(o_.init_weights));
     const SafetensorsFile* files[] = {&f};
     WL_RETURN_IF_ERROR(model::read_params(dp_->layout(), files, full.data()));
@@ -314,17 +320,17 @@ Status write_model_outputs(const TrainOptions& o, DataParallel& dp) {
   if (!o.out_weights.empty()) {
     WL_RETURN_IF_ERROR(write_safetensors(o.out_weights, tensors, {{"format", "pt"}}));
   }
-  return write_hf_model(o.out_dir, dp.config(), full);
+  return write_hf_model(o.out_dir, dp.config(), full, o.model_dir);
 }
 
 Status write_hf_model(const std::string& out_dir, const model::ModelConfig& config,
-                      std::span<const float> params) {
+                      std::span<const float> params, const std::string& from_dir) {
   // A config no Hugging Face family matches keeps our own files only; the others load in
   // transformers as they are (model/hf_checkpoint.h).
-  if (!config.norm_topk || config.capacity_factor) return ok_status();
+  if (!model::hf_family(config).ok()) return ok_status();
   return model::write_hf_checkpoint(
       out_dir + "/hf", config, params,
-      {.bos_token_id = train::kBosToken, .eos_token_id = train::kEosToken});
+      {.bos_token_id = train::kBosToken, .eos_token_id = train::kEosToken, .from_dir = from_dir});
 }
 
 }  // namespace wl::parallel

@@ -33,8 +33,11 @@ struct TrainOptions {
   std::string preset = "small";  // used unless config_path is set
   std::string config_path;       // a config.json
   std::string init_weights;      // start from these weights (safetensors) instead of init
-  std::string resume;            // a checkpoint directory to continue from, bit-exactly
-  uint64_t seed = 1234;          // weights init and data order
+  // A Hugging Face checkpoint directory: its config and weights (instead of the three above);
+  // its tokenizer files go into out_dir/hf.
+  std::string model_dir;
+  std::string resume;    // a checkpoint directory to continue from, bit-exactly
+  uint64_t seed = 1234;  // weights init and data order
   // Data.
   std::string corpus_dir = "data/brown";
   std::string batch_file;  // safetensors with int64 tokens/targets: train on it only
@@ -113,9 +116,10 @@ Result<RunData> load_run_data(const TrainOptions& options, const model::ModelCon
 Status write_model_outputs(const TrainOptions& options, DataParallel& dp);
 
 // `params` (ParamLayout(config)'s flat buffer) as a Hugging Face checkpoint in out_dir/hf, as
-// the family it is (model/hf_checkpoint.h), with the byte tokenizer's BOS and EOS in its
+// the family it is (model/hf_checkpoint.h), with the tokenizer and generation files of the
+// checkpoint it started from (`from_dir`), or else the byte tokenizer's BOS and EOS in its
 // generation_config.json; nothing for a config no family matches.
 Status write_hf_model(const std::string& out_dir, const model::ModelConfig& config,
-                      std::span<const float> params);
+                      std::span<const float> params, const std::string& from_dir = "");
 
 }  // namespace wl::parallel

@@ -65,6 +65,8 @@ Result<std::vector<ReceiverTensor>> inference_layout(const model::ModelConfig& c
   const ShardRows o_cols = band(R::kO, {d, c.num_heads * dh}).cols;
   const ShardRows f = band(R::kGate, {c.ffn_dim, d}).rows;
   const ShardRows down = band(R::kDown, {d, c.ffn_dim}).cols;
+  const ShardRows dense_f = band(R::kGate, {c.dense_ffn_dim, d}).rows;
+  const ShardRows dense_down = band(R::kDown, {d, c.dense_ffn_dim}).cols;
   const int64_t q_rows = q.size(), kv_rows = kv.size();
 
   std::vector<ReceiverTensor> out;
@@ -92,16 +94,27 @@ Result<std::vector<ReceiverTensor>> inference_layout(const model::ModelConfig& c
            false);
     matrix(p + "attn.o_proj.weight", d, o_cols.size(),
            {{p + "attn.o_proj.weight", 0, d, o_cols.begin, o_cols.end, 0}}, false);
+    if (c.qk_norm) {
+      plain(p + "attn.q_norm.weight", {dh});
+      plain(p + "attn.k_norm.weight", {dh});
+    }
     plain(p + "moe_norm.weight", {d});
+    // An MLP's gate and up fused by rows, down by its input columns.
+    auto mlp = [&](const std::string& x, ShardRows rows, ShardRows cols, bool expert) {
+      matrix(x + "gate_up_proj.weight", 2 * rows.size(), d,
+             {{x + "gate_proj.weight", rows.begin, rows.end, 0, d, 0},
+              {x + "up_proj.weight", rows.begin, rows.end, 0, d, rows.size()}},
+             expert);
+      matrix(x + "down_proj.weight", d, cols.size(),
+             {{x + "down_proj.weight", 0, d, cols.begin, cols.end, 0}}, expert);
+    };
+    if (c.dense_layer(l)) {
+      mlp(p + "mlp.", dense_f, dense_down, false);
+      continue;
+    }
     plain(p + "moe.router.weight", {c.num_experts, d});
     for (int64_t e = 0; e < c.num_experts; ++e) {
-      const std::string x = p + "moe.experts." + std::to_string(e) + ".";
-      matrix(x + "gate_up_proj.weight", 2 * f.size(), d,
-             {{x + "gate_proj.weight", f.begin, f.end, 0, d, 0},
-              {x + "up_proj.weight", f.begin, f.end, 0, d, f.size()}},
-             true);
-      matrix(x + "down_proj.weight", d, down.size(),
-             {{x + "down_proj.weight", 0, d, down.begin, down.end, 0}}, true);
+      mlp(p + "moe.experts." + std::to_string(e) + ".", f, down, true);
     }
   }
   plain("norm.weight", {d});

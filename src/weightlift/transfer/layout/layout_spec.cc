@@ -193,12 +193,12 @@ struct Adder {
            SplitKind::kHeads, false);
     matrix(p + "o_proj.weight", {p + "o_proj.weight"}, SplitKind::kRow, false);
   }
-  // gate/up_proj into gate_up_proj by columns, down_proj by rows.
-  void mlp(const std::string& p, bool expert) {
+  // gate/up_proj ([width, d]) into gate_up_proj by columns, down_proj by rows.
+  void mlp(const std::string& p, int64_t width, bool expert) {
     const int64_t d = c.hidden_size;
-    spec.params[p + "gate_proj.weight"] = {c.ffn_dim, d};
-    spec.params[p + "up_proj.weight"] = {c.ffn_dim, d};
-    spec.params[p + "down_proj.weight"] = {d, c.ffn_dim};
+    spec.params[p + "gate_proj.weight"] = {width, d};
+    spec.params[p + "up_proj.weight"] = {width, d};
+    spec.params[p + "down_proj.weight"] = {d, width};
     matrix(p + "gate_up_proj.weight", {p + "gate_proj.weight", p + "up_proj.weight"},
            SplitKind::kColumn, expert);
     matrix(p + "down_proj.weight", {p + "down_proj.weight"}, SplitKind::kRow, expert);
@@ -295,10 +295,18 @@ LayoutSpec moe_layout_spec(const model::ModelConfig& c, WeightFormat format) {
     const std::string p = "layers." + std::to_string(l) + ".";
     add.plain(p + "attn_norm.weight", {d});
     add.attention(p + "attn.");
+    if (c.qk_norm) {
+      add.plain(p + "attn.q_norm.weight", {c.head_dim});
+      add.plain(p + "attn.k_norm.weight", {c.head_dim});
+    }
     add.plain(p + "moe_norm.weight", {d});
+    if (c.dense_layer(l)) {
+      add.mlp(p + "mlp.", c.dense_ffn_dim, false);
+      continue;
+    }
     add.plain(p + "moe.router.weight", {c.num_experts, d});
     for (int64_t e = 0; e < c.num_experts; ++e) {
-      add.mlp(p + "moe.experts." + std::to_string(e) + ".", true);
+      add.mlp(p + "moe.experts." + std::to_string(e) + ".", c.ffn_dim, true);
     }
   }
   add.plain("norm.weight", {d});
@@ -316,7 +324,8 @@ LayoutSpec llama_hf_layout_spec(const model::ModelConfig& c, WeightFormat format
     add.plain(p + "input_layernorm.weight", {d});
     add.attention(p + "self_attn.");
     add.plain(p + "post_attention_layernorm.weight", {d});
-    add.mlp(p + "mlp.", false);
+    // A dense config's MLP width; an MoE config stands for a Llama of its expert width.
+    add.mlp(p + "mlp.", c.dense_ffn_dim > 0 ? c.dense_ffn_dim : c.ffn_dim, false);
   }
   add.plain("model.norm.weight", {d});
   if (!c.tie_embeddings) add.plain("lm_head.weight", {c.vocab_size, d});

@@ -103,7 +103,8 @@ class Reference {
  public:
   Reference(const model::ModelConfig& c, const LayoutOptions& o, const Source& src)
       : c_(c), o_(o), src_(src) {
-    WL_CHECK(c.num_heads % o.tp == 0 && c.ffn_dim % o.tp == 0) << "tp " << o.tp;
+    WL_CHECK(c.num_heads % o.tp == 0 && c.ffn_dim % o.tp == 0 && c.dense_ffn_dim % o.tp == 0)
+        << "tp " << o.tp;
   }
 
   void plain(const std::string& name) { out_[name] = to_bf16(src_.whole(name), src_.shape(name)); }
@@ -138,7 +139,8 @@ class Reference {
 
   // gate_up_proj: this rank's ffn rows of gate, then of up; down_proj: those input columns.
   void mlp(const std::string& p) {
-    const int64_t r = o_.tp_rank, d = c_.hidden_size, f = c_.ffn_dim / o_.tp;
+    const int64_t r = o_.tp_rank, d = c_.hidden_size;
+    const int64_t f = src_.shape(p + "gate_proj.weight")[0] / o_.tp;  // an expert's or dense
     matrix(p + "gate_up_proj.weight",
            stack({src_.block(p + "gate_proj.weight", r * f, (r + 1) * f, 0, d),
                   src_.block(p + "up_proj.weight", r * f, (r + 1) * f, 0, d)}));
@@ -178,7 +180,15 @@ std::map<std::string, ReferenceTensor> reference_receiver_tensors(const model::M
     const std::string p = "layers." + std::to_string(l) + ".";
     ref.plain(p + "attn_norm.weight");
     ref.attention(p + "attn.");
+    if (c.qk_norm) {
+      ref.plain(p + "attn.q_norm.weight");
+      ref.plain(p + "attn.k_norm.weight");
+    }
     ref.plain(p + "moe_norm.weight");
+    if (c.dense_layer(l)) {
+      ref.mlp(p + "mlp.");
+      continue;
+    }
     ref.plain(p + "moe.router.weight");
     for (int64_t e = 0; e < c.num_experts; ++e)
       ref.mlp(p + "moe.experts." + std::to_string(e) + ".");
