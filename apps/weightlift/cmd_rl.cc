@@ -42,6 +42,8 @@ struct RlArgs {
   std::string init_weights;
   std::string model_dir;  // or a Hugging Face checkpoint (of weightlift's byte vocabulary)
   std::string task = "add";
+  std::string verifier = "exact";
+  double reward_timeout_s = 60;
   std::string out_dir = "runs/rl";
   bool overwrite = false;
   bool dr_grpo = false;
@@ -66,6 +68,10 @@ std::map<std::string, std::string> run_options(const RlArgs& a, int workers) {
   return {{"preset", a.preset},  // or the --init-weights directory
           {"task", a.task},
           {"difficulty", std::to_string(o.task.difficulty)},
+          {"dataset", o.task.dataset},
+          {"reward", a.verifier},
+          {"reward-cmd", o.task.reward_cmd},
+          {"max-completion", std::to_string(o.task.max_completion_bytes)},
           {"format-reward", exact(o.task.format_reward)},
           {"seed", std::to_string(o.seed)},
           {"prompts", std::to_string(o.prompts)},
@@ -123,14 +129,14 @@ Status check_out_dir(const RlArgs& a) {
 
 // The trained policy as `weightlift generate --run` reads it.
 Status write_policy(const std::string& dir, const model::ModelConfig& config,
-                    std::vector<float>& policy) {
+                    std::vector<float>& policy, const std::string& model_dir) {
   WL_RETURN_IF_ERROR(model::save_config(config, dir + "/config.json"));
   std::vector<std::pair<std::string, Tensor>> tensors;
   const model::ParamLayout layout(config);
   for (const model::ParamInfo& p : layout.params())
     tensors.emplace_back(p.name, Tensor::borrow(policy.data() + p.offset, DType::kF32, p.shape));
   WL_RETURN_IF_ERROR(write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}}));
-  return parallel::write_hf_model(dir, config, policy);
+  return parallel::write_hf_model(dir, config, policy, model_dir);
 }
 
 // The job's rollout workers: every rollout_tp ranks after the trainer's.
@@ -169,6 +175,13 @@ Status make_rl_options(RlArgs& a) {
   auto kind = rl::task_from_name(a.task);
   if (!kind) return invalid_argument("--task '" + a.task + "': expected add, sort or reverse");
   a.o.task.kind = *kind;
+  auto verifier = rl::verifier_from_name(a.verifier);
+  if (!verifier) {
+    return invalid_argument("--reward '" + a.verifier + "': expected exact, number or boxed");
+  }
+  a.o.task.verifier = *verifier;
+  a.o.task.reward_timeout = std::chrono::milliseconds(int64_t(a.reward_timeout_s * 1000));
+  if (!a.o.task.dataset.empty()) a.task = a.o.task.dataset;  // what the records name
   a.o.advantages.normalize_std = !a.dr_grpo;
   a.o.dynamic_sampling = !a.no_dynamic_sampling;
   auto format = transfer::weight_format_from_name(a.sync_dtype);
@@ -252,7 +265,7 @@ Result<rl::RlSummary> train_with_progress(const RlArgs& a, parallel::Job& job) {
 
 // The finished run's files: the policy, summary.json, the reward plot and the report.
 Status write_rl_outputs(const RlArgs& a, const parallel::Job& job, rl::RlSummary& s) {
-  WL_RETURN_IF_ERROR(write_policy(a.out_dir, a.o.config, s.policy));
+  WL_RETURN_IF_ERROR(write_policy(a.out_dir, a.o.config, s.policy, a.model_dir));
   nlohmann::json summary = {{"task", a.task},
                             {"difficulty", a.o.task.difficulty},
                             {"preset", a.preset},
@@ -409,6 +422,24 @@ void add_task_flags(CLI::App* cmd, RlArgs& a) {
   cmd->add_option("--format-reward", o.task.format_reward, "reward of a well-formed wrong answer")
       ->capture_default_str()
       ->transform(real({.lo = 0, .hi = 1, .hi_open = true}));
+  cmd->add_option("--dataset", o.task.dataset,
+                  "prompts from a JSONL file ({\"prompt\": ..., \"answer\": ...} per line) "
+                  "instead of --task's generated problems");
+  cmd->add_option("--reward", a.verifier,
+                  "how a --dataset completion is scored against its answer: exact (normalised "
+                  "text), number (GSM8K's #### or the last number) or boxed (\\boxed{})")
+      ->capture_default_str();
+  cmd->add_option("--reward-cmd", o.task.reward_cmd,
+                  "score --dataset completions with this command instead: JSON lines in "
+                  "({prompt, completion, ended, row}) and out ({\"reward\": r})");
+  cmd->add_option("--reward-timeout", a.reward_timeout_s,
+                  "seconds the reward command may take for one group's samples")
+      ->capture_default_str()
+      ->transform(real(kPositive));
+  cmd->add_option("--max-completion", o.task.max_completion_bytes,
+                  "longest --dataset completion, in bytes (0: the longest answer)")
+      ->capture_default_str()
+      ->transform(count(0, 1 << 20));
   cmd->add_option("--seed", o.seed)->capture_default_str()->transform(u64());
   cmd->add_option("--sft-steps", o.sft_steps, "warm-start steps at most")
       ->capture_default_str()

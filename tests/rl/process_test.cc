@@ -168,6 +168,89 @@ TEST(RlProcesses, TrainerAndTwoWorkersRunTheLoop) {
   wl::testing::reap(gen);
 }
 
+// A user's problems and a user's reward: a JSONL dataset of one-digit sums (a prompt, an answer
+// and a field only the reward reads) scored by a Python reward process, which sees every
+// completion with its row (it logs the field it reads) and pays for right answers and, a
+// little, for length, so that groups are not flat. The run trains on its rewards, the report
+// splits out the reward process's time, and a reward process that crashes ends the job with an
+// error that names the process and quotes its stderr.
+TEST(RlProcesses, ADatasetAndAUsersRewardProcessRunTheLoop) {
+  const std::string dir = fresh_dir("dataset");
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream rows(dir + "/sums.jsonl");
+    for (int a = 0; a < 10; ++a) {
+      for (int b = 0; b < 10; ++b) {
+        rows << nlohmann::json{{"prompt", std::to_string(a) + "+" + std::to_string(b) + "="},
+                               {"answer", std::to_string(a + b)},
+                               {"tag", "row-" + std::to_string(10 * a + b)}}
+                    .dump()
+             << "\n";
+      }
+    }
+    std::ofstream(dir + "/reward.py")
+        << "import json, sys\n"
+           "log = open(sys.argv[1], 'a')\n"
+           "for line in sys.stdin:\n"
+           "    q = json.loads(line)\n"
+           "    log.write(q['row']['tag'] + '\\n'); log.flush()\n"
+           "    right = q['ended'] and q['completion'] == q['row']['answer']\n"
+           "    r = (1.0 if right else 0.0) + 0.01 * len(q['completion'])\n"
+           "    print(json.dumps({'reward': r, 'correct': right}), flush=True)\n";
+    std::ofstream(dir + "/crash.py") << "import sys\n"
+                                        "sys.stdin.readline()\n"
+                                        "sys.stderr.write('reward model out of memory\\n')\n"
+                                        "sys.exit(2)\n";
+  }
+  const std::vector<std::string> common = {
+      "--preset",    "tiny", "--dataset",       dir + "/sums.jsonl",
+      "--sft-steps", "20",   "--sft-target",    "1",
+      "--steps",     "3",    "--prompts",       "4",
+      "--group",     "4",    "--eval-problems", "8",
+      "--timeout",   "30"};
+  std::vector<std::string> args = common;
+  const std::string log = dir + "/scored.txt";
+  args.insert(args.end(), {"--reward-cmd", "/usr/bin/python3 " + dir + "/reward.py " + log});
+  const std::string out = dir + "/run";
+  const std::vector<nlohmann::json> records = run_to_end(2, args, out);
+  int rl = 0;
+  int64_t trained = 0;
+  for (const nlohmann::json& j : records) {
+    if (j["phase"] != "rl") continue;
+    ++rl;
+    EXPECT_TRUE(j["reward_s"].is_number()) << j.dump();
+    trained += j["trained"].get<int64_t>();
+  }
+  EXPECT_EQ(rl, 3);
+  EXPECT_GT(trained, 0);
+  // Every RL sample (3 steps x 4 prompts x 4, more with resampling) and held-out answer went
+  // through the process with its row.
+  int64_t scored = 0;
+  std::ifstream in(log);
+  for (std::string line; std::getline(in, line);) {
+    EXPECT_EQ(line.rfind("row-", 0), 0u) << line;
+    ++scored;
+  }
+  EXPECT_GE(scored, 3 * 4 * 4);
+  std::ifstream report_file(out + "/report.html");
+  const std::string report((std::istreambuf_iterator<char>(report_file)), {});
+  EXPECT_NE(report.find("reward process"), std::string::npos);
+
+  // Through the launcher, as a user runs it: the trainer's error stops the job.
+  std::vector<std::string> argv = {kWeightlift, "launch",    "-n", "2", "--",
+                                   kWeightlift, "--threads", "1",  "rl"};
+  argv.insert(argv.end(), common.begin(), common.end());
+  argv.insert(argv.end(),
+              {"--reward-cmd", "/usr/bin/python3 " + dir + "/crash.py", "--out", dir + "/crashed"});
+  Child job = wl::testing::spawn_child(argv, {});
+  EXPECT_EQ(wl::testing::wait_exit(job, comm::deadline_after(120s)), 1) << job.output;
+  for (const char* f : {"reward process `/usr/bin/python3", "reward model out of memory",
+                        "exited with status 2", "prompt '"}) {
+    EXPECT_NE(job.output.find(f), std::string::npos) << job.output;
+  }
+  wl::testing::reap(job);
+}
+
 // Two trainer ranks (ZeRO-1) and two rollout workers: each trainer rank pushes its own shard
 // of the weights, and the workers hold the whole model (every trained step's log-probabilities
 // match the trainer's, which a stale or missing shard would not). The warm start's losses are

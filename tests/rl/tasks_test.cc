@@ -15,7 +15,7 @@ Task make(TaskKind kind, int difficulty, double format_reward = 0.1) {
   Result<Task> t =
       Task::create({.kind = kind, .difficulty = difficulty, .format_reward = format_reward});
   EXPECT_TRUE(t.ok()) << t.status().to_string();
-  return *t;
+  return std::move(*t);
 }
 
 TEST(Tasks, AnswersAreRight) {

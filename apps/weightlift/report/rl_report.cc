@@ -114,6 +114,8 @@ Status write_rl_report(const std::string& path, const std::string& title,
   Series gen{.label = "generation", .color = "#1f77b4"};
   Series train{.label = "training", .color = "#ff7f0e"};
   Series sync{.label = "weight sync", .color = "#d62728"};
+  Series reward{.label = "reward process", .color = "#9467bd"};
+  bool rewarded = false;  // a reward process ran: its own line
   std::vector<double> staleness;
   for (const rl::StepRecord* r : steps) {
     const double x = double(r->step);
@@ -125,7 +127,9 @@ Status write_rl_report(const std::string& path, const std::string& title,
     gap_max.y.push_back(r->stats.logprob_gap_max);
     kl.x.push_back(x);
     kl.y.push_back(r->stats.kl_mean);
-    for (Series* s : {&gen, &train, &sync}) s->x.push_back(x);
+    for (Series* s : {&gen, &train, &sync, &reward}) s->x.push_back(x);
+    reward.y.push_back(1e3 * r->reward_s);
+    rewarded = rewarded || r->reward_s > 0;
     gen.y.push_back(1e3 * r->generate_s);
     train.y.push_back(1e3 * r->train_s);
     sync.y.push_back(1e3 * r->sync_s);
@@ -167,8 +171,9 @@ Status write_rl_report(const std::string& path, const std::string& title,
                           .x_label = "versions behind the weights trained",
                           .y_label = "samples",
                           .whole_x = true});
-  h += svg_plot({gen, train, sync},
-                {.title = "time per step", .x_label = "RL step", .y_label = "ms"});
+  std::vector<Series> phases = {gen, train, sync};
+  if (rewarded) phases.push_back(reward);
+  h += svg_plot(phases, {.title = "time per step", .x_label = "RL step", .y_label = "ms"});
   h += "</body></html>\n";
   return write_file_atomically(path, h);
 }

@@ -72,6 +72,7 @@ nlohmann::json record_to_json(const StepRecord& r) {
               {"kl", r.stats.kl_mean},
               {"grad_norm", r.stats.report.grad_norm},
               {"generate_s", r.generate_s},
+              {"reward_s", r.reward_s},
               {"sync_s", r.sync_s},
               {"step_s", r.step_s},
               {"response_tokens", r.response_tokens},
@@ -108,6 +109,7 @@ Result<StepRecord> record_from_json(const nlohmann::json& j, const std::string& 
       r.stats.kl_mean = j.at("kl").get<double>();
       r.stats.report.grad_norm = j.at("grad_norm").get<double>();
       r.generate_s = j.at("generate_s").get<double>();
+      r.reward_s = j.value("reward_s", 0.0);  // absent from records before reward processes
       r.sync_s = j.at("sync_s").get<double>();
       r.step_s = j.at("step_s").get<double>();
       r.response_tokens = j.at("response_tokens").get<double>();

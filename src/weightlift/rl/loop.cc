@@ -943,7 +943,9 @@ class Trainer {
     int64_t right = 0;
     for (size_t i = 0; i < s.size(); ++i) {
       const auto [text, ended] = text_of(s[i]);
-      right += task_.correct(held_out_[i], text, ended);
+      const Completion c{text, ended};
+      WL_ASSIGN_OR_RETURN(std::vector<Score> score, task_.score(held_out_[i], {&c, 1}));
+      right += score[0].correct;
     }
     return held_out_.empty() ? 0.0 : double(right) / double(held_out_.size());
   }
@@ -991,6 +993,7 @@ class Trainer {
       rec.sync_s = sync_time.seconds();
     }
     const Stopwatch generate_time;
+    const double rewarded_before = task_.reward_seconds();
     double synced_meanwhile = 0;  // the part of the generation span spent pushing weights
     Kept kept;
     WL_RETURN_IF_ERROR(collect(step, rec, kept));
@@ -1004,7 +1007,8 @@ class Trainer {
       }
       WL_RETURN_IF_ERROR(request_round(o_.prompts));
     }
-    rec.generate_s = generate_time.seconds() - synced_meanwhile;
+    rec.reward_s = task_.reward_seconds() - rewarded_before;
+    rec.generate_s = generate_time.seconds() - synced_meanwhile - rec.reward_s;
     if (!kept.samples.empty()) {
       rec.trained = int64_t(kept.samples.size());
       rec.reward_mean = kept.reward_sum / double(kept.samples.size());
@@ -1048,12 +1052,21 @@ class Trainer {
   // sampling) or a sample is more than max_staleness versions behind.
   Status keep_group(int64_t step, Round& round, int64_t i, StepRecord& rec, Kept& kept) {
     const Problem& problem = round.problems[size_t(i)];
+    std::vector<std::pair<std::string, bool>> texts;
+    for (int64_t k = 0; k < o_.group; ++k) {
+      texts.push_back(text_of(round.samples[size_t(i * o_.group + k)]));
+    }
+    std::vector<Completion> completions;
+    for (const auto& [text, ended] : texts) completions.push_back({text, ended});
+    Result<std::vector<Score>> scores = task_.score(problem, completions);
+    if (!scores.ok()) {
+      return scores.status().with_context("step " + std::to_string(step) + ", scoring");
+    }
     std::vector<double> rewards;
     std::vector<bool> correct;
-    for (int64_t k = 0; k < o_.group; ++k) {
-      const auto [text, ended] = text_of(round.samples[size_t(i * o_.group + k)]);
-      rewards.push_back(task_.reward(problem, text, ended));
-      correct.push_back(task_.correct(problem, text, ended));
+    for (const Score& sc : *scores) {
+      rewards.push_back(sc.reward);
+      correct.push_back(sc.correct);
     }
     Result<std::vector<double>> advantages = group_advantages(rewards, o_.advantages);
     if (!advantages.ok()) {
@@ -1559,9 +1572,16 @@ Status check_memory(const RlOptions& o) {
   WL_ASSIGN_OR_RETURN(Task task, Task::create(o.task));
   const int64_t seq = Trainer::positions(task);
   if (seq > o.config.max_seq_len) {
-    return invalid_argument("--difficulty " + std::to_string(o.task.difficulty) + " needs " +
-                            std::to_string(seq) + " positions, more than the model's " +
+    const std::string what = o.task.dataset.empty()
+                                 ? "--difficulty " + std::to_string(o.task.difficulty)
+                                 : o.task.dataset + "'s longest prompt with its completion";
+    return invalid_argument(what + " needs " + std::to_string(seq) +
+                            " positions, more than the model's " +
                             std::to_string(o.config.max_seq_len));
+  }
+  if (o.sft_steps > 0 && !task.has_answers()) {
+    return invalid_argument("--sft-steps " + std::to_string(o.sft_steps) + ": " + o.task.dataset +
+                            " has rows without an 'answer' to demonstrate; give --sft-steps 0");
   }
   // A trainer rank: the policy, its optimizer and the activations of the larger of an RL
   // step's rows and its share of an SFT batch; rank 0 also encodes the whole SFT batch (tokens and

@@ -146,7 +146,8 @@ struct StepRecord {
   std::vector<int64_t> staleness;
   int64_t stale_dropped = 0;
   PolicyStats stats;
-  double generate_s = 0, sync_s = 0, train_s = 0, step_s = 0;
+  // generate_s excludes the reward process's time, reward_s (0 without one).
+  double generate_s = 0, sync_s = 0, train_s = 0, step_s = 0, reward_s = 0;
 };
 
 struct RlSummary {

@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <unordered_set>
 
+#include "weightlift/rl/dataset.h"
+#include "weightlift/rl/reward_process.h"
+
 namespace wl::rl {
 
 std::string_view task_name(TaskKind k) {
@@ -25,7 +28,35 @@ std::optional<TaskKind> task_from_name(std::string_view name) {
   return std::nullopt;
 }
 
+Task::Task(TaskOptions o) : options_(std::move(o)) {}
+Task::~Task() = default;
+Task::Task(Task&&) noexcept = default;
+Task& Task::operator=(Task&&) noexcept = default;
+
 Result<Task> Task::create(const TaskOptions& o) {
+  if (!o.dataset.empty()) {
+    WL_ASSIGN_OR_RETURN(PromptDataset d, PromptDataset::load(o.dataset));
+    if (o.reward_cmd.empty() && !d.every_row_has_an_answer()) {
+      for (const auto* split : {&d.train(), &d.held_out()}) {
+        for (const DatasetRow& r : *split) {
+          if (!r.answer) {
+            return invalid_argument(
+                d.path() + ":" + std::to_string(r.line) + ": no 'answer' for the " +
+                std::string(verifier_name(o.verifier)) + " verifier (or give a reward command)");
+          }
+        }
+      }
+    }
+    if (o.max_completion_bytes < 0 ||
+        (o.max_completion_bytes == 0 && d.longest_answer_bytes() == 0)) {
+      return invalid_argument(d.path() +
+                              ": no answer to size the completions by; set the longest "
+                              "completion in bytes");
+    }
+    Task t(o);
+    t.dataset_ = std::make_shared<const PromptDataset>(std::move(d));
+    return t;
+  }
   if (o.difficulty < 1 || o.difficulty > 9) {
     return invalid_argument("--difficulty " + std::to_string(o.difficulty) + ": expected 1 to 9");
   }
@@ -97,7 +128,17 @@ Problem Task::draw(Rng& rng) const {
   return {};
 }
 
+namespace {
+
+Problem problem_of(const DatasetRow& r) { return {r.prompt, r.answer.value_or(""), r.json}; }
+
+}  // namespace
+
 Problem Task::sample(Rng& rng) const {
+  if (dataset_) {
+    const std::vector<DatasetRow>& rows = dataset_->train();
+    return problem_of(rows[size_t(rng.below(uint64_t(rows.size())))]);
+  }
   // The held-out split is 1/8 of the problems: a few draws find a training one.
   for (;;) {
     Problem p = draw(rng);
@@ -108,6 +149,13 @@ Problem Task::sample(Rng& rng) const {
 std::vector<Problem> Task::held_out(int count, uint64_t seed) const {
   Rng rng(seed ^ 0x5eed5eedull);
   std::vector<Problem> out;
+  if (dataset_) {  // the file's order: the first `count` held-out rows
+    for (const DatasetRow& r : dataset_->held_out()) {
+      if (int(out.size()) == count) break;
+      out.push_back(problem_of(r));
+    }
+    return out;
+  }
   // Small difficulties have few distinct problems: stop once no new one turns up.
   std::unordered_set<std::string> seen;
   for (int64_t tries = 0; int(out.size()) < count && tries < int64_t(count) * 200; ++tries) {
@@ -124,11 +172,40 @@ bool Task::answer_alphabet(char c) const {
 }
 
 bool Task::correct(const Problem& p, std::string_view completion, bool ended) const {
+  if (dataset_) return verify(options_.verifier, completion, ended, p.answer);
   return ended && completion == p.answer;
 }
 
+Result<std::vector<Score>> Task::score(const Problem& p, std::span<const Completion> completions) {
+  std::vector<Score> out;
+  if (options_.reward_cmd.empty()) {
+    for (const Completion& c : completions) {
+      out.push_back({reward(p, c.text, c.ended), correct(p, c.text, c.ended)});
+    }
+    return out;
+  }
+  if (!reward_process_) {
+    WL_ASSIGN_OR_RETURN(reward_process_,
+                        RewardProcess::start(options_.reward_cmd, options_.reward_timeout));
+  }
+  std::vector<RewardQuery> queries;
+  for (const Completion& c : completions) {
+    queries.push_back(
+        {.prompt = p.prompt, .completion = c.text, .ended = c.ended, .row_json = p.row});
+  }
+  WL_ASSIGN_OR_RETURN(std::vector<RewardReply> replies, reward_process_->score(queries));
+  for (const RewardReply& r : replies)
+    out.push_back({r.reward, r.correct.value_or(r.reward >= 1.0)});
+  return out;
+}
+
+double Task::reward_seconds() const { return reward_process_ ? reward_process_->seconds() : 0.0; }
+
+bool Task::has_answers() const { return !dataset_ || dataset_->every_row_has_an_answer(); }
+
 double Task::reward(const Problem& p, std::string_view completion, bool ended) const {
   if (correct(p, completion, ended)) return 1.0;
+  if (dataset_) return 0.0;
   const bool well_formed =
       ended && !completion.empty() &&
       std::all_of(completion.begin(), completion.end(), [&](char c) { return answer_alphabet(c); });
@@ -136,6 +213,7 @@ double Task::reward(const Problem& p, std::string_view completion, bool ended) c
 }
 
 int Task::max_prompt_bytes() const {
+  if (dataset_) return int(dataset_->longest_prompt_bytes());
   const int d = options_.difficulty;
   switch (options_.kind) {
     case TaskKind::kAdd:
@@ -149,6 +227,10 @@ int Task::max_prompt_bytes() const {
 }
 
 int Task::max_answer_bytes() const {
+  if (dataset_) {
+    return options_.max_completion_bytes > 0 ? options_.max_completion_bytes
+                                             : int(dataset_->longest_answer_bytes());
+  }
   return options_.kind == TaskKind::kAdd ? options_.difficulty + 1 : options_.difficulty;
 }
 

@@ -14,6 +14,10 @@
 // its text falls in the lowest 1/8 of the range, and the training stream skips those. The
 // held-out set is a fixed list drawn from its own seed.
 //
+// Or the problems of a JSONL dataset (dataset.h), split by the same rule, each scored by a
+// built-in verifier against its `answer` (verifiers.h) or by a reward process the user writes
+// (reward_process.h), which the scoring process starts at its first score().
+//
 // Reward: 1 for the exact answer followed by the end token; otherwise `format_reward` when the
 // completion is well formed (only the answer's alphabet, then the end token), else 0. The
 // default is 0: a format reward pays a wrong answer for ending, and completions cut at the
@@ -22,14 +26,18 @@
 // docs/BENCHMARKS.md).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "weightlift/core/random.h"
 #include "weightlift/core/status.h"
+#include "weightlift/rl/verifiers.h"
 
 namespace wl::rl {
 
@@ -41,17 +49,42 @@ struct TaskOptions {
   TaskKind kind = TaskKind::kAdd;
   int difficulty = 3;
   double format_reward = 0.0;
+  // A JSONL dataset instead of the generated problems (kind and difficulty unused then).
+  std::string dataset;
+  Verifier verifier = Verifier::kExact;
+  std::string reward_cmd;                           // a reward process instead of the verifier
+  std::chrono::milliseconds reward_timeout{60000};  // a batch's deadline
+  // The longest completion generated, in bytes; 0: the dataset's longest answer.
+  int max_completion_bytes = 0;
 };
 
 struct Problem {
   std::string prompt;  // "347+58="
-  std::string answer;  // "405"
+  std::string answer;  // "405"; a dataset row's, or empty
+  std::string row;     // a dataset row's JSON; empty for a generated problem
 };
+
+struct Completion {
+  std::string_view text;
+  bool ended = false;  // the end token was produced
+};
+
+struct Score {
+  double reward = 0;
+  bool correct = false;
+};
+
+class PromptDataset;
+class RewardProcess;
 
 class Task {
  public:
-  // InvalidArgument for a difficulty out of [1, 9] (names the flag).
+  // InvalidArgument for a difficulty out of [1, 9] (names the flag); a dataset's errors
+  // (dataset.h), or rows without an answer for a verifier.
   static Result<Task> create(const TaskOptions& options);
+  ~Task();
+  Task(Task&&) noexcept;
+  Task& operator=(Task&&) noexcept;
 
   const TaskOptions& options() const { return options_; }
   // The next training problem from `rng` (never one of the held-out split).
@@ -62,6 +95,12 @@ class Task {
   // `ended` says whether it was produced) for `problem`.
   double reward(const Problem& problem, std::string_view completion, bool ended) const;
   bool correct(const Problem& problem, std::string_view completion, bool ended) const;
+  // The rewards of a problem's completions, by whichever rule the task has; a reward
+  // process's failure is the error (reward_process.h).
+  Result<std::vector<Score>> score(const Problem& problem, std::span<const Completion> completions);
+  // Seconds the reward process has taken, all batches (0 without one).
+  double reward_seconds() const;
+  bool has_answers() const;  // every problem has one (SFT needs them)
   // Longest prompt and answer any problem of this difficulty has, in bytes.
   int max_prompt_bytes() const;
   int max_answer_bytes() const;
@@ -69,10 +108,12 @@ class Task {
   static bool in_held_out_split(std::string_view prompt);
 
  private:
-  explicit Task(TaskOptions o) : options_(o) {}
+  explicit Task(TaskOptions o);
   Problem draw(Rng& rng) const;
   bool answer_alphabet(char c) const;
   TaskOptions options_;
+  std::shared_ptr<const PromptDataset> dataset_;
+  std::unique_ptr<RewardProcess> reward_process_;
 };
 
 }  // namespace wl::rl

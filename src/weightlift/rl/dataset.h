@@ -1,0 +1,54 @@
+// RL prompts from a JSONL file a user writes, one problem per line:
+//
+//   {"prompt": "What is 12 + 30?", "answer": "42", "source": "mine"}
+//
+// `prompt` (a string) is required; `answer` (a string or a number) is what the built-in
+// verifiers compare with; every other field is kept as written, for a reward process
+// (reward_process.h), which receives the whole row. A chat `messages` list needs the
+// checkpoint's chat template and is refused until weightlift renders them. Blank lines are
+// skipped; anything else that is not such an object is an error naming the file and the line,
+// never a line dropped in silence.
+//
+// The split is Task's rule (tasks.h): a row is held out when a hash of its prompt falls in the
+// lowest 1/8, so a prompt is on the same side in every run and every file it appears in, and
+// the training stream never draws a held-out row.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "weightlift/core/status.h"
+
+namespace wl::rl {
+
+struct DatasetRow {
+  std::string prompt;
+  std::optional<std::string> answer;  // a number is kept as its JSON text ("42", "-0.5")
+  std::string json;                   // the whole row, compact
+  int64_t line = 0;                   // 1-based, in its file
+};
+
+class PromptDataset {
+ public:
+  // InvalidArgument naming `path` and the line for a line that is not a JSON object, lacks
+  // `prompt`, has a prompt that is not a non-empty string, an answer that is neither a string
+  // nor a number, or `messages`; NotFound for a missing file; InvalidArgument for a file with
+  // no row, or none on one side of the split.
+  static Result<PromptDataset> load(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  const std::vector<DatasetRow>& train() const { return train_; }
+  const std::vector<DatasetRow>& held_out() const { return held_out_; }
+  bool every_row_has_an_answer() const { return answers_ == train_.size() + held_out_.size(); }
+  size_t longest_prompt_bytes() const { return longest_prompt_; }
+  size_t longest_answer_bytes() const { return longest_answer_; }
+
+ private:
+  std::string path_;
+  std::vector<DatasetRow> train_, held_out_;
+  size_t answers_ = 0, longest_prompt_ = 0, longest_answer_ = 0;
+};
+
+}  // namespace wl::rl
