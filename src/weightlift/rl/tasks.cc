@@ -47,15 +47,33 @@ Result<Task> Task::create(const TaskOptions& o) {
         }
       }
     }
-    if (o.max_completion_bytes < 0 ||
-        (o.max_completion_bytes == 0 && d.longest_answer_bytes() == 0)) {
+    if (o.max_completion_tokens < 0 ||
+        (o.max_completion_tokens == 0 && d.longest_answer_bytes() == 0)) {
       return invalid_argument(d.path() +
                               ": no answer to size the completions by; set the longest "
-                              "completion in bytes");
+                              "completion in tokens");
     }
     Task t(o);
+    if (!o.tokenizer.empty()) {
+      WL_ASSIGN_OR_RETURN(t.codec_, Codec::load(o.tokenizer));
+    }
+    for (const auto* split : {&d.train(), &d.held_out()}) {
+      for (const DatasetRow& r : *split) {
+        t.max_prompt_tokens_ =
+            std::max(t.max_prompt_tokens_, int64_t(t.codec_.encode_prompt(r.prompt).size()));
+        if (r.answer && o.max_completion_tokens == 0) {
+          t.max_answer_tokens_ =
+              std::max(t.max_answer_tokens_, int64_t(t.codec_.encode_answer(*r.answer).size()));
+        }
+      }
+    }
+    if (o.max_completion_tokens > 0) t.max_answer_tokens_ = o.max_completion_tokens;
     t.dataset_ = std::make_shared<const PromptDataset>(std::move(d));
     return t;
+  }
+  if (!o.tokenizer.empty()) {
+    return invalid_argument("--task " + std::string(task_name(o.kind)) +
+                            " speaks weightlift's byte vocabulary; a tokenizer needs --dataset");
   }
   if (o.difficulty < 1 || o.difficulty > 9) {
     return invalid_argument("--difficulty " + std::to_string(o.difficulty) + ": expected 1 to 9");
@@ -64,7 +82,10 @@ Result<Task> Task::create(const TaskOptions& o) {
     return invalid_argument("--format-reward " + std::to_string(o.format_reward) +
                             ": expected [0, 1)");
   }
-  return Task(o);
+  Task t(o);
+  t.max_prompt_tokens_ = t.max_prompt_bytes() + 1;  // and the begin token
+  t.max_answer_tokens_ = t.max_answer_bytes();
+  return t;
 }
 
 namespace {
@@ -227,10 +248,7 @@ int Task::max_prompt_bytes() const {
 }
 
 int Task::max_answer_bytes() const {
-  if (dataset_) {
-    return options_.max_completion_bytes > 0 ? options_.max_completion_bytes
-                                             : int(dataset_->longest_answer_bytes());
-  }
+  if (dataset_) return int(dataset_->longest_answer_bytes());
   return options_.kind == TaskKind::kAdd ? options_.difficulty + 1 : options_.difficulty;
 }
 

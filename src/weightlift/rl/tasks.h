@@ -37,6 +37,7 @@
 
 #include "weightlift/core/random.h"
 #include "weightlift/core/status.h"
+#include "weightlift/rl/codec.h"
 #include "weightlift/rl/verifiers.h"
 
 namespace wl::rl {
@@ -54,8 +55,10 @@ struct TaskOptions {
   Verifier verifier = Verifier::kExact;
   std::string reward_cmd;                           // a reward process instead of the verifier
   std::chrono::milliseconds reward_timeout{60000};  // a batch's deadline
-  // The longest completion generated, in bytes; 0: the dataset's longest answer.
-  int max_completion_bytes = 0;
+  // The longest completion generated, in tokens; 0: the dataset's longest answer.
+  int max_completion_tokens = 0;
+  // A Hugging Face tokenizer.json: the dataset's text as its ids (codec.h); empty: bytes.
+  std::string tokenizer;
 };
 
 struct Problem {
@@ -104,6 +107,11 @@ class Task {
   // Longest prompt and answer any problem of this difficulty has, in bytes.
   int max_prompt_bytes() const;
   int max_answer_bytes() const;
+  // The text's tokens: the vocabulary, and the longest prompt (its special tokens included)
+  // and answer (without the end token) any problem has in it.
+  const Codec& codec() const { return codec_; }
+  int64_t max_prompt_tokens() const { return max_prompt_tokens_; }
+  int64_t max_answer_tokens() const { return max_answer_tokens_; }
 
   static bool in_held_out_split(std::string_view prompt);
 
@@ -113,6 +121,8 @@ class Task {
   bool answer_alphabet(char c) const;
   TaskOptions options_;
   std::shared_ptr<const PromptDataset> dataset_;
+  Codec codec_ = Codec::bytes();
+  int64_t max_prompt_tokens_ = 0, max_answer_tokens_ = 0;
   std::unique_ptr<RewardProcess> reward_process_;
 };
 
