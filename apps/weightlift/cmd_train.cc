@@ -277,7 +277,8 @@ void add_recovery_flags(CLI::App& cmd, TrainFlags& f) {
 }  // namespace
 
 void register_train(CLI::App& app, Outcome& out) {
-  auto* cmd = app.add_subcommand("train", "train a model on the Brown corpus (or a fixed batch)");
+  auto* cmd = app.add_subcommand(
+      "train", "train a model on the Brown corpus, your documents (--data) or a fixed batch");
   auto o = std::make_shared<parallel::TrainOptions>();
   auto f = std::make_shared<TrainFlags>();
   cmd->add_option("--preset", o->preset, "tiny, small, medium or seed-6.9b")->capture_default_str();
@@ -292,6 +293,13 @@ void register_train(CLI::App& app, Outcome& out) {
   cmd->add_option("--seed", o->seed, "weights init and data order")->capture_default_str();
   o->corpus_dir = default_corpus_dir();
   cmd->add_option("--corpus", o->corpus_dir, "Brown corpus directory")->capture_default_str();
+  cmd->add_option("--data", o->data_path,
+                  "train on these documents instead of the Brown corpus: JSONL ({\"text\": ...} "
+                  "per line) or text (documents separated by blank lines)")
+      ->excludes("--corpus");
+  cmd->add_option("--tokenizer", o->tokenizer,
+                  "--data's tokens: a Hugging Face tokenizer.json (default: --model-dir's, else "
+                  "bytes)");
   cmd->add_option("--batch-file", o->batch_file,
                   "train on this fixed batch (safetensors: int64 tokens, targets)");
   cmd->add_option("--batch", o->batch, "rows of the global batch of one update, all ranks")

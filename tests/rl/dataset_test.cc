@@ -12,10 +12,10 @@
 
 #include "support/paths.h"
 #include "weightlift/core/timing.h"
-#include "weightlift/rl/codec.h"
 #include "weightlift/rl/reward_process.h"
 #include "weightlift/rl/tasks.h"
 #include "weightlift/rl/verifiers.h"
+#include "weightlift/train/codec.h"
 
 namespace wl::rl {
 namespace {
@@ -179,7 +179,7 @@ TEST(Codec, RealTokenizersEncodePromptsWithTheirSpecialsAndEndWithTheirEos) {
   const Case cases[] = {{"qwen3", 151645, false}, {"llama3", 128001, false}, {"llama2", 2, true}};
   for (const Case& k : cases) {
     SCOPED_TRACE(k.family);
-    Result<Codec> c = Codec::load(npm_tokenizer(k.family));
+    Result<train::Codec> c = train::Codec::load(npm_tokenizer(k.family));
     ASSERT_TRUE(c.ok()) << c.status().to_string();
     EXPECT_EQ(c->eos(), k.eos);
     EXPECT_GT(c->vocab_size(), 30000);
@@ -193,7 +193,7 @@ TEST(Codec, RealTokenizersEncodePromptsWithTheirSpecialsAndEndWithTheirEos) {
     EXPECT_FALSE(c->decode(with_eos).has_value());
     EXPECT_FALSE(c->decode(std::vector<int64_t>{c->vocab_size() + 5}).has_value());
   }
-  const Codec bytes = Codec::bytes();
+  const train::Codec bytes = train::Codec::bytes();
   EXPECT_EQ(bytes.encode_prompt("ab"), (std::vector<int64_t>{256, 'a', 'b'}));
   EXPECT_EQ(bytes.decode(std::vector<int64_t>{'h', 'i'}), "hi");
   EXPECT_FALSE(bytes.decode(std::vector<int64_t>{'h', 257}).has_value());
@@ -205,13 +205,13 @@ TEST(Codec, ATokenizerWithoutAnEndTokenIsRefused) {
   fs::copy_file(npm_tokenizer("qwen3"), dir + "/tokenizer.json",
                 fs::copy_options::overwrite_existing);
   std::ofstream(dir + "/tokenizer_config.json") << R"({"eos_token": null})";
-  expect_error(Codec::load(dir + "/tokenizer.json").status(), "no end-of-sequence token");
+  expect_error(train::Codec::load(dir + "/tokenizer.json").status(), "no end-of-sequence token");
   std::ofstream(dir + "/tokenizer_config.json") << R"({"eos_token": "<|not a token|>"})";
-  expect_error(Codec::load(dir + "/tokenizer.json").status(),
+  expect_error(train::Codec::load(dir + "/tokenizer.json").status(),
                "eos_token '<|not a token|>' is not a token");
   std::ofstream(dir + "/tokenizer_config.json") << "{}";
   std::ofstream(dir + "/generation_config.json") << R"({"eos_token_id": [151643, 151645]})";
-  Result<Codec> c = Codec::load(dir + "/tokenizer.json");
+  Result<train::Codec> c = train::Codec::load(dir + "/tokenizer.json");
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   EXPECT_EQ(c->eos(), 151643);
 }

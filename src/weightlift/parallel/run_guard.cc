@@ -263,6 +263,8 @@ Status check_run_plan(const TrainOptions& o, const model::ModelConfig& config) {
     }
   }
   std::vector<NamedPath> inputs = {{"--config", o.config_path},
+                                   {"--data", o.data_path},
+                                   {"--tokenizer", o.tokenizer},
                                    {"--init-weights", o.init_weights},
                                    {"--batch-file", o.batch_file}};
   for (const auto& [flag, dir] : {std::pair{"--resume", o.resume}, {"--model-dir", o.model_dir}}) {

@@ -20,7 +20,9 @@
 #include "weightlift/parallel/run_guard.h"
 #include "weightlift/parallel/step.h"
 #include "weightlift/train/brown.h"
+#include "weightlift/train/codec.h"
 #include "weightlift/train/data.h"
+#include "weightlift/train/documents.h"
 #include "weightlift/train/tokenizer.h"
 
 namespace wl::parallel {
@@ -275,6 +277,40 @@ double unigram_entropy(const std::vector<int64_t>& stream) {
 
 }  // namespace
 
+namespace {
+
+// Windows over the documents of --data, in --tokenizer's tokens (or --model-dir's, or bytes).
+Result<RunData> load_documents_data(const TrainOptions& o, const model::ModelConfig& cfg,
+                                    int64_t seq, RunData& d) {
+  std::string tokenizer = o.tokenizer;
+  const std::string own = o.model_dir + "/tokenizer.json";
+  if (tokenizer.empty() && !o.model_dir.empty() && fs::is_regular_file(own)) tokenizer = own;
+  train::Codec codec = train::Codec::bytes();
+  if (!tokenizer.empty()) {
+    WL_ASSIGN_OR_RETURN(codec, train::Codec::load(tokenizer));
+  }
+  if (codec.vocab_size() > cfg.vocab_size) {
+    return invalid_argument(codec.name() + " has " + std::to_string(codec.vocab_size()) +
+                            " tokens, more than the model's vocab_size " +
+                            std::to_string(cfg.vocab_size));
+  }
+  WL_ASSIGN_OR_RETURN(train::DocumentStreams docs, train::load_documents(o.data_path, codec));
+  if (int64_t(docs.train.size()) <= seq + 1) {
+    return invalid_argument(
+        o.data_path + ": its " + std::to_string(docs.documents - docs.held_out) +
+        " training documents hold " + std::to_string(docs.train.size()) +
+        " tokens, fewer than one window of --seq " + std::to_string(seq) + " + 1");
+  }
+  d.train_stream = std::move(docs.train);
+  d.val_stream = std::move(docs.validation);
+  const int64_t windows = o.eval_windows / d.batch * d.batch;
+  if (d.val_stream.size() > size_t(seq + 1) && windows > 0)
+    d.val_batches = train::fixed_windows(d.val_stream, windows, d.batch, seq);
+  return std::move(d);
+}
+
+}  // namespace
+
 Result<RunData> load_run_data(const TrainOptions& o, const model::ModelConfig& cfg, int64_t seq) {
   RunData d;
   d.seq = seq;
@@ -286,6 +322,7 @@ Result<RunData> load_run_data(const TrainOptions& o, const model::ModelConfig& c
     d.batch = tb.batch;
     return d;
   }
+  if (!o.data_path.empty()) return load_documents_data(o, cfg, seq, d);
   if (cfg.vocab_size < train::kByteVocab)
     return invalid_argument(
         "the byte tokenizer needs vocab_size >= " + std::to_string(train::kByteVocab) +

@@ -41,8 +41,12 @@ struct TrainOptions {
   // Data.
   std::string corpus_dir = "data/brown";
   std::string batch_file;  // safetensors with int64 tokens/targets: train on it only
-  int64_t batch = 8;       // rows of the global batch of one update, over every rank
-  int64_t seq = 0;         // tokens per row; 0 = the config's max_seq_len
+  // Or documents (train/documents.h: JSONL {"text"} or blank-line separated text) in the
+  // tokens of `tokenizer` (a tokenizer.json; empty: model_dir's, else bytes).
+  std::string data_path;
+  std::string tokenizer;
+  int64_t batch = 8;  // rows of the global batch of one update, over every rank
+  int64_t seq = 0;    // tokens per row; 0 = the config's max_seq_len
   // Where it runs: data-parallel mode, micro-batches per update (gradient accumulation).
   ParallelLayout layout;
   // Optimisation.

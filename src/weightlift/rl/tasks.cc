@@ -55,7 +55,7 @@ Result<Task> Task::create(const TaskOptions& o) {
     }
     Task t(o);
     if (!o.tokenizer.empty()) {
-      WL_ASSIGN_OR_RETURN(t.codec_, Codec::load(o.tokenizer));
+      WL_ASSIGN_OR_RETURN(t.codec_, train::Codec::load(o.tokenizer));
     }
     for (const auto* split : {&d.train(), &d.held_out()}) {
       for (const DatasetRow& r : *split) {

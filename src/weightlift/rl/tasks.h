@@ -37,8 +37,8 @@
 
 #include "weightlift/core/random.h"
 #include "weightlift/core/status.h"
-#include "weightlift/rl/codec.h"
 #include "weightlift/rl/verifiers.h"
+#include "weightlift/train/codec.h"
 
 namespace wl::rl {
 
@@ -109,7 +109,7 @@ class Task {
   int max_answer_bytes() const;
   // The text's tokens: the vocabulary, and the longest prompt (its special tokens included)
   // and answer (without the end token) any problem has in it.
-  const Codec& codec() const { return codec_; }
+  const train::Codec& codec() const { return codec_; }
   int64_t max_prompt_tokens() const { return max_prompt_tokens_; }
   int64_t max_answer_tokens() const { return max_answer_tokens_; }
 
@@ -121,7 +121,7 @@ class Task {
   bool answer_alphabet(char c) const;
   TaskOptions options_;
   std::shared_ptr<const PromptDataset> dataset_;
-  Codec codec_ = Codec::bytes();
+  train::Codec codec_ = train::Codec::bytes();
   int64_t max_prompt_tokens_ = 0, max_answer_tokens_ = 0;
   std::unique_ptr<RewardProcess> reward_process_;
 };

@@ -1,5 +1,5 @@
 // codec.h.
-#include "weightlift/rl/codec.h"
+#include "weightlift/train/codec.h"
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -8,7 +8,7 @@
 #include "weightlift/text/tokenizer.h"
 #include "weightlift/train/tokenizer.h"
 
-namespace wl::rl {
+namespace wl::train {
 namespace {
 
 using Json = nlohmann::json;
@@ -104,4 +104,4 @@ int64_t Codec::vocab_size() const {
   return tokenizer_ ? tokenizer_->vocab_size() : train::kByteVocab;
 }
 
-}  // namespace wl::rl
+}  // namespace wl::train

@@ -1,5 +1,6 @@
-// Text to token ids and back, for the RL loop: weightlift's byte vocabulary (train/tokenizer.h)
-// for its presets, or a Hugging Face tokenizer.json (text/tokenizer.h) for a checkpoint's own.
+// Text to token ids and back, for training data and the RL loop: weightlift's byte vocabulary
+// (train/tokenizer.h) for its presets, or a Hugging Face tokenizer.json (text/tokenizer.h) for a
+// checkpoint's own.
 //
 // A prompt is encoded with the special tokens the vocabulary adds (the byte vocabulary's BOS;
 // a tokenizer's post-processor's, Llama 3's <|begin_of_text|>, none for Qwen3); an answer
@@ -22,7 +23,7 @@ namespace wl::text {
 class Tokenizer;
 }
 
-namespace wl::rl {
+namespace wl::train {
 
 class Codec {
  public:
@@ -45,4 +46,4 @@ class Codec {
   std::string name_;
 };
 
-}  // namespace wl::rl
+}  // namespace wl::train
