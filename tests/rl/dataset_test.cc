@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -78,12 +79,15 @@ TEST(PromptDataset, BadLinesAreNamedByFileAndLine) {
   const Case cases[] = {
       {"{\"prompt\": \"x\"", ":3: not JSON"},
       {"[1, 2]", ":3: not a JSON object"},
-      {"{\"question\": \"x\"}", ":3: no 'prompt' field"},
+      {"{\"question\": \"x\"}", ":3: no 'prompt' (or 'messages') field"},
       {"{\"prompt\": 7}", ":3: 'prompt' is 7, expected a non-empty string"},
       {"{\"prompt\": \"\"}", ":3: 'prompt' is \"\""},
       {"{\"prompt\": \"x\", \"answer\": [1]}",
        ":3: 'answer' is [1], expected a string or a number"},
-      {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}", ":3: chat 'messages'"},
+      {"{\"prompt\": \"x\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}",
+       ":3: both 'prompt' and 'messages'"},
+      {"{\"messages\": []}", ":3: messages must be a non-empty array"},
+      {"{\"messages\": [{\"role\": \"user\"}]}", ":3: message 0 has no string \"content\""},
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(k.line);
@@ -214,6 +218,36 @@ TEST(Codec, ATokenizerWithoutAnEndTokenIsRefused) {
   Result<train::Codec> c = train::Codec::load(dir + "/tokenizer.json");
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   EXPECT_EQ(c->eos(), 151643);
+}
+
+// Chat rows rendered by the tokenizer's chat template, with the generation prompt; their ids
+// are the rendering's, with no special token added on top (the template wrote them).
+TEST(Tasks, ChatRowsAreRenderedByTheCheckpointsTemplate) {
+  std::string rows;
+  for (int i = 0; i < 64; ++i) {
+    rows +=
+        R"({"messages": [{"role": "system", "content": "Add."}, {"role": "user", "content": ")" +
+        std::to_string(i) + R"(+1="}], "answer": ")" + std::to_string(i + 1) + "\"}\n";
+  }
+  const std::string path = write("chat.jsonl", rows);
+  expect_error(Task::create({.dataset = path}).status(),
+               "chat 'messages' need a checkpoint's tokenizer");
+  Result<Task> t = Task::create({.dataset = path, .tokenizer = npm_tokenizer("qwen3")});
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  const Problem p = t->held_out(1, 1).at(0);
+  EXPECT_TRUE(p.chat);
+  EXPECT_TRUE(p.prompt.starts_with("<|im_start|>system\nAdd.<|im_end|>\n<|im_start|>user\n"))
+      << p.prompt;
+  EXPECT_TRUE(p.prompt.ends_with("+1=<|im_end|>\n<|im_start|>assistant\n")) << p.prompt;
+  const std::vector<int64_t> ids = t->prompt_ids(p);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 151644), 3);  // <|im_start|>, one token each
+  EXPECT_GE(t->max_prompt_tokens(), int64_t(ids.size()));
+  // A chat the template does not render is named by its line.
+  const std::string tool =
+      write("tool.jsonl",
+            rows + R"({"messages": [{"role": "tool", "content": "x"}], "answer": "1"})" + "\n");
+  expect_error(Task::create({.dataset = tool, .tokenizer = npm_tokenizer("qwen3")}).status(),
+               "tool.jsonl:65: chat template qwen3: message 0 has role 'tool'");
 }
 
 TEST(Tasks, ADatasetInATokenizersTokensIsSizedInThem) {

@@ -20,7 +20,8 @@ constexpr int64_t kMostSteps = int64_t(1) << 40;  // far beyond any run, and no 
 nlohmann::json pending_to_json(const RlCheckpoint& c) {
   nlohmann::json problems = nlohmann::json::array(), samples = nlohmann::json::array();
   for (const Problem& p : c.pending_problems)
-    problems.push_back({{"prompt", p.prompt}, {"answer", p.answer}});
+    problems.push_back(
+        {{"prompt", p.prompt}, {"answer", p.answer}, {"row", p.row}, {"chat", p.chat}});
   for (const Sample& s : c.pending_samples) {
     samples.push_back({{"completion", s.completion},
                        {"logprobs", s.logprobs},
@@ -34,8 +35,10 @@ nlohmann::json pending_to_json(const RlCheckpoint& c) {
 // against the model and the run when it resumes (loop.cc).
 void pending_from_json(const nlohmann::json& j, RlCheckpoint& c) {
   for (const nlohmann::json& p : j.at("problems")) {
-    c.pending_problems.push_back(
-        {p.at("prompt").get<std::string>(), p.at("answer").get<std::string>()});
+    // "row" and "chat" are absent from the states of runs before datasets.
+    c.pending_problems.push_back({p.at("prompt").get<std::string>(),
+                                  p.at("answer").get<std::string>(), p.value("row", std::string()),
+                                  p.value("chat", false)});
   }
   for (const nlohmann::json& s : j.at("samples")) {
     Sample x;

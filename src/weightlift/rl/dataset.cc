@@ -6,6 +6,7 @@
 
 #include "weightlift/core/file_io.h"
 #include "weightlift/rl/tasks.h"
+#include "weightlift/text/chat_template.h"
 
 namespace wl::rl {
 namespace {
@@ -24,18 +25,21 @@ Result<DatasetRow> parse_row(const std::string& text, int64_t line, const std::s
     return invalid_argument(where + ": not JSON (" + e.what() + ")");
   }
   if (!j.is_object()) return invalid_argument(where + ": not a JSON object");
+  DatasetRow row{.json = j.dump(), .line = line};
   if (j.contains("messages")) {
-    return invalid_argument(where +
-                            ": chat 'messages' need the checkpoint's chat template, which "
-                            "weightlift does not render yet; give a 'prompt' string");
+    if (j.contains("prompt")) return invalid_argument(where + ": both 'prompt' and 'messages'");
+    row.messages = j["messages"].dump();
+    WL_RETURN_IF_ERROR(text::ChatTemplate::messages_from_json(row.messages, where).status());
+  } else if (!j.contains("prompt")) {
+    return invalid_argument(where + ": no 'prompt' (or 'messages') field");
+  } else {
+    const Json& prompt = j["prompt"];
+    if (!prompt.is_string() || prompt.get<std::string>().empty()) {
+      return invalid_argument(where + ": 'prompt' is " + prompt.dump() +
+                              ", expected a non-empty string");
+    }
+    row.prompt = prompt.get<std::string>();
   }
-  if (!j.contains("prompt")) return invalid_argument(where + ": no 'prompt' field");
-  const Json& prompt = j["prompt"];
-  if (!prompt.is_string() || prompt.get<std::string>().empty()) {
-    return invalid_argument(where + ": 'prompt' is " + prompt.dump() +
-                            ", expected a non-empty string");
-  }
-  DatasetRow row{.prompt = prompt.get<std::string>(), .json = j.dump(), .line = line};
   if (j.contains("answer")) {
     const Json& a = j["answer"];
     if (a.is_string()) {
@@ -52,6 +56,20 @@ Result<DatasetRow> parse_row(const std::string& text, int64_t line, const std::s
 
 }  // namespace
 
+Status PromptDataset::render_chats(
+    const std::function<Result<std::string>(const DatasetRow&)>& render) {
+  for (auto* split : {&train_, &held_out_}) {
+    for (DatasetRow& r : *split) {
+      if (r.messages.empty()) continue;
+      Result<std::string> prompt = render(r);
+      if (!prompt.ok()) return prompt.status().with_context(path_ + ":" + std::to_string(r.line));
+      r.prompt = *std::move(prompt);
+      longest_prompt_ = std::max(longest_prompt_, r.prompt.size());
+    }
+  }
+  return ok_status();
+}
+
 Result<PromptDataset> PromptDataset::load(const std::string& path) {
   WL_ASSIGN_OR_RETURN(const std::string text, read_file(path, kMaxDatasetBytes, "a dataset"));
   PromptDataset d;
@@ -62,11 +80,13 @@ Result<PromptDataset> PromptDataset::load(const std::string& path) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     WL_ASSIGN_OR_RETURN(DatasetRow row, parse_row(line, n, path + ":" + std::to_string(n)));
     d.longest_prompt_ = std::max(d.longest_prompt_, row.prompt.size());
+    d.chats_ += !row.messages.empty();
     if (row.answer) {
       ++d.answers_;
       d.longest_answer_ = std::max(d.longest_answer_, row.answer->size());
     }
-    (Task::in_held_out_split(row.prompt) ? d.held_out_ : d.train_).push_back(std::move(row));
+    const bool held = Task::in_held_out_split(row.messages.empty() ? row.prompt : row.messages);
+    (held ? d.held_out_ : d.train_).push_back(std::move(row));
   }
   if (d.train_.empty() && d.held_out_.empty()) return invalid_argument(path + ": no rows");
   if (d.train_.empty() || d.held_out_.empty()) {

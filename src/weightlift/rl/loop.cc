@@ -877,8 +877,7 @@ class Trainer {
       Round r;
       r.problems = std::move(c.pending_problems);
       for (const Problem& p : r.problems) {
-        for (int64_t k = 0; k < o_.group; ++k)
-          r.prompts.push_back(task_.codec().encode_prompt(p.prompt));
+        for (int64_t k = 0; k < o_.group; ++k) r.prompts.push_back(task_.prompt_ids(p));
       }
       r.samples = std::move(c.pending_samples);
       for (size_t i = 0; i < r.samples.size(); ++i) r.samples[i].prompt = r.prompts[i];
@@ -907,8 +906,7 @@ class Trainer {
                          std::to_string(s.logprobs.size()) + " log-probabilities");
       }
       // Routes for the tokens fed: the prompt, the completion but its last token.
-      const size_t prompt =
-          task_.codec().encode_prompt(c.pending_problems[i / size_t(o_.group)].prompt).size();
+      const size_t prompt = task_.prompt_ids(c.pending_problems[i / size_t(o_.group)]).size();
       const size_t routes =
           o_.routing_replay && !s.completion.empty()
               ? (prompt + s.completion.size() - 1) * size_t(o_.config.num_layers * o_.config.top_k)
@@ -943,7 +941,7 @@ class Trainer {
 
   Result<double> held_out_accuracy() {
     std::vector<std::vector<int64_t>> prompts;
-    for (const Problem& p : held_out_) prompts.push_back(task_.codec().encode_prompt(p.prompt));
+    for (const Problem& p : held_out_) prompts.push_back(task_.prompt_ids(p));
     WL_ASSIGN_OR_RETURN(std::vector<Sample> s, generate(prompts, true));
     int64_t right = 0;
     for (size_t i = 0; i < s.size(); ++i) {
@@ -960,7 +958,7 @@ class Trainer {
     for (int64_t i = 0; i < o_.sft_batch; ++i) {
       const Problem p = task_.sample(rng_);
       Sample s;
-      s.prompt = task_.codec().encode_prompt(p.prompt);
+      s.prompt = task_.prompt_ids(p);
       s.completion = task_.codec().encode_answer(p.answer);
       s.completion.push_back(task_.codec().eos());
       demos.push_back(std::move(s));
@@ -1136,7 +1134,7 @@ class Trainer {
     for (int64_t i = 0; i < count; ++i) {
       r.problems.push_back(task_.sample(rng_));
       for (int64_t k = 0; k < o_.group; ++k)
-        r.prompts.push_back(task_.codec().encode_prompt(r.problems.back().prompt));
+        r.prompts.push_back(task_.prompt_ids(r.problems.back()));
     }
     WL_ASSIGN_OR_RETURN(r.shares, request(r.prompts, 0, r.prompts.size(), false));
     in_flight_ = std::move(r);

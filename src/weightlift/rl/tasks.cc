@@ -2,10 +2,12 @@
 #include "weightlift/rl/tasks.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <unordered_set>
 
 #include "weightlift/rl/dataset.h"
 #include "weightlift/rl/reward_process.h"
+#include "weightlift/text/chat_template.h"
 
 namespace wl::rl {
 
@@ -27,6 +29,32 @@ std::optional<TaskKind> task_from_name(std::string_view name) {
   }
   return std::nullopt;
 }
+
+namespace {
+
+Problem problem_of(const DatasetRow& r) {
+  return {r.prompt, r.answer.value_or(""), r.json, !r.messages.empty()};
+}
+
+// Every chat row of `d` rendered by the chat template of the tokenizer's tokenizer_config.json,
+// with the generation prompt (thinking as the template's default).
+Status render_chats(const TaskOptions& o, PromptDataset& d) {
+  if (o.tokenizer.empty()) {
+    return invalid_argument(d.path() +
+                            ": chat 'messages' need a checkpoint's tokenizer and its chat "
+                            "template (give --tokenizer, or a --model-dir with tokenizer.json)");
+  }
+  const std::string config =
+      (std::filesystem::path(o.tokenizer).parent_path() / "tokenizer_config.json").string();
+  WL_ASSIGN_OR_RETURN(const text::ChatTemplate chat, text::ChatTemplate::from_config(config));
+  return d.render_chats([&](const DatasetRow& r) -> Result<std::string> {
+    WL_ASSIGN_OR_RETURN(const std::vector<text::ChatMessage> m,
+                        text::ChatTemplate::messages_from_json(r.messages, "messages"));
+    return chat.render(m);
+  });
+}
+
+}  // namespace
 
 Task::Task(TaskOptions o) : options_(std::move(o)) {}
 Task::~Task() = default;
@@ -57,10 +85,11 @@ Result<Task> Task::create(const TaskOptions& o) {
     if (!o.tokenizer.empty()) {
       WL_ASSIGN_OR_RETURN(t.codec_, train::Codec::load(o.tokenizer));
     }
+    if (d.has_chats()) WL_RETURN_IF_ERROR(render_chats(o, d));
     for (const auto* split : {&d.train(), &d.held_out()}) {
       for (const DatasetRow& r : *split) {
         t.max_prompt_tokens_ =
-            std::max(t.max_prompt_tokens_, int64_t(t.codec_.encode_prompt(r.prompt).size()));
+            std::max(t.max_prompt_tokens_, int64_t(t.prompt_ids(problem_of(r)).size()));
         if (r.answer && o.max_completion_tokens == 0) {
           t.max_answer_tokens_ =
               std::max(t.max_answer_tokens_, int64_t(t.codec_.encode_answer(*r.answer).size()));
@@ -148,12 +177,6 @@ Problem Task::draw(Rng& rng) const {
   }
   return {};
 }
-
-namespace {
-
-Problem problem_of(const DatasetRow& r) { return {r.prompt, r.answer.value_or(""), r.json}; }
-
-}  // namespace
 
 Problem Task::sample(Rng& rng) const {
   if (dataset_) {

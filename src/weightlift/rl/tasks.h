@@ -65,6 +65,7 @@ struct Problem {
   std::string prompt;  // "347+58="
   std::string answer;  // "405"; a dataset row's, or empty
   std::string row;     // a dataset row's JSON; empty for a generated problem
+  bool chat = false;   // the prompt is a chat template's rendering: its specials are in it
 };
 
 struct Completion {
@@ -110,6 +111,11 @@ class Task {
   // The text's tokens: the vocabulary, and the longest prompt (its special tokens included)
   // and answer (without the end token) any problem has in it.
   const train::Codec& codec() const { return codec_; }
+  // A problem's prompt as ids: with the vocabulary's special tokens, or, rendered by a chat
+  // template (which wrote them), without more.
+  std::vector<int64_t> prompt_ids(const Problem& p) const {
+    return p.chat ? codec_.encode_answer(p.prompt) : codec_.encode_prompt(p.prompt);
+  }
   int64_t max_prompt_tokens() const { return max_prompt_tokens_; }
   int64_t max_answer_tokens() const { return max_answer_tokens_; }
 
