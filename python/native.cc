@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -33,6 +34,7 @@
 #include "weightlift/core/dtype.h"
 #include "weightlift/core/status.h"
 #include "weightlift/model/config.h"
+#include "weightlift/model/hf_checkpoint.h"
 #include "weightlift/model/params.h"
 #include "weightlift/transfer/fleet/fleet_receiver.h"
 #include "weightlift/transfer/fleet/parameter_server.h"
@@ -99,10 +101,11 @@ struct Buffer {
 };
 
 model::ModelConfig model_config(const std::string& model) {
-  // A preset name, or the path of a config.json.
+  // A preset name, a Hugging Face checkpoint directory, or the path of a config.json.
   if (model.find('/') == std::string::npos && model.find(".json") == std::string::npos) {
     return take(model::preset(model));
   }
+  if (std::filesystem::is_directory(model)) return take(model::open_hf_checkpoint(model)).config;
   return take(model::load_config(model));
 }
 
@@ -283,6 +286,14 @@ class Server {
     const model::ModelConfig config = model_config(model);
     py::gil_scoped_release unlocked;
     check(server_->register_checkpoint(name, config, files));
+  }
+  // A Hugging Face checkpoint directory: its config and its weights, whatever family.
+  void register_model_dir(const std::string& name, const std::string& dir) {
+    py::gil_scoped_release unlocked;
+    const model::HfCheckpoint hf = take(model::open_hf_checkpoint(dir));
+    std::vector<float> full(size_t(model::ParamLayout(hf.config).total()));
+    check(model::read_hf_params(hf, full.data()));
+    check(server_->register_checkpoint(name, hf.config, full));
   }
   void register_tensors(const std::string& name, const std::string& model,
                         const std::map<std::string, Buffer>& tensors) {
@@ -517,6 +528,7 @@ void bind_transfer(py::module_& m) {
                     const std::string&>(),
            py::arg("job"), py::arg("rank"), py::arg("size"), py::arg("mode"), py::arg("prefix"),
            py::arg("timeout"), py::arg("shard_dtype"))
+      .def("register_model_dir", &Server::register_model_dir, py::arg("name"), py::arg("dir"))
       .def("register_files", &Server::register_files, py::arg("name"), py::arg("model"),
            py::arg("files"))
       .def("register_tensors", &Server::register_tensors, py::arg("name"), py::arg("model"),

@@ -14,6 +14,7 @@
 #include "weightlift/comm/world.h"
 #include "weightlift/core/file_io.h"
 #include "weightlift/model/config.h"
+#include "weightlift/model/hf_checkpoint.h"
 #include "weightlift/transfer/fleet/fleet_receiver.h"
 #include "weightlift/transfer/fleet/sidecar.h"
 #include "weightlift/transfer/layout/inference_layout.h"
@@ -40,7 +41,8 @@ void catch_stop_signals() {
 
 struct ServeArgs {
   int id = 0;
-  std::string preset = "tiny", layout, format = "bf16", socket, shared_memory, prefix = "fleet";
+  std::string preset = "tiny", model_dir, layout, format = "bf16", socket, shared_memory,
+              prefix = "fleet";
   int timeout_s = 30;
 };
 
@@ -49,7 +51,8 @@ struct ServeArgs {
 Result<std::vector<transfer::ReceiverTensor>> held_tensors(const ServeArgs& a,
                                                            transfer::WeightFormat format) {
   if (a.layout.empty()) {
-    WL_ASSIGN_OR_RETURN(const model::ModelConfig config, model::preset(a.preset));
+    WL_ASSIGN_OR_RETURN(const model::ModelConfig config,
+                        model::preset_or_checkpoint_config(a.preset, a.model_dir));
     return transfer::inference_layout(config, {.format = format});
   }
   WL_ASSIGN_OR_RETURN(const std::string text, read_file(a.layout, 64 << 20, "layout spec"));
@@ -119,6 +122,9 @@ void register_receiver(CLI::App& app, Outcome& out) {
       ->required();
   auto* model = cmd->add_option("--model", a->preset, "the preset whose inference layout it holds")
                     ->capture_default_str();
+  cmd->add_option("--model-dir", a->model_dir,
+                  "a Hugging Face checkpoint directory whose inference layout it holds")
+      ->excludes(model);
   cmd->add_option("--layout", a->layout,
                   "a layout spec's JSON file: hold another model's weights as it says "
                   "(docs/formats.md, \"Layout spec\")")

@@ -207,11 +207,20 @@ class ParameterServer:
 
     def register_checkpoint(self, name: str, model: Optional[str] = None, *,
                             layout: Any = None, files: Optional[Sequence[str]] = None,
-                            named_tensors: Optional[Mapping[str, Any]] = None) -> None:
+                            named_tensors: Optional[Mapping[str, Any]] = None,
+                            model_dir: Optional[str] = None) -> None:
         """Holds checkpoint `name` of `model`, or of the model `layout` describes, from
         safetensors `files` (a Hugging Face checkpoint's, for a layout) or `named_tensors` (a
         state dict; its values are copied into the servers' shards). Another model's
-        checkpoint moves in p2p mode only."""
+        checkpoint moves in p2p mode only. `model_dir` alone: a Hugging Face checkpoint
+        directory (Mixtral, Qwen3-MoE, Qwen3, Llama), its config and its weights; receivers
+        hold it with ``Receiver(job, id, model=model_dir)``."""
+        if model_dir is not None:
+            if model is not None or layout is not None or files is not None or \
+                    named_tensors is not None:
+                raise Error("InvalidArgument: register_checkpoint takes model_dir alone")
+            self._native.register_model_dir(name, str(model_dir))
+            return
         if (model is None) == (layout is None):
             raise Error("InvalidArgument: register_checkpoint takes a model or a layout, "
                         "exactly one of them")
@@ -317,9 +326,9 @@ class Receiver:
     def __init__(self, job: Job, id: int, model: Optional[str] = None, format: str = "bf16",
                  prefix: str = "fleet", timeout: Optional[float] = None,
                  heal: bool = True, *, layout: Any = None) -> None:
-        """Holds `model`'s inference layout, or what `layout` (a LayoutSpec or its JSON) makes
-        of another model's tensors, in `format` (bf16, or fp8 for the tensors the layout
-        marks fp8)."""
+        """Holds `model`'s inference layout (a preset, a config.json or a Hugging Face
+        checkpoint directory), or what `layout` (a LayoutSpec or its JSON) makes of another
+        model's tensors, in `format` (bf16, or fp8 for the tensors the layout marks fp8)."""
         if (model is None) == (layout is None):
             raise Error("InvalidArgument: a Receiver takes a model or a layout, exactly one")
         self._job = job

@@ -103,6 +103,31 @@ def fleet(job):
     job.close()
 
 
+def hf_fleet(job):
+    """A Hugging Face checkpoint directory (Qwen3-MoE: q/k norms, a dense layer) registered by
+    its path, received by receivers of that directory's model: exactly the run's weights."""
+    hf = os.environ["WL_HF_DIR"]
+    if job.rank == 0:
+        server = wl.ParameterServer(job)
+        server.register_checkpoint("policy", model_dir=hf)
+        assert server.wait_for_receivers(job.size - 1) == list(range(job.size - 1))
+        assert server.update("policy")["version"] == 1
+        job.process_group("sync").barrier()
+    else:
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "reference"))
+        from torch_moe import read_safetensors
+        sd = read_safetensors(os.path.join(os.path.dirname(hf), "model.safetensors"))
+        receiver = wl.Receiver(job, id=job.rank - 1, model=hf)
+        receiver.wait_for_version(1, timeout=60)
+        with receiver.acquire() as w:
+            names = list(w.keys())
+            assert "layers.0.attn.q_norm.weight" in names and "layers.1.mlp.down_proj.weight" in names
+            for name in names:
+                assert torch.equal(w[name], expected(sd, name)), name
+        job.process_group("sync").barrier()
+    job.close()
+
+
 def dead_receiver(job):
     """Receiver 1 dies between updates; the next update goes to the others and says who was
     left out, and the one after that too (no hang, no lasting damage)."""

@@ -40,6 +40,21 @@ def test_server_to_receivers_exact_zero_copy_and_pinned():
     launch("fleet")
 
 
+def test_a_hugging_face_checkpoint_directory_from_server_to_receivers(tmp_path):
+    config = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
+              "head_dim": 16, "num_experts": 4, "top_k": 2, "ffn_dim": 32, "vocab_size": 320,
+              "max_seq_len": 64, "qk_norm": True, "dense_layers": [1], "dense_ffn_dim": 48}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    subprocess.run([EXE, "train", "--config", str(tmp_path / "config.json"), "--steps", "1",
+                    "--batch", "2", "--seq", "16", "--out", str(tmp_path / "run")], check=True,
+                   capture_output=True, timeout=120)
+    os.environ["WL_HF_DIR"] = str(tmp_path / "run" / "hf")
+    try:
+        launch("hf_fleet")
+    finally:
+        del os.environ["WL_HF_DIR"]
+
+
 def test_receiver_that_dies_is_left_out_without_a_hang():
     launch("dead_receiver")
 
