@@ -297,11 +297,18 @@ void register_train(CLI::App& app, Outcome& out) {
                   "train on these documents instead of the Brown corpus: JSONL ({\"text\": ...} "
                   "per line) or text (documents separated by blank lines)")
       ->excludes("--corpus");
+  cmd->add_option("--sft", o->sft_path,
+                  "supervised fine-tuning on JSONL examples ({\"prompt\", \"completion\"} or "
+                  "{\"messages\"}), the loss on the completions only")
+      ->excludes("--corpus")
+      ->excludes("--data");
   cmd->add_option("--tokenizer", o->tokenizer,
-                  "--data's tokens: a Hugging Face tokenizer.json (default: --model-dir's, else "
-                  "bytes)");
+                  "--data's and --sft's tokens: a Hugging Face tokenizer.json (default: "
+                  "--model-dir's, else bytes)");
   cmd->add_option("--batch-file", o->batch_file,
-                  "train on this fixed batch (safetensors: int64 tokens, targets)");
+                  "train on this fixed batch (safetensors: int64 tokens, targets)")
+      ->excludes("--data")
+      ->excludes("--sft");
   cmd->add_option("--batch", o->batch, "rows of the global batch of one update, all ranks")
       ->capture_default_str();
   cmd->add_option("--seq", o->seq, "tokens per row (0 = max_seq_len)")->capture_default_str();

@@ -264,6 +264,7 @@ Status check_run_plan(const TrainOptions& o, const model::ModelConfig& config) {
   }
   std::vector<NamedPath> inputs = {{"--config", o.config_path},
                                    {"--data", o.data_path},
+                                   {"--sft", o.sft_path},
                                    {"--tokenizer", o.tokenizer},
                                    {"--init-weights", o.init_weights},
                                    {"--batch-file", o.batch_file}};

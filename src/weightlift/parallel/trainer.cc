@@ -23,6 +23,7 @@
 #include "weightlift/train/codec.h"
 #include "weightlift/train/data.h"
 #include "weightlift/train/documents.h"
+#include "weightlift/train/sft.h"
 #include "weightlift/train/tokenizer.h"
 
 namespace wl::parallel {
@@ -126,7 +127,11 @@ Status Run::make_state() {
   WL_ASSIGN_OR_RETURN(dp_, make_data_parallel(cfg_, o_.layout, o_.adamw, o_.timeout, ranks_));
   sched_ = o_.schedule;
   sched_.total_steps = o_.steps;
-  sampler_.emplace(&data_.train_stream, o_.seed + 1);
+  if (data_.sft_examples.batch > 0) {
+    sampler_.emplace(&data_.sft_examples, o_.seed + 1);
+  } else {
+    sampler_.emplace(&data_.train_stream, o_.seed + 1);
+  }
   if (!o_.resume.empty()) {
     WL_ASSIGN_OR_RETURN(TrainState st, load_checkpoint(o_.resume, *dp_));
     guard_.saved(o_.resume);
@@ -279,9 +284,9 @@ double unigram_entropy(const std::vector<int64_t>& stream) {
 
 namespace {
 
-// Windows over the documents of --data, in --tokenizer's tokens (or --model-dir's, or bytes).
-Result<RunData> load_documents_data(const TrainOptions& o, const model::ModelConfig& cfg,
-                                    int64_t seq, RunData& d) {
+// The tokenizer --data and --sft are read in: --tokenizer, --model-dir's, or bytes.
+Result<train::Codec> run_codec(const TrainOptions& o, const model::ModelConfig& cfg,
+                               std::string* tokenizer_path) {
   std::string tokenizer = o.tokenizer;
   const std::string own = o.model_dir + "/tokenizer.json";
   if (tokenizer.empty() && !o.model_dir.empty() && fs::is_regular_file(own)) tokenizer = own;
@@ -294,6 +299,42 @@ Result<RunData> load_documents_data(const TrainOptions& o, const model::ModelCon
                             " tokens, more than the model's vocab_size " +
                             std::to_string(cfg.vocab_size));
   }
+  *tokenizer_path = tokenizer;
+  return codec;
+}
+
+// --sft's examples, a row each; the held-out ones in whole batches for validation.
+Result<RunData> load_sft_data(const TrainOptions& o, const model::ModelConfig& cfg, int64_t seq,
+                              RunData& d) {
+  std::string tokenizer;
+  WL_ASSIGN_OR_RETURN(const train::Codec codec, run_codec(o, cfg, &tokenizer));
+  std::optional<text::ChatTemplate> chat;
+  const std::string config = (fs::path(tokenizer).parent_path() / "tokenizer_config.json").string();
+  if (!tokenizer.empty() && fs::is_regular_file(config)) {
+    Result<text::ChatTemplate> t = text::ChatTemplate::from_config(config);
+    if (t.ok()) chat = *std::move(t);  // else a chat line is refused when it comes
+  }
+  WL_ASSIGN_OR_RETURN(train::SftExamples s,
+                      train::load_sft(o.sft_path, codec, chat ? &*chat : nullptr, seq));
+  const int64_t rows = std::min(s.validation.batch, o.eval_windows) / d.batch * d.batch;
+  for (int64_t i = 0; i < rows; i += d.batch) {
+    train::Batch b{
+        d.batch,
+        seq,
+        {s.validation.tokens.begin() + i * seq, s.validation.tokens.begin() + (i + d.batch) * seq},
+        {s.validation.targets.begin() + i * seq,
+         s.validation.targets.begin() + (i + d.batch) * seq}};
+    d.val_batches.push_back(std::move(b));
+  }
+  d.sft_examples = std::move(s.train);
+  return std::move(d);
+}
+
+// Windows over the documents of --data, in --tokenizer's tokens (or --model-dir's, or bytes).
+Result<RunData> load_documents_data(const TrainOptions& o, const model::ModelConfig& cfg,
+                                    int64_t seq, RunData& d) {
+  std::string tokenizer;
+  WL_ASSIGN_OR_RETURN(const train::Codec codec, run_codec(o, cfg, &tokenizer));
   WL_ASSIGN_OR_RETURN(train::DocumentStreams docs, train::load_documents(o.data_path, codec));
   if (int64_t(docs.train.size()) <= seq + 1) {
     return invalid_argument(
@@ -323,6 +364,7 @@ Result<RunData> load_run_data(const TrainOptions& o, const model::ModelConfig& c
     return d;
   }
   if (!o.data_path.empty()) return load_documents_data(o, cfg, seq, d);
+  if (!o.sft_path.empty()) return load_sft_data(o, cfg, seq, d);
   if (cfg.vocab_size < train::kByteVocab)
     return invalid_argument(
         "the byte tokenizer needs vocab_size >= " + std::to_string(train::kByteVocab) +

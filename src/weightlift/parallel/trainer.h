@@ -44,6 +44,9 @@ struct TrainOptions {
   // Or documents (train/documents.h: JSONL {"text"} or blank-line separated text) in the
   // tokens of `tokenizer` (a tokenizer.json; empty: model_dir's, else bytes).
   std::string data_path;
+  // Or supervised examples (train/sft.h: JSONL prompt/completion or messages), loss on the
+  // completions only, in the same tokens.
+  std::string sft_path;
   std::string tokenizer;
   int64_t batch = 8;  // rows of the global batch of one update, over every rank
   int64_t seq = 0;    // tokens per row; 0 = the config's max_seq_len
@@ -107,7 +110,8 @@ Result<TrainSummary> train(const TrainOptions& options, const TrainRanks& ranks 
 struct RunData {
   int64_t batch = 0, seq = 0;  // rows of the global batch (--batch or the file's), tokens
   std::vector<int64_t> train_stream, val_stream;
-  train::Batch fixed;  // the batch file's; empty without one
+  train::Batch fixed;         // the batch file's; empty without one
+  train::Batch sft_examples;  // --sft's training rows; empty without
   std::vector<train::Batch> val_batches;
   double unigram_entropy = 0;  // nats per byte of the training text; NaN on a batch file
   bool fixed_batch() const { return fixed.batch > 0; }

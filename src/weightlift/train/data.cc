@@ -1,10 +1,24 @@
 #include "weightlift/train/data.h"
 
+#include <algorithm>
+
 #include "weightlift/core/check.h"
 
 namespace wl::train {
 
 Batch WindowSampler::next(int64_t batch, int64_t seq) {
+  if (examples_) {
+    WL_CHECK(examples_->seq == seq && examples_->batch > 0)
+        << "examples of " << examples_->seq << " tokens, windows of " << seq;
+    Batch b{batch, seq, std::vector<int64_t>(size_t(batch * seq)),
+            std::vector<int64_t>(size_t(batch * seq))};
+    for (int64_t r = 0; r < batch; ++r) {
+      const size_t from = size_t(rng_.below(uint64_t(examples_->batch)) * seq);
+      std::copy_n(examples_->tokens.begin() + int64_t(from), seq, b.tokens.begin() + r * seq);
+      std::copy_n(examples_->targets.begin() + int64_t(from), seq, b.targets.begin() + r * seq);
+    }
+    return b;
+  }
   const int64_t n = int64_t(stream_->size());
   WL_CHECK_GT(n, seq + 1) << "token stream shorter than one window";
   Batch b{batch, seq, std::vector<int64_t>(size_t(batch * seq)),
