@@ -437,7 +437,9 @@ class FleetReceiver {
     }
     py::dict d;
     d["round"] = r.round;
-    d["kind"] = r.kind == transfer::RoundRecord::Kind::kForm ? "form" : "update";
+    d["kind"] = r.kind == transfer::RoundRecord::Kind::kForm     ? "form"
+                : r.kind == transfer::RoundRecord::Kind::kRefuse ? "refuse"
+                                                                 : "update";
     d["took_part"] = r.took_part;
     d["version"] = r.version;
     return d;

@@ -198,6 +198,57 @@ void switch_join_heal_leave(TransferMode mode, WeightFormat format) {
   }
 }
 
+// A receiver of another model's layout, and a second receiver taking an id a live one holds
+// (the holder answers the form round that asks them both), are turned away at the next update,
+// each told why; the others are updated as if they had never joined (before, the first failed
+// every update at planning and the second left both holders of the id without weights).
+TEST(ParameterServer, AReceiverThatCannotBeServedIsTurnedAwayAndTheOthersUpdate) {
+  const model::ModelConfig c = preset_or_die("tiny");
+  const model::ModelConfig other = preset_or_die("small");
+  const std::vector<float> a = random_weights(c, 1), b = random_weights(c, 2);
+  auto store = std::make_shared<comm::MemoryStore>();
+  std::vector<std::unique_ptr<ReceiverThread>> rx;
+  rx.push_back(start_receiver(store, c, 0, {}));
+  rx.push_back(start_receiver(store, other, 1, {}));  // small's layout: no checkpoint of it
+  rx.push_back(start_receiver(store, c, 0, {}));      // receiver 0's id, while 0 lives
+  rx.push_back(start_receiver(store, c, 2, {}));
+  run_servers(store, TransferMode::kP2P, [&](ParameterServer& ps) {
+    ASSERT_TRUE(ps.register_checkpoint("policy", c, a).ok());
+    auto ids = [](const ServerUpdate& u) {
+      std::vector<int> out;
+      for (const FleetMember& m : u.members) out.push_back(m.id);
+      return out;
+    };
+    auto u = ps.update("policy");
+    ASSERT_TRUE(u.ok()) << u.status().to_string();
+    EXPECT_EQ(ids(*u), (std::vector<int>{0, 2}));
+    ASSERT_TRUE(ps.refresh("policy", b).ok());
+    u = ps.update("policy");
+    ASSERT_TRUE(u.ok()) << u.status().to_string();
+    EXPECT_EQ(ids(*u), (std::vector<int>{0, 2}));
+    EXPECT_EQ(ps.generation(), 1u) << "the turned-away never made a new generation";
+  });
+  for (int i : {0, 3}) {
+    ASSERT_TRUE(rx[size_t(i)]->wait_version(2));
+    expect_matches_reference(rx[size_t(i)]->fleet->receiver(), c, {}, b, 2);
+  }
+  for (auto& t : rx) t->join();
+  EXPECT_TRUE(rx[0]->errors.empty()) << rx[0]->errors.front();
+  EXPECT_TRUE(rx[3]->errors.empty()) << rx[3]->errors.front();
+  auto refused_once = [](ReceiverThread& t, const std::vector<std::string>& fragments) {
+    ASSERT_FALSE(t.errors.empty()) << "not turned away";
+    for (const std::string& e : t.errors) {  // every call after the refusal: the same reason
+      EXPECT_NE(e.find("FailedPrecondition"), std::string::npos) << e;
+      for (const std::string& f : fragments) EXPECT_NE(e.find(f), std::string::npos) << e;
+    }
+    EXPECT_EQ(t.fleet->receiver().version(), 0u);
+  };
+  refused_once(*rx[1], {"receiver 1 was turned away", "not checkpoint 'policy''s inference layout",
+                        "embed.weight:BF16[320,256]"});
+  refused_once(*rx[2], {"receiver 0 was turned away", "receiver id 0 is held by another receiver",
+                        "which answered round 1", "another id"});
+}
+
 TEST(ParameterServer, SwitchJoinHealLeaveP2pBf16) {
   switch_join_heal_leave(TransferMode::kP2P, WeightFormat::kBF16);
 }

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 
+#include "weightlift/comm/process_alive.h"
 #include "weightlift/transfer/fleet/heal_from_servers.h"
 
 namespace wl::transfer {
@@ -26,6 +28,7 @@ struct FleetReceiver::Impl {
   std::shared_ptr<comm::Group> group;
   std::map<std::string, std::unique_ptr<UpdateExecutor>> executors;  // by checkpoint
   bool member = false;                                               // joined and not left
+  std::optional<Status> refused;  // turned away by the servers: every later call fails so
 
   Status announce(bool leave);
   Status publish_peer_record();
@@ -55,7 +58,18 @@ std::string FleetReceiver::heal_log() const { return impl_->heal_log; }
 
 Status FleetReceiver::Impl::announce(bool leave) {
   WL_ASSIGN_OR_RETURN(int64_t k, options.store->add(keys.joins(), 1));
-  const JoinRecord j{options.id, receiver->epoch(), leave};
+  JoinRecord j{options.id, receiver->epoch(), leave};
+  if (!leave) {
+    const comm::ProcessId me = comm::this_process();
+    const ReceiverOptions& o = receiver->options();
+    j.host = me.host;
+    j.pid = me.pid;
+    j.tp = o.tp;
+    j.tp_rank = o.tp_rank;
+    j.format = std::string(weight_format_name(o.format));
+    for (const ReceiverEntry& e : receiver->entries())
+      j.tensors.push_back(tensor_signature(e.spec));
+  }
   WL_RETURN_IF_ERROR(options.store->set(keys.join(k), comm::to_bytes(join_to_json(j))));
   member = !leave;
   return ok_status();
@@ -193,7 +207,8 @@ Status FleetReceiver::Impl::answer(const RoundRecord& r, bool named, RoundOutcom
   if (!named || !member) return ok_status();
   const std::string ack =
       std::to_string(receiver->epoch()) + " " + std::to_string(receiver->version());
-  WL_RETURN_IF_ERROR(options.store->set(keys.ack(r.round, options.id), comm::to_bytes(ack)));
+  WL_RETURN_IF_ERROR(
+      options.store->set(keys.ack(r.round, options.id, receiver->epoch()), comm::to_bytes(ack)));
   out.took_part = true;
   return ok_status();
 }
@@ -261,6 +276,7 @@ Status FleetReceiver::Impl::take_part(const RoundRecord& r, RoundOutcome& out) {
 
 Result<RoundOutcome> FleetReceiver::serve_one(std::chrono::milliseconds wait) {
   Impl& m = *impl_;
+  if (m.refused) return *m.refused;
   const std::string key = m.keys.round(m.next_round);
   WL_ASSIGN_OR_RETURN(comm::Bytes b, m.wait_for(key, comm::deadline_after(wait)));
   WL_ASSIGN_OR_RETURN(RoundRecord r, round_from_json(comm::to_string(b), key));
@@ -272,6 +288,16 @@ Result<RoundOutcome> FleetReceiver::serve_one(std::chrono::milliseconds wait) {
   const int index = me == r.members.end() ? -1 : int(me - r.members.begin());
   if (r.kind == RoundRecord::Kind::kForm) {
     WL_RETURN_IF_ERROR(m.answer(r, index >= 0, out));
+    return out;
+  }
+  if (r.kind == RoundRecord::Kind::kRefuse) {
+    for (const Refusal& x : r.refused) {
+      if (x.receiver.id != m.options.id || x.receiver.epoch != m.receiver->epoch()) continue;
+      m.member = false;
+      m.refused = failed_precondition("receiver " + std::to_string(m.options.id) +
+                                      " was turned away by the parameter server: " + x.reason);
+      return *m.refused;
+    }
     return out;
   }
   if (r.generation != m.generation) {

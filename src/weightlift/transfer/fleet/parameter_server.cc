@@ -17,6 +17,8 @@
 #include "weightlift/core/safetensors.h"
 #include "weightlift/model/params.h"
 #include "weightlift/transfer/fleet/heal_from_servers.h"
+#include "weightlift/transfer/layout/inference_layout.h"
+#include "weightlift/transfer/layout/layout_spec.h"
 
 namespace wl::transfer {
 namespace {
@@ -60,12 +62,28 @@ struct ParameterServer::Impl {
   // is read only for joined_receivers().
   uint64_t round = 0;
   int64_t joins_seen = 0;
-  std::map<int, uint64_t> joined;  // id -> epoch
+  std::map<int, uint64_t> joined;     // id -> epoch
+  std::map<int, JoinRecord> holders;  // id -> the join record of joined[id]
+  // A receiver that joined with an id another epoch holds: a restart of a holder that died, or
+  // a second receiver given the same id. The next form round asks both; the holder keeps the id
+  // if it answers, else the contender takes it.
+  std::map<int, JoinRecord> contenders;
+  std::vector<Refusal> refusals;  // rank 0: turned away, to post in a refuse round
 
   Status read_joins();
+  // Rank 0: why `j`'s layout is not checkpoint `name`'s inference layout at its TP rank and
+  // format (the planner's check, planner.cc), or "" when it is.
+  std::string layout_mismatch(const std::string& name, const JoinRecord& j);
+  // Rank 0: the refusals gathered since the last one, as a refuse round.
+  Status post_refusals();
   Result<std::vector<FleetMember>> wanted(const std::string& name, std::span<const int> receivers);
   bool generation_broken();
-  Status form(const std::vector<FleetMember>& wanted, RoundRecord& update);
+  Status form(const std::string& name, const std::vector<FleetMember>& wanted, RoundRecord& update);
+  // Rank 0: the version `j` answered form round `round_number` with; NotFound when it did not
+  // by `deadline`, or is known to have exited.
+  Result<uint64_t> ack_of(uint64_t round_number, const JoinRecord& j, comm::Deadline deadline);
+  Result<std::vector<std::pair<FleetMember, uint64_t>>> answers(
+      const std::string& name, const std::vector<FleetMember>& wanted, RoundRecord& update);
   Result<RoundRecord> decide(const std::string& name, std::span<const int> receivers,
                              bool checksums);
   Result<RoundRecord> post(RoundRecord r);
@@ -442,12 +460,34 @@ Status ParameterServer::Impl::read_joins() {
   for (int64_t k = joins_seen + 1; k <= total; ++k) {
     WL_ASSIGN_OR_RETURN(comm::Bytes b, options.store->get(keys.join(k), options.timeout));
     WL_ASSIGN_OR_RETURN(JoinRecord j, join_from_json(comm::to_string(b), keys.join(k)));
-    if (j.leave) {
-      if (joined.count(j.id) && joined[j.id] == j.epoch) joined.erase(j.id);
-    } else {
-      joined[j.id] = j.epoch;
-    }
     joins_seen = k;
+    if (j.leave) {
+      if (joined.count(j.id) && joined[j.id] == j.epoch) {
+        joined.erase(j.id);
+        holders.erase(j.id);
+        auto c = contenders.find(j.id);  // the id is free: its contender takes it
+        if (c != contenders.end()) {
+          joined[j.id] = c->second.epoch;
+          holders[j.id] = std::move(c->second);
+          contenders.erase(c);
+        }
+      }
+      if (contenders.count(j.id) && contenders[j.id].epoch == j.epoch) contenders.erase(j.id);
+      continue;
+    }
+    auto held = holders.find(j.id);
+    if (held == holders.end() || held->second.epoch == j.epoch) {
+      joined[j.id] = j.epoch;
+      holders[j.id] = std::move(j);
+      continue;
+    }
+    auto c = contenders.find(j.id);
+    if (c != contenders.end() && c->second.epoch != j.epoch && options.rank == 0) {
+      refusals.push_back({{j.id, c->second.epoch},
+                          "a newer receiver with id " + std::to_string(j.id) +
+                              " joined before this one was let in"});
+    }
+    contenders[j.id] = std::move(j);
   }
   return ok_status();
 }
@@ -461,24 +501,74 @@ Result<RoundRecord> ParameterServer::Impl::post(RoundRecord r) {
   return r;
 }
 
+std::string ParameterServer::Impl::layout_mismatch(const std::string& name, const JoinRecord& j) {
+  const TrainerWeights& w = *checkpoints.at(name).weights;
+  const std::optional<WeightFormat> format = weight_format_from_name(j.format);
+  if (!format) return "it holds format '" + j.format + "'";
+  auto expected =
+      w.config()
+          ? inference_layout(*w.config(), {.tp = j.tp, .tp_rank = j.tp_rank, .format = *format})
+          : spec_layout(spec_in_format(*w.layout_spec(), *format), j.tp, j.tp_rank);
+  if (!expected.ok()) return expected.status().message();
+  const std::vector<ReceiverTensorSpec> specs = tensor_specs(*expected);
+  std::set<std::string> want, have(j.tensors.begin(), j.tensors.end());
+  for (const ReceiverTensorSpec& s : specs) want.insert(tensor_signature(s));
+  for (const std::string& t : j.tensors) {
+    if (!want.count(t)) return "it holds " + t + ", which the layout has not";
+  }
+  for (const ReceiverTensorSpec& s : specs) {
+    if (!have.count(tensor_signature(s))) {
+      return "it lacks " + tensor_signature(s) + ", which the layout has";
+    }
+  }
+  return "";
+}
+
 // Rank 0: the members an update of `name` asks for: everyone who joined, or the ones named.
+// One whose layout is no held checkpoint's is turned away; one whose layout is another
+// checkpoint's sits this update out.
 Result<std::vector<FleetMember>> ParameterServer::Impl::wanted(const std::string& name,
                                                                std::span<const int> receivers) {
   WL_RETURN_IF_ERROR(read_joins());
-  std::vector<FleetMember> out;
-  if (receivers.empty()) {
-    for (const auto& [id, epoch] : joined) out.push_back({id, epoch});
-    return out;
+  std::vector<int> ids(receivers.begin(), receivers.end());
+  if (ids.empty()) {
+    for (const auto& [id, epoch] : joined) ids.push_back(id);
   }
-  for (int id : receivers) {
+  std::vector<FleetMember> out;
+  for (int id : ids) {
     auto it = joined.find(id);
     if (it == joined.end()) {
       return not_found("update '" + name + "': receiver " + std::to_string(id) +
                        " has not joined the fleet (or has left it)");
     }
-    out.push_back({id, it->second});
+    const std::string why = layout_mismatch(name, holders.at(id));
+    if (why.empty()) {
+      out.push_back({id, it->second});
+      continue;
+    }
+    const bool fits_another =
+        receivers.empty() &&
+        std::any_of(checkpoints.begin(), checkpoints.end(), [&](const auto& held) {
+          return held.first != name && layout_mismatch(held.first, holders.at(id)).empty();
+        });
+    if (fits_another) continue;
+    refusals.push_back({{id, it->second},
+                        "its layout is not checkpoint '" + name + "''s inference layout at tp " +
+                            std::to_string(holders.at(id).tp) + " rank " +
+                            std::to_string(holders.at(id).tp_rank) + " (" + holders.at(id).format +
+                            "): " + why});
+    joined.erase(id);
+    holders.erase(id);
   }
   return out;
+}
+
+Status ParameterServer::Impl::post_refusals() {
+  if (refusals.empty()) return ok_status();
+  RoundRecord r{.kind = RoundRecord::Kind::kRefuse, .generation = generation};
+  r.refused = std::move(refusals);
+  refusals.clear();
+  return post(std::move(r)).status();
 }
 
 // Rank 0: whether the current generation can no longer carry an update. A member whose
@@ -510,29 +600,81 @@ bool ParameterServer::Impl::generation_broken() {
 
 // Rank 0: posts a form round for `wanted` and fills `update` with those that answer within the
 // join timeout holding the newest version (or none: fresh); the others are dropped.
-Status ParameterServer::Impl::form(const std::vector<FleetMember>& wanted, RoundRecord& update) {
-  WL_ASSIGN_OR_RETURN(
-      RoundRecord form,
-      post({.kind = RoundRecord::Kind::kForm, .generation = generation + 1, .members = wanted}));
-  const comm::Deadline deadline = comm::deadline_after(options.join_timeout);
-  std::vector<std::pair<FleetMember, uint64_t>> answered;  // with the version each holds
-  uint64_t newest = 0;
-  for (const FleetMember& m : wanted) {
-    auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - comm::Clock::now());
-    auto ack = options.store->get(keys.ack(form.round, m.id),
-                                  std::max(left, std::chrono::milliseconds(1)));
-    unsigned long long epoch = 0, version = 0;
-    if (ack.ok() &&
-        std::sscanf(comm::to_string(*ack).c_str(), "%llu %llu", &epoch, &version) == 2 &&
-        epoch == m.epoch) {
-      answered.emplace_back(m, version);
-      newest = std::max(newest, uint64_t(version));
-    } else {
-      update.dropped.push_back(m.id);
-      joined.erase(m.id);  // it announces itself again when it is back (fleet_receiver.h)
-    }
+Result<uint64_t> ParameterServer::Impl::ack_of(uint64_t round_number, const JoinRecord& j,
+                                               comm::Deadline deadline) {
+  // One known to have exited (on this host) is not waited for.
+  if (!comm::process_may_be_alive({j.host, j.pid})) return not_found("exited");
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - comm::Clock::now());
+  auto ack = options.store->get(keys.ack(round_number, j.id, j.epoch),
+                                std::max(left, std::chrono::milliseconds(1)));
+  unsigned long long epoch = 0, version = 0;
+  if (!ack.ok() || std::sscanf(comm::to_string(*ack).c_str(), "%llu %llu", &epoch, &version) != 2 ||
+      epoch != j.epoch) {
+    return not_found("silent");
   }
+  return uint64_t(version);
+}
+
+// Rank 0: who answers a form round of `wanted` and the contenders for their ids: the
+// candidates that answered, with the version each holds; the others dropped. A contender whose
+// holder answered is turned away; one whose holder is silent takes the id.
+Result<std::vector<std::pair<FleetMember, uint64_t>>> ParameterServer::Impl::answers(
+    const std::string& name, const std::vector<FleetMember>& wanted, RoundRecord& update) {
+  std::vector<FleetMember> candidates = wanted;
+  for (const FleetMember& m : wanted) {
+    auto c = contenders.find(m.id);
+    if (c == contenders.end()) continue;
+    const std::string why = layout_mismatch(name, c->second);
+    if (!why.empty()) {
+      refusals.push_back(
+          {{m.id, c->second.epoch},
+           "its layout is not checkpoint '" + name + "''s inference layout: " + why});
+      contenders.erase(c);
+      continue;
+    }
+    candidates.push_back({m.id, c->second.epoch});
+  }
+  WL_ASSIGN_OR_RETURN(RoundRecord form, post({.kind = RoundRecord::Kind::kForm,
+                                              .generation = generation + 1,
+                                              .members = candidates}));
+  const comm::Deadline deadline = comm::deadline_after(options.join_timeout);
+  std::vector<std::pair<FleetMember, uint64_t>> answered;
+  for (const FleetMember& m : wanted) {
+    Result<uint64_t> held = ack_of(form.round, holders.at(m.id), deadline);
+    auto c = contenders.find(m.id);
+    if (c != contenders.end()) {
+      JoinRecord contender = std::move(c->second);
+      contenders.erase(c);
+      if (held.ok()) {
+        refusals.push_back({{m.id, contender.epoch},
+                            "receiver id " + std::to_string(m.id) +
+                                " is held by another receiver, which answered round " +
+                                std::to_string(form.round) +
+                                "; start this one with another id, or stop that one first"});
+      } else {
+        holders[m.id] = std::move(contender);
+        joined[m.id] = holders[m.id].epoch;
+        held = ack_of(form.round, holders[m.id], deadline);
+      }
+    }
+    if (held.ok()) {
+      answered.emplace_back(FleetMember{m.id, holders[m.id].epoch}, *held);
+      continue;
+    }
+    update.dropped.push_back(m.id);
+    joined.erase(m.id);  // it announces itself again when it is back (fleet_receiver.h)
+    holders.erase(m.id);
+  }
+  return answered;
+}
+
+// Rank 0: posts a form round for `wanted` and fills `update` with those that answer within the
+// join timeout holding the newest version (or none: fresh); the others are dropped.
+Status ParameterServer::Impl::form(const std::string& name, const std::vector<FleetMember>& wanted,
+                                   RoundRecord& update) {
+  WL_ASSIGN_OR_RETURN(auto answered, answers(name, wanted, update));
+  uint64_t newest = 0;
+  for (const auto& [m, version] : answered) newest = std::max(newest, version);
   update.members.clear();
   for (const auto& [m, version] : answered) {
     if (version == newest || version == 0) {  // 0: fresh, it takes the next version
@@ -541,6 +683,7 @@ Status ParameterServer::Impl::form(const std::vector<FleetMember>& wanted, Round
       update.dropped.push_back(m.id);
       update.lagging.push_back(m.id);
       joined.erase(m.id);
+      holders.erase(m.id);
     }
   }
   update.generation = generation + 1;
@@ -565,8 +708,11 @@ Result<RoundRecord> ParameterServer::Impl::decide(const std::string& name,
                      .bucket_bytes = options.bucket_bytes,
                      .checksums = checksums};
   broken = generation_broken();
-  if (!broken && same(want, members)) return post(update);
-  WL_RETURN_IF_ERROR(form(want, update));
+  const bool contested = std::any_of(want.begin(), want.end(),
+                                     [&](const FleetMember& m) { return contenders.count(m.id); });
+  if (broken || !same(want, members) || contested) WL_RETURN_IF_ERROR(form(name, want, update));
+  // Turned away before the round that leaves them out: they stop, not announce again.
+  WL_RETURN_IF_ERROR(post_refusals());
   return post(update);
 }
 

@@ -16,7 +16,9 @@ using json = nlohmann::json;
 
 std::string round_to_json(const RoundRecord& r) {
   json j = new_record(kRoundFormat);
-  j["kind"] = r.kind == RoundRecord::Kind::kForm ? "form" : "update";
+  j["kind"] = r.kind == RoundRecord::Kind::kForm     ? "form"
+              : r.kind == RoundRecord::Kind::kRefuse ? "refuse"
+                                                     : "update";
   j["round"] = r.round;
   j["generation"] = r.generation;
   j["servers"] = r.servers;
@@ -29,6 +31,11 @@ std::string round_to_json(const RoundRecord& r) {
   j["mode"] = transfer_mode_name(r.mode);
   j["bucket_bytes"] = r.bucket_bytes;
   j["checksums"] = r.checksums;
+  json refused = json::array();
+  for (const Refusal& x : r.refused) {
+    refused.push_back({{"id", x.receiver.id}, {"epoch", x.receiver.epoch}, {"reason", x.reason}});
+  }
+  j["refused"] = refused;
   return j.dump();
 }
 
@@ -36,8 +43,12 @@ Result<RoundRecord> round_from_json(std::string_view text, std::string_view wher
   return read_record<RoundRecord>(text, where, kRoundFormat, [](const json& j) {
     RoundRecord r;
     const std::string kind = j.at("kind").get<std::string>();
-    if (kind != "form" && kind != "update") throw_field_error(j.at("kind"), "unknown kind " + kind);
-    r.kind = kind == "form" ? RoundRecord::Kind::kForm : RoundRecord::Kind::kUpdate;
+    if (kind != "form" && kind != "update" && kind != "refuse") {
+      throw_field_error(j.at("kind"), "unknown kind " + kind);
+    }
+    r.kind = kind == "form"     ? RoundRecord::Kind::kForm
+             : kind == "refuse" ? RoundRecord::Kind::kRefuse
+                                : RoundRecord::Kind::kUpdate;
     r.round = uint_field(j.at("round"));
     r.generation = uint_field(j.at("generation"));
     r.servers = int32_field(j.at("servers"));
@@ -53,8 +64,18 @@ Result<RoundRecord> round_from_json(std::string_view text, std::string_view wher
     r.mode = *m;
     r.bucket_bytes = int_field(j.at("bucket_bytes"));
     r.checksums = j.at("checksums").get<bool>();
+    for (const json& x : j.value("refused", json::array())) {
+      r.refused.push_back({{int32_field(x.at("id")), uint_field(x.at("epoch"))},
+                           x.at("reason").get<std::string>()});
+    }
     return r;
   });
+}
+
+std::string tensor_signature(const ReceiverTensorSpec& t) {
+  std::string s = t.name + ":" + std::string(dtype_name(t.dtype)) + "[";
+  for (size_t i = 0; i < t.shape.size(); ++i) s += (i ? "," : "") + std::to_string(t.shape[i]);
+  return s + "]";
 }
 
 std::string join_to_json(const JoinRecord& r) {
@@ -62,13 +83,26 @@ std::string join_to_json(const JoinRecord& r) {
   j["id"] = r.id;
   j["epoch"] = r.epoch;
   j["leave"] = r.leave;
+  j["host"] = r.host;
+  j["pid"] = r.pid;
+  j["tp"] = r.tp;
+  j["tp_rank"] = r.tp_rank;
+  j["weight_format"] = r.format;
+  j["tensors"] = r.tensors;
   return j.dump();
 }
 
 Result<JoinRecord> join_from_json(std::string_view text, std::string_view where) {
   return read_record<JoinRecord>(text, where, kJoinFormat, [](const json& j) {
-    return JoinRecord{int32_field(j.at("id")), uint_field(j.at("epoch")),
-                      j.at("leave").get<bool>()};
+    JoinRecord r{int32_field(j.at("id")), uint_field(j.at("epoch")), j.at("leave").get<bool>()};
+    if (r.leave) return r;  // a leave names the receiver only
+    r.host = uint_field(j.at("host"));
+    r.pid = int_field(j.at("pid"));
+    r.tp = int32_field(j.at("tp"));
+    r.tp_rank = int32_field(j.at("tp_rank"));
+    r.format = j.at("weight_format").get<std::string>();
+    r.tensors = j.at("tensors").get<std::vector<std::string>>();
+    return r;
   });
 }
 

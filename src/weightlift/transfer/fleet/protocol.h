@@ -5,7 +5,8 @@
 // Rounds. The parameter server's rank 0 numbers its rounds 1, 2, ... and posts each as a
 // record under "<prefix>/round/<n>" (then bumps the counter "<prefix>/rounds"). Two kinds:
 //   form    a new generation g of the fleet: the candidate receivers. Each candidate that is
-//           alive answers under "<prefix>/round/<n>/ack/<id>" with "<epoch> <version>"; whoever
+//           alive answers under "<prefix>/round/<n>/ack/<id>/<epoch>" with "<epoch> <version>"
+//           (two receivers may contend for an id: a restart and the holder); whoever
 //           has not answered within the join timeout is left out (a dead or frozen receiver
 //           costs one join timeout, once), and so is whoever holds an older version than the
 //           newest among the answers: every member of a generation holds the same version, as
@@ -23,9 +24,16 @@
 // caller asks for another set of receivers, or after a failed round (a failed round breaks
 // its group: transport.h). Receivers a round does not name skip it.
 //
-// Joining and leaving. A receiver announces itself by appending a record {id, epoch, leave}
-// under "<prefix>/join/<k>" (k from the counter "<prefix>/joins"); a restarted receiver
-// announces again with its new epoch. Healthy receivers also leave a PeerRecord under
+// Joining and leaving. A receiver announces itself by appending a record {id, epoch, leave,
+// its process and its layout} under "<prefix>/join/<k>" (k from the counter "<prefix>/joins");
+// a restarted receiver announces again with its new epoch.
+//   refuse  the server's rank 0 turns a receiver away, naming why: its id is held by a
+//           receiver that has not left and whose process is alive (or cannot be known to be
+//           dead: another host), or its layout is not the inference layout of the checkpoint
+//           an update moves (checked as the planner would, before any generation is formed
+//           with it). The refused receiver's serve_one() fails with that reason from then on;
+//           the others go on as if it had never joined. Healthy receivers also leave a PeerRecord
+//           under
 // "<prefix>/peer/<id>" so that restarted ones can heal from them (fleet/heal_from_peer.h); server
 // ranks leave a ServerCopyRecord under "<prefix>/copy/<rank>" for those with no such peer
 // (fleet/heal_from_servers.h).
@@ -61,8 +69,14 @@ struct FleetMember {
   uint64_t epoch = 0;  // Receiver::epoch(): a new one every start
 };
 
+// A receiver turned away (a refuse round's), and why.
+struct Refusal {
+  FleetMember receiver;
+  std::string reason;
+};
+
 struct RoundRecord {
-  enum class Kind : uint8_t { kForm, kUpdate };
+  enum class Kind : uint8_t { kForm, kUpdate, kRefuse };
   Kind kind = Kind::kUpdate;
   uint64_t round = 0;
   uint64_t generation = 0;
@@ -74,19 +88,30 @@ struct RoundRecord {
   std::vector<int> dropped;  // every candidate left out: lagging, or silent past the timeout
   std::string checkpoint;    // update only
   TransferMode mode = TransferMode::kP2P;
-  int64_t bucket_bytes = 0;  // broadcast mode's bucket size
-  bool checksums = false;    // p2p's per-task checksums (every rank must agree)
+  int64_t bucket_bytes = 0;      // broadcast mode's bucket size
+  bool checksums = false;        // p2p's per-task checksums (every rank must agree)
+  std::vector<Refusal> refused;  // refuse only
 };
 
 struct JoinRecord {
   int id = 0;
   uint64_t epoch = 0;
   bool leave = false;
+  // A join's: the receiver's process (comm::this_process()), and what it holds: its TP rank,
+  // format and tensors ("name:dtype[d0,d1]" each), for the server to check against a
+  // checkpoint's inference layout before planning with it.
+  uint64_t host = 0;
+  int64_t pid = 0;
+  int tp = 1, tp_rank = 0;
+  std::string format = "bf16";
+  std::vector<std::string> tensors;
 };
 
 std::string round_to_json(const RoundRecord& r);
 Result<RoundRecord> round_from_json(std::string_view json, std::string_view where);
 std::string join_to_json(const JoinRecord& j);
+// "name:dtype[d0,d1]": a receiver tensor as join records list it.
+std::string tensor_signature(const ReceiverTensorSpec& t);
 Result<JoinRecord> join_from_json(std::string_view json, std::string_view where);
 
 // The store keys of the top comment.
@@ -94,7 +119,9 @@ struct FleetKeys {
   std::string prefix;
   std::string rounds() const { return prefix + "/rounds"; }
   std::string round(uint64_t n) const { return prefix + "/round/" + std::to_string(n); }
-  std::string ack(uint64_t n, int id) const { return round(n) + "/ack/" + std::to_string(id); }
+  std::string ack(uint64_t n, int id, uint64_t epoch) const {
+    return round(n) + "/ack/" + std::to_string(id) + "/" + std::to_string(epoch);
+  }
   std::string joins() const { return prefix + "/joins"; }
   std::string join(int64_t k) const { return prefix + "/join/" + std::to_string(k); }
   std::string peer(int id) const { return prefix + "/peer/" + std::to_string(id); }
