@@ -94,6 +94,9 @@ Status serve(const ServeArgs& a) {
     Result<transfer::RoundOutcome> r = fleet->serve_one(std::chrono::milliseconds(200));
     if (r.ok()) {
       sidecar->notify();
+    } else if (r.status().code() == StatusCode::kPermissionDenied) {
+      sidecar.reset();  // turned away by the servers: it will never be served
+      return r.status();
     } else if (r.status().code() != StatusCode::kDeadlineExceeded) {
       // A failed update leaves the last complete version in place; the next round may work.
       // A pause, so that a failure that comes at once (a store gone) is not a busy loop.

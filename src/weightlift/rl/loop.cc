@@ -137,6 +137,8 @@ Status sync_weights(transfer::FleetReceiver& fleet, std::chrono::milliseconds ti
     if (round.ok()) {
       if (round->kind == transfer::RoundRecord::Kind::kUpdate && round->took_part)
         return ok_status();
+    } else if (round.status().code() == StatusCode::kPermissionDenied) {
+      return round.status();  // turned away by the servers: waiting longer changes nothing
     } else if (round.status().code() != StatusCode::kDeadlineExceeded) {
       // An update that failed (another receiver died in it) leaves this one on its last
       // version; the trainer updates again without the lost one.

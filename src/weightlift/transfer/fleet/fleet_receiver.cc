@@ -294,8 +294,9 @@ Result<RoundOutcome> FleetReceiver::serve_one(std::chrono::milliseconds wait) {
     for (const Refusal& x : r.refused) {
       if (x.receiver.id != m.options.id || x.receiver.epoch != m.receiver->epoch()) continue;
       m.member = false;
-      m.refused = failed_precondition("receiver " + std::to_string(m.options.id) +
-                                      " was turned away by the parameter server: " + x.reason);
+      m.refused = Status(StatusCode::kPermissionDenied,
+                         "receiver " + std::to_string(m.options.id) +
+                             " was turned away by the parameter server: " + x.reason);
       return *m.refused;
     }
     return out;

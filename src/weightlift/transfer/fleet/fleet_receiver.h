@@ -64,7 +64,9 @@ class FleetReceiver {
 
   // Handles the next round, waiting up to `wait` for it to be posted (DeadlineExceeded naming
   // the round otherwise; call again). An update that fails returns its error; the receiver
-  // stays on its last complete version and follows the next generation.
+  // stays on its last complete version and follows the next generation. A receiver the
+  // servers turned away (its layout fits no checkpoint, or another live receiver holds its id:
+  // fleet/protocol.h) gets PermissionDenied with their reason, now and on every later call.
   Result<RoundOutcome> serve_one(std::chrono::milliseconds wait);
 
   // Tells the servers this receiver leaves; later rounds do not name it.

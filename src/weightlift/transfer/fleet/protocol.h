@@ -31,7 +31,8 @@
 //           receiver that has not left and whose process is alive (or cannot be known to be
 //           dead: another host), or its layout is not the inference layout of the checkpoint
 //           an update moves (checked as the planner would, before any generation is formed
-//           with it). The refused receiver's serve_one() fails with that reason from then on;
+//           with it). The refused receiver's serve_one() fails with that reason
+//           (PermissionDenied) from then on;
 //           the others go on as if it had never joined. Healthy receivers also leave a PeerRecord
 //           under
 // "<prefix>/peer/<id>" so that restarted ones can heal from them (fleet/heal_from_peer.h); server
