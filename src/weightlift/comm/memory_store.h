@@ -15,15 +15,10 @@ class MemoryStore final : public Store {
   Result<Bytes> get(std::string_view key, std::chrono::milliseconds timeout) override;
   Result<int64_t> add(std::string_view key, int64_t delta) override;
 
-  // Wakes every waiting get with kUnavailable and makes later calls fail the same way; for a
-  // server that is going away.
-  void shut_down();
-
  private:
   Mutex mu_;
   CondVar changed_;
   std::map<std::string, Bytes, std::less<>> values_ WL_GUARDED_BY(mu_);
-  bool shut_down_ WL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace wl::comm

@@ -498,25 +498,10 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerOptions& options) {
 
 const std::string& Worker::name() const { return impl_->name; }
 const std::vector<std::byte>& Worker::address() const { return impl_->address; }
-int Worker::num_peers() const { return int(impl_->peers.size()); }
 const std::string& Worker::peer_name(int peer) const { return impl_->peer_or_null(peer)->name; }
 Status Worker::peer_status(int peer) const { return impl_->peer_or_null(peer)->status; }
 
 Status Worker::status() const { return impl_->poisoned; }
-
-std::string Worker::describe_connection(int peer) const {
-  const WorkerImpl::Peer* p = impl_->peer_or_null(peer);
-  if (p->ep == nullptr) return p->status.to_string();
-  char* text = nullptr;
-  size_t len = 0;
-  FILE* f = open_memstream(&text, &len);
-  if (f == nullptr) return "(no memory for the description)";
-  ucp_ep_print_info(p->ep, f);
-  std::fclose(f);
-  std::string out(text, len);
-  std::free(text);
-  return out;
-}
 
 Result<int> Worker::connect(std::span<const std::byte> address, std::string peer_name) {
   auto peer = std::make_unique<WorkerImpl::Peer>();

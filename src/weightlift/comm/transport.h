@@ -210,15 +210,12 @@ class Worker final : public Transport {
   // Connects to the worker at `address`; returns the peer's id in this worker (0, 1, ... in
   // connection order). `peer_name` ("rank 2") appears in every error about this peer.
   Result<int> connect(std::span<const std::byte> address, std::string peer_name) override;
-  int num_peers() const;
   const std::string& peer_name(int peer) const override;
   // OK while the connection to `peer` is healthy; else why it is not.
   Status peer_status(int peer) const override;
   // OK unless the worker is unusable (a transfer from a failed peer could not be cancelled,
   // see the top): then every operation fails and the owner must create a new worker.
   Status status() const;
-  // UCX's account of the connection: which transport and device carry each kind of traffic.
-  std::string describe_connection(int peer) const;
 
   // Tagged messages. A recv matches exactly `tag` and must receive exactly `bytes` bytes; the
   // peer is for failure detection and error messages (the tag has to identify the sender).

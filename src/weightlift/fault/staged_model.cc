@@ -97,11 +97,6 @@ std::span<const float> StagedModel::stage_weights(int s) const {
   return {weights_.data() + r.begin, size_t(r.size())};
 }
 
-void StagedModel::set_weights(std::span<const float> all) {
-  WL_CHECK(all.size() == weights_.size()) << all.size() << " " << weights_.size();
-  std::copy(all.begin(), all.end(), weights_.begin());
-}
-
 std::vector<train::AdamWSlice> StagedModel::slices(const Group& g) {
   std::vector<train::AdamWSlice> out;
   for (size_t i : g.params) {

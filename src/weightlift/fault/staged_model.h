@@ -65,7 +65,6 @@ class StagedModel {
   std::span<const float> stage_weights(int s) const;
   std::span<const float> weights() const { return weights_; }
   std::span<const float> gradients() const { return grads_; }  // of the last step, unclipped
-  void set_weights(std::span<const float> all);
   // The L2 norm of stage s's gradient of the last step after its clipping (1 before any).
   double grad_norm(int s) const { return groups_[size_t(s)].norm; }
   double lr_factor(int s) const { return groups_[size_t(s)].lr_factor; }

@@ -136,7 +136,6 @@ class DataParallel final : public model::PassHooks {
   const model::Units& units() const { return units_; }
   // What this rank's passes run on: the whole model, or under --tp its slices'.
   const model::ModelConfig& held_config() const { return held_config_; }
-  const model::ParamLayout& held_layout() const { return held_layout_; }
   const UnitParts& parts() const { return parts_; }
   const DataParallelOptions& options() const { return options_; }
   const std::vector<int>& held_units() const { return held_; }  // ascending, replica included
@@ -248,7 +247,6 @@ class DataParallel final : public model::PassHooks {
 
   // The first failure of a router sum or an expert exchange (neither can return one from
   // inside a block); the unit's after_unit returns it.
-  const Status& hook_failure() const { return hook_failure_; }
 
  private:
   void build_ownership();

@@ -72,7 +72,6 @@ class RequestReader {
   bool authenticated() const { return authenticated_; }  // presented the token at least once
   bool mid_request() const { return part_ != Part::kHeader || got_ > 0; }
   // The version of the last header read (the server answers a peer in its own version).
-  uint8_t version_seen() const { return version_seen_; }
   // Bytes this reader holds now (the header and token buffers, the key and value so far).
   size_t buffered_bytes() const;
 

@@ -81,12 +81,6 @@ void ShardedTensor::offload() {
   offloaded_ = true;
 }
 
-void ShardedTensor::reload() {
-  if (!offloaded_) return;
-  working_ = offload_.clone();
-  offloaded_ = false;
-}
-
 Status ShardedTensor::full_tensor_into(void* dst, std::chrono::milliseconds timeout) const {
   const ShardRows mine = local_rows();
   if (mesh_size() == 1) {

@@ -59,7 +59,6 @@ class ShardedTensor {
   const Tensor& shard() const { return offloaded_ ? offload_ : working_; }
   bool offloaded() const { return offloaded_; }
   void offload();  // copies the working buffer to the host buffer and frees the working one
-  void reload();   // the other way
 
   // Replaces this rank's rows with those of `full` ([shape] f32, borrowed), rounded to dtype.
   void assign_full(const float* full);
