@@ -1,11 +1,13 @@
-// The RL post-training loop across processes (synchronous mode: every sample comes from the
-// weights of the step before, staleness 0).
+// The RL post-training loop across processes: synchronous (every sample from the weights of
+// the step before) or asynchronous within a staleness bound (RlOptions::max_staleness).
 //
-//   rank 0        trainer, orchestrator and parameter server: SFT warm start on generated
-//                 demonstrations, then per step: push the weights to every rollout worker
-//                 through the p2p engine (transfer/fleet/parameter_server.h), send each worker
-//                 its share of the step's prompts (each repeated G times), score what comes
-//                 back by the task's rules, GRPO advantages per group, groups whose rewards are
+//   rank 0        trainer, orchestrator and parameter server: SFT warm start on the task's
+//                 demonstrations (generated, or a dataset's answers), then per step: push the
+//                 weights to every rollout worker through the p2p engine
+//                 (transfer/fleet/parameter_server.h), send each worker its share of the step's
+//                 prompts (each repeated G times), score what comes back (the task's rules, a
+//                 verifier or the user's reward process: tasks.h), GRPO advantages per group,
+//                 groups whose rewards are
 //                 all equal filtered out and replaced from fresh prompts (DAPO's dynamic
 //                 sampling), one policy step (policy_step.h)
 //   ranks 1..T-1  with `trainers` T > 1, the other data-parallel ranks of the trainer (DDP or
