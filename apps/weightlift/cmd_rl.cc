@@ -130,14 +130,15 @@ Status check_out_dir(const RlArgs& a) {
 
 // The trained policy as `weightlift generate --run` reads it.
 Status write_policy(const std::string& dir, const model::ModelConfig& config,
-                    std::vector<float>& policy, const std::string& model_dir) {
+                    std::vector<float>& policy, const std::string& model_dir,
+                    const std::string& tokenizer) {
   WL_RETURN_IF_ERROR(model::save_config(config, dir + "/config.json"));
   std::vector<std::pair<std::string, Tensor>> tensors;
   const model::ParamLayout layout(config);
   for (const model::ParamInfo& p : layout.params())
     tensors.emplace_back(p.name, Tensor::borrow(policy.data() + p.offset, DType::kF32, p.shape));
   WL_RETURN_IF_ERROR(write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}}));
-  return parallel::write_hf_model(dir, config, policy, model_dir);
+  return parallel::write_hf_model(dir, config, policy, model_dir, tokenizer);
 }
 
 // The job's rollout workers: every rollout_tp ranks after the trainer's.
@@ -278,7 +279,8 @@ std::string task_label(const RlArgs& a) {
 
 // The finished run's files: the policy, summary.json, the reward plot and the report.
 Status write_rl_outputs(const RlArgs& a, const parallel::Job& job, rl::RlSummary& s) {
-  WL_RETURN_IF_ERROR(write_policy(a.out_dir, a.o.config, s.policy, a.model_dir));
+  WL_RETURN_IF_ERROR(
+      write_policy(a.out_dir, a.o.config, s.policy, a.model_dir, a.o.task.tokenizer));
   nlohmann::json summary = {{"task", a.task},
                             {"difficulty", a.o.task.difficulty},
                             {"preset", a.preset},

@@ -426,10 +426,10 @@ Status write_hf_checkpoint(const std::string& dir, const ModelConfig& c,
                       {"weight_map", weight_map}};
   WL_RETURN_IF_ERROR(
       write_file_atomically(dir + "/model.safetensors.index.json", index.dump(2) + "\n"));
-  std::vector<std::string> copied = extra.tokenizer_files;
-  if (!extra.from_dir.empty()) {
-    for (const std::string& f : hf_side_files(extra.from_dir)) copied.push_back(f);
-  }
+  // The source checkpoint's files first: a tokenizer file given explicitly replaces its own.
+  std::vector<std::string> copied;
+  if (!extra.from_dir.empty()) copied = hf_side_files(extra.from_dir);
+  copied.insert(copied.end(), extra.tokenizer_files.begin(), extra.tokenizer_files.end());
   const bool has_generation_config = std::any_of(
       copied.begin(), copied.end(),
       [](const std::string& f) { return fs::path(f).filename() == "generation_config.json"; });

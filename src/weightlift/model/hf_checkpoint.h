@@ -58,7 +58,7 @@ Status read_hf_params(const HfCheckpoint& c, float* out);
 
 struct HfExport {
   int64_t bos_token_id = -1, eos_token_id = -1;  // generation_config.json's; -1: not written
-  std::vector<std::string> tokenizer_files;      // copied in beside the weights
+  std::vector<std::string> tokenizer_files;      // copied in beside the weights (last: they win)
   // The checkpoint the run started from, if any: its tokenizer files and generation_config.json
   // (hf_side_files) are copied in, and the latter replaces the one made of the ids above.
   std::string from_dir;

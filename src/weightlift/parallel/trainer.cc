@@ -399,17 +399,24 @@ Status write_model_outputs(const TrainOptions& o, DataParallel& dp) {
   if (!o.out_weights.empty()) {
     WL_RETURN_IF_ERROR(write_safetensors(o.out_weights, tensors, {{"format", "pt"}}));
   }
-  return write_hf_model(o.out_dir, dp.config(), full, o.model_dir);
+  return write_hf_model(o.out_dir, dp.config(), full, o.model_dir, o.tokenizer);
 }
 
 Status write_hf_model(const std::string& out_dir, const model::ModelConfig& config,
-                      std::span<const float> params, const std::string& from_dir) {
+                      std::span<const float> params, const std::string& from_dir,
+                      const std::string& tokenizer) {
   // A config no Hugging Face family matches keeps our own files only; the others load in
   // transformers as they are (model/hf_checkpoint.h).
   if (!model::hf_family(config).ok()) return ok_status();
-  return model::write_hf_checkpoint(
-      out_dir + "/hf", config, params,
-      {.bos_token_id = train::kBosToken, .eos_token_id = train::kEosToken, .from_dir = from_dir});
+  model::HfExport extra{
+      .bos_token_id = train::kBosToken, .eos_token_id = train::kEosToken, .from_dir = from_dir};
+  // The files beside a tokenizer given on its own (its config, its special tokens) go too.
+  if (!tokenizer.empty()) {
+    for (const std::string& f : model::hf_side_files(fs::path(tokenizer).parent_path().string())) {
+      if (fs::path(f).filename() != "generation_config.json") extra.tokenizer_files.push_back(f);
+    }
+  }
+  return model::write_hf_checkpoint(out_dir + "/hf", config, params, extra);
 }
 
 }  // namespace wl::parallel

@@ -126,8 +126,10 @@ Status write_model_outputs(const TrainOptions& options, DataParallel& dp);
 // `params` (ParamLayout(config)'s flat buffer) as a Hugging Face checkpoint in out_dir/hf, as
 // the family it is (model/hf_checkpoint.h), with the tokenizer and generation files of the
 // checkpoint it started from (`from_dir`), or else the byte tokenizer's BOS and EOS in its
-// generation_config.json; nothing for a config no family matches.
+// generation_config.json, and the files beside `tokenizer` (a tokenizer.json given on its own,
+// which win); nothing for a config no family matches.
 Status write_hf_model(const std::string& out_dir, const model::ModelConfig& config,
-                      std::span<const float> params, const std::string& from_dir = "");
+                      std::span<const float> params, const std::string& from_dir = "",
+                      const std::string& tokenizer = "");
 
 }  // namespace wl::parallel
