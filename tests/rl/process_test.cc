@@ -98,20 +98,23 @@ std::vector<std::string> roles_of(const std::string& out) {
   return roles;
 }
 
+// The loop trains: a well-formed wrong answer earns half a reward, so groups are rarely flat,
+// and the test asks for trained steps, not only records.
 TEST(RlProcesses, TrainerAndTwoWorkersRunTheLoop) {
   const std::string out = fresh_dir("run");
   std::vector<Child> job =
-      start_job(3, {"--preset",        "tiny", "--task",       "add", "--difficulty", "2",
-                    "--sft-steps",     "20",   "--sft-target", "1",   "--steps",      "4",
-                    "--eval-every",    "10",   "--prompts",    "4",   "--group",      "4",
-                    "--eval-problems", "16",   "--timeout",    "30",  "--out",        out});
+      start_job(3, {"--preset",        "tiny", "--task",       "add", "--difficulty",    "2",
+                    "--sft-steps",     "20",   "--sft-target", "1",   "--steps",         "4",
+                    "--eval-every",    "10",   "--prompts",    "4",   "--group",         "4",
+                    "--eval-problems", "16",   "--timeout",    "30",  "--format-reward", "0.5",
+                    "--out",           out});
   for (Child& c : job) {
     EXPECT_EQ(wl::testing::wait_exit(c, comm::deadline_after(120s)), 0) << c.output;
     wl::testing::reap(c);
   }
   std::ifstream metrics(out + "/rl_metrics.jsonl");
   ASSERT_TRUE(metrics.good());
-  int sft = 0, rl = 0;
+  int sft = 0, rl = 0, trained_steps = 0;
   uint64_t last_version = 0;
   bool last_trained = false;
   for (std::string line; std::getline(metrics, line);) {
@@ -130,6 +133,7 @@ TEST(RlProcesses, TrainerAndTwoWorkersRunTheLoop) {
     last_version = version;
     last_trained = j["trained"].get<int64_t>() > 0;
     if (!last_trained) continue;  // every group was flat
+    ++trained_steps;
     EXPECT_EQ(j["staleness"], nlohmann::json::array({j["trained"]})) << line;
     // The workers' bf16 weights give each token nearly the trainer's own log-probability.
     EXPECT_LT(j["logprob_gap_max"].get<double>(), 0.05) << line;
@@ -138,6 +142,7 @@ TEST(RlProcesses, TrainerAndTwoWorkersRunTheLoop) {
   }
   EXPECT_EQ(sft, 20);
   EXPECT_EQ(rl, 4);
+  EXPECT_GT(trained_steps, 0) << "no RL step trained: the loop ran but learnt nothing";
   const nlohmann::json summary = nlohmann::json::parse(std::ifstream(out + "/summary.json"));
   EXPECT_EQ(summary["rollout_workers"], 2);
   EXPECT_EQ(summary["steps"], 4);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -53,6 +54,7 @@ inline int64_t expected(ReduceOp op, int size, size_t i) {
 }
 
 // Element i of a raw buffer of `dtype`, as written and read by a test; unaligned is fine.
+// A float element is read exactly: one that is not a whole number reads as kNotWhole.
 inline void put(DType t, void* base, size_t i, int64_t v) {
   auto* p = static_cast<uint8_t*>(base) + i * dtype_size(t);
   switch (t) {
@@ -87,23 +89,31 @@ inline void put(DType t, void* base, size_t i, int64_t v) {
   }
 }
 
+// What get() returns for a float element that is not a whole number: no expected value is,
+// so a result of 11.4 where 11 belongs fails its check instead of reading as 11.
+inline constexpr int64_t kNotWhole = INT64_MIN;
+
+inline int64_t whole(float f) {
+  return f == std::trunc(f) && std::fabs(f) < 9.0e18f ? int64_t(f) : kNotWhole;
+}
+
 inline int64_t get(DType t, const void* base, size_t i) {
   const auto* p = static_cast<const uint8_t*>(base) + i * dtype_size(t);
   switch (t) {
     case DType::kF32: {
       float f;
       std::memcpy(&f, p, 4);
-      return int64_t(f);
+      return whole(f);
     }
     case DType::kBF16: {
       uint16_t h;
       std::memcpy(&h, p, 2);
-      return int64_t(bf16_to_f32(h));
+      return whole(bf16_to_f32(h));
     }
     case DType::kF16: {
       uint16_t h;
       std::memcpy(&h, p, 2);
-      return int64_t(f16_to_f32(h));
+      return whole(f16_to_f32(h));
     }
     case DType::kI32: {
       int32_t x;
