@@ -68,6 +68,18 @@ struct ReceiverThread {
     }
     return fleet->receiver().version() == version;
   }
+  // Waits until a round has failed here (the refuse round reaches a slow thread late).
+  bool wait_error() {
+    const auto deadline = comm::deadline_after(20s);
+    for (;;) {
+      {
+        std::lock_guard lock(mu);
+        if (!errors.empty()) return true;
+      }
+      if (comm::Clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(1ms);
+    }
+  }
 };
 
 // A receiver holding `tensors` at `layout`'s TP rank and format.
@@ -232,6 +244,7 @@ TEST(ParameterServer, AReceiverThatCannotBeServedIsTurnedAwayAndTheOthersUpdate)
     ASSERT_TRUE(rx[size_t(i)]->wait_version(2));
     expect_matches_reference(rx[size_t(i)]->fleet->receiver(), c, {}, b, 2);
   }
+  for (int i : {1, 2}) EXPECT_TRUE(rx[size_t(i)]->wait_error()) << "receiver " << i;
   for (auto& t : rx) t->join();
   EXPECT_TRUE(rx[0]->errors.empty()) << rx[0]->errors.front();
   EXPECT_TRUE(rx[3]->errors.empty()) << rx[3]->errors.front();
