@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "weightlift/comm/allreduce.h"
@@ -69,6 +70,10 @@ struct ParameterServer::Impl {
   // if it answers, else the contender takes it.
   std::map<int, JoinRecord> contenders;
   std::vector<Refusal> refusals;  // rank 0: turned away, to post in a refuse round
+  // Rank 0: (receiver id, epoch, checkpoint) whose layouts agree, so that an update checks each
+  // receiver once, not every time (a layout check of `medium` takes about 75 us). Cleared
+  // whenever a checkpoint is held or let go.
+  std::set<std::tuple<int, uint64_t, std::string>> fits;
 
   Status read_joins();
   // Rank 0: why `j`'s layout is not checkpoint `name`'s inference layout at its TP rank and
@@ -240,6 +245,7 @@ Status ParameterServer::Impl::check_new(const std::string& name) const {
 
 void ParameterServer::Impl::hold(const std::string& name, size_t shard_bytes,
                                  const std::function<TrainerWeights(std::byte* storage)>& make) {
+  fits.clear();
   HeldCheckpoint held;
   // Without UCX-allocated memory the checkpoint still serves updates; restarted receivers
   // then cannot heal from it (their gets would need this process to progress).
@@ -412,6 +418,7 @@ Status ParameterServer::unregister_checkpoint(const std::string& name) {
   if (!m.checkpoints.count(name)) {
     return not_found("unregister_checkpoint: no checkpoint '" + name + "'");
   }
+  m.fits.clear();
   // If the copy record points at this checkpoint, withdraw it before the memory goes.
   auto b = m.options.store->get(m.keys.copy(m.options.rank), std::chrono::milliseconds(1));
   if (b.ok()) {
@@ -502,6 +509,7 @@ Result<RoundRecord> ParameterServer::Impl::post(RoundRecord r) {
 }
 
 std::string ParameterServer::Impl::layout_mismatch(const std::string& name, const JoinRecord& j) {
+  if (fits.count({j.id, j.epoch, name})) return "";
   const TrainerWeights& w = *checkpoints.at(name).weights;
   const std::optional<WeightFormat> format = weight_format_from_name(j.format);
   if (!format) return "it holds format '" + j.format + "'";
@@ -521,6 +529,7 @@ std::string ParameterServer::Impl::layout_mismatch(const std::string& name, cons
       return "it lacks " + tensor_signature(s) + ", which the layout has";
     }
   }
+  fits.insert({j.id, j.epoch, name});
   return "";
 }
 
