@@ -2,11 +2,11 @@
 #include "weightlift/rl/dataset.h"
 
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "weightlift/core/file_io.h"
 #include "weightlift/rl/tasks.h"
 #include "weightlift/text/chat_template.h"
+#include "weightlift/train/jsonl.h"
 
 namespace wl::rl {
 namespace {
@@ -17,13 +17,7 @@ using Json = nlohmann::json;
 // (a model file, /dev/zero) from eating it.
 constexpr uint64_t kMaxDatasetBytes = 1ull << 30;
 
-Result<DatasetRow> parse_row(const std::string& text, int64_t line, const std::string& where) {
-  Json j;
-  try {
-    j = Json::parse(text);
-  } catch (const Json::exception& e) {
-    return invalid_argument(where + ": not JSON (" + e.what() + ")");
-  }
+Result<DatasetRow> parse_row(const Json& j, int64_t line, const std::string& where) {
   if (!j.is_object()) return invalid_argument(where + ": not a JSON object");
   DatasetRow row{.json = j.dump(), .line = line};
   if (j.contains("messages")) {
@@ -74,11 +68,8 @@ Result<PromptDataset> PromptDataset::load(const std::string& path) {
   WL_ASSIGN_OR_RETURN(const std::string text, read_file(path, kMaxDatasetBytes, "a dataset"));
   PromptDataset d;
   d.path_ = path;
-  std::istringstream in(text);
-  std::string line;
-  for (int64_t n = 1; std::getline(in, line); ++n) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    WL_ASSIGN_OR_RETURN(DatasetRow row, parse_row(line, n, path + ":" + std::to_string(n)));
+  WL_RETURN_IF_ERROR(train::for_each_json_line(path, text, [&](const train::JsonLine& l) -> Status {
+    WL_ASSIGN_OR_RETURN(DatasetRow row, parse_row(l.value, l.number, l.at));
     d.longest_prompt_ = std::max(d.longest_prompt_, row.prompt.size());
     d.chats_ += !row.messages.empty();
     if (row.answer) {
@@ -87,7 +78,8 @@ Result<PromptDataset> PromptDataset::load(const std::string& path) {
     }
     const bool held = Task::in_held_out_split(row.messages.empty() ? row.prompt : row.messages);
     (held ? d.held_out_ : d.train_).push_back(std::move(row));
-  }
+    return ok_status();
+  }));
   if (d.train_.empty() && d.held_out_.empty()) return invalid_argument(path + ": no rows");
   if (d.train_.empty() || d.held_out_.empty()) {
     return invalid_argument(path + ": all " + std::to_string(d.train_.size() + d.held_out_.size()) +

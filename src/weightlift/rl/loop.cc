@@ -1562,11 +1562,14 @@ Status check_layouts(const RlOptions& o) {
 
 namespace {
 
+Status check_task_memory(const RlOptions& o, const Task& task);
+
 // The task, once the options are known to fit the trainer's ranks and the memory: checked on
-// every trainer rank before any connects.
+// every trainer rank before any connects. The task is made once (a tokenizer's file is read
+// and every dataset row encoded) and checked as it is.
 Result<Task> trainer_task(const RlOptions& o) {
   WL_ASSIGN_OR_RETURN(Task task, Task::create(o.task));
-  WL_RETURN_IF_ERROR(check_memory(o));
+  WL_RETURN_IF_ERROR(check_task_memory(o, task));
   WL_RETURN_IF_ERROR(check_layouts(o));
   return task;
 }
@@ -1574,7 +1577,13 @@ Result<Task> trainer_task(const RlOptions& o) {
 }  // namespace
 
 Status check_memory(const RlOptions& o) {
-  WL_ASSIGN_OR_RETURN(Task task, Task::create(o.task));
+  WL_ASSIGN_OR_RETURN(const Task task, Task::create(o.task));
+  return check_task_memory(o, task);
+}
+
+namespace {
+
+Status check_task_memory(const RlOptions& o, const Task& task) {
   const int64_t seq = Trainer::positions(task);
   if (seq > o.config.max_seq_len) {
     const std::string what = o.task.dataset.empty()
@@ -1604,6 +1613,8 @@ Status check_memory(const RlOptions& o) {
   return model::check_generation_memory(o.config, "a rollout worker's model",
                                         std::max(o.prompts * o.group, o.eval_problems));
 }
+
+}  // namespace
 
 Result<RlSummary> run_trainer(const RlOptions& o, std::shared_ptr<comm::Store> store, int workers,
                               const std::function<void(const StepRecord&)>& on_step) {

@@ -8,6 +8,7 @@
 #include "weightlift/rl/dataset.h"
 #include "weightlift/rl/reward_process.h"
 #include "weightlift/text/chat_template.h"
+#include "weightlift/train/jsonl.h"
 
 namespace wl::rl {
 
@@ -119,13 +120,6 @@ Result<Task> Task::create(const TaskOptions& o) {
 
 namespace {
 
-// FNV-1a over the prompt: the same split on every machine.
-uint64_t hash_of(std::string_view s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
-
 // A number of 1 to `digits` digits (the count uniform, then the value), no leading zero.
 std::string number(Rng& rng, int digits) {
   const int n = 1 + int(rng.below(uint64_t(digits)));
@@ -151,7 +145,7 @@ std::string add_decimal(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-bool Task::in_held_out_split(std::string_view prompt) { return hash_of(prompt) % 8 == 0; }
+bool Task::in_held_out_split(std::string_view prompt) { return train::in_held_out_split(prompt); }
 
 Problem Task::draw(Rng& rng) const {
   const int d = options_.difficulty;

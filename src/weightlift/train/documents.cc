@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "weightlift/core/file_io.h"
+#include "weightlift/train/jsonl.h"
 
 namespace wl::train {
 namespace {
@@ -12,13 +13,6 @@ namespace {
 using Json = nlohmann::json;
 
 constexpr uint64_t kMaxTextBytes = 4ull << 30;
-
-// FNV-1a of the text: the same split on every machine.
-bool held_out(std::string_view text) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : text) h = (h ^ c) * 0x100000001b3ull;
-  return h % 8 == 0;
-}
 
 bool ends_with(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() &&
@@ -31,20 +25,14 @@ Result<std::vector<std::string>> documents_of(const std::string& path, const std
   std::istringstream in(text);
   std::string line;
   if (ends_with(path, ".jsonl")) {
-    for (int64_t n = 1; std::getline(in, line); ++n) {
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      const std::string at = path + ":" + std::to_string(n);
-      Json j;
-      try {
-        j = Json::parse(line);
-      } catch (const Json::exception& e) {
-        return invalid_argument(at + ": not JSON (" + e.what() + ")");
-      }
+    WL_RETURN_IF_ERROR(for_each_json_line(path, text, [&](const JsonLine& l) {
+      const nlohmann::json& j = l.value;
       if (!j.is_object() || !j.contains("text") || !j["text"].is_string()) {
-        return invalid_argument(at + ": expected an object with a string \"text\"");
+        return invalid_argument(l.at + ": expected an object with a string \"text\"");
       }
       docs.push_back(j["text"].get<std::string>());
-    }
+      return ok_status();
+    }));
     return docs;
   }
   std::string doc;
@@ -70,7 +58,7 @@ Result<DocumentStreams> load_documents(const std::string& path, const Codec& cod
   WL_ASSIGN_OR_RETURN(const std::vector<std::string> docs, documents_of(path, text));
   DocumentStreams s;
   for (const std::string& d : docs) {
-    const bool validation = held_out(d);
+    const bool validation = in_held_out_split(d);
     std::vector<int64_t>& stream = validation ? s.validation : s.train;
     const std::vector<int64_t> ids = codec.encode_prompt(d);
     stream.insert(stream.end(), ids.begin(), ids.end());

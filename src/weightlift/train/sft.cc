@@ -2,10 +2,10 @@
 #include "weightlift/train/sft.h"
 
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "weightlift/core/file_io.h"
 #include "weightlift/kernels/cross_entropy.h"
+#include "weightlift/train/jsonl.h"
 
 namespace wl::train {
 namespace {
@@ -14,24 +14,12 @@ using Json = nlohmann::json;
 
 constexpr uint64_t kMaxSftBytes = 4ull << 30;
 
-bool held_out(std::string_view key) {  // documents.h's rule
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : key) h = (h ^ c) * 0x100000001b3ull;
-  return h % 8 == 0;
-}
-
 struct Example {
   std::vector<int64_t> prompt, completion;  // the completion ends with the end token
 };
 
-Result<Example> parse_example(const std::string& line, const std::string& at, const Codec& codec,
+Result<Example> parse_example(const Json& j, const std::string& at, const Codec& codec,
                               const text::ChatTemplate* chat) {
-  Json j;
-  try {
-    j = Json::parse(line);
-  } catch (const Json::exception& e) {
-    return invalid_argument(at + ": not JSON (" + e.what() + ")");
-  }
   if (!j.is_object()) return invalid_argument(at + ": not a JSON object");
   Example e;
   if (j.contains("messages")) {
@@ -84,21 +72,18 @@ Result<SftExamples> load_sft(const std::string& path, const Codec& codec,
                              const text::ChatTemplate* chat, int64_t seq) {
   WL_ASSIGN_OR_RETURN(const std::string text, read_file(path, kMaxSftBytes, "an SFT file"));
   std::vector<Example> train, validation;
-  std::istringstream in(text);
-  std::string line;
-  for (int64_t n = 1; std::getline(in, line); ++n) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string at = path + ":" + std::to_string(n);
-    WL_ASSIGN_OR_RETURN(Example e, parse_example(line, at, codec, chat));
+  WL_RETURN_IF_ERROR(for_each_json_line(path, text, [&](const JsonLine& l) -> Status {
+    WL_ASSIGN_OR_RETURN(Example e, parse_example(l.value, l.at, codec, chat));
     const int64_t tokens = int64_t(e.prompt.size() + e.completion.size());
     if (e.prompt.empty() || tokens > seq + 1) {
       return invalid_argument(
-          at + ": " + std::to_string(tokens) + " tokens" +
+          l.at + ": " + std::to_string(tokens) + " tokens" +
           (e.prompt.empty() ? " and an empty prompt"
                             : ", more than --seq " + std::to_string(seq) + " + 1 (raise --seq)"));
     }
-    (held_out(line) ? validation : train).push_back(std::move(e));
-  }
+    (in_held_out_split(l.text) ? validation : train).push_back(std::move(e));
+    return ok_status();
+  }));
   if (train.empty()) return invalid_argument(path + ": no training examples");
   SftExamples s;
   s.examples = int64_t(train.size() + validation.size());
