@@ -276,11 +276,9 @@ void add_recovery_flags(CLI::App& cmd, TrainFlags& f) {
 
 }  // namespace
 
-void register_train(CLI::App& app, Outcome& out) {
-  auto* cmd = app.add_subcommand(
-      "train", "train a model on the Brown corpus, your documents (--data) or a fixed batch");
-  auto o = std::make_shared<parallel::TrainOptions>();
-  auto f = std::make_shared<TrainFlags>();
+// What to train and on what: the model (a preset, a config, weights, a checkpoint directory or a
+// run to resume) and the data (the Brown corpus, documents, examples or a fixed batch).
+void add_model_and_data_flags(CLI::App* cmd, parallel::TrainOptions* o) {
   cmd->add_option("--preset", o->preset, "tiny, small, medium or seed-6.9b")->capture_default_str();
   cmd->add_option("--config", o->config_path, "a config.json instead of a preset");
   cmd->add_option("--init-weights", o->init_weights, "start from these weights (safetensors)");
@@ -309,6 +307,14 @@ void register_train(CLI::App& app, Outcome& out) {
                   "train on this fixed batch (safetensors: int64 tokens, targets)")
       ->excludes("--data")
       ->excludes("--sft");
+}
+
+void register_train(CLI::App& app, Outcome& out) {
+  auto* cmd = app.add_subcommand(
+      "train", "train a model on the Brown corpus, your documents (--data) or a fixed batch");
+  auto o = std::make_shared<parallel::TrainOptions>();
+  auto f = std::make_shared<TrainFlags>();
+  add_model_and_data_flags(cmd, o.get());
   cmd->add_option("--batch", o->batch, "rows of the global batch of one update, all ranks")
       ->capture_default_str();
   cmd->add_option("--seq", o->seq, "tokens per row (0 = max_seq_len)")->capture_default_str();

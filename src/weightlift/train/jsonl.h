@@ -15,7 +15,7 @@ namespace wl::train {
 
 struct JsonLine {
   const nlohmann::json& value;
-  int64_t number;        // 1-based
+  int64_t number;         // 1-based
   const std::string& at;  // "<path>:<number>", for errors
   std::string_view text;  // the line as written
 };
