@@ -6,7 +6,7 @@
              held-out split), repeat each G times, and sample all prompts * G rows together with
              a KV cache: left-padded prefill, then one token per row per step, temperature 1, no
              top-k/top-p, until every row has produced the end token or the answer's length + 1
-             tokens (rl/loop.cc's max_new); the sampled token's log-probability kept. Score by the
+             tokens (rl/trainer.cc's generation options); the sampled token's log-probability kept. Score by the
              task's rules, GRPO advantages per group (mean, unbiased std + 1e-6; a flat group 0).
   train      rows prompt + completion right-padded with the end token to
              1 + max prompt + max answer + 1 positions (rl/policy_step.cc), one forward and

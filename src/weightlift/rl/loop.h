@@ -7,9 +7,8 @@
 //                 (transfer/fleet/parameter_server.h), send each worker its share of the step's
 //                 prompts (each repeated G times), score what comes back (the task's rules, a
 //                 verifier or the user's reward process: tasks.h), GRPO advantages per group,
-//                 groups whose rewards are
-//                 all equal filtered out and replaced from fresh prompts (DAPO's dynamic
-//                 sampling), one policy step (policy_step.h)
+//                 groups whose rewards are all equal filtered out and replaced from fresh
+//                 prompts (DAPO's dynamic sampling), one policy step (policy_step.h)
 //   ranks 1..T-1  with `trainers` T > 1, the other data-parallel ranks of the trainer (DDP or
 //                 ZeRO-1/2: each holds the whole model after a step). Rank 0 tells them each
 //                 step it takes (the batch it built) and they take it with it; each is also a
@@ -21,6 +20,15 @@
 //                 and the sampling options, returning every token with its log-probability
 //                 under the distribution sampled from and the weights' version. TP rank 0
 //                 talks to the trainer and passes every command on to the others
+//
+// Where each part lives:
+//   protocol.h        the messages between these processes and the store keys they meet by
+//   orchestrator.h    the step's decisions, talking to nobody: rounds, kept samples, staleness,
+//                     dynamic sampling, when to push
+//   rollout_fleet.h   the workers as rank 0 sees them: requests, replies, losses, replacements
+//   trainer.cc        run_trainer and run_trainer_rank: the trainer's ranks and the run
+//   rollout_worker.cc run_rollout_worker: one engine's process
+//   checks.h          what the options must fit before anything connects
 //
 // Control messages (which prompts, what came back) travel over UCX, as every byte between
 // processes does: one two-rank group per worker incarnation, made through the job's store; the
@@ -45,18 +53,11 @@
 #include "weightlift/parallel/layout.h"
 #include "weightlift/rl/policy_loss.h"
 #include "weightlift/rl/policy_step.h"
+#include "weightlift/rl/records.h"
 #include "weightlift/rl/tasks.h"
 #include "weightlift/transfer/layout/inference_layout.h"
 
 namespace wl::rl {
-
-// Something that happened to the run as a whole (the warm start ending, a worker lost, a
-// resume), in the order it happened.
-struct RlEvent {
-  std::string phase;
-  int64_t step = 0;
-  std::string what;
-};
 
 struct RlOptions {
   model::ModelConfig config;
@@ -128,37 +129,6 @@ struct RlOptions {
   // every event as it happens (on rank 0; a replacement rollout worker's says how it healed).
   std::function<void(int k)> on_rejoin;
   std::function<void(const RlEvent&)> on_event;
-};
-
-// What one step did (an SFT step leaves the RL fields at zero).
-struct StepRecord {
-  std::string phase;     // "sft" or "rl"
-  int64_t step = 0;      // within its phase, from 1
-  uint64_t version = 0;  // the policy version trained (optimizer updates before this step)
-  double loss = 0;
-  int64_t trained = 0;            // samples trained on (0: every group filtered)
-  double reward_mean = 0;         // over the samples trained on
-  double train_accuracy = 0;      // exact answers among them
-  double held_out_accuracy = -1;  // greedy on the held-out set; -1 when not evaluated
-  int64_t groups_filtered = 0;    // all-equal groups replaced by dynamic sampling
-  int64_t generations = 0;        // rounds of generation the step took
-  double response_tokens = 0;     // mean completion length over every sample generated
-  // Trained samples by staleness (index: versions behind the weights trained); samples older
-  // than max_staleness are dropped before training and counted in stale_dropped.
-  std::vector<int64_t> staleness;
-  int64_t stale_dropped = 0;
-  PolicyStats stats;
-  // generate_s excludes the reward process's time, reward_s (0 without one).
-  double generate_s = 0, sync_s = 0, train_s = 0, step_s = 0, reward_s = 0;
-};
-
-struct RlSummary {
-  double held_out_before_rl = 0;  // after SFT
-  double held_out_after_rl = 0;
-  int64_t sft_steps = 0;
-  std::vector<StepRecord> records;
-  std::vector<RlEvent> events;
-  std::vector<float> policy;  // the final weights, flat in model::ParamLayout's order
 };
 
 // InvalidArgument naming the flag when the trainer's and the workers' layouts cannot run

@@ -1,0 +1,85 @@
+// checks.h.
+#include "weightlift/rl/checks.h"
+
+#include <algorithm>
+
+#include "weightlift/model/memory_estimate.h"
+#include "weightlift/transfer/layout/inference_layout.h"
+
+namespace wl::rl {
+
+int64_t sample_positions(const Task& task) {
+  return task.max_prompt_tokens() + task.max_answer_tokens() + 1;
+}
+
+Status check_layouts(const RlOptions& o) {
+  if (o.trainers < 1) return invalid_argument("--trainers " + std::to_string(o.trainers));
+  if (o.trainer_dp_mode == parallel::DpMode::kFsdp) {
+    return invalid_argument(
+        "--trainer-dp-mode fsdp: the RL trainer's ranks push the weights from the whole model "
+        "each holds after a step, and FSDP holds a shard only; use ddp, zero1 or zero2");
+  }
+  if (o.rollout_tp < 1) return invalid_argument("--rollout-tp " + std::to_string(o.rollout_tp));
+  if (Status s = transfer::inference_layout(o.config, {.tp = o.rollout_tp, .format = o.sync_format})
+                     .status();
+      !s.ok()) {
+    return invalid_argument("--rollout-tp " + std::to_string(o.rollout_tp) + " with --sync-dtype " +
+                            std::string(transfer::weight_format_name(o.sync_format)) +
+                            ": the rollout workers cannot hold this model so: " + s.message());
+  }
+  if (o.sft_batch % o.trainers != 0) {
+    return invalid_argument("--sft-batch " + std::to_string(o.sft_batch) +
+                            " is not a multiple of --trainers " + std::to_string(o.trainers) +
+                            " (each trainer rank takes an equal share of its rows)");
+  }
+  return ok_status();
+}
+
+namespace {
+
+Status check_task_memory(const RlOptions& o, const Task& task) {
+  const int64_t seq = sample_positions(task);
+  if (seq > o.config.max_seq_len) {
+    const std::string what = o.task.dataset.empty()
+                                 ? "--difficulty " + std::to_string(o.task.difficulty)
+                                 : o.task.dataset + "'s longest prompt with its completion";
+    return invalid_argument(what + " needs " + std::to_string(seq) +
+                            " positions, more than the model's " +
+                            std::to_string(o.config.max_seq_len));
+  }
+  if (task.codec().vocab_size() > o.config.vocab_size) {
+    return invalid_argument(
+        task.codec().name() + " has " + std::to_string(task.codec().vocab_size()) +
+        " tokens, more than the model's vocab_size " + std::to_string(o.config.vocab_size));
+  }
+  if (o.sft_steps > 0 && !task.has_answers()) {
+    return invalid_argument("--sft-steps " + std::to_string(o.sft_steps) + ": " + o.task.dataset +
+                            " has rows without an 'answer' to demonstrate; give --sft-steps 0");
+  }
+  // A trainer rank: the policy, its optimizer and the activations of the larger of an RL
+  // step's rows and its share of an SFT batch; rank 0 also encodes the whole SFT batch (tokens and
+  // targets) before it is cut into shares.
+  const int64_t rows = std::max(o.prompts * o.group, o.sft_batch / std::max(o.trainers, 1));
+  WL_RETURN_IF_ERROR(
+      model::check_training_memory(o.config, "the policy", rows, seq, 1, o.sft_batch, true));
+  // A rollout worker: the most rows it generates at once (a step's prompts x group, or every
+  // held-out problem when it is the only worker) through its KV cache.
+  return model::check_generation_memory(o.config, "a rollout worker's model",
+                                        std::max(o.prompts * o.group, o.eval_problems));
+}
+
+}  // namespace
+
+Status check_memory(const RlOptions& o) {
+  WL_ASSIGN_OR_RETURN(const Task task, Task::create(o.task));
+  return check_task_memory(o, task);
+}
+
+Result<Task> trainer_task(const RlOptions& o) {
+  WL_ASSIGN_OR_RETURN(Task task, Task::create(o.task));
+  WL_RETURN_IF_ERROR(check_task_memory(o, task));
+  WL_RETURN_IF_ERROR(check_layouts(o));
+  return task;
+}
+
+}  // namespace wl::rl

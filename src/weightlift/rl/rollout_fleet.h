@@ -1,0 +1,104 @@
+// The rollout workers as trainer rank 0 sees them: a control channel per living worker
+// (protocol.h), generation requests spread over the workers and their replies gathered, workers
+// lost and their replacements adopted.
+//
+// A worker that cannot be reached, or dies before it answers, is lost: an event, its processes
+// declared lost to the launcher (which ends them, and starts a replacement under
+// `--restart-failed`), and its share of a generation asked of the others. A replacement is a
+// new incarnation of the same worker number; it is adopted between requests, once it has healed
+// its weights. A worker whose reply lies (DataLoss) stops the run.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "weightlift/comm/group.h"
+#include "weightlift/comm/store.h"
+#include "weightlift/core/random.h"
+#include "weightlift/rl/loop.h"
+#include "weightlift/transfer/fleet/parameter_server.h"
+
+namespace wl::rl {
+
+// Which worker was asked for prompts [begin, end) of a request.
+struct Share {
+  int worker = 0;
+  size_t begin = 0, end = 0;
+};
+
+// How the fleet tells the trainer what it learns.
+struct FleetHooks {
+  std::function<void(const std::string&)> event;  // a worker lost, or rejoined
+  // The policy version of a server version (Orchestrator::policy_version_of).
+  std::function<std::optional<uint64_t>(uint64_t)> version_of;
+};
+
+// What every generation request carries besides its prompts.
+struct GenerationOptions {
+  bool greedy = false;
+  int64_t max_new = 0;  // tokens per row at most
+  int64_t stop = 0;     // the end token
+};
+
+class RolloutFleet {
+ public:
+  // Workers 1..`workers`; `server` is this rank's parameter server, kept serving while the
+  // fleet waits for a worker to heal from its copy. Borrows `options` and `server`.
+  RolloutFleet(const RlOptions& options, std::shared_ptr<comm::Store> store, int workers,
+               transfer::ParameterServer& server, FleetHooks hooks);
+
+  // Connects every worker's first incarnation, each once it has started and healed.
+  Status connect_all();
+  std::vector<int> alive() const;
+  // Lost workers whose replacement has started rejoin here. With none alive, waits for one up
+  // to the timeout.
+  Status adopt_replacements();
+  void lose(int worker, const Status& why);
+
+  // Before a weight update: replacements adopted, every living worker told to take part (once:
+  // it serves update rounds until it has taken part in one). Returns the fleet ids of every
+  // TP rank of every living worker.
+  Result<std::vector<int64_t>> prepare_update();
+  // After one: a worker whose ranks are not all among its members is lost.
+  void updated(const transfer::ServerUpdate& update);
+
+  // Requests for prompts [begin, end) to the living workers (contiguous shares), without
+  // waiting; each share's sampling seed from `rng`. A worker that cannot be reached is lost and
+  // its share goes to the others.
+  Result<std::vector<Share>> request(std::span<const std::vector<int64_t>> prompts, size_t begin,
+                                     size_t end, const GenerationOptions& options, Rng& rng);
+  // What the workers made of the requests `shares` of `prompts`, with each sample's policy
+  // version; the share of a worker that dies before answering is asked of the others.
+  Result<std::vector<Sample>> receive(std::span<const std::vector<int64_t>> prompts,
+                                      std::vector<Share> shares, const GenerationOptions& options,
+                                      Rng& rng);
+  // Tells every living worker to stop.
+  Status stop();
+
+ private:
+  struct WorkerLink {
+    std::shared_ptr<comm::Group> control;  // null while the worker is lost
+    int64_t incarnation = 0;
+    bool syncing = false;  // told to sync, no update taken yet
+  };
+
+  Status no_workers() const;
+  Result<int64_t> wait_for_incarnation(int worker, int64_t than);
+  Result<uint64_t> connect_worker(int worker, int64_t incarnation);
+  Status receive_share(std::span<const std::vector<int64_t>> prompts, const Share& s,
+                       int64_t max_new, std::vector<Sample>& out);
+
+  const RlOptions& o_;
+  std::shared_ptr<comm::Store> store_;
+  transfer::ParameterServer& server_;
+  FleetHooks hooks_;
+  std::vector<WorkerLink> links_;  // by worker number; [0] unused
+};
+
+}  // namespace wl::rl
