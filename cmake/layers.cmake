@@ -6,10 +6,21 @@
 set(WL_LAYERS
   wl_core                 src/weightlift/core
   wl_kernels              src/weightlift/kernels
+  wl_comm_topology        src/weightlift/comm/topology
+  wl_comm_transport       src/weightlift/comm/transport
+  wl_comm_store           src/weightlift/comm/store
+  wl_comm_group           src/weightlift/comm/group
+  wl_comm_collectives     src/weightlift/comm/collectives
+  wl_comm_launch          src/weightlift/comm/launch
   wl_comm                 src/weightlift/comm
   wl_text                 src/weightlift/text
   wl_model                src/weightlift/model
   wl_train                src/weightlift/train
+  wl_parallel_layout      src/weightlift/parallel/layout
+  wl_parallel_model_parallel src/weightlift/parallel/model_parallel
+  wl_parallel_data        src/weightlift/parallel/data
+  wl_parallel_pipeline    src/weightlift/parallel/pipeline
+  wl_parallel_run         src/weightlift/parallel/run
   wl_parallel             src/weightlift/parallel
   wl_transfer_layout      src/weightlift/transfer/layout
   wl_transfer_plan        src/weightlift/transfer/plan

@@ -1,4 +1,4 @@
-// libFuzzer driver for the rendezvous store's request reader (comm/detail/store_wire.h), the
+// libFuzzer driver for the rendezvous store's request reader (comm/store/detail/store_wire.h), the
 // code a hostile peer on MASTER_PORT talks to.
 //
 // The first input byte chooses how the rest arrives (in pieces of 1 to 256 bytes, as a
@@ -11,7 +11,7 @@
 #include <cstdlib>
 #include <span>
 
-#include "weightlift/comm/detail/store_wire.h"
+#include "weightlift/comm/store/detail/store_wire.h"
 
 using wl::comm::detail::RequestReader;
 using wl::comm::detail::StoreOp;

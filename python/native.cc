@@ -24,13 +24,13 @@
 #include <utility>
 #include <vector>
 
-#include "weightlift/comm/allgather.h"
-#include "weightlift/comm/allreduce.h"
-#include "weightlift/comm/barrier.h"
-#include "weightlift/comm/broadcast.h"
-#include "weightlift/comm/group.h"
-#include "weightlift/comm/launch_env.h"
-#include "weightlift/comm/world.h"
+#include "weightlift/comm/collectives/allgather.h"
+#include "weightlift/comm/collectives/allreduce.h"
+#include "weightlift/comm/collectives/barrier.h"
+#include "weightlift/comm/collectives/broadcast.h"
+#include "weightlift/comm/group/group.h"
+#include "weightlift/comm/launch/launch_env.h"
+#include "weightlift/comm/launch/world.h"
 #include "weightlift/core/dtype.h"
 #include "weightlift/core/status.h"
 #include "weightlift/model/config.h"

@@ -12,8 +12,8 @@
 #include "bench/collectives.h"
 #include "commands.h"
 #include "validate.h"
-#include "weightlift/comm/launch_env.h"
-#include "weightlift/comm/world.h"
+#include "weightlift/comm/launch/launch_env.h"
+#include "weightlift/comm/launch/world.h"
 #include "weightlift/core/memory_budget.h"
 
 namespace wl::app {

@@ -3,7 +3,7 @@
 
 #include "commands.h"
 #include "validate.h"
-#include "weightlift/comm/launch.h"
+#include "weightlift/comm/launch/launch.h"
 
 namespace wl::app {
 namespace {

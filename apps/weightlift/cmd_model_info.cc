@@ -4,7 +4,7 @@
 #include "report/model_info.h"
 #include "validate.h"
 #include "weightlift/model/hf_checkpoint.h"
-#include "weightlift/parallel/layout.h"
+#include "weightlift/parallel/layout/layout.h"
 
 namespace wl::app {
 

@@ -11,7 +11,7 @@
 
 #include "commands.h"
 #include "validate.h"
-#include "weightlift/comm/world.h"
+#include "weightlift/comm/launch/world.h"
 #include "weightlift/core/file_io.h"
 #include "weightlift/model/config.h"
 #include "weightlift/model/hf_checkpoint.h"

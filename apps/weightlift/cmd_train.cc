@@ -12,12 +12,12 @@
 #include "report/progress.h"
 #include "train_flags.h"
 #include "validate.h"
-#include "weightlift/comm/launch_env.h"
-#include "weightlift/comm/world.h"
+#include "weightlift/comm/launch/launch_env.h"
+#include "weightlift/comm/launch/world.h"
 #include "weightlift/fault/trainer.h"
-#include "weightlift/parallel/job.h"
-#include "weightlift/parallel/pipeline_schedule.h"
-#include "weightlift/parallel/trainer.h"
+#include "weightlift/parallel/layout/pipeline_schedule.h"
+#include "weightlift/parallel/run/job.h"
+#include "weightlift/parallel/run/trainer.h"
 
 namespace wl::app {
 

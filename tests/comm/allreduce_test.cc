@@ -2,7 +2,7 @@
 // the world size, in place and out of place, unaligned buffers with guard bytes, every
 // algorithm (the rings and the tree with tiny segments so that every block has many and the
 // tree's window of receives wraps), world sizes 1-8. Then the trees' shape and the selector.
-#include "weightlift/comm/allreduce.h"
+#include "weightlift/comm/collectives/allreduce.h"
 
 #include <gtest/gtest.h>
 
@@ -12,8 +12,8 @@
 
 #include "exact_data.h"
 #include "rank_threads.h"
-#include "weightlift/comm/detail/allreduce_algorithms.h"
-#include "weightlift/comm/detail/shm_arena.h"
+#include "weightlift/comm/collectives/detail/allreduce_algorithms.h"
+#include "weightlift/comm/collectives/detail/shm_arena.h"
 
 namespace wl::comm {
 namespace {

@@ -1,7 +1,7 @@
 // The other collectives with ranks as threads, world sizes 1-4: reduce_scatter, allgather and
 // allgatherv (uneven, with empty blocks), broadcast and reduce from every root, gather,
 // scatter, all_to_all and all_to_all_v, barrier, send/recv. Data exact by construction.
-#include "weightlift/comm/collectives.h"
+#include "weightlift/comm/collectives/collectives.h"
 
 #include <gtest/gtest.h>
 

@@ -36,10 +36,10 @@
 #include <string>
 #include <vector>
 
-#include "weightlift/comm/collectives.h"
-#include "weightlift/comm/launch.h"
-#include "weightlift/comm/process_alive.h"
-#include "weightlift/comm/world.h"
+#include "weightlift/comm/collectives/collectives.h"
+#include "weightlift/comm/launch/launch.h"
+#include "weightlift/comm/launch/process_alive.h"
+#include "weightlift/comm/launch/world.h"
 
 namespace {
 

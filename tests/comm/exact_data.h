@@ -1,11 +1,11 @@
-// Data exact by construction for the collective tests (weightlift/comm/exact_data.h), the
-// dtypes and ops to sweep, and a guarded unaligned buffer.
+// Data exact by construction for the collective tests (weightlift/comm/collectives/exact_data.h),
+// the dtypes and ops to sweep, and a guarded unaligned buffer.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "weightlift/comm/exact_data.h"
+#include "weightlift/comm/collectives/exact_data.h"
 
 namespace wl::comm::testing {
 

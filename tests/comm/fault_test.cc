@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "rank_threads.h"
-#include "weightlift/comm/collectives.h"
-#include "weightlift/comm/fault_transport.h"
+#include "weightlift/comm/collectives/collectives.h"
+#include "weightlift/comm/transport/fault_transport.h"
 
 namespace wl::comm {
 namespace {

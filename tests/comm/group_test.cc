@@ -1,6 +1,6 @@
 // Process groups: split by color and key, tags that keep concurrent collectives on different
 // groups apart, and the timeout every operation has.
-#include "weightlift/comm/group.h"
+#include "weightlift/comm/group/group.h"
 
 #include <gtest/gtest.h>
 
@@ -9,8 +9,8 @@
 
 #include "exact_data.h"
 #include "rank_threads.h"
-#include "weightlift/comm/collectives.h"
-#include "weightlift/comm/fault_transport.h"
+#include "weightlift/comm/collectives/collectives.h"
+#include "weightlift/comm/transport/fault_transport.h"
 
 namespace wl::comm {
 namespace {

@@ -21,9 +21,9 @@
 
 #include "support/child_process.h"
 #include "support/paths.h"
-#include "weightlift/comm/launch.h"
-#include "weightlift/comm/tcp_store.h"
-#include "weightlift/comm/transport.h"
+#include "weightlift/comm/launch/launch.h"
+#include "weightlift/comm/store/tcp_store.h"
+#include "weightlift/comm/transport/transport.h"
 
 namespace wl::comm {
 namespace {

@@ -10,9 +10,9 @@
 #include <thread>
 #include <vector>
 
-#include "weightlift/comm/barrier.h"
-#include "weightlift/comm/group.h"
-#include "weightlift/comm/memory_store.h"
+#include "weightlift/comm/collectives/barrier.h"
+#include "weightlift/comm/group/group.h"
+#include "weightlift/comm/store/memory_store.h"
 
 namespace wl::comm::testing {
 

@@ -3,7 +3,7 @@
 // changes which stores the loop makes (whole vectors or 16-byte pieces of them, streamed or
 // plain), with the head and tail lengths that alignment leaves, in place, and with nothing
 // written outside the destinations.
-#include "weightlift/comm/detail/shm_kernels.h"
+#include "weightlift/comm/collectives/detail/shm_kernels.h"
 
 #include <gtest/gtest.h>
 

@@ -16,8 +16,8 @@
 #include <thread>
 #include <vector>
 
-#include "weightlift/comm/detail/store_wire.h"
-#include "weightlift/comm/tcp_store.h"
+#include "weightlift/comm/store/detail/store_wire.h"
+#include "weightlift/comm/store/tcp_store.h"
 
 namespace wl::comm {
 namespace {

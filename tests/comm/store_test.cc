@@ -9,10 +9,10 @@
 #include <map>
 #include <thread>
 
-#include "weightlift/comm/detail/store_wire.h"
-#include "weightlift/comm/launch_env.h"
-#include "weightlift/comm/memory_store.h"
-#include "weightlift/comm/tcp_store.h"
+#include "weightlift/comm/launch/launch_env.h"
+#include "weightlift/comm/store/detail/store_wire.h"
+#include "weightlift/comm/store/memory_store.h"
+#include "weightlift/comm/store/tcp_store.h"
 
 namespace wl::comm {
 namespace {

@@ -1,6 +1,6 @@
 // topology over hand-written hwloc 2.x XML fixtures (tests/comm/topologies/, each with a
 // comment saying what it models), and over this machine.
-#include "weightlift/comm/topology.h"
+#include "weightlift/comm/topology/topology.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>

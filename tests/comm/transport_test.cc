@@ -2,7 +2,7 @@
 // get with flush, and the failure paths a wait must turn into a Status (timeout, size
 // mismatch, a peer that has gone). Runs under the default transports and, as a second CTest
 // entry, under UCX_TLS=tcp where the target has to progress for anything to move.
-#include "weightlift/comm/transport.h"
+#include "weightlift/comm/transport/transport.h"
 
 #include <gtest/gtest.h>
 

@@ -11,12 +11,12 @@
 #include <cstring>
 #include <thread>
 
-#include "weightlift/comm/barrier.h"
-#include "weightlift/comm/group.h"
-#include "weightlift/comm/memory_store.h"
+#include "weightlift/comm/collectives/barrier.h"
+#include "weightlift/comm/group/group.h"
+#include "weightlift/comm/store/memory_store.h"
 #include "weightlift/fault/stage_route.h"
 #include "weightlift/fault/staged_model.h"
-#include "weightlift/parallel/state_bytes.h"
+#include "weightlift/parallel/run/state_bytes.h"
 
 namespace wl::fault {
 namespace {

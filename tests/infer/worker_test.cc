@@ -21,7 +21,7 @@
 
 #include "../transfer/fixture.h"
 #include "reference_tensors.h"
-#include "weightlift/comm/group.h"
+#include "weightlift/comm/group/group.h"
 #include "weightlift/core/parallel.h"
 #include "weightlift/infer/dequant_linear.h"
 #include "weightlift/model/generate.h"

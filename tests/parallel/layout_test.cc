@@ -21,8 +21,8 @@
 #include "weightlift/kernels/cross_entropy.h"
 #include "weightlift/model/config.h"
 #include "weightlift/model/params.h"
-#include "weightlift/parallel/pipeline.h"
-#include "weightlift/parallel/step.h"
+#include "weightlift/parallel/data/step.h"
+#include "weightlift/parallel/pipeline/pipeline.h"
 
 namespace wl::parallel {
 namespace {

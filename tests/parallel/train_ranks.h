@@ -17,14 +17,14 @@
 #include <vector>
 
 #include "support/scratch_dir.h"
-#include "weightlift/comm/barrier.h"
-#include "weightlift/comm/group.h"
-#include "weightlift/comm/memory_store.h"
+#include "weightlift/comm/collectives/barrier.h"
+#include "weightlift/comm/group/group.h"
+#include "weightlift/comm/store/memory_store.h"
 #include "weightlift/core/safetensors.h"
 #include "weightlift/model/config.h"
-#include "weightlift/parallel/data_parallel.h"
-#include "weightlift/parallel/job.h"
-#include "weightlift/parallel/trainer.h"
+#include "weightlift/parallel/data/data_parallel.h"
+#include "weightlift/parallel/run/job.h"
+#include "weightlift/parallel/run/trainer.h"
 
 namespace wl::parallel::testing {
 

@@ -15,8 +15,8 @@
 #include <thread>
 
 #include "train_ranks.h"
-#include "weightlift/comm/fault_transport.h"
-#include "weightlift/comm/memory_store.h"
+#include "weightlift/comm/store/memory_store.h"
+#include "weightlift/comm/transport/fault_transport.h"
 #include "weightlift/core/random.h"
 #include "weightlift/core/shard.h"
 #include "weightlift/kernels/cross_entropy.h"
@@ -24,9 +24,9 @@
 #include "weightlift/model/params.h"
 #include "weightlift/model/pass.h"
 #include "weightlift/model/units.h"
-#include "weightlift/parallel/pipeline.h"
-#include "weightlift/parallel/state_bytes.h"
-#include "weightlift/parallel/step.h"
+#include "weightlift/parallel/data/step.h"
+#include "weightlift/parallel/pipeline/pipeline.h"
+#include "weightlift/parallel/run/state_bytes.h"
 #include "weightlift/train/checkpoint_state.h"
 
 namespace wl::parallel {

@@ -10,8 +10,8 @@
 
 #include "train_ranks.h"
 #include "weightlift/model/params.h"
-#include "weightlift/parallel/checkpoint.h"
-#include "weightlift/parallel/run_guard.h"
+#include "weightlift/parallel/run/checkpoint.h"
+#include "weightlift/parallel/run/run_guard.h"
 
 namespace wl::parallel {
 namespace {

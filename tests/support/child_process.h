@@ -23,7 +23,7 @@
 #include <utility>
 #include <vector>
 
-#include "weightlift/comm/transport.h"
+#include "weightlift/comm/transport/transport.h"
 
 namespace wl::testing {
 

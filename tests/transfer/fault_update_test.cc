@@ -1,6 +1,6 @@
 // Updates whose faults enter through the transport the update really uses: every rank's group
-// runs over a FaultTransport (comm/fault_transport.h), which maps nothing, so the p2p mode
-// writes every byte by put and each put can be made to fail. The faults are placed by counting
+// runs over a FaultTransport (comm/transport/fault_transport.h), which maps nothing, so the p2p
+// mode writes every byte by put and each put can be made to fail. The faults are placed by counting
 // operations, so each test knows what must happen:
 //   the Nth put of a trainer fails (the first, the third, the last of the update; with and
 //   without checksums) -> that trainer fails with its own error (kUnavailable, "injected"),

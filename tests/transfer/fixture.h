@@ -16,9 +16,9 @@
 #include <thread>
 #include <vector>
 
-#include "weightlift/comm/barrier.h"
-#include "weightlift/comm/fault_transport.h"
-#include "weightlift/comm/memory_store.h"
+#include "weightlift/comm/collectives/barrier.h"
+#include "weightlift/comm/store/memory_store.h"
+#include "weightlift/comm/transport/fault_transport.h"
 #include "weightlift/core/random.h"
 #include "weightlift/model/params.h"
 #include "weightlift/transfer/layout/layout_spec.h"
@@ -105,8 +105,8 @@ inline RankMeta paper_receiver_or_die(const model::ModelConfig& c, int rank,
 
 // A world of `size` thread-ranks, each with its own UCX worker; fn(rank, world) on each, then
 // a barrier so no rank tears down its worker while another still writes to it. With `faults`
-// each rank's worker is wrapped in a FaultTransport (comm/fault_transport.h), which a test
-// reaches as dynamic_cast<comm::FaultTransport&>(world->worker()) to arm its faults. What fn
+// each rank's worker is wrapped in a FaultTransport (comm/transport/fault_transport.h), which a
+// test reaches as dynamic_cast<comm::FaultTransport&>(world->worker()) to arm its faults. What fn
 // returns is let go only after the rank has let go of its group: memory that writes may still
 // reach must outlive the worker (see Rank).
 inline void run_world_keeping(

@@ -19,7 +19,7 @@
 
 #include "support/child_process.h"
 #include "support/paths.h"
-#include "weightlift/comm/tcp_store.h"
+#include "weightlift/comm/store/tcp_store.h"
 #include "weightlift/core/check.h"
 
 namespace wl::transfer {

@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "fixture.h"
-#include "weightlift/comm/memory_store.h"
-#include "weightlift/comm/process_alive.h"
+#include "weightlift/comm/launch/process_alive.h"
+#include "weightlift/comm/store/memory_store.h"
 #include "weightlift/core/safetensors.h"
 #include "weightlift/transfer/fleet/fleet_receiver.h"
 #include "weightlift/transfer/fleet/heal_from_servers.h"

@@ -24,7 +24,7 @@
 #include <string>
 
 #include "fixture.h"
-#include "weightlift/comm/tcp_store.h"
+#include "weightlift/comm/store/tcp_store.h"
 #include "weightlift/transfer/fleet/fleet_receiver.h"
 #include "weightlift/transfer/fleet/parameter_server.h"
 

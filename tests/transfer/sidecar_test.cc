@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "support/scratch_dir.h"
-#include "weightlift/comm/transport.h"
+#include "weightlift/comm/transport/transport.h"
 #include "weightlift/transfer/fleet/attach.h"
 
 namespace wl::transfer {

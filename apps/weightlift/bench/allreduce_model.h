@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "weightlift/comm/allreduce.h"
+#include "weightlift/comm/collectives/allreduce.h"
 
 namespace wl::app {
 

@@ -10,11 +10,11 @@
 #include <memory>
 
 #include "bench/turns.h"
-#include "weightlift/comm/allgather.h"
-#include "weightlift/comm/barrier.h"
-#include "weightlift/comm/broadcast.h"
-#include "weightlift/comm/exact_data.h"
-#include "weightlift/comm/reduce_scatter.h"
+#include "weightlift/comm/collectives/allgather.h"
+#include "weightlift/comm/collectives/barrier.h"
+#include "weightlift/comm/collectives/broadcast.h"
+#include "weightlift/comm/collectives/exact_data.h"
+#include "weightlift/comm/collectives/reduce_scatter.h"
 #include "weightlift/core/cpu.h"
 #include "weightlift/core/timing.h"
 

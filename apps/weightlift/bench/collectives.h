@@ -34,9 +34,9 @@
 #include <string_view>
 #include <vector>
 
-#include "weightlift/comm/allreduce.h"
-#include "weightlift/comm/group.h"
-#include "weightlift/comm/reduce_op.h"
+#include "weightlift/comm/collectives/allreduce.h"
+#include "weightlift/comm/collectives/reduce_op.h"
+#include "weightlift/comm/group/group.h"
 #include "weightlift/core/dtype.h"
 
 namespace wl::app {

@@ -5,7 +5,7 @@
 #include <utility>
 #include <vector>
 
-#include "weightlift/comm/allgather.h"
+#include "weightlift/comm/collectives/allgather.h"
 #include "weightlift/core/cpu.h"
 #include "weightlift/core/parallel.h"
 #include "weightlift/core/random.h"
@@ -15,9 +15,9 @@
 #include "weightlift/model/memory_estimate.h"
 #include "weightlift/model/model_info.h"
 #include "weightlift/model/transformer.h"
-#include "weightlift/parallel/job.h"
-#include "weightlift/parallel/pipeline.h"
-#include "weightlift/parallel/step.h"
+#include "weightlift/parallel/data/step.h"
+#include "weightlift/parallel/pipeline/pipeline.h"
+#include "weightlift/parallel/run/job.h"
 
 namespace wl::app {
 

@@ -11,7 +11,7 @@
 
 #include "weightlift/core/status.h"
 #include "weightlift/model/precision.h"
-#include "weightlift/parallel/layout.h"
+#include "weightlift/parallel/layout/layout.h"
 
 namespace wl::app {
 

@@ -15,12 +15,12 @@
 #include <vector>
 
 #include "bench/transfer_resources.h"
-#include "weightlift/comm/allgather.h"
-#include "weightlift/comm/barrier.h"
-#include "weightlift/comm/launch.h"
-#include "weightlift/comm/launch_env.h"
-#include "weightlift/comm/memory_store.h"
-#include "weightlift/comm/world.h"
+#include "weightlift/comm/collectives/allgather.h"
+#include "weightlift/comm/collectives/barrier.h"
+#include "weightlift/comm/launch/launch.h"
+#include "weightlift/comm/launch/launch_env.h"
+#include "weightlift/comm/launch/world.h"
+#include "weightlift/comm/store/memory_store.h"
 #include "weightlift/core/cpu.h"
 #include "weightlift/core/random.h"
 #include "weightlift/core/timing.h"

@@ -8,7 +8,7 @@
 // runs out UCX's own error path can segfault (a failed remote-key unpack releasing what it
 // never set up). So: the memory the ranks need is estimated first and refused with the
 // estimate when the host lacks it (core/memory_budget.h); the job as a whole gets a deadline
-// on top of every rank's own (comm/launch.h), so nothing can hang past it; and a rank that
+// on top of every rank's own (comm/launch/launch.h), so nothing can hang past it; and a rank that
 // fails is named with its last error line and, when a signal killed it, the signal.
 #pragma once
 

@@ -7,8 +7,8 @@
 #include "report/units.h"
 #include "weightlift/model/pass.h"
 #include "weightlift/model/tensor_slices.h"
-#include "weightlift/parallel/pipeline_schedule.h"
-#include "weightlift/parallel/state_bytes.h"
+#include "weightlift/parallel/layout/pipeline_schedule.h"
+#include "weightlift/parallel/run/state_bytes.h"
 
 namespace wl::app {
 
@@ -145,7 +145,7 @@ Result<std::string> per_rank_activation_report(const model::ModelConfig& config,
                 "in flight", "sends kept", "held at most");
   os << line;
   // What a stage sends its neighbours, [rows x seq, d] per micro-batch each way, it keeps
-  // until the step ends (parallel/pipeline.cc).
+  // until the step ends (parallel/pipeline/pipeline.cc).
   const uint64_t one_send =
       mul_sat(mul_sat(uint64_t(rows), uint64_t(seq)), mul_sat(uint64_t(config.hidden_size), 4));
   for (const parallel::RankStateBytes& r : ranks) {

@@ -5,14 +5,14 @@
 #include <string>
 
 #include "weightlift/model/model_info.h"
-#include "weightlift/parallel/layout.h"
+#include "weightlift/parallel/layout/layout.h"
 
 namespace wl::app {
 
 std::string model_info_report(const std::string& name, const model::ModelInfo& info);
 
 // Per pipeline stage, what each of its data-parallel ranks holds between steps under
-// `layout` (parallel/state_bytes.h): f32 parameters, gradients and AdamW's moments, and the
+// `layout` (parallel/run/state_bytes.h): f32 parameters, gradients and AdamW's moments, and the
 // largest unit, which FSDP and ZeRO-2 also hold whole for a while.
 Result<std::string> per_rank_state_report(const model::ModelConfig& config,
                                           const parallel::ParallelLayout& layout);

@@ -6,7 +6,7 @@
 // sees neither shmat nor shmdt, so the new owner's first writes were checked against the old
 // owner's accesses with no order between them: a false race (docs in tests/tsan.supp). Every
 // mmap and munmap of ours, and every UCX call that may attach or detach a segment
-// (comm/transport.cc), runs under this lock: an unmapping and a later mapping at the same
+// (comm/transport/transport.cc), runs under this lock: an unmapping and a later mapping at the same
 // address are then ordered, for ThreadSanitizer as for anyone reasoning about it. It is taken
 // only when memory is mapped or released, never per transfer.
 #pragma once

@@ -13,7 +13,7 @@
 #include <sstream>
 #include <thread>
 
-#include "weightlift/comm/process_alive.h"
+#include "weightlift/comm/launch/process_alive.h"
 #include "weightlift/core/json_record.h"
 
 namespace wl::fault {

@@ -1,5 +1,5 @@
 // Who the stages of a pipeline that may lose them are, epoch by epoch, and what the survivors
-// of a loss agree on, through the job's store (comm/store.h; under `weightlift launch` the
+// of a loss agree on, through the job's store (comm/store/store.h; under `weightlift launch` the
 // launcher holds it, so it outlives any stage).
 //
 // Incarnations. The process of stage s takes a number when it starts: 1 for the job's first,
@@ -7,8 +7,8 @@
 // and host under it.
 //
 // Epochs. An epoch is one incarnation of every stage, connected as one group over a UCX worker
-// of its own (a failure leaves the last epoch's connections broken: comm/transport.h). Epoch 0
-// is the job's start, every stage's first incarnation.
+// of its own (a failure leaves the last epoch's connections broken: comm/transport/transport.h).
+// Epoch 0 is the job's start, every stage's first incarnation.
 //
 // A loss. A process that loses a peer in epoch e (a transport error or a deadline) reports what
 // it knows under e (report()): its incarnation, the last step it applied, whether it had
@@ -43,8 +43,8 @@
 #include <string>
 #include <vector>
 
-#include "weightlift/comm/group.h"
-#include "weightlift/comm/store.h"
+#include "weightlift/comm/group/group.h"
+#include "weightlift/comm/store/store.h"
 #include "weightlift/core/status.h"
 
 namespace wl::fault {

@@ -8,15 +8,15 @@
 #include "weightlift/core/check.h"
 #include "weightlift/fault/stage_route.h"
 #include "weightlift/kernels/cross_entropy.h"
-#include "weightlift/parallel/neighbours.h"
-#include "weightlift/parallel/pipeline.h"
+#include "weightlift/parallel/pipeline/neighbours.h"
+#include "weightlift/parallel/pipeline/pipeline.h"
 
 namespace wl::fault {
 
 namespace {
 
 // Message tags: a pass's output or input gradient by micro-batch, place on the route and
-// direction; the end gradient for the replica above them (parallel/pipeline.h's evaluation
+// direction; the end gradient for the replica above them (parallel/pipeline/pipeline.h's evaluation
 // tags start at 2^22).
 constexpr int kMaxSegments = 64;
 constexpr uint32_t kReplicaTag = uint32_t(1) << 21;
@@ -24,7 +24,7 @@ uint32_t pass_tag(int micro_batch, int segment, bool forward) {
   return (uint32_t(micro_batch) * kMaxSegments + uint32_t(segment)) * 2 + (forward ? 0 : 1);
 }
 
-// Block stage s's units: its part of parallel/pipeline.h's stages without the ends.
+// Block stage s's units: its part of parallel/pipeline/pipeline.h's stages without the ends.
 std::vector<model::Stage> block_stages(const model::Units& units, int stages) {
   std::vector<model::Stage> out = parallel::pipeline_stages(units, stages);
   out.front().first = model::Units::block(0);

@@ -23,8 +23,8 @@
 
 #include "weightlift/core/status.h"
 #include "weightlift/fault/stage_optimizer.h"
-#include "weightlift/parallel/data_parallel.h"
-#include "weightlift/parallel/step.h"
+#include "weightlift/parallel/data/data_parallel.h"
+#include "weightlift/parallel/data/step.h"
 #include "weightlift/train/data.h"
 
 namespace wl::fault {

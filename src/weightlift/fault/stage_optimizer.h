@@ -29,7 +29,7 @@
 
 #include "weightlift/core/status.h"
 #include "weightlift/core/tensor.h"
-#include "weightlift/parallel/data_parallel.h"
+#include "weightlift/parallel/data/data_parallel.h"
 #include "weightlift/train/adamw.h"
 
 namespace wl::fault {

@@ -3,15 +3,15 @@
 //
 // The model's blocks are cut into stages of equal depth; on real processes, process s holds
 // block stage s, the first process the embedding too and the last one the head
-// (parallel/pipeline.h's layout). A micro-batch runs the embedding, the block stages in its
-// order, then the head. CheckFree+ runs every other micro-batch with the first two and the last
+// (parallel/pipeline/pipeline.h's layout). A micro-batch runs the embedding, the block stages in
+// its order, then the head. CheckFree+ runs every other micro-batch with the first two and the last
 // two block stages exchanged, so that each learns to stand in for its partner:
 //
 //   normal    E [B0] [B1] [B2] [B3] H      processes  [0: E B0] [1: B1] [2: B2] [3: B3 H]
 //   swapped   E [B1] [B0] [B3] [B2] H      processes  [0: E] [1: B1] [0: B0] [3: B3] [2: B2] [3: H]
 //
 // Consecutive pieces on one process whose units follow each other run as one pass (a
-// segment), so the normal order is parallel/pipeline.h's pipeline exactly.
+// segment), so the normal order is parallel/pipeline/pipeline.h's pipeline exactly.
 #pragma once
 
 #include <span>

@@ -1,6 +1,6 @@
 // A pipeline with every stage in one process: the model's blocks cut into `stages` stages of
 // equal depth, each with its own AdamW, its own gradient clipping and its own learning-rate
-// factor, as the stages of a pipeline-parallel job have (parallel/pipeline.h), plus the
+// factor, as the stages of a pipeline-parallel job have (parallel/pipeline/pipeline.h), plus the
 // embedding and the head as a group of their own that is never lost. It is what CheckFree's
 // convergence experiments run on (the paper's own runs keep every stage in one process too),
 // and it applies the recovery rules of recovery.h to its stages.

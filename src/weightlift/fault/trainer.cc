@@ -11,7 +11,7 @@
 #include <fstream>
 #include <optional>
 
-#include "weightlift/comm/collectives.h"
+#include "weightlift/comm/collectives/collectives.h"
 #include "weightlift/core/file_io.h"
 #include "weightlift/core/json_record.h"
 #include "weightlift/core/safetensors.h"
@@ -21,10 +21,10 @@
 #include "weightlift/fault/stage_optimizer.h"
 #include "weightlift/fault/stage_route.h"
 #include "weightlift/model/memory_estimate.h"
-#include "weightlift/parallel/checkpoint.h"
-#include "weightlift/parallel/pipeline.h"
-#include "weightlift/parallel/run_guard.h"
-#include "weightlift/parallel/state_bytes.h"
+#include "weightlift/parallel/pipeline/pipeline.h"
+#include "weightlift/parallel/run/checkpoint.h"
+#include "weightlift/parallel/run/run_guard.h"
+#include "weightlift/parallel/run/state_bytes.h"
 #include "weightlift/train/metrics.h"
 
 namespace wl::fault {

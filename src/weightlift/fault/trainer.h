@@ -2,7 +2,7 @@
 // --recovery ...` under `weightlift launch -n S --restart-failed K`, one process per block
 // stage (the first holding the embedding too, the last the norm and head).
 //
-// Every process runs the same loop as parallel/trainer.h's (the same data, schedule, metrics,
+// Every process runs the same loop as parallel/run/trainer.h's (the same data, schedule, metrics,
 // validation and checkpoints), with a step of routed_step.h (CheckFree+'s swapped routes,
 // each stage clipped and stepped on its own, as the paper's code trains) and these additions:
 //
@@ -43,12 +43,12 @@
 #include <string>
 #include <vector>
 
-#include "weightlift/comm/store.h"
-#include "weightlift/comm/transport.h"
+#include "weightlift/comm/store/store.h"
+#include "weightlift/comm/transport/transport.h"
 #include "weightlift/core/status.h"
 #include "weightlift/fault/failure_schedule.h"
 #include "weightlift/fault/recovery.h"
-#include "weightlift/parallel/trainer.h"
+#include "weightlift/parallel/run/trainer.h"
 
 namespace wl::fault {
 
@@ -62,7 +62,7 @@ struct ResilienceOptions {
   // does: alive to the transport, silent to the others, which declare it gone at the deadline.
   std::vector<ScheduledLoss> freezes;
   // How often a peer that stopped answering is probed: it bounds how soon a dead stage is
-  // noticed (comm/transport.h).
+  // noticed (comm/transport/transport.h).
   std::chrono::milliseconds keepalive{200};
 };
 

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <thread>
 
-#include "weightlift/comm/allreduce.h"
+#include "weightlift/comm/collectives/allreduce.h"
 #include "weightlift/core/parallel.h"
 #include "weightlift/core/timing.h"
 #include "weightlift/infer/dequant_linear.h"

@@ -32,7 +32,7 @@
 #include <memory>
 #include <vector>
 
-#include "weightlift/comm/group.h"
+#include "weightlift/comm/group/group.h"
 #include "weightlift/core/status.h"
 #include "weightlift/core/tensor.h"
 #include "weightlift/infer/weights.h"

@@ -2,7 +2,7 @@
 // consecutive experts, and rank r of the expert group runs run r over the tokens of every rank
 // in the group. A block then routes and gathers its own tokens' rows as in one process, sends
 // each row to its expert's rank and gets the expert's output back (two all-to-alls forward,
-// two backward). The trainer's implementation is in parallel/data_parallel.h; a pass without
+// two backward). The trainer's implementation is in parallel/data/data_parallel.h; a pass without
 // one runs every expert itself.
 //
 // Each rank's rows reach an expert in rank order, after the rows of the ranks before it, so an

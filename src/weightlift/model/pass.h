@@ -168,13 +168,13 @@ class StagePass {
   // The backward pass, from the loss gradient (stages with the head: dout null) or from dout
   // [N, d], d loss / d output (others).
   [[nodiscard]] Status backward(const float* dout);
-  // The backward pass in two halves, for zero-bubble pipelines (parallel/pipeline_schedule.h):
-  // backward_inputs() is backward() but for the weight gradients of the Linears, which it
-  // keeps, with what they read, for backward_weights(); input_grad() is ready after it. The
-  // gradients come out bit for bit as backward()'s. Every unit's after_unit hook runs in
-  // backward_weights(), once its gradients are complete, after all the units' before_unit:
-  // hooks that hold a unit's parameters or gradients only while it runs (FSDP, ZeRO-2) need
-  // backward().
+  // The backward pass in two halves, for zero-bubble pipelines
+  // (parallel/layout/pipeline_schedule.h): backward_inputs() is backward() but for the weight
+  // gradients of the Linears, which it keeps, with what they read, for backward_weights();
+  // input_grad() is ready after it. The gradients come out bit for bit as backward()'s. Every
+  // unit's after_unit hook runs in backward_weights(), once its gradients are complete, after all
+  // the units' before_unit: hooks that hold a unit's parameters or gradients only while it runs
+  // (FSDP, ZeRO-2) need backward().
   [[nodiscard]] Status backward_inputs(const float* dout);
   [[nodiscard]] Status backward_weights();
   // [N, d]: d loss / d the stage's input (stages after the embedding), after backward().

@@ -4,7 +4,7 @@
 #include "weightlift/core/checksum.h"
 #include "weightlift/core/file_io.h"
 #include "weightlift/core/json_record.h"
-#include "weightlift/parallel/checkpoint.h"
+#include "weightlift/parallel/run/checkpoint.h"
 #include "weightlift/train/checkpoint_state.h"
 
 namespace wl::rl {

@@ -1,7 +1,7 @@
 // An RL run's records and checkpoints.
 //
 // A step's record is one line of rl_metrics.jsonl (record_to_json); a checkpoint is a training
-// checkpoint of the trainer (parallel/checkpoint.h: weights and AdamW moments, checksummed; its
+// checkpoint of the trainer (parallel/run/checkpoint.h: weights and AdamW moments, checksummed; its
 // state carries the policy version as `step`, the orchestrator's RNG as `data_rng` and the
 // run's options as `run`, so a resume that changes one is refused naming it) plus
 // rl_state.json: where the run is (warm-start steps done, RL steps done), the held-out accuracy
@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "weightlift/core/status.h"
-#include "weightlift/parallel/data_parallel.h"
+#include "weightlift/parallel/data/data_parallel.h"
 #include "weightlift/rl/loop.h"
 
 namespace wl::rl {

@@ -47,10 +47,10 @@
 #include <string>
 #include <vector>
 
-#include "weightlift/comm/store.h"
+#include "weightlift/comm/store/store.h"
 #include "weightlift/kernels/sampling.h"
 #include "weightlift/model/config.h"
-#include "weightlift/parallel/layout.h"
+#include "weightlift/parallel/layout/layout.h"
 #include "weightlift/rl/policy_loss.h"
 #include "weightlift/rl/policy_step.h"
 #include "weightlift/rl/records.h"

@@ -1,6 +1,6 @@
 // The trainer's side of a policy-gradient step: sampled completions become rows of a token
 // batch, and one optimizer step minimises the policy loss (policy_loss.h) over them, on any
-// data-parallel layout (parallel/step.h's compute_gradients with a loss of our own).
+// data-parallel layout (parallel/data/step.h's compute_gradients with a loss of our own).
 //
 // Row i of the batch is prompt_i + completion_i, padded with the end token to `seq`; its
 // targets are the next token at every position whose next token is a completion token, and
@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "weightlift/core/status.h"
-#include "weightlift/parallel/step.h"
+#include "weightlift/parallel/data/step.h"
 #include "weightlift/rl/policy_loss.h"
 #include "weightlift/train/data.h"
 

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "weightlift/comm/group.h"
+#include "weightlift/comm/group/group.h"
 #include "weightlift/core/status.h"
 #include "weightlift/infer/worker.h"
 #include "weightlift/model/config.h"

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <thread>
 
-#include "weightlift/comm/launch.h"
+#include "weightlift/comm/launch/launch.h"
 #include "weightlift/rl/protocol.h"
 
 namespace wl::rl {

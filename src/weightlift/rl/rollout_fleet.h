@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "weightlift/comm/group.h"
-#include "weightlift/comm/store.h"
+#include "weightlift/comm/group/group.h"
+#include "weightlift/comm/store/store.h"
 #include "weightlift/core/random.h"
 #include "weightlift/rl/loop.h"
 #include "weightlift/transfer/fleet/parameter_server.h"

@@ -9,7 +9,7 @@
 // is ready with the version it healed to, then serves commands (protocol.h) until told to stop.
 #include <unistd.h>
 
-#include "weightlift/comm/group.h"
+#include "weightlift/comm/group/group.h"
 #include "weightlift/rl/loop.h"
 #include "weightlift/rl/protocol.h"
 #include "weightlift/transfer/fleet/fleet_receiver.h"

@@ -11,14 +11,14 @@
 #include <fstream>
 #include <optional>
 
-#include "weightlift/comm/group.h"
+#include "weightlift/comm/group/group.h"
 #include "weightlift/core/safetensors.h"
 #include "weightlift/core/timing.h"
 #include "weightlift/kernels/cross_entropy.h"
 #include "weightlift/model/hf_checkpoint.h"
 #include "weightlift/model/params.h"
-#include "weightlift/parallel/data_parallel.h"
-#include "weightlift/parallel/job.h"
+#include "weightlift/parallel/data/data_parallel.h"
+#include "weightlift/parallel/run/job.h"
 #include "weightlift/rl/checkpoint.h"
 #include "weightlift/rl/checks.h"
 #include "weightlift/rl/loop.h"

@@ -15,7 +15,7 @@
 // written as zeros, so any byte that changes after writing is caught, however the JSON would
 // be re-serialised. Parsing checks every field's type and range (steps not negative, the
 // AdamW count not beyond the step, a loss scale in [1, 2^100], a data RNG that is not all
-// zero): what a resumed run can trust before it reads any tensor. parallel/checkpoint.h
+// zero): what a resumed run can trust before it reads any tensor. parallel/run/checkpoint.h
 // writes and reads the tensors.
 //
 // Version 4 added "cols", a piece's band of columns (a tensor-parallel rank's o_proj or
@@ -42,7 +42,7 @@ struct CheckpointState {
   double loss_scale = 1.0;             // f16's dynamic loss scale (unused otherwise)
   int64_t loss_scale_clean_steps = 0;  // clean steps since the scale last changed
   // The run's hyperparameters by flag name ("steps" -> "600", "lr" -> "0.003"): a resume
-  // that changes one is refused naming it (parallel/run_guard.h).
+  // that changes one is refused naming it (parallel/run/run_guard.h).
   std::map<std::string, std::string> run;
 };
 

@@ -20,10 +20,11 @@ void linear_backward_input(Precision p, const float* dy, const float* w, float* 
 void linear_backward_weight(Precision p, const float* dy, const float* x, float* dw, int64_t n,
                             int64_t in, int64_t out);
 
-// Weight gradients kept for later: a zero-bubble pipeline stage (parallel/pipeline_schedule.h)
-// runs its input gradients first, sends them to the stage before, and only then its weight
-// gradients. Each product keeps the tensors it reads alive until it runs; they run in the
-// order added, so the gradients are those of running each at once, bit for bit.
+// Weight gradients kept for later: a zero-bubble pipeline stage
+// (parallel/layout/pipeline_schedule.h) runs its input gradients first, sends them to the stage
+// before, and only then its weight gradients. Each product keeps the tensors it reads alive until
+// it runs; they run in the order added, so the gradients are those of running each at once, bit for
+// bit.
 class WeightGradients {
  public:
   // dw[out, in] += dy^T x over n rows: dy's rows [dy_row, dy_row + n) of `dy` [*, out] and

@@ -5,7 +5,7 @@
 #include <map>
 #include <optional>
 
-#include "weightlift/comm/process_alive.h"
+#include "weightlift/comm/launch/process_alive.h"
 #include "weightlift/transfer/fleet/heal_from_servers.h"
 
 namespace wl::transfer {

@@ -22,7 +22,7 @@
 #include <memory>
 #include <string>
 
-#include "weightlift/comm/store.h"
+#include "weightlift/comm/store/store.h"
 #include "weightlift/transfer/fleet/heal_from_peer.h"
 #include "weightlift/transfer/fleet/protocol.h"
 #include "weightlift/transfer/layout/receiver.h"

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "weightlift/comm/process_alive.h"
+#include "weightlift/comm/launch/process_alive.h"
 #include "weightlift/transfer/fleet/protocol.h"
 #include "weightlift/transfer/plan/metadata.h"
 

@@ -24,7 +24,7 @@
 #include <string_view>
 #include <vector>
 
-#include "weightlift/comm/transport.h"
+#include "weightlift/comm/transport/transport.h"
 #include "weightlift/core/status.h"
 #include "weightlift/transfer/layout/receiver.h"
 

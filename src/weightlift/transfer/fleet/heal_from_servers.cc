@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <map>
 
-#include "weightlift/comm/process_alive.h"
+#include "weightlift/comm/launch/process_alive.h"
 #include "weightlift/model/params.h"
 #include "weightlift/transfer/modes/local_convert.h"
 #include "weightlift/transfer/plan/metadata.h"

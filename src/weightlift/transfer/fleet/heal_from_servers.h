@@ -28,8 +28,8 @@
 #include <string_view>
 #include <vector>
 
-#include "weightlift/comm/store.h"
-#include "weightlift/comm/transport.h"
+#include "weightlift/comm/store/store.h"
+#include "weightlift/comm/transport/transport.h"
 #include "weightlift/core/status.h"
 #include "weightlift/model/config.h"
 #include "weightlift/transfer/fleet/heal_from_peer.h"

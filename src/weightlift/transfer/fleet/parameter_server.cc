@@ -12,9 +12,9 @@
 #include <tuple>
 #include <utility>
 
-#include "weightlift/comm/allreduce.h"
-#include "weightlift/comm/broadcast.h"
-#include "weightlift/comm/process_alive.h"
+#include "weightlift/comm/collectives/allreduce.h"
+#include "weightlift/comm/collectives/broadcast.h"
+#include "weightlift/comm/launch/process_alive.h"
 #include "weightlift/core/safetensors.h"
 #include "weightlift/model/params.h"
 #include "weightlift/transfer/fleet/heal_from_servers.h"

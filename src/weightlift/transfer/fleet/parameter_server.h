@@ -45,8 +45,8 @@
 #include <string_view>
 #include <vector>
 
-#include "weightlift/comm/group.h"
-#include "weightlift/comm/store.h"
+#include "weightlift/comm/group/group.h"
+#include "weightlift/comm/store/store.h"
 #include "weightlift/model/config.h"
 #include "weightlift/transfer/fleet/protocol.h"
 #include "weightlift/transfer/layout/trainer_weights.h"

@@ -49,7 +49,7 @@
 #include <string_view>
 #include <vector>
 
-#include "weightlift/comm/group.h"
+#include "weightlift/comm/group/group.h"
 #include "weightlift/core/json_record.h"
 #include "weightlift/core/status.h"
 #include "weightlift/transfer/modes/update_executor.h"

@@ -31,7 +31,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "weightlift/comm/transport.h"
+#include "weightlift/comm/transport/transport.h"
 #include "weightlift/core/mutex.h"
 #include "weightlift/transfer/layout/inference_layout.h"
 

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <vector>
 
-#include "weightlift/comm/allgather.h"
+#include "weightlift/comm/collectives/allgather.h"
 #include "weightlift/core/parallel.h"
 
 namespace wl::transfer {

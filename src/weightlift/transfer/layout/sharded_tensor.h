@@ -6,7 +6,7 @@
 // host buffer (what FSDP's CPU offload does on a GPU machine; here both are host memory, but
 // the copy between them is the same stage seed 000 pipelines).
 //
-// full_tensor() is an allgatherv over the mesh (comm/allgather.h): every rank moves
+// full_tensor() is an allgatherv over the mesh (comm/collectives/allgather.h): every rank moves
 // (mesh_size - 1) / mesh_size of the tensor and ends with all of it.
 #pragma once
 
@@ -15,7 +15,7 @@
 #include <memory>
 #include <string>
 
-#include "weightlift/comm/group.h"
+#include "weightlift/comm/group/group.h"
 #include "weightlift/core/shard.h"
 #include "weightlift/core/status.h"
 #include "weightlift/core/tensor.h"

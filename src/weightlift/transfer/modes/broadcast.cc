@@ -12,7 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "weightlift/comm/broadcast.h"
+#include "weightlift/comm/collectives/broadcast.h"
 #include "weightlift/core/mutex.h"
 #include "weightlift/core/timing.h"
 #include "weightlift/model/params.h"

@@ -14,7 +14,7 @@
 //
 // Senders. Only the first mesh sends; its mesh rank b % mesh_size owns bucket b. For each
 // bucket every rank of that mesh runs full_tensor() of its parameters straight into its bucket
-// buffer (collective over the mesh), then the owner broadcasts it (comm/broadcast.h, a
+// buffer (collective over the mesh), then the owner broadcasts it (comm/collectives/broadcast.h, a
 // pipelined chain) over a group of itself and every receiver, made once per owner.
 //
 // Receivers, double-buffered: two bucket buffers; bucket b arrives in buffer b % 2 while a

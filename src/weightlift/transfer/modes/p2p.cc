@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "weightlift/comm/process_alive.h"
+#include "weightlift/comm/launch/process_alive.h"
 #include "weightlift/core/parallel.h"
 #include "weightlift/core/timing.h"
 #include "weightlift/transfer/modes/detail/checksum.h"
@@ -421,7 +421,7 @@ void P2PExecutor::plan_receiver() {
 // Connected (and their rkeys unpacked) only once an update's start has checked the targets'
 // epochs: unpacking the rkey of a receiver that has since restarted would attach a
 // shared-memory segment that no longer exists, and UCX 1.13 crashes in that error path
-// instead of returning it (comm/process_alive.h).
+// instead of returning it (comm/launch/process_alive.h).
 Status P2PExecutor::connect_targets(const std::vector<comm::ProcessId>& processes) {
   comm::Transport& w = o_.world->worker();
   for (int receiver_rank : sender_.targets) {

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "weightlift/comm/allgather.h"
+#include "weightlift/comm/collectives/allgather.h"
 #include "weightlift/transfer/modes/broadcast.h"
 #include "weightlift/transfer/modes/detail/update_round.h"
 #include "weightlift/transfer/modes/naive.h"

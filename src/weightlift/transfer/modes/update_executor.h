@@ -28,7 +28,7 @@
 #include <span>
 #include <string_view>
 
-#include "weightlift/comm/group.h"
+#include "weightlift/comm/group/group.h"
 #include "weightlift/transfer/layout/receiver.h"
 #include "weightlift/transfer/layout/trainer_weights.h"
 #include "weightlift/transfer/plan/planner.h"

@@ -3,7 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "weightlift/comm/allgather.h"
+#include "weightlift/comm/collectives/allgather.h"
 
 namespace wl::transfer {
 

@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-#include "weightlift/comm/group.h"
+#include "weightlift/comm/group/group.h"
 #include "weightlift/core/json_record.h"
 #include "weightlift/transfer/layout/receiver.h"
 #include "weightlift/transfer/layout/trainer_weights.h"
@@ -68,7 +68,7 @@ void endpoint_to_json(const std::vector<std::byte>& worker_address,
                       const std::vector<std::byte>& rkey, nlohmann::json& j);
 void endpoint_from_json(const nlohmann::json& j, std::vector<std::byte>& worker_address,
                         std::vector<std::byte>& rkey);
-// The endpoint owner's process (comm/process_alive.h), in the records that let a reader skip
+// The endpoint owner's process (comm/launch/process_alive.h), in the records that let a reader skip
 // an endpoint whose process has exited (the fleet's): "host" and "pid" as JSON integers.
 void process_to_json(uint64_t host, int64_t pid, nlohmann::json& j);
 void process_from_json(const nlohmann::json& j, uint64_t& host, int64_t& pid);

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "weightlift/comm/broadcast.h"
+#include "weightlift/comm/collectives/broadcast.h"
 
 namespace wl::transfer {
 

@@ -8,7 +8,7 @@
 
 #include <chrono>
 
-#include "weightlift/comm/group.h"
+#include "weightlift/comm/group/group.h"
 #include "weightlift/transfer/plan/planner.h"
 
 namespace wl::transfer {

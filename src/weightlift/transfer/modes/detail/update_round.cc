@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "weightlift/comm/allgather.h"
-#include "weightlift/comm/allreduce.h"
+#include "weightlift/comm/collectives/allgather.h"
+#include "weightlift/comm/collectives/allreduce.h"
 #include "weightlift/core/timing.h"
 
 namespace wl::transfer {

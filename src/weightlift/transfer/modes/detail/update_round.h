@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "weightlift/comm/group.h"
-#include "weightlift/comm/process_alive.h"
+#include "weightlift/comm/group/group.h"
+#include "weightlift/comm/launch/process_alive.h"
 #include "weightlift/core/checksum.h"
 #include "weightlift/transfer/modes/update_executor.h"
 

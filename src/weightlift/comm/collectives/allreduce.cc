@@ -1,0 +1,184 @@
+// allreduce(): validation and the choice of algorithm.
+//
+// The choice follows the alpha-beta-gamma model of docs/algorithms.md: alpha per message
+// step, beta per byte a rank moves through its link, gamma per byte reduced (the constants
+// are an AllreduceCostModel, allreduce.h). For n bytes on P ranks (L = floor(log2 P), D the
+// trees' depth = L, S tree segments of s bytes, beta' = max(beta, stream_beta)):
+//   recursive doubling: L alpha + L n (beta' + gamma)    (+ 2 alpha + 2 n beta' + n gamma)
+//   ring:               2(P-1) alpha + 2(P-1)/P n beta' + (P-1)/P n gamma
+//   bidirectional ring: 2(P-1) alpha + max(2(P-1)/P n beta, (P-1)/P n stream_beta)
+//                       + (P-1)/P n gamma
+//   double binary tree: (2D + S - 1)(alpha + s (4 beta' + 2 gamma))
+// Recursive doubling wins while latency dominates; the tree while 2(P-1) ring steps cost more
+// than its segments' extra bytes, which on many ranks lasts into the megabytes; the ring for
+// the rest.
+#include "weightlift/comm/collectives/allreduce.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "weightlift/comm/collectives/detail/allreduce_algorithms.h"
+#include "weightlift/comm/collectives/detail/ring.h"
+#include "weightlift/comm/collectives/detail/shm_arena.h"
+#include "weightlift/comm/collectives/detail/validate.h"
+#include "weightlift/core/check.h"
+
+namespace wl::comm {
+
+namespace {
+
+double stream_beta(const AllreduceCostModel& m) { return std::max(m.beta, m.stream_beta); }
+
+double ring_cost(double n, int p, const AllreduceCostModel& m) {
+  const double frac = double(p - 1) / double(p);
+  return 2.0 * (p - 1) * m.alpha + 2.0 * frac * n * stream_beta(m) + frac * n * m.gamma;
+}
+
+double bidirectional_ring_cost(double n, int p, const AllreduceCostModel& m) {
+  const double frac = double(p - 1) / double(p);
+  // Both lanes' steps run side by side: the ring's step count, each stream carrying half.
+  return 2.0 * (p - 1) * m.alpha + std::max(2.0 * frac * n * m.beta, frac * n * stream_beta(m)) +
+         frac * n * m.gamma;
+}
+
+double recursive_doubling_cost(double n, int p, const AllreduceCostModel& m) {
+  const int levels = int(std::floor(std::log2(double(p))));
+  const bool pow2 = (p & (p - 1)) == 0;
+  double t = levels * (m.alpha + n * (stream_beta(m) + m.gamma));
+  if (!pow2) t += 2.0 * (m.alpha + n * stream_beta(m)) + n * m.gamma;
+  return t;
+}
+
+double tree_cost(double n, int p, const AllreduceCostModel& m) {
+  const double seg = double(m.segment_bytes != 0 ? m.segment_bytes : detail::kDefaultSegmentBytes);
+  const double half = n / 2.0;
+  const double segments = std::max(1.0, std::ceil(half / seg));
+  const double s = half / segments;  // the segments of a half are even up to one element
+  const double depth = detail::double_tree_depth(p);
+  return (2.0 * depth + segments - 1.0) * (m.alpha + s * (4.0 * stream_beta(m) + 2.0 * m.gamma));
+}
+
+}  // namespace
+
+std::string_view allreduce_algorithm_name(AllreduceAlgorithm a) {
+  switch (a) {
+    case AllreduceAlgorithm::kAuto:
+      return "auto";
+    case AllreduceAlgorithm::kRing:
+      return "ring";
+    case AllreduceAlgorithm::kRecursiveDoubling:
+      return "recursive_doubling";
+    case AllreduceAlgorithm::kSharedMemory:
+      return "shm";
+    case AllreduceAlgorithm::kTree:
+      return "tree";
+    case AllreduceAlgorithm::kBidirectionalRing:
+      return "bidirectional_ring";
+  }
+  return "unknown";
+}
+
+double allreduce_cost_seconds(AllreduceAlgorithm a, size_t bytes, int ranks,
+                              const AllreduceCostModel& m) {
+  WL_CHECK(ranks >= 1) << "allreduce_cost_seconds: " << ranks << " ranks";
+  if (ranks == 1) return 0.0;
+  const double n = double(bytes);
+  switch (a) {
+    case AllreduceAlgorithm::kRing:
+      return ring_cost(n, ranks, m);
+    case AllreduceAlgorithm::kRecursiveDoubling:
+      return recursive_doubling_cost(n, ranks, m);
+    case AllreduceAlgorithm::kTree:
+      return tree_cost(n, ranks, m);
+    case AllreduceAlgorithm::kBidirectionalRing:
+      return bidirectional_ring_cost(n, ranks, m);
+    case AllreduceAlgorithm::kAuto:
+    case AllreduceAlgorithm::kSharedMemory:
+      break;
+  }
+  WL_CHECK(false) << "allreduce_cost_seconds: no formula for " << allreduce_algorithm_name(a);
+  return 0.0;
+}
+
+AllreduceAlgorithm choose_allreduce_algorithm(size_t bytes, int ranks,
+                                              const AllreduceCostModel& m) {
+  if (ranks <= 1) return AllreduceAlgorithm::kRecursiveDoubling;
+  AllreduceAlgorithm best = AllreduceAlgorithm::kRecursiveDoubling;
+  double best_cost = allreduce_cost_seconds(best, bytes, ranks, m);
+  // In order of simplicity: a later one must be strictly cheaper to win.
+  for (AllreduceAlgorithm a : {AllreduceAlgorithm::kRing, AllreduceAlgorithm::kTree,
+                               AllreduceAlgorithm::kBidirectionalRing}) {
+    const double c = allreduce_cost_seconds(a, bytes, ranks, m);
+    if (c < best_cost) {
+      best = a;
+      best_cost = c;
+    }
+  }
+  return best;
+}
+
+namespace {
+
+// What allreduce() runs; `arena` is set when that is the shared-memory algorithm.
+Result<AllreduceAlgorithm> resolve(Group& g, const AllreduceOptions& o, Deadline deadline,
+                                   detail::ShmArena** arena) {
+  AllreduceAlgorithm algo = o.algorithm;
+  if (algo != AllreduceAlgorithm::kAuto && algo != AllreduceAlgorithm::kSharedMemory) return algo;
+  if (g.size() > 1) {
+    // The first call on a group sets up its arena (collectively: every rank gets here).
+    WL_ASSIGN_OR_RETURN(detail::ShmArena * a, detail::shm_arena(g, deadline));
+    if (a != nullptr) {
+      *arena = a;
+      return AllreduceAlgorithm::kSharedMemory;
+    }
+  }
+  return choose_allreduce_algorithm(o.count * dtype_size(o.dtype), g.size(), o.cost_model);
+}
+
+}  // namespace
+
+Result<AllreduceAlgorithm> resolve_allreduce_algorithm(Group& g, const AllreduceOptions& o) {
+  detail::ShmArena* arena = nullptr;
+  return resolve(g, o, g.deadline(o.timeout), &arena);
+}
+
+Status allreduce(Group& g, const AllreduceOptions& o) {
+  const uint32_t sequence = g.next_sequence();
+  WL_RETURN_IF_ERROR(detail::check_reduction(g, "allreduce", o.dtype, o.op));
+  WL_RETURN_IF_ERROR(detail::check_buffer(g, "allreduce", "recv", o.recv, o.count));
+  if (o.count == 0) return ok_status();
+  const void* in = o.send != nullptr ? o.send : o.recv;
+  if (g.size() == 1) {
+    if (in != o.recv) std::memmove(o.recv, in, o.count * dtype_size(o.dtype));
+    return ok_status();
+  }
+  const detail::AllreduceArgs args{.in = in,
+                                   .out = o.recv,
+                                   .count = o.count,
+                                   .dtype = o.dtype,
+                                   .op = o.op,
+                                   .segment_bytes = o.segment_bytes,
+                                   .sequence = sequence};
+  const Deadline deadline = g.deadline(o.timeout);
+  detail::ShmArena* arena = nullptr;
+  WL_ASSIGN_OR_RETURN(AllreduceAlgorithm algo, resolve(g, o, deadline, &arena));
+  switch (algo) {
+    case AllreduceAlgorithm::kSharedMemory:
+      return detail::allreduce_shm(g, *arena, args, deadline);
+    case AllreduceAlgorithm::kRing:
+      return detail::allreduce_ring(g, args, deadline);
+    case AllreduceAlgorithm::kTree:
+      return detail::allreduce_tree(g, args, deadline);
+    case AllreduceAlgorithm::kBidirectionalRing:
+      return detail::allreduce_ring_bidirectional(g, args, deadline);
+    case AllreduceAlgorithm::kRecursiveDoubling:
+      return detail::allreduce_recursive_doubling(g, args, deadline);
+    case AllreduceAlgorithm::kAuto:
+      break;
+  }
+  return invalid_argument("allreduce on " + g.describe() + ": unknown algorithm " +
+                          std::to_string(int(algo)));
+}
+
+}  // namespace wl::comm

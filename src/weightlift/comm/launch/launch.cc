@@ -1,0 +1,412 @@
+// The launcher: fork/exec per rank, one pipe per rank for its output, one poll loop that
+// prefixes lines, reaps children and stops the job on the first failure.
+#include "weightlift/comm/launch/launch.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "weightlift/comm/store/tcp_store.h"
+
+namespace wl::comm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// declare_lost's keys: the i-th declaration's rank under kLostKey/i, and how many have been
+// made (the count is raised only once the rank is there to read).
+constexpr const char* kLostKey = "launch/lost";
+constexpr const char* kLostSlotKey = "launch/lost-slots";
+
+std::string random_token() {
+  std::random_device rd;  // the kernel's entropy
+  static const char kHex[] = "0123456789abcdef";
+  std::string t;
+  for (int i = 0; i < 4; ++i) {
+    uint32_t v = rd();
+    for (int j = 0; j < 4; ++j, v >>= 8) {
+      t += kHex[(v >> 4) & 15];
+      t += kHex[v & 15];
+    }
+  }
+  return t;  // 128 bits
+}
+
+void write_fully(int fd, const std::string& s) {
+  size_t at = 0;
+  while (at < s.size()) {
+    ssize_t w = ::write(fd, s.data() + at, s.size() - at);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;  // nowhere to write: the output is lost, the job goes on
+    at += size_t(w);
+  }
+}
+
+struct Rank {
+  pid_t pid = -1;
+  int out = -1;         // read end of its stdout+stderr pipe
+  std::string partial;  // an unfinished line
+  bool running = false;
+  int restarts = 0;   // times started again after failing
+  bool lost = false;  // killed because the job declared it lost (this incarnation)
+};
+
+int exit_code_of(int wstatus) {
+  if (WIFEXITED(wstatus)) return WEXITSTATUS(wstatus);
+  if (WIFSIGNALED(wstatus)) return 128 + WTERMSIG(wstatus);
+  return 1;
+}
+
+// A rank's environment: the caller's, with the launch variables set for rank `r`.
+std::vector<std::string> rank_environment(const LaunchOptions& o, int r, int port,
+                                          const std::string& token) {
+  const std::pair<std::string, std::string> vars[] = {
+      {"RANK", std::to_string(r)},       {"WORLD_SIZE", std::to_string(o.nprocs)},
+      {"LOCAL_RANK", std::to_string(r)}, {"LOCAL_WORLD_SIZE", std::to_string(o.nprocs)},
+      {"MASTER_ADDR", o.master_addr},    {"MASTER_PORT", std::to_string(port)},
+      {"WEIGHTLIFT_JOB_TOKEN", token},   {"WEIGHTLIFT_STORE_HOSTED", "1"}};
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    bool replaced = false;
+    for (const auto& [name, value] : vars) {
+      replaced |= entry.size() > name.size() && entry.substr(0, name.size()) == name &&
+                  entry[name.size()] == '=';
+    }
+    if (!replaced) env.emplace_back(entry);
+  }
+  for (const auto& [name, value] : vars) env.push_back(name + "=" + value);
+  return env;
+}
+
+// One launched job: its ranks, their output, and the stopping of the others on a failure.
+class Job {
+ public:
+  explicit Job(const LaunchOptions& o) : o_(o), ranks_(size_t(o.nprocs)) {}
+  Status start(int port, const std::string& token);
+  Result<int> wait();
+  Status kill_at_deadline();
+
+ private:
+  void stop_all(int code, const std::string& why);
+  void stop_if_asked();
+  void kill_declared_lost();
+  Status spawn(int r, const std::vector<std::string>& env);
+  bool restart(int r, int code);
+  void emit(int r, std::string_view text);
+  Status read_output();
+  void reap();
+  void drop_orphaned_pipes();
+
+  const LaunchOptions& o_;
+  int port_ = 0;
+  std::string token_;
+  std::vector<Rank> ranks_;
+  int open_pipes_ = 0, running_ = 0;
+  int result_ = 0;
+  bool stopping_ = false;
+  Clock::time_point kill_at_{};
+  int polled_ = 0;  // what the last poll returned
+  // The launcher's own client of the job's store, for declare_lost's declarations.
+  std::unique_ptr<Store> store_;
+  int64_t lost_seen_ = 0;
+  Clock::time_point next_lost_check_{};
+};
+
+// The child's environment is built before fork: between fork and exec only async-signal-safe
+// calls are allowed (another thread may hold the allocator's lock).
+Status Job::spawn(int r, const std::vector<std::string>& env) {
+  std::vector<char*> argv;
+  for (const auto& a : o_.command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<std::string> env_strings = env;
+  std::vector<char*> envp;
+  for (auto& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const std::string exec_failed =
+      "[launch] rank " + std::to_string(r) + ": cannot run " + o_.command[0] + "\n";
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return errno_status("launch: pipe", errno);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) return errno_status("launch: fork", errno);
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);                       // the launcher is already gone
+    const int notice = ::fcntl(o_.notice_fd, F_DUPFD_CLOEXEC, 3);  // before 1 and 2 change
+    ::dup2(fds[1], 1);
+    ::dup2(fds[1], 2);
+    ::execvpe(argv[0], argv.data(), envp.data());
+    ssize_t ignored = ::write(notice >= 0 ? notice : 2, exec_failed.data(), exec_failed.size());
+    (void)ignored;
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  ranks_[size_t(r)] = {.pid = pid,
+                       .out = fds[0],
+                       .partial = {},
+                       .running = true,
+                       .restarts = ranks_[size_t(r)].restarts,
+                       .lost = false};
+  ++open_pipes_;
+  ++running_;
+  return ok_status();
+}
+
+Status Job::start(int port, const std::string& token) {
+  port_ = port;
+  token_ = token;
+  WL_ASSIGN_OR_RETURN(store_, TcpStore::connect({.host = o_.master_addr,
+                                                 .port = port,
+                                                 .token = token,
+                                                 .connect_timeout = std::chrono::seconds(10),
+                                                 .request_timeout = std::chrono::seconds(10)}));
+  for (int r = 0; r < o_.nprocs; ++r) {
+    WL_RETURN_IF_ERROR(spawn(r, rank_environment(o_, r, port, token)));
+  }
+  return ok_status();
+}
+
+// Whole lines of rank r's output, prefixed "[rank r] "; a partial line waits for its end.
+void Job::emit(int r, std::string_view text) {
+  Rank& k = ranks_[size_t(r)];
+  k.partial.append(text);
+  size_t start = 0, nl;
+  std::string lines;
+  while ((nl = k.partial.find('\n', start)) != std::string::npos) {
+    lines += "[rank " + std::to_string(r) + "] " + k.partial.substr(start, nl - start + 1);
+    start = nl + 1;
+  }
+  k.partial.erase(0, start);
+  if (!lines.empty()) write_fully(o_.output_fd, lines);
+}
+
+// One short poll over the open pipes: children are reaped between polls (a rank can exit while
+// its pipe is held open by a grandchild).
+Status Job::read_output() {
+  std::vector<pollfd> pfds;
+  std::vector<int> which;
+  for (int r = 0; r < o_.nprocs; ++r) {
+    if (ranks_[size_t(r)].out >= 0) {
+      pfds.push_back({ranks_[size_t(r)].out, POLLIN, 0});
+      which.push_back(r);
+    }
+  }
+  polled_ = ::poll(pfds.data(), pfds.size(), 20);
+  if (polled_ < 0 && errno != EINTR) return errno_status("launch: poll", errno);
+  for (size_t i = 0; polled_ > 0 && i < pfds.size(); ++i) {
+    if (pfds[i].revents == 0) continue;
+    Rank& k = ranks_[size_t(which[i])];
+    char buf[65536];
+    ssize_t got = ::read(k.out, buf, sizeof buf);
+    if (got > 0) {
+      emit(which[i], std::string_view(buf, size_t(got)));
+    } else if (got == 0 || (errno != EINTR && errno != EAGAIN)) {
+      if (!k.partial.empty()) emit(which[i], "\n");
+      ::close(k.out);
+      k.out = -1;
+      --open_pipes_;
+    }
+  }
+  return ok_status();
+}
+
+// Reaps exited ranks; the first that failed stops the others (SIGTERM, then SIGKILL after the
+// grace period).
+void Job::reap() {
+  for (int r = 0; r < o_.nprocs; ++r) {
+    Rank& k = ranks_[size_t(r)];
+    if (!k.running) continue;
+    int wstatus = 0;
+    if (::waitpid(k.pid, &wstatus, WNOHANG) != k.pid) continue;
+    k.running = false;
+    --running_;
+    const int code = exit_code_of(wstatus);
+    if (code == 0 || stopping_ || restart(r, code)) continue;
+    if (k.lost) {  // the job goes on without it
+      write_fully(o_.notice_fd, "[launch] rank " + std::to_string(r) +
+                                    ", declared lost by the job, is not started again (no "
+                                    "restarts left)\n");
+      continue;
+    }
+    stop_all(code, "rank " + std::to_string(r) + " exited with code " + std::to_string(code) +
+                       "; stopping the other ranks");
+  }
+  if (stopping_ && running_ > 0 && Clock::now() >= kill_at_) {
+    for (const Rank& other : ranks_) {
+      if (other.running) ::kill(other.pid, SIGKILL);
+    }
+    kill_at_ = Clock::now() + std::chrono::hours(1);
+  }
+}
+
+// The job ends with `code`: every rank still running gets SIGTERM now and SIGKILL once the
+// grace period is over (reap()).
+void Job::stop_all(int code, const std::string& why) {
+  result_ = code;
+  stopping_ = true;
+  write_fully(o_.notice_fd, "[launch] " + why + "\n");
+  for (const Rank& k : ranks_) {
+    if (k.running) ::kill(k.pid, SIGTERM);
+  }
+  kill_at_ = Clock::now() + o_.grace;
+}
+
+// The caller asked the job to stop (a signal): checked before any exit is reaped, so that a
+// rank the same signal ended (a terminal's Ctrl-C reaches every process of the group) is not
+// taken for a failure and restarted.
+void Job::stop_if_asked() {
+  const int sig = o_.stop_signal ? o_.stop_signal->load() : 0;
+  if (sig == 0 || stopping_) return;
+  const char* name = sig == SIGINT    ? "SIGINT"
+                     : sig == SIGTERM ? "SIGTERM"
+                     : sig == SIGHUP  ? "SIGHUP"
+                                      : nullptr;
+  stop_all(128 + sig, std::string("stopped by ") + (name ? name : "signal " + std::to_string(sig)) +
+                          ": asking every rank to stop (SIGTERM; SIGKILL in " +
+                          std::to_string(o_.grace.count()) + " ms)");
+}
+
+// Ranks the job declared lost since the last look (declare_lost) are killed; reap() then
+// treats them as failed ones that the job survives. Looked at every 100 ms at most.
+void Job::kill_declared_lost() {
+  if (!store_ || stopping_ || Clock::now() < next_lost_check_) return;
+  next_lost_check_ = Clock::now() + std::chrono::milliseconds(100);
+  Result<int64_t> count = store_->add(kLostKey, 0);
+  if (!count.ok()) return;  // the store is ours and local: this does not happen
+  for (; lost_seen_ < *count; ++lost_seen_) {
+    Result<Bytes> v =
+        store_->get(std::string(kLostKey) + "/" + std::to_string(lost_seen_), o_.grace);
+    if (!v.ok() || v->size() != sizeof(int32_t) + sizeof(int64_t)) continue;
+    int32_t r = 0;
+    int64_t pid = 0;
+    std::memcpy(&r, v->data(), sizeof r);
+    std::memcpy(&pid, v->data() + sizeof r, sizeof pid);
+    // A replacement started since runs under another pid: it is not the one given up on.
+    if (r < 0 || r >= o_.nprocs || !ranks_[size_t(r)].running || ranks_[size_t(r)].pid != pid)
+      continue;
+    Rank& k = ranks_[size_t(r)];
+    write_fully(o_.notice_fd, "[launch] rank " + std::to_string(r) +
+                                  " was declared lost by the job; killing it\n");
+    k.lost = true;
+    ::kill(k.pid, SIGKILL);  // a stopped process too
+  }
+}
+
+// Starts failed rank r again while it has restarts left (the store is the launcher's, so rank
+// 0 is no different), with the same variables and WEIGHTLIFT_RESTART=<how many times>; its old
+// pipe's output so far has been passed on. False when it is not restarted.
+bool Job::restart(int r, int code) {
+  Rank& k = ranks_[size_t(r)];
+  if (k.restarts >= o_.restart_failed) return false;
+  ++k.restarts;
+  if (k.out >= 0) {
+    if (!k.partial.empty()) emit(r, "\n");
+    ::close(k.out);
+    k.out = -1;
+    --open_pipes_;
+  }
+  write_fully(o_.notice_fd, "[launch] rank " + std::to_string(r) + " exited with code " +
+                                std::to_string(code) + "; starting it again (restart " +
+                                std::to_string(k.restarts) + " of " +
+                                std::to_string(o_.restart_failed) + ")\n");
+  std::vector<std::string> env = rank_environment(o_, r, port_, token_);
+  env.push_back("WEIGHTLIFT_RESTART=" + std::to_string(k.restarts));
+  const Status started = spawn(r, env);
+  if (!started.ok()) {
+    write_fully(o_.notice_fd, "[launch] " + started.to_string() + "\n");
+    return false;
+  }
+  return true;
+}
+
+// A rank gone, its pipe kept open by something it started: stop waiting for that output once
+// every rank has exited.
+void Job::drop_orphaned_pipes() {
+  if (running_ > 0 || open_pipes_ == 0 || polled_ != 0) return;
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    Rank& k = ranks_[r];
+    if (k.out < 0) continue;
+    // What the rank wrote between the last poll and its exit is still passed on.
+    ::fcntl(k.out, F_SETFL, ::fcntl(k.out, F_GETFL) | O_NONBLOCK);
+    char buf[65536];
+    for (ssize_t got; (got = ::read(k.out, buf, sizeof buf)) > 0;)
+      emit(int(r), std::string_view(buf, size_t(got)));
+    if (!k.partial.empty()) emit(int(r), "\n");
+    ::close(k.out);
+    k.out = -1;
+  }
+  open_pipes_ = 0;
+}
+
+Result<int> Job::wait() {
+  const Clock::time_point deadline =
+      o_.deadline.count() > 0 ? Clock::now() + o_.deadline : Clock::time_point::max();
+  while (open_pipes_ > 0 || running_ > 0) {
+    WL_RETURN_IF_ERROR(read_output());
+    stop_if_asked();
+    kill_declared_lost();
+    reap();
+    drop_orphaned_pipes();
+    if (running_ > 0 && Clock::now() >= deadline) return kill_at_deadline();
+  }
+  return result_;
+}
+
+// Kills every rank still running, reaps them, and says which they were.
+Status Job::kill_at_deadline() {
+  std::string names;
+  int n = 0;
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    if (!ranks_[r].running) continue;
+    ::kill(ranks_[r].pid, SIGKILL);
+    if (n++ < 8) names += (names.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (n > 8) names += ", ... (" + std::to_string(n) + " in all)";
+  for (Rank& k : ranks_) {
+    if (k.running) ::waitpid(k.pid, nullptr, 0);
+    k.running = false;
+    if (k.out >= 0) ::close(k.out);
+    k.out = -1;
+  }
+  running_ = open_pipes_ = 0;
+  write_fully(o_.notice_fd, "[launch] ranks " + names + " still running at the deadline; killed\n");
+  return deadline_exceeded("launch: ranks " + names + " had not finished within " +
+                           std::to_string(o_.deadline.count()) + " ms; killed");
+}
+
+}  // namespace
+
+Result<int> run_launch(const LaunchOptions& o) {
+  if (o.nprocs < 1) return invalid_argument("launch: -n must be at least 1");
+  if (o.command.empty()) return invalid_argument("launch: no command to run");
+  const std::string token = random_token();
+  // The job's store, for as long as the job runs (port 0: the kernel picks a free one).
+  Result<std::unique_ptr<TcpStoreServer>> store =
+      TcpStoreServer::start({.bind_address = o.master_addr, .port = o.master_port, .token = token});
+  if (!store.ok()) return store.status().with_context("launch: the job's store");
+  Job job(o);
+  WL_RETURN_IF_ERROR(job.start((*store)->port(), token));
+  return job.wait();
+}
+
+Status declare_lost(Store& store, int rank, int64_t pid) {
+  WL_ASSIGN_OR_RETURN(const int64_t slot, store.add(kLostSlotKey, 1));
+  const int32_t r = rank;
+  Bytes v(sizeof r + sizeof pid);
+  std::memcpy(v.data(), &r, sizeof r);
+  std::memcpy(v.data() + sizeof r, &pid, sizeof pid);
+  WL_RETURN_IF_ERROR(store.set(std::string(kLostKey) + "/" + std::to_string(slot - 1), v));
+  return store.add(kLostKey, 1).status();
+}
+
+}  // namespace wl::comm
