@@ -561,6 +561,14 @@ void add_run_flags(CLI::App* cmd, RlArgs& a) {
   cmd->add_option("--timeout", a.timeout_s, "seconds, every wait between processes")
       ->capture_default_str()
       ->transform(real({.lo = 0, .hi = double(kMaxSeconds), .lo_open = true}));
+  cmd->add_option("--kill-worker-after-sync", o.kill_worker_after_sync,
+                  "failure injection: the trainer kills rollout worker --kill-worker right "
+                  "after this RL step's weight update (0 = never)")
+      ->capture_default_str()
+      ->transform(count(0, kMaxSteps));
+  cmd->add_option("--kill-worker", o.kill_worker, "the worker --kill-worker-after-sync kills")
+      ->capture_default_str()
+      ->transform(count(1, kMaxRanks));
 }
 
 }  // namespace

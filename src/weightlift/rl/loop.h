@@ -115,6 +115,12 @@ struct RlOptions {
   // rollout and training even where the two routers would pick differently.
   bool routing_replay = false;
   std::chrono::milliseconds timeout{120000};
+  // Failure injection (tests): trainer rank 0 kills rollout worker `kill_worker`'s process
+  // (SIGKILL; at TP 1) right after the weight update of RL step `kill_worker_after_sync`, before
+  // it asks for that step's samples: the moment the servers' copy is the version the workers
+  // hold, so a replacement heals from it. 0: never.
+  int64_t kill_worker_after_sync = 0;
+  int kill_worker = 1;
   // Checkpoints (rl/checkpoint.h) into `checkpoint_dir`/checkpoint-<RL step> every this many
   // RL steps (0: none); `resume` continues from one. `run`: the
   // options a resume must not change, by flag name.

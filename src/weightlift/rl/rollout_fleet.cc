@@ -1,6 +1,8 @@
 // rollout_fleet.h.
 #include "weightlift/rl/rollout_fleet.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <thread>
@@ -55,6 +57,20 @@ void RolloutFleet::lose(int k, const Status& why) {
                    " is lost: " + told.to_string());
     }
   }
+}
+
+Status RolloutFleet::kill(int worker) {
+  if (worker < 1 || worker >= int(links_.size())) {
+    return invalid_argument("`kill_worker` " + std::to_string(worker) + ": the workers are 1.." +
+                            std::to_string(links_.size() - 1));
+  }
+  const WorkerLink& l = links_[size_t(worker)];
+  WL_ASSIGN_OR_RETURN(const comm::Bytes pid,
+                      store_->get(proto::pid_key(worker, l.incarnation, 0), o_.timeout));
+  if (::kill(pid_t(std::atoll(comm::to_string(pid).c_str())), SIGKILL) != 0) {
+    return errno_status("kill rollout worker " + std::to_string(worker), errno);
+  }
+  return ok_status();
 }
 
 Status RolloutFleet::no_workers() const {

@@ -60,6 +60,9 @@ class RolloutFleet {
   // to the timeout.
   Status adopt_replacements();
   void lose(int worker, const Status& why);
+  // Failure injection (RlOptions::kill_worker_after_sync): SIGKILL to worker `worker`'s TP rank
+  // 0 process, found by the pid it published. The fleet learns of the death as it would of any.
+  Status kill(int worker);
 
   // Before a weight update: replacements adopted, every living worker told to take part (once:
   // it serves update rounds until it has taken part in one). Returns the fleet ids of every

@@ -212,6 +212,7 @@ class Trainer {
       WL_RETURN_IF_ERROR(push_weights());
       rec.sync_s = sync_time.seconds();
     }
+    if (step == o_.kill_worker_after_sync) WL_RETURN_IF_ERROR(fleet_->kill(o_.kill_worker));
     const Stopwatch generate_time;
     const double rewarded_before = task_.reward_seconds();
     double synced_meanwhile = 0;  // the part of the generation span spent pushing weights
