@@ -33,7 +33,14 @@ void register_tokenize(CLI::App& app, Outcome& out);
 void register_bench_collectives(CLI::App& bench, Outcome& out);
 void register_bench_transfer(CLI::App& bench, Outcome& out);
 
-// Prints "weightlift <command>: <status>" to stderr and returns 1 (or 0 for OK).
+// Exit codes (docs/errors.md): 0 done; 2 the input is wrong (InvalidArgument: a flag, a
+// config value, a shape), which no retry changes, so `launch --restart-failed` does not start
+// such a rank again; 1 any other failure; 128 + s for a signal s, as a shell reports it.
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitUsage = 2;
+int exit_code_of(const Status& s);
+
+// Prints "weightlift <command>: <status>" to stderr and returns its exit code.
 int report(const char* command, const Status& s);
 
 // Where strings become enums: `text`, given to `flag`, as one of `choices`; InvalidArgument

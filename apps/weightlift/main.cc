@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "commands.h"
+#include "flag_terms.h"
 #include "run_config.h"
 #include "validate.h"
 #include "weightlift/core/memory_budget.h"
@@ -46,7 +47,7 @@ std::string explain_subcommand(const CLI::App& root, const CLI::App& a) {
 }
 
 // One line for any error of the command line itself (an unknown flag, a value out of range),
-// exit code 1, as for every other error (docs/errors.md).
+// exit code 2, as for every other InvalidArgument (docs/errors.md).
 int report_parse_error(const CLI::App& app, const CLI::ParseError& e) {
   const CLI::App* innermost = nullptr;
   const std::string path = command_path(app, &innermost);
@@ -59,7 +60,7 @@ int report_parse_error(const CLI::App& app, const CLI::ParseError& e) {
   }
   std::fprintf(stderr, "weightlift%s%s: InvalidArgument: %s\n", path.empty() ? "" : " ",
                path.c_str(), printable(message).c_str());
-  return 1;
+  return kExitUsage;
 }
 
 }  // namespace
@@ -96,11 +97,12 @@ int main(int argc, char** argv) {
   wl::app::register_receiver(app, out);
   wl::app::register_tokenize(app, out);
   wl::app::add_run_config(app, argc, argv);  // after the subcommands: its keys go to them
+  wl::app::learn_flags(app);                 // errors name the flags the libraries' fields are
   // CLI11 opens --run-config's file itself: it is checked first, so that a FIFO is refused,
   // not waited on.
   if (const wl::Status s = wl::app::check_run_config_files(argc, argv); !s.ok()) {
     std::fprintf(stderr, "weightlift: %s\n", wl::printable(s.to_string()).c_str());
-    return 1;
+    return wl::app::exit_code_of(s);
   }
   try {
     app.parse(argc, argv);

@@ -7,13 +7,19 @@
 #include <filesystem>
 
 #include "commands.h"
+#include "flag_terms.h"
 
 namespace wl::app {
 
+int exit_code_of(const Status& s) {
+  if (s.ok()) return 0;
+  return s.code() == StatusCode::kInvalidArgument ? kExitUsage : kExitFailure;
+}
+
 int report(const char* command, const Status& s) {
   if (s.ok()) return 0;
-  std::fprintf(stderr, "weightlift %s: %s\n", command, s.to_string().c_str());
-  return 1;
+  std::fprintf(stderr, "weightlift %s: %s\n", command, in_flag_terms(s.to_string()).c_str());
+  return exit_code_of(s);
 }
 
 namespace {

@@ -5,8 +5,38 @@
 
 #include <gtest/gtest.h>
 
+#include "commands.h"
+#include "flag_terms.h"
+
 namespace wl::app {
 namespace {
+
+// A library's error names option fields in backquotes; the command line's user reads them as
+// the flags they typed, and anything quoted that is no flag stays as it was.
+TEST(FlagTerms, FieldsAreWrittenAsTheFlagsOfTheCommand) {
+  CLI::App app;
+  CLI::App* rl = app.add_subcommand("rl");
+  int tp = 1;
+  std::string mode, dtype;
+  rl->add_option("--rollout-tp", tp);
+  rl->add_option("--trainer-dp-mode", mode);
+  rl->add_option("--sync-dtype", dtype);
+  learn_flags(app);
+  EXPECT_EQ(in_flag_terms("`trainer_dp_mode` fsdp: use ddp; `rollout_tp` 3 with `sync_format` "
+                          "fp8"),
+            "--trainer-dp-mode fsdp: use ddp; --rollout-tp 3 with --sync-dtype fp8");
+  EXPECT_EQ(in_flag_terms("`no_such_field` 2, `x`, a ` alone"),
+            "`no_such_field` 2, `x`, a ` alone");
+  EXPECT_EQ(in_flag_terms(""), "");
+}
+
+TEST(ExitCodes, WhatWasGivenWrongIsTwoAndEveryOtherFailureOne) {
+  EXPECT_EQ(exit_code_of(ok_status()), 0);
+  EXPECT_EQ(exit_code_of(invalid_argument("x")), kExitUsage);
+  EXPECT_EQ(exit_code_of(data_loss("x")), kExitFailure);
+  EXPECT_EQ(exit_code_of(unavailable("x")), kExitFailure);
+  EXPECT_NE(kExitUsage, kExitFailure);
+}
 
 TEST(Validate, IntervalsPrintAsWritten) {
   EXPECT_EQ(kPositive.to_string(), "(0, inf)");

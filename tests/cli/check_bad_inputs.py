@@ -34,8 +34,9 @@ def expect_error(label, cmd, *needles, memory_limit=None):
                        preexec_fn=limit)
     lines = [l for l in r.stderr.splitlines() if l.strip()]
     problems = []
-    if r.returncode != 1:
-        problems.append(f"exit code {r.returncode}, expected 1")
+    expected = 2 if ": InvalidArgument: " in r.stderr else 1  # docs/errors.md
+    if r.returncode != expected:
+        problems.append(f"exit code {r.returncode}, expected {expected}")
     if len(lines) != 1:
         problems.append(f"{len(lines)} lines on stderr, expected 1")
     for n in needles:

@@ -1,8 +1,8 @@
 """What every bad invocation of the real `weightlift` must do, checked in one place.
 
-A careless user or a hostile peer gets exit code 1 (never a signal: 134 is an abort, 139 a
-segfault), exactly one line on stderr that contains what the case says it must name (the
-flag, the file, the range), within a time bound (a hang is a failure, reported as such), and
+A careless user or a hostile peer gets exit code 2 for what was given wrong (InvalidArgument)
+and 1 for any other error (never a signal: 134 is an abort, 139 a segfault), exactly one line
+on stderr that contains what the case says it must name (the flag, the file, the range), within a time bound (a hang is a failure, reported as such), and
 nothing on disk changes: every file, directory and device the case names or that lives in the
 scratch directory is hashed before and after, so a destroyed input, a half-written output or
 a temporary file left behind all fail the case.
@@ -23,6 +23,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "reference"))
 
 TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 1, "head_dim": 16,
         "num_experts": 4, "top_k": 2, "ffn_dim": 128, "vocab_size": 320, "max_seq_len": 128}
+
+
+def expected_exit_code(stderr):
+    """weightlift's exit code for the error it printed (docs/errors.md): 2 for InvalidArgument
+    (what was given is wrong, and no retry changes it), 1 for every other error."""
+    return 2 if ": InvalidArgument: " in stderr else 1
 
 
 def _digest(path):
@@ -113,8 +119,8 @@ class Suite:
         problems = []
         if code is None:
             problems.append(f"still running after {timeout} s (a hang)")
-        elif code != 1:
-            problems.append(f"exit code {code}, expected 1" +
+        elif code != expected_exit_code(stderr):
+            problems.append(f"exit code {code}, expected {expected_exit_code(stderr)}" +
                             (" (a signal)" if code < 0 or code > 128 else ""))
         if len(lines) != 1:
             problems.append(f"{len(lines)} lines on stderr, expected 1")

@@ -285,7 +285,8 @@ std::string read_all(int fd) {
   return out;
 }
 
-// The ranks' output can be piped on whole: the launcher's own lines go elsewhere (stderr).
+// The ranks' output can be piped on whole: the launcher's own lines go elsewhere (stderr). The
+// last of them quotes the failed rank's last line: its error, which a person looks for there.
 TEST(Launch, ItsOwnLinesGoApartFromTheRanks) {
   const int ranks = ::memfd_create("ranks", 0), notices = ::memfd_create("notices", 0);
   auto r = run_launch({.nprocs = 2,
@@ -299,7 +300,32 @@ TEST(Launch, ItsOwnLinesGoApartFromTheRanks) {
   EXPECT_NE(out.find("[rank 1] hello"), std::string::npos) << out;
   EXPECT_EQ(out.find("[launch]"), std::string::npos) << out;
   EXPECT_NE(said.find("[launch] rank 1 exited with code 3"), std::string::npos) << said;
-  EXPECT_EQ(said.find("hello"), std::string::npos) << said;
+  const std::string last = "[launch] the job failed at rank 1: hello\n";
+  ASSERT_GE(said.size(), last.size()) << said;
+  EXPECT_EQ(said.substr(said.size() - last.size()), last) << said;
+  EXPECT_EQ(said.find("hello"), said.size() - last.size() + last.find("hello")) << said;
+}
+
+// A rank that fails on what it was given (exit code 2, InvalidArgument) is not started again:
+// the same arguments would fail the same way, restarts or not.
+TEST(Launch, ARankThatFailsOnItsArgumentsIsNotRestarted) {
+  const int ranks = ::memfd_create("ranks", 0), notices = ::memfd_create("notices", 0);
+  auto r =
+      run_launch({.nprocs = 2,
+                  .command = {"sh", "-c", "echo bad flag; [ \"$RANK\" = 1 ] && exit 2; exit 0"},
+                  .grace = 500ms,
+                  .output_fd = ranks,
+                  .notice_fd = notices,
+                  .restart_failed = 3});
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(*r, 2);
+  const std::string out = read_all(ranks), said = read_all(notices);
+  EXPECT_NE(said.find("[launch] rank 1 exited with code 2: its command line is wrong"),
+            std::string::npos)
+      << said;
+  EXPECT_EQ(said.find("starting it again (restart"), std::string::npos) << said;
+  // Started once: one line of its output.
+  EXPECT_EQ(out.find("[rank 1] bad flag"), out.rfind("[rank 1] bad flag")) << out;
 }
 
 // A rank the job declares lost (stopped here, so it would never exit by itself) is killed by

@@ -53,8 +53,9 @@ void write_fully(int fd, const std::string& s) {
 
 struct Rank {
   pid_t pid = -1;
-  int out = -1;         // read end of its stdout+stderr pipe
-  std::string partial;  // an unfinished line
+  int out = -1;           // read end of its stdout+stderr pipe
+  std::string partial;    // an unfinished line
+  std::string last_line;  // the last line it printed that was not blank (its error, if it failed)
   bool running = false;
   int restarts = 0;   // times started again after failing
   bool lost = false;  // killed because the job declared it lost (this incarnation)
@@ -113,6 +114,7 @@ class Job {
   std::vector<Rank> ranks_;
   int open_pipes_ = 0, running_ = 0;
   int result_ = 0;
+  int first_failed_ = -1;  // the rank whose failure stopped the job
   bool stopping_ = false;
   Clock::time_point kill_at_{};
   int polled_ = 0;  // what the last poll returned
@@ -183,7 +185,9 @@ void Job::emit(int r, std::string_view text) {
   size_t start = 0, nl;
   std::string lines;
   while ((nl = k.partial.find('\n', start)) != std::string::npos) {
-    lines += "[rank " + std::to_string(r) + "] " + k.partial.substr(start, nl - start + 1);
+    const std::string_view line = std::string_view(k.partial).substr(start, nl - start);
+    lines += "[rank " + std::to_string(r) + "] " + std::string(line) + "\n";
+    if (line.find_first_not_of(" \t\r") != std::string_view::npos) k.last_line = line;
     start = nl + 1;
   }
   k.partial.erase(0, start);
@@ -238,6 +242,7 @@ void Job::reap() {
                                     "restarts left)\n");
       continue;
     }
+    if (first_failed_ < 0) first_failed_ = r;
     stop_all(code, "rank " + std::to_string(r) + " exited with code " + std::to_string(code) +
                        "; stopping the other ranks");
   }
@@ -308,6 +313,13 @@ void Job::kill_declared_lost() {
 bool Job::restart(int r, int code) {
   Rank& k = ranks_[size_t(r)];
   if (k.restarts >= o_.restart_failed) return false;
+  if (code == o_.usage_exit_code) {
+    write_fully(o_.notice_fd, "[launch] rank " + std::to_string(r) + " exited with code " +
+                                  std::to_string(code) +
+                                  ": its command line is wrong, and starting it again would "
+                                  "not change that\n");
+    return false;
+  }
   ++k.restarts;
   if (k.out >= 0) {
     if (!k.partial.empty()) emit(r, "\n");
@@ -358,6 +370,12 @@ Result<int> Job::wait() {
     reap();
     drop_orphaned_pipes();
     if (running_ > 0 && Clock::now() >= deadline) return kill_at_deadline();
+  }
+  // The others' errors (a peer gone, a transport torn down) follow the first failure and may be
+  // printed before it: its own last line closes the output, where a person looks first.
+  if (first_failed_ >= 0 && !ranks_[size_t(first_failed_)].last_line.empty()) {
+    write_fully(o_.notice_fd, "[launch] the job failed at rank " + std::to_string(first_failed_) +
+                                  ": " + ranks_[size_t(first_failed_)].last_line + "\n");
   }
   return result_;
 }

@@ -9,7 +9,8 @@
 // line a rank prints (stdout and stderr) comes out prefixed "[rank r] ". When a rank exits
 // with an error the others are stopped (SIGTERM, then SIGKILL after a grace period) and its
 // exit code is returned (unless restart_failed starts it again); a rank killed by signal s
-// counts as 128 + s, as a shell reports it.
+// counts as 128 + s, as a shell reports it. The launcher's last line then repeats that rank's
+// last line, its error, which the others' errors about it may have come before.
 // Ranks die with the launcher (PR_SET_PDEATHSIG), so no orphan outlives a killed launch. A
 // launcher asked to stop (`stop_signal`: its caller's handler of SIGINT, SIGTERM or SIGHUP)
 // stops its ranks as it stops them after a failure, so that each can clean up (remove its
@@ -50,6 +51,9 @@ struct LaunchOptions {
   // rollout workers, pipeline stages under --recovery) survive a lost process. 0: a failure
   // stops the job.
   int restart_failed = 0;
+  // A rank that exits with this code failed on what it was given (weightlift's exit code for
+  // InvalidArgument: docs/errors.md): it is never restarted, the same arguments would fail again.
+  int usage_exit_code = 2;
   // The whole job's deadline; 0: none. Past it, every rank still running is killed and the
   // result is DeadlineExceeded naming them: a backstop for a rank stuck where no wait of its
   // own has a deadline (inside a library, or out of resources).
