@@ -355,10 +355,11 @@ TEST(RlProcesses, ARunStartsFromATrainedRunsWeights) {
   EXPECT_TRUE(file_bytes(from_hf + "/model.safetensors") == policy)
       << "a run of no steps from hf/ wrote another policy than the run it was exported from";
 
-  // A directory without a model, and --preset beside it, are refused before anything runs.
+  // A directory without a model, and --preset beside it, are refused before anything runs,
+  // with the exit code of what was given wrong (2).
   Child bad = wl::testing::spawn_child(
       {kWeightlift, "rl", "--init-weights", again + "/no-such-run", "--out", again + "/x"}, {});
-  EXPECT_EQ(wl::testing::wait_exit(bad, comm::deadline_after(30s)), 1) << bad.output;
+  EXPECT_EQ(wl::testing::wait_exit(bad, comm::deadline_after(30s)), 2) << bad.output;
   EXPECT_NE(bad.output.find("--init-weights " + again +
                             "/no-such-run: expected a trained run's "
                             "directory holding config.json and model.safetensors"),
@@ -368,7 +369,7 @@ TEST(RlProcesses, ARunStartsFromATrainedRunsWeights) {
   Child both = wl::testing::spawn_child(
       {kWeightlift, "rl", "--preset", "tiny", "--init-weights", trained, "--out", again + "/y"},
       {});
-  EXPECT_EQ(wl::testing::wait_exit(both, comm::deadline_after(30s)), 1) << both.output;
+  EXPECT_EQ(wl::testing::wait_exit(both, comm::deadline_after(30s)), 2) << both.output;
   EXPECT_NE(both.output.find("excludes"), std::string::npos) << both.output;
   wl::testing::reap(both);
 }
