@@ -32,6 +32,13 @@ const std::string kWeightlift = wl::testing::beside_binary(WL_WEIGHTLIFT_BINARY)
 // trainer's weights in bf16 (8 bits of mantissa: each logit off by about 1e-2 of its size at
 // most); measured at most 0.02 on `tiny`. A worker on other weights misses by far more.
 constexpr double kBf16Gap = 0.05;
+// Two trainer ranks against one: the warm start's losses differ by the router's balancing loss,
+// taken over each rank's rows, and f32 reassociation.
+constexpr double kTwoRanksLoss = 1e-5;  // measured 1.8e-6
+// TP-2 rollout workers against TP-1 ones: the same tokens sampled, so the same rewards; the
+// trained losses differ by the sampler's log-probabilities, whose logits differ by f32
+// reassociation only.
+constexpr double kTpWorkersLoss = 1e-5;  // measured 9.9e-7
 
 std::string fresh_dir(const std::string& name) {
   const std::string d = std::filesystem::temp_directory_path().string() + "/wl_rl_" +
@@ -275,10 +282,12 @@ TEST(RlProcesses, TwoTrainerRanksPushTheirOwnShardsAndTrainAsOne) {
                                     b = run_to_end(4, short_run(two_ranks), two);
   ASSERT_EQ(a.size(), b.size());
   int trained = 0;
+  double worst = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     if (b[i]["phase"] == "sft") {
       const double x = a[i]["loss"], y = b[i]["loss"];
-      EXPECT_NEAR(y, x, 1e-4 * std::fabs(x)) << "warm-start step " << b[i]["step"];
+      EXPECT_NEAR(y, x, kTwoRanksLoss * std::fabs(x)) << "warm-start step " << b[i]["step"];
+      worst = std::max(worst, std::fabs(y - x) / std::fabs(x));
       continue;
     }
     if (b[i]["trained"].get<int64_t>() == 0) continue;
@@ -287,6 +296,7 @@ TEST(RlProcesses, TwoTrainerRanksPushTheirOwnShardsAndTrainAsOne) {
     EXPECT_EQ(b[i]["staleness"], nlohmann::json::array({b[i]["trained"]})) << b[i].dump();
   }
   EXPECT_GT(trained, 0) << "no RL step trained: the test checks nothing of the policy step";
+  std::printf("two trainer ranks: warm-start losses within %.2g of one rank's (relative)\n", worst);
   const nlohmann::json summary = nlohmann::json::parse(std::ifstream(two + "/summary.json"));
   EXPECT_EQ(summary["trainer_ranks"], 2);
   EXPECT_EQ(summary["rollout_workers"], 2);
@@ -385,15 +395,18 @@ TEST(RlProcesses, RolloutWorkersOfTwoTpRanksSampleAsOneRankWorkers) {
                                     b = run_to_end(5, short_run({"--rollout-tp", "2"}), two);
   ASSERT_EQ(a.size(), b.size());
   int trained = 0;
+  double worst = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     if (a[i]["phase"] == "sft") continue;
     trained += a[i]["trained"].get<int64_t>() > 0;
     for (const char* k : {"trained", "reward_mean", "tokens", "version"})
       EXPECT_EQ(a[i][k], b[i][k]) << k << " of RL step " << a[i]["step"];
-    const double x = a[i]["loss"], y = b[i]["loss"];
-    EXPECT_NEAR(y, x, 1e-4 * std::max(std::fabs(x), 1e-3)) << "RL step " << a[i]["step"];
+    const double x = a[i]["loss"], y = b[i]["loss"], scale = std::max(std::fabs(x), 1e-3);
+    EXPECT_NEAR(y, x, kTpWorkersLoss * scale) << "RL step " << a[i]["step"];
+    worst = std::max(worst, std::fabs(y - x) / scale);
   }
   EXPECT_GT(trained, 0) << "no RL step trained";
+  std::printf("TP-2 workers: RL losses within %.2g of TP-1 workers' (relative)\n", worst);
   EXPECT_EQ(roles_of(two),
             (std::vector<std::string>{"trainer", "rollout-worker-1-tp-rank-0",
                                       "rollout-worker-1-tp-rank-1", "rollout-worker-2-tp-rank-0",
