@@ -21,6 +21,8 @@ packages=(
   # which would make it a straw man as the eager baseline.
   libopenblas0-pthread
   iproute2
+  # The RL report's layout is checked in a real browser (tests/cli/rl_report.py).
+  chromium-headless-shell
 )
 # npm: the Debian package conflicts with a newer Node.js that ships its own npm, so install it
 # only when no npm is on the PATH.

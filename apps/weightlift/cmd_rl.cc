@@ -278,7 +278,9 @@ std::string task_label(const RlArgs& a) {
 }
 
 // The finished run's files: the policy, summary.json, the reward plot and the report.
-Status write_rl_outputs(const RlArgs& a, const parallel::Job& job, rl::RlSummary& s) {
+// `seconds`: the run's wall time on the trainer, warm start and evaluations included.
+Status write_rl_outputs(const RlArgs& a, const parallel::Job& job, rl::RlSummary& s,
+                        double seconds) {
   WL_RETURN_IF_ERROR(
       write_policy(a.out_dir, a.o.config, s.policy, a.model_dir, a.o.task.tokenizer));
   nlohmann::json summary = {{"task", a.task},
@@ -298,7 +300,8 @@ Status write_rl_outputs(const RlArgs& a, const parallel::Job& job, rl::RlSummary
                             {"steps", a.o.steps},
                             {"held_out_problems", a.o.eval_problems},
                             {"accuracy_before", s.held_out_before_rl},
-                            {"accuracy_after", s.held_out_after_rl}};
+                            {"accuracy_after", s.held_out_after_rl},
+                            {"seconds", seconds}};
   summary.update(rl_figures(s));
   WL_RETURN_IF_ERROR(write_file_atomically(a.out_dir + "/summary.json", summary.dump(1) + "\n"));
   WL_RETURN_IF_ERROR(write_rl_reward_plot(a.out_dir + "/reward.svg", s));
@@ -410,9 +413,10 @@ Status run_rl(RlArgs a) {
   std::fflush(stdout);
 
   // rl_metrics.jsonl grows as the run goes (rl::RlOptions::metrics_path).
+  const Stopwatch run_time;
   Result<rl::RlSummary> s = train_with_progress(a, job);
   WL_RETURN_IF_ERROR(s.status());
-  return write_rl_outputs(a, job, *s);
+  return write_rl_outputs(a, job, *s, run_time.seconds());
 }
 
 // The model, the task and the supervised warm start.

@@ -6,6 +6,7 @@
 
 #include "report/loss_plot.h"
 #include "report/svg_plot.h"
+#include "report/units.h"
 #include "weightlift/core/file_io.h"
 #include "weightlift/core/timing.h"
 
@@ -103,6 +104,77 @@ Status write_rl_reward_plot(const std::string& path, const rl::RlSummary& run) {
   return write_svg_plot(path, reward_series(run), kRewardPlot);
 }
 
+namespace {
+
+// A figure of summary.json as a person reads it: its unit, three significant digits.
+std::string figure_text(const std::string& key, const nlohmann::json& v) {
+  if (v.is_null()) return "-";
+  if (v.is_boolean()) return v.get<bool>() ? "yes" : "no";
+  if (v.is_string()) return v.get<std::string>();
+  if (!v.is_number()) return v.dump();
+  const double x = v.get<double>();
+  char b[64];
+  if (key.ends_with("_ms") || key.find("_ms_") != std::string::npos) {
+    std::snprintf(b, sizeof b, "%.3g ms", x);
+  } else if (key.ends_with("_share") || key.starts_with("accuracy")) {
+    std::snprintf(b, sizeof b, "%.1f%%", 100 * x);
+  } else if (key == "seconds") {
+    if (x >= 60) return format_duration(x);
+    std::snprintf(b, sizeof b, "%.3g s", x);
+  } else if (v.is_number_integer()) {
+    return v.dump();
+  } else {
+    std::snprintf(b, sizeof b, "%.3g", x);
+  }
+  return b;
+}
+
+std::string card(const std::string& big, const std::string& what) {
+  return "<div class='card'><div class='big'>" + escape_markup(big) + "</div><div>" +
+         escape_markup(what) + "</div></div>\n";
+}
+
+// The headline: held-out accuracy before and after RL, the run's time, the step and its sync.
+std::string headline(const nlohmann::json& summary, const rl::RlSummary& run) {
+  auto at = [&](const char* key) {
+    return summary.contains(key) ? summary[key] : nlohmann::json();
+  };
+  const int64_t rl = int64_t(rl_steps(run).size());
+  std::string h = "<div class='cards'>\n";
+  h += card(figure_text("accuracy", at("accuracy_before")) + " \u2192 " +
+                figure_text("accuracy", at("accuracy_after")),
+            "held-out accuracy (greedy, " + figure_text("", at("held_out_problems")) +
+                " problems): after the warm start, after RL");
+  h += card(figure_text("seconds", at("seconds")), "the run: " + std::to_string(run.sft_steps) +
+                                                       " warm-start steps, " + std::to_string(rl) +
+                                                       " RL steps");
+  h += card(figure_text("step_ms_median", at("step_ms_median")),
+            "an RL step, median (p99 " + figure_text("step_ms_p99", at("step_ms_p99")) + ")");
+  h += card(figure_text("sync_share", at("sync_share")), "of the RL steps' time in weight sync");
+  return h + "</div>\n";
+}
+
+// The events in the order they happened: the warm start's before RL's, by step.
+std::vector<rl::RlEvent> in_time_order(std::vector<rl::RlEvent> events) {
+  std::stable_sort(events.begin(), events.end(), [](const rl::RlEvent& a, const rl::RlEvent& b) {
+    const int pa = a.phase == "sft" ? 0 : 1, pb = b.phase == "sft" ? 0 : 1;
+    return pa != pb ? pa < pb : a.step < b.step;
+  });
+  return events;
+}
+
+constexpr char kStyle[] =
+    "body{font-family:sans-serif;margin:2em auto;max-width:860px;color:#222;padding:0 1em}"
+    "h1{font-size:1.5em}h2{font-size:1.15em;margin-top:2em;border-bottom:1px solid #ddd}"
+    ".setup{color:#555}.cards{display:flex;flex-wrap:wrap;gap:12px;margin:1.5em 0}"
+    ".card{flex:1 1 180px;border:1px solid #ddd;border-radius:6px;padding:12px}"
+    ".big{font-size:1.6em;font-weight:bold;margin-bottom:4px}.card div+div{color:#555;"
+    "font-size:.9em}table{border-collapse:collapse}td{padding:2px 12px;border-bottom:1px solid "
+    "#eee}td:first-child{color:#555}td:last-child{text-align:right}svg{max-width:100%;"
+    "height:auto}ol{padding-left:1.5em}li{margin:2px 0}";
+
+}  // namespace
+
 Status write_rl_report(const std::string& path, const std::string& title,
                        const nlohmann::json& summary, const rl::RlSummary& run) {
   const std::vector<const rl::StepRecord*> steps = rl_steps(run);
@@ -115,7 +187,7 @@ Status write_rl_report(const std::string& path, const std::string& title,
   Series train{.label = "training", .color = "#ff7f0e"};
   Series sync{.label = "weight sync", .color = "#d62728"};
   Series reward{.label = "reward process", .color = "#9467bd"};
-  bool rewarded = false;  // a reward process ran: its own line
+  bool rewarded = false;  // a reward process ran: its own band
   std::vector<double> staleness;
   for (const rl::StepRecord* r : steps) {
     const double x = double(r->step);
@@ -141,40 +213,53 @@ Status write_rl_report(const std::string& path, const std::string& title,
     stale.x.push_back(double(k));
     stale.y.push_back(staleness[k]);
   }
+  std::vector<Series> phases = {sync, gen, train};
+  if (rewarded) phases.push_back(reward);
 
   std::string h = "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>" +
-                  escape_markup(title) +
-                  "</title>\n<style>body{font-family:sans-serif;margin:2em;max-width:860px}"
-                  "table{border-collapse:collapse}td{padding:2px 12px;border-bottom:1px solid #ddd}"
-                  "td:first-child{color:#555}</style></head><body>\n<h1>" +
-                  escape_markup(title) + "</h1>\n<h2>Figures</h2>\n<table>\n";
-  for (const auto& [key, value] : summary.items()) {
-    if (key == "events") continue;
-    h += "<tr><td>" + escape_markup(key) + "</td><td>" +
-         escape_markup(value.is_string() ? value.get<std::string>() : value.dump()) +
-         "</td></tr>\n";
-  }
-  h += "</table>\n<h2>Events</h2>\n<ul>\n";
-  for (const rl::RlEvent& e : run.events) {
-    h += "<li>" + escape_markup(e.phase) + " step " + std::to_string(e.step) + ": " +
-         escape_markup(e.what) + "</li>\n";
-  }
-  if (run.events.empty()) h += "<li>none</li>\n";
-  h += "</ul>\n<h2>Plots</h2>\n";
-  h += svg_plot(reward_series(run), kRewardPlot);
-  h += svg_plot({length}, {.title = "response length", .x_label = "RL step", .y_label = "tokens"});
-  h += svg_plot({gap_mean, gap_max, kl}, {.title = "trainer/rollout mismatch (same tokens, "
-                                                   "f32 trainer vs bf16 rollout) and KL",
+                  escape_markup(title) + "</title>\n<style>" + kStyle +
+                  "</style></head><body>\n<h1>" + escape_markup(title) + "</h1>\n";
+  h += "<p class='setup'>" +
+       escape_markup(
+           figure_text("", summary.value("mode", nlohmann::json())) + ", max staleness " +
+           figure_text("", summary.value("max_staleness", nlohmann::json())) + "; " +
+           figure_text("", summary.value("prompts_per_step", nlohmann::json())) + " prompts x " +
+           figure_text("", summary.value("group", nlohmann::json())) + " samples a step; trainer " +
+           figure_text("", summary.value("trainer_dp_mode", nlohmann::json())) + ", rollout TP " +
+           figure_text("", summary.value("rollout_tp", nlohmann::json())) + "; seed " +
+           figure_text("", summary.value("seed", nlohmann::json()))) +
+       "</p>\n";
+  h += headline(summary, run);
+  h += "<h2>Reward and held-out accuracy</h2>\n" + svg_plot(reward_series(run), kRewardPlot);
+  h += "<h2>Where an RL step's time goes</h2>\n" +
+       svg_plot(phases, {.title = "time per RL step, by phase",
+                         .x_label = "RL step",
+                         .y_label = "ms",
+                         .stacked = true});
+  h += "<h2>Trainer and rollout agree</h2>\n" +
+       svg_plot({gap_mean, gap_max, kl}, {.title = "mismatch on the same tokens (f32 trainer, "
+                                                   "rollout weights as synced) and KL",
                                           .x_label = "RL step",
                                           .y_label = "nats"});
+  h += "<h2>Responses</h2>\n" +
+       svg_plot({length}, {.title = "response length", .x_label = "RL step", .y_label = "tokens"});
   h += svg_plot({stale}, {.title = "staleness of the trained samples",
                           .x_label = "versions behind the weights trained",
                           .y_label = "samples",
                           .whole_x = true});
-  std::vector<Series> phases = {gen, train, sync};
-  if (rewarded) phases.push_back(reward);
-  h += svg_plot(phases, {.title = "time per step", .x_label = "RL step", .y_label = "ms"});
-  h += "</body></html>\n";
+  h += "<h2>Events</h2>\n<ol>\n";
+  for (const rl::RlEvent& e : in_time_order(run.events)) {
+    h += "<li>" + escape_markup(e.phase) + " step " + std::to_string(e.step) + ": " +
+         escape_markup(e.what) + "</li>\n";
+  }
+  if (run.events.empty()) h += "<li>none</li>\n";
+  h += "</ol>\n<h2>Every figure (summary.json)</h2>\n<table>\n";
+  for (const auto& [key, value] : summary.items()) {
+    if (key == "events") continue;
+    h += "<tr><td>" + escape_markup(key) + "</td><td>" + escape_markup(figure_text(key, value)) +
+         "</td></tr>\n";
+  }
+  h += "</table>\n</body></html>\n";
   return write_file_atomically(path, h);
 }
 

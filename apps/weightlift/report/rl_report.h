@@ -1,6 +1,9 @@
-// What `weightlift rl` leaves for people: summary.json's figures, reward.svg and report.html
-// (one self-contained page: the run's figures, its events and SVG plots of reward and held-out
-// accuracy, response length, trainer/rollout mismatch, staleness and the time split per step).
+// What `weightlift rl` leaves for people: summary.json's figures, reward.svg and report.html,
+// one self-contained page read as a dashboard: a headline (held-out accuracy before and after
+// RL, the run's time, the step's median and the sync's share), then SVG plots of reward and
+// held-out accuracy, the time per step stacked by phase, the trainer/rollout mismatch,
+// response length and staleness, the events in the order they happened, and every figure with
+// its unit (tests/cli/rl_report.py checks the page as Chromium lays it out).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -20,8 +23,8 @@ nlohmann::json rl_figures(const rl::RlSummary& run);
 // reward.svg: reward and held-out accuracy over the steps, SFT at x <= 0.
 Status write_rl_reward_plot(const std::string& path, const rl::RlSummary& run);
 
-// report.html. `summary` is summary.json's object (shown as the page's table), `title` its
-// heading.
+// report.html. `summary` is summary.json's object (the headline's figures, and the table at the
+// end), `title` its heading.
 Status write_rl_report(const std::string& path, const std::string& title,
                        const nlohmann::json& summary, const rl::RlSummary& run);
 

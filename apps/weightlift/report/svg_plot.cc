@@ -80,7 +80,8 @@ Frame frame_of(const std::vector<Series>& series, const PlotOptions& o) {
 }
 
 // Title, grid lines with their tick labels, the frame and the axis labels.
-void draw_axes(std::ostringstream& s, const Frame& f, const PlotOptions& o) {
+// `plot_height`: the plot's own height, without the legend's rows below it.
+void draw_axes(std::ostringstream& s, const Frame& f, const PlotOptions& o, int plot_height) {
   const double L = f.L, T = f.T, W = f.W, H = f.H;
   s << "<svg xmlns='http://www.w3.org/2000/svg' width='" << o.width << "' height='" << o.height
     << "' font-family='sans-serif' font-size='12'>\n"
@@ -101,15 +102,23 @@ void draw_axes(std::ostringstream& s, const Frame& f, const PlotOptions& o) {
   }
   s << "<rect x='" << L << "' y='" << T << "' width='" << W << "' height='" << H
     << "' fill='none' stroke='#333'/>\n"
-    << "<text x='" << L + W / 2 << "' y='" << o.height - 12 << "' text-anchor='middle'>"
+    << "<text x='" << L + W / 2 << "' y='" << plot_height - 12 << "' text-anchor='middle'>"
     << escape_markup(o.x_label) << "</text>\n"
     << "<text transform='translate(16," << T + H / 2 << ") rotate(-90)' text-anchor='middle'>"
     << escape_markup(o.y_label) << "</text>\n";
 }
 
-// One series (bars or a line) and its entry in the legend, the `legend`th.
+// One series: bars, a line, or (stacked) the band between `below` and its own y.
 void draw_series(std::ostringstream& s, const Frame& f, const Series& se, const PlotOptions& o,
-                 int legend) {
+                 const std::vector<double>& below) {
+  if (o.stacked) {
+    s << "<polygon fill='" << se.color << "' fill-opacity='0.8' stroke='" << se.color
+      << "' points='";
+    for (size_t i = 0; i < se.x.size(); ++i) s << f.px(se.x[i]) << ',' << f.py(se.y[i]) << ' ';
+    for (size_t i = se.x.size(); i-- > 0;) s << f.px(se.x[i]) << ',' << f.py(below[i]) << ' ';
+    s << "'/>\n";
+    return;
+  }
   if (se.bars) {
     const double w = 0.8 * f.bar_width / (f.x1 - f.x0) * f.W;
     for (size_t i = 0; i < se.x.size(); ++i) {
@@ -127,21 +136,79 @@ void draw_series(std::ostringstream& s, const Frame& f, const Series& se, const 
     }
     s << "'/>\n";
   }
-  const double right = f.L + f.W, ly = f.T + 16 + 16 * legend;
-  s << "<line x1='" << right - 170 << "' x2='" << right - 150 << "' y1='" << ly - 4 << "' y2='"
-    << ly - 4 << "' stroke='" << se.color << "' stroke-width='2'"
-    << (se.dashed ? " stroke-dasharray='6,4'" : "") << "/>\n<text x='" << right - 145 << "' y='"
-    << ly << "'>" << escape_markup(se.label) << "</text>\n";
+}
+
+// Where each legend entry stands: left to right under the plot, a new row when the next would
+// pass the right edge. Text width is estimated at 7 px a character (12 px sans-serif averages
+// about 6.5), so an entry is never narrower than it draws.
+struct LegendSpot {
+  double x = 0, y = 0;
+};
+constexpr double kLegendRow = 18, kLegendSwatch = 24;
+
+std::vector<LegendSpot> legend_layout(const std::vector<Series>& series, const Frame& f,
+                                      double top) {
+  std::vector<LegendSpot> spots;
+  double x = f.L, y = top;
+  for (const Series& se : series) {
+    const double w = kLegendSwatch + 7.0 * double(se.label.size()) + 18;
+    if (x > f.L && x + w > f.L + f.W) {
+      x = f.L;
+      y += kLegendRow;
+    }
+    spots.push_back({x, y});
+    x += w;
+  }
+  return spots;
+}
+
+void draw_legend(std::ostringstream& s, const std::vector<Series>& series,
+                 const std::vector<LegendSpot>& spots, const PlotOptions& o) {
+  for (size_t i = 0; i < series.size(); ++i) {
+    const Series& se = series[i];
+    const double x = spots[i].x, y = spots[i].y;
+    if (o.stacked || se.bars) {
+      s << "<rect x='" << x << "' y='" << y - 9 << "' width='" << kLegendSwatch - 6
+        << "' height='10' fill='" << se.color << "'/>\n";
+    } else {
+      s << "<line x1='" << x << "' x2='" << x + kLegendSwatch - 6 << "' y1='" << y - 4 << "' y2='"
+        << y - 4 << "' stroke='" << se.color << "' stroke-width='2'"
+        << (se.dashed ? " stroke-dasharray='6,4'" : "") << "/>\n";
+    }
+    s << "<text x='" << x + kLegendSwatch << "' y='" << y << "'>" << escape_markup(se.label)
+      << "</text>\n";
+  }
+}
+
+// Stacked series as the running sums they are drawn at.
+std::vector<Series> stack(const std::vector<Series>& series) {
+  std::vector<Series> out = series;
+  for (size_t k = 1; k < out.size(); ++k) {
+    for (size_t i = 0; i < out[k].y.size() && i < out[k - 1].y.size(); ++i) {
+      out[k].y[i] += std::isfinite(out[k - 1].y[i]) ? out[k - 1].y[i] : 0;
+    }
+  }
+  return out;
 }
 
 }  // namespace
 
-std::string svg_plot(const std::vector<Series>& series, const PlotOptions& o) {
-  const Frame f = frame_of(series, o);
+std::string svg_plot(const std::vector<Series>& given, const PlotOptions& options) {
+  const std::vector<Series> series = options.stacked ? stack(given) : given;
+  Frame f = frame_of(series, options);
+  if (options.stacked) f.y0 = std::min(f.y0, 0.0);  // the first band stands on zero
+  // The legend's rows under the x axis's label; the picture grows to hold them.
+  const std::vector<LegendSpot> spots = legend_layout(series, f, options.height + 4);
+  PlotOptions o = options;
+  o.height += int(spots.empty() ? 0.0 : spots.back().y - options.height + 10);
   std::ostringstream s;
-  draw_axes(s, f, o);
-  int legend = 0;
-  for (const Series& se : series) draw_series(s, f, se, o, legend++);
+  draw_axes(s, f, o, options.height);
+  std::vector<double> below(series.empty() ? 0 : series.front().x.size(), 0.0);
+  for (const Series& se : series) {
+    draw_series(s, f, se, o, below);
+    if (o.stacked) below = se.y;
+  }
+  draw_legend(s, given, spots, o);
   s << "</svg>\n";
   return s.str();
 }
