@@ -73,9 +73,9 @@ constexpr double kWeightTolerance = 1e-6;
 TEST_P(LayoutAsProcesses, EndsWithTheSingleProcessWeights) {
   const std::string corpus = testing::make_corpus();
   const std::vector<std::string> common = {
-      "--threads", "1",       "train",    "--preset", "tiny",         "--corpus", corpus,
-      "--batch",   "4",       "--seq",    "32",       "--steps",      "3",        "--lr",
-      "1e-3",      "--seed",  "5",        "--eval-every", "0",        "--quiet"};
+      "--threads", "1",      "train", "--preset",     "tiny",    "--corpus", corpus,
+      "--batch",   "4",      "--seq", "32",           "--steps", "3",        "--lr",
+      "1e-3",      "--seed", "5",     "--eval-every", "0",       "--quiet"};
   const std::string one = testing::fresh_dir("one"), two = testing::fresh_dir("two");
   std::vector<std::string> alone = {kBinary};
   alone.insert(alone.end(), common.begin(), common.end());
@@ -108,17 +108,19 @@ TEST_P(LayoutAsProcesses, EndsWithTheSingleProcessWeights) {
     }
   }
   EXPECT_LE(worst, kWeightTolerance) << "worst at " << where;
-  std::printf("%s: largest weight difference from one process %.3g at %s\n", GetParam().name,
-              worst, where.c_str());
+  std::printf("%s: largest weight difference from one process %.3g at %s\n", GetParam().name, worst,
+              where.c_str());
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Layouts, LayoutAsProcesses,
-    ::testing::Values(Layout{"ddp", {"--dp-mode", "ddp"}}, Layout{"zero1", {"--dp-mode", "zero1"}},
-                      Layout{"zero2", {"--dp-mode", "zero2"}}, Layout{"fsdp", {"--dp-mode", "fsdp"}},
-                      Layout{"pp", {"--pp", "2"}, {"--micro-batches", "2"}},
-                      Layout{"ep", {"--ep", "2"}}, Layout{"tp", {"--tp", "2"}}),
-    [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Layouts, LayoutAsProcesses,
+                         ::testing::Values(Layout{"ddp", {"--dp-mode", "ddp"}},
+                                           Layout{"zero1", {"--dp-mode", "zero1"}},
+                                           Layout{"zero2", {"--dp-mode", "zero2"}},
+                                           Layout{"fsdp", {"--dp-mode", "fsdp"}},
+                                           Layout{"pp", {"--pp", "2"}, {"--micro-batches", "2"}},
+                                           Layout{"ep", {"--ep", "2"}},
+                                           Layout{"tp", {"--tp", "2"}}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace wl::parallel
