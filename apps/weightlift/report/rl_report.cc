@@ -173,10 +173,9 @@ constexpr char kStyle[] =
     "#eee}td:first-child{color:#555}td:last-child{text-align:right}svg{max-width:100%;"
     "height:auto}ol{padding-left:1.5em}li{margin:2px 0}";
 
-}  // namespace
-
-Status write_rl_report(const std::string& path, const std::string& title,
-                       const nlohmann::json& summary, const rl::RlSummary& run) {
+// The plots, each under its heading: reward and accuracy, the time per step stacked by phase,
+// the trainer/rollout mismatch, response length, staleness.
+std::string plots(const rl::RlSummary& run) {
   const std::vector<const rl::StepRecord*> steps = rl_steps(run);
   Series length{.label = "mean completion tokens", .color = "#2ca02c"};
   Series gap_mean{.label = "mean |logp trainer - logp rollout|", .color = "#9467bd"};
@@ -216,20 +215,7 @@ Status write_rl_report(const std::string& path, const std::string& title,
   std::vector<Series> phases = {sync, gen, train};
   if (rewarded) phases.push_back(reward);
 
-  std::string h = "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>" +
-                  escape_markup(title) + "</title>\n<style>" + kStyle +
-                  "</style></head><body>\n<h1>" + escape_markup(title) + "</h1>\n";
-  h += "<p class='setup'>" +
-       escape_markup(
-           figure_text("", summary.value("mode", nlohmann::json())) + ", max staleness " +
-           figure_text("", summary.value("max_staleness", nlohmann::json())) + "; " +
-           figure_text("", summary.value("prompts_per_step", nlohmann::json())) + " prompts x " +
-           figure_text("", summary.value("group", nlohmann::json())) + " samples a step; trainer " +
-           figure_text("", summary.value("trainer_dp_mode", nlohmann::json())) + ", rollout TP " +
-           figure_text("", summary.value("rollout_tp", nlohmann::json())) + "; seed " +
-           figure_text("", summary.value("seed", nlohmann::json()))) +
-       "</p>\n";
-  h += headline(summary, run);
+  std::string h;
   h += "<h2>Reward and held-out accuracy</h2>\n" + svg_plot(reward_series(run), kRewardPlot);
   h += "<h2>Where an RL step's time goes</h2>\n" +
        svg_plot(phases, {.title = "time per RL step, by phase",
@@ -247,6 +233,28 @@ Status write_rl_report(const std::string& path, const std::string& title,
                           .x_label = "versions behind the weights trained",
                           .y_label = "samples",
                           .whole_x = true});
+  return h;
+}
+
+}  // namespace
+
+Status write_rl_report(const std::string& path, const std::string& title,
+                       const nlohmann::json& summary, const rl::RlSummary& run) {
+  std::string h = "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>" +
+                  escape_markup(title) + "</title>\n<style>" + kStyle +
+                  "</style></head><body>\n<h1>" + escape_markup(title) + "</h1>\n";
+  h += "<p class='setup'>" +
+       escape_markup(
+           figure_text("", summary.value("mode", nlohmann::json())) + ", max staleness " +
+           figure_text("", summary.value("max_staleness", nlohmann::json())) + "; " +
+           figure_text("", summary.value("prompts_per_step", nlohmann::json())) + " prompts x " +
+           figure_text("", summary.value("group", nlohmann::json())) + " samples a step; trainer " +
+           figure_text("", summary.value("trainer_dp_mode", nlohmann::json())) + ", rollout TP " +
+           figure_text("", summary.value("rollout_tp", nlohmann::json())) + "; seed " +
+           figure_text("", summary.value("seed", nlohmann::json()))) +
+       "</p>\n";
+  h += headline(summary, run);
+  h += plots(run);
   h += "<h2>Events</h2>\n<ol>\n";
   for (const rl::RlEvent& e : in_time_order(run.events)) {
     h += "<li>" + escape_markup(e.phase) + " step " + std::to_string(e.step) + ": " +
