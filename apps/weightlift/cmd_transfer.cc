@@ -5,6 +5,7 @@
 
 #include "bench/transfer.h"
 #include "commands.h"
+#include "flag_terms.h"
 #include "report/progress.h"
 #include "report/transfer_plan.h"
 #include "report/transfer_simulate.h"
@@ -49,7 +50,9 @@ Status run_transfer_simulate(SimulateArgs a) {
   WL_ASSIGN_OR_RETURN(a.cluster.format, parse_format(a.dtype));
   WL_ASSIGN_OR_RETURN(a.cluster.shard_dtype, parse_shard_dtype(a.shard_dtype));
   StageProgress progress;
-  a.cluster.progress = [&](const std::string& stage, double f) { progress.update(stage, f); };
+  a.cluster.progress = [&](const std::string& stage, double f) {
+    progress.update(in_flag_terms(stage), f);
+  };
   WL_ASSIGN_OR_RETURN(transfer::Simulation s, transfer::simulate_cluster(a.cluster));
   progress.clear();
   const std::string text = a.json ? simulation_json(a.cluster, s) : simulation_report(a.cluster, s);

@@ -10,20 +10,20 @@ namespace {
 // Fields whose flag is spelt otherwise than the field.
 const std::map<std::string, std::string, std::less<>>& renamed() {
   static const std::map<std::string, std::string, std::less<>> table = {
-      {"base_lr", "--lr"},                   // train::LrSchedule
-      {"config_path", "--config"},           // parallel::TrainOptions, model::GradFileOptions
-      {"data_path", "--data"},               // parallel::TrainOptions
-      {"eps", "--adam-eps"},                 // train::AdamWOptions
-      {"freezes", "--freeze"},               // fault::ResilienceOptions
-      {"kills", "--kill"},                   // fault::ResilienceOptions
-      {"memory_budget", "--max-memory"},     // set_memory_budget (core/memory_budget.h)
-      {"out_dir", "--out"},                  // parallel::TrainOptions
-      {"out_path", "--out"},                 // model::GradFileOptions
-      {"schedule", "--pp-schedule"},         // parallel::ParallelLayout
-      {"sft_path", "--sft"},                 // parallel::TrainOptions
-      {"sync_format", "--sync-dtype"},       // rl::RlOptions
-      {"tokens_path", "--tokens"},           // model::GradFileOptions
-      {"weights_path", "--weights"},         // model::GradFileOptions
+      {"base_lr", "--lr"},                // train::LrSchedule
+      {"config_path", "--config"},        // parallel::TrainOptions, model::GradFileOptions
+      {"data_path", "--data"},            // parallel::TrainOptions
+      {"eps", "--adam-eps"},              // train::AdamWOptions
+      {"freezes", "--freeze"},            // fault::ResilienceOptions
+      {"kills", "--kill"},                // fault::ResilienceOptions
+      {"memory_budget", "--max-memory"},  // set_memory_budget (core/memory_budget.h)
+      {"out_dir", "--out"},               // parallel::TrainOptions
+      {"out_path", "--out"},              // model::GradFileOptions
+      {"schedule", "--pp-schedule"},      // parallel::ParallelLayout
+      {"sft_path", "--sft"},              // parallel::TrainOptions
+      {"sync_format", "--sync-dtype"},    // rl::RlOptions
+      {"tokens_path", "--tokens"},        // model::GradFileOptions
+      {"weights_path", "--weights"},      // model::GradFileOptions
   };
   return table;
 }
@@ -37,8 +37,7 @@ void learn(const CLI::App& app) {
   for (const CLI::Option* o : app.get_options()) {
     for (const std::string& name : o->get_lnames()) flags().insert(name);
   }
-  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
-    learn(*sub);
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) learn(*sub);
 }
 
 }  // namespace

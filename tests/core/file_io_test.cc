@@ -168,14 +168,15 @@ TEST_F(FileIo, AbandonedOrFailedWritesLeaveTheOldFile) {
 TEST_F(FileIo, OutputsThatAreInputsAreNamed) {
   std::ofstream(path("w")) << "weights";
   fs::create_hard_link(path("w"), path("hard"));
-  const std::vector<NamedPath> inputs = {{"--config", path("c")}, {"--weights", path("w")}};
+  const std::vector<NamedPath> inputs = {{"`config_path`", path("c")},
+                                         {"`weights_path`", path("w")}};
   for (const std::string& out : {path("w"), path("hard"), dir_ + "/./w"}) {
-    Status s = check_output_is_not_input({"--out", out}, inputs);
+    Status s = check_output_is_not_input({"`out_path`", out}, inputs);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << out;
-    EXPECT_EQ(s.message(), "--out " + out + " is the --weights input " + path("w") +
+    EXPECT_EQ(s.message(), "`out_path` " + out + " is the `weights_path` input " + path("w") +
                                "; refusing to overwrite an input");
   }
-  EXPECT_TRUE(check_output_is_not_input({"--out", path("new")}, inputs).ok());
+  EXPECT_TRUE(check_output_is_not_input({"`out_path`", path("new")}, inputs).ok());
 }
 
 TEST_F(FileIo, DirectoriesAreExchangedWhole) {
@@ -215,7 +216,7 @@ TEST_F(FileIo, TheNextWriterRemovesWhatADeadOneStaged) {
     std::ofstream(path(keep)) << "kept";
   }
   {
-    Result<DirectoryLock> lock = DirectoryLock::acquire(dir_, "--out");
+    Result<DirectoryLock> lock = DirectoryLock::acquire(dir_, "`out_dir`");
     ASSERT_TRUE(lock.ok()) << lock.status().to_string();
   }
   std::vector<std::string> left;
@@ -228,11 +229,12 @@ TEST_F(FileIo, TheNextWriterRemovesWhatADeadOneStaged) {
   EXPECT_FALSE(is_staging_name("checkpoint-8.tmp"));
 
   // While a live writer holds the lock, a second one is refused and removes nothing.
-  Result<DirectoryLock> held = DirectoryLock::acquire(dir_, "--out");
+  Result<DirectoryLock> held = DirectoryLock::acquire(dir_, "`out_dir`");
   ASSERT_TRUE(held.ok());
   Result<std::string> live = make_staging_directory(path("checkpoint-600"));
   ASSERT_TRUE(live.ok());
-  EXPECT_EQ(DirectoryLock::acquire(dir_, "--out").status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(DirectoryLock::acquire(dir_, "`out_dir`").status().code(),
+            StatusCode::kFailedPrecondition);
   EXPECT_TRUE(fs::exists(*live));
 }
 

@@ -14,7 +14,7 @@ TEST(MemoryBudget, TheLimitIsTheSmallestOfTheMachinesOrTheUsers) {
   EXPECT_LT(machine.bytes, UINT64_MAX) << "no physical memory figure";
   set_memory_budget(uint64_t(3) << 30);
   EXPECT_EQ(memory_limit().bytes, uint64_t(3) << 30);
-  EXPECT_EQ(memory_limit().source, "--max-memory");
+  EXPECT_EQ(memory_limit().source, "`memory_budget`");
   set_memory_budget(0);
   EXPECT_EQ(memory_limit().bytes, machine.bytes);
 }
@@ -27,8 +27,8 @@ TEST(MemoryBudget, RefusalsCarryTheEstimate) {
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(s.message(),
             "out of memory: training 'tiny' needs at least 4.20 MB (2 MB for this, 2.2 MB for "
-            "that), more than the 1.00 MB --max-memory allows; lower the sizes");
-  EXPECT_NE(check_memory(UINT64_MAX, "y").message().find("or raise the limit (--max-memory)"),
+            "that), more than the 1.00 MB `memory_budget` allows; lower the sizes");
+  EXPECT_NE(check_memory(UINT64_MAX, "y").message().find("or raise the limit (`memory_budget`)"),
             std::string::npos);
 }
 

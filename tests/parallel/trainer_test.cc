@@ -154,19 +154,19 @@ TEST(Trainer, BadInputsAreClearErrors) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("no-such-checkpoint"), std::string::npos);
 
-  // A global batch that the micro-batches and ranks do not divide, named by its flag.
+  // A global batch that the micro-batches and ranks do not divide, named by its field.
   o.resume.clear();
   o.batch = 6;
   o.layout.micro_batches = 4;
   r = train(o);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find("--batch 6 must be a multiple of 4"), std::string::npos)
+  EXPECT_NE(r.status().message().find("`batch` 6 must be a multiple of 4"), std::string::npos)
       << r.status().to_string();
 }
 
 // An expert-parallel group must divide the data-parallel ranks and the experts; the error
-// names the flag and what it must divide.
+// names the field and what it must divide.
 TEST(Layout, ExpertParallelSizeMustDivideRanksAndExperts) {
   const model::ModelConfig c = *model::preset("tiny");  // 4 experts
   const auto check = [&](int world, int pp, int ep) {
@@ -175,11 +175,11 @@ TEST(Layout, ExpertParallelSizeMustDivideRanksAndExperts) {
   EXPECT_TRUE(check(4, 1, 4).ok());
   EXPECT_TRUE(check(4, 2, 2).ok());
   const Status ranks = check(4, 2, 4);
-  EXPECT_NE(ranks.message().find("--ep 4 does not divide the data-parallel size 2"),
+  EXPECT_NE(ranks.message().find("`ep` 4 does not divide the data-parallel size 2"),
             std::string::npos)
       << ranks.to_string();
   const Status experts = check(6, 1, 3);
-  EXPECT_NE(experts.message().find("--ep 3 does not divide the 4 experts"), std::string::npos)
+  EXPECT_NE(experts.message().find("`ep` 3 does not divide the 4 experts"), std::string::npos)
       << experts.to_string();
   EXPECT_FALSE(check(2, 1, 0).ok());
 }
@@ -200,7 +200,7 @@ TEST(Layout, AutoScheduleIsZeroBubbleWhereTheGradientsStayWhole) {
   }
   EXPECT_EQ(*parse_schedule_flag("gpipe", DpMode::kFsdp), PipelineSchedule::kGPipe);
   const Status bad = parse_schedule_flag("zigzag", DpMode::kDdp).status();
-  EXPECT_NE(bad.message().find("--pp-schedule 'zigzag': expected auto, 1f1b, gpipe or zb"),
+  EXPECT_NE(bad.message().find("`schedule` 'zigzag': expected auto, 1f1b, gpipe or zb"),
             std::string::npos)
       << bad.to_string();
 }
@@ -214,17 +214,17 @@ TEST(Layout, TensorParallelSizeMustDivideRanksHeadsAndFfnRows) {
   EXPECT_TRUE(check(2, 1, 2).ok());
   EXPECT_TRUE(check(8, 2, 4).ok());
   const Status heads = check(3, 1, 3);
-  EXPECT_NE(heads.message().find("--tp: tp 3 does not divide num_heads 4"), std::string::npos)
+  EXPECT_NE(heads.message().find("`tp`: tp 3 does not divide num_heads 4"), std::string::npos)
       << heads.to_string();
   const Status ranks = check(6, 1, 4);
-  EXPECT_NE(ranks.message().find("--tp 4 does not divide the 6 ranks"), std::string::npos)
+  EXPECT_NE(ranks.message().find("`tp` 4 does not divide the 6 ranks"), std::string::npos)
       << ranks.to_string();
   const Status both = check(4, 1, 2, 2);
-  EXPECT_NE(both.message().find("--tp 2 with --ep 2: tensor and expert parallelism together"),
+  EXPECT_NE(both.message().find("`tp` 2 with `ep` 2: tensor and expert parallelism together"),
             std::string::npos)
       << both.to_string();
   const Status cut = check(4, 4, 2);
-  EXPECT_NE(cut.message().find("--pp 4 x --tp 2 = 8 does not divide the 4 ranks"),
+  EXPECT_NE(cut.message().find("`pp` 4 x `tp` 2 = 8 does not divide the 4 ranks"),
             std::string::npos)
       << cut.to_string();
   EXPECT_FALSE(check(2, 1, 0).ok());
@@ -325,7 +325,7 @@ TEST(ExpertParallel, AFailedExchangeStopsEveryRankNamingIt) {
                               tokens.data() + r * rows * seq, rows, seq, {}, &hooks);
         return pass.forward(nullptr, true);
       });
-  EXPECT_NE(out[0].message().find("exchanging expert rows (--ep)"), std::string::npos)
+  EXPECT_NE(out[0].message().find("exchanging expert rows (`ep`)"), std::string::npos)
       << out[0].to_string();
   EXPECT_FALSE(out[1].ok());  // its wait for rank 0's rows runs out: the injected fault
                               // closes nothing on rank 1's side
@@ -345,7 +345,7 @@ TEST(TensorParallel, AFailedSumStopsEveryRankNamingIt) {
                               &dp);
         return pass.forward(nullptr, true);
       });
-  EXPECT_NE(out[0].message().find("summing over the tensor-parallel ranks (--tp)"),
+  EXPECT_NE(out[0].message().find("summing over the tensor-parallel ranks (`tp`)"),
             std::string::npos)
       << out[0].to_string();
   EXPECT_FALSE(out[1].ok());

@@ -734,7 +734,10 @@ def check_refusals(exe, tmp, family, base, failures):
         edit(d, cfg)
         r = subprocess.run([exe, "grad", "--model-dir", d, "--tokens", batch, "--out",
                             os.path.join(d, "g.safetensors")], capture_output=True, text=True)
-        ok = r.returncode == 1 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        # 2: what was given is wrong (InvalidArgument); 1 for any other error (docs/errors.md).
+        expected = 2 if ": InvalidArgument: " in r.stderr else 1
+        ok = (r.returncode == expected and needle in r.stderr and
+              len(r.stderr.strip().splitlines()) == 1)
         report("refused: " + label,
                [] if ok else [f"exit {r.returncode}, stderr {r.stderr.strip()[-300:]!r}, "
                               f"expected {needle!r}"], r.stderr.strip()[:150], failures)

@@ -263,7 +263,7 @@ TEST(Tasks, ADatasetInATokenizersTokensIsSizedInThem) {
   EXPECT_GE(t->max_answer_tokens(), longest_answer);
   EXPECT_LT(t->max_prompt_tokens(), t->max_prompt_bytes());  // BPE: fewer tokens than bytes
   expect_error(Task::create({.kind = TaskKind::kAdd, .tokenizer = npm_tokenizer("qwen3")}).status(),
-               "a tokenizer needs --dataset");
+               "a tokenizer needs a `dataset`");
 }
 
 // ---- reward processes ------------------------------------------------------------------------

@@ -82,7 +82,7 @@ TEST(Tasks, RewardsFollowTheRules) {
 TEST(Tasks, BadOptionsAreNamed) {
   Result<Task> t = Task::create({.difficulty = 0});
   ASSERT_FALSE(t.ok());
-  EXPECT_NE(t.status().message().find("--difficulty 0"), std::string::npos);
+  EXPECT_NE(t.status().message().find("`difficulty` 0"), std::string::npos);
   EXPECT_FALSE(Task::create({.difficulty = 10}).ok());
   EXPECT_FALSE(Task::create({.format_reward = 1.5}).ok());
   EXPECT_EQ(task_from_name("sort"), TaskKind::kSort);

@@ -145,7 +145,7 @@ TEST(Sft, ChatsAreRenderedByTheTemplateAndBadLinesNamed) {
       {R"({"messages": [{"role": "tool", "content": "x"}, {"role": "assistant", "content": "y"}]})",
        ":2: chat template qwen3: message 0 has role 'tool'"},
       {"{\"prompt\": \"" + std::string(200, 'x') + "\", \"completion\": \"y\"}",
-       ":2: 203 tokens, more than --seq 32 + 1"},
+       ":2: 203 tokens, more than `seq` 32 + 1"},
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(k.line);

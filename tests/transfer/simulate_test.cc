@@ -272,7 +272,7 @@ TEST(NetworkModel, SensitivityMovesTheRightWay) {
   const double base = predict(*loads, o.network).seconds;
   for (const Sensitivity& s : network_sensitivity(*loads, o.network)) {
     SCOPED_TRACE(s.name);
-    const bool cost = s.name == "--message-overhead-us" || s.name == "--barrier-ms";
+    const bool cost = s.name == "message_overhead_us" || s.name == "barrier_ms";
     // More bandwidth never slows an update; more overhead never speeds it up.
     EXPECT_GE(cost ? s.twice_seconds : s.half_seconds, base);
     EXPECT_LE(cost ? s.half_seconds : s.twice_seconds, base);
@@ -284,8 +284,7 @@ TEST(NetworkModel, SensitivityMovesTheRightWay) {
   ASSERT_TRUE(big.ok());
   const NetworkModel m{.barrier_ms = 0};
   const std::vector<Sensitivity> rows = network_sensitivity(*big, m);
-  EXPECT_EQ(rows.at(size_t(dominant_assumption(rows, predict(*big, m).seconds))).name,
-            "--nic-gbps");
+  EXPECT_EQ(rows.at(size_t(dominant_assumption(rows, predict(*big, m).seconds))).name, "nic_gbps");
 }
 
 TEST(Cluster, RefusesBadOptionsNamingThem) {
@@ -295,17 +294,17 @@ TEST(Cluster, RefusesBadOptionsNamingThem) {
     EXPECT_FALSE(r.ok());
     return r.ok() ? std::string() : r.status().message();
   };
-  EXPECT_NE(error({.model = "kimi-k3"}).find("--model 'kimi-k3'"), std::string::npos);
-  EXPECT_NE(error({.trainers = 0}).find("--trainers 0"), std::string::npos);
+  EXPECT_NE(error({.model = "kimi-k3"}).find("`model` 'kimi-k3'"), std::string::npos);
+  EXPECT_NE(error({.trainers = 0}).find("`trainers` 0"), std::string::npos);
   EXPECT_NE(error({.receivers = 100})
-                .find("--receivers 100 is not a multiple of "
-                      "--gpus-per-node 8"),
+                .find("`receivers` 100 is not a multiple of "
+                      "`gpus_per_node` 8"),
             std::string::npos);
-  EXPECT_NE(error({.engine_gpus = 24}).find("--engine-gpus 24"), std::string::npos);
-  EXPECT_NE(error({.shard_dtype = DType::kF16}).find("--shard-dtype F16"), std::string::npos);
+  EXPECT_NE(error({.engine_gpus = 24}).find("`engine_gpus` 24"), std::string::npos);
+  EXPECT_NE(error({.shard_dtype = DType::kF16}).find("`shard_dtype` F16"), std::string::npos);
   ClusterOptions slow;
   slow.network.nic_gbps = 0;
-  EXPECT_NE(error(slow).find("--nic-gbps 0"), std::string::npos);
+  EXPECT_NE(error(slow).find("`nic_gbps` 0"), std::string::npos);
 }
 
 TEST(Cluster, ReducedK2RunHasASensitivityTableAndADominantAssumption) {
@@ -316,7 +315,7 @@ TEST(Cluster, ReducedK2RunHasASensitivityTableAndADominantAssumption) {
   EXPECT_EQ(s->replica_bytes, s->prediction.total_bytes / 2);  // two engines
   std::vector<std::string> names;
   for (const Sensitivity& r : s->sensitivity) names.push_back(r.name);
-  for (const char* needle : {"--nic-gbps", "--engine-gpus", "--trainers"}) {
+  for (const char* needle : {"nic_gbps", "engine_gpus", "trainers"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), needle), names.end()) << needle;
   }
   ASSERT_GE(s->dominant, 0);

@@ -2,6 +2,7 @@
 // as a table with the per-group terms and the sensitivity rows, or as one JSON object.
 #include "report/transfer_simulate.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -21,6 +22,14 @@ std::string gb(double bytes) {
   char b[32];
   std::snprintf(b, sizeof b, "%.2f GB", bytes / 1e9);
   return b;
+}
+
+// A sensitivity row's assumption, named by its field (nic_gbps), as the option a user of this
+// command sets: --nic-gbps.
+std::string as_flag(const std::string& field) {
+  std::string flag = "--" + field;
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return flag;
 }
 
 std::string secs(double s) {
@@ -84,7 +93,7 @@ std::string simulation_json(const transfer::ClusterOptions& o, const transfer::S
   j["groups"] = groups;
   json sens = json::array();
   for (const Sensitivity& r : s.sensitivity) {
-    sens.push_back({{"assumption", r.name},
+    sens.push_back({{"assumption", as_flag(r.name)},
                     {"base", r.base},
                     {"half", r.half},
                     {"twice", r.twice},
@@ -92,7 +101,7 @@ std::string simulation_json(const transfer::ClusterOptions& o, const transfer::S
                     {"twice_s", r.valid ? json(r.twice_seconds) : json()}});
   }
   j["sensitivity"] = sens;
-  j["dominant"] = s.dominant >= 0 ? json(s.sensitivity[size_t(s.dominant)].name) : json();
+  j["dominant"] = s.dominant >= 0 ? json(as_flag(s.sensitivity[size_t(s.dominant)].name)) : json();
   return j.dump(1) + "\n";
 }
 
@@ -160,16 +169,16 @@ std::string simulation_report(const transfer::ClusterOptions& o, const transfer:
     for (const Sensitivity& r : s.sensitivity) {
       if (!r.valid) {
         std::snprintf(line, sizeof line, "%-22s  %-10g  (halved or doubled layout invalid)\n",
-                      r.name.c_str(), r.base);
+                      as_flag(r.name).c_str(), r.base);
       } else {
         std::snprintf(line, sizeof line, "%-22s  %-10g  %-9g -> %-10s   %-9g -> %s\n",
-                      r.name.c_str(), r.base, r.half, secs(r.half_seconds).c_str(), r.twice,
-                      secs(r.twice_seconds).c_str());
+                      as_flag(r.name).c_str(), r.base, r.half, secs(r.half_seconds).c_str(),
+                      r.twice, secs(r.twice_seconds).c_str());
       }
       os << line;
     }
     if (s.dominant >= 0) {
-      os << "dominant assumption: " << s.sensitivity[size_t(s.dominant)].name << "\n";
+      os << "dominant assumption: " << as_flag(s.sensitivity[size_t(s.dominant)].name) << "\n";
     }
   }
   return os.str();

@@ -146,8 +146,8 @@ bool same_file(const std::string& a, const std::string& b) {
 Status check_output_is_not_input(const NamedPath& output, const std::vector<NamedPath>& inputs) {
   for (const NamedPath& in : inputs) {
     if (same_file(output.path, in.path)) {
-      return invalid_argument(std::string(output.flag) + " " + output.path + " is the " +
-                              std::string(in.flag) + " input " + in.path +
+      return invalid_argument(std::string(output.name) + " " + output.path + " is the " +
+                              std::string(in.name) + " input " + in.path +
                               "; refusing to overwrite an input");
     }
   }
@@ -295,7 +295,7 @@ Status replace_directory(const std::string& staged, const std::string& dir_in) {
 
 // ---- one writer per directory --------------------------------------------------------------
 
-Result<DirectoryLock> DirectoryLock::acquire(const std::string& dir, std::string_view flag) {
+Result<DirectoryLock> DirectoryLock::acquire(const std::string& dir, std::string_view name) {
   const std::string path = dir + "/.weightlift.lock";
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) return errno_status("open " + path, errno);
@@ -307,7 +307,7 @@ Result<DirectoryLock> DirectoryLock::acquire(const std::string& dir, std::string
     const ssize_t n = ::pread(fd, pid, sizeof pid - 1, 0);
     std::string holder;  // the digits the holder wrote, if it got that far
     for (ssize_t i = 0; i < n && pid[i] >= '0' && pid[i] <= '9'; ++i) holder += pid[i];
-    return failed_precondition(std::string(flag) + " " + dir +
+    return failed_precondition(std::string(name) + " " + dir +
                                " is being written by another weightlift run" +
                                (holder.empty() ? "" : " (pid " + holder + ")") +
                                "; wait for it to finish or choose another directory");

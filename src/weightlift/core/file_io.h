@@ -50,10 +50,10 @@ Status check_output_path(const std::string& path);
 Status check_output_file(const std::string& path);
 
 // InvalidArgument when `output` is the same file as one of `inputs` (the same inode, however
-// either path is spelt: a hard link, "./w" and "w"), naming both flags. Paths that do not
-// exist are skipped.
+// either path is spelt: a hard link, "./w" and "w"), naming both. Paths that do not exist are
+// skipped.
 struct NamedPath {
-  std::string_view flag;  // "--weights"
+  std::string_view name;  // as messages name it: the option's field, "`weights_path`"
   std::string path;
 };
 Status check_output_is_not_input(const NamedPath& output, const std::vector<NamedPath>& inputs);
@@ -99,13 +99,13 @@ Result<std::string> make_staging_directory(const std::string& dir);
 // One writer per output directory: an exclusive lock on `<dir>/.weightlift.lock` (flock),
 // held until the object goes away; the kernel lets go when the process dies, so a killed run
 // never leaves it stuck. A second run writing into `dir` while the first still does is
-// refused (FailedPrecondition naming `flag`, the directory and the holder's pid) instead of
+// refused (FailedPrecondition naming `name`, the directory and the holder's pid) instead of
 // interleaving its records and checkpoints with the first one's. `dir` must exist. Once the
 // lock is held, what a writer that died left staged in `dir` (is_staging_name: a checkpoint
 // half saved, a file half written) is removed, so an interrupted save costs no disk for long.
 class DirectoryLock {
  public:
-  static Result<DirectoryLock> acquire(const std::string& dir, std::string_view flag);
+  static Result<DirectoryLock> acquire(const std::string& dir, std::string_view name);
   DirectoryLock(DirectoryLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
   DirectoryLock& operator=(DirectoryLock&& other) noexcept;
   DirectoryLock(const DirectoryLock&) = delete;

@@ -36,7 +36,7 @@ void lower(MemoryLimit& m, uint64_t bytes, std::string_view source) {
 }  // namespace
 
 MemoryLimit memory_limit(MemoryScope scope) {
-  if (const uint64_t b = g_budget.load(); b > 0) return {b, "--max-memory"};
+  if (const uint64_t b = g_budget.load(); b > 0) return {b, "`memory_budget`"};
   MemoryLimit m{UINT64_MAX, "nothing"};
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
   if (pages > 0 && page > 0) lower(m, mul_sat(uint64_t(pages), uint64_t(page)), "physical memory");
@@ -60,7 +60,7 @@ Status check_memory(uint64_t bytes, std::string_view what, std::string_view deta
   if (!detail.empty()) m += " (" + std::string(detail) + ")";
   m += ", more than the " + format_bytes(limit.bytes) + " " + limit.source +
        " allows; lower the sizes";
-  if (limit.source != "--max-memory") m += " or raise the limit (--max-memory)";
+  if (limit.source != "`memory_budget`") m += " or raise the limit (`memory_budget`)";
   return resource_exhausted(m);
 }
 

@@ -10,7 +10,7 @@
 //
 // The limit is the smallest of: the machine's physical memory, the process's address-space
 // and data limits (RLIMIT_AS, RLIMIT_DATA) and its cgroup's memory.max; or, when set, the
-// user's own budget (`weightlift --max-memory`), which replaces them.
+// user's own budget (set_memory_budget; `weightlift --max-memory`), which replaces them.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +23,9 @@ namespace wl {
 
 struct MemoryLimit {
   uint64_t bytes = 0;
-  std::string source;  // "physical memory", "RLIMIT_AS", "cgroup memory.max", "--max-memory"
+  // "physical memory", "RLIMIT_AS", "cgroup memory.max", or "`memory_budget`" (the user's,
+  // set_memory_budget: messages name it as an option field, for the command line to map).
+  std::string source;
 };
 
 // Whose memory an estimate is: this process's, or that of several processes of one host
@@ -40,7 +42,7 @@ void set_memory_budget(uint64_t bytes);
 // ResourceExhausted when `bytes` exceed the limit:
 //   "out of memory: training 'medium' needs at least 6.7 GB (parameters, gradients and AdamW
 //    moments 6.7 GB), more than the 1.5 GB RLIMIT_AS allows; lower the sizes or raise the
-//    limit (--max-memory)"
+//    limit (`memory_budget`)"
 // `what` says what needs them, `detail` (may be empty) how the estimate is made up.
 Status check_memory(uint64_t bytes, std::string_view what, std::string_view detail = {},
                     MemoryScope scope = MemoryScope::kProcess);

@@ -293,8 +293,8 @@ Result<bool> Membership::fence_silent(Gathered& g,
       return deadline_exceeded("stage " + std::to_string(s) + " was declared gone in epoch " +
                                std::to_string(epoch_) + " and no replacement joined within " +
                                std::to_string(o_.timeout.count()) +
-                               " ms (weightlift launch --restart-failed starts one; under "
-                               "another launcher, start it with the same variables)");
+                               " ms (weightlift's launcher starts one under `restart_failed`; "
+                               "under another launcher, start it with the same variables)");
     }
     g.fenced[size_t(s)] = newly = true;
     std::string what = "stage " + std::to_string(s) + " (incarnation " +

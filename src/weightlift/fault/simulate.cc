@@ -25,7 +25,7 @@ Status check_tokens(const SimulationOptions& o) {
   if (o.train_tokens == nullptr || o.val_tokens == nullptr)
     return invalid_argument("the simulation needs training and validation tokens");
   if (int64_t(o.train_tokens->size()) <= o.seq + 1)
-    return invalid_argument("the training tokens are fewer than one window of --seq + 1");
+    return invalid_argument("the training tokens are fewer than one window of `seq` + 1");
   return ok_status();
 }
 
@@ -34,8 +34,8 @@ Result<std::vector<train::Batch>> validation_batches(const SimulationOptions& o)
   const int64_t windows = o.eval_windows / o.batch * o.batch;
   if (int64_t(o.val_tokens->size()) <= o.seq + 1 || windows < 1) {
     return invalid_argument(
-        "no validation: the validation tokens hold no window of --seq + 1, "
-        "or --eval-windows " +
+        "no validation: the validation tokens hold no window of `seq` + 1, "
+        "or `eval_windows` " +
         std::to_string(o.eval_windows) + " is less than one batch of " + std::to_string(o.batch));
   }
   return train::fixed_windows(*o.val_tokens, windows, o.batch, o.seq);
@@ -63,7 +63,7 @@ Status check_simulation(const SimulationOptions& o) {
   if (o.iterations < 1 || o.batch < 1 || o.seq < 1 || o.micro_batches < 1)
     return invalid_argument("iterations, batch, seq and micro-batches must be at least 1");
   if (o.seq > o.config.max_seq_len) {
-    return invalid_argument("--seq " + std::to_string(o.seq) + " exceeds max_seq_len " +
+    return invalid_argument("`seq` " + std::to_string(o.seq) + " exceeds max_seq_len " +
                             std::to_string(o.config.max_seq_len));
   }
   if (o.batch % o.micro_batches != 0) {

@@ -222,10 +222,10 @@ Status Run::configure() {
   }
   seq_ = o_.seq > 0 ? o_.seq : cfg_.max_seq_len;
   if (seq_ > cfg_.max_seq_len)
-    return invalid_argument("--seq " + std::to_string(seq_) + " exceeds max_seq_len " +
+    return invalid_argument("`seq` " + std::to_string(seq_) + " exceeds max_seq_len " +
                             std::to_string(cfg_.max_seq_len));
   if (o_.batch < 1 || o_.steps < 1)
-    return invalid_argument("--batch and --steps must be at least 1");
+    return invalid_argument("`batch` and `steps` must be at least 1");
   WL_RETURN_IF_ERROR(check_resilient_layout(o_, r_, cfg_));
   // A replacement joins a run whose outputs are already there: only the run's own first
   // processes check what it may write.
@@ -291,7 +291,7 @@ Status Run::start_fresh() {
     std::error_code ec;
     fs::create_directories(o_.out_dir, ec);
     if (ec) return errno_status("mkdir " + o_.out_dir, ec.value());
-    WL_ASSIGN_OR_RETURN(lock_, DirectoryLock::acquire(o_.out_dir, "--out"));
+    WL_ASSIGN_OR_RETURN(lock_, DirectoryLock::acquire(o_.out_dir, "`out_dir`"));
     WL_RETURN_IF_ERROR(parallel::check_other_run(o_));
     WL_RETURN_IF_ERROR(open_metrics(step_));
     WL_RETURN_IF_ERROR(write_processes());
@@ -628,7 +628,7 @@ Status Run::restore(const Decision& d) {
   }
   if (writer()) {
     if (!lock_) {
-      WL_ASSIGN_OR_RETURN(lock_, DirectoryLock::acquire(o_.out_dir, "--out"));
+      WL_ASSIGN_OR_RETURN(lock_, DirectoryLock::acquire(o_.out_dir, "`out_dir`"));
     }
     WL_RETURN_IF_ERROR(open_metrics(d.step));  // and the loss before the loss, from them
   }
@@ -890,50 +890,50 @@ Status Run::write_outputs() {
 Status check_resilient_layout(const parallel::TrainOptions& o, const ResilienceOptions& r,
                               const model::ModelConfig& config) {
   const parallel::ParallelLayout& l = o.layout;
-  const std::string why = " (--recovery runs one process per pipeline stage)";
-  if (l.tp != 1) return invalid_argument("--recovery with --tp " + std::to_string(l.tp) + why);
-  if (l.ep != 1) return invalid_argument("--recovery with --ep " + std::to_string(l.ep) + why);
+  const std::string why = " (`recovery` runs one process per pipeline stage)";
+  if (l.tp != 1) return invalid_argument("`recovery` with `tp` " + std::to_string(l.tp) + why);
+  if (l.ep != 1) return invalid_argument("`recovery` with `ep` " + std::to_string(l.ep) + why);
   if (l.dp != 1) {
-    return invalid_argument("--recovery with " + std::to_string(l.dp) +
+    return invalid_argument("`recovery` with " + std::to_string(l.dp) +
                             " data-parallel ranks per stage: it loses and rebuilds whole stages" +
-                            why + "; start --pp processes");
+                            why + "; start `pp` processes");
   }
   if (l.dp_mode != parallel::DpMode::kDdp) {
-    return invalid_argument("--recovery with --dp-mode " +
+    return invalid_argument("`recovery` with `dp_mode` " +
                             std::string(parallel::dp_mode_name(l.dp_mode)) + why);
   }
   if (config.tie_embeddings) {
     return invalid_argument(
-        "--recovery with tied embeddings: the first and last stages would share a tensor that "
+        "`recovery` with tied embeddings: the first and last stages would share a tensor that "
         "a lost stage takes with it");
   }
   if (o.precision == model::Precision::kF16) {
     return invalid_argument(
-        "--recovery with --precision f16: the loss scale is not carried to a replacement; use "
+        "`recovery` with `precision` f16: the loss scale is not carried to a replacement; use "
         "bf16");
   }
   if (config.num_layers % l.pp != 0) {
-    return invalid_argument("--pp " + std::to_string(l.pp) + " does not divide the " +
+    return invalid_argument("`pp` " + std::to_string(l.pp) + " does not divide the " +
                             std::to_string(config.num_layers) +
                             " layers: a rebuilt stage takes its neighbours' layers one for one, "
                             "so every stage must hold as many");
   }
-  WL_RETURN_IF_ERROR(check_recovery_layout(r.recovery, l.pp).with_context("--recovery"));
+  WL_RETURN_IF_ERROR(check_recovery_layout(r.recovery, l.pp).with_context("`recovery`"));
   if (r.recovery == Recovery::kCheckFreePlus && l.micro_batches % 2 != 0) {
     return invalid_argument(
-        "--recovery checkfree+ runs every other micro-batch swapped and "
-        "needs an even --micro-batches, not " +
+        "`recovery` checkfree+ runs every other micro-batch swapped and "
+        "needs an even `micro_batches`, not " +
         std::to_string(l.micro_batches));
   }
   if (!(r.fail_prob >= 0 && r.fail_prob <= 1))
-    return invalid_argument("--fail-prob must be in [0, 1]");
+    return invalid_argument("`fail_prob` must be in [0, 1]");
   if (!(r.lr_scale > 0 && std::isfinite(r.lr_scale)))
-    return invalid_argument("--lr-scale must be positive");
-  for (const auto& [flag, list] : {std::pair{"--kill", &r.kills}, {"--freeze", &r.freezes}}) {
+    return invalid_argument("`lr_scale` must be positive");
+  for (const auto& [field, list] : {std::pair{"`kills`", &r.kills}, {"`freezes`", &r.freezes}}) {
     for (const ScheduledLoss& k : *list) {
       if (k.stage < 0 || k.stage >= l.pp || k.iteration < 1) {
-        return invalid_argument(std::string(flag) + " " + std::to_string(k.iteration) + ":" +
-                                std::to_string(k.stage) + " names no stage of --pp " +
+        return invalid_argument(std::string(field) + " " + std::to_string(k.iteration) + ":" +
+                                std::to_string(k.stage) + " names no stage of `pp` " +
                                 std::to_string(l.pp) + " at an iteration from 1");
       }
     }

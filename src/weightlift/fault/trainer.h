@@ -99,8 +99,8 @@ struct Hooks {
   std::function<void(const std::string&)> on_notice;
 };
 
-// InvalidArgument naming the flag for a layout the strategy cannot run on: --dp, --tp or --ep
-// above 1, a --dp-mode other than ddp, tied embeddings, f16, stages that do not divide the
+// InvalidArgument naming the field for a layout the strategy cannot run on: dp, `tp` or `ep`
+// above 1, a `dp_mode` other than ddp, tied embeddings, f16, stages that do not divide the
 // layers, fewer stages than the strategy needs (check_recovery_layout), an odd number of
 // micro-batches under checkfree+, a failure probability outside [0, 1], a kill outside the
 // stages.

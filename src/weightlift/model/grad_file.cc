@@ -13,15 +13,17 @@ namespace wl::model {
 
 Status write_gradient_file(const GradFileOptions& o) {
   // Before any work: the output may replace neither an input nor anything but a regular file.
-  WL_RETURN_IF_ERROR(check_output_file(o.out_path).with_context("--out"));
-  WL_RETURN_IF_ERROR(check_output_is_not_input(
-      {"--out", o.out_path},
-      {{"--config", o.config_path}, {"--weights", o.weights_path}, {"--tokens", o.tokens_path}}));
+  WL_RETURN_IF_ERROR(check_output_file(o.out_path).with_context("`out_path`"));
+  WL_RETURN_IF_ERROR(
+      check_output_is_not_input({"`out_path`", o.out_path}, {{"`config_path`", o.config_path},
+                                                             {"`weights_path`", o.weights_path},
+                                                             {"`tokens_path`", o.tokens_path}}));
   std::optional<HfCheckpoint> hf;
   if (!o.model_dir.empty()) {
     WL_ASSIGN_OR_RETURN(hf, open_hf_checkpoint(o.model_dir));
     for (const std::string& f : hf->files) {
-      WL_RETURN_IF_ERROR(check_output_is_not_input({"--out", o.out_path}, {{"--model-dir", f}}));
+      WL_RETURN_IF_ERROR(
+          check_output_is_not_input({"`out_path`", o.out_path}, {{"`model_dir`", f}}));
     }
   }
   ModelConfig cfg;

@@ -172,7 +172,7 @@ Result<RlCheckpoint> load_rl_checkpoint(const std::string& dir, parallel::DataPa
     auto it = peek.run.find(name);
     const std::string was = it == peek.run.end() ? "(not set)" : it->second;
     if (was != value) {
-      return failed_precondition("--resume " + dir + ": the run was started with --" + name + " " +
+      return failed_precondition("`resume` " + dir + ": the run was started with `" + name + "` " +
                                  was + ", not " + value +
                                  "; resume with the same options, or start a new run");
     }

@@ -13,23 +13,24 @@ int64_t sample_positions(const Task& task) {
 }
 
 Status check_layouts(const RlOptions& o) {
-  if (o.trainers < 1) return invalid_argument("--trainers " + std::to_string(o.trainers));
+  if (o.trainers < 1) return invalid_argument("`trainers` " + std::to_string(o.trainers));
   if (o.trainer_dp_mode == parallel::DpMode::kFsdp) {
     return invalid_argument(
-        "--trainer-dp-mode fsdp: the RL trainer's ranks push the weights from the whole model "
+        "`trainer_dp_mode` fsdp: the RL trainer's ranks push the weights from the whole model "
         "each holds after a step, and FSDP holds a shard only; use ddp, zero1 or zero2");
   }
-  if (o.rollout_tp < 1) return invalid_argument("--rollout-tp " + std::to_string(o.rollout_tp));
+  if (o.rollout_tp < 1) return invalid_argument("`rollout_tp` " + std::to_string(o.rollout_tp));
   if (Status s = transfer::inference_layout(o.config, {.tp = o.rollout_tp, .format = o.sync_format})
                      .status();
       !s.ok()) {
-    return invalid_argument("--rollout-tp " + std::to_string(o.rollout_tp) + " with --sync-dtype " +
+    return invalid_argument("`rollout_tp` " + std::to_string(o.rollout_tp) +
+                            " with `sync_format` " +
                             std::string(transfer::weight_format_name(o.sync_format)) +
                             ": the rollout workers cannot hold this model so: " + s.message());
   }
   if (o.sft_batch % o.trainers != 0) {
-    return invalid_argument("--sft-batch " + std::to_string(o.sft_batch) +
-                            " is not a multiple of --trainers " + std::to_string(o.trainers) +
+    return invalid_argument("`sft_batch` " + std::to_string(o.sft_batch) +
+                            " is not a multiple of `trainers` " + std::to_string(o.trainers) +
                             " (each trainer rank takes an equal share of its rows)");
   }
   return ok_status();
@@ -41,7 +42,7 @@ Status check_task_memory(const RlOptions& o, const Task& task) {
   const int64_t seq = sample_positions(task);
   if (seq > o.config.max_seq_len) {
     const std::string what = o.task.dataset.empty()
-                                 ? "--difficulty " + std::to_string(o.task.difficulty)
+                                 ? "`difficulty` " + std::to_string(o.task.difficulty)
                                  : o.task.dataset + "'s longest prompt with its completion";
     return invalid_argument(what + " needs " + std::to_string(seq) +
                             " positions, more than the model's " +
@@ -53,8 +54,8 @@ Status check_task_memory(const RlOptions& o, const Task& task) {
         " tokens, more than the model's vocab_size " + std::to_string(o.config.vocab_size));
   }
   if (o.sft_steps > 0 && !task.has_answers()) {
-    return invalid_argument("--sft-steps " + std::to_string(o.sft_steps) + ": " + o.task.dataset +
-                            " has rows without an 'answer' to demonstrate; give --sft-steps 0");
+    return invalid_argument("`sft_steps` " + std::to_string(o.sft_steps) + ": " + o.task.dataset +
+                            " has rows without an 'answer' to demonstrate; give `sft_steps` 0");
   }
   // A trainer rank: the policy, its optimizer and the activations of the larger of an RL
   // step's rows and its share of an SFT batch; rank 0 also encodes the whole SFT batch (tokens and

@@ -137,7 +137,7 @@ struct RlOptions {
   std::function<void(const RlEvent&)> on_event;
 };
 
-// InvalidArgument naming the flag when the trainer's and the workers' layouts cannot run
+// InvalidArgument naming the field when the trainer's and the workers' layouts cannot run
 // `options`: FSDP (the trainer's ranks push from the whole model each holds), a warm-start
 // batch the trainer's ranks cannot share equally, or a TP the workers cannot split the model
 // into (heads, kv heads, ffn rows, fp8's 128-wide blocks).

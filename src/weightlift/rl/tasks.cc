@@ -43,7 +43,8 @@ Status render_chats(const TaskOptions& o, PromptDataset& d) {
   if (o.tokenizer.empty()) {
     return invalid_argument(d.path() +
                             ": chat 'messages' need a checkpoint's tokenizer and its chat "
-                            "template (give --tokenizer, or a --model-dir with tokenizer.json)");
+                            "template (give `tokenizer`, a checkpoint's tokenizer.json beside its "
+                            "tokenizer_config.json)");
   }
   const std::string config =
       (std::filesystem::path(o.tokenizer).parent_path() / "tokenizer_config.json").string();
@@ -102,14 +103,16 @@ Result<Task> Task::create(const TaskOptions& o) {
     return t;
   }
   if (!o.tokenizer.empty()) {
-    return invalid_argument("--task " + std::string(task_name(o.kind)) +
-                            " speaks weightlift's byte vocabulary; a tokenizer needs --dataset");
+    return invalid_argument("`tokenizer` " + o.tokenizer + ": the generated " +
+                            std::string(task_name(o.kind)) +
+                            " problems speak weightlift's byte vocabulary; a tokenizer needs a "
+                            "`dataset`");
   }
   if (o.difficulty < 1 || o.difficulty > 9) {
-    return invalid_argument("--difficulty " + std::to_string(o.difficulty) + ": expected 1 to 9");
+    return invalid_argument("`difficulty` " + std::to_string(o.difficulty) + ": expected 1 to 9");
   }
   if (!(o.format_reward >= 0 && o.format_reward < 1)) {
-    return invalid_argument("--format-reward " + std::to_string(o.format_reward) +
+    return invalid_argument("`format_reward` " + std::to_string(o.format_reward) +
                             ": expected [0, 1)");
   }
   Task t(o);

@@ -83,7 +83,7 @@ class RewardProcess;
 
 class Task {
  public:
-  // InvalidArgument for a difficulty out of [1, 9] (names the flag); a dataset's errors
+  // InvalidArgument for a difficulty out of [1, 9] (names the field); a dataset's errors
   // (dataset.h), or rows without an answer for a verifier.
   static Result<Task> create(const TaskOptions& options);
   ~Task();

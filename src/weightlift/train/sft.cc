@@ -26,7 +26,7 @@ Result<Example> parse_example(const Json& j, const std::string& at, const Codec&
     if (!chat) {
       return invalid_argument(at +
                               ": chat 'messages' need a tokenizer with a chat template "
-                              "(--tokenizer, or --model-dir's tokenizer.json)");
+                              "(`tokenizer`, or `model_dir`'s tokenizer.json)");
     }
     WL_ASSIGN_OR_RETURN(std::vector<text::ChatMessage> m,
                         text::ChatTemplate::messages_from_json(j["messages"].dump(), at));
@@ -79,7 +79,7 @@ Result<SftExamples> load_sft(const std::string& path, const Codec& codec,
       return invalid_argument(
           l.at + ": " + std::to_string(tokens) + " tokens" +
           (e.prompt.empty() ? " and an empty prompt"
-                            : ", more than --seq " + std::to_string(seq) + " + 1 (raise --seq)"));
+                            : ", more than `seq` " + std::to_string(seq) + " + 1 (raise `seq`)"));
     }
     (in_held_out_split(l.text) ? validation : train).push_back(std::move(e));
     return ok_status();

@@ -49,13 +49,13 @@ DataParallel::DataParallel(const model::ModelConfig& config, const DataParallelO
         << config_.num_experts << " experts over " << experts_->ranks() << " ranks";
   }
   WL_CHECK((options_.layout.ep > 1) == (experts_ != nullptr))
-      << "--ep " << options_.layout.ep << " needs its expert group, and only it";
+      << "`ep` " << options_.layout.ep << " needs its expert group, and only it";
   if (ranks.tensor) {
     tensor_ = std::make_unique<TensorGroup>(std::move(ranks.tensor), std::move(ranks.tensor_kv),
                                             options_.timeout, &hook_failure_, &comm_.exposed_s);
   }
   WL_CHECK((tp_ > 1) == (tensor_ != nullptr) && (!tensor_ || tensor_->ranks() == tp_))
-      << "--tp " << tp_ << " needs its tensor-parallel group of as many ranks, and only it";
+      << "`tp` " << tp_ << " needs its tensor-parallel group of as many ranks, and only it";
   WL_CHECK(!tensor_ || tensor_->kv_copies() == model::kv_copies(config_, tp_))
       << "the kv group has " << tensor_->kv_copies() << " ranks, the model shares each kv head "
       << "over " << model::kv_copies(config_, tp_);
@@ -68,7 +68,7 @@ DataParallel::DataParallel(const model::ModelConfig& config, const DataParallelO
   WL_CHECK((ranks_ > 1) == (queue_ != nullptr)) << "a queue exactly when there are other ranks";
   const int ep = options_.layout.ep;
   WL_CHECK(ranks_ % ep == 0 && (ep > 1 && ranks_ / ep > 1) == (expert_data_ != nullptr))
-      << "--ep " << ep << " of " << ranks_ << " data-parallel ranks";
+      << "`ep` " << ep << " of " << ranks_ << " data-parallel ranks";
   WL_CHECK(!experts_ || rank_ % ep == experts_->rank())
       << "data-parallel rank " << rank_ << " is rank " << experts_->rank() << " of its experts";
   WL_CHECK(!expert_data_ || expert_data_->rank() == rank_ / ep)
@@ -450,7 +450,7 @@ std::vector<train::AdamWSlice> DataParallel::unit_slices(int unit) {
 
 void DataParallel::rebind_stages(std::shared_ptr<comm::Group> stages) {
   WL_CHECK(ranks_ == 1 && tp_ == 1 && !experts_ && !tied_ && stages)
-      << "only a stage of one rank, without --tp, --ep or a tied replica, rebinds its stages";
+      << "only a stage of one rank, without `tp`, `ep` or a tied replica, rebinds its stages";
   WL_CHECK(!stages_ || stages->size() == stages_->size())
       << stages->size() << " stages for " << stages_->size();
   stages_ = std::move(stages);

@@ -31,7 +31,7 @@ std::optional<DpMode> dp_mode_from_name(std::string_view name) {
 
 Result<DpMode> parse_dp_mode_flag(std::string_view name) {
   if (auto m = dp_mode_from_name(name)) return *m;
-  return invalid_argument("--dp-mode '" + std::string(name) +
+  return invalid_argument("`dp_mode` '" + std::string(name) +
                           "': expected ddp, zero1, zero2 or fsdp");
 }
 
@@ -41,50 +41,50 @@ Result<PipelineSchedule> parse_schedule_flag(std::string_view name, DpMode dp_mo
                                                                  : PipelineSchedule::kZeroBubble;
   }
   if (auto s = pipeline_schedule_from_name(name)) return *s;
-  return invalid_argument("--pp-schedule '" + std::string(name) +
+  return invalid_argument("`schedule` '" + std::string(name) +
                           "': expected auto, 1f1b, gpipe or zb");
 }
 
 Status validate(const ParallelLayout& l, int world, const model::ModelConfig& c, int64_t batch) {
   if (l.pp > 1 && l.schedule == PipelineSchedule::kZeroBubble && l.shards_gradients()) {
     return invalid_argument(
-        "--pp-schedule zb runs each unit's weight gradients after every "
-        "unit's input gradients, and --dp-mode " +
+        "`schedule` zb runs each unit's weight gradients after every "
+        "unit's input gradients, and `dp_mode` " +
         std::string(dp_mode_name(l.dp_mode)) +
         " holds a unit's gradients only while its backward runs: use ddp "
         "or zero1, or another schedule");
   }
   if (l.tp < 1 || world % l.tp != 0) {
-    return invalid_argument("--tp " + std::to_string(l.tp) + " does not divide the " +
+    return invalid_argument("`tp` " + std::to_string(l.tp) + " does not divide the " +
                             std::to_string(world) + " ranks");
   }
   if (l.pp < 1 || world % l.pp != 0) {
-    return invalid_argument("--pp " + std::to_string(l.pp) + " does not divide the " +
+    return invalid_argument("`pp` " + std::to_string(l.pp) + " does not divide the " +
                             std::to_string(world) + " ranks");
   }
   if (const int64_t cut = int64_t(l.pp) * l.tp; world % cut != 0) {  // two ints: no overflow
-    return invalid_argument("--pp " + std::to_string(l.pp) + " x --tp " + std::to_string(l.tp) +
+    return invalid_argument("`pp` " + std::to_string(l.pp) + " x `tp` " + std::to_string(l.tp) +
                             " = " + std::to_string(cut) + " does not divide the " +
                             std::to_string(world) + " ranks");
   }
   if (l.pp > c.num_layers) {
-    return invalid_argument("--pp " + std::to_string(l.pp) + " stages for " +
+    return invalid_argument("`pp` " + std::to_string(l.pp) + " stages for " +
                             std::to_string(c.num_layers) +
                             " layers: every stage needs at least one");
   }
   if (l.dp < 1 || int64_t(l.dp) * l.pp * l.tp != world) {
     return invalid_argument("data-parallel size " + std::to_string(l.dp) + " x " +
-                            std::to_string(l.pp) + " stages x --tp " + std::to_string(l.tp) +
+                            std::to_string(l.pp) + " stages x `tp` " + std::to_string(l.tp) +
                             " does not fit " + std::to_string(world) + " ranks");
   }
   WL_RETURN_IF_ERROR(check_expert_parallel(l, c));
   WL_RETURN_IF_ERROR(check_tensor_parallel(l, c));
   if (l.micro_batches < 1) {
-    return invalid_argument("--micro-batches " + std::to_string(l.micro_batches) +
+    return invalid_argument("`micro_batches` " + std::to_string(l.micro_batches) +
                             ": expected at least 1");
   }
   if (l.bucket_bytes < 1) {
-    return invalid_argument("--bucket-bytes " + std::to_string(l.bucket_bytes) +
+    return invalid_argument("`bucket_bytes` " + std::to_string(l.bucket_bytes) +
                             ": expected at least 1");
   }
   return check_batch(l, batch);
@@ -92,25 +92,25 @@ Status validate(const ParallelLayout& l, int world, const model::ModelConfig& c,
 
 Status check_expert_parallel(const ParallelLayout& l, const model::ModelConfig& c) {
   if (l.ep < 1 || l.dp % l.ep != 0) {
-    return invalid_argument("--ep " + std::to_string(l.ep) +
+    return invalid_argument("`ep` " + std::to_string(l.ep) +
                             " does not divide the data-parallel size " + std::to_string(l.dp) +
-                            " (world / --pp)");
+                            " (world / `pp`)");
   }
   if (l.ep > 1 && c.moe_layers() == 0) {
-    return invalid_argument("--ep " + std::to_string(l.ep) +
+    return invalid_argument("`ep` " + std::to_string(l.ep) +
                             ": the model has no MoE layer, so no experts to place");
   }
   if (c.num_experts % l.ep != 0) {
-    return invalid_argument("--ep " + std::to_string(l.ep) + " does not divide the " +
+    return invalid_argument("`ep` " + std::to_string(l.ep) + " does not divide the " +
                             std::to_string(c.num_experts) + " experts of a layer");
   }
   return ok_status();
 }
 
 Status check_tensor_parallel(const ParallelLayout& l, const model::ModelConfig& c) {
-  WL_RETURN_IF_ERROR(model::check_tensor_parallel(c, l.tp, "--tp"));
+  WL_RETURN_IF_ERROR(model::check_tensor_parallel(c, l.tp, "`tp`"));
   if (l.tp > 1 && l.ep > 1) {
-    return invalid_argument("--tp " + std::to_string(l.tp) + " with --ep " + std::to_string(l.ep) +
+    return invalid_argument("`tp` " + std::to_string(l.tp) + " with `ep` " + std::to_string(l.ep) +
                             ": tensor and expert parallelism together are not supported yet");
   }
   return ok_status();
@@ -119,7 +119,7 @@ Status check_tensor_parallel(const ParallelLayout& l, const model::ModelConfig& 
 Status check_batch(const ParallelLayout& l, int64_t batch) {
   const int64_t parts = int64_t(l.micro_batches) * l.dp;  // two ints: no overflow
   if (batch < 1 || parts < 1 || batch % parts != 0) {
-    return invalid_argument("--batch " + std::to_string(batch) + " must be a multiple of " +
+    return invalid_argument("`batch` " + std::to_string(batch) + " must be a multiple of " +
                             std::to_string(l.micro_batches) + " micro-batches x " +
                             std::to_string(l.dp) +
                             " data-parallel ranks = " + std::to_string(parts));

@@ -1,9 +1,9 @@
-// Where a training job runs: how many pipeline stages the model is cut into (--pp), how many
+// Where a training job runs: how many pipeline stages the model is cut into (`pp`), how many
 // ranks hold a copy of each stage (data parallel), how each copy keeps its parameters,
-// gradients and optimizer state (--dp-mode), and how the global batch is cut into
-// micro-batches. A layout never changes the maths: `--batch` is the
-// global batch, each micro-batch is the same rows in every layout, and the router's aux and
-// z losses are those of a whole micro-batch, whichever ranks hold its rows.
+// gradients and optimizer state (`dp_mode`), and how the global batch is cut into
+// micro-batches. A layout never changes the maths: `batch` is the global batch, each
+// micro-batch is the same rows in every layout, and the router's aux and z losses are those of
+// a whole micro-batch, whichever ranks hold its rows.
 #pragma once
 
 #include <cstdint>
@@ -26,13 +26,15 @@ enum class DpMode : uint8_t { kDdp, kZero1, kZero2, kFsdp };
 std::string_view dp_mode_name(DpMode m);  // "ddp", "zero1", "zero2", "fsdp"
 std::optional<DpMode> dp_mode_from_name(std::string_view name);
 
-// The words of --dp-mode and --pp-schedule as their enums; an error names the flag and the
-// choices. --pp-schedule auto is ZB where the data-parallel mode keeps whole gradients (ddp,
-// zero1) and 1F1B where it does not (zero2, fsdp: validate() says why).
+// The words of a command line's --dp-mode and --pp-schedule as the enums of `dp_mode` and
+// `schedule`; an error names the field and the choices. Schedule auto is ZB where the
+// data-parallel mode keeps whole gradients (ddp, zero1) and 1F1B where it does not (zero2,
+// fsdp: validate() says why).
 Result<DpMode> parse_dp_mode_flag(std::string_view name);
 Result<PipelineSchedule> parse_schedule_flag(std::string_view name, DpMode dp_mode);
 inline constexpr const char* kScheduleFlagHelp =
-    "auto (zb, or 1f1b under --dp-mode zero2 or fsdp), 1f1b, gpipe or zb";
+    "auto (zb, or 1f1b where the data-parallel mode shards gradients: zero2, fsdp), 1f1b, "
+    "gpipe or zb";
 
 struct ParallelLayout {
   DpMode dp_mode = DpMode::kDdp;
@@ -60,11 +62,11 @@ struct ParallelLayout {
 };
 
 // A layout that fits `world` ranks, the model and a global batch of `batch` rows: errors name
-// the flag.
+// the field (`tp`, `micro_batches`; `batch` for the batch).
 Status validate(const ParallelLayout& layout, int world, const model::ModelConfig& config,
                 int64_t batch);
-// The parts of validate() that need no world: --ep against the data-parallel size and the
-// experts, --tp against the heads and ffn rows, and --batch against micro-batches x
+// The parts of validate() that need no world: `ep` against the data-parallel size and the
+// experts, `tp` against the heads and ffn rows, and `batch` against micro-batches x
 // data-parallel ranks.
 Status check_expert_parallel(const ParallelLayout& layout, const model::ModelConfig& config);
 Status check_tensor_parallel(const ParallelLayout& layout, const model::ModelConfig& config);

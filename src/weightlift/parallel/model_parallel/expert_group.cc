@@ -30,7 +30,7 @@ Status ExpertGroup::exchange_counts(const int64_t* send, int64_t* recv, int64_t 
                                         .dtype = DType::kI64,
                                         .timeout = timeout_});
   *waited_s_ += waited.seconds();
-  return keep(std::move(s), "exchanging expert row counts (--ep)");
+  return keep(std::move(s), "exchanging expert row counts (`ep`)");
 }
 
 Status ExpertGroup::exchange_rows(const float* send, std::span<const int64_t> send_rows,
@@ -56,7 +56,7 @@ Status ExpertGroup::exchange_rows(const float* send, std::span<const int64_t> se
                                           .dtype = DType::kF32,
                                           .timeout = timeout_});
   *waited_s_ += waited.seconds();
-  return keep(std::move(s), "exchanging expert rows (--ep)");
+  return keep(std::move(s), "exchanging expert rows (`ep`)");
 }
 
 }  // namespace wl::parallel

@@ -1,4 +1,4 @@
-// Expert parallelism over a group of data-parallel ranks (--ep): model::ExpertExchange on our
+// Expert parallelism over a group of data-parallel ranks (`ep`): model::ExpertExchange on our
 // all-to-all collectives. The exchange runs inside a block, which cannot stop, so a failure
 // is kept (the first one) and every later exchange returns it at once without talking to
 // anyone, as model::ExpertExchange requires; the trainer's after_unit() returns it.

@@ -41,12 +41,12 @@ Status TensorGroup::sum(comm::Group& g, float* data, int64_t n, const char* what
 }
 
 Status TensorGroup::allreduce(float* data, int64_t n) {
-  return sum(*group_, data, n, "summing over the tensor-parallel ranks (--tp)");
+  return sum(*group_, data, n, "summing over the tensor-parallel ranks (`tp`)");
 }
 
 Status TensorGroup::allreduce_kv(float* data, int64_t n) {
   WL_CHECK(kv_ != nullptr) << "allreduce_kv on a rank that holds its own kv heads";
-  return sum(*kv_, data, n, "summing a shared kv head's gradient (--tp)");
+  return sum(*kv_, data, n, "summing a shared kv head's gradient (`tp`)");
 }
 
 }  // namespace wl::parallel

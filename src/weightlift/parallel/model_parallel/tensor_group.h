@@ -1,4 +1,4 @@
-// Tensor parallelism over a group of consecutive ranks (--tp): model::TensorParallel on our
+// Tensor parallelism over a group of consecutive ranks (`tp`): model::TensorParallel on our
 // allreduce, whose result is the same bits on every rank, as the replicated parts of the
 // model need. Like the expert exchange, a sum runs inside a block, which cannot stop: the
 // first failure is kept, every later sum returns it at once without communicating, and the

@@ -66,7 +66,16 @@ std::vector<std::string> earlier_run_files(const std::string& dir) {
   return found;
 }
 
-// "--steps 6 -> 8, --lr 0.003 -> 0.001": what a resume changed, empty when nothing did.
+// The field of TrainOptions (of its schedule or adamw) that a hyperparameter recorded under
+// `name` (run_hyperparameters(): "min-lr", "adam-eps") is, in backquotes: "`min_lr`", "`eps`".
+std::string field_of(std::string name) {
+  if (name == "lr") return "`base_lr`";
+  if (name == "adam-eps") return "`eps`";
+  std::replace(name.begin(), name.end(), '-', '_');
+  return "`" + name + "`";
+}
+
+// "`steps` 6 -> 8, `base_lr` 0.003 -> 0.001": what a resume changed, empty when nothing did.
 std::string changed_hyperparameters(const std::map<std::string, std::string>& then,
                                     const std::map<std::string, std::string>& now) {
   std::string changes;
@@ -74,74 +83,76 @@ std::string changed_hyperparameters(const std::map<std::string, std::string>& th
     auto it = then.find(name);
     const std::string before = it == then.end() ? "(not recorded)" : it->second;
     if (before != value)
-      changes += (changes.empty() ? "--" : ", --") + name + " " + before + " -> " + value;
+      changes += (changes.empty() ? "" : ", ") + field_of(name) + " " + before + " -> " + value;
   }
   return changes;
 }
 
 Status check_resume_inputs(const TrainOptions& o, int64_t* start) {
   if (!o.init_weights.empty() || !o.model_dir.empty()) {
-    const std::string flag = o.init_weights.empty() ? "--model-dir" : "--init-weights";
-    return invalid_argument("--resume and " + flag +
+    const std::string field = o.init_weights.empty() ? "`model_dir`" : "`init_weights`";
+    return invalid_argument("`resume` and " + field +
                             " are both given: a resumed run takes its weights from the "
                             "checkpoint; drop " +
-                            flag);
+                            field);
   }
   WL_ASSIGN_OR_RETURN(const TrainState st, read_checkpoint_state(o.resume));
   if (st.step >= o.steps) {
-    return invalid_argument("--resume " + o.resume + " is at step " + std::to_string(st.step) +
+    return invalid_argument("`resume` " + o.resume + " is at step " + std::to_string(st.step) +
                             ", not inside the " + std::to_string(o.steps) +
-                            "-step schedule of --steps " + std::to_string(o.steps) +
+                            "-step schedule of `steps` " + std::to_string(o.steps) +
                             ": nothing is left to train");
   }
   if (o.stop_after > 0 && o.stop_after <= st.step) {
-    return invalid_argument("--stop-after " + std::to_string(o.stop_after) +
-                            " is not after the step of --resume " + o.resume + " (" +
+    return invalid_argument("`stop_after` " + std::to_string(o.stop_after) +
+                            " is not after the step of `resume` " + o.resume + " (" +
                             std::to_string(st.step) + ")");
   }
   *start = st.step;
   const std::string changes = changed_hyperparameters(st.run, run_hyperparameters(o));
   if (!changes.empty() && !o.allow_changes) {
-    return invalid_argument("--resume " + o.resume +
+    return invalid_argument("`resume` " + o.resume +
                             " was written with other hyperparameters: " + changes +
-                            "; resume with the same flags, or pass --allow-changes to continue "
+                            "; resume with the same ones, or with `allow_changes` to continue "
                             "with the new ones");
   }
   return ok_status();
 }
 
-// --out, its checkpoints and --out-weights against the checkpoint being resumed from.
+// out_dir, its checkpoints and out_weights against the checkpoint being resumed from.
 Status check_not_into_resumed(const TrainOptions& o, const std::set<int64_t>& written) {
   if (same_file(o.out_dir, o.resume) || is_inside(o.out_dir, o.resume)) {
-    return invalid_argument("--out " + o.out_dir + " would write into the checkpoint --resume " +
-                            o.resume + " reads; give the run's directory instead (--out " +
+    return invalid_argument("`out_dir` " + o.out_dir +
+                            " would write into the checkpoint `resume` " + o.resume +
+                            " reads; give the run's directory instead (`out_dir` " +
                             fs::path(o.resume).parent_path().string() + ")");
   }
   for (int64_t k : written) {
     if (same_file(checkpoint_dir(o, k), o.resume)) {
-      return invalid_argument("--resume " + o.resume +
+      return invalid_argument("`resume` " + o.resume +
                               " would be replaced by this run's "
                               "checkpoint at step " +
                               std::to_string(k));
     }
   }
   if (!o.out_weights.empty() && is_inside(o.out_weights, o.resume)) {
-    return invalid_argument("--out-weights " + o.out_weights +
-                            " would write into the checkpoint --resume " + o.resume + " reads");
+    return invalid_argument("`out_weights` " + o.out_weights +
+                            " would write into the checkpoint `resume` " + o.resume + " reads");
   }
   return ok_status();
 }
 
 Status check_outputs(const TrainOptions& o, const std::vector<NamedPath>& inputs) {
-  if (o.out_dir.empty()) return invalid_argument("--out: an empty path; name the run's directory");
+  if (o.out_dir.empty())
+    return invalid_argument("`out_dir`: an empty path; name the run's directory");
   if (!o.out_weights.empty()) {
-    WL_RETURN_IF_ERROR(check_output_file(o.out_weights).with_context("--out-weights"));
+    WL_RETURN_IF_ERROR(check_output_file(o.out_weights).with_context("`out_weights`"));
     // A checkpoint is whole or it is nothing: weights written into one would no longer match
     // its state.json and checksums.
     const fs::path holder = fs::path(o.out_weights).parent_path();
     std::error_code ec;
     if (fs::exists((holder.empty() ? fs::path(".") : holder) / "state.json", ec)) {
-      return invalid_argument("--out-weights " + o.out_weights +
+      return invalid_argument("`out_weights` " + o.out_weights +
                               " would write into the checkpoint " +
                               (holder.empty() ? std::string(".") : holder.string()) +
                               " (it holds a state.json); write the weights elsewhere");
@@ -149,20 +160,20 @@ Status check_outputs(const TrainOptions& o, const std::vector<NamedPath>& inputs
   }
   std::error_code ec;
   if (fs::exists(fs::symlink_status(o.out_dir, ec)) && !fs::is_directory(o.out_dir, ec)) {
-    return invalid_argument("--out " + o.out_dir +
+    return invalid_argument("`out_dir` " + o.out_dir +
                             " exists and is not a directory; a run writes a directory there");
   }
   std::vector<NamedPath> outputs;
-  for (const char* name : kRunFiles) outputs.push_back({"--out", o.out_dir + "/" + name});
-  if (!o.out_weights.empty()) outputs.push_back({"--out-weights", o.out_weights});
+  for (const char* name : kRunFiles) outputs.push_back({"`out_dir`", o.out_dir + "/" + name});
+  if (!o.out_weights.empty()) outputs.push_back({"`out_weights`", o.out_weights});
   for (const NamedPath& out : outputs) {
-    WL_RETURN_IF_ERROR(check_output_path(out.path).with_context(out.flag));
+    WL_RETURN_IF_ERROR(check_output_path(out.path).with_context(out.name));
     WL_RETURN_IF_ERROR(check_output_is_not_input(out, inputs));
   }
   return ok_status();
 }
 
-// Another run's results in --out: refused unless the user says --overwrite or resumes it.
+// Another run's results in out_dir: refused unless the caller says overwrite or resumes it.
 Status other_run_results(const TrainOptions& o) {
   if (o.overwrite) return ok_status();
   if (!o.resume.empty() && same_file(fs::path(o.resume).parent_path().string(), o.out_dir))
@@ -172,8 +183,8 @@ Status other_run_results(const TrainOptions& o) {
   std::string list;
   for (size_t i = 0; i < found.size() && i < 4; ++i) list += (i ? ", " : "") + found[i];
   if (found.size() > 4) list += ", ...";
-  return invalid_argument("--out " + o.out_dir + " already holds another run (" + list +
-                          "); pass --overwrite to replace it, or --resume one of its "
+  return invalid_argument("`out_dir` " + o.out_dir + " already holds another run (" + list +
+                          "); set `overwrite` to replace it, or `resume` one of its "
                           "checkpoints to continue it");
 }
 
@@ -206,8 +217,8 @@ Status RunGuard::stop(int64_t step, const std::string& what) const {
   return aborted("step " + std::to_string(step) + ": " + what + "; the run stops here. " +
                  (last_good_.empty() ? std::string("No checkpoint was written before it")
                                      : "The last good checkpoint is " + last_good_ +
-                                           " (resume it, with a lower --lr or another "
-                                           "precision, and --allow-changes)"));
+                                           " (resume it, with a lower `base_lr` or another "
+                                           "`precision`, and `allow_changes`)"));
 }
 
 Result<double> weights_sum_squares(DataParallel& dp) {
@@ -242,15 +253,15 @@ Status check_other_run(const TrainOptions& o) { return other_run_results(o); }
 
 Status check_run_plan(const TrainOptions& o, const model::ModelConfig& config) {
   if (o.stop_after > o.steps) {
-    return invalid_argument("--stop-after " + std::to_string(o.stop_after) +
-                            " is past the run's last step (--steps " + std::to_string(o.steps) +
+    return invalid_argument("`stop_after` " + std::to_string(o.stop_after) +
+                            " is past the run's last step (`steps` " + std::to_string(o.steps) +
                             ")");
   }
   int64_t start = 0;
   if (!o.resume.empty()) WL_RETURN_IF_ERROR(check_resume_inputs(o, &start));
   struct stat st;
   if (::stat(o.out_dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
-    return invalid_argument("--out " + o.out_dir + " is " + describe_file_type(st.st_mode) +
+    return invalid_argument("`out_dir` " + o.out_dir + " is " + describe_file_type(st.st_mode) +
                             ", not a directory");
   }
   const std::set<int64_t> written = checkpoint_steps(o, start);
@@ -258,21 +269,19 @@ Status check_run_plan(const TrainOptions& o, const model::ModelConfig& config) {
   for (int64_t k : written) {
     const std::string dir = checkpoint_dir(o, k);
     if (::lstat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
-      return invalid_argument("--out: " + dir + " is " + describe_file_type(st.st_mode) +
+      return invalid_argument("`out_dir`: " + dir + " is " + describe_file_type(st.st_mode) +
                               ", not a checkpoint directory; refusing to replace it");
     }
   }
-  std::vector<NamedPath> inputs = {{"--config", o.config_path},
-                                   {"--data", o.data_path},
-                                   {"--sft", o.sft_path},
-                                   {"--tokenizer", o.tokenizer},
-                                   {"--init-weights", o.init_weights},
-                                   {"--batch-file", o.batch_file}};
-  for (const auto& [flag, dir] : {std::pair{"--resume", o.resume}, {"--model-dir", o.model_dir}}) {
+  std::vector<NamedPath> inputs = {
+      {"`config_path`", o.config_path},   {"`data_path`", o.data_path},
+      {"`sft_path`", o.sft_path},         {"`tokenizer`", o.tokenizer},
+      {"`init_weights`", o.init_weights}, {"`batch_file`", o.batch_file}};
+  for (const auto& [field, dir] : {std::pair{"`resume`", o.resume}, {"`model_dir`", o.model_dir}}) {
     if (dir.empty()) continue;
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(dir, ec))
-      inputs.push_back({flag, e.path().string()});
+      inputs.push_back({field, e.path().string()});
   }
   WL_RETURN_IF_ERROR(check_outputs(o, inputs));
   WL_RETURN_IF_ERROR(other_run_results(o));

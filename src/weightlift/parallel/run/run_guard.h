@@ -1,12 +1,12 @@
 // What a training run may touch and what it may not go on with.
 //
 // Before a run starts (check_run_plan): the files it will write (its output directory's
-// metrics.jsonl, config.json, model.safetensors, loss.svg, its checkpoints, --out-weights)
+// metrics.jsonl, config.json, model.safetensors, loss.svg, its checkpoints, out_weights)
 // may replace none of its inputs (the config, the initial weights, the batch file, the
 // checkpoint it resumes from), nothing that is not a regular file or directory, and no other
-// run's results unless the user says --overwrite; a resumed run's checkpoint must lie inside
-// its schedule and have been written with the same hyperparameters, unless the user says
-// --allow-changes. All of it is checked before anything is allocated or written, so a refused
+// run's results unless the caller says overwrite; a resumed run's checkpoint must lie inside
+// its schedule and have been written with the same hyperparameters, unless the caller says
+// allow_changes. All of it is checked before anything is allocated or written, so a refused
 // run leaves everything as it was.
 //
 // While it runs (RunGuard): a loss or weights that are not finite stop the run at that step,
@@ -29,17 +29,18 @@
 namespace wl::parallel {
 
 // The checks above, in that order, then the memory the run needs for `config`
-// (model/memory_estimate.h); InvalidArgument naming the flags at fault, ResourceExhausted
+// (model/memory_estimate.h); InvalidArgument naming the fields at fault, ResourceExhausted
 // with the estimate.
 Status check_run_plan(const TrainOptions& options, const model::ModelConfig& config);
 
-// Of those, whether `--out` holds another run's results (refused unless --overwrite or a
+// Of those, whether `out_dir` holds another run's results (refused unless `overwrite` or a
 // resume of that run): checked again once the run holds the directory's lock, since another
 // run may have finished there in between.
 Status check_other_run(const TrainOptions& options);
 
-// The hyperparameters a resume must keep, by flag name ("steps" -> "600", "lr" -> "0.003"),
-// as the run's checkpoints record them.
+// The hyperparameters a resume must keep, by the command line's flag names ("steps" -> "600",
+// "lr" -> "0.003"), as the run's checkpoints record them; a refused resume names the fields
+// (`base_lr`).
 std::map<std::string, std::string> run_hyperparameters(const TrainOptions& options);
 
 // The sum of squares of the parameters over the whole job: this rank's rows, summed over the

@@ -100,10 +100,10 @@ Status Run::configure() {
   }
   seq_ = o_.seq > 0 ? o_.seq : cfg_.max_seq_len;
   if (seq_ > cfg_.max_seq_len)
-    return invalid_argument("--seq " + std::to_string(seq_) + " exceeds max_seq_len " +
+    return invalid_argument("`seq` " + std::to_string(seq_) + " exceeds max_seq_len " +
                             std::to_string(cfg_.max_seq_len));
   if (o_.batch < 1 || o_.steps < 1)
-    return invalid_argument("--batch and --steps must be at least 1");
+    return invalid_argument("`batch` and `steps` must be at least 1");
   batch_ = o_.batch;
   WL_RETURN_IF_ERROR(check_run_plan(o_, cfg_));  // before anything is allocated or written
   summary_.final_val_loss = NAN;
@@ -119,7 +119,7 @@ Status Run::load_data() {
   // The file is to blame only when its rows are what does not fit the layout.
   const int64_t fits = int64_t(o_.layout.micro_batches) * o_.layout.dp;
   if (!check_layout(fits).ok()) return s;
-  return s.with_context("--batch-file " + o_.batch_file + " holds " + std::to_string(batch_) +
+  return s.with_context("`batch_file` " + o_.batch_file + " holds " + std::to_string(batch_) +
                         " rows, the batch it trains on");
 }
 
@@ -165,7 +165,7 @@ Status Run::continue_metrics() {
   std::error_code ec;
   fs::create_directories(o_.out_dir, ec);
   if (ec) return errno_status("mkdir " + o_.out_dir, ec.value());
-  WL_ASSIGN_OR_RETURN(lock_, DirectoryLock::acquire(o_.out_dir, "--out"));
+  WL_ASSIGN_OR_RETURN(lock_, DirectoryLock::acquire(o_.out_dir, "`out_dir`"));
   WL_RETURN_IF_ERROR(check_other_run(o_));  // again, now that no other run can write there
   const std::string path = o_.out_dir + "/metrics.jsonl";
   if (step_ > 0) {
@@ -340,7 +340,7 @@ Result<RunData> load_documents_data(const TrainOptions& o, const model::ModelCon
     return invalid_argument(
         o.data_path + ": its " + std::to_string(docs.documents - docs.held_out) +
         " training documents hold " + std::to_string(docs.train.size()) +
-        " tokens, fewer than one window of --seq " + std::to_string(seq) + " + 1");
+        " tokens, fewer than one window of `seq` " + std::to_string(seq) + " + 1");
   }
   d.train_stream = std::move(docs.train);
   d.val_stream = std::move(docs.validation);
@@ -375,7 +375,7 @@ Result<RunData> load_run_data(const TrainOptions& o, const model::ModelConfig& c
   if (int64_t(d.train_stream.size()) <= seq + 1) {
     return invalid_argument(
         "the training text in " + o.corpus_dir + " has " + std::to_string(d.train_stream.size()) +
-        " tokens, fewer than one window of --seq " + std::to_string(seq) + " + 1");
+        " tokens, fewer than one window of `seq` " + std::to_string(seq) + " + 1");
   }
   d.unigram_entropy = unigram_entropy(d.train_stream);
   // Whole batches of the global batch's rows, which every layout splits over its ranks.

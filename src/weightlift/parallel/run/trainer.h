@@ -106,12 +106,12 @@ Result<TrainSummary> train(const TrainOptions& options, const TrainRanks& ranks 
 // ---- what train() and fault/'s pipeline trainer share ----------------------------------
 
 // What a run reads: the corpus's token streams and its validation windows (whole batches of
-// the global batch), or the one batch of --batch-file. Errors name the flag or the file.
+// the global batch), or the one batch of batch_file. Errors name the field or the file.
 struct RunData {
-  int64_t batch = 0, seq = 0;  // rows of the global batch (--batch or the file's), tokens
+  int64_t batch = 0, seq = 0;  // rows of the global batch (`batch` or the file's), tokens
   std::vector<int64_t> train_stream, val_stream;
   train::Batch fixed;         // the batch file's; empty without one
-  train::Batch sft_examples;  // --sft's training rows; empty without
+  train::Batch sft_examples;  // sft_path's training rows; empty without
   std::vector<train::Batch> val_batches;
   double unigram_entropy = 0;  // nats per byte of the training text; NaN on a batch file
   bool fixed_batch() const { return fixed.batch > 0; }
@@ -120,7 +120,7 @@ Result<RunData> load_run_data(const TrainOptions& options, const model::ModelCon
                               int64_t seq);
 
 // The end of a run: the whole model gathered (collective over the job), and on rank 0
-// config.json and model.safetensors in out_dir, --out-weights, and out_dir/hf (below).
+// config.json and model.safetensors in out_dir, out_weights, and out_dir/hf (below).
 Status write_model_outputs(const TrainOptions& options, DataParallel& dp);
 
 // `params` (ParamLayout(config)'s flat buffer) as a Hugging Face checkpoint in out_dir/hf, as

@@ -42,7 +42,7 @@ Sensitivity layout_row(const ClusterOptions& o, const char* name, int ClusterOpt
     }
     ClusterOptions v = o;
     v.*field = half ? o.*field / 2 : o.*field * 2;
-    auto r = run(v, std::string(name) + (half ? " x0.5" : " x2"));
+    auto r = run(v, "`" + std::string(name) + (half ? "` x0.5" : "` x2"));
     if (!r.ok()) {
       s.valid = false;
       continue;
@@ -55,15 +55,15 @@ Sensitivity layout_row(const ClusterOptions& o, const char* name, int ClusterOpt
 // Counts, divisibility, dtype and network figures, each refusal naming its option.
 Status check_cluster(const ClusterOptions& o) {
   const std::string w = "transfer simulate: ";
-  for (auto [name, v] : {std::pair<const char*, int>{"--trainers", o.trainers},
-                         {"--receivers", o.receivers},
-                         {"--gpus-per-node", o.gpus_per_node},
-                         {"--engine-gpus", o.engine_gpus},
-                         {"--dense-mesh", o.dense_mesh}}) {
+  for (auto [name, v] : {std::pair<const char*, int>{"`trainers`", o.trainers},
+                         {"`receivers`", o.receivers},
+                         {"`gpus_per_node`", o.gpus_per_node},
+                         {"`engine_gpus`", o.engine_gpus},
+                         {"`dense_mesh`", o.dense_mesh}}) {
     if (v < 1) return invalid_argument(w + name + " " + std::to_string(v) + ": needs at least 1");
   }
   if (o.expert_mesh < 0) {
-    return invalid_argument(w + "--expert-mesh " + std::to_string(o.expert_mesh) +
+    return invalid_argument(w + "`expert_mesh` " + std::to_string(o.expert_mesh) +
                             ": needs 0 (experts as dense) or more");
   }
   auto multiple = [&](const char* a, int av, const char* b, int bv) -> Status {
@@ -71,26 +71,26 @@ Status check_cluster(const ClusterOptions& o) {
     return invalid_argument(w + a + " " + std::to_string(av) + " is not a multiple of " + b + " " +
                             std::to_string(bv));
   };
-  WL_RETURN_IF_ERROR(multiple("--receivers", o.receivers, "--gpus-per-node", o.gpus_per_node));
-  WL_RETURN_IF_ERROR(multiple("--receivers", o.receivers, "--engine-gpus", o.engine_gpus));
-  WL_RETURN_IF_ERROR(multiple("--trainers", o.trainers, "--gpus-per-node", o.gpus_per_node));
-  WL_RETURN_IF_ERROR(multiple("--trainers", o.trainers, "--dense-mesh", o.dense_mesh));
+  WL_RETURN_IF_ERROR(multiple("`receivers`", o.receivers, "`gpus_per_node`", o.gpus_per_node));
+  WL_RETURN_IF_ERROR(multiple("`receivers`", o.receivers, "`engine_gpus`", o.engine_gpus));
+  WL_RETURN_IF_ERROR(multiple("`trainers`", o.trainers, "`gpus_per_node`", o.gpus_per_node));
+  WL_RETURN_IF_ERROR(multiple("`trainers`", o.trainers, "`dense_mesh`", o.dense_mesh));
   if (o.expert_mesh > 0) {
-    WL_RETURN_IF_ERROR(multiple("--trainers", o.trainers, "--expert-mesh", o.expert_mesh));
+    WL_RETURN_IF_ERROR(multiple("`trainers`", o.trainers, "`expert_mesh`", o.expert_mesh));
   }
   if (o.shard_dtype != DType::kBF16 && o.shard_dtype != DType::kF32) {
-    return invalid_argument(w + "--shard-dtype " + std::string(dtype_name(o.shard_dtype)) +
+    return invalid_argument(w + "`shard_dtype` " + std::string(dtype_name(o.shard_dtype)) +
                             " is neither bf16 nor f32");
   }
   const NetworkModel& n = o.network;
-  for (auto [name, v] : {std::pair<const char*, double>{"--nic-gbps", n.nic_gbps},
-                         {"--nvlink-gbps", n.nvlink_gbps},
-                         {"--prepare-gbs", n.prepare_gbs}}) {
+  for (auto [name, v] : {std::pair<const char*, double>{"`nic_gbps`", n.nic_gbps},
+                         {"`nvlink_gbps`", n.nvlink_gbps},
+                         {"`prepare_gbs`", n.prepare_gbs}}) {
     if (!(v > 0)) return invalid_argument(w + opt(name, v) + ": must be positive");
   }
   for (auto [name, v] :
-       {std::pair<const char*, double>{"--message-overhead-us", n.message_overhead_us},
-        {"--barrier-ms", n.barrier_ms}}) {
+       {std::pair<const char*, double>{"`message_overhead_us`", n.message_overhead_us},
+        {"`barrier_ms`", n.barrier_ms}}) {
     if (!(v >= 0)) return invalid_argument(w + opt(name, v) + ": must not be negative");
   }
   return ok_status();
@@ -134,7 +134,7 @@ Status check_simulation_memory(const ClusterOptions& o, size_t tensors) {
       "simulating " + std::to_string(o.trainers) + " trainers and " + std::to_string(o.receivers) +
           " receivers",
       format_bytes(layouts) + " of receiver layouts of " + std::to_string(tensors) +
-          " tensors for --engine-gpus " + std::to_string(o.engine_gpus) + ", " +
+          " tensors for `engine_gpus` " + std::to_string(o.engine_gpus) + ", " +
           format_bytes(loads) + " of per-rank schedule state" +
           (o.sensitivity ? ", twice for the sensitivity table's doubled layouts" : ""));
 }
@@ -166,7 +166,7 @@ Status add_model(const ClusterOptions& o, const model::ModelConfig* preset, Sche
                                   {.engine_gpus = o.engine_gpus, .rank = r, .format = o.format})
             : inference_layout(*preset, {.tp = o.engine_gpus, .tp_rank = r, .format = o.format});
     if (!lay.ok()) {
-      return lay.status().with_context("transfer simulate --engine-gpus " +
+      return lay.status().with_context("transfer simulate `engine_gpus` " +
                                        std::to_string(o.engine_gpus) + " (rank " +
                                        std::to_string(r) + ")");
     }
@@ -185,7 +185,7 @@ Result<ScheduleInput> cluster_schedule_input(const ClusterOptions& o) {
   if (!k2 && !config.ok()) {
     std::string names = "kimi-k2";
     for (const std::string& n : model::preset_names()) names += ", " + n;
-    return invalid_argument("transfer simulate: --model '" + o.model + "' is not one of " + names);
+    return invalid_argument("transfer simulate: `model` '" + o.model + "' is not one of " + names);
   }
   WL_RETURN_IF_ERROR(check_cluster(o));
   ScheduleInput in{
@@ -206,8 +206,8 @@ Result<Simulation> simulate_cluster(const ClusterOptions& o) {
   WL_ASSIGN_OR_RETURN(s.params, cluster_param_count(o));
   if (o.sensitivity) {
     s.sensitivity = network_sensitivity(s.loads, o.network);
-    s.sensitivity.push_back(layout_row(o, "--engine-gpus", &ClusterOptions::engine_gpus));
-    s.sensitivity.push_back(layout_row(o, "--trainers", &ClusterOptions::trainers));
+    s.sensitivity.push_back(layout_row(o, "engine_gpus", &ClusterOptions::engine_gpus));
+    s.sensitivity.push_back(layout_row(o, "trainers", &ClusterOptions::trainers));
   }
   s.dominant = dominant_assumption(s.sensitivity, s.prediction.seconds);
   const int engines = o.receivers / o.engine_gpus;

@@ -41,7 +41,7 @@ struct ClusterOptions {
   DType shard_dtype = DType::kBF16;          // what trainers hold: kBF16 or kF32
   NetworkModel network;
   bool sensitivity = true;  // the halve/double table (reschedules for layout rows)
-  // Called with a stage ("schedule", "--trainers x2", ...) and its fraction done; may be null.
+  // Called with a stage ("schedule", "`trainers` x2", ...) and its fraction done; may be null.
   std::function<void(const std::string&, double)> progress;
 };
 

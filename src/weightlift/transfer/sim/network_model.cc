@@ -163,11 +163,11 @@ std::vector<Sensitivity> network_sensitivity(const ScheduleLoads& loads,
     const char* name;
     double NetworkModel::*field;
   };
-  const Knob knobs[] = {{"--nic-gbps", &NetworkModel::nic_gbps},
-                        {"--nvlink-gbps", &NetworkModel::nvlink_gbps},
-                        {"--message-overhead-us", &NetworkModel::message_overhead_us},
-                        {"--prepare-gbs", &NetworkModel::prepare_gbs},
-                        {"--barrier-ms", &NetworkModel::barrier_ms}};
+  const Knob knobs[] = {{"nic_gbps", &NetworkModel::nic_gbps},
+                        {"nvlink_gbps", &NetworkModel::nvlink_gbps},
+                        {"message_overhead_us", &NetworkModel::message_overhead_us},
+                        {"prepare_gbs", &NetworkModel::prepare_gbs},
+                        {"barrier_ms", &NetworkModel::barrier_ms}};
   std::vector<Sensitivity> rows;
   for (const Knob& k : knobs) {
     Sensitivity s{.name = k.name, .base = model.*k.field};

@@ -82,7 +82,7 @@ Prediction predict(const ScheduleLoads& loads, const NetworkModel& model);
 
 // One assumption halved and doubled, everything else as given.
 struct Sensitivity {
-  std::string name;                      // the option, e.g. "--nic-gbps"
+  std::string name;                      // the option's field, e.g. "nic_gbps", "engine_gpus"
   double base = 0, half = 0, twice = 0;  // the assumption's values
   double half_seconds = 0, twice_seconds = 0;
   bool valid = true;  // false when a halved or doubled layout is impossible
