@@ -359,6 +359,80 @@ FUSED = {"attn.qkv_proj.weight": ["attn.q_proj.weight", "attn.k_proj.weight",
          "gate_up_proj.weight": ["gate_proj.weight", "up_proj.weight"]}
 
 
+def ticks_while(call):
+    """How many times a Python thread ran while `call` blocked: none if it held the GIL."""
+    ticks, done = [0], threading.Event()
+
+    def tick():
+        while not done.is_set():
+            ticks[0] += 1
+            time.sleep(0.001)
+    t = threading.Thread(target=tick)
+    t.start()
+    try:
+        call()
+    finally:
+        done.set()
+        t.join()
+    return ticks[0]
+
+
+def two_servers(job):
+    """Two server ranks (0, 1), each holding its dim-0 shard, update receivers 0 and 1 (ranks 2
+    and 3) in the mode WL_MODE names; receiver 1 then leaves and a new one of the same id heals
+    from receiver 0 (its peer), exactly. Every blocking call of the process group releases the
+    GIL while it waits (rank 0 joins each 0.5 s late; a thread that ticks every millisecond ticks
+    at most twice while a call holds the GIL); so do the server's update and a receiver's wait. Under the launcher LOCAL_RANK is the rank on this host."""
+    assert job.local_rank == job.rank and job.size == 4, (job.local_rank, job.rank, job.size)
+    mode = os.environ["WL_MODE"]
+    sd = state_dict(7)
+    pg = job.process_group("gil")
+    t = torch.full((1 << 12,), 1.0)
+    out = torch.zeros(4 * 8)
+    for name, call in (("allreduce", lambda: pg.allreduce(t)),
+                       ("broadcast", lambda: pg.broadcast(t, root=0)),
+                       ("allgather", lambda: pg.allgather(out, torch.zeros(8))),
+                       ("barrier", lambda: pg.barrier())):
+        if job.rank == 0:
+            time.sleep(0.5)
+            call()
+        else:
+            ticks = ticks_while(call)
+            assert ticks >= 5, f"{name}: {ticks} ticks in 0.5 s: the GIL was held while it waited"
+    if job.rank < 2:
+        server = wl.ParameterServer(job, rank=job.rank, size=2, mode=mode)
+        server.register_checkpoint("policy", MODEL, named_tensors=sd)
+        assert server.wait_for_receivers(2) == [0, 1]
+        if job.rank == 1:
+            time.sleep(0.5)
+            server.update("policy", receivers=[0, 1])
+        else:
+            ticks = ticks_while(lambda: server.update("policy", receivers=[0, 1]))
+            assert ticks >= 5, f"update: {ticks} ticks: the GIL was held"
+        pg.barrier()  # receivers hold version 1
+        pg.barrier()  # receiver 1 has healed
+        server.serve_for(0.5)
+    else:
+        receiver = wl.Receiver(job, id=job.rank - 2, model=MODEL)
+        ticks = ticks_while(lambda: receiver.wait_for_version(1, timeout=60))
+        assert ticks >= 5, f"wait_for_version: {ticks} ticks: the GIL was held"
+        with receiver.acquire() as w:
+            assert w.version == 1
+            for name in w.keys():
+                assert torch.equal(w[name], expected(sd, name)), name
+        pg.barrier()
+        if job.rank == 3:
+            receiver.leave()
+            del receiver
+            again = wl.Receiver(job, id=1, model=MODEL)
+            assert again.healed_version == 1, again.healed_version
+            with again.acquire() as w:
+                for name in w.keys():
+                    assert torch.equal(w[name], expected(sd, name)), f"healed {name}"
+        pg.barrier()
+    job.close()
+
+
 def fused(name):
     return any(name.endswith(s) for s in FUSED)
 

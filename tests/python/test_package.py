@@ -36,6 +36,12 @@ def test_collectives_across_processes():
     launch("collectives")
 
 
+@pytest.mark.parametrize("mode", ["p2p", "broadcast"])
+def test_two_server_ranks_a_healed_receiver_and_the_gil_released(mode, monkeypatch):
+    monkeypatch.setenv("WL_MODE", mode)
+    launch("two_servers", ranks=4)
+
+
 def test_server_to_receivers_exact_zero_copy_and_pinned():
     launch("fleet")
 
