@@ -77,8 +77,8 @@ run_tests "ASan+UBSan" --preset asan-ubsan -j 2 -LE slow
 # package, the PyTorch and JavaScript references: the release binary's behaviour, about 15
 # minutes more under TSan) and the collectives' and transfers' reruns over UCX's TCP transport
 # (tcp.*: the same threads as over shared memory, and UCX itself is not instrumented); ASan runs
-# those. The full-size tests run on tiny models here, as under ASan. wl_kernels is built without
-# TSan (its CMakeLists says why); the pool its loops run on, core/parallel.h, is instrumented.
+# those. The full-size tests run on tiny models here, as under ASan. Everything is instrumented,
+# the kernels too: under TSan they are compiled without multiversioning (kernels/detail/simd.h).
 phase "tsan build"
 bash scripts/build.sh tsan
 phase "tsan tests (all but the slow ones and the tcp.* reruns)"

@@ -474,16 +474,18 @@ WL_ALWAYS_INLINE void backward_unit_impl(const Geometry& g, const BackwardArgs& 
 }
 
 // The entry points, one version per ISA (see detail/simd.h), picked at load time.
+#if WL_FMV
 WL_TARGET_V3 void forward_tile(const Geometry& g, const float* q, const float* k, const float* v,
                                float* out, float* lse, int64_t unit) {
   forward_tile_impl<8>(g, q, k, v, out, lse, unit);
 }
+WL_TARGET_V3 void backward_unit(const Geometry& g, const BackwardArgs& args, int64_t unit) {
+  backward_unit_impl<8>(g, args, unit);
+}
+#endif
 WL_TARGET_BASELINE void forward_tile(const Geometry& g, const float* q, const float* k,
                                      const float* v, float* out, float* lse, int64_t unit) {
   forward_tile_impl<4>(g, q, k, v, out, lse, unit);
-}
-WL_TARGET_V3 void backward_unit(const Geometry& g, const BackwardArgs& args, int64_t unit) {
-  backward_unit_impl<8>(g, args, unit);
 }
 WL_TARGET_BASELINE void backward_unit(const Geometry& g, const BackwardArgs& args, int64_t unit) {
   backward_unit_impl<4>(g, args, unit);

@@ -24,6 +24,7 @@
 #include "weightlift/core/check.h"
 #include "weightlift/core/parallel.h"
 #include "weightlift/kernels/detail/fast_exp.h"
+#include "weightlift/kernels/detail/simd.h"
 
 namespace wl::kernels {
 namespace {
@@ -33,9 +34,9 @@ using detail::select;
 
 // Rows [r0, r1): row_loss[r] = loss of row r (0 when ignored); gradient into dlogits if set,
 // scaled by row_scale[r] when row_scale is set, else by grad_scale.
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void rows(
-    const float* logits, const int64_t* targets, int64_t r0, int64_t r1, int64_t vocab,
-    float* dlogits, float grad_scale, const float* row_scale, double* row_loss) {
+WL_MULTIVERSION void rows(const float* logits, const int64_t* targets, int64_t r0, int64_t r1,
+                          int64_t vocab, float* dlogits, float grad_scale, const float* row_scale,
+                          double* row_loss) {
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t target = targets[r];
     if (row_scale) grad_scale = row_scale[r];

@@ -18,6 +18,7 @@
 
 #include "weightlift/core/check.h"
 #include "weightlift/core/parallel.h"
+#include "weightlift/kernels/detail/simd.h"
 
 namespace wl::kernels {
 namespace {
@@ -29,9 +30,7 @@ void check_tokens(const int64_t* tokens, int64_t n, int64_t vocab) {
   }
 }
 
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void add_row(float* dst,
-                                                                         const float* src,
-                                                                         int64_t d) {
+WL_MULTIVERSION void add_row(float* dst, const float* src, int64_t d) {
 #pragma omp simd
   for (int64_t j = 0; j < d; ++j) dst[j] += src[j];
 }

@@ -43,6 +43,7 @@
 
 #include "weightlift/core/check.h"
 #include "weightlift/core/parallel.h"
+#include "weightlift/kernels/detail/simd.h"
 
 namespace wl::kernels {
 namespace {
@@ -130,8 +131,7 @@ void adamw_range(float* param, const float* grad, float* m, float* v, int64_t i0
 
 constexpr int64_t kSquaresBlock = int64_t(1) << 16;
 
-__attribute__((target_clones("arch=x86-64-v3", "default"))) double block_squares(const float* x,
-                                                                                 int64_t n) {
+WL_MULTIVERSION double block_squares(const float* x, int64_t n) {
   double acc = 0;
 #pragma omp simd reduction(+ : acc)
   for (int64_t i = 0; i < n; ++i) acc += double(x[i]) * double(x[i]);

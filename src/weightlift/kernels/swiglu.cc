@@ -20,14 +20,14 @@
 #include "weightlift/core/check.h"
 #include "weightlift/core/parallel.h"
 #include "weightlift/kernels/detail/fast_exp.h"
+#include "weightlift/kernels/detail/simd.h"
 
 namespace wl::kernels {
 namespace {
 
 using detail::fast_exp;
 
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void forward_rows(
-    const float* h, float* out, int64_t r0, int64_t r1, int64_t f) {
+WL_MULTIVERSION void forward_rows(const float* h, float* out, int64_t r0, int64_t r1, int64_t f) {
   for (int64_t r = r0; r < r1; ++r) {
     const float* gate = h + r * 2 * f;
     const float* up = gate + f;
@@ -41,8 +41,8 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void forward_rows(
   }
 }
 
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void backward_rows(
-    const float* h, const float* dout, float* dh, int64_t r0, int64_t r1, int64_t f) {
+WL_MULTIVERSION void backward_rows(const float* h, const float* dout, float* dh, int64_t r0,
+                                   int64_t r1, int64_t f) {
   for (int64_t r = r0; r < r1; ++r) {
     const float* gate = h + r * 2 * f;
     const float* up = gate + f;
