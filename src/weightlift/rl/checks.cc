@@ -8,8 +8,10 @@
 
 namespace wl::rl {
 
+int64_t completion_tokens(const Task& task) { return task.max_answer_tokens() + 1; }
+
 int64_t sample_positions(const Task& task) {
-  return task.max_prompt_tokens() + task.max_answer_tokens() + 1;
+  return task.max_prompt_tokens() + completion_tokens(task);
 }
 
 Status check_layouts(const RlOptions& o) {

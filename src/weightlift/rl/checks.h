@@ -10,8 +10,9 @@
 
 namespace wl::rl {
 
-// Positions a sample needs: the prompt (its special tokens included), the answer and its end
-// token.
+// Tokens a completion may take: the longest answer and its end token (a generation's max_new).
+int64_t completion_tokens(const Task& task);
+// Positions a sample needs: the prompt (its special tokens included) and its completion.
 int64_t sample_positions(const Task& task);
 
 // The task of `options`, once they are known to fit the trainer's ranks and the memory:

@@ -103,7 +103,7 @@ OrchestratorOptions orchestrator_options(const RlOptions& o, const Task& task) {
           .dynamic_sampling = o.dynamic_sampling,
           .max_resample_rounds = o.max_resample_rounds,
           .advantages = o.advantages,
-          .max_new = task.max_answer_tokens() + 1,
+          .max_new = completion_tokens(task),
           .vocab_size = o.config.vocab_size,
           .route_width = o.routing_replay ? size_t(o.config.num_layers * o.config.top_k) : 0};
 }
@@ -346,8 +346,7 @@ class Trainer {
   }
 
   GenerationOptions generation(bool greedy) const {
-    return {
-        .greedy = greedy, .max_new = task_.max_answer_tokens() + 1, .stop = task_.codec().eos()};
+    return {.greedy = greedy, .max_new = completion_tokens(task_), .stop = task_.codec().eos()};
   }
 
   void event(const std::string& what) {
