@@ -14,6 +14,7 @@
 #include "weightlift/core/file_io.h"
 #include "weightlift/fault/simulate.h"
 #include "weightlift/train/brown.h"
+#include "weightlift/train/run.h"
 #include "weightlift/train/tokenizer.h"
 
 namespace wl::app {
@@ -137,10 +138,7 @@ Status run_fault_simulate(FaultArgs a) {
   o.val_tokens = &val_tokens;
   // One run at a time in --out: a second one started beside this one is refused now, not
   // left to replace this one's results when both finish.
-  std::error_code ec;
-  std::filesystem::create_directories(a.out_dir, ec);
-  if (ec) return errno_status("mkdir " + a.out_dir, ec.value());
-  WL_ASSIGN_OR_RETURN(const DirectoryLock lock, DirectoryLock::acquire(a.out_dir, "--out"));
+  WL_ASSIGN_OR_RETURN(const DirectoryLock lock, train::hold_out_dir(a.out_dir, "--out"));
   WL_RETURN_IF_ERROR(check_no_results());  // again, now that no other run can write there
 
   ProgressBar bar("fault " + a.recovery, o.iterations, "it");

@@ -28,6 +28,7 @@
 #include "weightlift/parallel/run/trainer.h"
 #include "weightlift/rl/checkpoint.h"
 #include "weightlift/rl/loop.h"
+#include "weightlift/train/run.h"
 
 namespace wl::app {
 namespace {
@@ -211,11 +212,9 @@ Status make_rl_options(RlArgs& a) {
 // other run can write there, and emptied of an earlier run's checkpoints under --overwrite
 // (none of them may pass for ours).
 Result<DirectoryLock> take_out_dir(const RlArgs& a) {
-  std::error_code ec;
-  fs::create_directories(a.out_dir, ec);
-  if (ec) return errno_status("mkdir " + a.out_dir, ec.value());
-  WL_ASSIGN_OR_RETURN(DirectoryLock lock, DirectoryLock::acquire(a.out_dir, "--out"));
+  WL_ASSIGN_OR_RETURN(DirectoryLock lock, train::hold_out_dir(a.out_dir, "--out"));
   WL_RETURN_IF_ERROR(check_out_dir(a));
+  std::error_code ec;
   if (a.overwrite && a.o.resume.empty()) {
     for (const auto& e : fs::directory_iterator(a.out_dir, ec)) {
       if (e.path().filename().string().rfind("checkpoint-", 0) == 0) fs::remove_all(e.path(), ec);

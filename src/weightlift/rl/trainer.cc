@@ -8,7 +8,6 @@
 // ordered to the other ranks first (protocol.h's Order), which take it with rank 0 until it
 // says stop.
 #include <cstdio>
-#include <fstream>
 #include <optional>
 
 #include "weightlift/comm/group/group.h"
@@ -25,6 +24,7 @@
 #include "weightlift/rl/orchestrator.h"
 #include "weightlift/rl/protocol.h"
 #include "weightlift/rl/rollout_fleet.h"
+#include "weightlift/train/run.h"
 #include "weightlift/train/tokenizer.h"
 #include "weightlift/transfer/fleet/parameter_server.h"
 
@@ -475,8 +475,8 @@ class Trainer {
         return ok_status();
       case Order::kSave:
         if (m.ints.size() != 2) return data_loss("trainer order: save without its step");
-        return save_rl_checkpoint(o_.checkpoint_dir + "/checkpoint-" + std::to_string(m.ints[0]),
-                                  *dp_, {.updates = uint64_t(m.ints[1])});
+        return save_rl_checkpoint(train::checkpoint_dir(o_.checkpoint_dir, m.ints[0]), *dp_,
+                                  {.updates = uint64_t(m.ints[1])});
       default:
         return data_loss("trainer rank " + std::to_string(rank_) + ": unknown order " +
                          std::to_string(int64_t(m.order)) + " from rank 0");
@@ -534,31 +534,6 @@ class Trainer {
   std::unique_ptr<parallel::DataParallel> reference_;  // with a KL term only
 };
 
-// rl_metrics.jsonl as the run goes: each record appended and flushed as its step ends (a
-// resumed run's earlier records first), so a long run can be followed and a failed one keeps
-// what it did.
-class MetricsStream {
- public:
-  Status open(const std::string& path) {
-    path_ = path;
-    if (path.empty()) return ok_status();
-    out_.open(path, std::ios::trunc);
-    if (!out_) return errno_status("open " + path, errno);
-    return ok_status();
-  }
-  Status append(const StepRecord& r) {
-    if (path_.empty()) return ok_status();
-    out_ << record_to_json(r).dump() << "\n";
-    out_.flush();
-    if (!out_) return errno_status("write " + path_, errno);
-    return ok_status();
-  }
-
- private:
-  std::string path_;
-  std::ofstream out_;
-};
-
 // The run on rank 0: the SFT warm start, then the RL steps, with held-out evaluations between
 // them, every record streamed to rl_metrics.jsonl.
 class Run {
@@ -569,8 +544,12 @@ class Run {
   Result<RlSummary> go() {
     if (!o_.resume.empty()) WL_RETURN_IF_ERROR(resume());
     // Opened once a resume has read its checkpoint: a refused one leaves the file as it was.
-    WL_RETURN_IF_ERROR(metrics_.open(o_.metrics_path));
-    for (const StepRecord& r : summary_.records) WL_RETURN_IF_ERROR(metrics_.append(r));
+    // A resumed run's records come first, from its checkpoint.
+    if (!o_.metrics_path.empty()) {
+      std::vector<std::string> lines;
+      for (const StepRecord& r : summary_.records) lines.push_back(record_to_json(r).dump());
+      WL_RETURN_IF_ERROR(metrics_.open(o_.metrics_path, lines));
+    }
     if (o_.resume.empty()) WL_RETURN_IF_ERROR(warm_start());
     // The last SFT step was evaluated; without SFT, the initial weights are.
     if (held_out_ < 0) {
@@ -626,22 +605,21 @@ class Run {
   Status rl_step(int64_t step) {
     t_.at("rl", step);
     WL_ASSIGN_OR_RETURN(StepRecord rec, t_.rl_step(step));
-    if (step % o_.eval_every == 0 || step == o_.steps) {
+    if (schedule_.evaluates_at(step)) {
       WL_ASSIGN_OR_RETURN(rec.held_out_accuracy, t_.evaluate());
       summary_.held_out_after_rl = rec.held_out_accuracy;
     }
     WL_RETURN_IF_ERROR(record(rec));
     summary_.events = t_.events;
-    if (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0) {
-      WL_RETURN_IF_ERROR(
-          t_.save(o_.checkpoint_dir + "/checkpoint-" + std::to_string(step), summary_, step));
+    if (schedule_.checkpoints_at(step)) {
+      WL_RETURN_IF_ERROR(t_.save(train::checkpoint_dir(o_.checkpoint_dir, step), summary_, step));
     }
     return ok_status();
   }
 
   Status record(const StepRecord& rec) {
     if (on_step_) on_step_(rec);
-    WL_RETURN_IF_ERROR(metrics_.append(rec));
+    if (metrics_.is_open()) WL_RETURN_IF_ERROR(metrics_.append(record_to_json(rec).dump()));
     summary_.records.push_back(rec);
     return ok_status();
   }
@@ -649,9 +627,11 @@ class Run {
   const RlOptions& o_;
   Trainer& t_;
   const std::function<void(const StepRecord&)>& on_step_;
+  const train::RunSchedule schedule_{
+      .steps = o_.steps, .eval_every = o_.eval_every, .checkpoint_every = o_.checkpoint_every};
   RlSummary summary_;
-  MetricsStream metrics_;
-  double held_out_ = -1;  // the last evaluation's; -1 before the first
+  train::RecordLog metrics_;  // rl_metrics.jsonl
+  double held_out_ = -1;      // the last evaluation's; -1 before the first
   int64_t first_rl_step_ = 1;
 };
 

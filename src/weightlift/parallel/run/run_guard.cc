@@ -23,14 +23,10 @@ namespace {
 constexpr const char* kRunFiles[] = {"metrics.jsonl", "config.json", "model.safetensors",
                                      "loss.svg"};
 
-std::string checkpoint_dir(const TrainOptions& o, int64_t step) {
-  return o.out_dir + "/checkpoint-" + std::to_string(step);
-}
-
 // The steps whose checkpoints this run writes: every checkpoint_every after `start`, and the
 // last step it reaches.
 std::set<int64_t> checkpoint_steps(const TrainOptions& o, int64_t start) {
-  const int64_t last = o.stop_after > 0 ? std::min(o.stop_after, o.steps) : o.steps;
+  const int64_t last = run_schedule(o).last_step();
   std::set<int64_t> steps{last};
   if (o.checkpoint_every > 0) {
     for (int64_t k = (start / o.checkpoint_every + 1) * o.checkpoint_every; k < last;
@@ -128,7 +124,7 @@ Status check_not_into_resumed(const TrainOptions& o, const std::set<int64_t>& wr
                             fs::path(o.resume).parent_path().string() + ")");
   }
   for (int64_t k : written) {
-    if (same_file(checkpoint_dir(o, k), o.resume)) {
+    if (same_file(train::checkpoint_dir(o.out_dir, k), o.resume)) {
       return invalid_argument("`resume` " + o.resume +
                               " would be replaced by this run's "
                               "checkpoint at step " +
@@ -267,7 +263,7 @@ Status check_run_plan(const TrainOptions& o, const model::ModelConfig& config) {
   const std::set<int64_t> written = checkpoint_steps(o, start);
   if (!o.resume.empty()) WL_RETURN_IF_ERROR(check_not_into_resumed(o, written));
   for (int64_t k : written) {
-    const std::string dir = checkpoint_dir(o, k);
+    const std::string dir = train::checkpoint_dir(o.out_dir, k);
     if (::lstat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
       return invalid_argument("`out_dir`: " + dir + " is " + describe_file_type(st.st_mode) +
                               ", not a checkpoint directory; refusing to replace it");

@@ -6,11 +6,9 @@
 #include <cmath>
 #include <csignal>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 
 #include "weightlift/core/file_io.h"
-#include "weightlift/core/timing.h"
 #include "weightlift/model/hf_checkpoint.h"
 #include "weightlift/model/token_batch.h"
 #include "weightlift/parallel/data/data_parallel.h"
@@ -80,30 +78,19 @@ class Run {
   std::optional<train::WindowSampler> sampler_;
   train::LrSchedule sched_;
   LossScaler scaler_;
-  RunGuard guard_;                     // stops a run that goes non-finite (run_guard.h)
+  RunGuard guard_;  // stops a run that goes non-finite (run_guard.h)
+  const train::RunSchedule schedule_ = run_schedule(o_);
   std::optional<DirectoryLock> lock_;  // the writer's hold on out_dir, for the whole run
   int64_t step_ = 0;
-  std::ofstream metrics_;
-  Stopwatch clock_;
-  int64_t tokens_done_ = 0;
+  train::RecordLog metrics_;
+  train::Throughput throughput_;
   TrainSummary summary_;
 };
 
 Status Run::configure() {
-  if (!o_.model_dir.empty()) {
-    WL_ASSIGN_OR_RETURN(const model::HfCheckpoint hf, model::open_hf_checkpoint(o_.model_dir));
-    cfg_ = hf.config;
-  } else if (!o_.config_path.empty()) {
-    WL_ASSIGN_OR_RETURN(cfg_, model::load_config(o_.config_path));
-  } else {
-    WL_ASSIGN_OR_RETURN(cfg_, model::preset(o_.preset));
-  }
-  seq_ = o_.seq > 0 ? o_.seq : cfg_.max_seq_len;
-  if (seq_ > cfg_.max_seq_len)
-    return invalid_argument("`seq` " + std::to_string(seq_) + " exceeds max_seq_len " +
-                            std::to_string(cfg_.max_seq_len));
-  if (o_.batch < 1 || o_.steps < 1)
-    return invalid_argument("`batch` and `steps` must be at least 1");
+  WL_ASSIGN_OR_RETURN(RunModel m, run_model(o_));
+  cfg_ = std::move(m.config);
+  seq_ = m.seq;
   batch_ = o_.batch;
   WL_RETURN_IF_ERROR(check_run_plan(o_, cfg_));  // before anything is allocated or written
   summary_.final_val_loss = NAN;
@@ -143,42 +130,18 @@ Status Run::make_state() {
   }
   // Every rank builds the same whole model and keeps its part of it.
   std::vector<float> full(size_t(dp_->layout().total()));
-  if (!o_.model_dir.empty()) {
-    WL_ASSIGN_OR_RETURN(const model::HfCheckpoint hf, model::open_hf_checkpoint(o_.model_dir));
-    WL_RETURN_IF_ERROR(model::read_hf_params(hf, full.data()));
-  } else if (!o_.init_weights.empty()) {
-    WL_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::open(o_.init_weights));
-    const SafetensorsFile* files[] = {&f};
-    WL_RETURN_IF_ERROR(model::read_params(dp_->layout(), files, full.data()));
-  } else {
-    model::init_params(cfg_, dp_->layout(), o_.seed, full.data());
-  }
+  WL_RETURN_IF_ERROR(initial_params(o_, cfg_, dp_->layout(), full.data()));
   dp_->set_params(full.data());
   return ok_status();
 }
 
-// A resumed run keeps the records up to its checkpoint's step (a run that went on past the
-// checkpoint wrote later steps, which this one is about to redo) and appends to them; the
-// file is rewritten through a temporary, so an error loses nothing. A fresh run starts it.
+// A resumed run keeps the records up to its checkpoint's step and appends to them; a fresh run
+// starts the file.
 Status Run::continue_metrics() {
   if (!writer()) return ok_status();
-  std::error_code ec;
-  fs::create_directories(o_.out_dir, ec);
-  if (ec) return errno_status("mkdir " + o_.out_dir, ec.value());
-  WL_ASSIGN_OR_RETURN(lock_, DirectoryLock::acquire(o_.out_dir, "`out_dir`"));
+  WL_ASSIGN_OR_RETURN(lock_, train::hold_out_dir(o_.out_dir, "`out_dir`"));
   WL_RETURN_IF_ERROR(check_other_run(o_));  // again, now that no other run can write there
-  const std::string path = o_.out_dir + "/metrics.jsonl";
-  if (step_ > 0) {
-    WL_ASSIGN_OR_RETURN(std::vector<train::StepMetrics> earlier, train::read_metrics(path));
-    std::string kept;
-    for (const train::StepMetrics& m : earlier) {
-      if (m.step <= step_) kept += train::metrics_to_json(m) + "\n";
-    }
-    WL_RETURN_IF_ERROR(write_file_atomically(path, kept));
-  }
-  metrics_.open(path, step_ > 0 ? std::ios::app : std::ios::trunc);
-  if (!metrics_) return errno_status("open " + path, errno);
-  return ok_status();
+  return train::continue_metrics(metrics_, o_.out_dir + "/metrics.jsonl", step_).status();
 }
 
 Status Run::save(const std::string& dir) {
@@ -202,7 +165,7 @@ Result<train::StepMetrics> Run::update_once() {
                       pipelined() ? run_pipeline_step(*dp_, global, settings, o_.layout.schedule)
                                   : run_step(*dp_, global, settings));
   if (f16) scaler_.update(r.report.skipped);
-  tokens_done_ += global.batch * global.seq;
+  throughput_.add(global.batch * global.seq);
   ++step_;
   m.step = step_;
   m.ce = r.loss.ce;
@@ -212,8 +175,7 @@ Result<train::StepMetrics> Run::update_once() {
   m.grad_norm = r.report.grad_norm;
   m.skipped = r.report.skipped;
   if (f16) m.loss_scale = scaler_.scale;
-  m.elapsed_s = clock_.seconds();
-  m.tokens_per_s = double(tokens_done_) / m.elapsed_s;
+  throughput_.stamp(m);
   summary_.exposed_comm_s += dp_->step_comm().exposed_s;
   summary_.peak_state_bytes =
       std::max(summary_.peak_state_bytes, dp_->step_comm().peak_state_bytes);
@@ -221,37 +183,32 @@ Result<train::StepMetrics> Run::update_once() {
 }
 
 Status Run::run_updates() {
-  clock_.restart();
-  const int64_t last = o_.stop_after > 0 ? std::min(o_.stop_after, o_.steps) : o_.steps;
-  while (step_ < last) {
+  throughput_.restart();
+  while (step_ < schedule_.last_step()) {
     if (o_.die_at_step == step_ + 1 && dp_->job_rank() == o_.die_rank) ::raise(SIGKILL);
     WL_ASSIGN_OR_RETURN(train::StepMetrics m, update_once());
-    const bool eval_now = (o_.eval_every > 0 && step_ % o_.eval_every == 0) || step_ == o_.steps;
-    if (!data_.val_batches.empty() && eval_now) {
+    if (!data_.val_batches.empty() && schedule_.evaluates_at(step_)) {
       WL_ASSIGN_OR_RETURN(m.val_loss, pipelined()
                                           ? evaluate_pipeline(*dp_, data_.val_batches, o_.precision)
                                           : evaluate(*dp_, data_.val_batches, o_.precision));
       summary_.final_val_loss = m.val_loss;
     }
-    if (writer()) {
-      metrics_ << train::metrics_to_json(m) << "\n";
-      metrics_.flush();
-    }
+    if (writer()) WL_RETURN_IF_ERROR(metrics_.append(train::metrics_to_json(m)));
     WL_ASSIGN_OR_RETURN(const double weights, weights_sum_squares(*dp_));
     WL_RETURN_IF_ERROR(guard_.after_update(m, o_.precision, weights));
-    if (o_.checkpoint_every > 0 && step_ % o_.checkpoint_every == 0)
-      WL_RETURN_IF_ERROR(save(o_.out_dir + "/checkpoint-" + std::to_string(step_)));
+    if (schedule_.checkpoints_at(step_))
+      WL_RETURN_IF_ERROR(save(train::checkpoint_dir(o_.out_dir, step_)));
     if (o_.on_step) o_.on_step(m);
     summary_.final_train_loss = m.loss;
   }
   summary_.steps = step_;
-  summary_.seconds = clock_.seconds();
-  summary_.tokens_per_s = double(tokens_done_) / summary_.seconds;
+  summary_.seconds = throughput_.seconds();
+  summary_.tokens_per_s = throughput_.tokens_per_s();
   return ok_status();
 }
 
 Status Run::write_outputs() {
-  WL_RETURN_IF_ERROR(save(o_.out_dir + "/checkpoint-" + std::to_string(step_)));
+  WL_RETURN_IF_ERROR(save(train::checkpoint_dir(o_.out_dir, step_)));
   return write_model_outputs(o_, *dp_);
 }
 
@@ -351,6 +308,46 @@ Result<RunData> load_documents_data(const TrainOptions& o, const model::ModelCon
 }
 
 }  // namespace
+
+Result<RunModel> run_model(const TrainOptions& o) {
+  RunModel m;
+  if (!o.model_dir.empty()) {
+    WL_ASSIGN_OR_RETURN(const model::HfCheckpoint hf, model::open_hf_checkpoint(o.model_dir));
+    m.config = hf.config;
+  } else if (!o.config_path.empty()) {
+    WL_ASSIGN_OR_RETURN(m.config, model::load_config(o.config_path));
+  } else {
+    WL_ASSIGN_OR_RETURN(m.config, model::preset(o.preset));
+  }
+  m.seq = o.seq > 0 ? o.seq : m.config.max_seq_len;
+  if (m.seq > m.config.max_seq_len)
+    return invalid_argument("`seq` " + std::to_string(m.seq) + " exceeds max_seq_len " +
+                            std::to_string(m.config.max_seq_len));
+  if (o.batch < 1 || o.steps < 1) return invalid_argument("`batch` and `steps` must be at least 1");
+  return m;
+}
+
+train::RunSchedule run_schedule(const TrainOptions& o) {
+  return {.steps = o.steps,
+          .eval_every = o.eval_every,
+          .checkpoint_every = o.checkpoint_every,
+          .stop_after = o.stop_after};
+}
+
+Status initial_params(const TrainOptions& o, const model::ModelConfig& config,
+                      const model::ParamLayout& layout, float* full) {
+  if (!o.model_dir.empty()) {
+    WL_ASSIGN_OR_RETURN(const model::HfCheckpoint hf, model::open_hf_checkpoint(o.model_dir));
+    return model::read_hf_params(hf, full);
+  }
+  if (!o.init_weights.empty()) {
+    WL_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::open(o.init_weights));
+    const SafetensorsFile* files[] = {&f};
+    return model::read_params(layout, files, full);
+  }
+  model::init_params(config, layout, o.seed, full);
+  return ok_status();
+}
 
 Result<RunData> load_run_data(const TrainOptions& o, const model::ModelConfig& cfg, int64_t seq) {
   RunData d;

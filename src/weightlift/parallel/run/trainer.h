@@ -1,7 +1,8 @@
 // The training loop, for one process or many: data, micro-batches forward and backward on the
 // layout's ranks (step.h), clipping, AdamW on the schedule, validation, metrics and
-// checkpoints (checkpoint.h). It prints nothing: `on_step` hears of every update, and
-// `weightlift train` draws its progress bar from that and its loss plot from metrics.jsonl.
+// checkpoints (checkpoint.h), inside the one training run of train/run.h (its outputs,
+// schedule, metrics stream and resume). It prints nothing: `on_step` hears of every update,
+// and `weightlift train` draws its progress bar from that and its loss plot from metrics.jsonl.
 //
 // Every rank runs train() with the same options. Rank 0 alone writes metrics.jsonl,
 // config.json and model.safetensors; every rank writes its part of each checkpoint.
@@ -17,11 +18,13 @@
 
 #include "weightlift/comm/group/group.h"
 #include "weightlift/core/status.h"
+#include "weightlift/model/params.h"
 #include "weightlift/model/precision.h"
 #include "weightlift/parallel/layout/layout.h"
 #include "weightlift/train/adamw.h"
 #include "weightlift/train/data.h"
 #include "weightlift/train/metrics.h"
+#include "weightlift/train/run.h"
 #include "weightlift/train/schedule.h"
 
 namespace wl::parallel {
@@ -104,6 +107,23 @@ struct TrainSummary {
 Result<TrainSummary> train(const TrainOptions& options, const TrainRanks& ranks = {});
 
 // ---- what train() and fault/'s pipeline trainer share ----------------------------------
+
+// The run's model and window: the config of `model_dir`, `config_path` or `preset`, and `seq`
+// (the config's max_seq_len when 0). InvalidArgument naming the field for a window longer than
+// the model's, or a `batch` or `steps` below 1.
+struct RunModel {
+  model::ModelConfig config;
+  int64_t seq = 0;
+};
+Result<RunModel> run_model(const TrainOptions& options);
+
+// When the run evaluates, checkpoints and stops (train/run.h), from the options.
+train::RunSchedule run_schedule(const TrainOptions& options);
+
+// The whole model a fresh run starts from (`layout`'s flat buffer, into `full`): `model_dir`'s
+// weights, `init_weights`, or an initialisation from `seed`.
+Status initial_params(const TrainOptions& options, const model::ModelConfig& config,
+                      const model::ParamLayout& layout, float* full);
 
 // What a run reads: the corpus's token streams and its validation windows (whole batches of
 // the global batch), or the one batch of batch_file. Errors name the field or the file.
