@@ -121,10 +121,8 @@ Status run_train_resilient(parallel::TrainOptions o, const TrainFlags& f,
   }
   o.layout.schedule = parallel::PipelineSchedule::kGPipe;
   // What the strategy cannot run on is refused before any process waits for another.
-  WL_ASSIGN_OR_RETURN(const model::ModelConfig config, o.config_path.empty()
-                                                           ? model::preset(o.preset)
-                                                           : model::load_config(o.config_path));
-  WL_RETURN_IF_ERROR(fault::check_resilient_layout(o, r, config));
+  WL_ASSIGN_OR_RETURN(const parallel::RunModel resolved, parallel::run_model(o));
+  WL_RETURN_IF_ERROR(fault::check_resilient_layout(o, r, resolved.config));
   if (env.world_size != o.layout.pp) {
     return invalid_argument("--recovery runs one process per pipeline stage: start --pp " +
                             std::to_string(o.layout.pp) + " processes, not " +
@@ -272,6 +270,9 @@ void add_recovery_flags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--freeze", f.freezes,
                  "failure drill: STAGE's process stops itself (SIGSTOP) at ITERATION, as a hung "
                  "machine does; the others declare it gone at --timeout (ITERATION:STAGE)");
+  cmd.add_option("--dump-rebuilds", f.resilience.rebuild_dump,
+                 "failure drill: each stage a recovery rebuilds writes the weights it was "
+                 "rebuilt to here (stage-S-iteration-I.safetensors), to check the rule by");
 }
 
 }  // namespace

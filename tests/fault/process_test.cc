@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -19,8 +21,11 @@
 #include "support/child_process.h"
 #include "support/paths.h"
 #include "support/scratch_dir.h"
+#include "weightlift/core/safetensors.h"
 #include "weightlift/fault/failure_schedule.h"
+#include "weightlift/fault/recovery.h"
 #include "weightlift/model/config.h"
+#include "weightlift/model/params.h"
 
 namespace wl::fault {
 namespace {
@@ -143,6 +148,72 @@ TEST_F(Pipeline, CheckFreeRebuildsAMiddleStageFromItsNeighbours) {
   expect_every_step_once(out, 10);
   EXPECT_TRUE(std::filesystem::exists(out + "/model.safetensors"));
   EXPECT_TRUE(std::filesystem::exists(out + "/checkpoint-10/fault.json"));
+}
+
+// The rebuilt stage holds, bit for bit, CheckFree's rule applied to what its neighbours held
+// when it was lost: the step-3 checkpoint has both neighbours' weights and their last
+// post-clip gradient norms (fault.json), and --dump-rebuilds what stage 1 came back as.
+TEST_F(Pipeline, CheckFreeRebuildIsItsNeighboursAverageWeightedByTheirNormsBitForBit) {
+  const std::string out = fresh_dir("run"), dump = fresh_dir("dump");
+  std::vector<std::string> args = common(out);
+  args.insert(args.end(), {"--recovery", "checkfree", "--kill", "4:1", "--checkpoint-every", "3",
+                           "--dump-rebuilds", dump});
+  const auto [code, said] = launch(args, 1);
+  ASSERT_EQ(code, 0) << said;
+  const std::string at_loss = out + "/checkpoint-3";
+  const json groups = read_json(at_loss + "/fault.json");
+  ASSERT_TRUE(groups.is_object()) << "no fault.json in " << at_loss;
+  const double left_norm = groups["stages"][0]["blocks"]["norm"].get<double>(),
+               right_norm = groups["stages"][2]["blocks"]["norm"].get<double>();
+  // A stage's blocks are its layers' parameters in the layout's order; stage s holds layer s,
+  // in the file of rank s.
+  const model::ModelConfig config = *model::load_config(config_);
+  const model::ParamLayout layout(config);
+  const auto blocks_of = [&](int stage) {
+    char file_name[64];
+    std::snprintf(file_name, sizeof file_name, "/rank-%05d-of-%05d.safetensors", stage, kStages);
+    auto file = SafetensorsFile::open(at_loss + file_name);
+    EXPECT_TRUE(file.ok()) << file.status().to_string();
+    std::vector<float> flat;
+    if (!file.ok()) return flat;
+    const std::string prefix = "layers." + std::to_string(stage) + ".";
+    for (const model::ParamInfo& p : layout.params()) {
+      if (p.name.rfind(prefix, 0) != 0) continue;
+      auto t = file->get(p.name, DType::kF32, p.shape);
+      EXPECT_TRUE(t.ok()) << t.status().to_string();
+      if (!t.ok()) return flat;
+      const float* x = static_cast<const float*>(t->raw());
+      flat.insert(flat.end(), x, x + p.numel());
+    }
+    return flat;
+  };
+  const std::vector<float> left = blocks_of(0), right = blocks_of(2);
+  ASSERT_FALSE(left.empty());
+  ASSERT_EQ(left.size(), right.size());
+  auto rebuilt = SafetensorsFile::open(dump + "/stage-1-iteration-4.safetensors");
+  ASSERT_TRUE(rebuilt.ok()) << rebuilt.status().to_string();
+  EXPECT_EQ(rebuilt->metadata().at("how"), "average");
+  EXPECT_EQ(rebuilt->metadata().at("from"), "[0,2]");
+  // The norms the stage received are the ones its neighbours saved.
+  double sent_left = 0, sent_right = 0;
+  ASSERT_EQ(
+      std::sscanf(rebuilt->metadata().at("norms").c_str(), "%la %la", &sent_left, &sent_right), 2);
+  EXPECT_EQ(sent_left, left_norm);
+  EXPECT_EQ(sent_right, right_norm);
+  auto blocks = rebuilt->get("blocks", DType::kF32, {int64_t(left.size())});
+  ASSERT_TRUE(blocks.ok()) << blocks.status().to_string();
+  const float* got = static_cast<const float*>(blocks->raw());
+  // CheckFree: each neighbour weighted by its norm (plus a small epsilon, so two zero norms
+  // still average), in double, rounded once.
+  const double wl = left_norm + kNormEpsilon, wr = right_norm + kNormEpsilon;
+  int64_t differing = 0, first = -1;
+  for (size_t i = 0; i < left.size(); ++i) {
+    const float want = float((wl * double(left[i]) + wr * double(right[i])) / (wl + wr));
+    if (std::memcmp(&want, &got[i], sizeof want) != 0 && differing++ == 0) first = int64_t(i);
+  }
+  EXPECT_EQ(differing, 0) << "of " << left.size() << " weights; the first at " << first;
+  EXPECT_GT(left_norm, 0.0);
+  EXPECT_NE(left_norm, right_norm);  // else an unweighted mean would pass too
 }
 
 // The stage holding the embedding and the one holding the head, each lost in turn: each comes

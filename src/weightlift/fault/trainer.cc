@@ -8,15 +8,14 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 
 #include "weightlift/comm/collectives/collectives.h"
 #include "weightlift/core/file_io.h"
 #include "weightlift/core/json_record.h"
 #include "weightlift/core/safetensors.h"
-#include "weightlift/core/timing.h"
 #include "weightlift/fault/membership.h"
+#include "weightlift/fault/rebuild.h"
 #include "weightlift/fault/routed_step.h"
 #include "weightlift/fault/stage_optimizer.h"
 #include "weightlift/fault/stage_route.h"
@@ -58,13 +57,6 @@ constexpr RecordFormat kGroupsFormat{.name = "weightlift-pipeline-groups",
                                      .version = 1,
                                      .what = "pipeline stage groups",
                                      .remedy = "resume it with the weightlift that wrote it"};
-
-// Message tags of a recovery, on the new epoch's group: above the step's (routed_step.cc,
-// below 2^22) and the evaluation's (2^22 + batch), one tag per kind of message.
-constexpr uint32_t kRecoveryTags = uint32_t(3) << 21;
-constexpr uint32_t kBlocksTag = kRecoveryTags + 1, kNormTag = kRecoveryTags + 2,
-                   kEndTag = kRecoveryTags + 3, kEndGroupTag = kRecoveryTags + 4,
-                   kSyncTag = kRecoveryTags + 5, kSyncGroupTag = kRecoveryTags + 6;
 
 json rebuild_to_json(const Rebuild& b) {
   json j = {{"stage", b.stage}, {"how", rebuild_kind_name(b.kind)}};
@@ -136,9 +128,6 @@ class Run {
 
  private:
   bool writer() const { return stage_ == 0; }
-  int64_t last_step() const {
-    return o_.stop_after > 0 ? std::min(o_.stop_after, o_.steps) : o_.steps;
-  }
   parallel::ParallelLayout layout() const {
     parallel::ParallelLayout l = o_.layout;
     l.dp = l.tp = l.ep = 1;
@@ -148,20 +137,24 @@ class Run {
   void make_state();
   Status start_fresh();
   Status initial_state(const std::string& checkpoint);
-  Status sync_replicas();
+  // The transfers of a recovery (or a start's replica sync) on the current epoch's group.
+  StageRebuild rebuilder() {
+    return StageRebuild(*members_->group(), *opt_, *dp_, stage_, stages_,
+                        {.recovery = r_.recovery,
+                         .lr_scale = r_.lr_scale,
+                         .seed = o_.seed,
+                         .timeout = o_.timeout,
+                         .dump_dir = r_.rebuild_dump});
+  }
   void maybe_die();
   Status update_once();
   Status after_update(const StepTotals& totals, bool repeat);
   Status save_checkpoint();
   Status recover(const Status& failure);
   Status restore(const Decision& d);
-  struct RebuildSends;
-  Status rebuild(const Decision& d, const std::vector<Rebuild>& plan);
-  Status post_rebuild_sends(const Decision& d, const std::vector<Rebuild>& plan, RebuildSends& out);
-  Status receive_blocks(const Decision& d, const Rebuild& b);
-  Status receive_end_state();
   Status roll_back(const Decision& d, const std::string& checkpoint);
   Status open_metrics(int64_t keep_through);
+  Status hold_out_dir();
   // A failure of this process's own work (a diverged step, the run guard, a file): the run
   // stops there, whatever its code, rather than take it for a lost peer.
   Status own(Status s) {
@@ -169,6 +162,8 @@ class Run {
     return s;
   }
   bool recoverable(const Status& s) const { return !fatal_ && peer_lost(s); }
+  // A failure that may be either: what no lost peer explains is this process's own.
+  Status own_or_peer(Status s) { return peer_lost(s) ? s : own(std::move(s)); }
   Status write_processes();
   // `m`: the recovery's first step; none when another loss came first.
   Status finish_record(const std::optional<train::StepMetrics>& m);
@@ -191,10 +186,10 @@ class Run {
   train::LrSchedule sched_;
   FailureSchedule failures_;
   parallel::RunGuard guard_;
+  const train::RunSchedule schedule_ = parallel::run_schedule(o_);
   std::optional<DirectoryLock> lock_;
-  std::ofstream metrics_;
-  Stopwatch clock_;
-  int64_t tokens_done_ = 0;
+  train::RecordLog metrics_;
+  train::Throughput throughput_;
   Summary summary_;
 
   // Where the run stands, for a report.
@@ -215,17 +210,9 @@ class Run {
 };
 
 Status Run::configure() {
-  if (!o_.config_path.empty()) {
-    WL_ASSIGN_OR_RETURN(cfg_, model::load_config(o_.config_path));
-  } else {
-    WL_ASSIGN_OR_RETURN(cfg_, model::preset(o_.preset));
-  }
-  seq_ = o_.seq > 0 ? o_.seq : cfg_.max_seq_len;
-  if (seq_ > cfg_.max_seq_len)
-    return invalid_argument("`seq` " + std::to_string(seq_) + " exceeds max_seq_len " +
-                            std::to_string(cfg_.max_seq_len));
-  if (o_.batch < 1 || o_.steps < 1)
-    return invalid_argument("`batch` and `steps` must be at least 1");
+  WL_ASSIGN_OR_RETURN(parallel::RunModel m, parallel::run_model(o_));
+  cfg_ = std::move(m.config);
+  seq_ = m.seq;
   WL_RETURN_IF_ERROR(check_resilient_layout(o_, r_, cfg_));
   // A replacement joins a run whose outputs are already there: only the run's own first
   // processes check what it may write.
@@ -288,10 +275,7 @@ Status Run::join() {
 Status Run::start_fresh() {
   WL_RETURN_IF_ERROR(initial_state(""));
   if (writer()) {
-    std::error_code ec;
-    fs::create_directories(o_.out_dir, ec);
-    if (ec) return errno_status("mkdir " + o_.out_dir, ec.value());
-    WL_ASSIGN_OR_RETURN(lock_, DirectoryLock::acquire(o_.out_dir, "`out_dir`"));
+    WL_RETURN_IF_ERROR(hold_out_dir());
     WL_RETURN_IF_ERROR(parallel::check_other_run(o_));
     WL_RETURN_IF_ERROR(open_metrics(step_));
     WL_RETURN_IF_ERROR(write_processes());
@@ -312,13 +296,7 @@ Status Run::initial_state(const std::string& checkpoint) {
     WL_RETURN_IF_ERROR(set_groups(from, st.step));
   } else {
     std::vector<float> full(size_t(dp_->layout().total()));
-    if (!o_.init_weights.empty()) {
-      WL_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::open(o_.init_weights));
-      const SafetensorsFile* files[] = {&f};
-      WL_RETURN_IF_ERROR(model::read_params(dp_->layout(), files, full.data()));
-    } else {
-      model::init_params(cfg_, dp_->layout(), o_.seed, full.data());
-    }
+    WL_RETURN_IF_ERROR(parallel::initial_params(o_, cfg_, dp_->layout(), full.data()));
     dp_->set_params(full.data());
     step_ = 0;
     opt_->reset_group(ClipGroup::kBlocks, 1.0);
@@ -328,61 +306,27 @@ Status Run::initial_state(const std::string& checkpoint) {
   data_rng_ = rng;
   totals_.reset();
   passes_done_ = false;
-  WL_RETURN_IF_ERROR(sync_replicas());
+  WL_RETURN_IF_ERROR(rebuilder().sync_replicas());
   rebuilt_ = true;
   return ok_status();
 }
 
-// CheckFree+: every replica takes its owner's end unit whole (after a start or a rollback;
-// from then on the step keeps them equal).
-Status Run::sync_replicas() {
-  if (r_.recovery != Recovery::kCheckFreePlus) return ok_status();
-  comm::Group& g = *members_->group();
-  if (opt_->replica_holder() >= 0) {
-    const UnitState st = opt_->end_state();
-    WL_RETURN_IF_ERROR(g.send({.data = st.data.raw(),
-                               .bytes = size_t(st.data.nbytes()),
-                               .peer = opt_->replica_holder(),
-                               .tag = kSyncTag}));
-    const double group[3] = {double(st.group.steps), st.group.lr_factor, st.group.norm};
-    WL_RETURN_IF_ERROR(g.send({.data = group,
-                               .bytes = sizeof group,
-                               .peer = opt_->replica_holder(),
-                               .tag = kSyncGroupTag}));
-  }
-  if (opt_->replica_unit() >= 0) {
-    const int owner = opt_->replica_unit() == 0 ? 0 : stages_ - 1;
-    UnitState st = opt_->replica_state();
-    WL_RETURN_IF_ERROR(g.recv({.data = st.data.raw(),
-                               .bytes = size_t(st.data.nbytes()),
-                               .peer = owner,
-                               .tag = kSyncTag}));
-    double group[3];
-    WL_RETURN_IF_ERROR(
-        g.recv({.data = group, .bytes = sizeof group, .peer = owner, .tag = kSyncGroupTag}));
-    st.group = {.steps = int64_t(group[0]), .lr_factor = group[1], .norm = group[2]};
-    opt_->set_replica_state(st);
-  }
+// The first stage's process keeps metrics.jsonl: the records through `keep_through` stay (a
+// rollback or a replaced writer redoes the later ones), and the last of them is the loss a
+// recovery's record starts from.
+Status Run::open_metrics(int64_t keep_through) {
+  WL_ASSIGN_OR_RETURN(
+      const std::vector<train::StepMetrics> kept,
+      train::continue_metrics(metrics_, o_.out_dir + "/metrics.jsonl", keep_through));
+  last_loss_ = kept.empty() ? NAN : kept.back().loss;
   return ok_status();
 }
 
-// The first stage's process keeps metrics.jsonl: the records through `keep_through` stay (a
-// rollback or a replaced writer redoes the later ones), through a temporary file.
-Status Run::open_metrics(int64_t keep_through) {
-  const std::string path = o_.out_dir + "/metrics.jsonl";
-  if (metrics_.is_open()) metrics_.close();
-  WL_ASSIGN_OR_RETURN(std::vector<train::StepMetrics> earlier, train::read_metrics(path));
-  std::string kept;
-  for (const train::StepMetrics& m : earlier) {
-    if (m.step <= keep_through) {
-      kept += train::metrics_to_json(m) + "\n";
-      last_loss_ = m.loss;
-    }
-  }
-  if (keep_through == 0) last_loss_ = NAN;
-  WL_RETURN_IF_ERROR(write_file_atomically(path, kept));
-  metrics_.open(path, std::ios::app);
-  if (!metrics_) return errno_status("open " + path, errno);
+// The first stage's process holds out_dir for as long as it runs (a replacement of it, from
+// the recovery that brings it in).
+Status Run::hold_out_dir() {
+  if (lock_) return ok_status();
+  WL_ASSIGN_OR_RETURN(lock_, train::hold_out_dir(o_.out_dir, "`out_dir`"));
   return ok_status();
 }
 
@@ -438,7 +382,7 @@ Status Run::update_once() {
   after_done_ = false;
   totals_ = totals;
   data_rng_ = sampler_->rng().state();
-  tokens_done_ += global.batch * global.seq;
+  throughput_.add(global.batch * global.seq);
   WL_RETURN_IF_ERROR(after_update(totals, false));
   after_done_ = true;
   return ok_status();
@@ -456,24 +400,19 @@ Status Run::after_update(const StepTotals& totals, bool repeat) {
   m.z = totals.loss.z;
   m.loss = m.ce + m.aux + m.z;
   m.grad_norm = totals.grad_norm;
-  m.elapsed_s = clock_.seconds();
-  m.tokens_per_s = m.elapsed_s > 0 ? double(tokens_done_) / m.elapsed_s : 0.0;
-  const bool eval_now = (o_.eval_every > 0 && step_ % o_.eval_every == 0) || step_ == o_.steps;
-  if (!data_.val_batches.empty() && eval_now) {
+  throughput_.stamp(m);
+  if (!data_.val_batches.empty() && schedule_.evaluates_at(step_)) {
     WL_ASSIGN_OR_RETURN(m.val_loss,
                         parallel::evaluate_pipeline(*dp_, data_.val_batches, o_.precision));
     summary_.train.final_val_loss = m.val_loss;
   }
   if (writer()) {
     if (repeat) WL_RETURN_IF_ERROR(own(open_metrics(step_ - 1)));
-    metrics_ << train::metrics_to_json(m) << "\n";
-    metrics_.flush();
-    if (!metrics_) return own(errno_status("write " + o_.out_dir + "/metrics.jsonl", errno));
+    WL_RETURN_IF_ERROR(own(metrics_.append(train::metrics_to_json(m))));
   }
   WL_ASSIGN_OR_RETURN(const double weights, parallel::weights_sum_squares(*dp_));
   WL_RETURN_IF_ERROR(own(guard_.after_update(m, o_.precision, weights)));
-  const bool checkpoint_now =
-      (o_.checkpoint_every > 0 && step_ % o_.checkpoint_every == 0) || step_ == last_step();
+  const bool checkpoint_now = schedule_.checkpoints_at(step_) || step_ == schedule_.last_step();
   if (checkpoint_now) WL_RETURN_IF_ERROR(save_checkpoint());
   if (writer() && open_record_ && !repeat) WL_RETURN_IF_ERROR(finish_record(m));
   last_loss_ = m.loss;
@@ -545,7 +484,7 @@ Status Run::set_groups(const std::string& dir, int64_t steps) {
 
 Status Run::save_checkpoint() {
   WL_ASSIGN_OR_RETURN(const std::string groups, groups_json());
-  const std::string dir = o_.out_dir + "/checkpoint-" + std::to_string(step_);
+  const std::string dir = train::checkpoint_dir(o_.out_dir, step_);
   WL_RETURN_IF_ERROR(parallel::save_checkpoint(
       dir, *dp_, {step_, data_rng_, 1.0, 0, parallel::run_hyperparameters(o_)},
       {{kGroupsFile, groups}}));
@@ -556,8 +495,8 @@ Status Run::save_checkpoint() {
 }
 
 Status Run::run_updates() {
-  clock_.restart();
-  while (step_ < last_step()) {
+  throughput_.restart();
+  while (step_ < schedule_.last_step()) {
     maybe_die();
     const Status s = update_once();
     if (s.ok()) continue;
@@ -565,8 +504,8 @@ Status Run::run_updates() {
     WL_RETURN_IF_ERROR(recover(s));
   }
   summary_.train.steps = step_;
-  summary_.train.seconds = clock_.seconds();
-  summary_.train.tokens_per_s = double(tokens_done_) / std::max(summary_.train.seconds, 1e-9);
+  summary_.train.seconds = throughput_.seconds();
+  summary_.train.tokens_per_s = throughput_.tokens_per_s();
   summary_.iterations = iterations_;
   return ok_status();
 }
@@ -627,9 +566,7 @@ Status Run::restore(const Decision& d) {
     iterations_ = d.iterations;
   }
   if (writer()) {
-    if (!lock_) {
-      WL_ASSIGN_OR_RETURN(lock_, DirectoryLock::acquire(o_.out_dir, "`out_dir`"));
-    }
+    WL_RETURN_IF_ERROR(hold_out_dir());
     WL_RETURN_IF_ERROR(open_metrics(d.step));  // and the loss before the loss, from them
   }
   const std::string fallback = fallback_for(r_.recovery, stages_, d.lost);
@@ -649,7 +586,7 @@ Status Run::restore(const Decision& d) {
     rec.checkpoint = d.checkpoint.empty() ? o_.resume : d.checkpoint;
   } else {
     WL_ASSIGN_OR_RETURN(rec.plan, plan_recovery(r_.recovery, stages_, d.lost));
-    WL_RETURN_IF_ERROR(rebuild(d, rec.plan));
+    WL_RETURN_IF_ERROR(own_or_peer(rebuilder().rebuild(d, rec.plan)));
     step_ = d.step;
     sampler_->rng().set_state(d.data_rng);
     data_rng_ = d.data_rng;
@@ -678,127 +615,6 @@ Status Run::restore(const Decision& d) {
     open_record_ = rec;
     open_lost_ = d.lost;
   }
-  return ok_status();
-}
-
-// What a survivor sends to rebuild its lost neighbours. The sends borrow these buffers, so
-// the object stays in place until every send is waited for (a failed wait cancels them).
-struct Run::RebuildSends {
-  std::vector<comm::Request> requests;
-  double norm = 0;
-  UnitState end;
-  double end_group[3] = {0, 0, 0};
-};
-
-// The plan's transfers on the new epoch: every source (a survivor) posts what its lost
-// neighbours need, every lost stage receives and rebuilds, and a lost stage's groups start
-// afresh with the strategy's learning-rate factor.
-Status Run::rebuild(const Decision& d, const std::vector<Rebuild>& plan) {
-  RebuildSends sends;
-  Status received = post_rebuild_sends(d, plan, sends);
-  if (received.ok() && contains(d.lost, stage_)) {
-    const auto b =
-        std::find_if(plan.begin(), plan.end(), [&](const Rebuild& r) { return r.stage == stage_; });
-    received = receive_blocks(d, *b);
-    if (received.ok() && r_.recovery == Recovery::kCheckFreePlus) received = receive_end_state();
-  }
-  Status sent = ok_status();
-  for (comm::Request& r : sends.requests) {
-    const Status s = members_->group()->wait(r, comm::deadline_after(o_.timeout));
-    if (sent.ok() && !s.ok()) sent = s;
-  }
-  WL_RETURN_IF_ERROR(received);
-  return sent;
-}
-
-// A survivor's sends: its blocks and their norm to each lost neighbour; under CheckFree+, an
-// end's state to its lost owner or the replica back to a lost holder.
-Status Run::post_rebuild_sends(const Decision& d, const std::vector<Rebuild>& plan,
-                               RebuildSends& out) {
-  comm::Group& g = *members_->group();
-  const std::span<float> blocks = opt_->block_weights();
-  out.norm = opt_->group(ClipGroup::kBlocks).norm;
-  const auto post = [&](int to, uint32_t tag, const void* data, size_t bytes) -> Status {
-    WL_ASSIGN_OR_RETURN(
-        comm::Request r,
-        g.start_send(
-            {.data = data, .bytes = bytes, .peer = to, .tag = tag, .timeout = o_.timeout}));
-    out.requests.push_back(std::move(r));
-    return ok_status();
-  };
-  for (const Rebuild& b : plan) {
-    if (b.left != stage_ && b.right != stage_) continue;
-    WL_RETURN_IF_ERROR(post(b.stage, kBlocksTag, blocks.data(), blocks.size() * sizeof(float)));
-    WL_RETURN_IF_ERROR(post(b.stage, kNormTag, &out.norm, sizeof out.norm));
-  }
-  if (r_.recovery != Recovery::kCheckFreePlus || contains(d.lost, stage_)) return ok_status();
-  int to = -1;
-  if (opt_->replica_unit() >= 0) {
-    const int owner = opt_->replica_unit() == 0 ? 0 : stages_ - 1;
-    if (contains(d.lost, owner)) {
-      to = owner;
-      out.end = opt_->replica_state();
-    }
-  }
-  if (opt_->replica_holder() >= 0 && contains(d.lost, opt_->replica_holder())) {
-    to = opt_->replica_holder();
-    out.end = opt_->end_state();
-  }
-  if (to < 0) return ok_status();
-  out.end_group[0] = double(out.end.group.steps);
-  out.end_group[1] = out.end.group.lr_factor;
-  out.end_group[2] = out.end.group.norm;
-  WL_RETURN_IF_ERROR(post(to, kEndTag, out.end.data.raw(), size_t(out.end.data.nbytes())));
-  return post(to, kEndGroupTag, out.end_group, sizeof out.end_group);
-}
-
-// A lost stage's blocks: the average of its neighbours', a copy of one, or fresh weights.
-Status Run::receive_blocks(const Decision& d, const Rebuild& b) {
-  comm::Group& g = *members_->group();
-  const std::span<float> blocks = opt_->block_weights();
-  const auto take = [&](int from, std::vector<float>& w, double& norm) -> Status {
-    w.resize(blocks.size());
-    WL_RETURN_IF_ERROR(g.recv(
-        {.data = w.data(), .bytes = w.size() * sizeof(float), .peer = from, .tag = kBlocksTag}));
-    return g.recv({.data = &norm, .bytes = sizeof norm, .peer = from, .tag = kNormTag});
-  };
-  std::vector<float> left, right;
-  double left_norm = 0, right_norm = 0;
-  if (b.kind == Rebuild::Kind::kAverage) {
-    WL_RETURN_IF_ERROR(take(b.left, left, left_norm));
-    WL_RETURN_IF_ERROR(take(b.right, right, right_norm));
-    average_neighbours(left, left_norm, right, right_norm, blocks);
-  } else if (b.kind == Rebuild::Kind::kCopy) {
-    WL_RETURN_IF_ERROR(take(b.left, left, left_norm));
-    std::copy(left.begin(), left.end(), blocks.begin());
-  } else if (b.kind == Rebuild::Kind::kFresh) {
-    std::vector<float> full(size_t(dp_->layout().total()));
-    model::init_params(cfg_, dp_->layout(), fresh_stage_seed(o_.seed, d.iterations + 1, stage_),
-                       full.data());
-    dp_->set_params(full.data());
-    if (opt_->holds_ends()) opt_->reset_group(ClipGroup::kEnds, r_.lr_scale);
-  }
-  opt_->reset_group(ClipGroup::kBlocks, r_.lr_scale);
-  return ok_status();
-}
-
-// CheckFree+: a lost end's owner takes its state back from the replica's holder, a lost
-// holder the replica from the end's owner.
-Status Run::receive_end_state() {
-  const bool owner = opt_->replica_holder() >= 0;
-  int from = -1;
-  if (owner) from = opt_->replica_holder();
-  if (opt_->replica_unit() >= 0) from = opt_->replica_unit() == 0 ? 0 : stages_ - 1;
-  if (from < 0) return ok_status();
-  comm::Group& g = *members_->group();
-  UnitState st = owner ? opt_->end_state() : opt_->replica_state();
-  WL_RETURN_IF_ERROR(g.recv(
-      {.data = st.data.raw(), .bytes = size_t(st.data.nbytes()), .peer = from, .tag = kEndTag}));
-  double group[3] = {0, 0, 0};
-  WL_RETURN_IF_ERROR(
-      g.recv({.data = group, .bytes = sizeof group, .peer = from, .tag = kEndGroupTag}));
-  st.group = {.steps = int64_t(group[0]), .lr_factor = group[1], .norm = group[2]};
-  owner ? opt_->set_end_state(st) : opt_->set_replica_state(st);
   return ok_status();
 }
 

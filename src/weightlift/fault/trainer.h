@@ -64,6 +64,12 @@ struct ResilienceOptions {
   // How often a peer that stopped answering is probed: it bounds how soon a dead stage is
   // noticed (comm/transport/transport.h).
   std::chrono::milliseconds keepalive{200};
+  // A directory: each stage a recovery rebuilds from its neighbours (average, copy or fresh)
+  // writes its blocks' weights as they came back, before its first step, as
+  // `stage-S-iteration-I.safetensors` (one f32 tensor "blocks": the stage's block units'
+  // parameters in ParamLayout order; metadata "how", "from" and the neighbours' "norms"), so
+  // that a drill can hold the rebuild to its rule. Empty: none.
+  std::string rebuild_dump;
 };
 
 // One loss and its recovery, as summary.json records it.
