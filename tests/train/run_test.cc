@@ -16,8 +16,8 @@ namespace {
 namespace fs = std::filesystem;
 
 fs::path run_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() /
-                       ("wl_run_test_" + std::to_string(getpid())) / name;
+  const fs::path dir =
+      fs::temp_directory_path() / ("wl_run_test_" + std::to_string(getpid())) / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
@@ -109,8 +109,8 @@ TEST(ContinueMetrics, AFreshRunStartsTheFileOver) {
 
 TEST(ContinueMetrics, ACorruptedEarlierRecordIsRefusedAndTheFileKept) {
   const fs::path path = run_dir("corrupt") / "metrics.jsonl";
-  const std::string text = metrics_to_json(record(1, 2.0)) + "\nnot json\n" +
-                           metrics_to_json(record(3, 1.0)) + "\n";
+  const std::string text =
+      metrics_to_json(record(1, 2.0)) + "\nnot json\n" + metrics_to_json(record(3, 1.0)) + "\n";
   std::ofstream(path) << text;
   RecordLog log;
   auto kept = continue_metrics(log, path.string(), 3);

@@ -100,8 +100,7 @@ Status StageRebuild::rebuild(const Decision& d, const std::vector<Rebuild>& plan
 
 // A survivor's sends: its blocks and their norm to each lost neighbour; under CheckFree+, an
 // end's state to its lost owner or the replica back to a lost holder.
-Status StageRebuild::post_sends(const Decision& d, const std::vector<Rebuild>& plan,
-                               Sends& out) {
+Status StageRebuild::post_sends(const Decision& d, const std::vector<Rebuild>& plan, Sends& out) {
   comm::Group& g = group_;
   const std::span<float> blocks = opt_.block_weights();
   out.norm = opt_.group(ClipGroup::kBlocks).norm;
@@ -160,8 +159,8 @@ Status StageRebuild::receive_blocks(const Decision& d, const Rebuild& b) {
     std::copy(left.begin(), left.end(), blocks.begin());
   } else if (b.kind == Rebuild::Kind::kFresh) {
     std::vector<float> full(size_t(dp_.layout().total()));
-    model::init_params(dp_.config(), dp_.layout(), fresh_stage_seed(o_.seed, d.iterations + 1, stage_),
-                       full.data());
+    model::init_params(dp_.config(), dp_.layout(),
+                       fresh_stage_seed(o_.seed, d.iterations + 1, stage_), full.data());
     dp_.set_params(full.data());
     if (opt_.holds_ends()) opt_.reset_group(ClipGroup::kEnds, o_.lr_scale);
   }
