@@ -821,6 +821,46 @@ struct SetOnExit {
   ~SetOnExit() { flag = value; }
 };
 
+// An unchanged generation's updates each post their round without counting it (protocol.h):
+// the counter lags by fewer than kRoundsCountedEvery rounds, and a receiver that starts after
+// 70 of them heals from its peer and is in the next update.
+TEST(ParameterServer, TheRoundCounterLagsAndAReceiverStartingAfterItJoinsTheNextUpdate) {
+  const model::ModelConfig c = preset_or_die("tiny");
+  const std::vector<float> a = random_weights(c, 1);
+  auto store = std::make_shared<comm::MemoryStore>();
+  std::vector<std::unique_ptr<ReceiverThread>> rx;
+  rx.push_back(start_receiver(store, c, 0, {.tp = 1, .tp_rank = 0}));
+  std::atomic<int> phase{0};
+  run_servers(store, TransferMode::kP2P, [&](ParameterServer& ps) {
+    SetOnExit release{phase, 1};
+    ASSERT_TRUE(ps.register_checkpoint("a", c, a).ok());
+    for (int v = 1; v <= 70; ++v) ASSERT_TRUE(ps.update("a").ok());
+    if (ps.options().rank == 0) {
+      const FleetKeys keys{"fleet"};
+      const int64_t counted = *store->add(keys.rounds(), 0);
+      auto last = last_round_posted(*store, keys);
+      ASSERT_TRUE(last.ok()) << last.status().to_string();
+      EXPECT_GT(*last, uint64_t(counted)) << "the counter does not lag";
+      EXPECT_LT(*last - uint64_t(counted), kRoundsCountedEvery);
+      ASSERT_TRUE(rx[0]->wait_version(70));
+      rx.push_back(start_receiver(store, c, 1, {.tp = 1, .tp_rank = 0}));
+      EXPECT_EQ(rx[1]->fleet->healed_version(), 70u) << rx[1]->fleet->heal_log();
+    } else {
+      while (phase.load() < 1) std::this_thread::yield();
+    }
+    phase = 1;
+    auto u = ps.update("a");
+    ASSERT_TRUE(u.ok()) << u.status().to_string();
+    EXPECT_EQ(u->members.size(), 2u);
+  });
+  for (auto& t : rx) {
+    ASSERT_TRUE(t->wait_version(71));
+    expect_matches_reference(t->fleet->receiver(), c, t->layout, a, 71);
+    t->join();
+    EXPECT_TRUE(t->errors.empty()) << t->errors.front();
+  }
+}
+
 // Waits (30 s at most) until every server rank has counted its first update into `published`.
 bool all_servers_published(const std::atomic<int>& published) {
   const auto deadline = comm::deadline_after(30s);

@@ -161,8 +161,8 @@ Result<std::unique_ptr<FleetReceiver>> FleetReceiver::create(const FleetReceiver
   impl->worker = std::move(worker);
   WL_ASSIGN_OR_RETURN(impl->receiver, Receiver::create(*impl->worker, o.receiver));
   // Rounds posted before we announce cannot name us: start after the last one.
-  WL_ASSIGN_OR_RETURN(int64_t posted, o.store->add(impl->keys.rounds(), 0));
-  impl->next_round = uint64_t(posted) + 1;
+  WL_ASSIGN_OR_RETURN(const uint64_t posted, last_round_posted(*o.store, impl->keys));
+  impl->next_round = posted + 1;
   if (o.heal) WL_RETURN_IF_ERROR(impl->heal().with_context(name + ": healing at start"));
   WL_RETURN_IF_ERROR(impl->publish_peer_record());
   WL_RETURN_IF_ERROR(impl->announce(false));

@@ -17,9 +17,12 @@ constexpr RecordFormat kServerCopyFormat =
 
 using json = nlohmann::json;
 
+// A server's status block (heal_from_servers.h).
 struct CopyStatus {
   uint64_t begun = 0;
   uint64_t finished = 0;
+  uint64_t version = 0;  // sent by the last update
+  uint64_t sent = 0;     // the stamp it was sent at
 };
 
 // One server rank, connected.
@@ -28,6 +31,7 @@ struct Source {
   int peer = -1;
   comm::RemoteKey rkey;
   std::map<std::string, const ServerCopyShard*> shards;
+  uint64_t stamp = 0;  // what its shards were sent at, as the heal began
 };
 
 // One heal: the servers connected, their shards read parameter by parameter, their status
@@ -38,12 +42,15 @@ class ServerCopyReader {
                    comm::Deadline deadline)
       : worker_(worker), records_(records), deadline_(deadline) {
     const ServerCopyRecord& first = records[0];
-    what_ = "healing from the servers' copy of '" + first.checkpoint + "' (version " +
-            std::to_string(first.version) + ")";
+    what_ = "healing from the servers' copy of '" + first.checkpoint + "'";
   }
   const std::string& what() const { return what_; }
 
   Status check_records() const;
+  // The version every server last sent, and each one's stamp, from their status blocks:
+  // FailedPrecondition while an update is under way (the servers disagree, or one's shards
+  // changed since it sent them).
+  Result<uint64_t> sent_version();
   Status check_shards() const;
   Status connect();
   // Every server's shards still as they were sent; `after`: only that no change began.
@@ -72,10 +79,10 @@ Status ServerCopyReader::check_records() const {
   for (size_t i = 0; i < records_.size(); ++i) {
     const ServerCopyRecord& r = records_[i];
     if (r.rank != int(i) || r.servers != first.servers || r.checkpoint != first.checkpoint ||
-        r.version != first.version || r.dtype != first.dtype) {
-      return failed_precondition(what_ + ": server rank " + std::to_string(r.rank) +
-                                 " last sent '" + r.checkpoint + "' version " +
-                                 std::to_string(r.version) + "; an update is under way");
+        r.dtype != first.dtype || (r.version == 0) != (first.version == 0)) {
+      return failed_precondition(
+          what_ + ": server rank " + std::to_string(r.rank) + " last sent '" + r.checkpoint + "'" +
+          (r.version == 0 ? " (withdrawn)" : "") + "; an update is under way");
     }
   }
   if (first.version == 0) {
@@ -121,13 +128,44 @@ Status ServerCopyReader::connect() {
   return ok_status();
 }
 
+// Word [3] is read on its own, before the others: the server writes [2] before it (release),
+// so a [3] read here is never newer than the [2] read after it.
 Result<CopyStatus> ServerCopyReader::read_status(const Source& s) {
-  uint64_t words[2] = {0, 0};
-  comm::Request r = worker_.get(s.peer, words, sizeof words, s.record->region_address, s.rkey);
-  WL_RETURN_IF_ERROR(worker_.wait(r, deadline_)
-                         .with_context(what_ + ": reading the status of server " +
-                                       std::to_string(s.record->rank)));
-  return CopyStatus{words[0], words[1]};
+  uint64_t sent = 0, words[3] = {0, 0, 0};
+  const std::string what =
+      what_ + ": reading the status of server " + std::to_string(s.record->rank);
+  comm::Request r = worker_.get(s.peer, &sent, sizeof sent,
+                                s.record->region_address + 3 * sizeof(uint64_t), s.rkey);
+  WL_RETURN_IF_ERROR(worker_.wait(r, deadline_).with_context(what));
+  r = worker_.get(s.peer, words, sizeof words, s.record->region_address, s.rkey);
+  WL_RETURN_IF_ERROR(worker_.wait(r, deadline_).with_context(what));
+  return CopyStatus{words[0], words[1], words[2], sent};
+}
+
+Result<uint64_t> ServerCopyReader::sent_version() {
+  uint64_t version = 0;
+  for (Source& s : sources_) {
+    WL_ASSIGN_OR_RETURN(const CopyStatus st, read_status(s));
+    const std::string server = "server " + std::to_string(s.record->rank);
+    if (st.version == 0) {
+      return failed_precondition(what_ + ": " + server + " has sent nothing yet");
+    }
+    if (st.begun != st.sent || st.finished != st.sent) {
+      return failed_precondition(what_ + ": " + server +
+                                 " changed its shards since it sent that version (stamp " +
+                                 std::to_string(st.sent) + ", now " + std::to_string(st.begun) +
+                                 "); the next update brings the new one");
+    }
+    if (version != 0 && st.version != version) {
+      return failed_precondition(what_ + ": " + server + " last sent version " +
+                                 std::to_string(st.version) + ", server 0 version " +
+                                 std::to_string(version) + "; an update is under way");
+    }
+    version = st.version;
+    s.stamp = st.sent;
+  }
+  what_ += " (version " + std::to_string(version) + ")";
+  return version;
 }
 
 // A server whose shards changed is not sending what was sent any more: it was refreshed since
@@ -135,11 +173,11 @@ Result<CopyStatus> ServerCopyReader::read_status(const Source& s) {
 Status ServerCopyReader::check_unchanged(bool after) {
   for (const Source& s : sources_) {
     WL_ASSIGN_OR_RETURN(CopyStatus st, read_status(s));
-    if (st.begun == s.record->stamp && (after || st.finished == s.record->stamp)) continue;
+    if (st.begun == s.stamp && (after || st.finished == s.stamp)) continue;
     return failed_precondition(what_ + ": server " + std::to_string(s.record->rank) +
                                " changed its shards since it sent that version (stamp " +
-                               std::to_string(s.record->stamp) + ", now " +
-                               std::to_string(st.begun) + "); the next update brings the new one");
+                               std::to_string(s.stamp) + ", now " + std::to_string(st.begun) +
+                               "); the next update brings the new one");
   }
   return ok_status();
 }
@@ -274,7 +312,7 @@ Result<uint64_t> heal_from_servers(comm::Transport& worker, Receiver& receiver,
                       LocalConverter::create(first.config, receiver, 0, first.dtype));
   WL_RETURN_IF_ERROR(reader.check_shards());
   WL_RETURN_IF_ERROR(reader.connect());
-  WL_RETURN_IF_ERROR(reader.check_unchanged(/*after=*/false));
+  WL_ASSIGN_OR_RETURN(const uint64_t v, reader.sent_version());
 
   // Every parameter whole, fetched when a task first needs it and dropped after its last
   // task, so at most a few parameters are held at once.
@@ -284,7 +322,6 @@ Result<uint64_t> heal_from_servers(comm::Transport& worker, Receiver& receiver,
   for (size_t t = 0; t < tasks.size(); ++t) {
     for (const std::string& p : converter.params_of(int(t))) last_use[p] = t;
   }
-  const uint64_t v = first.version;
   std::span<std::byte> slot = receiver.slot_for_healing(v);
   std::map<std::string, std::vector<std::byte>> held;
   const LocalConverter::Lookup lookup = [&](const std::string& p) -> const void* {

@@ -7,13 +7,17 @@
 // Each server rank keeps every checkpoint it holds in one UCX-allocated region (shared memory
 // on one host, so gets need no progress from the server, which may be busy training):
 //     [status: 64 bytes | shard of parameter 0 | shard of parameter 1 | ...]
-// The status block holds two u64 words, a seqlock over the shards:
-//     [0] changes begun     [1] changes finished
+// The status block holds four u64 words, a seqlock over the shards and what they were sent as:
+//     [0] changes begun     [1] changes finished     [2] version sent     [3] stamp sent at
 // ParameterServer::refresh() bumps [0] before it writes the shards and sets [1] = [0] after.
-// After each successful update a server rank publishes a ServerCopyRecord: the checkpoint, the
-// version the receivers now hold, and the stamp ([1]) its shards had when they were sent. The
-// copy a healer reads is that version exactly if the status reads (stamp, stamp) before and
-// [0] == stamp after: nothing changed the shards in between.
+// After each successful update a server rank writes the version the receivers now hold into
+// [2], then the stamp ([1]) its shards had when they were sent into [3]: two plain writes into
+// its own memory, nothing on the update's path waits on the store. Its ServerCopyRecord (the
+// checkpoint, the region, the shards' places) goes to the store when it first sends a
+// checkpoint, or another one, or after it replaced its worker: it changes only then. A healer
+// reads [3], then [0..2]: the copy is version [2] exactly if [0] == [1] == [3] then (every
+// server rank the same version) and [0] is still [3] after the copy: nothing changed the
+// shards in between.
 //
 // Transport: on one host the gets read the servers' shared memory directly, and RDMA needs no
 // help from the target either. Over TCP, UCX needs the server to progress its worker, which it
@@ -52,8 +56,10 @@ struct ServerCopyRecord {
   int rank = 0;     // server rank
   int servers = 0;  // server ranks in all: every one's record is needed
   std::string checkpoint;
-  uint64_t version = 0;  // what the receivers hold after the update that sent it
-  uint64_t stamp = 0;    // status word [1] when it was sent
+  // What the receivers held after the update that published it, and status word [1] then: 0
+  // for a record withdrawn (nothing to heal from). The status block has the current ones.
+  uint64_t version = 0;
+  uint64_t stamp = 0;
   model::ModelConfig config;
   DType dtype = DType::kF32;            // of the shards
   std::vector<ServerCopyShard> shards;  // every parameter, model::ParamLayout order
@@ -74,9 +80,9 @@ Result<ServerCopyRecord> server_copy_from_json(std::string_view json, std::strin
 // it cannot be read.
 Result<std::vector<ServerCopyRecord>> read_server_copies(comm::Store& store, const FleetKeys& keys);
 
-// Fills `receiver`'s slot for `records[0].version` from the servers' shards and adopts that
-// version; returns it. `records`: one per server rank, in rank order, all naming the same
-// checkpoint and version. REQUIRES: receiver.version() == 0 and no reader yet.
+// Fills `receiver`'s slot for the version the servers last sent (their status blocks) from
+// their shards and adopts that version; returns it. `records`: one per server rank, in rank
+// order, all naming the same checkpoint. REQUIRES: receiver.version() == 0 and no reader yet.
 // FailedPrecondition if the records disagree (an update is under way), name no version, or a
 // server changed its shards since it sent that version (refresh(): retrying cannot help, the
 // next update brings the new version); Unavailable / DeadlineExceeded if a server cannot be

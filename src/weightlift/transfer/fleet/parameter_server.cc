@@ -32,7 +32,8 @@ struct HeldCheckpoint {
   std::shared_ptr<comm::MemoryRegion> registration;  // with the current worker (may be `memory`)
   std::unique_ptr<TrainerWeights> weights;           // borrows `memory` (declared after it)
   uint64_t stamp = 0;                                // status word [1]
-  // The copy record last published: the version sent and the stamp it was sent at.
+  // The copy record's last publication: the version sent and the stamp it was sent at. The
+  // status block holds the current ones (words [2] and [3]).
   std::optional<std::pair<uint64_t, uint64_t>> published;
 
   uint64_t* status() const { return static_cast<uint64_t*>(memory->data()); }
@@ -46,6 +47,7 @@ struct ParameterServer::Impl {
   std::shared_ptr<comm::Worker> worker;  // for the process's whole life
   std::shared_ptr<comm::Group> servers;  // the server ranks: full_tensor() gathers
   std::map<std::string, HeldCheckpoint> checkpoints;
+  std::string copy_names;  // the checkpoint this rank's copy record names ("": none)
 
   // The current generation: its group and, per checkpoint, its executor.
   uint64_t generation = 0;
@@ -62,9 +64,13 @@ struct ParameterServer::Impl {
   // Rank 0 only: the round counter. Who has joined: rank 0's drives updates; another rank's
   // is read only for joined_receivers().
   uint64_t round = 0;
+  uint64_t counted = 0;             // the rounds the store's counter has counted (post())
+  uint64_t counted_generation = 0;  // the generation of the last update round counted
   int64_t joins_seen = 0;
   std::map<int, uint64_t> joined;     // id -> epoch
   std::map<int, JoinRecord> holders;  // id -> the join record of joined[id]
+  // Every receiver that has joined, by (id, epoch): its process, as its join record names it.
+  std::map<std::pair<int, uint64_t>, comm::ProcessId> processes;
   // A receiver that joined with an id another epoch holds: a restart of a holder that died, or
   // a second receiver given the same id. The next form round asks both; the holder keeps the id
   // if it answers, else the contender takes it.
@@ -134,9 +140,11 @@ Result<std::unique_ptr<ParameterServer>> ParameterServer::create(const Parameter
   impl->worker = std::move(worker);
   WL_RETURN_IF_ERROR(impl->connect_servers());
   if (o.rank == 0) {
-    // Continue the fleet's numbering: receivers wait for the round after the last one posted.
-    WL_ASSIGN_OR_RETURN(int64_t posted, o.store->add(impl->keys.rounds(), 0));
-    impl->round = uint64_t(posted);
+    // Continue the fleet's numbering: receivers wait for the round after the last one posted,
+    // which may be past the counter (post()).
+    WL_ASSIGN_OR_RETURN(impl->round, last_round_posted(*o.store, impl->keys));
+    impl->counted = impl->round;
+    impl->counted_generation = 0;
   }
   return std::unique_ptr<ParameterServer>(new ParameterServer(std::move(impl)));
 }
@@ -179,8 +187,9 @@ Status ParameterServer::Impl::rebuild_worker() {
   // They name the new one now, with the version and stamp they had, so that a healer still
   // gets the copy if nothing changed it since, and is refused for that reason if something did.
   for (auto& [name, held] : checkpoints) {
-    if (!held.published) continue;
+    if (!held.published || name != copy_names) continue;
     const auto [version, stamp] = *held.published;
+    held.published.reset();  // so that the record is written again, naming the new worker
     WL_RETURN_IF_ERROR(
         publish_copy(name, version, stamp).with_context("after reconnecting the server ranks"));
   }
@@ -309,7 +318,18 @@ void ParameterServer::Impl::assign(HeldCheckpoint& held,
 Status ParameterServer::Impl::publish_copy(const std::string& name, uint64_t version,
                                            uint64_t stamp) {
   HeldCheckpoint& held = checkpoints.at(name);
+  if (held.memory) {
+    // The version first, then the stamp it goes with (heal_from_servers.h).
+    std::atomic_ref<uint64_t>(held.status()[2]).store(version, std::memory_order_relaxed);
+    std::atomic_ref<uint64_t>(held.status()[3]).store(stamp, std::memory_order_release);
+    // The record already names this region, this worker and this checkpoint: it stays true.
+    if (held.published && copy_names == name) {
+      held.published = {version, stamp};
+      return ok_status();
+    }
+  }
   held.published.reset();
+  copy_names.clear();
   // A copy that cannot be published withdraws the last one: it holds another checkpoint, which
   // a restarted receiver of this version must not take for it.
   auto withdrawn = [&](const Status& why) {
@@ -353,6 +373,7 @@ Status ParameterServer::Impl::publish_copy(const std::string& name, uint64_t ver
                          .with_context("server rank " + std::to_string(r.rank) +
                                        ": publishing its copy of '" + name + "'"));
   held.published = {version, stamp};
+  copy_names = name;
   return ok_status();
 }
 
@@ -424,6 +445,7 @@ Status ParameterServer::unregister_checkpoint(const std::string& name) {
   if (b.ok()) {
     auto r = server_copy_from_json(comm::to_string(*b), m.keys.copy(m.options.rank));
     if (!r.ok() || r->checkpoint == name) {
+      m.copy_names.clear();
       ServerCopyRecord none{.rank = m.options.rank, .servers = m.options.size};
       WL_RETURN_IF_ERROR(
           m.options.store->set(m.keys.copy(none.rank), comm::to_bytes(server_copy_to_json(none))));
@@ -482,6 +504,7 @@ Status ParameterServer::Impl::read_joins() {
       if (contenders.count(j.id) && contenders[j.id].epoch == j.epoch) contenders.erase(j.id);
       continue;
     }
+    processes[{j.id, j.epoch}] = {j.host, j.pid};
     auto held = holders.find(j.id);
     if (held == holders.end() || held->second.epoch == j.epoch) {
       joined[j.id] = j.epoch;
@@ -499,12 +522,19 @@ Status ParameterServer::Impl::read_joins() {
   return ok_status();
 }
 
+// The counter lags behind the rounds an unchanged generation replays (protocol.h): their
+// update costs one store write, not two.
 Result<RoundRecord> ParameterServer::Impl::post(RoundRecord r) {
   r.round = ++round;
   r.servers = options.size;
   const std::string json = round_to_json(r);
   WL_RETURN_IF_ERROR(options.store->set(keys.round(r.round), comm::to_bytes(json)));
-  WL_RETURN_IF_ERROR(options.store->add(keys.rounds(), 1).status());
+  const bool replay = r.kind == RoundRecord::Kind::kUpdate && r.generation == counted_generation;
+  if (!replay || r.round - counted >= kRoundsCountedEvery) {
+    WL_RETURN_IF_ERROR(options.store->add(keys.rounds(), int64_t(r.round - counted)).status());
+    counted = r.round;
+    if (r.kind == RoundRecord::Kind::kUpdate) counted_generation = r.generation;
+  }
   return r;
 }
 
@@ -585,7 +615,8 @@ Status ParameterServer::Impl::post_refusals() {
 // progressed the worker since the last update, so it first takes in what happened meanwhile.
 // UCX notices a dead peer only when something moves to it or its keepalive fires, which can
 // be after this update has failed on it; a member on this host whose process is gone (its
-// peer record names the process) is known dead now.
+// join record named the process) is known dead now. Nothing here waits on the store: this runs
+// before every update.
 bool ParameterServer::Impl::generation_broken() {
   if (broken) return true;
   for (int i = 0; i < 100 && worker->progress(); ++i) {
@@ -596,13 +627,8 @@ bool ParameterServer::Impl::generation_broken() {
     }
   }
   for (const FleetMember& m : members) {
-    auto b = options.store->get(keys.peer(m.id), std::chrono::milliseconds(1));
-    if (!b.ok()) continue;
-    auto peer = peer_record_from_json(comm::to_string(*b), keys.peer(m.id));
-    if (peer.ok() && peer->epoch == m.epoch &&
-        !comm::process_may_be_alive({peer->host, peer->pid})) {
-      return true;
-    }
+    auto p = processes.find({m.id, m.epoch});
+    if (p != processes.end() && !comm::process_may_be_alive(p->second)) return true;
   }
   return false;
 }

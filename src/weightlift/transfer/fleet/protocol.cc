@@ -120,6 +120,20 @@ Result<std::unique_ptr<UpdateExecutor>> make_generation_executor(
                                .bucket_bytes = size_t(o.bucket_bytes)});
 }
 
+Result<uint64_t> last_round_posted(comm::Store& store, const FleetKeys& keys) {
+  WL_ASSIGN_OR_RETURN(const int64_t counted, store.add(keys.rounds(), 0));
+  uint64_t last = uint64_t(counted);
+  for (;;) {
+    Result<comm::Bytes> next = store.get(keys.round(last + 1), std::chrono::milliseconds(0));
+    if (next.ok()) {
+      ++last;
+      continue;
+    }
+    if (next.status().code() == StatusCode::kDeadlineExceeded) return last;
+    return next.status().with_context("reading " + keys.round(last + 1));
+  }
+}
+
 comm::ConnectOptions fleet_connect_options(const FleetKeys& keys, std::string group_prefix,
                                            std::shared_ptr<comm::Store> store,
                                            std::shared_ptr<comm::Transport> worker, int rank,

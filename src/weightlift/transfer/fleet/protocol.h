@@ -3,7 +3,10 @@
 // (fleet/fleet_receiver.h) follow. This file is the protocol both sides speak.
 //
 // Rounds. The parameter server's rank 0 numbers its rounds 1, 2, ... and posts each as a
-// record under "<prefix>/round/<n>" (then bumps the counter "<prefix>/rounds"). Two kinds:
+// record under "<prefix>/round/<n>". The counter "<prefix>/rounds" follows: at once for a round
+// that forms a generation or turns receivers away, every kRoundsCountedEvery rounds otherwise,
+// so that the update of an unchanged generation is one store write (last_round_posted() finds
+// the rest). Two kinds:
 //   form    a new generation g of the fleet: the candidate receivers. Each candidate that is
 //           alive answers under "<prefix>/round/<n>/ack/<id>/<epoch>" with "<epoch> <version>"
 //           (two receivers may contend for an id: a restart and the holder); whoever
@@ -133,6 +136,12 @@ struct FleetKeys {
   }
   std::string group_ids() const { return prefix + "/group_ids"; }
 };
+
+inline constexpr uint64_t kRoundsCountedEvery = 64;
+
+// The number of the last round posted: the counter, then the rounds past it (at most
+// kRoundsCountedEvery reads, none of which waits).
+Result<uint64_t> last_round_posted(comm::Store& store, const FleetKeys& keys);
 
 // One checkpoint's executor in one generation, whichever the mode: plans (metadata gathered
 // once) and makes the executor. Collective over `world`. Exactly one of `weights` (server
