@@ -1,5 +1,6 @@
 #include <atomic>
 #include <csignal>
+#include <cstdlib>
 
 #include "commands.h"
 #include "validate.h"
@@ -26,14 +27,23 @@ void catch_launch_stop_signals() {
 
 void register_launch(CLI::App& app, Outcome& out) {
   auto* cmd = app.add_subcommand(
-      "launch", "start N local processes with torchrun's variables and a job token");
+      "launch",
+      "start N processes on this host (of --nnodes) with torchrun's variables and a job token");
   auto o = std::make_shared<comm::LaunchOptions>();
   cmd->add_option("-n,--nprocs", o->nprocs, "processes")
       ->required()
       ->transform(count(1, kMaxRanks));
-  cmd->add_option("--master-addr", o->master_addr, "address the rendezvous store binds")
+  cmd->add_option("--nnodes", o->nnodes,
+                  "hosts in the job, one launcher each (WEIGHTLIFT_JOB_TOKEN: one secret for all)")
+      ->capture_default_str()
+      ->transform(count(1, kMaxRanks));
+  cmd->add_option("--node-rank", o->node_rank, "this host's place among them (0 runs the store)")
+      ->capture_default_str()
+      ->transform(count(0, kMaxRanks - 1));
+  cmd->add_option("--master-addr", o->master_addr,
+                  "address of the rendezvous store (node 0's, which binds it)")
       ->capture_default_str();
-  cmd->add_option("--master-port", o->master_port, "0 = any free port")
+  cmd->add_option("--master-port", o->master_port, "0 = any free port (one host only)")
       ->capture_default_str()
       ->transform(count(0, 65535));
   cmd->add_option("--restart-failed", o->restart_failed,
@@ -44,6 +54,10 @@ void register_launch(CLI::App& app, Outcome& out) {
   cmd->callback([&out, o] {
     catch_launch_stop_signals();
     o->stop_signal = &g_stop_signal;
+    if (o->nnodes > 1) {
+      const char* token = std::getenv("WEIGHTLIFT_JOB_TOKEN");
+      o->job_token = token ? token : "";
+    }
     Result<int> r = comm::run_launch(*o);
     out.exit_code = r.ok() ? *r : report("launch", r.status());
   });

@@ -177,6 +177,103 @@ Launched launch(int n, std::vector<std::string> command, int restart_failed = 0)
   return l;
 }
 
+// Several hosts on this one: a launcher per "host", as threads, meeting at node 0's store.
+std::vector<Launched> launch_hosts(int hosts, int per_host,
+                                   const std::vector<std::string>& command) {
+  const int port = free_port();
+  std::vector<Launched> out(static_cast<size_t>(hosts));
+  std::vector<std::thread> launchers;
+  for (int h = 0; h < hosts; ++h) {
+    launchers.emplace_back([&, h] {
+      const int fd = ::memfd_create("launch-output", 0);
+      auto r = run_launch({.nprocs = per_host,
+                           .nnodes = hosts,
+                           .node_rank = h,
+                           .job_token = "a-secret-all-hosts-share",
+                           .join_timeout = 20s,
+                           .command = command,
+                           .master_port = port,
+                           .grace = 500ms,
+                           .output_fd = fd,
+                           .notice_fd = fd});
+      EXPECT_TRUE(r.ok()) << r.status().to_string();
+      out[size_t(h)].code = r.ok() ? *r : -1;
+      ::lseek(fd, 0, SEEK_SET);
+      char buf[4096];
+      for (ssize_t got; (got = ::read(fd, buf, sizeof buf)) > 0;) {
+        out[size_t(h)].output.append(buf, size_t(got));
+      }
+      ::close(fd);
+    });
+  }
+  for (std::thread& t : launchers) t.join();
+  return out;
+}
+
+// torchrun's contract across hosts: global ranks host by host, LOCAL_RANK within the host,
+// GROUP_RANK the host; the ranks of both hosts run collectives together.
+TEST(Launch, TwoHostsRunOneJob) {
+  std::vector<Launched> l = launch_hosts(
+      2, 2,
+      {"sh", "-c",
+       "echo \"$RANK/$WORLD_SIZE local $LOCAL_RANK/$LOCAL_WORLD_SIZE host $GROUP_RANK\""});
+  for (int h = 0; h < 2; ++h) {
+    EXPECT_EQ(l[size_t(h)].code, 0) << l[size_t(h)].output;
+    for (int local = 0; local < 2; ++local) {
+      const int rank = 2 * h + local;
+      EXPECT_NE(l[size_t(h)].output.find("[rank " + std::to_string(rank) + "] " +
+                                         std::to_string(rank) + "/4 local " +
+                                         std::to_string(local) + "/2 host " + std::to_string(h)),
+                std::string::npos)
+          << l[size_t(h)].output;
+    }
+  }
+  l = launch_hosts(2, 2, {kRankBinary, "check"});
+  for (int h = 0; h < 2; ++h) {
+    EXPECT_EQ(l[size_t(h)].code, 0) << l[size_t(h)].output;
+    for (int local = 0; local < 2; ++local) {
+      EXPECT_NE(l[size_t(h)].output.find("[rank " + std::to_string(2 * h + local) + "] ok\n"),
+                std::string::npos)
+          << l[size_t(h)].output;
+    }
+  }
+}
+
+// A rank that fails on one host stops every host's ranks, and every launcher exits with its
+// code, naming it.
+TEST(Launch, ARankFailingOnOneHostStopsEveryHost) {
+  const auto start = Clock::now();
+  std::vector<Launched> l =
+      launch_hosts(2, 2, {"sh", "-c", "if [ \"$RANK\" = 3 ]; then exit 6; fi; sleep 30"});
+  EXPECT_LT(Clock::now() - start, 15s);
+  EXPECT_EQ(l[1].code, 6) << l[1].output;
+  EXPECT_NE(l[1].output.find("rank 3 exited with code 6; stopping the other ranks on every host"),
+            std::string::npos)
+      << l[1].output;
+  EXPECT_EQ(l[0].code, 6) << l[0].output;
+  EXPECT_NE(l[0].output.find("the job failed at rank 3 (host 1), which exited with code 6"),
+            std::string::npos)
+      << l[0].output;
+}
+
+TEST(Launch, SeveralHostsNeedAPortATokenAndAPlaceAmongThem) {
+  auto r = run_launch({.nprocs = 1, .nnodes = 2, .node_rank = 0, .command = {"true"}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("--master-port"), std::string::npos)
+      << r.status().to_string();
+  r = run_launch({.nprocs = 1,
+                  .nnodes = 2,
+                  .node_rank = 2,
+                  .job_token = "t",
+                  .command = {"true"},
+                  .master_port = 1});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("--node-rank 2 is not one of --nnodes 2's 0..1"),
+            std::string::npos)
+      << r.status().to_string();
+}
+
 TEST(Launch, SetsTorchrunVariablesAndPrefixesLines) {
   auto l = launch(3, {"sh", "-c",
                       "echo \"$RANK/$WORLD_SIZE local $LOCAL_RANK at $MASTER_ADDR "

@@ -26,6 +26,14 @@ using Clock = std::chrono::steady_clock;
 // made (the count is raised only once the rank is there to read).
 constexpr const char* kLostKey = "launch/lost";
 constexpr const char* kLostSlotKey = "launch/lost-slots";
+// Several hosts: a failed rank's record under kFailureKey/<node> ("<code> <rank>"), counted in
+// kFailuresKey; each launcher's heartbeat, a counter under kBeatKey/<node>; and how many
+// launchers have seen all their ranks end, in kDoneKey.
+constexpr const char* kFailureKey = "launch/failure";
+constexpr const char* kFailuresKey = "launch/failures";
+constexpr const char* kBeatKey = "launch/beat";
+constexpr const char* kDoneKey = "launch/done";
+constexpr std::chrono::milliseconds kStoreLookEvery{100};
 
 std::string random_token() {
   std::random_device rd;  // the kernel's entropy
@@ -67,14 +75,19 @@ int exit_code_of(int wstatus) {
   return 1;
 }
 
-// A rank's environment: the caller's, with the launch variables set for rank `r`.
+// A rank's environment: the caller's, with the launch variables set for this host's rank `r`.
 std::vector<std::string> rank_environment(const LaunchOptions& o, int r, int port,
                                           const std::string& token) {
   const std::pair<std::string, std::string> vars[] = {
-      {"RANK", std::to_string(r)},       {"WORLD_SIZE", std::to_string(o.nprocs)},
-      {"LOCAL_RANK", std::to_string(r)}, {"LOCAL_WORLD_SIZE", std::to_string(o.nprocs)},
-      {"MASTER_ADDR", o.master_addr},    {"MASTER_PORT", std::to_string(port)},
-      {"WEIGHTLIFT_JOB_TOKEN", token},   {"WEIGHTLIFT_STORE_HOSTED", "1"}};
+      {"RANK", std::to_string(o.node_rank * o.nprocs + r)},
+      {"WORLD_SIZE", std::to_string(o.nnodes * o.nprocs)},
+      {"LOCAL_RANK", std::to_string(r)},
+      {"LOCAL_WORLD_SIZE", std::to_string(o.nprocs)},
+      {"GROUP_RANK", std::to_string(o.node_rank)},
+      {"MASTER_ADDR", o.master_addr},
+      {"MASTER_PORT", std::to_string(port)},
+      {"WEIGHTLIFT_JOB_TOKEN", token},
+      {"WEIGHTLIFT_STORE_HOSTED", "1"}};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string_view entry(*e);
@@ -92,7 +105,8 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int r, int por
 // One launched job: its ranks, their output, and the stopping of the others on a failure.
 class Job {
  public:
-  explicit Job(const LaunchOptions& o) : o_(o), ranks_(size_t(o.nprocs)) {}
+  explicit Job(const LaunchOptions& o)
+      : o_(o), base_(o.node_rank * o.nprocs), ranks_(size_t(o.nprocs)) {}
   Status start(int port, const std::string& token);
   Result<int> wait();
   Status kill_at_deadline();
@@ -101,6 +115,14 @@ class Job {
   void stop_all(int code, const std::string& why);
   void stop_if_asked();
   void kill_declared_lost();
+  // Several hosts: another host's failure, a launcher gone silent, or the store gone, seen
+  // every kStoreLookEvery; a failure here recorded for the others; the end waited for.
+  void look_at_other_hosts();
+  void record_failure(int r, int code);
+  Status finish_with_other_hosts(Clock::time_point deadline);
+  std::string silent_host(Clock::time_point now);
+  // "rank 5" for this host's rank `r`, as every message names it.
+  std::string name(int r) const { return "rank " + std::to_string(base_ + r); }
   Status spawn(int r, const std::vector<std::string>& env);
   bool restart(int r, int code);
   void emit(int r, std::string_view text);
@@ -109,6 +131,7 @@ class Job {
   void drop_orphaned_pipes();
 
   const LaunchOptions& o_;
+  int base_ = 0;  // this host's first global rank
   int port_ = 0;
   std::string token_;
   std::vector<Rank> ranks_;
@@ -122,6 +145,11 @@ class Job {
   std::unique_ptr<Store> store_;
   int64_t lost_seen_ = 0;
   Clock::time_point next_lost_check_{};
+  // Several hosts: when each other launcher's heartbeat last moved (node 0's watch), and
+  // another host's failure that stopped this one.
+  Clock::time_point next_host_check_{};
+  std::vector<std::pair<int64_t, Clock::time_point>> beats_;
+  std::string remote_failure_;
 };
 
 // The child's environment is built before fork: between fork and exec only async-signal-safe
@@ -134,8 +162,7 @@ Status Job::spawn(int r, const std::vector<std::string>& env) {
   std::vector<char*> envp;
   for (auto& e : env_strings) envp.push_back(e.data());
   envp.push_back(nullptr);
-  const std::string exec_failed =
-      "[launch] rank " + std::to_string(r) + ": cannot run " + o_.command[0] + "\n";
+  const std::string exec_failed = "[launch] " + name(r) + ": cannot run " + o_.command[0] + "\n";
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return errno_status("launch: pipe", errno);
   const pid_t parent = ::getpid();
@@ -167,11 +194,19 @@ Status Job::spawn(int r, const std::vector<std::string>& env) {
 Status Job::start(int port, const std::string& token) {
   port_ = port;
   token_ = token;
-  WL_ASSIGN_OR_RETURN(store_, TcpStore::connect({.host = o_.master_addr,
-                                                 .port = port,
-                                                 .token = token,
-                                                 .connect_timeout = std::chrono::seconds(10),
-                                                 .request_timeout = std::chrono::seconds(10)}));
+  // Node 0's store is this launcher's own; another host's waits for it to come up.
+  Result<std::unique_ptr<TcpStore>> store = TcpStore::connect(
+      {.host = o_.master_addr,
+       .port = port,
+       .token = token,
+       .connect_timeout = o_.node_rank == 0 ? std::chrono::milliseconds(10000) : o_.join_timeout,
+       .request_timeout = std::chrono::seconds(10)});
+  if (!store.ok()) {
+    return store.status().with_context("launch: host " + std::to_string(o_.node_rank) +
+                                       " reaching the job's store on " + o_.master_addr + ":" +
+                                       std::to_string(port));
+  }
+  store_ = *std::move(store);
   for (int r = 0; r < o_.nprocs; ++r) {
     WL_RETURN_IF_ERROR(spawn(r, rank_environment(o_, r, port, token)));
   }
@@ -186,7 +221,7 @@ void Job::emit(int r, std::string_view text) {
   std::string lines;
   while ((nl = k.partial.find('\n', start)) != std::string::npos) {
     const std::string_view line = std::string_view(k.partial).substr(start, nl - start);
-    lines += "[rank " + std::to_string(r) + "] " + std::string(line) + "\n";
+    lines += "[" + name(r) + "] " + std::string(line) + "\n";
     if (line.find_first_not_of(" \t\r") != std::string_view::npos) k.last_line = line;
     start = nl + 1;
   }
@@ -237,14 +272,16 @@ void Job::reap() {
     const int code = exit_code_of(wstatus);
     if (code == 0 || stopping_ || restart(r, code)) continue;
     if (k.lost) {  // the job goes on without it
-      write_fully(o_.notice_fd, "[launch] rank " + std::to_string(r) +
+      write_fully(o_.notice_fd, "[launch] " + name(r) +
                                     ", declared lost by the job, is not started again (no "
                                     "restarts left)\n");
       continue;
     }
     if (first_failed_ < 0) first_failed_ = r;
-    stop_all(code, "rank " + std::to_string(r) + " exited with code " + std::to_string(code) +
-                       "; stopping the other ranks");
+    record_failure(r, code);
+    stop_all(code, name(r) + " exited with code " + std::to_string(code) +
+                       (o_.nnodes > 1 ? "; stopping the other ranks on every host"
+                                      : "; stopping the other ranks"));
   }
   if (stopping_ && running_ > 0 && Clock::now() >= kill_at_) {
     for (const Rank& other : ranks_) {
@@ -296,12 +333,14 @@ void Job::kill_declared_lost() {
     int64_t pid = 0;
     std::memcpy(&r, v->data(), sizeof r);
     std::memcpy(&pid, v->data() + sizeof r, sizeof pid);
-    // A replacement started since runs under another pid: it is not the one given up on.
+    // Another host's rank is its launcher's to kill; a replacement started since runs under
+    // another pid: it is not the one given up on.
+    r -= base_;
     if (r < 0 || r >= o_.nprocs || !ranks_[size_t(r)].running || ranks_[size_t(r)].pid != pid)
       continue;
     Rank& k = ranks_[size_t(r)];
-    write_fully(o_.notice_fd, "[launch] rank " + std::to_string(r) +
-                                  " was declared lost by the job; killing it\n");
+    write_fully(o_.notice_fd,
+                "[launch] " + name(r) + " was declared lost by the job; killing it\n");
     k.lost = true;
     ::kill(k.pid, SIGKILL);  // a stopped process too
   }
@@ -314,8 +353,7 @@ bool Job::restart(int r, int code) {
   Rank& k = ranks_[size_t(r)];
   if (k.restarts >= o_.restart_failed) return false;
   if (code == o_.usage_exit_code) {
-    write_fully(o_.notice_fd, "[launch] rank " + std::to_string(r) + " exited with code " +
-                                  std::to_string(code) +
+    write_fully(o_.notice_fd, "[launch] " + name(r) + " exited with code " + std::to_string(code) +
                                   ": its command line is wrong, and starting it again would "
                                   "not change that\n");
     return false;
@@ -327,10 +365,9 @@ bool Job::restart(int r, int code) {
     k.out = -1;
     --open_pipes_;
   }
-  write_fully(o_.notice_fd, "[launch] rank " + std::to_string(r) + " exited with code " +
-                                std::to_string(code) + "; starting it again (restart " +
-                                std::to_string(k.restarts) + " of " +
-                                std::to_string(o_.restart_failed) + ")\n");
+  write_fully(o_.notice_fd, "[launch] " + name(r) + " exited with code " + std::to_string(code) +
+                                "; starting it again (restart " + std::to_string(k.restarts) +
+                                " of " + std::to_string(o_.restart_failed) + ")\n");
   std::vector<std::string> env = rank_environment(o_, r, port_, token_);
   env.push_back("WEIGHTLIFT_RESTART=" + std::to_string(k.restarts));
   const Status started = spawn(r, env);
@@ -367,15 +404,19 @@ Result<int> Job::wait() {
     WL_RETURN_IF_ERROR(read_output());
     stop_if_asked();
     kill_declared_lost();
+    look_at_other_hosts();
     reap();
     drop_orphaned_pipes();
     if (running_ > 0 && Clock::now() >= deadline) return kill_at_deadline();
   }
+  WL_RETURN_IF_ERROR(finish_with_other_hosts(deadline));
   // The others' errors (a peer gone, a transport torn down) follow the first failure and may be
   // printed before it: its own last line closes the output, where a person looks first.
   if (first_failed_ >= 0 && !ranks_[size_t(first_failed_)].last_line.empty()) {
-    write_fully(o_.notice_fd, "[launch] the job failed at rank " + std::to_string(first_failed_) +
-                                  ": " + ranks_[size_t(first_failed_)].last_line + "\n");
+    write_fully(o_.notice_fd, "[launch] the job failed at " + name(first_failed_) + ": " +
+                                  ranks_[size_t(first_failed_)].last_line + "\n");
+  } else if (!remote_failure_.empty()) {
+    write_fully(o_.notice_fd, "[launch] the job failed at " + remote_failure_ + "\n");
   }
   return result_;
 }
@@ -387,7 +428,7 @@ Status Job::kill_at_deadline() {
   for (size_t r = 0; r < ranks_.size(); ++r) {
     if (!ranks_[r].running) continue;
     ::kill(ranks_[r].pid, SIGKILL);
-    if (n++ < 8) names += (names.empty() ? "" : ", ") + std::to_string(r);
+    if (n++ < 8) names += (names.empty() ? "" : ", ") + std::to_string(base_ + int(r));
   }
   if (n > 8) names += ", ... (" + std::to_string(n) + " in all)";
   for (Rank& k : ranks_) {
@@ -402,18 +443,120 @@ Status Job::kill_at_deadline() {
                            std::to_string(o_.deadline.count()) + " ms; killed");
 }
 
+// Several hosts: the first failure on this one, for the other launchers (the first recorded
+// is the one they report).
+void Job::record_failure(int r, int code) {
+  if (o_.nnodes == 1 || !store_) return;
+  const std::string record = std::to_string(code) + " " + std::to_string(base_ + r);
+  const std::string key = std::string(kFailureKey) + "/" + std::to_string(o_.node_rank);
+  if (store_->set(key, to_bytes(record)).ok()) (void)store_->add(kFailuresKey, 1);
+}
+
+// Several hosts, every kStoreLookEvery while this host's ranks run: another host's failure
+// stops them with its code; so does a store that no longer answers (node 0's launcher is gone)
+// and, on node 0, a launcher whose heartbeat has not moved for host_timeout.
+void Job::look_at_other_hosts() {
+  if (o_.nnodes == 1 || stopping_ || Clock::now() < next_host_check_) return;
+  const Clock::time_point now = Clock::now();
+  next_host_check_ = now + kStoreLookEvery;
+  const std::string store = o_.master_addr + ":" + std::to_string(port_);
+  Result<int64_t> beat = store_->add(std::string(kBeatKey) + "/" + std::to_string(o_.node_rank), 1);
+  Result<int64_t> failures = beat.ok() ? store_->add(kFailuresKey, 0) : beat.status();
+  if (!failures.ok()) {
+    stop_all(1, "the job's store on " + store + " does not answer (" +
+                    failures.status().to_string() + "); stopping this host's ranks");
+    remote_failure_ = "the store on " + store + ": " + failures.status().message();
+    return;
+  }
+  if (*failures > 0) {
+    for (int node = 0; node < o_.nnodes; ++node) {
+      Result<Bytes> b = store_->get(std::string(kFailureKey) + "/" + std::to_string(node),
+                                    std::chrono::milliseconds(0));
+      int code = 1, rank = -1;
+      if (!b.ok() || std::sscanf(to_string(*b).c_str(), "%d %d", &code, &rank) != 2) continue;
+      remote_failure_ = "rank " + std::to_string(rank) + " (host " + std::to_string(node) +
+                        "), which exited with code " + std::to_string(code);
+      stop_all(code, remote_failure_ + ": stopping this host's ranks");
+      return;
+    }
+  }
+  if (o_.node_rank != 0) return;
+  const std::string silent = silent_host(now);
+  if (silent.empty()) return;
+  remote_failure_ = silent;
+  stop_all(1, silent + ": stopping this host's ranks");
+}
+
+// Node 0: another host whose launcher's heartbeat has not moved for host_timeout (a host
+// lost, its launcher killed), or "".
+std::string Job::silent_host(Clock::time_point now) {
+  beats_.resize(size_t(o_.nnodes), {0, now});
+  for (int node = 1; node < o_.nnodes; ++node) {
+    Result<int64_t> b = store_->add(std::string(kBeatKey) + "/" + std::to_string(node), 0);
+    auto& [seen, since] = beats_[size_t(node)];
+    if (b.ok() && *b != seen) {
+      seen = *b;
+      since = now;
+    } else if (now - since > o_.host_timeout) {
+      return "host " + std::to_string(node) + ", whose launcher has not been heard from for " +
+             std::to_string(o_.host_timeout.count()) + " ms";
+    }
+  }
+  return "";
+}
+
+// Several hosts, once this host's ranks have all ended: it says so, and node 0's launcher,
+// which runs the store, keeps it up until every launcher has (or one has gone silent, or the
+// job's deadline passes), so that no host's ranks lose it before they end.
+Status Job::finish_with_other_hosts(Clock::time_point deadline) {
+  if (o_.nnodes == 1) return ok_status();
+  (void)store_->add(kDoneKey, 1);
+  if (o_.node_rank != 0) return ok_status();
+  for (;;) {
+    Result<int64_t> done = store_->add(kDoneKey, 0);
+    if (!done.ok() || *done >= o_.nnodes) return ok_status();
+    if (Clock::now() >= deadline) {
+      return deadline_exceeded("launch: the other hosts' ranks had not ended by the deadline");
+    }
+    const std::string silent = silent_host(Clock::now());
+    if (!silent.empty()) {
+      write_fully(o_.notice_fd, "[launch] " + silent + ": not waiting for it\n");
+      if (result_ == 0) result_ = 1;
+      if (remote_failure_.empty()) remote_failure_ = silent;
+      return ok_status();
+    }
+    std::this_thread::sleep_for(kStoreLookEvery);
+  }
+}
+
 }  // namespace
 
 Result<int> run_launch(const LaunchOptions& o) {
   if (o.nprocs < 1) return invalid_argument("launch: -n must be at least 1");
   if (o.command.empty()) return invalid_argument("launch: no command to run");
-  const std::string token = random_token();
-  // The job's store, for as long as the job runs (port 0: the kernel picks a free one).
-  Result<std::unique_ptr<TcpStoreServer>> store =
-      TcpStoreServer::start({.bind_address = o.master_addr, .port = o.master_port, .token = token});
-  if (!store.ok()) return store.status().with_context("launch: the job's store");
+  if (o.nnodes < 1 || o.node_rank < 0 || o.node_rank >= o.nnodes) {
+    return invalid_argument("launch: --node-rank " + std::to_string(o.node_rank) +
+                            " is not one of --nnodes " + std::to_string(o.nnodes) + "'s 0.." +
+                            std::to_string(o.nnodes - 1));
+  }
+  if (o.nnodes > 1 && (o.master_port == 0 || o.job_token.empty())) {
+    return invalid_argument(
+        "launch: --nnodes " + std::to_string(o.nnodes) +
+        " needs --master-port (every host's launcher meets node 0's store there) and one job "
+        "token for every host (WEIGHTLIFT_JOB_TOKEN, the same secret on each)");
+  }
+  const std::string token = o.job_token.empty() ? random_token() : o.job_token;
+  // The job's store on node 0, for as long as the job runs (port 0: the kernel picks a free
+  // one); the other hosts' launchers find it there.
+  std::unique_ptr<TcpStoreServer> store;
+  if (o.node_rank == 0) {
+    Result<std::unique_ptr<TcpStoreServer>> started = TcpStoreServer::start(
+        {.bind_address = o.master_addr, .port = o.master_port, .token = token});
+    if (!started.ok()) return started.status().with_context("launch: the job's store");
+    store = *std::move(started);
+  }
   Job job(o);
-  WL_RETURN_IF_ERROR(job.start((*store)->port(), token));
+  WL_RETURN_IF_ERROR(job.start(store ? store->port() : o.master_port, token));
   return job.wait();
 }
 

@@ -1,4 +1,4 @@
-// launch: `weightlift launch -n N -- CMD ...`, the embedded launcher for one host.
+// launch: `weightlift launch -n N -- CMD ...`, the embedded launcher, for one host or several.
 //
 // Starts N copies of CMD with the variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and a fresh random WEIGHTLIFT_JOB_TOKEN, so that
@@ -15,6 +15,19 @@
 // launcher asked to stop (`stop_signal`: its caller's handler of SIGINT, SIGTERM or SIGHUP)
 // stops its ranks as it stops them after a failure, so that each can clean up (remove its
 // shared memory and sockets) before the grace period ends.
+//
+// Several hosts (`--nnodes N --node-rank R --master-addr A --master-port P`, torchrun's
+// contract): one launcher per host, each starting its -n ranks as global ranks R*n .. R*n+n-1
+// (LOCAL_RANK and LOCAL_WORLD_SIZE within the host, GROUP_RANK = R), all with the same job
+// token, which every launcher takes from WEIGHTLIFT_JOB_TOKEN (set it to one secret on every
+// host). Node 0's launcher runs the store on A:P; the others connect to it before they start
+// their ranks, waiting up to join_timeout for it. A rank that fails (and is not started again)
+// fails the job on every host: its launcher records the failure in the store, and each of the
+// others, which looks every 100 ms, stops its own ranks and exits with the same code. A
+// launcher that loses the store stops its ranks too, and node 0's stops the job when another
+// launcher falls silent for host_timeout. Node 0's launcher keeps the store up
+// until every host's ranks are done. --restart-failed works on every host, each launcher
+// restarting its own ranks.
 #pragma once
 
 #include <atomic>
@@ -36,7 +49,19 @@ namespace wl::comm {
 Status declare_lost(Store& store, int rank, int64_t pid);
 
 struct LaunchOptions {
-  int nprocs = 1;
+  int nprocs = 1;  // on this host
+  // Hosts in the job and this one's place among them; see the top.
+  int nnodes = 1;
+  int node_rank = 0;
+  // The job's token when it spans several hosts (every launcher is given the same one); one
+  // host's is drawn at random when this is empty.
+  std::string job_token;
+  // How long a launcher waits for the store on node 0 (and node 0's, at the end, for the other
+  // hosts' ranks to be done).
+  std::chrono::milliseconds join_timeout{60000};
+  // A host whose launcher has not been heard from for this long (it beats every 100 ms) is
+  // lost: node 0's launcher stops the job.
+  std::chrono::milliseconds host_timeout{10000};
   std::vector<std::string> command;  // argv; command[0] is looked up on PATH
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: a free port on master_addr
