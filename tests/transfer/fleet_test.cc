@@ -1056,13 +1056,14 @@ TEST(HealFromServers, RecordsThatAreNotServerCopiesAreDataLoss) {
     EXPECT_NE(got.status().message().find("fleet/copy/1"), std::string::npos)
         << got.status().to_string();
   }
-  auto v3 = server_copy_from_json(
-      "{\"format\": \"weightlift-fleet-server-copy\", \"format_version\": 3}", "fleet/copy/1");
-  EXPECT_EQ(v3.status().code(), StatusCode::kFailedPrecondition) << v3.status().to_string();
-  EXPECT_NE(v3.status().message().find("format version 3, this build reads version 2; run one "
+  // Version 2's records named the version themselves, over a two-word status block.
+  auto v2 = server_copy_from_json(
+      "{\"format\": \"weightlift-fleet-server-copy\", \"format_version\": 2}", "fleet/copy/1");
+  EXPECT_EQ(v2.status().code(), StatusCode::kFailedPrecondition) << v2.status().to_string();
+  EXPECT_NE(v2.status().message().find("format version 2, this build reads version 3; run one "
                                        "weightlift version across the fleet"),
             std::string::npos)
-      << v3.status().to_string();
+      << v2.status().to_string();
   r.rank = 2;  // not a rank of 2 servers
   EXPECT_EQ(server_copy_from_json(server_copy_to_json(r), "copy").status().code(),
             StatusCode::kDataLoss);

@@ -83,9 +83,9 @@ struct StageRebuild::Sends {
 Status StageRebuild::rebuild(const Decision& d, const std::vector<Rebuild>& plan) {
   Sends sends;
   Status received = post_sends(d, plan, sends);
+  const auto b =
+      std::find_if(plan.begin(), plan.end(), [&](const Rebuild& r) { return r.stage == stage_; });
   if (received.ok() && lost(d, stage_)) {
-    const auto b =
-        std::find_if(plan.begin(), plan.end(), [&](const Rebuild& r) { return r.stage == stage_; });
     received = receive_blocks(d, *b);
     if (received.ok() && o_.recovery == Recovery::kCheckFreePlus) received = receive_end_state();
   }
@@ -95,7 +95,10 @@ Status StageRebuild::rebuild(const Decision& d, const std::vector<Rebuild>& plan
     if (sent.ok() && !s.ok()) sent = s;
   }
   WL_RETURN_IF_ERROR(received);
-  return sent;
+  WL_RETURN_IF_ERROR(sent);
+  // Once every transfer of the recovery is done: a dump that fails stops this stage alone,
+  // with no peer left waiting on it.
+  return lost(d, stage_) ? dump(d, *b, received_norms_) : ok_status();
 }
 
 // A survivor's sends: its blocks and their norm to each lost neighbour; under CheckFree+, an
@@ -165,7 +168,8 @@ Status StageRebuild::receive_blocks(const Decision& d, const Rebuild& b) {
     if (opt_.holds_ends()) opt_.reset_group(ClipGroup::kEnds, o_.lr_scale);
   }
   opt_.reset_group(ClipGroup::kBlocks, o_.lr_scale);
-  return dump(d, b, {left_norm, right_norm});
+  received_norms_ = {left_norm, right_norm};
+  return ok_status();
 }
 
 // ResilienceOptions::rebuild_dump: the blocks as this stage came back, for a drill to check.

@@ -61,6 +61,7 @@ class StageRebuild {
   parallel::DataParallel& dp_;
   int stage_, stages_;
   Options o_;
+  std::array<double, 2> received_norms_{0, 0};  // of the neighbours this stage came back from
 };
 
 }  // namespace wl::fault

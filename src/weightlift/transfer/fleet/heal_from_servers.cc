@@ -12,8 +12,13 @@
 namespace wl::transfer {
 namespace {
 
-constexpr RecordFormat kServerCopyFormat =
-    fleet_record("weightlift-fleet-server-copy", "fleet server copy record");
+// Version 3: the version sent and its stamp are in the region's status block, words [2] and [3]
+// (version 2's records carried the current ones, and its block had two words).
+constexpr RecordFormat kServerCopyFormat = {
+    .name = "weightlift-fleet-server-copy",
+    .version = 3,
+    .what = "fleet server copy record",
+    .remedy = "run one weightlift version across the fleet"};
 
 using json = nlohmann::json;
 

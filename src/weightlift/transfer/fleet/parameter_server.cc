@@ -142,9 +142,10 @@ Result<std::unique_ptr<ParameterServer>> ParameterServer::create(const Parameter
   if (o.rank == 0) {
     // Continue the fleet's numbering: receivers wait for the round after the last one posted,
     // which may be past the counter (post()).
+    // The counter as it stands (post() adds what it has not counted), then the rounds past it.
+    WL_ASSIGN_OR_RETURN(const int64_t counted, o.store->add(impl->keys.rounds(), 0));
+    impl->counted = uint64_t(counted);
     WL_ASSIGN_OR_RETURN(impl->round, last_round_posted(*o.store, impl->keys));
-    impl->counted = impl->round;
-    impl->counted_generation = 0;
   }
   return std::unique_ptr<ParameterServer>(new ParameterServer(std::move(impl)));
 }
@@ -491,6 +492,7 @@ Status ParameterServer::Impl::read_joins() {
     WL_ASSIGN_OR_RETURN(JoinRecord j, join_from_json(comm::to_string(b), keys.join(k)));
     joins_seen = k;
     if (j.leave) {
+      processes.erase({j.id, j.epoch});
       if (joined.count(j.id) && joined[j.id] == j.epoch) {
         joined.erase(j.id);
         holders.erase(j.id);
@@ -525,10 +527,12 @@ Status ParameterServer::Impl::read_joins() {
 // The counter lags behind the rounds an unchanged generation replays (protocol.h): their
 // update costs one store write, not two.
 Result<RoundRecord> ParameterServer::Impl::post(RoundRecord r) {
-  r.round = ++round;
+  r.round = round + 1;
   r.servers = options.size;
   const std::string json = round_to_json(r);
+  // The number is taken once the round is there: a gap would stop last_round_posted() short.
   WL_RETURN_IF_ERROR(options.store->set(keys.round(r.round), comm::to_bytes(json)));
+  round = r.round;
   const bool replay = r.kind == RoundRecord::Kind::kUpdate && r.generation == counted_generation;
   if (!replay || r.round - counted >= kRoundsCountedEvery) {
     WL_RETURN_IF_ERROR(options.store->add(keys.rounds(), int64_t(r.round - counted)).status());
