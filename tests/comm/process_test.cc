@@ -178,8 +178,8 @@ Launched launch(int n, std::vector<std::string> command, int restart_failed = 0)
 }
 
 // Several hosts on this one: a launcher per "host", as threads, meeting at node 0's store.
-std::vector<Launched> launch_hosts(int hosts, int per_host,
-                                   const std::vector<std::string>& command) {
+std::vector<Launched> launch_hosts(int hosts, int per_host, const std::vector<std::string>& command,
+                                   std::chrono::milliseconds host_timeout = 10s) {
   const int port = free_port();
   std::vector<Launched> out(static_cast<size_t>(hosts));
   std::vector<std::thread> launchers;
@@ -191,6 +191,7 @@ std::vector<Launched> launch_hosts(int hosts, int per_host,
                            .node_rank = h,
                            .job_token = "a-secret-all-hosts-share",
                            .join_timeout = 20s,
+                           .host_timeout = host_timeout,
                            .command = command,
                            .master_port = port,
                            .grace = 500ms,
@@ -252,6 +253,20 @@ TEST(Launch, ARankFailingOnOneHostStopsEveryHost) {
       << l[1].output;
   EXPECT_EQ(l[0].code, 6) << l[0].output;
   EXPECT_NE(l[0].output.find("the job failed at rank 3 (host 1), which exited with code 6"),
+            std::string::npos)
+      << l[0].output;
+}
+
+// A host whose ranks end first stops beating: it is done, not lost, and the other hosts' ranks
+// run on; one whose rank fails after node 0's ranks ended well still fails node 0's launcher.
+TEST(Launch, AHostDoneFirstIsNotLostAndALateFailureStillCounts) {
+  std::vector<Launched> l = launch_hosts(
+      2, 1, {"sh", "-c", "if [ \"$GROUP_RANK\" = 0 ]; then sleep 2.5; fi; echo done"}, 1s);
+  for (const Launched& h : l) EXPECT_EQ(h.code, 0) << h.output;
+  l = launch_hosts(2, 1, {"sh", "-c", "if [ \"$GROUP_RANK\" = 1 ]; then sleep 1; exit 9; fi"});
+  EXPECT_EQ(l[1].code, 9) << l[1].output;
+  EXPECT_EQ(l[0].code, 9) << l[0].output;
+  EXPECT_NE(l[0].output.find("the job failed at rank 1 (host 1), which exited with code 9"),
             std::string::npos)
       << l[0].output;
 }

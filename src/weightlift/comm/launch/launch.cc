@@ -26,9 +26,10 @@ using Clock = std::chrono::steady_clock;
 // made (the count is raised only once the rank is there to read).
 constexpr const char* kLostKey = "launch/lost";
 constexpr const char* kLostSlotKey = "launch/lost-slots";
-// Several hosts: a failed rank's record under kFailureKey/<node> ("<code> <rank>"), counted in
-// kFailuresKey; each launcher's heartbeat, a counter under kBeatKey/<node>; and how many
-// launchers have seen all their ranks end, in kDoneKey.
+// Several hosts: a failed rank's record under kFailureKey/<k> ("<code> <rank> <host>"), k the
+// order in which hosts recorded one (kFailuresKey counts them); each launcher's heartbeat, a
+// counter under kBeatKey/<node>; and each launcher that has seen all its ranks end, under
+// kDoneKey/<node>, counted in kDoneKey.
 constexpr const char* kFailureKey = "launch/failure";
 constexpr const char* kFailuresKey = "launch/failures";
 constexpr const char* kBeatKey = "launch/beat";
@@ -324,7 +325,7 @@ void Job::kill_declared_lost() {
   if (!store_ || stopping_ || Clock::now() < next_lost_check_) return;
   next_lost_check_ = Clock::now() + std::chrono::milliseconds(100);
   Result<int64_t> count = store_->add(kLostKey, 0);
-  if (!count.ok()) return;  // the store is ours and local: this does not happen
+  if (!count.ok()) return;  // a store gone is look_at_other_hosts()'s to report
   for (; lost_seen_ < *count; ++lost_seen_) {
     Result<Bytes> v =
         store_->get(std::string(kLostKey) + "/" + std::to_string(lost_seen_), o_.grace);
@@ -443,13 +444,28 @@ Status Job::kill_at_deadline() {
                            std::to_string(o_.deadline.count()) + " ms; killed");
 }
 
-// Several hosts: the first failure on this one, for the other launchers (the first recorded
-// is the one they report).
+// Several hosts: the first failure on this one, for the other launchers, which report the
+// first one any host recorded (the others are likely its consequences).
 void Job::record_failure(int r, int code) {
   if (o_.nnodes == 1 || !store_) return;
-  const std::string record = std::to_string(code) + " " + std::to_string(base_ + r);
-  const std::string key = std::string(kFailureKey) + "/" + std::to_string(o_.node_rank);
-  if (store_->set(key, to_bytes(record)).ok()) (void)store_->add(kFailuresKey, 1);
+  Result<int64_t> k = store_->add(kFailuresKey, 1);
+  if (!k.ok()) return;
+  const std::string record =
+      std::to_string(code) + " " + std::to_string(base_ + r) + " " + std::to_string(o_.node_rank);
+  (void)store_->set(std::string(kFailureKey) + "/" + std::to_string(*k - 1), to_bytes(record));
+}
+
+// The first failure recorded by any host, as "rank 3 (host 1), which exited with code 6", and
+// its code; "" while none has been (or its record is not there yet).
+std::pair<std::string, int> first_recorded_failure(Store& store) {
+  Result<Bytes> b = store.get(std::string(kFailureKey) + "/0", std::chrono::milliseconds(0));
+  int code = 1, rank = -1, node = -1;
+  if (!b.ok() || std::sscanf(to_string(*b).c_str(), "%d %d %d", &code, &rank, &node) != 3) {
+    return {"", 0};
+  }
+  return {"rank " + std::to_string(rank) + " (host " + std::to_string(node) +
+              "), which exited with code " + std::to_string(code),
+          code};
 }
 
 // Several hosts, every kStoreLookEvery while this host's ranks run: another host's failure
@@ -469,14 +485,10 @@ void Job::look_at_other_hosts() {
     return;
   }
   if (*failures > 0) {
-    for (int node = 0; node < o_.nnodes; ++node) {
-      Result<Bytes> b = store_->get(std::string(kFailureKey) + "/" + std::to_string(node),
-                                    std::chrono::milliseconds(0));
-      int code = 1, rank = -1;
-      if (!b.ok() || std::sscanf(to_string(*b).c_str(), "%d %d", &code, &rank) != 2) continue;
-      remote_failure_ = "rank " + std::to_string(rank) + " (host " + std::to_string(node) +
-                        "), which exited with code " + std::to_string(code);
-      stop_all(code, remote_failure_ + ": stopping this host's ranks");
+    const auto [failure, code] = first_recorded_failure(*store_);
+    if (!failure.empty()) {
+      remote_failure_ = failure;
+      stop_all(code, failure + ": stopping this host's ranks");
       return;
     }
   }
@@ -488,18 +500,23 @@ void Job::look_at_other_hosts() {
 }
 
 // Node 0: another host whose launcher's heartbeat has not moved for host_timeout (a host
-// lost, its launcher killed), or "".
+// lost, its launcher killed), or has not started within join_timeout, or "". A launcher done
+// with its ranks stops beating and is not waited for.
 std::string Job::silent_host(Clock::time_point now) {
   beats_.resize(size_t(o_.nnodes), {0, now});
   for (int node = 1; node < o_.nnodes; ++node) {
-    Result<int64_t> b = store_->add(std::string(kBeatKey) + "/" + std::to_string(node), 0);
+    const std::string n = std::to_string(node);
+    if (store_->get(std::string(kDoneKey) + "/" + n, std::chrono::milliseconds(0)).ok()) continue;
+    Result<int64_t> b = store_->add(std::string(kBeatKey) + "/" + n, 0);
     auto& [seen, since] = beats_[size_t(node)];
+    const auto limit = seen == 0 ? o_.join_timeout : o_.host_timeout;
     if (b.ok() && *b != seen) {
       seen = *b;
       since = now;
-    } else if (now - since > o_.host_timeout) {
-      return "host " + std::to_string(node) + ", whose launcher has not been heard from for " +
-             std::to_string(o_.host_timeout.count()) + " ms";
+    } else if (now - since > limit) {
+      return "host " + n + ", whose launcher " +
+             (seen == 0 ? "has not started within " : "has not been heard from for ") +
+             std::to_string(limit.count()) + " ms";
     }
   }
   return "";
@@ -510,11 +527,20 @@ std::string Job::silent_host(Clock::time_point now) {
 // job's deadline passes), so that no host's ranks lose it before they end.
 Status Job::finish_with_other_hosts(Clock::time_point deadline) {
   if (o_.nnodes == 1) return ok_status();
+  (void)store_->set(std::string(kDoneKey) + "/" + std::to_string(o_.node_rank), to_bytes("1"));
   (void)store_->add(kDoneKey, 1);
   if (o_.node_rank != 0) return ok_status();
   for (;;) {
     Result<int64_t> done = store_->add(kDoneKey, 0);
-    if (!done.ok() || *done >= o_.nnodes) return ok_status();
+    if (!done.ok() || *done >= o_.nnodes) {
+      // A rank of another host may have failed after this host's ranks ended well.
+      const auto [failure, code] = first_recorded_failure(*store_);
+      if (result_ == 0 && !failure.empty()) {
+        result_ = code;
+        remote_failure_ = failure;
+      }
+      return ok_status();
+    }
     if (Clock::now() >= deadline) {
       return deadline_exceeded("launch: the other hosts' ranks had not ended by the deadline");
     }
