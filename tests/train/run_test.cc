@@ -7,7 +7,6 @@
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 
 namespace wl::train {
@@ -23,12 +22,7 @@ fs::path run_dir(const std::string& name) {
   return dir;
 }
 
-std::string file_text(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+std::string file_text(const fs::path& p) { return *read_file(p.string(), 1 << 20, "a log"); }
 
 TEST(RunSchedule, EvaluatesOnItsPeriodAndAtTheEndAndStopsWhereTold) {
   const RunSchedule s{.steps = 10, .eval_every = 4, .checkpoint_every = 3, .stop_after = 7};

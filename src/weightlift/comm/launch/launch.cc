@@ -29,7 +29,7 @@ constexpr const char* kLostSlotKey = "launch/lost-slots";
 // Several hosts: a failed rank's record under kFailureKey/<k> ("<code> <rank> <host>"), k the
 // order in which hosts recorded one (kFailuresKey counts them); each launcher's heartbeat, a
 // counter under kBeatKey/<node>; and each launcher that has seen all its ranks end, under
-// kDoneKey/<node>, counted in kDoneKey.
+// kDoneKey/<node>.
 constexpr const char* kFailureKey = "launch/failure";
 constexpr const char* kFailuresKey = "launch/failures";
 constexpr const char* kBeatKey = "launch/beat";
@@ -122,6 +122,7 @@ class Job {
   void record_failure(int r, int code);
   Status finish_with_other_hosts(Clock::time_point deadline);
   std::string silent_host(Clock::time_point now);
+  bool host_done(int node);  // its launcher has seen all its ranks end
   // "rank 5" for this host's rank `r`, as every message names it.
   std::string name(int r) const { return "rank " + std::to_string(base_ + r); }
   Status spawn(int r, const std::vector<std::string>& env);
@@ -506,7 +507,7 @@ std::string Job::silent_host(Clock::time_point now) {
   beats_.resize(size_t(o_.nnodes), {0, now});
   for (int node = 1; node < o_.nnodes; ++node) {
     const std::string n = std::to_string(node);
-    if (store_->get(std::string(kDoneKey) + "/" + n, std::chrono::milliseconds(0)).ok()) continue;
+    if (host_done(node)) continue;
     Result<int64_t> b = store_->add(std::string(kBeatKey) + "/" + n, 0);
     auto& [seen, since] = beats_[size_t(node)];
     const auto limit = seen == 0 ? o_.join_timeout : o_.host_timeout;
@@ -522,17 +523,23 @@ std::string Job::silent_host(Clock::time_point now) {
   return "";
 }
 
+bool Job::host_done(int node) {
+  return store_
+      ->get(std::string(kDoneKey) + "/" + std::to_string(node), std::chrono::milliseconds(0))
+      .ok();
+}
+
 // Several hosts, once this host's ranks have all ended: it says so, and node 0's launcher,
 // which runs the store, keeps it up until every launcher has (or one has gone silent, or the
 // job's deadline passes), so that no host's ranks lose it before they end.
 Status Job::finish_with_other_hosts(Clock::time_point deadline) {
   if (o_.nnodes == 1) return ok_status();
   (void)store_->set(std::string(kDoneKey) + "/" + std::to_string(o_.node_rank), to_bytes("1"));
-  (void)store_->add(kDoneKey, 1);
   if (o_.node_rank != 0) return ok_status();
   for (;;) {
-    Result<int64_t> done = store_->add(kDoneKey, 0);
-    if (!done.ok() || *done >= o_.nnodes) {
+    bool all_done = true;
+    for (int node = 1; node < o_.nnodes && all_done; ++node) all_done = host_done(node);
+    if (all_done) {
       // A rank of another host may have failed after this host's ranks ended well.
       const auto [failure, code] = first_recorded_failure(*store_);
       if (result_ == 0 && !failure.empty()) {
