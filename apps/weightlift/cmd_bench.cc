@@ -32,6 +32,9 @@ void add_bench_train_flags(CLI::App* cmd, BenchTrainOptions& o, BenchTrainFlags&
       ->capture_default_str()
       ->transform(count(0, 1000000));
   cmd->add_flag("--checkpointing", o.checkpointing);
+  cmd->add_option("--capacity-factor", o.capacity_factor,
+                  "token dropping at this capacity factor (replaces the config's)")
+      ->transform(real(kPositive));
   cmd->add_option("--dp-mode", f.dp_mode, "under a launcher: ddp, zero1, zero2 or fsdp")
       ->capture_default_str();
   cmd->add_option("--micro-batches", o.layout.micro_batches)
@@ -74,11 +77,16 @@ Status run_bench_train(BenchTrainOptions o, const BenchTrainFlags& f) {
   if (f.json) {
     std::printf("%s\n", r.to_json(o).c_str());
   } else {
+    char drop[96] = "";
+    if (o.capacity_factor) {
+      std::snprintf(drop, sizeof drop, "; capacity factor %g drops %.2f%% of routing slots",
+                    *o.capacity_factor, 100 * r.drop_rate);
+    }
     std::printf(
         "bench train %s batch %ld x %ld %s, %d ranks (%s) x %d threads on %s: step %.1f ms "
         "p50 (min %.1f, p99 %.1f, max %.1f), %.0f tokens/s, %.1f GFLOP/s = %.0f%% of the %.1f "
-        "GFLOP/s f32 GEMM peak measured now; exposed communication %.1f ms, peak %.1f MB "
-        "of model state per rank\n",
+        "GFLOP/s %s GEMM peak measured now; exposed communication %.1f ms, peak %.1f MB "
+        "of model state per rank%s\n",
         (o.model_dir.empty() ? o.preset : o.model_dir).c_str(), long(o.batch), long(o.seq),
         f.precision.c_str(), r.ranks,
         (std::string(parallel::dp_mode_name(o.layout.dp_mode)) +
@@ -88,7 +96,8 @@ Status run_bench_train(BenchTrainOptions o, const BenchTrainFlags& f) {
             .c_str(),
         r.threads, cpu_info().describe().c_str(), r.step_ms_median, r.step_ms_min, r.step_ms_p99,
         r.step_ms_max, r.tokens_per_s, r.gflops, 100 * r.gflops / r.gemm_peak_gflops,
-        r.gemm_peak_gflops, r.exposed_comm_ms, double(r.peak_bytes_per_rank) / 1e6);
+        r.gemm_peak_gflops, std::string(dtype_name(gemm_operand_type(o.precision))).c_str(),
+        r.exposed_comm_ms, double(r.peak_bytes_per_rank) / 1e6, drop);
   }
   return ok_status();
 }

@@ -290,6 +290,10 @@ void add_model_and_data_flags(CLI::App* cmd, parallel::TrainOptions* o) {
       ->excludes("--init-weights");
   cmd->add_option("--resume", o->resume, "continue bit-exactly from this checkpoint directory");
   cmd->add_option("--seed", o->seed, "weights init and data order")->capture_default_str();
+  cmd->add_option("--capacity-factor", o->capacity_factor,
+                  "token dropping: each expert takes at most this many times its even share of "
+                  "a micro-batch's routing slots, the rest pass through the residual (replaces "
+                  "the config's capacity_factor; default: the config's, null = dropless)");
   o->corpus_dir = default_corpus_dir();
   cmd->add_option("--corpus", o->corpus_dir, "Brown corpus directory")->capture_default_str();
   cmd->add_option("--data", o->data_path,

@@ -11,6 +11,8 @@ void add_train_flag_ranges(CLI::App& train) {
       {"--seed", u64()},
       {"--batch", count(1, kMaxRows)},
       {"--seq", count(0, kMaxRows)},  // 0: the config's max_seq_len
+      // 0 would drop every token, and an infinite one is dropless: leave the flag out.
+      {"--capacity-factor", real(kPositive)},
       {"--micro-batches", count(1, kMaxRows)},
       {"--pp", count(1, kMaxRanks)},
       {"--ep", count(1, kMaxRanks)},

@@ -66,7 +66,11 @@ def optimizer(s, d):
                                  ("--tp", "0", "[1,"),
                                  ("--seq", "-1", "[0,"), ("--eval-every", "-1", "[0,"),
                                  ("--checkpoint-every", "-5", "[0,"),
-                                 ("--seed", "-1", "[0,")):
+                                 ("--seed", "-1", "[0,"),
+                                 ("--capacity-factor", "0", "(0, inf)"),
+                                 ("--capacity-factor", "-1", "(0, inf)"),
+                                 ("--capacity-factor", "nan", "(0, inf)"),
+                                 ("--capacity-factor", "inf", "(0, inf)")):
         s.expect_error(f"train {flag} {value}", with_flag(train, base, flag, value), flag,
                        allowed)
     # Each in range alone, but the cosine would climb from --lr to --min-lr.

@@ -115,7 +115,9 @@ def resumes(s, d, cfg, w, batch):
                                ("--batch", "2", "--batch 1 -> 2"),
                                ("--seed", "7", "--seed 1234 -> 7"),
                                ("--precision", "bf16", "--precision f32 -> bf16"),
-                               ("--lr", "0.001", "--lr 0.003 -> 0.001")):
+                               ("--lr", "0.001", "--lr 0.003 -> 0.001"),
+                               ("--capacity-factor", "1.5",
+                                "--capacity-factor (not recorded) -> 1.5")):
         base = {"--steps": "6", "--batch": "1"}
         base[flag] = value
         s.expect_error(f"resume with {flag} {value}",

@@ -340,5 +340,124 @@ TEST(RouterBackward, AuxAndZAloneHaveClosedForms) {
   }
 }
 
+// ---- dispatch: group_by_expert and capacity ----
+
+struct Dispatch {
+  std::vector<int64_t> begin;
+  std::vector<int32_t> row_of_slot, token_of_row;
+  int64_t rows = 0, dropped = -1;
+};
+
+Dispatch dispatch(const RouterShape& s, const std::vector<int32_t>& idx,
+                  const std::vector<uint8_t>& keep = {}) {
+  Dispatch d;
+  d.begin.resize(size_t(s.experts + 1));
+  d.row_of_slot.resize(size_t(s.tokens * s.top_k));
+  d.token_of_row.resize(size_t(s.tokens * s.top_k), -7);
+  d.rows = group_by_expert(s, idx.data(), keep.empty() ? nullptr : keep.data(), d.begin.data(),
+                           d.row_of_slot.data(), d.token_of_row.data(), &d.dropped);
+  return d;
+}
+
+TEST(ExpertCapacity, IsTheCeilingOfTheFactorTimesTheEvenShare) {
+  EXPECT_EQ(expert_capacity(1.0, 10, 2, 4), 5);
+  EXPECT_EQ(expert_capacity(1.25, 10, 2, 4), 7);  // 6.25 up
+  EXPECT_EQ(expert_capacity(0.01, 1, 1, 8), 1);   // a sliver still holds one slot
+  EXPECT_EQ(expert_capacity(2.0, 0, 2, 8), 0);
+  EXPECT_EQ(expert_capacity(1.0, 2048, 2, 8), 512);
+}
+
+TEST(GroupByExpert, DroplessGroupsEverySlotByExpertInTokenOrder) {
+  const RouterShape s{.tokens = 4, .experts = 3, .top_k = 2};
+  const std::vector<int32_t> idx = {0, 1, 0, 2, 0, 1, 1, 0};
+  const Dispatch d = dispatch(s, idx);
+  EXPECT_EQ(d.rows, 8);
+  EXPECT_EQ(d.dropped, 0);
+  EXPECT_EQ(d.begin, (std::vector<int64_t>{0, 4, 7, 8}));
+  EXPECT_EQ(std::vector<int32_t>(d.token_of_row.begin(), d.token_of_row.begin() + 8),
+            (std::vector<int32_t>{0, 1, 2, 3, 0, 2, 3, 1}));
+  for (int64_t slot = 0; slot < 8; ++slot) {
+    const int32_t row = d.row_of_slot[size_t(slot)];
+    EXPECT_EQ(d.token_of_row[size_t(row)], slot / 2);
+  }
+}
+
+TEST(GroupByExpert, CapacityFillsFirstChoicesBeforeSecondOnes) {
+  // Capacity 2. First choices in token order: e0 takes t0 and t1, so t2's first choice (e0)
+  // is dropped; t3's goes to e1. Second choices: t0 -> e1 (its second row), t1 -> e2, t2 -> e1
+  // dropped (full with t3 and t0), t3 -> e0 dropped.
+  const RouterShape s{.tokens = 4, .experts = 3, .top_k = 2, .capacity = 2};
+  const std::vector<int32_t> idx = {0, 1, 0, 2, 0, 1, 1, 0};
+  const Dispatch d = dispatch(s, idx);
+  EXPECT_EQ(d.dropped, 3);
+  EXPECT_EQ(d.rows, 5);
+  EXPECT_EQ(d.begin, (std::vector<int64_t>{0, 2, 4, 5}));
+  EXPECT_EQ(d.row_of_slot, (std::vector<int32_t>{0, 2, 1, 4, -1, -1, 3, -1}));
+  EXPECT_EQ(std::vector<int32_t>(d.token_of_row.begin(), d.token_of_row.begin() + 5),
+            (std::vector<int32_t>{0, 1, 0, 3, 1}));
+}
+
+TEST(GroupByExpert, ATokenLeftOutByKeepStillTakesItsPlaceInTheCapacity) {
+  // As above with t0 not run: the slots kept are the same (t0's drop nobody's), t0 gets no
+  // rows, and the rows close up.
+  const RouterShape s{.tokens = 4, .experts = 3, .top_k = 2, .capacity = 2};
+  const std::vector<int32_t> idx = {0, 1, 0, 2, 0, 1, 1, 0};
+  const Dispatch d = dispatch(s, idx, {0, 1, 1, 1});
+  EXPECT_EQ(d.dropped, 3);
+  EXPECT_EQ(d.rows, 3);
+  EXPECT_EQ(d.begin, (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(d.row_of_slot, (std::vector<int32_t>{-1, -1, 0, 2, -1, -1, 1, -1}));
+}
+
+TEST(GroupByExpert, ASlotIsDroppedExactlyWhenCapacityManySlotsOutrankItAtItsExpert) {
+  // The rule stated slot by slot, checked over random routings: slot (t, k) outranks (t', k')
+  // when k < k', or k == k' and t < t'.
+  std::mt19937 gen(11);
+  for (int trial = 0; trial < 50; ++trial) {
+    const int64_t T = 1 + int64_t(gen() % 40), E = 2 + int64_t(gen() % 7);
+    const int64_t K = 1 + int64_t(gen() % std::min<int64_t>(E, 3));
+    std::vector<int32_t> idx(size_t(T * K));
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int32_t> experts(static_cast<size_t>(E));
+      std::iota(experts.begin(), experts.end(), 0);
+      std::shuffle(experts.begin(), experts.end(), gen);
+      std::copy_n(experts.begin(), K, idx.begin() + t * K);
+    }
+    const double factor = 0.25 + 0.25 * double(gen() % 8);
+    const RouterShape s{
+        .tokens = T, .experts = E, .top_k = K, .capacity = expert_capacity(factor, T, K, E)};
+    const Dispatch d = dispatch(s, idx);
+    int64_t dropped = 0;
+    std::vector<int64_t> rows_of(size_t(E), 0);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t k = 0; k < K; ++k) {
+        const int32_t e = idx[size_t(t * K + k)];
+        int64_t ahead = 0;
+        for (int64_t t2 = 0; t2 < T; ++t2) {
+          for (int64_t k2 = 0; k2 < K; ++k2) {
+            const bool outranks = k2 < k || (k2 == k && t2 < t);
+            ahead += outranks && idx[size_t(t2 * K + k2)] == e;
+          }
+        }
+        const bool want_dropped = ahead >= s.capacity;
+        const int32_t row = d.row_of_slot[size_t(t * K + k)];
+        ASSERT_EQ(row < 0, want_dropped) << "trial " << trial << " token " << t << " k " << k;
+        dropped += want_dropped;
+        if (row >= 0) {
+          ++rows_of[size_t(e)];
+          EXPECT_EQ(d.token_of_row[size_t(row)], t);
+          EXPECT_GE(row, d.begin[size_t(e)]);
+          EXPECT_LT(row, d.begin[size_t(e) + 1]);
+        }
+      }
+    }
+    EXPECT_EQ(d.dropped, dropped);
+    for (int64_t e = 0; e < E; ++e) {
+      EXPECT_LE(rows_of[size_t(e)], s.capacity);
+      EXPECT_EQ(d.begin[size_t(e) + 1] - d.begin[size_t(e)], rows_of[size_t(e)]);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace wl::kernels

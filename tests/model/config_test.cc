@@ -310,8 +310,9 @@ TEST(ModelConfig, EveryValidationRuleOnBothSidesOfItsBoundary) {
        "capacity_factor (0.0) must be > 0"},
       {"capacity negative", [](ModelConfig& c) { c.capacity_factor = -1.0; }, "capacity_factor"},
       {"capacity inf", [=](ModelConfig& c) { c.capacity_factor = inf; }, "capacity_factor (inf)"},
-      {"capacity 1.25", [](ModelConfig& c) { c.capacity_factor = 1.25; },
-       "capacity_factor (1.25) is not supported yet"},
+      {"capacity 1.25", [](ModelConfig& c) { c.capacity_factor = 1.25; }, nullptr},
+      {"capacity nan", [](ModelConfig& c) { c.capacity_factor = std::nan(""); },
+       "capacity_factor (nan) must be > 0 and finite"},
       {"params overflow",
        [=](ModelConfig& c) {
          c.hidden_size = big;
@@ -404,11 +405,10 @@ TEST(ModelConfigJson, OptionalKeysAreRead) {
   j["aux_loss_alpha"] = 0.001;
   j["z_loss_beta"] = 0.0001;
   j["tie_embeddings"] = true;
-  j["capacity_factor"] = 1.25;  // read, then refused by validate(): routing is dropless
+  j["capacity_factor"] = 1.25;
   auto r = parse_config(j.dump(), "c.json");
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("capacity_factor (1.25) is not supported"), std::string::npos)
-      << r.status().to_string();
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->capacity_factor, 1.25);
   j["capacity_factor"] = nullptr;
   r = parse_config(j.dump(), "c.json");
   ASSERT_TRUE(r.ok()) << r.status().to_string();

@@ -380,6 +380,60 @@ TEST_P(Layouts, TenStepLossCurvesFollowTheSingleProcess) {
   }
 }
 
+// Token dropping is per rank and per micro-batch (docs/algorithms.md): a layout whose ranks
+// route the tokens their data-parallel twin routes drops the same slots and gives its
+// gradients. Expert parallelism drops among a rank's own tokens before the exchange, as DDP's
+// rank does; tensor-parallel ranks and pipeline stages route one process's micro-batches.
+TEST(TokenDropping, EveryLayoutDropsWhatItsDataParallelTwinDrops) {
+  model::ModelConfig c = model_config("tiny4");
+  c.capacity_factor = 0.75;
+  const model::ParamLayout params(c);
+  struct Twin {
+    const char* name;
+    int ranks;
+    ParallelLayout layout;
+    int twin_ranks;
+    ParallelLayout twin;
+  };
+  const Twin twins[] = {
+      {"ep2", 2, {.ep = 2, .micro_batches = 2}, 2, {.micro_batches = 2}},
+      {"ddp2_x_ep2", 4, {.ep = 2, .micro_batches = 2}, 4, {.micro_batches = 2}},
+      {"tp2", 2, {.tp = 2, .micro_batches = 2}, 1, {.micro_batches = 2}},
+      {"pp2", 2, {.pp = 2, .micro_batches = 4}, 1, {.micro_batches = 4}},
+  };
+  struct Step {
+    std::vector<float> grads;
+    model::LossTerms loss;
+  };
+  const auto step = [&](int ranks, const ParallelLayout& layout) {
+    const train::Batch batch = random_batch(c, 8, 32);
+    Step out;
+    run_data_parallel(ranks, c, layout, [&](DataParallel& dp) {
+      std::vector<float> full(size_t(dp.layout().total()));
+      model::init_params(c, dp.layout(), 5, full.data());
+      dp.set_params(full.data());
+      auto loss = layout.pp > 1 ? compute_pipeline_gradients(dp, batch, {}, layout.schedule)
+                                : compute_gradients(dp, batch, {});
+      ASSERT_TRUE(loss.ok()) << loss.status().to_string();
+      std::vector<float> g(full.size());
+      ASSERT_TRUE(dp.gather_model_grads(g.data()).ok());
+      if (dp.job_rank() == 0) out = {std::move(g), *loss};
+    });
+    return out;
+  };
+  for (const Twin& t : twins) {
+    const Step got = step(t.ranks, t.layout), want = step(t.twin_ranks, t.twin);
+    ASSERT_GT(want.loss.dropped, 0) << t.name << ": a twin that drops nothing tests nothing";
+    EXPECT_EQ(got.loss.slots, want.loss.slots) << t.name;
+    EXPECT_EQ(got.loss.dropped, want.loss.dropped) << t.name;
+    ASSERT_EQ(got.grads.size(), want.grads.size()) << t.name;
+    const double diff = max_relative_difference(params, got.grads, want.grads);
+    std::printf("%s: %ld of %ld slots dropped, gradients within %.2g of its twin's\n", t.name,
+                long(got.loss.dropped), long(got.loss.slots), diff);
+    EXPECT_LE(diff, kGradientTolerance) << t.name;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, Layouts,
                          ::testing::Values("data_parallel", "pipelines", "expert_parallel",
                                            "tensor_parallel"),

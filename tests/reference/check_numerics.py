@@ -113,8 +113,16 @@ def check_grad_case(ck, exe, name, cfg, batch, seq, seed, precision="f32"):
              "--precision", precision])
         ours = ref.read_safetensors(p["out.safetensors"])
     params = {k: v.clone().requires_grad_(True) for k, v in w.items()}
-    logits, loss, ce, aux, z = ref.forward(params, tokens, targets, cfg)
+    stats = {}
+    logits, loss, ce, aux, z = ref.forward(params, tokens, targets, cfg, stats)
     loss.backward()
+    if cfg.get("capacity_factor") is not None:
+        # A case that drops nothing would not test dropping.
+        print(f"  capacity factor {cfg['capacity_factor']}: {stats['dropped']} of "
+              f"{stats['slots']} slots dropped")
+        ck.expect("some slots dropped", 0.0 if stats["dropped"] > 0 else 1.0, 0.0)
+        ck.expect("the same slots dropped (count)",
+                  abs(int(ours["dropped_slots"].item()) - stats["dropped"]), 0.0)
     if precision != "f32":
         ck.expect("loss (bf16 vs f64 reference)", rel_err(ours["loss"], loss.detach()),
                   TOL_BF16_LOSS)
@@ -193,6 +201,10 @@ def main():
     check_grad_case(ck, args.weightlift, "small, 2 layers", small2, 2, 64, 2)
     check_grad_case(ck, args.weightlift, "tiny: norm_topk off, z-loss, tied, NTK 4, GQA 2",
                     variant, 2, 24, 3)
+    check_grad_case(ck, args.weightlift, "tiny: capacity factor 1 (GShard dropping)",
+                    dict(tiny, capacity_factor=1.0), 2, 24, 6)
+    check_grad_case(ck, args.weightlift, "small, 2 layers: capacity factor 0.75",
+                    dict(small2, capacity_factor=0.75), 2, 64, 7)
     check_adamw_case(ck, args.weightlift, tiny, 4)
     check_grad_case(ck, args.weightlift, "small, 2 layers", small2, 2, 64, 5, precision="bf16")
     print(f"{ck.failures} failed" if ck.failures else "all numerics agree with PyTorch")

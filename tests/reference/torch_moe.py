@@ -113,8 +113,23 @@ def attention(x, w, p, c):
     return o @ w[p + "attn.o_proj.weight"].T
 
 
-def moe(x, w, p, c):
-    """Returns output [B, T, d], aux_l and z_l (unweighted)."""
+def kept_slots(topi, E, capacity_factor):
+    """[n, K] bool: the routing slots an expert has room for. GShard's rule: each expert takes
+    ceil(capacity_factor * n * K / E) slots, every token's first choice (in token order) before
+    any second choice; None keeps them all."""
+    n, K = topi.shape
+    if capacity_factor is None:
+        return torch.ones(n, K, dtype=torch.bool)
+    capacity = math.ceil(capacity_factor * (n * K) / E)
+    onehot = F.one_hot(topi.t().reshape(-1), E)          # slots in priority order, [K n, E]
+    position = (onehot.cumsum(0) * onehot).sum(-1)        # 1-based place at its expert
+    return (position <= capacity).reshape(K, n).t()
+
+
+def moe(x, w, p, c, stats=None):
+    """Returns output [B, T, d], aux_l and z_l (unweighted). A dropped slot (capacity_factor)
+    adds nothing; the gate weights are those of the router's top-k either way, and f counts
+    the router's choices. stats, when given, gains "slots" and "dropped"."""
     B, T, d = x.shape
     E, K = c["num_experts"], c["top_k"]
     xs = x.reshape(-1, d)
@@ -123,9 +138,13 @@ def moe(x, w, p, c):
     topv, topi = probs.topk(K, dim=-1)
     if c.get("norm_topk", True):
         topv = topv / topv.sum(-1, keepdim=True)
+    kept = kept_slots(topi, E, c.get("capacity_factor"))
+    if stats is not None:
+        stats["slots"] = stats.get("slots", 0) + kept.numel()
+        stats["dropped"] = stats.get("dropped", 0) + int((~kept).sum())
     out = torch.zeros_like(xs)
     for e in range(E):
-        tok, slot = (topi == e).nonzero(as_tuple=True)
+        tok, slot = ((topi == e) & kept).nonzero(as_tuple=True)
         if tok.numel() == 0:
             continue
         q = p + f"moe.experts.{e}."
@@ -141,8 +160,8 @@ def moe(x, w, p, c):
     return out.view(B, T, d), aux, z
 
 
-def forward(w, tokens, targets, c):
-    """Returns logits, loss, ce, aux, z."""
+def forward(w, tokens, targets, c, stats=None):
+    """Returns logits, loss, ce, aux, z (stats: moe()'s, over the layers)."""
     eps = c.get("rms_eps", 1e-5)
     x = w["embed.weight"][tokens]
     L = c["num_layers"]
@@ -150,7 +169,7 @@ def forward(w, tokens, targets, c):
     for l in range(L):
         p = f"layers.{l}."
         h = x + attention(rmsnorm(x, w[p + "attn_norm.weight"], eps), w, p, c)
-        m, aux, z = moe(rmsnorm(h, w[p + "moe_norm.weight"], eps), w, p, c)
+        m, aux, z = moe(rmsnorm(h, w[p + "moe_norm.weight"], eps), w, p, c, stats)
         x = h + m
         aux_sum, z_sum = aux_sum + aux, z_sum + z
     x = rmsnorm(x, w["norm.weight"], eps)

@@ -1,6 +1,7 @@
 #include "bench/train.h"
 
 #include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <utility>
 #include <vector>
@@ -18,28 +19,44 @@
 #include "weightlift/parallel/data/step.h"
 #include "weightlift/parallel/pipeline/pipeline.h"
 #include "weightlift/parallel/run/job.h"
+#include "weightlift/train/metrics.h"
 
 namespace wl::app {
 
-double measure_gemm_gflops(int64_t n, int repeats) {
+double measure_gemm_gflops(int64_t n, int repeats, DType in_type) {
   repeats = std::max(repeats, 1);
-  std::vector<float> a(size_t(n * n), 0.5f), b(size_t(n * n), 0.25f), c(size_t(n * n));
+  const size_t elems = size_t(n * n);
+  std::vector<float> a(elems, 0.5f), b(elems, 0.25f), c(elems);
+  std::vector<uint16_t> a16, b16;
+  if (in_type == DType::kBF16) {
+    a16.resize(elems);
+    b16.resize(elems);
+    convert_f32_to_bf16(a.data(), a16.data(), elems);
+    convert_f32_to_bf16(b.data(), b16.data(), elems);
+  }
+  const bool bf16 = in_type == DType::kBF16;
   std::vector<double> rates;
   for (int i = 0; i < repeats + 1; ++i) {
     const Stopwatch clock;
     kernels::gemm({.m = n,
                    .n = n,
                    .k = n,
-                   .a = a.data(),
+                   .a = bf16 ? static_cast<const void*>(a16.data()) : a.data(),
                    .lda = n,
-                   .b = b.data(),
+                   .b = bf16 ? static_cast<const void*>(b16.data()) : b.data(),
                    .ldb = n,
                    .c = c.data(),
-                   .ldc = n});
+                   .ldc = n,
+                   .in_type = in_type});
     const double s = clock.seconds();
     if (i > 0) rates.push_back(2.0 * double(n) * double(n) * double(n) / s / 1e9);
   }
   return percentile(std::move(rates), 0.5);
+}
+
+DType gemm_operand_type(model::Precision p) {
+  // f16 operands are rounded copies held in f32 (model/detail/linear.cc): the f32 GEMM.
+  return p == model::Precision::kBF16 ? DType::kBF16 : DType::kF32;
 }
 
 namespace {
@@ -79,6 +96,8 @@ Status take_largest_peaks(parallel::Job& job, std::chrono::milliseconds timeout,
 Result<BenchTrainResult> bench_train(const BenchTrainOptions& o) {
   WL_ASSIGN_OR_RETURN(model::ModelConfig cfg,
                       model::preset_or_checkpoint_config(o.preset, o.model_dir));
+  if (o.capacity_factor) cfg.capacity_factor = o.capacity_factor;
+  WL_RETURN_IF_ERROR(cfg.validate());
   const std::string name = o.model_dir.empty() ? "preset " + o.preset : o.model_dir;
   if (o.seq < 1 || o.seq > cfg.max_seq_len)
     return invalid_argument("--seq " + std::to_string(o.seq) + " outside [1, " +
@@ -104,6 +123,7 @@ Result<BenchTrainResult> bench_train(const BenchTrainOptions& o) {
   }
   const train::Batch global = random_batch(cfg, o.batch, o.seq);
   std::vector<double> ms, exposed, bubble;
+  int64_t slots = 0, dropped = 0;  // routing slots of the timed steps
   BenchTrainResult r;
   const parallel::StepSettings settings{
       .precision = o.precision, .checkpointing = o.checkpointing, .lr = 1e-4};
@@ -111,11 +131,13 @@ Result<BenchTrainResult> bench_train(const BenchTrainOptions& o) {
     if (s == o.warmup_steps) reset_tensor_memory_peak();
     const Stopwatch clock;
     parallel::PipelineTimes times;
-    WL_RETURN_IF_ERROR(
-        (layout.pp > 1 ? parallel::run_pipeline_step(dp, global, settings, layout.schedule, &times)
-                       : parallel::run_step(dp, global, settings))
-            .status());
+    WL_ASSIGN_OR_RETURN(
+        const parallel::StepResult step,
+        layout.pp > 1 ? parallel::run_pipeline_step(dp, global, settings, layout.schedule, &times)
+                      : parallel::run_step(dp, global, settings));
     if (s < o.warmup_steps) continue;
+    slots += step.loss.slots;
+    dropped += step.loss.dropped;
     ms.push_back(clock.seconds() * 1e3);
     exposed.push_back(dp.step_comm().exposed_s * 1e3);
     if (layout.pp > 1) bubble.push_back(times.waited_s / times.step_s);
@@ -134,13 +156,14 @@ Result<BenchTrainResult> bench_train(const BenchTrainOptions& o) {
   r.step_ms_min = *std::min_element(ms.begin(), ms.end());
   r.step_ms_max = *std::max_element(ms.begin(), ms.end());
   r.exposed_comm_ms = percentile(exposed, 0.5);
+  r.drop_rate = train::drop_rate(cfg.capacity_factor, slots, dropped);
   const int64_t n = o.batch * o.seq;
   r.tokens_per_s = double(n) / (r.step_ms_median / 1e3);
   r.gflops = model::model_info(cfg).train_flops_per_token(o.seq) * double(n) /
              (r.step_ms_median / 1e3) / 1e9;
   // gflops is the whole job's, so the peak is too: this rank's GEMM peak on its threads,
   // times the ranks.
-  r.gemm_peak_gflops = measure_gemm_gflops(2048, 3) * job.size();
+  r.gemm_peak_gflops = measure_gemm_gflops(2048, 3, gemm_operand_type(o.precision)) * job.size();
   r.threads = num_threads();
   r.ranks = job.size();
   r.report = job.rank() == 0;
@@ -180,6 +203,9 @@ std::string BenchTrainResult::to_json(const BenchTrainOptions& o) const {
       {"gflops", gflops},
       {"gemm_peak_gflops", gemm_peak_gflops},
       {"fraction_of_gemm_peak", gflops / gemm_peak_gflops},
+      {"capacity_factor", o.capacity_factor ? nlohmann::json(*o.capacity_factor) : nullptr},
+      {"drop_rate", std::isfinite(drop_rate) ? nlohmann::json(drop_rate) : nullptr},
+      {"gemm_peak_dtype", std::string(dtype_name(gemm_operand_type(o.precision)))},
       {"cpu", cpu_info().describe()}};
   return j.dump();
 }

@@ -20,6 +20,11 @@
  *   dz/dl[t, i] = 2 lse_t p[t, i] / T, times z_scale.
  * Rows are independent, so both passes run in parallel over tokens; per-row arithmetic is in
  * double (a few dozen values per token: free, and it keeps the gradient exact to f32).
+ *
+ * A capacity factor drops slots, not routing: f_i counts the router's choices, dropped or not
+ * (as Switch Transformer's), and a dropped slot's gate weight keeps its place in S, so the
+ * token's other slots weigh what they would have. The dropped slot's output is zero, hence so
+ * is g_j there, and the gradient reaches p only through the normalisation and the losses.
  */
 #include "weightlift/kernels/router.h"
 
@@ -197,26 +202,54 @@ void router_backward(const RouterShape& s, const RouterBackwardArgs& a) {
   });
 }
 
+int64_t expert_capacity(double factor, int64_t tokens, int64_t top_k, int64_t experts) {
+  WL_CHECK(std::isfinite(factor) && factor > 0 && experts > 0)
+      << "capacity factor " << factor << " over " << experts << " experts";
+  return int64_t(std::ceil(factor * double(tokens * top_k) / double(experts)));
+}
+
 int64_t group_by_expert(const RouterShape& s, const int32_t* topk_idx, const uint8_t* keep,
-                        int64_t* expert_begin, int32_t* row_of_slot, int32_t* token_of_row) {
+                        int64_t* expert_begin, int32_t* row_of_slot, int32_t* token_of_row,
+                        int64_t* dropped) {
+  const int64_t slots = s.tokens * s.top_k;
+  // has_row[slot]: the slot runs. Capacity first (every token takes its place), then `keep`.
+  std::vector<uint8_t> has_row(size_t(slots), 1);
+  int64_t over = 0;
+  if (s.capacity > 0) {
+    std::vector<int64_t> taken(size_t(s.experts), 0);
+    for (int64_t k = 0; k < s.top_k; ++k) {
+      for (int64_t t = 0; t < s.tokens; ++t) {
+        int64_t& n = taken[size_t(topk_idx[t * s.top_k + k])];
+        if (n < s.capacity) {
+          ++n;
+        } else {
+          has_row[size_t(t * s.top_k + k)] = 0;
+          ++over;
+        }
+      }
+    }
+  }
+  if (dropped) *dropped = over;
+  if (keep) {
+    for (int64_t t = 0; t < s.tokens; ++t) {
+      if (!keep[t]) std::fill_n(has_row.begin() + t * s.top_k, s.top_k, uint8_t(0));
+    }
+  }
   std::vector<int64_t> counts(size_t(s.experts), 0);
-  for (int64_t t = 0; t < s.tokens; ++t) {
-    if (keep && !keep[t]) continue;
-    for (int64_t k = 0; k < s.top_k; ++k) ++counts[size_t(topk_idx[t * s.top_k + k])];
+  for (int64_t i = 0; i < slots; ++i) {
+    if (has_row[size_t(i)]) ++counts[size_t(topk_idx[i])];
   }
   expert_begin[0] = 0;
   for (int64_t e = 0; e < s.experts; ++e) expert_begin[e + 1] = expert_begin[e] + counts[size_t(e)];
   std::vector<int64_t> cursor(expert_begin, expert_begin + s.experts);
-  for (int64_t t = 0; t < s.tokens; ++t) {
-    for (int64_t k = 0; k < s.top_k; ++k) {
-      if (keep && !keep[t]) {
-        row_of_slot[t * s.top_k + k] = -1;
-        continue;
-      }
-      const int64_t row = cursor[size_t(topk_idx[t * s.top_k + k])]++;
-      row_of_slot[t * s.top_k + k] = int32_t(row);
-      token_of_row[row] = int32_t(t);
+  for (int64_t i = 0; i < slots; ++i) {
+    if (!has_row[size_t(i)]) {
+      row_of_slot[i] = -1;
+      continue;
     }
+    const int64_t row = cursor[size_t(topk_idx[i])]++;
+    row_of_slot[i] = int32_t(row);
+    token_of_row[row] = int32_t(i / s.top_k);
   }
   return expert_begin[s.experts];
 }

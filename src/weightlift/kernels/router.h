@@ -16,7 +16,15 @@ struct RouterShape {
   // router_backward are then summed over them too). 0: `tokens`, one rank.
   int64_t group_tokens = 0;
   int64_t loss_tokens() const { return group_tokens > 0 ? group_tokens : tokens; }
+  // Slots each expert takes (expert_capacity()); the slots past it are dropped by
+  // group_by_expert. 0: every slot (dropless).
+  int64_t capacity = 0;
 };
+
+// Switch Transformer's expert capacity with top_k slots per token, as GShard counts them:
+// ceil(factor * tokens * top_k / experts), computed in double in that order (factor times the
+// slots, then divided by the experts) so that the reference computes the same integer.
+int64_t expert_capacity(double factor, int64_t tokens, int64_t top_k, int64_t experts);
 
 // logits: [tokens, experts]. Writes probs [tokens, experts] = softmax(logits),
 // topk_idx [tokens, top_k] (experts by descending probability; equal probabilities go to the
@@ -38,6 +46,10 @@ int64_t router_replay(const RouterShape& s, const float* probs, const int32_t* r
 struct RouterLosses {
   double aux = 0;  // experts * sum_i f_i * P_i, this layer, before aux_loss_alpha
   double z = 0;    // mean over tokens of lse^2, this layer, before z_loss_beta
+  // The slots routed (tokens * top_k) and those dropped over capacity; summed over layers like
+  // aux and z, so their ratio is the drop rate. Counted where the losses are.
+  int64_t slots = 0;
+  int64_t dropped = 0;
 };
 
 // f_i = counts[i] / (T * top_k); P_i = (sum over tokens of probs[:, i]) / T, T = loss_tokens().
@@ -68,9 +80,14 @@ void router_backward(const RouterShape& s, const RouterBackwardArgs& a);
 // by expert, token order within an expert (so each expert runs one GEMM over contiguous rows).
 // From topk_idx [tokens, top_k]: expert_begin [experts + 1] (expert e's rows are [begin[e],
 // begin[e + 1])), row_of_slot [tokens * top_k] (slot t * top_k + k's row) and token_of_row
-// [tokens * top_k]. With `keep`, only the slots of the tokens with keep[t] != 0 get a row; the
-// others get row -1. Returns the rows (tokens * top_k without `keep`).
+// [tokens * top_k]. A slot without a row gets row -1: with `keep`, every slot of a token with
+// keep[t] == 0, and with s.capacity, the slots an expert has no room for. An expert fills its
+// capacity as GShard does: every token's first choice in token order, then every second
+// choice, and so on, so a token loses its later choices first. A token left out by `keep`
+// still takes its place (the slots kept are those of running every token), and *dropped (when
+// not null) receives the slots dropped for capacity. Returns the rows.
 int64_t group_by_expert(const RouterShape& s, const int32_t* topk_idx, const uint8_t* keep,
-                        int64_t* expert_begin, int32_t* row_of_slot, int32_t* token_of_row);
+                        int64_t* expert_begin, int32_t* row_of_slot, int32_t* token_of_row,
+                        int64_t* dropped = nullptr);
 
 }  // namespace wl::kernels

@@ -328,12 +328,6 @@ Status ModelConfig::validate(std::string_view where_view) const {
   if (capacity_factor && !(std::isfinite(*capacity_factor) && *capacity_factor > 0)) {
     return bad("capacity_factor (" + fmt(*capacity_factor) + ") must be > 0 and finite, or null");
   }
-  if (capacity_factor) {
-    // Refused rather than ignored: a config asking for token dropping must not silently train
-    // a dropless model.
-    return bad("capacity_factor (" + fmt(*capacity_factor) +
-               ") is not supported yet: routing is dropless; set it to null");
-  }
   // Every weight size, the RoPE table and the total parameter count must fit in int64, so no
   // later `rows * cols` can overflow.
   bool overflow = false;

@@ -27,11 +27,14 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   double rope_ntk_alpha = 1.0;  // NTK-aware scaling; 1 = none
   double rms_eps = 1e-5;
-  bool norm_topk = true;                  // renormalise the top-k gate weights to sum to 1
-  double aux_loss_alpha = 0.01;           // load-balancing loss weight
-  double z_loss_beta = 0.0;               // router z-loss weight
-  bool tie_embeddings = false;            // logits = x @ embed^T, no lm_head
-  std::optional<double> capacity_factor;  // null = dropless
+  bool norm_topk = true;         // renormalise the top-k gate weights to sum to 1
+  double aux_loss_alpha = 0.01;  // load-balancing loss weight
+  double z_loss_beta = 0.0;      // router z-loss weight
+  bool tie_embeddings = false;   // logits = x @ embed^T, no lm_head
+  // Token dropping: each expert takes at most capacity_factor times its even share of a
+  // micro-batch's slots (kernels::expert_capacity), on each data-parallel rank, in training;
+  // null = dropless. Generation and the rollout engines route dropless.
+  std::optional<double> capacity_factor;
   // Qwen3: each head's q and k go through an RMSNorm over head_dim (weights q_norm, k_norm
   // [head_dim], shared by the heads) before RoPE.
   bool qk_norm = false;

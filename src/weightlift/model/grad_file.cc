@@ -59,6 +59,11 @@ Status write_gradient_file(const GradFileOptions& o) {
                                                   {"aux", scalar(l.aux)},
                                                   {"z", scalar(l.z)},
                                                   {"logits", logits}};
+  if (cfg.capacity_factor) {  // the slots dropped over capacity, summed over layers
+    Tensor dropped = Tensor::empty(DType::kI64, {1});
+    dropped.data<int64_t>()[0] = l.dropped;
+    out.emplace_back("dropped_slots", dropped);
+  }
   for (const ParamInfo& p : model.layout().params()) {
     out.emplace_back("grad." + (hf ? hf_tensor_name(p.name, hf->family) : p.name),
                      Tensor::borrow(model.grads().data<float>() + p.offset, DType::kF32, p.shape));

@@ -165,6 +165,7 @@ detail::BlockContext StagePass::block_context(int layer) const {
   ctx.replay_differ = options_.replay_differ;
   ctx.experts = hooks_->expert_exchange();
   ctx.tp = hooks_->tensor_parallel();
+  ctx.capacity_factor = c.capacity_factor.value_or(0.0);
   if (head_subset() && layer == c.num_layers - 1) ctx.keep = keep_.data();
   return ctx;
 }
@@ -236,6 +237,8 @@ LossTerms StagePass::loss(const int64_t* targets) {
   LossTerms out;
   out.aux = c.aux_loss_alpha * router_.aux / router_layers(c);
   out.z = c.z_loss_beta * router_.z / router_layers(c);
+  out.slots = router_.slots;
+  out.dropped = router_.dropped;
   out.count = kernels::count_targets(targets, N);
   const bool gradient = xf_.raw() != nullptr;  // forward kept what backward needs
   const int64_t denom = options_.ce_denominator > 0 ? options_.ce_denominator : out.count;
@@ -262,6 +265,8 @@ LossTerms StagePass::token_loss(const int64_t* targets, const TokenLossFn& fn) {
   LossTerms out;
   out.aux = c.aux_loss_alpha * router_.aux / router_layers(c);
   out.z = c.z_loss_beta * router_.z / router_layers(c);
+  out.slots = router_.slots;
+  out.dropped = router_.dropped;
   out.count = kernels::count_targets(targets, N);
   float* logits = logits_.data<float>();
   std::vector<int64_t> kept;

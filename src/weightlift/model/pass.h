@@ -40,6 +40,10 @@ struct LossTerms {
   double z = 0;    // z_loss_beta * mean over layers of z_l
   double loss() const { return ce + aux + z; }
   int64_t count = 0;  // targets that were not -100
+  // The routing slots of the layers that route and those dropped over capacity (config's
+  // capacity_factor; 0 when dropless): the drop rate is dropped / slots.
+  int64_t slots = 0;
+  int64_t dropped = 0;
 };
 
 struct StepOptions {

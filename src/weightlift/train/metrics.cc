@@ -33,11 +33,17 @@ std::string metrics_to_json(const StepMetrics& m) {
             {"tokens_per_s", m.tokens_per_s},
             {"elapsed_s", m.elapsed_s}};
   if (std::isfinite(m.loss_scale)) j["loss_scale"] = m.loss_scale;
+  if (std::isfinite(m.drop_rate)) j["drop_rate"] = m.drop_rate;
   if (std::isfinite(m.val_loss)) {
     j["val_loss"] = m.val_loss;
     j["val_ppl"] = std::exp(m.val_loss);
   }
   return j.dump();
+}
+
+double drop_rate(const std::optional<double>& capacity_factor, int64_t slots, int64_t dropped) {
+  if (!capacity_factor) return NAN;
+  return slots > 0 ? double(dropped) / double(slots) : 0.0;
 }
 
 Result<std::vector<StepMetrics>> read_metrics(const std::string& path) {
@@ -71,6 +77,7 @@ Result<std::vector<StepMetrics>> read_metrics(const std::string& path) {
     m.tokens_per_s = number_or_nan(j, "tokens_per_s");
     m.elapsed_s = number_or_nan(j, "elapsed_s");
     m.val_loss = number_or_nan(j, "val_loss");
+    m.drop_rate = number_or_nan(j, "drop_rate");
     records.push_back(m);
   }
   return records;

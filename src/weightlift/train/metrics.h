@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,7 +25,13 @@ struct StepMetrics {
   double tokens_per_s = 0;  // since this run (or this resume) started
   double elapsed_s = 0;     // likewise
   double val_loss = NAN;    // NaN where no validation pass ran
+  // The share of routing slots dropped over expert capacity (the config's capacity_factor)
+  // in this update; NaN when routing is dropless.
+  double drop_rate = NAN;
 };
+
+// drop_rate for `dropped` of `slots` routing slots under `capacity_factor` (NaN when unset).
+double drop_rate(const std::optional<double>& capacity_factor, int64_t slots, int64_t dropped);
 
 // One metrics.jsonl line (without the newline).
 std::string metrics_to_json(const StepMetrics& m);

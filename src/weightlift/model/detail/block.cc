@@ -126,16 +126,18 @@ void route(const BlockContext& ctx, const Dims& m, const LayerView& w, int64_t N
   losses->z += l.z;
 }
 
-// Rows grouped by expert (kernels::group_by_expert: only the kept tokens' slots when `keep`),
-// and their inputs gathered into xe.
-void dispatch(const Dims& m, int64_t N, const uint8_t* keep, BlockActs& a) {
+// Rows grouped by expert (kernels::group_by_expert: only the kept tokens' slots when `keep`,
+// and each expert's first `capacity` when not 0), and their inputs gathered into xe. Returns
+// the slots dropped for capacity.
+int64_t dispatch(const Dims& m, int64_t N, const uint8_t* keep, int64_t capacity, BlockActs& a) {
   a.expert_begin.assign(size_t(m.E + 1), 0);
   a.row_of_slot = Tensor::empty(DType::kI32, {N, m.K});
   a.token_of_row = Tensor::empty(DType::kI32, {N * m.K});
-  const kernels::RouterShape rs{.tokens = N, .experts = m.E, .top_k = m.K};
-  const int64_t S =
-      kernels::group_by_expert(rs, a.topk_idx.data<int32_t>(), keep, a.expert_begin.data(),
-                               a.row_of_slot.data<int32_t>(), a.token_of_row.data<int32_t>());
+  const kernels::RouterShape rs{.tokens = N, .experts = m.E, .top_k = m.K, .capacity = capacity};
+  int64_t dropped = 0;
+  const int64_t S = kernels::group_by_expert(rs, a.topk_idx.data<int32_t>(), keep,
+                                             a.expert_begin.data(), a.row_of_slot.data<int32_t>(),
+                                             a.token_of_row.data<int32_t>(), &dropped);
   a.xe = f32({S, m.d});
   const float* xn2 = a.xn2.data<float>();
   float* xe = a.xe.data<float>();
@@ -144,6 +146,7 @@ void dispatch(const Dims& m, int64_t N, const uint8_t* keep, BlockActs& a) {
     for (int64_t r = r0; r < r1; ++r)
       std::memcpy(xe + r * m.d, xn2 + token_of_row[r] * m.d, size_t(m.d) * 4);
   });
+  return dropped;
 }
 
 // The experts this rank runs, each SwiGLU MLP over its rows of a.xe (a.run_begin): fills a.he
@@ -186,7 +189,7 @@ void combine(const Dims& m, const BlockActs& a, int64_t N, const float* h, float
       }
       for (int64_t k = 0; k < m.K; ++k) {
         const int32_t row = row_of_slot[t * m.K + k];
-        if (row < 0) continue;  // a token nothing reads (BlockContext::keep)
+        if (row < 0) continue;  // dropped, or a token nothing reads (BlockContext::keep)
         const float g = gw[t * m.K + k];
         const float* y = ye + int64_t(row) * m.d;
         for (int64_t i = 0; i < m.d; ++i) o[i] += g * y[i];
@@ -226,7 +229,13 @@ void moe_forward(const BlockContext& ctx, const LayerView& w, int64_t N, BlockAc
   }
   WL_CHECK(!(ctx.tp && ctx.experts)) << "tensor and expert parallelism in one block";
   route(ctx, m, w, N, a, losses);
-  dispatch(m, N, ctx.keep, a);
+  const int64_t capacity =
+      ctx.capacity_factor > 0 ? kernels::expert_capacity(ctx.capacity_factor, N, m.K, m.E) : 0;
+  const int64_t dropped = dispatch(m, N, ctx.keep, capacity, a);
+  if (losses) {
+    losses->slots += N * m.K;
+    losses->dropped += dropped;
+  }
   if (ctx.experts) {
     send_to_experts(*ctx.experts, m.d, a);
     a.ye = from_experts(*ctx.experts, m.d, a, run_experts(ctx.precision, m, w, a));
@@ -384,12 +393,16 @@ void undispatch(const Dims& m, const BlockActs& a, const Tensor& dxe, int64_t N,
     for (int64_t t = t0; t < t1; ++t) {
       float* o = dst + t * m.d;
       const int32_t* rows = row_of_slot + t * m.K;
-      if (rows[0] < 0) {  // a token whose experts did not run (BlockContext::keep)
+      // Slots without a row (dropped, or a token whose experts did not run) add nothing.
+      int64_t k = 0;
+      while (k < m.K && rows[k] < 0) ++k;
+      if (k == m.K) {
         std::memset(o, 0, size_t(m.d) * 4);
         continue;
       }
-      std::memcpy(o, src + int64_t(rows[0]) * m.d, size_t(m.d) * 4);
-      for (int64_t k = 1; k < m.K; ++k) {
+      std::memcpy(o, src + int64_t(rows[k]) * m.d, size_t(m.d) * 4);
+      for (++k; k < m.K; ++k) {
+        if (rows[k] < 0) continue;
         const float* r = src + int64_t(rows[k]) * m.d;
         for (int64_t i = 0; i < m.d; ++i) o[i] += r[i];
       }

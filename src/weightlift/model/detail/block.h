@@ -94,13 +94,17 @@ struct BlockContext {
   // h alone, and its slots get no rows. The router still routes it, for the aux and z losses
   // and the recorded routes. Null: every token.
   const uint8_t* keep = nullptr;
+  // Token dropping (kernels::expert_capacity): each expert takes at most capacity_factor
+  // times its even share of this pass's slots; 0: every slot (dropless). Training passes use
+  // the config's; generation routes dropless, as serving engines do.
+  double capacity_factor = 0;
   // Zero-bubble pipelines: the backward's weight gradients are added here, to run later,
   // instead of at once (linear.h). Null: at once.
   WeightGradients* weight_grads = nullptr;
 };
 
 // Fills acts (acts.x must hold the input) and writes the block output to out [N, d].
-// Adds this layer's aux_l and z_l (unweighted) to *losses.
+// Adds this layer's aux_l and z_l (unweighted), its slots and those dropped to *losses.
 void block_forward(const BlockContext& ctx, const BlockDims& dims, const LayerView& w,
                    BlockActs& acts, float* out, kernels::RouterLosses* losses);
 

@@ -46,7 +46,8 @@ Result<model::LossTerms> compute_gradients(DataParallel& dp, const train::Batch&
   const model::ModelConfig& c = dp.config();
   const int64_t route_row = seq * c.num_layers * c.top_k;  // route entries per batch row
   dp.begin_step();
-  double sums[3] = {0, 0, 0};  // cross-entropy summed over targets, aux, z
+  // Cross-entropy summed over targets, aux, z, routing slots, slots dropped over capacity.
+  double sums[5] = {0, 0, 0, 0, 0};
   for (int m = 0; m < M; ++m) {
     const RowRange rows = micro_batch_rows(l, global.batch, m, dp.rank());
     if (s.replay_routes) opts.replay_routes = s.replay_routes + rows.begin * route_row;
@@ -61,13 +62,17 @@ Result<model::LossTerms> compute_gradients(DataParallel& dp, const train::Batch&
     sums[0] += lt.ce;
     sums[1] += lt.aux / double(M);
     sums[2] += lt.z / double(M);
+    sums[3] += double(lt.slots);
+    sums[4] += double(lt.dropped);
   }
   WL_RETURN_IF_ERROR(dp.reduce_gradients());
-  WL_RETURN_IF_ERROR(dp.sum_over_ranks(sums, 3));
+  WL_RETURN_IF_ERROR(dp.sum_over_ranks(sums, 5));
   model::LossTerms loss;
   loss.ce = part.divisor > 0 ? sums[0] / part.divisor : 0.0;
   loss.aux = sums[1];
   loss.z = sums[2];
+  loss.slots = int64_t(sums[3]);
+  loss.dropped = int64_t(sums[4]);
   loss.count = denom;
   return loss;
 }

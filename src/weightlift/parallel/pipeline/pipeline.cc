@@ -82,10 +82,14 @@ class UnitProgress final : public model::PassHooks {
 };
 
 // A forward pass's share of the step's losses, into sums (cross-entropy summed over targets,
-// aux, z): the head's stage takes its loss (keeping d loss / d logits for the backward), the
-// others their layers' router losses, each of M micro-batches weighing 1 / M.
+// aux, z, routing slots, slots dropped): the head's stage takes its loss (keeping d loss / d logits
+// for the backward), the others their layers' router losses, each of M micro-batches weighing 1 /
+// M.
 void add_losses(model::StagePass& pass, const Place& at, const model::ModelConfig& c, int M,
-                const int64_t* targets, double sums[3]) {
+                const int64_t* targets, double sums[5]) {
+  const kernels::RouterLosses& r = pass.router_losses();
+  sums[3] += double(r.slots);
+  sums[4] += double(r.dropped);
   if (at.last()) {
     const model::LossTerms lt = pass.loss(targets);
     sums[0] += lt.ce * double(lt.count);
@@ -93,7 +97,6 @@ void add_losses(model::StagePass& pass, const Place& at, const model::ModelConfi
     sums[2] += lt.z / double(M);
     return;
   }
-  const kernels::RouterLosses& r = pass.router_losses();
   sums[1] += c.aux_loss_alpha * r.aux / double(c.num_layers) / double(M);
   sums[2] += c.z_loss_beta * r.z / double(c.num_layers) / double(M);
 }
@@ -121,7 +124,8 @@ Result<model::LossTerms> compute_pipeline_gradients(DataParallel& dp, const trai
   Neighbours next_door(at.pipe, dp.options().timeout);
   UnitProgress hooks(dp, next_door);
   std::map<int, std::unique_ptr<model::StagePass>> in_flight;
-  double sums[3] = {0, 0, 0};  // cross-entropy summed over targets, aux, z
+  // Cross-entropy summed over targets, aux, z, routing slots, slots dropped over capacity.
+  double sums[5] = {0, 0, 0, 0, 0};
   double waited = 0;
   dp.begin_step();
   // A local: the loop must not run over a temporary's element.
@@ -168,11 +172,13 @@ Result<model::LossTerms> compute_pipeline_gradients(DataParallel& dp, const trai
   }
   WL_RETURN_IF_ERROR(next_door.finish());
   WL_RETURN_IF_ERROR(dp.reduce_gradients());
-  WL_RETURN_IF_ERROR(dp.sum_over_replica(sums, 3));
+  WL_RETURN_IF_ERROR(dp.sum_over_replica(sums, 5));
   model::LossTerms loss;
   loss.ce = denom > 0 ? sums[0] / double(denom) : 0.0;
   loss.aux = sums[1];
   loss.z = sums[2];
+  loss.slots = int64_t(sums[3]);
+  loss.dropped = int64_t(sums[4]);
   loss.count = denom;
   if (times) *times = {clock.seconds(), waited};
   return loss;

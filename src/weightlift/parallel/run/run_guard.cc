@@ -81,6 +81,10 @@ std::string changed_hyperparameters(const std::map<std::string, std::string>& th
     if (before != value)
       changes += (changes.empty() ? "" : ", ") + field_of(name) + " " + before + " -> " + value;
   }
+  for (const auto& [name, value] : then) {  // recorded then, not given now
+    if (!now.count(name))
+      changes += (changes.empty() ? "" : ", ") + field_of(name) + " " + value + " -> (not given)";
+  }
   return changes;
 }
 
@@ -194,19 +198,23 @@ std::string number(double v) {
 }  // namespace
 
 std::map<std::string, std::string> run_hyperparameters(const TrainOptions& o) {
-  return {{"steps", std::to_string(o.steps)},
-          {"batch", std::to_string(o.batch)},
-          {"seq", std::to_string(o.seq)},
-          {"seed", std::to_string(o.seed)},
-          {"precision", std::string(model::precision_name(o.precision))},
-          {"lr", number(o.schedule.base_lr)},
-          {"min-lr", number(o.schedule.min_lr)},
-          {"warmup-steps", std::to_string(o.schedule.warmup_steps)},
-          {"beta1", number(o.adamw.beta1)},
-          {"beta2", number(o.adamw.beta2)},
-          {"adam-eps", number(o.adamw.eps)},
-          {"weight-decay", number(o.adamw.weight_decay)},
-          {"grad-clip", number(o.adamw.grad_clip)}};
+  std::map<std::string, std::string> h = {
+      {"steps", std::to_string(o.steps)},
+      {"batch", std::to_string(o.batch)},
+      {"seq", std::to_string(o.seq)},
+      {"seed", std::to_string(o.seed)},
+      {"precision", std::string(model::precision_name(o.precision))},
+      {"lr", number(o.schedule.base_lr)},
+      {"min-lr", number(o.schedule.min_lr)},
+      {"warmup-steps", std::to_string(o.schedule.warmup_steps)},
+      {"beta1", number(o.adamw.beta1)},
+      {"beta2", number(o.adamw.beta2)},
+      {"adam-eps", number(o.adamw.eps)},
+      {"weight-decay", number(o.adamw.weight_decay)},
+      {"grad-clip", number(o.adamw.grad_clip)}};
+  // Recorded only when given, so that checkpoints from before the flag resume as they were.
+  if (o.capacity_factor) h["capacity-factor"] = number(*o.capacity_factor);
+  return h;
 }
 
 Status RunGuard::stop(int64_t step, const std::string& what) const {

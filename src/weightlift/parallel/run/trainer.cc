@@ -172,6 +172,7 @@ Result<train::StepMetrics> Run::update_once() {
   m.aux = r.loss.aux;
   m.z = r.loss.z;
   m.loss = m.ce + m.aux + m.z;
+  m.drop_rate = train::drop_rate(dp_->config().capacity_factor, r.loss.slots, r.loss.dropped);
   m.grad_norm = r.report.grad_norm;
   m.skipped = r.report.skipped;
   if (f16) m.loss_scale = scaler_.scale;
@@ -318,6 +319,13 @@ Result<RunModel> run_model(const TrainOptions& o) {
     WL_ASSIGN_OR_RETURN(m.config, model::load_config(o.config_path));
   } else {
     WL_ASSIGN_OR_RETURN(m.config, model::preset(o.preset));
+  }
+  if (o.capacity_factor) {
+    if (!(std::isfinite(*o.capacity_factor) && *o.capacity_factor > 0)) {
+      return invalid_argument("`capacity_factor` (" + std::to_string(*o.capacity_factor) +
+                              ") must be > 0 and finite");
+    }
+    m.config.capacity_factor = o.capacity_factor;
   }
   m.seq = o.seq > 0 ? o.seq : m.config.max_seq_len;
   if (m.seq > m.config.max_seq_len)

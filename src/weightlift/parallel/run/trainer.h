@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -41,6 +42,8 @@ struct TrainOptions {
   std::string model_dir;
   std::string resume;    // a checkpoint directory to continue from, bit-exactly
   uint64_t seed = 1234;  // weights init and data order
+  // Token dropping: replaces the config's capacity_factor (model/config.h) when set.
+  std::optional<double> capacity_factor;
   // Data.
   std::string corpus_dir = "data/brown";
   std::string batch_file;  // safetensors with int64 tokens/targets: train on it only

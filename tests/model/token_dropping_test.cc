@@ -1,0 +1,131 @@
+// Token dropping (ModelConfig::capacity_factor) through the whole model: a factor that drops
+// nothing is the dropless path bit for bit, the shortcuts of a pass (gradient checkpointing,
+// computing only the positions with a target) drop the same slots, and the drop rate falls as
+// the factor rises. The dropping rule itself is kernels' GroupByExpert tests; the loss and
+// gradients under it are held to PyTorch in tests/reference/check_numerics.py.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "weightlift/core/random.h"
+#include "weightlift/model/pass.h"
+#include "weightlift/model/transformer.h"
+
+namespace wl::model {
+namespace {
+
+struct Tokens {
+  int64_t b = 4, t = 32;
+  std::vector<int64_t> tokens, targets;
+};
+
+Tokens random_tokens(const ModelConfig& c, uint64_t seed) {
+  Rng rng(seed);
+  Tokens x;
+  for (int64_t i = 0; i < x.b * x.t; ++i) {
+    x.tokens.push_back(int64_t(rng.below(uint64_t(c.vocab_size))));
+    x.targets.push_back(i % 5 == 2 ? -100 : int64_t(rng.below(uint64_t(c.vocab_size))));
+  }
+  return x;
+}
+
+struct Step {
+  LossTerms loss;
+  std::vector<float> grads;
+};
+
+Step step(const ModelConfig& c, const Tokens& x, StepOptions o = {}, bool subset = false) {
+  Transformer m(c);
+  m.init(5);
+  m.zero_grads();
+  if (subset) o.targets = x.targets.data();
+  StagePass pass(m.pass_model(), {0, m.units().head()}, x.tokens.data(), x.b, x.t, o, nullptr);
+  EXPECT_TRUE(pass.forward(nullptr, true).ok());
+  Step s;
+  s.loss = pass.loss(x.targets.data());
+  EXPECT_TRUE(pass.backward(nullptr).ok());
+  const float* g = m.grads().data<float>();
+  s.grads.assign(g, g + m.layout().total());
+  return s;
+}
+
+ModelConfig tiny_with(std::optional<double> factor) {
+  ModelConfig c = *preset("tiny");
+  c.z_loss_beta = 1e-3;
+  c.capacity_factor = factor;
+  return c;
+}
+
+TEST(TokenDropping, AFactorThatDropsNothingIsTheDroplessPathBitForBit) {
+  // tiny routes each token to 2 distinct experts of 4: an expert gets at most one slot per
+  // token, and factor 2 gives it 2 * N * 2 / 4 = N.
+  const Tokens x = random_tokens(tiny_with({}), 1);
+  const Step dropless = step(tiny_with({}), x);
+  const Step roomy = step(tiny_with(2.0), x);
+  EXPECT_EQ(roomy.loss.dropped, 0);
+  EXPECT_EQ(roomy.loss.slots, 2 * x.b * x.t * 2);  // layers x tokens x top_k
+  EXPECT_EQ(dropless.loss.dropped, 0);
+  EXPECT_EQ(roomy.loss.ce, dropless.loss.ce);
+  EXPECT_EQ(roomy.loss.aux, dropless.loss.aux);
+  EXPECT_EQ(roomy.loss.z, dropless.loss.z);
+  ASSERT_EQ(roomy.grads.size(), dropless.grads.size());
+  for (size_t i = 0; i < roomy.grads.size(); ++i) {
+    ASSERT_EQ(roomy.grads[i], dropless.grads[i]) << "element " << i;
+  }
+}
+
+TEST(TokenDropping, DroppingChangesTheLossAndTheGradientsOfTheDroppedTokens) {
+  const Tokens x = random_tokens(tiny_with({}), 2);
+  const Step dropless = step(tiny_with({}), x);
+  const Step tight = step(tiny_with(0.75), x);
+  EXPECT_GT(tight.loss.dropped, 0);
+  EXPECT_NE(tight.loss.ce, dropless.loss.ce);
+  EXPECT_TRUE(std::isfinite(tight.loss.aux));
+  size_t differ = 0;
+  for (size_t i = 0; i < tight.grads.size(); ++i) differ += tight.grads[i] != dropless.grads[i];
+  EXPECT_GT(differ, tight.grads.size() / 4);
+}
+
+TEST(TokenDropping, CheckpointingAndHeadRowsDropTheSameSlots) {
+  const ModelConfig c = tiny_with(0.75);
+  const Tokens x = random_tokens(c, 3);
+  const Step plain = step(c, x);
+  ASSERT_GT(plain.loss.dropped, 0);
+  const Step recomputed = step(c, x, {.checkpointing = true});
+  EXPECT_EQ(recomputed.loss.dropped, plain.loss.dropped);
+  EXPECT_EQ(recomputed.loss.ce, plain.loss.ce);
+  for (size_t i = 0; i < plain.grads.size(); ++i) {
+    ASSERT_EQ(recomputed.grads[i], plain.grads[i]) << "checkpointing, element " << i;
+  }
+  // The last block runs only the tokens with a target; the others still take their places in
+  // its experts' capacity, so the kept tokens lose the same slots.
+  const Step subset = step(c, x, {}, /*subset=*/true);
+  EXPECT_EQ(subset.loss.dropped, plain.loss.dropped);
+  EXPECT_EQ(subset.loss.aux, plain.loss.aux);
+  EXPECT_NEAR(subset.loss.ce, plain.loss.ce, 1e-6 * std::fabs(plain.loss.ce));
+  float scale = 0;
+  for (float v : plain.grads) scale = std::max(scale, std::fabs(v));
+  for (size_t i = 0; i < plain.grads.size(); ++i) {
+    ASSERT_NEAR(subset.grads[i], plain.grads[i], 1e-5f * scale) << "head rows, element " << i;
+  }
+}
+
+TEST(TokenDropping, TheDropRateFallsAsTheFactorRises) {
+  const Tokens x = random_tokens(tiny_with({}), 4);
+  double last = 1;
+  for (double factor : {0.25, 0.5, 0.75, 1.0, 1.5, 2.0}) {
+    const Step s = step(tiny_with(factor), x);
+    const double rate = double(s.loss.dropped) / double(s.loss.slots);
+    EXPECT_LE(rate, last) << "factor " << factor;
+    if (factor <= 0.5) {
+      EXPECT_GE(rate, 0.5 - 0.01) << "factor " << factor;  // half the room, or less
+    }
+    last = rate;
+  }
+  EXPECT_EQ(last, 0.0);
+}
+
+}  // namespace
+}  // namespace wl::model
