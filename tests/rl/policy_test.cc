@@ -12,6 +12,7 @@
 #include "weightlift/kernels/cross_entropy.h"
 #include "weightlift/kernels/sampling.h"
 #include "weightlift/model/params.h"
+#include "weightlift/rl/checkpoint.h"
 #include "weightlift/rl/policy_step.h"
 #include "weightlift/train/tokenizer.h"
 
@@ -386,6 +387,37 @@ TEST(RoutingReplay, TheTrainerRoutesEveryTokenAsTheRolloutDid) {
   Result<PolicyStats> st = policy_gradients(dp, *b, {}, {});
   ASSERT_TRUE(st.ok()) << st.status().to_string();
   EXPECT_NEAR(st->replay_differ, double(differ) / double(fed), 1e-12);
+}
+
+// A trainer with a capacity factor drops slots of the replayed routes too (the rollout routes
+// dropless), and the step reports the share; the record keeps it through rl_metrics.jsonl.
+TEST(TokenDropping, ThePolicyStepReportsItsDropRateAndItsRecordKeepsIt) {
+  for (const std::optional<double> factor : {std::optional<double>(), std::optional(0.5)}) {
+    model::ModelConfig c = tiny();
+    c.capacity_factor = factor;
+    parallel::DataParallel dp(c, {}, nullptr, nullptr);
+    std::vector<float> w(size_t(dp.layout().total()));
+    model::init_params(c, dp.layout(), 5, w.data());
+    dp.set_params(w.data());
+    Result<PolicyBatch> b = make_policy_batch(samples_with_routes(c, 6), 16, route_shape(c));
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    Result<PolicyStats> st = policy_gradients(dp, *b, {}, {});
+    ASSERT_TRUE(st.ok()) << st.status().to_string();
+    StepRecord r{.phase = "rl", .step = 1};
+    r.stats = *st;
+    Result<StepRecord> back = record_from_json(record_to_json(r), "a record");
+    ASSERT_TRUE(back.ok()) << back.status().to_string();
+    if (!factor) {
+      EXPECT_TRUE(std::isnan(st->drop_rate));
+      EXPECT_FALSE(record_to_json(r).contains("drop_rate"));
+      EXPECT_TRUE(std::isnan(back->stats.drop_rate));
+      continue;
+    }
+    // Half the room: at least half of the slots of a full batch go; padding rows route too.
+    EXPECT_GE(st->drop_rate, 0.45);
+    EXPECT_LT(st->drop_rate, 1.0);
+    EXPECT_EQ(back->stats.drop_rate, st->drop_rate);
+  }
 }
 
 // With the routes fixed the loss is a smooth function of the router's weights, and the

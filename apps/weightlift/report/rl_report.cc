@@ -182,6 +182,7 @@ std::string plots(const rl::RlSummary& run) {
   Series gap_max{
       .label = "largest |logp trainer - logp rollout|", .color = "#9467bd", .dashed = true};
   Series kl{.label = "KL to the reference (k3, mean per token)", .color = "#17becf"};
+  Series dropped{.label = "routing slots dropped over capacity", .color = "#e377c2"};
   Series gen{.label = "generation", .color = "#1f77b4"};
   Series train{.label = "training", .color = "#ff7f0e"};
   Series sync{.label = "weight sync", .color = "#d62728"};
@@ -198,6 +199,10 @@ std::string plots(const rl::RlSummary& run) {
     gap_max.y.push_back(r->stats.logprob_gap_max);
     kl.x.push_back(x);
     kl.y.push_back(r->stats.kl_mean);
+    if (std::isfinite(r->stats.drop_rate)) {
+      dropped.x.push_back(x);
+      dropped.y.push_back(100 * r->stats.drop_rate);
+    }
     for (Series* s : {&gen, &train, &sync, &reward}) s->x.push_back(x);
     reward.y.push_back(1e3 * r->reward_s);
     rewarded = rewarded || r->reward_s > 0;
@@ -227,6 +232,11 @@ std::string plots(const rl::RlSummary& run) {
                                                    "rollout weights as synced) and KL",
                                           .x_label = "RL step",
                                           .y_label = "nats"});
+  if (!dropped.x.empty()) {  // a capacity factor: the trainer drops tokens
+    h += "<h2>Token dropping</h2>\n" + svg_plot({dropped}, {.title = "the trainer's drop rate",
+                                                            .x_label = "RL step",
+                                                            .y_label = "% of slots"});
+  }
   h += "<h2>Responses</h2>\n" +
        svg_plot({length}, {.title = "response length", .x_label = "RL step", .y_label = "tokens"});
   h += svg_plot({stale}, {.title = "staleness of the trained samples",

@@ -1,6 +1,8 @@
 // checkpoint.h.
 #include "weightlift/rl/checkpoint.h"
 
+#include <cmath>
+
 #include "weightlift/core/checksum.h"
 #include "weightlift/core/file_io.h"
 #include "weightlift/core/json_record.h"
@@ -81,6 +83,7 @@ nlohmann::json record_to_json(const StepRecord& r) {
               {"response_tokens", r.response_tokens},
               {"staleness", r.staleness},
               {"stale_dropped", r.stale_dropped}});
+    if (std::isfinite(r.stats.drop_rate)) j["drop_rate"] = r.stats.drop_rate;
   }
   return j;
 }
@@ -109,6 +112,7 @@ Result<StepRecord> record_from_json(const nlohmann::json& j, const std::string& 
       r.stats.logprob_gap_mean = j.at("logprob_gap_mean").get<double>();
       r.stats.logprob_gap_max = j.at("logprob_gap_max").get<double>();
       r.stats.replay_differ = j.value("replay_differ", 0.0);  // absent before routing replay
+      r.stats.drop_rate = j.value("drop_rate", double(NAN));  // only with a capacity factor
       r.stats.kl_mean = j.at("kl").get<double>();
       r.stats.report.grad_norm = j.at("grad_norm").get<double>();
       r.generate_s = j.at("generate_s").get<double>();

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "weightlift/kernels/cross_entropy.h"
+#include "weightlift/train/metrics.h"
 #include "weightlift/train/tokenizer.h"
 
 namespace wl::rl {
@@ -211,6 +212,7 @@ Result<PolicyStats> policy_gradients(parallel::DataParallel& dp, const PolicyBat
   st.loss = lt.ce;
   st.aux = lt.aux;
   st.z = lt.z;
+  st.drop_rate = train::drop_rate(dp.config().capacity_factor, lt.slots, lt.dropped);
   st.tokens = b.completion_tokens;
   st.clip_fraction = sums[0] / tokens;
   st.is_weight_mean = sums[1] / tokens;

@@ -14,6 +14,7 @@
 // workers hold, a staler version in asynchronous mode. The statistics say how large that was.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -81,6 +82,9 @@ struct PolicyStats {
   // Routing replay: the share of token-layers (over the whole batch's fed tokens) whose
   // replayed experts were not the ones the trainer's router would have chosen.
   double replay_differ = 0;
+  // With a capacity factor: the share of the step's routing slots dropped over expert
+  // capacity (train::drop_rate); NaN when routing is dropless.
+  double drop_rate = NAN;
   train::StepReport report;  // the optimizer's
 };
 
