@@ -1,0 +1,340 @@
+#!/usr/bin/env bash
+# A testbed of hosts on one machine: network namespaces on a bridge, each host with its own NIC
+# (a veth pair to the bridge) whose rate tc holds in both directions, so that the network, not
+# the machine's memory or cores, bounds what crosses between hosts.
+#
+#   scripts/testbed.sh run --hosts N [--ranks-per-host R] [--rate RATE] [--host-rate H=RATE]...
+#                      [--port P] [--bin WEIGHTLIFT] -- COMMAND [ARGS...]
+#       builds the testbed, runs COMMAND as R ranks on every host through
+#       `weightlift launch --nnodes N --node-rank H --master-addr <host 0> -n R`, one launcher
+#       per host, and removes everything when they end (also on Ctrl-C or failure). Each
+#       host's output is prefixed with "[host H]"; the exit code is the first failing host's.
+#   scripts/testbed.sh up --hosts N [--rate RATE] [--host-rate H=RATE]... [--name NAME]
+#                     [--owner PID]
+#       builds one and leaves it up for a test to drive (prints its name, hosts and
+#       addresses as shell assignments); it belongs to PID (default: the caller), and once that
+#       process is gone the next up, run or clean removes it.
+#   scripts/testbed.sh exec NAME HOST -- COMMAND [ARGS...]   COMMAND inside host HOST
+#   scripts/testbed.sh down NAME                             removes testbed NAME
+#   scripts/testbed.sh clean                                 removes every stale testbed
+#
+# Layout of testbed NAME: namespaces wltb-NAME-h0 .. h<N-1> (the hosts) and wltb-NAME-sw (the
+# switch: a bridge br0 and one port p<H> per host). Host H is 10.79.<k>.<H+1>/24 on its eth0,
+# k chosen per testbed so that several can stand side by side; loopback is up in every host.
+# Addresses exist only inside these namespaces. A rate (tc syntax: 100mbit, 1gbit, 2.5gbit) is
+# an htb class on the host's eth0 (what it sends) and on its switch port (what it receives).
+# There is no netem on these machines: latency is what the veth path gives (measure it), and
+# loss and cuts are made by the tests themselves (`ip link set down` in the switch).
+#
+# A host is more than a network namespace: held by one sleeping process, it also has its own
+# host name (tb-h<H>), System V IPC, /dev/shm and boot id (a file bound over
+# /proc/sys/kernel/random/boot_id). UCX takes the boot id for the machine's identity and offers
+# shared memory only between processes that share it, and weightlift's liveness checks key on
+# boot id and host name: so the ranks of one host talk through shared memory, as on a real
+# machine, and ranks of two hosts only through their NICs, as between machines. Everything run
+# on a host (run's launchers, exec's commands) enters those namespaces with nsenter.
+#
+# Needs root, iproute2 (ip, tc) and util-linux (unshare, nsenter, mount); nothing else.
+set -euo pipefail
+
+readonly PREFIX=wltb
+readonly STATE_DIR=/run/weightlift-testbed
+readonly MAX_HOSTS=32          # each host is a namespace, two veth ends and an htb tree
+readonly MAX_RANKS_TOTAL=128   # processes of one job on a 2-core machine: already too many
+
+die() {
+  echo "testbed: $*" >&2
+  exit 2
+}
+
+usage() {
+  sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2
+  exit 2
+}
+
+# "100mbit" -> "100mbit"; refuses 0, negatives, and what tc would not read as a rate.
+check_rate() {
+  local flag=$1 rate=$2
+  [[ $rate =~ ^([0-9]+([.][0-9]+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$ ]] ||
+    die "$flag '$rate': expected a rate as tc writes one, such as 100mbit or 1gbit"
+  awk -v v="${BASH_REMATCH[1]}" 'BEGIN { exit !(v > 0) }' ||
+    die "$flag '$rate': a rate must be above 0 (a cut link is made with ip link set down)"
+}
+
+ns_host() { echo "$PREFIX-$1-h$2"; }
+ns_switch() { echo "$PREFIX-$1-sw"; }
+
+# The testbeds whose owner is gone: their state file names a dead pid, or their namespaces
+# outlived their state file.
+stale_names() {
+  local f name owner
+  if [[ -d $STATE_DIR ]]; then
+    for f in "$STATE_DIR"/*.env; do
+      [[ -e $f ]] || continue
+      name=$(basename "$f" .env)
+      owner=$(sed -n 's/^TESTBED_OWNER=//p' "$f")
+      if [[ -z $owner ]] || ! kill -0 "$owner" 2>/dev/null; then echo "$name"; fi
+    done
+  fi
+  ip netns list 2>/dev/null | awk '{print $1}' | sed -n "s/^$PREFIX-\(.*\)-sw\$/\1/p" |
+    while read -r name; do [[ -e $STATE_DIR/$name.env ]] || echo "$name"; done
+}
+
+# Whether process `pid` is gone (a zombie counts: it holds no namespace).
+gone() {
+  local state
+  state=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || return 0
+  [[ -z $state || $state == Z ]]
+}
+
+down() {
+  local name=$1 ns pid i
+  local -a pids=()
+  rm -f "$STATE_DIR/$name".h*.boot_id
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$PREFIX-$name-(h[0-9]+|sw)\$"); do
+    # What runs inside (the hosts' holders, ranks of a killed run) goes first: it would keep
+    # the namespace's devices alive.
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do
+      kill -9 "$pid" 2>/dev/null || true
+      pids+=("$pid")
+    done
+    ip netns del "$ns" 2>/dev/null || true  # removes its veth ends, and their peers with them
+  done
+  for pid in "${pids[@]}"; do
+    for ((i = 0; i < 50; ++i)); do  # 5 s at most
+      gone "$pid" && break
+      sleep 0.1
+    done
+  done
+  rm -f "$STATE_DIR/$name.env"
+}
+
+clean() {
+  local name
+  for name in $(stale_names | sort -u); do
+    echo "testbed: removing stale testbed $name" >&2
+    down "$name"
+  done
+}
+
+# The third octet of a new testbed's subnet: one no other testbed here uses.
+free_subnet() {
+  local used k
+  used=$(cat "$STATE_DIR"/*.env 2>/dev/null | sed -n 's/^TESTBED_SUBNET=//p' || true)
+  for k in $(seq 1 250); do
+    grep -qx "$k" <<<"$used" || { echo "$k"; return; }
+  done
+  die "every testbed subnet of 10.79.0.0/16 is in use"
+}
+
+# htb holding `dev` in namespace `ns` to `rate` (every packet in one class).
+limit() {
+  local ns=$1 dev=$2 rate=$3
+  tc -n "$ns" qdisc add dev "$dev" root handle 1: htb default 1 r2q 1000
+  tc -n "$ns" class add dev "$dev" parent 1: classid 1:1 htb rate "$rate" ceil "$rate"
+}
+
+# up NAME HOSTS OWNER RATE_OF... : builds testbed NAME (RATE_OF[h] empty: unlimited).
+up() {
+  local name=$1 hosts=$2 owner=$3
+  shift 3
+  local -a rate_of=("$@")
+  mkdir -p "$STATE_DIR"
+  local subnet sw h ns
+  subnet=$(free_subnet)
+  # The state file first: a testbed cut short while being built is found and removed.
+  {
+    echo "TESTBED_NAME=$name"
+    echo "TESTBED_OWNER=$owner"
+    echo "TESTBED_SUBNET=$subnet"
+  } >"$STATE_DIR/$name.env"
+  sw=$(ns_switch "$name")
+  ip netns add "$sw"
+  ip -n "$sw" link set lo up
+  ip -n "$sw" link add br0 type bridge
+  ip -n "$sw" link set br0 up
+  local addrs="" namespaces="" holders=""
+  for ((h = 0; h < hosts; ++h)); do
+    ns=$(ns_host "$name" "$h")
+    ip netns add "$ns"
+    ip -n "$ns" link set lo up
+    ip -n "$ns" link add eth0 type veth peer name "p$h" netns "$sw"
+    ip -n "$ns" addr add "10.79.$subnet.$((h + 1))/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    ip -n "$sw" link set "p$h" master br0
+    ip -n "$sw" link set "p$h" up
+    if [[ -n ${rate_of[h]:-} ]]; then
+      limit "$ns" eth0 "${rate_of[h]}"
+      limit "$sw" "p$h" "${rate_of[h]}"
+    fi
+    holders+="${holders:+ }$(hold_host "$name" "$h")"
+    addrs+="${addrs:+ }10.79.$subnet.$((h + 1))"
+    namespaces+="${namespaces:+ }$ns"
+  done
+  {
+    echo "TESTBED_HOSTS=\"$namespaces\""
+    echo "TESTBED_ADDRS=\"$addrs\""
+    echo "TESTBED_RATES=\"${rate_of[*]:-}\""
+    echo "TESTBED_HOLDERS=\"$holders\""
+  } >>"$STATE_DIR/$name.env"
+}
+
+# Starts the process that holds host h's namespaces (network, host name, IPC, mounts with
+# their own /dev/shm and boot id) and prints its pid once they are in place.
+hold_host() {
+  local name=$1 h=$2 boot
+  boot=$STATE_DIR/$name.h$h.boot_id
+  cat /proc/sys/kernel/random/uuid >"$boot"
+  setsid ip netns exec "$(ns_host "$name" "$h")" unshare --uts --ipc --mount --propagation private \
+    sh -c 'hostname "$0" && mount -t tmpfs tmpfs /dev/shm &&
+           mount --bind "$1" /proc/sys/kernel/random/boot_id && exec sleep infinity' \
+    "tb-h$h" "$boot" </dev/null >/dev/null 2>&1 &
+  local pid=$! i
+  for ((i = 0; i < 100; ++i)); do  # until its boot id is the host's (10 s at most)
+    if [[ $(nsenter -t "$pid" --mount cat /proc/sys/kernel/random/boot_id 2>/dev/null) == \
+          "$(cat "$boot")" ]]; then
+      echo "$pid"
+      return
+    fi
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  die "host $h of testbed $name did not come up"
+}
+
+# COMMAND inside host h of testbed NAME.
+host_exec() {
+  local name=$1 h=$2 holder
+  shift 2
+  holder=$(sed -n 's/^TESTBED_HOLDERS="\(.*\)"$/\1/p' "$STATE_DIR/$name.env" | cut -d' ' -f$((h + 1)))
+  [[ -n $holder ]] || die "testbed $name has no host $h"
+  nsenter -t "$holder" --net --uts --ipc --mount --wd="$PWD" -- "$@"
+}
+
+# Options shared by up and run.
+HOSTS=0 RANKS=1 RATE="" PORT=29600 NAME="" OWNER=$PPID BIN=""
+declare -A HOST_RATE=()
+parse_options() {
+  while (($#)); do
+    case $1 in
+      --hosts) HOSTS=${2:?}; shift 2 ;;
+      --ranks-per-host) RANKS=${2:?}; shift 2 ;;
+      --rate) check_rate --rate "${2:?}"; RATE=$2; shift 2 ;;
+      --host-rate)
+        [[ ${2:-} =~ ^([0-9]+)=(.+)$ ]] || die "--host-rate '${2:-}': expected HOST=RATE, such as 1=100mbit"
+        local host=${BASH_REMATCH[1]} rate=${BASH_REMATCH[2]}
+        check_rate --host-rate "$rate"
+        HOST_RATE[$host]=$rate
+        shift 2 ;;
+      --port) PORT=${2:?}; shift 2 ;;
+      --name) NAME=${2:?}; shift 2 ;;
+      --owner) OWNER=${2:?}; shift 2 ;;
+      --bin) BIN=${2:?}; shift 2 ;;
+      --) shift; COMMAND=("$@"); return ;;
+      -h | --help) usage ;;
+      *) die "unknown option '$1' (see scripts/testbed.sh --help)" ;;
+    esac
+  done
+  COMMAND=()
+}
+
+check_options() {
+  [[ $HOSTS =~ ^[0-9]+$ ]] && ((HOSTS >= 2)) || die "--hosts '$HOSTS': a testbed has at least 2 hosts"
+  ((HOSTS <= MAX_HOSTS)) ||
+    die "--hosts $HOSTS: this machine holds at most $MAX_HOSTS hosts (namespaces with a shaped NIC each)"
+  [[ $RANKS =~ ^[0-9]+$ ]] && ((RANKS >= 1)) || die "--ranks-per-host '$RANKS': expected at least 1"
+  ((HOSTS * RANKS <= MAX_RANKS_TOTAL)) ||
+    die "--hosts $HOSTS x --ranks-per-host $RANKS: $((HOSTS * RANKS)) processes, more than the $MAX_RANKS_TOTAL this machine can run"
+  [[ $PORT =~ ^[0-9]+$ ]] && ((PORT >= 1024 && PORT <= 65535)) || die "--port '$PORT': expected 1024-65535"
+  local h
+  for h in "${!HOST_RATE[@]}"; do
+    ((h < HOSTS)) || die "--host-rate $h=${HOST_RATE[$h]}: there is no host $h of $HOSTS"
+  done
+  [[ -z $NAME || $NAME =~ ^[a-z0-9]{1,12}$ ]] || die "--name '$NAME': expected 1-12 lowercase letters or digits"
+  [[ $OWNER =~ ^[0-9]+$ ]] || die "--owner '$OWNER': expected a process id"
+}
+
+need_root() {
+  ((EUID == 0)) || die "needs root (ip netns, tc)"
+  command -v ip >/dev/null && command -v tc >/dev/null || die "needs iproute2 (ip, tc)"
+  command -v unshare >/dev/null && command -v nsenter >/dev/null ||
+    die "needs util-linux (unshare, nsenter)"
+}
+
+rates() {
+  local h
+  for ((h = 0; h < HOSTS; ++h)); do echo "${HOST_RATE[$h]:-$RATE}"; done
+}
+
+cmd_up() {
+  parse_options "$@"
+  check_options
+  need_root
+  clean
+  NAME=${NAME:-$$}
+  [[ ! -e $STATE_DIR/$NAME.env ]] || die "a testbed named $NAME is up already"
+  mapfile -t rate_of < <(rates)
+  up "$NAME" "$HOSTS" "$OWNER" "${rate_of[@]}" || { down "$NAME"; die "could not build testbed $NAME"; }
+  cat "$STATE_DIR/$NAME.env"
+}
+
+cmd_run() {
+  parse_options "$@"
+  check_options
+  ((${#COMMAND[@]})) || die "run needs a command after --"
+  need_root
+  BIN=${BIN:-$(dirname "$0")/../build/release/apps/weightlift}
+  [[ -x $BIN ]] || die "no weightlift binary at $BIN; build it, or give --bin"
+  BIN=$(realpath "$BIN")
+  clean
+  NAME=${NAME:-$$}
+  OWNER=$$
+  local out
+  out=$(mktemp -d)
+  # shellcheck disable=SC2064  # the names are fixed now
+  trap "down '$NAME'; rm -rf '$out'" EXIT
+  trap 'exit 130' INT TERM
+  mapfile -t rate_of < <(rates)
+  up "$NAME" "$HOSTS" "$OWNER" "${rate_of[@]}"
+  local master subnet token h
+  subnet=$(sed -n 's/^TESTBED_SUBNET=//p' "$STATE_DIR/$NAME.env")
+  master=10.79.$subnet.1
+  token=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+  echo "testbed $NAME: $HOSTS hosts x $RANKS ranks, NIC ${RATE:-unlimited}$(
+    for h in "${!HOST_RATE[@]}"; do printf ', host %s %s' "$h" "${HOST_RATE[$h]}"; done
+  ); master $master:$PORT" >&2
+  local -a pids=()
+  for ((h = 0; h < HOSTS; ++h)); do
+    host_exec "$NAME" "$h" env WEIGHTLIFT_JOB_TOKEN="$token" TESTBED_HOST="$h" \
+      "$BIN" launch --nnodes "$HOSTS" --node-rank "$h" --master-addr "$master" \
+      --master-port "$PORT" -n "$RANKS" -- "${COMMAND[@]}" \
+      > >(sed -u "s/^/[host $h] /") 2>&1 &
+    pids+=($!)
+  done
+  local rc=0 code
+  for h in "${!pids[@]}"; do
+    code=0
+    wait "${pids[$h]}" || code=$?
+    if ((code != 0 && rc == 0)); then rc=$code; fi
+  done
+  exit "$rc"
+}
+
+case ${1:-} in
+  up) shift; cmd_up "$@" ;;
+  run) shift; cmd_run "$@" ;;
+  exec)
+    [[ $# -ge 4 && $4 == -- ]] || die "usage: testbed.sh exec NAME HOST -- COMMAND"
+    need_root
+    [[ -e $STATE_DIR/$2.env ]] || die "no testbed named $2"
+    name=$2 h=$3
+    shift 4
+    host_exec "$name" "$h" "$@" ;;
+  down)
+    [[ $# -eq 2 ]] || die "usage: testbed.sh down NAME"
+    need_root
+    down "$2" ;;
+  clean) need_root; clean ;;
+  -h | --help | "") usage ;;
+  *) die "unknown command '$1': up, run, exec, down or clean" ;;
+esac

@@ -1,0 +1,196 @@
+"""scripts/testbed.sh against the kernel: hosts that are network namespaces on a shaped bridge.
+
+  testbed_test.py WEIGHTLIFT
+
+- A job of 2 hosts x 2 ranks through `weightlift launch --nnodes` (the script's `run`): the ranks
+  of a host reach each other through shared memory and the other host's only through their
+  NICs (UCX's own choice of transport, read from its debug log), and an allreduce across the
+  hosts stays under its NIC's rate and comes within reach of it.
+- Nothing is left behind: after a run, after Ctrl-C in the middle of one, and after a testbed
+  whose owner died (removed by the next start).
+- A spec that cannot be built (a rate of 0, more hosts than the machine holds, a host rate for
+  a host that is not there) is refused with a clear error, before anything is made.
+
+Needs root and network namespaces; without them it exits 77 (ctest: skipped).
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+SCRIPT = os.path.join(ROOT, "scripts", "testbed.sh")
+PREFIX = "wltb-"
+STATE_DIR = "/run/weightlift-testbed"
+
+
+class Suite:
+    def __init__(self):
+        self.failures = 0
+
+    def check(self, name, ok, detail=""):
+        self.failures += 0 if ok else 1
+        print(f"{'ok  ' if ok else 'FAIL'} {name}" + (f": {detail}" if detail else ""), flush=True)
+
+
+def namespaces():
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return sorted(line.split()[0] for line in out.splitlines() if line.startswith(PREFIX))
+
+
+def leftovers():
+    """Namespaces, state files and holder processes of testbeds that should be gone."""
+    state = sorted(os.listdir(STATE_DIR)) if os.path.isdir(STATE_DIR) else []
+    return namespaces() + state
+
+
+def running(pid):
+    """Whether process `pid` exists and is not a zombie (which holds no namespace)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def testbed(*args, timeout=120, env=None):
+    return subprocess.run(["bash", SCRIPT, *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def can_run():
+    if os.geteuid() != 0:
+        return "not root"
+    probe = "wltb-probe-%d" % os.getpid()
+    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if r.returncode != 0:
+        return "ip netns add: " + r.stderr.strip()
+    subprocess.run(["ip", "netns", "del", probe])
+    return None
+
+
+def bad_specs(s, exe):
+    cases = [
+        (["--hosts", "2", "--rate", "0mbit"], "above 0"),
+        (["--hosts", "2", "--rate", "fast"], "expected a rate"),
+        (["--hosts", "100"], "at most 32 hosts"),
+        (["--hosts", "1"], "at least 2 hosts"),
+        (["--hosts", "8", "--ranks-per-host", "64"], "more than the 128"),
+        (["--hosts", "2", "--host-rate", "5=1gbit"], "no host 5 of 2"),
+        (["--hosts", "2", "--host-rate", "1=0gbit"], "above 0"),
+    ]
+    for args, says in cases:
+        before = leftovers()
+        r = testbed("run", *args, "--bin", exe, "--", exe, "--version")
+        lines = r.stderr.strip().splitlines()
+        ok = r.returncode == 2 and len(lines) == 1 and says in lines[0] and \
+            leftovers() == before
+        s.check("refused: " + " ".join(args), ok, lines[-1] if lines else f"exit {r.returncode}")
+
+
+def transports(s, exe):
+    """Which UCX transport each rank's endpoints took: shared memory inside a host, TCP between."""
+    r = testbed("run", "--hosts", "2", "--ranks-per-host", "2", "--bin", exe, "--",
+                "env", "UCX_LOG_LEVEL=debug", exe, "--threads", "1", "bench", "collectives",
+                "--ops", "allreduce", "--min-bytes", "64K", "--max-bytes", "64K", "--iters", "3",
+                "--warmup", "1", timeout=180)
+    s.check("2 hosts x 2 ranks run", r.returncode == 0, r.stderr[-400:] if r.returncode else "")
+    # "[host 0] [rank 1] ... ep 0x...: lane[0]:  3:sysv/memory.0 md[2] -> ..." for each endpoint
+    kinds = {}
+    for m in re.finditer(r"\[host (\d)\] \[rank (\d)\].*?lane\[0\]:\s+\d+:(\w+)/", r.stdout):
+        kinds.setdefault(int(m.group(2)), set()).add(m.group(3))
+    tcp_only = {"tcp"}
+    ok = len(kinds) == 4 and all("tcp" in k and len(k - tcp_only) > 0 for k in kinds.values())
+    s.check("every rank reaches its host's other rank by shared memory and the other host's "
+            "ranks by TCP", ok, str({r: sorted(k) for r, k in sorted(kinds.items())}))
+
+
+def bandwidth(s, exe):
+    """An allreduce between 2 hosts of one rank each, each NIC held to 200 Mbit/s: every byte
+    a rank sends crosses its NIC, so the ring's bus bandwidth cannot exceed the NIC's rate
+    (25 MB/s). A plain TCP stream between the hosts gets 24 MB/s; UCX's ring got 58-66% of
+    the rate (14.6-17 MB/s, 4-16 MB), so the floor is a quarter: enough to tell a shaped link
+    that works from one that stalls."""
+    r = testbed("run", "--hosts", "2", "--rate", "200mbit", "--bin", exe, "--", exe,
+                "--threads", "1", "bench", "collectives", "--ops", "allreduce", "--min-bytes",
+                "4M", "--max-bytes", "4M", "--iters", "3", "--warmup", "1", "--json",
+                timeout=180)
+    rows = [json.loads(line.split("] ", 2)[2]) for line in r.stdout.splitlines()
+            if line.startswith("[host 0] [rank 0] {")]
+    if r.returncode != 0 or len(rows) != 1:
+        s.check("allreduce at 200 Mbit/s", False, r.stderr[-400:])
+        return
+    row = rows[0]
+    busbw = row["busbw_gbps"] * 1e9 / 1e6  # MB/s
+    # 200 Mbit/s is 25 MB/s of Ethernet frames; TCP/IP headers take about 3% of 1500-byte ones.
+    s.check("the allreduce ran between hosts over messages, not a shared arena",
+            row["algorithm"] != "shm", row["algorithm"])
+    s.check(f"bus bandwidth {busbw:.1f} MB/s is at most the NIC's 25 MB/s", busbw <= 25.0)
+    s.check(f"bus bandwidth {busbw:.1f} MB/s is at least a quarter of the NIC's", busbw >= 6.25)
+
+
+def interrupted(s, exe):
+    """Ctrl-C while ranks run: the script removes its namespaces and ends the ranks."""
+    before = leftovers()
+    p = subprocess.Popen(["bash", SCRIPT, "run", "--hosts", "2", "--bin", exe, "--",
+                          "sleep", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    deadline = time.time() + 30
+    while time.time() < deadline and len(namespaces()) < len(before) + 3:
+        time.sleep(0.1)
+    up = len(namespaces()) >= len(before) + 3
+    time.sleep(1)  # the launchers and their ranks start
+    os.killpg(p.pid, signal.SIGINT)
+    try:
+        p.wait(timeout=30)
+        stopped = True
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        stopped = False
+    sleeps = subprocess.run(["pgrep", "-f", "^sleep 60$"], capture_output=True,
+                            text=True).stdout.split()
+    s.check("Ctrl-C during a run stops it and leaves no namespace, state or rank",
+            up and stopped and leftovers() == before and not sleeps,
+            f"up {up}, stopped {stopped}, left {sorted(set(leftovers()) - set(before))}, "
+            f"ranks {sleeps}")
+
+
+def stale(s):
+    """A testbed whose owner died is removed by the next start, holders and all."""
+    owner = subprocess.Popen(["sleep", "30"])
+    r = testbed("up", "--hosts", "3", "--rate", "1gbit", "--name", "stale%d" % (os.getpid() % 1000),
+                "--owner", str(owner.pid))
+    up = r.returncode == 0 and len([n for n in namespaces() if "-stale" in n]) == 4
+    holders = re.search(r'TESTBED_HOLDERS="([^"]*)"', r.stdout)
+    holder_pids = holders.group(1).split() if holders else []
+    owner.kill()
+    owner.wait()
+    c = testbed("clean")
+    alive = [p for p in holder_pids if running(p)]
+    s.check("a testbed whose owner died is removed by the next start",
+            up and c.returncode == 0 and not [n for n in namespaces() if "-stale" in n] and
+            not alive and "removing stale testbed" in c.stderr,
+            f"up {up} ({r.stderr.strip()[-200:]}), holders alive {alive}")
+
+
+def main():
+    exe = os.path.abspath(sys.argv[1])
+    why = can_run()
+    if why:
+        print(f"skipped: network namespaces are not available here ({why})")
+        sys.exit(77)
+    s = Suite()
+    start = leftovers()
+    for case in (lambda: bad_specs(s, exe), lambda: transports(s, exe),
+                 lambda: bandwidth(s, exe), lambda: interrupted(s, exe), lambda: stale(s)):
+        case()
+    s.check("nothing of any testbed is left", leftovers() == start, str(leftovers()))
+    print(f"{s.failures} failed" if s.failures else "the testbed builds, shapes and cleans up")
+    sys.exit(1 if s.failures else 0)
+
+
+if __name__ == "__main__":
+    main()
