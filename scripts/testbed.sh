@@ -93,10 +93,17 @@ down() {
   rm -f "$STATE_DIR/$name".h*.boot_id
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$PREFIX-$name-(h[0-9]+|sw)\$"); do
     # What runs inside (the hosts' holders, ranks of a killed run) goes first: it would keep
-    # the namespace's devices alive.
-    for pid in $(ip netns pids "$ns" 2>/dev/null); do
-      kill -9 "$pid" 2>/dev/null || true
-      pids+=("$pid")
+    # the namespace's devices alive, and outlive it. Again until none is left, since a
+    # launcher killed while starting a rank may have forked it a moment before (5 s at most).
+    for ((i = 0; i < 50; ++i)); do
+      local inside
+      inside=$(ip netns pids "$ns" 2>/dev/null || true)
+      [[ -n $inside ]] || break
+      for pid in $inside; do
+        kill -9 "$pid" 2>/dev/null || true
+        pids+=("$pid")
+      done
+      sleep 0.1
     done
     ip netns del "$ns" 2>/dev/null || true  # removes its veth ends, and their peers with them
   done
@@ -202,13 +209,13 @@ hold_host() {
   die "host $h of testbed $name did not come up"
 }
 
-# COMMAND inside host h of testbed NAME.
+# Becomes COMMAND inside host h of testbed NAME (exec: call it in a subshell to come back).
 host_exec() {
   local name=$1 h=$2 holder
   shift 2
   holder=$(sed -n 's/^TESTBED_HOLDERS="\(.*\)"$/\1/p' "$STATE_DIR/$name.env" | cut -d' ' -f$((h + 1)))
   [[ -n $holder ]] || die "testbed $name has no host $h"
-  nsenter -t "$holder" --net --uts --ipc --mount --wd="$PWD" -- "$@"
+  exec nsenter -t "$holder" --net --uts --ipc --mount --wd="$PWD" -- "$@"
 }
 
 # Options shared by up and run.
@@ -278,6 +285,19 @@ cmd_up() {
   cat "$STATE_DIR/$NAME.env"
 }
 
+# The launchers of `run`, asked to stop, then waited for.
+LAUNCHERS=()
+stop_launchers() {
+  local pid i
+  for pid in "${LAUNCHERS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${LAUNCHERS[@]}"; do
+    for ((i = 0; i < 50; ++i)); do
+      gone "$pid" && break
+      sleep 0.1
+    done
+  done
+}
+
 cmd_run() {
   parse_options "$@"
   check_options
@@ -289,10 +309,10 @@ cmd_run() {
   clean
   NAME=${NAME:-$$}
   OWNER=$$
-  local out
-  out=$(mktemp -d)
+  # On the way out the launchers get SIGTERM first, and 5 s to stop their ranks as they do on
+  # Ctrl-C (a rank may have shared memory or files to remove); then whatever is left goes.
   # shellcheck disable=SC2064  # the names are fixed now
-  trap "down '$NAME'; rm -rf '$out'" EXIT
+  trap "stop_launchers; down '$NAME'" EXIT
   trap 'exit 130' INT TERM
   mapfile -t rate_of < <(rates)
   up "$NAME" "$HOSTS" "$OWNER" "${rate_of[@]}"
@@ -303,18 +323,17 @@ cmd_run() {
   echo "testbed $NAME: $HOSTS hosts x $RANKS ranks, NIC ${RATE:-unlimited}$(
     for h in "${!HOST_RATE[@]}"; do printf ', host %s %s' "$h" "${HOST_RATE[$h]}"; done
   ); master $master:$PORT" >&2
-  local -a pids=()
   for ((h = 0; h < HOSTS; ++h)); do
     host_exec "$NAME" "$h" env WEIGHTLIFT_JOB_TOKEN="$token" TESTBED_HOST="$h" \
       "$BIN" launch --nnodes "$HOSTS" --node-rank "$h" --master-addr "$master" \
       --master-port "$PORT" -n "$RANKS" -- "${COMMAND[@]}" \
       > >(sed -u "s/^/[host $h] /") 2>&1 &
-    pids+=($!)
+    LAUNCHERS+=($!)
   done
   local rc=0 code
-  for h in "${!pids[@]}"; do
+  for h in "${!LAUNCHERS[@]}"; do
     code=0
-    wait "${pids[$h]}" || code=$?
+    wait "${LAUNCHERS[$h]}" || code=$?
     if ((code != 0 && rc == 0)); then rc=$code; fi
   done
   exit "$rc"

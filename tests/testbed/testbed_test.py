@@ -6,8 +6,10 @@
   of a host reach each other through shared memory and the other host's only through their
   NICs (UCX's own choice of transport, read from its debug log), and an allreduce across the
   hosts stays under its NIC's rate and comes within reach of it.
-- Nothing is left behind: after a run, after Ctrl-C in the middle of one, and after a testbed
-  whose owner died (removed by the next start).
+- A host's link cut in the middle of an allreduce stops the job on every host within the
+  collectives' deadline and the launchers' host timeout, each error naming the peer.
+- Nothing is left behind: after a run, after Ctrl-C in the middle of one, after a cut link, and
+  after a testbed whose owner died (removed by the next start).
 - A spec that cannot be built (a rate of 0, more hosts than the machine holds, a host rate for
   a host that is not there) is refused with a clear error, before anything is made.
 
@@ -133,29 +135,66 @@ def bandwidth(s, exe):
 
 
 def interrupted(s, exe):
-    """Ctrl-C while ranks run: the script removes its namespaces and ends the ranks."""
-    before = leftovers()
-    p = subprocess.Popen(["bash", SCRIPT, "run", "--hosts", "2", "--bin", exe, "--",
-                          "sleep", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True)
-    deadline = time.time() + 30
-    while time.time() < deadline and len(namespaces()) < len(before) + 3:
-        time.sleep(0.1)
-    up = len(namespaces()) >= len(before) + 3
-    time.sleep(1)  # the launchers and their ranks start
-    os.killpg(p.pid, signal.SIGINT)
+    """Ctrl-C while the launchers start their ranks, and while the ranks run: the script ends
+    the ranks and removes its namespaces."""
+    for delay in (0.0, 1.0):
+        before = leftovers()
+        p = subprocess.Popen(["bash", SCRIPT, "run", "--hosts", "2", "--bin", exe, "--",
+                              "sleep", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)
+        deadline = time.time() + 30
+        while time.time() < deadline and len(namespaces()) < len(before) + 3:
+            time.sleep(0.05)
+        up = len(namespaces()) >= len(before) + 3
+        time.sleep(delay)
+        os.killpg(p.pid, signal.SIGINT)
+        try:
+            p.wait(timeout=30)
+            stopped = True
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            stopped = False
+        sleeps = [pid for pid in subprocess.run(["pgrep", "-f", "^sleep 60$"], capture_output=True,
+                                                text=True).stdout.split() if running(pid)]
+        s.check(f"Ctrl-C {delay:.0f} s into a run stops it and leaves no namespace, state or rank",
+                up and stopped and leftovers() == before and not sleeps,
+                f"up {up}, stopped {stopped}, left {sorted(set(leftovers()) - set(before))}, "
+                f"ranks {sleeps}")
+        for pid in sleeps:
+            os.kill(int(pid), signal.SIGKILL)
+
+
+def link_cut(s, exe):
+    """A host's link cut in the middle of an allreduce (its switch port down): no rank hangs.
+    Each rank's wait ends at its 5 s deadline with an error naming the peer, host 0's launcher
+    gives up on host 1 after its 10 s, and host 1's launcher stops when the store (on host 0)
+    does not answer; the whole job is down within 25 s of the cut."""
+    name = "cut%d" % (os.getpid() % 1000)
+    p = subprocess.Popen(["bash", SCRIPT, "run", "--hosts", "2", "--rate", "100mbit", "--name",
+                          name, "--bin", exe, "--", exe, "--threads", "1", "bench",
+                          "collectives", "--ops", "allreduce", "--min-bytes", "8M",
+                          "--max-bytes", "8M", "--iters", "1000", "--timeout", "5"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 60
+    started = False
+    while time.time() < deadline and not started:  # until the sizes' table has begun
+        line = p.stdout.readline()
+        started = "size(B)" in line
+    time.sleep(1.5)  # a few allreduces in
+    cut = time.time()
+    subprocess.run(["ip", "-n", f"wltb-{name}-sw", "link", "set", "p1", "down"], check=True)
     try:
-        p.wait(timeout=30)
-        stopped = True
+        rest, _ = p.communicate(timeout=60)
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        stopped = False
-    sleeps = subprocess.run(["pgrep", "-f", "^sleep 60$"], capture_output=True,
-                            text=True).stdout.split()
-    s.check("Ctrl-C during a run stops it and leaves no namespace, state or rank",
-            up and stopped and leftovers() == before and not sleeps,
-            f"up {up}, stopped {stopped}, left {sorted(set(leftovers()) - set(before))}, "
-            f"ranks {sleeps}")
+        p.kill()
+        rest, _ = p.communicate()
+    took = time.time() - cut
+    deadline_hit = re.search(r"\[host 0\] \[rank 0\] .*DeadlineExceeded: rank 0: .* rank 1", rest)
+    host1_stopped = "[host 1] [launch]" in rest and "stopping this host's ranks" in rest
+    s.check(f"a link cut mid-allreduce stops every host, with the peer named, {took:.1f} s "
+            "after the cut (at most 25)",
+            started and p.returncode not in (0, None) and bool(deadline_hit) and host1_stopped
+            and took <= 25, rest[-600:] if not (deadline_hit and host1_stopped) else "")
 
 
 def stale(s):
@@ -185,7 +224,8 @@ def main():
     s = Suite()
     start = leftovers()
     for case in (lambda: bad_specs(s, exe), lambda: transports(s, exe),
-                 lambda: bandwidth(s, exe), lambda: interrupted(s, exe), lambda: stale(s)):
+                 lambda: bandwidth(s, exe), lambda: interrupted(s, exe),
+                 lambda: link_cut(s, exe), lambda: stale(s)):
         case()
     s.check("nothing of any testbed is left", leftovers() == start, str(leftovers()))
     print(f"{s.failures} failed" if s.failures else "the testbed builds, shapes and cleans up")
