@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
 
 #include "bench/allreduce_model.h"
 #include "bench/collectives.h"
@@ -33,6 +34,8 @@ struct BenchCollectivesArgs {
   double model_stream_gbps = 0;  // 0: one stream fills the link
   double model_reduce_gbps = 10.0;
   std::string model_segment = "256K";
+  std::string model_ranks;   // "2,4,8"; empty: 8 .. 1024
+  bool sizes_given = false;  // --min-bytes, --max-bytes or --factor: the model's rows too
 };
 
 // "tree", "bidirectional_ring" or "bidirectional-ring", ... -> the algorithm.
@@ -59,12 +62,27 @@ Status run_allreduce_model(const BenchCollectivesArgs& a) {
   }
   WL_ASSIGN_OR_RETURN(size_t segment, parse_byte_size(a.model_segment));
   if (segment == 0) return invalid_argument("--model-segment must be at least 1 byte");
-  print_allreduce_model(
-      {.model = {.alpha = a.model_alpha_us * 1e-6,
-                 .beta = 1e-9 / a.model_link_gbps,
-                 .stream_beta = a.model_stream_gbps > 0 ? 1e-9 / a.model_stream_gbps : 0.0,
-                 .gamma = 1e-9 / a.model_reduce_gbps,
-                 .segment_bytes = segment}});
+  AllreduceModelOptions mo{
+      .model = {.alpha = a.model_alpha_us * 1e-6,
+                .beta = 1e-9 / a.model_link_gbps,
+                .stream_beta = a.model_stream_gbps > 0 ? 1e-9 / a.model_stream_gbps : 0.0,
+                .gamma = 1e-9 / a.model_reduce_gbps,
+                .segment_bytes = segment},
+      .json = a.o.json};
+  if (!a.model_ranks.empty()) {
+    mo.ranks.clear();
+    std::stringstream list(a.model_ranks);
+    for (std::string item; std::getline(list, item, ',');) {
+      WL_ASSIGN_OR_RETURN(const int64_t p, parse_count("--model-ranks", item, 2, 1 << 20));
+      mo.ranks.push_back(int(p));
+    }
+  }
+  if (a.sizes_given) {
+    WL_ASSIGN_OR_RETURN(mo.min_bytes, parse_byte_size(a.min_bytes));
+    WL_ASSIGN_OR_RETURN(mo.max_bytes, parse_byte_size(a.max_bytes));
+    mo.factor = a.o.factor;
+  }
+  print_allreduce_model(mo);
   return ok_status();
 }
 
@@ -166,13 +184,21 @@ void register_bench_collectives(CLI::App& bench, Outcome& out) {
   cmd->add_option("--model-segment", a->model_segment, "--model: tree pipeline segment (K/M/G/T)")
       ->capture_default_str()
       ->transform(bytes(1, kGiB));
+  cmd->add_option("--model-ranks", a->model_ranks,
+                  "--model: world sizes, comma-separated (default 8,16,..,1024)");
   cmd->add_option("--bind-address", a->bind_address, "where rank 0's store listens")
       ->capture_default_str();
   cmd->add_option("--timeout", a->timeout_s, "seconds per call")
       ->capture_default_str()
       ->transform(seconds());
-  cmd->callback(
-      [&out, a] { out.exit_code = report("bench collectives", run_bench_collectives(*a)); });
+  const CLI::Option* sizes[] = {cmd->get_option("--min-bytes"), cmd->get_option("--max-bytes"),
+                                cmd->get_option("--factor")};
+  cmd->callback([&out, a, sizes] {
+    // --model keeps its own grid (8 B .. 1 GiB, x8) unless the sweep's is given.
+    a->sizes_given = std::any_of(std::begin(sizes), std::end(sizes),
+                                 [](const CLI::Option* o) { return o->count() > 0; });
+    out.exit_code = report("bench collectives", run_bench_collectives(*a));
+  });
 }
 
 }  // namespace wl::app

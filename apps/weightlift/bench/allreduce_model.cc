@@ -55,7 +55,40 @@ size_t ring_tree_crossover(int P, const comm::AllreduceCostModel& m) {
   return 0;
 }
 
+namespace {
+
+void print_allreduce_model_json(const AllreduceModelOptions& o) {
+  const comm::AllreduceCostModel& m = o.model;
+  for (int P : o.ranks) {
+    for (size_t n = o.min_bytes; n <= o.max_bytes;) {
+      std::fprintf(o.out, "{\"ranks\":%d,\"bytes\":%zu", P, n);
+      for (AllreduceAlgorithm a : kModelled) {
+        std::fprintf(o.out, ",\"%s_us\":%.3f",
+                     std::string(comm::allreduce_algorithm_name(a)).c_str(),
+                     allreduce_cost_seconds(a, n, P, m) * 1e6);
+      }
+      const AllreduceAlgorithm pick = comm::choose_allreduce_algorithm(n, P, m);
+      std::fprintf(o.out, ",\"choice\":\"%s\"}\n",
+                   std::string(comm::allreduce_algorithm_name(pick)).c_str());
+      if (n > o.max_bytes / size_t(o.factor)) break;
+      n *= size_t(o.factor);
+    }
+  }
+  for (int P : o.ranks) {
+    const size_t x = ring_tree_crossover(P, m);
+    if (x == std::numeric_limits<size_t>::max()) {
+      std::fprintf(o.out, "{\"ranks\":%d,\"ring_beats_tree_from\":null}\n", P);
+    } else {
+      std::fprintf(o.out, "{\"ranks\":%d,\"ring_beats_tree_from\":%zu}\n", P, x);
+    }
+  }
+  std::fflush(o.out);
+}
+
+}  // namespace
+
 void print_allreduce_model(const AllreduceModelOptions& o) {
+  if (o.json) return print_allreduce_model_json(o);
   const comm::AllreduceCostModel& m = o.model;
   const double stream = m.stream_beta > m.beta ? m.stream_beta : m.beta;
   std::fprintf(o.out,

@@ -4,9 +4,9 @@
 //
 //   print_allreduce_model({.model = {.alpha = 5e-6, .beta = 1 / 12.5e9}});
 //
-// For each world size (8, 16, .. 1024 ranks) it prints the predicted time of the ring, the
-// double binary tree, the bidirectional ring and recursive doubling at sizes 8 B, 64 B, ..
-// 1 GiB (x8), marking the cheapest; then one line per world size with the size from which the
+// For each world size (8, 16, .. 1024 ranks, or those asked for) it prints the predicted time of
+// the ring, the double binary tree, the bidirectional ring and recursive doubling at sizes 8 B, 64
+// B, .. 1 GiB (x8), marking the cheapest; then one line per world size with the size from which the
 // ring is faster than the tree and the selector's choice over the whole range.
 #pragma once
 
@@ -25,6 +25,10 @@ struct AllreduceModelOptions {
   size_t min_bytes = 8;                // first row of each table
   size_t max_bytes = size_t(1) << 30;  // last row of each table
   int factor = 8;                      // size multiplier between rows
+  // One JSON object per row instead of the tables: {"ranks", "bytes", "<algorithm>_us" for
+  // each, "choice"}, then one per world size: {"ranks", "ring_beats_tree_from" (bytes; 0:
+  // always, null: not below 1 TiB)}.
+  bool json = false;
   std::FILE* out = stdout;
 };
 

@@ -1,0 +1,176 @@
+#!/usr/bin/python3
+"""The allreduce's algorithms across hosts, measured on the testbed and held to the cost model.
+
+  sudo bench/testbed_collectives.py --weightlift build/release/apps/weightlift \\
+      [--hosts 2,4,8] [--rates 100mbit,1gbit] [--max-bytes 4M] [--out runs/testbed-collectives]
+
+For each NIC rate and host count (one rank per host, scripts/testbed.sh) it times the ring, the
+double binary tree and recursive doubling over sizes 8 B .. --max-bytes (x4), and asks
+`weightlift bench collectives --model` for each one's predicted time with:
+  - alpha, the time of one message step, measured on the spot: the 8-byte allreduce between 2
+    hosts by recursive doubling (one exchange), median of its calls;
+  - the link, the NIC's rate as set (bytes/s = rate / 8): not fitted to any result here.
+It prints, per configuration, where the ring starts beating the tree (measured: the smallest
+size from which the ring is at least as fast at every larger size of the grid; predicted: the
+same on the model's times at the same sizes), how many x4 size steps apart they are, and the
+model's error per algorithm (median and worst of |predicted - measured| / measured); a
+measured/predicted plot per configuration goes to --out.
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+TESTBED = os.path.join(ROOT, "scripts", "testbed.sh")
+ALGORITHMS = ("ring", "tree", "recursive_doubling")
+
+
+def parse_bytes(text):
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+
+
+def rate_bytes_per_s(rate):
+    """tc's rate words -> bytes/s ("100mbit" -> 12.5e6)."""
+    for unit, bits in (("tbit", 1e12), ("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3), ("bit", 1)):
+        if rate.endswith(unit):
+            return float(rate[:-len(unit)]) * bits / 8
+    raise SystemExit(f"--rates: '{rate}' is not a rate in bit/s (100mbit, 1gbit)")
+
+
+def measure(exe, hosts, rate, algorithm, min_bytes, max_bytes, iters):
+    """Rank 0's rows of one sweep on a fresh testbed."""
+    cmd = ["bash", TESTBED, "run", "--hosts", str(hosts), "--rate", rate, "--bin", exe, "--",
+           exe, "--threads", "1", "bench", "collectives", "--ops", "allreduce", "--algorithm",
+           algorithm, "--min-bytes", str(min_bytes), "--max-bytes", str(max_bytes), "--factor",
+           "4", "--iters", str(iters), "--warmup", "2", "--timeout", "120", "--json"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    rows = [json.loads(line.split("] ", 2)[2]) for line in r.stdout.splitlines()
+            if line.startswith("[host 0] [rank 0] {")]
+    if r.returncode != 0 or not rows:
+        raise SystemExit(f"{' '.join(cmd)}: exit {r.returncode}\n{r.stdout[-2000:]}"
+                         f"{r.stderr[-2000:]}")
+    for row in rows:
+        if row["algorithm"] != algorithm:
+            raise SystemExit(f"asked for {algorithm}, ran {row['algorithm']}")
+    return {row["bytes"]: row["p50_us"] for row in rows}
+
+
+def model(exe, hosts, alpha_us, link_gbps, min_bytes, max_bytes):
+    cmd = [exe, "bench", "collectives", "--model", "--model-ranks", str(hosts),
+           "--model-alpha-us", "%.3f" % alpha_us, "--model-link-gbps", "%.6f" % link_gbps,
+           "--min-bytes", str(min_bytes), "--max-bytes", str(max_bytes), "--factor", "4",
+           "--json"]
+    r = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    times = {a: {row["bytes"]: row[a + "_us"] for row in rows if "bytes" in row}
+             for a in ALGORITHMS}
+    fine = [row["ring_beats_tree_from"] for row in rows if "ring_beats_tree_from" in row][0]
+    return times, fine
+
+
+def crossover(ring, tree):
+    """The smallest size of the grid from which the ring is at least as fast everywhere above;
+    None if the tree wins at the largest size."""
+    sizes = sorted(ring)
+    at = None
+    for n in reversed(sizes):
+        if ring[n] <= tree[n]:
+            at = n
+        else:
+            break
+    return at
+
+
+def human(n):
+    if n is None:
+        return "never"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:g} {unit}"
+        n /= 1024
+    return f"{n:g} TiB"
+
+
+def steps_apart(a, b):
+    if a is None or b is None:
+        return "-" if a == b else "n/a"
+    return "%d" % round(abs(math.log(a / b, 4)))
+
+
+def plot(path, title, measured, predicted):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    colors = {"ring": "#1f77b4", "tree": "#2ca02c", "recursive_doubling": "#d62728"}
+    for a in ALGORITHMS:
+        sizes = sorted(measured[a])
+        ax.plot(sizes, [measured[a][n] / 1e3 for n in sizes], "o-", color=colors[a],
+                label=f"{a} measured")
+        ax.plot(sizes, [predicted[a][n] / 1e3 for n in sizes], "--", color=colors[a],
+                label=f"{a} model")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("allreduce size (bytes)")
+    ax.set_ylabel("time per call (ms, median)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--weightlift", required=True)
+    ap.add_argument("--hosts", default="2,4,8")
+    ap.add_argument("--rates", default="100mbit,1gbit")
+    ap.add_argument("--min-bytes", default="8")
+    ap.add_argument("--max-bytes", default="4M")
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--out", default="runs/testbed-collectives")
+    a = ap.parse_args()
+    exe = os.path.abspath(a.weightlift)
+    os.makedirs(a.out, exist_ok=True)
+    lo, hi = parse_bytes(a.min_bytes), parse_bytes(a.max_bytes)
+    results = []
+    print("| NIC | hosts | alpha (us) | ring beats tree from: measured | predicted (grid) | "
+          "predicted (fine) | x4 steps apart | model error, median / worst: ring | tree | "
+          "rec. doubling |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for rate in a.rates.split(","):
+        alpha = measure(exe, 2, rate, "recursive_doubling", 8, 8, 50)[8]
+        link_gbps = rate_bytes_per_s(rate) / 1e9
+        for hosts in [int(h) for h in a.hosts.split(",")]:
+            measured = {alg: measure(exe, hosts, rate, alg, lo, hi, a.iters) for alg in ALGORITHMS}
+            predicted, fine = model(exe, hosts, alpha, link_gbps, lo, hi)
+            got = crossover(measured["ring"], measured["tree"])
+            want = crossover(predicted["ring"], predicted["tree"])
+            errors = []
+            for alg in ALGORITHMS:
+                e = [abs(predicted[alg][n] - t) / t for n, t in measured[alg].items()]
+                errors.append("%.0f%% / %.0f%%" % (100 * statistics.median(e), 100 * max(e)))
+            print(f"| {rate} | {hosts} | {alpha:.0f} | {human(got)} | {human(want)} | "
+                  f"{human(fine) if fine else 'always'} | {steps_apart(got, want)} | "
+                  + " | ".join(errors) + " |", flush=True)
+            name = f"allreduce_{rate}_{hosts}hosts"
+            plot(os.path.join(a.out, name + ".svg"),
+                 f"allreduce, {hosts} hosts on {rate} NICs (alpha {alpha:.0f} us)", measured,
+                 predicted)
+            results.append({"rate": rate, "hosts": hosts, "alpha_us": alpha,
+                            "link_gbps": link_gbps, "measured_us": measured,
+                            "predicted_us": predicted, "crossover_measured": got,
+                            "crossover_predicted": want})
+    with open(os.path.join(a.out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"# plots and results.json in {a.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
