@@ -22,6 +22,8 @@ has no bf16 or int16 collectives; copies keep the bytes). Prints one JSON line (
 
     /usr/bin/python3 bench/torch_broadcast_baseline.py --preset medium --trainers 2 \
         --receivers 2 --tp 2 --updates 3
+    sudo scripts/testbed.sh run --hosts 4 --rate 1gbit -- env GLOO_SOCKET_IFNAME=eth0 \
+        /usr/bin/python3 $PWD/bench/torch_broadcast_baseline.py --as-rank --preset small
 """
 import argparse
 import dataclasses
@@ -138,8 +140,8 @@ class Setup:
     owner_groups: list     # [trainer t and every receiver]: t's broadcasts
 
 
-def set_up(rank, a, port):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
+def set_up(rank, a, port, addr="127.0.0.1"):
+    os.environ["MASTER_ADDR"] = addr
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     world = a.trainers + a.receivers
@@ -246,8 +248,8 @@ def report(rank, a, setup, times):
             "torch": torch.__version__}), flush=True)
 
 
-def run(rank, a, port):
-    setup = set_up(rank, a, port)
+def run(rank, a, port, addr="127.0.0.1"):
+    setup = set_up(rank, a, port, addr)
     if rank < a.trainers:
         times = run_trainer(rank, a, setup)
     else:
@@ -264,9 +266,21 @@ def main():
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--updates", type=int, default=3)
     ap.add_argument("--bucket-mb", type=int, default=64)
+    ap.add_argument("--as-rank", action="store_true",
+                    help="be one rank of a job another launcher started (weightlift launch, "
+                    "torchrun, scripts/testbed.sh): RANK and WORLD_SIZE from the environment, "
+                    "gloo's store on MASTER_ADDR at MASTER_PORT + 1 (the launcher's own store "
+                    "may hold MASTER_PORT)")
     a = ap.parse_args()
     if a.receivers % a.tp:
         ap.error("--tp must divide --receivers")
+    if a.as_rank:
+        world = int(os.environ["WORLD_SIZE"])
+        if world != a.trainers + a.receivers:
+            ap.error("WORLD_SIZE %d is not --trainers + --receivers" % world)
+        run(int(os.environ["RANK"]), a, int(os.environ["MASTER_PORT"]) + 1,
+            os.environ["MASTER_ADDR"])
+        return
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

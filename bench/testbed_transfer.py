@@ -1,0 +1,107 @@
+#!/usr/bin/python3
+"""Weight updates between testbed hosts: weightlift's p2p, broadcast and naive modes against
+PyTorch/gloo's broadcast (checkpoint-engine's scheme), each host's NIC held to one rate.
+
+  sudo bench/testbed_transfer.py --weightlift build/release/apps/weightlift \\
+      [--preset small] [--rate 1gbit] [--trainers 2] [--receivers 2] [--tp 2] [--rounds 3]
+
+One rank per host (scripts/testbed.sh): trainers on hosts 0 .. T-1, receivers on the rest, so
+every byte of an update crosses two NICs. Each round runs every implementation in turn on a
+fresh testbed; each rank reports its host NIC's byte counters at the end, so the table gives
+the bytes the busiest NIC carried per update (the warm-up update included, hence / (updates
++ 1)) and the NIC-limited bound: those bytes at the NIC's rate. Rows: update time (median of
+the timed updates), its ratio to PyTorch's in the same round, and the bound over the time
+(1.0 = the network is all the time there is).
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+TESTBED = os.path.join(ROOT, "scripts", "testbed.sh")
+TORCH = os.path.join(ROOT, "bench", "torch_broadcast_baseline.py")
+NIC = "echo NIC $(cat /sys/class/net/eth0/statistics/tx_bytes) " \
+      "$(cat /sys/class/net/eth0/statistics/rx_bytes)"
+
+
+def rate_bytes_per_s(rate):
+    for unit, bits in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
+        if rate.endswith(unit):
+            return float(rate[:-len(unit)]) * bits / 8
+    raise SystemExit(f"--rate '{rate}': expected a rate such as 200mbit or 1gbit")
+
+
+def run(a, impl):
+    """(update_ms_p50, {host: (tx, rx)}) of one implementation on a fresh testbed."""
+    hosts = a.trainers + a.receivers
+    shape = ["--preset", a.preset, "--trainers", str(a.trainers), "--receivers",
+             str(a.receivers), "--tp", str(a.tp), "--updates", str(a.updates)]
+    if impl == "torch-gloo":
+        cmd = ["env", "GLOO_SOCKET_IFNAME=eth0", "/usr/bin/python3", TORCH, "--as-rank"] + shape
+    else:
+        cmd = [a.weightlift, "--threads", "1", "bench", "transfer", "--as-rank", "--memcpy-gbps",
+               "10", "--mode", impl, "--dtype", "bf16", "--json"] + shape
+    line = " ".join("'%s'" % c for c in cmd) + " && " + NIC
+    r = subprocess.run(["bash", TESTBED, "run", "--hosts", str(hosts), "--rate", a.rate, "--bin",
+                        a.weightlift, "--", "sh", "-c", line], capture_output=True, text=True,
+                       timeout=3600)
+    report, nic = None, {}
+    for l in r.stdout.splitlines():
+        m = re.match(r"\[host (\d+)\] \[rank \d+\] (.*)$", l)
+        if not m:
+            continue
+        if m.group(2).startswith("{"):
+            report = json.loads(m.group(2))
+        elif m.group(2).startswith("NIC "):
+            tx, rx = m.group(2).split()[1:]
+            nic[int(m.group(1))] = (int(tx), int(rx))
+    if r.returncode != 0 or report is None or len(nic) != hosts:
+        raise SystemExit(f"{impl}: exit {r.returncode}\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+    if impl != "torch-gloo" and report.get("wrong", 1) != 0:
+        raise SystemExit(f"{impl}: {report['wrong']} wrong tensors")
+    return report["update_ms_p50"], nic
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--weightlift", required=True)
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--rate", default="1gbit")
+    ap.add_argument("--trainers", type=int, default=2)
+    ap.add_argument("--receivers", type=int, default=2)
+    ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--updates", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    a.weightlift = os.path.abspath(a.weightlift)
+    impls = ["p2p", "broadcast", "naive", "torch-gloo"]
+    rows = {i: [] for i in impls}  # per round: (ms, busiest NIC bytes per update)
+    for rnd in range(a.rounds):
+        for impl in impls:
+            ms, nic = run(a, impl)
+            busiest = max(max(tx, rx) for tx, rx in nic.values()) / (a.updates + 1)
+            rows[impl].append((ms, busiest))
+            print(f"# round {rnd + 1} {impl}: {ms:.1f} ms, busiest NIC {busiest / 1e6:.1f} MB "
+                  "per update", file=sys.stderr, flush=True)
+    rate = rate_bytes_per_s(a.rate)
+    print(f"| {a.preset}, {a.trainers} -> {a.receivers} TP {a.tp}, bf16, NIC {a.rate} | "
+          "update ms (rounds) | x PyTorch/gloo (rounds) | busiest NIC per update | "
+          "NIC bound / update |")
+    print("|---|---|---|---|---|")
+    for impl in impls:
+        ms = [m for m, _ in rows[impl]]
+        ratio = [t / m for (m, _), (t, _) in zip(rows[impl], rows["torch-gloo"])]
+        busiest = statistics.median(b for _, b in rows[impl])
+        bound = [b / rate * 1e3 / m for m, b in rows[impl]]
+        print(f"| {impl} | {statistics.median(ms):.0f} ({', '.join('%.0f' % x for x in ms)}) | "
+              f"{statistics.median(ratio):.2f} ({', '.join('%.2f' % x for x in ratio)}) | "
+              f"{busiest / 1e6:.1f} MB | {statistics.median(bound):.2f} "
+              f"({', '.join('%.2f' % x for x in bound)}) |")
+
+
+if __name__ == "__main__":
+    main()
