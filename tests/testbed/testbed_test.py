@@ -137,11 +137,13 @@ def bandwidth(s, exe):
 def interrupted(s, exe):
     """Ctrl-C while the launchers start their ranks, and while the ranks run: the script ends
     the ranks and removes its namespaces."""
+    # A duration no other test's process has (ctest runs tests side by side), to find ours.
+    duration = "60.%d" % os.getpid()
     for delay in (0.0, 1.0):
         before = leftovers()
         p = subprocess.Popen(["bash", SCRIPT, "run", "--hosts", "2", "--bin", exe, "--",
-                              "sleep", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, start_new_session=True)
+                              "sleep", duration], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
         deadline = time.time() + 30
         while time.time() < deadline and len(namespaces()) < len(before) + 3:
             time.sleep(0.05)
@@ -154,8 +156,9 @@ def interrupted(s, exe):
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             stopped = False
-        sleeps = [pid for pid in subprocess.run(["pgrep", "-f", "^sleep 60$"], capture_output=True,
-                                                text=True).stdout.split() if running(pid)]
+        sleeps = [pid for pid in subprocess.run(["pgrep", "-f", f"^sleep {duration}$"],
+                                                capture_output=True, text=True).stdout.split()
+                  if running(pid)]
         s.check(f"Ctrl-C {delay:.0f} s into a run stops it and leaves no namespace, state or rank",
                 up and stopped and leftovers() == before and not sleeps,
                 f"up {up}, stopped {stopped}, left {sorted(set(leftovers()) - set(before))}, "
