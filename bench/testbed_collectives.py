@@ -151,7 +151,8 @@ def main():
         alpha2 = measure(exe, 2, rate, "recursive_doubling", 8, 8, 50)[8]
         link_gbps = rate_bytes_per_s(rate) / 1e9
         for hosts in [int(h) for h in a.hosts.split(",")]:
-            steps = math.ceil(math.log2(hosts)) + (0 if hosts & (hosts - 1) == 0 else 2)
+            # The model's count (allreduce.cc): floor(log2 P) exchanges, 2 more off a power of 2.
+            steps = math.floor(math.log2(hosts)) + (0 if hosts & (hosts - 1) == 0 else 2)
             alpha = alpha2 if hosts == 2 else \
                 measure(exe, hosts, rate, "recursive_doubling", 8, 8, 50)[8] / steps
             measured = {alg: measure(exe, hosts, rate, alg, lo, hi, a.iters) for alg in ALGORITHMS}
@@ -163,7 +164,7 @@ def main():
                 e = [abs(predicted[alg][n] - t) / t for n, t in measured[alg].items()]
                 errors.append("%.0f%% / %.0f%%" % (100 * statistics.median(e), 100 * max(e)))
             print(f"| {rate} | {hosts} | {alpha2:.0f}, {alpha:.0f} | {human(got)} | {human(want)} | "
-                  f"{human(fine) if fine else 'always'} | {steps_apart(got, want)} | "
+                  f"{'always' if fine == 0 else human(fine)} | {steps_apart(got, want)} | "
                   + " | ".join(errors) + " |", flush=True)
             name = f"allreduce_{rate}_{hosts}hosts"
             plot(os.path.join(a.out, name + ".svg"),

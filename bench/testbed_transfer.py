@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -45,7 +46,7 @@ def run(a, impl):
     else:
         cmd = [a.weightlift, "--threads", "1", "bench", "transfer", "--as-rank", "--memcpy-gbps",
                "10", "--mode", impl, "--dtype", "bf16", "--json"] + shape
-    line = " ".join("'%s'" % c for c in cmd) + " && " + NIC
+    line = " ".join(shlex.quote(c) for c in cmd) + " && " + NIC
     r = subprocess.run(["bash", TESTBED, "run", "--hosts", str(hosts), "--rate", a.rate, "--bin",
                         a.weightlift, "--", "sh", "-c", line], capture_output=True, text=True,
                        timeout=3600)

@@ -12,8 +12,9 @@
 #   scripts/testbed.sh up --hosts N [--rate RATE] [--host-rate H=RATE]... [--name NAME]
 #                     [--owner PID]
 #       builds one and leaves it up for a test to drive (prints its name, hosts and
-#       addresses as shell assignments); it belongs to PID (default: the caller), and once that
-#       process is gone the next up, run or clean removes it.
+#       addresses as shell assignments). With --owner it belongs to process PID (a test), and
+#       once that process is gone the next up, run or clean removes it; without, it stays until
+#       `down NAME`.
 #   scripts/testbed.sh exec NAME HOST -- COMMAND [ARGS...]   COMMAND inside host HOST
 #   scripts/testbed.sh down NAME                             removes testbed NAME
 #   scripts/testbed.sh clean                                 removes every stale testbed
@@ -64,8 +65,26 @@ check_rate() {
 ns_host() { echo "$PREFIX-$1-h$2"; }
 ns_switch() { echo "$PREFIX-$1-sw"; }
 
-# The testbeds whose owner is gone: their state file names a dead pid, or their namespaces
-# outlived their state file.
+# A process as its pid and start time ("1234@5678"), so that a pid the kernel hands out again
+# is not taken for the process that had it.
+process_identity() {
+  local start
+  # Field 22 of stat, counted after the command name's ")" (the name may hold spaces).
+  start=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{print $20}') || return 1
+  [[ -n $start ]] && echo "$1@$start"
+}
+
+# Whether the owner recorded as `identity` is gone: "none" never is (`up` without --owner).
+owner_gone() {
+  local identity=$1
+  [[ $identity == none ]] && return 1
+  [[ $identity =~ ^([0-9]+)@ ]] || return 0
+  gone "${BASH_REMATCH[1]}" && return 0
+  [[ $(process_identity "${BASH_REMATCH[1]}") != "$identity" ]]
+}
+
+# The testbeds whose owner is gone: their state file names a process that has ended, or
+# their namespaces outlived their state file.
 stale_names() {
   local f name owner
   if [[ -d $STATE_DIR ]]; then
@@ -73,7 +92,7 @@ stale_names() {
       [[ -e $f ]] || continue
       name=$(basename "$f" .env)
       owner=$(sed -n 's/^TESTBED_OWNER=//p' "$f")
-      if [[ -z $owner ]] || ! kill -0 "$owner" 2>/dev/null; then echo "$name"; fi
+      if owner_gone "$owner"; then echo "$name"; fi
     done
   fi
   ip netns list 2>/dev/null | awk '{print $1}' | sed -n "s/^$PREFIX-\(.*\)-sw\$/\1/p" |
@@ -141,20 +160,28 @@ limit() {
   tc -n "$ns" class add dev "$dev" parent 1: classid 1:1 htb rate "$rate" ceil "$rate"
 }
 
-# up NAME HOSTS OWNER RATE_OF... : builds testbed NAME (RATE_OF[h] empty: unlimited).
+# claim NAME OWNER: makes testbed NAME's state file, with its owner, or stops if a testbed has
+# the name (noclobber: two starts with one name cannot both get it). Before any trap that would
+# remove NAME.
+claim() {
+  mkdir -p "$STATE_DIR"
+  (set -o noclobber && echo "TESTBED_OWNER=$2" >"$STATE_DIR/$1.env") 2>/dev/null ||
+    die "a testbed named $1 is up already (scripts/testbed.sh down $1 removes it)"
+}
+
+# up NAME HOSTS OWNER RATE_OF... : builds the claimed testbed NAME (RATE_OF[h] empty: unlimited).
 up() {
-  local name=$1 hosts=$2 owner=$3
+  local name=$1 hosts=$2
   shift 3
   local -a rate_of=("$@")
-  mkdir -p "$STATE_DIR"
   local subnet sw h ns
   subnet=$(free_subnet)
-  # The state file first: a testbed cut short while being built is found and removed.
+  # The state file (claimed) first: a testbed cut short while being built is found by it and
+  # removed.
   {
     echo "TESTBED_NAME=$name"
-    echo "TESTBED_OWNER=$owner"
     echo "TESTBED_SUBNET=$subnet"
-  } >"$STATE_DIR/$name.env"
+  } >>"$STATE_DIR/$name.env"
   sw=$(ns_switch "$name")
   ip netns add "$sw"
   ip -n "$sw" link set lo up
@@ -219,7 +246,7 @@ host_exec() {
 }
 
 # Options shared by up and run.
-HOSTS=0 RANKS=1 RATE="" PORT=29600 NAME="" OWNER=$PPID BIN=""
+HOSTS=0 RANKS=1 RATE="" PORT=29600 NAME="" OWNER="" BIN=""
 declare -A HOST_RATE=()
 parse_options() {
   while (($#)); do
@@ -229,7 +256,7 @@ parse_options() {
       --rate) check_rate --rate "${2:?}"; RATE=$2; shift 2 ;;
       --host-rate)
         [[ ${2:-} =~ ^([0-9]+)=(.+)$ ]] || die "--host-rate '${2:-}': expected HOST=RATE, such as 1=100mbit"
-        local host=${BASH_REMATCH[1]} rate=${BASH_REMATCH[2]}
+        local host=$((10#${BASH_REMATCH[1]})) rate=${BASH_REMATCH[2]}
         check_rate --host-rate "$rate"
         HOST_RATE[$host]=$rate
         shift 2 ;;
@@ -258,7 +285,7 @@ check_options() {
     ((h < HOSTS)) || die "--host-rate $h=${HOST_RATE[$h]}: there is no host $h of $HOSTS"
   done
   [[ -z $NAME || $NAME =~ ^[a-z0-9]{1,12}$ ]] || die "--name '$NAME': expected 1-12 lowercase letters or digits"
-  [[ $OWNER =~ ^[0-9]+$ ]] || die "--owner '$OWNER': expected a process id"
+  [[ -z $OWNER || $OWNER =~ ^[0-9]+$ ]] || die "--owner '$OWNER': expected a process id"
 }
 
 need_root() {
@@ -279,9 +306,17 @@ cmd_up() {
   need_root
   clean
   NAME=${NAME:-$$}
-  [[ ! -e $STATE_DIR/$NAME.env ]] || die "a testbed named $NAME is up already"
+  local owner=none
+  if [[ -n $OWNER ]]; then
+    owner=$(process_identity "$OWNER") || die "--owner $OWNER: no such process"
+  fi
   mapfile -t rate_of < <(rates)
-  up "$NAME" "$HOSTS" "$OWNER" "${rate_of[@]}" || { down "$NAME"; die "could not build testbed $NAME"; }
+  claim "$NAME" "$owner"
+  # Whatever step fails ends the script (set -e), and the trap removes what was built.
+  # shellcheck disable=SC2064  # the name is fixed now
+  trap "down '$NAME'" EXIT
+  up "$NAME" "$HOSTS" "$owner" "${rate_of[@]}"
+  trap - EXIT
   cat "$STATE_DIR/$NAME.env"
 }
 
@@ -306,16 +341,19 @@ cmd_run() {
   BIN=${BIN:-$(dirname "$0")/../build/release/apps/weightlift}
   [[ -x $BIN ]] || die "no weightlift binary at $BIN; build it, or give --bin"
   BIN=$(realpath "$BIN")
+  [[ -z $OWNER ]] || die "--owner is for up: a run's testbed belongs to the run"
   clean
   NAME=${NAME:-$$}
-  OWNER=$$
+  local owner
+  owner=$(process_identity $$)
+  claim "$NAME" "$owner"
   # On the way out the launchers get SIGTERM first, and 5 s to stop their ranks as they do on
   # Ctrl-C (a rank may have shared memory or files to remove); then whatever is left goes.
   # shellcheck disable=SC2064  # the names are fixed now
   trap "stop_launchers; down '$NAME'" EXIT
   trap 'exit 130' INT TERM
   mapfile -t rate_of < <(rates)
-  up "$NAME" "$HOSTS" "$OWNER" "${rate_of[@]}"
+  up "$NAME" "$HOSTS" "$owner" "${rate_of[@]}"
   local master subnet token h
   subnet=$(sed -n 's/^TESTBED_SUBNET=//p' "$STATE_DIR/$NAME.env")
   master=10.79.$subnet.1
@@ -336,6 +374,7 @@ cmd_run() {
     wait "${LAUNCHERS[$h]}" || code=$?
     if ((code != 0 && rc == 0)); then rc=$code; fi
   done
+  LAUNCHERS=()  # all waited for: their pids may belong to others now
   exit "$rc"
 }
 

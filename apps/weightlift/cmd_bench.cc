@@ -78,9 +78,9 @@ Status run_bench_train(BenchTrainOptions o, const BenchTrainFlags& f) {
     std::printf("%s\n", r.to_json(o).c_str());
   } else {
     char drop[96] = "";
-    if (o.capacity_factor) {
+    if (r.capacity_factor) {
       std::snprintf(drop, sizeof drop, "; capacity factor %g drops %.2f%% of routing slots",
-                    *o.capacity_factor, 100 * r.drop_rate);
+                    *r.capacity_factor, 100 * r.drop_rate);
     }
     std::printf(
         "bench train %s batch %ld x %ld %s, %d ranks (%s) x %d threads on %s: step %.1f ms "

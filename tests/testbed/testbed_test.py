@@ -44,9 +44,12 @@ def namespaces():
 
 
 def leftovers():
-    """Namespaces, state files and holder processes of testbeds that should be gone."""
+    """Namespaces, state files and host holders (the `sleep infinity` of each host) of
+    testbeds: what a test compares before and after."""
     state = sorted(os.listdir(STATE_DIR)) if os.path.isdir(STATE_DIR) else []
-    return namespaces() + state
+    holders = [p for p in subprocess.run(["pgrep", "-f", "^sleep infinity$"], capture_output=True,
+                                         text=True).stdout.split() if running(p)]
+    return namespaces() + state + ["holder " + p for p in sorted(holders)]
 
 
 def running(pid):
@@ -93,6 +96,27 @@ def bad_specs(s, exe):
         s.check("refused: " + " ".join(args), ok, lines[-1] if lines else f"exit {r.returncode}")
 
 
+def name_taken(s, exe):
+    """A testbed up under a name: a second `up` or a `run` with the name is refused, and the
+    first is left as it was."""
+    owner = subprocess.Popen(["sleep", "60"])
+    name = "taken%d" % (os.getpid() % 1000)
+    try:
+        r = testbed("up", "--hosts", "2", "--name", name, "--owner", str(owner.pid))
+        before = leftovers()
+        again = testbed("up", "--hosts", "2", "--name", name)
+        run = testbed("run", "--hosts", "2", "--name", name, "--bin", exe, "--", exe, "--version")
+        ok = r.returncode == 0 and again.returncode == 2 and run.returncode == 2 and \
+            "is up already" in again.stderr and "is up already" in run.stderr and \
+            leftovers() == before
+        s.check("a second up or a run under a name that is up is refused, the first untouched", ok,
+                (again.stderr + run.stderr).strip()[-300:])
+    finally:
+        testbed("down", name)
+        owner.kill()
+        owner.wait()
+
+
 def transports(s, exe):
     """Which UCX transport each rank's endpoints took: shared memory inside a host, TCP between."""
     r = testbed("run", "--hosts", "2", "--ranks-per-host", "2", "--bin", exe, "--",
@@ -135,8 +159,9 @@ def bandwidth(s, exe):
 
 
 def interrupted(s, exe):
-    """Ctrl-C while the launchers start their ranks, and while the ranks run: the script ends
-    the ranks and removes its namespaces."""
+    """Ctrl-C as soon as the hosts' namespaces exist (while the testbed is being built and its
+    launchers start), and a second after (while the ranks run): the script ends the ranks and
+    removes its namespaces."""
     # A duration no other test's process has (ctest runs tests side by side), to find ours.
     duration = "60.%d" % os.getpid()
     for delay in (0.0, 1.0):
@@ -201,7 +226,7 @@ def link_cut(s, exe):
 
 
 def stale(s):
-    """A testbed whose owner died is removed by the next start, holders and all."""
+    """A testbed whose owner died is removed by the next clean, holders and all."""
     owner = subprocess.Popen(["sleep", "30"])
     r = testbed("up", "--hosts", "3", "--rate", "1gbit", "--name", "stale%d" % (os.getpid() % 1000),
                 "--owner", str(owner.pid))
@@ -212,7 +237,8 @@ def stale(s):
     owner.wait()
     c = testbed("clean")
     alive = [p for p in holder_pids if running(p)]
-    s.check("a testbed whose owner died is removed by the next start",
+    s.check("a testbed whose owner died is removed by the next clean (every up and run cleans "
+            "first)",
             up and c.returncode == 0 and not [n for n in namespaces() if "-stale" in n] and
             not alive and "removing stale testbed" in c.stderr,
             f"up {up} ({r.stderr.strip()[-200:]}), holders alive {alive}")
@@ -226,7 +252,7 @@ def main():
         sys.exit(77)
     s = Suite()
     start = leftovers()
-    for case in (lambda: bad_specs(s, exe), lambda: transports(s, exe),
+    for case in (lambda: bad_specs(s, exe), lambda: name_taken(s, exe), lambda: transports(s, exe),
                  lambda: bandwidth(s, exe), lambda: interrupted(s, exe),
                  lambda: link_cut(s, exe), lambda: stale(s)):
         case()

@@ -156,6 +156,7 @@ Result<BenchTrainResult> bench_train(const BenchTrainOptions& o) {
   r.step_ms_min = *std::min_element(ms.begin(), ms.end());
   r.step_ms_max = *std::max_element(ms.begin(), ms.end());
   r.exposed_comm_ms = percentile(exposed, 0.5);
+  r.capacity_factor = cfg.capacity_factor;
   r.drop_rate = train::drop_rate(cfg.capacity_factor, slots, dropped);
   const int64_t n = o.batch * o.seq;
   r.tokens_per_s = double(n) / (r.step_ms_median / 1e3);
@@ -203,7 +204,7 @@ std::string BenchTrainResult::to_json(const BenchTrainOptions& o) const {
       {"gflops", gflops},
       {"gemm_peak_gflops", gemm_peak_gflops},
       {"fraction_of_gemm_peak", gflops / gemm_peak_gflops},
-      {"capacity_factor", o.capacity_factor ? nlohmann::json(*o.capacity_factor) : nullptr},
+      {"capacity_factor", capacity_factor ? nlohmann::json(*capacity_factor) : nullptr},
       {"drop_rate", std::isfinite(drop_rate) ? nlohmann::json(drop_rate) : nullptr},
       {"gemm_peak_dtype", std::string(dtype_name(gemm_operand_type(o.precision)))},
       {"cpu", cpu_info().describe()}};

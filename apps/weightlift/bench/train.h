@@ -42,12 +42,13 @@ struct BenchTrainResult {
   double gemm_peak_gflops = 0;
   int threads = 0;
   int ranks = 1;
-  double exposed_comm_ms = 0;            // median over the timed steps
-  int64_t peak_bytes_per_rank = 0;       // parameters, gradients, AdamW state, gathered units
-  int64_t peak_activation_bytes = 0;     // the rest of the tensors a step holds at its peak
-  double bubble = 0, bubble_theory = 0;  // pipelines: share of the step a stage waits
-  double drop_rate = NAN;                // routing slots dropped over capacity; NaN: dropless
-  bool report = true;                    // this rank speaks for the job (rank 0)
+  double exposed_comm_ms = 0;             // median over the timed steps
+  int64_t peak_bytes_per_rank = 0;        // parameters, gradients, AdamW state, gathered units
+  int64_t peak_activation_bytes = 0;      // the rest of the tensors a step holds at its peak
+  double bubble = 0, bubble_theory = 0;   // pipelines: share of the step a stage waits
+  std::optional<double> capacity_factor;  // the model's (the flag's, else its config's)
+  double drop_rate = NAN;                 // routing slots dropped over capacity; NaN: dropless
+  bool report = true;                     // this rank speaks for the job (rank 0)
   std::string to_json(const BenchTrainOptions& o) const;
 };
 

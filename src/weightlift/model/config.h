@@ -32,8 +32,9 @@ struct ModelConfig {
   double z_loss_beta = 0.0;      // router z-loss weight
   bool tie_embeddings = false;   // logits = x @ embed^T, no lm_head
   // Token dropping: each expert takes at most capacity_factor times its even share of a
-  // micro-batch's slots (kernels::expert_capacity), on each data-parallel rank, in training;
-  // null = dropless. Generation and the rollout engines route dropless.
+  // micro-batch's slots (kernels::expert_capacity), on each data-parallel rank, in training
+  // and its evaluation passes; null = dropless. Generation and the rollout engines route
+  // dropless.
   std::optional<double> capacity_factor;
   // Qwen3: each head's q and k go through an RMSNorm over head_dim (weights q_norm, k_norm
   // [head_dim], shared by the heads) before RoPE.

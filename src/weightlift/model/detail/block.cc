@@ -333,7 +333,7 @@ void combine_backward(const Dims& m, const BlockActs& a, const float* dout, int6
       const float* go = dout + t * m.d;
       for (int64_t k = 0; k < m.K; ++k) {
         const int64_t row = row_of_slot[t * m.K + k];
-        if (row < 0) {  // its output is read by nothing, so dout is 0 there
+        if (row < 0) {  // dropped, or read by nothing: its output is 0, and so is its gate's grad
           dw[t * m.K + k] = 0;
           continue;
         }
