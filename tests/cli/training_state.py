@@ -126,6 +126,25 @@ def resumes(s, d, cfg, w, batch):
                          ["--batch", "1", "--steps", "8", "--allow-changes"], timeout=120)
     s.report("resume with --steps 8 --allow-changes goes ahead", f"exit {code}",
              [] if code == 0 else [f"exit {code}: {err.strip()}"])
+    # A capacity factor from the config is the run's as much as one from the flag: resuming
+    # with the same config goes ahead, and another factor on the command line is a change.
+    with open(cfg) as f:
+        dropping = json.load(f)
+    dropping["capacity_factor"] = 1.25
+    cfg_cf = os.path.join(d, "dropping.json")
+    with open(cfg_cf, "w") as f:
+        json.dump(dropping, f)
+    run_cf = os.path.join(d, "run_cf")
+    make_run(s, batch, run_cf, "--config", cfg_cf)
+    again = ["train", "--config", cfg_cf, "--seq", "8", "--eval-every", "0", "--quiet",
+             "--batch-file", batch, "--out", run_cf, "--resume",
+             os.path.join(run_cf, "checkpoint-4"), "--steps", "6", "--batch", "1"]
+    s.expect_error("resume a config's capacity factor 1.25 with --capacity-factor 2",
+                   again + ["--capacity-factor", "2"], "--capacity-factor 1.25 -> 2",
+                   "--allow-changes")
+    code, _, err = s.run([s.exe, "--threads", "1"] + again, timeout=120)
+    s.report("resume with the config's own capacity factor goes ahead", f"exit {code}",
+             [] if code == 0 else [f"exit {code}: {err.strip()}"])
 
 
 def tampered(s, d, cfg, w, batch):

@@ -486,7 +486,7 @@ Status Run::save_checkpoint() {
   WL_ASSIGN_OR_RETURN(const std::string groups, groups_json());
   const std::string dir = train::checkpoint_dir(o_.out_dir, step_);
   WL_RETURN_IF_ERROR(parallel::save_checkpoint(
-      dir, *dp_, {step_, data_rng_, 1.0, 0, parallel::run_hyperparameters(o_)},
+      dir, *dp_, {step_, data_rng_, 1.0, 0, parallel::run_hyperparameters(o_, dp_->config())},
       {{kGroupsFile, groups}}));
   guard_.saved(dir);
   // Whole on every stage: a rollback may come back to it.

@@ -88,7 +88,8 @@ std::string changed_hyperparameters(const std::map<std::string, std::string>& th
   return changes;
 }
 
-Status check_resume_inputs(const TrainOptions& o, int64_t* start) {
+Status check_resume_inputs(const TrainOptions& o, const model::ModelConfig& config,
+                           int64_t* start) {
   if (!o.init_weights.empty() || !o.model_dir.empty()) {
     const std::string field = o.init_weights.empty() ? "`model_dir`" : "`init_weights`";
     return invalid_argument("`resume` and " + field +
@@ -109,7 +110,7 @@ Status check_resume_inputs(const TrainOptions& o, int64_t* start) {
                             std::to_string(st.step) + ")");
   }
   *start = st.step;
-  const std::string changes = changed_hyperparameters(st.run, run_hyperparameters(o));
+  const std::string changes = changed_hyperparameters(st.run, run_hyperparameters(o, config));
   if (!changes.empty() && !o.allow_changes) {
     return invalid_argument("`resume` " + o.resume +
                             " was written with other hyperparameters: " + changes +
@@ -197,7 +198,8 @@ std::string number(double v) {
 
 }  // namespace
 
-std::map<std::string, std::string> run_hyperparameters(const TrainOptions& o) {
+std::map<std::string, std::string> run_hyperparameters(const TrainOptions& o,
+                                                       const model::ModelConfig& config) {
   std::map<std::string, std::string> h = {
       {"steps", std::to_string(o.steps)},
       {"batch", std::to_string(o.batch)},
@@ -212,8 +214,9 @@ std::map<std::string, std::string> run_hyperparameters(const TrainOptions& o) {
       {"adam-eps", number(o.adamw.eps)},
       {"weight-decay", number(o.adamw.weight_decay)},
       {"grad-clip", number(o.adamw.grad_clip)}};
-  // Recorded only when given, so that checkpoints from before the flag resume as they were.
-  if (o.capacity_factor) h["capacity-factor"] = number(*o.capacity_factor);
+  // Recorded only when the model has one (runs from before token dropping had none), from
+  // the flag or the config alike.
+  if (config.capacity_factor) h["capacity-factor"] = number(*config.capacity_factor);
   return h;
 }
 
@@ -262,7 +265,7 @@ Status check_run_plan(const TrainOptions& o, const model::ModelConfig& config) {
                             ")");
   }
   int64_t start = 0;
-  if (!o.resume.empty()) WL_RETURN_IF_ERROR(check_resume_inputs(o, &start));
+  if (!o.resume.empty()) WL_RETURN_IF_ERROR(check_resume_inputs(o, config, &start));
   struct stat st;
   if (::stat(o.out_dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
     return invalid_argument("`out_dir` " + o.out_dir + " is " + describe_file_type(st.st_mode) +

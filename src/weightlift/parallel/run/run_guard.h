@@ -40,8 +40,10 @@ Status check_other_run(const TrainOptions& options);
 
 // The hyperparameters a resume must keep, by the command line's flag names ("steps" -> "600",
 // "lr" -> "0.003"), as the run's checkpoints record them; a refused resume names the fields
-// (`base_lr`).
-std::map<std::string, std::string> run_hyperparameters(const TrainOptions& options);
+// (`base_lr`). `config` is the model the run trains (run_model()): its capacity factor, from
+// the flag or its config.json, is recorded when it has one.
+std::map<std::string, std::string> run_hyperparameters(const TrainOptions& options,
+                                                       const model::ModelConfig& config);
 
 // The sum of squares of the parameters over the whole job: this rank's rows, summed over the
 // ranks (collective). Not finite as soon as one parameter anywhere is not.

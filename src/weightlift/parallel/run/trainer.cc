@@ -145,9 +145,9 @@ Status Run::continue_metrics() {
 }
 
 Status Run::save(const std::string& dir) {
-  WL_RETURN_IF_ERROR(save_checkpoint(
-      dir, *dp_,
-      {step_, sampler_->rng().state(), scaler_.scale, scaler_.clean, run_hyperparameters(o_)}));
+  WL_RETURN_IF_ERROR(save_checkpoint(dir, *dp_,
+                                     {step_, sampler_->rng().state(), scaler_.scale, scaler_.clean,
+                                      run_hyperparameters(o_, dp_->config())}));
   guard_.saved(dir);
   return ok_status();
 }
