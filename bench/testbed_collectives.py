@@ -26,8 +26,8 @@ import statistics
 import subprocess
 import sys
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-TESTBED = os.path.join(ROOT, "scripts", "testbed.sh")
+from testbed_runs import rate_bytes_per_s, run_on_testbed
+
 ALGORITHMS = ("ring", "tree", "recursive_doubling")
 
 
@@ -36,26 +36,15 @@ def parse_bytes(text):
     return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
 
 
-def rate_bytes_per_s(rate):
-    """tc's rate words -> bytes/s ("100mbit" -> 12.5e6)."""
-    for unit, bits in (("tbit", 1e12), ("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3), ("bit", 1)):
-        if rate.endswith(unit):
-            return float(rate[:-len(unit)]) * bits / 8
-    raise SystemExit(f"--rates: '{rate}' is not a rate in bit/s (100mbit, 1gbit)")
-
-
 def measure(exe, hosts, rate, algorithm, min_bytes, max_bytes, iters):
     """Rank 0's rows of one sweep on a fresh testbed."""
-    cmd = ["bash", TESTBED, "run", "--hosts", str(hosts), "--rate", rate, "--bin", exe, "--",
-           exe, "--threads", "1", "bench", "collectives", "--ops", "allreduce", "--algorithm",
+    cmd = [exe, "--threads", "1", "bench", "collectives", "--ops", "allreduce", "--algorithm",
            algorithm, "--min-bytes", str(min_bytes), "--max-bytes", str(max_bytes), "--factor",
            "4", "--iters", str(iters), "--warmup", "2", "--timeout", "120", "--json"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
-    rows = [json.loads(line.split("] ", 2)[2]) for line in r.stdout.splitlines()
-            if line.startswith("[host 0] [rank 0] {")]
-    if r.returncode != 0 or not rows:
-        raise SystemExit(f"{' '.join(cmd)}: exit {r.returncode}\n{r.stdout[-2000:]}"
-                         f"{r.stderr[-2000:]}")
+    code, lines, output = run_on_testbed(exe, hosts, rate, cmd)
+    rows = [json.loads(text) for host, text in lines if host == 0 and text.startswith("{")]
+    if code != 0 or not rows:
+        raise SystemExit(f"{' '.join(cmd)} on {hosts} hosts: exit {code}\n{output}")
     for row in rows:
         if row["algorithm"] != algorithm:
             raise SystemExit(f"asked for {algorithm}, ran {row['algorithm']}")

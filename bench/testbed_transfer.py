@@ -16,24 +16,15 @@ the timed updates), its ratio to PyTorch's in the same round, and the bound over
 import argparse
 import json
 import os
-import re
 import shlex
 import statistics
-import subprocess
 import sys
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-TESTBED = os.path.join(ROOT, "scripts", "testbed.sh")
+from testbed_runs import ROOT, rate_bytes_per_s, run_on_testbed
+
 TORCH = os.path.join(ROOT, "bench", "torch_broadcast_baseline.py")
 NIC = "echo NIC $(cat /sys/class/net/eth0/statistics/tx_bytes) " \
       "$(cat /sys/class/net/eth0/statistics/rx_bytes)"
-
-
-def rate_bytes_per_s(rate):
-    for unit, bits in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
-        if rate.endswith(unit):
-            return float(rate[:-len(unit)]) * bits / 8
-    raise SystemExit(f"--rate '{rate}': expected a rate such as 200mbit or 1gbit")
 
 
 def run(a, impl):
@@ -47,21 +38,16 @@ def run(a, impl):
         cmd = [a.weightlift, "--threads", "1", "bench", "transfer", "--as-rank", "--memcpy-gbps",
                "10", "--mode", impl, "--dtype", "bf16", "--json"] + shape
     line = " ".join(shlex.quote(c) for c in cmd) + " && " + NIC
-    r = subprocess.run(["bash", TESTBED, "run", "--hosts", str(hosts), "--rate", a.rate, "--bin",
-                        a.weightlift, "--", "sh", "-c", line], capture_output=True, text=True,
-                       timeout=3600)
+    code, lines, output = run_on_testbed(a.weightlift, hosts, a.rate, ["sh", "-c", line])
     report, nic = None, {}
-    for l in r.stdout.splitlines():
-        m = re.match(r"\[host (\d+)\] \[rank \d+\] (.*)$", l)
-        if not m:
-            continue
-        if m.group(2).startswith("{"):
-            report = json.loads(m.group(2))
-        elif m.group(2).startswith("NIC "):
-            tx, rx = m.group(2).split()[1:]
-            nic[int(m.group(1))] = (int(tx), int(rx))
-    if r.returncode != 0 or report is None or len(nic) != hosts:
-        raise SystemExit(f"{impl}: exit {r.returncode}\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+    for host, text in lines:
+        if text.startswith("{"):
+            report = json.loads(text)
+        elif text.startswith("NIC "):
+            tx, rx = text.split()[1:]
+            nic[host] = (int(tx), int(rx))
+    if code != 0 or report is None or len(nic) != hosts:
+        raise SystemExit(f"{impl}: exit {code}\n{output}")
     if impl != "torch-gloo" and report.get("wrong", 1) != 0:
         raise SystemExit(f"{impl}: {report['wrong']} wrong tensors")
     return report["update_ms_p50"], nic

@@ -106,6 +106,15 @@ gone() {
   [[ -z $state || $state == Z ]]
 }
 
+# Waits until process `pid` is gone, 5 s at most.
+wait_gone() {
+  local i
+  for ((i = 0; i < 50; ++i)); do
+    gone "$1" && return 0
+    sleep 0.1
+  done
+}
+
 down() {
   local name=$1 ns pid i
   local -a pids=()
@@ -126,12 +135,7 @@ down() {
     done
     ip netns del "$ns" 2>/dev/null || true  # removes its veth ends, and their peers with them
   done
-  for pid in "${pids[@]}"; do
-    for ((i = 0; i < 50; ++i)); do  # 5 s at most
-      gone "$pid" && break
-      sleep 0.1
-    done
-  done
+  for pid in "${pids[@]}"; do wait_gone "$pid"; done
   rm -f "$STATE_DIR/$name.env"
 }
 
@@ -323,14 +327,9 @@ cmd_up() {
 # The launchers of `run`, asked to stop, then waited for.
 LAUNCHERS=()
 stop_launchers() {
-  local pid i
+  local pid
   for pid in "${LAUNCHERS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${LAUNCHERS[@]}"; do
-    for ((i = 0; i < 50; ++i)); do
-      gone "$pid" && break
-      sleep 0.1
-    done
-  done
+  for pid in "${LAUNCHERS[@]}"; do wait_gone "$pid"; done
 }
 
 cmd_run() {

@@ -260,11 +260,12 @@ struct Rule {
   const char* fragment;  // nullptr: the change keeps the config valid
 };
 
-TEST(ModelConfig, EveryValidationRuleOnBothSidesOfItsBoundary) {
+// Every rule of validate() from both sides of its boundary, on tiny().
+std::vector<Rule> validation_rules() {
   const double inf = std::numeric_limits<double>::infinity();
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const int64_t big = int64_t(1) << 40;
-  const Rule rules[] = {
+  return {
       {"hidden_size 0", [](ModelConfig& c) { c.hidden_size = 0; }, "hidden_size (0) must be > 0"},
       {"num_layers -1", [](ModelConfig& c) { c.num_layers = -1; }, "num_layers (-1) must be > 0"},
       {"num_heads 0", [](ModelConfig& c) { c.num_heads = 0; }, "num_heads (0) must be > 0"},
@@ -311,7 +312,7 @@ TEST(ModelConfig, EveryValidationRuleOnBothSidesOfItsBoundary) {
       {"capacity negative", [](ModelConfig& c) { c.capacity_factor = -1.0; }, "capacity_factor"},
       {"capacity inf", [=](ModelConfig& c) { c.capacity_factor = inf; }, "capacity_factor (inf)"},
       {"capacity 1.25", [](ModelConfig& c) { c.capacity_factor = 1.25; }, nullptr},
-      {"capacity nan", [](ModelConfig& c) { c.capacity_factor = std::nan(""); },
+      {"capacity nan", [=](ModelConfig& c) { c.capacity_factor = nan; },
        "capacity_factor (nan) must be > 0 and finite"},
       {"params overflow",
        [=](ModelConfig& c) {
@@ -329,7 +330,10 @@ TEST(ModelConfig, EveryValidationRuleOnBothSidesOfItsBoundary) {
        },
        "more than 2^63"},
   };
-  for (const Rule& r : rules) {
+}
+
+TEST(ModelConfig, EveryValidationRuleOnBothSidesOfItsBoundary) {
+  for (const Rule& r : validation_rules()) {
     SCOPED_TRACE(r.what);
     ModelConfig c = tiny();
     r.change(c);
