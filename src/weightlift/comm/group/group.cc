@@ -217,6 +217,12 @@ Result<Request> Group::start_recv(const RecvOptions& o) {
   return link_->worker->recv(peer_id(o.peer), tag(o.peer, true, o.tag), o.data, o.bytes);
 }
 
+bool Group::probe(int peer, uint32_t user_tag) {
+  WL_CHECK(user_tag < kUserTagLimit && peer >= 0 && peer < size() && peer != rank_)
+      << "probe: tag " << user_tag << " from peer " << peer << " of " << describe();
+  return link_->worker->probe(tag(peer, true, user_tag));
+}
+
 Status Group::send(const SendOptions& o) {
   WL_ASSIGN_OR_RETURN(Request r, start_send(o));
   return link_->worker->wait(r, deadline(o.timeout));

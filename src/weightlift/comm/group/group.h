@@ -113,6 +113,9 @@ class Group {
   // each other at once cannot both block.
   Result<Request> start_send(const SendOptions& options);
   Result<Request> start_recv(const RecvOptions& options);
+  // True when a message that `peer` sent with `tag` has arrived and no recv() has taken it:
+  // that recv() then completes at once (Transport::probe; call worker().progress() first).
+  bool probe(int peer, uint32_t user_tag);
 
   // ---- building blocks for the collectives in this folder -------------------------------
   // Every collective takes the next sequence number first, on every rank, even when it has

@@ -193,6 +193,8 @@ Request FaultTransport::recv(int peer, uint64_t tag, void* data, size_t bytes) {
                [&] { return inner_->recv(peer, tag, data, bytes); });
 }
 
+bool FaultTransport::probe(uint64_t tag) { return inner_->probe(tag); }
+
 Request FaultTransport::put(int peer, const void* local, size_t bytes, uint64_t remote_address,
                             const RemoteKey& rkey) {
   return start(TransportOp::kPut, peer, bytes,

@@ -82,6 +82,7 @@ class FaultTransport final : public Transport {
   Status peer_status(int peer) const override;
   Request send(int peer, uint64_t tag, const void* data, size_t bytes) override;
   Request recv(int peer, uint64_t tag, void* data, size_t bytes) override;
+  bool probe(uint64_t tag) override;  // the wrapped transport's: held sends have not arrived
   Request put(int peer, const void* local, size_t bytes, uint64_t remote_address,
               const RemoteKey& rkey) override;
   Request get(int peer, void* local, size_t bytes, uint64_t remote_address,

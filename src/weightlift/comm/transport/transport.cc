@@ -551,6 +551,12 @@ Request Worker::recv(int peer, uint64_t tag, void* data, size_t bytes) {
   return r;
 }
 
+bool Worker::probe(uint64_t tag) {
+  if (!impl_->poisoned.ok()) return false;
+  ucp_tag_recv_info_t info{};
+  return ucp_tag_probe_nb(impl_->worker, tag, ~uint64_t(0), /*remove=*/0, &info) != nullptr;
+}
+
 Request Worker::put(int peer, const void* local, size_t bytes, uint64_t remote_address,
                     const RemoteKey& rkey) {
   WL_CHECK_EQ(rkey.peer(), peer) << "an rkey unpacked for one peer used with another";

@@ -170,6 +170,7 @@ class Transport {
 
   virtual Request send(int peer, uint64_t tag, const void* data, size_t bytes) = 0;
   virtual Request recv(int peer, uint64_t tag, void* data, size_t bytes) = 0;
+  virtual bool probe(uint64_t tag) = 0;
   virtual Request put(int peer, const void* local, size_t bytes, uint64_t remote_address,
                       const RemoteKey& rkey) = 0;
   virtual Request get(int peer, void* local, size_t bytes, uint64_t remote_address,
@@ -221,6 +222,10 @@ class Worker final : public Transport {
   // peer is for failure detection and error messages (the tag has to identify the sender).
   Request send(int peer, uint64_t tag, const void* data, size_t bytes) override;
   Request recv(int peer, uint64_t tag, void* data, size_t bytes) override;
+  // True when a message with exactly `tag` has arrived and no receive has taken it yet: a
+  // recv() of it then completes at once. Takes nothing and progresses nothing (call
+  // progress() first): for a rank that waits on a message and on something else at once.
+  bool probe(uint64_t tag) override;
 
   // One-sided. `remote_address` is an address inside the peer's registered region.
   Request put(int peer, const void* local, size_t bytes, uint64_t remote_address,
