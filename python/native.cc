@@ -246,6 +246,7 @@ py::dict update_dict(const transfer::ServerUpdate& u) {
   py::dict d;
   d["version"] = u.report.version;
   d["round"] = u.round;
+  d["replay"] = u.replay;
   d["generation"] = u.generation;
   std::vector<int> members;
   for (const auto& m : u.members) members.push_back(m.id);
@@ -428,7 +429,8 @@ class FleetReceiver {
     fleet_ = std::shared_ptr<transfer::FleetReceiver>(take(transfer::FleetReceiver::create(o)));
   }
 
-  // {"round", "kind", "took_part", "version"}, or raises (DeadlineExceeded if none came).
+  // {"round", "replay", "kind", "took_part", "version"}, or raises (DeadlineExceeded if none
+  // came).
   py::dict serve_one(double timeout_s) {
     transfer::RoundOutcome r;
     {
@@ -437,6 +439,7 @@ class FleetReceiver {
     }
     py::dict d;
     d["round"] = r.round;
+    d["replay"] = r.replay;
     d["kind"] = r.kind == transfer::RoundRecord::Kind::kForm     ? "form"
                 : r.kind == transfer::RoundRecord::Kind::kRefuse ? "refuse"
                                                                  : "update";

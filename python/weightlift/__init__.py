@@ -255,8 +255,9 @@ class ParameterServer:
 
     def update(self, name: str, receivers: Optional[Sequence[int]] = None) -> Dict[str, Any]:
         """Moves checkpoint `name` to `receivers` (ids; None: every receiver that joined).
-        Returns {"version", "round", "generation", "receivers", "dropped", "bytes",
-        "seconds"}; raises if a receiver failed mid-update (every receiver then keeps its last
+        Returns {"version", "round", "replay", "generation", "receivers", "dropped", "bytes",
+        "seconds"} ("replay": 0 for an update posted in the store, n for the n-th one after it
+        that went over the receivers' group instead); raises if a receiver failed mid-update (every receiver then keeps its last
         complete version)."""
         return self._native.update(name, list(receivers or []))
 
@@ -340,7 +341,7 @@ class Receiver:
 
     def serve_one(self, timeout: float = 30.0) -> Dict[str, Any]:
         """Handles the next round, waiting up to `timeout` seconds for it. Returns {"round",
-        "kind", "took_part", "version"}; raises weightlift.Error (DeadlineExceeded if no
+        "replay", "kind", "took_part", "version"}; raises weightlift.Error (DeadlineExceeded if no
         round came)."""
         return self._native.serve_one(timeout)
 

@@ -57,7 +57,12 @@ struct ReceiverThread {
   }
   void join() {
     stop = true;
-    thread.join();
+    if (thread.joinable()) thread.join();
+  }
+  // Stops serving, then leaves (serve_one() and leave() are for one thread).
+  Status leave() {
+    join();
+    return fleet->leave();
   }
   // Waits until the receiver holds `version`: servers return from an update when the final
   // allreduce completes, receivers publish right after theirs.
@@ -178,7 +183,7 @@ void switch_join_heal_leave(TransferMode mode, WeightFormat format) {
     EXPECT_EQ(ps.generation(), 2u);
     if (ps.options().rank == 0) {
       expect_all(b, 4);
-      ASSERT_TRUE(rx[1]->fleet->leave().ok());  // leaves between updates
+      ASSERT_TRUE(rx[1]->leave().ok());  // leaves between updates
       phase = 2;
     }
     while (phase.load() < 2) std::this_thread::yield();
@@ -821,27 +826,55 @@ struct SetOnExit {
   ~SetOnExit() { flag = value; }
 };
 
-// An unchanged generation's updates each post their round without counting it (protocol.h):
-// the counter lags by fewer than kRoundsCountedEvery rounds, and a receiver that starts after
-// 70 of them heals from its peer and is in the next update.
-TEST(ParameterServer, TheRoundCounterLagsAndAReceiverStartingAfterItJoinsTheNextUpdate) {
+// The fleet's store, counting what server rank 0 asks of it for an update: rounds posted
+// and the join counter read (a receiver reads it only when it starts).
+class CountingStore final : public comm::Store {
+ public:
+  Status set(std::string_view key, std::span<const std::byte> value) override {
+    if (key.starts_with("fleet/round/") && key.find("/ack/") == std::string_view::npos) ++posted;
+    return inner_.set(key, value);
+  }
+  Result<comm::Bytes> get(std::string_view key, std::chrono::milliseconds timeout) override {
+    return inner_.get(key, timeout);
+  }
+  Result<int64_t> add(std::string_view key, int64_t delta) override {
+    if (key == "fleet/joins" && delta == 0) ++joins_read;
+    return inner_.add(key, delta);
+  }
+  std::atomic<int> posted{0}, joins_read{0};
+
+ private:
+  comm::MemoryStore inner_;
+};
+
+// Only a generation's first update is a store round (protocol.h, replays): 70 updates of an
+// unchanged generation post none after it, each goes over the generation's group, numbered,
+// and a receiver that starts after them joins the next update (a store round again).
+TEST(ParameterServer, AnUnchangedGenerationsUpdatesGoOverItsGroupNotTheStore) {
   const model::ModelConfig c = preset_or_die("tiny");
   const std::vector<float> a = random_weights(c, 1);
-  auto store = std::make_shared<comm::MemoryStore>();
+  auto store = std::make_shared<CountingStore>();
   std::vector<std::unique_ptr<ReceiverThread>> rx;
   rx.push_back(start_receiver(store, c, 0, {.tp = 1, .tp_rank = 0}));
   std::atomic<int> phase{0};
   run_servers(store, TransferMode::kP2P, [&](ParameterServer& ps) {
     SetOnExit release{phase, 1};
     ASSERT_TRUE(ps.register_checkpoint("a", c, a).ok());
-    for (int v = 1; v <= 70; ++v) ASSERT_TRUE(ps.update("a").ok());
+    auto first = ps.update("a");
+    ASSERT_TRUE(first.ok()) << first.status().to_string();
+    EXPECT_EQ(first->replay, 0u);
+    const int posted = store->posted.load();  // the form round and the first update
+    for (uint64_t v = 2; v <= 70; ++v) {
+      auto u = ps.update("a");
+      ASSERT_TRUE(u.ok()) << u.status().to_string();
+      EXPECT_EQ(u->replay, v - 1);
+      EXPECT_EQ(u->round, first->round) << "a replay names the store round it follows";
+    }
     if (ps.options().rank == 0) {
-      const FleetKeys keys{"fleet"};
-      const int64_t counted = *store->add(keys.rounds(), 0);
-      auto last = last_round_posted(*store, keys);
+      EXPECT_EQ(store->posted.load(), posted) << "an unchanged generation's update posted a round";
+      auto last = last_round_posted(*store, FleetKeys{"fleet"});
       ASSERT_TRUE(last.ok()) << last.status().to_string();
-      EXPECT_GT(*last, uint64_t(counted)) << "the counter does not lag";
-      EXPECT_LT(*last - uint64_t(counted), kRoundsCountedEvery);
+      EXPECT_EQ(*last, first->round);
       ASSERT_TRUE(rx[0]->wait_version(70));
       rx.push_back(start_receiver(store, c, 1, {.tp = 1, .tp_rank = 0}));
       EXPECT_EQ(rx[1]->fleet->healed_version(), 70u) << rx[1]->fleet->heal_log();
@@ -852,10 +885,66 @@ TEST(ParameterServer, TheRoundCounterLagsAndAReceiverStartingAfterItJoinsTheNext
     auto u = ps.update("a");
     ASSERT_TRUE(u.ok()) << u.status().to_string();
     EXPECT_EQ(u->members.size(), 2u);
+    EXPECT_EQ(u->replay, 0u) << "a new generation's first update is a store round";
+    EXPECT_EQ(u->generation, 2u);
   });
   for (auto& t : rx) {
     ASSERT_TRUE(t->wait_version(71));
     expect_matches_reference(t->fleet->receiver(), c, t->layout, a, 71);
+    t->join();
+    EXPECT_TRUE(t->errors.empty()) << t->errors.front();
+  }
+}
+
+// An update that names the generation's members asks the store nothing: no round, no join
+// record (one that takes everyone who joined reads the join counter, once). A member that
+// leaves tells the servers over the group, so an update naming it still finds it gone, at
+// once, instead of failing on it at the timeout.
+TEST(ParameterServer, AnUpdateNamingItsMembersAsksTheStoreNothing) {
+  const model::ModelConfig c = preset_or_die("tiny");
+  const std::vector<float> a = random_weights(c, 1);
+  auto store = std::make_shared<CountingStore>();
+  std::vector<std::unique_ptr<ReceiverThread>> rx;
+  for (int id : {0, 1}) rx.push_back(start_receiver(store, c, id, {.tp = 1, .tp_rank = 0}));
+  std::atomic<int> phase{0};
+  const int both[] = {0, 1}, first[] = {0};
+  run_servers(store, TransferMode::kP2P, [&](ParameterServer& ps) {
+    SetOnExit release{phase, 1};
+    ASSERT_TRUE(ps.register_checkpoint("a", c, a).ok());
+    ASSERT_TRUE(ps.update("a", both).ok());
+    const int posted = store->posted.load(), read = store->joins_read.load();
+    for (int i = 0; i < 10; ++i) ASSERT_TRUE(ps.update("a", both).ok());
+    if (ps.options().rank == 0) {
+      EXPECT_EQ(store->posted.load(), posted);
+      EXPECT_EQ(store->joins_read.load(), read);
+    }
+    ASSERT_TRUE(ps.update("a").ok());
+    if (ps.options().rank == 0) {
+      EXPECT_EQ(store->posted.load(), posted);
+      EXPECT_EQ(store->joins_read.load(), read + 1);
+      ASSERT_TRUE(rx[0]->wait_version(12));
+      ASSERT_TRUE(rx[1]->wait_version(12));
+      ASSERT_TRUE(rx[1]->leave().ok());
+    } else {
+      while (phase.load() < 1) std::this_thread::yield();
+    }
+    phase = 1;
+    const auto asked = comm::Clock::now();
+    auto gone = ps.update("a", both);
+    EXPECT_EQ(gone.status().code(), StatusCode::kNotFound) << gone.status().to_string();
+    EXPECT_LT(comm::Clock::now() - asked, 5s) << "the update waited for the receiver that left";
+    if (ps.options().rank == 0) {
+      EXPECT_NE(gone.status().message().find("receiver 1 has not joined"), std::string::npos)
+          << gone.status().to_string();
+    }
+    auto u = ps.update("a", first);
+    ASSERT_TRUE(u.ok()) << u.status().to_string();
+    EXPECT_EQ(u->members.size(), 1u);
+  });
+  ASSERT_TRUE(rx[0]->wait_version(13));
+  expect_matches_reference(rx[0]->fleet->receiver(), c, rx[0]->layout, a, 13);
+  EXPECT_EQ(rx[1]->fleet->receiver().version(), 12u);
+  for (auto& t : rx) {
     t->join();
     EXPECT_TRUE(t->errors.empty()) << t->errors.front();
   }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <thread>
 
 #include "weightlift/comm/launch/process_alive.h"
 #include "weightlift/transfer/fleet/heal_from_servers.h"
@@ -23,7 +24,7 @@ struct FleetReceiver::Impl {
   uint64_t healed = 0;
   std::string heal_log;
 
-  uint64_t next_round = 1;
+  uint64_t next_round = 1;  // in the store
   uint64_t generation = 0;  // the one this receiver is connected to (0: none)
   std::shared_ptr<comm::Group> group;
   std::map<std::string, std::unique_ptr<UpdateExecutor>> executors;  // by checkpoint
@@ -43,6 +44,10 @@ struct FleetReceiver::Impl {
   Result<bool> heal_from_a_peer(const std::vector<int>& ids);
   Status heal_from_the_servers();
   Result<comm::Bytes> wait_for(const std::string& key, comm::Deadline deadline);
+  // The next round for us: the store's next one or, while we are connected to a generation,
+  // a replay over its group, whichever comes first (protocol.h).
+  Result<RoundRecord> next_round_record(comm::Deadline deadline);
+  Result<RoundRecord> take_replay();
   Status answer(const RoundRecord& r, bool named, RoundOutcome& out);
   // `index`: ours among the round's members, or -1.
   Result<bool> enter_generation(const RoundRecord& r, int index);
@@ -202,6 +207,70 @@ Result<comm::Bytes> FleetReceiver::Impl::wait_for(const std::string& key, comm::
   }
 }
 
+Result<RoundRecord> FleetReceiver::Impl::next_round_record(comm::Deadline deadline) {
+  const std::string key = keys.round(next_round);
+  if (group == nullptr) {
+    WL_ASSIGN_OR_RETURN(comm::Bytes b, wait_for(key, deadline));
+    return round_from_json(comm::to_string(b), key);
+  }
+  // The replay is usually on its way (the server sends it right after telling us to expect an
+  // update), so spin on the group first; then look in the store every kStoreCheck.
+  const comm::Deadline spin_until = comm::deadline_after(kReplaySpin);
+  for (;;) {
+    while (worker->progress()) {
+    }
+    if (group->probe(0, kReplayLengthTag)) return take_replay();
+    const comm::Clock::time_point now = comm::Clock::now();
+    const bool last = now >= deadline;
+    if (now < spin_until && !last) {
+      std::this_thread::yield();
+      continue;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
+    auto b =
+        options.store->get(key, last ? std::chrono::milliseconds(0) : std::min(kStoreCheck, left));
+    if (b.ok()) return round_from_json(comm::to_string(*b), key);
+    if (b.status().code() != StatusCode::kDeadlineExceeded) return b.status();
+    if (last) {
+      return deadline_exceeded("receiver " + std::to_string(options.id) +
+                               ": no round posted under '" + key + "' yet, nor generation " +
+                               std::to_string(generation) + "'s next update");
+    }
+  }
+}
+
+Result<RoundRecord> FleetReceiver::Impl::take_replay() {
+  const std::string where = "receiver " + std::to_string(options.id) + ": generation " +
+                            std::to_string(generation) + "'s replay from server rank 0";
+  uint64_t length = 0;
+  Status got = group->recv({.data = &length,
+                            .bytes = sizeof length,
+                            .peer = 0,
+                            .tag = kReplayLengthTag,
+                            .timeout = options.timeout});
+  std::string body;
+  if (got.ok()) {
+    constexpr uint64_t kLongest = uint64_t(16) << 20;  // a round names members and reasons
+    if (length > kLongest) return data_loss(where + ": " + std::to_string(length) + " bytes long");
+    body.resize(size_t(length));
+    got = group->recv({.data = body.data(),
+                       .bytes = body.size(),
+                       .peer = 0,
+                       .tag = kReplayTag,
+                       .timeout = options.timeout});
+  }
+  if (!got.ok()) {
+    WL_RETURN_IF_ERROR(recover());
+    return got.with_context(where);
+  }
+  WL_ASSIGN_OR_RETURN(RoundRecord r, round_from_json(body, where));
+  if (r.kind != RoundRecord::Kind::kUpdate || r.replay == 0 || r.generation != generation) {
+    return data_loss(where + ": not an update of this generation (generation " +
+                     std::to_string(r.generation) + ", replay " + std::to_string(r.replay) + ")");
+  }
+  return r;
+}
+
 // A form round: answer with our epoch and version if we are a candidate.
 Status FleetReceiver::Impl::answer(const RoundRecord& r, bool named, RoundOutcome& out) {
   if (!named || !member) return ok_status();
@@ -277,11 +346,10 @@ Status FleetReceiver::Impl::take_part(const RoundRecord& r, RoundOutcome& out) {
 Result<RoundOutcome> FleetReceiver::serve_one(std::chrono::milliseconds wait) {
   Impl& m = *impl_;
   if (m.refused) return *m.refused;
-  const std::string key = m.keys.round(m.next_round);
-  WL_ASSIGN_OR_RETURN(comm::Bytes b, m.wait_for(key, comm::deadline_after(wait)));
-  WL_ASSIGN_OR_RETURN(RoundRecord r, round_from_json(comm::to_string(b), key));
-  ++m.next_round;
-  RoundOutcome out{.round = r.round, .kind = r.kind, .version = m.receiver->version()};
+  WL_ASSIGN_OR_RETURN(RoundRecord r, m.next_round_record(comm::deadline_after(wait)));
+  if (r.replay == 0) ++m.next_round;
+  RoundOutcome out{
+      .round = r.round, .replay = r.replay, .kind = r.kind, .version = m.receiver->version()};
   auto me = std::find_if(r.members.begin(), r.members.end(), [&](const FleetMember& f) {
     return f.id == m.options.id && f.epoch == m.receiver->epoch();
   });
@@ -312,6 +380,20 @@ Result<RoundOutcome> FleetReceiver::serve_one(std::chrono::milliseconds wait) {
   return out;
 }
 
-Status FleetReceiver::leave() { return impl_->announce(true); }
+Status FleetReceiver::leave() {
+  Impl& m = *impl_;
+  WL_RETURN_IF_ERROR(m.announce(true));
+  if (m.group != nullptr) {
+    // After the record: an update that names us looks in the store because of this notice,
+    // and must find it there. Best effort: without it such an update fails on us instead.
+    const uint64_t epoch = m.receiver->epoch();
+    (void)m.group->send({.data = &epoch,
+                         .bytes = sizeof epoch,
+                         .peer = 0,
+                         .tag = kLeaveTag,
+                         .timeout = std::chrono::milliseconds(1000)});
+  }
+  return ok_status();
+}
 
 }  // namespace wl::transfer

@@ -41,7 +41,8 @@ struct FleetReceiverOptions {
 };
 
 struct RoundOutcome {
-  uint64_t round = 0;
+  uint64_t round = 0;   // the store round it was, or followed (a replay: protocol.h)
+  uint64_t replay = 0;  // 0, or the n-th update of its generation after that round
   RoundRecord::Kind kind = RoundRecord::Kind::kUpdate;
   bool took_part = false;  // form: answered; update: was a member
   uint64_t version = 0;    // the receiver's version afterwards

@@ -64,8 +64,8 @@ struct ParameterServer::Impl {
   // Rank 0 only: the round counter. Who has joined: rank 0's drives updates; another rank's
   // is read only for joined_receivers().
   uint64_t round = 0;
-  uint64_t counted = 0;             // the rounds the store's counter has counted (post())
-  uint64_t counted_generation = 0;  // the generation of the last update round counted
+  uint64_t counted = 0;  // the rounds the store's counter has counted
+  uint64_t replays = 0;  // the generation's updates sent over its group since store round `round`
   int64_t joins_seen = 0;
   std::map<int, uint64_t> joined;     // id -> epoch
   std::map<int, JoinRecord> holders;  // id -> the join record of joined[id]
@@ -97,7 +97,15 @@ struct ParameterServer::Impl {
       const std::string& name, const std::vector<FleetMember>& wanted, RoundRecord& update);
   Result<RoundRecord> decide(const std::string& name, std::span<const int> receivers,
                              bool checksums);
+  // Rank 0: whether a member has told us it leaves (protocol.h), taking every such notice.
+  bool members_leaving();
+  // Rank 0: whether `receivers` are the generation's members in its order, each known to fit
+  // `name`: an update to them then needs no join records (protocol.h, replays).
+  bool names_the_members(const std::string& name, std::span<const int> receivers);
   Result<RoundRecord> post(RoundRecord r);
+  // Rank 0: `r` as the next update of the current generation, sent over its group.
+  RoundRecord replay(RoundRecord r);
+  Status send_replay(const RoundRecord& r);
   Result<RoundRecord> share(Result<RoundRecord> decided);
   // Every server rank's outcome of one step of an update, so that they fail it together:
   // `mine` where it failed here, else an error naming the highest server rank where it did.
@@ -141,8 +149,7 @@ Result<std::unique_ptr<ParameterServer>> ParameterServer::create(const Parameter
   WL_RETURN_IF_ERROR(impl->connect_servers());
   if (o.rank == 0) {
     // Continue the fleet's numbering: receivers wait for the round after the last one posted,
-    // which may be past the counter (post()).
-    // The counter as it stands (post() adds what it has not counted), then the rounds past it.
+    // which may be past the counter (a server that died between posting and counting).
     WL_ASSIGN_OR_RETURN(const int64_t counted, o.store->add(impl->keys.rounds(), 0));
     impl->counted = uint64_t(counted);
     WL_ASSIGN_OR_RETURN(impl->round, last_round_posted(*o.store, impl->keys));
@@ -279,7 +286,7 @@ Status ParameterServer::refresh(const std::string& name, std::span<const float> 
                             held.weights->layout_spec()->name +
                             "''s weights, not our model's; refresh it from named tensors");
   }
-  const int64_t total = model::ParamLayout(*config).total();
+  const int64_t total = held.weights->full_floats();
   if (int64_t(full.size()) != total) {
     return invalid_argument("refresh '" + name + "': " + std::to_string(full.size()) +
                             " floats given, the checkpoint has " + std::to_string(total) +
@@ -524,8 +531,6 @@ Status ParameterServer::Impl::read_joins() {
   return ok_status();
 }
 
-// The counter lags behind the rounds an unchanged generation replays (protocol.h): their
-// update costs one store write, not two.
 Result<RoundRecord> ParameterServer::Impl::post(RoundRecord r) {
   r.round = round + 1;
   r.servers = options.size;
@@ -533,13 +538,68 @@ Result<RoundRecord> ParameterServer::Impl::post(RoundRecord r) {
   // The number is taken once the round is there: a gap would stop last_round_posted() short.
   WL_RETURN_IF_ERROR(options.store->set(keys.round(r.round), comm::to_bytes(json)));
   round = r.round;
-  const bool replay = r.kind == RoundRecord::Kind::kUpdate && r.generation == counted_generation;
-  if (!replay || r.round - counted >= kRoundsCountedEvery) {
-    WL_RETURN_IF_ERROR(options.store->add(keys.rounds(), int64_t(r.round - counted)).status());
-    counted = r.round;
-    if (r.kind == RoundRecord::Kind::kUpdate) counted_generation = r.generation;
-  }
+  if (r.kind == RoundRecord::Kind::kUpdate) replays = 0;
+  WL_RETURN_IF_ERROR(options.store->add(keys.rounds(), int64_t(r.round - counted)).status());
+  counted = r.round;
   return r;
+}
+
+RoundRecord ParameterServer::Impl::replay(RoundRecord r) {
+  r.round = round;
+  r.replay = ++replays;
+  r.servers = options.size;
+  return r;
+}
+
+// Every member at once: the sends are eager (a few hundred bytes), so they complete here.
+Status ParameterServer::Impl::send_replay(const RoundRecord& r) {
+  const std::string body = round_to_json(r);
+  const uint64_t length = body.size();
+  std::vector<comm::Request> sent;
+  for (int i = 0; i < int(r.members.size()); ++i) {
+    for (auto [data, bytes, tag] :
+         {std::tuple<const void*, size_t, uint32_t>{&length, sizeof length, kReplayLengthTag},
+          {body.data(), body.size(), kReplayTag}}) {
+      Result<comm::Request> s =
+          group->start_send({.data = data, .bytes = bytes, .peer = r.servers + i, .tag = tag});
+      WL_CHECK(s.ok()) << s.status().to_string();  // only a bad tag or peer fails here
+      sent.push_back(*std::move(s));
+    }
+  }
+  return group->wait_all(sent, group->deadline(options.timeout))
+      .with_context("sending generation " + std::to_string(r.generation) + "'s replay " +
+                    std::to_string(r.replay) + " to its members");
+}
+
+bool ParameterServer::Impl::members_leaving() {
+  if (group == nullptr) return false;
+  bool leaving = false;
+  for (int i = 0; i < int(members.size()); ++i) {
+    const int peer = options.size + i;
+    if (!group->probe(peer, kLeaveTag)) continue;
+    leaving = true;
+    uint64_t epoch = 0;  // taken so that it does not wait in UCX for the group's whole life
+    (void)group->recv({.data = &epoch,
+                       .bytes = sizeof epoch,
+                       .peer = peer,
+                       .tag = kLeaveTag,
+                       .timeout = options.timeout});
+  }
+  return leaving;
+}
+
+bool ParameterServer::Impl::names_the_members(const std::string& name,
+                                              std::span<const int> receivers) {
+  if (receivers.empty() || receivers.size() != members.size() || !contenders.empty() ||
+      !refusals.empty()) {
+    return false;
+  }
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (receivers[i] != members[i].id || !fits.count({members[i].id, members[i].epoch, name})) {
+      return false;
+    }
+  }
+  return true;
 }
 
 std::string ParameterServer::Impl::layout_mismatch(const std::string& name, const JoinRecord& j) {
@@ -733,12 +793,6 @@ Status ParameterServer::Impl::form(const std::string& name, const std::vector<Fl
 // set changed, or the current one broke).
 Result<RoundRecord> ParameterServer::Impl::decide(const std::string& name,
                                                   std::span<const int> receivers, bool checksums) {
-  WL_ASSIGN_OR_RETURN(std::vector<FleetMember> want, wanted(name, receivers));
-  auto same = [](const std::vector<FleetMember>& a, const std::vector<FleetMember>& b) {
-    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](auto& x, auto& y) {
-             return x.id == y.id && x.epoch == y.epoch;
-           });
-  };
   RoundRecord update{.kind = RoundRecord::Kind::kUpdate,
                      .generation = generation,
                      .members = members,
@@ -747,16 +801,27 @@ Result<RoundRecord> ParameterServer::Impl::decide(const std::string& name,
                      .bucket_bytes = options.bucket_bytes,
                      .checksums = checksums};
   broken = generation_broken();
+  const bool leaving = members_leaving();
+  if (!broken && !leaving && names_the_members(name, receivers)) return replay(std::move(update));
+  WL_ASSIGN_OR_RETURN(std::vector<FleetMember> want, wanted(name, receivers));
+  auto same = [](const std::vector<FleetMember>& a, const std::vector<FleetMember>& b) {
+    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](auto& x, auto& y) {
+             return x.id == y.id && x.epoch == y.epoch;
+           });
+  };
   const bool contested = std::any_of(want.begin(), want.end(),
                                      [&](const FleetMember& m) { return contenders.count(m.id); });
   if (broken || !same(want, members) || contested) WL_RETURN_IF_ERROR(form(name, want, update));
   // Turned away before the round that leaves them out: they stop, not announce again.
   WL_RETURN_IF_ERROR(post_refusals());
+  // The same generation, nothing failed: its group carries the update (protocol.h).
+  if (update.generation == generation) return replay(std::move(update));
   return post(update);
 }
 
 // Rank 0's decision (or its refusal) to every server rank.
 Result<RoundRecord> ParameterServer::Impl::share(Result<RoundRecord> decided) {
+  if (options.size == 1) return decided;  // rank 0 alone: nothing to tell
   std::string body;
   int64_t header[2] = {0, 0};  // status code, body length
   if (options.rank == 0) {
@@ -852,9 +917,12 @@ Result<ServerUpdate> ParameterServer::update(const std::string& name,
     return failed_precondition("update '" + name + "': no receiver answered (round " +
                                std::to_string(r.round) + ")");
   }
+  auto start = [&]() -> Status {
+    if (m.options.rank == 0 && r.replay > 0) WL_RETURN_IF_ERROR(m.send_replay(r));
+    return m.prepare(name, held->second.weights.get(), r);
+  };
   Status ready = m.agree(
-      m.prepare(name, held->second.weights.get(), r),
-      "update '" + name + "': connecting and planning generation " + std::to_string(r.generation));
+      start(), "update '" + name + "': starting it in generation " + std::to_string(r.generation));
   if (!ready.ok()) {
     m.broken = m.rebuild = true;
     return ready.with_context("update '" + name + "' (round " + std::to_string(r.round) + ")");
@@ -873,6 +941,7 @@ Result<ServerUpdate> ParameterServer::update(const std::string& name,
   return ServerUpdate{
       .report = *report,
       .round = r.round,
+      .replay = r.replay,
       .generation = r.generation,
       .members = r.members,
       .dropped = r.dropped,

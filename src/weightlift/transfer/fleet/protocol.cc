@@ -7,7 +7,8 @@
 namespace wl::transfer {
 namespace {
 
-constexpr RecordFormat kRoundFormat = fleet_record("weightlift-fleet-round", "fleet round record");
+constexpr RecordFormat kRoundFormat =
+    fleet_record("weightlift-fleet-round", "fleet round record", /*version=*/3);
 constexpr RecordFormat kJoinFormat = fleet_record("weightlift-fleet-join", "fleet join record");
 
 }  // namespace
@@ -36,6 +37,7 @@ std::string round_to_json(const RoundRecord& r) {
     refused.push_back({{"id", x.receiver.id}, {"epoch", x.receiver.epoch}, {"reason", x.reason}});
   }
   j["refused"] = refused;
+  j["replay"] = r.replay;
   return j.dump();
 }
 
@@ -68,6 +70,7 @@ Result<RoundRecord> round_from_json(std::string_view text, std::string_view wher
       r.refused.push_back({{int32_field(x.at("id")), uint_field(x.at("epoch"))},
                            x.at("reason").get<std::string>()});
     }
+    r.replay = uint_field(j.at("replay"));
     return r;
   });
 }

@@ -2,11 +2,9 @@
 // rendezvous store. The parameter server (fleet/parameter_server.h) drives; receivers
 // (fleet/fleet_receiver.h) follow. This file is the protocol both sides speak.
 //
-// Rounds. The parameter server's rank 0 numbers its rounds 1, 2, ... and posts each as a
-// record under "<prefix>/round/<n>". The counter "<prefix>/rounds" follows: at once for a round
-// that forms a generation or turns receivers away, every kRoundsCountedEvery rounds otherwise,
-// so that the update of an unchanged generation is one store write (last_round_posted() finds
-// the rest). Two kinds:
+// Rounds. The parameter server's rank 0 numbers the rounds it posts in the store 1, 2, ... and
+// posts each as a record under "<prefix>/round/<n>", then counts it in "<prefix>/rounds".
+// Three kinds:
 //   form    a new generation g of the fleet: the candidate receivers. Each candidate that is
 //           alive answers under "<prefix>/round/<n>/ack/<id>/<epoch>" with "<epoch> <version>"
 //           (two receivers may contend for an id: a restart and the holder); whoever
@@ -26,6 +24,21 @@
 // A new generation is formed when receivers joined or left since the last one, when the
 // caller asks for another set of receivers, or after a failed round (a failed round breaks
 // its group: transport.h). Receivers a round does not name skip it.
+//
+// Replays. Only the first update of a generation is posted in the store. The ones after it
+// (the same members, nothing failed) go from server rank 0 to each member over the
+// generation's own group: the same record, with the number of the store round it follows and
+// `replay` 1, 2, ..., as a u64 length (user tag kReplayLengthTag) and the JSON (kReplayTag).
+// So the steady state of a fleet, one update per training step to the same receivers, costs
+// the store nothing: a store round trip is a wake-up of the store's process, about 100 us on
+// 2 busy cores, and was half of a small model's update (docs/BENCHMARKS.md). A member waits
+// for both: the group first, then the store now and then (kStoreCheck), which is where every
+// round that changes the fleet comes. An update that names its receivers, when they are the
+// generation's members in its order, reads no join records either: a receiver that joins
+// meanwhile is seen at the next update that reads them (one that takes everyone who joined,
+// names others, or follows a failure), and one contending for a member's id then too. A member
+// that leaves also tells server rank 0 over the group (kLeaveTag), so that such an update
+// reads the joins after all and finds the leave.
 //
 // Joining and leaving. A receiver announces itself by appending a record {id, epoch, leave,
 // its process and its layout} under "<prefix>/join/<k>" (k from the counter "<prefix>/joins");
@@ -60,10 +73,10 @@
 namespace wl::transfer {
 
 // Every fleet record is versioned JSON (core/json_record.h); version 2: records name their
-// format ("format"). `name` is "weightlift-fleet-<kind>".
-constexpr RecordFormat fleet_record(std::string_view name, std::string_view what) {
+// format ("format"). Round records are at version 3: replays. `name` is "weightlift-fleet-<kind>".
+constexpr RecordFormat fleet_record(std::string_view name, std::string_view what, int version = 2) {
   return {.name = name,
-          .version = 2,
+          .version = version,
           .what = what,
           .remedy = "run one weightlift version across the fleet"};
 }
@@ -95,6 +108,9 @@ struct RoundRecord {
   int64_t bucket_bytes = 0;      // broadcast mode's bucket size
   bool checksums = false;        // p2p's per-task checksums (every rank must agree)
   std::vector<Refusal> refused;  // refuse only
+  // 0: posted in the store as round `round`. n > 0: the n-th update of generation
+  // `generation` sent over its group after store round `round` (a replay, above).
+  uint64_t replay = 0;
 };
 
 struct JoinRecord {
@@ -137,10 +153,16 @@ struct FleetKeys {
   std::string group_ids() const { return prefix + "/group_ids"; }
 };
 
-inline constexpr uint64_t kRoundsCountedEvery = 64;
+// User tags of the messages of a generation's group: a replay (server rank 0 to each member)
+// and a member's leave (to server rank 0).
+inline constexpr uint32_t kReplayLengthTag = 0x7d0, kReplayTag = 0x7d1, kLeaveTag = 0x7d2;
+// How often a member waiting for a replay looks in the store for a round, once it has waited
+// kReplaySpin spinning on its group alone.
+inline constexpr std::chrono::milliseconds kStoreCheck{5};
+inline constexpr std::chrono::milliseconds kReplaySpin{2};
 
-// The number of the last round posted: the counter, then the rounds past it (at most
-// kRoundsCountedEvery reads, none of which waits).
+// The number of the last round posted in the store: the counter, then any rounds past it (a
+// server that died between posting a round and counting it). Reads that do not wait.
 Result<uint64_t> last_round_posted(comm::Store& store, const FleetKeys& keys);
 
 // One checkpoint's executor in one generation, whichever the mode: plans (metadata gathered

@@ -1,8 +1,11 @@
 // TrainerWeights: one ShardedTensor per model parameter.
 #include "weightlift/transfer/layout/trainer_weights.h"
 
+#include <algorithm>
 #include <map>
+#include <numeric>
 
+#include "weightlift/core/parallel.h"
 #include "weightlift/model/params.h"
 
 namespace wl::transfer {
@@ -113,6 +116,13 @@ TrainerWeights TrainerWeights::build(std::span<const Param> params,
     if (next != nullptr) next += aligned(shard_bytes(p.shape, mesh_size, mesh_rank, options.dtype));
     if (options.offload) w.tensors_.back().offload();
   }
+  auto elements = [&](size_t i) {
+    return shard_bytes(params[i].shape, mesh_size, mesh_rank, options.dtype);
+  };
+  w.largest_first_.resize(params.size());
+  std::iota(w.largest_first_.begin(), w.largest_first_.end(), size_t(0));
+  std::stable_sort(w.largest_first_.begin(), w.largest_first_.end(),
+                   [&](size_t a, size_t b) { return elements(a) > elements(b); });
   return w;
 }
 
@@ -128,6 +138,7 @@ TrainerWeights TrainerWeights::from_full(const model::ModelConfig& config,
     t.assign_full(full.data() + layout.params()[i].offset);
   });
   w.config_ = config;
+  w.set_offsets(layout);
   return w;
 }
 
@@ -144,6 +155,7 @@ TrainerWeights TrainerWeights::from_named(const model::ModelConfig& config,
     t.assign_full(n.dtype, n.data);
   });
   w.config_ = config;
+  w.set_offsets(layout);
   return w;
 }
 
@@ -171,9 +183,18 @@ void TrainerWeights::assign_named(std::span<const NamedTensor> tensors) {
 void TrainerWeights::assign_full(std::span<const float> full) {
   WL_CHECK(config_) << "assign_full: these weights are layout '" << spec_->name
                     << "', not our model's";
-  const model::ParamLayout layout(*config_);
-  WL_CHECK_EQ(int64_t(full.size()), layout.total());
-  for (ShardedTensor& t : tensors_) t.assign_full(full.data() + layout.at(t.name()).offset);
+  WL_CHECK_EQ(int64_t(full.size()), total_);
+  // A small model's tensors are each below one chunk of ShardedTensor's own split (41 of them
+  // in `tiny`), so they go to the threads whole; a big one inside a task runs on its thread.
+  parallel_for_each(int64_t(tensors_.size()), [&](int64_t k) {
+    const size_t i = largest_first_[size_t(k)];
+    tensors_[i].assign_full(full.data() + offsets_[i]);
+  });
+}
+
+void TrainerWeights::set_offsets(const model::ParamLayout& layout) {
+  for (const model::ParamInfo& p : layout.params()) offsets_.push_back(p.offset);
+  total_ = layout.total();
 }
 
 const ShardedTensor* TrainerWeights::find(std::string_view name) const {

@@ -18,6 +18,10 @@
 #include "weightlift/transfer/layout/layout_spec.h"
 #include "weightlift/transfer/layout/sharded_tensor.h"
 
+namespace wl::model {
+class ParamLayout;
+}  // namespace wl::model
+
 namespace wl::transfer {
 
 struct TrainerWeightsOptions {
@@ -73,11 +77,14 @@ class TrainerWeights {
   // The same mesh reconnected (after its old connections failed): same size, same rank.
   void rebind_mesh(std::shared_ptr<comm::Group> mesh);
 
-  // New values for every shard (a training step happened), from the full f32 weights.
-  // REQUIRES: our model's weights (config() is not null).
+  // New values for every shard (a training step happened), from the full f32 weights, the
+  // tensors spread over the compute threads. REQUIRES: our model's weights (config() is not
+  // null).
   void assign_full(std::span<const float> full);
   // The same from whole parameters (REQUIRES: check_named_tensors passed).
   void assign_named(std::span<const NamedTensor> tensors);
+  // The floats assign_full() takes: our model's parameter count (0 for another model's).
+  int64_t full_floats() const { return total_; }
 
   // Our model's config; null for another model's weights (from_spec).
   const model::ModelConfig* config() const { return config_ ? &*config_ : nullptr; }
@@ -105,7 +112,11 @@ class TrainerWeights {
   std::shared_ptr<comm::Group> mesh_;
   std::vector<ShardedTensor> tensors_;
   std::unordered_map<std::string, size_t> index_;
+  std::vector<int64_t> offsets_;       // our model's: each tensor's in ParamLayout's f32 block
+  int64_t total_ = 0;                  // that block's floats
+  std::vector<size_t> largest_first_;  // tensors_ by their shard's size, for assign_full()
 
+  void set_offsets(const model::ParamLayout& layout);
   // Shards for `params` in order, the i-th filled by fill(tensor, i).
   template <typename Fill>
   static TrainerWeights build(std::span<const Param> params, std::shared_ptr<comm::Group> mesh,
