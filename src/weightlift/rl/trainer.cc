@@ -364,12 +364,17 @@ class Trainer {
   // up to the timeout) and pushes to that, however many were lost before: a replacement that
   // dies as it joins is not the end of the run.
   Status push_weights() {
+    // The workers are told first: they wake to it while this rank refreshes its servers.
+    WL_ASSIGN_OR_RETURN(std::vector<int64_t> ids, fleet_->prepare_update());
+    bool told = true;
     WL_RETURN_IF_ERROR(tell({Order::kRefresh}));
     WL_RETURN_IF_ERROR(refresh());
     for (;;) {
       Status failed = ok_status();
       for (int attempt = 0; attempt < 3; ++attempt) {
-        WL_ASSIGN_OR_RETURN(const std::vector<int64_t> ids, fleet_->prepare_update());
+        if (!std::exchange(told, false)) {
+          WL_ASSIGN_OR_RETURN(ids, fleet_->prepare_update());
+        }
         if (ids.empty()) continue;
         WL_RETURN_IF_ERROR(tell({Order::kUpdate, ids}));
         Result<transfer::ServerUpdate> u = update(ids);
