@@ -156,9 +156,11 @@ struct FleetKeys {
 // User tags of the messages of a generation's group: a replay (server rank 0 to each member)
 // and a member's leave (to server rank 0).
 inline constexpr uint32_t kReplayLengthTag = 0x7d0, kReplayTag = 0x7d1, kLeaveTag = 0x7d2;
-// How often a member waiting for a replay looks in the store for a round, once it has waited
-// kReplaySpin spinning on its group alone.
-inline constexpr std::chrono::milliseconds kStoreCheck{5};
+// A member waiting for a round spins on its group for kReplaySpin (a replay usually follows
+// right after whatever told it to expect one), then alternates between its group and reads of
+// the store's next round that wait kStoreCheck (what a receiver's wait cost the store before
+// replays). So a replay to a member idle for longer reaches it within kStoreCheck.
+inline constexpr std::chrono::milliseconds kStoreCheck{10};
 inline constexpr std::chrono::milliseconds kReplaySpin{2};
 
 // The number of the last round posted in the store: the counter, then any rounds past it (a
