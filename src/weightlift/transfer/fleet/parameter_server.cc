@@ -80,6 +80,10 @@ struct ParameterServer::Impl {
   // receiver once, not every time (a layout check of `medium` takes about 75 us). Cleared
   // whenever a checkpoint is held or let go.
   std::set<std::tuple<int, uint64_t, std::string>> fits;
+  // Checkpoints every server rank held at an update that went through, and has not let go
+  // or registered again since: their next update need not ask again (every server-rank call
+  // is collective, so this is the same set on every rank).
+  std::set<std::string> held_everywhere;
 
   Status read_joins();
   // Rank 0: why `j`'s layout is not checkpoint `name`'s inference layout at its TP rank and
@@ -106,7 +110,9 @@ struct ParameterServer::Impl {
   // Rank 0: `r` as the next update of the current generation, sent over its group.
   RoundRecord replay(RoundRecord r);
   Status send_replay(const RoundRecord& r);
-  Result<RoundRecord> share(Result<RoundRecord> decided);
+  // A replay is the call's own update of the current generation: its number is all there is
+  // to tell, and `replay` (what this rank's call asks for) is the rest.
+  Result<RoundRecord> share(Result<RoundRecord> decided, RoundRecord replay);
   // Every server rank's outcome of one step of an update, so that they fail it together:
   // `mine` where it failed here, else an error naming the highest server rank where it did.
   Status agree(Status mine, const std::string& what);
@@ -263,6 +269,7 @@ Status ParameterServer::Impl::check_new(const std::string& name) const {
 void ParameterServer::Impl::hold(const std::string& name, size_t shard_bytes,
                                  const std::function<TrainerWeights(std::byte* storage)>& make) {
   fits.clear();
+  held_everywhere.erase(name);
   HeldCheckpoint held;
   // Without UCX-allocated memory the checkpoint still serves updates; restarted receivers
   // then cannot heal from it (their gets would need this process to progress).
@@ -448,6 +455,7 @@ Status ParameterServer::unregister_checkpoint(const std::string& name) {
     return not_found("unregister_checkpoint: no checkpoint '" + name + "'");
   }
   m.fits.clear();
+  m.held_everywhere.erase(name);
   // If the copy record points at this checkpoint, withdraw it before the memory goes.
   auto b = m.options.store->get(m.keys.copy(m.options.rank), std::chrono::milliseconds(1));
   if (b.ok()) {
@@ -820,16 +828,27 @@ Result<RoundRecord> ParameterServer::Impl::decide(const std::string& name,
 }
 
 // Rank 0's decision (or its refusal) to every server rank.
-Result<RoundRecord> ParameterServer::Impl::share(Result<RoundRecord> decided) {
+Result<RoundRecord> ParameterServer::Impl::share(Result<RoundRecord> decided, RoundRecord replay) {
   if (options.size == 1) return decided;  // rank 0 alone: nothing to tell
   std::string body;
-  int64_t header[2] = {0, 0};  // status code, body length
-  if (options.rank == 0) {
+  int64_t header[4] = {0, 0, 0, 0};  // status code, body length (-1: a replay), round, replay
+  if (options.rank == 0 && decided.ok() && decided->replay > 0) {
+    header[1] = -1;
+    header[2] = int64_t(decided->round);
+    header[3] = int64_t(decided->replay);
+  } else if (options.rank == 0) {
     body = decided.ok() ? round_to_json(*decided) : decided.status().message();
     header[0] = decided.ok() ? 0 : int64_t(decided.status().code());
     header[1] = int64_t(body.size());
   }
-  Status sent = comm::broadcast(*servers, {.buffer = header, .count = 2, .dtype = DType::kI64});
+  Status sent = comm::broadcast(*servers, {.buffer = header, .count = 4, .dtype = DType::kI64});
+  if (sent.ok() && header[1] < 0) {
+    if (options.rank == 0) return decided;
+    replay.round = uint64_t(header[2]);
+    replay.replay = uint64_t(header[3]);
+    replay.servers = options.size;
+    return replay;
+  }
   if (sent.ok()) {
     body.resize(size_t(header[1]));
     sent = comm::broadcast(*servers,
@@ -903,15 +922,24 @@ Result<ServerUpdate> ParameterServer::update(const std::string& name,
   // Before any round is posted: a rank whose register_checkpoint failed (a corrupt file on its
   // disk) holds nothing to send.
   auto held = m.checkpoints.find(name);
-  WL_RETURN_IF_ERROR(
-      m.agree(held != m.checkpoints.end()
-                  ? ok_status()
-                  : not_found("update: server rank " + std::to_string(m.options.rank) +
-                              " holds no checkpoint '" + name + "'"),
-              "update '" + name + "': holding the checkpoint"));
+  if (!m.held_everywhere.count(name)) {
+    WL_RETURN_IF_ERROR(
+        m.agree(held != m.checkpoints.end()
+                    ? ok_status()
+                    : not_found("update: server rank " + std::to_string(m.options.rank) +
+                                " holds no checkpoint '" + name + "'"),
+                "update '" + name + "': holding the checkpoint"));
+  }
   Result<RoundRecord> decided = RoundRecord{};  // rank 0's is shared
   if (m.options.rank == 0) decided = m.decide(name, receivers, options.checksums);
-  WL_ASSIGN_OR_RETURN(RoundRecord r, m.share(std::move(decided)));
+  WL_ASSIGN_OR_RETURN(RoundRecord r,
+                      m.share(std::move(decided), {.kind = RoundRecord::Kind::kUpdate,
+                                                   .generation = m.generation,
+                                                   .members = m.members,
+                                                   .checkpoint = name,
+                                                   .mode = m.options.mode,
+                                                   .bucket_bytes = m.options.bucket_bytes,
+                                                   .checksums = options.checksums}));
   if (r.members.empty()) {
     m.broken = true;
     return failed_precondition("update '" + name + "': no receiver answered (round " +
@@ -938,6 +966,7 @@ Result<ServerUpdate> ParameterServer::update(const std::string& name,
     m.broken = m.rebuild = true;
     return done.with_context("update '" + name + "' (round " + std::to_string(r.round) + ")");
   }
+  m.held_everywhere.insert(name);
   return ServerUpdate{
       .report = *report,
       .round = r.round,
