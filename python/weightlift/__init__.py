@@ -255,10 +255,10 @@ class ParameterServer:
 
     def update(self, name: str, receivers: Optional[Sequence[int]] = None) -> Dict[str, Any]:
         """Moves checkpoint `name` to `receivers` (ids; None: every receiver that joined).
-        Returns {"version", "round", "replay", "generation", "receivers", "dropped", "bytes",
-        "seconds"} ("replay": 0 for an update posted in the store, n for the n-th one after it
-        that went over the receivers' group instead); raises if a receiver failed mid-update (every receiver then keeps its last
-        complete version)."""
+        Returns {"version", "round", "replay", "generation", "receivers", "dropped",
+        "bytes", "seconds"} ("replay": 0 for an update posted in the store, n for the
+        generation's n-th one sent over the receivers' group instead); raises if a receiver
+        failed mid-update (every receiver then keeps its last complete version)."""
         return self._native.update(name, list(receivers or []))
 
     def wait_for_receivers(self, count: int, timeout: Optional[float] = None) -> List[int]:

@@ -183,7 +183,7 @@ void switch_join_heal_leave(TransferMode mode, WeightFormat format) {
     EXPECT_EQ(ps.generation(), 2u);
     if (ps.options().rank == 0) {
       expect_all(b, 4);
-      ASSERT_TRUE(rx[1]->leave().ok());  // leaves between updates
+      ASSERT_TRUE(rx[1]->fleet->leave().ok());  // leaves between updates, while serving
       phase = 2;
     }
     while (phase.load() < 2) std::this_thread::yield();
@@ -937,6 +937,9 @@ TEST(ParameterServer, AnUpdateNamingItsMembersAsksTheStoreNothing) {
       EXPECT_NE(gone.status().message().find("receiver 1 has not joined"), std::string::npos)
           << gone.status().to_string();
     }
+    gone = ps.update("a", both);  // its notice was taken: the servers remember the leave
+    EXPECT_EQ(gone.status().code(), StatusCode::kNotFound) << gone.status().to_string();
+    EXPECT_LT(comm::Clock::now() - asked, 10s) << "the update waited for the receiver that left";
     auto u = ps.update("a", first);
     ASSERT_TRUE(u.ok()) << u.status().to_string();
     EXPECT_EQ(u->members.size(), 1u);

@@ -1,8 +1,12 @@
 // FleetReceiver: the receiver side of the fleet protocol (fleet/protocol.h).
 #include "weightlift/transfer/fleet/fleet_receiver.h"
 
+#include <time.h>
+
 #include <algorithm>
+#include <atomic>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -28,7 +32,12 @@ struct FleetReceiver::Impl {
   uint64_t generation = 0;  // the one this receiver is connected to (0: none)
   std::shared_ptr<comm::Group> group;
   std::map<std::string, std::unique_ptr<UpdateExecutor>> executors;  // by checkpoint
-  bool member = false;                                               // joined and not left
+  std::atomic<bool> member{false};  // joined and not left (leave() may run beside serve_one())
+  // leave() runs beside serve_one() in some callers (Python's threads), and the worker is for
+  // one thread: whoever holds `serving` sends the leave notice that `leave_notice` asks for.
+  std::mutex serving;
+  std::atomic<bool> leave_notice{false};
+  void send_leave_notice();
   std::optional<Status> refused;  // turned away by the servers: every later call fails so
 
   Status announce(bool leave);
@@ -48,6 +57,7 @@ struct FleetReceiver::Impl {
   // a replay over its group, whichever comes first (protocol.h).
   Result<RoundRecord> next_round_record(comm::Deadline deadline);
   Result<RoundRecord> take_replay();
+  Result<RoundOutcome> serve_one(std::chrono::milliseconds wait);
   Status answer(const RoundRecord& r, bool named, RoundOutcome& out);
   // `index`: ours among the round's members, or -1.
   Result<bool> enter_generation(const RoundRecord& r, int index);
@@ -213,60 +223,70 @@ Result<RoundRecord> FleetReceiver::Impl::next_round_record(comm::Deadline deadli
     WL_ASSIGN_OR_RETURN(comm::Bytes b, wait_for(key, deadline));
     return round_from_json(comm::to_string(b), key);
   }
-  // The replay is usually on its way (the server sends it right after telling us to expect an
-  // update), so spin on the group first; then look in the store every kStoreCheck.
-  const comm::Deadline spin_until = comm::deadline_after(kReplaySpin);
+  // A replay usually follows right after whatever told us to expect one: spin on the group
+  // first, then nap between looks, longer once idle for long (protocol.h).
+  const comm::Clock::time_point start = comm::Clock::now();
+  comm::Clock::time_point store_due = start;
   for (;;) {
     while (worker->progress()) {
     }
     if (group->probe(0, kReplayLengthTag)) return take_replay();
+    if (leave_notice.exchange(false)) send_leave_notice();
     const comm::Clock::time_point now = comm::Clock::now();
     const bool last = now >= deadline;
-    if (now < spin_until && !last) {
-      std::this_thread::yield();
-      continue;
+    if (now >= store_due || last) {
+      auto b = options.store->get(key, std::chrono::milliseconds(0));
+      if (b.ok()) return round_from_json(comm::to_string(*b), key);
+      if (b.status().code() != StatusCode::kDeadlineExceeded) return b.status();
+      store_due = comm::Clock::now() + kStoreCheck;
     }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
-    auto b =
-        options.store->get(key, last ? std::chrono::milliseconds(0) : std::min(kStoreCheck, left));
-    if (b.ok()) return round_from_json(comm::to_string(*b), key);
-    if (b.status().code() != StatusCode::kDeadlineExceeded) return b.status();
     if (last) {
       return deadline_exceeded("receiver " + std::to_string(options.id) +
                                ": no round posted under '" + key + "' yet, nor generation " +
                                std::to_string(generation) + "'s next update");
     }
+    if (now - start < kReplaySpin) {
+      std::this_thread::yield();
+      continue;
+    }
+    const auto nap =
+        std::chrono::nanoseconds(now - start < kReplayDoze ? kReplayNap : kReplayDozeNap);
+    const timespec t{0, long(std::min(nap, std::chrono::nanoseconds(deadline - now)).count())};
+    nanosleep(&t, nullptr);
   }
 }
 
 Result<RoundRecord> FleetReceiver::Impl::take_replay() {
   const std::string where = "receiver " + std::to_string(options.id) + ": generation " +
                             std::to_string(generation) + "'s replay from server rank 0";
+  // Whatever goes wrong leaves this generation: its servers then fail the update on us, and
+  // the next generation starts clean.
+  auto failed = [&](Status why) -> Status {
+    WL_RETURN_IF_ERROR(recover());
+    return why.with_context(where);
+  };
   uint64_t length = 0;
   Status got = group->recv({.data = &length,
                             .bytes = sizeof length,
                             .peer = 0,
                             .tag = kReplayLengthTag,
                             .timeout = options.timeout});
-  std::string body;
-  if (got.ok()) {
-    constexpr uint64_t kLongest = uint64_t(16) << 20;  // a round names members and reasons
-    if (length > kLongest) return data_loss(where + ": " + std::to_string(length) + " bytes long");
-    body.resize(size_t(length));
-    got = group->recv({.data = body.data(),
-                       .bytes = body.size(),
-                       .peer = 0,
-                       .tag = kReplayTag,
-                       .timeout = options.timeout});
-  }
-  if (!got.ok()) {
-    WL_RETURN_IF_ERROR(recover());
-    return got.with_context(where);
-  }
-  WL_ASSIGN_OR_RETURN(RoundRecord r, round_from_json(body, where));
-  if (r.kind != RoundRecord::Kind::kUpdate || r.replay == 0 || r.generation != generation) {
-    return data_loss(where + ": not an update of this generation (generation " +
-                     std::to_string(r.generation) + ", replay " + std::to_string(r.replay) + ")");
+  if (!got.ok()) return failed(got);
+  constexpr uint64_t kLongest = uint64_t(1) << 20;  // a replay names no members: ~300 bytes
+  if (length > kLongest) return failed(data_loss(std::to_string(length) + " bytes long"));
+  std::string body(size_t(length), '\0');
+  got = group->recv({.data = body.data(),
+                     .bytes = body.size(),
+                     .peer = 0,
+                     .tag = kReplayTag,
+                     .timeout = options.timeout});
+  if (!got.ok()) return failed(got);
+  Result<RoundRecord> r = round_from_json(body, "the record");
+  if (!r.ok()) return failed(r.status());
+  if (r->kind != RoundRecord::Kind::kUpdate || r->replay == 0 || r->generation != generation) {
+    return failed(data_loss("not an update of this generation (generation " +
+                            std::to_string(r->generation) + ", replay " +
+                            std::to_string(r->replay) + ")"));
   }
   return r;
 }
@@ -345,6 +365,21 @@ Status FleetReceiver::Impl::take_part(const RoundRecord& r, RoundOutcome& out) {
 
 Result<RoundOutcome> FleetReceiver::serve_one(std::chrono::milliseconds wait) {
   Impl& m = *impl_;
+  Result<RoundOutcome> out = [&] {
+    const std::lock_guard hold(m.serving);
+    if (m.leave_notice.exchange(false)) m.send_leave_notice();
+    return m.serve_one(wait);
+  }();
+  // A leave() that found us serving left its notice to us; we may have passed our last look.
+  if (m.leave_notice.load() && m.serving.try_lock()) {
+    if (m.leave_notice.exchange(false)) m.send_leave_notice();
+    m.serving.unlock();
+  }
+  return out;
+}
+
+Result<RoundOutcome> FleetReceiver::Impl::serve_one(std::chrono::milliseconds wait) {
+  Impl& m = *this;
   if (m.refused) return *m.refused;
   WL_ASSIGN_OR_RETURN(RoundRecord r, m.next_round_record(comm::deadline_after(wait)));
   if (r.replay == 0) ++m.next_round;
@@ -353,7 +388,8 @@ Result<RoundOutcome> FleetReceiver::serve_one(std::chrono::milliseconds wait) {
   auto me = std::find_if(r.members.begin(), r.members.end(), [&](const FleetMember& f) {
     return f.id == m.options.id && f.epoch == m.receiver->epoch();
   });
-  const int index = me == r.members.end() ? -1 : int(me - r.members.begin());
+  // A replay comes to members only, and names none.
+  const int index = r.replay > 0 ? 0 : me == r.members.end() ? -1 : int(me - r.members.begin());
   if (r.kind == RoundRecord::Kind::kForm) {
     WL_RETURN_IF_ERROR(m.answer(r, index >= 0, out));
     return out;
@@ -380,18 +416,25 @@ Result<RoundOutcome> FleetReceiver::serve_one(std::chrono::milliseconds wait) {
   return out;
 }
 
+// After the leave record: an update that names us looks in the store because of this notice,
+// and must find it there. Best effort: without it such an update fails on us instead.
+void FleetReceiver::Impl::send_leave_notice() {
+  if (group == nullptr) return;
+  const uint64_t epoch = receiver->epoch();
+  (void)group->send({.data = &epoch,
+                     .bytes = sizeof epoch,
+                     .peer = 0,
+                     .tag = kLeaveTag,
+                     .timeout = std::chrono::milliseconds(1000)});
+}
+
 Status FleetReceiver::leave() {
   Impl& m = *impl_;
   WL_RETURN_IF_ERROR(m.announce(true));
-  if (m.group != nullptr) {
-    // After the record: an update that names us looks in the store because of this notice,
-    // and must find it there. Best effort: without it such an update fails on us instead.
-    const uint64_t epoch = m.receiver->epoch();
-    (void)m.group->send({.data = &epoch,
-                         .bytes = sizeof epoch,
-                         .peer = 0,
-                         .tag = kLeaveTag,
-                         .timeout = std::chrono::milliseconds(1000)});
+  m.leave_notice = true;
+  if (m.serving.try_lock()) {  // else serve_one() sends it
+    if (m.leave_notice.exchange(false)) m.send_leave_notice();
+    m.serving.unlock();
   }
   return ok_status();
 }

@@ -14,7 +14,8 @@
 // While it waits for the next round it keeps its worker progressing, so peers can heal from it
 // even over transports whose one-sided operations need the target's help (TCP).
 //
-// Threads: serve_one() and leave() from one thread; readers may acquire() from any.
+// Threads: serve_one() from one thread; leave() from any, also while serve_one() runs;
+// readers may acquire() from any.
 #pragma once
 
 #include <chrono>
@@ -41,8 +42,8 @@ struct FleetReceiverOptions {
 };
 
 struct RoundOutcome {
-  uint64_t round = 0;   // the store round it was, or followed (a replay: protocol.h)
-  uint64_t replay = 0;  // 0, or the n-th update of its generation after that round
+  uint64_t round = 0;   // the store round it was, or the last one before it (a replay)
+  uint64_t replay = 0;  // 0: from the store; n: its generation's n-th replay (protocol.h)
   RoundRecord::Kind kind = RoundRecord::Kind::kUpdate;
   bool took_part = false;  // form: answered; update: was a member
   uint64_t version = 0;    // the receiver's version afterwards

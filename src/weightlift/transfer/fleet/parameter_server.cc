@@ -80,10 +80,6 @@ struct ParameterServer::Impl {
   // receiver once, not every time (a layout check of `medium` takes about 75 us). Cleared
   // whenever a checkpoint is held or let go.
   std::set<std::tuple<int, uint64_t, std::string>> fits;
-  // Checkpoints every server rank held at an update that went through, and has not let go
-  // or registered again since: their next update need not ask again (every server-rank call
-  // is collective, so this is the same set on every rank).
-  std::set<std::string> held_everywhere;
 
   Status read_joins();
   // Rank 0: why `j`'s layout is not checkpoint `name`'s inference layout at its TP rank and
@@ -269,7 +265,6 @@ Status ParameterServer::Impl::check_new(const std::string& name) const {
 void ParameterServer::Impl::hold(const std::string& name, size_t shard_bytes,
                                  const std::function<TrainerWeights(std::byte* storage)>& make) {
   fits.clear();
-  held_everywhere.erase(name);
   HeldCheckpoint held;
   // Without UCX-allocated memory the checkpoint still serves updates; restarted receivers
   // then cannot heal from it (their gets would need this process to progress).
@@ -455,7 +450,6 @@ Status ParameterServer::unregister_checkpoint(const std::string& name) {
     return not_found("unregister_checkpoint: no checkpoint '" + name + "'");
   }
   m.fits.clear();
-  m.held_everywhere.erase(name);
   // If the copy record points at this checkpoint, withdraw it before the memory goes.
   auto b = m.options.store->get(m.keys.copy(m.options.rank), std::chrono::milliseconds(1));
   if (b.ok()) {
@@ -559,9 +553,12 @@ RoundRecord ParameterServer::Impl::replay(RoundRecord r) {
   return r;
 }
 
-// Every member at once: the sends are eager (a few hundred bytes), so they complete here.
+// Every member at once. A member needs no member list (it is one), so the record stays a few
+// hundred bytes whatever the fleet's size: eager sends, complete here.
 Status ParameterServer::Impl::send_replay(const RoundRecord& r) {
-  const std::string body = round_to_json(r);
+  RoundRecord sent_record = r;
+  sent_record.members.clear();
+  const std::string body = round_to_json(sent_record);
   const uint64_t length = body.size();
   std::vector<comm::Request> sent;
   for (int i = 0; i < int(r.members.size()); ++i) {
@@ -603,7 +600,12 @@ bool ParameterServer::Impl::names_the_members(const std::string& name,
     return false;
   }
   for (size_t i = 0; i < members.size(); ++i) {
-    if (receivers[i] != members[i].id || !fits.count({members[i].id, members[i].epoch, name})) {
+    const FleetMember& m = members[i];
+    // Still joined as far as we know (an update may have read its leave since), and known to
+    // fit the checkpoint.
+    auto j = joined.find(m.id);
+    if (receivers[i] != m.id || j == joined.end() || j->second != m.epoch ||
+        !fits.count({m.id, m.epoch, name})) {
       return false;
     }
   }
@@ -922,14 +924,12 @@ Result<ServerUpdate> ParameterServer::update(const std::string& name,
   // Before any round is posted: a rank whose register_checkpoint failed (a corrupt file on its
   // disk) holds nothing to send.
   auto held = m.checkpoints.find(name);
-  if (!m.held_everywhere.count(name)) {
-    WL_RETURN_IF_ERROR(
-        m.agree(held != m.checkpoints.end()
-                    ? ok_status()
-                    : not_found("update: server rank " + std::to_string(m.options.rank) +
-                                " holds no checkpoint '" + name + "'"),
-                "update '" + name + "': holding the checkpoint"));
-  }
+  WL_RETURN_IF_ERROR(
+      m.agree(held != m.checkpoints.end()
+                  ? ok_status()
+                  : not_found("update: server rank " + std::to_string(m.options.rank) +
+                              " holds no checkpoint '" + name + "'"),
+              "update '" + name + "': holding the checkpoint"));
   Result<RoundRecord> decided = RoundRecord{};  // rank 0's is shared
   if (m.options.rank == 0) decided = m.decide(name, receivers, options.checksums);
   WL_ASSIGN_OR_RETURN(RoundRecord r,
@@ -966,7 +966,6 @@ Result<ServerUpdate> ParameterServer::update(const std::string& name,
     m.broken = m.rebuild = true;
     return done.with_context("update '" + name + "' (round " + std::to_string(r.round) + ")");
   }
-  m.held_everywhere.insert(name);
   return ServerUpdate{
       .report = *report,
       .round = r.round,

@@ -70,8 +70,8 @@ struct ParameterServerOptions {
 
 struct ServerUpdate {
   UpdateReport report;  // this server rank's part
-  uint64_t round = 0;   // the store round this update was, or followed (a replay)
-  uint64_t replay = 0;  // 0, or the n-th update of its generation after that round (protocol.h)
+  uint64_t round = 0;   // the store round this update was, or the last one before it
+  uint64_t replay = 0;  // 0: posted in the store; n: the generation's n-th replay (protocol.h)
   uint64_t generation = 0;
   std::vector<FleetMember> members;  // who received it
   std::vector<int> dropped;          // candidates left out when the generation formed: silent

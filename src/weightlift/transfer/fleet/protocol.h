@@ -27,13 +27,14 @@
 //
 // Replays. Only the first update of a generation is posted in the store. The ones after it
 // (the same members, nothing failed) go from server rank 0 to each member over the
-// generation's own group: the same record, with the number of the store round it follows and
-// `replay` 1, 2, ..., as a u64 length (user tag kReplayLengthTag) and the JSON (kReplayTag).
+// generation's own group: the same record without its member list, with the number of the
+// last store round and `replay` 1, 2, ..., as a u64 length (user tag kReplayLengthTag) and
+// the JSON (kReplayTag).
 // So the steady state of a fleet, one update per training step to the same receivers, costs
 // the store nothing: a store round trip is a wake-up of the store's process, about 100 us on
 // 2 busy cores, and was half of a small model's update (docs/BENCHMARKS.md). A member waits
-// for both: the group first, then the store now and then (kStoreCheck), which is where every
-// round that changes the fleet comes. An update that names its receivers, when they are the
+// for both: its group, and the store every kStoreCheck, which is where every round that
+// changes the fleet comes. An update that names its receivers, when they are the
 // generation's members in its order, reads no join records either: a receiver that joins
 // meanwhile is seen at the next update that reads them (one that takes everyone who joined,
 // names others, or follows a failure), and one contending for a member's id then too. A member
@@ -108,8 +109,9 @@ struct RoundRecord {
   int64_t bucket_bytes = 0;      // broadcast mode's bucket size
   bool checksums = false;        // p2p's per-task checksums (every rank must agree)
   std::vector<Refusal> refused;  // refuse only
-  // 0: posted in the store as round `round`. n > 0: the n-th update of generation
-  // `generation` sent over its group after store round `round` (a replay, above).
+  // 0: posted in the store as round `round`. n > 0: generation `generation`'s n-th replay
+  // (above), sent over its group after store round `round` (its first update, or a refuse
+  // round posted since), without `members`.
   uint64_t replay = 0;
 };
 
@@ -157,11 +159,16 @@ struct FleetKeys {
 // and a member's leave (to server rank 0).
 inline constexpr uint32_t kReplayLengthTag = 0x7d0, kReplayTag = 0x7d1, kLeaveTag = 0x7d2;
 // A member waiting for a round spins on its group for kReplaySpin (a replay usually follows
-// right after whatever told it to expect one), then alternates between its group and reads of
-// the store's next round that wait kStoreCheck (what a receiver's wait cost the store before
-// replays). So a replay to a member idle for longer reaches it within kStoreCheck.
+// right after whatever told it to expect one), then naps between looks at its group, for
+// kReplayNap until it has waited kReplayDoze and for kReplayDozeNap after that (an idle
+// receiver wakes a thousand times a second, not twenty thousand), and reads the store's next
+// round, without waiting, every kStoreCheck (what a receiver's wait cost the store before
+// replays).
 inline constexpr std::chrono::milliseconds kStoreCheck{10};
 inline constexpr std::chrono::milliseconds kReplaySpin{2};
+inline constexpr std::chrono::microseconds kReplayNap{50};
+inline constexpr std::chrono::milliseconds kReplayDoze{100};
+inline constexpr std::chrono::microseconds kReplayDozeNap{1000};
 
 // The number of the last round posted in the store: the counter, then any rounds past it (a
 // server that died between posting a round and counting it). Reads that do not wait.
