@@ -145,7 +145,8 @@ enum class Order : int64_t {
   kUpdate = 4,   // ints: the fleet ids of a weight update
   kSave = 5,     // ints: [RL step, policy version]
   kResume = 6,
-  kStop = 7
+  kStop = 7,
+  kPush = 8  // kRefresh, then kUpdate with these ints: a push in one order
 };
 
 struct OrderMessage {

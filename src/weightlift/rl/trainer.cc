@@ -364,10 +364,12 @@ class Trainer {
   // up to the timeout) and pushes to that, however many were lost before: a replacement that
   // dies as it joins is not the end of the run.
   Status push_weights() {
-    // The workers are told first: they wake to it while this rank refreshes its servers.
+    // Everyone is told first: the workers wake to it, and the other trainer ranks refresh
+    // their servers, while this rank refreshes its own.
     WL_ASSIGN_OR_RETURN(std::vector<int64_t> ids, fleet_->prepare_update());
-    bool told = true;
-    WL_RETURN_IF_ERROR(tell({Order::kRefresh}));
+    bool told = true, ordered = !ids.empty();
+    WL_RETURN_IF_ERROR(
+        tell(ordered ? OrderMessage{Order::kPush, ids} : OrderMessage{Order::kRefresh}));
     WL_RETURN_IF_ERROR(refresh());
     for (;;) {
       Status failed = ok_status();
@@ -376,7 +378,7 @@ class Trainer {
           WL_ASSIGN_OR_RETURN(ids, fleet_->prepare_update());
         }
         if (ids.empty()) continue;
-        WL_RETURN_IF_ERROR(tell({Order::kUpdate, ids}));
+        if (!std::exchange(ordered, false)) WL_RETURN_IF_ERROR(tell({Order::kUpdate, ids}));
         Result<transfer::ServerUpdate> u = update(ids);
         if (!u.ok()) {
           event("weight update failed (" + u.status().to_string() + ")");
@@ -477,6 +479,9 @@ class Trainer {
       }
       case Order::kRefresh:
         return refresh();
+      case Order::kPush:
+        WL_RETURN_IF_ERROR(refresh());
+        [[fallthrough]];
       case Order::kUpdate:
         // A failed update is rank 0's to handle (it drops the lost worker and orders another).
         (void)update(m.ints);

@@ -106,9 +106,17 @@ struct ParameterServer::Impl {
   // Rank 0: `r` as the next update of the current generation, sent over its group.
   RoundRecord replay(RoundRecord r);
   Status send_replay(const RoundRecord& r);
-  // A replay is the call's own update of the current generation: its number is all there is
-  // to tell, and `replay` (what this rank's call asks for) is the rest.
-  Result<RoundRecord> share(Result<RoundRecord> decided, RoundRecord replay);
+  Result<RoundRecord> share(Result<RoundRecord> decided);
+  // Rank 0: the update of the generation as it stands to the members it has, when nothing
+  // asks for more (protocol.h, replays). It touches nothing outside this process; its number
+  // is taken once every server rank has come in (open_update()).
+  std::optional<RoundRecord> replay_now(const std::string& name, std::span<const int> receivers,
+                                        bool checksums);
+  // Every update opens with one collective over the server ranks: whether each holds the
+  // checkpoint (so that rank 0 acts only once all of them are in and can), and rank 0's
+  // replay if it has one. Otherwise rank 0 decides, asking the store, and shares it.
+  Result<RoundRecord> open_update(const std::string& name, bool holds,
+                                  std::span<const int> receivers, bool checksums);
   // Every server rank's outcome of one step of an update, so that they fail it together:
   // `mine` where it failed here, else an error naming the highest server rank where it did.
   Status agree(Status mine, const std::string& what);
@@ -811,8 +819,6 @@ Result<RoundRecord> ParameterServer::Impl::decide(const std::string& name,
                      .bucket_bytes = options.bucket_bytes,
                      .checksums = checksums};
   broken = generation_broken();
-  const bool leaving = members_leaving();
-  if (!broken && !leaving && names_the_members(name, receivers)) return replay(std::move(update));
   WL_ASSIGN_OR_RETURN(std::vector<FleetMember> want, wanted(name, receivers));
   auto same = [](const std::vector<FleetMember>& a, const std::vector<FleetMember>& b) {
     return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](auto& x, auto& y) {
@@ -830,27 +836,16 @@ Result<RoundRecord> ParameterServer::Impl::decide(const std::string& name,
 }
 
 // Rank 0's decision (or its refusal) to every server rank.
-Result<RoundRecord> ParameterServer::Impl::share(Result<RoundRecord> decided, RoundRecord replay) {
+Result<RoundRecord> ParameterServer::Impl::share(Result<RoundRecord> decided) {
   if (options.size == 1) return decided;  // rank 0 alone: nothing to tell
   std::string body;
-  int64_t header[4] = {0, 0, 0, 0};  // status code, body length (-1: a replay), round, replay
-  if (options.rank == 0 && decided.ok() && decided->replay > 0) {
-    header[1] = -1;
-    header[2] = int64_t(decided->round);
-    header[3] = int64_t(decided->replay);
-  } else if (options.rank == 0) {
+  int64_t header[2] = {0, 0};  // status code, body length
+  if (options.rank == 0) {
     body = decided.ok() ? round_to_json(*decided) : decided.status().message();
     header[0] = decided.ok() ? 0 : int64_t(decided.status().code());
     header[1] = int64_t(body.size());
   }
-  Status sent = comm::broadcast(*servers, {.buffer = header, .count = 4, .dtype = DType::kI64});
-  if (sent.ok() && header[1] < 0) {
-    if (options.rank == 0) return decided;
-    replay.round = uint64_t(header[2]);
-    replay.replay = uint64_t(header[3]);
-    replay.servers = options.size;
-    return replay;
-  }
+  Status sent = comm::broadcast(*servers, {.buffer = header, .count = 2, .dtype = DType::kI64});
   if (sent.ok()) {
     body.resize(size_t(header[1]));
     sent = comm::broadcast(*servers,
@@ -862,6 +857,71 @@ Result<RoundRecord> ParameterServer::Impl::share(Result<RoundRecord> decided, Ro
   }
   if (header[0] != 0) return Status(StatusCode(header[0]), body);
   return round_from_json(body, "round record from server rank 0");
+}
+
+std::optional<RoundRecord> ParameterServer::Impl::replay_now(const std::string& name,
+                                                             std::span<const int> receivers,
+                                                             bool checksums) {
+  broken = generation_broken();
+  if (broken || members_leaving() || !names_the_members(name, receivers)) return std::nullopt;
+  return RoundRecord{.kind = RoundRecord::Kind::kUpdate,
+                     .round = round,
+                     .generation = generation,
+                     .servers = options.size,
+                     .members = members,
+                     .checkpoint = name,
+                     .mode = options.mode,
+                     .bucket_bytes = options.bucket_bytes,
+                     .checksums = checksums,
+                     .replay = replays + 1};
+}
+
+Result<RoundRecord> ParameterServer::Impl::open_update(const std::string& name, bool holds,
+                                                       std::span<const int> receivers,
+                                                       bool checksums) {
+  const std::string what = "update '" + name + "': holding the checkpoint";
+  // A rank whose register_checkpoint failed (a corrupt file on its disk) holds nothing to send.
+  const Status mine = holds ? ok_status()
+                            : not_found("update: server rank " + std::to_string(options.rank) +
+                                        " holds no checkpoint '" + name + "'");
+  std::optional<RoundRecord> quick;
+  if (options.rank == 0 && holds) quick = replay_now(name, receivers, checksums);
+  // Who does not hold it (rank + 1, the highest), and rank 0's replay: 1, its round, its number.
+  int64_t words[4] = {holds ? 0 : int64_t(options.rank) + 1, quick ? 1 : 0,
+                      quick ? int64_t(quick->round) : 0, quick ? int64_t(quick->replay) : 0};
+  if (options.size > 1) {
+    Status agreed = comm::allreduce(
+        *servers, {.recv = words, .count = 4, .dtype = DType::kI64, .op = comm::ReduceOp::kMax});
+    if (!agreed.ok()) {
+      broken = rebuild = true;  // as in agree()
+      return mine.ok() ? agreed.with_context("agreeing on " + what) : mine;
+    }
+  }
+  if (!mine.ok()) return mine;
+  if (words[0] != 0) {
+    return aborted(what + " failed on server rank " + std::to_string(words[0] - 1) +
+                   " (its error says why)");
+  }
+  if (words[1] == 0) {
+    Result<RoundRecord> decided = RoundRecord{};  // rank 0's is shared
+    if (options.rank == 0) decided = decide(name, receivers, checksums);
+    return share(std::move(decided));
+  }
+  if (options.rank == 0) {
+    replays = quick->replay;
+    return *std::move(quick);
+  }
+  // Every rank's call asks for the same update, and every rank holds the generation.
+  return RoundRecord{.kind = RoundRecord::Kind::kUpdate,
+                     .round = uint64_t(words[2]),
+                     .generation = generation,
+                     .servers = options.size,
+                     .members = members,
+                     .checkpoint = name,
+                     .mode = options.mode,
+                     .bucket_bytes = options.bucket_bytes,
+                     .checksums = checksums,
+                     .replay = uint64_t(words[3])};
 }
 
 Status ParameterServer::Impl::enter_generation(const RoundRecord& r) {
@@ -921,25 +981,9 @@ Result<ServerUpdate> ParameterServer::update(const std::string& name,
                                              const UpdateOptions& options) {
   Impl& m = *impl_;
   if (m.rebuild) WL_RETURN_IF_ERROR(m.rebuild_worker());
-  // Before any round is posted: a rank whose register_checkpoint failed (a corrupt file on its
-  // disk) holds nothing to send.
   auto held = m.checkpoints.find(name);
-  WL_RETURN_IF_ERROR(
-      m.agree(held != m.checkpoints.end()
-                  ? ok_status()
-                  : not_found("update: server rank " + std::to_string(m.options.rank) +
-                              " holds no checkpoint '" + name + "'"),
-              "update '" + name + "': holding the checkpoint"));
-  Result<RoundRecord> decided = RoundRecord{};  // rank 0's is shared
-  if (m.options.rank == 0) decided = m.decide(name, receivers, options.checksums);
-  WL_ASSIGN_OR_RETURN(RoundRecord r,
-                      m.share(std::move(decided), {.kind = RoundRecord::Kind::kUpdate,
-                                                   .generation = m.generation,
-                                                   .members = m.members,
-                                                   .checkpoint = name,
-                                                   .mode = m.options.mode,
-                                                   .bucket_bytes = m.options.bucket_bytes,
-                                                   .checksums = options.checksums}));
+  WL_ASSIGN_OR_RETURN(RoundRecord r, m.open_update(name, held != m.checkpoints.end(), receivers,
+                                                   options.checksums));
   if (r.members.empty()) {
     m.broken = true;
     return failed_precondition("update '" + name + "': no receiver answered (round " +
