@@ -6,11 +6,11 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <thread>
 
 #include "weightlift/comm/launch/process_alive.h"
+#include "weightlift/core/mutex.h"
 #include "weightlift/transfer/fleet/heal_from_servers.h"
 
 namespace wl::transfer {
@@ -35,7 +35,7 @@ struct FleetReceiver::Impl {
   std::atomic<bool> member{false};  // joined and not left (leave() may run beside serve_one())
   // leave() runs beside serve_one() in some callers (Python's threads), and the worker is for
   // one thread: whoever holds `serving` sends the leave notice that `leave_notice` asks for.
-  std::mutex serving;
+  Mutex serving;
   std::atomic<bool> leave_notice{false};
   void send_leave_notice();
   std::optional<Status> refused;  // turned away by the servers: every later call fails so
@@ -366,14 +366,14 @@ Status FleetReceiver::Impl::take_part(const RoundRecord& r, RoundOutcome& out) {
 Result<RoundOutcome> FleetReceiver::serve_one(std::chrono::milliseconds wait) {
   Impl& m = *impl_;
   Result<RoundOutcome> out = [&] {
-    const std::lock_guard hold(m.serving);
+    const MutexLock hold(m.serving);
     if (m.leave_notice.exchange(false)) m.send_leave_notice();
     return m.serve_one(wait);
   }();
   // A leave() that found us serving left its notice to us; we may have passed our last look.
   if (m.leave_notice.load() && m.serving.try_lock()) {
+    const MutexLock hold(m.serving, std::adopt_lock);
     if (m.leave_notice.exchange(false)) m.send_leave_notice();
-    m.serving.unlock();
   }
   return out;
 }
@@ -433,8 +433,8 @@ Status FleetReceiver::leave() {
   WL_RETURN_IF_ERROR(m.announce(true));
   m.leave_notice = true;
   if (m.serving.try_lock()) {  // else serve_one() sends it
+    const MutexLock hold(m.serving, std::adopt_lock);
     if (m.leave_notice.exchange(false)) m.send_leave_notice();
-    m.serving.unlock();
   }
   return ok_status();
 }
