@@ -1,0 +1,194 @@
+#!/usr/bin/python3
+"""`weightlift transfer simulate` held to the testbed: predicted against measured p2p update
+times across scripts/testbed.sh hosts, one rank per host.
+
+  sudo bench/testbed_simulate.py --weightlift build/release/apps/weightlift [--rounds 3]
+      [--configs small:2:2:2:bf16:1gbit,small:2:2:2:bf16:200mbit,...]
+
+A configuration is preset:trainers:receivers:tp:dtype:rate (trainers on hosts 0 .. T-1, one
+FSDP mesh of all of them holding bf16 shards; receivers on the other hosts, engines of TP
+`tp`, holding `dtype`). For each one the simulator's inputs are measured on the spot, never
+fitted to the transfer it predicts:
+  - the NIC: a plain TCP stream from host 1 to host 0 on a fresh testbed at that rate, its
+    payload bytes/s (what a link of that rate carries once Ethernet, IP and TCP take theirs);
+  - the barrier: the 8-byte allreduce (comm's default algorithm, as an update's closing
+    barrier runs it) across all the configuration's hosts, median of its calls;
+  - the prepare rate: `bench transfer` of the same preset and dtype with one trainer and one
+    receiver as processes on one host, the shard bytes its trainer read over its prepare time
+    (bf16 into bf16 casts nothing: the simulator charges no prepare then).
+Then `transfer simulate --model <preset> --gpus-per-node 1 --dense-mesh T --expert-mesh 0`
+predicts the update, and `bench transfer --mode p2p` measures it on a fresh testbed, --rounds
+times. Printed: one row per configuration with the inputs, the prediction, the measured
+medians (per round) and the error, |predicted - measured| / measured, and the worst error.
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+from testbed_runs import rate_bytes_per_s, run_on_testbed
+
+HERE = os.path.abspath(__file__)
+DEFAULT_CONFIGS = ("small:2:2:2:bf16:1gbit,small:2:2:2:bf16:200mbit,small:2:2:2:fp8:1gbit,"
+                   "small:2:4:2:bf16:1gbit,small:4:2:2:bf16:1gbit,small:1:2:2:bf16:1gbit,"
+                   "small:2:2:1:bf16:500mbit")
+
+
+def tcp_stream(total):
+    """One rank of the TCP micro-benchmark (run on every host by the launcher): host 1 sends
+    `total` bytes to host 0, which prints the payload rate from first byte to last."""
+    rank = int(os.environ["RANK"])
+    port = int(os.environ["MASTER_PORT"]) + 2  # the launcher's store holds MASTER_PORT
+    if rank == 0:
+        server = socket.create_server(("0.0.0.0", port))
+        server.settimeout(60)
+        conn, _ = server.accept()
+        conn.settimeout(60)
+        got, first, before_first = 0, None, 0
+        while got < total:
+            chunk = conn.recv(1 << 20)
+            if not chunk:
+                raise SystemExit(f"the sender closed after {got} of {total} bytes")
+            if first is None:  # the clock starts at the first read: count what came after it
+                first, before_first = time.perf_counter(), len(chunk)
+            got += len(chunk)
+        seconds = time.perf_counter() - first
+        print(f"TCP {(got - before_first) / seconds:.0f}", flush=True)
+    elif rank == 1:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                conn = socket.create_connection((os.environ["MASTER_ADDR"], port), timeout=60)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        block = b"\0" * (1 << 20)
+        sent = 0
+        while sent < total:
+            sent += conn.send(block[:min(len(block), total - sent)])
+        conn.close()
+
+
+def measure_tcp(exe, rate):
+    total = int(max(rate_bytes_per_s(rate), 4e6))  # about a second of the link
+    code, lines, output = run_on_testbed(
+        exe, 2, rate, ["/usr/bin/python3", HERE, "--tcp-stream", str(total)])
+    rates = [float(text.split()[1]) for host, text in lines if text.startswith("TCP ")]
+    if code != 0 or len(rates) != 1:
+        raise SystemExit(f"TCP stream at {rate}: exit {code}\n{output}")
+    return rates[0]
+
+
+def measure_barrier_ms(exe, hosts, rate):
+    cmd = [exe, "--threads", "1", "bench", "collectives", "--ops", "allreduce", "--min-bytes",
+           "8", "--max-bytes", "8", "--iters", "50", "--warmup", "5", "--timeout", "60", "--json"]
+    code, lines, output = run_on_testbed(exe, hosts, rate, cmd)
+    rows = [json.loads(text) for host, text in lines if host == 0 and text.startswith("{")]
+    if code != 0 or len(rows) != 1:
+        raise SystemExit(f"8-byte allreduce on {hosts} hosts: exit {code}\n{output}")
+    return rows[0]["p50_us"] / 1e3
+
+
+def measure_prepare_s(exe, preset, dtype):
+    """Seconds one trainer process spends preparing a whole update, one host, no network;
+    None when there is nothing to prepare (bf16 shards into bf16 receivers)."""
+    cmd = [exe, "--threads", "1", "bench", "transfer", "--preset", preset, "--trainers", "1",
+           "--receivers", "1", "--tp", "1", "--dtype", dtype, "--mode", "p2p", "--updates", "5",
+           "--json"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    if r.returncode != 0 or not rows:
+        raise SystemExit(f"{' '.join(cmd)}: exit {r.returncode}\n{r.stderr[-2000:]}")
+    prepare_s = rows[-1]["split_ms"]["trainer"]["prepare"] / 1e3 / rows[-1]["updates"]
+    return prepare_s if dtype != "bf16" else None
+
+
+def predict(exe, c, nic_bytes_per_s, barrier_ms, prepare_gbs):
+    cmd = [exe, "transfer", "simulate", "--model", c["preset"], "--trainers", str(c["trainers"]),
+           "--receivers", str(c["receivers"]), "--gpus-per-node", "1", "--engine-gpus",
+           str(c["tp"]), "--dense-mesh", str(c["trainers"]), "--expert-mesh", "0", "--dtype",
+           c["dtype"], "--shard-dtype", "bf16", "--nic-gbps", "%.6f" % (nic_bytes_per_s * 8e-9),
+           "--barrier-ms", "%.4f" % barrier_ms, "--no-sensitivity", "--json"]
+    if prepare_gbs:
+        cmd += ["--prepare-gbs", "%.3f" % prepare_gbs]
+    r = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(r.stdout)
+
+
+def measure_update_ms(exe, c, updates):
+    hosts = c["trainers"] + c["receivers"]
+    cmd = [exe, "--threads", "1", "bench", "transfer", "--as-rank", "--memcpy-gbps", "10",
+           "--mode", "p2p", "--dtype", c["dtype"], "--json", "--preset", c["preset"],
+           "--trainers", str(c["trainers"]), "--receivers", str(c["receivers"]), "--tp",
+           str(c["tp"]), "--updates", str(updates)]
+    code, lines, output = run_on_testbed(exe, hosts, c["rate"], cmd)
+    rows = [json.loads(text) for host, text in lines if text.startswith("{")]
+    if code != 0 or not rows or rows[0].get("wrong", 1) != 0:
+        raise SystemExit(f"p2p {c['name']}: exit {code}\n{output}")
+    return rows[0]["update_ms_p50"]
+
+
+def parse_config(text):
+    preset, trainers, receivers, tp, dtype, rate = text.split(":")
+    return {"name": text, "preset": preset, "trainers": int(trainers),
+            "receivers": int(receivers), "tp": int(tp), "dtype": dtype, "rate": rate}
+
+
+def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--tcp-stream":
+        tcp_stream(int(sys.argv[2]))
+        return
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--weightlift", required=True)
+    ap.add_argument("--configs", default=DEFAULT_CONFIGS)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--updates", type=int, default=3)
+    ap.add_argument("--json", help="also write the rows to this file")
+    a = ap.parse_args()
+    exe = os.path.abspath(a.weightlift)
+    prepare = {}
+    rows = []
+    for c in map(parse_config, a.configs.split(",")):
+        key = (c["preset"], c["dtype"])
+        if key not in prepare:
+            seconds = measure_prepare_s(exe, c["preset"], c["dtype"])
+            params = predict(exe, c, 1e9, 1, None)["params"]
+            prepare[key] = None if seconds is None else 2 * params / seconds / 1e9
+        nic = measure_tcp(exe, c["rate"])
+        barrier = measure_barrier_ms(exe, c["trainers"] + c["receivers"], c["rate"])
+        sim = predict(exe, c, nic, barrier, prepare[key])
+        measured = [measure_update_ms(exe, c, a.updates) for _ in range(a.rounds)]
+        predicted_ms = sim["predicted_s"] * 1e3
+        m = statistics.median(measured)
+        row = dict(c, nic_mb_s=nic / 1e6, nic_fraction=nic / rate_bytes_per_s(c["rate"]),
+                   barrier_ms=barrier, prepare_gbs=prepare[key], predicted_ms=predicted_ms,
+                   bound=sim["bound"], measured_ms=measured, error=(predicted_ms - m) / m)
+        rows.append(row)
+        print(f"# {c['name']}: predicted {predicted_ms:.1f} ms ({sim['bound']}), measured "
+              f"{', '.join('%.1f' % x for x in measured)} ms", file=sys.stderr, flush=True)
+    print("| configuration (preset, trainers -> receivers, TP, dtype, NIC rate) | TCP payload "
+          "MB/s (of the rate) | barrier ms | prepare GB/s | predicted ms (bound) | measured ms "
+          "(rounds) | error |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        prep = "-" if r["prepare_gbs"] is None else "%.1f" % r["prepare_gbs"]
+        print(f"| {r['preset']}, {r['trainers']} -> {r['receivers']}, TP {r['tp']}, "
+              f"{r['dtype']}, {r['rate']} | {r['nic_mb_s']:.1f} ({r['nic_fraction']:.1%}) | "
+              f"{r['barrier_ms']:.2f} | {prep} | {r['predicted_ms']:.1f} ({r['bound']}) | "
+              f"{statistics.median(r['measured_ms']):.1f} "
+              f"({', '.join('%.1f' % x for x in r['measured_ms'])}) | {r['error']:+.1%} |")
+    worst = max(rows, key=lambda r: abs(r["error"]))
+    print(f"\nworst error: {worst['error']:+.1%} ({worst['name']})")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
