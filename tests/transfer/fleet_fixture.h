@@ -84,8 +84,8 @@ struct ReceiverThread {
 
 // A receiver holding `tensors` at `layout`'s TP rank and format.
 inline std::unique_ptr<ReceiverThread> start_receiver(std::shared_ptr<comm::Store> store,
-                                               const std::vector<ReceiverTensor>& tensors, int id,
-                                               LayoutOptions layout) {
+                                                      const std::vector<ReceiverTensor>& tensors,
+                                                      int id, LayoutOptions layout) {
   auto t = std::make_unique<ReceiverThread>();
   t->layout = layout;
   auto f = FleetReceiver::create({.store = store,
@@ -103,8 +103,8 @@ inline std::unique_ptr<ReceiverThread> start_receiver(std::shared_ptr<comm::Stor
 
 // A receiver holding our model's inference layout.
 inline std::unique_ptr<ReceiverThread> start_receiver(std::shared_ptr<comm::Store> store,
-                                               const model::ModelConfig& c, int id,
-                                               LayoutOptions layout) {
+                                                      const model::ModelConfig& c, int id,
+                                                      LayoutOptions layout) {
   auto lay = inference_layout(c, layout);
   WL_CHECK(lay.ok()) << lay.status().to_string();
   return start_receiver(std::move(store), *lay, id, layout);
@@ -112,7 +112,7 @@ inline std::unique_ptr<ReceiverThread> start_receiver(std::shared_ptr<comm::Stor
 
 // Runs fn(server) on kServers threads, each with its ParameterServer.
 inline void run_servers(std::shared_ptr<comm::Store> store, TransferMode mode,
-                 const std::function<void(ParameterServer&)>& fn) {
+                        const std::function<void(ParameterServer&)>& fn) {
   std::vector<std::thread> threads;
   for (int r = 0; r < kServers; ++r) {
     threads.emplace_back([&, r] {
