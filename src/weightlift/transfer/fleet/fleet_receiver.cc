@@ -225,8 +225,10 @@ Result<RoundRecord> FleetReceiver::Impl::next_round_record(comm::Deadline deadli
   }
   // A replay usually follows right after whatever told us to expect one: spin on the group
   // first, then nap between looks, longer once idle for long (protocol.h).
+  // The store is read first after kStoreCheck (or at the deadline): a read costs a round trip,
+  // during which a replay that arrives waits.
   const comm::Clock::time_point start = comm::Clock::now();
-  comm::Clock::time_point store_due = start;
+  comm::Clock::time_point store_due = start + kStoreCheck;
   for (;;) {
     while (worker->progress()) {
     }
