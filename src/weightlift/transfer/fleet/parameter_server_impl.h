@@ -105,11 +105,12 @@ struct ParameterServer::Impl {
   RoundRecord replay(RoundRecord r);
   Status send_replay(const RoundRecord& r);
   Result<RoundRecord> share(Result<RoundRecord> decided);
-  // Rank 0: the update of the generation as it stands to the members it has, when nothing
-  // asks for more (protocol.h, replays). It touches nothing outside this process; its number
-  // is taken once every server rank has come in (open_update()).
-  std::optional<RoundRecord> replay_now(const std::string& name, std::span<const int> receivers,
-                                        bool checksums);
+  // Checkpoint `name`'s update to the current generation, as every server rank's call asks.
+  RoundRecord generation_update(const std::string& name, bool checksums) const;
+  // Rank 0: whether this update can be the generation's next replay: to the members it has,
+  // nothing asking for more (protocol.h). It touches nothing outside this process; the
+  // replay's number is taken once every server rank has come in (open_update()).
+  bool can_replay(const std::string& name, std::span<const int> receivers);
   // Every update opens with one collective over the server ranks: whether each holds the
   // checkpoint (so that rank 0 acts only once all of them are in and can), and rank 0's
   // replay if it has one. Otherwise rank 0 decides, asking the store, and shares it.

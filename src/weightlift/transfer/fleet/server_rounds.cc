@@ -326,13 +326,7 @@ Status ParameterServer::Impl::form(const std::string& name, const std::vector<Fl
 // set changed, or the current one broke).
 Result<RoundRecord> ParameterServer::Impl::decide(const std::string& name,
                                                   std::span<const int> receivers, bool checksums) {
-  RoundRecord update{.kind = RoundRecord::Kind::kUpdate,
-                     .generation = generation,
-                     .members = members,
-                     .checkpoint = name,
-                     .mode = options.mode,
-                     .bucket_bytes = options.bucket_bytes,
-                     .checksums = checksums};
+  RoundRecord update = generation_update(name, checksums);
   broken = generation_broken();
   WL_ASSIGN_OR_RETURN(std::vector<FleetMember> want, wanted(name, receivers));
   auto same = [](const std::vector<FleetMember>& a, const std::vector<FleetMember>& b) {
@@ -374,21 +368,21 @@ Result<RoundRecord> ParameterServer::Impl::share(Result<RoundRecord> decided) {
   return round_from_json(body, "round record from server rank 0");
 }
 
-std::optional<RoundRecord> ParameterServer::Impl::replay_now(const std::string& name,
-                                                             std::span<const int> receivers,
-                                                             bool checksums) {
+RoundRecord ParameterServer::Impl::generation_update(const std::string& name,
+                                                     bool checksums) const {
+  return {.kind = RoundRecord::Kind::kUpdate,
+          .generation = generation,
+          .servers = options.size,
+          .members = members,
+          .checkpoint = name,
+          .mode = options.mode,
+          .bucket_bytes = options.bucket_bytes,
+          .checksums = checksums};
+}
+
+bool ParameterServer::Impl::can_replay(const std::string& name, std::span<const int> receivers) {
   broken = generation_broken();
-  if (broken || members_leaving() || !names_the_members(name, receivers)) return std::nullopt;
-  return RoundRecord{.kind = RoundRecord::Kind::kUpdate,
-                     .round = round,
-                     .generation = generation,
-                     .servers = options.size,
-                     .members = members,
-                     .checkpoint = name,
-                     .mode = options.mode,
-                     .bucket_bytes = options.bucket_bytes,
-                     .checksums = checksums,
-                     .replay = replays + 1};
+  return !broken && !members_leaving() && names_the_members(name, receivers);
 }
 
 Result<RoundRecord> ParameterServer::Impl::open_update(const std::string& name, bool holds,
@@ -399,11 +393,10 @@ Result<RoundRecord> ParameterServer::Impl::open_update(const std::string& name, 
   const Status mine = holds ? ok_status()
                             : not_found("update: server rank " + std::to_string(options.rank) +
                                         " holds no checkpoint '" + name + "'");
-  std::optional<RoundRecord> quick;
-  if (options.rank == 0 && holds) quick = replay_now(name, receivers, checksums);
+  const bool quick = options.rank == 0 && holds && can_replay(name, receivers);
   // Who does not hold it (rank + 1, the highest), and rank 0's replay: 1, its round, its number.
   int64_t words[4] = {holds ? 0 : int64_t(options.rank) + 1, quick ? 1 : 0,
-                      quick ? int64_t(quick->round) : 0, quick ? int64_t(quick->replay) : 0};
+                      quick ? int64_t(round) : 0, quick ? int64_t(replays + 1) : 0};
   if (options.size > 1) {
     Status agreed = comm::allreduce(
         *servers, {.recv = words, .count = 4, .dtype = DType::kI64, .op = comm::ReduceOp::kMax});
@@ -422,21 +415,12 @@ Result<RoundRecord> ParameterServer::Impl::open_update(const std::string& name, 
     if (options.rank == 0) decided = decide(name, receivers, checksums);
     return share(std::move(decided));
   }
-  if (options.rank == 0) {
-    replays = quick->replay;
-    return *std::move(quick);
-  }
   // Every rank's call asks for the same update, and every rank holds the generation.
-  return RoundRecord{.kind = RoundRecord::Kind::kUpdate,
-                     .round = uint64_t(words[2]),
-                     .generation = generation,
-                     .servers = options.size,
-                     .members = members,
-                     .checkpoint = name,
-                     .mode = options.mode,
-                     .bucket_bytes = options.bucket_bytes,
-                     .checksums = checksums,
-                     .replay = uint64_t(words[3])};
+  RoundRecord r = generation_update(name, checksums);
+  r.round = uint64_t(words[2]);
+  r.replay = uint64_t(words[3]);
+  if (options.rank == 0) replays = r.replay;
+  return r;
 }
 
 Status ParameterServer::Impl::enter_generation(const RoundRecord& r) {
