@@ -3,7 +3,8 @@
 PyTorch/gloo's broadcast (checkpoint-engine's scheme), each host's NIC held to one rate.
 
   sudo bench/testbed_transfer.py --weightlift build/release/apps/weightlift \\
-      [--preset small] [--rate 1gbit] [--trainers 2] [--receivers 2] [--tp 2] [--rounds 3]
+      [--preset small] [--rate 1gbit] [--loss 0] [--trainers 2] [--receivers 2] [--tp 2]
+      [--rounds 3]
 
 One rank per host (scripts/testbed.sh): trainers on hosts 0 .. T-1, receivers on the rest, so
 every byte of an update crosses two NICs. Each round runs every implementation in turn on a
@@ -38,7 +39,7 @@ def run(a, impl):
         cmd = [a.weightlift, "--threads", "1", "bench", "transfer", "--as-rank", "--memcpy-gbps",
                "10", "--mode", impl, "--dtype", "bf16", "--json"] + shape
     line = " ".join(shlex.quote(c) for c in cmd) + " && " + NIC
-    code, lines, output = run_on_testbed(a.weightlift, hosts, a.rate, ["sh", "-c", line])
+    code, lines, output = run_on_testbed(a.weightlift, hosts, a.rate, ["sh", "-c", line], a.loss)
     report, nic = None, {}
     for host, text in lines:
         if text.startswith("{"):
@@ -58,6 +59,7 @@ def main():
     ap.add_argument("--weightlift", required=True)
     ap.add_argument("--preset", default="small")
     ap.add_argument("--rate", default="1gbit")
+    ap.add_argument("--loss", default="0", help="percent of packets every NIC drops each way")
     ap.add_argument("--trainers", type=int, default=2)
     ap.add_argument("--receivers", type=int, default=2)
     ap.add_argument("--tp", type=int, default=2)
@@ -75,7 +77,8 @@ def main():
             print(f"# round {rnd + 1} {impl}: {ms:.1f} ms, busiest NIC {busiest / 1e6:.1f} MB "
                   "per update", file=sys.stderr, flush=True)
     rate = rate_bytes_per_s(a.rate)
-    print(f"| {a.preset}, {a.trainers} -> {a.receivers} TP {a.tp}, bf16, NIC {a.rate} | "
+    loss = f", {a.loss}% loss each way" if float(a.loss) > 0 else ""
+    print(f"| {a.preset}, {a.trainers} -> {a.receivers} TP {a.tp}, bf16, NIC {a.rate}{loss} | "
           "update ms (rounds) | x PyTorch/gloo (rounds) | busiest NIC per update | "
           "NIC bound / update |")
     print("|---|---|---|---|---|")

@@ -20,8 +20,9 @@ packages=(
   # PyTorch links the system BLAS; without OpenBLAS it gets the reference BLAS, ~10x slower,
   # which would make it a straw man as the eager baseline.
   libopenblas0-pthread
-  # The testbed of hosts in network namespaces (scripts/testbed.sh): ip, tc; unshare, nsenter.
-  iproute2 util-linux
+  # The testbed of hosts in network namespaces (scripts/testbed.sh): ip, tc; unshare, nsenter;
+  # nft for random packet loss.
+  iproute2 util-linux nftables
   # The RL report's layout is checked in a real browser (tests/cli/rl_report.py).
   chromium-headless-shell
 )

@@ -4,13 +4,13 @@
 # the machine's memory or cores, bounds what crosses between hosts.
 #
 #   scripts/testbed.sh run --hosts N [--ranks-per-host R] [--rate RATE] [--host-rate H=RATE]...
-#                      [--port P] [--bin WEIGHTLIFT] -- COMMAND [ARGS...]
+#                      [--loss PERCENT] [--port P] [--bin WEIGHTLIFT] -- COMMAND [ARGS...]
 #       builds the testbed, runs COMMAND as R ranks on every host through
 #       `weightlift launch --nnodes N --node-rank H --master-addr <host 0> -n R`, one launcher
 #       per host, and removes everything when they end (also on Ctrl-C or failure). Each
 #       host's output is prefixed with "[host H]"; the exit code is the first failing host's.
-#   scripts/testbed.sh up --hosts N [--rate RATE] [--host-rate H=RATE]... [--name NAME]
-#                     [--owner PID]
+#   scripts/testbed.sh up --hosts N [--rate RATE] [--host-rate H=RATE]... [--loss PERCENT]
+#                     [--name NAME] [--owner PID]
 #       builds one and leaves it up for a test to drive (prints its name, hosts and
 #       addresses as shell assignments). With --owner it belongs to process PID (a test), and
 #       once that process is gone the next up, run or clean removes it; without, it stays until
@@ -19,13 +19,22 @@
 #   scripts/testbed.sh down NAME                             removes testbed NAME
 #   scripts/testbed.sh clean                                 removes every stale testbed
 #
+# Faults, on a testbed that is up (a test's, or a run's by its --name):
+#   scripts/testbed.sh loss NAME HOST PERCENT   drops PERCENT% (0-100, to 0.1) of what host HOST
+#                                               sends and, apart, of what it receives, at random
+#                                               (nftables' numgen); 0 drops nothing again
+#   scripts/testbed.sh drops NAME HOST          packets dropped so far: "SENT RECEIVED"
+#   scripts/testbed.sh rate NAME HOST RATE      host HOST's NIC to RATE both ways, from now on
+#   scripts/testbed.sh link NAME HOST down|up   cuts host HOST's link at its switch port, or
+#                                               restores it
+#
 # Layout of testbed NAME: namespaces wltb-NAME-h0 .. h<N-1> (the hosts) and wltb-NAME-sw (the
 # switch: a bridge br0 and one port p<H> per host). Host H is 10.79.<k>.<H+1>/24 on its eth0,
 # k chosen per testbed so that several can stand side by side; loopback is up in every host.
 # Addresses exist only inside these namespaces. A rate (tc syntax: 100mbit, 1gbit, 2.5gbit) is
 # an htb class on the host's eth0 (what it sends) and on its switch port (what it receives).
-# There is no netem on these machines: latency is what the veth path gives (measure it), and
-# loss and cuts are made by the tests themselves (`ip link set down` in the switch).
+# There is no netem on these machines: latency is what the veth path gives (measure it), loss is
+# a random-drop rule of nftables in the host (`loss`), and a cut is its switch port down (`link`).
 #
 # A host is more than a network namespace: held by one sleeping process, it also has its own
 # host name (tb-h<H>), System V IPC, /dev/shm and boot id (a file bound over
@@ -35,7 +44,7 @@
 # machine, and ranks of two hosts only through their NICs, as between machines. Everything run
 # on a host (run's launchers, exec's commands) enters those namespaces with nsenter.
 #
-# Needs root, iproute2 (ip, tc) and util-linux (unshare, nsenter, mount); nothing else.
+# Needs root, iproute2 (ip, tc) and util-linux (unshare, nsenter, mount); `loss` needs nftables.
 set -euo pipefail
 
 readonly PREFIX=wltb
@@ -250,7 +259,7 @@ host_exec() {
 }
 
 # Options shared by up and run.
-HOSTS=0 RANKS=1 RATE="" PORT=29600 NAME="" OWNER="" BIN=""
+HOSTS=0 RANKS=1 RATE="" LOSS=0 PORT=29600 NAME="" OWNER="" BIN=""
 declare -A HOST_RATE=()
 parse_options() {
   while (($#)); do
@@ -264,6 +273,7 @@ parse_options() {
         check_rate --host-rate "$rate"
         HOST_RATE[$host]=$rate
         shift 2 ;;
+      --loss) LOSS=$(permille_of --loss "${2:?}"); shift 2 ;;
       --port) PORT=${2:?}; shift 2 ;;
       --name) NAME=${2:?}; shift 2 ;;
       --owner) OWNER=${2:?}; shift 2 ;;
@@ -290,6 +300,8 @@ check_options() {
   done
   [[ -z $NAME || $NAME =~ ^[a-z0-9]{1,12}$ ]] || die "--name '$NAME': expected 1-12 lowercase letters or digits"
   [[ -z $OWNER || $OWNER =~ ^[0-9]+$ ]] || die "--owner '$OWNER': expected a process id"
+  ((LOSS == 0)) || command -v nft >/dev/null ||
+    die "--loss needs nftables (nft); scripts/setup.sh installs it"
 }
 
 need_root() {
@@ -302,6 +314,13 @@ need_root() {
 rates() {
   local h
   for ((h = 0; h < HOSTS; ++h)); do echo "${HOST_RATE[$h]:-$RATE}"; done
+}
+
+# --loss: every host's NIC drops that share of what it sends and of what it receives.
+every_host_loses() {
+  local h
+  ((LOSS > 0)) || return 0
+  for ((h = 0; h < HOSTS; ++h)); do set_loss "$1" "$h" "$LOSS"; done
 }
 
 cmd_up() {
@@ -320,6 +339,7 @@ cmd_up() {
   # shellcheck disable=SC2064  # the name is fixed now
   trap "down '$NAME'" EXIT
   up "$NAME" "$HOSTS" "$owner" "${rate_of[@]}"
+  every_host_loses "$NAME"
   trap - EXIT
   cat "$STATE_DIR/$NAME.env"
 }
@@ -353,12 +373,14 @@ cmd_run() {
   trap 'exit 130' INT TERM
   mapfile -t rate_of < <(rates)
   up "$NAME" "$HOSTS" "$owner" "${rate_of[@]}"
+  every_host_loses "$NAME"
   local master subnet token h
   subnet=$(sed -n 's/^TESTBED_SUBNET=//p' "$STATE_DIR/$NAME.env")
   master=10.79.$subnet.1
   token=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
   echo "testbed $NAME: $HOSTS hosts x $RANKS ranks, NIC ${RATE:-unlimited}$(
     for h in "${!HOST_RATE[@]}"; do printf ', host %s %s' "$h" "${HOST_RATE[$h]}"; done
+    ((LOSS == 0)) || printf ', %d.%d%% loss each way' $((LOSS / 10)) $((LOSS % 10))
   ); master $master:$PORT" >&2
   for ((h = 0; h < HOSTS; ++h)); do
     host_exec "$NAME" "$h" env WEIGHTLIFT_JOB_TOKEN="$token" TESTBED_HOST="$h" \
@@ -377,6 +399,108 @@ cmd_run() {
   exit "$rc"
 }
 
+# The namespace of host h of testbed NAME that is up, or stops saying why not.
+fault_host() {
+  local name=$1 h=$2 hosts
+  [[ -e $STATE_DIR/$name.env ]] || die "no testbed named $name"
+  hosts=$(sed -n 's/^TESTBED_HOSTS="\(.*\)"$/\1/p' "$STATE_DIR/$name.env" | wc -w)
+  [[ $h =~ ^(0|[1-9][0-9]*)$ ]] && ((h < hosts)) || die "testbed $name has no host '$h' (it has $hosts)"
+  ns_host "$name" "$h"
+}
+
+# "2.5" -> 25 (per mille), or stops: a percentage from 0 to 100, to 0.1.
+permille_of() {
+  local flag=$1 percent=$2
+  [[ $percent =~ ^([0-9]{1,3})([.]([0-9]))?$ ]] ||
+    die "$flag '$percent': expected a percentage such as 2 or 0.5"
+  local permille=$((10 * 10#${BASH_REMATCH[1]} + 10#${BASH_REMATCH[3]:-0}))
+  ((permille <= 1000)) || die "$flag '$percent': a percentage is at most 100"
+  echo "$permille"
+}
+
+# set_loss NAME HOST PERMILLE: a table of its own in the host, replaced whole at each call.
+set_loss() {
+  local name=$1 h=$2 permille=$3 ns segs=65535
+  ns=$(ns_host "$name" "$h")
+  if ! command -v nft >/dev/null; then
+    ((permille == 0)) && return 0  # no nft: no rule was ever set
+    die "loss needs nftables (nft); scripts/setup.sh installs it"
+  fi
+  ip netns exec "$ns" nft delete table inet wltb_loss 2>/dev/null || true
+  # A veth passes TCP's segmentation offload on whole (up to 64 KB a packet), so a rule would
+  # drop dozens of segments at once. Cut into MTU-sized packets at the host's NIC (what it
+  # sends) and its switch port (what it receives), each packet is one segment, as on a wire;
+  # it costs CPU, so only while the loss is on.
+  ((permille == 0)) || segs=1
+  ip -n "$ns" link set dev eth0 gso_max_segs "$segs"
+  ip -n "$(ns_switch "$name")" link set dev "p$h" gso_max_segs "$segs"
+  ((permille > 0)) || return 0
+  ip netns exec "$ns" nft -f - <<EOF
+table inet wltb_loss {
+  chain sent {
+    type filter hook output priority 0; policy accept;
+    oifname "eth0" numgen random mod 1000 < $permille counter drop
+  }
+  chain received {
+    type filter hook input priority 0; policy accept;
+    iifname "eth0" numgen random mod 1000 < $permille counter drop
+  }
+}
+EOF
+}
+
+# loss NAME HOST PERCENT
+cmd_loss() {
+  local permille
+  fault_host "$1" "$2" >/dev/null
+  permille=$(permille_of loss "$3")
+  set_loss "$1" "$2" "$permille"
+}
+
+# drops NAME HOST: "SENT RECEIVED", the packets the loss rules dropped (0 0 without them).
+cmd_drops() {
+  local ns chain n out=""
+  ns=$(fault_host "$1" "$2")
+  for chain in sent received; do
+    n=$({ ip netns exec "$ns" nft list chain inet wltb_loss "$chain" 2>/dev/null || true; } |
+      sed -n 's/.*counter packets \([0-9]*\).*/\1/p')
+    out+="${out:+ }${n:-0}"
+  done
+  echo "$out"
+}
+
+# rate NAME HOST RATE: the host's class both ways (a new one on a testbed without a rate).
+cmd_rate() {
+  local name=$1 h=$2 rate=$3 ns dev
+  ns=$(fault_host "$name" "$h")
+  check_rate rate "$rate"
+  for dev in "$ns eth0" "$(ns_switch "$name") p$h"; do
+    read -r ns dev <<<"$dev"
+    if [[ -n $(tc -n "$ns" class show dev "$dev" classid 1:1) ]]; then
+      tc -n "$ns" class change dev "$dev" parent 1: classid 1:1 htb rate "$rate" ceil "$rate"
+    else
+      limit "$ns" "$dev" "$rate"
+    fi
+  done
+}
+
+# link NAME HOST down|up
+cmd_link() {
+  fault_host "$1" "$2" >/dev/null
+  [[ $3 == down || $3 == up ]] || die "link '$3': expected down or up"
+  ip -n "$(ns_switch "$1")" link set "p$2" "$3"
+}
+
+fault() {
+  local cmd=$1 what=$2
+  shift 2
+  local want=3
+  [[ $cmd != drops ]] || want=2
+  (($# == want)) || die "usage: testbed.sh $cmd NAME HOST${what:+ $what}"
+  need_root
+  "cmd_$cmd" "$@"
+}
+
 case ${1:-} in
   up) shift; cmd_up "$@" ;;
   run) shift; cmd_run "$@" ;;
@@ -392,6 +516,10 @@ case ${1:-} in
     need_root
     down "$2" ;;
   clean) need_root; clean ;;
+  loss) shift; fault loss PERCENT "$@" ;;
+  drops) shift; fault drops "" "$@" ;;
+  rate) shift; fault rate RATE "$@" ;;
+  link) shift; fault link "down|up" "$@" ;;
   -h | --help | "") usage ;;
-  *) die "unknown command '$1': up, run, exec, down or clean" ;;
+  *) die "unknown command '$1': up, run, exec, down, clean, loss, drops, rate or link" ;;
 esac

@@ -1,5 +1,6 @@
 #include <cstdio>
 
+#include "bench/generate.h"
 #include "bench/train.h"
 #include "commands.h"
 #include "validate.h"
@@ -110,6 +111,83 @@ void register_bench_train(CLI::App& bench, Outcome& out) {
   cmd->callback([&out, o, f] { out.exit_code = report("bench train", run_bench_train(*o, *f)); });
 }
 
+struct BenchGenerateFlags {
+  std::string dtype = "bf16";
+  bool json = false;
+};
+
+Status run_bench_generate(BenchGenerateOptions o, const BenchGenerateFlags& f) {
+  WL_ASSIGN_OR_RETURN(
+      o.format, parse_choice<transfer::WeightFormat>("--dtype", f.dtype,
+                                                     {{"bf16", transfer::WeightFormat::kBF16},
+                                                      {"fp8", transfer::WeightFormat::kFP8}}));
+  WL_ASSIGN_OR_RETURN(const BenchGenerateResult r, bench_generate(o));
+  if (f.json) {
+    std::printf("%s\n", r.to_json(o).c_str());
+    return ok_status();
+  }
+  const double rows = double(o.prompts * o.group);
+  const double bound = r.decode_rows / (r.decode_step_bound_ms / 1e3);
+  std::printf(
+      "bench generate %s %s, %ld prompts x %ld = %.0f rows, %ld prompt + %ld new tokens, %d "
+      "threads on %s: %.0f tokens/s; prefill %.1f ms (bound %.1f ms: %.0f%%; every row "
+      "prefilled: %.1f ms), decode %.0f "
+      "tokens/s (bound %.0f: %.0f%%; a step reads %.1f MB of weights at %.1f GB/s, f32 GEMM "
+      "peak %.1f GFLOP/s, both measured now)\n",
+      o.preset.c_str(), f.dtype.c_str(), long(o.prompts), long(o.group), rows,
+      long(o.prompt_tokens), long(o.new_tokens), r.threads, cpu_info().describe().c_str(),
+      r.tokens_per_s, r.prefill_ms, r.prefill_bound_ms, 100 * r.prefill_bound_ms / r.prefill_ms,
+      r.prefill_every_row_ms, r.decode_tokens_per_s, bound, 100 * r.decode_tokens_per_s / bound,
+      r.weight_bytes / 1e6, r.copy_gbps, r.gemm_peak_gflops);
+  if (o.slots > 0) {
+    std::printf(
+        "  over %ld slots: %.0f tokens/s, %.2fx every row at once, its KV cache %.1f MB against "
+        "%.1f MB\n",
+        long(o.slots), r.slots_tokens_per_s, r.slots_speedup, r.slots_kv_bytes / 1e6,
+        r.kv_bytes / 1e6);
+  }
+  return ok_status();
+}
+
+void register_bench_generate(CLI::App& bench, Outcome& out) {
+  auto* cmd = bench.add_subcommand(
+      "generate",
+      "time the rollout engine's generation of a GRPO batch, against this machine's bounds");
+  auto o = std::make_shared<BenchGenerateOptions>();
+  auto f = std::make_shared<BenchGenerateFlags>();
+  cmd->add_option("--preset", o->preset)->capture_default_str();
+  cmd->add_option("--prompts", o->prompts, "distinct prompts (groups)")
+      ->capture_default_str()
+      ->transform(count(1, kMaxRows));
+  cmd->add_option("--group", o->group, "rows of each prompt (G)")
+      ->capture_default_str()
+      ->transform(count(1, kMaxRows));
+  cmd->add_option("--prompt-tokens", o->prompt_tokens)
+      ->capture_default_str()
+      ->transform(count(1, kMaxRows));
+  cmd->add_option("--new-tokens", o->new_tokens)
+      ->capture_default_str()
+      ->transform(count(1, kMaxRows));
+  cmd->add_option("--dtype", f->dtype, "what the engine holds: bf16 or fp8")->capture_default_str();
+  cmd->add_option("--runs", o->runs, "timed runs, after one untimed")
+      ->capture_default_str()
+      ->transform(count(1, 1000));
+  cmd->add_option("--seed", o->seed)->capture_default_str();
+  cmd->add_flag("--bf16-activations", o->bf16_activations,
+                "bf16 weights multiplied as stored against bf16-rounded activations, where the "
+                "CPU has bf16 GEMMs");
+  cmd->add_flag("--varied-lengths", o->varied_lengths,
+                "each row stops after a number of new tokens drawn in [1, --new-tokens]");
+  cmd->add_option("--slots", o->slots,
+                  "also generate over this many slots (continuous batching), in turn with "
+                  "every row at once")
+      ->capture_default_str()
+      ->transform(count(0, kMaxRows));
+  cmd->add_flag("--json", f->json, "one JSON object");
+  cmd->callback(
+      [&out, o, f] { out.exit_code = report("bench generate", run_bench_generate(*o, *f)); });
+}
+
 }  // namespace
 
 void register_bench(CLI::App& app, Outcome& out) {
@@ -118,6 +196,7 @@ void register_bench(CLI::App& app, Outcome& out) {
   register_bench_collectives(*bench, out);
   register_bench_transfer(*bench, out);
   register_bench_train(*bench, out);
+  register_bench_generate(*bench, out);
 }
 
 }  // namespace wl::app

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <optional>
 
 #include "commands.h"
@@ -19,6 +20,7 @@ struct GenerateArgs {
   std::string config, weights;
   std::string model_dir;  // a Hugging Face checkpoint instead (its tokenizer.json, if any)
   std::vector<std::string> prompts{"The "};
+  std::vector<std::string> stops;  // stop strings: a row ends before the first it produces
   model::GenerateOptions gen;
   bool max_new_given = false;  // else: up to 200, as many as fit the model's positions
   bool compare_cache = false;
@@ -30,14 +32,43 @@ struct Codec {
   std::vector<int64_t> encode(const std::string& s) const {
     return tokenizer ? tokenizer->encode(s, true) : train::encode(s);
   }
-  std::string decode(const std::vector<int64_t>& ids) const {
+  Result<std::string> try_decode(const std::vector<int64_t>& ids) const {
     if (!tokenizer) return train::decode(ids);
-    Result<std::string> t = tokenizer->decode(ids);
+    return tokenizer->decode(ids);
+  }
+  std::string decode(const std::vector<int64_t>& ids) const {
+    Result<std::string> t = try_decode(ids);
     return t.ok() ? *t : "<" + t.status().to_string() + ">";
   }
 };
 
+// Where the first of `stops` begins in `text`, or npos.
+size_t first_stop(const std::string& text, const std::vector<std::string>& stops) {
+  size_t at = std::string::npos;
+  for (const std::string& s : stops) at = std::min(at, text.find(s));
+  return at;
+}
+
+// The rule that ends a row at a stop string: after each new token, whether the text of the
+// row's last tokens (enough to hold the longest stop string, each token a byte at least, and
+// a few more for characters cut at the front) holds one. Tokens that do not decode (ids past
+// the tokenizer's vocabulary) hold none.
+std::function<bool(size_t, const std::vector<int64_t>&)> stop_rule(
+    const Codec& codec, const std::vector<std::string>& stops) {
+  size_t longest = 0;
+  for (const std::string& s : stops) longest = std::max(longest, s.size());
+  return [&codec, &stops, tail = longest + 4](size_t, const std::vector<int64_t>& tokens) {
+    const size_t from = tokens.size() > tail ? tokens.size() - tail : 0;
+    Result<std::string> text =
+        codec.try_decode(std::vector<int64_t>(tokens.begin() + int64_t(from), tokens.end()));
+    return text.ok() && first_stop(*text, stops) != std::string::npos;
+  };
+}
+
 Status run_generate(const GenerateArgs& a) {
+  for (const std::string& s : a.stops) {
+    if (s.empty()) return invalid_argument("--stop '': expected at least one character");
+  }
   const std::string config = a.config.empty() ? a.run_dir + "/config.json" : a.config;
   const std::string weights = a.weights.empty() ? a.run_dir + "/model.safetensors" : a.weights;
   std::optional<model::HfCheckpoint> hf;
@@ -73,6 +104,8 @@ Status run_generate(const GenerateArgs& a) {
     prompts.push_back(codec.encode(p));
   }
   model::GenerateOptions opts = a.gen;
+  // On the text: a stop string may span tokens, or be part of one.
+  if (!a.stops.empty()) opts.stop_when = stop_rule(codec, a.stops);
   if (!a.max_new_given) {
     size_t longest = 0;
     for (const auto& p : prompts) longest = std::max(longest, p.size());
@@ -80,15 +113,21 @@ Status run_generate(const GenerateArgs& a) {
         std::clamp<int64_t>(cfg.max_seq_len - int64_t(longest), 1, opts.max_new_tokens);
   }
   WL_ASSIGN_OR_RETURN(model::Generation g, model::generate(m, prompts, opts));
+  int64_t new_tokens = 0;
   for (size_t r = 0; r < prompts.size(); ++r) {
-    std::printf("--- prompt %zu ---\n%s%s\n", r, a.prompts[r].c_str(),
-                codec.decode(g.tokens[r]).c_str());
+    Result<std::string> t = codec.try_decode(g.tokens[r]);
+    // The stop string is not part of the text.
+    const std::string text =
+        t.ok() ? t->substr(0, first_stop(*t, a.stops)) : codec.decode(g.tokens[r]);
+    std::printf("--- prompt %zu ---\n%s%s\n", r, a.prompts[r].c_str(), text.c_str());
+    new_tokens += int64_t(g.tokens[r].size());
   }
   auto rate = [](const model::Generation& x) {
     return x.decode_seconds > 0 ? double(x.decoded_tokens) / x.decode_seconds : 0.0;
   };
-  std::printf("--- %zu rows, prefill %.1f ms, decode %.1f tokens/s (%s KV cache)\n", prompts.size(),
-              g.prefill_seconds * 1e3, rate(g), opts.use_kv_cache ? "with" : "without");
+  std::printf("--- %zu rows, %ld new tokens, prefill %.1f ms, decode %.1f tokens/s (%s KV cache)\n",
+              prompts.size(), long(new_tokens), g.prefill_seconds * 1e3, rate(g),
+              opts.use_kv_cache ? "with" : "without");
   if (a.compare_cache) {
     opts.use_kv_cache = !opts.use_kv_cache;
     WL_ASSIGN_OR_RETURN(model::Generation g2, model::generate(m, prompts, opts));
@@ -134,6 +173,9 @@ void register_generate(CLI::App& app, Outcome& out) {
       ->capture_default_str()
       ->transform(real(kProbability));
   cmd->add_option("--seed", a->gen.seed)->capture_default_str()->transform(u64());
+  cmd->add_option("--stop", a->stops,
+                  "stop string; repeat for several: a row ends where it first produces one, "
+                  "which is left out of its text");
   auto no_cache = std::make_shared<bool>(false);
   cmd->add_flag("--no-kv-cache", *no_cache, "recompute the whole prefix every step");
   cmd->add_flag("--compare-cache", a->compare_cache,

@@ -54,10 +54,10 @@ void register_launch(CLI::App& app, Outcome& out) {
   cmd->callback([&out, o] {
     catch_launch_stop_signals();
     o->stop_signal = &g_stop_signal;
-    if (o->nnodes > 1) {
-      const char* token = std::getenv("WEIGHTLIFT_JOB_TOKEN");
-      o->job_token = token ? token : "";
-    }
+    // A token of the user's (several hosts must share one; a process joining the running
+    // job, such as `rl --join`, needs to know it); otherwise a fresh random one.
+    const char* token = std::getenv("WEIGHTLIFT_JOB_TOKEN");
+    o->job_token = token ? token : "";
     Result<int> r = comm::run_launch(*o);
     out.exit_code = r.ok() ? *r : report("launch", r.status());
   });

@@ -16,6 +16,7 @@
 #include "report/rl_report.h"
 #include "validate.h"
 #include "weightlift/comm/launch/launch_env.h"
+#include "weightlift/comm/launch/world.h"
 #include "weightlift/comm/store/tcp_store.h"
 #include "weightlift/core/file_io.h"
 #include "weightlift/core/parallel.h"
@@ -53,6 +54,7 @@ struct RlArgs {
   std::string trainer_dp_mode = "ddp";
   int trainer_threads = 0;
   double timeout_s = 120;
+  bool join = false;  // a rollout worker joining a running job
 };
 
 // --out must be a directory of ours to write: another run's results are kept unless
@@ -142,9 +144,9 @@ Status write_policy(const std::string& dir, const model::ModelConfig& config,
   return parallel::write_hf_model(dir, config, policy, model_dir, tokenizer);
 }
 
-// The job's rollout workers: every rollout_tp ranks after the trainer's.
+// The job's rollout workers: every engine_ranks() ranks after the trainer's.
 int workers(const RlArgs& a, const parallel::Job& job) {
-  return (job.size() - a.o.trainers) / a.o.rollout_tp;
+  return (job.size() - a.o.trainers) / a.o.engine_ranks();
 }
 
 // The command's flags as the loop's options; nothing is allocated or connected yet.
@@ -196,7 +198,7 @@ Status make_rl_options(RlArgs& a) {
   auto dp_mode = parallel::dp_mode_from_name(a.trainer_dp_mode);
   if (!dp_mode) {
     return invalid_argument("--trainer-dp-mode '" + a.trainer_dp_mode +
-                            "': expected ddp, zero1 or zero2");
+                            "': expected ddp, zero1, zero2 or fsdp");
   }
   a.o.trainer_dp_mode = *dp_mode;
   WL_RETURN_IF_ERROR(rl::check_layouts(a.o));
@@ -292,6 +294,9 @@ Status write_rl_outputs(const RlArgs& a, const parallel::Job& job, rl::RlSummary
                             {"trainer_ranks", a.o.trainers},
                             {"trainer_dp_mode", a.trainer_dp_mode},
                             {"rollout_tp", a.o.rollout_tp},
+                            {"rollout_ep", a.o.rollout_ep},
+                            {"rollout_slots", a.o.rollout_slots},
+                            {"rollout_bf16_activations", a.o.rollout_bf16_activations},
                             {"group", a.o.group},
                             {"prompts_per_step", a.o.prompts},
                             {"seed", a.o.seed},
@@ -322,17 +327,21 @@ Status write_rl_outputs(const RlArgs& a, const parallel::Job& job, rl::RlSummary
 // The job fits the layout: the trainer's ranks, then whole rollout workers; and a process
 // started again (WEIGHTLIFT_RESTART) is one that can be.
 Status check_job(const RlArgs& a, const comm::LaunchEnv& env) {
-  const int least = a.o.trainers + a.o.rollout_tp;
-  if (env.world_size < least || (env.world_size - a.o.trainers) % a.o.rollout_tp != 0) {
-    const std::string t = std::to_string(a.o.trainers), tp = std::to_string(a.o.rollout_tp);
+  const int engine = a.o.engine_ranks();
+  const int least = a.o.trainers + engine;
+  if (env.world_size < least || (env.world_size - a.o.trainers) % engine != 0) {
+    const std::string t = std::to_string(a.o.trainers), n = std::to_string(engine);
+    const std::string flag = a.o.rollout_ep == 1   ? "--rollout-tp "
+                             : a.o.rollout_tp == 1 ? "--rollout-ep "
+                                                   : "--rollout-tp x --rollout-ep = ";
     return invalid_argument(
-        "rl runs --trainers " + t + " trainer rank(s), then rollout workers of " + "--rollout-tp " +
-        tp + " process(es) each: at least " + std::to_string(least) + " processes, " + t +
-        " plus a multiple of " + tp + "; this job has " + std::to_string(env.world_size) +
+        "rl runs --trainers " + t + " trainer rank(s), then rollout workers of " + flag + n +
+        " process(es) each: at least " + std::to_string(least) + " processes, " + t +
+        " plus a multiple of " + n + "; this job has " + std::to_string(env.world_size) +
         " (weightlift launch -n " + std::to_string(least) + " weightlift rl ...)");
   }
   // A rollout worker of one rank can be replaced mid-run; the trainer holds the run, and
-  // cannot, nor can one rank of a TP engine rejoin its running peers.
+  // cannot, nor can one rank of a TP or EP engine rejoin its running peers.
   if (std::getenv("WEIGHTLIFT_RESTART") == nullptr) return ok_status();
   if (env.rank < a.o.trainers) {
     return failed_precondition("trainer rank " + std::to_string(env.rank) +
@@ -340,22 +349,23 @@ Status check_job(const RlArgs& a, const comm::LaunchEnv& env) {
                                "with --resume and its last checkpoint in " +
                                a.out_dir);
   }
-  if (a.o.rollout_tp > 1) {
-    return failed_precondition("rank " + std::to_string(env.rank) +
-                               " was a TP rank of a rollout worker (--rollout-tp " +
-                               std::to_string(a.o.rollout_tp) +
-                               "), which cannot be replaced mid-run; the run goes on "
-                               "without that worker");
+  if (a.o.engine_ranks() > 1) {
+    return failed_precondition(
+        "rank " + std::to_string(env.rank) + " was one rank of a rollout worker of " +
+        std::to_string(a.o.engine_ranks()) + " processes (--rollout-tp " +
+        std::to_string(a.o.rollout_tp) + ", --rollout-ep " + std::to_string(a.o.rollout_ep) +
+        "), which cannot be replaced mid-run; the run goes on "
+        "without that worker");
   }
   return ok_status();
 }
 
-// What job rank `rank` is: a trainer rank, or TP rank `tp_rank` of rollout worker `worker`
-// (from 1: job ranks trainers + (worker - 1) * rollout_tp on, one per TP rank), and its role
-// in processes.json.
+// What job rank `rank` is: a trainer rank, or engine rank `rank` of rollout worker `worker`
+// (from 1: job ranks trainers + (worker - 1) * engine_ranks() on, one per TP or EP rank), and
+// its role in processes.json.
 struct Place {
   int worker = 0;  // 0: a trainer rank
-  int tp_rank = 0;
+  int rank = 0;    // in the worker's engine
   std::string role;
 };
 
@@ -363,14 +373,33 @@ Place place_of(const RlArgs& a, int rank) {
   if (rank < a.o.trainers)
     return {.role = rank == 0 ? "trainer" : "trainer-rank-" + std::to_string(rank)};
   const int after = rank - a.o.trainers;
-  Place p{.worker = after / a.o.rollout_tp + 1, .tp_rank = after % a.o.rollout_tp};
+  Place p{.worker = after / a.o.engine_ranks() + 1, .rank = after % a.o.engine_ranks()};
   p.role = "rollout-worker-" + std::to_string(p.worker);
-  if (a.o.rollout_tp > 1) p.role += "-tp-rank-" + std::to_string(p.tp_rank);
+  // As train names its ranks: the EP rank, then the TP rank.
+  if (a.o.rollout_ep > 1) p.role += "-ep-rank-" + std::to_string(p.rank / a.o.rollout_tp);
+  if (a.o.rollout_tp > 1) p.role += "-tp-rank-" + std::to_string(p.rank % a.o.rollout_tp);
   return p;
+}
+
+// A rollout worker joining a running job: its store and nothing more, no rank of the job's.
+Status join_rl(const RlArgs& a) {
+  WL_RETURN_IF_ERROR(rl::check_joining(a.o));
+  WL_ASSIGN_OR_RETURN(comm::LaunchEnv env, comm::read_launch_env());
+  if (env.job_token.empty()) {
+    return invalid_argument(
+        "--join: WEIGHTLIFT_JOB_TOKEN is not set; export the running job's token (and "
+        "MASTER_ADDR, MASTER_PORT: where its store is)");
+  }
+  env.store_hosted = true;  // the job's own launcher or rank 0 hosts it
+  WL_ASSIGN_OR_RETURN(const comm::World world, comm::connect_store(env, a.o.timeout));
+  rl::RlOptions o = a.o;
+  o.on_event = [](const rl::RlEvent& e) { std::fprintf(stderr, "rl: %s\n", e.what.c_str()); };
+  return rl::run_joining_worker(o, world.store);
 }
 
 Status run_rl(RlArgs a) {
   WL_RETURN_IF_ERROR(make_rl_options(a));
+  if (a.join) return join_rl(a);
   WL_ASSIGN_OR_RETURN(comm::LaunchEnv env, comm::read_launch_env());
   WL_RETURN_IF_ERROR(check_job(a, env));
   // Only the trainer writes into --out (a replaced worker starts while the run is there).
@@ -392,7 +421,7 @@ Status run_rl(RlArgs a) {
                  e.what.c_str());
   };
   if (place.worker >= 1)
-    return rl::run_rollout_worker(a.o, job.world.store, place.worker, place.tp_rank);
+    return rl::run_rollout_worker(a.o, job.world.store, place.worker, place.rank);
   // In synchronous mode the workers wait while the trainer computes: it may take every core.
   if (a.trainer_threads > 0) set_num_threads(a.trainer_threads);
   if (job.rank() != 0)
@@ -534,8 +563,23 @@ void add_run_flags(CLI::App* cmd, RlArgs& a) {
                   "weights; the job's ranks after the trainer's are the workers' in turn")
       ->capture_default_str()
       ->transform(count(1, kMaxRanks));
+  cmd->add_option("--rollout-ep", o.rollout_ep,
+                  "EP ranks of each rollout worker (times its TP ranks): each holds one run of "
+                  "the experts and generates its share of the prompts, tokens going to their "
+                  "experts' ranks and back")
+      ->capture_default_str()
+      ->transform(count(1, kMaxRanks));
+  cmd->add_option("--rollout-slots", o.rollout_slots,
+                  "rows each rollout worker decodes at once (continuous batching: a finished "
+                  "row's slot takes the next prompt at once); 0: every row of a request")
+      ->capture_default_str()
+      ->transform(count(0, kMaxRows));
+  cmd->add_flag("--rollout-bf16-activations", o.rollout_bf16_activations,
+                "the rollout engines multiply bf16 weights as stored against bf16-rounded "
+                "activations where the CPU has bf16 GEMMs (a larger trainer/sampler mismatch)");
   cmd->add_option("--trainer-dp-mode", a.trainer_dp_mode,
-                  "how the trainer ranks share the optimizer: ddp, zero1 or zero2")
+                  "how the trainer ranks share the model: ddp, zero1, zero2 or fsdp (each rank "
+                  "holds and pushes only its shard of the weights)")
       ->capture_default_str();
   cmd->add_option("--trainer-threads", a.trainer_threads,
                   "compute threads of each trainer rank instead of --threads: they compute "
@@ -561,6 +605,10 @@ void add_run_flags(CLI::App* cmd, RlArgs& a) {
       ->transform(count(1, 100000));
   cmd->add_option("--out", a.out_dir)->capture_default_str();
   cmd->add_flag("--overwrite", a.overwrite, "replace the results of an earlier run in --out");
+  cmd->add_flag("--join", a.join,
+                "be one more rollout worker of a running job: MASTER_ADDR, MASTER_PORT and "
+                "WEIGHTLIFT_JOB_TOKEN name the job's store, and the flags must be the job's "
+                "(the model, --sync-dtype and sampling are checked before anything connects)");
   cmd->add_option("--timeout", a.timeout_s, "seconds, every wait between processes")
       ->capture_default_str()
       ->transform(real({.lo = 0, .hi = double(kMaxSeconds), .lo_open = true}));

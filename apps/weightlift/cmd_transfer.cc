@@ -151,6 +151,10 @@ void register_transfer_plan(CLI::App& transfer, Outcome& out) {
   plan->add_option("--tp", a->job.tp, "TP degree of each inference engine")
       ->capture_default_str()
       ->transform(count(1, 1024));
+  plan->add_option("--ep", a->job.ep,
+                   "EP degree of each engine: each of its ranks holds one run of the experts")
+      ->capture_default_str()
+      ->transform(count(1, 1024));
   plan->add_option("--dtype", a->dtype, "what receivers hold: bf16 or fp8")->capture_default_str();
   plan->add_option("--shard-dtype", a->shard_dtype, "what trainers hold: f32 or bf16")
       ->capture_default_str();

@@ -38,7 +38,21 @@ TEST(PlanTable, ShowsEveryRank) {
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   const std::string text = plan_table(*plan);
   EXPECT_NE(text.find("2 trainers (1 mesh(es) of 2), 4 receivers"), std::string::npos) << text;
-  EXPECT_NE(text.find("receiver     5       1        1/2      fp8"), std::string::npos) << text;
+  EXPECT_NE(text.find("receiver     5       1        1/2         0/1       0-3     fp8"),
+            std::string::npos)
+      << text;
+  // An EP engine's ranks each name their own run of the experts.
+  auto ep = transfer::plan_offline({.config = *model::preset("tiny"),
+                                    .trainers = 2,
+                                    .receivers = 2,
+                                    .tp = 1,
+                                    .ep = 2,
+                                    .format = transfer::WeightFormat::kBF16});
+  ASSERT_TRUE(ep.ok()) << ep.status().to_string();
+  const std::string ep_text = plan_table(*ep);
+  EXPECT_NE(ep_text.find("receiver     3       0        0/1         1/2       2-3    bf16"),
+            std::string::npos)
+      << ep_text;
 }
 
 TEST(ParseChoice, NamesTheFlagWhatWasGivenAndWhatIsAccepted) {

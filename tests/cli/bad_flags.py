@@ -34,6 +34,7 @@ def sampling(s, d):
                                  ("--max-new-tokens", "-1", "[0,")):
         s.expect_error(f"generate {flag} {value}", with_flag(gen, base, flag, value), flag, allowed)
     s.expect_error("generate: an empty prompt", with_flag(gen, base, "--prompt", ""), "--prompt")
+    s.expect_error("generate: an empty stop string", with_flag(gen, base, "--stop", ""), "--stop")
 
 
 def threads(s, d):
@@ -110,15 +111,25 @@ def counts_and_sizes(s, d):
         s.expect_error(f"rl --run-config {name}", ["rl", "--run-config", path], *needles)
     # The trainer's ranks: checked before any process connects.
     for extra, needles in ((["--trainers", "0"], ("--trainers", "[1,")),
-                           (["--trainer-dp-mode", "zero9"], ("'zero9'", "ddp, zero1 or zero2")),
-                           (["--trainer-dp-mode", "fsdp"], ("--trainer-dp-mode fsdp", "shard")),
+                           (["--trainer-dp-mode", "zero9"],
+                            ("'zero9'", "ddp, zero1, zero2 or fsdp")),
                            (["--trainers", "2", "--sft-batch", "31"],
                             ("--sft-batch 31", "--trainers 2")),
                            (["--trainers", "2"], ("at least 3 processes", "--trainers 2", "has 1")),
                            (["--preset", "tiny", "--rollout-tp", "3"],
                             ("--rollout-tp 3", "num_heads 4")),
-                           (["--rollout-tp", "2"], ("--rollout-tp 2", "at least 3 processes"))):
-        s.expect_error("rl " + " ".join(extra), ["rl"] + extra, *needles)
+                           (["--rollout-tp", "2"], ("--rollout-tp 2", "at least 3 processes")),
+                           (["--preset", "tiny", "--rollout-ep", "3"],
+                            ("--rollout-ep 3", "does not divide the model's 4 experts")),
+                           (["--rollout-ep", "2", "--rollout-tp", "2"],
+                            ("--rollout-tp x --rollout-ep = 4", "at least 5 processes")),
+                           (["--rollout-ep", "0"], ("--rollout-ep", "[1,")),
+                           (["--rollout-slots", "-1"], ("--rollout-slots", "[0,")),
+                           (["--join", "--rollout-ep", "2"], ("--rollout-ep 2", "one process")),
+                           (["--join"], ("--join", "WEIGHTLIFT_JOB_TOKEN is not set")),
+                           (["--join", "--rollout-tp", "2"], ("--rollout-tp 2", "one process"))):
+        s.expect_error("rl " + " ".join(extra), ["rl"] + extra, *needles,
+                       env={"WEIGHTLIFT_JOB_TOKEN": ""})
     fifo = os.path.join(d, "run_config_fifo")
     os.mkfifo(fifo)
     s.expect_error("rl --run-config a FIFO", ["rl", "--run-config", fifo], "--run-config",

@@ -20,6 +20,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "reference"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "support"))
 
 TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 1, "head_dim": 16,
         "num_experts": 4, "top_k": 2, "ffn_dim": 128, "vocab_size": 320, "max_seq_len": 128}

@@ -25,6 +25,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "support"))
+from ports import free_port  # noqa: E402
+
 # The issue's figures; the environment may lower them (a tree that allocates what a forged
 # header declares takes 64 MiB per header from a shared machine).
 IDLE = int(os.environ.get("WL_HOSTILE_IDLE", 2000))
@@ -33,12 +36,6 @@ MAX_THREADS = 64      # rank 0's threads at any point: UCX's, the compute pool's
 MAX_GROWTH_MB = 64    # rank 0's resident memory under the second attack, over the first
 MAX_RSS_MB = 256      # rank 0's resident memory at any point (about 12 MB when it holds)
 JOB_TIMEOUT_MS = 60000
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def request(op, token, key, value=b"", wait_ms=0):

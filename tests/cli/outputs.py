@@ -4,7 +4,7 @@ file (a device node as root, a FIFO, a directory, a symbolic link) is refused, s
 that is one of the command's inputs (however its path is spelt), writing into the checkpoint a
 run resumes from, and a run directory that holds another run's results (unless --overwrite,
 or the run resumes that directory). Two processes writing one output leave one of their files,
-whole.
+whole. And what `generate` prints ends before its first stop string.
 
 Run by CTest with the path of the weightlift binary (tests/cli/harness.py has the rules)."""
 import fcntl
@@ -172,6 +172,45 @@ def concurrent_writers(s, d, cfg, batch):
     s.report("two processes writing one output, 8 rounds", "", sorted(set(problems)))
 
 
+def generated_text(s, cmd):
+    """The completion `generate` printed for its one prompt ("The "), the number of tokens it
+    generated, and why not when it failed."""
+    code, out, err = s.run([s.exe] + cmd, timeout=60)
+    head, tail = "--- prompt 0 ---\nThe ", "\n--- 1 rows, "
+    if code != 0 or head not in out or tail not in out:
+        return None, 0, f"exit {code}: {err.strip()[-300:]} {out[-300:]!r}"
+    tokens = int(out[out.index(tail) + len(tail):].split(" new tokens")[0])
+    return out[out.index(head) + len(head):out.index(tail)], tokens, ""
+
+
+def generate_stops(s, cfg, w):
+    """Stop strings end a row where it first produces one (it generates no further), and are
+    left out of what is printed; the text before is what the same seeded run without them
+    produced. The prompt's own text does not count."""
+    gen = ["generate", "--config", cfg, "--weights", w, "--prompt", "The ", "--max-new-tokens",
+           "24", "--temperature", "0.9", "--seed", "5"]
+    free, free_tokens, why = generated_text(s, gen)
+    if free is None:
+        s.report("generate --stop", "the run without stops failed", [why])
+        return
+    letters = [i for i, ch in enumerate(free) if i >= 1 and ch.isascii() and ch.isalpha()]
+    if not letters:
+        s.report("generate --stop", f"no letter in {free!r} to stop at", ["pick another seed"])
+        return
+    stop = free[letters[0]]
+    cut, cut_tokens, why = generated_text(s, gen + ["--stop", "never printed", "--stop", stop])
+    want = free[:free.index(stop)]
+    problems = [why] if cut is None else [] if cut == want else [f"expected {want!r}"]
+    if cut is not None and not cut_tokens < free_tokens:
+        problems.append(f"{cut_tokens} tokens generated, as many as without the stop string")
+    s.report(f"generate --stop {stop!r}", f"{free!r} -> {cut!r}", problems)
+    # "Th" is in the prompt "The ": only the completion's text is looked at.
+    in_prompt, _, why = generated_text(s, gen + ["--stop", "Th"])
+    want = free[:free.index("Th")] if "Th" in free else free
+    s.report("generate --stop in the prompt", f"{in_prompt!r}",
+             [why] if in_prompt is None else [] if in_prompt == want else [f"expected {want!r}"])
+
+
 def main():
     s = Suite(sys.argv[1], tempfile.mkdtemp(prefix="wl-outputs-"))
     try:
@@ -185,6 +224,9 @@ def main():
         d = tempfile.mkdtemp(dir=s.scratch)
         cfg, w, batch = write_tiny_model(d)
         concurrent_writers(s, d, cfg, batch)
+        d = tempfile.mkdtemp(dir=s.scratch)
+        cfg, w, batch = write_tiny_model(d, seed=3)
+        generate_stops(s, cfg, w)
     finally:
         shutil.rmtree(s.scratch, ignore_errors=True)
     s.finish()

@@ -10,19 +10,13 @@ Run by CTest with the path of the weightlift binary (tests/cli/harness.py has th
 import errno
 import os
 import select
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 from harness import Suite
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ports import free_port
 
 
 def alone(s, rank, timeout_s):

@@ -91,6 +91,39 @@ TEST(DequantLinear, Bf16IsExactWidening) {
   EXPECT_EQ(y[2], -4.0f);
 }
 
+// bf16 activations on a CPU with bf16 GEMMs: the product of x rounded to bf16 with the bf16
+// weights, accumulated in f32, against a double loop over the same rounded values; x's own
+// rounding shows against the f32 path, which this path must not silently be.
+TEST(DequantLinear, Bf16ActivationsMultiplyTheRoundedActivations) {
+  if (!bf16_activations_supported()) GTEST_SKIP() << "this CPU has no bf16 GEMMs";
+  Rng rng(9);
+  const int64_t rows = 300, cols = 200, n = 7;
+  std::vector<uint16_t> wb(size_t(rows * cols));
+  for (uint16_t& v : wb) v = f32_to_bf16(rng.normal() / 8.0f);
+  const WeightMatrix w{.dtype = DType::kBF16, .data = wb.data(), .rows = rows, .cols = cols};
+  std::vector<float> x(size_t(n * cols)), y(size_t(n * rows), 1.0f), f32_path(y);
+  for (float& v : x) v = rng.normal();
+  std::vector<float> scratch;
+  dequant_linear(w, x.data(), n, y.data(), /*accumulate=*/true, scratch, /*bf16=*/true);
+  dequant_linear(w, x.data(), n, f32_path.data(), true, scratch, false);
+  double moved = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t i = 0; i < rows; ++i) {
+      double s = 1.0, abs_sum = 1.0;
+      for (int64_t j = 0; j < cols; ++j) {
+        const double p = double(bf16_to_f32(f32_to_bf16(x[size_t(t * cols + j)]))) *
+                         double(bf16_to_f32(wb[size_t(i * cols + j)]));
+        s += p;
+        abs_sum += std::fabs(p);
+      }
+      const size_t k = size_t(t * rows + i);
+      ASSERT_NEAR(y[k], s, double(cols + 2) * 0x1.0p-24 * abs_sum) << "element " << k;
+      moved = std::max(moved, double(std::fabs(y[k] - f32_path[k])));
+    }
+  }
+  EXPECT_GT(moved, 0.0) << "the activations were not rounded";
+}
+
 // ---- bad sources: each a clear error naming the tensor ----------------------------------------
 
 TEST(BindWeights, MissingWrongShapeAndWrongDtypeNameTheTensor) {

@@ -29,27 +29,15 @@
 #include "weightlift/transfer/layout/reference_transform.h"
 #include "weightlift/transfer/modes/update_executor.h"
 #include "weightlift/transfer/plan/plan_transfer.h"
+#include "worker_fixture.h"
 
 namespace wl::infer {
 namespace {
 
+using namespace wl::infer::testing;  // worker_fixture.h
+
 using transfer::LayoutOptions;
 using transfer::WeightFormat;
-
-// Ranks here are threads on a 2-core machine that other jobs share: each computes on one core
-// (as one process per core would), since OpenMP teams of two per rank would oversubscribe the
-// cores and spin at every barrier for a descheduled member (measured: 3 s became 90 s under a
-// parallel build). The numbers do not depend on it beyond f32 reassociation.
-class OneComputeThread {
- public:
-  OneComputeThread() { set_num_threads(1); }
-  ~OneComputeThread() { set_num_threads(saved_); }
-  OneComputeThread(const OneComputeThread&) = delete;
-  OneComputeThread& operator=(const OneComputeThread&) = delete;
-
- private:
-  int saved_ = num_threads();
-};
 
 // ---- tolerances ---------------------------------------------------------------------------
 // Errors are per position (a prompt position or a decode step): the max |worker - trainer|
@@ -78,10 +66,6 @@ class OneComputeThread {
 // step agrees to kReassociation and greedy agrees at every step.
 constexpr double kBf16U = 0x1.0p-9;  // bf16: 8 significant bits, round to nearest
 constexpr double kFp8U = 0x1.0p-4;   // e4m3: 4 significant bits (normal range of the block)
-// Same effective weights, f32 sums in another order: measured at most 1.4e-6 S; 1e-4 S leaves
-// room for other GEMM kernels and thread counts.
-constexpr double kReassociation = 1e-4;
-
 struct Bounds {
   double u, median, p90;  // the last two in units of u S
   double min_agree;       // share of greedy steps whose token is the trainer's argmax
@@ -93,64 +77,6 @@ const Bounds& bounds_for(WeightFormat f) {
 }
 
 // ---- weights and prompts --------------------------------------------------------------------
-
-model::ModelConfig config_named(const std::string& name) {
-  if (name == "small-2") {  // the `small` preset's widths with 2 layers, for speed
-    model::ModelConfig c = transfer::testing::preset_or_die("small");
-    c.num_layers = 2;
-    return c;
-  }
-  if (name == "tiny-qwen3-moe" || name == "tiny-llama") {  // Hugging Face families' shapes
-    model::ModelConfig c = transfer::testing::preset_or_die("tiny");
-    c.num_layers = 3;
-    c.num_kv_heads = 2;
-    const bool qwen = name == "tiny-qwen3-moe";
-    c.qk_norm = qwen;
-    c.norm_topk = !qwen;
-    c.dense_layers = qwen ? std::vector<int64_t>{1} : std::vector<int64_t>{0, 1, 2};
-    c.dense_ffn_dim = 192;
-    if (!qwen) c.num_experts = c.top_k = c.ffn_dim = 0;
-    return c;
-  }
-  return transfer::testing::preset_or_die(name.c_str());
-}
-
-// Weights at a trained model's scale: every matrix N(0, 1/in) so activations stay O(1) through
-// the blocks, rows at three magnitudes (x0.5, x1, x2) so rows inside one fp8 block differ and
-// the small ones lose relative precision, norm gains 1 +- 0.1, and a head 4x larger so the
-// logits spread over about +-10 and greedy decoding is decisive (top-2 margins of order 1).
-std::vector<float> test_weights(const model::ModelConfig& c, uint64_t seed) {
-  const model::ParamLayout layout(c);
-  std::vector<float> w(size_t(layout.total()));
-  Rng rng(seed);
-  for (const model::ParamInfo& p : layout.params()) {
-    float* dst = w.data() + p.offset;
-    if (p.shape.size() == 1) {
-      for (int64_t i = 0; i < p.numel(); ++i) dst[i] = 1.0f + 0.1f * rng.normal();
-      continue;
-    }
-    const int64_t cols = p.shape[1];
-    const bool embed = p.name == "embed.weight", head = p.name == "lm_head.weight";
-    const bool router = p.name.ends_with("router.weight");
-    const float base = embed ? 1.0f : (head ? 4.0f : router ? 4.0f : 1.0f) / std::sqrt(float(cols));
-    for (int64_t i = 0; i < p.numel(); ++i) {
-      const float row_mag = std::ldexp(1.0f, int((i / cols / 32) % 3) - 1);
-      dst[i] = base * row_mag * rng.normal();
-    }
-  }
-  return w;
-}
-
-std::vector<int64_t> bytes_of(const std::string& s) {
-  return std::vector<int64_t>(s.begin(), s.end());
-}
-
-const std::vector<std::vector<int64_t>>& prompts() {
-  static const std::vector<std::vector<int64_t>> p{bytes_of("The quick brown fox"),
-                                                   bytes_of("weights"), bytes_of("x"),
-                                                   bytes_of("Seed 000 moves a 1T model in 1.3 s")};
-  return p;
-}
 
 std::unique_ptr<model::Transformer> trainer_with(const model::ModelConfig& c,
                                                  const std::vector<float>& w) {
@@ -649,6 +575,201 @@ TEST(InferenceWorker, AReceiverMissingATensorIsAClearError) {
               std::string::npos)
         << g.status().message();
   });
+}
+
+// bf16 activations (WorkerOptions::bf16_activations, on a CPU with bf16 GEMMs): bf16 weights
+// multiplied as stored against activations rounded to bf16. Against the same worker in f32 on
+// the same weights, the logits at every prompt position move by the activations' rounding
+// alone: bounded like the weights' own (kBf16Bounds, in u S), and greedy decoding agrees
+// but at near ties. Measured (tiny, small-2): median 1.1-1.6 u S, p90 1.9-2.2 u S.
+TEST(InferenceWorker, Bf16ActivationsStayWithinBf16Rounding) {
+  if (!bf16_activations_supported()) GTEST_SKIP() << "this CPU has no bf16 GEMMs";
+  for (const char* preset : {"tiny", "small-2"}) {
+    SCOPED_TRACE(preset);
+    const model::ModelConfig c = config_named(preset);
+    const std::vector<float> w = test_weights(c, 42);
+    const LayoutOptions layout{.format = WeightFormat::kBF16};
+    const auto held = tensors_of(transfer::reference_receiver_tensors(c, layout, w));
+    std::vector<std::vector<Tensor>> logits;
+    std::vector<Generation> greedy;
+    for (bool bf16 : {false, true}) {
+      auto worker =
+          InferenceWorker::create({.config = c, .layout = layout, .bf16_activations = bf16});
+      ASSERT_TRUE(worker.ok());
+      auto bound = (*worker)->bind(lookup_in(held));
+      ASSERT_TRUE(bound.ok());
+      auto l = (*worker)->prompt_logits(*bound, prompts());
+      auto g = (*worker)->generate(*bound, prompts(), {.max_new_tokens = 12});
+      ASSERT_TRUE(l.ok() && g.ok());
+      logits.push_back(*std::move(l));
+      greedy.push_back(*std::move(g));
+    }
+    const int64_t V = c.vocab_size;
+    double scale = 0;
+    for (const Tensor& t : logits[0]) {
+      scale = std::max(scale, max_abs({t.data<float>(), t.data<float>() + t.numel()}));
+    }
+    std::vector<double> errors;  // per position: the largest logit change, in u S
+    for (size_t p = 0; p < prompts().size(); ++p) {
+      const float *a = logits[0][p].data<float>(), *b = logits[1][p].data<float>();
+      for (int64_t t = 0; t < logits[0][p].numel() / V; ++t) {
+        double e = 0;
+        for (int64_t v = t * V; v < (t + 1) * V; ++v)
+          e = std::max(e, double(std::fabs(a[v] - b[v])));
+        errors.push_back(e / (kBf16U * scale));
+      }
+    }
+    const Quantiles q = quantiles(errors);
+    std::printf("[measured] %s bf16 activations vs f32: median %.2f p90 %.2f max %.1f u S\n",
+                preset, q.median, q.p90, q.max);
+    EXPECT_GT(q.median, 0.0) << "nothing was rounded: the bf16 path did not run";
+    EXPECT_LE(q.median, kBf16Bounds.median);
+    EXPECT_LE(q.p90, kBf16Bounds.p90);
+    size_t leading = 0, steps = 0;  // greedy tokens equal until the first that is not
+    for (size_t r = 0; r < prompts().size(); ++r) {
+      const std::vector<int64_t>&f32 = greedy[0].tokens[r], &b16 = greedy[1].tokens[r];
+      steps += f32.size();
+      leading +=
+          size_t(std::mismatch(f32.begin(), f32.end(), b16.begin(), b16.end()).first - f32.begin());
+    }
+    std::printf("[measured] %s greedy: %zu of %zu leading tokens equal\n", preset, leading, steps);
+    EXPECT_GE(10 * leading, 8 * steps) << "greedy tokens agree for " << leading << " of " << steps;
+  }
+}
+
+// ---- expert parallelism ---------------------------------------------------------------------
+
+struct EpOutput {
+  std::vector<Tensor> prompt_logits;
+  Generation greedy, sampled;
+};
+
+// The worker on an engine of tp x ep ranks (threads of one world; rank r is TP rank r % tp of
+// EP rank r / tp; one rank: no group), greedy with logits and routes, then sampled with a
+// seed, over `rows`.
+std::vector<EpOutput> run_ep_worker(const model::ModelConfig& c, const std::vector<float>& w,
+                                    WeightFormat format, int tp, int ep,
+                                    const std::vector<std::vector<int64_t>>& rows) {
+  std::vector<EpOutput> out(static_cast<size_t>(tp * ep));
+  auto body = [&](int rank, std::shared_ptr<comm::Group> world) {
+    OneComputeThread one;
+    const LayoutOptions layout{
+        .tp = tp, .tp_rank = rank % tp, .ep = ep, .ep_rank = rank / tp, .format = format};
+    const auto [tp_group, ep_group] = engine_groups(world, layout);
+    const auto held = tensors_of(transfer::reference_receiver_tensors(c, layout, w));
+    auto worker = InferenceWorker::create(
+        {.config = c, .layout = layout, .tp_group = tp_group, .ep_group = ep_group});
+    ASSERT_TRUE(worker.ok()) << worker.status().to_string();
+    auto bound = (*worker)->bind(lookup_in(held));
+    ASSERT_TRUE(bound.ok()) << bound.status().to_string();
+    auto logits = (*worker)->prompt_logits(*bound, rows);
+    ASSERT_TRUE(logits.ok()) << logits.status().to_string();
+    auto greedy = (*worker)->generate(
+        *bound, rows, {.max_new_tokens = kNewTokens, .keep_logits = true, .keep_routes = true});
+    ASSERT_TRUE(greedy.ok()) << greedy.status().to_string();
+    auto sampled = (*worker)->generate(*bound, rows,
+                                       {.max_new_tokens = kNewTokens,
+                                        .sampling = {.temperature = 1.0f, .top_k = 20},
+                                        .seed = 7,
+                                        .stop_token = 'e'});
+    ASSERT_TRUE(sampled.ok()) << sampled.status().to_string();
+    out[size_t(rank)] = {*std::move(logits), *std::move(greedy), *std::move(sampled)};
+  };
+  if (tp * ep == 1) {
+    body(0, nullptr);
+  } else {
+    transfer::testing::run_world(tp * ep, body);
+  }
+  return out;
+}
+
+// An engine of EP ranks computes what the same engine without EP does (one rank, or its TP
+// ranks): each EP rank generates its share of the rows, and an expert runs every rank's rows
+// in rank order, the order one process runs them. The GEMMs see other row counts (a rank's
+// share of the attention, each expert's rows from several ranks), which changes f32
+// reassociation and nothing else: rank 0 returns every row, with the same tokens, routes and
+// sampled tokens (row r samples with seed + r wherever it runs) and logits and log-probs
+// within reassociation, also with fewer rows than ranks (a rank with none still serves the
+// others' tokens), and with TP as well (each EP rank's TP ranks splitting heads and each
+// expert's ffn rows). prompt_logits feeds every row on every rank and agrees as well.
+TEST(InferenceWorker, ExpertParallelRanksComputeWhatOneRankDoes) {
+  struct Case {
+    const char* preset;
+    WeightFormat format;
+    int tp, ep;
+    size_t rows;
+  };
+  for (const Case& k :
+       {Case{"tiny", WeightFormat::kBF16, 1, 2, 4}, Case{"tiny", WeightFormat::kFP8, 1, 4, 4},
+        Case{"small-2", WeightFormat::kFP8, 1, 2, 4},
+        Case{"tiny-qwen3-moe", WeightFormat::kBF16, 1, 2, 4},
+        Case{"tiny", WeightFormat::kBF16, 1, 4, 2}, Case{"tiny", WeightFormat::kBF16, 2, 2, 4},
+        Case{"small-2", WeightFormat::kFP8, 2, 2, 3}}) {
+    const std::string name = std::string(k.preset) + " " +
+                             std::string(transfer::weight_format_name(k.format)) + " tp" +
+                             std::to_string(k.tp) + " ep" + std::to_string(k.ep) + ", " +
+                             std::to_string(k.rows) + " rows";
+    SCOPED_TRACE(name);
+    const model::ModelConfig c = config_named(k.preset);
+    const std::vector<float> w = test_weights(c, 42);
+    const std::vector<std::vector<int64_t>> rows(prompts().begin(),
+                                                 prompts().begin() + int64_t(k.rows));
+    const std::vector<EpOutput> one = run_ep_worker(c, w, k.format, k.tp, 1, rows);
+    const std::vector<EpOutput> ep = run_ep_worker(c, w, k.format, k.tp, k.ep, rows);
+    if (::testing::Test::HasFatalFailure()) return;
+    const Generation &a = one[0].greedy, &b = ep[0].greedy;
+    EXPECT_EQ(b.tokens, a.tokens);
+    EXPECT_EQ(b.routes, a.routes);
+    EXPECT_EQ(ep[0].sampled.tokens, one[0].sampled.tokens);
+    LogitGap gap;
+    ASSERT_EQ(b.logits.size(), a.logits.size());
+    for (size_t r = 0; r < a.logits.size(); ++r) {
+      ASSERT_EQ(b.logits[r].size(), a.logits[r].size()) << "row " << r;
+      for (size_t s = 0; s < a.logits[r].size(); ++s)
+        gap.add(b.logits[r][s].data(), a.logits[r][s].data(), a.logits[r][s].size());
+    }
+    for (int r = 0; r < k.tp * k.ep; ++r) {
+      for (size_t p = 0; p < rows.size(); ++p) {
+        gap.add(ep[size_t(r)].prompt_logits[p].data<float>(), one[0].prompt_logits[p].data<float>(),
+                size_t(one[0].prompt_logits[p].numel()));
+      }
+    }
+    EXPECT_LE(gap.gap, kReassociation * gap.scale);
+    double logprob_gap = 0;
+    ASSERT_EQ(ep[0].sampled.logprobs.size(), one[0].sampled.logprobs.size());
+    for (size_t r = 0; r < one[0].sampled.logprobs.size(); ++r) {
+      for (size_t s = 0; s < one[0].sampled.logprobs[r].size(); ++s) {
+        logprob_gap = std::max(
+            logprob_gap, std::fabs(ep[0].sampled.logprobs[r][s] - one[0].sampled.logprobs[r][s]));
+      }
+    }
+    EXPECT_LE(logprob_gap, kReassociation * gap.scale);
+    for (int r = k.tp; r < k.tp * k.ep; ++r) {  // EP ranks but the first, each TP rank
+      EXPECT_TRUE(ep[size_t(r)].greedy.tokens.empty()) << "rank " << r << " kept rows";
+    }
+    std::printf(
+        "[measured] %s: the tokens and routes without EP; logits within %.2g S, sampled "
+        "log-probs within %.2g\n",
+        name.c_str(), gap.gap / gap.scale, logprob_gap);
+  }
+}
+
+// What cannot be an EP engine is refused when the worker is made, naming the cause.
+TEST(InferenceWorker, AnExpertParallelLayoutThatCannotBeIsRefused) {
+  const model::ModelConfig c = config_named("tiny");  // 4 experts
+  auto three = InferenceWorker::create({.config = c, .layout = {.ep = 3}});
+  ASSERT_FALSE(three.ok());
+  EXPECT_NE(three.status().message().find("ep 3 does not divide the model's 4 experts"),
+            std::string::npos)
+      << three.status().message();
+  auto no_group = InferenceWorker::create({.config = c, .layout = {.ep = 2}});
+  ASSERT_FALSE(no_group.ok());
+  EXPECT_NE(no_group.status().message().find("needs an EP group"), std::string::npos);
+  auto dense = InferenceWorker::create({.config = config_named("tiny-llama"), .layout = {.ep = 2}});
+  ASSERT_FALSE(dense.ok());
+  EXPECT_NE(dense.status().message().find("does not divide the model's 0 experts"),
+            std::string::npos)
+      << dense.status().message();
 }
 
 }  // namespace

@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "weightlift/core/parallel.h"
+#include "weightlift/core/random.h"
+
 namespace wl::model {
 namespace {
 
@@ -100,6 +103,34 @@ TEST(Generate, ARowStopsAfterItsStopTokenAndTheOthersGoOn) {
   EXPECT_EQ(alone->decoded_tokens, int64_t(want[0].size()) - 1);
 }
 
+// A caller's rule (stop strings: the caller decodes and looks) stops a row after the token it
+// says, and the others go on as they would have; it sees each row's new tokens so far.
+TEST(Generate, ARowStopsWhereTheCallersRuleSays) {
+  const ModelConfig c = *preset("tiny");
+  Transformer m(c);
+  m.init(12);
+  const std::vector<std::vector<int64_t>> prompts{{5, 6, 7}, {1, 2, 3, 4, 5, 6, 7, 8}};
+  GenerateOptions o{.max_new_tokens = 12, .sampling = {.temperature = 0}};
+  auto free_run = generate(m, prompts, o);
+  ASSERT_TRUE(free_run.ok());
+  // Row 1 stops once it has produced its free run's first three tokens.
+  const std::vector<int64_t> three(free_run->tokens[1].begin(), free_run->tokens[1].begin() + 3);
+  int calls = 0;
+  o.stop_when = [&](size_t row, const std::vector<int64_t>& tokens) {
+    ++calls;
+    return row == 1 && tokens == three;
+  };
+  for (bool cache : {true, false}) {
+    o.use_kv_cache = cache;
+    calls = 0;
+    auto stopped = generate(m, prompts, o);
+    ASSERT_TRUE(stopped.ok());
+    EXPECT_EQ(stopped->tokens[0], free_run->tokens[0]) << "use_kv_cache " << cache;
+    EXPECT_EQ(stopped->tokens[1], three) << "use_kv_cache " << cache;
+    EXPECT_EQ(calls, 12 + 3) << "a call per new token of a running row";
+  }
+}
+
 TEST(Generate, SamplingIsSeededAndRefusesBadPrompts) {
   const ModelConfig c = *preset("tiny");
   Transformer m(c);
@@ -117,6 +148,43 @@ TEST(Generate, SamplingIsSeededAndRefusesBadPrompts) {
   auto bad_token = generate(m, {{1, 999}}, o);
   ASSERT_FALSE(bad_token.ok());
   EXPECT_NE(bad_token.status().message().find("999"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace wl::model
+
+namespace wl::model {
+namespace {
+
+// Rows are sampled on every compute thread, each with its own generator: over a vocabulary
+// large enough that the rows are spread over the threads (sampling_grain), two threads pick
+// the tokens and log-probabilities one thread does, step after step, and a row stops on its
+// stop token alike.
+TEST(RowSampler, RowsSampledOnEveryThreadPickWhatOneThreadDoes) {
+  const int64_t V = 50000, rows = 4 * sampling_grain(V) + 3;
+  ASSERT_GT(rows, 2 * sampling_grain(V)) << "the rows would not reach a second thread";
+  std::vector<float> logits(size_t(rows * V));
+  Rng rng(11);
+  for (float& x : logits) x = 3.0f * rng.normal();
+  logits[size_t(V + 7)] = 100.0f;  // row 1 meets its stop token at once
+  const kernels::SamplingOptions top_p{.temperature = 0.8f, .top_k = 0, .top_p = 0.9f};
+  const int saved = num_threads();
+  std::vector<std::vector<std::vector<int64_t>>> tokens;
+  std::vector<std::vector<std::vector<double>>> logprobs;
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    const int64_t stop = 7;
+    RowSampler sampler(static_cast<size_t>(rows), top_p, 5, stop);
+    std::vector<std::vector<int64_t>> feed(static_cast<size_t>(rows));
+    for (int step = 0; step < 6; ++step) sampler.step(logits.data(), V, feed);
+    tokens.push_back(sampler.take_tokens());
+    logprobs.push_back(sampler.take_logprobs());
+  }
+  set_num_threads(saved);
+  EXPECT_EQ(tokens[0], tokens[1]);
+  EXPECT_EQ(logprobs[0], logprobs[1]);
+  EXPECT_EQ(tokens[0][0].size(), 6u);
+  EXPECT_EQ(tokens[1][1], std::vector<int64_t>{7});
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -645,6 +646,50 @@ TEST(Fsdp, HoldsAFractionOfTheState) {
     std::printf("tiny: DDP 2 holds %lld bytes of state per rank; FSDP %d at most %lld (%.2f)\n",
                 static_cast<long long>(whole), n, static_cast<long long>(fsdp[0]->peak_state_bytes),
                 double(fsdp[0]->peak_state_bytes) / double(whole));
+  }
+}
+
+// A rank draws its initial weights part by part (set_params with a fill): the model every
+// layout then holds is the one drawn whole, bit for bit, and a rank that shards its
+// parameters never asks for more than one unit's part at a time, so it never holds the whole.
+TEST(DataParallel, EachRankDrawsOnlyThePartsItKeeps) {
+  const model::ModelConfig c = *model::preset("tiny");
+  const model::ParamLayout layout(c);
+  std::vector<float> whole(size_t(layout.total()));
+  model::init_params(c, layout, 7, whole.data());
+  const model::Units units(c, layout);
+  int64_t largest_unit = 0;
+  for (int u = 0; u < units.count(); ++u)
+    largest_unit = std::max(largest_unit, units.range(u).size());
+  struct Case {
+    const char* name;
+    int ranks;
+    ParallelLayout layout;
+  };
+  const Case cases[] = {{"ddp 2", 2, {.dp_mode = DpMode::kDdp}},
+                        {"fsdp 2", 2, {.dp_mode = DpMode::kFsdp}},
+                        {"fsdp 2 ep 2", 2, {.dp_mode = DpMode::kFsdp, .ep = 2}},
+                        {"fsdp 2 x pp 2", 4, {.dp_mode = DpMode::kFsdp, .pp = 2}},
+                        {"zero1 tp 2", 2, {.dp_mode = DpMode::kZero1, .tp = 2}}};
+  for (const Case& k : cases) {
+    std::mutex mu;
+    int64_t most = 0;
+    run_data_parallel(k.ranks, c, k.layout, [&](DataParallel& dp) {
+      int64_t asked = 0;
+      dp.set_params([&](model::FlatRange r, float* out) {
+        asked = std::max(asked, r.size());
+        model::init_params(c, dp.layout(), 7, r.begin, r.end, out);
+      });
+      std::vector<float> gathered(whole.size());
+      ASSERT_TRUE(dp.gather_model(gathered.data()).ok()) << k.name;
+      EXPECT_EQ(std::memcmp(gathered.data(), whole.data(), whole.size() * sizeof(float)), 0)
+          << k.name << ": rank " << dp.job_rank();
+      std::lock_guard lock(mu);
+      most = std::max(most, asked);
+    });
+    if (k.layout.dp_mode == DpMode::kFsdp) {
+      EXPECT_LE(most, largest_unit) << k.name;
+    }
   }
 }
 

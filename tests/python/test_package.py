@@ -8,7 +8,6 @@ import collections.abc
 import json
 import os
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -22,6 +21,8 @@ import torch
 import weightlift as wl
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "support"))
+from ports import free_port  # noqa: E402
 EXE = os.environ.get("WEIGHTLIFT_EXE", "weightlift")
 
 
@@ -100,9 +101,7 @@ def test_a_stopped_launch_leaves_no_receiver_behind(tmp_path, sig):
 
 def test_receiver_killed_mid_update_raises_or_is_left_out_without_a_hang():
     # Started here rather than by `weightlift launch`, which stops a job whose rank was killed.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = []
     for r in range(3):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE="3", MASTER_ADDR="127.0.0.1",
@@ -126,9 +125,7 @@ def job(monkeypatch):
     """A job of this one process, its store on a free port."""
     for v in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
         monkeypatch.delenv(v, raising=False)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     monkeypatch.setenv("MASTER_PORT", str(port))
     j = wl.init(timeout=10)
     yield j

@@ -176,5 +176,61 @@ TEST(RlProtocol, StoreKeysNameEachIncarnationAndTpRank) {
   EXPECT_EQ(fleet_id(2, 3, 1), 5);
 }
 
+// A worker joining a running job is held to what the job runs: the same options give the job's
+// worker count; each that differs is named as the flag a user gives, with both values; an
+// identity this build did not write is DataLoss.
+TEST(RlProtocol, AJoiningWorkerMustRunWhatTheJobRuns) {
+  RlOptions job;
+  job.config = config();
+  const std::string identity = job_identity(job, 3);
+  ASSERT_TRUE(check_job_identity(job, identity).ok());
+  EXPECT_EQ(*check_job_identity(job, identity), 3);
+  auto refused = [&](const RlOptions& mine, const std::string& says) {
+    const Result<int> r = check_job_identity(mine, identity);
+    ASSERT_FALSE(r.ok()) << says;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().to_string();
+    EXPECT_NE(r.status().message().find(says), std::string::npos) << r.status().to_string();
+  };
+  RlOptions other = job;
+  other.sync_format = transfer::WeightFormat::kFP8;
+  refused(other, "--sync-dtype is fp8 here, bf16 in the running job");
+  other = job;
+  other.config.num_layers += 1;
+  refused(other, "has num_layers " + std::to_string(other.config.num_layers) + " here, " +
+                     std::to_string(job.config.num_layers) + " in the running job");
+  other = job;
+  other.sampling.temperature = 0.5f;
+  refused(other, "--temperature is 0.5 here, 1 in the running job");
+  other = job;
+  other.routing_replay = true;
+  refused(other, "--routing-replay is true here, false in the running job");
+  other = job;
+  other.rollout_bf16_activations = true;
+  refused(other, "--rollout-bf16-activations is set here and the other way");
+  RlOptions bf16_job = job;
+  bf16_job.rollout_bf16_activations = true;
+  const Result<int> plain = check_job_identity(job, job_identity(bf16_job, 2));
+  EXPECT_NE(plain.status().message().find("--rollout-bf16-activations is not set here"),
+            std::string::npos)
+      << plain.status().to_string();
+  EXPECT_EQ(*check_job_identity(bf16_job, job_identity(bf16_job, 2)), 2);
+  RlOptions tp2 = job;
+  tp2.rollout_tp = 2;
+  const Result<int> engines = check_job_identity(job, job_identity(tp2, 2));
+  EXPECT_EQ(engines.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(engines.status().message().find("TP 2 engines (--rollout-tp): it takes no joining"),
+            std::string::npos)
+      << engines.status().to_string();
+  RlOptions ep2 = job;
+  ep2.rollout_ep = 2;
+  const Result<int> ep_engines = check_job_identity(job, job_identity(ep2, 2));
+  EXPECT_NE(ep_engines.status().message().find("EP 2 engines (--rollout-ep): it takes no joining"),
+            std::string::npos)
+      << ep_engines.status().to_string();
+  for (const std::string bad : {"", "{}", "[1]", "{\"workers\": \"3\"}"}) {
+    EXPECT_EQ(check_job_identity(job, bad).status().code(), StatusCode::kDataLoss) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace wl::rl::protocol

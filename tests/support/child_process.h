@@ -19,6 +19,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,17 +29,33 @@
 
 namespace wl::testing {
 
-// Any port that is free now (the kernel picks one, we release it at once).
+// A port that is free now, for a job whose store a test starts on a port it names. It is
+// drawn at random below the kernel's ephemeral range (ip_local_port_range), never from it: a
+// port the kernel handed out once is handed out again to any process's connect() or bind(0),
+// and under `ctest -j` another test's socket took one between this call and the job's bind.
+// Two tests drawing the same port of the ~20000 is the remaining chance; the bind check
+// below rules out one already in use.
 inline int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
+  int ephemeral_low = 32768;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d", &ephemeral_low) != 1) ephemeral_low = 32768;
+    std::fclose(f);
+  }
+  const int low = 10000, high = std::max(low + 1000, ephemeral_low);
+  static std::mt19937 rng(std::random_device{}());
+  std::uniform_int_distribution<int> pick(low, high - 1);
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const int port = pick(rng);
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd);
+    if (free) return port;
+  }
+  return 0;  // never in practice; the job then fails on port 0 and says so
 }
 
 struct Child {

@@ -157,19 +157,21 @@ inline void run_world(int size, const std::function<void(int, std::shared_ptr<co
 struct Case {
   const char* preset = "tiny";
   int meshes = 1, mesh_size = 1;  // trainers: meshes * mesh_size, world ranks first
-  int tp = 1, engines = 1;        // receivers: engines * tp, world ranks after the trainers
+  int tp = 1, engines = 1;        // receivers: engines * tp * ep, world ranks after the trainers
+  int ep = 1;                     // engine rank r: TP rank r % tp of EP rank r / tp
   WeightFormat format = WeightFormat::kBF16;
   DType shard_dtype = DType::kF32;
   bool offload = false;
   bool faults = false;  // every rank's group over a FaultTransport (run_world)
   std::string name() const {
     return std::string(preset) + " " + std::to_string(meshes) + "x" + std::to_string(mesh_size) +
-           " trainers, " + std::to_string(engines) + "x tp" + std::to_string(tp) + " " +
+           " trainers, " + std::to_string(engines) + "x tp" + std::to_string(tp) +
+           (ep > 1 ? " ep" + std::to_string(ep) : std::string()) + " " +
            std::string(weight_format_name(format)) + ", shards " +
            std::string(dtype_name(shard_dtype)) + (offload ? " offloaded" : "");
   }
   int trainers() const { return meshes * mesh_size; }
-  int size() const { return trainers() + engines * tp; }
+  int size() const { return trainers() + engines * tp * ep; }
 };
 
 // One rank's role in a Case: its mesh (trainers) or its receiver, ready to plan.
@@ -198,14 +200,20 @@ inline Rank join(const Case& k, int rank, std::shared_ptr<comm::Group> world,
         {.dtype = k.shard_dtype, .offload = k.offload, .mesh_id = rank / k.mesh_size}));
     r.meta = describe_trainer(rank, *r.weights);
   } else {
-    const int i = rank - k.trainers();
-    r.layout = {.tp = k.tp, .tp_rank = i % k.tp, .format = k.format};
+    const int i = rank - k.trainers(), engine = k.tp * k.ep;
+    r.layout = {.tp = k.tp,
+                .tp_rank = i % k.tp,
+                .ep = k.ep,
+                .ep_rank = i % engine / k.tp,
+                .format = k.format};
     auto lay = inference_layout(c, r.layout);
     WL_CHECK(lay.ok()) << lay.status().to_string();
     auto rc = Receiver::create(world->worker(), {.tensors = tensor_specs(*lay),
-                                                 .engine = i / k.tp,
+                                                 .engine = i / engine,
                                                  .tp = k.tp,
                                                  .tp_rank = i % k.tp,
+                                                 .ep = k.ep,
+                                                 .ep_rank = r.layout.ep_rank,
                                                  .format = k.format});
     WL_CHECK(rc.ok()) << rc.status().to_string();
     r.receiver = std::move(*rc);
@@ -257,7 +265,7 @@ inline void expect_holds(const Receiver& receiver,
     const auto* p = static_cast<const std::byte*>(got.raw());
     const auto diff = std::mismatch(p, p + want.bytes.size(), want.bytes.begin());
     EXPECT_EQ(diff.first, p + want.bytes.size())
-        << e.spec.name << " (tp rank " << layout.tp_rank << "): first differing byte "
+        << e.spec.name << " (" << describe_rank(layout) << "): first differing byte "
         << (diff.first - p) << " of " << want.bytes.size();
   }
 }

@@ -271,6 +271,98 @@ TEST(ParameterServer, TakesAStateDictInBf16OrF32) {
   }
 }
 
+// Each server rank's own rows, as an FSDP trainer rank holds them (packed apart from the
+// model, so nothing else is there to read): the receivers get the whole model, version after
+// version; rows missing, given twice, or another rank's are refused naming the parameter, and
+// leave the held weights as they were.
+TEST(ParameterServer, TakesEachRanksOwnRowsAsAnFsdpTrainerHoldsThem) {
+  const model::ModelConfig c = preset_or_die("tiny");
+  const model::ParamLayout layout(c);
+  const std::vector<float> a = random_weights(c, 5), b = random_weights(c, 6);
+  // Rank r's rows of every parameter of `w`, copied out: the buffer and the rows naming it.
+  struct Own {
+    std::vector<std::vector<float>> buffers;
+    std::vector<OwnRows> rows;
+  };
+  auto own = [&](const std::vector<float>& w, int rank) {
+    Own o;
+    for (size_t i = 0; i < layout.params().size(); ++i) {
+      const model::ParamInfo& p = layout.params()[i];
+      const ShardRows r = shard_rows(p.shape[0], kServers, rank);
+      if (r.size() == 0) continue;
+      const int64_t width = p.numel() / p.shape[0];
+      const float* first = w.data() + p.offset + r.begin * width;
+      o.buffers.emplace_back(first, first + r.size() * width);
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < layout.params().size(); ++i) {
+      const ShardRows r = shard_rows(layout.params()[i].shape[0], kServers, rank);
+      if (r.size() > 0) o.rows.push_back({i, r, o.buffers[k++].data()});
+    }
+    return o;
+  };
+  auto store = std::make_shared<comm::MemoryStore>();
+  std::vector<std::unique_ptr<ReceiverThread>> rx;
+  for (int i = 0; i < 2; ++i) rx.push_back(start_receiver(store, c, i, {.tp = 1, .tp_rank = 0}));
+  auto expect_all = [&](std::span<const float> held, uint64_t v) {
+    for (auto& t : rx) {
+      ASSERT_TRUE(t->wait_version(v));
+      expect_matches_reference(t->fleet->receiver(), c, t->layout, held, v);
+    }
+  };
+  std::atomic<int> phase{0};
+  run_servers(store, TransferMode::kP2P, [&](ParameterServer& ps) {
+    const int rank = ps.options().rank;
+    const Own own_a = own(a, rank), own_b = own(b, rank);
+    ASSERT_TRUE(ps.register_checkpoint("a", c, own_a.rows).ok());
+    ASSERT_TRUE(ps.update("a").ok());
+    if (rank == 0) {
+      expect_all(a, 1);
+      phase = 1;
+    }
+    while (phase.load() < 1) std::this_thread::yield();
+    ASSERT_TRUE(ps.refresh("a", own_b.rows).ok());
+    ASSERT_TRUE(ps.update("a").ok());
+    if (rank == 0) {
+      expect_all(b, 2);
+      phase = 2;
+    }
+    while (phase.load() < 2) std::this_thread::yield();
+
+    const std::string first = layout.params()[own_a.rows[0].param].name;
+    auto refused = [&](std::vector<OwnRows> rows, const std::string& what) {
+      const Status s = ps.refresh("a", rows);
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << what;
+      EXPECT_NE(s.message().find(what), std::string::npos) << s.to_string();
+      EXPECT_EQ(ps.register_checkpoint("c", c, rows).code(), StatusCode::kInvalidArgument) << what;
+    };
+    std::vector<OwnRows> bad = own_a.rows;
+    bad.erase(bad.begin());
+    refused(bad, "refresh 'a': own rows of '" + first + "' are missing");
+    bad = own_a.rows;
+    bad.push_back(bad[0]);
+    refused(bad, "own rows of '" + first + "' are given twice");
+    bad = own_a.rows;
+    bad[0].rows = shard_rows(layout.params()[bad[0].param].shape[0], kServers, 1 - rank);
+    refused(bad, "own rows of '" + first + "': rows [");
+    refused(bad, "mesh rank " + std::to_string(rank) + " of " + std::to_string(kServers));
+    bad = own_a.rows;
+    bad[0].param = layout.params().size();
+    refused(bad, "own rows of parameter " + std::to_string(layout.params().size()));
+    EXPECT_EQ(ps.checkpoints(), std::vector<std::string>{"a"});
+    ASSERT_TRUE(ps.update("a").ok());  // still b
+    if (rank == 0) {
+      expect_all(b, 3);
+      phase = 3;
+    }
+    while (phase.load() < 3) std::this_thread::yield();
+  });
+  for (auto& t : rx) {
+    t->join();
+    EXPECT_TRUE(t->errors.empty()) << t->errors.front();
+  }
+}
+
 // Another model's weights (a Llama with Hugging Face's names, by its layout spec) through the
 // servers to a TP-2 engine in fp8: each version equals the reference; a refresh from a flat
 // f32 array (our model's form) and a spec that cannot be split are refused naming why; the

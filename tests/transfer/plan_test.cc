@@ -322,6 +322,40 @@ TEST(OfflinePlan, BadJobsAreClearErrors) {
   refused({.receivers = 3, .tp = 2}, "tp 2 does not divide the 3 receivers");
   // tiny has 4 heads: TP 8 cannot split them; the first receiver (world rank 2) is named.
   refused({.receivers = 8, .tp = 8}, "receiver rank 2");
+  refused({.receivers = 4, .tp = 2, .ep = 3}, "tp 2 x ep 3 = 6 does not divide the 4 receivers");
+  // tiny has 4 experts: EP 3 cannot split them evenly.
+  refused({.receivers = 3, .tp = 1, .ep = 3}, "ep 3 does not divide the model's 4 experts");
+}
+
+// An engine of EP ranks: each rank receives exactly its run of the experts and every dense
+// tensor, so its bytes are the dense bytes plus a 1/ep share of the experts', and the ranks of
+// an engine together receive one TP-1 engine's bytes plus (ep - 1) copies of the dense ones.
+TEST(OfflinePlan, ExpertParallelRanksReceiveTheirOwnExpertsOnly) {
+  const model::ModelConfig c = preset_or_die("tiny");
+  for (WeightFormat f : {WeightFormat::kBF16, WeightFormat::kFP8}) {
+    auto one = plan_offline({.config = c, .trainers = 2, .receivers = 1, .tp = 1, .format = f});
+    auto ep =
+        plan_offline({.config = c, .trainers = 2, .receivers = 4, .tp = 1, .ep = 4, .format = f});
+    ASSERT_TRUE(one.ok() && ep.ok()) << ep.status().to_string();
+    ASSERT_EQ(ep->receivers.size(), 4u);
+    uint64_t dense = 0, experts = 0;
+    for (const PlanTask& t : one->tasks) (t.expert ? experts : dense) += t.total_bytes();
+    const std::vector<uint64_t> bytes = plan_bytes_by_rank(*ep);
+    for (const PlanReceiver& r : ep->receivers) {
+      EXPECT_EQ(r.ep, 4);
+      EXPECT_EQ(r.ep_rank, r.rank - 2);
+      EXPECT_EQ(bytes[size_t(r.rank)], dense + experts / 4) << "receiver rank " << r.rank;
+      for (const PlanTask& t : ep->tasks) {
+        if (t.receiver != r.rank || !t.expert) continue;
+        const std::string own = "moe.experts." + std::to_string(r.ep_rank) + ".";
+        EXPECT_NE(t.tensor.find(own), std::string::npos) << t.tensor << " to ep rank " << r.ep_rank;
+      }
+    }
+    // The JSON carries the EP rank.
+    auto back = plan_from_json(plan_to_json(*ep), "the plan");
+    ASSERT_TRUE(back.ok()) << back.status().to_string();
+    EXPECT_EQ(back->receivers[3].ep_rank, 3);
+  }
 }
 
 }  // namespace

@@ -98,6 +98,16 @@ TEST(P2pUpdate, BitExactFromReplicasToTwoEngines) {
   run_case({.meshes = 2, .mesh_size = 1, .tp = 1, .engines = 2, .format = WeightFormat::kFP8});
 }
 
+// Expert-parallel engines: each rank gets only its run of the experts (the reference picks
+// them by its own rule, and a receiver holds nothing else), with TP and without, from a mesh
+// and from replicas.
+TEST(P2pUpdate, BitExactExpertParallelEngines) {
+  run_case({.mesh_size = 2, .ep = 2, .format = WeightFormat::kBF16});
+  run_case({.mesh_size = 2, .ep = 4, .format = WeightFormat::kFP8});
+  run_case({.meshes = 2, .mesh_size = 1, .tp = 2, .ep = 2, .format = WeightFormat::kFP8});
+  run_case({.preset = "tiny-qwen3-moe", .mesh_size = 2, .engines = 2, .ep = 2});
+}
+
 TEST(P2pUpdate, BitExactSmallPresetWithDirectAndGatheredBands) {
   run_case({.preset = "small", .mesh_size = 2, .tp = 2, .format = WeightFormat::kFP8});
 }

@@ -260,8 +260,11 @@ Status write_rl_report(const std::string& path, const std::string& title,
            figure_text("", summary.value("prompts_per_step", nlohmann::json())) + " prompts x " +
            figure_text("", summary.value("group", nlohmann::json())) + " samples a step; trainer " +
            figure_text("", summary.value("trainer_dp_mode", nlohmann::json())) + ", rollout TP " +
-           figure_text("", summary.value("rollout_tp", nlohmann::json())) + "; seed " +
-           figure_text("", summary.value("seed", nlohmann::json()))) +
+           figure_text("", summary.value("rollout_tp", nlohmann::json())) +
+           (summary.value("rollout_ep", 1) > 1
+                ? ", rollout EP " + figure_text("", summary.value("rollout_ep", nlohmann::json()))
+                : std::string()) +
+           "; seed " + figure_text("", summary.value("seed", nlohmann::json()))) +
        "</p>\n";
   h += headline(summary, run);
   h += plots(run);

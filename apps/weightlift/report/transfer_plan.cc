@@ -1,8 +1,11 @@
 // plan_table (transfer_plan.h).
 #include "report/transfer_plan.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <map>
 #include <sstream>
+#include <string>
 
 namespace wl::app {
 
@@ -26,11 +29,25 @@ std::string plan_table(const transfer::Plan& p) {
                   t.mesh_rank, tasks, (unsigned long long)bytes[size_t(t.rank)]);
     os << line;
   }
-  os << "receiver  rank  engine  tp_rank/tp  format  bytes\n";
+  os << "receiver  rank  engine  tp_rank/tp  ep_rank/ep  experts  format  bytes\n";
+  // The experts each receiver holds, from the tensors its tasks write: [first, last].
+  std::map<int, std::pair<int64_t, int64_t>> experts;
+  for (const transfer::PlanTask& k : p.tasks) {
+    const size_t at = k.tensor.find("moe.experts.");
+    if (at == std::string::npos) continue;
+    const int64_t e = std::stoll(k.tensor.substr(at + 12));
+    auto [it, fresh] = experts.try_emplace(k.receiver, e, e);
+    if (!fresh) it->second = {std::min(it->second.first, e), std::max(it->second.second, e)};
+  }
   for (const transfer::PlanReceiver& r : p.receivers) {
-    char line[128];
-    std::snprintf(line, sizeof line, "receiver %5d  %6d  %7d/%-2d  %6s  %llu\n", r.rank, r.engine,
-                  r.tp_rank, r.tp, std::string(transfer::weight_format_name(r.format)).c_str(),
+    auto it = experts.find(r.rank);
+    const std::string held = it == experts.end() ? "-"
+                                                 : std::to_string(it->second.first) + "-" +
+                                                       std::to_string(it->second.second);
+    char line[160];
+    std::snprintf(line, sizeof line, "receiver %5d  %6d  %7d/%-2d  %7d/%-2d  %7s  %6s  %llu\n",
+                  r.rank, r.engine, r.tp_rank, r.tp, r.ep_rank, r.ep, held.c_str(),
+                  std::string(transfer::weight_format_name(r.format)).c_str(),
                   (unsigned long long)bytes[size_t(r.rank)]);
     os << line;
   }

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "weightlift/core/check.h"
+#include "weightlift/core/cpu.h"
 #include "weightlift/core/dtype.h"
 #include "weightlift/core/parallel.h"
 #include "weightlift/kernels/gemm.h"
@@ -54,9 +55,33 @@ void dequantize_rows(const WeightMatrix& w, int64_t r0, int64_t r1, float* dst) 
                });
 }
 
+bool bf16_activations_supported() {
+  return cpu_info().avx512bf16 && kernels::gemm_bf16_is_native();
+}
+
 void dequant_linear(const WeightMatrix& w, const float* x, int64_t n, float* y, bool accumulate,
-                    std::vector<float>& scratch) {
+                    std::vector<float>& scratch, bool bf16_activations) {
   if (n == 0 || w.rows == 0) return;
+  if (bf16_activations && w.dtype == DType::kBF16 && bf16_activations_supported()) {
+    // x rounded to bf16, then one bf16 GEMM over the matrix.
+    std::vector<uint16_t> xb(size_t(n * w.cols));
+    parallel_for(int64_t(xb.size()), kParallelFloats, [&](int64_t b, int64_t e) {
+      convert_f32_to_bf16(x + b, xb.data() + b, size_t(e - b));
+    });
+    kernels::gemm({.m = n,
+                   .n = w.rows,
+                   .k = w.cols,
+                   .a = xb.data(),
+                   .lda = w.cols,
+                   .b = w.data,
+                   .ldb = w.cols,
+                   .trans_b = true,
+                   .c = y,
+                   .ldc = w.rows,
+                   .beta = accumulate ? 1.0f : 0.0f,
+                   .in_type = DType::kBF16});
+    return;
+  }
   const int64_t band = std::min(w.rows, band_rows(w.cols));
   if (scratch.size() < size_t(band * w.cols)) scratch.resize(size_t(band * w.cols));
   for (int64_t r0 = 0; r0 < w.rows; r0 += band) {

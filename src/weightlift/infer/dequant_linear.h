@@ -29,9 +29,18 @@ namespace wl::infer {
 // column's 128x128 block.
 void dequantize_rows(const WeightMatrix& w, int64_t r0, int64_t r1, float* dst);
 
+// Whether this CPU multiplies bf16 in hardware (AVX512-BF16, which every AMX CPU has too) and
+// oneDNN builds bf16 GEMMs for it: where bf16_activations below takes effect.
+bool bf16_activations_supported();
+
 // x: [n, w.cols] f32; y: [n, w.rows] f32, overwritten, or added to when `accumulate`.
 // `scratch` grows to one band (about 64 Ki floats, or 128 rows when a row is longer).
+//
+// bf16_activations, where bf16_activations_supported(): a bf16 matrix is multiplied as it is
+// stored, against x rounded to bf16 (one rounding per activation, as bf16 autocast does; f32
+// accumulation) in a buffer of this call, with no widening pass and half the weight bytes
+// read. fp8 matrices, and other CPUs (oneDNN would emulate bf16 there), take the f32 path.
 void dequant_linear(const WeightMatrix& w, const float* x, int64_t n, float* y, bool accumulate,
-                    std::vector<float>& scratch);
+                    std::vector<float>& scratch, bool bf16_activations = false);
 
 }  // namespace wl::infer

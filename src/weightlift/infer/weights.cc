@@ -43,8 +43,7 @@ Result<BoundWeights> bind_weights(const model::ModelConfig& c, const transfer::L
                                   const TensorLookup& lookup) {
   WL_ASSIGN_OR_RETURN(std::vector<transfer::ReceiverTensor> layout,
                       transfer::inference_layout(c, o));
-  const std::string where = "inference worker (tp rank " + std::to_string(o.tp_rank) + " of " +
-                            std::to_string(o.tp) + ", " +
+  const std::string where = "inference worker (" + transfer::describe_rank(o) + ", " +
                             std::string(transfer::weight_format_name(o.format)) + ")";
   std::unordered_map<std::string, Tensor> found;
   for (const transfer::ReceiverTensor& want : layout) {
@@ -96,7 +95,8 @@ Result<BoundWeights> bind_weights(const model::ModelConfig& c, const transfer::L
       continue;
     }
     b.router = matrix(p + "moe.router.weight");
-    for (int64_t e = 0; e < c.num_experts; ++e) {
+    const transfer::ExpertRun mine = transfer::expert_run(c, o);
+    for (int64_t e = mine.begin; e < mine.end; ++e) {
       const std::string q = p + "moe.experts." + std::to_string(e) + ".";
       b.experts.push_back({matrix(q + "gate_up_proj.weight"), matrix(q + "down_proj.weight")});
     }

@@ -58,7 +58,7 @@ struct BoundLayer {
   const uint16_t* k_norm = nullptr;     // [Dh] bf16
   const uint16_t* moe_norm = nullptr;   // [d] bf16
   WeightMatrix router;                  // [E, d] bf16, replicated; no data in a dense layer
-  std::vector<BoundExpert> experts;     // [E]
+  std::vector<BoundExpert> experts;     // [E], or this EP rank's run of them
   BoundExpert mlp;                      // a dense layer's MLP, [2 Fd/tp, d] and [d, Fd/tp]
   bool dense() const { return router.data == nullptr; }
 };

@@ -1,16 +1,21 @@
-// The inference worker of worker.h: a KV-cached forward pass over one TP rank's shard of the
-// inference layout, two allreduces per block, and the decoding loop around it.
+// The inference worker of worker.h: a KV-cached forward pass over one TP or EP rank's shard of
+// the inference layout (two allreduces per block under TP, the experts' all-to-alls under EP),
+// and the version agreement around a generation (the decoding loop is batching.cc's).
 #include "weightlift/infer/worker.h"
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
+#include <map>
 #include <thread>
 
+#include "weightlift/comm/collectives/all_to_all.h"
 #include "weightlift/comm/collectives/allreduce.h"
 #include "weightlift/core/parallel.h"
 #include "weightlift/core/timing.h"
 #include "weightlift/infer/dequant_linear.h"
+#include "weightlift/infer/detail/kv_cache.h"
 #include "weightlift/kernels/attention.h"
 #include "weightlift/kernels/rmsnorm.h"
 #include "weightlift/kernels/router.h"
@@ -20,21 +25,6 @@
 namespace wl::infer {
 
 using Clock = std::chrono::steady_clock;
-
-// This rank's keys and values (after RoPE) for every layer and row:
-// [layers][rows, capacity, local kv heads * Dh] f32.
-struct InferenceWorker::KvCache {
-  int64_t capacity = 0, width = 0;
-  std::vector<Tensor> k, v;
-  std::vector<int64_t> length;  // tokens cached per row
-  KvCache(int64_t layers, int64_t rows, int64_t capacity_, int64_t width_)
-      : capacity(capacity_), width(width_), length(size_t(rows), 0) {
-    for (int64_t l = 0; l < layers; ++l) {
-      k.push_back(Tensor::empty(DType::kF32, {rows, capacity, width}));
-      v.push_back(Tensor::empty(DType::kF32, {rows, capacity, width}));
-    }
-  }
-};
 
 namespace {
 
@@ -58,22 +48,35 @@ void add_into(float* y, const float* x, int64_t n) {
 InferenceWorker::InferenceWorker(WorkerOptions options) : options_(std::move(options)) {}
 InferenceWorker::~InferenceWorker() = default;
 
+namespace {
+
+// At a degree above 1, the engine's group of that kind (`kind`: "TP", `field`: "tp"), of that
+// size, with this rank at the layout's rank.
+Status check_group(const std::string& kind, const std::string& field, const comm::Group* group,
+                   int degree, int rank) {
+  if (degree == 1) return ok_status();
+  if (group == nullptr) {
+    return invalid_argument("inference worker: " + field + " " + std::to_string(degree) +
+                            " needs " + (kind == "EP" ? "an " : "a ") + kind +
+                            " group (WorkerOptions::" + field + "_group)");
+  }
+  if (group->size() != degree || group->rank() != rank) {
+    return invalid_argument("inference worker: the " + kind + " group is rank " +
+                            std::to_string(group->rank()) + " of " + std::to_string(group->size()) +
+                            ", the layout says " + field + " rank " + std::to_string(rank) +
+                            " of " + std::to_string(degree));
+  }
+  return ok_status();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<InferenceWorker>> InferenceWorker::create(WorkerOptions o) {
   WL_RETURN_IF_ERROR(o.config.validate("inference worker: config"));
   WL_RETURN_IF_ERROR(transfer::inference_layout(o.config, o.layout).status());
+  WL_RETURN_IF_ERROR(check_group("TP", "tp", o.tp_group.get(), o.layout.tp, o.layout.tp_rank));
+  WL_RETURN_IF_ERROR(check_group("EP", "ep", o.ep_group.get(), o.layout.ep, o.layout.ep_rank));
   const int tp = o.layout.tp;
-  if (tp > 1) {
-    if (!o.tp_group) {
-      return invalid_argument("inference worker: tp " + std::to_string(tp) +
-                              " needs a TP group (WorkerOptions::tp_group)");
-    }
-    if (o.tp_group->size() != tp || o.tp_group->rank() != o.layout.tp_rank) {
-      return invalid_argument("inference worker: the TP group is rank " +
-                              std::to_string(o.tp_group->rank()) + " of " +
-                              std::to_string(o.tp_group->size()) + ", the layout says tp rank " +
-                              std::to_string(o.layout.tp_rank) + " of " + std::to_string(tp));
-    }
-  }
   std::unique_ptr<InferenceWorker> w(new InferenceWorker(std::move(o)));
   const model::ModelConfig& c = w->options_.config;
   w->rope_ = model::make_rope_table(c);
@@ -81,6 +84,28 @@ Result<std::unique_ptr<InferenceWorker>> InferenceWorker::create(WorkerOptions o
   w->local_kv_heads_ = c.num_kv_heads >= tp ? c.num_kv_heads / tp : 1;
   w->local_ffn_ = c.ffn_dim / tp;
   return w;
+}
+
+bool InferenceWorker::one_rank() const {
+  return options_.layout.tp == 1 && options_.layout.ep == 1;
+}
+
+// Over the TP group, then the EP group: the first max gives every rank its EP rank's max (the
+// TP ranks of one EP rank), the second combines the EP ranks'.
+Status InferenceWorker::engine_max(int64_t* values, size_t count) {
+  for (const std::shared_ptr<comm::Group>& g : {options_.tp_group, options_.ep_group}) {
+    if (!g || g->size() == 1) continue;
+    WL_RETURN_IF_ERROR(comm::allreduce(*g, {.recv = values,
+                                            .count = count,
+                                            .dtype = DType::kI64,
+                                            .op = comm::ReduceOp::kMax,
+                                            .timeout = options_.timeout}));
+  }
+  return ok_status();
+}
+
+std::string InferenceWorker::who() const {
+  return "inference worker (" + transfer::describe_rank(options_.layout) + ")";
 }
 
 Result<BoundWeights> InferenceWorker::bind(const TensorLookup& lookup) const {
@@ -95,21 +120,33 @@ Status InferenceWorker::allreduce_sum(float* data, size_t count) {
                                                   .op = comm::ReduceOp::kSum,
                                                   .timeout = options_.timeout});
   if (s.ok()) return s;
-  return s.with_context("inference worker (tp rank " + std::to_string(options_.layout.tp_rank) +
-                        ")");
+  return s.with_context(who());
+}
+
+// The TP ranks of an EP rank hold the same rows and pick the same tokens: its EP group asks
+// for all of them.
+Result<bool> InferenceWorker::any_running(bool mine) {
+  int64_t running = mine ? 1 : 0;
+  Status s = comm::allreduce(*options_.ep_group, {.recv = &running,
+                                                  .count = 1,
+                                                  .dtype = DType::kI64,
+                                                  .op = comm::ReduceOp::kMax,
+                                                  .timeout = options_.timeout});
+  if (!s.ok()) return s.with_context(who() + ": asking whether a row still runs");
+  return running != 0;
 }
 
 Status InferenceWorker::check_prompts(const std::vector<std::vector<int64_t>>& prompts,
-                                      int64_t new_tokens) const {
+                                      const std::vector<int64_t>& new_tokens) const {
   const model::ModelConfig& c = options_.config;
   if (prompts.empty()) return invalid_argument("inference worker: no prompts");
-  if (new_tokens < 0) return invalid_argument("inference worker: max_new_tokens must be >= 1");
   for (size_t r = 0; r < prompts.size(); ++r) {
     const std::string row = "inference worker: prompt " + std::to_string(r);
     if (prompts[r].empty()) return invalid_argument(row + " is empty");
-    if (int64_t(prompts[r].size()) + new_tokens > c.max_seq_len) {
+    if (int64_t(prompts[r].size()) + new_tokens[r] > c.max_seq_len) {
       return invalid_argument(row + " has " + std::to_string(prompts[r].size()) + " tokens; with " +
-                              std::to_string(new_tokens) + " new ones that exceeds max_seq_len " +
+                              std::to_string(new_tokens[r]) +
+                              " new ones that exceeds max_seq_len " +
                               std::to_string(c.max_seq_len));
     }
     for (int64_t t : prompts[r]) {
@@ -136,6 +173,9 @@ class InferenceWorker::ForwardPass {
 
  private:
   void attention(const BoundLayer& lw, size_t l);
+  void attend_prompt_and_own(size_t l, int64_t e, int64_t prompt,
+                             const kernels::AttentionShape& own, const float* q, const float* k,
+                             const float* v, float* out);
   Status o_proj(const BoundLayer& lw);
   // keep, when not null: the tokens whose output is read (the others' experts do not run).
   Status moe(const BoundLayer& lw, size_t l, const uint8_t* keep);
@@ -145,6 +185,14 @@ class InferenceWorker::ForwardPass {
   int64_t dispatch(const uint8_t* keep, std::vector<int64_t>& begin,
                    std::vector<int32_t>& row_of_slot, std::vector<int32_t>& token_of_row);
   Status add_partial();  // tp > 1: allreduce the partial sums, add them into x
+  // The experts this rank holds over rows grouped by local expert (begin: [local experts + 1]
+  // offsets): y = down(silu(gate) * up) of each row.
+  void run_experts(const BoundLayer& lw, const std::vector<int64_t>& begin, const float* x,
+                   float* y);
+  // ep > 1: rows grouped by (global) expert go to their experts' ranks, which run them with
+  // every other rank's, and come back in the same order.
+  Status experts_of_ranks(const BoundLayer& lw, const std::vector<int64_t>& begin, const Tensor& xe,
+                          Tensor& ye);
 
   InferenceWorker& wk_;
   const model::ModelConfig& c_;
@@ -152,12 +200,14 @@ class InferenceWorker::ForwardPass {
   KvCache& cache_;
   const int64_t d_, E_, K_, H_, Hkv_, F_, qd_, kvd_, qkvd_;
   const float eps_;
-  const bool tp_;
+  const bool tp_, ep_;
   std::vector<int64_t> tokens_, row_begin_;  // concatenated new tokens; first index of each row
   int64_t M_ = 0, R_ = 0;
   std::vector<int32_t>* routes_;
+  const bool bf16_;  // WorkerOptions::bf16_activations
   Tensor x_, xn_, qkv_, att_, partial_, logits_r_, probs_, topk_w_, topk_idx_, counts_;
   std::vector<float> gain_, q_gain_, k_gain_;
+  std::vector<float> merge_;  // attend_prompt_and_own's two outputs and log-sum-exps
 };
 
 InferenceWorker::ForwardPass::ForwardPass(InferenceWorker& worker, const BoundWeights& w,
@@ -179,7 +229,9 @@ InferenceWorker::ForwardPass::ForwardPass(InferenceWorker& worker, const BoundWe
       qkvd_(qd_ + 2 * kvd_),
       eps_(float(c_.rms_eps)),
       tp_(worker.options_.layout.tp > 1),
-      routes_(routes) {
+      ep_(worker.options_.layout.ep > 1),
+      routes_(routes),
+      bf16_(worker.options_.bf16_activations) {
   for (const auto& f : feed) {
     row_begin_.push_back(int64_t(tokens_.size()));
     tokens_.insert(tokens_.end(), f.begin(), f.end());
@@ -203,12 +255,13 @@ InferenceWorker::ForwardPass::ForwardPass(InferenceWorker& worker, const BoundWe
   if (routes_) routes_->assign(size_t(M_ * c_.num_layers * K_), -1);
 }
 
-// Local heads against this rank's cache: q, k and v of the new tokens, k and v appended.
+// Local heads against this rank's cache: q, k and v of the new tokens, k and v appended (to
+// the slot's prompt entry when it prefills it, else to the slot's own part).
 void InferenceWorker::ForwardPass::attention(const BoundLayer& lw, size_t l) {
   widen(lw.attn_norm, d_, gain_);
   kernels::rmsnorm_forward(x_.data<float>(), gain_.data(), xn_.data<float>(), nullptr, M_, d_,
                            eps_);
-  dequant_linear(lw.qkv, xn_.data<float>(), M_, qkv_.data<float>(), false, wk_.band_);
+  dequant_linear(lw.qkv, xn_.data<float>(), M_, qkv_.data<float>(), false, wk_.band_, bf16_);
   const int64_t Dh = c_.head_dim;
   if (lw.q_norm) {
     widen(lw.q_norm, Dh, q_gain_);
@@ -216,34 +269,72 @@ void InferenceWorker::ForwardPass::attention(const BoundLayer& lw, size_t l) {
   }
   for (int64_t r = 0; r < R_; ++r) {
     const int64_t n = row_begin_[size_t(r) + 1] - row_begin_[size_t(r)];
-    const int64_t pos = cache_.length[size_t(r)];
     if (n == 0) continue;
+    const int64_t e = cache_.entry[size_t(r)], prompt = cache_.prompt_length[size_t(e)];
+    const bool prefill = prompt == 0;
+    // Where the new keys go, and their first position in the sequence.
+    const int64_t at = prefill ? 0 : cache_.length[size_t(r)], pos = prefill ? 0 : prompt + at;
+    float* kbase = prefill ? cache_.prompt_k[l].data<float>() + e * cache_.prompt_capacity * kvd_
+                           : cache_.k[l].data<float>() + r * cache_.row_capacity * kvd_;
+    float* vbase = prefill ? cache_.prompt_v[l].data<float>() + e * cache_.prompt_capacity * kvd_
+                           : cache_.v[l].data<float>() + r * cache_.row_capacity * kvd_;
     Tensor q = f32({n, qd_});
-    float* kbase = cache_.k[l].data<float>() + r * cache_.capacity * kvd_;
-    float* vbase = cache_.v[l].data<float>() + r * cache_.capacity * kvd_;
     for (int64_t t = 0; t < n; ++t) {
       const float* src = qkv_.data<float>() + (row_begin_[size_t(r)] + t) * qkvd_;
       std::memcpy(q.data<float>() + t * qd_, src, size_t(qd_) * 4);
-      std::memcpy(kbase + (pos + t) * kvd_, src + qd_, size_t(kvd_) * 4);
-      std::memcpy(vbase + (pos + t) * kvd_, src + qd_ + kvd_, size_t(kvd_) * 4);
+      std::memcpy(kbase + (at + t) * kvd_, src + qd_, size_t(kvd_) * 4);
+      std::memcpy(vbase + (at + t) * kvd_, src + qd_ + kvd_, size_t(kvd_) * 4);
     }
     if (lw.q_norm) {  // Qwen3's per-head norms, before RoPE (the cache holds normed keys)
       kernels::rmsnorm_forward(q.data<float>(), q_gain_.data(), q.data<float>(), nullptr, n * H_,
                                Dh, eps_);
-      kernels::rmsnorm_forward(kbase + pos * kvd_, k_gain_.data(), kbase + pos * kvd_, nullptr,
+      kernels::rmsnorm_forward(kbase + at * kvd_, k_gain_.data(), kbase + at * kvd_, nullptr,
                                n * Hkv_, Dh, eps_);
     }
     kernels::rope_forward(q.data<float>(), wk_.rope_, 1, n, H_, pos);
-    kernels::rope_forward(kbase + pos * kvd_, wk_.rope_, 1, n, Hkv_, pos);
-    kernels::attention_forward({.batch = 1,
-                                .seq_q = n,
-                                .seq_kv = pos + n,
-                                .heads = H_,
-                                .kv_heads = Hkv_,
-                                .head_dim = Dh,
-                                .q_offset = pos},
-                               q.data<float>(), kbase, vbase,
-                               att_.data<float>() + row_begin_[size_t(r)] * qd_, nullptr);
+    kernels::rope_forward(kbase + at * kvd_, wk_.rope_, 1, n, Hkv_, pos);
+    float* out = att_.data<float>() + row_begin_[size_t(r)] * qd_;
+    const kernels::AttentionShape own{.batch = 1,
+                                      .seq_q = n,
+                                      .seq_kv = at + n,
+                                      .heads = H_,
+                                      .kv_heads = Hkv_,
+                                      .head_dim = Dh,
+                                      .q_offset = at};
+    if (prefill) {
+      kernels::attention_forward(own, q.data<float>(), kbase, vbase, out, nullptr);
+      continue;
+    }
+    attend_prompt_and_own(l, e, prompt, own, q.data<float>(), kbase, vbase, out);
+  }
+}
+
+// A decode token of a slot: attention over its prompt's entry and over its own keys (its
+// token's included), merged by the two parts' log-sum-exps into what one attention over the
+// whole sequence gives (up to f32 reassociation).
+void InferenceWorker::ForwardPass::attend_prompt_and_own(size_t l, int64_t e, int64_t prompt,
+                                                         const kernels::AttentionShape& own,
+                                                         const float* q, const float* k,
+                                                         const float* v, float* out) {
+  WL_CHECK_EQ(own.seq_q, 1) << "a slot past its prompt feeds one token a step";
+  const int64_t Dh = c_.head_dim;
+  const float* pk = cache_.prompt_k[l].data<float>() + e * cache_.prompt_capacity * kvd_;
+  const float* pv = cache_.prompt_v[l].data<float>() + e * cache_.prompt_capacity * kvd_;
+  merge_.resize(static_cast<size_t>(2 * (qd_ + H_)));
+  float *a = merge_.data(), *b = a + qd_, *la = b + qd_, *lb = la + H_;
+  kernels::attention_forward({.batch = 1,
+                              .seq_q = 1,
+                              .seq_kv = prompt,
+                              .heads = H_,
+                              .kv_heads = Hkv_,
+                              .head_dim = Dh,
+                              .q_offset = prompt - 1},
+                             q, pk, pv, a, la);
+  kernels::attention_forward(own, q, k, v, b, lb);
+  for (int64_t h = 0; h < H_; ++h) {
+    const float m = std::max(la[h], lb[h]);
+    const float wa = std::exp(la[h] - m), wb = std::exp(lb[h] - m), inv = 1.0f / (wa + wb);
+    for (int64_t i = h * Dh; i < (h + 1) * Dh; ++i) out[i] = (wa * a[i] + wb * b[i]) * inv;
   }
 }
 
@@ -256,10 +347,10 @@ Status InferenceWorker::ForwardPass::add_partial() {
 // Row parallel: at tp > 1 each rank's partial sums, then the allreduce.
 Status InferenceWorker::ForwardPass::o_proj(const BoundLayer& lw) {
   if (!tp_) {
-    dequant_linear(lw.o, att_.data<float>(), M_, x_.data<float>(), true, wk_.band_);
+    dequant_linear(lw.o, att_.data<float>(), M_, x_.data<float>(), true, wk_.band_, bf16_);
     return ok_status();
   }
-  dequant_linear(lw.o, att_.data<float>(), M_, partial_.data<float>(), false, wk_.band_);
+  dequant_linear(lw.o, att_.data<float>(), M_, partial_.data<float>(), false, wk_.band_, bf16_);
   return add_partial();
 }
 
@@ -278,51 +369,141 @@ int64_t InferenceWorker::ForwardPass::dispatch(const uint8_t* keep, std::vector<
 Status InferenceWorker::ForwardPass::dense_mlp(const BoundLayer& lw) {
   const int64_t f = lw.mlp.down.cols;
   Tensor he = f32({M_, 2 * f}), ae = f32({M_, f});
-  dequant_linear(lw.mlp.gate_up, xn_.data<float>(), M_, he.data<float>(), false, wk_.band_);
+  dequant_linear(lw.mlp.gate_up, xn_.data<float>(), M_, he.data<float>(), false, wk_.band_, bf16_);
   kernels::swiglu_forward(he.data<float>(), ae.data<float>(), M_, f);
   if (!tp_) {
-    dequant_linear(lw.mlp.down, ae.data<float>(), M_, x_.data<float>(), true, wk_.band_);
+    dequant_linear(lw.mlp.down, ae.data<float>(), M_, x_.data<float>(), true, wk_.band_, bf16_);
     return ok_status();
   }
-  dequant_linear(lw.mlp.down, ae.data<float>(), M_, partial_.data<float>(), false, wk_.band_);
+  dequant_linear(lw.mlp.down, ae.data<float>(), M_, partial_.data<float>(), false, wk_.band_,
+                 bf16_);
   return add_partial();
 }
 
-// The replicated router, then this rank's ffn rows of every expert, combined by gate weight;
-// or a dense layer's MLP.
+void InferenceWorker::ForwardPass::run_experts(const BoundLayer& lw,
+                                               const std::vector<int64_t>& begin, const float* x,
+                                               float* y) {
+  const int64_t S = begin.back();
+  Tensor he = f32({S, 2 * F_}), ae = f32({S, F_});
+  for (size_t e = 0; e + 1 < begin.size(); ++e) {
+    const int64_t r0 = begin[e], n = begin[e + 1] - r0;
+    if (n == 0) continue;
+    const BoundExpert& ex = lw.experts[e];
+    dequant_linear(ex.gate_up, x + r0 * d_, n, he.data<float>() + r0 * 2 * F_, false, wk_.band_,
+                   bf16_);
+    kernels::swiglu_forward(he.data<float>() + r0 * 2 * F_, ae.data<float>() + r0 * F_, n, F_);
+    dequant_linear(ex.down, ae.data<float>() + r0 * F_, n, y + r0 * d_, false, wk_.band_, bf16_);
+  }
+}
+
+// Counts first (rows per expert for each rank), then the rows; an expert's rows are regrouped
+// in rank order before it runs, and go back the way they came.
+Status InferenceWorker::ForwardPass::experts_of_ranks(const BoundLayer& lw,
+                                                      const std::vector<int64_t>& begin,
+                                                      const Tensor& xe, Tensor& ye) {
+  comm::Group& g = *wk_.options_.ep_group;
+  const int P = g.size();
+  const int64_t El = E_ / P;
+  const std::chrono::milliseconds timeout = wk_.options_.timeout;
+  std::vector<int64_t> send_n(static_cast<size_t>(E_)), recv_n(static_cast<size_t>(E_));
+  for (int64_t e = 0; e < E_; ++e) send_n[size_t(e)] = begin[size_t(e + 1)] - begin[size_t(e)];
+  Status s = comm::all_to_all(g, {.send = send_n.data(),
+                                  .recv = recv_n.data(),
+                                  .count = size_t(El),
+                                  .dtype = DType::kI64,
+                                  .timeout = timeout});
+  if (!s.ok()) return s.with_context(wk_.who() + ": exchanging expert counts");
+  // Rows to and from each rank (elements of d floats), and where each (rank, local expert)
+  // block of the received rows sits.
+  const size_t ranks = static_cast<size_t>(P);
+  std::vector<size_t> sc(ranks), so(ranks), rc(ranks), ro(ranks);
+  std::vector<int64_t> block_at(static_cast<size_t>(E_));
+  int64_t received = 0;
+  for (int i = 0; i < P; ++i) {
+    so[size_t(i)] = size_t(begin[size_t(i * El)] * d_);
+    sc[size_t(i)] = size_t((begin[size_t((i + 1) * El)] - begin[size_t(i * El)]) * d_);
+    ro[size_t(i)] = size_t(received * d_);
+    for (int64_t le = 0; le < El; ++le) {
+      block_at[size_t(i * El + le)] = received;
+      received += recv_n[size_t(i * El + le)];
+    }
+    rc[size_t(i)] = size_t(received * d_) - ro[size_t(i)];
+  }
+  Tensor xr = f32({received, d_}), yr = f32({received, d_});
+  s = comm::all_to_all_v(g, {.send = xe.raw(),
+                             .recv = xr.raw(),
+                             .send_counts = sc,
+                             .send_offsets = so,
+                             .recv_counts = rc,
+                             .recv_offsets = ro,
+                             .timeout = timeout});
+  if (!s.ok()) return s.with_context(wk_.who() + ": sending tokens to their experts' ranks");
+  // Grouped by local expert, rank order within one: the rows one process would run.
+  std::vector<int64_t> grouped(static_cast<size_t>(El + 1), 0), at(static_cast<size_t>(E_));
+  for (int64_t le = 0; le < El; ++le) {
+    grouped[size_t(le + 1)] = grouped[size_t(le)];
+    for (int i = 0; i < P; ++i) {
+      at[size_t(i * El + le)] = grouped[size_t(le + 1)];
+      grouped[size_t(le + 1)] += recv_n[size_t(i * El + le)];
+    }
+  }
+  Tensor xg = f32({received, d_}), yg = f32({received, d_});
+  auto move_blocks = [&](const float* from, float* to, bool to_grouped) {
+    for (int64_t b = 0; b < E_; ++b) {
+      const int64_t n = recv_n[size_t(b)];
+      const int64_t src = to_grouped ? block_at[size_t(b)] : at[size_t(b)];
+      const int64_t dst = to_grouped ? at[size_t(b)] : block_at[size_t(b)];
+      std::memcpy(to + dst * d_, from + src * d_, size_t(n * d_) * 4);
+    }
+  };
+  move_blocks(xr.data<float>(), xg.data<float>(), true);
+  run_experts(lw, grouped, xg.data<float>(), yg.data<float>());
+  move_blocks(yg.data<float>(), yr.data<float>(), false);
+  s = comm::all_to_all_v(g, {.send = yr.raw(),
+                             .recv = ye.raw(),
+                             .send_counts = rc,
+                             .send_offsets = ro,
+                             .recv_counts = sc,
+                             .recv_offsets = so,
+                             .timeout = timeout});
+  if (!s.ok()) return s.with_context(wk_.who() + ": taking tokens back from their experts' ranks");
+  return ok_status();
+}
+
+// The replicated router, then this rank's ffn rows of every expert (under EP: its experts,
+// over every rank's tokens), combined by gate weight; or a dense layer's MLP.
 Status InferenceWorker::ForwardPass::moe(const BoundLayer& lw, size_t l, const uint8_t* keep) {
   widen(lw.moe_norm, d_, gain_);
   kernels::rmsnorm_forward(x_.data<float>(), gain_.data(), xn_.data<float>(), nullptr, M_, d_,
                            eps_);
   if (lw.dense()) return dense_mlp(lw);
-  dequant_linear(lw.router, xn_.data<float>(), M_, logits_r_.data<float>(), false, wk_.band_);
-  kernels::router_forward({.tokens = M_, .experts = E_, .top_k = K_, .norm_topk = c_.norm_topk},
-                          logits_r_.data<float>(), probs_.data<float>(), topk_idx_.data<int32_t>(),
-                          topk_w_.data<float>(), nullptr, counts_.data<int64_t>());
-  if (routes_) {
-    const int32_t* idx = topk_idx_.data<int32_t>();
-    const int64_t stride = c_.num_layers * K_;
-    for (int64_t t = 0; t < M_; ++t) {
-      std::copy(idx + t * K_, idx + (t + 1) * K_, routes_->data() + t * stride + int64_t(l) * K_);
-    }
-  }
-  std::vector<int64_t> begin;
+  std::vector<int64_t> begin(size_t(E_ + 1), 0);
   std::vector<int32_t> row_of_slot, token_of_row;
-  const int64_t S = dispatch(keep, begin, row_of_slot, token_of_row);
-  Tensor xe = f32({S, d_}), he = f32({S, 2 * F_}), ae = f32({S, F_}), ye = f32({S, d_});
+  int64_t S = 0;
+  if (M_ > 0) {  // an EP rank whose rows have all stopped still serves the others' tokens
+    dequant_linear(lw.router, xn_.data<float>(), M_, logits_r_.data<float>(), false, wk_.band_);
+    kernels::router_forward({.tokens = M_, .experts = E_, .top_k = K_, .norm_topk = c_.norm_topk},
+                            logits_r_.data<float>(), probs_.data<float>(),
+                            topk_idx_.data<int32_t>(), topk_w_.data<float>(), nullptr,
+                            counts_.data<int64_t>());
+    if (routes_) {
+      const int32_t* idx = topk_idx_.data<int32_t>();
+      const int64_t stride = c_.num_layers * K_;
+      for (int64_t t = 0; t < M_; ++t) {
+        std::copy(idx + t * K_, idx + (t + 1) * K_, routes_->data() + t * stride + int64_t(l) * K_);
+      }
+    }
+    S = dispatch(keep, begin, row_of_slot, token_of_row);
+  }
+  Tensor xe = f32({S, d_}), ye = f32({S, d_});
   for (int64_t s = 0; s < S; ++s) {
     std::memcpy(xe.data<float>() + s * d_, xn_.data<float>() + token_of_row[size_t(s)] * d_,
                 size_t(d_) * 4);
   }
-  for (int64_t e = 0; e < E_; ++e) {
-    const int64_t r0 = begin[size_t(e)], n = begin[size_t(e + 1)] - r0;
-    if (n == 0) continue;
-    const BoundExpert& ex = lw.experts[size_t(e)];
-    dequant_linear(ex.gate_up, xe.data<float>() + r0 * d_, n, he.data<float>() + r0 * 2 * F_, false,
-                   wk_.band_);
-    kernels::swiglu_forward(he.data<float>() + r0 * 2 * F_, ae.data<float>() + r0 * F_, n, F_);
-    dequant_linear(ex.down, ae.data<float>() + r0 * F_, n, ye.data<float>() + r0 * d_, false,
-                   wk_.band_);
+  if (ep_) {
+    WL_RETURN_IF_ERROR(experts_of_ranks(lw, begin, xe, ye));
+  } else {
+    run_experts(lw, begin, xe.data<float>(), ye.data<float>());
   }
   // Combine: at tp 1 straight into x (the trainer's order); else partial sums first.
   float* combine = tp_ ? partial_.data<float>() : x_.data<float>();
@@ -358,7 +539,9 @@ Status InferenceWorker::ForwardPass::run_layers(bool all_positions) {
     WL_RETURN_IF_ERROR(moe(w_.layers[l], l, last && !all_positions ? last_tokens.data() : nullptr));
   }
   for (int64_t r = 0; r < R_; ++r) {
-    cache_.length[size_t(r)] += row_begin_[size_t(r) + 1] - row_begin_[size_t(r)];
+    const int64_t n = row_begin_[size_t(r) + 1] - row_begin_[size_t(r)];
+    int64_t& prompt = cache_.prompt_length[size_t(cache_.entry[size_t(r)])];
+    (prompt == 0 ? prompt : cache_.length[size_t(r)]) += n;
   }
   return ok_status();
 }
@@ -396,11 +579,11 @@ Result<Tensor> InferenceWorker::forward(const BoundWeights& w, KvCache& cache,
 
 Result<std::vector<Tensor>> InferenceWorker::prompt_logits(
     const BoundWeights& w, const std::vector<std::vector<int64_t>>& prompts) {
-  WL_RETURN_IF_ERROR(check_prompts(prompts, 0));
+  WL_RETURN_IF_ERROR(check_prompts(prompts, std::vector<int64_t>(prompts.size(), 0)));
   int64_t longest = 0;
   for (const auto& p : prompts) longest = std::max(longest, int64_t(p.size()));
-  KvCache cache(options_.config.num_layers, int64_t(prompts.size()), longest,
-                local_kv_heads_ * options_.config.head_dim);
+  KvCache cache = KvCache::prefill_only(options_.config.num_layers, int64_t(prompts.size()),
+                                        longest, local_kv_heads_ * options_.config.head_dim);
   WL_ASSIGN_OR_RETURN(Tensor all, forward(w, cache, prompts, true));
   std::vector<Tensor> out;
   int64_t row = 0;
@@ -411,90 +594,38 @@ Result<std::vector<Tensor>> InferenceWorker::prompt_logits(
   return out;
 }
 
-Result<Generation> InferenceWorker::generate(const BoundWeights& w,
-                                             const std::vector<std::vector<int64_t>>& prompts,
-                                             const GenerateOptions& o) {
-  const model::ModelConfig& c = options_.config;
-  if (o.max_new_tokens < 1) {
-    return invalid_argument("inference worker: max_new_tokens is " +
-                            std::to_string(o.max_new_tokens) + ", must be >= 1");
-  }
-  WL_RETURN_IF_ERROR(check_prompts(prompts, o.max_new_tokens));
-  const size_t R = prompts.size();
-  int64_t longest = 0;
-  for (const auto& p : prompts) longest = std::max(longest, int64_t(p.size()));
-  KvCache cache(c.num_layers, int64_t(R), longest + o.max_new_tokens, local_kv_heads_ * c.head_dim);
-  model::RowSampler sampler(R, o.sampling, o.seed, o.stop_token);
-  Generation g;
-  if (o.keep_logits) g.logits.assign(R, {});
-  if (o.keep_routes) g.routes.assign(R, {});
-  const size_t per_token = size_t(c.num_layers * c.top_k);
-  std::vector<int32_t> routes;
-  std::vector<std::vector<int64_t>> feed = prompts;
-  Stopwatch clock;  // the prefill (step 0), then the decode steps
-  for (int64_t step = 0; step < o.max_new_tokens; ++step) {
-    WL_ASSIGN_OR_RETURN(Tensor logits,
-                        forward(w, cache, feed, false, o.keep_routes ? &routes : nullptr));
-    for (size_t r = 0, at = 0; r < R && o.keep_routes; at += feed[r].size(), ++r) {
-      g.routes[r].insert(g.routes[r].end(), routes.begin() + int64_t(at * per_token),
-                         routes.begin() + int64_t((at + feed[r].size()) * per_token));
-    }
-    const float* all = logits.data<float>();
-    const size_t V = size_t(c.vocab_size);
-    for (size_t r = 0; r < R && o.keep_logits; ++r) {
-      if (!sampler.stopped(r)) g.logits[r].emplace_back(all + r * V, all + (r + 1) * V);
-    }
-    const bool all_stopped = sampler.step(all, c.vocab_size, feed);
-    if (step == 0) {
-      g.prefill_seconds = clock.seconds();
-      clock.restart();
-    }
-    if (all_stopped) break;
-  }
-  g.tokens = sampler.take_tokens();
-  g.logprobs = sampler.take_logprobs();
-  g.decode_seconds = clock.seconds();
-  return g;
-}
-
 Result<Generation> InferenceWorker::generate(const transfer::Receiver& receiver,
                                              const std::vector<std::vector<int64_t>>& prompts,
                                              const GenerateOptions& o) {
-  const int tp = options_.layout.tp;
+  const comm::Group* any = options_.tp_group ? options_.tp_group.get() : options_.ep_group.get();
   const std::chrono::milliseconds timeout = options_.timeout.count() > 0 ? options_.timeout
-                                            : tp > 1 ? options_.tp_group->default_timeout()
-                                                     : std::chrono::milliseconds(0);
+                                            : any != nullptr             ? any->default_timeout()
+                                                             : std::chrono::milliseconds(0);
   const auto deadline = Clock::now() + timeout;
   for (int attempt = 0;; ++attempt) {
     if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     transfer::Receiver::ReadGuard guard = receiver.acquire();
     Result<BoundWeights> w = bind(lookup_in(receiver, guard));
-    if (tp > 1) {
-      // One allreduce(max) settles it for every rank alike: the highest and lowest version
-      // held, whether some rank could not bind its weights, whether some rank is out of time.
+    if (!one_rank()) {
+      // One max over the engine settles it for every rank alike: the highest and lowest
+      // version held, whether some rank could not bind its weights, whether some rank is out
+      // of time.
       const int64_t v = int64_t(guard.version());
       int64_t agree[4] = {v, -v, w.ok() ? 0 : 1, Clock::now() > deadline ? 1 : 0};
-      Status s = comm::allreduce(*options_.tp_group, {.recv = agree,
-                                                      .count = 4,
-                                                      .dtype = DType::kI64,
-                                                      .op = comm::ReduceOp::kMax,
-                                                      .timeout = options_.timeout});
+      Status s = engine_max(agree, 4);
       if (!s.ok()) {
-        return s.with_context("inference worker (tp rank " +
-                              std::to_string(options_.layout.tp_rank) + "): agreeing on a version");
+        return s.with_context(who() + ": agreeing on a version");
       }
       if (!w.ok()) return w.status();
       if (agree[2] != 0) {
-        return failed_precondition("inference worker (tp rank " +
-                                   std::to_string(options_.layout.tp_rank) +
-                                   "): another TP rank could not bind its weights");
+        return failed_precondition(who() +
+                                   ": another rank of the engine could not bind its weights");
       }
       if (agree[0] != -agree[1]) {
         if (agree[3] != 0) {
-          return deadline_exceeded(
-              "inference worker (tp rank " + std::to_string(options_.layout.tp_rank) +
-              "): TP ranks still hold weight versions " + std::to_string(-agree[1]) + " to " +
-              std::to_string(agree[0]) + " after " + std::to_string(timeout.count()) + " ms");
+          return deadline_exceeded(who() + ": the engine's ranks still hold weight versions " +
+                                   std::to_string(-agree[1]) + " to " + std::to_string(agree[0]) +
+                                   " after " + std::to_string(timeout.count()) + " ms");
         }
         continue;  // releases the guard; a lagging receiver publishes soon after the barrier
       }

@@ -1,5 +1,6 @@
 #include "weightlift/model/generate.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "weightlift/core/parallel.h"
@@ -146,26 +147,31 @@ RowSampler::RowSampler(size_t rows, const kernels::SamplingOptions& sampling, ui
   for (size_t r = 0; r < rows; ++r) rngs_.emplace_back(seed + r);
 }
 
+int64_t sampling_grain(int64_t vocab) {
+  return std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, vocab));
+}
+
+bool RowSampler::pick(size_t row, const float* logits, int64_t vocab) {
+  double logprob = 0;
+  const int64_t next = sampling_.temperature <= 0
+                           ? kernels::argmax(logits, vocab)
+                           : kernels::sample(logits, vocab, sampling_, rngs_[row], &logprob);
+  tokens_[row].push_back(next);
+  logprobs_[row].push_back(logprob);
+  if (next != stop_token_) return false;
+  stopped_[row] = 1;
+  return true;
+}
+
 bool RowSampler::step(const float* logits, int64_t vocab, std::vector<std::vector<int64_t>>& feed) {
-  bool all_stopped = true;
-  for (size_t r = 0; r < tokens_.size(); ++r) {
-    feed[r].clear();
-    if (stopped_[r]) continue;
-    const float* row = logits + r * size_t(vocab);
-    double logprob = 0;
-    const int64_t next = sampling_.temperature <= 0
-                             ? kernels::argmax(row, vocab)
-                             : kernels::sample(row, vocab, sampling_, rngs_[r], &logprob);
-    tokens_[r].push_back(next);
-    logprobs_[r].push_back(logprob);
-    if (next == stop_token_) {
-      stopped_[r] = true;
-    } else {
-      feed[r].push_back(next);
-      all_stopped = false;
+  parallel_for(int64_t(tokens_.size()), sampling_grain(vocab), [&](int64_t r0, int64_t r1) {
+    for (size_t r = size_t(r0); r < size_t(r1); ++r) {
+      feed[r].clear();
+      if (stopped_[r]) continue;
+      if (!pick(r, logits + r * size_t(vocab), vocab)) feed[r].push_back(tokens_[r].back());
     }
-  }
-  return all_stopped;
+  });
+  return std::all_of(stopped_.begin(), stopped_.end(), [](uint8_t s) { return s != 0; });
 }
 
 Result<Generation> generate(Transformer& model, const std::vector<std::vector<int64_t>>& prompts,
@@ -191,7 +197,16 @@ Result<Generation> generate(Transformer& model, const std::vector<std::vector<in
       }
     }
     const std::vector<float> logits = forward_cached(model, cache, feed, o.precision);
-    const bool all_stopped = sampler.step(logits.data(), c.vocab_size, feed);
+    bool all_stopped = sampler.step(logits.data(), c.vocab_size, feed);
+    for (size_t r = 0; r < R && o.stop_when && !all_stopped; ++r) {
+      if (sampler.stopped(r) || !o.stop_when(r, sampler.tokens()[r])) continue;
+      sampler.stop(r);
+      feed[r].clear();
+    }
+    if (o.stop_when) {
+      all_stopped = true;
+      for (size_t r = 0; r < R; ++r) all_stopped = all_stopped && sampler.stopped(r);
+    }
     if (step == 0) {
       g.prefill_seconds = clock.seconds();
       clock.restart();

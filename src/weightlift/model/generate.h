@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "weightlift/kernels/sampling.h"
@@ -20,6 +21,9 @@ struct GenerateOptions {
   bool use_kv_cache = true;
   int64_t stop_token = -1;  // a row stops after producing it; -1 = never
   Precision precision = Precision::kF32;
+  // Called on the calling thread after each new token of a running row, with its new tokens
+  // so far; true stops the row there (stop strings: the caller decodes and looks).
+  std::function<bool(size_t row, const std::vector<int64_t>& tokens)> stop_when;
 };
 
 struct Generation {
@@ -34,6 +38,10 @@ struct Generation {
 Result<Generation> generate(Transformer& model, const std::vector<std::vector<int64_t>>& prompts,
                             const GenerateOptions& options);
 
+// Rows one thread samples at least, for a vocabulary this large (enough work to be worth a
+// thread's wake-up).
+int64_t sampling_grain(int64_t vocab);
+
 // The per-row half of a generation loop, shared by generate() and the inference worker so
 // that both pick tokens alike: row r samples with Rng(seed + r) (argmax at temperature 0) and
 // stops after producing `stop_token`.
@@ -45,9 +53,16 @@ class RowSampler {
   // Picks the next token of every running row from `logits` [rows, vocab] and appends it to
   // tokens(); feed[r] becomes what row r feeds next (that token, or nothing once it stopped).
   // True when every row has stopped.
+  // Rows are sampled in parallel, each with its own generator: the result does not depend on
+  // the number of threads.
   bool step(const float* logits, int64_t vocab, std::vector<std::vector<int64_t>>& feed);
 
-  bool stopped(size_t row) const { return stopped_[row]; }
+  // Picks row `row`'s next token from its logits [vocab] and appends it; true when it was the
+  // stop token (the row is then stopped). Rows may be picked concurrently, each by one thread.
+  bool pick(size_t row, const float* logits, int64_t vocab);
+
+  bool stopped(size_t row) const { return stopped_[row] != 0; }
+  void stop(size_t row) { stopped_[row] = 1; }
   const std::vector<std::vector<int64_t>>& tokens() const { return tokens_; }
   std::vector<std::vector<int64_t>> take_tokens() { return std::move(tokens_); }
   // Each token's log-probability under the distribution it was drawn from (kernels::sample);
@@ -58,7 +73,7 @@ class RowSampler {
   kernels::SamplingOptions sampling_;
   int64_t stop_token_;
   std::vector<Rng> rngs_;
-  std::vector<bool> stopped_;
+  std::vector<uint8_t> stopped_;  // bytes, not bits: rows are picked concurrently
   std::vector<std::vector<int64_t>> tokens_;
   std::vector<std::vector<double>> logprobs_;
 };

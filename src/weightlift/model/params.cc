@@ -70,9 +70,17 @@ uint64_t fnv1a(std::string_view s) {
 }  // namespace
 
 void init_params(const ModelConfig& c, const ParamLayout& layout, uint64_t seed, float* out) {
+  init_params(c, layout, seed, 0, layout.total(), out);
+}
+
+void init_params(const ModelConfig& c, const ParamLayout& layout, uint64_t seed, int64_t begin,
+                 int64_t end, float* out) {
   const float residual_scale = 1.0f / std::sqrt(2.0f * float(c.num_layers));
   for (const ParamInfo& p : layout.params()) {
-    float* w = out + p.offset;
+    if (p.offset + p.numel() <= begin || p.offset >= end) continue;
+    WL_CHECK(p.offset >= begin && p.offset + p.numel() <= end)
+        << p.name << " straddles [" << begin << ", " << end << ")";
+    float* w = out + (p.offset - begin);
     if (p.shape.size() == 1) {
       for (int64_t i = 0; i < p.numel(); ++i) w[i] = 1.0f;
       continue;

@@ -66,6 +66,11 @@ Status read_params(const ParamLayout& layout, std::span<const SafetensorsFile* c
 // down_proj scaled by 1/sqrt(2 * num_layers), as GPT-2 does for residual projections), ones
 // for norm gains. The same seed gives the same weights on every machine.
 void init_params(const ModelConfig& config, const ParamLayout& layout, uint64_t seed, float* out);
+// The same values for the parameters in [begin, end) of that buffer alone, into
+// out[end - begin]: a rank that holds part of the model draws only its part. REQUIRES: no
+// parameter straddles begin or end.
+void init_params(const ModelConfig& config, const ParamLayout& layout, uint64_t seed, int64_t begin,
+                 int64_t end, float* out);
 
 // Pointers into one flat buffer (parameters or gradients), by role.
 struct LayerView {

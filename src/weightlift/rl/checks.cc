@@ -16,17 +16,22 @@ int64_t sample_positions(const Task& task) {
 
 Status check_layouts(const RlOptions& o) {
   if (o.trainers < 1) return invalid_argument("`trainers` " + std::to_string(o.trainers));
-  if (o.trainer_dp_mode == parallel::DpMode::kFsdp) {
-    return invalid_argument(
-        "`trainer_dp_mode` fsdp: the RL trainer's ranks push the weights from the whole model "
-        "each holds after a step, and FSDP holds a shard only; use ddp, zero1 or zero2");
-  }
   if (o.rollout_tp < 1) return invalid_argument("`rollout_tp` " + std::to_string(o.rollout_tp));
-  if (Status s = transfer::inference_layout(o.config, {.tp = o.rollout_tp, .format = o.sync_format})
+  if (o.rollout_ep < 1) return invalid_argument("`rollout_ep` " + std::to_string(o.rollout_ep));
+  if (o.rollout_slots < 0) {
+    return invalid_argument("`rollout_slots` " + std::to_string(o.rollout_slots) +
+                            " (0: every row at once)");
+  }
+  const std::string flag = o.rollout_ep == 1 ? "`rollout_tp` " + std::to_string(o.rollout_tp)
+                           : o.rollout_tp == 1
+                               ? "`rollout_ep` " + std::to_string(o.rollout_ep)
+                               : "`rollout_tp` " + std::to_string(o.rollout_tp) +
+                                     " x `rollout_ep` " + std::to_string(o.rollout_ep);
+  if (Status s = transfer::inference_layout(
+                     o.config, {.tp = o.rollout_tp, .ep = o.rollout_ep, .format = o.sync_format})
                      .status();
       !s.ok()) {
-    return invalid_argument("`rollout_tp` " + std::to_string(o.rollout_tp) +
-                            " with `sync_format` " +
+    return invalid_argument(flag + " with `sync_format` " +
                             std::string(transfer::weight_format_name(o.sync_format)) +
                             ": the rollout workers cannot hold this model so: " + s.message());
   }

@@ -14,12 +14,14 @@
 //                 step it takes (the batch it built) and they take it with it; each is also a
 //                 parameter-server rank, and pushes its own dim-0 shard of every parameter
 //                 to the workers from its own weights, so no rank gathers the model
-//   the rest      rollout workers 1..W, each `rollout_tp` consecutive ranks (an inference
-//                 engine's TP ranks): a fleet receiver holding its slices of the pushed weights
-//                 (bf16 or fp8) and an inference worker generating from them with the KV cache
-//                 and the sampling options, returning every token with its log-probability
-//                 under the distribution sampled from and the weights' version. TP rank 0
-//                 talks to the trainer and passes every command on to the others
+//   the rest      rollout workers 1..W, each `rollout_tp` x `rollout_ep` consecutive ranks
+//                 (an inference engine's TP or EP ranks): a fleet receiver holding its slices
+//                 of the pushed weights (bf16 or fp8; under EP every weight but the experts,
+//                 and one run of those) and an inference worker generating from them with the
+//                 KV cache and the sampling options, returning every token with its
+//                 log-probability under the distribution sampled from and the weights'
+//                 version. Engine rank 0 talks to the trainer and passes every command on to
+//                 the others
 //
 // Where each part lives:
 //   protocol.h        the messages between these processes and the store keys they meet by
@@ -62,9 +64,11 @@ namespace wl::rl {
 struct RlOptions {
   model::ModelConfig config;
   TaskOptions task;
-  // The trainer's data-parallel ranks (job ranks 0..trainers-1) and how they share the
-  // optimizer's state: DDP, ZeRO-1 or ZeRO-2 (each rank ends a step holding the whole model,
-  // which it pushes its shard of; FSDP holds a shard only and is refused).
+  // The trainer's data-parallel ranks (job ranks 0..trainers-1) and how they share the model:
+  // DDP, ZeRO-1 or ZeRO-2 (each rank ends a step holding the whole model) or FSDP (each holds
+  // only its dim-0 shard of every parameter). Either way each rank pushes only the rows it
+  // owns, and under FSDP no rank gathers the model to do it (the KL term's reference policy
+  // and the finished policy are gathered on rank 0, once each).
   int trainers = 1;
   parallel::DpMode trainer_dp_mode = parallel::DpMode::kDdp;
   // Each rollout worker is an inference engine of this many TP ranks (processes), each holding
@@ -72,6 +76,20 @@ struct RlOptions {
   // trainer's ranks directly. A worker of several ranks cannot be replaced mid-run: losing one
   // of its ranks loses the worker.
   int rollout_tp = 1;
+  // ... and of this many EP ranks, each holding one run of the experts and generating its
+  // share of the rows (infer/worker.h): an engine of rollout_tp x rollout_ep ranks, engine
+  // rank r being TP rank r % rollout_tp of EP rank r / rollout_tp.
+  int rollout_ep = 1;
+  // The processes of one rollout worker.
+  int engine_ranks() const { return rollout_tp * rollout_ep; }
+  // Rows each rollout worker (each EP rank of one) decodes at once, continuous batching
+  // (infer::GenerateOptions::slots); 0: every row of a request at once. Samples do not
+  // depend on it.
+  int64_t rollout_slots = 0;
+  // The rollout engines multiply bf16 weights as stored against bf16-rounded activations,
+  // where the CPU has bf16 GEMMs (infer::WorkerOptions::bf16_activations): a second rounding
+  // in the sampler, which the trainer's importance weights see as a larger mismatch.
+  bool rollout_bf16_activations = false;
   uint64_t seed = 1;
   // The policy RL starts from: a safetensors file of `config`'s parameters (a trained run's
   // model.safetensors), read by every trainer rank; empty: random weights drawn from `seed`.
@@ -138,9 +156,8 @@ struct RlOptions {
 };
 
 // InvalidArgument naming the field when the trainer's and the workers' layouts cannot run
-// `options`: FSDP (the trainer's ranks push from the whole model each holds), a warm-start
-// batch the trainer's ranks cannot share equally, or a TP the workers cannot split the model
-// into (heads, kv heads, ffn rows, fp8's 128-wide blocks).
+// `options`: a warm-start batch the trainer's ranks cannot share equally, or a TP the workers
+// cannot split the model into (heads, kv heads, ffn rows, fp8's 128-wide blocks).
 Status check_layouts(const RlOptions& options);
 
 // ResourceExhausted with the estimate (model/memory_estimate.h) when a trainer rank or a
@@ -162,10 +179,23 @@ Result<RlSummary> run_trainer(const RlOptions& options, std::shared_ptr<comm::St
 // an error (resume it from its last checkpoint).
 Status run_trainer_rank(const RlOptions& options, std::shared_ptr<comm::Store> store, int rank,
                         int workers);
-// TP rank `tp_rank` of rollout worker `worker` >= 1 (job rank trainers + (worker - 1) *
-// rollout_tp + tp_rank), at the job's start or replacing a lost one (it heals its weights from
-// a peer or the servers' copy and rejoins; TP 1 only): serves until the trainer says stop.
+// Engine rank `rank` of rollout worker `worker` >= 1 (job rank trainers + (worker - 1) *
+// engine_ranks() + rank), at the job's start or replacing a lost one (it heals its weights
+// from a peer or the servers' copy and rejoins; engines of one rank only): serves until the
+// trainer says stop. `joining`: a worker that joined the running job (below) under a number
+// of its own.
 Status run_rollout_worker(const RlOptions& options, const std::shared_ptr<comm::Store>& store,
-                          int worker, int tp_rank = 0);
+                          int worker, int rank = 0, bool joining = false);
+// A rollout worker of one process that joins a running job through its store (started with
+// that store's address and the job's token in MASTER_ADDR, MASTER_PORT and
+// WEIGHTLIFT_JOB_TOKEN, by hand or by a process manager; not by a launcher of its own, which
+// sets its own): refused before anything connects, naming the option, unless it runs what the job
+// runs (the model, the weights' format, sampling: protocol.h's job_identity); otherwise it takes
+// the next worker number, heals to the current weights and is given prompts from the next request
+// on, until the trainer says stop. It may leave at any time (stopped or lost): the trainer goes on
+// with the others.
+Status run_joining_worker(const RlOptions& options, const std::shared_ptr<comm::Store>& store);
+// What run_joining_worker refuses before it reads the store: InvalidArgument naming the field.
+Status check_joining(const RlOptions& options);
 
 }  // namespace wl::rl

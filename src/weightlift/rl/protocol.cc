@@ -1,6 +1,9 @@
 // protocol.h.
 #include "weightlift/rl/protocol.h"
 
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
 namespace wl::rl::protocol {
 
 Status send_command(comm::Group& g, int peer, int64_t command, std::chrono::milliseconds timeout) {
@@ -211,6 +214,80 @@ std::string control_prefix(int worker, int64_t incarnation) {
 std::string pid_key(int worker, int64_t incarnation, int tp_rank) {
   return worker_key(worker) + "/pid-" + std::to_string(tp_rank == 0 ? incarnation : 1) + "-" +
          std::to_string(tp_rank);
+}
+
+namespace {
+
+nlohmann::json identity_json(const RlOptions& o) {
+  return {{"model", nlohmann::json::parse(model::config_to_json(o.config))},
+          {"sync-dtype", std::string(transfer::weight_format_name(o.sync_format))},
+          {"rollout-tp", o.rollout_tp},
+          {"routing-replay", o.routing_replay},
+          {"temperature", o.sampling.temperature},
+          {"top-k", o.sampling.top_k},
+          {"top-p", o.sampling.top_p}};
+}
+
+}  // namespace
+
+std::string job_identity(const RlOptions& o, int workers) {
+  nlohmann::json j = identity_json(o);
+  j["workers"] = workers;
+  // Only an EP job says so: a job of a build before EP engines reads as EP 1, as it was (a
+  // joiner, always one process, is compared against the rest).
+  if (o.rollout_ep > 1) j["rollout-ep"] = o.rollout_ep;
+  // The same for bf16 activations, which change the sampler's numbers.
+  if (o.rollout_bf16_activations) j["rollout-bf16-activations"] = true;
+  return j.dump();
+}
+
+Result<int> check_job_identity(const RlOptions& o, std::string_view identity) {
+  const nlohmann::json job = nlohmann::json::parse(identity, nullptr, false);
+  if (job.is_discarded() || !job.is_object() || !job.contains("workers") ||
+      !job["workers"].is_number_integer()) {
+    return data_loss("the running job's identity (" + std::string(kIdentityKey) +
+                     " in its store) is not what this build writes");
+  }
+  // Sampling's floats as they were given (0.7, not the double nearest the float 0.7).
+  auto text = [](const nlohmann::json& v) {
+    if (v.is_string()) return v.get<std::string>();
+    if (!v.is_number_float()) return v.dump();
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", double(float(v.get<double>())));
+    return std::string(b);
+  };
+  for (const char* engine : {"rollout-tp", "rollout-ep"}) {
+    if (job.contains(engine) && job[engine] != 1) {
+      const std::string kind = std::string(engine) == "rollout-tp" ? "TP " : "EP ";
+      return invalid_argument("the running job's rollout workers are " + kind + job[engine].dump() +
+                              " engines (--" + engine +
+                              "): it takes no joining workers, which are one process each");
+    }
+  }
+  if (job.value("rollout-bf16-activations", false) != o.rollout_bf16_activations) {
+    return invalid_argument(std::string("--rollout-bf16-activations is ") +
+                            (o.rollout_bf16_activations ? "set" : "not set") +
+                            " here and the other way in the running job: a joining worker "
+                            "samples as the job does");
+  }
+  const nlohmann::json mine = identity_json(o);
+  for (const auto& [key, value] : mine.items()) {
+    const nlohmann::json theirs = job.value(key, nlohmann::json());
+    if (theirs == value) continue;
+    if (key != "model" || !theirs.is_object()) {
+      return invalid_argument("--" + key + " is " + text(value) + " here, " + text(theirs) +
+                              " in the running job: a joining worker runs as the job does");
+    }
+    for (const auto& [field, v] : value.items()) {
+      const nlohmann::json t = theirs.value(field, nlohmann::json());
+      if (t == v) continue;
+      return invalid_argument("the model (--preset, --init-weights or --model-dir) has " + field +
+                              " " + text(v) + " here, " + text(t) +
+                              " in the running job: a joining worker holds the job's model");
+    }
+    return invalid_argument("the model differs from the running job's");
+  }
+  return job["workers"].get<int>();
 }
 
 }  // namespace wl::rl::protocol

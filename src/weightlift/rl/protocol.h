@@ -22,12 +22,14 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "weightlift/comm/group/group.h"
 #include "weightlift/core/status.h"
 #include "weightlift/infer/worker.h"
 #include "weightlift/model/config.h"
+#include "weightlift/rl/loop.h"
 #include "weightlift/rl/policy_step.h"
 #include "weightlift/train/data.h"
 
@@ -40,6 +42,8 @@ enum Command : int64_t { kSync = 1, kGenerate = 2, kStop = 3 };
 
 inline constexpr uint32_t kTagCommand = 1, kTagLength = 2, kTagInts = 3, kTagReals = 4,
                           kTagRoutes = 5;
+// A trainer rank's own rows of the policy, to rank 0 (Order::kGather).
+inline constexpr uint32_t kTagPolicyRows = 6;
 
 // The most values one message may hold (a length above it is a peer that lies).
 inline constexpr size_t kMostValues = size_t(1) << 26;
@@ -146,7 +150,8 @@ enum class Order : int64_t {
   kSave = 5,     // ints: [RL step, policy version]
   kResume = 6,
   kStop = 7,
-  kPush = 8  // kRefresh, then kUpdate with these ints: a push in one order
+  kPush = 8,   // kRefresh, then kUpdate with these ints: a push in one order
+  kGather = 9  // every rank sends rank 0 the rows of the policy it owns (FSDP's whole policy)
 };
 
 struct OrderMessage {
@@ -187,10 +192,25 @@ std::string pid_key(int worker, int64_t incarnation, int tp_rank);
 // a replacement that starts after that finds nobody to join, and ends.
 inline constexpr char kStoppedKey[] = "rl/stopped";
 
-// The fleet id of worker `worker`'s TP rank `tp_rank` (worker from 1), with `rollout_tp` ranks
-// an engine.
-inline int fleet_id(int rollout_tp, int worker, int tp_rank) {
-  return (worker - 1) * rollout_tp + tp_rank;
+// Workers may join a running job (run_joining_worker): each that does raises this, and takes
+// the number after the job's own workers and the joiners before it.
+inline constexpr char kJoinedKey[] = "rl/joined";
+// job_identity(), set by trainer rank 0 before it connects any worker.
+inline constexpr char kIdentityKey[] = "rl/identity";
+
+// What a worker joining a running job must run as the job does, as JSON: the model's config,
+// the weights' format, the engines' TP, how they sample, routing replay; and how many workers
+// the job started with (joiners are numbered after them).
+std::string job_identity(const RlOptions& o, int workers);
+// The job's starting worker count when `o` runs what `identity` says; otherwise
+// InvalidArgument naming the first option that differs (as the flag a user gives), with both
+// values.
+Result<int> check_job_identity(const RlOptions& o, std::string_view identity);
+
+// The fleet id of worker `worker`'s engine rank `rank` (worker from 1), with `engine_ranks`
+// ranks an engine.
+inline int fleet_id(int engine_ranks, int worker, int rank) {
+  return (worker - 1) * engine_ranks + rank;
 }
 
 }  // namespace wl::rl::protocol

@@ -21,7 +21,8 @@ RolloutFleet::RolloutFleet(const RlOptions& options, std::shared_ptr<comm::Store
       store_(std::move(store)),
       server_(server),
       hooks_(std::move(hooks)),
-      links_(size_t(workers) + 1) {}
+      links_(size_t(workers) + 1),
+      started_(workers) {}
 
 Status RolloutFleet::connect_all() {
   for (int k = 1; k < int(links_.size()); ++k) {
@@ -45,12 +46,14 @@ void RolloutFleet::lose(int k, const Status& why) {
   l.syncing = false;
   hooks_.event("rollout worker " + std::to_string(k) + " lost: " + why.to_string());
   // Its processes may be alive but stopped or stuck: the launcher ends them, and starts a
-  // replacement when it may (weightlift launch --restart-failed).
-  for (int t = 0; t < o_.rollout_tp; ++t) {
+  // replacement when it may (weightlift launch --restart-failed). A worker that joined the
+  // job is no rank of the launcher's: its own launcher ends it (it stops waiting for commands
+  // within kIdleTimeouts).
+  for (int t = 0; t < o_.engine_ranks() && !joined(k); ++t) {
     Result<comm::Bytes> pid =
         store_->get(proto::pid_key(k, l.incarnation, t), std::chrono::milliseconds(100));
     if (!pid.ok()) continue;  // it died before it said
-    const Status told = comm::declare_lost(*store_, o_.trainers + (k - 1) * o_.rollout_tp + t,
+    const Status told = comm::declare_lost(*store_, o_.trainers + (k - 1) * o_.engine_ranks() + t,
                                            std::atoll(comm::to_string(*pid).c_str()));
     if (!told.ok()) {
       hooks_.event("telling the launcher that worker " + std::to_string(k) +
@@ -119,21 +122,45 @@ Result<uint64_t> RolloutFleet::connect_worker(int k, int64_t incarnation) {
   }
 }
 
+Status RolloutFleet::notice_joiners() {
+  WL_ASSIGN_OR_RETURN(const int64_t joiners, store_->add(proto::kJoinedKey, 0));
+  while (int64_t(links_.size()) <= started_ + joiners) links_.emplace_back();
+  return ok_status();
+}
+
 Status RolloutFleet::adopt_replacements() {
   const FleetClock::time_point deadline = FleetClock::now() + o_.timeout;
+  // The store is a round trip away: with workers alive, it is asked no more often than this.
+  if (!alive().empty() && FleetClock::now() < next_adopt_) return ok_status();
   for (;;) {
+    next_adopt_ = FleetClock::now() + kAdoptEvery;
+    WL_RETURN_IF_ERROR(notice_joiners());
     for (int k = 1; k < int(links_.size()); ++k) {
-      const WorkerLink& l = links_[size_t(k)];
-      if (l.control) continue;
+      WorkerLink& l = links_[size_t(k)];
+      // A joiner's number is never taken again once it has been used.
+      if (l.control || (joined(k) && l.incarnation > 0)) continue;
       WL_ASSIGN_OR_RETURN(const int64_t inc, store_->add(proto::incarnation_key(k), 0));
       if (inc <= l.incarnation) continue;
-      WL_ASSIGN_OR_RETURN(const uint64_t healed, connect_worker(k, inc));
+      // It heals meanwhile (the servers served for its reads): adopted with the version the
+      // fleet holds, it takes the next update with the others. One that is gone before it is
+      // ready (stopped as it joined) is passed over: the run goes on without it.
+      Result<uint64_t> connected = connect_worker(k, inc);
+      if (!connected.ok()) {
+        if (connected.status().code() == StatusCode::kDataLoss) return connected.status();
+        l.incarnation = inc;
+        hooks_.event("rollout worker " + std::to_string(k) + " (incarnation " +
+                     std::to_string(inc) + ") did not join: " + connected.status().to_string());
+        continue;
+      }
+      const uint64_t healed = *connected;
       const std::optional<uint64_t> version = hooks_.version_of(healed);
-      hooks_.event("rollout worker " + std::to_string(k) + " rejoined (incarnation " +
-                   std::to_string(inc) + "), healed to " +
-                   (healed == 0 ? std::string("nothing")
-                                : "policy version " + (version ? std::to_string(*version)
-                                                               : std::string("unknown"))));
+      const std::string how = healed == 0 ? std::string("nothing")
+                                          : "policy version " + (version ? std::to_string(*version)
+                                                                         : std::string("unknown"));
+      hooks_.event(joined(k) && inc == 1
+                       ? "rollout worker " + std::to_string(k) + " joined the job, healed to " + how
+                       : "rollout worker " + std::to_string(k) + " rejoined (incarnation " +
+                             std::to_string(inc) + "), healed to " + how);
       if (o_.on_rejoin) o_.on_rejoin(k);
     }
     if (!alive().empty()) return ok_status();
@@ -155,7 +182,8 @@ Result<std::vector<int64_t>> RolloutFleet::prepare_update() {
   }
   std::vector<int64_t> ids;
   for (int k : alive())
-    for (int r = 0; r < o_.rollout_tp; ++r) ids.push_back(proto::fleet_id(o_.rollout_tp, k, r));
+    for (int r = 0; r < o_.engine_ranks(); ++r)
+      ids.push_back(proto::fleet_id(o_.engine_ranks(), k, r));
   return ids;
 }
 
@@ -163,8 +191,8 @@ void RolloutFleet::updated(const transfer::ServerUpdate& u) {
   for (int k : alive()) {
     const auto members = std::count_if(
         u.members.begin(), u.members.end(),
-        [&](const transfer::FleetMember& m) { return m.id / o_.rollout_tp == k - 1; });
-    if (members == o_.rollout_tp) {
+        [&](const transfer::FleetMember& m) { return m.id / o_.engine_ranks() == k - 1; });
+    if (members == o_.engine_ranks()) {
       links_[size_t(k)].syncing = false;
     } else {
       lose(k, unavailable("left out of the weight update"));
@@ -260,9 +288,11 @@ Status RolloutFleet::receive_share(std::span<const std::vector<int64_t>> prompts
 }
 
 Status RolloutFleet::stop() {
+  // Every worker is told, whatever happened to one: a worker that left as the run ended is
+  // lost, not a failed run.
   for (int k : alive()) {
-    WL_RETURN_IF_ERROR(
-        proto::send_command(*links_[size_t(k)].control, 1, proto::kStop, o_.timeout));
+    Status told = proto::send_command(*links_[size_t(k)].control, 1, proto::kStop, o_.timeout);
+    if (!told.ok()) lose(k, told);
   }
   return ok_status();
 }

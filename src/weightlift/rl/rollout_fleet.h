@@ -7,6 +7,10 @@
 // `--restart-failed`), and its share of a generation asked of the others. A replacement is a
 // new incarnation of the same worker number; it is adopted between requests, once it has healed
 // its weights. A worker whose reply lies (DataLoss) stops the run.
+//
+// The fleet is elastic: a worker may also join the running job (loop.h's run_joining_worker)
+// under the next number after the job's own; it is adopted as a replacement is, and generation
+// requests are spread over whoever is alive at the time.
 #pragma once
 
 #include <chrono>
@@ -56,9 +60,11 @@ class RolloutFleet {
   // Connects every worker's first incarnation, each once it has started and healed.
   Status connect_all();
   std::vector<int> alive() const;
-  // Lost workers whose replacement has started rejoin here. With none alive, waits for one up
-  // to the timeout.
+  // Lost workers whose replacement has started rejoin here, and workers that joined the job
+  // are adopted, each once it has healed (the store is looked at every kAdoptEvery at most
+  // while workers are alive). With none alive, waits for one up to the timeout.
   Status adopt_replacements();
+  static constexpr std::chrono::milliseconds kAdoptEvery{20};
   void lose(int worker, const Status& why);
   // Failure injection (RlOptions::kill_worker_after_sync): SIGKILL to worker `worker`'s TP rank
   // 0 process, found by the pid it published. The fleet learns of the death as it would of any.
@@ -81,7 +87,8 @@ class RolloutFleet {
   Result<std::vector<Sample>> receive(std::span<const std::vector<int64_t>> prompts,
                                       std::vector<Share> shares, const GenerationOptions& options,
                                       Rng& rng);
-  // Tells every living worker to stop.
+  // Tells every living worker to stop; one that cannot be told is lost (an event), not an
+  // error.
   Status stop();
 
  private:
@@ -92,6 +99,9 @@ class RolloutFleet {
   };
 
   Status no_workers() const;
+  // Makes a lost link for every worker that has joined since the last look.
+  Status notice_joiners();
+  bool joined(int worker) const { return worker > started_; }
   Result<int64_t> wait_for_incarnation(int worker, int64_t than);
   Result<uint64_t> connect_worker(int worker, int64_t incarnation);
   Status receive_share(std::span<const std::vector<int64_t>> prompts, const Share& s,
@@ -101,7 +111,9 @@ class RolloutFleet {
   std::shared_ptr<comm::Store> store_;
   transfer::ParameterServer& server_;
   FleetHooks hooks_;
-  std::vector<WorkerLink> links_;  // by worker number; [0] unused
+  std::vector<WorkerLink> links_;                       // by worker number; [0] unused
+  int started_ = 0;                                     // the job's own workers: 1..started_
+  std::chrono::steady_clock::time_point next_adopt_{};  // the store's next look, while alive
 };
 
 }  // namespace wl::rl

@@ -7,11 +7,13 @@
 // step (a training step, a refresh of the servers' copy, a weight update, a checkpoint)
 // ordered to the other ranks first (protocol.h's Order), which take it with rank 0 until it
 // says stop.
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 
 #include "weightlift/comm/group/group.h"
 #include "weightlift/core/safetensors.h"
+#include "weightlift/core/shard.h"
 #include "weightlift/core/timing.h"
 #include "weightlift/kernels/cross_entropy.h"
 #include "weightlift/model/hf_checkpoint.h"
@@ -127,12 +129,12 @@ class Trainer {
         orders_(std::move(ranks.orders)),
         while_waiting_(std::move(ranks.while_waiting)),
         rank_(orders_ ? orders_->rank() : 0),
-        full_(size_t(dp_->layout().total())),
         rng_(o.seed) {
-    // Every trainer rank draws the same initial weights (start() replaces them by
-    // init_weights when the run starts from a trained policy).
-    model::init_params(o.config, dp_->layout(), o.seed, full_.data());
-    dp_->set_params(full_.data());
+    // Every trainer rank draws the same initial weights, each only the parts it keeps (start()
+    // replaces them by init_weights when the run starts from a trained policy).
+    dp_->set_params([&](model::FlatRange r, float* out) {
+      model::init_params(o.config, dp_->layout(), o.seed, r.begin, r.end, out);
+    });
     seq_ = sample_positions(task_);
     held_out_ = task_.held_out(int(o.eval_problems), o.seed);
   }
@@ -151,7 +153,9 @@ class Trainer {
                                       .shard_dtype = o_.sync_format == transfer::WeightFormat::kBF16
                                                          ? DType::kBF16
                                                          : DType::kF32}));
-    WL_RETURN_IF_ERROR(server_->register_checkpoint(protocol::kCheckpoint, o_.config, full_));
+    // From the rows each rank owns, as refresh() does: with FSDP no rank holds the rest.
+    WL_RETURN_IF_ERROR(
+        server_->register_checkpoint(protocol::kCheckpoint, o_.config, own_weights()));
     if (rank_ != 0) {  // rank 0 alone talks to the workers
       // One pass: serving for a millisecond at a time kept an order waiting for 3 ms on average
       // on 2 cores, and the push's first collective with it (the sync was a quarter of the
@@ -159,6 +163,9 @@ class Trainer {
       *while_waiting_ = [this] { server_->serve_for(std::chrono::milliseconds(0)); };
       return ok_status();
     }
+    // What a worker joining the running job must agree with, before any worker connects.
+    WL_RETURN_IF_ERROR(
+        store_->set(protocol::kIdentityKey, comm::to_bytes(protocol::job_identity(o_, workers_))));
     fleet_ = std::make_unique<RolloutFleet>(
         o_, store_, workers_, *server_,
         FleetHooks{
@@ -297,9 +304,54 @@ class Trainer {
     return c;
   }
 
-  std::vector<float> policy() const {
-    const float* w = whole();
-    return std::vector<float>(w, w + full_.size());
+  // The whole policy, on rank 0; a trainer that shards it (FSDP) has every other rank send
+  // rank 0 the rows it owns (kGather), and only rank 0 holds the whole.
+  Result<std::vector<float>> policy() {
+    if (const float* w = dp_->whole_model()) return std::vector<float>(w, w + total());
+    WL_RETURN_IF_ERROR(tell({Order::kGather}));
+    std::vector<float> full(static_cast<size_t>(total()));
+    const model::ParamLayout& layout = dp_->layout();
+    auto place = [&](int rank, const float* rows) {
+      for (const model::ParamInfo& p : layout.params()) {
+        const ShardRows r = shard_rows(p.shape[0], o_.trainers, rank);
+        const int64_t width = p.numel() / p.shape[0], n = r.size() * width;
+        std::copy_n(rows, n, full.data() + p.offset + r.begin * width);
+        rows += n;
+      }
+    };
+    place(0, own_rows_packed().data());
+    for (int r = 1; r < o_.trainers; ++r) {
+      std::vector<float> rows(static_cast<size_t>(own_rows_elems(r)));
+      WL_RETURN_IF_ERROR(orders_->recv({.data = rows.data(),
+                                        .bytes = rows.size() * sizeof(float),
+                                        .peer = r,
+                                        .tag = protocol::kTagPolicyRows,
+                                        .timeout = o_.timeout}));
+      place(r, rows.data());
+    }
+    return full;
+  }
+
+  // Every parameter's rows trainer rank `rank` owns, in ParamLayout order, back to back.
+  int64_t own_rows_elems(int rank) const {
+    int64_t n = 0;
+    for (const model::ParamInfo& p : dp_->layout().params())
+      n += shard_rows(p.shape[0], o_.trainers, rank).size() * (p.numel() / p.shape[0]);
+    return n;
+  }
+  std::vector<float> own_rows_packed() {
+    std::vector<transfer::OwnRows> own = own_weights();
+    std::sort(own.begin(), own.end(),
+              [](const auto& a, const auto& b) { return a.param < b.param; });
+    std::vector<float> out;
+    out.reserve(static_cast<size_t>(own_rows_elems(rank_)));
+    const model::ParamLayout& layout = dp_->layout();
+    for (const transfer::OwnRows& r : own) {
+      const model::ParamInfo& p = layout.params()[r.param];
+      out.insert(out.end(), r.data, r.data + r.rows.size() * (p.numel() / p.shape[0]));
+    }
+    WL_CHECK_EQ(int64_t(out.size()), own_rows_elems(rank_)) << "own rows of trainer rank " << rank_;
+    return out;
   }
 
   Status stop() {
@@ -330,21 +382,24 @@ class Trainer {
   }
 
  private:
+  // A trained policy read whole on every rank, each keeping its part (the only time a rank
+  // that shards the model holds all of it).
   Status load_initial_weights() {
+    if (o_.init_weights.empty() && o_.init_model_dir.empty()) return ok_status();
+    std::vector<float> full(static_cast<size_t>(total()));
     if (!o_.init_weights.empty()) {
       WL_ASSIGN_OR_RETURN(const SafetensorsFile file, SafetensorsFile::open(o_.init_weights));
       const SafetensorsFile* files[] = {&file};
-      WL_RETURN_IF_ERROR(model::read_params(dp_->layout(), files, full_.data())
+      WL_RETURN_IF_ERROR(model::read_params(dp_->layout(), files, full.data())
                              .with_context("the initial weights"));
-      dp_->set_params(full_.data());
     }
     if (!o_.init_model_dir.empty()) {
       WL_ASSIGN_OR_RETURN(const model::HfCheckpoint hf,
                           model::open_hf_checkpoint(o_.init_model_dir));
       WL_RETURN_IF_ERROR(
-          model::read_hf_params(hf, full_.data()).with_context("the initial weights"));
-      dp_->set_params(full_.data());
+          model::read_hf_params(hf, full.data()).with_context("the initial weights"));
     }
+    dp_->set_params(full.data());
     return ok_status();
   }
 
@@ -427,7 +482,9 @@ class Trainer {
     if (!reference_) {
       reference_ = std::make_unique<parallel::DataParallel>(
           o_.config, parallel::DataParallelOptions{}, nullptr, nullptr);
-      reference_->set_params(whole());
+      // Held whole on rank 0 whatever the trainer's layout (an FSDP trainer gathers it once).
+      WL_ASSIGN_OR_RETURN(const std::vector<float> start, policy());
+      reference_->set_params(start.data());
     }
     return target_logprobs(*reference_, b);
   }
@@ -486,6 +543,14 @@ class Trainer {
         // A failed update is rank 0's to handle (it drops the lost worker and orders another).
         (void)update(m.ints);
         return ok_status();
+      case Order::kGather: {
+        const std::vector<float> rows = own_rows_packed();
+        return orders_->send({.data = rows.data(),
+                              .bytes = rows.size() * sizeof(float),
+                              .peer = 0,
+                              .tag = protocol::kTagPolicyRows,
+                              .timeout = o_.timeout});
+      }
       case Order::kSave:
         if (m.ints.size() != 2) return data_loss("trainer order: save without its step");
         return save_rl_checkpoint(train::checkpoint_dir(o_.checkpoint_dir, m.ints[0]), *dp_,
@@ -496,18 +561,21 @@ class Trainer {
     }
   }
 
-  // The trainer's whole model on this rank (it holds it after every step: DDP, ZeRO-1/2).
-  const float* whole() const {
-    const float* w = dp_->whole_model();
-    WL_CHECK(w != nullptr) << "the RL trainer holds its model whole";
-    return w;
+  int64_t total() const { return dp_->layout().total(); }
+
+  // The rows of every parameter this rank owns (core/shard.h's over the trainer's ranks, the
+  // rule the servers shard by too), where the optimizer leaves them: a whole model under DDP
+  // and ZeRO, the rank's shards under FSDP.
+  std::vector<transfer::OwnRows> own_weights() {
+    std::vector<transfer::OwnRows> out;
+    for (const parallel::StateRows& r : dp_->own_rows()) {
+      if (r.kind == parallel::StateKind::kWeights) out.push_back({r.param, r.rows, r.data});
+    }
+    return out;
   }
 
-  // This rank's servers take its own parameters as they are, with no copy of the model first
-  // (each server rank keeps its dim-0 shard of every parameter).
-  Status refresh() {
-    return server_->refresh(protocol::kCheckpoint, std::span(whole(), full_.size()));
-  }
+  // This rank's servers take its own rows as they are, with no copy of the model first.
+  Status refresh() { return server_->refresh(protocol::kCheckpoint, own_weights()); }
 
   Result<transfer::ServerUpdate> update(const std::vector<int64_t>& ids) {
     const std::vector<int> fleet_ids(ids.begin(), ids.end());
@@ -536,7 +604,6 @@ class Trainer {
   std::shared_ptr<comm::Group> orders_;  // to the other trainer ranks; null with one
   std::shared_ptr<std::function<void()>> while_waiting_;  // TrainerRanks::while_waiting
   int rank_ = 0;                                          // among the trainer's ranks
-  std::vector<float> full_;
   Rng rng_;
   int64_t seq_ = 0;
   std::vector<Problem> held_out_;
@@ -572,7 +639,7 @@ class Run {
     for (int64_t step = first_rl_step_; step <= o_.steps; ++step) {
       WL_RETURN_IF_ERROR(rl_step(step));
     }
-    summary_.policy = t_.policy();
+    WL_ASSIGN_OR_RETURN(summary_.policy, t_.policy());
     summary_.events = t_.events;
     return std::move(summary_);
   }

@@ -53,8 +53,8 @@ struct LaunchOptions {
   // Hosts in the job and this one's place among them; see the top.
   int nnodes = 1;
   int node_rank = 0;
-  // The job's token when it spans several hosts (every launcher is given the same one); one
-  // host's is drawn at random when this is empty.
+  // The job's token: the same on every host when it spans several, and known to a process
+  // that joins the running job (rl --join); drawn at random when this is empty (one host).
   std::string job_token;
   // How long a launcher waits for the store on node 0 (and node 0's, at the end, for the other
   // hosts' ranks to be done).

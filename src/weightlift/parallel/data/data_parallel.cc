@@ -222,6 +222,28 @@ void DataParallel::set_params(const float* full) {
   }
 }
 
+void DataParallel::set_params(const std::function<void(model::FlatRange, float*)>& fill) {
+  if (tp_ > 1) {  // slicing reads across a unit's parameters: the whole model, once
+    std::vector<float> full(size_t(layout_.total()));
+    fill({0, layout_.total()}, full.data());
+    set_params(full.data());
+    return;
+  }
+  std::vector<float> part_values;
+  for (int u : held_) {
+    for (const PartShards& part : shards_[size_t(u)]) {
+      if (!options_.layout.shards_parameters()) {
+        fill(part.of->model, whole_unit(params_, u) + part.held);
+        continue;
+      }
+      part_values.resize(size_t(part.of->size()));
+      fill(part.of->model, part_values.data());
+      part.shards.pack(part_values.data(), part.rank,
+                       params_.data<float>() + packed_at(u) + part.packed);
+    }
+  }
+}
+
 // The held parts of whole buffers `held` (params_ or grads_) at their places in `full`.
 void DataParallel::copy_held(Tensor& held, float* full) {
   for (int u : held_) {

@@ -45,6 +45,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -166,6 +167,10 @@ class DataParallel final : public model::PassHooks {
 
   // Keeps this rank's part of `full` (layout().total() floats: a fresh init, loaded weights).
   void set_params(const float* full);
+  // The same, the values written by fill(range, out) into out[range.size()] for each range of
+  // the model this rank keeps part of (a held unit's parts; the whole model under --tp): a
+  // rank that shards its model never holds more than one part of it whole.
+  void set_params(const std::function<void(model::FlatRange range, float* out)>& fill);
   // The held units' whole parameters into `full` (at their places in the model; the rest of
   // `full` untouched) on every data-parallel rank, every expert included (collective: FSDP
   // gathers them, expert parallelism gathers the experts).

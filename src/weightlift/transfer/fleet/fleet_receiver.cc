@@ -81,6 +81,8 @@ Status FleetReceiver::Impl::announce(bool leave) {
     j.pid = me.pid;
     j.tp = o.tp;
     j.tp_rank = o.tp_rank;
+    j.ep = o.ep;
+    j.ep_rank = o.ep_rank;
     j.format = std::string(weight_format_name(o.format));
     for (const ReceiverEntry& e : receiver->entries())
       j.tensors.push_back(tensor_signature(e.spec));

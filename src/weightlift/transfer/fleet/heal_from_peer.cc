@@ -25,8 +25,11 @@ struct PeerStatus {
 
 std::string layout_fingerprint(const Receiver& r) {
   const ReceiverOptions& o = r.options();
-  std::string f = "tp " + std::to_string(o.tp) + " rank " + std::to_string(o.tp_rank) + " " +
-                  std::string(weight_format_name(o.format)) + " slot " +
+  // EP only when there is some: a peer of a build before EP engines has the same fingerprint.
+  std::string f = "tp " + std::to_string(o.tp) + " rank " + std::to_string(o.tp_rank) +
+                  (o.ep > 1 ? " ep " + std::to_string(o.ep) + " rank " + std::to_string(o.ep_rank)
+                            : std::string()) +
+                  " " + std::string(weight_format_name(o.format)) + " slot " +
                   std::to_string(r.slot_bytes());
   for (const ReceiverEntry& e : r.entries()) {
     f += ";" + e.spec.name + ":" + std::string(dtype_name(e.spec.dtype)) + "[";
@@ -89,7 +92,7 @@ Result<uint64_t> heal_from_peer(comm::Transport& worker, Receiver& receiver, con
   if (peer.fingerprint != layout_fingerprint(receiver) ||
       peer.slot_bytes != receiver.slot_bytes()) {
     return failed_precondition(who +
-                               ": its weights are laid out differently (another TP rank, "
+                               ": its weights are laid out differently (another TP or EP rank, "
                                "format or model); heal only from a receiver of the same shard");
   }
   if (!comm::process_may_be_alive({peer.host, peer.pid})) {

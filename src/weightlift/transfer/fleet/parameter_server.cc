@@ -119,6 +119,20 @@ Status ParameterServer::register_checkpoint(const std::string& name,
 
 Status ParameterServer::register_checkpoint(const std::string& name,
                                             const model::ModelConfig& config,
+                                            std::span<const OwnRows> rows) {
+  WL_RETURN_IF_ERROR(impl_->check_new(name));
+  WL_RETURN_IF_ERROR(config.validate("register_checkpoint '" + name + "'"));
+  WL_RETURN_IF_ERROR(check_own_rows(config, impl_->options.size, impl_->options.rank, rows)
+                         .with_context("register_checkpoint '" + name + "'"));
+  impl_->hold(name, impl_->shard_bytes(config), [&](std::byte* storage) {
+    return TrainerWeights::from_own_rows(config, rows, impl_->servers,
+                                         {.dtype = impl_->options.shard_dtype, .storage = storage});
+  });
+  return ok_status();
+}
+
+Status ParameterServer::register_checkpoint(const std::string& name,
+                                            const model::ModelConfig& config,
                                             std::span<const NamedTensor> tensors) {
   WL_RETURN_IF_ERROR(impl_->check_new(name));
   WL_RETURN_IF_ERROR(config.validate("register_checkpoint '" + name + "'"));
@@ -200,6 +214,15 @@ Status ParameterServer::refresh(const std::string& name, std::span<const NamedTe
                                  : check_named_tensors(*w.layout_spec(), tensors))
                          .with_context("refresh '" + name + "'"));
   Impl::assign(held, [&](TrainerWeights& w) { w.assign_named(tensors); });
+  return ok_status();
+}
+
+Status ParameterServer::refresh(const std::string& name, std::span<const OwnRows> rows) {
+  auto it = impl_->checkpoints.find(name);
+  if (it == impl_->checkpoints.end()) return not_found("refresh: no checkpoint '" + name + "'");
+  HeldCheckpoint& held = it->second;
+  WL_RETURN_IF_ERROR(held.weights->check_own_rows(rows).with_context("refresh '" + name + "'"));
+  Impl::assign(held, [&](TrainerWeights& w) { w.assign_own_rows(rows); });
   return ok_status();
 }
 

@@ -11,8 +11,9 @@
 //
 // Several checkpoints are held at once; switching between them is an update like any other.
 // The servers can be the trainer ranks themselves (register the live weights with
-// register_checkpoint(name, config, full) and refresh(name, full) after each step) or separate
-// processes holding host copies.
+// register_checkpoint(name, config, full) and refresh(name, full) after each step, or from
+// each rank's own rows when the trainer shards its model) or separate processes holding host
+// copies.
 //
 // Each server rank keeps a checkpoint's shards in one region of UCX-allocated memory and, after
 // every successful update, publishes where they are under "<prefix>/copy/<rank>"
@@ -91,6 +92,11 @@ class ParameterServer {
   // call). InvalidArgument if `name` is taken or empty.
   Status register_checkpoint(const std::string& name, const model::ModelConfig& config,
                              std::span<const float> full);
+  // From this server rank's own rows of every parameter, as an FSDP trainer rank holds them
+  // (the servers are the trainer's ranks, its shards theirs): no rank needs the whole model.
+  // InvalidArgument naming a parameter whose rows are missing, given twice or not this rank's.
+  Status register_checkpoint(const std::string& name, const model::ModelConfig& config,
+                             std::span<const OwnRows> rows);
   // From whole parameters in f32 or bf16 as a caller holds them (a state dict): each shard
   // copied from its tensor, converted only where the dtype differs from the shards'.
   // InvalidArgument naming a tensor that is missing, unknown, given twice or of the wrong shape
@@ -125,6 +131,8 @@ class ParameterServer {
   // The same from whole parameters, as register_checkpoint takes them; a refused set leaves
   // the held weights as they were.
   Status refresh(const std::string& name, std::span<const NamedTensor> tensors);
+  // The same from this rank's own rows, as register_checkpoint takes them.
+  Status refresh(const std::string& name, std::span<const OwnRows> rows);
 
   // The ids of the receivers that have announced themselves and neither left nor been found
   // gone by an update: those an update without a list takes. Local (reads the store); a

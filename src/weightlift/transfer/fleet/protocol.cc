@@ -90,6 +90,8 @@ std::string join_to_json(const JoinRecord& r) {
   j["pid"] = r.pid;
   j["tp"] = r.tp;
   j["tp_rank"] = r.tp_rank;
+  j["ep"] = r.ep;
+  j["ep_rank"] = r.ep_rank;
   j["weight_format"] = r.format;
   j["tensors"] = r.tensors;
   return j.dump();
@@ -103,6 +105,8 @@ Result<JoinRecord> join_from_json(std::string_view text, std::string_view where)
     r.pid = int_field(j.at("pid"));
     r.tp = int32_field(j.at("tp"));
     r.tp_rank = int32_field(j.at("tp_rank"));
+    if (j.contains("ep")) r.ep = int32_field(j.at("ep"));  // absent: written before EP engines
+    if (j.contains("ep_rank")) r.ep_rank = int32_field(j.at("ep_rank"));
     r.format = j.at("weight_format").get<std::string>();
     r.tensors = j.at("tensors").get<std::vector<std::string>>();
     return r;

@@ -124,7 +124,7 @@ struct JoinRecord {
   // checkpoint's inference layout before planning with it.
   uint64_t host = 0;
   int64_t pid = 0;
-  int tp = 1, tp_rank = 0;
+  int tp = 1, tp_rank = 0, ep = 1, ep_rank = 0;
   std::string format = "bf16";
   std::vector<std::string> tensors;
 };

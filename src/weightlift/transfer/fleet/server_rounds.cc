@@ -140,10 +140,14 @@ std::string ParameterServer::Impl::layout_mismatch(const std::string& name, cons
   const TrainerWeights& w = *checkpoints.at(name).weights;
   const std::optional<WeightFormat> format = weight_format_from_name(j.format);
   if (!format) return "it holds format '" + j.format + "'";
-  auto expected =
-      w.config()
-          ? inference_layout(*w.config(), {.tp = j.tp, .tp_rank = j.tp_rank, .format = *format})
-          : spec_layout(spec_in_format(*w.layout_spec(), *format), j.tp, j.tp_rank);
+  if (!w.config() && j.ep > 1) return "a layout spec's model has no expert-parallel layout";
+  auto expected = w.config()
+                      ? inference_layout(*w.config(), {.tp = j.tp,
+                                                       .tp_rank = j.tp_rank,
+                                                       .ep = j.ep,
+                                                       .ep_rank = j.ep_rank,
+                                                       .format = *format})
+                      : spec_layout(spec_in_format(*w.layout_spec(), *format), j.tp, j.tp_rank);
   if (!expected.ok()) return expected.status().message();
   const std::vector<ReceiverTensorSpec> specs = tensor_specs(*expected);
   std::set<std::string> want, have(j.tensors.begin(), j.tensors.end());
@@ -189,10 +193,12 @@ Result<std::vector<FleetMember>> ParameterServer::Impl::wanted(const std::string
         });
     if (fits_another) continue;
     refusals.push_back({{id, it->second},
-                        "its layout is not checkpoint '" + name + "''s inference layout at tp " +
-                            std::to_string(holders.at(id).tp) + " rank " +
-                            std::to_string(holders.at(id).tp_rank) + " (" + holders.at(id).format +
-                            "): " + why});
+                        "its layout is not checkpoint '" + name + "''s inference layout of " +
+                            describe_rank({.tp = holders.at(id).tp,
+                                           .tp_rank = holders.at(id).tp_rank,
+                                           .ep = holders.at(id).ep,
+                                           .ep_rank = holders.at(id).ep_rank}) +
+                            " (" + holders.at(id).format + "): " + why});
     joined.erase(id);
     holders.erase(id);
   }

@@ -45,14 +45,49 @@ void add_receiver_matrix(std::vector<ReceiverTensor>& out, WeightFormat format,
   out.push_back(std::move(s));
 }
 
-Result<std::vector<ReceiverTensor>> inference_layout(const model::ModelConfig& c,
-                                                     const LayoutOptions& o) {
-  const int64_t tp = o.tp;
-  const std::string where = "inference layout at tp " + std::to_string(tp);
-  WL_RETURN_IF_ERROR(model::check_tensor_parallel(c, int(tp), where));
-  if (o.tp_rank < 0 || o.tp_rank >= tp) {
+ExpertRun expert_run(const model::ModelConfig& c, const LayoutOptions& o) {
+  const int64_t per_rank = o.ep > 0 ? c.num_experts / o.ep : 0;
+  return {o.ep_rank * per_rank, (o.ep_rank + 1) * per_rank};
+}
+
+std::string describe_rank(const LayoutOptions& o) {
+  auto rank = [](const char* what, int r, int n) {
+    return std::string(what) + " rank " + std::to_string(r) + " of " + std::to_string(n);
+  };
+  if (o.ep == 1) return rank("tp", o.tp_rank, o.tp);
+  return (o.tp > 1 ? rank("tp", o.tp_rank, o.tp) + ", " : std::string()) +
+         rank("ep", o.ep_rank, o.ep);
+}
+
+namespace {
+
+// What an engine of `o` can hold of `c`: TP splits heads and ffn rows, EP equal runs of experts.
+Status check_layout(const model::ModelConfig& c, const LayoutOptions& o) {
+  const std::string where = "inference layout at tp " + std::to_string(o.tp) +
+                            (o.ep > 1 ? " x ep " + std::to_string(o.ep) : std::string());
+  WL_RETURN_IF_ERROR(model::check_tensor_parallel(c, o.tp, where));
+  if (o.tp_rank < 0 || o.tp_rank >= o.tp) {
     return invalid_argument(where + ": tp_rank " + std::to_string(o.tp_rank) + " out of range");
   }
+  if (o.ep < 1 || (c.num_experts > 0 && c.num_experts % o.ep != 0) ||
+      (c.num_experts == 0 && o.ep > 1)) {
+    return invalid_argument(where + ": ep " + std::to_string(o.ep) +
+                            " does not divide the model's " + std::to_string(c.num_experts) +
+                            " experts into equal runs");
+  }
+  if (o.ep_rank < 0 || o.ep_rank >= o.ep) {
+    return invalid_argument(where + ": ep_rank " + std::to_string(o.ep_rank) + " out of range");
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Result<std::vector<ReceiverTensor>> inference_layout(const model::ModelConfig& c,
+                                                     const LayoutOptions& o) {
+  WL_RETURN_IF_ERROR(check_layout(c, o));
+  const int64_t tp = o.tp;
+  const ExpertRun mine = expert_run(c, o);
   // The bands of the trainer's parameters this rank holds (model/tensor_slices.h's rule), the
   // same in every layer and expert.
   const int64_t d = c.hidden_size, dh = c.head_dim;
@@ -113,7 +148,7 @@ Result<std::vector<ReceiverTensor>> inference_layout(const model::ModelConfig& c
       continue;
     }
     plain(p + "moe.router.weight", {c.num_experts, d});
-    for (int64_t e = 0; e < c.num_experts; ++e) {
+    for (int64_t e = mine.begin; e < mine.end; ++e) {
       mlp(p + "moe.experts." + std::to_string(e) + ".", f, down, true);
     }
   }

@@ -73,8 +73,23 @@ struct ReceiverTensor {
 struct LayoutOptions {
   int tp = 1;       // tensor-parallel degree of the inference engine
   int tp_rank = 0;  // 0 ..< tp
+  // Expert-parallel degree: the experts are cut into `ep` equal runs of consecutive experts
+  // (model/expert_exchange.h's rule, the EP trainer's), and this rank holds run `ep_rank`
+  // alone, each expert split by `tp` as above; everything else is as at ep 1.
+  int ep = 1;
+  int ep_rank = 0;  // 0 ..< ep
   WeightFormat format = WeightFormat::kBF16;
 };
+
+// The experts [begin, end) an inference rank of `options` holds.
+struct ExpertRun {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+};
+ExpertRun expert_run(const model::ModelConfig& config, const LayoutOptions& options);
+
+// "tp rank 1 of 2", "ep rank 0 of 2", or both: a rank of an engine, for errors.
+std::string describe_rank(const LayoutOptions& options);
 
 // Appends one matrix of a receiver's layout: bf16, or (fp8) e4m3 followed by its f32 scale
 // tensor of one scale per 128x128 block. Shared by every model's layout (inference_layout
@@ -83,9 +98,10 @@ void add_receiver_matrix(std::vector<ReceiverTensor>& out, WeightFormat format,
                          const std::string& name, int64_t rows, int64_t cols,
                          std::vector<SourceSlice> sources, bool expert);
 
-// The tensors TP rank `tp_rank` holds, in the engine's order (per layer: norms, qkv, o,
-// router, experts). InvalidArgument when tp does not divide num_heads or ffn_dim, when
-// num_kv_heads is neither a multiple nor a divisor of tp, or tp_rank is out of range.
+// The tensors TP rank `tp_rank` (of EP rank `ep_rank`) holds, in the engine's order (per
+// layer: norms, qkv, o, router, its experts). InvalidArgument when tp does not divide
+// num_heads or ffn_dim, when num_kv_heads is neither a multiple nor a divisor of tp, when ep
+// does not divide num_experts, or a rank is out of range.
 Result<std::vector<ReceiverTensor>> inference_layout(const model::ModelConfig& config,
                                                      const LayoutOptions& options);
 

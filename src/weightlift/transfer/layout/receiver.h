@@ -58,9 +58,11 @@ std::vector<ReceiverEntry> pack_receiver_tensors(const std::vector<ReceiverTenso
 
 struct ReceiverOptions {
   std::vector<ReceiverTensorSpec> tensors;  // what this engine holds (inference_layout)
-  int engine = 0;  // which inference engine (a group of tp ranks) this rank belongs to
+  int engine = 0;  // which inference engine (a group of tp x ep ranks) this rank belongs to
   int tp = 1;
   int tp_rank = 0;
+  int ep = 1;  // expert parallelism (inference_layout.h): this rank holds one run of experts
+  int ep_rank = 0;
   WeightFormat format = WeightFormat::kBF16;
   // Where both slots live. Empty: this process's memory (UCX's, so that a trainer on this host
   // can map it). Otherwise the name of a POSIX shared-memory object ("/weightlift-...", at most

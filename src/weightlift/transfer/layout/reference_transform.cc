@@ -190,8 +190,10 @@ std::map<std::string, ReferenceTensor> reference_receiver_tensors(const model::M
       continue;
     }
     ref.plain(p + "moe.router.weight");
-    for (int64_t e = 0; e < c.num_experts; ++e)
-      ref.mlp(p + "moe.experts." + std::to_string(e) + ".");
+    for (int64_t e = 0; e < c.num_experts; ++e) {  // EP rank r: experts e with e ep / E == r
+      if (e * o.ep / c.num_experts == o.ep_rank)
+        ref.mlp(p + "moe.experts." + std::to_string(e) + ".");
+    }
   }
   ref.plain("norm.weight");
   if (!c.tie_embeddings) ref.plain("lm_head.weight");

@@ -1,8 +1,8 @@
 // The scalar reference transform: what every receiver tensor must hold after an update,
 // computed straight from the trainer's full weights, one tensor at a time, by code that
 // shares nothing with the planner or the executor (not even inference_layout's slices: it
-// picks heads, ffn rows and columns itself). Tests and the benchmark's verification compare
-// receivers against it byte for byte.
+// picks heads, ffn rows, columns and an EP rank's experts itself). Tests and the benchmark's
+// verification compare receivers against it byte for byte.
 //
 //   bf16:  f32_to_bf16 (round to nearest even) of every element.
 //   fp8:   per 128x128 block of the receiver's local matrix, amax = max |x|;

@@ -47,12 +47,15 @@ ShardedTensor ShardedTensor::empty(const ShardedTensorOptions& options,
 void ShardedTensor::assign_full(const float* full) { assign_full(DType::kF32, full); }
 
 void ShardedTensor::assign_full(DType src, const void* full) {
+  assign_local(src, static_cast<const std::byte*>(full) +
+                        size_t(local_rows().begin * row_elems()) * dtype_size(src));
+}
+
+void ShardedTensor::assign_local(DType src, const void* rows) {
   WL_CHECK(src == DType::kF32 || src == DType::kBF16) << options_.name << ": " << dtype_name(src);
-  const ShardRows r = local_rows();
   const Tensor& dst = shard();
-  const size_t n = size_t(r.size() * row_elems());
-  const std::byte* from =
-      static_cast<const std::byte*>(full) + size_t(r.begin * row_elems()) * dtype_size(src);
+  const size_t n = size_t(local_rows().size() * row_elems());
+  const auto* from = static_cast<const std::byte*>(rows);
   const DType to = options_.dtype;
   std::byte* into = static_cast<std::byte*>(dst.raw());
   // Memory-bound: a refresh between training steps converts the whole model, so every

@@ -65,6 +65,9 @@ class ShardedTensor {
   // The same from a full tensor of `src` dtype (kF32 or kBF16): a copy when it is the
   // shard's dtype, a conversion otherwise.
   void assign_full(DType src, const void* full);
+  // The same from this rank's rows alone (local_rows().size() x row elements of `src` dtype,
+  // borrowed): what a rank that shards its model (FSDP) holds.
+  void assign_local(DType src, const void* rows);
 
   // Collective over the mesh. `dst`: numel * dtype_size bytes, the whole tensor row-major.
   Status full_tensor_into(void* dst, std::chrono::milliseconds timeout = {}) const;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <utility>
 
 #include "weightlift/core/parallel.h"
 #include "weightlift/model/params.h"
@@ -65,6 +66,43 @@ class ByName {
   std::unordered_map<std::string, const NamedTensor*> map_;
 };
 
+// check_own_rows over `count` parameters, param(i) giving the i-th's name and rows.
+template <typename ParamAt>
+Status check_rows(size_t count, ParamAt param, int mesh_size, int mesh_rank,
+                  std::span<const OwnRows> rows) {
+  std::vector<const OwnRows*> given(count, nullptr);
+  auto rows_text = [](ShardRows r) {
+    return "rows [" + std::to_string(r.begin) + ", " + std::to_string(r.end) + ")";
+  };
+  for (const OwnRows& r : rows) {
+    if (r.param >= count) {
+      return invalid_argument("own rows of parameter " + std::to_string(r.param) +
+                              ": the model has " + std::to_string(count));
+    }
+    const auto [name, dim0] = param(r.param);
+    if (given[r.param] != nullptr) {
+      return invalid_argument("own rows of '" + std::string(name) + "' are given twice");
+    }
+    given[r.param] = &r;
+    const ShardRows want = shard_rows(dim0, mesh_size, mesh_rank);
+    if (r.rows.begin != want.begin || r.rows.end != want.end) {
+      return invalid_argument("own rows of '" + std::string(name) + "': " + rows_text(r.rows) +
+                              " given, mesh rank " + std::to_string(mesh_rank) + " of " +
+                              std::to_string(mesh_size) + " holds " + rows_text(want));
+    }
+    if (r.data == nullptr && want.size() > 0) {
+      return invalid_argument("own rows of '" + std::string(name) + "' have no data");
+    }
+  }
+  for (size_t i = 0; i < count; ++i) {
+    const auto [name, dim0] = param(i);
+    if (given[i] == nullptr && shard_rows(dim0, mesh_size, mesh_rank).size() > 0) {
+      return invalid_argument("own rows of '" + std::string(name) + "' are missing");
+    }
+  }
+  return ok_status();
+}
+
 }  // namespace
 
 size_t TrainerWeights::storage_bytes(const model::ModelConfig& config, int mesh_size, int mesh_rank,
@@ -91,6 +129,27 @@ Status check_named_tensors(const model::ModelConfig& config, std::span<const Nam
   std::map<std::string, Shape> params;
   for (const model::ParamInfo& p : layout.params()) params[p.name] = p.shape;
   return check_named(params, "the model", tensors);
+}
+
+Status check_own_rows(const model::ModelConfig& config, int mesh_size, int mesh_rank,
+                      std::span<const OwnRows> rows) {
+  const model::ParamLayout layout(config);
+  const std::vector<model::ParamInfo>& params = layout.params();
+  return check_rows(
+      params.size(),
+      [&](size_t i) { return std::pair(std::string_view(params[i].name), params[i].shape[0]); },
+      mesh_size, mesh_rank, rows);
+}
+
+Status TrainerWeights::check_own_rows(std::span<const OwnRows> rows) const {
+  if (!config_) {
+    return invalid_argument("own rows: these weights are layout '" + spec_->name +
+                            "', not our model's");
+  }
+  return check_rows(
+      tensors_.size(),
+      [&](size_t i) { return std::pair(std::string_view(tensors_[i].name()), tensors_[i].rows()); },
+      mesh_size(), mesh_rank(), rows);
 }
 
 Status check_named_tensors(const LayoutSpec& spec, std::span<const NamedTensor> tensors) {
@@ -159,6 +218,20 @@ TrainerWeights TrainerWeights::from_named(const model::ModelConfig& config,
   return w;
 }
 
+TrainerWeights TrainerWeights::from_own_rows(const model::ModelConfig& config,
+                                             std::span<const OwnRows> rows,
+                                             std::shared_ptr<comm::Group> mesh,
+                                             const TrainerWeightsOptions& options) {
+  const model::ParamLayout layout(config);
+  std::vector<Param> params;
+  for (const model::ParamInfo& p : layout.params()) params.push_back({p.name, p.shape});
+  TrainerWeights w = build(params, std::move(mesh), options, [](ShardedTensor&, size_t) {});
+  w.config_ = config;
+  w.set_offsets(layout);
+  w.assign_own_rows(rows);
+  return w;
+}
+
 TrainerWeights TrainerWeights::from_spec(const LayoutSpec& spec,
                                          std::span<const NamedTensor> tensors,
                                          std::shared_ptr<comm::Group> mesh,
@@ -189,6 +262,17 @@ void TrainerWeights::assign_full(std::span<const float> full) {
   parallel_for_each(int64_t(tensors_.size()), [&](int64_t k) {
     const size_t i = largest_first_[size_t(k)];
     tensors_[i].assign_full(full.data() + offsets_[i]);
+  });
+}
+
+void TrainerWeights::assign_own_rows(std::span<const OwnRows> rows) {
+  WL_CHECK(config_) << "assign_own_rows: these weights are layout '" << spec_->name
+                    << "', not our model's";
+  std::vector<const float*> from(tensors_.size(), nullptr);
+  for (const OwnRows& r : rows) from[r.param] = r.data;
+  parallel_for_each(int64_t(tensors_.size()), [&](int64_t k) {
+    const size_t i = largest_first_[size_t(k)];
+    if (from[i] != nullptr) tensors_[i].assign_local(DType::kF32, from[i]);
   });
 }
 

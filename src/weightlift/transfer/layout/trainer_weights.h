@@ -41,6 +41,21 @@ struct NamedTensor {
   const void* data = nullptr;
 };
 
+// One parameter's rows as a rank that shards its model holds them (FSDP's own rows, by
+// core/shard.h's rule over the mesh, the rule ShardedTensor keeps too): a rank fills its
+// shards from these with no whole copy of the model anywhere.
+struct OwnRows {
+  size_t param = 0;             // index into model::ParamLayout::params()
+  ShardRows rows;               // of the parameter's dim 0
+  const float* data = nullptr;  // rows.size() x the row's elements, f32, borrowed
+};
+
+// OK when `rows` give, once each, this mesh rank's rows of every parameter of `config` that
+// has any on it; otherwise InvalidArgument naming the parameter (and the rows given and
+// expected where they differ).
+Status check_own_rows(const model::ModelConfig& config, int mesh_size, int mesh_rank,
+                      std::span<const OwnRows> rows);
+
 // OK when `tensors` are every parameter of `config` exactly once, each with its shape and
 // dtype kF32 or kBF16; otherwise InvalidArgument naming the tensor.
 Status check_named_tensors(const model::ModelConfig& config, std::span<const NamedTensor> tensors);
@@ -62,6 +77,13 @@ class TrainerWeights {
                                    std::shared_ptr<comm::Group> mesh,
                                    const TrainerWeightsOptions& options);
 
+  // From this rank's own rows of every parameter (REQUIRES: check_own_rows passed for the
+  // mesh's size and rank).
+  static TrainerWeights from_own_rows(const model::ModelConfig& config,
+                                      std::span<const OwnRows> rows,
+                                      std::shared_ptr<comm::Group> mesh,
+                                      const TrainerWeightsOptions& options);
+
   // Any model's weights, named and shaped as `spec.params` says (REQUIRES:
   // check_named_tensors(spec, tensors) passed), in that order. The planner builds the
   // receivers' tensors from `spec` instead of our model's layout.
@@ -81,6 +103,10 @@ class TrainerWeights {
   // tensors spread over the compute threads. REQUIRES: our model's weights (config() is not
   // null).
   void assign_full(std::span<const float> full);
+  // check_own_rows for these weights' mesh, against their shards (no model layout built).
+  Status check_own_rows(std::span<const OwnRows> rows) const;
+  // The same from this rank's own rows (REQUIRES: check_own_rows passed).
+  void assign_own_rows(std::span<const OwnRows> rows);
   // The same from whole parameters (REQUIRES: check_named_tensors passed).
   void assign_named(std::span<const NamedTensor> tensors);
   // The floats assign_full() takes: our model's parameter count (0 for another model's).

@@ -144,17 +144,38 @@ class SendQueue {
       : s_(s), o_(o), slot_(slot), w_(w), deadline_(deadline), report_(report), sums_(sums) {}
 
   Status run() {
-    for (const Step& step : s_.steps) {
-      WL_RETURN_IF_ERROR(step.gather ? gather(step.index) : send(step.index));
+    for (size_t i = 0; i < s_.steps.size();) {
+      if (s_.steps[i].gather) {
+        WL_RETURN_IF_ERROR(gather(s_.steps[i++].index));
+        continue;
+      }
+      size_t end = i;
+      while (end < s_.steps.size() && !s_.steps[end].gather) ++end;
+      WL_RETURN_IF_ERROR(send_run(i, end));
+      i = end;
     }
     return complete();
   }
 
  private:
   struct InFlight {
-    std::vector<comm::Request> requests;
+    // Before the requests, so that on an error path the puts are abandoned before their
+    // source is freed (members are destroyed in reverse order).
     std::unique_ptr<std::byte[]> staging;  // null for zero-copy tasks
-    size_t bytes = 0;                      // staging bytes freed when it completes
+    std::vector<comm::Request> requests;
+    size_t bytes = 0;  // staging bytes freed when it completes
+  };
+  // A task on its way: where its bytes are, once prepared.
+  struct Prepared {
+    int index = 0;
+    bool direct_put = false;         // its bytes are the shard's own rows
+    bool in_place = false;           // prepared straight into the receiver's mapped slot
+    std::byte* slot_base = nullptr;  // the receiver's slot mapped here, or null
+    size_t need = 0;                 // staging it holds until prepared (loads, output)
+    size_t load_bytes = 0;           // of which offloaded rows copied in
+    const std::byte* out = nullptr;  // its prepared bytes (not in place)
+    uint64_t sum = 0;                // their checksum, with UpdateOptions::checksums
+    InFlight f;
   };
 
   void grow(size_t n) {
@@ -166,7 +187,14 @@ class SendQueue {
   Status admit(size_t need);  // retires puts until `need` more bytes fit
   void release_gathered();
   Status gather(int index);
-  Status send(int index);
+  // The tasks of steps [begin, end) (no gather among them), in batches prepared on every
+  // compute thread at once, each batch's staging within the watermark, then written in order.
+  Status send_run(size_t begin, size_t end);
+  Prepared plan_task(int index) const;
+  // Runs on any compute thread: writes only p (and, in place, its task's bytes of the
+  // receiver's slot); reads the plan, the weights and the gathered tensors.
+  void prepare(Prepared& p);
+  Status write(Prepared& p);
   // The rows task `t` reads, where they lie; offloaded rows are copied into `loads` first.
   std::vector<PieceSource> load(const PlanTask& t, std::vector<std::unique_ptr<std::byte[]>>* loads,
                                 size_t* load_bytes);
@@ -264,76 +292,109 @@ void SendQueue::count_task(const PlanTask& task, int index, bool direct) {
   if (task.gather >= 0 && s_.gather_last_use[size_t(task.gather)] == index) release_gathered();
 }
 
-Status SendQueue::send(int index) {
+SendQueue::Prepared SendQueue::plan_task(int index) const {
   const PlanTask& task = s_.plan->tasks[size_t(index)];
-  const bool direct_put = s_.zero_copy(task);
-  // The receiver's slot mapped here, or null: then the bytes go by put.
-  std::byte* const slot_base =
-      o_.direct_stores ? s_.mapped.at(task.receiver)[size_t(slot_)] : nullptr;
-  // Prepared straight into the mapped slot: nothing staged but the offload loads.
-  const bool in_place = slot_base != nullptr && !direct_put && !o_.checksums && !o_.staging_hook;
-  const size_t need = s_.task_staging(task) - (in_place ? task.total_bytes() : 0);
-  WL_RETURN_IF_ERROR(admit(need));
-  grow(need);
-  const Stopwatch prepare;
-  InFlight f;
-  const std::byte* out = nullptr;
-  if (direct_put) {
-    const PlanPiece& p = task.pieces[0];
-    const ShardedTensor* s = s_.weights->find(p.param);
-    out = static_cast<const std::byte*>(s->shard().raw()) +
-          size_t((p.row_begin - s->local_rows().begin) * s->row_elems()) * 2;
+  Prepared p{.index = index, .direct_put = s_.zero_copy(task)};
+  p.slot_base = o_.direct_stores ? s_.mapped.at(task.receiver)[size_t(slot_)] : nullptr;
+  p.in_place = p.slot_base != nullptr && !p.direct_put && !o_.checksums && !o_.staging_hook;
+  p.need = s_.task_staging(task) - (p.in_place ? task.total_bytes() : 0);
+  return p;
+}
+
+Status SendQueue::send_run(size_t begin, size_t end) {
+  // Enough tasks per batch to keep every compute thread busy, few enough that the first
+  // writes start soon.
+  const size_t most = num_threads() == 1 ? 1 : size_t(2 * num_threads());
+  for (size_t i = begin; i < end;) {
+    // The batch: the next tasks whose staging fits what the watermark leaves beside the
+    // gathered tensors (the first always does: required_watermark()); then as many puts in
+    // flight retire as it takes to make room for all of it, so that a sender whose
+    // watermark is full of puts still prepares a whole batch at once.
+    std::vector<Prepared> batch;
+    batch.push_back(plan_task(s_.steps[i].index));
+    size_t need = batch[0].need;
+    while (i + batch.size() < end && batch.size() < most) {
+      Prepared next = plan_task(s_.steps[i + batch.size()].index);
+      if (gathered_bytes_ + need + next.need > o_.watermark_bytes) break;
+      need += next.need;
+      batch.push_back(std::move(next));
+    }
+    WL_RETURN_IF_ERROR(admit(need));
+    grow(need);
+    const Stopwatch t;
+    parallel_for_each(int64_t(batch.size()), [&](int64_t k) { prepare(batch[size_t(k)]); });
+    report_->prepare_seconds += t.seconds();
+    for (Prepared& p : batch) WL_RETURN_IF_ERROR(write(p));
+    i += batch.size();
+  }
+  return ok_status();
+}
+
+void SendQueue::prepare(Prepared& p) {
+  const PlanTask& task = s_.plan->tasks[size_t(p.index)];
+  if (p.direct_put) {
+    const PlanPiece& piece = task.pieces[0];
+    const ShardedTensor* s = s_.weights->find(piece.param);
+    p.out = static_cast<const std::byte*>(s->shard().raw()) +
+            size_t((piece.row_begin - s->local_rows().begin) * s->row_elems()) * 2;
   } else {
     std::vector<std::unique_ptr<std::byte[]>> loads;  // freed as this scope ends
-    size_t load_bytes = 0;
-    const std::vector<PieceSource> sources = load(task, &loads, &load_bytes);
-    if (in_place) {
-      prepare_task_into(task, sources, slot_base + task.dst_offset, slot_base + task.scale_offset);
-    } else {
-      f.staging.reset(new std::byte[task.total_bytes()]);
-      prepare_task(task, sources, f.staging.get(), nullptr);
-      out = f.staging.get();
+    const std::vector<PieceSource> sources = load(task, &loads, &p.load_bytes);
+    if (p.in_place) {
+      prepare_task_into(task, sources, p.slot_base + task.dst_offset,
+                        p.slot_base + task.scale_offset);
+      return;
     }
-    staged_ -= load_bytes;
-  }
-  if (in_place) {
-    report_->prepare_seconds += prepare.seconds();
-    count_task(task, index, true);
-    return ok_status();
+    p.f.staging.reset(new std::byte[task.total_bytes()]);
+    prepare_task(task, sources, p.f.staging.get(), nullptr);
+    p.out = p.f.staging.get();
   }
   if (o_.checksums) {
-    uint64_t h = checksum(out, task.bytes);
-    if (task.scale_bytes > 0) h = checksum(out + task.bytes, task.scale_bytes, h);
-    (*sums_)[task.receiver].push_back(h);
+    p.sum = checksum(p.out, task.bytes);
+    if (task.scale_bytes > 0) p.sum = checksum(p.out + task.bytes, task.scale_bytes, p.sum);
   }
-  if (o_.staging_hook && f.staging) o_.staging_hook(task, {f.staging.get(), task.total_bytes()});
-  report_->prepare_seconds += prepare.seconds();
+}
 
+Status SendQueue::write(Prepared& p) {
+  const PlanTask& task = s_.plan->tasks[size_t(p.index)];
+  staged_ -= p.load_bytes;  // the loads were freed as the task was prepared
+  if (p.in_place) {
+    count_task(task, p.index, true);
+    return ok_status();
+  }
+  const std::byte* out = p.out;
+  if (o_.checksums) (*sums_)[task.receiver].push_back(p.sum);  // in the receiver's order
+  if (o_.staging_hook && p.f.staging) {
+    const Stopwatch hook;  // a test's look at the staging, counted as preparing
+    o_.staging_hook(task, {p.f.staging.get(), task.total_bytes()});
+    report_->prepare_seconds += hook.seconds();
+  }
   // Write: a copy through the mapping (done at once, staging freed), or puts not waited for.
   const Stopwatch write;
-  if (slot_base != nullptr) {
-    copy_through_mapping(slot_base + task.dst_offset, out, task.bytes);
+  if (p.slot_base != nullptr) {
+    copy_through_mapping(p.slot_base + task.dst_offset, out, task.bytes);
     if (task.scale_bytes > 0) {
-      std::memcpy(slot_base + task.scale_offset, out + task.bytes, task.scale_bytes);
+      std::memcpy(p.slot_base + task.scale_offset, out + task.bytes, task.scale_bytes);
     }
-    if (!direct_put) staged_ -= task.total_bytes();
+    if (!p.direct_put) staged_ -= task.total_bytes();
     report_->write_seconds += write.seconds();
-    count_task(task, index, true);
+    count_task(task, p.index, true);
     return ok_status();
   }
   const PlanReceiver& r = *s_.plan->find_receiver(task.receiver);
   const int peer = s_.peer.at(task.receiver);
   const comm::RemoteKey& key = s_.rkey.at(task.receiver);
   const uint64_t slot_address = r.slot_address[slot_];
+  InFlight& f = p.f;
   f.requests.push_back(w_.put(peer, out, task.bytes, slot_address + task.dst_offset, key));
   if (task.scale_bytes > 0) {
     f.requests.push_back(
         w_.put(peer, out + task.bytes, task.scale_bytes, slot_address + task.scale_offset, key));
   }
-  f.bytes = direct_put ? 0 : task.total_bytes();
+  f.bytes = p.direct_put ? 0 : task.total_bytes();
   inflight_.push_back(std::move(f));
   report_->write_seconds += write.seconds();
-  count_task(task, index, false);
+  count_task(task, p.index, false);
   return ok_status();
 }
 

@@ -53,6 +53,8 @@ RankMeta describe_receiver(int rank, const Receiver& r) {
   m.engine = r.options().engine;
   m.tp = r.options().tp;
   m.tp_rank = r.options().tp_rank;
+  m.ep = r.options().ep;
+  m.ep_rank = r.options().ep_rank;
   m.format = r.options().format;
   m.epoch = r.epoch();
   m.worker_address = r.worker_address();
@@ -88,6 +90,8 @@ std::string metadata_to_json(const RankMeta& m) {
     j["engine"] = m.engine;
     j["tp"] = m.tp;
     j["tp_rank"] = m.tp_rank;
+    j["ep"] = m.ep;
+    j["ep_rank"] = m.ep_rank;
     j["weight_format"] = weight_format_name(m.format);
     j["epoch"] = u64_to_json(m.epoch);
     endpoint_to_json(m.worker_address, m.rkey, j);
@@ -131,6 +135,8 @@ void read_receiver(const json& j, RankMeta& m) {
   m.engine = int32_field(j.at("engine"));
   m.tp = int32_field(j.at("tp"));
   m.tp_rank = int32_field(j.at("tp_rank"));
+  if (j.contains("ep")) m.ep = int32_field(j.at("ep"));  // absent: written before EP engines
+  if (j.contains("ep_rank")) m.ep_rank = int32_field(j.at("ep_rank"));
   auto f = weight_format_from_name(j.at("weight_format").get<std::string>());
   if (!f) throw_field_error(j.at("weight_format"), "unknown weight format");
   m.format = *f;

@@ -50,7 +50,7 @@ struct RankMeta {
   int mesh_id = 0, mesh_rank = 0, mesh_size = 1;
   std::vector<ParamMeta> params;
   // Receiver.
-  int engine = 0, tp = 1, tp_rank = 0;
+  int engine = 0, tp = 1, tp_rank = 0, ep = 1, ep_rank = 0;
   WeightFormat format = WeightFormat::kBF16;
   uint64_t epoch = 0;
   std::vector<std::byte> worker_address;

@@ -29,6 +29,8 @@ RankMeta paper_receiver(int rank, const std::vector<ReceiverTensorSpec>& specs,
   m.engine = engine;
   m.tp = o.tp;
   m.tp_rank = o.tp_rank;
+  m.ep = o.ep;
+  m.ep_rank = o.ep_rank;
   m.format = o.format;
   m.epoch = 1000 + uint64_t(rank);
   m.worker_address = {std::byte{1}, std::byte{2}};
@@ -60,7 +62,7 @@ Status check_plan_memory(const OfflineJob& o) {
                      kTaskBytes = sizeof(PlanTask) + sizeof(PlanPiece) + 96;
   const model::ModelConfig& c = o.config;
   const uint64_t params = mul_sat(uint64_t(c.num_layers), 7 + 3 * uint64_t(c.num_experts)) + 3;
-  const auto layout = inference_layout(c, {.tp = o.tp, .format = o.format});
+  const auto layout = inference_layout(c, {.tp = o.tp, .ep = o.ep, .format = o.format});
   if (!layout.ok()) return ok_status();  // refused below, naming the receiver rank
   const uint64_t trainers = mul_sat(mul_sat(uint64_t(o.trainers), params), kEntryBytes);
   const uint64_t receivers =
@@ -75,21 +77,28 @@ Status check_plan_memory(const OfflineJob& o) {
 }  // namespace
 
 Result<Plan> plan_offline(const OfflineJob& o) {
-  if (o.trainers < 1 || o.receivers < 1 || o.tp < 1 || o.mesh_size < 0) {
-    return invalid_argument(
-        "offline plan: " + std::to_string(o.trainers) + " trainers, " +
-        std::to_string(o.receivers) + " receivers, tp " + std::to_string(o.tp) + ", mesh size " +
-        std::to_string(o.mesh_size) +
-        ": need at least one trainer and one receiver, tp >= 1, mesh size >= 0");
+  if (o.trainers < 1 || o.receivers < 1 || o.tp < 1 || o.ep < 1 || o.mesh_size < 0) {
+    return invalid_argument("offline plan: " + std::to_string(o.trainers) + " trainers, " +
+                            std::to_string(o.receivers) + " receivers, tp " + std::to_string(o.tp) +
+                            ", ep " + std::to_string(o.ep) + ", mesh size " +
+                            std::to_string(o.mesh_size) +
+                            ": need at least one trainer and one receiver, tp >= 1, ep >= 1, "
+                            "mesh size >= 0");
   }
   const int mesh_size = o.mesh_size == 0 ? o.trainers : o.mesh_size;
   if (o.trainers % mesh_size != 0) {
     return invalid_argument("offline plan: mesh size " + std::to_string(mesh_size) +
                             " does not divide the " + std::to_string(o.trainers) + " trainers");
   }
-  if (o.receivers % o.tp != 0) {
-    return invalid_argument("offline plan: tp " + std::to_string(o.tp) + " does not divide the " +
-                            std::to_string(o.receivers) + " receivers (each engine is tp of them)");
+  const int engine = o.tp * o.ep;
+  if (o.receivers % engine != 0) {
+    return invalid_argument("offline plan: " +
+                            (o.ep > 1 ? "tp " + std::to_string(o.tp) + " x ep " +
+                                            std::to_string(o.ep) + " = " + std::to_string(engine)
+                                      : "tp " + std::to_string(o.tp)) +
+                            " does not divide the " + std::to_string(o.receivers) +
+                            " receivers (each engine is " + (o.ep > 1 ? "tp x ep" : "tp") +
+                            " of them)");
   }
   WL_RETURN_IF_ERROR(check_plan_memory(o));
   std::vector<RankMeta> ranks;
@@ -98,8 +107,12 @@ Result<Plan> plan_offline(const OfflineJob& o) {
         paper_trainer(o.config, i, i / mesh_size, i % mesh_size, mesh_size, o.shard_dtype));
   }
   for (int i = 0; i < o.receivers; ++i) {
-    const LayoutOptions layout{.tp = o.tp, .tp_rank = i % o.tp, .format = o.format};
-    WL_ASSIGN_OR_RETURN(RankMeta r, paper_receiver(o.config, o.trainers + i, layout, i / o.tp));
+    const LayoutOptions layout{.tp = o.tp,
+                               .tp_rank = i % o.tp,
+                               .ep = o.ep,
+                               .ep_rank = i % engine / o.tp,
+                               .format = o.format};
+    WL_ASSIGN_OR_RETURN(RankMeta r, paper_receiver(o.config, o.trainers + i, layout, i / engine));
     ranks.push_back(std::move(r));
   }
   return make_plan(ranks);

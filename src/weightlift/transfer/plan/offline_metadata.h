@@ -33,15 +33,17 @@ struct OfflineJob {
   model::ModelConfig config;
   int trainers = 2;                           // trainer ranks in all
   int mesh_size = 0;                          // FSDP mesh size; 0: one mesh of every trainer
-  int receivers = 2;                          // receiver ranks: receivers / tp inference engines
+  int receivers = 2;                          // receiver ranks: receivers / (tp ep) engines
   int tp = 2;                                 // TP degree of each engine
+  int ep = 1;                                 // its EP degree: rank r of an engine is TP rank
+                                              // r % tp of EP rank r / tp
   WeightFormat format = WeightFormat::kBF16;  // what receivers hold
   DType shard_dtype = DType::kF32;            // what trainers hold: kF32 or kBF16
 };
 
-// The plan such a job would run. InvalidArgument for counts below 1, a mesh size or TP degree
-// that does not divide the trainer or receiver count, or a TP degree the model cannot be
-// split by (naming the receiver rank); the planner's own refusals otherwise.
+// The plan such a job would run. InvalidArgument for counts below 1, a mesh size or engine
+// size (tp ep) that does not divide the trainer or receiver count, or a TP or EP degree the
+// model cannot be split by (naming the receiver rank); the planner's own refusals otherwise.
 Result<Plan> plan_offline(const OfflineJob& job);
 
 }  // namespace wl::transfer

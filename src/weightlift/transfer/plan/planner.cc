@@ -184,9 +184,15 @@ Status Planner::check_params(const RankMeta& t) {
 Status Planner::check_receiver(ReceiverSide& side) {
   const RankMeta& r = *side.meta;
   const std::string who = rank_name("receiver", r.rank);
-  auto lay =
-      config_ ? inference_layout(*config_, {.tp = r.tp, .tp_rank = r.tp_rank, .format = r.format})
-              : spec_layout(spec_in_format(*spec_, r.format), r.tp, r.tp_rank);
+  const LayoutOptions layout{
+      .tp = r.tp, .tp_rank = r.tp_rank, .ep = r.ep, .ep_rank = r.ep_rank, .format = r.format};
+  if (!config_ && r.ep > 1) {
+    return invalid_argument(who + ": ep " + std::to_string(r.ep) +
+                            ": expert-parallel receivers need our model's config; a layout "
+                            "spec's model has no EP layout");
+  }
+  auto lay = config_ ? inference_layout(*config_, layout)
+                     : spec_layout(spec_in_format(*spec_, r.format), r.tp, r.tp_rank);
   if (!lay.ok()) return invalid_argument(who + ": " + lay.status().message());
   side.expected = std::move(*lay);
   if (r.rkey.empty() || r.worker_address.empty()) {
@@ -196,8 +202,8 @@ Status Planner::check_receiver(ReceiverSide& side) {
   for (const ReceiverTensor& t : side.expected) want.emplace(t.name, &t);
   for (const TensorMeta& t : r.tensors) {
     if (!want.count(t.name)) {
-      return not_found(who + ": tensor '" + t.name + "' is not in the inference layout at tp " +
-                       std::to_string(r.tp) + " (" + std::string(weight_format_name(r.format)) +
+      return not_found(who + ": tensor '" + t.name + "' is not in the inference layout of " +
+                       describe_rank(layout) + " (" + std::string(weight_format_name(r.format)) +
                        "); no trainer parameter produces it");
     }
     if (!side.declared.emplace(t.name, &t).second) {
@@ -209,6 +215,8 @@ Status Planner::check_receiver(ReceiverSide& side) {
                              r.engine,
                              r.tp,
                              r.tp_rank,
+                             r.ep,
+                             r.ep_rank,
                              r.format,
                              r.epoch,
                              r.worker_address,
@@ -229,9 +237,11 @@ Status Planner::check_declared(const ReceiverSide& side) {
     }
     const TensorMeta& m = *it->second;
     if (m.dtype != t.dtype || m.shape != t.shape) {
-      return invalid_argument(who + ": tensor '" + t.name + "' is " + describe(m.dtype, m.shape) +
-                              ", the inference layout at tp " + std::to_string(r.tp) + " needs " +
-                              describe(t.dtype, t.shape));
+      return invalid_argument(
+          who + ": tensor '" + t.name + "' is " + describe(m.dtype, m.shape) +
+          ", the inference layout of " +
+          describe_rank({.tp = r.tp, .tp_rank = r.tp_rank, .ep = r.ep, .ep_rank = r.ep_rank}) +
+          " needs " + describe(t.dtype, t.shape));
     }
     if (m.bytes != t.nbytes() || m.offset + m.bytes > r.slot_bytes) {
       return invalid_argument(who + ": tensor '" + t.name + "' at bytes [" +
@@ -412,6 +422,8 @@ std::string plan_to_json(const Plan& p) {
          {"engine", r.engine},
          {"tp", r.tp},
          {"tp_rank", r.tp_rank},
+         {"ep", r.ep},
+         {"ep_rank", r.ep_rank},
          {"weight_format", weight_format_name(r.format)},
          {"epoch", u64_to_json(r.epoch)},
          {"worker_address", to_hex(r.worker_address)},
@@ -464,6 +476,8 @@ PlanReceiver receiver_from_json(const json& r) {
           int32_field(r.at("engine")),
           int32_field(r.at("tp")),
           int32_field(r.at("tp_rank")),
+          r.contains("ep") ? int32_field(r.at("ep")) : 1,
+          r.contains("ep_rank") ? int32_field(r.at("ep_rank")) : 0,
           *f,
           u64_field(r.at("epoch")),
           hex_field(r.at("worker_address")),

@@ -74,7 +74,7 @@ struct PlanTrainer {
 };
 
 struct PlanReceiver {
-  int rank = 0, engine = 0, tp = 1, tp_rank = 0;
+  int rank = 0, engine = 0, tp = 1, tp_rank = 0, ep = 1, ep_rank = 0;
   WeightFormat format = WeightFormat::kBF16;
   uint64_t epoch = 0;
   std::vector<std::byte> worker_address;

@@ -1,0 +1,131 @@
+// What the RL process tests share (process_test.cc, process_fault_test.cc): the weightlift
+// binary, a job of real processes started as a launcher starts it, its records, and the
+// tolerances both hold runs to.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/child_process.h"
+#include "support/paths.h"
+#include "support/scratch_dir.h"
+#include "weightlift/core/safetensors.h"
+#include "weightlift/train/checkpoint_state.h"
+
+namespace wl::rl::process_testing {
+
+using namespace std::chrono_literals;
+using wl::testing::Child;
+
+inline const std::string kWeightlift = wl::testing::beside_binary(WL_WEIGHTLIFT_BINARY);
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kUnderSanitizer = true;  // every step 5-35 times slower
+#else
+inline constexpr bool kUnderSanitizer = false;
+#endif
+// The largest |log p_trainer - log p_sampler| of a sampled token when the workers hold the
+// trainer's weights in bf16 (8 bits of mantissa: each logit off by about 1e-2 of its size at
+// most); measured at most 0.02 on `tiny`. A worker on other weights misses by far more.
+inline constexpr double kBf16Gap = 0.05;
+// Two trainer ranks against one: the warm start's losses differ by the router's balancing loss,
+// taken over each rank's rows, and f32 reassociation.
+inline constexpr double kTwoRanksLoss = 1e-5;  // measured 1.8e-6
+// FSDP's finished policy against ZeRO-1's, each of two trainer ranks after the same run: the
+// same sums of two ranks' gradients, so the same weights (measured 0), up to the optimizer's
+// global norm, which the two add up in another order.
+inline constexpr double kFsdpPolicy = 1e-5;
+// TP, EP or TP x EP rollout workers against one-rank ones: the same tokens sampled, so the same
+// rewards; the trained losses differ by the sampler's log-probabilities, whose logits differ by
+// f32 reassociation only (about 1e-6 of their scale). Relative to the loss, or to 0.1 when it is
+// smaller (a GRPO loss of zero-mean advantages can come near 0, where a relative bound would
+// be a bound on rounding). Measured at most 1.0e-7 absolute (TP 2 x EP 2 under ASan, on a loss
+// of 0.0099).
+inline constexpr double kTpWorkersLoss = 1e-5;
+inline double workers_loss_bound(double loss) {
+  return kTpWorkersLoss * std::max(std::fabs(loss), 0.1);
+}
+
+inline std::string fresh_dir(const std::string& name) {
+  const std::string d = std::filesystem::temp_directory_path().string() + "/wl_rl_" +
+                        std::to_string(getpid()) + "_" + name;
+  std::filesystem::remove_all(d);
+  wl::testing::remove_at_exit(d);
+  return d;
+}
+
+// Rank r of a job of `ranks` whose store is on `port`, as a launcher starts it (a replacement
+// is started the same way).
+inline Child spawn_rank(int r, int ranks, int port, const std::vector<std::string>& args,
+                        const std::vector<std::pair<std::string, std::string>>& more_env = {}) {
+  std::vector<std::string> argv = {kWeightlift, "--threads", "1", "rl"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<std::pair<std::string, std::string>> env = {{"RANK", std::to_string(r)},
+                                                          {"WORLD_SIZE", std::to_string(ranks)},
+                                                          {"MASTER_ADDR", "127.0.0.1"},
+                                                          {"MASTER_PORT", std::to_string(port)},
+                                                          {"WEIGHTLIFT_JOB_TOKEN", "tok"}};
+  env.insert(env.end(), more_env.begin(), more_env.end());
+  return wl::testing::spawn_child(argv, env);
+}
+
+inline std::vector<Child> start_job(int ranks, const std::vector<std::string>& args) {
+  const int port = wl::testing::free_port();
+  std::vector<Child> job;
+  for (int r = 0; r < ranks; ++r) job.push_back(spawn_rank(r, ranks, port, args));
+  return job;
+}
+
+inline std::vector<nlohmann::json> read_records(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+// A job of `ranks` processes run to its end (every process must exit 0); its records.
+inline std::vector<nlohmann::json> run_to_end(int ranks, const std::vector<std::string>& args,
+                                              const std::string& out) {
+  std::vector<std::string> a = args;
+  a.insert(a.end(), {"--out", out});
+  std::vector<Child> job = start_job(ranks, a);
+  for (Child& c : job) {
+    EXPECT_EQ(wl::testing::wait_exit(c, comm::deadline_after(120s)), 0) << c.output;
+    wl::testing::reap(c);
+  }
+  return read_records(out + "/rl_metrics.jsonl");
+}
+
+// Arguments of a short run on `tiny` whose RL steps train (a well-formed wrong answer earns
+// half a reward, so groups are rarely flat), and more.
+inline std::vector<std::string> short_run(const std::vector<std::string>& more) {
+  std::vector<std::string> a = {
+      "--preset",        "tiny", "--task",          "add", "--difficulty", "1",
+      "--sft-steps",     "40",   "--sft-target",    "1",   "--steps",      "4",
+      "--eval-every",    "10",   "--prompts",       "4",   "--group",      "4",
+      "--eval-problems", "16",   "--format-reward", "0.5", "--timeout",    "30"};
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
+inline std::vector<std::string> roles_of(const std::string& out) {
+  std::vector<std::string> roles;
+  for (const nlohmann::json& p : nlohmann::json::parse(std::ifstream(out + "/processes.json")))
+    roles.push_back(p["role"]);
+  return roles;
+}
+
+}  // namespace wl::rl::process_testing
