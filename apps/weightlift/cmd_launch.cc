@@ -1,29 +1,12 @@
-#include <atomic>
 #include <csignal>
 #include <cstdlib>
 
 #include "commands.h"
+#include "stop_signals.h"
 #include "validate.h"
 #include "weightlift/comm/launch/launch.h"
 
 namespace wl::app {
-namespace {
-
-// The signal that asked the launcher to stop (0: none yet); its ranks are stopped in turn
-// (comm::LaunchOptions::stop_signal). A second signal kills the launcher (SA_RESETHAND), and
-// its ranks with it (they die with their parent).
-std::atomic<int> g_stop_signal{0};
-static_assert(std::atomic<int>::is_always_lock_free);
-extern "C" void ask_to_stop(int sig) { g_stop_signal.store(sig); }
-
-void catch_launch_stop_signals() {
-  struct sigaction sa {};
-  sa.sa_handler = ask_to_stop;
-  sa.sa_flags = SA_RESETHAND | SA_RESTART;
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
-}
-
-}  // namespace
 
 void register_launch(CLI::App& app, Outcome& out) {
   auto* cmd = app.add_subcommand(
@@ -52,8 +35,10 @@ void register_launch(CLI::App& app, Outcome& out) {
       ->transform(count(0, 1000));
   cmd->add_option("command", o->command, "the command each rank runs (after --)")->required();
   cmd->callback([&out, o] {
-    catch_launch_stop_signals();
-    o->stop_signal = &g_stop_signal;
+    // Its ranks are stopped in turn (comm::LaunchOptions::stop_signal); a second signal kills
+    // the launcher, and its ranks with it (they die with their parent).
+    catch_stop_signals({SIGINT, SIGTERM, SIGHUP});
+    o->stop_signal = &stop_signal();
     // A token of the user's (several hosts must share one; a process joining the running
     // job, such as `rl --join`, needs to know it); otherwise a fresh random one.
     const char* token = std::getenv("WEIGHTLIFT_JOB_TOKEN");

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "stop_signals.h"
 #include "validate.h"
 #include "weightlift/comm/launch/world.h"
 #include "weightlift/core/file_io.h"
@@ -22,22 +23,6 @@
 
 namespace wl::app {
 namespace {
-
-// Set by SIGTERM, SIGINT or SIGHUP; read by the serving loop. A lock-free atomic is safe to
-// store from a signal handler, and from whichever thread the signal lands on.
-std::atomic<bool> g_stop{false};
-static_assert(std::atomic<bool>::is_always_lock_free);
-extern "C" void stop_serving(int) { g_stop.store(true); }
-
-// Before anything is created: a stop asked for while the receiver connects or heals still
-// ends in the cleanup below (the shared memory and the socket removed) instead of a kill. The
-// second signal kills (SA_RESETHAND), for a process that does not stop soon enough.
-void catch_stop_signals() {
-  struct sigaction sa {};
-  sa.sa_handler = stop_serving;
-  sa.sa_flags = SA_RESETHAND | SA_RESTART;
-  for (int sig : {SIGTERM, SIGINT, SIGHUP}) ::sigaction(sig, &sa, nullptr);
-}
 
 struct ServeArgs {
   int id = 0;
@@ -61,7 +46,9 @@ Result<std::vector<transfer::ReceiverTensor>> held_tensors(const ServeArgs& a,
 }
 
 Status serve(const ServeArgs& a) {
-  catch_stop_signals();
+  // Before anything is created: a stop asked for while the receiver connects or heals still
+  // ends in the cleanup below (the shared memory and the socket removed) instead of a kill.
+  catch_stop_signals({SIGTERM, SIGINT, SIGHUP});
   WL_ASSIGN_OR_RETURN(
       const transfer::WeightFormat format,
       parse_choice<transfer::WeightFormat>(
@@ -90,7 +77,7 @@ Status serve(const ServeArgs& a) {
       "attach at %s\n",
       a.id, a.preset.c_str(), a.format.c_str(), shm.c_str(), a.socket.c_str());
   std::fflush(stdout);
-  while (!g_stop.load()) {
+  while (stop_signal().load() == 0) {
     Result<transfer::RoundOutcome> r = fleet->serve_one(std::chrono::milliseconds(200));
     if (r.ok()) {
       sidecar->notify();

@@ -4,7 +4,9 @@
 // --out: rl_metrics.jsonl (one line per step), summary.json, report.html, reward.svg, the
 // trained policy (model.safetensors, config.json: `weightlift generate --run` reads them) and,
 // with the workers, processes.json.
+#include <atomic>
 #include <charconv>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -14,6 +16,7 @@
 #include "commands.h"
 #include "report/progress.h"
 #include "report/rl_report.h"
+#include "stop_signals.h"
 #include "validate.h"
 #include "weightlift/comm/launch/launch_env.h"
 #include "weightlift/comm/launch/world.h"
@@ -35,6 +38,22 @@ namespace wl::app {
 namespace {
 
 namespace fs = std::filesystem;
+
+// The trainer's rank 0 ends the run after the step it is in on SIGTERM or SIGINT, its records,
+// summary, report and policy written; the second signal kills.
+void stop_on_signals(rl::RlOptions& o) {
+  catch_stop_signals({SIGTERM, SIGINT});
+  o.stop_requested = [] {
+    const int sig = stop_signal().load();
+    if (sig == 0) return false;
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true)) {
+      std::fprintf(stderr, "\nrl: %s: ending the run after this step (again to kill)\n",
+                   stop_signal_name(sig).c_str());
+    }
+    return true;
+  };
+}
 
 struct RlArgs {
   rl::RlOptions o;
@@ -302,6 +321,8 @@ Status write_rl_outputs(const RlArgs& a, const parallel::Job& job, rl::RlSummary
                             {"seed", a.o.seed},
                             {"sft_steps", s.sft_steps},
                             {"steps", a.o.steps},
+                            {"rl_steps_run", s.rl_steps},
+                            {"stopped_early", s.stopped},
                             {"held_out_problems", a.o.eval_problems},
                             {"accuracy_before", s.held_out_before_rl},
                             {"accuracy_after", s.held_out_after_rl},
@@ -318,7 +339,7 @@ Status write_rl_outputs(const RlArgs& a, const parallel::Job& job, rl::RlSummary
       "rl: held-out accuracy %.1f%% after SFT (%lld steps), %.1f%% after %lld RL steps; "
       "weight sync %.1f%% of the step time\nrl: report %s/report.html\n",
       100 * s.held_out_before_rl, (long long)s.sft_steps, 100 * s.held_out_after_rl,
-      (long long)a.o.steps,
+      (long long)s.rl_steps,
       100 * (summary["sync_share"].is_number() ? summary["sync_share"].get<double>() : 0.0),
       a.out_dir.c_str());
   return ok_status();
@@ -440,6 +461,7 @@ Status run_rl(RlArgs a) {
       workers(a, job), (long long)a.o.prompts, (long long)a.o.group);
   std::fflush(stdout);
 
+  stop_on_signals(a.o);
   // rl_metrics.jsonl grows as the run goes (rl::RlOptions::metrics_path).
   const Stopwatch run_time;
   Result<rl::RlSummary> s = train_with_progress(a, job);

@@ -121,6 +121,45 @@ inline std::vector<std::string> short_run(const std::vector<std::string>& more) 
   return a;
 }
 
+// Steps enough for a run that ends only when its test has done what it does in it and asks
+// the trainer to stop (stop_trainer): a run of a fixed length may end first on a fast machine.
+inline constexpr int kUntilStopped = 1000000;
+
+// The records rl_metrics.jsonl in `out` holds whole (the trainer may be writing the next).
+inline size_t records_written(const std::string& out) {
+  std::ifstream in(out + "/rl_metrics.jsonl");
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  return size_t(std::count(text.begin(), text.end(), '\n'));
+}
+
+// Whether the run in `out` writes `more` records within 60 s; `talker`'s output is drained
+// meanwhile (a full pipe would stop it).
+inline bool steps_on(const std::string& out, int64_t more, Child& talker) {
+  const size_t want = records_written(out) + size_t(more);
+  const comm::Deadline deadline = comm::deadline_after(60s);
+  while (records_written(out) < want) {
+    if (comm::Clock::now() > deadline) return false;
+    wl::testing::drain(talker);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+// The pid of the job's rank `r` (processes.json in `out`), 0 if it is not there.
+inline pid_t pid_of_rank(const std::string& out, int r) {
+  for (const nlohmann::json& p : nlohmann::json::parse(std::ifstream(out + "/processes.json")))
+    if (p["rank"] == r) return p["pid"].get<pid_t>();
+  return 0;
+}
+
+// Asks the run in `out` to end after the step it is in (SIGTERM to the trainer's rank 0: the
+// run keeps its records and writes its summary, and its workers are told to stop).
+inline void stop_trainer(const std::string& out) {
+  const pid_t trainer = pid_of_rank(out, 0);
+  ASSERT_GT(trainer, 0);
+  ASSERT_EQ(::kill(trainer, SIGTERM), 0);
+}
+
 inline std::vector<std::string> roles_of(const std::string& out) {
   std::vector<std::string> roles;
   for (const nlohmann::json& p : nlohmann::json::parse(std::ifstream(out + "/processes.json")))

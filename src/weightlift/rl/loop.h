@@ -153,6 +153,11 @@ struct RlOptions {
   // every event as it happens (on rank 0; a replacement rollout worker's says how it healed).
   std::function<void(int k)> on_rejoin;
   std::function<void(const RlEvent&)> on_event;
+  // Asked between steps on rank 0 (`weightlift rl`: SIGTERM or SIGINT to the trainer): true
+  // ends the run after the step it is in, as if --steps ended there. The run's records, its
+  // summary and its policy are kept, a checkpoint is written when checkpoints are on, and the
+  // workers are told to stop as at the end. Null: never.
+  std::function<bool()> stop_requested;
 };
 
 // InvalidArgument naming the field when the trainer's and the workers' layouts cannot run

@@ -44,6 +44,8 @@ struct RlSummary {
   double held_out_before_rl = 0;  // after SFT
   double held_out_after_rl = 0;
   int64_t sft_steps = 0;
+  int64_t rl_steps = 0;  // run, resumed ones included; fewer than asked when stopped
+  bool stopped = false;  // ended early by RlOptions::stop_requested
   std::vector<StepRecord> records;
   std::vector<RlEvent> events;
   std::vector<float> policy;  // the final weights, flat in model::ParamLayout's order

@@ -180,6 +180,12 @@ class Trainer {
     step_ = step;
   }
 
+  // An event where the run is (at()), told to RlOptions::on_event as it happens.
+  void event(const std::string& what) {
+    events.push_back({phase_, step_, what});
+    if (o_.on_event) o_.on_event(events.back());
+  }
+
   std::vector<RlEvent> events;
 
   Result<StepRecord> sft_step(int64_t step) {
@@ -407,11 +413,6 @@ class Trainer {
     return {.greedy = greedy, .max_new = completion_tokens(task_), .stop = task_.codec().eos()};
   }
 
-  void event(const std::string& what) {
-    events.push_back({phase_, step_, what});
-    if (o_.on_event) o_.on_event(events.back());
-  }
-
   // Every worker takes the trainer's current weights. A worker lost in the update is dropped
   // and the update made again without it (the fleet forms a new generation without receivers
   // that no longer answer). Three failed updates in a row with workers still alive end the
@@ -636,8 +637,13 @@ class Run {
       WL_ASSIGN_OR_RETURN(held_out_, t_.evaluate());
     }
     if (o_.resume.empty()) summary_.held_out_before_rl = summary_.held_out_after_rl = held_out_;
-    for (int64_t step = first_rl_step_; step <= o_.steps; ++step) {
+    summary_.rl_steps = first_rl_step_ - 1;
+    for (int64_t step = first_rl_step_; step <= o_.steps && !summary_.stopped; ++step) {
       WL_RETURN_IF_ERROR(rl_step(step));
+      summary_.rl_steps = step;
+      if (step < o_.steps && stop_asked("rl", step, o_.steps)) {
+        WL_RETURN_IF_ERROR(save_at_stop(step));
+      }
     }
     WL_ASSIGN_OR_RETURN(summary_.policy, t_.policy());
     summary_.events = t_.events;
@@ -661,8 +667,27 @@ class Run {
     return ok_status();
   }
 
+  // Whether the caller asked the run to end now, after `phase`'s step `step` of `of`; the
+  // event says so once.
+  bool stop_asked(const std::string& phase, int64_t step, int64_t of) {
+    if (summary_.stopped) return true;
+    if (!o_.stop_requested || !o_.stop_requested()) return false;
+    summary_.stopped = true;
+    t_.event("stopped when asked, after " + phase + " step " + std::to_string(step) + " of " +
+             std::to_string(of));
+    summary_.events = t_.events;
+    return true;
+  }
+
+  // A run stopped early keeps a checkpoint of where it stopped, when checkpoints are on (one
+  // written at this step already stands).
+  Status save_at_stop(int64_t step) {
+    if (o_.checkpoint_every <= 0 || schedule_.checkpoints_at(step)) return ok_status();
+    return t_.save(train::checkpoint_dir(o_.checkpoint_dir, step), summary_, step);
+  }
+
   Status warm_start() {
-    for (int64_t step = 1; step <= o_.sft_steps; ++step) {
+    for (int64_t step = 1; step <= o_.sft_steps && !summary_.stopped; ++step) {
       t_.at("sft", step);
       WL_ASSIGN_OR_RETURN(StepRecord rec, t_.sft_step(step));
       summary_.sft_steps = step;
@@ -678,6 +703,7 @@ class Run {
         t_.events.push_back({"sft", step, what});
         break;
       }
+      if (step < o_.sft_steps) stop_asked("sft", step, o_.sft_steps);
     }
     return ok_status();
   }
