@@ -35,8 +35,8 @@ void register_launch(CLI::App& app, Outcome& out) {
       ->transform(count(0, 1000));
   cmd->add_option("command", o->command, "the command each rank runs (after --)")->required();
   cmd->callback([&out, o] {
-    // Its ranks are stopped in turn (comm::LaunchOptions::stop_signal); a second signal kills
-    // the launcher, and its ranks with it (they die with their parent).
+    // Its ranks are stopped in turn (comm::LaunchOptions::stop_signal); the same signal again
+    // kills the launcher, and its ranks with it (they die with their parent).
     catch_stop_signals({SIGINT, SIGTERM, SIGHUP});
     o->stop_signal = &stop_signal();
     // A token of the user's (several hosts must share one; a process joining the running

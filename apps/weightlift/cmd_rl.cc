@@ -40,7 +40,7 @@ namespace {
 namespace fs = std::filesystem;
 
 // The trainer's rank 0 ends the run after the step it is in on SIGTERM or SIGINT, its records,
-// summary, report and policy written; the second signal kills.
+// summary, report and policy written; the same signal again kills.
 void stop_on_signals(rl::RlOptions& o) {
   catch_stop_signals({SIGTERM, SIGINT});
   o.stop_requested = [] {

@@ -7,6 +7,7 @@
 #include "commands.h"
 #include "flag_terms.h"
 #include "run_config.h"
+#include "stop_signals.h"
 #include "validate.h"
 #include "weightlift/core/memory_budget.h"
 #include "weightlift/core/parallel.h"
@@ -67,6 +68,7 @@ int report_parse_error(const CLI::App& app, const CLI::ParseError& e) {
 }  // namespace wl::app
 
 int main(int argc, char** argv) {
+  wl::app::route_stop_signals();  // before any thread: none of them computes in a handler
   CLI::App app{"weightlift: MoE transformer training, weight transfer and RL post-training"};
   app.require_subcommand(1);
   // Global options may also follow the subcommand: `weightlift train --threads 2`.

@@ -88,6 +88,11 @@ Result<std::unique_ptr<RewardProcess>> RewardProcess::start(const std::string& c
     ::dup2(in[1], 0);
     ::dup2(out[1], 1);
     ::dup2(err[1], 2);
+    // The command starts with no signal blocked (weightlift blocks its stop signals in every
+    // thread but one, and a mask is inherited across exec).
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
     ::execv(argv[0], const_cast<char* const*>(argv));
     ::_exit(127);
   }

@@ -176,6 +176,11 @@ Status Job::spawn(int r, const std::vector<std::string>& env) {
     const int notice = ::fcntl(o_.notice_fd, F_DUPFD_CLOEXEC, 3);  // before 1 and 2 change
     ::dup2(fds[1], 1);
     ::dup2(fds[1], 2);
+    // The command starts with no signal blocked (weightlift blocks its stop signals in every
+    // thread but one, and a mask is inherited across exec).
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
     ::execvpe(argv[0], argv.data(), envp.data());
     ssize_t ignored = ::write(notice >= 0 ? notice : 2, exec_failed.data(), exec_failed.size());
     (void)ignored;
