@@ -1,8 +1,8 @@
 // The stop signals (SIGINT, SIGTERM, SIGHUP) are taken by one thread of their own, never by a
 // thread that computes: on the machines this project runs on, a signal handler run on a thread
 // in the middle of its kernels corrupts that thread's work (a heap corrupted, or a NaN gradient,
-// within 15-25 signals of an idle handler; docs/algorithms.md). route_stop_signals() blocks them
-// before any other thread exists, so that every thread inherits the block, and starts the one
+// within about 100 signals to an empty handler; docs/algorithms.md). route_stop_signals() blocks
+// them before any other thread exists, so that every thread inherits the block, and starts the one
 // thread that waits for them (sigwait).
 //
 // What a stop signal does: one a command catches (catch_stop_signals) is recorded for the command

@@ -54,6 +54,8 @@ TEST(RlProcesses, AKilledWorkerIsReplacedByTheLauncherAndHealsTheTrainersWeights
                                    "--threads",        "1",      "rl"};
   for (const std::string& a : run_to_kill_in(kUntilStopped, out)) argv.push_back(a);
   Child launch = wl::testing::spawn_child(argv, {});
+  ReapAtExit reaper;
+  reaper.add(launch);
   ASSERT_TRUE(wl::testing::wait_for_output(launch, "rl [", comm::deadline_after(60s)))
       << launch.output;
   const pid_t killed = pid_of_rank(out, 2);
@@ -65,7 +67,7 @@ TEST(RlProcesses, AKilledWorkerIsReplacedByTheLauncherAndHealsTheTrainersWeights
       wl::testing::wait_for_output(launch, "rollout worker 2 rejoined", comm::deadline_after(120s)))
       << launch.output;
   ASSERT_TRUE(steps_on(out, 20, launch)) << launch.output;
-  stop_trainer(out);
+  ASSERT_NO_FATAL_FAILURE(stop_trainer(out));
   EXPECT_EQ(wl::testing::wait_exit(launch, comm::deadline_after(120s)), 0) << launch.output;
   EXPECT_NE(launch.output.find("[launch] rank 2 "), std::string::npos) << launch.output;
   const nlohmann::json summary = nlohmann::json::parse(std::ifstream(out + "/summary.json"));
@@ -129,6 +131,9 @@ TEST(RlProcesses, WorkersJoinAndLeaveARunningJob) {
   // all run long, and a joiner on other weights stands out.
   const std::vector<std::string> args = run_to_kill_in(kUntilStopped, out, {"--lr", "1e-5"});
   Child trainer = spawn_rank(0, 2, port, args), first = spawn_rank(1, 2, port, args);
+  ReapAtExit reaper;
+  reaper.add(trainer);
+  reaper.add(first);
   auto join = [&](const std::vector<std::string>& more, const std::string& token) {
     std::vector<std::string> argv = {kWeightlift, "--threads", "1", "rl"};
     argv.insert(argv.end(), args.begin(), args.end());
@@ -146,17 +151,21 @@ TEST(RlProcesses, WorkersJoinAndLeaveARunningJob) {
   ASSERT_TRUE(wl::testing::wait_for_output(trainer, "rl [", comm::deadline_after(60s)))
       << trainer.output;
   Child second = join({}, "tok");
+  reaper.add(second);
   ASSERT_TRUE(wl::testing::wait_for_output(trainer, "rollout worker 2 joined the job",
                                            comm::deadline_after(60s)))
       << trainer.output << second.output;
   ASSERT_TRUE(steps_on(out, 20, trainer)) << trainer.output;
   Child third = join({}, "tok");
+  reaper.add(third);
   ASSERT_TRUE(wl::testing::wait_for_output(trainer, "rollout worker 3 joined the job",
                                            comm::deadline_after(60s)))
       << trainer.output << third.output;
   ASSERT_TRUE(steps_on(out, 20, trainer)) << trainer.output;
   // Strangers: another model, another job.
   Child other_model = join({"--preset", "small"}, "tok"), other_job = join({}, "not-the-token");
+  reaper.add(other_model);
+  reaper.add(other_job);
 
   EXPECT_NE(wl::testing::wait_exit(other_model, comm::deadline_after(60s)), 0);
   EXPECT_NE(other_model.output.find("cannot join the running job"), std::string::npos)
@@ -174,7 +183,7 @@ TEST(RlProcesses, WorkersJoinAndLeaveARunningJob) {
       wl::testing::wait_for_output(trainer, "rollout worker 2 lost", comm::deadline_after(60s)))
       << trainer.output;
   ASSERT_TRUE(steps_on(out, 20, trainer)) << trainer.output;
-  stop_trainer(out);
+  ASSERT_NO_FATAL_FAILURE(stop_trainer(out));
   EXPECT_EQ(wl::testing::wait_exit(trainer, comm::deadline_after(120s)), 0) << trainer.output;
   EXPECT_EQ(wl::testing::wait_exit(first, comm::deadline_after(60s)), 0) << first.output;
   EXPECT_EQ(wl::testing::wait_exit(third, comm::deadline_after(60s)), 0) << third.output;
@@ -225,6 +234,8 @@ TEST(RlProcesses, AFrozenWorkerIsKilledByTheLauncherAndTheJobEnds) {
   for (std::string a : run_to_kill_in(kUntilStopped, out))
     argv.push_back(a == "20" ? "3" : a);  // --timeout
   Child launch = wl::testing::spawn_child(argv, {});
+  ReapAtExit reaper;
+  reaper.add(launch);
   ASSERT_TRUE(wl::testing::wait_for_output(launch, "rl [", comm::deadline_after(60s)))
       << launch.output;
   const pid_t frozen = pid_of_rank(out, 2);
@@ -235,7 +246,7 @@ TEST(RlProcesses, AFrozenWorkerIsKilledByTheLauncherAndTheJobEnds) {
       comm::deadline_after(60s)))
       << launch.output;
   ASSERT_TRUE(steps_on(out, 20, launch)) << launch.output;
-  stop_trainer(out);
+  ASSERT_NO_FATAL_FAILURE(stop_trainer(out));
   EXPECT_EQ(wl::testing::wait_exit(launch, comm::deadline_after(120s)), 0) << launch.output;
   EXPECT_TRUE(::kill(frozen, 0) != 0 && errno == ESRCH) << "the frozen worker outlived the job";
   const nlohmann::json summary = nlohmann::json::parse(std::ifstream(out + "/summary.json"));
@@ -292,6 +303,8 @@ TEST(RlProcesses, AWorkerOfTwoTpRanksThatLosesOneIsDroppedAndTheRunFinishes) {
   const std::vector<std::string> args = run_to_kill_in(kUntilStopped, out, {"--rollout-tp", "2"});
   std::vector<Child> job;
   for (int r = 0; r < 5; ++r) job.push_back(spawn_rank(r, 5, port, args));
+  ReapAtExit reaper;
+  for (Child& c : job) reaper.add(c);
   ASSERT_TRUE(wl::testing::wait_for_output(job[0], "rl [", comm::deadline_after(60s)))
       << job[0].output;
   std::this_thread::sleep_for(std::chrono::milliseconds(50 + getpid() % 200));
@@ -304,13 +317,14 @@ TEST(RlProcesses, AWorkerOfTwoTpRanksThatLosesOneIsDroppedAndTheRunFinishes) {
                                                 {"MASTER_PORT", std::to_string(port)},
                                                 {"WEIGHTLIFT_JOB_TOKEN", "tok"},
                                                 {"WEIGHTLIFT_RESTART", "1"}});
+  reaper.add(again);
   EXPECT_EQ(wl::testing::wait_exit(again, comm::deadline_after(30s)), 1) << again.output;
   EXPECT_NE(again.output.find("cannot be replaced mid-run"), std::string::npos) << again.output;
   ASSERT_TRUE(
       wl::testing::wait_for_output(job[0], "rollout worker 2 lost", comm::deadline_after(120s)))
       << job[0].output;
   ASSERT_TRUE(steps_on(out, 20, job[0])) << job[0].output;
-  stop_trainer(out);
+  ASSERT_NO_FATAL_FAILURE(stop_trainer(out));
   EXPECT_EQ(wl::testing::wait_exit(job[0], comm::deadline_after(120s)), 0) << job[0].output;
   for (int r : {1, 2}) {
     EXPECT_EQ(wl::testing::wait_exit(job[size_t(r)], comm::deadline_after(30s)), 0)

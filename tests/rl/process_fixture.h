@@ -152,6 +152,22 @@ inline pid_t pid_of_rank(const std::string& out, int r) {
   return 0;
 }
 
+// Every child handed to it reaped (killed first if it still runs) when the test ends, however
+// it ends: a run that goes on until asked to stop must not outlive a failed assertion.
+class ReapAtExit {
+ public:
+  ReapAtExit() = default;
+  ReapAtExit(const ReapAtExit&) = delete;
+  ReapAtExit& operator=(const ReapAtExit&) = delete;
+  ~ReapAtExit() {
+    for (Child* c : children_) wl::testing::reap(*c);
+  }
+  void add(Child& c) { children_.push_back(&c); }
+
+ private:
+  std::vector<Child*> children_;
+};
+
 // Asks the run in `out` to end after the step it is in (SIGTERM to the trainer's rank 0: the
 // run keeps its records and writes its summary, and its workers are told to stop).
 inline void stop_trainer(const std::string& out) {

@@ -154,9 +154,9 @@ struct RlOptions {
   std::function<void(int k)> on_rejoin;
   std::function<void(const RlEvent&)> on_event;
   // Asked between steps on rank 0 (`weightlift rl`: SIGTERM or SIGINT to the trainer): true
-  // ends the run after the step it is in, as if --steps ended there. The run's records, its
-  // summary and its policy are kept, a checkpoint is written when checkpoints are on, and the
-  // workers are told to stop as at the end. Null: never.
+  // ends the run after the step it is in, as if --steps ended there: its records, summary and
+  // policy are kept, the held-out set is evaluated, a checkpoint is written when checkpoints
+  // are on (in the RL phase), and the workers are told to stop as at the end. Null: never.
   std::function<bool()> stop_requested;
 };
 

@@ -642,7 +642,7 @@ class Run {
       WL_RETURN_IF_ERROR(rl_step(step));
       summary_.rl_steps = step;
       if (step < o_.steps && stop_asked("rl", step, o_.steps)) {
-        WL_RETURN_IF_ERROR(save_at_stop(step));
+        WL_RETURN_IF_ERROR(end_early(step));
       }
     }
     WL_ASSIGN_OR_RETURN(summary_.policy, t_.policy());
@@ -679,15 +679,19 @@ class Run {
     return true;
   }
 
-  // A run stopped early keeps a checkpoint of where it stopped, when checkpoints are on (one
-  // written at this step already stands).
-  Status save_at_stop(int64_t step) {
+  // A run stopped after RL step `step` ends as if that were its last: the held-out set is
+  // evaluated (unless this step did), and a checkpoint is kept when checkpoints are on (unless
+  // this step wrote one).
+  Status end_early(int64_t step) {
+    if (!schedule_.evaluates_at(step)) {
+      WL_ASSIGN_OR_RETURN(summary_.held_out_after_rl, t_.evaluate());
+    }
     if (o_.checkpoint_every <= 0 || schedule_.checkpoints_at(step)) return ok_status();
     return t_.save(train::checkpoint_dir(o_.checkpoint_dir, step), summary_, step);
   }
 
   Status warm_start() {
-    for (int64_t step = 1; step <= o_.sft_steps && !summary_.stopped; ++step) {
+    for (int64_t step = 1; step <= o_.sft_steps; ++step) {
       t_.at("sft", step);
       WL_ASSIGN_OR_RETURN(StepRecord rec, t_.sft_step(step));
       summary_.sft_steps = step;
@@ -696,6 +700,7 @@ class Run {
         rec.held_out_accuracy = held_out_;
       }
       WL_RETURN_IF_ERROR(record(rec));
+      if (stop_asked("sft", step, o_.sft_steps)) break;
       if (rec.held_out_accuracy >= o_.sft_target) {
         char what[128];
         std::snprintf(what, sizeof what, "warm start stopped: held-out %.1f%% >= target %.1f%%",
@@ -703,7 +708,6 @@ class Run {
         t_.events.push_back({"sft", step, what});
         break;
       }
-      if (step < o_.sft_steps) stop_asked("sft", step, o_.sft_steps);
     }
     return ok_status();
   }

@@ -115,6 +115,7 @@ class Job {
  private:
   void stop_all(int code, const std::string& why);
   void stop_if_asked();
+  bool ended_by_a_stop_signal(int code) const;
   void kill_declared_lost();
   // Several hosts: another host's failure, a launcher gone silent, or the store gone, seen
   // every kStoreLookEvery; a failure here recorded for the others; the end waited for.
@@ -277,6 +278,7 @@ void Job::reap() {
     k.running = false;
     --running_;
     const int code = exit_code_of(wstatus);
+    if (code != 0 && !stopping_ && ended_by_a_stop_signal(code)) stop_if_asked();
     if (code == 0 || stopping_ || restart(r, code)) continue;
     if (k.lost) {  // the job goes on without it
       write_fully(o_.notice_fd, "[launch] " + name(r) +
@@ -308,6 +310,19 @@ void Job::stop_all(int code, const std::string& why) {
     if (k.running) ::kill(k.pid, SIGTERM);
   }
   kill_at_ = Clock::now() + o_.grace;
+}
+
+// Whether a rank that ended with `code` was ended by a stop signal that is the caller's too (a
+// terminal's Ctrl-C reaches every process of the group). The caller's handler records it on a
+// thread of its own, which may not have run yet when the rank's exit is seen: it is given
+// 200 ms to, so that the rank is not taken for a failure and restarted.
+bool Job::ended_by_a_stop_signal(int code) const {
+  if (!o_.stop_signal || (code != 128 + SIGINT && code != 128 + SIGTERM && code != 128 + SIGHUP))
+    return false;
+  const Clock::time_point until = Clock::now() + std::chrono::milliseconds(200);
+  while (o_.stop_signal->load() == 0 && Clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return o_.stop_signal->load() != 0;
 }
 
 // The caller asked the job to stop (a signal): checked before any exit is reaped, so that a
