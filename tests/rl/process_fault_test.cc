@@ -39,6 +39,69 @@ std::vector<std::string> run_to_kill_in(int steps, const std::string& out,
   return a;
 }
 
+// `weightlift launch -n 3 --restart-failed 1` of a run that goes on until stopped, writing into
+// `out`, with the run's --timeout in seconds.
+Child launch_until_stopped(const std::string& out, const std::string& timeout) {
+  std::vector<std::string> argv = {kWeightlift,        "launch", "-n", "3",
+                                   "--restart-failed", "1",      "--", kWeightlift,
+                                   "--threads",        "1",      "rl"};
+  for (const std::string& a : run_to_kill_in(kUntilStopped, out))
+    argv.push_back(a == "20" ? timeout : a);  // --timeout
+  return wl::testing::spawn_child(argv, {});
+}
+
+// A worker joining the running job of `args` whose store is on `port` (`rl --join`, with the
+// job token `token`); `more`: flags given again with other values (another --preset: another
+// model).
+Child join_running_job(const std::vector<std::string>& args, int port,
+                       const std::vector<std::string>& more, const std::string& token) {
+  std::vector<std::string> argv = {kWeightlift, "--threads", "1", "rl"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  for (size_t i = 0; i + 1 < more.size(); i += 2) {
+    auto it = std::find(argv.begin(), argv.end(), more[i]);
+    if (it != argv.end()) *(it + 1) = more[i + 1];
+  }
+  argv.push_back("--join");
+  return wl::testing::spawn_child(argv, {{"MASTER_ADDR", "127.0.0.1"},
+                                         {"MASTER_PORT", std::to_string(port)},
+                                         {"WEIGHTLIFT_JOB_TOKEN", token}});
+}
+
+// What the elastic run in `out` recorded: the joins and the loss, each 20 steps or more after
+// the last; every step trained all its samples, none stale, on the trainer's weights; and what
+// a join cost (printed).
+void check_elastic_run(const std::string& out) {
+  const nlohmann::json summary = nlohmann::json::parse(std::ifstream(out + "/summary.json"));
+  std::map<std::string, int64_t> at;  // event -> step
+  for (const nlohmann::json& e : summary["events"]) {
+    const std::string what = e["what"].get<std::string>();
+    for (const char* k : {"rollout worker 2 joined the job", "rollout worker 3 joined the job",
+                          "rollout worker 2 lost"})
+      if (what.starts_with(k)) at[k] = e["step"].get<int64_t>();
+  }
+  ASSERT_EQ(at.size(), 3u) << summary["events"].dump();
+  EXPECT_LE(at["rollout worker 2 joined the job"] + 20, at["rollout worker 3 joined the job"]);
+  EXPECT_LE(at["rollout worker 3 joined the job"] + 20, at["rollout worker 2 lost"]);
+  EXPECT_EQ(summary["max_staleness_trained"], 0);
+  std::vector<double> step_ms;
+  for (const nlohmann::json& j : read_records(out + "/rl_metrics.jsonl")) {
+    if (j["phase"] != "rl") continue;
+    EXPECT_EQ(j["trained"], 16) << j.dump();
+    EXPECT_EQ(j["staleness"], nlohmann::json::array({16})) << j.dump();
+    EXPECT_LT(j["logprob_gap_max"].get<double>(), kBf16Gap) << j.dump();
+    step_ms.push_back(1e3 * j["step_s"].get<double>());
+  }
+  ASSERT_EQ(int64_t(step_ms.size()), summary["rl_steps_run"].get<int64_t>());
+  EXPECT_EQ(summary["stopped_early"], true);
+  // What a join cost the trainer (timings, printed, not held to a bar: the machine is shared).
+  std::vector<double> sorted = step_ms;
+  std::sort(sorted.begin(), sorted.end());
+  std::printf("elastic: median step %.1f ms; joins' steps %.1f and %.1f ms, the loss's %.1f ms\n",
+              sorted[sorted.size() / 2], step_ms[size_t(at["rollout worker 2 joined the job"] - 1)],
+              step_ms[size_t(at["rollout worker 3 joined the job"] - 1)],
+              step_ms[size_t(at["rollout worker 2 lost"] - 1)]);
+}
+
 // kill -9 of a rollout worker mid-run under `weightlift launch --restart-failed 1`: its share
 // of the generation goes to the other worker, the launcher starts a replacement of the same
 // rank, which heals the current weights (from its peer or the servers' copy) and rejoins; the
@@ -49,11 +112,7 @@ std::vector<std::string> run_to_kill_in(int steps, const std::string& out,
 // weights one version old or not healed at all would sample from another distribution.
 TEST(RlProcesses, AKilledWorkerIsReplacedByTheLauncherAndHealsTheTrainersWeights) {
   const std::string out = fresh_dir("replaced");
-  std::vector<std::string> argv = {kWeightlift,        "launch", "-n", "3",
-                                   "--restart-failed", "1",      "--", kWeightlift,
-                                   "--threads",        "1",      "rl"};
-  for (const std::string& a : run_to_kill_in(kUntilStopped, out)) argv.push_back(a);
-  Child launch = wl::testing::spawn_child(argv, {});
+  Child launch = launch_until_stopped(out, "20");
   ReapAtExit reaper;
   reaper.add(launch);
   ASSERT_TRUE(wl::testing::wait_for_output(launch, "rl [", comm::deadline_after(60s)))
@@ -135,17 +194,7 @@ TEST(RlProcesses, WorkersJoinAndLeaveARunningJob) {
   reaper.add(trainer);
   reaper.add(first);
   auto join = [&](const std::vector<std::string>& more, const std::string& token) {
-    std::vector<std::string> argv = {kWeightlift, "--threads", "1", "rl"};
-    argv.insert(argv.end(), args.begin(), args.end());
-    // Later flags given again replace the job's (another --preset: another model).
-    for (size_t i = 0; i + 1 < more.size(); i += 2) {
-      auto it = std::find(argv.begin(), argv.end(), more[i]);
-      if (it != argv.end()) *(it + 1) = more[i + 1];
-    }
-    argv.push_back("--join");
-    return wl::testing::spawn_child(argv, {{"MASTER_ADDR", "127.0.0.1"},
-                                           {"MASTER_PORT", std::to_string(port)},
-                                           {"WEIGHTLIFT_JOB_TOKEN", token}});
+    return join_running_job(args, port, more, token);
   };
   // Each change once the job has gone on some steps since the last.
   ASSERT_TRUE(wl::testing::wait_for_output(trainer, "rl [", comm::deadline_after(60s)))
@@ -190,36 +239,7 @@ TEST(RlProcesses, WorkersJoinAndLeaveARunningJob) {
   EXPECT_NE(third.output.find("healed version"), std::string::npos) << third.output;
   for (Child* c : {&trainer, &first, &second, &third, &other_model, &other_job})
     wl::testing::reap(*c);
-
-  const nlohmann::json summary = nlohmann::json::parse(std::ifstream(out + "/summary.json"));
-  std::map<std::string, int64_t> at;  // event -> step
-  for (const nlohmann::json& e : summary["events"]) {
-    const std::string what = e["what"].get<std::string>();
-    for (const char* k : {"rollout worker 2 joined the job", "rollout worker 3 joined the job",
-                          "rollout worker 2 lost"})
-      if (what.starts_with(k)) at[k] = e["step"].get<int64_t>();
-  }
-  ASSERT_EQ(at.size(), 3u) << summary["events"].dump();
-  EXPECT_LE(at["rollout worker 2 joined the job"] + 20, at["rollout worker 3 joined the job"]);
-  EXPECT_LE(at["rollout worker 3 joined the job"] + 20, at["rollout worker 2 lost"]);
-  EXPECT_EQ(summary["max_staleness_trained"], 0);
-  std::vector<double> step_ms;
-  for (const nlohmann::json& j : read_records(out + "/rl_metrics.jsonl")) {
-    if (j["phase"] != "rl") continue;
-    EXPECT_EQ(j["trained"], 16) << j.dump();
-    EXPECT_EQ(j["staleness"], nlohmann::json::array({16})) << j.dump();
-    EXPECT_LT(j["logprob_gap_max"].get<double>(), kBf16Gap) << j.dump();
-    step_ms.push_back(1e3 * j["step_s"].get<double>());
-  }
-  ASSERT_EQ(int64_t(step_ms.size()), summary["rl_steps_run"].get<int64_t>());
-  EXPECT_EQ(summary["stopped_early"], true);
-  // What a join cost the trainer (timings, printed, not held to a bar: the machine is shared).
-  std::vector<double> sorted = step_ms;
-  std::sort(sorted.begin(), sorted.end());
-  std::printf("elastic: median step %.1f ms; joins' steps %.1f and %.1f ms, the loss's %.1f ms\n",
-              sorted[sorted.size() / 2], step_ms[size_t(at["rollout worker 2 joined the job"] - 1)],
-              step_ms[size_t(at["rollout worker 3 joined the job"] - 1)],
-              step_ms[size_t(at["rollout worker 2 lost"] - 1)]);
+  check_elastic_run(out);
 }
 
 // A rollout worker frozen mid-run (SIGSTOP) never exits by itself: the trainer gives up on it
@@ -228,12 +248,7 @@ TEST(RlProcesses, WorkersJoinAndLeaveARunningJob) {
 // with nothing left running.
 TEST(RlProcesses, AFrozenWorkerIsKilledByTheLauncherAndTheJobEnds) {
   const std::string out = fresh_dir("frozen");
-  std::vector<std::string> argv = {kWeightlift,        "launch", "-n", "3",
-                                   "--restart-failed", "1",      "--", kWeightlift,
-                                   "--threads",        "1",      "rl"};
-  for (std::string a : run_to_kill_in(kUntilStopped, out))
-    argv.push_back(a == "20" ? "3" : a);  // --timeout
-  Child launch = wl::testing::spawn_child(argv, {});
+  Child launch = launch_until_stopped(out, "3");
   ReapAtExit reaper;
   reaper.add(launch);
   ASSERT_TRUE(wl::testing::wait_for_output(launch, "rl [", comm::deadline_after(60s)))
