@@ -297,6 +297,14 @@ std::string task_label(const RlArgs& a) {
          ", " + (t.tokenizer.empty() ? "bytes" : t.tokenizer) + ")";
 }
 
+// "ddp", or with model parallelism "fsdp, tp 2" / "ddp, ep 2".
+std::string trainer_label(const RlArgs& a) {
+  std::string l = a.trainer_dp_mode;
+  if (a.o.trainer_tp > 1) l += ", tp " + std::to_string(a.o.trainer_tp);
+  if (a.o.trainer_ep > 1) l += ", ep " + std::to_string(a.o.trainer_ep);
+  return l;
+}
+
 // The finished run's files: the policy, summary.json, the reward plot and the report.
 // `seconds`: the run's wall time on the trainer, warm start and evaluations included.
 Status write_rl_outputs(const RlArgs& a, const parallel::Job& job, rl::RlSummary& s,
@@ -312,6 +320,8 @@ Status write_rl_outputs(const RlArgs& a, const parallel::Job& job, rl::RlSummary
                             {"rollout_workers", workers(a, job)},
                             {"trainer_ranks", a.o.trainers},
                             {"trainer_dp_mode", a.trainer_dp_mode},
+                            {"trainer_tp", a.o.trainer_tp},
+                            {"trainer_ep", a.o.trainer_ep},
                             {"rollout_tp", a.o.rollout_tp},
                             {"rollout_ep", a.o.rollout_ep},
                             {"rollout_slots", a.o.rollout_slots},
@@ -457,7 +467,7 @@ Status run_rl(RlArgs a) {
   std::printf(
       "rl: %s, task %s, %d trainer rank(s) (%s), %d rollout worker(s), %lld "
       "prompts x %lld samples per step\n",
-      a.preset.c_str(), task_label(a).c_str(), a.o.trainers, a.trainer_dp_mode.c_str(),
+      a.preset.c_str(), task_label(a).c_str(), a.o.trainers, trainer_label(a).c_str(),
       workers(a, job), (long long)a.o.prompts, (long long)a.o.group);
   std::fflush(stdout);
 
@@ -569,17 +579,41 @@ void add_policy_flags(CLI::App* cmd, RlArgs& a) {
                 "(the router still learns through the gate weights)");
 }
 
+// The trainer's ranks: how many, how they share the model, their threads.
+void add_trainer_flags(CLI::App* cmd, RlArgs& a) {
+  rl::RlOptions& o = a.o;
+  cmd->add_option("--trainers", o.trainers,
+                  "data-parallel trainer ranks: job ranks 0..N-1 train, each pushing its own "
+                  "shard of the weights to the workers; the rest are rollout workers")
+      ->capture_default_str()
+      ->transform(count(1, kMaxRanks));
+  cmd->add_option("--trainer-dp-mode", a.trainer_dp_mode,
+                  "how the trainer ranks share the model: ddp, zero1, zero2 or fsdp (each rank "
+                  "holds and pushes only its shard of the weights)")
+      ->capture_default_str();
+  cmd->add_option("--trainer-tp", o.trainer_tp,
+                  "tensor-parallel trainer ranks: groups of this many consecutive trainer ranks "
+                  "split every block's heads and ffn rows (it divides --trainers)")
+      ->capture_default_str()
+      ->transform(count(1, kMaxRanks));
+  cmd->add_option("--trainer-ep", o.trainer_ep,
+                  "expert-parallel trainer ranks: groups of this many data-parallel ranks share "
+                  "out each layer's experts, each holding and running only its own")
+      ->capture_default_str()
+      ->transform(count(1, kMaxRanks));
+  cmd->add_option("--trainer-threads", a.trainer_threads,
+                  "compute threads of each trainer rank instead of --threads: they compute "
+                  "while the workers wait (0 = --threads)")
+      ->capture_default_str()
+      ->transform(count(0, kMaxThreads));
+}
+
 // How the run syncs, overlaps, checkpoints, evaluates, and where it writes.
 void add_run_flags(CLI::App* cmd, RlArgs& a) {
   rl::RlOptions& o = a.o;
   cmd->add_option("--sync-dtype", a.sync_dtype,
                   "how rollout workers hold the weights the trainer pushes: bf16 or fp8")
       ->capture_default_str();
-  cmd->add_option("--trainers", o.trainers,
-                  "data-parallel trainer ranks: job ranks 0..N-1 train, each pushing its own "
-                  "shard of the weights to the workers; the rest are rollout workers")
-      ->capture_default_str()
-      ->transform(count(1, kMaxRanks));
   cmd->add_option("--rollout-tp", o.rollout_tp,
                   "TP ranks (processes) of each rollout worker, each holding its slices of the "
                   "weights; the job's ranks after the trainer's are the workers' in turn")
@@ -599,15 +633,6 @@ void add_run_flags(CLI::App* cmd, RlArgs& a) {
   cmd->add_flag("--rollout-bf16-activations", o.rollout_bf16_activations,
                 "the rollout engines multiply bf16 weights as stored against bf16-rounded "
                 "activations where the CPU has bf16 GEMMs (a larger trainer/sampler mismatch)");
-  cmd->add_option("--trainer-dp-mode", a.trainer_dp_mode,
-                  "how the trainer ranks share the model: ddp, zero1, zero2 or fsdp (each rank "
-                  "holds and pushes only its shard of the weights)")
-      ->capture_default_str();
-  cmd->add_option("--trainer-threads", a.trainer_threads,
-                  "compute threads of each trainer rank instead of --threads: they compute "
-                  "while the workers wait (0 = --threads)")
-      ->capture_default_str()
-      ->transform(count(0, kMaxThreads));
   cmd->add_option("--max-staleness", o.max_staleness,
                   "eta: 0 = synchronous; from 1, generation overlaps training and no sample "
                   "more than eta policy versions old is trained on")
@@ -652,6 +677,7 @@ void register_rl(CLI::App& app, Outcome& out) {
   auto a = std::make_shared<RlArgs>();
   add_task_flags(cmd, *a);
   add_policy_flags(cmd, *a);
+  add_trainer_flags(cmd, *a);
   add_run_flags(cmd, *a);
   cmd->callback([&out, a] { out.exit_code = report("rl", run_rl(*a)); });
 }

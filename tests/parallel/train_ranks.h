@@ -88,15 +88,17 @@ inline std::vector<Result<TrainSummary>> train_on(int ranks, TrainOptions o) {
   return out;
 }
 
-// Runs fn(dp) on `ranks` thread-ranks, each with its share of `config` in `layout` (its stage,
-// its groups: make_data_parallel), layout.dp set from ranks / (layout.pp x layout.tp).
+// Runs fn(dp, world) on `ranks` thread-ranks, each with its share of `config` in `layout` (its
+// stage, its groups: make_data_parallel) and the group of every rank (null for one), layout.dp
+// set from ranks / (layout.pp x layout.tp).
+using DataParallelFn = std::function<void(DataParallel&, const std::shared_ptr<comm::Group>&)>;
 inline void run_data_parallel(int ranks, const model::ModelConfig& config, ParallelLayout layout,
-                              const std::function<void(DataParallel&)>& fn) {
+                              const DataParallelFn& fn) {
   layout.dp = ranks / (layout.pp * layout.tp);
   if (ranks == 1) {
     auto dp = make_data_parallel(config, layout, {}, std::chrono::seconds(30), {});
     ASSERT_TRUE(dp.ok()) << dp.status().to_string();
-    fn(**dp);
+    fn(**dp, nullptr);
     return;
   }
   auto store = std::make_shared<comm::MemoryStore>();
@@ -115,7 +117,7 @@ inline void run_data_parallel(int ranks, const model::ModelConfig& config, Paral
       ASSERT_TRUE(group.ok() && comm.ok());
       auto dp = make_data_parallel(config, layout, {}, std::chrono::seconds(30), {*group, *comm});
       ASSERT_TRUE(dp.ok()) << dp.status().to_string();
-      fn(**dp);
+      fn(**dp, *group);
       // No rank tears its workers down while a peer may still be wiring up an endpoint to
       // them (a fn that ends without a collective left a slower rank's connect failing on a
       // shared-memory segment already gone).
@@ -124,6 +126,12 @@ inline void run_data_parallel(int ranks, const model::ModelConfig& config, Paral
     });
   }
   for (std::thread& t : threads) t.join();
+}
+inline void run_data_parallel(int ranks, const model::ModelConfig& config,
+                              const ParallelLayout& layout,
+                              const std::function<void(DataParallel&)>& fn) {
+  run_data_parallel(ranks, config, layout,
+                    [&](DataParallel& dp, const std::shared_ptr<comm::Group>&) { fn(dp); });
 }
 
 // Every tensor of a safetensors file, as f32 vectors by name.

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -48,6 +49,11 @@ inline constexpr double kTwoRanksLoss = 1e-5;  // measured 1.8e-6
 // same sums of two ranks' gradients, so the same weights (measured 0), up to the optimizer's
 // global norm, which the two add up in another order.
 inline constexpr double kFsdpPolicy = 1e-5;
+// A TP-2 or EP-2 trainer's finished policy against one trainer rank's: measured 7.7e-6 (TP)
+// and 9.9e-7 (EP), reassociation only while both sample the same tokens. Were a sample to
+// differ on another CPU, AdamW moves an element by about lr (5e-4) per RL step, 2e-3 over the
+// run's 4; a row gathered into the wrong place is off by the weights' scale (0.02).
+inline constexpr double kModelParallelPolicy = 5e-3;
 // TP, EP or TP x EP rollout workers against one-rank ones: the same tokens sampled, so the same
 // rewards; the trained losses differ by the sampler's log-probabilities, whose logits differ by
 // f32 reassociation only (about 1e-6 of their scale). Relative to the loss, or to 0.1 when it is
@@ -107,6 +113,26 @@ inline std::vector<nlohmann::json> run_to_end(int ranks, const std::vector<std::
     wl::testing::reap(c);
   }
   return read_records(out + "/rl_metrics.jsonl");
+}
+
+// The largest difference between two weight files' elements (the same tensors in each);
+// infinity, with a failure, when they do not hold the same tensors.
+inline double largest_difference(const std::string& path_a, const std::string& path_b) {
+  auto fa = SafetensorsFile::open(path_a), fb = SafetensorsFile::open(path_b);
+  EXPECT_TRUE(fa.ok() && fb.ok()) << path_a << ", " << path_b;
+  if (!fa.ok() || !fb.ok() || fa->tensors().size() != fb->tensors().size()) {
+    ADD_FAILURE() << path_a << " and " << path_b << " hold different tensors";
+    return std::numeric_limits<double>::infinity();
+  }
+  double apart = 0;
+  for (const TensorInfo& t : fa->tensors()) {
+    auto x = fa->get(t.name, DType::kF32, t.shape), y = fb->get(t.name, DType::kF32, t.shape);
+    EXPECT_TRUE(x.ok() && y.ok()) << t.name;
+    if (!x.ok() || !y.ok()) return std::numeric_limits<double>::infinity();
+    for (int64_t k = 0; k < x->numel(); ++k)
+      apart = std::max(apart, double(std::fabs(x->data<float>()[k] - y->data<float>()[k])));
+  }
+  return apart;
 }
 
 // Arguments of a short run on `tiny` whose RL steps train (a well-formed wrong answer earns

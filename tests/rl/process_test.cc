@@ -236,18 +236,55 @@ TEST(RlProcesses, TwoTrainerRanksPushTheirOwnShardsAndTrainAsOne) {
   }
   // And so is the finished policy FSDP's rank 0 builds from every rank's rows: a row put in
   // the wrong place would be off by the weights' scale (0.02).
-  auto zero1 = SafetensorsFile::open(policies[0]), fsdp = SafetensorsFile::open(policies[1]);
-  ASSERT_TRUE(zero1.ok() && fsdp.ok());
-  ASSERT_EQ(zero1->tensors().size(), fsdp->tensors().size());
-  double apart = 0;
-  for (const TensorInfo& t : zero1->tensors()) {
-    auto x = zero1->get(t.name, DType::kF32, t.shape), y = fsdp->get(t.name, DType::kF32, t.shape);
-    ASSERT_TRUE(x.ok() && y.ok()) << t.name;
-    for (int64_t k = 0; k < x->numel(); ++k)
-      apart = std::max(apart, double(std::fabs(x->data<float>()[k] - y->data<float>()[k])));
-  }
+  const double apart = largest_difference(policies[0], policies[1]);
   EXPECT_LT(apart, kFsdpPolicy);
   std::printf("fsdp's finished policy within %.2g of zero1's (largest difference)\n", apart);
+}
+
+// Trainer ranks that split the model other than by rows: two tensor-parallel ranks (each
+// holding its heads' and ffn rows' slices, the embedding whole on rank 0) and two
+// expert-parallel ones (each holding half of every layer's experts). Each sends the other the
+// pieces of its own that belong to the other's shards (parallel/run/row_shards.h), and the
+// workers hold the whole model: every trained step's sampling log-probabilities match the
+// trainer's, which a missing or misplaced piece would not. The warm start's losses are the
+// single trainer rank's, and the finished policy, gathered from the shards, is near it.
+TEST(RlProcesses, TensorAndExpertParallelTrainersFeedTheWorkers) {
+  const std::string one = fresh_dir("one_trainer");
+  const std::vector<nlohmann::json> a = run_to_end(3, short_run({}), one);
+  for (const char* flag : {"--trainer-tp", "--trainer-ep"}) {
+    SCOPED_TRACE(flag);
+    const std::string kind = std::string(flag).substr(10);  // "tp" or "ep"
+    const std::string two = fresh_dir("trainer_" + kind + "2");
+    const std::vector<nlohmann::json> b =
+        run_to_end(4, short_run({"--trainers", "2", flag, "2", "--checkpoint-every", "2"}), two);
+    ASSERT_EQ(a.size(), b.size());
+    int trained = 0;
+    double worst = 0, gap = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (b[i]["phase"] == "sft") {
+        const double x = a[i]["loss"], y = b[i]["loss"];
+        EXPECT_NEAR(y, x, kTwoRanksLoss * std::fabs(x)) << "warm-start step " << b[i]["step"];
+        worst = std::max(worst, std::fabs(y - x) / std::fabs(x));
+        continue;
+      }
+      if (b[i]["trained"].get<int64_t>() == 0) continue;
+      ++trained;
+      gap = std::max(gap, b[i]["logprob_gap_max"].get<double>());
+      EXPECT_LT(b[i]["logprob_gap_max"].get<double>(), kBf16Gap) << b[i].dump();
+    }
+    EXPECT_GT(trained, 0) << "no RL step trained: the test checks nothing of the push";
+    const nlohmann::json summary = nlohmann::json::parse(std::ifstream(two + "/summary.json"));
+    EXPECT_EQ(summary["trainer_ranks"], 2);
+    EXPECT_EQ(summary["trainer_" + kind], 2);
+    for (const char* f : {"rank-00000-of-00002.safetensors", "rank-00001-of-00002.safetensors"})
+      EXPECT_TRUE(std::filesystem::exists(two + "/checkpoint-2/" + f)) << f;
+    const double apart = largest_difference(one + "/model.safetensors", two + "/model.safetensors");
+    EXPECT_LT(apart, kModelParallelPolicy);
+    std::printf(
+        "trainer %s 2: warm-start losses within %.2g of one rank's (relative), largest "
+        "sampling gap %.3g, finished policy within %.2g of one rank's\n",
+        kind.c_str(), worst, gap, apart);
+  }
 }
 
 std::string file_bytes(const std::string& path) {

@@ -14,8 +14,34 @@ int64_t sample_positions(const Task& task) {
   return task.max_prompt_tokens() + completion_tokens(task);
 }
 
+namespace {
+
+// parallel/layout.h's checks of the trainer's layout, their fields named as RlOptions names them.
+Status check_trainer_layout(const RlOptions& o) {
+  if (o.trainer_tp < 1 || o.trainers % o.trainer_tp != 0) {
+    return invalid_argument("`trainer_tp` " + std::to_string(o.trainer_tp) +
+                            " does not divide `trainers` " + std::to_string(o.trainers));
+  }
+  const parallel::ParallelLayout l = o.trainer_layout();
+  Status s = parallel::check_tensor_parallel(l, o.config);
+  if (s.ok()) s = parallel::check_expert_parallel(l, o.config);
+  if (s.ok()) return s;
+  std::string m = s.message();
+  for (const auto& [from, to] : {std::pair<std::string, std::string>{"`tp`", "`trainer_tp`"},
+                                 {"`ep`", "`trainer_ep`"},
+                                 {"world / `pp`", "`trainers` / `trainer_tp`"}}) {
+    for (size_t at = m.find(from); at != std::string::npos; at = m.find(from, at + to.size())) {
+      m.replace(at, from.size(), to);
+    }
+  }
+  return invalid_argument(m);
+}
+
+}  // namespace
+
 Status check_layouts(const RlOptions& o) {
   if (o.trainers < 1) return invalid_argument("`trainers` " + std::to_string(o.trainers));
+  WL_RETURN_IF_ERROR(check_trainer_layout(o));
   if (o.rollout_tp < 1) return invalid_argument("`rollout_tp` " + std::to_string(o.rollout_tp));
   if (o.rollout_ep < 1) return invalid_argument("`rollout_ep` " + std::to_string(o.rollout_ep));
   if (o.rollout_slots < 0) {
@@ -35,10 +61,11 @@ Status check_layouts(const RlOptions& o) {
                             std::string(transfer::weight_format_name(o.sync_format)) +
                             ": the rollout workers cannot hold this model so: " + s.message());
   }
-  if (o.sft_batch % o.trainers != 0) {
+  const int dp = o.trainer_layout().dp;
+  if (o.sft_batch % dp != 0) {
     return invalid_argument("`sft_batch` " + std::to_string(o.sft_batch) +
-                            " is not a multiple of `trainers` " + std::to_string(o.trainers) +
-                            " (each trainer rank takes an equal share of its rows)");
+                            " is not a multiple of the trainer's " + std::to_string(dp) +
+                            " data-parallel ranks (each takes an equal share of its rows)");
   }
   return ok_status();
 }
@@ -67,7 +94,8 @@ Status check_task_memory(const RlOptions& o, const Task& task) {
   // A trainer rank: the policy, its optimizer and the activations of the larger of an RL
   // step's rows and its share of an SFT batch; rank 0 also encodes the whole SFT batch (tokens and
   // targets) before it is cut into shares.
-  const int64_t rows = std::max(o.prompts * o.group, o.sft_batch / std::max(o.trainers, 1));
+  const int64_t rows =
+      std::max(o.prompts * o.group, o.sft_batch / std::max(o.trainer_layout().dp, 1));
   WL_RETURN_IF_ERROR(
       model::check_training_memory(o.config, "the policy", rows, seq, 1, o.sft_batch, true));
   // A rollout worker: the most rows it generates at once (a step's prompts x group, or every

@@ -64,13 +64,26 @@ namespace wl::rl {
 struct RlOptions {
   model::ModelConfig config;
   TaskOptions task;
-  // The trainer's data-parallel ranks (job ranks 0..trainers-1) and how they share the model:
-  // DDP, ZeRO-1 or ZeRO-2 (each rank ends a step holding the whole model) or FSDP (each holds
-  // only its dim-0 shard of every parameter). Either way each rank pushes only the rows it
-  // owns, and under FSDP no rank gathers the model to do it (the KL term's reference policy
+  // The trainer's ranks (job ranks 0..trainers-1) and how they share the model: data
+  // parallel as DDP, ZeRO-1 or ZeRO-2 (each rank ends a step holding the whole model) or FSDP
+  // (each holds only its dim-0 shard of every parameter), over trainers / trainer_tp ranks;
+  // groups of trainer_tp consecutive ranks splitting every block's heads and ffn rows, and
+  // groups of trainer_ep data-parallel ranks sharing out the experts (parallel/layout.h).
+  // The servers that feed the workers hold core/shard.h's rows of every parameter over all
+  // trainer ranks: where the layout keeps other parts (tensor bands, expert runs), each rank
+  // sends the others the pieces of its own that belong to their shards (parallel/run/
+  // row_shards.h), so no rank gathers the model to push it (the KL term's reference policy
   // and the finished policy are gathered on rank 0, once each).
   int trainers = 1;
   parallel::DpMode trainer_dp_mode = parallel::DpMode::kDdp;
+  int trainer_tp = 1;
+  int trainer_ep = 1;
+  parallel::ParallelLayout trainer_layout() const {
+    return {.dp_mode = trainer_dp_mode,
+            .dp = trainers / std::max(trainer_tp, 1),
+            .tp = trainer_tp,
+            .ep = trainer_ep};
+  }
   // Each rollout worker is an inference engine of this many TP ranks (processes), each holding
   // its slices of the weights (transfer/layout/inference_layout.h) and receiving them from the
   // trainer's ranks directly. A worker of several ranks cannot be replaced mid-run: losing one

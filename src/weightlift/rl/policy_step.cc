@@ -146,8 +146,8 @@ Result<int64_t> replay_routes(const model::ModelConfig& c, const PolicyBatch& b,
 Result<PolicyStats> policy_gradients(parallel::DataParallel& dp, const PolicyBatch& b,
                                      const parallel::StepSettings& settings,
                                      const PolicyLossOptions& options) {
-  if (dp.options().layout.pp != 1 || dp.options().layout.tp != 1) {
-    return invalid_argument("the policy step runs on data-parallel layouts only (pp 1, tp 1)");
+  if (dp.options().layout.pp != 1) {
+    return invalid_argument("the policy step runs on one pipeline stage only (pp 1)");
   }
   const int64_t seq = b.batch.seq;
   const double tokens = double(std::max<int64_t>(b.completion_tokens, 1));
@@ -224,8 +224,8 @@ Result<PolicyStats> policy_gradients(parallel::DataParallel& dp, const PolicyBat
 }
 
 Result<std::vector<double>> target_logprobs(parallel::DataParallel& dp, const train::Batch& b) {
-  if (dp.options().layout.pp != 1 || dp.options().layout.tp != 1) {
-    return invalid_argument("target_logprobs runs on data-parallel layouts only (pp 1, tp 1)");
+  if (dp.options().layout.pp != 1) {
+    return invalid_argument("target_logprobs runs on one pipeline stage only (pp 1)");
   }
   std::vector<double> out(b.targets.size(), 0.0);
   dp.set_evaluating(true);

@@ -1,6 +1,7 @@
 // The trainer's side of a policy-gradient step: sampled completions become rows of a token
 // batch, and one optimizer step minimises the policy loss (policy_loss.h) over them, on any
-// data-parallel layout (parallel/data/step.h's compute_gradients with a loss of our own).
+// layout of one pipeline stage: data, tensor and expert parallel (parallel/data/step.h's
+// compute_gradients with a loss of our own).
 //
 // Row i of the batch is prompt_i + completion_i, padded with the end token to `seq`; its
 // targets are the next token at every position whose next token is a completion token, and

@@ -20,6 +20,7 @@
 #include "weightlift/model/params.h"
 #include "weightlift/parallel/data/data_parallel.h"
 #include "weightlift/parallel/run/job.h"
+#include "weightlift/parallel/run/row_shards.h"
 #include "weightlift/rl/checkpoint.h"
 #include "weightlift/rl/checks.h"
 #include "weightlift/rl/loop.h"
@@ -40,6 +41,7 @@ using protocol::OrderMessage;
 // which rank 0 tells the others what to do (null with one rank).
 struct TrainerRanks {
   std::unique_ptr<parallel::DataParallel> dp;
+  std::shared_ptr<comm::Group> world;  // every trainer rank (null with one)
   std::shared_ptr<comm::Group> orders;
   // What a rank other than 0 does while it waits for an order, at every turn of the wait
   // (empty until the Trainer sets it). Rank 0 may wait a whole timeout for a replacement
@@ -51,7 +53,7 @@ struct TrainerRanks {
 
 Result<TrainerRanks> connect_trainer_ranks(const RlOptions& o,
                                            const std::shared_ptr<comm::Store>& store, int rank) {
-  const parallel::ParallelLayout layout{.dp_mode = o.trainer_dp_mode, .dp = o.trainers};
+  const parallel::ParallelLayout layout = o.trainer_layout();
   TrainerRanks t;
   parallel::TrainRanks ranks;
   if (o.trainers > 1) {
@@ -78,6 +80,7 @@ Result<TrainerRanks> connect_trainer_ranks(const RlOptions& o,
   }
   WL_ASSIGN_OR_RETURN(t.dp, parallel::make_data_parallel(o.config, layout, train::AdamWOptions{},
                                                          o.timeout, ranks));
+  t.world = ranks.group;
   return t;
 }
 
@@ -126,6 +129,7 @@ class Trainer {
         task_(std::move(task)),
         orchestrator_(orchestrator_options(o, task_), task_),
         dp_(std::move(ranks.dp)),
+        world_(std::move(ranks.world)),
         orders_(std::move(ranks.orders)),
         while_waiting_(std::move(ranks.while_waiting)),
         rank_(orders_ ? orders_->rank() : 0),
@@ -141,6 +145,7 @@ class Trainer {
 
   Status start() {
     WL_RETURN_IF_ERROR(load_initial_weights());
+    WL_ASSIGN_OR_RETURN(shards_, parallel::RowShards::create(*dp_, world_, o_.timeout));
     WL_ASSIGN_OR_RETURN(server_, transfer::ParameterServer::create(
                                      {.store = store_,
                                       .rank = rank_,
@@ -154,8 +159,8 @@ class Trainer {
                                                          ? DType::kBF16
                                                          : DType::kF32}));
     // From the rows each rank owns, as refresh() does: with FSDP no rank holds the rest.
-    WL_RETURN_IF_ERROR(
-        server_->register_checkpoint(protocol::kCheckpoint, o_.config, own_weights()));
+    WL_ASSIGN_OR_RETURN(const std::vector<transfer::OwnRows> own, own_weights());
+    WL_RETURN_IF_ERROR(server_->register_checkpoint(protocol::kCheckpoint, o_.config, own));
     if (rank_ != 0) {  // rank 0 alone talks to the workers
       // One pass: serving for a millisecond at a time kept an order waiting for 3 ms on average
       // on 2 cores, and the push's first collective with it (the sync was a quarter of the
@@ -325,7 +330,8 @@ class Trainer {
         rows += n;
       }
     };
-    place(0, own_rows_packed().data());
+    WL_ASSIGN_OR_RETURN(const std::vector<float> mine, own_rows_packed());
+    place(0, mine.data());
     for (int r = 1; r < o_.trainers; ++r) {
       std::vector<float> rows(static_cast<size_t>(own_rows_elems(r)));
       WL_RETURN_IF_ERROR(orders_->recv({.data = rows.data(),
@@ -345,10 +351,9 @@ class Trainer {
       n += shard_rows(p.shape[0], o_.trainers, rank).size() * (p.numel() / p.shape[0]);
     return n;
   }
-  std::vector<float> own_rows_packed() {
-    std::vector<transfer::OwnRows> own = own_weights();
-    std::sort(own.begin(), own.end(),
-              [](const auto& a, const auto& b) { return a.param < b.param; });
+  // Collective over the trainer ranks (own_weights()).
+  Result<std::vector<float>> own_rows_packed() {
+    WL_ASSIGN_OR_RETURN(const std::vector<transfer::OwnRows> own, own_weights());
     std::vector<float> out;
     out.reserve(static_cast<size_t>(own_rows_elems(rank_)));
     const model::ParamLayout& layout = dp_->layout();
@@ -468,7 +473,7 @@ class Trainer {
     if (o_.loss.kl_coef > 0) {
       WL_ASSIGN_OR_RETURN(pb.logp_ref, reference_logprobs(pb.batch));
     }
-    pad_rows(pb, o_.trainers);
+    pad_rows(pb, dp_->ranks());
     WL_RETURN_IF_ERROR(tell(protocol::policy_order(pb)));
     WL_ASSIGN_OR_RETURN(rec.stats, policy_step(*dp_, pb, {.lr = o_.lr}, o_.loss));
     orchestrator_.trained();
@@ -545,7 +550,7 @@ class Trainer {
         (void)update(m.ints);
         return ok_status();
       case Order::kGather: {
-        const std::vector<float> rows = own_rows_packed();
+        WL_ASSIGN_OR_RETURN(const std::vector<float> rows, own_rows_packed());
         return orders_->send({.data = rows.data(),
                               .bytes = rows.size() * sizeof(float),
                               .peer = 0,
@@ -564,19 +569,21 @@ class Trainer {
 
   int64_t total() const { return dp_->layout().total(); }
 
-  // The rows of every parameter this rank owns (core/shard.h's over the trainer's ranks, the
-  // rule the servers shard by too), where the optimizer leaves them: a whole model under DDP
-  // and ZeRO, the rank's shards under FSDP.
-  std::vector<transfer::OwnRows> own_weights() {
+  // The rows of every parameter this rank's servers hold (core/shard.h's over the trainer's
+  // ranks), in ParamLayout order: where the optimizer leaves them under DDP, ZeRO and FSDP,
+  // else moved from the ranks that own them (RowShards; collective over the trainer ranks).
+  Result<std::vector<transfer::OwnRows>> own_weights() {
+    WL_ASSIGN_OR_RETURN(const std::vector<parallel::RowShards::Shard> shards, shards_->refresh());
     std::vector<transfer::OwnRows> out;
-    for (const parallel::StateRows& r : dp_->own_rows()) {
-      if (r.kind == parallel::StateKind::kWeights) out.push_back({r.param, r.rows, r.data});
-    }
+    for (const parallel::RowShards::Shard& s : shards) out.push_back({s.param, s.rows, s.data});
     return out;
   }
 
-  // This rank's servers take its own rows as they are, with no copy of the model first.
-  Status refresh() { return server_->refresh(protocol::kCheckpoint, own_weights()); }
+  // This rank's servers take its shards as they are, with no copy of the model first.
+  Status refresh() {
+    WL_ASSIGN_OR_RETURN(const std::vector<transfer::OwnRows> own, own_weights());
+    return server_->refresh(protocol::kCheckpoint, own);
+  }
 
   Result<transfer::ServerUpdate> update(const std::vector<int64_t>& ids) {
     const std::vector<int> fleet_ids(ids.begin(), ids.end());
@@ -602,7 +609,9 @@ class Trainer {
   Task task_;
   Orchestrator orchestrator_;
   std::unique_ptr<parallel::DataParallel> dp_;
-  std::shared_ptr<comm::Group> orders_;  // to the other trainer ranks; null with one
+  std::shared_ptr<comm::Group> world_;           // every trainer rank; null with one
+  std::unique_ptr<parallel::RowShards> shards_;  // the servers' rows, from the layout's
+  std::shared_ptr<comm::Group> orders_;          // to the other trainer ranks; null with one
   std::shared_ptr<std::function<void()>> while_waiting_;  // TrainerRanks::while_waiting
   int rank_ = 0;                                          // among the trainer's ranks
   Rng rng_;

@@ -1,0 +1,264 @@
+// row_shards.h.
+#include "weightlift/parallel/run/row_shards.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "weightlift/comm/collectives/all_to_all.h"
+#include "weightlift/comm/collectives/allgather.h"
+
+namespace wl::parallel {
+namespace {
+
+int64_t width_of(const model::ParamInfo& p) { return p.numel() / std::max<int64_t>(p.shape[0], 1); }
+
+}  // namespace
+
+RowShards::RowShards(DataParallel& dp, std::shared_ptr<comm::Group> world,
+                     std::chrono::milliseconds timeout)
+    : dp_(dp),
+      world_(std::move(world)),
+      timeout_(timeout),
+      rank_(world_ ? world_->rank() : 0),
+      ranks_(world_ ? world_->size() : 1) {}
+
+Result<std::unique_ptr<RowShards>> RowShards::create(DataParallel& dp,
+                                                     std::shared_ptr<comm::Group> world,
+                                                     std::chrono::milliseconds timeout) {
+  std::unique_ptr<RowShards> s(new RowShards(dp, std::move(world), timeout));
+  // Every rank's own weight rows, as five integers each: parameter, rows, columns.
+  const model::ParamLayout& layout = dp.layout();
+  std::vector<int64_t> mine;
+  for (const StateRows& r : dp.own_rows()) {
+    if (r.kind != StateKind::kWeights) continue;
+    const model::ParamInfo& p = layout.params()[r.param];
+    mine.insert(mine.end(), {int64_t(r.param), r.rows.begin, r.rows.end,
+                             r.cols ? r.cols->begin : 0, r.cols ? r.cols->end : width_of(p)});
+  }
+  std::vector<size_t> counts(size_t(s->ranks_), mine.size());
+  std::vector<int64_t> all = mine;
+  if (s->world_) {
+    std::vector<int64_t> sizes(counts.size());
+    const int64_t n = int64_t(mine.size());
+    WL_RETURN_IF_ERROR(comm::allgather(*s->world_, {.send = &n,
+                                                    .recv = sizes.data(),
+                                                    .count = 1,
+                                                    .dtype = DType::kI64,
+                                                    .timeout = timeout}));
+    size_t total = 0;
+    for (size_t r = 0; r < counts.size(); ++r) total += counts[r] = size_t(sizes[r]);
+    all.assign(total, 0);
+    WL_RETURN_IF_ERROR(comm::allgatherv(*s->world_, {.send = mine.data(),
+                                                     .recv = all.data(),
+                                                     .counts = counts,
+                                                     .dtype = DType::kI64,
+                                                     .timeout = timeout}));
+  }
+  std::vector<std::vector<Band>> owned(counts.size());
+  size_t at = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    for (size_t i = 0; i < counts[r]; i += 5, at += 5) {
+      owned[r].push_back({all[at], all[at + 1], all[at + 2], all[at + 3], all[at + 4]});
+    }
+  }
+  s->mine_ = owned[size_t(s->rank_)];
+  WL_RETURN_IF_ERROR(s->plan(owned));
+  return s;
+}
+
+// Whether each rank owns exactly its shard of every parameter, every column of it.
+bool RowShards::owned_as_shards(const std::vector<std::vector<Band>>& owned) const {
+  const std::vector<model::ParamInfo>& params = dp_.layout().params();
+  for (int r = 0; r < ranks_; ++r) {
+    std::vector<Band> expect, got = owned[size_t(r)];
+    for (size_t p = 0; p < params.size(); ++p) {
+      const ShardRows rows = shard_rows(params[p].shape[0], ranks_, r);
+      if (rows.size() > 0) {
+        expect.push_back({int64_t(p), rows.begin, rows.end, 0, width_of(params[p])});
+      }
+    }
+    std::sort(got.begin(), got.end(),
+              [](const Band& a, const Band& b) { return a.param < b.param; });
+    const bool same = std::equal(expect.begin(), expect.end(), got.begin(), got.end(),
+                                 [](const Band& a, const Band& b) {
+                                   return a.param == b.param && a.r0 == b.r0 && a.r1 == b.r1 &&
+                                          a.c0 == b.c0 && a.c1 == b.c1;
+                                 });
+    if (!same) return false;
+  }
+  return true;
+}
+
+Status RowShards::plan(const std::vector<std::vector<Band>>& owned) {
+  const std::vector<model::ParamInfo>& params = dp_.layout().params();
+  auto shard_of = [&](int64_t param, int rank) {
+    return shard_rows(params[size_t(param)].shape[0], ranks_, rank);
+  };
+  // This rank's shards, back to back in ParamLayout order.
+  shard_offset_.assign(params.size(), -1);
+  for (size_t p = 0; p < params.size(); ++p) {
+    const ShardRows rows = shard_of(int64_t(p), rank_);
+    if (rows.size() == 0) continue;
+    shard_offset_[p] = shard_elems_;
+    shard_elems_ += rows.size() * width_of(params[p]);
+  }
+  in_place_ = owned_as_shards(owned);
+  // Each band of an owner's piece that falls in a rank's shard, in the owner's piece order:
+  // the order both ends pack and unpack in.
+  sends_.assign(size_t(ranks_), {});
+  recvs_.assign(size_t(ranks_), {});
+  std::vector<uint8_t> covered(size_t(shard_elems_), 0);
+  for (int src = 0; src < ranks_; ++src) {
+    const std::vector<Band>& pieces = owned[size_t(src)];
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const Band& piece = pieces[i];
+      if (piece.param < 0 || size_t(piece.param) >= params.size()) {
+        return internal_error("rank " + std::to_string(src) + " owns parameter " +
+                              std::to_string(piece.param) + " of " +
+                              std::to_string(params.size()));
+      }
+      for (int dst = 0; dst < ranks_; ++dst) {
+        const ShardRows s = shard_of(piece.param, dst);
+        Band band = piece;
+        band.r0 = std::max(piece.r0, s.begin);
+        band.r1 = std::min(piece.r1, s.end);
+        if (band.r1 <= band.r0 || band.c1 <= band.c0) continue;
+        if (src == rank_) {
+          sends_[size_t(dst)].push_back({band, i});
+          if (dst != rank_) sent_elems_ += band.elems();
+        }
+        if (dst != rank_) continue;
+        recvs_[size_t(src)].push_back(band);
+        const int64_t width = width_of(params[size_t(band.param)]);
+        for (int64_t row = band.r0; row < band.r1; ++row) {
+          const int64_t first =
+              shard_offset_[size_t(band.param)] + (row - s.begin) * width + band.c0;
+          for (int64_t e = first; e < first + (band.c1 - band.c0); ++e) {
+            if (covered[size_t(e)]++ != 0) {
+              return internal_error(params[size_t(band.param)].name + " row " +
+                                    std::to_string(row) + ": owned by more than one rank");
+            }
+          }
+        }
+      }
+    }
+  }
+  count_exchange();
+  for (size_t p = 0; p < params.size(); ++p) {
+    if (shard_offset_[p] < 0) continue;
+    const ShardRows rows = shard_of(int64_t(p), rank_);
+    const auto first = covered.begin() + shard_offset_[p];
+    const auto gap = std::find(first, first + rows.size() * width_of(params[p]), uint8_t(0));
+    if (gap != first + rows.size() * width_of(params[p])) {
+      return internal_error(params[p].name + " row " +
+                            std::to_string(rows.begin + (gap - first) / width_of(params[p])) +
+                            ": owned by no rank");
+    }
+  }
+  return ok_status();
+}
+
+void RowShards::count_exchange() {
+  // What the all-to-all moves between each pair (nothing to itself: copied in place).
+  send_counts_.assign(size_t(ranks_), 0);
+  send_offsets_.assign(size_t(ranks_), 0);
+  recv_counts_.assign(size_t(ranks_), 0);
+  recv_offsets_.assign(size_t(ranks_), 0);
+  for (int r = 0; r < ranks_; ++r) {
+    if (r > 0) {
+      send_offsets_[size_t(r)] = send_offsets_[size_t(r - 1)] + send_counts_[size_t(r - 1)];
+      recv_offsets_[size_t(r)] = recv_offsets_[size_t(r - 1)] + recv_counts_[size_t(r - 1)];
+    }
+    if (r == rank_) continue;
+    for (const Move& m : sends_[size_t(r)]) send_counts_[size_t(r)] += size_t(m.band.elems());
+    for (const Band& b : recvs_[size_t(r)]) recv_counts_[size_t(r)] += size_t(b.elems());
+  }
+}
+
+Result<std::vector<const float*>> RowShards::pieces_now() {
+  std::vector<const float*> data;
+  for (const StateRows& r : dp_.own_rows()) {
+    if (r.kind != StateKind::kWeights) continue;
+    const size_t i = data.size();
+    if (i >= mine_.size() || size_t(mine_[i].param) != r.param || mine_[i].r0 != r.rows.begin ||
+        mine_[i].r1 != r.rows.end) {
+      return internal_error("rank " + std::to_string(rank_) +
+                            "'s own rows changed since they were planned (piece " +
+                            std::to_string(i) + ")");
+    }
+    data.push_back(r.data);
+  }
+  if (data.size() != mine_.size()) {
+    return internal_error("rank " + std::to_string(rank_) + " owns " + std::to_string(data.size()) +
+                          " pieces now, " + std::to_string(mine_.size()) + " when planned");
+  }
+  return data;
+}
+
+void RowShards::unpack(const Band& band, const float* from) {
+  const model::ParamInfo& p = dp_.layout().params()[size_t(band.param)];
+  const int64_t width = width_of(p), cols = band.c1 - band.c0;
+  float* shard = shards_.data() + shard_offset_[size_t(band.param)];
+  const int64_t first = shard_rows(p.shape[0], ranks_, rank_).begin;
+  for (int64_t row = band.r0; row < band.r1; ++row, from += cols) {
+    std::memcpy(shard + (row - first) * width + band.c0, from, size_t(cols) * sizeof(float));
+  }
+}
+
+Result<std::vector<RowShards::Shard>> RowShards::refresh() {
+  WL_ASSIGN_OR_RETURN(const std::vector<const float*> pieces, pieces_now());
+  std::vector<Shard> out;
+  if (in_place_) {
+    for (size_t i = 0; i < mine_.size(); ++i) {
+      out.push_back({size_t(mine_[i].param), {mine_[i].r0, mine_[i].r1}, pieces[i]});
+    }
+    std::sort(out.begin(), out.end(),
+              [](const Shard& a, const Shard& b) { return a.param < b.param; });
+    return out;
+  }
+  shards_.resize(size_t(shard_elems_));
+  send_.resize(send_offsets_.back() + send_counts_.back());
+  recv_.resize(recv_offsets_.back() + recv_counts_.back());
+  // A band is whole rows of its piece (every column the piece has): one run of it.
+  for (int r = 0; r < ranks_; ++r) {
+    float* to = send_.data() + send_offsets_[size_t(r)];
+    for (const Move& m : sends_[size_t(r)]) {
+      const Band& b = m.band;
+      const float* from = pieces[m.piece] + (b.r0 - mine_[m.piece].r0) * (b.c1 - b.c0);
+      if (r == rank_) {
+        unpack(b, from);
+      } else {
+        std::memcpy(to, from, size_t(b.elems()) * sizeof(float));
+        to += b.elems();
+      }
+    }
+  }
+  if (world_) {
+    WL_RETURN_IF_ERROR(comm::all_to_all_v(*world_, {.send = send_.data(),
+                                                    .recv = recv_.data(),
+                                                    .send_counts = send_counts_,
+                                                    .send_offsets = send_offsets_,
+                                                    .recv_counts = recv_counts_,
+                                                    .recv_offsets = recv_offsets_,
+                                                    .dtype = DType::kF32,
+                                                    .timeout = timeout_}));
+  }
+  for (int r = 0; r < ranks_; ++r) {
+    if (r == rank_) continue;
+    const float* from = recv_.data() + recv_offsets_[size_t(r)];
+    for (const Band& b : recvs_[size_t(r)]) {
+      unpack(b, from);
+      from += b.elems();
+    }
+  }
+  const std::vector<model::ParamInfo>& params = dp_.layout().params();
+  for (size_t p = 0; p < params.size(); ++p) {
+    if (shard_offset_[p] < 0) continue;
+    out.push_back(
+        {p, shard_rows(params[p].shape[0], ranks_, rank_), shards_.data() + shard_offset_[p]});
+  }
+  return out;
+}
+
+}  // namespace wl::parallel

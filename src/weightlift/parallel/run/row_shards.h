@@ -1,0 +1,92 @@
+// RowShards: a job's weights re-cut from where its layout keeps them into core/shard.h's rows
+// of every parameter over the job's ranks, the shards a weight transfer's servers and planner
+// read (transfer/layout/trainer_weights.h's OwnRows).
+//
+// Under DDP and ZeRO every rank holds every parameter and FSDP shards by that very rule, so
+// each rank's own rows are already its shards and nothing moves. Pipeline stages, expert- and
+// tensor-parallel ranks own other parts (a stage's units, a group's experts, a band of columns,
+// a whole embedding on tensor rank 0): each rank then sends every other rank the pieces of its
+// own rows that fall in that rank's shards (one all-to-all), and no rank ever holds more than
+// its own rows and its shards, never a whole copy of the model.
+//
+// The exchange is planned once, from every rank's DataParallel::own_rows() (allgathered), and
+// checks that the owners cover each shard once, element by element: a layout whose ownership
+// overlaps or leaves a gap is an Internal error at create(), not a wrong transfer later.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "weightlift/comm/group/group.h"
+#include "weightlift/core/shard.h"
+#include "weightlift/core/status.h"
+#include "weightlift/parallel/data/data_parallel.h"
+
+namespace wl::parallel {
+
+class RowShards {
+ public:
+  // One parameter's shard on this rank: rows of the whole parameter, each of its full width.
+  struct Shard {
+    size_t param = 0;  // into ParamLayout::params()
+    ShardRows rows;
+    const float* data = nullptr;  // rows.size() x the width; valid until the next refresh
+  };
+
+  // Collective over `world`: every rank of `dp`'s job, ranked as the job ranks them (null for
+  // one rank).
+  static Result<std::unique_ptr<RowShards>> create(DataParallel& dp,
+                                                   std::shared_ptr<comm::Group> world,
+                                                   std::chrono::milliseconds timeout);
+
+  // True when every rank's own rows are its shards: refresh() moves nothing and the shards
+  // point into the trainer's weights.
+  bool in_place() const { return in_place_; }
+
+  // This rank's shard of every parameter that has rows on it, in ParamLayout order, from the
+  // weights as they are now. Collective over the job unless in_place().
+  Result<std::vector<Shard>> refresh();
+
+  // The elements this rank's shards hold, and those refresh() sends to other ranks.
+  int64_t shard_elems() const { return shard_elems_; }
+  int64_t sent_elems() const { return sent_elems_; }
+
+ private:
+  // A band of one parameter: rows [r0, r1) and columns [c0, c1) of its [rows, width] view.
+  struct Band {
+    int64_t param = 0, r0 = 0, r1 = 0, c0 = 0, c1 = 0;
+    int64_t elems() const { return (r1 - r0) * (c1 - c0); }
+  };
+  // A band this rank sends: whole rows of its own piece `piece` (mine_), every column of it.
+  struct Move {
+    Band band;
+    size_t piece = 0;
+  };
+
+  RowShards(DataParallel& dp, std::shared_ptr<comm::Group> world,
+            std::chrono::milliseconds timeout);
+  Status plan(const std::vector<std::vector<Band>>& owned);
+  bool owned_as_shards(const std::vector<std::vector<Band>>& owned) const;
+  void count_exchange();  // the all-to-all's counts and offsets, from sends_ and recvs_
+  // Where this rank's own pieces are now (InternalError if they are not those planned).
+  Result<std::vector<const float*>> pieces_now();
+  // `band`'s elements, row after row, into this rank's shard of its parameter.
+  void unpack(const Band& band, const float* from);
+
+  DataParallel& dp_;
+  std::shared_ptr<comm::Group> world_;
+  std::chrono::milliseconds timeout_;
+  int rank_ = 0, ranks_ = 1;
+  bool in_place_ = false;
+  std::vector<Band> mine_;                // this rank's own weight rows, as own_rows() orders them
+  std::vector<std::vector<Move>> sends_;  // per destination rank, in packing order
+  std::vector<std::vector<Band>> recvs_;  // per source rank, in packing order
+  std::vector<int64_t> shard_offset_;     // per parameter, into shards_; -1 without rows here
+  std::vector<size_t> send_counts_, send_offsets_, recv_counts_, recv_offsets_;  // elements
+  std::vector<float> shards_, send_, recv_;
+  int64_t shard_elems_ = 0, sent_elems_ = 0;
+};
+
+}  // namespace wl::parallel
