@@ -297,11 +297,12 @@ std::string task_label(const RlArgs& a) {
          ", " + (t.tokenizer.empty() ? "bytes" : t.tokenizer) + ")";
 }
 
-// "ddp", or with model parallelism "fsdp, tp 2" / "ddp, ep 2".
+// "ddp", or with model parallelism "fsdp, tp 2" / "ddp, ep 2" / "ddp, pp 2".
 std::string trainer_label(const RlArgs& a) {
   std::string l = a.trainer_dp_mode;
   if (a.o.trainer_tp > 1) l += ", tp " + std::to_string(a.o.trainer_tp);
   if (a.o.trainer_ep > 1) l += ", ep " + std::to_string(a.o.trainer_ep);
+  if (a.o.trainer_pp > 1) l += ", pp " + std::to_string(a.o.trainer_pp);
   return l;
 }
 
@@ -322,6 +323,7 @@ Status write_rl_outputs(const RlArgs& a, const parallel::Job& job, rl::RlSummary
                             {"trainer_dp_mode", a.trainer_dp_mode},
                             {"trainer_tp", a.o.trainer_tp},
                             {"trainer_ep", a.o.trainer_ep},
+                            {"trainer_pp", a.o.trainer_pp},
                             {"rollout_tp", a.o.rollout_tp},
                             {"rollout_ep", a.o.rollout_ep},
                             {"rollout_slots", a.o.rollout_slots},
@@ -594,6 +596,11 @@ void add_trainer_flags(CLI::App* cmd, RlArgs& a) {
   cmd->add_option("--trainer-tp", o.trainer_tp,
                   "tensor-parallel trainer ranks: groups of this many consecutive trainer ranks "
                   "split every block's heads and ffn rows (it divides --trainers)")
+      ->capture_default_str()
+      ->transform(count(1, kMaxRanks));
+  cmd->add_option("--trainer-pp", o.trainer_pp,
+                  "pipeline stages of the trainer, each its own ranks holding a run of the "
+                  "layers (trainers = stages x data-parallel x --trainer-tp)")
       ->capture_default_str()
       ->transform(count(1, kMaxRanks));
   cmd->add_option("--trainer-ep", o.trainer_ep,

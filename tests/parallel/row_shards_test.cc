@@ -37,39 +37,38 @@ TEST_P(RowShardsTest, EveryRankGetsItsShardOfTheWholeModel) {
   std::iota(whole.begin(), whole.end(), 0.0f);
   std::mutex mu;
   std::vector<int64_t> covered(size_t(k.ranks), 0);
-  run_data_parallel(k.ranks, c, k.layout,
-                    [&](DataParallel& dp, const std::shared_ptr<comm::Group>& world) {
-                      dp.set_params(whole.data());
-                      auto shards = RowShards::create(dp, world, std::chrono::seconds(30));
-                      ASSERT_TRUE(shards.ok()) << shards.status().to_string();
-                      const int rank = world ? world->rank() : 0;
-                      EXPECT_EQ((*shards)->in_place(), k.in_place) << "rank " << rank;
-                      if (k.in_place) {
- EXPECT_EQ((*shards)->sent_elems(), 0);
-}
-                      // Twice: the second refresh reuses the plan and its buffers.
-                      for (int round = 0; round < 2; ++round) {
-                        auto got = (*shards)->refresh();
-                        ASSERT_TRUE(got.ok()) << got.status().to_string();
-                        int64_t elems = 0;
-                        for (const RowShards::Shard& s : *got) {
-                          const model::ParamInfo& p = layout.params()[s.param];
-                          const int64_t width = p.numel() / p.shape[0];
-                          const ShardRows want = shard_rows(p.shape[0], k.ranks, rank);
-                          ASSERT_EQ(s.rows.begin, want.begin) << p.name << " rank " << rank;
-                          ASSERT_EQ(s.rows.end, want.end) << p.name << " rank " << rank;
-                          const float* expect = whole.data() + p.offset + want.begin * width;
-                          for (int64_t e = 0; e < want.size() * width; ++e) {
-                            ASSERT_EQ(s.data[e], expect[e])
-                                << p.name << " rank " << rank << " element " << e;
-                          }
-                          elems += want.size() * width;
-                        }
-                        EXPECT_EQ(elems, (*shards)->shard_elems());
-                        std::lock_guard<std::mutex> lock(mu);
-                        covered[size_t(rank)] = elems;
-                      }
-                    });
+  run_data_parallel(
+      k.ranks, c, k.layout, [&](DataParallel& dp, const std::shared_ptr<comm::Group>& world) {
+        dp.set_params(whole.data());
+        auto shards = RowShards::create(dp, world, std::chrono::seconds(30));
+        ASSERT_TRUE(shards.ok()) << shards.status().to_string();
+        const int rank = world ? world->rank() : 0;
+        EXPECT_EQ((*shards)->in_place(), k.in_place) << "rank " << rank;
+        if (k.in_place) {
+          EXPECT_EQ((*shards)->sent_elems(), 0);
+        }
+        // Twice: the second refresh reuses the plan and its buffers.
+        for (int round = 0; round < 2; ++round) {
+          auto got = (*shards)->refresh();
+          ASSERT_TRUE(got.ok()) << got.status().to_string();
+          int64_t elems = 0;
+          for (const RowShards::Shard& s : *got) {
+            const model::ParamInfo& p = layout.params()[s.param];
+            const int64_t width = p.numel() / p.shape[0];
+            const ShardRows want = shard_rows(p.shape[0], k.ranks, rank);
+            ASSERT_EQ(s.rows.begin, want.begin) << p.name << " rank " << rank;
+            ASSERT_EQ(s.rows.end, want.end) << p.name << " rank " << rank;
+            const float* expect = whole.data() + p.offset + want.begin * width;
+            for (int64_t e = 0; e < want.size() * width; ++e) {
+              ASSERT_EQ(s.data[e], expect[e]) << p.name << " rank " << rank << " element " << e;
+            }
+            elems += want.size() * width;
+          }
+          EXPECT_EQ(elems, (*shards)->shard_elems());
+          std::lock_guard<std::mutex> lock(mu);
+          covered[size_t(rank)] = elems;
+        }
+      });
   EXPECT_EQ(std::accumulate(covered.begin(), covered.end(), int64_t(0)), layout.total());
 }
 
@@ -82,7 +81,8 @@ INSTANTIATE_TEST_SUITE_P(
                       ShardsCase{"ep", "tiny", 2, {.ep = 2}, false},
                       ShardsCase{"ep_fsdp", "tiny", 4, {.dp_mode = DpMode::kFsdp, .ep = 2}, false},
                       ShardsCase{"pp_tied", "tiny_tied", 2, {.pp = 2}, false},
-                      ShardsCase{"tp_zero1", "tiny", 4, {.dp_mode = DpMode::kZero1, .tp = 2}, false},
+                      ShardsCase{
+                          "tp_zero1", "tiny", 4, {.dp_mode = DpMode::kZero1, .tp = 2}, false},
                       ShardsCase{"pp_tp", "qwen4", 4, {.pp = 2, .tp = 2}, false}),
     [](const ::testing::TestParamInfo<ShardsCase>& i) { return std::string(i.param.name); });
 

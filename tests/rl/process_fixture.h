@@ -49,10 +49,11 @@ inline constexpr double kTwoRanksLoss = 1e-5;  // measured 1.8e-6
 // same sums of two ranks' gradients, so the same weights (measured 0), up to the optimizer's
 // global norm, which the two add up in another order.
 inline constexpr double kFsdpPolicy = 1e-5;
-// A TP-2 or EP-2 trainer's finished policy against one trainer rank's: measured 7.7e-6 (TP)
-// and 9.9e-7 (EP), reassociation only while both sample the same tokens. Were a sample to
-// differ on another CPU, AdamW moves an element by about lr (5e-4) per RL step, 2e-3 over the
-// run's 4; a row gathered into the wrong place is off by the weights' scale (0.02).
+// A TP-2, EP-2 or PP-2 trainer's finished policy against one trainer rank's: measured 7.7e-6
+// (TP), 9.9e-7 (EP) and 0 (PP: the same sums in the same order), reassociation only while both
+// sample the same tokens. Were a sample to differ on another CPU, AdamW moves an element by about
+// lr (5e-4) per RL step, 2e-3 over the run's 4; a row gathered into the wrong place is off by the
+// weights' scale (0.02).
 inline constexpr double kModelParallelPolicy = 5e-3;
 // TP, EP or TP x EP rollout workers against one-rank ones: the same tokens sampled, so the same
 // rewards; the trained losses differ by the sampler's log-probabilities, whose logits differ by

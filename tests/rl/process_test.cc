@@ -242,18 +242,19 @@ TEST(RlProcesses, TwoTrainerRanksPushTheirOwnShardsAndTrainAsOne) {
 }
 
 // Trainer ranks that split the model other than by rows: two tensor-parallel ranks (each
-// holding its heads' and ffn rows' slices, the embedding whole on rank 0) and two
-// expert-parallel ones (each holding half of every layer's experts). Each sends the other the
-// pieces of its own that belong to the other's shards (parallel/run/row_shards.h), and the
-// workers hold the whole model: every trained step's sampling log-probabilities match the
-// trainer's, which a missing or misplaced piece would not. The warm start's losses are the
-// single trainer rank's, and the finished policy, gathered from the shards, is near it.
-TEST(RlProcesses, TensorAndExpertParallelTrainersFeedTheWorkers) {
+// holding its heads' and ffn rows' slices, the embedding whole on rank 0), two expert-parallel
+// ones (each holding half of every layer's experts) and two pipeline stages (each its own
+// layers, the policy loss taken on the last). Each sends the other the pieces of its own that
+// belong to the other's shards (parallel/run/row_shards.h), and the workers hold the whole
+// model: every trained step's sampling log-probabilities match the trainer's, which a missing
+// or misplaced piece would not. The warm start's losses are the single trainer rank's, and
+// the finished policy, gathered from the shards, is near it.
+TEST(RlProcesses, TensorExpertAndPipelineParallelTrainersFeedTheWorkers) {
   const std::string one = fresh_dir("one_trainer");
   const std::vector<nlohmann::json> a = run_to_end(3, short_run({}), one);
-  for (const char* flag : {"--trainer-tp", "--trainer-ep"}) {
+  for (const char* flag : {"--trainer-tp", "--trainer-ep", "--trainer-pp"}) {
     SCOPED_TRACE(flag);
-    const std::string kind = std::string(flag).substr(10);  // "tp" or "ep"
+    const std::string kind = std::string(flag).substr(10);  // "tp", "ep" or "pp"
     const std::string two = fresh_dir("trainer_" + kind + "2");
     const std::vector<nlohmann::json> b =
         run_to_end(4, short_run({"--trainers", "2", flag, "2", "--checkpoint-every", "2"}), two);

@@ -22,6 +22,16 @@ Status check_trainer_layout(const RlOptions& o) {
     return invalid_argument("`trainer_tp` " + std::to_string(o.trainer_tp) +
                             " does not divide `trainers` " + std::to_string(o.trainers));
   }
+  if (o.trainer_pp < 1 || o.trainer_pp > o.config.num_layers) {
+    return invalid_argument("`trainer_pp` " + std::to_string(o.trainer_pp) +
+                            ": a pipeline stage needs a layer of its own, and the model has " +
+                            std::to_string(o.config.num_layers));
+  }
+  if (o.trainers % (o.trainer_tp * o.trainer_pp) != 0) {
+    return invalid_argument(
+        "`trainer_tp` x `trainer_pp` = " + std::to_string(o.trainer_tp * o.trainer_pp) +
+        " does not divide `trainers` " + std::to_string(o.trainers));
+  }
   const parallel::ParallelLayout l = o.trainer_layout();
   Status s = parallel::check_tensor_parallel(l, o.config);
   if (s.ok()) s = parallel::check_expert_parallel(l, o.config);
@@ -29,7 +39,7 @@ Status check_trainer_layout(const RlOptions& o) {
   std::string m = s.message();
   for (const auto& [from, to] : {std::pair<std::string, std::string>{"`tp`", "`trainer_tp`"},
                                  {"`ep`", "`trainer_ep`"},
-                                 {"world / `pp`", "`trainers` / `trainer_tp`"}}) {
+                                 {"world / `pp`", "`trainers` / (`trainer_tp` x `trainer_pp`)"}}) {
     for (size_t at = m.find(from); at != std::string::npos; at = m.find(from, at + to.size())) {
       m.replace(at, from.size(), to);
     }

@@ -67,8 +67,9 @@ struct RlOptions {
   // The trainer's ranks (job ranks 0..trainers-1) and how they share the model: data
   // parallel as DDP, ZeRO-1 or ZeRO-2 (each rank ends a step holding the whole model) or FSDP
   // (each holds only its dim-0 shard of every parameter), over trainers / trainer_tp ranks;
-  // groups of trainer_tp consecutive ranks splitting every block's heads and ffn rows, and
-  // groups of trainer_ep data-parallel ranks sharing out the experts (parallel/layout.h).
+  // groups of trainer_tp consecutive ranks splitting every block's heads and ffn rows,
+  // groups of trainer_ep data-parallel ranks sharing out the experts, and trainer_pp pipeline
+  // stages (parallel/layout.h).
   // The servers that feed the workers hold core/shard.h's rows of every parameter over all
   // trainer ranks: where the layout keeps other parts (tensor bands, expert runs), each rank
   // sends the others the pieces of its own that belong to their shards (parallel/run/
@@ -78,9 +79,13 @@ struct RlOptions {
   parallel::DpMode trainer_dp_mode = parallel::DpMode::kDdp;
   int trainer_tp = 1;
   int trainer_ep = 1;
+  // Pipeline stages, each its own trainer ranks (stage-major, as train's), every RL and SFT
+  // batch one micro-batch (the stages take turns, which on these cores costs nothing).
+  int trainer_pp = 1;
   parallel::ParallelLayout trainer_layout() const {
     return {.dp_mode = trainer_dp_mode,
-            .dp = trainers / std::max(trainer_tp, 1),
+            .dp = trainers / std::max(trainer_tp * trainer_pp, 1),
+            .pp = trainer_pp,
             .tp = trainer_tp,
             .ep = trainer_ep};
   }

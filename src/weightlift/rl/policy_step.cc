@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "weightlift/kernels/cross_entropy.h"
+#include "weightlift/parallel/pipeline/pipeline.h"
 #include "weightlift/train/metrics.h"
 #include "weightlift/train/tokenizer.h"
 
@@ -146,9 +147,6 @@ Result<int64_t> replay_routes(const model::ModelConfig& c, const PolicyBatch& b,
 Result<PolicyStats> policy_gradients(parallel::DataParallel& dp, const PolicyBatch& b,
                                      const parallel::StepSettings& settings,
                                      const PolicyLossOptions& options) {
-  if (dp.options().layout.pp != 1) {
-    return invalid_argument("the policy step runs on one pipeline stage only (pp 1)");
-  }
   const int64_t seq = b.batch.seq;
   const double tokens = double(std::max<int64_t>(b.completion_tokens, 1));
   const bool kl = options.kl_coef > 0;
@@ -199,16 +197,22 @@ Result<PolicyStats> policy_gradients(parallel::DataParallel& dp, const PolicyBat
   parallel::StepSettings s = settings;
   int64_t differ = 0;  // token-layers the step's own router would have routed differently
   WL_ASSIGN_OR_RETURN(const int64_t routed, replay_routes(dp.config(), b, s, &differ));
-  WL_ASSIGN_OR_RETURN(model::LossTerms lt, parallel::compute_gradients(dp, b.batch, s, loss));
+  const parallel::ParallelLayout& layout = dp.options().layout;
+  WL_ASSIGN_OR_RETURN(
+      model::LossTerms lt,
+      layout.pp > 1 ? parallel::compute_pipeline_gradients(dp, b.batch, s, layout.schedule, loss)
+                    : parallel::compute_gradients(dp, b.batch, s, loss));
+  // Over the replica: under pipeline parallelism the last stage alone has the token terms,
+  // and each stage its own layers' replayed routes.
   double replayed = double(differ);
-  WL_RETURN_IF_ERROR(dp.sum_over_ranks(&replayed, 1));
+  WL_RETURN_IF_ERROR(dp.sum_over_replica(&replayed, 1));
   st.replay_differ = routed > 0 ? replayed / double(routed) : 0.0;
-  WL_RETURN_IF_ERROR(dp.sum_over_ranks(sums, 5));
+  WL_RETURN_IF_ERROR(dp.sum_over_replica(sums, 5));
   // The largest gap over the ranks: a sum of one-hot vectors would do, a max of the negated
   // sums would not; ranks are few, so each contributes its max in its own slot.
   std::vector<double> maxes(size_t(dp.ranks()), 0.0);
   maxes[size_t(dp.rank())] = gap_max;
-  WL_RETURN_IF_ERROR(dp.sum_over_ranks(maxes.data(), maxes.size()));
+  WL_RETURN_IF_ERROR(dp.sum_over_replica(maxes.data(), maxes.size()));
   st.loss = lt.ce;
   st.aux = lt.aux;
   st.z = lt.z;

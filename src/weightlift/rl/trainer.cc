@@ -19,6 +19,7 @@
 #include "weightlift/model/hf_checkpoint.h"
 #include "weightlift/model/params.h"
 #include "weightlift/parallel/data/data_parallel.h"
+#include "weightlift/parallel/pipeline/pipeline.h"
 #include "weightlift/parallel/run/job.h"
 #include "weightlift/parallel/run/row_shards.h"
 #include "weightlift/rl/checkpoint.h"
@@ -208,7 +209,7 @@ class Trainer {
     OrderMessage order{Order::kSft};
     protocol::encode_batch(b, order.ints);
     WL_RETURN_IF_ERROR(tell(order));
-    WL_ASSIGN_OR_RETURN(parallel::StepResult r, parallel::run_step(*dp_, b, {.lr = o_.sft_lr}));
+    WL_ASSIGN_OR_RETURN(parallel::StepResult r, sft_train(b));
     orchestrator_.trained();
     StepRecord rec;
     rec.phase = "sft";
@@ -414,6 +415,13 @@ class Trainer {
     return ok_status();
   }
 
+  // One warm-start step on `b`, through the pipeline when the trainer has stages.
+  Result<parallel::StepResult> sft_train(const train::Batch& b) {
+    const parallel::ParallelLayout& l = dp_->options().layout;
+    if (l.pp > 1) return parallel::run_pipeline_step(*dp_, b, {.lr = o_.sft_lr}, l.schedule);
+    return parallel::run_step(*dp_, b, {.lr = o_.sft_lr});
+  }
+
   GenerationOptions generation(bool greedy) const {
     return {.greedy = greedy, .max_new = completion_tokens(task_), .stop = task_.codec().eos()};
   }
@@ -534,7 +542,7 @@ class Trainer {
         return load_rl_checkpoint(o_.resume, *dp_, o_.run).status();
       case Order::kSft: {
         WL_ASSIGN_OR_RETURN(train::Batch b, protocol::decode_batch(m.ints, 0));
-        return parallel::run_step(*dp_, b, {.lr = o_.sft_lr}).status();
+        return sft_train(b).status();
       }
       case Order::kPolicy: {
         WL_ASSIGN_OR_RETURN(PolicyBatch pb, protocol::decode_policy_batch(m));

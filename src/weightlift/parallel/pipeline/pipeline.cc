@@ -85,14 +85,22 @@ class UnitProgress final : public model::PassHooks {
 // aux, z, routing slots, slots dropped): the head's stage takes its loss (keeping d loss / d logits
 // for the backward), the others their layers' router losses, each of M micro-batches weighing 1 /
 // M.
+// With a `custom` loss, the head's stage takes that instead (its `ce` a part of a sum already).
 void add_losses(model::StagePass& pass, const Place& at, const model::ModelConfig& c, int M,
-                const int64_t* targets, double sums[5]) {
+                const int64_t* targets, const MicroBatchLoss* custom, RowRange rows,
+                double sums[5]) {
   const kernels::RouterLosses& r = pass.router_losses();
   sums[3] += double(r.slots);
   sums[4] += double(r.dropped);
   if (at.last()) {
-    const model::LossTerms lt = pass.loss(targets);
-    sums[0] += lt.ce * double(lt.count);
+    model::LossTerms lt;
+    if (custom) {
+      lt = custom->part(pass, rows);
+    } else {
+      lt = pass.loss(targets);
+      lt.ce *= double(lt.count);
+    }
+    sums[0] += lt.ce;
     sums[1] += lt.aux / double(M);
     sums[2] += lt.z / double(M);
     return;
@@ -101,12 +109,10 @@ void add_losses(model::StagePass& pass, const Place& at, const model::ModelConfi
   sums[2] += c.z_loss_beta * r.z / double(c.num_layers) / double(M);
 }
 
-}  // namespace
-
-Result<model::LossTerms> compute_pipeline_gradients(DataParallel& dp, const train::Batch& global,
-                                                    const StepSettings& s,
-                                                    PipelineSchedule schedule,
-                                                    PipelineTimes* times) {
+// compute_pipeline_gradients, with the cross-entropy (custom null) or a loss of the caller's.
+Result<model::LossTerms> pipeline_gradients(DataParallel& dp, const train::Batch& global,
+                                            const StepSettings& s, PipelineSchedule schedule,
+                                            const MicroBatchLoss* custom, PipelineTimes* times) {
   const Stopwatch clock;
   const Place at = place_of(dp);
   const ParallelLayout& l = dp.options().layout;
@@ -120,7 +126,9 @@ Result<model::LossTerms> compute_pipeline_gradients(DataParallel& dp, const trai
                           .checkpointing = s.checkpointing,
                           .ce_denominator = denom,
                           .aux_weight = 1.0f / float(M),
-                          .grad_scale = f16 ? float(s.loss_scale) : 1.0f};
+                          .grad_scale = f16 ? float(s.loss_scale) : 1.0f,
+                          .replay_differ = s.replay_differ};
+  const int64_t route_row = seq * c.num_layers * c.top_k;  // route entries per batch row
   Neighbours next_door(at.pipe, dp.options().timeout);
   UnitProgress hooks(dp, next_door);
   std::map<int, std::unique_ptr<model::StagePass>> in_flight;
@@ -146,11 +154,13 @@ Result<model::LossTerms> compute_pipeline_gradients(DataParallel& dp, const trai
         WL_ASSIGN_OR_RETURN(x, next_door.recv(at.stage - 1, step_tag(m, true), act, &waited));
       }
       if (at.last()) opts.targets = global.targets.data() + rows.begin * seq;
+      if (s.replay_routes) opts.replay_routes = s.replay_routes + rows.begin * route_row;
+      if (s.routes_out) opts.routes_out = s.routes_out + rows.begin * route_row;
       auto pass = std::make_unique<model::StagePass>(
           dp.pass_model(), at.units, at.first() ? global.tokens.data() + rows.begin * seq : nullptr,
           rows.size(), seq, opts, &hooks);
       WL_RETURN_IF_ERROR(pass->forward(at.first() ? nullptr : x.data<float>(), true));
-      add_losses(*pass, at, c, M, global.targets.data() + rows.begin * seq, sums);
+      add_losses(*pass, at, c, M, global.targets.data() + rows.begin * seq, custom, rows, sums);
       if (!at.last()) {
         WL_RETURN_IF_ERROR(next_door.send(at.stage + 1, step_tag(m, true), pass->output()));
       }
@@ -174,7 +184,8 @@ Result<model::LossTerms> compute_pipeline_gradients(DataParallel& dp, const trai
   WL_RETURN_IF_ERROR(dp.reduce_gradients());
   WL_RETURN_IF_ERROR(dp.sum_over_replica(sums, 5));
   model::LossTerms loss;
-  loss.ce = denom > 0 ? sums[0] / double(denom) : 0.0;
+  const double divisor = custom ? custom->divisor : double(denom);
+  loss.ce = divisor > 0 ? sums[0] / divisor : 0.0;
   loss.aux = sums[1];
   loss.z = sums[2];
   loss.slots = int64_t(sums[3]);
@@ -182,6 +193,23 @@ Result<model::LossTerms> compute_pipeline_gradients(DataParallel& dp, const trai
   loss.count = denom;
   if (times) *times = {clock.seconds(), waited};
   return loss;
+}
+
+}  // namespace
+
+Result<model::LossTerms> compute_pipeline_gradients(DataParallel& dp, const train::Batch& global,
+                                                    const StepSettings& s,
+                                                    PipelineSchedule schedule,
+                                                    PipelineTimes* times) {
+  return pipeline_gradients(dp, global, s, schedule, nullptr, times);
+}
+
+Result<model::LossTerms> compute_pipeline_gradients(DataParallel& dp, const train::Batch& global,
+                                                    const StepSettings& s,
+                                                    PipelineSchedule schedule,
+                                                    const MicroBatchLoss& loss,
+                                                    PipelineTimes* times) {
+  return pipeline_gradients(dp, global, s, schedule, &loss, times);
 }
 
 Result<StepResult> run_pipeline_step(DataParallel& dp, const train::Batch& global,

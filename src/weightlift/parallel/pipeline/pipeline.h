@@ -48,6 +48,14 @@ Result<model::LossTerms> compute_pipeline_gradients(DataParallel& dp, const trai
                                                     PipelineSchedule schedule,
                                                     PipelineTimes* times = nullptr);
 
+// The same with a loss of the caller's choosing (step.h's MicroBatchLoss), which the last
+// stage takes on each micro-batch's pass; routing replay as `settings` has it.
+Result<model::LossTerms> compute_pipeline_gradients(DataParallel& dp, const train::Batch& global,
+                                                    const StepSettings& settings,
+                                                    PipelineSchedule schedule,
+                                                    const MicroBatchLoss& loss,
+                                                    PipelineTimes* times = nullptr);
+
 // The cross-entropy over `batches` through the pipeline, the same on every rank (collective).
 Result<double> evaluate_pipeline(DataParallel& dp, const std::vector<train::Batch>& batches,
                                  model::Precision precision);

@@ -5,7 +5,6 @@
 #include <cstring>
 #include <string>
 
-#include "weightlift/comm/collectives/all_to_all.h"
 #include "weightlift/comm/collectives/allgather.h"
 
 namespace wl::parallel {
@@ -33,19 +32,17 @@ Result<std::unique_ptr<RowShards>> RowShards::create(DataParallel& dp,
   for (const StateRows& r : dp.own_rows()) {
     if (r.kind != StateKind::kWeights) continue;
     const model::ParamInfo& p = layout.params()[r.param];
-    mine.insert(mine.end(), {int64_t(r.param), r.rows.begin, r.rows.end,
-                             r.cols ? r.cols->begin : 0, r.cols ? r.cols->end : width_of(p)});
+    mine.insert(mine.end(), {int64_t(r.param), r.rows.begin, r.rows.end, r.cols ? r.cols->begin : 0,
+                             r.cols ? r.cols->end : width_of(p)});
   }
   std::vector<size_t> counts(size_t(s->ranks_), mine.size());
   std::vector<int64_t> all = mine;
   if (s->world_) {
     std::vector<int64_t> sizes(counts.size());
     const int64_t n = int64_t(mine.size());
-    WL_RETURN_IF_ERROR(comm::allgather(*s->world_, {.send = &n,
-                                                    .recv = sizes.data(),
-                                                    .count = 1,
-                                                    .dtype = DType::kI64,
-                                                    .timeout = timeout}));
+    WL_RETURN_IF_ERROR(comm::allgather(
+        *s->world_,
+        {.send = &n, .recv = sizes.data(), .count = 1, .dtype = DType::kI64, .timeout = timeout}));
     size_t total = 0;
     for (size_t r = 0; r < counts.size(); ++r) total += counts[r] = size_t(sizes[r]);
     all.assign(total, 0);
@@ -80,11 +77,10 @@ bool RowShards::owned_as_shards(const std::vector<std::vector<Band>>& owned) con
     }
     std::sort(got.begin(), got.end(),
               [](const Band& a, const Band& b) { return a.param < b.param; });
-    const bool same = std::equal(expect.begin(), expect.end(), got.begin(), got.end(),
-                                 [](const Band& a, const Band& b) {
-                                   return a.param == b.param && a.r0 == b.r0 && a.r1 == b.r1 &&
-                                          a.c0 == b.c0 && a.c1 == b.c1;
-                                 });
+    const bool same = std::equal(
+        expect.begin(), expect.end(), got.begin(), got.end(), [](const Band& a, const Band& b) {
+          return a.param == b.param && a.r0 == b.r0 && a.r1 == b.r1 && a.c0 == b.c0 && a.c1 == b.c1;
+        });
     if (!same) return false;
   }
   return true;
@@ -115,8 +111,7 @@ Status RowShards::plan(const std::vector<std::vector<Band>>& owned) {
       const Band& piece = pieces[i];
       if (piece.param < 0 || size_t(piece.param) >= params.size()) {
         return internal_error("rank " + std::to_string(src) + " owns parameter " +
-                              std::to_string(piece.param) + " of " +
-                              std::to_string(params.size()));
+                              std::to_string(piece.param) + " of " + std::to_string(params.size()));
       }
       for (int dst = 0; dst < ranks_; ++dst) {
         const ShardRows s = shard_of(piece.param, dst);
@@ -144,7 +139,7 @@ Status RowShards::plan(const std::vector<std::vector<Band>>& owned) {
       }
     }
   }
-  count_exchange();
+  place_bands();
   for (size_t p = 0; p < params.size(); ++p) {
     if (shard_offset_[p] < 0) continue;
     const ShardRows rows = shard_of(int64_t(p), rank_);
@@ -159,20 +154,31 @@ Status RowShards::plan(const std::vector<std::vector<Band>>& owned) {
   return ok_status();
 }
 
-void RowShards::count_exchange() {
-  // What the all-to-all moves between each pair (nothing to itself: copied in place).
-  send_counts_.assign(size_t(ranks_), 0);
-  send_offsets_.assign(size_t(ranks_), 0);
-  recv_counts_.assign(size_t(ranks_), 0);
-  recv_offsets_.assign(size_t(ranks_), 0);
-  for (int r = 0; r < ranks_; ++r) {
-    if (r > 0) {
-      send_offsets_[size_t(r)] = send_offsets_[size_t(r - 1)] + send_counts_[size_t(r - 1)];
-      recv_offsets_[size_t(r)] = recv_offsets_[size_t(r - 1)] + recv_counts_[size_t(r - 1)];
+void RowShards::place_bands() {
+  const std::vector<model::ParamInfo>& params = dp_.layout().params();
+  // A shard that is one whole-width band of one of this rank's own pieces is read where it
+  // lies; count each parameter's bands to find them.
+  std::vector<int> bands(params.size(), 0);
+  direct_.assign(params.size(), -1);
+  for (int src = 0; src < ranks_; ++src) {
+    for (const Band& b : recvs_[size_t(src)]) ++bands[size_t(b.param)];
+  }
+  for (const Move& m : sends_[size_t(rank_)]) {
+    const Band& b = m.band;
+    if (bands[size_t(b.param)] == 1 && b.c0 == 0 && b.c1 == width_of(params[size_t(b.param)])) {
+      direct_[size_t(b.param)] = int64_t(m.piece);
     }
-    if (r == rank_) continue;
-    for (const Move& m : sends_[size_t(r)]) send_counts_[size_t(r)] += size_t(m.band.elems());
-    for (const Band& b : recvs_[size_t(r)]) recv_counts_[size_t(r)] += size_t(b.elems());
+  }
+  // A whole-width band from another rank is a run of its shard's rows: received in place. A
+  // band of columns is received into staging and copied row by row.
+  stage_at_.assign(size_t(ranks_), {});
+  staged_elems_ = 0;
+  for (int src = 0; src < ranks_; ++src) {
+    for (const Band& b : recvs_[size_t(src)]) {
+      const bool whole = b.c0 == 0 && b.c1 == width_of(params[size_t(b.param)]);
+      stage_at_[size_t(src)].push_back(whole || src == rank_ ? -1 : staged_elems_);
+      if (!whole && src != rank_) staged_elems_ += b.elems();
+    }
   }
 }
 
@@ -218,45 +224,58 @@ Result<std::vector<RowShards::Shard>> RowShards::refresh() {
     return out;
   }
   shards_.resize(size_t(shard_elems_));
-  send_.resize(send_offsets_.back() + send_counts_.back());
-  recv_.resize(recv_offsets_.back() + recv_counts_.back());
+  stage_.resize(size_t(staged_elems_));
+  const std::vector<model::ParamInfo>& params = dp_.layout().params();
+  auto in_shard = [&](const Band& b) {
+    const model::ParamInfo& p = params[size_t(b.param)];
+    const int64_t first = shard_rows(p.shape[0], ranks_, rank_).begin;
+    return shards_.data() + shard_offset_[size_t(b.param)] + (b.r0 - first) * width_of(p);
+  };
   // A band is whole rows of its piece (every column the piece has): one run of it.
+  auto in_piece = [&](const Move& m) {
+    const Band& b = m.band;
+    return pieces[m.piece] + (b.r0 - mine_[m.piece].r0) * (b.c1 - b.c0);
+  };
+  // One message per band, each way, straight from the piece and (whole width) into the
+  // shard; both ends post a pair's bands in the same order, which UCX matches in order.
+  std::vector<comm::Request> requests;
+  const uint32_t sequence = world_ ? world_->next_sequence() : 0;
   for (int r = 0; r < ranks_; ++r) {
-    float* to = send_.data() + send_offsets_[size_t(r)];
-    for (const Move& m : sends_[size_t(r)]) {
-      const Band& b = m.band;
-      const float* from = pieces[m.piece] + (b.r0 - mine_[m.piece].r0) * (b.c1 - b.c0);
-      if (r == rank_) {
-        unpack(b, from);
-      } else {
-        std::memcpy(to, from, size_t(b.elems()) * sizeof(float));
-        to += b.elems();
-      }
+    if (r == rank_) continue;
+    const std::vector<Band>& in = recvs_[size_t(r)];
+    for (size_t k = 0; k < in.size(); ++k) {
+      const int64_t staged = stage_at_[size_t(r)][k];
+      float* to = staged < 0 ? in_shard(in[k]) : stage_.data() + staged;
+      requests.push_back(world_->irecv(r, sequence, uint32_t(k), to, size_t(in[k].elems()) * 4));
+    }
+    const std::vector<Move>& out_to = sends_[size_t(r)];
+    for (size_t k = 0; k < out_to.size(); ++k) {
+      requests.push_back(world_->isend(r, sequence, uint32_t(k), in_piece(out_to[k]),
+                                       size_t(out_to[k].band.elems()) * 4));
     }
   }
-  if (world_) {
-    WL_RETURN_IF_ERROR(comm::all_to_all_v(*world_, {.send = send_.data(),
-                                                    .recv = recv_.data(),
-                                                    .send_counts = send_counts_,
-                                                    .send_offsets = send_offsets_,
-                                                    .recv_counts = recv_counts_,
-                                                    .recv_offsets = recv_offsets_,
-                                                    .dtype = DType::kF32,
-                                                    .timeout = timeout_}));
+  for (const Move& m : sends_[size_t(rank_)]) {
+    if (direct_[size_t(m.band.param)] < 0) unpack(m.band, in_piece(m));
+  }
+  if (!requests.empty()) {
+    WL_RETURN_IF_ERROR(world_->wait_all(requests, world_->deadline(timeout_)));
   }
   for (int r = 0; r < ranks_; ++r) {
     if (r == rank_) continue;
-    const float* from = recv_.data() + recv_offsets_[size_t(r)];
-    for (const Band& b : recvs_[size_t(r)]) {
-      unpack(b, from);
-      from += b.elems();
+    const std::vector<Band>& in = recvs_[size_t(r)];
+    for (size_t k = 0; k < in.size(); ++k) {
+      if (stage_at_[size_t(r)][k] >= 0) unpack(in[k], stage_.data() + stage_at_[size_t(r)][k]);
     }
   }
-  const std::vector<model::ParamInfo>& params = dp_.layout().params();
   for (size_t p = 0; p < params.size(); ++p) {
     if (shard_offset_[p] < 0) continue;
-    out.push_back(
-        {p, shard_rows(params[p].shape[0], ranks_, rank_), shards_.data() + shard_offset_[p]});
+    const ShardRows rows = shard_rows(params[p].shape[0], ranks_, rank_);
+    const int64_t piece = direct_[p];
+    const float* data =
+        piece >= 0
+            ? pieces[size_t(piece)] + (rows.begin - mine_[size_t(piece)].r0) * width_of(params[p])
+            : shards_.data() + shard_offset_[p];
+    out.push_back({p, rows, data});
   }
   return out;
 }

@@ -6,8 +6,10 @@
 // each rank's own rows are already its shards and nothing moves. Pipeline stages, expert- and
 // tensor-parallel ranks own other parts (a stage's units, a group's experts, a band of columns,
 // a whole embedding on tensor rank 0): each rank then sends every other rank the pieces of its
-// own rows that fall in that rank's shards (one all-to-all), and no rank ever holds more than
-// its own rows and its shards, never a whole copy of the model.
+// own rows that fall in that rank's shards, a message per piece straight from its weights and
+// (whole rows) straight into the shard, and no rank ever holds more than its own rows and its
+// shards, never a whole copy of the model. A shard that is all one piece of the rank's own is
+// read where it lies.
 //
 // The exchange is planned once, from every rank's DataParallel::own_rows() (allgathered), and
 // checks that the owners cover each shard once, element by element: a layout whose ownership
@@ -69,7 +71,8 @@ class RowShards {
             std::chrono::milliseconds timeout);
   Status plan(const std::vector<std::vector<Band>>& owned);
   bool owned_as_shards(const std::vector<std::vector<Band>>& owned) const;
-  void count_exchange();  // the all-to-all's counts and offsets, from sends_ and recvs_
+  // Which shards are read in place (direct_) and where column bands are staged (stage_at_).
+  void place_bands();
   // Where this rank's own pieces are now (InternalError if they are not those planned).
   Result<std::vector<const float*>> pieces_now();
   // `band`'s elements, row after row, into this rank's shard of its parameter.
@@ -84,8 +87,13 @@ class RowShards {
   std::vector<std::vector<Move>> sends_;  // per destination rank, in packing order
   std::vector<std::vector<Band>> recvs_;  // per source rank, in packing order
   std::vector<int64_t> shard_offset_;     // per parameter, into shards_; -1 without rows here
-  std::vector<size_t> send_counts_, send_offsets_, recv_counts_, recv_offsets_;  // elements
-  std::vector<float> shards_, send_, recv_;
+  // Per parameter: the own piece whose rows are this rank's whole shard of it, or -1.
+  std::vector<int64_t> direct_;
+  // Per source rank and band received: its offset in stage_ (a band of columns), or -1
+  // (received straight into its shard).
+  std::vector<std::vector<int64_t>> stage_at_;
+  int64_t staged_elems_ = 0;
+  std::vector<float> shards_, stage_;
   int64_t shard_elems_ = 0, sent_elems_ = 0;
 };
 
