@@ -121,8 +121,8 @@ def counts_and_sizes(s, d):
                             ("--trainer-ep 3", "data-parallel size 2")),
                            (["--preset", "tiny", "--trainers", "8", "--trainer-tp", "8",
                              "--sft-batch", "32"], ("--trainer-tp", "num_heads 4")),
-                           (["--trainers", "4", "--trainer-tp", "2", "--trainer-ep", "2"],
-                            ("--trainer-tp 2 with --trainer-ep 2", "not supported")),
+                           (["--trainers", "4", "--trainer-tp", "2", "--trainer-ep", "4"],
+                            ("--trainer-ep 4", "data-parallel size 2")),
                            (["--trainer-ep", "0"], ("--trainer-ep", "[1,")),
                            (["--preset", "tiny", "--trainers", "4", "--trainer-pp", "4"],
                             ("--trainer-pp 4", "the model has 2")),
@@ -264,9 +264,6 @@ def layouts(s, d):
                    "4 experts")
     s.expect_error("model-info --tp that does not divide the heads",
                    ["model-info", "--preset", "small", "--tp", "3"], "--tp", "num_heads 8")
-    s.expect_error("model-info --tp with --ep",
-                   ["model-info", "--preset", "small", "--dp", "2", "--tp", "2", "--ep", "2"],
-                   "--tp 2 with --ep 2", "not supported yet")
     s.expect_error("model-info activations: rows that do not divide",
                    ["model-info", "--preset", "tiny", "--dp", "3", "--batch", "8"],
                    "--batch 8", "3 data-parallel ranks")

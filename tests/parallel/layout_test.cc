@@ -215,6 +215,11 @@ const LayoutCase kTensorParallel[] = {
     {"zero1_2_x_tp2", 4, {.dp_mode = DpMode::kZero1, .tp = 2, .micro_batches = 2}},
     {"fsdp2_x_tp2", 4, {.dp_mode = DpMode::kFsdp, .tp = 2, .micro_batches = 2}},
     {"tp2_x_pp2", 4, {.pp = 2, .tp = 2, .micro_batches = 4}},
+    // Megatron's composition: attention split by heads over the TP pair, each layer's experts
+    // over the two expert-parallel ranks of each TP rank (and each expert's ffn rows over the
+    // TP pair); then four data-parallel ranks, two expert groups per TP rank.
+    {"tp2_x_ep2", 4, {.tp = 2, .ep = 2, .micro_batches = 2}},
+    {"tp2_x_ep2_x_ddp2", 8, {.tp = 2, .ep = 2, .micro_batches = 2}},
 };
 
 std::span<const LayoutCase> family(const std::string& name) {

@@ -83,7 +83,8 @@ INSTANTIATE_TEST_SUITE_P(
                       ShardsCase{"pp_tied", "tiny_tied", 2, {.pp = 2}, false},
                       ShardsCase{
                           "tp_zero1", "tiny", 4, {.dp_mode = DpMode::kZero1, .tp = 2}, false},
-                      ShardsCase{"pp_tp", "qwen4", 4, {.pp = 2, .tp = 2}, false}),
+                      ShardsCase{"pp_tp", "qwen4", 4, {.pp = 2, .tp = 2}, false},
+                      ShardsCase{"tp_ep", "tiny", 4, {.tp = 2, .ep = 2}, false}),
     [](const ::testing::TestParamInfo<ShardsCase>& i) { return std::string(i.param.name); });
 
 }  // namespace

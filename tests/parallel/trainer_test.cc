@@ -220,10 +220,11 @@ TEST(Layout, TensorParallelSizeMustDivideRanksHeadsAndFfnRows) {
   const Status ranks = check(6, 1, 4);
   EXPECT_NE(ranks.message().find("`tp` 4 does not divide the 6 ranks"), std::string::npos)
       << ranks.to_string();
-  const Status both = check(4, 1, 2, 2);
-  EXPECT_NE(both.message().find("`tp` 2 with `ep` 2: tensor and expert parallelism together"),
+  EXPECT_TRUE(check(4, 1, 2, 2).ok());       // TP 2 x EP 2, Megatron's composition
+  const Status experts = check(4, 1, 2, 4);  // EP over the data-parallel ranks of a TP rank
+  EXPECT_NE(experts.message().find("`ep` 4 does not divide the data-parallel size 2"),
             std::string::npos)
-      << both.to_string();
+      << experts.to_string();
   const Status cut = check(4, 4, 2);
   EXPECT_NE(cut.message().find("`pp` 4 x `tp` 2 = 8 does not divide the 4 ranks"),
             std::string::npos)
@@ -480,7 +481,7 @@ TEST(Checkpoint, AnExpertParallelOneResumesAndLoadsIntoOtherLayouts) {
 // Under tensor parallelism each rank writes the slices it owns, o_proj's and down_proj's as
 // bands of columns, and a kv head or a replicated tensor once. FSDP 2 x TP 2 resumes
 // bit-exactly, and loads into one process (the bands put together), into TP 2 alone (other
-// rows of each band) and into TP 2 x PP 2.
+// rows of each band), into TP 2 x PP 2 and into TP 2 x EP 2.
 TEST(Checkpoint, ATensorParallelOneResumesAndLoadsIntoOtherLayouts) {
   TrainOptions o = layout_options(make_corpus(), "");
   o.steps = 5;
@@ -490,6 +491,8 @@ TEST(Checkpoint, ATensorParallelOneResumesAndLoadsIntoOtherLayouts) {
   expect_loads_into(tp, 1, {}, "tp_one");
   expect_loads_into(tp, 2, {.dp_mode = DpMode::kZero2, .tp = 2}, "tp_zero2");
   expect_loads_into(tp, 4, {.pp = 2, .tp = 2}, "tp_pp2");
+  // TP 2 x EP 2: each rank reads its bands of its own experts' rows.
+  expect_loads_into(tp, 4, {.tp = 2, .ep = 2}, "tp_ep2");
 }
 
 // Edits one piece of a written checkpoint's index and expects DataLoss naming the tensor.
@@ -710,7 +713,8 @@ TEST(StateBytes, PlannedPerRankIsWhatDataParallelHolds) {
                                     {2, 2, 2, 1},
                                     {1, 1, 1, 2},
                                     {2, 1, 1, 2},
-                                    {1, 2, 1, 2}}) {
+                                    {1, 2, 1, 2},
+                                    {2, 1, 2, 2}}) {
         const ParallelLayout layout{.dp_mode = mode, .dp = dp, .pp = pp, .tp = tp, .ep = ep};
         const std::vector<RankStateBytes> plan = *state_bytes_per_rank(c, layout);
         ASSERT_EQ(plan.size(), size_t(pp));

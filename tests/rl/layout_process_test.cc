@@ -65,9 +65,9 @@ TEST_P(EveryTrainerLayout, SamplesAndScoresAsTheOneRankJob) {
     SCOPED_TRACE(trainer.name);
     std::vector<std::string> flags = trainer.flags;
     flags.insert(flags.end(), rollout.flags.begin(), rollout.flags.end());
-    const std::vector<nlohmann::json> got = to_first_trained(
-        run_to_end(trainer.ranks + rollout.ranks, short_run(flags),
-                   fresh_dir(std::string(trainer.name) + "_" + rollout.name)));
+    const std::vector<nlohmann::json> got =
+        to_first_trained(run_to_end(trainer.ranks + rollout.ranks, short_run(flags),
+                                    fresh_dir(std::string(trainer.name) + "_" + rollout.name)));
     ASSERT_EQ(got.size(), one.size());
     for (size_t i = 0; i < one.size(); ++i) {
       EXPECT_EQ(got[i].value("held_out_accuracy", -1.0), one[i].value("held_out_accuracy", -1.0))
@@ -82,9 +82,10 @@ TEST_P(EveryTrainerLayout, SamplesAndScoresAsTheOneRankJob) {
       EXPECT_NEAR(b[k].get<double>(), a[k].get<double>(), kFirstStepLogprobs) << k;
     }
     EXPECT_LT(b["logprob_gap_max"].get<double>(), kBf16Gap) << "the workers' weights";
-    std::printf("%s trainer, %s: first trained step's loss %.3g off, gap %.3g off\n",
-                trainer.name, rollout.name, std::fabs(b["loss"].get<double>() - loss),
-                std::fabs(b["logprob_gap_mean"].get<double>() - a["logprob_gap_mean"].get<double>()));
+    std::printf(
+        "%s trainer, %s: first trained step's loss %.3g off, gap %.3g off\n", trainer.name,
+        rollout.name, std::fabs(b["loss"].get<double>() - loss),
+        std::fabs(b["logprob_gap_mean"].get<double>() - a["logprob_gap_mean"].get<double>()));
   }
 }
 

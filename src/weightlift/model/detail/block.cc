@@ -227,7 +227,6 @@ void moe_forward(const BlockContext& ctx, const LayerView& w, int64_t N, BlockAc
     dense_forward(ctx, m, w, N, a, h, out);
     return;
   }
-  WL_CHECK(!(ctx.tp && ctx.experts)) << "tensor and expert parallelism in one block";
   route(ctx, m, w, N, a, losses);
   const int64_t capacity =
       ctx.capacity_factor > 0 ? kernels::expert_capacity(ctx.capacity_factor, N, m.K, m.E) : 0;

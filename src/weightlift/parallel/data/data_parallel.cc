@@ -723,11 +723,12 @@ double DataParallel::norm_sum_squares() const {
 
 // Under --tp: the squares of the gradients this rank owns (tensor_slices.h), so that over
 // the TP group every slice counts once, every replicated parameter once (its owner's), and
-// a replica of the tied embedding not at all.
-double DataParallel::owned_norm_sum_squares() const {
+// a replica of the tied embedding not at all. With --ep too and whole gradients, each rank of
+// an expert group holds other experts' slices: those squares are summed over the group.
+Result<double> DataParallel::owned_norm_sum_squares() {
   const bool sharded = options_.layout.shards_gradients();
   const float* g = grads_.data<float>();
-  double sum = 0;
+  double sum = 0, experts = 0;
   for (int u : held_) {
     if (u == replica_) continue;
     for (const PartShards& part : shards_[size_t(u)]) {
@@ -735,7 +736,7 @@ double DataParallel::owned_norm_sum_squares() const {
         for (size_t i : part.of->params) {
           if (!owned_[i]) continue;
           const model::ParamInfo& info = held_layout_.params()[i];
-          sum += kernels::sum_squares(
+          (part.over == Over::kData ? sum : experts) += kernels::sum_squares(
               g + whole_at(u) + part.held + info.offset - part.of->model.begin, info.numel());
         }
         continue;
@@ -747,7 +748,10 @@ double DataParallel::owned_norm_sum_squares() const {
       }
     }
   }
-  return sum;
+  if (experts_ && !sharded) {
+    WL_RETURN_IF_ERROR(sum_in_rank_order(experts_->group(), &experts, 1, options_.timeout));
+  }
+  return sum + experts;
 }
 
 // Whole gradients under expert parallelism: the dense parts' squares, the same on every
@@ -771,7 +775,7 @@ Result<train::StepReport> DataParallel::apply_optimizer(double lr, double grad_u
   const ParallelLayout& l = options_.layout;
   double sum_squares = 0;
   if (tp_ > 1) {
-    sum_squares = owned_norm_sum_squares();
+    WL_ASSIGN_OR_RETURN(sum_squares, owned_norm_sum_squares());
   } else if (parts_.divides_experts() && !l.shards_gradients()) {
     WL_ASSIGN_OR_RETURN(sum_squares, expert_norm_sum_squares());
   } else {

@@ -34,6 +34,8 @@
 // unchanged, each tensor-parallel rank with its own data-parallel groups. Whole-model
 // buffers (set_params, gather_*) and checkpoint rows stay in the whole model's coordinates;
 // a slice's owner speaks for it in the norm and in checkpoints, so each element counts once.
+// Expert parallelism composes with it per TP rank: the expert groups are ranks of one TP
+// rank, each running its ffn rows' slice of its own experts.
 //
 // Under pipeline parallelism a rank holds only its stage's units (DataParallelRanks::units),
 // its buffers laid out unit after unit; the gradient norm then adds up over the stages
@@ -266,7 +268,7 @@ class DataParallel final : public model::PassHooks {
   Status sum_over_stages(float* full);
   Status reduce_replica();
   double norm_sum_squares() const;
-  double owned_norm_sum_squares() const;
+  Result<double> owned_norm_sum_squares();
   // Under --tp: the held units' whole parameters or gradients in `local` (the held layout's)
   // put at their places in `full`, every rank's slices (collective over the TP group).
   Status unslice_over_tensor(const float* local, float* full);

@@ -108,12 +108,7 @@ Status check_expert_parallel(const ParallelLayout& l, const model::ModelConfig& 
 }
 
 Status check_tensor_parallel(const ParallelLayout& l, const model::ModelConfig& c) {
-  WL_RETURN_IF_ERROR(model::check_tensor_parallel(c, l.tp, "`tp`"));
-  if (l.tp > 1 && l.ep > 1) {
-    return invalid_argument("`tp` " + std::to_string(l.tp) + " with `ep` " + std::to_string(l.ep) +
-                            ": tensor and expert parallelism together are not supported yet");
-  }
-  return ok_status();
+  return model::check_tensor_parallel(c, l.tp, "`tp`");
 }
 
 Status check_batch(const ParallelLayout& l, int64_t batch) {

@@ -93,9 +93,12 @@ Result<std::unique_ptr<DataParallel>> make_data_parallel(const model::ModelConfi
   }
   // Under expert parallelism with more data-parallel ranks than --ep, the ranks that run the
   // same experts (the same place in their expert groups) sum those experts' gradients.
+  // Expert groups and the ranks sharing their experts are per tensor-parallel rank too: a
+  // token's experts run on the ranks of its own TP rank, each on its slices of their ffn rows.
   const bool expert_data = layout.ep > 1 && layout.ep < layout.dp;
-  const comm::SplitOptions same_experts{.color = at.stage * layout.dp + at.dp_rank % layout.ep,
-                                        .key = at.dp_rank / layout.ep};
+  const comm::SplitOptions same_experts{
+      .color = (at.stage * layout.dp + at.dp_rank % layout.ep) * tp + at.tp_rank,
+      .key = at.dp_rank / layout.ep};
   if (layout.dp > 1) {
     std::shared_ptr<comm::Group> comm = ranks.comm, comm_expert_data;
     if (layout.pp > 1 || tp > 1) {
@@ -112,7 +115,7 @@ Result<std::unique_ptr<DataParallel>> make_data_parallel(const model::ModelConfi
   if (layout.ep > 1 && layout.ep == layout.dp) {
     groups.experts = groups.group;
   } else if (layout.ep > 1) {  // collective over the job, as the splits above
-    const int color = at.stage * layout.dp + at.dp_rank / layout.ep;
+    const int color = (at.stage * layout.dp + at.dp_rank / layout.ep) * tp + at.tp_rank;
     WL_ASSIGN_OR_RETURN(groups.experts,
                         ranks.group->split({.color = color, .key = at.dp_rank % layout.ep}));
   }
