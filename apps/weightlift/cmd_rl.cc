@@ -71,6 +71,7 @@ struct RlArgs {
   bool no_dynamic_sampling = false;
   std::string sync_dtype = "bf16";
   std::string trainer_dp_mode = "ddp";
+  std::optional<double> capacity_factor;  // replaces the config's when given
   int trainer_threads = 0;
   double timeout_s = 120;
   bool join = false;  // a rollout worker joining a running job
@@ -199,6 +200,7 @@ Status make_rl_options(RlArgs& a) {
     WL_ASSIGN_OR_RETURN(a.o.config, model::load_config(config));
     a.preset = a.init_weights;  // what the records, the summary and the report name
   }
+  if (a.capacity_factor) a.o.config.capacity_factor = *a.capacity_factor;
   auto kind = rl::task_from_name(a.task);
   if (!kind) return invalid_argument("--task '" + a.task + "': expected add, sort or reverse");
   a.o.task.kind = *kind;
@@ -312,33 +314,36 @@ Status write_rl_outputs(const RlArgs& a, const parallel::Job& job, rl::RlSummary
                         double seconds) {
   WL_RETURN_IF_ERROR(
       write_policy(a.out_dir, a.o.config, s.policy, a.model_dir, a.o.task.tokenizer));
-  nlohmann::json summary = {{"task", a.task},
-                            {"difficulty", a.o.task.difficulty},
-                            {"preset", a.preset},
-                            {"mode", a.o.max_staleness == 0 ? "synchronous" : "asynchronous"},
-                            {"max_staleness", a.o.max_staleness},
-                            {"routing_replay", a.o.routing_replay},
-                            {"rollout_workers", workers(a, job)},
-                            {"trainer_ranks", a.o.trainers},
-                            {"trainer_dp_mode", a.trainer_dp_mode},
-                            {"trainer_tp", a.o.trainer_tp},
-                            {"trainer_ep", a.o.trainer_ep},
-                            {"trainer_pp", a.o.trainer_pp},
-                            {"rollout_tp", a.o.rollout_tp},
-                            {"rollout_ep", a.o.rollout_ep},
-                            {"rollout_slots", a.o.rollout_slots},
-                            {"rollout_bf16_activations", a.o.rollout_bf16_activations},
-                            {"group", a.o.group},
-                            {"prompts_per_step", a.o.prompts},
-                            {"seed", a.o.seed},
-                            {"sft_steps", s.sft_steps},
-                            {"steps", a.o.steps},
-                            {"rl_steps_run", s.rl_steps},
-                            {"stopped_early", s.stopped},
-                            {"held_out_problems", a.o.eval_problems},
-                            {"accuracy_before", s.held_out_before_rl},
-                            {"accuracy_after", s.held_out_after_rl},
-                            {"seconds", seconds}};
+  nlohmann::json summary = {
+      {"task", a.task},
+      {"difficulty", a.o.task.difficulty},
+      {"preset", a.preset},
+      {"mode", a.o.max_staleness == 0 ? "synchronous" : "asynchronous"},
+      {"max_staleness", a.o.max_staleness},
+      {"routing_replay", a.o.routing_replay},
+      {"rollout_workers", workers(a, job)},
+      {"trainer_ranks", a.o.trainers},
+      {"trainer_dp_mode", a.trainer_dp_mode},
+      {"trainer_tp", a.o.trainer_tp},
+      {"trainer_ep", a.o.trainer_ep},
+      {"trainer_pp", a.o.trainer_pp},
+      {"capacity_factor",
+       a.o.config.capacity_factor ? nlohmann::json(*a.o.config.capacity_factor) : nlohmann::json()},
+      {"rollout_tp", a.o.rollout_tp},
+      {"rollout_ep", a.o.rollout_ep},
+      {"rollout_slots", a.o.rollout_slots},
+      {"rollout_bf16_activations", a.o.rollout_bf16_activations},
+      {"group", a.o.group},
+      {"prompts_per_step", a.o.prompts},
+      {"seed", a.o.seed},
+      {"sft_steps", s.sft_steps},
+      {"steps", a.o.steps},
+      {"rl_steps_run", s.rl_steps},
+      {"stopped_early", s.stopped},
+      {"held_out_problems", a.o.eval_problems},
+      {"accuracy_before", s.held_out_before_rl},
+      {"accuracy_after", s.held_out_after_rl},
+      {"seconds", seconds}};
   summary.update(rl_figures(s));
   WL_RETURN_IF_ERROR(write_file_atomically(a.out_dir + "/summary.json", summary.dump(1) + "\n"));
   WL_RETURN_IF_ERROR(write_rl_reward_plot(a.out_dir + "/reward.svg", s));
@@ -576,6 +581,12 @@ void add_policy_flags(CLI::App* cmd, RlArgs& a) {
   cmd->add_flag("--dr-grpo", a.dr_grpo, "advantages without the division by the group's std");
   cmd->add_flag("--no-dynamic-sampling", a.no_dynamic_sampling,
                 "train on groups whose rewards are all equal instead of replacing them");
+  cmd->add_option("--capacity-factor", a.capacity_factor,
+                  "token dropping in the trainer and the rollout engines: each expert takes at "
+                  "most this many times its even share of a pass's routing slots, the rest "
+                  "pass through the residual (replaces the config's; with --routing-replay the "
+                  "trainer replays the rollout's drops)")
+      ->transform(real(kPositive));
   cmd->add_flag("--routing-replay", o.routing_replay,
                 "R3: the trainer routes every token to the experts the rollout's router chose "
                 "(the router still learns through the gate weights)");

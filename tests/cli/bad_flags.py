@@ -124,6 +124,8 @@ def counts_and_sizes(s, d):
                            (["--trainers", "4", "--trainer-tp", "2", "--trainer-ep", "4"],
                             ("--trainer-ep 4", "data-parallel size 2")),
                            (["--trainer-ep", "0"], ("--trainer-ep", "[1,")),
+                           (["--capacity-factor", "0"], ("--capacity-factor", "(0, inf)")),
+                           (["--capacity-factor", "nan"], ("--capacity-factor", "(0, inf)")),
                            (["--preset", "tiny", "--trainers", "4", "--trainer-pp", "4"],
                             ("--trainer-pp 4", "the model has 2")),
                            (["--trainers", "3", "--trainer-pp", "2"],

@@ -409,6 +409,53 @@ TEST(GroupByExpert, ATokenLeftOutByKeepStillTakesItsPlaceInTheCapacity) {
   EXPECT_EQ(d.row_of_slot, (std::vector<int32_t>{-1, -1, 0, 2, -1, -1, 1, -1}));
 }
 
+// Drops given (a replay of another pass's) take no capacity, count as drops and are marked
+// with the capacity's own; a slot left out by `keep` alone is not marked.
+TEST(GroupByExpert, GivenDropsTakeNoCapacityAndAreMarkedWithItsOwn) {
+  const RouterShape s{.tokens = 4, .experts = 3, .top_k = 2, .capacity = 2};
+  const std::vector<int32_t> idx = {0, 1, 0, 2, 0, 1, 1, 0};
+  // t0's first choice given as dropped: e0 now takes t1 and t2, and t0's e1 stays.
+  const std::vector<uint8_t> given = {1, 0, 0, 0, 0, 0, 0, 0};
+  std::vector<uint8_t> marks(8, 7);
+  Dispatch d;
+  d.begin.resize(4);
+  d.row_of_slot.resize(8);
+  d.token_of_row.resize(8);
+  const std::vector<uint8_t> keep = {1, 1, 1, 0};
+  d.rows = group_by_expert(s, idx.data(), keep.data(), d.begin.data(), d.row_of_slot.data(),
+                           d.token_of_row.data(), &d.dropped,
+                           {.given = given.data(), .marks = marks.data()});
+  // First choices: t0 given, t1 -> e0, t2 -> e0, t3 -> e1. Second: t0 -> e1, t1 -> e2,
+  // t2 -> e1 dropped (t3 and t0 fill it), t3 -> e0 dropped (t1 and t2).
+  EXPECT_EQ(d.dropped, 3);
+  EXPECT_EQ(marks, (std::vector<uint8_t>{1, 0, 0, 0, 0, 1, 0, 1}));
+  EXPECT_EQ(d.row_of_slot[0], -1);
+  EXPECT_EQ(d.row_of_slot[6], -1) << "t3 is left out by keep: no row, but not a drop";
+}
+
+// Recorded routes mark a dropped slot as -2 - expert; replaying them decodes the expert (its
+// gate weight as the router gave it) and reports the drop.
+TEST(RouterReplay, DroppedEntriesDecodeToTheirExpertAndAreReported) {
+  EXPECT_EQ(dropped_route(0), -2);
+  EXPECT_EQ(route_expert(dropped_route(5)), 5);
+  EXPECT_TRUE(route_dropped(dropped_route(0)));
+  EXPECT_FALSE(route_dropped(-1));
+  const RouterShape s{.tokens = 2, .experts = 4, .top_k = 2};
+  const std::vector<float> logits = {2.0f, 1.0f, 0.5f, -1.0f, 0.0f, 0.3f, 1.5f, 0.2f};
+  std::vector<float> probs(8), w(4);
+  std::vector<int32_t> idx(4);
+  router_forward(s, logits.data(), probs.data(), idx.data(), w.data(), nullptr, nullptr);
+  const std::vector<float> own_w = w;
+  // Token 0 replays its own choices with the second dropped; token 1 is not replayed.
+  const std::vector<int32_t> routes = {idx[0], dropped_route(idx[1]), -1, -1};
+  std::vector<uint8_t> drops(4, 7);
+  const int64_t differ =
+      router_replay(s, probs.data(), routes.data(), 2, idx.data(), w.data(), nullptr, drops.data());
+  EXPECT_EQ(differ, 0);
+  EXPECT_EQ(drops, (std::vector<uint8_t>{0, 1, 0, 0}));
+  EXPECT_EQ(w, own_w) << "the gate weights are the router's, dropped slot or not";
+}
+
 TEST(GroupByExpert, ASlotIsDroppedExactlyWhenCapacityManySlotsOutrankItAtItsExpert) {
   // The rule stated slot by slot, checked over random routings: slot (t, k) outranks (t', k')
   // when k < k', or k == k' and t < t'.

@@ -5,11 +5,14 @@
 // gradients under it are held to PyTorch in tests/reference/check_numerics.py.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "weightlift/core/random.h"
+#include "weightlift/kernels/router.h"
 #include "weightlift/model/pass.h"
 #include "weightlift/model/transformer.h"
 
@@ -110,6 +113,50 @@ TEST(TokenDropping, CheckpointingAndHeadRowsDropTheSameSlots) {
   for (size_t i = 0; i < plain.grads.size(); ++i) {
     ASSERT_NEAR(subset.grads[i], plain.grads[i], 1e-5f * scale) << "head rows, element " << i;
   }
+}
+
+// Routing replay of a pass that dropped (R3, as the RL trainer replays a rollout): the routes
+// it records mark its drops (kernels::dropped_route), and a pass replaying them drops exactly
+// those slots, whatever its own capacity would have done. Replayed into the same tokens, it is
+// the recording pass bit for bit; replayed into a dropless model too (the drops come with the
+// routes); a pass of its own on half the tokens drops other slots, which replay corrects.
+TEST(TokenDropping, ReplayedRoutesCarryTheirDropsAndArePlayedBackExactly) {
+  const ModelConfig c = tiny_with(0.75);
+  const Tokens x = random_tokens(c, 4);
+  const int64_t width = c.num_layers * c.top_k;
+  std::vector<int32_t> routes(size_t(x.b * x.t * width), -1);
+  const Step recorded = step(c, x, {.routes_out = routes.data()});
+  ASSERT_GT(recorded.loss.dropped, 0);
+  int64_t marked = 0;
+  for (int32_t r : routes) {
+    ASSERT_NE(r, -1) << "every slot recorded";
+    marked += kernels::route_dropped(r);
+  }
+  EXPECT_EQ(marked, recorded.loss.dropped);
+  for (const std::optional<double> factor :
+       {std::optional<double>(0.75), std::optional<double>()}) {
+    int64_t differ = 0;
+    const Step replayed =
+        step(tiny_with(factor), x, {.replay_routes = routes.data(), .replay_differ = &differ});
+    EXPECT_EQ(differ, 0);
+    EXPECT_EQ(replayed.loss.dropped, recorded.loss.dropped);
+    EXPECT_EQ(replayed.loss.ce, recorded.loss.ce);
+    for (size_t i = 0; i < recorded.grads.size(); ++i) {
+      ASSERT_EQ(replayed.grads[i], recorded.grads[i]) << "element " << i;
+    }
+  }
+  // The first two rows alone, on their own: the capacity is over half the tokens, so other
+  // slots drop; replaying the whole pass's routes drops what it dropped.
+  Tokens half = x;
+  half.b = 2;
+  half.tokens.resize(size_t(half.b * half.t));
+  half.targets.resize(size_t(half.b * half.t));
+  std::vector<int32_t> own(size_t(half.b * half.t * width), -1);
+  step(c, half, {.routes_out = own.data()});
+  EXPECT_FALSE(std::equal(own.begin(), own.end(), routes.begin())) << "the same drops: no test";
+  std::vector<int32_t> again(own.size(), -1);
+  step(c, half, {.replay_routes = routes.data(), .routes_out = again.data()});
+  EXPECT_TRUE(std::equal(again.begin(), again.end(), routes.begin()));
 }
 
 TEST(TokenDropping, TheDropRateFallsAsTheFactorRises) {

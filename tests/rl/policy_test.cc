@@ -10,6 +10,7 @@
 
 #include "parallel/train_ranks.h"
 #include "weightlift/kernels/cross_entropy.h"
+#include "weightlift/kernels/router.h"
 #include "weightlift/kernels/sampling.h"
 #include "weightlift/model/params.h"
 #include "weightlift/rl/checkpoint.h"
@@ -389,8 +390,10 @@ TEST(RoutingReplay, TheTrainerRoutesEveryTokenAsTheRolloutDid) {
   EXPECT_NEAR(st->replay_differ, double(differ) / double(fed), 1e-12);
 }
 
-// A trainer with a capacity factor drops slots of the replayed routes too (the rollout routes
-// dropless), and the step reports the share; the record keeps it through rl_metrics.jsonl.
+// A trainer with a capacity factor replays the rollout's drops: a slot the routes mark
+// dropped (kernels::dropped_route) drops, and no other (the rollout's capacity decided, over
+// its own passes); the step reports the share of the pass's slots, padding rows' included, and
+// the record keeps it through rl_metrics.jsonl.
 TEST(TokenDropping, ThePolicyStepReportsItsDropRateAndItsRecordKeepsIt) {
   for (const std::optional<double> factor : {std::optional<double>(), std::optional(0.5)}) {
     model::ModelConfig c = tiny();
@@ -399,7 +402,14 @@ TEST(TokenDropping, ThePolicyStepReportsItsDropRateAndItsRecordKeepsIt) {
     std::vector<float> w(size_t(dp.layout().total()));
     model::init_params(c, dp.layout(), 5, w.data());
     dp.set_params(w.data());
-    Result<PolicyBatch> b = make_policy_batch(samples_with_routes(c, 6), 16, route_shape(c));
+    std::vector<Sample> samples = samples_with_routes(c, 6);
+    int64_t marked = 0;
+    for (Sample& x : samples) {
+      for (size_t i = 0; i < x.routes.size(); i += 3, ++marked) {
+        x.routes[i] = kernels::dropped_route(x.routes[i]);
+      }
+    }
+    Result<PolicyBatch> b = make_policy_batch(samples, 16, route_shape(c));
     ASSERT_TRUE(b.ok()) << b.status().to_string();
     Result<PolicyStats> st = policy_gradients(dp, *b, {}, {});
     ASSERT_TRUE(st.ok()) << st.status().to_string();
@@ -413,9 +423,8 @@ TEST(TokenDropping, ThePolicyStepReportsItsDropRateAndItsRecordKeepsIt) {
       EXPECT_TRUE(std::isnan(back->stats.drop_rate));
       continue;
     }
-    // Half the room: at least half of the slots of a full batch go; padding rows route too.
-    EXPECT_GE(st->drop_rate, 0.45);
-    EXPECT_LT(st->drop_rate, 1.0);
+    const int64_t slots = b->batch.batch * b->batch.seq * c.moe_layers() * c.top_k;
+    EXPECT_NEAR(st->drop_rate, double(marked) / double(slots), 1e-12);
     EXPECT_EQ(back->stats.drop_rate, st->drop_rate);
   }
 }

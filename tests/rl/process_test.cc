@@ -474,6 +474,40 @@ TEST(RlProcesses, Fp8WeightsReachTheWorkers) {
   EXPECT_EQ(summary["routing_replay"], true);
 }
 
+// Token dropping in the loop (--capacity-factor): the rollout engines drop slots over each
+// pass's capacity and record which in the routes; with routing replay the trainer drops
+// exactly those, so its log-probabilities are the sampler's up to the bf16 weights (gap under
+// kBf16Gap), and the drop rate is in every trained step's record. Without replay the trainer
+// drops by its own capacity over the whole batch, other slots than each decode step did, and
+// the sampler's log-probabilities are further from its own.
+TEST(RlProcesses, RolloutsDropOverCapacityAndTheTrainerReplaysTheirDrops) {
+  std::map<bool, double> gap;  // mean over trained steps, by replay
+  for (const bool replay : {true, false}) {
+    SCOPED_TRACE(replay ? "replay" : "no replay");
+    const std::string out = fresh_dir(replay ? "drops_replayed" : "drops_own");
+    std::vector<std::string> flags = {"--capacity-factor", "0.5"};
+    if (replay) flags.push_back("--routing-replay");
+    int trained = 0;
+    double sum = 0;
+    for (const nlohmann::json& r : run_to_end(3, short_run(flags), out)) {
+      if (r["phase"] != "rl" || r["trained"].get<int64_t>() == 0) continue;
+      ++trained;
+      sum += r["logprob_gap_mean"].get<double>();
+      EXPECT_GT(r["drop_rate"].get<double>(), 0.0) << r.dump();
+      if (replay) {
+        EXPECT_LT(r["logprob_gap_max"].get<double>(), kBf16Gap) << r.dump();
+      }
+    }
+    ASSERT_GT(trained, 0) << "no RL step trained";
+    gap[replay] = sum / trained;
+    const nlohmann::json summary = nlohmann::json::parse(std::ifstream(out + "/summary.json"));
+    EXPECT_EQ(summary["capacity_factor"], 0.5);
+  }
+  std::printf("mean sampling gap with the rollout's drops replayed %.3g, without %.3g\n", gap[true],
+              gap[false]);
+  EXPECT_LT(gap[true], gap[false]);
+}
+
 // Asynchronous mode: generation of the next batch overlaps training, the weights go out every
 // other step at eta 2, and the records show every trained sample within eta versions of the
 // weights it was trained against, with staleness 1 and 2 both seen (so the run really was

@@ -181,9 +181,12 @@ class InferenceWorker::ForwardPass {
   Status moe(const BoundLayer& lw, size_t l, const uint8_t* keep);
   Status dense_mlp(const BoundLayer& lw);
   // Rows grouped by expert, token order within one, as the trainer dispatches them (the kept
-  // tokens' slots only, when `keep`); returns the rows.
+  // tokens' slots only, when `keep`; each expert's capacity over this pass's tokens, with the
+  // model's capacity factor); `dropped` [M, K] (may be null) marks the slots dropped over
+  // capacity. Returns the rows.
   int64_t dispatch(const uint8_t* keep, std::vector<int64_t>& begin,
-                   std::vector<int32_t>& row_of_slot, std::vector<int32_t>& token_of_row);
+                   std::vector<int32_t>& row_of_slot, std::vector<int32_t>& token_of_row,
+                   uint8_t* dropped);
   Status add_partial();  // tp > 1: allreduce the partial sums, add them into x
   // The experts this rank holds over rows grouped by local expert (begin: [local experts + 1]
   // offsets): y = down(silu(gate) * up) of each row.
@@ -356,13 +359,21 @@ Status InferenceWorker::ForwardPass::o_proj(const BoundLayer& lw) {
 
 int64_t InferenceWorker::ForwardPass::dispatch(const uint8_t* keep, std::vector<int64_t>& begin,
                                                std::vector<int32_t>& row_of_slot,
-                                               std::vector<int32_t>& token_of_row) {
+                                               std::vector<int32_t>& token_of_row,
+                                               uint8_t* dropped) {
   begin.assign(size_t(E_ + 1), 0);
   row_of_slot.resize(size_t(M_ * K_));
   token_of_row.resize(size_t(M_ * K_));
-  const kernels::RouterShape rs{.tokens = M_, .experts = E_, .top_k = K_};
+  // The model's capacity over this pass's tokens, as a training pass over them would drop.
+  const double factor = c_.capacity_factor.value_or(0.0);
+  const kernels::RouterShape rs{
+      .tokens = M_,
+      .experts = E_,
+      .top_k = K_,
+      .capacity = factor > 0 ? kernels::expert_capacity(factor, M_, K_, E_) : 0};
   return kernels::group_by_expert(rs, topk_idx_.data<int32_t>(), keep, begin.data(),
-                                  row_of_slot.data(), token_of_row.data());
+                                  row_of_slot.data(), token_of_row.data(), nullptr,
+                                  {.marks = dropped});
 }
 
 // A dense layer's MLP over every token (xn_ already normed): this rank's Fd/tp rows.
@@ -486,14 +497,19 @@ Status InferenceWorker::ForwardPass::moe(const BoundLayer& lw, size_t l, const u
                             logits_r_.data<float>(), probs_.data<float>(),
                             topk_idx_.data<int32_t>(), topk_w_.data<float>(), nullptr,
                             counts_.data<int64_t>());
-    if (routes_) {
+    std::vector<uint8_t> dropped(routes_ ? size_t(M_ * K_) : 0);
+    S = dispatch(keep, begin, row_of_slot, token_of_row, routes_ ? dropped.data() : nullptr);
+    if (routes_) {  // with the slots dropped over capacity marked, for the trainer to replay
       const int32_t* idx = topk_idx_.data<int32_t>();
       const int64_t stride = c_.num_layers * K_;
       for (int64_t t = 0; t < M_; ++t) {
-        std::copy(idx + t * K_, idx + (t + 1) * K_, routes_->data() + t * stride + int64_t(l) * K_);
+        for (int64_t k = 0; k < K_; ++k) {
+          const int32_t e = idx[t * K_ + k];
+          (*routes_)[size_t(t * stride + int64_t(l) * K_ + k)] =
+              dropped[size_t(t * K_ + k)] ? kernels::dropped_route(e) : e;
+        }
       }
     }
-    S = dispatch(keep, begin, row_of_slot, token_of_row);
   }
   Tensor xe = f32({S, d_}), ye = f32({S, d_});
   for (int64_t s = 0; s < S; ++s) {

@@ -107,21 +107,27 @@ void router_forward(const RouterShape& s, const float* logits, float* probs, int
 }
 
 int64_t router_replay(const RouterShape& s, const float* probs, const int32_t* routes,
-                      int64_t route_stride, int32_t* topk_idx, float* topk_w, int64_t* counts) {
+                      int64_t route_stride, int32_t* topk_idx, float* topk_w, int64_t* counts,
+                      uint8_t* drops) {
   check_shape(s);
   const int64_t E = s.experts, K = s.top_k;
+  if (drops) std::fill_n(drops, s.tokens * K, uint8_t(0));
   int64_t differ = 0;
   for (int64_t t = 0; t < s.tokens; ++t) {
     const int32_t* given = routes + t * route_stride;
-    if (given[0] < 0) continue;
+    if (given[0] == -1) continue;
     int32_t* idx = topk_idx + t * K;
     bool same = true;
     for (int64_t j = 0; j < K; ++j) {
-      WL_CHECK(given[j] >= 0 && given[j] < E) << "token " << t << ": expert " << given[j];
-      same = same && std::find(idx, idx + K, given[j]) != idx + K;
+      const int32_t e = route_expert(given[j]);
+      WL_CHECK(given[j] != -1 && e < E) << "token " << t << ": route entry " << given[j];
+      same = same && std::find(idx, idx + K, e) != idx + K;
     }
     differ += same ? 0 : 1;
-    std::copy(given, given + K, idx);
+    for (int64_t j = 0; j < K; ++j) {
+      idx[j] = route_expert(given[j]);
+      if (drops) drops[t * K + j] = route_dropped(given[j]) ? 1 : 0;
+    }
     gate_weights(s, probs + t * E, idx, topk_w + t * K);
   }
   if (counts) count_slots(topk_idx, s.tokens * K, E, counts);
@@ -210,26 +216,40 @@ int64_t expert_capacity(double factor, int64_t tokens, int64_t top_k, int64_t ex
 
 int64_t group_by_expert(const RouterShape& s, const int32_t* topk_idx, const uint8_t* keep,
                         int64_t* expert_begin, int32_t* row_of_slot, int32_t* token_of_row,
-                        int64_t* dropped) {
+                        int64_t* dropped, const SlotDrops& drops) {
   const int64_t slots = s.tokens * s.top_k;
-  // has_row[slot]: the slot runs. Capacity first (every token takes its place), then `keep`.
+  // has_row[slot]: the slot runs. Given drops and capacity first (every token takes its
+  // place), then `keep`.
   std::vector<uint8_t> has_row(size_t(slots), 1);
   int64_t over = 0;
+  if (drops.given) {
+    for (int64_t i = 0; i < slots; ++i) {
+      if (drops.given[i]) {
+        has_row[size_t(i)] = 0;
+        ++over;
+      }
+    }
+  }
   if (s.capacity > 0) {
     std::vector<int64_t> taken(size_t(s.experts), 0);
     for (int64_t k = 0; k < s.top_k; ++k) {
       for (int64_t t = 0; t < s.tokens; ++t) {
-        int64_t& n = taken[size_t(topk_idx[t * s.top_k + k])];
+        const int64_t slot = t * s.top_k + k;
+        if (!has_row[size_t(slot)]) continue;
+        int64_t& n = taken[size_t(topk_idx[slot])];
         if (n < s.capacity) {
           ++n;
         } else {
-          has_row[size_t(t * s.top_k + k)] = 0;
+          has_row[size_t(slot)] = 0;
           ++over;
         }
       }
     }
   }
   if (dropped) *dropped = over;
+  if (drops.marks) {
+    for (int64_t i = 0; i < slots; ++i) drops.marks[i] = has_row[size_t(i)] ? 0 : 1;
+  }
   if (keep) {
     for (int64_t t = 0; t < s.tokens; ++t) {
       if (!keep[t]) std::fill_n(has_row.begin() + t * s.top_k, s.top_k, uint8_t(0));

@@ -33,15 +33,24 @@ int64_t expert_capacity(double factor, int64_t tokens, int64_t top_k, int64_t ex
 void router_forward(const RouterShape& s, const float* logits, float* probs, int32_t* topk_idx,
                     float* topk_w, float* lse, int64_t* counts);
 
+// A routing slot as recorded routes hold it (routing replay): its expert e when the slot ran,
+// -2 - e when expert e had no room for it (dropped over capacity, the token passing through
+// the residual), -1 where nothing was routed (padding).
+inline int32_t dropped_route(int32_t expert) { return -2 - expert; }
+inline bool route_dropped(int32_t entry) { return entry <= -2; }
+inline int32_t route_expert(int32_t entry) { return entry >= 0 ? entry : -2 - entry; }
+
 // Routing replay (R3): the experts of `routes` instead of the top-k, for every token whose
-// first entry is >= 0 (routes [tokens] rows of top_k experts, `route_stride` apart; a token
-// with -1 first keeps router_forward's choice). Rewrites topk_idx, topk_w (the router's
-// probabilities at the given experts, normalised as router_forward does, so the router keeps
-// its gradient through them) and counts. The experts must be distinct and in [0, experts)
-// (checked by whoever received them). Returns how many tokens' replayed experts differ, as a
-// set, from the router's own top-k.
+// first entry is not -1 (routes [tokens] rows of top_k entries as above, `route_stride` apart;
+// a token with -1 first keeps router_forward's choice). Rewrites topk_idx, topk_w (the
+// router's probabilities at the given experts, normalised as router_forward does, so the
+// router keeps its gradient through them) and counts; `drops` [tokens * top_k] (may be null)
+// receives 1 for each slot the routes mark dropped, 0 elsewhere. The experts must be distinct
+// and in [0, experts) (checked by whoever received them). Returns how many tokens' replayed
+// experts differ, as a set, from the router's own top-k.
 int64_t router_replay(const RouterShape& s, const float* probs, const int32_t* routes,
-                      int64_t route_stride, int32_t* topk_idx, float* topk_w, int64_t* counts);
+                      int64_t route_stride, int32_t* topk_idx, float* topk_w, int64_t* counts,
+                      uint8_t* drops = nullptr);
 
 struct RouterLosses {
   double aux = 0;  // experts * sum_i f_i * P_i, this layer, before aux_loss_alpha
@@ -85,9 +94,18 @@ void router_backward(const RouterShape& s, const RouterBackwardArgs& a);
 // capacity as GShard does: every token's first choice in token order, then every second
 // choice, and so on, so a token loses its later choices first. A token left out by `keep`
 // still takes its place (the slots kept are those of running every token), and *dropped (when
-// not null) receives the slots dropped for capacity. Returns the rows.
+// not null) receives the slots dropped. Returns the rows.
+//
+// `drops.given` [tokens * top_k] drops the slots marked 1 as well, before capacity and without
+// taking any (a replay of another pass's drops); `drops.marks` [tokens * top_k] receives 1 for
+// every slot dropped, given or for capacity, and 0 for the others (a slot left out by `keep`
+// alone is not dropped).
+struct SlotDrops {
+  const uint8_t* given = nullptr;
+  uint8_t* marks = nullptr;
+};
 int64_t group_by_expert(const RouterShape& s, const int32_t* topk_idx, const uint8_t* keep,
                         int64_t* expert_begin, int32_t* row_of_slot, int32_t* token_of_row,
-                        int64_t* dropped = nullptr);
+                        int64_t* dropped = nullptr, const SlotDrops& drops = {});
 
 }  // namespace wl::kernels

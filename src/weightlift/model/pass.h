@@ -69,11 +69,13 @@ struct StepOptions {
   // Routing replay (R3): token i of the pass goes, in layer l, to the top_k experts at
   // replay_routes[(i * num_layers + l) * top_k] instead of the router's choice (a token whose
   // first entry is -1 keeps the router's). The gate weights are the router's probabilities at
-  // those experts, so the router keeps its gradient. Null: no replay.
+  // those experts, so the router keeps its gradient. An entry marked dropped
+  // (kernels::dropped_route) drops that slot, and the replayed tokens' slots drop as given,
+  // not by this pass's capacity. Null: no replay.
   const int32_t* replay_routes = nullptr;
   // When not null, receives the experts every token went to, laid out as replay_routes (this
-  // stage's layers), and replay_differ the token-layers whose replayed experts differ from
-  // the router's own top-k.
+  // stage's layers; a slot dropped over capacity marked dropped), and replay_differ the
+  // token-layers whose replayed experts differ from the router's own top-k.
   int32_t* routes_out = nullptr;
   int64_t* replay_differ = nullptr;
 };

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "weightlift/kernels/cross_entropy.h"
+#include "weightlift/kernels/router.h"
 #include "weightlift/parallel/pipeline/pipeline.h"
 #include "weightlift/train/metrics.h"
 #include "weightlift/train/tokenizer.h"
@@ -65,17 +66,18 @@ Status lay_out_routes(const Sample& s, size_t i, int64_t seq, const RouteShape& 
                             std::to_string(fed) + " tokens fed of " + std::to_string(shape.width) +
                             " each");
   }
+  // Each entry an expert, or one dropped over capacity (kernels::dropped_route).
   const size_t K = size_t(shape.top_k);
   for (size_t e = 0; e < s.routes.size(); e += K) {
     for (size_t j = 0; j < K; ++j) {
-      const int32_t x = s.routes[e + j];
-      const bool twice = std::find(s.routes.begin() + int64_t(e), s.routes.begin() + int64_t(e + j),
-                                   x) != s.routes.begin() + int64_t(e + j);
-      if (x < 0 || x >= shape.experts || twice) {
+      const int32_t x = kernels::route_expert(s.routes[e + j]);
+      bool twice = false;
+      for (size_t i = 0; i < j; ++i) twice = twice || kernels::route_expert(s.routes[e + i]) == x;
+      if (s.routes[e + j] == -1 || x >= shape.experts || twice) {
         const size_t token = e / size_t(shape.width), layer = e % size_t(shape.width) / K;
         return invalid_argument(
             where + "token " + std::to_string(token) + ", layer " + std::to_string(layer) +
-            ": expert " + std::to_string(x) +
+            ": expert " + std::to_string(s.routes[e + j]) +
             (twice ? " twice" : " outside [0, " + std::to_string(shape.experts) + ")"));
       }
     }

@@ -34,8 +34,9 @@ struct Sample {
   std::vector<double> logprobs;     // per completion token, under the distribution sampled from
   uint64_t version = 0;             // the weights' version that produced it
   // The experts the rollout's router chose for every token it fed through the model (the
-  // prompt, then the completion but its last token), [tokens][num_layers][top_k]; empty when
-  // the rollout did not record them. The trainer replays them (routing replay, R3).
+  // prompt, then the completion but its last token), [tokens][num_layers][top_k], a slot the
+  // rollout dropped over capacity as kernels::dropped_route(expert); empty when the rollout
+  // did not record them. The trainer replays them (routing replay, R3), drops included.
   std::vector<int32_t> routes;
   double reward = 0;
   double advantage = 0;

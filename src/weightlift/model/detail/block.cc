@@ -101,17 +101,13 @@ void route(const BlockContext& ctx, const Dims& m, const LayerView& w, int64_t N
   kernels::router_forward(rs, logits.data<float>(), a.probs.data<float>(),
                           a.topk_idx.data<int32_t>(), a.topk_w.data<float>(), a.lse_r.data<float>(),
                           a.counts.data<int64_t>());
+  a.replay_drops = Tensor();
   if (ctx.replay) {
-    const int64_t differ = kernels::router_replay(rs, a.probs.data<float>(), ctx.replay,
-                                                  ctx.route_stride, a.topk_idx.data<int32_t>(),
-                                                  a.topk_w.data<float>(), a.counts.data<int64_t>());
+    a.replay_drops = Tensor::empty(DType::kU8, {N, m.K});
+    const int64_t differ = kernels::router_replay(
+        rs, a.probs.data<float>(), ctx.replay, ctx.route_stride, a.topk_idx.data<int32_t>(),
+        a.topk_w.data<float>(), a.counts.data<int64_t>(), a.replay_drops.data<uint8_t>());
     if (ctx.replay_differ && !ctx.recompute) *ctx.replay_differ += differ;
-  }
-  if (ctx.routes_out && !ctx.recompute) {
-    const int32_t* idx = a.topk_idx.data<int32_t>();
-    for (int64_t t = 0; t < N; ++t) {
-      std::copy(idx + t * m.K, idx + (t + 1) * m.K, ctx.routes_out + t * ctx.route_stride);
-    }
   }
   if (!ctx.recompute) {
     a.group_counts = a.counts.clone();
@@ -127,17 +123,34 @@ void route(const BlockContext& ctx, const Dims& m, const LayerView& w, int64_t N
 }
 
 // Rows grouped by expert (kernels::group_by_expert: only the kept tokens' slots when `keep`,
-// and each expert's first `capacity` when not 0), and their inputs gathered into xe. Returns
-// the slots dropped for capacity.
-int64_t dispatch(const Dims& m, int64_t N, const uint8_t* keep, int64_t capacity, BlockActs& a) {
+// and each expert's first `capacity` when not 0, or the replayed drops), and their inputs
+// gathered into xe. The routes out, when asked for, with the slots dropped marked
+// (kernels::dropped_route). Returns the slots dropped.
+int64_t dispatch(const BlockContext& ctx, const Dims& m, int64_t N, const uint8_t* keep,
+                 int64_t capacity, BlockActs& a) {
   a.expert_begin.assign(size_t(m.E + 1), 0);
   a.row_of_slot = Tensor::empty(DType::kI32, {N, m.K});
   a.token_of_row = Tensor::empty(DType::kI32, {N * m.K});
   const kernels::RouterShape rs{.tokens = N, .experts = m.E, .top_k = m.K, .capacity = capacity};
   int64_t dropped = 0;
+  const bool routes_out = ctx.routes_out && !ctx.recompute;
+  std::vector<uint8_t> marks(routes_out ? size_t(N * m.K) : 0);
+  const kernels::SlotDrops drops{
+      .given = a.replay_drops.defined() ? a.replay_drops.data<uint8_t>() : nullptr,
+      .marks = routes_out ? marks.data() : nullptr};
   const int64_t S = kernels::group_by_expert(rs, a.topk_idx.data<int32_t>(), keep,
                                              a.expert_begin.data(), a.row_of_slot.data<int32_t>(),
-                                             a.token_of_row.data<int32_t>(), &dropped);
+                                             a.token_of_row.data<int32_t>(), &dropped, drops);
+  if (routes_out) {
+    const int32_t* idx = a.topk_idx.data<int32_t>();
+    for (int64_t t = 0; t < N; ++t) {
+      for (int64_t k = 0; k < m.K; ++k) {
+        const int32_t e = idx[t * m.K + k];
+        ctx.routes_out[t * ctx.route_stride + k] =
+            marks[size_t(t * m.K + k)] ? kernels::dropped_route(e) : e;
+      }
+    }
+  }
   a.xe = f32({S, m.d});
   const float* xn2 = a.xn2.data<float>();
   float* xe = a.xe.data<float>();
@@ -228,9 +241,11 @@ void moe_forward(const BlockContext& ctx, const LayerView& w, int64_t N, BlockAc
     return;
   }
   route(ctx, m, w, N, a, losses);
-  const int64_t capacity =
-      ctx.capacity_factor > 0 ? kernels::expert_capacity(ctx.capacity_factor, N, m.K, m.E) : 0;
-  const int64_t dropped = dispatch(m, N, ctx.keep, capacity, a);
+  // Replayed routes bring their own drops: the pass that chose them decides, not this one.
+  const int64_t capacity = ctx.capacity_factor > 0 && !ctx.replay
+                               ? kernels::expert_capacity(ctx.capacity_factor, N, m.K, m.E)
+                               : 0;
+  const int64_t dropped = dispatch(ctx, m, N, ctx.keep, capacity, a);
   if (losses) {
     losses->slots += N * m.K;
     losses->dropped += dropped;

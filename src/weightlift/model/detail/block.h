@@ -39,7 +39,10 @@ struct BlockActs {
   // A dense layer's MLP uses xn2, he [N, 2Fd] and ae [N, Fd] below, and none of the rest.
   Tensor probs, topk_w, lse_r;  // [N, E], [N, K], [N]
   Tensor topk_idx;              // [N, K] i32
-  Tensor counts;                // [E] i64: slots per expert, of these tokens
+  // [N, K] u8 under routing replay: 1 for a slot the replayed routes drop (another pass's
+  // drops over capacity, replayed instead of this pass's own capacity); empty otherwise.
+  Tensor replay_drops;
+  Tensor counts;  // [E] i64: slots per expert, of these tokens
   // The router's statistics for the aux and z losses: slots per expert and tokens over every
   // rank sharing this micro-batch (data parallel); `counts` and N on one rank. Kept under
   // gradient checkpointing so the recomputed forward needs no second sum.
