@@ -137,6 +137,36 @@ inline double largest_difference(const std::string& path_a, const std::string& p
   return apart;
 }
 
+// A run of several trainer ranks (`b`) against the one-rank run of the same job (`a`): the
+// warm start's losses within kTwoRanksLoss, and every trained RL step's sampling gap under
+// kBf16Gap (the workers hold the trainer's weights) with its samples one version old at most
+// (synchronous). What it saw, for the test to print.
+struct AgainstOneRank {
+  double worst_warm_start = 0;  // relative
+  double largest_gap = 0;
+  int trained = 0;  // RL steps that trained
+};
+inline AgainstOneRank expect_trains_as_one_rank(const std::vector<nlohmann::json>& a,
+                                                const std::vector<nlohmann::json>& b) {
+  AgainstOneRank seen;
+  EXPECT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    if (b[i]["phase"] == "sft") {
+      const double x = a[i]["loss"], y = b[i]["loss"];
+      EXPECT_NEAR(y, x, kTwoRanksLoss * std::fabs(x)) << "warm-start step " << b[i]["step"];
+      seen.worst_warm_start = std::max(seen.worst_warm_start, std::fabs(y - x) / std::fabs(x));
+      continue;
+    }
+    if (b[i]["trained"].get<int64_t>() == 0) continue;
+    ++seen.trained;
+    seen.largest_gap = std::max(seen.largest_gap, b[i]["logprob_gap_max"].get<double>());
+    EXPECT_LT(b[i]["logprob_gap_max"].get<double>(), kBf16Gap) << b[i].dump();
+    EXPECT_EQ(b[i]["staleness"], nlohmann::json::array({b[i]["trained"]})) << b[i].dump();
+  }
+  EXPECT_GT(seen.trained, 0) << "no RL step trained: the test checks nothing of the policy step";
+  return seen;
+}
+
 // Arguments of a short run on `tiny` whose RL steps train (a well-formed wrong answer earns
 // half a reward, so groups are rarely flat), and more.
 inline std::vector<std::string> short_run(const std::vector<std::string>& more) {

@@ -188,23 +188,9 @@ TEST(RlProcesses, TwoTrainerRanksPushTheirOwnShardsAndTrainAsOne) {
         "--trainers", "2", "--trainer-dp-mode", mode, "--checkpoint-every", "2"};
     const std::vector<nlohmann::json> b = run_to_end(4, short_run(two_ranks), two);
     ASSERT_EQ(a.size(), b.size());
-    int trained = 0;
-    double worst = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      if (b[i]["phase"] == "sft") {
-        const double x = a[i]["loss"], y = b[i]["loss"];
-        EXPECT_NEAR(y, x, kTwoRanksLoss * std::fabs(x)) << "warm-start step " << b[i]["step"];
-        worst = std::max(worst, std::fabs(y - x) / std::fabs(x));
-        continue;
-      }
-      if (b[i]["trained"].get<int64_t>() == 0) continue;
-      ++trained;
-      EXPECT_LT(b[i]["logprob_gap_max"].get<double>(), kBf16Gap) << b[i].dump();
-      EXPECT_EQ(b[i]["staleness"], nlohmann::json::array({b[i]["trained"]})) << b[i].dump();
-    }
-    EXPECT_GT(trained, 0) << "no RL step trained: the test checks nothing of the policy step";
+    const AgainstOneRank seen = expect_trains_as_one_rank(a, b);
     std::printf("two trainer ranks (%s): warm-start losses within %.2g of one rank's (relative)\n",
-                mode, worst);
+                mode, seen.worst_warm_start);
     const nlohmann::json summary = nlohmann::json::parse(std::ifstream(two + "/summary.json"));
     EXPECT_EQ(summary["trainer_ranks"], 2);
     EXPECT_EQ(summary["trainer_dp_mode"], mode);
@@ -259,21 +245,7 @@ TEST(RlProcesses, TensorExpertAndPipelineParallelTrainersFeedTheWorkers) {
     const std::vector<nlohmann::json> b =
         run_to_end(4, short_run({"--trainers", "2", flag, "2", "--checkpoint-every", "2"}), two);
     ASSERT_EQ(a.size(), b.size());
-    int trained = 0;
-    double worst = 0, gap = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      if (b[i]["phase"] == "sft") {
-        const double x = a[i]["loss"], y = b[i]["loss"];
-        EXPECT_NEAR(y, x, kTwoRanksLoss * std::fabs(x)) << "warm-start step " << b[i]["step"];
-        worst = std::max(worst, std::fabs(y - x) / std::fabs(x));
-        continue;
-      }
-      if (b[i]["trained"].get<int64_t>() == 0) continue;
-      ++trained;
-      gap = std::max(gap, b[i]["logprob_gap_max"].get<double>());
-      EXPECT_LT(b[i]["logprob_gap_max"].get<double>(), kBf16Gap) << b[i].dump();
-    }
-    EXPECT_GT(trained, 0) << "no RL step trained: the test checks nothing of the push";
+    const AgainstOneRank seen = expect_trains_as_one_rank(a, b);
     const nlohmann::json summary = nlohmann::json::parse(std::ifstream(two + "/summary.json"));
     EXPECT_EQ(summary["trainer_ranks"], 2);
     EXPECT_EQ(summary["trainer_" + kind], 2);
@@ -284,7 +256,7 @@ TEST(RlProcesses, TensorExpertAndPipelineParallelTrainersFeedTheWorkers) {
     std::printf(
         "trainer %s 2: warm-start losses within %.2g of one rank's (relative), largest "
         "sampling gap %.3g, finished policy within %.2g of one rank's\n",
-        kind.c_str(), worst, gap, apart);
+        kind.c_str(), seen.worst_warm_start, seen.largest_gap, apart);
   }
 }
 
