@@ -111,6 +111,10 @@ std::map<std::string, std::string> run_options(const RlArgs& a, int workers) {
           {"dr-grpo", a.dr_grpo ? "true" : "false"},
           {"no-dynamic-sampling", a.no_dynamic_sampling ? "true" : "false"},
           {"routing-replay", o.routing_replay ? "true" : "false"},
+          // As a checkpoint without the key reads it (rl/checkpoint.cc): dropless runs resume
+          // from the checkpoints of before the key.
+          {"capacity-factor",
+           o.config.capacity_factor ? exact(*o.config.capacity_factor) : "(not set)"},
           {"eval-every", std::to_string(o.eval_every)},
           {"eval-problems", std::to_string(o.eval_problems)},
           {"max-staleness", std::to_string(o.max_staleness)},
@@ -596,8 +600,9 @@ void add_policy_flags(CLI::App* cmd, RlArgs& a) {
 void add_trainer_flags(CLI::App* cmd, RlArgs& a) {
   rl::RlOptions& o = a.o;
   cmd->add_option("--trainers", o.trainers,
-                  "data-parallel trainer ranks: job ranks 0..N-1 train, each pushing its own "
-                  "shard of the weights to the workers; the rest are rollout workers")
+                  "trainer ranks: job ranks 0..N-1 train (laid out by the --trainer-* flags), "
+                  "each pushing its own shard of the weights to the workers; the rest are "
+                  "rollout workers")
       ->capture_default_str()
       ->transform(count(1, kMaxRanks));
   cmd->add_option("--trainer-dp-mode", a.trainer_dp_mode,

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <mutex>
 #include <numeric>
 
@@ -35,6 +36,9 @@ TEST_P(RowShardsTest, EveryRankGetsItsShardOfTheWholeModel) {
   // Every element distinct, so a row or column out of place cannot go unseen.
   std::vector<float> whole(size_t(layout.total()));
   std::iota(whole.begin(), whole.end(), 0.0f);
+  // The weights of a second round, as after an optimizer step: every element changed.
+  std::vector<float> stepped(whole.size());
+  std::transform(whole.begin(), whole.end(), stepped.begin(), [](float x) { return -x - 1; });
   std::mutex mu;
   std::vector<int64_t> covered(size_t(k.ranks), 0);
   run_data_parallel(
@@ -47,8 +51,11 @@ TEST_P(RowShardsTest, EveryRankGetsItsShardOfTheWholeModel) {
         if (k.in_place) {
           EXPECT_EQ((*shards)->sent_elems(), 0);
         }
-        // Twice: the second refresh reuses the plan and its buffers.
+        // Twice: the second refresh reuses the plan and its buffers, and reads the weights
+        // as they are then.
         for (int round = 0; round < 2; ++round) {
+          const std::vector<float>& now = round == 0 ? whole : stepped;
+          if (round == 1) dp.set_params(stepped.data());
           auto got = (*shards)->refresh();
           ASSERT_TRUE(got.ok()) << got.status().to_string();
           int64_t elems = 0;
@@ -58,7 +65,7 @@ TEST_P(RowShardsTest, EveryRankGetsItsShardOfTheWholeModel) {
             const ShardRows want = shard_rows(p.shape[0], k.ranks, rank);
             ASSERT_EQ(s.rows.begin, want.begin) << p.name << " rank " << rank;
             ASSERT_EQ(s.rows.end, want.end) << p.name << " rank " << rank;
-            const float* expect = whole.data() + p.offset + want.begin * width;
+            const float* expect = now.data() + p.offset + want.begin * width;
             for (int64_t e = 0; e < want.size() * width; ++e) {
               ASSERT_EQ(s.data[e], expect[e]) << p.name << " rank " << rank << " element " << e;
             }

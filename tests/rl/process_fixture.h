@@ -56,6 +56,11 @@ inline constexpr double kFsdpPolicy = 1e-5;
 // gathered into the wrong place is off by the weights' scale (0.02, its largest elements
 // several times that).
 inline constexpr double kModelParallelPolicy = 1e-2;
+// The share of token-layers a model-parallel trainer's own routers would have routed otherwise
+// than the replayed routes, against one trainer rank's on the same samples: the same weights
+// up to reassociation, so the same near-ties, but a near-tie decided the other way moves it
+// by one token-layer in the step's few hundred.
+inline constexpr double kReplayDiffer = 0.02;
 // TP, EP or TP x EP rollout workers against one-rank ones: the same tokens sampled, so the same
 // rewards; the trained losses differ by the sampler's log-probabilities, whose logits differ by
 // f32 reassociation only (about 1e-6 of their scale). Relative to the loss, or to 0.1 when it is

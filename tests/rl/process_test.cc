@@ -234,18 +234,34 @@ TEST(RlProcesses, TwoTrainerRanksPushTheirOwnShardsAndTrainAsOne) {
 // belong to the other's shards (parallel/run/row_shards.h), and the workers hold the whole
 // model: every trained step's sampling log-probabilities match the trainer's, which a missing
 // or misplaced piece would not. The warm start's losses are the single trainer rank's, and
-// the finished policy, gathered from the shards, is near it.
+// the finished policy, gathered from the shards, is near it. Routing replay runs through each
+// layout's policy step too (a stage replays its own layers' routes, an EP rank's tokens go to
+// the replayed experts' ranks): what the trainer's routers would have chosen otherwise is
+// the one-rank job's share.
 TEST(RlProcesses, TensorExpertAndPipelineParallelTrainersFeedTheWorkers) {
   const std::string one = fresh_dir("one_trainer");
-  const std::vector<nlohmann::json> a = run_to_end(3, short_run({}), one);
+  const std::vector<nlohmann::json> a = run_to_end(3, short_run({"--routing-replay"}), one);
   for (const char* flag : {"--trainer-tp", "--trainer-ep", "--trainer-pp"}) {
     SCOPED_TRACE(flag);
     const std::string kind = std::string(flag).substr(10);  // "tp", "ep" or "pp"
     const std::string two = fresh_dir("trainer_" + kind + "2");
-    const std::vector<nlohmann::json> b =
-        run_to_end(4, short_run({"--trainers", "2", flag, "2", "--checkpoint-every", "2"}), two);
+    const std::vector<nlohmann::json> b = run_to_end(
+        4, short_run({"--trainers", "2", flag, "2", "--checkpoint-every", "2", "--routing-replay"}),
+        two);
     ASSERT_EQ(a.size(), b.size());
     const AgainstOneRank seen = expect_trains_as_one_rank(a, b);
+    double differ = 0, replayed_apart = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (a[i]["phase"] != "rl" || a[i]["trained"].get<int64_t>() == 0) continue;
+      const double x = a[i]["replay_differ"], y = b[i]["replay_differ"];
+      EXPECT_NEAR(y, x, kReplayDiffer) << "RL step " << a[i]["step"];
+      differ = std::max(differ, x);
+      replayed_apart = std::max(replayed_apart, std::fabs(y - x));
+    }
+    std::printf(
+        "trainer %s 2 replaying the rollouts' routes: its routers' own choice differs on "
+        "%.3g of token-layers, %.2g from one rank's share\n",
+        kind.c_str(), differ, replayed_apart);
     const nlohmann::json summary = nlohmann::json::parse(std::ifstream(two + "/summary.json"));
     EXPECT_EQ(summary["trainer_ranks"], 2);
     EXPECT_EQ(summary["trainer_" + kind], 2);

@@ -70,8 +70,9 @@ struct StepOptions {
   // replay_routes[(i * num_layers + l) * top_k] instead of the router's choice (a token whose
   // first entry is -1 keeps the router's). The gate weights are the router's probabilities at
   // those experts, so the router keeps its gradient. An entry marked dropped
-  // (kernels::dropped_route) drops that slot, and the replayed tokens' slots drop as given,
-  // not by this pass's capacity. Null: no replay.
+  // (kernels::dropped_route) drops that slot; a replaying pass drops as given and applies no
+  // capacity of its own, to any of its tokens (those with -1 first, padding in RL, drop
+  // nothing). Null: no replay.
   const int32_t* replay_routes = nullptr;
   // When not null, receives the experts every token went to, laid out as replay_routes (this
   // stage's layers; a slot dropped over capacity marked dropped), and replay_differ the

@@ -72,7 +72,9 @@ Status lay_out_routes(const Sample& s, size_t i, int64_t seq, const RouteShape& 
     for (size_t j = 0; j < K; ++j) {
       const int32_t x = kernels::route_expert(s.routes[e + j]);
       bool twice = false;
-      for (size_t i = 0; i < j; ++i) twice = twice || kernels::route_expert(s.routes[e + i]) == x;
+      for (size_t before = 0; before < j; ++before) {
+        twice = twice || kernels::route_expert(s.routes[e + before]) == x;
+      }
       if (s.routes[e + j] == -1 || x >= shape.experts || twice) {
         const size_t token = e / size_t(shape.width), layer = e % size_t(shape.width) / K;
         return invalid_argument(
@@ -138,7 +140,9 @@ Result<int64_t> replay_routes(const model::ModelConfig& c, const PolicyBatch& b,
         std::to_string(c.num_layers) + " layers x top_k " + std::to_string(c.top_k) + ")");
   }
   int64_t routed = 0;
-  for (size_t at = 0; at < b.routes.size(); at += width) routed += b.routes[at] >= 0;
+  // A token is replayed unless its first entry is -1 (padding); a first slot dropped over
+  // capacity is still a replayed token.
+  for (size_t at = 0; at < b.routes.size(); at += width) routed += b.routes[at] != -1;
   s.replay_routes = b.routes.data();
   s.replay_differ = differ;
   return routed * c.num_layers;
@@ -229,14 +233,17 @@ Result<PolicyStats> policy_gradients(parallel::DataParallel& dp, const PolicyBat
   return st;
 }
 
-Result<std::vector<double>> target_logprobs(parallel::DataParallel& dp, const train::Batch& b) {
+Result<std::vector<double>> target_logprobs(parallel::DataParallel& dp, const train::Batch& b,
+                                            std::span<const int32_t> routes) {
   if (dp.options().layout.pp != 1) {
     return invalid_argument("target_logprobs runs on one pipeline stage only (pp 1)");
   }
   std::vector<double> out(b.targets.size(), 0.0);
   dp.set_evaluating(true);
-  model::StagePass pass(dp.pass_model(), {0, dp.units().head()}, b.tokens.data(), b.batch, b.seq,
-                        {.targets = b.targets.data()}, &dp);
+  model::StagePass pass(
+      dp.pass_model(), {0, dp.units().head()}, b.tokens.data(), b.batch, b.seq,
+      {.targets = b.targets.data(), .replay_routes = routes.empty() ? nullptr : routes.data()},
+      &dp);
   const Status forward = pass.forward(nullptr, false);
   if (forward.ok()) {
     pass.token_loss(b.targets.data(), [&](std::span<const double> logp, std::span<float>) {

@@ -90,15 +90,19 @@ struct PolicyStats {
   train::StepReport report;  // the optimizer's
 };
 
-// Collective over the data-parallel ranks (every rank passes the same batch). The layout must
-// be data parallel only (pp 1). The loss is normalised by the batch's completion tokens, so it
-// and its gradients do not depend on the micro-batching or the number of ranks.
+// Collective over the trainer's ranks (every rank passes the same batch), on any layout: data,
+// tensor and expert parallel, and through pipeline stages. The loss is normalised by the batch's
+// completion tokens, so it and its gradients do not depend on the micro-batching or the number of
+// ranks.
 //
 // policy_gradients leaves the gradients summed over the ranks (DataParallel::gather_grads
 // reads them) and `report` empty; policy_step also applies the optimizer.
 // Every target's log-probability under dp's current weights (forward only, the whole batch on
-// every rank: collective where parameters are sharded), 0 where the target is ignored.
-Result<std::vector<double>> target_logprobs(parallel::DataParallel& dp, const train::Batch& batch);
+// every rank: collective where parameters are sharded), 0 where the target is ignored. With
+// `routes` (PolicyBatch::routes, not empty) every token goes to its recorded experts and drops
+// what they dropped, as the policy step replays them. One pipeline stage only (pp 1).
+Result<std::vector<double>> target_logprobs(parallel::DataParallel& dp, const train::Batch& batch,
+                                            std::span<const int32_t> routes = {});
 
 Result<PolicyStats> policy_gradients(parallel::DataParallel& dp, const PolicyBatch& batch,
                                      const parallel::StepSettings& settings,

@@ -38,8 +38,9 @@ namespace {
 using protocol::Order;
 using protocol::OrderMessage;
 
-// The trainer's data-parallel ranks: the model over them, and a channel of their own on
-// which rank 0 tells the others what to do (null with one rank).
+// The trainer's ranks (data, tensor, expert and pipeline parallel as RlOptions lays them out):
+// the model over them, and a channel of their own on which rank 0 tells the others what to do
+// (null with one rank).
 struct TrainerRanks {
   std::unique_ptr<parallel::DataParallel> dp;
   std::shared_ptr<comm::Group> world;  // every trainer rank (null with one)
@@ -316,8 +317,9 @@ class Trainer {
     return c;
   }
 
-  // The whole policy, on rank 0; a trainer that shards it (FSDP) has every other rank send
-  // rank 0 the rows it owns (kGather), and only rank 0 holds the whole.
+  // The whole policy, on rank 0; a trainer that shards or splits it (FSDP, TP, EP, PP) has
+  // every rank send rank 0 its shards of the servers' rows (kGather), and only rank 0 holds
+  // the whole.
   Result<std::vector<float>> policy() {
     if (const float* w = dp_->whole_model()) return std::vector<float>(w, w + total());
     WL_RETURN_IF_ERROR(tell({Order::kGather}));
@@ -479,7 +481,7 @@ class Trainer {
     if (!made.ok()) return data_loss("rollout samples: " + made.status().message());
     PolicyBatch pb = *std::move(made);
     if (o_.loss.kl_coef > 0) {
-      WL_ASSIGN_OR_RETURN(pb.logp_ref, reference_logprobs(pb.batch));
+      WL_ASSIGN_OR_RETURN(pb.logp_ref, reference_logprobs(pb.batch, pb.routes));
     }
     pad_rows(pb, dp_->ranks());
     WL_RETURN_IF_ERROR(tell(protocol::policy_order(pb)));
@@ -491,16 +493,19 @@ class Trainer {
   }
 
   // The reference policy of the KL term: the weights RL starts from (after the warm start),
-  // frozen at the first call.
-  Result<std::vector<double>> reference_logprobs(const train::Batch& b) {
+  // frozen at the first call. With routing replay it routes (and drops) as the rollouts did,
+  // as the policy step does, so that the two differ by their weights only.
+  Result<std::vector<double>> reference_logprobs(const train::Batch& b,
+                                                 std::span<const int32_t> routes) {
     if (!reference_) {
       reference_ = std::make_unique<parallel::DataParallel>(
           o_.config, parallel::DataParallelOptions{}, nullptr, nullptr);
-      // Held whole on rank 0 whatever the trainer's layout (an FSDP trainer gathers it once).
+      // Held whole on rank 0 whatever the trainer's layout (one that shards or splits the
+      // model gathers it once).
       WL_ASSIGN_OR_RETURN(const std::vector<float> start, policy());
       reference_->set_params(start.data());
     }
-    return target_logprobs(*reference_, b);
+    return target_logprobs(*reference_, b, routes);
   }
 
   // A round of generation requested and not yet received: `problems` fresh training problems,

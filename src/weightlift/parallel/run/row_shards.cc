@@ -60,7 +60,28 @@ Result<std::unique_ptr<RowShards>> RowShards::create(DataParallel& dp,
     }
   }
   s->mine_ = owned[size_t(s->rank_)];
-  WL_RETURN_IF_ERROR(s->plan(owned));
+  const Status planned = s->plan(owned);
+  if (!s->world_) {
+    WL_RETURN_IF_ERROR(planned);
+    return s;
+  }
+  // Each rank checks its own shards' coverage: they fail together, not one of them at
+  // create() and the others at their first refresh's timeout.
+  const int64_t failed = planned.ok() ? 0 : 1;
+  std::vector<int64_t> each(size_t(s->ranks_), 0);
+  WL_RETURN_IF_ERROR(comm::allgather(*s->world_, {.send = &failed,
+                                                  .recv = each.data(),
+                                                  .count = 1,
+                                                  .dtype = DType::kI64,
+                                                  .timeout = timeout}));
+  WL_RETURN_IF_ERROR(planned);
+  for (size_t r = 0; r < each.size(); ++r) {
+    if (each[r] != 0) {
+      return internal_error("rank " + std::to_string(r) +
+                            ": the layout's own rows do not cover its shards exactly (its error "
+                            "names the parameter)");
+    }
+  }
   return s;
 }
 

@@ -13,7 +13,8 @@
 //
 // The exchange is planned once, from every rank's DataParallel::own_rows() (allgathered), and
 // checks that the owners cover each shard once, element by element: a layout whose ownership
-// overlaps or leaves a gap is an Internal error at create(), not a wrong transfer later.
+// overlaps or leaves a gap is an Internal error at create() on every rank, not a wrong
+// transfer later.
 #pragma once
 
 #include <chrono>
