@@ -116,7 +116,9 @@ struct Generation {
   std::vector<std::vector<std::vector<float>>> logits;
   // With keep_routes: routes[r] holds, for every token row r fed through the model (its
   // prompt, then each new token but the last, which is never fed), the experts the router
-  // chose in every layer: [fed tokens][num_layers][top_k]. A trainer replays them (R3).
+  // chose in every layer: [fed tokens][num_layers][top_k], a slot dropped over capacity (a
+  // config with a capacity factor) as kernels::dropped_route(expert). A trainer replays them
+  // (R3), drops included.
   std::vector<std::vector<int32_t>> routes;
   uint64_t version = 0;        // the weights' version (receiver sources); 0 otherwise
   double prefill_seconds = 0;  // the first step (the first slots' prompts)
