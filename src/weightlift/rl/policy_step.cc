@@ -148,15 +148,57 @@ Result<int64_t> replay_routes(const model::ModelConfig& c, const PolicyBatch& b,
   return routed * c.num_layers;
 }
 
+// The policy loss of `b` as the step's micro-batch loss: each target's term and coefficient
+// (policy_loss.h, and the KL term when it has one), its statistics added into `sums`
+// (clipped, weight, capped, gap, KL) and the largest gap into *gap_max.
+parallel::MicroBatchLoss micro_batch_loss(const PolicyBatch& b, const PolicyLossOptions& options,
+                                          double* sums, double* gap_max) {
+  const int64_t seq = b.batch.seq;
+  const double tokens = double(std::max<int64_t>(b.completion_tokens, 1));
+  const bool kl = options.kl_coef > 0;
+  return {.part =
+              [&b, &options, sums, gap_max, seq, tokens, kl](model::StagePass& pass,
+                                                             parallel::RowRange rows) {
+                const size_t first = size_t(rows.begin * seq);
+                return pass.token_loss(
+                    b.batch.targets.data() + first,
+                    [&](std::span<const double> logp, std::span<float> coef) {
+                      double part = 0;
+                      for (size_t r = 0; r < logp.size(); ++r) {
+                        if (b.batch.targets[first + r] == kernels::kIgnoreIndex) continue;
+                        const double mu = b.logp_mu[first + r];
+                        const TokenTerm t = policy_token(logp[r], logp[r], mu,
+                                                         b.advantage[first + r], tokens, options);
+                        double c = t.coef;
+                        part += t.loss;
+                        if (kl) {
+                          const KlTerm k =
+                              kl_token(logp[r], b.logp_ref[first + r], tokens, options.kl_coef);
+                          c += k.coef;
+                          part += k.loss;
+                          sums[4] += k.kl;
+                        }
+                        coef[r] = float(c);
+                        sums[0] += t.clipped;
+                        sums[1] += t.is_weight;
+                        sums[2] += options.tis_cap > 0 && t.is_weight >= options.tis_cap;
+                        const double gap = std::fabs(logp[r] - mu);
+                        sums[3] += gap;
+                        *gap_max = std::max(*gap_max, gap);
+                      }
+                      return part;
+                    });
+              },
+          .divisor = 1};
+}
+
 }  // namespace
 
 Result<PolicyStats> policy_gradients(parallel::DataParallel& dp, const PolicyBatch& b,
                                      const parallel::StepSettings& settings,
                                      const PolicyLossOptions& options) {
-  const int64_t seq = b.batch.seq;
   const double tokens = double(std::max<int64_t>(b.completion_tokens, 1));
-  const bool kl = options.kl_coef > 0;
-  if (kl && b.logp_ref.size() != b.logp_mu.size()) {
+  if (options.kl_coef > 0 && b.logp_ref.size() != b.logp_mu.size()) {
     return invalid_argument("the loss has a KL term (beta " + std::to_string(options.kl_coef) +
                             ") but the batch has " + std::to_string(b.logp_ref.size()) +
                             " reference log-probabilities for " + std::to_string(b.logp_mu.size()) +
@@ -166,39 +208,7 @@ Result<PolicyStats> policy_gradients(parallel::DataParallel& dp, const PolicyBat
   // gap, KL, and (separately) the largest gap.
   double sums[5] = {0, 0, 0, 0, 0};
   double gap_max = 0;
-  parallel::MicroBatchLoss loss{
-      .part =
-          [&](model::StagePass& pass, parallel::RowRange rows) {
-            const size_t first = size_t(rows.begin * seq);
-            return pass.token_loss(b.batch.targets.data() + first, [&](std::span<const double> logp,
-                                                                       std::span<float> coef) {
-              double part = 0;
-              for (size_t r = 0; r < logp.size(); ++r) {
-                if (b.batch.targets[first + r] == kernels::kIgnoreIndex) continue;
-                const double mu = b.logp_mu[first + r];
-                const TokenTerm t =
-                    policy_token(logp[r], logp[r], mu, b.advantage[first + r], tokens, options);
-                double c = t.coef;
-                part += t.loss;
-                if (kl) {
-                  const KlTerm k =
-                      kl_token(logp[r], b.logp_ref[first + r], tokens, options.kl_coef);
-                  c += k.coef;
-                  part += k.loss;
-                  sums[4] += k.kl;
-                }
-                coef[r] = float(c);
-                sums[0] += t.clipped;
-                sums[1] += t.is_weight;
-                sums[2] += options.tis_cap > 0 && t.is_weight >= options.tis_cap;
-                const double gap = std::fabs(logp[r] - mu);
-                sums[3] += gap;
-                gap_max = std::max(gap_max, gap);
-              }
-              return part;
-            });
-          },
-      .divisor = 1};
+  const parallel::MicroBatchLoss loss = micro_batch_loss(b, options, sums, &gap_max);
   PolicyStats st;
   parallel::StepSettings s = settings;
   int64_t differ = 0;  // token-layers the step's own router would have routed differently

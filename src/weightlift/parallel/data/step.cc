@@ -67,13 +67,17 @@ Result<model::LossTerms> compute_gradients(DataParallel& dp, const train::Batch&
   }
   WL_RETURN_IF_ERROR(dp.reduce_gradients());
   WL_RETURN_IF_ERROR(dp.sum_over_ranks(sums, 5));
+  return step_loss(sums, part.divisor, denom);
+}
+
+model::LossTerms step_loss(const double sums[5], double divisor, int64_t count) {
   model::LossTerms loss;
-  loss.ce = part.divisor > 0 ? sums[0] / part.divisor : 0.0;
+  loss.ce = divisor > 0 ? sums[0] / divisor : 0.0;
   loss.aux = sums[1];
   loss.z = sums[2];
   loss.slots = int64_t(sums[3]);
   loss.dropped = int64_t(sums[4]);
-  loss.count = denom;
+  loss.count = count;
   return loss;
 }
 

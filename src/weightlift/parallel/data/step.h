@@ -63,6 +63,10 @@ Result<model::LossTerms> compute_gradients(DataParallel& dp, const train::Batch&
                                            const StepSettings& settings,
                                            const MicroBatchLoss& loss);
 
+// A step's loss from its five sums over micro-batches and ranks (cross-entropy part, aux, z,
+// routing slots, slots dropped), the first divided by `divisor`; `count` its targets.
+model::LossTerms step_loss(const double sums[5], double divisor, int64_t count);
+
 // The cross-entropy over `batches` (each split over the ranks like a micro-batch; every batch
 // has a multiple of ranks() rows), the same on every rank. Collective.
 Result<double> evaluate(DataParallel& dp, const std::vector<train::Batch>& batches,

@@ -183,16 +183,8 @@ Result<model::LossTerms> pipeline_gradients(DataParallel& dp, const train::Batch
   WL_RETURN_IF_ERROR(next_door.finish());
   WL_RETURN_IF_ERROR(dp.reduce_gradients());
   WL_RETURN_IF_ERROR(dp.sum_over_replica(sums, 5));
-  model::LossTerms loss;
-  const double divisor = custom ? custom->divisor : double(denom);
-  loss.ce = divisor > 0 ? sums[0] / divisor : 0.0;
-  loss.aux = sums[1];
-  loss.z = sums[2];
-  loss.slots = int64_t(sums[3]);
-  loss.dropped = int64_t(sums[4]);
-  loss.count = denom;
   if (times) *times = {clock.seconds(), waited};
-  return loss;
+  return step_loss(sums, custom ? custom->divisor : double(denom), denom);
 }
 
 }  // namespace

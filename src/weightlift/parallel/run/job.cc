@@ -38,6 +38,28 @@ Result<Job> connect_job(const comm::LaunchEnv& env, std::chrono::milliseconds ti
   return job;
 }
 
+namespace {
+
+// The TP group: the consecutive ranks of one replica (stage, data-parallel rank); the kv
+// group: those of them holding the same kv head, when several but not all do. Collective.
+Status split_tensor_groups(const model::ModelConfig& config, const ParallelLayout& layout,
+                           const LayoutPlace& at, comm::Group& job, DataParallelRanks& groups) {
+  const int tp = layout.tp;
+  const int replica = at.stage * layout.dp + at.dp_rank;
+  WL_ASSIGN_OR_RETURN(groups.tensor, job.split({.color = replica, .key = at.tp_rank}));
+  const int copies = model::kv_copies(config, tp);
+  if (copies == tp) {
+    groups.tensor_kv = groups.tensor;
+  } else if (copies > 1) {
+    WL_ASSIGN_OR_RETURN(
+        groups.tensor_kv,
+        job.split({.color = replica * (tp / copies) + at.tp_rank / copies, .key = at.tp_rank}));
+  }
+  return ok_status();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<DataParallel>> make_data_parallel(const model::ModelConfig& config,
                                                          const ParallelLayout& layout,
                                                          const train::AdamWOptions& adamw,
@@ -60,20 +82,7 @@ Result<std::unique_ptr<DataParallel>> make_data_parallel(const model::ModelConfi
   }
   // Splits are collective over the job: every rank makes them, in this order.
   const int tp = layout.tp;
-  if (tp > 1) {
-    // The TP group: the consecutive ranks of one replica (stage, data-parallel rank); the kv
-    // group: those of them holding the same kv head, when several but not all do.
-    const int replica = at.stage * layout.dp + at.dp_rank;
-    WL_ASSIGN_OR_RETURN(groups.tensor, ranks.group->split({.color = replica, .key = at.tp_rank}));
-    const int copies = model::kv_copies(config, tp);
-    if (copies == tp) {
-      groups.tensor_kv = groups.tensor;
-    } else if (copies > 1) {
-      WL_ASSIGN_OR_RETURN(groups.tensor_kv, ranks.group->split({.color = replica * (tp / copies) +
-                                                                         at.tp_rank / copies,
-                                                                .key = at.tp_rank}));
-    }
-  }
+  if (tp > 1) WL_RETURN_IF_ERROR(split_tensor_groups(config, layout, at, *ranks.group, groups));
   // The data-parallel group and the stages are per tensor-parallel rank: each TP rank's
   // slices are a model of their own, reduced and pipelined with the same TP rank elsewhere.
   const bool tied =
