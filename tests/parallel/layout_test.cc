@@ -439,6 +439,37 @@ TEST(TokenDropping, EveryLayoutDropsWhatItsDataParallelTwinDrops) {
   }
 }
 
+// A model with dense layers (Qwen3-MoE's mlp_only_layers): the aux and z losses are the mean
+// over the layers that route, and a stage without the head reports its layers' share weighed
+// as one process weighs them, so a pipeline's losses are one process's.
+TEST(Pipeline, StagesWithDenseLayersReportOneProcesssRouterLosses) {
+  model::ModelConfig c = model_config("tiny4");
+  c.dense_layers = {0, 2};
+  c.dense_ffn_dim = 2 * c.hidden_size;
+  ASSERT_TRUE(c.validate().ok()) << c.validate().to_string();
+  const train::Batch batch = random_batch(c, 4, 16);
+  const auto losses = [&](int ranks, const ParallelLayout& layout) {
+    model::LossTerms out;
+    run_data_parallel(ranks, c, layout, [&](DataParallel& dp) {
+      std::vector<float> full(size_t(dp.layout().total()));
+      model::init_params(c, dp.layout(), 5, full.data());
+      dp.set_params(full.data());
+      auto loss = layout.pp > 1 ? compute_pipeline_gradients(dp, batch, {}, layout.schedule)
+                                : compute_gradients(dp, batch, {});
+      ASSERT_TRUE(loss.ok()) << loss.status().to_string();
+      if (dp.job_rank() == 0) out = *loss;
+    });
+    return out;
+  };
+  const model::LossTerms want = losses(1, {.micro_batches = 2});
+  const model::LossTerms got = losses(2, {.pp = 2, .micro_batches = 2});
+  ASSERT_GT(want.aux, 0);
+  EXPECT_NEAR(got.aux, want.aux, 1e-6 * want.aux);
+  EXPECT_NEAR(got.z, want.z, 1e-6 * want.z);
+  EXPECT_NEAR(got.ce, want.ce, 1e-6 * want.ce);
+  EXPECT_EQ(got.slots, want.slots);
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, Layouts,
                          ::testing::Values("data_parallel", "pipelines", "expert_parallel",
                                            "tensor_parallel"),

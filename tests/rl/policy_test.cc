@@ -335,13 +335,17 @@ TEST(PolicyStep, BadSamplesAreNamed) {
 // ---- routing replay (R3) ------------------------------------------------------------------
 
 // Samples with routes that are not the trainer's own choice: distinct random experts for every
-// fed token (the prompt, the completion but its last) in every layer.
+// fed token (the prompt, the completion but its last) in every MoE layer, -1 in a dense one.
 std::vector<Sample> samples_with_routes(const model::ModelConfig& c, int n) {
   std::vector<Sample> s = samples_of(c, n);
   Rng rng(7);
   for (Sample& x : s) {
     const size_t fed = x.prompt.size() + x.completion.size() - 1;
     for (size_t t = 0; t < fed * size_t(c.num_layers); ++t) {
+      if (c.dense_layer(int64_t(t % size_t(c.num_layers)))) {
+        x.routes.insert(x.routes.end(), size_t(c.top_k), -1);
+        continue;
+      }
       std::vector<int32_t> experts(size_t(c.num_experts));
       std::iota(experts.begin(), experts.end(), 0);
       for (int64_t j = 0; j < c.top_k; ++j) {  // a partial Fisher-Yates shuffle
@@ -351,10 +355,6 @@ std::vector<Sample> samples_with_routes(const model::ModelConfig& c, int n) {
     }
   }
   return s;
-}
-
-RouteShape route_shape(const model::ModelConfig& c) {
-  return {.width = c.num_layers * c.top_k, .top_k = c.top_k, .experts = c.num_experts};
 }
 
 // The trainer replays the rollout's experts for every token of every layer, and the share it
@@ -388,6 +388,52 @@ TEST(RoutingReplay, TheTrainerRoutesEveryTokenAsTheRolloutDid) {
   Result<PolicyStats> st = policy_gradients(dp, *b, {}, {});
   ASSERT_TRUE(st.ok()) << st.status().to_string();
   EXPECT_NEAR(st->replay_differ, double(differ) / double(fed), 1e-12);
+}
+
+// A model with dense layers (Qwen3-MoE's mlp_only_layers, here the first one) records -1 for
+// them: the trainer takes such routes, replays the MoE layers', and counts the differing share
+// over the MoE layers only. An expert named in a dense layer is a worker that lies.
+TEST(RoutingReplay, ModelsWithDenseLayersReplayTheirMoeLayers) {
+  model::ModelConfig c = tiny();
+  c.dense_layers = {0};
+  c.dense_ffn_dim = 96;
+  ASSERT_TRUE(c.validate().ok()) << c.validate().to_string();
+  parallel::DataParallel dp(c, {}, nullptr, nullptr);
+  std::vector<float> w(size_t(dp.layout().total()));
+  model::init_params(c, dp.layout(), 5, w.data());
+  dp.set_params(w.data());
+  const std::vector<Sample> s = samples_with_routes(c, 6);
+  Result<PolicyBatch> b = make_policy_batch(s, 16, route_shape(c));
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  std::vector<int32_t> used(b->routes.size(), -1);
+  int64_t differ = 0;
+  ASSERT_TRUE(
+      parallel::compute_gradients(
+          dp, b->batch,
+          {.replay_routes = b->routes.data(), .routes_out = used.data(), .replay_differ = &differ})
+          .ok());
+  const size_t width = size_t(c.num_layers * c.top_k);
+  int64_t fed = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    EXPECT_TRUE(
+        std::equal(s[i].routes.begin(), s[i].routes.end(), used.begin() + int64_t(i * 16 * width)))
+        << "sample " << i << ": every MoE layer runs the recorded experts, a dense layer none";
+    fed += int64_t(s[i].routes.size() / width) * c.moe_layers();
+  }
+  EXPECT_GT(differ, fed / 4);
+  EXPECT_LE(differ, fed);
+  Result<PolicyStats> st = policy_gradients(dp, *b, {}, {});
+  ASSERT_TRUE(st.ok()) << st.status().to_string();
+  EXPECT_NEAR(st->replay_differ, double(differ) / double(fed), 1e-12);
+
+  std::vector<Sample> lying = s;
+  lying[1].routes[size_t(c.num_layers * c.top_k)] = 0;  // token 1, layer 0
+  Result<PolicyBatch> refused = make_policy_batch(lying, 16, route_shape(c));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find(
+                "sample 1: routes: token 1, layer 0: expert 0 in a dense layer"),
+            std::string::npos)
+      << refused.status().message();
 }
 
 // A trainer with a capacity factor replays the rollout's drops: a slot the routes mark

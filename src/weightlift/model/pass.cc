@@ -227,6 +227,16 @@ const int64_t* StagePass::targets_of_head_rows(const int64_t* targets,
   return kept.data();
 }
 
+LossTerms StagePass::router_terms() const {
+  const ModelConfig& c = model_.config;
+  LossTerms out;
+  out.aux = c.aux_loss_alpha * router_.aux / router_layers(c);
+  out.z = c.z_loss_beta * router_.z / router_layers(c);
+  out.slots = router_.slots;
+  out.dropped = router_.dropped;
+  return out;
+}
+
 LossTerms StagePass::loss(const int64_t* targets) {
   WL_CHECK(has_head()) << "loss() on a stage without the head";
   WL_CHECK(!loss_done_) << "loss() twice";
@@ -234,11 +244,7 @@ LossTerms StagePass::loss(const int64_t* targets) {
   loss_done_ = true;
   const ModelConfig& c = model_.config;
   const int64_t N = tokens_n_;
-  LossTerms out;
-  out.aux = c.aux_loss_alpha * router_.aux / router_layers(c);
-  out.z = c.z_loss_beta * router_.z / router_layers(c);
-  out.slots = router_.slots;
-  out.dropped = router_.dropped;
+  LossTerms out = router_terms();
   out.count = kernels::count_targets(targets, N);
   const bool gradient = xf_.raw() != nullptr;  // forward kept what backward needs
   const int64_t denom = options_.ce_denominator > 0 ? options_.ce_denominator : out.count;
@@ -262,11 +268,7 @@ LossTerms StagePass::token_loss(const int64_t* targets, const TokenLossFn& fn) {
   const bool gradient = xf_.raw() != nullptr;  // forward kept what backward needs
   const ModelConfig& c = model_.config;
   const int64_t N = tokens_n_, V = c.vocab_size;
-  LossTerms out;
-  out.aux = c.aux_loss_alpha * router_.aux / router_layers(c);
-  out.z = c.z_loss_beta * router_.z / router_layers(c);
-  out.slots = router_.slots;
-  out.dropped = router_.dropped;
+  LossTerms out = router_terms();
   out.count = kernels::count_targets(targets, N);
   float* logits = logits_.data<float>();
   std::vector<int64_t> kept;

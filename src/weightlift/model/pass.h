@@ -188,6 +188,10 @@ class StagePass {
   const Tensor& input_grad() const { return dx_; }
   // This stage's layers' aux and z, summed over layers, unweighted.
   const kernels::RouterLosses& router_losses() const { return router_; }
+  // The same as the loss's terms: aux and z weighted as loss() weighs them (the coefficients
+  // over the model's routing layers), with the slots routed and dropped; ce and count 0. What
+  // a stage without the head adds to the step's loss.
+  LossTerms router_terms() const;
 
  private:
   bool has_head() const { return stage_.last == model_.units.head(); }

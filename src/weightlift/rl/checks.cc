@@ -71,6 +71,11 @@ Status check_layouts(const RlOptions& o) {
                             std::string(transfer::weight_format_name(o.sync_format)) +
                             ": the rollout workers cannot hold this model so: " + s.message());
   }
+  if (o.routing_replay && o.config.moe_layers() == 0) {
+    return invalid_argument(
+        "`routing_replay`: the model has no MoE layer (every layer is "
+        "dense), so there are no routes to replay");
+  }
   const int dp = o.trainer_layout().dp;
   if (o.sft_batch % dp != 0) {
     return invalid_argument("`sft_batch` " + std::to_string(o.sft_batch) +

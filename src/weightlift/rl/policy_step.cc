@@ -66,21 +66,28 @@ Status lay_out_routes(const Sample& s, size_t i, int64_t seq, const RouteShape& 
                             std::to_string(fed) + " tokens fed of " + std::to_string(shape.width) +
                             " each");
   }
-  // Each entry an expert, or one dropped over capacity (kernels::dropped_route).
+  // Each entry of a MoE layer an expert, or one dropped over capacity (kernels::dropped_route);
+  // a dense layer's -1.
   const size_t K = size_t(shape.top_k);
   for (size_t e = 0; e < s.routes.size(); e += K) {
+    const size_t token = e / size_t(shape.width), layer = e % size_t(shape.width) / K;
+    const bool dense =
+        std::binary_search(shape.dense_layers.begin(), shape.dense_layers.end(), int64_t(layer));
     for (size_t j = 0; j < K; ++j) {
       const int32_t x = kernels::route_expert(s.routes[e + j]);
       bool twice = false;
       for (size_t before = 0; before < j; ++before) {
         twice = twice || kernels::route_expert(s.routes[e + before]) == x;
       }
-      if (s.routes[e + j] == -1 || x >= shape.experts || twice) {
-        const size_t token = e / size_t(shape.width), layer = e % size_t(shape.width) / K;
-        return invalid_argument(
-            where + "token " + std::to_string(token) + ", layer " + std::to_string(layer) +
-            ": expert " + std::to_string(s.routes[e + j]) +
-            (twice ? " twice" : " outside [0, " + std::to_string(shape.experts) + ")"));
+      const bool bad =
+          dense ? s.routes[e + j] != -1 : s.routes[e + j] == -1 || x >= shape.experts || twice;
+      if (bad) {
+        return invalid_argument(where + "token " + std::to_string(token) + ", layer " +
+                                std::to_string(layer) + ": expert " +
+                                std::to_string(s.routes[e + j]) +
+                                (dense   ? " in a dense layer (no router; -1 expected)"
+                                 : twice ? " twice"
+                                         : " outside [0, " + std::to_string(shape.experts) + ")"));
       }
     }
   }
@@ -90,6 +97,13 @@ Status lay_out_routes(const Sample& s, size_t i, int64_t seq, const RouteShape& 
 }
 
 }  // namespace
+
+RouteShape route_shape(const model::ModelConfig& c) {
+  return {.width = c.num_layers * c.top_k,
+          .top_k = c.top_k,
+          .experts = c.num_experts,
+          .dense_layers = c.dense_layers};
+}
 
 Result<PolicyBatch> make_policy_batch(std::span<const Sample> samples, int64_t seq,
                                       const RouteShape& routes) {
@@ -139,13 +153,18 @@ Result<int64_t> replay_routes(const model::ModelConfig& c, const PolicyBatch& b,
         std::to_string(b.batch.tokens.size()) + " positions of " + std::to_string(width) + " (" +
         std::to_string(c.num_layers) + " layers x top_k " + std::to_string(c.top_k) + ")");
   }
+  // A token is replayed unless it is padding: its entries are -1 in every layer, and a
+  // first slot dropped over capacity is still replayed. Dense layers route nothing.
+  int64_t first_moe = 0;
+  while (first_moe < c.num_layers && c.dense_layer(first_moe)) ++first_moe;
+  if (first_moe == c.num_layers) return int64_t{0};
   int64_t routed = 0;
-  // A token is replayed unless its first entry is -1 (padding); a first slot dropped over
-  // capacity is still a replayed token.
-  for (size_t at = 0; at < b.routes.size(); at += width) routed += b.routes[at] != -1;
+  for (size_t at = size_t(first_moe * c.top_k); at < b.routes.size(); at += width) {
+    routed += b.routes[at] != -1;
+  }
   s.replay_routes = b.routes.data();
   s.replay_differ = differ;
-  return routed * c.num_layers;
+  return routed * c.moe_layers();
 }
 
 // The policy loss of `b` as the step's micro-batch loss: each target's term and coefficient

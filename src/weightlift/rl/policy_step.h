@@ -57,13 +57,16 @@ struct PolicyBatch {
 
 // InvalidArgument when a sample does not fit in `seq` tokens, has no completion, or its
 // logprobs do not match its completion; or, when some sample has routes, when a sample's are
-// not `route_width` (num_layers * top_k) per token fed, or name an expert twice for a token
-// or outside [0, experts).
+// not `route_width` (num_layers * top_k) per token fed, name an expert twice for a token or
+// outside [0, experts) in a MoE layer, or name any in a dense layer (whose entries are -1).
 struct RouteShape {
-  int64_t width = 0;    // num_layers * top_k
-  int64_t top_k = 1;    // entries per token and layer
-  int64_t experts = 0;  // valid experts are [0, experts)
+  int64_t width = 0;                  // num_layers * top_k
+  int64_t top_k = 1;                  // entries per token and layer
+  int64_t experts = 0;                // valid experts are [0, experts)
+  std::vector<int64_t> dense_layers;  // ascending: layers without a router
 };
+// The route shape of model `c`'s passes.
+RouteShape route_shape(const model::ModelConfig& c);
 Result<PolicyBatch> make_policy_batch(std::span<const Sample> samples, int64_t seq,
                                       const RouteShape& routes = {});
 

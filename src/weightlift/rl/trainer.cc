@@ -474,9 +474,7 @@ class Trainer {
   Status train_on(const std::vector<Sample>& samples, StepRecord& rec) {
     const Stopwatch train_time;
     const model::ModelConfig& c = o_.config;
-    Result<PolicyBatch> made = make_policy_batch(
-        samples, seq_,
-        {.width = c.num_layers * c.top_k, .top_k = c.top_k, .experts = c.num_experts});
+    Result<PolicyBatch> made = make_policy_batch(samples, seq_, route_shape(c));
     // A worker's routes that name no expert of this model are a worker that lies.
     if (!made.ok()) return data_loss("rollout samples: " + made.status().message());
     PolicyBatch pb = *std::move(made);

@@ -86,12 +86,11 @@ class UnitProgress final : public model::PassHooks {
 // for the backward), the others their layers' router losses, each of M micro-batches weighing 1 /
 // M.
 // With a `custom` loss, the head's stage takes that instead (its `ce` a part of a sum already).
-void add_losses(model::StagePass& pass, const Place& at, const model::ModelConfig& c, int M,
-                const int64_t* targets, const MicroBatchLoss* custom, RowRange rows,
-                double sums[5]) {
-  const kernels::RouterLosses& r = pass.router_losses();
-  sums[3] += double(r.slots);
-  sums[4] += double(r.dropped);
+void add_losses(model::StagePass& pass, const Place& at, int M, const int64_t* targets,
+                const MicroBatchLoss* custom, RowRange rows, double sums[5]) {
+  const model::LossTerms own = pass.router_terms();
+  sums[3] += double(own.slots);
+  sums[4] += double(own.dropped);
   if (at.last()) {
     model::LossTerms lt;
     if (custom) {
@@ -105,8 +104,8 @@ void add_losses(model::StagePass& pass, const Place& at, const model::ModelConfi
     sums[2] += lt.z / double(M);
     return;
   }
-  sums[1] += c.aux_loss_alpha * r.aux / double(c.num_layers) / double(M);
-  sums[2] += c.z_loss_beta * r.z / double(c.num_layers) / double(M);
+  sums[1] += own.aux / double(M);
+  sums[2] += own.z / double(M);
 }
 
 // compute_pipeline_gradients, with the cross-entropy (custom null) or a loss of the caller's.
@@ -160,7 +159,7 @@ Result<model::LossTerms> pipeline_gradients(DataParallel& dp, const train::Batch
           dp.pass_model(), at.units, at.first() ? global.tokens.data() + rows.begin * seq : nullptr,
           rows.size(), seq, opts, &hooks);
       WL_RETURN_IF_ERROR(pass->forward(at.first() ? nullptr : x.data<float>(), true));
-      add_losses(*pass, at, c, M, global.targets.data() + rows.begin * seq, custom, rows, sums);
+      add_losses(*pass, at, M, global.targets.data() + rows.begin * seq, custom, rows, sums);
       if (!at.last()) {
         WL_RETURN_IF_ERROR(next_door.send(at.stage + 1, step_tag(m, true), pass->output()));
       }
