@@ -7,12 +7,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "weightlift/core/random.h"
 #include "weightlift/kernels/router.h"
+#include "weightlift/model/expert_exchange.h"
 #include "weightlift/model/pass.h"
 #include "weightlift/model/transformer.h"
 
@@ -39,12 +42,13 @@ struct Step {
   std::vector<float> grads;
 };
 
-Step step(const ModelConfig& c, const Tokens& x, StepOptions o = {}, bool subset = false) {
+Step step(const ModelConfig& c, const Tokens& x, StepOptions o = {}, bool subset = false,
+          PassHooks* hooks = nullptr) {
   Transformer m(c);
   m.init(5);
   m.zero_grads();
   if (subset) o.targets = x.targets.data();
-  StagePass pass(m.pass_model(), {0, m.units().head()}, x.tokens.data(), x.b, x.t, o, nullptr);
+  StagePass pass(m.pass_model(), {0, m.units().head()}, x.tokens.data(), x.b, x.t, o, hooks);
   EXPECT_TRUE(pass.forward(nullptr, true).ok());
   Step s;
   s.loss = pass.loss(x.targets.data());
@@ -77,6 +81,56 @@ TEST(TokenDropping, AFactorThatDropsNothingIsTheDroplessPathBitForBit) {
   for (size_t i = 0; i < roomy.grads.size(); ++i) {
     ASSERT_EQ(roomy.grads[i], dropless.grads[i]) << "element " << i;
   }
+}
+
+// An expert group of one rank that hands every exchange back, and counts what it was asked.
+class Loopback final : public PassHooks, public ExpertExchange {
+ public:
+  ExpertExchange* expert_exchange() override { return this; }
+  int ranks() const override { return 1; }
+  int rank() const override { return 0; }
+  Status exchange_counts(const int64_t* send, int64_t* recv, int64_t per_peer) override {
+    ++count_rounds;
+    std::copy(send, send + per_peer, recv);
+    return ok_status();
+  }
+  Status exchange_rows(const float* send, std::span<const int64_t> send_rows, float* recv,
+                       std::span<const int64_t> recv_rows, int64_t width) override {
+    EXPECT_EQ(send_rows[0], recv_rows[0]);
+    blocks.push_back(send_rows[0] * width);
+    std::memcpy(recv, send, size_t(send_rows[0] * width) * 4);
+    return ok_status();
+  }
+  int count_rounds = 0;
+  std::vector<int64_t> blocks;  // floats per peer, each exchange
+};
+
+// Switch's fixed-size dispatch under expert parallelism: with a capacity, the rows go to their
+// experts' ranks in one exchange of blocks whose size is fixed by the capacity (a header, then
+// `capacity` rows per expert), with no round of counts first; the model computes what it
+// computes without an exchange, bit for bit. Without a capacity the counts go first.
+TEST(TokenDropping, ExpertParallelDispatchSendsFixedSizeBlocksUnderACapacity) {
+  const ModelConfig c = tiny_with(1.0);
+  const Tokens x = random_tokens(c, 4);
+  const Step alone = step(c, x);
+  Loopback fixed;
+  const Step exchanged = step(c, x, {}, false, &fixed);
+  EXPECT_GT(alone.loss.dropped, 0);
+  EXPECT_EQ(exchanged.loss.ce, alone.loss.ce);
+  EXPECT_EQ(exchanged.loss.dropped, alone.loss.dropped);
+  EXPECT_TRUE(exchanged.grads == alone.grads);
+  EXPECT_EQ(fixed.count_rounds, 0);
+  const int64_t capacity = kernels::expert_capacity(1.0, x.b * x.t, c.top_k, c.num_experts);
+  const int64_t block = 2 * (1 + c.num_experts) + c.num_experts * capacity * c.hidden_size;
+  // Forward: each layer's dispatch (fixed) and return; backward: the gradients there and back.
+  ASSERT_EQ(fixed.blocks.size(), size_t(4 * c.num_layers));
+  EXPECT_EQ(fixed.blocks[0], block);
+  EXPECT_EQ(fixed.blocks[2], block);
+
+  Loopback counted;
+  const Step dropless = step(tiny_with({}), x, {}, false, &counted);
+  EXPECT_EQ(counted.count_rounds, c.num_layers);
+  EXPECT_TRUE(dropless.grads == step(tiny_with({}), x).grads);
 }
 
 TEST(TokenDropping, DroppingChangesTheLossAndTheGradientsOfTheDroppedTokens) {

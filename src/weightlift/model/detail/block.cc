@@ -251,7 +251,7 @@ void moe_forward(const BlockContext& ctx, const LayerView& w, int64_t N, BlockAc
     losses->dropped += dropped;
   }
   if (ctx.experts) {
-    send_to_experts(*ctx.experts, m.d, a);
+    send_to_experts(*ctx.experts, m.d, capacity, a);
     a.ye = from_experts(*ctx.experts, m.d, a, run_experts(ctx.precision, m, w, a));
   } else {
     a.first_run = 0;

@@ -18,8 +18,10 @@ namespace wl::model::detail {
 
 // Learns how many rows of each of this rank's experts every rank has (a.run_from, a.run_begin,
 // a.first_run) and brings them: a.xe, the dispatched rows [N*K, d], becomes the rows this
-// rank's experts run [R, d].
-void send_to_experts(ExpertExchange& x, int64_t d, BlockActs& a);
+// rank's experts run [R, d]. With a `capacity` (each expert's at most, the same on every rank
+// of the group), one all-to-all of fixed-size blocks brings counts and rows together; without
+// (0), the counts go first.
+void send_to_experts(ExpertExchange& x, int64_t d, int64_t capacity, BlockActs& a);
 
 // Any [N*K, d] of this rank's dispatched rows (the output gradients) to the ranks of their
 // experts, arriving as [R, d] in the order send_to_experts() brought the inputs.
