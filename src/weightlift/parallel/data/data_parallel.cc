@@ -15,6 +15,9 @@ namespace wl::parallel {
 namespace {
 
 Tensor zeros(int64_t n) { return Tensor::zeros(DType::kF32, {n}); }
+// For a buffer written whole before it is read (a collective's output, pack()'s): no pass to
+// zero it.
+Tensor unset(int64_t n) { return Tensor::empty(DType::kF32, {n}); }
 
 }  // namespace
 
@@ -377,7 +380,7 @@ Status DataParallel::gather_units(const float* local, float* full) {
         s.unpack(mine, part.rank, dst);
         continue;
       }
-      Tensor all = zeros(s.ranks() * s.packed_elems());
+      Tensor all = unset(s.ranks() * s.packed_elems());
       WL_RETURN_IF_ERROR(comm::allgather(*group, {.send = mine,
                                                   .recv = all.raw(),
                                                   .count = size_t(s.packed_elems()),
@@ -814,9 +817,9 @@ Status DataParallel::allgather_params() {
       if (group == nullptr) continue;  // this rank updated the whole part
       const UnitShards& s = part.shards;
       float* whole = whole_unit(params_, u) + part.held;
-      Tensor mine = zeros(s.packed_elems());
+      Tensor mine = unset(s.packed_elems());
       s.pack(whole, part.rank, mine.data<float>());
-      Tensor all = zeros(s.ranks() * s.packed_elems());
+      Tensor all = unset(s.ranks() * s.packed_elems());
       WL_RETURN_IF_ERROR(comm::allgather(*group, {.send = mine.raw(),
                                                   .recv = all.raw(),
                                                   .count = size_t(s.packed_elems()),

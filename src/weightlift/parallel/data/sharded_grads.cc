@@ -57,24 +57,25 @@ void ShardedGrads::reduce(int unit, Open& open) {
     float* mine = local_ + offsets_[size_t(unit)] + p.packed;
     const float* whole = grads->data<float>() + p.held;
     if (s.ranks() == 1) {  // one rank: its shard is the whole part
-      auto packed = std::make_unique<float[]>(size_t(s.packed_elems()));
-      s.pack(whole, p.rank, packed.get());
-      add_into(mine, packed.get(), s.packed_elems());
+      Tensor packed = Tensor::empty(DType::kF32, {s.packed_elems()});
+      s.pack(whole, p.rank, packed.data<float>());
+      add_into(mine, packed.data<float>(), s.packed_elems());
       continue;
     }
     const std::chrono::milliseconds timeout = timeout_;
     last_ticket_ = queue_->submit(
         [&s, grads, whole, mine, timeout](comm::Group& group) -> Status {
-          auto send = std::make_unique<float[]>(size_t(s.ranks() * s.packed_elems()));
-          s.pack_all(whole, send.get());
-          auto sum = std::make_unique<float[]>(size_t(s.packed_elems()));
-          WL_RETURN_IF_ERROR(comm::reduce_scatter(group, {.send = send.get(),
-                                                          .recv = sum.get(),
+          // Pooled buffers (Tensor), not fresh zeroed arrays: see sharded_params.cc.
+          Tensor send = Tensor::empty(DType::kF32, {s.ranks() * s.packed_elems()});
+          s.pack_all(whole, send.data<float>());
+          Tensor sum = Tensor::empty(DType::kF32, {s.packed_elems()});
+          WL_RETURN_IF_ERROR(comm::reduce_scatter(group, {.send = send.data<float>(),
+                                                          .recv = sum.data<float>(),
                                                           .count = size_t(s.packed_elems()),
                                                           .dtype = DType::kF32,
                                                           .op = comm::ReduceOp::kSum,
                                                           .timeout = timeout}));
-          add_into(mine, sum.get(), s.packed_elems());
+          add_into(mine, sum.data<float>(), s.packed_elems());
           return ok_status();
         },
         p.over);
