@@ -388,7 +388,8 @@ TEST_P(Layouts, TenStepLossCurvesFollowTheSingleProcess) {
 // Token dropping is per rank and per micro-batch (docs/algorithms.md): a layout whose ranks
 // route the tokens their data-parallel twin routes drops the same slots and gives its
 // gradients. Expert parallelism drops among a rank's own tokens before the exchange, as DDP's
-// rank does; tensor-parallel ranks and pipeline stages route one process's micro-batches.
+// rank does, and dispatches in fixed-size blocks (expert_rows.cc); tensor-parallel ranks and
+// pipeline stages route one process's micro-batches.
 TEST(TokenDropping, EveryLayoutDropsWhatItsDataParallelTwinDrops) {
   model::ModelConfig c = model_config("tiny4");
   c.capacity_factor = 0.75;
@@ -404,6 +405,7 @@ TEST(TokenDropping, EveryLayoutDropsWhatItsDataParallelTwinDrops) {
       {"ep2", 2, {.ep = 2, .micro_batches = 2}, 2, {.micro_batches = 2}},
       {"ddp2_x_ep2", 4, {.ep = 2, .micro_batches = 2}, 4, {.micro_batches = 2}},
       {"tp2", 2, {.tp = 2, .micro_batches = 2}, 1, {.micro_batches = 2}},
+      {"tp2_x_ep2", 4, {.tp = 2, .ep = 2, .micro_batches = 2}, 2, {.micro_batches = 2}},
       {"pp2", 2, {.pp = 2, .micro_batches = 4}, 1, {.micro_batches = 4}},
   };
   struct Step {

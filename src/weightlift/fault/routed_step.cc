@@ -106,9 +106,9 @@ class RoutedPasses {
         const model::LossTerms lt = pass->loss(global_.targets.data() + m * rows_ * seq);
         shares_.ce_sum += lt.ce * double(lt.count);
       }
-      const kernels::RouterLosses& router = pass->router_losses();
-      shares_.aux += c.aux_loss_alpha * router.aux / double(c.num_layers) / double(M_);
-      shares_.z += c.z_loss_beta * router.z / double(c.num_layers) / double(M_);
+      const model::LossTerms router = pass->router_terms();
+      shares_.aux += router.aux / double(M_);
+      shares_.z += router.z / double(M_);
       if (i + 1 < int(r.size()) && r[size_t(i) + 1].process != me_) {
         WL_RETURN_IF_ERROR(
             next_door_.send(r[size_t(i) + 1].process, pass_tag(m, i + 1, true), pass->output()));

@@ -167,9 +167,8 @@ Result<StepLoss> StagedModel::step(const train::Batch& batch, int micro_batches,
     const model::LossTerms lt = passes.back()->loss(targets);
     ce_sum += lt.ce * double(lt.count);
     for (size_t i = 1; i + 1 < passes.size(); ++i) {
-      const kernels::RouterLosses& r = passes[i]->router_losses();
-      router += (config_.aux_loss_alpha * r.aux + config_.z_loss_beta * r.z) /
-                double(config_.num_layers) / double(micro_batches);
+      const model::LossTerms r = passes[i]->router_terms();
+      router += (r.aux + r.z) / double(micro_batches);
     }
     const float* dout = nullptr;
     for (size_t i = passes.size(); i-- > 0;) {

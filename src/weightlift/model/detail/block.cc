@@ -251,7 +251,9 @@ void moe_forward(const BlockContext& ctx, const LayerView& w, int64_t N, BlockAc
     losses->dropped += dropped;
   }
   if (ctx.experts) {
-    send_to_experts(*ctx.experts, m.d, capacity, a);
+    // A token takes one slot of an expert at most, so no expert gets more than N rows from
+    // this rank: a capacity beyond that would only pad the dispatch.
+    send_to_experts(*ctx.experts, m.d, capacity > 0 ? std::min(capacity, N) : 0, a);
     a.ye = from_experts(*ctx.experts, m.d, a, run_experts(ctx.precision, m, w, a));
   } else {
     a.first_run = 0;

@@ -107,8 +107,10 @@ void send_counted(ExpertExchange& x, int64_t d, BlockActs& a) {
 // block of the same size, a header (the capacity, then each of the peer's experts' row count)
 // and one slot of `capacity` rows per expert, so a single all-to-all brings the counts with the
 // rows and its buffers' sizes do not depend on the routing. Every rank of the group routes a
-// micro-batch of the same size (parallel::micro_batch_rows), so their capacities agree; the
-// header says so. Padding rows travel unwritten: only the counted rows are read.
+// micro-batch of the same size (parallel::micro_batch_rows), so their capacities agree by
+// construction; were they to differ, the exchange would fail on the blocks' sizes or the
+// header's check would stop the process (a bug, not an input). Padding rows travel unwritten:
+// only the counted rows are read.
 void send_fixed(ExpertExchange& x, int64_t d, int64_t capacity, BlockActs& a) {
   const int n = x.ranks();
   const int64_t experts = int64_t(a.expert_begin.size() - 1), runs = experts / n;
