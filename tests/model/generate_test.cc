@@ -31,7 +31,10 @@ std::vector<ModelConfig> families() {
   llama.dense_layers = {0, 1};
   llama.dense_ffn_dim = 96;
   llama.num_experts = llama.top_k = llama.ffn_dim = 0;
-  return {*preset("tiny"), qwen3_moe, llama};
+  // Token dropping: a pass over the same tokens drops the same slots, cached or not.
+  ModelConfig dropping = *preset("tiny");
+  dropping.capacity_factor = 0.75;
+  return {*preset("tiny"), qwen3_moe, llama, dropping};
 }
 
 TEST(Generate, CachedLogitsMatchTrainingForward) {

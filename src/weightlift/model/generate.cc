@@ -45,7 +45,9 @@ std::vector<float> forward_cached(Transformer& model, KvCache& cache,
   row_begin.push_back(int64_t(tokens.size()));
   const int64_t M = int64_t(tokens.size());
   ModelView w = model.param_view();
-  const detail::BlockContext ctx{c, model.rope(), prec};
+  detail::BlockContext ctx{c, model.rope(), prec};
+  // Drops over this pass's tokens, as the rollout engines do (docs/algorithms.md).
+  ctx.capacity_factor = c.capacity_factor.value_or(0.0);
 
   Tensor x = Tensor::empty(DType::kF32, {M, d});
   kernels::embedding_forward(w.embed, tokens.data(), x.data<float>(), M, V, d);

@@ -98,9 +98,9 @@ struct BlockContext {
   // and the recorded routes. Null: every token.
   const uint8_t* keep = nullptr;
   // Token dropping (kernels::expert_capacity): each expert takes at most capacity_factor
-  // times its even share of this pass's slots; 0: every slot (dropless). Training passes use
-  // the config's (none when they replay routes, which carry their drops); model::generate
-  // routes dropless. The rollout engines (infer/worker.h) drop by the config's, their own way.
+  // times its even share of this pass's slots; 0: every slot (dropless). Training passes and
+  // model::generate use the config's (none when they replay routes, which carry their drops).
+  // The rollout engines (infer/worker.h) drop by the config's, their own way.
   double capacity_factor = 0;
   // Zero-bubble pipelines: the backward's weight gradients are added here, to run later,
   // instead of at once (linear.h). Null: at once.
