@@ -157,6 +157,27 @@ inline std::vector<std::string> read_lines(const std::string& path) {
   return out;
 }
 
+// tiny on `corpus`: 6 steps of 2 x 32 tokens, a quick warm-up and decay, no evaluation.
+inline TrainOptions tiny_options(const std::string& corpus) {
+  TrainOptions o;
+  o.preset = "tiny";
+  o.corpus_dir = corpus;
+  o.batch = 2;
+  o.seq = 32;
+  o.steps = 6;
+  o.eval_every = 0;
+  o.eval_windows = 4;
+  o.schedule = {.base_lr = 1e-2, .min_lr = 1e-3, .warmup_steps = 2};
+  return o;
+}
+
+// The two weight files hold the same bits, tensor by tensor.
+inline void expect_same_bits(const std::string& a, const std::string& b) {
+  auto x = read_weights(a), y = read_weights(b);
+  ASSERT_EQ(x.size(), y.size());
+  for (const auto& [name, v] : x) EXPECT_EQ(v, y[name]) << name;
+}
+
 // Over ten steps the layouts drift from one process by more than their gradients' rounding:
 // the top-k router is discontinuous, and once a near-tied token is routed to another expert
 // (a 1e-7 difference in its logits is enough) that expert's weights take a different update;
