@@ -1,12 +1,11 @@
 // data_parallel.h: the whole model (weights or gradients) put together from the pieces the
 // ranks hold: data-parallel shards, expert runs, tensor-parallel slices and pipeline stages.
-#include "weightlift/parallel/data/data_parallel.h"
-
 #include <cstring>
 
 #include "weightlift/comm/collectives/allgather.h"
 #include "weightlift/comm/collectives/allreduce.h"
 #include "weightlift/core/check.h"
+#include "weightlift/parallel/data/data_parallel.h"
 
 namespace wl::parallel {
 
