@@ -45,6 +45,34 @@ std::unique_ptr<StagedModel> trained_model(int stages, int steps) {
   return m;
 }
 
+// A model with dense layers: the router's aux and z are the mean over the layers that route,
+// as one process weighs them (StagePass::router_terms), not over every layer. Two stages of
+// a dense layer and a MoE one each, two micro-batches, against one process per micro-batch.
+TEST(StagedModel, RouterLossesOfAModelWithDenseLayersAreOneProcesss) {
+  model::ModelConfig c = *model::preset("tiny");
+  c.num_layers = 4;
+  c.dense_layers = {0, 2};
+  c.dense_ffn_dim = 2 * c.hidden_size;
+  c.z_loss_beta = 1e-3;
+  auto m = StagedModel::create(c, 2, {.beta2 = 0.999, .weight_decay = 0, .grad_clip = 100}, 7);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  const std::vector<float> w((*m)->weights().begin(), (*m)->weights().end());
+  const train::Batch b = random_batch(4, 16, 31);
+  double want = 0;
+  for (int mb = 0; mb < 2; ++mb) {
+    model::Transformer t(c);
+    std::copy(w.begin(), w.end(), t.params().data<float>());
+    t.zero_grads();
+    const model::LossTerms lt = t.forward_backward(b.tokens.data() + mb * 2 * 16,
+                                                   b.targets.data() + mb * 2 * 16, 2, 16, {});
+    want += (lt.aux + lt.z) / 2;
+  }
+  const Result<StepLoss> got = (*m)->step(b, 2, {(*m)->normal_order()}, 1e-3);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  ASSERT_GT(want, 0);
+  EXPECT_NEAR(got->loss - got->ce, want, 1e-6 * want);
+}
+
 TEST(RecoveryPlan, AveragesInteriorStagesAndCopiesAtTheEnds) {
   const int lost_mid[] = {2};
   std::vector<Rebuild> p = *plan_recovery(Recovery::kCheckFree, 5, lost_mid);
