@@ -385,6 +385,29 @@ TEST_P(Layouts, TenStepLossCurvesFollowTheSingleProcess) {
   }
 }
 
+// One step of `layout` on `ranks` ranks from init seed 5: the model's whole gradients and the
+// loss, as rank 0 sees them.
+struct FirstStep {
+  std::vector<float> grads;
+  model::LossTerms loss;
+};
+FirstStep first_step(int ranks, const model::ModelConfig& c, const ParallelLayout& layout,
+                     const train::Batch& batch) {
+  FirstStep out;
+  run_data_parallel(ranks, c, layout, [&](DataParallel& dp) {
+    std::vector<float> full(size_t(dp.layout().total()));
+    model::init_params(c, dp.layout(), 5, full.data());
+    dp.set_params(full.data());
+    auto loss = layout.pp > 1 ? compute_pipeline_gradients(dp, batch, {}, layout.schedule)
+                              : compute_gradients(dp, batch, {});
+    ASSERT_TRUE(loss.ok()) << loss.status().to_string();
+    std::vector<float> g(full.size());
+    ASSERT_TRUE(dp.gather_model_grads(g.data()).ok());
+    if (dp.job_rank() == 0) out = {std::move(g), *loss};
+  });
+  return out;
+}
+
 // Token dropping is per rank and per micro-batch (docs/algorithms.md): a layout whose ranks
 // route the tokens their data-parallel twin routes drops the same slots and gives its
 // gradients. Expert parallelism drops among a rank's own tokens before the exchange, as DDP's
@@ -408,28 +431,10 @@ TEST(TokenDropping, EveryLayoutDropsWhatItsDataParallelTwinDrops) {
       {"tp2_x_ep2", 4, {.tp = 2, .ep = 2, .micro_batches = 2}, 2, {.micro_batches = 2}},
       {"pp2", 2, {.pp = 2, .micro_batches = 4}, 1, {.micro_batches = 4}},
   };
-  struct Step {
-    std::vector<float> grads;
-    model::LossTerms loss;
-  };
-  const auto step = [&](int ranks, const ParallelLayout& layout) {
-    const train::Batch batch = random_batch(c, 8, 32);
-    Step out;
-    run_data_parallel(ranks, c, layout, [&](DataParallel& dp) {
-      std::vector<float> full(size_t(dp.layout().total()));
-      model::init_params(c, dp.layout(), 5, full.data());
-      dp.set_params(full.data());
-      auto loss = layout.pp > 1 ? compute_pipeline_gradients(dp, batch, {}, layout.schedule)
-                                : compute_gradients(dp, batch, {});
-      ASSERT_TRUE(loss.ok()) << loss.status().to_string();
-      std::vector<float> g(full.size());
-      ASSERT_TRUE(dp.gather_model_grads(g.data()).ok());
-      if (dp.job_rank() == 0) out = {std::move(g), *loss};
-    });
-    return out;
-  };
+  const train::Batch batch = random_batch(c, 8, 32);
   for (const Twin& t : twins) {
-    const Step got = step(t.ranks, t.layout), want = step(t.twin_ranks, t.twin);
+    const FirstStep got = first_step(t.ranks, c, t.layout, batch);
+    const FirstStep want = first_step(t.twin_ranks, c, t.twin, batch);
     ASSERT_GT(want.loss.dropped, 0) << t.name << ": a twin that drops nothing tests nothing";
     EXPECT_EQ(got.loss.slots, want.loss.slots) << t.name;
     EXPECT_EQ(got.loss.dropped, want.loss.dropped) << t.name;
@@ -450,21 +455,8 @@ TEST(Pipeline, StagesWithDenseLayersReportOneProcesssRouterLosses) {
   c.dense_ffn_dim = 2 * c.hidden_size;
   ASSERT_TRUE(c.validate().ok()) << c.validate().to_string();
   const train::Batch batch = random_batch(c, 4, 16);
-  const auto losses = [&](int ranks, const ParallelLayout& layout) {
-    model::LossTerms out;
-    run_data_parallel(ranks, c, layout, [&](DataParallel& dp) {
-      std::vector<float> full(size_t(dp.layout().total()));
-      model::init_params(c, dp.layout(), 5, full.data());
-      dp.set_params(full.data());
-      auto loss = layout.pp > 1 ? compute_pipeline_gradients(dp, batch, {}, layout.schedule)
-                                : compute_gradients(dp, batch, {});
-      ASSERT_TRUE(loss.ok()) << loss.status().to_string();
-      if (dp.job_rank() == 0) out = *loss;
-    });
-    return out;
-  };
-  const model::LossTerms want = losses(1, {.micro_batches = 2});
-  const model::LossTerms got = losses(2, {.pp = 2, .micro_batches = 2});
+  const model::LossTerms want = first_step(1, c, {.micro_batches = 2}, batch).loss;
+  const model::LossTerms got = first_step(2, c, {.pp = 2, .micro_batches = 2}, batch).loss;
   ASSERT_GT(want.aux, 0);
   EXPECT_NEAR(got.aux, want.aux, 1e-6 * want.aux);
   EXPECT_NEAR(got.z, want.z, 1e-6 * want.z);

@@ -30,6 +30,29 @@ struct KvCache {
   void clear() { std::fill(length.begin(), length.end(), 0); }
 };
 
+// The logits [rows, V] of each row's last new token in x [M, d] (row r's new tokens at
+// [row_begin[r], row_begin[r + 1])): only those positions need the final norm and head. A row
+// with nothing new gets zeros.
+std::vector<float> head_of_last(Transformer& model, const Tensor& x,
+                                const std::vector<int64_t>& row_begin, Precision prec) {
+  const ModelConfig& c = model.config();
+  const int64_t d = c.hidden_size, V = c.vocab_size;
+  const ModelView w = model.param_view();
+  const int64_t R = int64_t(row_begin.size()) - 1;
+  Tensor last = Tensor::zeros(DType::kF32, {R, d});
+  for (int64_t r = 0; r < R; ++r) {
+    if (row_begin[size_t(r) + 1] > row_begin[size_t(r)])
+      std::memcpy(last.data<float>() + r * d, x.data<float>() + (row_begin[size_t(r) + 1] - 1) * d,
+                  size_t(d) * 4);
+  }
+  Tensor ln = Tensor::empty(DType::kF32, {R, d});
+  kernels::rmsnorm_forward(last.data<float>(), w.norm, ln.data<float>(), nullptr, R, d,
+                           float(c.rms_eps));
+  std::vector<float> logits(size_t(R * V));
+  detail::linear_forward(prec, ln.data<float>(), w.head, logits.data(), R, d, V);
+  return logits;
+}
+
 // Runs new tokens through the model: row r appends feed[r] (may be empty) to its cache.
 // Returns the logits of each row's last new token, [rows, V] (rows with nothing new: zeros).
 std::vector<float> forward_cached(Transformer& model, KvCache& cache,
@@ -100,20 +123,7 @@ std::vector<float> forward_cached(Transformer& model, KvCache& cache,
   }
   for (size_t r = 0; r < feed.size(); ++r) cache.length[r] += row_begin[r + 1] - row_begin[r];
 
-  // Only each row's last position needs the final norm and head.
-  const int64_t R = int64_t(feed.size());
-  Tensor last = Tensor::zeros(DType::kF32, {R, d});
-  for (int64_t r = 0; r < R; ++r) {
-    if (row_begin[size_t(r) + 1] > row_begin[size_t(r)])
-      std::memcpy(last.data<float>() + r * d, x.data<float>() + (row_begin[size_t(r) + 1] - 1) * d,
-                  size_t(d) * 4);
-  }
-  Tensor ln = Tensor::empty(DType::kF32, {R, d});
-  kernels::rmsnorm_forward(last.data<float>(), w.norm, ln.data<float>(), nullptr, R, d,
-                           float(c.rms_eps));
-  std::vector<float> logits(size_t(R * V));
-  detail::linear_forward(prec, ln.data<float>(), w.head, logits.data(), R, d, V);
-  return logits;
+  return head_of_last(model, x, row_begin, prec);
 }
 
 Status check_prompts(const ModelConfig& c, const std::vector<std::vector<int64_t>>& prompts,
