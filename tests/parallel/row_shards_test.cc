@@ -1,6 +1,7 @@
-// RowShards on every layout's ownership: each rank's shards are exactly its core/shard.h rows
-// of the whole model, whether the layout already keeps them (DDP, FSDP: in place, nothing
-// sent) or they come from stages, expert groups and tensor bands (an all-to-all).
+// RowShards on every layout's ownership: each rank's shards are exactly its rows of the whole
+// model by the splits it reports, read where the layout keeps them (DDP, FSDP, a pipeline
+// stage's layers, an expert group's experts: in place, nothing sent) or moved from tensor
+// bands of columns (an all-to-all).
 #include "weightlift/parallel/run/row_shards.h"
 
 #include <gtest/gtest.h>
@@ -62,7 +63,7 @@ TEST_P(RowShardsTest, EveryRankGetsItsShardOfTheWholeModel) {
           for (const RowShards::Shard& s : *got) {
             const model::ParamInfo& p = layout.params()[s.param];
             const int64_t width = p.numel() / p.shape[0];
-            const ShardRows want = shard_rows(p.shape[0], k.ranks, rank);
+            const ShardRows want = (*shards)->splits()[s.param].rank_rows(rank);
             ASSERT_EQ(s.rows.begin, want.begin) << p.name << " rank " << rank;
             ASSERT_EQ(s.rows.end, want.end) << p.name << " rank " << rank;
             const float* expect = now.data() + p.offset + want.begin * width;
@@ -85,9 +86,10 @@ INSTANTIATE_TEST_SUITE_P(
                       ShardsCase{"ddp", "tiny", 2, {}, true},
                       ShardsCase{"fsdp", "tiny", 2, {.dp_mode = DpMode::kFsdp}, true},
                       ShardsCase{"tp", "tiny_gqa", 2, {.tp = 2}, false},
-                      ShardsCase{"ep", "tiny", 2, {.ep = 2}, false},
-                      ShardsCase{"ep_fsdp", "tiny", 4, {.dp_mode = DpMode::kFsdp, .ep = 2}, false},
-                      ShardsCase{"pp_tied", "tiny_tied", 2, {.pp = 2}, false},
+                      ShardsCase{"ep", "tiny", 2, {.ep = 2}, true},
+                      ShardsCase{"ep_fsdp", "tiny", 4, {.dp_mode = DpMode::kFsdp, .ep = 2}, true},
+                      ShardsCase{"pp", "tiny", 2, {.pp = 2}, true},
+                      ShardsCase{"pp_tied", "tiny_tied", 2, {.pp = 2}, true},
                       ShardsCase{
                           "tp_zero1", "tiny", 4, {.dp_mode = DpMode::kZero1, .tp = 2}, false},
                       ShardsCase{"pp_tp", "qwen4", 4, {.pp = 2, .tp = 2}, false},

@@ -163,12 +163,16 @@ struct Case {
   DType shard_dtype = DType::kF32;
   bool offload = false;
   bool faults = false;  // every rank's group over a FaultTransport (run_world)
+  // Each mesh rank holds whole layers, as a pipeline stage does (stage_splits), instead of
+  // torch.chunk's rows of every parameter.
+  bool stages = false;
   std::string name() const {
     return std::string(preset) + " " + std::to_string(meshes) + "x" + std::to_string(mesh_size) +
            " trainers, " + std::to_string(engines) + "x tp" + std::to_string(tp) +
            (ep > 1 ? " ep" + std::to_string(ep) : std::string()) + " " +
            std::string(weight_format_name(format)) + ", shards " +
-           std::string(dtype_name(shard_dtype)) + (offload ? " offloaded" : "");
+           std::string(dtype_name(shard_dtype)) + (offload ? " offloaded" : "") +
+           (stages ? " by stages" : "");
   }
   int trainers() const { return meshes * mesh_size; }
   int size() const { return trainers() + engines * tp * ep; }
@@ -186,6 +190,28 @@ struct Rank {
   RankMeta meta;
 };
 
+// Splits of every parameter of `c` over `stages` ranks as pipeline stages hold them: layer l
+// whole on stage l * stages / num_layers, the embedding on the first, the rest on the last.
+inline std::vector<RowSplit> stage_splits(const model::ModelConfig& c, int stages) {
+  std::vector<RowSplit> out;
+  const model::ParamLayout layout(c);
+  for (const model::ParamInfo& p : layout.params()) {
+    int owner = stages - 1;
+    if (p.name.starts_with("embed")) owner = 0;
+    if (p.name.starts_with("layers.")) {
+      owner = int(std::stoll(p.name.substr(7)) * stages / c.num_layers);
+    }
+    std::vector<ShardRows> per_rank;
+    for (int k = 0; k < stages; ++k) {
+      per_rank.push_back({k <= owner ? 0 : p.shape[0], k < owner ? 0 : p.shape[0]});
+    }
+    auto split = RowSplit::of(per_rank, p.shape[0], p.name);
+    WL_CHECK(split.ok()) << split.status().to_string();
+    out.push_back(*std::move(split));
+  }
+  return out;
+}
+
 inline Rank join(const Case& k, int rank, std::shared_ptr<comm::Group> world,
                  std::span<const float> weights) {
   Rank r;
@@ -197,7 +223,10 @@ inline Rank join(const Case& k, int rank, std::shared_ptr<comm::Group> world,
   if (trainer) {
     r.weights = std::make_unique<TrainerWeights>(TrainerWeights::from_full(
         c, weights, *mesh,
-        {.dtype = k.shard_dtype, .offload = k.offload, .mesh_id = rank / k.mesh_size}));
+        {.dtype = k.shard_dtype,
+         .offload = k.offload,
+         .mesh_id = rank / k.mesh_size,
+         .splits = k.stages ? stage_splits(c, k.mesh_size) : std::vector<RowSplit>{}}));
     r.meta = describe_trainer(rank, *r.weights);
   } else {
     const int i = rank - k.trainers(), engine = k.tp * k.ep;

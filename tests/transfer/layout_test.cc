@@ -342,5 +342,31 @@ TEST(ShardRows, FollowTorchChunk) {
   }
 }
 
+TEST(RowSplit, EvenIsTorchChunkAndOthersMustFollowInRankOrder) {
+  const RowSplit even = RowSplit::even(10, 4);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(even.rank_rows(r), shard_rows(10, 4, r));
+  // A stage holding a whole parameter, the ranks around it none.
+  const std::vector<ShardRows> staged = {{0, 0}, {0, 10}, {10, 10}};
+  auto split = RowSplit::of(staged, 10, "w");
+  ASSERT_TRUE(split.ok()) << split.status().to_string();
+  EXPECT_EQ(split->rank_rows(1).size(), 10);
+  EXPECT_EQ(split->rank_rows(2).size(), 0);
+  EXPECT_EQ(split->ranks(), 3);
+  // A gap, an overlap, rows out of rank order, too few rows: each refused, naming the rank.
+  const std::vector<std::pair<std::vector<ShardRows>, std::string>> bad = {
+      {{{0, 4}, {5, 10}}, "rank 1 holds rows [5, 10)"},
+      {{{0, 6}, {5, 10}}, "rank 1 holds rows [5, 10)"},
+      {{{5, 10}, {0, 5}}, "rank 0 holds rows [5, 10)"},
+      {{{0, 4}, {4, 9}}, "the ranks hold rows [0, 9) of 10"}};
+  for (const auto& [rows, words] : bad) {
+    auto refused = RowSplit::of(rows, 10, "layers.0.w");
+    ASSERT_FALSE(refused.ok()) << words;
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(refused.status().message().find(words), std::string::npos)
+        << refused.status().message();
+    EXPECT_NE(refused.status().message().find("layers.0.w"), std::string::npos);
+  }
+}
+
 }  // namespace
 }  // namespace wl::transfer

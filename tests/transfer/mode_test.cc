@@ -75,6 +75,13 @@ TEST(BroadcastMode, BitExactWithOneGroupPerBucketBf16ShardsAndReplicas) {
            40000);
 }
 
+// Whole layers on each stage: the owners' full_tensor() gathers by the stages' splits.
+TEST(Modes, BroadcastAndNaiveFromPipelineStagesHoldingWholeLayers) {
+  for (TransferMode mode : {TransferMode::kBroadcast, TransferMode::kNaive}) {
+    run_case(mode, {.mesh_size = 2, .tp = 2, .format = WeightFormat::kFP8, .stages = true}, 1);
+  }
+}
+
 TEST(NaiveMode, BitExactTp1And2Bf16AndFp8MeshOf1And2) {
   for (int tp : {1, 2}) {
     for (WeightFormat f : {WeightFormat::kBF16, WeightFormat::kFP8}) {

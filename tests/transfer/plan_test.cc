@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "fixture.h"
@@ -124,6 +125,55 @@ TEST(Planner, Fp8GathersOnlyBandsThatCrossShards) {
   auto single = make_plan(paper_world({"small", 1, 1, 2, WeightFormat::kFP8}));
   ASSERT_TRUE(single.ok());
   EXPECT_TRUE(single->gathers.empty());
+}
+
+// Trainer ranks holding whole parameters, as pipeline stages do (`stage` of each parameter),
+// instead of torch.chunk's rows of each.
+void hold_by_stage(std::vector<RankMeta>& metas,
+                   const std::function<int(const std::string&)>& stage) {
+  for (RankMeta& m : metas) {
+    if (m.role != Role::kTrainer) continue;
+    for (ParamMeta& p : m.params) {
+      const int owner = stage(p.name);
+      p.row_begin = m.mesh_rank <= owner ? 0 : p.shape[0];
+      p.row_end = m.mesh_rank < owner ? 0 : p.shape[0];
+    }
+  }
+}
+
+TEST(Planner, ReadsWholeLayersFromTheStageThatHoldsThem) {
+  for (WeightFormat format : {WeightFormat::kBF16, WeightFormat::kFP8}) {
+    std::vector<RankMeta> metas = paper_world({"tiny", 1, 2, 2, format});
+    auto stage = [](const std::string& name) {
+      return name.starts_with("embed") || name.starts_with("layers.0.") ? 0 : 1;
+    };
+    hold_by_stage(metas, stage);
+    auto plan = make_plan(metas);
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    expect_exact_cover(*plan, metas);
+    // Every piece comes from the stage holding its parameter, with no gather: a fused
+    // tensor's parameters are one layer's, on one stage.
+    EXPECT_TRUE(plan->gathers.empty());
+    std::vector<uint64_t> bytes(2, 0);
+    for (const PlanTask& t : plan->tasks) {
+      EXPECT_EQ(t.gather, -1) << t.tensor;
+      for (const PlanPiece& q : t.pieces) EXPECT_EQ(stage(q.param), t.sender) << q.param;
+      bytes[size_t(t.sender)] += t.total_bytes();
+    }
+    EXPECT_GT(bytes[0], 0u);
+    EXPECT_GT(bytes[1], bytes[0]);  // layer 1 and the head
+  }
+  // Two meshes must hold their rows alike: mesh 1 by stages, mesh 0 by torch.chunk, refused.
+  std::vector<RankMeta> metas = paper_world({"tiny", 2, 2, 2, WeightFormat::kBF16});
+  std::vector<RankMeta> mesh1(metas.begin() + 2, metas.begin() + 4);
+  hold_by_stage(mesh1, [](const std::string&) { return 1; });
+  std::copy(mesh1.begin(), mesh1.end(), metas.begin() + 2);
+  auto plan = make_plan(metas);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("every mesh holds the same rows"), std::string::npos)
+      << plan.status().message();
+  EXPECT_NE(plan.status().message().find("trainer rank 2"), std::string::npos)
+      << plan.status().message();
 }
 
 TEST(Planner, ReplicasShareTheBytes) {

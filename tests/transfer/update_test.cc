@@ -75,6 +75,16 @@ TEST(P2pUpdate, BitExactTp1And2Bf16AndFp8MeshOf1And2) {
   }
 }
 
+// Pipeline stages publish their own layers: every piece is read where its stage holds it.
+TEST(P2pUpdate, BitExactFromPipelineStagesHoldingWholeLayers) {
+  for (int tp : {1, 2}) {
+    for (WeightFormat f : {WeightFormat::kBF16, WeightFormat::kFP8}) {
+      run_case({.mesh_size = 2, .tp = tp, .format = f, .stages = true});
+    }
+  }
+  run_case({.meshes = 2, .mesh_size = 2, .format = WeightFormat::kFP8, .stages = true});
+}
+
 // q/k norms arrive whole on every rank, a dense layer's MLP split as an expert's.
 TEST(P2pUpdate, BitExactQwen3MoeShapeTp1And2) {
   for (int tp : {1, 2}) {

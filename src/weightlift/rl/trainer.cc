@@ -162,7 +162,8 @@ class Trainer {
                                                          : DType::kF32}));
     // From the rows each rank owns, as refresh() does: with FSDP no rank holds the rest.
     WL_ASSIGN_OR_RETURN(const std::vector<transfer::OwnRows> own, own_weights());
-    WL_RETURN_IF_ERROR(server_->register_checkpoint(protocol::kCheckpoint, o_.config, own));
+    WL_RETURN_IF_ERROR(
+        server_->register_checkpoint(protocol::kCheckpoint, o_.config, own, shards_->splits()));
     if (rank_ != 0) {  // rank 0 alone talks to the workers
       // One pass: serving for a millisecond at a time kept an order waiting for 3 ms on average
       // on 2 cores, and the push's first collective with it (the sync was a quarter of the
@@ -326,8 +327,9 @@ class Trainer {
     std::vector<float> full(static_cast<size_t>(total()));
     const model::ParamLayout& layout = dp_->layout();
     auto place = [&](int rank, const float* rows) {
-      for (const model::ParamInfo& p : layout.params()) {
-        const ShardRows r = shard_rows(p.shape[0], o_.trainers, rank);
+      for (size_t i = 0; i < layout.params().size(); ++i) {
+        const model::ParamInfo& p = layout.params()[i];
+        const ShardRows r = shards_->splits()[i].rank_rows(rank);
         const int64_t width = p.numel() / p.shape[0], n = r.size() * width;
         std::copy_n(rows, n, full.data() + p.offset + r.begin * width);
         rows += n;
@@ -350,8 +352,11 @@ class Trainer {
   // Every parameter's rows trainer rank `rank` owns, in ParamLayout order, back to back.
   int64_t own_rows_elems(int rank) const {
     int64_t n = 0;
-    for (const model::ParamInfo& p : dp_->layout().params())
-      n += shard_rows(p.shape[0], o_.trainers, rank).size() * (p.numel() / p.shape[0]);
+    const std::vector<model::ParamInfo>& params = dp_->layout().params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const model::ParamInfo& p = params[i];
+      n += shards_->splits()[i].rank_rows(rank).size() * (p.numel() / p.shape[0]);
+    }
     return n;
   }
   // Collective over the trainer ranks (own_weights()).
@@ -580,9 +585,10 @@ class Trainer {
 
   int64_t total() const { return dp_->layout().total(); }
 
-  // The rows of every parameter this rank's servers hold (core/shard.h's over the trainer's
-  // ranks), in ParamLayout order: where the optimizer leaves them under DDP, ZeRO and FSDP,
-  // else moved from the ranks that own them (RowShards; collective over the trainer ranks).
+  // The rows of every parameter this rank's servers hold (RowShards' splits over the trainer's
+  // ranks), in ParamLayout order: where the layout keeps them (DDP, ZeRO, FSDP, PP, EP, a TP
+  // rank's output rows), else moved from the ranks that own them (RowShards; collective over
+  // the trainer ranks unless in place).
   Result<std::vector<transfer::OwnRows>> own_weights() {
     WL_ASSIGN_OR_RETURN(const std::vector<parallel::RowShards::Shard> shards, shards_->refresh());
     std::vector<transfer::OwnRows> out;

@@ -85,13 +85,49 @@ Result<std::unique_ptr<RowShards>> RowShards::create(DataParallel& dp,
   return s;
 }
 
+void RowShards::choose_splits(const std::vector<std::vector<Band>>& owned) {
+  const std::vector<model::ParamInfo>& params = dp_.layout().params();
+  // Per parameter, each rank's one band of it (null: none), and whether any rank owns a band
+  // of columns or more than one band.
+  std::vector<std::vector<const Band*>> band_of(params.size(),
+                                                std::vector<const Band*>(size_t(ranks_)));
+  std::vector<bool> rows_only(params.size(), true);
+  for (int r = 0; r < ranks_; ++r) {
+    for (const Band& b : owned[size_t(r)]) {
+      if (b.param < 0 || size_t(b.param) >= params.size()) continue;  // plan() refuses it
+      const Band*& slot = band_of[size_t(b.param)][size_t(r)];
+      if (slot != nullptr || b.c0 != 0 || b.c1 != width_of(params[size_t(b.param)])) {
+        rows_only[size_t(b.param)] = false;
+      }
+      slot = &b;
+    }
+  }
+  splits_.clear();
+  for (size_t p = 0; p < params.size(); ++p) {
+    const int64_t rows = params[p].shape[0];
+    if (rows_only[p]) {
+      std::vector<ShardRows> per_rank;
+      int64_t at = 0;
+      for (const Band* b : band_of[p]) {
+        per_rank.push_back(b != nullptr ? ShardRows{b->r0, b->r1} : ShardRows{at, at});
+        at = per_rank.back().end;
+      }
+      if (Result<RowSplit> split = RowSplit::of(per_rank, rows, params[p].name); split.ok()) {
+        splits_.push_back(*std::move(split));
+        continue;
+      }
+    }
+    splits_.push_back(RowSplit::even(rows, ranks_));
+  }
+}
+
 // Whether each rank owns exactly its shard of every parameter, every column of it.
 bool RowShards::owned_as_shards(const std::vector<std::vector<Band>>& owned) const {
   const std::vector<model::ParamInfo>& params = dp_.layout().params();
   for (int r = 0; r < ranks_; ++r) {
     std::vector<Band> expect, got = owned[size_t(r)];
     for (size_t p = 0; p < params.size(); ++p) {
-      const ShardRows rows = shard_rows(params[p].shape[0], ranks_, r);
+      const ShardRows rows = splits_[p].rank_rows(r);
       if (rows.size() > 0) {
         expect.push_back({int64_t(p), rows.begin, rows.end, 0, width_of(params[p])});
       }
@@ -109,9 +145,8 @@ bool RowShards::owned_as_shards(const std::vector<std::vector<Band>>& owned) con
 
 Status RowShards::plan(const std::vector<std::vector<Band>>& owned) {
   const std::vector<model::ParamInfo>& params = dp_.layout().params();
-  auto shard_of = [&](int64_t param, int rank) {
-    return shard_rows(params[size_t(param)].shape[0], ranks_, rank);
-  };
+  choose_splits(owned);
+  auto shard_of = [&](int64_t param, int rank) { return splits_[size_t(param)].rank_rows(rank); };
   // This rank's shards, back to back in ParamLayout order.
   shard_offset_.assign(params.size(), -1);
   for (size_t p = 0; p < params.size(); ++p) {
@@ -227,7 +262,7 @@ void RowShards::unpack(const Band& band, const float* from) {
   const model::ParamInfo& p = dp_.layout().params()[size_t(band.param)];
   const int64_t width = width_of(p), cols = band.c1 - band.c0;
   float* shard = shards_.data() + shard_offset_[size_t(band.param)];
-  const int64_t first = shard_rows(p.shape[0], ranks_, rank_).begin;
+  const int64_t first = splits_[size_t(band.param)].rank_rows(rank_).begin;
   for (int64_t row = band.r0; row < band.r1; ++row, from += cols) {
     std::memcpy(shard + (row - first) * width + band.c0, from, size_t(cols) * sizeof(float));
   }
@@ -249,7 +284,7 @@ Result<std::vector<RowShards::Shard>> RowShards::refresh() {
   const std::vector<model::ParamInfo>& params = dp_.layout().params();
   auto in_shard = [&](const Band& b) {
     const model::ParamInfo& p = params[size_t(b.param)];
-    const int64_t first = shard_rows(p.shape[0], ranks_, rank_).begin;
+    const int64_t first = splits_[size_t(b.param)].rank_rows(rank_).begin;
     return shards_.data() + shard_offset_[size_t(b.param)] + (b.r0 - first) * width_of(p);
   };
   // A band is whole rows of its piece (every column the piece has): one run of it.
@@ -290,7 +325,7 @@ Result<std::vector<RowShards::Shard>> RowShards::refresh() {
   }
   for (size_t p = 0; p < params.size(); ++p) {
     if (shard_offset_[p] < 0) continue;
-    const ShardRows rows = shard_rows(params[p].shape[0], ranks_, rank_);
+    const ShardRows rows = splits_[p].rank_rows(rank_);
     const int64_t piece = direct_[p];
     const float* data =
         piece >= 0

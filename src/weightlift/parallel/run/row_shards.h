@@ -1,15 +1,17 @@
-// RowShards: a job's weights re-cut from where its layout keeps them into core/shard.h's rows
-// of every parameter over the job's ranks, the shards a weight transfer's servers and planner
-// read (transfer/layout/trainer_weights.h's OwnRows).
+// RowShards: a job's weights as row shards of every parameter over the job's ranks (a
+// core/shard.h RowSplit per parameter), the shards a weight transfer's servers and planner read
+// (transfer/layout/trainer_weights.h's OwnRows).
 //
-// Under DDP and ZeRO every rank holds every parameter and FSDP shards by that very rule, so
-// each rank's own rows are already its shards and nothing moves. Pipeline stages, expert- and
-// tensor-parallel ranks own other parts (a stage's units, a group's experts, a band of columns,
-// a whole embedding on tensor rank 0): each rank then sends every other rank the pieces of its
+// Each parameter is split where its owners hold it when they hold it as whole rows, at most
+// one run of them per rank, following one another in rank order: DDP's, ZeRO's and FSDP's own
+// shards, a pipeline stage's layers, an expert group's experts, a tensor-parallel rank's band
+// of output rows. Those shards are read where they lie and nothing moves; a layout of only
+// such parameters (DDP, FSDP, PP, EP) is in_place(). A parameter owned otherwise (a
+// tensor-parallel band of input columns, or several runs of rows on one rank as in a fused
+// projection) is split by the even rule, and each rank sends every other rank the pieces of its
 // own rows that fall in that rank's shards, a message per piece straight from its weights and
-// (whole rows) straight into the shard, and no rank ever holds more than its own rows and its
-// shards, never a whole copy of the model. A shard that is all one piece of the rank's own is
-// read where it lies.
+// (whole rows) straight into the shard: no rank ever holds more than its own rows and its
+// shards, never a whole copy of the model.
 //
 // The exchange is planned once, from every rank's DataParallel::own_rows() (allgathered), and
 // checks that the owners cover each shard once, element by element: a layout whose ownership
@@ -47,6 +49,8 @@ class RowShards {
   // True when every rank's own rows are its shards: refresh() moves nothing and the shards
   // point into the trainer's weights.
   bool in_place() const { return in_place_; }
+  // Each parameter's split over the job's ranks, in ParamLayout order (the same on every rank).
+  const std::vector<RowSplit>& splits() const { return splits_; }
 
   // This rank's shard of every parameter that has rows on it, in ParamLayout order, from the
   // weights as they are now. Collective over the job unless in_place().
@@ -71,6 +75,8 @@ class RowShards {
   RowShards(DataParallel& dp, std::shared_ptr<comm::Group> world,
             std::chrono::milliseconds timeout);
   Status plan(const std::vector<std::vector<Band>>& owned);
+  // splits_: where the owners hold each parameter when they can be its split, else even.
+  void choose_splits(const std::vector<std::vector<Band>>& owned);
   bool owned_as_shards(const std::vector<std::vector<Band>>& owned) const;
   // Which shards are read in place (direct_) and where column bands are staged (stage_at_).
   void place_bands();
@@ -84,6 +90,7 @@ class RowShards {
   std::chrono::milliseconds timeout_;
   int rank_ = 0, ranks_ = 1;
   bool in_place_ = false;
+  std::vector<RowSplit> splits_;          // per parameter
   std::vector<Band> mine_;                // this rank's own weight rows, as own_rows() orders them
   std::vector<std::vector<Move>> sends_;  // per destination rank, in packing order
   std::vector<std::vector<Band>> recvs_;  // per source rank, in packing order

@@ -119,14 +119,18 @@ Status ParameterServer::register_checkpoint(const std::string& name,
 
 Status ParameterServer::register_checkpoint(const std::string& name,
                                             const model::ModelConfig& config,
-                                            std::span<const OwnRows> rows) {
+                                            std::span<const OwnRows> rows,
+                                            std::span<const RowSplit> splits) {
   WL_RETURN_IF_ERROR(impl_->check_new(name));
   WL_RETURN_IF_ERROR(config.validate("register_checkpoint '" + name + "'"));
-  WL_RETURN_IF_ERROR(check_own_rows(config, impl_->options.size, impl_->options.rank, rows)
+  WL_RETURN_IF_ERROR(check_own_rows(config, impl_->options.size, impl_->options.rank, rows, splits)
                          .with_context("register_checkpoint '" + name + "'"));
-  impl_->hold(name, impl_->shard_bytes(config), [&](std::byte* storage) {
-    return TrainerWeights::from_own_rows(config, rows, impl_->servers,
-                                         {.dtype = impl_->options.shard_dtype, .storage = storage});
+  impl_->hold(name, impl_->shard_bytes(config, splits), [&](std::byte* storage) {
+    return TrainerWeights::from_own_rows(
+        config, rows, impl_->servers,
+        {.dtype = impl_->options.shard_dtype,
+         .storage = storage,
+         .splits = std::vector<RowSplit>(splits.begin(), splits.end())});
   });
   return ok_status();
 }

@@ -94,9 +94,11 @@ class ParameterServer {
                              std::span<const float> full);
   // From this server rank's own rows of every parameter, as an FSDP trainer rank holds them
   // (the servers are the trainer's ranks, its shards theirs): no rank needs the whole model.
-  // InvalidArgument naming a parameter whose rows are missing, given twice or not this rank's.
+  // `splits`: which server rank holds which rows of each parameter, in ParamLayout order
+  // (a pipeline stage its whole layers); empty: core/shard.h's even rule. InvalidArgument
+  // naming a parameter whose rows are missing, given twice or not this rank's.
   Status register_checkpoint(const std::string& name, const model::ModelConfig& config,
-                             std::span<const OwnRows> rows);
+                             std::span<const OwnRows> rows, std::span<const RowSplit> splits = {});
   // From whole parameters in f32 or bf16 as a caller holds them (a state dict): each shard
   // copied from its tensor, converted only where the dtype differs from the shards'.
   // InvalidArgument naming a tensor that is missing, unknown, given twice or of the wrong shape

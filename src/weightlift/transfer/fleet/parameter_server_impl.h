@@ -133,8 +133,10 @@ struct ParameterServer::Impl {
   // (storage may be null).
   void hold(const std::string& name, size_t shard_bytes,
             const std::function<TrainerWeights(std::byte* storage)>& make);
-  size_t shard_bytes(const model::ModelConfig& config) const {
-    return TrainerWeights::storage_bytes(config, options.size, options.rank, options.shard_dtype);
+  size_t shard_bytes(const model::ModelConfig& config,
+                     std::span<const RowSplit> splits = {}) const {
+    return TrainerWeights::storage_bytes(config, options.size, options.rank, options.shard_dtype,
+                                         splits);
   }
   // New values for a held checkpoint, written by assign() under the servers' copy's seqlock.
   static void assign(HeldCheckpoint& held, const std::function<void(TrainerWeights&)>& write);

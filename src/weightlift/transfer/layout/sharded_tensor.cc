@@ -1,4 +1,4 @@
-// ShardedTensor: torch.chunk row ranges, offload copies and full_tensor() by allgatherv.
+// ShardedTensor: row ranges of a RowSplit, offload copies and full_tensor() by allgatherv.
 #include "weightlift/transfer/layout/sharded_tensor.h"
 
 #include <algorithm>
@@ -37,6 +37,10 @@ ShardedTensor ShardedTensor::empty(const ShardedTensorOptions& options,
   ShardedTensor t;
   t.options_ = options;
   t.mesh_ = std::move(mesh);
+  t.split_ = options.split ? *options.split : RowSplit::even(t.rows(), t.mesh_size());
+  WL_CHECK(t.split_.ranks() == t.mesh_size() && t.split_.rows() == t.rows())
+      << options.name << ": a split of " << t.split_.rows() << " rows over " << t.split_.ranks()
+      << " ranks for " << t.rows() << " rows over a mesh of " << t.mesh_size();
   Shape local = options.shape;
   local[0] = t.local_rows().size();
   t.working_ = options.storage != nullptr ? Tensor::borrow(options.storage, options.dtype, local)
@@ -92,7 +96,7 @@ Status ShardedTensor::full_tensor_into(void* dst, std::chrono::milliseconds time
   }
   std::vector<size_t> counts;
   for (int r = 0; r < mesh_size(); ++r) {
-    counts.push_back(size_t(shard_rows(rows(), mesh_size(), r).size() * row_elems()));
+    counts.push_back(size_t(split_.rank_rows(r).size() * row_elems()));
   }
   Status s = comm::allgatherv(
       *mesh_,

@@ -1,7 +1,8 @@
 // ShardedTensor: one parameter held as dim-0 shards over a mesh of trainer ranks, as FSDP
 // does, with full_tensor() to rebuild the whole of it on every rank of the mesh.
 //
-// Sharding is core/shard.h's (torch.chunk on dim 0, as FSDP2 and our own FSDP do). Each rank holds
+// Sharding is core/shard.h's (torch.chunk on dim 0, as FSDP2 and our own FSDP do) unless the
+// options give another RowSplit (a pipeline stage holding its layers whole). Each rank holds
 // its rows in bf16 or f32, either in its working buffer or, after offload(), only in a separate
 // host buffer (what FSDP's CPU offload does on a GPU machine; here both are host memory, but
 // the copy between them is the same stage seed 000 pipelines).
@@ -13,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "weightlift/comm/group/group.h"
@@ -30,6 +32,9 @@ struct ShardedTensorOptions {
   // bytes, outliving the tensor. Null: the tensor allocates its own. (The parameter server
   // keeps a checkpoint in one region that restarted receivers read: fleet/heal_from_servers.h.)
   std::byte* storage = nullptr;
+  // Which rows each mesh rank holds, over the mesh's size and the tensor's rows; unset:
+  // core/shard.h's even rule.
+  std::optional<RowSplit> split;
 };
 
 class ShardedTensor {
@@ -52,7 +57,8 @@ class ShardedTensor {
   void rebind_mesh(std::shared_ptr<comm::Group> mesh);
   int mesh_size() const { return mesh_ ? mesh_->size() : 1; }
   int mesh_rank() const { return mesh_ ? mesh_->rank() : 0; }
-  ShardRows local_rows() const { return shard_rows(rows(), mesh_size(), mesh_rank()); }
+  const RowSplit& split() const { return split_; }
+  ShardRows local_rows() const { return split_.rank_rows(mesh_rank()); }
 
   // Where this rank's rows are now: [local_rows().size(), ...] dtype, the working buffer, or
   // the offload buffer when offloaded. Writable (shares storage).
@@ -76,6 +82,7 @@ class ShardedTensor {
  private:
   ShardedTensorOptions options_;
   std::shared_ptr<comm::Group> mesh_;
+  RowSplit split_;
   Tensor working_;
   Tensor offload_;
   bool offloaded_ = false;

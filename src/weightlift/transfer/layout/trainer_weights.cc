@@ -14,8 +14,16 @@ namespace {
 
 constexpr size_t kShardAlign = 64;
 
-size_t shard_bytes(const Shape& shape, int mesh_size, int mesh_rank, DType dtype) {
-  const int64_t rows = shard_rows(shape[0], mesh_size, mesh_rank).size();
+// Parameter i's split (of `shape`) over the mesh: splits[i], or the even rule without splits.
+RowSplit split_of(std::span<const RowSplit> splits, size_t i, const Shape& shape, int mesh_size) {
+  if (splits.empty()) return RowSplit::even(shape[0], mesh_size);
+  WL_CHECK(i < splits.size() && splits[i].ranks() == mesh_size && splits[i].rows() == shape[0])
+      << "parameter " << i << ": its split does not fit " << shape[0] << " rows over " << mesh_size
+      << " ranks (" << splits.size() << " splits)";
+  return splits[i];
+}
+
+size_t shard_bytes(const Shape& shape, int64_t rows, DType dtype) {
   return size_t(rows * (shape_numel(shape) / shape[0])) * dtype_size(dtype);
 }
 
@@ -66,9 +74,10 @@ class ByName {
   std::unordered_map<std::string, const NamedTensor*> map_;
 };
 
-// check_own_rows over `count` parameters, param(i) giving the i-th's name and rows.
-template <typename ParamAt>
-Status check_rows(size_t count, ParamAt param, int mesh_size, int mesh_rank,
+// check_own_rows over `count` parameters, param(i) giving the i-th's name and want_of(i) the
+// rows this rank holds of it.
+template <typename ParamAt, typename Want>
+Status check_rows(size_t count, ParamAt param, Want want_of, int mesh_size, int mesh_rank,
                   std::span<const OwnRows> rows) {
   std::vector<const OwnRows*> given(count, nullptr);
   auto rows_text = [](ShardRows r) {
@@ -79,12 +88,12 @@ Status check_rows(size_t count, ParamAt param, int mesh_size, int mesh_rank,
       return invalid_argument("own rows of parameter " + std::to_string(r.param) +
                               ": the model has " + std::to_string(count));
     }
-    const auto [name, dim0] = param(r.param);
+    const std::string_view name = param(r.param);
     if (given[r.param] != nullptr) {
       return invalid_argument("own rows of '" + std::string(name) + "' are given twice");
     }
     given[r.param] = &r;
-    const ShardRows want = shard_rows(dim0, mesh_size, mesh_rank);
+    const ShardRows want = want_of(r.param);
     if (r.rows.begin != want.begin || r.rows.end != want.end) {
       return invalid_argument("own rows of '" + std::string(name) + "': " + rows_text(r.rows) +
                               " given, mesh rank " + std::to_string(mesh_rank) + " of " +
@@ -95,8 +104,8 @@ Status check_rows(size_t count, ParamAt param, int mesh_size, int mesh_rank,
     }
   }
   for (size_t i = 0; i < count; ++i) {
-    const auto [name, dim0] = param(i);
-    if (given[i] == nullptr && shard_rows(dim0, mesh_size, mesh_rank).size() > 0) {
+    const std::string_view name = param(i);
+    if (given[i] == nullptr && want_of(i).size() > 0) {
       return invalid_argument("own rows of '" + std::string(name) + "' are missing");
     }
   }
@@ -106,11 +115,13 @@ Status check_rows(size_t count, ParamAt param, int mesh_size, int mesh_rank,
 }  // namespace
 
 size_t TrainerWeights::storage_bytes(const model::ModelConfig& config, int mesh_size, int mesh_rank,
-                                     DType dtype) {
+                                     DType dtype, std::span<const RowSplit> splits) {
   const model::ParamLayout layout(config);
   size_t total = 0;
-  for (const model::ParamInfo& p : layout.params()) {
-    total += aligned(shard_bytes(p.shape, mesh_size, mesh_rank, dtype));
+  for (size_t i = 0; i < layout.params().size(); ++i) {
+    const Shape& shape = layout.params()[i].shape;
+    const int64_t rows = split_of(splits, i, shape, mesh_size).rank_rows(mesh_rank).size();
+    total += aligned(shard_bytes(shape, rows, dtype));
   }
   return total;
 }
@@ -119,7 +130,7 @@ size_t TrainerWeights::storage_bytes(const LayoutSpec& spec, int mesh_size, int 
                                      DType dtype) {
   size_t total = 0;
   for (const auto& [name, shape] : spec.params) {
-    total += aligned(shard_bytes(shape, mesh_size, mesh_rank, dtype));
+    total += aligned(shard_bytes(shape, shard_rows(shape[0], mesh_size, mesh_rank).size(), dtype));
   }
   return total;
 }
@@ -132,12 +143,27 @@ Status check_named_tensors(const model::ModelConfig& config, std::span<const Nam
 }
 
 Status check_own_rows(const model::ModelConfig& config, int mesh_size, int mesh_rank,
-                      std::span<const OwnRows> rows) {
+                      std::span<const OwnRows> rows, std::span<const RowSplit> splits) {
   const model::ParamLayout layout(config);
   const std::vector<model::ParamInfo>& params = layout.params();
+  if (!splits.empty() && splits.size() != params.size()) {
+    return invalid_argument("own rows: " + std::to_string(splits.size()) + " row splits for " +
+                            std::to_string(params.size()) + " parameters");
+  }
+  for (size_t i = 0; i < splits.size(); ++i) {
+    if (splits[i].ranks() != mesh_size || splits[i].rows() != params[i].shape[0]) {
+      return invalid_argument("own rows of '" + params[i].name + "': split over " +
+                              std::to_string(splits[i].ranks()) + " ranks and " +
+                              std::to_string(splits[i].rows()) + " rows, the mesh has " +
+                              std::to_string(mesh_size) + " ranks and the parameter " +
+                              std::to_string(params[i].shape[0]) + " rows");
+    }
+  }
   return check_rows(
-      params.size(),
-      [&](size_t i) { return std::pair(std::string_view(params[i].name), params[i].shape[0]); },
+      params.size(), [&](size_t i) { return std::string_view(params[i].name); },
+      [&](size_t i) {
+        return split_of(splits, i, params[i].shape, mesh_size).rank_rows(mesh_rank);
+      },
       mesh_size, mesh_rank, rows);
 }
 
@@ -147,9 +173,8 @@ Status TrainerWeights::check_own_rows(std::span<const OwnRows> rows) const {
                             "', not our model's");
   }
   return check_rows(
-      tensors_.size(),
-      [&](size_t i) { return std::pair(std::string_view(tensors_[i].name()), tensors_[i].rows()); },
-      mesh_size(), mesh_rank(), rows);
+      tensors_.size(), [&](size_t i) { return std::string_view(tensors_[i].name()); },
+      [&](size_t i) { return tensors_[i].local_rows(); }, mesh_size(), mesh_rank(), rows);
 }
 
 Status check_named_tensors(const LayoutSpec& spec, std::span<const NamedTensor> tensors) {
@@ -162,21 +187,27 @@ TrainerWeights TrainerWeights::build(std::span<const Param> params,
                                      std::shared_ptr<comm::Group> mesh,
                                      const TrainerWeightsOptions& options, Fill fill) {
   WL_CHECK(options.storage == nullptr || !options.offload) << "offloading borrowed storage";
-  const int mesh_size = mesh ? mesh->size() : 1, mesh_rank = mesh ? mesh->rank() : 0;
+  const int mesh_size = mesh ? mesh->size() : 1;
   std::byte* next = options.storage;
   TrainerWeights w;
   w.options_ = options;
   w.mesh_ = mesh;
+  WL_CHECK(options.splits.empty() || options.splits.size() == params.size())
+      << options.splits.size() << " row splits for " << params.size() << " parameters";
   for (size_t i = 0; i < params.size(); ++i) {
     const Param& p = params[i];
     w.index_.emplace(p.name, w.tensors_.size());
-    w.tensors_.push_back(ShardedTensor::empty({p.name, p.shape, options.dtype, next}, mesh));
+    w.tensors_.push_back(ShardedTensor::empty(
+        {p.name, p.shape, options.dtype, next, split_of(options.splits, i, p.shape, mesh_size)},
+        mesh));
     fill(w.tensors_.back(), i);
-    if (next != nullptr) next += aligned(shard_bytes(p.shape, mesh_size, mesh_rank, options.dtype));
+    if (next != nullptr) {
+      next += aligned(shard_bytes(p.shape, w.tensors_.back().local_rows().size(), options.dtype));
+    }
     if (options.offload) w.tensors_.back().offload();
   }
   auto elements = [&](size_t i) {
-    return shard_bytes(params[i].shape, mesh_size, mesh_rank, options.dtype);
+    return shard_bytes(params[i].shape, w.tensors_[i].local_rows().size(), options.dtype);
   };
   w.largest_first_.resize(params.size());
   std::iota(w.largest_first_.begin(), w.largest_first_.end(), size_t(0));

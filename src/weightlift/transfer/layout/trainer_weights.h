@@ -31,6 +31,10 @@ struct TrainerWeightsOptions {
   // Borrowed, storage_bytes() of it: every shard in one block, ParamLayout order, each at a
   // 64-byte boundary. Null: each shard allocates its own. Not with offload.
   std::byte* storage = nullptr;
+  // Which mesh rank holds which rows of each parameter, in model order (our model's
+  // ParamLayout, or a layout spec's params), each over the mesh's size; empty: core/shard.h's
+  // even rule for every parameter.
+  std::vector<RowSplit> splits;
 };
 
 // One whole parameter as a caller holds it (a PyTorch state dict's tensor): borrowed, row-major.
@@ -42,8 +46,8 @@ struct NamedTensor {
 };
 
 // One parameter's rows as a rank that shards its model holds them (FSDP's own rows, by
-// core/shard.h's rule over the mesh, the rule ShardedTensor keeps too): a rank fills its
-// shards from these with no whole copy of the model anywhere.
+// core/shard.h's rule over the mesh, or a pipeline stage's whole layers by another RowSplit):
+// a rank fills its shards from these with no whole copy of the model anywhere.
 struct OwnRows {
   size_t param = 0;             // index into model::ParamLayout::params()
   ShardRows rows;               // of the parameter's dim 0
@@ -51,10 +55,10 @@ struct OwnRows {
 };
 
 // OK when `rows` give, once each, this mesh rank's rows of every parameter of `config` that
-// has any on it; otherwise InvalidArgument naming the parameter (and the rows given and
-// expected where they differ).
+// has any on it (by `splits`, one per parameter, or the even rule when empty); otherwise
+// InvalidArgument naming the parameter (and the rows given and expected where they differ).
 Status check_own_rows(const model::ModelConfig& config, int mesh_size, int mesh_rank,
-                      std::span<const OwnRows> rows);
+                      std::span<const OwnRows> rows, std::span<const RowSplit> splits = {});
 
 // OK when `tensors` are every parameter of `config` exactly once, each with its shape and
 // dtype kF32 or kBF16; otherwise InvalidArgument naming the tensor.
@@ -91,9 +95,10 @@ class TrainerWeights {
                                   std::shared_ptr<comm::Group> mesh,
                                   const TrainerWeightsOptions& options);
 
-  // Bytes TrainerWeightsOptions::storage must have for this rank's shards.
+  // Bytes TrainerWeightsOptions::storage must have for this rank's shards (cut by `splits`,
+  // as in the options).
   static size_t storage_bytes(const model::ModelConfig& config, int mesh_size, int mesh_rank,
-                              DType dtype);
+                              DType dtype, std::span<const RowSplit> splits = {});
   static size_t storage_bytes(const LayoutSpec& spec, int mesh_size, int mesh_rank, DType dtype);
 
   // The same mesh reconnected (after its old connections failed): same size, same rank.

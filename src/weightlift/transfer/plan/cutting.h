@@ -4,8 +4,9 @@
 // cannot drift apart (tests/transfer/simulate_test.cc checks they agree task for task).
 //
 //   bf16 (and the bf16 tensors of an fp8 receiver): each source slice is cut at the shard
-//        boundaries of its parameter's mesh (torch.chunk's, layout/sharded_tensor.h); every
-//        piece lies inside one mesh rank's shard, so that rank sends it with no gather.
+//        boundaries of its parameter's mesh (torch.chunk's, or the RowSplit the trainers
+//        hold it by, layout/sharded_tensor.h); every piece lies inside one mesh rank's shard,
+//        so that rank sends it with no gather.
 //   fp8: a block scale needs all 128 rows of its band, so a task is a 128-row band; it is
 //        sent directly by the lowest mesh rank whose shards hold every row it reads, or else
 //        needs a full_tensor() of the parameters it reads.
@@ -26,14 +27,14 @@
 
 namespace wl::transfer {
 
-// Source rows [row_begin, row_end) of a parameter of `param_rows` rows, sharded over
-// `mesh_size` ranks, landing at receiver row `dst_row`: fn(mesh_rank, begin, end, dst) for
+// Source rows [row_begin, row_end) of a parameter whose mesh rank k holds rows shard_of(k)
+// (of `mesh_size` ranks), landing at receiver row `dst_row`: fn(mesh_rank, begin, end, dst) for
 // every non-empty piece, in mesh-rank order.
-template <typename Fn>
-void cut_at_shards(int64_t param_rows, int mesh_size, int64_t row_begin, int64_t row_end,
+template <typename ShardOf, typename Fn>
+void cut_at_shards(int mesh_size, ShardOf&& shard_of, int64_t row_begin, int64_t row_end,
                    int64_t dst_row, Fn&& fn) {
   for (int k = 0; k < mesh_size; ++k) {
-    const ShardRows sh = shard_rows(param_rows, mesh_size, k);
+    const ShardRows sh = shard_of(k);
     const int64_t b = std::max(row_begin, sh.begin), e = std::min(row_end, sh.end);
     if (b < e) fn(k, b, e, dst_row + b - row_begin);
   }
@@ -59,15 +60,13 @@ inline bool band_piece(int64_t row_begin, int64_t rows, int64_t dst_row, int64_t
 }
 
 // The lowest mesh rank whose shards hold every piece a band reads, or -1: it needs a gather.
-// `pieces`: a range of elements with param_rows, b and e (parameter rows [b, e)), all of
-// parameters sharded over the same `mesh_size` ranks.
-template <typename Pieces>
-int direct_mesh_rank(int mesh_size, const Pieces& pieces) {
+// `pieces`: a range of elements with b and e (parameter rows [b, e)); shard_of(piece, k): the
+// rows mesh rank k (of `mesh_size`) holds of the piece's parameter.
+template <typename Pieces, typename ShardOf>
+int direct_mesh_rank(int mesh_size, const Pieces& pieces, ShardOf&& shard_of) {
   for (int k = 0; k < mesh_size; ++k) {
     bool all = true;
-    for (const auto& p : pieces) {
-      all = all && shard_rows(p.param_rows, mesh_size, k).contains(p.b, p.e);
-    }
+    for (const auto& p : pieces) all = all && shard_of(p, k).contains(p.b, p.e);
     if (all) return k;
   }
   return -1;

@@ -35,7 +35,8 @@ struct Unit {
 
 // What direct_mesh_rank (cutting.h) asks of a piece.
 struct PieceRows {
-  int64_t param_rows = 0, b = 0, e = 0;
+  const RowSplit* split = nullptr;  // the piece's parameter's
+  int64_t b = 0, e = 0;
 };
 
 // One receiver's metadata beside the layout it must hold.
@@ -55,6 +56,8 @@ class Planner {
   Status check_config();
   Status check_trainer(const RankMeta& t, std::set<std::pair<int, int>>& seats);
   Status check_params(const RankMeta& t);
+  // Every parameter's split over the meshes' ranks, the same in every mesh (splits_).
+  Status check_splits();
   Status check_receiver(ReceiverSide& side);
   Status check_declared(const ReceiverSide& side);
   std::vector<std::pair<bool, std::string>> families() const;
@@ -64,7 +67,7 @@ class Planner {
   PlanTask task_rows(const ReceiverSide& side, const ReceiverTensor& t, int64_t r0,
                      int64_t r1) const;
   void assign(std::vector<Unit>& units, bool expert);
-  int64_t param_rows(const std::string& name) const { return params_.at(name)[0]; }
+  const RowSplit& split(const std::string& param) const { return splits_.at(param); }
 
   std::vector<const RankMeta*> trainers_;
   std::vector<ReceiverSide> receivers_;
@@ -74,7 +77,12 @@ class Planner {
   std::optional<LayoutSpec> spec_;
   std::string layout_json_;              // spec_'s canonical JSON, which every trainer matches
   std::map<std::string, Shape> params_;  // every trainer parameter's full shape
-  std::map<int, uint64_t> load_;         // bytes assigned so far, by trainer world rank
+  // The rows each trainer holds, per parameter, mesh and mesh rank; then each parameter's
+  // split over a mesh.
+  std::map<std::string, std::vector<std::vector<ShardRows>>> held_;
+  std::map<std::string, RowSplit> splits_;
+  std::map<std::pair<int, int>, int> seats_;  // trainer world rank by (mesh, mesh rank)
+  std::map<int, uint64_t> load_;              // bytes assigned so far, by trainer world rank
   Plan plan_;
 };
 
@@ -146,6 +154,7 @@ Status Planner::check_trainer(const RankMeta& t, std::set<std::pair<int, int>>& 
   }
   WL_RETURN_IF_ERROR(check_params(t));
   plan_.trainers.push_back({t.rank, t.mesh_id, t.mesh_rank});
+  seats_[{t.mesh_id, t.mesh_rank}] = t.rank;
   return ok_status();
 }
 
@@ -168,14 +177,51 @@ Status Planner::check_params(const RankMeta& t) {
       return invalid_argument(who + ": parameter '" + name + "' is " +
                               std::string(dtype_name(p.dtype)) + "; shards are F32 or BF16");
     }
-    const ShardRows want = shard_rows(shape[0], plan_.mesh_size, t.mesh_rank);
-    if (p.row_begin != want.begin || p.row_end != want.end) {
+    if (p.row_begin < 0 || p.row_end < p.row_begin || p.row_end > shape[0]) {
       return invalid_argument(who + ": parameter '" + name + "' holds rows [" +
                               std::to_string(p.row_begin) + ", " + std::to_string(p.row_end) +
-                              "), mesh rank " + std::to_string(t.mesh_rank) + " of " +
-                              std::to_string(plan_.mesh_size) + " should hold [" +
-                              std::to_string(want.begin) + ", " + std::to_string(want.end) + ")");
+                              ") of its " + std::to_string(shape[0]));
     }
+    auto& meshes = held_[name];
+    meshes.resize(size_t(plan_.num_meshes), std::vector<ShardRows>(size_t(plan_.mesh_size)));
+    meshes[size_t(t.mesh_id)][size_t(t.mesh_rank)] = {p.row_begin, p.row_end};
+  }
+  return ok_status();
+}
+
+// Each parameter's rows over mesh 0's ranks, in mesh-rank order, must follow one another from
+// the first row to the last; every other mesh must hold them alike (a replica).
+Status Planner::check_splits() {
+  auto rows_text = [](const ShardRows& r) {
+    return "rows [" + std::to_string(r.begin) + ", " + std::to_string(r.end) + ")";
+  };
+  for (const auto& [name, meshes] : held_) {
+    const std::vector<ShardRows>& first = meshes[0];
+    for (size_t k = 0; k < first.size(); ++k) {
+      const int64_t from = k == 0 ? 0 : first[k - 1].end;
+      if (first[k].begin != from) {
+        return invalid_argument(rank_name("trainer", seats_.at({0, int(k)})) + ": parameter '" +
+                                name + "' holds " + rows_text(first[k]) + ", but " +
+                                (k == 0 ? "the first mesh rank's rows start at row 0"
+                                        : rank_name("trainer", seats_.at({0, int(k) - 1})) +
+                                              " before it holds " + rows_text(first[k - 1])) +
+                                " (each mesh rank's rows follow the previous rank's)");
+      }
+    }
+    WL_ASSIGN_OR_RETURN(RowSplit split,
+                        RowSplit::of(first, params_.at(name)[0], "parameter '" + name + "'"));
+    for (size_t m = 1; m < meshes.size(); ++m) {
+      for (int k = 0; k < plan_.mesh_size; ++k) {
+        if (meshes[m][size_t(k)] != split.rank_rows(k)) {
+          return invalid_argument(rank_name("trainer", seats_.at({int(m), k})) + ": parameter '" +
+                                  name + "' holds " + rows_text(meshes[m][size_t(k)]) + ", " +
+                                  rank_name("trainer", seats_.at({0, k})) +
+                                  " at its seat in mesh 0 holds " + rows_text(split.rank_rows(k)) +
+                                  " (every mesh holds the same rows)");
+        }
+      }
+    }
+    splits_.emplace(name, std::move(split));
   }
   return ok_status();
 }
@@ -287,12 +333,14 @@ PlanTask Planner::task_rows(const ReceiverSide& side, const ReceiverTensor& t, i
 void Planner::cut_bf16(const ReceiverSide& side, const ReceiverTensor& t,
                        std::vector<Unit>& units) {
   for (const SourceSlice& s : t.sources) {
-    cut_at_shards(param_rows(s.param), plan_.mesh_size, s.row_begin, s.row_end, s.dst_row,
-                  [&](int k, int64_t b, int64_t e, int64_t d0) {
-                    Unit u{task_rows(side, t, d0, d0 + e - b), k};
-                    u.task.pieces.push_back({s.param, b, e, s.col_begin, s.col_end, d0});
-                    units.push_back(std::move(u));
-                  });
+    const RowSplit& sp = split(s.param);
+    cut_at_shards(
+        plan_.mesh_size, [&](int k) { return sp.rank_rows(k); }, s.row_begin, s.row_end, s.dst_row,
+        [&](int k, int64_t b, int64_t e, int64_t d0) {
+          Unit u{task_rows(side, t, d0, d0 + e - b), k};
+          u.task.pieces.push_back({s.param, b, e, s.col_begin, s.col_end, d0});
+          units.push_back(std::move(u));
+        });
   }
 }
 
@@ -308,9 +356,10 @@ void Planner::cut_fp8(const ReceiverSide& side, const ReceiverTensor& t, std::ve
       int64_t b = 0, e = 0, dst = 0;
       if (!band_piece(s.row_begin, s.rows(), s.dst_row, r0, r1, &b, &e, &dst)) continue;
       u.task.pieces.push_back({s.param, b, e, s.col_begin, s.col_end, dst});
-      rows.push_back({param_rows(s.param), b, e});
+      rows.push_back({&split(s.param), b, e});
     }
-    u.direct_mesh_rank = direct_mesh_rank(plan_.mesh_size, rows);
+    u.direct_mesh_rank = direct_mesh_rank(
+        plan_.mesh_size, rows, [](const PieceRows& p, int k) { return p.split->rank_rows(k); });
     units.push_back(std::move(u));
   });
 }
@@ -372,6 +421,7 @@ Result<Plan> Planner::run() {
   WL_RETURN_IF_ERROR(check_config());
   std::set<std::pair<int, int>> seats;
   for (const RankMeta* t : trainers_) WL_RETURN_IF_ERROR(check_trainer(*t, seats));
+  WL_RETURN_IF_ERROR(check_splits());
   for (ReceiverSide& side : receivers_) WL_RETURN_IF_ERROR(check_receiver(side));
   for (const PlanTrainer& t : plan_.trainers) load_[t.rank] = 0;
   for (const auto& [expert, name] : families()) {

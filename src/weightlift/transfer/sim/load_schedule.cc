@@ -171,18 +171,20 @@ void Scheduler::cut_bf16(int r, const ReceiverTensor& t, const std::vector<Sourc
   const uint64_t cast = t.dtype == in_.trainer_dtype ? 0 : shard_es_;
   for (const Source& s : src) {
     const ScheduleParam& p = in_.params[size_t(s.param)];
-    cut_at_shards(p.rows, mesh_size(s.param), s.row_begin, s.row_end, s.dst_row,
-                  [&](int k, int64_t b, int64_t e, int64_t d0) {
-                    const uint64_t elems = uint64_t((e - b) * t.cols);
-                    units_.push_back({.receiver = r,
-                                      .tensor = &t,
-                                      .row_begin = d0,
-                                      .row_end = d0 + e - b,
-                                      .bytes = elems * es,
-                                      .prepare = elems * cast,
-                                      .placement = p.placement,
-                                      .direct = k});
-                  });
+    const int ms = mesh_size(s.param);
+    cut_at_shards(
+        ms, [&](int k) { return shard_rows(p.rows, ms, k); }, s.row_begin, s.row_end, s.dst_row,
+        [&](int k, int64_t b, int64_t e, int64_t d0) {
+          const uint64_t elems = uint64_t((e - b) * t.cols);
+          units_.push_back({.receiver = r,
+                            .tensor = &t,
+                            .row_begin = d0,
+                            .row_end = d0 + e - b,
+                            .bytes = elems * es,
+                            .prepare = elems * cast,
+                            .placement = p.placement,
+                            .direct = k});
+        });
   }
 }
 
@@ -213,7 +215,9 @@ void Scheduler::cut_fp8(int r, const ReceiverTensor& t, const std::vector<Source
       return in_.params[size_t(q.param)].placement == placement;
     });
     if (one_placement) {
-      u.direct = direct_mesh_rank(mesh_size(pieces_.front().param), pieces_);
+      const int ms = mesh_size(pieces_.front().param);
+      u.direct = direct_mesh_rank(
+          ms, pieces_, [&](const Piece& q, int k) { return shard_rows(q.param_rows, ms, k); });
       u.placement = placement;
     }
     if (u.direct >= 0) return;
