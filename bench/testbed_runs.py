@@ -16,12 +16,13 @@ def rate_bytes_per_s(rate):
     raise SystemExit(f"'{rate}' is not a rate in bit/s (200mbit, 1gbit)")
 
 
-def run_on_testbed(weightlift, hosts, rate, command, loss="0"):
-    """`command` as one rank per host on a fresh testbed of `hosts` hosts at `rate`, each NIC
-    dropping `loss` percent of its packets each way: the exit code, each rank's lines as
-    (host, text) in order, and the whole output for errors."""
-    r = subprocess.run(["bash", TESTBED, "run", "--hosts", str(hosts), "--rate", rate, "--loss",
-                        str(loss), "--bin", weightlift, "--"] + list(command),
+def run_on_testbed(weightlift, hosts, rate, command, loss="0", ranks_per_host=1):
+    """`command` as `ranks_per_host` ranks per host (one by default) on a fresh testbed of
+    `hosts` hosts at `rate`, each NIC dropping `loss` percent of its packets each way: the exit
+    code, each rank's lines as (host, text) in order, and the whole output for errors."""
+    r = subprocess.run(["bash", TESTBED, "run", "--hosts", str(hosts), "--ranks-per-host",
+                        str(ranks_per_host), "--rate", rate, "--loss", str(loss), "--bin",
+                        weightlift, "--"] + list(command),
                        capture_output=True, text=True, timeout=3600)
     lines = []
     for line in r.stdout.splitlines():

@@ -1,14 +1,15 @@
 #!/usr/bin/python3
 """`weightlift transfer simulate` held to the testbed: predicted against measured p2p update
-times across scripts/testbed.sh hosts, one rank per host.
+times across scripts/testbed.sh hosts, one rank per host or several sharing its NIC.
 
   sudo bench/testbed_simulate.py --weightlift build/release/apps/weightlift [--rounds 3]
       [--configs small:2:2:2:bf16:1gbit,small:2:2:2:bf16:200mbit,...]
 
-A configuration is preset:trainers:receivers:tp:dtype:rate (trainers on hosts 0 .. T-1, one
-FSDP mesh of all of them holding bf16 shards; receivers on the other hosts, engines of TP
-`tp`, holding `dtype`). For each one the simulator's inputs are measured on the spot, never
-fitted to the transfer it predicts:
+A configuration is preset:trainers:receivers:tp:dtype:rate[:ranks_per_host] (trainers on the
+first hosts, one FSDP mesh of all of them holding bf16 shards; receivers on the other hosts,
+engines of TP `tp`, holding `dtype`; `ranks_per_host` ranks on each host, 1 by default, whose
+writes to other hosts share its one NIC). For each one the simulator's inputs are measured on
+the spot, never fitted to the transfer it predicts:
   - the NIC: a plain TCP stream from host 1 to host 0 on a fresh testbed at that rate, its
     payload bytes/s (what a link of that rate carries once Ethernet, IP and TCP take theirs);
   - the barrier: the 8-byte allreduce (comm's default algorithm, as an update's closing
@@ -16,7 +17,8 @@ fitted to the transfer it predicts:
   - the prepare rate: `bench transfer` of the same preset and dtype with one trainer and one
     receiver as processes on one host, the shard bytes its trainer read over its prepare time
     (bf16 into bf16 casts nothing: the simulator charges no prepare then).
-Then `transfer simulate --model <preset> --gpus-per-node 1 --dense-mesh T --expert-mesh 0`
+Then `transfer simulate --model <preset> --gpus-per-node R --gpus-per-nic R --dense-mesh T
+--expert-mesh 0` (R ranks per host)
 predicts the update, and `bench transfer --mode p2p` measures it on a fresh testbed, --rounds
 times. Printed: one row per configuration with the inputs, the prediction, the measured
 medians (per round) and the error, |predicted - measured| / measured, and the worst error.
@@ -85,10 +87,10 @@ def measure_tcp(exe, rate):
     return rates[0]
 
 
-def measure_barrier_ms(exe, hosts, rate):
+def measure_barrier_ms(exe, hosts, rate, ranks_per_host):
     cmd = [exe, "--threads", "1", "bench", "collectives", "--ops", "allreduce", "--min-bytes",
            "8", "--max-bytes", "8", "--iters", "50", "--warmup", "5", "--timeout", "60", "--json"]
-    code, lines, output = run_on_testbed(exe, hosts, rate, cmd)
+    code, lines, output = run_on_testbed(exe, hosts, rate, cmd, ranks_per_host=ranks_per_host)
     rows = [json.loads(text) for host, text in lines if host == 0 and text.startswith("{")]
     if code != 0 or len(rows) != 1:
         raise SystemExit(f"8-byte allreduce on {hosts} hosts: exit {code}\n{output}")
@@ -111,7 +113,8 @@ def measure_prepare_s(exe, preset, dtype):
 
 def predict(exe, c, nic_bytes_per_s, barrier_ms, prepare_gbs):
     cmd = [exe, "transfer", "simulate", "--model", c["preset"], "--trainers", str(c["trainers"]),
-           "--receivers", str(c["receivers"]), "--gpus-per-node", "1", "--engine-gpus",
+           "--receivers", str(c["receivers"]), "--gpus-per-node", str(c["per_host"]),
+           "--gpus-per-nic", str(c["per_host"]), "--engine-gpus",
            str(c["tp"]), "--dense-mesh", str(c["trainers"]), "--expert-mesh", "0", "--dtype",
            c["dtype"], "--shard-dtype", "bf16", "--nic-gbps", "%.6f" % (nic_bytes_per_s * 8e-9),
            "--barrier-ms", "%.4f" % barrier_ms, "--no-sensitivity", "--json"]
@@ -122,12 +125,12 @@ def predict(exe, c, nic_bytes_per_s, barrier_ms, prepare_gbs):
 
 
 def measure_update_ms(exe, c, updates):
-    hosts = c["trainers"] + c["receivers"]
+    hosts = c["hosts"]
     cmd = [exe, "--threads", "1", "bench", "transfer", "--as-rank", "--memcpy-gbps", "10",
            "--mode", "p2p", "--dtype", c["dtype"], "--json", "--preset", c["preset"],
            "--trainers", str(c["trainers"]), "--receivers", str(c["receivers"]), "--tp",
            str(c["tp"]), "--updates", str(updates)]
-    code, lines, output = run_on_testbed(exe, hosts, c["rate"], cmd)
+    code, lines, output = run_on_testbed(exe, hosts, c["rate"], cmd, ranks_per_host=c["per_host"])
     rows = [json.loads(text) for host, text in lines if text.startswith("{")]
     if code != 0 or not rows or rows[0].get("wrong", 1) != 0:
         raise SystemExit(f"p2p {c['name']}: exit {code}\n{output}")
@@ -135,9 +138,16 @@ def measure_update_ms(exe, c, updates):
 
 
 def parse_config(text):
-    preset, trainers, receivers, tp, dtype, rate = text.split(":")
-    return {"name": text, "preset": preset, "trainers": int(trainers),
-            "receivers": int(receivers), "tp": int(tp), "dtype": dtype, "rate": rate}
+    fields = text.split(":")
+    preset, trainers, receivers, tp, dtype, rate = fields[:6]
+    per_host = int(fields[6]) if len(fields) > 6 else 1
+    c = {"name": text, "preset": preset, "trainers": int(trainers), "receivers": int(receivers),
+         "tp": int(tp), "dtype": dtype, "rate": rate, "per_host": per_host}
+    if c["trainers"] % per_host or c["receivers"] % per_host:
+        raise SystemExit(f"{text}: {per_host} ranks per host do not divide the trainers and "
+                         "the receivers (a host is one or the other)")
+    c["hosts"] = (c["trainers"] + c["receivers"]) // per_host
+    return c
 
 
 def main():
@@ -161,7 +171,7 @@ def main():
             params = predict(exe, c, 1e9, 1, None)["params"]
             prepare[key] = None if seconds is None else 2 * params / seconds / 1e9
         nic = measure_tcp(exe, c["rate"])
-        barrier = measure_barrier_ms(exe, c["trainers"] + c["receivers"], c["rate"])
+        barrier = measure_barrier_ms(exe, c["hosts"], c["rate"], c["per_host"])
         sim = predict(exe, c, nic, barrier, prepare[key])
         measured = [measure_update_ms(exe, c, a.updates) for _ in range(a.rounds)]
         predicted_ms = sim["predicted_s"] * 1e3
@@ -172,14 +182,16 @@ def main():
         rows.append(row)
         print(f"# {c['name']}: predicted {predicted_ms:.1f} ms ({sim['bound']}), measured "
               f"{', '.join('%.1f' % x for x in measured)} ms", file=sys.stderr, flush=True)
-    print("| configuration (preset, trainers -> receivers, TP, dtype, NIC rate) | TCP payload "
+    print("| configuration (preset, trainers -> receivers, TP, dtype, NIC rate, ranks per host) "
+          "| TCP payload "
           "MB/s (of the rate) | barrier ms | prepare GB/s | predicted ms (bound) | measured ms "
           "(rounds) | error |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         prep = "-" if r["prepare_gbs"] is None else "%.1f" % r["prepare_gbs"]
         print(f"| {r['preset']}, {r['trainers']} -> {r['receivers']}, TP {r['tp']}, "
-              f"{r['dtype']}, {r['rate']} | {r['nic_mb_s']:.1f} ({r['nic_fraction']:.1%}) | "
+              f"{r['dtype']}, {r['rate']}, {r['per_host']} | {r['nic_mb_s']:.1f} "
+              f"({r['nic_fraction']:.1%}) | "
               f"{r['barrier_ms']:.2f} | {prep} | {r['predicted_ms']:.1f} ({r['bound']}) | "
               f"{statistics.median(r['measured_ms']):.1f} "
               f"({', '.join('%.1f' % x for x in r['measured_ms'])}) | {r['error']:+.1%} |")

@@ -92,6 +92,11 @@ void register_transfer_simulate(CLI::App& transfer, Outcome& out) {
   sim->add_option("--nic-gbps", o.network.nic_gbps, "per-GPU NIC, Gb/s each way")
       ->capture_default_str()
       ->transform(real(kPositive));
+  sim->add_option("--gpus-per-nic", o.network.gpus_per_nic,
+                  "GPUs of a node that share one NIC (1: a NIC each; a testbed host's ranks "
+                  "share its one)")
+      ->capture_default_str()
+      ->transform(count(1, 1024));
   sim->add_option("--nvlink-gbps", o.network.nvlink_gbps, "per-GPU NVLink, Gb/s each way")
       ->capture_default_str()
       ->transform(real(kPositive));

@@ -263,6 +263,26 @@ TEST(NetworkModel, TwoSendersIntoOneReceiverAreReceiverBound) {
   EXPECT_EQ(p.groups.at(0).bound, "receiver NIC in");
 }
 
+TEST(NetworkModel, RanksSharingANicShareItsBandwidth) {
+  // Two trainers send their 500 rows to each of two receivers: 1 MB through every rank's NIC.
+  ScheduleInput in = one_tensor(1000, 500, 2, WeightFormat::kBF16);
+  in.receiver_layout = {0, 0};
+  auto loads = schedule_loads(in);
+  ASSERT_TRUE(loads.ok());
+  NetworkModel m{.nic_gbps = 400, .message_overhead_us = 0, .barrier_ms = 0};
+  EXPECT_NEAR(predict(*loads, m).seconds, 1e6 / 50e9, 1e-15);
+  // Both trainers on one NIC and both receivers on another, as two ranks of a testbed host
+  // each: every NIC carries 2 MB.
+  m.gpus_per_nic = 2;
+  const Prediction shared = predict(*loads, m);
+  EXPECT_NEAR(shared.seconds, 2e6 / 50e9, 1e-15);
+  for (const Term& t : shared.groups.at(0).terms) {
+    if (t.name == "receiver NIC in" || t.name == "sender NIC out") {
+      EXPECT_NEAR(t.seconds, 2e6 / 50e9, 1e-15) << t.name;
+    }
+  }
+}
+
 TEST(NetworkModel, SensitivityMovesTheRightWay) {
   ClusterOptions o = small_cluster();
   auto in = cluster_schedule_input(o);
@@ -305,6 +325,10 @@ TEST(Cluster, RefusesBadOptionsNamingThem) {
   ClusterOptions slow;
   slow.network.nic_gbps = 0;
   EXPECT_NE(error(slow).find("`nic_gbps` 0"), std::string::npos);
+  ClusterOptions shared;
+  shared.network.gpus_per_nic = 3;
+  EXPECT_NE(error(shared).find("`gpus_per_node` 8 is not a multiple of `gpus_per_nic` 3"),
+            std::string::npos);
 }
 
 TEST(Cluster, ReducedK2RunHasASensitivityTableAndADominantAssumption) {

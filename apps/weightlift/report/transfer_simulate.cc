@@ -58,11 +58,9 @@ std::string simulation_json(const transfer::ClusterOptions& o, const transfer::S
   j["expert_mesh"] = o.expert_mesh;
   j["dtype"] = transfer::weight_format_name(o.format);
   j["shard_dtype"] = o.shard_dtype == DType::kF32 ? "f32" : "bf16";
-  j["network"] = {{"nic_gbps", n.nic_gbps},
-                  {"nvlink_gbps", n.nvlink_gbps},
-                  {"message_overhead_us", n.message_overhead_us},
-                  {"prepare_gbs", n.prepare_gbs},
-                  {"barrier_ms", n.barrier_ms},
+  j["network"] = {{"nic_gbps", n.nic_gbps},       {"gpus_per_nic", n.gpus_per_nic},
+                  {"nvlink_gbps", n.nvlink_gbps}, {"message_overhead_us", n.message_overhead_us},
+                  {"prepare_gbs", n.prepare_gbs}, {"barrier_ms", n.barrier_ms},
                   {"overlap", n.overlap}};
   j["predicted_s"] = p.seconds;
   j["bound"] = p.bound;
@@ -126,10 +124,10 @@ std::string simulation_report(const transfer::ClusterOptions& o, const transfer:
      << " GPUs (" << (o.model == "kimi-k2" ? "dense TP, experts EP" : "TP") << "), "
      << o.gpus_per_node << " GPUs per node; one replica is " << gb(double(s.replica_bytes)) << "\n";
   std::snprintf(line, sizeof line,
-                "network: NIC %g Gb/s, NVLink %g Gb/s, %g us per put, prepare %g GB/s, "
-                "barrier %g ms, overlap %s\n",
-                n.nic_gbps, n.nvlink_gbps, n.message_overhead_us, n.prepare_gbs, n.barrier_ms,
-                n.overlap ? "on" : "off");
+                "network: NIC %g Gb/s (one per %d GPUs), NVLink %g Gb/s, %g us per put, "
+                "prepare %g GB/s, barrier %g ms, overlap %s\n",
+                n.nic_gbps, n.gpus_per_nic, n.nvlink_gbps, n.message_overhead_us, n.prepare_gbs,
+                n.barrier_ms, n.overlap ? "on" : "off");
   os << line;
   os << "schedule: " << p.tasks << " tasks, " << p.total_messages << " puts, " << p.gathers
      << " gathers, " << gb(double(p.total_bytes)) << " written (" << gb(double(p.gathered_bytes))

@@ -78,6 +78,12 @@ Status check_cluster(const ClusterOptions& o) {
   if (o.expert_mesh > 0) {
     WL_RETURN_IF_ERROR(multiple("`trainers`", o.trainers, "`expert_mesh`", o.expert_mesh));
   }
+  if (o.network.gpus_per_nic < 1) {
+    return invalid_argument(w + "`gpus_per_nic` " + std::to_string(o.network.gpus_per_nic) +
+                            ": needs at least 1");
+  }
+  WL_RETURN_IF_ERROR(
+      multiple("`gpus_per_node`", o.gpus_per_node, "`gpus_per_nic`", o.network.gpus_per_nic));
   if (o.shard_dtype != DType::kBF16 && o.shard_dtype != DType::kF32) {
     return invalid_argument(w + "`shard_dtype` " + std::string(dtype_name(o.shard_dtype)) +
                             " is neither bf16 nor f32");

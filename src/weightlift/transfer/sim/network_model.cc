@@ -31,18 +31,40 @@ struct Rates {
         overhead(m.message_overhead_us * 1e-6),
         prepare(m.prepare_gbs * 1e9),
         barrier(m.barrier_ms * 1e-3),
-        overlap(m.overlap) {}
+        overlap(m.overlap),
+        gpus_per_nic(size_t(std::max(m.gpus_per_nic, 1))) {}
   double nic, nvlink, overhead, prepare, barrier;
   bool overlap;
+  size_t gpus_per_nic;
 };
 
-// One mesh group's per-rank times.
+// Per NIC (gpus_per_nic consecutive ranks each), the sum of `per_rank`.
+std::vector<uint64_t> per_nic(const std::vector<uint64_t>& per_rank, size_t gpus_per_nic) {
+  std::vector<uint64_t> out((per_rank.size() + gpus_per_nic - 1) / gpus_per_nic, 0);
+  for (size_t i = 0; i < per_rank.size(); ++i) out[i / gpus_per_nic] += per_rank[i];
+  return out;
+}
+
+std::vector<uint64_t> plus(std::vector<uint64_t> a, const std::vector<uint64_t>& b) {
+  for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
+  return a;
+}
+
+// One mesh group's per-rank times; a rank's NIC terms are its NIC's, shared with the ranks on it.
 struct GroupTimes {
+  GroupTimes(const PhaseLoads& loads, const Rates& rates)
+      : p(loads),
+        r(rates),
+        nic_out(per_nic(plus(p.sent, p.gather_nic), r.gpus_per_nic)),
+        nic_in(per_nic(p.gather_nic, r.gpus_per_nic)),
+        nic_received(per_nic(p.received, r.gpus_per_nic)) {}
   const PhaseLoads& p;
   const Rates& r;
-  double write_s(size_t t) const { return double(p.sent[t] + p.gather_nic[t]) / r.nic; }
+  std::vector<uint64_t> nic_out, nic_in, nic_received;  // bytes per NIC
+  double write_s(size_t t) const { return double(nic_out[t / r.gpus_per_nic]) / r.nic; }
   double puts_s(size_t t) const { return double(p.messages[t]) * r.overhead; }
-  double nic_in_s(size_t t) const { return double(p.gather_nic[t]) / r.nic; }
+  double nic_in_s(size_t t) const { return double(nic_in[t / r.gpus_per_nic]) / r.nic; }
+  double received_s(size_t i) const { return double(nic_received[i / r.gpus_per_nic]) / r.nic; }
   double nvlink_s(size_t t) const { return double(p.gather_nvlink[t]) / r.nvlink; }
   double prepare_s(size_t t) const { return double(p.prepare[t]) / r.prepare; }
   // A sender's own time: its stages overlapped (the busiest) or one after the other.
@@ -56,8 +78,8 @@ GroupPrediction predict_group(const PhaseLoads& p, const Rates& r, const char* n
   const GroupTimes g{p, r};
   const size_t trainers = p.sent.size(), receivers = p.received.size();
   GroupPrediction gp{.name = name};
-  gp.terms.push_back(busiest("receiver NIC in", receivers,
-                             [&](size_t i) { return double(p.received[i]) / r.nic; }));
+  gp.terms.push_back(
+      busiest("receiver NIC in", receivers, [&](size_t i) { return g.received_s(i); }));
   gp.terms.push_back(
       busiest("sender NIC out", trainers, [&](size_t t) { return g.write_s(t) + g.puts_s(t); }));
   gp.terms.push_back(
@@ -200,7 +222,8 @@ int dominant_assumption(const std::vector<Sensitivity>& rows, double base) {
 
 double broadcast_bound_seconds(uint64_t model_bytes, int gpus_per_node, const NetworkModel& m) {
   const double g = gpus_per_node;
-  const double nic = double(model_bytes) / (g * bytes_per_s(m.nic_gbps));
+  const double nics = std::max(1.0, g / std::max(m.gpus_per_nic, 1));
+  const double nic = double(model_bytes) / (nics * bytes_per_s(m.nic_gbps));
   const double nvlink = double(model_bytes) * (g - 1) / g / bytes_per_s(m.nvlink_gbps);
   return std::max(nic, nvlink);
 }

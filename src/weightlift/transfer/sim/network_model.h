@@ -3,16 +3,19 @@
 //
 // The cluster. Trainers and receivers are on separate machines (disaggregated RL, seed 000),
 // so every write crosses a NIC. Each GPU has its own NIC of `nic_gbps` each way (full duplex:
-// 400 Gb/s = 50 GB/s on H800 and H20 nodes), the fabric between NICs is non-blocking (full
+// 400 Gb/s = 50 GB/s on H800 and H20 nodes), or `gpus_per_nic` consecutive GPUs of a node share
+// one (a testbed host's ranks share its one NIC); the fabric between NICs is non-blocking (full
 // bisection), and GPUs of one node share NVLink at `nvlink_gbps` each way per GPU. Bytes are
 // decimal (1 GB = 1e9 bytes).
 //
 // What each rank spends, per mesh group (dense, then expert):
-//   sender NIC out   (writes + all-gather bytes to other nodes) / nic + puts * message_overhead
-//   sender NIC in    all-gather bytes from other nodes / nic
+//   sender NIC out   (writes + all-gather bytes to other nodes of the GPUs on its NIC) / nic
+//                    + its own puts * message_overhead
+//   sender NIC in    all-gather bytes from other nodes, of the GPUs on its NIC / nic
 //   sender NVLink    all-gather bytes from its own node / nvlink
 //   sender prepare   shard bytes read to cast or quantize / prepare_gbs
-//   receiver NIC in  bytes written into it / nic   (a one-sided write costs its CPU nothing)
+//   receiver NIC in  bytes written into the GPUs on its NIC / nic   (a one-sided write costs
+//                    its CPU nothing)
 // The per-message overhead is paid by the sender that posts the put (posting, doorbell,
 // completion); a receiver only absorbs bytes.
 //
@@ -41,6 +44,7 @@ namespace wl::transfer {
 
 struct NetworkModel {
   double nic_gbps = 400;           // per-GPU NIC, each direction, Gb/s (H800 and H20: 400)
+  int gpus_per_nic = 1;            // consecutive GPUs of a node that share one NIC
   double nvlink_gbps = 1600;       // per-GPU NVLink, each direction, Gb/s (H800: 200 GB/s)
   double message_overhead_us = 1;  // per put, on the sender (post + completion)
   double prepare_gbs = 1000;       // GB/s of shard bytes one GPU casts or quantizes
@@ -96,8 +100,8 @@ std::vector<Sensitivity> network_sensitivity(const ScheduleLoads& loads, const N
 int dominant_assumption(const std::vector<Sensitivity>& rows, double base_seconds);
 
 // checkpoint-engine's broadcast mode at its best: every GPU of every node receives all
-// `model_bytes`; a node takes them in once over its `gpus_per_node` NICs and fans them out
-// over NVLink. Seconds, the larger of the two (they overlap).
+// `model_bytes`; a node takes them in once over its NICs (gpus_per_node / gpus_per_nic) and
+// fans them out over NVLink. Seconds, the larger of the two (they overlap).
 double broadcast_bound_seconds(uint64_t model_bytes, int gpus_per_node, const NetworkModel& m);
 
 }  // namespace wl::transfer
