@@ -5,10 +5,12 @@ times across scripts/testbed.sh hosts, one rank per host or several sharing its 
   sudo bench/testbed_simulate.py --weightlift build/release/apps/weightlift [--rounds 3]
       [--configs small:2:2:2:bf16:1gbit,small:2:2:2:bf16:200mbit,...]
 
-A configuration is preset:trainers:receivers:tp:dtype:rate[:ranks_per_host] (trainers on the
-first hosts, one FSDP mesh of all of them holding bf16 shards; receivers on the other hosts,
+A configuration is preset:trainers:receivers:tp:dtype:rate[:ranks_per_host[:mesh_size]]
+(trainers on the first hosts, in FSDP meshes of `mesh_size` ranks holding bf16 shards, each
+mesh a replica of the model, one mesh of them all by default; receivers on the other hosts,
 engines of TP `tp`, holding `dtype`; `ranks_per_host` ranks on each host, 1 by default, whose
-writes to other hosts share its one NIC). For each one the simulator's inputs are measured on
+writes to other hosts share its one NIC: with mesh_size = ranks_per_host, seed 000's shape of a
+mesh per host, its fp8 gathers inside the host). For each one the simulator's inputs are measured on
 the spot, never fitted to the transfer it predicts:
   - the NIC: a plain TCP stream from host 1 to host 0 on a fresh testbed at that rate, its
     payload bytes/s (what a link of that rate carries once Ethernet, IP and TCP take theirs);
@@ -16,7 +18,9 @@ the spot, never fitted to the transfer it predicts:
     barrier runs it) across all the configuration's hosts, median of its calls;
   - the prepare rate: `bench transfer` of the same preset and dtype with one trainer and one
     receiver as processes on one host, the shard bytes its trainer read over its prepare time
-    (bf16 into bf16 casts nothing: the simulator charges no prepare then).
+    (bf16 into bf16 casts nothing: the simulator charges no prepare then);
+  - with several ranks per host, the shared memory between them (the simulator's NVLink): the
+    bus bandwidth of a 4 MB allgather between as many ranks on this machine.
 Then `transfer simulate --model <preset> --gpus-per-node R --gpus-per-nic R --dense-mesh T
 --expert-mesh 0` (R ranks per host)
 predicts the update, and `bench transfer --mode p2p` measures it on a fresh testbed, --rounds
@@ -97,6 +101,20 @@ def measure_barrier_ms(exe, hosts, rate, ranks_per_host):
     return rows[0]["p50_us"] / 1e3
 
 
+def measure_shm_gbps(exe, ranks_per_host):
+    """Gb/s of a 4 MB allgather's bus bandwidth between ranks of one host (run on this
+    machine, outside the testbed: what the ranks of a testbed host share is its memory)."""
+    cmd = [exe, "launch", "-n", str(ranks_per_host), "--", exe, "--threads", "1", "bench",
+           "collectives", "--ops", "allgather", "--min-bytes", "4194304", "--max-bytes",
+           "4194304", "--iters", "20", "--warmup", "3", "--timeout", "60", "--json"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    rows = [json.loads(line.split("] ", 1)[1]) for line in r.stdout.splitlines()
+            if line.startswith("[rank 0] {")]
+    if r.returncode != 0 or not rows:
+        raise SystemExit(f"allgather inside a host: exit {r.returncode}\n{r.stderr[-2000:]}")
+    return rows[0]["busbw_gbps"] * 8
+
+
 def measure_prepare_s(exe, preset, dtype):
     """Seconds one trainer process spends preparing a whole update, one host, no network;
     None when there is nothing to prepare (bf16 shards into bf16 receivers)."""
@@ -111,15 +129,17 @@ def measure_prepare_s(exe, preset, dtype):
     return prepare_s if dtype != "bf16" else None
 
 
-def predict(exe, c, nic_bytes_per_s, barrier_ms, prepare_gbs):
+def predict(exe, c, nic_bytes_per_s, barrier_ms, prepare_gbs, shm_gbps=None):
     cmd = [exe, "transfer", "simulate", "--model", c["preset"], "--trainers", str(c["trainers"]),
            "--receivers", str(c["receivers"]), "--gpus-per-node", str(c["per_host"]),
            "--gpus-per-nic", str(c["per_host"]), "--engine-gpus",
-           str(c["tp"]), "--dense-mesh", str(c["trainers"]), "--expert-mesh", "0", "--dtype",
+           str(c["tp"]), "--dense-mesh", str(c["mesh"]), "--expert-mesh", "0", "--dtype",
            c["dtype"], "--shard-dtype", "bf16", "--nic-gbps", "%.6f" % (nic_bytes_per_s * 8e-9),
            "--barrier-ms", "%.4f" % barrier_ms, "--no-sensitivity", "--json"]
     if prepare_gbs:
         cmd += ["--prepare-gbs", "%.3f" % prepare_gbs]
+    if shm_gbps:
+        cmd += ["--nvlink-gbps", "%.3f" % shm_gbps]
     r = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(r.stdout)
 
@@ -128,8 +148,8 @@ def measure_update_ms(exe, c, updates):
     hosts = c["hosts"]
     cmd = [exe, "--threads", "1", "bench", "transfer", "--as-rank", "--memcpy-gbps", "10",
            "--mode", "p2p", "--dtype", c["dtype"], "--json", "--preset", c["preset"],
-           "--trainers", str(c["trainers"]), "--receivers", str(c["receivers"]), "--tp",
-           str(c["tp"]), "--updates", str(updates)]
+           "--trainers", str(c["trainers"]), "--mesh-size", str(c["mesh"]), "--receivers",
+           str(c["receivers"]), "--tp", str(c["tp"]), "--updates", str(updates)]
     code, lines, output = run_on_testbed(exe, hosts, c["rate"], cmd, ranks_per_host=c["per_host"])
     rows = [json.loads(text) for host, text in lines if text.startswith("{")]
     if code != 0 or not rows or rows[0].get("wrong", 1) != 0:
@@ -141,8 +161,11 @@ def parse_config(text):
     fields = text.split(":")
     preset, trainers, receivers, tp, dtype, rate = fields[:6]
     per_host = int(fields[6]) if len(fields) > 6 else 1
+    mesh = int(fields[7]) if len(fields) > 7 else int(trainers)
     c = {"name": text, "preset": preset, "trainers": int(trainers), "receivers": int(receivers),
-         "tp": int(tp), "dtype": dtype, "rate": rate, "per_host": per_host}
+         "tp": int(tp), "dtype": dtype, "rate": rate, "per_host": per_host, "mesh": mesh}
+    if c["trainers"] % mesh:
+        raise SystemExit(f"{text}: meshes of {mesh} do not divide the trainers")
     if c["trainers"] % per_host or c["receivers"] % per_host:
         raise SystemExit(f"{text}: {per_host} ranks per host do not divide the trainers and "
                          "the receivers (a host is one or the other)")
@@ -172,24 +195,27 @@ def main():
             prepare[key] = None if seconds is None else 2 * params / seconds / 1e9
         nic = measure_tcp(exe, c["rate"])
         barrier = measure_barrier_ms(exe, c["hosts"], c["rate"], c["per_host"])
-        sim = predict(exe, c, nic, barrier, prepare[key])
+        shm = measure_shm_gbps(exe, c["per_host"]) if c["per_host"] > 1 else None
+        sim = predict(exe, c, nic, barrier, prepare[key], shm)
         measured = [measure_update_ms(exe, c, a.updates) for _ in range(a.rounds)]
         predicted_ms = sim["predicted_s"] * 1e3
         m = statistics.median(measured)
         row = dict(c, nic_mb_s=nic / 1e6, nic_fraction=nic / rate_bytes_per_s(c["rate"]),
+                   shm_gbps=shm,
                    barrier_ms=barrier, prepare_gbs=prepare[key], predicted_ms=predicted_ms,
                    bound=sim["bound"], measured_ms=measured, error=(predicted_ms - m) / m)
         rows.append(row)
         print(f"# {c['name']}: predicted {predicted_ms:.1f} ms ({sim['bound']}), measured "
               f"{', '.join('%.1f' % x for x in measured)} ms", file=sys.stderr, flush=True)
-    print("| configuration (preset, trainers -> receivers, TP, dtype, NIC rate, ranks per host) "
-          "| TCP payload "
+    print("| configuration (preset, trainers in meshes of M -> receivers, TP, dtype, NIC rate, "
+          "ranks per host) | TCP payload "
           "MB/s (of the rate) | barrier ms | prepare GB/s | predicted ms (bound) | measured ms "
           "(rounds) | error |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         prep = "-" if r["prepare_gbs"] is None else "%.1f" % r["prepare_gbs"]
-        print(f"| {r['preset']}, {r['trainers']} -> {r['receivers']}, TP {r['tp']}, "
+        print(f"| {r['preset']}, {r['trainers']} (M {r['mesh']}) -> {r['receivers']}, "
+              f"TP {r['tp']}, "
               f"{r['dtype']}, {r['rate']}, {r['per_host']} | {r['nic_mb_s']:.1f} "
               f"({r['nic_fraction']:.1%}) | "
               f"{r['barrier_ms']:.2f} | {prep} | {r['predicted_ms']:.1f} ({r['bound']}) | "

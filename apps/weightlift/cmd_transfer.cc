@@ -204,6 +204,11 @@ void register_bench_transfer(CLI::App& bench, Outcome& out) {
   cmd->add_option("--model-dir", o.model_dir,
                   "a Hugging Face checkpoint directory: its shapes instead of the preset's");
   cmd->add_option("--trainers", o.trainers)->capture_default_str()->transform(count(1, kMaxRanks));
+  cmd->add_option("--mesh-size", o.mesh_size,
+                  "trainer ranks per FSDP mesh, each mesh a replica of the model (0: one mesh of "
+                  "them all)")
+      ->capture_default_str()
+      ->transform(count(0, kMaxRanks));
   cmd->add_option("--receivers", o.receivers)
       ->capture_default_str()
       ->transform(count(1, kMaxRanks));

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fixture.h"
+#include "weightlift/transfer/modes/detail/update_round.h"
 #include "weightlift/transfer/plan/plan_transfer.h"
 
 namespace wl::transfer {
@@ -152,6 +153,32 @@ TEST(Modes, AnExecutorRefusesAPlanThatMisplacesItsRank) {
       EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
       EXPECT_NE(s.message().find(want), std::string::npos) << s.message();
     }
+  });
+}
+
+// A plan made for trainers that hold other rows (here: every task sent by stage 0, whose
+// weights hold only the first layer and the embedding) is refused by the sender it
+// misplaces, naming the rows, before an executor starts.
+TEST(Modes, ATrainerRefusesAPlanThatSendsRowsItDoesNotHold) {
+  const Case k{.mesh_size = 2, .tp = 2, .format = WeightFormat::kBF16, .stages = true};
+  const model::ModelConfig c = preset_or_die(k.preset);
+  const std::vector<float> a = random_weights(c, 1);
+  run_planned(k, a, [&](int rank, Rank& r, const Plan& plan) {
+    if (!r.weights) return;
+    Plan wrong = plan;
+    for (PlanTask& t : wrong.tasks) t.sender = 0;
+    const auto placed = place_trainer(wrong, rank, *r.weights);
+    if (rank == 1) {
+      EXPECT_TRUE(placed.ok()) << placed.status().to_string();  // sends nothing now
+      return;
+    }
+    ASSERT_FALSE(placed.ok());
+    EXPECT_EQ(placed.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(placed.status().message().find("which its weights do not hold"), std::string::npos)
+        << placed.status().message();
+    EXPECT_NE(placed.status().message().find("layers.1."), std::string::npos)
+        << placed.status().message();
+    EXPECT_TRUE(place_trainer(plan, rank, *r.weights).ok());
   });
 }
 

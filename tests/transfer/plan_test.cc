@@ -256,6 +256,10 @@ TEST(Planner, RefusesBadInputNamingTensorAndRank) {
   auto wrong_rows = base;
   wrong_rows[0].params[0].row_end += 1;
   expect_refused(wrong_rows, StatusCode::kInvalidArgument, {"trainer rank 0", "'embed.weight'"});
+  auto short_rows = base;
+  short_rows[1].params[0].row_end -= 1;
+  expect_refused(short_rows, StatusCode::kInvalidArgument,
+                 {"trainer rank 1, the last of mesh 0", "'embed.weight'", "the mesh's ranks hold"});
 
   auto dtype = base;
   dtype[2].tensors[2].dtype = DType::kBF16;  // layers.0.attn.qkv_proj.weight: e4m3 in fp8

@@ -276,6 +276,7 @@ TEST(NetworkModel, RanksSharingANicShareItsBandwidth) {
   m.gpus_per_nic = 2;
   const Prediction shared = predict(*loads, m);
   EXPECT_NEAR(shared.seconds, 2e6 / 50e9, 1e-15);
+  EXPECT_NEAR(shared.critical_receiver_seconds, 2e6 / 50e9, 1e-15);
   for (const Term& t : shared.groups.at(0).terms) {
     if (t.name == "receiver NIC in" || t.name == "sender NIC out") {
       EXPECT_NEAR(t.seconds, 2e6 / 50e9, 1e-15) << t.name;

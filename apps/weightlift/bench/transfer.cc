@@ -119,12 +119,13 @@ Result<Role> join(const BenchTransferOptions& o, const model::ModelConfig& c,
                   const std::vector<float>& full, const std::shared_ptr<comm::Group>& world) {
   const int rank = world->rank();
   const bool trainer = rank < o.trainers;
-  WL_ASSIGN_OR_RETURN(auto mesh,
-                      world->split({.color = trainer ? 0 : comm::kNoColor, .key = rank}));
+  const int mesh_size = o.mesh_size > 0 ? o.mesh_size : o.trainers;
+  WL_ASSIGN_OR_RETURN(
+      auto mesh, world->split({.color = trainer ? rank / mesh_size : comm::kNoColor, .key = rank}));
   Role r;
   if (trainer) {
-    r.weights = std::make_unique<TrainerWeights>(
-        TrainerWeights::from_full(c, full, mesh, {.dtype = o.shard_dtype}));
+    r.weights = std::make_unique<TrainerWeights>(TrainerWeights::from_full(
+        c, full, mesh, {.dtype = o.shard_dtype, .mesh_id = rank / mesh_size}));
     r.meta = transfer::describe_trainer(rank, *r.weights);
     return r;
   }
@@ -270,6 +271,7 @@ std::string report_json(const BenchTransferOptions& o, const Summary& s) {
       {"mode", transfer::transfer_mode_name(o.mode)},
       {"preset", o.preset},
       {"trainers", o.trainers},
+      {"mesh_size", o.mesh_size > 0 ? o.mesh_size : o.trainers},
       {"receivers", o.receivers},
       {"tp", o.tp},
       {"dtype", transfer::weight_format_name(o.format)},
@@ -296,14 +298,15 @@ std::string report_json(const BenchTransferOptions& o, const Summary& s) {
 std::string report_table(const BenchTransferOptions& o, const Summary& s) {
   std::ostringstream os;
   char line[512];
-  std::snprintf(line, sizeof line,
-                "bench transfer: %s, %d trainers (%s shards) -> %d receivers (tp %d, %s), mode %s,"
-                " %d updates, ranks as %s, on %s\n",
-                o.preset.c_str(), o.trainers, shard_dtype_name(o.shard_dtype).c_str(), o.receivers,
-                o.tp, std::string(transfer::weight_format_name(o.format)).c_str(),
-                std::string(transfer::transfer_mode_name(o.mode)).c_str(), o.updates,
-                o.threads ? "threads of one process" : "separate processes",
-                cpu_info().describe().c_str());
+  std::snprintf(
+      line, sizeof line,
+      "bench transfer: %s, %d trainers in meshes of %d (%s shards) -> %d receivers (tp %d, "
+      "%s), mode %s, %d updates, ranks as %s, on %s\n",
+      o.preset.c_str(), o.trainers, o.mesh_size > 0 ? o.mesh_size : o.trainers,
+      shard_dtype_name(o.shard_dtype).c_str(), o.receivers, o.tp,
+      std::string(transfer::weight_format_name(o.format)).c_str(),
+      std::string(transfer::transfer_mode_name(o.mode)).c_str(), o.updates,
+      o.threads ? "threads of one process" : "separate processes", cpu_info().describe().c_str());
   os << line;
   std::snprintf(line, sizeof line, "update ms: p50 %.1f  p99 %.1f\n", s.p50, s.p99);
   os << line << "split (p50 ms)      gather   prepare     write   barrier\n";
@@ -336,6 +339,10 @@ Status check_options(const BenchTransferOptions& o, const model::ModelConfig& c)
         "bench transfer: need trainers, receivers, tp and updates >= 1 and "
         "tp " +
         std::to_string(o.tp) + " dividing receivers " + std::to_string(o.receivers));
+  }
+  if (o.mesh_size < 0 || (o.mesh_size > 0 && o.trainers % o.mesh_size != 0)) {
+    return invalid_argument("bench transfer: --mesh-size " + std::to_string(o.mesh_size) +
+                            " does not divide --trainers " + std::to_string(o.trainers));
   }
   if (o.shard_dtype != DType::kBF16 && o.shard_dtype != DType::kF32) {
     return invalid_argument("bench transfer: trainers hold bf16 or f32 shards");
@@ -402,6 +409,8 @@ std::vector<std::string> rank_command(const BenchTransferOptions& o, double copy
                                    o.model_dir,
                                    "--trainers",
                                    std::to_string(o.trainers),
+                                   "--mesh-size",
+                                   std::to_string(o.mesh_size),
                                    "--receivers",
                                    std::to_string(o.receivers),
                                    "--tp",

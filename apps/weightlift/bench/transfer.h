@@ -24,7 +24,8 @@
 //   rank), and memcpy_fraction = effective GB/s / single-thread memcpy GB/s, the copy rate
 //   measured at the start of the same run, before any rank starts (best of 3 copies of a
 //   1 GiB buffer, one thread).
-// JSON (one object): ranks ("processes" or "threads"), mode, preset, trainers, receivers, tp,
+// JSON (one object): ranks ("processes" or "threads"), mode, preset, trainers, mesh_size,
+// receivers, tp,
 // dtype, shard_dtype, updates, update_ms (every update), update_ms_p50, update_ms_p99,
 // split_ms (p50s: trainer and receiver, each {gather, prepare, write, barrier}), bytes_sent
 // (per trainer), bytes_received (per receiver), bytes_direct (per trainer), bytes_delivered,
@@ -44,7 +45,8 @@ namespace wl::app {
 struct BenchTransferOptions {
   std::string preset = "medium";
   std::string model_dir;  // a Hugging Face checkpoint's shapes instead of the preset's
-  int trainers = 2;       // one mesh of this many ranks
+  int trainers = 2;       // trainer ranks, in meshes of mesh_size
+  int mesh_size = 0;      // ranks per FSDP mesh, each a replica of the model; 0: trainers
   int receivers = 2;      // receivers / tp engines
   int tp = 2;
   transfer::WeightFormat format = transfer::WeightFormat::kBF16;  // what receivers hold

@@ -267,6 +267,8 @@ TrainerWeights TrainerWeights::from_spec(const LayoutSpec& spec,
                                          std::span<const NamedTensor> tensors,
                                          std::shared_ptr<comm::Group> mesh,
                                          const TrainerWeightsOptions& options) {
+  WL_CHECK(options.splits.empty())
+      << "layout '" << spec.name << "': another model's weights are split by the even rule";
   const ByName named(tensors);
   std::vector<Param> params;
   for (const auto& [name, shape] : spec.params) params.push_back({name, shape});

@@ -31,9 +31,9 @@ struct TrainerWeightsOptions {
   // Borrowed, storage_bytes() of it: every shard in one block, ParamLayout order, each at a
   // 64-byte boundary. Null: each shard allocates its own. Not with offload.
   std::byte* storage = nullptr;
-  // Which mesh rank holds which rows of each parameter, in model order (our model's
-  // ParamLayout, or a layout spec's params), each over the mesh's size; empty: core/shard.h's
-  // even rule for every parameter.
+  // Which mesh rank holds which rows of each parameter of our model, in ParamLayout order,
+  // each over the mesh's size; empty: core/shard.h's even rule for every parameter (the only
+  // rule for another model's weights, from_spec).
   std::vector<RowSplit> splits;
 };
 

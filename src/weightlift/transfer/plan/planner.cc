@@ -208,8 +208,14 @@ Status Planner::check_splits() {
                                 " (each mesh rank's rows follow the previous rank's)");
       }
     }
-    WL_ASSIGN_OR_RETURN(RowSplit split,
-                        RowSplit::of(first, params_.at(name)[0], "parameter '" + name + "'"));
+    const int64_t rows = params_.at(name)[0];
+    if (first.back().end != rows) {
+      return invalid_argument(rank_name("trainer", seats_.at({0, int(first.size()) - 1})) +
+                              ", the last of mesh 0: parameter '" + name + "' holds " +
+                              rows_text(first.back()) + " of its " + std::to_string(rows) +
+                              " rows (the mesh's ranks hold every row)");
+    }
+    WL_ASSIGN_OR_RETURN(RowSplit split, RowSplit::of(first, rows, "parameter '" + name + "'"));
     for (size_t m = 1; m < meshes.size(); ++m) {
       for (int k = 0; k < plan_.mesh_size; ++k) {
         if (meshes[m][size_t(k)] != split.rank_rows(k)) {

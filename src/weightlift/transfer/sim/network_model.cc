@@ -137,7 +137,10 @@ void summarize_ranks(const std::vector<double>& sender_busy, const std::vector<u
     out.receiver_bytes_max = std::max(out.receiver_bytes_max, received[i]);
   }
   if (out.critical_receiver >= 0) {
-    out.critical_receiver_seconds = double(received[size_t(out.critical_receiver)]) / r.nic;
+    // Its NIC's time: the bytes of every receiver on it.
+    const std::vector<uint64_t> on_nic = per_nic(received, r.gpus_per_nic);
+    out.critical_receiver_seconds =
+        double(on_nic[size_t(out.critical_receiver) / r.gpus_per_nic]) / r.nic;
   }
   out.sender_bytes_mean = sent.empty() ? 0 : double(out.total_bytes) / double(sent.size());
   out.receiver_bytes_mean =

@@ -164,6 +164,21 @@ Result<const PlanTrainer*> place_trainer(const Plan& plan, int rank,
         ", its weights are at mesh " + std::to_string(weights.mesh_id()) + " rank " +
         std::to_string(weights.mesh_rank()) + " of " + std::to_string(weights.mesh_size()));
   }
+  // A plan made from other trainers' metadata may place the same seat over other rows (a
+  // pipeline stage's layers instead of torch.chunk's rows): every piece it sends from its own
+  // shards must be in them.
+  for (const PlanTask& t : plan.tasks) {
+    if (t.sender != rank || t.gather >= 0) continue;
+    for (const PlanPiece& p : t.pieces) {
+      const ShardedTensor* s = weights.find(p.param);
+      if (s == nullptr || !s->local_rows().contains(p.row_begin, p.row_end)) {
+        return invalid_argument(who + ": the plan sends rows [" + std::to_string(p.row_begin) +
+                                ", " + std::to_string(p.row_end) + ") of '" + p.param +
+                                "' from it, which its weights do not hold (a plan made for "
+                                "other trainers; plan again from their metadata)");
+      }
+    }
+  }
   return pt;
 }
 

@@ -33,7 +33,8 @@ namespace wl::transfer {
 inline std::string hex_word(uint64_t v) { return "0x" + checksum_hex(v); }
 
 // This rank's entry in the plan, checked against where its weights sit (mesh, mesh rank, mesh
-// size). InvalidArgument naming the rank and both positions otherwise.
+// size) and against the rows they hold (every piece it sends from its own shards). InvalidArgument
+// naming the rank and both positions, or the rows, otherwise.
 Result<const PlanTrainer*> place_trainer(const Plan& plan, int rank, const TrainerWeights& weights);
 // InvalidArgument unless the plan has `rank` as a receiver.
 Result<const PlanReceiver*> place_receiver(const Plan& plan, int rank);
