@@ -73,6 +73,20 @@ TEST_P(RowShardsTest, EveryRankGetsItsShardOfTheWholeModel) {
             elems += want.size() * width;
           }
           EXPECT_EQ(elems, (*shards)->shard_elems());
+          // Packed and placed back (how rank 0 rebuilds the whole policy), its rows land where
+          // they are in the whole model, and nothing else is written.
+          auto packed = (*shards)->refresh_packed();
+          ASSERT_TRUE(packed.ok()) << packed.status().to_string();
+          EXPECT_EQ(int64_t(packed->size()), (*shards)->shard_elems(rank));
+          std::vector<float> placed(now.size(), 0.5f);
+          (*shards)->place(rank, packed->data(), placed.data());
+          int64_t written = 0;
+          for (size_t e = 0; e < now.size(); ++e) {
+            if (placed[e] == 0.5f) continue;
+            ASSERT_EQ(placed[e], now[e]) << "rank " << rank << " element " << e;
+            ++written;
+          }
+          EXPECT_EQ(written, elems);
           std::lock_guard<std::mutex> lock(mu);
           covered[size_t(rank)] = elems;
         }

@@ -325,52 +325,18 @@ class Trainer {
     if (const float* w = dp_->whole_model()) return std::vector<float>(w, w + total());
     WL_RETURN_IF_ERROR(tell({Order::kGather}));
     std::vector<float> full(static_cast<size_t>(total()));
-    const model::ParamLayout& layout = dp_->layout();
-    auto place = [&](int rank, const float* rows) {
-      for (size_t i = 0; i < layout.params().size(); ++i) {
-        const model::ParamInfo& p = layout.params()[i];
-        const ShardRows r = shards_->splits()[i].rank_rows(rank);
-        const int64_t width = p.numel() / p.shape[0], n = r.size() * width;
-        std::copy_n(rows, n, full.data() + p.offset + r.begin * width);
-        rows += n;
-      }
-    };
-    WL_ASSIGN_OR_RETURN(const std::vector<float> mine, own_rows_packed());
-    place(0, mine.data());
+    WL_ASSIGN_OR_RETURN(const std::vector<float> mine, shards_->refresh_packed());
+    shards_->place(0, mine.data(), full.data());
     for (int r = 1; r < o_.trainers; ++r) {
-      std::vector<float> rows(static_cast<size_t>(own_rows_elems(r)));
+      std::vector<float> rows(static_cast<size_t>(shards_->shard_elems(r)));
       WL_RETURN_IF_ERROR(orders_->recv({.data = rows.data(),
                                         .bytes = rows.size() * sizeof(float),
                                         .peer = r,
                                         .tag = protocol::kTagPolicyRows,
                                         .timeout = o_.timeout}));
-      place(r, rows.data());
+      shards_->place(r, rows.data(), full.data());
     }
     return full;
-  }
-
-  // Every parameter's rows trainer rank `rank` owns, in ParamLayout order, back to back.
-  int64_t own_rows_elems(int rank) const {
-    int64_t n = 0;
-    const std::vector<model::ParamInfo>& params = dp_->layout().params();
-    for (size_t i = 0; i < params.size(); ++i) {
-      const model::ParamInfo& p = params[i];
-      n += shards_->splits()[i].rank_rows(rank).size() * (p.numel() / p.shape[0]);
-    }
-    return n;
-  }
-  // Collective over the trainer ranks (own_weights()).
-  Result<std::vector<float>> own_rows_packed() {
-    WL_ASSIGN_OR_RETURN(const std::vector<transfer::OwnRows> own, own_weights());
-    std::vector<float> out;
-    out.reserve(static_cast<size_t>(own_rows_elems(rank_)));
-    const model::ParamLayout& layout = dp_->layout();
-    for (const transfer::OwnRows& r : own) {
-      const model::ParamInfo& p = layout.params()[r.param];
-      out.insert(out.end(), r.data, r.data + r.rows.size() * (p.numel() / p.shape[0]));
-    }
-    WL_CHECK_EQ(int64_t(out.size()), own_rows_elems(rank_)) << "own rows of trainer rank " << rank_;
-    return out;
   }
 
   Status stop() {
@@ -566,7 +532,7 @@ class Trainer {
         (void)update(m.ints);
         return ok_status();
       case Order::kGather: {
-        WL_ASSIGN_OR_RETURN(const std::vector<float> rows, own_rows_packed());
+        WL_ASSIGN_OR_RETURN(const std::vector<float> rows, shards_->refresh_packed());
         return orders_->send({.data = rows.data(),
                               .bytes = rows.size() * sizeof(float),
                               .peer = 0,

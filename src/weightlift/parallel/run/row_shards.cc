@@ -336,4 +336,34 @@ Result<std::vector<RowShards::Shard>> RowShards::refresh() {
   return out;
 }
 
+Result<std::vector<float>> RowShards::refresh_packed() {
+  WL_ASSIGN_OR_RETURN(const std::vector<Shard> shards, refresh());
+  const std::vector<model::ParamInfo>& params = dp_.layout().params();
+  std::vector<float> out;
+  out.reserve(size_t(shard_elems_));
+  for (const Shard& s : shards) {
+    out.insert(out.end(), s.data, s.data + s.rows.size() * width_of(params[s.param]));
+  }
+  WL_CHECK_EQ(int64_t(out.size()), shard_elems_) << "shards of rank " << rank_;
+  return out;
+}
+
+void RowShards::place(int rank, const float* packed, float* whole) const {
+  const std::vector<model::ParamInfo>& params = dp_.layout().params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ShardRows r = splits_[i].rank_rows(rank);
+    const int64_t width = width_of(params[i]), n = r.size() * width;
+    std::copy_n(packed, n, whole + params[i].offset + r.begin * width);
+    packed += n;
+  }
+}
+
+int64_t RowShards::shard_elems(int rank) const {
+  const std::vector<model::ParamInfo>& params = dp_.layout().params();
+  int64_t n = 0;
+  for (size_t i = 0; i < params.size(); ++i)
+    n += splits_[i].rank_rows(rank).size() * width_of(params[i]);
+  return n;
+}
+
 }  // namespace wl::parallel

@@ -56,8 +56,17 @@ class RowShards {
   // weights as they are now. Collective over the job unless in_place().
   Result<std::vector<Shard>> refresh();
 
+  // The same shards packed back to back, as one rank sends them to another to rebuild the
+  // whole model (place()). Collective as refresh() is.
+  Result<std::vector<float>> refresh_packed();
+  // Rank `rank`'s shards packed as refresh_packed() packs them (shard_elems(rank) floats) into
+  // their places in `whole`, every parameter in ParamLayout's flat order.
+  void place(int rank, const float* packed, float* whole) const;
+
   // The elements this rank's shards hold, and those refresh() sends to other ranks.
   int64_t shard_elems() const { return shard_elems_; }
+  // The elements rank `rank`'s shards hold.
+  int64_t shard_elems(int rank) const;
   int64_t sent_elems() const { return sent_elems_; }
 
  private:
