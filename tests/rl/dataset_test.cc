@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "support/paths.h"
+#include "support/scratch_dir.h"
 #include "weightlift/core/timing.h"
 #include "weightlift/rl/reward_process.h"
 #include "weightlift/rl/tasks.h"
@@ -24,9 +25,17 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
+// This process's scratch directory, emptied when first used: a process that died left its
+// directory behind, and a later process given the same pid found its files there (a stale
+// generation_config.json made Codec.ATokenizerWithoutAnEndTokenIsRefused fail).
 std::string scratch(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("wl_dataset_test_" + std::to_string(getpid()));
-  fs::create_directories(dir);
+  static const fs::path dir = [] {
+    const fs::path d = fs::temp_directory_path() / ("wl_dataset_test_" + std::to_string(getpid()));
+    fs::remove_all(d);
+    fs::create_directories(d);
+    wl::testing::remove_at_exit(d.string());
+    return d;
+  }();
   return (dir / name).string();
 }
 
