@@ -133,6 +133,59 @@ TEST(Heal, CopiesAConsistentVersionWhileThePeerIsUpdated) {
   rx0->join();
 }
 
+// A peer the fleet left behind (updates went on without it: its host was cut off and came
+// back, say) is alive, serves reads, and comes first by id. A joiner of the same shard copies
+// the peer that holds the fleet's version instead; the next update to everyone takes the joiner
+// and turns the one left behind away as lagging. (A copy of the old version would have left
+// the joiner behind as well, turned away at its first update.)
+TEST(Heal, AJoinerCopiesTheNewestPeerNotOneTheFleetLeftBehind) {
+  const model::ModelConfig c = preset_or_die("tiny");
+  const std::vector<float> a = random_weights(c, 1), b = random_weights(c, 2);
+  const LayoutOptions one{.tp = 1, .tp_rank = 0};
+  auto store = std::make_shared<comm::MemoryStore>();
+  std::vector<std::unique_ptr<ReceiverThread>> rx;
+  for (int i = 0; i < 2; ++i) rx.push_back(start_receiver(store, c, i, one));
+  std::atomic<int> phase{0};
+  run_servers(store, TransferMode::kP2P, [&](ParameterServer& ps) {
+    ASSERT_TRUE(ps.register_checkpoint("a", c, a).ok());
+    ASSERT_TRUE(ps.register_checkpoint("b", c, b).ok());
+    ASSERT_TRUE(ps.update("a").ok());  // version 1 to both
+    const int only_receiver_1[] = {1};
+    for (const char* name : {"b", "a", "b"}) {  // versions 2-4 to receiver 1 alone
+      auto u = ps.update(name, only_receiver_1);
+      ASSERT_TRUE(u.ok()) << u.status().to_string();
+    }
+    if (ps.options().rank == 0) {
+      ASSERT_TRUE(rx[1]->wait_version(4));
+      ASSERT_EQ(rx[0]->fleet->receiver().version(), 1u);
+      rx.push_back(start_receiver(store, c, 2, one));
+      const std::string log = rx[2]->fleet->heal_log();
+      EXPECT_EQ(rx[2]->fleet->healed_version(), 4u) << log;
+      EXPECT_NE(log.find("receiver 0 is not a member of the fleet's current generation"),
+                std::string::npos)
+          << log;
+      expect_matches_reference(rx[2]->fleet->receiver(), c, one, b, 4);
+      phase = 1;
+    }
+    while (phase.load() < 1) std::this_thread::yield();
+    auto u = ps.update("a");  // to everyone who joined
+    ASSERT_TRUE(u.ok()) << u.status().to_string();
+    std::vector<int> members;
+    for (const FleetMember& m : u->members) members.push_back(m.id);
+    EXPECT_EQ(members, (std::vector<int>{1, 2}));
+    EXPECT_EQ(u->dropped, (std::vector<int>{0}));
+  });
+  for (int i : {1, 2}) {
+    ASSERT_TRUE(rx[size_t(i)]->wait_version(5));
+    expect_matches_reference(rx[size_t(i)]->fleet->receiver(), c, one, a, 5);
+  }
+  ASSERT_TRUE(rx[0]->wait_error());
+  for (auto& t : rx) t->join();
+  EXPECT_NE(rx[0]->errors.front().find("older than the rest of the fleet"), std::string::npos)
+      << rx[0]->errors.front();
+  for (int i : {1, 2}) EXPECT_TRUE(rx[size_t(i)]->errors.empty()) << rx[size_t(i)]->errors.front();
+}
+
 // Records that no heal may use: the wrong number, one from another checkpoint (an update under
 // way), and one missing a shard, which is damage no retry mends (not a start-fresh case).
 void expect_bad_records_refused(const model::ModelConfig& c,

@@ -100,11 +100,11 @@ class Engine {
     if (o_.engine_ranks() > 1) {
       WL_ASSIGN_OR_RETURN(relay_, connect("-relay", rank_, o_.engine_ranks()));
     }
-    // A replacement heals: the current weights from a healthy peer, or the servers' copy. Over
-    // TCP (a peer on another host) a one-sided read moves only while the peer progresses, which
-    // an idle worker does not: each try is held to a quarter of the timeout, so that the
-    // servers' copy (the trainer serves it while it waits for this worker to get ready) is
-    // read before the trainer gives up on it.
+    // A replacement heals: the current weights from a healthy peer on this host, else the
+    // servers' copy (the trainer serves it while it waits for this worker to get ready), else
+    // a peer on another host (FleetReceiver's heal). Over TCP a one-sided read from another
+    // host moves only while the peer progresses, which an idle worker does not: the heal is
+    // held to a quarter of the timeout, well within the trainer's wait for this worker.
     WL_ASSIGN_OR_RETURN(fleet_, transfer::FleetReceiver::create(
                                     {.store = store,
                                      .prefix = kFleet,

@@ -50,8 +50,12 @@ struct FleetReceiver::Impl {
   // the servers' copy cannot be read (heal_from_the_servers()).
   Status heal();
   Result<std::vector<int>> live_peer_ids();
-  Result<bool> heal_from_a_peer(const std::vector<int>& ids);
-  Status heal_from_the_servers();
+  // `members`: of the fleet's current generation, if one was posted; `at_least`: the version
+  // the servers' copy names (0: none); `here`: the peers on this host, or the others.
+  Result<bool> heal_from_a_peer(const std::vector<int>& ids,
+                                const std::optional<std::vector<FleetMember>>& members,
+                                uint64_t at_least, bool here);
+  Status heal_from_the_servers(Result<std::vector<ServerCopyRecord>> records);
   Result<comm::Bytes> wait_for(const std::string& key, comm::Deadline deadline);
   // The next round for us: the store's next one or, while we are connected to a generation,
   // a replay over its group, whichever comes first (protocol.h).
@@ -108,21 +112,86 @@ Result<std::vector<int>> FleetReceiver::Impl::live_peer_ids() {
   return ids;
 }
 
-// The first peer of our shard that lets us copy its version. A peer that cannot be healed
-// from (gone, mid-update, another layout) is noted in the log and passed over; a record the
-// store cannot give or that is damaged is an error.
-Result<bool> FleetReceiver::Impl::heal_from_a_peer(const std::vector<int>& ids) {
+namespace {
+
+// The members of the fleet's current generation: those of the last update posted in the store
+// (its replays go to the same members); none before the first update.
+Result<std::optional<std::vector<FleetMember>>> current_members(comm::Store& store,
+                                                                const FleetKeys& keys) {
+  WL_ASSIGN_OR_RETURN(const uint64_t last, last_round_posted(store, keys));
+  for (uint64_t n = last; n > 0; --n) {
+    WL_ASSIGN_OR_RETURN(comm::Bytes b, store.get(keys.round(n), std::chrono::milliseconds(0)));
+    WL_ASSIGN_OR_RETURN(RoundRecord r, round_from_json(comm::to_string(b), keys.round(n)));
+    if (r.kind == RoundRecord::Kind::kUpdate) return std::optional(std::move(r.members));
+  }
+  return std::optional<std::vector<FleetMember>>();
+}
+
+}  // namespace
+
+// A peer of our shard holding the fleet's version, copied. A peer the fleet left behind (it
+// missed updates: its host was cut off, say, and is back) may still be alive and serving reads,
+// and a copy of its version would leave us behind the fleet too, turned away at the next
+// update as lagging; starting fresh is better than that. So only members of the current
+// generation are copied from, and of those the ones at the newest version among them and the
+// servers' copy (`at_least`), newest first: each is asked its version before any copy. A peer
+// that cannot be healed from (gone, silent, mid-update, another layout) is noted in the log
+// and passed over; a record the store cannot give or that is damaged is an error.
+Result<bool> FleetReceiver::Impl::heal_from_a_peer(
+    const std::vector<int>& ids, const std::optional<std::vector<FleetMember>>& members,
+    uint64_t at_least, bool here) {
   const std::string mine = layout_fingerprint(*receiver);
+  const uint64_t this_host = comm::this_process().host;
+  const comm::Deadline deadline = comm::deadline_after(options.heal_options.timeout);
+  std::vector<std::pair<uint64_t, OpenPeer>> found;  // version, peer
   for (int id : ids) {
     Result<comm::Bytes> b = options.store->get(keys.peer(id), std::chrono::milliseconds(1));
     if (!b.ok() && b.status().code() == StatusCode::kDeadlineExceeded) continue;  // none yet
     if (!b.ok()) return b.status().with_context("reading " + keys.peer(id));
     WL_ASSIGN_OR_RETURN(PeerRecord peer, peer_record_from_json(comm::to_string(*b), keys.peer(id)));
     if (peer.fingerprint != mine) continue;  // another shard: nothing to copy from it
-    Result<uint64_t> v = heal_from_peer(*worker, *receiver, peer, options.heal_options);
+    if ((peer.host == this_host) != here) continue;
+    if (members && std::none_of(members->begin(), members->end(), [&](const FleetMember& m) {
+          return m.id == id && m.epoch == peer.epoch;
+        })) {
+      heal_log += peer.name +
+                  " is not a member of the fleet's current generation (it missed "
+                  "updates, or has not joined one yet): passed over\n";
+      continue;
+    }
+    Result<OpenPeer> open = open_peer(*worker, *receiver, peer);
+    Result<uint64_t> v =
+        open.ok()
+            ? published_version(
+                  *worker, *open,
+                  std::min(deadline, comm::deadline_after(options.heal_options.probe_timeout)))
+            : Result<uint64_t>(open.status());
+    if (!v.ok()) {
+      heal_log += v.status().to_string() + "\n";
+    } else if (*v > 0) {
+      found.emplace_back(*v, *std::move(open));
+    }
+  }
+  std::stable_sort(found.begin(), found.end(),
+                   [](const auto& x, const auto& y) { return x.first > y.first; });
+  const uint64_t newest = std::max(at_least, found.empty() ? 0 : found.front().first);
+  for (const auto& [version, peer] : found) {
+    if (version >= newest) continue;
+    heal_log += peer.record.name + " holds version " + std::to_string(version) +
+                ", older than version " + std::to_string(newest) +
+                (version < at_least ? " of the servers' copy" : " of another peer") +
+                ": passed over, as a copy of it would leave this receiver behind the fleet\n";
+  }
+  for (const auto& [version, peer] : found) {
+    if (version < newest) break;  // newest first
+    HealOptions left = options.heal_options;
+    left.timeout =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - comm::Clock::now());
+    if (left.timeout <= std::chrono::milliseconds(0)) break;
+    Result<uint64_t> v = heal_from_peer(*worker, *receiver, peer, left);
     if (v.ok()) {
       healed = *v;
-      heal_log += "healed version " + std::to_string(*v) + " from " + peer.name + "\n";
+      heal_log += "healed version " + std::to_string(*v) + " from " + peer.record.name + "\n";
       return true;
     }
     heal_log += v.status().to_string() + "\n";
@@ -138,8 +207,7 @@ Result<bool> FleetReceiver::Impl::heal_from_a_peer(const std::vector<int>& ids) 
 // whose record remains, a trainer too busy to serve), as healing from a peer does. What is
 // wrong rather than passing (a damaged shard or record, a layout the checkpoint cannot
 // produce) is returned.
-Status FleetReceiver::Impl::heal_from_the_servers() {
-  Result<std::vector<ServerCopyRecord>> records = read_server_copies(*options.store, keys);
+Status FleetReceiver::Impl::heal_from_the_servers(Result<std::vector<ServerCopyRecord>> records) {
   if (!records.ok()) {
     if (records.status().code() != StatusCode::kNotFound) return records.status();
     heal_log += records.status().to_string() + "\n";
@@ -161,11 +229,24 @@ Status FleetReceiver::Impl::heal_from_the_servers() {
   return ok_status();
 }
 
+// Peers on this host first, then the servers' copy, then peers on other hosts. Over TCP a
+// one-sided read from another host moves only while the peer progresses its worker, which a
+// peer busy elsewhere (a rollout worker generating, or waiting for its next command) does not;
+// a read that times out is abandoned and its connection closed under the peer, and UCX 1.13
+// can crash the peer when it next progresses (a segfault in its TCP transport, seen on the
+// testbed). The servers' copy is read from a trainer that progresses while it waits for this
+// receiver, and a peer on this host is read through shared memory with no help from it.
 Status FleetReceiver::Impl::heal() {
   WL_ASSIGN_OR_RETURN(std::vector<int> ids, live_peer_ids());
-  WL_ASSIGN_OR_RETURN(bool healed_from_peer, heal_from_a_peer(ids));
-  if (healed_from_peer) return ok_status();
-  return heal_from_the_servers();
+  Result<std::vector<ServerCopyRecord>> records = read_server_copies(*options.store, keys);
+  const uint64_t copy_version = records.ok() && !records->empty() ? records->front().version : 0;
+  WL_ASSIGN_OR_RETURN(const auto members, current_members(*options.store, keys));
+  WL_ASSIGN_OR_RETURN(const bool healed_here,
+                      heal_from_a_peer(ids, members, copy_version, /*here=*/true));
+  if (healed_here) return ok_status();
+  WL_RETURN_IF_ERROR(heal_from_the_servers(std::move(records)));
+  if (healed > 0) return ok_status();
+  return heal_from_a_peer(ids, members, copy_version, /*here=*/false).status();
 }
 
 Result<std::unique_ptr<FleetReceiver>> FleetReceiver::create(const FleetReceiverOptions& o) {

@@ -1,9 +1,10 @@
 // FleetReceiver: an inference process's side of the fleet protocol (fleet/protocol.h). It owns the
 // process's worker and its Receiver (layout/receiver.h), announces itself, heals when it starts
-// after the fleet already holds weights (from a healthy peer of its shard, fleet/heal_from_peer.h,
-// or failing that from the servers' copy of the last version sent, fleet/heal_from_servers.h), and
-// then follows the parameter server's rounds: answering when a generation forms, connecting to it,
-// and taking part in the updates that name it.
+// after the fleet already holds weights (from a healthy peer of its shard on this host,
+// fleet/heal_from_peer.h, else from the servers' copy of the last version sent,
+// fleet/heal_from_servers.h, else from a peer on another host; never from a peer older than
+// the newest version there is), and then follows the parameter server's rounds: answering when
+// a generation forms, connecting to it, and taking part in the updates that name it.
 //
 //   auto r = FleetReceiver::create({.store = store, .id = 3, .receiver = {...}});
 //   while (running) {

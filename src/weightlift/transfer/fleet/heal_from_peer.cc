@@ -85,9 +85,8 @@ Result<PeerRecord> peer_record_from_json(std::string_view text, std::string_view
   });
 }
 
-Result<uint64_t> heal_from_peer(comm::Transport& worker, Receiver& receiver, const PeerRecord& peer,
-                                const HealOptions& options) {
-  const comm::Deadline deadline = comm::deadline_after(options.timeout);
+Result<OpenPeer> open_peer(comm::Transport& worker, const Receiver& receiver,
+                           const PeerRecord& peer) {
   const std::string who = "healing from " + peer.name;
   if (peer.fingerprint != layout_fingerprint(receiver) ||
       peer.slot_bytes != receiver.slot_bytes()) {
@@ -98,33 +97,57 @@ Result<uint64_t> heal_from_peer(comm::Transport& worker, Receiver& receiver, con
   if (!comm::process_may_be_alive({peer.host, peer.pid})) {
     return unavailable(who + ": its process (pid " + std::to_string(peer.pid) + ") has exited");
   }
-  WL_ASSIGN_OR_RETURN(int id, worker.connect(peer.worker_address, peer.name));
-  WL_ASSIGN_OR_RETURN(comm::RemoteKey rkey, worker.unpack_rkey(id, peer.rkey));
+  OpenPeer open{.record = peer};
+  WL_ASSIGN_OR_RETURN(open.id, worker.connect(peer.worker_address, peer.name));
+  WL_ASSIGN_OR_RETURN(open.rkey, worker.unpack_rkey(open.id, peer.rkey));
+  return open;
+}
 
-  auto read_status = [&]() -> Result<PeerStatus> {
-    uint64_t words[2] = {0, 0};
-    comm::Request r = worker.get(id, words, sizeof words, peer.status_address, rkey);
-    WL_RETURN_IF_ERROR(worker.wait(r, deadline).with_context(who + ": reading its status"));
-    return PeerStatus{words[0], words[1]};
-  };
+namespace {
 
+Result<PeerStatus> read_status(comm::Transport& worker, const OpenPeer& peer,
+                               comm::Deadline deadline) {
+  uint64_t words[2] = {0, 0};
+  comm::Request r = worker.get(peer.id, words, sizeof words, peer.record.status_address, peer.rkey);
+  WL_RETURN_IF_ERROR(
+      worker.wait(r, deadline)
+          .with_context("healing from " + peer.record.name + ": reading its status"));
+  return PeerStatus{words[0], words[1]};
+}
+
+}  // namespace
+
+Result<uint64_t> published_version(comm::Transport& worker, const OpenPeer& peer,
+                                   comm::Deadline deadline) {
+  WL_ASSIGN_OR_RETURN(PeerStatus status, read_status(worker, peer, deadline));
+  return status.published;
+}
+
+Result<uint64_t> heal_from_peer(comm::Transport& worker, Receiver& receiver, const OpenPeer& peer,
+                                const HealOptions& options) {
+  const comm::Deadline deadline = comm::deadline_after(options.timeout);
+  const std::string who = "healing from " + peer.record.name;
+  if (peer.record.fingerprint != layout_fingerprint(receiver) ||
+      peer.record.slot_bytes != receiver.slot_bytes()) {
+    return failed_precondition(who + ": its weights are laid out differently");
+  }
   for (int attempt = 0; attempt < options.attempts; ++attempt) {
-    WL_ASSIGN_OR_RETURN(PeerStatus before, read_status());
+    WL_ASSIGN_OR_RETURN(PeerStatus before, read_status(worker, peer, deadline));
     if (before.published == 0) {
       return failed_precondition(who + ": it holds no complete version yet");
     }
     const uint64_t v = before.published;
     std::span<std::byte> into = receiver.slot_for_healing(v);
-    const uint64_t from = peer.slot_address[v % 2];
+    const uint64_t from = peer.record.slot_address[v % 2];
     std::vector<comm::Request> gets;
     for (size_t at = 0; at < into.size(); at += kHealGetChunk) {
       const size_t n = std::min(kHealGetChunk, into.size() - at);
-      gets.push_back(worker.get(id, into.data() + at, n, from + at, rkey));
+      gets.push_back(worker.get(peer.id, into.data() + at, n, from + at, peer.rkey));
     }
-    gets.push_back(worker.flush(id));
+    gets.push_back(worker.flush(peer.id));
     WL_RETURN_IF_ERROR(worker.wait_all(gets, deadline)
                            .with_context(who + ": copying version " + std::to_string(v)));
-    WL_ASSIGN_OR_RETURN(PeerStatus after, read_status());
+    WL_ASSIGN_OR_RETURN(PeerStatus after, read_status(worker, peer, deadline));
     // Slot v % 2 is rewritten only by version v + 2; anything below that left it alone.
     if (std::max(after.published, after.writing) < v + 2) {
       receiver.adopt(v);
@@ -135,6 +158,12 @@ Result<uint64_t> heal_from_peer(comm::Transport& worker, Receiver& receiver, con
                  std::to_string(options.attempts) +
                  " copies; heal between updates or raise "
                  "attempts");
+}
+
+Result<uint64_t> heal_from_peer(comm::Transport& worker, Receiver& receiver, const PeerRecord& peer,
+                                const HealOptions& options) {
+  WL_ASSIGN_OR_RETURN(OpenPeer open, open_peer(worker, receiver, peer));
+  return heal_from_peer(worker, receiver, open, options);
 }
 
 }  // namespace wl::transfer

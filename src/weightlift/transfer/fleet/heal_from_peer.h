@@ -58,13 +58,35 @@ inline constexpr size_t kHealGetChunk = size_t(64) << 20;
 struct HealOptions {
   std::chrono::milliseconds timeout{30000};  // for the whole heal, every wait included
   int attempts = 8;  // copies to try while the peer keeps rewriting the slot under us
+  // For reading one peer's version before choosing whom to copy from: a peer that cannot
+  // answer within it (its host cut off, its process stopped) is passed over.
+  std::chrono::milliseconds probe_timeout{2000};
 };
+
+// A peer of our shard, connected and its rkey unpacked: ready to be read.
+struct OpenPeer {
+  PeerRecord record;
+  int id = -1;  // the connection, on the worker that opened it
+  comm::RemoteKey rkey;
+};
+
+// FailedPrecondition if the peer's layout is not `receiver`'s; Unavailable if its process has
+// exited (on this host) or it cannot be connected.
+Result<OpenPeer> open_peer(comm::Transport& worker, const Receiver& receiver,
+                           const PeerRecord& peer);
+
+// The version the peer has published (0: none yet).
+Result<uint64_t> published_version(comm::Transport& worker, const OpenPeer& peer,
+                                   comm::Deadline deadline);
 
 // Copies the peer's published version into `receiver` and adopts it; returns that version.
 // REQUIRES: receiver.version() == 0 and no reader yet (Receiver::slot_for_healing).
 // FailedPrecondition if the layouts differ or the peer holds nothing yet (version 0);
 // Unavailable / DeadlineExceeded if the peer cannot be reached or dies; Aborted if every
 // attempt raced with the peer's updates. Nothing is adopted on error.
+Result<uint64_t> heal_from_peer(comm::Transport& worker, Receiver& receiver, const OpenPeer& peer,
+                                const HealOptions& options = {});
+// open_peer(), then the copy.
 Result<uint64_t> heal_from_peer(comm::Transport& worker, Receiver& receiver, const PeerRecord& peer,
                                 const HealOptions& options = {});
 
