@@ -57,8 +57,9 @@ void fail_a_put(const Case& k, int nth, bool checksums) {
     EXPECT_EQ(second.status().code(), StatusCode::kUnavailable) << second.status().to_string();
     const std::string want = rank == kFailing ? "injected failure"
                                               : "world rank " + std::to_string(kFailing) +
-                                                    " failed (its own error says why); every "
-                                                    "receiver stays on version 1";
+                                                    " failed (its own error, or world rank "
+                                                    "0's wait for it, says why); every receiver "
+                                                    "stays on version 1";
     EXPECT_NE(second.status().message().find(want), std::string::npos)
         << second.status().to_string();
     if (r.receiver) {

@@ -125,24 +125,111 @@ Result<RoundStart> start_round(comm::Group& world, const Plan& plan, Receiver* r
   return round;
 }
 
+// User tag of the closing barrier's words (p2p.cc's checksums are 0x7c5, naive.cc's 0x7c6-7).
+constexpr uint32_t kFinishTag = 0x7c8;
+
+std::chrono::milliseconds left_until(comm::Deadline deadline) {
+  return std::max(
+      std::chrono::milliseconds(1),
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - comm::Clock::now()));
+}
+
+// One word to or from `peer`, waiting on that peer alone: a failure elsewhere in the world
+// (another receiver dead) is not this exchange's.
+Status exchange_word(comm::Group& world, bool send, int peer, int64_t* word,
+                     comm::Deadline deadline) {
+  Result<comm::Request> q = send ? world.start_send({.data = word,
+                                                     .bytes = 8,
+                                                     .peer = peer,
+                                                     .tag = kFinishTag,
+                                                     .timeout = left_until(deadline)})
+                                 : world.start_recv({.data = word,
+                                                     .bytes = 8,
+                                                     .peer = peer,
+                                                     .tag = kFinishTag,
+                                                     .timeout = left_until(deadline)});
+  if (!q.ok()) return q.status();
+  return world.wait_all_watching(std::span(&*q, 1), {}, deadline);
+}
+
+// Rank 0's side of the closing barrier: every other rank's word, then the largest to each.
+// A rank that cannot be heard counts as failed with the error of that wait (`unheard`). A rank
+// the result cannot reach is not waited for past the deadline: it stays on its version, as a
+// rank that died after its word would, and the next update finds it behind.
+int64_t gather_and_tell(comm::Group& world, int64_t mine, comm::Deadline deadline,
+                        Status* unheard) {
+  const int size = world.size();
+  std::vector<int64_t> words(size_t(size), 0);
+  std::vector<comm::Request> recvs;
+  std::vector<int> from;
+  for (int r = 1; r < size; ++r) {
+    Result<comm::Request> q = world.start_recv({.data = &words[size_t(r)],
+                                                .bytes = 8,
+                                                .peer = r,
+                                                .tag = kFinishTag,
+                                                .timeout = left_until(deadline)});
+    if (q.ok()) {
+      recvs.push_back(*std::move(q));
+      from.push_back(r);
+    } else {
+      words[size_t(r)] = (int64_t(q.status().code()) << 32) | (r + 1);
+      if (unheard->ok()) *unheard = q.status().with_context("closing the update round");
+    }
+  }
+  for (size_t i = 0; i < recvs.size(); ++i) {
+    const Status got = world.wait_all_watching(std::span(&recvs[i], 1), {}, deadline);
+    if (got.ok()) continue;
+    words[size_t(from[i])] = (int64_t(got.code()) << 32) | (from[i] + 1);
+    if (unheard->ok()) *unheard = got.with_context("closing the update round");
+  }
+  const int64_t result = std::max(mine, *std::max_element(words.begin(), words.end()));
+  // Posted to every rank before any is waited for: a rank gone after its word holds no one
+  // else's result back. One the result cannot reach stays on its version.
+  std::vector<comm::Request> sends;
+  for (int r = 1; r < size; ++r) {
+    Result<comm::Request> q = world.start_send({.data = &result,
+                                                .bytes = 8,
+                                                .peer = r,
+                                                .tag = kFinishTag,
+                                                .timeout = left_until(deadline)});
+    if (q.ok()) sends.push_back(*std::move(q));
+  }
+  for (comm::Request& q : sends) {
+    const Status told = world.wait_all_watching(std::span(&q, 1), {}, deadline);
+    (void)told;
+  }
+  return result;
+}
+
 // The closing barrier. Each rank contributes its failure as (code << 32) | (rank + 1), so the
-// maximum names one failing rank and its error's code on every rank.
+// maximum names one failing rank and its error's code on every rank. A star through world
+// rank 0 rather than an allreduce: rank 0 decides once every word is in, and each rank hears
+// the decision from rank 0 alone. In an allreduce among ranks that exchange with each other
+// (recursive doubling), a rank that dies after giving its word can leave a healthy rank
+// waiting on it while rank 0 already returned success: the servers then count a receiver as
+// updated that never published (seen on the testbed, a host's link cut mid-update).
 Status finish_round(comm::Group& world, Receiver* receiver, const RoundStart& round,
                     const Status& failed_here, std::chrono::milliseconds timeout) {
   const Status failed = failed_here.ok() ? round.fresh_write : failed_here;
+  const comm::Deadline deadline = world.deadline(timeout);  // 0: the group's own timeout
   int64_t who = failed.ok() ? 0 : (int64_t(failed.code()) << 32) | (world.rank() + 1);
-  WL_RETURN_IF_ERROR(comm::allreduce(world, {.send = &who,
-                                             .recv = &who,
-                                             .count = 1,
-                                             .dtype = DType::kI64,
-                                             .op = comm::ReduceOp::kMax,
-                                             .timeout = timeout}));
+  Status unheard;
+  if (world.rank() == 0) {
+    who = gather_and_tell(world, who, deadline, &unheard);
+  } else {
+    WL_RETURN_IF_ERROR(exchange_word(world, /*send=*/true, 0, &who, deadline)
+                           .with_context("closing the update round"));
+    WL_RETURN_IF_ERROR(exchange_word(world, /*send=*/false, 0, &who, deadline)
+                           .with_context("closing the update round"));
+  }
   if (!failed.ok()) return failed;
   if (who != 0) {
+    if (!unheard.ok()) return unheard;
     return Status(StatusCode(who >> 32),
                   "update to version " + std::to_string(round.version) + ": world rank " +
                       std::to_string((who & 0xffffffff) - 1) +
-                      " failed (its own error says why); every receiver stays on version " +
+                      " failed (its own error, or world rank 0's wait for it, says why); every "
+                      "receiver stays on version " +
                       std::to_string(round.version - 1));
   }
   if (receiver != nullptr) receiver->publish(round.slot, round.version);

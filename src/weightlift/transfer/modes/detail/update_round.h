@@ -11,10 +11,12 @@
 //           heal neither from a peer nor from the servers, fleet/) takes the others' next
 //           version; it opens that slot once the allgather has told it which.
 //   body    the mode's own part (p2p.h, broadcast.h, naive.h).
-//   finish  an allreduce of "who failed, and how" over the world: the global barrier. Only if
-//           nobody failed does each receiver publish v + 1; otherwise every receiver stays on v,
-//           the failing rank returns its own error and the others an error of the same code
-//           that names it.
+//   finish  "who failed, and how" from every rank to world rank 0, and rank 0's verdict back to
+//           each: the global barrier, a star so that each rank hears the verdict from rank 0
+//           alone (a rank that dies after its word holds no other rank back). Only if nobody
+//           failed does each receiver publish v + 1; otherwise every receiver stays on v, the
+//           failing rank returns its own error and the others an error of the same code that
+//           names it. A rank the verdict cannot reach stays on v, as one that died would.
 #pragma once
 
 #include <chrono>
