@@ -79,14 +79,15 @@ run_tests "ASan+UBSan" --preset asan-ubsan -j 2 -LE slow
 # TSan reserves its shadow and allocator ranges at start-up and dies there under any such
 # limit; release runs them. The collectives' and transfers' reruns over UCX's TCP transport
 # (tcp.*: the same threads as over shared memory, and UCX itself is not instrumented); ASan runs
-# those. And the testbed (scripts/testbed.sh: the kernel's namespaces and shaping, driven by a
-# script); release runs it. The Python package is not built under TSan (an uninstrumented
-# interpreter). The full-size tests run on tiny models here, as under ASan. Everything is instrumented, the
-# kernels too: under TSan they are compiled without multiversioning (kernels/detail/simd.h).
+# those. And the testbed's tests (scripts/testbed.sh: the kernel's namespaces and shaping,
+# driven by scripts); release runs them. The Python package is not built under TSan (an
+# uninstrumented interpreter). The full-size tests run on tiny models here, as under ASan.
+# Everything is instrumented, the kernels too: under TSan they are compiled without
+# multiversioning (kernels/detail/simd.h).
 phase "tsan build"
 bash scripts/build.sh tsan
 phase "tsan tests (all but the tcp.* reruns, the testbed and the address-space-limit suites)"
-run_tests "TSan" --preset tsan -j 2 -E '^(tcp[.]|testbed$|cli_(bad_inputs|inputs|memory|scale)$)'
+run_tests "TSan" --preset tsan -j 2 -E '^(tcp[.]|testbed(_rl_hosts)?$|cli_(bad_inputs|inputs|memory|scale)$)'
 
 phase "clang thread-safety analysis (WL_GUARDED_BY annotations, libraries only)"
 bash scripts/build.sh clang-tsa wl_app wl_infer

@@ -25,58 +25,8 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-SCRIPT = os.path.join(ROOT, "scripts", "testbed.sh")
-PREFIX = "wltb-"
-STATE_DIR = "/run/weightlift-testbed"
-
-
-class Suite:
-    def __init__(self):
-        self.failures = 0
-
-    def check(self, name, ok, detail=""):
-        self.failures += 0 if ok else 1
-        print(f"{'ok  ' if ok else 'FAIL'} {name}" + (f": {detail}" if detail else ""), flush=True)
-
-
-def namespaces():
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return sorted(line.split()[0] for line in out.splitlines() if line.startswith(PREFIX))
-
-
-def leftovers():
-    """Namespaces, state files and host holders (the `sleep infinity` of each host) of
-    testbeds: what a test compares before and after."""
-    state = sorted(os.listdir(STATE_DIR)) if os.path.isdir(STATE_DIR) else []
-    holders = [p for p in subprocess.run(["pgrep", "-f", "^sleep infinity$"], capture_output=True,
-                                         text=True).stdout.split() if running(p)]
-    return namespaces() + state + ["holder " + p for p in sorted(holders)]
-
-
-def running(pid):
-    """Whether process `pid` exists and is not a zombie (which holds no namespace)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
-
-
-def testbed(*args, timeout=120, env=None):
-    return subprocess.run(["bash", SCRIPT, *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
-
-
-def can_run():
-    if os.geteuid() != 0:
-        return "not root"
-    probe = "wltb-probe-%d" % os.getpid()
-    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if r.returncode != 0:
-        return "ip netns add: " + r.stderr.strip()
-    subprocess.run(["ip", "netns", "del", probe])
-    return None
+from testbed_common import (SCRIPT, Suite, can_run, drops, launch_on, leftovers, namespaces,
+                            running, testbed, testbed_up)
 
 
 def bad_specs(s, exe):
@@ -227,36 +177,6 @@ def link_cut(s, exe):
             "after the cut (at most 25)",
             started and p.returncode not in (0, None) and bool(deadline_hit) and host1_stopped
             and took <= 25, rest[-600:] if not (deadline_hit and host1_stopped) else "")
-
-
-def testbed_up(s, name, hosts, rate, what):
-    """Testbed `name` of `hosts` hosts at `rate` up, owned by this test: its hosts' addresses,
-    or None after a failed check naming `what` it was for."""
-    up = testbed("up", "--hosts", str(hosts), "--rate", rate, "--name", name, "--owner",
-                 str(os.getpid()))
-    addrs = re.search(r'TESTBED_ADDRS="([^"]*)"', up.stdout)
-    if up.returncode != 0 or not addrs:
-        s.check(f"a testbed of {hosts} hosts for {what}", False, up.stderr[-300:])
-        return None
-    return addrs.group(1).split()
-
-
-def launch_on(name, addrs, port, cmd, env=None):
-    """`weightlift launch` of one rank on every host of testbed `name` that is up (torchrun's
-    contract: the rendezvous on host 0); the launchers' Popen objects, output merged."""
-    env = dict(env or os.environ, WEIGHTLIFT_JOB_TOKEN="testbed-%d" % os.getpid())
-    return [subprocess.Popen(["bash", SCRIPT, "exec", name, str(h), "--", cmd[0], "launch",
-                              "--nnodes", str(len(addrs)), "--node-rank", str(h),
-                              "--master-addr", addrs[0], "--master-port", str(port), "-n", "1",
-                              "--", *cmd], env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
-            for h in range(len(addrs))]
-
-
-def drops(name, h):
-    """Packets host h's loss rules dropped so far: (sent, received)."""
-    r = testbed("drops", name, str(h))
-    return tuple(int(x) for x in r.stdout.split()) if r.returncode == 0 else (0, 0)
 
 
 def lossy(s, exe):
