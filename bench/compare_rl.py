@@ -24,6 +24,12 @@ times by 2x within minutes but hits interleaved runs alike), the first step of e
 warm-up and skipped, and each round's ratio is between the medians of that round. Generated
 lengths depend on the sampled tokens, so the time per generated token is printed beside the
 time per step: a side that generated less cannot look faster for it.
+The roofline: after the rounds, the bound of one step of this configuration on this machine,
+measured on the spot (`weightlift bench generate` and `bench train` at the step's shapes, on
+every core): the generation's prefill and its decode steps (the longest answer's, each the
+larger of reading the weights and KV cache at the measured copy rate and its FLOPs at the
+measured f32 GEMM peak), the policy step's FLOPs at that peak, and the sync's bf16 weights
+copied once per worker; and the fraction of it each side reaches.
 Usage: bench/compare_rl.py [--presets tiny,small] [--rounds 3] [--steps tiny:10,small:6]
 """
 import argparse
@@ -115,6 +121,47 @@ def summary(rows):
             "generate_us_per_token": 1e6 * per_token(rows, "generate_s")}
 
 
+def bench_json(cmd):
+    return json.loads(run(cmd).strip().splitlines()[-1])
+
+
+def bounds(a, preset, seq, max_new):
+    """The bound of one RL step of `preset` (ms by phase), measured now on every core: rows of
+    `seq` positions trained, prompts of seq - max_new positions (the beginning token and the
+    longest prompt) and max_new decode steps generated, the bf16 weights copied into each
+    rollout worker."""
+    wl, cores = a.weightlift, str(os.cpu_count() or 1)
+    rows = a.prompts * a.group
+    gen = bench_json([wl, "--threads", cores, "bench", "generate", "--preset", preset,
+                      "--prompts", str(a.prompts), "--group", str(a.group), "--prompt-tokens",
+                      str(seq - max_new), "--new-tokens", str(max_new), "--runs", "1", "--json"])
+    train = bench_json([wl, "--threads", cores, "bench", "train", "--preset", preset,
+                        "--batch", str(rows), "--seq", str(seq), "--steps", "2", "--json"])
+    workers = a.procs - 1
+    # A peak is the best rate seen: the larger of the two benchmarks' measurements (a
+    # neighbour's burst during one of them would otherwise inflate the bound).
+    peak = max(train["gemm_peak_gflops"], gen["gemm_peak_gflops_f32"])
+    train_gflop = train["gflops"] * train["step_ms_median"] / 1e3  # the step's FLOPs / 1e9
+    b = {"generate_ms": gen["prefill_bound_ms"] + max_new * gen["decode_step_bound_ms"],
+         "train_ms": 1e3 * train_gflop / peak,
+         "sync_ms": 1e3 * workers * gen["weight_bytes_per_step"] / (gen["copy_gbps"] * 1e9),
+         "gemm_peak_gflops_f32": peak, "copy_gbps": gen["copy_gbps"], "cpu": train["cpu"]}
+    b["step_ms"] = b["generate_ms"] + b["train_ms"] + b["sync_ms"]
+    return b
+
+
+def print_bounds(preset, b, ours, theirs):
+    def frac(key, side):
+        return b[key] / side[key] if side[key] > 0 else float("nan")
+    print(f"{preset} roofline ({b['cpu']}; f32 GEMM peak {b['gemm_peak_gflops_f32']:.0f} GFLOP/s, "
+          f"copy {b['copy_gbps']:.1f} GB/s, measured now): bound {b['step_ms']:.1f} ms/step "
+          f"(generate {b['generate_ms']:.1f}, train {b['train_ms']:.1f}, sync "
+          f"{b['sync_ms']:.2f}); weightlift reaches {100 * frac('step_ms', ours):.0f}% of it "
+          f"(generate {100 * frac('generate_ms', ours):.0f}%, train "
+          f"{100 * frac('train_ms', ours):.0f}%, sync {100 * frac('sync_ms', ours):.0f}%), "
+          f"PyTorch eager {100 * frac('step_ms', theirs):.0f}%", flush=True)
+
+
 def run_preset(a, preset, steps):
     print(f"== {preset}: {steps} steps per run (first skipped), load {load()}", flush=True)
     rounds, cmds = [], {}
@@ -146,10 +193,16 @@ def run_preset(a, preset, steps):
     per_tok = [x["ratio_per_token"] for x in rounds]
     o_med = statistics.median(x["ours"]["step_ms"] for x in rounds)
     t_med = statistics.median(x["torch"][x["torch_best"]]["step_ms"] for x in rounds)
+    b = bounds(a, preset, info["seq"], info["max_new_tokens"])
+    ours_med = {k: statistics.median(x["ours"][k] for x in rounds)
+                for k in ("step_ms", "generate_ms", "train_ms", "sync_ms")}
+    theirs_med = {"step_ms": t_med}
+    print_bounds(preset, b, ours_med, theirs_med)
     res = {"preset": preset, "rounds": rounds, "median_ratio": statistics.median(ratios),
            "ratio_min": min(ratios), "ratio_max": max(ratios),
            "median_ratio_per_token": statistics.median(per_tok),
            "ours_step_ms_median": o_med, "torch_step_ms_median": t_med,
+           "bound": b, "fraction_of_bound": b["step_ms"] / o_med,
            "commands": cmds, "load_after": load()}
     print(f"{preset}: weightlift {o_med:.1f} ms/step, PyTorch eager (faster configuration) "
           f"{t_med:.1f} ms/step; median ratio {res['median_ratio']:.2f}x (rounds "
