@@ -21,12 +21,11 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 
-from testbed_common import SCRIPT, Suite, can_run, drops, leftovers, testbed, testbed_up
+from testbed_common import SCRIPT, drops, run_suite, testbed, testbed_up
 
 # Steps enough that the run ends only when asked: a fixed length may end before the faults.
 UNTIL_STOPPED = 1000000
@@ -221,17 +220,7 @@ def rl_hosts(s, exe):
 
 
 def main():
-    exe = os.path.abspath(sys.argv[1])
-    why = can_run()
-    if why:
-        print(f"skipped: network namespaces are not available here ({why})")
-        sys.exit(77)
-    s = Suite()
-    start = leftovers()
-    rl_hosts(s, exe)
-    s.check("nothing of any testbed is left", leftovers() == start, str(leftovers()))
-    print(f"{s.failures} failed" if s.failures else "the RL job survives its hosts' faults")
-    sys.exit(1 if s.failures else 0)
+    run_suite((rl_hosts,), "the RL job survives its hosts' faults")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ compares before and after, and a suite of named checks."""
 import os
 import re
 import subprocess
+import sys
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 SCRIPT = os.path.join(ROOT, "scripts", "testbed.sh")
@@ -86,3 +87,21 @@ def drops(name, h):
     """Packets host h's loss rules dropped so far: (sent, received)."""
     r = testbed("drops", name, str(h))
     return tuple(int(x) for x in r.stdout.split()) if r.returncode == 0 else (0, 0)
+
+
+def run_suite(cases, passed):
+    """The testbed test's main: `cases` (each called with the Suite and the weightlift binary,
+    argv[1]) in turn, then a check that no testbed is left; exit 77 (ctest: skipped) without
+    root and network namespaces, 1 on a failed check. `passed`: what a clean run says."""
+    exe = os.path.abspath(sys.argv[1])
+    why = can_run()
+    if why:
+        print(f"skipped: network namespaces are not available here ({why})")
+        sys.exit(77)
+    s = Suite()
+    start = leftovers()
+    for case in cases:
+        case(s, exe)
+    s.check("nothing of any testbed is left", leftovers() == start, str(leftovers()))
+    print(f"{s.failures} failed" if s.failures else passed)
+    sys.exit(1 if s.failures else 0)

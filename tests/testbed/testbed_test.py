@@ -22,11 +22,10 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 
-from testbed_common import (SCRIPT, Suite, can_run, drops, launch_on, leftovers, namespaces,
-                            running, testbed, testbed_up)
+from testbed_common import (SCRIPT, drops, launch_on, leftovers, namespaces, run_suite, running,
+                            testbed, testbed_up)
 
 
 def bad_specs(s, exe):
@@ -254,21 +253,9 @@ def stale(s):
 
 
 def main():
-    exe = os.path.abspath(sys.argv[1])
-    why = can_run()
-    if why:
-        print(f"skipped: network namespaces are not available here ({why})")
-        sys.exit(77)
-    s = Suite()
-    start = leftovers()
-    for case in (lambda: bad_specs(s, exe), lambda: name_taken(s, exe), lambda: transports(s, exe),
-                 lambda: bandwidth(s, exe), lambda: interrupted(s, exe),
-                 lambda: link_cut(s, exe), lambda: lossy(s, exe),
-                 lambda: stale(s)):
-        case()
-    s.check("nothing of any testbed is left", leftovers() == start, str(leftovers()))
-    print(f"{s.failures} failed" if s.failures else "the testbed builds, shapes and cleans up")
-    sys.exit(1 if s.failures else 0)
+    run_suite((bad_specs, name_taken, transports, bandwidth, interrupted, link_cut, lossy,
+               lambda s, exe: stale(s)),
+              "the testbed builds, shapes and cleans up")
 
 
 if __name__ == "__main__":
