@@ -139,14 +139,31 @@ struct WorkerImpl {
     return r;
   }
 
+  // An operation UCX refused at once, as a failed completion reads: the peer's failure when
+  // that is known, Unavailable when the error says the peer is gone (a dead process's shared
+  // memory cannot be attached, a reset connection), otherwise what ucs_failure makes of it.
+  Status refused(const Request& r, ucs_status_t s) const {
+    if (s == UCS_ERR_MESSAGE_TRUNCATED) return truncated(r);
+    const Status& ps = peers[size_t(r.peer_)]->status;
+    if (!ps.ok()) return ps;
+    switch (s) {
+      case UCS_ERR_SHMEM_SEGMENT:
+      case UCS_ERR_CONNECTION_RESET:
+      case UCS_ERR_UNREACHABLE:
+      case UCS_ERR_ENDPOINT_TIMEOUT:
+      case UCS_ERR_NOT_CONNECTED:
+      case UCS_ERR_CANCELED:
+        return unavailable(name + ": " + describe(r) + ": " + ucs_text(s));
+      default:
+        return ucs_failure(s, name + ": " + describe(r));
+    }
+  }
+
   // Takes what a ucp_*_nbx call returned.
   void adopt(Request& r, ucs_status_ptr_t p) {
     if (p == nullptr) return;  // completed in place
     if (UCS_PTR_IS_ERR(p)) {
-      r.status_ =
-          UCS_PTR_STATUS(p) == UCS_ERR_MESSAGE_TRUNCATED
-              ? truncated(r)
-              : internal_error(name + ": " + describe(r) + ": " + ucs_text(UCS_PTR_STATUS(p)));
+      r.status_ = refused(r, UCS_PTR_STATUS(p));
       return;
     }
     r.handle_ = p;
