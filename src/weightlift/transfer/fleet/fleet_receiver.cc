@@ -50,12 +50,12 @@ struct FleetReceiver::Impl {
   // the servers' copy cannot be read (heal_from_the_servers()).
   Status heal();
   Result<std::vector<int>> live_peer_ids();
-  // `members`: of the fleet's current generation, if one was posted; `at_least`: the version
-  // the servers' copy names (0: none); `here`: the peers on this host, or the others.
-  Result<bool> heal_from_a_peer(const std::vector<int>& ids,
-                                const std::optional<std::vector<FleetMember>>& members,
-                                uint64_t at_least, bool here);
-  Status heal_from_the_servers(Result<std::vector<ServerCopyRecord>> records);
+  // The records of the live peers of our shard that are members of the fleet's current
+  // generation (all of our shard before the first update).
+  Result<std::vector<PeerRecord>> current_peers();
+  // `here`: from the peers on this host, or from the others.
+  Result<bool> heal_from_a_peer(const std::vector<PeerRecord>& peers, bool here);
+  Status heal_from_the_servers();
   Result<comm::Bytes> wait_for(const std::string& key, comm::Deadline deadline);
   // The next round for us: the store's next one or, while we are connected to a generation,
   // a replay over its group, whichever comes first (protocol.h).
@@ -129,28 +129,22 @@ Result<std::optional<std::vector<FleetMember>>> current_members(comm::Store& sto
 
 }  // namespace
 
-// A peer of our shard holding the fleet's version, copied. A peer the fleet left behind (it
-// missed updates: its host was cut off, say, and is back) may still be alive and serving reads,
-// and a copy of its version would leave us behind the fleet too, turned away at the next
-// update as lagging; starting fresh is better than that. So only members of the current
-// generation are copied from, and of those the ones at the newest version among them and the
-// servers' copy (`at_least`), newest first: each is asked its version before any copy. A peer
-// that cannot be healed from (gone, silent, mid-update, another layout) is noted in the log
-// and passed over; a record the store cannot give or that is damaged is an error.
-Result<bool> FleetReceiver::Impl::heal_from_a_peer(
-    const std::vector<int>& ids, const std::optional<std::vector<FleetMember>>& members,
-    uint64_t at_least, bool here) {
+// A peer the fleet left behind (it missed updates: its host was cut off, say, and is back) may
+// still be alive and serving reads, and a copy of its version would leave us behind the fleet
+// too, turned away at the next update as lagging; starting fresh is better than that. So only
+// members of the current generation are healed from. A record the store cannot give or that
+// is damaged is an error.
+Result<std::vector<PeerRecord>> FleetReceiver::Impl::current_peers() {
+  WL_ASSIGN_OR_RETURN(const std::vector<int> ids, live_peer_ids());
+  WL_ASSIGN_OR_RETURN(const auto members, current_members(*options.store, keys));
   const std::string mine = layout_fingerprint(*receiver);
-  const uint64_t this_host = comm::this_process().host;
-  const comm::Deadline deadline = comm::deadline_after(options.heal_options.timeout);
-  std::vector<std::pair<uint64_t, OpenPeer>> found;  // version, peer
+  std::vector<PeerRecord> peers;
   for (int id : ids) {
     Result<comm::Bytes> b = options.store->get(keys.peer(id), std::chrono::milliseconds(1));
     if (!b.ok() && b.status().code() == StatusCode::kDeadlineExceeded) continue;  // none yet
     if (!b.ok()) return b.status().with_context("reading " + keys.peer(id));
     WL_ASSIGN_OR_RETURN(PeerRecord peer, peer_record_from_json(comm::to_string(*b), keys.peer(id)));
     if (peer.fingerprint != mine) continue;  // another shard: nothing to copy from it
-    if ((peer.host == this_host) != here) continue;
     if (members && std::none_of(members->begin(), members->end(), [&](const FleetMember& m) {
           return m.id == id && m.epoch == peer.epoch;
         })) {
@@ -159,6 +153,22 @@ Result<bool> FleetReceiver::Impl::heal_from_a_peer(
                   "updates, or has not joined one yet): passed over\n";
       continue;
     }
+    peers.push_back(std::move(peer));
+  }
+  return peers;
+}
+
+// One of `peers` (on this host or not, as `here` says) at the newest version they hold,
+// copied: each is asked its version first, and the newest are tried in turn (one may be mid-
+// update behind the others). A peer that cannot be healed from (gone, silent, mid-update) is
+// noted in the log and passed over.
+Result<bool> FleetReceiver::Impl::heal_from_a_peer(const std::vector<PeerRecord>& peers,
+                                                   bool here) {
+  const uint64_t this_host = comm::this_process().host;
+  const comm::Deadline deadline = comm::deadline_after(options.heal_options.timeout);
+  std::vector<std::pair<uint64_t, OpenPeer>> found;  // version, peer
+  for (const PeerRecord& peer : peers) {
+    if ((peer.host == this_host) != here) continue;
     Result<OpenPeer> open = open_peer(*worker, *receiver, peer);
     Result<uint64_t> v =
         open.ok()
@@ -174,16 +184,13 @@ Result<bool> FleetReceiver::Impl::heal_from_a_peer(
   }
   std::stable_sort(found.begin(), found.end(),
                    [](const auto& x, const auto& y) { return x.first > y.first; });
-  const uint64_t newest = std::max(at_least, found.empty() ? 0 : found.front().first);
   for (const auto& [version, peer] : found) {
-    if (version >= newest) continue;
-    heal_log += peer.record.name + " holds version " + std::to_string(version) +
-                ", older than version " + std::to_string(newest) +
-                (version < at_least ? " of the servers' copy" : " of another peer") +
-                ": passed over, as a copy of it would leave this receiver behind the fleet\n";
-  }
-  for (const auto& [version, peer] : found) {
-    if (version < newest) break;  // newest first
+    if (version < found.front().first) {
+      heal_log += peer.record.name + " holds version " + std::to_string(version) +
+                  ", older than another peer's " + std::to_string(found.front().first) +
+                  ": passed over\n";
+      continue;
+    }
     HealOptions left = options.heal_options;
     left.timeout =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - comm::Clock::now());
@@ -207,7 +214,8 @@ Result<bool> FleetReceiver::Impl::heal_from_a_peer(
 // whose record remains, a trainer too busy to serve), as healing from a peer does. What is
 // wrong rather than passing (a damaged shard or record, a layout the checkpoint cannot
 // produce) is returned.
-Status FleetReceiver::Impl::heal_from_the_servers(Result<std::vector<ServerCopyRecord>> records) {
+Status FleetReceiver::Impl::heal_from_the_servers() {
+  Result<std::vector<ServerCopyRecord>> records = read_server_copies(*options.store, keys);
   if (!records.ok()) {
     if (records.status().code() != StatusCode::kNotFound) return records.status();
     heal_log += records.status().to_string() + "\n";
@@ -237,16 +245,12 @@ Status FleetReceiver::Impl::heal_from_the_servers(Result<std::vector<ServerCopyR
 // testbed). The servers' copy is read from a trainer that progresses while it waits for this
 // receiver, and a peer on this host is read through shared memory with no help from it.
 Status FleetReceiver::Impl::heal() {
-  WL_ASSIGN_OR_RETURN(std::vector<int> ids, live_peer_ids());
-  Result<std::vector<ServerCopyRecord>> records = read_server_copies(*options.store, keys);
-  const uint64_t copy_version = records.ok() && !records->empty() ? records->front().version : 0;
-  WL_ASSIGN_OR_RETURN(const auto members, current_members(*options.store, keys));
-  WL_ASSIGN_OR_RETURN(const bool healed_here,
-                      heal_from_a_peer(ids, members, copy_version, /*here=*/true));
+  WL_ASSIGN_OR_RETURN(const std::vector<PeerRecord> peers, current_peers());
+  WL_ASSIGN_OR_RETURN(const bool healed_here, heal_from_a_peer(peers, /*here=*/true));
   if (healed_here) return ok_status();
-  WL_RETURN_IF_ERROR(heal_from_the_servers(std::move(records)));
+  WL_RETURN_IF_ERROR(heal_from_the_servers());
   if (healed > 0) return ok_status();
-  return heal_from_a_peer(ids, members, copy_version, /*here=*/false).status();
+  return heal_from_a_peer(peers, /*here=*/false).status();
 }
 
 Result<std::unique_ptr<FleetReceiver>> FleetReceiver::create(const FleetReceiverOptions& o) {

@@ -127,10 +127,6 @@ Result<uint64_t> heal_from_peer(comm::Transport& worker, Receiver& receiver, con
                                 const HealOptions& options) {
   const comm::Deadline deadline = comm::deadline_after(options.timeout);
   const std::string who = "healing from " + peer.record.name;
-  if (peer.record.fingerprint != layout_fingerprint(receiver) ||
-      peer.record.slot_bytes != receiver.slot_bytes()) {
-    return failed_precondition(who + ": its weights are laid out differently");
-  }
   for (int attempt = 0; attempt < options.attempts; ++attempt) {
     WL_ASSIGN_OR_RETURN(PeerStatus before, read_status(worker, peer, deadline));
     if (before.published == 0) {

@@ -80,13 +80,14 @@ Result<uint64_t> published_version(comm::Transport& worker, const OpenPeer& peer
                                    comm::Deadline deadline);
 
 // Copies the peer's published version into `receiver` and adopts it; returns that version.
-// REQUIRES: receiver.version() == 0 and no reader yet (Receiver::slot_for_healing).
-// FailedPrecondition if the layouts differ or the peer holds nothing yet (version 0);
-// Unavailable / DeadlineExceeded if the peer cannot be reached or dies; Aborted if every
-// attempt raced with the peer's updates. Nothing is adopted on error.
+// REQUIRES: receiver.version() == 0 and no reader yet (Receiver::slot_for_healing); `peer`
+// opened by open_peer() for this receiver, on `worker`.
+// FailedPrecondition if the peer holds nothing yet (version 0); Unavailable /
+// DeadlineExceeded if the peer cannot be reached or dies; Aborted if every attempt raced with
+// the peer's updates. Nothing is adopted on error.
 Result<uint64_t> heal_from_peer(comm::Transport& worker, Receiver& receiver, const OpenPeer& peer,
                                 const HealOptions& options = {});
-// open_peer(), then the copy.
+// open_peer(), then the copy (its errors too).
 Result<uint64_t> heal_from_peer(comm::Transport& worker, Receiver& receiver, const PeerRecord& peer,
                                 const HealOptions& options = {});
 

@@ -128,26 +128,18 @@ Result<RoundStart> start_round(comm::Group& world, const Plan& plan, Receiver* r
 // User tag of the closing barrier's words (p2p.cc's checksums are 0x7c5, naive.cc's 0x7c6-7).
 constexpr uint32_t kFinishTag = 0x7c8;
 
-std::chrono::milliseconds left_until(comm::Deadline deadline) {
-  return std::max(
-      std::chrono::milliseconds(1),
-      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - comm::Clock::now()));
+// A rank's failure as a barrier word: the largest names one failing rank and its code.
+int64_t failure_word(StatusCode code, int rank) { return (int64_t(code) << 32) | (rank + 1); }
+
+// One barrier word to or from `peer`, posted; the wait's deadline bounds it.
+Result<comm::Request> start_word(comm::Group& world, bool send, int peer, int64_t* word) {
+  return send ? world.start_send({.data = word, .bytes = 8, .peer = peer, .tag = kFinishTag})
+              : world.start_recv({.data = word, .bytes = 8, .peer = peer, .tag = kFinishTag});
 }
 
-// One word to or from `peer`, waiting on that peer alone: a failure elsewhere in the world
-// (another receiver dead) is not this exchange's.
-Status exchange_word(comm::Group& world, bool send, int peer, int64_t* word,
-                     comm::Deadline deadline) {
-  Result<comm::Request> q = send ? world.start_send({.data = word,
-                                                     .bytes = 8,
-                                                     .peer = peer,
-                                                     .tag = kFinishTag,
-                                                     .timeout = left_until(deadline)})
-                                 : world.start_recv({.data = word,
-                                                     .bytes = 8,
-                                                     .peer = peer,
-                                                     .tag = kFinishTag,
-                                                     .timeout = left_until(deadline)});
+// Waits on `q` and its peer alone: a failure elsewhere in the world (another receiver dead)
+// is not this exchange's.
+Status wait_word(comm::Group& world, Result<comm::Request>& q, comm::Deadline deadline) {
   if (!q.ok()) return q.status();
   return world.wait_all_watching(std::span(&*q, 1), {}, deadline);
 }
@@ -160,42 +152,21 @@ int64_t gather_and_tell(comm::Group& world, int64_t mine, comm::Deadline deadlin
                         Status* unheard) {
   const int size = world.size();
   std::vector<int64_t> words(size_t(size), 0);
-  std::vector<comm::Request> recvs;
-  std::vector<int> from;
+  std::vector<Result<comm::Request>> recvs;
+  for (int r = 1; r < size; ++r) recvs.push_back(start_word(world, false, r, &words[size_t(r)]));
   for (int r = 1; r < size; ++r) {
-    Result<comm::Request> q = world.start_recv({.data = &words[size_t(r)],
-                                                .bytes = 8,
-                                                .peer = r,
-                                                .tag = kFinishTag,
-                                                .timeout = left_until(deadline)});
-    if (q.ok()) {
-      recvs.push_back(*std::move(q));
-      from.push_back(r);
-    } else {
-      words[size_t(r)] = (int64_t(q.status().code()) << 32) | (r + 1);
-      if (unheard->ok()) *unheard = q.status().with_context("closing the update round");
-    }
-  }
-  for (size_t i = 0; i < recvs.size(); ++i) {
-    const Status got = world.wait_all_watching(std::span(&recvs[i], 1), {}, deadline);
+    const Status got = wait_word(world, recvs[size_t(r - 1)], deadline);
     if (got.ok()) continue;
-    words[size_t(from[i])] = (int64_t(got.code()) << 32) | (from[i] + 1);
+    words[size_t(r)] = failure_word(got.code(), r);
     if (unheard->ok()) *unheard = got.with_context("closing the update round");
   }
-  const int64_t result = std::max(mine, *std::max_element(words.begin(), words.end()));
+  int64_t result = std::max(mine, *std::max_element(words.begin(), words.end()));
   // Posted to every rank before any is waited for: a rank gone after its word holds no one
   // else's result back. One the result cannot reach stays on its version.
-  std::vector<comm::Request> sends;
-  for (int r = 1; r < size; ++r) {
-    Result<comm::Request> q = world.start_send({.data = &result,
-                                                .bytes = 8,
-                                                .peer = r,
-                                                .tag = kFinishTag,
-                                                .timeout = left_until(deadline)});
-    if (q.ok()) sends.push_back(*std::move(q));
-  }
-  for (comm::Request& q : sends) {
-    const Status told = world.wait_all_watching(std::span(&q, 1), {}, deadline);
+  std::vector<Result<comm::Request>> sends;
+  for (int r = 1; r < size; ++r) sends.push_back(start_word(world, true, r, &result));
+  for (Result<comm::Request>& q : sends) {
+    const Status told = wait_word(world, q, deadline);
     (void)told;
   }
   return result;
@@ -212,15 +183,15 @@ Status finish_round(comm::Group& world, Receiver* receiver, const RoundStart& ro
                     const Status& failed_here, std::chrono::milliseconds timeout) {
   const Status failed = failed_here.ok() ? round.fresh_write : failed_here;
   const comm::Deadline deadline = world.deadline(timeout);  // 0: the group's own timeout
-  int64_t who = failed.ok() ? 0 : (int64_t(failed.code()) << 32) | (world.rank() + 1);
+  int64_t who = failed.ok() ? 0 : failure_word(failed.code(), world.rank());
   Status unheard;
   if (world.rank() == 0) {
     who = gather_and_tell(world, who, deadline, &unheard);
   } else {
-    WL_RETURN_IF_ERROR(exchange_word(world, /*send=*/true, 0, &who, deadline)
-                           .with_context("closing the update round"));
-    WL_RETURN_IF_ERROR(exchange_word(world, /*send=*/false, 0, &who, deadline)
-                           .with_context("closing the update round"));
+    for (bool send : {true, false}) {
+      Result<comm::Request> q = start_word(world, send, 0, &who);
+      WL_RETURN_IF_ERROR(wait_word(world, q, deadline).with_context("closing the update round"));
+    }
   }
   if (!failed.ok()) return failed;
   if (who != 0) {
