@@ -429,8 +429,8 @@ class FleetReceiver {
     fleet_ = std::shared_ptr<transfer::FleetReceiver>(take(transfer::FleetReceiver::create(o)));
   }
 
-  // {"round", "replay", "kind", "took_part", "version"}, or raises (DeadlineExceeded if none
-  // came).
+  // {"round", "replay", "kind", "took_part", "left_behind", "version"}, or raises
+  // (DeadlineExceeded if none came).
   py::dict serve_one(double timeout_s) {
     transfer::RoundOutcome r;
     {
@@ -444,6 +444,7 @@ class FleetReceiver {
                 : r.kind == transfer::RoundRecord::Kind::kRefuse ? "refuse"
                                                                  : "update";
     d["took_part"] = r.took_part;
+    d["left_behind"] = r.left_behind;
     d["version"] = r.version;
     return d;
   }

@@ -80,6 +80,13 @@ Status serve(const ServeArgs& a) {
   while (stop_signal().load() == 0) {
     Result<transfer::RoundOutcome> r = fleet->serve_one(std::chrono::milliseconds(200));
     if (r.ok()) {
+      if (r->left_behind) {
+        std::fprintf(stderr,
+                     "weightlift receiver serve: left out of round %llu: version %llu is an "
+                     "odd number of updates behind the fleet's; a later update brings it the "
+                     "whole next version\n",
+                     (unsigned long long)r->round, (unsigned long long)r->version);
+      }
       sidecar->notify();
     } else if (r.status().code() == StatusCode::kPermissionDenied) {
       sidecar.reset();  // turned away by the servers: it will never be served

@@ -341,8 +341,10 @@ class Receiver:
 
     def serve_one(self, timeout: float = 30.0) -> Dict[str, Any]:
         """Handles the next round, waiting up to `timeout` seconds for it. Returns {"round",
-        "replay", "kind", "took_part", "version"}; raises weightlift.Error (DeadlineExceeded if no
-        round came)."""
+        "replay", "kind", "took_part", "left_behind", "version"} ("left_behind": an update left
+        this receiver out, for it missed an odd number of updates; a later one brings it the
+        whole next version); raises weightlift.Error (DeadlineExceeded if no round came). A
+        failed update raises and leaves the last complete version in place."""
         return self._native.serve_one(timeout)
 
     def wait_for_version(self, version: int, timeout: float = 60.0) -> int:

@@ -34,6 +34,7 @@ struct ReceiverThread {
   std::thread thread;
   std::mutex mu;
   std::vector<std::string> errors;
+  std::atomic<int> left_behind{0};  // updates that left it out as lagging
 
   void start() {
     thread = std::thread([this] {
@@ -43,6 +44,7 @@ struct ReceiverThread {
         const bool no_round = !r.ok() && r.status().code() == StatusCode::kDeadlineExceeded &&
                               r.status().message().find("no round posted") != std::string::npos;
         if (!no_round) canary.expect_untouched();
+        if (r.ok() && r->left_behind) ++left_behind;
         if (!r.ok() && r.status().code() != StatusCode::kDeadlineExceeded) {
           std::lock_guard lock(mu);
           errors.push_back(r.status().to_string());

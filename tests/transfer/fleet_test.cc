@@ -447,51 +447,6 @@ TEST(TrainerWeights, Bf16TensorsIntoBf16ShardsAreCopied) {
   }
 }
 
-// A receiver left behind by updates to a subset is not silently mixed into a generation whose
-// members hold a newer version: it is left out with an error telling it to restart, and once
-// restarted it heals and rejoins.
-TEST(ParameterServer, ALaggingReceiverIsLeftOutUntilItRestartsAndHeals) {
-  const model::ModelConfig c = preset_or_die("tiny");
-  const std::vector<float> a = random_weights(c, 1);
-  auto store = std::make_shared<comm::MemoryStore>();
-  std::vector<std::unique_ptr<ReceiverThread>> rx;
-  for (int i = 0; i < 2; ++i) rx.push_back(start_receiver(store, c, i, {.tp = 1, .tp_rank = 0}));
-  std::atomic<int> phase{0};
-  run_servers(store, TransferMode::kP2P, [&](ParameterServer& ps) {
-    ASSERT_TRUE(ps.register_checkpoint("a", c, a).ok());
-    auto u = ps.update("a");  // both at version 1
-    ASSERT_TRUE(u.ok()) << u.status().to_string();
-    const int only_0[] = {0};
-    u = ps.update("a", only_0);  // receiver 0 at 2, receiver 1 left at 1
-    ASSERT_TRUE(u.ok()) << u.status().to_string();
-    u = ps.update("a");  // both asked for
-    ASSERT_TRUE(u.ok()) << u.status().to_string();
-    ASSERT_EQ(u->members.size(), 1u);
-    EXPECT_EQ(u->members[0].id, 0);
-    EXPECT_EQ(u->dropped, std::vector<int>{1});
-    if (ps.options().rank == 0) {
-      ASSERT_TRUE(rx[0]->wait_version(3));
-      rx[1]->join();
-      ASSERT_EQ(rx[1]->errors.size(), 1u);
-      EXPECT_NE(rx[1]->errors[0].find("restart it"), std::string::npos) << rx[1]->errors[0];
-      EXPECT_EQ(rx[1]->fleet->receiver().version(), 1u);
-      rx[1] = start_receiver(store, c, 1, {.tp = 1, .tp_rank = 0});  // restarted: heals
-      EXPECT_EQ(rx[1]->fleet->healed_version(), 3u) << rx[1]->fleet->heal_log();
-      phase = 1;
-    }
-    while (phase.load() < 1) std::this_thread::yield();
-    u = ps.update("a");
-    ASSERT_TRUE(u.ok()) << u.status().to_string();
-    EXPECT_EQ(u->members.size(), 2u);
-  });
-  for (auto& t : rx) {
-    ASSERT_TRUE(t->wait_version(4));
-    expect_matches_reference(t->fleet->receiver(), c, t->layout, a, 4);
-    t->join();
-    EXPECT_TRUE(t->errors.empty()) << t->errors.front();
-  }
-}
-
 // Checkpoints from safetensors files, one checkpoint split across two files; a file that
 // lacks a tensor is refused naming it.
 // A safetensors file of `names` (F32) as a writer that does not pad its header may leave it:

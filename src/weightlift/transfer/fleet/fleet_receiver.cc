@@ -131,7 +131,8 @@ Result<std::optional<std::vector<FleetMember>>> current_members(comm::Store& sto
 
 // A peer the fleet left behind (it missed updates: its host was cut off, say, and is back) may
 // still be alive and serving reads, and a copy of its version would leave us behind the fleet
-// too, turned away at the next update as lagging; starting fresh is better than that. So only
+// too (turned away as lagging at the next update, half the time); starting fresh is no worse
+// than that. So only
 // members of the current generation are healed from. A record the store cannot give or that
 // is damaged is an error.
 Result<std::vector<PeerRecord>> FleetReceiver::Impl::current_peers() {
@@ -397,17 +398,10 @@ Result<bool> FleetReceiver::Impl::enter_generation(const RoundRecord& r, int ind
   executors.clear();
   group.reset();
   generation = 0;
-  if (std::find(r.lagging.begin(), r.lagging.end(), options.id) != r.lagging.end()) {
-    member = false;
-    return failed_precondition("receiver " + std::to_string(options.id) + " holds version " +
-                               std::to_string(receiver->version()) +
-                               ", older than the rest of the fleet (it " +
-                               "missed updates), so generation " + std::to_string(r.generation) +
-                               " left it out; restart it to heal from a peer");
-  }
   if (index < 0) {
     // Left out of a new generation while we think we belong: the servers dropped us (we
-    // answered too late, or they thought us dead). Announce again for the next one.
+    // answered too late, they thought us dead, or we hold a version the next update cannot
+    // bring us to: protocol.h). Announce again for the next one.
     if (member) WL_RETURN_IF_ERROR(announce(false));
     return false;
   }
@@ -495,6 +489,8 @@ Result<RoundOutcome> FleetReceiver::Impl::serve_one(std::chrono::milliseconds wa
     return out;
   }
   if (r.generation != m.generation) {
+    out.left_behind =
+        std::find(r.lagging.begin(), r.lagging.end(), m.options.id) != r.lagging.end();
     WL_ASSIGN_OR_RETURN(bool in, m.enter_generation(r, index));
     if (!in) return out;
   } else if (index < 0) {

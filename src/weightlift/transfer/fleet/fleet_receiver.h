@@ -4,7 +4,9 @@
 // fleet/heal_from_peer.h, else from the servers' copy of the last version sent,
 // fleet/heal_from_servers.h, else from a peer on another host; never from a peer older than
 // the newest version there is), and then follows the parameter server's rounds: answering when
-// a generation forms, connecting to it, and taking part in the updates that name it.
+// a generation forms, connecting to it, and taking part in the updates that name it. One left
+// out (cut off, it missed updates) announces itself again and a later update brings it the
+// fleet's next version whole; it serves its last complete version meanwhile.
 //
 //   auto r = FleetReceiver::create({.store = store, .id = 3, .receiver = {...}});
 //   while (running) {
@@ -47,8 +49,11 @@ struct RoundOutcome {
   uint64_t replay = 0;  // 0: from the store; n: its generation's n-th replay (protocol.h)
   RoundRecord::Kind kind = RoundRecord::Kind::kUpdate;
   bool took_part = false;  // form: answered; update: was a member
-  uint64_t version = 0;    // the receiver's version afterwards
-  UpdateReport report;     // update rounds it took part in
+  // Update: left out for holding a version the update could not bring it to (it missed an odd
+  // number of updates: protocol.h). It announced itself again; a later update takes it.
+  bool left_behind = false;
+  uint64_t version = 0;  // the receiver's version afterwards
+  UpdateReport report;   // update rounds it took part in
 };
 
 class FleetReceiver {
@@ -67,7 +72,8 @@ class FleetReceiver {
 
   // Handles the next round, waiting up to `wait` for it to be posted (DeadlineExceeded naming
   // the round otherwise; call again). An update that fails returns its error; the receiver
-  // stays on its last complete version and follows the next generation. A receiver the
+  // stays on its last complete version and follows the next generation, as it does when
+  // left out. A receiver the
   // servers turned away (its layout fits no checkpoint, or another live receiver holds its id:
   // fleet/protocol.h) gets PermissionDenied with their reason, now and on every later call.
   Result<RoundOutcome> serve_one(std::chrono::milliseconds wait);

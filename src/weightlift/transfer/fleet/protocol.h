@@ -9,12 +9,16 @@
 //           alive answers under "<prefix>/round/<n>/ack/<id>/<epoch>" with "<epoch> <version>"
 //           (two receivers may contend for an id: a restart and the holder); whoever
 //           has not answered within the join timeout is left out (a dead or frozen receiver
-//           costs one join timeout, once), and so is whoever holds an older version than the
-//           newest among the answers: every member of a generation holds the same version, as
-//           the executors require (a receiver that missed updates restarts and heals). A fresh
-//           receiver (version 0: it started and could heal neither from a peer of its shard
-//           nor from the servers' copy) is let in; the next update brings it the whole of the
-//           next version, from the servers. Then every member connects the group
+//           costs one join timeout, once), and so is whoever holds a version the next update
+//           cannot bring it to (transfer/modes/update_executor.h, can_take_next_version):
+//           members hold the newest version among the answers, nothing, or one behind it by an
+//           even number. Every update moves every byte, into the slot a member does not serve
+//           from, so a fresh receiver (version 0: it started and could heal neither from a
+//           peer of its shard nor from the servers' copy) and one that missed updates (its
+//           host was cut off and came back) get the whole next version from the servers. One
+//           behind by an odd number serves from that slot: it is left out as lagging,
+//           announces itself again, and the generation formed after the next update takes it.
+//           Then every member connects the group
 //           "<prefix>/gen/<g>": parameter-server ranks first, then the members in the listed
 //           order, all on the worker they keep for their whole life (so receiver memory stays
 //           registered).
@@ -100,8 +104,8 @@ struct RoundRecord {
   uint64_t generation = 0;
   int servers = 0;                   // parameter-server ranks: ranks 0 .. servers-1
   std::vector<FleetMember> members;  // form: the candidates; update: the group, in rank order
-  // update rounds that formed a generation: candidates left out because they hold an older
-  // version than the others (they missed updates); they must restart to heal from a peer.
+  // update rounds that formed a generation: candidates left out because they hold a version
+  // an odd number behind the others (they missed updates); they announce themselves again.
   std::vector<int> lagging;
   std::vector<int> dropped;  // every candidate left out: lagging, or silent past the timeout
   std::string checkpoint;    // update only

@@ -236,8 +236,8 @@ bool ParameterServer::Impl::generation_broken() {
   return false;
 }
 
-// Rank 0: posts a form round for `wanted` and fills `update` with those that answer within the
-// join timeout holding the newest version (or none: fresh); the others are dropped.
+// Rank 0: the version receiver `j` answered form round `round_number` with, by `deadline`;
+// NotFound if it exited or stayed silent.
 Result<uint64_t> ParameterServer::Impl::ack_of(uint64_t round_number, const JoinRecord& j,
                                                comm::Deadline deadline) {
   // One known to have exited (on this host) is not waited for.
@@ -307,7 +307,10 @@ Result<std::vector<std::pair<FleetMember, uint64_t>>> ParameterServer::Impl::ans
 }
 
 // Rank 0: posts a form round for `wanted` and fills `update` with those that answer within the
-// join timeout holding the newest version (or none: fresh); the others are dropped.
+// join timeout holding a version the next update can bring them to (can_take_next_version:
+// the newest among the answers, none, or one an even number behind it); the others are
+// dropped, the ones behind by an odd number as lagging (they announce themselves again, and
+// the generation formed after the next update takes them).
 Status ParameterServer::Impl::form(const std::string& name, const std::vector<FleetMember>& wanted,
                                    RoundRecord& update) {
   WL_ASSIGN_OR_RETURN(auto answered, answers(name, wanted, update));
@@ -315,7 +318,7 @@ Status ParameterServer::Impl::form(const std::string& name, const std::vector<Fl
   for (const auto& [m, version] : answered) newest = std::max(newest, version);
   update.members.clear();
   for (const auto& [m, version] : answered) {
-    if (version == newest || version == 0) {  // 0: fresh, it takes the next version
+    if (can_take_next_version(version, newest)) {
       update.members.push_back(m);
     } else {
       update.dropped.push_back(m.id);

@@ -36,6 +36,16 @@
 namespace wl::transfer {
 
 enum class TransferMode : uint8_t { kP2P, kBroadcast, kNaive };
+
+// Whether a receiver holding version `held` can take the update from `current` (the newest
+// any receiver of the update holds) to current + 1: it holds `current`, nothing yet (0), or a
+// version behind it by an even number (it missed updates: its host was cut off, say). Every
+// update moves every byte, so only the slot matters: version current + 1 goes into slot
+// (current + 1) % 2, the one such a receiver does not serve from. One behind by an odd number
+// serves from that slot; it can take the update after.
+constexpr bool can_take_next_version(uint64_t held, uint64_t current) {
+  return held == 0 || (held <= current && (current - held) % 2 == 0);
+}
 std::string_view transfer_mode_name(TransferMode mode);  // "p2p", "broadcast", "naive"
 std::optional<TransferMode> transfer_mode_from_name(std::string_view name);
 

@@ -88,13 +88,15 @@ Status check_start(const StartWords& w, const Plan& plan, int me, const Status& 
     }
     *current = std::max(*current, uint64_t(w.at(r.rank, kVersion)));
   }
-  // Receivers hold the newest version among them or 0 (fresh).
+  // Receivers hold the newest version among them, 0 (fresh), or one an even number behind.
   for (const PlanReceiver& r : plan.receivers) {
     const uint64_t v = uint64_t(w.at(r.rank, kVersion));
-    if (v != *current && v != 0) {
-      return failed_precondition("update: receivers disagree on the current version (" +
-                                 std::to_string(*current) + " and " + std::to_string(v) + " at " +
-                                 receiver_name(r.rank) + "); nothing was written");
+    if (!can_take_next_version(v, *current)) {
+      return failed_precondition("update: " + receiver_name(r.rank) + " holds version " +
+                                 std::to_string(v) + ", an odd number behind the current " +
+                                 std::to_string(*current) + ": version " +
+                                 std::to_string(*current + 1) +
+                                 " would go into the slot its readers use; nothing was written");
     }
   }
   return ok_status();
