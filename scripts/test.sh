@@ -87,7 +87,7 @@ run_tests "ASan+UBSan" --preset asan-ubsan -j 2 -LE slow
 phase "tsan build"
 bash scripts/build.sh tsan
 phase "tsan tests (all but the tcp.* reruns, the testbed and the address-space-limit suites)"
-run_tests "TSan" --preset tsan -j 2 -E '^(tcp[.]|testbed(_rl_hosts)?$|cli_(bad_inputs|inputs|memory|scale)$)'
+run_tests "TSan" --preset tsan -j 2 -E '^(tcp[.]|testbed(_[a-z_]+)?$|cli_(bad_inputs|inputs|memory|scale)$)'
 
 phase "clang thread-safety analysis (WL_GUARDED_BY annotations, libraries only)"
 bash scripts/build.sh clang-tsa wl_app wl_infer

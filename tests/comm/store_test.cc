@@ -167,6 +167,39 @@ TEST(TcpStore, WireVersionMismatchSaysExpectedAndFound) {
   EXPECT_NE(got.status().message().find("expected 1, found 3"), std::string::npos);
 }
 
+// A client whose connection broke (here: the server went away) fails that request, fails
+// fast while nothing listens, and carries on over a new connection once a server is back (a
+// host cut off from the store for a while, then back). One refused for its token stays off.
+TEST(TcpStore, AClientConnectsAgainAfterItsConnectionBroke) {
+  auto server = TcpStoreServer::start({.token = "t"});
+  ASSERT_TRUE(server.ok());
+  const int port = (*server)->port();
+  auto c = TcpStore::connect({.port = port, .token = "t"});
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE((*c)->set("k", to_bytes("v")).ok());
+  server->reset();
+  EXPECT_FALSE((*c)->get("k", 50ms).ok());  // the connection breaks under it
+  const auto start = Clock::now();
+  Status down = (*c)->set("k", to_bytes("v"));
+  EXPECT_EQ(down.code(), StatusCode::kUnavailable) << down.to_string();
+  EXPECT_NE(down.message().find("connecting again after an earlier error"), std::string::npos)
+      << down.to_string();
+  EXPECT_LT(Clock::now() - start, 1s);  // refused at once: no retries
+  auto again = TcpStoreServer::start({.port = port, .token = "t"});
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  ASSERT_TRUE((*c)->set("k2", to_bytes("w")).ok());
+  auto got = (*c)->get("k2", 1s);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_EQ(to_string(*got), "w");
+
+  auto wrong = TcpStore::connect({.port = port, .token = "wrong"});
+  ASSERT_TRUE(wrong.ok());
+  EXPECT_EQ((*wrong)->set("k", to_bytes("v")).code(), StatusCode::kPermissionDenied);
+  Status after = (*wrong)->set("k", to_bytes("v"));
+  EXPECT_EQ(after.code(), StatusCode::kUnavailable) << after.to_string();
+  EXPECT_NE(after.message().find("refused our token"), std::string::npos) << after.to_string();
+}
+
 TEST(TcpStore, ClientGivesUpConnectingAtItsDeadline) {
   // Take a free port and close it, so nothing listens there.
   auto server = TcpStoreServer::start({.token = "t"});

@@ -43,9 +43,10 @@ void set_nodelay(int fd) {
 // ---- client -------------------------------------------------------------------------------
 
 // One TCP connection to any of `addresses`, tried again with backoff (the server may start
-// after its clients) until `timeout`.
+// after its clients) until `timeout`; with `once`, one pass over them, each handshake bounded
+// by `timeout`.
 Result<int> connect_with_retries(addrinfo* addresses, const std::string& where,
-                                 std::chrono::milliseconds timeout) {
+                                 std::chrono::milliseconds timeout, bool once = false) {
   const Deadline deadline = deadline_after(timeout);
   Status last = unavailable(where + ": no address");
   int delay_ms = 5;
@@ -76,6 +77,7 @@ Result<int> connect_with_retries(addrinfo* addresses, const std::string& where,
       last = errno_status(where + ": connect", errno);
       ::close(fd);
     }
+    if (once) return last;
     if (Clock::now() + std::chrono::milliseconds(delay_ms) >= deadline) {
       return deadline_exceeded(where + ": could not connect within " +
                                std::to_string(timeout.count()) +
@@ -86,10 +88,11 @@ Result<int> connect_with_retries(addrinfo* addresses, const std::string& where,
   }
 }
 
-Result<std::unique_ptr<TcpStore>> TcpStore::connect(const TcpStoreOptions& o) {
-  std::unique_ptr<TcpStore> c(new TcpStore());
-  c->options_ = o;
-  c->where_ = "rendezvous store at " + o.host + ":" + std::to_string(o.port);
+namespace {
+
+// One connection to `o`'s server, tried for `timeout` (`once`: connect_with_retries).
+Result<int> connect_to(const TcpStoreOptions& o, const std::string& where,
+                       std::chrono::milliseconds timeout, bool once) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -97,14 +100,41 @@ Result<std::unique_ptr<TcpStore>> TcpStore::connect(const TcpStoreOptions& o) {
   addrinfo* res = nullptr;
   const std::string port = std::to_string(o.port);
   if (int rc = ::getaddrinfo(o.host.c_str(), port.c_str(), &hints, &res); rc != 0) {
-    return invalid_argument(c->where_ + ": " + gai_strerror(rc));
+    return invalid_argument(where + ": " + gai_strerror(rc));
   }
-  const Result<int> fd = connect_with_retries(res, c->where_, o.connect_timeout);
+  const Result<int> fd = connect_with_retries(res, where, timeout, once);
   ::freeaddrinfo(res);
-  if (!fd.ok()) return fd.status();
+  return fd;
+}
+
+// How long a request waits for the handshake when it connects again after the connection
+// failed. It tries once: a server that refuses (it exited) or cannot be reached fails the
+// request quickly, and the next request tries afresh (a handshake lost to a cut link would
+// otherwise wait out TCP's backoff once the link is back).
+constexpr std::chrono::milliseconds kReconnectTimeout{2000};
+
+}  // namespace
+
+Result<std::unique_ptr<TcpStore>> TcpStore::connect(const TcpStoreOptions& o) {
+  std::unique_ptr<TcpStore> c(new TcpStore());
+  c->options_ = o;
+  c->where_ = "rendezvous store at " + o.host + ":" + std::to_string(o.port);
+  WL_ASSIGN_OR_RETURN(const int fd, connect_to(o, c->where_, o.connect_timeout, false));
   MutexLock lock(c->mu_);
-  c->fd_ = *fd;
+  c->fd_ = fd;
   return c;
+}
+
+Status TcpStore::reconnect() {
+  if (refused_) return unavailable(where_ + ": connection closed: the server refused our token");
+  const Result<int> fd =
+      connect_to(options_, where_, std::min(kReconnectTimeout, options_.connect_timeout), true);
+  if (!fd.ok()) {
+    return unavailable(where_ + ": connecting again after an earlier error: " +
+                       fd.status().to_string());
+  }
+  fd_ = *fd;
+  return ok_status();
 }
 
 TcpStore::~TcpStore() {
@@ -130,7 +160,7 @@ Result<Bytes> TcpStore::call(uint8_t op, std::string_view key, Bytes value,
   queued_.fetch_add(1);
   MutexLock lock(mu_);
   queued_.fetch_sub(1);
-  if (fd_ < 0) return unavailable(where_ + ": connection closed after an earlier error");
+  if (fd_ < 0) WL_RETURN_IF_ERROR(reconnect());
   const Deadline deadline = deadline_after(options_.request_timeout) + wait + kReplySlack;
   Status s = detail::write_all(fd_, frame.data(), frame.size(), deadline, where_);
   auto response = s.ok() ? detail::read_response(fd_, deadline, where_) : Result<StoreResponse>(s);
@@ -150,6 +180,7 @@ Result<Bytes> TcpStore::call(uint8_t op, std::string_view key, Bytes value,
     if (response->code == StatusCode::kPermissionDenied) {
       ::close(fd_);
       fd_ = -1;
+      refused_ = true;
     }
     return Status(response->code,
                   where_ + " refused '" + std::string(key) + "': " + to_string(response->payload));

@@ -4,7 +4,9 @@
 // Plain sockets and the wire format of detail/store_wire.h (versioned; docs/formats.md). The
 // server binds 127.0.0.1 unless told otherwise, so a single-host job is invisible from the
 // network, and it refuses every request that does not carry the job's token
-// (kPermissionDenied). Every client call has a deadline.
+// (kPermissionDenied). Every client call has a deadline. A client whose connection failed (a
+// request that timed out or broke: a link cut, say) fails that request and connects again for
+// the next one, so a process cut off from the store for a while carries on once it is back.
 //
 // The server is built to survive a hostile peer on its port (tcp_store_server.cc): one thread
 // runs an event loop over every connection, whatever their number; nothing a peer declares is
@@ -87,10 +89,14 @@ class TcpStore final : public Store {
   Result<Bytes> call(uint8_t op, std::string_view key, Bytes value, std::chrono::milliseconds wait,
                      bool* not_set = nullptr);
 
+  // A new connection in place of one that failed, trying for at most kReconnectTimeout.
+  Status reconnect() WL_REQUIRES(mu_);
+
   TcpStoreOptions options_;
   std::string where_;  // "rendezvous store at 127.0.0.1:29500"
   Mutex mu_;           // one request at a time on the connection
   int fd_ WL_GUARDED_BY(mu_) = -1;
+  bool refused_ WL_GUARDED_BY(mu_) = false;  // the server refused our token: never again
   std::atomic<int> queued_{0};  // requests waiting for mu_
 };
 
