@@ -130,8 +130,8 @@ Status TcpStore::reconnect() {
   const Result<int> fd =
       connect_to(options_, where_, std::min(kReconnectTimeout, options_.connect_timeout), true);
   if (!fd.ok()) {
-    return unavailable(where_ + ": connecting again after an earlier error: " +
-                       fd.status().to_string());
+    return unavailable(where_ +
+                       ": connecting again after an earlier error: " + fd.status().to_string());
   }
   fd_ = *fd;
   return ok_status();

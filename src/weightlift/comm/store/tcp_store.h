@@ -97,7 +97,7 @@ class TcpStore final : public Store {
   Mutex mu_;           // one request at a time on the connection
   int fd_ WL_GUARDED_BY(mu_) = -1;
   bool refused_ WL_GUARDED_BY(mu_) = false;  // the server refused our token: never again
-  std::atomic<int> queued_{0};  // requests waiting for mu_
+  std::atomic<int> queued_{0};               // requests waiting for mu_
 };
 
 }  // namespace wl::comm
