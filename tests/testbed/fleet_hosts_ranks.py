@@ -12,8 +12,9 @@ mixture of two). Each prints one JSON line per event, for the test to follow:
 
   server:   {"update": step, "started": t} before an update, then {"step", "version",
             "members", "dropped"} or {"step", "error"}
-  receiver: {"version", "step", "whole", "t"} per new version, {"error", "t"} per failed round,
-            {"left_behind": version} when an update left it out
+  receiver: {"version", "step", "whole", "t"} per new version (t: when it first held it),
+            {"error", "t"} per failed round, {"left_behind": version} when an update left it
+            out
 """
 import json
 import os
@@ -90,11 +91,11 @@ def receiver(job, stop_file):
         if r.version == seen:
             continue
         with r.acquire() as w:
-            seen = w.version
+            seen, took = w.version, time.time()  # when it had it: the check below takes a while
             step = int(w[STEP_TENSOR][0].float())
             want = at_step(b, step)
             whole = all(torch.equal(w[n], expected(want, n)) for n in w.keys())
-            say(version=seen, step=step, whole=whole, t=time.time())
+            say(version=seen, step=step, whole=whole, t=took)
     job.close(timeout=60)
 
 

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <span>
 #include <thread>
 
 #include "weightlift/comm/store/detail/store_wire.h"
@@ -43,22 +44,20 @@ void set_nodelay(int fd) {
 // ---- client -------------------------------------------------------------------------------
 
 // One TCP connection to any of `addresses`, tried again with backoff (the server may start
-// after its clients) until `timeout`; with `once`, one pass over them, each handshake bounded
-// by `timeout`.
-Result<int> connect_with_retries(addrinfo* addresses, const std::string& where,
-                                 std::chrono::milliseconds timeout, bool once = false) {
+// after its clients) until `timeout`.
+Result<int> connect_with_retries(std::span<const SocketAddress> addresses, const std::string& where,
+                                 std::chrono::milliseconds timeout) {
   const Deadline deadline = deadline_after(timeout);
   Status last = unavailable(where + ": no address");
   int delay_ms = 5;
   for (;;) {
-    for (addrinfo* ai = addresses; ai != nullptr; ai = ai->ai_next) {
-      int fd =
-          ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+    for (const SocketAddress& a : addresses) {
+      int fd = ::socket(a.family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, a.protocol);
       if (fd < 0) {
         last = errno_status(where + ": socket", errno);
         continue;
       }
-      int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
+      int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&a.address), a.length);
       if (rc != 0 && errno == EINPROGRESS) {
         // Wait for the handshake, bounded by what is left of the deadline.
         pollfd pfd{fd, POLLOUT, 0};
@@ -77,7 +76,6 @@ Result<int> connect_with_retries(addrinfo* addresses, const std::string& where,
       last = errno_status(where + ": connect", errno);
       ::close(fd);
     }
-    if (once) return last;
     if (Clock::now() + std::chrono::milliseconds(delay_ms) >= deadline) {
       return deadline_exceeded(where + ": could not connect within " +
                                std::to_string(timeout.count()) +
@@ -90,9 +88,9 @@ Result<int> connect_with_retries(addrinfo* addresses, const std::string& where,
 
 namespace {
 
-// One connection to `o`'s server, tried for `timeout` (`once`: connect_with_retries).
-Result<int> connect_to(const TcpStoreOptions& o, const std::string& where,
-                       std::chrono::milliseconds timeout, bool once) {
+// The addresses `o` names, resolved once (a name server that cannot be reached later, when
+// the connection has to be made again, costs nothing then).
+Result<std::vector<SocketAddress>> resolve(const TcpStoreOptions& o, const std::string& where) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -102,15 +100,24 @@ Result<int> connect_to(const TcpStoreOptions& o, const std::string& where,
   if (int rc = ::getaddrinfo(o.host.c_str(), port.c_str(), &hints, &res); rc != 0) {
     return invalid_argument(where + ": " + gai_strerror(rc));
   }
-  const Result<int> fd = connect_with_retries(res, where, timeout, once);
+  std::vector<SocketAddress> addresses;
+  for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+    if (ai->ai_addrlen > sizeof(sockaddr_storage)) continue;
+    SocketAddress a{.family = ai->ai_family, .protocol = ai->ai_protocol, .length = ai->ai_addrlen};
+    std::memcpy(&a.address, ai->ai_addr, ai->ai_addrlen);
+    addresses.push_back(a);
+  }
   ::freeaddrinfo(res);
-  return fd;
+  if (addresses.empty()) return invalid_argument(where + ": no address");
+  return addresses;
 }
 
-// How long a request waits for the handshake when it connects again after the connection
-// failed. It tries once: a server that refuses (it exited) or cannot be reached fails the
-// request quickly, and the next request tries afresh (a handshake lost to a cut link would
-// otherwise wait out TCP's backoff once the link is back).
+// Connecting again after the connection failed never holds a request for long: the call that
+// starts a handshake waits kHandshakeWait for it (a reachable server answers well within it),
+// later calls look at it without waiting, and a handshake not done within kReconnectTimeout
+// is dropped for a new one to the next address. Until one completes each request fails at
+// once, as it did with the connection gone, so a loop that polls the store stays a loop.
+constexpr std::chrono::milliseconds kHandshakeWait{20};
 constexpr std::chrono::milliseconds kReconnectTimeout{2000};
 
 }  // namespace
@@ -119,26 +126,55 @@ Result<std::unique_ptr<TcpStore>> TcpStore::connect(const TcpStoreOptions& o) {
   std::unique_ptr<TcpStore> c(new TcpStore());
   c->options_ = o;
   c->where_ = "rendezvous store at " + o.host + ":" + std::to_string(o.port);
-  WL_ASSIGN_OR_RETURN(const int fd, connect_to(o, c->where_, o.connect_timeout, false));
+  WL_ASSIGN_OR_RETURN(c->addresses_, resolve(o, c->where_));
+  WL_ASSIGN_OR_RETURN(const int fd,
+                      connect_with_retries(c->addresses_, c->where_, o.connect_timeout));
   MutexLock lock(c->mu_);
   c->fd_ = fd;
   return c;
 }
 
 Status TcpStore::reconnect() {
+  const std::string again = where_ + ": connecting again after an earlier error";
   if (refused_) return unavailable(where_ + ": connection closed: the server refused our token");
-  const Result<int> fd =
-      connect_to(options_, where_, std::min(kReconnectTimeout, options_.connect_timeout), true);
-  if (!fd.ok()) {
-    return unavailable(where_ +
-                       ": connecting again after an earlier error: " + fd.status().to_string());
+  std::chrono::milliseconds wait(0);
+  if (handshake_fd_ < 0) {
+    const SocketAddress& a = addresses_[next_address_++ % addresses_.size()];
+    const int fd = ::socket(a.family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, a.protocol);
+    if (fd < 0) return errno_status(again + ": socket", errno);
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&a.address), a.length) != 0 &&
+        errno != EINPROGRESS) {
+      const int err = errno;
+      ::close(fd);
+      return unavailable(again + ": " + std::strerror(err));
+    }
+    handshake_fd_ = fd;
+    handshake_until_ = deadline_after(kReconnectTimeout);
+    wait = kHandshakeWait;
   }
-  fd_ = *fd;
-  return ok_status();
+  pollfd pfd{handshake_fd_, POLLOUT, 0};
+  const int rc = ::poll(&pfd, 1, int(wait.count()));
+  int err = 0;
+  socklen_t len = sizeof err;
+  if (rc == 1) ::getsockopt(handshake_fd_, SOL_SOCKET, SO_ERROR, &err, &len);
+  if (rc == 1 && err == 0) {
+    fd_ = std::exchange(handshake_fd_, -1);
+    set_nodelay(fd_);
+    return ok_status();
+  }
+  if (rc == 1 || Clock::now() >= handshake_until_) {
+    ::close(std::exchange(handshake_fd_, -1));
+    return unavailable(
+        again + ": " +
+        (rc == 1 ? std::string(std::strerror(err))
+                 : "no answer within " + std::to_string(kReconnectTimeout.count()) + " ms"));
+  }
+  return unavailable(again + ": the handshake is under way");
 }
 
 TcpStore::~TcpStore() {
   if (fd_ >= 0) ::close(fd_);
+  if (handshake_fd_ >= 0) ::close(handshake_fd_);
 }
 
 Result<Bytes> TcpStore::call(uint8_t op, std::string_view key, Bytes value,

@@ -16,11 +16,15 @@
 // closed for the newcomer.
 #pragma once
 
+#include <sys/socket.h>
+
 #include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "weightlift/comm/store/store.h"
 #include "weightlift/core/mutex.h"
@@ -62,6 +66,13 @@ class TcpStoreServer {
   std::thread thread_;
 };
 
+// One address of a server, as getaddrinfo gave it.
+struct SocketAddress {
+  int family = 0, protocol = 0;
+  socklen_t length = 0;
+  sockaddr_storage address{};
+};
+
 struct TcpStoreOptions {
   std::string host = "127.0.0.1";
   int port = 0;
@@ -89,15 +100,20 @@ class TcpStore final : public Store {
   Result<Bytes> call(uint8_t op, std::string_view key, Bytes value, std::chrono::milliseconds wait,
                      bool* not_set = nullptr);
 
-  // A new connection in place of one that failed, trying for at most kReconnectTimeout.
+  // A new connection in place of one that failed, made without holding a request for long
+  // (tcp_store.cc: kHandshakeWait); Unavailable until it is there.
   Status reconnect() WL_REQUIRES(mu_);
 
   TcpStoreOptions options_;
-  std::string where_;  // "rendezvous store at 127.0.0.1:29500"
-  Mutex mu_;           // one request at a time on the connection
+  std::string where_;                     // "rendezvous store at 127.0.0.1:29500"
+  std::vector<SocketAddress> addresses_;  // the server's, resolved once
+  Mutex mu_;                              // one request at a time on the connection
   int fd_ WL_GUARDED_BY(mu_) = -1;
-  bool refused_ WL_GUARDED_BY(mu_) = false;  // the server refused our token: never again
-  std::atomic<int> queued_{0};               // requests waiting for mu_
+  bool refused_ WL_GUARDED_BY(mu_) = false;   // the server refused our token: never again
+  int handshake_fd_ WL_GUARDED_BY(mu_) = -1;  // a connection being made again
+  std::chrono::steady_clock::time_point handshake_until_ WL_GUARDED_BY(mu_);
+  size_t next_address_ WL_GUARDED_BY(mu_) = 0;  // the one the next handshake goes to
+  std::atomic<int> queued_{0};                  // requests waiting for mu_
 };
 
 }  // namespace wl::comm

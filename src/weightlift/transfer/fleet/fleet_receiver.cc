@@ -39,6 +39,7 @@ struct FleetReceiver::Impl {
   std::atomic<bool> leave_notice{false};
   void send_leave_notice();
   std::optional<Status> refused;  // turned away by the servers: every later call fails so
+  bool rejoin = false;            // dropped, and our announcement to come back failed
 
   Status announce(bool leave);
   Status publish_peer_record();
@@ -401,8 +402,13 @@ Result<bool> FleetReceiver::Impl::enter_generation(const RoundRecord& r, int ind
   if (index < 0) {
     // Left out of a new generation while we think we belong: the servers dropped us (we
     // answered too late, they thought us dead, or we hold a version the next update cannot
-    // bring us to: protocol.h). Announce again for the next one.
-    if (member) WL_RETURN_IF_ERROR(announce(false));
+    // bring us to: protocol.h). Announce again for the next one; an announcement that fails
+    // (the store not reachable yet) is made again at the next serve_one().
+    if (member) {
+      rejoin = true;
+      WL_RETURN_IF_ERROR(announce(false));
+      rejoin = false;
+    }
     return false;
   }
   auto joined = comm::Group::connect(
@@ -464,6 +470,10 @@ Result<RoundOutcome> FleetReceiver::serve_one(std::chrono::milliseconds wait) {
 Result<RoundOutcome> FleetReceiver::Impl::serve_one(std::chrono::milliseconds wait) {
   Impl& m = *this;
   if (m.refused) return *m.refused;
+  if (m.rejoin) {
+    WL_RETURN_IF_ERROR(m.announce(false));
+    m.rejoin = false;
+  }
   WL_ASSIGN_OR_RETURN(RoundRecord r, m.next_round_record(comm::deadline_after(wait)));
   if (r.replay == 0) ++m.next_round;
   RoundOutcome out{
