@@ -25,6 +25,9 @@ import torch
 
 import weightlift as wl
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from ranks import expected  # noqa: E402  (what a receiver holds of a state dict's tensor)
+
 MODEL = "small"
 PACE_S = 0.3
 STEP_TENSOR = "layers.0.attn_norm.weight"
@@ -41,19 +44,6 @@ def base():
 
 def at_step(b, step):
     return {n: (torch.full_like(t, float(step)) if "norm" in n else t + step) for n, t in b.items()}
-
-
-def expected(sd, name):
-    """What a receiver holds under `name`: fused tensors are the concatenation of their
-    sources (transfer/layout/inference_layout.cc), rounded to bf16."""
-    fused = {"attn.qkv_proj.weight": ["attn.q_proj.weight", "attn.k_proj.weight",
-                                      "attn.v_proj.weight"],
-             "gate_up_proj.weight": ["gate_proj.weight", "up_proj.weight"]}
-    for suffix, parts in fused.items():
-        if name.endswith(suffix):
-            prefix = name[:-len(suffix)]
-            return torch.cat([sd[prefix + p] for p in parts]).to(torch.bfloat16)
-    return sd[name].to(torch.bfloat16)
 
 
 def server(job, stop_file):

@@ -70,6 +70,14 @@ struct ReceiverThread {
     }
     return fleet->receiver().version() == version;
   }
+  // Waits until an update has left the receiver out as lagging (and it announced itself again).
+  bool wait_left_behind() {
+    const auto deadline = comm::deadline_after(20s);
+    while (left_behind.load() == 0 && comm::Clock::now() < deadline) {
+      std::this_thread::sleep_for(1ms);
+    }
+    return left_behind.load() > 0;
+  }
   // Waits until a round has failed here (the refuse round reaches a slow thread late).
   bool wait_error() {
     const auto deadline = comm::deadline_after(20s);
