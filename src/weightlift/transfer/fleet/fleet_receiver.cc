@@ -102,8 +102,10 @@ Result<std::vector<int>> FleetReceiver::Impl::live_peer_ids() {
   WL_ASSIGN_OR_RETURN(int64_t total, options.store->add(keys.joins(), 0));
   std::map<int, bool> left;  // id -> whether its latest record says it left
   for (int64_t k = 1; k <= total; ++k) {
-    WL_ASSIGN_OR_RETURN(comm::Bytes b, options.store->get(keys.join(k), options.timeout));
-    WL_ASSIGN_OR_RETURN(JoinRecord j, join_from_json(comm::to_string(b), keys.join(k)));
+    Result<comm::Bytes> b = options.store->get(keys.join(k), std::min(options.timeout, kJoinGrace));
+    if (!b.ok() && b.status().code() == StatusCode::kDeadlineExceeded) continue;  // never written
+    if (!b.ok()) return b.status().with_context("reading " + keys.join(k));
+    WL_ASSIGN_OR_RETURN(JoinRecord j, join_from_json(comm::to_string(*b), keys.join(k)));
     if (j.id != options.id) left[j.id] = j.leave;
   }
   std::vector<int> ids;

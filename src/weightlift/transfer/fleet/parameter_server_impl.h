@@ -65,6 +65,9 @@ struct ParameterServer::Impl {
   uint64_t counted = 0;  // the rounds the store's counter has counted
   uint64_t replays = 0;  // the generation's updates sent over its group since store round `round`
   int64_t joins_seen = 0;
+  // Join slots counted but still empty when read (server_rounds.cc, kJoinGrace): looked at
+  // again at each read.
+  std::set<int64_t> missing_joins;
   std::map<int, uint64_t> joined;     // id -> epoch
   std::map<int, JoinRecord> holders;  // id -> the join record of joined[id]
   // Every receiver that has joined, by (id, epoch): its process, as its join record names it.
@@ -80,6 +83,7 @@ struct ParameterServer::Impl {
   std::set<std::tuple<int, uint64_t, std::string>> fits;
 
   Status read_joins();
+  void take_join(JoinRecord j);  // one join or leave record, in the order they are read
   // Rank 0: why `j`'s layout is not checkpoint `name`'s inference layout at its TP rank and
   // format (the planner's check, planner.cc), or "" when it is.
   std::string layout_mismatch(const std::string& name, const JoinRecord& j);

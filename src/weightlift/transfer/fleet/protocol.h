@@ -159,6 +159,11 @@ struct FleetKeys {
   std::string group_ids() const { return prefix + "/group_ids"; }
 };
 
+// How long a counted join slot ("<prefix>/join/<k>") may stay empty before a reader passes
+// it over: a receiver writes its record right after it counts the slot, unless the count's
+// reply never reached it (a link cut then), and then the record never comes.
+inline constexpr std::chrono::milliseconds kJoinGrace{1000};
+
 // User tags of the messages of a generation's group: a replay (server rank 0 to each member)
 // and a member's leave (to server rank 0).
 inline constexpr uint32_t kReplayLengthTag = 0x7d0, kReplayTag = 0x7d1, kLeaveTag = 0x7d2;

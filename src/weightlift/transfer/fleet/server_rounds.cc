@@ -19,41 +19,64 @@ namespace wl::transfer {
 
 Status ParameterServer::Impl::read_joins() {
   WL_ASSIGN_OR_RETURN(int64_t total, options.store->add(keys.joins(), 0));
+  // Slots passed over before (kJoinGrace), looked at again without waiting (a record only slow to
+  // come is taken then, late: in the worst case it names a receiver that has left since, which the
+  // next form round leaves out as silent).
+  for (auto k = missing_joins.begin(); k != missing_joins.end();) {
+    Result<comm::Bytes> b = options.store->get(keys.join(*k), std::chrono::milliseconds(0));
+    if (!b.ok() && b.status().code() == StatusCode::kDeadlineExceeded) {
+      ++k;
+      continue;
+    }
+    if (!b.ok()) return b.status().with_context("reading " + keys.join(*k));
+    WL_ASSIGN_OR_RETURN(JoinRecord j, join_from_json(comm::to_string(*b), keys.join(*k)));
+    take_join(std::move(j));
+    k = missing_joins.erase(k);
+  }
   for (int64_t k = joins_seen + 1; k <= total; ++k) {
-    WL_ASSIGN_OR_RETURN(comm::Bytes b, options.store->get(keys.join(k), options.timeout));
-    WL_ASSIGN_OR_RETURN(JoinRecord j, join_from_json(comm::to_string(b), keys.join(k)));
+    Result<comm::Bytes> b = options.store->get(keys.join(k), std::min(options.timeout, kJoinGrace));
     joins_seen = k;
-    if (j.leave) {
-      processes.erase({j.id, j.epoch});
-      if (joined.count(j.id) && joined[j.id] == j.epoch) {
-        joined.erase(j.id);
-        holders.erase(j.id);
-        auto c = contenders.find(j.id);  // the id is free: its contender takes it
-        if (c != contenders.end()) {
-          joined[j.id] = c->second.epoch;
-          holders[j.id] = std::move(c->second);
-          contenders.erase(c);
-        }
-      }
-      if (contenders.count(j.id) && contenders[j.id].epoch == j.epoch) contenders.erase(j.id);
+    if (!b.ok() && b.status().code() == StatusCode::kDeadlineExceeded) {
+      missing_joins.insert(k);
       continue;
     }
-    processes[{j.id, j.epoch}] = {j.host, j.pid};
-    auto held = holders.find(j.id);
-    if (held == holders.end() || held->second.epoch == j.epoch) {
-      joined[j.id] = j.epoch;
-      holders[j.id] = std::move(j);
-      continue;
-    }
-    auto c = contenders.find(j.id);
-    if (c != contenders.end() && c->second.epoch != j.epoch && options.rank == 0) {
-      refusals.push_back({{j.id, c->second.epoch},
-                          "a newer receiver with id " + std::to_string(j.id) +
-                              " joined before this one was let in"});
-    }
-    contenders[j.id] = std::move(j);
+    if (!b.ok()) return b.status().with_context("reading " + keys.join(k));
+    WL_ASSIGN_OR_RETURN(JoinRecord j, join_from_json(comm::to_string(*b), keys.join(k)));
+    take_join(std::move(j));
   }
   return ok_status();
+}
+
+void ParameterServer::Impl::take_join(JoinRecord j) {
+  if (j.leave) {
+    processes.erase({j.id, j.epoch});
+    if (joined.count(j.id) && joined[j.id] == j.epoch) {
+      joined.erase(j.id);
+      holders.erase(j.id);
+      auto c = contenders.find(j.id);  // the id is free: its contender takes it
+      if (c != contenders.end()) {
+        joined[j.id] = c->second.epoch;
+        holders[j.id] = std::move(c->second);
+        contenders.erase(c);
+      }
+    }
+    if (contenders.count(j.id) && contenders[j.id].epoch == j.epoch) contenders.erase(j.id);
+    return;
+  }
+  processes[{j.id, j.epoch}] = {j.host, j.pid};
+  auto held = holders.find(j.id);
+  if (held == holders.end() || held->second.epoch == j.epoch) {
+    joined[j.id] = j.epoch;
+    holders[j.id] = std::move(j);
+    return;
+  }
+  auto c = contenders.find(j.id);
+  if (c != contenders.end() && c->second.epoch != j.epoch && options.rank == 0) {
+    refusals.push_back({{j.id, c->second.epoch},
+                        "a newer receiver with id " + std::to_string(j.id) +
+                            " joined before this one was let in"});
+  }
+  contenders[j.id] = std::move(j);
 }
 
 Result<RoundRecord> ParameterServer::Impl::post(RoundRecord r) {
