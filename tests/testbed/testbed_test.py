@@ -134,13 +134,14 @@ def interrupted(s, exe):
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             stopped = False
+        said = p.communicate()[1].strip().splitlines()  # what the script said, for a failure
         sleeps = [pid for pid in subprocess.run(["pgrep", "-f", f"^sleep {duration}$"],
                                                 capture_output=True, text=True).stdout.split()
                   if running(pid)]
+        ok = up and stopped and leftovers() == before and not sleeps
         s.check(f"Ctrl-C {delay:.0f} s into a run stops it and leaves no namespace, state or rank",
-                up and stopped and leftovers() == before and not sleeps,
-                f"up {up}, stopped {stopped}, left {sorted(set(leftovers()) - set(before))}, "
-                f"ranks {sleeps}")
+                ok, f"up {up}, stopped {stopped}, left {sorted(set(leftovers()) - set(before))}, "
+                f"ranks {sleeps}" + ("" if ok else "; the script said: " + " | ".join(said[-6:])))
         for pid in sleeps:
             os.kill(int(pid), signal.SIGKILL)
 
