@@ -102,11 +102,9 @@ Result<std::vector<int>> FleetReceiver::Impl::live_peer_ids() {
   WL_ASSIGN_OR_RETURN(int64_t total, options.store->add(keys.joins(), 0));
   std::map<int, bool> left;  // id -> whether its latest record says it left
   for (int64_t k = 1; k <= total; ++k) {
-    Result<comm::Bytes> b = options.store->get(keys.join(k), std::min(options.timeout, kJoinGrace));
-    if (!b.ok() && b.status().code() == StatusCode::kDeadlineExceeded) continue;  // never written
-    if (!b.ok()) return b.status().with_context("reading " + keys.join(k));
-    WL_ASSIGN_OR_RETURN(JoinRecord j, join_from_json(comm::to_string(*b), keys.join(k)));
-    if (j.id != options.id) left[j.id] = j.leave;
+    WL_ASSIGN_OR_RETURN(std::optional<JoinRecord> j,
+                        read_join(*options.store, keys, k, std::min(options.timeout, kJoinGrace)));
+    if (j && j->id != options.id) left[j->id] = j->leave;  // none: never written
   }
   std::vector<int> ids;
   for (const auto& [id, gone] : left) {

@@ -127,6 +127,17 @@ Result<std::unique_ptr<UpdateExecutor>> make_generation_executor(
                                .bucket_bytes = size_t(o.bucket_bytes)});
 }
 
+Result<std::optional<JoinRecord>> read_join(comm::Store& store, const FleetKeys& keys, int64_t k,
+                                            std::chrono::milliseconds wait) {
+  Result<comm::Bytes> b = store.get(keys.join(k), wait);
+  if (!b.ok() && b.status().code() == StatusCode::kDeadlineExceeded) {
+    return std::optional<JoinRecord>();
+  }
+  if (!b.ok()) return b.status().with_context("reading " + keys.join(k));
+  WL_ASSIGN_OR_RETURN(JoinRecord j, join_from_json(comm::to_string(*b), keys.join(k)));
+  return std::optional(std::move(j));
+}
+
 Result<uint64_t> last_round_posted(comm::Store& store, const FleetKeys& keys) {
   WL_ASSIGN_OR_RETURN(const int64_t counted, store.add(keys.rounds(), 0));
   uint64_t last = uint64_t(counted);

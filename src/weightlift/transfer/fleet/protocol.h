@@ -66,6 +66,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -178,6 +179,12 @@ inline constexpr std::chrono::milliseconds kReplaySpin{2};
 inline constexpr std::chrono::microseconds kReplayNap{50};
 inline constexpr std::chrono::milliseconds kReplayDoze{100};
 inline constexpr std::chrono::microseconds kReplayDozeNap{1000};
+
+// Join record k ("<prefix>/join/<k>"), waiting up to `wait` for it; nullopt if it is not there
+// by then (a slot counted but not written yet, or never: kJoinGrace). A store that fails or a
+// damaged record is an error naming the key.
+Result<std::optional<JoinRecord>> read_join(comm::Store& store, const FleetKeys& keys, int64_t k,
+                                            std::chrono::milliseconds wait);
 
 // The number of the last round posted in the store: the counter, then any rounds past it (a
 // server that died between posting a round and counting it). Reads that do not wait.

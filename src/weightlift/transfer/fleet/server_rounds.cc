@@ -23,26 +23,24 @@ Status ParameterServer::Impl::read_joins() {
   // come is taken then, late: in the worst case it names a receiver that has left since, which the
   // next form round leaves out as silent).
   for (auto k = missing_joins.begin(); k != missing_joins.end();) {
-    Result<comm::Bytes> b = options.store->get(keys.join(*k), std::chrono::milliseconds(0));
-    if (!b.ok() && b.status().code() == StatusCode::kDeadlineExceeded) {
+    WL_ASSIGN_OR_RETURN(std::optional<JoinRecord> j,
+                        read_join(*options.store, keys, *k, std::chrono::milliseconds(0)));
+    if (!j) {
       ++k;
       continue;
     }
-    if (!b.ok()) return b.status().with_context("reading " + keys.join(*k));
-    WL_ASSIGN_OR_RETURN(JoinRecord j, join_from_json(comm::to_string(*b), keys.join(*k)));
-    take_join(std::move(j));
+    take_join(*std::move(j));
     k = missing_joins.erase(k);
   }
   for (int64_t k = joins_seen + 1; k <= total; ++k) {
-    Result<comm::Bytes> b = options.store->get(keys.join(k), std::min(options.timeout, kJoinGrace));
+    WL_ASSIGN_OR_RETURN(std::optional<JoinRecord> j,
+                        read_join(*options.store, keys, k, std::min(options.timeout, kJoinGrace)));
     joins_seen = k;
-    if (!b.ok() && b.status().code() == StatusCode::kDeadlineExceeded) {
+    if (j) {
+      take_join(*std::move(j));
+    } else {
       missing_joins.insert(k);
-      continue;
     }
-    if (!b.ok()) return b.status().with_context("reading " + keys.join(k));
-    WL_ASSIGN_OR_RETURN(JoinRecord j, join_from_json(comm::to_string(*b), keys.join(k)));
-    take_join(std::move(j));
   }
   return ok_status();
 }
