@@ -107,6 +107,43 @@ void Attention(benchmark::State& state, bool backward) {
 BENCHMARK_CAPTURE(Attention, forward, false)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(Attention, backward, true)->Unit(benchmark::kMillisecond);
 
+// One decode token of the small preset against 256 cached positions: the keys in one buffer,
+// or in pages of `page` positions (the rollout engine's KV cache), each page its own buffer.
+void DecodeAttention(benchmark::State& state) {
+  const int64_t page = state.range(0);  // 0: one buffer
+  const AttentionShape s{
+      .batch = 1, .seq_q = 1, .seq_kv = 256, .heads = 8, .kv_heads = 1, .head_dim = 32};
+  const int64_t row = s.kv_heads * s.head_dim;
+  const std::vector<float> q = random_values(size_t(s.heads * s.head_dim), 1),
+                           k = random_values(size_t(s.seq_kv * row), 2),
+                           v = random_values(size_t(s.seq_kv * row), 3);
+  std::vector<std::vector<float>> pages;
+  std::vector<KvSegment> segments;
+  for (int64_t first = 0; page > 0 && first < s.seq_kv; first += page) {
+    const int64_t n = std::min(page, s.seq_kv - first);
+    pages.emplace_back(k.begin() + first * row, k.begin() + (first + n) * row);
+    pages.emplace_back(v.begin() + first * row, v.begin() + (first + n) * row);
+    segments.push_back({pages[pages.size() - 2].data(), pages.back().data(), n});
+  }
+  std::vector<float> out(q.size());
+  const AttentionShape decode{.batch = 1,
+                              .seq_q = 1,
+                              .seq_kv = s.seq_kv,
+                              .heads = s.heads,
+                              .kv_heads = s.kv_heads,
+                              .head_dim = s.head_dim,
+                              .q_offset = s.seq_kv - 1};
+  for (auto _ : state) {
+    if (page == 0) {
+      attention_forward(decode, q.data(), k.data(), v.data(), out.data(), nullptr);
+    } else {
+      attention_forward_paged(decode, q.data(), segments, out.data(), nullptr);
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+}
+BENCHMARK(DecodeAttention)->Arg(0)->Arg(64)->Arg(32)->Arg(16)->Unit(benchmark::kMicrosecond);
+
 // Cross-entropy with its gradient over 2048 tokens of vocab 320.
 void CrossEntropy(benchmark::State& state) {
   const std::vector<float> logits = random_values(2048 * 320, 1);

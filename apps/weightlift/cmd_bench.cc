@@ -139,6 +139,9 @@ Status run_bench_generate(BenchGenerateOptions o, const BenchGenerateFlags& f) {
       r.tokens_per_s, r.prefill_ms, r.prefill_bound_ms, 100 * r.prefill_bound_ms / r.prefill_ms,
       r.prefill_every_row_ms, r.decode_tokens_per_s, bound, 100 * r.decode_tokens_per_s / bound,
       r.weight_bytes / 1e6, r.copy_gbps, r.gemm_peak_gflops);
+  std::printf(
+      "  KV cache in pages of %ld tokens: %.1f MB held at most, the worker's pool %.1f MB\n",
+      long(o.kv_page_tokens), r.kv_bytes / 1e6, r.kv_pool_bytes / 1e6);
   if (o.slots > 0) {
     std::printf(
         "  over %ld slots: %.0f tokens/s, %.2fx every row at once, its KV cache %.1f MB against "
@@ -183,6 +186,9 @@ void register_bench_generate(CLI::App& bench, Outcome& out) {
                   "every row at once")
       ->capture_default_str()
       ->transform(count(0, kMaxRows));
+  cmd->add_option("--kv-page-tokens", o->kv_page_tokens, "positions per page of the KV cache")
+      ->capture_default_str()
+      ->transform(count(1, kMaxRows));
   cmd->add_flag("--json", f->json, "one JSON object");
   cmd->callback(
       [&out, o, f] { out.exit_code = report("bench generate", run_bench_generate(*o, *f)); });

@@ -17,10 +17,11 @@ namespace {
 
 using namespace wl::infer::testing;  // worker_fixture.h
 
-// Rank 0's generations of `rows` under each of `options`, on an engine of tp x ep
-// thread-ranks over the test weights of `tiny`.
+// Rank 0's generations of `rows` under each of `options` in turn (one worker per rank), on an
+// engine of tp x ep thread-ranks over the test weights of `tiny`.
 std::vector<Generation> run_engine(int tp, int ep, const std::vector<std::vector<int64_t>>& rows,
-                                   const std::vector<GenerateOptions>& options) {
+                                   const std::vector<GenerateOptions>& options,
+                                   int64_t page_tokens = WorkerOptions{}.kv_page_tokens) {
   const model::ModelConfig c = config_named("tiny");
   const std::vector<float> w = test_weights(c, 42);
   std::vector<Generation> out(options.size());
@@ -29,8 +30,11 @@ std::vector<Generation> run_engine(int tp, int ep, const std::vector<std::vector
     const LayoutOptions layout{.tp = tp, .tp_rank = rank % tp, .ep = ep, .ep_rank = rank / tp};
     const auto [tp_group, ep_group] = engine_groups(world, layout);
     const auto held = tensors_of(transfer::reference_receiver_tensors(c, layout, w));
-    auto worker = InferenceWorker::create(
-        {.config = c, .layout = layout, .tp_group = tp_group, .ep_group = ep_group});
+    auto worker = InferenceWorker::create({.config = c,
+                                           .layout = layout,
+                                           .tp_group = tp_group,
+                                           .ep_group = ep_group,
+                                           .kv_page_tokens = page_tokens});
     ASSERT_TRUE(worker.ok()) << worker.status().to_string();
     auto bound = (*worker)->bind(lookup_in(held));
     ASSERT_TRUE(bound.ok());
@@ -203,34 +207,81 @@ TEST(InferenceWorker, RowsOverFewerSlotsSampleWhatEveryRowAtOnceDoes) {
   }
 }
 
-// The KV cache holds a prompt once for all the running rows that share it, and each row's
-// own tokens apart: its bytes are those of one entry per distinct prompt (at most one per
-// slot) of the longest prompt, and of one part per slot of the most tokens a row feeds after
-// its prompt (its new tokens but the last). Prefilling every row holds every row's prompt.
+// The KV cache holds a prompt once for all the running rows that share it, and each row's own
+// tokens apart, in pages taken as rows reach them and given back as rows end. In pages of 32
+// tokens, prompts 0-2 and every row's 7 fed tokens take one page, prompt 3 (34 tokens) two, so
+// the most pages held at once are: every row at once 5 for the prompts + 13 for the rows, or
+// 14 + 13 prefilling every row; over 2 slots (rows in pairs of one prompt, then row 12 alone)
+// 1 + 2; over 6 slots 2 + 6 (rows 0-5 are 4 of prompt 0 and 2 of prompt 1; all stop together,
+// and rows 6-11 are 2 of prompt 1 and 4 of prompt 2).
 TEST(InferenceWorker, AGroupsPromptIsHeldOnceInTheKvCache) {
   const model::ModelConfig c = config_named("tiny");
-  const std::vector<std::vector<int64_t>> rows = grouped_rows();  // 4 distinct prompts, 13 rows
-  int64_t longest = 0;
-  for (const auto& r : rows) longest = std::max(longest, int64_t(r.size()));
-  const double per_token = double(c.num_layers) * 2.0 * double(c.num_kv_heads * c.head_dim) * 4.0;
-  auto bytes = [&](int64_t entries, int64_t slots, int64_t new_tokens) {
-    return per_token * double(entries * longest + slots * (new_tokens - 1));
-  };
-  const std::vector<Generation> g = run_engine(1, 1, rows,
+  constexpr int64_t kPage = 32;
+  const double page =
+      double(c.num_layers) * 2.0 * double(kPage) * double(c.num_kv_heads * c.head_dim) * 4.0;
+  const std::vector<Generation> g = run_engine(1, 1, grouped_rows(),
                                                {{.max_new_tokens = 8},
                                                 {.max_new_tokens = 8, .share_prompts = false},
                                                 {.max_new_tokens = 8, .slots = 2},
-                                                {.max_new_tokens = 8, .slots = 6}});
+                                                {.max_new_tokens = 8, .slots = 6}},
+                                               kPage);
   if (::testing::Test::HasFatalFailure()) return;
-  EXPECT_EQ(g[0].kv_cache_bytes, bytes(4, 13, 8));
-  EXPECT_EQ(g[1].kv_cache_bytes, bytes(13, 13, 8));
-  EXPECT_EQ(g[2].kv_cache_bytes, bytes(2, 2, 8));
-  EXPECT_EQ(g[3].kv_cache_bytes, bytes(4, 6, 8));
+  EXPECT_EQ(g[0].kv_cache_bytes, 18 * page);
+  EXPECT_EQ(g[1].kv_cache_bytes, 27 * page);
+  EXPECT_EQ(g[2].kv_cache_bytes, 3 * page);
+  EXPECT_EQ(g[3].kv_cache_bytes, 8 * page);
   EXPECT_EQ(g[0].tokens, g[1].tokens);
   std::printf(
       "[measured] KV cache of 13 rows of 4 prompts, 8 new tokens: %.0f bytes shared, "
       "%.0f prefilling every row (%.2fx)\n",
       g[0].kv_cache_bytes, g[1].kv_cache_bytes, g[1].kv_cache_bytes / g[0].kv_cache_bytes);
+}
+
+// The worker keeps its pages from one generation to the next and allocates only when one
+// needs more than it has, 16 pages at a time: 3 pages (16 allocated), 18 (32), then 3 and 27
+// again from the 32 it has (pages of 32 tokens, as above).
+TEST(InferenceWorker, KvPagesAreKeptAndAllocatedOnlyWhenAGenerationNeedsMore) {
+  const model::ModelConfig c = config_named("tiny");
+  constexpr int64_t kPage = 32;
+  const double page =
+      double(c.num_layers) * 2.0 * double(kPage) * double(c.num_kv_heads * c.head_dim) * 4.0;
+  const std::vector<Generation> g = run_engine(1, 1, grouped_rows(),
+                                               {{.max_new_tokens = 8, .slots = 2},
+                                                {.max_new_tokens = 8},
+                                                {.max_new_tokens = 8, .slots = 2},
+                                                {.max_new_tokens = 8, .share_prompts = false}},
+                                               kPage);
+  if (::testing::Test::HasFatalFailure()) return;
+  const std::vector<double> pool{g[0].kv_pool_bytes / page, g[1].kv_pool_bytes / page,
+                                 g[2].kv_pool_bytes / page, g[3].kv_pool_bytes / page};
+  EXPECT_EQ(pool, (std::vector<double>{16, 32, 32, 32}));
+  EXPECT_EQ(g[1].kv_cache_bytes, 18 * page);
+  EXPECT_EQ(g[3].kv_cache_bytes, 27 * page);
+  EXPECT_EQ(g[2].tokens, g[0].tokens);
+}
+
+// Pages of 3 tokens cut every prompt and every row's own tokens into several pages, attended
+// as one sequence: the rows' tokens and routes are those of 64-token pages (where all fit in
+// one), their logits within reassociation; on one rank and TP 2, every row at once and over
+// 5 slots.
+TEST(InferenceWorker, RowsInSmallPagesSampleWhatRowsInOnePageDo) {
+  const std::vector<std::vector<int64_t>> rows = grouped_rows();
+  const std::vector<GenerateOptions> options{
+      {.max_new_tokens = 10, .keep_logits = true, .keep_routes = true},
+      {.max_new_tokens = 10,
+       .sampling = {.temperature = 1.0f, .top_k = 20},
+       .seed = 5,
+       .keep_logits = true,
+       .keep_routes = true,
+       .slots = 5}};
+  for (const int tp : {1, 2}) {
+    SCOPED_TRACE("tp " + std::to_string(tp));
+    const std::vector<Generation> whole = run_engine(tp, 1, rows, options, 64);
+    const std::vector<Generation> paged = run_engine(tp, 1, rows, options, 3);
+    if (::testing::Test::HasFatalFailure()) return;
+    for (size_t i = 0; i < options.size(); ++i) expect_same_rows(paged[i], whole[i]);
+    EXPECT_GT(paged[0].kv_cache_bytes, 0.0);
+  }
 }
 
 // A row stops once its new tokens end with a stop sequence (kept in its tokens), or at its

@@ -136,13 +136,14 @@ constexpr int64_t kNewTokens = 24;
 // Runs the worker on every TP rank (threads sharing a MemoryStore world when tp > 1) over the
 // reference transform of `w`, and returns each rank's output.
 std::vector<RankOutput> run_worker(const model::ModelConfig& c, const std::vector<float>& w,
-                                   WeightFormat format, int tp) {
+                                   WeightFormat format, int tp, int64_t page_tokens) {
   std::vector<RankOutput> out(static_cast<size_t>(tp));
   auto body = [&](int rank, std::shared_ptr<comm::Group> group) {
     OneComputeThread one;
     const LayoutOptions layout{.tp = tp, .tp_rank = rank, .format = format};
     const auto held = tensors_of(transfer::reference_receiver_tensors(c, layout, w));
-    auto worker = InferenceWorker::create({.config = c, .layout = layout, .tp_group = group});
+    auto worker = InferenceWorker::create(
+        {.config = c, .layout = layout, .tp_group = group, .kv_page_tokens = page_tokens});
     ASSERT_TRUE(worker.ok()) << worker.status().to_string();
     auto bound = (*worker)->bind(lookup_in(held));
     ASSERT_TRUE(bound.ok()) << bound.status().to_string();
@@ -283,14 +284,15 @@ LooseResult check_against_f32(model::Transformer& trainer, const RankOutput& o,
   return r;
 }
 
-void check_case(const std::string& preset, WeightFormat format, int tp) {
+void check_case(const std::string& preset, WeightFormat format, int tp,
+                int64_t page_tokens = WorkerOptions{}.kv_page_tokens) {
   OneComputeThread one;
-  const std::string name =
-      preset + " " + std::string(transfer::weight_format_name(format)) + " tp" + std::to_string(tp);
+  const std::string name = preset + " " + std::string(transfer::weight_format_name(format)) +
+                           " tp" + std::to_string(tp) + " pages of " + std::to_string(page_tokens);
   SCOPED_TRACE(name);
   const model::ModelConfig c = config_named(preset);
   const std::vector<float> w = test_weights(c, 42);
-  const std::vector<RankOutput> out = run_worker(c, w, format, tp);
+  const std::vector<RankOutput> out = run_worker(c, w, format, tp, page_tokens);
   if (::testing::Test::HasFatalFailure()) return;
 
   // Every TP rank ends with the same logits bit for bit (x is replicated after each allreduce,
@@ -351,6 +353,13 @@ void check_case(const std::string& preset, WeightFormat format, int tp) {
 TEST(InferenceWorker, TinyBf16Tp1And2MatchTheTrainer) {
   check_case("tiny", WeightFormat::kBF16, 1);
   check_case("tiny", WeightFormat::kBF16, 2);
+}
+
+// Pages of 5 tokens (the default holds every prompt in one): each prompt and each row's own
+// tokens over several pages, attended as one sequence.
+TEST(InferenceWorker, TinyBf16InPagesOfFiveTokensMatchesTheTrainer) {
+  check_case("tiny", WeightFormat::kBF16, 1, 5);
+  check_case("tiny", WeightFormat::kBF16, 2, 5);
 }
 
 TEST(InferenceWorker, TinyFp8Tp1And2MatchTheTrainer) {

@@ -330,6 +330,37 @@ TEST(Attention, FutureKeysDoNotLeak) {
   EXPECT_FALSE(std::equal(a.begin() + prefix, a.end(), b.begin() + prefix));
 }
 
+// Keys and values in pages of any length (empty ones, one token, more than a key block),
+// each page its own buffer whose room past the keys it holds is NaN, as a paged KV cache's
+// last page is: prefill and decode over them match the reference over the keys end to end.
+TEST(Attention, PagedMatchesTheReferenceOverPagesOfAnyLength) {
+  const std::vector<int64_t> pages{5, 0, 64, 1, 33, 70, 40};  // 213 positions of room
+  for (const AttentionShape& s :
+       {shape(1, 150, 150, 4, 2, 16), shape(1, 1, 200, 8, 1, 12), shape(1, 3, 64, 4, 4, 16)}) {
+    SCOPED_TRACE(::testing::Message() << "seq_q " << s.seq_q << " seq_kv " << s.seq_kv);
+    const Inputs in = make_inputs(s, 11, 1.0f);
+    const Reference ref = reference(s, to_double(s, in));
+    const int64_t row = s.kv_heads * s.head_dim;
+    std::vector<std::vector<float>> k_pages, v_pages;
+    std::vector<KvSegment> segments;
+    int64_t first = 0;
+    for (const int64_t n : pages) {
+      k_pages.emplace_back(size_t((n + 1) * row), std::numeric_limits<float>::quiet_NaN());
+      v_pages.push_back(k_pages.back());
+      for (int64_t i = 0; i < std::min(n, s.seq_kv - first) * row; ++i) {
+        k_pages.back()[size_t(i)] = in.k[size_t(first * row + i)];
+        v_pages.back()[size_t(i)] = in.v[size_t(first * row + i)];
+      }
+      segments.push_back({k_pages.back().data(), v_pages.back().data(), n});
+      first += n;
+    }
+    std::vector<float> out(size_t(q_size(s)), NAN), lse(size_t(s.heads * s.seq_q), NAN);
+    attention_forward_paged(s, in.q.data(), segments, out.data(), lse.data());
+    EXPECT_LE(max_error(out, ref.out), kOutTol);
+    EXPECT_LE(max_error(lse, ref.lse), kLseTol);
+  }
+}
+
 // The vector exponentials against libm in double, on a 2^-10 grid, in both versions the kernels
 // can run: 4 lanes of SSE2 (baseline) and 8 lanes of AVX2 + FMA (when this CPU has them). Bound:
 // one f32 ulp at the top of a binade, 2^-23 = 1.19e-7 (an exhaustive sweep over every float in

@@ -122,8 +122,10 @@ Result<BenchGenerateResult> bench_generate(const BenchGenerateOptions& o) {
     held.emplace(name, std::move(t));
   }
   WL_ASSIGN_OR_RETURN(auto worker,
-                      infer::InferenceWorker::create(
-                          {.config = c, .layout = layout, .bf16_activations = o.bf16_activations}));
+                      infer::InferenceWorker::create({.config = c,
+                                                      .layout = layout,
+                                                      .bf16_activations = o.bf16_activations,
+                                                      .kv_page_tokens = o.kv_page_tokens}));
   WL_ASSIGN_OR_RETURN(const infer::BoundWeights w, worker->bind(infer::lookup_in(held)));
   infer::GenerateOptions gen;
   const std::vector<std::vector<int64_t>> rows = grpo_batch(o, c, gen);
@@ -140,12 +142,14 @@ Result<BenchGenerateResult> bench_generate(const BenchGenerateOptions& o) {
     WL_ASSIGN_OR_RETURN(const infer::Generation e, worker->generate(w, rows, each));
     r.new_tokens = new_tokens(g);
     r.kv_bytes = g.kv_cache_bytes;
+    r.kv_pool_bytes = g.kv_pool_bytes;
     if (o.slots > 0) {
       WL_ASSIGN_OR_RETURN(const infer::Generation s, worker->generate(w, rows, slotted));
       slots_rate.push_back(double(new_tokens(s)) / (s.prefill_seconds + s.decode_seconds));
       slots_ratio.push_back((g.prefill_seconds + g.decode_seconds) /
                             (s.prefill_seconds + s.decode_seconds));
       r.slots_kv_bytes = s.kv_cache_bytes;
+      r.kv_pool_bytes = s.kv_pool_bytes;
     }
     if (run == 0) continue;  // first touch of the caches and buffers
     prefill.push_back(g.prefill_seconds);
@@ -206,7 +210,9 @@ std::string BenchGenerateResult::to_json(const BenchGenerateOptions& o) const {
                         {"bf16_activations", o.bf16_activations},
                         {"slots_tokens_per_s", slots_tokens_per_s},
                         {"slots_speedup", slots_speedup},
+                        {"kv_page_tokens", o.kv_page_tokens},
                         {"kv_bytes", kv_bytes},
+                        {"kv_pool_bytes", kv_pool_bytes},
                         {"slots_kv_bytes", slots_kv_bytes}}
       .dump();
 }

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "weightlift/core/status.h"
+#include "weightlift/infer/worker.h"
 #include "weightlift/transfer/layout/inference_layout.h"
 
 namespace wl::app {
@@ -36,6 +37,7 @@ struct BenchGenerateOptions {
   // Also generate over this many slots (continuous batching), in turn with every row at once.
   int64_t slots = 0;
   bool bf16_activations = false;  // infer::WorkerOptions::bf16_activations
+  int64_t kv_page_tokens = infer::WorkerOptions{}.kv_page_tokens;
 };
 
 struct BenchGenerateResult {
@@ -53,7 +55,8 @@ struct BenchGenerateResult {
   // every row at once), and the KV cache each holds (a group's prompt once).
   double slots_tokens_per_s = 0;
   double slots_speedup = 0;  // median over the runs of every-row-at-once time / slots time
-  double kv_bytes = 0, slots_kv_bytes = 0;
+  double kv_bytes = 0, slots_kv_bytes = 0;  // the most KV pages held at once
+  double kv_pool_bytes = 0;                 // the worker's pages after the runs
   std::string to_json(const BenchGenerateOptions& o) const;
 };
 

@@ -3,14 +3,15 @@
 // The rows of a generation wait in order. Every step, each free slot takes the next waiting
 // row; one forward runs every slot's new tokens (the whole prompt of a row just admitted, one
 // token of the others); each running row samples its next token; a row that stops (its stop
-// token, a stop sequence, its length) frees its slot for the next step's admission.
+// token, a stop sequence, its length) frees its slot, and its KV pages, for the next step's
+// admission.
 //
 // A prompt that several rows hold (a GRPO group's G samples) is prefilled once into an entry
-// of the KV cache's prompt part (detail/kv_cache.h) that every running row of it reads: a row
-// admitted while the entry is held (a row of the prompt running, or prefilling it this step)
-// takes the prefill's logits and routes, kept while rows of the prompt wait, and writes only
-// its own tokens. When no running row reads the entry any more it is freed, and the next row
-// of the prompt prefills it again.
+// of the KV cache (detail/kv_cache.h) that every running row of it reads: a row admitted
+// while the entry is held (a row of the prompt running, or prefilling it this step) takes the
+// prefill's logits and routes, kept while rows of the prompt wait, and writes only its own
+// tokens. When no running row reads the entry any more it and its pages are freed, and the
+// next row of the prompt prefills it again.
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -66,9 +67,7 @@ class InferenceWorker::Batch {
         V_(size_t(worker.options_.config.vocab_size)),
         per_token_(size_t(worker.options_.config.num_layers * worker.options_.config.top_k)),
         leader_(prompt_leaders(rows, o.share_prompts)),
-        cache_(worker.options_.config.num_layers, entry_count(leader_, o), longest_prompt(rows),
-               int64_t(slot_count(rows.size(), o)), most_new(rows.size(), o),
-               worker.local_kv_heads_ * worker.options_.config.head_dim),
+        cache_(*worker.kv_pages_, entry_count(leader_, o), int64_t(slot_count(rows.size(), o))),
         sampler_(rows.size(), o.sampling, seed, o.stop_token),
         waiting_(rows.size(), 0),
         entry_of_(rows.size(), kFree),
@@ -81,7 +80,6 @@ class InferenceWorker::Batch {
         feed_(slot_row_.size()) {
     for (size_t r = 0; r < rows.size(); ++r) ++waiting_[leader_[r]];
     for (size_t e = refs_.size(); e > 0; --e) free_entries_.push_back(e - 1);
-    g_.kv_cache_bytes = cache_.bytes();
     if (o.keep_logits) g_.logits.assign(rows.size(), {});
     if (o.keep_routes) g_.routes.assign(rows.size(), {});
   }
@@ -101,6 +99,8 @@ class InferenceWorker::Batch {
   }
 
   Generation take() {
+    g_.kv_cache_bytes = cache_.peak_bytes();
+    g_.kv_pool_bytes = double(cache_.pool.pages()) * cache_.pool.page_bytes();
     g_.tokens = sampler_.take_tokens();
     g_.logprobs = sampler_.take_logprobs();
     return std::move(g_);
@@ -116,18 +116,6 @@ class InferenceWorker::Batch {
     for (size_t r = 0; r < leader.size(); ++r) distinct += leader[r] == r;
     return int64_t(std::min(distinct, slot_count(leader.size(), o)));
   }
-  static int64_t longest_prompt(const std::vector<std::vector<int64_t>>& rows) {
-    int64_t most = 0;
-    for (const auto& r : rows) most = std::max(most, int64_t(r.size()));
-    return most;
-  }
-  // A row feeds each new token but its last after its prompt.
-  static int64_t most_new(size_t rows, const GenerateOptions& o) {
-    int64_t most = 0;
-    for (size_t r = 0; r < rows; ++r) most = std::max(most, max_new_of(o, r) - 1);
-    return most;
-  }
-
   void admit() {
     std::fill(prefilling_.begin(), prefilling_.end(), 0);
     std::fill(copying_.begin(), copying_.end(), 0);
@@ -137,14 +125,12 @@ class InferenceWorker::Batch {
       slot_row_[s] = r;
       ++live_;
       --waiting_[p];
-      cache_.length[s] = 0;
       if (entry_of_[p] != kFree) {
         copying_[s] = 1;  // its logits and routes after the forward
       } else {
         prefilling_[s] = 1;
         entry_of_[p] = free_entries_.back();
         free_entries_.pop_back();
-        cache_.prompt_length[entry_of_[p]] = 0;
         feed_[s] = rows_[r];
         g_.prefill_tokens += int64_t(rows_[r].size());
       }
@@ -221,14 +207,17 @@ class InferenceWorker::Batch {
     return false;
   }
 
-  // The slot's row is done: the slot is free, and so is its prompt's entry once no running
-  // row reads it (a row of that prompt admitted later prefills it again).
+  // The slot's row is done: the slot and its pages are free, and so are its prompt's entry
+  // and pages once no running row reads it (a row of that prompt admitted later prefills it
+  // again).
   void release(size_t s) {
     const size_t p = leader_[slot_row_[s]], e = size_t(cache_.entry[s]);
     slot_row_[s] = kFree;
     --live_;
+    cache_.clear_slot(s);
     if (--refs_[e] > 0) return;
     entry_of_[p] = kFree;
+    cache_.clear_entry(e);
     free_entries_.push_back(e);
   }
 

@@ -76,6 +76,10 @@ Result<std::unique_ptr<InferenceWorker>> InferenceWorker::create(WorkerOptions o
   WL_RETURN_IF_ERROR(transfer::inference_layout(o.config, o.layout).status());
   WL_RETURN_IF_ERROR(check_group("TP", "tp", o.tp_group.get(), o.layout.tp, o.layout.tp_rank));
   WL_RETURN_IF_ERROR(check_group("EP", "ep", o.ep_group.get(), o.layout.ep, o.layout.ep_rank));
+  if (o.kv_page_tokens < 1) {
+    return invalid_argument("inference worker: kv_page_tokens is " +
+                            std::to_string(o.kv_page_tokens) + ", must be >= 1");
+  }
   const int tp = o.layout.tp;
   std::unique_ptr<InferenceWorker> w(new InferenceWorker(std::move(o)));
   const model::ModelConfig& c = w->options_.config;
@@ -83,6 +87,8 @@ Result<std::unique_ptr<InferenceWorker>> InferenceWorker::create(WorkerOptions o
   w->local_heads_ = c.num_heads / tp;
   w->local_kv_heads_ = c.num_kv_heads >= tp ? c.num_kv_heads / tp : 1;
   w->local_ffn_ = c.ffn_dim / tp;
+  w->kv_pages_ = std::make_unique<KvPages>(c.num_layers, w->options_.kv_page_tokens,
+                                           w->local_kv_heads_ * c.head_dim);
   return w;
 }
 
@@ -173,9 +179,6 @@ class InferenceWorker::ForwardPass {
 
  private:
   void attention(const BoundLayer& lw, size_t l);
-  void attend_prompt_and_own(size_t l, int64_t e, int64_t prompt,
-                             const kernels::AttentionShape& own, const float* q, const float* k,
-                             const float* v, float* out);
   Status o_proj(const BoundLayer& lw);
   // keep, when not null: the tokens whose output is read (the others' experts do not run).
   Status moe(const BoundLayer& lw, size_t l, const uint8_t* keep);
@@ -210,7 +213,7 @@ class InferenceWorker::ForwardPass {
   const bool bf16_;  // WorkerOptions::bf16_activations
   Tensor x_, xn_, qkv_, att_, partial_, logits_r_, probs_, topk_w_, topk_idx_, counts_;
   std::vector<float> gain_, q_gain_, k_gain_;
-  std::vector<float> merge_;  // attend_prompt_and_own's two outputs and log-sum-exps
+  std::vector<kernels::KvSegment> segments_;  // a row's pages, as attention() reads them
 };
 
 InferenceWorker::ForwardPass::ForwardPass(InferenceWorker& worker, const BoundWeights& w,
@@ -242,6 +245,9 @@ InferenceWorker::ForwardPass::ForwardPass(InferenceWorker& worker, const BoundWe
   row_begin_.push_back(int64_t(tokens_.size()));
   M_ = int64_t(tokens_.size());
   R_ = int64_t(feed.size());
+  for (size_t r = 0; r < feed.size(); ++r) {
+    if (!feed[r].empty()) cache_.reserve(r, int64_t(feed[r].size()));
+  }
   x_ = f32({M_, d_});
   for (int64_t i = 0; i < M_; ++i) {
     dequantize_rows(w.embed, tokens_[size_t(i)], tokens_[size_t(i)] + 1, x_.data<float>() + i * d_);
@@ -259,7 +265,8 @@ InferenceWorker::ForwardPass::ForwardPass(InferenceWorker& worker, const BoundWe
 }
 
 // Local heads against this rank's cache: q, k and v of the new tokens, k and v appended (to
-// the slot's prompt entry when it prefills it, else to the slot's own part).
+// the slot's prompt entry when it prefills it, else to the slot's own pages), then one
+// attention over the prompt's pages and the slot's own (its new tokens included).
 void InferenceWorker::ForwardPass::attention(const BoundLayer& lw, size_t l) {
   widen(lw.attn_norm, d_, gain_);
   kernels::rmsnorm_forward(x_.data<float>(), gain_.data(), xn_.data<float>(), nullptr, M_, d_,
@@ -273,71 +280,43 @@ void InferenceWorker::ForwardPass::attention(const BoundLayer& lw, size_t l) {
   for (int64_t r = 0; r < R_; ++r) {
     const int64_t n = row_begin_[size_t(r) + 1] - row_begin_[size_t(r)];
     if (n == 0) continue;
-    const int64_t e = cache_.entry[size_t(r)], prompt = cache_.prompt_length[size_t(e)];
+    const size_t e = size_t(cache_.entry[size_t(r)]);
+    const int64_t prompt = cache_.prompt_length[e];
     const bool prefill = prompt == 0;
     // Where the new keys go, and their first position in the sequence.
+    const std::vector<int32_t>& list = prefill ? cache_.prompt_pages[e] : cache_.pages[size_t(r)];
     const int64_t at = prefill ? 0 : cache_.length[size_t(r)], pos = prefill ? 0 : prompt + at;
-    float* kbase = prefill ? cache_.prompt_k[l].data<float>() + e * cache_.prompt_capacity * kvd_
-                           : cache_.k[l].data<float>() + r * cache_.row_capacity * kvd_;
-    float* vbase = prefill ? cache_.prompt_v[l].data<float>() + e * cache_.prompt_capacity * kvd_
-                           : cache_.v[l].data<float>() + r * cache_.row_capacity * kvd_;
-    Tensor q = f32({n, qd_});
+    Tensor q = f32({n, qd_}), k = f32({n, kvd_});
     for (int64_t t = 0; t < n; ++t) {
       const float* src = qkv_.data<float>() + (row_begin_[size_t(r)] + t) * qkvd_;
       std::memcpy(q.data<float>() + t * qd_, src, size_t(qd_) * 4);
-      std::memcpy(kbase + (at + t) * kvd_, src + qd_, size_t(kvd_) * 4);
-      std::memcpy(vbase + (at + t) * kvd_, src + qd_ + kvd_, size_t(kvd_) * 4);
+      std::memcpy(k.data<float>() + t * kvd_, src + qd_, size_t(kvd_) * 4);
+      std::memcpy(cache_.value_row(list, at + t, l), src + qd_ + kvd_, size_t(kvd_) * 4);
     }
     if (lw.q_norm) {  // Qwen3's per-head norms, before RoPE (the cache holds normed keys)
       kernels::rmsnorm_forward(q.data<float>(), q_gain_.data(), q.data<float>(), nullptr, n * H_,
                                Dh, eps_);
-      kernels::rmsnorm_forward(kbase + at * kvd_, k_gain_.data(), kbase + at * kvd_, nullptr,
-                               n * Hkv_, Dh, eps_);
+      kernels::rmsnorm_forward(k.data<float>(), k_gain_.data(), k.data<float>(), nullptr, n * Hkv_,
+                               Dh, eps_);
     }
     kernels::rope_forward(q.data<float>(), wk_.rope_, 1, n, H_, pos);
-    kernels::rope_forward(kbase + at * kvd_, wk_.rope_, 1, n, Hkv_, pos);
-    float* out = att_.data<float>() + row_begin_[size_t(r)] * qd_;
-    const kernels::AttentionShape own{.batch = 1,
+    kernels::rope_forward(k.data<float>(), wk_.rope_, 1, n, Hkv_, pos);
+    for (int64_t t = 0; t < n; ++t) {
+      std::memcpy(cache_.key_row(list, at + t, l), k.data<float>() + t * kvd_, size_t(kvd_) * 4);
+    }
+    segments_.clear();
+    if (!prefill) cache_.segments(cache_.prompt_pages[e], prompt, l, segments_);
+    cache_.segments(list, at + n, l, segments_);
+    const int64_t seen = pos + n;
+    kernels::attention_forward_paged({.batch = 1,
                                       .seq_q = n,
-                                      .seq_kv = at + n,
+                                      .seq_kv = seen,
                                       .heads = H_,
                                       .kv_heads = Hkv_,
                                       .head_dim = Dh,
-                                      .q_offset = at};
-    if (prefill) {
-      kernels::attention_forward(own, q.data<float>(), kbase, vbase, out, nullptr);
-      continue;
-    }
-    attend_prompt_and_own(l, e, prompt, own, q.data<float>(), kbase, vbase, out);
-  }
-}
-
-// A decode token of a slot: attention over its prompt's entry and over its own keys (its
-// token's included), merged by the two parts' log-sum-exps into what one attention over the
-// whole sequence gives (up to f32 reassociation).
-void InferenceWorker::ForwardPass::attend_prompt_and_own(size_t l, int64_t e, int64_t prompt,
-                                                         const kernels::AttentionShape& own,
-                                                         const float* q, const float* k,
-                                                         const float* v, float* out) {
-  WL_CHECK_EQ(own.seq_q, 1) << "a slot past its prompt feeds one token a step";
-  const int64_t Dh = c_.head_dim;
-  const float* pk = cache_.prompt_k[l].data<float>() + e * cache_.prompt_capacity * kvd_;
-  const float* pv = cache_.prompt_v[l].data<float>() + e * cache_.prompt_capacity * kvd_;
-  merge_.resize(static_cast<size_t>(2 * (qd_ + H_)));
-  float *a = merge_.data(), *b = a + qd_, *la = b + qd_, *lb = la + H_;
-  kernels::attention_forward({.batch = 1,
-                              .seq_q = 1,
-                              .seq_kv = prompt,
-                              .heads = H_,
-                              .kv_heads = Hkv_,
-                              .head_dim = Dh,
-                              .q_offset = prompt - 1},
-                             q, pk, pv, a, la);
-  kernels::attention_forward(own, q, k, v, b, lb);
-  for (int64_t h = 0; h < H_; ++h) {
-    const float m = std::max(la[h], lb[h]);
-    const float wa = std::exp(la[h] - m), wb = std::exp(lb[h] - m), inv = 1.0f / (wa + wb);
-    for (int64_t i = h * Dh; i < (h + 1) * Dh; ++i) out[i] = (wa * a[i] + wb * b[i]) * inv;
+                                      .q_offset = seen - n},
+                                     q.data<float>(), segments_,
+                                     att_.data<float>() + row_begin_[size_t(r)] * qd_, nullptr);
   }
 }
 
@@ -596,10 +575,8 @@ Result<Tensor> InferenceWorker::forward(const BoundWeights& w, KvCache& cache,
 Result<std::vector<Tensor>> InferenceWorker::prompt_logits(
     const BoundWeights& w, const std::vector<std::vector<int64_t>>& prompts) {
   WL_RETURN_IF_ERROR(check_prompts(prompts, std::vector<int64_t>(prompts.size(), 0)));
-  int64_t longest = 0;
-  for (const auto& p : prompts) longest = std::max(longest, int64_t(p.size()));
-  KvCache cache = KvCache::prefill_only(options_.config.num_layers, int64_t(prompts.size()),
-                                        longest, local_kv_heads_ * options_.config.head_dim);
+  KvCache cache(*kv_pages_, int64_t(prompts.size()), int64_t(prompts.size()));
+  for (size_t s = 0; s < prompts.size(); ++s) cache.entry[s] = int64_t(s);
   WL_ASSIGN_OR_RETURN(Tensor all, forward(w, cache, prompts, true));
   std::vector<Tensor> out;
   int64_t row = 0;

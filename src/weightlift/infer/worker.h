@@ -75,6 +75,12 @@ struct WorkerOptions {
   // bf16 GEMMs (dequant_linear.h): attention's and the MLPs' matrices; the router and the
   // head stay f32. Off: every product in f32 on widened weights.
   bool bf16_activations = false;
+  // Positions per page of the KV cache (detail/kv_cache.h). Pages are kept in a pool for the
+  // worker's life and taken as rows reach them, so a row holds at most one partly empty
+  // page of its prompt and one of its own tokens. The attention kernel reads keys in blocks
+  // of at most 64, none straddling a page: smaller pages cost more blocks per decode step
+  // (16: about 1.2x the attention time of 64, 32: about 1.05x; bench/kernels_bench.cc).
+  int64_t kv_page_tokens = 32;
 };
 
 struct GenerateOptions {
@@ -87,8 +93,8 @@ struct GenerateOptions {
   // A prompt that several rows hold (a GRPO group's G samples) is prefilled once and its KV
   // cache, routes and first logits copied to the other rows that hold it.
   bool share_prompts = true;
-  // Continuous batching: at most this many rows run at once, in slots of a KV cache allocated
-  // once; a row that stops frees its slot and the next waiting row (rows are taken in order)
+  // Continuous batching: at most this many rows run at once, in slots over the worker's KV
+  // pages; a row that stops frees its slot and the next waiting row (rows are taken in order)
   // is prefilled into it at the next step, beside the others' decode. 0: every row at once.
   // Under EP, per EP rank. The rows' tokens do not depend on it (each samples with its own
   // generator); their logits only up to f32 reassociation (a GEMM's rows change).
@@ -126,7 +132,8 @@ struct Generation {
   // Prompt tokens this rank ran through the model: each prompt once while a running row reads
   // it (share_prompts), every row's otherwise.
   int64_t prefill_tokens = 0;
-  double kv_cache_bytes = 0;  // this rank's KV cache, allocated once for the generation
+  double kv_cache_bytes = 0;  // the most bytes of KV pages this rank's generation held at once
+  double kv_pool_bytes = 0;   // this rank's worker's KV pages after it, kept for the next one
 };
 
 class InferenceWorker {
@@ -164,6 +171,7 @@ class InferenceWorker {
                               const GenerateOptions& options);
 
  private:
+  class KvPages;  // the KV cache's pages, kept for the worker's life (detail/kv_cache.h)
   struct KvCache;
   class ForwardPass;  // one forward(): its phases (worker.cc)
   class Batch;        // one rank's rows over the slots of continuous batching (batching.cc)
@@ -193,6 +201,7 @@ class InferenceWorker {
   kernels::RopeTable rope_;
   int64_t local_heads_ = 0, local_kv_heads_ = 0, local_ffn_ = 0;
   std::vector<float> band_;  // dequant_linear's scratch
+  std::unique_ptr<KvPages> kv_pages_;
 };
 
 }  // namespace wl::infer

@@ -90,6 +90,7 @@ struct Geometry {
   int64_t kv_bstride = 0;  // elements between batch rows of k and v
   int64_t kv_rstride = 0;  // elements between positions of k and v: kv_heads * head_dim
   float score_scale = 0;   // log2(e) / sqrt(head_dim): scores in base-2 units
+  std::span<const KvSegment> segments;  // forward only: the keys and values, when paged
 };
 
 Geometry make_geometry(const AttentionShape& s) {
@@ -176,19 +177,42 @@ struct KvBlock {
   int64_t ld = 0;
 };
 
-WL_ALWAYS_INLINE KvBlock kv_block(const Geometry& g, const Tile& t, const float* k, const float* v,
-                                  int64_t j0, int64_t nk, float* k_pad, float* v_pad) {
-  const int64_t off = t.b * g.kv_bstride + j0 * g.kv_rstride + t.kv_head * g.s.head_dim;
-  if (g.dp == g.s.head_dim) return {k + off, v + off, g.kv_rstride};
+// k and v: the block's first key and value of the tile's kv head.
+WL_ALWAYS_INLINE KvBlock kv_block(const Geometry& g, const float* k, const float* v, int64_t nk,
+                                  float* k_pad, float* v_pad) {
+  if (g.dp == g.s.head_dim) return {k, v, g.kv_rstride};
   for (int64_t j = 0; j < nk; ++j) {
-    const float* ks = k + off + j * g.kv_rstride;
-    const float* vs = v + off + j * g.kv_rstride;
+    const float* ks = k + j * g.kv_rstride;
+    const float* vs = v + j * g.kv_rstride;
     for (int64_t d = 0; d < g.dp; ++d) {
       k_pad[j * g.dp + d] = d < g.s.head_dim ? ks[d] : 0.0f;
       v_pad[j * g.dp + d] = d < g.s.head_dim ? vs[d] : 0.0f;
     }
   }
   return {k_pad, v_pad, g.dp};
+}
+
+// Offset of key j0 of the tile's kv head in k and v laid out as [batch, seq_kv, kv_heads, dh].
+int64_t key_offset(const Geometry& g, const Tile& t, int64_t j0) {
+  return t.b * g.kv_bstride + j0 * g.kv_rstride + t.kv_head * g.s.head_dim;
+}
+
+// The key block that starts at key j0: at most kKeyBlock keys, and (paged) none past the end
+// of the segment holding j0. `seg` and `seg_first` (that segment and its first key) move on
+// as j0 grows.
+WL_ALWAYS_INLINE KvBlock next_block(const Geometry& g, const Tile& t, const float* k,
+                                    const float* v, int64_t j0, int64_t& nk, size_t& seg,
+                                    int64_t& seg_first, float* k_pad, float* v_pad) {
+  nk = std::min(kKeyBlock, t.kv_end - j0);
+  if (g.segments.empty()) {
+    const int64_t off = key_offset(g, t, j0);
+    return kv_block(g, k + off, v + off, nk, k_pad, v_pad);
+  }
+  while (j0 >= seg_first + g.segments[seg].tokens) seg_first += g.segments[seg++].tokens;
+  const KvSegment& s = g.segments[seg];
+  nk = std::min(nk, seg_first + s.tokens - j0);
+  const int64_t off = (j0 - seg_first) * g.kv_rstride + t.kv_head * g.s.head_dim;
+  return kv_block(g, s.k + off, s.v + off, nk, k_pad, v_pad);
 }
 
 // Copies tile rows into `dst` transposed ([dp, rows], times `scale`) and/or row-major
@@ -265,9 +289,10 @@ WL_ALWAYS_INLINE void forward_tile_impl(const Geometry& g, const float* q, const
   std::fill(l, l + rows, 0.0f);
   std::fill(o, o + rows * dp, 0.0f);
 
-  for (int64_t j0 = 0; j0 < t.kv_end; j0 += kKeyBlock) {
-    const int64_t nk = std::min(kKeyBlock, t.kv_end - j0);
-    const KvBlock kb = kv_block(g, t, k, v, j0, nk, k_pad, v_pad);
+  size_t seg = 0;
+  int64_t seg_first = 0, nk = 0;
+  for (int64_t j0 = 0; j0 < t.kv_end; j0 += nk) {
+    const KvBlock kb = next_block(g, t, k, v, j0, nk, seg, seg_first, k_pad, v_pad);
     block_scores<W>(g, t, kb, qt, klim, j0, nk, st);
     // Online softmax down the columns of S^T. Every row sees key 0, so m is finite after the
     // first block and alpha = 2^(-inf) = 0 there.
@@ -389,7 +414,8 @@ WL_ALWAYS_INLINE void backward_key_block(const Geometry& g, const BackwardArgs& 
   const int64_t rows = g.rows, dp = g.dp, hd = g.s.head_dim;
   const int64_t valid = t.positions * g.group;
   const int64_t nk = std::min(kKeyBlock, t.kv_end - j0);
-  const KvBlock kb = kv_block(g, t, args.k, args.v, j0, nk, b.k_pad, b.v_pad);
+  const int64_t off = key_offset(g, t, j0);
+  const KvBlock kb = kv_block(g, args.k + off, args.v + off, nk, b.k_pad, b.v_pad);
   block_scores<W>(g, t, kb, b.qt, b.klim, j0, nk, b.st);
   // dP^T[nk, rows] = V_blk[nk, head_dim] . dO^T[head_dim, rows]
   detail::tile_gemm<W>({.m = nk,
@@ -499,6 +525,19 @@ void attention_forward(const AttentionShape& s, const float* q, const float* k, 
   if (s.batch == 0 || s.seq_q == 0) return;
   parallel_for_each(s.batch * s.kv_heads * g.n_tiles,
                     [&](int64_t unit) { forward_tile(g, q, k, v, out, lse, unit); });
+}
+
+void attention_forward_paged(const AttentionShape& s, const float* q, std::span<const KvSegment> kv,
+                             float* out, float* lse) {
+  WL_CHECK_EQ(s.batch, 1) << "paged attention runs one batch row";
+  Geometry g = make_geometry(s);
+  int64_t held = 0;
+  for (const KvSegment& seg : kv) held += seg.tokens;
+  WL_CHECK_GE(held, s.seq_kv) << "the segments hold fewer keys than seq_kv";
+  g.segments = kv;
+  if (s.seq_q == 0) return;
+  parallel_for_each(s.kv_heads * g.n_tiles,
+                    [&](int64_t unit) { forward_tile(g, q, nullptr, nullptr, out, lse, unit); });
 }
 
 void attention_backward(const AttentionShape& s, const float* q, const float* k, const float* v,

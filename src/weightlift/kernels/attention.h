@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 namespace wl::kernels {
 
@@ -30,6 +31,22 @@ struct AttentionShape {
 // lse: [batch, heads, seq_q] logsumexp of the scaled scores (may be null when not training).
 void attention_forward(const AttentionShape& s, const float* q, const float* k, const float* v,
                        float* out, float* lse);
+
+// Keys and values of `tokens` consecutive positions, each position's kv_heads * head_dim
+// floats right after the previous one's: a page of a paged KV cache.
+struct KvSegment {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t tokens = 0;
+};
+
+// attention_forward for one batch row whose keys and values lie in segments, in position
+// order, that together hold at least seq_kv positions (kv_batch_stride is ignored). The same
+// online softmax over key blocks that never straddle a segment, so a segment of any length
+// costs no copy; up to f32 reassociation, the result is attention_forward's over the keys
+// laid end to end.
+void attention_forward_paged(const AttentionShape& s, const float* q, std::span<const KvSegment> kv,
+                             float* out, float* lse);
 
 // Gradients; dq overwritten [batch, seq_q, heads, head_dim]; dk, dv overwritten
 // [batch, seq_kv, kv_heads, head_dim] (dense, kv_batch_stride ignored: training only).
