@@ -179,6 +179,7 @@ class InferenceWorker::ForwardPass {
 
  private:
   void attention(const BoundLayer& lw, size_t l);
+  void attend_row(const BoundLayer& lw, size_t l, int64_t r);
   Status o_proj(const BoundLayer& lw);
   // keep, when not null: the tokens whose output is read (the others' experts do not run).
   Status moe(const BoundLayer& lw, size_t l, const uint8_t* keep);
@@ -213,7 +214,6 @@ class InferenceWorker::ForwardPass {
   const bool bf16_;  // WorkerOptions::bf16_activations
   Tensor x_, xn_, qkv_, att_, partial_, logits_r_, probs_, topk_w_, topk_idx_, counts_;
   std::vector<float> gain_, q_gain_, k_gain_;
-  std::vector<kernels::KvSegment> segments_;  // a row's pages, as attention() reads them
 };
 
 InferenceWorker::ForwardPass::ForwardPass(InferenceWorker& worker, const BoundWeights& w,
@@ -264,60 +264,74 @@ InferenceWorker::ForwardPass::ForwardPass(InferenceWorker& worker, const BoundWe
   if (routes_) routes_->assign(size_t(M_ * c_.num_layers * K_), -1);
 }
 
-// Local heads against this rank's cache: q, k and v of the new tokens, k and v appended (to
-// the slot's prompt entry when it prefills it, else to the slot's own pages), then one
-// attention over the prompt's pages and the slot's own (its new tokens included).
+// Local heads against this rank's cache, row by row (attend_row). A row of many new tokens
+// (a prefill) spreads its attention over the compute threads; the rows of one token each (a
+// decode step's) hold one tile per kv head, so they run side by side, a row per thread.
 void InferenceWorker::ForwardPass::attention(const BoundLayer& lw, size_t l) {
   widen(lw.attn_norm, d_, gain_);
   kernels::rmsnorm_forward(x_.data<float>(), gain_.data(), xn_.data<float>(), nullptr, M_, d_,
                            eps_);
   dequant_linear(lw.qkv, xn_.data<float>(), M_, qkv_.data<float>(), false, wk_.band_, bf16_);
-  const int64_t Dh = c_.head_dim;
   if (lw.q_norm) {
-    widen(lw.q_norm, Dh, q_gain_);
-    widen(lw.k_norm, Dh, k_gain_);
+    widen(lw.q_norm, c_.head_dim, q_gain_);
+    widen(lw.k_norm, c_.head_dim, k_gain_);
   }
+  std::vector<int64_t> single;  // rows feeding one token
   for (int64_t r = 0; r < R_; ++r) {
     const int64_t n = row_begin_[size_t(r) + 1] - row_begin_[size_t(r)];
-    if (n == 0) continue;
-    const size_t e = size_t(cache_.entry[size_t(r)]);
-    const int64_t prompt = cache_.prompt_length[e];
-    const bool prefill = prompt == 0;
-    // Where the new keys go, and their first position in the sequence.
-    const std::vector<int32_t>& list = prefill ? cache_.prompt_pages[e] : cache_.pages[size_t(r)];
-    const int64_t at = prefill ? 0 : cache_.length[size_t(r)], pos = prefill ? 0 : prompt + at;
-    Tensor q = f32({n, qd_}), k = f32({n, kvd_});
-    for (int64_t t = 0; t < n; ++t) {
-      const float* src = qkv_.data<float>() + (row_begin_[size_t(r)] + t) * qkvd_;
-      std::memcpy(q.data<float>() + t * qd_, src, size_t(qd_) * 4);
-      std::memcpy(k.data<float>() + t * kvd_, src + qd_, size_t(kvd_) * 4);
-      std::memcpy(cache_.value_row(list, at + t, l), src + qd_ + kvd_, size_t(kvd_) * 4);
+    if (n == 1) {
+      single.push_back(r);
+    } else if (n > 1) {
+      attend_row(lw, l, r);
     }
-    if (lw.q_norm) {  // Qwen3's per-head norms, before RoPE (the cache holds normed keys)
-      kernels::rmsnorm_forward(q.data<float>(), q_gain_.data(), q.data<float>(), nullptr, n * H_,
-                               Dh, eps_);
-      kernels::rmsnorm_forward(k.data<float>(), k_gain_.data(), k.data<float>(), nullptr, n * Hkv_,
-                               Dh, eps_);
-    }
-    kernels::rope_forward(q.data<float>(), wk_.rope_, 1, n, H_, pos);
-    kernels::rope_forward(k.data<float>(), wk_.rope_, 1, n, Hkv_, pos);
-    for (int64_t t = 0; t < n; ++t) {
-      std::memcpy(cache_.key_row(list, at + t, l), k.data<float>() + t * kvd_, size_t(kvd_) * 4);
-    }
-    segments_.clear();
-    if (!prefill) cache_.segments(cache_.prompt_pages[e], prompt, l, segments_);
-    cache_.segments(list, at + n, l, segments_);
-    const int64_t seen = pos + n;
-    kernels::attention_forward_paged({.batch = 1,
-                                      .seq_q = n,
-                                      .seq_kv = seen,
-                                      .heads = H_,
-                                      .kv_heads = Hkv_,
-                                      .head_dim = Dh,
-                                      .q_offset = seen - n},
-                                     q.data<float>(), segments_,
-                                     att_.data<float>() + row_begin_[size_t(r)] * qd_, nullptr);
   }
+  parallel_for_each(int64_t(single.size()),
+                    [&](int64_t i) { attend_row(lw, l, single[size_t(i)]); });
+}
+
+// Row r's q, k and v of its new tokens; k and v appended (to its prompt's entry when it
+// prefills it, else to its own pages), then one attention over the prompt's pages and its own
+// (its new tokens included). Writes only row r's pages and output rows.
+void InferenceWorker::ForwardPass::attend_row(const BoundLayer& lw, size_t l, int64_t r) {
+  const int64_t Dh = c_.head_dim;
+  const int64_t n = row_begin_[size_t(r) + 1] - row_begin_[size_t(r)];
+  const size_t e = size_t(cache_.entry[size_t(r)]);
+  const int64_t prompt = cache_.prompt_length[e];
+  const bool prefill = prompt == 0;
+  // Where the new keys go, and their first position in the sequence.
+  const std::vector<int32_t>& list = prefill ? cache_.prompt_pages[e] : cache_.pages[size_t(r)];
+  const int64_t at = prefill ? 0 : cache_.length[size_t(r)], pos = prefill ? 0 : prompt + at;
+  Tensor q = f32({n, qd_}), k = f32({n, kvd_});
+  for (int64_t t = 0; t < n; ++t) {
+    const float* src = qkv_.data<float>() + (row_begin_[size_t(r)] + t) * qkvd_;
+    std::memcpy(q.data<float>() + t * qd_, src, size_t(qd_) * 4);
+    std::memcpy(k.data<float>() + t * kvd_, src + qd_, size_t(kvd_) * 4);
+    std::memcpy(cache_.value_row(list, at + t, l), src + qd_ + kvd_, size_t(kvd_) * 4);
+  }
+  if (lw.q_norm) {  // Qwen3's per-head norms, before RoPE (the cache holds normed keys)
+    kernels::rmsnorm_forward(q.data<float>(), q_gain_.data(), q.data<float>(), nullptr, n * H_, Dh,
+                             eps_);
+    kernels::rmsnorm_forward(k.data<float>(), k_gain_.data(), k.data<float>(), nullptr, n * Hkv_,
+                             Dh, eps_);
+  }
+  kernels::rope_forward(q.data<float>(), wk_.rope_, 1, n, H_, pos);
+  kernels::rope_forward(k.data<float>(), wk_.rope_, 1, n, Hkv_, pos);
+  for (int64_t t = 0; t < n; ++t) {
+    std::memcpy(cache_.key_row(list, at + t, l), k.data<float>() + t * kvd_, size_t(kvd_) * 4);
+  }
+  std::vector<kernels::KvSegment> segments;
+  if (!prefill) cache_.segments(cache_.prompt_pages[e], prompt, l, segments);
+  cache_.segments(list, at + n, l, segments);
+  const int64_t seen = pos + n;
+  kernels::attention_forward_paged({.batch = 1,
+                                    .seq_q = n,
+                                    .seq_kv = seen,
+                                    .heads = H_,
+                                    .kv_heads = Hkv_,
+                                    .head_dim = Dh,
+                                    .q_offset = seen - n},
+                                   q.data<float>(), segments,
+                                   att_.data<float>() + row_begin_[size_t(r)] * qd_, nullptr);
 }
 
 Status InferenceWorker::ForwardPass::add_partial() {
