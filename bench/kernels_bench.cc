@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "weightlift/core/aligned.h"
 #include "weightlift/core/cpu.h"
 #include "weightlift/core/dtype.h"
 #include "weightlift/core/parallel.h"
@@ -78,6 +79,33 @@ void GemmShapes(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond);
 }
 BENCHMARK_CAPTURE(Gemm, f32, DType::kF32)->Apply(GemmShapes);
+
+// The rollout engine's decode GEMM (dequant_linear.cc): 64 rows against a widened band of 256
+// weight rows of the small preset (d 256), the band `offset` floats past a cache line: 0, or
+// 4, where a std::vector's large buffer lands (core/aligned.h).
+void DecodeGemmBandOffset(benchmark::State& state) {
+  const int64_t m = 64, n = 256, k = 256, offset = state.range(0);
+  const std::vector<float> a = random_values(size_t(m * k), 1);
+  AlignedVector<float> band(size_t(n * k + offset));
+  const std::vector<float> w = random_values(size_t(n * k), 2);
+  std::copy(w.begin(), w.end(), band.begin() + offset);
+  std::vector<float> c(size_t(m * n));
+  const GemmArgs g{.m = m,
+                   .n = n,
+                   .k = k,
+                   .a = a.data(),
+                   .lda = k,
+                   .b = band.data() + offset,
+                   .ldb = k,
+                   .trans_b = true,
+                   .c = c.data(),
+                   .ldc = n};
+  for (auto _ : state) gemm(g);
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * double(m) * double(n) * double(k),
+                                                 benchmark::Counter::kIsIterationInvariantRate,
+                                                 benchmark::Counter::kIs1000);
+}
+BENCHMARK(DecodeGemmBandOffset)->Arg(0)->Arg(4)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(Gemm, bf16, DType::kBF16)->Apply(GemmShapes);
 
 // Causal attention of one training step: B 8, T 256, 8 heads sharing 1 kv head, head_dim 32.

@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+
+#include "weightlift/core/aligned.h"
+
 namespace wl {
 namespace {
 
@@ -69,6 +73,19 @@ TEST(Tensor, StorageOfANearbySizeIsReused) {
   b = Tensor();
   Tensor far = Tensor::empty(DType::kF32, {120000});  // 480000 bytes: another class
   EXPECT_NE(far.raw(), storage);
+}
+
+// GEMM scratch starts on a cache line whatever its size: small ones from the heap, large ones
+// mapped (where a std::vector's data sits 16 bytes past the line), and after growing.
+TEST(AlignedVector, DataStartsOnACacheLine) {
+  for (const size_t n : {size_t(1), size_t(5), size_t(1000), size_t(1) << 18, size_t(3) << 20}) {
+    AlignedVector<float> v(n);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data()) % kCacheLine, 0u) << n << " floats";
+    v.resize(2 * n + 3);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data()) % kCacheLine, 0u) << "grown from " << n;
+    AlignedVector<uint16_t> h(n);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(h.data()) % kCacheLine, 0u) << n << " halves";
+  }
 }
 
 TEST(TensorDeath, ReshapeMismatchIsABug) {

@@ -69,7 +69,7 @@ TEST(DequantLinear, Fp8MatchesNaiveOverPartialBlocksAndSeveralBands) {
         tol[k] = float(double(cols + 2) * 0x1.0p-24 * (abs_sum + 1.0));
       }
     }
-    std::vector<float> scratch;
+    AlignedVector<float> scratch;
     dequant_linear(w, x.data(), n, y.data(), /*accumulate=*/true, scratch);
     EXPECT_LE(scratch.size(), size_t(256 * cols));  // one band, never the whole matrix
     for (size_t i = 0; i < y.size(); ++i) {
@@ -84,7 +84,7 @@ TEST(DequantLinear, Bf16IsExactWidening) {
   const WeightMatrix m{.dtype = DType::kBF16, .data = w, .rows = 3, .cols = 2};
   const float x[2] = {2.0f, 4.0f};
   float y[3];
-  std::vector<float> scratch;
+  AlignedVector<float> scratch;
   dequant_linear(m, x, 1, y, false, scratch);
   EXPECT_EQ(y[0], 3.0f - 8.0f);
   EXPECT_EQ(y[1], 0.5f + 12.0f);
@@ -103,7 +103,7 @@ TEST(DequantLinear, Bf16ActivationsMultiplyTheRoundedActivations) {
   const WeightMatrix w{.dtype = DType::kBF16, .data = wb.data(), .rows = rows, .cols = cols};
   std::vector<float> x(size_t(n * cols)), y(size_t(n * rows), 1.0f), f32_path(y);
   for (float& v : x) v = rng.normal();
-  std::vector<float> scratch;
+  AlignedVector<float> scratch;
   dequant_linear(w, x.data(), n, y.data(), /*accumulate=*/true, scratch, /*bf16=*/true);
   dequant_linear(w, x.data(), n, f32_path.data(), true, scratch, false);
   double moved = 0;

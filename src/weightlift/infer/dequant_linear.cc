@@ -60,11 +60,11 @@ bool bf16_activations_supported() {
 }
 
 void dequant_linear(const WeightMatrix& w, const float* x, int64_t n, float* y, bool accumulate,
-                    std::vector<float>& scratch, bool bf16_activations) {
+                    AlignedVector<float>& scratch, bool bf16_activations) {
   if (n == 0 || w.rows == 0) return;
   if (bf16_activations && w.dtype == DType::kBF16 && bf16_activations_supported()) {
     // x rounded to bf16, then one bf16 GEMM over the matrix.
-    std::vector<uint16_t> xb(size_t(n * w.cols));
+    AlignedVector<uint16_t> xb(size_t(n * w.cols));
     parallel_for(int64_t(xb.size()), kParallelFloats, [&](int64_t b, int64_t e) {
       convert_f32_to_bf16(x + b, xb.data() + b, size_t(e - b));
     });

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "weightlift/core/aligned.h"
 #include "weightlift/infer/weights.h"
 
 namespace wl::infer {
@@ -34,13 +35,14 @@ void dequantize_rows(const WeightMatrix& w, int64_t r0, int64_t r1, float* dst);
 bool bf16_activations_supported();
 
 // x: [n, w.cols] f32; y: [n, w.rows] f32, overwritten, or added to when `accumulate`.
-// `scratch` grows to one band (about 64 Ki floats, or 128 rows when a row is longer).
+// `scratch` grows to one band (about 64 Ki floats, or 128 rows when a row is longer); aligned,
+// since the GEMM reads the band from it (core/aligned.h).
 //
 // bf16_activations, where bf16_activations_supported(): a bf16 matrix is multiplied as it is
 // stored, against x rounded to bf16 (one rounding per activation, as bf16 autocast does; f32
 // accumulation) in a buffer of this call, with no widening pass and half the weight bytes
 // read. fp8 matrices, and other CPUs (oneDNN would emulate bf16 there), take the f32 path.
 void dequant_linear(const WeightMatrix& w, const float* x, int64_t n, float* y, bool accumulate,
-                    std::vector<float>& scratch, bool bf16_activations = false);
+                    AlignedVector<float>& scratch, bool bf16_activations = false);
 
 }  // namespace wl::infer

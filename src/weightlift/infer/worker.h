@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "weightlift/comm/group/group.h"
+#include "weightlift/core/aligned.h"
 #include "weightlift/core/status.h"
 #include "weightlift/core/tensor.h"
 #include "weightlift/infer/weights.h"
@@ -200,7 +201,7 @@ class InferenceWorker {
   WorkerOptions options_;
   kernels::RopeTable rope_;
   int64_t local_heads_ = 0, local_kv_heads_ = 0, local_ffn_ = 0;
-  std::vector<float> band_;  // dequant_linear's scratch
+  AlignedVector<float> band_;  // dequant_linear's scratch
   std::unique_ptr<KvPages> kv_pages_;
 };
 

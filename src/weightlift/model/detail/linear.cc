@@ -8,6 +8,7 @@
 
 #include <vector>
 
+#include "weightlift/core/aligned.h"
 #include "weightlift/core/cpu.h"
 #include "weightlift/core/dtype.h"
 #include "weightlift/core/parallel.h"
@@ -23,8 +24,8 @@ bool bf16_gemms_are_native() {
 
 // Scratch for the operands at reduced precision; one set per thread that calls linear_*.
 struct Scratch {
-  std::vector<float> a, b;
-  std::vector<uint16_t> a16, b16;
+  AlignedVector<float> a, b;
+  AlignedVector<uint16_t> a16, b16;
 };
 thread_local Scratch tls_scratch;
 
@@ -34,8 +35,8 @@ struct Operand {
   DType type;
 };
 
-Operand operand(Precision p, const float* x, int64_t n, std::vector<float>& f32,
-                std::vector<uint16_t>& bf16) {
+Operand operand(Precision p, const float* x, int64_t n, AlignedVector<float>& f32,
+                AlignedVector<uint16_t>& bf16) {
   if (p == Precision::kF32) return {x, DType::kF32};
   if (p == Precision::kBF16 && bf16_gemms_are_native()) {
     bf16.resize(size_t(n));
