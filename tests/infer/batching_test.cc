@@ -207,6 +207,13 @@ TEST(InferenceWorker, RowsOverFewerSlotsSampleWhatEveryRowAtOnceDoes) {
   }
 }
 
+// The KV pages of the tests below: 32 positions.
+constexpr int64_t kPage = 32;
+double tiny_page_bytes() {
+  const model::ModelConfig c = config_named("tiny");
+  return double(c.num_layers) * 2.0 * double(kPage) * double(c.num_kv_heads * c.head_dim) * 4.0;
+}
+
 // The KV cache holds a prompt once for all the running rows that share it, and each row's own
 // tokens apart, in pages taken as rows reach them and given back as rows end. In pages of 32
 // tokens, prompts 0-2 and every row's 7 fed tokens take one page, prompt 3 (34 tokens) two, so
@@ -215,10 +222,7 @@ TEST(InferenceWorker, RowsOverFewerSlotsSampleWhatEveryRowAtOnceDoes) {
 // 1 + 2; over 6 slots 2 + 6 (rows 0-5 are 4 of prompt 0 and 2 of prompt 1; all stop together,
 // and rows 6-11 are 2 of prompt 1 and 4 of prompt 2).
 TEST(InferenceWorker, AGroupsPromptIsHeldOnceInTheKvCache) {
-  const model::ModelConfig c = config_named("tiny");
-  constexpr int64_t kPage = 32;
-  const double page =
-      double(c.num_layers) * 2.0 * double(kPage) * double(c.num_kv_heads * c.head_dim) * 4.0;
+  const double page = tiny_page_bytes();
   const std::vector<Generation> g = run_engine(1, 1, grouped_rows(),
                                                {{.max_new_tokens = 8},
                                                 {.max_new_tokens = 8, .share_prompts = false},
@@ -241,10 +245,7 @@ TEST(InferenceWorker, AGroupsPromptIsHeldOnceInTheKvCache) {
 // needs more than it has, 16 pages at a time: 3 pages (16 allocated), 18 (32), then 3 and 27
 // again from the 32 it has (pages of 32 tokens, as above).
 TEST(InferenceWorker, KvPagesAreKeptAndAllocatedOnlyWhenAGenerationNeedsMore) {
-  const model::ModelConfig c = config_named("tiny");
-  constexpr int64_t kPage = 32;
-  const double page =
-      double(c.num_layers) * 2.0 * double(kPage) * double(c.num_kv_heads * c.head_dim) * 4.0;
+  const double page = tiny_page_bytes();
   const std::vector<Generation> g = run_engine(1, 1, grouped_rows(),
                                                {{.max_new_tokens = 8, .slots = 2},
                                                 {.max_new_tokens = 8},
