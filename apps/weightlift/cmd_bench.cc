@@ -186,6 +186,8 @@ void register_bench_generate(CLI::App& bench, Outcome& out) {
                   "every row at once")
       ->capture_default_str()
       ->transform(count(0, kMaxRows));
+  cmd->add_flag("--widen-per-generation", o->widen_per_generation,
+                "every weight matrix widened to f32 once per generation, not a band per step");
   cmd->add_option("--kv-page-tokens", o->kv_page_tokens, "positions per page of the KV cache")
       ->capture_default_str()
       ->transform(count(1, kMaxRows));

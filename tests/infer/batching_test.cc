@@ -21,7 +21,8 @@ using namespace wl::infer::testing;  // worker_fixture.h
 // engine of tp x ep thread-ranks over the test weights of `tiny`.
 std::vector<Generation> run_engine(int tp, int ep, const std::vector<std::vector<int64_t>>& rows,
                                    const std::vector<GenerateOptions>& options,
-                                   int64_t page_tokens = WorkerOptions{}.kv_page_tokens) {
+                                   int64_t page_tokens = WorkerOptions{}.kv_page_tokens,
+                                   bool widen_per_generation = false) {
   const model::ModelConfig c = config_named("tiny");
   const std::vector<float> w = test_weights(c, 42);
   std::vector<Generation> out(options.size());
@@ -34,7 +35,8 @@ std::vector<Generation> run_engine(int tp, int ep, const std::vector<std::vector
                                            .layout = layout,
                                            .tp_group = tp_group,
                                            .ep_group = ep_group,
-                                           .kv_page_tokens = page_tokens});
+                                           .kv_page_tokens = page_tokens,
+                                           .widen_per_generation = widen_per_generation});
     ASSERT_TRUE(worker.ok()) << worker.status().to_string();
     auto bound = (*worker)->bind(lookup_in(held));
     ASSERT_TRUE(bound.ok());
@@ -282,6 +284,29 @@ TEST(InferenceWorker, RowsInSmallPagesSampleWhatRowsInOnePageDo) {
     if (::testing::Test::HasFatalFailure()) return;
     for (size_t i = 0; i < options.size(); ++i) expect_same_rows(paged[i], whole[i]);
     EXPECT_GT(paged[0].kv_cache_bytes, 0.0);
+  }
+}
+
+// Weights widened to f32 once for the whole generation instead of a band per step: the same
+// tokens and routes, logits within reassociation (the GEMMs run over whole matrices, not
+// bands); one rank, TP 2 and EP 2, greedy and sampled over slots.
+TEST(InferenceWorker, WeightsWidenedOncePerGenerationSampleWhatBandsDo) {
+  const std::vector<std::vector<int64_t>> rows = grouped_rows();
+  const std::vector<GenerateOptions> options{
+      {.max_new_tokens = 10, .keep_logits = true, .keep_routes = true},
+      {.max_new_tokens = 10,
+       .sampling = {.temperature = 1.0f, .top_k = 20},
+       .seed = 3,
+       .keep_logits = true,
+       .keep_routes = true,
+       .slots = 5}};
+  for (const auto& [tp, ep] : {std::pair{1, 1}, std::pair{2, 1}, std::pair{1, 2}}) {
+    SCOPED_TRACE("tp " + std::to_string(tp) + " ep " + std::to_string(ep));
+    const std::vector<Generation> bands = run_engine(tp, ep, rows, options);
+    const std::vector<Generation> once =
+        run_engine(tp, ep, rows, options, WorkerOptions{}.kv_page_tokens, true);
+    if (::testing::Test::HasFatalFailure()) return;
+    for (size_t i = 0; i < options.size(); ++i) expect_same_rows(once[i], bands[i]);
   }
 }
 

@@ -121,11 +121,12 @@ Result<BenchGenerateResult> bench_generate(const BenchGenerateOptions& o) {
     if (name != "embed.weight" || c.tie_embeddings) weight_bytes += double(r.bytes.size());
     held.emplace(name, std::move(t));
   }
-  WL_ASSIGN_OR_RETURN(auto worker,
-                      infer::InferenceWorker::create({.config = c,
-                                                      .layout = layout,
-                                                      .bf16_activations = o.bf16_activations,
-                                                      .kv_page_tokens = o.kv_page_tokens}));
+  WL_ASSIGN_OR_RETURN(auto worker, infer::InferenceWorker::create(
+                                       {.config = c,
+                                        .layout = layout,
+                                        .bf16_activations = o.bf16_activations,
+                                        .kv_page_tokens = o.kv_page_tokens,
+                                        .widen_per_generation = o.widen_per_generation}));
   WL_ASSIGN_OR_RETURN(const infer::BoundWeights w, worker->bind(infer::lookup_in(held)));
   infer::GenerateOptions gen;
   const std::vector<std::vector<int64_t>> rows = grpo_batch(o, c, gen);
@@ -211,6 +212,7 @@ std::string BenchGenerateResult::to_json(const BenchGenerateOptions& o) const {
                         {"slots_tokens_per_s", slots_tokens_per_s},
                         {"slots_speedup", slots_speedup},
                         {"kv_page_tokens", o.kv_page_tokens},
+                        {"widen_per_generation", o.widen_per_generation},
                         {"kv_bytes", kv_bytes},
                         {"kv_pool_bytes", kv_pool_bytes},
                         {"slots_kv_bytes", slots_kv_bytes}}

@@ -38,6 +38,7 @@ struct BenchGenerateOptions {
   int64_t slots = 0;
   bool bf16_activations = false;  // infer::WorkerOptions::bf16_activations
   int64_t kv_page_tokens = infer::WorkerOptions{}.kv_page_tokens;
+  bool widen_per_generation = false;  // infer::WorkerOptions::widen_per_generation
 };
 
 struct BenchGenerateResult {

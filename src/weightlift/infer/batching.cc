@@ -18,6 +18,7 @@
 
 #include "weightlift/core/parallel.h"
 #include "weightlift/core/timing.h"
+#include "weightlift/infer/dequant_linear.h"
 #include "weightlift/infer/detail/kv_cache.h"
 #include "weightlift/infer/worker.h"
 #include "weightlift/model/generate.h"
@@ -299,7 +300,11 @@ Result<Generation> InferenceWorker::generate(const BoundWeights& w,
     mine.max_new_per_row.assign(o.max_new_per_row.begin() + int64_t(lo),
                                 o.max_new_per_row.begin() + int64_t(hi));
   }
-  Batch batch(*this, w, rows, lo, o.seed + lo, mine);
+  std::vector<AlignedVector<float>> widened;  // the f32 copy, while the generation runs
+  const BoundWeights wide = options_.widen_per_generation
+                                ? widen_weights(w, options_.bf16_activations, widened)
+                                : BoundWeights{};
+  Batch batch(*this, options_.widen_per_generation ? wide : w, rows, lo, o.seed + lo, mine);
   Stopwatch clock;  // the first step (the first slots' prefill), then the others
   double prefill_seconds = 0;
   for (int64_t step = 0;; ++step) {

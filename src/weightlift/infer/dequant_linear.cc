@@ -37,6 +37,10 @@ void dequantize_rows(const WeightMatrix& w, int64_t r0, int64_t r1, float* dst) 
     });
     return;
   }
+  if (w.dtype == DType::kF32) {
+    std::copy_n(static_cast<const float*>(w.data) + r0 * cols, (r1 - r0) * cols, dst);
+    return;
+  }
   WL_CHECK(w.dtype == DType::kF8E4M3 && w.scale != nullptr) << dtype_name(w.dtype);
   const int64_t scale_cols = (cols + kBlock - 1) / kBlock;
   const auto* src = static_cast<const uint8_t*>(w.data);
@@ -59,27 +63,59 @@ bool bf16_activations_supported() {
   return cpu_info().avx512bf16 && kernels::gemm_bf16_is_native();
 }
 
+BoundWeights widen_weights(const BoundWeights& w, bool keep_bf16,
+                           std::vector<AlignedVector<float>>& storage) {
+  BoundWeights out = w;
+  auto widen = [&](WeightMatrix& m) {
+    if (m.data == nullptr || (keep_bf16 && m.dtype == DType::kBF16)) return;
+    AlignedVector<float>& f = storage.emplace_back(size_t(m.rows * m.cols));
+    dequantize_rows(m, 0, m.rows, f.data());
+    m = {.dtype = DType::kF32, .data = f.data(), .rows = m.rows, .cols = m.cols};
+  };
+  for (BoundLayer& l : out.layers) {
+    widen(l.qkv);
+    widen(l.o);
+    widen(l.router);
+    for (BoundExpert& e : l.experts) {
+      widen(e.gate_up);
+      widen(e.down);
+    }
+    widen(l.mlp.gate_up);
+    widen(l.mlp.down);
+  }
+  widen(out.head);
+  return out;
+}
+
 void dequant_linear(const WeightMatrix& w, const float* x, int64_t n, float* y, bool accumulate,
                     AlignedVector<float>& scratch, bool bf16_activations) {
   if (n == 0 || w.rows == 0) return;
+  // One GEMM of x (or `xb`, its bf16 rounding) against `rows` rows of the matrix from r0.
+  auto multiply = [&](const void* a, const void* b, int64_t r0, int64_t rows, DType type) {
+    kernels::gemm({.m = n,
+                   .n = rows,
+                   .k = w.cols,
+                   .a = a,
+                   .lda = w.cols,
+                   .b = b,
+                   .ldb = w.cols,
+                   .trans_b = true,
+                   .c = y + r0,
+                   .ldc = w.rows,
+                   .beta = accumulate ? 1.0f : 0.0f,
+                   .in_type = type});
+  };
+  if (w.dtype == DType::kF32) {
+    multiply(x, w.data, 0, w.rows, DType::kF32);
+    return;
+  }
   if (bf16_activations && w.dtype == DType::kBF16 && bf16_activations_supported()) {
     // x rounded to bf16, then one bf16 GEMM over the matrix.
     AlignedVector<uint16_t> xb(size_t(n * w.cols));
     parallel_for(int64_t(xb.size()), kParallelFloats, [&](int64_t b, int64_t e) {
       convert_f32_to_bf16(x + b, xb.data() + b, size_t(e - b));
     });
-    kernels::gemm({.m = n,
-                   .n = w.rows,
-                   .k = w.cols,
-                   .a = xb.data(),
-                   .lda = w.cols,
-                   .b = w.data,
-                   .ldb = w.cols,
-                   .trans_b = true,
-                   .c = y,
-                   .ldc = w.rows,
-                   .beta = accumulate ? 1.0f : 0.0f,
-                   .in_type = DType::kBF16});
+    multiply(xb.data(), w.data, 0, w.rows, DType::kBF16);
     return;
   }
   const int64_t band = std::min(w.rows, band_rows(w.cols));
@@ -87,17 +123,7 @@ void dequant_linear(const WeightMatrix& w, const float* x, int64_t n, float* y, 
   for (int64_t r0 = 0; r0 < w.rows; r0 += band) {
     const int64_t r1 = std::min(w.rows, r0 + band);
     dequantize_rows(w, r0, r1, scratch.data());
-    kernels::gemm({.m = n,
-                   .n = r1 - r0,
-                   .k = w.cols,
-                   .a = x,
-                   .lda = w.cols,
-                   .b = scratch.data(),
-                   .ldb = w.cols,
-                   .trans_b = true,
-                   .c = y + r0,
-                   .ldc = w.rows,
-                   .beta = accumulate ? 1.0f : 0.0f});
+    multiply(x, scratch.data(), r0, r1 - r0, DType::kF32);
   }
 }
 

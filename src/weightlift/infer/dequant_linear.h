@@ -10,9 +10,11 @@
 //
 // Why bands and not the whole model dequantized up front: an f32 copy is 4x the fp8 bytes
 // (2x bf16) for every matrix, which defeats fp8's point and would have to be redone after
-// every weight update anyway. Why not per row: the GEMM then degenerates to GEMVs and the
-// n activation rows get re-read per weight row. A band is sized to about 256 KiB of f32
-// (L2-resident), dequantized once per call and reused by every activation row, so the extra
+// every weight update anyway. Where that memory is there, widen_weights() makes the copy once
+// per generation, which the decode steps then share: on `small`, 1.5x the decode tokens/s at
+// 8 x 8 in bf16 and 2.5x in fp8 (docs/BENCHMARKS.md). Why not per row: the GEMM then degenerates to
+// GEMVs and the n activation rows get re-read per weight row. A band is sized to about 256 KiB of
+// f32 (L2-resident), dequantized once per call and reused by every activation row, so the extra
 // work is one pass over the weight bytes, the same traffic a fused dequant-GEMM would have.
 // Activations stay f32 (no rounding of x), so the only error against an f32 model is the
 // weights' own rounding.
@@ -34,6 +36,15 @@ void dequantize_rows(const WeightMatrix& w, int64_t r0, int64_t r1, float* dst);
 // oneDNN builds bf16 GEMMs for it: where bf16_activations below takes effect.
 bool bf16_activations_supported();
 
+// Every matrix of `w` the forward pass multiplies (attention, MLPs, experts, router, head; not
+// the embedding, which is read a row at a time) widened to f32 once, into `storage`: the
+// views returned read from it, so it must outlive them. bf16 matrices stay as stored when
+// `keep_bf16` (bf16_activations multiplies them so). What a generation that runs many steps
+// on one weight version does (WorkerOptions::widen_per_generation): one widening pass in all
+// instead of one per step, for an f32 copy of the weights held while it runs.
+BoundWeights widen_weights(const BoundWeights& w, bool keep_bf16,
+                           std::vector<AlignedVector<float>>& storage);
+
 // x: [n, w.cols] f32; y: [n, w.rows] f32, overwritten, or added to when `accumulate`.
 // `scratch` grows to one band (about 64 Ki floats, or 128 rows when a row is longer); aligned,
 // since the GEMM reads the band from it (core/aligned.h).
@@ -42,6 +53,7 @@ bool bf16_activations_supported();
 // stored, against x rounded to bf16 (one rounding per activation, as bf16 autocast does; f32
 // accumulation) in a buffer of this call, with no widening pass and half the weight bytes
 // read. fp8 matrices, and other CPUs (oneDNN would emulate bf16 there), take the f32 path.
+// An f32 matrix (widen_weights') is multiplied as it is, in one GEMM.
 void dequant_linear(const WeightMatrix& w, const float* x, int64_t n, float* y, bool accumulate,
                     AlignedVector<float>& scratch, bool bf16_activations = false);
 

@@ -39,7 +39,7 @@ TensorLookup lookup_in(const std::map<std::string, Tensor>& tensors);
 // One [rows, cols] weight matrix as the layout stores it: bf16, or fp8 e4m3 with one f32
 // scale per 128x128 block ([ceil(rows/128), ceil(cols/128)], row-major).
 struct WeightMatrix {
-  DType dtype = DType::kBF16;    // kBF16 or kF8E4M3
+  DType dtype = DType::kBF16;    // kBF16 or kF8E4M3 (kF32 once widened: widen_weights)
   const void* data = nullptr;    // [rows, cols], borrowed
   const float* scale = nullptr;  // fp8 only, borrowed
   int64_t rows = 0, cols = 0;

@@ -82,6 +82,10 @@ struct WorkerOptions {
   // of at most 64, none straddling a page: smaller pages cost more blocks per decode step
   // (16: about 1.2x the attention time of 64, 32: about 1.05x; bench/kernels_bench.cc).
   int64_t kv_page_tokens = 32;
+  // Every matrix widened to f32 once per generation (dequant_linear.h: widen_weights) instead
+  // of a band at a time on every step: one widening pass in all, for an f32 copy of the
+  // weights (2x their bf16 bytes, 4x fp8's) held while the generation runs. Same numbers.
+  bool widen_per_generation = false;
 };
 
 struct GenerateOptions {
