@@ -40,7 +40,6 @@ class InferenceWorker::KvPages {
   int64_t plane() const { return page_tokens_ * width_; }
   double page_bytes() const { return double(2 * layers_ * plane()) * 4.0; }
   int64_t pages() const { return int64_t(blocks_.size()) * kBlockPages; }  // the pool's
-  int64_t in_use() const { return pages() - int64_t(free_.size()); }
 
   int32_t take() {
     if (free_.empty()) grow();
