@@ -2,8 +2,8 @@
 """The rollout engine's generation of a GRPO batch against PyTorch eager's generate loop with a
 KV cache (bench/torch_grpo.py's, the GRPO baseline's), same preset, same rows, same lengths.
 
-Ours is `weightlift bench generate --json` (one process, bf16 weights widened per band, every
-core), the engine as the rollout workers run it: a group's prompt is prefilled once and its KV
+Ours is `weightlift bench generate --json` (one process, bf16 weights widened per band, or once
+per generation with `--widen-per-generation`, every core), the engine as the rollout workers run it: a group's prompt is prefilled once and its KV
 cache shared by the group's rows (its prefill with every row prefilled is printed beside, for
 what that saves). Theirs is torch_grpo.generate on f32 weights, the loop a GRPO user runs:
 every row's prompt prefilled, then the decode steps, sampling at temperature 1, with
@@ -57,7 +57,8 @@ def ours(a, prompts, group):
     out = subprocess.run([a.weightlift, "bench", "generate", "--preset", a.preset, "--prompts",
                           str(prompts), "--group", str(group), "--prompt-tokens",
                           str(a.prompt_tokens), "--new-tokens", str(a.new_tokens), "--runs",
-                          str(a.runs), "--json"], capture_output=True, text=True, check=True)
+                          str(a.runs), "--json"] + (["--widen-per-generation"] if a.widen else []),
+                         capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 
 
@@ -71,6 +72,8 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--widen-per-generation", dest="widen", action="store_true",
+                    help="ours: the weights widened to f32 once per generation (an f32 copy held)")
     ap.add_argument("--torch-child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.torch_child:  # one PyTorch measurement in a process of its own

@@ -337,6 +337,7 @@ Status write_rl_outputs(const RlArgs& a, const parallel::Job& job, rl::RlSummary
       {"rollout_ep", a.o.rollout_ep},
       {"rollout_slots", a.o.rollout_slots},
       {"rollout_bf16_activations", a.o.rollout_bf16_activations},
+      {"rollout_widen_per_generation", a.o.rollout_widen_per_generation},
       {"group", a.o.group},
       {"prompts_per_step", a.o.prompts},
       {"seed", a.o.seed},
@@ -656,6 +657,9 @@ void add_run_flags(CLI::App* cmd, RlArgs& a) {
   cmd->add_flag("--rollout-bf16-activations", o.rollout_bf16_activations,
                 "the rollout engines multiply bf16 weights as stored against bf16-rounded "
                 "activations where the CPU has bf16 GEMMs (a larger trainer/sampler mismatch)");
+  cmd->add_flag("--rollout-widen-per-generation", o.rollout_widen_per_generation,
+                "the rollout engines widen their weights to f32 once per request instead of a "
+                "band per decode step: faster decoding, an f32 copy of the weights held meanwhile");
   cmd->add_option("--max-staleness", o.max_staleness,
                   "eta: 0 = synchronous; from 1, generation overlaps training and no sample "
                   "more than eta policy versions old is trained on")

@@ -352,7 +352,8 @@ TEST(RlProcesses, ARunStartsFromATrainedRunsWeights) {
 // and nearly the same losses (the logits differ by f32 reassociation only). Two trainer ranks
 // pushing to them run too: DDP to TP engines, and FSDP to EP engines (seed 000's layout), each
 // trainer rank pushing only its shard and each EP rank receiving only its experts. So does a
-// worker of TP 2 x EP 2 decoding its rows over 3 slots (continuous batching) per EP rank.
+// worker of TP 2 x EP 2 decoding its rows over 3 slots (continuous batching) per EP rank, its
+// weights widened to f32 once per request instead of a band per step.
 TEST(RlProcesses, RolloutWorkersOfTwoTpOrEpRanksSampleAsOneRankWorkers) {
   const std::string one = fresh_dir("tp1_workers");
   const std::vector<nlohmann::json> a = run_to_end(3, short_run({}), one);
@@ -390,12 +391,16 @@ TEST(RlProcesses, RolloutWorkersOfTwoTpOrEpRanksSampleAsOneRankWorkers) {
     }
   }
   // One worker of TP 2 x EP 2 (four processes), over slots, against one worker of one.
+  const std::string four_dir = fresh_dir("tp2_ep2_worker");
   const std::vector<nlohmann::json> single = run_to_end(2, short_run({}), fresh_dir("one_worker")),
                                     four =
                                         run_to_end(5,
                                                    short_run({"--rollout-tp", "2", "--rollout-ep",
-                                                              "2", "--rollout-slots", "3"}),
-                                                   fresh_dir("tp2_ep2_worker"));
+                                                              "2", "--rollout-slots", "3",
+                                                              "--rollout-widen-per-generation"}),
+                                                   four_dir);
+  const nlohmann::json summary = nlohmann::json::parse(std::ifstream(four_dir + "/summary.json"));
+  EXPECT_EQ(summary["rollout_widen_per_generation"], true);
   ASSERT_EQ(single.size(), four.size());
   for (size_t i = 0; i < single.size(); ++i) {
     if (single[i]["phase"] == "sft") continue;

@@ -108,6 +108,11 @@ struct RlOptions {
   // where the CPU has bf16 GEMMs (infer::WorkerOptions::bf16_activations): a second rounding
   // in the sampler, which the trainer's importance weights see as a larger mismatch.
   bool rollout_bf16_activations = false;
+  // Each rollout engine widens its weights to f32 once per generation instead of a band per
+  // decode step (infer::WorkerOptions::widen_per_generation): faster decoding, for an f32
+  // copy of the weights held while a request runs. The same tokens; a worker's own choice, so
+  // not part of the job's identity.
+  bool rollout_widen_per_generation = false;
   uint64_t seed = 1;
   // The policy RL starts from: a safetensors file of `config`'s parameters (a trained run's
   // model.safetensors), read by every trainer rank; empty: random weights drawn from `seed`.

@@ -124,7 +124,8 @@ class Engine {
                                          .tp_group = tp_group,
                                          .ep_group = ep_group,
                                          .timeout = o_.timeout,
-                                         .bf16_activations = o_.rollout_bf16_activations}));
+                                         .bf16_activations = o_.rollout_bf16_activations,
+                                         .widen_per_generation = o_.rollout_widen_per_generation}));
     return engine_joined();
   }
 
