@@ -659,7 +659,8 @@ void add_run_flags(CLI::App* cmd, RlArgs& a) {
                 "activations where the CPU has bf16 GEMMs (a larger trainer/sampler mismatch)");
   cmd->add_flag("--rollout-widen-per-generation", o.rollout_widen_per_generation,
                 "the rollout engines widen their weights to f32 once per request instead of a "
-                "band per decode step: faster decoding, an f32 copy of the weights held meanwhile");
+                "band per decode step: faster on long responses, slower on short ones (every "
+                "expert is widened, used or not), an f32 copy of the weights held meanwhile");
   cmd->add_option("--max-staleness", o.max_staleness,
                   "eta: 0 = synchronous; from 1, generation overlaps training and no sample "
                   "more than eta policy versions old is trained on")

@@ -109,9 +109,10 @@ struct RlOptions {
   // in the sampler, which the trainer's importance weights see as a larger mismatch.
   bool rollout_bf16_activations = false;
   // Each rollout engine widens its weights to f32 once per generation instead of a band per
-  // decode step (infer::WorkerOptions::widen_per_generation): faster decoding, for an f32
-  // copy of the weights held while a request runs. The same tokens; a worker's own choice, so
-  // not part of the job's identity.
+  // decode step (infer::WorkerOptions::widen_per_generation), for an f32 copy of the weights
+  // held while a request runs: it pays over many decode steps and costs on a few (every expert
+  // is widened, used or not). The same tokens; a worker's own choice, so not part of the job's
+  // identity.
   bool rollout_widen_per_generation = false;
   uint64_t seed = 1;
   // The policy RL starts from: a safetensors file of `config`'s parameters (a trained run's
