@@ -11,13 +11,14 @@
 // Why bands and not the whole model dequantized up front: an f32 copy is 4x the fp8 bytes
 // (2x bf16) for every matrix, which defeats fp8's point and would have to be redone after
 // every weight update anyway. Where that memory is there, widen_weights() makes the copy once
-// per generation, which the decode steps then share: on `small`, 1.5x the decode tokens/s at
-// 8 x 8 in bf16 and 2.5x in fp8 (docs/BENCHMARKS.md). Why not per row: the GEMM then degenerates to
-// GEMVs and the n activation rows get re-read per weight row. A band is sized to about 256 KiB of
-// f32 (L2-resident), dequantized once per call and reused by every activation row, so the extra
-// work is one pass over the weight bytes, the same traffic a fused dequant-GEMM would have.
-// Activations stay f32 (no rounding of x), so the only error against an f32 model is the
-// weights' own rounding.
+// per generation, which the decode steps then share: on `small` on a Zen 4, 1.5x the decode
+// tokens/s at 8 x 8 in bf16 and 2.5x in fp8; on an AVX2 EPYC at one thread and a few new
+// tokens it lost (0.8x: the f32 copy is twice the bytes a decode step reads; BENCHMARKS.md).
+// Why not per row: the GEMM then degenerates to GEMVs and the n activation rows get re-read per
+// weight row. A band is sized to about 256 KiB of f32 (L2-resident), dequantized once per call
+// and reused by every activation row, so the extra work is one pass over the weight bytes, the
+// same traffic a fused dequant-GEMM would have. Activations stay f32 (no rounding of x), so the
+// only error against an f32 model is the weights' own rounding.
 #pragma once
 
 #include <cstdint>
