@@ -95,7 +95,7 @@ run_tests "ASan+UBSan, text against JavaScript" --preset asan-ubsan -j 2 \
 # what is given up is a race between a thread and the process's exit, which no test looks for.
 phase "tsan build"
 bash scripts/build.sh tsan
-phase "tsan tests (all but the tcp.* reruns, the testbed, the address-space-limit suites, text)"
+phase "tsan tests (but tcp.*, testbed, address-space limits, text)"
 run_tests "TSan" --preset tsan -j 2 \
   -E '^(tcp[.].*|testbed(_[a-z_]+)?|cli_(bad_inputs|inputs|memory|scale)|text_[a-z_]+_vs_js)$'
 

@@ -263,20 +263,25 @@ TEST(InferenceWorker, KvPagesAreKeptAndAllocatedOnlyWhenAGenerationNeedsMore) {
   EXPECT_EQ(g[2].tokens, g[0].tokens);
 }
 
+// Ten tokens per row, greedy on every row at once and sampled (seed `seed`) over 5 slots, both
+// keeping logits and routes: the two runs a test compares two engine setups with.
+std::vector<GenerateOptions> greedy_and_sampled_over_slots(uint64_t seed) {
+  return {{.max_new_tokens = 10, .keep_logits = true, .keep_routes = true},
+          {.max_new_tokens = 10,
+           .sampling = {.temperature = 1.0f, .top_k = 20},
+           .seed = seed,
+           .keep_logits = true,
+           .keep_routes = true,
+           .slots = 5}};
+}
+
 // Pages of 3 tokens cut every prompt and every row's own tokens into several pages, attended
 // as one sequence: the rows' tokens and routes are those of 64-token pages (where all fit in
 // one), their logits within reassociation; on one rank and TP 2, every row at once and over
 // 5 slots.
 TEST(InferenceWorker, RowsInSmallPagesSampleWhatRowsInOnePageDo) {
   const std::vector<std::vector<int64_t>> rows = grouped_rows();
-  const std::vector<GenerateOptions> options{
-      {.max_new_tokens = 10, .keep_logits = true, .keep_routes = true},
-      {.max_new_tokens = 10,
-       .sampling = {.temperature = 1.0f, .top_k = 20},
-       .seed = 5,
-       .keep_logits = true,
-       .keep_routes = true,
-       .slots = 5}};
+  const std::vector<GenerateOptions> options = greedy_and_sampled_over_slots(5);
   for (const int tp : {1, 2}) {
     SCOPED_TRACE("tp " + std::to_string(tp));
     const std::vector<Generation> whole = run_engine(tp, 1, rows, options, 64);
@@ -292,14 +297,7 @@ TEST(InferenceWorker, RowsInSmallPagesSampleWhatRowsInOnePageDo) {
 // bands); one rank, TP 2 and EP 2, greedy and sampled over slots.
 TEST(InferenceWorker, WeightsWidenedOncePerGenerationSampleWhatBandsDo) {
   const std::vector<std::vector<int64_t>> rows = grouped_rows();
-  const std::vector<GenerateOptions> options{
-      {.max_new_tokens = 10, .keep_logits = true, .keep_routes = true},
-      {.max_new_tokens = 10,
-       .sampling = {.temperature = 1.0f, .top_k = 20},
-       .seed = 3,
-       .keep_logits = true,
-       .keep_routes = true,
-       .slots = 5}};
+  const std::vector<GenerateOptions> options = greedy_and_sampled_over_slots(3);
   for (const auto& [tp, ep] : {std::pair{1, 1}, std::pair{2, 1}, std::pair{1, 2}}) {
     SCOPED_TRACE("tp " + std::to_string(tp) + " ep " + std::to_string(ep));
     const std::vector<Generation> bands = run_engine(tp, ep, rows, options);
