@@ -75,29 +75,30 @@ run_tests "ASan+UBSan" --preset asan-ubsan -j 2 -LE slow
 # And the tokenizers and chat templates against the JavaScript reference, which are slow (a
 # corpus line by line) but have no thread for TSan to look at: under ASan they take a third of
 # their TSan time, and the corpus runs through the instrumented tokenizer.
+text_vs_js='text_(tokenizers|chat_templates)_vs_js'
 run_tests "ASan+UBSan, text against JavaScript" --preset asan-ubsan -j 2 --no-tests=error \
-  -R '^text_(tokenizers|chat_templates)_vs_js$'
+  -R "^${text_vs_js}\$"
 
-# ThreadSanitizer runs every test (the slow ones' command-line suites and references drive the
-# TSan binary) but four kinds: the text-against-JavaScript pair, which ASan runs (above). The command-line suites that hold the binary to
-# an address-space limit (RLIMIT_AS: bad_inputs, inputs, memory, scale) cannot run under it:
-# TSan reserves its shadow and allocator ranges at start-up and dies there under any such
-# limit; release runs them. The collectives' and transfers' reruns over UCX's TCP transport
-# (tcp.*: the same threads as over shared memory, and UCX itself is not instrumented); ASan runs
-# those. And the testbed's tests (scripts/testbed.sh: the kernel's namespaces and shaping,
-# driven by scripts); release runs them. The Python package is not built under TSan (an
-# uninstrumented interpreter). The full-size tests run on tiny models here, as under ASan.
-# Everything is instrumented, the kernels too: under TSan they are compiled without
+# ThreadSanitizer runs every test (the slow ones' command-line suites and references drive the TSan
+# binary) but four kinds. The text-against-JavaScript pair, which ASan runs (above). The
+# command-line suites that hold the binary to an address-space limit (RLIMIT_AS: bad_inputs, inputs,
+# memory, scale) cannot run under it: TSan reserves its shadow and allocator ranges at start-up and
+# dies there under any such limit; release runs them. The collectives' and transfers' reruns over
+# UCX's TCP transport (tcp.*: the same threads as over shared memory, and UCX itself is not
+# instrumented); ASan runs those. And the testbed's tests (scripts/testbed.sh: the kernel's
+# namespaces and shaping, driven by scripts); release runs them. The Python package is not built
+# under TSan (an uninstrumented interpreter). The full-size tests run on tiny models here, as under
+# ASan. Everything is instrumented, the kernels too: under TSan they are compiled without
 # multiversioning (kernels/detail/simd.h). The preset sets TSAN_OPTIONS' atexit_sleep_ms=0: by
-# default TSan sleeps a second at the exit of every process that still has a second thread
-# (every `weightlift` run), for the reports of threads that outlive main. The command-line
-# suites start hundreds of such processes (cli_bad_flags took 156 s, 11 s without the sleep);
-# what is given up is a race between a thread and the process's exit, which no test looks for.
+# default TSan sleeps a second at the exit of every process that still has a second thread (every
+# `weightlift` run), for the reports of threads that outlive main. The command-line suites start
+# hundreds of such processes (cli_bad_flags took 156 s, 11 s without the sleep); what is given up is
+# a race between a thread and the process's exit, which no test looks for.
 phase "tsan build"
 bash scripts/build.sh tsan
 phase "tsan tests (not tcp.*, testbed, RLIMIT_AS suites, text)"
 run_tests "TSan" --preset tsan -j 2 \
-  -E '^(tcp[.].*|testbed(_[a-z_]+)?|cli_(bad_inputs|inputs|memory|scale)|text_(tokenizers|chat_templates)_vs_js)$'
+  -E "^(tcp[.].*|testbed(_[a-z_]+)?|cli_(bad_inputs|inputs|memory|scale)|${text_vs_js})\$"
 
 phase "clang thread-safety analysis (libraries only)"
 bash scripts/build.sh clang-tsa wl_app wl_infer
