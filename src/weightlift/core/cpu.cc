@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <fstream>
 
 namespace wl {
@@ -27,6 +28,17 @@ bool cpuid_bit(unsigned leaf, unsigned subleaf, int reg, int bit) {
   return (r[reg] >> bit) & 1u;
 }
 
+// AMX needs the CPU's bits (leaf 7 EDX: 22 AMX-BF16, 24 AMX-TILE) and the OS saving the tile
+// state (XCR0 bits 17 and 18). Linux also asks a process to request the tiles before their
+// first use; oneDNN makes that request itself.
+bool amx_bf16_usable() {
+  if (!cpuid_bit(7, 0, 3, 22) || !cpuid_bit(7, 0, 3, 24) || !cpuid_bit(1, 0, 2, 27)) return false;
+  uint32_t lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));  // OSXSAVE (leaf 1 ECX 27) checked
+  constexpr uint32_t kTileState = (1u << 17) | (1u << 18);
+  return (lo & kTileState) == kTileState;
+}
+
 CpuInfo read_cpu_info() {
   __builtin_cpu_init();
   CpuInfo c;
@@ -37,6 +49,7 @@ CpuInfo read_cpu_info() {
   c.avx512f = __builtin_cpu_supports("avx512f");
   c.f16c = c.avx2 && cpuid_bit(1, 0, 2, 29);
   c.avx512bf16 = c.avx512f && cpuid_bit(7, 1, 0, 5);
+  c.amx_bf16 = c.avx512bf16 && amx_bf16_usable();
   c.cores = int(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
   return c;
 }
@@ -44,6 +57,7 @@ CpuInfo read_cpu_info() {
 }  // namespace
 
 std::string CpuInfo::isa() const {
+  if (amx_bf16) return "AMX BF16";
   if (avx512bf16) return "AVX-512 BF16";
   if (avx512f) return "AVX-512";
   if (avx2 && fma) return "AVX2+FMA";

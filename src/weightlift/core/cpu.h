@@ -11,10 +11,12 @@ struct CpuInfo {
   std::string model;  // /proc/cpuinfo's "model name", or "unknown"
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bf16 = false;
-  int cores = 1;  // online processors
-  // The best level the kernels can use: "AVX-512 BF16", "AVX-512", "AVX2+FMA" or "SSE2".
+  bool amx_bf16 = false;  // AMX tiles with bf16 dot products, and the OS saves their state
+  int cores = 1;          // online processors
+  // The best level the kernels can use: "AMX BF16", "AVX-512 BF16", "AVX-512", "AVX2+FMA" or
+  // "SSE2".
   std::string isa() const;
-  // "Intel(R) Xeon(R) Processor, 2 cores, AVX-512 BF16": one line for a benchmark's header.
+  // "Intel(R) Xeon(R) Processor, 2 cores, AMX BF16": one line for a benchmark's header.
   std::string describe() const;
 };
 

@@ -52,7 +52,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "weightlift/core/aligned.h"
 #include "weightlift/core/check.h"
+#include "weightlift/core/cpu.h"
 #include "weightlift/core/mutex.h"
 #include "weightlift/core/parallel.h"
 
@@ -346,6 +348,62 @@ void matmul_tile(const GemmArgs& g) {
   }
 }
 
+// oneDNN 2.6 runs its AMX kernels (brgemm) only on dense operands: a tile whose leading
+// dimension is wider than the tile (every tile of a product cut along n) goes to gemm:jit,
+// which on an AMX Xeon spends 1.45x the time in the `small` bf16 step's GEMMs
+// (docs/BENCHMARKS.md, "bf16 on an AMX Xeon"). So there the row tiles multiply dense copies of
+// their strided operands: O(mk + kn + mn) copying in cache against O(mnk) products. Every
+// tile of one size is the same dense primitive, so a row's bits still do not depend on the
+// rows around it or the thread count. Products with A transposed (weight gradients) stay on
+// the strided primitive: their k is an expert's token count, new every step, and creating an
+// AMX primitive takes 3-26 ms against gemm:jit's 0.05.
+struct DenseScratch {
+  AlignedVector<uint16_t> a, b;
+  AlignedVector<float> c;
+};
+
+// Copies `rows` rows of `cols` elements, `ld` apart, into `dst` packed.
+template <class T>
+const T* pack_rows(const void* src, int64_t rows, int64_t cols, int64_t ld, AlignedVector<T>& dst) {
+  dst.resize(size_t(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(dst.data() + r * cols, static_cast<const T*>(src) + r * ld,
+                size_t(cols) * sizeof(T));
+  }
+  return dst.data();
+}
+
+void dense_matmul_tile(const GemmArgs& g) {
+  thread_local DenseScratch scratch;
+  GemmArgs d = g;
+  // A is stored [m, k] (or [k, m] when transposed); B [k, n] (or [n, k]); C [m, n].
+  const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
+  const int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
+  if (g.lda != a_cols) {
+    d.a = pack_rows(g.a, a_rows, a_cols, g.lda, scratch.a);
+    d.lda = a_cols;
+  }
+  if (g.ldb != b_cols) {
+    d.b = pack_rows(g.b, b_rows, b_cols, g.ldb, scratch.b);
+    d.ldb = b_cols;
+  }
+  if (g.ldc == g.n) return matmul_tile(d);
+  scratch.c.resize(size_t(g.m * g.n));
+  d.c = scratch.c.data();
+  d.ldc = g.n;
+  if (g.beta != 0.0f) pack_rows(g.c, g.m, g.n, g.ldc, scratch.c);
+  matmul_tile(d);
+  for (int64_t r = 0; r < g.m; ++r) {
+    std::memcpy(g.c + r * g.ldc, d.c + r * g.n, size_t(g.n) * sizeof(float));
+  }
+}
+
+// A bf16 tile on this CPU's best path.
+void bf16_tile(const GemmArgs& g) {
+  static const bool amx = cpu_info().amx_bf16;
+  amx ? dense_matmul_tile(g) : matmul_tile(g);
+}
+
 // bf16 products whose rows are stored as rows (every product whose rows are tokens: a
 // Linear's forward and its input gradient) run as tiles of exactly kBf16TileRows rows, cut
 // along n by n alone, so that every tile of a column piece is the same cached primitive; the
@@ -364,7 +422,7 @@ void bf16_row_tiles(const GemmArgs& g) {
     const int64_t m0 = (i / tn) * kBf16TileRows, m1 = std::min(g.m, m0 + kBf16TileRows);
     const int64_t n0 = cut(i % tn, tn, g.n, 64), n1 = cut(i % tn + 1, tn, g.n, 64);
     one_onednn_thread();
-    if (m1 - m0 == kBf16TileRows) return matmul_tile(sub_gemm(g, m0, m1, n0, n1));
+    if (m1 - m0 == kBf16TileRows) return bf16_tile(sub_gemm(g, m0, m1, n0, n1));
     // The last rows, in a tile of the full height: A's rows and C's with their own strides,
     // so the tile is the same primitive as the others.
     thread_local std::vector<uint16_t> a;
@@ -381,7 +439,7 @@ void bf16_row_tiles(const GemmArgs& g) {
     padded.a = a.data();
     padded.c = c.data();
     padded.m = kBf16TileRows;
-    matmul_tile(sub_gemm(padded, 0, kBf16TileRows, n0, n1));
+    bf16_tile(sub_gemm(padded, 0, kBf16TileRows, n0, n1));
     for (int64_t r = 0; r < m1 - m0; ++r) {
       std::memcpy(g.c + (m0 + r) * g.ldc + n0, &c[size_t(r * g.ldc + n0)], size_t(n1 - n0) * 4);
     }
