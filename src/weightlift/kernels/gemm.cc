@@ -351,7 +351,7 @@ void matmul_tile(const GemmArgs& g) {
 // oneDNN 2.6 runs its AMX kernels (brgemm) only on dense operands: a tile whose leading
 // dimension is wider than the tile (every tile of a product cut along n) goes to gemm:jit,
 // which on an AMX Xeon spends 1.45x the time in the `small` bf16 step's GEMMs
-// (docs/BENCHMARKS.md, "bf16 on an AMX Xeon"). So there the row tiles multiply dense copies of
+// (docs/BENCHMARKS.md, "bf16 on AMX"). So there the row tiles multiply dense copies of
 // their strided operands: O(mk + kn + mn) copying in cache against O(mnk) products. Every
 // tile of one size is the same dense primitive, so a row's bits still do not depend on the
 // rows around it or the thread count. Products with A transposed (weight gradients) stay on
