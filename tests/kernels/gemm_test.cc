@@ -28,6 +28,7 @@
 namespace wl::kernels {
 namespace detail {
 void gemm_with_matmul_primitive(const GemmArgs& args);  // defined in gemm.cc
+void gemm_with_dense_tiles(const GemmArgs& args);       // defined in gemm.cc
 }  // namespace detail
 
 namespace {
@@ -194,6 +195,15 @@ TEST(Gemm, MatmulPrimitivePathF32) { sweep(&detail::gemm_with_matmul_primitive, 
 TEST(Gemm, MatmulPrimitivePathBf16WhenNative) {
   if (!gemm_bf16_is_native()) GTEST_SKIP() << "no native bf16 matmul on this CPU";
   sweep(&detail::gemm_with_matmul_primitive, DType::kBF16);
+}
+
+// On AMX, bf16 tiles copy strided operands (and C when its rows are padded) into dense
+// scratch; the f32 sweep checks those copies on every CPU, the bf16 one where bf16 is native.
+TEST(Gemm, DenseTilePathF32) { sweep(&detail::gemm_with_dense_tiles, DType::kF32); }
+
+TEST(Gemm, DenseTilePathBf16WhenNative) {
+  if (!gemm_bf16_is_native()) GTEST_SKIP() << "no native bf16 matmul on this CPU";
+  sweep(&detail::gemm_with_dense_tiles, DType::kBF16);
 }
 
 TEST(Gemm, ModelShapes) {

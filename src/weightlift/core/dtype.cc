@@ -167,10 +167,10 @@ __attribute__((target("avx512f"))) __mmask16 denormal_lanes(__m512 x) {
 }
 
 // AVX-512 BF16 converts 32 floats in one instruction (VCVTNE2PS2BF16), rounding to nearest
-// even and quieting NaNs as to_bf16 does, 1.5-4x to_bf16's rate on an AMX Xeon (11% of the
-// bf16 `small` step's cycles were conversions). It reads denormal inputs as zero, so the rare
-// block of 32 that holds one is converted by to_bf16 instead: the bits are the same on every
-// CPU.
+// even and quieting NaNs as to_bf16 does, at 1.5-6x to_bf16's rate on an AMX Xeon (11% of the
+// bf16 `small` step's cycles were conversions; docs/BENCHMARKS.md, "bf16 on AMX"). It reads
+// denormal inputs as zero, so the rare block of 32 that holds one is converted by to_bf16
+// instead: the bits are the same on every CPU.
 __attribute__((target("avx512f,avx512bf16"))) void to_bf16_avx512bf16(const float* src,
                                                                       uint16_t* dst, size_t n) {
   size_t i = 0;

@@ -22,8 +22,9 @@
  *
  * The primitive path keeps its primitives in a cache keyed by everything the primitive bakes
  * in (shape, transposes, leading dimensions, dtype, alpha, beta). Transposes and leading
- * dimensions are strided memory descriptors, so no operand is ever copied; alpha is an output
- * scale and beta a sum post-op (dst = alpha * A@B + beta * dst_before). The scratchpad is
+ * dimensions are strided memory descriptors, so no operand is copied (except on AMX, below
+ * dense_matmul_tile); alpha is an output scale and beta a sum post-op
+ * (dst = alpha * A@B + beta * dst_before). The scratchpad is
  * user-managed and thread-local, so one cached primitive may run on several threads at once.
  *
  * Threads. oneDNN is an OpenMP build, and its GEMMs split C in fixed shares between the
@@ -64,6 +65,9 @@ namespace detail {
 // call it directly (tests/kernels/gemm_test.cc declares it) so that the path is checked on
 // machines where f32 goes through sgemm and bf16 is not native.
 void gemm_with_matmul_primitive(const GemmArgs& args);
+// The same, with every tile multiplying dense copies of its operands, as bf16 tiles do on AMX:
+// the tests run it on every CPU (f32) so that the copies are checked where there is no AMX.
+void gemm_with_dense_tiles(const GemmArgs& args);
 }  // namespace detail
 
 namespace {
@@ -358,49 +362,59 @@ void matmul_tile(const GemmArgs& g) {
 // the strided primitive: their k is an expert's token count, new every step, and creating an
 // AMX primitive takes 3-26 ms against gemm:jit's 0.05.
 struct DenseScratch {
-  AlignedVector<uint16_t> a, b;
-  AlignedVector<float> c;
+  AlignedVector<char> a, b, c;
 };
 
-// Copies `rows` rows of `cols` elements, `ld` apart, into `dst` packed.
-template <class T>
-const T* pack_rows(const void* src, int64_t rows, int64_t cols, int64_t ld, AlignedVector<T>& dst) {
-  dst.resize(size_t(rows * cols));
+// Copies `rows` rows of `cols` elements of `elem` bytes, `ld` elements apart, into `dst` packed.
+void* pack_rows(const void* src, int64_t rows, int64_t cols, int64_t ld, size_t elem,
+                AlignedVector<char>& dst) {
+  const size_t row_bytes = size_t(cols) * elem;
+  dst.resize(size_t(rows) * row_bytes);
   for (int64_t r = 0; r < rows; ++r) {
-    std::memcpy(dst.data() + r * cols, static_cast<const T*>(src) + r * ld,
-                size_t(cols) * sizeof(T));
+    std::memcpy(dst.data() + size_t(r) * row_bytes,
+                static_cast<const char*>(src) + size_t(r * ld) * elem, row_bytes);
   }
   return dst.data();
 }
 
 void dense_matmul_tile(const GemmArgs& g) {
   thread_local DenseScratch scratch;
+  const size_t elem = g.in_type == DType::kBF16 ? 2 : 4;
   GemmArgs d = g;
   // A is stored [m, k] (or [k, m] when transposed); B [k, n] (or [n, k]); C [m, n].
   const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
   const int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
   if (g.lda != a_cols) {
-    d.a = pack_rows(g.a, a_rows, a_cols, g.lda, scratch.a);
+    d.a = pack_rows(g.a, a_rows, a_cols, g.lda, elem, scratch.a);
     d.lda = a_cols;
   }
   if (g.ldb != b_cols) {
-    d.b = pack_rows(g.b, b_rows, b_cols, g.ldb, scratch.b);
+    d.b = pack_rows(g.b, b_rows, b_cols, g.ldb, elem, scratch.b);
     d.ldb = b_cols;
   }
   if (g.ldc == g.n) return matmul_tile(d);
-  scratch.c.resize(size_t(g.m * g.n));
-  d.c = scratch.c.data();
+  scratch.c.resize(size_t(g.m * g.n) * sizeof(float));
+  d.c = reinterpret_cast<float*>(scratch.c.data());
   d.ldc = g.n;
-  if (g.beta != 0.0f) pack_rows(g.c, g.m, g.n, g.ldc, scratch.c);
+  if (g.beta != 0.0f) pack_rows(g.c, g.m, g.n, g.ldc, sizeof(float), scratch.c);
   matmul_tile(d);
   for (int64_t r = 0; r < g.m; ++r) {
     std::memcpy(g.c + r * g.ldc, d.c + r * g.n, size_t(g.n) * sizeof(float));
   }
 }
 
+// Whether oneDNN will run AMX here: the CPU and the OS allow it (cpu_info) and oneDNN's own
+// ISA limit (DNNL_MAX_CPU_ISA, or a build without AMX) does not stop short of it. The ISAs are
+// bit sets, each containing the ones below it, so the test is a mask, not an order.
+bool onednn_runs_amx() {
+  const auto isa = unsigned(dnnl::get_effective_cpu_isa());
+  const auto amx = unsigned(dnnl::cpu_isa::avx512_core_amx);
+  return cpu_info().amx_bf16 && (isa & amx) == amx;
+}
+
 // A bf16 tile on this CPU's best path.
 void bf16_tile(const GemmArgs& g) {
-  static const bool amx = cpu_info().amx_bf16;
+  static const bool amx = onednn_runs_amx();
   amx ? dense_matmul_tile(g) : matmul_tile(g);
 }
 
@@ -455,6 +469,13 @@ void gemm_with_matmul_primitive(const GemmArgs& g) {
   if (g.m == 0 || g.n == 0) return;
   if (g.k == 0) return scale_c(g);
   for_each_tile(g, matmul_tile);
+}
+
+void gemm_with_dense_tiles(const GemmArgs& g) {
+  validate(g);
+  if (g.m == 0 || g.n == 0) return;
+  if (g.k == 0) return scale_c(g);
+  for_each_tile(g, dense_matmul_tile);
 }
 
 }  // namespace detail
