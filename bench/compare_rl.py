@@ -53,7 +53,7 @@ def cpu():
                 model = line.split(":", 1)[1].strip()
             if line.startswith("flags") and not flags:
                 flags = set(line.split(":", 1)[1].split())
-    isa = next((i for i in ("avx512_bf16", "avx512f", "avx2") if i in flags), "other")
+    isa = next((i for i in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if i in flags), "other")
     return model, isa, os.cpu_count()
 
 

@@ -375,7 +375,7 @@ def cpu_isa():
             if line.startswith("flags"):
                 flags = set(line.split(":", 1)[1].split())
                 break
-    for isa in ("avx512_bf16", "avx512f", "avx2"):
+    for isa in ("amx_bf16", "avx512_bf16", "avx512f", "avx2"):
         if isa in flags:
             return isa
     return "other"
