@@ -16,6 +16,7 @@
 #include <cstring>
 #include <span>
 #include <thread>
+#include <utility>
 
 #include "weightlift/comm/store/detail/store_wire.h"
 
@@ -131,12 +132,45 @@ Result<std::unique_ptr<TcpStore>> TcpStore::connect(const TcpStoreOptions& o) {
                       connect_with_retries(c->addresses_, c->where_, o.connect_timeout));
   MutexLock lock(c->mu_);
   c->fd_ = fd;
+  // Which server this is, so that a connection made again later can tell it from a new one.
+  Result<Bytes> incarnation = c->read_incarnation();
+  if (incarnation.ok()) {
+    c->incarnation_ = std::move(*incarnation);
+    return c;
+  }
+  // Refused (a wrong token): on a connection of its own, so that the caller's first request
+  // is refused as it would have been, with the server's reason.
+  if (c->fd_ >= 0) ::close(std::exchange(c->fd_, -1));
+  WL_ASSIGN_OR_RETURN(c->fd_, connect_with_retries(c->addresses_, c->where_, o.connect_timeout));
   return c;
+}
+
+Result<Bytes> TcpStore::read_incarnation() {
+  StoreRequest r;
+  r.op = StoreOp::kGet;
+  r.token = options_.token;
+  r.key = detail::kStoreIncarnationKey;
+  const Bytes frame = detail::encode_request(r);
+  const Deadline deadline = deadline_after(options_.request_timeout);
+  Status s = detail::write_all(fd_, frame.data(), frame.size(), deadline, where_);
+  auto response = s.ok() ? detail::read_response(fd_, deadline, where_) : Result<StoreResponse>(s);
+  if (!response.ok()) {
+    ::close(std::exchange(fd_, -1));
+    return response.status();
+  }
+  if (response->code == StatusCode::kDeadlineExceeded) return Bytes{};  // a server without one
+  if (response->code != StatusCode::kOk) {
+    return Status(response->code, where_ + ": " + to_string(response->payload));
+  }
+  return std::move(response->payload);
 }
 
 Status TcpStore::reconnect() {
   const std::string again = where_ + ": connecting again after an earlier error";
   if (refused_) return unavailable(where_ + ": connection closed: the server refused our token");
+  const std::string restarted =
+      where_ + ": the server restarted since this client joined: the job's keys are gone";
+  if (restarted_) return unavailable(restarted);
   std::chrono::milliseconds wait(0);
   if (handshake_fd_ < 0) {
     const SocketAddress& a = addresses_[next_address_++ % addresses_.size()];
@@ -160,7 +194,13 @@ Status TcpStore::reconnect() {
   if (rc == 1 && err == 0) {
     fd_ = std::exchange(handshake_fd_, -1);
     set_nodelay(fd_);
-    return ok_status();
+    if (incarnation_.empty()) return ok_status();
+    Result<Bytes> now = read_incarnation();
+    if (!now.ok()) return unavailable(again + ": " + now.status().to_string());
+    if (*now == incarnation_) return ok_status();
+    ::close(std::exchange(fd_, -1));
+    restarted_ = true;
+    return unavailable(restarted);
   }
   if (rc == 1 || Clock::now() >= handshake_until_) {
     ::close(std::exchange(handshake_fd_, -1));

@@ -101,16 +101,22 @@ class TcpStore final : public Store {
                      bool* not_set = nullptr);
 
   // A new connection in place of one that failed, made without holding a request for long
-  // (tcp_store.cc: kHandshakeWait); Unavailable until it is there.
+  // (tcp_store.cc: kHandshakeWait); Unavailable until it is there, and for good once it finds
+  // a server other than the one this client joined.
   Status reconnect() WL_REQUIRES(mu_);
+  // The server's incarnation key (detail::kStoreIncarnationKey) through fd_: its value, or
+  // empty when it has none. A failed exchange closes fd_.
+  Result<Bytes> read_incarnation() WL_REQUIRES(mu_);
 
   TcpStoreOptions options_;
   std::string where_;                     // "rendezvous store at 127.0.0.1:29500"
   std::vector<SocketAddress> addresses_;  // the server's, resolved once
   Mutex mu_;                              // one request at a time on the connection
   int fd_ WL_GUARDED_BY(mu_) = -1;
-  bool refused_ WL_GUARDED_BY(mu_) = false;   // the server refused our token: never again
-  int handshake_fd_ WL_GUARDED_BY(mu_) = -1;  // a connection being made again
+  bool refused_ WL_GUARDED_BY(mu_) = false;    // the server refused our token: never again
+  bool restarted_ WL_GUARDED_BY(mu_) = false;  // the server is not the one we joined: never
+  Bytes incarnation_ WL_GUARDED_BY(mu_);       // the joined server's, read at connect()
+  int handshake_fd_ WL_GUARDED_BY(mu_) = -1;   // a connection being made again
   std::chrono::steady_clock::time_point handshake_until_ WL_GUARDED_BY(mu_);
   size_t next_address_ WL_GUARDED_BY(mu_) = 0;  // the one the next handshake goes to
   std::atomic<int> queued_{0};                  // requests waiting for mu_

@@ -31,6 +31,7 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <random>
 
 #include "weightlift/comm/store/detail/store_wire.h"
 #include "weightlift/comm/store/tcp_store.h"
@@ -457,6 +458,14 @@ Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(const TcpStoreServ
     ev.data.fd = fd;
     ::epoll_ctl(l.epoll_fd, EPOLL_CTL_ADD, fd, &ev);
   }
+  // This server's incarnation (detail::kStoreIncarnationKey), before any client can ask.
+  std::random_device device;
+  const uint64_t incarnation =
+      (uint64_t(device()) << 32) ^ uint64_t(device()) ^
+      uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
+  Bytes value(8);
+  std::memcpy(value.data(), &incarnation, 8);
+  l.values[detail::kStoreIncarnationKey] = std::move(value);  // not the clients' bytes
   s->thread_ = std::thread([loop = s->loop_.get()] { loop->run(); });
   return s;
 }

@@ -22,6 +22,10 @@ inline constexpr uint32_t kStoreMaxKeyBytes = 4096;
 inline constexpr uint64_t kStoreMaxValueBytes = uint64_t(64) << 20;
 // A get may ask the server to wait at most this long; longer waits are the client's to split.
 inline constexpr uint32_t kStoreMaxWaitMs = 24u * 3600u * 1000u;
+// A key every server sets when it starts, to 8 random bytes: a client that connects again
+// after its connection broke reads it to tell the server it joined from a new one that has
+// lost the job's keys (docs/formats.md).
+inline constexpr char kStoreIncarnationKey[] = "wl-store/incarnation";
 
 enum class StoreOp : uint8_t { kSet = 1, kGet = 2, kAdd = 3 };
 
