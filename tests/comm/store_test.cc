@@ -13,6 +13,7 @@
 #include "weightlift/comm/store/detail/store_wire.h"
 #include "weightlift/comm/store/memory_store.h"
 #include "weightlift/comm/store/tcp_store.h"
+#include "weightlift/core/check.h"
 
 namespace wl::comm {
 namespace {
@@ -186,38 +187,50 @@ int break_connections_to(int port) {
   return broken;
 }
 
-TEST(TcpStore, AClientConnectsAgainToTheServerItJoined) {
+// A server (token "t") and a client that has set "k" = "v" in it.
+struct Joined {
+  std::unique_ptr<TcpStoreServer> server;
+  std::unique_ptr<TcpStore> client;
+  int port = 0;
+};
+Joined join_with_a_key() {
+  Joined j;
   auto server = TcpStoreServer::start({.token = "t"});
-  ASSERT_TRUE(server.ok());
-  const int port = (*server)->port();
-  auto c = TcpStore::connect({.port = port, .token = "t"});
-  ASSERT_TRUE(c.ok());
-  ASSERT_TRUE((*c)->set("k", to_bytes("v")).ok());
-  ASSERT_EQ(break_connections_to(port), 1);
-  EXPECT_FALSE((*c)->get("k", 50ms).ok());  // the connection breaks under it
+  WL_CHECK(server.ok()) << server.status().to_string();
+  j.server = std::move(*server);
+  j.port = j.server->port();
+  auto c = TcpStore::connect({.port = j.port, .token = "t"});
+  WL_CHECK(c.ok()) << c.status().to_string();
+  j.client = std::move(*c);
+  WL_CHECK(j.client->set("k", to_bytes("v")).ok());
+  return j;
+}
+
+TEST(TcpStore, AClientConnectsAgainToTheServerItJoined) {
+  Joined j = join_with_a_key();
+  TcpStore* c = j.client.get();
+  ASSERT_EQ(break_connections_to(j.port), 1);
+  EXPECT_FALSE(c->get("k", 50ms).ok());  // the connection breaks under it
   // The handshake is given 20 ms per request (a loaded machine may take longer): the first
   // request that finds it done goes through, and the keys are still there.
-  Result<Bytes> got = (*c)->get("k", 1s);
+  Result<Bytes> got = c->get("k", 1s);
   for (int i = 0; i < 200 && !got.ok(); ++i) {
     EXPECT_EQ(got.status().code(), StatusCode::kUnavailable) << got.status().to_string();
     std::this_thread::sleep_for(10ms);
-    got = (*c)->get("k", 1s);
+    got = c->get("k", 1s);
   }
   ASSERT_TRUE(got.ok()) << got.status().to_string();
   EXPECT_EQ(to_string(*got), "v");
 }
 
 TEST(TcpStore, AClientConnectsAgainAndRefusesAServerThatRestarted) {
-  auto server = TcpStoreServer::start({.token = "t"});
-  ASSERT_TRUE(server.ok());
-  const int port = (*server)->port();
-  auto c = TcpStore::connect({.port = port, .token = "t"});
-  ASSERT_TRUE(c.ok());
-  ASSERT_TRUE((*c)->set("k", to_bytes("v")).ok());
-  server->reset();
-  EXPECT_FALSE((*c)->get("k", 50ms).ok());  // the connection breaks under it
+  Joined j = join_with_a_key();
+  const int port = j.port;
+  TcpStore* c = j.client.get();
+  j.server.reset();
+  EXPECT_FALSE(c->get("k", 50ms).ok());  // the connection breaks under it
   const auto start = Clock::now();
-  Status down = (*c)->set("k", to_bytes("v"));
+  Status down = c->set("k", to_bytes("v"));
   EXPECT_EQ(down.code(), StatusCode::kUnavailable) << down.to_string();
   EXPECT_NE(down.message().find("connecting again after an earlier error"), std::string::npos)
       << down.to_string();
@@ -227,15 +240,15 @@ TEST(TcpStore, AClientConnectsAgainAndRefusesAServerThatRestarted) {
   auto again = TcpStoreServer::start({.port = port, .token = "t"});
   ASSERT_TRUE(again.ok()) << again.status().to_string();
   // The handshake is given 20 ms per request (a loaded machine may take longer).
-  Status set = (*c)->set("k2", to_bytes("w"));
+  Status set = c->set("k2", to_bytes("w"));
   for (int i = 0; i < 200 && set.message().find("handshake") != std::string::npos; ++i) {
     std::this_thread::sleep_for(10ms);
-    set = (*c)->set("k2", to_bytes("w"));
+    set = c->set("k2", to_bytes("w"));
   }
   EXPECT_EQ(set.code(), StatusCode::kUnavailable) << set.to_string();
   EXPECT_NE(set.message().find("the server restarted since this client joined"), std::string::npos)
       << set.to_string();
-  Status later = (*c)->set("k2", to_bytes("w"));
+  Status later = c->set("k2", to_bytes("w"));
   EXPECT_NE(later.message().find("restarted"), std::string::npos) << later.to_string();
   // A client that joins the new server uses it.
   auto fresh = TcpStore::connect({.port = port, .token = "t"});
