@@ -168,9 +168,6 @@ TEST(TcpStore, WireVersionMismatchSaysExpectedAndFound) {
   EXPECT_NE(got.status().message().find("expected 1, found 3"), std::string::npos);
 }
 
-// A client whose connection broke (here: the server went away) fails that request, fails
-// fast while nothing listens, and carries on over a new connection once a server is back (a
-// host cut off from the store for a while, then back). One refused for its token stays off.
 // Shuts down, in this process, every TCP connection to `port` (the clients' ends): what a
 // network that drops a connection does to a client, with the server still up.
 int break_connections_to(int port) {
@@ -206,6 +203,8 @@ Joined join_with_a_key() {
   return j;
 }
 
+// A client whose connection broke while the server stayed up (a network that dropped it)
+// connects again and finds the job's keys where they were.
 TEST(TcpStore, AClientConnectsAgainToTheServerItJoined) {
   Joined j = join_with_a_key();
   TcpStore* c = j.client.get();
@@ -223,6 +222,9 @@ TEST(TcpStore, AClientConnectsAgainToTheServerItJoined) {
   EXPECT_EQ(to_string(*got), "v");
 }
 
+// A client whose server went away fails fast while nothing listens, then refuses the new
+// server that comes up on the same port: it has lost the job's keys. One refused for its
+// token stays off.
 TEST(TcpStore, AClientConnectsAgainAndRefusesAServerThatRestarted) {
   Joined j = join_with_a_key();
   const int port = j.port;
@@ -264,6 +266,22 @@ TEST(TcpStore, AClientConnectsAgainAndRefusesAServerThatRestarted) {
   Status after = (*wrong)->set("k", to_bytes("v"));
   EXPECT_EQ(after.code(), StatusCode::kUnavailable) << after.to_string();
   EXPECT_NE(after.message().find("refused our token"), std::string::npos) << after.to_string();
+}
+
+TEST(TcpStore, ClientsMayOnlyReadTheServersIncarnation) {
+  Joined j = join_with_a_key();
+  Result<Bytes> before = j.client->get(detail::kStoreIncarnationKey, 1s);
+  ASSERT_TRUE(before.ok()) << before.status().to_string();
+  EXPECT_EQ(before->size(), 8u);
+  Status set = j.client->set(detail::kStoreIncarnationKey, to_bytes("mine"));
+  EXPECT_EQ(set.code(), StatusCode::kInvalidArgument) << set.to_string();
+  EXPECT_NE(set.message().find("reserved key"), std::string::npos) << set.to_string();
+  EXPECT_EQ(j.client->add(detail::kStoreIncarnationKey, 1).status().code(),
+            StatusCode::kInvalidArgument);
+  // Refused, not fatal: the connection and the value are as they were.
+  Result<Bytes> after = j.client->get(detail::kStoreIncarnationKey, 1s);
+  ASSERT_TRUE(after.ok()) << after.status().to_string();
+  EXPECT_EQ(*after, *before);
 }
 
 TEST(TcpStore, ClientGivesUpConnectingAtItsDeadline) {

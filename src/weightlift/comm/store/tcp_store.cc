@@ -138,9 +138,9 @@ Result<std::unique_ptr<TcpStore>> TcpStore::connect(const TcpStoreOptions& o) {
     c->incarnation_ = std::move(*incarnation);
     return c;
   }
+  if (incarnation.status().code() != StatusCode::kPermissionDenied) return incarnation.status();
   // Refused (a wrong token): on a connection of its own, so that the caller's first request
   // is refused as it would have been, with the server's reason.
-  if (c->fd_ >= 0) ::close(std::exchange(c->fd_, -1));
   WL_ASSIGN_OR_RETURN(c->fd_, connect_with_retries(c->addresses_, c->where_, o.connect_timeout));
   return c;
 }
@@ -160,6 +160,8 @@ Result<Bytes> TcpStore::read_incarnation() {
   }
   if (response->code == StatusCode::kDeadlineExceeded) return Bytes{};  // a server without one
   if (response->code != StatusCode::kOk) {
+    // Refused (the server closes a refused connection) or worse: this connection is done.
+    ::close(std::exchange(fd_, -1));
     return Status(response->code, where_ + ": " + to_string(response->payload));
   }
   return std::move(response->payload);
@@ -196,7 +198,10 @@ Status TcpStore::reconnect() {
     set_nodelay(fd_);
     if (incarnation_.empty()) return ok_status();
     Result<Bytes> now = read_incarnation();
-    if (!now.ok()) return unavailable(again + ": " + now.status().to_string());
+    if (!now.ok()) {
+      if (now.status().code() == StatusCode::kPermissionDenied) refused_ = true;
+      return unavailable(again + ": " + now.status().to_string());
+    }
     if (*now == incarnation_) return ok_status();
     ::close(std::exchange(fd_, -1));
     restarted_ = true;

@@ -294,6 +294,13 @@ void TcpStoreServer::Loop::handle(Connection& c, StoreRequest& r) {
   c.deadline = kNever;
   Status s;
   Bytes payload;
+  if (r.op != StoreOp::kGet && r.key == detail::kStoreIncarnationKey) {
+    // The server's own key: a client that overwrote it would make every reconnecting client
+    // take this server for a new one.
+    respond(c, StatusCode::kInvalidArgument,
+            to_bytes("'" + r.key + "' is the server's reserved key; clients may only read it"));
+    return;
+  }
   switch (r.op) {
     case StoreOp::kSet:
       s = set(r.key, std::move(r.value));
