@@ -128,26 +128,43 @@ Status RolloutFleet::notice_joiners() {
   return ok_status();
 }
 
+Result<std::vector<std::pair<int, int64_t>>> RolloutFleet::newcomers() {
+  WL_RETURN_IF_ERROR(notice_joiners());
+  std::vector<std::pair<int, int64_t>> found;
+  for (int k = 1; k < int(links_.size()); ++k) {
+    const WorkerLink& l = links_[size_t(k)];
+    // A joiner's number is never taken again once it has been used.
+    if (l.control || (joined(k) && l.incarnation > 0)) continue;
+    WL_ASSIGN_OR_RETURN(const int64_t inc, store_->add(proto::incarnation_key(k), 0));
+    if (inc > l.incarnation) found.emplace_back(k, inc);
+  }
+  return found;
+}
+
+Status RolloutFleet::look_for_newcomers() {
+  if (newcomers_seen_ || FleetClock::now() < next_look_) return ok_status();
+  next_look_ = FleetClock::now() + kLookEvery;
+  WL_ASSIGN_OR_RETURN(const auto found, newcomers());
+  newcomers_seen_ = !found.empty();
+  return ok_status();
+}
+
 Status RolloutFleet::adopt_replacements() {
+  // With workers alive, only what the last look found is adopted: the store is a round trip
+  // away, and is not asked on the way to an update.
+  if (!alive().empty() && !newcomers_seen_) return ok_status();
+  newcomers_seen_ = false;
   const FleetClock::time_point deadline = FleetClock::now() + o_.timeout;
-  // The store is a round trip away: with workers alive, it is asked no more often than this.
-  if (!alive().empty() && FleetClock::now() < next_adopt_) return ok_status();
   for (;;) {
-    next_adopt_ = FleetClock::now() + kAdoptEvery;
-    WL_RETURN_IF_ERROR(notice_joiners());
-    for (int k = 1; k < int(links_.size()); ++k) {
-      WorkerLink& l = links_[size_t(k)];
-      // A joiner's number is never taken again once it has been used.
-      if (l.control || (joined(k) && l.incarnation > 0)) continue;
-      WL_ASSIGN_OR_RETURN(const int64_t inc, store_->add(proto::incarnation_key(k), 0));
-      if (inc <= l.incarnation) continue;
+    WL_ASSIGN_OR_RETURN(const auto found, newcomers());
+    for (const auto& [k, inc] : found) {
       // It heals meanwhile (the servers served for its reads): adopted with the version the
       // fleet holds, it takes the next update with the others. One that is gone before it is
       // ready (stopped as it joined) is passed over: the run goes on without it.
       Result<uint64_t> connected = connect_worker(k, inc);
       if (!connected.ok()) {
         if (connected.status().code() == StatusCode::kDataLoss) return connected.status();
-        l.incarnation = inc;
+        links_[size_t(k)].incarnation = inc;
         hooks_.event("rollout worker " + std::to_string(k) + " (incarnation " +
                      std::to_string(inc) + ") did not join: " + connected.status().to_string());
         continue;
@@ -244,6 +261,8 @@ Result<std::vector<Sample>> RolloutFleet::receive(std::span<const std::vector<in
                                                   std::vector<Share> shares,
                                                   const GenerationOptions& gen, Rng& rng) {
   std::vector<Sample> out(prompts.size());
+  // The store's look for replacements and joiners, while the workers generate.
+  WL_RETURN_IF_ERROR(look_for_newcomers());
   while (!shares.empty()) {
     std::vector<Share> orphans;
     for (const Share& s : shares) {

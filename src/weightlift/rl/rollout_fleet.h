@@ -20,6 +20,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "weightlift/comm/group/group.h"
@@ -61,10 +62,11 @@ class RolloutFleet {
   Status connect_all();
   std::vector<int> alive() const;
   // Lost workers whose replacement has started rejoin here, and workers that joined the job
-  // are adopted, each once it has healed (the store is looked at every kAdoptEvery at most
-  // while workers are alive). With none alive, waits for one up to the timeout.
+  // are adopted, each once it has healed. While workers are alive the store is looked at only
+  // while they generate (receive, every kLookEvery at most), and what that look found is
+  // adopted at the next request or update; with none alive, waits for one up to the timeout.
   Status adopt_replacements();
-  static constexpr std::chrono::milliseconds kAdoptEvery{20};
+  static constexpr std::chrono::milliseconds kLookEvery{20};
   void lose(int worker, const Status& why);
   // Failure injection (RlOptions::kill_worker_after_sync): SIGKILL to worker `worker`'s TP rank
   // 0 process, found by the pid it published. The fleet learns of the death as it would of any.
@@ -101,6 +103,11 @@ class RolloutFleet {
   Status no_workers() const;
   // Makes a lost link for every worker that has joined since the last look.
   Status notice_joiners();
+  // The lost or joined workers whose incarnation the store holds and the fleet has not
+  // adopted: (worker, incarnation).
+  Result<std::vector<std::pair<int, int64_t>>> newcomers();
+  // newcomers() at most every kLookEvery; what it finds waits for adopt_replacements().
+  Status look_for_newcomers();
   bool joined(int worker) const { return worker > started_; }
   Result<int64_t> wait_for_incarnation(int worker, int64_t than);
   Result<uint64_t> connect_worker(int worker, int64_t incarnation);
@@ -111,9 +118,10 @@ class RolloutFleet {
   std::shared_ptr<comm::Store> store_;
   transfer::ParameterServer& server_;
   FleetHooks hooks_;
-  std::vector<WorkerLink> links_;                       // by worker number; [0] unused
-  int started_ = 0;                                     // the job's own workers: 1..started_
-  std::chrono::steady_clock::time_point next_adopt_{};  // the store's next look, while alive
+  std::vector<WorkerLink> links_;                      // by worker number; [0] unused
+  int started_ = 0;                                    // the job's own workers: 1..started_
+  std::chrono::steady_clock::time_point next_look_{};  // the store's next look, while alive
+  bool newcomers_seen_ = false;                        // by the last look, not yet adopted
 };
 
 }  // namespace wl::rl
