@@ -10,7 +10,7 @@ intra-op thread (Debian's build defaults to it, OpenBLAS then uses both cores in
 matmul) and `torch.set_num_threads(2)` (which oversubscribes the cores with OpenMP and
 OpenBLAS threads and is 2-3x slower here when the machine is idle, but is what many scripts
 set). Comparing with the slower one alone would flatter us. Also prints our achieved GFLOP/s against
-the f32 GEMM peak that `weightlift bench train` measures in the same process.
+the GEMM peak of the run's dtype that `weightlift bench train` measures in the same process.
 
 `--contended` measures each round twice, once idle and once while a busy neighbour (a third
 process spinning on the CPU, as another user's job would) holds one of the cores, and reports
@@ -73,7 +73,7 @@ def summarize(dtype, load, ours, theirs):
     by_threads = {n: statistics.median(x["by_threads"][n] for x in theirs) for n in TORCH_THREADS}
     configs = ", ".join(f"{n} thread{'s' if n > 1 else ''} {ms:.0f}" for n, ms in by_threads.items())
     print(f"{dtype:>5} {load:>9}: weightlift {o:7.0f} ms/step ({2048 / o * 1e3:6.0f} tok/s, "
-          f"{gf:5.1f} GFLOP/s = {100 * gf / peak:3.0f}% of the {peak:.0f} GFLOP/s f32 GEMM "
+          f"{gf:5.1f} GFLOP/s = {100 * gf / peak:3.0f}% of the {peak:.0f} GFLOP/s {dtype} GEMM "
           f"peak) | PyTorch {theirs[0]['torch']} eager, faster of its configurations, {t:7.0f} "
           f"ms/step ({configs}) | speedup {t / o:.2f}x (rounds {min(ratios):.2f}-"
           f"{max(ratios):.2f}x)")
