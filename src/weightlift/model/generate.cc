@@ -34,7 +34,8 @@ struct KvCache {
 // [row_begin[r], row_begin[r + 1])): only those positions need the final norm and head. A row
 // with nothing new gets zeros.
 std::vector<float> head_of_last(Transformer& model, const Tensor& x,
-                                const std::vector<int64_t>& row_begin, Precision prec) {
+                                const std::vector<int64_t>& row_begin, Precision prec,
+                                WeightCopies* copies) {
   const ModelConfig& c = model.config();
   const int64_t d = c.hidden_size, V = c.vocab_size;
   const ModelView w = model.param_view();
@@ -49,14 +50,16 @@ std::vector<float> head_of_last(Transformer& model, const Tensor& x,
   kernels::rmsnorm_forward(last.data<float>(), w.norm, ln.data<float>(), nullptr, R, d,
                            float(c.rms_eps));
   std::vector<float> logits(size_t(R * V));
-  detail::linear_forward(prec, ln.data<float>(), w.head, logits.data(), R, d, V);
+  detail::linear_forward(prec, ln.data<float>(), {w.head, copies, {.role = ParamRole::kHead}},
+                         logits.data(), R, d, V);
   return logits;
 }
 
 // Runs new tokens through the model: row r appends feed[r] (may be empty) to its cache.
 // Returns the logits of each row's last new token, [rows, V] (rows with nothing new: zeros).
 std::vector<float> forward_cached(Transformer& model, KvCache& cache,
-                                  const std::vector<std::vector<int64_t>>& feed, Precision prec) {
+                                  const std::vector<std::vector<int64_t>>& feed, Precision prec,
+                                  WeightCopies* copies) {
   const ModelConfig& c = model.config();
   const int64_t d = c.hidden_size, V = c.vocab_size, H = c.num_heads, Hkv = c.num_kv_heads;
   const int64_t qd = c.q_dim(), kvd = c.kv_dim(), qkvd = qd + 2 * kvd;
@@ -69,6 +72,7 @@ std::vector<float> forward_cached(Transformer& model, KvCache& cache,
   const int64_t M = int64_t(tokens.size());
   ModelView w = model.param_view();
   detail::BlockContext ctx{c, model.rope(), prec};
+  ctx.weight_copies = copies;
   // Drops over this pass's tokens, as the rollout engines do (docs/algorithms.md).
   ctx.capacity_factor = c.capacity_factor.value_or(0.0);
 
@@ -78,9 +82,11 @@ std::vector<float> forward_cached(Transformer& model, KvCache& cache,
   Tensor att = Tensor::empty(DType::kF32, {M, qd});
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerView& lw = w.layers[size_t(l)];
+    ctx.layer = int(l);
     kernels::rmsnorm_forward(x.data<float>(), lw.attn_norm, xn.data<float>(), nullptr, M, d,
                              float(c.rms_eps));
-    detail::linear_forward(prec, xn.data<float>(), lw.wqkv, qkv.data<float>(), M, d, qkvd);
+    detail::linear_forward(prec, xn.data<float>(), {lw.wqkv, copies, {int(l), ParamRole::kQ}},
+                           qkv.data<float>(), M, d, qkvd);
     for (size_t r = 0; r < feed.size(); ++r) {
       const int64_t n = row_begin[r + 1] - row_begin[r], pos = cache.length[r];
       if (n == 0) continue;
@@ -112,7 +118,8 @@ std::vector<float> forward_cached(Transformer& model, KvCache& cache,
                                  q.data<float>(), kbase, vbase,
                                  att.data<float>() + row_begin[r] * qd, nullptr);
     }
-    detail::linear_forward(prec, att.data<float>(), lw.wo, x.data<float>(), M, qd, d, true);
+    detail::linear_forward(prec, att.data<float>(), {lw.wo, copies, {int(l), ParamRole::kO}},
+                           x.data<float>(), M, qd, d, true);
     detail::BlockActs a;
     a.xn2 = Tensor::empty(DType::kF32, {M, d});
     kernels::rmsnorm_forward(x.data<float>(), lw.moe_norm, a.xn2.data<float>(), nullptr, M, d,
@@ -123,7 +130,7 @@ std::vector<float> forward_cached(Transformer& model, KvCache& cache,
   }
   for (size_t r = 0; r < feed.size(); ++r) cache.length[r] += row_begin[r + 1] - row_begin[r];
 
-  return head_of_last(model, x, row_begin, prec);
+  return head_of_last(model, x, row_begin, prec, copies);
 }
 
 Status check_prompts(const ModelConfig& c, const std::vector<std::vector<int64_t>>& prompts,
@@ -198,6 +205,8 @@ Result<Generation> generate(Transformer& model, const std::vector<std::vector<in
   RowSampler sampler(R, o.sampling, o.seed, o.stop_token);
   Generation g;
   std::vector<std::vector<int64_t>> feed = prompts;
+  WeightCopies copies;  // the weights hold still for the whole generation
+  copies.open();
   Stopwatch clock;  // the prefill (step 0), then the decode steps
   for (int64_t step = 0; step < o.max_new_tokens; ++step) {
     if (!o.use_kv_cache) {  // recompute every running row's whole prefix
@@ -208,7 +217,7 @@ Result<Generation> generate(Transformer& model, const std::vector<std::vector<in
         feed[r].insert(feed[r].end(), sampler.tokens()[r].begin(), sampler.tokens()[r].end());
       }
     }
-    const std::vector<float> logits = forward_cached(model, cache, feed, o.precision);
+    const std::vector<float> logits = forward_cached(model, cache, feed, o.precision, &copies);
     bool all_stopped = sampler.step(logits.data(), c.vocab_size, feed);
     for (size_t r = 0; r < R && o.stop_when && !all_stopped; ++r) {
       if (sampler.stopped(r) || !o.stop_when(r, sampler.tokens()[r])) continue;
@@ -235,7 +244,7 @@ Result<std::vector<std::vector<float>>> next_token_logits(
     Transformer& model, const std::vector<std::vector<int64_t>>& prompts, Precision precision) {
   WL_RETURN_IF_ERROR(check_prompts(model.config(), prompts, 0));
   KvCache cache(model.config(), int64_t(prompts.size()));
-  std::vector<float> logits = forward_cached(model, cache, prompts, precision);
+  std::vector<float> logits = forward_cached(model, cache, prompts, precision, nullptr);
   std::vector<std::vector<float>> out;
   const size_t V = size_t(model.config().vocab_size);
   for (size_t r = 0; r < prompts.size(); ++r)

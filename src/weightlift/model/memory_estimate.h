@@ -17,6 +17,9 @@
 //   grad            + the logits it keeps for the output and those of the forward pass
 // Activations inside the blocks are otherwise not counted: a rank's share of them depends on
 // its layout (`weightlift model-info` prints it per stage).
+// Nor are the bf16 copies of the weights a bf16 step reads on a CPU with bf16 GEMMs (2 bytes
+// per weight a rank holds whole; model/weight_copies.h): the estimate does not know the
+// precision, and stays a lower bound.
 #pragma once
 
 #include <cstdint>

@@ -158,6 +158,8 @@ Status StagePass::forward(const float* x_in, bool for_backward) {
 detail::BlockContext StagePass::block_context(int layer) const {
   const ModelConfig& c = model_.config;
   detail::BlockContext ctx{c, model_.rope, options_.precision};
+  ctx.layer = layer;
+  ctx.weight_copies = model_.weight_copies;
   const int64_t at = int64_t(layer) * c.top_k;  // layer's first entry of token 0
   ctx.route_stride = c.num_layers * c.top_k;
   if (options_.replay_routes) ctx.replay = options_.replay_routes + at;
@@ -168,6 +170,10 @@ detail::BlockContext StagePass::block_context(int layer) const {
   ctx.capacity_factor = c.capacity_factor.value_or(0.0);
   if (head_subset() && layer == c.num_layers - 1) ctx.keep = keep_.data();
   return ctx;
+}
+
+detail::Weight StagePass::head_weight(const ModelView& w) const {
+  return {w.head, model_.weight_copies, {.role = ParamRole::kHead}};
 }
 
 void StagePass::forward_unit(int unit, bool for_backward) {
@@ -193,8 +199,8 @@ void StagePass::forward_unit(int unit, bool for_backward) {
                              d, float(c.rms_eps));
     logits_ = f32({rows, V});
     if (rows > 0) {
-      detail::linear_forward(options_.precision, xf_.data<float>(), w.head, logits_.data<float>(),
-                             rows, d, V);
+      detail::linear_forward(options_.precision, xf_.data<float>(), head_weight(w),
+                             logits_.data<float>(), rows, d, V);
     }
     if (options_.logits_out) std::memcpy(options_.logits_out, logits_.raw(), logits_.nbytes());
     if (!for_backward) x_ = xf_ = rstd_ = Tensor();
@@ -343,7 +349,7 @@ void StagePass::backward_unit(int unit, detail::WeightGradients* later) {
     Tensor dx = f32({rows, d});
     if (rows > 0) {
       detail::linear_weight_gradient(later, p, logits_, 0, xf_, 0, g.head, rows, d, V);
-      detail::linear_backward_input(p, dlogits, w.head, dxf.data<float>(), rows, d, V);
+      detail::linear_backward_input(p, dlogits, head_weight(w), dxf.data<float>(), rows, d, V);
       kernels::rmsnorm_backward(dxf.data<float>(), x_.data<float>(), w.norm, rstd_.data<float>(),
                                 dx.data<float>(), g.norm, rows, d);
     }

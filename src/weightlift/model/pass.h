@@ -25,6 +25,7 @@
 #include "weightlift/model/precision.h"
 #include "weightlift/model/tensor_parallel.h"
 #include "weightlift/model/units.h"
+#include "weightlift/model/weight_copies.h"
 
 namespace wl::model {
 
@@ -32,6 +33,7 @@ namespace detail {
 struct BlockActs;
 struct BlockContext;
 class WeightGradients;
+struct Weight;
 }  // namespace detail
 
 struct LossTerms {
@@ -128,6 +130,9 @@ struct PassModel {
   const kernels::RopeTable& rope;
   ModelView weights;
   ModelView grads;  // added into by backward
+  // The step's bf16 copies of `weights` (weight_copies.h), while the caller holds the weights
+  // still; null: each Linear converts its weight per call.
+  WeightCopies* weight_copies = nullptr;
 };
 
 struct Stage {
@@ -199,6 +204,7 @@ class StagePass {
   Status run_backward(const float* dout, bool defer_weights);
   void backward_unit(int unit, detail::WeightGradients* later);
   detail::BlockContext block_context(int layer) const;  // the maths and routing of a layer
+  detail::Weight head_weight(const ModelView& w) const;
 
   PassModel model_;
   Stage stage_;

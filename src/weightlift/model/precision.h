@@ -4,9 +4,10 @@
 // kBF16 and kF16 round the operands of every GEMM (weights, activations, activation
 // gradients) to that type and accumulate in f32, which is what bf16 / f16 tensor-core or
 // AVX-512-BF16 GEMMs compute; kBF16 runs on oneDNN's bf16 kernels where the CPU has them
-// (model/detail/linear.cc), 1.3-1.8x the f32 GEMM rate. kF16 needs dynamic loss scaling
-// (train/loss_scaler.h): its small range flushes small gradients to zero and overflows large
-// ones.
+// (model/detail/linear.cc), 1.3-1.8x the f32 GEMM rate, reading the weights from copies made
+// once per step where the trainer keeps them (model/weight_copies.h). kF16 needs dynamic loss
+// scaling (train/loss_scaler.h): its small range flushes small gradients to zero and overflows
+// large ones.
 #pragma once
 
 #include <optional>

@@ -80,6 +80,11 @@ void tp_sum(TensorParallel* tp, float* data, int64_t n) {
 // count it once per rank.
 bool adds_residual(const BlockContext& ctx) { return !ctx.tp || ctx.tp->rank() == 0; }
 
+// The layer's weight `w` in `role` (expert `expert`'s, or -1), as the Linears take it.
+Weight weight(const BlockContext& ctx, const float* w, ParamRole role, int64_t expert = -1) {
+  return {w, ctx.weight_copies, {ctx.layer, role, int32_t(expert)}};
+}
+
 }  // namespace
 
 namespace {
@@ -90,7 +95,8 @@ namespace {
 void route(const BlockContext& ctx, const Dims& m, const LayerView& w, int64_t N, BlockActs& a,
            kernels::RouterLosses* losses) {
   Tensor logits = f32({N, m.E});
-  linear_forward(ctx.precision, a.xn2.data<float>(), w.router, logits.data<float>(), N, m.d, m.E);
+  linear_forward(ctx.precision, a.xn2.data<float>(), weight(ctx, w.router, ParamRole::kRouter),
+                 logits.data<float>(), N, m.d, m.E);
   a.probs = f32({N, m.E});
   a.topk_w = f32({N, m.K});
   a.lse_r = f32({N});
@@ -164,7 +170,8 @@ int64_t dispatch(const BlockContext& ctx, const Dims& m, int64_t N, const uint8_
 
 // The experts this rank runs, each SwiGLU MLP over its rows of a.xe (a.run_begin): fills a.he
 // and a.ae, and returns the outputs [R, d].
-Tensor run_experts(Precision p, const Dims& m, const LayerView& w, BlockActs& a) {
+Tensor run_experts(const BlockContext& ctx, const Dims& m, const LayerView& w, BlockActs& a) {
+  const Precision p = ctx.precision;
   const int64_t R = a.xe.size(0);
   a.he = f32({R, 2 * m.F});
   a.ae = f32({R, m.F});
@@ -176,13 +183,16 @@ Tensor run_experts(Precision p, const Dims& m, const LayerView& w, BlockActs& a)
   for (size_t i = 0; i + 1 < a.run_begin.size(); ++i) {
     const int64_t r0 = a.run_begin[i], n = a.run_begin[i + 1] - r0;
     if (n == 0) continue;
-    const float* gate_up = w.expert(a.first_run + int64_t(i));  // [2F, d]
-    const float* down = gate_up + 2 * m.F * m.d;                // [d, F]
+    const int64_t e = a.first_run + int64_t(i);
+    const float* gate_up = w.expert(e);           // [2F, d]
+    const float* down = gate_up + 2 * m.F * m.d;  // [d, F]
     float* he = a.he.data<float>() + r0 * 2 * m.F;
     float* ae = a.ae.data<float>() + r0 * m.F;
-    linear_forward(p, a.xe.data<float>() + r0 * m.d, gate_up, he, n, m.d, 2 * m.F);
+    linear_forward(p, a.xe.data<float>() + r0 * m.d, weight(ctx, gate_up, ParamRole::kGate, e), he,
+                   n, m.d, 2 * m.F);
     kernels::swiglu_forward(he, ae, n, m.F);
-    linear_forward(p, ae, down, y.data<float>() + r0 * m.d, n, m.F, m.d);
+    linear_forward(p, ae, weight(ctx, down, ParamRole::kDown, e), y.data<float>() + r0 * m.d, n,
+                   m.F, m.d);
   }
   return y;
 }
@@ -223,11 +233,13 @@ void dense_forward(const BlockContext& ctx, const Dims& m, const LayerView& w, i
   const float* down = gate_up + 2 * m.Fd * m.d;  // [d, Fd]
   a.he = f32({N, 2 * m.Fd});
   a.ae = f32({N, m.Fd});
-  linear_forward(ctx.precision, a.xn2.data<float>(), gate_up, a.he.data<float>(), N, m.d, 2 * m.Fd);
+  linear_forward(ctx.precision, a.xn2.data<float>(), weight(ctx, gate_up, ParamRole::kGate),
+                 a.he.data<float>(), N, m.d, 2 * m.Fd);
   kernels::swiglu_forward(a.he.data<float>(), a.ae.data<float>(), N, m.Fd);
   const bool residual = h && adds_residual(ctx);
   if (residual) std::memcpy(out, h, size_t(N * m.d) * 4);
-  linear_forward(ctx.precision, a.ae.data<float>(), down, out, N, m.Fd, m.d, residual);
+  linear_forward(ctx.precision, a.ae.data<float>(), weight(ctx, down, ParamRole::kDown), out, N,
+                 m.Fd, m.d, residual);
   tp_sum(ctx.tp, out, N * m.d);
 }
 
@@ -254,11 +266,11 @@ void moe_forward(const BlockContext& ctx, const LayerView& w, int64_t N, BlockAc
     // A token takes one slot of an expert at most, so no expert gets more than N rows from
     // this rank: a capacity beyond that would only pad the dispatch.
     send_to_experts(*ctx.experts, m.d, capacity > 0 ? std::min(capacity, N) : 0, a);
-    a.ye = from_experts(*ctx.experts, m.d, a, run_experts(ctx.precision, m, w, a));
+    a.ye = from_experts(*ctx.experts, m.d, a, run_experts(ctx, m, w, a));
   } else {
     a.first_run = 0;
     a.run_begin = a.expert_begin;
-    a.ye = run_experts(ctx.precision, m, w, a);
+    a.ye = run_experts(ctx, m, w, a);
   }
   // Under TP each rank's ye is its ffn rows' share of the experts' outputs (down_proj is row
   // parallel); the gate weights are the same on every rank, so the combined shares add up.
@@ -298,7 +310,8 @@ void block_forward(const BlockContext& ctx, const BlockDims& b, const LayerView&
   kernels::rmsnorm_forward(a.x.data<float>(), w.attn_norm, a.xn1.data<float>(),
                            a.rstd1.data<float>(), N, m.d, float(ctx.config.rms_eps));
   Tensor qkv = f32({N, m.qkvd});
-  linear_forward(p, a.xn1.data<float>(), w.wqkv, qkv.data<float>(), N, m.d, m.qkvd);
+  linear_forward(p, a.xn1.data<float>(), weight(ctx, w.wqkv, ParamRole::kQ), qkv.data<float>(), N,
+                 m.d, m.qkvd);
   a.q = f32({N, m.qd});
   a.k = f32({N, m.kvd});
   a.v = f32({N, m.kvd});
@@ -316,7 +329,8 @@ void block_forward(const BlockContext& ctx, const BlockDims& b, const LayerView&
   // o_proj is row parallel under TP: each rank's heads give a partial sum.
   const bool residual = adds_residual(ctx);
   a.h = residual ? a.x.clone() : f32({N, m.d});
-  linear_forward(p, a.att.data<float>(), w.wo, a.h.data<float>(), N, m.qd, m.d, residual);
+  linear_forward(p, a.att.data<float>(), weight(ctx, w.wo, ParamRole::kO), a.h.data<float>(), N,
+                 m.qd, m.d, residual);
   tp_sum(ctx.tp, a.h.data<float>(), N * m.d);
 
   a.xn2 = f32({N, m.d});
@@ -369,8 +383,10 @@ void combine_backward(const Dims& m, const BlockActs& a, const float* dout, int6
 
 // The backward of the experts this rank ran, over their rows (dye [R, d]): weight gradients
 // into g (or into `later`), input gradients returned [R, d].
-Tensor experts_backward(Precision p, WeightGradients* later, const Dims& m, const LayerView& w,
+Tensor experts_backward(const BlockContext& ctx, const Dims& m, const LayerView& w,
                         const LayerView& g, const BlockActs& a, const Tensor& dye) {
+  const Precision p = ctx.precision;
+  WeightGradients* later = ctx.weight_grads;
   const int64_t R = dye.size(0);
   Tensor dae = f32({R, m.F});
   Tensor dhe = f32({R, 2 * m.F});
@@ -391,11 +407,12 @@ Tensor experts_backward(Precision p, WeightGradients* later, const Dims& m, cons
     const float* dy = dye.data<float>() + r0 * m.d;
     float* da = dae.data<float>() + r0 * m.F;
     float* dh = dhe.data<float>() + r0 * 2 * m.F;
-    linear_backward_input(p, dy, down, da, n, m.F, m.d);
+    linear_backward_input(p, dy, weight(ctx, down, ParamRole::kDown, e), da, n, m.F, m.d);
     linear_weight_gradient(later, p, dye, r0, a.ae, r0, ddown, n, m.F, m.d);
     kernels::swiglu_backward(a.he.data<float>() + r0 * 2 * m.F, da, dh, n, m.F);
     linear_weight_gradient(later, p, dhe, r0, a.xe, r0, dgate_up, n, m.d, 2 * m.F);
-    linear_backward_input(p, dh, gate_up, dxe.data<float>() + r0 * m.d, n, m.d, 2 * m.F);
+    linear_backward_input(p, dh, weight(ctx, gate_up, ParamRole::kGate, e),
+                          dxe.data<float>() + r0 * m.d, n, m.d, 2 * m.F);
   }
   return dxe;
 }
@@ -446,7 +463,8 @@ void router_backward(const BlockContext& ctx, const Dims& m, const LayerView& w,
                                 .aux_scale = scales.aux,
                                 .z_scale = scales.z,
                                 .dlogits = dlogits.data<float>()});
-  linear_backward_input(ctx.precision, dlogits.data<float>(), w.router, dxn2, N, m.d, m.E, true);
+  linear_backward_input(ctx.precision, dlogits.data<float>(),
+                        weight(ctx, w.router, ParamRole::kRouter), dxn2, N, m.d, m.E, true);
   linear_weight_gradient(ctx.weight_grads, ctx.precision, dlogits, 0, a.xn2, 0, g.router, N, m.d,
                          m.E);
 }
@@ -482,7 +500,8 @@ void attention_backward(const BlockContext& ctx, const BlockDims& b, const Dims&
   const Precision p = ctx.precision;
   const int64_t N = b.tokens;
   Tensor datt = f32({N, m.qd});
-  linear_backward_input(p, dh.data<float>(), w.wo, datt.data<float>(), N, m.qd, m.d);
+  linear_backward_input(p, dh.data<float>(), weight(ctx, w.wo, ParamRole::kO), datt.data<float>(),
+                        N, m.qd, m.d);
   linear_weight_gradient(ctx.weight_grads, p, dh, 0, a.att, 0, g.wo, N, m.qd, m.d);
   Tensor dq = f32({N, m.qd}), dkv = f32({2, N, m.kvd});
   float* dk = dkv.data<float>();
@@ -518,7 +537,8 @@ void attention_backward(const BlockContext& ctx, const BlockDims& b, const Dims&
       }
     });
   }
-  linear_backward_input(p, dqkv.data<float>(), w.wqkv, dxn1.data<float>(), N, m.d, m.qkvd);
+  linear_backward_input(p, dqkv.data<float>(), weight(ctx, w.wqkv, ParamRole::kQ),
+                        dxn1.data<float>(), N, m.d, m.qkvd);
   tp_sum(ctx.tp, dxn1.data<float>(), N * m.d);
 }
 
@@ -536,7 +556,7 @@ Tensor moe_backward(const BlockContext& ctx, const Dims& m, const LayerView& w, 
   combine_backward(m, a, dout, N, dtopk_w, dye);
   {
     if (ctx.experts) dye = to_experts(*ctx.experts, m.d, a, dye);
-    Tensor dxe = experts_backward(ctx.precision, ctx.weight_grads, m, w, g, a, dye);
+    Tensor dxe = experts_backward(ctx, m, w, g, a, dye);
     dye = Tensor();
     if (ctx.experts) dxe = from_experts(*ctx.experts, m.d, a, dxe);
     undispatch(m, a, dxe, N, dxn2);
@@ -559,11 +579,13 @@ Tensor dense_backward(const BlockContext& ctx, const Dims& m, const LayerView& w
   Tensor dy = Tensor::borrow(const_cast<float*>(dout), DType::kF32, {N, m.d});
   if (ctx.weight_grads) dy = dy.clone();
   Tensor dae = f32({N, m.Fd}), dhe = f32({N, 2 * m.Fd}), dxn2 = f32({N, m.d});
-  linear_backward_input(p, dout, down, dae.data<float>(), N, m.Fd, m.d);
+  linear_backward_input(p, dout, weight(ctx, down, ParamRole::kDown), dae.data<float>(), N, m.Fd,
+                        m.d);
   linear_weight_gradient(ctx.weight_grads, p, dy, 0, a.ae, 0, ddown, N, m.Fd, m.d);
   kernels::swiglu_backward(a.he.data<float>(), dae.data<float>(), dhe.data<float>(), N, m.Fd);
   linear_weight_gradient(ctx.weight_grads, p, dhe, 0, a.xn2, 0, dgate_up, N, m.d, 2 * m.Fd);
-  linear_backward_input(p, dhe.data<float>(), gate_up, dxn2.data<float>(), N, m.d, 2 * m.Fd);
+  linear_backward_input(p, dhe.data<float>(), weight(ctx, gate_up, ParamRole::kGate),
+                        dxn2.data<float>(), N, m.d, 2 * m.Fd);
   tp_sum(ctx.tp, dxn2.data<float>(), N * m.d);
   return dxn2;
 }

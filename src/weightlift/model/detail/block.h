@@ -13,6 +13,7 @@
 #include "weightlift/model/params.h"
 #include "weightlift/model/precision.h"
 #include "weightlift/model/tensor_parallel.h"
+#include "weightlift/model/weight_copies.h"
 
 namespace wl::model::detail {
 
@@ -73,6 +74,9 @@ struct BlockContext {
   const ModelConfig& config;
   const kernels::RopeTable& rope;
   Precision precision;
+  int layer = -1;  // the model's layer this block is
+  // The step's bf16 weight copies (weight_copies.h); null: each Linear converts its weight.
+  WeightCopies* weight_copies = nullptr;
   // Sums the router's slot counts [E] over the ranks sharing this micro-batch, in place, and
   // returns the tokens they route; empty on one rank.
   std::function<int64_t(int64_t* counts, int64_t tokens)> sum_router_counts;

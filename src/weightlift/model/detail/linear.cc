@@ -60,13 +60,21 @@ Operand operand_b(Precision p, const float* x, int64_t n) {
   return operand(p, x, n, tls_scratch.b, tls_scratch.b16);
 }
 
+// A weight [n] as the GEMM takes it: the step's bf16 copy when there is one.
+Operand weight_operand(Precision p, const Weight& w, int64_t n) {
+  if (p == Precision::kBF16 && w.copies && bf16_gemms_are_native()) {
+    if (const uint16_t* copy = w.copies->get(w.key, w.f32, n)) return {copy, DType::kBF16};
+  }
+  return operand_b(p, w.f32, n);
+}
+
 }  // namespace
 
-void linear_forward(Precision p, const float* x, const float* w, float* y, int64_t n, int64_t in,
+void linear_forward(Precision p, const float* x, const Weight& w, float* y, int64_t n, int64_t in,
                     int64_t out, bool accumulate) {
   if (n == 0) return;
   const Operand xa = operand_a(p, x, n * in);
-  const Operand wb = operand_b(p, w, out * in);
+  const Operand wb = weight_operand(p, w, out * in);
   kernels::gemm({.m = n,
                  .n = out,
                  .k = in,
@@ -81,11 +89,11 @@ void linear_forward(Precision p, const float* x, const float* w, float* y, int64
                  .in_type = xa.type});
 }
 
-void linear_backward_input(Precision p, const float* dy, const float* w, float* dx, int64_t n,
+void linear_backward_input(Precision p, const float* dy, const Weight& w, float* dx, int64_t n,
                            int64_t in, int64_t out, bool accumulate) {
   if (n == 0) return;
   const Operand da = operand_a(p, dy, n * out);
-  const Operand wb = operand_b(p, w, out * in);
+  const Operand wb = weight_operand(p, w, out * in);
   kernels::gemm({.m = n,
                  .n = in,
                  .k = out,

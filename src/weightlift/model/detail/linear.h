@@ -7,14 +7,23 @@
 
 #include "weightlift/core/tensor.h"
 #include "weightlift/model/precision.h"
+#include "weightlift/model/weight_copies.h"
 
 namespace wl::model::detail {
 
+// A Linear's weight [out, in] f32, and where a bf16 pass may find it already converted (the
+// step's copies, weight_copies.h; null: converted on the call).
+struct Weight {
+  const float* f32 = nullptr;
+  WeightCopies* copies = nullptr;
+  WeightKey key;
+};
+
 // y[n, out] = x[n, in] @ w[out, in]^T, or += when accumulate.
-void linear_forward(Precision p, const float* x, const float* w, float* y, int64_t n, int64_t in,
+void linear_forward(Precision p, const float* x, const Weight& w, float* y, int64_t n, int64_t in,
                     int64_t out, bool accumulate = false);
 // dx[n, in] = dy[n, out] @ w[out, in], or += when accumulate.
-void linear_backward_input(Precision p, const float* dy, const float* w, float* dx, int64_t n,
+void linear_backward_input(Precision p, const float* dy, const Weight& w, float* dx, int64_t n,
                            int64_t in, int64_t out, bool accumulate = false);
 // dw[out, in] += dy[n, out]^T @ x[n, in].
 void linear_backward_weight(Precision p, const float* dy, const float* x, float* dw, int64_t n,

@@ -357,7 +357,13 @@ model::PassModel DataParallel::pass_model() {
     if (!l.shards_parameters()) parts_.bind(u, whole_unit(params_, u), w);
     if (!l.shards_gradients()) parts_.bind(u, whole_unit(grads_, u), g);
   }
-  return {held_config_, held_layout_, held_units_, rope_, std::move(w), std::move(g)};
+  return {held_config_,
+          held_layout_,
+          held_units_,
+          rope_,
+          std::move(w),
+          std::move(g),
+          l.shards_parameters() ? nullptr : &weight_copies_};
 }
 
 // The units whose parameters unit u reads: itself, and the embedding for a tied head.

@@ -61,6 +61,7 @@
 #include "weightlift/model/params.h"
 #include "weightlift/model/pass.h"
 #include "weightlift/model/units.h"
+#include "weightlift/model/weight_copies.h"
 #include "weightlift/parallel/data/comm_queue.h"
 #include "weightlift/parallel/data/gradient_buckets.h"
 #include "weightlift/parallel/data/sharded_grads.h"
@@ -201,6 +202,10 @@ class DataParallel final : public model::PassHooks {
   void begin_step();
   void begin_micro_batch(int micro_batch);
   model::PassModel pass_model();
+  // The bf16 copies of the weights pass_model() reads (model/weight_copies.h), for a caller that
+  // holds the weights still over a step's passes (step.cc); a layout that shards its parameters
+  // (FSDP) keeps none, which would hold the whole model on every rank.
+  model::WeightCopies& weight_copies() { return weight_copies_; }
   Result<train::StepReport> finish_step(double lr, double grad_unscale);
   // Waits until every rank's gradients are summed where this layout keeps them.
   Status reduce_gradients();
@@ -296,6 +301,7 @@ class DataParallel final : public model::PassHooks {
   std::vector<bool> shared_kv_;   // by parameter: a kv band some TP ranks share
   UnitParts parts_;               // what this rank holds of each unit
   kernels::RopeTable rope_;
+  model::WeightCopies weight_copies_;
   DataParallelOptions options_;
   std::shared_ptr<comm::Group> group_;
   std::unique_ptr<CommQueue> queue_;

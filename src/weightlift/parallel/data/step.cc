@@ -46,6 +46,13 @@ Result<model::LossTerms> compute_gradients(DataParallel& dp, const train::Batch&
   const model::ModelConfig& c = dp.config();
   const int64_t route_row = seq * c.num_layers * c.top_k;  // route entries per batch row
   dp.begin_step();
+  // Nothing writes the weights until the optimizer runs after this: each is converted to bf16
+  // once for every pass of the step (model/weight_copies.h).
+  struct HeldStill {
+    model::WeightCopies& copies;
+    ~HeldStill() { copies.close(); }
+  } held{dp.weight_copies()};
+  held.copies.open();
   // Cross-entropy summed over targets, aux, z, routing slots, slots dropped over capacity.
   double sums[5] = {0, 0, 0, 0, 0};
   for (int m = 0; m < M; ++m) {
