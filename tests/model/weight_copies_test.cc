@@ -40,7 +40,8 @@ std::vector<float> bf16_gradients(Transformer& m, const Batch& x, WeightCopies* 
   m.zero_grads();
   PassModel pm = m.pass_model();
   pm.weight_copies = copies;
-  const StepOptions o{.precision = Precision::kBF16, .checkpointing = true, .targets = x.targets.data()};
+  const StepOptions o{
+      .precision = Precision::kBF16, .checkpointing = true, .targets = x.targets.data()};
   StagePass pass(pm, {0, m.units().head()}, x.tokens.data(), x.b, x.t, o, nullptr);
   EXPECT_TRUE(pass.forward(nullptr, true).ok());
   pass.loss(x.targets.data());

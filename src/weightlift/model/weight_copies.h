@@ -45,7 +45,7 @@ class WeightCopies {
   // closed.
   const uint16_t* get(const WeightKey& key, const float* w, int64_t n);
 
-  int64_t bytes() const;      // held by the copies
+  int64_t bytes() const;                                // held by the copies
   int64_t conversions() const { return conversions_; }  // copies made since construction
 
  private:
