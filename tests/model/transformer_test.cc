@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "support/scratch_dir.h"
 #include "weightlift/core/random.h"
@@ -233,6 +234,37 @@ TEST(Transformer, SaveLoadRoundTripAndRefusesMismatches) {
   s = t.load(dir + "/w.safetensors");
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("lm_head.weight"), std::string::npos) << s.to_string();
+}
+
+// backward() rounds each Linear's dy once for both of its gradients (model/detail/linear.h
+// linear_backward); the split backward of zero-bubble pipelines rounds it again for the deferred
+// weight gradient. Rounding is deterministic, so the two give the same gradients bit for bit,
+// in f32 and in bf16 (where the rounding is to bf16).
+TEST(Transformer, SplitBackwardGivesBackwardsGradientsBitForBit) {
+  const ModelConfig c = tiny();
+  for (Precision p : {Precision::kF32, Precision::kBF16}) {
+    Transformer m(c);
+    m.init(4);
+    const Batch x = random_batch(c, 2, 24, 9);
+    const StepOptions o{.precision = p, .targets = x.targets.data()};
+    std::vector<std::vector<float>> grads;
+    for (bool split : {false, true}) {
+      m.zero_grads();
+      StagePass pass(m.pass_model(), {0, m.units().head()}, x.tokens.data(), x.b, x.t, o, nullptr);
+      ASSERT_TRUE(pass.forward(nullptr, true).ok());
+      pass.loss(x.targets.data());
+      if (split) {
+        ASSERT_TRUE(pass.backward_inputs(nullptr).ok());
+        ASSERT_TRUE(pass.backward_weights().ok());
+      } else {
+        ASSERT_TRUE(pass.backward(nullptr).ok());
+      }
+      const float* g = m.grads().data<float>();
+      grads.emplace_back(g, g + m.layout().total());
+    }
+    for (size_t i = 0; i < grads[0].size(); ++i)
+      ASSERT_EQ(grads[0][i], grads[1][i]) << precision_name(p) << ", gradient element " << i;
+  }
 }
 
 TEST(Transformer, Bf16LossIsCloseToF32) {

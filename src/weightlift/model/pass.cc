@@ -344,12 +344,18 @@ void StagePass::backward_unit(int unit, detail::WeightGradients* later) {
   const Precision p = options_.precision;
   if (unit == model_.units.head()) {
     const int64_t rows = logits_.size(0);  // N, or the rows with a target
-    const float* dlogits = logits_.data<float>();
     Tensor dxf = f32({rows, d});
     Tensor dx = f32({rows, d});
     if (rows > 0) {
-      detail::linear_weight_gradient(later, p, logits_, 0, xf_, 0, g.head, rows, d, V);
-      detail::linear_backward_input(p, dlogits, head_weight(w), dxf.data<float>(), rows, d, V);
+      detail::linear_backward(later, p,
+                              {.dy = logits_,
+                               .x = xf_,
+                               .w = head_weight(w),
+                               .dx = dxf.data<float>(),
+                               .dw = g.head,
+                               .n = rows,
+                               .in = d,
+                               .out = V});
       kernels::rmsnorm_backward(dxf.data<float>(), x_.data<float>(), w.norm, rstd_.data<float>(),
                                 dx.data<float>(), g.norm, rows, d);
     }

@@ -404,15 +404,31 @@ Tensor experts_backward(const BlockContext& ctx, const Dims& m, const LayerView&
     const float* down = gate_up + 2 * m.F * m.d;
     float* dgate_up = g.expert(e);
     float* ddown = dgate_up + 2 * m.F * m.d;
-    const float* dy = dye.data<float>() + r0 * m.d;
     float* da = dae.data<float>() + r0 * m.F;
     float* dh = dhe.data<float>() + r0 * 2 * m.F;
-    linear_backward_input(p, dy, weight(ctx, down, ParamRole::kDown, e), da, n, m.F, m.d);
-    linear_weight_gradient(later, p, dye, r0, a.ae, r0, ddown, n, m.F, m.d);
+    linear_backward(later, p,
+                    {.dy = dye,
+                     .dy_row = r0,
+                     .x = a.ae,
+                     .x_row = r0,
+                     .w = weight(ctx, down, ParamRole::kDown, e),
+                     .dx = da,
+                     .dw = ddown,
+                     .n = n,
+                     .in = m.F,
+                     .out = m.d});
     kernels::swiglu_backward(a.he.data<float>() + r0 * 2 * m.F, da, dh, n, m.F);
-    linear_weight_gradient(later, p, dhe, r0, a.xe, r0, dgate_up, n, m.d, 2 * m.F);
-    linear_backward_input(p, dh, weight(ctx, gate_up, ParamRole::kGate, e),
-                          dxe.data<float>() + r0 * m.d, n, m.d, 2 * m.F);
+    linear_backward(later, p,
+                    {.dy = dhe,
+                     .dy_row = r0,
+                     .x = a.xe,
+                     .x_row = r0,
+                     .w = weight(ctx, gate_up, ParamRole::kGate, e),
+                     .dx = dxe.data<float>() + r0 * m.d,
+                     .dw = dgate_up,
+                     .n = n,
+                     .in = m.d,
+                     .out = 2 * m.F});
   }
   return dxe;
 }
@@ -463,10 +479,16 @@ void router_backward(const BlockContext& ctx, const Dims& m, const LayerView& w,
                                 .aux_scale = scales.aux,
                                 .z_scale = scales.z,
                                 .dlogits = dlogits.data<float>()});
-  linear_backward_input(ctx.precision, dlogits.data<float>(),
-                        weight(ctx, w.router, ParamRole::kRouter), dxn2, N, m.d, m.E, true);
-  linear_weight_gradient(ctx.weight_grads, ctx.precision, dlogits, 0, a.xn2, 0, g.router, N, m.d,
-                         m.E);
+  linear_backward(ctx.weight_grads, ctx.precision,
+                  {.dy = dlogits,
+                   .x = a.xn2,
+                   .w = weight(ctx, w.router, ParamRole::kRouter),
+                   .dx = dxn2,
+                   .dw = g.router,
+                   .n = N,
+                   .in = m.d,
+                   .out = m.E,
+                   .accumulate = true});
 }
 
 // The q and k norms' backward, in place on dq [N, H*Dh] and dk [N, Hkv*Dh] (after RoPE's).
@@ -500,9 +522,15 @@ void attention_backward(const BlockContext& ctx, const BlockDims& b, const Dims&
   const Precision p = ctx.precision;
   const int64_t N = b.tokens;
   Tensor datt = f32({N, m.qd});
-  linear_backward_input(p, dh.data<float>(), weight(ctx, w.wo, ParamRole::kO), datt.data<float>(),
-                        N, m.qd, m.d);
-  linear_weight_gradient(ctx.weight_grads, p, dh, 0, a.att, 0, g.wo, N, m.qd, m.d);
+  linear_backward(ctx.weight_grads, p,
+                  {.dy = dh,
+                   .x = a.att,
+                   .w = weight(ctx, w.wo, ParamRole::kO),
+                   .dx = datt.data<float>(),
+                   .dw = g.wo,
+                   .n = N,
+                   .in = m.qd,
+                   .out = m.d});
   Tensor dq = f32({N, m.qd}), dkv = f32({2, N, m.kvd});
   float* dk = dkv.data<float>();
   float* dv = dk + N * m.kvd;
@@ -525,20 +553,30 @@ void attention_backward(const BlockContext& ctx, const BlockDims& b, const Dims&
   scatter_columns(dqkv.data<float>(), dk, N, m.qkvd, m.qd, m.kvd);
   scatter_columns(dqkv.data<float>(), dv, N, m.qkvd, m.qd + m.kvd, m.kvd);
   dq = dkv = Tensor();
-  // The input gradient is a partial sum over the TP group (q, k and v are column parallel);
-  // of a shared kv head's holders only one adds its share, or the sum would count it once per
-  // holder. The weight gradient reads every column: a deferred one keeps its own copy.
-  linear_weight_gradient(ctx.weight_grads, p, drop_kv && ctx.weight_grads ? dqkv.clone() : dqkv, 0,
-                         a.xn1, 0, g.wqkv, N, m.d, m.qkvd);
-  if (drop_kv) {
+  const Weight wqkv = weight(ctx, w.wqkv, ParamRole::kQ);
+  if (!drop_kv) {
+    linear_backward(ctx.weight_grads, p,
+                    {.dy = dqkv,
+                     .x = a.xn1,
+                     .w = wqkv,
+                     .dx = dxn1.data<float>(),
+                     .dw = g.wqkv,
+                     .n = N,
+                     .in = m.d,
+                     .out = m.qkvd});
+  } else {
+    // The input gradient is a partial sum over the TP group (q, k and v are column parallel);
+    // of a shared kv head's holders only one adds its share, or the sum would count it once
+    // per holder. The weight gradient reads every column: a deferred one keeps its own copy.
+    linear_weight_gradient(ctx.weight_grads, p, ctx.weight_grads ? dqkv.clone() : dqkv, 0, a.xn1, 0,
+                           g.wqkv, N, m.d, m.qkvd);
     parallel_for(N, 256, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
         std::memset(dqkv.data<float>() + i * m.qkvd + m.qd, 0, size_t(2 * m.kvd) * 4);
       }
     });
+    linear_backward_input(p, dqkv.data<float>(), wqkv, dxn1.data<float>(), N, m.d, m.qkvd);
   }
-  linear_backward_input(p, dqkv.data<float>(), weight(ctx, w.wqkv, ParamRole::kQ),
-                        dxn1.data<float>(), N, m.d, m.qkvd);
   tp_sum(ctx.tp, dxn1.data<float>(), N * m.d);
 }
 
@@ -579,13 +617,25 @@ Tensor dense_backward(const BlockContext& ctx, const Dims& m, const LayerView& w
   Tensor dy = Tensor::borrow(const_cast<float*>(dout), DType::kF32, {N, m.d});
   if (ctx.weight_grads) dy = dy.clone();
   Tensor dae = f32({N, m.Fd}), dhe = f32({N, 2 * m.Fd}), dxn2 = f32({N, m.d});
-  linear_backward_input(p, dout, weight(ctx, down, ParamRole::kDown), dae.data<float>(), N, m.Fd,
-                        m.d);
-  linear_weight_gradient(ctx.weight_grads, p, dy, 0, a.ae, 0, ddown, N, m.Fd, m.d);
+  linear_backward(ctx.weight_grads, p,
+                  {.dy = dy,
+                   .x = a.ae,
+                   .w = weight(ctx, down, ParamRole::kDown),
+                   .dx = dae.data<float>(),
+                   .dw = ddown,
+                   .n = N,
+                   .in = m.Fd,
+                   .out = m.d});
   kernels::swiglu_backward(a.he.data<float>(), dae.data<float>(), dhe.data<float>(), N, m.Fd);
-  linear_weight_gradient(ctx.weight_grads, p, dhe, 0, a.xn2, 0, dgate_up, N, m.d, 2 * m.Fd);
-  linear_backward_input(p, dhe.data<float>(), weight(ctx, gate_up, ParamRole::kGate),
-                        dxn2.data<float>(), N, m.d, 2 * m.Fd);
+  linear_backward(ctx.weight_grads, p,
+                  {.dy = dhe,
+                   .x = a.xn2,
+                   .w = weight(ctx, gate_up, ParamRole::kGate),
+                   .dx = dxn2.data<float>(),
+                   .dw = dgate_up,
+                   .n = N,
+                   .in = m.d,
+                   .out = 2 * m.Fd});
   tp_sum(ctx.tp, dxn2.data<float>(), N * m.d);
   return dxn2;
 }

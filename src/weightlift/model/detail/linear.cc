@@ -89,33 +89,33 @@ void linear_forward(Precision p, const float* x, const Weight& w, float* y, int6
                  .in_type = xa.type});
 }
 
-void linear_backward_input(Precision p, const float* dy, const Weight& w, float* dx, int64_t n,
-                           int64_t in, int64_t out, bool accumulate) {
-  if (n == 0) return;
-  const Operand da = operand_a(p, dy, n * out);
+namespace {
+
+// dx[n, in] = dy @ w (or +=), dy [n, out] already as the GEMM takes it.
+void input_gradient(Precision p, const Operand& dy, const Weight& w, float* dx, int64_t n,
+                    int64_t in, int64_t out, bool accumulate) {
   const Operand wb = weight_operand(p, w, out * in);
   kernels::gemm({.m = n,
                  .n = in,
                  .k = out,
-                 .a = da.data,
+                 .a = dy.data,
                  .lda = out,
                  .b = wb.data,
                  .ldb = in,
                  .c = dx,
                  .ldc = in,
                  .beta = accumulate ? 1.0f : 0.0f,
-                 .in_type = da.type});
+                 .in_type = dy.type});
 }
 
-void linear_backward_weight(Precision p, const float* dy, const float* x, float* dw, int64_t n,
-                            int64_t in, int64_t out) {
-  if (n == 0) return;
-  const Operand da = operand_a(p, dy, n * out);
+// dw[out, in] += dy^T x, dy [n, out] already as the GEMM takes it.
+void weight_gradient(Precision p, const Operand& dy, const float* x, float* dw, int64_t n,
+                     int64_t in, int64_t out) {
   const Operand xb = operand_b(p, x, n * in);
   kernels::gemm({.m = out,
                  .n = in,
                  .k = n,
-                 .a = da.data,
+                 .a = dy.data,
                  .lda = out,
                  .trans_a = true,
                  .b = xb.data,
@@ -123,7 +123,36 @@ void linear_backward_weight(Precision p, const float* dy, const float* x, float*
                  .c = dw,
                  .ldc = in,
                  .beta = 1.0f,
-                 .in_type = da.type});
+                 .in_type = dy.type});
+}
+
+}  // namespace
+
+void linear_backward_input(Precision p, const float* dy, const Weight& w, float* dx, int64_t n,
+                           int64_t in, int64_t out, bool accumulate) {
+  if (n == 0) return;
+  input_gradient(p, operand_a(p, dy, n * out), w, dx, n, in, out, accumulate);
+}
+
+void linear_backward_weight(Precision p, const float* dy, const float* x, float* dw, int64_t n,
+                            int64_t in, int64_t out) {
+  if (n == 0) return;
+  weight_gradient(p, operand_a(p, dy, n * out), x, dw, n, in, out);
+}
+
+void linear_backward(WeightGradients* later, Precision p, const LinearGrads& g) {
+  const float* dy = g.dy.data<float>() + g.dy_row * g.out;
+  if (later) {
+    linear_backward_input(p, dy, g.w, g.dx, g.n, g.in, g.out, g.accumulate);
+    later->add(p, g.dy, g.dy_row, g.x, g.x_row, g.dw, g.n, g.in, g.out);
+    return;
+  }
+  if (g.n == 0) return;
+  // The rounded dy stays in this thread's scratch `a` through both GEMMs: neither converts
+  // into it (the weight and x use scratch `b`, one after the other).
+  const Operand da = operand_a(p, dy, g.n * g.out);
+  input_gradient(p, da, g.w, g.dx, g.n, g.in, g.out, g.accumulate);
+  weight_gradient(p, da, g.x.data<float>() + g.x_row * g.in, g.dw, g.n, g.in, g.out);
 }
 
 void WeightGradients::add(Precision p, const Tensor& dy, int64_t dy_row, const Tensor& x,

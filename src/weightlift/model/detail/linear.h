@@ -54,6 +54,24 @@ class WeightGradients {
   std::vector<Product> products_;
 };
 
+// Both gradients of a Linear y = x W^T, from one rounding of dy: dx[n, in] = dy @ W (or +=
+// with `accumulate`) and dw[out, in] += dy^T x. dy is rows [dy_row, dy_row + n) of a [*, out]
+// tensor, x rows [x_row, x_row + n) of a [*, in] one.
+struct LinearGrads {
+  const Tensor& dy;
+  int64_t dy_row = 0;
+  const Tensor& x;
+  int64_t x_row = 0;
+  Weight w;
+  float* dx = nullptr;
+  float* dw = nullptr;
+  int64_t n = 0, in = 0, out = 0;
+  bool accumulate = false;
+};
+// At once when `later` is null; else dx now and dw added to `later` (which rounds dy again
+// when it runs). Bit for bit what linear_backward_input and linear_weight_gradient compute.
+void linear_backward(WeightGradients* later, Precision p, const LinearGrads& g);
+
 // The weight gradient of a Linear: at once when `later` is null, else added to it.
 void linear_weight_gradient(WeightGradients* later, Precision p, const Tensor& dy, int64_t dy_row,
                             const Tensor& x, int64_t x_row, float* dw, int64_t n, int64_t in,
