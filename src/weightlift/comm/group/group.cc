@@ -2,9 +2,13 @@
 
 #include <immintrin.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
+#include <functional>
+#include <string>
 #include <tuple>
 
 #include "weightlift/comm/transport/idle_wait.h"
@@ -27,7 +31,20 @@ struct GroupLink {
   std::chrono::milliseconds timeout{0};
   int world_rank = 0;
   std::vector<int> peer_of_world_rank;  // -1 for ourselves
+  uint64_t host = 0;                    // ConnectOptions::host, or this_host()
 };
+
+uint64_t this_host() {
+  static const uint64_t host = [] {
+    std::string id;
+    std::ifstream("/proc/sys/kernel/random/boot_id") >> id;
+    char name[256] = {};
+    ::gethostname(name, sizeof name - 1);
+    const uint64_t h = std::hash<std::string>()(id + "/" + name);
+    return h == 0 ? 1 : h;
+  }();
+  return host;
+}
 
 Group::~Group() = default;
 
@@ -48,6 +65,7 @@ Result<std::shared_ptr<Group>> Group::connect(const ConnectOptions& o) {
   link->ids_key = o.ids_key.empty() ? o.prefix + "/next_group_id" : o.ids_key;
   link->timeout = o.timeout;
   link->world_rank = o.rank;
+  link->host = o.host != 0 ? o.host : this_host();
   WorkerOptions wo = o.worker;
   if (wo.name.empty() || wo.name == WorkerOptions{}.name)
     wo.name = "rank " + std::to_string(o.rank);
@@ -116,6 +134,7 @@ void Group::set_members(std::vector<int> world_ranks, int rank) {
 }
 
 std::chrono::milliseconds Group::default_timeout() const { return link_->timeout; }
+uint64_t Group::host() const { return link_->host; }
 
 Deadline Group::deadline(std::chrono::milliseconds timeout) const {
   return deadline_after(timeout.count() > 0 ? timeout : link_->timeout);

@@ -60,7 +60,16 @@ struct ConnectOptions {
   // the same ids_key to every such world. Null: a worker of its own.
   std::shared_ptr<Transport> transport;
   std::string ids_key;  // required with transport; else "<prefix>/next_group_id"
+  // The host this rank counts as, for the collectives that treat the ranks of one host
+  // together (the hierarchical allreduce); 0: the one it runs on, this_host(). Tests of
+  // those collectives give threads of one process different hosts.
+  uint64_t host = 0;
 };
+
+// The host this process runs on: a hash of its kernel's boot id and its hostname, never 0.
+// Processes with the same value share a kernel and, unless a container separates them (the
+// testbed's hosts each have their own hostname and boot id), shared memory.
+uint64_t this_host();
 
 inline constexpr int kNoColor = -1;
 
@@ -88,8 +97,9 @@ struct RecvOptions {
 
 struct GroupLink;  // the worker and connections a world and its sub-groups share
 namespace detail {
-class ShmArena;  // per-group shared-memory scratch (detail/shm_arena.h)
-}
+class ShmArena;    // per-group shared-memory scratch (detail/shm_arena.h)
+class HostLayout;  // which ranks share a host (detail/host_layout.h)
+}  // namespace detail
 
 class Group {
  public:
@@ -146,6 +156,11 @@ class Group {
   // The group's shared-memory scratch: null until a collective first needs it
   // (detail::shm_arena() creates it, collectively, and keeps it for the group's life).
   std::shared_ptr<detail::ShmArena>& shm_arena_slot() { return shm_; }
+  // Which ranks share a host, and the sub-groups over them: null until a collective first
+  // needs it (detail::host_layout() creates it, collectively).
+  std::shared_ptr<detail::HostLayout>& host_layout_slot() { return hosts_; }
+  // The host this rank counts as (ConnectOptions::host, or this_host()).
+  uint64_t host() const;
   // "rank 2 of group 5 (world rank 7)" for error messages.
   std::string describe() const;
 
@@ -167,6 +182,7 @@ class Group {
   // Declared last: its rkeys go before the worker that unpacked them.
   // Shared, not unique, so that this room needs no complete ShmArena (collectives/detail).
   std::shared_ptr<detail::ShmArena> shm_;
+  std::shared_ptr<detail::HostLayout> hosts_;  // destroyed first: it holds sub-groups
 };
 
 }  // namespace wl::comm

@@ -11,7 +11,7 @@
 
 namespace wl::comm {
 
-// This process's identity: a hash of the host's boot id and hostname, and its pid.
+// This process's identity: its host (comm::this_host(), group/group.h) and its pid.
 struct ProcessId {
   uint64_t host = 0;
   int64_t pid = 0;

@@ -37,6 +37,7 @@
 // No UCX type appears here; the implementation is in transport.cc.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -54,6 +55,12 @@ using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
 
 inline Deadline deadline_after(std::chrono::milliseconds timeout) { return Clock::now() + timeout; }
+// What is left until `deadline` in whole milliseconds, at least 1: the timeout of a call made
+// on the way to it (a timeout of 0 means "the default" to most options).
+inline std::chrono::milliseconds time_left(Deadline deadline) {
+  return std::max(std::chrono::milliseconds(1),
+                  std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+}
 
 struct WorkerOptions {
   // UCX transports, spelled as UCX_TLS spells them ("tcp", "posix,cma,self"). Empty: UCX_TLS

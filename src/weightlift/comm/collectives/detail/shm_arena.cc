@@ -14,10 +14,6 @@ Result<std::unique_ptr<ShmArena>> ShmArena::create(Group& g, Deadline deadline) 
   arena->slot_bytes_ = (size_t(P) + 1) * kShmBlockBytes;
   const size_t flagged_offset = kHeaderBytes + kShmSlots * arena->slot_bytes_;
   const size_t bytes = flagged_offset + 2 * 2 * kShmFlaggedBytes;
-  const auto timeout = [&] {
-    return std::max(std::chrono::milliseconds(1),
-                    std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
-  };
 
   // A rank that cannot allocate still takes part in the exchange, with nothing to offer.
   auto region = g.worker().allocate_memory(bytes);
@@ -39,7 +35,7 @@ Result<std::unique_ptr<ShmArena>> ShmArena::create(Group& g, Deadline deadline) 
                                     .recv = all.data(),
                                     .counts = twos,
                                     .dtype = DType::kI64,
-                                    .timeout = timeout()}));
+                                    .timeout = time_left(deadline)}));
   std::vector<size_t> lengths(static_cast<size_t>(P));
   for (int q = 0; q < P; ++q) lengths[size_t(q)] = size_t(all[2 * size_t(q) + 1]);
   std::vector<std::byte> keys(std::accumulate(lengths.begin(), lengths.end(), size_t(0)));
@@ -47,7 +43,7 @@ Result<std::unique_ptr<ShmArena>> ShmArena::create(Group& g, Deadline deadline) 
                                     .recv = keys.data(),
                                     .counts = lengths,
                                     .dtype = DType::kU8,
-                                    .timeout = timeout()}));
+                                    .timeout = time_left(deadline)}));
 
   // Map every peer's region; any failure just means "not usable here".
   int64_t mapped = region.ok() && arena->map_peers(g, all, lengths, keys) ? 1 : 0;
@@ -57,7 +53,7 @@ Result<std::unique_ptr<ShmArena>> ShmArena::create(Group& g, Deadline deadline) 
                                     .recv = verdicts.data(),
                                     .counts = ones,
                                     .dtype = DType::kI64,
-                                    .timeout = timeout()}));
+                                    .timeout = time_left(deadline)}));
   arena->usable_ = std::all_of(verdicts.begin(), verdicts.end(), [](int64_t v) { return v == 1; });
   if (!arena->usable_) {
     arena->keys_.clear();
