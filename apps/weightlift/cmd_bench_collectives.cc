@@ -45,12 +45,13 @@ Result<comm::AllreduceAlgorithm> parse_algorithm(std::string name) {
   for (AllreduceAlgorithm a :
        {AllreduceAlgorithm::kAuto, AllreduceAlgorithm::kRing,
         AllreduceAlgorithm::kRecursiveDoubling, AllreduceAlgorithm::kSharedMemory,
-        AllreduceAlgorithm::kTree, AllreduceAlgorithm::kBidirectionalRing}) {
+        AllreduceAlgorithm::kTree, AllreduceAlgorithm::kBidirectionalRing,
+        AllreduceAlgorithm::kHierarchical}) {
     if (name == comm::allreduce_algorithm_name(a)) return a;
   }
   return invalid_argument("--algorithm '" + name +
-                          "': expected auto, ring, recursive_doubling, shm, tree or "
-                          "bidirectional_ring");
+                          "': expected auto, ring, recursive_doubling, shm, tree, "
+                          "bidirectional_ring or hierarchical");
 }
 
 Status run_allreduce_model(const BenchCollectivesArgs& a) {
@@ -163,7 +164,8 @@ void register_bench_collectives(CLI::App& bench, Outcome& out) {
   cmd->add_flag("--json", a->o.json, "one JSON object per row");
   cmd->add_flag("--pin,!--no-pin", a->o.pin, "pin rank r to core r % cores (as mpirun binds)");
   cmd->add_option("--algorithm", a->algorithm,
-                  "allreduce: auto, ring, recursive_doubling, shm, tree, bidirectional_ring")
+                  "allreduce: auto, ring, recursive_doubling, shm, tree, bidirectional_ring, "
+                  "hierarchical")
       ->capture_default_str();
   cmd->add_flag("--model", a->model,
                 "print the allreduce cost model for 8..1024 ranks across hosts; runs nothing");

@@ -242,6 +242,78 @@ TEST(AllreduceChoice, PicksTheCheapestUnderTheModel) {
   }
 }
 
+// ---- the hierarchical allreduce: ranks as threads that count as being on several hosts ----
+
+struct HostCase {
+  const char* name;
+  std::vector<uint64_t> hosts;  // rank r's host
+};
+// Even and uneven hosts (the fewest ranks on a host set the lanes), ranks of a host not next
+// to each other in the group, and hosts of one rank beside hosts of several.
+const HostCase kMixedHosts[] = {
+    {"2 hosts x 2", {1, 1, 2, 2}},
+    {"3 + 2", {1, 1, 1, 2, 2}},
+    {"1 + 3", {7, 9, 9, 9}},
+    {"interleaved 2 x 3", {1, 2, 1, 2, 1, 2}},
+    {"4 hosts x 2", {1, 1, 2, 2, 3, 3, 4, 4}},
+};
+
+TEST(HierarchicalAllreduce, AutoTakesItOnMixedHostsAndEveryTypeOpAndCountIsRight) {
+  for (const HostCase& c : kMixedHosts) {
+    SCOPED_TRACE(c.name);
+    testing::run_world_on_hosts(c.hosts, [&](Group& g) {
+      float x = 0;
+      auto picked = resolve_allreduce_algorithm(g, {.recv = &x, .count = 1});
+      ASSERT_TRUE(picked.ok()) << picked.status().to_string();
+      EXPECT_EQ(*picked, AllreduceAlgorithm::kHierarchical);
+      for (DType dtype : testing::kReducibleTypes) {
+        for (ReduceOp op : testing::kOps) {
+          // Counts below the lanes (pieces of nothing), odd and not divisible by them.
+          for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(4 * 5 + 3), size_t(97)}) {
+            for (bool in_place : {false, true}) {
+              check_allreduce(g, dtype, op, count, in_place, AllreduceAlgorithm::kAuto, 6);
+              if (::testing::Test::HasFatalFailure()) return;
+            }
+          }
+        }
+      }
+    });
+  }
+}
+
+TEST(HierarchicalAllreduce, LargeBuffersWithDefaultSegments) {
+  for (const HostCase& c : {kMixedHosts[0], kMixedHosts[1]}) {
+    SCOPED_TRACE(c.name);
+    testing::run_world_on_hosts(c.hosts, [&](Group& g) {
+      for (size_t count : {size_t(1) << 16, (size_t(1) << 20) + 3}) {
+        check_allreduce(g, DType::kF32, ReduceOp::kSum, count, false, AllreduceAlgorithm::kAuto, 0);
+        if (::testing::Test::HasFatalFailure()) return;
+        check_allreduce(g, DType::kBF16, ReduceOp::kMax, count, true, AllreduceAlgorithm::kAuto, 0);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+    });
+  }
+}
+
+// One host, or one rank per host: kAuto keeps its choice (shared memory; the model's pick),
+// and asking for the hierarchical algorithm there still gives the right result (a single
+// host's allreduce, or one lane across every host).
+TEST(HierarchicalAllreduce, OneHostOrOneRankPerHostKeepTheFlatChoice) {
+  const std::vector<uint64_t> layouts[] = {{5, 5, 5}, {1, 2, 3, 4}};
+  for (const std::vector<uint64_t>& hosts : layouts) {
+    testing::run_world_on_hosts(hosts, [&](Group& g) {
+      float x = 0;
+      auto picked = resolve_allreduce_algorithm(g, {.recv = &x, .count = 1000});
+      ASSERT_TRUE(picked.ok()) << picked.status().to_string();
+      EXPECT_NE(*picked, AllreduceAlgorithm::kHierarchical) << "hosts " << hosts.size();
+      check_allreduce(g, DType::kF32, ReduceOp::kSum, 1000, false,
+                      AllreduceAlgorithm::kHierarchical, 6);
+      check_allreduce(g, DType::kI64, ReduceOp::kMax, 97, true, AllreduceAlgorithm::kHierarchical,
+                      0);
+    });
+  }
+}
+
 TEST(Allreduce, RejectsFp8AndNullBuffers) {
   testing::run_world(1, [](Group& g) {
     uint8_t x[4] = {};

@@ -38,4 +38,24 @@ inline void run_world(int size, const std::function<void(Group&)>& fn,
   });
 }
 
+// As run_world, rank r counting as being on host hosts[r] (ConnectOptions::host; nonzero):
+// threads of one process standing for ranks on several hosts.
+inline void run_world_on_hosts(const std::vector<uint64_t>& hosts,
+                               const std::function<void(Group&)>& fn,
+                               std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  auto store = std::make_shared<MemoryStore>();
+  const int size = int(hosts.size());
+  run_ranks(size, [&](int rank) {
+    auto g = Group::connect({.store = store,
+                             .rank = rank,
+                             .size = size,
+                             .timeout = timeout,
+                             .host = hosts[size_t(rank)]});
+    ASSERT_TRUE(g.ok()) << g.status().to_string();
+    fn(**g);
+    Status s = barrier(**g);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+  });
+}
+
 }  // namespace wl::comm::testing

@@ -71,12 +71,18 @@ def name_taken(s, exe):
 
 
 def transports(s, exe):
-    """Which UCX transport each rank's endpoints took: shared memory inside a host, TCP between."""
+    """Which UCX transport each rank's endpoints took: shared memory inside a host, TCP between;
+    and the allreduce the group picks there, the hierarchical one, gives the right sums."""
     r = testbed("run", "--hosts", "2", "--ranks-per-host", "2", "--bin", exe, "--",
                 "env", "UCX_LOG_LEVEL=debug", exe, "--threads", "1", "bench", "collectives",
                 "--ops", "allreduce", "--min-bytes", "64K", "--max-bytes", "64K", "--iters", "3",
-                "--warmup", "1", timeout=180)
+                "--warmup", "1", "--json", timeout=180)
     s.check("2 hosts x 2 ranks run", r.returncode == 0, r.stderr[-400:] if r.returncode else "")
+    rows = [json.loads(line.split("] ", 2)[2]) for line in r.stdout.splitlines()
+            if line.startswith("[host 0] [rank 0] {")]
+    s.check("2 hosts x 2 ranks: the allreduce is the hierarchical one, every sum right",
+            len(rows) == 1 and rows[0]["algorithm"] == "hierarchical" and rows[0]["wrong"] == 0,
+            str(rows))
     # "[host 0] [rank 1] ... ep 0x...: lane[0]:  3:sysv/memory.0 md[2] -> ..." for each endpoint
     kinds = {}
     for m in re.finditer(r"\[host (\d)\] \[rank (\d)\].*?lane\[0\]:\s+\d+:(\w+)/", r.stdout):

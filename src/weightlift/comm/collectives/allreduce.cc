@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "weightlift/comm/collectives/detail/allreduce_algorithms.h"
+#include "weightlift/comm/collectives/detail/host_layout.h"
 #include "weightlift/comm/collectives/detail/ring.h"
 #include "weightlift/comm/collectives/detail/shm_arena.h"
 #include "weightlift/comm/collectives/detail/validate.h"
@@ -75,6 +76,8 @@ std::string_view allreduce_algorithm_name(AllreduceAlgorithm a) {
       return "tree";
     case AllreduceAlgorithm::kBidirectionalRing:
       return "bidirectional_ring";
+    case AllreduceAlgorithm::kHierarchical:
+      return "hierarchical";
   }
   return "unknown";
 }
@@ -95,6 +98,7 @@ double allreduce_cost_seconds(AllreduceAlgorithm a, size_t bytes, int ranks,
       return bidirectional_ring_cost(n, ranks, m);
     case AllreduceAlgorithm::kAuto:
     case AllreduceAlgorithm::kSharedMemory:
+    case AllreduceAlgorithm::kHierarchical:
       break;
   }
   WL_CHECK(false) << "allreduce_cost_seconds: no formula for " << allreduce_algorithm_name(a);
@@ -120,10 +124,19 @@ AllreduceAlgorithm choose_allreduce_algorithm(size_t bytes, int ranks,
 
 namespace {
 
-// What allreduce() runs; `arena` is set when that is the shared-memory algorithm.
+// What allreduce() runs; `arena` is set when that is the shared-memory algorithm, `hosts`
+// when it is the hierarchical one.
 Result<AllreduceAlgorithm> resolve(Group& g, const AllreduceOptions& o, Deadline deadline,
-                                   detail::ShmArena** arena) {
+                                   detail::ShmArena** arena, detail::HostLayout** hosts) {
   AllreduceAlgorithm algo = o.algorithm;
+  if (algo == AllreduceAlgorithm::kHierarchical ||
+      (algo == AllreduceAlgorithm::kAuto && g.size() > 1)) {
+    // The first call on a group learns which ranks share a host (collectively).
+    WL_ASSIGN_OR_RETURN(*hosts, detail::host_layout(g, deadline));
+    if (algo == AllreduceAlgorithm::kHierarchical || (*hosts)->mixed()) {
+      return AllreduceAlgorithm::kHierarchical;
+    }
+  }
   if (algo != AllreduceAlgorithm::kAuto && algo != AllreduceAlgorithm::kSharedMemory) return algo;
   if (g.size() > 1) {
     // The first call on a group sets up its arena (collectively: every rank gets here).
@@ -140,7 +153,8 @@ Result<AllreduceAlgorithm> resolve(Group& g, const AllreduceOptions& o, Deadline
 
 Result<AllreduceAlgorithm> resolve_allreduce_algorithm(Group& g, const AllreduceOptions& o) {
   detail::ShmArena* arena = nullptr;
-  return resolve(g, o, g.deadline(o.timeout), &arena);
+  detail::HostLayout* hosts = nullptr;
+  return resolve(g, o, g.deadline(o.timeout), &arena, &hosts);
 }
 
 Status allreduce(Group& g, const AllreduceOptions& o) {
@@ -162,10 +176,13 @@ Status allreduce(Group& g, const AllreduceOptions& o) {
                                    .sequence = sequence};
   const Deadline deadline = g.deadline(o.timeout);
   detail::ShmArena* arena = nullptr;
-  WL_ASSIGN_OR_RETURN(AllreduceAlgorithm algo, resolve(g, o, deadline, &arena));
+  detail::HostLayout* hosts = nullptr;
+  WL_ASSIGN_OR_RETURN(AllreduceAlgorithm algo, resolve(g, o, deadline, &arena, &hosts));
   switch (algo) {
     case AllreduceAlgorithm::kSharedMemory:
       return detail::allreduce_shm(g, *arena, args, deadline);
+    case AllreduceAlgorithm::kHierarchical:
+      return detail::allreduce_hierarchical(g, *hosts, args, o.cost_model, deadline);
     case AllreduceAlgorithm::kRing:
       return detail::allreduce_ring(g, args, deadline);
     case AllreduceAlgorithm::kTree:

@@ -3,10 +3,13 @@
 //   allreduce(group, {.send = grads, .recv = grads, .count = n, .dtype = DType::kF32,
 //                     .op = ReduceOp::kSum, .timeout = 5s});
 //
-// Five algorithms (docs/algorithms.md has their costs and how one is picked). When every
+// Six algorithms (docs/algorithms.md has their costs and how one is picked). When every
 // rank of the group is on one host with shared memory, kAuto takes the shared-memory
 // algorithm at every size (allreduce_shm.cc: loads and stores in mapped scratch, one copy per
-// byte). Otherwise (TCP, several hosts) an alpha-beta-gamma cost model picks among the
+// byte). When the group spans several hosts and one of them holds several of its ranks, it
+// takes the hierarchical one (allreduce_hierarchical.cc: the ranks of a host sum in shared
+// memory, one lane per local rank crosses between hosts, the pieces are gathered back).
+// Otherwise (TCP, one rank per host) an alpha-beta-gamma cost model picks among the
 // message-passing ones: recursive doubling for small messages (log2 P steps of the whole
 // buffer; allreduce_recursive_doubling.cc), the double binary tree for mid-sized messages on
 // many ranks (2 log2 P steps, pipelined; allreduce_tree.cc), and the ring for large ones
@@ -33,9 +36,10 @@ enum class AllreduceAlgorithm : uint8_t {
   kSharedMemory,
   kTree,               // double binary tree, each tree half the buffer (allreduce_tree.cc)
   kBidirectionalRing,  // half the buffer each way round the ring (allreduce_ring_bidirectional.cc)
+  kHierarchical,       // inside each host, then between hosts (allreduce_hierarchical.cc)
 };
 
-// "ring", "recursive_doubling", "shm", "tree", "bidirectional_ring", "auto".
+// "ring", "recursive_doubling", "shm", "tree", "bidirectional_ring", "hierarchical", "auto".
 std::string_view allreduce_algorithm_name(AllreduceAlgorithm algorithm);
 
 // The alpha-beta-gamma model kAuto chooses with (docs/algorithms.md, "Choosing the allreduce
@@ -77,9 +81,11 @@ struct AllreduceOptions {
 Status allreduce(Group& group, const AllreduceOptions& options);
 
 // The algorithm allreduce() runs for `options` on `group` (count and dtype give the size):
-// kSharedMemory where the group maps its members' memory and kAuto or kSharedMemory was asked
-// for, else the one asked for or the model's pick. Collective on a group's first call (it
-// sets up the shared-memory arena, as allreduce() would), cheap after.
+// for kAuto, kHierarchical where the group spans several hosts and one holds several of its
+// ranks; for kAuto or kSharedMemory, kSharedMemory where the group maps its members' memory;
+// else the one asked for or the model's pick. Collective on a group's first call (it learns
+// which ranks share a host and sets up the shared-memory arena, as allreduce() would), cheap
+// after.
 Result<AllreduceAlgorithm> resolve_allreduce_algorithm(Group& group,
                                                        const AllreduceOptions& options);
 
@@ -90,8 +96,8 @@ Result<AllreduceAlgorithm> resolve_allreduce_algorithm(Group& group,
 AllreduceAlgorithm choose_allreduce_algorithm(size_t bytes, int ranks,
                                               const AllreduceCostModel& model = {});
 
-// The model's time in seconds for one message-passing `algorithm` (not kAuto, not
-// kSharedMemory: those have no formula here) on `bytes` over `ranks` ranks.
+// The model's time in seconds for one message-passing `algorithm` (not kAuto, kSharedMemory
+// or kHierarchical: those have no formula here) on `bytes` over `ranks` ranks.
 double allreduce_cost_seconds(AllreduceAlgorithm algorithm, size_t bytes, int ranks,
                               const AllreduceCostModel& model = {});
 

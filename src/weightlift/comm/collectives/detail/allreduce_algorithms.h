@@ -50,5 +50,9 @@ int double_tree_depth(int ranks);
 
 class ShmArena;
 Status allreduce_shm(Group& group, ShmArena& arena, const AllreduceArgs& args, Deadline deadline);
+// `model` picks the algorithm between hosts (allreduce_hierarchical.cc).
+class HostLayout;
+Status allreduce_hierarchical(Group& group, HostLayout& layout, const AllreduceArgs& args,
+                              const AllreduceCostModel& model, Deadline deadline);
 
 }  // namespace wl::comm::detail
