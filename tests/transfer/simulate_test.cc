@@ -293,7 +293,8 @@ TEST(NetworkModel, SensitivityMovesTheRightWay) {
   const double base = predict(*loads, o.network).seconds;
   for (const Sensitivity& s : network_sensitivity(*loads, o.network)) {
     SCOPED_TRACE(s.name);
-    const bool cost = s.name == "message_overhead_us" || s.name == "barrier_ms";
+    const bool cost =
+        s.name == "message_overhead_us" || s.name == "barrier_ms" || s.name == "gather_ms";
     // More bandwidth never slows an update; more overhead never speeds it up.
     EXPECT_GE(cost ? s.twice_seconds : s.half_seconds, base);
     EXPECT_LE(cost ? s.half_seconds : s.twice_seconds, base);
@@ -306,6 +307,39 @@ TEST(NetworkModel, SensitivityMovesTheRightWay) {
   const NetworkModel m{.barrier_ms = 0};
   const std::vector<Sensitivity> rows = network_sensitivity(*big, m);
   EXPECT_EQ(rows.at(size_t(dominant_assumption(rows, predict(*big, m).seconds))).name, "nic_gbps");
+}
+
+// A band that straddles two shards needs a gather over their mesh: its steps (gather_ms per
+// call, on every rank of the mesh) add to the sender's NIC out time, whichever link the gather
+// crosses (the thread that waits for it posts no put meanwhile); 0 leaves the model as it was.
+TEST(NetworkModel, AGathersStepsHoldTheSendersPuts) {
+  for (const int per_node : {1, 2}) {
+    ScheduleInput in = one_tensor(1000, 512, 2, WeightFormat::kFP8);
+    in.gpus_per_node = per_node;
+    auto loads = schedule_loads(in);
+    ASSERT_TRUE(loads.ok());
+    const PhaseLoads& p = loads->phase[0];
+    ASSERT_EQ(p.gathers, 1u) << "rows 384-511 straddle the shards' boundary at 500";
+    EXPECT_EQ(p.gather_calls, (std::vector<uint64_t>{1, 1}));
+    NetworkModel m{.nic_gbps = 100, .nvlink_gbps = 100, .message_overhead_us = 0, .barrier_ms = 0};
+    auto term = [&](const Prediction& pred, const std::string& name) {
+      for (const Term& t : pred.groups.at(0).terms) {
+        if (t.name == name) return t.seconds;
+      }
+      ADD_FAILURE() << "no term " << name;
+      return 0.0;
+    };
+    const Prediction without = predict(*loads, m);
+    m.gather_ms = 7;
+    const Prediction with = predict(*loads, m);
+    EXPECT_NEAR(term(with, "sender NIC out"), term(without, "sender NIC out") + 7e-3, 1e-12);
+    for (const char* name : {"sender NIC in (gathers)", "sender NVLink (gathers)"}) {
+      EXPECT_NEAR(term(with, name), term(without, name), 1e-15) << name << " " << per_node;
+    }
+    // 7 ms of steps outlast every other term.
+    EXPECT_EQ(with.groups.at(0).bound, "sender NIC out");
+    EXPECT_NEAR(with.seconds, term(with, "sender NIC out") + with.groups.at(0).fill_seconds, 1e-12);
+  }
 }
 
 TEST(Cluster, RefusesBadOptionsNamingThem) {

@@ -96,7 +96,8 @@ Status check_cluster(const ClusterOptions& o) {
   }
   for (auto [name, v] :
        {std::pair<const char*, double>{"`message_overhead_us`", n.message_overhead_us},
-        {"`barrier_ms`", n.barrier_ms}}) {
+        {"`barrier_ms`", n.barrier_ms},
+        {"`gather_ms`", n.gather_ms}}) {
     if (!(v >= 0)) return invalid_argument(w + opt(name, v) + ": must not be negative");
   }
   return ok_status();

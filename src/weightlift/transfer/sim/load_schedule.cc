@@ -38,7 +38,8 @@ struct Family {
 };
 
 void resize(PhaseLoads& p, size_t trainers, size_t receivers) {
-  for (auto* v : {&p.sent, &p.messages, &p.prepare, &p.gather_nvlink, &p.gather_nic}) {
+  for (auto* v :
+       {&p.sent, &p.messages, &p.prepare, &p.gather_nvlink, &p.gather_nic, &p.gather_calls}) {
     v->assign(trainers, 0);
   }
   p.received.assign(receivers, 0);
@@ -265,6 +266,7 @@ Result<const std::vector<int>*> Scheduler::gather(const Family& fam, PhaseLoads&
     for (int u : *mesh) local += node(u) == node(t);
     ph.gather_nvlink[size_t(t)] += bytes * (local - 1) / m;
     ph.gather_nic[size_t(t)] += bytes * (m - local) / m;
+    ++ph.gather_calls[size_t(t)];
   }
   ++ph.gathers;
   return mesh;

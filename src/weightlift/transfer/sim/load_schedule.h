@@ -69,6 +69,7 @@ struct PhaseLoads {
   std::vector<uint64_t> prepare;        // shard-dtype bytes read to cast or quantize
   std::vector<uint64_t> gather_nvlink;  // all-gather bytes in (and out) from peers on its node
   std::vector<uint64_t> gather_nic;     // all-gather bytes in (and out) from other nodes
+  std::vector<uint64_t> gather_calls;   // the full_tensor() calls it takes part in
   std::vector<uint64_t> received;       // per receiver: bytes written into it
   std::vector<uint64_t> received_messages;
   uint64_t tasks = 0, gathers = 0;

@@ -31,9 +31,10 @@ struct Rates {
         overhead(m.message_overhead_us * 1e-6),
         prepare(m.prepare_gbs * 1e9),
         barrier(m.barrier_ms * 1e-3),
+        gather(m.gather_ms * 1e-3),
         overlap(m.overlap),
         gpus_per_nic(size_t(std::max(m.gpus_per_nic, 1))) {}
-  double nic, nvlink, overhead, prepare, barrier;
+  double nic, nvlink, overhead, prepare, barrier, gather;
   bool overlap;
   size_t gpus_per_nic;
 };
@@ -63,13 +64,16 @@ struct GroupTimes {
   std::vector<uint64_t> nic_out, nic_in, nic_received;  // bytes per NIC
   double write_s(size_t t) const { return double(nic_out[t / r.gpus_per_nic]) / r.nic; }
   double puts_s(size_t t) const { return double(p.messages[t]) * r.overhead; }
+  // A rank's gathers' steps: the thread that posts its puts waits them out, one after another.
+  double steps_s(size_t t) const { return double(p.gather_calls[t]) * r.gather; }
   double nic_in_s(size_t t) const { return double(nic_in[t / r.gpus_per_nic]) / r.nic; }
   double received_s(size_t i) const { return double(nic_received[i / r.gpus_per_nic]) / r.nic; }
   double nvlink_s(size_t t) const { return double(p.gather_nvlink[t]) / r.nvlink; }
   double prepare_s(size_t t) const { return double(p.prepare[t]) / r.prepare; }
   // A sender's own time: its stages overlapped (the busiest) or one after the other.
   double sender_s(size_t t) const {
-    const double out_s = write_s(t) + puts_s(t), gather_s = std::max(nic_in_s(t), nvlink_s(t));
+    const double out_s = write_s(t) + puts_s(t) + steps_s(t);
+    const double gather_s = std::max(nic_in_s(t), nvlink_s(t));
     return r.overlap ? std::max({out_s, gather_s, prepare_s(t)}) : gather_s + prepare_s(t) + out_s;
   }
 };
@@ -80,8 +84,8 @@ GroupPrediction predict_group(const PhaseLoads& p, const Rates& r, const char* n
   GroupPrediction gp{.name = name};
   gp.terms.push_back(
       busiest("receiver NIC in", receivers, [&](size_t i) { return g.received_s(i); }));
-  gp.terms.push_back(
-      busiest("sender NIC out", trainers, [&](size_t t) { return g.write_s(t) + g.puts_s(t); }));
+  gp.terms.push_back(busiest("sender NIC out", trainers,
+                             [&](size_t t) { return g.write_s(t) + g.puts_s(t) + g.steps_s(t); }));
   gp.terms.push_back(
       busiest("sender NIC in (gathers)", trainers, [&](size_t t) { return g.nic_in_s(t); }));
   gp.terms.push_back(
@@ -192,9 +196,11 @@ std::vector<Sensitivity> network_sensitivity(const ScheduleLoads& loads,
                         {"nvlink_gbps", &NetworkModel::nvlink_gbps},
                         {"message_overhead_us", &NetworkModel::message_overhead_us},
                         {"prepare_gbs", &NetworkModel::prepare_gbs},
-                        {"barrier_ms", &NetworkModel::barrier_ms}};
+                        {"barrier_ms", &NetworkModel::barrier_ms},
+                        {"gather_ms", &NetworkModel::gather_ms}};
   std::vector<Sensitivity> rows;
   for (const Knob& k : knobs) {
+    if (k.field == &NetworkModel::gather_ms && model.gather_ms == 0) continue;  // not modelled
     Sensitivity s{.name = k.name, .base = model.*k.field};
     s.half = s.base / 2;
     s.twice = s.base * 2;

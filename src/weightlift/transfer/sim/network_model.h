@@ -10,14 +10,19 @@
 //
 // What each rank spends, per mesh group (dense, then expert):
 //   sender NIC out   (writes + all-gather bytes to other nodes of the GPUs on its NIC) / nic
-//                    + its own puts * message_overhead
+//                    + its own puts * message_overhead + its gathers * gather_ms
 //   sender NIC in    all-gather bytes from other nodes, of the GPUs on its NIC / nic
 //   sender NVLink    all-gather bytes from its own node / nvlink
 //   sender prepare   shard bytes read to cast or quantize / prepare_gbs
 //   receiver NIC in  bytes written into the GPUs on its NIC / nic   (a one-sided write costs
 //                    its CPU nothing)
 // The per-message overhead is paid by the sender that posts the put (posting, doorbell,
-// completion); a receiver only absorbs bytes.
+// completion); a receiver only absorbs bytes. A gather (one full_tensor() over a mesh) costs
+// its bytes, on the links above, and apart from them its collective's steps in a row,
+// `gather_ms` per call (the ring's mesh - 1 message latencies; measured as an allgather of a
+// few bytes over the same ranks). Our sender waits for a gather on the thread that posts its
+// puts, so no put is posted meanwhile: the steps add to its NIC out time. (In seed 000's
+// pipeline the gathers have a stage of their own and the steps would hide behind the writes.)
 //
 // Seed 000 pipelines the stages (gather, prepare, write, barrier) with a queue per stage, so
 // with `overlap` a mesh group takes as long as its busiest resource plus the fill and drain of
@@ -30,8 +35,8 @@
 //
 // Not modelled: congestion or incast beyond the receiver's own NIC bandwidth, NIC message
 // rate limits other than the per-put overhead, host-to-device copies (the trainer's weights
-// are not offloaded), and the gather's collective algorithm (each rank simply fetches every
-// other rank's shard, which is what a ring or a direct allgather moves).
+// are not offloaded), and the gather's collective algorithm beyond its steps (each rank
+// fetches every other rank's shard, which is what a ring or a direct allgather moves).
 #pragma once
 
 #include <cstdint>
@@ -49,6 +54,7 @@ struct NetworkModel {
   double message_overhead_us = 1;  // per put, on the sender (post + completion)
   double prepare_gbs = 1000;       // GB/s of shard bytes one GPU casts or quantizes
   double barrier_ms = 2;           // a global barrier over Ethernet (GLOO), per mesh group
+  double gather_ms = 0;            // one gather's steps apart from its bytes; 0: not modelled
   bool overlap = true;             // seed 000's stage pipeline
 };
 
