@@ -26,14 +26,10 @@ import statistics
 import subprocess
 import sys
 
-from testbed_runs import rate_bytes_per_s, run_on_testbed
+from testbed_runs import (ALGORITHM_COLORS, human_bytes, parse_bytes, rate_bytes_per_s,
+                         run_on_testbed, time_plot)
 
 ALGORITHMS = ("ring", "tree", "recursive_doubling")
-
-
-def parse_bytes(text):
-    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
 
 
 def measure(exe, hosts, rate, algorithm, min_bytes, max_bytes, iters):
@@ -78,13 +74,7 @@ def crossover(ring, tree):
 
 
 def human(n):
-    if n is None:
-        return "never"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:g} {unit}"
-        n /= 1024
-    return f"{n:g} TiB"
+    return "never" if n is None else human_bytes(n)
 
 
 def steps_apart(a, b):
@@ -94,27 +84,11 @@ def steps_apart(a, b):
 
 
 def plot(path, title, measured, predicted):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    colors = {"ring": "#1f77b4", "tree": "#2ca02c", "recursive_doubling": "#d62728"}
+    curves = []
     for a in ALGORITHMS:
-        sizes = sorted(measured[a])
-        ax.plot(sizes, [measured[a][n] / 1e3 for n in sizes], "o-", color=colors[a],
-                label=f"{a} measured")
-        ax.plot(sizes, [predicted[a][n] / 1e3 for n in sizes], "--", color=colors[a],
-                label=f"{a} model")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("allreduce size (bytes)")
-    ax.set_ylabel("time per call (ms, median)")
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+        curves.append((f"{a} measured", measured[a], "o-", ALGORITHM_COLORS[a]))
+        curves.append((f"{a} model", predicted[a], "--", ALGORITHM_COLORS[a]))
+    time_plot(path, title, curves)
 
 
 def main():

@@ -21,15 +21,11 @@ import os
 import statistics
 import sys
 
-from testbed_runs import rate_bytes_per_s, run_on_testbed
+from testbed_runs import (ALGORITHM_COLORS, human_bytes, parse_bytes, rate_bytes_per_s,
+                         run_on_testbed, time_plot)
 
 FLAT = ("ring", "tree", "recursive_doubling")
 ALGORITHMS = ("hierarchical",) + FLAT
-
-
-def parse_bytes(text):
-    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
 
 
 def measure(exe, hosts, ranks_per_host, rate, algorithm, max_bytes, iters):
@@ -48,35 +44,10 @@ def measure(exe, hosts, ranks_per_host, rate, algorithm, max_bytes, iters):
     return {row["bytes"]: row["p50_us"] for row in rows}
 
 
-def human(n):
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:g} {unit}"
-        n /= 1024
-    return f"{n:g} TiB"
-
-
 def plot(path, title, medians):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    colors = {"hierarchical": "#9467bd", "ring": "#1f77b4", "tree": "#2ca02c",
-              "recursive_doubling": "#d62728"}
-    for alg in ALGORITHMS:
-        sizes = sorted(medians[alg])
-        ax.plot(sizes, [medians[alg][n] / 1e3 for n in sizes], "o-" if alg == "hierarchical"
-                else "o--", color=colors[alg], label=alg)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("allreduce size (bytes)")
-    ax.set_ylabel("time per call (ms, median of rounds)")
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    time_plot(path, title,
+              [(alg, medians[alg], "o-" if alg == "hierarchical" else "o--", ALGORITHM_COLORS[alg])
+               for alg in ALGORITHMS], ylabel="time per call (ms, median of rounds)")
 
 
 def main():
@@ -111,13 +82,13 @@ def main():
             for n in sizes:
                 best = min(FLAT, key=lambda alg: medians[alg][n])
                 ratios = [min(r[alg][n] for alg in FLAT) / r["hierarchical"][n] for r in rounds]
-                print(f"| {human(n)} | {medians['hierarchical'][n]:.0f} | "
+                print(f"| {human_bytes(n)} | {medians['hierarchical'][n]:.0f} | "
                       f"{medians[best][n]:.0f} ({best}) | "
                       f"{statistics.median(ratios):.2f} ("
                       + ", ".join(f"{x:.2f}" for x in ratios) + ") |")
             n = sizes[-1]
             bound_us = 2 * (hosts - 1) / hosts * n / rate_bytes_per_s(rate) * 1e6
-            print(f"at {human(n)}: the hierarchical allreduce at "
+            print(f"at {human_bytes(n)}: the hierarchical allreduce at "
                   f"{bound_us / medians['hierarchical'][n]:.0%} of the NIC-limited bound "
                   f"({bound_us:.0f} us: 2 (H-1)/H of it through each host's NIC at {rate})",
                   flush=True)
