@@ -6,8 +6,9 @@
   of a host reach each other through shared memory and the other host's only through their
   NICs (UCX's own choice of transport, read from its debug log), and an allreduce across the
   hosts stays under its NIC's rate and comes within reach of it.
-- A host's link cut in the middle of an allreduce stops the job on every host within the
-  collectives' deadline and the launchers' host timeout, each error naming the peer.
+- A host's link cut in the middle of an allreduce (a flat one with a rank per host, the
+  hierarchical one with two) stops the job on every host within the collectives' deadline and
+  the launchers' host timeout, each error naming the peer.
 - Random packet loss (1% and 5%, both ways, nftables) on one host: allreduces between hosts
   complete with the right sums.
 - Nothing is left behind: after a run, after Ctrl-C in the middle of one, after a cut link, and
@@ -156,33 +157,40 @@ def link_cut(s, exe):
     """A host's link cut in the middle of an allreduce (its switch port down): no rank hangs.
     Each rank's wait ends at its 5 s deadline with an error naming the peer, host 0's launcher
     gives up on host 1 after its 10 s, and host 1's launcher stops when the store (on host 0)
-    does not answer; the whole job is down within 25 s of the cut."""
-    name = "cut%d" % (os.getpid() % 1000)
-    p = subprocess.Popen(["bash", SCRIPT, "run", "--hosts", "2", "--rate", "100mbit", "--name",
-                          name, "--bin", exe, "--", exe, "--threads", "1", "bench",
-                          "collectives", "--ops", "allreduce", "--min-bytes", "8M",
-                          "--max-bytes", "8M", "--iters", "1000", "--timeout", "5"],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 60
-    started = False
-    while time.time() < deadline and not started:  # until the sizes' table has begun
-        line = p.stdout.readline()
-        started = "size(B)" in line
-    time.sleep(1.5)  # a few allreduces in
-    cut = time.time()
-    subprocess.run(["ip", "-n", f"wltb-{name}-sw", "link", "set", "p1", "down"], check=True)
-    try:
-        rest, _ = p.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        rest, _ = p.communicate()
-    took = time.time() - cut
-    deadline_hit = re.search(r"\[host 0\] \[rank 0\] .*DeadlineExceeded: rank 0: .* rank 1", rest)
-    host1_stopped = "[host 1] [launch]" in rest and "stopping this host's ranks" in rest
-    s.check(f"a link cut mid-allreduce stops every host, with the peer named, {took:.1f} s "
-            "after the cut (at most 25)",
-            started and p.returncode not in (0, None) and bool(deadline_hit) and host1_stopped
-            and took <= 25, rest[-600:] if not (deadline_hit and host1_stopped) else "")
+    does not answer; the whole job is down within 25 s of the cut. With one rank per host the
+    allreduce is a flat one; with two it is the hierarchical one, cut between its lanes."""
+    cases = ((1, r"\[host 0\] \[rank 0\] .*DeadlineExceeded: rank 0: .* rank 1"),
+             (2, r"\[host 0\] \[rank [01]\] .*DeadlineExceeded: .*allreduce \(hierarchical\)"
+                 r".*between hosts: rank [01]: .* from rank [23] "))
+    for ranks_per_host, expected in cases:
+        name = "cut%d%d" % (os.getpid() % 1000, ranks_per_host)
+        p = subprocess.Popen(["bash", SCRIPT, "run", "--hosts", "2", "--ranks-per-host",
+                              str(ranks_per_host), "--rate", "100mbit", "--name", name, "--bin",
+                              exe, "--", exe, "--threads", "1", "bench", "collectives", "--ops",
+                              "allreduce", "--min-bytes", "8M", "--max-bytes", "8M", "--iters",
+                              "1000", "--timeout", "5"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.time() + 60
+        started = False
+        while time.time() < deadline and not started:  # until the sizes' table has begun
+            line = p.stdout.readline()
+            started = "size(B)" in line
+        time.sleep(1.5)  # a few allreduces in
+        cut = time.time()
+        subprocess.run(["ip", "-n", f"wltb-{name}-sw", "link", "set", "p1", "down"], check=True)
+        try:
+            rest, _ = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            rest, _ = p.communicate()
+        took = time.time() - cut
+        deadline_hit = re.search(expected, rest)
+        host1_stopped = "[host 1] [launch]" in rest and "stopping this host's ranks" in rest
+        s.check(f"{ranks_per_host} rank(s) per host: a link cut mid-allreduce stops every host, "
+                f"with the peer named, {took:.1f} s after the cut (at most 25)",
+                started and p.returncode not in (0, None) and bool(deadline_hit) and
+                host1_stopped and took <= 25,
+                rest[-900:] if not (deadline_hit and host1_stopped) else "")
 
 
 def lossy(s, exe):
