@@ -10,7 +10,7 @@ A configuration is preset:trainers:receivers:tp:dtype:rate[:ranks_per_host[:mesh
 mesh a replica of the model, one mesh of them all by default; receivers on the other hosts,
 engines of TP `tp`, holding `dtype`; `ranks_per_host` ranks on each host, 1 by default, whose
 writes to other hosts share its one NIC: with mesh_size = ranks_per_host, seed 000's shape of a
-mesh per host, its fp8 gathers inside the host). For each one the simulator's inputs are measured on
+mesh per host). For each one the simulator's inputs are measured on
 the spot, never fitted to the transfer it predicts:
   - the NIC: a plain TCP stream from host 1 to host 0 on a fresh testbed at that rate, its
     payload bytes/s (what a link of that rate carries once Ethernet, IP and TCP take theirs);
@@ -19,12 +19,10 @@ the spot, never fitted to the transfer it predicts:
   - the prepare rate: `bench transfer` of the same preset and dtype with one trainer and one
     receiver as processes on one host, the shard bytes its trainer read over its prepare time
     (bf16 into bf16 casts nothing: the simulator charges no prepare then);
-  - with several ranks per host, the shared memory between them (the simulator's NVLink): the
-    bus bandwidth of a 4 MB allgather between as many ranks on this machine;
-  - with a mesh of several ranks, a gather's steps apart from its bytes (the simulator's
-    --gather-ms): an allgather of 8 bytes per rank over ranks placed as the mesh's are (on
-    testbed hosts when the mesh spans hosts, on this machine when it fits in one), median of
-    its calls.
+  - with a mesh of several ranks, the round in which it shares the block maxima of the fp8
+    bands split across its ranks (the simulator's --maxima-ms): an allreduce of 1 KiB over
+    ranks placed as the mesh's are (on testbed hosts when the mesh spans hosts, on this
+    machine when it fits in one), median of its calls.
 Then `transfer simulate --model <preset> --gpus-per-node R --gpus-per-nic R --dense-mesh T
 --expert-mesh 0` (R ranks per host)
 predicts the update, and `bench transfer --mode p2p` measures it on a fresh testbed, --rounds
@@ -105,28 +103,14 @@ def measure_barrier_ms(exe, hosts, rate, ranks_per_host):
     return rows[0]["p50_us"] / 1e3
 
 
-def measure_shm_gbps(exe, ranks_per_host):
-    """Gb/s of a 4 MB allgather's bus bandwidth between ranks of one host (run on this
-    machine, outside the testbed: what the ranks of a testbed host share is its memory)."""
-    cmd = [exe, "launch", "-n", str(ranks_per_host), "--", exe, "--threads", "1", "bench",
-           "collectives", "--ops", "allgather", "--min-bytes", "4194304", "--max-bytes",
-           "4194304", "--iters", "20", "--warmup", "3", "--timeout", "60", "--json"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    rows = [json.loads(line.split("] ", 1)[1]) for line in r.stdout.splitlines()
-            if line.startswith("[rank 0] {")]
-    if r.returncode != 0 or not rows:
-        raise SystemExit(f"allgather inside a host: exit {r.returncode}\n{r.stderr[-2000:]}")
-    return rows[0]["busbw_gbps"] * 8
-
-
-def measure_gather_ms(exe, c):
-    """Milliseconds of one allgather of 8 bytes per rank over the mesh's ranks, placed as the
-    configuration places them: the steps of a gather apart from its bytes."""
+def measure_maxima_ms(exe, c):
+    """Milliseconds of one allreduce of 1 KiB over the mesh's ranks, placed as the
+    configuration places them: the round that shares the block maxima of its split bands."""
     mesh, per_host = c["mesh"], c["per_host"]
     if mesh == 1:
         return 0.0
-    size = str(8 * mesh)
-    sweep = ["--threads", "1", "bench", "collectives", "--ops", "allgather", "--min-bytes", size,
+    size = "1024"
+    sweep = ["--threads", "1", "bench", "collectives", "--ops", "allreduce", "--min-bytes", size,
              "--max-bytes", size, "--iters", "50", "--warmup", "5", "--timeout", "60", "--json"]
     if mesh > per_host:  # across hosts: mesh / per_host testbed hosts of per_host ranks
         code, lines, output = run_on_testbed(exe, mesh // per_host, c["rate"], [exe] + sweep,
@@ -139,7 +123,7 @@ def measure_gather_ms(exe, c):
         rows = [json.loads(line.split("] ", 1)[1]) for line in r.stdout.splitlines()
                 if line.startswith("[rank 0] {")]
     if code != 0 or len(rows) != 1:
-        raise SystemExit(f"8-byte allgather over a mesh of {mesh}: exit {code}\n{output}")
+        raise SystemExit(f"1 KiB allreduce over a mesh of {mesh}: exit {code}\n{output}")
     return rows[0]["p50_us"] / 1e3
 
 
@@ -157,18 +141,16 @@ def measure_prepare_s(exe, preset, dtype):
     return prepare_s if dtype != "bf16" else None
 
 
-def predict(exe, c, nic_bytes_per_s, barrier_ms, prepare_gbs, shm_gbps=None, gather_ms=0.0):
+def predict(exe, c, nic_bytes_per_s, barrier_ms, prepare_gbs, maxima_ms=0.0):
     cmd = [exe, "transfer", "simulate", "--model", c["preset"], "--trainers", str(c["trainers"]),
            "--receivers", str(c["receivers"]), "--gpus-per-node", str(c["per_host"]),
            "--gpus-per-nic", str(c["per_host"]), "--engine-gpus",
            str(c["tp"]), "--dense-mesh", str(c["mesh"]), "--expert-mesh", "0", "--dtype",
            c["dtype"], "--shard-dtype", "bf16", "--nic-gbps", "%.6f" % (nic_bytes_per_s * 8e-9),
-           "--barrier-ms", "%.4f" % barrier_ms, "--gather-ms", "%.4f" % gather_ms,
+           "--barrier-ms", "%.4f" % barrier_ms, "--maxima-ms", "%.4f" % maxima_ms,
            "--no-sensitivity", "--json"]
     if prepare_gbs:
         cmd += ["--prepare-gbs", "%.3f" % prepare_gbs]
-    if shm_gbps:
-        cmd += ["--nvlink-gbps", "%.3f" % shm_gbps]
     r = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(r.stdout)
 
@@ -224,26 +206,24 @@ def main():
             prepare[key] = None if seconds is None else 2 * params / seconds / 1e9
         nic = measure_tcp(exe, c["rate"])
         barrier = measure_barrier_ms(exe, c["hosts"], c["rate"], c["per_host"])
-        shm = measure_shm_gbps(exe, c["per_host"]) if c["per_host"] > 1 else None
-        gather = measure_gather_ms(exe, c)
-        sim = predict(exe, c, nic, barrier, prepare[key], shm, gather)
-        sim_without = predict(exe, c, nic, barrier, prepare[key], shm)
+        maxima = measure_maxima_ms(exe, c)
+        sim = predict(exe, c, nic, barrier, prepare[key], maxima)
+        sim_without = predict(exe, c, nic, barrier, prepare[key])
         measured = [measure_update_ms(exe, c, a.updates) for _ in range(a.rounds)]
         predicted_ms = sim["predicted_s"] * 1e3
         m = statistics.median(measured)
         row = dict(c, nic_mb_s=nic / 1e6, nic_fraction=nic / rate_bytes_per_s(c["rate"]),
-                   shm_gbps=shm,
                    barrier_ms=barrier, prepare_gbs=prepare[key], predicted_ms=predicted_ms,
                    bound=sim["bound"], measured_ms=measured, error=(predicted_ms - m) / m,
-                   gather_ms=gather, gathers=sim["gathers"],
+                   maxima_ms=maxima, split_bands=sim["split_bands"],
                    predicted_without_steps_ms=sim_without["predicted_s"] * 1e3)
         rows.append(row)
         print(f"# {c['name']}: predicted {predicted_ms:.1f} ms ({sim['bound']}), measured "
               f"{', '.join('%.1f' % x for x in measured)} ms", file=sys.stderr, flush=True)
     print("| configuration (preset, trainers in meshes of M -> receivers, TP, dtype, NIC rate, "
           "ranks per host) | TCP payload "
-          "MB/s (of the rate) | barrier ms | prepare GB/s | gathers x steps ms | predicted ms "
-          "(bound) | measured ms (rounds) | error | without the gathers' steps |")
+          "MB/s (of the rate) | barrier ms | prepare GB/s | split bands, maxima round ms | "
+          "predicted ms (bound) | measured ms (rounds) | error | without the round |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         prep = "-" if r["prepare_gbs"] is None else "%.1f" % r["prepare_gbs"]
@@ -251,7 +231,7 @@ def main():
               f"TP {r['tp']}, "
               f"{r['dtype']}, {r['rate']}, {r['per_host']} | {r['nic_mb_s']:.1f} "
               f"({r['nic_fraction']:.1%}) | "
-              f"{r['barrier_ms']:.2f} | {prep} | {r['gathers']} x {r['gather_ms']:.2f} | "
+              f"{r['barrier_ms']:.2f} | {prep} | {r['split_bands']}, {r['maxima_ms']:.2f} | "
               f"{r['predicted_ms']:.1f} ({r['bound']}) | "
               f"{statistics.median(r['measured_ms']):.1f} "
               f"({', '.join('%.1f' % x for x in r['measured_ms'])}) | {r['error']:+.1%} | "

@@ -111,8 +111,8 @@ void register_transfer_simulate(CLI::App& transfer, Outcome& out) {
   sim->add_option("--barrier-ms", o.network.barrier_ms, "global barrier per mesh group")
       ->capture_default_str()
       ->transform(real(kNonNegative));
-  sim->add_option("--gather-ms", o.network.gather_ms,
-                  "one gather's collective steps apart from its bytes (0: not modelled)")
+  sim->add_option("--maxima-ms", o.network.maxima_ms,
+                  "a mesh's allreduce of the block maxima of its split bands (0: not modelled)")
       ->capture_default_str()
       ->transform(real(kNonNegative));
   sim->add_flag("--overlap,!--no-overlap", o.network.overlap, "pipeline the stages (seed 000)")

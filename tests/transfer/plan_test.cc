@@ -1,11 +1,13 @@
 // The planner on ranks that exist only on paper: every receiver byte written exactly once,
-// gathers only where a block band crosses shards, senders balanced by bytes, the JSON round
+// bands split only where a block band crosses shards, senders balanced by bytes, the JSON round
 // trip and its version check, and every bad input refused with the tensor and rank named.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "fixture.h"
 #include "weightlift/transfer/layout/layout_spec.h"
@@ -94,37 +96,56 @@ TEST(Planner, CoversEveryReceiverByteExactlyOnce) {
 TEST(Planner, Bf16SendsEverythingStraightFromShards) {
   auto plan = make_plan(paper_world({"tiny", 1, 2, 2, WeightFormat::kBF16}));
   ASSERT_TRUE(plan.ok());
-  EXPECT_TRUE(plan->gathers.empty());
-  for (const PlanTask& t : plan->tasks) EXPECT_EQ(t.gather, -1) << t.tensor;
+  EXPECT_EQ(plan->maxima_floats, (std::vector<int64_t>{0}));
+  for (const PlanTask& t : plan->tasks) EXPECT_EQ(t.maxima, -1) << t.tensor;
 }
 
-TEST(Planner, Fp8GathersOnlyBandsThatCrossShards) {
+TEST(Planner, Fp8SplitsOnlyBandsThatCrossShards) {
   // small, one mesh of 2, tp 2: q_proj [256, 256] shards at row 128, and each rank's 128 query
-  // rows are one band inside one shard: direct. The k/v band (64 rows: k rows of one head, v
-  // rows of one head) reads rows of k and v that straddle both shards: gathered, from k and v
-  // only.
+  // rows are one band inside one shard: whole. The k/v band (64 rows: k rows of one head, v
+  // rows of one head) reads rows of k and v that straddle both shards: split, each mesh rank
+  // sending the rows it holds, all with the band's shared maxima.
   auto plan = make_plan(paper_world({"small", 1, 2, 2, WeightFormat::kFP8}));
   ASSERT_TRUE(plan.ok());
-  int direct_q = 0, gathered_kv = 0;
+  int whole_q = 0;
+  std::map<std::pair<int, int64_t>, std::vector<const PlanTask*>> split;  // by receiver, band
   for (const PlanTask& t : plan->tasks) {
     if (t.tensor != "layers.0.attn.qkv_proj.weight") continue;
     if (t.row_begin == 0) {
-      EXPECT_EQ(t.gather, -1);
-      ++direct_q;
+      EXPECT_EQ(t.maxima, -1);
+      EXPECT_GT(t.scale_bytes, 0u);
+      ++whole_q;
     } else {
-      ASSERT_GE(t.gather, 0);
-      const PlanGather& g = plan->gathers[size_t(t.gather)];
-      EXPECT_EQ(g.params, (std::vector<std::string>{"layers.0.attn.k_proj.weight",
-                                                    "layers.0.attn.v_proj.weight"}));
-      ++gathered_kv;
+      ASSERT_GE(t.maxima, 0);
+      split[{t.receiver, t.row_begin / 128 * 128}].push_back(&t);
     }
   }
-  EXPECT_EQ(direct_q, 2);
-  EXPECT_EQ(gathered_kv, 2);
-  // A mesh of one never gathers.
+  EXPECT_EQ(whole_q, 2);
+  ASSERT_EQ(split.size(), 2u);  // one k/v band per receiver
+  for (const auto& [band, subs] : split) {
+    std::set<int> senders;
+    int scales = 0;
+    for (const PlanTask* t : subs) {
+      EXPECT_EQ(t->maxima, subs[0]->maxima) << "one band, one set of maxima";
+      EXPECT_EQ(t->row_end - t->row_begin, t->bytes / uint64_t(t->cols));
+      senders.insert(t->sender);
+      // The sub-band at the band's first row writes its scale row; the others none.
+      scales += t->scale_bytes > 0;
+      EXPECT_EQ(t->scale_bytes > 0, t->row_begin == band.second) << t->row_begin;
+      for (const PlanPiece& q : t->pieces) {
+        EXPECT_TRUE(q.param == "layers.0.attn.k_proj.weight" ||
+                    q.param == "layers.0.attn.v_proj.weight")
+            << q.param;
+      }
+    }
+    EXPECT_EQ(scales, 1);
+    EXPECT_EQ(senders, (std::set<int>{0, 1})) << "both shards hold rows of the band";
+  }
+  EXPECT_GT(plan->maxima_floats.at(0), 0);
+  // A mesh of one holds every band whole.
   auto single = make_plan(paper_world({"small", 1, 1, 2, WeightFormat::kFP8}));
   ASSERT_TRUE(single.ok());
-  EXPECT_TRUE(single->gathers.empty());
+  EXPECT_EQ(single->maxima_floats, (std::vector<int64_t>{0}));
 }
 
 // Trainer ranks holding whole parameters, as pipeline stages do (`stage` of each parameter),
@@ -151,12 +172,12 @@ TEST(Planner, ReadsWholeLayersFromTheStageThatHoldsThem) {
     auto plan = make_plan(metas);
     ASSERT_TRUE(plan.ok()) << plan.status().to_string();
     expect_exact_cover(*plan, metas);
-    // Every piece comes from the stage holding its parameter, with no gather: a fused
+    // Every piece comes from the stage holding its parameter, every band whole: a fused
     // tensor's parameters are one layer's, on one stage.
-    EXPECT_TRUE(plan->gathers.empty());
+    EXPECT_EQ(plan->maxima_floats, (std::vector<int64_t>{0}));
     std::vector<uint64_t> bytes(2, 0);
     for (const PlanTask& t : plan->tasks) {
-      EXPECT_EQ(t.gather, -1) << t.tensor;
+      EXPECT_EQ(t.maxima, -1) << t.tensor;
       for (const PlanPiece& q : t.pieces) EXPECT_EQ(stage(q.param), t.sender) << q.param;
       bytes[size_t(t.sender)] += t.total_bytes();
     }
@@ -198,19 +219,30 @@ TEST(Planner, JsonRoundTripsAndRefusesOtherVersions) {
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   EXPECT_EQ(plan_to_json(*back), json);
 
-  std::string v3 = json;
-  const std::string field = "\"format_version\": 2";
-  const size_t at = v3.find(field);
+  std::string v4 = json;
+  const std::string field = "\"format_version\": 3";
+  const size_t at = v4.find(field);
   ASSERT_NE(at, std::string::npos) << json.substr(0, 200);
-  v3.replace(at, field.size(), "\"format_version\": 3");
-  auto other = plan_from_json(v3, "plan.json");
+  v4.replace(at, field.size(), "\"format_version\": 4");
+  auto other = plan_from_json(v4, "plan.json");
   ASSERT_FALSE(other.ok());
   EXPECT_EQ(other.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(other.status().message().find(
-                "plan.json: transfer plan format version 3, this build reads version 2; plan "
+                "plan.json: transfer plan format version 4, this build reads version 3; plan "
                 "again with this build"),
             std::string::npos)
       << other.status().message();
+  // A sub-band reading maxima past its mesh's shared ones, or a count per mesh missing.
+  nlohmann::json j = nlohmann::json::parse(json);
+  j["tasks"][0]["maxima"] = int64_t(1) << 40;
+  auto past = plan_from_json(j.dump(), "plan.json");
+  ASSERT_FALSE(past.ok());
+  EXPECT_NE(past.status().message().find("reads block maxima outside its mesh's shared maxima"),
+            std::string::npos)
+      << past.status().message();
+  j = nlohmann::json::parse(json);
+  j["maxima_floats"].erase(0);
+  EXPECT_FALSE(plan_from_json(j.dump(), "plan.json").ok());
   EXPECT_EQ(plan_from_json("{\"format\": \"x\"}", "p").status().code(), StatusCode::kDataLoss);
   EXPECT_EQ(plan_from_json("not json", "p").status().code(), StatusCode::kDataLoss);
 }

@@ -45,7 +45,7 @@ TEST(KimiK2, LayoutRefusesInstancesTheModelCannotBeSplitBy) {
 }
 
 // The schedule with every parameter on one placement of all meshes is plan/planner.cc's input:
-// both must give the same tasks, gathers and bytes per rank.
+// both must give the same tasks, split bands, maxima rounds and bytes per rank.
 TEST(ScheduleLoads, AgreesWithThePlanner) {
   struct Case {
     const char* preset;
@@ -90,10 +90,19 @@ TEST(ScheduleLoads, AgreesWithThePlanner) {
     const PhaseLoads& dense = loads->phase[0];
     const PhaseLoads& expert = loads->phase[1];
     EXPECT_EQ(dense.tasks + expert.tasks, plan->tasks.size());
-    EXPECT_EQ(dense.gathers + expert.gathers, plan->gathers.size());
+    uint64_t split_bands = 0;  // one sub-band of each carries its scale row
+    for (const PlanTask& t : plan->tasks) split_bands += t.maxima >= 0 && t.scale_bytes > 0;
+    EXPECT_EQ(dense.split_bands + expert.split_bands, split_bands);
+    if (c.format == WeightFormat::kFP8 && c.mesh_size > 1) {
+      EXPECT_GT(split_bands, 0u);
+    }
     const std::vector<uint64_t> bytes = plan_bytes_by_rank(*plan);
     for (int t = 0; t < trainers; ++t) {
       EXPECT_EQ(dense.sent[size_t(t)] + expert.sent[size_t(t)], bytes[size_t(t)])
+          << "trainer " << t;
+      const int mesh = t / c.mesh_size;
+      EXPECT_EQ(dense.maxima_rounds[size_t(t)] + expert.maxima_rounds[size_t(t)],
+                plan->maxima_floats[size_t(mesh)] > 0 ? 1u : 0u)
           << "trainer " << t;
     }
     for (int r = 0; r < receivers; ++r) {
@@ -118,12 +127,12 @@ TEST(ScheduleLoads, CoversEveryReceiverByteOnceAtReducedK2Scale) {
       rows[{t.receiver, t.tensor}].push_back({t.row_begin, t.row_end});
       bytes[{t.receiver, t.tensor}] += t.bytes;
       scale_bytes[{t.receiver, t.tensor}] += t.scale_bytes;
-      EXPECT_FALSE(t.tensor->expert && t.gathered)
+      EXPECT_FALSE(t.tensor->expert && t.split)
           << t.tensor->name << ": an expert band should lie inside one shard";
     };
     auto loads = schedule_loads(*in);
     ASSERT_TRUE(loads.ok()) << loads.status().to_string();
-    EXPECT_EQ(loads->phase[1].gathers, 0u);
+    EXPECT_EQ(loads->phase[1].split_bands, 0u);
     for (int r = 0; r < o.receivers; ++r) {
       uint64_t want = 0;
       const auto& lay = in->layouts[size_t(in->receiver_layout[size_t(r)])];
@@ -170,13 +179,13 @@ TEST(ScheduleLoads, KimiK2AtFullScale) {
               want[size_t(in->receiver_layout[size_t(r)])])
         << "receiver " << r;
   }
-  EXPECT_EQ(loads->phase[1].gathers, 0u);
+  EXPECT_EQ(loads->phase[1].split_bands, 0u);
   EXPECT_GT(loads->phase[0].tasks + loads->phase[1].tasks, 10'000'000u);
 }
 
 // One parameter [rows, cols] on `trainers` trainers (one mesh), one receiver holding it whole.
 ScheduleInput one_tensor(int64_t rows, int64_t cols, int trainers, WeightFormat format) {
-  ScheduleInput in{.trainers = trainers, .gpus_per_node = 8};
+  ScheduleInput in{.trainers = trainers};
   Placement pl;
   for (int t = 0; t < trainers; ++t) {
     if (pl.meshes.empty()) pl.meshes.emplace_back();
@@ -256,7 +265,7 @@ TEST(NetworkModel, TwoSendersIntoOneReceiverAreReceiverBound) {
   auto loads = schedule_loads(in);
   ASSERT_TRUE(loads.ok());
   EXPECT_EQ(loads->phase[0].sent, (std::vector<uint64_t>{500000, 500000}));
-  EXPECT_EQ(loads->phase[0].gathers, 0u);
+  EXPECT_EQ(loads->phase[0].split_bands, 0u);
   const NetworkModel m{.nic_gbps = 400, .message_overhead_us = 1, .barrier_ms = 0};
   const Prediction p = predict(*loads, m);
   EXPECT_NEAR(p.seconds, 1e6 / 50e9, 1e-15);
@@ -294,7 +303,7 @@ TEST(NetworkModel, SensitivityMovesTheRightWay) {
   for (const Sensitivity& s : network_sensitivity(*loads, o.network)) {
     SCOPED_TRACE(s.name);
     const bool cost =
-        s.name == "message_overhead_us" || s.name == "barrier_ms" || s.name == "gather_ms";
+        s.name == "message_overhead_us" || s.name == "barrier_ms" || s.name == "maxima_ms";
     // More bandwidth never slows an update; more overhead never speeds it up.
     EXPECT_GE(cost ? s.twice_seconds : s.half_seconds, base);
     EXPECT_LE(cost ? s.half_seconds : s.twice_seconds, base);
@@ -309,37 +318,47 @@ TEST(NetworkModel, SensitivityMovesTheRightWay) {
   EXPECT_EQ(rows.at(size_t(dominant_assumption(rows, predict(*big, m).seconds))).name, "nic_gbps");
 }
 
-// A band that straddles two shards needs a gather over their mesh: its steps (gather_ms per
-// call, on every rank of the mesh) add to the sender's NIC out time, whichever link the gather
-// crosses (the thread that waits for it posts no put meanwhile); 0 leaves the model as it was.
-TEST(NetworkModel, AGathersStepsHoldTheSendersPuts) {
-  for (const int per_node : {1, 2}) {
-    ScheduleInput in = one_tensor(1000, 512, 2, WeightFormat::kFP8);
-    in.gpus_per_node = per_node;
-    auto loads = schedule_loads(in);
-    ASSERT_TRUE(loads.ok());
-    const PhaseLoads& p = loads->phase[0];
-    ASSERT_EQ(p.gathers, 1u) << "rows 384-511 straddle the shards' boundary at 500";
-    EXPECT_EQ(p.gather_calls, (std::vector<uint64_t>{1, 1}));
-    NetworkModel m{.nic_gbps = 100, .nvlink_gbps = 100, .message_overhead_us = 0, .barrier_ms = 0};
-    auto term = [&](const Prediction& pred, const std::string& name) {
-      for (const Term& t : pred.groups.at(0).terms) {
-        if (t.name == name) return t.seconds;
-      }
-      ADD_FAILURE() << "no term " << name;
-      return 0.0;
-    };
-    const Prediction without = predict(*loads, m);
-    m.gather_ms = 7;
-    const Prediction with = predict(*loads, m);
-    EXPECT_NEAR(term(with, "sender NIC out"), term(without, "sender NIC out") + 7e-3, 1e-12);
-    for (const char* name : {"sender NIC in (gathers)", "sender NVLink (gathers)"}) {
-      EXPECT_NEAR(term(with, name), term(without, name), 1e-15) << name << " " << per_node;
-    }
-    // 7 ms of steps outlast every other term.
-    EXPECT_EQ(with.groups.at(0).bound, "sender NIC out");
-    EXPECT_NEAR(with.seconds, term(with, "sender NIC out") + with.groups.at(0).fill_seconds, 1e-12);
+// A band that straddles two shards is split between them: each mesh rank sends its rows, one
+// of them the scale row, and the mesh's one maxima round (maxima_ms, on every rank of the
+// mesh) adds to the sender's NIC out time (the thread that waits for it posts no put
+// meanwhile); 0 leaves the model as it was. No parameter byte moves between the trainers.
+TEST(NetworkModel, ABandSplitAcrossShardsCostsOneMaximaRound) {
+  ScheduleInput in = one_tensor(1000, 512, 2, WeightFormat::kFP8);
+  std::vector<ScheduleTask> tasks;
+  in.on_task = [&](const ScheduleTask& t) { tasks.push_back(t); };
+  auto loads = schedule_loads(in);
+  ASSERT_TRUE(loads.ok());
+  const PhaseLoads& p = loads->phase[0];
+  ASSERT_EQ(p.split_bands, 1u) << "rows 384-511 straddle the shards' boundary at 500";
+  EXPECT_EQ(p.maxima_rounds, (std::vector<uint64_t>{1, 1}));
+  std::vector<ScheduleTask> split;
+  for (const ScheduleTask& t : tasks) {
+    if (t.split) split.push_back(t);
   }
+  ASSERT_EQ(split.size(), 2u);
+  EXPECT_EQ(split[0].sender, 0);
+  EXPECT_EQ(split[0].row_begin, 384);
+  EXPECT_EQ(split[0].row_end, 500);
+  EXPECT_EQ(split[0].scale_bytes, 16u);  // 4 blocks of 128 columns
+  EXPECT_EQ(split[1].sender, 1);
+  EXPECT_EQ(split[1].row_begin, 500);
+  EXPECT_EQ(split[1].row_end, 512);
+  EXPECT_EQ(split[1].scale_bytes, 0u);
+  NetworkModel m{.nic_gbps = 100, .message_overhead_us = 0, .barrier_ms = 0};
+  auto term = [&](const Prediction& pred, const std::string& name) {
+    for (const Term& t : pred.groups.at(0).terms) {
+      if (t.name == name) return t.seconds;
+    }
+    ADD_FAILURE() << "no term " << name;
+    return 0.0;
+  };
+  const Prediction without = predict(*loads, m);
+  m.maxima_ms = 7;
+  const Prediction with = predict(*loads, m);
+  EXPECT_NEAR(term(with, "sender NIC out"), term(without, "sender NIC out") + 7e-3, 1e-12);
+  // 7 ms of the round outlast every other term.
+  EXPECT_EQ(with.groups.at(0).bound, "sender NIC out");
+  EXPECT_NEAR(with.seconds, term(with, "sender NIC out") + with.groups.at(0).fill_seconds, 1e-12);
 }
 
 TEST(Cluster, RefusesBadOptionsNamingThem) {

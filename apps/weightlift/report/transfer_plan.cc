@@ -11,14 +11,19 @@ namespace wl::app {
 
 std::string plan_table(const transfer::Plan& p) {
   std::ostringstream os;
-  uint64_t direct = 0, gathered = 0;
-  for (const transfer::PlanTask& k : p.tasks) (k.gather < 0 ? direct : gathered) += k.total_bytes();
+  uint64_t whole = 0, split = 0, sub_bands = 0;
+  for (const transfer::PlanTask& k : p.tasks) {
+    (k.maxima < 0 ? whole : split) += k.total_bytes();
+    sub_bands += k.maxima >= 0;
+  }
+  int64_t maxima = 0;
+  for (int64_t m : p.maxima_floats) maxima += m;
   os << "transfer plan v" << transfer::Plan::kFormat.version << ": " << p.trainers.size()
      << " trainers (" << p.num_meshes << " mesh(es) of " << p.mesh_size << "), "
-     << p.receivers.size() << " receivers, " << p.tasks.size() << " tasks, " << p.gathers.size()
-     << " gathers\n";
-  os << "bytes: " << direct + gathered << " (" << direct << " straight from shards, " << gathered
-     << " after a gather)\n";
+     << p.receivers.size() << " receivers, " << p.tasks.size() << " tasks, of them " << sub_bands
+     << " sub-bands of bands split across mesh ranks (" << maxima << " shared block maxima)\n";
+  os << "bytes: " << whole + split << " (" << whole << " in whole tasks, " << split
+     << " in sub-bands), every byte from its sender's own shards\n";
   const std::vector<uint64_t> bytes = transfer::plan_bytes_by_rank(p);
   os << "sender    rank  mesh  mesh_rank  tasks  bytes\n";
   for (const transfer::PlanTrainer& t : p.trainers) {

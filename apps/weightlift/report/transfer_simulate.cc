@@ -61,14 +61,14 @@ std::string simulation_json(const transfer::ClusterOptions& o, const transfer::S
   j["network"] = {{"nic_gbps", n.nic_gbps},       {"gpus_per_nic", n.gpus_per_nic},
                   {"nvlink_gbps", n.nvlink_gbps}, {"message_overhead_us", n.message_overhead_us},
                   {"prepare_gbs", n.prepare_gbs}, {"barrier_ms", n.barrier_ms},
-                  {"gather_ms", n.gather_ms},     {"overlap", n.overlap}};
+                  {"maxima_ms", n.maxima_ms},     {"overlap", n.overlap}};
   j["predicted_s"] = p.seconds;
   j["bound"] = p.bound;
   j["tasks"] = p.tasks;
   j["messages"] = p.total_messages;
-  j["gathers"] = p.gathers;
+  j["split_bands"] = p.split_bands;
   j["bytes"] = p.total_bytes;
-  j["gathered_bytes"] = p.gathered_bytes;
+  j["split_bytes"] = p.split_bytes;
   j["replica_bytes"] = s.replica_bytes;
   j["critical_sender"] = p.critical_sender;
   j["critical_receiver"] = p.critical_receiver;
@@ -125,13 +125,14 @@ std::string simulation_report(const transfer::ClusterOptions& o, const transfer:
      << o.gpus_per_node << " GPUs per node; one replica is " << gb(double(s.replica_bytes)) << "\n";
   std::snprintf(line, sizeof line,
                 "network: NIC %g Gb/s (one per %d GPUs), NVLink %g Gb/s, %g us per put, "
-                "prepare %g GB/s, barrier %g ms, %g ms of steps per gather, overlap %s\n",
+                "prepare %g GB/s, barrier %g ms, %g ms per shared-maxima round, overlap %s\n",
                 n.nic_gbps, n.gpus_per_nic, n.nvlink_gbps, n.message_overhead_us, n.prepare_gbs,
-                n.barrier_ms, n.gather_ms, n.overlap ? "on" : "off");
+                n.barrier_ms, n.maxima_ms, n.overlap ? "on" : "off");
   os << line;
-  os << "schedule: " << p.tasks << " tasks, " << p.total_messages << " puts, " << p.gathers
-     << " gathers, " << gb(double(p.total_bytes)) << " written (" << gb(double(p.gathered_bytes))
-     << " after a gather); scheduled in " << secs(s.schedule_seconds) << "\n\n";
+  os << "schedule: " << p.tasks << " tasks, " << p.total_messages << " puts, " << p.split_bands
+     << " bands split across mesh ranks, " << gb(double(p.total_bytes)) << " written ("
+     << gb(double(p.split_bytes)) << " in their sub-bands); scheduled in "
+     << secs(s.schedule_seconds) << "\n\n";
 
   os << "group    time        bound\n";
   for (const GroupPrediction& g : p.groups) {

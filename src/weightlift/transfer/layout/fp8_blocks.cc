@@ -10,17 +10,31 @@
 
 namespace wl::transfer {
 
-void quantize_fp8_band(std::span<const BandRow> rows, int64_t cols, uint8_t* dst, float* scales) {
-  WL_CHECK_LE(int64_t(rows.size()), kFp8BlockSize);
-  const int64_t nb = (cols + kFp8BlockSize - 1) / kFp8BlockSize;
-  for (int64_t b = 0; b < nb; ++b) scales[b] = 0.0f;
+void add_fp8_band_maxima(std::span<const BandRow> rows, int64_t cols, float* maxima) {
   for (const BandRow& r : rows)
-    kernels::fp8_block_amax(r.dtype, r.data, cols, kFp8BlockSize, scales);
-  for (int64_t b = 0; b < nb; ++b) scales[b] = scales[b] == 0.0f ? 1.0f : scales[b] / kFp8E4M3Max;
+    kernels::fp8_block_amax(r.dtype, r.data, cols, kFp8BlockSize, maxima);
+}
+
+void fp8_scales_from_maxima(const float* maxima, int64_t cols, float* scales) {
+  const int64_t nb = (cols + kFp8BlockSize - 1) / kFp8BlockSize;
+  for (int64_t b = 0; b < nb; ++b) scales[b] = maxima[b] == 0.0f ? 1.0f : maxima[b] / kFp8E4M3Max;
+}
+
+void quantize_fp8_rows(std::span<const BandRow> rows, int64_t cols, const float* scales,
+                       uint8_t* dst) {
   for (size_t i = 0; i < rows.size(); ++i) {
     kernels::fp8_quantize_row(rows[i].dtype, rows[i].data, cols, kFp8BlockSize, scales,
                               dst + int64_t(i) * cols);
   }
+}
+
+void quantize_fp8_band(std::span<const BandRow> rows, int64_t cols, uint8_t* dst, float* scales) {
+  WL_CHECK_LE(int64_t(rows.size()), kFp8BlockSize);
+  const int64_t nb = (cols + kFp8BlockSize - 1) / kFp8BlockSize;
+  std::vector<float> maxima(size_t(nb), 0.0f);
+  add_fp8_band_maxima(rows, cols, maxima.data());
+  fp8_scales_from_maxima(maxima.data(), cols, scales);
+  quantize_fp8_rows(rows, cols, scales, dst);
 }
 
 void quantize_fp8_band(const float* src, int64_t rows, int64_t cols, uint8_t* dst, float* scales) {

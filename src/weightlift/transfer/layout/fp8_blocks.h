@@ -26,6 +26,18 @@ struct BandRow {
 // f32. REQUIRES: rows.size() <= 128.
 void quantize_fp8_band(std::span<const BandRow> rows, int64_t cols, uint8_t* dst, float* scales);
 
+// The two passes apart, for a band whose rows lie on several ranks: each adds the maxima of
+// its own rows, the ranks take the maximum of their maxima (an allreduce), and each quantizes
+// its own rows with the scales of the whole band, so every byte is what one rank holding the
+// whole band would have written.
+// maxima: [ceil(cols / 128)]; maxima[b] = max(maxima[b], max |x| over block b of `rows`).
+void add_fp8_band_maxima(std::span<const BandRow> rows, int64_t cols, float* maxima);
+// scales[b] = maxima[b] / 448, or 1 for a block of zeros.
+void fp8_scales_from_maxima(const float* maxima, int64_t cols, float* scales);
+// dst: [rows.size(), cols] e4m3, each row divided by its block's scale.
+void quantize_fp8_rows(std::span<const BandRow> rows, int64_t cols, const float* scales,
+                       uint8_t* dst);
+
 // The same for a contiguous f32 band src: [rows, cols], borrowed.
 void quantize_fp8_band(const float* src, int64_t rows, int64_t cols, uint8_t* dst, float* scales);
 

@@ -125,6 +125,7 @@ class TrainerWeights {
   int mesh_id() const { return options_.mesh_id; }
   int mesh_rank() const { return mesh_ ? mesh_->rank() : 0; }
   int mesh_size() const { return mesh_ ? mesh_->size() : 1; }
+  comm::Group* mesh() const { return mesh_.get(); }  // null: a mesh of one
 
   const std::vector<ShardedTensor>& tensors() const { return tensors_; }
   std::vector<ShardedTensor>& tensors() { return tensors_; }

@@ -12,10 +12,12 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "weightlift/comm/collectives/allreduce.h"
 #include "weightlift/comm/launch/process_alive.h"
 #include "weightlift/core/parallel.h"
 #include "weightlift/core/timing.h"
@@ -59,21 +61,16 @@ void populate_for_writing(std::byte* at, uint64_t bytes) {
 
 constexpr uint32_t kChecksumTag = 0x7c5;  // user tag of the checksum messages
 
-// A sender's work, in the order it meets it: a gather of its mesh, or one of its tasks.
-struct Step {
-  bool gather = false;
-  int index = 0;  // into plan.gathers or plan.tasks
-};
-
 // What a sender knows of its part of the plan, fixed when the executor is made; the
 // connections to its receivers are added at the first update.
 struct SenderPlan {
   const Plan* plan = nullptr;
   TrainerWeights* weights = nullptr;
-  std::vector<Step> steps;
-  std::vector<int> gather_last_use;  // by gather: this rank's last task reading it, or -1
-  std::set<int> targets;             // receiver world ranks this sender writes to
-  std::map<int, size_t> tasks_to;    // by target: how many of this sender's tasks it holds
+  int mesh = 0;                    // its mesh's index in the plan
+  std::vector<int> tasks;          // its tasks, in plan order
+  std::vector<int> split_tasks;    // those that are sub-bands of a split band
+  std::set<int> targets;           // receiver world ranks this sender writes to
+  std::map<int, size_t> tasks_to;  // by target: how many of this sender's tasks it holds
   // Per target, once connected:
   std::map<int, int> peer;  // worker peer id
   std::map<int, comm::RemoteKey> rkey;
@@ -81,12 +78,11 @@ struct SenderPlan {
 
   bool zero_copy(const PlanTask& t) const;
   size_t task_staging(const PlanTask& t) const;  // load + scratch + output
-  size_t gather_bytes(const PlanGather& g) const;
   size_t required_watermark() const;
 };
 
 bool SenderPlan::zero_copy(const PlanTask& t) const {
-  if (t.quantized() || t.gather >= 0 || t.pieces.size() != 1) return false;
+  if (t.quantized() || t.pieces.size() != 1) return false;
   const PlanPiece& p = t.pieces[0];
   const ShardedTensor* s = weights->find(p.param);
   return s->dtype() == DType::kBF16 && !s->offloaded() && p.col_begin == 0 &&
@@ -96,41 +92,18 @@ bool SenderPlan::zero_copy(const PlanTask& t) const {
 size_t SenderPlan::task_staging(const PlanTask& t) const {
   if (zero_copy(t)) return 0;
   size_t load = 0;
-  if (t.gather < 0) {
-    for (const PlanPiece& p : t.pieces) {
-      const ShardedTensor* s = weights->find(p.param);
-      if (s->offloaded()) {
-        load += size_t((p.row_end - p.row_begin) * s->row_elems()) * dtype_size(s->dtype());
-      }
+  for (const PlanPiece& p : t.pieces) {
+    const ShardedTensor* s = weights->find(p.param);
+    if (s->offloaded()) {
+      load += size_t((p.row_end - p.row_begin) * s->row_elems()) * dtype_size(s->dtype());
     }
   }
   return load + prepare_scratch_floats(t) * 4 + t.total_bytes();
 }
 
-size_t SenderPlan::gather_bytes(const PlanGather& g) const {
-  size_t n = 0;
-  for (const std::string& p : g.params) {
-    const ShardedTensor* s = weights->find(p);
-    n += size_t(shape_numel(s->shape())) * dtype_size(s->dtype());
-  }
-  return n;
-}
-
 size_t SenderPlan::required_watermark() const {
-  size_t held = 0, need = 0;
-  for (const Step& s : steps) {
-    if (s.gather) {
-      const size_t g = gather_bytes(plan->gathers[size_t(s.index)]);
-      need = std::max(need, held + g);
-      if (gather_last_use[size_t(s.index)] >= 0) held += g;
-    } else {
-      const PlanTask& t = plan->tasks[size_t(s.index)];
-      need = std::max(need, held + task_staging(t));
-      if (t.gather >= 0 && gather_last_use[size_t(t.gather)] == s.index) {
-        held -= gather_bytes(plan->gathers[size_t(t.gather)]);
-      }
-    }
-  }
+  size_t need = 0;
+  for (int i : tasks) need = std::max(need, task_staging(plan->tasks[size_t(i)]));
   return need;
 }
 
@@ -144,16 +117,8 @@ class SendQueue {
       : s_(s), o_(o), slot_(slot), w_(w), deadline_(deadline), report_(report), sums_(sums) {}
 
   Status run() {
-    for (size_t i = 0; i < s_.steps.size();) {
-      if (s_.steps[i].gather) {
-        WL_RETURN_IF_ERROR(gather(s_.steps[i++].index));
-        continue;
-      }
-      size_t end = i;
-      while (end < s_.steps.size() && !s_.steps[end].gather) ++end;
-      WL_RETURN_IF_ERROR(send_run(i, end));
-      i = end;
-    }
+    WL_RETURN_IF_ERROR(share_maxima());
+    WL_RETURN_IF_ERROR(send_tasks());
     return complete();
   }
 
@@ -185,20 +150,23 @@ class SendQueue {
   }
   Status retire_oldest();
   Status admit(size_t need);  // retires puts until `need` more bytes fit
-  void release_gathered();
-  Status gather(int index);
-  // The tasks of steps [begin, end) (no gather among them), in batches prepared on every
-  // compute thread at once, each batch's staging within the watermark, then written in order.
-  Status send_run(size_t begin, size_t end);
+  // The block maxima of the bands this rank's mesh splits: each rank adds its sub-bands' to
+  // a vector of the mesh's shared maxima, and an allreduce takes their maximum. Before the
+  // first put, so it never waits behind queued writes.
+  Status share_maxima();
+  // Every task, in batches prepared on every compute thread at once, each batch's staging
+  // within the watermark, then written in order.
+  Status send_tasks();
   Prepared plan_task(int index) const;
   // Runs on any compute thread: writes only p (and, in place, its task's bytes of the
-  // receiver's slot); reads the plan, the weights and the gathered tensors.
+  // receiver's slot); reads the plan, the weights and the shared maxima.
   void prepare(Prepared& p);
   Status write(Prepared& p);
-  // The rows task `t` reads, where they lie; offloaded rows are copied into `loads` first.
+  // The rows task `t` reads, where they lie; offloaded rows are copied into `loads` first
+  // (null: read where they lie too, for a pass that only reads them).
   std::vector<PieceSource> load(const PlanTask& t, std::vector<std::unique_ptr<std::byte[]>>* loads,
                                 size_t* load_bytes);
-  void count_task(const PlanTask& t, int index, bool direct);
+  void count_task(const PlanTask& t, bool direct);
   Status complete();
 
   const SenderPlan& s_;
@@ -210,8 +178,7 @@ class SendQueue {
   std::map<int, std::vector<uint64_t>>* sums_;
   std::deque<InFlight> inflight_;
   size_t staged_ = 0;
-  std::map<std::string, Tensor> gathered_;
-  size_t gathered_bytes_ = 0;
+  std::vector<float> maxima_;  // the mesh's shared block maxima, once reduced
 };
 
 Status SendQueue::retire_oldest() {
@@ -231,29 +198,31 @@ Status SendQueue::admit(size_t need) {
   return ok_status();
 }
 
-void SendQueue::release_gathered() {
-  gathered_.clear();
-  staged_ -= gathered_bytes_;
-  gathered_bytes_ = 0;
-}
-
-Status SendQueue::gather(int index) {
-  const PlanGather& g = s_.plan->gathers[size_t(index)];
-  WL_CHECK(gathered_.empty());
-  const size_t bytes = s_.gather_bytes(g);
-  WL_RETURN_IF_ERROR(admit(bytes));
-  grow(bytes);
-  gathered_bytes_ = bytes;
+Status SendQueue::share_maxima() {
+  const auto n = size_t(s_.plan->maxima_floats[size_t(s_.mesh)]);
+  if (n == 0) return ok_status();
   const Stopwatch t;
-  for (const std::string& name : g.params) {
-    const ShardedTensor* s = s_.weights->find(name);
-    Tensor full = Tensor::empty(s->dtype(), s->shape());
-    WL_RETURN_IF_ERROR(s->full_tensor_into(full.raw(), o_.timeout));
-    gathered_.emplace(name, std::move(full));
+  maxima_.assign(n, 0.0f);
+  std::mutex merge;
+  parallel_for(int64_t(s_.split_tasks.size()), 1, [&](int64_t b, int64_t e) {
+    std::vector<float> mine(n, 0.0f);  // two sub-bands here may share their band's blocks
+    for (int64_t i = b; i < e; ++i) {
+      const PlanTask& task = s_.plan->tasks[size_t(s_.split_tasks[size_t(i)])];
+      add_task_maxima(task, load(task, nullptr, nullptr), mine.data() + task.maxima);
+    }
+    const std::lock_guard lock(merge);
+    for (size_t k = 0; k < n; ++k) maxima_[k] = std::max(maxima_[k], mine[k]);
+  });
+  Status s = comm::allreduce(*s_.weights->mesh(), {.recv = maxima_.data(),
+                                                   .count = n,
+                                                   .dtype = DType::kF32,
+                                                   .op = comm::ReduceOp::kMax,
+                                                   .timeout = comm::time_left(deadline_)});
+  report_->prepare_seconds += t.seconds();
+  if (!s.ok()) {
+    return s.with_context("sharing the block maxima of the bands split in mesh " +
+                          std::to_string(s_.mesh));
   }
-  report_->gather_seconds += t.seconds();
-  ++report_->gathers;
-  if (s_.gather_last_use[size_t(index)] < 0) release_gathered();
   return ok_status();
 }
 
@@ -263,16 +232,12 @@ std::vector<PieceSource> SendQueue::load(const PlanTask& task,
   std::vector<PieceSource> sources;
   for (const PlanPiece& p : task.pieces) {
     const ShardedTensor* s = s_.weights->find(p.param);
-    if (task.gather >= 0) {
-      sources.push_back({gathered_.at(p.param).raw(), 0, s->row_elems(), s->dtype()});
-      continue;
-    }
     const ShardRows mine = s->local_rows();
     WL_CHECK(mine.contains(p.row_begin, p.row_end)) << task.tensor << " from " << p.param;
     const size_t row_bytes = size_t(s->row_elems()) * dtype_size(s->dtype());
     const auto* rows = static_cast<const std::byte*>(s->shard().raw()) +
                        size_t(p.row_begin - mine.begin) * row_bytes;
-    if (s->offloaded()) {
+    if (s->offloaded() && loads != nullptr) {
       const size_t n = size_t(p.row_end - p.row_begin) * row_bytes;
       loads->emplace_back(new std::byte[n]);
       std::memcpy(loads->back().get(), rows, n);
@@ -285,11 +250,10 @@ std::vector<PieceSource> SendQueue::load(const PlanTask& task,
 }
 
 // The task's bookkeeping once its bytes are stored (direct) or its puts issued.
-void SendQueue::count_task(const PlanTask& task, int index, bool direct) {
+void SendQueue::count_task(const PlanTask& task, bool direct) {
   report_->bytes += task.total_bytes();
   if (direct) report_->direct_bytes += task.total_bytes();
   ++report_->tasks;
-  if (task.gather >= 0 && s_.gather_last_use[size_t(task.gather)] == index) release_gathered();
 }
 
 SendQueue::Prepared SendQueue::plan_task(int index) const {
@@ -301,21 +265,22 @@ SendQueue::Prepared SendQueue::plan_task(int index) const {
   return p;
 }
 
-Status SendQueue::send_run(size_t begin, size_t end) {
+Status SendQueue::send_tasks() {
   // Enough tasks per batch to keep every compute thread busy, few enough that the first
   // writes start soon.
   const size_t most = num_threads() == 1 ? 1 : size_t(2 * num_threads());
-  for (size_t i = begin; i < end;) {
-    // The batch: the next tasks whose staging fits what the watermark leaves beside the
-    // gathered tensors (the first always does: required_watermark()); then as many puts in
-    // flight retire as it takes to make room for all of it, so that a sender whose
-    // watermark is full of puts still prepares a whole batch at once.
+  const size_t end = s_.tasks.size();
+  for (size_t i = 0; i < end;) {
+    // The batch: the next tasks whose staging fits the watermark (the first always does:
+    // required_watermark()); then as many puts in flight retire as it takes to make room for
+    // all of it, so that a sender whose watermark is full of puts still prepares a whole
+    // batch at once.
     std::vector<Prepared> batch;
-    batch.push_back(plan_task(s_.steps[i].index));
+    batch.push_back(plan_task(s_.tasks[i]));
     size_t need = batch[0].need;
     while (i + batch.size() < end && batch.size() < most) {
-      Prepared next = plan_task(s_.steps[i + batch.size()].index);
-      if (gathered_bytes_ + need + next.need > o_.watermark_bytes) break;
+      Prepared next = plan_task(s_.tasks[i + batch.size()]);
+      if (need + next.need > o_.watermark_bytes) break;
       need += next.need;
       batch.push_back(std::move(next));
     }
@@ -340,13 +305,14 @@ void SendQueue::prepare(Prepared& p) {
   } else {
     std::vector<std::unique_ptr<std::byte[]>> loads;  // freed as this scope ends
     const std::vector<PieceSource> sources = load(task, &loads, &p.load_bytes);
+    const float* band_maxima = task.maxima >= 0 ? maxima_.data() + task.maxima : nullptr;
     if (p.in_place) {
       prepare_task_into(task, sources, p.slot_base + task.dst_offset,
-                        p.slot_base + task.scale_offset);
+                        p.slot_base + task.scale_offset, band_maxima);
       return;
     }
     p.f.staging.reset(new std::byte[task.total_bytes()]);
-    prepare_task(task, sources, p.f.staging.get(), nullptr);
+    prepare_task(task, sources, p.f.staging.get(), nullptr, band_maxima);
     p.out = p.f.staging.get();
   }
   if (o_.checksums) {
@@ -359,7 +325,7 @@ Status SendQueue::write(Prepared& p) {
   const PlanTask& task = s_.plan->tasks[size_t(p.index)];
   staged_ -= p.load_bytes;  // the loads were freed as the task was prepared
   if (p.in_place) {
-    count_task(task, p.index, true);
+    count_task(task, true);
     return ok_status();
   }
   const std::byte* out = p.out;
@@ -378,7 +344,7 @@ Status SendQueue::write(Prepared& p) {
     }
     if (!p.direct_put) staged_ -= task.total_bytes();
     report_->write_seconds += write.seconds();
-    count_task(task, p.index, true);
+    count_task(task, true);
     return ok_status();
   }
   const PlanReceiver& r = *s_.plan->find_receiver(task.receiver);
@@ -394,7 +360,7 @@ Status SendQueue::write(Prepared& p) {
   f.bytes = p.direct_put ? 0 : task.total_bytes();
   inflight_.push_back(std::move(f));
   report_->write_seconds += write.seconds();
-  count_task(task, p.index, false);
+  count_task(task, false);
   return ok_status();
 }
 
@@ -444,15 +410,12 @@ Status P2PExecutor::plan_sender() {
   WL_ASSIGN_OR_RETURN(const PlanTrainer* pt, place_trainer(o_.plan, me, *o_.weights));
   const Plan& p = o_.plan;
   sender_.weights = o_.weights;
-  sender_.gather_last_use.assign(p.gathers.size(), -1);
-  size_t next_gather = 0;
+  sender_.mesh = pt->mesh_id;
+  if (p.maxima_floats[size_t(pt->mesh_id)] > 0 && o_.weights->mesh() == nullptr) {
+    return failed_precondition("trainer rank " + std::to_string(me) +
+                               ": the plan splits bands over its mesh, and it has no mesh");
+  }
   for (size_t i = 0; i < p.tasks.size(); ++i) {
-    for (; next_gather < p.gathers.size() && p.gathers[next_gather].before_task <= int(i);
-         ++next_gather) {
-      if (p.gathers[next_gather].mesh == pt->mesh_id) {
-        sender_.steps.push_back({true, int(next_gather)});
-      }
-    }
     const PlanTask& t = p.tasks[i];
     if (t.sender != me) continue;
     for (const PlanPiece& q : t.pieces) {
@@ -461,11 +424,8 @@ Status P2PExecutor::plan_sender() {
                          q.param + "', which it lacks");
       }
     }
-    if (t.gather >= 0) {
-      WL_CHECK_EQ(p.gathers[size_t(t.gather)].mesh, pt->mesh_id) << t.tensor;
-      sender_.gather_last_use[size_t(t.gather)] = int(i);
-    }
-    sender_.steps.push_back({false, int(i)});
+    sender_.tasks.push_back(int(i));
+    if (t.maxima >= 0) sender_.split_tasks.push_back(int(i));
     sender_.targets.insert(t.receiver);
     ++sender_.tasks_to[t.receiver];
   }
@@ -597,7 +557,7 @@ Result<UpdateReport> P2PExecutor::update(const UpdateOptions& o) {
     mine = resource_exhausted("trainer rank " + std::to_string(o_.world->rank()) + ": watermark " +
                               std::to_string(o.watermark_bytes) + " bytes is below the " +
                               std::to_string(required_watermark()) +
-                              " this plan needs (its largest task beside its gathered tensors)");
+                              " this plan needs (its largest task)");
   }
   return run_round(*o_.world, o_.plan, o_.receiver, TransferMode::kP2P, o, mine,
                    [&](const RoundStart& round, UpdateReport& report) {

@@ -7,19 +7,24 @@
 //        boundaries of its parameter's mesh (torch.chunk's, or the RowSplit the trainers
 //        hold it by, layout/sharded_tensor.h); every piece lies inside one mesh rank's shard,
 //        so that rank sends it with no gather.
-//   fp8: a block scale needs all 128 rows of its band, so a task is a 128-row band; it is
-//        sent directly by the lowest mesh rank whose shards hold every row it reads, or else
-//        needs a full_tensor() of the parameters it reads.
+//   fp8: a block scale needs all 128 rows of its band, so a task is a 128-row band, sent by
+//        the lowest mesh rank whose shards hold every row it reads. A band no mesh rank holds
+//        whole is split at the shard boundaries into sub-bands (split_band), each sent by the
+//        mesh rank that holds it, all of one mesh; they share the band's block maxima through
+//        one allreduce per mesh and update, so no rank gathers the parameters (seed 000's
+//        full_tensor()) and each byte crosses the network once. The sub-band holding the
+//        band's first row writes its scale row.
 //   families: a receiver tensor name is a family (the same fused tensor on every TP rank),
 //        taken in order of first appearance, dense before expert, so the small dense weights
 //        are not queued behind the experts.
 //   senders: each task goes to the eligible trainer with the fewest bytes so far (ties to the
-//        lower rank); a family's gather goes to the mesh with the fewest bytes so far (ties to
-//        the first mesh).
+//        lower rank); a split band goes to the mesh with the fewest bytes so far (ties to the
+//        first mesh).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "weightlift/transfer/layout/inference_layout.h"
@@ -71,6 +76,47 @@ int direct_mesh_rank(int mesh_size, const Pieces& pieces, ShardOf&& shard_of) {
   }
   return -1;
 }
+
+// One cut of a band that no mesh rank holds whole: parameter rows [b, e) of the band's piece
+// `piece`, held by mesh rank `k`, landing at receiver row `dst`.
+struct BandCut {
+  size_t piece = 0;
+  int k = 0;
+  int64_t b = 0, e = 0, dst = 0;
+};
+
+// The sub-bands of such a band: its pieces (a range of elements with b, e and dst: parameter
+// rows [b, e) landing at receiver row dst) cut at the shards, in receiver-row order, and
+// grouped into runs that one mesh rank holds and that land on consecutive rows.
+// fn(k, cuts) for each run; `cuts` is scratch, reused between bands.
+template <typename Pieces, typename ShardOf, typename Fn>
+void split_band(int mesh_size, const Pieces& pieces, ShardOf&& shard_of, std::vector<BandCut>& cuts,
+                Fn&& fn) {
+  cuts.clear();
+  size_t i = 0;
+  for (const auto& p : pieces) {
+    cut_at_shards(
+        mesh_size, [&](int k) { return shard_of(p, k); }, p.b, p.e, p.dst,
+        [&](int k, int64_t b, int64_t e, int64_t dst) {
+          cuts.push_back({i, k, b, e, dst});
+        });
+    ++i;
+  }
+  std::stable_sort(cuts.begin(), cuts.end(),
+                   [](const BandCut& x, const BandCut& y) { return x.dst < y.dst; });
+  for (size_t first = 0; first < cuts.size();) {
+    size_t last = first + 1;
+    while (last < cuts.size() && cuts[last].k == cuts[first].k &&
+           cuts[last].dst == cuts[last - 1].dst + cuts[last - 1].e - cuts[last - 1].b) {
+      ++last;
+    }
+    fn(cuts[first].k, std::span<const BandCut>(cuts.data() + first, last - first));
+    first = last;
+  }
+}
+
+// The block maxima a band's scales come from: one float per 128-column block.
+inline int64_t band_blocks(int64_t cols) { return (cols + kFp8BlockSize - 1) / kFp8BlockSize; }
 
 // The families rule's order: `families`, gathered in order of first appearance over the
 // receivers, reordered dense before expert, each group keeping that order. is_expert(f): whether

@@ -30,13 +30,14 @@ std::string describe(DType d, const Shape& s) {
 // A task before its sender is chosen.
 struct Unit {
   PlanTask task;
-  int direct_mesh_rank = -1;  // -1: needs a gather
+  int mesh_rank = 0;  // which rank of a mesh holds every row it reads
+  int band = -1;      // a sub-band: its split band's number, the same for all its sub-bands
 };
 
-// What direct_mesh_rank (cutting.h) asks of a piece.
+// What direct_mesh_rank and split_band (cutting.h) ask of a piece.
 struct PieceRows {
   const RowSplit* split = nullptr;  // the piece's parameter's
-  int64_t b = 0, e = 0;
+  int64_t b = 0, e = 0, dst = 0;
 };
 
 // One receiver's metadata beside the layout it must hold.
@@ -66,7 +67,8 @@ class Planner {
   void cut_fp8(const ReceiverSide& side, const ReceiverTensor& t, std::vector<Unit>& units);
   PlanTask task_rows(const ReceiverSide& side, const ReceiverTensor& t, int64_t r0,
                      int64_t r1) const;
-  void assign(std::vector<Unit>& units, bool expert);
+  void assign(std::vector<Unit>& units);
+  int least_loaded_mesh();
   const RowSplit& split(const std::string& param) const { return splits_.at(param); }
 
   std::vector<const RankMeta*> trainers_;
@@ -83,6 +85,8 @@ class Planner {
   std::map<std::string, RowSplit> splits_;
   std::map<std::pair<int, int>, int> seats_;  // trainer world rank by (mesh, mesh rank)
   std::map<int, uint64_t> load_;              // bytes assigned so far, by trainer world rank
+  int split_bands_ = 0;                       // bands split so far
+  std::vector<BandCut> cuts_;                 // split_band's scratch
   Plan plan_;
 };
 
@@ -352,21 +356,41 @@ void Planner::cut_bf16(const ReceiverSide& side, const ReceiverTensor& t,
 
 void Planner::cut_fp8(const ReceiverSide& side, const ReceiverTensor& t, std::vector<Unit>& units) {
   const TensorMeta& sm = *side.declared.at(t.scale);
-  const int64_t scale_cols = (t.cols + kFp8BlockSize - 1) / kFp8BlockSize;
+  const int64_t scale_cols = band_blocks(t.cols);
   for_each_band(t.rows, [&](int64_t r0, int64_t r1) {
-    Unit u{task_rows(side, t, r0, r1)};
-    u.task.scale_offset = sm.offset + uint64_t(r0 / kFp8BlockSize * scale_cols) * 4;
-    u.task.scale_bytes = uint64_t(scale_cols) * 4;
+    const uint64_t scale_offset = sm.offset + uint64_t(r0 / kFp8BlockSize * scale_cols) * 4;
+    std::vector<PlanPiece> pieces;
     std::vector<PieceRows> rows;
     for (const SourceSlice& s : t.sources) {
       int64_t b = 0, e = 0, dst = 0;
       if (!band_piece(s.row_begin, s.rows(), s.dst_row, r0, r1, &b, &e, &dst)) continue;
-      u.task.pieces.push_back({s.param, b, e, s.col_begin, s.col_end, dst});
-      rows.push_back({&split(s.param), b, e});
+      pieces.push_back({s.param, b, e, s.col_begin, s.col_end, dst});
+      rows.push_back({&split(s.param), b, e, dst});
     }
-    u.direct_mesh_rank = direct_mesh_rank(
-        plan_.mesh_size, rows, [](const PieceRows& p, int k) { return p.split->rank_rows(k); });
-    units.push_back(std::move(u));
+    auto shard_of = [](const PieceRows& p, int k) { return p.split->rank_rows(k); };
+    const int direct = direct_mesh_rank(plan_.mesh_size, rows, shard_of);
+    if (direct >= 0) {
+      Unit u{task_rows(side, t, r0, r1), direct};
+      u.task.scale_offset = scale_offset;
+      u.task.scale_bytes = uint64_t(scale_cols) * 4;
+      u.task.pieces = std::move(pieces);
+      units.push_back(std::move(u));
+      return;
+    }
+    const int band = split_bands_++;
+    split_band(plan_.mesh_size, rows, shard_of, cuts_, [&](int k, std::span<const BandCut> run) {
+      const int64_t d0 = run.front().dst, d1 = run.back().dst + run.back().e - run.back().b;
+      Unit u{task_rows(side, t, d0, d1), k, band};
+      if (d0 == r0) {
+        u.task.scale_offset = scale_offset;
+        u.task.scale_bytes = uint64_t(scale_cols) * 4;
+      }
+      for (const BandCut& c : run) {
+        const PlanPiece& p = pieces[c.piece];
+        u.task.pieces.push_back({p.param, c.b, c.e, p.col_begin, p.col_end, c.dst});
+      }
+      units.push_back(std::move(u));
+    });
   });
 }
 
@@ -385,38 +409,35 @@ std::vector<Unit> Planner::cut(const std::string& family) {
   return units;
 }
 
-// The family's gather, if any band needs one, on the mesh with the fewest bytes; then every
-// task's sender by the fewest bytes so far.
-void Planner::assign(std::vector<Unit>& units, bool expert) {
-  int gather = -1, gather_mesh = -1;
-  PlanGather g{.expert = expert, .before_task = int(plan_.tasks.size())};
-  for (const Unit& u : units) {
-    if (u.direct_mesh_rank >= 0) continue;
-    for (const PlanPiece& p : u.task.pieces) {
-      if (std::find(g.params.begin(), g.params.end(), p.param) == g.params.end()) {
-        g.params.push_back(p.param);
-      }
-    }
-  }
-  if (!g.params.empty()) {
-    std::vector<uint64_t> mesh_load(size_t(plan_.num_meshes), 0);
-    for (const PlanTrainer& t : plan_.trainers) mesh_load[size_t(t.mesh_id)] += load_[t.rank];
-    gather_mesh = int(std::min_element(mesh_load.begin(), mesh_load.end()) - mesh_load.begin());
-    g.mesh = gather_mesh;
-    gather = int(plan_.gathers.size());
-    plan_.gathers.push_back(std::move(g));
-  }
+// The mesh whose ranks have the fewest bytes so far (ties to the first).
+int Planner::least_loaded_mesh() {
+  std::vector<uint64_t> mesh_load(size_t(plan_.num_meshes), 0);
+  for (const PlanTrainer& t : plan_.trainers) mesh_load[size_t(t.mesh_id)] += load_[t.rank];
+  return int(std::min_element(mesh_load.begin(), mesh_load.end()) - mesh_load.begin());
+}
+
+// Every task's sender by the fewest bytes so far: a whole band's from its mesh rank in any
+// mesh, a split band's sub-bands from one mesh, chosen at its first, whose shared maxima get
+// the band's blocks.
+void Planner::assign(std::vector<Unit>& units) {
+  int band = -1, band_mesh = -1;
+  int64_t band_maxima = -1;
   for (Unit& u : units) {
+    if (u.band >= 0 && u.band != band) {
+      band = u.band;
+      band_mesh = least_loaded_mesh();
+      band_maxima = plan_.maxima_floats[size_t(band_mesh)];
+      plan_.maxima_floats[size_t(band_mesh)] += band_blocks(u.task.cols);
+    }
     int best = -1;
     for (const PlanTrainer& t : plan_.trainers) {
-      const bool eligible =
-          u.direct_mesh_rank >= 0 ? t.mesh_rank == u.direct_mesh_rank : t.mesh_id == gather_mesh;
+      const bool eligible = t.mesh_rank == u.mesh_rank && (u.band < 0 || t.mesh_id == band_mesh);
       if (eligible && fewer_bytes(t.rank, load_[t.rank], best, best < 0 ? 0 : load_[best])) {
         best = t.rank;
       }
     }
     WL_CHECK_GE(best, 0);
-    if (u.direct_mesh_rank < 0) u.task.gather = gather;
+    if (u.band >= 0) u.task.maxima = band_maxima;
     u.task.sender = best;
     load_[best] += u.task.total_bytes();
     plan_.tasks.push_back(std::move(u.task));
@@ -430,9 +451,10 @@ Result<Plan> Planner::run() {
   WL_RETURN_IF_ERROR(check_splits());
   for (ReceiverSide& side : receivers_) WL_RETURN_IF_ERROR(check_receiver(side));
   for (const PlanTrainer& t : plan_.trainers) load_[t.rank] = 0;
-  for (const auto& [expert, name] : families()) {
-    std::vector<Unit> units = cut(name);
-    assign(units, expert);
+  plan_.maxima_floats.assign(size_t(plan_.num_meshes), 0);
+  for (const auto& family : families()) {
+    std::vector<Unit> units = cut(family.second);
+    assign(units);
   }
   return std::move(plan_);
 }
@@ -488,14 +510,7 @@ std::string plan_to_json(const Plan& p) {
          {"rkey", to_hex(r.rkey)}});
   }
   j["receivers"] = rs;
-  json gs = json::array();
-  for (const PlanGather& g : p.gathers) {
-    gs.push_back({{"mesh", g.mesh},
-                  {"expert", g.expert},
-                  {"before_task", g.before_task},
-                  {"params", g.params}});
-  }
-  j["gathers"] = gs;
+  j["maxima_floats"] = p.maxima_floats;
   json ks = json::array();
   for (const PlanTask& k : p.tasks) {
     json pieces = json::array();
@@ -509,7 +524,7 @@ std::string plan_to_json(const Plan& p) {
                   {"receiver", k.receiver},
                   {"tensor", k.tensor},
                   {"expert", k.expert},
-                  {"gather", k.gather},
+                  {"maxima", k.maxima},
                   {"rows", {k.row_begin, k.row_end}},
                   {"cols", k.cols},
                   {"dtype", dtype_name(k.dtype)},
@@ -548,7 +563,7 @@ PlanTask task_from_json(const json& k) {
   t.receiver = int32_field(k.at("receiver"));
   t.tensor = k.at("tensor").get<std::string>();
   t.expert = k.at("expert").get<bool>();
-  t.gather = int32_field(k.at("gather"));
+  t.maxima = int_field(k.at("maxima"));
   t.row_begin = int_field(k.at("rows").at(0));
   t.row_end = int_field(k.at("rows").at(1));
   t.cols = int_field(k.at("cols"));
@@ -588,16 +603,21 @@ Result<Plan> plan_from_json(std::string_view text, std::string_view where) {
           {int32_field(t.at("rank")), int32_field(t.at("mesh")), int32_field(t.at("mesh_rank"))});
     }
     for (const json& r : j.at("receivers")) p.receivers.push_back(receiver_from_json(r));
-    for (const json& g : j.at("gathers")) {
-      p.gathers.push_back({int32_field(g.at("mesh")), g.at("expert").get<bool>(),
-                           int32_field(g.at("before_task")),
-                           g.at("params").get<std::vector<std::string>>()});
+    for (const json& m : j.at("maxima_floats")) p.maxima_floats.push_back(int_field(m));
+    if (p.maxima_floats.size() != size_t(p.num_meshes)) {
+      throw_field_error(j.at("maxima_floats"), "needs one count per mesh");
     }
     for (const json& k : j.at("tasks")) {
       PlanTask t = task_from_json(k);
-      if (t.gather < -1 || t.gather >= int(p.gathers.size()) ||
-          p.find_trainer(t.sender) == nullptr || p.find_receiver(t.receiver) == nullptr) {
-        throw_field_error(k, "names an unknown gather, sender or receiver");
+      const PlanTrainer* sender = p.find_trainer(t.sender);
+      if (sender == nullptr || p.find_receiver(t.receiver) == nullptr) {
+        throw_field_error(k, "names an unknown sender or receiver");
+      }
+      if (t.maxima < -1 ||
+          (t.maxima >= 0 &&
+           (sender->mesh_id < 0 || sender->mesh_id >= p.num_meshes ||
+            t.maxima + band_blocks(t.cols) > p.maxima_floats[size_t(sender->mesh_id)]))) {
+        throw_field_error(k, "reads block maxima outside its mesh's shared maxima");
       }
       p.tasks.push_back(std::move(t));
     }

@@ -9,14 +9,16 @@
 //     shard: no gather at all, and no byte moves twice.
 //   - fp8 matrices: a block scale needs all 128 rows of its band, so the task is a 128-row
 //     band. If one mesh rank's shards hold every row of the band, that rank quantizes it from
-//     its shards directly; otherwise the band needs full_tensor() of the parameters it reads.
-// Gathers: for each receiver tensor name (a "family": the same fused tensor on every TP rank),
-// the bands that need a gather get it from one mesh, the one with the fewest bytes so far;
-// only the parameters those bands read are gathered, once per family, and each band goes to
-// the least-loaded rank of that mesh (any rank can produce it after full_tensor()). Dense
-// families come before expert families, as in seed 000, so the small dense weights are not
-// queued behind the experts. Distinct meshes gather and send in parallel; within a mesh every
-// rank meets its gathers in plan order.
+//     its shards directly. Otherwise the band is split at the shard boundaries into sub-bands,
+//     one task each, all sent by the ranks of one mesh (the one with the fewest bytes so far):
+//     each rank adds the block maxima of its rows to its mesh's shared maxima, one allreduce
+//     per mesh and update takes their maximum, and each quantizes its own rows with the
+//     band's scales. Seed 000 gathers the parameters (full_tensor()) instead; here no byte of
+//     a parameter moves between trainers, which on a mesh across hosts kept each gather
+//     queued behind the other host's puts (docs/BENCHMARKS.md, 2026-12-03).
+// Families (a receiver tensor name: the same fused tensor on every TP rank) are taken in
+// order, dense before expert as in seed 000, so the small dense weights are not queued behind
+// the experts.
 //
 // Validation happens here, before any byte moves: every refusal names the tensor and the rank
 // (docs/errors.md codes): a receiver tensor that no parameter produces (NotFound), a shape or
@@ -50,23 +52,18 @@ struct PlanTask {
   int receiver = 0;    // world rank of the receiver
   std::string tensor;  // receiver tensor name
   bool expert = false;
-  int gather = -1;  // Plan::gathers index the pieces read from; -1: the sender's own shards
+  // A sub-band of a band split across mesh ranks: the first of its band's block maxima in its
+  // mesh's shared maxima (Plan::maxima_floats); -1: its rows are the whole band (or bf16).
+  int64_t maxima = -1;
   int64_t row_begin = 0, row_end = 0;  // rows of the receiver tensor (as [rows, cols])
   int64_t cols = 0;
   DType dtype = DType::kBF16;                  // what lands: kBF16 or kF8E4M3
   uint64_t dst_offset = 0, bytes = 0;          // in a receiver slot, bytes
   uint64_t scale_offset = 0, scale_bytes = 0;  // fp8: the band's row of the scale tensor
+                                               // (of a split band, on its first sub-band only)
   std::vector<PlanPiece> pieces;
   uint64_t total_bytes() const { return bytes + scale_bytes; }
   bool quantized() const { return dtype == DType::kF8E4M3; }
-};
-
-// full_tensor() of `params` on every rank of mesh `mesh`, just before task `before_task`.
-struct PlanGather {
-  int mesh = 0;
-  bool expert = false;
-  int before_task = 0;
-  std::vector<std::string> params;
 };
 
 struct PlanTrainer {
@@ -85,8 +82,9 @@ struct PlanReceiver {
 
 struct Plan {
   // Version 2: "format_version" (was "version") and each receiver's "engine" (was "instance").
+  // Version 3: split bands share "maxima_floats" per mesh; no "gathers", no task "gather".
   static constexpr RecordFormat kFormat{.name = "weightlift-transfer-plan",
-                                        .version = 2,
+                                        .version = 3,
                                         .what = "transfer plan",
                                         .remedy = "plan again with this build"};
   std::string config_json;  // our model's config; empty when the trainers hold a layout spec's
@@ -94,8 +92,9 @@ struct Plan {
   int mesh_size = 1, num_meshes = 1;
   std::vector<PlanTrainer> trainers;    // by world rank
   std::vector<PlanReceiver> receivers;  // by world rank
-  std::vector<PlanGather> gathers;      // in before_task order
-  std::vector<PlanTask> tasks;          // the global order; dense before experts
+  // By mesh: the floats of its shared block maxima, one allreduce per update (0: none).
+  std::vector<int64_t> maxima_floats;
+  std::vector<PlanTask> tasks;  // the global order; dense before experts
 
   const PlanTrainer* find_trainer(int rank) const;
   const PlanReceiver* find_receiver(int rank) const;

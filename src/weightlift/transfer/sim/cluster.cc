@@ -97,7 +97,7 @@ Status check_cluster(const ClusterOptions& o) {
   for (auto [name, v] :
        {std::pair<const char*, double>{"`message_overhead_us`", n.message_overhead_us},
         {"`barrier_ms`", n.barrier_ms},
-        {"`gather_ms`", n.gather_ms}}) {
+        {"`maxima_ms`", n.maxima_ms}}) {
     if (!(v >= 0)) return invalid_argument(w + opt(name, v) + ": must not be negative");
   }
   return ok_status();
@@ -195,8 +195,7 @@ Result<ScheduleInput> cluster_schedule_input(const ClusterOptions& o) {
     return invalid_argument("transfer simulate: `model` '" + o.model + "' is not one of " + names);
   }
   WL_RETURN_IF_ERROR(check_cluster(o));
-  ScheduleInput in{
-      .trainers = o.trainers, .gpus_per_node = o.gpus_per_node, .trainer_dtype = o.shard_dtype};
+  ScheduleInput in{.trainers = o.trainers, .trainer_dtype = o.shard_dtype};
   add_placements(o, in);
   WL_RETURN_IF_ERROR(add_model(o, k2 ? nullptr : &*config, in));
   return in;

@@ -7,7 +7,7 @@
 // Ranks, as a job would place them: trainer t on node t / gpus_per_node; receivers on their
 // own nodes, engine i holding receivers [i * engine_gpus, (i + 1) * engine_gpus).
 // Trainer layout (seed 000, "DeviceMesh and Mesh Groups"): the dense weights are FSDP-sharded
-// over meshes of `dense_mesh` consecutive ranks (one node at 8: the gathers use NVLink),
+// over meshes of `dense_mesh` consecutive ranks (one node at 8),
 // replicated over trainers / dense_mesh meshes (HSDP); the routed experts are expert
 // parallel over trainers / expert_mesh positions, position p a mesh of ranks p, p + P, ...
 // (on different nodes, as the seed's expert meshes are), expert e of every layer on position

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <set>
 #include <unordered_map>
 
 #include "weightlift/transfer/plan/cutting.h"
@@ -23,13 +24,14 @@ struct Unit {
   int64_t row_begin = 0, row_end = 0;
   uint64_t bytes = 0, scale_bytes = 0, prepare = 0;
   int messages = 1;
-  int placement = -1;  // of the direct sender
-  int direct = -1;     // mesh rank that holds every row it reads; -1: needs the gather
+  int placement = -1;  // of its sender
+  int mesh_rank = 0;   // which rank of a mesh holds every row it reads
+  int band = -1;       // a sub-band: its split band's number, the same for all its sub-bands
 };
 
-struct Piece {  // parameter rows [b, e) one fp8 band reads
+struct Piece {  // parameter rows [b, e) one fp8 band reads, landing at receiver row dst
   int param = 0;
-  int64_t param_rows = 0, b = 0, e = 0;
+  int64_t param_rows = 0, b = 0, e = 0, dst = 0;
 };
 
 struct Family {
@@ -38,10 +40,7 @@ struct Family {
 };
 
 void resize(PhaseLoads& p, size_t trainers, size_t receivers) {
-  for (auto* v :
-       {&p.sent, &p.messages, &p.prepare, &p.gather_nvlink, &p.gather_nic, &p.gather_calls}) {
-    v->assign(trainers, 0);
-  }
+  for (auto* v : {&p.sent, &p.messages, &p.prepare, &p.maxima_rounds}) v->assign(trainers, 0);
   p.received.assign(receivers, 0);
   p.received_messages.assign(receivers, 0);
 }
@@ -60,8 +59,8 @@ class Scheduler {
   Status make_families();
   void cut_bf16(int r, const ReceiverTensor& t, const std::vector<Source>& src);
   void cut_fp8(int r, const ReceiverTensor& t, const std::vector<Source>& src);
-  Result<const std::vector<int>*> gather(const Family& fam, PhaseLoads& ph);
-  void assign(const std::vector<int>* gather_mesh, PhaseLoads& ph);
+  const std::vector<int>& split_mesh(int placement, PhaseLoads& ph);
+  void assign(PhaseLoads& ph);
   int mesh_size(int param) const {
     return int(in_.placements[size_t(in_.params[size_t(param)].placement)].meshes[0].size());
   }
@@ -73,16 +72,17 @@ class Scheduler {
   std::vector<int> order_;      // families, dense before expert
   std::vector<uint64_t> load_;  // bytes assigned so far, by trainer
   size_t shard_es_ = 0;
+  int split_bands_ = 0;                       // bands split so far
+  std::set<const std::vector<int>*> rounds_;  // meshes whose maxima round is counted
+  Status error_;                              // the first band no mesh can split
   // Per family, reused:
   std::vector<Unit> units_;
-  std::vector<int> gather_params_;
   std::vector<Piece> pieces_;
+  std::vector<BandCut> cuts_;
 };
 
 Status Scheduler::check_placements() const {
-  if (in_.trainers < 1 || in_.gpus_per_node < 1) {
-    return invalid_argument(kWhere + "need at least one trainer and one GPU per node");
-  }
+  if (in_.trainers < 1) return invalid_argument(kWhere + "need at least one trainer");
   for (size_t i = 0; i < in_.placements.size(); ++i) {
     const Placement& pl = in_.placements[i];
     if (pl.meshes.empty() || pl.meshes[0].empty()) {
@@ -184,74 +184,71 @@ void Scheduler::cut_bf16(int r, const ReceiverTensor& t, const std::vector<Sourc
                             .bytes = elems * es,
                             .prepare = elems * cast,
                             .placement = p.placement,
-                            .direct = k});
+                            .mesh_rank = k});
         });
   }
 }
 
 void Scheduler::cut_fp8(int r, const ReceiverTensor& t, const std::vector<Source>& src) {
   const size_t es = dtype_size(t.dtype);
-  const int64_t scale_cols = (t.cols + kFp8BlockSize - 1) / kFp8BlockSize;
+  const uint64_t scale_bytes = uint64_t(band_blocks(t.cols)) * 4;
   for_each_band(t.rows, [&](int64_t r0, int64_t r1) {
-    const uint64_t elems = uint64_t((r1 - r0) * t.cols);
-    Unit& u = units_.emplace_back();  // built in place: this runs per 128-row band
-    u.receiver = r;
-    u.tensor = &t;
-    u.row_begin = r0;
-    u.row_end = r1;
-    u.bytes = elems * es;
-    u.scale_bytes = uint64_t(scale_cols) * 4;
-    u.prepare = elems * shard_es_;
-    u.messages = 2;
     pieces_.clear();
     for (const Source& s : src) {
       int64_t b = 0, e = 0, dst = 0;
       if (band_piece(s.row_begin, s.row_end - s.row_begin, s.dst_row, r0, r1, &b, &e, &dst)) {
-        pieces_.push_back({s.param, in_.params[size_t(s.param)].rows, b, e});
+        pieces_.push_back({s.param, in_.params[size_t(s.param)].rows, b, e, dst});
       }
     }
-    // A direct sender holds every piece in its own shards: one placement, one mesh rank.
-    const int placement = in_.params[size_t(pieces_.front().param)].placement;
-    const bool one_placement = std::all_of(pieces_.begin(), pieces_.end(), [&](const Piece& q) {
-      return in_.params[size_t(q.param)].placement == placement;
-    });
-    if (one_placement) {
-      const int ms = mesh_size(pieces_.front().param);
-      u.direct = direct_mesh_rank(
-          ms, pieces_, [&](const Piece& q, int k) { return shard_rows(q.param_rows, ms, k); });
+    // Rows [d0, d1) of the band as one task (built in place: this runs per 128-row band).
+    auto add = [&](int placement, int mesh_rank, int band, int64_t d0, int64_t d1) {
+      const uint64_t elems = uint64_t((d1 - d0) * t.cols);
+      Unit& u = units_.emplace_back();
+      u.receiver = r;
+      u.tensor = &t;
+      u.row_begin = d0;
+      u.row_end = d1;
+      u.bytes = elems * es;
+      u.scale_bytes = d0 == r0 ? scale_bytes : 0;
+      u.prepare = elems * shard_es_;
+      u.messages = d0 == r0 ? 2 : 1;
       u.placement = placement;
-    }
-    if (u.direct >= 0) return;
+      u.mesh_rank = mesh_rank;
+      u.band = band;
+    };
+    // Every piece must sit on one placement for one mesh rank, or one mesh, to send the band.
+    const int placement = in_.params[size_t(pieces_.front().param)].placement;
     for (const Piece& q : pieces_) {
-      if (std::find(gather_params_.begin(), gather_params_.end(), q.param) ==
-          gather_params_.end()) {
-        gather_params_.push_back(q.param);
+      if (in_.params[size_t(q.param)].placement == placement) continue;
+      if (error_.ok()) {
+        error_ = invalid_argument(kWhere + "receiver tensor '" + t.name + "' rows [" +
+                                  std::to_string(r0) + ", " + std::to_string(r1) +
+                                  ") read parameters on different placements ('" +
+                                  in_.params[size_t(pieces_.front().param)].name + "', '" +
+                                  in_.params[size_t(q.param)].name + "')");
       }
+      return;
     }
+    const int ms = mesh_size(pieces_.front().param);
+    auto shard_of = [&](const Piece& q, int k) { return shard_rows(q.param_rows, ms, k); };
+    const int direct = direct_mesh_rank(ms, pieces_, shard_of);
+    if (direct >= 0) {
+      add(placement, direct, -1, r0, r1);
+      return;
+    }
+    const int band = split_bands_++;
+    split_band(ms, pieces_, shard_of, cuts_, [&](int k, std::span<const BandCut> run) {
+      add(placement, k, band, run.front().dst, run.back().dst + run.back().e - run.back().b);
+    });
   });
 }
 
-// The family's gather, if any band needs one: on the holding mesh with the fewest bytes. Its
-// full_tensor() has every rank fetch every other rank's shard, from peers on its node over
-// NVLink and from the others over its NIC (and serve its own shard the same way).
-Result<const std::vector<int>*> Scheduler::gather(const Family& fam, PhaseLoads& ph) {
-  if (gather_params_.empty()) return nullptr;
-  const int pl = in_.params[size_t(gather_params_[0])].placement;
-  uint64_t bytes = 0;
-  for (int p : gather_params_) {
-    const ScheduleParam& sp = in_.params[size_t(p)];
-    if (sp.placement != pl) {
-      const auto [r, ti] = fam.members[0];
-      return invalid_argument(kWhere + "receiver tensor '" +
-                              in_.layouts[size_t(in_.receiver_layout[size_t(r)])][size_t(ti)].name +
-                              "' needs a gather of parameters on different placements ('" +
-                              in_.params[size_t(gather_params_[0])].name + "', '" + sp.name + "')");
-    }
-    bytes += uint64_t(sp.rows * sp.cols) * shard_es_;
-  }
+// A split band's mesh: the placement's mesh with the fewest bytes so far (ties to the first),
+// whose ranks then take part in its maxima round once per update.
+const std::vector<int>& Scheduler::split_mesh(int placement, PhaseLoads& ph) {
   const std::vector<int>* mesh = nullptr;
   uint64_t best_load = 0;
-  for (const std::vector<int>& m : in_.placements[size_t(pl)].meshes) {
+  for (const std::vector<int>& m : in_.placements[size_t(placement)].meshes) {
     uint64_t sum = 0;
     for (int t : m) sum += load_[size_t(t)];
     if (mesh == nullptr || sum < best_load) {
@@ -259,34 +256,34 @@ Result<const std::vector<int>*> Scheduler::gather(const Family& fam, PhaseLoads&
       best_load = sum;
     }
   }
-  auto node = [&](int t) { return t / in_.gpus_per_node; };
-  const uint64_t m = mesh->size();
-  for (int t : *mesh) {
-    uint64_t local = 0;
-    for (int u : *mesh) local += node(u) == node(t);
-    ph.gather_nvlink[size_t(t)] += bytes * (local - 1) / m;
-    ph.gather_nic[size_t(t)] += bytes * (m - local) / m;
-    ++ph.gather_calls[size_t(t)];
+  if (rounds_.insert(mesh).second) {
+    for (int t : *mesh) ++ph.maxima_rounds[size_t(t)];
   }
-  ++ph.gathers;
-  return mesh;
+  ++ph.split_bands;
+  return *mesh;
 }
 
 // Every unit's sender by the fewest bytes so far, and its bytes on the counters.
-void Scheduler::assign(const std::vector<int>* gather_mesh, PhaseLoads& ph) {
+void Scheduler::assign(PhaseLoads& ph) {
+  int band = -1;
+  const std::vector<int>* band_mesh = nullptr;
   for (const Unit& u : units_) {
+    if (u.band >= 0 && u.band != band) {
+      band = u.band;
+      band_mesh = &split_mesh(u.placement, ph);
+    }
     int sender = -1;
     auto consider = [&](int t) {
       if (fewer_bytes(t, load_[size_t(t)], sender, sender < 0 ? 0 : load_[size_t(sender)])) {
         sender = t;
       }
     };
-    if (u.direct >= 0) {
+    if (u.band < 0) {
       for (const std::vector<int>& mesh : in_.placements[size_t(u.placement)].meshes) {
-        consider(mesh[size_t(u.direct)]);
+        consider(mesh[size_t(u.mesh_rank)]);
       }
     } else {
-      for (int t : *gather_mesh) consider(t);
+      consider((*band_mesh)[size_t(u.mesh_rank)]);
     }
     const uint64_t total = u.bytes + u.scale_bytes;
     load_[size_t(sender)] += total;
@@ -296,7 +293,7 @@ void Scheduler::assign(const std::vector<int>* gather_mesh, PhaseLoads& ph) {
     ph.received[size_t(u.receiver)] += total;
     ph.received_messages[size_t(u.receiver)] += uint64_t(u.messages);
     ++ph.tasks;
-    (u.direct >= 0 ? ph.direct_bytes : ph.gathered_bytes) += total;
+    (u.band < 0 ? ph.whole_bytes : ph.split_bytes) += total;
     if (total > ph.largest_task) {
       ph.largest_task = total;
       ph.largest_task_prepare = u.prepare;
@@ -304,7 +301,7 @@ void Scheduler::assign(const std::vector<int>* gather_mesh, PhaseLoads& ph) {
     }
     if (in_.on_task) {
       in_.on_task({sender, u.receiver, u.tensor, u.row_begin, u.row_end, u.bytes, u.scale_bytes,
-                   u.direct < 0});
+                   u.band >= 0});
     }
   }
 }
@@ -322,7 +319,6 @@ Result<ScheduleLoads> Scheduler::run() {
     const Family& fam = families_[size_t(order_[fi])];
     PhaseLoads& ph = out.phase[fam.expert ? 1 : 0];
     units_.clear();
-    gather_params_.clear();
     for (auto [r, ti] : fam.members) {
       const int l = in_.receiver_layout[size_t(r)];
       const ReceiverTensor& t = in_.layouts[size_t(l)][size_t(ti)];
@@ -333,8 +329,8 @@ Result<ScheduleLoads> Scheduler::run() {
         cut_bf16(r, t, src);
       }
     }
-    WL_ASSIGN_OR_RETURN(const std::vector<int>* gather_mesh, gather(fam, ph));
-    assign(gather_mesh, ph);
+    if (!error_.ok()) return error_;
+    assign(ph);
   }
   if (in_.progress) in_.progress(1.0);
   return out;

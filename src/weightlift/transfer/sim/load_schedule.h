@@ -4,16 +4,16 @@
 // per 128-row band per receiver. For Kimi-K2 in fp8 over 128 receivers that is about 18
 // million tasks, several GB of strings, and the planner's input is one model::ModelConfig with
 // one FSDP mesh shape for every parameter (no MLA, no expert-parallel placement). A simulation
-// needs only what each rank sends, receives, gathers and quantizes, so this file applies the
+// needs only what each rank sends, receives and quantizes, so this file applies the
 // planner's rules (plan/cutting.h: cut at shard boundaries or 128-row bands, direct senders
-// where one mesh rank holds every row, one gather per family on the mesh with the fewest
-// bytes, senders by the fewest bytes so far) and adds each task to per-rank counters as it
-// is decided.
+// where one mesh rank holds every row, bands split across mesh ranks otherwise, on the mesh
+// with the fewest bytes, senders by the fewest bytes so far) and adds each task to per-rank
+// counters as it is decided.
 // The one generalisation: a parameter is held by a placement, a list of meshes (each sharding
 // it dim-0 as torch.chunk does), so routed experts can live on their expert-parallel meshes
 // while the dense weights are replicated over FSDP meshes (HSDP). With every parameter on one
 // placement of all meshes this is exactly plan/planner.cc's input, and the test checks that
-// both give the same task count, gathers and bytes per rank.
+// both give the same task count, split bands and bytes per rank.
 #pragma once
 
 #include <cstdint>
@@ -46,12 +46,11 @@ struct ScheduleTask {
   const ReceiverTensor* tensor = nullptr;  // in ScheduleInput::layouts
   int64_t row_begin = 0, row_end = 0;      // rows of that tensor
   uint64_t bytes = 0, scale_bytes = 0;
-  bool gathered = false;
+  bool split = false;  // a sub-band of a band split across mesh ranks
 };
 
 struct ScheduleInput {
   int trainers = 1;
-  int gpus_per_node = 8;  // trainer t sits on node t / gpus_per_node (for gather traffic)
   DType trainer_dtype = DType::kBF16;  // what shards hold: kBF16 or kF32
   std::vector<Placement> placements;
   std::vector<ScheduleParam> params;
@@ -64,19 +63,19 @@ struct ScheduleInput {
 // Loads of one mesh group (seed 000: dense first, a barrier, then experts). Bytes, not
 // elements. Per trainer index or receiver index.
 struct PhaseLoads {
-  std::vector<uint64_t> sent;           // bytes written to receivers (data + scales)
-  std::vector<uint64_t> messages;       // puts issued: one per task, two for an fp8 band
-  std::vector<uint64_t> prepare;        // shard-dtype bytes read to cast or quantize
-  std::vector<uint64_t> gather_nvlink;  // all-gather bytes in (and out) from peers on its node
-  std::vector<uint64_t> gather_nic;     // all-gather bytes in (and out) from other nodes
-  std::vector<uint64_t> gather_calls;   // the full_tensor() calls it takes part in
-  std::vector<uint64_t> received;       // per receiver: bytes written into it
+  std::vector<uint64_t> sent;      // bytes written to receivers (data + scales)
+  std::vector<uint64_t> messages;  // puts issued: one per task, two for an fp8 band
+  std::vector<uint64_t> prepare;   // shard-dtype bytes read to cast or quantize
+  // The shared-maxima rounds it takes part in: one per update for each of its meshes that
+  // split a band, counted in the group of the mesh's first split band.
+  std::vector<uint64_t> maxima_rounds;
+  std::vector<uint64_t> received;  // per receiver: bytes written into it
   std::vector<uint64_t> received_messages;
-  uint64_t tasks = 0, gathers = 0;
-  uint64_t direct_bytes = 0, gathered_bytes = 0;  // task bytes straight from shards / after
-  uint64_t largest_task = 0;                      // bytes, data + scales
-  uint64_t largest_task_prepare = 0;              // its prepare bytes
-  uint64_t largest_task_messages = 0;             // its puts
+  uint64_t tasks = 0, split_bands = 0;
+  uint64_t whole_bytes = 0, split_bytes = 0;  // task bytes of whole bands (and bf16) / sub-bands
+  uint64_t largest_task = 0;                  // bytes, data + scales
+  uint64_t largest_task_prepare = 0;          // its prepare bytes
+  uint64_t largest_task_messages = 0;         // its puts
 };
 
 struct ScheduleLoads {
@@ -85,8 +84,9 @@ struct ScheduleLoads {
 };
 
 // InvalidArgument when a source names an unknown parameter or runs past its rows or columns,
-// a placement is empty or has meshes of different sizes or unknown trainers, or a family's
-// gathered parameters sit on different placements (one full_tensor() cannot cover them).
+// a placement is empty or has meshes of different sizes or unknown trainers, or a band that
+// no mesh rank holds whole reads parameters on different placements (no one mesh can share
+// its maxima).
 Result<ScheduleLoads> schedule_loads(const ScheduleInput& input);
 
 }  // namespace wl::transfer

@@ -31,10 +31,10 @@ struct Rates {
         overhead(m.message_overhead_us * 1e-6),
         prepare(m.prepare_gbs * 1e9),
         barrier(m.barrier_ms * 1e-3),
-        gather(m.gather_ms * 1e-3),
+        maxima(m.maxima_ms * 1e-3),
         overlap(m.overlap),
         gpus_per_nic(size_t(std::max(m.gpus_per_nic, 1))) {}
-  double nic, nvlink, overhead, prepare, barrier, gather;
+  double nic, nvlink, overhead, prepare, barrier, maxima;
   bool overlap;
   size_t gpus_per_nic;
 };
@@ -46,35 +46,26 @@ std::vector<uint64_t> per_nic(const std::vector<uint64_t>& per_rank, size_t gpus
   return out;
 }
 
-std::vector<uint64_t> plus(std::vector<uint64_t> a, const std::vector<uint64_t>& b) {
-  for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
-  return a;
-}
-
 // One mesh group's per-rank times; a rank's NIC terms are its NIC's, shared with the ranks on it.
 struct GroupTimes {
   GroupTimes(const PhaseLoads& loads, const Rates& rates)
       : p(loads),
         r(rates),
-        nic_out(per_nic(plus(p.sent, p.gather_nic), r.gpus_per_nic)),
-        nic_in(per_nic(p.gather_nic, r.gpus_per_nic)),
+        nic_out(per_nic(p.sent, r.gpus_per_nic)),
         nic_received(per_nic(p.received, r.gpus_per_nic)) {}
   const PhaseLoads& p;
   const Rates& r;
-  std::vector<uint64_t> nic_out, nic_in, nic_received;  // bytes per NIC
+  std::vector<uint64_t> nic_out, nic_received;  // bytes per NIC
   double write_s(size_t t) const { return double(nic_out[t / r.gpus_per_nic]) / r.nic; }
   double puts_s(size_t t) const { return double(p.messages[t]) * r.overhead; }
-  // A rank's gathers' steps: the thread that posts its puts waits them out, one after another.
-  double steps_s(size_t t) const { return double(p.gather_calls[t]) * r.gather; }
-  double nic_in_s(size_t t) const { return double(nic_in[t / r.gpus_per_nic]) / r.nic; }
+  // A rank's shared-maxima round: the thread that posts its puts waits it out.
+  double steps_s(size_t t) const { return double(p.maxima_rounds[t]) * r.maxima; }
   double received_s(size_t i) const { return double(nic_received[i / r.gpus_per_nic]) / r.nic; }
-  double nvlink_s(size_t t) const { return double(p.gather_nvlink[t]) / r.nvlink; }
   double prepare_s(size_t t) const { return double(p.prepare[t]) / r.prepare; }
   // A sender's own time: its stages overlapped (the busiest) or one after the other.
   double sender_s(size_t t) const {
     const double out_s = write_s(t) + puts_s(t) + steps_s(t);
-    const double gather_s = std::max(nic_in_s(t), nvlink_s(t));
-    return r.overlap ? std::max({out_s, gather_s, prepare_s(t)}) : gather_s + prepare_s(t) + out_s;
+    return r.overlap ? std::max(out_s, prepare_s(t)) : prepare_s(t) + out_s;
   }
 };
 
@@ -86,10 +77,6 @@ GroupPrediction predict_group(const PhaseLoads& p, const Rates& r, const char* n
       busiest("receiver NIC in", receivers, [&](size_t i) { return g.received_s(i); }));
   gp.terms.push_back(busiest("sender NIC out", trainers,
                              [&](size_t t) { return g.write_s(t) + g.puts_s(t) + g.steps_s(t); }));
-  gp.terms.push_back(
-      busiest("sender NIC in (gathers)", trainers, [&](size_t t) { return g.nic_in_s(t); }));
-  gp.terms.push_back(
-      busiest("sender NVLink (gathers)", trainers, [&](size_t t) { return g.nvlink_s(t); }));
   gp.terms.push_back(busiest("sender prepare", trainers, [&](size_t t) { return g.prepare_s(t); }));
   if (!r.overlap) {
     gp.terms.push_back(
@@ -173,8 +160,8 @@ Prediction predict(const ScheduleLoads& loads, const NetworkModel& m) {
     }
     for (size_t i = 0; i < receivers; ++i) received[i] += p.received[i];
     out.tasks += p.tasks;
-    out.gathers += p.gathers;
-    out.gathered_bytes += p.gathered_bytes;
+    out.split_bands += p.split_bands;
+    out.split_bytes += p.split_bytes;
     out.seconds += gp.seconds;
     if (gp.seconds > longest) {
       longest = gp.seconds;
@@ -193,14 +180,13 @@ std::vector<Sensitivity> network_sensitivity(const ScheduleLoads& loads,
     double NetworkModel::*field;
   };
   const Knob knobs[] = {{"nic_gbps", &NetworkModel::nic_gbps},
-                        {"nvlink_gbps", &NetworkModel::nvlink_gbps},
                         {"message_overhead_us", &NetworkModel::message_overhead_us},
                         {"prepare_gbs", &NetworkModel::prepare_gbs},
                         {"barrier_ms", &NetworkModel::barrier_ms},
-                        {"gather_ms", &NetworkModel::gather_ms}};
+                        {"maxima_ms", &NetworkModel::maxima_ms}};
   std::vector<Sensitivity> rows;
   for (const Knob& k : knobs) {
-    if (k.field == &NetworkModel::gather_ms && model.gather_ms == 0) continue;  // not modelled
+    if (k.field == &NetworkModel::maxima_ms && model.maxima_ms == 0) continue;  // not modelled
     Sensitivity s{.name = k.name, .base = model.*k.field};
     s.half = s.base / 2;
     s.twice = s.base * 2;

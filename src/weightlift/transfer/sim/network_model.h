@@ -9,34 +9,32 @@
 // decimal (1 GB = 1e9 bytes).
 //
 // What each rank spends, per mesh group (dense, then expert):
-//   sender NIC out   (writes + all-gather bytes to other nodes of the GPUs on its NIC) / nic
-//                    + its own puts * message_overhead + its gathers * gather_ms
-//   sender NIC in    all-gather bytes from other nodes, of the GPUs on its NIC / nic
-//   sender NVLink    all-gather bytes from its own node / nvlink
+//   sender NIC out   writes of the GPUs on its NIC / nic + its own puts * message_overhead
+//                    + its shared-maxima rounds * maxima_ms
 //   sender prepare   shard bytes read to cast or quantize / prepare_gbs
 //   receiver NIC in  bytes written into the GPUs on its NIC / nic   (a one-sided write costs
 //                    its CPU nothing)
 // The per-message overhead is paid by the sender that posts the put (posting, doorbell,
-// completion); a receiver only absorbs bytes. A gather (one full_tensor() over a mesh) costs
-// its bytes, on the links above, and apart from them its collective's steps in a row,
-// `gather_ms` per call (the ring's mesh - 1 message latencies; measured as an allgather of a
-// few bytes over the same ranks). Our sender waits for a gather on the thread that posts its
-// puts, so no put is posted meanwhile: the steps add to its NIC out time. (In seed 000's
-// pipeline the gathers have a stage of their own and the steps would hide behind the writes.)
+// completion); a receiver only absorbs bytes. No parameter bytes move between trainers: a
+// band split across mesh ranks shares only its block maxima (plan/cutting.h), one allreduce
+// of a few floats per mesh and update, before its first put: `maxima_ms` (measured as an
+// allreduce of a few bytes over the same ranks), which the sender waits for on the thread
+// that posts its puts, so it adds to its NIC out time. (Seed 000 gathers the parameters
+// instead, full_tensor(), whose bytes cross the links and, on a mesh across hosts, queue
+// behind the other host's puts: docs/BENCHMARKS.md, 2026-12-02.)
 //
 // Seed 000 pipelines the stages (gather, prepare, write, barrier) with a queue per stage, so
 // with `overlap` a mesh group takes as long as its busiest resource plus the fill and drain of
 // one task (a two-stage pipeline of n tasks takes n times its bottleneck plus the other stage
 // once: the shorter of the group's largest task's prepare and write), and at least as long
 // as the global barrier that closes it (an async GLOO barrier that runs while the writes are
-// in flight). Without overlap each sender runs its stages one after the other (gathers, then
-// prepare, then writes) and the barrier follows the group. The groups run one after the
+// in flight). Without overlap each sender runs its stages one after the other (prepare,
+// then writes) and the barrier follows the group. The groups run one after the
 // other.
 //
 // Not modelled: congestion or incast beyond the receiver's own NIC bandwidth, NIC message
-// rate limits other than the per-put overhead, host-to-device copies (the trainer's weights
-// are not offloaded), and the gather's collective algorithm beyond its steps (each rank
-// fetches every other rank's shard, which is what a ring or a direct allgather moves).
+// rate limits other than the per-put overhead, and host-to-device copies (the trainer's
+// weights are not offloaded).
 #pragma once
 
 #include <cstdint>
@@ -50,11 +48,12 @@ namespace wl::transfer {
 struct NetworkModel {
   double nic_gbps = 400;           // per-GPU NIC, each direction, Gb/s (H800 and H20: 400)
   int gpus_per_nic = 1;            // consecutive GPUs of a node that share one NIC
-  double nvlink_gbps = 1600;       // per-GPU NVLink, each direction, Gb/s (H800: 200 GB/s)
+  double nvlink_gbps = 1600;       // per-GPU NVLink, each direction, Gb/s (H800: 200 GB/s);
+                                   // the broadcast bound's, not the p2p update's
   double message_overhead_us = 1;  // per put, on the sender (post + completion)
   double prepare_gbs = 1000;       // GB/s of shard bytes one GPU casts or quantizes
   double barrier_ms = 2;           // a global barrier over Ethernet (GLOO), per mesh group
-  double gather_ms = 0;            // one gather's steps apart from its bytes; 0: not modelled
+  double maxima_ms = 0;            // a mesh's allreduce of its shared block maxima; 0: not modelled
   bool overlap = true;             // seed 000's stage pipeline
 };
 
@@ -83,9 +82,9 @@ struct Prediction {
   double critical_sender_seconds = 0, critical_receiver_seconds = 0;
   uint64_t sender_bytes_max = 0, receiver_bytes_max = 0;  // written, data + scales
   double sender_bytes_mean = 0, receiver_bytes_mean = 0;
-  uint64_t total_bytes = 0, total_messages = 0, gathers = 0, tasks = 0;
-  uint64_t gathered_bytes = 0;  // task bytes produced after a full_tensor()
-  std::string bound;            // the bound of the longest group
+  uint64_t total_bytes = 0, total_messages = 0, split_bands = 0, tasks = 0;
+  uint64_t split_bytes = 0;  // task bytes of bands split across mesh ranks
+  std::string bound;         // the bound of the longest group
 };
 
 Prediction predict(const ScheduleLoads& loads, const NetworkModel& model);

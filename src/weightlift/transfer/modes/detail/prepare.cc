@@ -12,12 +12,16 @@ namespace wl::transfer {
 size_t prepare_scratch_floats(const PlanTask&) { return 0; }
 
 void prepare_task(const PlanTask& t, std::span<const PieceSource> sources, std::byte* out,
-                  float* /*scratch*/) {
-  prepare_task_into(t, sources, out, out + t.bytes);
+                  float* /*scratch*/, const float* band_maxima) {
+  prepare_task_into(t, sources, out, out + t.bytes, band_maxima);
 }
 
-void prepare_task_into(const PlanTask& t, std::span<const PieceSource> sources, std::byte* out,
-                       std::byte* scale_out) {
+namespace {
+
+// Where each of the task's rows lies, for the quantizer; bf16 tasks are written on the way
+// (to `out`, when not null).
+std::vector<BandRow> task_rows(const PlanTask& t, std::span<const PieceSource> sources,
+                               std::byte* out) {
   WL_CHECK_EQ(sources.size(), t.pieces.size());
   const int64_t rows = t.row_end - t.row_begin;
   std::vector<BandRow> band(t.quantized() ? size_t(rows) : 0);
@@ -45,15 +49,34 @@ void prepare_task_into(const PlanTask& t, std::span<const PieceSource> sources, 
       }
     }
   }
-  if (t.quantized()) {
-    for (const BandRow& r : band)
-      WL_CHECK(r.data != nullptr) << t.tensor << ": a row no piece covers";
-    WL_CHECK_EQ(t.scale_bytes, uint64_t((t.cols + kFp8BlockSize - 1) / kFp8BlockSize) * 4)
-        << t.tensor;
-    std::vector<float> scales(t.scale_bytes / 4);
+  for (const BandRow& r : band)
+    WL_CHECK(r.data != nullptr) << t.tensor << ": a row no piece covers";
+  return band;
+}
+
+}  // namespace
+
+void prepare_task_into(const PlanTask& t, std::span<const PieceSource> sources, std::byte* out,
+                       std::byte* scale_out, const float* band_maxima) {
+  const std::vector<BandRow> band = task_rows(t, sources, out);
+  if (!t.quantized()) return;
+  const int64_t blocks = (t.cols + kFp8BlockSize - 1) / kFp8BlockSize;
+  WL_CHECK(t.scale_bytes == uint64_t(blocks) * 4 || (t.maxima >= 0 && t.scale_bytes == 0))
+      << t.tensor;
+  std::vector<float> scales(static_cast<size_t>(blocks));
+  if (t.maxima >= 0) {
+    WL_CHECK(band_maxima != nullptr) << t.tensor << ": a sub-band without its band's maxima";
+    fp8_scales_from_maxima(band_maxima, t.cols, scales.data());
+    quantize_fp8_rows(band, t.cols, scales.data(), reinterpret_cast<uint8_t*>(out));
+  } else {
     quantize_fp8_band(band, t.cols, reinterpret_cast<uint8_t*>(out), scales.data());
-    std::memcpy(scale_out, scales.data(), t.scale_bytes);
   }
+  if (t.scale_bytes > 0) std::memcpy(scale_out, scales.data(), t.scale_bytes);
+}
+
+void add_task_maxima(const PlanTask& t, std::span<const PieceSource> sources, float* maxima) {
+  WL_CHECK(t.quantized() && t.maxima >= 0) << t.tensor;
+  add_fp8_band_maxima(task_rows(t, sources, nullptr), t.cols, maxima);
 }
 
 }  // namespace wl::transfer

@@ -27,12 +27,18 @@ size_t prepare_scratch_floats(const PlanTask& task);
 
 // Writes task.bytes of data rows at `data` and (fp8) task.scale_bytes of the scale row at
 // `scales`; either may be the receiver's slot itself (a shared-memory mapping of it).
-// `sources[i]` serves task.pieces[i].
+// `sources[i]` serves task.pieces[i]. A sub-band of a split band (task.maxima >= 0) is
+// quantized with the scales of its whole band, from `band_maxima` (its band's block maxima,
+// reduced over the mesh).
 void prepare_task_into(const PlanTask& task, std::span<const PieceSource> sources, std::byte* data,
-                       std::byte* scales);
+                       std::byte* scales, const float* band_maxima = nullptr);
 
 // The same into one staging buffer of task.total_bytes(): the data rows, then the scale row.
 void prepare_task(const PlanTask& task, std::span<const PieceSource> sources, std::byte* out,
-                  float* scratch);
+                  float* scratch, const float* band_maxima = nullptr);
+
+// A sub-band's part of its band's block maxima: maxima[b] = max(maxima[b], max |x| over
+// block b of its rows). REQUIRES: task.maxima >= 0.
+void add_task_maxima(const PlanTask& task, std::span<const PieceSource> sources, float* maxima);
 
 }  // namespace wl::transfer

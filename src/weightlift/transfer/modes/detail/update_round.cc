@@ -228,7 +228,7 @@ Result<const PlanTrainer*> place_trainer(const Plan& plan, int rank,
   // pipeline stage's layers instead of torch.chunk's rows): every piece it sends from its own
   // shards must be in them.
   for (const PlanTask& t : plan.tasks) {
-    if (t.sender != rank || t.gather >= 0) continue;
+    if (t.sender != rank) continue;
     for (const PlanPiece& p : t.pieces) {
       const ShardedTensor* s = weights.find(p.param);
       if (s == nullptr || !s->local_rows().contains(p.row_begin, p.row_end)) {
