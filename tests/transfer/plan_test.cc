@@ -243,6 +243,21 @@ TEST(Planner, JsonRoundTripsAndRefusesOtherVersions) {
   j = nlohmann::json::parse(json);
   j["maxima_floats"].erase(0);
   EXPECT_FALSE(plan_from_json(j.dump(), "plan.json").ok());
+  j = nlohmann::json::parse(json);
+  j["maxima_floats"][0] = -4;
+  EXPECT_FALSE(plan_from_json(j.dump(), "plan.json").ok());
+  j = nlohmann::json::parse(json);
+  j["trainers"][0]["mesh"] = 7;
+  EXPECT_FALSE(plan_from_json(j.dump(), "plan.json").ok());
+  // Maxima only for fp8 rows inside one band.
+  j = nlohmann::json::parse(json);
+  j["maxima_floats"] = {1000, 1000};
+  for (auto& task : j["tasks"]) {
+    if (task["dtype"] != "BF16") continue;
+    task["maxima"] = 0;
+    break;
+  }
+  EXPECT_FALSE(plan_from_json(j.dump(), "plan.json").ok());
   EXPECT_EQ(plan_from_json("{\"format\": \"x\"}", "p").status().code(), StatusCode::kDataLoss);
   EXPECT_EQ(plan_from_json("not json", "p").status().code(), StatusCode::kDataLoss);
 }

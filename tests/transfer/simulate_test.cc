@@ -331,6 +331,9 @@ TEST(NetworkModel, ABandSplitAcrossShardsCostsOneMaximaRound) {
   const PhaseLoads& p = loads->phase[0];
   ASSERT_EQ(p.split_bands, 1u) << "rows 384-511 straddle the shards' boundary at 500";
   EXPECT_EQ(p.maxima_rounds, (std::vector<uint64_t>{1, 1}));
+  EXPECT_EQ(p.maxima_bytes, (std::vector<uint64_t>{16, 16}));  // 4 blocks of 128 columns
+  // Each rank reads its own rows of the band for their maxima: 116 and 12 rows of bf16.
+  EXPECT_EQ(p.maxima_prepare, (std::vector<uint64_t>{116 * 512 * 2, 12 * 512 * 2}));
   std::vector<ScheduleTask> split;
   for (const ScheduleTask& t : tasks) {
     if (t.split) split.push_back(t);

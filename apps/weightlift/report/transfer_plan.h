@@ -9,8 +9,8 @@
 
 namespace wl::app {
 
-// Ranks, tasks, direct and gathered bytes per sender; engine, TP rank, format and bytes per
-// receiver.
+// Ranks, tasks, bytes in whole tasks and in sub-bands per sender; engine, TP rank, format and
+// bytes per receiver.
 std::string plan_table(const transfer::Plan& plan);
 
 }  // namespace wl::app

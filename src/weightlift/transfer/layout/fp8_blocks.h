@@ -4,9 +4,11 @@
 // two must agree bit for bit (x / scale is an IEEE division either way, and the e4m3 conversion of
 // kernels/fp8_quantize.h rounds to nearest even like the scalar one).
 //
-// The rows are read where they lie (a bf16 or f32 shard, a gathered full tensor), twice: once
-// for the block maxima, once to divide and convert. A band of 128 rows of a few thousand
-// columns stays in L2 between the passes, and no f32 copy of it is ever made.
+// The rows are read where they lie (a bf16 or f32 shard), twice: once for the block maxima,
+// once to divide and convert. A whole band of 128 rows of a few thousand columns stays in L2
+// between the passes; a band split across ranks (add_fp8_band_maxima below) is read for its
+// maxima before the update's first put and again when it is quantized. No f32 copy of it is
+// ever made.
 #pragma once
 
 #include <cstdint>

@@ -19,6 +19,7 @@ Result<LocalConverter> LocalConverter::create(const model::ModelConfig& config,
                                        paper_trainer(config, rank + 1, 0, 0, 1, source_dtype)};
   LocalConverter c;
   WL_ASSIGN_OR_RETURN(c.plan_, make_plan(ranks));
+  for (int64_t n : c.plan_.maxima_floats) WL_CHECK_EQ(n, 0) << "a mesh of one splits no band";
   c.source_dtype_ = source_dtype;
   const model::ParamLayout layout(config);
   for (const model::ParamInfo& p : layout.params()) {

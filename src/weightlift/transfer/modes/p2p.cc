@@ -12,7 +12,6 @@
 #include <cstring>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -66,11 +65,11 @@ constexpr uint32_t kChecksumTag = 0x7c5;  // user tag of the checksum messages
 struct SenderPlan {
   const Plan* plan = nullptr;
   TrainerWeights* weights = nullptr;
-  int mesh = 0;                    // its mesh's index in the plan
-  std::vector<int> tasks;          // its tasks, in plan order
-  std::vector<int> split_tasks;    // those that are sub-bands of a split band
-  std::set<int> targets;           // receiver world ranks this sender writes to
-  std::map<int, size_t> tasks_to;  // by target: how many of this sender's tasks it holds
+  int mesh = 0;                               // its mesh's index in the plan
+  std::vector<int> tasks;                     // its tasks, in plan order
+  std::vector<std::vector<int>> split_bands;  // its sub-bands of split bands, by band
+  std::set<int> targets;                      // receiver world ranks this sender writes to
+  std::map<int, size_t> tasks_to;             // by target: how many of this sender's tasks it holds
   // Per target, once connected:
   std::map<int, int> peer;  // worker peer id
   std::map<int, comm::RemoteKey> rkey;
@@ -203,15 +202,12 @@ Status SendQueue::share_maxima() {
   if (n == 0) return ok_status();
   const Stopwatch t;
   maxima_.assign(n, 0.0f);
-  std::mutex merge;
-  parallel_for(int64_t(s_.split_tasks.size()), 1, [&](int64_t b, int64_t e) {
-    std::vector<float> mine(n, 0.0f);  // two sub-bands here may share their band's blocks
-    for (int64_t i = b; i < e; ++i) {
-      const PlanTask& task = s_.plan->tasks[size_t(s_.split_tasks[size_t(i)])];
-      add_task_maxima(task, load(task, nullptr, nullptr), mine.data() + task.maxima);
+  // A band per item: its sub-bands here add to its own blocks, which no other band shares.
+  parallel_for_each(int64_t(s_.split_bands.size()), [&](int64_t b) {
+    for (int i : s_.split_bands[size_t(b)]) {
+      const PlanTask& task = s_.plan->tasks[size_t(i)];
+      add_task_maxima(task, load(task, nullptr, nullptr), maxima_.data() + task.maxima);
     }
-    const std::lock_guard lock(merge);
-    for (size_t k = 0; k < n; ++k) maxima_[k] = std::max(maxima_[k], mine[k]);
   });
   Status s = comm::allreduce(*s_.weights->mesh(), {.recv = maxima_.data(),
                                                    .count = n,
@@ -415,6 +411,7 @@ Status P2PExecutor::plan_sender() {
     return failed_precondition("trainer rank " + std::to_string(me) +
                                ": the plan splits bands over its mesh, and it has no mesh");
   }
+  std::map<int64_t, size_t> band_at;  // by a band's first maximum: its index in split_bands
   for (size_t i = 0; i < p.tasks.size(); ++i) {
     const PlanTask& t = p.tasks[i];
     if (t.sender != me) continue;
@@ -425,7 +422,11 @@ Status P2PExecutor::plan_sender() {
       }
     }
     sender_.tasks.push_back(int(i));
-    if (t.maxima >= 0) sender_.split_tasks.push_back(int(i));
+    if (t.maxima >= 0) {
+      auto [at, fresh] = band_at.try_emplace(t.maxima, sender_.split_bands.size());
+      if (fresh) sender_.split_bands.emplace_back();
+      sender_.split_bands[at->second].push_back(int(i));
+    }
     sender_.targets.insert(t.receiver);
     ++sender_.tasks_to[t.receiver];
   }

@@ -3,11 +3,13 @@
 //
 // One update, inside the round every mode shares (detail/update_round.h: the start handshake,
 // whose refusals include a watermark below required_watermark(), and the closing barrier):
+//   0. maxima    a mesh that splits fp8 bands across its ranks (plan/planner.h) first reads
+//                 the block maxima of each rank's sub-bands and allreduces them (max), once
+//                 per update, before any put
 //   1. per sender, its tasks through seed 000's stages, as a queue:
 //        load     offloaded shards: the rows a task reads copied out of the offload buffer
-//        prepare  full_tensor() where the plan says (all ranks of the mesh, in plan order),
-//                 then slice, fuse, cast or fp8-quantize into a staging buffer
-//                 (detail/prepare.h)
+//        prepare  slice, fuse, cast or fp8-quantize (a sub-band with its band's shared
+//                 scales) into a staging buffer (detail/prepare.h)
 //        write    one-sided put(s) into the receiver's slot for version v+1; not waited for,
 //                 so the next task is prepared while this one is on the wire. When the
 //                 receiver's slots are in shared memory this process can map (same host:
@@ -18,7 +20,7 @@
 //                 with 8 KiB active messages: two copies, the second by the receiver.)
 //        complete puts are retired oldest first when staging would pass the watermark, then
 //                 all of them, then a flush per receiver
-//      Staging bytes (loads, f32 scratch, staged outputs and gathered full tensors) never pass
+//      Staging bytes (loads, f32 scratch and staged outputs) never pass
 //      the watermark: a task starts only when it fits beside what is in flight.
 //      bf16 tasks that read one contiguous bf16 shard range need no staging: they are put
 //      (or copied into the mapping) straight from the shard (zero copy).

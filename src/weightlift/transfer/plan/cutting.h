@@ -64,7 +64,7 @@ inline bool band_piece(int64_t row_begin, int64_t rows, int64_t dst_row, int64_t
   return true;
 }
 
-// The lowest mesh rank whose shards hold every piece a band reads, or -1: it needs a gather.
+// The lowest mesh rank whose shards hold every piece a band reads, or -1: it is split.
 // `pieces`: a range of elements with b and e (parameter rows [b, e)); shard_of(piece, k): the
 // rows mesh rank k (of `mesh_size`) holds of the piece's parameter.
 template <typename Pieces, typename ShardOf>

@@ -601,9 +601,14 @@ Result<Plan> plan_from_json(std::string_view text, std::string_view where) {
     for (const json& t : j.at("trainers")) {
       p.trainers.push_back(
           {int32_field(t.at("rank")), int32_field(t.at("mesh")), int32_field(t.at("mesh_rank"))});
+      if (p.trainers.back().mesh_id < 0 || p.trainers.back().mesh_id >= p.num_meshes) {
+        throw_field_error(t.at("mesh"), "is not one of the plan's meshes");
+      }
     }
     for (const json& r : j.at("receivers")) p.receivers.push_back(receiver_from_json(r));
-    for (const json& m : j.at("maxima_floats")) p.maxima_floats.push_back(int_field(m));
+    for (const json& m : j.at("maxima_floats")) {
+      p.maxima_floats.push_back(int_field_in(m, 0, int64_t(1) << 40));
+    }
     if (p.maxima_floats.size() != size_t(p.num_meshes)) {
       throw_field_error(j.at("maxima_floats"), "needs one count per mesh");
     }
@@ -613,10 +618,13 @@ Result<Plan> plan_from_json(std::string_view text, std::string_view where) {
       if (sender == nullptr || p.find_receiver(t.receiver) == nullptr) {
         throw_field_error(k, "names an unknown sender or receiver");
       }
+      // A sub-band: fp8 rows inside one 128-row band, its blocks inside its mesh's maxima.
       if (t.maxima < -1 ||
           (t.maxima >= 0 &&
-           (sender->mesh_id < 0 || sender->mesh_id >= p.num_meshes ||
-            t.maxima + band_blocks(t.cols) > p.maxima_floats[size_t(sender->mesh_id)]))) {
+           (!t.quantized() || t.cols <= 0 || t.cols > (int64_t(1) << 40) || t.row_begin < 0 ||
+            t.row_end <= t.row_begin ||
+            t.row_begin / kFp8BlockSize != (t.row_end - 1) / kFp8BlockSize ||
+            t.maxima > p.maxima_floats[size_t(sender->mesh_id)] - band_blocks(t.cols)))) {
         throw_field_error(k, "reads block maxima outside its mesh's shared maxima");
       }
       p.tasks.push_back(std::move(t));

@@ -3,8 +3,8 @@
 #include "weightlift/transfer/sim/load_schedule.h"
 
 #include <algorithm>
+#include <map>
 #include <numeric>
-#include <set>
 #include <unordered_map>
 
 #include "weightlift/transfer/plan/cutting.h"
@@ -40,7 +40,10 @@ struct Family {
 };
 
 void resize(PhaseLoads& p, size_t trainers, size_t receivers) {
-  for (auto* v : {&p.sent, &p.messages, &p.prepare, &p.maxima_rounds}) v->assign(trainers, 0);
+  for (auto* v :
+       {&p.sent, &p.messages, &p.prepare, &p.maxima_rounds, &p.maxima_bytes, &p.maxima_prepare}) {
+    v->assign(trainers, 0);
+  }
   p.received.assign(receivers, 0);
   p.received_messages.assign(receivers, 0);
 }
@@ -59,8 +62,8 @@ class Scheduler {
   Status make_families();
   void cut_bf16(int r, const ReceiverTensor& t, const std::vector<Source>& src);
   void cut_fp8(int r, const ReceiverTensor& t, const std::vector<Source>& src);
-  const std::vector<int>& split_mesh(int placement, PhaseLoads& ph);
-  void assign(PhaseLoads& ph);
+  const std::vector<int>& split_mesh(int placement, int64_t blocks, PhaseLoads& ph);
+  void assign(PhaseLoads& ph, PhaseLoads& before_puts);
   int mesh_size(int param) const {
     return int(in_.placements[size_t(in_.params[size_t(param)].placement)].meshes[0].size());
   }
@@ -72,9 +75,9 @@ class Scheduler {
   std::vector<int> order_;      // families, dense before expert
   std::vector<uint64_t> load_;  // bytes assigned so far, by trainer
   size_t shard_es_ = 0;
-  int split_bands_ = 0;                       // bands split so far
-  std::set<const std::vector<int>*> rounds_;  // meshes whose maxima round is counted
-  Status error_;                              // the first band no mesh can split
+  int split_bands_ = 0;                                 // bands split so far
+  std::map<const std::vector<int>*, uint64_t> maxima_;  // floats per mesh that splits bands
+  Status error_;                                        // the first band no mesh can split
   // Per family, reused:
   std::vector<Unit> units_;
   std::vector<Piece> pieces_;
@@ -244,8 +247,8 @@ void Scheduler::cut_fp8(int r, const ReceiverTensor& t, const std::vector<Source
 }
 
 // A split band's mesh: the placement's mesh with the fewest bytes so far (ties to the first),
-// whose ranks then take part in its maxima round once per update.
-const std::vector<int>& Scheduler::split_mesh(int placement, PhaseLoads& ph) {
+// whose maxima round then carries the band's blocks.
+const std::vector<int>& Scheduler::split_mesh(int placement, int64_t blocks, PhaseLoads& ph) {
   const std::vector<int>* mesh = nullptr;
   uint64_t best_load = 0;
   for (const std::vector<int>& m : in_.placements[size_t(placement)].meshes) {
@@ -256,21 +259,19 @@ const std::vector<int>& Scheduler::split_mesh(int placement, PhaseLoads& ph) {
       best_load = sum;
     }
   }
-  if (rounds_.insert(mesh).second) {
-    for (int t : *mesh) ++ph.maxima_rounds[size_t(t)];
-  }
+  maxima_[mesh] += uint64_t(blocks);
   ++ph.split_bands;
   return *mesh;
 }
 
 // Every unit's sender by the fewest bytes so far, and its bytes on the counters.
-void Scheduler::assign(PhaseLoads& ph) {
+void Scheduler::assign(PhaseLoads& ph, PhaseLoads& before_puts) {
   int band = -1;
   const std::vector<int>* band_mesh = nullptr;
   for (const Unit& u : units_) {
     if (u.band >= 0 && u.band != band) {
       band = u.band;
-      band_mesh = &split_mesh(u.placement, ph);
+      band_mesh = &split_mesh(u.placement, band_blocks(u.tensor->cols), ph);
     }
     int sender = -1;
     auto consider = [&](int t) {
@@ -294,6 +295,7 @@ void Scheduler::assign(PhaseLoads& ph) {
     ph.received_messages[size_t(u.receiver)] += uint64_t(u.messages);
     ++ph.tasks;
     (u.band < 0 ? ph.whole_bytes : ph.split_bytes) += total;
+    if (u.band >= 0) before_puts.maxima_prepare[size_t(sender)] += u.prepare;
     if (total > ph.largest_task) {
       ph.largest_task = total;
       ph.largest_task_prepare = u.prepare;
@@ -330,7 +332,13 @@ Result<ScheduleLoads> Scheduler::run() {
       }
     }
     if (!error_.ok()) return error_;
-    assign(ph);
+    assign(ph, out.phase[0]);
+  }
+  for (const auto& [mesh, floats] : maxima_) {
+    for (int t : *mesh) {
+      ++out.phase[0].maxima_rounds[size_t(t)];
+      out.phase[0].maxima_bytes[size_t(t)] += floats * 4;
+    }
   }
   if (in_.progress) in_.progress(1.0);
   return out;

@@ -66,9 +66,11 @@ struct PhaseLoads {
   std::vector<uint64_t> sent;      // bytes written to receivers (data + scales)
   std::vector<uint64_t> messages;  // puts issued: one per task, two for an fp8 band
   std::vector<uint64_t> prepare;   // shard-dtype bytes read to cast or quantize
-  // The shared-maxima rounds it takes part in: one per update for each of its meshes that
-  // split a band, counted in the group of the mesh's first split band.
-  std::vector<uint64_t> maxima_rounds;
+  // Before its first put (so counted in the dense group): the shared-maxima rounds it takes
+  // part in, one per update for each of its meshes that splits a band; the bytes of those
+  // meshes' maxima (f32, what each allreduce reduces); the shard bytes of its own sub-bands,
+  // read once for their maxima.
+  std::vector<uint64_t> maxima_rounds, maxima_bytes, maxima_prepare;
   std::vector<uint64_t> received;  // per receiver: bytes written into it
   std::vector<uint64_t> received_messages;
   uint64_t tasks = 0, split_bands = 0;

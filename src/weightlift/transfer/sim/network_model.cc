@@ -58,8 +58,13 @@ struct GroupTimes {
   std::vector<uint64_t> nic_out, nic_received;  // bytes per NIC
   double write_s(size_t t) const { return double(nic_out[t / r.gpus_per_nic]) / r.nic; }
   double puts_s(size_t t) const { return double(p.messages[t]) * r.overhead; }
-  // A rank's shared-maxima round: the thread that posts its puts waits it out.
-  double steps_s(size_t t) const { return double(p.maxima_rounds[t]) * r.maxima; }
+  // A rank's shared-maxima round, before its first put: the read of its sub-bands for their
+  // maxima (one of the quantizer's two reads, so half their prepare), then an allreduce of
+  // its mesh's maxima (a ring's bytes, 2x, through its NIC; its steps, maxima_ms).
+  double steps_s(size_t t) const {
+    return double(p.maxima_prepare[t]) / (2 * r.prepare) + 2 * double(p.maxima_bytes[t]) / r.nic +
+           double(p.maxima_rounds[t]) * r.maxima;
+  }
   double received_s(size_t i) const { return double(nic_received[i / r.gpus_per_nic]) / r.nic; }
   double prepare_s(size_t t) const { return double(p.prepare[t]) / r.prepare; }
   // A sender's own time: its stages overlapped (the busiest) or one after the other.

@@ -10,18 +10,21 @@
 //
 // What each rank spends, per mesh group (dense, then expert):
 //   sender NIC out   writes of the GPUs on its NIC / nic + its own puts * message_overhead
-//                    + its shared-maxima rounds * maxima_ms
+//                    + its shared-maxima round (below)
 //   sender prepare   shard bytes read to cast or quantize / prepare_gbs
 //   receiver NIC in  bytes written into the GPUs on its NIC / nic   (a one-sided write costs
 //                    its CPU nothing)
 // The per-message overhead is paid by the sender that posts the put (posting, doorbell,
 // completion); a receiver only absorbs bytes. No parameter bytes move between trainers: a
-// band split across mesh ranks shares only its block maxima (plan/cutting.h), one allreduce
-// of a few floats per mesh and update, before its first put: `maxima_ms` (measured as an
-// allreduce of a few bytes over the same ranks), which the sender waits for on the thread
-// that posts its puts, so it adds to its NIC out time. (Seed 000 gathers the parameters
-// instead, full_tensor(), whose bytes cross the links and, on a mesh across hosts, queue
-// behind the other host's puts: docs/BENCHMARKS.md, 2026-12-02.)
+// band split across mesh ranks shares only its block maxima (plan/cutting.h), one f32 per
+// 128 columns of the band, in one allreduce per mesh and update before its first put. A
+// rank in such a mesh first reads its sub-bands for their maxima (half the prepare of their
+// bytes: one of the quantizer's two reads), then allreduces the mesh's maxima (a ring's 2x
+// their bytes through its NIC, plus `maxima_ms` of steps, measured as a small allreduce over
+// the same ranks). It waits for both on the thread that posts its puts, so they add to its
+// NIC out time. (Seed 000 gathers the parameters instead, full_tensor(), whose bytes cross
+// the links and, on a mesh across hosts, queue behind the other host's puts:
+// docs/BENCHMARKS.md, 2026-12-02.)
 //
 // Seed 000 pipelines the stages (gather, prepare, write, barrier) with a queue per stage, so
 // with `overlap` a mesh group takes as long as its busiest resource plus the fill and drain of

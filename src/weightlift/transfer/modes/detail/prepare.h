@@ -1,8 +1,8 @@
 // The prepare stage: a task's bytes, exactly as they must land in the receiver, built from
-// the rows its pieces read (a trainer's own shard, the offload copy of it, or a full tensor
-// from full_tensor()). bf16 tasks are cast (f32 -> bf16, round to nearest even) or copied row
-// by row, cutting the column range of row-parallel slices; fp8 tasks quantize their band with
-// its 128x128 block scales (layout/fp8_blocks.h), reading each row where it lies: no f32 copy.
+// the rows its pieces read (a trainer's own shard or the offload copy of it). bf16 tasks are cast
+// (f32 -> bf16, round to nearest even) or copied row by row, cutting the column range of
+// row-parallel slices; fp8 tasks quantize their band with its 128x128 block scales
+// (layout/fp8_blocks.h), reading each row where it lies: no f32 copy.
 #pragma once
 
 #include <cstddef>
