@@ -69,11 +69,13 @@ def summarize(dtype, load, ours, theirs):
     t = statistics.median(x["step_ms_median"] for x in theirs)
     gf = statistics.median(x["gflops"] for x in ours)
     peak = statistics.median(x["gemm_peak_gflops"] for x in ours)
+    # The GEMM the step runs on: bf16 only where this CPU multiplies bf16 natively.
+    peak_dtype = ours[0].get("gemm_peak_dtype", dtype).lower()
     ratios = [b["step_ms_median"] / x["step_ms_median"] for x, b in zip(ours, theirs)]
     by_threads = {n: statistics.median(x["by_threads"][n] for x in theirs) for n in TORCH_THREADS}
     configs = ", ".join(f"{n} thread{'s' if n > 1 else ''} {ms:.0f}" for n, ms in by_threads.items())
     print(f"{dtype:>5} {load:>9}: weightlift {o:7.0f} ms/step ({2048 / o * 1e3:6.0f} tok/s, "
-          f"{gf:5.1f} GFLOP/s = {100 * gf / peak:3.0f}% of the {peak:.0f} GFLOP/s {dtype} GEMM "
+          f"{gf:5.1f} GFLOP/s = {100 * gf / peak:3.0f}% of the {peak:.0f} GFLOP/s {peak_dtype} GEMM "
           f"peak) | PyTorch {theirs[0]['torch']} eager, faster of its configurations, {t:7.0f} "
           f"ms/step ({configs}) | speedup {t / o:.2f}x (rounds {min(ratios):.2f}-"
           f"{max(ratios):.2f}x)")

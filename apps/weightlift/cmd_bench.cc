@@ -97,7 +97,7 @@ Status run_bench_train(BenchTrainOptions o, const BenchTrainFlags& f) {
             .c_str(),
         r.threads, cpu_info().describe().c_str(), r.step_ms_median, r.step_ms_min, r.step_ms_p99,
         r.step_ms_max, r.tokens_per_s, r.gflops, 100 * r.gflops / r.gemm_peak_gflops,
-        r.gemm_peak_gflops, std::string(dtype_name(gemm_operand_type(o.precision))).c_str(),
+        r.gemm_peak_gflops, std::string(dtype_name(model::gemm_operand_type(o.precision))).c_str(),
         r.exposed_comm_ms, double(r.peak_bytes_per_rank) / 1e6, drop);
   }
   return ok_status();

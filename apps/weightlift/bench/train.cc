@@ -54,11 +54,6 @@ double measure_gemm_gflops(int64_t n, int repeats, DType in_type) {
   return percentile(std::move(rates), 0.5);
 }
 
-DType gemm_operand_type(model::Precision p) {
-  // f16 operands are rounded copies held in f32 (model/detail/linear.cc): the f32 GEMM.
-  return p == model::Precision::kBF16 ? DType::kBF16 : DType::kF32;
-}
-
 namespace {
 
 // The same random global batch on every rank.
@@ -206,7 +201,7 @@ std::string BenchTrainResult::to_json(const BenchTrainOptions& o) const {
       {"fraction_of_gemm_peak", gflops / gemm_peak_gflops},
       {"capacity_factor", capacity_factor ? nlohmann::json(*capacity_factor) : nullptr},
       {"drop_rate", std::isfinite(drop_rate) ? nlohmann::json(drop_rate) : nullptr},
-      {"gemm_peak_dtype", std::string(dtype_name(gemm_operand_type(o.precision)))},
+      {"gemm_peak_dtype", std::string(dtype_name(model::gemm_operand_type(o.precision)))},
       {"cpu", cpu_info().describe()}};
   return j.dump();
 }

@@ -37,7 +37,7 @@ struct BenchTrainResult {
   double step_ms_p99 = 0;  // nearest rank over the timed steps: the slowest of fewer than 100
   double tokens_per_s = 0;
   double gflops = 0;  // model FLOPs (model_info.h) / median step time
-  // oneDNN GEMM 2048^3 in the step's operand type (gemm_operand_type), same run: rank 0's x
+  // oneDNN GEMM 2048^3 in the step's operand type (model::gemm_operand_type), same run: rank 0's x
   // ranks.
   double gemm_peak_gflops = 0;
   int threads = 0;
@@ -57,8 +57,5 @@ Result<BenchTrainResult> bench_train(const BenchTrainOptions& options);
 // Median GFLOP/s of a GEMM of size n^3 through kernels::gemm with operands of `in_type` (f32,
 // or bf16: oneDNN's bf16 kernels where the CPU has them, else widened to f32).
 double measure_gemm_gflops(int64_t n, int repeats, DType in_type = DType::kF32);
-
-// The operands a training step's GEMMs take at precision p, whose peak bounds the step.
-DType gemm_operand_type(model::Precision p);
 
 }  // namespace wl::app

@@ -13,9 +13,16 @@
 #include <optional>
 #include <string_view>
 
+#include "weightlift/core/dtype.h"
+
 namespace wl::model {
 
 enum class Precision { kF32, kBF16, kF16 };
+
+// What a step's GEMMs multiply at precision `p` on this CPU: kBF16 only for kBF16 where bf16
+// GEMMs are native (AVX-512 BF16, AMX); elsewhere the rounded operands are held in f32 and
+// multiplied by the f32 GEMM (model/detail/linear.cc), whose peak is then the step's bound.
+DType gemm_operand_type(Precision p);
 
 inline std::string_view precision_name(Precision p) {
   switch (p) {

@@ -22,6 +22,20 @@ bool bf16_gemms_are_native() {
   return native;
 }
 
+}  // namespace
+}  // namespace wl::model::detail
+
+namespace wl::model {
+
+DType gemm_operand_type(Precision p) {
+  return p == Precision::kBF16 && detail::bf16_gemms_are_native() ? DType::kBF16 : DType::kF32;
+}
+
+}  // namespace wl::model
+
+namespace wl::model::detail {
+namespace {
+
 // Scratch for the operands at reduced precision; one set per thread that calls linear_*.
 struct Scratch {
   AlignedVector<float> a, b;
