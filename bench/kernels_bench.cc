@@ -20,6 +20,7 @@
 #include "weightlift/kernels/attention.h"
 #include "weightlift/kernels/cross_entropy.h"
 #include "weightlift/kernels/embedding.h"
+#include "weightlift/kernels/fp8_quantize.h"
 #include "weightlift/kernels/gemm.h"
 #include "weightlift/kernels/optimizer.h"
 #include "weightlift/kernels/swiglu.h"
@@ -234,6 +235,40 @@ void SumSquares(benchmark::State& state) {
   state.SetBytesProcessed(int64_t(state.iterations()) * n * 4);
 }
 BENCHMARK(SumSquares)->Unit(benchmark::kMillisecond);
+
+// fp8 block quantization as a weight update runs it: bands of 128 bf16 rows (the medium
+// preset's expert widths, 1024 and 2048 columns) read from 64 MiB of shards into a 32 MiB
+// destination, on each kernel version the CPU has (scalar 0, AVX2 1, AVX-512 2). Items are
+// elements; the time per element is what `bench transfer --dtype fp8` spends preparing.
+void Fp8Quantize(benchmark::State& state) {
+  const int64_t cols = state.range(0), rows = 128, block = 128;
+  const auto isa = static_cast<Fp8Isa>(state.range(1));
+  if (isa > fp8_best_isa()) return state.SkipWithError("this CPU has not the instructions");
+  state.SetLabel(fp8_isa_name(isa));
+  const int64_t elements = int64_t(32) << 20, bands = elements / (rows * cols);
+  std::vector<float> values = random_values(size_t(elements), 3, 0.02f);
+  std::vector<uint16_t> src(values.size());
+  for (size_t i = 0; i < values.size(); ++i) src[i] = f32_to_bf16(values[i]);
+  values = {};
+  std::vector<uint8_t> dst(static_cast<size_t>(elements));
+  std::vector<float> scales(size_t(cols / block));
+  std::vector<Fp8Row> band(static_cast<size_t>(rows));
+  for (auto _ : state) {
+    for (int64_t b = 0; b < bands; ++b) {
+      for (int64_t r = 0; r < rows; ++r) {
+        band[size_t(r)] = {src.data() + (b * rows + r) * cols, DType::kBF16};
+      }
+      fp8_quantize_band(band, cols, block, dst.data() + b * rows * cols, scales.data(), isa);
+    }
+    benchmark::DoNotOptimize(dst.data());
+  }
+  state.SetItemsProcessed(int64_t(state.iterations()) * elements);
+  state.SetBytesProcessed(int64_t(state.iterations()) * elements * 3);
+}
+BENCHMARK(Fp8Quantize)
+    ->ArgsProduct({{1024, 2048}, {0, 1, 2}})
+    ->ArgNames({"cols", "isa"})
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace wl::kernels

@@ -216,6 +216,15 @@ std::vector<float> edge_values() {
   return v;
 }
 
+// Every version of the fp8 kernels this CPU runs, the scalar definition first.
+std::vector<kernels::Fp8Isa> isas_here() {
+  std::vector<kernels::Fp8Isa> v;
+  for (auto isa : {kernels::Fp8Isa::kScalar, kernels::Fp8Isa::kAvx2, kernels::Fp8Isa::kAvx512}) {
+    if (isa <= kernels::fp8_best_isa()) v.push_back(isa);
+  }
+  return v;
+}
+
 TEST(Fp8Blocks, KernelEncodesEdgeValuesAsTheScalarDefinition) {
   std::vector<float> x = edge_values();
   std::mt19937 rng(5);
@@ -229,17 +238,18 @@ TEST(Fp8Blocks, KernelEncodesEdgeValuesAsTheScalarDefinition) {
   const int64_t blocks = (n + 127) / 128;
   for (float scale : {1.0f, 0.37f, 3.0e-3f, 1.0f / 448.0f, 7.0f}) {
     const std::vector<float> scales(size_t(blocks), scale);
-    std::vector<uint8_t> fast(static_cast<size_t>(n)), slow(static_cast<size_t>(n));
-    kernels::fp8_quantize_row(DType::kF32, x.data(), n, 128, scales.data(), fast.data());
-    kernels::fp8_quantize_row_scalar(DType::kF32, x.data(), n, 128, scales.data(), slow.data());
-    for (int64_t j = 0; j < n; ++j) {
-      const uint8_t want = f32_to_fp8_e4m3(x[size_t(j)] / scale);
-      ASSERT_EQ(int(fast[size_t(j)]), int(want)) << "x " << x[size_t(j)] << " (bits " << std::hex
-                                                 << f32_bits(x[size_t(j)]) << ") scale " << scale;
-      ASSERT_EQ(int(slow[size_t(j)]), int(want)) << x[size_t(j)];
+    for (kernels::Fp8Isa isa : isas_here()) {
+      std::vector<uint8_t> q(static_cast<size_t>(n));
+      kernels::fp8_quantize_row(DType::kF32, x.data(), n, 128, scales.data(), q.data(), isa);
+      for (int64_t j = 0; j < n; ++j) {
+        const uint8_t want = f32_to_fp8_e4m3(x[size_t(j)] / scale);
+        ASSERT_EQ(int(q[size_t(j)]), int(want))
+            << kernels::fp8_isa_name(isa) << ": x " << x[size_t(j)] << " (bits " << std::hex
+            << f32_bits(x[size_t(j)]) << ") scale " << scale;
+      }
     }
   }
-  RecordProperty("vectorised", kernels::fp8_quantize_is_vectorised() ? "avx2" : "scalar");
+  RecordProperty("best_isa", kernels::fp8_isa_name(kernels::fp8_best_isa()));
 }
 
 TEST(Fp8Blocks, EveryCodeRoundTrips) {
@@ -254,12 +264,11 @@ TEST(Fp8Blocks, EveryCodeRoundTrips) {
   const std::vector<float> ones(2, 1.0f);
   for (DType t : {DType::kF32, DType::kBF16}) {
     const void* src = t == DType::kF32 ? static_cast<const void*>(x.data()) : h.data();
-    std::vector<uint8_t> fast(256), slow(256);
-    kernels::fp8_quantize_row(t, src, 256, 128, ones.data(), fast.data());
-    kernels::fp8_quantize_row_scalar(t, src, 256, 128, ones.data(), slow.data());
-    for (int c = 0; c < 256; ++c) {
-      EXPECT_EQ(int(fast[size_t(c)]), c) << dtype_name(t);
-      EXPECT_EQ(int(slow[size_t(c)]), c) << dtype_name(t);
+    for (kernels::Fp8Isa isa : isas_here()) {
+      std::vector<uint8_t> q(256);
+      kernels::fp8_quantize_row(t, src, 256, 128, ones.data(), q.data(), isa);
+      for (int c = 0; c < 256; ++c)
+        EXPECT_EQ(int(q[size_t(c)]), c) << dtype_name(t) << " " << kernels::fp8_isa_name(isa);
     }
   }
 }
@@ -308,19 +317,44 @@ TEST(Fp8Blocks, BandEdgesMatchTheDefinition) {
       quantize_fp8_band(x.data(), rows, cols, q.data(), s.data());
       EXPECT_EQ(q, want_q) << rows << "x" << cols;
       EXPECT_EQ(std::memcmp(s.data(), want_s.data(), s.size() * 4), 0) << rows << "x" << cols;
-      // And each row's block maxima, fast against scalar, from f32 and from bf16.
+      // Every version, row by row and by whole bands, from f32 and from bf16 (whose
+      // reference is the band widened back to f32).
       std::vector<uint16_t> h(x.size());
       convert_f32_to_bf16(x.data(), h.data(), x.size());
-      for (int64_t i = 0; i < rows; ++i) {
-        const int64_t nb = (cols + 127) / 128;
-        std::vector<float> a(size_t(nb), 0.0f), b(size_t(nb), 0.0f);
-        std::vector<float> c(size_t(nb), 0.0f), d(size_t(nb), 0.0f);
-        kernels::fp8_block_amax(DType::kF32, x.data() + i * cols, cols, 128, a.data());
-        kernels::fp8_block_amax_scalar(DType::kF32, x.data() + i * cols, cols, 128, b.data());
-        kernels::fp8_block_amax(DType::kBF16, h.data() + i * cols, cols, 128, c.data());
-        kernels::fp8_block_amax_scalar(DType::kBF16, h.data() + i * cols, cols, 128, d.data());
-        ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << i;
-        ASSERT_EQ(std::memcmp(c.data(), d.data(), c.size() * 4), 0) << i;
+      std::vector<float> wide(x.size());
+      for (size_t i = 0; i < x.size(); ++i) wide[i] = bf16_to_f32(h[i]);
+      std::vector<uint8_t> want_hq;
+      std::vector<float> want_hs;
+      reference_band(wide, rows, cols, &want_hq, &want_hs);
+      const int64_t nb = (cols + 127) / 128;
+      for (kernels::Fp8Isa isa : isas_here()) {
+        const std::string where = std::string(kernels::fp8_isa_name(isa)) + " " +
+                                  std::to_string(rows) + "x" + std::to_string(cols);
+        for (DType t : {DType::kF32, DType::kBF16}) {
+          const bool f32 = t == DType::kF32;
+          const auto* base =
+              f32 ? static_cast<const std::byte*>(static_cast<const void*>(x.data()))
+                  : static_cast<const std::byte*>(static_cast<const void*>(h.data()));
+          std::vector<kernels::Fp8Row> band;
+          for (int64_t i = 0; i < rows; ++i) band.push_back({base + i * cols * dtype_size(t), t});
+          std::vector<uint8_t> bq(x.size()), rq(x.size());
+          std::vector<float> bs(static_cast<size_t>(nb)), rs(static_cast<size_t>(nb));
+          std::vector<float> maxima(static_cast<size_t>(nb), 0.0f);
+          kernels::fp8_quantize_band(band, cols, 128, bq.data(), bs.data(), isa);
+          for (const kernels::Fp8Row& r : band)
+            kernels::fp8_block_amax(t, r.data, cols, 128, maxima.data(), isa);
+          for (int64_t b = 0; b < nb; ++b) rs[size_t(b)] = kernels::fp8_scale(maxima[size_t(b)]);
+          for (int64_t i = 0; i < rows; ++i) {
+            kernels::fp8_quantize_row(t, band[size_t(i)].data, cols, 128, rs.data(),
+                                      rq.data() + i * cols, isa);
+          }
+          const std::vector<uint8_t>& wq = f32 ? want_q : want_hq;
+          const std::vector<float>& ws = f32 ? want_s : want_hs;
+          EXPECT_EQ(bq, wq) << where << " " << dtype_name(t) << ", by bands";
+          EXPECT_EQ(rq, wq) << where << " " << dtype_name(t) << ", by rows";
+          EXPECT_EQ(std::memcmp(bs.data(), ws.data(), bs.size() * 4), 0) << where;
+          EXPECT_EQ(std::memcmp(rs.data(), ws.data(), rs.size() * 4), 0) << where;
+        }
       }
     }
   }

@@ -1,11 +1,9 @@
-// Band quantizer of layout/fp8_blocks.h: one pass for the block maxima, one to divide and convert,
-// both in kernels/fp8_quantize.h.
+// Band quantizer of layout/fp8_blocks.h, on the kernels of kernels/fp8_quantize.h.
 #include "weightlift/transfer/layout/fp8_blocks.h"
 
 #include <vector>
 
 #include "weightlift/core/check.h"
-#include "weightlift/kernels/fp8_quantize.h"
 #include "weightlift/transfer/layout/inference_layout.h"
 
 namespace wl::transfer {
@@ -17,7 +15,7 @@ void add_fp8_band_maxima(std::span<const BandRow> rows, int64_t cols, float* max
 
 void fp8_scales_from_maxima(const float* maxima, int64_t cols, float* scales) {
   const int64_t nb = (cols + kFp8BlockSize - 1) / kFp8BlockSize;
-  for (int64_t b = 0; b < nb; ++b) scales[b] = maxima[b] == 0.0f ? 1.0f : maxima[b] / kFp8E4M3Max;
+  for (int64_t b = 0; b < nb; ++b) scales[b] = kernels::fp8_scale(maxima[b]);
 }
 
 void quantize_fp8_rows(std::span<const BandRow> rows, int64_t cols, const float* scales,
@@ -30,11 +28,7 @@ void quantize_fp8_rows(std::span<const BandRow> rows, int64_t cols, const float*
 
 void quantize_fp8_band(std::span<const BandRow> rows, int64_t cols, uint8_t* dst, float* scales) {
   WL_CHECK_LE(int64_t(rows.size()), kFp8BlockSize);
-  const int64_t nb = (cols + kFp8BlockSize - 1) / kFp8BlockSize;
-  std::vector<float> maxima(size_t(nb), 0.0f);
-  add_fp8_band_maxima(rows, cols, maxima.data());
-  fp8_scales_from_maxima(maxima.data(), cols, scales);
-  quantize_fp8_rows(rows, cols, scales, dst);
+  kernels::fp8_quantize_band(rows, cols, kFp8BlockSize, dst, scales);
 }
 
 void quantize_fp8_band(const float* src, int64_t rows, int64_t cols, uint8_t* dst, float* scales) {

@@ -5,24 +5,22 @@
 // kernels/fp8_quantize.h rounds to nearest even like the scalar one).
 //
 // The rows are read where they lie (a bf16 or f32 shard), twice: once for the block maxima,
-// once to divide and convert. A whole band of 128 rows of a few thousand columns stays in L2
-// between the passes; a band split across ranks (add_fp8_band_maxima below) is read for its
-// maxima before the update's first put and again when it is quantized. No f32 copy of it is
-// ever made.
+// once to divide and convert. A whole band goes block column by block column (128 rows of 128
+// columns, in L1 between the passes; kernels/fp8_quantize.h); a band split across ranks
+// (add_fp8_band_maxima below) is read for its maxima before the update's first put and again
+// when it is quantized. No f32 copy of it is ever made.
 #pragma once
 
 #include <cstdint>
 #include <span>
 
 #include "weightlift/core/dtype.h"
+#include "weightlift/kernels/fp8_quantize.h"
 
 namespace wl::transfer {
 
 // One row of a band: `cols` elements of dtype (kF32 or kBF16), borrowed.
-struct BandRow {
-  const void* data = nullptr;
-  DType dtype = DType::kF32;
-};
+using BandRow = kernels::Fp8Row;
 
 // rows: the band's rows in order; dst: [rows.size(), cols] e4m3; scales: [ceil(cols / 128)]
 // f32. REQUIRES: rows.size() <= 128.
