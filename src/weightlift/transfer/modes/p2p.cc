@@ -19,6 +19,7 @@
 #include "weightlift/comm/collectives/allreduce.h"
 #include "weightlift/comm/launch/process_alive.h"
 #include "weightlift/core/parallel.h"
+#include "weightlift/core/stream_copy.h"
 #include "weightlift/core/timing.h"
 #include "weightlift/transfer/modes/detail/checksum.h"
 #include "weightlift/transfer/modes/detail/prepare.h"
@@ -27,18 +28,21 @@
 namespace wl::transfer {
 namespace {
 
-// A write through a mapping of the receiver: large ones on every compute thread, in 1 MiB
-// pieces (one thread's memcpy left this machine's memory half idle).
+// A write through a mapping of the receiver, with streaming stores (core/stream_copy.h): large
+// ones on every compute thread, in 1 MiB pieces (one thread's copy left this machine's memory
+// half idle).
 void copy_through_mapping(std::byte* dst, const std::byte* src, size_t bytes) {
   constexpr size_t kPiece = size_t(1) << 20;
   if (bytes < 4 * kPiece) {
-    std::memcpy(dst, src, bytes);
+    stream_copy(dst, src, bytes);
+    store_fence();
     return;
   }
   const int64_t pieces = int64_t((bytes + kPiece - 1) / kPiece);
   parallel_for(pieces, 1, [&](int64_t b, int64_t e) {
     const size_t from = size_t(b) * kPiece, to = std::min(bytes, size_t(e) * kPiece);
-    std::memcpy(dst + from, src + from, to - from);
+    stream_copy(dst + from, src + from, to - from);
+    store_fence();  // on each thread that copied
   });
 }
 

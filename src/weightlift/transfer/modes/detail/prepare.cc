@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "weightlift/core/stream_copy.h"
 #include "weightlift/transfer/layout/fp8_blocks.h"
 #include "weightlift/transfer/layout/inference_layout.h"
 
@@ -19,7 +20,8 @@ void prepare_task(const PlanTask& t, std::span<const PieceSource> sources, std::
 namespace {
 
 // Where each of the task's rows lies, for the quantizer; bf16 tasks are written on the way
-// (to `out`, when not null).
+// (to `out`, when not null), with streaming stores: `out` is a receiver's slot or staging
+// that a put reads, not this core.
 std::vector<BandRow> task_rows(const PlanTask& t, std::span<const PieceSource> sources,
                                std::byte* out) {
   WL_CHECK_EQ(sources.size(), t.pieces.size());
@@ -41,7 +43,7 @@ std::vector<BandRow> task_rows(const PlanTask& t, std::span<const PieceSource> s
       if (t.quantized()) {
         band[size_t(dst_row)] = {src, s.dtype};
       } else if (s.dtype == DType::kBF16) {
-        std::memcpy(out + size_t(dst_row * t.cols) * 2, src, size_t(width) * 2);
+        stream_copy(out + size_t(dst_row * t.cols) * 2, src, size_t(width) * 2);
       } else {
         convert_f32_to_bf16(reinterpret_cast<const float*>(src),
                             reinterpret_cast<uint16_t*>(out + size_t(dst_row * t.cols) * 2),
@@ -59,7 +61,10 @@ std::vector<BandRow> task_rows(const PlanTask& t, std::span<const PieceSource> s
 void prepare_task_into(const PlanTask& t, std::span<const PieceSource> sources, std::byte* out,
                        std::byte* scale_out, const float* band_maxima) {
   const std::vector<BandRow> band = task_rows(t, sources, out);
-  if (!t.quantized()) return;
+  if (!t.quantized()) {
+    store_fence();  // the rows copied with streaming stores
+    return;
+  }
   const int64_t blocks = (t.cols + kFp8BlockSize - 1) / kFp8BlockSize;
   WL_CHECK(t.scale_bytes == uint64_t(blocks) * 4 || (t.maxima >= 0 && t.scale_bytes == 0))
       << t.tensor;
