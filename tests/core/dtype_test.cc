@@ -210,6 +210,23 @@ TEST(DType, BulkBf16MatchesScalarOnEveryKindOfValue) {
   }
 }
 
+// Widening bf16 runs a loop cloned per vector width (AVX-512, AVX2, SSE2): every one of the
+// 65536 patterns, at offsets and lengths that leave tails, gives the scalar widening's bits.
+TEST(DType, BulkBf16WideningMatchesScalarOnEveryPattern) {
+  std::vector<uint16_t> h(65536 + 64);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = uint16_t(i * 40503u);  // every pattern, shuffled
+  for (size_t offset : {size_t(0), size_t(1), size_t(7), size_t(31)}) {
+    const size_t n = 65536 + 33 - offset;
+    std::vector<float> f(n + 1, 1.0f);
+    convert_bf16_to_f32(h.data() + offset, f.data(), n);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(f32_bits(f[i]), f32_bits(bf16_to_f32(h[offset + i])))
+          << "bf16 bits 0x" << std::hex << h[offset + i] << " at offset " << std::dec << offset;
+    }
+    EXPECT_EQ(f[n], 1.0f) << "written past the end, offset " << offset;
+  }
+}
+
 TEST(DType, RoundThroughMatchesScalarConversions) {
   std::vector<float> x;
   std::mt19937 rng(3);

@@ -159,6 +159,14 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void to_bf16(const f
   }
 }
 
+// bf16 -> f32, each value's bits shifted into the top half, cloned per vector width: the
+// rollout engine widens a band of bf16 weights in L2 at every decode step, where the SSE2
+// loop GCC makes by default was 12% of a 64-row GRPO generation's cycles.
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void widen_bf16(
+    const uint16_t* src, float* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = f32_from_bits(uint32_t(src[i]) << 16);
+}
+
 // Lanes of x that hold a denormal (not a zero): |x| - 1 < 0x007fffff as unsigned.
 __attribute__((target("avx512f"))) __mmask16 denormal_lanes(__m512 x) {
   const __m512i magnitude = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
@@ -192,9 +200,7 @@ void convert_f32_to_bf16(const float* src, uint16_t* dst, size_t n) {
   static const bool native = cpu_info().avx512bf16;
   native ? to_bf16_avx512bf16(src, dst, n) : to_bf16(src, dst, n);
 }
-void convert_bf16_to_f32(const uint16_t* src, float* dst, size_t n) {
-  for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
-}
+void convert_bf16_to_f32(const uint16_t* src, float* dst, size_t n) { widen_bf16(src, dst, n); }
 void convert_f32_to_f16(const float* src, uint16_t* dst, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] = f32_to_f16(src[i]);
 }
