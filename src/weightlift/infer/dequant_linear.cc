@@ -42,7 +42,7 @@ void dequantize_rows(const WeightMatrix& w, int64_t r0, int64_t r1, float* dst) 
     return;
   }
   WL_CHECK(w.dtype == DType::kF8E4M3 && w.scale != nullptr) << dtype_name(w.dtype);
-  const int64_t scale_cols = (cols + kBlock - 1) / kBlock;
+  const int64_t scale_cols = transfer::fp8_block_count(cols);
   const auto* src = static_cast<const uint8_t*>(w.data);
   parallel_for(r1 - r0, std::max<int64_t>(1, kParallelFloats / std::max<int64_t>(cols, 1)),
                [&](int64_t b, int64_t e) {

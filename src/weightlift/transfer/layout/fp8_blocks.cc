@@ -14,7 +14,7 @@ void add_fp8_band_maxima(std::span<const BandRow> rows, int64_t cols, float* max
 }
 
 void fp8_scales_from_maxima(const float* maxima, int64_t cols, float* scales) {
-  const int64_t nb = (cols + kFp8BlockSize - 1) / kFp8BlockSize;
+  const int64_t nb = fp8_block_count(cols);
   for (int64_t b = 0; b < nb; ++b) scales[b] = kernels::fp8_scale(maxima[b]);
 }
 

@@ -32,8 +32,7 @@ void add_receiver_matrix(std::vector<ReceiverTensor>& out, WeightFormat format,
     return;
   }
   t.scale = name + ".scale";
-  const int64_t br = (rows + kFp8BlockSize - 1) / kFp8BlockSize;
-  const int64_t bc = (cols + kFp8BlockSize - 1) / kFp8BlockSize;
+  const int64_t br = fp8_block_count(rows), bc = fp8_block_count(cols);
   ReceiverTensor s{.name = t.scale,
                    .dtype = DType::kF32,
                    .shape = {br, bc},

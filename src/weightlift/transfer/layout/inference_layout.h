@@ -47,6 +47,11 @@ std::optional<WeightFormat> weight_format_from_name(std::string_view name);
 
 inline constexpr int64_t kFp8BlockSize = 128;  // rows and columns of one scale block
 
+// Scale blocks along a dimension of n rows or columns: ceil(n / 128).
+inline constexpr int64_t fp8_block_count(int64_t n) {
+  return (n + kFp8BlockSize - 1) / kFp8BlockSize;
+}
+
 // Rows [row_begin, row_end) x columns [col_begin, col_end) of trainer parameter `param`
 // land on receiver rows [dst_row, dst_row + row_end - row_begin), all of its columns.
 struct SourceSlice {

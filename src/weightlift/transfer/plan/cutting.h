@@ -115,9 +115,6 @@ void split_band(int mesh_size, const Pieces& pieces, ShardOf&& shard_of, std::ve
   }
 }
 
-// The block maxima a band's scales come from: one float per 128-column block.
-inline int64_t band_blocks(int64_t cols) { return (cols + kFp8BlockSize - 1) / kFp8BlockSize; }
-
 // The families rule's order: `families`, gathered in order of first appearance over the
 // receivers, reordered dense before expert, each group keeping that order. is_expert(f): whether
 // family f is an expert tensor. (Both callers gather families their own way: the planner by

@@ -356,7 +356,7 @@ void Planner::cut_bf16(const ReceiverSide& side, const ReceiverTensor& t,
 
 void Planner::cut_fp8(const ReceiverSide& side, const ReceiverTensor& t, std::vector<Unit>& units) {
   const TensorMeta& sm = *side.declared.at(t.scale);
-  const int64_t scale_cols = band_blocks(t.cols);
+  const int64_t scale_cols = fp8_block_count(t.cols);
   for_each_band(t.rows, [&](int64_t r0, int64_t r1) {
     const uint64_t scale_offset = sm.offset + uint64_t(r0 / kFp8BlockSize * scale_cols) * 4;
     std::vector<PlanPiece> pieces;
@@ -427,7 +427,7 @@ void Planner::assign(std::vector<Unit>& units) {
       band = u.band;
       band_mesh = least_loaded_mesh();
       band_maxima = plan_.maxima_floats[size_t(band_mesh)];
-      plan_.maxima_floats[size_t(band_mesh)] += band_blocks(u.task.cols);
+      plan_.maxima_floats[size_t(band_mesh)] += fp8_block_count(u.task.cols);
     }
     int best = -1;
     for (const PlanTrainer& t : plan_.trainers) {
@@ -624,7 +624,7 @@ Result<Plan> plan_from_json(std::string_view text, std::string_view where) {
            (!t.quantized() || t.cols <= 0 || t.cols > (int64_t(1) << 40) || t.row_begin < 0 ||
             t.row_end <= t.row_begin ||
             t.row_begin / kFp8BlockSize != (t.row_end - 1) / kFp8BlockSize ||
-            t.maxima > p.maxima_floats[size_t(sender->mesh_id)] - band_blocks(t.cols)))) {
+            t.maxima > p.maxima_floats[size_t(sender->mesh_id)] - fp8_block_count(t.cols)))) {
         throw_field_error(k, "reads block maxima outside its mesh's shared maxima");
       }
       p.tasks.push_back(std::move(t));

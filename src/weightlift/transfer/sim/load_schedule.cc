@@ -194,7 +194,7 @@ void Scheduler::cut_bf16(int r, const ReceiverTensor& t, const std::vector<Sourc
 
 void Scheduler::cut_fp8(int r, const ReceiverTensor& t, const std::vector<Source>& src) {
   const size_t es = dtype_size(t.dtype);
-  const uint64_t scale_bytes = uint64_t(band_blocks(t.cols)) * 4;
+  const uint64_t scale_bytes = uint64_t(fp8_block_count(t.cols)) * 4;
   for_each_band(t.rows, [&](int64_t r0, int64_t r1) {
     pieces_.clear();
     for (const Source& s : src) {
@@ -271,7 +271,7 @@ void Scheduler::assign(PhaseLoads& ph, PhaseLoads& before_puts) {
   for (const Unit& u : units_) {
     if (u.band >= 0 && u.band != band) {
       band = u.band;
-      band_mesh = &split_mesh(u.placement, band_blocks(u.tensor->cols), ph);
+      band_mesh = &split_mesh(u.placement, fp8_block_count(u.tensor->cols), ph);
     }
     int sender = -1;
     auto consider = [&](int t) {

@@ -65,7 +65,7 @@ void prepare_task_into(const PlanTask& t, std::span<const PieceSource> sources, 
     store_fence();  // the rows copied with streaming stores
     return;
   }
-  const int64_t blocks = (t.cols + kFp8BlockSize - 1) / kFp8BlockSize;
+  const int64_t blocks = fp8_block_count(t.cols);
   WL_CHECK(t.scale_bytes == uint64_t(blocks) * 4 || (t.maxima >= 0 && t.scale_bytes == 0))
       << t.tensor;
   std::vector<float> scales(static_cast<size_t>(blocks));
