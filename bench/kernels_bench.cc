@@ -239,7 +239,8 @@ BENCHMARK(SumSquares)->Unit(benchmark::kMillisecond);
 // fp8 block quantization as a weight update runs it: bands of 128 bf16 rows (the medium
 // preset's expert widths, 1024 and 2048 columns) read from 64 MiB of shards into a 32 MiB
 // destination, on each kernel version the CPU has (scalar 0, AVX2 1, AVX-512 2). Items are
-// elements; the time per element is what `bench transfer --dtype fp8` spends preparing.
+// elements; the time per element is what `bench transfer --dtype fp8` spends preparing. Bytes
+// are the memory traffic of one element: 2 read (the second pass reads from L2) and 1 written.
 void Fp8Quantize(benchmark::State& state) {
   const int64_t cols = state.range(0), rows = 128, block = 128;
   const auto isa = static_cast<Fp8Isa>(state.range(1));

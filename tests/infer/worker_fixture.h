@@ -25,15 +25,20 @@ using transfer::LayoutOptions;
 // (as one process per core would), since OpenMP teams of two per rank would oversubscribe the
 // cores and spin at every barrier for a descheduled member (measured: 3 s became 90 s under a
 // parallel build). The numbers do not depend on it beyond f32 reassociation.
-class OneComputeThread {
+class ComputeThreads {
  public:
-  OneComputeThread() { set_num_threads(1); }
-  ~OneComputeThread() { set_num_threads(saved_); }
-  OneComputeThread(const OneComputeThread&) = delete;
-  OneComputeThread& operator=(const OneComputeThread&) = delete;
+  explicit ComputeThreads(int n) { set_num_threads(n); }
+  ~ComputeThreads() { set_num_threads(saved_); }
+  ComputeThreads(const ComputeThreads&) = delete;
+  ComputeThreads& operator=(const ComputeThreads&) = delete;
 
  private:
   int saved_ = num_threads();
+};
+
+class OneComputeThread : public ComputeThreads {
+ public:
+  OneComputeThread() : ComputeThreads(1) {}
 };
 
 // Same effective weights, f32 sums in another order: measured at most 1.4e-6 S; 1e-4 S leaves

@@ -5,8 +5,8 @@
 // kernels/fp8_quantize.h rounds to nearest even like the scalar one).
 //
 // The rows are read where they lie (a bf16 or f32 shard), twice: once for the block maxima,
-// once to divide and convert. A whole band goes block column by block column (128 rows of 128
-// columns, in L1 between the passes; kernels/fp8_quantize.h); a band split across ranks
+// once to divide and convert. A whole band (at most 128 rows of a few thousand columns) stays
+// in L2 between the passes (kernels/fp8_quantize.h); a band split across ranks
 // (add_fp8_band_maxima below) is read for its maxima before the update's first put and again
 // when it is quantized. No f32 copy of it is ever made.
 #pragma once

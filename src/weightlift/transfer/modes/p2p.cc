@@ -365,7 +365,9 @@ Status SendQueue::write(Prepared& p) {
 }
 
 // Every put, then a flush per receiver. Stores through mappings are made visible before the
-// barrier that tells the receivers to publish.
+// barrier that tells the receivers to publish: the streaming ones by the store fence each
+// writing thread ran after them (copy_through_mapping, prepare_task_into), the others by this
+// fence.
 Status SendQueue::complete() {
   std::atomic_thread_fence(std::memory_order_release);
   while (!inflight_.empty()) WL_RETURN_IF_ERROR(retire_oldest());

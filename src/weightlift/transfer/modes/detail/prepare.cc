@@ -20,8 +20,9 @@ void prepare_task(const PlanTask& t, std::span<const PieceSource> sources, std::
 namespace {
 
 // Where each of the task's rows lies, for the quantizer; bf16 tasks are written on the way
-// (to `out`, when not null), with streaming stores: `out` is a receiver's slot or staging
-// that a put reads, not this core.
+// (to `out`, when not null), with streaming stores: `out` is a receiver's slot, or staging
+// that a put or a copy through a mapping reads next, mostly not from this core's caches (a
+// checksum of the staging, when asked for, reads it back from memory).
 std::vector<BandRow> task_rows(const PlanTask& t, std::span<const PieceSource> sources,
                                std::byte* out) {
   WL_CHECK_EQ(sources.size(), t.pieces.size());
