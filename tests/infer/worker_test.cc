@@ -21,6 +21,7 @@
 
 #include "../transfer/fixture.h"
 #include "reference_tensors.h"
+#include "run_worker.h"
 #include "weightlift/comm/group/group.h"
 #include "weightlift/core/parallel.h"
 #include "weightlift/infer/dequant_linear.h"
@@ -122,45 +123,6 @@ std::vector<float> effective_weights(const model::ModelConfig& c, WeightFormat f
   }
   for (float v : w) WL_CHECK(!std::isnan(v)) << "a parameter element no receiver tensor covers";
   return w;
-}
-
-// ---- running the worker at TP 1 or 2 ----------------------------------------------------------
-
-struct RankOutput {
-  std::vector<Tensor> prompt_logits;  // per prompt, [T, V]
-  Generation gen;                     // greedy, with logits
-};
-
-constexpr int64_t kNewTokens = 24;
-
-// Runs the worker on every TP rank (threads sharing a MemoryStore world when tp > 1) over the
-// reference transform of `w`, and returns each rank's output.
-std::vector<RankOutput> run_worker(const model::ModelConfig& c, const std::vector<float>& w,
-                                   WeightFormat format, int tp, int64_t page_tokens,
-                                   int threads = 1) {
-  std::vector<RankOutput> out(static_cast<size_t>(tp));
-  auto body = [&](int rank, std::shared_ptr<comm::Group> group) {
-    ComputeThreads pool(threads);
-    const LayoutOptions layout{.tp = tp, .tp_rank = rank, .format = format};
-    const auto held = tensors_of(transfer::reference_receiver_tensors(c, layout, w));
-    auto worker = InferenceWorker::create(
-        {.config = c, .layout = layout, .tp_group = group, .kv_page_tokens = page_tokens});
-    ASSERT_TRUE(worker.ok()) << worker.status().to_string();
-    auto bound = (*worker)->bind(lookup_in(held));
-    ASSERT_TRUE(bound.ok()) << bound.status().to_string();
-    auto logits = (*worker)->prompt_logits(*bound, prompts());
-    ASSERT_TRUE(logits.ok()) << logits.status().to_string();
-    auto gen =
-        (*worker)->generate(*bound, prompts(), {.max_new_tokens = kNewTokens, .keep_logits = true});
-    ASSERT_TRUE(gen.ok()) << gen.status().to_string();
-    out[size_t(rank)] = {*std::move(logits), *std::move(gen)};
-  };
-  if (tp == 1) {
-    body(0, nullptr);
-  } else {
-    transfer::testing::run_world(tp, body);
-  }
-  return out;
 }
 
 // ---- comparisons ----------------------------------------------------------------------------
@@ -371,32 +333,6 @@ TEST(InferenceWorker, TinyFp8Tp1And2MatchTheTrainer) {
 TEST(InferenceWorker, SmallTwoLayersBf16AndFp8Tp1And2MatchTheTrainer) {
   for (WeightFormat f : {WeightFormat::kBF16, WeightFormat::kFP8}) {
     for (int tp : {1, 2}) check_case("small-2", f, tp);
-  }
-}
-
-// The pool's threads change who computes what, not the bits. With 3 compute threads a step's
-// experts mostly run one per thread (at least 3 of tiny's 4 have rows); with 5, more than it
-// has, always one after another with their GEMMs shared (worker.cc, run_experts).
-TEST(InferenceWorker, ComputeThreadsDoNotChangeTheBits) {
-  const model::ModelConfig c = config_named("tiny");
-  const std::vector<float> w = test_weights(c, 42);
-  const int64_t pages = WorkerOptions{}.kv_page_tokens;
-  for (WeightFormat f : {WeightFormat::kBF16, WeightFormat::kFP8}) {
-    const std::vector<RankOutput> one = run_worker(c, w, f, 1, pages, 1);
-    for (int threads : {3, 5}) {
-      SCOPED_TRACE(std::string(transfer::weight_format_name(f)) + ", " + std::to_string(threads) +
-                   " threads");
-      const std::vector<RankOutput> many = run_worker(c, w, f, 1, pages, threads);
-      if (::testing::Test::HasFatalFailure()) return;
-      EXPECT_EQ(many[0].gen.tokens, one[0].gen.tokens);
-      EXPECT_TRUE(many[0].gen.logits == one[0].gen.logits) << "a decode step's logits differ";
-      for (size_t p = 0; p < prompts().size(); ++p) {
-        EXPECT_EQ(std::memcmp(many[0].prompt_logits[p].raw(), one[0].prompt_logits[p].raw(),
-                              one[0].prompt_logits[p].nbytes()),
-                  0)
-            << "prompt " << p;
-      }
-    }
   }
 }
 

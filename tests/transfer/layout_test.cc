@@ -273,42 +273,79 @@ TEST(Fp8Blocks, EveryCodeRoundTrips) {
   }
 }
 
+// A band of rows x cols whose 128-column blocks cycle through six kinds: small values, all
+// zero, all subnormal, holding 448 exactly, holding edge values (infinities among them), and
+// holding NaNs.
+std::vector<float> band_of_edges(int64_t rows, int64_t cols, std::mt19937& rng) {
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  const std::vector<float> edges = edge_values();
+  std::vector<float> x(size_t(rows * cols));
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) {
+      float& v = x[size_t(i * cols + j)];
+      switch ((j / 128) % 6) {
+        case 0:
+          v = uni(rng) * 0.05f;
+          break;
+        case 1:
+          v = 0.0f;
+          break;
+        case 2:
+          v = uni(rng) * 1e-39f;
+          break;
+        case 3:
+          v = (i + j) % 17 == 0 ? 448.0f : uni(rng) * 3.0f;
+          break;
+        case 4:
+          v = (i + j) % 11 == 0 ? edges[size_t(i + j) % edges.size()] : uni(rng);
+          break;
+        default:
+          v = (i * 7 + j) % 29 == 0 ? std::numeric_limits<float>::quiet_NaN() : uni(rng) * 100.0f;
+      }
+    }
+  }
+  return x;
+}
+
+// Every kernel version on the band at `base` (rows x cols of dtype t, contiguous), by whole
+// bands and row by row, against the reference codes and scales.
+void check_every_version(const void* base, DType t, int64_t rows, int64_t cols,
+                         const std::vector<uint8_t>& want_q, const std::vector<float>& want_s) {
+  const int64_t nb = (cols + 127) / 128;
+  std::vector<kernels::Fp8Row> band;
+  for (int64_t i = 0; i < rows; ++i) {
+    band.push_back({static_cast<const std::byte*>(base) + i * cols * dtype_size(t), t});
+  }
+  for (kernels::Fp8Isa isa : isas_here()) {
+    const std::string where = std::string(kernels::fp8_isa_name(isa)) + " " + std::to_string(rows) +
+                              "x" + std::to_string(cols) + " " + std::string(dtype_name(t));
+    std::vector<uint8_t> bq(want_q.size()), rq(want_q.size());
+    std::vector<float> bs(static_cast<size_t>(nb)), rs(static_cast<size_t>(nb));
+    std::vector<float> maxima(static_cast<size_t>(nb), 0.0f);
+    kernels::fp8_quantize_band(band, cols, 128, bq.data(), bs.data(), isa);
+    for (const kernels::Fp8Row& r : band)
+      kernels::fp8_block_amax(t, r.data, cols, 128, maxima.data(), isa);
+    for (int64_t b = 0; b < nb; ++b) rs[size_t(b)] = kernels::fp8_scale(maxima[size_t(b)]);
+    for (int64_t i = 0; i < rows; ++i) {
+      kernels::fp8_quantize_row(t, band[size_t(i)].data, cols, 128, rs.data(), rq.data() + i * cols,
+                                isa);
+    }
+    EXPECT_EQ(bq, want_q) << where << ", by bands";
+    EXPECT_EQ(rq, want_q) << where << ", by rows";
+    EXPECT_EQ(std::memcmp(bs.data(), want_s.data(), bs.size() * 4), 0) << where;
+    EXPECT_EQ(std::memcmp(rs.data(), want_s.data(), rs.size() * 4), 0) << where;
+  }
+}
+
 TEST(Fp8Blocks, BandEdgesMatchTheDefinition) {
   // Bands of 1, 7 and 128 rows; 13, 128, 200 and 1000 columns (short last blocks, tails of
   // the 8- and 32-wide loops); blocks that are all zero, all subnormal, hold 448 exactly,
   // hold an infinity (its scale is inf: every finite value becomes 0 and the inf NaN), or
   // hold NaNs (skipped by the maximum, encoded as NaN).
   std::mt19937 rng(9);
-  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
-  const std::vector<float> edges = edge_values();
   for (int64_t rows : {1, 7, 128}) {
     for (int64_t cols : {13, 128, 200, 1000}) {
-      std::vector<float> x(size_t(rows * cols));
-      for (int64_t i = 0; i < rows; ++i) {
-        for (int64_t j = 0; j < cols; ++j) {
-          float& v = x[size_t(i * cols + j)];
-          switch ((j / 128) % 6) {
-            case 0:
-              v = uni(rng) * 0.05f;
-              break;
-            case 1:
-              v = 0.0f;
-              break;
-            case 2:
-              v = uni(rng) * 1e-39f;
-              break;
-            case 3:
-              v = (i + j) % 17 == 0 ? 448.0f : uni(rng) * 3.0f;
-              break;
-            case 4:
-              v = (i + j) % 11 == 0 ? edges[size_t(i + j) % edges.size()] : uni(rng);
-              break;
-            default:
-              v = (i * 7 + j) % 29 == 0 ? std::numeric_limits<float>::quiet_NaN()
-                                        : uni(rng) * 100.0f;
-          }
-        }
-      }
+      const std::vector<float> x = band_of_edges(rows, cols, rng);
       std::vector<uint8_t> want_q;
       std::vector<float> want_s;
       reference_band(x, rows, cols, &want_q, &want_s);
@@ -317,8 +354,8 @@ TEST(Fp8Blocks, BandEdgesMatchTheDefinition) {
       quantize_fp8_band(x.data(), rows, cols, q.data(), s.data());
       EXPECT_EQ(q, want_q) << rows << "x" << cols;
       EXPECT_EQ(std::memcmp(s.data(), want_s.data(), s.size() * 4), 0) << rows << "x" << cols;
-      // Every version, row by row and by whole bands, from f32 and from bf16 (whose
-      // reference is the band widened back to f32).
+      check_every_version(x.data(), DType::kF32, rows, cols, want_q, want_s);
+      // From bf16, whose reference is the band widened back to f32.
       std::vector<uint16_t> h(x.size());
       convert_f32_to_bf16(x.data(), h.data(), x.size());
       std::vector<float> wide(x.size());
@@ -326,36 +363,7 @@ TEST(Fp8Blocks, BandEdgesMatchTheDefinition) {
       std::vector<uint8_t> want_hq;
       std::vector<float> want_hs;
       reference_band(wide, rows, cols, &want_hq, &want_hs);
-      const int64_t nb = (cols + 127) / 128;
-      for (kernels::Fp8Isa isa : isas_here()) {
-        const std::string where = std::string(kernels::fp8_isa_name(isa)) + " " +
-                                  std::to_string(rows) + "x" + std::to_string(cols);
-        for (DType t : {DType::kF32, DType::kBF16}) {
-          const bool f32 = t == DType::kF32;
-          const auto* base =
-              f32 ? static_cast<const std::byte*>(static_cast<const void*>(x.data()))
-                  : static_cast<const std::byte*>(static_cast<const void*>(h.data()));
-          std::vector<kernels::Fp8Row> band;
-          for (int64_t i = 0; i < rows; ++i) band.push_back({base + i * cols * dtype_size(t), t});
-          std::vector<uint8_t> bq(x.size()), rq(x.size());
-          std::vector<float> bs(static_cast<size_t>(nb)), rs(static_cast<size_t>(nb));
-          std::vector<float> maxima(static_cast<size_t>(nb), 0.0f);
-          kernels::fp8_quantize_band(band, cols, 128, bq.data(), bs.data(), isa);
-          for (const kernels::Fp8Row& r : band)
-            kernels::fp8_block_amax(t, r.data, cols, 128, maxima.data(), isa);
-          for (int64_t b = 0; b < nb; ++b) rs[size_t(b)] = kernels::fp8_scale(maxima[size_t(b)]);
-          for (int64_t i = 0; i < rows; ++i) {
-            kernels::fp8_quantize_row(t, band[size_t(i)].data, cols, 128, rs.data(),
-                                      rq.data() + i * cols, isa);
-          }
-          const std::vector<uint8_t>& wq = f32 ? want_q : want_hq;
-          const std::vector<float>& ws = f32 ? want_s : want_hs;
-          EXPECT_EQ(bq, wq) << where << " " << dtype_name(t) << ", by bands";
-          EXPECT_EQ(rq, wq) << where << " " << dtype_name(t) << ", by rows";
-          EXPECT_EQ(std::memcmp(bs.data(), ws.data(), bs.size() * 4), 0) << where;
-          EXPECT_EQ(std::memcmp(rs.data(), ws.data(), rs.size() * 4), 0) << where;
-        }
-      }
+      check_every_version(h.data(), DType::kBF16, rows, cols, want_hq, want_hs);
     }
   }
 }

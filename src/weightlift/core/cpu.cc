@@ -47,6 +47,7 @@ CpuInfo read_cpu_info() {
   c.avx2 = __builtin_cpu_supports("avx2");
   c.fma = __builtin_cpu_supports("fma");
   c.avx512f = __builtin_cpu_supports("avx512f");
+  c.avx512bw = __builtin_cpu_supports("avx512bw");
   c.f16c = c.avx2 && cpuid_bit(1, 0, 2, 29);
   c.avx512bf16 = c.avx512f && cpuid_bit(7, 1, 0, 5);
   c.amx_bf16 = c.avx512bf16 && amx_bf16_usable();

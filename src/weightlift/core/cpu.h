@@ -10,7 +10,7 @@ namespace wl {
 struct CpuInfo {
   std::string model;  // /proc/cpuinfo's "model name", or "unknown"
   bool avx2 = false, fma = false, f16c = false;
-  bool avx512f = false, avx512bf16 = false;
+  bool avx512f = false, avx512bw = false, avx512bf16 = false;
   bool amx_bf16 = false;  // AMX tiles with bf16 dot products, and the OS saves their state
   int cores = 1;          // online processors
   // The best level the kernels can use: "AMX BF16", "AVX-512 BF16", "AVX-512", "AVX2+FMA" or

@@ -13,6 +13,7 @@
 #endif
 
 #include "weightlift/core/check.h"
+#include "weightlift/core/cpu.h"
 
 namespace wl::kernels {
 namespace {
@@ -229,11 +230,8 @@ Segments segments(Fp8Isa isa) {
 
 Fp8Isa fp8_best_isa() {
 #if defined(__x86_64__)
-  static const Fp8Isa best = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
-                                 ? Fp8Isa::kAvx512
-                             : __builtin_cpu_supports("avx2") ? Fp8Isa::kAvx2
-                                                              : Fp8Isa::kScalar;
-  return best;
+  const CpuInfo& cpu = cpu_info();
+  return cpu.avx512f && cpu.avx512bw ? Fp8Isa::kAvx512 : cpu.avx2 ? Fp8Isa::kAvx2 : Fp8Isa::kScalar;
 #else
   return Fp8Isa::kScalar;
 #endif
@@ -251,24 +249,37 @@ const char* fp8_isa_name(Fp8Isa isa) {
   return "scalar";
 }
 
+namespace {
+
+// A row's block maxima added into amax, and its codes, on the segments of one version.
+void add_row_maxima(const Segments& k, DType t, const void* row, int64_t cols, int64_t block_cols,
+                    float* amax) {
+  for (int64_t b = 0, j0 = 0; j0 < cols; ++b, j0 += block_cols) {
+    amax[b] = std::max(amax[b], k.amax(t, row, j0, std::min(cols, j0 + block_cols)));
+  }
+}
+
+void quantize_row_on(const Segments& k, DType t, const void* row, int64_t cols, int64_t block_cols,
+                     const float* scales, uint8_t* dst) {
+  for (int64_t b = 0, j0 = 0; j0 < cols; ++b, j0 += block_cols) {
+    k.quantize(t, row, j0, std::min(cols, j0 + block_cols), scales[b], dst);
+  }
+}
+
+}  // namespace
+
 void fp8_block_amax(DType t, const void* row, int64_t cols, int64_t block_cols, float* amax,
                     Fp8Isa isa) {
   check_source(t);
   WL_CHECK(block_cols > 0) << "block_cols " << block_cols;
-  const Segments k = segments(isa);
-  for (int64_t b = 0, j0 = 0; j0 < cols; ++b, j0 += block_cols) {
-    amax[b] = std::max(amax[b], k.amax(t, row, j0, std::min(cols, j0 + block_cols)));
-  }
+  add_row_maxima(segments(isa), t, row, cols, block_cols, amax);
 }
 
 void fp8_quantize_row(DType t, const void* row, int64_t cols, int64_t block_cols,
                       const float* scales, uint8_t* dst, Fp8Isa isa) {
   check_source(t);
   WL_CHECK(block_cols > 0) << "block_cols " << block_cols;
-  const Segments k = segments(isa);
-  for (int64_t b = 0, j0 = 0; j0 < cols; ++b, j0 += block_cols) {
-    k.quantize(t, row, j0, std::min(cols, j0 + block_cols), scales[b], dst);
-  }
+  quantize_row_on(segments(isa), t, row, cols, block_cols, scales, dst);
 }
 
 void fp8_quantize_band(std::span<const Fp8Row> rows, int64_t cols, int64_t block_cols, uint8_t* dst,
@@ -283,19 +294,11 @@ void fp8_quantize_band(std::span<const Fp8Row> rows, int64_t cols, int64_t block
   // during the codes pass (7% faster, for an address list threaded through the executor).
   const int64_t nb = (cols + block_cols - 1) / block_cols;
   std::fill(scales, scales + nb, 0.0f);  // the maxima first
-  for (const Fp8Row& r : rows) {
-    for (int64_t b = 0; b < nb; ++b) {
-      const int64_t j0 = b * block_cols;
-      scales[b] = std::max(scales[b], k.amax(r.dtype, r.data, j0, std::min(cols, j0 + block_cols)));
-    }
-  }
+  for (const Fp8Row& r : rows) add_row_maxima(k, r.dtype, r.data, cols, block_cols, scales);
   for (int64_t b = 0; b < nb; ++b) scales[b] = fp8_scale(scales[b]);
   for (size_t i = 0; i < rows.size(); ++i) {
-    uint8_t* out = dst + int64_t(i) * cols;
-    for (int64_t b = 0; b < nb; ++b) {
-      const int64_t j0 = b * block_cols;
-      k.quantize(rows[i].dtype, rows[i].data, j0, std::min(cols, j0 + block_cols), scales[b], out);
-    }
+    quantize_row_on(k, rows[i].dtype, rows[i].data, cols, block_cols, scales,
+                    dst + int64_t(i) * cols);
   }
 }
 
