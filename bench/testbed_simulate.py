@@ -23,6 +23,11 @@ the spot, never fitted to the transfer it predicts:
     bands split across its ranks (the simulator's --maxima-ms): an allreduce of 1 KiB over
     ranks placed as the mesh's are (on testbed hosts when the mesh spans hosts, on this
     machine when it fits in one), median of its calls.
+  - the cost of a put: `bench puts` on a fresh testbed laid out as the configuration (its
+    trainers put into its receivers in turn, as many at once as an update has), at the
+    update's mean put size (the simulator's bytes over its messages); its time per put less
+    those bytes' time through the sender's NIC at the rate above (the simulator's
+    --message-overhead-us: a sender's time per put beyond its bytes).
 Then `transfer simulate --model <preset> --gpus-per-node R --gpus-per-nic R --dense-mesh T
 --expert-mesh 0` (R ranks per host)
 predicts the update, and `bench transfer --mode p2p` measures it on a fresh testbed, --rounds
@@ -141,7 +146,23 @@ def measure_prepare_s(exe, preset, dtype):
     return prepare_s if dtype != "bf16" else None
 
 
-def predict(exe, c, nic_bytes_per_s, barrier_ms, prepare_gbs, maxima_ms=0.0):
+def measure_put_us(exe, c, nic_bytes_per_s, put_bytes):
+    """A sender's time per put beyond its bytes: `bench puts` from the configuration's trainers
+    into its receivers, on its hosts, at `put_bytes` a put; the slowest sender's time per put
+    less the time its NIC (shared with the host's other senders) takes for those bytes."""
+    puts = 2000
+    cmd = [exe, "--threads", "1", "bench", "puts", "--senders", str(c["trainers"]), "--bytes",
+           str(put_bytes), "--puts", str(puts), "--window", "64", "--timeout", "120", "--json"]
+    code, lines, output = run_on_testbed(exe, c["hosts"], c["rate"], cmd,
+                                         ranks_per_host=c["per_host"])
+    rows = [json.loads(text) for host, text in lines if host == 0 and text.startswith("{")]
+    if code != 0 or len(rows) != 1:
+        raise SystemExit(f"bench puts for {c['name']}: exit {code}\n{output}")
+    nic_us = put_bytes * c["per_host"] / nic_bytes_per_s * 1e6
+    return rows[0]["us_per_put_max"], max(0.0, rows[0]["us_per_put_max"] - nic_us)
+
+
+def predict(exe, c, nic_bytes_per_s, barrier_ms, prepare_gbs, maxima_ms=0.0, put_us=None):
     cmd = [exe, "transfer", "simulate", "--model", c["preset"], "--trainers", str(c["trainers"]),
            "--receivers", str(c["receivers"]), "--gpus-per-node", str(c["per_host"]),
            "--gpus-per-nic", str(c["per_host"]), "--engine-gpus",
@@ -151,6 +172,8 @@ def predict(exe, c, nic_bytes_per_s, barrier_ms, prepare_gbs, maxima_ms=0.0):
            "--no-sensitivity", "--json"]
     if prepare_gbs:
         cmd += ["--prepare-gbs", "%.3f" % prepare_gbs]
+    if put_us is not None:
+        cmd += ["--message-overhead-us", "%.3f" % put_us]
     r = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(r.stdout)
 
@@ -207,35 +230,43 @@ def main():
         nic = measure_tcp(exe, c["rate"])
         barrier = measure_barrier_ms(exe, c["hosts"], c["rate"], c["per_host"])
         maxima = measure_maxima_ms(exe, c)
-        sim = predict(exe, c, nic, barrier, prepare[key], maxima)
-        sim_without = predict(exe, c, nic, barrier, prepare[key])
+        shape = predict(exe, c, nic, barrier, prepare[key], maxima)
+        put_bytes = max(1, round(shape["bytes"] / shape["messages"]))
+        put_total_us, put_us = measure_put_us(exe, c, nic, put_bytes)
+        sim = predict(exe, c, nic, barrier, prepare[key], maxima, put_us)
+        # The model as it was run before the puts were measured: 1 us a put.
+        sim_without = predict(exe, c, nic, barrier, prepare[key], maxima)
         measured = [measure_update_ms(exe, c, a.updates) for _ in range(a.rounds)]
         predicted_ms = sim["predicted_s"] * 1e3
         m = statistics.median(measured)
         row = dict(c, nic_mb_s=nic / 1e6, nic_fraction=nic / rate_bytes_per_s(c["rate"]),
                    barrier_ms=barrier, prepare_gbs=prepare[key], predicted_ms=predicted_ms,
                    bound=sim["bound"], measured_ms=measured, error=(predicted_ms - m) / m,
-                   maxima_ms=maxima, split_bands=sim["split_bands"],
-                   predicted_without_steps_ms=sim_without["predicted_s"] * 1e3)
+                   maxima_ms=maxima, split_bands=sim["split_bands"], put_bytes=put_bytes,
+                   put_total_us=put_total_us, put_us=put_us,
+                   messages_per_sender=sim["messages"] / c["trainers"],
+                   predicted_at_1us_ms=sim_without["predicted_s"] * 1e3)
         rows.append(row)
         print(f"# {c['name']}: predicted {predicted_ms:.1f} ms ({sim['bound']}), measured "
               f"{', '.join('%.1f' % x for x in measured)} ms", file=sys.stderr, flush=True)
     print("| configuration (preset, trainers in meshes of M -> receivers, TP, dtype, NIC rate, "
           "ranks per host) | TCP payload "
           "MB/s (of the rate) | barrier ms | prepare GB/s | split bands, maxima round ms | "
-          "predicted ms (bound) | measured ms (rounds) | error | without the round |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "put: bytes, us, us beyond its bytes | predicted ms (bound) | measured ms (rounds) | "
+          "error | at 1 us a put: predicted, error |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         prep = "-" if r["prepare_gbs"] is None else "%.1f" % r["prepare_gbs"]
+        m_ = statistics.median(r["measured_ms"])
         print(f"| {r['preset']}, {r['trainers']} (M {r['mesh']}) -> {r['receivers']}, "
               f"TP {r['tp']}, "
               f"{r['dtype']}, {r['rate']}, {r['per_host']} | {r['nic_mb_s']:.1f} "
               f"({r['nic_fraction']:.1%}) | "
               f"{r['barrier_ms']:.2f} | {prep} | {r['split_bands']}, {r['maxima_ms']:.2f} | "
-              f"{r['predicted_ms']:.1f} ({r['bound']}) | "
-              f"{statistics.median(r['measured_ms']):.1f} "
+              f"{r['put_bytes']}, {r['put_total_us']:.1f}, {r['put_us']:.1f} | "
+              f"{r['predicted_ms']:.1f} ({r['bound']}) | {m_:.1f} "
               f"({', '.join('%.1f' % x for x in r['measured_ms'])}) | {r['error']:+.1%} | "
-              f"{r['predicted_without_steps_ms']:.1f} |")
+              f"{r['predicted_at_1us_ms']:.1f}, {(r['predicted_at_1us_ms'] - m_) / m_:+.1%} |")
     worst = max(rows, key=lambda r: abs(r["error"]))
     print(f"\nworst error: {worst['error']:+.1%} ({worst['name']})")
     if a.json:

@@ -203,6 +203,7 @@ void register_bench(CLI::App& app, Outcome& out) {
   bench->require_subcommand(1);
   register_bench_collectives(*bench, out);
   register_bench_transfer(*bench, out);
+  register_bench_puts(*bench, out);
   register_bench_train(*bench, out);
   register_bench_generate(*bench, out);
 }

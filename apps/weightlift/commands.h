@@ -32,6 +32,7 @@ void register_tokenize(CLI::App& app, Outcome& out);
 // Subcommands of `bench`.
 void register_bench_collectives(CLI::App& bench, Outcome& out);
 void register_bench_transfer(CLI::App& bench, Outcome& out);
+void register_bench_puts(CLI::App& bench, Outcome& out);
 
 // Exit codes (docs/errors.md): 0 done; 2 the input is wrong (InvalidArgument: a flag, a
 // config value, a shape), which no retry changes, so `launch --restart-failed` does not start

@@ -162,6 +162,10 @@ def counts_and_sizes(s, d):
         s.expect_error(f"bench transfer {flag} {value}",
                        ["bench", "transfer", "--preset", "tiny", "--ranks", "threads",
                         "--memcpy-bytes", "1M", flag, value], flag, allowed)
+    for flag, value, allowed in (("--senders", "0", "[1, 1024]"), ("--bytes", "0", "[1, 1G]"),
+                                 ("--puts", "-5", "[1,"), ("--window", "0", "[1,")):
+        s.expect_error(f"bench puts {flag} {value}", ["bench", "puts", flag, value], flag,
+                       allowed)
     for flag, value, allowed in (("--trainers", "0", "[1,"), ("--receivers", "-2", "[1,"),
                                  ("--tp", "0", "[1,"), ("--mesh-size", "-1", "[0,")):
         s.expect_error(f"transfer plan {flag} {value}", ["transfer", "plan", flag, value], flag,

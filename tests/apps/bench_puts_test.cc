@@ -1,0 +1,57 @@
+// `weightlift bench puts` through the real command, its ranks as processes under `launch`:
+// the JSON bench/testbed_simulate.py reads, and a job with no target refused by name.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "support/paths.h"
+
+namespace wl::app {
+namespace {
+
+// The command's output (stdout and stderr) and its exit status.
+std::pair<std::string, int> run(const std::string& args) {
+  const std::string exe = wl::testing::beside_binary(WL_WEIGHTLIFT);
+  const std::string cmd = exe + " launch " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return {"popen failed", -1};
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  return {out, ::pclose(p)};
+}
+
+TEST(BenchPuts, OneSenderIntoTwoTargetsReportsItsPuts) {
+  const std::string exe = wl::testing::beside_binary(WL_WEIGHTLIFT);
+  const auto [out, status] = run("-n 3 -- " + exe +
+                                 " --threads 1 bench puts --senders 1 --bytes 4K --puts 300 "
+                                 "--window 8 --warmup 10 --timeout 60 --json");
+  ASSERT_EQ(status, 0) << out;
+  // Rank 0's line, as the launcher prefixes it: "[rank 0] {...}".
+  const std::string prefix = "[rank 0] ";
+  const size_t at = out.find(prefix + "{");
+  ASSERT_NE(at, std::string::npos) << out;
+  const size_t begin = at + prefix.size();
+  const auto j = nlohmann::json::parse(out.substr(begin, out.find('\n', begin) - begin));
+  EXPECT_EQ(j.at("senders"), 1);
+  EXPECT_EQ(j.at("targets"), 2);
+  EXPECT_EQ(j.at("bytes"), 4096);
+  EXPECT_EQ(j.at("puts"), 300);
+  EXPECT_EQ(j.at("window"), 8);
+  EXPECT_GT(j.at("us_per_put_max").get<double>(), 0.0);
+  EXPECT_EQ(j.at("us_per_put_median").get<double>(), j.at("us_per_put_max").get<double>());
+  EXPECT_GT(j.at("sender_mb_per_s").get<double>(), 0.0);
+}
+
+TEST(BenchPuts, AJobWithNoTargetIsRefusedByName) {
+  const std::string exe = wl::testing::beside_binary(WL_WEIGHTLIFT);
+  const auto [out, status] =
+      run("-n 2 -- " + exe + " --threads 1 bench puts --senders 2 --timeout 30");
+  EXPECT_NE(status, 0) << out;
+  EXPECT_NE(out.find("--senders 2: the job has 2 ranks"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace wl::app
