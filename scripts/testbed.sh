@@ -35,7 +35,9 @@
 # an htb class on the host's eth0 (what it sends) and on its switch port (what it receives),
 # with a bucket of 4 ms of the rate (at least one 64 KiB GSO packet): with tc's default of a
 # few KB, a 1 Gbit/s link carried 45-53% of its rate on a kernel of HZ 250 (one TCP stream; 4 ms
-# gave 88%, 8 ms 96%). A bucket lets that many bytes through at once after the link was idle.
+# gave 88%, 8 ms 96%; MTU-sized packets instead, gso_max_segs 1, are CPU-bound at 49 MB/s
+# there). The price: after an idle moment a link passes up to its bucket at the veth's speed,
+# so a message smaller than that is timed on the veth path, not at the rate.
 # There is no netem on these machines: latency is what the veth path gives (measure it), loss is
 # a random-drop rule of nftables in the host (`loss`), and a cut is its switch port down (`link`).
 #
