@@ -197,6 +197,37 @@ TEST(DoubleTree, TwoSpanningTreesOfLogDepthWithDisjointInnerNodes) {
   }
 }
 
+// The tree's cost counts the busiest rank's segments per step (allreduce.cc): on 2 ranks, one
+// each way per tree, so its bytes are the ring's and only its extra steps cost more; from 17
+// ranks on the formula assumes 4 each way and 2 reduced, which every size up to 4096 has.
+TEST(AllreduceChoice, TheTreesLoadIsCountedOnTheTrees) {
+  for (int P = 2; P <= 4096; P += (P < 64 ? 1 : 37)) {
+    int links = 0, reduces = 0;
+    for (int r = 0; r < P; ++r) {
+      int l = 0, c = 0;
+      for (int tree = 0; tree < 2; ++tree) {
+        const detail::TreeLinks t = detail::double_tree_links(P, r, tree);
+        const int children = int(t.children[0] >= 0) + int(t.children[1] >= 0);
+        l += children + int(t.parent >= 0);
+        c += children;
+      }
+      links = std::max(links, l);
+      reduces = std::max(reduces, c);
+    }
+    if (P > 16) {
+      ASSERT_EQ(links, 4) << "P " << P;
+      ASSERT_EQ(reduces, 2) << "P " << P;
+    }
+  }
+  // 2 ranks, 64 MiB: the tree moves what the ring moves, in more steps.
+  const AllreduceCostModel m{.alpha = 1e-5, .beta = 1e-9, .gamma = 0};
+  const size_t n = size_t(64) << 20;
+  const double ring = allreduce_cost_seconds(AllreduceAlgorithm::kRing, n, 2, m);
+  const double tree = allreduce_cost_seconds(AllreduceAlgorithm::kTree, n, 2, m);
+  EXPECT_GT(tree, ring);
+  EXPECT_LT(tree, ring * 1.05);  // a segment of fill, and an alpha a step
+}
+
 TEST(AllreduceChoice, SmallBuffersTakeALatencyAlgorithmLargeOnesTheRing) {
   for (int p : {2, 4, 8}) {
     EXPECT_EQ(choose_allreduce_algorithm(8, p), AllreduceAlgorithm::kRecursiveDoubling) << p;

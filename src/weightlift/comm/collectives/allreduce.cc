@@ -8,7 +8,11 @@
 //   ring:               2(P-1) alpha + 2(P-1)/P n beta' + (P-1)/P n gamma
 //   bidirectional ring: 2(P-1) alpha + max(2(P-1)/P n beta, (P-1)/P n stream_beta)
 //                       + (P-1)/P n gamma
-//   double binary tree: (2D + S - 1)(alpha + s (4 beta' + 2 gamma))
+//   double binary tree: (2D + S - 1)(alpha + s (L beta' + R gamma))
+// where L is the segments the busiest rank moves each way in one step of the pipeline (its
+// children's and its parent's, over both trees) and R the segments it reduces: 4 and 2 once
+// some rank is inner in one tree and below a parent in the other, fewer on a few ranks (2
+// ranks: 2 and 1, and the tree costs what the ring does, as the testbed measured).
 // Recursive doubling wins while latency dominates; the tree while 2(P-1) ring steps cost more
 // than its segments' extra bytes, which on many ranks lasts into the megabytes; the ring for
 // the rest.
@@ -51,13 +55,40 @@ double recursive_doubling_cost(double n, int p, const AllreduceCostModel& m) {
   return t;
 }
 
+// L and R of the tree's formula (see the top) on p ranks: counted on the trees themselves up
+// to kCountedTreeRanks, 4 and 2 above (tests/comm/allreduce_test.cc checks that up to 4096).
+struct TreeLoad {
+  int links = 4;
+  int reduces = 2;
+};
+constexpr int kCountedTreeRanks = 16;
+
+TreeLoad tree_load(int p) {
+  if (p > kCountedTreeRanks) return {};
+  TreeLoad busiest{0, 0};
+  for (int r = 0; r < p; ++r) {
+    TreeLoad mine{0, 0};
+    for (int tree = 0; tree < 2; ++tree) {
+      const detail::TreeLinks t = detail::double_tree_links(p, r, tree);
+      const int children = int(t.children[0] >= 0) + int(t.children[1] >= 0);
+      mine.links += children + int(t.parent >= 0);
+      mine.reduces += children;
+    }
+    busiest.links = std::max(busiest.links, mine.links);
+    busiest.reduces = std::max(busiest.reduces, mine.reduces);
+  }
+  return busiest;
+}
+
 double tree_cost(double n, int p, const AllreduceCostModel& m) {
   const double seg = double(m.segment_bytes != 0 ? m.segment_bytes : detail::kDefaultSegmentBytes);
   const double half = n / 2.0;
   const double segments = std::max(1.0, std::ceil(half / seg));
   const double s = half / segments;  // the segments of a half are even up to one element
   const double depth = detail::double_tree_depth(p);
-  return (2.0 * depth + segments - 1.0) * (m.alpha + s * (4.0 * stream_beta(m) + 2.0 * m.gamma));
+  const TreeLoad load = tree_load(p);
+  return (2.0 * depth + segments - 1.0) *
+         (m.alpha + s * (load.links * stream_beta(m) + load.reduces * m.gamma));
 }
 
 }  // namespace
