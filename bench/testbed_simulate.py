@@ -149,7 +149,8 @@ def measure_prepare_s(exe, preset, dtype):
 def measure_put_us(exe, c, nic_bytes_per_s, put_bytes):
     """A sender's time per put beyond its bytes: `bench puts` from the configuration's trainers
     into its receivers, on its hosts, at `put_bytes` a put; the slowest sender's time per put
-    less the time its NIC (shared with the host's other senders) takes for those bytes."""
+    less the time the busiest NIC takes for those bytes (a sending host's carries a put of each
+    of its senders, a receiving host's trainers / receivers of them per target it holds)."""
     puts = 2000
     cmd = [exe, "--threads", "1", "bench", "puts", "--senders", str(c["trainers"]), "--bytes",
            str(put_bytes), "--puts", str(puts), "--window", "64", "--timeout", "120", "--json"]
@@ -158,7 +159,8 @@ def measure_put_us(exe, c, nic_bytes_per_s, put_bytes):
     rows = [json.loads(text) for host, text in lines if host == 0 and text.startswith("{")]
     if code != 0 or len(rows) != 1:
         raise SystemExit(f"bench puts for {c['name']}: exit {code}\n{output}")
-    nic_us = put_bytes * c["per_host"] / nic_bytes_per_s * 1e6
+    puts_per_nic = c["per_host"] * max(1.0, c["trainers"] / c["receivers"])
+    nic_us = put_bytes * puts_per_nic / nic_bytes_per_s * 1e6
     return rows[0]["us_per_put_max"], max(0.0, rows[0]["us_per_put_max"] - nic_us)
 
 
@@ -234,8 +236,7 @@ def main():
         put_bytes = max(1, round(shape["bytes"] / shape["messages"]))
         put_total_us, put_us = measure_put_us(exe, c, nic, put_bytes)
         sim = predict(exe, c, nic, barrier, prepare[key], maxima, put_us)
-        # The model as it was run before the puts were measured: 1 us a put.
-        sim_without = predict(exe, c, nic, barrier, prepare[key], maxima)
+        sim_without = shape  # the model as it was run before the puts were measured: 1 us a put
         measured = [measure_update_ms(exe, c, a.updates) for _ in range(a.rounds)]
         predicted_ms = sim["predicted_s"] * 1e3
         m = statistics.median(measured)

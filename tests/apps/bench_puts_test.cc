@@ -1,5 +1,6 @@
 // `weightlift bench puts` through the real command, its ranks as processes under `launch`:
-// the JSON bench/testbed_simulate.py reads, and a job with no target refused by name.
+// the JSON bench/testbed_simulate.py reads, a target that no put reached left unchecked, and a
+// job with no target refused by name.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -43,6 +44,17 @@ TEST(BenchPuts, OneSenderIntoTwoTargetsReportsItsPuts) {
   EXPECT_GT(j.at("us_per_put_max").get<double>(), 0.0);
   EXPECT_EQ(j.at("us_per_put_median").get<double>(), j.at("us_per_put_max").get<double>());
   EXPECT_GT(j.at("sender_mb_per_s").get<double>(), 0.0);
+}
+
+// One put and no warm-up into three targets: only the first has had one, and only its slot is
+// checked.
+TEST(BenchPuts, FewerPutsThanTargetsCheckOnlyWhatWasPut) {
+  const std::string exe = wl::testing::beside_binary(WL_WEIGHTLIFT);
+  const auto [out, status] = run("-n 4 -- " + exe +
+                                 " --threads 1 bench puts --senders 1 --bytes 64 --puts 1 "
+                                 "--warmup 0 --timeout 60");
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("1 sender(s) -> 3 target(s): 1 puts of 64 bytes"), std::string::npos) << out;
 }
 
 TEST(BenchPuts, AJobWithNoTargetIsRefusedByName) {

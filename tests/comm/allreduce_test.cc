@@ -199,7 +199,8 @@ TEST(DoubleTree, TwoSpanningTreesOfLogDepthWithDisjointInnerNodes) {
 
 // The tree's cost counts the busiest rank's segments per step (allreduce.cc): on 2 ranks, one
 // each way per tree, so its bytes are the ring's and only its extra steps cost more; from 17
-// ranks on the formula assumes 4 each way and 2 reduced, which every size up to 4096 has.
+// ranks on the formula assumes 4 each way and 2 reduced, which every size to 64 has, and the
+// sizes 37 apart from there to 4096.
 TEST(AllreduceChoice, TheTreesLoadIsCountedOnTheTrees) {
   for (int P = 2; P <= 4096; P += (P < 64 ? 1 : 37)) {
     int links = 0, reduces = 0;

@@ -56,7 +56,8 @@ double recursive_doubling_cost(double n, int p, const AllreduceCostModel& m) {
 }
 
 // L and R of the tree's formula (see the top) on p ranks: counted on the trees themselves up
-// to kCountedTreeRanks, 4 and 2 above (tests/comm/allreduce_test.cc checks that up to 4096).
+// to kCountedTreeRanks, 4 and 2 above (tests/comm/allreduce_test.cc checks every size to 64,
+// then sizes 37 apart to 4096).
 struct TreeLoad {
   int links = 4;
   int reduces = 2;
