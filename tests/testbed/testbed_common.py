@@ -91,8 +91,9 @@ def drops(name, h):
 
 def run_suite(cases, passed):
     """The testbed test's main: `cases` (each called with the Suite and the weightlift binary,
-    argv[1]) in turn, then a check that no testbed is left; exit 77 (ctest: skipped) without
-    root and network namespaces, 1 on a failed check. `passed`: what a clean run says."""
+    argv[1]) in turn, then a check that they left no testbed (a stale one found at the start
+    may be gone); exit 77 (ctest: skipped) without root and network namespaces, 1 on a failed
+    check. `passed`: what a clean run says."""
     exe = os.path.abspath(sys.argv[1])
     why = can_run()
     if why:
@@ -102,6 +103,9 @@ def run_suite(cases, passed):
     start = leftovers()
     for case in cases:
         case(s, exe)
-    s.check("nothing of any testbed is left", leftovers() == start, str(leftovers()))
+    # Nothing new: a stale testbed of a killed run, found at the start, may have been cleaned
+    # since (every `up` removes those whose owner is gone), which is what it is for.
+    left = leftovers()
+    s.check("nothing of any testbed is left", set(left) <= set(start), str(left))
     print(f"{s.failures} failed" if s.failures else passed)
     sys.exit(1 if s.failures else 0)
