@@ -19,6 +19,7 @@
 #include "weightlift/comm/collectives/allreduce.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -64,8 +65,7 @@ struct TreeLoad {
 };
 constexpr int kCountedTreeRanks = 16;
 
-TreeLoad tree_load(int p) {
-  if (p > kCountedTreeRanks) return {};
+TreeLoad count_tree_load(int p) {
   TreeLoad busiest{0, 0};
   for (int r = 0; r < p; ++r) {
     TreeLoad mine{0, 0};
@@ -79,6 +79,16 @@ TreeLoad tree_load(int p) {
     busiest.reduces = std::max(busiest.reduces, mine.reduces);
   }
   return busiest;
+}
+
+// Counted once for every size up to kCountedTreeRanks: the choice runs at every allreduce.
+TreeLoad tree_load(int p) {
+  static const std::array<TreeLoad, kCountedTreeRanks + 1> counted = [] {
+    std::array<TreeLoad, kCountedTreeRanks + 1> t{};
+    for (int q = 2; q <= kCountedTreeRanks; ++q) t[size_t(q)] = count_tree_load(q);
+    return t;
+  }();
+  return p >= 2 && p <= kCountedTreeRanks ? counted[size_t(p)] : TreeLoad{};
 }
 
 double tree_cost(double n, int p, const AllreduceCostModel& m) {
