@@ -3,32 +3,33 @@
 // job with no target refused by name.
 #include <gtest/gtest.h>
 
-#include <cstdio>
+#include <chrono>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
+#include "support/child_process.h"
 #include "support/paths.h"
 
 namespace wl::app {
 namespace {
 
-// The command's output (stdout and stderr) and its exit status.
-std::pair<std::string, int> run(const std::string& args) {
+// `weightlift launch -n <ranks> -- weightlift --threads 1 bench puts <args...>`: its output
+// (stdout and stderr) and exit code, -1 if it had not ended within a minute.
+std::pair<std::string, int> run(int ranks, const std::vector<std::string>& args) {
   const std::string exe = wl::testing::beside_binary(WL_WEIGHTLIFT);
-  const std::string cmd = exe + " launch " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return {"popen failed", -1};
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  return {out, ::pclose(p)};
+  std::vector<std::string> argv = {
+      exe, "launch", "-n", std::to_string(ranks), "--", exe, "--threads", "1", "bench", "puts"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  wl::testing::Child c = wl::testing::spawn_child(argv);
+  const int code = wl::testing::wait_exit(c, comm::deadline_after(std::chrono::minutes(1)));
+  wl::testing::reap(c);
+  return {c.output, code};
 }
 
 TEST(BenchPuts, OneSenderIntoTwoTargetsReportsItsPuts) {
-  const std::string exe = wl::testing::beside_binary(WL_WEIGHTLIFT);
-  const auto [out, status] = run("-n 3 -- " + exe +
-                                 " --threads 1 bench puts --senders 1 --bytes 4K --puts 300 "
-                                 "--window 8 --warmup 10 --timeout 60 --json");
+  const auto [out, status] = run(3, {"--senders", "1", "--bytes", "4K", "--puts", "300", "--window",
+                                     "8", "--warmup", "10", "--timeout", "60", "--json"});
   ASSERT_EQ(status, 0) << out;
   // Rank 0's line, as the launcher prefixes it: "[rank 0] {...}".
   const std::string prefix = "[rank 0] ";
@@ -49,18 +50,14 @@ TEST(BenchPuts, OneSenderIntoTwoTargetsReportsItsPuts) {
 // One put and no warm-up into three targets: only the first has had one, and only its slot is
 // checked.
 TEST(BenchPuts, FewerPutsThanTargetsCheckOnlyWhatWasPut) {
-  const std::string exe = wl::testing::beside_binary(WL_WEIGHTLIFT);
-  const auto [out, status] = run("-n 4 -- " + exe +
-                                 " --threads 1 bench puts --senders 1 --bytes 64 --puts 1 "
-                                 "--warmup 0 --timeout 60");
+  const auto [out, status] = run(
+      4, {"--senders", "1", "--bytes", "64", "--puts", "1", "--warmup", "0", "--timeout", "60"});
   EXPECT_EQ(status, 0) << out;
   EXPECT_NE(out.find("1 sender(s) -> 3 target(s): 1 puts of 64 bytes"), std::string::npos) << out;
 }
 
 TEST(BenchPuts, AJobWithNoTargetIsRefusedByName) {
-  const std::string exe = wl::testing::beside_binary(WL_WEIGHTLIFT);
-  const auto [out, status] =
-      run("-n 2 -- " + exe + " --threads 1 bench puts --senders 2 --timeout 30");
+  const auto [out, status] = run(2, {"--senders", "2", "--timeout", "30"});
   EXPECT_NE(status, 0) << out;
   EXPECT_NE(out.find("--senders 2: the job has 2 ranks"), std::string::npos) << out;
 }
