@@ -17,6 +17,7 @@
 #include <random>
 #include <vector>
 
+#include "weightlift/core/dtype.h"
 #include "weightlift/core/parallel.h"
 
 namespace wl::kernels {
@@ -150,6 +151,38 @@ TEST(AdamW, FirstStepMovesBySignTimesLr) {
   EXPECT_NEAR(p[0], 0.9f, 1e-6);
   EXPECT_NEAR(p[1], 1.1f, 1e-6);
   EXPECT_EQ(p[2], 1.0f);  // zero gradient, zero moment: no move
+}
+
+// The bf16 copy written beside the update: the same weights as a step without it, and each
+// copy element the bits convert_f32_to_bf16 gives for the updated weight, at sizes around the
+// kernel's blocks and with one thread and two.
+TEST(AdamW, Bf16CopyIsTheUpdatedWeightsRounded) {
+  const AdamWArgs a{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = 0.1f, .step = 3};
+  const int saved = num_threads();
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    for (int64_t n : {0, 1, 4095, 4096, 4097, 16384 * 3 + 5}) {
+      const auto grad = normal(n, 11, 1.0f);
+      State plain{normal(n, 12, 1.0f), normal(n, 13, 0.1f), normal(n, 14, 0.1f)};
+      for (auto& x : plain.v) x = x * x;
+      State copied = plain;
+      // A NaN weight stays NaN in bf16 (quieted, as the conversion does).
+      if (n > 2) plain.p[2] = copied.p[2] = std::nanf("");
+      std::vector<uint16_t> bf16(size_t(n) + 1, 0xbeef);  // one past the end: untouched
+      kernel_step(plain, grad, a);
+      adamw_step(copied.p.data(), grad.data(), copied.m.data(), copied.v.data(), n, a, bf16.data());
+      std::vector<uint16_t> want(static_cast<size_t>(n));
+      convert_f32_to_bf16(plain.p.data(), want.data(), size_t(n));
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(f32_bits(copied.p[size_t(i)]), f32_bits(plain.p[size_t(i)])) << n << " " << i;
+        ASSERT_EQ(copied.m[size_t(i)], plain.m[size_t(i)]) << n << " " << i;
+        ASSERT_EQ(copied.v[size_t(i)], plain.v[size_t(i)]) << n << " " << i;
+        ASSERT_EQ(bf16[size_t(i)], want[size_t(i)]) << n << " " << i;
+      }
+      EXPECT_EQ(bf16[size_t(n)], 0xbeef) << n;
+    }
+  }
+  set_num_threads(saved);
 }
 
 TEST(SumSquares, MatchesDoubleAndIsThreadCountIndependent) {

@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "train_ranks.h"
+#include "weightlift/core/dtype.h"
 
 namespace wl::parallel {
 namespace {
@@ -92,6 +93,64 @@ TEST_P(RowShardsTest, EveryRankGetsItsShardOfTheWholeModel) {
         }
       });
   EXPECT_EQ(std::accumulate(covered.begin(), covered.end(), int64_t(0)), layout.total());
+}
+
+// The servers' bf16 copy written by the optimizer (DataParallel::mirror_bf16, as the RL trainer
+// installs it): where a rank's shards are in place, a mirror of them is accepted, and after an
+// optimizer step holds every element of the shards as they are then, rounded to bf16 (the
+// buffer starts as a pattern no rounding gives, so an element not written is seen). Another
+// write of the weights makes it stale. Where the shards are moved from other ranks (TP bands)
+// they are not this rank's weights, and a range outside the weights is refused.
+TEST_P(RowShardsTest, TheOptimizerKeepsAMirrorOfInPlaceShards) {
+  const ShardsCase& k = GetParam();
+  const model::ModelConfig c = model_config(k.model);
+  const model::ParamLayout layout(c);
+  std::vector<float> whole(size_t(layout.total()));
+  for (size_t i = 0; i < whole.size(); ++i) whole[i] = 0.01f * float(i % 997) - 5.0f;
+  run_data_parallel(
+      k.ranks, c, k.layout, [&](DataParallel& dp, const std::shared_ptr<comm::Group>& world) {
+        dp.set_params(whole.data());
+        auto shards = RowShards::create(dp, world, std::chrono::seconds(30));
+        ASSERT_TRUE(shards.ok()) << shards.status().to_string();
+        const int rank = world ? world->rank() : 0;
+        auto got = (*shards)->refresh();
+        ASSERT_TRUE(got.ok()) << got.status().to_string();
+        std::vector<std::vector<uint16_t>> copies;
+        Bf16Mirrors mirrors;
+        int writes = 0;
+        mirrors.before_write = [&] { ++writes; };
+        mirrors.after_write = [&] { ++writes; };
+        for (const RowShards::Shard& sh : *got) {
+          const model::ParamInfo& p = layout.params()[sh.param];
+          const int64_t n = sh.rows.size() * (p.numel() / p.shape[0]);
+          copies.emplace_back(size_t(n), uint16_t(0xffff));  // a NaN rounding never gives
+          mirrors.ranges.push_back({sh.data, n, copies.back().data()});
+        }
+        std::vector<float> outside(16);
+        std::vector<uint16_t> outside_copy(16);
+        EXPECT_FALSE(dp.mirror_bf16({.ranges = {{outside.data(), 16, outside_copy.data()}}}));
+        const bool accepted = dp.mirror_bf16(mirrors);
+        EXPECT_EQ(accepted, k.in_place) << "rank " << rank;
+        if (!accepted) return;
+        EXPECT_FALSE(dp.mirrors_current());
+        // A step with no gradient still moves every matrix by its weight decay.
+        auto stepped = dp.apply_optimizer(1e-2, 1.0);
+        ASSERT_TRUE(stepped.ok()) << stepped.status().to_string();
+        EXPECT_EQ(writes, 2);
+        EXPECT_TRUE(dp.mirrors_current());
+        auto now = (*shards)->refresh();
+        ASSERT_TRUE(now.ok()) << now.status().to_string();
+        ASSERT_EQ(now->size(), copies.size());
+        for (size_t i = 0; i < copies.size(); ++i) {
+          const RowShards::Shard& sh = (*now)[i];
+          for (size_t e = 0; e < copies[i].size(); ++e) {
+            ASSERT_EQ(copies[i][e], f32_to_bf16(sh.data[e]))
+                << layout.params()[sh.param].name << " rank " << rank << " element " << e;
+          }
+        }
+        dp.set_params(whole.data());
+        EXPECT_FALSE(dp.mirrors_current());
+      });
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -122,7 +122,8 @@ inline std::unique_ptr<ReceiverThread> start_receiver(std::shared_ptr<comm::Stor
 
 // Runs fn(server) on kServers threads, each with its ParameterServer.
 inline void run_servers(std::shared_ptr<comm::Store> store, TransferMode mode,
-                        const std::function<void(ParameterServer&)>& fn) {
+                        const std::function<void(ParameterServer&)>& fn,
+                        DType shard_dtype = DType::kF32) {
   std::vector<std::thread> threads;
   for (int r = 0; r < kServers; ++r) {
     threads.emplace_back([&, r] {
@@ -132,7 +133,8 @@ inline void run_servers(std::shared_ptr<comm::Store> store, TransferMode mode,
                                          .timeout = 20s,
                                          .join_timeout = 2s,
                                          .mode = mode,
-                                         .bucket_bytes = 1 << 16});
+                                         .bucket_bytes = 1 << 16,
+                                         .shard_dtype = shard_dtype});
       ASSERT_TRUE(ps.ok()) << ps.status().to_string();
       fn(**ps);
     });

@@ -26,15 +26,37 @@ std::vector<int> member_ids(const ServerUpdate& u) {
   return ids;
 }
 
+// How the servers' copy changed after the last update: not at all, by refresh(), or written in
+// place (writable_shards(), as the RL trainer's optimizer writes its bf16 shards).
+enum class Change { kNone, kRefresh, kWritten };
+
+// Rank `rank`'s rows of every parameter of `w` (even rule over the servers), pointing into it.
+std::vector<OwnRows> own_rows_of(const model::ModelConfig& c, const std::vector<float>& w,
+                                 int rank) {
+  const model::ParamLayout layout(c);
+  std::vector<OwnRows> rows;
+  for (size_t i = 0; i < layout.params().size(); ++i) {
+    const model::ParamInfo& p = layout.params()[i];
+    const ShardRows r = shard_rows(p.shape[0], kServers, rank);
+    if (r.size() > 0)
+      rows.push_back({i, r, w.data() + p.offset + r.begin * (p.numel() / p.shape[0])});
+  }
+  return rows;
+}
+
 // A receiver with no peer of its shard (TP rank 1 of the only engine) restarts. It heals from
 // the servers' copy of the last version sent, by one-sided gets, converting the shards itself;
-// or, when the servers refreshed that checkpoint since (`refreshed`: the copy is no longer that
+// or, when the servers changed that checkpoint since (`change`: the copy is no longer that
 // version), it joins fresh (version 0) and the next update brings it the whole next version.
 // Its TP partner keeps its weights throughout; p2p and broadcast mode.
-void restarted_receiver_without_peer(TransferMode mode, uint64_t first_version, bool refreshed,
+void restarted_receiver_without_peer(TransferMode mode, uint64_t first_version, Change change,
                                      WeightFormat format = WeightFormat::kBF16) {
+  const bool refreshed = change != Change::kNone;
   SCOPED_TRACE(std::string(transfer_mode_name(mode)) + " from version " +
-               std::to_string(first_version) + (refreshed ? ", refreshed" : ""));
+               std::to_string(first_version) +
+               (change == Change::kRefresh   ? ", refreshed"
+                : change == Change::kWritten ? ", written in place"
+                                             : ""));
   const model::ModelConfig c = preset_or_die("tiny");
   const std::vector<float> a = random_weights(c, 1), a2 = random_weights(c, 3),
                            b = random_weights(c, 2);
@@ -44,34 +66,46 @@ void restarted_receiver_without_peer(TransferMode mode, uint64_t first_version, 
     rx.push_back(start_receiver(store, c, i, {.tp = 2, .tp_rank = i, .format = format}));
   }
   std::atomic<int> phase{0};
-  run_servers(store, mode, [&](ParameterServer& ps) {
-    ASSERT_TRUE(ps.register_checkpoint("a", c, a).ok());
-    ASSERT_TRUE(ps.register_checkpoint("b", c, b).ok());
-    for (uint64_t v = 1; v <= first_version; ++v) ASSERT_TRUE(ps.update("a").ok());
-    if (refreshed) {
-      ASSERT_TRUE(ps.refresh("a", a2).ok());
-    }
-    if (ps.options().rank == 0) {
-      ASSERT_TRUE(rx[1]->wait_version(first_version));
-      rx[1]->join();
-      rx[1] = start_receiver(store, c, 1, {.tp = 2, .tp_rank = 1, .format = format});
-      const std::string log = rx[1]->fleet->heal_log();
-      if (refreshed) {
-        EXPECT_EQ(rx[1]->fleet->healed_version(), 0u) << log;
-        EXPECT_NE(log.find("changed its shards since it sent that version"), std::string::npos)
-            << log;
-      } else {
-        EXPECT_EQ(rx[1]->fleet->healed_version(), first_version) << log;
-        expect_matches_reference(rx[1]->fleet->receiver(), c, rx[1]->layout, a, first_version);
-      }
-      phase = 1;
-    }
-    while (phase.load() < 1) std::this_thread::yield();
-    auto u = ps.update(refreshed ? "a" : "b");
-    ASSERT_TRUE(u.ok()) << u.status().to_string();
-    EXPECT_EQ(u->members.size(), 2u);
-    EXPECT_TRUE(u->copy_published.ok()) << u->copy_published.to_string();
-  });
+  run_servers(
+      store, mode,
+      [&](ParameterServer& ps) {
+        ASSERT_TRUE(ps.register_checkpoint("a", c, a).ok());
+        ASSERT_TRUE(ps.register_checkpoint("b", c, b).ok());
+        for (uint64_t v = 1; v <= first_version; ++v) ASSERT_TRUE(ps.update("a").ok());
+        if (change == Change::kRefresh) {
+          ASSERT_TRUE(ps.refresh("a", a2).ok());
+        } else if (change == Change::kWritten) {
+          const std::vector<OwnRows> rows = own_rows_of(c, a2, ps.options().rank);
+          auto shards = ps.writable_shards("a", rows);
+          ASSERT_TRUE(shards.ok()) << shards.status().to_string();
+          shards->begin_write();
+          for (size_t i = 0; i < rows.size(); ++i) {
+            convert_f32_to_bf16(rows[i].data, shards->shards[i].data(), shards->shards[i].size());
+          }
+          shards->end_write();
+        }
+        if (ps.options().rank == 0) {
+          ASSERT_TRUE(rx[1]->wait_version(first_version));
+          rx[1]->join();
+          rx[1] = start_receiver(store, c, 1, {.tp = 2, .tp_rank = 1, .format = format});
+          const std::string log = rx[1]->fleet->heal_log();
+          if (refreshed) {
+            EXPECT_EQ(rx[1]->fleet->healed_version(), 0u) << log;
+            EXPECT_NE(log.find("changed its shards since it sent that version"), std::string::npos)
+                << log;
+          } else {
+            EXPECT_EQ(rx[1]->fleet->healed_version(), first_version) << log;
+            expect_matches_reference(rx[1]->fleet->receiver(), c, rx[1]->layout, a, first_version);
+          }
+          phase = 1;
+        }
+        while (phase.load() < 1) std::this_thread::yield();
+        auto u = ps.update(refreshed ? "a" : "b");
+        ASSERT_TRUE(u.ok()) << u.status().to_string();
+        EXPECT_EQ(u->members.size(), 2u);
+        EXPECT_TRUE(u->copy_published.ok()) << u->copy_published.to_string();
+      },
+      change == Change::kWritten ? DType::kBF16 : DType::kF32);
   for (auto& t : rx) {
     ASSERT_TRUE(t->wait_version(first_version + 1));
     expect_matches_reference(t->fleet->receiver(), c, t->layout, refreshed ? a2 : b,
@@ -83,18 +117,61 @@ void restarted_receiver_without_peer(TransferMode mode, uint64_t first_version, 
 
 // Both parities: the healed or fresh receiver's next slot is the other one.
 TEST(ParameterServer, AReceiverWithNoPeerHealsFromTheServersCopyP2p) {
-  restarted_receiver_without_peer(TransferMode::kP2P, 1, false);
-  restarted_receiver_without_peer(TransferMode::kP2P, 2, false, WeightFormat::kFP8);
+  restarted_receiver_without_peer(TransferMode::kP2P, 1, Change::kNone);
+  restarted_receiver_without_peer(TransferMode::kP2P, 2, Change::kNone, WeightFormat::kFP8);
 }
 TEST(ParameterServer, AReceiverWithNoPeerHealsFromTheServersCopyBroadcast) {
-  restarted_receiver_without_peer(TransferMode::kBroadcast, 1, false);
+  restarted_receiver_without_peer(TransferMode::kBroadcast, 1, Change::kNone);
 }
 TEST(ParameterServer, AfterARefreshAReceiverWithNoPeerRejoinsFreshP2p) {
-  restarted_receiver_without_peer(TransferMode::kP2P, 1, true);
-  restarted_receiver_without_peer(TransferMode::kP2P, 2, true);
+  restarted_receiver_without_peer(TransferMode::kP2P, 1, Change::kRefresh);
+  restarted_receiver_without_peer(TransferMode::kP2P, 2, Change::kRefresh);
 }
 TEST(ParameterServer, AfterARefreshAReceiverWithNoPeerRejoinsFreshBroadcast) {
-  restarted_receiver_without_peer(TransferMode::kBroadcast, 1, true);
+  restarted_receiver_without_peer(TransferMode::kBroadcast, 1, Change::kRefresh);
+}
+// Shards written in place, as the RL trainer's optimizer writes them: the next update sends
+// what was written, and a heal in between is refused as after a refresh.
+TEST(ParameterServer, AfterWritesInPlaceAReceiverWithNoPeerRejoinsFresh) {
+  restarted_receiver_without_peer(TransferMode::kP2P, 1, Change::kWritten);
+  restarted_receiver_without_peer(TransferMode::kP2P, 2, Change::kWritten);
+}
+
+// writable_shards() refuses what it cannot give: an unknown checkpoint, f32 shards (the writer
+// writes bf16), rows that are not this rank's.
+TEST(ParameterServer, WritableShardsAreBf16OnesOfThisRanksRowsOnly) {
+  const model::ModelConfig c = preset_or_die("tiny");
+  const std::vector<float> a = random_weights(c, 1);
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    run_servers(
+        std::make_shared<comm::MemoryStore>(), TransferMode::kP2P,
+        [&](ParameterServer& ps) {
+          const int rank = ps.options().rank;
+          const std::string name = "a-" + std::string(dtype_name(dtype));
+          ASSERT_TRUE(ps.register_checkpoint(name, c, a).ok());
+          std::vector<OwnRows> rows = own_rows_of(c, a, rank);
+          EXPECT_EQ(ps.writable_shards("nope", rows).status().code(), StatusCode::kNotFound);
+          auto got = ps.writable_shards(name, rows);
+          if (dtype == DType::kF32) {
+            EXPECT_EQ(got.status().code(), StatusCode::kFailedPrecondition)
+                << got.status().to_string();
+            return;
+          }
+          ASSERT_TRUE(got.ok()) << got.status().to_string();
+          ASSERT_EQ(got->shards.size(), rows.size());
+          const model::ParamLayout layout(c);
+          for (size_t i = 0; i < rows.size(); ++i) {
+            const model::ParamInfo& p = layout.params()[rows[i].param];
+            EXPECT_EQ(int64_t(got->shards[i].size()),
+                      rows[i].rows.size() * (p.numel() / p.shape[0]));
+          }
+          rows = own_rows_of(c, a, 1 - rank);
+          auto other = ps.writable_shards(name, rows);
+          EXPECT_EQ(other.status().code(), StatusCode::kInvalidArgument)
+              << other.status().to_string();
+        },
+        dtype);
+  }
 }
 
 // Healing while the peer keeps taking updates: whatever version the copy lands on, it is

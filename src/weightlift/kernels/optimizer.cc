@@ -42,6 +42,7 @@
 #endif
 
 #include "weightlift/core/check.h"
+#include "weightlift/core/dtype.h"
 #include "weightlift/core/parallel.h"
 #include "weightlift/kernels/detail/simd.h"
 
@@ -130,6 +131,8 @@ void adamw_range(float* param, const float* grad, float* m, float* v, int64_t i0
 }
 
 constexpr int64_t kSquaresBlock = int64_t(1) << 16;
+// Weights updated before their bf16 copy is written: 16 KB of f32 (64 KB with m, v, grad).
+constexpr int64_t kCopyBlock = 4096;
 
 WL_MULTIVERSION double block_squares(const float* x, int64_t n) {
   double acc = 0;
@@ -140,8 +143,8 @@ WL_MULTIVERSION double block_squares(const float* x, int64_t n) {
 
 }  // namespace
 
-void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n,
-                const AdamWArgs& a) {
+void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWArgs& a,
+                uint16_t* bf16) {
   WL_CHECK(n >= 0) << "n " << n;
   WL_CHECK(a.step >= 1) << "step " << a.step << " (1-based, after incrementing)";
   const double lr = a.lr, b1 = a.beta1, b2 = a.beta2, wd = a.weight_decay;
@@ -158,10 +161,16 @@ void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n,
   s.grad_scale = a.grad_scale;
   const bool small_weight = std::fabs(s.w1) < 0.5f;
   parallel_for(n, int64_t(1) << 14, [&](int64_t i0, int64_t i1) {
-    if (small_weight) {
-      adamw_range<true>(param, grad, m, v, i0, i1, s);
-    } else {
-      adamw_range<false>(param, grad, m, v, i0, i1, s);
+    // With a bf16 copy, in blocks whose weights are still in cache when they are rounded.
+    const int64_t block = bf16 != nullptr ? kCopyBlock : i1 - i0;
+    for (int64_t b0 = i0; b0 < i1; b0 += block) {
+      const int64_t b1 = std::min(i1, b0 + block);
+      if (small_weight) {
+        adamw_range<true>(param, grad, m, v, b0, b1, s);
+      } else {
+        adamw_range<false>(param, grad, m, v, b0, b1, s);
+      }
+      if (bf16 != nullptr) convert_f32_to_bf16(param + b0, bf16 + b0, size_t(b1 - b0));
     }
   });
 }

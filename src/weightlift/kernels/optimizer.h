@@ -19,7 +19,11 @@ struct AdamWArgs {
 // torch.optim.AdamW (amsgrad off, maximize off), per element:
 //   g = grad * grad_scale; p *= 1 - lr*wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
 //   p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
-void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWArgs& a);
+// `bf16` (n elements, or null): also receives each updated p rounded to bf16, the same bits as
+// convert_f32_to_bf16 (core/dtype.h) gives, written while p is still in cache: a copy kept for
+// others (a parameter server's shards) costs its writes, not another pass over the weights.
+void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWArgs& a,
+                uint16_t* bf16 = nullptr);
 
 // Sum of squares of x[0..n), accumulated in double; combine over tensors, then
 // clip_coefficient(sqrt(total), max_norm).

@@ -164,6 +164,7 @@ class Trainer {
     WL_ASSIGN_OR_RETURN(const std::vector<transfer::OwnRows> own, own_weights());
     WL_RETURN_IF_ERROR(
         server_->register_checkpoint(protocol::kCheckpoint, o_.config, own, shards_->splits()));
+    WL_RETURN_IF_ERROR(mirror_into_servers(own));
     if (rank_ != 0) {  // rank 0 alone talks to the workers
       // One pass: serving for a millisecond at a time kept an order waiting for 3 ms on average
       // on 2 cores, and the push's first collective with it (the sync was a quarter of the
@@ -562,8 +563,31 @@ class Trainer {
     return out;
   }
 
-  // This rank's servers take its shards as they are, with no copy of the model first.
+  // With bf16 shards of the rows this rank's optimizer updates in place, the optimizer writes
+  // them, rounded, as it updates the weights (DataParallel::mirror_bf16), while they are in
+  // cache: a push then has nothing to refresh. On `medium` the refresh was 2.5 GB of memory
+  // traffic and most of the sync. Elsewhere (f32 shards, quantized to fp8 per update; rows
+  // moved from the ranks that own them) refresh() converts them at each push.
+  Status mirror_into_servers(const std::vector<transfer::OwnRows>& own) {
+    if (o_.sync_format != transfer::WeightFormat::kBF16 || !shards_->in_place()) {
+      return ok_status();
+    }
+    WL_ASSIGN_OR_RETURN(transfer::ParameterServer::WritableShards shards,
+                        server_->writable_shards(protocol::kCheckpoint, own));
+    parallel::Bf16Mirrors mirrors{.before_write = std::move(shards.begin_write),
+                                  .after_write = std::move(shards.end_write)};
+    for (size_t i = 0; i < own.size(); ++i) {
+      mirrors.ranges.push_back(
+          {own[i].data, int64_t(shards.shards[i].size()), shards.shards[i].data()});
+    }
+    mirrored_ = dp_->mirror_bf16(std::move(mirrors));
+    return ok_status();
+  }
+
+  // This rank's servers take its shards as they are, with no copy of the model first (none at
+  // all when the optimizer wrote them).
   Status refresh() {
+    if (mirrored_ && dp_->mirrors_current()) return ok_status();
     WL_ASSIGN_OR_RETURN(const std::vector<transfer::OwnRows> own, own_weights());
     return server_->refresh(protocol::kCheckpoint, own);
   }
@@ -594,7 +618,8 @@ class Trainer {
   std::unique_ptr<parallel::DataParallel> dp_;
   std::shared_ptr<comm::Group> world_;           // every trainer rank; null with one
   std::unique_ptr<parallel::RowShards> shards_;  // the servers' rows, from the layout's
-  std::shared_ptr<comm::Group> orders_;          // to the other trainer ranks; null with one
+  bool mirrored_ = false;  // the optimizer writes the servers' shards (mirror_into_servers)
+  std::shared_ptr<comm::Group> orders_;  // to the other trainer ranks; null with one
   std::shared_ptr<std::function<void()>> while_waiting_;  // TrainerRanks::while_waiting
   int rank_ = 0;                                          // among the trainer's ranks
   Rng rng_;

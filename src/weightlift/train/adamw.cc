@@ -27,7 +27,8 @@ StepReport AdamW::step(std::span<const AdamWSlice> slices, double lr, double gra
                          .eps = float(options_.eps),
                          .weight_decay = s.decay ? float(options_.weight_decay) : 0.0f,
                          .step = steps_,
-                         .grad_scale = float(grad_unscale) * clip});
+                         .grad_scale = float(grad_unscale) * clip},
+                        s.bf16);
   }
   return r;
 }

@@ -25,6 +25,9 @@ struct AdamWSlice {
   float* v;  // second moment
   int64_t n = 0;
   bool decay = false;
+  // Null, or n elements that also receive the updated weights rounded to bf16 (kernels::
+  // adamw_step): a copy someone else reads, kept current by the update itself.
+  uint16_t* bf16 = nullptr;
 };
 
 struct StepReport {

@@ -2,6 +2,8 @@
 // (the whole model gathered from the ranks' pieces is data_parallel_gather.cc).
 #include "weightlift/parallel/data/data_parallel.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "weightlift/comm/collectives/allgather.h"
@@ -206,7 +208,57 @@ void DataParallel::build_slices() {
   }
 }
 
+bool DataParallel::mirror_bf16(Bf16Mirrors mirrors) {
+  auto at = [](const float* p) { return reinterpret_cast<uintptr_t>(p); };
+  std::vector<Bf16Mirror> ranges = mirrors.ranges;
+  std::erase_if(ranges, [](const Bf16Mirror& r) { return r.n == 0; });
+  std::sort(ranges.begin(), ranges.end(), [&](const Bf16Mirror& a, const Bf16Mirror& b) {
+    return at(a.weights) < at(b.weights);
+  });
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i - 1].weights + ranges[i - 1].n > ranges[i].weights) return false;  // overlap
+  }
+  // Each slice cut at the ranges' ends; a range not wholly covered by slices is refused.
+  std::vector<train::AdamWSlice> out;
+  int64_t covered = 0, wanted = 0;
+  for (const Bf16Mirror& r : ranges) wanted += r.n;
+  for (const train::AdamWSlice& s : slices_) {
+    const float* p = s.param;
+    const float* end = s.param + s.n;
+    auto first =
+        std::upper_bound(ranges.begin(), ranges.end(), at(p),
+                         [&](uintptr_t x, const Bf16Mirror& r) { return x < at(r.weights); });
+    if (first != ranges.begin()) --first;
+    auto piece = [&](const float* b, const float* e, uint16_t* bf16) {
+      const int64_t off = b - s.param;
+      out.push_back({.param = s.param + off,
+                     .grad = s.grad + off,
+                     .m = s.m + off,
+                     .v = s.v + off,
+                     .n = e - b,
+                     .decay = s.decay,
+                     .bf16 = bf16});
+    };
+    for (auto r = first; r != ranges.end() && at(r->weights) < at(end); ++r) {
+      const float* r0 = std::max(p, r->weights);
+      const float* r1 = std::min(end, r->weights + r->n);
+      if (at(r0) >= at(r1)) continue;
+      if (p < r0) piece(p, r0, nullptr);
+      piece(r0, r1, r->bf16 + (r0 - r->weights));
+      covered += r1 - r0;
+      p = r1;
+    }
+    if (p < end) piece(p, end, nullptr);
+  }
+  if (covered != wanted) return false;
+  mirrored_slices_ = std::move(out);
+  mirrors_ = std::move(mirrors);
+  mirrors_current_ = false;  // written by the next step
+  return true;
+}
+
 void DataParallel::set_params(const float* full) {
+  mirrors_current_ = false;
   std::vector<float> slices;
   if (tp_ > 1) {  // this rank's slices, in the held layout
     slices.resize(size_t(held_layout_.total()));
@@ -227,6 +279,7 @@ void DataParallel::set_params(const float* full) {
 }
 
 void DataParallel::set_params(const std::function<void(model::FlatRange, float*)>& fill) {
+  mirrors_current_ = false;
   if (tp_ > 1) {  // slicing reads across a unit's parameters: the whole model, once
     std::vector<float> full(size_t(layout_.total()));
     fill({0, layout_.total()}, full.data());
@@ -275,6 +328,7 @@ std::vector<StateRows> DataParallel::own_rows() {
 }
 
 std::vector<StateRows> DataParallel::rows_to_load() {
+  mirrors_current_ = false;  // the caller writes the weights
   const ParallelLayout& l = options_.layout;
   std::vector<StateRows> out;
   for (int u : held_) {
@@ -313,6 +367,7 @@ std::vector<train::AdamWSlice> DataParallel::unit_slices(int unit) {
   WL_CHECK(holds(unit) && !options_.layout.shards_optimizer() && tp_ == 1 &&
            !parts_.divides_experts())
       << "unit " << unit << " is not held whole here";
+  mirrors_current_ = false;  // the caller's optimizer writes the weights
   std::vector<train::AdamWSlice> out;
   for (const PartShards& part : shards_[size_t(unit)]) {
     for (size_t index : part.of->params) {
@@ -655,7 +710,16 @@ Result<train::StepReport> DataParallel::apply_optimizer(double lr, double grad_u
   if (tensor_) {
     WL_RETURN_IF_ERROR(sum_in_rank_order(tensor_->group(), &sum_squares, 1, options_.timeout));
   }
-  const train::StepReport report = adamw_.step(slices_, lr, grad_unscale, sum_squares);
+  train::StepReport report;
+  if (mirrors_.ranges.empty()) {
+    report = adamw_.step(slices_, lr, grad_unscale, sum_squares);
+  } else {
+    if (mirrors_.before_write) mirrors_.before_write();
+    report = adamw_.step(mirrored_slices_, lr, grad_unscale, sum_squares);
+    if (mirrors_.after_write) mirrors_.after_write();
+    // A skipped step wrote neither the weights nor their mirrors.
+    if (!report.skipped) mirrors_current_ = true;
+  }
   if (!report.skipped && l.shards_optimizer() && !l.shards_parameters()) {
     const Stopwatch waited;
     WL_RETURN_IF_ERROR(allgather_params());

@@ -125,6 +125,20 @@ struct StateRows {
   int64_t elems(const model::ParamInfo& p) const { return rows.size() * width(p); }
 };
 
+// A bf16 copy of some of this rank's weights that the optimizer writes as it updates them
+// (kernels::adamw_step): a parameter server's shards, current after every step without a pass
+// of their own over the weights.
+struct Bf16Mirror {
+  const float* weights = nullptr;  // n of this rank's weights, where the optimizer updates them
+  int64_t n = 0;
+  uint16_t* bf16 = nullptr;  // n elements
+};
+struct Bf16Mirrors {
+  std::vector<Bf16Mirror> ranges;  // disjoint
+  // Called before and after each optimizer step writes them (their readers' seqlock).
+  std::function<void()> before_write, after_write;
+};
+
 class DataParallel final : public model::PassHooks {
  public:
   DataParallel(const model::ModelConfig& config, const DataParallelOptions& options,
@@ -212,6 +226,13 @@ class DataParallel final : public model::PassHooks {
   // Clips by the global norm and runs AdamW on what this rank owns (then ZeRO-1/2 gather the
   // updated parameters).
   Result<train::StepReport> apply_optimizer(double lr, double grad_unscale);
+  // From now on every optimizer step also writes `mirrors`. False, and nothing installed,
+  // unless this rank's optimizer updates every element of every range: rows another rank
+  // updates and a gather brings (ZeRO's) cannot be mirrored here.
+  bool mirror_bf16(Bf16Mirrors mirrors);
+  // Whether the mirrors hold the weights as they are now: true after an optimizer step, false
+  // from the next other write of the weights (set_params, rows_to_load, unit_slices) on.
+  bool mirrors_current() const { return mirrors_current_; }
   // The whole reduced gradients into `full` on every rank, after reduce_gradients()
   // (collective where gradients are sharded, and under expert parallelism). For tests and
   // diagnostics.
@@ -326,6 +347,10 @@ class DataParallel final : public model::PassHooks {
   Tensor m_, v_;   // whole (ddp), or packed shards
   train::AdamW adamw_;
   std::vector<train::AdamWSlice> slices_;
+  // slices_ split where the mirrors begin and end, each mirrored piece with its bf16 copy.
+  std::vector<train::AdamWSlice> mirrored_slices_;
+  Bf16Mirrors mirrors_;
+  bool mirrors_current_ = false;
 
   std::optional<GradientBuckets> buckets_;
   std::optional<ShardedParams> sharded_params_;

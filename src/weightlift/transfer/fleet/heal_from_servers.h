@@ -9,7 +9,8 @@
 //     [status: 64 bytes | shard of parameter 0 | shard of parameter 1 | ...]
 // The status block holds four u64 words, a seqlock over the shards and what they were sent as:
 //     [0] changes begun     [1] changes finished     [2] version sent     [3] stamp sent at
-// ParameterServer::refresh() bumps [0] before it writes the shards and sets [1] = [0] after.
+// ParameterServer::refresh() bumps [0] before it writes the shards and sets [1] = [0] after, as
+// a writer of ParameterServer::writable_shards() (an optimizer step) does around its writes.
 // After each successful update a server rank writes the version the receivers now hold into
 // [2], then the stamp ([1]) its shards had when they were sent into [3]: two plain writes into
 // its own memory, nothing on the update's path waits on the store. Its ServerCopyRecord (the

@@ -230,19 +230,51 @@ Status ParameterServer::refresh(const std::string& name, std::span<const OwnRows
   return ok_status();
 }
 
-void ParameterServer::Impl::assign(HeldCheckpoint& held,
-                                   const std::function<void(TrainerWeights&)>& write) {
-  // The seqlock of fleet/heal_from_servers.h: a healer that read the shards meanwhile sees [0]
-  // moved.
+Result<ParameterServer::WritableShards> ParameterServer::writable_shards(
+    const std::string& name, std::span<const OwnRows> rows) {
+  auto it = impl_->checkpoints.find(name);
+  if (it == impl_->checkpoints.end()) {
+    return not_found("writable_shards: no checkpoint '" + name + "'");
+  }
+  HeldCheckpoint& held = it->second;
+  if (impl_->options.shard_dtype != DType::kBF16 || !held.memory) {
+    return failed_precondition("writable_shards '" + name +
+                               "': its shards are not bf16 in one region of their own");
+  }
+  WL_RETURN_IF_ERROR(
+      held.weights->check_own_rows(rows).with_context("writable_shards '" + name + "'"));
+  WritableShards out;
+  for (const OwnRows& r : rows) {
+    const ShardedTensor& t = held.weights->tensors()[r.param];
+    if (t.offloaded()) return failed_precondition("writable_shards: " + t.name() + " is offloaded");
+    out.shards.emplace_back(t.shard().data<uint16_t>(), size_t(t.shard().numel()));
+  }
+  out.begin_write = [&held] { Impl::begin_change(held); };
+  out.end_write = [&held] { Impl::end_change(held); };
+  return out;
+}
+
+// The seqlock of fleet/heal_from_servers.h: a healer that read the shards meanwhile sees [0]
+// moved.
+void ParameterServer::Impl::begin_change(HeldCheckpoint& held) {
   ++held.stamp;
   if (held.memory) {
     std::atomic_ref<uint64_t>(held.status()[0]).store(held.stamp, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_seq_cst);
   }
-  write(*held.weights);
+}
+
+void ParameterServer::Impl::end_change(HeldCheckpoint& held) {
   if (held.memory) {
     std::atomic_ref<uint64_t>(held.status()[1]).store(held.stamp, std::memory_order_release);
   }
+}
+
+void ParameterServer::Impl::assign(HeldCheckpoint& held,
+                                   const std::function<void(TrainerWeights&)>& write) {
+  begin_change(held);
+  write(*held.weights);
+  end_change(held);
 }
 
 Status ParameterServer::Impl::publish_copy(const std::string& name, uint64_t version,

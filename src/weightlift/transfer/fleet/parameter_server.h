@@ -12,8 +12,8 @@
 // Several checkpoints are held at once; switching between them is an update like any other.
 // The servers can be the trainer ranks themselves (register the live weights with
 // register_checkpoint(name, config, full) and refresh(name, full) after each step, or from
-// each rank's own rows when the trainer shards its model) or separate processes holding host
-// copies.
+// each rank's own rows when the trainer shards its model, or have the optimizer write them:
+// writable_shards()) or separate processes holding host copies.
 //
 // Each server rank keeps a checkpoint's shards in one region of UCX-allocated memory and, after
 // every successful update, publishes where they are under "<prefix>/copy/<rank>"
@@ -39,6 +39,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -135,6 +136,19 @@ class ParameterServer {
   Status refresh(const std::string& name, std::span<const NamedTensor> tensors);
   // The same from this rank's own rows, as register_checkpoint takes them.
   Status refresh(const std::string& name, std::span<const OwnRows> rows);
+
+  // Where this server rank keeps its shard of each of `rows` (as refresh() takes them), for a
+  // trainer whose optimizer writes its weights there, rounded, as it updates them
+  // (parallel::DataParallel::mirror_bf16): then a push has nothing left to refresh. Writers
+  // call begin_write() before and end_write() after each pass of writes, the seqlock that
+  // tells restarted receivers the shards changed since they were sent (heal_from_servers.h).
+  // Valid while the checkpoint is held. FailedPrecondition unless it holds bf16 shards in
+  // one region; refresh()'s errors for rows that are not this rank's.
+  struct WritableShards {
+    std::vector<std::span<uint16_t>> shards;  // one per entry of `rows`, its rows x row elements
+    std::function<void()> begin_write, end_write;
+  };
+  Result<WritableShards> writable_shards(const std::string& name, std::span<const OwnRows> rows);
 
   // The ids of the receivers that have announced themselves and neither left nor been found
   // gone by an update: those an update without a list takes. Local (reads the store); a

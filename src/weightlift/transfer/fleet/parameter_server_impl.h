@@ -142,8 +142,11 @@ struct ParameterServer::Impl {
     return TrainerWeights::storage_bytes(config, options.size, options.rank, options.shard_dtype,
                                          splits);
   }
-  // New values for a held checkpoint, written by assign() under the servers' copy's seqlock.
+  // New values for a held checkpoint, written by assign() under the servers' copy's seqlock,
+  // which begin_change() and end_change() are (heal_from_servers.h).
   static void assign(HeldCheckpoint& held, const std::function<void(TrainerWeights&)>& write);
+  static void begin_change(HeldCheckpoint& held);
+  static void end_change(HeldCheckpoint& held);
 };
 
 }  // namespace wl::transfer
