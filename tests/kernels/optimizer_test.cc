@@ -158,10 +158,13 @@ TEST(AdamW, FirstStepMovesBySignTimesLr) {
 // kernel's blocks and with one thread and two.
 TEST(AdamW, Bf16CopyIsTheUpdatedWeightsRounded) {
   const AdamWArgs a{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = 0.1f, .step = 3};
-  const int saved = num_threads();
+  struct RestoreThreads {
+    int saved = num_threads();
+    ~RestoreThreads() { set_num_threads(saved); }
+  } restore;
   for (int threads : {1, 2}) {
     set_num_threads(threads);
-    for (int64_t n : {0, 1, 4095, 4096, 4097, 16384 * 3 + 5}) {
+    for (int64_t n : {0, 1, 4095, 4096, 4097, 16384 * 3 + 5, 16384 * 8 + 4096 + 3}) {
       const auto grad = normal(n, 11, 1.0f);
       State plain{normal(n, 12, 1.0f), normal(n, 13, 0.1f), normal(n, 14, 0.1f)};
       for (auto& x : plain.v) x = x * x;
@@ -182,7 +185,6 @@ TEST(AdamW, Bf16CopyIsTheUpdatedWeightsRounded) {
       EXPECT_EQ(bf16[size_t(n)], 0xbeef) << n;
     }
   }
-  set_num_threads(saved);
 }
 
 TEST(SumSquares, MatchesDoubleAndIsThreadCountIndependent) {

@@ -116,10 +116,26 @@ TEST_P(RowShardsTest, TheOptimizerKeepsAMirrorOfInPlaceShards) {
         auto got = (*shards)->refresh();
         ASSERT_TRUE(got.ok()) << got.status().to_string();
         std::vector<std::vector<uint16_t>> copies;
+        // The readers are told before the first write and after the last.
+        auto untouched = [&] {
+          for (const std::vector<uint16_t>& copy : copies) {
+            for (uint16_t x : copy) {
+              if (x != 0xffff) return false;
+            }
+          }
+          return true;
+        };
         Bf16Mirrors mirrors;
-        int writes = 0;
-        mirrors.before_write = [&] { ++writes; };
-        mirrors.after_write = [&] { ++writes; };
+        int before = 0, after = 0;
+        mirrors.before_write = [&] {
+          if (++before == 1) {
+            EXPECT_TRUE(untouched()) << "rank " << rank;
+          }
+        };
+        mirrors.after_write = [&] {
+          ++after;
+          EXPECT_FALSE(untouched()) << "rank " << rank;
+        };
         for (const RowShards::Shard& sh : *got) {
           const model::ParamInfo& p = layout.params()[sh.param];
           const int64_t n = sh.rows.size() * (p.numel() / p.shape[0]);
@@ -133,10 +149,18 @@ TEST_P(RowShardsTest, TheOptimizerKeepsAMirrorOfInPlaceShards) {
         EXPECT_EQ(accepted, k.in_place) << "rank " << rank;
         if (!accepted) return;
         EXPECT_FALSE(dp.mirrors_current());
+        // A skipped step (non-finite gradients) writes nothing and tells no reader.
+        auto skipped = dp.apply_optimizer(1e-2, std::nan(""));
+        ASSERT_TRUE(skipped.ok()) << skipped.status().to_string();
+        EXPECT_TRUE(skipped->skipped);
+        EXPECT_EQ(before + after, 0);
+        EXPECT_TRUE(untouched());
+        EXPECT_FALSE(dp.mirrors_current());
         // A step with no gradient still moves every matrix by its weight decay.
         auto stepped = dp.apply_optimizer(1e-2, 1.0);
         ASSERT_TRUE(stepped.ok()) << stepped.status().to_string();
-        EXPECT_EQ(writes, 2);
+        EXPECT_EQ(before, 1);
+        EXPECT_EQ(after, 1);
         EXPECT_TRUE(dp.mirrors_current());
         auto now = (*shards)->refresh();
         ASSERT_TRUE(now.ok()) << now.status().to_string();
@@ -148,8 +172,19 @@ TEST_P(RowShardsTest, TheOptimizerKeepsAMirrorOfInPlaceShards) {
                 << layout.params()[sh.param].name << " rank " << rank << " element " << e;
           }
         }
+        // Any other write of the weights leaves the mirror behind.
         dp.set_params(whole.data());
         EXPECT_FALSE(dp.mirrors_current());
+        ASSERT_TRUE(dp.apply_optimizer(1e-2, 1.0).ok());
+        EXPECT_TRUE(dp.mirrors_current());
+        (void)dp.rows_to_load();
+        EXPECT_FALSE(dp.mirrors_current());
+        // An empty set stops mirroring: a step leaves the copies as they were.
+        ASSERT_TRUE(dp.mirror_bf16({}));
+        for (std::vector<uint16_t>& copy : copies) std::fill(copy.begin(), copy.end(), 0xffff);
+        ASSERT_TRUE(dp.apply_optimizer(1e-2, 1.0).ok());
+        EXPECT_TRUE(untouched());
+        EXPECT_EQ(before, 2);
       });
 }
 
@@ -158,6 +193,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(ShardsCase{"one", "tiny", 1, {}, true},
                       ShardsCase{"ddp", "tiny", 2, {}, true},
                       ShardsCase{"fsdp", "tiny", 2, {.dp_mode = DpMode::kFsdp}, true},
+                      ShardsCase{"zero1", "tiny", 2, {.dp_mode = DpMode::kZero1}, true},
+                      ShardsCase{"zero2", "tiny", 2, {.dp_mode = DpMode::kZero2}, true},
                       ShardsCase{"tp", "tiny_gqa", 2, {.tp = 2}, false},
                       ShardsCase{"ep", "tiny", 2, {.ep = 2}, true},
                       ShardsCase{"ep_fsdp", "tiny", 4, {.dp_mode = DpMode::kFsdp, .ep = 2}, true},

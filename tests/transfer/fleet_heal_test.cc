@@ -165,7 +165,7 @@ TEST(ParameterServer, WritableShardsAreBf16OnesOfThisRanksRowsOnly) {
             EXPECT_EQ(int64_t(got->shards[i].size()),
                       rows[i].rows.size() * (p.numel() / p.shape[0]));
           }
-          rows = own_rows_of(c, a, 1 - rank);
+          rows = own_rows_of(c, a, (rank + 1) % kServers);
           auto other = ps.writable_shards(name, rows);
           EXPECT_EQ(other.status().code(), StatusCode::kInvalidArgument)
               << other.status().to_string();

@@ -145,6 +145,11 @@ class Trainer {
     held_out_ = task_.held_out(int(o.eval_problems), o.seed);
   }
 
+  // The optimizer's mirror writes into the servers' region, which goes first.
+  ~Trainer() {
+    if (mirrored_) dp_->mirror_bf16({});
+  }
+
   Status start() {
     WL_RETURN_IF_ERROR(load_initial_weights());
     WL_ASSIGN_OR_RETURN(shards_, parallel::RowShards::create(*dp_, world_, o_.timeout));
@@ -155,8 +160,8 @@ class Trainer {
                                       .prefix = protocol::kFleet,
                                       .timeout = o_.timeout,
                                       // bf16 workers take the servers' bf16 copy as it is (the same
-                                      // rounding, done once in refresh): a third less sync time on
-                                      // `small`. fp8 quantizes from f32.
+                                      // rounding, done once per step, mirror_into_servers): a third
+                                      // less sync time on `small`. fp8 quantizes from f32.
                                       .shard_dtype = o_.sync_format == transfer::WeightFormat::kBF16
                                                          ? DType::kBF16
                                                          : DType::kF32}));
@@ -164,7 +169,7 @@ class Trainer {
     WL_ASSIGN_OR_RETURN(const std::vector<transfer::OwnRows> own, own_weights());
     WL_RETURN_IF_ERROR(
         server_->register_checkpoint(protocol::kCheckpoint, o_.config, own, shards_->splits()));
-    WL_RETURN_IF_ERROR(mirror_into_servers(own));
+    mirror_into_servers(own);
     if (rank_ != 0) {  // rank 0 alone talks to the workers
       // One pass: serving for a millisecond at a time kept an order waiting for 3 ms on average
       // on 2 cores, and the push's first collective with it (the sync was a quarter of the
@@ -567,21 +572,30 @@ class Trainer {
   // them, rounded, as it updates the weights (DataParallel::mirror_bf16), while they are in
   // cache: a push then has nothing to refresh. On `medium` the refresh was 2.5 GB of memory
   // traffic and most of the sync. Elsewhere (f32 shards, quantized to fp8 per update; rows
-  // moved from the ranks that own them) refresh() converts them at each push.
-  Status mirror_into_servers(const std::vector<transfer::OwnRows>& own) {
-    if (o_.sync_format != transfer::WeightFormat::kBF16 || !shards_->in_place()) {
-      return ok_status();
+  // moved from the ranks that own them) refresh() converts them at each push. So it does when
+  // generation overlaps training: the servers' copy must stay the version last sent while the
+  // workers generate, for a replacement of one lost meanwhile to heal from it.
+  void mirror_into_servers(const std::vector<transfer::OwnRows>& own) {
+    if (o_.sync_format != transfer::WeightFormat::kBF16 || !shards_->in_place() ||
+        orchestrator_.overlaps()) {
+      return;
     }
-    WL_ASSIGN_OR_RETURN(transfer::ParameterServer::WritableShards shards,
-                        server_->writable_shards(protocol::kCheckpoint, own));
-    parallel::Bf16Mirrors mirrors{.before_write = std::move(shards.begin_write),
-                                  .after_write = std::move(shards.end_write)};
+    Result<transfer::ParameterServer::WritableShards> shards =
+        server_->writable_shards(protocol::kCheckpoint, own);
+    if (!shards.ok()) {  // no shared region for them (UCX could not allocate one)
+      event("each push refreshes the servers' shards: " + shards.status().to_string());
+      return;
+    }
+    parallel::Bf16Mirrors mirrors{.before_write = std::move(shards->begin_write),
+                                  .after_write = std::move(shards->end_write)};
     for (size_t i = 0; i < own.size(); ++i) {
       mirrors.ranges.push_back(
-          {own[i].data, int64_t(shards.shards[i].size()), shards.shards[i].data()});
+          {own[i].data, int64_t(shards->shards[i].size()), shards->shards[i].data()});
     }
     mirrored_ = dp_->mirror_bf16(std::move(mirrors));
-    return ok_status();
+    if (!mirrored_) {
+      event("each push refreshes the servers' shards: the optimizer does not update them all");
+    }
   }
 
   // This rank's servers take its shards as they are, with no copy of the model first (none at

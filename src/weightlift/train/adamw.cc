@@ -7,12 +7,16 @@
 
 namespace wl::train {
 
+bool AdamW::updates(double grad_sum_squares, double grad_unscale) {
+  return std::isfinite(std::sqrt(grad_sum_squares) * grad_unscale);
+}
+
 StepReport AdamW::step(std::span<const AdamWSlice> slices, double lr, double grad_unscale,
                        double grad_sum_squares) {
   StepReport r;
   const double norm = std::sqrt(grad_sum_squares) * grad_unscale;
   r.grad_norm = norm;
-  if (!std::isfinite(norm)) {
+  if (!updates(grad_sum_squares, grad_unscale)) {
     r.skipped = true;
     return r;
   }

@@ -45,6 +45,9 @@ class AdamW {
   StepReport step(std::span<const AdamWSlice> slices, double lr, double grad_unscale,
                   double grad_sum_squares);
 
+  // Whether step() with these arguments updates anything (a finite norm).
+  static bool updates(double grad_sum_squares, double grad_unscale);
+
   int64_t steps() const { return steps_; }
   void set_steps(int64_t s) { steps_ = s; }
   const AdamWOptions& options() const { return options_; }

@@ -216,7 +216,7 @@ bool DataParallel::mirror_bf16(Bf16Mirrors mirrors) {
     return at(a.weights) < at(b.weights);
   });
   for (size_t i = 1; i < ranges.size(); ++i) {
-    if (ranges[i - 1].weights + ranges[i - 1].n > ranges[i].weights) return false;  // overlap
+    if (at(ranges[i - 1].weights + ranges[i - 1].n) > at(ranges[i].weights)) return false;
   }
   // Each slice cut at the ranges' ends; a range not wholly covered by slices is refused.
   std::vector<train::AdamWSlice> out;
@@ -240,15 +240,16 @@ bool DataParallel::mirror_bf16(Bf16Mirrors mirrors) {
                      .bf16 = bf16});
     };
     for (auto r = first; r != ranges.end() && at(r->weights) < at(end); ++r) {
-      const float* r0 = std::max(p, r->weights);
-      const float* r1 = std::min(end, r->weights + r->n);
+      // Compared as addresses: the ranges and the slices are in different buffers.
+      const float* r0 = at(p) < at(r->weights) ? r->weights : p;
+      const float* r1 = at(r->weights + r->n) < at(end) ? r->weights + r->n : end;
       if (at(r0) >= at(r1)) continue;
-      if (p < r0) piece(p, r0, nullptr);
+      if (at(p) < at(r0)) piece(p, r0, nullptr);
       piece(r0, r1, r->bf16 + (r0 - r->weights));
       covered += r1 - r0;
       p = r1;
     }
-    if (p < end) piece(p, end, nullptr);
+    if (at(p) < at(end)) piece(p, end, nullptr);
   }
   if (covered != wanted) return false;
   mirrored_slices_ = std::move(out);
@@ -714,10 +715,11 @@ Result<train::StepReport> DataParallel::apply_optimizer(double lr, double grad_u
   if (mirrors_.ranges.empty()) {
     report = adamw_.step(slices_, lr, grad_unscale, sum_squares);
   } else {
-    if (mirrors_.before_write) mirrors_.before_write();
+    // A skipped step writes neither the weights nor their mirrors, and tells no reader.
+    const bool updates = train::AdamW::updates(sum_squares, grad_unscale);
+    if (updates && mirrors_.before_write) mirrors_.before_write();
     report = adamw_.step(mirrored_slices_, lr, grad_unscale, sum_squares);
-    if (mirrors_.after_write) mirrors_.after_write();
-    // A skipped step wrote neither the weights nor their mirrors.
+    if (updates && mirrors_.after_write) mirrors_.after_write();
     if (!report.skipped) mirrors_current_ = true;
   }
   if (!report.skipped && l.shards_optimizer() && !l.shards_parameters()) {

@@ -131,11 +131,12 @@ struct StateRows {
 struct Bf16Mirror {
   const float* weights = nullptr;  // n of this rank's weights, where the optimizer updates them
   int64_t n = 0;
-  uint16_t* bf16 = nullptr;  // n elements
+  uint16_t* bf16 = nullptr;  // n elements, borrowed while the mirror is installed
 };
 struct Bf16Mirrors {
   std::vector<Bf16Mirror> ranges;  // disjoint
-  // Called before and after each optimizer step writes them (their readers' seqlock).
+  // Called before and after each optimizer step that writes them (their readers' seqlock); a
+  // step that skips its update (non-finite gradients) calls neither.
   std::function<void()> before_write, after_write;
 };
 
@@ -226,9 +227,9 @@ class DataParallel final : public model::PassHooks {
   // Clips by the global norm and runs AdamW on what this rank owns (then ZeRO-1/2 gather the
   // updated parameters).
   Result<train::StepReport> apply_optimizer(double lr, double grad_unscale);
-  // From now on every optimizer step also writes `mirrors`. False, and nothing installed,
-  // unless this rank's optimizer updates every element of every range: rows another rank
-  // updates and a gather brings (ZeRO's) cannot be mirrored here.
+  // From now on every optimizer step also writes `mirrors` (an empty set: none). False, and
+  // the mirrors as they were, unless this rank's optimizer updates every element of every
+  // range: rows another rank updates and a gather brings (ZeRO's) cannot be mirrored here.
   bool mirror_bf16(Bf16Mirrors mirrors);
   // Whether the mirrors hold the weights as they are now: true after an optimizer step, false
   // from the next other write of the weights (set_params, rows_to_load, unit_slices) on.
